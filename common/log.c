@@ -1,0 +1,120 @@
+/*
+ * common/log.c: the log sink. The level and sink are process-wide (like the driver), set once
+ * from KVVM_LOG on first use and by kvvm_set_log() at any time.
+ */
+#define _GNU_SOURCE
+#include "log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static kvvm_log_fn log_fn;         /* NULL = stderr; guarded by log_lock */
+static void *log_arg;              /* guarded by log_lock */
+static int log_level = KVVM_LOG_WARN; /* read without the lock: an int, set rarely */
+
+static const char *const level_names[] = { "debug", "info", "warn", "error", "off" };
+
+static void log_init_env(void)
+{
+    const char *e = getenv("KVVM_LOG");
+    if (!e || !*e)
+        return;
+    for (int i = 0; i <= KVVM_LOG_OFF; i++) {
+        if (!strcasecmp(e, level_names[i])) {
+            __atomic_store_n(&log_level, i, __ATOMIC_RELAXED);
+            return;
+        }
+    }
+    fprintf(stderr, "kvvm warn: KVVM_LOG=%s is not one of debug|info|warn|error|off; "
+                    "keeping 'warn'\n", e);
+}
+
+int klog_enabled(int level)
+{
+    pthread_once(&log_once, log_init_env);
+    return level >= __atomic_load_n(&log_level, __ATOMIC_RELAXED) && level < KVVM_LOG_OFF;
+}
+
+void klog(int level, const char *fmt, ...)
+{
+    if (!klog_enabled(level))
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&log_lock);
+    if (log_fn)
+        log_fn(level, msg, log_arg);
+    else
+        fprintf(stderr, "kvvm %s: %s\n", level_names[level], msg);
+    pthread_mutex_unlock(&log_lock);
+}
+
+void kvvm_set_log(kvvm_log_fn fn, void *arg, int level)
+{
+    pthread_once(&log_once, log_init_env);
+    pthread_mutex_lock(&log_lock);
+    log_fn = fn;
+    log_arg = arg;
+    if (level < KVVM_LOG_DEBUG)
+        level = KVVM_LOG_DEBUG;
+    if (level > KVVM_LOG_OFF)
+        level = KVVM_LOG_OFF;
+    __atomic_store_n(&log_level, level, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&log_lock);
+}
+
+int kparse_size(const char *s, size_t *out)
+{
+    if (!s || !*s)
+        return -EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-')
+        return -EINVAL;
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    default: return -EINVAL;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end)
+        return -EINVAL;
+    if (shift && v > (~0ULL >> shift))
+        return -EINVAL;
+    *out = (size_t)(v << shift);
+    return 0;
+}
+
+uint64_t know_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define KVVM_STR2(x) #x
+#define KVVM_STR(x) KVVM_STR2(x)
+const char *kvvm_version(void)
+{
+    return KVVM_STR(KVVM_VERSION_MAJOR) "." KVVM_STR(KVVM_VERSION_MINOR) "."
+           KVVM_STR(KVVM_VERSION_PATCH);
+}

@@ -1,0 +1,30 @@
+/*
+ * common/log.h: the library's one log sink and small shared helpers.
+ *
+ * Contract: every "clear message" of the library goes through klog(); the sink and level are
+ * set by kvvm_set_log() or KVVM_LOG. Safe from any thread; never allocates on the caller's
+ * behalf beyond a stack buffer; never aborts. Used by every layer (it depends on nothing).
+ */
+#ifndef KVVM_COMMON_LOG_H
+#define KVVM_COMMON_LOG_H
+
+#include <stdarg.h>
+#include "kvvm.h"
+
+#define KVVM_INTERNAL __attribute__((visibility("hidden")))
+
+KVVM_INTERNAL void klog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+KVVM_INTERNAL int klog_enabled(int level);
+
+#define klog_debug(...) klog(KVVM_LOG_DEBUG, __VA_ARGS__)
+#define klog_info(...)  klog(KVVM_LOG_INFO, __VA_ARGS__)
+#define klog_warn(...)  klog(KVVM_LOG_WARN, __VA_ARGS__)
+#define klog_error(...) klog(KVVM_LOG_ERROR, __VA_ARGS__)
+
+/* Parses a size with an optional K/M/G/T suffix (binary units). 0 ok, -EINVAL malformed. */
+KVVM_INTERNAL int kparse_size(const char *s, size_t *out);
+
+/* Monotonic clock in nanoseconds. */
+KVVM_INTERNAL uint64_t know_ns(void);
+
+#endif

@@ -1,0 +1,23 @@
+/*
+ * core/debug.h: test and tool hooks into a context (not installed, not part of the API).
+ */
+#ifndef KVVM_CORE_DEBUG_H
+#define KVVM_CORE_DEBUG_H
+
+#include <stddef.h>
+#include "kvvm.h"
+
+/* The invariant checker. Checks the context against the emulated device's own tables (not
+   against itself): every window page maps the handle its page descriptor names, with access
+   set; no page is mapped where no block-table entry says so (map-ahead pages excepted, which
+   are accounted as free); every page's refcount equals the block-table entries holding it;
+   free + in use + in flight == capacity per tier; the emulator's live handles and handle
+   bytes equal the pool's; no slot or handle leaked. 0 when all hold; -EUCLEAN with the first
+   violation described in why (if non-NULL) and logged. On the CUDA backend the checks that
+   need the emulator's tables are skipped. */
+int kvvm_debug_check(kvvm *kv, char *why, size_t len);
+
+/* The emulated device ordinal of the context (for emu_counters_get, emu_lookup), or -1. */
+int kvvm_debug_emu_ordinal(kvvm *kv);
+
+#endif

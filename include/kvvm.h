@@ -1,0 +1,166 @@
+/*
+ * libkvvm: a KV cache memory manager for LLM inference engines.
+ *
+ * Every sequence gets KV memory that is contiguous in device virtual address space and grows
+ * without copying. Physical memory is managed in pages (CUDA driver physical allocations) that
+ * are reference-counted, shared between sequences (fork, shared prefixes), copied on write,
+ * swapped to pinned host memory and spilled to disk under pressure.
+ *
+ * Conventions: every call returns 0 on success or a negative errno (see the table at the end
+ * of API.md and kvvm_strerror()); out-values go through pointers; a failed call changes
+ * nothing. All calls on one context are safe to make from several threads.
+ *
+ * This is the only installed header. It is binding: fields may only be added at the end of
+ * structs (each struct starts with its size), functions and flags only added.
+ */
+#ifndef KVVM_H
+#define KVVM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KVVM_STATIC_DEFINE)
+#define KVVM_API
+#elif defined(KVVM_BUILDING)
+#define KVVM_API __attribute__((visibility("default")))
+#else
+#define KVVM_API
+#endif
+
+#define KVVM_VERSION_MAJOR 0
+#define KVVM_VERSION_MINOR 1
+#define KVVM_VERSION_PATCH 0
+
+typedef struct kvvm kvvm;     /* opaque context: one device, one reserved virtual range */
+typedef uint64_t kvvm_seq;    /* sequence handle; carries a generation, so a freed handle is
+                                 detected (-ENOENT), never aliased; 0 is never a valid handle */
+
+enum kvvm_backend {
+    KVVM_BACKEND_AUTO = 0,      /* CUDA if usable, else emulated (logged) */
+    KVVM_BACKEND_CUDA = 1,      /* real driver; -ENODEV if none */
+    KVVM_BACKEND_EMULATED = 2   /* the in-process emulated device */
+};
+
+struct kvvm_config {
+    size_t   size;              /* = sizeof(struct kvvm_config); set by kvvm_config_init */
+    enum kvvm_backend backend;  /* KVVM_BACKEND */
+    int      device;            /* CUDA device ordinal; KVVM_DEVICE */
+    uint32_t n_regions;         /* regions per sequence (1 = token-major, 2*layers = per K/V) */
+    uint64_t bytes_per_token;   /* bytes per token in each region */
+    uint32_t max_seqs;          /* live sequences at once (slots) */
+    uint64_t max_tokens;        /* per sequence */
+    size_t   page_size;         /* bytes; 0 = the device granule; else a multiple of it */
+    size_t   device_budget;     /* bytes of device memory for KV pages */
+    size_t   host_budget;       /* bytes of pinned host memory for swapped pages; 0 = none */
+    const char *spill_dir;      /* directory for the spill file; NULL = no disk tier */
+    size_t   spill_budget;      /* bytes of disk for spilled pages */
+    double   device_min, device_low, device_high; /* free fractions, 0 <= min <= low <= high <= 1 */
+    double   host_min, host_low, host_high;
+    unsigned flags;             /* KVVM_F_* below */
+    size_t   emu_device_bytes;  /* emulated device capacity; 0 = device_budget */
+    size_t   emu_granule;       /* emulated granule; 0 = 2 MiB */
+    /* --- additions (after API.md's fields) --- */
+    uint32_t map_ahead;         /* pages per region mapped ahead of a growing sequence's end
+                                   to hide map latency; 0 = none. KVVM_MAP_AHEAD */
+    int      emu_opaque;        /* emulated device: windows not CPU-accessible (copies only);
+                                   proves a caller never dereferences device memory.
+                                   KVVM_EMU_OPAQUE */
+};
+#define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
+#define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
+
+/* Defaults for every field, then KVVM_* environment overrides (sizes take K/M/G suffixes;
+   unknown or malformed values are logged and ignored); the engine's own assignments after
+   this call win. The effective config is in kvvm_stats_json(). */
+KVVM_API void kvvm_config_init(struct kvvm_config *cfg);
+/* -EINVAL bad config field (logged with the reason), -ENODEV no usable CUDA device,
+   -ENOMEM device/host memory or reservation could not be had, -EIO driver failure. */
+KVVM_API int  kvvm_open(const struct kvvm_config *cfg, kvvm **out);
+/* Frees everything: no mapping, handle, pinned memory, thread or file is left behind.
+   Waits for outstanding device work first. NULL is a no-op. */
+KVVM_API void kvvm_close(kvvm *kv);
+
+/* Sequences. Length = tokens held; tokens [0, length) are addressable. */
+KVVM_API int kvvm_seq_create(kvvm *kv, kvvm_seq *out);           /* -ENOSPC: no free slot */
+KVVM_API int kvvm_seq_free(kvvm *kv, kvvm_seq s);
+/* length >= current. Makes the sequence resident and the new tokens [old, new) writable: a
+   shared page they touch is copied first (an append after a fork never writes into a
+   sibling's page). -EINVAL shorter, -E2BIG past max_tokens, -ENOMEM no page. */
+KVVM_API int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length);
+/* Grows n sequences in one call (a decode step): all or nothing. Errors as kvvm_seq_grow;
+   -EINVAL also for a sequence named twice. */
+KVVM_API int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
+                                 size_t n);
+KVVM_API int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length);   /* length <= current */
+KVVM_API int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child);  /* shares every page */
+/* dst empty, n_tokens <= src's length: dst's first n_tokens become src's. Whole pages are
+   shared where they are; the partial last page is copied, and its bytes past n_tokens are
+   zeroed, so dst never sees src's later tokens. */
+KVVM_API int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens);
+/* Before rewriting tokens [first, end) < length: copy-on-write every shared page. */
+KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end);
+/* host -> sequence bytes, via the driver. [offset, offset+len) within [0, length*bpt). A write
+   into a shared page copies it first (the write never shows in a sibling). */
+KVVM_API int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
+                            const void *src, size_t len);
+/* sequence bytes -> host, via the driver. */
+KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
+                           void *dst, size_t len);
+KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);   /* off the device, ends protection */
+KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);    /* resident again, same addresses */
+/* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
+   the sequences used in the iteration before, reaps completions. */
+KVVM_API int kvvm_step(kvvm *kv);
+KVVM_API int kvvm_set_stream(kvvm *kv, void *stream);  /* the engine's CUstream; NULL = sync */
+KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);  /* a stream of this device */
+KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
+/* Waits until everything started before it has completed: copies, disk I/O, deferred unmaps
+   and background reclaim rounds. */
+KVVM_API int kvvm_sync(kvvm *kv);
+
+/* Addresses. Region r is an array of max_seqs slots of slot_bytes; a sequence never moves. */
+KVVM_API int kvvm_region_base(kvvm *kv, uint32_t region, uint64_t *addr);  /* device address */
+KVVM_API int kvvm_slot_bytes(kvvm *kv, uint64_t *bytes);
+KVVM_API int kvvm_seq_slot(kvvm *kv, kvvm_seq s, uint32_t *slot);
+KVVM_API int kvvm_seq_addr(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr); /* token 0 */
+
+struct kvvm_seq_info {
+    size_t   size;              /* = sizeof(struct kvvm_seq_info), set by the caller */
+    uint64_t length;            /* tokens */
+    uint32_t slot;
+    uint32_t pages_device, pages_host, pages_disk, pages_shared; /* distinct pages over
+                                   [0, length) in every region; in-flight under the tier left */
+    int      resident;          /* all of them mapped in this sequence's own window */
+};
+KVVM_API int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info);
+
+struct kvvm_stats {
+    size_t size;                /* = sizeof(struct kvvm_stats), set by the caller */
+    uint64_t page_size, pages_device_total, pages_device_free,
+             pages_host_total, pages_host_free, pages_disk_total, pages_disk_free,
+             pages_inflight, maps, unmaps, cow_copies, swap_outs, swap_ins, spills, unspills,
+             bytes_to_host, bytes_to_device, bytes_to_disk, bytes_from_disk,
+             checksum_failures, io_errors;
+};
+KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
+/* The stats, the effective configuration and the backend as one JSON object.
+   -ENOSPC: buf too small (buf then holds a truncated, NUL-terminated prefix). */
+KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
+
+enum kvvm_log_level { KVVM_LOG_DEBUG = 0, KVVM_LOG_INFO = 1, KVVM_LOG_WARN = 2,
+                      KVVM_LOG_ERROR = 3, KVVM_LOG_OFF = 4 };
+typedef void (*kvvm_log_fn)(int level, const char *msg, void *arg);
+/* Default: stderr at warnings; KVVM_LOG=debug|info|warn|error|off. fn NULL = stderr. */
+KVVM_API void kvvm_set_log(kvvm_log_fn fn, void *arg, int level);
+KVVM_API const char *kvvm_strerror(int err);
+KVVM_API const char *kvvm_backend_name(kvvm *kv);   /* "cuda" or "emulated" */
+KVVM_API const char *kvvm_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVVM_H */

@@ -1,0 +1,67 @@
+/* tests/test_log.c: logging, size parsing, version. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvvm.h"
+#include "common/log.h"
+
+static char last[1024];
+static int last_level = -1, calls;
+
+static void capture(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    last_level = level;
+    calls++;
+    snprintf(last, sizeof last, "%s", msg);
+}
+
+Test(log, sink_receives_messages_at_or_above_level)
+{
+    kvvm_set_log(capture, NULL, KVVM_LOG_INFO);
+    klog_debug("hidden %d", 1);
+    cr_expect_eq(calls, 0, "a debug message passed an info threshold");
+    klog_warn("shown %d", 2);
+    cr_expect_eq(calls, 1);
+    cr_expect_eq(last_level, KVVM_LOG_WARN);
+    cr_expect_str_eq(last, "shown 2");
+    kvvm_set_log(capture, NULL, KVVM_LOG_OFF);
+    klog_error("off");
+    cr_expect_eq(calls, 1, "a message passed with logging off");
+}
+
+Test(log, env_level_read_on_first_use)
+{
+    setenv("KVVM_LOG", "error", 1);
+    cr_expect(!klog_enabled(KVVM_LOG_WARN));
+    cr_expect(klog_enabled(KVVM_LOG_ERROR));
+}
+
+Test(log, sizes_with_suffixes)
+{
+    size_t v = 0;
+    cr_expect_eq(kparse_size("4096", &v), 0);
+    cr_expect_eq(v, 4096);
+    cr_expect_eq(kparse_size("64K", &v), 0);
+    cr_expect_eq(v, 65536);
+    cr_expect_eq(kparse_size("2M", &v), 0);
+    cr_expect_eq(v, 2u << 20);
+    cr_expect_eq(kparse_size("3GiB", &v), 0);
+    cr_expect_eq(v, 3ull << 30);
+    v = 7;
+    cr_expect_eq(kparse_size("12Q", &v), -EINVAL);
+    cr_expect_eq(kparse_size("", &v), -EINVAL);
+    cr_expect_eq(kparse_size("-1", &v), -EINVAL);
+    cr_expect_eq(kparse_size("99999999999T", &v), -EINVAL);
+    cr_expect_eq(v, 7, "a failed parse changed the output");
+}
+
+Test(log, version_string)
+{
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", KVVM_VERSION_MAJOR, KVVM_VERSION_MINOR,
+             KVVM_VERSION_PATCH);
+    cr_expect_str_eq(kvvm_version(), want);
+}

@@ -1,0 +1,38 @@
+/*
+ * tools/kvvm-bench/bench.h: the benchmark tool's shared harness. Each benchmark group lives in
+ * its own file and defines one entry point declared below; main.c runs the groups that exist
+ * (weak symbols) and the user selected. Every figure is reported beside a baseline measured in
+ * the same run, as a ratio; nothing is asserted.
+ */
+#ifndef KVVM_BENCH_H
+#define KVVM_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+struct bench_ctx {
+    FILE *json;           /* JSON array being written, or NULL */
+    int   n_json;         /* entries written so far */
+    int   quick;          /* --quick: fewer iterations (for CI smoke runs) */
+    int   trials;         /* trials per figure (median taken); default 5 */
+    const char *spill_dir;/* --spill-dir (default /var/tmp) */
+};
+
+/* Reports one figure: value in unit, beside baseline (same unit) measured in the same run.
+   ratio = value / baseline is printed; lower_is_better says how to read it. A baseline of 0
+   means none (printed as "-"). */
+void bench_report(struct bench_ctx *b, const char *group, const char *op, double value,
+                  double baseline, const char *baseline_name, const char *unit,
+                  int lower_is_better);
+
+/* Helpers. */
+uint64_t bench_now_ns(void);
+double bench_median(double *v, int n);   /* sorts v */
+
+/* Benchmark groups (each in its own file; missing ones are skipped). Return 0 or -errno. */
+int bench_vmm(struct bench_ctx *b) __attribute__((weak));     /* bench_vmm.c    (foundation) */
+int bench_paging(struct bench_ctx *b) __attribute__((weak));  /* bench_paging.c (paging)     */
+int bench_swap(struct bench_ctx *b) __attribute__((weak));    /* bench_swap.c   (swap)       */
+int bench_spill(struct bench_ctx *b) __attribute__((weak));   /* bench_spill.c  (spill)      */
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * vmm/emu.h: the emulated device. It implements struct kcu_api with CUDA semantics over
+ * memfd + mmap, so machines without a GPU run the same driver-level code path (DESIGN.md,
+ * "The emulated device"). This header is also the emulator's test API: device creation,
+ * counters, the mapping table, fault injection and call tracing.
+ *
+ * Semantics (strict; every violation returns the real driver's error code):
+ *  - One memfd per emulated device; a physical handle is a granule-aligned range of it.
+ *    New handles are filled with a poison pattern (EMU_POISON), like uninitialized GPU memory;
+ *    a handle's range is hole-punched (memory returned) after its release and last unmap.
+ *  - cuMemAddressReserve = mmap(PROT_NONE); cuMemMap = mmap(MAP_FIXED|MAP_SHARED) of the
+ *    handle's range, PROT_NONE until cuMemSetAccess; cuMemUnmap = anonymous PROT_NONE again.
+ *    cuMemMap requires offset == 0, size <= handle size, granule-aligned ptr and size, inside
+ *    one reservation, onto unmapped pages only (else KCU_ERROR_INVALID_VALUE /
+ *    KCU_ERROR_ALREADY_MAPPED... per the driver's documentation). cuMemUnmap must cover whole
+ *    mappings; cuMemSetAccess only fully mapped ranges.
+ *  - Capacity is finite: cuMemCreate past it is KCU_ERROR_OUT_OF_MEMORY. Live mappings are
+ *    bounded below vm.max_map_count (max_maps); past it cuMemMap is KCU_ERROR_OUT_OF_MEMORY
+ *    with a logged message, never a failed mmap mid-operation.
+ *  - Devices are process-wide like a real driver's: cuDeviceGet(ordinal) names a device
+ *    created with emu_device_create(). Contexts are the devices' primary contexts; calls that
+ *    need a context use the calling thread's current one (cuCtxSetCurrent), else
+ *    KCU_ERROR_INVALID_CONTEXT.
+ *  - Streams execute their operations in order on a worker thread each; the NULL stream runs
+ *    synchronously after all earlier work of the device. Events complete when reached.
+ *    Copies translate device addresses through the mapping table when they execute; an
+ *    address that is not mapped with access then is a sticky KCU_ERROR_ILLEGAL_ADDRESS (the
+ *    device is dead: every later call returns it), exactly like a GPU fault.
+ *  - Opaque mode: windows stay PROT_NONE even after set-access, so only the driver's copies
+ *    can reach device bytes (they use the emulator's own view of the memfd).
+ *  - Copied bytes are counted per direction.
+ */
+#ifndef KVVM_VMM_EMU_H
+#define KVVM_VMM_EMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "cudrv.h"
+
+#define EMU_POISON 0xA5          /* byte pattern of never-written device memory */
+
+struct emu_device_params {
+    size_t capacity;             /* bytes of device memory; rounded down to the granule */
+    size_t granule;              /* 4 KiB .. 2 MiB, power of two; 0 = 2 MiB */
+    int    opaque;               /* windows never CPU-accessible */
+    size_t max_maps;             /* bound on live mappings; 0 = default (below max_map_count) */
+};
+
+/* The emulated driver's table. */
+const struct kcu_api *emu_api(void);
+
+/* Creates an emulated device; *ordinal is what cuDeviceGet takes. -EINVAL bad params,
+   -ENOMEM memfd could not be made. */
+int emu_device_create(const struct emu_device_params *p, int *ordinal);
+/* Destroys a device once its primary context is released. Returns the number of objects it
+   still held (handles, mappings, reservations, streams, events); 0 is clean. Those are
+   freed and logged as leaks. */
+int emu_device_destroy(int ordinal);
+
+struct emu_counters {
+    uint64_t handles, handle_bytes;          /* live physical handles and their bytes */
+    uint64_t mappings, mapped_bytes;         /* live mappings */
+    uint64_t reservations, reserved_bytes;
+    uint64_t streams, events;
+    uint64_t host_allocs, host_alloc_bytes;  /* cuMemAllocHost */
+    uint64_t host_registered, host_registered_bytes;
+    uint64_t copied_htod, copied_dtoh, copied_dtod, memset_bytes; /* since creation */
+    uint64_t creates, releases, maps, unmaps, set_access;          /* call counts */
+};
+int emu_counters_get(int ordinal, struct emu_counters *out);
+
+/* Mapping table lookup, for invariant checkers: what is mapped at device address va.
+   0 and the handle, offset within the handle and access flags; -ENOENT unmapped. */
+int emu_lookup(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *access);
+
+/* Fault injection: the nth (1-based, counted from this call) future call of the named entry
+   point (e.g. "cuMemMap") returns err without doing anything. Several may be armed at once.
+   Also from the environment: KVVM_EMU_FAIL="cuMemMap:3:2,cuMemCreate:1:2" (entry:nth:err),
+   read when the first emulated device is created. -EINVAL unknown entry point. */
+int emu_fail_arm(const char *entry, unsigned long nth, kcu_result err);
+void emu_fail_clear(void);
+
+/* Call tracing, for fail-at-call-N sweeps: while on, every entry point call is recorded as
+   (entry name, its occurrence index since emu_trace_start). */
+struct emu_trace_entry { const char *entry; unsigned long nth; };
+void emu_trace_start(void);
+/* Stops tracing; returns the number of calls recorded and up to max of them in out. */
+size_t emu_trace_stop(struct emu_trace_entry *out, size_t max);
+
+#endif

@@ -1,0 +1,110 @@
+/*
+ * vmm/vmm.h: device virtual memory over the driver table (cudrv.h).
+ *
+ * Contract:
+ *  - One struct vmm = one device (its primary context retained) and one reserved virtual
+ *    range. It knows physical handles, mappings, streams, fences and copies; it knows nothing
+ *    of pages' owners, sequences or policy (those are paging/ and swap/).
+ *  - Every multi-step operation is all-or-nothing: if step k of n fails, steps 1..k-1 are
+ *    undone, nothing leaks, and the error is returned.
+ *  - It never dereferences a device address: bytes move only through the driver's copies.
+ *  - Errors are negative errno: -EINVAL bad argument (a bug in the caller), -ENOMEM device
+ *    memory or mappings exhausted, -ENODEV no usable device, -EIO a driver failure (sticky
+ *    errors mark the vmm dead: vmm_dead() then returns true and every call returns -EIO).
+ *    Every driver failure is logged with the entry point and the driver's error name.
+ *  - Thread-safe in the sense of the driver: calls may come from any thread; vmm_* functions
+ *    make the device's context current on the calling thread themselves.
+ */
+#ifndef KVVM_VMM_VMM_H
+#define KVVM_VMM_VMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvvm.h"
+#include "cudrv.h"
+
+struct vmm;
+
+struct vmm_params {
+    enum kvvm_backend backend;  /* AUTO follows API.md's rule */
+    int    device;              /* CUDA ordinal (ignored on the emulated device) */
+    size_t emu_capacity;        /* emulated device bytes */
+    size_t emu_granule;         /* emulated granule; 0 = 2 MiB */
+    int    emu_opaque;          /* emulated windows not CPU-accessible */
+};
+
+/* Physical handle of one page (typed so it cannot be mixed with addresses). */
+typedef struct { kcu_mem_handle h; } vmm_handle;
+/* A point in a stream's work: complete once everything enqueued before it has run. */
+typedef struct { kcu_event ev; } vmm_fence;
+
+/* Opens the driver (cuda: dlopen of KVVM_CUDA_LIBRARY or libcuda.so.1; emulated: a new
+   emulated device), initializes it, checks VMM support, retains the primary context.
+   -ENODEV no usable device (AUTO fell through, or CUDA asked and missing), -ENOMEM, -EIO. */
+int vmm_open(const struct vmm_params *p, struct vmm **out);
+/* Synchronizes, releases the context and (emulated) destroys the device. The caller must
+   have released its handles, mappings, streams and fences first; leftovers are logged. */
+void vmm_close(struct vmm *v);
+
+const char *vmm_backend_name(const struct vmm *v);    /* "cuda" or "emulated" */
+const struct kcu_api *vmm_api(const struct vmm *v);   /* the driver table in use */
+size_t vmm_granule(const struct vmm *v);
+size_t vmm_device_bytes(const struct vmm *v);         /* total device memory */
+int    vmm_emu_ordinal(const struct vmm *v);          /* emulated device ordinal, or -1 */
+bool   vmm_dead(const struct vmm *v);                 /* a sticky driver error was seen */
+/* Makes the device context current on the calling thread (library threads call this once). */
+int vmm_make_current(struct vmm *v);
+
+/* The one reserved virtual range: bytes rounded up to the granule. -ENOMEM, -EIO. */
+int  vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base);
+void vmm_unreserve(struct vmm *v);                    /* all mappings must be gone */
+uint64_t vmm_reserved_base(const struct vmm *v);
+size_t   vmm_reserved_bytes(const struct vmm *v);
+
+/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full, -EIO. */
+int  vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out);
+void vmm_phys_release(struct vmm *v, vmm_handle h);
+
+/* Maps n pages of page_size bytes at va, va + page_size, ... with one set-access (read and
+   write) over the whole run. va inside the reservation, page-aligned, the range unmapped.
+   All or nothing. -EINVAL, -ENOMEM (mapping bound), -EIO. */
+int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
+                size_t page_size);
+/* Unmaps [va, va + bytes), which must be whole mappings. The caller has waited for every
+   fence of work that may touch the range. -EINVAL, -EIO. */
+int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes);
+
+/* Streams. vmm_stream_create makes a non-blocking stream of this device. */
+int vmm_stream_create(struct vmm *v, kcu_stream *out);
+int vmm_stream_destroy(struct vmm *v, kcu_stream s);
+int vmm_stream_sync(struct vmm *v, kcu_stream s);
+/* -EBUSY when s is capturing a CUDA graph. */
+int vmm_stream_check_capture(struct vmm *v, kcu_stream s);
+int vmm_device_sync(struct vmm *v);
+
+/* Fences (events). record: the fence completes after all work enqueued on s so far.
+   query: 1 complete, 0 not yet, <0 error. wait: blocks the CPU. after: s waits for f on the
+   device (the CPU does not). */
+int  vmm_fence_create(struct vmm *v, vmm_fence *f);
+void vmm_fence_destroy(struct vmm *v, vmm_fence *f);
+int  vmm_fence_record(struct vmm *v, vmm_fence *f, kcu_stream s);
+int  vmm_fence_query(struct vmm *v, const vmm_fence *f);
+int  vmm_fence_wait(struct vmm *v, const vmm_fence *f);
+int  vmm_stream_after(struct vmm *v, kcu_stream s, const vmm_fence *f);
+
+/* Asynchronous copies on stream s (NULL = the default stream, synchronous w.r.t. the host
+   for our purposes only after vmm_stream_sync). Counted by the driver. -EINVAL, -EIO. */
+int vmm_copy_htod(struct vmm *v, uint64_t dst, const void *src, size_t n, kcu_stream s);
+int vmm_copy_dtoh(struct vmm *v, void *dst, uint64_t src, size_t n, kcu_stream s);
+int vmm_copy_dtod(struct vmm *v, uint64_t dst, uint64_t src, size_t n, kcu_stream s);
+int vmm_memset(struct vmm *v, uint64_t dst, unsigned char value, size_t n, kcu_stream s);
+
+/* Pinned host memory: allocate (cuMemAllocHost) or register existing memory
+   (cuMemHostRegister). -ENOMEM, -EIO. */
+int  vmm_host_alloc(struct vmm *v, size_t bytes, void **out);
+void vmm_host_free(struct vmm *v, void *p);
+int  vmm_host_register(struct vmm *v, void *p, size_t bytes);
+void vmm_host_unregister(struct vmm *v, void *p);
+
+#endif
