@@ -35,6 +35,7 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_ERROR_OUT_OF_MEMORY            2
 #define KCU_ERROR_NOT_INITIALIZED          3
 #define KCU_ERROR_DEINITIALIZED            4
+#define KCU_ERROR_STUB_LIBRARY             34   /* the toolkit's stub libcuda, no driver */
 #define KCU_ERROR_NO_DEVICE                100
 #define KCU_ERROR_INVALID_DEVICE           101
 #define KCU_ERROR_INVALID_CONTEXT          201
@@ -50,6 +51,15 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_ERROR_NOT_SUPPORTED            801
 #define KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 #define KCU_ERROR_UNKNOWN                  999
+/* Sticky device faults (the context is lost; added for vmm.c's dead-context rule). */
+#define KCU_ERROR_ECC_UNCORRECTABLE        214
+#define KCU_ERROR_LAUNCH_TIMEOUT           702
+#define KCU_ERROR_HARDWARE_STACK_ERROR     714
+#define KCU_ERROR_ILLEGAL_INSTRUCTION      715
+#define KCU_ERROR_MISALIGNED_ADDRESS       716
+#define KCU_ERROR_INVALID_ADDRESS_SPACE    717
+#define KCU_ERROR_INVALID_PC               718
+#define KCU_ERROR_LAUNCH_FAILED            719
 
 /* CUdevice_attribute */
 #define KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102

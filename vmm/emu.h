@@ -11,8 +11,8 @@
  *  - cuMemAddressReserve = mmap(PROT_NONE); cuMemMap = mmap(MAP_FIXED|MAP_SHARED) of the
  *    handle's range, PROT_NONE until cuMemSetAccess; cuMemUnmap = anonymous PROT_NONE again.
  *    cuMemMap requires offset == 0, size <= handle size, granule-aligned ptr and size, inside
- *    one reservation, onto unmapped pages only (else KCU_ERROR_INVALID_VALUE /
- *    KCU_ERROR_ALREADY_MAPPED... per the driver's documentation). cuMemUnmap must cover whole
+ *    one reservation, onto unmapped pages only (else KCU_ERROR_INVALID_VALUE, the code the
+ *    driver reference lists for cuMemMap). cuMemUnmap must cover whole
  *    mappings; cuMemSetAccess only fully mapped ranges.
  *  - Capacity is finite: cuMemCreate past it is KCU_ERROR_OUT_OF_MEMORY. Live mappings are
  *    bounded below vm.max_map_count (max_maps); past it cuMemMap is KCU_ERROR_OUT_OF_MEMORY
@@ -53,8 +53,9 @@ const struct kcu_api *emu_api(void);
    -ENOMEM memfd could not be made. */
 int emu_device_create(const struct emu_device_params *p, int *ordinal);
 /* Destroys a device once its primary context is released. Returns the number of objects it
-   still held (handles, mappings, reservations, streams, events); 0 is clean. Those are
-   freed and logged as leaks. */
+   still held (handles, mappings, reservations, streams, events, pinned host ranges, and 1
+   for a primary context still retained); 0 is clean. Those are freed and logged as leaks
+   (streams first finish their queued work). -ENODEV no such device. */
 int emu_device_destroy(int ordinal);
 
 struct emu_counters {
@@ -86,5 +87,14 @@ struct emu_trace_entry { const char *entry; unsigned long nth; };
 void emu_trace_start(void);
 /* Stops tracing; returns the number of calls recorded and up to max of them in out. */
 size_t emu_trace_stop(struct emu_trace_entry *out, size_t max);
+
+/* Stream test hooks. set_capturing: cuStreamIsCapturing reports ACTIVE while on (the
+   driver's capture state, to test callers' refusal paths). set_paused: the stream's worker
+   executes nothing while on, so tests can observe queued (NOT_READY) work and change the
+   mappings under it deterministically; anything that drains the stream (its synchronize,
+   the legacy stream, cuCtxSynchronize) blocks until it is resumed, except cuStreamDestroy
+   and emu_device_destroy, which resume it. Both: 0, or -EINVAL unknown stream (or NULL). */
+int emu_stream_set_capturing(kcu_stream s, int on);
+int emu_stream_set_paused(kcu_stream s, int on);
 
 #endif

@@ -1,0 +1,686 @@
+/*
+ * vmm/vmm.c: device virtual memory over the driver table (contract in vmm.h).
+ *
+ * Design notes
+ *  - Backend choice (API.md "Backend choice"): AUTO asks drv_cuda_load(); only its "no CUDA
+ *    here" answer (-ENOENT) falls back to a fresh emulated device, and says so in the log.
+ *    Any other CUDA failure is -ENODEV: a GPU machine must never run silently emulated.
+ *  - Context: the device's primary context, retained for the vmm's life. Driver calls use
+ *    the calling thread's current context, so every entry point makes ours current first.
+ *    A thread-local cache (the id of the vmm last made current on this thread; ids are never
+ *    reused) makes that a compare in the common case. Assumption: other code on the thread
+ *    that switches contexts uses the same primary context (the runtime API does); a thread
+ *    that sets a different context must call vmm_make_current() again (it always calls the
+ *    driver).
+ *  - All or nothing: vmm_map_run maps page by page, then one cuMemSetAccess over the run;
+ *    a failure at any step unmaps what this call mapped. Nothing else here is multi-step.
+ *  - Errors: every driver failure is logged with its entry point and the driver's error
+ *    name, and mapped OUT_OF_MEMORY -> -ENOMEM, INVALID_VALUE -> -EINVAL, else -EIO. Sticky
+ *    errors (the context is lost: ILLEGAL_ADDRESS and the other device faults) mark the vmm
+ *    dead; from then on every call returns -EIO without calling the driver.
+ *  - Live object counts (handles, mappings, streams, fences, pinned host memory) are kept so
+ *    vmm_close can log what the caller leaked, on the real driver as on the emulated one.
+ */
+#include "vmm.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "drv_cuda.h"
+#include "emu.h"
+
+struct vmm {
+    const struct kcu_api *api;
+    uint64_t id;                /* unique per vmm_open; the thread-local current cache key */
+    kcu_device dev;
+    kcu_context ctx;            /* retained primary context */
+    int emu_ordinal;            /* emulated device we created, or -1 */
+    size_t granule;             /* minimum allocation granularity, bytes */
+    size_t device_bytes;
+    char dev_name[128];
+    int dead;                   /* atomic: a sticky driver error was seen */
+
+    uint64_t base;              /* the reservation; 0 = none. Owned by the opener's thread */
+    size_t reserved;            /* bytes */
+
+    /* Live objects, for leak reports at close (atomics: calls come from any thread). */
+    int64_t n_handles, n_mapped_bytes, n_streams, n_fences, n_host_allocs, n_host_regs;
+};
+
+static uint64_t vmm_next_id = 1;                /* atomic */
+static __thread uint64_t tls_current_id;        /* id of the vmm current on this thread */
+
+static void count(int64_t *c, int64_t d)
+{
+    __atomic_add_fetch(c, d, __ATOMIC_RELAXED);
+}
+
+/* --- errors ------------------------------------------------------------------------------ */
+
+const char *kcu_errstr(const struct kcu_api *api, kcu_result r)
+{
+    static __thread char buf[256];
+    const char *name = NULL, *desc = NULL;
+    if (api && api->cuGetErrorName && api->cuGetErrorName(r, &name) != KCU_SUCCESS)
+        name = NULL;
+    if (api && api->cuGetErrorString && api->cuGetErrorString(r, &desc) != KCU_SUCCESS)
+        desc = NULL;
+    if (name && desc)
+        snprintf(buf, sizeof buf, "%s: %s", name, desc);
+    else if (name)
+        snprintf(buf, sizeof buf, "%s", name);
+    else
+        snprintf(buf, sizeof buf, "CUDA error %d", r);
+    return buf;
+}
+
+/* Errors after which the context is unusable (cuda.h documents them as leaving the process
+   in an inconsistent state; the context must be destroyed). */
+static bool sticky(kcu_result r)
+{
+    switch (r) {
+    case KCU_ERROR_ILLEGAL_ADDRESS:
+    case KCU_ERROR_ECC_UNCORRECTABLE:
+    case KCU_ERROR_LAUNCH_TIMEOUT:
+    case KCU_ERROR_HARDWARE_STACK_ERROR:
+    case KCU_ERROR_ILLEGAL_INSTRUCTION:
+    case KCU_ERROR_MISALIGNED_ADDRESS:
+    case KCU_ERROR_INVALID_ADDRESS_SPACE:
+    case KCU_ERROR_INVALID_PC:
+    case KCU_ERROR_LAUNCH_FAILED:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Logs a failed driver call and returns its errno. */
+static int drv_err(struct vmm *v, const char *entry, kcu_result r)
+{
+    if (sticky(r) && !__atomic_exchange_n(&v->dead, 1, __ATOMIC_ACQ_REL))
+        klog_error("%s: %s; the device context is lost, every later call fails with EIO",
+                   entry, kcu_errstr(v->api, r));
+    else
+        klog_error("%s: %s", entry, kcu_errstr(v->api, r));
+    switch (r) {
+    case KCU_ERROR_OUT_OF_MEMORY: return -ENOMEM;
+    case KCU_ERROR_INVALID_VALUE: return -EINVAL;
+    default:                      return -EIO;
+    }
+}
+
+bool vmm_dead(const struct vmm *v)
+{
+    return __atomic_load_n(&v->dead, __ATOMIC_ACQUIRE) != 0;
+}
+
+int vmm_make_current(struct vmm *v)
+{
+    if (vmm_dead(v))
+        return -EIO;
+    kcu_result r = v->api->cuCtxSetCurrent(v->ctx);
+    if (r != KCU_SUCCESS) {
+        tls_current_id = 0;
+        return drv_err(v, "cuCtxSetCurrent", r);
+    }
+    tls_current_id = v->id;
+    return 0;
+}
+
+/* The entry of every call: dead check, then our context current on this thread. */
+static int enter(struct vmm *v)
+{
+    if (vmm_dead(v))
+        return -EIO;
+    if (tls_current_id == v->id)
+        return 0;
+    return vmm_make_current(v);
+}
+
+#define ENTER(v)                        \
+    do {                                \
+        int enter_err_ = enter(v);      \
+        if (enter_err_)                 \
+            return enter_err_;          \
+    } while (0)
+
+/* --- open / close ------------------------------------------------------------------------ */
+
+static void alloc_prop(const struct vmm *v, struct kcu_mem_alloc_prop *prop)
+{
+    memset(prop, 0, sizeof *prop);
+    prop->type = KCU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = KCU_MEM_HANDLE_TYPE_NONE;
+    prop->location.type = KCU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = v->dev;
+}
+
+/* A driver failure while opening: the device is unusable (-ENODEV), unless memory ran out. */
+static int open_err(struct vmm *v, const char *entry, kcu_result r)
+{
+    klog_error("%s backend: %s failed: %s", v->api->name, entry, kcu_errstr(v->api, r));
+    return r == KCU_ERROR_OUT_OF_MEMORY ? -ENOMEM : -ENODEV;
+}
+
+static int pick_backend(const struct vmm_params *p, struct vmm *v)
+{
+    char why[512];
+    int err;
+
+    if (p->backend == KVVM_BACKEND_CUDA || p->backend == KVVM_BACKEND_AUTO) {
+        err = drv_cuda_load(&v->api, why, sizeof why);
+        if (!err)
+            return 0;
+        if (p->backend == KVVM_BACKEND_CUDA) {
+            klog_error("backend cuda requested but not usable: %s", why);
+            return -ENODEV;
+        }
+        if (err != -ENOENT) {
+            klog_error("backend auto: the CUDA driver is present but not usable (%s); "
+                       "refusing to fall back to the emulated device", why);
+            return -ENODEV;
+        }
+        klog_warn("backend auto: %s; using the emulated device", why);
+    }
+
+    struct emu_device_params ep = {
+        .capacity = p->emu_capacity,
+        .granule = p->emu_granule,
+        .opaque = p->emu_opaque,
+    };
+    err = emu_device_create(&ep, &v->emu_ordinal);
+    if (err) {
+        klog_error("emulated device: cannot create (capacity %zu, granule %zu): %s",
+                   p->emu_capacity, p->emu_granule, strerror(-err));
+        v->emu_ordinal = -1;
+        return err;
+    }
+    v->api = emu_api();
+    return 0;
+}
+
+int vmm_open(const struct vmm_params *p, struct vmm **out)
+{
+    if (!p || !out)
+        return -EINVAL;
+    if (p->backend != KVVM_BACKEND_AUTO && p->backend != KVVM_BACKEND_CUDA &&
+        p->backend != KVVM_BACKEND_EMULATED)
+        return -EINVAL;
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    v->emu_ordinal = -1;
+    v->id = __atomic_fetch_add(&vmm_next_id, 1, __ATOMIC_RELAXED);
+
+    int err = pick_backend(p, v);
+    if (err)
+        goto out_free;
+    const struct kcu_api *a = v->api;
+    int ordinal = v->emu_ordinal >= 0 ? v->emu_ordinal : p->device;
+
+    kcu_result r = a->cuInit(0);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuInit", r);
+        goto out_emu;
+    }
+    int count = 0;
+    r = a->cuDeviceGetCount(&count);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuDeviceGetCount", r);
+        goto out_emu;
+    }
+    if (ordinal < 0 || ordinal >= count) {
+        klog_error("%s backend: device %d does not exist (%d device%s)", a->name, ordinal,
+                   count, count == 1 ? "" : "s");
+        err = -ENODEV;
+        goto out_emu;
+    }
+    r = a->cuDeviceGet(&v->dev, ordinal);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuDeviceGet", r);
+        goto out_emu;
+    }
+    if (a->cuDeviceGetName(v->dev_name, sizeof v->dev_name, v->dev) != KCU_SUCCESS)
+        snprintf(v->dev_name, sizeof v->dev_name, "device %d", ordinal);
+    int vmm_ok = 0;
+    r = a->cuDeviceGetAttribute(&vmm_ok, KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                v->dev);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)", r);
+        goto out_emu;
+    }
+    if (!vmm_ok) {
+        klog_error("%s backend: device %d (%s) does not support the CUDA virtual memory "
+                   "management API (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED "
+                   "is 0), which libkvvm needs", a->name, ordinal, v->dev_name);
+        err = -ENODEV;
+        goto out_emu;
+    }
+    r = a->cuDeviceTotalMem(&v->device_bytes, v->dev);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuDeviceTotalMem", r);
+        goto out_emu;
+    }
+    r = a->cuDevicePrimaryCtxRetain(&v->ctx, v->dev);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuDevicePrimaryCtxRetain", r);
+        goto out_emu;
+    }
+    r = a->cuCtxSetCurrent(v->ctx);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuCtxSetCurrent", r);
+        goto out_release_ctx;
+    }
+    tls_current_id = v->id;
+    struct kcu_mem_alloc_prop prop;
+    alloc_prop(v, &prop);
+    r = a->cuMemGetAllocationGranularity(&v->granule, &prop, KCU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuMemGetAllocationGranularity", r);
+        goto out_release_ctx;
+    }
+    if (!v->granule || (v->granule & (v->granule - 1))) {
+        klog_error("%s backend: granularity %zu is not a power of two", a->name, v->granule);
+        err = -ENODEV;
+        goto out_release_ctx;
+    }
+    klog_info("vmm: %s backend, device %d (%s), %zu MiB, granule %zu KiB", a->name, ordinal,
+              v->dev_name, v->device_bytes >> 20, v->granule >> 10);
+    *out = v;
+    return 0;
+
+out_release_ctx:
+    tls_current_id = 0;
+    a->cuCtxSetCurrent(NULL);
+    a->cuDevicePrimaryCtxRelease(v->dev);
+out_emu:
+    if (v->emu_ordinal >= 0)
+        emu_device_destroy(v->emu_ordinal);
+out_free:
+    free(v);
+    return err;
+}
+
+void vmm_close(struct vmm *v)
+{
+    if (!v)
+        return;
+    const struct kcu_api *a = v->api;
+    bool ctx_ok = !vmm_dead(v) && !enter(v);
+    if (ctx_ok) {
+        kcu_result r = a->cuCtxSynchronize();
+        if (r != KCU_SUCCESS)
+            drv_err(v, "cuCtxSynchronize", r);
+    }
+    if (v->n_handles || v->n_mapped_bytes || v->n_streams || v->n_fences ||
+        v->n_host_allocs || v->n_host_regs)
+        klog_warn("vmm_close: the caller leaked %lld physical handle(s), %lld mapped "
+                  "byte(s), %lld stream(s), %lld fence(s), %lld pinned allocation(s), "
+                  "%lld registered host range(s)",
+                  (long long)v->n_handles, (long long)v->n_mapped_bytes,
+                  (long long)v->n_streams, (long long)v->n_fences,
+                  (long long)v->n_host_allocs, (long long)v->n_host_regs);
+    if (v->base && ctx_ok)
+        vmm_unreserve(v);
+    if (tls_current_id == v->id) {
+        tls_current_id = 0;
+        a->cuCtxSetCurrent(NULL);
+    }
+    kcu_result r = a->cuDevicePrimaryCtxRelease(v->dev);
+    if (r != KCU_SUCCESS)
+        klog_error("cuDevicePrimaryCtxRelease: %s", kcu_errstr(a, r));
+    if (v->emu_ordinal >= 0) {
+        int leaks = emu_device_destroy(v->emu_ordinal);
+        if (leaks > 0)
+            klog_warn("vmm_close: the emulated device still held %d object(s)", leaks);
+        else if (leaks < 0)
+            klog_error("vmm_close: emu_device_destroy: %s", strerror(-leaks));
+    }
+    free(v);
+}
+
+const char *vmm_backend_name(const struct vmm *v) { return v->api->name; }
+const struct kcu_api *vmm_api(const struct vmm *v) { return v->api; }
+size_t vmm_granule(const struct vmm *v) { return v->granule; }
+size_t vmm_device_bytes(const struct vmm *v) { return v->device_bytes; }
+int vmm_emu_ordinal(const struct vmm *v) { return v->emu_ordinal; }
+uint64_t vmm_reserved_base(const struct vmm *v) { return v->base; }
+size_t vmm_reserved_bytes(const struct vmm *v) { return v->reserved; }
+
+/* --- reservation, physical pages, mappings ------------------------------------------------ */
+
+int vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base)
+{
+    if (!base || !bytes || v->base)
+        return -EINVAL;
+    if (bytes > SIZE_MAX - v->granule)
+        return -ENOMEM;
+    ENTER(v);
+    size_t len = (bytes + v->granule - 1) & ~(v->granule - 1);
+    kcu_deviceptr p = 0;
+    kcu_result r = v->api->cuMemAddressReserve(&p, len, v->granule, 0, 0);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuMemAddressReserve", r);
+    v->base = p;
+    v->reserved = len;
+    *base = p;
+    return 0;
+}
+
+void vmm_unreserve(struct vmm *v)
+{
+    if (!v->base || enter(v))
+        return;
+    if (__atomic_load_n(&v->n_mapped_bytes, __ATOMIC_RELAXED))
+        klog_warn("vmm_unreserve: %lld byte(s) still mapped",
+                  (long long)v->n_mapped_bytes);
+    kcu_result r = v->api->cuMemAddressFree(v->base, v->reserved);
+    if (r != KCU_SUCCESS) {
+        drv_err(v, "cuMemAddressFree", r);
+        return;
+    }
+    v->base = 0;
+    v->reserved = 0;
+}
+
+int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
+{
+    if (!out || !bytes || bytes % v->granule)
+        return -EINVAL;
+    ENTER(v);
+    struct kcu_mem_alloc_prop prop;
+    alloc_prop(v, &prop);
+    kcu_mem_handle h = 0;
+    kcu_result r = v->api->cuMemCreate(&h, bytes, &prop, 0);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuMemCreate", r);
+    count(&v->n_handles, 1);
+    out->h = h;
+    return 0;
+}
+
+void vmm_phys_release(struct vmm *v, vmm_handle h)
+{
+    if (enter(v))
+        return;
+    kcu_result r = v->api->cuMemRelease(h.h);
+    if (r != KCU_SUCCESS) {
+        drv_err(v, "cuMemRelease", r);
+        return;
+    }
+    count(&v->n_handles, -1);
+}
+
+/* [va, va + len) inside the reservation (overflow-safe). */
+static bool in_reservation(const struct vmm *v, uint64_t va, size_t len)
+{
+    return v->base && va >= v->base && va - v->base <= v->reserved &&
+           len <= v->reserved - (va - v->base);
+}
+
+int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
+                size_t page_size)
+{
+    if (!pages || !n || !page_size || page_size % v->granule || n > SIZE_MAX / page_size)
+        return -EINVAL;
+    size_t len = n * page_size;
+    if (!in_reservation(v, va, len) || (va - v->base) % page_size)
+        return -EINVAL;
+    ENTER(v);
+    const struct kcu_api *a = v->api;
+    size_t k;
+    int err;
+    kcu_result r;
+    for (k = 0; k < n; k++) {
+        r = a->cuMemMap(va + k * page_size, page_size, 0, pages[k].h, 0);
+        if (r != KCU_SUCCESS) {
+            err = drv_err(v, "cuMemMap", r);
+            goto out_unmap;
+        }
+    }
+    struct kcu_mem_access_desc d = {
+        .location = { .type = KCU_MEM_LOCATION_TYPE_DEVICE, .id = v->dev },
+        .flags = KCU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    r = a->cuMemSetAccess(va, len, &d, 1);
+    if (r != KCU_SUCCESS) {
+        err = drv_err(v, "cuMemSetAccess", r);
+        goto out_unmap;
+    }
+    count(&v->n_mapped_bytes, (int64_t)len);
+    return 0;
+
+out_unmap:
+    /* Page by page: an unmap failure must not keep the others mapped. */
+    while (k-- > 0) {
+        r = a->cuMemUnmap(va + k * page_size, page_size);
+        if (r != KCU_SUCCESS) {
+            klog_error("vmm_map_run: undo of page %zu at 0x%llx failed; it stays mapped",
+                       k, (unsigned long long)(va + k * page_size));
+            drv_err(v, "cuMemUnmap", r);
+            count(&v->n_mapped_bytes, (int64_t)page_size);
+        }
+    }
+    return err;
+}
+
+int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes)
+{
+    if (!bytes || bytes % v->granule || (va - v->base) % v->granule ||
+        !in_reservation(v, va, bytes))
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemUnmap(va, bytes);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuMemUnmap", r);
+    count(&v->n_mapped_bytes, -(int64_t)bytes);
+    return 0;
+}
+
+/* --- streams, fences ---------------------------------------------------------------------- */
+
+int vmm_stream_create(struct vmm *v, kcu_stream *out)
+{
+    if (!out)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuStreamCreate(out, KCU_STREAM_NON_BLOCKING);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuStreamCreate", r);
+    count(&v->n_streams, 1);
+    return 0;
+}
+
+int vmm_stream_destroy(struct vmm *v, kcu_stream s)
+{
+    if (!s)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuStreamDestroy(s);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuStreamDestroy", r);
+    count(&v->n_streams, -1);
+    return 0;
+}
+
+int vmm_stream_sync(struct vmm *v, kcu_stream s)
+{
+    ENTER(v);
+    kcu_result r = v->api->cuStreamSynchronize(s);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuStreamSynchronize", r);
+}
+
+int vmm_stream_check_capture(struct vmm *v, kcu_stream s)
+{
+    ENTER(v);
+    int st = KCU_STREAM_CAPTURE_STATUS_NONE;
+    kcu_result r = v->api->cuStreamIsCapturing(s, &st);
+    if (r == KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        return -EBUSY;       /* the legacy stream queried while another stream captures */
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuStreamIsCapturing", r);
+    return st == KCU_STREAM_CAPTURE_STATUS_NONE ? 0 : -EBUSY;
+}
+
+int vmm_device_sync(struct vmm *v)
+{
+    ENTER(v);
+    kcu_result r = v->api->cuCtxSynchronize();
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuCtxSynchronize", r);
+}
+
+int vmm_fence_create(struct vmm *v, vmm_fence *f)
+{
+    if (!f)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuEventCreate(&f->ev, KCU_EVENT_DISABLE_TIMING);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuEventCreate", r);
+    count(&v->n_fences, 1);
+    return 0;
+}
+
+void vmm_fence_destroy(struct vmm *v, vmm_fence *f)
+{
+    if (!f || !f->ev || enter(v))
+        return;
+    kcu_result r = v->api->cuEventDestroy(f->ev);
+    if (r != KCU_SUCCESS) {
+        drv_err(v, "cuEventDestroy", r);
+        return;
+    }
+    f->ev = NULL;
+    count(&v->n_fences, -1);
+}
+
+int vmm_fence_record(struct vmm *v, vmm_fence *f, kcu_stream s)
+{
+    if (!f || !f->ev)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuEventRecord(f->ev, s);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuEventRecord", r);
+}
+
+int vmm_fence_query(struct vmm *v, const vmm_fence *f)
+{
+    if (!f || !f->ev)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuEventQuery(f->ev);
+    if (r == KCU_SUCCESS)
+        return 1;
+    if (r == KCU_ERROR_NOT_READY)
+        return 0;
+    return drv_err(v, "cuEventQuery", r);
+}
+
+int vmm_fence_wait(struct vmm *v, const vmm_fence *f)
+{
+    if (!f || !f->ev)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuEventSynchronize(f->ev);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuEventSynchronize", r);
+}
+
+int vmm_stream_after(struct vmm *v, kcu_stream s, const vmm_fence *f)
+{
+    if (!f || !f->ev)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuStreamWaitEvent(s, f->ev, 0);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuStreamWaitEvent", r);
+}
+
+/* --- copies ------------------------------------------------------------------------------- */
+
+int vmm_copy_htod(struct vmm *v, uint64_t dst, const void *src, size_t n, kcu_stream s)
+{
+    if (!src || !n)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemcpyHtoDAsync(dst, src, n, s);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuMemcpyHtoDAsync", r);
+}
+
+int vmm_copy_dtoh(struct vmm *v, void *dst, uint64_t src, size_t n, kcu_stream s)
+{
+    if (!dst || !n)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemcpyDtoHAsync(dst, src, n, s);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuMemcpyDtoHAsync", r);
+}
+
+int vmm_copy_dtod(struct vmm *v, uint64_t dst, uint64_t src, size_t n, kcu_stream s)
+{
+    if (!n)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemcpyDtoDAsync(dst, src, n, s);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuMemcpyDtoDAsync", r);
+}
+
+int vmm_memset(struct vmm *v, uint64_t dst, unsigned char value, size_t n, kcu_stream s)
+{
+    if (!n)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemsetD8Async(dst, value, n, s);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuMemsetD8Async", r);
+}
+
+/* --- pinned host memory -------------------------------------------------------------------- */
+
+int vmm_host_alloc(struct vmm *v, size_t bytes, void **out)
+{
+    if (!out || !bytes)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemAllocHost(out, bytes);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuMemAllocHost", r);
+    count(&v->n_host_allocs, 1);
+    return 0;
+}
+
+void vmm_host_free(struct vmm *v, void *p)
+{
+    if (!p || enter(v))
+        return;
+    kcu_result r = v->api->cuMemFreeHost(p);
+    if (r != KCU_SUCCESS) {
+        drv_err(v, "cuMemFreeHost", r);
+        return;
+    }
+    count(&v->n_host_allocs, -1);
+}
+
+int vmm_host_register(struct vmm *v, void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemHostRegister(p, bytes, KCU_MEMHOSTREGISTER_PORTABLE);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuMemHostRegister", r);
+    count(&v->n_host_regs, 1);
+    return 0;
+}
+
+void vmm_host_unregister(struct vmm *v, void *p)
+{
+    if (!p || enter(v))
+        return;
+    kcu_result r = v->api->cuMemHostUnregister(p);
+    if (r != KCU_SUCCESS) {
+        drv_err(v, "cuMemHostUnregister", r);
+        return;
+    }
+    count(&v->n_host_regs, -1);
+}
