@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what libkvvm needs to build and test on Debian 12 (run as root). Idempotent: does
+# nothing when everything is present.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config liburing-dev libcriterion-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: need root (or sudo) to apt-get install: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job (README quick start): installs dependencies, builds in Release, and runs the
+# oversubscription stress tester with its defaults (emulated device). Extra arguments go to
+# kvvm-stress, e.g.  bash scripts/stress.sh --oversubscribe 8 --json out.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DKVVM_BUILD_TESTS=OFF >/dev/null
+cmake --build build-release -j"$(nproc)" --target kvvm-stress
+exec ./build-release/tools/kvvm-stress "$@"
