@@ -2,7 +2,9 @@
  * common/log.c: the log sink. The level and sink are process-wide (like the driver), set once
  * from KVVM_LOG on first use and by kvvm_set_log() at any time.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "log.h"
 
 #include <ctype.h>

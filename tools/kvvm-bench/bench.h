@@ -7,6 +7,7 @@
 #ifndef KVVM_BENCH_H
 #define KVVM_BENCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -16,6 +17,8 @@ struct bench_ctx {
     int   quick;          /* --quick: fewer iterations (for CI smoke runs) */
     int   trials;         /* trials per figure (median taken); default 5 */
     const char *spill_dir;/* --spill-dir (default /var/tmp) */
+    int   backend;        /* --backend: enum kvvm_backend; default KVVM_BACKEND_EMULATED */
+    size_t granule;       /* --granule: emulated granule in bytes; 0 = the default (2 MiB) */
 };
 
 /* Reports one figure: value in unit, beside baseline (same unit) measured in the same run.

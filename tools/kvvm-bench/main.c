@@ -1,0 +1,307 @@
+/*
+ * tools/kvvm-bench/main.c: the benchmark harness (bench.h). Parses the options, runs every
+ * group that was linked in (its weak symbol is non-NULL) and selected with --only, prints one
+ * aligned table row per figure and, with --json, writes the same records as a JSON array:
+ *   [{"group":..., "op":..., "value":..., "unit":..., "baseline":..., "baseline_value":...,
+ *     "ratio":...}, ...]
+ * A figure without a baseline has "baseline": null, "baseline_value": null, "ratio": null.
+ * Nothing is asserted: the exit status is 0 unless an option was bad or a group failed.
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvvm.h"
+#include "common/log.h"
+
+uint64_t bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *v, int n)
+{
+    if (n <= 0)
+        return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_number(FILE *f, double x)
+{
+    if (isfinite(x))
+        fprintf(f, "%.6g", x);
+    else
+        fputs("null", f);
+}
+
+/* Prints a value with three significant figures or so, without exponents for usual ranges. */
+static void fmt_value(char *buf, size_t len, double x)
+{
+    if (!isfinite(x))
+        snprintf(buf, len, "-");
+    else if (x >= 1000.0 || x == 0.0)
+        snprintf(buf, len, "%.0f", x);
+    else if (x >= 100.0)
+        snprintf(buf, len, "%.1f", x);
+    else if (x >= 1.0)
+        snprintf(buf, len, "%.2f", x);
+    else
+        snprintf(buf, len, "%.3g", x);
+}
+
+#define ROW_FMT "%-8s %-30s %12s %-8s %-34s %12s %9s\n"
+
+static void print_header(void)
+{
+    printf(ROW_FMT, "group", "operation", "value", "unit", "baseline", "baseline", "ratio");
+    printf("%.*s\n", 8 + 1 + 30 + 1 + 12 + 1 + 8 + 1 + 34 + 1 + 12 + 1 + 9,
+           "------------------------------------------------------------------------------"
+           "------------------------------------------------------------------------------");
+}
+
+void bench_report(struct bench_ctx *b, const char *group, const char *op, double value,
+                  double baseline, const char *baseline_name, const char *unit,
+                  int lower_is_better)
+{
+    int has_base = baseline != 0.0 && isfinite(baseline);
+    double ratio = has_base ? value / baseline : NAN;
+    char v[32], bv[32], r[32];
+
+    fmt_value(v, sizeof v, value);
+    fmt_value(bv, sizeof bv, has_base ? baseline : NAN);
+    if (has_base)
+        /* "x" then a hint of which way is good, so a reader need not know the unit. */
+        snprintf(r, sizeof r, "%.2fx%s", ratio,
+                 (lower_is_better ? ratio > 1.0 : ratio < 1.0) ? "-" : "+");
+    else
+        snprintf(r, sizeof r, "-");
+    printf(ROW_FMT, group, op, v, unit, has_base && baseline_name ? baseline_name : "-", bv, r);
+    fflush(stdout);
+
+    if (!b || !b->json)
+        return;
+    fputs(b->n_json ? ",\n  {" : "\n  {", b->json);
+    fputs("\"group\": ", b->json);
+    json_string(b->json, group);
+    fputs(", \"op\": ", b->json);
+    json_string(b->json, op);
+    fputs(", \"value\": ", b->json);
+    json_number(b->json, value);
+    fputs(", \"unit\": ", b->json);
+    json_string(b->json, unit);
+    fputs(", \"baseline\": ", b->json);
+    if (has_base)
+        json_string(b->json, baseline_name ? baseline_name : "");
+    else
+        fputs("null", b->json);
+    fputs(", \"baseline_value\": ", b->json);
+    json_number(b->json, has_base ? baseline : NAN);
+    fputs(", \"ratio\": ", b->json);
+    json_number(b->json, ratio);
+    fputc('}', b->json);
+    b->n_json++;
+}
+
+struct group {
+    const char *name;
+    int (*fn)(struct bench_ctx *b);
+};
+
+static void usage(FILE *f, const char *argv0)
+{
+    fprintf(f,
+"usage: %s [options]\n"
+"Measures libkvvm's layers beside raw baselines taken in the same run (median of trials).\n"
+"\n"
+"  --quick              fewer iterations (a smoke run of a few seconds)\n"
+"  --trials N           trials per figure, median reported (default 5, --quick 3)\n"
+"  --json FILE          also write the figures as a JSON array of records\n"
+"                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
+"  --only G[,G...]      run only these groups: vmm, paging, swap, spill\n"
+"  --backend B          auto | cuda | emulated (default emulated)\n"
+"  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
+"  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
+"  --help               this text\n"
+"\n"
+"ratio = value / baseline; a trailing '+' means at least as good as the baseline, '-' worse.\n",
+            argv0);
+}
+
+int main(int argc, char **argv)
+{
+    struct group groups[] = {
+        { "vmm", bench_vmm }, { "paging", bench_paging },
+        { "swap", bench_swap }, { "spill", bench_spill },
+    };
+    enum { N_GROUPS = sizeof groups / sizeof groups[0] };
+    int selected[N_GROUPS];
+    struct bench_ctx b = { .trials = 0, .spill_dir = "/var/tmp",
+                           .backend = KVVM_BACKEND_EMULATED };
+    const char *json_path = NULL, *only = NULL;
+    static const struct option opts[] = {
+        { "quick", no_argument, NULL, 'q' },
+        { "trials", required_argument, NULL, 't' },
+        { "json", required_argument, NULL, 'j' },
+        { "only", required_argument, NULL, 'o' },
+        { "spill-dir", required_argument, NULL, 's' },
+        { "backend", required_argument, NULL, 'b' },
+        { "granule", required_argument, NULL, 'g' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    int c, rc = 0;
+
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'q':
+            b.quick = 1;
+            break;
+        case 't': {
+            long n = strtol(optarg, &end, 10);
+            if (*end || n < 1 || n > 1000) {
+                fprintf(stderr, "kvvm-bench: --trials wants 1..1000, got '%s'\n", optarg);
+                return 2;
+            }
+            b.trials = (int)n;
+            break;
+        }
+        case 'j':
+            json_path = optarg;
+            break;
+        case 'o':
+            only = optarg;
+            break;
+        case 's':
+            b.spill_dir = optarg;
+            break;
+        case 'b':
+            if (!strcmp(optarg, "auto"))
+                b.backend = KVVM_BACKEND_AUTO;
+            else if (!strcmp(optarg, "cuda"))
+                b.backend = KVVM_BACKEND_CUDA;
+            else if (!strcmp(optarg, "emulated"))
+                b.backend = KVVM_BACKEND_EMULATED;
+            else {
+                fprintf(stderr, "kvvm-bench: --backend wants auto|cuda|emulated, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'g': {
+            size_t g;
+            if (kparse_size(optarg, &g) || g < 4096 || g > (2u << 20) || (g & (g - 1))) {
+                fprintf(stderr, "kvvm-bench: --granule wants a power of two in 4K..2M, "
+                                "got '%s'\n", optarg);
+                return 2;
+            }
+            b.granule = g;
+            break;
+        }
+        case 'h':
+            usage(stdout, argv[0]);
+            return 0;
+        default:
+            usage(stderr, argv[0]);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvvm-bench: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr, argv[0]);
+        return 2;
+    }
+    if (!b.trials)
+        b.trials = b.quick ? 3 : 5;
+
+    for (int i = 0; i < N_GROUPS; i++)
+        selected[i] = only == NULL;
+    if (only) {
+        char *list = strdup(only), *save = NULL;
+        if (!list)
+            return 1;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            int found = 0;
+            for (int i = 0; i < N_GROUPS; i++)
+                if (!strcmp(t, groups[i].name))
+                    selected[i] = found = 1;
+            if (!found) {
+                fprintf(stderr, "kvvm-bench: unknown group '%s' (vmm, paging, swap, spill)\n",
+                        t);
+                free(list);
+                return 2;
+            }
+        }
+        free(list);
+    }
+
+    if (json_path) {
+        b.json = fopen(json_path, "w");
+        if (!b.json) {
+            fprintf(stderr, "kvvm-bench: cannot write %s: %s\n", json_path, strerror(errno));
+            return 1;
+        }
+        fputc('[', b.json);
+    }
+
+    printf("kvvm-bench %s: %d trials (median)%s, backend %s",
+           kvvm_version(), b.trials, b.quick ? ", quick" : "",
+           b.backend == KVVM_BACKEND_AUTO ? "auto" :
+           b.backend == KVVM_BACKEND_CUDA ? "cuda" : "emulated");
+    if (b.granule)
+        printf(", granule %zu KiB", b.granule >> 10);
+    printf("\n\n");
+    print_header();
+    for (int i = 0; i < N_GROUPS; i++) {
+        if (!selected[i])
+            continue;
+        if (!groups[i].fn) {
+            if (only)
+                printf("%-8s (not built into this kvvm-bench; skipped)\n", groups[i].name);
+            continue;
+        }
+        int r = groups[i].fn(&b);
+        if (r < 0) {
+            fprintf(stderr, "kvvm-bench: group %s failed: %s\n", groups[i].name, strerror(-r));
+            rc = 1;
+        }
+    }
+
+    if (b.json) {
+        fputs(b.n_json ? "\n]\n" : "]\n", b.json);
+        if (fclose(b.json)) {
+            fprintf(stderr, "kvvm-bench: writing %s: %s\n", json_path, strerror(errno));
+            rc = 1;
+        }
+    }
+    return rc;
+}
