@@ -1,0 +1,47 @@
+/*
+ * core/core.h: the context (struct kvvm) behind include/kvvm.h.
+ *
+ * Contract: core owns the configuration (defaults, KVVM_* environment, validation), the
+ * context lock, the layout (one reservation: n_regions regions of max_seqs slots, then one
+ * scratch page), stats and the public calls. Every public call takes kv->lock and calls the
+ * layers below (paging/, vmm/) with it held; those layers never call up.
+ *
+ * Lock order (outermost first): kvvm.lock -> (vmm / driver internal locks) -> log lock.
+ * No library lock is held while calling the user's log callback other than the log lock.
+ */
+#ifndef KVVM_CORE_CORE_H
+#define KVVM_CORE_CORE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include "kvvm.h"
+#include "vmm/vmm.h"
+#include "paging/paging.h"
+
+struct kvvm {
+    pthread_mutex_t lock;         /* protects everything below and the layers' state */
+    struct kvvm_config cfg;       /* effective configuration (page_size resolved) */
+    char *spill_dir;              /* owned copy of cfg.spill_dir */
+    struct vmm *v;
+    struct paging *pg;
+    uint64_t base;                /* reservation base */
+    uint64_t slot_bytes;
+    bool dead;                    /* sticky: every call returns -EIO */
+    kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */
+    size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
+};
+
+/* config.c */
+/* Validates the fields that do not depend on the device. -EINVAL (logged). */
+int  config_check(const struct kvvm_config *cfg);
+/* Validates and resolves the fields that do (page_size against the granule, budgets,
+   reservation size); fills *slot_bytes and *reserve_bytes. -EINVAL (logged). */
+int  config_layout(struct kvvm_config *cfg, size_t granule, uint64_t *slot_bytes,
+                   uint64_t *reserve_bytes);
+/* Appends the configuration as JSON members (no braces) to buf at *pos. */
+void config_json(const struct kvvm_config *cfg, char *buf, size_t len, size_t *pos);
+/* snprintf-append helper: *pos advances even past len (so truncation is detectable). */
+void json_put(char *buf, size_t len, size_t *pos, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#endif

@@ -1,0 +1,488 @@
+/*
+ * core/kvvm.c: the public calls of include/kvvm.h.
+ *
+ * Each call: check its pointer arguments, take the context lock, refuse with -EIO once the
+ * context is dead (a sticky driver error seen by vmm), call paging/ (which is all or
+ * nothing), note a death, unlock. Swap (issue 4) is not here yet: swap_out/swap_in answer
+ * -EOPNOTSUPP and KVVM_F_AUTO_SWAP reclaims nothing.
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+/* ---- open / close ------------------------------------------------------------------- */
+
+/* Copies the caller's config (it may be an older, shorter struct). -EINVAL bad size. */
+static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
+{
+    size_t api_size = offsetof(struct kvvm_config, map_ahead);
+    if (in->size < api_size || in->size > 4096) {
+        klog_error("kvvm_open: cfg->size %zu is not sizeof(struct kvvm_config) (%zu); call "
+                   "kvvm_config_init first", in->size, sizeof *out);
+        return -EINVAL;
+    }
+    memset(out, 0, sizeof *out);
+    memcpy(out, in, in->size < sizeof *out ? in->size : sizeof *out);
+    out->size = sizeof *out;
+    return 0;
+}
+
+static int open_layout(kvvm *kv)
+{
+    struct kvvm_config *c = &kv->cfg;
+    uint64_t reserve;
+    int rc = config_layout(c, vmm_granule(kv->v), &kv->slot_bytes, &reserve);
+    if (rc)
+        return rc;
+    rc = vmm_reserve(kv->v, reserve, &kv->base);
+    if (rc) {
+        klog_error("kvvm_open: reserving %llu bytes of device address space failed (%d)",
+                   (unsigned long long)reserve, rc);
+        return rc;
+    }
+    uint64_t frames = c->device_budget / c->page_size;
+    uint64_t slots = (c->host_budget + c->spill_budget) / c->page_size;
+    struct paging_params pp = {
+        .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
+        .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
+        .slot_bytes = kv->slot_bytes, .base = kv->base, .max_frames = (uint32_t)frames,
+        .max_pages = (uint32_t)(frames + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
+        .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
+    };
+    rc = paging_create(kv->v, &pp, &kv->pg);
+    if (rc)
+        vmm_unreserve(kv->v);
+    return rc;
+}
+
+int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
+{
+    if (!cfg || !out) {
+        klog_error("kvvm_open: NULL %s", cfg ? "out" : "cfg");
+        return -EINVAL;
+    }
+    kvvm *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return -ENOMEM;
+    int rc = config_copy(cfg, &kv->cfg);
+    if (!rc)
+        rc = config_check(&kv->cfg);
+    if (rc)
+        goto out_free;
+    if (kv->cfg.spill_dir && !(kv->spill_dir = strdup(kv->cfg.spill_dir))) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    kv->cfg.spill_dir = kv->spill_dir;
+    struct vmm_params vp = {
+        .backend = kv->cfg.backend, .device = kv->cfg.device,
+        .emu_capacity = kv->cfg.emu_device_bytes ? kv->cfg.emu_device_bytes
+                                                 : kv->cfg.device_budget,
+        .emu_granule = kv->cfg.emu_granule, .emu_opaque = kv->cfg.emu_opaque,
+    };
+    rc = vmm_open(&vp, &kv->v);
+    if (rc)
+        goto out_free;
+    rc = open_layout(kv);
+    if (rc)
+        goto out_vmm;
+    pthread_mutex_init(&kv->lock, NULL);
+    *out = kv;
+    return 0;
+out_vmm:
+    vmm_close(kv->v);
+out_free:
+    free(kv->spill_dir);
+    free(kv);
+    return rc;
+}
+
+void kvvm_close(kvvm *kv)
+{
+    if (!kv)
+        return;
+    pthread_mutex_lock(&kv->lock);
+    paging_destroy(kv->pg);
+    for (size_t i = 0; i < kv->n_streams; i++)
+        vmm_stream_destroy(kv->v, kv->streams[i]);
+    free(kv->streams);
+    vmm_unreserve(kv->v);
+    vmm_close(kv->v);
+    pthread_mutex_unlock(&kv->lock);
+    pthread_mutex_destroy(&kv->lock);
+    free(kv->spill_dir);
+    free(kv);
+}
+
+/* ---- locking and death -------------------------------------------------------------- */
+
+static int enter(kvvm *kv)
+{
+    pthread_mutex_lock(&kv->lock);
+    if (kv->dead || vmm_dead(kv->v)) {
+        if (!kv->dead)
+            klog_error("kvvm: the device context failed; every call returns -EIO now");
+        kv->dead = true;
+        pthread_mutex_unlock(&kv->lock);
+        return -EIO;
+    }
+    return 0;
+}
+
+static int leave(kvvm *kv, int rc)
+{
+    if (vmm_dead(kv->v)) {
+        if (!kv->dead)
+            klog_error("kvvm: the device context failed; every call returns -EIO now");
+        kv->dead = true;
+        rc = -EIO;
+    }
+    pthread_mutex_unlock(&kv->lock);
+    return rc;
+}
+
+#define CALL(kv, expr) \
+    do { int rc_ = enter(kv); if (rc_) return rc_; return leave(kv, (expr)); } while (0)
+
+/* ---- sequences ---------------------------------------------------------------------- */
+
+int kvvm_seq_create(kvvm *kv, kvvm_seq *out)
+{
+    if (!kv || !out)
+        return -EINVAL;
+    CALL(kv, paging_seq_create(kv->pg, out));
+}
+
+int kvvm_seq_free(kvvm *kv, kvvm_seq s)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_free(kv->pg, s));
+}
+
+int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_grow(kv->pg, s, length));
+}
+
+int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
+{
+    if (!kv || (n && (!seqs || !lengths)))
+        return -EINVAL;
+    CALL(kv, paging_seq_grow_batch(kv->pg, seqs, lengths, n));
+}
+
+int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_truncate(kv->pg, s, length));
+}
+
+int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child)
+{
+    if (!kv || !child)
+        return -EINVAL;
+    CALL(kv, paging_seq_fork(kv->pg, parent, child));
+}
+
+int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_share(kv->pg, dst, src, n_tokens));
+}
+
+int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_prepare_write(kv->pg, s, first, end));
+}
+
+int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const void *src,
+                   size_t len)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_write(kv->pg, s, region, offset, src, len));
+}
+
+int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *dst,
+                  size_t len)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_read(kv->pg, s, region, offset, dst, len));
+}
+
+static int swap_missing(kvvm *kv, kvvm_seq s, const char *what)
+{
+    uint32_t slot;
+    int rc = paging_seq_slot(kv->pg, s, &slot);
+    if (rc)
+        return rc;
+    klog_warn("%s: not implemented yet", what);
+    return -EOPNOTSUPP;
+}
+
+int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, swap_missing(kv, s, "kvvm_seq_swap_out"));
+}
+
+int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, swap_missing(kv, s, "kvvm_seq_swap_in"));
+}
+
+/* ---- streams and steps -------------------------------------------------------------- */
+
+int kvvm_step(kvvm *kv)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_step(kv->pg));
+}
+
+int kvvm_sync(kvvm *kv)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_sync(kv->pg));
+}
+
+int kvvm_set_stream(kvvm *kv, void *stream)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_set_stream(kv->pg, (kcu_stream)stream));
+}
+
+int kvvm_stream_create(kvvm *kv, void **stream)
+{
+    if (!kv || !stream)
+        return -EINVAL;
+    kcu_stream s = NULL;
+    int rc = enter(kv);
+    if (rc)
+        return rc;
+    if (kv->n_streams == kv->cap_streams) {
+        size_t cap = kv->cap_streams ? 2 * kv->cap_streams : 4;
+        kcu_stream *n = realloc(kv->streams, cap * sizeof *n);
+        if (!n)
+            return leave(kv, -ENOMEM);
+        kv->streams = n;
+        kv->cap_streams = cap;
+    }
+    rc = vmm_stream_create(kv->v, &s);
+    if (!rc) {
+        kv->streams[kv->n_streams++] = s;
+        *stream = s;
+    }
+    return leave(kv, rc);
+}
+
+static int stream_destroy_locked(kvvm *kv, kcu_stream s)
+{
+    if (s == paging_stream(kv->pg)) {
+        /* the engine stream goes away: back to synchronous mode first */
+        int rc = paging_set_stream(kv->pg, NULL);
+        if (rc)
+            return rc;
+    }
+    int rc = vmm_stream_destroy(kv->v, s);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < kv->n_streams; i++)
+        if (kv->streams[i] == s) {
+            kv->streams[i] = kv->streams[--kv->n_streams];
+            break;
+        }
+    return 0;
+}
+
+int kvvm_stream_destroy(kvvm *kv, void *stream)
+{
+    if (!kv || !stream)
+        return -EINVAL;
+    CALL(kv, stream_destroy_locked(kv, (kcu_stream)stream));
+}
+
+/* ---- addresses ---------------------------------------------------------------------- */
+
+int kvvm_region_base(kvvm *kv, uint32_t region, uint64_t *addr)
+{
+    if (!kv || !addr || region >= kv->cfg.n_regions)
+        return -EINVAL;
+    *addr = paging_window(kv->pg, region, 0);    /* immutable after open: no lock */
+    return 0;
+}
+
+int kvvm_slot_bytes(kvvm *kv, uint64_t *bytes)
+{
+    if (!kv || !bytes)
+        return -EINVAL;
+    *bytes = kv->slot_bytes;
+    return 0;
+}
+
+int kvvm_seq_slot(kvvm *kv, kvvm_seq s, uint32_t *slot)
+{
+    if (!kv || !slot)
+        return -EINVAL;
+    CALL(kv, paging_seq_slot(kv->pg, s, slot));
+}
+
+static int seq_addr_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
+{
+    uint32_t slot;
+    int rc = paging_seq_slot(kv->pg, s, &slot);
+    if (!rc)
+        *addr = paging_window(kv->pg, region, slot);
+    return rc;
+}
+
+int kvvm_seq_addr(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
+{
+    if (!kv || !addr || region >= kv->cfg.n_regions)
+        return -EINVAL;
+    CALL(kv, seq_addr_locked(kv, s, region, addr));
+}
+
+static int seq_info_locked(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
+{
+    struct paging_seq_info pi;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (rc)
+        return rc;
+    struct kvvm_seq_info o = {
+        .size = info->size, .length = pi.length, .slot = pi.slot,
+        .pages_device = pi.pages_device, .pages_host = pi.pages_host,
+        .pages_disk = pi.pages_disk, .pages_shared = pi.pages_shared,
+        .resident = pi.resident,
+    };
+    memcpy(info, &o, info->size < sizeof o ? info->size : sizeof o);
+    return 0;
+}
+
+int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
+{
+    if (!kv || !info || info->size < offsetof(struct kvvm_seq_info, resident) + sizeof(int))
+        return -EINVAL;
+    CALL(kv, seq_info_locked(kv, s, info));
+}
+
+/* ---- stats -------------------------------------------------------------------------- */
+
+/* The stats, as one list (mimalloc style): name, expression over c (paging counters). */
+#define KVVM_STATS(X)                                                              \
+    X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
+    X(pages_device_free, c.pages_free) X(pages_host_total, 0) X(pages_host_free, 0) \
+    X(pages_disk_total, 0) X(pages_disk_free, 0) X(pages_inflight, c.pages_inflight) \
+    X(maps, c.maps) X(unmaps, c.unmaps) X(cow_copies, c.cow_copies)                \
+    X(swap_outs, 0) X(swap_ins, 0) X(spills, 0) X(unspills, 0)                     \
+    X(bytes_to_host, 0) X(bytes_to_device, 0) X(bytes_to_disk, 0)                  \
+    X(bytes_from_disk, 0) X(checksum_failures, 0) X(io_errors, 0)
+
+static void stats_locked(kvvm *kv, struct kvvm_stats *o)
+{
+    struct paging_counters c;
+    paging_counters(kv->pg, &c);
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+#define X(n, e) o->n = (uint64_t)(e);
+    KVVM_STATS(X)
+#undef X
+}
+
+int kvvm_stats(kvvm *kv, struct kvvm_stats *out)
+{
+    if (!kv || !out || out->size < sizeof(size_t) + sizeof(uint64_t))
+        return -EINVAL;
+    struct kvvm_stats st;
+    int rc = enter(kv);
+    if (rc)
+        return rc;
+    stats_locked(kv, &st);
+    size_t n = out->size < sizeof st ? out->size : sizeof st;
+    st.size = out->size;
+    memcpy(out, &st, n);
+    return leave(kv, 0);
+}
+
+static int stats_json_locked(kvvm *kv, char *buf, size_t len)
+{
+    struct kvvm_stats st;
+    struct paging_counters c;
+    size_t pos = 0;
+    stats_locked(kv, &st);
+    paging_counters(kv->pg, &c);
+    json_put(buf, len, &pos, "{\"version\":\"%s\",\"backend\":\"%s\",\"stats\":{",
+             kvvm_version(), vmm_backend_name(kv->v));
+    int first = 1;
+#define X(n, e) json_put(buf, len, &pos, "%s\"%s\":%llu", first ? "" : ",", #n, \
+                         (unsigned long long)st.n); first = 0;
+    KVVM_STATS(X)
+#undef X
+    json_put(buf, len, &pos, ",\"frames_created\":%llu,\"share_copies\":%llu,"
+             "\"deferred_releases\":%llu},\"layout\":{\"granule\":%zu,\"slot_bytes\":%llu,"
+             "\"base\":%llu,\"reserved_bytes\":%zu},\"config\":{",
+             (unsigned long long)c.frames_created, (unsigned long long)c.share_copies,
+             (unsigned long long)c.deferred, vmm_granule(kv->v),
+             (unsigned long long)kv->slot_bytes, (unsigned long long)kv->base,
+             vmm_reserved_bytes(kv->v));
+    config_json(&kv->cfg, buf, len, &pos);
+    json_put(buf, len, &pos, "}}");
+    if (pos >= len) {
+        buf[len - 1] = 0;
+        return -ENOSPC;
+    }
+    return 0;
+}
+
+int kvvm_stats_json(kvvm *kv, char *buf, size_t len)
+{
+    if (!kv || !buf || !len)
+        return -EINVAL;
+    CALL(kv, stats_json_locked(kv, buf, len));
+}
+
+/* ---- names -------------------------------------------------------------------------- */
+
+const char *kvvm_backend_name(kvvm *kv)
+{
+    return kv ? vmm_backend_name(kv->v) : "none";
+}
+
+const char *kvvm_strerror(int err)
+{
+    switch (err < 0 ? -err : err) {
+    case 0: return "success";
+    case EINVAL: return "invalid argument (a NULL pointer, region out of range, a length or "
+                        "range outside the sequence, a non-empty share target, or a bad "
+                        "config field)";
+    case ENOENT: return "unknown, freed or forged sequence handle";
+    case E2BIG: return "length past max_tokens";
+    case ENOSPC: return "no free sequence slot, or the buffer is too small";
+    case ENOMEM: return "no device page can be had (nothing reclaimable) or no room in the "
+                        "tiers below";
+    case EBADMSG: return "this sequence's data was lost (checksum mismatch or failed read)";
+    case EIO: return "the context is dead (a sticky driver error or an unrecoverable fault)";
+    case ENODEV: return "no usable CUDA device";
+    case EBUSY: return "the stream is capturing a CUDA graph, or a transfer on the sequence "
+                       "has not completed";
+    case EOPNOTSUPP: return "operation not supported (not implemented yet)";
+    case EUCLEAN: return "an internal invariant does not hold";
+    }
+    return "unknown error";
+}

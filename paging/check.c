@@ -1,0 +1,259 @@
+/*
+ * paging/check.c: the invariant checker (core/debug.h states what it checks).
+ *
+ * The bookkeeping is checked against itself (refcounts vs holders, conservation of frames,
+ * slots) and, on the emulated device, against the emulator's own tables: the mapping at
+ * every window page that should be mapped, a sample of pages that should not be, and the
+ * emulator's live handle / mapping counters.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "common/log.h"
+#include "vmm/emu.h"
+
+struct ck {
+    struct paging *pg;
+    char *why;
+    size_t len;
+    int emu;              /* emulated device ordinal or -1 */
+    uint32_t *refs;       /* expected refs per page id - 1 */
+    uint64_t mapped;      /* window pages expected mapped */
+};
+
+static int fail(struct ck *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(struct ck *k, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    klog_error("invariant violated: %s", buf);
+    if (k->why && k->len)
+        snprintf(k->why, k->len, "%s", buf);
+    return -EUCLEAN;
+}
+
+/* The emulator maps handle h at va with read-write access. */
+static int ck_mapped(struct ck *k, uint64_t va, vmm_handle h, const char *what)
+{
+    k->mapped++;
+    if (k->emu < 0)
+        return 0;
+    kcu_mem_handle got;
+    size_t off;
+    int acc;
+    if (emu_lookup(va, &got, &off, &acc))
+        return fail(k, "%s at 0x%llx is not mapped", what, (unsigned long long)va);
+    if (got != h.h || off != 0)
+        return fail(k, "%s at 0x%llx maps handle %llu+%zu, descriptor says %llu", what,
+                    (unsigned long long)va, got, off, h.h);
+    if (acc != KCU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return fail(k, "%s at 0x%llx has access %d, not read-write", what,
+                    (unsigned long long)va, acc);
+    return 0;
+}
+
+static int ck_unmapped(struct ck *k, uint64_t va, const char *what)
+{
+    if (k->emu >= 0 && emu_lookup(va, NULL, NULL, NULL) == 0)
+        return fail(k, "%s at 0x%llx is mapped but nothing holds it", what,
+                    (unsigned long long)va);
+    return 0;
+}
+
+static int ck_page_ref(struct ck *k, uint32_t id, uint64_t va, const char *what)
+{
+    struct paging *pg = k->pg;
+    if (!id || id > pg->p.max_pages)
+        return fail(k, "%s at 0x%llx holds page id %u out of range", what,
+                    (unsigned long long)va, id);
+    struct pg_page *p = page_at(pg, id);
+    if (p->tier == PG_TIER_NONE)
+        return fail(k, "%s holds page %u whose descriptor is free", what, id);
+    k->refs[id - 1]++;
+    if (p->tier != PG_TIER_DEVICE)
+        return 0;
+    return ck_mapped(k, va, page_handle(pg, id), what);
+}
+
+static bool defer_covers(struct paging *pg, uint32_t slot, uint32_t idx)
+{
+    for (struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->slot == slot && idx >= d->first && idx < d->end)
+            return true;
+    return false;
+}
+
+static int ck_seq(struct ck *k, struct pg_seq *s)
+{
+    struct paging *pg = k->pg;
+    uint32_t slot = pg_slot_of(pg, s);
+    if (s->n_pages != pg_pages_for(pg, s->length))
+        return fail(k, "slot %u: %u pages for %llu tokens", slot, s->n_pages,
+                    (unsigned long long)s->length);
+    if (s->n_pages + s->n_ahead > pg->pages_per_slot)
+        return fail(k, "slot %u: pages + map-ahead past the slot", slot);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < pg->pages_per_slot; i++) {
+            uint64_t va = pg_va(pg, r, slot, i);
+            int rc = 0;
+            if (i < s->n_pages)
+                rc = ck_page_ref(k, bt[i], va, "block-table page");
+            else if (bt[i])
+                rc = fail(k, "slot %u region %u: entry %u past the end is %u", slot, r, i,
+                          bt[i]);
+            else if (i < s->n_pages + s->n_ahead) {
+                uint32_t f = pg_ahead(pg, s, r)[i - s->n_pages];
+                if (frame_at(pg, f)->state != FR_AHEAD)
+                    rc = fail(k, "slot %u: map-ahead frame %u not in the ahead state", slot, f);
+                else
+                    rc = ck_mapped(k, va, frame_at(pg, f)->h, "map-ahead frame");
+            } else if (i == s->n_pages + s->n_ahead && !defer_covers(pg, slot, i))
+                rc = ck_unmapped(k, va, "page past the end");
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int ck_defer(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    uint32_t n = 0;
+    for (struct pg_defer *d = pg->defer; d; d = d->next, n++) {
+        uint32_t w = d->end - d->first;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t i = 0; i < w; i++) {
+                int rc = ck_page_ref(k, d->pages[r * w + i], pg_va(pg, r, d->slot, d->first + i),
+                                     "pending release");
+                if (rc)
+                    return rc;
+            }
+    }
+    if (n != pg->n_defer)
+        return fail(k, "%u pending releases listed, %u counted", n, pg->n_defer);
+    return 0;
+}
+
+static int ck_frames(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    uint32_t st[4] = { 0 }, walk = 0;
+    if (pg->n_created > pg->p.max_frames)
+        return fail(k, "%u frames created, budget %u", pg->n_created, pg->p.max_frames);
+    for (uint32_t i = 0; i < pg->n_created; i++)
+        st[pg->frames[i].state & 3]++;
+    for (uint32_t f = pg->ready_head; f && walk <= pg->n_created; f = frame_at(pg, f)->next) {
+        if (frame_at(pg, f)->state != FR_READY)
+            return fail(k, "frame %u on the ready list is not ready", f);
+        walk++;
+    }
+    if (st[FR_NONE] || st[FR_READY] != pg->n_ready || walk != pg->n_ready ||
+        st[FR_AHEAD] != pg->n_ahead || st[FR_USED] != pg->n_used)
+        return fail(k, "frame conservation: created %u = ready %u (counted %u, list %u) + "
+                    "ahead %u (%u) + used %u (%u), %u unset", pg->n_created, st[FR_READY],
+                    pg->n_ready, walk, st[FR_AHEAD], pg->n_ahead, st[FR_USED], pg->n_used,
+                    st[FR_NONE]);
+    return 0;
+}
+
+static int ck_pages(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    uint32_t live = 0, dev = 0;
+    for (uint32_t i = 0; i < pg->p.max_pages; i++) {
+        struct pg_page *p = &pg->pages[i];
+        if (p->tier == PG_TIER_NONE)
+            continue;
+        live++;
+        if (p->refs != k->refs[i])
+            return fail(k, "page %u has refcount %u but %u holders", i + 1, p->refs,
+                        k->refs[i]);
+        if (p->tier == PG_TIER_DEVICE) {
+            dev++;
+            if (!p->frame || p->frame > pg->n_created ||
+                frame_at(pg, p->frame)->state != FR_USED || frame_at(pg, p->frame)->page != i + 1)
+                return fail(k, "page %u names frame %u which does not hold it", i + 1, p->frame);
+        }
+    }
+    if (live != pg->n_pages_live || dev != pg->n_used)
+        return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
+                    pg->n_pages_live, dev, pg->n_used);
+    return 0;
+}
+
+static int ck_slots(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    uint32_t live = 0, dying = 0, free_n = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        live += s->live;
+        dying += s->dying;
+        if (s->live || s->dying) {
+            int rc = s->bt ? ck_seq(k, s) : fail(k, "slot %u in use without a block table", i);
+            if (rc)
+                return rc;
+        } else if (!defer_covers(pg, i, 0)) {
+            int rc = ck_unmapped(k, paging_window(pg, 0, i), "free slot's first page");
+            if (rc)
+                return rc;
+        }
+    }
+    for (uint32_t s = pg->slot_free_head; s && free_n <= pg->p.max_seqs;
+         s = pg->seqs[s - 1].next_free)
+        free_n++;
+    if (live != pg->n_live || dying != pg->n_dying || live + dying + free_n != pg->p.max_seqs)
+        return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->n_live,
+                    dying, pg->n_dying, free_n, pg->p.max_seqs);
+    return 0;
+}
+
+static int ck_emu(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    struct emu_counters c;
+    if (k->emu < 0)
+        return 0;
+    int rc = ck_unmapped(k, pg->scratch_va, "scratch page");
+    if (rc)
+        return rc;
+    if (emu_counters_get(k->emu, &c))
+        return fail(k, "emu_counters_get(%d) failed", k->emu);
+    if (c.handles != pg->n_created || c.handle_bytes != (uint64_t)pg->n_created * pg->p.page_size)
+        return fail(k, "the emulator holds %llu handles (%llu bytes), the pool %u",
+                    (unsigned long long)c.handles, (unsigned long long)c.handle_bytes,
+                    pg->n_created);
+    if (c.mapped_bytes != k->mapped * pg->p.page_size)
+        return fail(k, "the emulator has %llu bytes mapped, the block tables %llu pages",
+                    (unsigned long long)c.mapped_bytes, (unsigned long long)k->mapped);
+    return 0;
+}
+
+int paging_check(struct paging *pg, char *why, size_t len)
+{
+    struct ck k = { pg, why, len, vmm_emu_ordinal(pg->v), NULL, 0 };
+    k.refs = calloc(pg->p.max_pages ? pg->p.max_pages : 1, sizeof *k.refs);
+    if (!k.refs)
+        return -ENOMEM;
+    int rc = ck_frames(&k);
+    if (!rc)
+        rc = ck_slots(&k);
+    if (!rc)
+        rc = ck_defer(&k);
+    if (!rc)
+        rc = ck_pages(&k);
+    if (!rc)
+        rc = ck_emu(&k);
+    free(k.refs);
+    if (!rc && why && len)
+        why[0] = 0;
+    return rc;
+}

@@ -1,0 +1,260 @@
+/*
+ * paging/cow.c: copy-on-write, prepare_write, write and read.
+ *
+ * Copying page P (shared) for writer W at window address va:
+ *   map a fresh frame F at the scratch page; copy va -> scratch on the engine stream (after
+ *   the engine's earlier writes: stream order, or a device sync in synchronous mode); wait
+ *   for the engine's work (the copy and everything before it that may read W's mapping);
+ *   unmap scratch and va; map F at va. Only W's window changes; the other holders keep P.
+ * Mappings cannot be stream-ordered, hence the wait before the remap (API.md "Ordering").
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include "common/log.h"
+
+uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1,
+                    uint32_t i0, uint32_t i1)
+{
+    uint32_t n = 0;
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
+            n += page_at(pg, bt[i])->refs > 1;
+    }
+    return n;
+}
+
+/* Replaces the mapping at va of page `old` by frame f. On failure va maps old again. */
+static int remap(struct paging *pg, uint64_t va, uint32_t old, uint32_t f)
+{
+    int rc = seq_unmap(pg, va, 1);
+    if (rc)
+        return rc;
+    rc = seq_map_frames(pg, va, &f, 1);
+    if (rc) {
+        uint32_t of = page_at(pg, old)->frame;
+        if (seq_map_frames(pg, va, &of, 1))
+            klog_error("paging: could not restore a mapping after a failed remap");
+    }
+    return rc;
+}
+
+/* Copies page idx of region r of s into frame f and maps f there. */
+static int cow_one(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t idx, uint32_t f)
+{
+    uint64_t va = pg_va(pg, r, pg_slot_of(pg, s), idx);
+    uint32_t old = pg_bt(pg, s, r)[idx];
+    int rc = seq_map_frames(pg, pg->scratch_va, &f, 1);
+    if (rc)
+        return rc;
+    rc = pg_order_before_copy(pg);
+    if (!rc)
+        rc = vmm_copy_dtod(pg->v, pg->scratch_va, va, pg->p.page_size, pg->stream);
+    int wrc = pg_wait_engine(pg);
+    if (!rc)
+        rc = wrc;
+    seq_unmap_must(pg, pg->scratch_va, 1);
+    if (!rc)
+        rc = remap(pg, va, old, f);
+    if (rc)
+        return rc;
+    pg_bt(pg, s, r)[idx] = page_new(pg, f);
+    page_put(pg, old);
+    pg->c.cow_copies++;
+    return 0;
+}
+
+static int undo_reserve(struct cow_undo *u)
+{
+    if (u->n < u->cap)
+        return 0;
+    uint32_t cap = u->cap ? 2 * u->cap : 8;
+    struct cow_rec *n = realloc(u->rec, cap * sizeof *n);
+    if (!n)
+        return -ENOMEM;
+    u->rec = n;
+    u->cap = cap;
+    return 0;
+}
+
+/* Copies one shared page. The old page keeps other holders for the whole call (only copies
+   drop references, and only from pages with more than one), so an undo can map it again. */
+static int cow_step(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i,
+                    struct cow_undo *u)
+{
+    uint32_t old = pg_bt(pg, s, r)[i], f;
+    int rc = undo_reserve(u);
+    if (!rc)
+        rc = pool_take_except(pg, 1, &f, s);
+    if (rc)
+        return rc;
+    rc = cow_one(pg, s, r, i, f);
+    if (rc) {
+        pool_give(pg, &f, 1);
+        return rc;
+    }
+    u->rec[u->n++] = (struct cow_rec){ r, i, old };
+    return 0;
+}
+
+int cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, uint32_t i0,
+              uint32_t i1, struct cow_undo *u)
+{
+    uint32_t start = u->n;
+    for (uint32_t r = r0; r < r1; r++) {
+        uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = i0; i < i1 && i < s->n_pages; i++) {
+            if (page_at(pg, bt[i])->refs <= 1)
+                continue;
+            int rc = cow_step(pg, s, r, i, u);
+            if (rc) {
+                struct cow_undo part = { u->n - start, 0, u->rec + start };
+                cow_undo(pg, s, &part);
+                u->n = start;
+                return rc;
+            }
+        }
+    }
+    return 0;
+}
+
+void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u)
+{
+    uint32_t slot = pg_slot_of(pg, s);
+    while (u->n) {
+        struct cow_rec *c = &u->rec[--u->n];
+        uint32_t *e = &pg_bt(pg, s, c->r)[c->idx];
+        uint64_t va = pg_va(pg, c->r, slot, c->idx);
+        /* the new page was written by nobody but this call: no fence needed */
+        if (seq_unmap(pg, va, 1) == 0 || seq_unmap(pg, va, 1) == 0) {
+            uint32_t of = page_at(pg, c->old_page)->frame;
+            if (seq_map_frames(pg, va, &of, 1))
+                klog_error("paging: copy-on-write undo could not remap slot %u", slot);
+        }
+        page_put(pg, *e);
+        page_get(pg, c->old_page);
+        *e = c->old_page;
+    }
+}
+
+void cow_commit(struct paging *pg, struct cow_undo *u)
+{
+    (void)pg;
+    free(u->rec);
+    u->rec = NULL;
+    u->n = u->cap = 0;
+}
+
+/* Checks the pool can supply the copies of regions [r0, r1) x pages [i0, i1) of s. */
+static int cow_check(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1,
+                     uint32_t i0, uint32_t i1)
+{
+    uint32_t need = cow_needed(pg, s, r0, r1, i0, i1);
+    if (!need)
+        return 0;
+    if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->defer) {
+        int rc = defer_reap(pg, true);
+        if (rc)
+            return rc;
+    }
+    return pool_available(pg) - s->n_ahead * pg->p.n_regions < need ? -ENOMEM : 0;
+}
+
+/* COWs regions [r0, r1) x pages [i0, i1) of s, checking the pool first. */
+static int cow_call(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1,
+                    uint32_t i0, uint32_t i1)
+{
+    int rc = cow_check(pg, s, r0, r1, i0, i1);
+    if (rc)
+        return rc;
+    struct cow_undo u = { 0 };
+    uint32_t mark = pg->n_created;
+    rc = cow_range(pg, s, r0, r1, i0, i1, &u);
+    cow_commit(pg, &u);
+    if (rc)
+        pool_rollback(pg, mark);
+    return rc;
+}
+
+int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint64_t end)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (first >= end || end > s->length)
+        return -EINVAL;
+    uint64_t bpt = pg->p.bytes_per_token, ps = pg->p.page_size;
+    rc = cow_call(pg, s, 0, pg->p.n_regions, (uint32_t)(first * bpt / ps),
+                  (uint32_t)((end * bpt + ps - 1) / ps));
+    if (!rc)
+        seq_use(pg, s);
+    return rc;
+}
+
+/* Checks a byte range of one region of s. */
+static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off,
+                    const void *buf, size_t len, struct pg_seq **s)
+{
+    int rc = seq_lookup(pg, h, s);
+    if (rc)
+        return rc;
+    uint64_t bytes = (*s)->length * pg->p.bytes_per_token;
+    if (!buf || region >= pg->p.n_regions || !len || off >= bytes || len > bytes - off)
+        return -EINVAL;
+    return 0;
+}
+
+int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,
+                     const void *src, size_t len)
+{
+    struct pg_seq *s;
+    int rc = io_check(pg, h, region, offset, src, len, &s);
+    if (rc)
+        return rc;
+    uint64_t ps = pg->p.page_size;
+    uint32_t i0 = (uint32_t)(offset / ps), i1 = (uint32_t)((offset + len + ps - 1) / ps);
+    rc = cow_check(pg, s, region, region + 1, i0, i1);
+    if (rc)
+        return rc;
+    struct cow_undo u = { 0 };
+    uint32_t mark = pg->n_created;
+    rc = cow_range(pg, s, region, region + 1, i0, i1, &u);
+    if (!rc)
+        rc = pg_order_before_copy(pg);
+    if (!rc) {
+        uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
+        rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
+        /* the source is the caller's memory: it is read before we return, in both modes */
+        if (!rc)
+            rc = pg_finish_copy(pg);
+    }
+    if (rc) {
+        /* the copies made for this write hold nothing else: drop them, keep the old pages */
+        cow_undo(pg, s, &u);
+        pool_rollback(pg, mark);
+    } else {
+        seq_use(pg, s);
+    }
+    cow_commit(pg, &u);
+    return rc;
+}
+
+int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,
+                    void *dst, size_t len)
+{
+    struct pg_seq *s;
+    int rc = io_check(pg, h, region, offset, dst, len, &s);
+    if (!rc)
+        rc = pg_order_before_copy(pg);
+    if (rc)
+        return rc;
+    seq_use(pg, s);
+    uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
+    rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->stream);
+    /* the bytes are in dst when the call returns, in both modes */
+    int wrc = pg_finish_copy(pg);
+    return rc ? rc : wrc;
+}

@@ -1,0 +1,248 @@
+/*
+ * paging/defer.c: releases that wait for device work, and the ordering helpers.
+ *
+ * The rule (API.md "Protection and residency"): the engine touches a sequence's memory only
+ * while it is protected, i.e. between a call that uses it (used_epoch = epoch) and the next
+ * step. So a window range may be unmapped and its pages released at once when
+ *   - the sequence was never used, or
+ *   - it was used before an epoch whose end is known complete (quiet_below: advanced by a
+ *     device synchronization, or by the step fence found complete by query).
+ * Otherwise: with no engine stream, the device is synchronized first (the call blocks);
+ * with an engine stream, a fence is recorded on it now and the release waits in the
+ * pending list, reaped by step / sync / when the pool or a slot needs it.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+static int pg_device_sync(struct paging *pg)
+{
+    int rc = vmm_device_sync(pg->v);
+    if (rc)
+        return rc;
+    pg->quiet_below = pg->epoch;
+    return 0;
+}
+
+/* Whether no device work may touch s's window any more. */
+static bool seq_quiet(struct paging *pg, struct pg_seq *s)
+{
+    if (!s->used_valid || s->used_epoch < pg->quiet_below)
+        return true;
+    if (s->used_epoch >= pg->epoch || !pg->stream || !pg->step_recorded)
+        return false;
+    if (vmm_fence_query(pg->v, &pg->step_fence) != 1)
+        return false;
+    pg->quiet_below = pg->step_fence_epoch;
+    return s->used_epoch < pg->quiet_below;
+}
+
+/* Unmaps [first, end) in every region of slot and drops the page references. */
+static int release_now(struct paging *pg, uint32_t slot, uint32_t first, uint32_t end,
+                       const uint32_t *pages)
+{
+    uint32_t n = end - first;
+    /* the first unmap may fail cleanly; once one region is unmapped the rest must follow */
+    int rc = seq_unmap(pg, pg_va(pg, 0, slot, first), n);
+    if (rc)
+        return rc;
+    for (uint32_t r = 1; r < pg->p.n_regions; r++)
+        seq_unmap_must(pg, pg_va(pg, r, slot, first), n);
+    for (uint32_t i = 0; i < n * pg->p.n_regions; i++)
+        page_put(pg, pages[i]);
+    return 0;
+}
+
+static void gather_pages(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end,
+                         uint32_t *out)
+{
+    uint32_t n = end - first;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        memcpy(out + (size_t)r * n, pg_bt(pg, s, r) + first, n * sizeof *out);
+}
+
+int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
+{
+    if (first >= end)
+        return 0;
+    uint32_t n = end - first;
+    size_t np = (size_t)n * pg->p.n_regions;
+    struct pg_defer *d = malloc(sizeof *d + np * sizeof(uint32_t));
+    if (!d)
+        return -ENOMEM;
+    gather_pages(pg, s, first, end, d->pages);
+    int rc = 0;
+    if (!seq_quiet(pg, s) && !pg->stream)
+        rc = pg_device_sync(pg);
+    if (rc)
+        goto out_free;
+    if (!pg->stream || seq_quiet(pg, s)) {
+        rc = release_now(pg, pg_slot_of(pg, s), first, end, d->pages);
+        goto out_free;
+    }
+    rc = vmm_fence_create(pg->v, &d->fence);
+    if (rc)
+        goto out_free;
+    rc = vmm_fence_record(pg->v, &d->fence, pg->stream);
+    if (rc)
+        goto out_fence;
+    d->slot = pg_slot_of(pg, s);
+    d->first = first;
+    d->end = end;
+    d->next = pg->defer;
+    pg->defer = d;
+    pg->n_defer++;
+    s->n_defer++;
+    return 0;
+out_fence:
+    vmm_fence_destroy(pg->v, &d->fence);
+out_free:
+    free(d);
+    return rc;
+}
+
+void seq_slot_release(struct paging *pg, struct pg_seq *s)
+{
+    s->dying = 0;
+    s->live = 0;
+    s->length = 0;
+    s->n_pages = 0;
+    s->used_valid = 0;
+    s->next_free = pg->slot_free_head;
+    pg->slot_free_head = pg_slot_of(pg, s) + 1;
+}
+
+/* Completes one pending release (its fence has completed). */
+static int reap_one(struct paging *pg, struct pg_defer *d)
+{
+    int rc = release_now(pg, d->slot, d->first, d->end, d->pages);
+    if (rc)
+        return rc;
+    struct pg_seq *s = &pg->seqs[d->slot];
+    vmm_fence_destroy(pg->v, &d->fence);
+    pg->n_defer--;
+    if (--s->n_defer == 0 && s->dying) {
+        pg->n_dying--;
+        seq_slot_release(pg, s);
+    }
+    free(d);
+    return 0;
+}
+
+/* Reaps entries matching slot (UINT32_MAX = any); wait: block on each fence. */
+static int reap(struct paging *pg, uint32_t slot, bool wait)
+{
+    struct pg_defer **pp = &pg->defer;
+    while (*pp) {
+        struct pg_defer *d = *pp;
+        if (slot != UINT32_MAX && d->slot != slot) {
+            pp = &d->next;
+            continue;
+        }
+        int q = wait ? vmm_fence_wait(pg->v, &d->fence) : vmm_fence_query(pg->v, &d->fence);
+        if (q < 0)
+            return q;
+        if (!wait && q == 0) {
+            pp = &d->next;
+            continue;
+        }
+        *pp = d->next;
+        int rc = reap_one(pg, d);
+        if (rc) {
+            d->next = *pp;       /* keep it pending: nothing of it was lost */
+            *pp = d;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int defer_reap(struct paging *pg, bool wait)
+{
+    return pg->defer ? reap(pg, UINT32_MAX, wait) : 0;
+}
+
+int defer_flush_slot(struct paging *pg, uint32_t slot)
+{
+    return pg->seqs[slot].n_defer ? reap(pg, slot, true) : 0;
+}
+
+int pg_order_before_copy(struct paging *pg)
+{
+    return pg->stream ? 0 : pg_device_sync(pg);
+}
+
+int pg_finish_copy(struct paging *pg)
+{
+    return vmm_stream_sync(pg->v, pg->stream);
+}
+
+int pg_wait_engine(struct paging *pg)
+{
+    return pg->stream ? vmm_stream_sync(pg->v, pg->stream) : pg_device_sync(pg);
+}
+
+int paging_step(struct paging *pg)
+{
+    if (vmm_dead(pg->v))
+        return -EIO;
+    int rc = defer_reap(pg, false);
+    if (rc)
+        return rc;
+    if (pg->stream) {
+        if (!pg->step_fence_ok) {
+            rc = vmm_fence_create(pg->v, &pg->step_fence);
+            if (rc)
+                return rc;
+            pg->step_fence_ok = 1;
+        }
+        if (pg->step_recorded && vmm_fence_query(pg->v, &pg->step_fence) == 1 &&
+            pg->step_fence_epoch > pg->quiet_below)
+            pg->quiet_below = pg->step_fence_epoch;
+        rc = vmm_fence_record(pg->v, &pg->step_fence, pg->stream);
+        if (rc)
+            return rc;
+        pg->step_recorded = 1;
+        pg->step_fence_epoch = pg->epoch + 1;
+    }
+    pg->epoch++;
+    pool_refill(pg, pg->chunk);
+    return 0;
+}
+
+int paging_sync(struct paging *pg)
+{
+    if (vmm_dead(pg->v))
+        return -EIO;
+    int rc = pg_device_sync(pg);
+    if (rc)
+        return rc;
+    return defer_reap(pg, true);
+}
+
+int paging_set_stream(struct paging *pg, kcu_stream s)
+{
+    if (vmm_dead(pg->v))
+        return -EIO;
+    if (s) {
+        int rc = vmm_stream_check_capture(pg->v, s);
+        if (rc)
+            return rc;
+    }
+    if (s == pg->stream)
+        return 0;
+    int rc = paging_sync(pg);
+    if (rc)
+        return rc;
+    pg->stream = s;
+    pg->step_recorded = 0;
+    return 0;
+}
+
+kcu_stream paging_stream(const struct paging *pg)
+{
+    return pg->stream;
+}

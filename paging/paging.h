@@ -1,0 +1,127 @@
+/*
+ * paging/paging.h: pages and sequences over the vmm layer.
+ *
+ * Contract:
+ *  - A *page* is a logical KV page: an identity (pg_page_id) with a refcount (= the number of
+ *    block-table entries and pending releases holding it), a tier (device / host / disk / in
+ *    flight) and a location in that tier (a device frame, a host slot, a disk slot). The
+ *    identity survives tier moves; sequences hold page ids, never handles or addresses.
+ *  - A *frame* is one physical device allocation (vmm_handle) of page_size bytes. Frames are
+ *    created ahead of need (at create time and at each step), kept for reuse and never
+ *    released before paging_destroy; at most max_frames (= device budget / page_size) exist.
+ *  - A *sequence* owns one slot: a fixed window of slot_bytes in each of n_regions regions.
+ *    Its block table holds, per region, the page ids covering [0, length). Handles carry a
+ *    generation: a freed or forged handle is -ENOENT, never aliased; 0 is never a handle.
+ *  - Ordering (API.md "Protection and residency", "Ordering"): a sequence is protected from
+ *    a call that uses it until the next paging_step. Window pages that device work may still
+ *    touch are unmapped (and their pages released) only after a fence on the engine stream
+ *    has completed; with no engine stream the device is synchronized first instead.
+ *  - Every call is all-or-nothing: on error nothing changed (no page, frame, slot or mapping
+ *    leaked or lost). -ENOMEM when the device pool cannot supply a frame; this layer never
+ *    decides which sequence to evict (that is swap/'s policy; the context retries).
+ *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
+ *  - Never includes a header of core/ or swap/.
+ *
+ * Errors of every sequence call: -ENOENT bad handle; -EINVAL bad argument (per API.md);
+ * -E2BIG past max_tokens; -ENOSPC no free slot; -ENOMEM no device frame; -EIO driver failure.
+ */
+#ifndef KVVM_PAGING_PAGING_H
+#define KVVM_PAGING_PAGING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "vmm/vmm.h"
+
+/* Typed ids (index + 1; 0 = none) so pages, frames and slots cannot be mixed up. */
+typedef struct { uint32_t v; } pg_page_id;
+typedef struct { uint32_t v; } pg_frame_id;
+typedef struct { uint32_t v; } pg_slot;      /* slot number itself (0-based) */
+
+/* Where a page's bytes are. In-flight states count under the tier they leave. */
+enum pg_tier {
+    PG_TIER_NONE = 0,        /* descriptor free */
+    PG_TIER_DEVICE,          /* in a device frame, mapped in every holder's window */
+    PG_TIER_HOST,            /* in a pinned host slot (swap) */
+    PG_TIER_DISK,            /* in a spill file slot */
+    PG_TIER_TO_HOST,         /* device -> host copy in flight */
+    PG_TIER_TO_DEVICE,       /* host -> device copy in flight */
+    PG_TIER_TO_DISK,         /* host -> disk write in flight */
+    PG_TIER_FROM_DISK,       /* disk -> host read in flight */
+};
+
+struct paging_params {
+    uint32_t n_regions;
+    uint64_t bytes_per_token;    /* per region */
+    uint32_t max_seqs;
+    uint64_t max_tokens;
+    size_t   page_size;          /* multiple of the granule */
+    uint64_t slot_bytes;         /* multiple of page_size, >= max_tokens * bytes_per_token */
+    uint64_t base;               /* reservation base: regions, then one scratch page */
+    uint32_t max_frames;         /* device budget in pages (>= n_regions) */
+    uint32_t max_pages;          /* page descriptors (device + host + disk pages) */
+    uint32_t map_ahead;          /* pages per region mapped ahead of a growing sequence */
+    bool     scrub;              /* zero frames before they change owner */
+};
+
+struct paging_counters {
+    uint64_t pages_total;        /* max_frames */
+    uint64_t pages_free;         /* could be had without moving data (ready, ahead, uncreated) */
+    uint64_t pages_used;         /* frames holding a page (pending releases included) */
+    uint64_t pages_inflight;
+    uint64_t frames_created;
+    uint64_t maps, unmaps;       /* window page mappings made / removed */
+    uint64_t cow_copies;         /* pages copied on write */
+    uint64_t share_copies;       /* partial last pages copied by share */
+    uint64_t deferred;           /* releases waiting for a fence now */
+};
+
+struct paging_seq_info {
+    uint64_t length;
+    uint32_t slot;
+    uint32_t pages_device, pages_host, pages_disk, pages_shared;
+    bool     resident;
+};
+
+struct paging;
+
+/* Creates the pool (a first chunk of frames) and the slot table. -ENOMEM, -EIO. */
+int  paging_create(struct vmm *v, const struct paging_params *p, struct paging **out);
+/* Waits for the device, unmaps every window page, releases every frame. */
+void paging_destroy(struct paging *pg);
+
+int paging_seq_create(struct paging *pg, uint64_t *h);
+int paging_seq_free(struct paging *pg, uint64_t h);
+int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
+/* All or nothing; -EINVAL also for a handle named twice. */
+int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
+                          size_t n);
+int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length);
+int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child);
+int paging_seq_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens);
+int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint64_t end);
+int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,
+                     const void *src, size_t len);
+int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,
+                    void *dst, size_t len);
+int paging_seq_slot(struct paging *pg, uint64_t h, uint32_t *slot);
+int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out);
+/* Device address of region r of slot s (no handle check). */
+uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot);
+
+/* Iteration boundary: records the step fence on the engine stream, ends protection, reaps
+   completed releases, refills the pool off the grow path. -EIO. */
+int paging_step(struct paging *pg);
+/* Waits for all device work; every pending release is done when it returns. -EIO. */
+int paging_sync(struct paging *pg);
+/* The engine stream (NULL = synchronous mode). Synchronizes the device when it changes.
+   -EBUSY a capturing stream, -EIO. */
+int paging_set_stream(struct paging *pg, kcu_stream s);
+kcu_stream paging_stream(const struct paging *pg);
+
+void paging_counters(const struct paging *pg, struct paging_counters *out);
+
+/* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
+int paging_check(struct paging *pg, char *why, size_t len);
+
+#endif

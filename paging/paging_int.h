@@ -1,0 +1,202 @@
+/*
+ * paging/paging_int.h: the paging layer's private structures, shared by its .c files only.
+ *
+ *   pool.c   frames (physical handles: create ahead, ready list, take/give) and page
+ *            descriptors (identity, refcount, tier, location; O(1) free list)
+ *   defer.c  releases that wait for a fence; the step fence; quietness of a sequence
+ *   seq.c    slots, handles, block tables, map-ahead; grow/truncate/free/fork/share
+ *   cow.c    copy-on-write, prepare_write, write/read
+ *   check.c  the invariant checker against the emulator's tables
+ */
+#ifndef KVVM_PAGING_PAGING_INT_H
+#define KVVM_PAGING_PAGING_INT_H
+
+#include "paging.h"
+
+enum pg_frame_state {
+    FR_NONE = 0,       /* not created yet */
+    FR_READY,          /* created, unmapped, on the ready list */
+    FR_AHEAD,          /* mapped ahead of a sequence's end; free for accounting */
+    FR_USED,           /* holds a page (pg_frame.page) */
+};
+
+struct pg_frame {
+    vmm_handle h;
+    uint8_t    state;      /* enum pg_frame_state */
+    uint32_t   next;       /* FR_READY: next ready frame id (0 = end) */
+    uint32_t   page;       /* FR_USED: the page id it holds */
+};
+
+struct pg_page {
+    uint32_t refs;         /* block-table entries + pending releases holding it */
+    uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
+    uint32_t frame;        /* PG_TIER_DEVICE: frame id */
+    uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
+    uint64_t host_slot;    /* PG_TIER_HOST (swap) */
+    uint64_t disk_slot;    /* PG_TIER_DISK (spill) */
+};
+
+/* A window range whose unmap and page releases wait for a fence. Holds one reference on
+   each page it names. */
+struct pg_defer {
+    struct pg_defer *next;
+    vmm_fence fence;
+    uint32_t  slot;
+    uint32_t  first, end;  /* page indices [first, end) in every region */
+    uint32_t  pages[];     /* n_regions * (end - first), region-major */
+};
+
+struct pg_seq {
+    uint32_t  gen;         /* generation of the current (or last) owner; starts at 1 */
+    uint8_t   live;        /* a handle names it */
+    uint8_t   dying;       /* freed; the slot waits for its pending releases */
+    uint32_t  n_defer;     /* pending releases over this slot's window */
+    uint64_t  length;      /* tokens */
+    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
+    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
+    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
+    uint8_t   used_valid;
+    uint32_t *bt;          /* n_regions * pages_per_slot page ids, region-major; lazily made */
+    uint32_t *ahead;       /* n_regions * map_ahead frame ids */
+    uint32_t  next_free;   /* free slot list */
+};
+
+struct paging {
+    struct vmm *v;
+    struct paging_params p;
+    uint32_t pages_per_slot;
+    uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
+
+    /* pool */
+    struct pg_frame *frames;   /* max_frames */
+    uint32_t n_created, n_ready, n_ahead, n_used, ready_head;
+    uint32_t chunk;            /* frames created ahead per refill */
+    struct pg_page *pages;     /* max_pages */
+    uint32_t page_free_head, n_pages_live;
+
+    /* sequences */
+    struct pg_seq *seqs;       /* max_seqs */
+    uint32_t slot_free_head;   /* slot + 1; 0 = none */
+    uint32_t n_live, n_dying;
+
+    /* ordering */
+    kcu_stream stream;         /* engine stream; NULL = synchronous mode */
+    uint64_t epoch;            /* number of steps so far */
+    vmm_fence step_fence;      /* recorded at the last step on the engine stream */
+    uint8_t  step_fence_ok;    /* created */
+    uint8_t  step_recorded;
+    uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
+    uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
+    struct pg_defer *defer;    /* pending releases, newest first */
+    uint32_t n_defer;
+
+    struct paging_counters c;
+};
+
+static inline uint64_t pg_pages_for(const struct paging *pg, uint64_t tokens)
+{
+    uint64_t b = tokens * pg->p.bytes_per_token;
+    return (b + pg->p.page_size - 1) / pg->p.page_size;
+}
+static inline uint64_t pg_va(const struct paging *pg, uint32_t r, uint32_t slot, uint32_t idx)
+{
+    return paging_window(pg, r, slot) + (uint64_t)idx * pg->p.page_size;
+}
+static inline uint32_t *pg_bt(const struct paging *pg, struct pg_seq *s, uint32_t r)
+{
+    return s->bt + (size_t)r * pg->pages_per_slot;
+}
+static inline uint32_t *pg_ahead(const struct paging *pg, struct pg_seq *s, uint32_t r)
+{
+    return s->ahead + (size_t)r * pg->p.map_ahead;
+}
+static inline uint32_t pg_slot_of(const struct paging *pg, const struct pg_seq *s)
+{
+    return (uint32_t)(s - pg->seqs);
+}
+
+/* pool.c */
+int  pool_init(struct paging *pg);
+void pool_fini(struct paging *pg);
+/* Frames available without moving data: ready + uncreated + ahead. */
+uint32_t pool_available(const struct paging *pg);
+/* Takes n frames (ready first, then created, then stolen from map-ahead) into out; all or
+   nothing. -ENOMEM, -EIO. Frames come back FR_USED with no page yet. */
+int  pool_take(struct paging *pg, uint32_t n, uint32_t *out);
+/* As pool_take, never stealing the map-ahead of `except`. */
+int  pool_take_except(struct paging *pg, uint32_t n, uint32_t *out, struct pg_seq *except);
+/* Takes up to n ready frames (no create, no steal); returns how many. */
+uint32_t pool_take_ready(struct paging *pg, uint32_t n, uint32_t *out);
+void frame_set_ahead(struct paging *pg, uint32_t f);
+void frame_set_used(struct paging *pg, uint32_t f);
+/* Returns frames that hold no page (unmapped) to the ready list. */
+void pool_give(struct paging *pg, const uint32_t *f, uint32_t n);
+/* Releases the frames created after the pool had `mark` frames (a failed call's; they are
+   all ready again), so a failed call leaves no new handle behind. */
+void pool_rollback(struct paging *pg, uint32_t mark);
+/* Creates frames until `ready` are ready (bounded by max_frames); best effort. */
+void pool_refill(struct paging *pg, uint32_t ready);
+/* New page descriptor in the device tier holding frame f (refs 1). */
+uint32_t page_new(struct paging *pg, uint32_t frame);
+void page_get(struct paging *pg, uint32_t page);
+/* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
+void page_put(struct paging *pg, uint32_t page);
+static inline struct pg_page *page_at(struct paging *pg, uint32_t id) { return &pg->pages[id - 1]; }
+static inline struct pg_frame *frame_at(struct paging *pg, uint32_t id) { return &pg->frames[id - 1]; }
+static inline vmm_handle page_handle(struct paging *pg, uint32_t page)
+{
+    return frame_at(pg, page_at(pg, page)->frame)->h;
+}
+
+/* seq.c */
+int  seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
+                   const uint32_t *pages, uint32_t n);
+int  seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n);
+int  seq_unmap(struct paging *pg, uint64_t va, uint32_t n);
+void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n);
+void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
+/* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`;
+   the frames go to the ready list. -ENOMEM none. */
+int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
+static inline void seq_use(struct paging *pg, struct pg_seq *s)
+{
+    s->used_epoch = pg->epoch;
+    s->used_valid = 1;
+}
+
+/* defer.c */
+/* Releases window pages [first, end) of every region of s (unmap + page_put), now if no
+   device work may touch them, else after a fence recorded now on the engine stream (the
+   pending release then holds the slot's window: the slot of a freed sequence is reused only
+   after it). The block table entries are the caller's to clear. -ENOMEM, -EIO (nothing
+   changed then). */
+int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
+/* Reaps completed releases (wait: waits for all first). */
+int  defer_reap(struct paging *pg, bool wait);
+/* Waits for and reaps the releases over slot's window. */
+int  defer_flush_slot(struct paging *pg, uint32_t slot);
+/* Makes copies that read pages see the engine's earlier work (sync mode: device sync). */
+int  pg_order_before_copy(struct paging *pg);
+/* Sync mode: waits for copies just enqueued. */
+int  pg_finish_copy(struct paging *pg);
+/* Waits until device work enqueued so far that may touch the window is done. */
+int  pg_wait_engine(struct paging *pg);
+void seq_slot_release(struct paging *pg, struct pg_seq *s);
+
+/* cow.c: copy-on-write over regions [r0, r1) x page indices [i0, i1) of s. */
+struct cow_undo {
+    uint32_t n, cap;
+    struct cow_rec { uint32_t r, idx, old_page; } *rec;
+};
+/* Shared pages (refs > 1) in the range. */
+uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1,
+                    uint32_t i0, uint32_t i1);
+/* Copies every shared page of the range; all or nothing. u (zeroed by the caller) records
+   what was done so cow_undo can revert it; cow_commit frees the record. -ENOMEM, -EIO. */
+int  cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, uint32_t i0,
+               uint32_t i1, struct cow_undo *u);
+void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u);
+void cow_commit(struct paging *pg, struct cow_undo *u);
+
+#endif

@@ -1,0 +1,810 @@
+/*
+ * paging/seq.c: sequences: slots and handles, block tables, window mappings, map-ahead;
+ * grow (single and batch), truncate, free, fork, share.
+ *
+ * Window layout: region r, slot s, page index i is at
+ *   base + (r * max_seqs + s) * slot_bytes + i * page_size.
+ * Every page of a sequence in the device tier is mapped at its window address; map-ahead
+ * frames (not the sequence's pages, free for accounting) at [n_pages, n_pages + n_ahead).
+ *
+ * Every operation follows the same shape: validate; count the frames needed and check the
+ * pool can supply them (waiting for pending releases if that would help); take the frames;
+ * map (one vmm_map_run per contiguous run, i.e. one set-access per run); commit the block
+ * tables last. Each step that fails undoes the steps before it.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
+{
+    return pg->p.base + ((uint64_t)region * pg->p.max_seqs + slot) * pg->p.slot_bytes;
+}
+
+/* ---- mappings ----------------------------------------------------------------------- */
+
+int seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n)
+{
+    if (!n)
+        return 0;
+    vmm_handle hs[64] = { 0 };
+    vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
+    if (!h)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++)
+        h[i] = frame_at(pg, frames[i])->h;
+    int rc = vmm_map_run(pg->v, va, h, n, pg->p.page_size);
+    if (h != hs)
+        free(h);
+    if (!rc)
+        pg->c.maps += n;
+    return rc;
+}
+
+int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
+                  const uint32_t *pages, uint32_t n)
+{
+    if (!n)
+        return 0;
+    uint32_t fs[64] = { 0 };
+    uint32_t *f = n <= 64 ? fs : malloc(n * sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++)
+        f[i] = page_at(pg, pages[i])->frame;
+    int rc = seq_map_frames(pg, pg_va(pg, r, slot, first), f, n);
+    if (f != fs)
+        free(f);
+    return rc;
+}
+
+int seq_unmap(struct paging *pg, uint64_t va, uint32_t n)
+{
+    if (!n)
+        return 0;
+    int rc = vmm_unmap(pg->v, va, (size_t)n * pg->p.page_size);
+    if (!rc)
+        pg->c.unmaps += n;
+    return rc;
+}
+
+/* Unmaps on a path that must not fail (an undo, or freeing the scratch page): retries once
+   (an injected or transient failure), then logs; a mapping left behind is then reported by
+   the checker and by vmm_close. */
+void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n)
+{
+    if (seq_unmap(pg, va, n) && seq_unmap(pg, va, n))
+        klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
+                   (unsigned long long)va);
+}
+
+/* ---- map-ahead ---------------------------------------------------------------------- */
+
+/* Unmaps map-ahead frames beyond the first `keep` (per region); they become ready. Nothing
+   reaches them (they are past the end), so no fence is needed. */
+void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
+{
+    if (s->n_ahead <= keep)
+        return;
+    uint32_t n = s->n_ahead - keep, slot = pg_slot_of(pg, s);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        uint32_t *a = pg_ahead(pg, s, r) + keep;
+        seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + keep), n);
+        pool_give(pg, a, n);
+    }
+    s->n_ahead = keep;
+}
+
+int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
+{
+    if (!pg->n_ahead)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (s != except && s->n_ahead) {
+            seq_drop_ahead(pg, s, s->n_ahead - 1);
+            return 0;
+        }
+    }
+    return -ENOMEM;
+}
+
+/* Best effort: maps ready frames ahead of s's end, up to map_ahead per region. */
+static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
+{
+    uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
+    uint32_t room = pg->pages_per_slot - s->n_pages;
+    uint32_t want = pg->p.map_ahead < room ? pg->p.map_ahead : room;
+    if (s->n_ahead >= want)
+        return;
+    uint32_t k = want - s->n_ahead;
+    if (k > pg->n_ready / nr)
+        k = pg->n_ready / nr;
+    if (!k)
+        return;
+    for (uint32_t r = 0; r < nr; r++) {
+        uint32_t *a = pg_ahead(pg, s, r) + s->n_ahead;
+        (void)pool_take_ready(pg, k, a);    /* k <= n_ready / nr: always k */
+        uint64_t va = pg_va(pg, r, slot, s->n_pages + s->n_ahead);
+        if (seq_map_frames(pg, va, a, k)) {
+            pool_give(pg, a, k);
+            goto out_undo;
+        }
+        if (pg->p.scrub && (vmm_memset(pg->v, va, 0, (size_t)k * pg->p.page_size, pg->stream) ||
+                            (!pg->stream && vmm_stream_sync(pg->v, NULL)))) {
+            seq_unmap_must(pg, va, k);
+            pool_give(pg, a, k);
+            goto out_undo;
+        }
+        for (uint32_t i = 0; i < k; i++)
+            frame_set_ahead(pg, a[i]);
+        continue;
+out_undo:
+        while (r-- > 0) {
+            uint32_t *b = pg_ahead(pg, s, r) + s->n_ahead;
+            seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + s->n_ahead), k);
+            pool_give(pg, b, k);
+        }
+        return;
+    }
+    s->n_ahead += k;
+}
+
+/* ---- slots and handles -------------------------------------------------------------- */
+
+int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
+{
+    uint64_t slot1 = h & 0xffffffffu;
+    uint32_t gen = (uint32_t)(h >> 32);
+    if (!slot1 || slot1 > pg->p.max_seqs)
+        return -ENOENT;
+    struct pg_seq *s = &pg->seqs[slot1 - 1];
+    if (!s->live || s->gen != gen)
+        return -ENOENT;
+    *out = s;
+    return 0;
+}
+
+static uint64_t seq_handle(struct paging *pg, struct pg_seq *s)
+{
+    return ((uint64_t)s->gen << 32) | (pg_slot_of(pg, s) + 1);
+}
+
+/* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
+static int slot_take(struct paging *pg, struct pg_seq **out)
+{
+    if (!pg->slot_free_head && pg->n_dying) {
+        int rc = defer_reap(pg, true);
+        if (rc)
+            return rc;
+    }
+    if (!pg->slot_free_head)
+        return -ENOSPC;
+    struct pg_seq *s = &pg->seqs[pg->slot_free_head - 1];
+    if (!s->bt) {
+        s->bt = calloc((size_t)pg->p.n_regions * pg->pages_per_slot, sizeof *s->bt);
+        if (!s->bt)
+            return -ENOMEM;
+    }
+    if (pg->p.map_ahead && !s->ahead) {
+        s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
+        if (!s->ahead)
+            return -ENOMEM;
+    }
+    pg->slot_free_head = s->next_free;
+    s->next_free = 0;
+    s->live = 1;
+    s->length = 0;
+    s->n_pages = 0;
+    s->n_ahead = 0;
+    s->used_valid = 0;
+    pg->n_live++;
+    *out = s;
+    return 0;
+}
+
+/* Returns a slot taken by slot_take that was never used (undo). */
+static void slot_untake(struct paging *pg, struct pg_seq *s)
+{
+    pg->n_live--;
+    seq_slot_release(pg, s);
+}
+
+int paging_seq_create(struct paging *pg, uint64_t *h)
+{
+    struct pg_seq *s;
+    int rc = slot_take(pg, &s);
+    if (rc)
+        return rc;
+    *h = seq_handle(pg, s);
+    return 0;
+}
+
+int paging_seq_slot(struct paging *pg, uint64_t h, uint32_t *slot)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    *slot = pg_slot_of(pg, s);
+    return 0;
+}
+
+int paging_seq_free(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    seq_drop_ahead(pg, s, 0);
+    rc = defer_release(pg, s, 0, s->n_pages);
+    if (rc)
+        return rc;
+    memset(s->bt, 0, (size_t)pg->p.n_regions * pg->pages_per_slot * sizeof *s->bt);
+    s->n_pages = 0;
+    s->length = 0;
+    if (++s->gen == 0)
+        s->gen = 1;
+    pg->n_live--;
+    if (s->n_defer) {
+        s->live = 0;
+        s->dying = 1;
+        pg->n_dying++;
+    } else {
+        seq_slot_release(pg, s);
+    }
+    return 0;
+}
+
+/* ---- grow --------------------------------------------------------------------------- */
+
+struct grow_undo {
+    struct pg_seq *s;
+    uint64_t old_len;
+    uint32_t old_np, new_np;
+    struct cow_undo cow;
+};
+
+/* Frames a grow of s to len takes (new pages + copies of a shared last page). */
+static uint32_t grow_frames(struct paging *pg, struct pg_seq *s, uint64_t len, uint32_t *cow_idx)
+{
+    uint32_t new_np = (uint32_t)pg_pages_for(pg, len);
+    uint32_t n = (new_np - s->n_pages) * pg->p.n_regions;
+    *cow_idx = UINT32_MAX;
+    if (len > s->length && (s->length * pg->p.bytes_per_token) % pg->p.page_size) {
+        *cow_idx = s->n_pages - 1;
+        n += cow_needed(pg, s, 0, pg->p.n_regions, *cow_idx, *cow_idx + 1);
+    }
+    return n;
+}
+
+/* Checks the pool can supply n frames, waiting for pending releases if that helps. */
+static int pool_reserve_check(struct paging *pg, uint32_t n)
+{
+    if (pool_available(pg) >= n)
+        return 0;
+    if (pg->defer) {
+        int rc = defer_reap(pg, true);
+        if (rc)
+            return rc;
+    }
+    return pool_available(pg) >= n ? 0 : -ENOMEM;
+}
+
+/* Reverts a grow_apply of u->s. */
+static void grow_undo(struct paging *pg, struct grow_undo *u)
+{
+    struct pg_seq *s = u->s;
+    uint32_t slot = pg_slot_of(pg, s), n = u->new_np - u->old_np;
+    cow_undo(pg, s, &u->cow);
+    cow_commit(pg, &u->cow);
+    seq_drop_ahead(pg, s, 0);
+    s->n_pages = u->old_np;
+    s->length = u->old_len;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        uint32_t *bt = pg_bt(pg, s, r) + u->old_np;
+        seq_unmap_must(pg, pg_va(pg, r, slot, u->old_np), n);
+        for (uint32_t i = 0; i < n; i++) {
+            page_put(pg, bt[i]);
+            bt[i] = 0;
+        }
+    }
+}
+
+/* Maps region r's new pages [old_np, new_np): map-ahead frames first (already mapped),
+   then `fresh` new frames in one run. Writes page ids into the block table. */
+static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t k,
+                       const uint32_t *fresh, uint32_t n_fresh)
+{
+    uint32_t slot = pg_slot_of(pg, s), at = s->n_pages + k;
+    uint64_t va = pg_va(pg, r, slot, at);
+    int rc = seq_map_frames(pg, va, fresh, n_fresh);
+    if (rc)
+        return rc;
+    if (pg->p.scrub && n_fresh) {
+        /* zeroed before the new owner can see it: on the engine stream, or synchronously */
+        rc = vmm_memset(pg->v, va, 0, (size_t)n_fresh * pg->p.page_size, pg->stream);
+        if (!rc && !pg->stream)
+            rc = vmm_stream_sync(pg->v, NULL);
+        if (rc) {
+            seq_unmap_must(pg, va, n_fresh);
+            return rc;
+        }
+    }
+    uint32_t *bt = pg_bt(pg, s, r), *a = pg_ahead(pg, s, r);
+    for (uint32_t i = 0; i < k; i++)
+        bt[s->n_pages + i] = page_new(pg, a[i]);
+    if (k && s->n_ahead > k)
+        memmove(a, a + k, (s->n_ahead - k) * sizeof *a);
+    for (uint32_t i = 0; i < n_fresh; i++)
+        bt[at + i] = page_new(pg, fresh[i]);
+    return 0;
+}
+
+/* Grows s to len (validated by the caller); u receives the undo record. */
+static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct grow_undo *u)
+{
+    uint32_t nr = pg->p.n_regions, cow_idx;
+    int rc = defer_flush_slot(pg, pg_slot_of(pg, s));
+    if (rc)
+        return rc;
+    memset(u, 0, sizeof *u);
+    u->s = s;
+    u->old_len = s->length;
+    u->old_np = s->n_pages;
+    u->new_np = (uint32_t)pg_pages_for(pg, len);
+    uint32_t need = u->new_np - s->n_pages;
+    uint32_t k = need < s->n_ahead ? need : s->n_ahead;
+    uint32_t n_fresh = need - k;
+    grow_frames(pg, s, len, &cow_idx);
+    uint32_t *fresh = NULL;
+    if (n_fresh) {
+        fresh = malloc((size_t)n_fresh * nr * sizeof *fresh);
+        if (!fresh)
+            return -ENOMEM;
+        rc = pool_take_except(pg, n_fresh * nr, fresh, s);
+        if (rc)
+            goto out_free;
+    }
+    uint32_t r;
+    for (r = 0; r < nr; r++) {
+        rc = grow_region(pg, s, r, k, fresh ? fresh + (size_t)r * n_fresh : NULL, n_fresh);
+        if (rc)
+            goto out_regions;
+    }
+    s->n_ahead -= k;
+    s->n_pages = u->new_np;
+    s->length = len;
+    if (cow_idx != UINT32_MAX) {
+        rc = cow_range(pg, s, 0, nr, cow_idx, cow_idx + 1, &u->cow);
+        if (rc) {
+            grow_undo(pg, u);
+            goto out_free;
+        }
+    }
+    seq_use(pg, s);
+    free(fresh);
+    return 0;
+
+out_regions:
+    /* Region r failed whole. Regions [0, r) hold new pages at [old_np, new_np) (k of them
+       map-ahead frames) and their remaining map-ahead was shifted to [new_np, ..); regions
+       [r, nr) still have all their map-ahead at [old_np, ..). Undo to no map-ahead at all. */
+    for (uint32_t q = 0; q < nr; q++) {
+        uint32_t slot = pg_slot_of(pg, s), *a = pg_ahead(pg, s, q);
+        uint32_t left = q < r ? s->n_ahead - k : s->n_ahead;
+        uint32_t at = q < r ? u->new_np : u->old_np;
+        if (q < r) {
+            uint32_t *bt = pg_bt(pg, s, q) + u->old_np;
+            seq_unmap_must(pg, pg_va(pg, q, slot, u->old_np), need);
+            for (uint32_t i = 0; i < need; i++) {
+                page_put(pg, bt[i]);
+                bt[i] = 0;
+            }
+        }
+        seq_unmap_must(pg, pg_va(pg, q, slot, at), left);
+        pool_give(pg, a, left);
+    }
+    s->n_ahead = 0;
+    if (fresh)
+        pool_give(pg, fresh + (size_t)r * n_fresh, (nr - r) * n_fresh);
+out_free:
+    free(fresh);
+    return rc;
+}
+
+static int grow_check(struct paging *pg, struct pg_seq *s, uint64_t len)
+{
+    if (len < s->length)
+        return -EINVAL;
+    if (len > pg->p.max_tokens)
+        return -E2BIG;
+    return 0;
+}
+
+int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s;
+    uint32_t cow_idx;
+    int rc = seq_lookup(pg, h, &s);
+    if (!rc)
+        rc = grow_check(pg, s, length);
+    if (!rc)
+        rc = pool_reserve_check(pg, grow_frames(pg, s, length, &cow_idx));
+    if (rc)
+        return rc;
+    struct grow_undo u;
+    uint32_t mark = pg->n_created;
+    rc = grow_apply(pg, s, length, &u);
+    if (rc) {
+        pool_rollback(pg, mark);
+        return rc;
+    }
+    cow_commit(pg, &u.cow);
+    seq_top_up_ahead(pg, s);
+    return 0;
+}
+
+/* Appends the shared last pages (index idx) of s's regions to *cand. */
+static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx, uint32_t **cand,
+                          uint32_t *n)
+{
+    uint32_t *c = realloc(*cand, (*n + pg->p.n_regions) * sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    *cand = c;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        uint32_t id = pg_bt(pg, s, r)[idx];
+        if (page_at(pg, id)->refs > 1)
+            c[(*n)++] = id;
+    }
+    return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Copies a batch makes: k of a page's R holders writing it copy min(k, R - 1) times (the
+   last holder left finds the page its own). */
+static uint64_t batch_cow_frames(struct paging *pg, uint32_t *cand, uint32_t n)
+{
+    uint64_t need = 0;
+    if (n)
+        qsort(cand, n, sizeof *cand, cmp_u32);
+    for (uint32_t i = 0, j; i < n; i = j) {
+        for (j = i; j < n && cand[j] == cand[i]; j++)
+            ;
+        uint32_t k = j - i, r1 = page_at(pg, cand[i])->refs - 1;
+        need += k < r1 ? k : r1;
+    }
+    return need;
+}
+
+int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
+                          size_t n)
+{
+    if (!n)
+        return 0;
+    struct pg_seq **ss = calloc(n, sizeof *ss);
+    struct grow_undo *u = calloc(n, sizeof *u);
+    uint8_t *seen = calloc(pg->p.max_seqs, 1);
+    int rc = -ENOMEM;
+    size_t done = 0;
+    uint64_t need = 0;
+    uint32_t *cand = NULL, n_cand = 0;
+    if (!ss || !u || !seen)
+        goto out_free;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t cow_idx;
+        rc = seq_lookup(pg, hs[i], &ss[i]);
+        if (!rc && seen[pg_slot_of(pg, ss[i])]++)
+            rc = -EINVAL;
+        if (!rc)
+            rc = grow_check(pg, ss[i], lengths[i]);
+        if (rc)
+            goto out_free;
+        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx);
+        uint32_t c = cow_idx == UINT32_MAX ? 0
+                     : cow_needed(pg, ss[i], 0, pg->p.n_regions, cow_idx, cow_idx + 1);
+        need += all - c;
+        if (c && (rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand)))
+            goto out_free;
+    }
+    need += batch_cow_frames(pg, cand, n_cand);
+    rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
+    if (rc)
+        goto out_free;
+    uint32_t mark = pg->n_created;
+    for (done = 0; done < n; done++) {
+        rc = grow_apply(pg, ss[done], lengths[done], &u[done]);
+        if (rc)
+            goto out_undo;
+    }
+    for (size_t i = 0; i < n; i++) {
+        cow_commit(pg, &u[i].cow);
+        seq_top_up_ahead(pg, ss[i]);
+    }
+    rc = 0;
+    goto out_free;
+out_undo:
+    while (done-- > 0)
+        grow_undo(pg, &u[done]);
+    pool_rollback(pg, mark);
+out_free:
+    free(cand);
+    free(ss);
+    free(u);
+    free(seen);
+    return rc;
+}
+
+/* ---- truncate, fork, share ---------------------------------------------------------- */
+
+int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (length > s->length)
+        return -EINVAL;
+    uint32_t np = (uint32_t)pg_pages_for(pg, length);
+    seq_drop_ahead(pg, s, 0);
+    rc = defer_release(pg, s, np, s->n_pages);
+    if (rc)
+        return rc;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        memset(pg_bt(pg, s, r) + np, 0, (s->n_pages - np) * sizeof *s->bt);
+    s->n_pages = np;
+    s->length = length;
+    return 0;
+}
+
+/* Maps src's pages [0, n) of every region into dst's window and takes a reference on each.
+   All or nothing. */
+static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src, uint32_t n)
+{
+    uint32_t slot = pg_slot_of(pg, dst), r;
+    int rc = 0;
+    for (r = 0; r < pg->p.n_regions; r++) {
+        rc = seq_map_pages(pg, slot, r, 0, pg_bt(pg, src, r), n);
+        if (rc)
+            goto out_unmap;
+    }
+    for (r = 0; r < pg->p.n_regions; r++) {
+        uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
+        for (uint32_t i = 0; i < n; i++) {
+            page_get(pg, sb[i]);
+            db[i] = sb[i];
+        }
+    }
+    return 0;
+out_unmap:
+    while (r-- > 0)
+        seq_unmap_must(pg, pg_va(pg, r, slot, 0), n);
+    return rc;
+}
+
+int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
+{
+    struct pg_seq *p, *c;
+    int rc = seq_lookup(pg, parent, &p);
+    if (rc)
+        return rc;
+    rc = slot_take(pg, &c);
+    if (rc)
+        return rc;
+    rc = map_shared(pg, c, p, p->n_pages);
+    if (rc) {
+        slot_untake(pg, c);
+        return rc;
+    }
+    c->n_pages = p->n_pages;
+    c->length = p->length;
+    *child = seq_handle(pg, c);
+    return 0;
+}
+
+/* Copies src's partial page `idx` (rem bytes) into fresh frames mapped at dst's window in
+   every region and zeroes the rest. All or nothing; frames consumed on success. */
+static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                         uint32_t idx, size_t rem, uint32_t *frames)
+{
+    uint32_t ds = pg_slot_of(pg, dst), ss = pg_slot_of(pg, src), r;
+    int rc = pg_order_before_copy(pg);
+    if (rc)
+        return rc;
+    for (r = 0; r < pg->p.n_regions; r++) {
+        uint64_t va = pg_va(pg, r, ds, idx);
+        rc = seq_map_frames(pg, va, &frames[r], 1);
+        if (rc)
+            goto out_unmap;
+        rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->stream);
+        if (!rc)
+            rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->stream);
+        if (rc) {
+            r++;
+            goto out_unmap;
+        }
+    }
+    rc = pg->stream ? 0 : pg_finish_copy(pg);
+    if (rc)
+        goto out_unmap;
+    for (r = 0; r < pg->p.n_regions; r++)
+        pg_bt(pg, dst, r)[idx] = page_new(pg, frames[r]);
+    pg->c.share_copies += pg->p.n_regions;
+    return 0;
+out_unmap:
+    /* the copies may still run: wait before unmapping their target */
+    vmm_device_sync(pg->v);
+    while (r-- > 0)
+        seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
+    return rc;
+}
+
+int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tokens)
+{
+    struct pg_seq *dst, *src;
+    int rc = seq_lookup(pg, dh, &dst);
+    if (!rc)
+        rc = seq_lookup(pg, sh, &src);
+    if (rc)
+        return rc;
+    if (dst->length || n_tokens > src->length)
+        return -EINVAL;
+    if (!n_tokens)
+        return 0;
+    uint64_t bytes = n_tokens * pg->p.bytes_per_token;
+    uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions;
+    size_t rem = bytes % pg->p.page_size;
+    uint32_t frames[nr];
+    rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
+    if (!rc && rem)
+        rc = pool_reserve_check(pg, nr);
+    if (rc)
+        return rc;
+    seq_drop_ahead(pg, dst, 0);
+    uint32_t mark = pg->n_created;
+    if (rem && (rc = pool_take(pg, nr, frames)))
+        goto out_rollback;
+    rc = map_shared(pg, dst, src, whole);
+    if (rc)
+        goto out_frames;
+    if (rem) {
+        rc = share_partial(pg, dst, src, whole, rem, frames);
+        if (rc)
+            goto out_shared;
+        seq_use(pg, src);
+        seq_use(pg, dst);
+    }
+    dst->n_pages = whole + (rem ? 1 : 0);
+    dst->length = n_tokens;
+    return 0;
+out_shared:
+    for (uint32_t r = 0; r < nr; r++) {
+        seq_unmap_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), whole);
+        for (uint32_t i = 0; i < whole; i++) {
+            page_put(pg, pg_bt(pg, dst, r)[i]);
+            pg_bt(pg, dst, r)[i] = 0;
+        }
+    }
+out_frames:
+    if (rem)
+        pool_give(pg, frames, nr);
+out_rollback:
+    pool_rollback(pg, mark);
+    return rc;
+}
+
+/* ---- info, counters, create/destroy ------------------------------------------------- */
+
+int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    out->length = s->length;
+    out->slot = pg_slot_of(pg, s);
+    out->resident = true;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        const uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < s->n_pages; i++) {
+            const struct pg_page *p = page_at(pg, bt[i]);
+            switch (p->tier) {
+            case PG_TIER_DEVICE: case PG_TIER_TO_HOST: out->pages_device++; break;
+            case PG_TIER_HOST: case PG_TIER_TO_DEVICE: case PG_TIER_TO_DISK:
+                out->pages_host++; break;
+            default: out->pages_disk++; break;
+            }
+            if (p->tier != PG_TIER_DEVICE)
+                out->resident = false;
+            if (p->refs > 1)
+                out->pages_shared++;
+        }
+    }
+    return 0;
+}
+
+void paging_counters(const struct paging *pg, struct paging_counters *out)
+{
+    *out = pg->c;
+    out->pages_total = pg->p.max_frames;
+    out->pages_used = pg->n_used;
+    out->pages_free = pg->p.max_frames - pg->n_used;
+    out->pages_inflight = 0;
+    out->frames_created = pg->n_created;
+    out->deferred = pg->n_defer;
+}
+
+int paging_create(struct vmm *v, const struct paging_params *p, struct paging **out)
+{
+    struct paging *pg = calloc(1, sizeof *pg);
+    if (!pg)
+        return -ENOMEM;
+    pg->v = v;
+    pg->p = *p;
+    pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
+    if (pg->p.map_ahead > pg->pages_per_slot)
+        pg->p.map_ahead = pg->pages_per_slot;
+    pg->scratch_va = p->base + (uint64_t)p->n_regions * p->max_seqs * p->slot_bytes;
+    pg->chunk = p->max_frames < 8 ? p->max_frames : 8;
+    if (pg->chunk < 2 * p->n_regions)
+        pg->chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
+    pg->seqs = calloc(p->max_seqs, sizeof *pg->seqs);
+    int rc = -ENOMEM;
+    if (!pg->seqs)
+        goto out_free;
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        pg->seqs[i].gen = 1;
+        pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
+    }
+    pg->slot_free_head = 1;
+    rc = pool_init(pg);
+    if (rc)
+        goto out_free;
+    pool_refill(pg, pg->chunk);
+    if (vmm_dead(v)) {
+        rc = -EIO;
+        goto out_pool;
+    }
+    *out = pg;
+    return 0;
+out_pool:
+    pool_fini(pg);
+out_free:
+    free(pg->seqs);
+    free(pg);
+    return rc;
+}
+
+void paging_destroy(struct paging *pg)
+{
+    if (!pg)
+        return;
+    vmm_device_sync(pg->v);
+    pg->quiet_below = pg->epoch + 1;
+    defer_reap(pg, true);
+    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (s->live) {
+            seq_drop_ahead(pg, s, 0);
+            s->used_valid = 0;
+            defer_release(pg, s, 0, s->n_pages);
+        }
+        free(s->bt);
+        free(s->ahead);
+    }
+    if (pg->step_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->step_fence);
+    pool_fini(pg);
+    free(pg->seqs);
+    free(pg);
+}

@@ -1,0 +1,986 @@
+/*
+ * tests/test_model.c: model-based randomized test of the paging layer through the public API.
+ *
+ * A simple reference model runs beside the library: per sequence its length, the cookie tag
+ * of every token in every region (the bytes it must read back) and its block table of model
+ * page ids with refcounts (sharing tracked abstractly). Before each call the model computes
+ * how many new pages the call needs (copy-on-write of shared pages the call touches, new
+ * pages past the end, the partial page a share copies) and so predicts -ENOMEM exactly; after
+ * each call it checks kvvm_debug_check, the free page count, every live sequence's info, and
+ * the cookies of the sequence the call used (all of it) and of the same tokens in every other
+ * sequence (so a write that leaks into a sharer shows). Everything is verified every 1000 ops.
+ * A grow_batch needs what the same grows made one after another need: a shared partial page
+ * whose holders are all in the batch is copied for all of them but one.
+ *
+ * Matrix: page sizes {4 KiB, 64 KiB, 2 MiB} (emulated granule = page size) x regions {1, 4};
+ * tokens of 3/8 page + 36 bytes straddle pages. Large tokens are checked through probes (the
+ * head and tail of each token and both sides of each page boundary inside it); tokens of at
+ * most 4 KiB are checked byte for byte.
+ *
+ * Scale: KVVM_TEST_SCALE (a factor on the op counts; default 1, 0.05 under AddressSanitizer);
+ * KVVM_MODEL_SOAK=1 runs 20 seeds x 100 000 ops per configuration (ctest label soak);
+ * KVVM_MODEL_SEED overrides the first seed. Each configuration must hit every counted case at
+ * least 100 times (scaled).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "kvvm.h"
+#include "core/debug.h"
+#include "vmm/emu.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define MAXR 4
+#define MAXS 8
+#define PROBE 64                /* probe half-width in bytes */
+#define FULL_BPT 4096           /* tokens up to this size are checked byte for byte */
+
+enum {
+    C_CREATE, C_ENOSPC, C_GROW, C_GROW_BATCH, C_E2BIG, C_EINVAL, C_TRUNCATE, C_FORK,
+    C_SHARE_ZERO, C_SHARE_ALL, C_SHARE_PARTIAL, C_COW_PARTIAL, C_COW_FULL, C_STRADDLE,
+    C_ENOMEM, C_ENOMEM_BATCH, C_ZERO_TAIL, C_FREE_SHARED, C_PREP_WRITE, C_WRITE, C_FREE, NC
+};
+static const char *const cname[NC] = {
+    "create", "create/fork -ENOSPC", "grow", "grow_batch", "-E2BIG", "-EINVAL", "truncate",
+    "fork", "share of 0 tokens", "share of all tokens", "share copying a partial page",
+    "copy-on-write of a partial page", "copy-on-write of a full page",
+    "token straddling pages written", "rollback after -ENOMEM", "grow_batch rollback after -ENOMEM",
+    "share's zeroed tail read back", "free of a sequence with shared pages",
+    "prepare_write + write", "write into a shared page", "free",
+};
+
+struct mcfg {
+    size_t ps;
+    uint32_t nr;
+    uint64_t bpt;
+    uint32_t max_seqs;
+    uint64_t max_tokens;
+    uint32_t pages_per_region;      /* device budget = this * nr pages */
+};
+
+struct mseq {
+    bool live;
+    kvvm_seq h;
+    uint32_t slot;
+    uint64_t len;
+    uint64_t zero_until;            /* bytes [len*bpt, zero_until) read zero (share's copy) */
+    uint32_t *tag[MAXR];            /* per token: the tag of its cookies */
+    int32_t *pg[MAXR];              /* per page index: model page id */
+};
+
+struct model {
+    struct mcfg c;
+    kvvm *kv;
+    uint64_t total, used;
+    uint32_t *ref;                  /* per model page id */
+    uint32_t *tmpdec;               /* planning: references a planned COW already dropped */
+    int32_t *ids;                   /* free id stack */
+    uint64_t nids;
+    uint64_t maxpg;                 /* pages per region of a full sequence */
+    struct mseq s[MAXS];
+    uint64_t rng;
+    uint32_t next_tag;
+    uint64_t cnt[NC];
+    bool probe;
+    uint8_t *buf, *exp;
+    size_t bufsz;
+    uint64_t op;
+    unsigned long seed;
+    char where[160];
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rnd(struct model *m)
+{
+    uint64_t x = m->rng;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    m->rng = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+static uint64_t rndn(struct model *m, uint64_t n) { return n ? rnd(m) % n : 0; }
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Cookie bytes of tag t in region r at byte offset off (the token is implied by off and the
+   tag names the lineage and the write). Never 0. */
+static void gen(uint8_t *dst, uint32_t t, uint32_t r, uint64_t off, size_t len)
+{
+    uint64_t seed = ((uint64_t)t << 32) ^ ((uint64_t)r << 24);
+    size_t i = 0;
+    while (i < len) {
+        uint64_t o = off + i;
+        uint64_t w = mix64(seed ^ (o >> 3)) | 0x0101010101010101ull;
+        if ((o & 7) == 0 && i + 8 <= len) {
+            memcpy(dst + i, &w, 8);
+            i += 8;
+        } else {
+            dst[i++] = (uint8_t)(w >> (8 * (o & 7)));
+        }
+    }
+}
+
+static uint64_t npages(const struct model *m, uint64_t len)
+{
+    return (len * m->c.bpt + m->c.ps - 1) / m->c.ps;
+}
+
+static bool straddles(const struct model *m, uint64_t t)
+{
+    return (t * m->c.bpt) / m->c.ps != ((t + 1) * m->c.bpt - 1) / m->c.ps;
+}
+
+#define MFAIL(m, ...) do {                                                     \
+        char msg_[512];                                                        \
+        snprintf(msg_, sizeof msg_, __VA_ARGS__);                              \
+        cr_assert_fail("seed %lu op %lu (%s): %s", (m)->seed, (unsigned long)(m)->op, \
+                       (m)->where, msg_);                                      \
+    } while (0)
+#define MCHECK(m, cond, ...) do { if (!(cond)) MFAIL(m, __VA_ARGS__); } while (0)
+
+/* ---------------------------------------------------------------- model pages */
+
+static int32_t pg_alloc(struct model *m)
+{
+    MCHECK(m, m->nids > 0, "model out of pages (the library succeeded past its budget)");
+    int32_t id = m->ids[--m->nids];
+    m->ref[id] = 1;
+    m->used++;
+    return id;
+}
+
+static void pg_put(struct model *m, int32_t id)
+{
+    if (--m->ref[id] == 0) {
+        m->ids[m->nids++] = id;
+        m->used--;
+    }
+}
+
+static uint64_t mfree(const struct model *m) { return m->total - m->used; }
+
+/* Copy-on-write need of the byte range [b0, b1) of region r (existing pages only), counting
+   references a planned COW already dropped (tmpdec). With mark, the planned COWs are
+   recorded in tmpdec (grow_batch plans sequences in order). */
+static uint64_t need_cow(struct model *m, struct mseq *s, uint32_t r, uint64_t b0,
+                         uint64_t b1, bool mark, int32_t *touched, int *ntouched)
+{
+    uint64_t n = 0, have = npages(m, s->len);
+    if (b1 <= b0)
+        return 0;
+    for (uint64_t k = b0 / m->c.ps; k <= (b1 - 1) / m->c.ps && k < have; k++) {
+        int32_t id = s->pg[r][k];
+        if (m->ref[id] - m->tmpdec[id] > 1) {
+            n++;
+            if (mark) {
+                m->tmpdec[id]++;
+                touched[(*ntouched)++] = id;
+            }
+        }
+    }
+    return n;
+}
+
+/* Applies copy-on-write over [b0, b1) of region r; counts the cases. */
+static void apply_cow(struct model *m, struct mseq *s, uint32_t r, uint64_t b0, uint64_t b1)
+{
+    uint64_t have = npages(m, s->len);
+    bool partial = (s->len * m->c.bpt) % m->c.ps != 0;
+    if (b1 <= b0)
+        return;
+    for (uint64_t k = b0 / m->c.ps; k <= (b1 - 1) / m->c.ps && k < have; k++) {
+        int32_t id = s->pg[r][k];
+        if (m->ref[id] > 1) {
+            pg_put(m, id);
+            s->pg[r][k] = pg_alloc(m);
+            m->cnt[partial && k == have - 1 ? C_COW_PARTIAL : C_COW_FULL]++;
+        }
+    }
+}
+
+static uint64_t need_grow(struct model *m, struct mseq *s, uint64_t nl, bool mark,
+                          int32_t *touched, int *ntouched)
+{
+    if (nl <= s->len)
+        return 0;
+    uint64_t n = 0;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        n += need_cow(m, s, r, s->len * m->c.bpt, nl * m->c.bpt, mark, touched, ntouched);
+    return n + m->c.nr * (npages(m, nl) - npages(m, s->len));
+}
+
+/* ---------------------------------------------------------------- device I/O */
+
+static void ensure_buf(struct model *m, size_t n)
+{
+    if (n <= m->bufsz)
+        return;
+    free(m->buf);
+    free(m->exp);
+    m->buf = malloc(n);
+    m->exp = malloc(n);
+    cr_assert(m->buf && m->exp);
+    m->bufsz = n;
+}
+
+/* The byte ranges of token t that are written and checked: all of it for small tokens, else
+   its head, its tail and both sides of every page boundary inside it. */
+static int probes(const struct model *m, uint64_t t, uint64_t *off, uint64_t *len)
+{
+    uint64_t s = t * m->c.bpt, e = s + m->c.bpt;
+    if (!m->probe) {
+        off[0] = s;
+        len[0] = m->c.bpt;
+        return 1;
+    }
+    int n = 0;
+    off[n] = s; len[n++] = PROBE;
+    off[n] = e - PROBE; len[n++] = PROBE;
+    for (uint64_t b = (s / m->c.ps + 1) * m->c.ps; b < e; b += m->c.ps) {
+        uint64_t lo = b - PROBE < s ? s : b - PROBE, hi = b + PROBE > e ? e : b + PROBE;
+        off[n] = lo;
+        len[n++] = hi - lo;
+    }
+    return n;
+}
+
+static void dev_write(struct model *m, struct mseq *s, uint32_t r, uint64_t off, uint64_t len,
+                      uint32_t tag)
+{
+    ensure_buf(m, len);
+    gen(m->buf, tag, r, off, len);
+    int rc = kvvm_seq_write(m->kv, s->h, r, off, m->buf, len);
+    MCHECK(m, rc == 0, "kvvm_seq_write(r%u, %lu+%lu) after the range was made writable: %d",
+           r, (unsigned long)off, (unsigned long)len, rc);
+}
+
+/* Writes tokens [a, b) of every region (probes only for large tokens) with a new tag each.
+   The range must already be writable (grown or prepared): every write must succeed. */
+static void write_tokens(struct model *m, struct mseq *s, uint64_t a, uint64_t b)
+{
+    uint64_t off[16], len[16];
+    for (uint32_t r = 0; r < m->c.nr; r++) {
+        uint32_t tag = ++m->next_tag;
+        if (!m->probe && b > a) {
+            dev_write(m, s, r, a * m->c.bpt, (b - a) * m->c.bpt, tag);
+        } else {
+            for (uint64_t t = a; t < b; t++) {
+                int n = probes(m, t, off, len);
+                for (int i = 0; i < n; i++)
+                    dev_write(m, s, r, off[i], len[i], tag);
+            }
+        }
+        for (uint64_t t = a; t < b; t++)
+            s->tag[r][t] = tag;
+    }
+    for (uint64_t t = a; t < b; t++)
+        if (straddles(m, t))
+            m->cnt[C_STRADDLE]++;
+}
+
+static void check_bytes(struct model *m, struct mseq *s, uint32_t r, uint64_t off,
+                        uint64_t len, const uint8_t *want, const char *what)
+{
+    int rc = kvvm_seq_read(m->kv, s->h, r, off, m->buf, len);
+    MCHECK(m, rc == 0, "kvvm_seq_read(r%u, %lu+%lu): %d", r, (unsigned long)off,
+           (unsigned long)len, rc);
+    if (memcmp(m->buf, want, len)) {
+        uint64_t i = 0;
+        while (m->buf[i] == want[i])
+            i++;
+        uint64_t b = off + i;
+        MFAIL(m, "%s: seq %ld region %u byte %lu (token %lu, page %lu) reads %#x, expected "
+              "%#x", what, (long)(s - m->s), r, (unsigned long)b,
+              (unsigned long)(b / m->c.bpt), (unsigned long)(b / m->c.ps), m->buf[i], want[i]);
+    }
+}
+
+/* Verifies tokens [a, b) of s in every region. */
+static void verify_tokens(struct model *m, struct mseq *s, uint64_t a, uint64_t b)
+{
+    if (b > s->len)
+        b = s->len;
+    if (a >= b)
+        return;
+    uint64_t off[16], len[16];
+    if (!m->probe) {
+        uint64_t n = (b - a) * m->c.bpt;
+        ensure_buf(m, n);
+        for (uint32_t r = 0; r < m->c.nr; r++) {
+            for (uint64_t t = a; t < b; t++)
+                gen(m->exp + (t - a) * m->c.bpt, s->tag[r][t], r, t * m->c.bpt, m->c.bpt);
+            check_bytes(m, s, r, a * m->c.bpt, n, m->exp, "cookie");
+        }
+        return;
+    }
+    ensure_buf(m, 4 * PROBE);
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t t = a; t < b; t++) {
+            int n = probes(m, t, off, len);
+            for (int i = 0; i < n; i++) {
+                gen(m->exp, s->tag[r][t], r, off[i], len[i]);
+                check_bytes(m, s, r, off[i], len[i], m->exp, "cookie");
+            }
+        }
+}
+
+/* Verifies what a call on s over tokens [a, b) may have touched: all of s, and the same
+   tokens in every other live sequence (a sharer must not see s's write). */
+static void verify_touched(struct model *m, struct mseq *s, uint64_t a, uint64_t b)
+{
+    for (int i = 0; i < MAXS; i++)
+        if (m->s[i].live && &m->s[i] != s)
+            verify_tokens(m, &m->s[i], a, b);
+    if (s)
+        verify_tokens(m, s, 0, s->len);
+}
+
+static void verify_all(struct model *m)
+{
+    for (int i = 0; i < MAXS; i++)
+        if (m->s[i].live)
+            verify_tokens(m, &m->s[i], 0, m->s[i].len);
+}
+
+/* Bytes [s->len*bpt, min(zero_until, nl*bpt)) of the tokens just grown must read zero
+   (share zeroed them). Called after grow, before the new tokens are written. */
+static void check_zero_tail(struct model *m, struct mseq *s, uint64_t old)
+{
+    uint64_t lo = old * m->c.bpt, hi = s->len * m->c.bpt;
+    if (s->zero_until < hi)
+        hi = s->zero_until;
+    if (hi <= lo)
+        return;
+    uint64_t off[16], len[16];
+    ensure_buf(m, m->probe ? 4 * PROBE : m->c.bpt);
+    memset(m->exp, 0, m->probe ? 4 * PROBE : m->c.bpt);
+    for (uint64_t t = old; t < s->len && t * m->c.bpt < hi; t++) {
+        int n = probes(m, t, off, len);
+        for (int i = 0; i < n; i++) {
+            uint64_t o = off[i], e = off[i] + len[i];
+            if (e > hi)
+                e = hi;
+            for (uint32_t r = 0; r < m->c.nr && o < e; r++)
+                check_bytes(m, s, r, o, e - o, m->exp, "share's tail not zeroed");
+        }
+    }
+    m->cnt[C_ZERO_TAIL]++;
+}
+
+/* ---------------------------------------------------------------- per-op checks */
+
+static void check_state(struct model *m)
+{
+    char why[512] = "";
+    int rc = kvvm_debug_check(m->kv, why, sizeof why);
+    MCHECK(m, rc == 0, "invariant violated (%d): %s", rc, why);
+    struct kvvm_stats st = { .size = sizeof st };
+    rc = kvvm_stats(m->kv, &st);
+    MCHECK(m, rc == 0, "kvvm_stats %d", rc);
+    MCHECK(m, st.pages_device_free == mfree(m), "pages_device_free %lu, model %lu",
+           (unsigned long)st.pages_device_free, (unsigned long)mfree(m));
+    for (int i = 0; i < MAXS; i++) {
+        struct mseq *s = &m->s[i];
+        if (!s->live)
+            continue;
+        struct kvvm_seq_info in = { .size = sizeof in };
+        rc = kvvm_seq_info(m->kv, s->h, &in);
+        MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
+        uint64_t np = npages(m, s->len);
+        uint32_t shared = 0;
+        for (uint32_t r = 0; r < m->c.nr; r++)
+            for (uint64_t k = 0; k < np; k++)
+                shared += m->ref[s->pg[r][k]] > 1;
+        MCHECK(m, in.length == s->len, "seq %d length %lu, model %lu", i,
+               (unsigned long)in.length, (unsigned long)s->len);
+        MCHECK(m, in.slot == s->slot, "seq %d moved from slot %u to %u", i, s->slot, in.slot);
+        MCHECK(m, in.pages_device == m->c.nr * np, "seq %d pages_device %u, model %lu", i,
+               in.pages_device, (unsigned long)(m->c.nr * np));
+        MCHECK(m, in.pages_shared == shared, "seq %d pages_shared %u, model %u", i,
+               in.pages_shared, shared);
+        MCHECK(m, in.pages_host == 0 && in.pages_disk == 0, "seq %d off the device", i);
+        MCHECK(m, !np || in.resident, "seq %d not resident", i);
+    }
+}
+
+static int nlive(const struct model *m)
+{
+    int n = 0;
+    for (int i = 0; i < MAXS; i++)
+        n += m->s[i].live;
+    return n;
+}
+
+static struct mseq *pick_live(struct model *m)
+{
+    int n = nlive(m);
+    if (!n)
+        return NULL;
+    int k = (int)rndn(m, (uint64_t)n);
+    for (int i = 0; i < MAXS; i++)
+        if (m->s[i].live && k-- == 0)
+            return &m->s[i];
+    return NULL;
+}
+
+static struct mseq *free_entry(struct model *m)
+{
+    for (int i = 0; i < (int)m->c.max_seqs; i++)
+        if (!m->s[i].live)
+            return &m->s[i];
+    return NULL;
+}
+
+static void seq_adopt(struct model *m, struct mseq *s, kvvm_seq h, uint64_t len)
+{
+    s->live = true;
+    s->h = h;
+    s->len = len;
+    s->zero_until = 0;
+    int rc = kvvm_seq_slot(m->kv, h, &s->slot);
+    MCHECK(m, rc == 0, "kvvm_seq_slot: %d", rc);
+}
+
+/* ---------------------------------------------------------------- operations */
+
+static void op_create(struct model *m)
+{
+    snprintf(m->where, sizeof m->where, "create");
+    struct mseq *s = free_entry(m);
+    kvvm_seq h = 0;
+    int rc = kvvm_seq_create(m->kv, &h);
+    if (!s) {
+        MCHECK(m, rc == -ENOSPC, "create with every slot in use: %d", rc);
+        m->cnt[C_ENOSPC]++;
+        return;
+    }
+    MCHECK(m, rc == 0 && h != 0, "create: %d", rc);
+    seq_adopt(m, s, h, 0);
+    m->cnt[C_CREATE]++;
+}
+
+static void apply_grow(struct model *m, struct mseq *s, uint64_t nl)
+{
+    uint64_t old = s->len, op = npages(m, old), np = npages(m, nl);
+    for (uint32_t r = 0; r < m->c.nr; r++) {
+        apply_cow(m, s, r, old * m->c.bpt, nl * m->c.bpt);
+        for (uint64_t k = op; k < np; k++)
+            s->pg[r][k] = pg_alloc(m);
+    }
+    s->len = nl;
+    check_zero_tail(m, s, old);
+    write_tokens(m, s, old, nl);
+}
+
+static void op_grow(struct model *m, struct mseq *s)
+{
+    uint64_t nl = s->len + 1 + rndn(m, 4);
+    bool big = rndn(m, 25) == 0;
+    if (big)
+        nl = m->c.max_tokens + 1 + rndn(m, 3);
+    else if (nl > m->c.max_tokens)
+        nl = m->c.max_tokens;
+    snprintf(m->where, sizeof m->where, "grow seq %ld %lu -> %lu", (long)(s - m->s),
+             (unsigned long)s->len, (unsigned long)nl);
+    if (big) {
+        int rc = kvvm_seq_grow(m->kv, s->h, nl);
+        MCHECK(m, rc == -E2BIG, "grow past max_tokens: %d", rc);
+        m->cnt[C_E2BIG]++;
+        verify_touched(m, s, s->len ? s->len - 1 : 0, s->len);
+        return;
+    }
+    uint64_t need = need_grow(m, s, nl, false, NULL, NULL);
+    int rc = kvvm_seq_grow(m->kv, s->h, nl);
+    if (need > mfree(m)) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: grow returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        m->cnt[C_ENOMEM]++;
+        verify_touched(m, s, s->len ? s->len - 1 : 0, s->len);
+        return;
+    }
+    MCHECK(m, rc == 0, "needs %lu pages, %lu free: grow returned %d", (unsigned long)need,
+           (unsigned long)mfree(m), rc);
+    uint64_t old = s->len;
+    apply_grow(m, s, nl);
+    m->cnt[C_GROW]++;
+    verify_touched(m, s, old ? old - 1 : 0, nl);
+}
+
+static void op_grow_batch(struct model *m)
+{
+    struct mseq *set[4];
+    kvvm_seq hs[4];
+    uint64_t lens[4];
+    int n = 0, want = 2 + (int)rndn(m, 3);
+    for (int tries = 0; tries < 12 && n < want; tries++) {
+        struct mseq *s = pick_live(m);
+        bool dup = false;
+        for (int i = 0; i < n; i++)
+            dup |= set[i] == s;
+        if (s && !dup)
+            set[n++] = s;
+    }
+    if (n < 2)
+        return;
+    bool big = rndn(m, 25) == 0;
+    for (int i = 0; i < n; i++) {
+        hs[i] = set[i]->h;
+        lens[i] = set[i]->len + rndn(m, 4);
+        if (lens[i] > m->c.max_tokens)
+            lens[i] = m->c.max_tokens;
+    }
+    if (big)
+        lens[rndn(m, (uint64_t)n)] = m->c.max_tokens + 1;
+    snprintf(m->where, sizeof m->where, "grow_batch of %d", n);
+    int32_t touched[4 * MAXR * 2];
+    int nt = 0;
+    uint64_t need = 0;
+    for (int i = 0; i < n && !big; i++)
+        need += need_grow(m, set[i], lens[i], true, touched, &nt);
+    for (int i = 0; i < nt; i++)
+        m->tmpdec[touched[i]] = 0;
+    /* what a plan that copies every shared page each sequence touches would count (a page
+       shared only by sequences of the batch needs one copy fewer: the last one keeps it) */
+    uint64_t naive = 0;
+    for (int i = 0; i < n && !big; i++)
+        naive += need_grow(m, set[i], lens[i], false, NULL, NULL);
+    snprintf(m->where, sizeof m->where, "grow_batch of %d (independent plans would need %lu)",
+             n, (unsigned long)naive);
+    int rc = kvvm_seq_grow_batch(m->kv, hs, lens, (size_t)n);
+    if (big) {
+        MCHECK(m, rc == -E2BIG, "grow_batch with one past max_tokens: %d", rc);
+        m->cnt[C_E2BIG]++;
+    } else if (need > mfree(m)) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: grow_batch returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        m->cnt[C_ENOMEM_BATCH]++;
+    } else {
+        MCHECK(m, rc == 0, "needs %lu pages, %lu free: grow_batch returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        for (int i = 0; i < n; i++) {
+            uint64_t old = set[i]->len;
+            apply_grow(m, set[i], lens[i]);
+            verify_touched(m, set[i], old ? old - 1 : 0, lens[i]);
+        }
+        m->cnt[C_GROW_BATCH]++;
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        verify_touched(m, set[i], set[i]->len ? set[i]->len - 1 : 0, set[i]->len);
+}
+
+static void release_from(struct model *m, struct mseq *s, uint64_t nl)
+{
+    uint64_t np = npages(m, nl), op = npages(m, s->len);
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = np; k < op; k++)
+            pg_put(m, s->pg[r][k]);
+}
+
+static void op_truncate(struct model *m, struct mseq *s)
+{
+    uint64_t nl = rndn(m, 5) == 0 ? 0 : rndn(m, s->len + 1);
+    snprintf(m->where, sizeof m->where, "truncate seq %ld %lu -> %lu", (long)(s - m->s),
+             (unsigned long)s->len, (unsigned long)nl);
+    if (rndn(m, 30) == 0) {
+        int rc = kvvm_seq_truncate(m->kv, s->h, s->len + 1);
+        MCHECK(m, rc == -EINVAL, "truncate longer: %d", rc);
+        m->cnt[C_EINVAL]++;
+        return;
+    }
+    int rc = kvvm_seq_truncate(m->kv, s->h, nl);
+    MCHECK(m, rc == 0, "truncate: %d", rc);
+    release_from(m, s, nl);
+    s->len = nl;
+    s->zero_until = 0;
+    m->cnt[C_TRUNCATE]++;
+    verify_touched(m, s, nl ? nl - 1 : 0, nl);
+}
+
+static void op_fork(struct model *m, struct mseq *p)
+{
+    snprintf(m->where, sizeof m->where, "fork seq %ld (%lu tokens)", (long)(p - m->s),
+             (unsigned long)p->len);
+    struct mseq *c = free_entry(m);
+    kvvm_seq h = 0;
+    int rc = kvvm_seq_fork(m->kv, p->h, &h);
+    if (!c) {
+        MCHECK(m, rc == -ENOSPC, "fork with every slot in use: %d", rc);
+        m->cnt[C_ENOSPC]++;
+        return;
+    }
+    MCHECK(m, rc == 0, "fork: %d", rc);
+    seq_adopt(m, c, h, p->len);
+    c->zero_until = p->zero_until;
+    uint64_t np = npages(m, p->len);
+    for (uint32_t r = 0; r < m->c.nr; r++) {
+        memcpy(c->tag[r], p->tag[r], p->len * sizeof(uint32_t));
+        for (uint64_t k = 0; k < np; k++) {
+            c->pg[r][k] = p->pg[r][k];
+            m->ref[p->pg[r][k]]++;
+        }
+    }
+    m->cnt[C_FORK]++;
+    verify_touched(m, c, c->len ? c->len - 1 : 0, c->len);
+}
+
+static void op_share(struct model *m, struct mseq *src)
+{
+    struct mseq *dst = NULL;
+    for (int i = 0; i < MAXS && !dst; i++)
+        if (m->s[i].live && m->s[i].len == 0 && &m->s[i] != src)
+            dst = &m->s[i];
+    if (!dst) {
+        if (!free_entry(m))
+            return;
+        op_create(m);
+        for (int i = 0; i < MAXS && !dst; i++)
+            if (m->s[i].live && m->s[i].len == 0 && &m->s[i] != src)
+                dst = &m->s[i];
+        if (!dst)
+            return;
+    }
+    uint64_t k = rndn(m, 10), n;
+    n = k < 2 ? 0 : k < 4 ? src->len : rndn(m, src->len + 1);
+    snprintf(m->where, sizeof m->where, "share %lu of seq %ld (%lu tokens) into seq %ld",
+             (unsigned long)n, (long)(src - m->s), (unsigned long)src->len,
+             (long)(dst - m->s));
+    if (k == 9 && rndn(m, 3) == 0) {
+        int rc = kvvm_seq_share(m->kv, dst->h, src->h, src->len + 1);
+        MCHECK(m, rc == -EINVAL, "share past the source's length: %d", rc);
+        m->cnt[C_EINVAL]++;
+        return;
+    }
+    bool partial = (n * m->c.bpt) % m->c.ps != 0;
+    uint64_t need = partial ? m->c.nr : 0;
+    int rc = kvvm_seq_share(m->kv, dst->h, src->h, n);
+    if (need > mfree(m)) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: share returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        m->cnt[C_ENOMEM]++;
+        verify_touched(m, src, n ? n - 1 : 0, n);
+        return;
+    }
+    MCHECK(m, rc == 0, "needs %lu pages, %lu free: share returned %d", (unsigned long)need,
+           (unsigned long)mfree(m), rc);
+    uint64_t whole = n * m->c.bpt / m->c.ps;
+    for (uint32_t r = 0; r < m->c.nr; r++) {
+        memcpy(dst->tag[r], src->tag[r], n * sizeof(uint32_t));
+        for (uint64_t p = 0; p < whole; p++) {
+            dst->pg[r][p] = src->pg[r][p];
+            m->ref[src->pg[r][p]]++;
+        }
+        if (partial)
+            dst->pg[r][whole] = pg_alloc(m);
+    }
+    dst->len = n;
+    dst->zero_until = partial ? npages(m, n) * m->c.ps : 0;
+    if (n == 0)
+        m->cnt[C_SHARE_ZERO]++;
+    else if (n == src->len)
+        m->cnt[C_SHARE_ALL]++;
+    if (partial)
+        m->cnt[C_SHARE_PARTIAL]++;
+    verify_touched(m, dst, n ? n - 1 : 0, n);
+    verify_touched(m, src, 0, 1);
+}
+
+static void op_prepare_write(struct model *m, struct mseq *s)
+{
+    if (!s->len)
+        return;
+    uint64_t a = rndn(m, s->len), b = a + 1 + rndn(m, 3);
+    if (b > s->len)
+        b = s->len;
+    snprintf(m->where, sizeof m->where, "prepare_write seq %ld [%lu, %lu) of %lu",
+             (long)(s - m->s), (unsigned long)a, (unsigned long)b, (unsigned long)s->len);
+    if (rndn(m, 40) == 0) {
+        int rc = kvvm_seq_prepare_write(m->kv, s->h, a, s->len + 1);
+        MCHECK(m, rc == -EINVAL, "prepare_write past length: %d", rc);
+        rc = kvvm_seq_prepare_write(m->kv, s->h, a, a);
+        MCHECK(m, rc == -EINVAL, "prepare_write of an empty range: %d", rc);
+        m->cnt[C_EINVAL]++;
+        return;
+    }
+    uint64_t need = 0;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        need += need_cow(m, s, r, a * m->c.bpt, b * m->c.bpt, false, NULL, NULL);
+    int rc = kvvm_seq_prepare_write(m->kv, s->h, a, b);
+    if (need > mfree(m)) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: prepare_write returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        m->cnt[C_ENOMEM]++;
+        verify_touched(m, s, a, b);
+        return;
+    }
+    MCHECK(m, rc == 0, "needs %lu pages, %lu free: prepare_write returned %d",
+           (unsigned long)need, (unsigned long)mfree(m), rc);
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        apply_cow(m, s, r, a * m->c.bpt, b * m->c.bpt);
+    write_tokens(m, s, a, b);
+    m->cnt[C_PREP_WRITE]++;
+    verify_touched(m, s, a, b);
+}
+
+/* One write of whole tokens into one region with no prepare_write: it copies shared pages
+   itself. */
+static void op_write(struct model *m, struct mseq *s)
+{
+    if (!s->len)
+        return;
+    uint32_t r = (uint32_t)rndn(m, m->c.nr);
+    uint64_t a = rndn(m, s->len), b = a + 1 + (m->probe ? 0 : rndn(m, 3));
+    if (b > s->len)
+        b = s->len;
+    snprintf(m->where, sizeof m->where, "write seq %ld r%u [%lu, %lu) of %lu",
+             (long)(s - m->s), r, (unsigned long)a, (unsigned long)b, (unsigned long)s->len);
+    uint64_t off = a * m->c.bpt, len = (b - a) * m->c.bpt;
+    uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
+    uint32_t tag = ++m->next_tag;
+    ensure_buf(m, len);
+    gen(m->buf, tag, r, off, len);
+    int rc = kvvm_seq_write(m->kv, s->h, r, off, m->buf, len);
+    if (need > mfree(m)) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: write returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        m->cnt[C_ENOMEM]++;
+        verify_touched(m, s, a, b);
+        return;
+    }
+    MCHECK(m, rc == 0, "needs %lu pages, %lu free: write returned %d", (unsigned long)need,
+           (unsigned long)mfree(m), rc);
+    apply_cow(m, s, r, off, off + len);
+    for (uint64_t t = a; t < b; t++) {
+        s->tag[r][t] = tag;
+        if (straddles(m, t))
+            m->cnt[C_STRADDLE]++;
+    }
+    if (need)
+        m->cnt[C_WRITE]++;
+    verify_touched(m, s, a, b);
+}
+
+static void op_free(struct model *m, struct mseq *s)
+{
+    snprintf(m->where, sizeof m->where, "free seq %ld (%lu tokens)", (long)(s - m->s),
+             (unsigned long)s->len);
+    int rc = kvvm_seq_free(m->kv, s->h);
+    MCHECK(m, rc == 0, "free: %d", rc);
+    uint64_t np = npages(m, s->len);
+    bool shared = false;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = 0; k < np; k++)
+            shared |= m->ref[s->pg[r][k]] > 1;
+    release_from(m, s, 0);
+    kvvm_seq dead = s->h;
+    s->live = false;
+    s->len = 0;
+    m->cnt[shared ? C_FREE_SHARED : C_FREE]++;
+    if (rndn(m, 8) == 0) {
+        uint32_t slot;
+        rc = kvvm_seq_slot(m->kv, dead, &slot);
+        MCHECK(m, rc == -ENOENT, "a freed handle answered %d", rc);
+    }
+}
+
+/* ---------------------------------------------------------------- driver */
+
+static void model_open(struct model *m, const struct mcfg *c, unsigned long seed)
+{
+    memset(m, 0, sizeof *m);
+    m->c = *c;
+    m->seed = seed;
+    m->rng = mix64(seed * 0x9e3779b97f4a7c15ull + 1) | 1;
+    m->probe = c->bpt > FULL_BPT;
+    struct kvvm_config k;
+    kvvm_config_init(&k);
+    k.backend = KVVM_BACKEND_EMULATED;
+    k.emu_granule = c->ps;
+    k.page_size = c->ps;
+    k.n_regions = c->nr;
+    k.bytes_per_token = c->bpt;
+    k.max_seqs = c->max_seqs;
+    k.max_tokens = c->max_tokens;
+    k.device_budget = (size_t)c->pages_per_region * c->nr * c->ps;
+    k.emu_device_bytes = 0;
+    k.host_budget = 0;
+    k.spill_dir = NULL;
+    k.spill_budget = 0;             /* no disk tier (page descriptors scale with it) */
+    k.flags = 0;
+    k.map_ahead = 0;
+    k.emu_opaque = 1;
+    int rc = kvvm_open(&k, &m->kv);
+    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_stats(m->kv, &st), 0);
+    cr_assert_eq(st.pages_device_total, (uint64_t)c->pages_per_region * c->nr,
+                 "pages_device_total %lu", (unsigned long)st.pages_device_total);
+    m->total = st.pages_device_total;
+    m->ref = calloc(m->total, sizeof *m->ref);
+    m->tmpdec = calloc(m->total, sizeof *m->tmpdec);
+    m->ids = calloc(m->total, sizeof *m->ids);
+    for (uint64_t i = 0; i < m->total; i++)
+        m->ids[m->nids++] = (int32_t)(m->total - 1 - i);
+    m->maxpg = npages(m, c->max_tokens);
+    for (int i = 0; i < MAXS; i++)
+        for (uint32_t r = 0; r < c->nr; r++) {
+            m->s[i].tag[r] = calloc(c->max_tokens, sizeof(uint32_t));
+            m->s[i].pg[r] = calloc(m->maxpg, sizeof(int32_t));
+        }
+}
+
+static void model_close(struct model *m)
+{
+    for (int i = 0; i < MAXS; i++)
+        if (m->s[i].live)
+            op_free(m, &m->s[i]);
+    kvvm_step(m->kv);
+    check_state(m);
+    MCHECK(m, m->used == 0, "model pages left");
+    kvvm_close(m->kv);
+    for (int i = 0; i < MAXS; i++)
+        for (uint32_t r = 0; r < MAXR; r++) {
+            free(m->s[i].tag[r]);
+            free(m->s[i].pg[r]);
+        }
+    free(m->ref);
+    free(m->tmpdec);
+    free(m->ids);
+    free(m->buf);
+    free(m->exp);
+}
+
+static void model_run(struct model *m, uint64_t ops)
+{
+    for (m->op = 0; m->op < ops; m->op++) {
+        struct mseq *s = pick_live(m);
+        uint64_t w = rndn(m, 100);
+        if (!s || w < 7) {
+            op_create(m);
+        } else if (w < 27) {
+            op_grow(m, s);
+        } else if (w < 33) {
+            op_grow_batch(m);
+        } else if (w < 41) {
+            op_truncate(m, s);
+        } else if (w < 49) {
+            op_fork(m, s);
+        } else if (w < 61) {
+            op_share(m, s);
+        } else if (w < 73) {
+            op_prepare_write(m, s);
+        } else if (w < 85) {
+            op_write(m, s);
+        } else if (w < 92) {
+            op_free(m, s);
+        } else {
+            snprintf(m->where, sizeof m->where, "verify seq %ld", (long)(s - m->s));
+            verify_tokens(m, s, 0, s->len);
+        }
+        int rc = kvvm_step(m->kv);
+        MCHECK(m, rc == 0, "kvvm_step: %d", rc);
+        check_state(m);
+        if (m->op % 1000 == 999) {
+            snprintf(m->where, sizeof m->where, "periodic full verify");
+            verify_all(m);
+        }
+    }
+    snprintf(m->where, sizeof m->where, "final verify");
+    verify_all(m);
+}
+
+static double scale(void)
+{
+    const char *e = getenv("KVVM_TEST_SCALE");
+    if (e && *e) {
+        double v = strtod(e, NULL);
+        if (v > 0)
+            return v;
+    }
+    return SANITIZED ? 0.05 : 1.0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Runs one configuration: CI (one seed, ci_ops scaled) or soak (20 seeds x 100 000). */
+static void run_config(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops,
+                       unsigned long seed0)
+{
+    struct mcfg c = {
+        .ps = ps, .nr = nr, .bpt = ps * 3 / 8 + 36, .max_seqs = MAXS, .max_tokens = 16,
+        .pages_per_region = 16,
+    };
+    const char *soak = getenv("KVVM_MODEL_SOAK");
+    const char *sd = getenv("KVVM_MODEL_SEED");
+    bool is_soak = soak && *soak && strcmp(soak, "0");
+    int seeds = is_soak ? 20 : 1;
+    double sc = scale();
+    uint64_t ops = is_soak ? 100000 : (uint64_t)(ci_ops * sc);
+    if (ops < 1000)
+        ops = 1000;
+    if (sd && *sd)
+        seed0 = strtoul(sd, NULL, 0);
+    uint64_t total[NC] = { 0 };
+    double t0 = now_s();
+    static struct model m;
+    for (int i = 0; i < seeds; i++) {
+        model_open(&m, &c, seed0 + (unsigned long)i);
+        model_run(&m, ops);
+        model_close(&m);
+        for (int k = 0; k < NC; k++)
+            total[k] += m.cnt[k];
+    }
+    double dt = now_s() - t0;
+    printf("model %s: page %zu, %u regions, %lu bytes/token, %d seed(s) from %lu x %lu ops "
+           "in %.1f s (%.1f us/op)\n", name, ps, nr, (unsigned long)c.bpt, seeds, seed0,
+           (unsigned long)ops, dt, dt * 1e6 / ((double)ops * seeds));
+    uint64_t min = (uint64_t)(100 * (is_soak ? 1.0 : (sc < 1 ? sc : 1.0)));
+    if (min < 1)
+        min = 1;
+    char missing[512] = "";
+    for (int k = 0; k < NC; k++) {
+        printf("  %-40s %10lu\n", cname[k], (unsigned long)total[k]);
+        if (total[k] < min && strlen(missing) + strlen(cname[k]) + 3 < sizeof missing) {
+            strcat(missing, cname[k]);
+            strcat(missing, "; ");
+        }
+    }
+    fflush(stdout);
+    cr_expect(missing[0] == 0, "%s: cases hit fewer than %lu times: %s", name,
+              (unsigned long)min, missing);
+}
+
+/* CI budget: 2 040 000 ops over the matrix, weighted towards the cheap small pages. */
+Test(model, page4k_1region) { run_config("4k/1", 4096, 1, 500000, 101); }
+Test(model, page4k_4regions) { run_config("4k/4", 4096, 4, 400000, 102); }
+Test(model, page64k_1region) { run_config("64k/1", 65536, 1, 400000, 103); }
+Test(model, page64k_4regions) { run_config("64k/4", 65536, 4, 340000, 104); }
+Test(model, page2m_1region) { run_config("2m/1", 2u << 20, 1, 240000, 105); }
+Test(model, page2m_4regions) { run_config("2m/4", 2u << 20, 4, 160000, 106); }

@@ -1,0 +1,361 @@
+/*
+ * tools/kvvm-bench/bench_paging.c: the paging group (issue 3, item 7), each figure beside a
+ * baseline measured in the same run, on the emulated device (2 MiB granule unless noted):
+ *  - growing S sequences token by token to T tokens (the whole ~1 GiB), against contiguous
+ *    buffers grown by allocate-copy-free with doubling, and static preallocation at max:
+ *    wall time, CPU time per grow call, peak physical bytes;
+ *  - fork and share of a 64-page sequence: latency and pages added, against a copying fork;
+ *  - pool page take+give rate against cuMemCreate+cuMemRelease; a grow needing no new page
+ *    against the lock+lookup floor (kvvm_seq_slot); 256 single grows against one batch.
+ * Uses internal headers (core/core.h, paging/paging_int.h) to reach the raw baselines.
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvvm.h"
+#include "core/core.h"
+#include "paging/paging_int.h"
+
+#define G "paging"
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int open_kv(kvvm **kv, uint32_t max_seqs, uint64_t max_tokens, uint64_t bpt,
+                   size_t budget, size_t granule)
+{
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = KVVM_BACKEND_EMULATED;
+    c.max_seqs = max_seqs;
+    c.max_tokens = max_tokens;
+    c.bytes_per_token = bpt;
+    c.device_budget = budget;
+    c.emu_granule = granule;
+    c.page_size = 0;
+    c.emu_opaque = 0;
+    return kvvm_open(&c, kv);
+}
+
+static uint64_t used_bytes(kvvm *kv)
+{
+    struct kvvm_stats st = { .size = sizeof st };
+    kvvm_stats(kv, &st);
+    return (st.pages_device_total - st.pages_device_free) * st.page_size;
+}
+
+/* ---- 1. token-by-token growth ------------------------------------------------------- */
+
+struct grow_res { double wall_ms, cpu_ns_per_call, peak_bytes, quarter_bytes; };
+
+static int grow_kvvm(uint32_t S, uint64_t T, uint64_t bpt, struct grow_res *res)
+{
+    kvvm *kv;
+    memset(res, 0, sizeof *res);
+    int rc = open_kv(&kv, S, T, bpt, (size_t)(S * T * bpt) + (64u << 20) + ((size_t)S << 21),
+                     0);
+    if (rc)
+        return rc;
+    kvvm_seq *h = calloc(S, sizeof *h);
+    uint64_t peak = 0;
+    for (uint32_t i = 0; i < S && !rc; i++)
+        rc = kvvm_seq_create(kv, &h[i]);
+    uint64_t w0 = bench_now_ns(), c0 = cpu_ns();
+    for (uint64_t t = 1; t <= T && !rc; t++) {
+        for (uint32_t i = 0; i < S && !rc; i++)
+            rc = kvvm_seq_grow(kv, h[i], t);
+        if (!rc)
+            rc = kvvm_step(kv);
+        if ((t & 63) == 0 || t == T) {
+            uint64_t u = used_bytes(kv);
+            peak = u > peak ? u : peak;
+        }
+        if (t == T / 4)
+            res->quarter_bytes = (double)used_bytes(kv);
+    }
+    uint64_t w1 = bench_now_ns(), c1 = cpu_ns();
+    res->wall_ms = (double)(w1 - w0) / 1e6;
+    res->cpu_ns_per_call = (double)(c1 - c0) / ((double)S * (double)T);
+    res->peak_bytes = (double)peak;
+    for (uint32_t i = 0; i < S; i++)
+        if (h[i])
+            kvvm_seq_free(kv, h[i]);
+    free(h);
+    kvvm_close(kv);
+    return rc;
+}
+
+/* Contiguous buffers, grown by allocate-copy-free with doubling (host memory: the copy is
+   what a device would do with cudaMalloc + cudaMemcpy + cudaFree, minus the driver). */
+static int grow_doubling(uint32_t S, uint64_t T, uint64_t bpt, struct grow_res *res)
+{
+    memset(res, 0, sizeof *res);
+    char **buf = calloc(S, sizeof *buf);
+    uint64_t *cap = calloc(S, sizeof *cap);
+    uint64_t live = 0, peak = 0;
+    if (!buf || !cap)
+        return -ENOMEM;
+    uint64_t w0 = bench_now_ns(), c0 = cpu_ns();
+    for (uint64_t t = 1; t <= T; t++) {
+        for (uint32_t i = 0; i < S; i++) {
+            uint64_t need = t * bpt;
+            if (need <= cap[i])
+                continue;
+            uint64_t nc = cap[i] ? 2 * cap[i] : bpt * 16;
+            char *n = malloc(nc);
+            if (!n)
+                return -ENOMEM;
+            memset(n + cap[i], 0, nc - cap[i]);     /* touch it: physical, like a device */
+            if (buf[i])
+                memcpy(n, buf[i], (t - 1) * bpt);
+            live += nc;
+            peak = live > peak ? live : peak;        /* old and new both held here */
+            free(buf[i]);
+            live -= cap[i];
+            buf[i] = n;
+            cap[i] = nc;
+        }
+    }
+    uint64_t w1 = bench_now_ns(), c1 = cpu_ns();
+    res->wall_ms = (double)(w1 - w0) / 1e6;
+    res->cpu_ns_per_call = (double)(c1 - c0) / ((double)S * (double)T);
+    res->peak_bytes = (double)peak;
+    for (uint32_t i = 0; i < S; i++)
+        free(buf[i]);
+    free(buf);
+    free(cap);
+    return 0;
+}
+
+static int bench_grow(struct bench_ctx *b)
+{
+    uint32_t S = b->quick ? 64 : 256;
+    uint64_t T = b->quick ? 1024 : 4096, bpt = 1024;   /* 256 x 4096 x 1 KiB = 1 GiB */
+    struct grow_res k, d;
+    int rc = grow_kvvm(S, T, bpt, &k);
+    if (!rc)
+        rc = grow_doubling(S, T, bpt, &d);
+    if (rc)
+        return rc;
+    double live = (double)(S * T * bpt), stat = live;   /* static: max length = T here */
+    bench_report(b, G, "grow token-by-token: wall", k.wall_ms, d.wall_ms,
+                 "alloc-copy-free doubling", "ms", 1);
+    bench_report(b, G, "grow token-by-token: CPU per grow call", k.cpu_ns_per_call,
+                 d.cpu_ns_per_call, "alloc-copy-free doubling", "ns", 1);
+    bench_report(b, G, "grow token-by-token: peak physical", k.peak_bytes / 1048576.0,
+                 d.peak_bytes / 1048576.0, "alloc-copy-free doubling", "MiB", 1);
+    bench_report(b, G, "grow token-by-token: peak physical vs static prealloc",
+                 k.peak_bytes / 1048576.0, stat / 1048576.0, "static at max length", "MiB", 1);
+    /* at a quarter of the length, static preallocation still holds the maximum */
+    bench_report(b, G, "physical at 1/4 of max length", k.quarter_bytes / 1048576.0,
+                 stat / 1048576.0, "static at max length", "MiB", 1);
+    bench_report(b, G, "live bytes at 1/4 of max length", live / 4 / 1048576.0, 0, "", "MiB", 1);
+    return 0;
+}
+
+/* ---- 2. fork and share of a 64-page sequence ---------------------------------------- */
+
+static int bench_fork(struct bench_ctx *b)
+{
+    kvvm *kv;
+    const uint64_t bpt = 8192, pages = 64, ps = 2u << 20;
+    const uint64_t T = pages * ps / bpt;
+    int rc = open_kv(&kv, 8, T, bpt, (size_t)(4 * pages * ps), 0);
+    if (rc)
+        return rc;
+    int n = b->trials > 0 ? b->trials : 5;
+    double tf[n], ts[n], tc[n];
+    double pf = 0, psh = 0, pc = 0;
+    kvvm_seq p;
+    rc = kvvm_seq_create(kv, &p);
+    if (!rc)
+        rc = kvvm_seq_grow(kv, p, T);
+    for (int i = 0; i < n && !rc; i++) {
+        kvvm_seq c;
+        uint64_t u0 = used_bytes(kv), t0 = bench_now_ns();
+        rc = kvvm_seq_fork(kv, p, &c);
+        tf[i] = (double)(bench_now_ns() - t0) / 1e3;
+        pf = (double)(used_bytes(kv) - u0) / (double)ps;
+        if (!rc)
+            rc = kvvm_seq_free(kv, c);
+        if (!rc)
+            rc = kvvm_seq_create(kv, &c);
+        u0 = used_bytes(kv);
+        t0 = bench_now_ns();
+        if (!rc)
+            rc = kvvm_seq_share(kv, c, p, T);
+        ts[i] = (double)(bench_now_ns() - t0) / 1e3;
+        psh = (double)(used_bytes(kv) - u0) / (double)ps;
+        if (!rc)
+            rc = kvvm_seq_free(kv, c);
+        /* copying fork: a new sequence of the same length and a device copy of the bytes */
+        uint64_t pa, ca;
+        if (!rc)
+            rc = kvvm_seq_create(kv, &c);
+        u0 = used_bytes(kv);
+        t0 = bench_now_ns();
+        if (!rc)
+            rc = kvvm_seq_grow(kv, c, T);
+        if (!rc)
+            rc = kvvm_seq_addr(kv, p, 0, &pa);
+        if (!rc)
+            rc = kvvm_seq_addr(kv, c, 0, &ca);
+        if (!rc)
+            rc = vmm_copy_dtod(kv->v, ca, pa, T * bpt, NULL);
+        if (!rc)
+            rc = vmm_stream_sync(kv->v, NULL);
+        tc[i] = (double)(bench_now_ns() - t0) / 1e3;
+        pc = (double)(used_bytes(kv) - u0) / (double)ps;
+        if (!rc)
+            rc = kvvm_seq_free(kv, c);
+        kvvm_sync(kv);
+    }
+    kvvm_close(kv);
+    if (rc)
+        return rc;
+    double mc = bench_median(tc, n);
+    bench_report(b, G, "fork 64-page sequence", bench_median(tf, n), mc, "copying fork", "us", 1);
+    bench_report(b, G, "share 64-page sequence (whole pages)", bench_median(ts, n), mc,
+                 "copying fork", "us", 1);
+    bench_report(b, G, "fork: pages added", pf, pc, "copying fork", "pages", 1);
+    bench_report(b, G, "share: pages added", psh, pc, "copying fork", "pages", 1);
+    return 0;
+}
+
+/* ---- 3. pool rate, no-page grow, single vs batched grow ----------------------------- */
+
+static int bench_pool(struct bench_ctx *b)
+{
+    kvvm *kv;
+    int rc = open_kv(&kv, 4, 1024, 4096, 64u << 20, 64u << 10);
+    if (rc)
+        return rc;
+    int iters = b->quick ? 20000 : 200000;
+    struct paging *pg = kv->pg;
+    pthread_mutex_lock(&kv->lock);
+    pool_refill(pg, 8);
+    uint32_t f;
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < iters && !rc; i++) {
+        rc = pool_take(pg, 1, &f);
+        if (!rc)
+            pool_give(pg, &f, 1);
+    }
+    double take_ns = (double)(bench_now_ns() - t0) / iters;
+    int citers = iters / 20;
+    vmm_handle h;
+    t0 = bench_now_ns();
+    for (int i = 0; i < citers && !rc; i++) {
+        rc = vmm_phys_create(kv->v, 64u << 10, &h);
+        if (!rc)
+            vmm_phys_release(kv->v, h);
+    }
+    double create_ns = (double)(bench_now_ns() - t0) / citers;
+    pthread_mutex_unlock(&kv->lock);
+    kvvm_close(kv);
+    if (rc)
+        return rc;
+    bench_report(b, G, "pool page take+give", take_ns, create_ns,
+                 "cuMemCreate+cuMemRelease (emulated)", "ns", 1);
+    return 0;
+}
+
+static int bench_nopage_grow(struct bench_ctx *b)
+{
+    kvvm *kv;
+    uint64_t T = b->quick ? 50000 : 500000;
+    int rc = open_kv(&kv, 4, T, 1, 64u << 20, 0);        /* 1-byte tokens: 2M per page */
+    if (rc)
+        return rc;
+    kvvm_seq s;
+    uint32_t slot;
+    rc = kvvm_seq_create(kv, &s);
+    if (!rc)
+        rc = kvvm_seq_grow(kv, s, 1);
+    uint64_t t0 = bench_now_ns();
+    for (uint64_t t = 2; t <= T && !rc; t++)
+        rc = kvvm_seq_grow(kv, s, t);
+    double g = (double)(bench_now_ns() - t0) / (double)(T - 1);
+    t0 = bench_now_ns();
+    for (uint64_t t = 2; t <= T && !rc; t++)
+        rc = kvvm_seq_slot(kv, s, &slot);
+    double f = (double)(bench_now_ns() - t0) / (double)(T - 1);
+    kvvm_close(kv);
+    if (rc)
+        return rc;
+    bench_report(b, G, "grow needing no new page", g, f, "lock+lookup (kvvm_seq_slot)", "ns", 1);
+    return 0;
+}
+
+static int bench_batch(struct bench_ctx *b)
+{
+    const uint32_t S = 256;
+    const uint64_t T = b->quick ? 64 : 512, bpt = 4096;   /* a page every 512 tokens */
+    kvvm *kv;
+    int rc = open_kv(&kv, 2 * S, 2 * T, bpt, (size_t)2 * S * (4u << 20), 0);
+    if (rc)
+        return rc;
+    kvvm_seq hs[2][S];
+    uint64_t lens[S];
+    for (uint32_t i = 0; i < S && !rc; i++) {
+        rc = kvvm_seq_create(kv, &hs[0][i]);
+        if (!rc)
+            rc = kvvm_seq_create(kv, &hs[1][i]);
+    }
+    /* t = 1 maps a new page in every sequence; t > 1 needs none (512 tokens per page) */
+    uint64_t single = 0, batch = 0, single1 = 0, batch1 = 0;
+    for (uint64_t t = 1; t <= T && !rc; t++) {
+        uint64_t t0 = bench_now_ns();
+        for (uint32_t i = 0; i < S && !rc; i++)
+            rc = kvvm_seq_grow(kv, hs[0][i], t);
+        uint64_t t1 = bench_now_ns();
+        for (uint32_t i = 0; i < S; i++)
+            lens[i] = t;
+        if (!rc)
+            rc = kvvm_seq_grow_batch(kv, hs[1], lens, S);
+        uint64_t t2 = bench_now_ns();
+        if (t == 1) {
+            single1 = t1 - t0;
+            batch1 = t2 - t1;
+        } else {
+            single += t1 - t0;
+            batch += t2 - t1;
+        }
+        if (!rc)
+            rc = kvvm_step(kv);
+    }
+    kvvm_close(kv);
+    if (rc)
+        return rc;
+    bench_report(b, G, "decode step, no new page: grow 256 seqs (batch)",
+                 (double)batch / (T - 1) / 1e3, (double)single / (T - 1) / 1e3,
+                 "256 single kvvm_seq_grow", "us", 1);
+    bench_report(b, G, "first step, a new page each: grow 256 seqs (batch)",
+                 (double)batch1 / 1e3, (double)single1 / 1e3, "256 single kvvm_seq_grow",
+                 "us", 1);
+    return 0;
+}
+
+int bench_paging(struct bench_ctx *b)
+{
+    int rc = bench_nopage_grow(b);
+    if (!rc)
+        rc = bench_pool(b);
+    if (!rc)
+        rc = bench_batch(b);
+    if (!rc)
+        rc = bench_fork(b);
+    if (!rc)
+        rc = bench_grow(b);
+    if (rc)
+        fprintf(stderr, "bench paging: failed: %s\n", kvvm_strerror(rc));
+    return rc;
+}
