@@ -1,0 +1,1286 @@
+/*
+ * engine.c: a continuous-batching inference engine, simulated over libkvvm's public API.
+ *
+ * Each step (one engine iteration, closed by kvvm_step):
+ *   1. arrivals: new requests (long-tailed prompt and output lengths) join the live set while
+ *      the KV held in every tier is below X x the device pages (and the workload's own page
+ *      estimate below 1.25 X, so a library that holds nothing off the device does not make
+ *      the queue grow without end);
+ *   2. rotation (swap and auto modes): requests that ran for --quantum steps leave the device
+ *      while others wait, so every live request makes progress although only a quarter of
+ *      them fit: swap mode by kvvm_seq_swap_out, auto mode by leaving the batch (the library
+ *      reclaims least recently used, unprotected sequences);
+ *   3. bring-in, first come first served: swap-in (swap mode), prefill of new requests
+ *      (create, share the system prompt, grow to the prompt, write every token), re-prefill
+ *      of requests preempted by recompute (their bytes rewritten), re-entry (auto mode);
+ *      parallel sampling forks a freshly prefilled request into siblings;
+ *   4. decode: one kvvm_seq_grow_batch over the whole batch, then one token written per
+ *      sequence and region; -ENOMEM preempts the most recently scheduled request (swap-out,
+ *      or free-and-recompute) and retries;
+ *   5. finished requests are verified and freed; beam-like groups replace a member by a fork
+ *      of another, truncated a few tokens back (fork + truncate + copy-on-write + free);
+ *   6. sampled verification; occupancy per tier recorded; kvvm_step.
+ * At the end every live sequence is verified and freed.
+ *
+ * Preemption fallback: kvvm_seq_swap_out returning -EOPNOTSUPP (a library built without the
+ * swap tier), kvvm_open refusing KVVM_F_AUTO_SWAP, or auto mode running out of device pages
+ * while the library never swapped anything out switch the run to recompute, once, with a log
+ * line and a JSON field. The measured oversubscription is whatever the library's counters
+ * show; the tool never infers it from its own bookkeeping.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "stress.h"
+
+const char *const preempt_names[3] = { "swap", "auto", "recompute" };
+
+enum rstate { R_WAITING, R_RUNNING, R_IDLE, R_SWAPPED, R_PREEMPTED, R_SYSTEM };
+static const char *const state_names[] = { "waiting", "running", "idle", "swapped",
+                                           "preempted", "system" };
+
+enum hev { EV_PREFILL, EV_REPREFILL, EV_FORK, EV_SWAP_OUT, EV_SWAP_IN, EV_IDLE, EV_RUN,
+           EV_RECOMPUTE_FREE, EV_TRUNCATE, EV_VERIFY };
+static const char *const ev_names[] = { "prefill", "re-prefill", "forked", "swap-out",
+                                        "swap-in", "left batch", "joined batch",
+                                        "preempted (freed)", "truncated", "verified" };
+
+#define HIST 12
+struct hist { uint64_t step; uint8_t ev; int8_t known; uint32_t d, h, k; uint64_t len; };
+
+struct seg { uint64_t start, lineage; };   /* tokens from start on were written by lineage */
+
+struct req {
+    uint64_t id, lineage, parent;
+    kvvm_seq seq;                  /* 0 when not materialized */
+    int      state;
+    uint64_t len, prompt, target;  /* tokens now, prompt (with system prompt), at the end */
+    uint64_t sys_prefix;           /* system prompt tokens shared at creation (0 = none) */
+    uint32_t group;                /* parallel/beam group, 0 = none */
+    uint64_t sched_step, key;      /* when it joined the batch; FCFS key when off device */
+    uint64_t arrival;              /* step it arrived */
+    uint64_t disk_pages_pending;   /* seen on disk before a swap-in, not yet verified */
+    struct seg *segs;
+    uint32_t nseg, capseg;
+    struct hist hist[HIST];
+    uint32_t nhist;
+};
+
+struct eng {
+    const struct opts *o;
+    kvvm *kv;
+    struct results *r;
+    void *stream;
+    uint64_t rng;                  /* the workload's decisions: depends on --seed only */
+    uint64_t lat_rng;              /* latency reservoir sampling, kept apart from the workload */
+    int eff;                       /* effective preemption mode */
+    uint64_t step, next_id, next_lineage, next_group;
+    uint64_t page;                 /* bytes */
+    uint64_t max_fit;              /* longest request whose pages fill half the device */
+    uint64_t dev_pages;
+    struct req **live;             /* every request not finished, system prompt excluded */
+    size_t nlive, caplive;
+    struct req *sys;               /* the shared system prompt, or NULL */
+    uint32_t seqs_in_use;          /* library slots held (system prompt included) */
+    unsigned char *buf;            /* write/read staging */
+    size_t bufsz;
+    unsigned char *dbuf;           /* decode step writes (kept until the step's sync) */
+    size_t dbufsz;
+    kvvm_seq *bseqs;
+    uint64_t *blens;
+    struct req **breqs;
+    struct kvvm_stats st;
+    int fatal;
+    int draining;                  /* final verification: one request at a time, no groups */
+    int swap_enomem_logged, mismatch_lines;
+    uint64_t t0;
+};
+
+static int is_expected(int err) { return err == -ENOMEM || err == -ENOSPC; }
+
+static void fail(struct eng *e, const char *op, int err, struct req *q)
+{
+    record_error(e->r, e->step, op, err, q ? q->id : 0);
+    if (e->r->unexpected_errors <= 20)
+        fprintf(stderr, "kvvm-stress: step %llu: %s%s%llu failed: %s (%d)\n",
+                (unsigned long long)e->step, op, q ? " of request " : "",
+                q ? (unsigned long long)q->id : 0ull, kvvm_strerror(err), err);
+    if (err == -EIO || e->r->unexpected_errors > 100)
+        e->fatal = 1;
+}
+
+static uint64_t lat_call_start(void) { return now_ns(); }
+static void lat_end(struct eng *e, int op, uint64_t t)
+{
+    lat_add(&e->r->lat[op], now_ns() - t, &e->lat_rng);
+}
+
+/* Pages a request of len tokens needs, ignoring sharing (the workload's own estimate). */
+static uint64_t pages_for(const struct eng *e, uint64_t len)
+{
+    uint64_t b = len * e->o->bytes_per_token;
+    return (uint64_t)e->o->n_regions * ((b + e->page - 1) / e->page);
+}
+
+static void refresh_stats(struct eng *e)
+{
+    e->st.size = sizeof e->st;
+    int err = kvvm_stats(e->kv, &e->st);
+    if (err)
+        fail(e, "kvvm_stats", err, NULL);
+}
+
+static void hist_add(struct eng *e, struct req *q, int ev, int query)
+{
+    struct hist *h = &q->hist[q->nhist % HIST];
+    memset(h, 0, sizeof *h);
+    h->step = e->step;
+    h->ev = (uint8_t)ev;
+    h->len = q->len;
+    if (query && q->seq) {
+        struct kvvm_seq_info in = { .size = sizeof in };
+        if (kvvm_seq_info(e->kv, q->seq, &in) == 0) {
+            h->known = 1;
+            h->d = in.pages_device;
+            h->h = in.pages_host;
+            h->k = in.pages_disk;
+        }
+    }
+    q->nhist++;
+}
+
+static int seg_push(struct req *q, uint64_t start, uint64_t lineage)
+{
+    if (q->nseg && q->segs[q->nseg - 1].start == start) {
+        q->segs[q->nseg - 1].lineage = lineage;
+        return 0;
+    }
+    if (q->nseg == q->capseg) {
+        uint32_t c = q->capseg ? q->capseg * 2 : 4;
+        struct seg *s = realloc(q->segs, c * sizeof *s);
+        if (!s)
+            return -ENOMEM;
+        q->segs = s;
+        q->capseg = c;
+    }
+    q->segs[q->nseg].start = start;
+    q->segs[q->nseg].lineage = lineage;
+    q->nseg++;
+    return 0;
+}
+
+static void seg_truncate(struct req *q, uint64_t len)
+{
+    while (q->nseg > 1 && q->segs[q->nseg - 1].start >= len)
+        q->nseg--;
+}
+
+static int live_add(struct eng *e, struct req *q)
+{
+    if (e->nlive == e->caplive) {
+        size_t c = e->caplive ? e->caplive * 2 : 256;
+        struct req **l = realloc(e->live, c * sizeof *l);
+        if (!l)
+            return -ENOMEM;
+        e->live = l;
+        e->caplive = c;
+    }
+    e->live[e->nlive++] = q;
+    return 0;
+}
+
+static void req_destroy(struct req *q)
+{
+    if (!q)
+        return;
+    free(q->segs);
+    free(q);
+}
+
+/* Removes q from the live list (order of the others is kept: the run stays reproducible and
+   FCFS scans see a stable order). */
+static void live_remove(struct eng *e, struct req *q)
+{
+    for (size_t i = 0; i < e->nlive; i++)
+        if (e->live[i] == q) {
+            memmove(&e->live[i], &e->live[i + 1], (e->nlive - i - 1) * sizeof *e->live);
+            e->nlive--;
+            return;
+        }
+}
+
+static uint64_t sample_len(struct eng *e, const struct dist *d)
+{
+    double u1 = rng_unit(&e->rng), u2 = rng_unit(&e->rng);
+    double z = sqrt(-2.0 * log(u1 > 0 ? u1 : 1e-300)) * cos(2 * M_PI * u2);
+    double v = d->median * exp(d->sigma * z);
+    uint64_t n = v < 1 ? 1 : (uint64_t)llround(v);
+    if (n < d->min)
+        n = d->min;
+    if (n > d->max)
+        n = d->max;
+    return n;
+}
+
+/* ---- bytes ----------------------------------------------------------------------------- */
+
+static int stream_sync(struct eng *e)
+{
+    if (!e->stream)
+        return 0;
+    int err = kvvm_sync(e->kv);
+    if (err)
+        fail(e, "kvvm_sync", err, NULL);
+    return err;
+}
+
+/* Writes tokens [a, b) of q in every region, each with the lineage its segment names. */
+static int write_range(struct eng *e, struct req *q, uint64_t a, uint64_t b)
+{
+    const uint64_t bpt = e->o->bytes_per_token;
+    const uint64_t per = e->bufsz / bpt;
+    for (uint32_t r = 0; r < e->o->n_regions; r++) {
+        uint32_t si = 0;
+        for (uint64_t t = a; t < b;) {
+            uint64_t n = b - t < per ? b - t : per;
+            for (uint64_t i = 0; i < n; i++) {
+                while (si + 1 < q->nseg && q->segs[si + 1].start <= t + i)
+                    si++;
+                pattern_fill(q->segs[si].lineage, t + i, r, e->buf + i * bpt, bpt);
+            }
+            uint64_t t1 = lat_call_start();
+            int err = kvvm_seq_write(e->kv, q->seq, r, t * bpt, e->buf, n * bpt);
+            lat_end(e, LAT_WRITE, t1);
+            if (err) {
+                fail(e, "kvvm_seq_write", err, q);
+                return err;
+            }
+            if ((err = stream_sync(e)))
+                return err;
+            e->r->tokens_written += n;
+            t += n;
+        }
+    }
+    return 0;
+}
+
+static void report_mismatch(struct eng *e, struct req *q, uint64_t t, uint32_t r, long byte,
+                            uint64_t lin, uint64_t ew, uint64_t gw)
+{
+    if (e->mismatch_lines++ >= 20)
+        return;
+    const char *origin = lin == q->lineage ? "its own" :
+                         (e->sys && lin == e->sys->lineage) ? "the shared system prompt's" :
+                         "an ancestor's (inherited by fork)";
+    fprintf(stderr,
+            "kvvm-stress: MISMATCH request %llu (seq 0x%llx, %s, lineage %llu, parent %llu) "
+            "token %llu region %u byte %ld: expected word 0x%016llx, got 0x%016llx; token "
+            "written by %s lineage %llu\n  tier history:",
+            (unsigned long long)q->id, (unsigned long long)q->seq, state_names[q->state],
+            (unsigned long long)q->lineage, (unsigned long long)q->parent,
+            (unsigned long long)t, r, byte, (unsigned long long)ew, (unsigned long long)gw,
+            origin, (unsigned long long)lin);
+    uint32_t first = q->nhist > HIST ? q->nhist - HIST : 0;
+    for (uint32_t i = first; i < q->nhist; i++) {
+        const struct hist *h = &q->hist[i % HIST];
+        fprintf(stderr, " [step %llu %s len %llu", (unsigned long long)h->step,
+                ev_names[h->ev], (unsigned long long)h->len);
+        if (h->known)
+            fprintf(stderr, " dev/host/disk pages %u/%u/%u", h->d, h->h, h->k);
+        fprintf(stderr, "]");
+    }
+    fprintf(stderr, "\n");
+}
+
+/* Reads every token of q back and checks it. 0 = clean, 1 = mismatch, <0 = the read failed.
+   q must be resident (or readable) now. */
+static int verify_req(struct eng *e, struct req *q)
+{
+    const uint64_t bpt = e->o->bytes_per_token;
+    const uint64_t per = e->bufsz / bpt;
+    uint64_t bad = 0;
+    for (uint32_t r = 0; r < e->o->n_regions; r++) {
+        uint32_t si = 0;
+        for (uint64_t t = 0; t < q->len;) {
+            uint64_t n = q->len - t < per ? q->len - t : per;
+            uint64_t t1 = lat_call_start();
+            int err = kvvm_seq_read(e->kv, q->seq, r, t * bpt, e->buf, n * bpt);
+            lat_end(e, LAT_READ, t1);
+            if (!err)
+                err = stream_sync(e);
+            if (err) {
+                fail(e, "kvvm_seq_read", err, q);
+                return err;
+            }
+            for (uint64_t i = 0; i < n; i++) {
+                while (si + 1 < q->nseg && q->segs[si + 1].start <= t + i)
+                    si++;
+                uint64_t ew = 0, gw = 0;
+                long b = pattern_check(q->segs[si].lineage, t + i, r, e->buf + i * bpt, bpt,
+                                       &ew, &gw);
+                if (b >= 0) {
+                    bad++;
+                    report_mismatch(e, q, t + i, r, b, q->segs[si].lineage, ew, gw);
+                }
+            }
+            e->r->bytes_verified += n * bpt;
+            t += n;
+        }
+    }
+    e->r->seqs_verified++;
+    e->r->tokens_verified += q->len;
+    hist_add(e, q, EV_VERIFY, 0);
+    if (bad) {
+        e->r->mismatches += bad;
+        e->r->mismatched_seqs++;
+        return 1;
+    }
+    e->r->disk_pages_verified += q->disk_pages_pending;
+    q->disk_pages_pending = 0;
+    return 0;
+}
+
+/* ---- sequence operations ------------------------------------------------------------------ */
+
+static int do_free(struct eng *e, struct req *q)
+{
+    if (!q->seq)
+        return 0;
+    uint64_t t = lat_call_start();
+    int err = kvvm_seq_free(e->kv, q->seq);
+    lat_end(e, LAT_FREE, t);
+    if (err)
+        fail(e, "kvvm_seq_free", err, q);
+    q->seq = 0;
+    e->seqs_in_use--;
+    return err;
+}
+
+static void fallback(struct eng *e, const char *why)
+{
+    if (e->eff == PREEMPT_RECOMPUTE)
+        return;
+    snprintf(e->r->fallback_reason, sizeof e->r->fallback_reason, "%s", why);
+    fprintf(stderr, "kvvm-stress: --preempt %s unavailable: %s; preempting by recompute "
+            "instead (victims are freed and re-prefilled later, no KV is held off the "
+            "device, so the requested oversubscription cannot be reached)\n",
+            preempt_names[e->eff], why);
+    e->eff = PREEMPT_RECOMPUTE;
+}
+
+/* Preempts q by recompute: its KV is dropped now and rebuilt (bytes rewritten) later. */
+static int preempt_recompute(struct eng *e, struct req *q)
+{
+    hist_add(e, q, EV_RECOMPUTE_FREE, 0);
+    int err = do_free(e, q);
+    q->state = R_PREEMPTED;
+    q->key = q->arrival;           /* back at the head of the queue, as vLLM does */
+    e->r->preempt_recompute++;
+    return err;
+}
+
+/* Takes q (running) off the device the way the effective mode does. 0 or an unexpected
+   error (already recorded). */
+static int preempt_one(struct eng *e, struct req *q)
+{
+    if (e->eff == PREEMPT_SWAP) {
+        uint64_t t = lat_call_start();
+        int err = kvvm_seq_swap_out(e->kv, q->seq);
+        if (!err) {
+            lat_end(e, LAT_SWAP_OUT, t);
+            q->state = R_SWAPPED;
+            q->key = e->step;
+            e->r->swap_outs++;
+            hist_add(e, q, EV_SWAP_OUT, 1);
+            return 0;
+        }
+        if (err == -EOPNOTSUPP) {
+            fallback(e, "kvvm_seq_swap_out returned -EOPNOTSUPP (this libkvvm has no swap "
+                        "tier yet)");
+        } else if (err == -ENOMEM) {
+            e->r->enomem_handled++;
+            if (!e->swap_enomem_logged++)
+                fprintf(stderr, "kvvm-stress: swap-out found the host and disk tiers full "
+                        "(-ENOMEM); preempting that request by recompute (counted)\n");
+        } else {
+            fail(e, "kvvm_seq_swap_out", err, q);
+            if (err == -EIO)
+                return err;
+        }
+    } else if (e->eff == PREEMPT_AUTO) {
+        q->state = R_IDLE;
+        q->key = e->step;
+        hist_add(e, q, EV_IDLE, 0);
+        return 0;
+    }
+    return preempt_recompute(e, q);
+}
+
+/* Preempts q and, when it went to host (swap) or left the batch (auto), the running members
+   of its group with it, as vLLM preempts a sequence group: siblings share pages, and a page
+   stays on the device while one holder is resident. */
+static int preempt(struct eng *e, struct req *q)
+{
+    int err = preempt_one(e, q);
+    if (err || !q->group || (q->state != R_SWAPPED && q->state != R_IDLE))
+        return err;
+    for (size_t i = 0; i < e->nlive && !e->fatal; i++) {
+        struct req *s = e->live[i];
+        if (s != q && s->group == q->group && s->state == R_RUNNING)
+            preempt_one(e, s);
+    }
+    return e->fatal ? -EIO : 0;
+}
+
+/* Swapped requests whose shared pages came back with a sibling that has since been freed
+   hold device pages while not resident; a second swap-out moves them down. 1 = device pages
+   were released. */
+static int evict_orphans(struct eng *e)
+{
+    int moved = 0;
+    for (size_t i = 0; i < e->nlive; i++) {
+        struct req *q = e->live[i];
+        struct kvvm_seq_info in = { .size = sizeof in };
+        if (q->state != R_SWAPPED || kvvm_seq_info(e->kv, q->seq, &in) || !in.pages_device)
+            continue;
+        if (kvvm_seq_swap_out(e->kv, q->seq) == 0) {
+            moved = 1;
+            hist_add(e, q, EV_SWAP_OUT, 1);
+        }
+    }
+    return moved;
+}
+
+/* Creates q's sequence and fills it: system prompt shared, grown to `len` tokens, every token
+   written. -ENOMEM / -ENOSPC: nothing held, q unchanged; other errors recorded. */
+static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
+{
+    kvvm_seq s = 0;
+    int err = kvvm_seq_create(e->kv, &s);
+    if (err) {
+        if (!is_expected(err))
+            fail(e, "kvvm_seq_create", err, q);
+        return err;
+    }
+    e->seqs_in_use++;
+    q->seq = s;
+    uint64_t from = 0;
+    if (q->sys_prefix) {
+        uint64_t t = lat_call_start();
+        err = kvvm_seq_share(e->kv, s, e->sys->seq, q->sys_prefix);
+        lat_end(e, LAT_SHARE, t);
+        if (err) {
+            if (!is_expected(err))
+                fail(e, "kvvm_seq_share", err, q);
+            goto out_free;
+        }
+        e->r->shares++;
+        from = q->sys_prefix;
+    }
+    uint64_t t = lat_call_start();
+    err = kvvm_seq_grow(e->kv, s, len);
+    lat_end(e, LAT_GROW, t);
+    if (err) {
+        if (!is_expected(err))
+            fail(e, "kvvm_seq_grow", err, q);
+        goto out_free;
+    }
+    q->len = len;
+    if ((err = write_range(e, q, from, len)))
+        goto out_free;
+    if (op_ev == EV_PREFILL)
+        e->r->tokens_prefilled += len - from;
+    else
+        e->r->tokens_recomputed += len - from;
+    hist_add(e, q, op_ev, 0);
+    return 0;
+out_free:
+    kvvm_seq_free(e->kv, s);
+    e->seqs_in_use--;
+    q->seq = 0;
+    return err;
+}
+
+static struct req *req_new(struct eng *e)
+{
+    struct req *q = calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    q->id = e->next_id++;
+    q->lineage = e->next_lineage++;
+    return q;
+}
+
+/* Forks a running request into a new sibling that continues from `len` tokens (after a
+   truncate to len when len < a->len). NULL when no slot/page (expected) or on error. */
+static struct req *fork_req(struct eng *e, struct req *a, uint64_t len)
+{
+    struct req *c = req_new(e);
+    if (!c)
+        return NULL;
+    kvvm_seq s = 0;
+    uint64_t t = lat_call_start();
+    int err = kvvm_seq_fork(e->kv, a->seq, &s);
+    lat_end(e, LAT_FORK, t);
+    if (err) {
+        if (!is_expected(err))
+            fail(e, "kvvm_seq_fork", err, a);
+        else
+            e->r->enomem_handled++;
+        goto out_req;
+    }
+    e->seqs_in_use++;
+    e->r->forks++;
+    c->seq = s;
+    c->parent = a->id;
+    c->group = a->group;
+    c->prompt = a->prompt;
+    c->target = a->target;
+    c->sys_prefix = a->sys_prefix;
+    c->len = a->len;
+    for (uint32_t i = 0; i < a->nseg; i++)
+        if ((err = seg_push(c, a->segs[i].start, a->segs[i].lineage)))
+            goto out_free;
+    hist_add(e, c, EV_FORK, 0);
+    if (len < c->len) {
+        t = lat_call_start();
+        err = kvvm_seq_truncate(e->kv, s, len);
+        lat_end(e, LAT_TRUNCATE, t);
+        if (err) {
+            fail(e, "kvvm_seq_truncate", err, c);
+            goto out_free;
+        }
+        e->r->truncates++;
+        c->len = len;
+        seg_truncate(c, len);
+        hist_add(e, c, EV_TRUNCATE, 0);
+    }
+    if ((err = seg_push(c, c->len, c->lineage)))
+        goto out_free;
+    c->state = R_RUNNING;
+    c->sched_step = e->step;
+    if (live_add(e, c))
+        goto out_free;
+    return c;
+out_free:
+    kvvm_seq_free(e->kv, s);
+    e->seqs_in_use--;
+out_req:
+    req_destroy(c);
+    return NULL;
+}
+
+static int bring_in(struct eng *e, struct req *q);
+
+/* Makes q readable before a verification: swapped ones are swapped in; others that the
+   library moved off the device (auto-swap) are made resident by a grow to their own length.
+   0, or -ENOMEM (try later), or an error (recorded). */
+static int make_readable(struct eng *e, struct req *q)
+{
+    if (q->state == R_SWAPPED)
+        return bring_in(e, q);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    int err = kvvm_seq_info(e->kv, q->seq, &in);
+    if (err) {
+        fail(e, "kvvm_seq_info", err, q);
+        return err;
+    }
+    if (in.resident)
+        return 0;
+    uint64_t t = lat_call_start();
+    err = kvvm_seq_grow(e->kv, q->seq, q->len);
+    lat_end(e, LAT_GROW, t);
+    if (err && err != -ENOMEM)
+        fail(e, "kvvm_seq_grow", err, q);
+    return err;
+}
+
+/* Verifies a live request, making it readable first; a request the library moved off the
+   device that cannot come back now (-ENOMEM) is counted as skipped. */
+static int verify_live(struct eng *e, struct req *q)
+{
+    int err = make_readable(e, q);
+    if (err == -ENOMEM) {
+        e->r->verify_skipped++;
+        return 0;
+    }
+    return err ? err : verify_req(e, q);
+}
+
+/* Finished (or replaced) request: verified, then freed and forgotten. */
+static void retire(struct eng *e, struct req *q, int finished)
+{
+    if (q->seq && !e->draining)
+        verify_live(e, q);
+    else if (q->seq)
+        verify_req(e, q);      /* the drain made it readable */
+    do_free(e, q);
+    live_remove(e, q);
+    if (finished)
+        e->r->requests_finished++;
+    req_destroy(q);
+}
+
+/* ---- scheduler --------------------------------------------------------------------------- */
+
+static uint64_t logical_pages(struct eng *e)
+{
+    uint64_t p = 0;
+    for (size_t i = 0; i < e->nlive; i++) {
+        struct req *q = e->live[i];
+        uint64_t len = q->state == R_WAITING ? q->prompt : q->len;
+        p += pages_for(e, len - q->sys_prefix);   /* the shared prompt counted once */
+    }
+    if (e->sys)
+        p += pages_for(e, e->sys->len);
+    return p;
+}
+
+static uint64_t used_pages(const struct kvvm_stats *s)
+{
+    return (s->pages_device_total - s->pages_device_free) +
+           (s->pages_host_total - s->pages_host_free) +
+           (s->pages_disk_total - s->pages_disk_free);
+}
+
+static void arrivals(struct eng *e)
+{
+    const struct opts *o = e->o;
+    double cap = o->oversubscribe * (double)e->dev_pages;
+    uint64_t lp = logical_pages(e), waiting = 0;
+    /* The queue's prompts, and a quarter of the growth still ahead of every request (they do
+       not all peak at once). */
+    for (size_t i = 0; i < e->nlive; i++) {
+        struct req *q = e->live[i];
+        uint64_t now = q->state == R_WAITING ? q->prompt : q->len;
+        if (q->state == R_WAITING)
+            waiting += pages_for(e, q->prompt - q->sys_prefix);
+        waiting += (pages_for(e, q->target) - pages_for(e, now)) / 4;
+    }
+    uint32_t reserve = o->max_parallel + 2;
+    /* Pages held in every tier (the library's count, sharing included) plus what the queue
+       will prefill stay below X x device; the tool's own estimate bounds the queue when the
+       library holds nothing off the device. */
+    while (!e->fatal && (double)(used_pages(&e->st) + waiting) < cap && (double)lp < 1.25 * cap &&
+           e->nlive + reserve + 1 < o->max_seqs) {
+        struct req *q = req_new(e);
+        if (!q) {
+            e->fatal = 1;
+            return;
+        }
+        q->prompt = sample_len(e, &o->prompt);
+        int share = e->sys && rng_unit(&e->rng) < o->p_share;
+        if (share)
+            q->prompt += e->sys->len;
+        q->target = q->prompt + sample_len(e, &o->output);
+        if (q->target > o->max_tokens)
+            q->target = o->max_tokens;
+        if (q->target > e->max_fit)     /* a request must fit in half the device */
+            q->target = e->max_fit;
+        if (q->prompt >= q->target)
+            q->prompt = q->target - 1;
+        if (share && q->prompt > e->sys->len) {
+            q->sys_prefix = e->sys->len;
+            seg_push(q, 0, e->sys->lineage);
+        }
+        if (seg_push(q, q->sys_prefix, q->lineage)) {
+            req_destroy(q);
+            e->fatal = 1;
+            return;
+        }
+        q->state = R_WAITING;
+        q->key = q->arrival = e->step;
+        if (live_add(e, q)) {
+            req_destroy(q);
+            e->fatal = 1;
+            return;
+        }
+        e->r->requests_admitted++;
+        lp += pages_for(e, q->prompt - q->sys_prefix);
+        waiting += pages_for(e, q->prompt - q->sys_prefix) +
+                   (pages_for(e, q->target) - pages_for(e, q->prompt)) / 4;
+    }
+}
+
+static uint32_t count_state(struct eng *e, int st)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < e->nlive; i++)
+        n += e->live[i]->state == st;
+    return n;
+}
+
+static int off_device(int st)
+{
+    return st == R_WAITING || st == R_IDLE || st == R_SWAPPED || st == R_PREEMPTED;
+}
+
+static void rotate(struct eng *e)
+{
+    if (e->eff == PREEMPT_RECOMPUTE)
+        return;
+    uint32_t waiting = 0, running = 0;
+    for (size_t i = 0; i < e->nlive; i++) {
+        waiting += off_device(e->live[i]->state);
+        running += e->live[i]->state == R_RUNNING;
+    }
+    if (!waiting)
+        return;
+    uint32_t max = running / 16 > 1 ? running / 16 : 1;
+    if (max > waiting)
+        max = waiting;
+    for (uint32_t k = 0; k < max && !e->fatal; k++) {
+        struct req *v = NULL;
+        for (size_t i = 0; i < e->nlive; i++) {
+            struct req *q = e->live[i];
+            if (q->state == R_RUNNING && e->step - q->sched_step >= e->o->quantum &&
+                (!v || q->sched_step < v->sched_step))
+                v = q;
+        }
+        if (!v)
+            break;
+        int was = e->eff;
+        preempt(e, v);
+        if (was != e->eff)      /* fell back: recompute does not time-slice */
+            break;
+    }
+}
+
+static uint64_t headroom(struct eng *e, uint32_t running)
+{
+    return (uint64_t)e->o->n_regions * (running / 8 + 2);
+}
+
+static int bring_in(struct eng *e, struct req *q)
+{
+    int err = 0;
+    switch (q->state) {
+    case R_SWAPPED: {
+        struct kvvm_seq_info in = { .size = sizeof in };
+        uint64_t seen = 0;
+        if (kvvm_seq_info(e->kv, q->seq, &in) == 0)
+            seen = in.pages_disk;
+        uint64_t t = lat_call_start();
+        err = kvvm_seq_swap_in(e->kv, q->seq);
+        if (!err)
+            lat_end(e, LAT_SWAP_IN, t);
+        if (err) {
+            if (err == -ENOMEM)
+                return err;
+            fail(e, "kvvm_seq_swap_in", err, q);
+            return err;
+        }
+        e->r->swap_ins++;
+        q->disk_pages_pending += seen;
+        e->r->disk_pages_swapped_in += seen;
+        hist_add(e, q, EV_SWAP_IN, 1);
+        q->state = R_RUNNING;
+        q->sched_step = e->step;
+        for (size_t i = 0; q->group && !e->draining && i < e->nlive; i++) {   /* its group */
+            struct req *s = e->live[i];
+            if (s != q && s->group == q->group && s->state == R_SWAPPED &&
+                bring_in(e, s) == -ENOMEM)
+                break;
+        }
+        /* Pages back from disk: verify a sample now (every sequence is verified before it is
+           freed anyway). */
+        if (q->disk_pages_pending && rng_next(&e->rng) % 4 == 0 && verify_req(e, q) < 0)
+            return -EIO;
+        return 0;
+    }
+    case R_IDLE:
+        q->state = R_RUNNING;
+        q->sched_step = e->step;
+        hist_add(e, q, EV_RUN, 0);
+        for (size_t i = 0; q->group && i < e->nlive; i++) {
+            struct req *s = e->live[i];
+            if (s->group == q->group && s->state == R_IDLE) {
+                s->state = R_RUNNING;
+                s->sched_step = e->step;
+                hist_add(e, s, EV_RUN, 0);
+            }
+        }
+        return 0;
+    case R_PREEMPTED:
+        if ((err = materialize(e, q, q->len, EV_REPREFILL)))
+            return err;
+        q->state = R_RUNNING;
+        q->sched_step = e->step;
+        return 0;
+    case R_WAITING:
+        if ((err = materialize(e, q, q->prompt, EV_PREFILL)))
+            return err;
+        q->state = R_RUNNING;
+        q->sched_step = e->step;
+        if (e->o->p_parallel > 0 && e->o->max_parallel >= 2 &&
+            rng_unit(&e->rng) < e->o->p_parallel) {
+            uint32_t n = 2 + (uint32_t)(rng_next(&e->rng) % (e->o->max_parallel - 1));
+            q->group = (uint32_t)++e->next_group;
+            for (uint32_t i = 1; i < n && !e->fatal; i++)
+                fork_req(e, q, q->len);
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* Picks a victim to make device room in auto mode: an idle request (left the batch), oldest
+   first; NULL when none. */
+static struct req *idle_victim(struct eng *e)
+{
+    struct req *v = NULL;
+    for (size_t i = 0; i < e->nlive; i++) {
+        struct req *q = e->live[i];
+        if (q->state == R_IDLE && q->seq && (!v || q->key < v->key))
+            v = q;
+    }
+    return v;
+}
+
+/* A bring-in found no device page. Auto mode: when the library never swapped anything, it
+   cannot reclaim, so fall back to recompute. Recompute mode: free an idle request (one that
+   left the batch before a fallback). 1 = room was made, try again; 0 = wait. */
+static int make_room(struct eng *e)
+{
+    if (e->eff == PREEMPT_AUTO) {
+        refresh_stats(e);
+        if (e->st.swap_outs == e->r->st0.swap_outs && idle_victim(e))
+            fallback(e, "the library returned -ENOMEM under KVVM_F_AUTO_SWAP without "
+                        "swapping anything out (no swap tier yet?)");
+    }
+    if (e->eff == PREEMPT_RECOMPUTE) {
+        struct req *v = idle_victim(e);
+        if (v) {
+            preempt_recompute(e, v);
+            return 1;
+        }
+    }
+    if (e->eff == PREEMPT_SWAP && !count_state(e, R_RUNNING))
+        return evict_orphans(e);
+    return 0;
+}
+
+static void schedule_in(struct eng *e)
+{
+    uint32_t running = count_state(e, R_RUNNING);
+    uint64_t run_pages = 0;
+    for (size_t i = 0; i < e->nlive; i++)
+        if (e->live[i]->state == R_RUNNING)
+            run_pages += pages_for(e, e->live[i]->len + 1);
+    uint64_t sys_pages = e->sys ? pages_for(e, e->sys->len) : 0;
+    while (running < e->o->max_batch && !e->fatal) {
+        struct req *best = NULL;
+        for (size_t i = 0; i < e->nlive; i++) {
+            struct req *q = e->live[i];
+            if (off_device(q->state) && (!best || q->key < best->key))
+                best = q;
+        }
+        if (!best)
+            return;
+        uint64_t need = pages_for(e, (best->state == R_WAITING ? best->prompt : best->len) + 1);
+        uint64_t hr = headroom(e, running + 1);
+        /* Room: the library's free count where the caller moves data itself; in auto mode
+           the batch must fit the device (the library moves the others away). */
+        if (e->eff == PREEMPT_AUTO) {
+            if (run_pages + sys_pages + need + hr > e->dev_pages)
+                return;
+        } else if (running && best->state != R_IDLE) {
+            refresh_stats(e);
+            if (e->st.pages_device_free < need + hr)
+                return;
+        }
+        int err = bring_in(e, best);
+        if (err) {
+            if (is_expected(err)) {
+                e->r->enomem_handled++;
+                if (err == -ENOMEM && make_room(e))
+                    continue;
+                return;
+            }
+            /* unexpected: drop the request so the run goes on */
+            do_free(e, best);
+            live_remove(e, best);
+            req_destroy(best);
+            continue;
+        }
+        running = count_state(e, R_RUNNING);
+        run_pages = 0;
+        for (size_t i = 0; i < e->nlive; i++)
+            if (e->live[i]->state == R_RUNNING)
+                run_pages += pages_for(e, e->live[i]->len + 1);
+    }
+}
+
+static void decode(struct eng *e)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->nlive; i++) {
+        struct req *q = e->live[i];
+        if (q->state == R_RUNNING && q->len < q->target) {
+            e->breqs[n] = q;
+            n++;
+        }
+    }
+    while (n && !e->fatal) {
+        for (size_t i = 0; i < n; i++) {
+            e->bseqs[i] = e->breqs[i]->seq;
+            e->blens[i] = e->breqs[i]->len + 1;
+        }
+        uint64_t t = lat_call_start();
+        int err = kvvm_seq_grow_batch(e->kv, e->bseqs, e->blens, n);
+        lat_end(e, LAT_GROW_BATCH, t);
+        if (!err)
+            break;
+        if (err != -ENOMEM) {
+            fail(e, "kvvm_seq_grow_batch", err, NULL);
+            return;
+        }
+        e->r->enomem_handled++;
+        /* Auto mode: the library should have reclaimed idle sequences; recompute mode:
+           idle ones go first. */
+        if (make_room(e))
+            continue;
+        size_t vi = 0;
+        for (size_t i = 1; i < n; i++)
+            if (e->breqs[i]->sched_step > e->breqs[vi]->sched_step ||
+                (e->breqs[i]->sched_step == e->breqs[vi]->sched_step &&
+                 e->breqs[i]->id > e->breqs[vi]->id))
+                vi = i;
+        struct req *v = e->breqs[vi];
+        if (n == 1 && e->eff == PREEMPT_AUTO) {
+            preempt_recompute(e, v);   /* nothing else to give: the device is full of it */
+        } else {
+            if (e->eff == PREEMPT_AUTO)
+                e->r->batch_shrinks++;
+            if (preempt(e, v) && e->fatal)
+                return;
+        }
+        /* v and possibly its group left the batch */
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (e->breqs[i]->state == R_RUNNING && e->breqs[i]->seq)
+                e->breqs[m++] = e->breqs[i];
+        n = m;
+    }
+    if (!n)
+        return;
+    /* One token per sequence and region; the staging stays untouched until the step ends. */
+    const uint64_t bpt = e->o->bytes_per_token;
+    size_t off = 0;
+    for (size_t i = 0; i < n && !e->fatal; i++) {
+        struct req *q = e->breqs[i];
+        q->len++;
+        for (uint32_t r = 0; r < e->o->n_regions; r++) {
+            unsigned char *p = e->dbuf + off;
+            if (off + bpt > e->dbufsz) {        /* cannot happen: sized for max_batch */
+                p = e->buf;
+            } else {
+                off += bpt;
+            }
+            pattern_fill(q->lineage, q->len - 1, r, p, bpt);
+            uint64_t t = lat_call_start();
+            int err = kvvm_seq_write(e->kv, q->seq, r, (q->len - 1) * bpt, p, bpt);
+            lat_end(e, LAT_WRITE, t);
+            if (err) {
+                fail(e, "kvvm_seq_write", err, q);
+                break;
+            }
+        }
+        e->r->tokens_written += e->o->n_regions;
+    }
+    e->r->tokens_decoded += n;
+}
+
+static void finish_and_beams(struct eng *e)
+{
+    for (size_t i = 0; i < e->nlive && !e->fatal;) {
+        struct req *q = e->live[i];
+        if (q->state == R_RUNNING && q->len >= q->target) {
+            retire(e, q, 1);
+            continue;           /* live[i] is the next one now */
+        }
+        i++;
+    }
+    if (e->o->p_beam <= 0)
+        return;
+    size_t nl = e->nlive;
+    for (size_t i = 0; i < nl && i < e->nlive && !e->fatal; i++) {
+        struct req *a = e->live[i];
+        if (!a->group || a->state != R_RUNNING || a->len < a->prompt + 2 ||
+            rng_unit(&e->rng) >= e->o->p_beam)
+            continue;
+        struct req *b = NULL;   /* the beam dropped: a running sibling */
+        for (size_t j = 0; j < e->nlive; j++) {
+            struct req *q = e->live[j];
+            if (q != a && q->group == a->group && q->state == R_RUNNING)
+                b = q;
+        }
+        if (!b)
+            continue;
+        uint64_t back = 1 + rng_next(&e->rng) % 8;
+        uint64_t len = a->len - back < a->prompt ? a->prompt : a->len - back;
+        retire(e, b, 0);
+        if (fork_req(e, a, len))
+            e->r->beam_replacements++;
+    }
+}
+
+static void sampled_verify(struct eng *e)
+{
+    if (!e->o->verify_every || e->step % e->o->verify_every)
+        return;
+    uint32_t running = count_state(e, R_RUNNING);
+    if (!running)
+        return;
+    uint32_t k = (uint32_t)(rng_next(&e->rng) % running);
+    for (size_t i = 0; i < e->nlive; i++)
+        if (e->live[i]->state == R_RUNNING && k-- == 0) {
+            verify_live(e, e->live[i]);
+            return;
+        }
+}
+
+static void record_step(struct eng *e)
+{
+    refresh_stats(e);
+    struct results *r = e->r;
+    const struct kvvm_stats *s = &e->st;
+    uint64_t dev = s->pages_device_total - s->pages_device_free;
+    uint64_t host = s->pages_host_total - s->pages_host_free;
+    uint64_t disk = s->pages_disk_total - s->pages_disk_free;
+    if (dev > r->peak_dev) r->peak_dev = dev;
+    if (host > r->peak_host) r->peak_host = host;
+    if (disk > r->peak_disk) r->peak_disk = disk;
+    if (s->pages_inflight > r->peak_inflight) r->peak_inflight = s->pages_inflight;
+    double ov = s->pages_device_total ? (double)(dev + host + disk) / s->pages_device_total : 0;
+    if (ov > r->peak_oversub)
+        r->peak_oversub = ov;
+    uint64_t lp = logical_pages(e);
+    if (lp > r->peak_logical_pages) r->peak_logical_pages = lp;
+    double lo = e->dev_pages ? (double)lp / e->dev_pages : 0;
+    if (lo > r->peak_logical_oversub)
+        r->peak_logical_oversub = lo;
+    struct trace_pt p = { .step = e->step, .t = (now_ns() - e->t0) / 1e9, .dev = dev,
+                          .host = host, .disk = disk, .inflight = s->pages_inflight };
+    for (size_t i = 0; i < e->nlive; i++) {
+        int st = e->live[i]->state;
+        p.running += st == R_RUNNING;
+        p.waiting += st == R_WAITING;
+        p.off_device += st == R_IDLE || st == R_SWAPPED || st == R_PREEMPTED;
+    }
+    if (p.running > r->peak_running) r->peak_running = p.running;
+    if (e->nlive > r->peak_live) r->peak_live = (uint32_t)e->nlive;
+    if (e->o->trace_path || e->o->plot_path)
+        trace_add(r, &p);
+}
+
+static void drain(struct eng *e)
+{
+    /* Resident ones first, so their pages make room for the swapped ones. */
+    e->draining = 1;
+    for (int pass = 0; pass < 2 && !e->fatal; pass++) {
+        for (size_t i = 0; i < e->nlive && !e->fatal;) {
+            struct req *q = e->live[i];
+            if (!q->seq) {
+                live_remove(e, q);
+                req_destroy(q);
+                continue;
+            }
+            if (pass == 0 && (q->state == R_SWAPPED || q->state == R_IDLE)) {
+                i++;
+                continue;
+            }
+            int err = make_readable(e, q);
+            if (err == -ENOMEM && pass == 1 && evict_orphans(e))
+                err = make_readable(e, q);
+            if (err == -ENOMEM && pass == 0) {
+                i++;
+                continue;
+            }
+            if (err && err != -ENOMEM) {
+                do_free(e, q);
+                live_remove(e, q);
+                req_destroy(q);
+                continue;
+            }
+            if (err == -ENOMEM) {
+                record_error(e->r, e->step, "final swap-in (device full after drain)", err,
+                             q->id);
+                do_free(e, q);
+                live_remove(e, q);
+                req_destroy(q);
+                continue;
+            }
+            retire(e, q, 0);
+            kvvm_step(e->kv);
+        }
+    }
+    if (e->sys && e->sys->seq) {
+        if (make_readable(e, e->sys) == 0)
+            verify_req(e, e->sys);
+        do_free(e, e->sys);
+    }
+}
+
+static int setup_sys(struct eng *e)
+{
+    if (!e->o->system_prompt)
+        return 0;
+    if (pages_for(e, e->o->system_prompt) > e->dev_pages / 4) {
+        fprintf(stderr, "kvvm-stress: the system prompt (%u tokens) would take more than a "
+                "quarter of the device; running without it\n", e->o->system_prompt);
+        return 0;
+    }
+    struct req *q = req_new(e);
+    if (!q)
+        return -ENOMEM;
+    q->state = R_SYSTEM;
+    seg_push(q, 0, q->lineage);
+    e->sys = q;
+    int err = materialize(e, q, e->o->system_prompt, EV_PREFILL);
+    if (err) {
+        fprintf(stderr, "kvvm-stress: the system prompt (%u tokens) could not be set up: %s\n",
+                e->o->system_prompt, kvvm_strerror(err));
+        e->sys = NULL;
+        req_destroy(q);
+    }
+    return err;
+}
+
+int stress_run(const struct opts *o, kvvm *kv, struct results *r)
+{
+    struct eng E = { .o = o, .kv = kv, .r = r, .rng = o->seed ^ 0x5EED5EED5EEDull,
+                     .lat_rng = o->seed ^ 0x1A7E1A7Eull,
+                     .eff = o->preempt, .next_id = 0, .next_lineage = 1, .t0 = now_ns() };
+    struct eng *e = &E;
+    int err = 0;
+
+    if (r->fallback_reason[0])      /* main.c could not open with auto-swap */
+        e->eff = PREEMPT_RECOMPUTE;
+    r->st0.size = sizeof r->st0;
+    if ((err = kvvm_stats(kv, &r->st0))) {
+        fail(e, "kvvm_stats", err, NULL);
+        return err;
+    }
+    e->st = r->st0;
+    e->page = r->st0.page_size;
+    e->dev_pages = r->st0.pages_device_total;
+    if (!e->page || !e->dev_pages) {
+        fprintf(stderr, "kvvm-stress: the library reports no device pages\n");
+        return -EINVAL;
+    }
+    e->max_fit = (e->dev_pages / 2 / o->n_regions) * e->page / o->bytes_per_token;
+    if (e->max_fit < 2) {
+        fprintf(stderr, "kvvm-stress: the device budget (%llu pages) cannot hold a request of "
+                "2 tokens in %u regions\n", (unsigned long long)e->dev_pages, o->n_regions);
+        return -EINVAL;
+    }
+    e->bufsz = o->bytes_per_token > (4u << 20) ? o->bytes_per_token : (4u << 20);
+    e->dbufsz = (size_t)(o->max_seqs + 1) * o->n_regions * o->bytes_per_token;
+    e->buf = malloc(e->bufsz);
+    e->dbuf = malloc(e->dbufsz);
+    e->bseqs = calloc(o->max_seqs + 1, sizeof *e->bseqs);
+    e->blens = calloc(o->max_seqs + 1, sizeof *e->blens);
+    e->breqs = calloc(o->max_seqs + 1, sizeof *e->breqs);
+    if (!e->buf || !e->dbuf || !e->bseqs || !e->blens || !e->breqs) {
+        err = -ENOMEM;
+        goto out_free;
+    }
+    if (o->stream) {
+        if ((err = kvvm_stream_create(kv, &e->stream))) {
+            fail(e, "kvvm_stream_create", err, NULL);
+            goto out_free;
+        }
+        if ((err = kvvm_set_stream(kv, e->stream))) {
+            fail(e, "kvvm_set_stream", err, NULL);
+            goto out_stream;
+        }
+    }
+    if (setup_sys(e) && e->fatal)
+        goto out_stream;
+
+    int tty = isatty(2) && !o->quiet;
+    uint64_t last_prog = 0;
+    e->t0 = now_ns();
+    for (e->step = 0; !e->fatal; e->step++) {
+        double t = (now_ns() - e->t0) / 1e9;
+        if ((o->steps && e->step >= o->steps) || (o->duration_s > 0 && t >= o->duration_s))
+            break;
+        refresh_stats(e);
+        arrivals(e);
+        rotate(e);
+        schedule_in(e);
+        decode(e);
+        finish_and_beams(e);
+        sampled_verify(e);
+        stream_sync(e);          /* the decode staging is reused next step */
+        record_step(e);
+        uint64_t t1 = lat_call_start();
+        err = kvvm_step(kv);
+        lat_end(e, LAT_STEP, t1);
+        if (err)
+            fail(e, "kvvm_step", err, NULL);
+        if (tty && now_ns() - last_prog > 250000000ull) {
+            last_prog = now_ns();
+            r->steps = e->step + 1;
+            r->elapsed_s = (now_ns() - e->t0) / 1e9;
+            progress_line(o, r, &e->st, r->elapsed_s, 0);
+        }
+    }
+    r->steps = e->step;
+    r->elapsed_s = (now_ns() - e->t0) / 1e9;
+    if (tty)
+        progress_line(o, r, &e->st, r->elapsed_s, 1);
+    if (!e->fatal)
+        drain(e);
+    else
+        r->aborted = 1;
+    kvvm_sync(kv);
+    r->st.size = sizeof r->st;
+    kvvm_stats(kv, &r->st);
+    {
+        size_t cap = 1 << 16;
+        for (int tries = 0; tries < 6; tries++, cap *= 4) {
+            char *b = malloc(cap);
+            if (!b)
+                break;
+            int jerr = kvvm_stats_json(kv, b, cap);
+            if (jerr == 0) {
+                r->lib_json = b;
+                break;
+            }
+            free(b);
+            if (jerr != -ENOSPC)
+                break;
+        }
+    }
+    err = 0;
+out_stream:
+    if (e->stream) {
+        kvvm_set_stream(kv, NULL);
+        kvvm_stream_destroy(kv, e->stream);
+    }
+out_free:
+    for (size_t i = 0; i < e->nlive; i++) {
+        if (e->live[i]->seq)
+            kvvm_seq_free(kv, e->live[i]->seq);
+        req_destroy(e->live[i]);
+    }
+    if (e->sys) {
+        if (e->sys->seq)
+            kvvm_seq_free(kv, e->sys->seq);
+        req_destroy(e->sys);
+    }
+    free(e->live);
+    free(e->buf);
+    free(e->dbuf);
+    free(e->bseqs);
+    free(e->blens);
+    free(e->breqs);
+    r->preempt_effective = preempt_names[e->eff];
+    if (e->fatal)
+        r->aborted = 1;
+    return err;
+}

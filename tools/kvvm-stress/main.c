@@ -1,0 +1,513 @@
+/*
+ * main.c: kvvm-stress options, model presets, workload sizing, opening the context and the
+ * exit status. See docs/kvvm-stress.md for every option and every field of the report.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "stress.h"
+
+struct preset {
+    const char *name;
+    uint32_t layers, kv_heads, head_dim, dtype_bytes;
+    size_t device_budget;
+    struct dist prompt, output;
+    uint32_t system_prompt;
+};
+
+#define MiB (1024ull * 1024)
+#define GiB (1024ull * MiB)
+
+/* Chat-like traffic: log-normal (long-tailed) prompts and outputs. */
+static const struct preset presets[] = {
+    { "tiny", 4, 4, 64, 2, 256 * MiB, { 200, 1.0, 8, 4096 }, { 100, 0.8, 4, 1024 }, 96 },
+    { "llama3-8b", 32, 8, 128, 2, 1 * GiB, { 512, 1.0, 16, 8192 }, { 128, 0.8, 4, 2048 }, 256 },
+    { "llama3-70b", 80, 8, 128, 2, 2 * GiB, { 512, 1.0, 16, 8192 }, { 128, 0.8, 4, 2048 }, 256 },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: kvvm-stress [options]\n"
+"Simulates a continuous-batching inference engine over libkvvm with X times more live KV than\n"
+"device memory, writes real bytes into every token and verifies them. Exit 0 = all verified.\n"
+"\n"
+"Model and layout:\n"
+"  --preset NAME          tiny (default), llama3-8b, llama3-70b\n"
+"  --layers N --kv-heads N --head-dim N --dtype-bytes N   override the preset's shape\n"
+"  --layout layer|token   per-layer K/V regions (default, 2*layers regions) or token-major\n"
+"  --page-size SIZE       KV page size (default: 64K on the emulated device, else granule)\n"
+"Memory and tiers:\n"
+"  --backend auto|cuda|emulated   (default emulated)\n"
+"  --oversubscribe X      live KV = X times the device budget (default 4)\n"
+"  --device-budget SIZE   device bytes for KV pages (default per preset: 256M tiny)\n"
+"  --host-budget SIZE     pinned host bytes (default: half the overflow, (X-1)/2 x device)\n"
+"  --spill-dir DIR        spill file directory (default /var/tmp)\n"
+"  --spill-budget SIZE    disk bytes (default 1.5 x the overflow)\n"
+"  --no-disk              no disk tier (host budget then 1.25 x the overflow)\n"
+"  --preempt swap|auto|recompute  how the scheduler preempts (default swap)\n"
+"  --stream               run on an engine stream (kvvm_stream_create + kvvm_set_stream)\n"
+"Workload:\n"
+"  --seed N               exact reproducibility with --steps (default 1)\n"
+"  --steps N              stop after N steps (default: none)\n"
+"  --duration S           stop after S seconds (default 60 unless --steps is given)\n"
+"  --prompt-len M[:S[:MIN:MAX]]   log-normal median, sigma, clip (tiny: 200:1.0:8:4096)\n"
+"  --output-len M[:S[:MIN:MAX]]   (tiny: 100:0.8:4:1024)\n"
+"  --system-prompt N      shared system prompt tokens, 0 = none (tiny: 96)\n"
+"  --share P              share of requests that map it with kvvm_seq_share (0.5)\n"
+"  --parallel P           share of requests forked into parallel samples (0.1)\n"
+"  --max-parallel N       samples per parallel request, 2..N (4)\n"
+"  --beam P               per step and grouped request: fork-and-truncate replacement (0.02)\n"
+"  --max-batch N          running sequences at most (256)\n"
+"  --quantum N            steps a request runs before rotation may take it off (32)\n"
+"  --verify-every N       steps between sampled verifications, 0 = none (8)\n"
+"  --max-seqs N --max-tokens N   context limits (default: derived from the workload)\n"
+"Output:\n"
+"  --json FILE            JSON report ('-' = stdout)\n"
+"  --trace FILE           CSV timeline of pages in use per tier (and FILE.svg plot)\n"
+"  --plot FILE            SVG plot of the timeline (default: the trace's name + .svg)\n"
+"  --quiet                no progress line (it is shown only on a terminal anyway)\n"
+"  --verbose              library log at info level\n");
+}
+
+/* Size with an optional K/M/G/T suffix (binary), optional trailing "B"/"iB". */
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -EINVAL;
+    double m = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': m = 1024.0; end++; break;
+    case 'M': m = MiB; end++; break;
+    case 'G': m = GiB; end++; break;
+    case 'T': m = GiB * 1024.0; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end)
+        return -EINVAL;
+    *out = (size_t)(v * m);
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || *s == '-')
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    uint64_t v;
+    if (parse_u64(s, &v) || v > UINT32_MAX)
+        return -EINVAL;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return -EINVAL;
+    *out = v;
+    return 0;
+}
+
+static int parse_dist(const char *s, struct dist *d)
+{
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s", s);
+    char *parts[4] = { 0 };
+    int n = 0;
+    for (char *p = strtok(tmp, ":"); p && n < 4; p = strtok(NULL, ":"))
+        parts[n++] = p;
+    if (n == 0 || n == 3)
+        return -EINVAL;
+    struct dist v = *d;
+    if (parse_double(parts[0], &v.median) || v.median < 1)
+        return -EINVAL;
+    if (n >= 2 && (parse_double(parts[1], &v.sigma) || v.sigma < 0))
+        return -EINVAL;
+    if (n == 4 && (parse_u64(parts[2], &v.min) || parse_u64(parts[3], &v.max) || !v.min ||
+                   v.min > v.max))
+        return -EINVAL;
+    if (n < 4 && v.max < v.median)
+        v.max = (uint64_t)ceil(v.median);
+    *d = v;
+    return 0;
+}
+
+static void extract_io_engine(struct results *r)
+{
+    const char *k = r->lib_json ? strstr(r->lib_json, "\"io_engine\"") : NULL;
+    if (!k)
+        return;
+    k = strchr(k + 11, ':');
+    if (!k)
+        return;
+    while (*++k == ' ')
+        ;
+    if (*k != '"')
+        return;
+    size_t i = 0;
+    for (k++; *k && *k != '"' && i + 1 < sizeof r->io_engine; k++)
+        r->io_engine[i++] = *k;
+    r->io_engine[i] = 0;
+}
+
+enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_BACKEND,
+       O_OVER, O_DEV, O_HOST, O_SPILLDIR, O_SPILLB, O_NODISK, O_PREEMPT, O_STREAM, O_SEED,
+       O_STEPS, O_DURATION, O_PROMPT, O_OUTPUT, O_SYS, O_SHARE, O_PAR, O_MAXPAR, O_BEAM,
+       O_BATCH, O_QUANTUM, O_VERIFY, O_MAXSEQS, O_MAXTOK, O_JSON, O_TRACE, O_PLOT, O_QUIET,
+       O_VERBOSE, O_HELP };
+
+static const struct option longopts[] = {
+    { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
+    { "kv-heads", 1, 0, O_HEADS }, { "head-dim", 1, 0, O_HDIM },
+    { "dtype-bytes", 1, 0, O_DTYPE }, { "layout", 1, 0, O_LAYOUT },
+    { "page-size", 1, 0, O_PAGE }, { "backend", 1, 0, O_BACKEND },
+    { "oversubscribe", 1, 0, O_OVER }, { "device-budget", 1, 0, O_DEV },
+    { "host-budget", 1, 0, O_HOST }, { "spill-dir", 1, 0, O_SPILLDIR },
+    { "spill-budget", 1, 0, O_SPILLB }, { "no-disk", 0, 0, O_NODISK },
+    { "preempt", 1, 0, O_PREEMPT }, { "stream", 0, 0, O_STREAM }, { "seed", 1, 0, O_SEED },
+    { "steps", 1, 0, O_STEPS }, { "duration", 1, 0, O_DURATION },
+    { "prompt-len", 1, 0, O_PROMPT }, { "output-len", 1, 0, O_OUTPUT },
+    { "system-prompt", 1, 0, O_SYS }, { "share", 1, 0, O_SHARE }, { "parallel", 1, 0, O_PAR },
+    { "max-parallel", 1, 0, O_MAXPAR }, { "beam", 1, 0, O_BEAM },
+    { "max-batch", 1, 0, O_BATCH }, { "quantum", 1, 0, O_QUANTUM },
+    { "verify-every", 1, 0, O_VERIFY }, { "max-seqs", 1, 0, O_MAXSEQS },
+    { "max-tokens", 1, 0, O_MAXTOK }, { "json", 1, 0, O_JSON }, { "trace", 1, 0, O_TRACE },
+    { "plot", 1, 0, O_PLOT }, { "quiet", 0, 0, O_QUIET }, { "verbose", 0, 0, O_VERBOSE },
+    { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
+};
+
+static int bad(const char *opt, const char *val)
+{
+    fprintf(stderr, "kvvm-stress: bad value for --%s: '%s' (see --help)\n", opt, val);
+    return 2;
+}
+
+static size_t round_up(size_t v, size_t a) { return a ? (v + a - 1) / a * a : v; }
+
+int main(int argc, char **argv)
+{
+    struct opts o = { 0 };
+    const struct preset *ps = &presets[0];
+    uint32_t layers = 0, heads = 0, hdim = 0, dtype = 0, sys = UINT32_MAX;
+    struct dist prompt = { 0 }, output = { 0 };
+    int have_prompt = 0, have_output = 0, have_duration = 0, no_disk = 0;
+    o.backend = KVVM_BACKEND_EMULATED;
+    o.preempt = PREEMPT_SWAP;
+    o.oversubscribe = 4.0;
+    o.spill_dir = "/var/tmp";
+    o.seed = 1;
+    o.p_share = 0.5;
+    o.p_parallel = 0.1;
+    o.max_parallel = 4;
+    o.p_beam = 0.02;
+    o.max_batch = 256;
+    o.quantum = 32;
+    o.verify_every = 8;
+    o.page_size_auto = 1;
+
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        const char *name = NULL;
+        for (const struct option *lo = longopts; lo->name; lo++)
+            if (lo->val == c) {
+                name = lo->name;
+                break;
+            }
+        switch (c) {
+        case O_PRESET:
+            ps = NULL;
+            for (size_t i = 0; i < sizeof presets / sizeof *presets; i++)
+                if (!strcasecmp(optarg, presets[i].name))
+                    ps = &presets[i];
+            if (!ps)
+                return bad(name, optarg);
+            break;
+        case O_LAYERS: if (parse_u32(optarg, &layers) || !layers) return bad(name, optarg); break;
+        case O_HEADS: if (parse_u32(optarg, &heads) || !heads) return bad(name, optarg); break;
+        case O_HDIM: if (parse_u32(optarg, &hdim) || !hdim) return bad(name, optarg); break;
+        case O_DTYPE: if (parse_u32(optarg, &dtype) || !dtype) return bad(name, optarg); break;
+        case O_LAYOUT:
+            if (!strcmp(optarg, "token") || !strcmp(optarg, "token-major"))
+                o.token_major = 1;
+            else if (!strcmp(optarg, "layer") || !strcmp(optarg, "per-layer"))
+                o.token_major = 0;
+            else
+                return bad(name, optarg);
+            break;
+        case O_PAGE:
+            if (parse_size(optarg, &o.page_size))
+                return bad(name, optarg);
+            o.page_size_auto = 0;
+            break;
+        case O_BACKEND:
+            if (!strcmp(optarg, "auto")) o.backend = KVVM_BACKEND_AUTO;
+            else if (!strcmp(optarg, "cuda")) o.backend = KVVM_BACKEND_CUDA;
+            else if (!strcmp(optarg, "emulated")) o.backend = KVVM_BACKEND_EMULATED;
+            else return bad(name, optarg);
+            break;
+        case O_OVER:
+            if (parse_double(optarg, &o.oversubscribe) || o.oversubscribe < 0.1 ||
+                o.oversubscribe > 1000)
+                return bad(name, optarg);
+            break;
+        case O_DEV:
+            if (parse_size(optarg, &o.device_budget) || !o.device_budget)
+                return bad(name, optarg);
+            break;
+        case O_HOST: if (parse_size(optarg, &o.host_budget)) return bad(name, optarg); break;
+        case O_SPILLB: if (parse_size(optarg, &o.spill_budget)) return bad(name, optarg); break;
+        case O_SPILLDIR: o.spill_dir = optarg; break;
+        case O_NODISK: no_disk = 1; break;
+        case O_PREEMPT:
+            if (!strcmp(optarg, "swap")) o.preempt = PREEMPT_SWAP;
+            else if (!strcmp(optarg, "auto")) o.preempt = PREEMPT_AUTO;
+            else if (!strcmp(optarg, "recompute")) o.preempt = PREEMPT_RECOMPUTE;
+            else return bad(name, optarg);
+            break;
+        case O_STREAM: o.stream = 1; break;
+        case O_SEED: if (parse_u64(optarg, &o.seed)) return bad(name, optarg); break;
+        case O_STEPS: if (parse_u64(optarg, &o.steps)) return bad(name, optarg); break;
+        case O_DURATION:
+            if (parse_double(optarg, &o.duration_s) || o.duration_s < 0)
+                return bad(name, optarg);
+            have_duration = 1;
+            break;
+        case O_PROMPT:
+            prompt = ps ? ps->prompt : prompt;
+            if (parse_dist(optarg, &prompt)) return bad(name, optarg);
+            have_prompt = 1;
+            break;
+        case O_OUTPUT:
+            output = ps ? ps->output : output;
+            if (parse_dist(optarg, &output)) return bad(name, optarg);
+            have_output = 1;
+            break;
+        case O_SYS: if (parse_u32(optarg, &sys)) return bad(name, optarg); break;
+        case O_SHARE:
+            if (parse_double(optarg, &o.p_share) || o.p_share < 0 || o.p_share > 1)
+                return bad(name, optarg);
+            break;
+        case O_PAR:
+            if (parse_double(optarg, &o.p_parallel) || o.p_parallel < 0 || o.p_parallel > 1)
+                return bad(name, optarg);
+            break;
+        case O_MAXPAR:
+            if (parse_u32(optarg, &o.max_parallel) || o.max_parallel < 2 || o.max_parallel > 64)
+                return bad(name, optarg);
+            break;
+        case O_BEAM:
+            if (parse_double(optarg, &o.p_beam) || o.p_beam < 0 || o.p_beam > 1)
+                return bad(name, optarg);
+            break;
+        case O_BATCH:
+            if (parse_u32(optarg, &o.max_batch) || !o.max_batch)
+                return bad(name, optarg);
+            break;
+        case O_QUANTUM:
+            if (parse_u32(optarg, &o.quantum) || !o.quantum)
+                return bad(name, optarg);
+            break;
+        case O_VERIFY: if (parse_u32(optarg, &o.verify_every)) return bad(name, optarg); break;
+        case O_MAXSEQS:
+            if (parse_u32(optarg, &o.max_seqs) || o.max_seqs < 8)
+                return bad(name, optarg);
+            break;
+        case O_MAXTOK:
+            if (parse_u64(optarg, &o.max_tokens) || o.max_tokens < 16)
+                return bad(name, optarg);
+            break;
+        case O_JSON: o.json_path = optarg; break;
+        case O_TRACE: o.trace_path = optarg; break;
+        case O_PLOT: o.plot_path = optarg; break;
+        case O_QUIET: o.quiet = 1; break;
+        case O_VERBOSE: o.verbose = 1; break;
+        case O_HELP: case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvvm-stress: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+
+    /* ---- the model and the workload ---- */
+    o.preset = ps->name;
+    o.layers = layers ? layers : ps->layers;
+    o.kv_heads = heads ? heads : ps->kv_heads;
+    o.head_dim = hdim ? hdim : ps->head_dim;
+    o.dtype_bytes = dtype ? dtype : ps->dtype_bytes;
+    if (layers || heads || hdim || dtype)
+        o.preset = "custom";
+    uint64_t per_layer = (uint64_t)o.kv_heads * o.head_dim * o.dtype_bytes;   /* K or V */
+    if (o.token_major) {
+        o.n_regions = 1;
+        o.bytes_per_token = 2 * (uint64_t)o.layers * per_layer;
+    } else {
+        o.n_regions = 2 * o.layers;
+        o.bytes_per_token = per_layer;
+    }
+    o.prompt = have_prompt ? prompt : ps->prompt;
+    o.output = have_output ? output : ps->output;
+    o.system_prompt = sys != UINT32_MAX ? sys : ps->system_prompt;
+    if (!have_duration && !o.steps)
+        o.duration_s = 60;
+
+    /* Page size: the emulated device gets a 64 KiB granule unless told otherwise, so small
+       models do not waste most of a 2 MiB page per region. */
+    size_t granule = 64 * 1024;
+    if (!o.page_size_auto) {
+        granule = 2 * MiB;
+        while (granule > 4096 && o.page_size % granule)
+            granule /= 2;
+        if (!o.page_size || o.page_size % 4096) {
+            fprintf(stderr, "kvvm-stress: --page-size must be a multiple of 4 KiB\n");
+            return 2;
+        }
+    }
+    size_t page_est = o.page_size ? o.page_size :
+                      (o.backend == KVVM_BACKEND_EMULATED ? granule : 2 * MiB);
+
+    /* Tiers: live KV = X x device; the host holds half the overflow, the disk the rest. */
+    if (!o.device_budget)
+        o.device_budget = ps->device_budget;
+    o.device_budget = round_up(o.device_budget, page_est);
+    double X = o.oversubscribe;
+    size_t overflow = X > 1 ? (size_t)((X - 1) * (double)o.device_budget) : 0;
+    if (no_disk)
+        o.spill_dir = NULL;
+    if (!o.host_budget)
+        o.host_budget = no_disk ? overflow + overflow / 4 : overflow / 2;
+    o.host_budget = round_up(o.host_budget, page_est);
+    if (o.spill_dir && !o.spill_budget)
+        o.spill_budget = overflow + overflow / 2 > 64 * MiB ? overflow + overflow / 2 : 64 * MiB;
+    o.spill_budget = o.spill_dir ? round_up(o.spill_budget, page_est) : 0;
+
+    double mp = o.prompt.median * exp(o.prompt.sigma * o.prompt.sigma / 2);
+    double mo = o.output.median * exp(o.output.sigma * o.output.sigma / 2);
+    double mean_len = o.system_prompt * o.p_share + mp + mo / 2;
+    double pages_req = o.n_regions * ceil(mean_len * o.bytes_per_token / page_est);
+    double dev_pages = (double)o.device_budget / page_est;
+    if (!o.max_tokens)
+        o.max_tokens = o.system_prompt + o.prompt.max + o.output.max + 8;
+    if (!o.max_seqs) {
+        double live = X * dev_pages / (pages_req > 0 ? pages_req : 1);
+        double n = 2 * live * (1 + o.p_parallel * o.max_parallel) + 16;
+        o.max_seqs = n < 64 ? 64 : n > 4096 ? 4096 : (uint32_t)n;
+    }
+    if (o.max_batch > o.max_seqs)
+        o.max_batch = o.max_seqs;
+    if (o.trace_path && !o.plot_path) {
+        static char plot[4096];
+        size_t l = strlen(o.trace_path);
+        if (l > 4 && !strcmp(o.trace_path + l - 4, ".csv"))
+            snprintf(plot, sizeof plot, "%.*s.svg", (int)(l - 4), o.trace_path);
+        else
+            snprintf(plot, sizeof plot, "%s.svg", o.trace_path);
+        o.plot_path = plot;
+    }
+
+    kvvm_set_log(NULL, NULL, o.verbose ? KVVM_LOG_INFO : KVVM_LOG_WARN);
+
+    struct kvvm_config cfg;
+    kvvm_config_init(&cfg);
+    cfg.backend = o.backend;
+    cfg.n_regions = o.n_regions;
+    cfg.bytes_per_token = o.bytes_per_token;
+    cfg.max_seqs = o.max_seqs;
+    cfg.max_tokens = o.max_tokens;
+    cfg.page_size = o.page_size;
+    cfg.device_budget = o.device_budget;
+    cfg.host_budget = o.host_budget;
+    cfg.spill_dir = o.spill_dir;
+    cfg.spill_budget = o.spill_budget;
+    cfg.emu_granule = granule;
+    cfg.emu_device_bytes = 0;
+    if (o.preempt == PREEMPT_AUTO)
+        cfg.flags |= KVVM_F_AUTO_SWAP;
+
+    struct results r = { 0 };
+    static const char *const lat_names[LAT_N] = { "grow", "grow_batch", "fork", "share",
+        "truncate", "swap_out", "swap_in", "free", "write", "read", "step" };
+    for (int i = 0; i < LAT_N; i++)
+        lat_init(&r.lat[i], lat_names[i]);
+
+    kvvm *kv = NULL;
+    int err = kvvm_open(&cfg, &kv);
+    if (err && o.preempt == PREEMPT_AUTO && (err == -EOPNOTSUPP || err == -EINVAL)) {
+        snprintf(r.fallback_reason, sizeof r.fallback_reason,
+                 "kvvm_open refused KVVM_F_AUTO_SWAP (%s)", kvvm_strerror(err));
+        fprintf(stderr, "kvvm-stress: --preempt auto unavailable: %s; preempting by recompute "
+                "instead (no KV is held off the device)\n", r.fallback_reason);
+        cfg.flags &= ~KVVM_F_AUTO_SWAP;
+        err = kvvm_open(&cfg, &kv);
+    }
+    if (err) {
+        fprintf(stderr, "kvvm-stress: kvvm_open failed: %s (%d)\n", kvvm_strerror(err), err);
+        return 2;
+    }
+    r.backend = kvvm_backend_name(kv);
+
+    printf("kvvm-stress: %s (%s layout, %u regions x %llu B/token), backend %s, device %.0f MiB, "
+           "host %.0f MiB, disk %.0f MiB%s%s, x%.2f, preempt %s%s, seed %llu, %s%.0f%s\n",
+           o.preset, o.token_major ? "token-major" : "per-layer", o.n_regions,
+           (unsigned long long)o.bytes_per_token, r.backend, o.device_budget / (double)MiB,
+           o.host_budget / (double)MiB, o.spill_budget / (double)MiB,
+           o.spill_dir ? " in " : "", o.spill_dir ? o.spill_dir : "", o.oversubscribe,
+           preempt_names[o.preempt], o.stream ? ", stream" : "", (unsigned long long)o.seed,
+           o.steps ? "steps " : "duration ", o.steps ? (double)o.steps : o.duration_s,
+           o.steps ? "" : " s");
+    fflush(stdout);
+
+    err = stress_run(&o, kv, &r);
+    kvvm_close(kv);
+    extract_io_engine(&r);
+
+    if (!err && !r.aborted && r.steps && !r.tokens_decoded) {
+        fprintf(stderr, "kvvm-stress: no token was decoded in %llu steps: the workload made no "
+                "progress (device budget too small for the model, or every grow failed)\n",
+                (unsigned long long)r.steps);
+        record_error(&r, r.steps, "no progress (no token decoded)", -ENOMEM, 0);
+    }
+    int status = (err || r.mismatches || r.unexpected_errors || r.aborted) ? 1 : 0;
+    report_summary(stdout, &o, &r, status);
+    if (o.json_path && (err = report_json(o.json_path, &o, &r, status))) {
+        fprintf(stderr, "kvvm-stress: cannot write %s: %s\n", o.json_path, strerror(-err));
+        status = 1;
+    }
+    if (o.trace_path && (err = report_trace(o.trace_path, &r))) {
+        fprintf(stderr, "kvvm-stress: cannot write %s: %s\n", o.trace_path, strerror(-err));
+        status = 1;
+    }
+    if (o.plot_path && (err = report_svg(o.plot_path, &o, &r))) {
+        fprintf(stderr, "kvvm-stress: cannot write %s: %s\n", o.plot_path, strerror(-err));
+        status = 1;
+    }
+    for (int i = 0; i < LAT_N; i++)
+        lat_free(&r.lat[i]);
+    free(r.trace);
+    free(r.lib_json);
+    return status;
+}
