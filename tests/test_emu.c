@@ -398,10 +398,15 @@ Test(emu, map_rules)
 Test(emu, map_cannot_span_reservations)
 {
     dev_default();
-    kcu_deviceptr a = 0, b = 0;
-    cr_assert_eq(A->cuMemAddressReserve(&b, 2 * G, 0, 0, 0), KCU_SUCCESS);
-    cr_assert_eq(A->cuMemAddressReserve(&a, 2 * G, 0, b - 2 * G, 0), KCU_SUCCESS);
-    cr_assert_eq(a, b - 2 * G, "adjacent reservations for the test");
+    /* Two adjacent reservations: reserve room for both, free it, then ask for each half by
+       address (the range just freed is free, unlike whatever lies below a fresh one). */
+    kcu_deviceptr room = 0, a = 0, b = 0;
+    cr_assert_eq(A->cuMemAddressReserve(&room, 4 * G, 0, 0, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemAddressFree(room, 4 * G), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemAddressReserve(&a, 2 * G, 0, room, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemAddressReserve(&b, 2 * G, 0, room + 2 * G, 0), KCU_SUCCESS);
+    cr_assert_eq(a, room, "address hint honoured");
+    cr_assert_eq(b, a + 2 * G, "adjacent reservations for the test");
     kcu_mem_handle h = create(2 * G);
     cr_expect_eq(A->cuMemMap(a + G, 2 * G, 0, h, 0), KCU_ERROR_INVALID_VALUE);
     cr_expect_eq(A->cuMemRelease(h), KCU_SUCCESS);
