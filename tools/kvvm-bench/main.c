@@ -78,12 +78,12 @@ static void fmt_value(char *buf, size_t len, double x)
         snprintf(buf, len, "%.3g", x);
 }
 
-#define ROW_FMT "%-8s %-30s %12s %-8s %-34s %12s %9s\n"
+#define ROW_FMT "%-8s %-52s %12s %-8s %-34s %12s %9s\n"
 
 static void print_header(void)
 {
     printf(ROW_FMT, "group", "operation", "value", "unit", "baseline", "baseline", "ratio");
-    printf("%.*s\n", 8 + 1 + 30 + 1 + 12 + 1 + 8 + 1 + 34 + 1 + 12 + 1 + 9,
+    printf("%.*s\n", 8 + 1 + 52 + 1 + 12 + 1 + 8 + 1 + 34 + 1 + 12 + 1 + 9,
            "------------------------------------------------------------------------------"
            "------------------------------------------------------------------------------");
 }
