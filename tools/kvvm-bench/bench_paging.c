@@ -198,7 +198,7 @@ static int bench_grow(struct bench_ctx *b)
     double live = (double)(S * T * bpt), stat = live;   /* static: max length = T here */
     report_grow(b, "cold", &k, &d);
     report_grow(b, "warm", &kw, &dw);
-    bench_report(b, G, "grow token-by-token: peak physical",
+    bench_report(b, G, "peak physical, static prealloc beside",
                  k.peak_bytes / 1048576.0, stat / 1048576.0, "static at max length", "MiB", 1);
     /* at a quarter of the length, static preallocation still holds the maximum */
     bench_report(b, G, "physical at 1/4 of max length", k.quarter_bytes / 1048576.0,
