@@ -683,7 +683,10 @@ Test(emu, unmap_under_queued_copy_faults)
     kcu_stream s;
     cr_assert_eq(A->cuStreamCreate(&s, 0), KCU_SUCCESS);
     cr_assert_eq(emu_stream_set_paused(s, 1), 0);
-    static unsigned char buf[4 * G];
+    /* Pinned destination: a pageable one would make the call wait for the copy (the
+       driver's documented behaviour, which the emulator follows). */
+    void *buf;
+    cr_assert_eq(A->cuMemAllocHost(&buf, 4 * G), KCU_SUCCESS);
     cr_assert_eq(A->cuMemcpyDtoHAsync(buf, va, 4 * G, s), KCU_SUCCESS);
     cr_expect_eq(A->cuStreamQuery(s), KCU_ERROR_NOT_READY);
     /* The bug the emulator exists to catch: unmapping before the copy ran. */
@@ -706,7 +709,8 @@ Test(emu, unmap_during_long_copy_faults_or_completes_first)
     kcu_deviceptr va = reserve(n);
     kcu_mem_handle h = create(n);
     map_rw(va, n, h);
-    unsigned char *buf = malloc(n);
+    void *buf;
+    cr_assert_eq(A->cuMemAllocHost(&buf, n), KCU_SUCCESS);   /* pinned: truly async */
     kcu_stream s;
     cr_assert_eq(A->cuStreamCreate(&s, 0), KCU_SUCCESS);
     cr_assert_eq(A->cuMemcpyDtoHAsync(buf, va, n, s), KCU_SUCCESS);
@@ -723,7 +727,7 @@ Test(emu, unmap_during_long_copy_faults_or_completes_first)
     else
         cr_expect(r == KCU_SUCCESS && c.copied_dtoh == n, "r=%d copied=%llu", r,
                   (unsigned long long)c.copied_dtoh);
-    free(buf);
+    A->cuMemFreeHost(buf);   /* may report the sticky fault; the process ends here */
 }
 
 /* ---- streams and events --------------------------------------------------------------- */
@@ -846,7 +850,10 @@ Test(emu, cross_stream_wait_event)
     cr_assert_eq(A->cuStreamCreate(&s2, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
     cr_assert_eq(A->cuEventCreate(&e, 0), KCU_SUCCESS);
     cr_assert_eq(emu_stream_set_paused(s1, 1), 0);
-    static char msg[] = "written on s1", out[sizeof msg];
+    static char msg[] = "written on s1";
+    char *out;                                   /* pinned: the DtoH copy stays async */
+    cr_assert_eq(A->cuMemAllocHost((void **)&out, sizeof msg), KCU_SUCCESS);
+    memset(out, 0, sizeof msg);
     cr_assert_eq(A->cuMemcpyHtoDAsync(va, msg, sizeof msg, s1), KCU_SUCCESS);
     cr_assert_eq(A->cuEventRecord(e, s1), KCU_SUCCESS);
     cr_assert_eq(A->cuStreamWaitEvent(s2, e, 1), KCU_ERROR_INVALID_VALUE, "flags");
@@ -858,6 +865,7 @@ Test(emu, cross_stream_wait_event)
     cr_assert_eq(emu_stream_set_paused(s1, 0), 0);
     cr_expect_eq(A->cuStreamSynchronize(s2), KCU_SUCCESS);
     cr_expect_str_eq(out, msg);
+    cr_expect_eq(A->cuMemFreeHost(out), KCU_SUCCESS);
     /* An event never recorded is no dependency. */
     kcu_event e2;
     cr_assert_eq(A->cuEventCreate(&e2, 0), KCU_SUCCESS);
@@ -1235,4 +1243,49 @@ Test(emu, destroy_with_one_leaked_handle)
     dev_default();
     (void)create(G);
     cr_expect_eq(dev_down(), 1);
+}
+
+/* ---- pageable host memory (the driver's documented Async-copy behaviour) -------------- */
+
+Test(emu, pageable_source_is_staged_at_call_time)
+{
+    dev_default();
+    kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    kcu_stream s;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused(s, 1), 0);
+    char src[32] = "staged before return";
+    cr_assert_eq(A->cuMemcpyHtoDAsync(va, src, sizeof src, s), KCU_SUCCESS);
+    memset(src, 'X', sizeof src);               /* the caller reuses its buffer at once */
+    cr_expect_eq(A->cuStreamQuery(s), KCU_ERROR_NOT_READY, "the copy ran while paused");
+    cr_assert_eq(emu_stream_set_paused(s, 0), 0);
+    char out[32] = { 0 };
+    cr_assert_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, s), KCU_SUCCESS);
+    cr_expect_str_eq(out, "staged before return", "the copy read the reused buffer");
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+}
+
+Test(emu, pageable_destination_is_filled_at_return)
+{
+    dev_default();
+    kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    kcu_stream s;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    static const char msg[] = "filled when the call returns";
+    cr_assert_eq(A->cuMemcpyHtoDAsync(va, msg, sizeof msg, s), KCU_SUCCESS);
+    char out[sizeof msg] = { 0 };
+    cr_assert_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, s), KCU_SUCCESS);
+    cr_expect_str_eq(out, msg, "a pageable destination was not filled at return");
+    /* A pinned destination is asynchronous: with the stream paused, nothing has arrived. */
+    char *pin;
+    cr_assert_eq(A->cuMemAllocHost((void **)&pin, sizeof msg), KCU_SUCCESS);
+    memset(pin, 0, sizeof msg);
+    cr_assert_eq(emu_stream_set_paused(s, 1), 0);
+    cr_assert_eq(A->cuMemcpyDtoHAsync(pin, va, sizeof msg, s), KCU_SUCCESS);
+    cr_expect_eq(pin[0], 0, "a pinned copy ran while its stream was paused");
+    cr_assert_eq(emu_stream_set_paused(s, 0), 0);
+    cr_assert_eq(A->cuStreamSynchronize(s), KCU_SUCCESS);
+    cr_expect_str_eq(pin, msg);
+    cr_expect_eq(A->cuMemFreeHost(pin), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
 }

@@ -156,6 +156,8 @@ struct emu_op {
     unsigned char val;
     struct kcu_event_st *ev;       /* OP_EVENT / OP_WAIT: holds a reference */
     uint64_t seq;                  /* record number (OP_EVENT) or awaited record (OP_WAIT) */
+    void *staging;                 /* OP_HTOD from pageable memory: our copy of the source */
+    uint64_t ticket;               /* position in its stream's queue (1, 2, ...) */
     struct emu_op *next;
 };
 
@@ -165,6 +167,7 @@ struct kcu_stream_st {
     pthread_t thread;
     pthread_cond_t cv;             /* work queued, unpaused, or exit requested */
     struct emu_op *head, *tail;    /* head = running or next op; popped when done */
+    uint64_t queued, done;         /* tickets handed out / ops completed, in order */
     bool paused, exiting, dying, capturing;
     struct kcu_stream_st *next;
 };
@@ -1276,6 +1279,12 @@ static void event_put_locked(struct kcu_event_st *ev)
 }
 
 /* Runs one op for device d (a stream's worker or the NULL stream's caller). */
+static void op_free(struct emu_op *op)
+{
+    free(op->staging);
+    free(op);
+}
+
 static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
 {
     switch (op->kind) {
@@ -1313,7 +1322,8 @@ static void *stream_main(void *arg)
         s->head = op->next;
         if (!s->head)
             s->tail = NULL;
-        free(op);
+        s->done = op->ticket;
+        op_free(op);
         pthread_cond_broadcast(&g_cond);
     }
     pthread_mutex_unlock(&g_lock);
@@ -1383,10 +1393,11 @@ static kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, stru
     if (!s) {
         drain_locked(d, true);
         op_exec_locked(d, op);
-        free(op);
+        op_free(op);
         return d->sticky;
     }
     op->next = NULL;
+    op->ticket = ++s->queued;
     if (s->tail)
         s->tail->next = op;
     else
@@ -1394,6 +1405,17 @@ static kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, stru
     s->tail = op;
     pthread_cond_signal(&s->cv);
     return KCU_SUCCESS;
+}
+
+/* True when [p, p + n) lies inside one pinned host range (cuMemAllocHost or
+   cuMemHostRegister). */
+static bool host_pinned_locked(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (struct emu_host *h = g_hosts; h; h = h->next)
+        if (b >= h->p && n <= h->n && (size_t)(b - h->p) <= h->n - n)
+            return true;
+    return false;
 }
 
 /* Common part of the four copy entry points. Zero bytes: success, nothing queued.
@@ -1417,7 +1439,28 @@ static kcu_result copy_submit_locked(struct emu_dev *cur, kcu_stream stream, str
     if (!op)
         return KCU_ERROR_OUT_OF_MEMORY;
     *op = *tmpl;
-    return submit_locked(s, d, op);
+    /* Pageable host memory behaves as the driver documents for the Async copies: a source
+       is copied to staging memory before the call returns (the caller may reuse it at
+       once); a pageable destination is filled when the call returns (it waits for the
+       stream up to and including this copy). Pinned memory is truly asynchronous. */
+    bool pageable_dst = false;
+    if (s && op->kind == OP_HTOD && !host_pinned_locked(op->hsrc, op->n)) {
+        if (!(op->staging = malloc(op->n))) {
+            free(op);
+            return KCU_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(op->staging, op->hsrc, op->n);
+        op->hsrc = op->staging;
+    }
+    if (s && op->kind == OP_DTOH && !host_pinned_locked(op->hdst, op->n))
+        pageable_dst = true;
+    r = submit_locked(s, d, op);
+    if (r || !pageable_dst)
+        return r;
+    uint64_t ticket = s->queued;
+    while (s->done < ticket && !d->sticky)
+        pthread_cond_wait(&g_cond, &g_lock);
+    return d->sticky;
 }
 
 static kcu_result emu_cuMemcpyHtoDAsync(kcu_deviceptr dst, const void *src, size_t bytes,

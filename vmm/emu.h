@@ -26,6 +26,11 @@
  *    Copies translate device addresses through the mapping table when they execute; an
  *    address that is not mapped with access then is a sticky KCU_ERROR_ILLEGAL_ADDRESS (the
  *    device is dead: every later call returns it), exactly like a GPU fault.
+ *  - Host memory in copies follows the driver's documented Async behaviour: a pageable
+ *    (not pinned) source is copied to staging memory before cuMemcpyHtoDAsync returns; a
+ *    pageable destination is filled when cuMemcpyDtoHAsync returns (the call waits for its
+ *    stream up to that copy). Only pinned memory (cuMemAllocHost, cuMemHostRegister) is
+ *    truly asynchronous, as on a GPU.
  *  - Opaque mode: windows stay PROT_NONE even after set-access, so only the driver's copies
  *    can reach device bytes (they use the emulator's own view of the memfd).
  *  - Copied bytes are counted per direction.
