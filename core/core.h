@@ -6,8 +6,17 @@
  * scratch page), stats and the public calls. Every public call takes kv->lock and calls the
  * layers below (paging/, vmm/) with it held; those layers never call up.
  *
- * Lock order (outermost first): kvvm.lock -> (vmm / driver internal locks) -> log lock.
- * No library lock is held while calling the user's log callback other than the log lock.
+ * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) -> host
+ * arena mutex -> (vmm / driver internal locks) -> log lock. The background reclaim thread
+ * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
+ * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
+ * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
+ * than the log lock.
+ *
+ * Pressure (API.md "Pressure"): a call that needs device frames and gets -ENOMEM from
+ * paging asks swap/ to reclaim (KVVM_F_AUTO_SWAP only; the call's own sequences excluded)
+ * and retries; a non-resident sequence named by grow / write / read / prepare_write is
+ * swapped in first (and swapped out again if the call then fails).
  */
 #ifndef KVVM_CORE_CORE_H
 #define KVVM_CORE_CORE_H
@@ -17,6 +26,8 @@
 #include "kvvm.h"
 #include "vmm/vmm.h"
 #include "paging/paging.h"
+#include "host/host.h"
+#include "swap/swap.h"
 
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */
@@ -24,6 +35,9 @@ struct kvvm {
     char *spill_dir;              /* owned copy of cfg.spill_dir */
     struct vmm *v;
     struct paging *pg;
+    struct host_arena *host;      /* the host tier (0 slots when host_budget < page_size) */
+    struct pg_host_ops host_ops;  /* paging's view of it */
+    struct swap *sw;
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include "common/log.h"
 
 int kvvm_debug_check(kvvm *kv, char *why, size_t len)
 {
@@ -16,6 +17,20 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len)
     }
     pthread_mutex_lock(&kv->lock);
     int rc = paging_check(kv->pg, why, len);
+    if (!rc) {
+        /* host tier conservation: every allocated slot is held by exactly one page */
+        struct paging_counters c;
+        paging_counters(kv->pg, &c);
+        size_t used = host_slots_used(kv->host);
+        if (c.pages_host != used) {
+            klog_error("invariant violated: %llu pages hold host slots, the arena has %zu "
+                       "allocated", (unsigned long long)c.pages_host, used);
+            if (why && len)
+                snprintf(why, len, "%llu pages hold host slots, the arena has %zu allocated",
+                         (unsigned long long)c.pages_host, used);
+            rc = -EUCLEAN;
+        }
+    }
     pthread_mutex_unlock(&kv->lock);
     return rc;
 }

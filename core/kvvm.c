@@ -3,8 +3,8 @@
  *
  * Each call: check its pointer arguments, take the context lock, refuse with -EIO once the
  * context is dead (a sticky driver error seen by vmm), call paging/ (which is all or
- * nothing), note a death, unlock. Swap (issue 4) is not here yet: swap_out/swap_in answer
- * -EOPNOTSUPP and KVVM_F_AUTO_SWAP reclaims nothing.
+ * nothing), note a death, unlock. Calls that need device frames retry after direct reclaim
+ * under KVVM_F_AUTO_SWAP (see core.h "Pressure"); the watermark rules run after them.
  */
 #include "core.h"
 
@@ -30,6 +30,28 @@ static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
     return 0;
 }
 
+static int h_alloc(void *a, uint64_t *slot)
+{
+    host_slot s;
+    int rc = host_slot_alloc(a, &s);
+    if (!rc)
+        *slot = s.idx;
+    return rc;
+}
+static void h_free(void *a, uint64_t slot)
+{
+    host_slot_free(a, (host_slot){ (uint32_t)slot });
+}
+static void *h_ptr(void *a, uint64_t slot)
+{
+    return host_slot_ptr(a, (host_slot){ (uint32_t)slot });
+}
+
+static size_t h_n_free(void *a)
+{
+    return host_slots_free(a);
+}
+
 static int open_layout(kvvm *kv)
 {
     struct kvvm_config *c = &kv->cfg;
@@ -44,17 +66,43 @@ static int open_layout(kvvm *kv)
         return rc;
     }
     uint64_t frames = c->device_budget / c->page_size;
-    uint64_t slots = (c->host_budget + c->spill_budget) / c->page_size;
+    struct host_params hp = { .budget = c->host_budget, .page_size = c->page_size };
+    rc = host_arena_open(kv->v, &hp, &kv->host);
+    if (rc) {
+        klog_error("kvvm_open: the host tier (%zu bytes) could not be made (%d)",
+                   c->host_budget, rc);
+        goto out_unreserve;
+    }
+    kv->host_ops = (struct pg_host_ops){ kv->host, h_alloc, h_free, h_ptr, h_n_free };
+    /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
+    uint64_t slots = host_slots_total(kv->host) +
+                     (c->spill_dir ? c->spill_budget / c->page_size : 0);
     struct paging_params pp = {
         .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
         .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
         .slot_bytes = kv->slot_bytes, .base = kv->base, .max_frames = (uint32_t)frames,
         .max_pages = (uint32_t)(frames + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
+        .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
     };
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
-        vmm_unreserve(kv->v);
+        goto out_host;
+    struct swap_params sp = {
+        .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
+        .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
+        .thread = host_slots_total(kv->host) > 0,
+    };
+    rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
+    if (rc)
+        goto out_paging;
+    return 0;
+out_paging:
+    paging_destroy(kv->pg);
+out_host:
+    host_arena_close(kv->host);
+out_unreserve:
+    vmm_unreserve(kv->v);
     return rc;
 }
 
@@ -86,13 +134,14 @@ int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
     rc = vmm_open(&vp, &kv->v);
     if (rc)
         goto out_free;
+    pthread_mutex_init(&kv->lock, NULL);
     rc = open_layout(kv);
     if (rc)
         goto out_vmm;
-    pthread_mutex_init(&kv->lock, NULL);
     *out = kv;
     return 0;
 out_vmm:
+    pthread_mutex_destroy(&kv->lock);
     vmm_close(kv->v);
 out_free:
     free(kv->spill_dir);
@@ -104,8 +153,10 @@ void kvvm_close(kvvm *kv)
 {
     if (!kv)
         return;
+    swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */
     pthread_mutex_lock(&kv->lock);
     paging_destroy(kv->pg);
+    host_arena_close(kv->host);
     for (size_t i = 0; i < kv->n_streams; i++)
         vmm_stream_destroy(kv->v, kv->streams[i]);
     free(kv->streams);
@@ -147,6 +198,76 @@ static int leave(kvvm *kv, int rc)
 #define CALL(kv, expr) \
     do { int rc_ = enter(kv); if (rc_) return rc_; return leave(kv, (expr)); } while (0)
 
+/* ---- pressure ----------------------------------------------------------------------- */
+
+/* Direct reclaim of `want` free frames for a call naming excl (KVVM_F_AUTO_SWAP only). */
+static int reclaim(kvvm *kv, uint32_t want, const uint64_t *excl, size_t n_excl)
+{
+    if (!(kv->cfg.flags & KVVM_F_AUTO_SWAP))
+        return -ENOMEM;
+    return swap_reclaim_direct(kv->sw, want, excl, n_excl);
+}
+
+/* Evaluates expr; while it is -ENOMEM and reclaim makes room (need frames, a little more on
+   each retry), evaluates it again. */
+#define WITH_RECLAIM(kv, need, excl, n_excl, expr) ({                                  \
+        int r_ = (expr);                                                               \
+        for (uint32_t t_ = 0; r_ == -ENOMEM && t_ < 8; t_++) {                         \
+            if (reclaim((kv), (need) + t_ * (kv)->cfg.n_regions, (excl), (n_excl)))    \
+                break;                                                                 \
+            r_ = (expr);                                                               \
+        }                                                                              \
+        r_; })
+
+/* -EBUSY when the engine stream is capturing a graph (a swap would enqueue on it). */
+static int stream_check(kvvm *kv)
+{
+    kcu_stream st = paging_stream(kv->pg);
+    return st ? vmm_stream_check_capture(kv->v, st) : 0;
+}
+
+static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async, const uint64_t *excl,
+                          size_t n_excl)
+{
+    uint32_t need;
+    int rc = paging_need(kv->pg, s, 0, &need);
+    if (!rc)
+        rc = stream_check(kv);
+    if (rc)
+        return rc;
+    return WITH_RECLAIM(kv, need, excl, n_excl, paging_swap_in(kv->pg, s, async));
+}
+
+/* The public swap-in / prefetch: the watermark rules after it (never between the steps of
+   a call that swaps in several sequences: they would evict each other). */
+static int swap_in_call(kvvm *kv, kvvm_seq s, bool async)
+{
+    int rc = swap_in_locked(kv, s, async, &s, 1);
+    swap_after_call(kv->sw);
+    return rc;
+}
+
+/* Makes s resident for a call that uses it; *swapped says it was not. */
+static int make_resident(kvvm *kv, kvvm_seq s, const uint64_t *excl, size_t n_excl,
+                         bool *swapped)
+{
+    *swapped = false;
+    struct paging_seq_info pi;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (rc || pi.resident)
+        return rc;
+    rc = swap_in_locked(kv, s, false, excl, n_excl);
+    *swapped = !rc;
+    return rc;
+}
+
+/* A call that swapped s in failed afterwards: put it back (best effort, logged). */
+static void restore_out(kvvm *kv, kvvm_seq s, bool swapped)
+{
+    if (swapped && paging_swap_out(kv->pg, s, false))
+        klog_warn("kvvm: a failed call leaves sequence %llx resident", (unsigned long long)s);
+}
+
 /* ---- sequences ---------------------------------------------------------------------- */
 
 int kvvm_seq_create(kvvm *kv, kvvm_seq *out)
@@ -163,18 +284,84 @@ int kvvm_seq_free(kvvm *kv, kvvm_seq s)
     CALL(kv, paging_seq_free(kv->pg, s));
 }
 
+static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    struct paging_seq_info pi;
+    uint32_t need;
+    bool swapped = false;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (rc)
+        return rc;
+    if (length < pi.length)
+        return -EINVAL;
+    rc = paging_need(kv->pg, s, length, &need);
+    if (!rc && !pi.resident) {
+        /* room for both first, so a grow that cannot fit does not swap in */
+        if (need > pi.pages_host + pi.pages_disk) {
+            struct paging_counters c;
+            paging_counters(kv->pg, &c);
+            if (c.pages_free < need && (rc = reclaim(kv, need, &s, 1)))
+                return rc;
+        }
+        rc = make_resident(kv, s, &s, 1, &swapped);
+        if (!rc)
+            rc = paging_need(kv->pg, s, length, &need);
+    }
+    if (rc)
+        return rc;
+    rc = WITH_RECLAIM(kv, need, &s, 1, paging_seq_grow(kv->pg, s, length));
+    if (rc)
+        restore_out(kv, s, swapped);
+    swap_after_call(kv->sw);
+    return rc;
+}
+
 int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_grow(kv->pg, s, length));
+    CALL(kv, grow_locked(kv, s, length));
+}
+
+static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
+                             size_t n)
+{
+    bool *swapped = calloc(n ? n : 1, sizeof *swapped);
+    uint64_t need = 0;
+    int rc = swapped ? 0 : -ENOMEM;
+    size_t i;
+    for (i = 0; !rc && i < n; i++) {
+        struct paging_seq_info pi;
+        rc = paging_seq_info(kv->pg, seqs[i], &pi);
+        if (!rc && lengths[i] < pi.length)
+            rc = -EINVAL;
+    }
+    for (i = 0; !rc && i < n; i++)
+        rc = make_resident(kv, seqs[i], seqs, n, &swapped[i]);
+    for (i = 0; !rc && i < n; i++) {
+        uint32_t k;
+        rc = paging_need(kv->pg, seqs[i], lengths[i], &k);
+        need += k;
+    }
+    if (!rc) {
+        uint32_t nd = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
+        rc = WITH_RECLAIM(kv, nd, seqs, n, paging_seq_grow_batch(kv->pg, seqs, lengths, n));
+    }
+    if (rc && swapped)
+        for (i = 0; i < n; i++)
+            restore_out(kv, seqs[i], swapped[i]);
+    free(swapped);
+    swap_after_call(kv->sw);
+    return rc;
 }
 
 int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
 {
     if (!kv || (n && (!seqs || !lengths)))
         return -EINVAL;
-    CALL(kv, paging_seq_grow_batch(kv->pg, seqs, lengths, n));
+    if (!n)
+        return 0;
+    CALL(kv, grow_batch_locked(kv, seqs, lengths, n));
 }
 
 int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)
@@ -191,18 +378,75 @@ int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child)
     CALL(kv, paging_seq_fork(kv->pg, parent, child));
 }
 
+static int share_locked(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
+{
+    uint64_t ex[2] = { dst, src };
+    int rc = WITH_RECLAIM(kv, kv->cfg.n_regions, ex, 2,
+                          paging_seq_share(kv->pg, dst, src, n_tokens));
+    swap_after_call(kv->sw);
+    return rc;
+}
+
 int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_share(kv->pg, dst, src, n_tokens));
+    CALL(kv, share_locked(kv, dst, src, n_tokens));
+}
+
+static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
+{
+    bool swapped;
+    struct paging_seq_info pi;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (!rc && (first >= end || end > pi.length))
+        rc = -EINVAL;
+    if (!rc)
+        rc = make_resident(kv, s, &s, 1, &swapped);
+    if (rc)
+        return rc;
+    rc = WITH_RECLAIM(kv, 1, &s, 1, paging_seq_prepare_write(kv->pg, s, first, end));
+    if (rc)
+        restore_out(kv, s, swapped);
+    swap_after_call(kv->sw);
+    return rc;
 }
 
 int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_prepare_write(kv->pg, s, first, end));
+    CALL(kv, prepare_write_locked(kv, s, first, end));
+}
+
+/* Validates an I/O range the way paging does, before any swap-in. */
+static int io_pre(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const void *buf,
+                  size_t len)
+{
+    struct paging_seq_info pi;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (rc)
+        return rc;
+    uint64_t bytes = pi.length * kv->cfg.bytes_per_token;
+    if (!buf || region >= kv->cfg.n_regions || !len || offset >= bytes || len > bytes - offset)
+        return -EINVAL;
+    return 0;
+}
+
+static int write_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
+                        const void *src, size_t len)
+{
+    bool swapped;
+    int rc = io_pre(kv, s, region, offset, src, len);
+    if (!rc)
+        rc = make_resident(kv, s, &s, 1, &swapped);
+    if (rc)
+        return rc;
+    rc = WITH_RECLAIM(kv, 1, &s, 1, paging_seq_write(kv->pg, s, region, offset, src, len));
+    if (rc)
+        restore_out(kv, s, swapped);
+    swap_after_call(kv->sw);
+    return rc;
 }
 
 int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const void *src,
@@ -210,7 +454,22 @@ int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_write(kv->pg, s, region, offset, src, len));
+    CALL(kv, write_locked(kv, s, region, offset, src, len));
+}
+
+static int read_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *dst,
+                       size_t len)
+{
+    bool swapped;
+    int rc = io_pre(kv, s, region, offset, dst, len);
+    if (!rc)
+        rc = make_resident(kv, s, &s, 1, &swapped);
+    if (rc)
+        return rc;
+    rc = paging_seq_read(kv->pg, s, region, offset, dst, len);
+    if (rc)
+        restore_out(kv, s, swapped);
+    return rc;
 }
 
 int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *dst,
@@ -218,46 +477,101 @@ int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_read(kv->pg, s, region, offset, dst, len));
+    CALL(kv, read_locked(kv, s, region, offset, dst, len));
 }
 
-static int swap_missing(kvvm *kv, kvvm_seq s, const char *what)
+static int swap_out_locked(kvvm *kv, kvvm_seq s)
 {
-    uint32_t slot;
-    int rc = paging_seq_slot(kv->pg, s, &slot);
-    if (rc)
-        return rc;
-    klog_warn("%s: not implemented yet", what);
-    return -EOPNOTSUPP;
+    int rc = stream_check(kv);
+    return rc ? rc : paging_swap_out(kv->pg, s, false);
 }
 
 int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, swap_missing(kv, s, "kvvm_seq_swap_out"));
+    CALL(kv, swap_out_locked(kv, s));
 }
 
 int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, swap_missing(kv, s, "kvvm_seq_swap_in"));
+    CALL(kv, swap_in_call(kv, s, false));
+}
+
+int kvvm_seq_prefetch(kvvm *kv, kvvm_seq s)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, swap_in_call(kv, s, true));
+}
+
+int kvvm_seq_ready(kvvm *kv, kvvm_seq s)
+{
+    if (!kv)
+        return -EINVAL;
+    CALL(kv, paging_seq_ready(kv->pg, s));
+}
+
+static int wait_stream_locked(kvvm *kv, kvvm_seq s, void *stream)
+{
+    uint32_t slot;
+    int rc = paging_seq_slot(kv->pg, s, &slot);
+    if (!rc)
+        rc = vmm_stream_check_capture(kv->v, (kcu_stream)stream);
+    return rc ? rc : paging_stream_after_copies(kv->pg, (kcu_stream)stream);
+}
+
+int kvvm_seq_wait_stream(kvvm *kv, kvvm_seq s, void *stream)
+{
+    if (!kv || !stream)
+        return -EINVAL;
+    CALL(kv, wait_stream_locked(kv, s, stream));
+}
+
+static int need_locked(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits)
+{
+    uint32_t n;
+    struct paging_counters c;
+    int rc = paging_need(kv->pg, s, length, &n);
+    if (rc)
+        return rc;
+    paging_counters(kv->pg, &c);
+    *pages = n;
+    *fits = n <= c.pages_free;
+    return 0;
+}
+
+int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits)
+{
+    if (!kv || !pages || !fits)
+        return -EINVAL;
+    CALL(kv, need_locked(kv, s, length, pages, fits));
 }
 
 /* ---- streams and steps -------------------------------------------------------------- */
+
+static int step_locked(kvvm *kv)
+{
+    int rc = paging_step(kv->pg);
+    if (!rc)
+        swap_after_step(kv->sw);
+    return rc;
+}
 
 int kvvm_step(kvvm *kv)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_step(kv->pg));
+    CALL(kv, step_locked(kv));
 }
 
 int kvvm_sync(kvvm *kv)
 {
     if (!kv)
         return -EINVAL;
+    swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
     CALL(kv, paging_sync(kv->pg));
 }
 
@@ -387,17 +701,24 @@ int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
 /* The stats, as one list (mimalloc style): name, expression over c (paging counters). */
 #define KVVM_STATS(X)                                                              \
     X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
-    X(pages_device_free, c.pages_free) X(pages_host_total, 0) X(pages_host_free, 0) \
+    X(pages_device_free, c.pages_free) X(pages_host_total, host_slots_total(kv->host)) \
+    X(pages_host_free, host_slots_free(kv->host))                                  \
     X(pages_disk_total, 0) X(pages_disk_free, 0) X(pages_inflight, c.pages_inflight) \
     X(maps, c.maps) X(unmaps, c.unmaps) X(cow_copies, c.cow_copies)                \
-    X(swap_outs, 0) X(swap_ins, 0) X(spills, 0) X(unspills, 0)                     \
-    X(bytes_to_host, 0) X(bytes_to_device, 0) X(bytes_to_disk, 0)                  \
-    X(bytes_from_disk, 0) X(checksum_failures, 0) X(io_errors, 0)
+    X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins) X(spills, 0) X(unspills, 0)   \
+    X(bytes_to_host, c.bytes_to_host) X(bytes_to_device, c.bytes_to_device)        \
+    X(bytes_to_disk, 0) X(bytes_from_disk, 0) X(checksum_failures, 0) X(io_errors, 0) \
+    X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
+    X(direct_reclaims, w.direct_reclaims) X(direct_swap_outs, w.direct_swap_outs)  \
+    X(direct_reclaim_ns, w.direct_ns) X(pages_orphan, c.orphans)                   \
+    X(seqs_nonresident, c.nonresident)
 
 static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {
     struct paging_counters c;
+    struct swap_counters w;
     paging_counters(kv->pg, &c);
+    swap_counters(kv->sw, &w);
     memset(o, 0, sizeof *o);
     o->size = sizeof *o;
 #define X(n, e) o->n = (uint64_t)(e);
@@ -481,7 +802,7 @@ const char *kvvm_strerror(int err)
     case ENODEV: return "no usable CUDA device";
     case EBUSY: return "the stream is capturing a CUDA graph, or a transfer on the sequence "
                        "has not completed";
-    case EOPNOTSUPP: return "operation not supported (not implemented yet)";
+    case EOPNOTSUPP: return "operation not supported";
     case EUCLEAN: return "an internal invariant does not hold";
     }
     return "unknown error";

@@ -104,14 +104,29 @@ KVVM_API int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tok
 /* Before rewriting tokens [first, end) < length: copy-on-write every shared page. */
 KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end);
 /* host -> sequence bytes, via the driver. [offset, offset+len) within [0, length*bpt). A write
-   into a shared page copies it first (the write never shows in a sibling). */
+   into a shared page copies it first (the write never shows in a sibling). write, read,
+   grow and prepare_write swap a swapped-out sequence in first (-ENOMEM when it cannot come
+   back; it is then still swapped out). */
 KVVM_API int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                             const void *src, size_t len);
 /* sequence bytes -> host, via the driver. */
 KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                            void *dst, size_t len);
-KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);   /* off the device, ends protection */
-KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);    /* resident again, same addresses */
+/* Off the device, ends protection. Pages no resident sequence maps are copied to the host
+   tier (a page shared with a resident sequence stays on the device; a shared page is copied
+   once); with an engine stream the copies are ordered after its work and the call does not
+   wait for them (the device pages return to the pool when they completed), without one they
+   are done on return. Already swapped out: 0. -ENOMEM the host tier cannot take the pages
+   (nothing changed); -EBUSY the engine stream is capturing a graph. fork, share, truncate
+   and free work on a swapped-out sequence without bringing it back; grow, prepare_write,
+   write and read bring it back first (it stays resident if the call then fails only when
+   it cannot be put back, which is logged). */
+KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
+/* Resident again at the same addresses, protected. Needs a device page for each of its
+   pages not on the device (reclaiming others under KVVM_F_AUTO_SWAP). With an engine stream
+   the stream waits for the copies (the CPU does not); without one they are done on return.
+   Resident already: 0. -ENOMEM not enough device pages; -EBUSY capturing stream. */
+KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
    the sequences used in the iteration before, reaps completions. */
 KVVM_API int kvvm_step(kvvm *kv);
@@ -121,6 +136,21 @@ KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 /* Waits until everything started before it has completed: copies, disk I/O, deferred unmaps
    and background reclaim rounds. */
 KVVM_API int kvvm_sync(kvvm *kv);
+
+/* Scheduling (additions). kvvm_seq_need: the device pages that making s resident and growing
+   it to `length` (<= its length: no growth) would take, and *fits = 1 when that many are
+   free now without reclaim. -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
+KVVM_API int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits);
+/* Starts a swap-in without waiting for it and without ordering the engine stream yet (the
+   next call using s does that, as does kvvm_seq_swap_in); protects s. Errors as swap_in. */
+KVVM_API int kvvm_seq_prefetch(kvvm *kv, kvvm_seq s);
+/* 1 when s is resident and no swap-in copy of it is still in flight, 0 not yet (or swapped
+   out), -ENOENT. Never blocks. */
+KVVM_API int kvvm_seq_ready(kvvm *kv, kvvm_seq s);
+/* Makes `stream` (another stream of this device) wait, on the device, for every swap copy
+   enqueued so far (s's included); the CPU does not wait. -ENOENT, -EINVAL NULL stream,
+   -EBUSY capturing stream, -EIO. */
+KVVM_API int kvvm_seq_wait_stream(kvvm *kv, kvvm_seq s, void *stream);
 
 /* Addresses. Region r is an array of max_seqs slots of slot_bytes; a sequence never moves. */
 KVVM_API int kvvm_region_base(kvvm *kv, uint32_t region, uint64_t *addr);  /* device address */
@@ -145,6 +175,14 @@ struct kvvm_stats {
              pages_inflight, maps, unmaps, cow_copies, swap_outs, swap_ins, spills, unspills,
              bytes_to_host, bytes_to_device, bytes_to_disk, bytes_from_disk,
              checksum_failures, io_errors;
+    /* --- additions --- */
+    uint64_t reclaim_runs;        /* background reclaim rounds that moved something */
+    uint64_t reclaim_swap_outs;   /* sequences (or orphan batches) they moved */
+    uint64_t direct_reclaims;     /* calls that reclaimed synchronously (below min, or short) */
+    uint64_t direct_swap_outs;    /* sequences (or orphan batches) those moved */
+    uint64_t direct_reclaim_ns;   /* time callers spent blocked in direct reclaim */
+    uint64_t pages_orphan;        /* device pages held only by swapped-out sequences */
+    uint64_t seqs_nonresident;    /* live sequences swapped out */
 };
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
 /* The stats, the effective configuration and the backend as one JSON object.

@@ -21,6 +21,8 @@ struct ck {
     size_t len;
     int emu;              /* emulated device ordinal or -1 */
     uint32_t *refs;       /* expected refs per page id - 1 */
+    uint32_t *offs;       /* expected non-resident entries per page id - 1 */
+    uint32_t *jobs;       /* expected transfer-job references per page id - 1 */
     uint64_t mapped;      /* window pages expected mapped */
 };
 
@@ -76,7 +78,7 @@ static int ck_page_ref(struct ck *k, uint32_t id, uint64_t va, const char *what)
     if (p->tier == PG_TIER_NONE)
         return fail(k, "%s holds page %u whose descriptor is free", what, id);
     k->refs[id - 1]++;
-    if (p->tier != PG_TIER_DEVICE)
+    if (!va || !page_has_frame(p))
         return 0;
     return ck_mapped(k, va, page_handle(pg, id), what);
 }
@@ -103,7 +105,15 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
         for (uint32_t i = 0; i < pg->pages_per_slot; i++) {
             uint64_t va = pg_va(pg, r, slot, i);
             int rc = 0;
-            if (i < s->n_pages)
+            if (i < s->n_pages && s->out) {
+                rc = ck_page_ref(k, bt[i], 0, "non-resident page");
+                if (!rc)
+                    k->offs[bt[i] - 1]++;
+                if (!rc && !defer_covers(pg, slot, i))
+                    rc = ck_unmapped(k, va, "non-resident sequence's page");
+            } else if (i < s->n_pages && page_at(pg, bt[i])->tier == PG_TIER_HOST)
+                rc = fail(k, "slot %u: resident sequence holds host page %u", slot, bt[i]);
+            else if (i < s->n_pages)
                 rc = ck_page_ref(k, bt[i], va, "block-table page");
             else if (bt[i])
                 rc = fail(k, "slot %u region %u: entry %u past the end is %u", slot, r, i,
@@ -129,12 +139,26 @@ static int ck_defer(struct ck *k)
     uint32_t n = 0;
     for (struct pg_defer *d = pg->defer; d; d = d->next, n++) {
         uint32_t w = d->end - d->first;
+        if (d->kind == DF_IN) {
+            for (uint32_t i = 0; i < d->n; i++) {
+                int rc = ck_page_ref(k, d->pages[i], 0, "swap-in job");
+                if (rc)
+                    return rc;
+                k->jobs[d->pages[i] - 1]++;
+            }
+            continue;
+        }
+        if (d->n != w * pg->p.n_regions)
+            return fail(k, "pending entry of slot %u names %u pages for %u", d->slot, d->n,
+                        w * pg->p.n_regions);
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < w; i++) {
                 int rc = ck_page_ref(k, d->pages[r * w + i], pg_va(pg, r, d->slot, d->first + i),
-                                     "pending release");
+                                     d->kind == DF_OUT ? "swap-out job" : "pending release");
                 if (rc)
                     return rc;
+                if (d->kind == DF_OUT)
+                    k->jobs[d->pages[r * w + i] - 1]++;
             }
     }
     if (n != pg->n_defer)
@@ -167,7 +191,7 @@ static int ck_frames(struct ck *k)
 static int ck_pages(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t live = 0, dev = 0;
+    uint32_t live = 0, dev = 0, host = 0, infl = 0;
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
         struct pg_page *p = &pg->pages[i];
         if (p->tier == PG_TIER_NONE)
@@ -176,7 +200,19 @@ static int ck_pages(struct ck *k)
         if (p->refs != k->refs[i])
             return fail(k, "page %u has refcount %u but %u holders", i + 1, p->refs,
                         k->refs[i]);
-        if (p->tier == PG_TIER_DEVICE) {
+        if (p->offs != k->offs[i] || p->jobs != k->jobs[i])
+            return fail(k, "page %u counts %u non-resident holders and %u jobs, found %u and %u",
+                        i + 1, p->offs, p->jobs, k->offs[i], k->jobs[i]);
+        if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE)
+            host++;
+        if (p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE)
+            infl++;
+        if ((p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE) && !p->jobs)
+            return fail(k, "page %u is in flight (tier %u) but no transfer job holds it",
+                        i + 1, p->tier);
+        if (p->tier == PG_TIER_HOST && p->frame)
+            return fail(k, "host page %u still names frame %u", i + 1, p->frame);
+        if (page_has_frame(p)) {
             dev++;
             if (!p->frame || p->frame > pg->n_created ||
                 frame_at(pg, p->frame)->state != FR_USED || frame_at(pg, p->frame)->page != i + 1)
@@ -186,6 +222,9 @@ static int ck_pages(struct ck *k)
     if (live != pg->n_pages_live || dev != pg->n_used)
         return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
                     pg->n_pages_live, dev, pg->n_used);
+    if (host != pg->n_host || infl != pg->n_inflight)
+        return fail(k, "%u pages hold host slots (counted %u), %u in flight (counted %u)",
+                    host, pg->n_host, infl, pg->n_inflight);
     return 0;
 }
 
@@ -239,10 +278,13 @@ static int ck_emu(struct ck *k)
 
 int paging_check(struct paging *pg, char *why, size_t len)
 {
-    struct ck k = { pg, why, len, vmm_emu_ordinal(pg->v), NULL, 0 };
-    k.refs = calloc(pg->p.max_pages ? pg->p.max_pages : 1, sizeof *k.refs);
+    struct ck k = { pg, why, len, vmm_emu_ordinal(pg->v), NULL, NULL, NULL, 0 };
+    size_t np = pg->p.max_pages ? pg->p.max_pages : 1;
+    k.refs = calloc(3 * np, sizeof *k.refs);
     if (!k.refs)
         return -ENOMEM;
+    k.offs = k.refs + np;
+    k.jobs = k.offs + np;
     int rc = ck_frames(&k);
     if (!rc)
         rc = ck_slots(&k);

@@ -21,7 +21,7 @@ uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r
     for (uint32_t r = r0; r < r1; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-            n += page_at(pg, bt[i])->refs > 1;
+            n += page_sharers(page_at(pg, bt[i])) > 1;
     }
     return n;
 }
@@ -106,7 +106,7 @@ int cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, uin
     for (uint32_t r = r0; r < r1; r++) {
         uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = i0; i < i1 && i < s->n_pages; i++) {
-            if (page_at(pg, bt[i])->refs <= 1)
+            if (page_sharers(page_at(pg, bt[i])) <= 1)
                 continue;
             int rc = cow_step(pg, s, r, i, u);
             if (rc) {
@@ -186,6 +186,11 @@ int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint
         return rc;
     if (first >= end || end > s->length)
         return -EINVAL;
+    if (s->out)
+        return -EBUSY;          /* the context swaps it in first */
+    rc = seq_settle(pg, s);
+    if (rc)
+        return rc;
     uint64_t bpt = pg->p.bytes_per_token, ps = pg->p.page_size;
     rc = cow_call(pg, s, 0, pg->p.n_regions, (uint32_t)(first * bpt / ps),
                   (uint32_t)((end * bpt + ps - 1) / ps));
@@ -204,7 +209,9 @@ static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
     uint64_t bytes = (*s)->length * pg->p.bytes_per_token;
     if (!buf || region >= pg->p.n_regions || !len || off >= bytes || len > bytes - off)
         return -EINVAL;
-    return 0;
+    if ((*s)->out)
+        return -EBUSY;          /* the context swaps it in first */
+    return seq_settle(pg, *s);
 }
 
 int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,

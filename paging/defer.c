@@ -40,19 +40,21 @@ static bool seq_quiet(struct paging *pg, struct pg_seq *s)
     return s->used_epoch < pg->quiet_below;
 }
 
-/* Unmaps [first, end) in every region of slot and drops the page references. */
-static int release_now(struct paging *pg, uint32_t slot, uint32_t first, uint32_t end,
-                       const uint32_t *pages)
+/* Completes d: unmaps [first, end) in every region of its slot, finishes the page
+   transitions of a swap job, drops the page references. */
+static int release_now(struct paging *pg, struct pg_defer *d)
 {
-    uint32_t n = end - first;
+    uint32_t n = d->end - d->first;
     /* the first unmap may fail cleanly; once one region is unmapped the rest must follow */
-    int rc = seq_unmap(pg, pg_va(pg, 0, slot, first), n);
+    int rc = seq_unmap(pg, pg_va(pg, 0, d->slot, d->first), n);
     if (rc)
         return rc;
     for (uint32_t r = 1; r < pg->p.n_regions; r++)
-        seq_unmap_must(pg, pg_va(pg, r, slot, first), n);
-    for (uint32_t i = 0; i < n * pg->p.n_regions; i++)
-        page_put(pg, pages[i]);
+        seq_unmap_must(pg, pg_va(pg, r, d->slot, d->first), n);
+    if (d->kind != DF_RELEASE)
+        tier_complete_pages(pg, d);
+    for (uint32_t i = 0; i < d->n; i++)
+        page_put(pg, d->pages[i]);
     return 0;
 }
 
@@ -74,13 +76,18 @@ int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t 
     if (!d)
         return -ENOMEM;
     gather_pages(pg, s, first, end, d->pages);
+    d->kind = DF_RELEASE;
+    d->n = (uint32_t)np;
+    d->slot = pg_slot_of(pg, s);
+    d->first = first;
+    d->end = end;
     int rc = 0;
     if (!seq_quiet(pg, s) && !pg->stream)
         rc = pg_device_sync(pg);
     if (rc)
         goto out_free;
     if (!pg->stream || seq_quiet(pg, s)) {
-        rc = release_now(pg, pg_slot_of(pg, s), first, end, d->pages);
+        rc = release_now(pg, d);
         goto out_free;
     }
     rc = vmm_fence_create(pg->v, &d->fence);
@@ -89,9 +96,6 @@ int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t 
     rc = vmm_fence_record(pg->v, &d->fence, pg->stream);
     if (rc)
         goto out_fence;
-    d->slot = pg_slot_of(pg, s);
-    d->first = first;
-    d->end = end;
     d->next = pg->defer;
     pg->defer = d;
     pg->n_defer++;
@@ -115,13 +119,15 @@ void seq_slot_release(struct paging *pg, struct pg_seq *s)
     pg->slot_free_head = pg_slot_of(pg, s) + 1;
 }
 
-/* Completes one pending release (its fence has completed). */
-static int reap_one(struct paging *pg, struct pg_defer *d)
+/* Completes one pending entry (its fence has completed). */
+int defer_complete(struct paging *pg, struct pg_defer *d)
 {
-    int rc = release_now(pg, d->slot, d->first, d->end, d->pages);
+    int rc = release_now(pg, d);
     if (rc)
         return rc;
     struct pg_seq *s = &pg->seqs[d->slot];
+    if (s->in_job == d)
+        s->in_job = NULL;
     vmm_fence_destroy(pg->v, &d->fence);
     pg->n_defer--;
     if (--s->n_defer == 0 && s->dying) {
@@ -132,17 +138,20 @@ static int reap_one(struct paging *pg, struct pg_defer *d)
     return 0;
 }
 
-/* Reaps entries matching slot (UINT32_MAX = any); wait: block on each fence. */
-static int reap(struct paging *pg, uint32_t slot, bool wait)
+/* Reaps entries matching slot (UINT32_MAX = any) and, with jobs_only, only transfer jobs;
+   wait: block on each fence. */
+static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only)
 {
     struct pg_defer **pp = &pg->defer;
     while (*pp) {
         struct pg_defer *d = *pp;
-        if (slot != UINT32_MAX && d->slot != slot) {
+        if ((slot != UINT32_MAX && d->slot != slot) || (jobs_only && d->kind == DF_RELEASE)) {
             pp = &d->next;
             continue;
         }
-        int q = wait ? vmm_fence_wait(pg->v, &d->fence) : vmm_fence_query(pg->v, &d->fence);
+        /* no fence: a job whose copies were waited for, its completion retried */
+        int q = !d->fence.ev ? 1 : wait ? vmm_fence_wait(pg->v, &d->fence)
+                                        : vmm_fence_query(pg->v, &d->fence);
         if (q < 0)
             return q;
         if (!wait && q == 0) {
@@ -150,7 +159,7 @@ static int reap(struct paging *pg, uint32_t slot, bool wait)
             continue;
         }
         *pp = d->next;
-        int rc = reap_one(pg, d);
+        int rc = defer_complete(pg, d);
         if (rc) {
             d->next = *pp;       /* keep it pending: nothing of it was lost */
             *pp = d;
@@ -158,6 +167,16 @@ static int reap(struct paging *pg, uint32_t slot, bool wait)
         }
     }
     return 0;
+}
+
+static int reap(struct paging *pg, uint32_t slot, bool wait)
+{
+    return reap_kind(pg, slot, wait, false);
+}
+
+int defer_flush_jobs(struct paging *pg, uint32_t slot)
+{
+    return pg->seqs[slot].n_defer ? reap_kind(pg, slot, true, true) : 0;
 }
 
 int defer_reap(struct paging *pg, bool wait)

@@ -50,6 +50,16 @@ enum pg_tier {
     PG_TIER_FROM_DISK,       /* disk -> host read in flight */
 };
 
+/* The host tier's slots, as the caller (core/, over host/) provides them: paging names
+   slots, never allocates memory itself. alloc: -ENOMEM when the tier is full. */
+struct pg_host_ops {
+    void *arg;
+    int   (*alloc)(void *arg, uint64_t *slot);
+    void  (*free)(void *arg, uint64_t slot);
+    void *(*ptr)(void *arg, uint64_t slot);
+    size_t (*n_free)(void *arg);               /* free slots now */
+};
+
 struct paging_params {
     uint32_t n_regions;
     uint64_t bytes_per_token;    /* per region */
@@ -62,6 +72,7 @@ struct paging_params {
     uint32_t max_pages;          /* page descriptors (device + host + disk pages) */
     uint32_t map_ahead;          /* pages per region mapped ahead of a growing sequence */
     bool     scrub;              /* zero frames before they change owner */
+    const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
 };
 
 struct paging_counters {
@@ -74,6 +85,12 @@ struct paging_counters {
     uint64_t cow_copies;         /* pages copied on write */
     uint64_t share_copies;       /* partial last pages copied by share */
     uint64_t deferred;           /* releases waiting for a fence now */
+    uint64_t swap_outs, swap_ins;           /* sequences moved */
+    uint64_t bytes_to_host, bytes_to_device;/* swap copies */
+    uint64_t pages_host;         /* pages holding a host slot */
+    uint64_t orphans;            /* device pages held only by non-resident sequences */
+    uint64_t orphans_moved;      /* orphan pages copied to the host tier */
+    uint64_t nonresident;        /* live sequences not resident */
 };
 
 struct paging_seq_info {
@@ -120,6 +137,58 @@ int paging_set_stream(struct paging *pg, kcu_stream s);
 kcu_stream paging_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
+
+/* ---- host tier (tier.c) ----
+ * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is
+ * copied device -> host on the copy stream (ordered after the engine's work: a fence on the
+ * engine stream, or a device synchronization in synchronous mode) into a new host slot; a
+ * page still mapped by a resident holder stays on the device. The window is unmapped and the
+ * frames return to the pool when the copies have completed (at once in synchronous mode,
+ * else by completion processing: step, sync, or a call that needs frames). Ends protection.
+ * Already non-resident: 0. -ENOMEM no host tier or not enough free host slots; -EIO.
+ * swap_in: maps every page again at the same addresses: pages on the device as they are,
+ * host pages into new frames with a host -> device copy; host slots are freed when the
+ * copies completed. Stream mode: the engine stream waits for the copies (no CPU wait);
+ * sync mode: the bytes are in place on return. async (prefetch): the engine stream is not
+ * ordered yet (the next call using the sequence does it) and sync mode does not wait.
+ * Protects the sequence. Resident: 0 (it is protected). -ENOMEM not enough frames; -EIO.
+ * async (swap_out, for reclaim): completion is deferred in synchronous mode too (the caller
+ * waits for the copies itself, e.g. with paging_copy_fence_record, without its lock).
+ * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
+int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
+int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
+/* 1 when s is resident with no swap-in copy in flight, 0 not yet, <0 error. Reaps. */
+int  paging_seq_ready(struct paging *pg, uint64_t h);
+/* Frames making s resident and growing it to length (<= current: no growth) would take.
+   -ENOENT, -EINVAL (length past max_tokens is -E2BIG). */
+int  paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames);
+/* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
+int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
+bool paging_seq_resident(struct paging *pg, uint64_t h);
+/* A live resident sequence that background reclaim may move. */
+struct pg_cand {
+    uint64_t h;
+    uint64_t tick;        /* last use (smaller = less recently used) */
+    uint32_t frees;       /* frames its swap-out would return */
+};
+/* Unprotected resident sequences with no pending work on their window and frees > 0, in
+   slot order; returns how many (at most max). */
+size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+/* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
+   synchronously; *moved gets the count. -ENOMEM host tier full (after moving what fit). */
+int  paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved);
+/* Orphan pages (device pages held only by non-resident sequences). O(pages). */
+uint32_t paging_orphans(const struct paging *pg);
+/* Device frames free now (= paging_counters' pages_free), O(1). */
+uint32_t paging_frames_free(const struct paging *pg);
+/* Free host slots (0 without a host tier). */
+size_t paging_host_free(const struct paging *pg);
+/* Frames that in-flight swap-outs will return when they complete. */
+uint32_t paging_frames_pending(const struct paging *pg);
+/* Records f on the copy stream (creating the stream if needed). -EIO. */
+int  paging_copy_fence_record(struct paging *pg, vmm_fence *f);
+/* Reaps completed pending work without blocking. -EIO. */
+int  paging_reap(struct paging *pg);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

@@ -7,6 +7,7 @@
  *   seq.c    slots, handles, block tables, map-ahead; grow/truncate/free/fork/share
  *   cow.c    copy-on-write, prepare_write, write/read
  *   check.c  the invariant checker against the emulator's tables
+ *   tier.c   the host tier: sequence swap-out / swap-in, orphan pages, transfer jobs
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
@@ -28,7 +29,10 @@ struct pg_frame {
 };
 
 struct pg_page {
-    uint32_t refs;         /* block-table entries + pending releases holding it */
+    uint32_t refs;         /* block-table entries + pending releases / transfer jobs */
+    uint32_t offs;         /* of refs: entries of non-resident sequences (they map nothing);
+                              refs - offs = holders mapping it in a window */
+    uint32_t jobs;         /* of refs: transfer jobs (DF_OUT / DF_IN) */
     uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
     uint32_t frame;        /* PG_TIER_DEVICE: frame id */
     uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
@@ -36,14 +40,21 @@ struct pg_page {
     uint64_t disk_slot;    /* PG_TIER_DISK (spill) */
 };
 
-/* A window range whose unmap and page releases wait for a fence. Holds one reference on
-   each page it names. */
+/* Work that waits for a fence. Holds one reference on each page it names.
+   DF_RELEASE: unmap window range [first, end) of slot in every region, drop the pages.
+   DF_OUT:     a swap-out's completion: the same unmap, and each page still TO_HOST becomes
+               HOST (its frame returns to the pool). The fence is on the copy stream.
+   DF_IN:      a swap-in's completion: each page still TO_DEVICE becomes DEVICE (its host
+               slot is freed); no window changes (first == end). */
+enum { DF_RELEASE = 0, DF_OUT, DF_IN };
 struct pg_defer {
     struct pg_defer *next;
     vmm_fence fence;
     uint32_t  slot;
     uint32_t  first, end;  /* page indices [first, end) in every region */
-    uint32_t  pages[];     /* n_regions * (end - first), region-major */
+    uint8_t   kind;
+    uint32_t  n;           /* entries in pages[] */
+    uint32_t  pages[];     /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
 };
 
 struct pg_seq {
@@ -56,6 +67,10 @@ struct pg_seq {
     uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
     uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
     uint8_t   used_valid;
+    uint8_t   out;         /* non-resident: its window maps none of its pages (a pending
+                              DF_OUT may still hold the mapping until its fence) */
+    uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
+    struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
     uint32_t *bt;          /* n_regions * pages_per_slot page ids, region-major; lazily made */
     uint32_t *ahead;       /* n_regions * map_ahead frame ids */
     uint32_t  next_free;   /* free slot list */
@@ -89,6 +104,17 @@ struct paging {
     uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
     struct pg_defer *defer;    /* pending releases, newest first */
     uint32_t n_defer;
+    uint64_t tick;             /* uses so far (LRU clock) */
+
+    /* host tier (tier.c) */
+    struct pg_host_ops host;   /* host.alloc == NULL: no host tier */
+    kcu_stream copy_stream;    /* swap copies; made on first use */
+    vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
+    uint8_t  copy_fence_ok;
+    vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
+    uint8_t  order_fence_ok;
+    uint32_t n_host;           /* pages holding a host slot (HOST, TO_HOST, TO_DEVICE) */
+    uint32_t n_inflight;       /* pages TO_HOST or TO_DEVICE */
 
     struct paging_counters c;
 };
@@ -163,6 +189,29 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 {
     s->used_epoch = pg->epoch;
     s->used_valid = 1;
+    s->used_tick = ++pg->tick;
+}
+
+/* tier.c */
+/* Orders the engine after a prefetch of s (stream: a wait on the engine stream; sync: waits
+   for the copies). Every call that uses s's bytes or window calls it first. */
+int  seq_settle(struct paging *pg, struct pg_seq *s);
+/* Completes a DF_OUT / DF_IN entry's page transitions (after its fence). */
+void tier_complete_pages(struct paging *pg, struct pg_defer *d);
+/* Device pages held only by non-resident sequences. */
+uint32_t tier_orphans(const struct paging *pg);
+/* Drops the non-resident entries [first, end) of s (offs and references). */
+void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
+/* Holders that see the page's bytes (transfer jobs excluded): > 1 means shared. */
+static inline uint32_t page_sharers(const struct pg_page *p)
+{
+    return p->refs - p->jobs;
+}
+/* The page has a device frame (DEVICE, TO_HOST, TO_DEVICE). */
+static inline bool page_has_frame(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_DEVICE || p->tier == PG_TIER_TO_HOST ||
+           p->tier == PG_TIER_TO_DEVICE;
 }
 
 /* defer.c */
@@ -172,8 +221,12 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
    after it). The block table entries are the caller's to clear. -ENOMEM, -EIO (nothing
    changed then). */
 int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
+/* Completes a pending entry whose fence completed and frees it (unlinked by the caller). */
+int  defer_complete(struct paging *pg, struct pg_defer *d);
 /* Reaps completed releases (wait: waits for all first). */
 int  defer_reap(struct paging *pg, bool wait);
+/* Waits for and reaps the transfer jobs (DF_OUT / DF_IN) of slot; releases stay pending. */
+int  defer_flush_jobs(struct paging *pg, uint32_t slot);
 /* Waits for and reaps the releases over slot's window. */
 int  defer_flush_slot(struct paging *pg, uint32_t slot);
 /* Makes copies that read pages see the engine's earlier work (sync mode: device sync). */

@@ -180,6 +180,7 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
     pg->page_free_head = p->next_free;
     p->next_free = 0;
     p->refs = 1;
+    p->offs = p->jobs = 0;
     p->tier = PG_TIER_DEVICE;
     p->frame = frame;
     p->host_slot = p->disk_slot = 0;
@@ -203,6 +204,10 @@ void page_put(struct paging *pg, uint32_t page)
         uint32_t f = p->frame;
         pg->n_used--;
         ready_push(pg, f);
+    } else if (p->tier == PG_TIER_HOST) {
+        /* (in-flight pages are held by their transfer job, never freed here) */
+        pg->p.host->free(pg->p.host->arg, p->host_slot);
+        pg->n_host--;
     }
     p->tier = PG_TIER_NONE;
     p->frame = 0;

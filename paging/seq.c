@@ -237,12 +237,19 @@ int paging_seq_free(struct paging *pg, uint64_t h)
 {
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
+    if (!rc)
+        rc = seq_settle(pg, s);
     if (rc)
         return rc;
-    seq_drop_ahead(pg, s, 0);
-    rc = defer_release(pg, s, 0, s->n_pages);
-    if (rc)
-        return rc;
+    if (s->out) {
+        tier_drop_out(pg, s, 0, s->n_pages);
+        s->out = 0;
+    } else {
+        seq_drop_ahead(pg, s, 0);
+        rc = defer_release(pg, s, 0, s->n_pages);
+        if (rc)
+            return rc;
+    }
     memset(s->bt, 0, (size_t)pg->p.n_regions * pg->pages_per_slot * sizeof *s->bt);
     s->n_pages = 0;
     s->length = 0;
@@ -432,6 +439,10 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     int rc = seq_lookup(pg, h, &s);
     if (!rc)
         rc = grow_check(pg, s, length);
+    if (!rc && s->out)
+        rc = -EBUSY;            /* the context swaps it in first */
+    if (!rc)
+        rc = seq_settle(pg, s);
     if (!rc)
         rc = pool_reserve_check(pg, grow_frames(pg, s, length, &cow_idx));
     if (rc)
@@ -458,7 +469,7 @@ static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx, uin
     *cand = c;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         uint32_t id = pg_bt(pg, s, r)[idx];
-        if (page_at(pg, id)->refs > 1)
+        if (page_sharers(page_at(pg, id)) > 1)
             c[(*n)++] = id;
     }
     return 0;
@@ -480,7 +491,7 @@ static uint64_t batch_cow_frames(struct paging *pg, uint32_t *cand, uint32_t n)
     for (uint32_t i = 0, j; i < n; i = j) {
         for (j = i; j < n && cand[j] == cand[i]; j++)
             ;
-        uint32_t k = j - i, r1 = page_at(pg, cand[i])->refs - 1;
+        uint32_t k = j - i, r1 = page_sharers(page_at(pg, cand[i])) - 1;
         need += k < r1 ? k : r1;
     }
     return need;
@@ -507,6 +518,10 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             rc = -EINVAL;
         if (!rc)
             rc = grow_check(pg, ss[i], lengths[i]);
+        if (!rc && ss[i]->out)
+            rc = -EBUSY;
+        if (!rc)
+            rc = seq_settle(pg, ss[i]);
         if (rc)
             goto out_free;
         uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx);
@@ -555,6 +570,15 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
     if (length > s->length)
         return -EINVAL;
     uint32_t np = (uint32_t)pg_pages_for(pg, length);
+    if (s->out) {
+        tier_drop_out(pg, s, np, s->n_pages);
+        s->n_pages = np;
+        s->length = length;
+        return 0;
+    }
+    rc = seq_settle(pg, s);
+    if (rc)
+        return rc;
     seq_drop_ahead(pg, s, 0);
     rc = defer_release(pg, s, np, s->n_pages);
     if (rc)
@@ -597,9 +621,27 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     int rc = seq_lookup(pg, parent, &p);
     if (rc)
         return rc;
+    if (!p->out && (rc = seq_settle(pg, p)))
+        return rc;
     rc = slot_take(pg, &c);
     if (rc)
         return rc;
+    if (p->out) {
+        /* the child is non-resident like its parent: it holds the same pages, maps none */
+        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+            uint32_t *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
+            for (uint32_t i = 0; i < p->n_pages; i++) {
+                page_get(pg, sb[i]);
+                page_at(pg, sb[i])->offs++;
+                db[i] = sb[i];
+            }
+        }
+        c->out = 1;
+        c->n_pages = p->n_pages;
+        c->length = p->length;
+        *child = seq_handle(pg, c);
+        return 0;
+    }
     rc = map_shared(pg, c, p, p->n_pages);
     if (rc) {
         slot_untake(pg, c);
@@ -648,6 +690,90 @@ out_unmap:
     return rc;
 }
 
+/* Copies the first rem bytes of page id into a new host slot, zeroing the rest. */
+static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, uint64_t *slot)
+{
+    struct pg_page *p = page_at(pg, id);
+    const struct pg_host_ops *ho = pg->p.host;
+    int rc = ho->alloc(ho->arg, slot);
+    if (rc)
+        return rc;
+    char *dst = ho->ptr(ho->arg, *slot);
+    if (p->tier == PG_TIER_HOST) {
+        memcpy(dst, ho->ptr(ho->arg, p->host_slot), rem);
+    } else {
+        /* on the device (mapped by a resident sharer, or an orphan): through the scratch */
+        rc = pg_wait_engine(pg);
+        if (!rc)
+            rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
+        if (rc)
+            goto out_slot;
+        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, NULL);
+        int src = vmm_stream_sync(pg->v, NULL);
+        seq_unmap_must(pg, pg->scratch_va, 1);
+        if (rc || (rc = src))
+            goto out_slot;
+    }
+    memset(dst + rem, 0, pg->p.page_size - rem);
+    return 0;
+out_slot:
+    ho->free(ho->arg, *slot);
+    return rc;
+}
+
+/* share from a non-resident source: dst becomes non-resident too, holding src's whole pages
+   and a host copy of the partial last one. */
+static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                     uint64_t n_tokens)
+{
+    uint64_t bytes = n_tokens * pg->p.bytes_per_token;
+    uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions, r;
+    size_t rem = bytes % pg->p.page_size;
+    uint64_t slots[nr];
+    int rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
+    if (!rc)
+        rc = defer_flush_slot(pg, pg_slot_of(pg, src));
+    if (!rc && rem && !pg->p.host)
+        rc = -ENOMEM;
+    if (!rc && rem && pg->n_inflight)
+        rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
+    if (rc)
+        return rc;
+    for (r = 0; rem && r < nr; r++)
+        if ((rc = share_host_copy(pg, pg_bt(pg, src, r)[whole], rem, &slots[r])))
+            goto out_slots;
+    seq_drop_ahead(pg, dst, 0);
+    for (r = 0; r < nr; r++) {
+        uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
+        for (uint32_t i = 0; i < whole; i++) {
+            page_get(pg, sb[i]);
+            page_at(pg, sb[i])->offs++;
+            db[i] = sb[i];
+        }
+        if (rem) {
+            uint32_t id = pg->page_free_head;
+            struct pg_page *p = page_at(pg, id);
+            pg->page_free_head = p->next_free;
+            *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
+                                   .host_slot = slots[r] };
+            pg->n_pages_live++;
+            pg->n_host++;
+            db[whole] = id;
+        }
+    }
+    dst->out = 1;
+    dst->n_pages = whole + (rem ? 1 : 0);
+    dst->length = n_tokens;
+    return 0;
+out_slots:
+    while (r-- > 0)
+        pg->p.host->free(pg->p.host->arg, slots[r]);
+    return rc;
+}
+
+static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                          uint64_t n_tokens);
+
 int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tokens)
 {
     struct pg_seq *dst, *src;
@@ -660,6 +786,27 @@ int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tok
         return -EINVAL;
     if (!n_tokens)
         return 0;
+    bool was_out = dst->out;
+    if (was_out) {
+        /* an empty non-resident sequence: nothing to bring back; resident again unless
+           the call fails */
+        rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
+        if (rc)
+            return rc;
+        dst->out = 0;
+    }
+    rc = src->out ? share_out(pg, dst, src, n_tokens) : share_resident(pg, dst, src, n_tokens);
+    if (rc && was_out)
+        dst->out = 1;
+    return rc;
+}
+
+static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                          uint64_t n_tokens)
+{
+    int rc = seq_settle(pg, src);
+    if (rc)
+        return rc;
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
     uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions;
     size_t rem = bytes % pg->p.page_size;
@@ -713,7 +860,7 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
     memset(out, 0, sizeof *out);
     out->length = s->length;
     out->slot = pg_slot_of(pg, s);
-    out->resident = true;
+    out->resident = !s->out;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages; i++) {
@@ -724,9 +871,7 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
                 out->pages_host++; break;
             default: out->pages_disk++; break;
             }
-            if (p->tier != PG_TIER_DEVICE)
-                out->resident = false;
-            if (p->refs > 1)
+            if (page_sharers(p) > 1)
                 out->pages_shared++;
         }
     }
@@ -739,9 +884,14 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->pages_total = pg->p.max_frames;
     out->pages_used = pg->n_used;
     out->pages_free = pg->p.max_frames - pg->n_used;
-    out->pages_inflight = 0;
+    out->pages_inflight = pg->n_inflight;
     out->frames_created = pg->n_created;
     out->deferred = pg->n_defer;
+    out->pages_host = pg->n_host;
+    out->orphans = tier_orphans(pg);
+    out->nonresident = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs; i++)
+        out->nonresident += pg->seqs[i].live && pg->seqs[i].out;
 }
 
 int paging_create(struct vmm *v, const struct paging_params *p, struct paging **out)
@@ -751,6 +901,10 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         return -ENOMEM;
     pg->v = v;
     pg->p = *p;
+    if (p->host) {
+        pg->host = *p->host;
+        pg->p.host = &pg->host;
+    }
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;
@@ -794,7 +948,9 @@ void paging_destroy(struct paging *pg)
     defer_reap(pg, true);
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
         struct pg_seq *s = &pg->seqs[i];
-        if (s->live) {
+        if (s->live && s->out) {
+            tier_drop_out(pg, s, 0, s->n_pages);
+        } else if (s->live) {
             seq_drop_ahead(pg, s, 0);
             s->used_valid = 0;
             defer_release(pg, s, 0, s->n_pages);
@@ -804,6 +960,12 @@ void paging_destroy(struct paging *pg)
     }
     if (pg->step_fence_ok)
         vmm_fence_destroy(pg->v, &pg->step_fence);
+    if (pg->order_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->order_fence);
+    if (pg->copy_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->copy_fence);
+    if (pg->copy_stream)
+        vmm_stream_destroy(pg->v, pg->copy_stream);
     pool_fini(pg);
     free(pg->seqs);
     free(pg);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): installs dependencies, builds, runs the whole suite on
-# the emulated device, then again under AddressSanitizer+UBSan. Tests labelled `gpu` skip
+# the emulated device, then again under AddressSanitizer+UBSan, then the multi-threaded test
+# (tests/tsan_threads.c, the reclaim thread running) under ThreadSanitizer. Tests labelled `gpu` skip
 # themselves with a printed reason when no GPU is present; `soak` is left to scripts/soak.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,15 @@ if [ "${KVVM_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "=== tests under AddressSanitizer + UBSan ==="
   # handle_segv=0: the signal-expecting tests must see their SIGSEGV, not ASan's report.
   (cd build-asan && ASAN_OPTIONS=handle_segv=0:detect_leaks=1:abort_on_error=0 \
-     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KVVM_TEST_SCALE=0.1 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KVVMTEST_SCALE=0.1 \
      ctest --output-on-failure -LE soak)
+  echo "=== build (ThreadSanitizer: the threads test only) ==="
+  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVVM_SANITIZE=thread \
+        -DKVVM_BUILD_TOOLS=OFF >/dev/null
+  cmake --build build-tsan -j"$jobs" --target tsan_threads
+  echo "=== threads under ThreadSanitizer ==="
+  # Criterion cannot start under TSan, so this is a plain program; any report fails it.
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:exitcode=66 KVVMTEST_TSAN_ITERS=1000 \
+     ctest --output-on-failure -R tsan_threads)
 fi
 echo "=== all tests passed ==="

@@ -12,14 +12,21 @@
  * A grow_batch needs what the same grows made one after another need: a shared partial page
  * whose holders are all in the batch is copied for all of them but one.
  *
+ * Swap (the host tier, no auto-swap so every outcome stays predictable): swap_out and swap_in
+ * with exact -ENOMEM prediction (host slots / device pages), pages tracked per tier (a page
+ * moves to the host only when no resident sequence holds it; a device page left to swapped-out
+ * holders stays on the device); fork, share, truncate and free of a swapped-out sequence;
+ * calls that need a resident sequence swap it in first (model-predicted). The device and the
+ * host tier are both small, so both run full.
+ *
  * Matrix: page sizes {4 KiB, 64 KiB, 2 MiB} (emulated granule = page size) x regions {1, 4};
  * tokens of 3/8 page + 36 bytes straddle pages. Large tokens are checked through probes (the
  * head and tail of each token and both sides of each page boundary inside it); tokens of at
  * most 4 KiB are checked byte for byte.
  *
- * Scale: KVVM_TEST_SCALE (a factor on the op counts; default 1, 0.05 under AddressSanitizer);
- * KVVM_MODEL_SOAK=1 runs 20 seeds x 100 000 ops per configuration (ctest label soak);
- * KVVM_MODEL_SEED overrides the first seed. Each configuration must hit every counted case at
+ * Scale: KVVMTEST_SCALE (a factor on the op counts; default 1, 0.05 under AddressSanitizer);
+ * KVVMTEST_MODEL_SOAK=1 runs 20 seeds x 100 000 ops per configuration (ctest label soak);
+ * KVVMTEST_MODEL_SEED overrides the first seed. Each configuration must hit every counted case at
  * least 100 times (scaled).
  */
 #include <criterion/criterion.h>
@@ -53,7 +60,8 @@
 enum {
     C_CREATE, C_ENOSPC, C_GROW, C_GROW_BATCH, C_E2BIG, C_EINVAL, C_TRUNCATE, C_FORK,
     C_SHARE_ZERO, C_SHARE_ALL, C_SHARE_PARTIAL, C_COW_PARTIAL, C_COW_FULL, C_STRADDLE,
-    C_ENOMEM, C_ENOMEM_BATCH, C_ZERO_TAIL, C_FREE_SHARED, C_PREP_WRITE, C_WRITE, C_FREE, NC
+    C_ENOMEM, C_ENOMEM_BATCH, C_ZERO_TAIL, C_FREE_SHARED, C_PREP_WRITE, C_WRITE, C_FREE,
+    C_SWAP_OUT, C_SWAP_IN, C_OUT_OPS, C_SWAP_ENOMEM, NC
 };
 static const char *const cname[NC] = {
     "create", "create/fork -ENOSPC", "grow", "grow_batch", "-E2BIG", "-EINVAL", "truncate",
@@ -62,6 +70,8 @@ static const char *const cname[NC] = {
     "token straddling pages written", "rollback after -ENOMEM", "grow_batch rollback after -ENOMEM",
     "share's zeroed tail read back", "free of a sequence with shared pages",
     "prepare_write + write", "write into a shared page", "free",
+    "swap_out", "swap_in", "fork/share/truncate/free while swapped out",
+    "swap -ENOMEM (device or host full)",
 };
 
 struct mcfg {
@@ -81,13 +91,16 @@ struct mseq {
     uint64_t zero_until;            /* bytes [len*bpt, zero_until) read zero (share's copy) */
     uint32_t *tag[MAXR];            /* per token: the tag of its cookies */
     int32_t *pg[MAXR];              /* per page index: model page id */
+    bool out;                       /* swapped out */
 };
 
 struct model {
     struct mcfg c;
     kvvm *kv;
-    uint64_t total, used;
+    uint64_t total, used;           /* device pages */
+    uint64_t host_total, host_used; /* host slots */
     uint32_t *ref;                  /* per model page id */
+    uint8_t *onhost;                /* per model page id: in the host tier */
     uint32_t *tmpdec;               /* planning: references a planned COW already dropped */
     int32_t *ids;                   /* free id stack */
     uint64_t nids;
@@ -171,12 +184,42 @@ static int32_t pg_alloc(struct model *m)
     return id;
 }
 
+static int32_t pg_alloc_host(struct model *m)
+{
+    MCHECK(m, m->nids > 0, "model out of page ids");
+    int32_t id = m->ids[--m->nids];
+    m->ref[id] = 1;
+    m->onhost[id] = 1;
+    m->host_used++;
+    return id;
+}
+
 static void pg_put(struct model *m, int32_t id)
 {
     if (--m->ref[id] == 0) {
         m->ids[m->nids++] = id;
-        m->used--;
+        if (m->onhost[id])
+            m->host_used--;
+        else
+            m->used--;
+        m->onhost[id] = 0;
     }
+}
+
+/* Whether a resident live sequence other than `except` holds page id. */
+static bool resident_holder(struct model *m, int32_t id, const struct mseq *except)
+{
+    for (int i = 0; i < MAXS; i++) {
+        struct mseq *s = &m->s[i];
+        if (!s->live || s->out || s == except)
+            continue;
+        uint64_t np = npages(m, s->len);
+        for (uint32_t r = 0; r < m->c.nr; r++)
+            for (uint64_t k = 0; k < np; k++)
+                if (s->pg[r][k] == id)
+                    return true;
+    }
+    return false;
 }
 
 static uint64_t mfree(const struct model *m) { return m->total - m->used; }
@@ -351,16 +394,19 @@ static void verify_tokens(struct model *m, struct mseq *s, uint64_t a, uint64_t 
 static void verify_touched(struct model *m, struct mseq *s, uint64_t a, uint64_t b)
 {
     for (int i = 0; i < MAXS; i++)
-        if (m->s[i].live && &m->s[i] != s)
+        if (m->s[i].live && !m->s[i].out && &m->s[i] != s)
             verify_tokens(m, &m->s[i], a, b);
-    if (s)
+    if (s && !s->out)
         verify_tokens(m, s, 0, s->len);
 }
 
+static bool ensure_in(struct model *m, struct mseq *s);
+
+/* Every sequence, swapped-out ones brought back where there is room. */
 static void verify_all(struct model *m)
 {
     for (int i = 0; i < MAXS; i++)
-        if (m->s[i].live)
+        if (m->s[i].live && ensure_in(m, &m->s[i]))
             verify_tokens(m, &m->s[i], 0, m->s[i].len);
 }
 
@@ -395,12 +441,15 @@ static void check_state(struct model *m)
 {
     char why[512] = "";
     int rc = kvvm_debug_check(m->kv, why, sizeof why);
-    MCHECK(m, rc == 0, "invariant violated (%d): %s", rc, why);
+    MCHECK(m, rc == 0, "invariant violated (%d): %.400s", rc, why);
     struct kvvm_stats st = { .size = sizeof st };
     rc = kvvm_stats(m->kv, &st);
     MCHECK(m, rc == 0, "kvvm_stats %d", rc);
     MCHECK(m, st.pages_device_free == mfree(m), "pages_device_free %lu, model %lu",
            (unsigned long)st.pages_device_free, (unsigned long)mfree(m));
+    MCHECK(m, st.pages_host_free == m->host_total - m->host_used,
+           "pages_host_free %lu, model %lu", (unsigned long)st.pages_host_free,
+           (unsigned long)(m->host_total - m->host_used));
     for (int i = 0; i < MAXS; i++) {
         struct mseq *s = &m->s[i];
         if (!s->live)
@@ -409,19 +458,25 @@ static void check_state(struct model *m)
         rc = kvvm_seq_info(m->kv, s->h, &in);
         MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
         uint64_t np = npages(m, s->len);
-        uint32_t shared = 0;
+        uint32_t shared = 0, onhost = 0;
         for (uint32_t r = 0; r < m->c.nr; r++)
-            for (uint64_t k = 0; k < np; k++)
+            for (uint64_t k = 0; k < np; k++) {
                 shared += m->ref[s->pg[r][k]] > 1;
+                onhost += m->onhost[s->pg[r][k]];
+            }
         MCHECK(m, in.length == s->len, "seq %d length %lu, model %lu", i,
                (unsigned long)in.length, (unsigned long)s->len);
         MCHECK(m, in.slot == s->slot, "seq %d moved from slot %u to %u", i, s->slot, in.slot);
-        MCHECK(m, in.pages_device == m->c.nr * np, "seq %d pages_device %u, model %lu", i,
-               in.pages_device, (unsigned long)(m->c.nr * np));
+        MCHECK(m, in.pages_device == m->c.nr * np - onhost, "seq %d pages_device %u, model %lu",
+               i, in.pages_device, (unsigned long)(m->c.nr * np - onhost));
+        MCHECK(m, in.pages_host == onhost, "seq %d pages_host %u, model %u", i, in.pages_host,
+               onhost);
         MCHECK(m, in.pages_shared == shared, "seq %d pages_shared %u, model %u", i,
                in.pages_shared, shared);
-        MCHECK(m, in.pages_host == 0 && in.pages_disk == 0, "seq %d off the device", i);
-        MCHECK(m, !np || in.resident, "seq %d not resident", i);
+        MCHECK(m, in.pages_disk == 0, "seq %d on disk", i);
+        MCHECK(m, in.resident == !s->out, "seq %d resident %d, model %d", i, in.resident,
+               !s->out);
+        MCHECK(m, !in.resident || !onhost, "seq %d resident with host pages", i);
     }
 }
 
@@ -459,11 +514,87 @@ static void seq_adopt(struct model *m, struct mseq *s, kvvm_seq h, uint64_t len)
     s->h = h;
     s->len = len;
     s->zero_until = 0;
+    s->out = false;
     int rc = kvvm_seq_slot(m->kv, h, &s->slot);
     MCHECK(m, rc == 0, "kvvm_seq_slot: %d", rc);
 }
 
 /* ---------------------------------------------------------------- operations */
+
+static void op_swap_out(struct model *m, struct mseq *s)
+{
+    snprintf(m->where, sizeof m->where, "swap_out seq %ld (%lu tokens, out %d)",
+             (long)(s - m->s), (unsigned long)s->len, s->out);
+    uint64_t np = npages(m, s->len), down = 0;
+    if (!s->out)
+        for (uint32_t r = 0; r < m->c.nr; r++)
+            for (uint64_t k = 0; k < np; k++) {
+                int32_t id = s->pg[r][k];
+                down += !m->onhost[id] && !resident_holder(m, id, s);
+            }
+    int rc = kvvm_seq_swap_out(m->kv, s->h);
+    if (down > m->host_total - m->host_used) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu host slots, %lu free: swap_out returned %d",
+               (unsigned long)down, (unsigned long)(m->host_total - m->host_used), rc);
+        m->cnt[C_SWAP_ENOMEM]++;
+        verify_touched(m, s, 0, 0);
+        return;
+    }
+    MCHECK(m, rc == 0, "needs %lu host slots, %lu free: swap_out returned %d",
+           (unsigned long)down, (unsigned long)(m->host_total - m->host_used), rc);
+    if (s->out)
+        return;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = 0; k < np; k++) {
+            int32_t id = s->pg[r][k];
+            if (!m->onhost[id] && !resident_holder(m, id, s)) {
+                m->onhost[id] = 1;
+                m->used--;
+                m->host_used++;
+            }
+        }
+    s->out = true;
+    m->cnt[C_SWAP_OUT]++;
+}
+
+/* swap_in with the model's prediction; true when s is resident afterwards. */
+static bool ensure_in(struct model *m, struct mseq *s)
+{
+    if (!s->out)
+        return true;
+    char saved[sizeof m->where];
+    memcpy(saved, m->where, sizeof saved);
+    snprintf(m->where, sizeof m->where, "swap_in seq %ld (%lu tokens) [for: %.100s]",
+             (long)(s - m->s), (unsigned long)s->len, saved);
+    uint64_t np = npages(m, s->len), need = 0;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = 0; k < np; k++)
+            need += m->onhost[s->pg[r][k]];
+    int rc = kvvm_seq_swap_in(m->kv, s->h);
+    if (need > mfree(m)) {
+        MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: swap_in returned %d",
+               (unsigned long)need, (unsigned long)mfree(m), rc);
+        m->cnt[C_SWAP_ENOMEM]++;
+        memcpy(m->where, saved, sizeof saved);
+        return false;
+    }
+    MCHECK(m, rc == 0, "needs %lu pages, %lu free: swap_in returned %d", (unsigned long)need,
+           (unsigned long)mfree(m), rc);
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = 0; k < np; k++) {
+            int32_t id = s->pg[r][k];
+            if (m->onhost[id]) {
+                m->onhost[id] = 0;
+                m->used++;
+                m->host_used--;
+            }
+        }
+    s->out = false;
+    m->cnt[C_SWAP_IN]++;
+    verify_tokens(m, s, 0, s->len);
+    memcpy(m->where, saved, sizeof saved);
+    return true;
+}
 
 static void op_create(struct model *m)
 {
@@ -504,6 +635,8 @@ static void op_grow(struct model *m, struct mseq *s)
         nl = m->c.max_tokens;
     snprintf(m->where, sizeof m->where, "grow seq %ld %lu -> %lu", (long)(s - m->s),
              (unsigned long)s->len, (unsigned long)nl);
+    if (!ensure_in(m, s))
+        return;
     if (big) {
         int rc = kvvm_seq_grow(m->kv, s->h, nl);
         MCHECK(m, rc == -E2BIG, "grow past max_tokens: %d", rc);
@@ -544,6 +677,10 @@ static void op_grow_batch(struct model *m)
     }
     if (n < 2)
         return;
+    snprintf(m->where, sizeof m->where, "grow_batch of %d: swap-ins", n);
+    for (int i = 0; i < n; i++)
+        if (!ensure_in(m, set[i]))
+            return;
     bool big = rndn(m, 25) == 0;
     for (int i = 0; i < n; i++) {
         hs[i] = set[i]->h;
@@ -612,6 +749,8 @@ static void op_truncate(struct model *m, struct mseq *s)
     }
     int rc = kvvm_seq_truncate(m->kv, s->h, nl);
     MCHECK(m, rc == 0, "truncate: %d", rc);
+    if (s->out)
+        m->cnt[C_OUT_OPS]++;
     release_from(m, s, nl);
     s->len = nl;
     s->zero_until = 0;
@@ -634,6 +773,9 @@ static void op_fork(struct model *m, struct mseq *p)
     MCHECK(m, rc == 0, "fork: %d", rc);
     seq_adopt(m, c, h, p->len);
     c->zero_until = p->zero_until;
+    c->out = p->out;
+    if (p->out)
+        m->cnt[C_OUT_OPS]++;
     uint64_t np = npages(m, p->len);
     for (uint32_t r = 0; r < m->c.nr; r++) {
         memcpy(c->tag[r], p->tag[r], p->len * sizeof(uint32_t));
@@ -675,16 +817,23 @@ static void op_share(struct model *m, struct mseq *src)
     }
     bool partial = (n * m->c.bpt) % m->c.ps != 0;
     uint64_t need = partial ? m->c.nr : 0;
+    /* from a swapped-out source the partial page is copied into the host tier */
+    bool host_copy = src->out && n > 0;
+    uint64_t avail = host_copy ? m->host_total - m->host_used : mfree(m);
     int rc = kvvm_seq_share(m->kv, dst->h, src->h, n);
-    if (need > mfree(m)) {
+    if (need > avail) {
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: share returned %d",
-               (unsigned long)need, (unsigned long)mfree(m), rc);
+               (unsigned long)need, (unsigned long)avail, rc);
         m->cnt[C_ENOMEM]++;
         verify_touched(m, src, n ? n - 1 : 0, n);
         return;
     }
     MCHECK(m, rc == 0, "needs %lu pages, %lu free: share returned %d", (unsigned long)need,
-           (unsigned long)mfree(m), rc);
+           (unsigned long)avail, rc);
+    if (n > 0)
+        dst->out = src->out;
+    if (host_copy)
+        m->cnt[C_OUT_OPS]++;
     uint64_t whole = n * m->c.bpt / m->c.ps;
     for (uint32_t r = 0; r < m->c.nr; r++) {
         memcpy(dst->tag[r], src->tag[r], n * sizeof(uint32_t));
@@ -693,7 +842,7 @@ static void op_share(struct model *m, struct mseq *src)
             m->ref[src->pg[r][p]]++;
         }
         if (partial)
-            dst->pg[r][whole] = pg_alloc(m);
+            dst->pg[r][whole] = host_copy ? pg_alloc_host(m) : pg_alloc(m);
     }
     dst->len = n;
     dst->zero_until = partial ? npages(m, n) * m->c.ps : 0;
@@ -716,6 +865,8 @@ static void op_prepare_write(struct model *m, struct mseq *s)
         b = s->len;
     snprintf(m->where, sizeof m->where, "prepare_write seq %ld [%lu, %lu) of %lu",
              (long)(s - m->s), (unsigned long)a, (unsigned long)b, (unsigned long)s->len);
+    if (!ensure_in(m, s))
+        return;
     if (rndn(m, 40) == 0) {
         int rc = kvvm_seq_prepare_write(m->kv, s->h, a, s->len + 1);
         MCHECK(m, rc == -EINVAL, "prepare_write past length: %d", rc);
@@ -756,6 +907,8 @@ static void op_write(struct model *m, struct mseq *s)
         b = s->len;
     snprintf(m->where, sizeof m->where, "write seq %ld r%u [%lu, %lu) of %lu",
              (long)(s - m->s), r, (unsigned long)a, (unsigned long)b, (unsigned long)s->len);
+    if (!ensure_in(m, s))
+        return;
     uint64_t off = a * m->c.bpt, len = (b - a) * m->c.bpt;
     uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
     uint32_t tag = ++m->next_tag;
@@ -793,8 +946,11 @@ static void op_free(struct model *m, struct mseq *s)
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++)
             shared |= m->ref[s->pg[r][k]] > 1;
+    if (s->out)
+        m->cnt[C_OUT_OPS]++;
     release_from(m, s, 0);
     kvvm_seq dead = s->h;
+    s->out = false;
     s->live = false;
     s->len = 0;
     m->cnt[shared ? C_FREE_SHARED : C_FREE]++;
@@ -825,7 +981,7 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     k.max_tokens = c->max_tokens;
     k.device_budget = (size_t)c->pages_per_region * c->nr * c->ps;
     k.emu_device_bytes = 0;
-    k.host_budget = 0;
+    k.host_budget = (size_t)c->pages_per_region * c->nr * c->ps;   /* as many as the device */
     k.spill_dir = NULL;
     k.spill_budget = 0;             /* no disk tier (page descriptors scale with it) */
     k.flags = 0;
@@ -838,11 +994,16 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     cr_assert_eq(st.pages_device_total, (uint64_t)c->pages_per_region * c->nr,
                  "pages_device_total %lu", (unsigned long)st.pages_device_total);
     m->total = st.pages_device_total;
-    m->ref = calloc(m->total, sizeof *m->ref);
-    m->tmpdec = calloc(m->total, sizeof *m->tmpdec);
-    m->ids = calloc(m->total, sizeof *m->ids);
-    for (uint64_t i = 0; i < m->total; i++)
-        m->ids[m->nids++] = (int32_t)(m->total - 1 - i);
+    m->host_total = st.pages_host_total;
+    cr_assert_eq(m->host_total, m->total, "pages_host_total %lu",
+                 (unsigned long)st.pages_host_total);
+    uint64_t ids = m->total + m->host_total;
+    m->ref = calloc(ids, sizeof *m->ref);
+    m->tmpdec = calloc(ids, sizeof *m->tmpdec);
+    m->onhost = calloc(ids, 1);
+    m->ids = calloc(ids, sizeof *m->ids);
+    for (uint64_t i = 0; i < ids; i++)
+        m->ids[m->nids++] = (int32_t)(ids - 1 - i);
     m->maxpg = npages(m, c->max_tokens);
     for (int i = 0; i < MAXS; i++)
         for (uint32_t r = 0; r < c->nr; r++) {
@@ -858,7 +1019,7 @@ static void model_close(struct model *m)
             op_free(m, &m->s[i]);
     kvvm_step(m->kv);
     check_state(m);
-    MCHECK(m, m->used == 0, "model pages left");
+    MCHECK(m, m->used == 0 && m->host_used == 0, "model pages left");
     kvvm_close(m->kv);
     for (int i = 0; i < MAXS; i++)
         for (uint32_t r = 0; r < MAXR; r++) {
@@ -867,6 +1028,7 @@ static void model_close(struct model *m)
         }
     free(m->ref);
     free(m->tmpdec);
+    free(m->onhost);
     free(m->ids);
     free(m->buf);
     free(m->exp);
@@ -893,11 +1055,17 @@ static void model_run(struct model *m, uint64_t ops)
             op_prepare_write(m, s);
         } else if (w < 85) {
             op_write(m, s);
-        } else if (w < 92) {
+        } else if (w < 90) {
             op_free(m, s);
+        } else if (w < 95) {
+            op_swap_out(m, s);
+        } else if (w < 97) {
+            snprintf(m->where, sizeof m->where, "swap_in");
+            ensure_in(m, s);
         } else {
             snprintf(m->where, sizeof m->where, "verify seq %ld", (long)(s - m->s));
-            verify_tokens(m, s, 0, s->len);
+            if (ensure_in(m, s))
+                verify_tokens(m, s, 0, s->len);
         }
         int rc = kvvm_step(m->kv);
         MCHECK(m, rc == 0, "kvvm_step: %d", rc);
@@ -913,7 +1081,7 @@ static void model_run(struct model *m, uint64_t ops)
 
 static double scale(void)
 {
-    const char *e = getenv("KVVM_TEST_SCALE");
+    const char *e = getenv("KVVMTEST_SCALE");
     if (e && *e) {
         double v = strtod(e, NULL);
         if (v > 0)
@@ -937,8 +1105,8 @@ static void run_config(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops
         .ps = ps, .nr = nr, .bpt = ps * 3 / 8 + 36, .max_seqs = MAXS, .max_tokens = 16,
         .pages_per_region = 16,
     };
-    const char *soak = getenv("KVVM_MODEL_SOAK");
-    const char *sd = getenv("KVVM_MODEL_SEED");
+    const char *soak = getenv("KVVMTEST_MODEL_SOAK");
+    const char *sd = getenv("KVVMTEST_MODEL_SEED");
     bool is_soak = soak && *soak && strcmp(soak, "0");
     int seeds = is_soak ? 20 : 1;
     double sc = scale();

@@ -1,0 +1,549 @@
+/*
+ * paging/tier.c: the host tier's mechanism: sequence swap-out and swap-in, orphan pages,
+ * and the transfer jobs that complete them (DF_OUT / DF_IN entries of the pending list).
+ *
+ * Residency: a sequence is resident (out == 0) when every block-table page is mapped in its
+ * window, or non-resident (out == 1) when none is (its entries count in the pages' offs).
+ * A page moves to the host only when no holder maps it any more (refs - offs == 0 once the
+ * moving sequence's entries are off); so a page shared with a resident sibling stays on the
+ * device and is copied at most once. A device page whose holders are all non-resident (an
+ * orphan: its last resident holder left after the others were swapped out) is moved by
+ * paging_reclaim_orphans.
+ *
+ * Ordering (DESIGN.md "Ordering and fences"): swap copies run on a dedicated copy stream.
+ * Device -> host copies wait for a fence recorded on the engine stream at the call (so they
+ * read what the engine wrote, and the step fence that ended the sequence's protection is
+ * behind them); the window is unmapped and the frames are pooled only when the copy fence
+ * has completed. Host -> device copies write fresh frames mapped in the window; the engine
+ * stream waits for a fence recorded after them (or, sync mode, the call waits). Every job
+ * holds a reference on its pages, so no page of a transfer is freed before it completed;
+ * its slot's window stays reserved (n_defer) until then.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+static int copy_stream(struct paging *pg)
+{
+    if (pg->copy_stream)
+        return 0;
+    int rc = vmm_stream_create(pg->v, &pg->copy_stream);
+    if (rc)
+        return rc;
+    rc = vmm_fence_create(pg->v, &pg->copy_fence);
+    if (!rc) {
+        pg->copy_fence_ok = 1;
+        return 0;
+    }
+    vmm_stream_destroy(pg->v, pg->copy_stream);
+    pg->copy_stream = NULL;
+    return rc;
+}
+
+int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
+{
+    int rc = copy_stream(pg);
+    return rc ? rc : vmm_fence_record(pg->v, f, pg->copy_stream);
+}
+
+int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
+{
+    if (!pg->copy_stream)
+        return 0;
+    int rc = vmm_fence_record(pg->v, &pg->copy_fence, pg->copy_stream);
+    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->copy_fence);
+}
+
+/* Orders the copy stream after everything enqueued so far on the engine's side. */
+static int copies_after_engine(struct paging *pg)
+{
+    if (!pg->stream)
+        return vmm_device_sync(pg->v);
+    if (!pg->order_fence_ok) {
+        int rc = vmm_fence_create(pg->v, &pg->order_fence);
+        if (rc)
+            return rc;
+        pg->order_fence_ok = 1;
+    }
+    int rc = vmm_fence_record(pg->v, &pg->order_fence, pg->stream);
+    return rc ? rc : vmm_stream_after(pg->v, pg->copy_stream, &pg->order_fence);
+}
+
+static struct pg_defer *job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n)
+{
+    struct pg_defer *d = calloc(1, sizeof *d + (size_t)n * sizeof(uint32_t));
+    if (d) {
+        d->kind = kind;
+        d->slot = pg_slot_of(pg, s);
+        d->n = n;
+    }
+    return d;
+}
+
+/* Takes the job's references and accounts it to s's window. complete: the copies are done
+   (sync mode): the job is completed now; if that fails (an unmap refused), it stays pending
+   with no fence and is completed by the next reap, the call still succeeds (the bytes have
+   moved). Else it waits in the pending list for its fence (on the copy stream). */
+static void job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete)
+{
+    for (uint32_t i = 0; i < d->n; i++) {
+        page_get(pg, d->pages[i]);
+        page_at(pg, d->pages[i])->jobs++;
+    }
+    pg->n_defer++;
+    s->n_defer++;
+    if (complete && defer_complete(pg, d) == 0)
+        return;
+    d->next = pg->defer;
+    pg->defer = d;
+}
+
+void tier_complete_pages(struct paging *pg, struct pg_defer *d)
+{
+    for (uint32_t i = 0; i < d->n; i++) {
+        struct pg_page *p = page_at(pg, d->pages[i]);
+        p->jobs--;
+        if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
+            uint32_t f = p->frame;
+            p->tier = PG_TIER_HOST;
+            p->frame = 0;
+            frame_at(pg, f)->page = 0;
+            pool_give(pg, &f, 1);
+            pg->n_inflight--;
+        } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
+            pg->p.host->free(pg->p.host->arg, p->host_slot);
+            p->host_slot = 0;
+            p->tier = PG_TIER_DEVICE;
+            pg->n_host--;
+            pg->n_inflight--;
+        }
+    }
+}
+
+void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
+{
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = first; i < end; i++) {
+            page_at(pg, bt[i])->offs--;
+            page_put(pg, bt[i]);
+            bt[i] = 0;
+        }
+    }
+}
+
+int seq_settle(struct paging *pg, struct pg_seq *s)
+{
+    struct pg_defer *d = s->in_job;
+    if (!d)
+        return 0;
+    int rc;
+    if (pg->stream) {
+        rc = vmm_stream_after(pg->v, pg->stream, &d->fence);
+        if (!rc)
+            s->in_job = NULL;
+        return rc;
+    }
+    return defer_flush_slot(pg, pg_slot_of(pg, s));
+}
+
+/* Waits for the transfers on s's window and for the swap-outs of pages it holds that are
+   still in flight (their frames are not free yet and their host copies not done). Pending
+   releases of the window are left alone: they cover pages past s's end, which a swap does
+   not touch. */
+static int seq_wait_transfers(struct paging *pg, struct pg_seq *s)
+{
+    int rc = defer_flush_jobs(pg, pg_slot_of(pg, s));
+    if (rc)
+        return rc;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        const uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < s->n_pages; i++)
+            if (page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
+                return defer_reap(pg, true);
+    }
+    return 0;
+}
+
+/* ---- swap-out ------------------------------------------------------------------------ */
+
+/* Whether s's entry for page p is the last mapping of it (so leaving moves it down). */
+static bool moves_down(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_DEVICE && p->refs - p->offs == 1;
+}
+
+int paging_swap_out(struct paging *pg, uint64_t h, bool async)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc || s->out)
+        return rc;
+    if (!pg->p.host)
+        return -ENOMEM;
+    rc = seq_settle(pg, s);
+    if (!rc)
+        rc = seq_wait_transfers(pg, s);
+    if (!rc)
+        rc = copy_stream(pg);
+    if (rc)
+        return rc;
+    uint32_t nr = pg->p.n_regions, np = s->n_pages, need = 0;
+    uint32_t n = nr * np;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++)
+            need += moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+    struct pg_defer *d = job_new(pg, s, DF_OUT, n);
+    uint64_t *slots = malloc((need ? need : 1) * sizeof *slots);
+    uint32_t got = 0;
+    rc = -ENOMEM;
+    if (!d || !slots)
+        goto out_free;
+    for (; got < need; got++)
+        if ((rc = pg->p.host->alloc(pg->p.host->arg, &slots[got])))
+            goto out_slots;
+    d->first = 0;
+    d->end = np;
+    for (uint32_t r = 0; r < nr; r++)
+        memcpy(d->pages + (size_t)r * np, pg_bt(pg, s, r), np * sizeof(uint32_t));
+    rc = copies_after_engine(pg);   /* the window is unmapped after the engine's work */
+    if (rc)
+        goto out_slots;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n && k < need; i++) {
+        uint32_t r = i / np, idx = i % np;
+        if (!moves_down(page_at(pg, d->pages[i])))
+            continue;
+        rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slots[k++]),
+                           pg_va(pg, r, pg_slot_of(pg, s), idx), pg->p.page_size,
+                           pg->copy_stream);
+        if (rc) {
+            vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made read into slots */
+            goto out_slots;
+        }
+    }
+    bool fenced = pg->stream || async;
+    if (fenced && (rc = vmm_fence_create(pg->v, &d->fence)) == 0 &&
+        (rc = vmm_fence_record(pg->v, &d->fence, pg->copy_stream)) != 0)
+        vmm_fence_destroy(pg->v, &d->fence);
+    if (!fenced && !rc)
+        rc = vmm_stream_sync(pg->v, pg->copy_stream);   /* sync mode: done on return */
+    if (rc) {
+        vmm_stream_sync(pg->v, pg->copy_stream);
+        goto out_slots;
+    }
+    /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
+    seq_drop_ahead(pg, s, 0);
+    k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        struct pg_page *p = page_at(pg, d->pages[i]);
+        if (k < need && moves_down(p)) {
+            p->tier = PG_TIER_TO_HOST;
+            p->host_slot = slots[k++];
+            pg->n_host++;
+            pg->n_inflight++;
+        }
+        p->offs++;
+    }
+    s->out = 1;
+    s->used_valid = 0;
+    pg->c.swap_outs++;
+    pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
+    free(slots);
+    job_start(pg, s, d, !fenced);
+    return 0;
+
+out_slots:
+    while (got-- > 0)
+        pg->p.host->free(pg->p.host->arg, slots[got]);
+out_free:
+    free(slots);
+    free(d);
+    return rc;
+}
+
+/* ---- swap-in ------------------------------------------------------------------------- */
+
+int paging_swap_in(struct paging *pg, uint64_t h, bool async)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (!s->out) {
+        if (!async) {
+            rc = seq_settle(pg, s);
+            if (!rc)
+                seq_use(pg, s);
+        }
+        return rc;
+    }
+    rc = seq_wait_transfers(pg, s);
+    if (!rc)
+        rc = copy_stream(pg);
+    if (rc)
+        return rc;
+    uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s), need = 0;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++)
+            need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
+    if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
+        return rc;
+    if (pool_available(pg) < need)
+        return -ENOMEM;
+    uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
+    struct pg_defer *d = job_new(pg, s, DF_IN, need);
+    uint32_t mark = pg->n_created, r = 0;
+    rc = -ENOMEM;
+    if (!fr || !d)
+        goto out_free;
+    uint32_t *fresh = fr + (size_t)nr * np;
+    if (need && (rc = pool_take(pg, need, fresh)))
+        goto out_rollback;
+    /* frames per window page: the page's own, or a fresh one for a host page */
+    uint32_t k = 0;
+    for (uint32_t q = 0; q < nr; q++)
+        for (uint32_t i = 0; i < np; i++) {
+            struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
+            fr[(size_t)q * np + i] = p->tier == PG_TIER_HOST ? fresh[k++] : p->frame;
+        }
+    for (r = 0; r < nr; r++)
+        if ((rc = seq_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np)))
+            goto out_unmap;
+    r = nr;
+    k = 0;
+    for (uint32_t q = 0; q < nr && k < need; q++)
+        for (uint32_t i = 0; i < np && k < need; i++) {
+            struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
+            if (p->tier != PG_TIER_HOST)
+                continue;
+            rc = vmm_copy_htod(pg->v, pg_va(pg, q, slot, i),
+                               pg->p.host->ptr(pg->p.host->arg, p->host_slot),
+                               pg->p.page_size, pg->copy_stream);
+            k++;
+            if (rc)
+                goto out_sync;
+        }
+    bool wait = !pg->stream && !async;
+    if (wait && (rc = vmm_stream_sync(pg->v, pg->copy_stream)))
+        goto out_sync;
+    if (!wait) {
+        rc = vmm_fence_create(pg->v, &d->fence);
+        if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->copy_stream)) == 0 &&
+            pg->stream && !async)
+            rc = vmm_stream_after(pg->v, pg->stream, &d->fence);
+        if (rc) {
+            vmm_fence_destroy(pg->v, &d->fence);
+            goto out_sync;
+        }
+    }
+    /* commit */
+    k = 0;
+    for (uint32_t q = 0; q < nr; q++)
+        for (uint32_t i = 0; i < np; i++) {
+            uint32_t id = pg_bt(pg, s, q)[i];
+            struct pg_page *p = page_at(pg, id);
+            p->offs--;
+            if (p->tier != PG_TIER_HOST)
+                continue;
+            p->tier = PG_TIER_TO_DEVICE;
+            p->frame = fresh[k++];
+            frame_at(pg, p->frame)->page = id;
+            pg->n_inflight++;
+            d->pages[k - 1] = id;
+        }
+    s->out = 0;
+    seq_use(pg, s);
+    pg->c.swap_ins++;
+    pg->c.bytes_to_device += (uint64_t)need * pg->p.page_size;
+    free(fr);
+    if (!need) {
+        /* pages another swap-in is still bringing in: order the engine after those copies */
+        free(d);
+        if (pg->stream)
+            return async ? 0 : paging_stream_after_copies(pg, pg->stream);
+        return async ? 0 : vmm_stream_sync(pg->v, pg->copy_stream);
+    }
+    if (async)
+        s->in_job = d;
+    job_start(pg, s, d, wait);
+    return 0;
+
+out_sync:
+    vmm_stream_sync(pg->v, pg->copy_stream);     /* the copies made write into the window */
+out_unmap:
+    while (r-- > 0)
+        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+    if (need)
+        pool_give(pg, fresh, need);
+out_rollback:
+    pool_rollback(pg, mark);
+out_free:
+    free(fr);
+    free(d);
+    return rc;
+}
+
+int paging_seq_ready(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->out)
+        return 0;
+    if ((rc = paging_reap(pg)))
+        return rc;
+    for (struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
+            return 0;
+    return 1;
+}
+
+int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (length > pg->p.max_tokens)
+        return -E2BIG;
+    uint32_t n = 0, nr = pg->p.n_regions;
+    if (s->out)
+        for (uint32_t r = 0; r < nr; r++)
+            for (uint32_t i = 0; i < s->n_pages; i++) {
+                uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+                n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
+            }
+    if (length > s->length) {
+        uint32_t np = (uint32_t)pg_pages_for(pg, length);
+        uint32_t grow = (np - s->n_pages) * nr;
+        uint32_t ahead = s->out ? 0 : s->n_ahead * nr;
+        n += grow > ahead ? grow - ahead : 0;
+        if ((s->length * pg->p.bytes_per_token) % pg->p.page_size)
+            n += cow_needed(pg, s, 0, nr, s->n_pages - 1, s->n_pages);
+    }
+    *frames = n;
+    return 0;
+}
+
+bool paging_seq_resident(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    return seq_lookup(pg, h, &s) == 0 && !s->out;
+}
+
+size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (!s->live || s->out || s->n_defer || s->in_job ||
+            (s->used_valid && s->used_epoch >= pg->epoch))
+            continue;
+        uint32_t frees = 0;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t j = 0; j < s->n_pages; j++)
+                frees += moves_down(page_at(pg, pg_bt(pg, s, r)[j]));
+        if (!frees)       /* (map-ahead frames count as free already) */
+            continue;
+        out[n++] = (struct pg_cand){ ((uint64_t)s->gen << 32) | (i + 1), s->used_tick, frees };
+    }
+    return n;
+}
+
+uint32_t paging_frames_pending(const struct paging *pg)
+{
+    uint32_t n = 0;
+    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->kind == DF_OUT)
+            for (uint32_t i = 0; i < d->n; i++)
+                n += pg->pages[d->pages[i] - 1].tier == PG_TIER_TO_HOST;
+    return n;
+}
+
+uint32_t paging_orphans(const struct paging *pg)
+{
+    return tier_orphans(pg);
+}
+
+uint32_t paging_frames_free(const struct paging *pg)
+{
+    return pg->p.max_frames - pg->n_used;
+}
+
+size_t paging_host_free(const struct paging *pg)
+{
+    return pg->p.host ? pg->p.host->n_free(pg->p.host->arg) : 0;
+}
+
+int paging_reap(struct paging *pg)
+{
+    return defer_reap(pg, false);
+}
+
+/* ---- orphans ------------------------------------------------------------------------- */
+
+static bool is_orphan(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs;
+}
+
+/* Copies one orphan down through the scratch page. Synchronous; all or nothing. */
+static int orphan_move(struct paging *pg, uint32_t id)
+{
+    struct pg_page *p = page_at(pg, id);
+    uint64_t slot;
+    int rc = pg->p.host->alloc(pg->p.host->arg, &slot);
+    if (rc)
+        return rc;
+    rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
+    if (rc)
+        goto out_slot;
+    rc = copies_after_engine(pg);
+    if (!rc)
+        rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slot), pg->scratch_va,
+                           pg->p.page_size, pg->copy_stream);
+    int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (!rc)
+        rc = src;
+    seq_unmap_must(pg, pg->scratch_va, 1);
+    if (rc)
+        goto out_slot;
+    uint32_t f = p->frame;
+    p->tier = PG_TIER_HOST;
+    p->host_slot = slot;
+    p->frame = 0;
+    frame_at(pg, f)->page = 0;
+    pool_give(pg, &f, 1);
+    pg->n_host++;
+    pg->c.bytes_to_host += pg->p.page_size;
+    pg->c.orphans_moved++;
+    return 0;
+out_slot:
+    pg->p.host->free(pg->p.host->arg, slot);
+    return rc;
+}
+
+int paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved)
+{
+    *moved = 0;
+    if (!pg->p.host)
+        return 0;
+    int rc = copy_stream(pg);
+    for (uint32_t i = 0; !rc && i < pg->p.max_pages && *moved < max; i++)
+        if (is_orphan(&pg->pages[i]) && (rc = orphan_move(pg, i + 1)) == 0)
+            (*moved)++;
+    return rc;
+}
+
+uint32_t tier_orphans(const struct paging *pg)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < pg->p.max_pages; i++)
+        n += is_orphan(&pg->pages[i]);
+    return n;
+}

@@ -1,0 +1,307 @@
+/*
+ * swap/swap.c: victim choice, direct reclaim, watermarks and the background reclaim thread
+ * (contract in swap.h).
+ */
+#include "swap.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+struct swap {
+    struct paging *pg;
+    struct vmm *v;
+    pthread_mutex_t *lock;         /* the context lock */
+    struct swap_params p;
+    uint32_t min_free, low_free, high_free;   /* in frames */
+    struct swap_counters c;
+    vmm_fence direct_fence;        /* used under the context lock only */
+    vmm_fence thread_fence;        /* used by the thread only */
+    bool direct_fence_ok, thread_fence_ok;
+    /* below: under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* wake / idle changes */
+    bool running, stop, wake, active, futile;
+    pthread_t thread;
+};
+
+static uint32_t frames_free(struct swap *sw)
+{
+    return paging_frames_free(sw->pg);
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct pg_cand *x = a, *y = b;
+    return x->tick < y->tick ? -1 : x->tick > y->tick;
+}
+
+static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (excl[i] == h)
+            return true;
+    return false;
+}
+
+/* Victims in LRU order, excl removed. *out is malloc'ed. */
+static size_t victims(struct swap *sw, const uint64_t *excl, size_t n_excl, struct pg_cand **out,
+                      uint64_t *frees)
+{
+    size_t max = 256, n;
+    struct pg_cand *c = NULL;
+    for (;;) {
+        struct pg_cand *nc = realloc(c, max * sizeof *c);
+        if (!nc) {
+            free(c);
+            *out = NULL;
+            *frees = 0;
+            return 0;
+        }
+        c = nc;
+        n = paging_candidates(sw->pg, c, max);
+        if (n < max)
+            break;
+        max *= 2;
+    }
+    size_t k = 0;
+    *frees = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!excluded(c[i].h, excl, n_excl)) {
+            c[k++] = c[i];
+            *frees += c[i].frees;
+        }
+    qsort(c, k, sizeof *c, cand_cmp);
+    *out = c;
+    return k;
+}
+
+/* Starts moves until `target` frames are free or on their way back. Returns the number of
+   sequences moved; *rc the first error. Context lock held. */
+static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *excl,
+                           size_t n_excl, bool all_or_nothing, int *rc)
+{
+    uint32_t moved_seqs = 0, orphans = 0;
+    *rc = 0;
+    uint32_t have = frames_free(sw) + paging_frames_pending(sw->pg);
+    if (have >= target)
+        return 0;
+    struct pg_cand *c;
+    uint64_t frees;
+    size_t n = victims(sw, excl, n_excl, &c, &frees);
+    uint32_t n_orphans = paging_orphans(sw->pg);
+    /* all or nothing: the victims' frames must cover the shortfall and the host tier must
+       take them (one slot per frame), else nothing moves */
+    if (all_or_nothing && (have + frees + n_orphans < target ||
+                           paging_host_free(sw->pg) < target - have)) {
+        free(c);
+        *rc = -ENOMEM;
+        return 0;
+    }
+    if (n_orphans) {
+        *rc = paging_reclaim_orphans(sw->pg, target - have, &orphans);
+        have += orphans;
+        if (*rc == -ENOMEM)
+            *rc = 0;            /* host tier full: sequences below will say so */
+    }
+    for (size_t i = 0; i < n && have < target && !*rc; i++) {
+        *rc = paging_swap_out(sw->pg, c[i].h, true);   /* copies waited for below */
+        if (!*rc) {
+            moved_seqs++;
+            have += c[i].frees;
+        }
+    }
+    free(c);
+    if (!*rc && have < target && !moved_seqs && !orphans)
+        *rc = -ENOMEM;
+    return moved_seqs + (orphans ? 1 : 0);
+}
+
+static int wait_fence(struct swap *sw, vmm_fence *f, bool *ok)
+{
+    if (!*ok) {
+        int rc = vmm_fence_create(sw->v, f);
+        if (rc)
+            return rc;
+        *ok = true;
+    }
+    int rc = paging_copy_fence_record(sw->pg, f);
+    return rc ? rc : vmm_fence_wait(sw->v, f);
+}
+
+int swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
+{
+    if (!sw->p.auto_swap)
+        return -ENOMEM;
+    uint64_t t0 = know_ns();
+    int rc;
+    uint32_t moved = move_until(sw, want, excl, n_excl, true, &rc);
+    if (!rc || moved) {
+        /* the frames come back when the copies completed: wait for them (direct reclaim) */
+        int wrc = paging_frames_pending(sw->pg) ? wait_fence(sw, &sw->direct_fence,
+                                                             &sw->direct_fence_ok) : 0;
+        if (!wrc)
+            wrc = paging_reap(sw->pg);
+        if (!rc)
+            rc = wrc;
+    }
+    if (moved) {
+        sw->c.direct_reclaims++;
+        sw->c.direct_swap_outs += moved;
+        sw->c.direct_ns += know_ns() - t0;
+    }
+    if (!rc && frames_free(sw) < want)
+        rc = -ENOMEM;
+    return rc;
+}
+
+void swap_after_call(struct swap *sw)
+{
+    if (!sw->p.auto_swap)
+        return;
+    uint32_t f = frames_free(sw);
+    if (f >= sw->low_free)
+        return;
+    if (f < sw->min_free) {
+        uint32_t dummy = sw->low_free;
+        (void)swap_reclaim_direct(sw, dummy, NULL, 0);   /* best effort: the call succeeded */
+        if (frames_free(sw) >= sw->low_free)
+            return;
+    }
+    if (!sw->running)
+        return;
+    pthread_mutex_lock(&sw->mu);
+    if (!sw->futile && !sw->active) {
+        sw->wake = true;
+        pthread_cond_broadcast(&sw->cv);
+    }
+    pthread_mutex_unlock(&sw->mu);
+}
+
+void swap_after_step(struct swap *sw)
+{
+    if (!sw->running)
+        return;
+    pthread_mutex_lock(&sw->mu);
+    sw->futile = false;
+    pthread_mutex_unlock(&sw->mu);
+    swap_after_call(sw);
+}
+
+static void *reclaim_thread(void *arg)
+{
+    struct swap *sw = arg;
+    if (vmm_make_current(sw->v))
+        klog_warn("swap: the reclaim thread could not make the device context current");
+    pthread_mutex_lock(&sw->mu);
+    for (;;) {
+        while (!sw->stop && !sw->wake)
+            pthread_cond_wait(&sw->cv, &sw->mu);
+        if (sw->stop)
+            break;
+        sw->wake = false;
+        sw->active = true;
+        pthread_mutex_unlock(&sw->mu);
+
+        int rc;
+        pthread_mutex_lock(sw->lock);
+        uint32_t moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
+        int wrc = paging_frames_pending(sw->pg) ? paging_copy_fence_record(sw->pg,
+                                                                           &sw->thread_fence) : 1;
+        if (moved) {
+            sw->c.reclaim_runs++;
+            sw->c.reclaim_swap_outs += moved;
+        }
+        pthread_mutex_unlock(sw->lock);
+        if (wrc == 0) {
+            /* the copies complete without the lock held; then the frames are pooled */
+            vmm_fence_wait(sw->v, &sw->thread_fence);
+            pthread_mutex_lock(sw->lock);
+            paging_reap(sw->pg);
+            pthread_mutex_unlock(sw->lock);
+        }
+
+        pthread_mutex_lock(&sw->mu);
+        if (!moved)
+            sw->futile = true;   /* nothing movable until the next step */
+        sw->active = false;
+        pthread_cond_broadcast(&sw->cv);
+    }
+    pthread_mutex_unlock(&sw->mu);
+    return NULL;
+}
+
+int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
+                const struct swap_params *p, struct swap **out)
+{
+    struct swap *sw = calloc(1, sizeof *sw);
+    if (!sw)
+        return -ENOMEM;
+    sw->pg = pg;
+    sw->v = v;
+    sw->lock = lock;
+    sw->p = *p;
+    sw->min_free = (uint32_t)(p->min * p->frames);
+    sw->low_free = (uint32_t)(p->low * p->frames);
+    sw->high_free = (uint32_t)(p->high * p->frames);
+    if (sw->high_free > p->frames)
+        sw->high_free = p->frames;
+    pthread_mutex_init(&sw->mu, NULL);
+    pthread_cond_init(&sw->cv, NULL);
+    int rc = 0;
+    if (p->auto_swap && p->thread) {
+        rc = vmm_fence_create(v, &sw->thread_fence);
+        if (rc)
+            goto out_free;
+        sw->thread_fence_ok = true;
+        rc = -pthread_create(&sw->thread, NULL, reclaim_thread, sw);
+        if (rc)
+            goto out_fence;
+        sw->running = true;
+    }
+    *out = sw;
+    return 0;
+out_fence:
+    vmm_fence_destroy(v, &sw->thread_fence);
+out_free:
+    pthread_cond_destroy(&sw->cv);
+    pthread_mutex_destroy(&sw->mu);
+    free(sw);
+    return rc;
+}
+
+void swap_destroy(struct swap *sw)
+{
+    if (!sw)
+        return;
+    if (sw->running) {
+        pthread_mutex_lock(&sw->mu);
+        sw->stop = true;
+        pthread_cond_broadcast(&sw->cv);
+        pthread_mutex_unlock(&sw->mu);
+        pthread_join(sw->thread, NULL);
+    }
+    if (sw->thread_fence_ok)
+        vmm_fence_destroy(sw->v, &sw->thread_fence);
+    if (sw->direct_fence_ok)
+        vmm_fence_destroy(sw->v, &sw->direct_fence);
+    pthread_cond_destroy(&sw->cv);
+    pthread_mutex_destroy(&sw->mu);
+    free(sw);
+}
+
+void swap_wait_idle(struct swap *sw)
+{
+    if (!sw || !sw->running)
+        return;
+    pthread_mutex_lock(&sw->mu);
+    while (sw->wake || sw->active)
+        pthread_cond_wait(&sw->cv, &sw->mu);
+    pthread_mutex_unlock(&sw->mu);
+}
+
+void swap_counters(struct swap *sw, struct swap_counters *out)
+{
+    *out = sw->c;
+}

@@ -1,0 +1,966 @@
+/*
+ * tests/test_swap.c: the host tier and swap (issue 4) through the public API, checked with
+ * content cookies read back through kvvm_seq_read, against the emulator's copied-byte
+ * counters and with the invariant checker (kvvm_debug_check) after every step.
+ *
+ * Emulated device in opaque mode, 4 KiB granules, two regions, 1000 bytes per token (so
+ * sequences end in partial pages). Suites: roundtrip (single, forked family, shared prefix,
+ * partly shared; shared pages moved once), outops (truncate/free/fork/share while swapped
+ * out), pressure (auto-swap oversubscription, protected never evicted, -ENOMEM unchanged,
+ * no auto-swap, host tier full), stream (ordering with a paused engine stream, prefetch,
+ * another stream ordered after a swap-in), hysteresis, sweep (fail-at-call-N over swap-out
+ * and swap-in).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kvvm.h"
+#include "core/debug.h"
+#include "vmm/emu.h"
+
+#define KB 4096u
+#define NR 2
+#define BPT 1000u
+#define MAXTOK 64u
+
+static inline uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
+{
+    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (uint8_t)(x | 1);
+}
+
+struct tctx {
+    kvvm *kv;
+    struct kvvm_config cfg;
+    int ord;
+};
+
+static void tcfg(struct kvvm_config *c, uint32_t dev_pages, uint32_t host_pages, unsigned flags)
+{
+    kvvm_config_init(c);
+    c->backend = KVVM_BACKEND_EMULATED;
+    c->emu_granule = KB;
+    c->page_size = KB;
+    c->n_regions = NR;
+    c->bytes_per_token = BPT;
+    c->max_seqs = 32;
+    c->max_tokens = MAXTOK;
+    c->device_budget = (size_t)dev_pages * KB;
+    c->host_budget = (size_t)host_pages * KB;
+    c->spill_dir = NULL;
+    c->flags = flags;
+    c->emu_opaque = 1;
+}
+
+static void topen(struct tctx *t, const struct kvvm_config *c)
+{
+    memset(t, 0, sizeof *t);
+    t->cfg = *c;
+    int rc = kvvm_open(c, &t->kv);
+    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
+    t->ord = kvvm_debug_emu_ordinal(t->kv);
+}
+
+static bool soft;
+static int soft_failures;
+#define UCHK(cond, ...) do {                                        \
+        if (cond) break;                                            \
+        if (soft) { soft_failures++; cr_expect_fail(__VA_ARGS__); } \
+        else cr_assert_fail(__VA_ARGS__);                           \
+    } while (0)
+
+static void tcheck(struct tctx *t, const char *where)
+{
+    char why[512] = "";
+    int rc = kvvm_debug_check(t->kv, why, sizeof why);
+    UCHK(rc == 0, "%s: invariant violated (%d): %s", where, rc, why);
+}
+
+static void tstats(struct tctx *t, struct kvvm_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->size = sizeof *st;
+    cr_assert_eq(kvvm_stats(t->kv, st), 0);
+}
+
+static void tinfo(struct tctx *t, kvvm_seq s, struct kvvm_seq_info *in)
+{
+    memset(in, 0, sizeof *in);
+    in->size = sizeof *in;
+    int rc = kvvm_seq_info(t->kv, s, in);
+    cr_assert_eq(rc, 0, "kvvm_seq_info: %d", rc);
+}
+
+static void tclose(struct tctx *t)
+{
+    int ord = t->ord;
+    kvvm_close(t->kv);
+    struct emu_counters ec;
+    if (emu_counters_get(ord, &ec) == 0)
+        cr_expect(ec.handles == 0 && ec.mappings == 0 && ec.streams == 0 && ec.events == 0,
+                  "kvvm_close left handles %lu mappings %lu streams %lu events %lu",
+                  (unsigned long)ec.handles, (unsigned long)ec.mappings,
+                  (unsigned long)ec.streams, (unsigned long)ec.events);
+}
+
+static void emu_bytes(struct tctx *t, uint64_t *htod, uint64_t *dtoh)
+{
+    struct emu_counters ec;
+    cr_assert_eq(emu_counters_get(t->ord, &ec), 0);
+    *htod = ec.copied_htod;
+    *dtoh = ec.copied_dtoh;
+}
+
+/* ---- shadows: the bytes each sequence must read back ---- */
+
+struct sh {
+    kvvm_seq h;
+    uint64_t len;
+    uint8_t exp[NR][MAXTOK * BPT];
+};
+
+static struct sh *sh_new(struct tctx *t)
+{
+    struct sh *s = calloc(1, sizeof *s);
+    cr_assert(s);
+    int rc = kvvm_seq_create(t->kv, &s->h);
+    cr_assert_eq(rc, 0, "create: %d", rc);
+    return s;
+}
+
+/* Grows s to len and writes lineage lin's cookies into the new tokens. */
+static int sh_grow_fill(struct tctx *t, struct sh *s, uint64_t len, uint32_t lin)
+{
+    int rc = kvvm_seq_grow(t->kv, s->h, len);
+    if (rc)
+        return rc;
+    uint64_t a = s->len * BPT, b = len * BPT;
+    for (uint32_t r = 0; r < NR; r++) {
+        for (uint64_t o = a; o < b; o++)
+            s->exp[r][o] = cookie(lin, r, o);
+        if (b > a) {
+            rc = kvvm_seq_write(t->kv, s->h, r, a, s->exp[r] + a, b - a);
+            cr_assert_eq(rc, 0, "write: %d", rc);
+        }
+    }
+    s->len = len;
+    return 0;
+}
+
+static struct sh *sh_fork(struct tctx *t, struct sh *p)
+{
+    struct sh *c = calloc(1, sizeof *c);
+    cr_assert(c);
+    int rc = kvvm_seq_fork(t->kv, p->h, &c->h);
+    cr_assert_eq(rc, 0, "fork: %d", rc);
+    c->len = p->len;
+    memcpy(c->exp, p->exp, sizeof c->exp);
+    return c;
+}
+
+static void sh_verify(struct tctx *t, struct sh *s, const char *where)
+{
+    static uint8_t buf[MAXTOK * BPT];
+    for (uint32_t r = 0; r < NR && s->len; r++) {
+        int rc = kvvm_seq_read(t->kv, s->h, r, 0, buf, s->len * BPT);
+        UCHK(rc == 0, "%s: read: %d", where, rc);
+        if (rc)
+            return;
+        UCHK(memcmp(buf, s->exp[r], s->len * BPT) == 0, "%s: region %u bytes differ", where,
+             r);
+    }
+}
+
+static void t_out(struct tctx *t, struct sh *s)
+{
+    int rc = kvvm_seq_swap_out(t->kv, s->h);
+    cr_assert_eq(rc, 0, "swap_out: %d (%s)", rc, kvvm_strerror(rc));
+}
+
+static void t_in(struct tctx *t, struct sh *s)
+{
+    int rc = kvvm_seq_swap_in(t->kv, s->h);
+    cr_assert_eq(rc, 0, "swap_in: %d (%s)", rc, kvvm_strerror(rc));
+}
+
+static bool resident(struct tctx *t, struct sh *s)
+{
+    struct kvvm_seq_info in;
+    tinfo(t, s->h, &in);
+    return in.resident;
+}
+
+/* ================================================================ roundtrip */
+
+Test(roundtrip, single)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 19, 1), 0);      /* 5 pages per region, last partial */
+    kvvm_step(t.kv);
+    struct kvvm_stats s0, s1;
+    uint64_t h0, d0, h1, d1;
+    tstats(&t, &s0);
+    emu_bytes(&t, &h0, &d0);
+    t_out(&t, a);
+    tcheck(&t, "after swap_out");
+    struct kvvm_seq_info in;
+    tinfo(&t, a->h, &in);
+    cr_assert(!in.resident);
+    cr_assert_eq(in.pages_host, 10);
+    cr_assert_eq(in.pages_device, 0);
+    tstats(&t, &s1);
+    emu_bytes(&t, &h1, &d1);
+    cr_assert_eq(s1.swap_outs - s0.swap_outs, 1);
+    cr_assert_eq(s1.bytes_to_host - s0.bytes_to_host, 10 * KB);
+    cr_assert_eq(d1 - d0, s1.bytes_to_host - s0.bytes_to_host);
+    cr_assert_eq(s1.pages_device_free, 64, "device pages not returned: %lu",
+                 (unsigned long)s1.pages_device_free);
+    cr_assert_eq(s1.pages_host_free, 54);
+    cr_assert_eq(s1.seqs_nonresident, 1);
+    char js[8192];
+    cr_assert_eq(kvvm_stats_json(t.kv, js, sizeof js), 0);
+    cr_assert(strstr(js, "\"swap_outs\":1") && strstr(js, "\"reclaim_runs\":0") &&
+              strstr(js, "\"direct_reclaim_ns\":") && strstr(js, "\"pages_host_total\":64"),
+              "stats JSON: %s", js);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a->h), 0, "a second swap_out is a no-op");
+    t_in(&t, a);
+    tcheck(&t, "after swap_in");
+    tinfo(&t, a->h, &in);
+    cr_assert(in.resident);
+    cr_assert_eq(in.pages_device, 10);
+    struct kvvm_stats s2;
+    uint64_t h2, d2;
+    tstats(&t, &s2);
+    emu_bytes(&t, &h2, &d2);
+    cr_assert_eq(s2.bytes_to_device - s1.bytes_to_device, 10 * KB);
+    cr_assert_eq(h2 - h1, 10 * KB);
+    cr_assert_eq(s2.pages_host_free, 64, "host slots freed at swap-in");
+    sh_verify(&t, a, "roundtrip");
+    /* it grows again at the same addresses */
+    cr_assert_eq(sh_grow_fill(&t, a, 30, 2), 0);
+    sh_verify(&t, a, "grown after roundtrip");
+    tcheck(&t, "end");
+    free(a);
+    tclose(&t);
+}
+
+/* A parent forked twice, each child appending its own tokens: the shared pages go down and
+   come back once; every member reads its own bytes back in any order of return. */
+Test(roundtrip, forked_family)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    struct sh *p = sh_new(&t);
+    sh_grow_fill(&t, p, 16, 1);                        /* 4 pages, all full */
+    struct sh *a = sh_fork(&t, p), *b = sh_fork(&t, p);
+    sh_grow_fill(&t, a, 22, 2);                        /* + 2 own pages */
+    sh_grow_fill(&t, b, 25, 3);                        /* + 3 own pages */
+    kvvm_step(t.kv);
+    struct kvvm_stats s0, s1;
+    uint64_t h0, d0, h1, d1;
+    tstats(&t, &s0);
+    emu_bytes(&t, &h0, &d0);
+    t_out(&t, a);                   /* shared pages stay: p and b map them */
+    tstats(&t, &s1);
+    /* 16 tokens end inside page 3: a and b copied it when they grew (3 and 4 own pages) */
+    cr_assert_eq(s1.bytes_to_host - s0.bytes_to_host, 3 * NR * KB);
+    t_out(&t, p);                   /* its own page 3 only */
+    t_out(&t, b);                   /* the shared 3 + its 4, per region */
+    tcheck(&t, "family out");
+    tstats(&t, &s1);
+    emu_bytes(&t, &h1, &d1);
+    cr_assert_eq(s1.bytes_to_host - s0.bytes_to_host, (3 + 1 + 7) * NR * KB,
+                 "shared pages moved once: %lu bytes", (unsigned long)(s1.bytes_to_host - s0.bytes_to_host));
+    cr_assert_eq(d1 - d0, s1.bytes_to_host - s0.bytes_to_host);
+    cr_assert_eq(s1.pages_device_free, 64);
+    t_in(&t, b);
+    t_in(&t, p);                    /* maps b's pages, copies its own page 3 */
+    struct kvvm_stats s2;
+    uint64_t h2, d2;
+    tstats(&t, &s2);
+    emu_bytes(&t, &h2, &d2);
+    cr_assert_eq(s2.bytes_to_device - s1.bytes_to_device, (7 + 1) * NR * KB);
+    cr_assert_eq(h2 - h1, s2.bytes_to_device - s1.bytes_to_device);
+    struct kvvm_seq_info in;
+    tinfo(&t, p->h, &in);
+    cr_assert(in.resident);
+    cr_assert_eq(in.pages_shared, 3 * NR, "p maps the same pages as b");
+    t_in(&t, a);
+    tcheck(&t, "family in");
+    sh_verify(&t, p, "p");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    /* copy-on-write still separates them after the round trip */
+    sh_grow_fill(&t, p, 18, 4);
+    sh_verify(&t, a, "a after p grew");
+    sh_verify(&t, p, "p grown");
+    tcheck(&t, "end");
+    free(p); free(a); free(b);
+    tclose(&t);
+}
+
+/* shared prefix (share with a partial page) and a partly shared pair */
+Test(roundtrip, shared_prefix)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t), *d = sh_new(&t);
+    sh_grow_fill(&t, a, 21, 1);
+    cr_assert_eq(kvvm_seq_share(t.kv, d->h, a->h, 10), 0);  /* 2 whole pages + partial */
+    d->len = 10;
+    for (uint32_t r = 0; r < NR; r++)
+        memcpy(d->exp[r], a->exp[r], 10 * BPT);
+    sh_grow_fill(&t, d, 14, 2);
+    kvvm_step(t.kv);
+    t_out(&t, d);                  /* partly shared: its 2 shared pages stay for a */
+    struct kvvm_seq_info in;
+    tinfo(&t, d->h, &in);
+    cr_assert_eq(in.pages_device, 2 * NR, "pages mapped by a stay on the device");
+    cr_assert_eq(in.pages_host, 2 * NR);
+    t_out(&t, a);
+    tinfo(&t, d->h, &in);
+    cr_assert_eq(in.pages_device, 0);
+    tcheck(&t, "both out");
+    t_in(&t, d);
+    t_in(&t, a);
+    tcheck(&t, "both in");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, d, "d");
+    free(a); free(d);
+    tclose(&t);
+}
+
+/* ================================================================ outops */
+
+Test(outops, truncate_free_fork_share)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 30, 1);
+    kvvm_step(t.kv);
+    t_out(&t, a);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    /* fork while out: the child is out too, sharing every page */
+    struct sh *b = sh_fork(&t, a);
+    cr_assert(!resident(&t, b));
+    /* share while out: the target holds the pages and a host copy of the partial page */
+    struct sh *d = sh_new(&t);
+    cr_assert_eq(kvvm_seq_share(t.kv, d->h, a->h, 13), 0);
+    cr_assert(!resident(&t, d), "a share of a swapped-out source is swapped out");
+    d->len = 13;
+    for (uint32_t r = 0; r < NR; r++)
+        memcpy(d->exp[r], a->exp[r], 13 * BPT);
+    /* truncate while out */
+    cr_assert_eq(kvvm_seq_truncate(t.kv, a->h, 9), 0);
+    a->len = 9;
+    for (uint32_t r = 0; r < NR; r++)
+        memset(a->exp[r] + 9 * BPT, 0, (MAXTOK - 9) * BPT);
+    tcheck(&t, "after out ops");
+    tstats(&t, &s1);
+    cr_assert_eq(s1.swap_ins, s0.swap_ins, "nothing was brought back");
+    cr_assert_eq(s1.pages_device_free, 64);
+    /* free while out */
+    struct sh *e = sh_fork(&t, a);
+    cr_assert_eq(kvvm_seq_free(t.kv, e->h), 0);
+    tcheck(&t, "after free");
+    sh_verify(&t, b, "fork of out");       /* reads swap in implicitly */
+    sh_verify(&t, d, "share of out");
+    sh_verify(&t, a, "truncated out");
+    cr_assert(resident(&t, a));
+    tcheck(&t, "end");
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, b->h), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, d->h), 0);
+    kvvm_sync(t.kv);
+    tstats(&t, &s1);
+    cr_assert_eq(s1.pages_host_free, 64, "every host slot back");
+    cr_assert_eq(s1.pages_device_free, 64);
+    tcheck(&t, "all freed");
+    free(a); free(b); free(d); free(e);
+    tclose(&t);
+}
+
+/* a device page whose resident holder leaves after its sharers were swapped out: an orphan,
+   moved by reclaim */
+Test(outops, orphan)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 24, 64, KVVM_F_AUTO_SWAP);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 16, 1);
+    struct sh *b = sh_fork(&t, a);
+    kvvm_step(t.kv);
+    t_out(&t, b);
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);   /* b's pages are orphans now */
+    kvvm_sync(t.kv);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_orphan, 4 * NR);
+    tcheck(&t, "orphans");
+    /* pressure moves the orphans first */
+    struct sh *x = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, x, 40, 2), 0);  /* 10 pages per region: needs them */
+    tstats(&t, &st);
+    cr_assert_lt(st.pages_orphan, 4 * NR, "orphans moved first: %lu left",
+                 (unsigned long)st.pages_orphan);
+    tcheck(&t, "after reclaim");
+    kvvm_step(t.kv);                              /* x movable: b comes back in its place */
+    sh_verify(&t, b, "b");
+    free(a); free(b); free(x);
+    tclose(&t);
+}
+
+/* ================================================================ pressure */
+
+/* 16 sequences of 8 pages each (128 pages) on a 24-page device: each step grows 2 of them;
+   they are always resident and never evicted while protected; every byte survives. */
+Test(pressure, oversubscribe)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 24, 256, KVVM_F_AUTO_SWAP);
+    topen(&t, &c);
+    enum { N = 16 };
+    struct sh *s[N];
+    for (int i = 0; i < N; i++)
+        s[i] = sh_new(&t);
+    for (int round = 0; round < 4; round++)
+        for (int i = 0; i < N; i += 2) {
+            for (int j = i; j < i + 2; j++) {
+                int rc = sh_grow_fill(&t, s[j], (round + 1) * 4, 10 * j + round);
+                cr_assert_eq(rc, 0, "grow %d round %d: %d", j, round, rc);
+            }
+            for (int j = i; j < i + 2; j++)
+                cr_assert(resident(&t, s[j]), "a protected sequence was evicted");
+            tcheck(&t, "oversubscribe");
+            kvvm_step(t.kv);
+        }
+    struct kvvm_stats st;
+    kvvm_sync(t.kv);
+    tstats(&t, &st);
+    cr_assert_gt(st.swap_outs, 0);
+    cr_assert_gt(st.direct_reclaims + st.reclaim_runs, 0);
+    cr_assert_gt(st.seqs_nonresident, 0);
+    for (int i = 0; i < N; i++) {
+        sh_verify(&t, s[i], "oversubscribed");
+        kvvm_step(t.kv);
+    }
+    tcheck(&t, "end");
+    for (int i = 0; i < N; i++)
+        free(s[i]);
+    tclose(&t);
+}
+
+/* Below `min` the caller reclaims itself (up to `low`) before its call returns. */
+Test(pressure, below_min_direct)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 20, 64, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.30;
+    c.device_low = 0.40;
+    c.device_high = 0.50;
+    topen(&t, &c);
+    struct sh *s[3], *x;
+    for (int i = 0; i < 3; i++) {
+        s[i] = sh_new(&t);
+        sh_grow_fill(&t, s[i], 8, i);        /* 4 pages each: 12 used, 8 free (= low) */
+    }
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_device_free, 8);
+    x = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, x, 12, 9), 0);   /* + 6 pages: 2 free < min */
+    tstats(&t, &s1);
+    cr_assert_eq(s1.direct_reclaims - s0.direct_reclaims, 1, "the caller reclaimed");
+    cr_assert_geq(s1.pages_device_free, 8, "reclaimed up to low: %lu free",
+                  (unsigned long)s1.pages_device_free);
+    cr_assert(resident(&t, x));
+    cr_assert_gt(s1.direct_reclaim_ns, 0);
+    tcheck(&t, "below min");
+    kvvm_step(t.kv);
+    for (int i = 0; i < 3; i++) {
+        sh_verify(&t, s[i], "victim");
+        kvvm_step(t.kv);
+        free(s[i]);
+    }
+    free(x);
+    tclose(&t);
+}
+
+static void expect_same(struct tctx *t, const struct kvvm_stats *a, struct sh **s, int n)
+{
+    struct kvvm_stats b;
+    tstats(t, &b);
+    cr_assert_eq(a->pages_device_free, b.pages_device_free);
+    cr_assert_eq(a->pages_host_free, b.pages_host_free);
+    cr_assert_eq(a->swap_outs, b.swap_outs);
+    for (int i = 0; i < n; i++) {
+        struct kvvm_seq_info in;
+        tinfo(t, s[i]->h, &in);
+        cr_assert_eq(in.length, s[i]->len);
+        cr_assert(in.resident);
+    }
+}
+
+Test(pressure, enomem_when_all_protected)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 16, 64, KVVM_F_AUTO_SWAP);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 16, 1);           /* 8 pages */
+    sh_grow_fill(&t, b, 12, 2);           /* 6 pages: both protected (no step) */
+    struct kvvm_stats s0;
+    tstats(&t, &s0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b->h, 28), -ENOMEM);
+    struct sh *all[2] = { a, b };
+    expect_same(&t, &s0, all, 2);
+    tcheck(&t, "after -ENOMEM");
+    /* after a step a is movable */
+    kvvm_step(t.kv);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b->h, 28), 0);
+    b->len = 28;
+    cr_assert(!resident(&t, a));
+    kvvm_step(t.kv);
+    sh_verify(&t, a, "a");          /* back in, b evicted in turn */
+    free(a); free(b);
+    tclose(&t);
+}
+
+Test(pressure, no_auto_swap)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 16, 64, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 16, 1);
+    sh_grow_fill(&t, b, 12, 2);
+    kvvm_step(t.kv);
+    kvvm_step(t.kv);
+    struct kvvm_stats s0;
+    tstats(&t, &s0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b->h, 28), -ENOMEM);
+    struct sh *all[2] = { a, b };
+    expect_same(&t, &s0, all, 2);
+    /* explicit swap is still there */
+    t_out(&t, a);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b->h, 28), 0);
+    b->len = 28;
+    /* a cannot come back now: -ENOMEM, still out; a grow or a read of it neither */
+    struct kvvm_stats s1, s2;
+    tstats(&t, &s1);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a->h), -ENOMEM);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a->h, 17), -ENOMEM);
+    uint8_t byte;
+    cr_assert_eq(kvvm_seq_read(t.kv, a->h, 0, 0, &byte, 1), -ENOMEM);
+    cr_assert(!resident(&t, a));
+    tstats(&t, &s2);
+    cr_assert_eq(s2.swap_ins, s1.swap_ins, "a failed call moved nothing");
+    cr_assert_eq(s2.pages_device_free, s1.pages_device_free);
+    struct kvvm_seq_info ia;
+    tinfo(&t, a->h, &ia);
+    cr_assert_eq(ia.length, 16);
+    uint64_t pages; int fits;
+    cr_assert_eq(kvvm_seq_need(t.kv, a->h, 16, &pages, &fits), 0);
+    cr_assert_eq(pages, 8);
+    cr_assert_eq(fits, 0);
+    tcheck(&t, "end");
+    free(a); free(b);
+    tclose(&t);
+}
+
+Test(pressure, host_full)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 32, 6, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 16, 1);            /* 8 pages > 6 host slots */
+    kvvm_step(t.kv);
+    struct kvvm_stats s0;
+    tstats(&t, &s0);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a->h), -ENOMEM);
+    struct sh *all[1] = { a };
+    expect_same(&t, &s0, all, 1);
+    tcheck(&t, "host full");
+    sh_verify(&t, a, "a");
+    free(a);
+    tclose(&t);
+}
+
+Test(pressure, need_and_errors)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 32, 32, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 10, 1);            /* 3 pages per region */
+    uint64_t pages; int fits;
+    cr_assert_eq(kvvm_seq_need(t.kv, a->h, 20, &pages, &fits), 0);
+    cr_assert_eq(pages, 2 * NR);
+    cr_assert_eq(fits, 1);
+    cr_assert_eq(kvvm_seq_need(t.kv, a->h, MAXTOK + 1, &pages, &fits), -E2BIG);
+    cr_assert_eq(kvvm_seq_need(t.kv, a->h + 1, 1, &pages, &fits), -ENOENT);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a->h + 1), -ENOENT);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, 0), -ENOENT);
+    cr_assert_eq(kvvm_seq_ready(t.kv, a->h), 1);
+    kvvm_step(t.kv);
+    t_out(&t, a);
+    cr_assert_eq(kvvm_seq_ready(t.kv, a->h), 0);
+    cr_assert_eq(kvvm_seq_need(t.kv, a->h, 10, &pages, &fits), 0);
+    cr_assert_eq(pages, 3 * NR);
+    free(a);
+    tclose(&t);
+}
+
+/* ================================================================ stream */
+
+/* The engine stream is paused: swap_out returns although its copy cannot have run (it is
+   ordered after the engine's work); nothing is lost when the stream resumes. */
+Test(stream, ordered_not_blocking)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    void *st;
+    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 19, 1);
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    uint64_t h0, d0, h1, d1;
+    emu_bytes(&t, &h0, &d0);
+    cr_assert_eq(emu_stream_set_paused(st, 1), 0);
+    /* a truncate whose release waits for the engine, then the swap-out: neither blocks */
+    cr_assert_eq(kvvm_seq_truncate(t.kv, a->h, 15), 0);   /* 5 -> 4 pages per region */
+    a->len = 15;
+    for (uint32_t r = 0; r < NR; r++)
+        memset(a->exp[r] + 15 * BPT, 0, 4 * BPT);
+    t_out(&t, a);                            /* must not block */
+    struct kvvm_stats s;
+    tstats(&t, &s);
+    cr_assert_eq(s.pages_inflight, 4 * NR, "copies in flight while the engine is paused");
+    cr_assert_lt(s.pages_device_free, 64, "frames not free before the copy");
+    emu_bytes(&t, &h1, &d1);
+    cr_assert_eq(d1, d0, "the copy ran before the engine's earlier work");
+    tcheck(&t, "in flight");
+    kvvm_step(t.kv);                         /* reaps nothing yet */
+    cr_assert_eq(emu_stream_set_paused(st, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &s);
+    cr_assert_eq(s.pages_inflight, 0);
+    cr_assert_eq(s.pages_device_free, 64);
+    tcheck(&t, "after sync");
+    /* swap-in: the engine stream waits for the copies; pause it to prove the CPU did not */
+    cr_assert_eq(emu_stream_set_paused(st, 1), 0);
+    t_in(&t, a);
+    cr_assert_eq(kvvm_seq_wait_stream(t.kv, a->h, st), 0);
+    cr_assert_eq(emu_stream_set_paused(st, 0), 0);
+    sh_verify(&t, a, "stream roundtrip");    /* reads on the engine stream */
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    tcheck(&t, "end");
+    cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    free(a);
+    tclose(&t);
+}
+
+Test(stream, prefetch)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    void *st;
+    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 19, 1);
+    kvvm_step(t.kv);
+    t_out(&t, a);
+    kvvm_sync(t.kv);
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, a->h), 0);
+    int ready = 0;
+    for (int i = 0; i < 10000 && ready == 0; i++) {   /* up to ~10 s on a loaded machine */
+        ready = kvvm_seq_ready(t.kv, a->h);
+        if (!ready)
+            usleep(1000);
+    }
+    cr_assert_eq(ready, 1, "prefetch never became ready: %d", ready);
+    tcheck(&t, "prefetched");
+    sh_verify(&t, a, "prefetched");
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    free(a);
+    tclose(&t);
+}
+
+Test(stream, capturing_refused)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&t, &c);
+    void *st;
+    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 8, 1);
+    kvvm_step(t.kv);
+    emu_stream_set_capturing(st, 1);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a->h), -EBUSY);
+    emu_stream_set_capturing(st, 0);
+    cr_assert(resident(&t, a));
+    t_out(&t, a);
+    emu_stream_set_capturing(st, 1);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a->h), -EBUSY);
+    emu_stream_set_capturing(st, 0);
+    t_in(&t, a);
+    sh_verify(&t, a, "a");
+    kvvm_sync(t.kv);
+    free(a);
+    tclose(&t);
+}
+
+/* ================================================================ hysteresis */
+
+/* A working set under (1 - high) of the device: 1 000 steps, no swap-out after warm-up. */
+Test(hysteresis, fitting_working_set)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, KVVM_F_AUTO_SWAP);
+    topen(&t, &c);
+    enum { N = 6 };
+    struct sh *s[N];
+    for (int i = 0; i < N; i++) {
+        s[i] = sh_new(&t);
+        sh_grow_fill(&t, s[i], 4, i);          /* 2 pages each */
+    }
+    /* grows to 16 tokens (8 pages) then truncates back: peak 48 of 64 pages (< 80 %) */
+    struct kvvm_stats s0, s1;
+    kvvm_step(t.kv);
+    tstats(&t, &s0);
+    for (int step = 0; step < 1000; step++) {
+        int i = step % N;
+        uint64_t len = 4 + (step / N) % 13;
+        if (len < s[i]->len) {
+            cr_assert_eq(kvvm_seq_truncate(t.kv, s[i]->h, len), 0);
+            s[i]->len = len;
+        } else {
+            cr_assert_eq(kvvm_seq_grow(t.kv, s[i]->h, len), 0);
+            s[i]->len = len;
+        }
+        kvvm_step(t.kv);
+    }
+    kvvm_sync(t.kv);
+    tstats(&t, &s1);
+    cr_assert_eq(s1.swap_outs, s0.swap_outs, "%lu swap-outs in a fitting working set",
+                 (unsigned long)(s1.swap_outs - s0.swap_outs));
+    cr_assert_eq(s1.reclaim_runs, s0.reclaim_runs);
+    for (int i = 0; i < N; i++)
+        free(s[i]);
+    tclose(&t);
+}
+
+/* A working set oscillating around `low`: one sequence grows and shrinks across `low` while
+   the others idle. The reclaim thread frees up to `high` once; after that the oscillation
+   stays above `low`, so the number of reclaim runs stays bounded whatever the duration. */
+Test(hysteresis, oscillation_bounded)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 100, 400, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.02;
+    c.device_low = 0.10;
+    c.device_high = 0.40;
+    topen(&t, &c);
+    enum { N = 21 };
+    struct sh *s[N + 1];
+    for (int i = 0; i <= N; i++)
+        s[i] = sh_new(&t);
+    for (int i = 0; i < N; i++)
+        sh_grow_fill(&t, s[i], 8, i);          /* 4 pages each: 84 of 100, 16 free */
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    struct sh *o = s[N];
+    for (int step = 0; step < 300; step++) {
+        int rc = kvvm_seq_grow(t.kv, o->h, 16);   /* + 8 pages: 8 free, below low */
+        cr_assert_eq(rc, 0, "grow: %d", rc);
+        o->len = 16;
+        kvvm_step(t.kv);
+        rc = kvvm_seq_truncate(t.kv, o->h, 0);
+        cr_assert_eq(rc, 0);
+        o->len = 0;
+        kvvm_step(t.kv);
+        if (step % 50 == 0)
+            kvvm_sync(t.kv);
+    }
+    kvvm_sync(t.kv);
+    tstats(&t, &s1);
+    uint64_t runs = s1.reclaim_runs - s0.reclaim_runs + s1.direct_reclaims - s0.direct_reclaims;
+    printf("oscillation: 300 crossings, %lu reclaim runs, %lu swap-outs\n",
+           (unsigned long)runs, (unsigned long)(s1.swap_outs - s0.swap_outs));
+    cr_assert_geq(runs, 1, "low was crossed: reclaim must have run");
+    cr_assert_leq(runs, 3, "%lu reclaim runs for 300 oscillations", (unsigned long)runs);
+    tcheck(&t, "end");
+    for (int i = 0; i <= N; i++) {
+        sh_verify(&t, s[i], "after oscillation");
+        kvvm_step(t.kv);
+        free(s[i]);
+    }
+    tclose(&t);
+}
+
+/* ================================================================ sweep */
+
+enum sw_kind { SW_OUT, SW_IN, SW_OUT_STREAM, SW_IN_STREAM };
+
+struct sw_state {
+    struct tctx t;
+    struct sh *a, *b, *c;       /* a: subject (partly shared with b); c: untouched */
+    void *st;
+};
+
+static void sw_setup(struct sw_state *s, enum sw_kind k)
+{
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    topen(&s->t, &c);
+    s->st = NULL;
+    if (k == SW_OUT_STREAM || k == SW_IN_STREAM) {
+        cr_assert_eq(kvvm_stream_create(s->t.kv, &s->st), 0);
+        cr_assert_eq(kvvm_set_stream(s->t.kv, s->st), 0);
+    }
+    s->a = sh_new(&s->t);
+    sh_grow_fill(&s->t, s->a, 9, 1);
+    s->b = sh_fork(&s->t, s->a);
+    sh_grow_fill(&s->t, s->a, 19, 2);
+    s->c = sh_new(&s->t);
+    sh_grow_fill(&s->t, s->c, 6, 3);
+    kvvm_step(s->t.kv);
+    if (k == SW_IN || k == SW_IN_STREAM) {
+        cr_assert_eq(kvvm_seq_swap_out(s->t.kv, s->b->h), 0);
+        cr_assert_eq(kvvm_seq_swap_out(s->t.kv, s->a->h), 0);
+    }
+    kvvm_sync(s->t.kv);
+}
+
+/* The call, then a sync (whose own injected failures are retried: they are not the call's) */
+static int sw_call(struct sw_state *s, enum sw_kind k)
+{
+    int rc = (k == SW_OUT || k == SW_OUT_STREAM) ? kvvm_seq_swap_out(s->t.kv, s->a->h)
+                                                 : kvvm_seq_swap_in(s->t.kv, s->a->h);
+    if (kvvm_sync(s->t.kv) && kvvm_sync(s->t.kv))
+        return -EIO;
+    return rc;
+}
+
+static void sw_teardown(struct sw_state *s)
+{
+    free(s->a); free(s->b); free(s->c);
+    tclose(&s->t);
+}
+
+static void sweep(enum sw_kind k, const char *name)
+{
+    struct sw_state s;
+    enum { MAXT = 4096 };
+    static struct emu_trace_entry tr[MAXT];
+    sw_setup(&s, k);
+    emu_trace_start();
+    int rc = sw_call(&s, k);
+    size_t n = emu_trace_stop(tr, MAXT);
+    cr_assert_eq(rc, 0, "%s: the traced call failed: %d", name, rc);
+    cr_assert(n > 0 && n <= MAXT);
+    sw_teardown(&s);
+    unsigned failed = 0, absorbed = 0, broken = 0, dead = 0;
+    soft = true;
+    const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
+    for (size_t j = 0; j < 2 * n; j++) {
+        size_t i = j / 2;
+        char w[160];
+        snprintf(w, sizeof w, "%s: %s #%lu -> %d", name, tr[i].entry, tr[i].nth, errs[j % 2]);
+        sw_setup(&s, k);
+        int before = soft_failures;
+        struct kvvm_seq_info i0, i1;
+        tinfo(&s.t, s.a->h, &i0);
+        cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, errs[j % 2]), 0);
+        rc = sw_call(&s, k);
+        emu_fail_clear();
+        if (rc == -EIO) {
+            /* a sticky failure (the sync itself): the context is dead, nothing to check */
+            failed++;
+            dead++;
+            sw_teardown(&s);
+            continue;
+        }
+        tinfo(&s.t, s.a->h, &i1);
+        if (rc == 0) {
+            absorbed++;
+        } else {
+            failed++;
+            /* wholly on one side, as before */
+            UCHK(i1.resident == i0.resident && i1.pages_host == i0.pages_host &&
+                 i1.pages_device == i0.pages_device,
+                 "%s (rc %d): state changed: resident %d->%d host %u->%u device %u->%u", w, rc,
+                 i0.resident, i1.resident, i0.pages_host, i1.pages_host, i0.pages_device,
+                 i1.pages_device);
+        }
+        tcheck(&s.t, w);
+        /* nothing lost: every sequence reads its bytes back */
+        sh_verify(&s.t, s.a, w);
+        sh_verify(&s.t, s.b, w);
+        sh_verify(&s.t, s.c, w);
+        tcheck(&s.t, w);
+        if (soft_failures != before) {
+            broken++;
+            printf("sweep %s: BROKEN at %s (rc %d)\n", name, w, rc);
+        }
+        sw_teardown(&s);
+    }
+    soft = false;
+    printf("sweep %s: %zu injection points x 2 errors: %u failed (%u of them -EIO: a failed "
+           "sync, the context dead), %u absorbed, %u broke a rule\n", name, n, failed, dead,
+           absorbed, broken);
+    fflush(stdout);
+    cr_assert_eq(broken, 0);
+}
+
+Test(sweep, swap_out) { sweep(SW_OUT, "swap_out"); }
+Test(sweep, swap_in) { sweep(SW_IN, "swap_in"); }
+Test(sweep, swap_out_stream) { sweep(SW_OUT_STREAM, "swap_out_stream"); }
+Test(sweep, swap_in_stream) { sweep(SW_IN_STREAM, "swap_in_stream"); }

@@ -1,0 +1,246 @@
+/*
+ * tests/tsan_threads.c: several threads use one context while the background reclaim thread
+ * runs (KVVM_F_AUTO_SWAP, device oversubscribed through the host tier). A plain program, so
+ * it runs under ThreadSanitizer (Criterion cannot start there): scripts/test.sh builds a
+ * -DKVVM_SANITIZE=thread tree and runs it (ctest -R tsan_threads). Exit 0 = every thread's
+ * bytes read back as written, the invariant checker holds, the reclaim thread ran.
+ *
+ * Each worker owns its sequences (so it knows their bytes): it creates, grows and writes
+ * cookies, forks, swaps out and in explicitly, reads back and frees, and steps the context;
+ * other workers' pressure makes the reclaim thread and direct reclaim move its sequences.
+ * KVVMTEST_TSAN_ITERS scales the iterations (default 300 per thread).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kvvm.h"
+#include "core/debug.h"
+
+#define KB 4096u
+#define NR 2
+#define BPT 1024u
+#define MAXTOK 32u
+#define THREADS 4
+#define PER 4               /* sequences per thread */
+
+static kvvm *kv;
+static int iters = 300;
+static int failures;
+static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define FAIL(...) do {                                      \
+        pthread_mutex_lock(&fail_mu);                       \
+        failures++;                                         \
+        fprintf(stderr, "tsan_threads: " __VA_ARGS__);      \
+        fputc('\n', stderr);                                \
+        pthread_mutex_unlock(&fail_mu);                     \
+    } while (0)
+
+static uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
+{
+    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
+    x ^= x >> 31; x *= 0x9e3779b97f4a7c15ull; x ^= x >> 29;
+    return (uint8_t)(x | 1);
+}
+
+struct seqst {
+    kvvm_seq h;
+    uint64_t len;
+    uint32_t lin;
+};
+
+/* ENOMEM is a legal outcome under pressure (everything protected at that moment). */
+static bool ok_or_nomem(int rc, const char *what, int tid)
+{
+    if (rc == 0)
+        return true;
+    if (rc != -ENOMEM)
+        FAIL("thread %d: %s: %d (%s)", tid, what, rc, kvvm_strerror(rc));
+    return false;
+}
+
+/* Writes the cookies of [from, to). A write can meet -ENOMEM when another thread's step
+   ended the sequence's protection and reclaim moved it out while everything else is
+   protected: retried after a step; if it still fails the sequence is truncated back. */
+static void fill(struct seqst *s, uint64_t from, uint64_t to, int tid)
+{
+    static __thread uint8_t buf[MAXTOK * BPT];
+    for (uint32_t r = 0; r < NR; r++) {
+        for (uint64_t o = from * BPT; o < to * BPT; o++)
+            buf[o - from * BPT] = cookie(s->lin, r, o);
+        int rc = -ENOMEM;
+        for (int k = 0; k < 100 && rc == -ENOMEM; k++) {
+            rc = kvvm_seq_write(kv, s->h, r, from * BPT, buf, (to - from) * BPT);
+            if (rc == -ENOMEM)
+                kvvm_step(kv);
+        }
+        if (!ok_or_nomem(rc, "write", tid)) {
+            if ((rc = kvvm_seq_truncate(kv, s->h, from)))
+                FAIL("thread %d: truncate after a failed write: %d", tid, rc);
+            s->len = from;
+            return;
+        }
+    }
+}
+
+static void verify(struct seqst *s, int tid)
+{
+    static __thread uint8_t buf[MAXTOK * BPT];
+    for (uint32_t r = 0; r < NR && s->len; r++) {
+        int rc = kvvm_seq_read(kv, s->h, r, 0, buf, s->len * BPT);
+        if (!ok_or_nomem(rc, "read", tid))
+            return;
+        for (uint64_t o = 0; o < s->len * BPT; o++)
+            if (buf[o] != cookie(s->lin, r, o)) {
+                uint64_t n = 0;
+                for (uint64_t p = o; p < s->len * BPT; p++)
+                    n += buf[p] != cookie(s->lin, r, p);
+                FAIL("thread %d: sequence lineage %u region %u byte %lu of %lu differs "
+                     "(got %02x want %02x; %lu bytes differ)", tid, s->lin, r,
+                     (unsigned long)o, (unsigned long)(s->len * BPT), buf[o],
+                     cookie(s->lin, r, o), (unsigned long)n);
+                return;
+            }
+    }
+}
+
+static void *worker(void *arg)
+{
+    int tid = (int)(intptr_t)arg;
+    struct seqst s[PER];
+    uint64_t rnd = 0x1234567ull * (tid + 1);
+    memset(s, 0, sizeof s);
+    for (int i = 0; i < PER; i++)
+        s[i].lin = (uint32_t)(tid * 1000 + i);
+    for (int it = 0; it < iters; it++) {
+        rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
+        int i = (int)((rnd >> 33) % PER), op = (int)((rnd >> 40) % 8);
+        struct seqst *q = &s[i];
+        if (!q->h) {
+            int rc = kvvm_seq_create(kv, &q->h);
+            if (rc) {
+                FAIL("thread %d: create: %d", tid, rc);
+                q->h = 0;
+            }
+            q->len = 0;
+            continue;
+        }
+        switch (op) {
+        case 0: case 1: case 2: {              /* grow and write */
+            uint64_t to = q->len + 1 + (rnd >> 50) % 8;
+            if (to > MAXTOK)
+                to = MAXTOK;
+            if (to > q->len && ok_or_nomem(kvvm_seq_grow(kv, q->h, to), "grow", tid)) {
+                uint64_t from = q->len;
+                q->len = to;
+                fill(q, from, to, tid);
+            }
+            break;
+        }
+        case 3:                                /* fork, check the child, free it */
+        {
+            kvvm_seq c;
+            int rc = kvvm_seq_fork(kv, q->h, &c);
+            if (rc) {
+                if (rc != -ENOSPC)
+                    FAIL("thread %d: fork: %d", tid, rc);
+                break;
+            }
+            struct seqst cs = { c, q->len, q->lin };
+            verify(&cs, tid);
+            if ((rc = kvvm_seq_free(kv, c)))
+                FAIL("thread %d: free child: %d", tid, rc);
+            break;
+        }
+        case 4: {
+            int rc = kvvm_seq_swap_out(kv, q->h);
+            ok_or_nomem(rc, "swap_out", tid);
+            break;
+        }
+        case 5:
+            ok_or_nomem(kvvm_seq_swap_in(kv, q->h), "swap_in", tid);
+            break;
+        case 6:
+            verify(q, tid);
+            break;
+        case 7:
+            if ((rnd >> 20) % 4 == 0) {
+                int rc = kvvm_seq_free(kv, q->h);
+                if (rc)
+                    FAIL("thread %d: free: %d", tid, rc);
+                q->h = 0;
+            } else if (q->len > 2) {
+                int rc = kvvm_seq_truncate(kv, q->h, q->len / 2);
+                if (rc)
+                    FAIL("thread %d: truncate: %d", tid, rc);
+                else
+                    q->len /= 2;
+            }
+            break;
+        }
+        if (it % 4 == 0)
+            kvvm_step(kv);
+    }
+    for (int i = 0; i < PER; i++)
+        if (s[i].h) {
+            kvvm_step(kv);
+            verify(&s[i], tid);
+            kvvm_seq_free(kv, s[i].h);
+        }
+    return NULL;
+}
+
+int main(void)
+{
+    const char *e = getenv("KVVMTEST_TSAN_ITERS");
+    if (e && atoi(e) > 0)
+        iters = atoi(e);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_ERROR);
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = KVVM_BACKEND_EMULATED;
+    c.emu_granule = KB;
+    c.page_size = KB;
+    c.n_regions = NR;
+    c.bytes_per_token = BPT;
+    c.max_seqs = THREADS * PER * 2;
+    c.max_tokens = MAXTOK;
+    /* THREADS x PER sequences of up to 16 pages: 256 pages on a 48-page device */
+    c.device_budget = 48 * KB;
+    c.host_budget = 512 * KB;
+    c.flags = KVVM_F_AUTO_SWAP;
+    c.device_min = 0.05;
+    c.device_low = 0.20;
+    c.device_high = 0.40;
+    c.emu_opaque = 1;
+    int rc = kvvm_open(&c, &kv);
+    if (rc) {
+        fprintf(stderr, "tsan_threads: kvvm_open: %d\n", rc);
+        return 1;
+    }
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(th[i], NULL);
+    kvvm_sync(kv);
+    char why[512] = "";
+    if (kvvm_debug_check(kv, why, sizeof why))
+        FAIL("invariant: %s", why);
+    struct kvvm_stats st = { .size = sizeof st };
+    kvvm_stats(kv, &st);
+    kvvm_close(kv);
+    printf("tsan_threads: %d threads x %d ops; %lu swap-outs, %lu swap-ins, %lu background "
+           "reclaim runs, %lu direct reclaims; %d failures\n", THREADS, iters,
+           (unsigned long)st.swap_outs, (unsigned long)st.swap_ins,
+           (unsigned long)st.reclaim_runs, (unsigned long)st.direct_reclaims, failures);
+    if (st.swap_outs == 0) {
+        fprintf(stderr, "tsan_threads: nothing was swapped: the test did not test\n");
+        return 1;
+    }
+    return failures ? 1 : 0;
+}
