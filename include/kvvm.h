@@ -106,10 +106,17 @@ KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64
 /* host -> sequence bytes, via the driver. [offset, offset+len) within [0, length*bpt). A write
    into a shared page copies it first (the write never shows in a sibling). write, read,
    grow and prepare_write swap a swapped-out sequence in first (-ENOMEM when it cannot come
-   back; it is then still swapped out). */
+   back; it is then still swapped out).
+   Without a stream the bytes have moved when the call returns. With kvvm_set_stream the
+   copy is ordered on the engine stream and the CPU does not wait for it: a pageable src may
+   be reused at once (the driver stages it), a pinned src (cuMemHostAlloc/registered) must
+   stay unchanged until the stream has passed the copy. */
 KVVM_API int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                             const void *src, size_t len);
-/* sequence bytes -> host, via the driver. */
+/* sequence bytes -> host, via the driver, after the engine's earlier work. Without a
+   stream, and with a stream into pageable dst, the bytes are in dst when the call returns;
+   with a stream into pinned dst they are there once the stream has passed the copy
+   (kvvm_sync, or a stream/event synchronization). */
 KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                            void *dst, size_t len);
 /* Off the device, ends protection. Pages no resident sequence maps are copied to the host

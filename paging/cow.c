@@ -234,8 +234,10 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
         rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
-        /* the source is the caller's memory: it is read before we return, in both modes */
-        if (!rc)
+        /* Synchronous mode: done when we return. Stream mode: ordered on the engine stream,
+           the CPU does not wait; the driver stages a pageable source before returning (a
+           pinned one is read when the stream reaches the copy: kvvm.h says so). */
+        if (!rc && !pg->stream)
             rc = pg_finish_copy(pg);
     }
     if (rc) {
@@ -261,7 +263,10 @@ int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
     seq_use(pg, s);
     uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
     rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->stream);
-    /* the bytes are in dst when the call returns, in both modes */
-    int wrc = pg_finish_copy(pg);
-    return rc ? rc : wrc;
+    /* Synchronous mode: the bytes are in dst when we return. Stream mode: ordered after the
+       engine's work; the driver fills a pageable dst before returning, a pinned one when
+       the stream reaches the copy (kvvm.h). */
+    if (rc || pg->stream)
+        return rc;
+    return pg_finish_copy(pg);
 }

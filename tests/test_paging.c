@@ -1680,3 +1680,44 @@ Test(threads, four_threads_at_once)
                  (unsigned long)st.pages_device_free, (unsigned long)st.pages_device_total);
     tclose(&t);
 }
+
+/* Stream mode: the CPU does not wait for the engine stream (API.md "Ordering"). With the
+   engine stream paused, a write from pageable memory returns at once (the driver staged the
+   source, which the caller then reuses) and a read into pinned memory returns without its
+   bytes; both arrive, in stream order, once the stream runs. Regression: write and read used
+   to synchronize the whole engine stream, which would hang here. */
+Test(options, stream_mode_cpu_does_not_wait)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 1, 1000, 4, 40, 40);
+    topen(&t, &c);
+    void *stream = NULL;
+    cr_assert_eq(kvvm_stream_create(t.kv, &stream), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, stream), 0);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 8), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)stream, 1), 0);
+    char src[64];
+    memset(src, 'A', sizeof src);
+    cr_assert_eq(kvvm_seq_write(t.kv, s, 0, 100, src, sizeof src), 0);
+    memset(src, 'B', sizeof src);              /* reused at once: the copy must not see it */
+    const struct kcu_api *api = emu_api();
+    char *pin;
+    cr_assert_eq(api->cuMemAllocHost((void **)&pin, sizeof src), KCU_SUCCESS);
+    memset(pin, 0, sizeof src);
+    cr_assert_eq(kvvm_seq_read(t.kv, s, 0, 100, pin, sizeof src), 0);
+    cr_expect_eq(pin[0], 0, "the read ran while the engine stream was paused");
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)stream, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    for (size_t i = 0; i < sizeof src; i++)
+        cr_assert_eq(pin[i], 'A', "byte %zu: %c (stream order or staging broken)", i, pin[i]);
+    cr_assert_eq(api->cuMemFreeHost(pin), KCU_SUCCESS);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, stream), 0);
+    tcheck(&t, "stream no wait");
+    tclose(&t);
+}
