@@ -1289,3 +1289,21 @@ Test(emu, pageable_destination_is_filled_at_return)
     cr_expect_eq(A->cuMemFreeHost(pin), KCU_SUCCESS);
     cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
 }
+
+/* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the default stream, as on the driver
+   (engines pass them, e.g. PyTorch's default stream is the legacy one). */
+Test(emu, special_default_stream_handles)
+{
+    dev_default();
+    kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    static const char msg[] = "legacy handle";
+    char out[sizeof msg] = { 0 };
+    cr_expect_eq(A->cuMemcpyHtoDAsync(va, msg, sizeof msg, KCU_STREAM_LEGACY), KCU_SUCCESS);
+    cr_expect_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, KCU_STREAM_PER_THREAD), KCU_SUCCESS);
+    cr_expect_str_eq(out, msg);
+    cr_expect_eq(A->cuStreamSynchronize(KCU_STREAM_LEGACY), KCU_SUCCESS);
+    int st = -1;
+    cr_expect_eq(A->cuStreamIsCapturing(KCU_STREAM_PER_THREAD, &st), KCU_SUCCESS);
+    cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_NONE);
+    cr_expect_eq(A->cuStreamDestroy(KCU_STREAM_LEGACY), KCU_ERROR_INVALID_HANDLE);
+}

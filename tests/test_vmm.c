@@ -862,3 +862,62 @@ Test(vmm, open_fail_at_call_n_sweep)
     printf("test_vmm: vmm_open sweep covered %zu injection points\n", points);
     fflush(stdout);
 }
+
+/* ---- contexts of two devices on one thread --------------------------------------------- */
+
+/* Regression: vmm cached "my context is current on this thread" and skipped cuCtxSetCurrent,
+   so after the engine (or another vmm) made another device current, our copies ran in that
+   device's context. Each call now asks the driver which context is current. */
+Test(vmm, another_device_made_current_between_calls)
+{
+    struct vmm *a = open_emu(4 * MiB), *b = open_emu(4 * MiB);
+    uint64_t base_b;
+    cr_assert_eq(vmm_reserve(b, 2 * GRAN, &base_b), 0);
+    vmm_handle h;
+    cr_assert_eq(vmm_phys_create(b, GRAN, &h), 0);
+    cr_assert_eq(vmm_map_run(b, base_b, &h, 1, GRAN), 0);
+    write_page(b, base_b, GRAN, 7);            /* b's context is current now */
+    cr_assert_eq(vmm_make_current(a), 0);      /* the engine switches devices */
+    expect_page(b, base_b, GRAN, 7, "after another device became current");
+    cr_expect(!vmm_dead(a) && !vmm_dead(b), "a copy ran in the wrong device's context");
+    cr_assert_eq(vmm_unmap(b, base_b, GRAN), 0);
+    vmm_phys_release(b, h);
+    vmm_close(b);
+    vmm_close(a);
+}
+
+/* Save/restore leaves the caller's context current after our calls. */
+Test(vmm, caller_context_saved_and_restored)
+{
+    struct vmm *a = open_emu(4 * MiB), *b = open_emu(4 * MiB);
+    const struct kcu_api *api = vmm_api(a);
+    cr_assert_eq(vmm_make_current(a), 0);
+    kcu_context ca = NULL, cur = NULL, saved = NULL;
+    cr_assert_eq(api->cuCtxGetCurrent(&ca), KCU_SUCCESS);
+    cr_assert_eq(vmm_ctx_save(b, &saved), 0);
+    cr_expect_eq(saved, ca);
+    vmm_handle h;
+    cr_assert_eq(vmm_phys_create(b, GRAN, &h), 0);   /* makes b's context current */
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_expect_neq(cur, ca);
+    vmm_ctx_restore(b, saved);
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_expect_eq(cur, ca, "the caller's context was not restored");
+    vmm_phys_release(b, h);
+    vmm_close(b);
+    vmm_close(a);
+}
+
+/* A reset device (CONTEXT_IS_DESTROYED) loses every handle: the vmm is dead, not retrying. */
+Test(vmm, destroyed_context_is_sticky)
+{
+    struct vmm *v = open_emu(4 * MiB);
+    uint64_t base;
+    cr_assert_eq(vmm_reserve(v, 2 * GRAN, &base), 0);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_assert_eq(emu_fail_arm("cuMemCreate", 1, KCU_ERROR_CONTEXT_IS_DESTROYED), 0);
+    vmm_handle h;
+    cr_expect_eq(vmm_phys_create(v, GRAN, &h), -EIO);
+    cr_expect(vmm_dead(v));
+    vmm_close(v);
+}

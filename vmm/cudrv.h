@@ -60,6 +60,13 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_ERROR_INVALID_ADDRESS_SPACE    717
 #define KCU_ERROR_INVALID_PC               718
 #define KCU_ERROR_LAUNCH_FAILED            719
+#define KCU_ERROR_CONTAINED                226
+#define KCU_ERROR_CONTEXT_IS_DESTROYED     709
+#define KCU_ERROR_ASSERT                   710
+#define KCU_ERROR_TENSOR_MEMORY_LEAK       721
+#define KCU_ERROR_MPS_CLIENT_TERMINATED    810
+#define KCU_ERROR_STREAM_CAPTURE_IMPLICIT  906
+#define KCU_ERROR_EXTERNAL_DEVICE          911
 
 /* CUdevice_attribute */
 #define KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED 102
@@ -82,6 +89,10 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_STREAM_NON_BLOCKING            0x1
 #define KCU_EVENT_DEFAULT                  0x0
 #define KCU_EVENT_DISABLE_TIMING           0x2
+#define KCU_EVENT_BLOCKING_SYNC            0x1
+/* Special stream handles (cuda.h CU_STREAM_LEGACY, CU_STREAM_PER_THREAD). */
+#define KCU_STREAM_LEGACY                  ((kcu_stream)0x1)
+#define KCU_STREAM_PER_THREAD              ((kcu_stream)0x2)
 #define KCU_MEMHOSTREGISTER_PORTABLE       0x01
 
 /* CUmemLocation */

@@ -1368,12 +1368,14 @@ static void stream_wait_idle_locked(struct kcu_stream_st *s)
         pthread_cond_wait(&g_cond, &g_lock);
 }
 
-/* Resolves the stream argument of a call: a live stream, or NULL for the legacy stream
-   (needs a current context). KCU_ERROR_INVALID_HANDLE for an unknown stream. */
+/* Resolves the stream argument of a call: a live stream, or NULL / CU_STREAM_LEGACY /
+   CU_STREAM_PER_THREAD for the default stream (needs a current context; the per-thread
+   default stream is emulated as the legacy one, synchronously, which orders at least as
+   strictly). KCU_ERROR_INVALID_HANDLE for an unknown stream. */
 static kcu_result stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
                                     struct kcu_stream_st **s, struct emu_dev **d)
 {
-    if (!stream) {
+    if (!stream || stream == KCU_STREAM_LEGACY || stream == KCU_STREAM_PER_THREAD) {
         if (!cur)
             return KCU_ERROR_INVALID_CONTEXT;
         *s = NULL;

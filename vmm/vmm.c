@@ -34,7 +34,6 @@
 
 struct vmm {
     const struct kcu_api *api;
-    uint64_t id;                /* unique per vmm_open; the thread-local current cache key */
     kcu_device dev;
     kcu_context ctx;            /* retained primary context */
     int emu_ordinal;            /* emulated device we created, or -1 */
@@ -50,8 +49,6 @@ struct vmm {
     int64_t n_handles, n_mapped_bytes, n_streams, n_fences, n_host_allocs, n_host_regs;
 };
 
-static uint64_t vmm_next_id = 1;                /* atomic */
-static __thread uint64_t tls_current_id;        /* id of the vmm current on this thread */
 
 static void count(int64_t *c, int64_t d)
 {
@@ -91,6 +88,13 @@ static bool sticky(kcu_result r)
     case KCU_ERROR_INVALID_ADDRESS_SPACE:
     case KCU_ERROR_INVALID_PC:
     case KCU_ERROR_LAUNCH_FAILED:
+    case KCU_ERROR_ASSERT:
+    case KCU_ERROR_CONTAINED:
+    case KCU_ERROR_TENSOR_MEMORY_LEAK:
+    case KCU_ERROR_MPS_CLIENT_TERMINATED:
+    case KCU_ERROR_EXTERNAL_DEVICE:
+    case KCU_ERROR_CONTEXT_IS_DESTROYED:   /* e.g. the engine reset the device: every */
+    case KCU_ERROR_DEINITIALIZED:          /* handle and mapping of ours is gone       */
         return true;
     default:
         return false;
@@ -122,22 +126,40 @@ int vmm_make_current(struct vmm *v)
     if (vmm_dead(v))
         return -EIO;
     kcu_result r = v->api->cuCtxSetCurrent(v->ctx);
-    if (r != KCU_SUCCESS) {
-        tls_current_id = 0;
+    if (r != KCU_SUCCESS)
         return drv_err(v, "cuCtxSetCurrent", r);
-    }
-    tls_current_id = v->id;
     return 0;
 }
 
-/* The entry of every call: dead check, then our context current on this thread. */
+/* The entry of every call: dead check, then our context current on this thread. The
+   current context is asked of the driver each time (a thread-local read in the driver):
+   the engine may have switched devices on this thread since our last call, and a cached
+   answer would then run our copies in its context. */
 static int enter(struct vmm *v)
 {
     if (vmm_dead(v))
         return -EIO;
-    if (tls_current_id == v->id)
-        return 0;
-    return vmm_make_current(v);
+    kcu_context cur = NULL;
+    kcu_result r = v->api->cuCtxGetCurrent(&cur);
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuCtxGetCurrent", r);
+    return cur == v->ctx ? 0 : vmm_make_current(v);
+}
+
+int vmm_ctx_save(struct vmm *v, kcu_context *prev)
+{
+    *prev = NULL;
+    if (vmm_dead(v))
+        return -EIO;
+    kcu_result r = v->api->cuCtxGetCurrent(prev);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuCtxGetCurrent", r);
+}
+
+void vmm_ctx_restore(struct vmm *v, kcu_context prev)
+{
+    kcu_context cur = NULL;
+    if (v->api->cuCtxGetCurrent(&cur) == KCU_SUCCESS && cur != prev)
+        v->api->cuCtxSetCurrent(prev);
 }
 
 #define ENTER(v)                        \
@@ -213,7 +235,6 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     if (!v)
         return -ENOMEM;
     v->emu_ordinal = -1;
-    v->id = __atomic_fetch_add(&vmm_next_id, 1, __ATOMIC_RELAXED);
 
     int err = pick_backend(p, v);
     if (err)
@@ -274,7 +295,6 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
         err = open_err(v, "cuCtxSetCurrent", r);
         goto out_release_ctx;
     }
-    tls_current_id = v->id;
     struct kcu_mem_alloc_prop prop;
     alloc_prop(v, &prop);
     r = a->cuMemGetAllocationGranularity(&v->granule, &prop, KCU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -293,7 +313,6 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     return 0;
 
 out_release_ctx:
-    tls_current_id = 0;
     a->cuCtxSetCurrent(NULL);
     a->cuDevicePrimaryCtxRelease(v->dev);
 out_emu:
@@ -325,10 +344,9 @@ void vmm_close(struct vmm *v)
                   (long long)v->n_host_allocs, (long long)v->n_host_regs);
     if (v->base && ctx_ok)
         vmm_unreserve(v);
-    if (tls_current_id == v->id) {
-        tls_current_id = 0;
+    kcu_context cur = NULL;
+    if (a->cuCtxGetCurrent(&cur) == KCU_SUCCESS && cur == v->ctx)
         a->cuCtxSetCurrent(NULL);
-    }
     kcu_result r = a->cuDevicePrimaryCtxRelease(v->dev);
     if (r != KCU_SUCCESS)
         klog_error("cuDevicePrimaryCtxRelease: %s", kcu_errstr(a, r));
@@ -518,7 +536,7 @@ int vmm_stream_check_capture(struct vmm *v, kcu_stream s)
     ENTER(v);
     int st = KCU_STREAM_CAPTURE_STATUS_NONE;
     kcu_result r = v->api->cuStreamIsCapturing(s, &st);
-    if (r == KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    if (r == KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED || r == KCU_ERROR_STREAM_CAPTURE_IMPLICIT)
         return -EBUSY;       /* the legacy stream queried while another stream captures */
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuStreamIsCapturing", r);
@@ -537,7 +555,9 @@ int vmm_fence_create(struct vmm *v, vmm_fence *f)
     if (!f)
         return -EINVAL;
     ENTER(v);
-    kcu_result r = v->api->cuEventCreate(&f->ev, KCU_EVENT_DISABLE_TIMING);
+    /* Blocking sync: a thread waiting on a fence sleeps instead of spinning a core. */
+    kcu_result r = v->api->cuEventCreate(&f->ev, KCU_EVENT_DISABLE_TIMING |
+                                                 KCU_EVENT_BLOCKING_SYNC);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuEventCreate", r);
     count(&v->n_fences, 1);

@@ -55,6 +55,10 @@ int    vmm_emu_ordinal(const struct vmm *v);          /* emulated device ordinal
 bool   vmm_dead(const struct vmm *v);                 /* a sticky driver error was seen */
 /* Makes the device context current on the calling thread (library threads call this once). */
 int vmm_make_current(struct vmm *v);
+/* The caller's current context, saved at the entry of a public call and restored at its
+   exit, so libkvvm never leaves its context current in the engine's thread. -EIO. */
+int  vmm_ctx_save(struct vmm *v, kcu_context *prev);
+void vmm_ctx_restore(struct vmm *v, kcu_context prev);
 
 /* The one reserved virtual range: bytes rounded up to the granule. -ENOMEM, -EIO. */
 int  vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base);
