@@ -146,6 +146,18 @@ static int enter(struct vmm *v)
     return cur == v->ctx ? 0 : vmm_make_current(v);
 }
 
+/* The entry of the release calls (void: nothing to report): a dead context has nothing
+   left to release; otherwise a failure to make our context current does not stop the
+   release from being attempted (the driver says whether it worked), so a transient error
+   there cannot leak the object. */
+static int enter_release(struct vmm *v)
+{
+    if (vmm_dead(v))
+        return -EIO;
+    (void)enter(v);
+    return 0;
+}
+
 int vmm_ctx_save(struct vmm *v, kcu_context *prev)
 {
     *prev = NULL;
@@ -390,7 +402,7 @@ int vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base)
 
 void vmm_unreserve(struct vmm *v)
 {
-    if (!v->base || enter(v))
+    if (!v->base || enter_release(v))
         return;
     if (__atomic_load_n(&v->n_mapped_bytes, __ATOMIC_RELAXED))
         klog_warn("vmm_unreserve: %lld byte(s) still mapped",
@@ -422,7 +434,7 @@ int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
 
 void vmm_phys_release(struct vmm *v, vmm_handle h)
 {
-    if (enter(v))
+    if (enter_release(v))
         return;
     kcu_result r = v->api->cuMemRelease(h.h);
     if (r != KCU_SUCCESS) {
@@ -566,7 +578,7 @@ int vmm_fence_create(struct vmm *v, vmm_fence *f)
 
 void vmm_fence_destroy(struct vmm *v, vmm_fence *f)
 {
-    if (!f || !f->ev || enter(v))
+    if (!f || !f->ev || enter_release(v))
         return;
     kcu_result r = v->api->cuEventDestroy(f->ev);
     if (r != KCU_SUCCESS) {
@@ -671,7 +683,7 @@ int vmm_host_alloc(struct vmm *v, size_t bytes, void **out)
 
 void vmm_host_free(struct vmm *v, void *p)
 {
-    if (!p || enter(v))
+    if (!p || enter_release(v))
         return;
     kcu_result r = v->api->cuMemFreeHost(p);
     if (r != KCU_SUCCESS) {
@@ -695,7 +707,7 @@ int vmm_host_register(struct vmm *v, void *p, size_t bytes)
 
 void vmm_host_unregister(struct vmm *v, void *p)
 {
-    if (!p || enter(v))
+    if (!p || enter_release(v))
         return;
     kcu_result r = v->api->cuMemHostUnregister(p);
     if (r != KCU_SUCCESS) {
