@@ -106,6 +106,17 @@ int host_arena_open(struct vmm *v, const struct host_params *p, struct host_aren
         for (size_t off = 0; off < a->map_bytes; off += chunk) {
             size_t len = a->map_bytes - off < chunk ? a->map_bytes - off : chunk;
             err = vmm_host_register(v, a->base + off, len);
+            if (err == -EIO && !vmm_dead(v)) {
+                /* refused (NOT_SUPPORTED / NOT_PERMITTED, e.g. confidential computing):
+                   the arena stays pageable; the driver stages copies from and to it, so
+                   they stay correct, only slower and never asynchronous to the CPU */
+                klog_warn("host arena: the driver refused to pin host memory; the host tier "
+                          "uses pageable memory (swap copies are staged, slower)");
+                while (a->n_chunks > 0)
+                    vmm_host_unregister(v, a->chunks[--a->n_chunks].p);
+                err = 0;
+                break;
+            }
             if (err) {
                 klog_error("host arena: registering %zu bytes at offset %zu with the driver "
                            "failed (%d)", len, off, err);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -266,4 +267,108 @@ Test(host, concurrent_alloc_free)
     }
     cr_assert_eq(host_slots_free(a), 24);
     host_arena_close(a);
+}
+
+/* ---------------------------------------------------------------- registration refused */
+
+struct logcap { int warns; char last[256]; };
+static void logcap_fn(int level, const char *msg, void *arg)
+{
+    struct logcap *c = arg;
+    if (level == KVVM_LOG_WARN && strstr(msg, "pageable")) {
+        c->warns++;
+        snprintf(c->last, sizeof c->last, "%s", msg);
+    }
+}
+
+/* A driver that refuses to pin host memory (NOT_SUPPORTED / NOT_PERMITTED, as under
+   confidential computing): the arena opens unregistered, with one clear warning. Regression:
+   the refusal failed host_arena_open and so kvvm_open. */
+Test(host, registration_refused_falls_back)
+{
+    struct emu_counters c0 = counters();
+    struct host_params p = { .budget = 12 * PAGE, .page_size = PAGE, .chunk_bytes = 4 * PAGE };
+    struct host_arena *a = NULL;
+    struct logcap lc = { 0 };
+    kcu_result errs[] = { KCU_ERROR_NOT_SUPPORTED, KCU_ERROR_NOT_PERMITTED };
+    for (int e = 0; e < 2; e++) {
+        for (unsigned long nth = 1; nth <= 3; nth++) {
+            lc.warns = 0;
+            kvvm_set_log(logcap_fn, &lc, KVVM_LOG_WARN);
+            cr_assert_eq(emu_fail_arm("cuMemHostRegister", nth, errs[e]), 0);
+            int r = host_arena_open(v, &p, &a);
+            emu_fail_clear();
+            kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+            cr_assert_eq(r, 0, "open failed (%d) with registration %lu refused", r, nth);
+            cr_assert_eq(lc.warns, 1, "one warning expected, got %d", lc.warns);
+            cr_assert_eq(host_arena_registered(a), 0);
+            struct emu_counters c1 = counters();
+            cr_assert_eq(c1.host_registered, c0.host_registered, "a chunk stayed registered");
+            host_slot s;
+            cr_assert_eq(host_slot_alloc(a, &s), 0);
+            memset(host_slot_ptr(a, s), 0x5a, PAGE);
+            cr_assert_eq(host_slot_free(a, s), 0);
+            host_arena_close(a);
+        }
+    }
+    /* out of memory stays an error */
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_assert_eq(emu_fail_arm("cuMemHostRegister", 1, KCU_ERROR_OUT_OF_MEMORY), 0);
+    cr_assert_eq(host_arena_open(v, &p, &a), -ENOMEM);
+    emu_fail_clear();
+}
+
+/* Through kvvm_open: opens, logs, and a swap round trip through the pageable host tier
+   keeps the bytes. */
+Test(host_fallback, kvvm_open_swap_roundtrip)
+{
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = KVVM_BACKEND_EMULATED;
+    c.emu_granule = PAGE;
+    c.page_size = PAGE;
+    c.n_regions = 2;
+    c.bytes_per_token = 4096;
+    c.max_seqs = 4;
+    c.max_tokens = 64;
+    c.device_budget = 16 * PAGE;
+    c.host_budget = 16 * PAGE;
+    c.emu_opaque = 1;
+    struct logcap lc = { 0 };
+    kvvm_set_log(logcap_fn, &lc, KVVM_LOG_WARN);
+    cr_assert_eq(emu_fail_arm("cuMemHostRegister", 1, KCU_ERROR_NOT_SUPPORTED), 0);
+    kvvm *kv = NULL;
+    int rc = kvvm_open(&c, &kv);
+    emu_fail_clear();
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
+    cr_assert_eq(lc.warns, 1, "the fallback must be logged once (%d)", lc.warns);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, 40), 0);
+    size_t n = 40 * 4096;
+    uint8_t *w = malloc(n), *r = malloc(n);
+    cr_assert(w && r);
+    for (uint32_t reg = 0; reg < 2; reg++) {
+        for (size_t i = 0; i < n; i++)
+            w[i] = (uint8_t)(i * 7 + reg * 13 + (i >> 12));
+        cr_assert_eq(kvvm_seq_write(kv, s, reg, 0, w, n), 0);
+    }
+    cr_assert_eq(kvvm_step(kv), 0);
+    cr_assert_eq(kvvm_seq_swap_out(kv, s), 0);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(kv, s, &in), 0);
+    cr_assert_eq(in.resident, 0);
+    cr_assert_eq(kvvm_seq_swap_in(kv, s), 0);
+    for (uint32_t reg = 0; reg < 2; reg++) {
+        for (size_t i = 0; i < n; i++)
+            w[i] = (uint8_t)(i * 7 + reg * 13 + (i >> 12));
+        memset(r, 0, n);
+        cr_assert_eq(kvvm_seq_read(kv, s, reg, 0, r, n), 0);
+        cr_assert_eq(memcmp(r, w, n), 0, "region %u changed by the round trip", reg);
+    }
+    free(w);
+    free(r);
+    kvvm_close(kv);
 }
