@@ -45,7 +45,7 @@ static const struct opt opts[] = {
 
 /* KVVM_* variables read elsewhere (not configuration fields). */
 static const char *const other_env[] = { "KVVM_LOG", "KVVM_EMU_FAIL", "KVVM_CUDA_LIBRARY",
-                                         "KVVM_SPILL_ALLOW_TMPFS" };
+                                         "KVVM_SPILL_ALLOW_TMPFS", "KVVM_IO_ENGINE" };
 
 static const char *backend_str(enum kvvm_backend b)
 {
@@ -82,6 +82,10 @@ static int parse_flags(const char *s, unsigned *out)
             f |= KVVM_F_AUTO_SWAP;
         else if (!strcasecmp(t, "scrub"))
             f |= KVVM_F_SCRUB;
+        else if (!strcasecmp(t, "spill_allow_tmpfs"))
+            f |= KVVM_F_SPILL_ALLOW_TMPFS;
+        else if (!strcasecmp(t, "spill_buffered"))
+            f |= KVVM_F_SPILL_BUFFERED;
         else
             return -EINVAL;
     }
@@ -196,6 +200,10 @@ void kvvm_config_init(struct kvvm_config *cfg)
         if (!strncmp(*e, "KVVM_", 5) && !env_apply(cfg, *e))
             klog_warn("unknown environment variable %.*s ignored (not a libkvvm setting)",
                       (int)(strchrnul(*e, '=') - *e), *e);
+    /* the tmpfs opt-in alone, without restating KVVM_FLAGS */
+    const char *t = getenv("KVVM_SPILL_ALLOW_TMPFS");
+    if (t && *t && strcmp(t, "0"))
+        cfg->flags |= KVVM_F_SPILL_ALLOW_TMPFS;
 }
 
 #define BAD(...) do { klog_error("kvvm_open: " __VA_ARGS__); return -EINVAL; } while (0)
@@ -223,8 +231,10 @@ int config_check(const struct kvvm_config *c)
         BAD("max_seqs must be >= 1");
     if (c->max_tokens < 1)
         BAD("max_tokens must be >= 1");
-    if (c->flags & ~(KVVM_F_AUTO_SWAP | KVVM_F_SCRUB))
-        BAD("unknown flags 0x%x", c->flags & ~(KVVM_F_AUTO_SWAP | KVVM_F_SCRUB));
+#define KNOWN_FLAGS (KVVM_F_AUTO_SWAP | KVVM_F_SCRUB | KVVM_F_SPILL_ALLOW_TMPFS | \
+                     KVVM_F_SPILL_BUFFERED)
+    if (c->flags & ~KNOWN_FLAGS)
+        BAD("unknown flags 0x%x", c->flags & ~KNOWN_FLAGS);
     if (c->max_tokens > UINT64_MAX / c->bytes_per_token)
         BAD("max_tokens * bytes_per_token overflows");
     if (check_marks("device", c->device_min, c->device_low, c->device_high) ||

@@ -28,6 +28,7 @@
 #include "paging/paging.h"
 #include "host/host.h"
 #include "swap/swap.h"
+#include "swap/spill.h"
 
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */
@@ -38,9 +39,13 @@ struct kvvm {
     struct host_arena *host;      /* the host tier (0 slots when host_budget < page_size) */
     struct pg_host_ops host_ops;  /* paging's view of it */
     struct swap *sw;
+    struct spill *spill;          /* the disk tier (NULL without spill_dir) */
+    struct pg_disk_ops disk_ops;  /* paging's view of it */
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */
+    kcu_context ctx_prev;         /* the caller's current context, saved by enter() and
+                                     restored by leave() (lock held in between) */
     kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
 };

@@ -31,8 +31,30 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len)
             rc = -EUCLEAN;
         }
     }
+    if (!rc && kv->spill) {
+        /* disk tier conservation: every allocated disk slot is held by exactly one page */
+        struct paging_counters c;
+        struct spill_stats d;
+        paging_counters(kv->pg, &c);
+        spill_stats_get(kv->spill, &d);
+        if (c.pages_disk != d.slots_total - d.slots_free) {
+            klog_error("invariant violated: %llu pages hold disk slots, the spill file has "
+                       "%llu allocated", (unsigned long long)c.pages_disk,
+                       (unsigned long long)(d.slots_total - d.slots_free));
+            if (why && len)
+                snprintf(why, len, "%llu pages hold disk slots, the spill file has %llu "
+                         "allocated", (unsigned long long)c.pages_disk,
+                         (unsigned long long)(d.slots_total - d.slots_free));
+            rc = -EUCLEAN;
+        }
+    }
     pthread_mutex_unlock(&kv->lock);
     return rc;
+}
+
+struct spill *kvvm_debug_spill(kvvm *kv)
+{
+    return kv ? kv->spill : NULL;
 }
 
 int kvvm_debug_emu_ordinal(kvvm *kv)

@@ -20,4 +20,9 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len);
 /* The emulated device ordinal of the context (for emu_counters_get, emu_lookup), or -1. */
 int kvvm_debug_emu_ordinal(kvvm *kv);
 
+/* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
+   spill_test_corrupt (swap/spill.h). */
+struct spill;
+struct spill *kvvm_debug_spill(kvvm *kv);
+
 #endif

@@ -52,6 +52,75 @@ static size_t h_n_free(void *a)
     return host_slots_free(a);
 }
 
+/* paging's disk ops over the spill engine: completions go to its queue (reaped by paging
+   under the context lock), so the engine thread never takes the context lock. */
+static int d_alloc(void *a, uint64_t hint, uint64_t *slot)
+{
+    spill_slot s, h = hint > UINT32_MAX ? SPILL_SLOT_NONE : (spill_slot){ (uint32_t)hint };
+    int rc = spill_slot_alloc(a, 1, h, &s);
+    if (!rc)
+        *slot = s.idx;
+    return rc;
+}
+static void d_free(void *a, uint64_t slot)
+{
+    int rc = spill_slot_free(a, (spill_slot){ (uint32_t)slot });
+    if (rc)
+        klog_error("kvvm: freeing disk slot %llu failed (%d)", (unsigned long long)slot, rc);
+}
+static int d_submit(void *a, bool write, uint64_t slot, void *buf, uint32_t page)
+{
+    struct spill_req r = { .op = write ? SPILL_WRITE : SPILL_READ,
+                           .slot = { (uint32_t)slot }, .buf = buf, .page = page,
+                           .user = (void *)(uintptr_t)page };
+    return spill_submit(a, &r, 1);
+}
+static size_t d_reap(void *a, struct pg_disk_done *out, size_t max)
+{
+    struct spill_cqe c[64];
+    size_t n = spill_reap(a, c, max < 64 ? max : 64);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (struct pg_disk_done){ (uint32_t)(uintptr_t)c[i].user, c[i].status,
+                                        c[i].op == SPILL_WRITE };
+    return n;
+}
+static void d_wait(void *a)
+{
+    spill_wait_all(a);
+}
+static size_t d_n_free(void *a)
+{
+    struct spill_stats st;
+    spill_stats_get(a, &st);
+    return st.slots_free;
+}
+
+static int open_spill(kvvm *kv)
+{
+    struct kvvm_config *c = &kv->cfg;
+    if (!c->spill_dir)
+        return 0;
+    if (!host_slots_total(kv->host)) {
+        klog_error("kvvm_open: spill_dir needs a host tier (host_budget >= page_size): disk "
+                   "pages come back through host slots");
+        return -EINVAL;
+    }
+    struct spill_params sp = {
+        .dir = c->spill_dir, .budget = c->spill_budget, .page_size = c->page_size,
+        .buf_base = host_arena_base(kv->host), .buf_bytes = host_arena_bytes(kv->host),
+        .flags = ((c->flags & KVVM_F_SPILL_ALLOW_TMPFS) ? SPILL_F_ALLOW_TMPFS : 0) |
+                 ((c->flags & KVVM_F_SPILL_BUFFERED) ? SPILL_F_BUFFERED : 0),
+    };
+    int rc = spill_open(&sp, &kv->spill);
+    if (rc) {
+        klog_error("kvvm_open: the disk tier in %s could not be opened (%d)", c->spill_dir, rc);
+        return rc;
+    }
+    kv->disk_ops = (struct pg_disk_ops){ kv->spill, d_alloc, d_free, d_submit, d_reap,
+                                         d_wait, d_n_free };
+    return 0;
+}
+
 static int open_layout(kvvm *kv)
 {
     struct kvvm_config *c = &kv->cfg;
@@ -74,6 +143,9 @@ static int open_layout(kvvm *kv)
         goto out_unreserve;
     }
     kv->host_ops = (struct pg_host_ops){ kv->host, h_alloc, h_free, h_ptr, h_n_free };
+    rc = open_spill(kv);
+    if (rc)
+        goto out_host;
     /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
     uint64_t slots = host_slots_total(kv->host) +
                      (c->spill_dir ? c->spill_budget / c->page_size : 0);
@@ -84,14 +156,17 @@ static int open_layout(kvvm *kv)
         .max_pages = (uint32_t)(frames + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
         .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
+        .disk = kv->spill ? &kv->disk_ops : NULL,
     };
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
-        goto out_host;
+        goto out_spill;
     struct swap_params sp = {
         .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
         .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
         .thread = host_slots_total(kv->host) > 0,
+        .host_slots = (uint32_t)host_slots_total(kv->host), .host_min = c->host_min,
+        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->spill != NULL,
     };
     rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
     if (rc)
@@ -99,6 +174,9 @@ static int open_layout(kvvm *kv)
     return 0;
 out_paging:
     paging_destroy(kv->pg);
+out_spill:
+    spill_close(kv->spill);
+    kv->spill = NULL;
 out_host:
     host_arena_close(kv->host);
 out_unreserve:
@@ -138,6 +216,14 @@ int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
     rc = open_layout(kv);
     if (rc)
         goto out_vmm;
+    /* sizing hint: a sequence holds at least one page per region even at length 1 */
+    uint64_t per_seq = (uint64_t)kv->cfg.n_regions * kv->cfg.page_size;
+    if (per_seq && (uint64_t)kv->cfg.max_seqs * per_seq > kv->cfg.device_budget)
+        klog_info("kvvm_open: a sequence holds >= %u pages of %llu bytes (one per region) "
+                  "even at length 1: %llu of max_seqs %u fit in device_budget %llu at once",
+                  kv->cfg.n_regions, (unsigned long long)kv->cfg.page_size,
+                  (unsigned long long)(kv->cfg.device_budget / per_seq), kv->cfg.max_seqs,
+                  (unsigned long long)kv->cfg.device_budget);
     *out = kv;
     return 0;
 out_vmm:
@@ -155,7 +241,9 @@ void kvvm_close(kvvm *kv)
         return;
     swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */
     pthread_mutex_lock(&kv->lock);
+    paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
     paging_destroy(kv->pg);
+    spill_close(kv->spill);         /* the unnamed file goes with its descriptor */
     host_arena_close(kv->host);
     for (size_t i = 0; i < kv->n_streams; i++)
         vmm_stream_destroy(kv->v, kv->streams[i]);
@@ -180,6 +268,13 @@ static int enter(kvvm *kv)
         pthread_mutex_unlock(&kv->lock);
         return -EIO;
     }
+    /* the caller's current context comes back at leave(): libkvvm never leaves its own
+       context current in the engine's thread */
+    int rc = vmm_ctx_save(kv->v, &kv->ctx_prev);
+    if (rc) {
+        pthread_mutex_unlock(&kv->lock);
+        return rc;
+    }
     return 0;
 }
 
@@ -191,12 +286,18 @@ static int leave(kvvm *kv, int rc)
         kv->dead = true;
         rc = -EIO;
     }
+    vmm_ctx_restore(kv->v, kv->ctx_prev);
     pthread_mutex_unlock(&kv->lock);
     return rc;
 }
 
 #define CALL(kv, expr) \
     do { int rc_ = enter(kv); if (rc_) return rc_; return leave(kv, (expr)); } while (0)
+/* CALL for a call that enqueues onto, records on or synchronizes the engine stream:
+   -EBUSY, nothing changed, while that stream captures a CUDA graph (stream_check). */
+#define CALL_ENGINE(kv, expr) \
+    do { int rc_ = enter(kv); if (rc_) return rc_; rc_ = stream_check(kv); \
+         return leave(kv, rc_ ? rc_ : (expr)); } while (0)
 
 /* ---- pressure ----------------------------------------------------------------------- */
 
@@ -281,7 +382,7 @@ int kvvm_seq_free(kvvm *kv, kvvm_seq s)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_free(kv->pg, s));
+    CALL_ENGINE(kv, paging_seq_free(kv->pg, s));
 }
 
 static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
@@ -320,7 +421,7 @@ int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, grow_locked(kv, s, length));
+    CALL_ENGINE(kv, grow_locked(kv, s, length));
 }
 
 static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
@@ -361,21 +462,21 @@ int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
         return -EINVAL;
     if (!n)
         return 0;
-    CALL(kv, grow_batch_locked(kv, seqs, lengths, n));
+    CALL_ENGINE(kv, grow_batch_locked(kv, seqs, lengths, n));
 }
 
 int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_seq_truncate(kv->pg, s, length));
+    CALL_ENGINE(kv, paging_seq_truncate(kv->pg, s, length));
 }
 
 int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child)
 {
     if (!kv || !child)
         return -EINVAL;
-    CALL(kv, paging_seq_fork(kv->pg, parent, child));
+    CALL_ENGINE(kv, paging_seq_fork(kv->pg, parent, child));
 }
 
 static int share_locked(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
@@ -391,7 +492,7 @@ int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, share_locked(kv, dst, src, n_tokens));
+    CALL_ENGINE(kv, share_locked(kv, dst, src, n_tokens));
 }
 
 static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
@@ -416,7 +517,7 @@ int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, prepare_write_locked(kv, s, first, end));
+    CALL_ENGINE(kv, prepare_write_locked(kv, s, first, end));
 }
 
 /* Validates an I/O range the way paging does, before any swap-in. */
@@ -454,7 +555,7 @@ int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, write_locked(kv, s, region, offset, src, len));
+    CALL_ENGINE(kv, write_locked(kv, s, region, offset, src, len));
 }
 
 static int read_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *dst,
@@ -477,13 +578,16 @@ int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, read_locked(kv, s, region, offset, dst, len));
+    CALL_ENGINE(kv, read_locked(kv, s, region, offset, dst, len));
 }
 
 static int swap_out_locked(kvvm *kv, kvvm_seq s)
 {
     int rc = stream_check(kv);
-    return rc ? rc : paging_swap_out(kv->pg, s, false);
+    if (!rc)
+        rc = paging_swap_out(kv->pg, s, false);
+    swap_after_call(kv->sw);        /* the host marks: spilling in the background */
+    return rc;
 }
 
 int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s)
@@ -556,6 +660,8 @@ static int step_locked(kvvm *kv)
 {
     int rc = paging_step(kv->pg);
     if (!rc)
+        rc = paging_disk_reap(kv->pg);
+    if (!rc)
         swap_after_step(kv->sw);
     return rc;
 }
@@ -564,7 +670,14 @@ int kvvm_step(kvvm *kv)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, step_locked(kv));
+    CALL_ENGINE(kv, step_locked(kv));
+}
+
+static int sync_locked(kvvm *kv)
+{
+    int rc = paging_sync(kv->pg);
+    int drc = paging_disk_wait(kv->pg);
+    return rc ? rc : drc;
 }
 
 int kvvm_sync(kvvm *kv)
@@ -572,14 +685,14 @@ int kvvm_sync(kvvm *kv)
     if (!kv)
         return -EINVAL;
     swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
-    CALL(kv, paging_sync(kv->pg));
+    CALL_ENGINE(kv, sync_locked(kv));
 }
 
 int kvvm_set_stream(kvvm *kv, void *stream)
 {
     if (!kv)
         return -EINVAL;
-    CALL(kv, paging_set_stream(kv->pg, (kcu_stream)stream));
+    CALL_ENGINE(kv, paging_set_stream(kv->pg, (kcu_stream)stream));
 }
 
 int kvvm_stream_create(kvvm *kv, void **stream)
@@ -606,22 +719,21 @@ int kvvm_stream_create(kvvm *kv, void **stream)
     return leave(kv, rc);
 }
 
+/* Only a stream kvvm_stream_create made on this context (-EINVAL otherwise: the engine's
+   own streams are not ours to destroy), and not the engine stream set now (-EBUSY). */
 static int stream_destroy_locked(kvvm *kv, kcu_stream s)
 {
-    if (s == paging_stream(kv->pg)) {
-        /* the engine stream goes away: back to synchronous mode first */
-        int rc = paging_set_stream(kv->pg, NULL);
-        if (rc)
-            return rc;
-    }
+    size_t i;
+    for (i = 0; i < kv->n_streams && kv->streams[i] != s; i++)
+        ;
+    if (i == kv->n_streams)
+        return -EINVAL;
+    if (s == paging_stream(kv->pg))
+        return -EBUSY;
     int rc = vmm_stream_destroy(kv->v, s);
     if (rc)
         return rc;
-    for (size_t i = 0; i < kv->n_streams; i++)
-        if (kv->streams[i] == s) {
-            kv->streams[i] = kv->streams[--kv->n_streams];
-            break;
-        }
+    kv->streams[i] = kv->streams[--kv->n_streams];
     return 0;
 }
 
@@ -703,22 +815,29 @@ int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
     X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
     X(pages_device_free, c.pages_free) X(pages_host_total, host_slots_total(kv->host)) \
     X(pages_host_free, host_slots_free(kv->host))                                  \
-    X(pages_disk_total, 0) X(pages_disk_free, 0) X(pages_inflight, c.pages_inflight) \
+    X(pages_disk_total, d.slots_total) X(pages_disk_free, d.slots_free)            \
+    X(pages_inflight, c.pages_inflight)                                            \
     X(maps, c.maps) X(unmaps, c.unmaps) X(cow_copies, c.cow_copies)                \
-    X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins) X(spills, 0) X(unspills, 0)   \
+    X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins) X(spills, c.spills)             \
+    X(unspills, c.unspills)                                                        \
     X(bytes_to_host, c.bytes_to_host) X(bytes_to_device, c.bytes_to_device)        \
-    X(bytes_to_disk, 0) X(bytes_from_disk, 0) X(checksum_failures, 0) X(io_errors, 0) \
+    X(bytes_to_disk, c.bytes_to_disk) X(bytes_from_disk, c.bytes_from_disk)        \
+    X(checksum_failures, d.checksum_failures) X(io_errors, d.io_errors)            \
     X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
     X(direct_reclaims, w.direct_reclaims) X(direct_swap_outs, w.direct_swap_outs)  \
     X(direct_reclaim_ns, w.direct_ns) X(pages_orphan, c.orphans)                   \
-    X(seqs_nonresident, c.nonresident)
+    X(seqs_nonresident, c.nonresident) X(pages_damaged, c.pages_damaged)
 
 static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {
     struct paging_counters c;
     struct swap_counters w;
+    struct spill_stats d = { 0 };
+    paging_disk_reap(kv->pg);
     paging_counters(kv->pg, &c);
     swap_counters(kv->sw, &w);
+    if (kv->spill)
+        spill_stats_get(kv->spill, &d);
     memset(o, 0, sizeof *o);
     o->size = sizeof *o;
 #define X(n, e) o->n = (uint64_t)(e);
@@ -748,8 +867,10 @@ static int stats_json_locked(kvvm *kv, char *buf, size_t len)
     size_t pos = 0;
     stats_locked(kv, &st);
     paging_counters(kv->pg, &c);
-    json_put(buf, len, &pos, "{\"version\":\"%s\",\"backend\":\"%s\",\"stats\":{",
-             kvvm_version(), vmm_backend_name(kv->v));
+    json_put(buf, len, &pos, "{\"version\":\"%s\",\"backend\":\"%s\",\"io_engine\":\"%s\","
+             "\"spill_direct\":%s,\"stats\":{", kvvm_version(), vmm_backend_name(kv->v),
+             kv->spill ? spill_engine_name(kv->spill) : "none",
+             kv->spill && spill_direct(kv->spill) ? "true" : "false");
     int first = 1;
 #define X(n, e) json_put(buf, len, &pos, "%s\"%s\":%llu", first ? "" : ",", #n, \
                          (unsigned long long)st.n); first = 0;

@@ -8,7 +8,11 @@
  *
  * Conventions: every call returns 0 on success or a negative errno (see the table at the end
  * of API.md and kvvm_strerror()); out-values go through pointers; a failed call changes
- * nothing. All calls on one context are safe to make from several threads.
+ * nothing. All calls on one context are safe to make from several threads. While the engine
+ * stream (kvvm_set_stream) captures a CUDA graph, every call that would enqueue onto, record
+ * on or synchronize it (grow, grow_batch, truncate, free, fork, share, prepare_write, write,
+ * read, swap_out, swap_in, prefetch, step, sync, set_stream) returns -EBUSY. Every call
+ * leaves the calling thread's current CUDA context as it found it.
  *
  * This is the only installed header. It is binding: fields may only be added at the end of
  * structs (each struct starts with its size), functions and flags only added.
@@ -72,6 +76,8 @@ struct kvvm_config {
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
+#define KVVM_F_SPILL_ALLOW_TMPFS (1u << 2) /* accept a RAM-backed (tmpfs) spill_dir */
+#define KVVM_F_SPILL_BUFFERED    (1u << 3) /* accept a spill_dir refusing O_DIRECT (page cache) */
 
 /* Defaults for every field, then KVVM_* environment overrides (sizes take K/M/G suffixes;
    unknown or malformed values are logged and ignored); the engine's own assignments after
@@ -139,6 +145,10 @@ KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 KVVM_API int kvvm_step(kvvm *kv);
 KVVM_API int kvvm_set_stream(kvvm *kv, void *stream);  /* the engine's CUstream; NULL = sync */
 KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);  /* a stream of this device */
+/* Destroys a stream made by kvvm_stream_create on this context (kvvm_close destroys those
+   left). -EINVAL any other stream (nothing destroyed: the engine's own streams are its to
+   destroy); -EBUSY the stream is the engine stream set now (kvvm_set_stream another, or
+   NULL, first). */
 KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 /* Waits until everything started before it has completed: copies, disk I/O, deferred unmaps
    and background reclaim rounds. */
@@ -190,6 +200,8 @@ struct kvvm_stats {
     uint64_t direct_reclaim_ns;   /* time callers spent blocked in direct reclaim */
     uint64_t pages_orphan;        /* device pages held only by swapped-out sequences */
     uint64_t seqs_nonresident;    /* live sequences swapped out */
+    uint64_t pages_damaged;       /* pages whose disk copy was lost (failed read/checksum):
+                                     their sequences return -EBADMSG */
 };
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
 /* The stats, the effective configuration and the backend as one JSON object.

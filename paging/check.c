@@ -191,12 +191,24 @@ static int ck_frames(struct ck *k)
 static int ck_pages(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t live = 0, dev = 0, host = 0, infl = 0;
+    uint32_t live = 0, dev = 0, host = 0, infl = 0, disk = 0, dio = 0;
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
         struct pg_page *p = &pg->pages[i];
         if (p->tier == PG_TIER_NONE)
             continue;
         live++;
+        if (page_in_dio(p)) {
+            /* a disk I/O in flight holds one reference and one job */
+            k->refs[i]++;
+            k->jobs[i]++;
+            dio++;
+        }
+        if (p->tier == PG_TIER_DISK || page_in_dio(p))
+            disk++;
+        if (page_in_dio(p) && !pg->p.disk)
+            return fail(k, "page %u has disk I/O in flight without a disk tier", i + 1);
+        if (p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK)
+            host++;
         if (p->refs != k->refs[i])
             return fail(k, "page %u has refcount %u but %u holders", i + 1, p->refs,
                         k->refs[i]);
@@ -222,6 +234,9 @@ static int ck_pages(struct ck *k)
     if (live != pg->n_pages_live || dev != pg->n_used)
         return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
                     pg->n_pages_live, dev, pg->n_used);
+    if (disk != pg->n_disk || dio != pg->n_dio)
+        return fail(k, "%u pages hold disk slots (counted %u), %u with disk I/O (counted %u)",
+                    disk, pg->n_disk, dio, pg->n_dio);
     if (host != pg->n_host || infl != pg->n_inflight)
         return fail(k, "%u pages hold host slots (counted %u), %u in flight (counted %u)",
                     host, pg->n_host, infl, pg->n_inflight);

@@ -230,7 +230,7 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
     uint32_t mark = pg->n_created;
     rc = cow_range(pg, s, region, region + 1, i0, i1, &u);
     if (!rc)
-        rc = pg_order_before_copy(pg);
+        rc = pg_order_before_copy_seq(pg, s, region, i0, i1);
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
         rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
@@ -256,8 +256,11 @@ int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
 {
     struct pg_seq *s;
     int rc = io_check(pg, h, region, offset, dst, len, &s);
-    if (!rc)
-        rc = pg_order_before_copy(pg);
+    if (!rc) {
+        uint64_t ps = pg->p.page_size;
+        rc = pg_order_before_copy_seq(pg, s, region, (uint32_t)(offset / ps),
+                                      (uint32_t)((offset + len + ps - 1) / ps));
+    }
     if (rc)
         return rc;
     seq_use(pg, s);

@@ -194,6 +194,20 @@ int pg_order_before_copy(struct paging *pg)
     return pg->stream ? 0 : pg_device_sync(pg);
 }
 
+int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i0,
+                             uint32_t i1)
+{
+    if (pg->stream)
+        return 0;
+    if (!seq_quiet(pg, s))
+        return pg_device_sync(pg);
+    const uint32_t *bt = pg_bt(pg, s, r);
+    for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
+        if (page_sharers(page_at(pg, bt[i])) > 1)
+            return pg_device_sync(pg);    /* another holder may be in use */
+    return 0;
+}
+
 int pg_finish_copy(struct paging *pg)
 {
     return vmm_stream_sync(pg->v, pg->stream);

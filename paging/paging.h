@@ -60,6 +60,22 @@ struct pg_host_ops {
     size_t (*n_free)(void *arg);               /* free slots now */
 };
 
+/* The disk tier, as the caller (core/, over swap/spill) provides it: paging names disk slots
+   and page I/O, never opens files itself. Slots are u64 ids; a page's I/O carries the page id
+   (its checksum identity). submit queues one page transfer and returns (0, or -errno with
+   nothing queued); its completion comes back once through reap (never blocks). wait blocks
+   until no I/O is in flight (thread safe; callable without the context lock). */
+struct pg_disk_done { uint32_t page; int status; bool write; };
+struct pg_disk_ops {
+    void *arg;
+    int    (*alloc)(void *arg, uint64_t hint, uint64_t *slot);  /* hint UINT64_MAX: none */
+    void   (*free)(void *arg, uint64_t slot);
+    int    (*submit)(void *arg, bool write, uint64_t slot, void *buf, uint32_t page);
+    size_t (*reap)(void *arg, struct pg_disk_done *out, size_t max);
+    void   (*wait)(void *arg);
+    size_t (*n_free)(void *arg);
+};
+
 struct paging_params {
     uint32_t n_regions;
     uint64_t bytes_per_token;    /* per region */
@@ -73,6 +89,7 @@ struct paging_params {
     uint32_t map_ahead;          /* pages per region mapped ahead of a growing sequence */
     bool     scrub;              /* zero frames before they change owner */
     const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
+    const struct pg_disk_ops *disk; /* NULL: no disk tier (needs a host tier) */
 };
 
 struct paging_counters {
@@ -91,6 +108,10 @@ struct paging_counters {
     uint64_t orphans;            /* device pages held only by non-resident sequences */
     uint64_t orphans_moved;      /* orphan pages copied to the host tier */
     uint64_t nonresident;        /* live sequences not resident */
+    uint64_t spills, unspills;   /* pages written to / read back from disk */
+    uint64_t bytes_to_disk, bytes_from_disk;
+    uint64_t pages_disk;         /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
+    uint64_t pages_damaged;      /* pages whose disk copy was lost (failed read) */
 };
 
 struct paging_seq_info {
@@ -171,9 +192,12 @@ struct pg_cand {
     uint64_t tick;        /* last use (smaller = less recently used) */
     uint32_t frees;       /* frames its swap-out would return */
 };
-/* Unprotected resident sequences with no pending work on their window and frees > 0, in
-   slot order; returns how many (at most max). */
+/* Unprotected resident sequences with no pending work on their window that hold device
+   pages, in slot order; returns how many (at most max). */
 size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+/* Frames that swapping out every sequence of c[0..n) would return (shared pages whose
+   resident holders are all in the set included). O(pages of the set). */
+uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n);
 /* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
    synchronously; *moved gets the count. -ENOMEM host tier full (after moving what fit). */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved);
@@ -189,6 +213,32 @@ uint32_t paging_frames_pending(const struct paging *pg);
 int  paging_copy_fence_record(struct paging *pg, vmm_fence *f);
 /* Reaps completed pending work without blocking. -EIO. */
 int  paging_reap(struct paging *pg);
+
+/* ---- disk tier (disk.c) ----
+ * Page lifecycle: HOST --write--> TO_DISK --full completion--> DISK (host slot freed);
+ * DISK --read + checksum--> FROM_DISK --> HOST (disk slot freed). An I/O in flight holds a
+ * reference (and a job) on its page, so a page freed meanwhile is released only when its
+ * completion is processed. A failed write leaves the page HOST and disables spilling (logged);
+ * a failed read (I/O error, checksum mismatch) leaves it DISK and *damaged*: every sequence
+ * holding it gets -EBADMSG from swap-in until it is truncated below it or freed.
+ * Completions are processed (under the context lock) by paging_disk_reap, which every
+ * function here calls. */
+/* Starts writing up to max HOST pages of non-resident sequences to disk, least recently
+   used sequences first, never pages of `excl` (a handle, 0 = none); *started gets the count.
+   Does not wait. -ENOMEM the disk tier is full (or disabled) and nothing started. */
+int  paging_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started);
+/* Makes `want` host slots free, spilling (and waiting for the writes) if needed.
+   -ENOMEM when they cannot be had. */
+int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
+/* Processes queued disk completions. */
+int  paging_disk_reap(struct paging *pg);
+/* Waits for every disk I/O in flight, then processes the completions. */
+int  paging_disk_wait(struct paging *pg);
+/* Waits for the disk I/O in flight only (no state change): without the context lock. */
+void paging_disk_wait_io(struct paging *pg);
+/* Pages with disk I/O in flight. */
+uint32_t paging_disk_inflight(const struct paging *pg);
+bool paging_has_disk(const struct paging *pg);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

@@ -37,7 +37,8 @@ struct pg_page {
     uint32_t frame;        /* PG_TIER_DEVICE: frame id */
     uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
     uint64_t host_slot;    /* PG_TIER_HOST (swap) */
-    uint64_t disk_slot;    /* PG_TIER_DISK (spill) */
+    uint64_t disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
+    uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
 };
 
 /* Work that waits for a fence. Holds one reference on each page it names.
@@ -115,6 +116,13 @@ struct paging {
     uint8_t  order_fence_ok;
     uint32_t n_host;           /* pages holding a host slot (HOST, TO_HOST, TO_DEVICE) */
     uint32_t n_inflight;       /* pages TO_HOST or TO_DEVICE */
+
+    /* disk tier (disk.c) */
+    struct pg_disk_ops disk;   /* disk.alloc == NULL: no disk tier */
+    uint32_t n_disk;           /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
+    uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
+    uint8_t  disk_off;         /* spilling disabled after a write error */
+    uint64_t disk_hint;        /* last slot allocated (clustering) */
 
     struct paging_counters c;
 };
@@ -214,6 +222,16 @@ static inline bool page_has_frame(const struct pg_page *p)
            p->tier == PG_TIER_TO_DEVICE;
 }
 
+/* disk.c */
+/* Brings the DISK pages among ids[0..n) to the host tier (reads, waits, verifies); waits for
+   pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
+   -EBADMSG a page is damaged, -ENOMEM no host room. */
+int  disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_seq *excl);
+static inline bool page_in_dio(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;
+}
+
 /* defer.c */
 /* Releases window pages [first, end) of every region of s (unmap + page_put), now if no
    device work may touch them, else after a fence recorded now on the engine stream (the
@@ -231,6 +249,11 @@ int  defer_flush_jobs(struct paging *pg, uint32_t slot);
 int  defer_flush_slot(struct paging *pg, uint32_t slot);
 /* Makes copies that read pages see the engine's earlier work (sync mode: device sync). */
 int  pg_order_before_copy(struct paging *pg);
+/* As pg_order_before_copy for a copy of pages [i0, i1) of region r of s: no device sync
+   when no device work may touch them any more (s quiet, the rule of defer.c's file comment,
+   and each page held by s alone: a page's former holders synchronized when they let it go). */
+int  pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i0,
+                              uint32_t i1);
 /* Sync mode: waits for copies just enqueued. */
 int  pg_finish_copy(struct paging *pg);
 /* Waits until device work enqueued so far that may touch the window is done. */

@@ -184,6 +184,7 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
     p->tier = PG_TIER_DEVICE;
     p->frame = frame;
     p->host_slot = p->disk_slot = 0;
+    p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
     pg->n_pages_live++;
@@ -208,8 +209,13 @@ void page_put(struct paging *pg, uint32_t page)
         /* (in-flight pages are held by their transfer job, never freed here) */
         pg->p.host->free(pg->p.host->arg, p->host_slot);
         pg->n_host--;
+    } else if (p->tier == PG_TIER_DISK) {
+        /* (pages with disk I/O in flight are held by it, never freed here) */
+        pg->disk.free(pg->disk.arg, p->disk_slot);
+        pg->n_disk--;
     }
     p->tier = PG_TIER_NONE;
+    p->bad = 0;
     p->frame = 0;
     p->next_free = pg->page_free_head;
     pg->page_free_head = page;

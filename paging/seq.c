@@ -129,13 +129,9 @@ static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
         uint32_t *a = pg_ahead(pg, s, r) + s->n_ahead;
         (void)pool_take_ready(pg, k, a);    /* k <= n_ready / nr: always k */
         uint64_t va = pg_va(pg, r, slot, s->n_pages + s->n_ahead);
+        /* not scrubbed here: a map-ahead frame is unmapped at once when dropped, so no
+           device work may target it; grow_region scrubs it when it becomes a page */
         if (seq_map_frames(pg, va, a, k)) {
-            pool_give(pg, a, k);
-            goto out_undo;
-        }
-        if (pg->p.scrub && (vmm_memset(pg->v, va, 0, (size_t)k * pg->p.page_size, pg->stream) ||
-                            (!pg->stream && vmm_stream_sync(pg->v, NULL)))) {
-            seq_unmap_must(pg, va, k);
             pool_give(pg, a, k);
             goto out_undo;
         }
@@ -309,6 +305,8 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     cow_undo(pg, s, &u->cow);
     cow_commit(pg, &u->cow);
     seq_drop_ahead(pg, s, 0);
+    if (pg->p.scrub && pg->stream && n)
+        (void)pg_wait_engine(pg);   /* the scrub memsets may still run: wait, then unmap */
     s->n_pages = u->old_np;
     s->length = u->old_len;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
@@ -331,12 +329,17 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
     int rc = seq_map_frames(pg, va, fresh, n_fresh);
     if (rc)
         return rc;
-    if (pg->p.scrub && n_fresh) {
-        /* zeroed before the new owner can see it: on the engine stream, or synchronously */
-        rc = vmm_memset(pg->v, va, 0, (size_t)n_fresh * pg->p.page_size, pg->stream);
+    if (pg->p.scrub && k + n_fresh) {
+        /* every new page (map-ahead ones included: they are scrubbed only now) is zeroed
+           before the new owner can see it: on the engine stream, or synchronously. An undo
+           waits for the engine before unmapping them. */
+        rc = vmm_memset(pg->v, pg_va(pg, r, slot, s->n_pages), 0,
+                        (size_t)(k + n_fresh) * pg->p.page_size, pg->stream);
         if (!rc && !pg->stream)
             rc = vmm_stream_sync(pg->v, NULL);
         if (rc) {
+            if (pg->stream)
+                (void)pg_wait_engine(pg);   /* a memset enqueued may still run */
             seq_unmap_must(pg, va, n_fresh);
             return rc;
         }
@@ -400,6 +403,8 @@ out_regions:
     /* Region r failed whole. Regions [0, r) hold new pages at [old_np, new_np) (k of them
        map-ahead frames) and their remaining map-ahead was shifted to [new_np, ..); regions
        [r, nr) still have all their map-ahead at [old_np, ..). Undo to no map-ahead at all. */
+    if (pg->p.scrub && pg->stream && r)
+        (void)pg_wait_engine(pg);   /* regions [0, r)'s scrub memsets may still run */
     for (uint32_t q = 0; q < nr; q++) {
         uint32_t slot = pg_slot_of(pg, s), *a = pg_ahead(pg, s, q);
         uint32_t left = q < r ? s->n_ahead - k : s->n_ahead;
@@ -683,8 +688,9 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
     pg->c.share_copies += pg->p.n_regions;
     return 0;
 out_unmap:
-    /* the copies may still run: wait before unmapping their target */
-    vmm_device_sync(pg->v);
+    /* the copies (on the engine stream, or synchronous) may still run: wait for them
+       before unmapping their target */
+    (void)pg_wait_engine(pg);
     while (r-- > 0)
         seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
     return rc;
@@ -699,7 +705,10 @@ static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, uint64_t 
     if (rc)
         return rc;
     char *dst = ho->ptr(ho->arg, *slot);
-    if (p->tier == PG_TIER_HOST) {
+    if (!page_has_frame(p) && p->tier != PG_TIER_HOST && p->tier != PG_TIER_TO_DISK) {
+        rc = -EIO;                       /* on disk: the caller brings it back first */
+        goto out_slot;
+    } else if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_TO_DISK) {
         memcpy(dst, ho->ptr(ho->arg, p->host_slot), rem);
     } else {
         /* on the device (mapped by a resident sharer, or an orphan): through the scratch */
@@ -708,8 +717,10 @@ static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, uint64_t 
             rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
         if (rc)
             goto out_slot;
-        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, NULL);
-        int src = vmm_stream_sync(pg->v, NULL);
+        /* on the engine stream (after its work), waiting for that stream only; the legacy
+           stream would also wait for (or not be ordered with) unrelated streams */
+        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->stream);
+        int src = pg_finish_copy(pg);
         seq_unmap_must(pg, pg->scratch_va, 1);
         if (rc || (rc = src))
             goto out_slot;
@@ -737,6 +748,15 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         rc = -ENOMEM;
     if (!rc && rem && pg->n_inflight)
         rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
+    if (!rc && rem) {
+        /* a partial page on disk comes back to the host tier first */
+        uint32_t ids[nr];
+        for (r = 0; r < nr; r++)
+            ids[r] = pg_bt(pg, src, r)[whole];
+        rc = disk_unspill(pg, ids, nr, src);
+    }
+    if (!rc && rem && pg->p.disk && paging_host_free(pg) < nr)
+        rc = paging_host_room(pg, nr, seq_handle(pg, src));   /* src's pages stay */
     if (rc)
         return rc;
     for (r = 0; rem && r < nr; r++)
@@ -888,6 +908,8 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->frames_created = pg->n_created;
     out->deferred = pg->n_defer;
     out->pages_host = pg->n_host;
+    out->pages_disk = pg->n_disk;
+    out->pages_inflight += pg->n_dio;
     out->orphans = tier_orphans(pg);
     out->nonresident = 0;
     for (uint32_t i = 0; i < pg->p.max_seqs; i++)
@@ -905,6 +927,13 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         pg->host = *p->host;
         pg->p.host = &pg->host;
     }
+    if (p->disk && p->host) {
+        pg->disk = *p->disk;
+        pg->p.disk = &pg->disk;
+    } else {
+        pg->p.disk = NULL;
+    }
+    pg->disk_hint = UINT64_MAX;
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;

@@ -202,6 +202,8 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     rc = -ENOMEM;
     if (!d || !slots)
         goto out_free;
+    if (pg->p.disk && paging_host_free(pg) < need)
+        (void)paging_host_room(pg, need, 0);   /* push host pages to disk before giving up */
     for (; got < need; got++)
         if ((rc = pg->p.host->alloc(pg->p.host->arg, &slots[got])))
             goto out_slots;
@@ -284,6 +286,9 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     rc = seq_wait_transfers(pg, s);
     if (!rc)
         rc = copy_stream(pg);
+    if (!rc && pg->p.disk)
+        for (uint32_t r = 0; r < pg->p.n_regions && !rc; r++)
+            rc = disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
     if (rc)
         return rc;
     uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s), need = 0;
@@ -444,15 +449,47 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
         if (!s->live || s->out || s->n_defer || s->in_job ||
             (s->used_valid && s->used_epoch >= pg->epoch))
             continue;
-        uint32_t frees = 0;
+        uint32_t frees = 0, dev = 0;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t j = 0; j < s->n_pages; j++)
-                frees += moves_down(page_at(pg, pg_bt(pg, s, r)[j]));
-        if (!frees)       /* (map-ahead frames count as free already) */
+            for (uint32_t j = 0; j < s->n_pages; j++) {
+                const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[j]);
+                frees += moves_down(p);
+                dev += p->tier == PG_TIER_DEVICE;
+            }
+        /* A sequence whose device pages are all shared frees nothing alone, but does with
+           its siblings (paging_frees_if_all); one with none is no candidate. (Map-ahead
+           frames count as free already.) */
+        if (!dev)
             continue;
         out[n++] = (struct pg_cand){ ((uint64_t)s->gen << 32) | (i + 1), s->used_tick, frees };
     }
     return n;
+}
+
+uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n)
+{
+    /* A device page is freed when every resident holder of it is in the set: count the
+       set's entries per page and compare with the page's resident holders. */
+    uint32_t *cnt = calloc(pg->p.max_pages, sizeof *cnt), frees = 0;
+    if (!cnt) {
+        for (size_t k = 0; k < n; k++)
+            frees += c[k].frees;       /* the lower bound */
+        return frees;
+    }
+    for (size_t k = 0; k < n; k++) {
+        struct pg_seq *s;
+        if (seq_lookup(pg, c[k].h, &s))
+            continue;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t j = 0; j < s->n_pages; j++) {
+                uint32_t id = pg_bt(pg, s, r)[j];
+                const struct pg_page *p = page_at(pg, id);
+                if (p->tier == PG_TIER_DEVICE && ++cnt[id - 1] == p->refs - p->offs)
+                    frees++;
+            }
+    }
+    free(cnt);
+    return frees;
 }
 
 uint32_t paging_frames_pending(const struct paging *pg)
@@ -497,6 +534,8 @@ static int orphan_move(struct paging *pg, uint32_t id)
 {
     struct pg_page *p = page_at(pg, id);
     uint64_t slot;
+    if (pg->p.disk && !paging_host_free(pg))
+        (void)paging_host_room(pg, 1, 0);
     int rc = pg->p.host->alloc(pg->p.host->arg, &slot);
     if (rc)
         return rc;

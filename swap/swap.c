@@ -24,6 +24,10 @@ struct swap {
     pthread_cond_t cv;             /* wake / idle changes */
     bool running, stop, wake, active, futile;
     pthread_t thread;
+    /* the spill thread (under mu too) */
+    uint32_t host_min_free, host_low_free, host_high_free;
+    bool s_running, s_wake, s_active, s_futile;
+    pthread_t s_thread;
 };
 
 static uint32_t frames_free(struct swap *sw)
@@ -66,12 +70,10 @@ static size_t victims(struct swap *sw, const uint64_t *excl, size_t n_excl, stru
         max *= 2;
     }
     size_t k = 0;
-    *frees = 0;
     for (size_t i = 0; i < n; i++)
-        if (!excluded(c[i].h, excl, n_excl)) {
+        if (!excluded(c[i].h, excl, n_excl))
             c[k++] = c[i];
-            *frees += c[i].frees;
-        }
+    *frees = paging_frees_if_all(sw->pg, c, k);
     qsort(c, k, sizeof *c, cand_cmp);
     *out = c;
     return k;
@@ -91,6 +93,9 @@ static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *exc
     uint64_t frees;
     size_t n = victims(sw, excl, n_excl, &c, &frees);
     uint32_t n_orphans = paging_orphans(sw->pg);
+    /* the host tier makes room on disk first (a caller waiting here needs the frames) */
+    if (paging_has_disk(sw->pg) && paging_host_free(sw->pg) < target - have)
+        (void)paging_host_room(sw->pg, target - have, 0);
     /* all or nothing: the victims' frames must cover the shortfall and the host tier must
        take them (one slot per frame), else nothing moves */
     if (all_or_nothing && (have + frees + n_orphans < target ||
@@ -109,7 +114,8 @@ static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *exc
         *rc = paging_swap_out(sw->pg, c[i].h, true);   /* copies waited for below */
         if (!*rc) {
             moved_seqs++;
-            have += c[i].frees;
+            /* exact: a sibling's shared pages move with the last resident holder */
+            have = frames_free(sw) + paging_frames_pending(sw->pg);
         }
     }
     free(c);
@@ -139,10 +145,19 @@ int swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, si
     uint32_t moved = move_until(sw, want, excl, n_excl, true, &rc);
     if (!rc || moved) {
         /* the frames come back when the copies completed: wait for them (direct reclaim) */
-        int wrc = paging_frames_pending(sw->pg) ? wait_fence(sw, &sw->direct_fence,
-                                                             &sw->direct_fence_ok) : 0;
+        /* (a sibling whose pages all stay behind still has a job to reap: wait for it) */
+        int wrc = (moved || paging_frames_pending(sw->pg))
+                      ? wait_fence(sw, &sw->direct_fence, &sw->direct_fence_ok) : 0;
         if (!wrc)
             wrc = paging_reap(sw->pg);
+        /* Pages shared by siblings that all moved stay behind while the siblings' jobs are
+           in flight; once reaped they are orphans: move them too. */
+        uint32_t fr = frames_free(sw), o = 0;
+        if (!wrc && fr < want && paging_orphans(sw->pg)) {
+            wrc = paging_reclaim_orphans(sw->pg, want - fr, &o);
+            if (wrc == -ENOMEM)
+                wrc = 0;                   /* host tier full: the check below says so */
+        }
         if (!rc)
             rc = wrc;
     }
@@ -156,8 +171,31 @@ int swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, si
     return rc;
 }
 
+static void spill_wake(struct swap *sw)
+{
+    if (!sw->s_running)
+        return;
+    size_t f = paging_host_free(sw->pg);
+    if (f >= sw->host_low_free)
+        return;
+    if (f < sw->host_min_free) {
+        /* below min the caller starts writes itself (it does not wait for them), so the
+           response to pressure does not depend on the thread being scheduled */
+        uint32_t started;
+        paging_spill(sw->pg, (uint32_t)(sw->host_low_free - f), 0, &started);
+    }
+    pthread_mutex_lock(&sw->mu);
+    if (!sw->s_futile && !sw->s_active) {
+        sw->s_wake = true;
+        pthread_cond_broadcast(&sw->cv);
+    }
+    pthread_mutex_unlock(&sw->mu);
+}
+
 void swap_after_call(struct swap *sw)
 {
+    paging_disk_reap(sw->pg);
+    spill_wake(sw);
     if (!sw->p.auto_swap)
         return;
     uint32_t f = frames_free(sw);
@@ -181,10 +219,9 @@ void swap_after_call(struct swap *sw)
 
 void swap_after_step(struct swap *sw)
 {
-    if (!sw->running)
-        return;
     pthread_mutex_lock(&sw->mu);
     sw->futile = false;
+    sw->s_futile = false;
     pthread_mutex_unlock(&sw->mu);
     swap_after_call(sw);
 }
@@ -204,9 +241,14 @@ static void *reclaim_thread(void *arg)
         sw->active = true;
         pthread_mutex_unlock(&sw->mu);
 
-        int rc;
+        int rc = 0;
+        uint32_t moved = 0;
         pthread_mutex_lock(sw->lock);
-        uint32_t moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
+        /* Moving pages records events on the engine stream: never while it captures a
+           CUDA graph (the round is skipped; the next step wakes the thread again). */
+        kcu_stream es = paging_stream(sw->pg);
+        if (!es || vmm_stream_check_capture(sw->v, es) == 0)
+            moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
         int wrc = paging_frames_pending(sw->pg) ? paging_copy_fence_record(sw->pg,
                                                                            &sw->thread_fence) : 1;
         if (moved) {
@@ -222,10 +264,57 @@ static void *reclaim_thread(void *arg)
             pthread_mutex_unlock(sw->lock);
         }
 
+        pthread_mutex_lock(sw->lock);
+        spill_wake(sw);           /* the host tier just filled up */
+        pthread_mutex_unlock(sw->lock);
+
         pthread_mutex_lock(&sw->mu);
         if (!moved)
             sw->futile = true;   /* nothing movable until the next step */
         sw->active = false;
+        pthread_cond_broadcast(&sw->cv);
+    }
+    pthread_mutex_unlock(&sw->mu);
+    return NULL;
+}
+
+static void *spill_thread(void *arg)
+{
+    struct swap *sw = arg;
+    pthread_mutex_lock(&sw->mu);
+    for (;;) {
+        while (!sw->stop && !sw->s_wake)
+            pthread_cond_wait(&sw->cv, &sw->mu);
+        if (sw->stop)
+            break;
+        sw->s_wake = false;
+        sw->s_active = true;
+        pthread_mutex_unlock(&sw->mu);
+
+        bool any = false;
+        for (;;) {
+            uint32_t started = 0;
+            pthread_mutex_lock(sw->lock);
+            paging_disk_reap(sw->pg);
+            size_t f = paging_host_free(sw->pg);
+            if (f < sw->host_high_free)
+                paging_spill(sw->pg, (uint32_t)(sw->host_high_free - f), 0, &started);
+            if (started)
+                sw->c.spill_runs++;
+            pthread_mutex_unlock(sw->lock);
+            if (!started)
+                break;
+            any = true;
+            paging_disk_wait_io(sw->pg);     /* the writes complete without the lock */
+        }
+        pthread_mutex_lock(sw->lock);
+        paging_disk_reap(sw->pg);
+        pthread_mutex_unlock(sw->lock);
+
+        pthread_mutex_lock(&sw->mu);
+        if (!any)
+            sw->s_futile = true;   /* nothing spillable until the next step */
+        sw->s_active = false;
         pthread_cond_broadcast(&sw->cv);
     }
     pthread_mutex_unlock(&sw->mu);
@@ -247,13 +336,24 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
     sw->high_free = (uint32_t)(p->high * p->frames);
     if (sw->high_free > p->frames)
         sw->high_free = p->frames;
+    sw->host_min_free = (uint32_t)(p->host_min * p->host_slots);
+    sw->host_low_free = (uint32_t)(p->host_low * p->host_slots);
+    sw->host_high_free = (uint32_t)(p->host_high * p->host_slots);
+    if (sw->host_high_free > p->host_slots)
+        sw->host_high_free = p->host_slots;
     pthread_mutex_init(&sw->mu, NULL);
     pthread_cond_init(&sw->cv, NULL);
     int rc = 0;
+    if (p->disk && p->host_slots) {
+        rc = -pthread_create(&sw->s_thread, NULL, spill_thread, sw);
+        if (rc)
+            goto out_free;
+        sw->s_running = true;
+    }
     if (p->auto_swap && p->thread) {
         rc = vmm_fence_create(v, &sw->thread_fence);
         if (rc)
-            goto out_free;
+            goto out_spill;
         sw->thread_fence_ok = true;
         rc = -pthread_create(&sw->thread, NULL, reclaim_thread, sw);
         if (rc)
@@ -264,6 +364,14 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
     return 0;
 out_fence:
     vmm_fence_destroy(v, &sw->thread_fence);
+out_spill:
+    if (sw->s_running) {
+        pthread_mutex_lock(&sw->mu);
+        sw->stop = true;
+        pthread_cond_broadcast(&sw->cv);
+        pthread_mutex_unlock(&sw->mu);
+        pthread_join(sw->s_thread, NULL);
+    }
 out_free:
     pthread_cond_destroy(&sw->cv);
     pthread_mutex_destroy(&sw->mu);
@@ -275,13 +383,14 @@ void swap_destroy(struct swap *sw)
 {
     if (!sw)
         return;
-    if (sw->running) {
-        pthread_mutex_lock(&sw->mu);
-        sw->stop = true;
-        pthread_cond_broadcast(&sw->cv);
-        pthread_mutex_unlock(&sw->mu);
+    pthread_mutex_lock(&sw->mu);
+    sw->stop = true;
+    pthread_cond_broadcast(&sw->cv);
+    pthread_mutex_unlock(&sw->mu);
+    if (sw->running)
         pthread_join(sw->thread, NULL);
-    }
+    if (sw->s_running)
+        pthread_join(sw->s_thread, NULL);
     if (sw->thread_fence_ok)
         vmm_fence_destroy(sw->v, &sw->thread_fence);
     if (sw->direct_fence_ok)
@@ -293,10 +402,10 @@ void swap_destroy(struct swap *sw)
 
 void swap_wait_idle(struct swap *sw)
 {
-    if (!sw || !sw->running)
+    if (!sw || (!sw->running && !sw->s_running))
         return;
     pthread_mutex_lock(&sw->mu);
-    while (sw->wake || sw->active)
+    while (sw->wake || sw->active || sw->s_wake || sw->s_active)
         pthread_cond_wait(&sw->cv, &sw->mu);
     pthread_mutex_unlock(&sw->mu);
 }

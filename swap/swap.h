@@ -15,6 +15,13 @@
  *  - The background thread (only with KVVM_F_AUTO_SWAP and a host tier) makes the device
  *    context current once, takes the context lock (the `lock` given at create) for each
  *    round of decisions, and waits for its copies with the lock dropped.
+ *  - Host marks (only with a disk tier, paging_has_disk): free host slots below host `min`
+ *    make the call start writes itself (up to `low`, not waiting for them); below `low` they
+ *    wake the spill thread, which writes the least recently used host pages to disk until
+ *    host `high` slots are free (or the disk is full), waiting for its writes with the
+ *    context lock dropped; it never blocks a caller on disk I/O. A round that started
+ *    nothing makes it idle until the next step. Direct reclaim makes its host room itself
+ *    (paging_host_room, waiting for the writes: the caller needs those slots).
  *  - Lock order: context lock -> swap's own mutex (sw->mu). Every function here except
  *    swap_create, swap_destroy and swap_wait_idle is called with the context lock held;
  *    those three are called without it.
@@ -34,6 +41,9 @@ struct swap_params {
     double   min, low, high;       /* free fractions */
     bool     auto_swap;            /* KVVM_F_AUTO_SWAP */
     bool     thread;               /* start the background reclaim thread */
+    uint32_t host_slots;           /* host tier size in slots */
+    double   host_min, host_low, host_high;   /* free fractions of the host tier */
+    bool     disk;                 /* a disk tier exists: start the spill thread */
 };
 
 struct swap_counters {
@@ -42,6 +52,7 @@ struct swap_counters {
     uint64_t direct_reclaims;      /* direct reclaims that moved something */
     uint64_t direct_swap_outs;     /* sequences moved by direct reclaim */
     uint64_t direct_ns;            /* time spent in direct reclaim */
+    uint64_t spill_runs;           /* spill thread rounds that started writes */
 };
 
 struct swap;

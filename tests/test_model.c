@@ -19,6 +19,13 @@
  * calls that need a resident sequence swap it in first (model-predicted). The device and the
  * host tier are both small, so both run full.
  *
+ * Disk (the *_disk configurations): a disk tier under a host tier of one full sequence (plus
+ * a page per region), so host pages are pushed to disk constantly (by swap_out making room and
+ * by the background spill thread at the host marks) and read back at swap-in. The disk is big
+ * enough for every page, so the model keeps one "below the device" tier (host + disk) and
+ * checks host free + disk free against it after kvvm_sync; spills and unspills are counted
+ * cases of those configurations (from the stats).
+ *
  * Matrix: page sizes {4 KiB, 64 KiB, 2 MiB} (emulated granule = page size) x regions {1, 4};
  * tokens of 3/8 page + 36 bytes straddle pages. Large tokens are checked through probes (the
  * head and tail of each token and both sides of each page boundary inside it); tokens of at
@@ -37,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu.h"
@@ -61,7 +69,7 @@ enum {
     C_CREATE, C_ENOSPC, C_GROW, C_GROW_BATCH, C_E2BIG, C_EINVAL, C_TRUNCATE, C_FORK,
     C_SHARE_ZERO, C_SHARE_ALL, C_SHARE_PARTIAL, C_COW_PARTIAL, C_COW_FULL, C_STRADDLE,
     C_ENOMEM, C_ENOMEM_BATCH, C_ZERO_TAIL, C_FREE_SHARED, C_PREP_WRITE, C_WRITE, C_FREE,
-    C_SWAP_OUT, C_SWAP_IN, C_OUT_OPS, C_SWAP_ENOMEM, NC
+    C_SWAP_OUT, C_SWAP_IN, C_OUT_OPS, C_SWAP_ENOMEM, C_SPILL, C_UNSPILL, NC
 };
 static const char *const cname[NC] = {
     "create", "create/fork -ENOSPC", "grow", "grow_batch", "-E2BIG", "-EINVAL", "truncate",
@@ -72,6 +80,7 @@ static const char *const cname[NC] = {
     "prepare_write + write", "write into a shared page", "free",
     "swap_out", "swap_in", "fork/share/truncate/free while swapped out",
     "swap -ENOMEM (device or host full)",
+    "spill (host -> disk; disk configs)", "unspill (disk -> host; disk configs)",
 };
 
 struct mcfg {
@@ -81,6 +90,7 @@ struct mcfg {
     uint32_t max_seqs;
     uint64_t max_tokens;
     uint32_t pages_per_region;      /* device budget = this * nr pages */
+    bool disk;                      /* a disk tier under a small host tier */
 };
 
 struct mseq {
@@ -98,7 +108,9 @@ struct model {
     struct mcfg c;
     kvvm *kv;
     uint64_t total, used;           /* device pages */
-    uint64_t host_total, host_used; /* host slots */
+    uint64_t host_total, host_used; /* host slots (disk configs: host + disk slots) */
+    uint64_t spills, unspills;      /* disk configs: the stats at the last check */
+    char dir[64];                   /* disk configs: the spill directory */
     uint32_t *ref;                  /* per model page id */
     uint8_t *onhost;                /* per model page id: in the host tier */
     uint32_t *tmpdec;               /* planning: references a planned COW already dropped */
@@ -447,6 +459,22 @@ static void check_state(struct model *m)
     MCHECK(m, rc == 0, "kvvm_stats %d", rc);
     MCHECK(m, st.pages_device_free == mfree(m), "pages_device_free %lu, model %lu",
            (unsigned long)st.pages_device_free, (unsigned long)mfree(m));
+    if (m->c.disk) {
+        /* the spill thread works between calls: settle it, then count both tiers as one */
+        rc = kvvm_sync(m->kv);
+        MCHECK(m, rc == 0, "kvvm_sync %d", rc);
+        rc = kvvm_stats(m->kv, &st);
+        MCHECK(m, rc == 0 && st.pages_inflight == 0, "kvvm_stats %d, in flight %lu", rc,
+               (unsigned long)st.pages_inflight);
+        MCHECK(m, st.checksum_failures == 0 && st.io_errors == 0 && st.pages_damaged == 0,
+               "disk errors: %lu checksum, %lu I/O", (unsigned long)st.checksum_failures,
+               (unsigned long)st.io_errors);
+        m->cnt[C_SPILL] += st.spills != m->spills;
+        m->cnt[C_UNSPILL] += st.unspills != m->unspills;
+        m->spills = st.spills;
+        m->unspills = st.unspills;
+        st.pages_host_free += st.pages_disk_free;
+    }
     MCHECK(m, st.pages_host_free == m->host_total - m->host_used,
            "pages_host_free %lu, model %lu", (unsigned long)st.pages_host_free,
            (unsigned long)(m->host_total - m->host_used));
@@ -469,6 +497,8 @@ static void check_state(struct model *m)
         MCHECK(m, in.slot == s->slot, "seq %d moved from slot %u to %u", i, s->slot, in.slot);
         MCHECK(m, in.pages_device == m->c.nr * np - onhost, "seq %d pages_device %u, model %lu",
                i, in.pages_device, (unsigned long)(m->c.nr * np - onhost));
+        if (m->c.disk)
+            in.pages_host += in.pages_disk, in.pages_disk = 0;
         MCHECK(m, in.pages_host == onhost, "seq %d pages_host %u, model %u", i, in.pages_host,
                onhost);
         MCHECK(m, in.pages_shared == shared, "seq %d pages_shared %u, model %u", i,
@@ -984,6 +1014,14 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     k.host_budget = (size_t)c->pages_per_region * c->nr * c->ps;   /* as many as the device */
     k.spill_dir = NULL;
     k.spill_budget = 0;             /* no disk tier (page descriptors scale with it) */
+    size_t seq_pages = (c->max_tokens * c->bpt + c->ps - 1) / c->ps * c->nr;
+    if (c->disk) {
+        snprintf(m->dir, sizeof m->dir, "/var/tmp/kvvm_test_model.XXXXXX");
+        cr_assert(mkdtemp(m->dir), "mkdtemp");
+        k.spill_dir = m->dir;
+        k.host_budget = (seq_pages + c->nr) * c->ps;
+        k.spill_budget = (MAXS + 1) * seq_pages * c->ps;
+    }
     k.flags = 0;
     k.map_ahead = 0;
     k.emu_opaque = 1;
@@ -995,8 +1033,13 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
                  "pages_device_total %lu", (unsigned long)st.pages_device_total);
     m->total = st.pages_device_total;
     m->host_total = st.pages_host_total;
-    cr_assert_eq(m->host_total, m->total, "pages_host_total %lu",
-                 (unsigned long)st.pages_host_total);
+    if (c->disk) {
+        cr_assert_eq(st.pages_disk_total, (MAXS + 1) * seq_pages);
+        m->host_total += st.pages_disk_total;
+    } else {
+        cr_assert_eq(m->host_total, m->total, "pages_host_total %lu",
+                     (unsigned long)st.pages_host_total);
+    }
     uint64_t ids = m->total + m->host_total;
     m->ref = calloc(ids, sizeof *m->ref);
     m->tmpdec = calloc(ids, sizeof *m->tmpdec);
@@ -1021,6 +1064,9 @@ static void model_close(struct model *m)
     check_state(m);
     MCHECK(m, m->used == 0 && m->host_used == 0, "model pages left");
     kvvm_close(m->kv);
+    if (m->c.disk) {
+        MCHECK(m, rmdir(m->dir) == 0, "spill dir %s not empty after kvvm_close", m->dir);
+    }
     for (int i = 0; i < MAXS; i++)
         for (uint32_t r = 0; r < MAXR; r++) {
             free(m->s[i].tag[r]);
@@ -1098,12 +1144,12 @@ static double now_s(void)
 }
 
 /* Runs one configuration: CI (one seed, ci_ops scaled) or soak (20 seeds x 100 000). */
-static void run_config(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops,
-                       unsigned long seed0)
+static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops,
+                         unsigned long seed0, bool disk)
 {
     struct mcfg c = {
         .ps = ps, .nr = nr, .bpt = ps * 3 / 8 + 36, .max_seqs = MAXS, .max_tokens = 16,
-        .pages_per_region = 16,
+        .pages_per_region = 16, .disk = disk,
     };
     const char *soak = getenv("KVVMTEST_MODEL_SOAK");
     const char *sd = getenv("KVVMTEST_MODEL_SEED");
@@ -1134,6 +1180,8 @@ static void run_config(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops
         min = 1;
     char missing[512] = "";
     for (int k = 0; k < NC; k++) {
+        if (!disk && (k == C_SPILL || k == C_UNSPILL))
+            continue;
         printf("  %-40s %10lu\n", cname[k], (unsigned long)total[k]);
         if (total[k] < min && strlen(missing) + strlen(cname[k]) + 3 < sizeof missing) {
             strcat(missing, cname[k]);
@@ -1145,6 +1193,12 @@ static void run_config(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops
               (unsigned long)min, missing);
 }
 
+static void run_config(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops,
+                       unsigned long seed0)
+{
+    run_config_d(name, ps, nr, ci_ops, seed0, false);
+}
+
 /* CI budget: 2 040 000 ops over the matrix, weighted towards the cheap small pages. */
 Test(model, page4k_1region) { run_config("4k/1", 4096, 1, 500000, 101); }
 Test(model, page4k_4regions) { run_config("4k/4", 4096, 4, 400000, 102); }
@@ -1152,3 +1206,6 @@ Test(model, page64k_1region) { run_config("64k/1", 65536, 1, 400000, 103); }
 Test(model, page64k_4regions) { run_config("64k/4", 65536, 4, 340000, 104); }
 Test(model, page2m_1region) { run_config("2m/1", 2u << 20, 1, 240000, 105); }
 Test(model, page2m_4regions) { run_config("2m/4", 2u << 20, 4, 160000, 106); }
+/* The disk tier under a small host tier (spill and unspill constantly). */
+Test(model, page4k_2regions_disk) { run_config_d("4k/2+disk", 4096, 2, 200000, 107, true); }
+Test(model, page64k_1region_disk) { run_config_d("64k/1+disk", 65536, 1, 120000, 108, true); }

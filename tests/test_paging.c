@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu.h"
@@ -1720,4 +1721,469 @@ Test(options, stream_mode_cpu_does_not_wait)
     cr_assert_eq(kvvm_stream_destroy(t.kv, stream), 0);
     tcheck(&t, "stream no wait");
     tclose(&t);
+}
+
+/* ================================================================ hardening */
+
+/* Opens a stream-mode context (the engine stream in *stream). */
+static void topen_stream(struct tctx *t, const struct kvvm_config *c, void **stream)
+{
+    topen(t, c);
+    cr_assert_eq(kvvm_stream_create(t->kv, stream), 0);
+    cr_assert_eq(kvvm_set_stream(t->kv, *stream), 0);
+}
+
+/* Ends a stream-mode test: back to synchronous mode, the stream destroyed, context closed. */
+static void tclose_stream(struct tctx *t, void *stream)
+{
+    cr_assert_eq(kvvm_set_stream(t->kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(t->kv, stream), 0);
+    tclose(t);
+}
+
+/* KVVM_F_SCRUB + map-ahead + stream mode, engine stream paused: a grow's scrub of frames
+   that then leave the sequence (free, truncate, map-ahead stolen by another grow) must not
+   reach an unmapped address once the stream runs. Regression: map-ahead frames were
+   scrubbed on the engine stream and unmapped at once when dropped, so the queued memset
+   hit an unmapped range (a sticky ILLEGAL_ADDRESS: the context died). */
+Test(harden, scrub_map_ahead_stream)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 1024, 4, 64, 24);     /* 4 tokens a page */
+    c.flags = KVVM_F_SCRUB;
+    c.map_ahead = 2;
+    topen_stream(&t, &c, &st);
+    kvvm_seq a, b, d;
+    cr_assert_eq(kvvm_seq_create(t.kv, &a), 0);
+    cr_assert_eq(kvvm_seq_create(t.kv, &b), 0);
+    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 9), 0);      /* 3 pages + map-ahead */
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);         /* map-ahead dropped at once */
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 13), 0);     /* 4 pages + map-ahead */
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 4), 0);  /* map-ahead dropped */
+    cr_assert_eq(kvvm_seq_grow(t.kv, d, 4), 0);
+    /* takes every free frame: steals the others' map-ahead */
+    struct kvvm_stats s0;
+    tstats(&t, &s0);
+    uint64_t all = (s0.pages_device_free / 2) * 4 + 4;
+    if (all > 64)
+        all = 64;
+    cr_assert_eq(kvvm_seq_grow(t.kv, d, all), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0, "the context died: a scrub reached an unmapped page");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    tcheck(&t, "scrub map-ahead");
+    /* the new pages read zero */
+    uint8_t buf[256];
+    memset(buf, 0xee, sizeof buf);
+    cr_assert_eq(kvvm_seq_read(t.kv, d, 1, 0, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    for (size_t i = 0; i < sizeof buf; i++)
+        cr_assert_eq(buf[i], 0, "byte %zu not scrubbed", i);
+    cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    tclose_stream(&t, st);
+}
+
+/* While the engine stream captures a CUDA graph, every call that would enqueue onto, record
+   on or synchronize it returns -EBUSY and changes nothing; all works once capture ends.
+   Regression: only swap_in/swap_out/prefetch/wait_stream/set_stream(new) refused. */
+Test(harden, capturing_engine_stream_refused)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 1024, 8, 64, 64);
+    c.map_ahead = 1;
+    topen_stream(&t, &c, &st);
+    keep_bufs = true;
+    struct sh a, d;
+    sh_create(&t, &a);
+    sh_create(&t, &d);
+    sh_grow_fill(&t, &a, 9, 1);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct sh *ss[] = { &a, &d };
+    struct snap s0;
+    snap_take(&t, &s0, ss, 2);
+    uint8_t buf[64] = { 1 };
+    kvvm_seq child = 0, sq = a.h;
+    uint64_t len = 20;
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 1), 0);
+    struct { const char *what; int rc; } r[] = {
+        { "grow", kvvm_seq_grow(t.kv, a.h, 20) },
+        { "grow_batch", kvvm_seq_grow_batch(t.kv, &sq, &len, 1) },
+        { "truncate", kvvm_seq_truncate(t.kv, a.h, 2) },
+        { "free", kvvm_seq_free(t.kv, a.h) },
+        { "fork", kvvm_seq_fork(t.kv, a.h, &child) },
+        { "share", kvvm_seq_share(t.kv, d.h, a.h, 6) },
+        { "prepare_write", kvvm_seq_prepare_write(t.kv, a.h, 0, 4) },
+        { "write", kvvm_seq_write(t.kv, a.h, 0, 0, buf, sizeof buf) },
+        { "read", kvvm_seq_read(t.kv, a.h, 0, 0, buf, sizeof buf) },
+        { "step", kvvm_step(t.kv) },
+        { "sync", kvvm_sync(t.kv) },
+        { "set_stream(NULL)", kvvm_set_stream(t.kv, NULL) },
+        { "swap_out", kvvm_seq_swap_out(t.kv, a.h) },
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        cr_expect_eq(r[i].rc, -EBUSY, "%s while capturing: %d, not -EBUSY", r[i].what,
+                     r[i].rc);
+    cr_assert_eq(child, 0, "fork made a child while capturing");
+    struct kvvm_seq_info in;
+    tinfo(&t, a.h, &in);                     /* the non-enqueuing calls still work */
+    cr_assert_eq(in.length, 9);
+    tcheck(&t, "capturing");
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 0), 0);
+    expect_unchanged(&t, &s0, ss, 2, "after refused calls");
+    /* everything works again */
+    sh_grow_fill(&t, &a, 20, 2);
+    sh_share(&t, &d, &a, 6);
+    struct sh ch;
+    sh_fork(&t, &a, &ch);
+    cr_assert_eq(kvvm_seq_prepare_write(t.kv, ch.h, 0, 4), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    sh_verify(&t, &a, "a after capture");
+    sh_verify(&t, &d, "d after capture");
+    sh_verify(&t, &ch, "child after capture");
+    sh_free(&t, &ch);
+    sh_free(&t, &d);
+    sh_free(&t, &a);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tcheck(&t, "end");
+    keep_flush();
+    keep_bufs = false;
+    tclose_stream(&t, st);
+}
+
+/* Every call leaves the caller's current context as it found it (here: none), so the
+   engine's thread never finds libkvvm's context current afterwards. */
+Test(harden, caller_context_restored)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);
+    topen(&t, &c);
+    const struct kcu_api *api = emu_api();
+    cr_assert_eq(api->cuCtxSetCurrent(NULL), KCU_SUCCESS);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 9), 0);
+    uint8_t buf[32] = { 7 };
+    cr_assert_eq(kvvm_seq_write(t.kv, s, 1, 0, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    kcu_context cur = (kcu_context)1;
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_assert_null(cur, "a kvvm call left its context current");
+    /* another context current: it stays current */
+    struct tctx t2;
+    topen(&t2, &c);
+    kvvm_seq s2;
+    cr_assert_eq(kvvm_seq_create(t2.kv, &s2), 0);
+    cr_assert_eq(kvvm_seq_grow(t2.kv, s2, 5), 0);
+    kcu_device dev;
+    kcu_context other;
+    cr_assert_eq(api->cuDeviceGet(&dev, t2.ord), KCU_SUCCESS);
+    cr_assert_eq(api->cuDevicePrimaryCtxRetain(&other, dev), KCU_SUCCESS);
+    cr_assert_eq(api->cuCtxSetCurrent(other), KCU_SUCCESS);
+    cr_assert_eq(kvvm_seq_read(t.kv, s, 1, 0, buf, sizeof buf), 0);
+    cr_assert_eq(buf[0], 7);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_assert_eq(cur, other, "a kvvm call replaced the caller's context");
+    cr_assert_eq(api->cuCtxSetCurrent(NULL), KCU_SUCCESS);
+    cr_assert_eq(api->cuDevicePrimaryCtxRelease(dev), KCU_SUCCESS);
+    cr_assert_eq(kvvm_seq_free(t2.kv, s2), 0);
+    tclose(&t2);
+    tclose(&t);
+}
+
+/* kvvm_stream_destroy destroys only streams kvvm_stream_create made on this context, never
+   the engine stream set now. Regression: it destroyed any stream, the engine's own too. */
+Test(harden, stream_destroy_only_own)
+{
+    struct kvvm_config c;
+    struct tctx t, t2;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);
+    topen(&t, &c);
+    topen(&t2, &c);
+    void *mine, *theirs;
+    cr_assert_eq(kvvm_stream_create(t.kv, &mine), 0);
+    cr_assert_eq(kvvm_stream_create(t2.kv, &theirs), 0);
+    /* the engine's own stream on the same device */
+    const struct kcu_api *api = emu_api();
+    kcu_device dev;
+    kcu_context ctx;
+    kcu_stream eng;
+    cr_assert_eq(api->cuDeviceGet(&dev, t.ord), KCU_SUCCESS);
+    cr_assert_eq(api->cuDevicePrimaryCtxRetain(&ctx, dev), KCU_SUCCESS);
+    cr_assert_eq(api->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+    cr_assert_eq(api->cuStreamCreate(&eng, 0), KCU_SUCCESS);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, eng), -EINVAL);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, theirs), -EINVAL, "another context's stream");
+    cr_assert_eq(api->cuStreamQuery(eng), KCU_SUCCESS, "the engine's stream was destroyed");
+    /* the engine stream set now */
+    cr_assert_eq(kvvm_set_stream(t.kv, eng), 0);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 9), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, eng), -EINVAL);
+    cr_assert_eq(kvvm_set_stream(t.kv, mine), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, mine), -EBUSY, "the engine stream set now");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, mine), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, mine), -EINVAL, "destroyed twice");
+    cr_assert_eq(kvvm_stream_destroy(t2.kv, theirs), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    cr_assert_eq(api->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+    cr_assert_eq(api->cuStreamDestroy(eng), KCU_SUCCESS);
+    cr_assert_eq(api->cuCtxSetCurrent(NULL), KCU_SUCCESS);
+    cr_assert_eq(api->cuDevicePrimaryCtxRelease(dev), KCU_SUCCESS);
+    tclose(&t2);
+    tclose(&t);
+}
+
+static unsigned long count_entry(const struct emu_trace_entry *e, size_t n, const char *name)
+{
+    unsigned long k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += strcmp(e[i].entry, name) == 0;
+    return k;
+}
+
+/* Synchronous mode: a write or read of a sequence with no device work since the last
+   synchronization does not synchronize the device again; one used in this iteration
+   does. Regression: every write and read called cuCtxSynchronize. */
+Test(harden, sync_mode_quiet_io_skips_device_sync)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 8, 64, 64);
+    topen(&t, &c);
+    struct sh s[4];
+    for (int i = 0; i < 4; i++) {
+        sh_create(&t, &s[i]);
+        sh_grow_fill(&t, &s[i], 10, (uint32_t)i + 1);
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    static struct emu_trace_entry tr[4096];
+    uint8_t buf[512];
+    emu_trace_start();
+    for (int i = 0; i < 4; i++) {
+        memset(buf, 0x40 + i, sizeof buf);
+        cr_assert_eq(kvvm_seq_write(t.kv, s[i].h, 1, 100, buf, sizeof buf), 0);
+        memcpy(s[i].exp[1] + 100, buf, sizeof buf);
+    }
+    size_t n = emu_trace_stop(tr, 4096);
+    cr_assert_eq(count_entry(tr, n, "cuCtxSynchronize"), 0,
+                 "quiet sequences: %lu device syncs", count_entry(tr, n, "cuCtxSynchronize"));
+    /* s[0] was used in this iteration (by the write): the engine may be using it now */
+    emu_trace_start();
+    cr_assert_eq(kvvm_seq_read(t.kv, s[0].h, 1, 100, buf, sizeof buf), 0);
+    n = emu_trace_stop(tr, 4096);
+    cr_assert_geq(count_entry(tr, n, "cuCtxSynchronize"), 1, "a used sequence must sync");
+    /* a fork's pages are shared with a sequence that may be in use: sync */
+    struct sh ch;
+    sh_fork(&t, &s[1], &ch);
+    emu_trace_start();
+    cr_assert_eq(kvvm_seq_read(t.kv, ch.h, 0, 0, buf, sizeof buf), 0);
+    n = emu_trace_stop(tr, 4096);
+    cr_assert_geq(count_entry(tr, n, "cuCtxSynchronize"), 1, "shared pages must sync");
+    for (int i = 0; i < 4; i++)
+        sh_verify(&t, &s[i], "quiet io");
+    sh_verify(&t, &ch, "child");
+    sh_free(&t, &ch);
+    for (int i = 0; i < 4; i++)
+        sh_free(&t, &s[i]);
+    tcheck(&t, "end");
+    tclose(&t);
+}
+
+/* Stream mode: the host copy of a non-resident source's partial page (share_host_copy) runs
+   on the engine stream and waits for it only. A blocking stream of the engine's, paused,
+   must not hold it up. Regression: it copied on the legacy stream, which waits for every
+   blocking stream of the context (here: forever). */
+Test(harden, share_host_copy_on_engine_stream, .timeout = 20)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 1024, 8, 64, 64);
+    c.host_budget = 64 * KB;
+    topen_stream(&t, &c, &st);
+    keep_bufs = true;
+    struct sh a, b, d;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 6, 3);              /* 2 pages, the second partial */
+    sh_fork(&t, &a, &b);                     /* b keeps a's pages on the device */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a.h), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_seq_info in;
+    tinfo(&t, a.h, &in);
+    cr_assert_eq(in.resident, 0);
+    cr_assert_gt(in.pages_device, 0, "a's pages stay on the device (b holds them)");
+    const struct kcu_api *api = emu_api();
+    kcu_device dev;
+    kcu_context ctx;
+    kcu_stream other;
+    cr_assert_eq(api->cuDeviceGet(&dev, t.ord), KCU_SUCCESS);
+    cr_assert_eq(api->cuDevicePrimaryCtxRetain(&ctx, dev), KCU_SUCCESS);
+    cr_assert_eq(api->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+    cr_assert_eq(api->cuStreamCreate(&other, 0), KCU_SUCCESS);   /* blocking */
+    cr_assert_eq(emu_stream_set_paused(other, 1), 0);
+    kcu_event ev;                            /* work queued on it, held by the pause */
+    cr_assert_eq(api->cuEventCreate(&ev, 0), KCU_SUCCESS);
+    cr_assert_eq(api->cuEventRecord(ev, other), KCU_SUCCESS);
+    cr_assert_eq(api->cuStreamQuery(other), KCU_ERROR_NOT_READY);
+    sh_create(&t, &d);
+    sh_share(&t, &d, &a, 5);                 /* partial page copied through the host */
+    cr_assert_eq(emu_stream_set_paused(other, 0), 0);
+    cr_assert_eq(api->cuStreamSynchronize(other), KCU_SUCCESS);
+    cr_assert_eq(api->cuEventDestroy(ev), KCU_SUCCESS);
+    cr_assert_eq(api->cuStreamDestroy(other), KCU_SUCCESS);
+    cr_assert_eq(api->cuCtxSetCurrent(NULL), KCU_SUCCESS);
+    cr_assert_eq(api->cuDevicePrimaryCtxRelease(dev), KCU_SUCCESS);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, d.h), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a.h), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    sh_verify(&t, &d, "shared from a non-resident source");
+    sh_verify(&t, &a, "source");
+    sh_verify(&t, &b, "fork");
+    sh_free(&t, &d);
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tcheck(&t, "end");
+    keep_flush();
+    keep_bufs = false;
+    tclose_stream(&t, st);
+}
+
+struct infocap { int n; char msg[512]; };
+static void infocap_fn(int level, const char *msg, void *arg)
+{
+    struct infocap *c = arg;
+    if (level == KVVM_LOG_INFO && strstr(msg, "even at length 1")) {
+        c->n++;
+        snprintf(c->msg, sizeof c->msg, "%s", msg);
+    }
+}
+
+/* kvvm_open says how many sequences fit at length 1 when max_seqs x n_regions pages exceed
+   the device budget (a sizing hint; on a GPU the page is the 2 MiB granule). */
+Test(harden, open_sizing_hint)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    struct infocap ic = { 0 };
+    tcfg(&c, KB, 2, 1024, 8, 64, 8);        /* 8 x 2 pages > 8: 4 fit */
+    kvvm_set_log(infocap_fn, &ic, KVVM_LOG_INFO);
+    topen(&t, &c);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
+    tclose(&t);
+    cr_assert_eq(ic.n, 1, "no sizing hint logged");
+    cr_assert(strstr(ic.msg, "4 of max_seqs 8"), "hint: %s", ic.msg);
+    ic.n = 0;
+    tcfg(&c, KB, 2, 1024, 4, 64, 8);        /* 4 x 2 = 8: all fit, no hint */
+    kvvm_set_log(infocap_fn, &ic, KVVM_LOG_INFO);
+    topen(&t, &c);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
+    tclose(&t);
+    cr_assert_eq(ic.n, 0, "a hint although every sequence fits: %s", ic.msg);
+}
+
+/* As scrub_map_ahead_stream, the map-ahead frames taken by another sequence's grow (stolen:
+   unmapped from the first sequence's window at once) while the engine stream is paused. */
+Test(harden, scrub_map_ahead_stolen)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 1024, 4, 64, 24);       /* 4 tokens a page, 12 pages per region */
+    c.flags = KVVM_F_SCRUB;
+    c.map_ahead = 2;
+    topen_stream(&t, &c, &st);
+    kvvm_seq a, b, d;
+    cr_assert_eq(kvvm_seq_create(t.kv, &a), 0);
+    cr_assert_eq(kvvm_seq_create(t.kv, &b), 0);
+    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 5), 0);      /* 2 pages + 2 ahead */
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 5), 0);      /* 2 pages + 2 ahead */
+    struct kvvm_stats s0;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_device_free, 16, "free %lu", (unsigned long)s0.pages_device_free);
+    /* d takes the 8 free per region: a's and b's map-ahead among them */
+    cr_assert_eq(kvvm_seq_grow(t.kv, d, 32), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0, "the context died: a scrub reached an unmapped page");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    tcheck(&t, "scrub stolen map-ahead");
+    uint8_t buf[KB];
+    for (uint32_t p = 0; p < 8; p++) {
+        memset(buf, 0xee, sizeof buf);
+        cr_assert_eq(kvvm_seq_read(t.kv, d, 1, (uint64_t)p * KB, buf, sizeof buf), 0);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+        for (size_t i = 0; i < sizeof buf; i++)
+            cr_assert_eq(buf[i], 0, "page %u byte %zu not scrubbed", p, i);
+    }
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    tclose_stream(&t, st);
+}
+
+static void *unpause_later(void *arg)
+{
+    usleep(200 * 1000);
+    emu_stream_set_paused((kcu_stream)arg, 0);
+    return NULL;
+}
+
+/* A grow that fails after region 0's pages were mapped and their scrub enqueued (region 1's
+   map refused), the engine stream paused and resumed 200 ms later by another thread: the
+   undo waits for the engine before unmapping them, so the context stays alive and a retry
+   works. Regression: the undo unmapped at once; the memset then hit an unmapped range. */
+Test(harden, scrub_grow_undo_stream)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 1024, 4, 64, 24);
+    c.flags = KVVM_F_SCRUB;
+    topen_stream(&t, &c, &st);
+    kvvm_seq a;
+    cr_assert_eq(kvvm_seq_create(t.kv, &a), 0);
+    for (unsigned long nth = 1; nth <= 4; nth++) {
+        kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+        cr_assert_eq(emu_fail_arm("cuMemMap", nth, KCU_ERROR_OUT_OF_MEMORY), 0);
+        cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);
+        pthread_t th;
+        cr_assert_eq(pthread_create(&th, NULL, unpause_later, st), 0);
+        int rc = kvvm_seq_grow(t.kv, a, 8);             /* 2 pages per region */
+        pthread_join(th, NULL);
+        emu_fail_clear();
+        kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
+        cr_assert_eq(rc, -ENOMEM, "map %lu refused: %d", nth, rc);
+        cr_assert_eq(kvvm_sync(t.kv), 0, "map %lu refused: the context died", nth);
+        tcheck(&t, "after a failed grow");
+    }
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 8), 0);
+    uint8_t buf[KB];
+    memset(buf, 0xee, sizeof buf);
+    cr_assert_eq(kvvm_seq_read(t.kv, a, 1, KB, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    for (size_t i = 0; i < sizeof buf; i++)
+        cr_assert_eq(buf[i], 0, "byte %zu not scrubbed", i);
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    tclose_stream(&t, st);
 }

@@ -964,3 +964,37 @@ Test(sweep, swap_out) { sweep(SW_OUT, "swap_out"); }
 Test(sweep, swap_in) { sweep(SW_IN, "swap_in"); }
 Test(sweep, swap_out_stream) { sweep(SW_OUT_STREAM, "swap_out_stream"); }
 Test(sweep, swap_in_stream) { sweep(SW_IN_STREAM, "swap_in_stream"); }
+
+/* Regression: direct reclaim counted, per candidate, only the pages it alone holds, and
+   skipped candidates holding only shared pages, so a fork family whose pages are all shared
+   was never evicted: -ENOMEM although swapping out both siblings frees enough. */
+Test(pressure, shared_family_is_reclaimable)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 24, 256, KVVM_F_AUTO_SWAP);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 32, 1), 0);        /* 8 pages per region: 16 */
+    struct sh *b = sh_fork(&t, a);                       /* shares all 16 */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);                    /* a and b unprotected */
+    struct sh *cc = sh_new(&t);
+    int rc = sh_grow_fill(&t, cc, 40, 2);                /* 10 per region: 20 > 8 free */
+    cr_assert_eq(rc, 0, "grow needing the shared family's pages: %d (%s)", rc,
+                 kvvm_strerror(rc));
+    cr_expect(resident(&t, cc));
+    cr_expect(!resident(&t, a) && !resident(&t, b), "the family should have moved down");
+    tcheck(&t, "after reclaiming a shared family");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, cc, "c");
+    cr_assert_eq(kvvm_seq_free(t.kv, cc->h), 0);
+    sh_verify(&t, a, "a back");
+    sh_verify(&t, b, "b back");
+    tcheck(&t, "end");
+    free(a);
+    free(b);
+    free(cc);
+    tclose(&t);
+}

@@ -594,6 +594,11 @@ static int make_readable(struct eng *e, struct req *q)
     lat_end(e, LAT_GROW, t);
     if (err && err != -ENOMEM)
         fail(e, "kvvm_seq_grow", err, q);
+    if (!err) {
+        /* the library swapped it in (auto-swap): its disk pages came back */
+        q->disk_pages_pending += in.pages_disk;
+        e->r->disk_pages_swapped_in += in.pages_disk;
+    }
     return err;
 }
 
@@ -790,7 +795,14 @@ static int bring_in(struct eng *e, struct req *q)
             return -EIO;
         return 0;
     }
-    case R_IDLE:
+    case R_IDLE: {
+        /* auto mode: pages the library moved to disk come back at its next grow (its
+           auto swap-in); they count as back from disk, verified with the request */
+        struct kvvm_seq_info in = { .size = sizeof in };
+        if (kvvm_seq_info(e->kv, q->seq, &in) == 0 && !in.resident) {
+            q->disk_pages_pending += in.pages_disk;
+            e->r->disk_pages_swapped_in += in.pages_disk;
+        }
         q->state = R_RUNNING;
         q->sched_step = e->step;
         hist_add(e, q, EV_RUN, 0);
@@ -803,6 +815,7 @@ static int bring_in(struct eng *e, struct req *q)
             }
         }
         return 0;
+    }
     case R_PREEMPTED:
         if ((err = materialize(e, q, q->len, EV_REPREFILL)))
             return err;

@@ -1,0 +1,578 @@
+/*
+ * tests/test_disk.c: the disk tier (issue 5) at the sequence level, through the public API:
+ * pages go device -> host -> disk and back with content cookies read back by kvvm_seq_read,
+ * the invariant checker (kvvm_debug_check: disk slots == disk pages) after each phase.
+ *
+ * Emulated device in opaque mode, 4 KiB granules and pages, two regions, 1000 bytes per token
+ * (sequences end in partial pages). The spill directory is a mkdtemp under /var/tmp, removed
+ * at the end (it must be empty then: the spill file is unnamed). "Deep" contexts set the host
+ * marks to low 0.9 / high 1.0 so the background spill thread pushes every host page to disk
+ * (kvvm_sync waits for it). Suites: roundtrip (single, forked family, shared prefix, psync,
+ * io_uring), faults (fault sweep over writes and reads, checksum corruption), limits (disk
+ * budget -ENOMEM, tmpfs refusal, SIGKILL leaves no file).
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "kvvm.h"
+#include "core/debug.h"
+#include "swap/spill.h"
+
+#define KB 4096u
+#define NR 2
+#define BPT 1000u
+#define MAXTOK 64u
+
+static inline uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
+{
+    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (uint8_t)(x | 1);
+}
+
+static char dir[64];
+
+static void mkdir_spill(void)
+{
+    snprintf(dir, sizeof dir, "/var/tmp/kvvm_test_disk.XXXXXX");
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+}
+
+static int dir_entries(const char *d)
+{
+    DIR *dd = opendir(d);
+    if (!dd)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(dd);
+    return n;
+}
+
+static void rm_spill(void)
+{
+    cr_expect_eq(dir_entries(dir), 0, "spill dir %s not empty", dir);
+    rmdir(dir);
+}
+
+static void tcfg(struct kvvm_config *c, uint32_t dev, uint32_t host, uint32_t disk, bool deep)
+{
+    kvvm_config_init(c);
+    c->backend = KVVM_BACKEND_EMULATED;
+    c->emu_granule = KB;
+    c->page_size = KB;
+    c->n_regions = NR;
+    c->bytes_per_token = BPT;
+    c->max_seqs = 32;
+    c->max_tokens = MAXTOK;
+    c->device_budget = (size_t)dev * KB;
+    c->host_budget = (size_t)host * KB;
+    c->spill_dir = dir;
+    c->spill_budget = (size_t)disk * KB;
+    c->flags = 0;
+    c->emu_opaque = 1;
+    if (deep) {
+        c->host_min = 0.5;
+        c->host_low = 0.9;
+        c->host_high = 1.0;
+    }
+}
+
+static kvvm *topen(const struct kvvm_config *c)
+{
+    kvvm *kv;
+    int rc = kvvm_open(c, &kv);
+    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
+    return kv;
+}
+
+static void tcheck(kvvm *kv, const char *where)
+{
+    char why[512] = "";
+    int rc = kvvm_debug_check(kv, why, sizeof why);
+    cr_assert_eq(rc, 0, "%s: invariant violated (%d): %s", where, rc, why);
+}
+
+static void tstats(kvvm *kv, struct kvvm_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->size = sizeof *st;
+    cr_assert_eq(kvvm_stats(kv, st), 0);
+}
+
+static void tinfo(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *in)
+{
+    memset(in, 0, sizeof *in);
+    in->size = sizeof *in;
+    cr_assert_eq(kvvm_seq_info(kv, s, in), 0);
+}
+
+struct sh {
+    kvvm_seq h;
+    uint64_t len;
+    uint8_t exp[NR][MAXTOK * BPT];
+};
+
+static struct sh *sh_new(kvvm *kv)
+{
+    struct sh *s = calloc(1, sizeof *s);
+    cr_assert(s);
+    cr_assert_eq(kvvm_seq_create(kv, &s->h), 0);
+    return s;
+}
+
+static void sh_grow_fill(kvvm *kv, struct sh *s, uint64_t len, uint32_t lin)
+{
+    int rc = kvvm_seq_grow(kv, s->h, len);
+    cr_assert_eq(rc, 0, "grow: %d", rc);
+    uint64_t a = s->len * BPT, b = len * BPT;
+    for (uint32_t r = 0; r < NR; r++) {
+        for (uint64_t o = a; o < b; o++)
+            s->exp[r][o] = cookie(lin, r, o);
+        if (b > a)
+            cr_assert_eq(kvvm_seq_write(kv, s->h, r, a, s->exp[r] + a, b - a), 0);
+    }
+    s->len = len;
+}
+
+static struct sh *sh_fork(kvvm *kv, struct sh *p)
+{
+    struct sh *c = calloc(1, sizeof *c);
+    cr_assert(c);
+    cr_assert_eq(kvvm_seq_fork(kv, p->h, &c->h), 0);
+    c->len = p->len;
+    memcpy(c->exp, p->exp, sizeof c->exp);
+    return c;
+}
+
+static int sh_verify(kvvm *kv, struct sh *s, const char *where)
+{
+    static uint8_t buf[MAXTOK * BPT];
+    for (uint32_t r = 0; r < NR && s->len; r++) {
+        int rc = kvvm_seq_read(kv, s->h, r, 0, buf, s->len * BPT);
+        if (rc)
+            return rc;
+        cr_assert(memcmp(buf, s->exp[r], s->len * BPT) == 0, "%s: region %u bytes differ",
+                  where, r);
+    }
+    return 0;
+}
+
+static void t_out(kvvm *kv, struct sh *s)
+{
+    int rc = kvvm_seq_swap_out(kv, s->h);
+    cr_assert_eq(rc, 0, "swap_out: %d (%s)", rc, kvvm_strerror(rc));
+}
+
+/* Swaps s out and lets the spill thread push it to disk. */
+static void t_down(kvvm *kv, struct sh *s)
+{
+    t_out(kv, s);
+    cr_assert_eq(kvvm_sync(kv), 0);
+}
+
+static void json(kvvm *kv, char *js, size_t len)
+{
+    cr_assert_eq(kvvm_stats_json(kv, js, len), 0);
+}
+
+/* ================================================================ roundtrip */
+
+static void roundtrip_single(const char *engine)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, 24, 64, true);
+    kvvm *kv = topen(&c);
+    char js[8192];
+    json(kv, js, sizeof js);
+    if (engine) {
+        char want[64];
+        snprintf(want, sizeof want, "\"io_engine\":\"%s\"", engine);
+        cr_assert(strstr(js, want), "engine %s not in use: %s", engine, js);
+    }
+    struct sh *a = sh_new(kv);
+    sh_grow_fill(kv, a, 19, 1);                 /* 5 pages per region, last partial */
+    kvvm_step(kv);
+    t_down(kv, a);
+    tcheck(kv, "on disk");
+    struct kvvm_seq_info in;
+    tinfo(kv, a->h, &in);
+    cr_assert(!in.resident);
+    cr_assert_eq(in.pages_disk, 10, "pages on disk: %u (host %u)", in.pages_disk, in.pages_host);
+    struct kvvm_stats s1;
+    tstats(kv, &s1);
+    cr_assert_eq(s1.spills, 10);
+    cr_assert_eq(s1.bytes_to_disk, 10 * KB);
+    cr_assert_eq(s1.pages_disk_total, 64);
+    cr_assert_eq(s1.pages_disk_free, 54);
+    cr_assert_eq(s1.pages_host_free, 24, "host slots freed when the writes completed");
+    cr_assert_eq(s1.pages_inflight, 0);
+    cr_assert_eq(kvvm_seq_swap_in(kv, a->h), 0);
+    tcheck(kv, "back");
+    tinfo(kv, a->h, &in);
+    cr_assert(in.resident && in.pages_device == 10 && in.pages_disk == 0);
+    struct kvvm_stats s2;
+    tstats(kv, &s2);
+    cr_assert_eq(s2.unspills, 10);
+    cr_assert_eq(s2.bytes_from_disk, 10 * KB);
+    cr_assert_eq(s2.pages_disk_free, 64, "disk slots freed at swap-in");
+    cr_assert_eq(s2.pages_host_free, 24, "host slots freed at swap-in");
+    cr_assert_eq(s2.checksum_failures + s2.io_errors, 0);
+    cr_assert_eq(sh_verify(kv, a, "roundtrip"), 0);
+    /* twice more, growing in between: same addresses, new pages */
+    for (int i = 0; i < 2; i++) {
+        sh_grow_fill(kv, a, 25 + 10 * i, 2 + i);
+        kvvm_step(kv);
+        t_down(kv, a);
+        cr_assert_eq(sh_verify(kv, a, "again"), 0);      /* read swaps it in */
+        tcheck(kv, "again");
+    }
+    if (engine && !strcmp(engine, "io_uring")) {
+        /* the pages really went through the ring: 10 + 14 + 18 pages down and back */
+        struct spill_stats ss;
+        spill_stats_get(kvvm_debug_spill(kv), &ss);
+        cr_assert(!strcmp(spill_engine_name(kvvm_debug_spill(kv)), "io_uring"));
+        cr_assert_geq(ss.submissions, 2 * (10 + 14 + 18), "submissions %lu",
+                      (unsigned long)ss.submissions);
+        cr_assert_eq(ss.writes, 42);
+        cr_assert_eq(ss.reads, 42);
+    }
+    kvvm_seq_free(kv, a->h);
+    free(a);
+    tcheck(kv, "end");
+    kvvm_close(kv);
+    rm_spill();
+}
+
+Test(roundtrip, single) { roundtrip_single(NULL); }
+
+Test(roundtrip, psync)
+{
+    setenv("KVVM_IO_ENGINE", "psync", 1);
+    roundtrip_single("psync");
+}
+
+/* When io_uring works on this machine, the default engine must be io_uring and the pages
+   must really have gone through it. */
+Test(roundtrip, io_uring)
+{
+    unsetenv("KVVM_IO_ENGINE");
+    mkdir_spill();
+    struct spill_params sp = { .dir = dir, .budget = 16 * KB, .page_size = KB,
+                               .engine = SPILL_ENGINE_IO_URING };
+    struct spill *probe;
+    int rc = spill_open(&sp, &probe);
+    rmdir(dir);
+    if (rc) {
+        cr_log_warn("io_uring is not available here (%d): the default engine test is the "
+                    "psync one", rc);
+        return;
+    }
+    spill_close(probe);
+    roundtrip_single("io_uring");
+}
+
+Test(roundtrip, forked_family)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, 16, 128, true);
+    kvvm *kv = topen(&c);
+    struct sh *p = sh_new(kv);
+    sh_grow_fill(kv, p, 10, 1);
+    struct sh *c1 = sh_fork(kv, p), *c2 = sh_fork(kv, p);
+    sh_grow_fill(kv, c1, 21, 2);
+    sh_grow_fill(kv, c2, 17, 3);
+    kvvm_step(kv);
+    t_down(kv, c1);
+    t_down(kv, p);
+    t_down(kv, c2);
+    tcheck(kv, "family on disk");
+    struct kvvm_stats s;
+    tstats(kv, &s);
+    /* shared pages go down once: p's 3 pages per region (the 3rd partial is copied on write
+       by each child) + c1's and c2's own */
+    cr_assert_eq(s.pages_disk_total - s.pages_disk_free, s.spills - s.unspills);
+    cr_assert_eq(s.pages_host_free, 16);
+    /* a fork and a truncate while on disk read nothing back */
+    struct sh *c3 = sh_fork(kv, c1);
+    cr_assert_eq(kvvm_seq_truncate(kv, c3->h, 12), 0);
+    c3->len = 12;
+    tstats(kv, &s);
+    cr_assert_eq(s.unspills, 0);
+    tcheck(kv, "fork/truncate on disk");
+    struct sh *order[] = { c2, p, c3, c1 };
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(kvvm_seq_swap_in(kv, order[i]->h), 0);
+        cr_assert_eq(sh_verify(kv, order[i], "family"), 0);
+        tcheck(kv, "family back");
+    }
+    for (int i = 0; i < 4; i++) {
+        kvvm_seq_free(kv, order[i]->h);
+        free(order[i]);
+    }
+    tstats(kv, &s);
+    cr_assert_eq(s.pages_disk_free, s.pages_disk_total);
+    tcheck(kv, "end");
+    kvvm_close(kv);
+    rm_spill();
+}
+
+/* share from a sequence on disk (its partial page comes back through the host); freeing a
+   sequence whose pages are on disk frees their slots without reading them. */
+Test(roundtrip, shared_prefix)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, 16, 128, true);
+    kvvm *kv = topen(&c);
+    struct sh *a = sh_new(kv);
+    sh_grow_fill(kv, a, 19, 1);
+    kvvm_step(kv);
+    t_down(kv, a);
+    struct sh *b = sh_new(kv);
+    cr_assert_eq(kvvm_seq_share(kv, b->h, a->h, 13), 0);
+    b->len = 13;
+    memcpy(b->exp, a->exp, sizeof b->exp);
+    for (uint32_t r = 0; r < NR; r++)
+        memset(b->exp[r] + 13 * BPT, 0, sizeof b->exp[r] - 13 * BPT);
+    tcheck(kv, "shared from disk");
+    cr_assert_eq(kvvm_sync(kv), 0);
+    cr_assert_eq(sh_verify(kv, b, "b"), 0);
+    sh_grow_fill(kv, b, 30, 5);
+    kvvm_step(kv);
+    t_down(kv, b);
+    cr_assert_eq(kvvm_seq_free(kv, a->h), 0);      /* on disk: freed without reading */
+    tcheck(kv, "a freed");
+    cr_assert_eq(sh_verify(kv, b, "b again"), 0);
+    kvvm_seq_free(kv, b->h);
+    struct kvvm_stats s;
+    tstats(kv, &s);
+    cr_assert_eq(s.pages_disk_free, s.pages_disk_total);
+    cr_assert_eq(s.pages_host_free, 16);
+    tcheck(kv, "end");
+    free(a);
+    free(b);
+    kvvm_close(kv);
+    rm_spill();
+}
+
+/* ================================================================ faults */
+
+/* Fails the nth I/O submission (writes of the spill, then reads of the swap-in) with each
+   kind of fault. No data loss: either the bytes come back intact, or (a failed read) the
+   sequence is damaged (-EBADMSG) until truncated; no slot leaks either way. */
+Test(faults, sweep)
+{
+    mkdir_spill();
+    struct { enum spill_fault_kind k; int err; const char *name; } kinds[] = {
+        { SPILL_FAULT_ERROR, -EIO, "EIO" }, { SPILL_FAULT_SHORT, 0, "short" },
+        { SPILL_FAULT_ERROR, -EAGAIN, "EAGAIN" },
+    };
+    unsigned damaged = 0, write_fail = 0;
+    for (size_t k = 0; k < 3; k++)
+        for (unsigned long nth = 1; nth <= 22; nth++) {
+            struct kvvm_config c;
+            tcfg(&c, 64, 16, 64, true);
+            kvvm *kv = topen(&c);
+            struct spill *sp = kvvm_debug_spill(kv);
+            cr_assert(sp);
+            struct sh *a = sh_new(kv);
+            sh_grow_fill(kv, a, 19, (uint32_t)nth);
+            kvvm_step(kv);
+            cr_assert_eq(spill_fault_arm(sp, nth, kinds[k].k, kinds[k].err), 0);
+            t_down(kv, a);
+            tcheck(kv, "down");
+            int rc = kvvm_seq_swap_in(kv, a->h);
+            struct kvvm_stats s;
+            tstats(kv, &s);
+            if (rc == 0) {
+                cr_assert_eq(sh_verify(kv, a, kinds[k].name), 0);
+                write_fail += s.io_errors > 0;
+            } else {
+                cr_assert_eq(rc, -EBADMSG, "%s at %lu: swap_in %d", kinds[k].name, nth, rc);
+                cr_assert_eq(kinds[k].k, SPILL_FAULT_ERROR);
+                cr_assert_eq(kinds[k].err, -EIO, "only a hard error loses data");
+                cr_assert(s.pages_damaged >= 1 && s.io_errors >= 1);
+                uint8_t b[BPT];
+                cr_assert_eq(kvvm_seq_read(kv, a->h, 0, 0, b, BPT), -EBADMSG);
+                cr_assert_eq(kvvm_seq_grow(kv, a->h, 20), -EBADMSG);
+                tcheck(kv, "damaged");
+                cr_assert_eq(kvvm_seq_truncate(kv, a->h, 0), 0);
+                a->len = 0;
+                sh_grow_fill(kv, a, 7, 99);
+                cr_assert_eq(sh_verify(kv, a, "after truncate"), 0);
+                damaged++;
+            }
+            tcheck(kv, kinds[k].name);
+            kvvm_seq_free(kv, a->h);
+            cr_assert_eq(kvvm_sync(kv), 0);
+            tstats(kv, &s);
+            cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
+            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+            cr_assert_eq(s.pages_inflight, 0);
+            free(a);
+            kvvm_close(kv);
+        }
+    cr_assert(damaged > 0, "no read failure was injected");
+    cr_assert(write_fail > 0, "no write failure was injected");
+    rm_spill();
+}
+
+Test(faults, checksum)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, 16, 64, true);
+    kvvm *kv = topen(&c);
+    struct sh *a = sh_new(kv), *b = sh_new(kv);
+    sh_grow_fill(kv, a, 19, 1);
+    kvvm_step(kv);
+    t_down(kv, a);
+    sh_grow_fill(kv, b, 9, 2);
+    kvvm_step(kv);
+    t_down(kv, b);
+    /* a's pages took the first slots (clustered): flip bytes in slot 0 */
+    cr_assert_eq(spill_test_corrupt(kvvm_debug_spill(kv), (spill_slot){ 0 }, 100, 8), 0);
+    cr_assert_eq(kvvm_seq_swap_in(kv, a->h), -EBADMSG);
+    uint8_t buf[BPT];
+    cr_assert_eq(kvvm_seq_read(kv, a->h, 1, 0, buf, BPT), -EBADMSG);
+    struct kvvm_stats s;
+    tstats(kv, &s);
+    cr_assert_eq(s.checksum_failures, 1);
+    cr_assert_eq(s.pages_damaged, 1);
+    tcheck(kv, "damaged");
+    /* b is unaffected */
+    cr_assert_eq(sh_verify(kv, b, "b"), 0);
+    cr_assert_eq(kvvm_seq_truncate(kv, a->h, 0), 0);
+    a->len = 0;
+    sh_grow_fill(kv, a, 5, 3);
+    cr_assert_eq(sh_verify(kv, a, "a after truncate"), 0);
+    tstats(kv, &s);
+    cr_assert_eq(s.checksum_failures, 1);
+    tcheck(kv, "end");
+    kvvm_seq_free(kv, a->h);
+    kvvm_seq_free(kv, b->h);
+    free(a);
+    free(b);
+    kvvm_close(kv);
+    rm_spill();
+}
+
+/* ================================================================ limits */
+
+/* A full disk tier is pressure: swap_out is -ENOMEM and the sequence stays as it was. */
+Test(limits, disk_budget)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, 16, 16, false);
+    kvvm *kv = topen(&c);
+    struct sh *s[4];
+    for (int i = 0; i < 4; i++) {
+        s[i] = sh_new(kv);
+        sh_grow_fill(kv, s[i], 19, (uint32_t)i + 1);
+    }
+    kvvm_step(kv);
+    t_out(kv, s[0]);
+    t_out(kv, s[1]);          /* pushes s[0]'s host pages to disk to make room */
+    t_out(kv, s[2]);
+    struct kvvm_stats s0, s1;
+    tstats(kv, &s0);
+    cr_assert(s0.spills > 0);
+    int rc = kvvm_seq_swap_out(kv, s[3]->h);
+    cr_assert_eq(rc, -ENOMEM, "swap_out past the disk budget: %d", rc);
+    struct kvvm_seq_info in;
+    tinfo(kv, s[3]->h, &in);
+    cr_assert(in.resident && in.pages_device == 10);
+    tstats(kv, &s1);
+    cr_assert_eq(s1.swap_outs, s0.swap_outs);
+    cr_assert_eq(s1.pages_disk_free, 0);
+    tcheck(kv, "full");
+    cr_assert_eq(sh_verify(kv, s[3], "s3"), 0);
+    for (int i = 2; i >= 0; i--) {
+        cr_assert_eq(kvvm_seq_swap_in(kv, s[i]->h), 0);
+        cr_assert_eq(sh_verify(kv, s[i], "back"), 0);
+    }
+    tcheck(kv, "end");
+    for (int i = 0; i < 4; i++) {
+        kvvm_seq_free(kv, s[i]->h);
+        free(s[i]);
+    }
+    kvvm_close(kv);
+    rm_spill();
+}
+
+Test(limits, tmpfs_refused)
+{
+    struct statfs fs;
+    if (statfs("/dev/shm", &fs) || fs.f_type != 0x01021994 /* TMPFS_MAGIC */) {
+        cr_log_warn("/dev/shm is not a tmpfs here: skipped");
+        return;
+    }
+    snprintf(dir, sizeof dir, "/dev/shm");
+    struct kvvm_config c;
+    tcfg(&c, 16, 16, 16, false);
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), -EINVAL);
+    cr_assert_null(kv);
+    c.flags = KVVM_F_SPILL_ALLOW_TMPFS;
+    cr_assert_eq(kvvm_open(&c, &kv), 0);
+    char js[8192];
+    json(kv, js, sizeof js);
+    cr_assert(!strstr(js, "\"io_engine\":\"none\""), "%s", js);
+    kvvm_close(kv);
+}
+
+/* A child spilling constantly, killed with SIGKILL, leaves nothing in the spill dir. */
+Test(limits, sigkill_leaves_no_file)
+{
+    mkdir_spill();
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        struct kvvm_config c;
+        tcfg(&c, 64, 16, 64, true);
+        kvvm *kv;
+        if (kvvm_open(&c, &kv))
+            _exit(2);
+        kvvm_seq h;
+        if (kvvm_seq_create(kv, &h) || kvvm_seq_grow(kv, h, 40))
+            _exit(3);
+        for (unsigned long i = 0;; i++) {
+            kvvm_step(kv);
+            kvvm_seq_swap_out(kv, h);
+            kvvm_sync(kv);
+            if (i == 3 && write(pfd[1], "x", 1) != 1)
+                _exit(4);
+            kvvm_seq_swap_in(kv, h);
+        }
+    }
+    close(pfd[1]);
+    char ch;
+    cr_assert_eq(read(pfd[0], &ch, 1), 1, "the child did not start spilling");
+    usleep(20000);
+    kill(pid, SIGKILL);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    close(pfd[0]);
+    rm_spill();
+}
