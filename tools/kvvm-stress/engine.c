@@ -1070,6 +1070,8 @@ static void record_step(struct eng *e)
     double ov = s->pages_device_total ? (double)(dev + host + disk) / s->pages_device_total : 0;
     if (ov > r->peak_oversub)
         r->peak_oversub = ov;
+    r->sum_oversub += ov;
+    r->n_oversub++;
     uint64_t lp = logical_pages(e);
     if (lp > r->peak_logical_pages) r->peak_logical_pages = lp;
     double lo = e->dev_pages ? (double)lp / e->dev_pages : 0;

@@ -100,6 +100,8 @@ struct results {
              batch_shrinks;
     uint64_t peak_dev, peak_host, peak_disk, peak_inflight;  /* pages */
     double   peak_oversub;           /* max over steps of (dev+host+disk) / device pages */
+    double   sum_oversub;            /* sum over sampled steps of the same ratio */
+    uint64_t n_oversub;              /* steps sampled into sum_oversub */
     double   peak_logical_oversub;   /* max over steps of the workload's own page estimate */
     uint64_t peak_logical_pages;
     uint32_t peak_running, peak_live;
