@@ -1833,6 +1833,25 @@ static void host_release_locked(struct emu_host *h)
     free(h);
 }
 
+/* Pins a new host range (mlock, best effort: a warning when RLIMIT_MEMLOCK refuses) and
+   tracks it, counted as an allocation or a registration. */
+static void host_pin_locked(struct emu_host *h)
+{
+    if (mlock(h->p, h->n) == 0)
+        h->locked = true;
+    else
+        memlock_warn_locked(h->n, errno);
+    h->next = g_hosts;
+    g_hosts = h;
+    if (h->alloc) {
+        h->dev->c.host_allocs++;
+        h->dev->c.host_alloc_bytes += h->n;
+    } else {
+        h->dev->c.host_registered++;
+        h->dev->c.host_registered_bytes += h->n;
+    }
+}
+
 static kcu_result emu_cuMemAllocHost(void **pp, size_t bytes)
 {
     BEGIN(cuMemAllocHost, F_INIT | F_CTX | F_STICKY);
@@ -1852,14 +1871,7 @@ static kcu_result emu_cuMemAllocHost(void **pp, size_t bytes)
         goto out;
     }
     *h = (struct emu_host){ .dev = cur, .p = p, .n = bytes, .alloc = true };
-    if (mlock(p, bytes) == 0)
-        h->locked = true;
-    else
-        memlock_warn_locked(bytes, errno);
-    h->next = g_hosts;
-    g_hosts = h;
-    cur->c.host_allocs++;
-    cur->c.host_alloc_bytes += bytes;
+    host_pin_locked(h);
     *pp = p;
 out:
     return leave(r);
@@ -1905,14 +1917,7 @@ static kcu_result emu_cuMemHostRegister(void *p, size_t bytes, unsigned int flag
         goto out;
     }
     *h = (struct emu_host){ .dev = cur, .p = p, .n = bytes };
-    if (mlock(p, bytes) == 0)
-        h->locked = true;
-    else
-        memlock_warn_locked(bytes, errno);
-    h->next = g_hosts;
-    g_hosts = h;
-    cur->c.host_registered++;
-    cur->c.host_registered_bytes += bytes;
+    host_pin_locked(h);
 out:
     return leave(r);
 }
