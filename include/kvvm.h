@@ -129,8 +129,13 @@ KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offse
    tier (a page shared with a resident sequence stays on the device; a shared page is copied
    once); with an engine stream the copies are ordered after its work and the call does not
    wait for them (the device pages return to the pool when they completed), without one they
-   are done on return. Already swapped out: 0. -ENOMEM the host tier cannot take the pages
-   (nothing changed); -EBUSY the engine stream is capturing a graph. fork, share, truncate
+   are done on return. With a disk tier, a sequence with more pages to move than the host
+   tier can take goes through the host tier to disk in batches (staged); such a call is
+   synchronous in every mode (it waits for the copies and the disk writes) and leaves the
+   pages on disk. Whether the pages fit (host room, counting host pages of other sequences
+   that could be spilled, and disk room) is checked before anything moves. Already swapped
+   out: 0. -ENOMEM the host and disk tiers cannot take the pages (nothing changed, nothing
+   of other sequences moved); -EBUSY the engine stream is capturing a graph. fork, share, truncate
    and free work on a swapped-out sequence without bringing it back; grow, prepare_write,
    write and read bring it back first (it stays resident if the call then fails only when
    it cannot be put back, which is logged). */
@@ -138,7 +143,9 @@ KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
 /* Resident again at the same addresses, protected. Needs a device page for each of its
    pages not on the device (reclaiming others under KVVM_F_AUTO_SWAP). With an engine stream
    the stream waits for the copies (the CPU does not); without one they are done on return.
-   Resident already: 0. -ENOMEM not enough device pages; -EBUSY capturing stream. */
+   A sequence with more pages on disk than the host tier can hold at once comes back in
+   batches through the host tier (staged): synchronous in every mode (prefetch included),
+   the bytes are in place on return. Resident already: 0. -ENOMEM not enough device pages; -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
    the sequences used in the iteration before, reaps completions. */

@@ -39,7 +39,24 @@ static void dio_end(struct paging *pg, uint32_t id)
 static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
-    if (d->write && p->tier == PG_TIER_TO_DISK) {
+    if (p->staged == STG_BUSY) {
+        /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
+        p->staged = d->status ? STG_FAIL : STG_OK;
+        if (d->status && !pg->stage_rc)
+            pg->stage_rc = d->status;
+        if (d->status && d->write) {
+            if (!pg->disk_off)
+                klog_error("paging: a staged spill write failed (%d); spilling is disabled "
+                           "for this context", d->status);
+            pg->disk_off = 1;
+        } else if (d->status) {
+            if (!p->bad)
+                pg->c.pages_damaged++;
+            p->bad = 1;
+            klog_error("paging: reading page %u back from disk failed (%d); the sequences "
+                       "holding it are damaged (-EBADMSG)", d->page, d->status);
+        }
+    } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
             pg->p.host->free(pg->p.host->arg, p->host_slot);
             p->host_slot = 0;
@@ -261,4 +278,66 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
             return p->bad ? -EBADMSG : -EIO;
     }
     return 0;
+}
+
+int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
+                  const uint64_t *hslots, uint32_t n)
+{
+    int rc = 0;
+    uint32_t k = 0;
+    pg->stage_rc = 0;
+    for (; k < n; k++) {
+        rc = pg->disk.submit(pg->disk.arg, write, dslots[k],
+                             pg->p.host->ptr(pg->p.host->arg, hslots[k]), ids[k]);
+        if (rc)
+            break;
+        struct pg_page *p = page_at(pg, ids[k]);
+        p->staged = STG_BUSY;
+        page_get(pg, ids[k]);
+        p->jobs++;
+        pg->n_dio++;
+    }
+    if (k)
+        paging_disk_wait(pg);   /* every completion is processed: no page stays STG_BUSY */
+    for (uint32_t i = 0; i < k; i++) {
+        struct pg_page *p = page_at(pg, ids[i]);
+        if (p->staged != STG_OK && !rc)
+            rc = pg->stage_rc ? pg->stage_rc : -EIO;
+        p->staged = STG_NONE;
+    }
+    pg->stage_rc = 0;
+    if (rc && !write)
+        for (uint32_t i = 0; i < k; i++)
+            if (page_at(pg, ids[i])->bad)
+                return -EBADMSG;
+    return rc;
+}
+
+uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
+{
+    if (!pg->disk.alloc || pg->disk_off)
+        return 0;
+    uint8_t *seen = calloc(pg->p.max_pages, 1);
+    if (!seen)
+        return 0;
+    /* pages excl holds never spill for its room (paging_spill's rule) */
+    if (excl)
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t i = 0; i < excl->n_pages; i++)
+                seen[pg_bt(pg, excl, r)[i] - 1] = 1;
+    uint32_t n = 0;
+    for (uint32_t q = 0; q < pg->p.max_seqs; q++) {
+        struct pg_seq *s = &pg->seqs[q];
+        if (!s->live || !s->out || s == excl)
+            continue;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t i = 0; i < s->n_pages; i++) {
+                uint32_t id = pg_bt(pg, s, r)[i];
+                if (!seen[id - 1] && page_at(pg, id)->tier == PG_TIER_HOST)
+                    n++;
+                seen[id - 1] = 1;
+            }
+    }
+    free(seen);
+    return n;
 }

@@ -175,6 +175,14 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * Protects the sequence. Resident: 0 (it is protected). -ENOMEM not enough frames; -EIO.
  * async (swap_out, for reclaim): completion is deferred in synchronous mode too (the caller
  * waits for the copies itself, e.g. with paging_copy_fence_record, without its lock).
+ * Staged (disk tier only): a swap_out moving more pages than the host tier can take, even
+ * after spilling other sequences' host pages, moves them device -> host -> disk in batches
+ * of the free host slots and ends with them on disk; a swap_in of more disk pages than the
+ * host tier can hold at once reads them back in batches (read, copy to the device, free the
+ * slots). Both are synchronous (async included): done on return, no job left pending.
+ * swap_out checks first that the host and disk tiers can take what it needs (free host
+ * slots, writes in flight, others' spillable host pages within the free disk slots; or, for
+ * staging, the free disk slots): when they cannot it is -ENOMEM before anything moved.
  * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
 int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);

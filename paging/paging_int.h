@@ -39,7 +39,12 @@ struct pg_page {
     uint64_t host_slot;    /* PG_TIER_HOST (swap) */
     uint64_t disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
+    uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
 };
+
+/* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
+   keeps its tier during the call, its I/O is tracked here (disk_stage_io). */
+enum { STG_NONE = 0, STG_BUSY, STG_OK, STG_FAIL };
 
 /* Work that waits for a fence. Holds one reference on each page it names.
    DF_RELEASE: unmap window range [first, end) of slot in every region, drop the pages.
@@ -123,6 +128,7 @@ struct paging {
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
     uint64_t disk_hint;        /* last slot allocated (clustering) */
+    int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
 
     struct paging_counters c;
 };
@@ -227,6 +233,16 @@ static inline bool page_has_frame(const struct pg_page *p)
    pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
    -EBADMSG a page is damaged, -ENOMEM no host room. */
 int  disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_seq *excl);
+/* Staged I/O: transfers page ids[i] between disk slot dslots[i] and host slot hslots[i]
+   (write: host -> disk) for i < n, and waits for all of it. The pages keep their tier; the
+   slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
+   ...). A failed write disables spilling (as any spill write); a failed read marks the page
+   damaged (as any read back). */
+int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
+                   const uint64_t *hslots, uint32_t n);
+/* Distinct HOST pages paging_spill could write out for room (0 when spilling is off),
+   never pages of excl. */
+uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
 static inline bool page_in_dio(const struct pg_page *p)
 {
     return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;

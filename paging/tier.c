@@ -18,6 +18,13 @@
  * stream waits for a fence recorded after them (or, sync mode, the call waits). Every job
  * holds a reference on its pages, so no page of a transfer is freed before it completed;
  * its slot's window stays reserved (n_defer) until then.
+ *
+ * Staging (disk tier): a sequence with more pages than the host tier can take moves through
+ * it in batches (swap_out_staged: device -> host slots -> disk; swap_in_staged: disk -> host
+ * slots -> device). Both are synchronous and keep every page in its tier until the last
+ * batch is done, so undoing a failure is freeing the slots taken (and, for swap-in, the
+ * fresh frames); swap_out decides between the two paths, or -ENOMEM, before moving anything
+ * (out_plan).
  */
 #include "paging_int.h"
 
@@ -176,6 +183,146 @@ static bool moves_down(const struct pg_page *p)
     return p->tier == PG_TIER_DEVICE && p->refs - p->offs == 1;
 }
 
+static uint64_t seq_handle(struct paging *pg, struct pg_seq *s)
+{
+    return ((uint64_t)s->gen << 32) | (pg_slot_of(pg, s) + 1);
+}
+
+/* Host room for a swap-out moving `need` pages, checked before anything moves (a call that
+   will fail moves nothing, not even other sequences' host pages: API.md, a failed call
+   changes nothing). With H free host slots, W spill writes in flight (their slots come
+   free), S host pages of other non-resident sequences that could be spilled and D free disk
+   slots:
+     need <= H + W + min(S, D): the ordinary swap-out, after spilling others for room (the
+                                 room is made here: paging_host_room);
+     else D >= need:             a staged swap-out (*staged): the pages go through the free
+                                 host slots to disk in batches (at least one slot is made
+                                 free, by spilling one page of another sequence if need be);
+     else -ENOMEM, nothing moved. */
+static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *staged)
+{
+    *staged = false;
+    if (!pg->p.disk)
+        return -ENOMEM;
+    paging_disk_reap(pg);
+    uint64_t hf = paging_host_free(pg), w = pg->n_dio;
+    uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
+    uint64_t sp = disk_spillable(pg, s);
+    uint64_t spill = sp < d ? sp : d;
+    if (need <= hf + w + spill)
+        return paging_host_room(pg, need, seq_handle(pg, s));
+    if (d < need)
+        return -ENOMEM;
+    if (hf + w == 0 && (sp == 0 || d == need))
+        return -ENOMEM;                    /* no slot to stage through */
+    int rc = hf ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
+    if (rc)
+        return rc;
+    *staged = true;
+    return 0;
+}
+
+/* A staged swap-out: the sequence has more pages to move than the host tier can take, so
+   they go device -> host slot -> disk in batches of the free host slots (each batch written
+   and its slots freed before the next), ending on disk. Synchronous in every mode: the
+   caller waits for the copies and the writes. The device copies stay in place (mapped)
+   until every page is on disk; only then is the window unmapped and are the frames pooled,
+   so a failure anywhere frees the disk and host slots taken and leaves the sequence wholly
+   resident, nothing changed. The copies are ordered after the engine's work
+   (copies_after_engine) and complete before the unmap. -ENOMEM, -EIO (or the write's
+   error: spilling is then disabled, as for any failed spill write). */
+static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
+{
+    uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s);
+    uint32_t bmax = (uint32_t)paging_host_free(pg);
+    if (!bmax)
+        return -ENOMEM;
+    if (bmax > need)
+        bmax = need;
+    uint32_t *ids = malloc((size_t)need * sizeof *ids);
+    uint64_t *vas = malloc((size_t)need * sizeof *vas);
+    uint64_t *ds = malloc((size_t)need * sizeof *ds);
+    uint64_t *hs = malloc((size_t)bmax * sizeof *hs);
+    uint32_t nd = 0, nh = 0, k = 0;
+    int rc = -ENOMEM;
+    if (!ids || !vas || !ds || !hs)
+        goto out_free;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++) {
+            uint32_t id = pg_bt(pg, s, r)[i];
+            if (moves_down(page_at(pg, id)) && k < need) {
+                ids[k] = id;
+                vas[k++] = pg_va(pg, r, slot, i);
+            }
+        }
+    for (; nd < need; nd++)
+        if ((rc = pg->disk.alloc(pg->disk.arg, nd ? ds[nd - 1] : pg->disk_hint, &ds[nd])))
+            goto out_slots;
+    if ((rc = copies_after_engine(pg)))
+        goto out_slots;
+    for (uint32_t b = 0; b < need; b += nh) {
+        uint32_t m = need - b < bmax ? need - b : bmax;
+        for (nh = 0; nh < m; nh++)
+            if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs[nh])))
+                goto out_slots;
+        for (uint32_t j = 0; j < m && !rc; j++)
+            rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, hs[j]), vas[b + j],
+                               pg->p.page_size, pg->copy_stream);
+        int src = vmm_stream_sync(pg->v, pg->copy_stream);
+        if (!rc)
+            rc = src;
+        if (!rc)
+            rc = disk_stage_io(pg, true, ids + b, ds + b, hs, m);
+        if (rc)
+            goto out_slots;
+        while (nh > 0)
+            pg->p.host->free(pg->p.host->arg, hs[--nh]);
+        nh = m;                     /* the loop's step */
+    }
+    nh = 0;
+    /* every page is on disk: unmap the window (the first unmap may fail cleanly) */
+    if ((rc = seq_unmap(pg, pg_va(pg, 0, slot, 0), np)))
+        goto out_slots;
+    for (uint32_t r = 1; r < nr; r++)
+        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+    /* commit: nothing below fails */
+    seq_drop_ahead(pg, s, 0);
+    for (uint32_t j = 0; j < need; j++) {
+        struct pg_page *p = page_at(pg, ids[j]);
+        uint32_t f = p->frame;
+        p->tier = PG_TIER_DISK;
+        p->disk_slot = ds[j];
+        p->frame = 0;
+        frame_at(pg, f)->page = 0;
+        pool_give(pg, &f, 1);
+        pg->n_disk++;
+    }
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++)
+            page_at(pg, pg_bt(pg, s, r)[i])->offs++;
+    pg->disk_hint = ds[need - 1];
+    s->out = 1;
+    s->used_valid = 0;
+    pg->c.swap_outs++;
+    pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
+    pg->c.spills += need;
+    pg->c.bytes_to_disk += (uint64_t)need * pg->p.page_size;
+    rc = 0;
+    goto out_free;
+
+out_slots:
+    while (nh > 0)
+        pg->p.host->free(pg->p.host->arg, hs[--nh]);
+    while (nd > 0)
+        pg->disk.free(pg->disk.arg, ds[--nd]);
+out_free:
+    free(ids);
+    free(vas);
+    free(ds);
+    free(hs);
+    return rc;
+}
+
 int paging_swap_out(struct paging *pg, uint64_t h, bool async)
 {
     struct pg_seq *s;
@@ -196,14 +343,17 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
             need += moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+    bool staged = false;
+    if (paging_host_free(pg) < need && (rc = out_plan(pg, s, need, &staged)))
+        return rc;
+    if (staged)
+        return swap_out_staged(pg, s, need);
     struct pg_defer *d = job_new(pg, s, DF_OUT, n);
     uint64_t *slots = malloc((need ? need : 1) * sizeof *slots);
     uint32_t got = 0;
     rc = -ENOMEM;
     if (!d || !slots)
         goto out_free;
-    if (pg->p.disk && paging_host_free(pg) < need)
-        (void)paging_host_room(pg, need, 0);   /* push host pages to disk before giving up */
     for (; got < need; got++)
         if ((rc = pg->p.host->alloc(pg->p.host->arg, &slots[got])))
             goto out_slots;
@@ -269,6 +419,174 @@ out_free:
 
 /* ---- swap-in ------------------------------------------------------------------------- */
 
+/* Whether s's disk pages fit the host tier for the ordinary swap-in (disk_unspill reads
+   them all into host slots at once, spilling others' host pages for room): with H free
+   host slots, W writes in flight, S spillable host pages of others and D free disk slots,
+   the disk pages must number at most H + W + min(S, D); else *staged. Waits for disk I/O
+   on s's pages first. -EBADMSG a page of s is damaged. */
+static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
+{
+    *staged = false;
+    uint32_t nr = pg->p.n_regions, np = s->n_pages, nd = 0;
+    bool dio = false;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++)
+            dio |= page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
+    if (dio)
+        paging_disk_wait(pg);
+    else
+        paging_disk_reap(pg);
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++) {
+            const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
+            if (p->tier == PG_TIER_DISK && p->bad)
+                return -EBADMSG;
+            nd += p->tier == PG_TIER_DISK;
+        }
+    if (!nd)
+        return 0;
+    uint64_t hf = paging_host_free(pg), w = pg->n_dio;
+    uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
+    uint64_t sp = disk_spillable(pg, s);
+    *staged = nd > hf + w + (sp < d ? sp : d);
+    return 0;
+}
+
+/* A staged swap-in: s has more disk pages than the host tier can hold at once. Every page
+   is mapped again in fresh frames first; host pages are copied host -> device; disk pages
+   come back in batches of the free host slots (read, checksum verified, copied to the
+   device, slots freed, next batch). Synchronous in every mode (async included): the bytes
+   are in place on return, no copy is left for the engine stream to wait for. The pages
+   keep their tiers until everything is in place; a failure unmaps the window, pools the
+   fresh frames and frees the staging slots: s stays wholly non-resident, nothing changed
+   (except that a page whose read failed is damaged, as for any failed read back:
+   -EBADMSG). -ENOMEM not enough frames or no host slot to stage through; -EIO. */
+static int swap_in_staged(struct paging *pg, struct pg_seq *s)
+{
+    uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s);
+    uint32_t need = 0, ndk = 0;
+    int rc;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++) {
+            uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+            need += t == PG_TIER_HOST || t == PG_TIER_DISK;
+            ndk += t == PG_TIER_DISK;
+        }
+    if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
+        return rc;
+    if (pool_available(pg) < need)
+        return -ENOMEM;
+    if (!paging_host_free(pg) && (rc = paging_host_room(pg, 1, seq_handle(pg, s))))
+        return rc;                      /* (pressure relief: spills another's host page) */
+    uint32_t bmax = (uint32_t)paging_host_free(pg);
+    if (bmax > ndk)
+        bmax = ndk;
+    uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
+    uint32_t *ids = malloc(((size_t)ndk + 1) * sizeof *ids);
+    uint64_t *vas = malloc(((size_t)ndk + 1) * sizeof *vas);
+    uint64_t *ds = malloc(((size_t)ndk + 1) * sizeof *ds);
+    uint64_t *hs = malloc(((size_t)bmax + 1) * sizeof *hs);
+    uint32_t mark = pg->n_created, r = 0, nh = 0, k = 0, kd = 0;
+    rc = -ENOMEM;
+    if (!fr || !ids || !vas || !ds || !hs)
+        goto out_free;
+    uint32_t *fresh = fr + (size_t)nr * np;
+    if ((rc = pool_take(pg, need, fresh)))
+        goto out_rollback;
+    for (uint32_t q = 0; q < nr; q++)
+        for (uint32_t i = 0; i < np; i++) {
+            struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
+            bool moves = p->tier == PG_TIER_HOST || p->tier == PG_TIER_DISK;
+            fr[(size_t)q * np + i] = moves ? fresh[k++] : p->frame;
+            if (p->tier == PG_TIER_DISK) {
+                ids[kd] = pg_bt(pg, s, q)[i];
+                vas[kd] = pg_va(pg, q, slot, i);
+                ds[kd++] = p->disk_slot;
+            }
+        }
+    for (r = 0; r < nr; r++)
+        if ((rc = seq_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np)))
+            goto out_unmap;
+    r = nr;
+    for (uint32_t q = 0; q < nr; q++)
+        for (uint32_t i = 0; i < np; i++) {
+            struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
+            if (p->tier == PG_TIER_HOST &&
+                (rc = vmm_copy_htod(pg->v, pg_va(pg, q, slot, i),
+                                    pg->p.host->ptr(pg->p.host->arg, p->host_slot),
+                                    pg->p.page_size, pg->copy_stream)))
+                goto out_sync;
+        }
+    for (uint32_t b = 0; b < ndk; b += bmax) {
+        uint32_t m = ndk - b < bmax ? ndk - b : bmax;
+        for (nh = 0; nh < m; nh++)
+            if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs[nh])))
+                goto out_sync;
+        if ((rc = disk_stage_io(pg, false, ids + b, ds + b, hs, m)))
+            goto out_sync;
+        for (uint32_t j = 0; j < m && !rc; j++)
+            rc = vmm_copy_htod(pg->v, vas[b + j], pg->p.host->ptr(pg->p.host->arg, hs[j]),
+                               pg->p.page_size, pg->copy_stream);
+        int src = vmm_stream_sync(pg->v, pg->copy_stream);   /* the slots are reused next */
+        if (!rc)
+            rc = src;
+        if (rc)
+            goto out_sync;
+        while (nh > 0)
+            pg->p.host->free(pg->p.host->arg, hs[--nh]);
+    }
+    if ((rc = vmm_stream_sync(pg->v, pg->copy_stream)))
+        goto out_sync;
+    /* commit: nothing below fails */
+    k = 0;
+    for (uint32_t q = 0; q < nr; q++)
+        for (uint32_t i = 0; i < np; i++) {
+            uint32_t id = pg_bt(pg, s, q)[i];
+            struct pg_page *p = page_at(pg, id);
+            p->offs--;
+            if (p->tier == PG_TIER_HOST) {
+                pg->p.host->free(pg->p.host->arg, p->host_slot);
+                p->host_slot = 0;
+                pg->n_host--;
+            } else if (p->tier == PG_TIER_DISK) {
+                pg->disk.free(pg->disk.arg, p->disk_slot);
+                p->disk_slot = 0;
+                pg->n_disk--;
+            } else {
+                continue;
+            }
+            p->tier = PG_TIER_DEVICE;
+            p->frame = fresh[k++];
+            frame_at(pg, p->frame)->page = id;
+        }
+    s->out = 0;
+    seq_use(pg, s);
+    pg->c.swap_ins++;
+    pg->c.bytes_to_device += (uint64_t)need * pg->p.page_size;
+    pg->c.unspills += ndk;
+    pg->c.bytes_from_disk += (uint64_t)ndk * pg->p.page_size;
+    rc = 0;
+    goto out_free;
+
+out_sync:
+    vmm_stream_sync(pg->v, pg->copy_stream);     /* the copies made write into the window */
+    while (nh > 0)
+        pg->p.host->free(pg->p.host->arg, hs[--nh]);
+out_unmap:
+    while (r-- > 0)
+        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+    pool_give(pg, fresh, need);
+out_rollback:
+    pool_rollback(pg, mark);
+out_free:
+    free(fr);
+    free(ids);
+    free(vas);
+    free(ds);
+    free(hs);
+    return rc;
+}
+
 int paging_swap_in(struct paging *pg, uint64_t h, bool async)
 {
     struct pg_seq *s;
@@ -286,6 +604,11 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     rc = seq_wait_transfers(pg, s);
     if (!rc)
         rc = copy_stream(pg);
+    bool staged = false;
+    if (!rc && pg->p.disk)
+        rc = in_plan(pg, s, &staged);
+    if (!rc && staged)
+        return swap_in_staged(pg, s);
     if (!rc && pg->p.disk)
         for (uint32_t r = 0; r < pg->p.n_regions && !rc; r++)
             rc = disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);

@@ -26,6 +26,7 @@
 #include "kvvm.h"
 #include "core/debug.h"
 #include "swap/spill.h"
+#include "vmm/emu.h"
 
 #define KB 4096u
 #define NR 2
@@ -491,6 +492,7 @@ Test(limits, disk_budget)
     t_out(kv, s[0]);
     t_out(kv, s[1]);          /* pushes s[0]'s host pages to disk to make room */
     t_out(kv, s[2]);
+    cr_assert_eq(kvvm_sync(kv), 0);   /* the spill thread settles */
     struct kvvm_stats s0, s1;
     tstats(kv, &s0);
     cr_assert(s0.spills > 0);
@@ -501,7 +503,9 @@ Test(limits, disk_budget)
     cr_assert(in.resident && in.pages_device == 10);
     tstats(kv, &s1);
     cr_assert_eq(s1.swap_outs, s0.swap_outs);
-    cr_assert_eq(s1.pages_disk_free, 0);
+    /* checked first: the failed call spilled nothing of the others to make room */
+    cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
+    cr_assert_eq(s1.spills, s0.spills);
     tcheck(kv, "full");
     cr_assert_eq(sh_verify(kv, s[3], "s3"), 0);
     for (int i = 2; i >= 0; i--) {
@@ -574,5 +578,299 @@ Test(limits, sigkill_leaves_no_file)
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     close(pfd[0]);
+    rm_spill();
+}
+
+/* ================================================================ staged */
+/* Sequences with more pages than the host tier has slots: swap-out stages them through the
+   host tier to disk in batches, swap-in brings them back batch by batch (both synchronous).
+   Host tier 8 slots; the big sequence has 49 tokens = 12 pages per region, 24 pages (3x). */
+
+#define ST_HOST 8u
+#define ST_TOK 49u
+#define ST_PAGES 24u
+
+static void staged_roundtrip(bool stream)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, ST_HOST, 64, false);
+    kvvm *kv = topen(&c);
+    void *st = NULL;
+    if (stream) {
+        cr_assert_eq(kvvm_stream_create(kv, &st), 0);
+        cr_assert_eq(kvvm_set_stream(kv, st), 0);
+    }
+    struct sh *a = sh_new(kv), *b = sh_new(kv);
+    sh_grow_fill(kv, a, ST_TOK, 7);
+    sh_grow_fill(kv, b, 9, 8);                  /* 3 pages per region, stays resident */
+    kvvm_step(kv);
+    for (int round = 0; round < 2; round++) {
+        int rc = kvvm_seq_swap_out(kv, a->h);
+        cr_assert_eq(rc, 0, "staged swap_out: %d (%s)", rc, kvvm_strerror(rc));
+        tcheck(kv, "staged out");
+        struct kvvm_seq_info in;
+        tinfo(kv, a->h, &in);
+        cr_assert(!in.resident);
+        cr_assert_eq(in.pages_disk, ST_PAGES, "disk %u host %u device %u", in.pages_disk,
+                     in.pages_host, in.pages_device);
+        cr_assert_eq(in.pages_host + in.pages_device, 0);
+        struct kvvm_stats s1;
+        tstats(kv, &s1);
+        cr_assert_eq(s1.spills, (round + 1) * ST_PAGES);
+        cr_assert_eq(s1.pages_disk_free, 64 - ST_PAGES);
+        cr_assert_eq(s1.pages_host_free, ST_HOST, "staging slots freed");
+        cr_assert_eq(s1.pages_inflight, 0);
+        cr_assert_eq(s1.swap_outs, (uint64_t)round + 1);
+        rc = kvvm_seq_swap_in(kv, a->h);
+        cr_assert_eq(rc, 0, "staged swap_in: %d (%s)", rc, kvvm_strerror(rc));
+        tcheck(kv, "staged in");
+        tinfo(kv, a->h, &in);
+        cr_assert(in.resident && in.pages_device == ST_PAGES && in.pages_disk == 0 &&
+                  in.pages_host == 0);
+        struct kvvm_stats s2;
+        tstats(kv, &s2);
+        cr_assert_eq(s2.unspills, (round + 1) * ST_PAGES);
+        cr_assert_eq(s2.pages_disk_free, 64);
+        cr_assert_eq(s2.pages_host_free, ST_HOST);
+        cr_assert_eq(s2.checksum_failures + s2.io_errors, 0);
+        cr_assert_eq(sh_verify(kv, a, "staged"), 0);
+        cr_assert_eq(sh_verify(kv, b, "bystander"), 0);
+        kvvm_step(kv);
+    }
+    /* the same through a read (swap-in on use) */
+    cr_assert_eq(kvvm_seq_swap_out(kv, a->h), 0);
+    cr_assert_eq(sh_verify(kv, a, "read swaps in"), 0);
+    tcheck(kv, "end");
+    kvvm_seq_free(kv, a->h);
+    kvvm_seq_free(kv, b->h);
+    free(a);
+    free(b);
+    if (stream) {
+        cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
+        cr_assert_eq(kvvm_stream_destroy(kv, st), 0);
+    }
+    kvvm_close(kv);
+    rm_spill();
+}
+
+Test(staged, roundtrip_sync) { staged_roundtrip(false); }
+Test(staged, roundtrip_stream) { staged_roundtrip(true); }
+
+/* I/O faults on the staged path (every write and read of a staged swap-out / swap-in):
+   the call succeeds (retried, resubmitted) or fails with the sequence wholly where it was,
+   no slot leaked, every byte readable (a failed read is damage: -EBADMSG, per contract). */
+Test(staged, io_faults)
+{
+    mkdir_spill();
+    struct { enum spill_fault_kind k; int err; const char *name; } kinds[] = {
+        { SPILL_FAULT_ERROR, -EIO, "EIO" }, { SPILL_FAULT_SHORT, 0, "short" },
+        { SPILL_FAULT_ERROR, -EAGAIN, "EAGAIN" },
+    };
+    unsigned out_failed = 0, in_failed = 0;
+    for (size_t k = 0; k < 3; k++)
+        for (unsigned long nth = 1; nth <= 2 * ST_PAGES + 2; nth += 3) {
+            struct kvvm_config c;
+            tcfg(&c, 64, ST_HOST, 64, false);
+            kvvm *kv = topen(&c);
+            struct spill *sp = kvvm_debug_spill(kv);
+            struct sh *a = sh_new(kv);
+            sh_grow_fill(kv, a, ST_TOK, (uint32_t)nth);
+            kvvm_step(kv);
+            cr_assert_eq(spill_fault_arm(sp, nth, kinds[k].k, kinds[k].err), 0);
+            int rc = kvvm_seq_swap_out(kv, a->h);
+            tcheck(kv, "out");
+            struct kvvm_seq_info in;
+            tinfo(kv, a->h, &in);
+            struct kvvm_stats s;
+            if (rc) {
+                out_failed++;
+                cr_assert_eq(kinds[k].err, -EIO, "%s at %lu: swap_out %d", kinds[k].name,
+                             nth, rc);
+                cr_assert(in.resident && in.pages_device == ST_PAGES && in.pages_disk == 0,
+                          "a failed staged swap_out moved the sequence");
+                tstats(kv, &s);
+                cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
+                cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+                cr_assert_eq(s.swap_outs, 0);
+            } else {
+                cr_assert(!in.resident && in.pages_disk == ST_PAGES);
+                rc = kvvm_seq_swap_in(kv, a->h);
+                tcheck(kv, "in");
+                tinfo(kv, a->h, &in);
+                if (rc) {
+                    in_failed++;
+                    cr_assert_eq(rc, -EBADMSG, "%s at %lu: swap_in %d", kinds[k].name, nth,
+                                 rc);
+                    cr_assert_eq(kinds[k].err, -EIO, "only a hard error loses data");
+                    cr_assert(!in.resident && in.pages_disk == ST_PAGES,
+                              "a failed staged swap_in moved the sequence");
+                    tstats(kv, &s);
+                    cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+                    cr_assert(s.pages_damaged >= 1);
+                    cr_assert_eq(kvvm_seq_truncate(kv, a->h, 0), 0);
+                    a->len = 0;
+                } else {
+                    cr_assert(in.resident && in.pages_device == ST_PAGES);
+                }
+            }
+            cr_assert_eq(sh_verify(kv, a, kinds[k].name), 0);
+            tcheck(kv, kinds[k].name);
+            kvvm_seq_free(kv, a->h);
+            cr_assert_eq(kvvm_sync(kv), 0);
+            tstats(kv, &s);
+            cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
+            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+            cr_assert_eq(s.pages_inflight, 0);
+            free(a);
+            kvvm_close(kv);
+        }
+    cr_assert(out_failed > 0, "no write failure was injected");
+    cr_assert(in_failed > 0, "no read failure was injected");
+    rm_spill();
+}
+
+/* Fail-at-call-N over the driver calls of a staged swap-out and a staged swap-in: each
+   failing call leaves the sequence wholly where it was and every byte readable. */
+enum { ST_OUT, ST_IN };
+
+static int st_setup(kvvm **kv, struct sh **a, int which)
+{
+    struct kvvm_config c;
+    tcfg(&c, 64, ST_HOST, 64, false);
+    *kv = topen(&c);
+    *a = sh_new(*kv);
+    sh_grow_fill(*kv, *a, ST_TOK, 5);
+    kvvm_step(*kv);
+    if (which == ST_IN)
+        cr_assert_eq(kvvm_seq_swap_out(*kv, (*a)->h), 0);
+    return 0;
+}
+
+static int st_call(kvvm *kv, struct sh *a, int which)
+{
+    return which == ST_OUT ? kvvm_seq_swap_out(kv, a->h) : kvvm_seq_swap_in(kv, a->h);
+}
+
+static void st_sweep(int which, const char *name)
+{
+    mkdir_spill();
+    enum { MAXT = 4096 };
+    static struct emu_trace_entry tr[MAXT];
+    kvvm *kv;
+    struct sh *a;
+    st_setup(&kv, &a, which);
+    emu_trace_start();
+    int rc = st_call(kv, a, which);
+    size_t n = emu_trace_stop(tr, MAXT);
+    cr_assert_eq(rc, 0, "%s: the traced call failed: %d", name, rc);
+    cr_assert(n > 0 && n < MAXT);
+    free(a);
+    kvvm_close(kv);
+    unsigned failed = 0, dead = 0;
+    for (size_t i = 0; i < n; i++) {
+        st_setup(&kv, &a, which);
+        struct kvvm_seq_info i0, i1;
+        tinfo(kv, a->h, &i0);
+        cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, KCU_ERROR_INVALID_VALUE), 0);
+        rc = st_call(kv, a, which);
+        emu_fail_clear();
+        if (rc == -EIO && kvvm_sync(kv) != 0) {
+            dead++;                    /* a sticky failure: the context is dead */
+            free(a);
+            kvvm_close(kv);
+            continue;
+        }
+        tinfo(kv, a->h, &i1);
+        if (rc) {
+            failed++;
+            cr_assert(i1.resident == i0.resident && i1.pages_device == i0.pages_device &&
+                      i1.pages_host == i0.pages_host && i1.pages_disk == i0.pages_disk,
+                      "%s: %s #%lu (rc %d): state changed: resident %d->%d device %u->%u "
+                      "host %u->%u disk %u->%u", name, tr[i].entry, tr[i].nth, rc,
+                      i0.resident, i1.resident, i0.pages_device, i1.pages_device,
+                      i0.pages_host, i1.pages_host, i0.pages_disk, i1.pages_disk);
+            struct kvvm_stats s;
+            tstats(kv, &s);
+            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+            cr_assert_eq(s.pages_disk_free, s.pages_disk_total - i1.pages_disk,
+                         "disk slot leaked");
+        }
+        tcheck(kv, name);
+        cr_assert_eq(sh_verify(kv, a, name), 0);
+        tcheck(kv, name);
+        free(a);
+        kvvm_close(kv);
+    }
+    printf("staged sweep %s: %zu injection points: %u failed, %u dead\n", name, n, failed,
+           dead);
+    fflush(stdout);
+    cr_assert(failed > 0, "%s: no injected failure made the call fail", name);
+    rm_spill();
+}
+
+Test(staged, driver_faults_out) { st_sweep(ST_OUT, "staged out"); }
+Test(staged, driver_faults_in) { st_sweep(ST_IN, "staged in"); }
+
+/* A swap_out the disk tier cannot take fails before anything moves: the other sequences'
+   pages stay where they were (no spill to make room), the stats do not change. */
+Test(staged, disk_full_moves_nothing)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 64, 16, 16, false);
+    kvvm *kv = topen(&c);
+    struct sh *a = sh_new(kv), *b = sh_new(kv), *big = sh_new(kv), *mid = sh_new(kv);
+    sh_grow_fill(kv, a, 19, 1);                 /* 10 pages */
+    sh_grow_fill(kv, b, 19, 2);                 /* 10 pages */
+    sh_grow_fill(kv, big, ST_TOK, 3);           /* 24 pages */
+    sh_grow_fill(kv, mid, 31, 4);               /* 16 pages */
+    kvvm_step(kv);
+    t_out(kv, a);
+    t_out(kv, b);                               /* spills 4 of a's pages for room */
+    cr_assert_eq(kvvm_sync(kv), 0);
+    struct kvvm_seq_info ia0, ib0, ia1, ib1, in;
+    tinfo(kv, a->h, &ia0);
+    tinfo(kv, b->h, &ib0);
+    cr_assert_eq(ia0.pages_host + ia0.pages_disk + ib0.pages_host + ib0.pages_disk, 20);
+    cr_assert(ia0.pages_disk + ib0.pages_disk < 16, "the disk tier has room left");
+    struct kvvm_stats s0, s1;
+    tstats(kv, &s0);
+    /* 24 pages: more than host + disk room; 16 pages: more than the free disk + host room
+       (both could be had in part by spilling a's and b's host pages) */
+    struct sh *v[2] = { big, mid };
+    for (int i = 0; i < 2; i++) {
+        int rc = kvvm_seq_swap_out(kv, v[i]->h);
+        cr_assert_eq(rc, -ENOMEM, "swap_out past the disk budget: %d", rc);
+        cr_assert_eq(kvvm_sync(kv), 0);
+        tinfo(kv, v[i]->h, &in);
+        cr_assert(in.resident && in.pages_disk == 0 && in.pages_host == 0);
+        tinfo(kv, a->h, &ia1);
+        tinfo(kv, b->h, &ib1);
+        cr_assert(ia1.pages_host == ia0.pages_host && ia1.pages_disk == ia0.pages_disk,
+                  "a moved: host %u->%u disk %u->%u", ia0.pages_host, ia1.pages_host,
+                  ia0.pages_disk, ia1.pages_disk);
+        cr_assert(ib1.pages_host == ib0.pages_host && ib1.pages_disk == ib0.pages_disk,
+                  "b moved: host %u->%u disk %u->%u", ib0.pages_host, ib1.pages_host,
+                  ib0.pages_disk, ib1.pages_disk);
+        tstats(kv, &s1);
+        cr_assert_eq(s1.spills, s0.spills);
+        cr_assert_eq(s1.swap_outs, s0.swap_outs);
+        cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
+        cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+        cr_assert_eq(s1.bytes_to_host, s0.bytes_to_host);
+        tcheck(kv, "full");
+    }
+    cr_assert_eq(sh_verify(kv, big, "big"), 0);
+    cr_assert_eq(sh_verify(kv, mid, "mid"), 0);
+    cr_assert_eq(sh_verify(kv, a, "a"), 0);
+    cr_assert_eq(sh_verify(kv, b, "b"), 0);
+    tcheck(kv, "end");
+    struct sh *all[4] = { a, b, big, mid };
+    for (int i = 0; i < 4; i++) {
+        kvvm_seq_free(kv, all[i]->h);
+        free(all[i]);
+    }
+    kvvm_close(kv);
     rm_spill();
 }
