@@ -238,6 +238,10 @@ int  paging_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *star
 /* Makes `want` host slots free, spilling (and waiting for the writes) if needed.
    -ENOMEM when they cannot be had. */
 int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
+/* Slots the tiers below the device can still take: free host slots, host slots that
+   in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
+   through one to disk; spilling a host page trades a disk slot for a host slot). */
+uint64_t paging_room_below(struct paging *pg);
 /* Processes queued disk completions. */
 int  paging_disk_reap(struct paging *pg);
 /* Waits for every disk I/O in flight, then processes the completions. */

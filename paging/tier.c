@@ -909,3 +909,10 @@ uint32_t tier_orphans(const struct paging *pg)
         n += is_orphan(&pg->pages[i]);
     return n;
 }
+
+uint64_t paging_room_below(struct paging *pg)
+{
+    paging_disk_reap(pg);
+    uint64_t d = (pg->p.disk && !pg->disk_off) ? pg->disk.n_free(pg->disk.arg) : 0;
+    return paging_host_free(pg) + pg->n_dio + d;
+}

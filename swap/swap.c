@@ -93,17 +93,18 @@ static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *exc
     uint64_t frees;
     size_t n = victims(sw, excl, n_excl, &c, &frees);
     uint32_t n_orphans = paging_orphans(sw->pg);
-    /* the host tier makes room on disk first (a caller waiting here needs the frames) */
-    if (paging_has_disk(sw->pg) && paging_host_free(sw->pg) < target - have)
-        (void)paging_host_room(sw->pg, target - have, 0);
-    /* all or nothing: the victims' frames must cover the shortfall and the host tier must
-       take them (one slot per frame), else nothing moves */
+    /* all or nothing, checked before anything moves (other sequences' host pages
+       included): the victims' frames must cover the shortfall and the tiers below must
+       take them (one host or disk slot per frame) */
     if (all_or_nothing && (have + frees + n_orphans < target ||
-                           paging_host_free(sw->pg) < target - have)) {
+                           paging_room_below(sw->pg) < target - have)) {
         free(c);
         *rc = -ENOMEM;
         return 0;
     }
+    /* the host tier makes room on disk first (a caller waiting here needs the frames) */
+    if (paging_has_disk(sw->pg) && paging_host_free(sw->pg) < target - have)
+        (void)paging_host_room(sw->pg, target - have, 0);
     if (n_orphans) {
         *rc = paging_reclaim_orphans(sw->pg, target - have, &orphans);
         have += orphans;

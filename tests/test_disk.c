@@ -874,3 +874,63 @@ Test(staged, disk_full_moves_nothing)
     kvvm_close(kv);
     rm_spill();
 }
+
+/* Regression: direct reclaim pushed host pages to disk to make room before its own
+   all-or-nothing check, so a grow that then failed with -ENOMEM had moved other sequences'
+   pages down. The check now comes first. */
+Test(limits, failed_direct_reclaim_moves_nothing)
+{
+    mkdir_spill();
+    struct kvvm_config c;
+    tcfg(&c, 40, 16, 16, false);
+    c.flags = KVVM_F_AUTO_SWAP;
+    kvvm *kv = topen(&c);
+    struct sh *a = sh_new(kv), *b = sh_new(kv), *v = sh_new(kv), *p = sh_new(kv);
+    sh_grow_fill(kv, a, 19, 1);                 /* 10 pages */
+    sh_grow_fill(kv, b, 19, 2);                 /* 10 pages */
+    kvvm_step(kv);
+    t_out(kv, a);
+    t_out(kv, b);
+    sh_grow_fill(kv, v, 31, 3);                 /* 16 pages, reclaimable after two steps */
+    cr_assert_eq(kvvm_step(kv), 0);
+    cr_assert_eq(kvvm_step(kv), 0);
+    sh_grow_fill(kv, p, 19, 4);                 /* 10 pages, protected */
+    cr_assert_eq(kvvm_sync(kv), 0);             /* background spilling settles */
+    struct kvvm_seq_info ia0, ib0, ia1, ib1;
+    tinfo(kv, a->h, &ia0);
+    tinfo(kv, b->h, &ib0);
+    struct kvvm_stats s0, s1;
+    tstats(kv, &s0);
+    cr_assert_lt(s0.pages_host_free, 18, "the grow below must need host room");
+    kvvm_seq w;
+    cr_assert_eq(kvvm_seq_create(kv, &w), 0);
+    /* 32 pages: more than the free frames plus v's 16 */
+    int rc = kvvm_seq_grow(kv, w, 64);
+    cr_assert_eq(rc, -ENOMEM, "grow past what reclaim can free: %d", rc);
+    tstats(kv, &s1);
+    tinfo(kv, a->h, &ia1);
+    tinfo(kv, b->h, &ib1);
+    cr_expect_eq(s1.spills, s0.spills, "a failed grow spilled %lu page(s)",
+                 (unsigned long)(s1.spills - s0.spills));
+    cr_expect_eq(s1.swap_outs, s0.swap_outs);
+    cr_expect(ia1.pages_host == ia0.pages_host && ia1.pages_disk == ia0.pages_disk &&
+              ib1.pages_host == ib0.pages_host && ib1.pages_disk == ib0.pages_disk,
+              "other sequences moved down");
+    tcheck(kv, "failed direct reclaim");
+    cr_assert_eq(kvvm_seq_free(kv, w), 0);
+    /* nothing lost: each comes back (room made by freeing the resident ones first) */
+    cr_assert_eq(sh_verify(kv, v, "v"), 0);
+    cr_assert_eq(sh_verify(kv, p, "p"), 0);
+    cr_assert_eq(kvvm_seq_free(kv, v->h), 0);
+    cr_assert_eq(kvvm_seq_free(kv, p->h), 0);
+    cr_assert_eq(kvvm_step(kv), 0);
+    cr_assert_eq(sh_verify(kv, a, "a"), 0);
+    cr_assert_eq(sh_verify(kv, b, "b"), 0);
+    cr_assert_eq(kvvm_seq_free(kv, a->h), 0);
+    cr_assert_eq(kvvm_seq_free(kv, b->h), 0);
+    struct sh *all[4] = { a, b, v, p };
+    for (int i = 0; i < 4; i++)
+        free(all[i]);
+    kvvm_close(kv);
+    rm_spill();
+}
