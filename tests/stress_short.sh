@@ -4,8 +4,9 @@
 #
 # Always checked: exit status 0, zero mismatched tokens, zero unexpected errors, something
 # verified and no verification skipped; a host and a disk tier present, no preemption
-# fallback, all three tiers used, measured oversubscription >= 3.6, and pages that came back
-# from disk verified.
+# fallback, all three tiers used, measured oversubscription >= 3.6 at its peak and on average
+# over the run (0.9 X: the admission control holds about X in steady state), and pages that
+# came back from disk verified.
 set -u
 bin=${1:?usage: stress_short.sh path/to/kvvm-stress}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/stress_short.XXXXXX") || exit 1
@@ -52,10 +53,11 @@ dev_peak=$(get occupancy_pages device_peak)
 host_peak=$(get occupancy_pages host_peak)
 disk_peak=$(get occupancy_pages disk_peak)
 over=$(get oversubscription measured_peak)
+mean=$(get oversubscription measured_mean)
 fallback=$(grep -m1 '^  "preempt_fallback": ' "$json" | sed 's/^  "preempt_fallback": //; s/,$//')
 verified_disk=$(get disk_round_trip pages_verified_after_disk)
-echo "stress_short: report: measured oversubscription $over; pages device peak $dev_peak," \
-     "host $host_peak of $host_total, disk $disk_peak of $disk_total; fallback: $fallback"
+echo "stress_short: report: measured oversubscription peak $over, mean $mean;" \
+     "pages device peak $dev_peak, host $host_peak of $host_total, disk $disk_peak of $disk_total; fallback: $fallback"
 
 # libkvvm has all three tiers: a report without a host or disk tier, or with the
 # preemption fallback, fails.
@@ -66,6 +68,8 @@ echo "stress_short: report: measured oversubscription $over; pages device peak $
     ok "all three tiers used" || bad "not all three tiers used"
 ge "$over" 3.6 && ok "measured oversubscription $over >= 3.6" ||
     bad "measured oversubscription $over < 3.6"
+ge "$mean" 3.6 && ok "measured mean oversubscription $mean >= 3.6" ||
+    bad "measured mean oversubscription '$mean' < 3.6"
 [ "${verified_disk:-0}" -gt 0 ] && ok "$verified_disk pages back from disk verified" ||
     bad "no page that came back from disk was verified"
 

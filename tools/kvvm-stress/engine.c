@@ -6,13 +6,15 @@
  *      the KV held in every tier is below X x the device pages (and the workload's own page
  *      estimate below 1.25 X, so a library that holds nothing off the device does not make
  *      the queue grow without end);
- *   2. rotation (swap and auto modes): requests that ran for --quantum steps leave the device
- *      while others wait, so every live request makes progress although only a quarter of
- *      them fit: swap mode by kvvm_seq_swap_out, auto mode by leaving the batch (the library
- *      reclaims least recently used, unprotected sequences);
- *   3. bring-in, first come first served: swap-in (swap mode), prefill of new requests
- *      (create, share the system prompt, grow to the prompt, write every token), re-prefill
- *      of requests preempted by recompute (their bytes rewritten), re-entry (auto mode);
+ *   2. rotation (swap and auto modes): requests that ran for --quantum steps (half of it
+ *      while prompts are queued) leave the device while others wait, so every live request
+ *      makes progress although only about 1/X of them fit: swap mode by kvvm_seq_swap_out,
+ *      auto mode by leaving the batch (the library reclaims least recently used, unprotected
+ *      sequences);
+ *   3. bring-in, queued prompts first, then round robin: swap-in (swap mode), prefill of new
+ *      requests (create, share the system prompt, grow to the prompt, write every token),
+ *      re-prefill of requests preempted by recompute (their bytes rewritten), re-entry (auto
+ *      mode);
  *      parallel sampling forks a freshly prefilled request into siblings;
  *   4. decode: one kvvm_seq_grow_batch over the whole batch, then one token written per
  *      sequence and region; -ENOMEM preempts the most recently scheduled request (swap-out,
@@ -226,15 +228,13 @@ static uint64_t sample_len(struct eng *e, const struct dist *d)
 
 /* ---- bytes ----------------------------------------------------------------------------- */
 
-static int stream_sync(struct eng *e)
-{
-    if (!e->stream)
-        return 0;
-    int err = kvvm_sync(e->kv);
-    if (err)
-        fail(e, "kvvm_sync", err, NULL);
-    return err;
-}
+/* Stream mode: every host buffer of the tool is pageable (malloc), so kvvm_seq_write may
+   reuse it as soon as the call returns (the driver stages it) and kvvm_seq_read returns with
+   the bytes in place (include/kvvm.h): no write or read waits for the engine stream. The
+   one kvvm_sync per step (before the occupancy is recorded) is for --seed reproducibility:
+   device pages freed behind the stream (deferred unmaps after swap-outs) come back when the
+   stream passes them, so without it the free counts the scheduler reads, and its decisions,
+   would depend on timing. */
 
 /* Writes tokens [a, b) of q in every region, each with the lineage its segment names. */
 static int write_range(struct eng *e, struct req *q, uint64_t a, uint64_t b)
@@ -257,8 +257,6 @@ static int write_range(struct eng *e, struct req *q, uint64_t a, uint64_t b)
                 fail(e, "kvvm_seq_write", err, q);
                 return err;
             }
-            if ((err = stream_sync(e)))
-                return err;
             e->r->tokens_written += n;
             t += n;
         }
@@ -308,8 +306,6 @@ static int verify_req(struct eng *e, struct req *q)
             uint64_t t1 = lat_call_start();
             int err = kvvm_seq_read(e->kv, q->seq, r, t * bpt, e->buf, n * bpt);
             lat_end(e, LAT_READ, t1);
-            if (!err)
-                err = stream_sync(e);
             if (err) {
                 fail(e, "kvvm_seq_read", err, q);
                 return err;
@@ -650,26 +646,39 @@ static uint64_t used_pages(const struct kvvm_stats *s)
            (s->pages_disk_total - s->pages_disk_free);
 }
 
+/* Pages held in every tier, each once: a page in flight between two tiers (pages_inflight)
+   holds room in both until its copy completes, and when that happens depends on timing; the
+   difference does not, so admissions made on it stay the same from run to run. */
+static uint64_t held_pages(const struct kvvm_stats *s)
+{
+    uint64_t u = used_pages(s);
+    return u > s->pages_inflight ? u - s->pages_inflight : 0;
+}
+
 static void arrivals(struct eng *e)
 {
     const struct opts *o = e->o;
     double cap = o->oversubscribe * (double)e->dev_pages;
     uint64_t lp = logical_pages(e), waiting = 0;
-    /* The queue's prompts, and a quarter of the growth still ahead of every request (they do
-       not all peak at once). */
+    /* The queue's prompts, and a quarter of the growth still ahead of the requests that grow
+       now (queued and running; they do not all peak at once). A swapped request grows only
+       after it is back, when others have finished: counting its growth as well held the
+       steady state about 6% of X lower (measured). The queued requests' growth keeps the
+       first admission burst (one young cohort growing together) from overshooting X. */
     for (size_t i = 0; i < e->nlive; i++) {
         struct req *q = e->live[i];
         uint64_t now = q->state == R_WAITING ? q->prompt : q->len;
         if (q->state == R_WAITING)
             waiting += pages_for(e, q->prompt - q->sys_prefix);
-        waiting += (pages_for(e, q->target) - pages_for(e, now)) / 4;
+        if (q->state == R_WAITING || q->state == R_RUNNING)
+            waiting += (pages_for(e, q->target) - pages_for(e, now)) / 4;
     }
     uint32_t reserve = o->max_parallel + 2;
     /* Pages held in every tier (the library's count, sharing included) plus what the queue
        will prefill stay below X x device; the tool's own estimate bounds the queue when the
        library holds nothing off the device. */
-    while (!e->fatal && (double)(used_pages(&e->st) + waiting) < cap && (double)lp < 1.25 * cap &&
-           e->nlive + reserve + 1 < o->max_seqs) {
+    while (!e->fatal && (double)(held_pages(&e->st) + waiting) < cap &&
+           (double)lp < 1.25 * cap && e->nlive + reserve + 1 < o->max_seqs) {
         struct req *q = req_new(e);
         if (!q) {
             e->fatal = 1;
@@ -726,13 +735,17 @@ static void rotate(struct eng *e)
 {
     if (e->eff == PREEMPT_RECOMPUTE)
         return;
-    uint32_t waiting = 0, running = 0;
+    uint32_t waiting = 0, running = 0, queued = 0;
     for (size_t i = 0; i < e->nlive; i++) {
         waiting += off_device(e->live[i]->state);
         running += e->live[i]->state == R_RUNNING;
+        queued += e->live[i]->state == R_WAITING;
     }
     if (!waiting)
         return;
+    /* While prompts are queued (the live set still ramps up to X x device), half a quantum:
+       the ramp takes about X quanta of steps, each moving a device's worth off it. */
+    uint64_t quantum = queued ? (e->o->quantum + 1) / 2 : e->o->quantum;
     uint32_t max = running / 16 > 1 ? running / 16 : 1;
     if (max > waiting)
         max = waiting;
@@ -740,7 +753,7 @@ static void rotate(struct eng *e)
         struct req *v = NULL;
         for (size_t i = 0; i < e->nlive; i++) {
             struct req *q = e->live[i];
-            if (q->state == R_RUNNING && e->step - q->sched_step >= e->o->quantum &&
+            if (q->state == R_RUNNING && e->step - q->sched_step >= quantum &&
                 (!v || q->sched_step < v->sched_step))
                 v = q;
         }
@@ -884,10 +897,21 @@ static void schedule_in(struct eng *e)
             run_pages += pages_for(e, e->live[i]->len + 1);
     uint64_t sys_pages = e->sys ? pages_for(e, e->sys->len) : 0;
     while (running < e->o->max_batch && !e->fatal) {
+        /* Swap and auto modes: queued prompts first (FCFS), then the others by key (the
+           step they left the device: round robin). New requests taking the room rotation
+           made is what grows the live set to X x device; the queue refills only as requests
+           finish, so the swapped ones are not starved. Recompute mode holds nothing off the
+           device, so its queue stays long: there, FCFS by key alone, or the preempted
+           requests would never come back. */
+        int first = e->eff != PREEMPT_RECOMPUTE;
         struct req *best = NULL;
         for (size_t i = 0; i < e->nlive; i++) {
             struct req *q = e->live[i];
-            if (off_device(q->state) && (!best || q->key < best->key))
+            if (!off_device(q->state))
+                continue;
+            int qw = first && q->state == R_WAITING;
+            int bw = first && best && best->state == R_WAITING;
+            if (!best || (qw != bw ? qw : q->key < best->key))
                 best = q;
         }
         if (!best)
@@ -979,7 +1003,7 @@ static void decode(struct eng *e)
     }
     if (!n)
         return;
-    /* One token per sequence and region; the staging stays untouched until the step ends. */
+    /* One token per sequence and region, each from its own slot of the staging buffer. */
     const uint64_t bpt = e->o->bytes_per_token;
     size_t off = 0;
     for (size_t i = 0; i < n && !e->fatal; i++) {
@@ -1072,6 +1096,9 @@ static void record_step(struct eng *e)
         r->peak_oversub = ov;
     r->sum_oversub += ov;
     r->n_oversub++;
+    double held = s->pages_device_total ? (double)held_pages(s) / s->pages_device_total : 0;
+    if (held > r->peak_held)
+        r->peak_held = held;
     uint64_t lp = logical_pages(e);
     if (lp > r->peak_logical_pages) r->peak_logical_pages = lp;
     double lo = e->dev_pages ? (double)lp / e->dev_pages : 0;
@@ -1230,7 +1257,8 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
         decode(e);
         finish_and_beams(e);
         sampled_verify(e);
-        stream_sync(e);          /* the decode staging is reused next step */
+        if (e->stream && (err = kvvm_sync(kv)))    /* see above write_range */
+            fail(e, "kvvm_sync", err, NULL);
         record_step(e);
         uint64_t t1 = lat_call_start();
         err = kvvm_step(kv);

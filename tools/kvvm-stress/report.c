@@ -177,6 +177,8 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
             r->peak_oversub >= 0.9 * o->oversubscribe ? "" : "  ** NOT REACHED **");
     fprintf(f, "                    measured mean %.2f over the run (the same ratio averaged "
             "over steps)\n", r->n_oversub ? r->sum_oversub / r->n_oversub : 0.0);
+    fprintf(f, "                    peak held %.2f (the same, pages in flight between two tiers "
+            "counted once)\n", r->peak_held);
     fprintf(f, "                    workload estimate peak %.2f (the tool's own page count, "
             "shared system prompt once, forks counted in full)\n", r->peak_logical_oversub);
     fprintf(f, "  disk round trip:  %llu spills, %llu unspills; %llu pages seen on disk before "
@@ -333,9 +335,11 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             r->peak_dev ? "true" : "false", r->peak_host ? "true" : "false",
             r->peak_disk ? "true" : "false");
     fprintf(f, "  \"oversubscription\": {\"target\": %.3f, \"measured_peak\": %.4f, "
-            "\"measured_mean\": %.4f, \"workload_estimate_peak\": %.4f, \"reached\": %s},\n",
+            "\"measured_mean\": %.4f, \"peak_held\": %.4f, \"workload_estimate_peak\": %.4f, "
+            "\"reached\": %s},\n",
             o->oversubscribe, r->peak_oversub,
-            r->n_oversub ? r->sum_oversub / r->n_oversub : 0.0, r->peak_logical_oversub,
+            r->n_oversub ? r->sum_oversub / r->n_oversub : 0.0, r->peak_held,
+            r->peak_logical_oversub,
             r->peak_oversub >= 0.9 * o->oversubscribe ? "true" : "false");
     fprintf(f, "  \"disk_round_trip\": {\"spills\": %llu, \"unspills\": %llu, "
             "\"pages_seen_on_disk_at_swap_in\": %llu, \"pages_verified_after_disk\": %llu},\n",

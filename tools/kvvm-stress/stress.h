@@ -102,6 +102,8 @@ struct results {
     double   peak_oversub;           /* max over steps of (dev+host+disk) / device pages */
     double   sum_oversub;            /* sum over sampled steps of the same ratio */
     uint64_t n_oversub;              /* steps sampled into sum_oversub */
+    double   peak_held;              /* max of (dev+host+disk-inflight) / device pages: each
+                                        page once, a page in flight between two tiers too */
     double   peak_logical_oversub;   /* max over steps of the workload's own page estimate */
     uint64_t peak_logical_pages;
     uint32_t peak_running, peak_live;
