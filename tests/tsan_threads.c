@@ -8,7 +8,9 @@
  * Each worker owns its sequences (so it knows their bytes): it creates, grows and writes
  * cookies, forks, swaps out and in explicitly, reads back and frees, and steps the context;
  * other workers' pressure makes the reclaim thread and direct reclaim move its sequences.
- * KVVMTEST_TSAN_ITERS scales the iterations (default 300 per thread).
+ * KVVMTEST_TSAN_ITERS scales the iterations (default 300 per thread). With --disk the host
+ * tier is small and a spill directory under /var/tmp adds the disk tier, so the spill thread
+ * and the I/O engine's completion thread run too (and must spill).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
 
@@ -194,8 +197,14 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    bool disk = argc > 1 && !strcmp(argv[1], "--disk");
+    char dir[] = "/var/tmp/kvvm_tsan.XXXXXX";
+    if (disk && !mkdtemp(dir)) {
+        perror("tsan_threads: mkdtemp");
+        return 1;
+    }
     const char *e = getenv("KVVMTEST_TSAN_ITERS");
     if (e && atoi(e) > 0)
         iters = atoi(e);
@@ -217,9 +226,16 @@ int main(void)
     c.device_low = 0.20;
     c.device_high = 0.40;
     c.emu_opaque = 1;
+    if (disk) {
+        c.host_budget = 64 * KB;          /* 16 slots: most swapped pages go on to disk */
+        c.spill_dir = dir;
+        c.spill_budget = 1024 * KB;
+    }
     int rc = kvvm_open(&c, &kv);
     if (rc) {
         fprintf(stderr, "tsan_threads: kvvm_open: %d\n", rc);
+        if (disk)
+            rmdir(dir);
         return 1;
     }
     pthread_t th[THREADS];
@@ -234,10 +250,20 @@ int main(void)
     struct kvvm_stats st = { .size = sizeof st };
     kvvm_stats(kv, &st);
     kvvm_close(kv);
-    printf("tsan_threads: %d threads x %d ops; %lu swap-outs, %lu swap-ins, %lu background "
-           "reclaim runs, %lu direct reclaims; %d failures\n", THREADS, iters,
-           (unsigned long)st.swap_outs, (unsigned long)st.swap_ins,
-           (unsigned long)st.reclaim_runs, (unsigned long)st.direct_reclaims, failures);
+    if (disk && rmdir(dir)) {
+        perror("tsan_threads: the spill directory is not empty after close");
+        failures++;
+    }
+    printf("tsan_threads%s: %d threads x %d ops; %lu swap-outs, %lu swap-ins, %lu background "
+           "reclaim runs, %lu direct reclaims, %lu spills, %lu unspills; %d failures\n",
+           disk ? " --disk" : "", THREADS, iters, (unsigned long)st.swap_outs,
+           (unsigned long)st.swap_ins, (unsigned long)st.reclaim_runs,
+           (unsigned long)st.direct_reclaims, (unsigned long)st.spills,
+           (unsigned long)st.unspills, failures);
+    if (disk && st.spills == 0) {
+        fprintf(stderr, "tsan_threads: nothing was spilled: the disk run did not test\n");
+        return 1;
+    }
     if (st.swap_outs == 0) {
         fprintf(stderr, "tsan_threads: nothing was swapped: the test did not test\n");
         return 1;
