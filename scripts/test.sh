@@ -2,8 +2,8 @@
 # The test command (README, .ci/run): installs dependencies, builds, runs the whole suite on
 # the emulated device, then again under AddressSanitizer+UBSan, then the multi-threaded test
 # (tests/tsan_threads.c, the reclaim thread running; again with the disk tier) under
-# ThreadSanitizer. Tests labelled `gpu` skip
-# themselves with a printed reason when no GPU is present; `soak` is left to scripts/soak.sh.
+# ThreadSanitizer. Tests labelled `gpu` skip themselves with a printed reason when no GPU is
+# present; the long `soak` label is run by hand: (cd build && ctest -L soak).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
