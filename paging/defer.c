@@ -261,7 +261,9 @@ int paging_set_stream(struct paging *pg, kcu_stream s)
     if (vmm_dead(pg->v))
         return -EIO;
     if (s) {
-        int rc = vmm_stream_check_capture(pg->v, s);
+        int rc = vmm_stream_check_owner(pg->v, s);
+        if (!rc)
+            rc = vmm_stream_check_capture(pg->v, s);
         if (rc)
             return rc;
     }

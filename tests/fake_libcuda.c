@@ -92,6 +92,7 @@ static const struct { const char *name; int since, until; } abis[] = {
     { "cuStreamCreate", 2000, 0 },      { "cuStreamDestroy", 4000, 0 },
     { "cuStreamSynchronize", 2000, 0 }, { "cuStreamQuery", 2000, 0 },
     { "cuStreamWaitEvent", 3020, 0 },   { "cuStreamIsCapturing", 10000, 0 },
+    { "cuStreamGetCtx", 9020, 12050 },
     { "cuEventCreate", 2000, 0 },       { "cuEventDestroy", 4000, 0 },
     { "cuEventRecord", 2000, 0 },       { "cuEventQuery", 2000, 0 },
     { "cuEventSynchronize", 2000, 0 },  { "cuMemHostRegister", 6050, 0 },
@@ -118,7 +119,7 @@ static void *emu_fn(const char *name)
     F(cuMemAddressReserve) F(cuMemAddressFree) F(cuMemCreate) F(cuMemRelease) F(cuMemMap)
     F(cuMemUnmap) F(cuMemSetAccess) F(cuMemcpyHtoDAsync) F(cuMemcpyDtoHAsync)
     F(cuMemcpyDtoDAsync) F(cuMemsetD8Async) F(cuStreamCreate) F(cuStreamDestroy)
-    F(cuStreamSynchronize) F(cuStreamQuery) F(cuStreamWaitEvent) F(cuStreamIsCapturing)
+    F(cuStreamSynchronize) F(cuStreamQuery) F(cuStreamWaitEvent) F(cuStreamIsCapturing) F(cuStreamGetCtx)
     F(cuEventCreate) F(cuEventDestroy) F(cuEventRecord) F(cuEventQuery)
     F(cuEventSynchronize) F(cuMemHostRegister) F(cuMemHostUnregister) F(cuMemAllocHost)
     F(cuMemFreeHost) F(cuGetErrorString) F(cuGetErrorName)

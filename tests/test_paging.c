@@ -2187,3 +2187,28 @@ Test(harden, scrub_grow_undo_stream)
     cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
     tclose_stream(&t, st);
 }
+
+/* A stream of another device's context cannot be the engine stream: our events and copies
+   could not be ordered on it (a GPU answers INVALID_HANDLE later, leaving releases stuck). */
+Test(options, foreign_stream_refused)
+{
+    struct kvvm_config c;
+    struct tctx a, b;
+    tcfg(&c, KB, 1, 1000, 4, 40, 40);
+    topen(&a, &c);
+    topen(&b, &c);
+    void *sb = NULL, *sa = NULL;
+    cr_assert_eq(kvvm_stream_create(b.kv, &sb), 0);
+    cr_assert_eq(kvvm_stream_create(a.kv, &sa), 0);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_expect_eq(kvvm_set_stream(a.kv, sb), -EINVAL, "another device's stream was accepted");
+    cr_expect_eq(kvvm_set_stream(a.kv, (void *)0x1234), -EINVAL, "a forged stream was accepted");
+    cr_expect_eq(kvvm_set_stream(a.kv, sa), 0, "its own stream was refused");
+    cr_expect_eq(kvvm_set_stream(a.kv, (void *)KCU_STREAM_LEGACY), 0, "the legacy handle");
+    cr_expect_eq(kvvm_set_stream(a.kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(a.kv, sa), 0);
+    cr_assert_eq(kvvm_stream_destroy(b.kv, sb), 0);
+    tcheck(&a, "foreign stream");
+    tclose(&b);
+    tclose(&a);
+}

@@ -172,6 +172,7 @@ struct kcu_api {
     kcu_result (*cuStreamWaitEvent)(kcu_stream stream, kcu_event event,
                                     unsigned int flags);                            /* 3020 */
     kcu_result (*cuStreamIsCapturing)(kcu_stream stream, int *status);              /* 10000 */
+    kcu_result (*cuStreamGetCtx)(kcu_stream stream, kcu_context *ctx);              /* 9020 */
 
     kcu_result (*cuEventCreate)(kcu_event *event, unsigned int flags);              /* 2000 */
     kcu_result (*cuEventDestroy)(kcu_event event);                                  /* 4000 */

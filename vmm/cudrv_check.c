@@ -57,6 +57,7 @@
     X(cuStreamQuery, (T_STREAM))                                                         \
     X(cuStreamWaitEvent, (T_STREAM, T_EVENT, T_UINT))                                    \
     X(cuStreamIsCapturing, (T_STREAM, T_CAPTURE *))                                      \
+    X(cuStreamGetCtx, (T_STREAM, T_CTX *))                                               \
     X(cuEventCreate, (T_EVENT *, T_UINT))                                                \
     X(cuEventDestroy, (T_EVENT))                                                         \
     X(cuEventRecord, (T_EVENT, T_STREAM))                                                \
@@ -182,6 +183,7 @@ typedef kcu_mem_handle k_T_HANDLE;
 #define CU_PROTO_cuStreamQuery                 PFN_cuStreamQuery_v2000
 #define CU_PROTO_cuStreamWaitEvent             PFN_cuStreamWaitEvent_v3020
 #define CU_PROTO_cuStreamIsCapturing           PFN_cuStreamIsCapturing_v10000
+#define CU_PROTO_cuStreamGetCtx                PFN_cuStreamGetCtx_v9020
 #define CU_PROTO_cuEventCreate                 PFN_cuEventCreate_v2000
 #define CU_PROTO_cuEventDestroy                PFN_cuEventDestroy_v4000
 #define CU_PROTO_cuEventRecord                 PFN_cuEventRecord_v2000

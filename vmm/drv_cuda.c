@@ -54,6 +54,7 @@ static const struct drv_cuda_sym cuda_syms[] = {
     SYM(cuStreamQuery, 2000),
     SYM(cuStreamWaitEvent, 3020),
     SYM(cuStreamIsCapturing, 10000),
+    SYM(cuStreamGetCtx, 9020),
     SYM(cuEventCreate, 2000),
     SYM(cuEventDestroy, 4000),
     SYM(cuEventRecord, 2000),

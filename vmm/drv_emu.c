@@ -69,7 +69,7 @@
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
     X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) \
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) \
-    X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamIsCapturing) \
+    X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuStreamGetCtx) \
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
     X(cuEventSynchronize) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemAllocHost) \
     X(cuMemFreeHost) X(cuGetErrorString) X(cuGetErrorName)
@@ -1636,6 +1636,24 @@ static kcu_result emu_cuStreamWaitEvent(kcu_stream stream, kcu_event event, unsi
     *op = (struct emu_op){ .kind = OP_WAIT, .ev = ev, .seq = ev->rec_seq };
     ev->refs++;
     r = submit_locked(s, d, op);
+out:
+    return leave(r);
+}
+
+/* The context a stream belongs to: its device's primary context; the default stream
+   handles belong to the current context (KCU_ERROR_INVALID_CONTEXT without one). */
+static kcu_result emu_cuStreamGetCtx(kcu_stream stream, kcu_context *ctx)
+{
+    BEGIN(cuStreamGetCtx, F_INIT);
+    struct kcu_stream_st *s;
+    struct emu_dev *d;
+    if (!ctx) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+        goto out;
+    *ctx = &g_ctx[d->ordinal];
 out:
     return leave(r);
 }

@@ -555,6 +555,26 @@ int vmm_stream_check_capture(struct vmm *v, kcu_stream s)
     return st == KCU_STREAM_CAPTURE_STATUS_NONE ? 0 : -EBUSY;
 }
 
+int vmm_stream_check_owner(struct vmm *v, kcu_stream s)
+{
+    ENTER(v);
+    kcu_context c = NULL;
+    kcu_result r = v->api->cuStreamGetCtx(s, &c);
+    if (r == KCU_ERROR_INVALID_HANDLE || r == KCU_ERROR_INVALID_CONTEXT) {
+        klog_error("vmm: stream %p is not a live stream of this process's driver", (void *)s);
+        return -EINVAL;
+    }
+    if (r != KCU_SUCCESS)
+        return drv_err(v, "cuStreamGetCtx", r);
+    if (c != v->ctx) {
+        klog_error("vmm: stream %p belongs to another CUDA context than device %d's primary "
+                   "context; libkvvm can only order its work on streams of its own device",
+                   (void *)s, v->dev);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int vmm_device_sync(struct vmm *v)
 {
     ENTER(v);

@@ -85,6 +85,10 @@ int vmm_stream_destroy(struct vmm *v, kcu_stream s);
 int vmm_stream_sync(struct vmm *v, kcu_stream s);
 /* -EBUSY when s is capturing a CUDA graph. */
 int vmm_stream_check_capture(struct vmm *v, kcu_stream s);
+/* -EINVAL when s belongs to another context than this device's (another device's stream,
+   or a stream of a context the caller created itself): our events and copies could not be
+   ordered on it. The default-stream handles belong to the current context. */
+int vmm_stream_check_owner(struct vmm *v, kcu_stream s);
 int vmm_device_sync(struct vmm *v);
 
 /* Fences (events). record: the fence completes after all work enqueued on s so far.
