@@ -7,6 +7,7 @@
  * A figure without a baseline has "baseline": null, "baseline_value": null, "ratio": null.
  * Nothing is asserted: the exit status is 0 unless an option was bad or a group failed.
  */
+#include "../common/json.h"
 #include "bench.h"
 
 #include <errno.h>
@@ -38,21 +39,6 @@ double bench_median(double *v, int n)
         return 0.0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
-}
-
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
 }
 
 static void json_number(FILE *f, double x)
@@ -111,16 +97,16 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
         return;
     fputs(b->n_json ? ",\n  {" : "\n  {", b->json);
     fputs("\"group\": ", b->json);
-    json_string(b->json, group);
+    tool_json_string(b->json, group);
     fputs(", \"op\": ", b->json);
-    json_string(b->json, op);
+    tool_json_string(b->json, op);
     fputs(", \"value\": ", b->json);
     json_number(b->json, value);
     fputs(", \"unit\": ", b->json);
-    json_string(b->json, unit);
+    tool_json_string(b->json, unit);
     fputs(", \"baseline\": ", b->json);
     if (has_base)
-        json_string(b->json, baseline_name ? baseline_name : "");
+        tool_json_string(b->json, baseline_name ? baseline_name : "");
     else
         fputs("null", b->json);
     fputs(", \"baseline_value\": ", b->json);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "../common/json.h"
 #include "stress.h"
 
 uint64_t now_ns(void)
@@ -214,21 +215,6 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
     fprintf(f, "  result: %s (exit %d)\n", status == 0 ? "PASS" : "FAIL", status);
 }
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 #define U(x) ((unsigned long long)(x))
 
 int report_json(const char *path, const struct opts *o, const struct results *r, int status)
@@ -239,16 +225,16 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
     const struct kvvm_stats *s = &r->st, *z = &r->st0;
     double t = r->elapsed_s > 0 ? r->elapsed_s : 1e-9;
     fprintf(f, "{\n  \"tool\": \"kvvm-stress\",\n  \"library_version\": ");
-    json_str(f, kvvm_version());
+    tool_json_string(f, kvvm_version());
     fprintf(f, ",\n  \"backend\": ");
-    json_str(f, r->backend);
+    tool_json_string(f, r->backend);
     fprintf(f, ",\n  \"io_engine\": ");
     if (r->io_engine[0])
-        json_str(f, r->io_engine);
+        tool_json_string(f, r->io_engine);
     else
         fprintf(f, "null");
     fprintf(f, ",\n  \"config\": {\"preset\": ");
-    json_str(f, o->preset);
+    tool_json_string(f, o->preset);
     fprintf(f, ", \"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"dtype_bytes\": %u, "
             "\"layout\": \"%s\", \"n_regions\": %u, \"bytes_per_token\": %llu, "
             "\"page_size\": %llu, \"device_budget\": %llu, \"host_budget\": %llu, "
@@ -257,7 +243,7 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             U(o->bytes_per_token), U(z->page_size), U(o->device_budget), U(o->host_budget),
             U(o->spill_budget));
     if (o->spill_dir)
-        json_str(f, o->spill_dir);
+        tool_json_string(f, o->spill_dir);
     else
         fprintf(f, "null");
     fprintf(f, ", \"oversubscribe\": %.3f, \"preempt\": \"%s\", \"stream\": %s, \"seed\": %llu, "
@@ -278,7 +264,7 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             r->preempt_effective ? r->preempt_effective : "?");
     if (r->fallback_reason[0]) {
         fprintf(f, "{\"to\": \"recompute\", \"reason\": ");
-        json_str(f, r->fallback_reason);
+        tool_json_string(f, r->fallback_reason);
         fprintf(f, "}");
     } else {
         fprintf(f, "null");
@@ -353,10 +339,10 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
     fprintf(f, "  \"errors\": {\"unexpected\": %llu, \"list\": [", U(r->unexpected_errors));
     for (uint32_t i = 0; i < r->n_err; i++) {
         fprintf(f, "%s{\"step\": %llu, \"op\": ", i ? ", " : "", U(r->errs[i].step));
-        json_str(f, r->errs[i].op);
+        tool_json_string(f, r->errs[i].op);
         fprintf(f, ", \"request\": %llu, \"errno\": %d, \"message\": ", U(r->errs[i].req),
                 r->errs[i].err);
-        json_str(f, kvvm_strerror(r->errs[i].err));
+        tool_json_string(f, kvvm_strerror(r->errs[i].err));
         fprintf(f, "}");
     }
     fprintf(f, "]},\n  \"exit_status\": %d\n}\n", status);
