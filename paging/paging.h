@@ -12,8 +12,8 @@
  *  - A *sequence* owns one slot: a fixed window of slot_bytes in each of n_regions regions.
  *    Its block table holds, per region, the page ids covering [0, length). Handles carry a
  *    generation: a freed or forged handle is -ENOENT, never aliased; 0 is never a handle.
- *  - Ordering (API.md "Protection and residency", "Ordering"): a sequence is protected from
- *    a call that uses it until the next paging_step. Window pages that device work may still
+ *  - Ordering (docs/api.md "Protection and residency", "Ordering"): a sequence is protected
+ *    from a call that uses it until the next paging_step. Window pages that device work may still
  *    touch are unmapped (and their pages released) only after a fence on the engine stream
  *    has completed; with no engine stream the device is synchronized first instead.
  *  - Every call is all-or-nothing: on error nothing changed (no page, frame, slot or mapping
@@ -22,7 +22,7 @@
  *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
  *  - Never includes a header of core/ or swap/.
  *
- * Errors of every sequence call: -ENOENT bad handle; -EINVAL bad argument (per API.md);
+ * Errors of every sequence call: -ENOENT bad handle; -EINVAL bad argument (per docs/api.md);
  * -E2BIG past max_tokens; -ENOSPC no free slot; -ENOMEM no device frame; -EIO driver failure.
  */
 #ifndef KVVM_PAGING_PAGING_H

@@ -10,7 +10,7 @@
  * orphan: its last resident holder left after the others were swapped out) is moved by
  * paging_reclaim_orphans.
  *
- * Ordering (DESIGN.md "Ordering and fences"): swap copies run on a dedicated copy stream.
+ * Ordering (docs/design.md "Ordering and fences"): swap copies run on a dedicated copy stream.
  * Device -> host copies wait for a fence recorded on the engine stream at the call (so they
  * read what the engine wrote, and the step fence that ended the sequence's protection is
  * behind them); the window is unmapped and the frames are pooled only when the copy fence
@@ -189,7 +189,7 @@ static uint64_t seq_handle(struct paging *pg, struct pg_seq *s)
 }
 
 /* Host room for a swap-out moving `need` pages, checked before anything moves (a call that
-   will fail moves nothing, not even other sequences' host pages: API.md, a failed call
+   will fail moves nothing, not even other sequences' host pages: docs/api.md, a failed call
    changes nothing). With H free host slots, W spill writes in flight (their slots come
    free), S host pages of other non-resident sequences that could be spilled and D free disk
    slots:
