@@ -28,7 +28,7 @@
 #include "paging/paging.h"
 #include "host/host.h"
 #include "swap/swap.h"
-#include "swap/spill.h"
+#include "disk/disk.h"
 
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */

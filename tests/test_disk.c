@@ -25,7 +25,7 @@
 #include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
-#include "swap/spill.h"
+#include "disk/disk.h"
 #include "vmm/emu.h"
 
 #define KB 4096u

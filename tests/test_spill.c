@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "swap/spill.h"
+#include "disk/disk.h"
 
 #define PAGE ((size_t)64 << 10)
 #define NPAGES 32

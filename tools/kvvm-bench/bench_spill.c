@@ -27,7 +27,7 @@
 
 #include "common/log.h"
 #include "kvvm.h"
-#include "swap/spill.h"
+#include "disk/disk.h"
 
 struct bcfg {
     const char *dir;

@@ -1,5 +1,5 @@
 /*
- * swap/spill.h: the disk tier's engine — one spill file, its slots, asynchronous page I/O
+ * disk/disk.h: the disk tier's engine — one spill file, its slots, asynchronous page I/O
  * (io_uring, or pread/pwrite on a worker thread) and per-page checksums.
  *
  * Contract:
@@ -47,8 +47,8 @@
  *    registration is refused I/O uses plain buffers (logged once).
  *  - It knows nothing of sequences, tiers or policy; swap/ decides what to spill and when.
  */
-#ifndef KVVM_SWAP_SPILL_H
-#define KVVM_SWAP_SPILL_H
+#ifndef KVVM_DISK_DISK_H
+#define KVVM_DISK_DISK_H
 
 #include <stddef.h>
 #include <stdint.h>

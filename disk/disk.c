@@ -1,5 +1,5 @@
 /*
- * swap/spill.c: the disk tier's engine (contract in spill.h).
+ * disk/disk.c: the disk tier (contract in disk.h).
  *
  * Design
  *  - File: opened unnamed (O_TMPFILE, else create + unlink at once), O_DIRECT, fallocated to
@@ -29,7 +29,7 @@
  * engine's
  * run queue, retry list and I/O slots are the engine thread's alone. Stats are atomics.
  */
-#include "spill.h"
+#include "disk.h"
 
 #include <errno.h>
 #include <fcntl.h>
