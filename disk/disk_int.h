@@ -1,0 +1,157 @@
+/*
+ * disk/disk_int.h: what the disk tier's own files share (the layer's contract is disk.h).
+ *
+ * Contract:
+ *  - Included only by the files of disk/. It defines struct spill and the internal calls between the
+ *    files; nothing here is part of the layer's interface.
+ *  - Files: disk.c (open, close, submit, reap, wait, queries, stats, test hooks),
+ *    checksum.c (the page checksum), file.c (the spill file: directory checks, O_TMPFILE,
+ *    direct-I/O alignment, preallocation; and the slot allocator), sched.c (the engine
+ *    thread's scheduler: splitting pages into I/Os, retries, short transfers, faults,
+ *    completion), engine_psync.c and engine_uring.c (how one I/O is issued and reaped).
+ *    liburing.h is included by engine_uring.c alone: the ring lives behind sp->ur.
+ *  - Locks: sp->lock protects slot info, cluster counts, pending, done, inflight, faults and
+ *    the stop flag; sp->work_cv signals new work (psync), sp->idle_cv that nothing is in
+ *    flight any more (spill_wait_all; signalled only then, so waiters are not woken per
+ *    page). The run queue, retry list and I/O slots belong to the engine thread alone (no
+ *    lock). Stats are atomics (STAT_ADD). Functions named *_locked need sp->lock held.
+ */
+#ifndef KVVM_DISK_DISK_INT_H
+#define KVVM_DISK_DISK_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "disk.h"
+
+#define SPILL_DEFAULT_QD      32
+#define SPILL_DEFAULT_CLUSTER 16
+#define SPILL_MAX_FAULTS      16
+
+/* One page request, from spill_submit until its completion is delivered. */
+struct spill_page {
+    struct spill_req req;
+    uint64_t sum;                /* write: checksum of the bytes, computed before the I/O */
+    uint32_t ios_next;           /* next I/O index to start (engine thread) */
+    uint32_t ios_left;           /* I/Os not yet finished (engine thread) */
+    int status;                  /* first error, 0 so far */
+    struct spill_page *next;     /* pending / run queue / done list link */
+};
+
+/* One I/O of at most io_size bytes of a page; qd of them exist (engine thread). */
+struct spill_io {
+    struct spill_page *pg;
+    uint64_t off;                /* file offset of what is left to transfer */
+    char    *buf;
+    size_t   len;                /* bytes left */
+    int      retries;
+    int      inject;             /* injected result for the current issue (0 = none) */
+    struct spill_io *next;       /* free / retry list link */
+};
+
+struct slot_info {
+    uint64_t sum;                /* checksum of the last successful write */
+    uint64_t page;               /* page id of that write */
+    uint8_t  used;               /* allocated */
+    uint8_t  busy;               /* a request on it is queued or in flight */
+    uint8_t  valid;              /* sum/page describe the bytes on disk */
+};
+
+struct spill_fault {
+    unsigned long at;            /* submission number it fires on */
+    int kind, err;
+};
+
+struct disk_uring;               /* engine_uring.c */
+
+struct spill {
+    /* fixed after open */
+    int fd;
+    size_t page_size, io_size;
+    uint32_t n_slots, cluster, n_clusters;
+    size_t dio_mem_align, dio_off_align;
+    int direct;
+    unsigned qd;
+    enum spill_engine engine;
+    spill_complete_fn on_complete;
+    void *on_complete_arg;
+    char *buf_base;              /* buffer range to register (the host arena) */
+    size_t buf_bytes;
+    int bufs_registered;         /* io_uring: the range is registered as fixed buffers */
+    struct disk_uring *ur;       /* io_uring engine state, or NULL */
+    pthread_t thread;
+    int thread_up;
+
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv;      /* new work (psync engine) */
+    pthread_cond_t idle_cv;      /* inflight dropped to 0 */
+    struct slot_info *slots;     /* [n_slots] */
+    uint32_t *cl_free;           /* [n_clusters] free slots per cluster */
+    uint32_t n_free;
+    uint32_t cur_cl;             /* allocator's current cluster */
+    uint32_t cl_cursor;          /* where the search for a free cluster resumes */
+    struct spill_page *pending_head, *pending_tail;
+    struct spill_page *done_head, *done_tail;
+    uint64_t inflight;           /* pages submitted and not yet delivered */
+    int stop;
+    struct spill_fault faults[SPILL_MAX_FAULTS];
+    int n_faults;
+
+    /* engine thread only */
+    struct spill_page *run_head, *run_tail;
+    struct spill_io *io_free, *retry_head, *retry_tail;
+    struct spill_io *ios;        /* [qd] */
+    unsigned ios_busy;
+
+    /* stats (atomic) */
+    uint64_t st_writes, st_reads, st_bytes_w, st_bytes_r, st_failed, st_io_errors,
+             st_csum, st_retries, st_short, st_subs;
+};
+
+#define STAT_ADD(sp, f, n) __atomic_fetch_add(&(sp)->f, (n), __ATOMIC_RELAXED)
+
+/* --- checksum.c ------------------------------------------------------------------------ */
+/* The checksum of a page's bytes bound to its identity (page id, slot): the same bytes under
+   another page id or in another slot do not verify. */
+uint64_t disk_page_sum(const void *buf, size_t len, uint64_t page, spill_slot s);
+
+/* --- file.c ---------------------------------------------------------------------------- */
+/* Refuses a RAM-backed directory unless SPILL_F_ALLOW_TMPFS. 0, -EINVAL (logged), or the
+   statfs errno (logged). */
+int  disk_dir_check(const struct spill_params *p);
+/* Creates sp->fd (unnamed, O_DIRECT or, opted in, buffered), sets the alignment, checks
+   page_size/io_size against it and preallocates n_slots slots. 0 or -errno (logged), the
+   file closed then. */
+int  disk_file_create(struct spill *sp, const struct spill_params *p);
+/* Fills the cluster free counts of a fresh slot table. */
+void disk_slots_init(struct spill *sp);
+
+/* --- sched.c (engine thread) ----------------------------------------------------------- */
+/* Moves newly submitted pages to the run queue. Returns the stop flag. */
+int  disk_take_pending(struct spill *sp);
+/* The next I/O to issue (a retry first, then the next piece of the head page), or NULL. */
+struct spill_io *disk_next_io(struct spill *sp);
+/* Counts the submission, applies an armed fault: returns the length to issue and sets
+   io->inject for an injected error. */
+size_t disk_fault_check(struct spill *sp, struct spill_io *io);
+/* One I/O's completion (res: bytes or -errno). */
+void disk_io_complete(struct spill *sp, struct spill_io *io, int res);
+/* Nothing queued, retried or in flight on the engine thread. */
+int  disk_engine_idle(const struct spill *sp);
+/* Wakes the engine thread for new work or stop (any thread). */
+void disk_engine_kick(struct spill *sp);
+
+/* --- engine_psync.c -------------------------------------------------------------------- */
+void *disk_psync_thread(void *arg);
+void  disk_psync_kick(struct spill *sp);
+
+/* --- engine_uring.c -------------------------------------------------------------------- */
+/* Sets up the ring, registers the file and buffers (sp->ur, sp->bufs_registered). 0 or
+   -errno (nothing left set up then). */
+int   disk_uring_setup(struct spill *sp, const struct spill_params *p);
+void  disk_uring_teardown(struct spill *sp);   /* after the thread is joined; NULL ur ok */
+void *disk_uring_thread(void *arg);
+void  disk_uring_kick(struct spill *sp);
+
+#endif
