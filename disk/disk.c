@@ -264,7 +264,7 @@ int spill_submit(struct spill *sp, const struct spill_req *reqs, size_t n)
     for (k = 0; k < n; k++) {
         struct spill_page *pg = pgs[k];
         if (pg->req.op == SPILL_WRITE)
-            pg->sum = disk_page_sum(pg->req.buf, sp->page_size, pg->req.page, pg->req.slot);
+            pg->sum = spill_checksum(pg->req.buf, sp->page_size, pg->req.page, pg->req.slot);
         pthread_mutex_lock(&sp->lock);
         /* Kick only on empty -> non-empty: until the engine takes the list, an earlier kick
            is still outstanding. */

@@ -24,17 +24,19 @@
  *    reaps their completions, so progress never depends on the caller polling. Each page
  *    request ends with exactly one completion, delivered either to params.on_complete (called
  *    on the engine thread with no lock held; it may submit, free slots and read stats, but
- *    must not call spill_wait_all or spill_close, which wait for it) or, when that is NULL, to a completion queue the caller drains with spill_reap() (thread
- *    safe). A completion's status is 0 only when every byte of the page was transferred by
+ *    must not call spill_wait_all or spill_close, which wait for it) or, when that is NULL,
+ *    to a completion queue the caller drains with spill_reap() (thread safe). A
+ *    completion's status is 0 only when every byte of the page was transferred by
  *    full-length completions (short transfers are resubmitted for the rest; -EAGAIN and
  *    -EINTR are retried up to SPILL_MAX_RETRIES times). Otherwise it is the negative errno of
  *    the failure and only that page is affected: -EIO/-ENOSPC (counted in io_errors, logged),
  *    -EBADMSG on a checksum mismatch (counted in checksum_failures, logged), -ENODATA a read
  *    of a slot whose last write did not complete successfully.
- *  - Checksums: a successful write records, in memory, an XXH64 of the page's bytes seeded
- *    with its identity (page id, slot). A read recomputes it over the bytes read and the
- *    identity the reader names; any mismatch is -EBADMSG. A failed read's buffer holds
- *    unspecified bytes: the status, not the bytes, is the truth.
+ *  - Checksums: a successful write records, in memory, an XXH3 (64-bit, libxxhash) of the
+ *    page's bytes seeded with its identity (page id, slot): spill_checksum. A read
+ *    recomputes it over the bytes read and the identity the reader names; any mismatch is
+ *    -EBADMSG. A failed read's buffer holds unspecified bytes: the status, not the bytes,
+ *    is the truth.
  *  - A slot with I/O in flight cannot be freed (-EBUSY); buffers must stay untouched until
  *    their completion is delivered.
  *  - Thread safety: every function may be called from any thread, except spill_close, which
@@ -132,8 +134,9 @@ struct spill_req {
 };
 /* Queues n requests; they complete asynchronously, one completion each. Write checksums are
    computed here, on the caller's thread, while the engine already works on the pages before
-   (about 15 GB/s of XXH64). All or nothing: on error none was queued. -EINVAL a bad request (slot not allocated, misaligned buffer, bad
-   op), -EBUSY a slot named twice in flight, -ESHUTDOWN closing. */
+   (spill_checksum). All or nothing: on error none was queued. -EINVAL a bad request (slot
+   not allocated, misaligned buffer, bad op), -EBUSY a slot named twice in flight,
+   -ESHUTDOWN closing. */
 int spill_submit(struct spill *sp, const struct spill_req *reqs, size_t n);
 /* Drains up to max queued completions; returns how many (0 when none), never blocks. */
 size_t spill_reap(struct spill *sp, struct spill_cqe *out, size_t max);
@@ -155,6 +158,11 @@ struct spill_stats {
     uint64_t submissions;        /* I/Os handed to the kernel (incl. resubmissions) */
 };
 void spill_stats_get(struct spill *sp, struct spill_stats *out);
+
+/* The checksum a write records and a read verifies: XXH3 (64-bit) of len bytes at buf,
+   seeded with the identity (page, s); the same bytes under another page id or in another
+   slot give another value. Pure; any thread. */
+uint64_t spill_checksum(const void *buf, size_t len, uint64_t page, spill_slot s);
 
 /* --- test hooks ---------------------------------------------------------------------- */
 enum spill_fault_kind {

@@ -2,10 +2,10 @@
  * disk/disk_int.h: what the disk tier's own files share (the layer's contract is disk.h).
  *
  * Contract:
- *  - Included only by the files of disk/. It defines struct spill and the internal calls between the
- *    files; nothing here is part of the layer's interface.
+ *  - Included only by the files of disk/. It defines struct spill and the internal calls
+ *    between those files; nothing here is part of the layer's interface.
  *  - Files: disk.c (open, close, submit, reap, wait, queries, stats, test hooks),
- *    checksum.c (the page checksum), file.c (the spill file: directory checks, O_TMPFILE,
+ *    checksum.c (spill_checksum), file.c (the spill file: directory checks, O_TMPFILE,
  *    direct-I/O alignment, preallocation; and the slot allocator), sched.c (the engine
  *    thread's scheduler: splitting pages into I/Os, retries, short transfers, faults,
  *    completion), engine_psync.c and engine_uring.c (how one I/O is issued and reaped).
@@ -110,11 +110,6 @@ struct spill {
 };
 
 #define STAT_ADD(sp, f, n) __atomic_fetch_add(&(sp)->f, (n), __ATOMIC_RELAXED)
-
-/* --- checksum.c ------------------------------------------------------------------------ */
-/* The checksum of a page's bytes bound to its identity (page id, slot): the same bytes under
-   another page id or in another slot do not verify. */
-uint64_t disk_page_sum(const void *buf, size_t len, uint64_t page, spill_slot s);
 
 /* --- file.c ---------------------------------------------------------------------------- */
 /* Refuses a RAM-backed directory unless SPILL_F_ALLOW_TMPFS. 0, -EINVAL (logged), or the

@@ -50,7 +50,7 @@ static void page_done(struct spill *sp, struct spill_page *pg)
         pthread_mutex_lock(&sp->lock);
         uint64_t want = si->sum, want_page = si->page;
         pthread_mutex_unlock(&sp->lock);
-        uint64_t got = disk_page_sum(r->buf, sp->page_size, r->page, r->slot);
+        uint64_t got = spill_checksum(r->buf, sp->page_size, r->page, r->slot);
         if (want_page != r->page || got != want) {
             pg->status = -EBADMSG;
             STAT_ADD(sp, st_csum, 1);

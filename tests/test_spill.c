@@ -461,6 +461,27 @@ Test(spill, checksum_detects_flipped_bytes)
     spill_close(sp);
 }
 
+/* spill_checksum itself (XXH3 via libxxhash): it covers every byte of the page and its
+   identity (page id and slot), and is deterministic. */
+Test(spill, checksum_covers_bytes_and_identity)
+{
+    unsigned char *b = buf_of(0);
+    fill(b, 77, 3);
+    uint64_t sum = spill_checksum(b, PAGE, 77, (spill_slot){ 5 });
+    cr_assert_eq(spill_checksum(b, PAGE, 77, (spill_slot){ 5 }), sum, "not deterministic");
+    cr_assert_neq(spill_checksum(b, PAGE, 78, (spill_slot){ 5 }), sum, "page id not covered");
+    cr_assert_neq(spill_checksum(b, PAGE, 77, (spill_slot){ 6 }), sum, "slot not covered");
+    const size_t offs[] = { 0, 1, 63, 64, 4095, PAGE / 2, PAGE - 65, PAGE - 1 };
+    for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++)
+        for (int bit = 0; bit < 8; bit += 7) {
+            b[offs[i]] ^= (unsigned char)(1u << bit);
+            cr_assert_neq(spill_checksum(b, PAGE, 77, (spill_slot){ 5 }), sum,
+                          "bit %d of byte %zu not covered", bit, offs[i]);
+            b[offs[i]] ^= (unsigned char)(1u << bit);
+        }
+    cr_assert_eq(spill_checksum(b, PAGE, 77, (spill_slot){ 5 }), sum);
+}
+
 Test(spill, enomem_at_budget)
 {
     struct spill_params p = params(SPILL_ENGINE_AUTO);

@@ -37,5 +37,6 @@ int bench_vmm(struct bench_ctx *b) __attribute__((weak));     /* bench_vmm.c    
 int bench_paging(struct bench_ctx *b) __attribute__((weak));  /* bench_paging.c (paging)     */
 int bench_swap(struct bench_ctx *b) __attribute__((weak));    /* bench_swap.c   (swap)       */
 int bench_spill(struct bench_ctx *b) __attribute__((weak));   /* bench_spill.c  (spill)      */
+int bench_checksum(struct bench_ctx *b) __attribute__((weak)); /* bench_checksum.c (checksum) */
 
 #endif
