@@ -21,7 +21,7 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len);
 int kvvm_debug_emu_ordinal(kvvm *kv);
 
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
-   spill_test_corrupt (swap/spill.h). */
+   spill_test_corrupt (disk/disk.h). */
 struct spill;
 struct spill *kvvm_debug_spill(kvvm *kv);
 

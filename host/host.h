@@ -19,7 +19,7 @@
  *  - The arena never touches slot contents (no zeroing on free): the layer above scrubs
  *    when KVVM_F_SCRUB says so.
  *  - It knows nothing of pages, sequences, disks or policy (those are paging/ and swap/).
- *    swap/spill.c registers the arena's whole range with io_uring as fixed buffers
+ *    disk/ (engine_uring.c) registers the arena's whole range with io_uring as fixed buffers
  *    (host_arena_base / host_arena_bytes).
  */
 #ifndef KVVM_HOST_HOST_H

@@ -1,5 +1,5 @@
 /*
- * tests/test_spill.c: the disk tier engine (swap/spill.h) on a real file system.
+ * tests/test_spill.c: the disk tier engine (disk/disk.h) on a real file system.
  *
  * Every test spills into its own mkdtemp directory under /var/tmp (a disk file system here)
  * and removes it at the end; the rmdir succeeding also proves no file was left behind.

@@ -1,5 +1,5 @@
 /*
- * tools/kvvm-bench/bench_spill.c: the disk tier engine (swap/spill.h) against a raw io_uring
+ * tools/kvvm-bench/bench_spill.c: the disk tier engine (disk/disk.h) against a raw io_uring
  * O_DIRECT loop, both in the same directory with the same preallocated file size, queue
  * depth, buffer count (registered as fixed buffers in both) and I/O size. Each trial runs the
  * three variants in a rotated order (raw, spill io_uring, spill psync), each writing the
