@@ -5,15 +5,20 @@
  * XXH3 replaced a hand-written XXH64 here: the checksum runs on the submitting thread for
  * every page written and on the engine thread for every page read, and XXH3 is several times
  * faster on the same bytes (kvvm-bench --only checksum measures both, the old XXH64 kept
- * there as the baseline). Where the library exports the runtime-dispatched variant (x86:
- * SSE2 / AVX2 / AVX-512 picked at run time; KVVM_XXH_DISPATCH, found by CMake) it is used;
- * otherwise the library's portable build of the same function (the same hash values).
+ * there as the baseline). Where the library exports the run-time dispatched variant (x86:
+ * SSE2 / AVX2 / AVX-512 picked at run time; KVVM_XXH_DISPATCH, found by CMake) it is used.
+ * Otherwise XXH3 is compiled here from the library's header (XXH_INLINE_ALL: the target's
+ * baseline SIMD, SSE2 / NEON), not called in the library: Debian's non-dispatched
+ * XXH3_64bits_withSeed measured about twice as slow as the old XXH64 per page.
+ * Every variant computes the same hash values.
  */
 #include "disk_int.h"
 
-#include <xxhash.h>
 #ifdef KVVM_XXH_DISPATCH
 #include <xxh_x86dispatch.h>   /* XXH3_64bits_withSeed -> XXH3_64bits_withSeed_dispatch */
+#else
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 #endif
 
 /* Mixing constants for the seed (the XXH64 primes): a page id and a slot index spread over
