@@ -145,7 +145,13 @@ KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
    the stream waits for the copies (the CPU does not); without one they are done on return.
    A sequence with more pages on disk than the host tier can hold at once comes back in
    batches through the host tier (staged): synchronous in every mode (prefetch included),
-   the bytes are in place on return. Resident already: 0. -ENOMEM not enough device pages; -EBUSY capturing stream. */
+   the bytes are in place on return. When the host tier and the disk are full, such a
+   sequence still comes back: a host slot is borrowed to stage through, its page kept in a
+   spare device frame meanwhile (one device page more, counted by kvvm_seq_need). Room is
+   checked before anything moves (host slots held by copies in flight are waited for, as in
+   kvvm_seq_swap_out). Resident already: 0. -ENOMEM not enough device pages (nothing
+   moved: no disk page read back, no page of another sequence spilled); -EBUSY capturing
+   stream. */
 KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
    the sequences used in the iteration before, reaps completions. */
@@ -162,8 +168,10 @@ KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 KVVM_API int kvvm_sync(kvvm *kv);
 
 /* Scheduling (additions). kvvm_seq_need: the device pages that making s resident and growing
-   it to `length` (<= its length: no growth) would take, and *fits = 1 when that many are
-   free now without reclaim. -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
+   it to `length` (<= its length: no growth) would take (its own map-ahead pages included:
+   they count in pages_device_free), and *fits = 1 when that many are free now without
+   reclaim; a swap-in or grow that then fails -ENOMEM for lack of room never had fits = 1.
+   -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
 KVVM_API int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits);
 /* Starts a swap-in without waiting for it and without ordering the engine stream yet (the
    next call using s does that, as does kvvm_seq_swap_in); protects s. Errors as swap_in. */

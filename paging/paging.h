@@ -183,6 +183,11 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * swap_out checks first that the host and disk tiers can take what it needs (free host
  * slots, writes in flight, others' spillable host pages within the free disk slots; or, for
  * staging, the free disk slots): when they cannot it is -ENOMEM before anything moved.
+ * When no host slot can be had at all (host tier and disk full), a staged swap-in borrows the
+ * slot of a host page, parking its bytes in a spare frame (paging_need counts that frame).
+ * Room is checked before anything moves: swap_in checks the frames before it reads a disk
+ * page back. Host slots held only by copies in flight (stream mode, async) are waited for
+ * when the room is short, as are a sibling's jobs on the pages a swap_out counts.
  * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
 int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
