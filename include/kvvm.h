@@ -135,7 +135,12 @@ KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offse
    pages on disk. Whether the pages fit (host room, counting host pages of other sequences
    that could be spilled, and disk room) is checked before anything moves. Already swapped
    out: 0. -ENOMEM the host and disk tiers cannot take the pages (nothing changed, nothing
-   of other sequences moved); -EBUSY the engine stream is capturing a graph. fork, share, truncate
+   of other sequences moved); the room counts what transfers already started free once they
+   complete (swap-in copies free their host slots, swap-out copies' pages can be spilled):
+   with an engine stream, when the room is short and such copies are in flight, the call
+   waits for them first (the CPU waits for the device work enqueued before them; bounded),
+   so -ENOMEM never means "retry after kvvm_sync". -EBUSY the engine stream is capturing a
+   graph. fork, share, truncate
    and free work on a swapped-out sequence without bringing it back; grow, prepare_write,
    write and read bring it back first (it stays resident if the call then fails only when
    it cannot be put back, which is logged). */

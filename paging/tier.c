@@ -175,6 +175,23 @@ static int seq_wait_transfers(struct paging *pg, struct pg_seq *s)
     return 0;
 }
 
+/* Waits for and reaps every transfer job (DF_OUT / DF_IN: fences on the copy stream, which
+   is ordered after engine work already enqueued, so the wait is bounded); pending releases
+   stay pending. For a room or a count that exists once transfers already started complete. */
+static int wait_all_jobs(struct paging *pg)
+{
+    for (;;) {
+        const struct pg_defer *d = pg->defer;
+        while (d && d->kind == DF_RELEASE)
+            d = d->next;
+        if (!d)
+            return 0;
+        int rc = defer_flush_jobs(pg, d->slot);
+        if (rc)
+            return rc;
+    }
+}
+
 /* ---- swap-out ------------------------------------------------------------------------ */
 
 /* Whether s's entry for page p is the last mapping of it (so leaving moves it down). */
@@ -340,9 +357,27 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
         return rc;
     uint32_t nr = pg->p.n_regions, np = s->n_pages, need = 0;
     uint32_t n = nr * np;
+    /* A device page that a sibling's pending swap-out job still holds (the sibling left it
+       behind, s mapping it): the job's reference is no holder, and s may be its last one.
+       Wait for those jobs (and for a sibling's swap-in still bringing a page of s in), so
+       the count of pages moving down is exact (else they would stay on the device,
+       orphaned). */
+    bool held = false;
+    for (uint32_t r = 0; r < nr && !held; r++)
+        for (uint32_t i = 0; i < np && !held; i++) {
+            const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
+            held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
+        }
+    if (held && (rc = wait_all_jobs(pg)))
+        return rc;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
             need += moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+    /* Stream mode: host slots held only by transfers already started (swap-in copies free
+       theirs at completion; swap-out copies become host pages that can spill): wait for
+       them rather than fail (include/kvvm.h, kvvm_seq_swap_out). */
+    if (paging_host_free(pg) < need && pg->n_inflight && (rc = wait_all_jobs(pg)))
+        return rc;
     bool staged = false;
     if (paging_host_free(pg) < need && (rc = out_plan(pg, s, need, &staged)))
         return rc;
@@ -445,6 +480,13 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
         }
     if (!nd)
         return 0;
+    /* host slots held only by transfers already started come free (or spillable) once they
+       complete: wait for them rather than stage or fail for want of a slot */
+    if (nd > paging_host_free(pg) && pg->n_inflight) {
+        int rc = wait_all_jobs(pg);
+        if (rc)
+            return rc;
+    }
     uint64_t hf = paging_host_free(pg), w = pg->n_dio;
     uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
     uint64_t sp = disk_spillable(pg, s);

@@ -84,6 +84,12 @@ static void t_open(struct t *t, const struct kvvm_config *c)
     cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
 }
 
+static void t_stream(struct t *t)
+{
+    cr_assert_eq(kvvm_stream_create(t->kv, &t->stream), 0);
+    cr_assert_eq(kvvm_set_stream(t->kv, t->stream), 0);
+}
+
 static void t_close(struct t *t)
 {
     char why[512] = "";
@@ -128,6 +134,17 @@ static void sh_grow_fill(struct t *t, struct sh *s, uint64_t len, uint32_t lin)
         cr_assert_eq(kvvm_seq_write(t->kv, s->h, r, a, s->exp[r] + a, b - a), 0);
     }
     s->len = len;
+}
+
+static struct sh *sh_fork(struct t *t, struct sh *p)
+{
+    struct sh *c = calloc(1, sizeof *c);
+    cr_assert(c && t->n < MAXS);
+    cr_assert_eq(kvvm_seq_fork(t->kv, p->h, &c->h), 0);
+    c->len = p->len;
+    memcpy(c->exp, p->exp, sizeof c->exp);
+    t->s[t->n++] = c;
+    return c;
 }
 
 static void sh_verify(struct t *t, struct sh *s, const char *where)
@@ -329,4 +346,98 @@ static void full_below(uint32_t dev)
 
 Test(need_agrees, disk_seq_into_free_device) { full_below(32); }
 Test(need_agrees, disk_seq_device_exactly_its_size) { full_below(8); }
+
+/* ================================================================ defect 8 */
+
+/* Stream mode: the host tier is held only by transfers already started (a swap-out's copies
+   still to be reaped; a swap-in's, whose host slots come free at completion). swap_out
+   returned -ENOMEM although the room would be there once they complete; it now waits for
+   them (include/kvvm.h, kvvm_seq_swap_out). */
+Test(stream_enomem, swap_out_behind_inflight_swap_out)
+{
+    struct kvvm_config c;
+    cfg(&c, 32, 8, 32);
+    struct t t;
+    t_open(&t, &c);
+    t_stream(&t);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 15, 1);                 /* 8 pages */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);                               /* host 8, copies in flight */
+    int rc = kvvm_seq_swap_out(t.kv, b->h);     /* a's host pages can spill once copied */
+    cr_assert_eq(rc, 0, "swap_out with the host tier in flight: %d", rc);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    check(&t, "after");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(stream_enomem, swap_out_behind_inflight_swap_in)
+{
+    struct kvvm_config c;
+    cfg(&c, 32, 8, 0);
+    struct t t;
+    t_open(&t, &c);
+    t_stream(&t);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 15, 1);                 /* 8 pages */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);
+    cr_assert_eq(kvvm_sync(t.kv), 0);           /* host 8 (full) */
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a->h), 0);   /* slots free when the copies are done */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    int rc = kvvm_seq_swap_out(t.kv, b->h);
+    cr_assert_eq(rc, 0, "swap_out with the host tier in flight: %d", rc);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    check(&t, "after");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+/* ================================================================ defect 9 */
+
+/* Stream mode: fork a -> b, swap out a (its job pending, holding a reference on the shared
+   pages), then b: the pages b's swap-out must move down were counted with the job's
+   reference as a holder, so they stayed on the device for good (orphans; a later grow
+   without auto-swap failed). */
+static void last_sharer(bool stream)
+{
+    struct kvvm_config c;
+    cfg(&c, 8, 16, 0);
+    struct t t;
+    t_open(&t, &c);
+    if (stream)
+        t_stream(&t);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 4 pages */
+    struct sh *b = sh_fork(&t, a);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);
+    t_out(&t, b);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s;
+    snap(&t, &s);
+    cr_expect_eq(s.st.pages_device_free, 8, "device free %llu of 8",
+                 (unsigned long long)s.st.pages_device_free);
+    cr_expect_eq(s.st.pages_orphan, 0);
+    cr_expect(s.in[1].pages_host == 4 && s.in[1].pages_device == 0,
+              "b: host %u device %u", s.in[1].pages_host, s.in[1].pages_device);
+    struct sh *d = sh_new(&t);
+    sh_grow_fill(&t, d, 15, 3);                 /* the whole device, no auto-swap */
+    check(&t, "after");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, d->h, 0), 0);
+    d->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(last_sharer, swap_out_moves_shared_sync) { last_sharer(false); }
+Test(last_sharer, swap_out_moves_shared_stream) { last_sharer(true); }
 
