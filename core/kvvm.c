@@ -437,6 +437,19 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
         if (!rc && lengths[i] < pi.length)
             rc = -EINVAL;
     }
+    /* room for the whole batch first (as grow does), so a batch that cannot fit swaps
+       nothing in (it could not always put them back) */
+    bool any_out = false;
+    for (i = 0; !rc && i < n; i++)
+        any_out |= !paging_seq_resident(kv->pg, seqs[i]);
+    if (!rc && any_out) {
+        uint64_t lb;
+        struct paging_counters c;
+        rc = paging_need_batch(kv->pg, seqs, lengths, n, &lb);
+        paging_counters(kv->pg, &c);
+        if (!rc && c.pages_free < lb)
+            rc = lb > UINT32_MAX ? -ENOMEM : reclaim(kv, (uint32_t)lb, seqs, n);
+    }
     for (i = 0; !rc && i < n; i++)
         rc = make_resident(kv, seqs[i], seqs, n, &swapped[i]);
     for (i = 0; !rc && i < n; i++) {

@@ -97,8 +97,9 @@ KVVM_API int kvvm_seq_free(kvvm *kv, kvvm_seq s);
    shared page they touch is copied first (an append after a fork never writes into a
    sibling's page). -EINVAL shorter, -E2BIG past max_tokens, -ENOMEM no page. */
 KVVM_API int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length);
-/* Grows n sequences in one call (a decode step): all or nothing. Errors as kvvm_seq_grow;
-   -EINVAL also for a sequence named twice. */
+/* Grows n sequences in one call (a decode step): all or nothing (room for the whole batch is
+   checked before a swapped-out one is brought back). Errors as kvvm_seq_grow; -EINVAL also
+   for a sequence named twice. */
 KVVM_API int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
                                  size_t n);
 KVVM_API int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length);   /* length <= current */

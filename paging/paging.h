@@ -196,6 +196,11 @@ int  paging_seq_ready(struct paging *pg, uint64_t h);
 /* Frames making s resident and growing it to length (<= current: no growth) would take.
    -ENOENT, -EINVAL (length past max_tokens is -E2BIG). */
 int  paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames);
+/* At least the frames a grow_batch of hs[i] to lengths[i] takes, swap-ins included (a page
+   shared by several comes back once; copies of shared last pages not counted): a check of
+   room before any of them is swapped in. -ENOENT, -E2BIG, -ENOMEM. */
+int  paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                       uint64_t *frames);
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);

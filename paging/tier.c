@@ -884,6 +884,37 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     return 0;
 }
 
+int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                      uint64_t *frames)
+{
+    uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
+    uint64_t k = 0;
+    int rc = seen ? 0 : -ENOMEM;
+    for (size_t j = 0; j < n && !rc; j++) {
+        struct pg_seq *s;
+        if ((rc = seq_lookup(pg, hs[j], &s)))
+            break;
+        if (lengths[j] > pg->p.max_tokens) {
+            rc = -E2BIG;
+            break;
+        }
+        for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
+            for (uint32_t i = 0; i < s->n_pages; i++) {
+                uint32_t id = pg_bt(pg, s, r)[i];
+                uint8_t t = page_at(pg, id)->tier;
+                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id - 1])
+                    k++;              /* a page shared in the batch comes back once */
+                seen[id - 1] = 1;
+            }
+        if (lengths[j] > s->length)
+            k += (pg_pages_for(pg, lengths[j]) - s->n_pages) * pg->p.n_regions;
+    }
+    free(seen);
+    if (!rc)
+        *frames = k;
+    return rc;
+}
+
 bool paging_seq_resident(struct paging *pg, uint64_t h)
 {
     struct pg_seq *s;

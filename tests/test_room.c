@@ -441,3 +441,37 @@ static void last_sharer(bool stream)
 Test(last_sharer, swap_out_moves_shared_sync) { last_sharer(false); }
 Test(last_sharer, swap_out_moves_shared_stream) { last_sharer(true); }
 
+/* ================================================================ defect 10 */
+
+/* A grow_batch that fails -ENOMEM swapped its swapped-out sequences in before checking the
+   room (single grow checks first), then had to swap them out again: state changed by a
+   failed call. */
+Test(grow_batch, failed_leaves_swapped_out)
+{
+    struct kvvm_config c;
+    cfg(&c, 16, 16, 0);
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t), *e = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);
+    sh_grow_fill(&t, b, 15, 2);                 /* 8 pages */
+    sh_grow_fill(&t, e, 7, 3);                  /* 4 pages: 4 free */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 4);
+    kvvm_seq hs[2] = { a->h, b->h };
+    uint64_t lens[2] = { 7, 23 };               /* a back (4), b + 4: 8 > 4 */
+    int rc = kvvm_seq_grow_batch(t.kv, hs, lens, 2);
+    cr_assert_eq(rc, -ENOMEM, "grow_batch: %d", rc);
+    unchanged(&t, &s0, "failed grow_batch");
+    /* a batch that fits still swaps in */
+    lens[1] = 15;
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
