@@ -113,7 +113,8 @@ KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64
 /* host -> sequence bytes, via the driver. [offset, offset+len) within [0, length*bpt). A write
    into a shared page copies it first (the write never shows in a sibling). write, read,
    grow and prepare_write swap a swapped-out sequence in first (-ENOMEM when it cannot come
-   back; it is then still swapped out).
+   back, or when the pages a write or prepare_write copies on write would not fit after it:
+   checked before it comes back; it is then still swapped out).
    Without a stream the bytes have moved when the call returns. With kvvm_set_stream the
    copy is ordered on the engine stream and the CPU does not wait for it: a pageable src may
    be reused at once (the driver stages it), a pinned src (cuMemHostAlloc/registered) must

@@ -196,6 +196,10 @@ int  paging_seq_ready(struct paging *pg, uint64_t h);
 /* Frames making s resident and growing it to length (<= current: no growth) would take.
    -ENOENT, -EINVAL (length past max_tokens is -E2BIG). */
 int  paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames);
+/* Frames making s resident and then writing bytes [b0, b1) of regions [r0, r1) take (the
+   copies of the shared pages written). -ENOENT. */
+int  paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+                       uint64_t b1, uint32_t *frames);
 /* At least the frames a grow_batch of hs[i] to lengths[i] takes, swap-ins included (a page
    shared by several comes back once; copies of shared last pages not counted): a check of
    room before any of them is swapped in. -ENOENT, -E2BIG, -ENOMEM. */

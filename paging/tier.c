@@ -884,6 +884,19 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     return 0;
 }
 
+int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+                      uint64_t b1, uint32_t *frames)
+{
+    struct pg_seq *s;
+    int rc = paging_need(pg, h, 0, frames);
+    if (rc || seq_lookup(pg, h, &s))
+        return rc;
+    uint64_t ps = pg->p.page_size;
+    if (b0 < b1)
+        *frames += cow_needed(pg, s, r0, r1, (uint32_t)(b0 / ps), (uint32_t)((b1 + ps - 1) / ps));
+    return 0;
+}
+
 int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
                       uint64_t *frames)
 {

@@ -8,7 +8,8 @@
  * (7 tokens = 2 pages per region, 15 = 4, 19 = 5, 23 = 6, 31 = 8). Host marks are all 0 so
  * no background spilling moves pages behind the tests' back. Disk cases use a mkdtemp spill
  * directory under /var/tmp, removed at the end. Suites are named after the defects:
- * failed_swap_in (6), need_agrees (7), stream_enomem (8), last_sharer (9), grow_batch (10).
+ * failed_swap_in (6; with write/prepare_write, whose copy-on-write after the swap-in is the
+ * same rule), need_agrees (7), stream_enomem (8), last_sharer (9), grow_batch (10).
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -475,3 +476,42 @@ Test(grow_batch, failed_leaves_swapped_out)
     sh_verify(&t, b, "b");
     t_close(&t);
 }
+
+/* The same rule in write and prepare_write (defect 6's family): they swapped a sequence in,
+   then found no frame for the copy-on-write of a shared page they write, and swapped it out
+   again (counters changed, and pages that were on disk came back to the host tier). */
+static void cow_after_swap_in(bool prepare)
+{
+    struct kvvm_config c;
+    cfg(&c, 12, 16, 0);
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 2 pages per region */
+    struct sh *b = sh_fork(&t, a);
+    sh_grow_fill(&t, a, 15, 2);                 /* a: page 0 shared, pages 1-3 its own */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);                               /* its 6 pages to the host */
+    struct sh *e = sh_new(&t);
+    sh_grow_fill(&t, e, 3, 3);                  /* 4 + 2 used: 6 free, a's swap-in */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 6);
+    cr_assert_eq(s0.in[0].pages_host, 6);
+    /* token 0 lies in the shared page 0: the write must copy it, no frame is left */
+    int rc = prepare ? kvvm_seq_prepare_write(t.kv, a->h, 0, 1)
+                     : kvvm_seq_write(t.kv, a->h, 0, 0, a->exp[0], 100);
+    cr_assert_eq(rc, -ENOMEM, "%s: %d", prepare ? "prepare_write" : "write", rc);
+    unchanged(&t, &s0, prepare ? "prepare_write" : "write");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, e->h, 0), 0);
+    e->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(failed_swap_in, write_cow_moves_nothing) { cow_after_swap_in(false); }
+Test(failed_swap_in, prepare_write_cow_moves_nothing) { cow_after_swap_in(true); }
