@@ -187,7 +187,8 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * slot of a host page, parking its bytes in a spare frame (paging_need counts that frame).
  * Room is checked before anything moves: swap_in checks the frames before it reads a disk
  * page back. Host slots held only by copies in flight (stream mode, async) are waited for
- * when the room is short, as are a sibling's jobs on the pages a swap_out counts.
+ * when the room is short, as are a sibling's jobs on the pages a swap_out counts (swap_out
+ * async, for reclaim, does not wait: it fails or leaves orphans for reclaim to move).
  * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
 int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);

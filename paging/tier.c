@@ -368,15 +368,16 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
         }
-    if (held && (rc = wait_all_jobs(pg)))
+    if (held && !async && (rc = wait_all_jobs(pg)))
         return rc;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
             need += moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
     /* Stream mode: host slots held only by transfers already started (swap-in copies free
        theirs at completion; swap-out copies become host pages that can spill): wait for
-       them rather than fail (include/kvvm.h, kvvm_seq_swap_out). */
-    if (paging_host_free(pg) < need && pg->n_inflight && (rc = wait_all_jobs(pg)))
+       them rather than fail (include/kvvm.h, kvvm_seq_swap_out). Not for reclaim (async):
+       it waits for copies without the context lock, and moves orphans itself. */
+    if (paging_host_free(pg) < need && pg->n_inflight && !async && (rc = wait_all_jobs(pg)))
         return rc;
     bool staged = false;
     if (paging_host_free(pg) < need && (rc = out_plan(pg, s, need, &staged)))
@@ -533,6 +534,10 @@ static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
         rc = src;
     if (back || rc)
         seq_unmap_must(pg, pg->scratch_va, 1);
+    if (!rc && back)
+        pg->c.bytes_to_host += pg->p.page_size;
+    else if (!rc)
+        pg->c.bytes_to_device += pg->p.page_size;
     if (rc && back)
         klog_error("paging: restoring host page %u from its parking frame failed (%d)", id, rc);
     return rc;
