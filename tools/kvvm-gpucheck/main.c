@@ -255,6 +255,25 @@ static enum verdict verdict(size_t i, bool gpu)
     return rd->expect || rd->compare ? V_OK : V_INFO;
 }
 
+static const char *tsv_path;
+
+/* --tsv: one line per row, tab-separated: id, expected, emulated, cuda, verdict. */
+static void write_tsv(bool gpu)
+{
+    FILE *f = fopen(tsv_path, "w");
+    if (!f) {
+        fprintf(stderr, "kvvm-gpucheck: %s: %s\n", tsv_path, strerror(errno));
+        return;
+    }
+    fprintf(f, "id\texpected\temulated\tcuda\tverdict\n");
+    for (size_t i = 0; i < N_ROWS; i++)
+        fprintf(f, "%s\t%s\t%s\t%s\t%s\n", rowdefs[i].id,
+                rowdefs[i].expect ? rowdefs[i].expect : "-",
+                !strncmp(rowdefs[i].id, "capture.", 8) ? "n/a" : cells[0][i].result,
+                gpu ? cells[1][i].result : "-", vnames[verdict(i, gpu)]);
+    fclose(f);
+}
+
 static int print_table(bool gpu)
 {
     int surprises = 0, counts[8] = { 0 };
@@ -371,6 +390,8 @@ static void usage(FILE *f)
 "  --stress-s N       seconds of each kvvm-stress run with --all (default 30)\n"
 "  --build-dir D      the build tree for ctest (default: the tool's ../ when it is one)\n"
 "  --verbose          show the probes' log lines\n"
+"  --tsv FILE         also write the table to FILE (tab-separated: id, expected, emulated,\n"
+"                     cuda, verdict)\n"
 "exit: 0 as expected, 1 a surprise (DIFF, UNEXPECTED, FAIL, INCONCLUSIVE, a failed suite\n"
 "step), 2 usage, 77 no GPU present (no CUDA driver library or no device)\n");
 }
@@ -385,6 +406,7 @@ int main(int argc, char **argv)
         { "capture-ms", required_argument, NULL, 'c' },
         { "stress-s", required_argument, NULL, 's' },
         { "build-dir", required_argument, NULL, 'b' }, { "verbose", no_argument, NULL, 'v' },
+        { "tsv", required_argument, NULL, 't' },
         { "child", required_argument, NULL, 'C' }, { "driver", required_argument, NULL, 'D' },
         { "help", no_argument, NULL, 'h' }, { 0, 0, 0, 0 },
     };
@@ -398,6 +420,7 @@ int main(int argc, char **argv)
         case 's': stress_s = atoi(optarg); break;
         case 'b': build_dir = optarg; break;
         case 'v': verbose = 1; break;
+        case 't': tsv_path = optarg; break;
         case 'C': child = optarg; break;
         case 'D': driver = optarg; break;
         case 'h': usage(stdout); return 0;
@@ -435,6 +458,8 @@ int main(int argc, char **argv)
             run_probe(gc_probes[i].name, 1, gpu, why, sizeof why);
     }
     int surprises = print_table(have_gpu);
+    if (tsv_path)
+        write_tsv(have_gpu);
     surprises += suite(have_gpu, all, build_dir, stress_s);
     printf("\nkvvm-gpucheck: %.1f s, ", (gc_now_ms() - t0) / 1e3);
     if (!strcmp(gpu, "absent")) {
