@@ -255,25 +255,6 @@ static enum verdict verdict(size_t i, bool gpu)
     return rd->expect || rd->compare ? V_OK : V_INFO;
 }
 
-static const char *tsv_path;
-
-/* --tsv: one line per row, tab-separated: id, expected, emulated, cuda, verdict. */
-static void write_tsv(bool gpu)
-{
-    FILE *f = fopen(tsv_path, "w");
-    if (!f) {
-        fprintf(stderr, "kvvm-gpucheck: %s: %s\n", tsv_path, strerror(errno));
-        return;
-    }
-    fprintf(f, "id\texpected\temulated\tcuda\tverdict\n");
-    for (size_t i = 0; i < N_ROWS; i++)
-        fprintf(f, "%s\t%s\t%s\t%s\t%s\n", rowdefs[i].id,
-                rowdefs[i].expect ? rowdefs[i].expect : "-",
-                !strncmp(rowdefs[i].id, "capture.", 8) ? "n/a" : cells[0][i].result,
-                gpu ? cells[1][i].result : "-", vnames[verdict(i, gpu)]);
-    fclose(f);
-}
-
 static int print_table(bool gpu)
 {
     int surprises = 0, counts[8] = { 0 };
@@ -306,6 +287,9 @@ static int print_table(bool gpu)
 /* ---- the GPU suite ------------------------------------------------------------------------ */
 
 struct step { const char *name; char cmd[PATH_MAX * 2]; int status; unsigned leaks; bool run; };
+static struct step steps[4] = { { .name = "suite.ctest_gpu" }, { .name = "suite.bench_cuda" },
+                                { .name = "suite.stress_cuda" },
+                                { .name = "suite.stress_cuda_stream" } };
 
 static void dir_of(const char *path, char *out, size_t len)
 {
@@ -326,8 +310,6 @@ static int suite(bool gpu, bool all, const char *build_dir, int stress_s)
         if (access(probe, R_OK) == 0)
             snprintf(bdir, sizeof bdir, "%s/..", bin);
     }
-    struct step steps[4] = { { .name = "suite.ctest_gpu" }, { .name = "suite.bench_cuda" },
-                             { .name = "suite.stress_cuda" }, { .name = "suite.stress_cuda_stream" } };
     if (*bdir)
         snprintf(steps[0].cmd, sizeof steps[0].cmd,
                  "ctest --test-dir '%s' -L gpu --output-on-failure", bdir);
@@ -374,6 +356,31 @@ static int suite(bool gpu, bool all, const char *build_dir, int stress_s)
                bad ? "FAIL" : "ok");
     }
     return surprises;
+}
+
+static const char *tsv_path;
+
+/* --tsv: one line per row, tab-separated: id, expected, emulated, cuda, verdict; then the
+   suite steps that ran. */
+static void write_tsv(bool gpu)
+{
+    FILE *f = fopen(tsv_path, "w");
+    if (!f) {
+        fprintf(stderr, "kvvm-gpucheck: %s: %s\n", tsv_path, strerror(errno));
+        return;
+    }
+    fprintf(f, "id\texpected\temulated\tcuda\tverdict\n");
+    for (size_t i = 0; i < N_ROWS; i++)
+        fprintf(f, "%s\t%s\t%s\t%s\t%s\n", rowdefs[i].id,
+                rowdefs[i].expect ? rowdefs[i].expect : "-",
+                !strncmp(rowdefs[i].id, "capture.", 8) ? "n/a" : cells[0][i].result,
+                gpu ? cells[1][i].result : "-", vnames[verdict(i, gpu)]);
+    for (int i = 0; i < 4; i++)              /* the suite steps: the exit status as result */
+        if (steps[i].run)
+            fprintf(f, "%s\texit 0, no leak line\t-\texit %d, %u leak lines\t%s\n",
+                    steps[i].name, steps[i].status, steps[i].leaks,
+                    steps[i].status || steps[i].leaks ? "FAIL" : "ok");
+    fclose(f);
 }
 
 static void usage(FILE *f)
@@ -458,9 +465,9 @@ int main(int argc, char **argv)
             run_probe(gc_probes[i].name, 1, gpu, why, sizeof why);
     }
     int surprises = print_table(have_gpu);
+    surprises += suite(have_gpu, all, build_dir, stress_s);
     if (tsv_path)
         write_tsv(have_gpu);
-    surprises += suite(have_gpu, all, build_dir, stress_s);
     printf("\nkvvm-gpucheck: %.1f s, ", (gc_now_ms() - t0) / 1e3);
     if (!strcmp(gpu, "absent")) {
         printf("no GPU present (%s): the emulated column only%s; exit %d\n", why,
