@@ -312,7 +312,7 @@ static int suite(bool gpu, bool all, const char *build_dir, int stress_s)
     }
     if (*bdir)
         snprintf(steps[0].cmd, sizeof steps[0].cmd,
-                 "ctest --test-dir '%s' -L gpu --output-on-failure", bdir);
+                 "cd '%s' && ctest -L gpu --output-on-failure", bdir);
     snprintf(steps[1].cmd, sizeof steps[1].cmd, "'%s/kvvm-bench' --backend cuda --quick", bin);
     snprintf(steps[2].cmd, sizeof steps[2].cmd, "'%s/kvvm-stress' --backend cuda --duration %d",
              bin, stress_s);
