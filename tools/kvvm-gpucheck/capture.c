@@ -183,22 +183,28 @@ void gc_capture_libkvvm(struct gc_dev *d)
     SETUP(gc_map(d, d->base, d->g, h));
     SETUP(gc_access(d, d->base, d->g));
 
-    /* 1 GiB of device pages, 2 GiB of host, sequences of 256 MiB: a few grows keep the
-       device below the low mark, so the reclaim thread works throughout. */
+    /* 1 GiB of device pages (at most a quarter of the device), twice that of host,
+       sequences of a fifth of the budget: every other grow takes the device below the low
+       mark (30% free) and wakes the reclaim thread, which works until 60% are free. */
+    size_t total = 0, budget = 1024 * MiB;
+    d->a->cuDeviceTotalMem(&total, d->dev);
+    if (total && budget > total / 4)
+        budget = total / 4 / d->g * d->g;
     struct kvvm_config cfg;
     kvvm_config_init(&cfg);
     cfg.backend = KVVM_BACKEND_CUDA;
     cfg.device = d->o->device;
     cfg.n_regions = 1;
-    cfg.bytes_per_token = 64 << 10;
+    cfg.page_size = d->g;
+    cfg.bytes_per_token = d->g / 32;
     cfg.max_seqs = 64;
-    cfg.max_tokens = 4096;
-    cfg.device_budget = 1024 * MiB;
-    cfg.host_budget = 2048 * MiB;
+    cfg.max_tokens = budget / 5 / cfg.bytes_per_token;
+    cfg.device_budget = budget;
+    cfg.host_budget = 2 * budget;
     cfg.spill_dir = NULL;
     cfg.device_min = 0.02;
-    cfg.device_low = 0.25;
-    cfg.device_high = 0.5;
+    cfg.device_low = 0.3;
+    cfg.device_high = 0.6;
     cfg.flags |= KVVM_F_AUTO_SWAP;
     kvvm *kv = NULL;
     int err = kvvm_open(&cfg, &kv);
@@ -243,6 +249,8 @@ void gc_capture_libkvvm(struct gc_dev *d)
         grows += !r;
         int r2 = kvvm_step(kv);
         steps += !r2;
+        /* An engine iteration's worth of device time: the reclaim thread gets its turn. */
+        nanosleep(&(struct timespec){ 0, 5000000 }, NULL);
         if (r || r2) {
             errors++;
             if (!first_err)

@@ -573,11 +573,16 @@ struct queue {
     double per_copy_ms;
 };
 
-/* Maps the two buffers (64 MiB emulated, 512 MiB on a GPU) at the reservation's start and
-   measures one copy. */
+/* Maps the two buffers (64 MiB emulated, 512 MiB on a GPU, at most 1/8 of the device) in a
+   reservation of their own and measures one copy. */
 static int queue_setup(struct gc_dev *d, const char *id, struct queue *q)
 {
-    q->n = (d->emulated ? 64 : 512) * MiB / d->g * d->g;
+    size_t total = 0;
+    d->a->cuDeviceTotalMem(&total, d->dev);
+    q->n = (d->emulated ? 64 : 512) * MiB;
+    if (total && q->n > total / 8)
+        q->n = total / 8;
+    q->n = q->n / d->g * d->g;
     if (!q->n)
         q->n = d->g;
     kcu_mem_handle ha, hb;
