@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvvm.h"
 
@@ -34,6 +35,7 @@ struct other {
     struct gc_extra *x;
     int relaxed, ctxsync;
     kcu_event ev;                  /* recorded and complete on a stream that is not captured */
+    pthread_barrier_t ready;       /* passed once the thread has its context (and mode) */
     pthread_barrier_t go;          /* passed once the capture is open */
     kcu_result r1, r2, rmode;
 };
@@ -47,6 +49,7 @@ static void *other_main(void *p)
         int m = GC_CAPTURE_MODE_RELAXED;
         o->rmode = o->x->exchange_mode(&m);
     }
+    pthread_barrier_wait(&o->ready);
     pthread_barrier_wait(&o->go);
     if (o->ctxsync) {
         o->r1 = a->cuCtxSynchronize();
@@ -78,31 +81,50 @@ static void capture_other(struct gc_dev *d, const char *id, int relaxed, int ctx
     SETUP(a->cuMemsetD8Async(d->base, 0, d->g, e));
     SETUP(a->cuEventRecord(o.ev, e));
     SETUP(a->cuStreamSynchronize(e));
+    pthread_barrier_init(&o.ready, NULL, 2);
     pthread_barrier_init(&o.go, NULL, 2);
     pthread_t t;
     if (pthread_create(&t, NULL, other_main, &o)) {
         gc_row(id, "error: setup", "pthread_create failed");
         return;
     }
+    pthread_barrier_wait(&o.ready);
     kcu_result rb = x.begin_capture(c, GC_CAPTURE_MODE_GLOBAL);
     kcu_result rm = rb ? rb : a->cuMemsetD8Async(d->base, 1, d->g, c);
     pthread_barrier_wait(&o.go);
-    pthread_join(t, NULL);
-    pthread_barrier_destroy(&o.go);
+    /* A call of the other thread that waits for the capturing stream would wait forever:
+       after 5 s the capture is ended anyway (which may release it), and that is reported. */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 5;
+    bool blocked = pthread_timedjoin_np(t, NULL, &dl) != 0;
     int st = -1;
     kcu_result ri = a->cuStreamIsCapturing(c, &st);
     void *graph = NULL;
     kcu_result re = rb ? rb : x.end_capture(c, &graph);
     if (graph)
         x.graph_destroy(graph);
+    if (blocked) {
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 5;
+        if (pthread_timedjoin_np(t, NULL, &dl) != 0) {
+            gc_row(id, "hung", "the other thread's %s did not return, even after the capture "
+                   "ended (%s)", ctxsync ? "cuCtxSynchronize" : "event calls",
+                   gc_err(a, re));
+            _exit(0);               /* a thread stuck in the driver: do not tear down */
+        }
+    }
+    pthread_barrier_destroy(&o.ready);
+    pthread_barrier_destroy(&o.go);
     char res[160];
     if (rb)
         snprintf(res, sizeof res, "error: begin:%s", gc_err(a, rb));
     else if (ctxsync)
-        snprintf(res, sizeof res, "ctxsync:%s end:%s", gc_err(a, o.r1), gc_err(a, re));
-    else
-        snprintf(res, sizeof res, "query:%s sync:%s end:%s", gc_err(a, o.r1), gc_err(a, o.r2),
+        snprintf(res, sizeof res, "ctxsync:%s end:%s", blocked ? "blocked" : gc_err(a, o.r1),
                  gc_err(a, re));
+    else
+        snprintf(res, sizeof res, "query:%s sync:%s end:%s", gc_err(a, o.r1),
+                 blocked ? "blocked" : gc_err(a, o.r2), gc_err(a, re));
     gc_row(id, res, "other thread in %s mode (exchange: %s) called %s during a GLOBAL capture "
            "on a third stream; memset into the capture: %s; status before end: %s (%s)",
            relaxed ? "RELAXED" : "GLOBAL (default)", relaxed ? gc_err(a, o.rmode) : "-",
