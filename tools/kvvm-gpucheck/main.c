@@ -210,8 +210,18 @@ static void run_probe(const char *probe, int col, char *gpu, char *why, size_t w
     else if (WEXITSTATUS(st))
         snprintf(what, sizeof what, "no result (exit %d)", WEXITSTATUS(st));
     for (size_t k = 0; k < N_ROWS; k++) {
-        if (strcmp(rowdefs[k].probe, probe) || *cells[col][k].result)
+        if (strcmp(rowdefs[k].probe, probe))
             continue;
+        if (*cells[col][k].result) {
+            /* Rows reported, then the process died or failed (a driver teardown after a
+               sticky fault, a sanitizer report): said in the detail, the result stands. */
+            if (*what) {
+                size_t l = strlen(cells[col][k].detail);
+                snprintf(cells[col][k].detail + l, sizeof cells[col][k].detail - l,
+                         "; then the probe process: %s", what);
+            }
+            continue;
+        }
         if (col && gpu && strcmp(gpu, "present"))
             continue;                       /* no GPU: the loader has no cuda rows */
         snprintf(cells[col][k].result, sizeof cells[col][k].result, "%s",
