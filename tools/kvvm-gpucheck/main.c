@@ -463,6 +463,9 @@ int main(int argc, char **argv)
            kvvm_version(), opts.device, opts.queue_ms, opts.capture_ms);
     char gpu[16] = "?", why[512] = "";
     run_probe("loader", 1, gpu, why, sizeof why);
+    if (!strcmp(gpu, "?"))
+        snprintf(why, sizeof why, "the cuda loader probe reported nothing: %.100s",
+                 cells[1][row_index("loader.library")].result);
     bool have_gpu = !strcmp(gpu, "present");
     if (!have_gpu)
         printf("%s: %s\n", !strcmp(gpu, "absent") ? "no GPU present (no CUDA driver library "
