@@ -7,7 +7,10 @@
 # build/gpucheck-out): the full log and the table as TSV.
 # Exit status: kvvm-gpucheck's (0 as expected, 1 a surprise, 77 no GPU present: no CUDA
 # driver library or no device); 1 also when the build fails.
-# Environment: STRESS_S (30), QUEUE_MS (1000), KVVM_TEST_DEVICE / DEVICE (0), JOBS (nproc).
+# Environment: STRESS_S (30), QUEUE_MS (1000), KVVM_TEST_DEVICE / DEVICE (0), JOBS (nproc),
+# GPUCHECK_TIMEOUT (420 s, the bound on kvvm-gpucheck --all; with the build this stays under
+# a 10-minute command limit). Where $OUT is set (the device runner's folder that comes back),
+# the log and the TSV are copied there too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${GPUCHECK_OUT:-build/gpucheck-out}
@@ -45,16 +48,17 @@ else
   exit 1
 fi
 
-say "kvvm-gpucheck --all (device $device, stress ${stress_s} s)"
-# 540 s bounds the whole check (probes, ctest -L gpu, bench, two stress runs).
-timeout 540 build/tools/kvvm-gpucheck --all --device "$device" --stress-s "$stress_s" \
+limit=${GPUCHECK_TIMEOUT:-420}
+say "kvvm-gpucheck --all (device $device, stress ${stress_s} s, at most ${limit} s)"
+# The bound on the whole check (probes, ctest -L gpu, bench, two stress runs).
+timeout "$limit" build/tools/kvvm-gpucheck --all --device "$device" --stress-s "$stress_s" \
   --queue-ms "${QUEUE_MS:-1000}" --tsv "$out/gpucheck.tsv" 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
 case $status in
   0) note kvvm-gpucheck "exit 0: no surprise" ;;
   1) note kvvm-gpucheck "exit 1: surprises (table below)" ;;
   77) note kvvm-gpucheck "exit 77: no GPU present (no CUDA driver library or no device)" ;;
-  124) note kvvm-gpucheck "exit 124: timed out after 540 s" ;;
+  124) note kvvm-gpucheck "exit 124: timed out after $limit s" ;;
   *) note kvvm-gpucheck "exit $status" ;;
 esac
 
@@ -70,4 +74,7 @@ if [ -s "$out/gpucheck.tsv" ]; then
       printf "  %-26s %-12s cuda: %s | emulated: %s\n", $1, $5, $4, $3 }' "$out/gpucheck.tsv"
 fi
 [ "$status" = 77 ] && echo "no GPU present: only the emulated column ran (exit 77)"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  cp "$log" "$OUT/" && [ -f "$out/gpucheck.tsv" ] && cp "$out/gpucheck.tsv" "$OUT/"
+fi
 exit "$status"

@@ -345,13 +345,22 @@ static int suite(bool gpu, bool all, const char *build_dir, int stress_s)
         snprintf(cmd, sizeof cmd, "%s 2>&1", steps[i].cmd);
         FILE *p = popen(cmd, "r");
         char line[4096];
+        bool not_run = false;
         while (p && fgets(line, sizeof line, p)) {
             fputs(line, stdout);
             if (strcasestr(line, "leak"))
                 steps[i].leaks++;
+            /* ctest exits 0 when it finds no test or skips one: on a GPU both are failures */
+            if (i == 0 && (strstr(line, "No tests were found") || strstr(line, "Skipped") ||
+                           strstr(line, "Not Run")))
+                not_run = true;
         }
         int st = p ? pclose(p) : -1;
         steps[i].status = st < 0 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (not_run && steps[i].status == 0) {
+            printf("kvvm-gpucheck: ctest found no gpu test or skipped one: counted as a failure\n");
+            steps[i].status = 1;
+        }
         steps[i].run = true;
     }
     printf("\n%-26s %-8s %-6s %s\n", "suite step", "exit", "leaks", "verdict");
