@@ -212,6 +212,9 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
         fprintf(f, "    step %llu: %s (request %llu): %s\n", (unsigned long long)r->errs[i].step,
                 r->errs[i].op, (unsigned long long)r->errs[i].req,
                 kvvm_strerror(r->errs[i].err));
+    if (r->interrupted)
+        fprintf(f, "  interrupted: %s after %llu steps (everything live was still verified)\n",
+                r->interrupted == SIGINT ? "SIGINT" : "SIGTERM", (unsigned long long)r->steps);
     fprintf(f, "  result: %s (exit %d)\n", status == 0 ? "PASS" : "FAIL", status);
 }
 
@@ -276,13 +279,14 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             "\"beam_replacements\": %llu, \"truncates\": %llu, \"swap_outs\": %llu, "
             "\"swap_ins\": %llu, \"preempt_recompute\": %llu, \"enomem_handled\": %llu, "
             "\"batch_shrinks\": %llu, \"peak_running\": %u, \"peak_live_requests\": %u, "
-            "\"aborted\": %s},\n",
+            "\"aborted\": %s, \"interrupted\": %s},\n",
             U(r->steps), r->elapsed_s, r->steps / t, U(r->tokens_decoded),
             r->tokens_decoded / t, U(r->tokens_prefilled), U(r->tokens_recomputed),
             U(r->tokens_written), U(r->requests_admitted), U(r->requests_finished),
             U(r->forks), U(r->shares), U(r->beam_replacements), U(r->truncates),
             U(r->swap_outs), U(r->swap_ins), U(r->preempt_recompute), U(r->enomem_handled),
-            U(r->batch_shrinks), r->peak_running, r->peak_live, r->aborted ? "true" : "false");
+            U(r->batch_shrinks), r->peak_running, r->peak_live, r->aborted ? "true" : "false",
+            !r->interrupted ? "null" : r->interrupted == SIGINT ? "\"SIGINT\"" : "\"SIGTERM\"");
     fprintf(f, "  \"library_counters\": {\"maps\": %llu, \"unmaps\": %llu, \"cow_copies\": %llu, "
             "\"swap_outs\": %llu, \"swap_ins\": %llu, \"spills\": %llu, \"unspills\": %llu, "
             "\"bytes_to_host\": %llu, \"bytes_to_device\": %llu, \"bytes_to_disk\": %llu, "
