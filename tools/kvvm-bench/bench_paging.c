@@ -4,9 +4,11 @@
  *  - growing S sequences token by token to T tokens (the whole ~1 GiB), against contiguous
  *    buffers grown by allocate-copy-free with doubling, and static preallocation at max:
  *    wall time, CPU time per grow call, peak physical bytes;
- *  - fork and share of a 64-page sequence: latency and pages added, against a copying fork;
- *  - pool page take+give rate against cuMemCreate+cuMemRelease; a grow needing no new page
- *    against the lock+lookup floor (kvvm_seq_slot); 256 single grows against one batch.
+ *  - fork and share of a 64-page sequence: latency against a copying fork; pages added
+ *    (no ratio: the copying fork's count is in the row's name);
+ *  - pool page take+give rate, and beside it (no ratio: not the same work) what a page
+ *    create+release costs; a grow needing no new page against the lock+lookup floor
+ *    (kvvm_seq_slot); 256 single grows against one batch.
  * Uses internal headers (core/core.h, paging/paging_int.h) to reach the raw baselines.
  */
 #include "bench.h"
