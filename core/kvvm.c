@@ -1057,8 +1057,8 @@ const char *kvvm_strerror(int err)
     case ENODEV: return "no usable CUDA device (no driver, no GPU, or a device ordinal out "
                         "of range)";
     case EBUSY: return "busy: the engine stream is capturing a CUDA graph (calls that "
-                       "enqueue on it wait until it ends), or the stream to destroy is the "
-                       "engine stream now";
+                       "would enqueue on it are refused until the capture ends), or the "
+                       "stream to destroy is the engine stream now";
     case EOPNOTSUPP: return "not supported: the I/O engine asked for (KVVM_IO_ENGINE) or a "
                             "file system feature the spill file needs is unavailable";
     case EUCLEAN: return "an internal invariant does not hold (a libkvvm bug: please report "
