@@ -270,6 +270,13 @@ typedef void (*kvvm_log_fn)(int level, const char *msg, void *arg);
    thread), one message at a time, and must not call libkvvm. */
 KVVM_API void kvvm_set_log(kvvm_log_fn fn, void *arg, int level);
 KVVM_API const char *kvvm_strerror(int err);
+/* The reason of the calling thread's last failed call, in words (which argument and why, or
+   what the layer that refused said), e.g. "kvvm_seq_grow: length 3 is shorter than the
+   sequence's 8 tokens ...". Every call that returns a status clears it when it starts and
+   sets it when it fails, so it is "" after a success (and before any failure); the void
+   calls, kvvm_strerror, kvvm_backend_name and kvvm_version leave it as it is. The string is
+   the thread's own and stays valid until its next libkvvm call. Never NULL. */
+KVVM_API const char *kvvm_last_error(void);
 KVVM_API const char *kvvm_backend_name(kvvm *kv);   /* "cuda" or "emulated" */
 KVVM_API const char *kvvm_version(void);
 
