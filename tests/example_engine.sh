@@ -3,18 +3,26 @@
 # *installed* package with find_package(kvvm), and runs it: stream mode with the disk tier,
 # then synchronous mode. The example checks every byte it reads back and exits non-zero on
 # a mismatch or an unexpected error.
-# Usage: example_engine.sh BUILD_DIR SOURCE_DIR
+# Usage: example_engine.sh BUILD_DIR SOURCE_DIR [PREFIX]
+#   PREFIX: an installed tree to use instead (e.g. Debian packages extracted with dpkg-deb -x)
 set -euo pipefail
 build=$1 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
-lib=$(dirname "$(ls "$tmp"/prefix/lib*/libkvvm.so | head -1)")
+if [ $# -ge 3 ]; then
+    prefix=$3
+else
+    prefix=$tmp/prefix
+    cmake --install "$build" --prefix "$prefix" >/dev/null
+fi
+so=$(find "$prefix" -name libkvvm.so -print -quit)
+[ -n "$so" ] || { echo "FAIL: no libkvvm.so under $prefix"; exit 1; }
+lib=$(dirname "$so")
 
-cmake -S "$src/examples/engine" -B "$tmp/engine" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+cmake -S "$src/examples/engine" -B "$tmp/engine" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" >/dev/null
 cmake --build "$tmp/engine" >/dev/null
-echo "ok: examples/engine built against $tmp/prefix with find_package(kvvm)"
+echo "ok: examples/engine built against $prefix with find_package(kvvm)"
 
 # The spill file wants a disk file system that takes O_DIRECT (the example's default is
 # /var/tmp); without one the run goes without a disk tier, and says so.
