@@ -79,7 +79,7 @@ struct engine {
     unsigned char *buf, *expect;
     /* what the run did */
     uint64_t admitted, forked, finished, rotated, preempted, swapped_in, bytes_verified;
-    uint64_t direct_checks, peak_pages, swap_in_retries, dropped, recomputed;
+    uint64_t direct_checks, peak_pages, swap_in_retries, dropped;
 };
 
 static uint64_t rng_state;
@@ -323,9 +323,8 @@ static void admit(struct engine *e)
             if (!admit_new(e, q, reserve))
                 return;
         } else if (q->state == DROPPED) {
-            if (!prefill(e, q, q->len, reserve))
+            if (!prefill(e, q, q->len, reserve))   /* recompute: write its tokens again */
                 return;
-            e->recomputed++;
         } else {
             uint64_t pages;
             int fits;
@@ -481,7 +480,7 @@ static void record_peak(struct engine *e)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: kvvm-example-engine [options]\n"
+            "usage: engine [options]\n"
             "  --requests N     requests to serve (default 48, 1..10000)\n"
             "  --seed N         workload seed (default 1)\n"
             "  --spill-dir DIR  directory of the spill file (default /var/tmp; it must not\n"
