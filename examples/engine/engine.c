@@ -24,6 +24,7 @@
  *
  * Every unexpected error and every wrong byte ends the run with a message and exit status 1.
  */
+#define _POSIX_C_SOURCE 200809L   /* clock_gettime */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
