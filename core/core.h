@@ -13,7 +13,7 @@
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
  * than the log lock.
  *
- * Pressure (API.md "Pressure"): a call that needs device frames and gets -ENOMEM from
+ * Pressure (docs/api.md "Scheduling"): a call that needs device frames and gets -ENOMEM from
  * paging asks swap/ to reclaim (KVVM_F_AUTO_SWAP only; the call's own sequences excluded)
  * and retries; a non-resident sequence named by grow / write / read / prepare_write is
  * swapped in first (and swapped out again if the call then fails).

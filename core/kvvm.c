@@ -362,6 +362,23 @@ static int make_resident(kvvm *kv, kvvm_seq s, const uint64_t *excl, size_t n_ex
     return rc;
 }
 
+/* Before a write into regions [r0, r1), bytes [b0, b1), of a swapped-out s: room for the
+   swap-in and the copies of the shared pages it writes, so a write that cannot fit does
+   not swap in (and out again). */
+static int write_room(kvvm *kv, kvvm_seq s, uint32_t r0, uint32_t r1, uint64_t b0,
+                      uint64_t b1)
+{
+    uint32_t need;
+    struct paging_counters c;
+    if (paging_seq_resident(kv->pg, s))
+        return 0;
+    int rc = paging_need_write(kv->pg, s, r0, r1, b0, b1, &need);
+    if (rc)
+        return rc;
+    paging_counters(kv->pg, &c);
+    return c.pages_free < need ? reclaim(kv, need, &s, 1) : 0;
+}
+
 /* A call that swapped s in failed afterwards: put it back (best effort, logged). */
 static void restore_out(kvvm *kv, kvvm_seq s, bool swapped)
 {
@@ -437,6 +454,19 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
         if (!rc && lengths[i] < pi.length)
             rc = -EINVAL;
     }
+    /* room for the whole batch first (as grow does), so a batch that cannot fit swaps
+       nothing in (it could not always put them back) */
+    bool any_out = false;
+    for (i = 0; !rc && i < n; i++)
+        any_out |= !paging_seq_resident(kv->pg, seqs[i]);
+    if (!rc && any_out) {
+        uint64_t lb;
+        struct paging_counters c;
+        rc = paging_need_batch(kv->pg, seqs, lengths, n, &lb);
+        paging_counters(kv->pg, &c);
+        if (!rc && c.pages_free < lb)
+            rc = lb > UINT32_MAX ? -ENOMEM : reclaim(kv, (uint32_t)lb, seqs, n);
+    }
     for (i = 0; !rc && i < n; i++)
         rc = make_resident(kv, seqs[i], seqs, n, &swapped[i]);
     for (i = 0; !rc && i < n; i++) {
@@ -503,6 +533,9 @@ static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t e
     if (!rc && (first >= end || end > pi.length))
         rc = -EINVAL;
     if (!rc)
+        rc = write_room(kv, s, 0, kv->cfg.n_regions, first * kv->cfg.bytes_per_token,
+                        end * kv->cfg.bytes_per_token);
+    if (!rc)
         rc = make_resident(kv, s, &s, 1, &swapped);
     if (rc)
         return rc;
@@ -539,6 +572,8 @@ static int write_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
 {
     bool swapped;
     int rc = io_pre(kv, s, region, offset, src, len);
+    if (!rc)
+        rc = write_room(kv, s, region, region + 1, offset, offset + len);
     if (!rc)
         rc = make_resident(kv, s, &s, 1, &swapped);
     if (rc)

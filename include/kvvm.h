@@ -6,9 +6,12 @@
  * are reference-counted, shared between sequences (fork, shared prefixes), copied on write,
  * swapped to pinned host memory and spilled to disk under pressure.
  *
- * Conventions: every call returns 0 on success or a negative errno (see the table at the end
- * of API.md and kvvm_strerror()); out-values go through pointers; a failed call changes
- * nothing. All calls on one context are safe to make from several threads. While the engine
+ * Conventions: every call returns 0 on success or a negative errno (docs/api.md "Errors",
+ * and kvvm_strerror()); out-values go through pointers; a failed call changes
+ * nothing. Every call taking a context also returns -EINVAL for kv NULL and -EIO once the
+ * context is dead (not repeated below). The rules an engine must follow (protection,
+ * ordering, threading, sizing) are in docs/api.md.
+ * All calls on one context are safe to make from several threads. While the engine
  * stream (kvvm_set_stream) captures a CUDA graph, every call that would enqueue onto, record
  * on or synchronize it (grow, grow_batch, truncate, free, fork, share, prepare_write, write,
  * read, swap_out, swap_in, prefetch, step, sync, set_stream) returns -EBUSY. Every call
@@ -67,7 +70,7 @@ struct kvvm_config {
     unsigned flags;             /* KVVM_F_* below */
     size_t   emu_device_bytes;  /* emulated device capacity; 0 = device_budget */
     size_t   emu_granule;       /* emulated granule; 0 = 2 MiB */
-    /* --- additions (after API.md's fields) --- */
+    /* --- additions (after the fields of the original contract; docs/api.md) --- */
     uint32_t map_ahead;         /* pages per region mapped ahead of a growing sequence's end
                                    to hide map latency; 0 = none. KVVM_MAP_AHEAD */
     int      emu_opaque;        /* emulated device: windows not CPU-accessible (copies only);
@@ -83,46 +86,67 @@ struct kvvm_config {
    unknown or malformed values are logged and ignored); the engine's own assignments after
    this call win. The effective config is in kvvm_stats_json(). */
 KVVM_API void kvvm_config_init(struct kvvm_config *cfg);
-/* -EINVAL bad config field (logged with the reason), -ENODEV no usable CUDA device,
-   -ENOMEM device/host memory or reservation could not be had, -EIO driver failure. */
+/* -EINVAL cfg or out NULL, cfg->size not set by kvvm_config_init, a bad config field, a
+   spill_dir without a host tier, a spill_dir refused (tmpfs, no O_DIRECT) (each logged with
+   the reason); -ENOENT/-ENOTDIR/-EACCES/-EROFS the spill_dir; -ENOSPC its file system cannot
+   hold spill_budget; -EOPNOTSUPP KVVM_IO_ENGINE=io_uring cannot be set up; -ENODEV no
+   usable CUDA device; -ENOMEM device/host memory or reservation could not be had; -EAGAIN
+   a library thread could not be started; -EIO driver failure. */
 KVVM_API int  kvvm_open(const struct kvvm_config *cfg, kvvm **out);
 /* Frees everything: no mapping, handle, pinned memory, thread or file is left behind.
    Waits for outstanding device work first. NULL is a no-op. */
 KVVM_API void kvvm_close(kvvm *kv);
 
 /* Sequences. Length = tokens held; tokens [0, length) are addressable. */
-KVVM_API int kvvm_seq_create(kvvm *kv, kvvm_seq *out);           /* -ENOSPC: no free slot */
+/* -EINVAL out NULL, -ENOSPC no free slot (max_seqs live), -ENOMEM. */
+KVVM_API int kvvm_seq_create(kvvm *kv, kvvm_seq *out);
+/* In any tier. Its pages are released once no device work enqueued before may use them.
+   -ENOENT, -EBUSY capturing stream, -ENOMEM (a pending-release record). */
 KVVM_API int kvvm_seq_free(kvvm *kv, kvvm_seq s);
 /* length >= current. Makes the sequence resident and the new tokens [old, new) writable: a
    shared page they touch is copied first (an append after a fork never writes into a
-   sibling's page). -EINVAL shorter, -E2BIG past max_tokens, -ENOMEM no page. */
+   sibling's page). Protects s. -ENOENT, -EINVAL shorter, -E2BIG past max_tokens, -ENOMEM no
+   page (or no room to swap s in), -EBADMSG s's data was lost, -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length);
-/* Grows n sequences in one call (a decode step): all or nothing. Errors as kvvm_seq_grow;
-   -EINVAL also for a sequence named twice. */
+/* Grows n sequences in one call (a decode step): all or nothing (room for the whole batch is
+   checked before a swapped-out one is brought back). Errors as kvvm_seq_grow; -EINVAL also
+   for seqs or lengths NULL with n > 0, and a sequence named twice; n == 0: 0. */
 KVVM_API int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
                                  size_t n);
-KVVM_API int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length);   /* length <= current */
-KVVM_API int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child);  /* shares every page */
+/* length <= current; in any tier. -ENOENT, -EINVAL longer, -EBUSY capturing stream,
+   -ENOMEM (a pending-release record). */
+KVVM_API int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length);
+/* Shares every page (no copy; in any tier: the child of a swapped-out parent is swapped out).
+   -EINVAL child NULL, -ENOENT, -ENOSPC no free slot, -ENOMEM, -EBUSY capturing stream. */
+KVVM_API int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child);
 /* dst empty, n_tokens <= src's length: dst's first n_tokens become src's. Whole pages are
    shared where they are; the partial last page is copied, and its bytes past n_tokens are
-   zeroed, so dst never sees src's later tokens. */
+   zeroed, so dst never sees src's later tokens. n_tokens 0: 0. -ENOENT either handle,
+   -EINVAL dst not empty or n_tokens past src's length, -ENOMEM no page (resident src) or no
+   host slot (swapped-out src) for the partial page, -EBADMSG that page was lost, -EBUSY
+   capturing stream. */
 KVVM_API int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens);
-/* Before rewriting tokens [first, end) < length: copy-on-write every shared page. */
+/* Before rewriting tokens [first, end) < length: copy-on-write every shared page. Protects
+   s. -ENOENT, -EINVAL first >= end or end past the length, -ENOMEM, -EBADMSG, -EBUSY. */
 KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end);
 /* host -> sequence bytes, via the driver. [offset, offset+len) within [0, length*bpt). A write
    into a shared page copies it first (the write never shows in a sibling). write, read,
    grow and prepare_write swap a swapped-out sequence in first (-ENOMEM when it cannot come
-   back; it is then still swapped out).
+   back, or when the pages a write or prepare_write copies on write would not fit after it:
+   checked before it comes back; it is then still swapped out).
    Without a stream the bytes have moved when the call returns. With kvvm_set_stream the
    copy is ordered on the engine stream and the CPU does not wait for it: a pageable src may
    be reused at once (the driver stages it), a pinned src (cuMemHostAlloc/registered) must
-   stay unchanged until the stream has passed the copy. */
+   stay unchanged until the stream has passed the copy. Protects s. -ENOENT; -EINVAL src
+   NULL, region out of range, len 0 or the range outside the sequence; -ENOMEM; -EBADMSG;
+   -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                             const void *src, size_t len);
 /* sequence bytes -> host, via the driver, after the engine's earlier work. Without a
    stream, and with a stream into pageable dst, the bytes are in dst when the call returns;
    with a stream into pinned dst they are there once the stream has passed the copy
-   (kvvm_sync, or a stream/event synchronization). */
+   (kvvm_sync, or a stream/event synchronization). Protects s. Errors as kvvm_seq_write
+   (-ENOMEM only when s must be swapped in and cannot). */
 KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                            void *dst, size_t len);
 /* Off the device, ends protection. Pages no resident sequence maps are copied to the host
@@ -134,8 +158,13 @@ KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offse
    synchronous in every mode (it waits for the copies and the disk writes) and leaves the
    pages on disk. Whether the pages fit (host room, counting host pages of other sequences
    that could be spilled, and disk room) is checked before anything moves. Already swapped
-   out: 0. -ENOMEM the host and disk tiers cannot take the pages (nothing changed, nothing
-   of other sequences moved); -EBUSY the engine stream is capturing a graph. fork, share, truncate
+   out: 0. -ENOENT; -ENOMEM the host and disk tiers cannot take the pages (nothing changed,
+   nothing of other sequences moved); the room counts what transfers already started free
+   once they complete (swap-in copies free their host slots, swap-out copies' pages can be
+   spilled): with an engine stream, when the room is short and such copies are in flight,
+   the call waits for them first (the CPU waits for the device work enqueued before them;
+   bounded), so -ENOMEM never means "retry after kvvm_sync". -EBUSY the engine stream is
+   capturing a graph; -EIO a staged disk write failed. fork, share, truncate
    and free work on a swapped-out sequence without bringing it back; grow, prepare_write,
    write and read bring it back first (it stays resident if the call then fails only when
    it cannot be put back, which is logged). */
@@ -145,25 +174,37 @@ KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
    the stream waits for the copies (the CPU does not); without one they are done on return.
    A sequence with more pages on disk than the host tier can hold at once comes back in
    batches through the host tier (staged): synchronous in every mode (prefetch included),
-   the bytes are in place on return. Resident already: 0. -ENOMEM not enough device pages; -EBUSY capturing stream. */
+   the bytes are in place on return. When the host tier and the disk are full, such a
+   sequence still comes back: a host slot is borrowed to stage through, its page kept in a
+   spare device frame meanwhile (one device page more, counted by kvvm_seq_need). Room is
+   checked before anything moves (host slots held by copies in flight are waited for, as in
+   kvvm_seq_swap_out). Resident already: 0 (protected). -ENOENT; -ENOMEM not enough device
+   pages (nothing moved: no disk page read back, no page of another sequence spilled);
+   -EBADMSG s's data was lost; -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
-   the sequences used in the iteration before, reaps completions. */
+   the sequences used in the iteration before, reaps completions. -EBUSY capturing stream. */
 KVVM_API int kvvm_step(kvvm *kv);
-KVVM_API int kvvm_set_stream(kvvm *kv, void *stream);  /* the engine's CUstream; NULL = sync */
-KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);  /* a stream of this device */
+/* The engine's CUstream; NULL = synchronous mode. A change synchronizes the device first.
+   -EINVAL a stream of another context (or not a live stream); -EBUSY the current or the new
+   stream is capturing a graph. */
+KVVM_API int kvvm_set_stream(kvvm *kv, void *stream);
+/* A stream of this device (emulated too). -EINVAL stream NULL, -ENOMEM. */
+KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);
 /* Destroys a stream made by kvvm_stream_create on this context (kvvm_close destroys those
    left). -EINVAL any other stream (nothing destroyed: the engine's own streams are its to
    destroy); -EBUSY the stream is the engine stream set now (kvvm_set_stream another, or
-   NULL, first). */
+   NULL, first). -EINVAL also for stream NULL. */
 KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 /* Waits until everything started before it has completed: copies, disk I/O, deferred unmaps
-   and background reclaim rounds. */
+   and background reclaim rounds. -EBUSY capturing stream. */
 KVVM_API int kvvm_sync(kvvm *kv);
 
 /* Scheduling (additions). kvvm_seq_need: the device pages that making s resident and growing
-   it to `length` (<= its length: no growth) would take, and *fits = 1 when that many are
-   free now without reclaim. -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
+   it to `length` (<= its length: no growth) would take (its own map-ahead pages included:
+   they count in pages_device_free), and *fits = 1 when that many are free now without
+   reclaim; a swap-in or grow that then fails -ENOMEM for lack of room never had fits = 1.
+   -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
 KVVM_API int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits);
 /* Starts a swap-in without waiting for it and without ordering the engine stream yet (the
    next call using s does that, as does kvvm_seq_swap_in); protects s. Errors as swap_in. */
@@ -176,7 +217,10 @@ KVVM_API int kvvm_seq_ready(kvvm *kv, kvvm_seq s);
    -EBUSY capturing stream, -EIO. */
 KVVM_API int kvvm_seq_wait_stream(kvvm *kv, kvvm_seq s, void *stream);
 
-/* Addresses. Region r is an array of max_seqs slots of slot_bytes; a sequence never moves. */
+/* Addresses. Region r is an array of max_seqs slots of slot_bytes; a sequence never moves:
+   token t of region r of s is at kvvm_seq_addr(s, r) + t * bytes_per_token. region_base and
+   slot_bytes: -EINVAL NULL pointer or region out of range (fixed at open: they never return
+   -EIO). seq_slot and seq_addr: -EINVAL NULL pointer or region out of range, -ENOENT. */
 KVVM_API int kvvm_region_base(kvvm *kv, uint32_t region, uint64_t *addr);  /* device address */
 KVVM_API int kvvm_slot_bytes(kvvm *kv, uint64_t *bytes);
 KVVM_API int kvvm_seq_slot(kvvm *kv, kvvm_seq s, uint32_t *slot);
@@ -190,6 +234,7 @@ struct kvvm_seq_info {
                                    [0, length) in every region; in-flight under the tier left */
     int      resident;          /* all of them mapped in this sequence's own window */
 };
+/* -EINVAL info NULL or info->size not set, -ENOENT. In any tier. */
 KVVM_API int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info);
 
 struct kvvm_stats {
@@ -210,15 +255,19 @@ struct kvvm_stats {
     uint64_t pages_damaged;       /* pages whose disk copy was lost (failed read/checksum):
                                      their sequences return -EBADMSG */
 };
+/* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
 /* The stats, the effective configuration and the backend as one JSON object.
-   -ENOSPC: buf too small (buf then holds a truncated, NUL-terminated prefix). */
+   -EINVAL buf NULL or len 0; -ENOSPC: buf too small (buf then holds a truncated,
+   NUL-terminated prefix). */
 KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
 
 enum kvvm_log_level { KVVM_LOG_DEBUG = 0, KVVM_LOG_INFO = 1, KVVM_LOG_WARN = 2,
                       KVVM_LOG_ERROR = 3, KVVM_LOG_OFF = 4 };
 typedef void (*kvvm_log_fn)(int level, const char *msg, void *arg);
-/* Default: stderr at warnings; KVVM_LOG=debug|info|warn|error|off. fn NULL = stderr. */
+/* Process-wide (every context). Default: stderr at warnings; KVVM_LOG=debug|info|warn|
+   error|off. fn NULL = stderr. fn runs on the thread that logs (a caller's or a library
+   thread), one message at a time, and must not call libkvvm. */
 KVVM_API void kvvm_set_log(kvvm_log_fn fn, void *arg, int level);
 KVVM_API const char *kvvm_strerror(int err);
 KVVM_API const char *kvvm_backend_name(kvvm *kv);   /* "cuda" or "emulated" */

@@ -6,7 +6,7 @@
  *   the engine's earlier writes: stream order, or a device sync in synchronous mode); wait
  *   for the engine's work (the copy and everything before it that may read W's mapping);
  *   unmap scratch and va; map F at va. Only W's window changes; the other holders keep P.
- * Mappings cannot be stream-ordered, hence the wait before the remap (API.md "Ordering").
+ * Mappings cannot be stream-ordered, hence the wait before the remap (docs/api.md "Ordering").
  */
 #include "paging_int.h"
 

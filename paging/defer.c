@@ -1,7 +1,7 @@
 /*
  * paging/defer.c: releases that wait for device work, and the ordering helpers.
  *
- * The rule (API.md "Protection and residency"): the engine touches a sequence's memory only
+ * The rule (docs/api.md "Protection and residency"): the engine touches a sequence's memory only
  * while it is protected, i.e. between a call that uses it (used_epoch = epoch) and the next
  * step. So a window range may be unmapped and its pages released at once when
  *   - the sequence was never used, or

@@ -1,5 +1,5 @@
 /*
- * swap/swap.h: device reclaim policy (DESIGN.md "Pressure and thresholds").
+ * swap/swap.h: device reclaim policy (docs/design.md "Pressure and thresholds").
  *
  * Contract:
  *  - swap/ decides *which* sequences leave the device; paging/ moves them (paging_swap_out,

@@ -41,6 +41,7 @@ depends "$rt" "(^|, )liburing2( |,|$)"
 depends "$rt" "(^|, )libc6( |,|$)"
 
 has   "$dev" "usr/include/kvvm\.h"
+has   "$dev" "usr/share/man/man3/kvvm_seq_grow\.3(\.gz)?"
 has   "$dev" "$L/libkvvm\.so"
 has   "$dev" "$L/libkvvm\.a"
 has   "$dev" "$L/cmake/kvvm/kvvmConfig\.cmake"

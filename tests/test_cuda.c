@@ -2,7 +2,7 @@
  * tests/test_cuda.c (label gpu): the vmm round trips, aliasing, copies and fences on the real
  * CUDA driver. Where no driver library or no device is present (drv_cuda_load's "no CUDA
  * here" answer) every test is skipped with the reason; a driver that is present but fails
- * is a test failure, as it is for libkvvm (API.md "Backend choice").
+ * is a test failure, as it is for libkvvm (docs/api.md "Backend choice").
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>

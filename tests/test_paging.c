@@ -1,6 +1,6 @@
 /*
  * tests/test_paging.c: the context and paging layer through the public API (include/kvvm.h,
- * API.md), checked against the emulated device's own tables (kvvm_debug_check) and with
+ * docs/api.md), checked against the emulated device's own tables (kvvm_debug_check) and with
  * content cookies read back through kvvm_seq_read.
  *
  * Every test runs on the emulated device in opaque mode with small granules (4 KiB unless a
@@ -8,7 +8,7 @@
  * sequence holds the bytes each region must read back; cookies are derived from (lineage,
  * region, token, byte offset), so a write that leaks into a sharer shows as a mismatch.
  *
- * Suites: errors (every error of API.md's table these calls can return, each followed by a
+ * Suites: errors (every error of docs/api.md these calls can return, each followed by a
  * check that nothing changed), layout, cow (the copy-on-write matrix, share edges, the
  * classic block-pool scenario), options (map-ahead, scrub, stream mode), config, sweep (the
  * trace-driven fail-at-call-N sweep; it lists every injection point that breaks a rule
@@ -1682,7 +1682,7 @@ Test(threads, four_threads_at_once)
     tclose(&t);
 }
 
-/* Stream mode: the CPU does not wait for the engine stream (API.md "Ordering"). With the
+/* Stream mode: the CPU does not wait for the engine stream (docs/api.md "Ordering"). With the
    engine stream paused, a write from pageable memory returns at once (the driver staged the
    source, which the caller then reuses) and a read into pinned memory returns without its
    bytes; both arrive, in stream order, once the stream runs. Regression: write and read used

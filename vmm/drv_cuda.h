@@ -7,7 +7,7 @@
  *    else cuGetProcAddress (11.3+), at the ABI version written beside the entry in cudrv.h,
  *    with legacy default-stream semantics (the NULL stream is the legacy stream).
  *  - It tells "no CUDA here" (the library cannot be loaded, cuInit reports no device, or
- *    there are zero devices: API.md's AUTO fallback) apart from "CUDA is here but unusable"
+ *    there are zero devices: docs/api.md's AUTO fallback) apart from "CUDA is here but unusable"
  *    (anything else), which must never silently become an emulated device. The toolkit's
     stub libcuda (CUDA_ERROR_STUB_LIBRARY) counts as "no CUDA here": it is not a driver.
  *  - The table is process-wide, like the driver: the first successful load is kept for the

@@ -1,5 +1,5 @@
 /*
- * vmm/drv_emu.c: the emulated CUDA driver (contract in vmm/emu.h; design in DESIGN.md,
+ * vmm/drv_emu.c: the emulated CUDA driver (contract in vmm/emu.h; design in docs/design.md,
  * "The emulated device").
  *
  * Design.

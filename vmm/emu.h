@@ -1,6 +1,6 @@
 /*
  * vmm/emu.h: the emulated device. It implements struct kcu_api with CUDA semantics over
- * memfd + mmap, so machines without a GPU run the same driver-level code path (DESIGN.md,
+ * memfd + mmap, so machines without a GPU run the same driver-level code path (docs/design.md,
  * "The emulated device"). This header is also the emulator's test API: device creation,
  * counters, the mapping table, fault injection and call tracing.
  *

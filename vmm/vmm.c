@@ -2,7 +2,7 @@
  * vmm/vmm.c: device virtual memory over the driver table (contract in vmm.h).
  *
  * Design notes
- *  - Backend choice (API.md "Backend choice"): AUTO asks drv_cuda_load(); only its "no CUDA
+ *  - Backend choice (docs/api.md "Backend choice"): AUTO asks drv_cuda_load(); only its "no CUDA
  *    here" answer (-ENOENT) falls back to a fresh emulated device, and says so in the log.
  *    Any other CUDA failure is -ENODEV: a GPU machine must never run silently emulated.
  *  - Context: the device's primary context, retained for the vmm's life. Driver calls use

@@ -27,7 +27,7 @@
 struct vmm;
 
 struct vmm_params {
-    enum kvvm_backend backend;  /* AUTO follows API.md's rule */
+    enum kvvm_backend backend;  /* AUTO: docs/api.md "Backend choice" */
     int    device;              /* CUDA ordinal (ignored on the emulated device) */
     size_t emu_capacity;        /* emulated device bytes */
     size_t emu_granule;         /* emulated granule; 0 = 2 MiB */
