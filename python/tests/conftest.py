@@ -16,6 +16,12 @@ except ModuleNotFoundError as e:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import kvvm  # noqa: F401
 
+try:                    # tiny tensors: one thread avoids oversubscribing a shared machine
+    import torch
+    torch.set_num_threads(1)
+except ImportError:
+    pass
+
 # The library's own tests run with KVVM_EMU_OPAQUE=1; tests here say what they need per
 # context (emu_opaque=...), so nothing from the environment decides it.
 GRANULE = 4096
