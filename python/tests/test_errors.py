@@ -135,3 +135,14 @@ def test_data_lost_after_disk_corruption(spill_dir):
         assert c.stats()["checksum_failures"] >= 1
         s.truncate(0)                             # below the damage: usable again
         s.grow(1)
+
+
+def test_own_variables_are_not_reported_as_unknown(monkeypatch, caplog):
+    monkeypatch.setenv("KVVM_LIBRARY", kvvm.library_path)
+    monkeypatch.setenv("KVVM_NOT_A_SETTING", "1")
+    with caplog.at_level(logging.WARNING, logger="kvvm"):
+        with kvvm.Context(**small_config()):
+            pass
+    msgs = [r.getMessage() for r in caplog.records if r.name == "kvvm"]
+    assert any("KVVM_NOT_A_SETTING" in m for m in msgs), msgs
+    assert not any("KVVM_LIBRARY" in m for m in msgs), msgs
