@@ -158,3 +158,30 @@ def test_kvcache_refuses_other_layouts(vctx):
         kvvm.KVCache(vctx, 2, 2, 8, torch.float32)
     with pytest.raises(kvvm.InvalidArgument, match="bytes_per_token"):
         kvvm.KVCache(vctx, 1, 4, 8, torch.float32)
+
+
+def test_cuda_view_hands_torch_the_array_interface(monkeypatch):
+    """The CUDA path without a GPU: what torch.as_tensor receives (address, shape, strides,
+    typestr, version 3, the engine stream) and the device it is asked for."""
+    from kvvm import _views
+    seen = {}
+
+    def fake_as_tensor(obj, device=None):
+        seen["cai"] = dict(obj.__cuda_array_interface__)
+        seen["device"] = device
+        seen["has_array_interface"] = hasattr(obj, "__array_interface__")
+        return torch.zeros(obj.__cuda_array_interface__["shape"], dtype=torch.int16)
+
+    monkeypatch.setattr(torch, "as_tensor", fake_as_tensor)
+    t = _views.torch_cuda_view("owner", 0x7f0000000000, (4, 10, 2, 8), (40960, 32, 16, 2),
+                               _views.element_info(torch.bfloat16)[1], torch.bfloat16, True,
+                               1, 0x1234)
+    cai = seen["cai"]
+    assert cai["data"] == (0x7f0000000000, False) and cai["version"] == 3
+    assert cai["shape"] == (4, 10, 2, 8) and cai["strides"] == (40960, 32, 16, 2)
+    assert cai["typestr"] == "<i2" and cai["stream"] == 0x1234
+    assert seen["device"] == torch.device("cuda", 1) and not seen["has_array_interface"]
+    assert t.dtype == torch.bfloat16                      # reinterpreted after the view
+    _views.torch_cuda_view("o", 4096, (1, 16), (64, 4), _views.element_info(torch.float32)[1],
+                           torch.float32, False, 0, None)
+    assert seen["cai"]["stream"] is None and seen["cai"]["typestr"] == "<f4"
