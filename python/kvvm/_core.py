@@ -401,7 +401,7 @@ class Sequence:
     """One sequence of a Context. Handles are not freed by garbage collection: call free()
     (or use `with ctx.create() as s:`); Context.close() frees all."""
 
-    __slots__ = ("ctx", "handle", "slot", "_dead", "_info", "_views", "__weakref__")
+    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "__weakref__")
 
     @classmethod
     def _new(cls, ctx, handle):
@@ -409,8 +409,6 @@ class Sequence:
         s.ctx = ctx
         s.handle = handle
         s._dead = False
-        s._info = _lib.SeqInfo()
-        s._info.size = ctypes.sizeof(s._info)
         s._views = {}
         slot = ctypes.c_uint32()
         _call(L.kvvm_seq_slot, ctx._h(), handle, ctypes.byref(slot))
@@ -531,18 +529,22 @@ class Sequence:
               ctypes.c_void_p(_stream_handle(stream) or None))
 
     # ---- state ------------------------------------------------------------------------------
+    def _query(self):
+        """kvvm_seq_info into a fresh struct (several threads may ask at once)."""
+        i = _lib.SeqInfo()
+        i.size = ctypes.sizeof(i)
+        _call(L.kvvm_seq_info, self.ctx._kv, self._handle(), ctypes.byref(i))
+        return i
+
     @property
     def info(self):
-        i = self._info
-        _call(L.kvvm_seq_info, self.ctx._kv, self._handle(), ctypes.byref(i))
+        i = self._query()
         return SeqInfo(i.length, i.slot, i.pages_device, i.pages_host, i.pages_disk,
                        i.pages_shared, bool(i.resident))
 
     @property
     def length(self):
-        i = self._info
-        _call(L.kvvm_seq_info, self.ctx._kv, self._handle(), ctypes.byref(i))
-        return i.length
+        return self._query().length
 
     def addr(self, region):
         """Device address of token 0 in `region` (fixed for the sequence's life)."""
@@ -555,8 +557,7 @@ class Sequence:
         """The length, after checking the window may be read now; raises otherwise."""
         kv, h = self.ctx._kv, self._handle()
         self.ctx._check_viewable()
-        i = self._info
-        _call(L.kvvm_seq_info, kv, h, ctypes.byref(i))
+        i = self._query()
         if not i.resident:
             raise NotResident(11, "sequence %#x is swapped out (pages on host %d, disk %d): "
                               "swap_in() or grow() it before making a view"
