@@ -33,20 +33,11 @@ _level = None               # level the library has now
 _in_callback = threading.local()
 
 
-# Variables this package reads that libkvvm's kvvm_config_init does not know yet: its
-# "unknown environment variable" warning about them is noise for Python users.
-_OWN_ENV = ("KVVM_LIBRARY",)
-
-
 def _callback(level, msg, arg):
     global _serial
     _in_callback.active = True
     try:
         text = msg.decode("utf-8", "replace") if msg else ""
-        words = text.split()
-        if text.startswith("unknown environment variable ") and len(words) > 3 and \
-                words[3] in _OWN_ENV:
-            return
         if level >= _lib.LOG_WARN:
             _serial += 1
             _last[threading.get_ident()] = (_serial, text)
