@@ -1,6 +1,12 @@
 /*
  * common/log.c: the log sink. The level and sink are process-wide (like the driver), set once
  * from KVVM_LOG on first use and by kvvm_set_log() at any time.
+ *
+ * The last error (kvvm_last_error): every error-level message is also kept in a buffer of the
+ * thread that logged it, whatever the log level, so the reason of a failed call (the layer
+ * that refused first, then the call's own context) reaches its caller. core/kvvm.c clears the
+ * buffer when a public call starts and when it succeeds (klast_clear) and supplies a generic
+ * reason when a failure logged none (klast_set).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -21,6 +27,10 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static kvvm_log_fn log_fn;         /* NULL = stderr; guarded by log_lock */
 static void *log_arg;              /* guarded by log_lock */
 static int log_level = KVVM_LOG_WARN; /* read without the lock: an int, set rarely */
+
+/* The calling thread's last error: error-level messages of the current call, "; "-joined. */
+static _Thread_local char last_err[1024];
+static _Thread_local size_t last_len;
 
 static const char *const level_names[] = { "debug", "info", "warn", "error", "off" };
 
@@ -45,15 +55,55 @@ int klog_enabled(int level)
     return level >= __atomic_load_n(&log_level, __ATOMIC_RELAXED) && level < KVVM_LOG_OFF;
 }
 
+/* Appends msg to the thread's last error (truncated when full). */
+static void last_append(const char *msg)
+{
+    if (last_len + 3 >= sizeof last_err)
+        return;
+    int n = snprintf(last_err + last_len, sizeof last_err - last_len, "%s%s",
+                     last_len ? "; " : "", msg);
+    if (n > 0)
+        last_len += (size_t)n < sizeof last_err - last_len ? (size_t)n
+                                                           : sizeof last_err - 1 - last_len;
+}
+
+void klast_clear(void)
+{
+    last_err[0] = 0;
+    last_len = 0;
+}
+
+void klast_set(const char *fmt, ...)
+{
+    if (last_len)
+        return;
+    char msg[sizeof last_err];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    last_append(msg);
+}
+
+const char *kvvm_last_error(void)
+{
+    return last_err;
+}
+
 void klog(int level, const char *fmt, ...)
 {
-    if (!klog_enabled(level))
+    int keep = level >= KVVM_LOG_ERROR;
+    if (!klog_enabled(level) && !keep)
         return;
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (keep)
+        last_append(msg);
+    if (!klog_enabled(level))
+        return;
     pthread_mutex_lock(&log_lock);
     if (log_fn)
         log_fn(level, msg, log_arg);

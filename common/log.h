@@ -15,6 +15,14 @@
 
 KVVM_INTERNAL void klog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 KVVM_INTERNAL int klog_enabled(int level);
+/* The calling thread's last error (kvvm_last_error): every klog at error level appends to it
+   (whatever the log level). klast_clear empties it; klast_set sets it only when it is empty
+   (a generic reason for a failure nothing logged). */
+KVVM_INTERNAL void klast_clear(void);
+KVVM_INTERNAL void klast_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Logs an error (klog_error: so it is also the last error) and returns rc: the one way a
+   public call refuses an argument, `return kerr(-EINVAL, "kvvm_x: why", ...)`. */
+#define kerr(rc, ...) (klog_error(__VA_ARGS__), (rc))
 
 #define klog_debug(...) klog(KVVM_LOG_DEBUG, __VA_ARGS__)
 #define klog_info(...)  klog(KVVM_LOG_INFO, __VA_ARGS__)

@@ -44,8 +44,10 @@ static const struct opt opts[] = {
 };
 
 /* KVVM_* variables read elsewhere (not configuration fields). */
-static const char *const other_env[] = { "KVVM_LOG", "KVVM_EMU_FAIL", "KVVM_CUDA_LIBRARY",
-                                         "KVVM_SPILL_ALLOW_TMPFS", "KVVM_IO_ENGINE" };
+/* Variables read elsewhere (KVVM_LIBRARY: the Python package's path to this library). */
+static const char *const other_env[] = { "KVVM_LOG", "KVVM_EMU_FAIL", "KVVM_EMU_MAX_MAPS",
+                                         "KVVM_CUDA_LIBRARY", "KVVM_SPILL_ALLOW_TMPFS",
+                                         "KVVM_IO_ENGINE", "KVVM_LIBRARY" };
 
 static const char *backend_str(enum kvvm_backend b)
 {
@@ -66,7 +68,17 @@ static int parse_u64(const char *s, uint64_t *out)
     return rc;
 }
 
-static int parse_flags(const char *s, unsigned *out)
+/* The flags by name, for KVVM_FLAGS and for messages. */
+static const struct { const char *name; unsigned bit; } flag_names[] = {
+    { "auto_swap", KVVM_F_AUTO_SWAP }, { "scrub", KVVM_F_SCRUB },
+    { "spill_allow_tmpfs", KVVM_F_SPILL_ALLOW_TMPFS },
+    { "spill_buffered", KVVM_F_SPILL_BUFFERED },
+};
+#define FLAG_LIST "auto_swap, scrub, spill_allow_tmpfs, spill_buffered"
+
+/* Parses KVVM_FLAGS: a number, or names joined by ',', '|', '+' or ' '. -EINVAL with the
+   first bad name in bad[] (when not NULL). */
+static int parse_flags(const char *s, unsigned *out, char *bad, size_t bad_len)
 {
     char *end;
     unsigned long v = strtoul(s, &end, 0);
@@ -78,16 +90,16 @@ static int parse_flags(const char *s, unsigned *out)
     char buf[128];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *save, *t = strtok_r(buf, ",|+ ", &save); t; t = strtok_r(NULL, ",|+ ", &save)) {
-        if (!strcasecmp(t, "auto_swap"))
-            f |= KVVM_F_AUTO_SWAP;
-        else if (!strcasecmp(t, "scrub"))
-            f |= KVVM_F_SCRUB;
-        else if (!strcasecmp(t, "spill_allow_tmpfs"))
-            f |= KVVM_F_SPILL_ALLOW_TMPFS;
-        else if (!strcasecmp(t, "spill_buffered"))
-            f |= KVVM_F_SPILL_BUFFERED;
-        else
+        size_t i;
+        for (i = 0; i < sizeof flag_names / sizeof *flag_names; i++)
+            if (!strcasecmp(t, flag_names[i].name))
+                break;
+        if (i == sizeof flag_names / sizeof *flag_names) {
+            if (bad)
+                snprintf(bad, bad_len, "%s", t);
             return -EINVAL;
+        }
+        f |= flag_names[i].bit;
     }
     *out = f;
     return 0;
@@ -144,9 +156,28 @@ static int opt_set(struct kvvm_config *cfg, const struct opt *o, const char *s)
         return 0;
     }
     case OPT_FLAGS:
-        return parse_flags(s, (unsigned *)p);
+        return parse_flags(s, (unsigned *)p, NULL, 0);
     }
     return -EINVAL;
+}
+
+/* What a value of this kind must look like, for the warning about a malformed one. */
+static const char *opt_valid(enum opt_kind k)
+{
+    switch (k) {
+    case OPT_BACKEND: return "valid values: auto, cuda, emulated (or emu)";
+    case OPT_INT: return "valid: a decimal integer from 0 to 1048576";
+    case OPT_BOOL: return "valid values: 1, 0, true, false, yes, no";
+    case OPT_U32: return "valid: an integer from 0 to 4294967295 (K/M/G suffixes allowed)";
+    case OPT_U64: return "valid: a non-negative integer (K/M/G/T suffixes allowed)";
+    case OPT_SIZE: return "valid: a size in bytes with an optional K, M, G or T suffix "
+                          "(binary), e.g. 512M";
+    case OPT_STR: return "valid: any string";
+    case OPT_DOUBLE: return "valid: a number, e.g. 0.1";
+    case OPT_FLAGS: return "valid: a number, or flag names joined by ',', '|' or '+' from: "
+                           FLAG_LIST;
+    }
+    return "";
 }
 
 /* Applies KVVM_<NAME>=value; returns false when NAME is not an option. */
@@ -163,9 +194,14 @@ static bool env_apply(struct kvvm_config *cfg, const char *var)
         const struct opt *o = &opts[i];
         if (klen != 5 + strlen(o->name) || strncasecmp(var + 5, o->name, klen - 5))
             continue;
-        if (opt_set(cfg, o, eq + 1))
-            klog_warn("%.*s=%s is malformed; keeping %s's previous value", (int)klen, var,
-                      eq + 1, o->name);
+        if (opt_set(cfg, o, eq + 1)) {
+            char bad[128] = "";
+            if (o->kind == OPT_FLAGS)
+                parse_flags(eq + 1, &(unsigned){ 0 }, bad, sizeof bad);
+            klog_warn("%.*s=%s is malformed%s%s%s; %s; keeping %s's previous value",
+                      (int)klen, var, eq + 1, *bad ? ": '" : "", bad,
+                      *bad ? "' is not a flag" : "", opt_valid(o->kind), o->name);
+        }
         return true;
     }
     return false;
@@ -206,7 +242,7 @@ void kvvm_config_init(struct kvvm_config *cfg)
         cfg->flags |= KVVM_F_SPILL_ALLOW_TMPFS;
 }
 
-#define BAD(...) do { klog_error("kvvm_open: " __VA_ARGS__); return -EINVAL; } while (0)
+#define BAD(...) return kerr(-EINVAL, "kvvm_open: " __VA_ARGS__)
 
 static int check_marks(const char *tier, double mn, double lo, double hi)
 {
@@ -220,7 +256,8 @@ int config_check(const struct kvvm_config *c)
 {
     if (c->backend != KVVM_BACKEND_AUTO && c->backend != KVVM_BACKEND_CUDA &&
         c->backend != KVVM_BACKEND_EMULATED)
-        BAD("backend %d is not auto, cuda or emulated", (int)c->backend);
+        BAD("backend %d is not KVVM_BACKEND_AUTO (0), KVVM_BACKEND_CUDA (1) or "
+            "KVVM_BACKEND_EMULATED (2)", (int)c->backend);
     if (c->device < 0)
         BAD("device ordinal %d is negative", c->device);
     if (c->n_regions < 1)
@@ -234,7 +271,9 @@ int config_check(const struct kvvm_config *c)
 #define KNOWN_FLAGS (KVVM_F_AUTO_SWAP | KVVM_F_SCRUB | KVVM_F_SPILL_ALLOW_TMPFS | \
                      KVVM_F_SPILL_BUFFERED)
     if (c->flags & ~KNOWN_FLAGS)
-        BAD("unknown flags 0x%x", c->flags & ~KNOWN_FLAGS);
+        BAD("flags 0x%x has unknown bits 0x%x; known: KVVM_F_AUTO_SWAP (0x1), KVVM_F_SCRUB "
+            "(0x2), KVVM_F_SPILL_ALLOW_TMPFS (0x4), KVVM_F_SPILL_BUFFERED (0x8)", c->flags,
+            c->flags & ~KNOWN_FLAGS);
     if (c->max_tokens > UINT64_MAX / c->bytes_per_token)
         BAD("max_tokens * bytes_per_token overflows");
     if (check_marks("device", c->device_min, c->device_low, c->device_high) ||
@@ -269,6 +308,16 @@ int config_layout(struct kvvm_config *c, size_t granule, uint64_t *slot_bytes,
             c->device_budget, (unsigned long long)ps, c->n_regions);
     if (c->device_budget / ps > UINT32_MAX / 2)
         BAD("device_budget holds too many pages");
+    if (c->host_budget && c->host_budget < ps)
+        BAD("host_budget %zu is smaller than one page (page_size %llu): set it to 0 for no "
+            "host tier or to at least %llu", c->host_budget, (unsigned long long)ps,
+            (unsigned long long)ps);
+    if (c->host_budget % ps) {
+        size_t r = c->host_budget / ps * ps;
+        klog_warn("kvvm_open: host_budget %zu is not a multiple of page_size %llu: using %zu "
+                  "(%zu pages)", c->host_budget, (unsigned long long)ps, r, r / ps);
+        c->host_budget = r;
+    }
     uint64_t per_region = (uint64_t)c->max_seqs * slot;
     if (slot && per_region / slot != c->max_seqs)
         BAD("max_seqs * slot_bytes overflows");

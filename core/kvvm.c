@@ -13,6 +13,29 @@
 #include <string.h>
 #include "common/log.h"
 
+/* ---- errors ------------------------------------------------------------------------- */
+/* Every public call returning a status starts with klast_clear() and ends in api_done(): the
+   thread's kvvm_last_error() is then "" after a success, else the reason. A bad argument is
+   refused with kerr (logged at the call, kept as the reason). */
+#define NONNULL(p) do { if (!(p)) return kerr(-EINVAL, "%s: %s is NULL", __func__, #p); } \
+                   while (0)
+/* A -EINVAL from a layer below that gave no reason: the call's own (logged, kept). */
+#define EXPLAIN_EINVAL(rc, ...) \
+    ((rc) == -EINVAL && !*kvvm_last_error() ? kerr((rc), __VA_ARGS__) : (rc))
+
+static const char *err_name(int err);
+
+/* Ends a public call: success clears the last error; a failure nothing explained gets the
+   call's name and kvvm_strerror's text. */
+static int api_done(const char *call, int rc)
+{
+    if (rc >= 0)
+        klast_clear();
+    else
+        klast_set("%s: %s: %s", call, err_name(rc), kvvm_strerror(rc));
+    return rc;
+}
+
 /* ---- open / close ------------------------------------------------------------------- */
 
 /* Copies the caller's config (it may be an older, shorter struct). -EINVAL bad size. */
@@ -101,9 +124,9 @@ static int open_spill(kvvm *kv)
     if (!c->spill_dir)
         return 0;
     if (!host_slots_total(kv->host)) {
-        klog_error("kvvm_open: spill_dir needs a host tier (host_budget >= page_size): disk "
-                   "pages come back through host slots");
-        return -EINVAL;
+        return kerr(-EINVAL, "kvvm_open: spill_dir %s needs a host tier: set host_budget "
+                    "(KVVM_HOST_BUDGET, e.g. 1G) to at least page_size %zu bytes; disk pages "
+                    "come back through host slots", c->spill_dir, c->page_size);
     }
     struct spill_params sp = {
         .dir = c->spill_dir, .budget = c->spill_budget, .page_size = c->page_size,
@@ -113,7 +136,8 @@ static int open_spill(kvvm *kv)
     };
     int rc = spill_open(&sp, &kv->spill);
     if (rc) {
-        klog_error("kvvm_open: the disk tier in %s could not be opened (%d)", c->spill_dir, rc);
+        klog_error("kvvm_open: the disk tier in %s could not be opened (%s)", c->spill_dir,
+                   err_name(rc));
         return rc;
     }
     kv->disk_ops = (struct pg_disk_ops){ kv->spill, d_alloc, d_free, d_submit, d_reap,
@@ -184,12 +208,8 @@ out_unreserve:
     return rc;
 }
 
-int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
+static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
 {
-    if (!cfg || !out) {
-        klog_error("kvvm_open: NULL %s", cfg ? "out" : "cfg");
-        return -EINVAL;
-    }
     kvvm *kv = calloc(1, sizeof *kv);
     if (!kv)
         return -ENOMEM;
@@ -212,6 +232,15 @@ int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
     rc = vmm_open(&vp, &kv->v);
     if (rc)
         goto out_free;
+    if (kv->cfg.emu_device_bytes && !strcmp(vmm_backend_name(kv->v), "emulated") &&
+        kv->cfg.device_budget > kv->cfg.emu_device_bytes) {
+        rc = kerr(-EINVAL, "kvvm_open: device_budget %zu is larger than the emulated device "
+                  "(emu_device_bytes %zu): lower device_budget (KVVM_DEVICE_BUDGET) or raise "
+                  "emu_device_bytes (KVVM_EMU_DEVICE_BYTES)", kv->cfg.device_budget,
+                  kv->cfg.emu_device_bytes);
+        vmm_close(kv->v);
+        goto out_free;
+    }
     pthread_mutex_init(&kv->lock, NULL);
     rc = open_layout(kv);
     if (rc)
@@ -233,6 +262,14 @@ out_free:
     free(kv->spill_dir);
     free(kv);
     return rc;
+}
+
+int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
+{
+    klast_clear();
+    NONNULL(cfg);
+    NONNULL(out);
+    return api_done(__func__, open_ctx(cfg, out));
 }
 
 void kvvm_close(kvvm *kv)
@@ -292,12 +329,13 @@ static int leave(kvvm *kv, int rc)
 }
 
 #define CALL(kv, expr) \
-    do { int rc_ = enter(kv); if (rc_) return rc_; return leave(kv, (expr)); } while (0)
+    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, (expr)); \
+         return api_done(__func__, rc_); } while (0)
 /* CALL for a call that enqueues onto, records on or synchronizes the engine stream:
    -EBUSY, nothing changed, while that stream captures a CUDA graph (stream_check). */
 #define CALL_ENGINE(kv, expr) \
-    do { int rc_ = enter(kv); if (rc_) return rc_; rc_ = stream_check(kv); \
-         return leave(kv, rc_ ? rc_ : (expr)); } while (0)
+    do { int rc_ = enter(kv); if (!rc_) { rc_ = stream_check(kv); \
+         rc_ = leave(kv, rc_ ? rc_ : (expr)); } return api_done(__func__, rc_); } while (0)
 
 /* ---- pressure ----------------------------------------------------------------------- */
 
@@ -362,6 +400,23 @@ static int make_resident(kvvm *kv, kvvm_seq s, const uint64_t *excl, size_t n_ex
     return rc;
 }
 
+/* Before a write into regions [r0, r1), bytes [b0, b1), of a swapped-out s: room for the
+   swap-in and the copies of the shared pages it writes, so a write that cannot fit does
+   not swap in (and out again). */
+static int write_room(kvvm *kv, kvvm_seq s, uint32_t r0, uint32_t r1, uint64_t b0,
+                      uint64_t b1)
+{
+    uint32_t need;
+    struct paging_counters c;
+    if (paging_seq_resident(kv->pg, s))
+        return 0;
+    int rc = paging_need_write(kv->pg, s, r0, r1, b0, b1, &need);
+    if (rc)
+        return rc;
+    paging_counters(kv->pg, &c);
+    return c.pages_free < need ? reclaim(kv, need, &s, 1) : 0;
+}
+
 /* A call that swapped s in failed afterwards: put it back (best effort, logged). */
 static void restore_out(kvvm *kv, kvvm_seq s, bool swapped)
 {
@@ -373,15 +428,16 @@ static void restore_out(kvvm *kv, kvvm_seq s, bool swapped)
 
 int kvvm_seq_create(kvvm *kv, kvvm_seq *out)
 {
-    if (!kv || !out)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(out);
     CALL(kv, paging_seq_create(kv->pg, out));
 }
 
 int kvvm_seq_free(kvvm *kv, kvvm_seq s)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, paging_seq_free(kv->pg, s));
 }
 
@@ -394,7 +450,9 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
     if (rc)
         return rc;
     if (length < pi.length)
-        return -EINVAL;
+        return kerr(-EINVAL, "kvvm_seq_grow: length %llu is shorter than the sequence's %llu "
+                    "tokens (kvvm_seq_truncate shortens)", (unsigned long long)length,
+                    (unsigned long long)pi.length);
     rc = paging_need(kv->pg, s, length, &need);
     if (!rc && !pi.resident) {
         /* room for both first, so a grow that cannot fit does not swap in */
@@ -419,8 +477,8 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
 
 int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, grow_locked(kv, s, length));
 }
 
@@ -435,7 +493,22 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
         struct paging_seq_info pi;
         rc = paging_seq_info(kv->pg, seqs[i], &pi);
         if (!rc && lengths[i] < pi.length)
-            rc = -EINVAL;
+            rc = kerr(-EINVAL, "kvvm_seq_grow_batch: lengths[%zu] = %llu is shorter than "
+                      "sequence seqs[%zu]'s %llu tokens", i, (unsigned long long)lengths[i],
+                      i, (unsigned long long)pi.length);
+    }
+    /* room for the whole batch first (as grow does), so a batch that cannot fit swaps
+       nothing in (it could not always put them back) */
+    bool any_out = false;
+    for (i = 0; !rc && i < n; i++)
+        any_out |= !paging_seq_resident(kv->pg, seqs[i]);
+    if (!rc && any_out) {
+        uint64_t lb;
+        struct paging_counters c;
+        rc = paging_need_batch(kv->pg, seqs, lengths, n, &lb);
+        paging_counters(kv->pg, &c);
+        if (!rc && c.pages_free < lb)
+            rc = lb > UINT32_MAX ? -ENOMEM : reclaim(kv, (uint32_t)lb, seqs, n);
     }
     for (i = 0; !rc && i < n; i++)
         rc = make_resident(kv, seqs[i], seqs, n, &swapped[i]);
@@ -447,6 +520,7 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
     if (!rc) {
         uint32_t nd = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
         rc = WITH_RECLAIM(kv, nd, seqs, n, paging_seq_grow_batch(kv->pg, seqs, lengths, n));
+        rc = EXPLAIN_EINVAL(rc, "kvvm_seq_grow_batch: a sequence is named twice in seqs");
     }
     if (rc && swapped)
         for (i = 0; i < n; i++)
@@ -458,8 +532,12 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
 
 int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
 {
-    if (!kv || (n && (!seqs || !lengths)))
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    if (n) {
+        NONNULL(seqs);
+        NONNULL(lengths);
+    }
     if (!n)
         return 0;
     CALL_ENGINE(kv, grow_batch_locked(kv, seqs, lengths, n));
@@ -467,15 +545,19 @@ int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
 
 int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)
 {
-    if (!kv)
-        return -EINVAL;
-    CALL_ENGINE(kv, paging_seq_truncate(kv->pg, s, length));
+    klast_clear();
+    NONNULL(kv);
+    CALL_ENGINE(kv, EXPLAIN_EINVAL(paging_seq_truncate(kv->pg, s, length),
+                                   "kvvm_seq_truncate: length %llu is longer than the "
+                                   "sequence (kvvm_seq_grow lengthens)",
+                                   (unsigned long long)length));
 }
 
 int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child)
 {
-    if (!kv || !child)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(child);
     CALL_ENGINE(kv, paging_seq_fork(kv->pg, parent, child));
 }
 
@@ -484,14 +566,21 @@ static int share_locked(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
     uint64_t ex[2] = { dst, src };
     int rc = WITH_RECLAIM(kv, kv->cfg.n_regions, ex, 2,
                           paging_seq_share(kv->pg, dst, src, n_tokens));
+    struct paging_seq_info d, r;
+    if (rc == -EINVAL && !paging_seq_info(kv->pg, dst, &d) &&
+        !paging_seq_info(kv->pg, src, &r))
+        rc = kerr(rc, "kvvm_seq_share: %s (dst holds %llu tokens, must be empty; n_tokens "
+                  "%llu, src holds %llu)", d.length ? "dst is not empty" : "n_tokens is past "
+                  "src's length", (unsigned long long)d.length, (unsigned long long)n_tokens,
+                  (unsigned long long)r.length);
     swap_after_call(kv->sw);
     return rc;
 }
 
 int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, share_locked(kv, dst, src, n_tokens));
 }
 
@@ -500,8 +589,15 @@ static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t e
     bool swapped;
     struct paging_seq_info pi;
     int rc = paging_seq_info(kv->pg, s, &pi);
-    if (!rc && (first >= end || end > pi.length))
-        rc = -EINVAL;
+    if (!rc && first >= end)
+        rc = kerr(-EINVAL, "kvvm_seq_prepare_write: first %llu must be below end %llu",
+                  (unsigned long long)first, (unsigned long long)end);
+    if (!rc && end > pi.length)
+        rc = kerr(-EINVAL, "kvvm_seq_prepare_write: end %llu is past the sequence's length "
+                  "%llu", (unsigned long long)end, (unsigned long long)pi.length);
+    if (!rc)
+        rc = write_room(kv, s, 0, kv->cfg.n_regions, first * kv->cfg.bytes_per_token,
+                        end * kv->cfg.bytes_per_token);
     if (!rc)
         rc = make_resident(kv, s, &s, 1, &swapped);
     if (rc)
@@ -515,22 +611,33 @@ static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t e
 
 int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, prepare_write_locked(kv, s, first, end));
 }
 
 /* Validates an I/O range the way paging does, before any swap-in. */
-static int io_pre(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const void *buf,
-                  size_t len)
+static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint64_t offset,
+                  const void *buf, size_t len)
 {
     struct paging_seq_info pi;
     int rc = paging_seq_info(kv->pg, s, &pi);
     if (rc)
         return rc;
     uint64_t bytes = pi.length * kv->cfg.bytes_per_token;
-    if (!buf || region >= kv->cfg.n_regions || !len || offset >= bytes || len > bytes - offset)
-        return -EINVAL;
+    if (!buf)
+        return kerr(-EINVAL, "%s: the buffer is NULL", call);
+    if (region >= kv->cfg.n_regions)
+        return kerr(-EINVAL, "%s: region %u is out of range (n_regions %u)", call, region,
+                    kv->cfg.n_regions);
+    if (!len)
+        return kerr(-EINVAL, "%s: len is 0", call);
+    if (offset >= bytes || len > bytes - offset)
+        return kerr(-EINVAL, "%s: bytes [%llu, +%zu) are outside the sequence's %llu bytes "
+                    "per region (length %llu x bytes_per_token %llu)", call,
+                    (unsigned long long)offset, len, (unsigned long long)bytes,
+                    (unsigned long long)pi.length,
+                    (unsigned long long)kv->cfg.bytes_per_token);
     return 0;
 }
 
@@ -538,7 +645,9 @@ static int write_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                         const void *src, size_t len)
 {
     bool swapped;
-    int rc = io_pre(kv, s, region, offset, src, len);
+    int rc = io_pre(kv, "kvvm_seq_write", s, region, offset, src, len);
+    if (!rc)
+        rc = write_room(kv, s, region, region + 1, offset, offset + len);
     if (!rc)
         rc = make_resident(kv, s, &s, 1, &swapped);
     if (rc)
@@ -553,8 +662,8 @@ static int write_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
 int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const void *src,
                    size_t len)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, write_locked(kv, s, region, offset, src, len));
 }
 
@@ -562,7 +671,7 @@ static int read_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, v
                        size_t len)
 {
     bool swapped;
-    int rc = io_pre(kv, s, region, offset, dst, len);
+    int rc = io_pre(kv, "kvvm_seq_read", s, region, offset, dst, len);
     if (!rc)
         rc = make_resident(kv, s, &s, 1, &swapped);
     if (rc)
@@ -576,8 +685,8 @@ static int read_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, v
 int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *dst,
                   size_t len)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, read_locked(kv, s, region, offset, dst, len));
 }
 
@@ -592,29 +701,29 @@ static int swap_out_locked(kvvm *kv, kvvm_seq s)
 
 int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL(kv, swap_out_locked(kv, s));
 }
 
 int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL(kv, swap_in_call(kv, s, false));
 }
 
 int kvvm_seq_prefetch(kvvm *kv, kvvm_seq s)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL(kv, swap_in_call(kv, s, true));
 }
 
 int kvvm_seq_ready(kvvm *kv, kvvm_seq s)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL(kv, paging_seq_ready(kv->pg, s));
 }
 
@@ -629,8 +738,9 @@ static int wait_stream_locked(kvvm *kv, kvvm_seq s, void *stream)
 
 int kvvm_seq_wait_stream(kvvm *kv, kvvm_seq s, void *stream)
 {
-    if (!kv || !stream)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(stream);
     CALL(kv, wait_stream_locked(kv, s, stream));
 }
 
@@ -649,8 +759,10 @@ static int need_locked(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, i
 
 int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits)
 {
-    if (!kv || !pages || !fits)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(pages);
+    NONNULL(fits);
     CALL(kv, need_locked(kv, s, length, pages, fits));
 }
 
@@ -668,8 +780,8 @@ static int step_locked(kvvm *kv)
 
 int kvvm_step(kvvm *kv)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, step_locked(kv));
 }
 
@@ -682,23 +794,21 @@ static int sync_locked(kvvm *kv)
 
 int kvvm_sync(kvvm *kv)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
     CALL_ENGINE(kv, sync_locked(kv));
 }
 
 int kvvm_set_stream(kvvm *kv, void *stream)
 {
-    if (!kv)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
     CALL_ENGINE(kv, paging_set_stream(kv->pg, (kcu_stream)stream));
 }
 
-int kvvm_stream_create(kvvm *kv, void **stream)
+static int stream_create_call(kvvm *kv, void **stream)
 {
-    if (!kv || !stream)
-        return -EINVAL;
     kcu_stream s = NULL;
     int rc = enter(kv);
     if (rc)
@@ -719,6 +829,14 @@ int kvvm_stream_create(kvvm *kv, void **stream)
     return leave(kv, rc);
 }
 
+int kvvm_stream_create(kvvm *kv, void **stream)
+{
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(stream);
+    return api_done(__func__, stream_create_call(kv, stream));
+}
+
 /* Only a stream kvvm_stream_create made on this context (-EINVAL otherwise: the engine's
    own streams are not ours to destroy), and not the engine stream set now (-EBUSY). */
 static int stream_destroy_locked(kvvm *kv, kcu_stream s)
@@ -727,9 +845,12 @@ static int stream_destroy_locked(kvvm *kv, kcu_stream s)
     for (i = 0; i < kv->n_streams && kv->streams[i] != s; i++)
         ;
     if (i == kv->n_streams)
-        return -EINVAL;
+        return kerr(-EINVAL, "kvvm_stream_destroy: stream %p was not made by "
+                    "kvvm_stream_create on this context (or is destroyed already); the "
+                    "engine destroys its own streams", (void *)s);
     if (s == paging_stream(kv->pg))
-        return -EBUSY;
+        return kerr(-EBUSY, "kvvm_stream_destroy: stream %p is the engine stream now; "
+                    "kvvm_set_stream another stream (or NULL) first", (void *)s);
     int rc = vmm_stream_destroy(kv->v, s);
     if (rc)
         return rc;
@@ -739,8 +860,9 @@ static int stream_destroy_locked(kvvm *kv, kcu_stream s)
 
 int kvvm_stream_destroy(kvvm *kv, void *stream)
 {
-    if (!kv || !stream)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(stream);
     CALL(kv, stream_destroy_locked(kv, (kcu_stream)stream));
 }
 
@@ -748,24 +870,30 @@ int kvvm_stream_destroy(kvvm *kv, void *stream)
 
 int kvvm_region_base(kvvm *kv, uint32_t region, uint64_t *addr)
 {
-    if (!kv || !addr || region >= kv->cfg.n_regions)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(addr);
+    if (region >= kv->cfg.n_regions)
+        return kerr(-EINVAL, "kvvm_region_base: region %u is out of range (n_regions %u)",
+                    region, kv->cfg.n_regions);
     *addr = paging_window(kv->pg, region, 0);    /* immutable after open: no lock */
     return 0;
 }
 
 int kvvm_slot_bytes(kvvm *kv, uint64_t *bytes)
 {
-    if (!kv || !bytes)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(bytes);
     *bytes = kv->slot_bytes;
     return 0;
 }
 
 int kvvm_seq_slot(kvvm *kv, kvvm_seq s, uint32_t *slot)
 {
-    if (!kv || !slot)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(slot);
     CALL(kv, paging_seq_slot(kv->pg, s, slot));
 }
 
@@ -780,8 +908,12 @@ static int seq_addr_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr
 
 int kvvm_seq_addr(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
 {
-    if (!kv || !addr || region >= kv->cfg.n_regions)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(addr);
+    if (region >= kv->cfg.n_regions)
+        return kerr(-EINVAL, "kvvm_seq_addr: region %u is out of range (n_regions %u)",
+                    region, kv->cfg.n_regions);
     CALL(kv, seq_addr_locked(kv, s, region, addr));
 }
 
@@ -803,8 +935,12 @@ static int seq_info_locked(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
 
 int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
 {
-    if (!kv || !info || info->size < offsetof(struct kvvm_seq_info, resident) + sizeof(int))
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(info);
+    if (info->size < offsetof(struct kvvm_seq_info, resident) + sizeof(int))
+        return kerr(-EINVAL, "kvvm_seq_info: info->size %zu is too small; set it to "
+                    "sizeof(struct kvvm_seq_info) (%zu)", info->size, sizeof *info);
     CALL(kv, seq_info_locked(kv, s, info));
 }
 
@@ -847,17 +983,22 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 
 int kvvm_stats(kvvm *kv, struct kvvm_stats *out)
 {
-    if (!kv || !out || out->size < sizeof(size_t) + sizeof(uint64_t))
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(out);
+    if (out->size < sizeof(size_t) + sizeof(uint64_t))
+        return kerr(-EINVAL, "kvvm_stats: out->size %zu is too small; set it to "
+                    "sizeof(struct kvvm_stats) (%zu)", out->size, sizeof *out);
     struct kvvm_stats st;
     int rc = enter(kv);
-    if (rc)
-        return rc;
-    stats_locked(kv, &st);
-    size_t n = out->size < sizeof st ? out->size : sizeof st;
-    st.size = out->size;
-    memcpy(out, &st, n);
-    return leave(kv, 0);
+    if (!rc) {
+        stats_locked(kv, &st);
+        size_t n = out->size < sizeof st ? out->size : sizeof st;
+        st.size = out->size;
+        memcpy(out, &st, n);
+        rc = leave(kv, 0);
+    }
+    return api_done(__func__, rc);
 }
 
 static int stats_json_locked(kvvm *kv, char *buf, size_t len)
@@ -887,6 +1028,8 @@ static int stats_json_locked(kvvm *kv, char *buf, size_t len)
     json_put(buf, len, &pos, "}}");
     if (pos >= len) {
         buf[len - 1] = 0;
+        klast_set("kvvm_stats_json: buf of %zu bytes is too small; %zu are needed", len,
+                  pos + 1);
         return -ENOSPC;
     }
     return 0;
@@ -894,8 +1037,11 @@ static int stats_json_locked(kvvm *kv, char *buf, size_t len)
 
 int kvvm_stats_json(kvvm *kv, char *buf, size_t len)
 {
-    if (!kv || !buf || !len)
-        return -EINVAL;
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(buf);
+    if (!len)
+        return kerr(-EINVAL, "kvvm_stats_json: len is 0");
     CALL(kv, stats_json_locked(kv, buf, len));
 }
 
@@ -906,25 +1052,64 @@ const char *kvvm_backend_name(kvvm *kv)
     return kv ? vmm_backend_name(kv->v) : "none";
 }
 
+/* The errno's name, for messages ("-ENOENT"). */
+static const char *err_name(int err)
+{
+    switch (err < 0 ? -err : err) {
+#define N(e) case e: return "-" #e;
+    N(EINVAL) N(ENOENT) N(E2BIG) N(ENOSPC) N(ENOMEM) N(EBADMSG) N(EIO) N(ENODEV) N(EBUSY)
+    N(EOPNOTSUPP) N(EUCLEAN) N(ENOTDIR) N(EACCES) N(EPERM) N(EROFS) N(ENAMETOOLONG)
+    N(ELOOP) N(EDQUOT) N(EFBIG) N(EMFILE) N(ENFILE) N(EAGAIN) N(ENOSYS)
+#undef N
+    }
+    return "error";
+}
+
+/* Describes the errno itself, for every call that can return it (docs/api.md lists which
+   call returns which); kvvm_last_error() has the reason of the last failure. */
 const char *kvvm_strerror(int err)
 {
     switch (err < 0 ? -err : err) {
     case 0: return "success";
-    case EINVAL: return "invalid argument (a NULL pointer, region out of range, a length or "
-                        "range outside the sequence, a non-empty share target, or a bad "
-                        "config field)";
-    case ENOENT: return "unknown, freed or forged sequence handle";
-    case E2BIG: return "length past max_tokens";
-    case ENOSPC: return "no free sequence slot, or the buffer is too small";
-    case ENOMEM: return "no device page can be had (nothing reclaimable) or no room in the "
-                        "tiers below";
-    case EBADMSG: return "this sequence's data was lost (checksum mismatch or failed read)";
-    case EIO: return "the context is dead (a sticky driver error or an unrecoverable fault)";
-    case ENODEV: return "no usable CUDA device";
-    case EBUSY: return "the stream is capturing a CUDA graph, or a transfer on the sequence "
-                       "has not completed";
-    case EOPNOTSUPP: return "operation not supported";
-    case EUCLEAN: return "an internal invariant does not hold";
+    case EINVAL: return "invalid argument: a NULL pointer, a region, length or byte range "
+                        "outside the sequence, a share target that is not empty, a sequence "
+                        "named twice, a stream not of this context, or a bad config field "
+                        "(kvvm_last_error() says which)";
+    case ENOENT: return "not found: an unknown or freed sequence handle, or a missing file "
+                        "or directory (spill_dir)";
+    case E2BIG: return "too long: a length past max_tokens";
+    case ENOSPC: return "no space: no free sequence slot (max_seqs live sequences), a full "
+                        "spill device (spill_budget cannot be reserved), or a JSON buffer "
+                        "too small (kvvm_stats_json)";
+    case ENOMEM: return "out of memory: no device page can be had (nothing reclaimable), no "
+                        "room in the host or disk tier, or host memory or the address "
+                        "reservation could not be had";
+    case EBADMSG: return "data lost: this sequence's disk copy failed its checksum or could "
+                         "not be read";
+    case EIO: return "I/O error: the context is dead (a sticky driver error or an "
+                     "unrecoverable fault; every later call fails, close it), or a disk "
+                     "write or read of the spill file failed";
+    case ENODEV: return "no usable CUDA device (no driver, no GPU, or a device ordinal out "
+                        "of range)";
+    case EBUSY: return "busy: the engine stream is capturing a CUDA graph (calls that "
+                       "would enqueue on it are refused until the capture ends), or the "
+                       "stream to destroy is the engine stream now";
+    case EOPNOTSUPP: return "not supported: the I/O engine asked for (KVVM_IO_ENGINE) or a "
+                            "file system feature the spill file needs is unavailable";
+    case EUCLEAN: return "an internal invariant does not hold (a libkvvm bug: please report "
+                         "it)";
+    case ENOTDIR: return "not a directory: spill_dir, or a component of its path, is not a "
+                         "directory";
+    case EACCES: return "permission denied: this process may not create the spill file in "
+                        "spill_dir";
+    case EPERM: return "operation not permitted: this process may not create or reserve "
+                       "the spill file in spill_dir";
+    case EROFS: return "read-only file system: spill_dir is on a read-only mount";
+    case ENAMETOOLONG: return "file name too long: spill_dir's path";
+    case EDQUOT: return "disk quota exceeded: spill_budget cannot be reserved in spill_dir";
+    case EFBIG: return "file too large: spill_budget exceeds what spill_dir's file system "
+                       "allows in one file";
     }
-    return "unknown error";
+    return strerror(err < 0 ? -err : err);
 }
+

@@ -136,7 +136,9 @@ int disk_dir_check(const struct spill_params *p)
         !(p->flags & SPILL_F_ALLOW_TMPFS)) {
         klog_error("spill: spill directory %s is RAM-backed (%s): spilling there would take "
                    "memory, not free it. Use a directory on a local disk (e.g. /var/tmp), or "
-                   "opt in explicitly", p->dir, sfs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+                   "opt in with the flag KVVM_F_SPILL_ALLOW_TMPFS (environment: "
+                   "KVVM_SPILL_ALLOW_TMPFS=1 or KVVM_FLAGS=spill_allow_tmpfs)", p->dir,
+                   sfs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
         return -EINVAL;
     }
     return 0;
@@ -154,7 +156,9 @@ static int spill_file_open(struct spill *sp, const struct spill_params *p)
             if (!(p->flags & SPILL_F_BUFFERED)) {
                 close(fd2);
                 klog_error("spill: %s refuses O_DIRECT; refusing to spill through the page "
-                           "cache unless buffered mode is opted in", p->dir);
+                           "cache unless buffered mode is opted in with the flag "
+                           "KVVM_F_SPILL_BUFFERED (environment: KVVM_FLAGS=spill_buffered)",
+                           p->dir);
                 return -EINVAL;
             }
             klog_warn("spill: %s refuses O_DIRECT; spilling through the page cache "

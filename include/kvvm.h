@@ -108,8 +108,9 @@ KVVM_API int kvvm_seq_free(kvvm *kv, kvvm_seq s);
    sibling's page). Protects s. -ENOENT, -EINVAL shorter, -E2BIG past max_tokens, -ENOMEM no
    page (or no room to swap s in), -EBADMSG s's data was lost, -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length);
-/* Grows n sequences in one call (a decode step): all or nothing. Errors as kvvm_seq_grow;
-   -EINVAL also for seqs or lengths NULL with n > 0, and a sequence named twice; n == 0: 0. */
+/* Grows n sequences in one call (a decode step): all or nothing (room for the whole batch is
+   checked before a swapped-out one is brought back). Errors as kvvm_seq_grow; -EINVAL also
+   for seqs or lengths NULL with n > 0, and a sequence named twice; n == 0: 0. */
 KVVM_API int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
                                  size_t n);
 /* length <= current; in any tier. -ENOENT, -EINVAL longer, -EBUSY capturing stream,
@@ -131,7 +132,8 @@ KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64
 /* host -> sequence bytes, via the driver. [offset, offset+len) within [0, length*bpt). A write
    into a shared page copies it first (the write never shows in a sibling). write, read,
    grow and prepare_write swap a swapped-out sequence in first (-ENOMEM when it cannot come
-   back; it is then still swapped out).
+   back, or when the pages a write or prepare_write copies on write would not fit after it:
+   checked before it comes back; it is then still swapped out).
    Without a stream the bytes have moved when the call returns. With kvvm_set_stream the
    copy is ordered on the engine stream and the CPU does not wait for it: a pageable src may
    be reused at once (the driver stages it), a pinned src (cuMemHostAlloc/registered) must
@@ -157,8 +159,13 @@ KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offse
    pages on disk. Whether the pages fit (host room, counting host pages of other sequences
    that could be spilled, and disk room) is checked before anything moves. Already swapped
    out: 0. -ENOENT; -ENOMEM the host and disk tiers cannot take the pages (nothing changed,
-   nothing of other sequences moved); -EBUSY the engine stream is capturing a graph; -EIO a
-   staged disk write failed. fork, share, truncate and free work on a swapped-out sequence without bringing it back; grow, prepare_write,
+   nothing of other sequences moved); the room counts what transfers already started free
+   once they complete (swap-in copies free their host slots, swap-out copies' pages can be
+   spilled): with an engine stream, when the room is short and such copies are in flight,
+   the call waits for them first (the CPU waits for the device work enqueued before them;
+   bounded), so -ENOMEM never means "retry after kvvm_sync". -EBUSY the engine stream is
+   capturing a graph; -EIO a staged disk write failed. fork, share, truncate
+   and free work on a swapped-out sequence without bringing it back; grow, prepare_write,
    write and read bring it back first (it stays resident if the call then fails only when
    it cannot be put back, which is logged). */
 KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
@@ -167,9 +174,13 @@ KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
    the stream waits for the copies (the CPU does not); without one they are done on return.
    A sequence with more pages on disk than the host tier can hold at once comes back in
    batches through the host tier (staged): synchronous in every mode (prefetch included),
-   the bytes are in place on return. Resident already: 0 (protected). -ENOENT; -ENOMEM not
-   enough device pages (or no host slot to stage through); -EBADMSG s's data was lost;
-   -EBUSY capturing stream. */
+   the bytes are in place on return. When the host tier and the disk are full, such a
+   sequence still comes back: a host slot is borrowed to stage through, its page kept in a
+   spare device frame meanwhile (one device page more, counted by kvvm_seq_need). Room is
+   checked before anything moves (host slots held by copies in flight are waited for, as in
+   kvvm_seq_swap_out). Resident already: 0 (protected). -ENOENT; -ENOMEM not enough device
+   pages (nothing moved: no disk page read back, no page of another sequence spilled);
+   -EBADMSG s's data was lost; -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
    the sequences used in the iteration before, reaps completions. -EBUSY capturing stream. */
@@ -190,8 +201,10 @@ KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 KVVM_API int kvvm_sync(kvvm *kv);
 
 /* Scheduling (additions). kvvm_seq_need: the device pages that making s resident and growing
-   it to `length` (<= its length: no growth) would take, and *fits = 1 when that many are
-   free now without reclaim. -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
+   it to `length` (<= its length: no growth) would take (its own map-ahead pages included:
+   they count in pages_device_free), and *fits = 1 when that many are free now without
+   reclaim; a swap-in or grow that then fails -ENOMEM for lack of room never had fits = 1.
+   -ENOENT, -E2BIG length past max_tokens, -EINVAL NULL. */
 KVVM_API int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits);
 /* Starts a swap-in without waiting for it and without ordering the engine stream yet (the
    next call using s does that, as does kvvm_seq_swap_in); protects s. Errors as swap_in. */
@@ -257,6 +270,13 @@ typedef void (*kvvm_log_fn)(int level, const char *msg, void *arg);
    thread), one message at a time, and must not call libkvvm. */
 KVVM_API void kvvm_set_log(kvvm_log_fn fn, void *arg, int level);
 KVVM_API const char *kvvm_strerror(int err);
+/* The reason of the calling thread's last failed call, in words (which argument and why, or
+   what the layer that refused said), e.g. "kvvm_seq_grow: length 3 is shorter than the
+   sequence's 8 tokens ...". Every call that returns a status clears it when it starts and
+   sets it when it fails, so it is "" after a success (and before any failure); the void
+   calls, kvvm_strerror, kvvm_backend_name and kvvm_version leave it as it is. The string is
+   the thread's own and stays valid until its next libkvvm call. Never NULL. */
+KVVM_API const char *kvvm_last_error(void);
 KVVM_API const char *kvvm_backend_name(kvvm *kv);   /* "cuda" or "emulated" */
 KVVM_API const char *kvvm_version(void);
 

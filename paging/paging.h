@@ -183,6 +183,12 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * swap_out checks first that the host and disk tiers can take what it needs (free host
  * slots, writes in flight, others' spillable host pages within the free disk slots; or, for
  * staging, the free disk slots): when they cannot it is -ENOMEM before anything moved.
+ * When no host slot can be had at all (host tier and disk full), a staged swap-in borrows the
+ * slot of a host page, parking its bytes in a spare frame (paging_need counts that frame).
+ * Room is checked before anything moves: swap_in checks the frames before it reads a disk
+ * page back. Host slots held only by copies in flight (stream mode, async) are waited for
+ * when the room is short, as are a sibling's jobs on the pages a swap_out counts (swap_out
+ * async, for reclaim, does not wait: it fails or leaves orphans for reclaim to move).
  * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
 int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
@@ -191,6 +197,15 @@ int  paging_seq_ready(struct paging *pg, uint64_t h);
 /* Frames making s resident and growing it to length (<= current: no growth) would take.
    -ENOENT, -EINVAL (length past max_tokens is -E2BIG). */
 int  paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames);
+/* Frames making s resident and then writing bytes [b0, b1) of regions [r0, r1) take (the
+   copies of the shared pages written). -ENOENT. */
+int  paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+                       uint64_t b1, uint32_t *frames);
+/* At least the frames a grow_batch of hs[i] to lengths[i] takes, swap-ins included (a page
+   shared by several comes back once; copies of shared last pages not counted): a check of
+   room before any of them is swapped in. -ENOENT, -E2BIG, -ENOMEM. */
+int  paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                       uint64_t *frames);
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);

@@ -175,6 +175,23 @@ static int seq_wait_transfers(struct paging *pg, struct pg_seq *s)
     return 0;
 }
 
+/* Waits for and reaps every transfer job (DF_OUT / DF_IN: fences on the copy stream, which
+   is ordered after engine work already enqueued, so the wait is bounded); pending releases
+   stay pending. For a room or a count that exists once transfers already started complete. */
+static int wait_all_jobs(struct paging *pg)
+{
+    for (;;) {
+        const struct pg_defer *d = pg->defer;
+        while (d && d->kind == DF_RELEASE)
+            d = d->next;
+        if (!d)
+            return 0;
+        int rc = defer_flush_jobs(pg, d->slot);
+        if (rc)
+            return rc;
+    }
+}
+
 /* ---- swap-out ------------------------------------------------------------------------ */
 
 /* Whether s's entry for page p is the last mapping of it (so leaving moves it down). */
@@ -340,9 +357,28 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
         return rc;
     uint32_t nr = pg->p.n_regions, np = s->n_pages, need = 0;
     uint32_t n = nr * np;
+    /* A device page that a sibling's pending swap-out job still holds (the sibling left it
+       behind, s mapping it): the job's reference is no holder, and s may be its last one.
+       Wait for those jobs (and for a sibling's swap-in still bringing a page of s in), so
+       the count of pages moving down is exact (else they would stay on the device,
+       orphaned). */
+    bool held = false;
+    for (uint32_t r = 0; r < nr && !held; r++)
+        for (uint32_t i = 0; i < np && !held; i++) {
+            const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
+            held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
+        }
+    if (held && !async && (rc = wait_all_jobs(pg)))
+        return rc;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
             need += moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+    /* Stream mode: host slots held only by transfers already started (swap-in copies free
+       theirs at completion; swap-out copies become host pages that can spill): wait for
+       them rather than fail (include/kvvm.h, kvvm_seq_swap_out). Not for reclaim (async):
+       it waits for copies without the context lock, and moves orphans itself. */
+    if (paging_host_free(pg) < need && pg->n_inflight && !async && (rc = wait_all_jobs(pg)))
+        return rc;
     bool staged = false;
     if (paging_host_free(pg) < need && (rc = out_plan(pg, s, need, &staged)))
         return rc;
@@ -445,11 +481,66 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
         }
     if (!nd)
         return 0;
+    /* host slots held only by transfers already started come free (or spillable) once they
+       complete: wait for them rather than stage or fail for want of a slot */
+    if (nd > paging_host_free(pg) && pg->n_inflight) {
+        int rc = wait_all_jobs(pg);
+        if (rc)
+            return rc;
+    }
     uint64_t hf = paging_host_free(pg), w = pg->n_dio;
     uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
     uint64_t sp = disk_spillable(pg, s);
     *staged = nd > hf + w + (sp < d ? sp : d);
     return 0;
+}
+
+/* Whether a staged swap-in of s finds no host slot to stage through and none can be made:
+   no free slot, no spill write in flight to free one, and no host page of another sequence
+   that could be spilled (or no disk slot to spill it to). It then borrows the slot of a
+   host page, whose bytes wait in a spare device frame meanwhile (one frame more than the
+   pages it brings back: paging_need counts it). */
+static bool stage_must_borrow(struct paging *pg, struct pg_seq *s)
+{
+    if (paging_host_free(pg) || pg->n_dio)
+        return false;
+    uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
+    return !d || !disk_spillable(pg, s);
+}
+
+/* A host page whose slot can be borrowed (no transfer on it), or 0. */
+static uint32_t borrow_page(struct paging *pg)
+{
+    for (uint32_t i = 0; i < pg->p.max_pages; i++) {
+        const struct pg_page *p = &pg->pages[i];
+        if (p->refs && p->tier == PG_TIER_HOST && !p->jobs && p->staged == STG_NONE)
+            return i + 1;
+    }
+    return 0;
+}
+
+/* Copies the borrowed page's slot into frame f (mapped at the scratch page) and waits, or
+   (back) the frame into the slot and unmaps it. Synchronous. */
+static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
+{
+    void *hp = pg->p.host->ptr(pg->p.host->arg, page_at(pg, id)->host_slot);
+    int rc = 0;
+    if (!back && (rc = seq_map_frames(pg, pg->scratch_va, &f, 1)))
+        return rc;
+    rc = back ? vmm_copy_dtoh(pg->v, hp, pg->scratch_va, pg->p.page_size, pg->copy_stream)
+              : vmm_copy_htod(pg->v, pg->scratch_va, hp, pg->p.page_size, pg->copy_stream);
+    int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (!rc)
+        rc = src;
+    if (back || rc)
+        seq_unmap_must(pg, pg->scratch_va, 1);
+    if (!rc && back)
+        pg->c.bytes_to_host += pg->p.page_size;
+    else if (!rc)
+        pg->c.bytes_to_device += pg->p.page_size;
+    if (rc && back)
+        klog_error("paging: restoring host page %u from its parking frame failed (%d)", id, rc);
+    return rc;
 }
 
 /* A staged swap-in: s has more disk pages than the host tier can hold at once. Every page
@@ -460,7 +551,9 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
    keep their tiers until everything is in place; a failure unmaps the window, pools the
    fresh frames and frees the staging slots: s stays wholly non-resident, nothing changed
    (except that a page whose read failed is damaged, as for any failed read back:
-   -EBADMSG). -ENOMEM not enough frames or no host slot to stage through; -EIO. */
+   -EBADMSG). When no host slot can be had, one is borrowed (stage_must_borrow) and the
+   batches are of one page. -ENOMEM not enough frames or no host slot to stage through;
+   -EIO. */
 static int swap_in_staged(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s);
@@ -472,13 +565,16 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
             need += t == PG_TIER_HOST || t == PG_TIER_DISK;
             ndk += t == PG_TIER_DISK;
         }
-    if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
-        return rc;
-    if (pool_available(pg) < need)
+    uint32_t bw = stage_must_borrow(pg, s) ? borrow_page(pg) : 0, extra = bw ? 1 : 0;
+    if (!bw && stage_must_borrow(pg, s))
         return -ENOMEM;
-    if (!paging_host_free(pg) && (rc = paging_host_room(pg, 1, seq_handle(pg, s))))
+    if (pool_available(pg) < need + extra && pg->defer && (rc = defer_reap(pg, true)))
+        return rc;
+    if (pool_available(pg) < need + extra)
+        return -ENOMEM;
+    if (!bw && !paging_host_free(pg) && (rc = paging_host_room(pg, 1, seq_handle(pg, s))))
         return rc;                      /* (pressure relief: spills another's host page) */
-    uint32_t bmax = (uint32_t)paging_host_free(pg);
+    uint32_t bmax = bw ? 1 : (uint32_t)paging_host_free(pg);
     if (bmax > ndk)
         bmax = ndk;
     uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
@@ -491,8 +587,12 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     if (!fr || !ids || !vas || !ds || !hs)
         goto out_free;
     uint32_t *fresh = fr + (size_t)nr * np;
-    if ((rc = pool_take(pg, need, fresh)))
+    if ((rc = pool_take(pg, need + extra, fresh)))
         goto out_rollback;
+    if (bw && (rc = borrow_park(pg, bw, fresh[need], false))) {
+        pool_give(pg, fresh, need + extra);
+        goto out_rollback;
+    }
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
             struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
@@ -517,10 +617,15 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
                                     pg->p.page_size, pg->copy_stream)))
                 goto out_sync;
         }
+    /* a borrowed slot may be one of s's host pages: its copy is done before it is reused */
+    if (bw && (rc = vmm_stream_sync(pg->v, pg->copy_stream)))
+        goto out_sync;
     for (uint32_t b = 0; b < ndk; b += bmax) {
         uint32_t m = ndk - b < bmax ? ndk - b : bmax;
         for (nh = 0; nh < m; nh++)
-            if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs[nh])))
+            if (bw)
+                hs[nh] = page_at(pg, bw)->host_slot;
+            else if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs[nh])))
                 goto out_sync;
         if ((rc = disk_stage_io(pg, false, ids + b, ds + b, hs, m)))
             goto out_sync;
@@ -532,11 +637,19 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
             rc = src;
         if (rc)
             goto out_sync;
-        while (nh > 0)
+        while (nh > 0 && !bw)
             pg->p.host->free(pg->p.host->arg, hs[--nh]);
+        nh = 0;
     }
     if ((rc = vmm_stream_sync(pg->v, pg->copy_stream)))
         goto out_sync;
+    if (bw) {
+        extra = 0;                      /* unmapped by borrow_park, success or not */
+        rc = borrow_park(pg, bw, fresh[need], true);
+        pool_give(pg, fresh + need, 1);
+        if (rc)
+            goto out_sync;
+    }
     /* commit: nothing below fails */
     k = 0;
     for (uint32_t q = 0; q < nr; q++)
@@ -570,11 +683,15 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
 
 out_sync:
     vmm_stream_sync(pg->v, pg->copy_stream);     /* the copies made write into the window */
-    while (nh > 0)
+    while (nh > 0 && !bw)
         pg->p.host->free(pg->p.host->arg, hs[--nh]);
 out_unmap:
     while (r-- > 0)
         seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+    if (extra) {
+        (void)borrow_park(pg, bw, fresh[need], true);   /* a failure is logged */
+        pool_give(pg, fresh + need, 1);
+    }
     pool_give(pg, fresh, need);
 out_rollback:
     pool_rollback(pg, mark);
@@ -609,19 +726,29 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
         rc = in_plan(pg, s, &staged);
     if (!rc && staged)
         return swap_in_staged(pg, s);
-    if (!rc && pg->p.disk)
-        for (uint32_t r = 0; r < pg->p.n_regions && !rc; r++)
-            rc = disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
     if (rc)
         return rc;
     uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s), need = 0;
+    /* the frames first (host and disk pages alike), before a disk page is read back or
+       another sequence's host page spilled for room: a failed call moves nothing */
     for (uint32_t r = 0; r < nr; r++)
-        for (uint32_t i = 0; i < np; i++)
-            need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
+        for (uint32_t i = 0; i < np; i++) {
+            uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+            need += t == PG_TIER_HOST || t == PG_TIER_DISK;
+        }
     if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need)
         return -ENOMEM;
+    if (pg->p.disk)
+        for (uint32_t r = 0; r < nr && !rc; r++)
+            rc = disk_unspill(pg, pg_bt(pg, s, r), np, s);
+    if (rc)
+        return rc;
+    need = 0;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++)
+            need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
     uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
     struct pg_defer *d = job_new(pg, s, DF_IN, need);
     uint32_t mark = pg->n_created, r = 0;
@@ -740,22 +867,70 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     if (length > pg->p.max_tokens)
         return -E2BIG;
     uint32_t n = 0, nr = pg->p.n_regions;
+    bool disk = false;
     if (s->out)
         for (uint32_t r = 0; r < nr; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
                 uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
                 n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
+                disk |= t == PG_TIER_DISK || page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
             }
+    if (disk && stage_must_borrow(pg, s))
+        n++;                            /* the frame a borrowed staging slot waits in */
     if (length > s->length) {
         uint32_t np = (uint32_t)pg_pages_for(pg, length);
-        uint32_t grow = (np - s->n_pages) * nr;
-        uint32_t ahead = s->out ? 0 : s->n_ahead * nr;
-        n += grow > ahead ? grow - ahead : 0;
+        /* every new page takes a frame, its own map-ahead ones included: those count as
+           free in paging_frames_free already (subtracting them here counted them twice) */
+        n += (np - s->n_pages) * nr;
         if ((s->length * pg->p.bytes_per_token) % pg->p.page_size)
             n += cow_needed(pg, s, 0, nr, s->n_pages - 1, s->n_pages);
     }
     *frames = n;
     return 0;
+}
+
+int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+                      uint64_t b1, uint32_t *frames)
+{
+    struct pg_seq *s;
+    int rc = paging_need(pg, h, 0, frames);
+    if (rc || seq_lookup(pg, h, &s))
+        return rc;
+    uint64_t ps = pg->p.page_size;
+    if (b0 < b1)
+        *frames += cow_needed(pg, s, r0, r1, (uint32_t)(b0 / ps), (uint32_t)((b1 + ps - 1) / ps));
+    return 0;
+}
+
+int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                      uint64_t *frames)
+{
+    uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
+    uint64_t k = 0;
+    int rc = seen ? 0 : -ENOMEM;
+    for (size_t j = 0; j < n && !rc; j++) {
+        struct pg_seq *s;
+        if ((rc = seq_lookup(pg, hs[j], &s)))
+            break;
+        if (lengths[j] > pg->p.max_tokens) {
+            rc = -E2BIG;
+            break;
+        }
+        for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
+            for (uint32_t i = 0; i < s->n_pages; i++) {
+                uint32_t id = pg_bt(pg, s, r)[i];
+                uint8_t t = page_at(pg, id)->tier;
+                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id - 1])
+                    k++;              /* a page shared in the batch comes back once */
+                seen[id - 1] = 1;
+            }
+        if (lengths[j] > s->length)
+            k += (pg_pages_for(pg, lengths[j]) - s->n_pages) * pg->p.n_regions;
+    }
+    free(seen);
+    if (!rc)
+        *frames = k;
+    return rc;
 }
 
 bool paging_seq_resident(struct paging *pg, uint64_t h)

@@ -2,7 +2,8 @@
 # Installs what libkvvm needs to build and test on Debian 12 (run as root). Idempotent: does
 # nothing when everything is present.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config liburing-dev libxxhash-dev libcriterion-dev)
+pkgs=(build-essential cmake pkg-config liburing-dev libxxhash-dev libcriterion-dev
+      python3 python3-numpy python3-torch python3-pytest python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

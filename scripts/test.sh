@@ -2,8 +2,10 @@
 # The test command (README, .ci/run): installs dependencies, builds, runs the whole suite on
 # the emulated device, then again under AddressSanitizer+UBSan, then the multi-threaded test
 # (tests/tsan_threads.c, the reclaim thread running; again with the disk tier) under
-# ThreadSanitizer. Tests labelled `gpu` skip themselves with a printed reason when no GPU is
-# present; the long `soak` label is run by hand: (cd build && ctest -L soak).
+# ThreadSanitizer. The Python package's tests (python/tests) run after the first suite, the
+# model test once more from a fresh virtual environment after `pip install ./python`.
+# Tests labelled `gpu` skip themselves with a printed reason when no GPU is present; the long
+# `soak` label is run by hand: (cd build && ctest -L soak).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -14,6 +16,20 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVVM_WERROR=ON >/dev/nul
 cmake --build build -j"$jobs"
 echo "=== tests ==="
 (cd build && ctest --output-on-failure -LE soak)
+echo "=== Python package (python/tests, /usr/bin/python3, build/libkvvm.so) ==="
+# The system interpreter: Debian's python3-torch/numpy/pytest belong to it (another python3
+# may come first on PATH). KVVM_EMU_OPAQUE=1 as for the C tests: each test says what it needs.
+KVVM_LIBRARY="$PWD/build/libkvvm.so" KVVM_EMU_OPAQUE=1 \
+  /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider python/tests
+echo "=== Python package: pip install ./python into a fresh venv, then the model test ==="
+root=$PWD venv=$(mktemp -d /tmp/kvvm-venv.XXXXXX)
+/usr/bin/python3 -m venv --system-site-packages "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check ./python
+# from outside the tree, so the installed package is the one imported (checked)
+(cd "$venv" && export KVVM_LIBRARY="$root/build/libkvvm.so" &&
+   "$venv/bin/python" -c 'import kvvm, sys; assert kvvm.__file__.startswith(sys.prefix), kvvm.__file__' &&
+   "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_model.py")
+rm -rf "$venv"
 
 if [ "${KVVM_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "=== build (AddressSanitizer + UBSan) ==="

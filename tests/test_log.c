@@ -65,3 +65,16 @@ Test(log, version_string)
              KVVM_VERSION_PATCH);
     cr_expect_str_eq(kvvm_version(), want);
 }
+
+/* Regression: kvvm_config_init warned "unknown environment variable" for KVVM_EMU_MAX_MAPS
+   (read by the emulated device) and KVVM_LIBRARY (read by the Python package). */
+Test(config_env, known_variables_read_elsewhere_are_not_unknown)
+{
+    setenv("KVVM_EMU_MAX_MAPS", "1000", 1);
+    setenv("KVVM_LIBRARY", "/nonexistent/libkvvm.so", 1);
+    kvvm_set_log(capture, NULL, KVVM_LOG_WARN);
+    struct kvvm_config cfg;
+    kvvm_config_init(&cfg);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
+    cr_expect_eq(calls, 0, "config_init warned: %s", last);
+}

@@ -1,8 +1,9 @@
 /*
  * tools/kvvm-bench/bench.h: the benchmark tool's shared harness. Each benchmark group lives in
  * its own file and defines one entry point declared below; main.c runs the groups that exist
- * (weak symbols) and the user selected. Every figure is reported beside a baseline measured in
- * the same run, as a ratio; nothing is asserted.
+ * (weak symbols) and the user selected. A figure is reported beside a baseline measured in the
+ * same run, as a ratio, only where the baseline does the same work by other means (a fair
+ * one); a figure without one shows none. Nothing is asserted.
  */
 #ifndef KVVM_BENCH_H
 #define KVVM_BENCH_H
@@ -23,7 +24,7 @@ struct bench_ctx {
 
 /* Reports one figure: value in unit, beside baseline (same unit) measured in the same run.
    ratio = value / baseline is printed; lower_is_better says how to read it. A baseline of 0
-   means none (printed as "-"). */
+   means none (printed as "-"): give none rather than an unfair one. */
 void bench_report(struct bench_ctx *b, const char *group, const char *op, double value,
                   double baseline, const char *baseline_name, const char *unit,
                   int lower_is_better);

@@ -3,13 +3,15 @@
  * 2 MiB pages (one token = one page, one region):
  *  - swap-out and swap-in of one sequence of B pages, B = 1, 16, 256 (quick: 1, 16, 64):
  *    throughput = the bytes the stats count (bytes_to_host / bytes_to_device) over the wall
- *    time of the call plus kvvm_sync, against
- *      (a) memcpy of the same bytes between two host buffers (the emulator's copy is a memcpy),
+ *    time of the call plus kvvm_sync, against its fair baseline
  *      (b) a bare loop through the vmm layer (the driver table) doing the same copies and the
  *          same map / set-access / unmap calls on an emulated device of its own;
+ *    and, on a row of its own without a ratio,
+ *      (a) memcpy of the same bytes between two host buffers (the emulator's copy is a memcpy:
+ *          the physical floor, hot in cache for small B, so no fair baseline of a swap);
  *  - direct-reclaim latency: a grow of one page on a full device under KVVM_F_AUTO_SWAP with
  *    the watermarks at 0 (no background round), each one swapping out the least recently used
- *    sequence synchronously (p50 / p99 against a grow with a ready frame).
+ *    sequence synchronously (p50 / p99 against the p50 / p99 of a grow with a ready frame).
  */
 #include "bench.h"
 
@@ -198,7 +200,8 @@ static int cmp_d(const void *a, const void *b)
 }
 
 /* Grows of one page on a full device: each reclaims (swaps out) the LRU sequence. */
-static int reclaim_latency(struct bench_ctx *b, double *p50, double *p99, double *base50)
+static int reclaim_latency(struct bench_ctx *b, double *p50, double *p99, double *base50,
+                           double *base99)
 {
     enum { DEV = 32 };
     int n = b->quick ? 64 : 256;
@@ -248,6 +251,7 @@ static int reclaim_latency(struct bench_ctx *b, double *p50, double *p99, double
         *p50 = lat[n / 2];
         *p99 = lat[(n * 99) / 100];
         *base50 = free_lat[DEV / 2];
+        *base99 = free_lat[(DEV * 99) / 100];
     }
     free(lat);
     free(free_lat);
@@ -275,24 +279,25 @@ int bench_swap(struct bench_ctx *b)
             return rc;
         }
         double mc = raw_memcpy(b, B);
-        snprintf(op, sizeof op, "swap-out %3u x %zu KiB vs bare loop", B, page_of(b) >> 10);
-        bench_report(b, G, op, lo, bo, "vmm loop", "MiB/s", 0);
-        snprintf(op, sizeof op, "swap-out %3u x %zu KiB vs memcpy", B, page_of(b) >> 10);
-        bench_report(b, G, op, lo, mc, "memcpy", "MiB/s", 0);
-        snprintf(op, sizeof op, "swap-in  %3u x %zu KiB vs bare loop", B, page_of(b) >> 10);
-        bench_report(b, G, op, li, bi, "vmm loop", "MiB/s", 0);
-        snprintf(op, sizeof op, "swap-in  %3u x %zu KiB vs memcpy", B, page_of(b) >> 10);
-        bench_report(b, G, op, li, mc, "memcpy", "MiB/s", 0);
+        /* the fair baseline is the bare loop: the same copies and map / unmap calls through
+           the vmm layer without libkvvm's bookkeeping. memcpy (two host buffers, hot in
+           cache for small B) is the copy's physical floor, shown on its own, no ratio. */
+        snprintf(op, sizeof op, "swap-out %3u x %zu KiB", B, page_of(b) >> 10);
+        bench_report(b, G, op, lo, bo, "same copies, bare vmm loop", "MiB/s", 0);
+        snprintf(op, sizeof op, "swap-in  %3u x %zu KiB", B, page_of(b) >> 10);
+        bench_report(b, G, op, li, bi, "same copies, bare vmm loop", "MiB/s", 0);
+        snprintf(op, sizeof op, "memcpy   %3u x %zu KiB (host to host)", B, page_of(b) >> 10);
+        bench_report(b, G, op, mc, 0, NULL, "MiB/s", 0);
     }
-    double p50, p99, base;
-    int rc = reclaim_latency(b, &p50, &p99, &base);
+    double p50, p99, base, base99;
+    int rc = reclaim_latency(b, &p50, &p99, &base, &base99);
     if (rc) {
         fprintf(stderr, "bench swap: direct reclaim run failed: %d\n", rc);
         return rc;
     }
     bench_report(b, G, "grow 1 page with direct reclaim: p50", p50, base, "grow with room p50",
-                 "us", 1);
-    bench_report(b, G, "grow 1 page with direct reclaim: p99", p99, base, "grow with room p50",
-                 "us", 1);
+                 "us/op", 1);
+    bench_report(b, G, "grow 1 page with direct reclaim: p99", p99, base99,
+                 "grow with room p99 (32 grows)", "us/op", 1);
     return 0;
 }

@@ -13,7 +13,7 @@
  *   map_run n=1/8/64    vmm_map_run of n pages (one set-access per run), ns/page
  *   unmap 1 page        vmm_unmap of one page, ns/op; unmap run of 64, ns/page
  *   alias map           vmm_map_run(n = 1) of a handle already mapped elsewhere, ns/op
- *   copy htod/dtoh/dtod vmm_copy_* + vmm_stream_sync on a non-blocking stream, GB/s
+ *   copy htod/dtoh/dtod vmm_copy_* + vmm_stream_sync on a non-blocking stream, MiB/s
  *                       (10^9 bytes/s); again on the NULL stream (on the emulated device
  *                       that runs in the caller: the copy without the worker hand-off)
  *
@@ -573,7 +573,9 @@ out_unmap_a:
                 continue;
             if ((rc = measure(s, t_copy, d, s->b->trials * s->copy_reps, m)))
                 break;
-            report(s, names[d], m[0][0], m[1][0], "memcpy", cu_names[d], "GB/s", 0);
+            /* bytes per ns -> MiB/s, the bandwidth unit of every group */
+            report(s, names[d], m[0][0] * 1e9 / 1048576.0, m[1][0] * 1e9 / 1048576.0,
+                   "memcpy", cu_names[d], "MiB/s", 0);
         }
     }
     if (s->cuda)

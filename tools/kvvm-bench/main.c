@@ -84,10 +84,19 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
 
     fmt_value(v, sizeof v, value);
     fmt_value(bv, sizeof bv, has_base ? baseline : NAN);
-    if (has_base)
-        /* "x" then a hint of which way is good, so a reader need not know the unit. */
-        snprintf(r, sizeof r, "%.2fx%s", ratio,
-                 (lower_is_better ? ratio > 1.0 : ratio < 1.0) ? "-" : "+");
+    if (has_base) {
+        /* "x" then a hint of which way is good, so a reader need not know the unit;
+           0.1..100: two decimals; beyond, whole numbers ("1/1088x" = 1088 times smaller) */
+        const char *hint = (lower_is_better ? ratio > 1.0 : ratio < 1.0) ? "-" : "+";
+        if (ratio >= 100.0)
+            snprintf(r, sizeof r, "%.0fx%s", ratio, hint);
+        else if (ratio >= 0.1)
+            snprintf(r, sizeof r, "%.2fx%s", ratio, hint);
+        else if (ratio > 0.0)
+            snprintf(r, sizeof r, "1/%.0fx%s", 1.0 / ratio, hint);
+        else
+            snprintf(r, sizeof r, "0x%s", hint);
+    }
     else
         snprintf(r, sizeof r, "-");
     printf(ROW_FMT, group, op, v, unit, has_base && baseline_name ? baseline_name : "-", bv, r);
@@ -117,6 +126,26 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
     b->n_json++;
 }
 
+/* Opens a context on the backend asked for: 0 and its name, or the error (the reason is then
+   kvvm_last_error()). */
+static int probe_backend(int backend, const char **name)
+{
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = (enum kvvm_backend)backend;
+    c.max_seqs = 1;
+    c.max_tokens = 16;
+    kvvm *kv = NULL;
+    int rc = kvvm_open(&c, &kv);
+    if (rc)
+        return rc;
+    *name = !strcmp(kvvm_backend_name(kv), "cuda") ? "cuda" : "emulated";
+    kvvm_close(kv);
+    if (backend == KVVM_BACKEND_CUDA && strcmp(*name, "cuda"))
+        return -ENODEV;
+    return 0;
+}
+
 struct group {
     const char *name;
     int (*fn)(struct bench_ctx *b);
@@ -138,7 +167,9 @@ static void usage(FILE *f, const char *argv0)
 "  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
 "  --help               this text\n"
 "\n"
-"ratio = value / baseline; a trailing '+' means at least as good as the baseline, '-' worse.\n",
+"ratio = value / baseline; a trailing '+' means at least as good as the baseline, '-' worse.\n"
+"A figure without a fair baseline (one doing the same work by other means) shows none.\n"
+"Times are ns/op, us/op (per call), us/step or ms (wall); bandwidths MiB/s; memory MiB.\n",
             argv0);
 }
 
@@ -259,10 +290,25 @@ int main(int argc, char **argv)
         fputc('[', b.json);
     }
 
-    printf("kvvm-bench %s: %d trials (median)%s, backend %s",
+    /* --backend cuda means a GPU: without one, fail here instead of running the groups on
+       the emulated device under a "cuda" banner; auto says what it resolved to */
+    const char *resolved = "emulated";
+    if (b.backend != KVVM_BACKEND_EMULATED) {
+        rc = probe_backend(b.backend, &resolved);
+        if (rc) {
+            fprintf(stderr, "kvvm-bench: --backend %s: no usable CUDA device (%s); run on a "
+                    "GPU machine, or use --backend emulated\n",
+                    b.backend == KVVM_BACKEND_CUDA ? "cuda" : "auto", kvvm_last_error());
+            if (b.json)
+                fclose(b.json);
+            return 1;
+        }
+    }
+    printf("kvvm-bench %s: %d trials (median)%s, backend %s%s%s",
            kvvm_version(), b.trials, b.quick ? ", quick" : "",
-           b.backend == KVVM_BACKEND_AUTO ? "auto" :
-           b.backend == KVVM_BACKEND_CUDA ? "cuda" : "emulated");
+           b.backend == KVVM_BACKEND_AUTO ? "auto -> " : "", resolved,
+           strcmp(resolved, "emulated") ? " (group vmm; paging, swap and spill measure their "
+           "layers on the emulated device)" : "");
     if (b.granule)
         printf(", granule %zu KiB", b.granule >> 10);
     printf("\n\n");

@@ -1250,6 +1250,14 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
         double t = (now_ns() - e->t0) / 1e9;
         if ((o->steps && e->step >= o->steps) || (o->duration_s > 0 && t >= o->duration_s))
             break;
+        if (stress_stop) {
+            r->interrupted = stress_stop;
+            fprintf(stderr, "%skvvm-stress: %s at step %llu: stopping; verifying and freeing "
+                    "the live sequences, then the summary and reports (again to kill now)\n",
+                    tty ? "\n" : "", stress_stop == SIGINT ? "SIGINT" : "SIGTERM",
+                    (unsigned long long)e->step);
+            break;
+        }
         refresh_stats(e);
         arrivals(e);
         rotate(e);

@@ -6,10 +6,23 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "stress.h"
+
+volatile sig_atomic_t stress_stop;
+
+/* The first SIGINT/SIGTERM ends the run at the next step boundary (then the final drain,
+   summary and reports, as at the end of --duration); a second one kills at once. */
+static void on_signal(int sig)
+{
+    stress_stop = sig;
+}
 
 struct preset {
     const char *name;
@@ -43,9 +56,11 @@ static void usage(FILE *f)
 "  --page-size SIZE       KV page size (default: 64K on the emulated device, else granule)\n"
 "Memory and tiers:\n"
 "  --backend auto|cuda|emulated   (default emulated)\n"
-"  --oversubscribe X      live KV = X times the device budget (default 4)\n"
+"  --oversubscribe X      live KV = X times the device budget, 0.1..1000 (default 4; at\n"
+"                         X <= 1: host tier 1/4 of the device, no disk unless asked for)\n"
 "  --device-budget SIZE   device bytes for KV pages (default per preset: 256M tiny)\n"
-"  --host-budget SIZE     pinned host bytes (default: half the overflow, (X-1)/2 x device)\n"
+"  --host-budget SIZE     pinned host bytes (default: half the overflow, (X-1)/2 x device;\n"
+"                         1/4 x device at X <= 1)\n"
 "  --spill-dir DIR        spill file directory (default /var/tmp)\n"
 "  --spill-budget SIZE    disk bytes (default 1.5 x the overflow)\n"
 "  --no-disk              no disk tier (host budget then 1.25 x the overflow)\n"
@@ -54,7 +69,8 @@ static void usage(FILE *f)
 "Workload:\n"
 "  --seed N               exact reproducibility with --steps (default 1)\n"
 "  --steps N              stop after N steps (default: none)\n"
-"  --duration S           stop after S seconds (default 60 unless --steps is given)\n"
+"  --duration S           stop after S > 0 seconds (default 60 unless --steps is given);\n"
+"                         SIGINT/SIGTERM end any run early with the summary and reports\n"
 "  --prompt-len M[:S[:MIN:MAX]]   log-normal median, sigma, clip (tiny: 200:1.0:8:4096)\n"
 "  --output-len M[:S[:MIN:MAX]]   (tiny: 100:0.8:4:1024)\n"
 "  --system-prompt N      shared system prompt tokens, 0 = none (tiny: 96)\n"
@@ -67,7 +83,7 @@ static void usage(FILE *f)
 "  --verify-every N       steps between sampled verifications, 0 = none (8)\n"
 "  --max-seqs N --max-tokens N   context limits (default: derived from the workload)\n"
 "Output:\n"
-"  --json FILE            JSON report ('-' = stdout)\n"
+"  --json FILE            JSON report ('-' = stdout: then the summary goes to stderr)\n"
 "  --trace FILE           CSV timeline of pages in use per tier (and FILE.svg plot)\n"
 "  --plot FILE            SVG plot of the timeline (default: the trace's name + .svg)\n"
 "  --quiet                no progress line (it is shown only on a terminal anyway)\n"
@@ -199,10 +215,105 @@ static const struct option longopts[] = {
     { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
 };
 
-static int bad(const char *opt, const char *val)
+/* What each option with a value accepts, for the message about a bad one. */
+static const char *valid_values(int c)
 {
-    fprintf(stderr, "kvvm-stress: bad value for --%s: '%s' (see --help)\n", opt, val);
+    switch (c) {
+    case O_PRESET: return "tiny, llama3-8b or llama3-70b";
+    case O_LAYERS: case O_HEADS: case O_HDIM: case O_DTYPE: case O_BATCH: case O_QUANTUM:
+        return "an integer from 1 to 4294967295";
+    case O_LAYOUT: return "layer (per-layer) or token (token-major)";
+    case O_PAGE: return "a size that is a multiple of 4K, e.g. 64K or 2M";
+    case O_BACKEND: return "auto, cuda or emulated";
+    case O_OVER: return "a number from 0.1 to 1000";
+    case O_DEV: return "a size > 0 with an optional K/M/G/T suffix, e.g. 256M";
+    case O_HOST: case O_SPILLB: return "a size with an optional K/M/G/T suffix, e.g. 512M";
+    case O_PREEMPT: return "swap, auto or recompute";
+    case O_SEED: return "an integer from 0 to 2^64-1";
+    case O_STEPS: return "an integer from 0 (no step limit) to 2^64-1";
+    case O_DURATION: return "seconds > 0, e.g. 30 or 0.5";
+    case O_PROMPT: case O_OUTPUT:
+        return "MEDIAN[:SIGMA[:MIN:MAX]] with MEDIAN >= 1, SIGMA >= 0, 1 <= MIN <= MAX";
+    case O_SYS: return "tokens from 0 (none) to 4294967295";
+    case O_SHARE: case O_PAR: case O_BEAM: return "a fraction from 0 to 1";
+    case O_MAXPAR: return "an integer from 2 to 64";
+    case O_VERIFY: return "steps from 0 (no sampled verification) to 4294967295";
+    case O_MAXSEQS: return "an integer from 8 to 4294967295";
+    case O_MAXTOK: return "an integer >= 16";
+    }
+    return "see --help";
+}
+
+static int bad_opt(const char *opt, int c, const char *val)
+{
+    fprintf(stderr, "kvvm-stress: bad value for --%s: '%s' (valid: %s)\n", opt, val,
+            valid_values(c));
     return 2;
+}
+#define bad(name, val) bad_opt((name), c, (val))
+
+/* An output file must be writable before the run starts, not after it: the file exists and
+   is writable, or its directory exists and is. 0, or 2 with the reason printed. */
+static int check_out_path(const char *opt, const char *path)
+{
+    struct stat st;
+    if (!strcmp(path, "-") && !strcmp(opt, "json"))
+        return 0;
+    if (!*path) {
+        fprintf(stderr, "kvvm-stress: --%s: empty file name\n", opt);
+        return 2;
+    }
+    if (!stat(path, &st)) {
+        if (S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "kvvm-stress: --%s %s: is a directory; give a file name\n", opt,
+                    path);
+            return 2;
+        }
+        if (access(path, W_OK)) {
+            fprintf(stderr, "kvvm-stress: --%s %s: not writable: %s\n", opt, path,
+                    strerror(errno));
+            return 2;
+        }
+        return 0;
+    }
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1,
+             slash ? path : ".");
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kvvm-stress: --%s %s: directory %s does not exist\n", opt, path,
+                dir);
+        return 2;
+    }
+    if (access(dir, W_OK | X_OK)) {
+        fprintf(stderr, "kvvm-stress: --%s %s: cannot create a file in %s: %s\n", opt, path,
+                dir, strerror(errno));
+        return 2;
+    }
+    return 0;
+}
+
+/* The spill directory, in words, before kvvm_open would refuse it with an errno. */
+static int check_spill_dir(const char *dir)
+{
+    struct stat st;
+    if (stat(dir, &st)) {
+        fprintf(stderr, "kvvm-stress: --spill-dir %s: %s; create it, give another directory "
+                "on a local disk, or run without a disk tier (--no-disk)\n", dir,
+                errno == ENOENT ? "no such directory" : strerror(errno));
+        return 2;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kvvm-stress: --spill-dir %s: not a directory (the spill file is "
+                "created inside it)\n", dir);
+        return 2;
+    }
+    if (access(dir, W_OK | X_OK)) {
+        fprintf(stderr, "kvvm-stress: --spill-dir %s: this user cannot create files there "
+                "(%s); give a writable directory or --no-disk\n", dir, strerror(errno));
+        return 2;
+    }
+    return 0;
 }
 
 static size_t round_up(size_t v, size_t a) { return a ? (v + a - 1) / a * a : v; }
@@ -213,7 +324,7 @@ int main(int argc, char **argv)
     const struct preset *ps = &presets[0];
     uint32_t layers = 0, heads = 0, hdim = 0, dtype = 0, sys = UINT32_MAX;
     struct dist prompt = { 0 }, output = { 0 };
-    int have_prompt = 0, have_output = 0, have_duration = 0, no_disk = 0;
+    int have_prompt = 0, have_output = 0, have_duration = 0, no_disk = 0, have_spill_dir = 0;
     o.backend = KVVM_BACKEND_EMULATED;
     o.preempt = PREEMPT_SWAP;
     o.oversubscribe = 4.0;
@@ -279,7 +390,7 @@ int main(int argc, char **argv)
             break;
         case O_HOST: if (parse_size(optarg, &o.host_budget)) return bad(name, optarg); break;
         case O_SPILLB: if (parse_size(optarg, &o.spill_budget)) return bad(name, optarg); break;
-        case O_SPILLDIR: o.spill_dir = optarg; break;
+        case O_SPILLDIR: o.spill_dir = optarg; have_spill_dir = 1; break;
         case O_NODISK: no_disk = 1; break;
         case O_PREEMPT:
             if (!strcmp(optarg, "swap")) o.preempt = PREEMPT_SWAP;
@@ -291,7 +402,7 @@ int main(int argc, char **argv)
         case O_SEED: if (parse_u64(optarg, &o.seed)) return bad(name, optarg); break;
         case O_STEPS: if (parse_u64(optarg, &o.steps)) return bad(name, optarg); break;
         case O_DURATION:
-            if (parse_double(optarg, &o.duration_s) || o.duration_s < 0)
+            if (parse_double(optarg, &o.duration_s) || o.duration_s <= 0)
                 return bad(name, optarg);
             have_duration = 1;
             break;
@@ -345,7 +456,9 @@ int main(int argc, char **argv)
         case O_QUIET: o.quiet = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
         case O_HELP: case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            fprintf(stderr, "kvvm-stress: see --help for every option and its values\n");
+            return 2;
         }
     }
     if (optind < argc) {
@@ -383,7 +496,8 @@ int main(int argc, char **argv)
         while (granule > 4096 && o.page_size % granule)
             granule /= 2;
         if (!o.page_size || o.page_size % 4096) {
-            fprintf(stderr, "kvvm-stress: --page-size must be a multiple of 4 KiB\n");
+            fprintf(stderr, "kvvm-stress: bad value for --page-size: %zu bytes (valid: %s)\n",
+                    o.page_size, valid_values(O_PAGE));
             return 2;
         }
     }
@@ -396,10 +510,14 @@ int main(int argc, char **argv)
     o.device_budget = round_up(o.device_budget, page_est);
     double X = o.oversubscribe;
     size_t overflow = X > 1 ? (size_t)((X - 1) * (double)o.device_budget) : 0;
-    if (no_disk)
+    /* X <= 1: the live KV fits the device, so no disk tier unless one is asked for; a host
+       tier of a quarter of the device takes the requests that rotation swaps out while
+       others wait (X = 1 runs at the device's edge) */
+    if (no_disk || (!overflow && !have_spill_dir && !o.spill_budget))
         o.spill_dir = NULL;
     if (!o.host_budget)
-        o.host_budget = no_disk ? overflow + overflow / 4 : overflow / 2;
+        o.host_budget = !overflow ? o.device_budget / 4
+                                  : no_disk ? overflow + overflow / 4 : overflow / 2;
     o.host_budget = round_up(o.host_budget, page_est);
     if (o.spill_dir && !o.spill_budget)
         o.spill_budget = overflow + overflow / 2 > 64 * MiB ? overflow + overflow / 2 : 64 * MiB;
@@ -429,6 +547,15 @@ int main(int argc, char **argv)
         o.plot_path = plot;
     }
 
+    int rc;
+    if ((o.json_path && (rc = check_out_path("json", o.json_path))) ||
+        (o.trace_path && (rc = check_out_path("trace", o.trace_path))) ||
+        (o.plot_path && (rc = check_out_path("plot", o.plot_path))) ||
+        (o.spill_dir && (rc = check_spill_dir(o.spill_dir))))
+        return rc;
+    /* --json -: stdout carries the JSON alone; the banner and the summary go to stderr */
+    FILE *info = o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout;
+
     kvvm_set_log(NULL, NULL, o.verbose ? KVVM_LOG_INFO : KVVM_LOG_WARN);
 
     struct kvvm_config cfg;
@@ -454,6 +581,13 @@ int main(int argc, char **argv)
     for (int i = 0; i < LAT_N; i++)
         lat_init(&r.lat[i], lat_names[i]);
 
+    /* the library's threads (started by kvvm_open) block SIGINT/SIGTERM, so the signal
+       reaches this thread, never a library thread's system call */
+    sigset_t stop_sigs;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_sigs, NULL);
     kvvm *kv = NULL;
     int err = kvvm_open(&cfg, &kv);
     if (err && o.preempt == PREEMPT_AUTO && (err == -EOPNOTSUPP || err == -EINVAL)) {
@@ -465,12 +599,13 @@ int main(int argc, char **argv)
         err = kvvm_open(&cfg, &kv);
     }
     if (err) {
-        fprintf(stderr, "kvvm-stress: kvvm_open failed: %s (%d)\n", kvvm_strerror(err), err);
+        fprintf(stderr, "kvvm-stress: kvvm_open failed (%d): %s\n", err,
+                *kvvm_last_error() ? kvvm_last_error() : kvvm_strerror(err));
         return 2;
     }
     r.backend = kvvm_backend_name(kv);
 
-    printf("kvvm-stress: %s (%s layout, %u regions x %llu B/token), backend %s, device %.0f MiB, "
+    fprintf(info, "kvvm-stress: %s (%s layout, %u regions x %llu B/token), backend %s, device %.0f MiB, "
            "host %.0f MiB, disk %.0f MiB%s%s, x%.2f, preempt %s%s, seed %llu, %s%.0f%s\n",
            o.preset, o.token_major ? "token-major" : "per-layer", o.n_regions,
            (unsigned long long)o.bytes_per_token, r.backend, o.device_budget / (double)MiB,
@@ -479,9 +614,16 @@ int main(int argc, char **argv)
            preempt_names[o.preempt], o.stream ? ", stream" : "", (unsigned long long)o.seed,
            o.steps ? "steps " : "duration ", o.steps ? (double)o.steps : o.duration_s,
            o.steps ? "" : " s");
-    fflush(stdout);
+    fflush(info);
 
+    struct sigaction sa = { .sa_handler = on_signal, .sa_flags = SA_RESETHAND | SA_RESTART };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    pthread_sigmask(SIG_UNBLOCK, &stop_sigs, NULL);
     err = stress_run(&o, kv, &r);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     kvvm_close(kv);
     extract_io_engine(&r);
 
@@ -492,7 +634,7 @@ int main(int argc, char **argv)
         record_error(&r, r.steps, "no progress (no token decoded)", -ENOMEM, 0);
     }
     int status = (err || r.mismatches || r.unexpected_errors || r.aborted) ? 1 : 0;
-    report_summary(stdout, &o, &r, status);
+    report_summary(info, &o, &r, status);
     if (o.json_path && (err = report_json(o.json_path, &o, &r, status))) {
         fprintf(stderr, "kvvm-stress: cannot write %s: %s\n", o.json_path, strerror(-err));
         status = 1;

@@ -4,6 +4,8 @@
  * Nothing here talks to the library except the stats already gathered in struct results.
  */
 #include <errno.h>
+#include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -88,6 +90,8 @@ void record_error(struct results *r, uint64_t step, const char *op, int err, uin
     if (r->n_err < MAX_ERR_LOG)
         r->errs[r->n_err++] = (struct err_rec){ step, op, err, req };
 }
+
+static double ceil_div_d(double a, double b) { return ceil(a / b - 1e-9); }
 
 static double mib(uint64_t b) { return b / 1048576.0; }
 
@@ -212,6 +216,9 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
         fprintf(f, "    step %llu: %s (request %llu): %s\n", (unsigned long long)r->errs[i].step,
                 r->errs[i].op, (unsigned long long)r->errs[i].req,
                 kvvm_strerror(r->errs[i].err));
+    if (r->interrupted)
+        fprintf(f, "  interrupted: %s after %llu steps (everything live was still verified)\n",
+                r->interrupted == SIGINT ? "SIGINT" : "SIGTERM", (unsigned long long)r->steps);
     fprintf(f, "  result: %s (exit %d)\n", status == 0 ? "PASS" : "FAIL", status);
 }
 
@@ -276,13 +283,14 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             "\"beam_replacements\": %llu, \"truncates\": %llu, \"swap_outs\": %llu, "
             "\"swap_ins\": %llu, \"preempt_recompute\": %llu, \"enomem_handled\": %llu, "
             "\"batch_shrinks\": %llu, \"peak_running\": %u, \"peak_live_requests\": %u, "
-            "\"aborted\": %s},\n",
+            "\"aborted\": %s, \"interrupted\": %s},\n",
             U(r->steps), r->elapsed_s, r->steps / t, U(r->tokens_decoded),
             r->tokens_decoded / t, U(r->tokens_prefilled), U(r->tokens_recomputed),
             U(r->tokens_written), U(r->requests_admitted), U(r->requests_finished),
             U(r->forks), U(r->shares), U(r->beam_replacements), U(r->truncates),
             U(r->swap_outs), U(r->swap_ins), U(r->preempt_recompute), U(r->enomem_handled),
-            U(r->batch_shrinks), r->peak_running, r->peak_live, r->aborted ? "true" : "false");
+            U(r->batch_shrinks), r->peak_running, r->peak_live, r->aborted ? "true" : "false",
+            !r->interrupted ? "null" : r->interrupted == SIGINT ? "\"SIGINT\"" : "\"SIGTERM\"");
     fprintf(f, "  \"library_counters\": {\"maps\": %llu, \"unmaps\": %llu, \"cow_copies\": %llu, "
             "\"swap_outs\": %llu, \"swap_ins\": %llu, \"spills\": %llu, \"unspills\": %llu, "
             "\"bytes_to_host\": %llu, \"bytes_to_device\": %llu, \"bytes_to_disk\": %llu, "
@@ -370,42 +378,145 @@ int report_trace(const char *path, const struct results *r)
     return err;
 }
 
-/* A stacked area plot of pages in use per tier over the steps, with the device capacity
-   and X times it as reference lines. At most ~1200 columns: each takes its bucket's max. */
+/* A tick spacing of 1, 2 or 5 x 10^k that divides [0, max] into about n intervals. */
+static double nice_step(double max, int n)
+{
+    if (max <= 0)
+        return 1;
+    double raw = max / n, p = 1;
+    while (p * 10 <= raw)
+        p *= 10;
+    while (p > raw)
+        p /= 10;
+    double m = raw / p;
+    return p * (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10);
+}
+
+/* One panel of the plot: its box on the page and its y range (rounded up to a tick). */
+struct panel {
+    double top, height, ymax, ystep;
+    uint64_t smax;
+};
+#define SVG_W 960.0
+#define SVG_L 70.0      /* left margin: y tick labels */
+#define SVG_R 150.0     /* right margin: the reference lines' labels, clear of the data */
+
+static double px(const struct panel *p, double step)
+{
+    return SVG_L + (SVG_W - SVG_L - SVG_R) * step / (double)p->smax;
+}
+static double py(const struct panel *p, double v)
+{
+    return p->top + p->height - p->height * v / p->ymax;
+}
+
+/* Axes, round-number ticks on both (about yticks on y), the y label; step labels only on the bottom panel. */
+static void svg_axes(FILE *f, struct panel *p, double data_max, int yticks,
+                     const char *ylabel, int step_labels)
+{
+    p->ystep = nice_step(data_max > 0 ? data_max : 1, yticks);
+    p->ymax = ceil_div_d(data_max > 0 ? data_max : 1, p->ystep) * p->ystep;
+    double x0 = SVG_L, x1 = SVG_W - SVG_R, y1 = p->top + p->height;
+    for (double v = 0; v <= p->ymax + p->ystep / 2; v += p->ystep) {
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#dddddd\"/>"
+                "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", x0, py(p, v),
+                x1, py(p, v), x0 - 6, py(p, v) + 4, v);
+    }
+    double sstep = nice_step((double)p->smax, 6);
+    for (double st = 0; st <= (double)p->smax + sstep / 1e6; st += sstep) {
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"black\"/>\n",
+                px(p, st), y1, px(p, st), y1 + 4);
+        if (step_labels)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n",
+                    px(p, st), y1 + 17, st);
+    }
+    fprintf(f, "<polyline fill=\"none\" stroke=\"black\" points=\"%.0f,%.0f %.0f,%.0f "
+            "%.0f,%.0f\"/>\n", x0, p->top, x0, y1, x1, y1);
+    fprintf(f, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" "
+            "text-anchor=\"middle\">%s</text>\n", p->top + p->height / 2,
+            p->top + p->height / 2, ylabel);
+}
+
+/* The legend of a panel, in the right margin from its top down. */
+static void svg_legend(FILE *f, const struct panel *p, int i, const char *color,
+                       const char *name, int line)
+{
+    double x = SVG_W - SVG_R + 12, y = p->top + 4 + 18 * i;
+    if (line)
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" "
+                "stroke-width=\"2\"/>", x, y + 6, x + 14, y + 6, color);
+    else
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"12\" fill=\"%s\"/>", x,
+                y, color);
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", x + 20, y + 11, name);
+}
+
+/* A series as a polyline, each of at most `cols` columns taking its bucket's max. */
+static void svg_series(FILE *f, const struct panel *p, const struct results *r, size_t cols,
+                       const char *color, double (*val)(const struct trace_pt *))
+{
+    size_t n = r->n_trace;
+    fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", color);
+    for (size_t c = 0; c < cols; c++) {
+        size_t a = c * n / cols, b = (c + 1) * n / cols;
+        double v = 0;
+        for (size_t i = a; i < b; i++)
+            if (val(&r->trace[i]) > v)
+                v = val(&r->trace[i]);
+        fprintf(f, "%s%.1f,%.1f", c ? " " : "", px(p, (double)r->trace[b ? b - 1 : 0].step),
+                py(p, v));
+    }
+    fprintf(f, "\"/>\n");
+}
+
+static double v_running(const struct trace_pt *t) { return t->running; }
+static double v_waiting(const struct trace_pt *t) { return t->waiting; }
+static double v_off(const struct trace_pt *t) { return t->off_device; }
+static double v_inflight(const struct trace_pt *t) { return (double)t->inflight; }
+
+/* Three panels over the steps, sharing the step axis: (1) a stacked area plot of pages in
+   use per tier with the device capacity and X times it as reference lines; (2) requests
+   running, waiting for their prefill and off the device; (3) pages in flight between
+   tiers. At most ~1200 columns: each takes its bucket's max. Ticks fall on round numbers;
+   legends and the reference lines' labels sit in the right margin, clear of the data. */
 int report_svg(const char *path, const struct opts *o, const struct results *r)
 {
     FILE *f = fopen(path, "w");
     if (!f)
         return -errno;
-    const double W = 960, H = 480, L = 70, R = 20, T = 40, B = 50;
+    const double H = 720;
     size_t n = r->n_trace, cols = n < 1200 ? n : 1200;
     double dev_total = (double)r->st0.pages_device_total;
-    double ymax = dev_total * (o->oversubscribe > 1 ? o->oversubscribe : 1) * 1.1;
+    double xt = dev_total * o->oversubscribe;
+    double pmax = dev_total > xt ? dev_total : xt, rmax = 1, imax = 1;
     for (size_t i = 0; i < n; i++) {
-        double v = (double)(r->trace[i].dev + r->trace[i].host + r->trace[i].disk);
-        if (v > ymax)
-            ymax = v * 1.05;
+        const struct trace_pt *t = &r->trace[i];
+        double v = (double)(t->dev + t->host + t->disk);
+        pmax = v > pmax ? v : pmax;
+        rmax = t->running > rmax ? t->running : rmax;
+        rmax = t->waiting > rmax ? t->waiting : rmax;
+        rmax = t->off_device > rmax ? t->off_device : rmax;
+        imax = (double)t->inflight > imax ? (double)t->inflight : imax;
     }
-    if (ymax <= 0)
-        ymax = 1;
-    uint64_t smax = n ? r->trace[n - 1].step : 1;
-    if (!smax)
-        smax = 1;
-#define PX(s) (L + (W - L - R) * (double)(s) / (double)smax)
-#define PY(v) (H - B - (H - T - B) * (double)(v) / ymax)
+    uint64_t smax = n && r->trace[n - 1].step ? r->trace[n - 1].step : 1;
+    struct panel pp = { .top = 60, .height = 310, .smax = smax };
+    struct panel pr = { .top = 410, .height = 150, .smax = smax };
+    struct panel pi = { .top = 600, .height = 70, .smax = smax };
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-            "font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+            "font-family=\"sans-serif\" font-size=\"12\">\n", SVG_W, H);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">kvvm-stress: pages in use per tier "
-            "(%s, %s, measured peak x%.2f of asked x%.2f)</text>\n", L, o->preset,
-            r->preempt_effective ? r->preempt_effective : "?", r->peak_oversub,
-            o->oversubscribe);
-    /* stacked: device at the bottom, host on it, disk on top */
+    fprintf(f, "<text x=\"%.0f\" y=\"24\" font-size=\"15\">kvvm-stress: %s, %s, preempt %s: "
+            "measured peak x%.2f of asked x%.2f</text>\n", SVG_L, o->preset,
+            r->backend ? r->backend : "?", r->preempt_effective ? r->preempt_effective : "?",
+            r->peak_oversub, o->oversubscribe);
+
+    /* panel 1: pages in use per tier, stacked: device at the bottom, host, disk on top */
+    svg_axes(f, &pp, pmax * 1.02, 4, "pages in use", 0);
     const char *colors[3] = { "#4477aa", "#ee8866", "#aa3377" };
     const char *names[3] = { "device", "host", "disk" };
     for (int layer = 2; layer >= 0; layer--) {
-        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"%.1f,%.1f", colors[layer],
-                PX(0), PY(0));
+        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"%.1f,%.1f",
+                colors[layer], px(&pp, 0), py(&pp, 0));
         for (size_t c = 0; c < cols; c++) {
             size_t a = c * n / cols, b = (c + 1) * n / cols;
             double v = 0;
@@ -415,39 +526,53 @@ int report_svg(const char *path, const struct opts *o, const struct results *r)
                 if (layer >= 2) x += (double)r->trace[i].disk;
                 if (x > v) v = x;
             }
-            fprintf(f, " %.1f,%.1f", PX(r->trace[b ? b - 1 : 0].step), PY(v));
+            fprintf(f, " %.1f,%.1f", px(&pp, (double)r->trace[b ? b - 1 : 0].step),
+                    py(&pp, v));
         }
-        fprintf(f, " %.1f,%.1f\"/>\n", PX(smax), PY(0));
+        fprintf(f, " %.1f,%.1f\"/>\n", px(&pp, (double)smax), py(&pp, 0));
     }
+    for (int i = 0; i < 3; i++)         /* above the panel: the margin has the labels */
+        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"14\" height=\"12\" fill=\"%s\"/>"
+                "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", SVG_W - SVG_R - 230 + i * 80.0,
+                pp.top - 18, colors[i], SVG_W - SVG_R - 212 + i * 80.0, pp.top - 8, names[i]);
+    /* reference lines across the plot, their labels in the right margin at their height
+       (moved apart when the two would overlap) */
+    double yd = py(&pp, dev_total), yx = py(&pp, xt);
+    double ly_x = yx, ly_d = yd;
+    if (fabs(ly_d - ly_x) < 14) {
+        ly_x = (yx < yd ? yx : yd) - 7;
+        ly_d = ly_x + 14;
+        if (xt < dev_total) {
+            double tmp = ly_x;
+            ly_x = ly_d;
+            ly_d = tmp;
+        }
+    }
+    double rx = SVG_W - SVG_R;
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"black\" "
-            "stroke-dasharray=\"6,4\"/><text x=\"%.0f\" y=\"%.1f\">device pages (%.0f)</text>\n",
-            L, PY(dev_total), W - R, PY(dev_total), L + 6, PY(dev_total) - 4, dev_total);
-    double xt = dev_total * o->oversubscribe;
+            "stroke-dasharray=\"6,4\"/><text x=\"%.0f\" y=\"%.1f\">device: %.0f</text>\n",
+            SVG_L, yd, rx, yd, rx + 6, ly_d + 4, dev_total);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"gray\" "
-            "stroke-dasharray=\"2,4\"/><text x=\"%.0f\" y=\"%.1f\" fill=\"gray\">asked x%.2f"
-            "</text>\n", L, PY(xt), W - R, PY(xt), L + 6, PY(xt) - 4, o->oversubscribe);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n",
-            L, H - B, W - R, H - B);
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n",
-            L, T, L, H - B);
-    for (int i = 0; i <= 4; i++) {
-        double v = ymax * i / 4;
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", L - 6,
-                PY(v) + 4, v);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%llu</text>\n",
-                PX(smax * i / 4.0), H - B + 16, U(smax * i / 4));
-    }
+            "stroke-dasharray=\"2,4\"/><text x=\"%.0f\" y=\"%.1f\" fill=\"gray\">asked x%.2f: "
+            "%.0f</text>\n", SVG_L, yx, rx, yx, rx + 6,
+            ly_x + 4, o->oversubscribe, xt);
+
+    /* panel 2: requests */
+    svg_axes(f, &pr, rmax * 1.05, 3, "requests", 0);
+    svg_series(f, &pr, r, cols, "#228833", v_running);
+    svg_series(f, &pr, r, cols, "#ccbb44", v_waiting);
+    svg_series(f, &pr, r, cols, "#aa3377", v_off);
+    svg_legend(f, &pr, 0, "#228833", "running", 1);
+    svg_legend(f, &pr, 1, "#ccbb44", "waiting (queued)", 1);
+    svg_legend(f, &pr, 2, "#aa3377", "off the device", 1);
+
+    /* panel 3: pages in flight between tiers */
+    svg_axes(f, &pi, imax * 1.05, 2, "in flight", 1);
+    svg_series(f, &pi, r, cols, "#666666", v_inflight);
+    svg_legend(f, &pi, 0, "#666666", "pages in flight", 1);
     fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">step</text>\n",
-            (L + W - R) / 2, H - 12);
-    fprintf(f, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" "
-            "text-anchor=\"middle\">pages</text>\n", (T + H - B) / 2, (T + H - B) / 2);
-    for (int i = 0; i < 3; i++)
-        fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
-                "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", W - R - 240 + i * 80.0, T - 2,
-                colors[i], W - R - 224 + i * 80.0, T + 8, names[i]);
+            (SVG_L + SVG_W - SVG_R) / 2, H - 8);
     fprintf(f, "</svg>\n");
-#undef PX
-#undef PY
     int err = ferror(f) ? -EIO : 0;
     if (fclose(f))
         err = -errno;

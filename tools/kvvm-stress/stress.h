@@ -16,6 +16,7 @@
 #ifndef KVVM_STRESS_H
 #define KVVM_STRESS_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,7 +119,12 @@ struct results {
     struct trace_pt *trace;
     size_t   n_trace, cap_trace;
     int      aborted;                /* the run stopped early on a fatal error */
+    int      interrupted;            /* the signal (SIGINT, SIGTERM) that ended it early, or 0 */
 };
+
+/* main.c: set to the signal number by the first SIGINT/SIGTERM; the engine then stops at the
+   next step boundary and drains as at the end of --duration. */
+extern volatile sig_atomic_t stress_stop;
 
 /* engine.c */
 int stress_run(const struct opts *o, kvvm *kv, struct results *r);

@@ -1,0 +1,33 @@
+"""kvvm: libkvvm from Python, with sequences as zero-copy PyTorch tensors or numpy arrays.
+
+Pure Python over libkvvm's C ABI (ctypes): no compiled extension, so one package works
+with any torch version, or with numpy alone. See docs/python.md.
+"""
+from . import _lib
+from ._core import Context, Sequence, SeqInfo
+from ._errors import (Error, InvalidArgument, InvalidHandle, TooBig, NoSlot, OutOfMemory,
+                      DataLost, DeviceLost, NoDevice, Busy, NotSupported, Stale, NotResident,
+                      error_class)
+from ._log import set_log_level
+from .cache import KVCache
+
+__version__ = "0.1.0"
+library_version = _lib.VERSION          # kvvm_version() of the loaded libkvvm
+library_path = _lib.LIBRARY_PATH
+
+F_AUTO_SWAP = _lib.F_AUTO_SWAP
+F_SCRUB = _lib.F_SCRUB
+F_SPILL_ALLOW_TMPFS = _lib.F_SPILL_ALLOW_TMPFS
+F_SPILL_BUFFERED = _lib.F_SPILL_BUFFERED
+
+
+def strerror(err):
+    """kvvm_strerror: the library's text for an errno (sign ignored)."""
+    return _lib.strerror(err)
+
+
+__all__ = ["Context", "Sequence", "SeqInfo", "KVCache", "Error", "InvalidArgument",
+           "InvalidHandle", "TooBig", "NoSlot", "OutOfMemory", "DataLost", "DeviceLost",
+           "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "error_class",
+           "set_log_level", "strerror", "F_AUTO_SWAP", "F_SCRUB", "F_SPILL_ALLOW_TMPFS",
+           "F_SPILL_BUFFERED", "library_version", "library_path"]

@@ -1,0 +1,592 @@
+"""kvvm.Context and kvvm.Sequence: thin wrappers over the C calls of include/kvvm.h.
+
+Every C call that fails raises kvvm.Error (a subclass per errno, see _errors.py); a failed
+call changes nothing (the library's rule). ctypes releases the GIL for every call, so other
+Python threads run while libkvvm works; the library's own lock serialises calls on one
+context.
+
+Views (Sequence.tensor/array, Context.region_tensor/region_array) alias device memory. They
+are valid only while the sequence is resident and its tokens [0, length) mapped: between a
+call that protects it (grow, grow_batch, prepare_write, swap_in, write, read) and the
+moment it may move (an explicit swap_out, or reclaim after the next step() with
+KVVM_F_AUTO_SWAP), and never past a truncate or free. Creating a view checks that the
+sequence is resident now; touching a view after the sequence moved is undefined (the
+emulated device raises SIGSEGV, like a GPU faults).
+"""
+import ctypes
+import json
+import os
+import threading
+import weakref
+from collections import namedtuple
+
+from . import _errors, _lib, _log, _views
+from ._errors import Error, InvalidArgument, InvalidHandle, NotResident, NotSupported, Busy
+
+L = _lib.lib
+c_u64 = ctypes.c_uint64
+
+SeqInfo = namedtuple("SeqInfo", "length slot pages_device pages_host pages_disk "
+                     "pages_shared resident")
+
+_CONFIG_FIELDS = {name for name, _ in _lib.Config._fields_} - {"size"}
+_SIZE_FIELDS = {"page_size", "device_budget", "host_budget", "spill_budget",
+                "emu_device_bytes", "emu_granule"}
+_live = weakref.WeakSet()           # open contexts, closed at exit
+_pending_close = []                 # contexts collected inside a log callback
+_pending_lock = threading.Lock()
+
+
+def _call(fn, *args):
+    """Calls a C function returning 0 / -errno; raises kvvm.Error on failure."""
+    since = _log.mark()
+    rc = fn(*args)
+    if rc < 0:
+        raise _errors.make(rc, fn.__name__, since=since)
+    return rc
+
+
+def _parse_size(v):
+    """Sizes: ints, or strings with K/M/G/T suffixes like the KVVM_* variables."""
+    if isinstance(v, str):
+        s = v.strip().upper().rstrip("B").rstrip("I")
+        mult = 1
+        for i, suf in enumerate("KMGT"):
+            if s.endswith(suf):
+                mult, s = 1024 ** (i + 1), s[:-1]
+                break
+        return int(float(s) * mult)
+    return int(v)
+
+
+def _flags_value(v):
+    if isinstance(v, str):
+        names = {"auto_swap": _lib.F_AUTO_SWAP, "scrub": _lib.F_SCRUB,
+                 "spill_allow_tmpfs": _lib.F_SPILL_ALLOW_TMPFS,
+                 "spill_buffered": _lib.F_SPILL_BUFFERED}
+        f = 0
+        for t in v.replace("|", ",").replace("+", ",").split(","):
+            t = t.strip().lower()
+            if not t:
+                continue
+            if t not in names:
+                raise InvalidArgument(22, "unknown flag %r (known: %s)" % (t, sorted(names)))
+            f |= names[t]
+        return f
+    return int(v)
+
+
+def _stream_handle(stream):
+    """A CUstream as an int: None/0 -> 0, an int, or an object with .cuda_stream (torch)
+    or .ptr (cupy)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr", "handle"):
+        h = getattr(stream, attr, None)
+        if isinstance(h, int):
+            return h
+    raise TypeError("kvvm: %r is not a stream (an int CUstream, a torch.cuda.Stream or an "
+                    "object with .cuda_stream)" % (stream,))
+
+
+def _host_buffer(data, writable):
+    """(address, nbytes, keepalive) of a host buffer: bytes-like, numpy array, CPU tensor."""
+    if _views.is_torch_dtype(getattr(data, "dtype", None)) and hasattr(data, "data_ptr"):
+        if data.device.type != "cpu":
+            raise InvalidArgument(22, "a %s tensor is not host memory: read/write move bytes "
+                                  "between the host and a sequence" % data.device.type)
+        if not data.is_contiguous():
+            raise InvalidArgument(22, "the tensor is not contiguous")
+        return data.data_ptr(), data.numel() * data.element_size(), data
+    import numpy as np
+    if isinstance(data, np.ndarray):
+        arr = data
+    else:
+        try:
+            arr = np.frombuffer(data, dtype=np.uint8)
+        except (TypeError, ValueError) as e:
+            raise TypeError("kvvm: %r is not a contiguous buffer, numpy array or CPU "
+                            "tensor" % type(data).__name__) from e
+    if not arr.flags.c_contiguous:
+        raise InvalidArgument(22, "the array is not C-contiguous")
+    if writable and not arr.flags.writeable:
+        raise InvalidArgument(22, "the output buffer is read-only")
+    return arr.ctypes.data, arr.nbytes, arr
+
+
+class Context:
+    """One libkvvm context (kvvm_open). Keywords are struct kvvm_config fields; the others
+    keep kvvm_config_init's defaults, so KVVM_* environment variables apply to them.
+
+    backend: "auto" | "cuda" | "emulated"; sizes as ints or "64M"-style strings; flags as an
+    int (kvvm.F_*) or "auto_swap,scrub"; spill_dir as a str or path-like."""
+
+    def __init__(self, **config):
+        _log.sync_level()
+        _drain_pending()
+        unknown = set(config) - _CONFIG_FIELDS
+        if unknown:
+            raise TypeError("kvvm.Context: unknown config field(s) %s (known: %s)"
+                            % (", ".join(sorted(unknown)), ", ".join(sorted(_CONFIG_FIELDS))))
+        self._kv = None
+        buf = ctypes.create_string_buffer(_lib.CONFIG_BUF_BYTES)
+        L.kvvm_config_init(buf)
+        cfg = _lib.Config.from_buffer(buf)
+        self._spill_dir = None
+        for k, v in config.items():
+            if k == "backend":
+                if isinstance(v, str):
+                    if v not in _lib.BACKENDS:
+                        raise InvalidArgument(22, "backend %r is not auto, cuda or emulated"
+                                              % v)
+                    v = _lib.BACKENDS[v]
+                cfg.backend = int(v)
+            elif k == "spill_dir":
+                self._spill_dir = None if v is None else os.fsencode(v)
+                cfg.spill_dir = self._spill_dir
+            elif k == "flags":
+                cfg.flags = _flags_value(v)
+            elif k in _SIZE_FIELDS:
+                setattr(cfg, k, _parse_size(v))
+            elif k in ("emu_opaque",):
+                cfg.emu_opaque = 1 if v else 0
+            else:
+                setattr(cfg, k, v)
+        kv = ctypes.c_void_p()
+        _call(L.kvvm_open, buf, ctypes.byref(kv))
+        self._kv = kv.value
+        self._lock = threading.Lock()
+        self._seqs = {}                 # handle -> Sequence (live ones)
+        self._stream = None             # keeps the engine stream object alive
+        self._stream_handle = 0
+        self._region_views = {}
+        eff = self.stats_json()
+        self.config = eff["config"]     # the effective configuration (JSON names)
+        self.backend = L.kvvm_backend_name(self._kv).decode()
+        self.n_regions = int(self.config["n_regions"])
+        self.bytes_per_token = int(self.config["bytes_per_token"])
+        self.max_seqs = int(self.config["max_seqs"])
+        self.max_tokens = int(self.config["max_tokens"])
+        self.page_size = int(self.config["page_size"])
+        self.device = int(self.config["device"])
+        self.opaque = self.backend == "emulated" and bool(self.config.get("emu_opaque", 0))
+        sb = c_u64()
+        _call(L.kvvm_slot_bytes, self._kv, ctypes.byref(sb))
+        self.slot_bytes = sb.value
+        self._bases = []
+        for r in range(self.n_regions):
+            a = c_u64()
+            _call(L.kvvm_region_base, self._kv, r, ctypes.byref(a))
+            self._bases.append(a.value)
+        _live.add(self)
+
+    # ---- life -------------------------------------------------------------------------
+    def _h(self):
+        kv = self._kv
+        if kv is None:
+            raise InvalidHandle(2, "the context is closed")
+        return kv
+
+    @property
+    def closed(self):
+        return self._kv is None
+
+    def close(self):
+        """Frees everything (kvvm_close); every Sequence and view of it is dead after.
+        Closing twice is a no-op."""
+        kv, self._kv = self._kv, None
+        if kv is None:
+            return
+        for s in list(self._seqs.values()):
+            s._dead = True
+        self._seqs.clear()
+        self._region_views.clear()
+        L.kvvm_close(kv)
+        _live.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_kv", None) is None:
+            return
+        if _log.in_callback():          # kvvm_close may join the thread logging now
+            with _pending_lock:
+                _pending_close.append(self._kv)
+            self._kv = None
+            return
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        if self._kv is None:
+            return "<kvvm.Context closed>"
+        return "<kvvm.Context %s regions=%d bpt=%d max_seqs=%d max_tokens=%d page=%d>" % (
+            self.backend, self.n_regions, self.bytes_per_token, self.max_seqs,
+            self.max_tokens, self.page_size)
+
+    # ---- sequences ----------------------------------------------------------------------
+    def create(self):
+        """A new empty sequence (kvvm_seq_create); NoSlot when max_seqs are live."""
+        h = c_u64()
+        _call(L.kvvm_seq_create, self._h(), ctypes.byref(h))
+        return Sequence._new(self, h.value)
+
+    @property
+    def sequences(self):
+        """The live sequences made through this object."""
+        return list(self._seqs.values())
+
+    def grow_batch(self, seqs, lengths):
+        """Grows every sequence to its length in one call (a decode step): all or nothing."""
+        seqs = list(seqs)
+        lengths = list(lengths)
+        if len(seqs) != len(lengths):
+            raise InvalidArgument(22, "grow_batch: %d sequences but %d lengths"
+                                  % (len(seqs), len(lengths)))
+        n = len(seqs)
+        hs = (c_u64 * max(n, 1))(*[s._handle() for s in seqs])
+        ls = (c_u64 * max(n, 1))(*[int(x) for x in lengths])
+        _call(L.kvvm_seq_grow_batch, self._h(), hs, ls, n)
+
+    def step(self):
+        """Engine iteration boundary (kvvm_step): once per decode step."""
+        _call(L.kvvm_step, self._h())
+
+    def sync(self):
+        """Waits for all copies, disk I/O and background reclaim started before it."""
+        _call(L.kvvm_sync, self._h())
+
+    def set_stream(self, stream):
+        """The engine stream: a torch.cuda.Stream, an int CUstream, or None (synchronous).
+        torch's default stream is handle 0, i.e. synchronous mode."""
+        h = _stream_handle(stream)
+        _call(L.kvvm_set_stream, self._h(), ctypes.c_void_p(h or None))
+        self._stream, self._stream_handle = stream, h
+
+    @property
+    def stream(self):
+        """The engine stream handle (int), 0 when synchronous."""
+        return self._stream_handle
+
+    def stream_create(self):
+        """A stream of this context's device (kvvm_stream_create), as an int handle; the
+        context destroys it at close, or stream_destroy() earlier."""
+        s = ctypes.c_void_p()
+        _call(L.kvvm_stream_create, self._h(), ctypes.byref(s))
+        return s.value
+
+    def stream_destroy(self, stream):
+        _call(L.kvvm_stream_destroy, self._h(), ctypes.c_void_p(_stream_handle(stream) or None))
+
+    # ---- addresses and stats ------------------------------------------------------------
+    def region_base(self, region):
+        """Device address of slot 0, token 0 of `region`."""
+        a = c_u64()
+        _call(L.kvvm_region_base, self._h(), int(region), ctypes.byref(a))
+        return a.value
+
+    def stats(self):
+        """struct kvvm_stats as a dict."""
+        st = _lib.Stats()
+        st.size = ctypes.sizeof(st)
+        _call(L.kvvm_stats, self._h(), ctypes.byref(st))
+        return {n: getattr(st, n) for n in _lib.STATS_FIELDS}
+
+    def stats_json(self):
+        """kvvm_stats_json parsed: stats, layout, effective config, backend, version."""
+        n = 8192
+        while True:
+            buf = ctypes.create_string_buffer(n)
+            since = _log.mark()
+            rc = L.kvvm_stats_json(self._h(), buf, n)
+            if rc == -28 and n < (1 << 24):      # -ENOSPC: a bigger buffer
+                n *= 4
+                continue
+            if rc < 0:
+                raise _errors.make(rc, "kvvm_stats_json", since=since)
+            return json.loads(buf.value.decode())
+
+    # ---- views --------------------------------------------------------------------------
+    def _check_viewable(self):
+        self._h()
+        if self.opaque:
+            raise NotSupported(95, "the emulated device runs in opaque mode (emu_opaque=1 or "
+                               "KVVM_EMU_OPAQUE=1): device windows are not CPU-readable, so "
+                               "no array/tensor view can be made; use Sequence.read/write, "
+                               "or open the context with emu_opaque=0")
+
+    def _region_view(self, region, dtype, shape, kind):
+        region = int(region)
+        if not 0 <= region < self.n_regions:
+            raise InvalidArgument(22, "region %d is outside [0, %d)" % (region, self.n_regions))
+        shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        key = (region, dtype, shape, kind)
+        v = self._region_views.get(key)
+        if v is not None:
+            return v
+        self._check_viewable()
+        itemsize, npd, tdt, needs_view = _views.element_info(dtype)
+        n = 1
+        for x in shape:
+            n *= x
+        if n * itemsize != self.bytes_per_token:
+            raise InvalidArgument(22, "shape %s of %s is %d bytes per token, but the context "
+                                  "has bytes_per_token %d" % (shape, dtype, n * itemsize,
+                                                              self.bytes_per_token))
+        inner = []
+        acc = itemsize
+        for x in reversed(shape):
+            inner.insert(0, acc)
+            acc *= x
+        full_shape = (self.max_seqs, self.max_tokens) + shape
+        strides = (self.slot_bytes, self.bytes_per_token) + tuple(inner)
+        base = self._bases[region]
+        if kind == "numpy":
+            v = _views.numpy_view(self, base, full_shape, strides, npd)
+        elif self.backend == "cuda":
+            if tdt is None:
+                raise TypeError("kvvm: on the CUDA backend views are torch tensors: pass a "
+                                "torch dtype")
+            v = _views.torch_cuda_view(self, base, full_shape, strides, npd, tdt, needs_view,
+                                       self.device, self._stream_handle or None)
+        else:
+            v = _views.torch_cpu_view(self, base, full_shape, strides, npd, tdt, needs_view)
+        self._region_views[key] = v
+        return v
+
+    def region_tensor(self, region, dtype, shape):
+        """A (max_seqs, max_tokens, *shape) torch tensor over the whole region (slot s at
+        [s]), for batched kernels indexed by Sequence.slot. Only tokens [0, length) of
+        resident sequences may be touched."""
+        return self._region_view(region, dtype, shape, "torch")
+
+    def region_array(self, region, dtype, shape):
+        """region_tensor as a numpy array (CPU-readable backends only)."""
+        if self.backend == "cuda":
+            raise NotSupported(95, "CUDA device memory cannot be a numpy array; use "
+                               "region_tensor")
+        return self._region_view(region, dtype, shape, "numpy")
+
+
+def _drain_pending():
+    with _pending_lock:
+        todo = _pending_close[:]
+        del _pending_close[:]
+    for kv in todo:
+        L.kvvm_close(kv)
+
+
+def _close_all():
+    for c in list(_live):
+        try:
+            c.close()
+        except Exception:
+            pass
+    _drain_pending()
+
+
+import atexit as _atexit  # noqa: E402
+_atexit.register(_close_all)
+
+
+class Sequence:
+    """One sequence of a Context. Handles are not freed by garbage collection: call free()
+    (or use `with ctx.create() as s:`); Context.close() frees all."""
+
+    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "__weakref__")
+
+    @classmethod
+    def _new(cls, ctx, handle):
+        s = cls.__new__(cls)
+        s.ctx = ctx
+        s.handle = handle
+        s._dead = False
+        s._views = {}
+        slot = ctypes.c_uint32()
+        _call(L.kvvm_seq_slot, ctx._h(), handle, ctypes.byref(slot))
+        s.slot = slot.value
+        ctx._seqs[handle] = s
+        return s
+
+    def __init__(self):
+        raise TypeError("kvvm.Sequence: use Context.create(), Sequence.fork()")
+
+    def _handle(self):
+        if self._dead or self.ctx._kv is None:
+            raise InvalidHandle(2, "the sequence was freed" if self._dead
+                                else "the context is closed")
+        return self.handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._dead and self.ctx._kv is not None:
+            self.free()
+
+    def __repr__(self):
+        if self._dead or self.ctx._kv is None:
+            return "<kvvm.Sequence %#x freed>" % self.handle
+        i = self.info
+        return "<kvvm.Sequence %#x slot=%d length=%d%s>" % (
+            self.handle, i.slot, i.length, "" if i.resident else " swapped-out")
+
+    @property
+    def freed(self):
+        return self._dead
+
+    def free(self):
+        """Frees the sequence; freeing twice raises InvalidHandle."""
+        h = self._handle()
+        _call(L.kvvm_seq_free, self.ctx._kv, h)
+        self._dead = True
+        self._views.clear()
+        self.ctx._seqs.pop(h, None)
+
+    # ---- length ---------------------------------------------------------------------------
+    def grow(self, length):
+        """length >= current: makes it resident, tokens [old, length) writable."""
+        _call(L.kvvm_seq_grow, self.ctx._kv, self._handle(), int(length))
+
+    def truncate(self, length):
+        _call(L.kvvm_seq_truncate, self.ctx._kv, self._handle(), int(length))
+
+    def fork(self):
+        """A child sharing every page (copy on write)."""
+        c = c_u64()
+        _call(L.kvvm_seq_fork, self.ctx._kv, self._handle(), ctypes.byref(c))
+        return Sequence._new(self.ctx, c.value)
+
+    def share(self, src, n_tokens):
+        """This (empty) sequence's first n_tokens become src's."""
+        _call(L.kvvm_seq_share, self.ctx._kv, self._handle(), src._handle(), int(n_tokens))
+
+    def prepare_write(self, first, end):
+        """Before rewriting tokens [first, end) < length through a view: copy-on-write."""
+        _call(L.kvvm_seq_prepare_write, self.ctx._kv, self._handle(), int(first), int(end))
+
+    # ---- bytes ------------------------------------------------------------------------------
+    def write(self, region, offset, data):
+        """Host bytes -> region bytes [offset, offset + len(data)) (bytes-like, numpy array
+        or contiguous CPU tensor)."""
+        addr, n, keep = _host_buffer(data, writable=False)
+        _call(L.kvvm_seq_write, self.ctx._kv, self._handle(), int(region), int(offset),
+              ctypes.c_void_p(addr), n)
+        del keep
+
+    def read(self, region, offset, nbytes, out=None):
+        """Region bytes [offset, offset + nbytes) -> a new bytes object, or into `out` (a
+        writable buffer, numpy array or CPU tensor of at least nbytes), returned."""
+        nbytes = int(nbytes)
+        if out is None:
+            buf = ctypes.create_string_buffer(max(nbytes, 1))
+            _call(L.kvvm_seq_read, self.ctx._kv, self._handle(), int(region), int(offset),
+                  buf, nbytes)
+            return buf.raw[:nbytes]
+        addr, n, keep = _host_buffer(out, writable=True)
+        if n < nbytes:
+            raise InvalidArgument(22, "out holds %d bytes, %d asked" % (n, nbytes))
+        _call(L.kvvm_seq_read, self.ctx._kv, self._handle(), int(region), int(offset),
+              ctypes.c_void_p(addr), nbytes)
+        del keep
+        return out
+
+    # ---- tiers ------------------------------------------------------------------------------
+    def swap_out(self):
+        _call(L.kvvm_seq_swap_out, self.ctx._kv, self._handle())
+
+    def swap_in(self):
+        _call(L.kvvm_seq_swap_in, self.ctx._kv, self._handle())
+
+    def prefetch(self):
+        """Starts a swap-in without waiting (see `ready`)."""
+        _call(L.kvvm_seq_prefetch, self.ctx._kv, self._handle())
+
+    @property
+    def ready(self):
+        """True when resident with no swap-in copy in flight."""
+        return _call(L.kvvm_seq_ready, self.ctx._kv, self._handle()) == 1
+
+    def need(self, length):
+        """(device pages that making it resident and growing it to `length` takes, whether
+        that many are free now)."""
+        p, f = c_u64(), ctypes.c_int()
+        _call(L.kvvm_seq_need, self.ctx._kv, self._handle(), int(length), ctypes.byref(p),
+              ctypes.byref(f))
+        return p.value, bool(f.value)
+
+    def wait_stream(self, stream):
+        """Makes `stream` wait on the device for every swap copy enqueued so far."""
+        _call(L.kvvm_seq_wait_stream, self.ctx._kv, self._handle(),
+              ctypes.c_void_p(_stream_handle(stream) or None))
+
+    # ---- state ------------------------------------------------------------------------------
+    def _query(self):
+        """kvvm_seq_info into a fresh struct (several threads may ask at once)."""
+        i = _lib.SeqInfo()
+        i.size = ctypes.sizeof(i)
+        _call(L.kvvm_seq_info, self.ctx._kv, self._handle(), ctypes.byref(i))
+        return i
+
+    @property
+    def info(self):
+        i = self._query()
+        return SeqInfo(i.length, i.slot, i.pages_device, i.pages_host, i.pages_disk,
+                       i.pages_shared, bool(i.resident))
+
+    @property
+    def length(self):
+        return self._query().length
+
+    def addr(self, region):
+        """Device address of token 0 in `region` (fixed for the sequence's life)."""
+        a = c_u64()
+        _call(L.kvvm_seq_addr, self.ctx._kv, self._handle(), int(region), ctypes.byref(a))
+        return a.value
+
+    # ---- views ------------------------------------------------------------------------------
+    def _viewable_length(self):
+        """The length, after checking the window may be read now; raises otherwise."""
+        kv, h = self.ctx._kv, self._handle()
+        self.ctx._check_viewable()
+        i = self._query()
+        if not i.resident:
+            raise NotResident(11, "sequence %#x is swapped out (pages on host %d, disk %d): "
+                              "swap_in() or grow() it before making a view"
+                              % (h, i.pages_host, i.pages_disk))
+        if self.ctx.backend != "cuda" and L.kvvm_seq_ready(kv, h) != 1:
+            raise Busy(16, "a swap-in copy of sequence %#x is still in flight; wait for "
+                       "`ready` or ctx.sync() before reading it on the CPU" % h)
+        return i.length
+
+    def _view(self, region, dtype, shape, kind):
+        n = self._viewable_length()
+        key = (region, dtype, tuple(shape) if isinstance(shape, (tuple, list)) else (shape,),
+               kind)
+        row = self._views.get(key)
+        if row is None:
+            full = self.ctx._region_view(region, dtype, shape, kind)
+            row = full[self.slot]
+            self._views[key] = row
+        return row[:n]
+
+    def tensor(self, region, dtype, shape):
+        """A zero-copy torch tensor of shape (length, *shape) over tokens [0, length) of
+        `region` (CUDA tensor on a GPU, CPU tensor on the emulated device). prod(shape) *
+        itemsize must equal bytes_per_token. Valid while the sequence stays resident and
+        no shorter than now (see the module doc)."""
+        return self._view(region, dtype, shape, "torch")
+
+    def array(self, region, dtype, shape):
+        """tensor() as a numpy array, without torch (CPU-readable backends only)."""
+        if self.ctx.backend == "cuda":
+            raise NotSupported(95, "CUDA device memory cannot be a numpy array; use tensor()")
+        return self._view(region, dtype, shape, "numpy")

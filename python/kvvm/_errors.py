@@ -1,0 +1,95 @@
+"""kvvm.Error and its subclasses: one per negative errno the library returns.
+
+The message carries the library's reason: what libkvvm logged on the calling thread during
+the failed call (e.g. "kvvm_open: n_regions must be >= 1"), else kvvm_strerror's text.
+"""
+import errno as _errno
+
+from . import _lib, _log
+
+
+class Error(Exception):
+    """A libkvvm call failed. `errno` is the positive errno, `message` the reason,
+    `function` the C function that returned it (None for checks made in Python)."""
+
+    def __init__(self, err, message=None, function=None):
+        self.errno = abs(int(err))
+        self.function = function
+        self.message = message or _lib.strerror(self.errno)
+        name = _errno.errorcode.get(self.errno, str(self.errno))
+        where = "%s: " % function if function else ""
+        super().__init__("%s-%s: %s" % (where, name, self.message))
+
+
+class InvalidArgument(Error, ValueError):
+    """-EINVAL: a bad argument or config field."""
+
+
+class InvalidHandle(Error):
+    """-ENOENT: an unknown or freed sequence (or a closed context)."""
+
+
+class TooBig(Error, ValueError):
+    """-E2BIG: a length past max_tokens."""
+
+
+class NoSlot(Error):
+    """-ENOSPC: no free sequence slot."""
+
+
+class OutOfMemory(Error):
+    """-ENOMEM: no device page can be had, or no room in the tiers below."""
+
+
+class DataLost(Error):
+    """-EBADMSG: the sequence's data was lost (checksum mismatch or failed disk read)."""
+
+
+class DeviceLost(Error):
+    """-EIO: the context is dead; every call fails from now on."""
+
+
+class NoDevice(Error):
+    """-ENODEV: no usable CUDA device."""
+
+
+class Busy(Error):
+    """-EBUSY: the engine stream captures a CUDA graph, or a transfer has not completed."""
+
+
+class NotSupported(Error):
+    """-EOPNOTSUPP: not possible here (e.g. a CPU view in opaque mode)."""
+
+
+class Stale(Error):
+    """-ESTALE: a dropped cached sequence."""
+
+
+class NotResident(Error):
+    """-EAGAIN: a view of a sequence that is not on the device (swapped out)."""
+
+
+_BY_ERRNO = {
+    _errno.EINVAL: InvalidArgument, _errno.ENOENT: InvalidHandle, _errno.E2BIG: TooBig,
+    _errno.ENOSPC: NoSlot, _errno.ENOMEM: OutOfMemory, _errno.EBADMSG: DataLost,
+    _errno.EIO: DeviceLost, _errno.ENODEV: NoDevice, _errno.EBUSY: Busy,
+    _errno.EOPNOTSUPP: NotSupported, _lib.ESTALE: Stale, _errno.EAGAIN: NotResident,
+}
+
+
+def error_class(err):
+    return _BY_ERRNO.get(abs(int(err)), Error)
+
+
+def make(err, function=None, message=None, since=None):
+    """The exception for a negative errno; `since` = _log.mark() before the call."""
+    logged = _log.reason_since(since) if since is not None else None
+    if function and logged and logged.startswith(function + ": "):
+        logged = logged[len(function) + 2:]
+    return error_class(err)(err, message or logged or _lib.strerror(err), function)
+
+
+def check(rc, function, since=None):
+    if rc < 0:
+        raise make(rc, function, since=since)
+    return rc

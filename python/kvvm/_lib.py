@@ -1,0 +1,187 @@
+"""Loading libkvvm and declaring its C ABI (include/kvvm.h) with ctypes.
+
+Nothing here is compiled: the structs mirror the header's, and every struct passed to the
+library carries its size in its first field, so an older or newer libkvvm with fields added
+at the end still works (the library copies min(its size, ours)).
+
+Where the library is looked for, first match wins:
+  1. the file named by the KVVM_LIBRARY environment variable;
+  2. libkvvm.so / libkvvm.so.0 next to this package (a copy placed there);
+  3. the dynamic loader's path (LD_LIBRARY_PATH, ldconfig: e.g. after `cmake --install`);
+  4. build/libkvvm.so of the source tree this package sits in (python/kvvm -> ../../build).
+"""
+import ctypes
+import ctypes.util
+import errno as _errno
+import os
+
+c_size_t = ctypes.c_size_t
+c_u32 = ctypes.c_uint32
+c_u64 = ctypes.c_uint64
+c_int = ctypes.c_int
+c_double = ctypes.c_double
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+P = ctypes.POINTER
+
+BACKEND_AUTO, BACKEND_CUDA, BACKEND_EMULATED = 0, 1, 2
+BACKENDS = {"auto": BACKEND_AUTO, "cuda": BACKEND_CUDA, "emulated": BACKEND_EMULATED}
+
+F_AUTO_SWAP = 1 << 0
+F_SCRUB = 1 << 1
+F_SPILL_ALLOW_TMPFS = 1 << 2
+F_SPILL_BUFFERED = 1 << 3
+
+LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF = 0, 1, 2, 3, 4
+
+
+class Config(ctypes.Structure):
+    """struct kvvm_config."""
+    _fields_ = [
+        ("size", c_size_t),
+        ("backend", c_int),
+        ("device", c_int),
+        ("n_regions", c_u32),
+        ("bytes_per_token", c_u64),
+        ("max_seqs", c_u32),
+        ("max_tokens", c_u64),
+        ("page_size", c_size_t),
+        ("device_budget", c_size_t),
+        ("host_budget", c_size_t),
+        ("spill_dir", c_char_p),
+        ("spill_budget", c_size_t),
+        ("device_min", c_double), ("device_low", c_double), ("device_high", c_double),
+        ("host_min", c_double), ("host_low", c_double), ("host_high", c_double),
+        ("flags", ctypes.c_uint),
+        ("emu_device_bytes", c_size_t),
+        ("emu_granule", c_size_t),
+        ("map_ahead", c_u32),
+        ("emu_opaque", c_int),
+    ]
+
+
+# The library accepts a config of up to 4096 bytes; kvvm_config_init writes its own sizeof,
+# which may exceed ours when the library is newer: it always gets a buffer this large.
+CONFIG_BUF_BYTES = 4096
+
+
+class SeqInfo(ctypes.Structure):
+    """struct kvvm_seq_info."""
+    _fields_ = [
+        ("size", c_size_t),
+        ("length", c_u64),
+        ("slot", c_u32),
+        ("pages_device", c_u32), ("pages_host", c_u32), ("pages_disk", c_u32),
+        ("pages_shared", c_u32),
+        ("resident", c_int),
+    ]
+
+
+STATS_FIELDS = (
+    "page_size", "pages_device_total", "pages_device_free", "pages_host_total",
+    "pages_host_free", "pages_disk_total", "pages_disk_free", "pages_inflight", "maps",
+    "unmaps", "cow_copies", "swap_outs", "swap_ins", "spills", "unspills", "bytes_to_host",
+    "bytes_to_device", "bytes_to_disk", "bytes_from_disk", "checksum_failures", "io_errors",
+    "reclaim_runs", "reclaim_swap_outs", "direct_reclaims", "direct_swap_outs",
+    "direct_reclaim_ns", "pages_orphan", "seqs_nonresident", "pages_damaged",
+)
+
+
+class Stats(ctypes.Structure):
+    """struct kvvm_stats."""
+    _fields_ = [("size", c_size_t)] + [(n, c_u64) for n in STATS_FIELDS]
+
+
+LOG_FN = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+
+# name: (restype, argtypes). Every int-returning call returns 0 or a negative errno.
+_PROTOS = {
+    "kvvm_config_init": (None, [c_void_p]),
+    "kvvm_open": (c_int, [c_void_p, P(c_void_p)]),
+    "kvvm_close": (None, [c_void_p]),
+    "kvvm_seq_create": (c_int, [c_void_p, P(c_u64)]),
+    "kvvm_seq_free": (c_int, [c_void_p, c_u64]),
+    "kvvm_seq_grow": (c_int, [c_void_p, c_u64, c_u64]),
+    "kvvm_seq_grow_batch": (c_int, [c_void_p, P(c_u64), P(c_u64), c_size_t]),
+    "kvvm_seq_truncate": (c_int, [c_void_p, c_u64, c_u64]),
+    "kvvm_seq_fork": (c_int, [c_void_p, c_u64, P(c_u64)]),
+    "kvvm_seq_share": (c_int, [c_void_p, c_u64, c_u64, c_u64]),
+    "kvvm_seq_prepare_write": (c_int, [c_void_p, c_u64, c_u64, c_u64]),
+    "kvvm_seq_write": (c_int, [c_void_p, c_u64, c_u32, c_u64, c_void_p, c_size_t]),
+    "kvvm_seq_read": (c_int, [c_void_p, c_u64, c_u32, c_u64, c_void_p, c_size_t]),
+    "kvvm_seq_swap_out": (c_int, [c_void_p, c_u64]),
+    "kvvm_seq_swap_in": (c_int, [c_void_p, c_u64]),
+    "kvvm_step": (c_int, [c_void_p]),
+    "kvvm_set_stream": (c_int, [c_void_p, c_void_p]),
+    "kvvm_stream_create": (c_int, [c_void_p, P(c_void_p)]),
+    "kvvm_stream_destroy": (c_int, [c_void_p, c_void_p]),
+    "kvvm_sync": (c_int, [c_void_p]),
+    "kvvm_seq_need": (c_int, [c_void_p, c_u64, c_u64, P(c_u64), P(c_int)]),
+    "kvvm_seq_prefetch": (c_int, [c_void_p, c_u64]),
+    "kvvm_seq_ready": (c_int, [c_void_p, c_u64]),
+    "kvvm_seq_wait_stream": (c_int, [c_void_p, c_u64, c_void_p]),
+    "kvvm_region_base": (c_int, [c_void_p, c_u32, P(c_u64)]),
+    "kvvm_slot_bytes": (c_int, [c_void_p, P(c_u64)]),
+    "kvvm_seq_slot": (c_int, [c_void_p, c_u64, P(c_u32)]),
+    "kvvm_seq_addr": (c_int, [c_void_p, c_u64, c_u32, P(c_u64)]),
+    "kvvm_seq_info": (c_int, [c_void_p, c_u64, P(SeqInfo)]),
+    "kvvm_stats": (c_int, [c_void_p, P(Stats)]),
+    "kvvm_stats_json": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "kvvm_set_log": (None, [LOG_FN, c_void_p, c_int]),
+    "kvvm_strerror": (c_char_p, [c_int]),
+    "kvvm_backend_name": (c_char_p, [c_void_p]),
+    "kvvm_version": (c_char_p, []),
+}
+
+
+def _candidates():
+    env = os.environ.get("KVVM_LIBRARY")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    c = [os.path.join(here, n) for n in ("libkvvm.so", "libkvvm.so.0")]
+    found = ctypes.util.find_library("kvvm")
+    c += ["libkvvm.so.0", "libkvvm.so"] + ([found] if found else [])
+    c.append(os.path.join(os.path.dirname(os.path.dirname(here)), "build", "libkvvm.so"))
+    return c, False
+
+
+def load():
+    """Returns the loaded libkvvm (ctypes.CDLL) with its prototypes set."""
+    names, explicit = _candidates()
+    errors = []
+    for name in names:
+        if os.sep in name and not os.path.exists(name) and not explicit:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError as e:
+            errors.append("%s: %s" % (name, e))
+            if explicit:
+                break
+    else:
+        lib = None
+    if lib is None:
+        raise ImportError(
+            "kvvm: libkvvm.so not found (%s). Build it (cmake --build build) and set "
+            "KVVM_LIBRARY=/path/to/libkvvm.so, install it (cmake --install build), or put "
+            "it next to the kvvm package." % ("; ".join(errors) or ", ".join(names)))
+    for fn, (res, args) in _PROTOS.items():
+        f = getattr(lib, fn)
+        f.restype = res
+        f.argtypes = args
+    return lib
+
+
+lib = load()
+VERSION = lib.kvvm_version().decode()
+LIBRARY_PATH = getattr(lib, "_name", "")
+
+
+def strerror(err):
+    s = lib.kvvm_strerror(-abs(err))
+    return s.decode() if s else os.strerror(abs(err))
+
+
+ESTALE = getattr(_errno, "ESTALE", 116)

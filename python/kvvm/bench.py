@@ -1,0 +1,291 @@
+"""python3 -m kvvm.bench: the per-decode-step cost of a KV cache in PyTorch.
+
+For each context length and batch size, every step appends one token's K and V in every
+layer and runs attention over the whole cache, with three caches measured in the same run,
+step by step in rotating order (so machine noise hits all three alike):
+  (a) libkvvm views: one sequence per request, ctx.grow_batch once per step, the new token
+      written into the region view, attention reading the region view in place, ctx.step();
+  (b) a torch.cat cache (Hugging Face DynamicCache style): torch.cat([K, k]) per layer;
+  (c) a statically preallocated max-length cache: the new token written in place.
+Attention is multi-query (one KV head, n_q_heads query heads) so that every cache's K/V
+is consumed in place by torch.bmm, with no copy: the difference between the rows is the
+cache, not the kernel. The physical memory each cache holds is reported beside the live
+K/V bytes: (a) the device pages its sequences hold (kvvm_stats), (b) its tensors' bytes,
+(c) its preallocation.
+
+On the emulated device (no GPU) everything runs on the CPU; --backend cuda runs the same on
+a GPU (not run in this repository's CI).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import kvvm
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python3 -m kvvm.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--contexts", default="1024,4096,16384",
+                   help="context lengths (comma-separated, default 1024,4096,16384)")
+    p.add_argument("--batches", default="1,16", help="batch sizes (default 1,16)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--q-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--steps", type=int, default=0,
+                   help="measured steps per point (default: 24, 10 above 64k cached tokens)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--backend", default="emulated", choices=["emulated", "cuda", "auto"])
+    p.add_argument("--granule", default="2M",
+                   help="emulated device granule = page size (default 2M, like a GPU)")
+    p.add_argument("--json", metavar="FILE", help="write the JSON results to FILE "
+                   "(default: printed after the table)")
+    return p.parse_args(argv)
+
+
+class Point:
+    def __init__(self, torch, a, ctx_len, batch, steps, device):
+        self.torch, self.a, self.L, self.B = torch, a, ctx_len, batch
+        self.steps, self.device = steps, device
+        self.max_len = a.max_len
+        self.D, self.H, self.NL = a.head_dim, a.q_heads, a.layers
+        self.scale = 1.0 / math.sqrt(self.D)
+
+    # -- setup --------------------------------------------------------------------------
+    def setup(self):
+        torch, B, L, D, NL = self.torch, self.B, self.L, self.D, self.NL
+        g = torch.Generator().manual_seed(1)
+        self.init = torch.randn(B, L, D, generator=g).to(self.device)
+        self.q = torch.randn(B, self.H, D, generator=g).to(self.device)
+        self.newkv = torch.randn(B, 1, D, generator=g).to(self.device)
+        # (a) libkvvm
+        bpt = D * 4
+        pages_per_seq = 2 * NL * math.ceil(self.max_len * bpt / self.a.page_size)
+        cfg = dict(backend=self.a.backend, n_regions=2 * NL, bytes_per_token=bpt,
+                   max_seqs=max(B, 1), max_tokens=self.max_len,
+                   device_budget=(B * pages_per_seq + 2 * NL) * self.a.page_size,
+                   emu_opaque=0)
+        if self.a.backend != "cuda":
+            cfg["emu_granule"] = self.a.page_size
+        self.ctx = kvvm.Context(**cfg)
+        self.seqs = [self.ctx.create() for _ in range(B)]
+        slots = [s.slot for s in self.seqs]
+        self.slot0 = slots[0]
+        self.contiguous_slots = slots == list(range(slots[0], slots[0] + B))
+        self.ctx.grow_batch(self.seqs, [L] * B)
+        self.kv_regions = []
+        for r in range(2 * NL):
+            R = self.ctx.region_tensor(r, torch.float32, (D,))
+            self.kv_regions.append(R)
+            for i, s in enumerate(self.seqs):
+                R[s.slot, :L] = self.init[i]
+        # the per-step views of the batch: slots in a row are one strided view per region
+        self.batch_views = [R[self.slot0:self.slot0 + B] if self.contiguous_slots else None
+                            for R in self.kv_regions]
+        self.ctx.step()
+        self.len_a = L
+        self.lengths = (kvvm._lib.c_u64 * B)()
+        self.handles = (kvvm._lib.c_u64 * B)(*[s.handle for s in self.seqs])
+        # (b) torch.cat
+        self.cat = [self.init.clone() for _ in range(2 * NL)]
+        self.len_b = L
+        # (c) static
+        self.static = []
+        for _ in range(2 * NL):
+            t = torch.zeros(B, self.max_len, D, device=self.device)
+            t[:, :L] = self.init
+            self.static.append(t)
+        self.len_c = L
+        self.t = {m: {"append": [], "attn": []} for m in "abc"}
+
+    def close(self):
+        self.ctx.close()
+        del self.cat, self.static, self.kv_regions, self.batch_views, self.init
+
+    # -- one step per cache ---------------------------------------------------------------
+    def attention(self, K, V):
+        torch = self.torch
+        s = torch.bmm(self.q, K.transpose(1, 2)) * self.scale        # (B, H, T)
+        return torch.bmm(s.softmax(-1), V)                            # (B, H, D)
+
+    def sync(self):
+        if self.device != "cpu":
+            self.torch.cuda.synchronize()
+
+    def step_a(self):
+        n = self.len_a + 1
+        t0 = time.perf_counter()
+        for i in range(self.B):
+            self.lengths[i] = n
+        rc = kvvm._lib.lib.kvvm_seq_grow_batch(self.ctx._kv, self.handles, self.lengths,
+                                               self.B)
+        if rc < 0:
+            raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
+        views = []
+        for r in range(2 * self.NL):
+            R = self.kv_regions[r]
+            if self.contiguous_slots:
+                v = self.batch_views[r]
+                v[:, n - 1:n] = self.newkv
+            else:
+                v = self.torch.stack([R[s.slot] for s in self.seqs])
+                for i, s in enumerate(self.seqs):
+                    R[s.slot, n - 1] = self.newkv[i, 0]
+            views.append(v)
+        self.sync()
+        t1 = time.perf_counter()
+        for layer in range(self.NL):
+            self.attention(views[2 * layer][:, :n], views[2 * layer + 1][:, :n])
+        self.sync()
+        t2 = time.perf_counter()
+        self.ctx.step()                 # the iteration boundary: counted as cache cost
+        t3 = time.perf_counter()
+        self.len_a = n
+        return (t1 - t0) + (t3 - t2), t2 - t1
+
+    def step_b(self):
+        torch, n = self.torch, self.len_b + 1
+        t0 = time.perf_counter()
+        for r in range(2 * self.NL):
+            self.cat[r] = torch.cat([self.cat[r], self.newkv], dim=1)
+        self.sync()
+        t1 = time.perf_counter()
+        for layer in range(self.NL):
+            self.attention(self.cat[2 * layer], self.cat[2 * layer + 1])
+        self.sync()
+        t2 = time.perf_counter()
+        self.len_b = n
+        return t1 - t0, t2 - t1
+
+    def step_c(self):
+        n = self.len_c + 1
+        t0 = time.perf_counter()
+        for r in range(2 * self.NL):
+            self.static[r][:, n - 1:n] = self.newkv
+        self.sync()
+        t1 = time.perf_counter()
+        for layer in range(self.NL):
+            self.attention(self.static[2 * layer][:, :n], self.static[2 * layer + 1][:, :n])
+        self.sync()
+        t2 = time.perf_counter()
+        self.len_c = n
+        return t1 - t0, t2 - t1
+
+    def run(self, warmup):
+        fns = {"a": self.step_a, "b": self.step_b, "c": self.step_c}
+        order = "abc"
+        for i in range(warmup + self.steps):
+            rot = order[i % 3:] + order[:i % 3]
+            for m in rot:
+                ap, at = fns[m]()
+                if i >= warmup:
+                    self.t[m]["append"].append(ap)
+                    self.t[m]["attn"].append(at)
+        self.check()
+
+    def check(self):
+        """The three caches hold the same K/V (a sanity check of the benchmark itself)."""
+        torch, n = self.torch, self.len_a
+        assert self.len_a == self.len_b == self.len_c
+        for r in (0, 2 * self.NL - 1):
+            R = self.kv_regions[r]
+            a = torch.stack([R[s.slot, :n] for s in self.seqs])
+            if not (torch.equal(a, self.cat[r]) and torch.equal(a, self.static[r][:, :n])):
+                raise AssertionError("bench: the caches disagree in region %d" % r)
+
+    def memory(self):
+        st = self.ctx.stats()
+        bpt = self.D * 4
+        held_a = sum(s.info.pages_device for s in self.seqs) * st["page_size"]
+        held_b = sum(t.numel() * 4 for t in self.cat)
+        held_c = sum(t.numel() * 4 for t in self.static)
+        live = self.B * self.len_a * bpt * 2 * self.NL
+        return dict(live=live, a=held_a, b=held_b, c=held_c,
+                    a_slack_pages_per_region_seq=(held_a - live) / st["page_size"]
+                    / (2 * self.NL * self.B))
+
+    def result(self):
+        med = {m: {k: statistics.median(v) for k, v in self.t[m].items()} for m in "abc"}
+        step = {m: med[m]["append"] + med[m]["attn"] for m in "abc"}
+        mem = self.memory()
+        return dict(context=self.L, batch=self.B, steps=self.steps,
+                    append_us={m: med[m]["append"] * 1e6 for m in "abc"},
+                    attention_us={m: med[m]["attn"] * 1e6 for m in "abc"},
+                    step_us={m: step[m] * 1e6 for m in "abc"},
+                    ratio_step_a_over_c=step["a"] / step["c"],
+                    ratio_step_b_over_c=step["b"] / step["c"],
+                    ratio_append_b_over_a=med["b"]["append"] / med["a"]["append"],
+                    memory_bytes=mem)
+
+
+def table(rows, a):
+    mib = 1 << 20
+    hdr = ("ctx", "batch", "append us a/b/c", "step ms a/b/c", "a/c", "b/c",
+           "MiB held a/b/c (live)")
+    lines = ["%6s %5s %22s %24s %6s %6s %30s" % hdr]
+    for r in rows:
+        ap, st, m = r["append_us"], r["step_us"], r["memory_bytes"]
+        lines.append("%6d %5d %22s %24s %6.3f %6.2f %30s" % (
+            r["context"], r["batch"],
+            "%.0f/%.0f/%.0f" % (ap["a"], ap["b"], ap["c"]),
+            "%.3f/%.3f/%.3f" % (st["a"] / 1e3, st["b"] / 1e3, st["c"] / 1e3),
+            r["ratio_step_a_over_c"], r["ratio_step_b_over_c"],
+            "%.0f/%.0f/%.0f (%.0f)" % (m["a"] / mib, m["b"] / mib, m["c"] / mib,
+                                        m["live"] / mib)))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        import torch
+    except ImportError:
+        print("kvvm.bench needs PyTorch (python3-torch)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(a.threads)
+    contexts = [int(x) for x in a.contexts.split(",")]
+    batches = [int(x) for x in a.batches.split(",")]
+    a.page_size = kvvm._core._parse_size(a.granule)
+    base_steps = a.steps
+    a.max_len = max(contexts) + a.warmup + max(a.steps, 24) + 8
+    device = "cpu"
+    if a.backend == "cuda":
+        device = "cuda"
+        a.page_size = 2 << 20
+    rows = []
+    t_start = time.perf_counter()
+    for L in contexts:
+        for B in batches:
+            steps = base_steps or (10 if B * L > 65536 else 24)
+            pt = Point(torch, a, L, B, steps, device)
+            pt.setup()
+            pt.run(a.warmup)
+            rows.append(pt.result())
+            pt.close()
+            print("  ctx %d batch %d: done (%.0f s so far)"
+                  % (L, B, time.perf_counter() - t_start), file=sys.stderr)
+    out = dict(tool="kvvm.bench", library_version=kvvm.library_version,
+               backend=a.backend, torch=torch.__version__, threads=a.threads,
+               layers=a.layers, q_heads=a.q_heads, kv_heads=1, head_dim=a.head_dim,
+               dtype="float32", page_size=a.page_size, max_len=a.max_len,
+               wall_s=time.perf_counter() - t_start, rows=rows)
+    print("kvvm.bench: %d layers, %d query heads / 1 KV head x %d, float32, page %d KiB, "
+          "static max length %d, torch %s, %d thread(s); medians per decode step"
+          % (a.layers, a.q_heads, a.head_dim, a.page_size >> 10, a.max_len,
+             torch.__version__, a.threads))
+    print("(a) libkvvm views  (b) torch.cat cache  (c) static max-length cache")
+    print(table(rows, a))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print("JSON: %s" % a.json)
+    else:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

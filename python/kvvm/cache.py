@@ -1,0 +1,68 @@
+"""kvvm.KVCache: the cache object a model's attention code calls, like Hugging Face's
+Cache.update.
+
+Layout: n_regions = 2 * n_layers, region 2l = layer l's K, 2l + 1 its V, one token =
+(n_kv_heads, head_dim) elements of dtype. The engine grows each sequence once per step
+(seq.grow(seq.length + n_new), or ctx.grow_batch); then every layer calls
+    K, V = cache.update(layer, seq, k, v)
+with k, v of shape (n_new, n_kv_heads, head_dim): they are written at tokens
+[length - n_new, length) through the zero-copy views, and the (length, n_kv_heads,
+head_dim) views of the whole K and V are returned. On a GPU the write is a device copy on
+torch's current stream: make it the engine stream (ctx.set_stream).
+"""
+from . import _views
+from ._errors import InvalidArgument
+
+
+class KVCache:
+    def __init__(self, ctx, n_layers, n_kv_heads, head_dim, dtype):
+        self.ctx = ctx
+        self.n_layers = int(n_layers)
+        self.n_kv_heads = int(n_kv_heads)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        self.torch = _views.is_torch_dtype(dtype)
+        itemsize = _views.element_info(dtype)[0]
+        bpt = self.n_kv_heads * self.head_dim * itemsize
+        if ctx.n_regions != 2 * self.n_layers:
+            raise InvalidArgument(22, "KVCache: the context has n_regions %d; %d layers need "
+                                  "n_regions = 2 * n_layers = %d (region 2l = layer l's K, "
+                                  "2l + 1 its V)" % (ctx.n_regions, self.n_layers,
+                                                     2 * self.n_layers))
+        if ctx.bytes_per_token != bpt:
+            raise InvalidArgument(22, "KVCache: the context has bytes_per_token %d; "
+                                  "n_kv_heads %d * head_dim %d * itemsize %d = %d"
+                                  % (ctx.bytes_per_token, self.n_kv_heads, self.head_dim,
+                                     itemsize, bpt))
+        self.shape = (self.n_kv_heads, self.head_dim)
+
+    def _views(self, layer, seq):
+        if not 0 <= layer < self.n_layers:
+            raise InvalidArgument(22, "layer %d is outside [0, %d)" % (layer, self.n_layers))
+        f = seq.tensor if self.torch else seq.array
+        return f(2 * layer, self.dtype, self.shape), f(2 * layer + 1, self.dtype, self.shape)
+
+    def keys_values(self, layer, seq):
+        """The (length, n_kv_heads, head_dim) K and V views of `seq` at `layer`."""
+        return self._views(layer, seq)
+
+    def update(self, layer, seq, k, v):
+        """Writes k, v (n_new, n_kv_heads, head_dim) at tokens [length - n_new, length) and
+        returns the K, V views over [0, length)."""
+        K, V = self._views(layer, seq)
+        n = int(k.shape[0])
+        length = int(K.shape[0])
+        want = (n, self.n_kv_heads, self.head_dim)
+        if tuple(k.shape) != want or tuple(v.shape) != want:
+            raise InvalidArgument(22, "KVCache.update: k %s and v %s must both be %s"
+                                  % (tuple(k.shape), tuple(v.shape), want))
+        if n > length:
+            raise InvalidArgument(22, "KVCache.update: %d new tokens but the sequence holds "
+                                  "%d: grow it first (seq.grow(seq.length + n_new))"
+                                  % (n, length))
+        K[length - n:length] = k
+        V[length - n:length] = v
+        return K, V
+
+    def get_seq_length(self, seq):
+        return seq.length

@@ -1,0 +1,62 @@
+"""Shared fixtures. The tests import the installed kvvm when there is one (the fresh-venv
+check), else the package of this source tree; libkvvm.so comes from KVVM_LIBRARY, else the
+package's own search (docs/python.md)."""
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+try:
+    import kvvm  # noqa: F401
+except ModuleNotFoundError as e:
+    if e.name != "kvvm":
+        raise
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import kvvm  # noqa: F401
+
+try:                    # tiny tensors: one thread avoids oversubscribing a shared machine
+    import torch
+    torch.set_num_threads(1)
+except ImportError:
+    pass
+
+# The library's own tests run with KVVM_EMU_OPAQUE=1; tests here say what they need per
+# context (emu_opaque=...), so nothing from the environment decides it.
+GRANULE = 4096
+
+
+def pytest_report_header(config):
+    return "kvvm %s from %s; libkvvm %s from %s" % (
+        kvvm.__version__, os.path.dirname(kvvm.__file__), kvvm.library_version,
+        kvvm.library_path)
+
+
+def small_config(**over):
+    cfg = dict(backend="emulated", n_regions=2, bytes_per_token=64, max_seqs=8,
+               max_tokens=1024, emu_granule=GRANULE, device_budget=64 * GRANULE,
+               emu_opaque=1)
+    cfg.update(over)
+    return cfg
+
+
+@pytest.fixture
+def ctx():
+    """An opaque-mode context: the binding must never need to read device memory."""
+    with kvvm.Context(**small_config()) as c:
+        yield c
+
+
+@pytest.fixture
+def vctx():
+    """A context whose windows are CPU-readable (views)."""
+    with kvvm.Context(**small_config(emu_opaque=0)) as c:
+        yield c
+
+
+@pytest.fixture
+def spill_dir():
+    d = tempfile.mkdtemp(prefix="kvvm-pytest-", dir="/var/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,148 @@
+"""Every negative errno becomes kvvm.Error with the right subclass and the library's
+reason; the library's log goes to the "kvvm" logger."""
+import errno
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import kvvm
+from conftest import GRANULE, small_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG_PARENT = os.path.dirname(os.path.dirname(kvvm.__file__))
+
+
+@pytest.mark.parametrize("code,cls", [
+    (errno.EINVAL, kvvm.InvalidArgument), (errno.ENOENT, kvvm.InvalidHandle),
+    (errno.E2BIG, kvvm.TooBig), (errno.ENOSPC, kvvm.NoSlot),
+    (errno.ENOMEM, kvvm.OutOfMemory), (errno.EBADMSG, kvvm.DataLost),
+    (errno.EIO, kvvm.DeviceLost), (errno.ENODEV, kvvm.NoDevice), (errno.EBUSY, kvvm.Busy),
+    (errno.EOPNOTSUPP, kvvm.NotSupported), (errno.ESTALE, kvvm.Stale),
+    (errno.EAGAIN, kvvm.NotResident), (errno.EPERM, kvvm.Error)])
+def test_errno_classes(code, cls):
+    assert kvvm.error_class(-code) is cls and kvvm.error_class(code) is cls
+    e = cls(code)
+    assert isinstance(e, kvvm.Error) and e.errno == code
+    assert e.message == kvvm.strerror(code)
+    assert issubclass(kvvm.InvalidArgument, ValueError) and issubclass(kvvm.TooBig, ValueError)
+
+
+def test_message_carries_the_library_reason(caplog):
+    with caplog.at_level(logging.ERROR, logger="kvvm"):
+        with pytest.raises(kvvm.InvalidArgument) as e:
+            kvvm.Context(**small_config(device_min=0.5, device_low=0.1))
+    assert e.value.function == "kvvm_open"
+    assert "watermarks must satisfy" in e.value.message
+    assert "kvvm_open: -EINVAL: device watermarks" in str(e.value)
+    rec = [r for r in caplog.records if r.name == "kvvm"]
+    assert rec and rec[-1].levelno == logging.ERROR and "watermarks" in rec[-1].getMessage()
+
+
+def test_no_reason_logged_falls_back_to_strerror(ctx):
+    s = ctx.create()
+    with pytest.raises(kvvm.TooBig) as e:
+        s.grow(ctx.max_tokens + 1)
+    assert e.value.message == kvvm.strerror(errno.E2BIG)
+
+
+def test_no_device():
+    if os.environ.get("KVVMTEST_PY_BACKEND") == "cuda":
+        pytest.skip("a CUDA device is expected here")
+    with pytest.raises(kvvm.NoDevice) as e:
+        kvvm.Context(**small_config(backend="cuda"))
+    assert e.value.errno == errno.ENODEV
+
+
+def test_log_levels_reach_python_logging(caplog):
+    kvvm.set_log_level("info")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="kvvm"):
+            # more sequences than the device holds at length 1: an info line from kvvm_open
+            with kvvm.Context(**small_config(max_seqs=64, device_budget=8 * GRANULE)):
+                pass
+        infos = [r for r in caplog.records if r.name == "kvvm" and r.levelno == logging.INFO]
+        assert any("fit in device_budget" in r.getMessage() for r in infos), caplog.records
+    finally:
+        kvvm.set_log_level(None)
+    with pytest.raises(ValueError):
+        kvvm.set_log_level("loud")
+
+
+def _run(code, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYTHONPATH"] = PKG_PARENT + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=e,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_device_lost_is_sticky():
+    # an illegal-address error on the first host-to-device copy kills the context (-EIO)
+    r = _run("""
+        import kvvm
+        c = kvvm.Context(backend="emulated", emu_granule=4096, device_budget="64K",
+                         bytes_per_token=64, max_tokens=256, max_seqs=4, emu_opaque=1)
+        s = c.create(); s.grow(4)
+        try:
+            s.write(0, 0, b"x" * 64)
+        except kvvm.DeviceLost as e:
+            print("write", e.errno)
+        try:
+            c.create()
+        except kvvm.DeviceLost as e:
+            print("create", e.errno)
+        c.close()
+        """, {"KVVM_EMU_FAIL": "cuMemcpyHtoDAsync:1:700,cuMemcpyHtoD:1:700", "KVVM_LOG": "off"})
+    assert r.returncode == 0, r.stderr
+    assert "write 5" in r.stdout and "create 5" in r.stdout, r.stdout + r.stderr
+
+
+def test_data_lost_after_disk_corruption(spill_dir):
+    """A sequence spilled to disk whose file bytes are damaged comes back as DataLost."""
+    cfg = small_config(host_budget=4 * GRANULE, spill_dir=spill_dir, spill_budget=1 << 20)
+    with kvvm.Context(**cfg) as c:
+        s = c.create()
+        s.grow(256)                               # 4 pages per region: more than the host tier
+        s.write(0, 0, b"\x42" * (256 * 64))
+        c.step()
+        s.swap_out()
+        c.sync()
+        assert s.info.pages_disk > 0
+        fds = []
+        for f in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink("/proc/self/fd/" + f).startswith(spill_dir):
+                    fds.append(f)
+            except OSError:                       # the descriptor listdir itself used
+                pass
+        assert fds, "no spill file descriptor found under %s" % spill_dir
+        for f in fds:
+            with open("/proc/self/fd/" + f, "r+b", buffering=0) as fh:
+                size = os.fstat(fh.fileno()).st_size
+                for off in range(0, size, GRANULE):
+                    fh.seek(off + 100)
+                    fh.write(b"\xff" * 8)
+                os.fsync(fh.fileno())
+        with pytest.raises(kvvm.DataLost) as e:
+            s.swap_in()
+        assert e.value.errno == errno.EBADMSG
+        with pytest.raises(kvvm.DataLost):
+            s.read(0, 0, 64)
+        assert c.stats()["checksum_failures"] >= 1
+        s.truncate(0)                             # below the damage: usable again
+        s.grow(1)
+
+
+def test_own_variables_are_not_reported_as_unknown(monkeypatch, caplog):
+    monkeypatch.setenv("KVVM_LIBRARY", kvvm.library_path)
+    monkeypatch.setenv("KVVM_NOT_A_SETTING", "1")
+    with caplog.at_level(logging.WARNING, logger="kvvm"):
+        with kvvm.Context(**small_config()):
+            pass
+    msgs = [r.getMessage() for r in caplog.records if r.name == "kvvm"]
+    assert any("KVVM_NOT_A_SETTING" in m for m in msgs), msgs
+    assert not any("KVVM_LIBRARY" in m for m in msgs), msgs

@@ -1,0 +1,517 @@
+/*
+ * tests/test_room.c: room is checked before anything moves, and kvvm_seq_need agrees with
+ * what the calls then do (issue 9, defects 6-10). Each test builds a state, snapshots the
+ * stats and every sequence's kvvm_seq_info, makes the call, and asserts: it succeeds where
+ * need() said it fits, and a call failing with -ENOMEM changed nothing.
+ *
+ * Emulated device in opaque mode, 4 KiB granules and pages, two regions, 1000 bytes per token
+ * (7 tokens = 2 pages per region, 15 = 4, 19 = 5, 23 = 6, 31 = 8). Host marks are all 0 so
+ * no background spilling moves pages behind the tests' back. Disk cases use a mkdtemp spill
+ * directory under /var/tmp, removed at the end. Suites are named after the defects:
+ * failed_swap_in (6; with write/prepare_write, whose copy-on-write after the swap-in is the
+ * same rule), need_agrees (7), stream_enomem (8), last_sharer (9), grow_batch (10).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "kvvm.h"
+#include "core/debug.h"
+#include "vmm/emu.h"
+
+#define KB 4096u
+#define NR 2
+#define BPT 1000u
+#define MAXTOK 64u
+#define MAXS 8
+
+static inline uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
+{
+    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return (uint8_t)(x | 1);
+}
+
+static char dir[64];
+
+static void cfg(struct kvvm_config *c, uint32_t dev, uint32_t host, uint32_t disk)
+{
+    kvvm_config_init(c);
+    c->backend = KVVM_BACKEND_EMULATED;
+    c->emu_granule = KB;
+    c->page_size = KB;
+    c->n_regions = NR;
+    c->bytes_per_token = BPT;
+    c->max_seqs = 16;
+    c->max_tokens = MAXTOK;
+    c->device_budget = (size_t)dev * KB;
+    c->host_budget = (size_t)host * KB;
+    c->spill_dir = NULL;
+    c->spill_budget = 0;
+    c->flags = 0;
+    c->emu_opaque = 1;
+    c->host_min = c->host_low = c->host_high = 0;
+    if (disk) {
+        snprintf(dir, sizeof dir, "/var/tmp/kvvm_test_room.XXXXXX");
+        cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+        c->spill_dir = dir;
+        c->spill_budget = (size_t)disk * KB;
+    }
+}
+
+struct sh {
+    kvvm_seq h;
+    uint64_t len;
+    uint8_t exp[NR][MAXTOK * BPT];
+};
+
+struct t {
+    kvvm *kv;
+    struct sh *s[MAXS];
+    int n;
+    void *stream;
+};
+
+static void t_open(struct t *t, const struct kvvm_config *c)
+{
+    memset(t, 0, sizeof *t);
+    int rc = kvvm_open(c, &t->kv);
+    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
+}
+
+static void t_stream(struct t *t)
+{
+    cr_assert_eq(kvvm_stream_create(t->kv, &t->stream), 0);
+    cr_assert_eq(kvvm_set_stream(t->kv, t->stream), 0);
+}
+
+static void t_close(struct t *t)
+{
+    char why[512] = "";
+    cr_expect_eq(kvvm_debug_check(t->kv, why, sizeof why), 0, "at close: %s", why);
+    for (int i = 0; i < t->n; i++) {
+        cr_expect_eq(kvvm_seq_free(t->kv, t->s[i]->h), 0);
+        free(t->s[i]);
+    }
+    if (t->stream)
+        cr_assert_eq(kvvm_set_stream(t->kv, NULL), 0);
+    kvvm_close(t->kv);
+    if (dir[0]) {
+        rmdir(dir);
+        dir[0] = 0;
+    }
+}
+
+static void check(struct t *t, const char *where)
+{
+    char why[512] = "";
+    int rc = kvvm_debug_check(t->kv, why, sizeof why);
+    cr_assert_eq(rc, 0, "%s: invariant violated (%d): %s", where, rc, why);
+}
+
+static struct sh *sh_new(struct t *t)
+{
+    struct sh *s = calloc(1, sizeof *s);
+    cr_assert(s && t->n < MAXS);
+    cr_assert_eq(kvvm_seq_create(t->kv, &s->h), 0);
+    t->s[t->n++] = s;
+    return s;
+}
+
+static void sh_grow_fill(struct t *t, struct sh *s, uint64_t len, uint32_t lin)
+{
+    int rc = kvvm_seq_grow(t->kv, s->h, len);
+    cr_assert_eq(rc, 0, "grow to %llu: %d", (unsigned long long)len, rc);
+    uint64_t a = s->len * BPT, b = len * BPT;
+    for (uint32_t r = 0; r < NR; r++) {
+        for (uint64_t o = a; o < b; o++)
+            s->exp[r][o] = cookie(lin, r, o);
+        cr_assert_eq(kvvm_seq_write(t->kv, s->h, r, a, s->exp[r] + a, b - a), 0);
+    }
+    s->len = len;
+}
+
+static struct sh *sh_fork(struct t *t, struct sh *p)
+{
+    struct sh *c = calloc(1, sizeof *c);
+    cr_assert(c && t->n < MAXS);
+    cr_assert_eq(kvvm_seq_fork(t->kv, p->h, &c->h), 0);
+    c->len = p->len;
+    memcpy(c->exp, p->exp, sizeof c->exp);
+    t->s[t->n++] = c;
+    return c;
+}
+
+static void sh_verify(struct t *t, struct sh *s, const char *where)
+{
+    static uint8_t buf[MAXTOK * BPT];
+    for (uint32_t r = 0; r < NR && s->len; r++) {
+        int rc = kvvm_seq_read(t->kv, s->h, r, 0, buf, s->len * BPT);
+        cr_assert_eq(rc, 0, "%s: read: %d", where, rc);
+        cr_assert(memcmp(buf, s->exp[r], s->len * BPT) == 0, "%s: region %u bytes differ",
+                  where, r);
+    }
+}
+
+static void t_out(struct t *t, struct sh *s)
+{
+    int rc = kvvm_seq_swap_out(t->kv, s->h);
+    cr_assert_eq(rc, 0, "swap_out: %d (%s)", rc, kvvm_strerror(rc));
+}
+
+/* ---- "nothing changed" -------------------------------------------------------------- */
+
+struct snap {
+    struct kvvm_stats st;
+    struct kvvm_seq_info in[MAXS];
+};
+
+static void snap(struct t *t, struct snap *sn)
+{
+    memset(sn, 0, sizeof *sn);
+    sn->st.size = sizeof sn->st;
+    cr_assert_eq(kvvm_stats(t->kv, &sn->st), 0);
+    for (int i = 0; i < t->n; i++) {
+        sn->in[i].size = sizeof sn->in[i];
+        cr_assert_eq(kvvm_seq_info(t->kv, t->s[i]->h, &sn->in[i]), 0);
+    }
+}
+
+#define SAME(f) cr_expect_eq(b.st.f, a->st.f, "%s: stats." #f " %llu -> %llu", where, \
+                             (unsigned long long)a->st.f, (unsigned long long)b.st.f)
+#define SAME_IN(f) cr_expect_eq(b.in[i].f, a->in[i].f, "%s: seq %d ." #f " %llu -> %llu", \
+                                where, i, (unsigned long long)a->in[i].f,                \
+                                (unsigned long long)b.in[i].f)
+
+/* The state equals the snapshot a (tiers, counters, every sequence). */
+static void unchanged(struct t *t, const struct snap *a, const char *where)
+{
+    struct snap b;
+    snap(t, &b);
+    SAME(pages_device_free); SAME(pages_host_free); SAME(pages_disk_free);
+    SAME(pages_inflight); SAME(swap_outs); SAME(swap_ins); SAME(spills); SAME(unspills);
+    SAME(bytes_to_host); SAME(bytes_to_device); SAME(bytes_to_disk); SAME(bytes_from_disk);
+    SAME(pages_orphan); SAME(seqs_nonresident);
+    for (int i = 0; i < t->n; i++) {
+        SAME_IN(length); SAME_IN(pages_device); SAME_IN(pages_host); SAME_IN(pages_disk);
+        SAME_IN(pages_shared); SAME_IN(resident);
+    }
+    check(t, where);
+}
+
+static void need(struct t *t, struct sh *s, uint64_t len, uint64_t *pages, int *fits)
+{
+    int rc = kvvm_seq_need(t->kv, s->h, len, pages, fits);
+    cr_assert_eq(rc, 0, "need: %d", rc);
+}
+
+/* ================================================================ defect 6 */
+
+/* A swap-in (and prefetch, read, write, which swap in first) that ends -ENOMEM had read the
+   sequence's disk pages into the host tier, spilling another sequence's host pages for room,
+   before finding no device frame for them. */
+Test(failed_swap_in, moves_nothing)
+{
+    struct kvvm_config c;
+    cfg(&c, 16, 8, 32);
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t), *d = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 4 pages */
+    sh_grow_fill(&t, b, 15, 2);                 /* 8 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);                               /* a: host 4 */
+    t_out(&t, b);                               /* spills a's 4 pages: a disk 4, b host 8 */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    sh_grow_fill(&t, d, 31, 3);                 /* the device is full (16) */
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.in[0].pages_disk, 4, "a is on disk");
+    cr_assert_eq(s0.in[1].pages_host, 8, "b fills the host tier");
+    cr_assert_eq(s0.st.pages_device_free, 0);
+    uint64_t pages;
+    int fits;
+    need(&t, a, 0, &pages, &fits);
+    cr_assert_eq(fits, 0);
+    static uint8_t buf[7 * BPT];
+    const char *what[4] = { "swap_in", "prefetch", "read", "write" };
+    for (int k = 0; k < 4; k++) {
+        int rc = k == 0 ? kvvm_seq_swap_in(t.kv, a->h)
+               : k == 1 ? kvvm_seq_prefetch(t.kv, a->h)
+               : k == 2 ? kvvm_seq_read(t.kv, a->h, 0, 0, buf, sizeof buf)
+                        : kvvm_seq_write(t.kv, a->h, 0, 0, a->exp[0], 1000);
+        cr_assert_eq(rc, -ENOMEM, "%s onto a full device: %d", what[k], rc);
+        unchanged(&t, &s0, what[k]);
+    }
+    /* nothing lost: with d gone everything comes back */
+    cr_assert_eq(kvvm_seq_truncate(t.kv, d->h, 0), 0);
+    d->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+/* ================================================================ defect 7 */
+
+/* (a) need() subtracted the sequence's own map-ahead frames from the pages a grow needs,
+   while pages_device_free counts them as free already: fits = 1 for a grow that then failed
+   -ENOMEM. */
+Test(need_agrees, map_ahead_counted_once)
+{
+    struct kvvm_config c;
+    cfg(&c, 16, 0, 0);
+    c.map_ahead = 2;
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 4 pages + 2 x 2 mapped ahead */
+    sh_grow_fill(&t, b, 15, 2);                 /* 8 pages: only a's map-ahead is free */
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 4);
+    uint64_t pages;
+    int fits;
+    need(&t, a, 23, &pages, &fits);             /* 2 -> 6 pages per region: 8 frames */
+    cr_expect_eq(pages, 8, "need: %llu pages", (unsigned long long)pages);
+    int rc = kvvm_seq_grow(t.kv, a->h, 23);
+    cr_assert(rc == 0 || rc == -ENOMEM, "grow: %d", rc);
+    cr_assert_eq(fits, rc == 0, "need says fits = %d, grow returns %d", fits, rc);
+    unchanged(&t, &s0, "failed grow");
+    /* a grow that fits by its map-ahead alone */
+    need(&t, a, 15, &pages, &fits);
+    cr_assert(fits && pages == 4, "need(15): %llu pages, fits %d", (unsigned long long)pages,
+              fits);
+    sh_grow_fill(&t, a, 15, 1);
+    sh_verify(&t, a, "a");
+    t_close(&t);
+}
+
+/* (b) Host tier and disk full, a sequence on disk, the device free: swap-in needs a host slot
+   to stage through and could get none, so it failed -ENOMEM while need() said it fits. It
+   now borrows a host slot (its page parked in a spare device frame meanwhile); need() counts
+   that frame, and where the device has no spare frame need() says it does not fit and the
+   call changes nothing. */
+static void full_below(uint32_t dev)
+{
+    struct kvvm_config c;
+    cfg(&c, dev, 4, 8);
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 15, 1);                 /* 8 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);                               /* staged: disk 8 (full) */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, b);                               /* host 4 (full) */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert(s0.st.pages_host_free == 0 && s0.st.pages_disk_free == 0 &&
+              s0.st.pages_device_free == dev, "host %llu disk %llu device %llu free",
+              (unsigned long long)s0.st.pages_host_free,
+              (unsigned long long)s0.st.pages_disk_free,
+              (unsigned long long)s0.st.pages_device_free);
+    cr_assert_eq(s0.in[0].pages_disk, 8);
+    uint64_t pages;
+    int fits;
+    need(&t, a, 0, &pages, &fits);
+    int rc = kvvm_seq_swap_in(t.kv, a->h);
+    cr_assert(rc == 0 || rc == -ENOMEM, "swap_in: %d", rc);
+    cr_assert_eq(fits, rc == 0, "need says %llu pages, fits = %d; swap_in returns %d",
+                 (unsigned long long)pages, fits, rc);
+    if (rc) {
+        unchanged(&t, &s0, "failed swap-in");
+    } else {
+        struct kvvm_seq_info in;
+        in.size = sizeof in;
+        cr_assert_eq(kvvm_seq_info(t.kv, b->h, &in), 0);
+        cr_assert(!in.resident && in.pages_host == 4, "b was moved: host %u", in.pages_host);
+        check(&t, "staged through a borrowed slot");
+        sh_verify(&t, a, "a");
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, a->h, 0), 0);
+    a->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(need_agrees, disk_seq_into_free_device) { full_below(32); }
+Test(need_agrees, disk_seq_device_exactly_its_size) { full_below(8); }
+
+/* ================================================================ defect 8 */
+
+/* Stream mode: the host tier is held only by transfers already started (a swap-out's copies
+   still to be reaped; a swap-in's, whose host slots come free at completion). swap_out
+   returned -ENOMEM although the room would be there once they complete; it now waits for
+   them (include/kvvm.h, kvvm_seq_swap_out). */
+Test(stream_enomem, swap_out_behind_inflight_swap_out)
+{
+    struct kvvm_config c;
+    cfg(&c, 32, 8, 32);
+    struct t t;
+    t_open(&t, &c);
+    t_stream(&t);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 15, 1);                 /* 8 pages */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);                               /* host 8, copies in flight */
+    int rc = kvvm_seq_swap_out(t.kv, b->h);     /* a's host pages can spill once copied */
+    cr_assert_eq(rc, 0, "swap_out with the host tier in flight: %d", rc);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    check(&t, "after");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(stream_enomem, swap_out_behind_inflight_swap_in)
+{
+    struct kvvm_config c;
+    cfg(&c, 32, 8, 0);
+    struct t t;
+    t_open(&t, &c);
+    t_stream(&t);
+    struct sh *a = sh_new(&t), *b = sh_new(&t);
+    sh_grow_fill(&t, a, 15, 1);                 /* 8 pages */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);
+    cr_assert_eq(kvvm_sync(t.kv), 0);           /* host 8 (full) */
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a->h), 0);   /* slots free when the copies are done */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    int rc = kvvm_seq_swap_out(t.kv, b->h);
+    cr_assert_eq(rc, 0, "swap_out with the host tier in flight: %d", rc);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    check(&t, "after");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+/* ================================================================ defect 9 */
+
+/* Stream mode: fork a -> b, swap out a (its job pending, holding a reference on the shared
+   pages), then b: the pages b's swap-out must move down were counted with the job's
+   reference as a holder, so they stayed on the device for good (orphans; a later grow
+   without auto-swap failed). */
+static void last_sharer(bool stream)
+{
+    struct kvvm_config c;
+    cfg(&c, 8, 16, 0);
+    struct t t;
+    t_open(&t, &c);
+    if (stream)
+        t_stream(&t);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 4 pages */
+    struct sh *b = sh_fork(&t, a);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);
+    t_out(&t, b);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s;
+    snap(&t, &s);
+    cr_expect_eq(s.st.pages_device_free, 8, "device free %llu of 8",
+                 (unsigned long long)s.st.pages_device_free);
+    cr_expect_eq(s.st.pages_orphan, 0);
+    cr_expect(s.in[1].pages_host == 4 && s.in[1].pages_device == 0,
+              "b: host %u device %u", s.in[1].pages_host, s.in[1].pages_device);
+    struct sh *d = sh_new(&t);
+    sh_grow_fill(&t, d, 15, 3);                 /* the whole device, no auto-swap */
+    check(&t, "after");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, d->h, 0), 0);
+    d->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(last_sharer, swap_out_moves_shared_sync) { last_sharer(false); }
+Test(last_sharer, swap_out_moves_shared_stream) { last_sharer(true); }
+
+/* ================================================================ defect 10 */
+
+/* A grow_batch that fails -ENOMEM swapped its swapped-out sequences in before checking the
+   room (single grow checks first), then had to swap them out again: state changed by a
+   failed call. */
+Test(grow_batch, failed_leaves_swapped_out)
+{
+    struct kvvm_config c;
+    cfg(&c, 16, 16, 0);
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t), *e = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 4 pages */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);
+    sh_grow_fill(&t, b, 15, 2);                 /* 8 pages */
+    sh_grow_fill(&t, e, 7, 3);                  /* 4 pages: 4 free */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 4);
+    kvvm_seq hs[2] = { a->h, b->h };
+    uint64_t lens[2] = { 7, 23 };               /* a back (4), b + 4: 8 > 4 */
+    int rc = kvvm_seq_grow_batch(t.kv, hs, lens, 2);
+    cr_assert_eq(rc, -ENOMEM, "grow_batch: %d", rc);
+    unchanged(&t, &s0, "failed grow_batch");
+    /* a batch that fits still swaps in */
+    lens[1] = 15;
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+/* The same rule in write and prepare_write (defect 6's family): they swapped a sequence in,
+   then found no frame for the copy-on-write of a shared page they write, and swapped it out
+   again (counters changed, and pages that were on disk came back to the host tier). */
+static void cow_after_swap_in(bool prepare)
+{
+    struct kvvm_config c;
+    cfg(&c, 12, 16, 0);
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 2 pages per region */
+    struct sh *b = sh_fork(&t, a);
+    sh_grow_fill(&t, a, 15, 2);                 /* a: page 0 shared, pages 1-3 its own */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, a);                               /* its 6 pages to the host */
+    struct sh *e = sh_new(&t);
+    sh_grow_fill(&t, e, 3, 3);                  /* 4 + 2 used: 6 free, a's swap-in */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 6);
+    cr_assert_eq(s0.in[0].pages_host, 6);
+    /* token 0 lies in the shared page 0: the write must copy it, no frame is left */
+    int rc = prepare ? kvvm_seq_prepare_write(t.kv, a->h, 0, 1)
+                     : kvvm_seq_write(t.kv, a->h, 0, 0, a->exp[0], 100);
+    cr_assert_eq(rc, -ENOMEM, "%s: %d", prepare ? "prepare_write" : "write", rc);
+    unchanged(&t, &s0, prepare ? "prepare_write" : "write");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, e->h, 0), 0);
+    e->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    t_close(&t);
+}
+
+Test(failed_swap_in, write_cow_moves_nothing) { cow_after_swap_in(false); }
+Test(failed_swap_in, prepare_write_cow_moves_nothing) { cow_after_swap_in(true); }
