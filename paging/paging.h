@@ -60,7 +60,7 @@ struct pg_host_ops {
     size_t (*n_free)(void *arg);               /* free slots now */
 };
 
-/* The disk tier, as the caller (core/, over swap/spill) provides it: paging names disk slots
+/* The disk tier, as the caller (core/, over disk/) provides it: paging names disk slots
    and page I/O, never opens files itself. Slots are u64 ids; a page's I/O carries the page id
    (its checksum identity). submit queues one page transfer and returns (0, or -errno with
    nothing queued); its completion comes back once through reap (never blocks). wait blocks
