@@ -156,6 +156,8 @@ int paging_sync(struct paging *pg);
    -EBUSY a capturing stream, -EIO. */
 int paging_set_stream(struct paging *pg, kcu_stream s);
 kcu_stream paging_stream(const struct paging *pg);
+/* The copy stream of the swap copies (tier.c), NULL before its first use (test hook). */
+kcu_stream paging_copy_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
 

@@ -50,6 +50,11 @@ static int copy_stream(struct paging *pg)
     return rc;
 }
 
+kcu_stream paging_copy_stream(const struct paging *pg)
+{
+    return pg->copy_stream;
+}
+
 int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
 {
     int rc = copy_stream(pg);
