@@ -13,6 +13,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -752,6 +753,78 @@ Test(stream, capturing_refused)
     free(a);
     tclose(&t);
 }
+
+/* ================================================================ prefetch (issue 9) */
+
+/* Opens a context with an engine stream (or none) and a sequence a of 19 tokens (5 pages
+   per region), swapped out and settled, so the copy stream exists. */
+static struct sh *pf_setup(struct tctx *t, struct kvvm_config *c, bool stream, void **st)
+{
+    topen(t, c);
+    *st = NULL;
+    if (stream) {
+        cr_assert_eq(kvvm_stream_create(t->kv, st), 0);
+        cr_assert_eq(kvvm_set_stream(t->kv, *st), 0);
+    }
+    struct sh *a = sh_new(t);
+    sh_grow_fill(t, a, 19, 1);
+    kvvm_step(t->kv);
+    t_out(t, a);
+    cr_assert_eq(kvvm_sync(t->kv), 0);
+    return a;
+}
+
+static void *copy_stream_of(struct tctx *t)
+{
+    void *cs = kvvm_debug_copy_stream(t->kv);
+    cr_assert(cs, "the context has no copy stream yet");
+    return cs;
+}
+
+/* The engine stream has run everything enqueued so far (so the step fence is complete). */
+static void engine_drain(void *st)
+{
+    cr_assert_eq(emu_api()->cuStreamSynchronize((kcu_stream)st), KCU_SUCCESS);
+}
+
+/* Issue 9, defect 1: prefetch, step, then free or truncate to 0 while the prefetch's copy
+   is still queued on the copy stream (held back). The step fence is complete, so the
+   engine has nothing left on the window; the copy still has: the unmap must wait for it.
+   Before the fix the window was unmapped at once and the copy faulted (context dead). */
+static void release_after_prefetch(bool truncate)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *st;
+    tcfg(&c, 64, 64, 0);
+    struct sh *a = pf_setup(&t, &c, true, &st);
+    void *cs = copy_stream_of(&t);
+    cr_assert_eq(emu_stream_set_paused(cs, 1), 0);
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, a->h), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    engine_drain(st);
+    int rc = truncate ? kvvm_seq_truncate(t.kv, a->h, 0) : kvvm_seq_free(t.kv, a->h);
+    cr_assert_eq(rc, 0, "release: %d", rc);
+    cr_assert_eq(emu_stream_set_paused(cs, 0), 0);
+    rc = kvvm_sync(t.kv);
+    cr_assert_eq(rc, 0, "the context died (%d): the window was unmapped under the copy", rc);
+    tcheck(&t, "after the release");
+    if (truncate) {
+        memset(a->exp, 0, sizeof a->exp);
+        a->len = 0;
+        cr_assert_eq(sh_grow_fill(&t, a, 11, 2), 0);
+        sh_verify(&t, a, "grown again");
+        cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    }
+    kvvm_step(t.kv);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    free(a);
+    tclose(&t);
+}
+
+Test(prefetch, free_after_step_waits_for_copy) { release_after_prefetch(false); }
+Test(prefetch, truncate_after_step_waits_for_copy) { release_after_prefetch(true); }
 
 /* ================================================================ hysteresis */
 
