@@ -174,6 +174,9 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * copies completed. Stream mode: the engine stream waits for the copies (no CPU wait);
  * sync mode: the bytes are in place on return. async (prefetch): the engine stream is not
  * ordered yet (the next call using the sequence does it) and sync mode does not wait.
+ * Pages another sequence's swap-in is still bringing in are waited for like s's own copies
+ * (s's job names them: not ready, settled, released, only after those copies); with
+ * nothing to copy or wait for there is no job and no fence.
  * Protects the sequence. Resident: 0 (it is protected). -ENOMEM not enough frames; -EIO.
  * async (swap_out, for reclaim): completion is deferred in synchronous mode too (the caller
  * waits for the copies itself, e.g. with paging_copy_fence_record, without its lock).

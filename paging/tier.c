@@ -619,16 +619,22 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
             rc = disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
     if (rc)
         return rc;
+    /* need: host pages to copy in; busy: pages another sequence's swap-in is bringing in
+       (TO_DEVICE), which s must be ordered after too: its job names both */
     uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s), need = 0;
+    uint32_t busy = 0;
     for (uint32_t r = 0; r < nr; r++)
-        for (uint32_t i = 0; i < np; i++)
-            need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
+        for (uint32_t i = 0; i < np; i++) {
+            uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+            need += t == PG_TIER_HOST;
+            busy += t == PG_TIER_TO_DEVICE;
+        }
     if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need)
         return -ENOMEM;
     uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
-    struct pg_defer *d = job_new(pg, s, DF_IN, need);
+    struct pg_defer *d = job_new(pg, s, DF_IN, need + busy);
     uint32_t mark = pg->n_created, r = 0;
     rc = -ENOMEM;
     if (!fr || !d)
@@ -663,7 +669,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     bool wait = !pg->stream && !async;
     if (wait && (rc = vmm_stream_sync(pg->v, pg->copy_stream)))
         goto out_sync;
-    if (!wait) {
+    if (!wait && need + busy) {           /* nothing in flight for s: no fence */
         rc = vmm_fence_create(pg->v, &d->fence);
         if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->copy_stream)) == 0 &&
             pg->stream && !async)
@@ -675,30 +681,31 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     }
     /* commit */
     k = 0;
+    uint32_t j = 0;
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
             struct pg_page *p = page_at(pg, id);
             p->offs--;
+            if (p->tier == PG_TIER_TO_DEVICE && j < d->n)
+                d->pages[j++] = id;               /* another's copy: ordered after it */
             if (p->tier != PG_TIER_HOST)
                 continue;
             p->tier = PG_TIER_TO_DEVICE;
             p->frame = fresh[k++];
             frame_at(pg, p->frame)->page = id;
             pg->n_inflight++;
-            d->pages[k - 1] = id;
+            d->pages[j++] = id;
         }
+    d->n = j;
     s->out = 0;
     seq_use(pg, s);
     pg->c.swap_ins++;
     pg->c.bytes_to_device += (uint64_t)need * pg->p.page_size;
     free(fr);
-    if (!need) {
-        /* pages another swap-in is still bringing in: order the engine after those copies */
-        free(d);
-        if (pg->stream)
-            return async ? 0 : paging_stream_after_copies(pg, pg->stream);
-        return async ? 0 : vmm_stream_sync(pg->v, pg->copy_stream);
+    if (!j) {
+        free(d);                          /* every page was on the device already */
+        return 0;
     }
     if (async)
         s->in_job = d;

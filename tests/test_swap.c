@@ -826,6 +826,141 @@ static void release_after_prefetch(bool truncate)
 Test(prefetch, free_after_step_waits_for_copy) { release_after_prefetch(false); }
 Test(prefetch, truncate_after_step_waits_for_copy) { release_after_prefetch(true); }
 
+struct reader {
+    struct tctx *t; struct sh *s; bool stream; int rc; int done; uint8_t buf[MAXTOK * BPT];
+};
+
+/* swap_in (the bytes are in place for the engine when it returns), then region 0's bytes:
+   read on the engine stream, or (synchronous mode) straight from the window. */
+static void *read_thread(void *arg)
+{
+    struct reader *r = arg;
+    r->rc = kvvm_seq_swap_in(r->t->kv, r->s->h);
+    uint64_t va = 0;
+    if (!r->rc && r->stream)
+        r->rc = kvvm_seq_read(r->t->kv, r->s->h, 0, 0, r->buf, r->s->len * BPT);
+    else if (!r->rc && (r->rc = kvvm_seq_addr(r->t->kv, r->s->h, 0, &va)) == 0)
+        memcpy(r->buf, (const void *)(uintptr_t)va, r->s->len * BPT);
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Issue 9, defect 2: a and its fork b, both swapped out (their shared pages on the host);
+   prefetch(a) starts the copies (held back), prefetch(b) finds the pages in flight. b must
+   not be ready, and once swap_in(b) returned its bytes must be there for the engine (a
+   read on the engine stream, or in synchronous mode a direct read of the window: the
+   emulator's windows are CPU-readable here). Before the fix b was ready at once and the
+   read returned stale bytes. */
+static void sibling_prefetch(bool stream)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *st;
+    tcfg(&c, 64, 64, 0);
+    c.emu_opaque = 0;
+    struct sh *a = pf_setup(&t, &c, stream, &st);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a->h), 0);
+    struct sh *b = sh_fork(&t, a);
+    kvvm_step(t.kv);
+    t_out(&t, a);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    t_out(&t, b);                        /* the last holder: the shared pages go down */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_seq_info in;
+    tinfo(&t, b->h, &in);
+    cr_assert_eq(in.pages_host, 5 * NR, "the shared pages are on the host");
+    /* the free frames hold other bytes than a's old ones, so a stale read shows */
+    struct sh *x = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, x, MAXTOK, 9), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, x->h), 0);
+    free(x);
+    kvvm_step(t.kv);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    void *cs = copy_stream_of(&t);
+    cr_assert_eq(emu_stream_set_paused(cs, 1), 0);
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, a->h), 0);
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, b->h), 0);
+    int ra = kvvm_seq_ready(t.kv, a->h), rb = kvvm_seq_ready(t.kv, b->h);
+    struct reader rd = { .t = &t, .s = b, .stream = stream };
+    pthread_t th;
+    if (rb != 0)
+        cr_expect_fail("b is ready (%d) while the copies bringing its pages are held back", rb);
+    cr_expect_eq(ra, 0, "a is ready (%d) while its copies are held back", ra);
+    /* the read must wait for the copies: give it time to return early (the bug) */
+    cr_assert_eq(pthread_create(&th, NULL, read_thread, &rd), 0);
+    for (int i = 0; i < 200 && !__atomic_load_n(&rd.done, __ATOMIC_ACQUIRE); i++)
+        usleep(1000);
+    cr_assert_eq(emu_stream_set_paused(cs, 0), 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(rd.rc, 0, "read of b: %d", rd.rc);
+    cr_expect(memcmp(rd.buf, b->exp[0], b->len * BPT) == 0,
+              "b's bytes were not in place after swap_in (stale: not ordered after the "
+              "copies bringing its pages)");
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_seq_ready(t.kv, b->h), 1);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    tcheck(&t, "end");
+    kvvm_step(t.kv);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    if (stream)
+        cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    free(a);
+    free(b);
+    tclose(&t);
+}
+
+Test(prefetch, fork_sibling_is_ordered) { sibling_prefetch(true); }
+Test(prefetch, fork_sibling_is_ordered_sync) { sibling_prefetch(false); }
+
+static uint64_t emu_events(struct tctx *t)
+{
+    struct emu_counters ec;
+    cr_assert_eq(emu_counters_get(t->ord, &ec), 0);
+    return ec.events;
+}
+
+/* Issue 9, defect 3: a swap-in or prefetch with nothing to copy (a swapped-out fork sibling
+   of a resident sequence, an empty sequence) must not leave a fence behind. Before the fix
+   every such call leaked one event. */
+static void nothing_to_copy(bool stream)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *st;
+    tcfg(&c, 64, 64, 0);
+    struct sh *a = pf_setup(&t, &c, stream, &st);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, a->h), 0);
+    struct sh *b = sh_fork(&t, a), *e = sh_new(&t);
+    uint64_t ev0 = 0;
+    for (int i = 0; i < 21; i++) {
+        kvvm_step(t.kv);
+        t_out(&t, b);                    /* its pages stay with a on the device */
+        t_out(&t, e);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+        int rb = i % 2 ? kvvm_seq_prefetch(t.kv, b->h) : kvvm_seq_swap_in(t.kv, b->h);
+        int re = i % 2 ? kvvm_seq_prefetch(t.kv, e->h) : kvvm_seq_swap_in(t.kv, e->h);
+        cr_assert(rb == 0 && re == 0, "swap-in / prefetch: %d %d", rb, re);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+        if (i == 0)
+            ev0 = emu_events(&t);        /* after the first round: lazily made fences */
+    }
+    uint64_t ev1 = emu_events(&t);
+    cr_assert_eq(ev1, ev0, "%llu events leaked by 20 swap-ins with nothing to copy",
+                 (unsigned long long)(ev1 - ev0));
+    sh_verify(&t, b, "b");
+    tcheck(&t, "end");
+    if (stream)
+        cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    free(a);
+    free(b);
+    free(e);
+    tclose(&t);
+}
+
+Test(prefetch, nothing_to_copy_leaks_no_fence) { nothing_to_copy(true); }
+Test(prefetch, nothing_to_copy_leaks_no_fence_sync) { nothing_to_copy(false); }
+
 /* ================================================================ hysteresis */
 
 /* A working set under (1 - high) of the device: 1 000 steps, no swap-out after warm-up. */
