@@ -177,7 +177,8 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * Pages another sequence's swap-in is still bringing in are waited for like s's own copies
  * (s's job names them: not ready, settled, released, only after those copies); with
  * nothing to copy or wait for there is no job and no fence.
- * Protects the sequence. Resident: 0 (it is protected). -ENOMEM not enough frames; -EIO.
+ * Protects the sequence (prefetch too). Resident: 0 (it is protected). -ENOMEM not enough
+ * frames; -EIO.
  * async (swap_out, for reclaim): completion is deferred in synchronous mode too (the caller
  * waits for the copies itself, e.g. with paging_copy_fence_record, without its lock).
  * Staged (disk tier only): a swap_out moving more pages than the host tier can take, even

@@ -599,11 +599,9 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     if (rc)
         return rc;
     if (!s->out) {
-        if (!async) {
-            rc = seq_settle(pg, s);
-            if (!rc)
-                seq_use(pg, s);
-        }
+        rc = async ? 0 : seq_settle(pg, s);   /* a prefetch orders the engine later */
+        if (!rc)
+            seq_use(pg, s);                     /* protected, prefetch included */
         return rc;
     }
     rc = seq_wait_transfers(pg, s);

@@ -961,6 +961,35 @@ static void nothing_to_copy(bool stream)
 Test(prefetch, nothing_to_copy_leaks_no_fence) { nothing_to_copy(true); }
 Test(prefetch, nothing_to_copy_leaks_no_fence_sync) { nothing_to_copy(false); }
 
+/* Issue 9, defect 5: prefetch of a resident sequence protects it (as swap_in does), so
+   direct reclaim in the same iteration takes another one. a is the least recently used;
+   before the fix the prefetch left it unprotected and the grow of b swapped it out. */
+Test(prefetch, resident_is_protected)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 16, 64, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* no background reclaim */
+    topen(&t, &c);
+    struct sh *a = sh_new(&t), *o = sh_new(&t), *b = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 16, 1), 0);   /* 4 pages per region */
+    cr_assert_eq(sh_grow_fill(&t, o, 16, 2), 0);
+    kvvm_step(t.kv);                               /* ends both protections */
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, a->h), 0);
+    cr_assert_eq(sh_grow_fill(&t, b, 16, 3), 0);   /* needs the frames of one of them */
+    cr_assert(resident(&t, a), "the prefetched sequence was swapped out in its iteration");
+    cr_assert(!resident(&t, o), "the other one should have been reclaimed");
+    sh_verify(&t, a, "a");
+    sh_verify(&t, b, "b");
+    kvvm_step(t.kv);
+    sh_verify(&t, o, "o");
+    tcheck(&t, "end");
+    free(a);
+    free(o);
+    free(b);
+    tclose(&t);
+}
+
 /* ================================================================ hysteresis */
 
 /* A working set under (1 - high) of the device: 1 000 steps, no swap-out after warm-up. */
