@@ -191,6 +191,29 @@ static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only
     return 0;
 }
 
+void defer_drop_all(struct paging *pg)
+{
+    bool dead = vmm_dead(pg->v);
+    while (pg->defer) {
+        struct pg_defer *d = pg->defer;
+        pg->defer = d->next;
+        if (!dead)
+            for (uint32_t r = 0; r < pg->p.n_regions; r++)
+                seq_unmap_must(pg, pg_va(pg, r, d->slot, d->first), d->end - d->first);
+        if (d->kind != DF_RELEASE)
+            tier_complete_pages(pg, d);
+        for (uint32_t i = 0; i < d->n; i++)
+            page_put(pg, d->pages[i]);
+        struct pg_seq *s = &pg->seqs[d->slot];
+        if (s->in_job == d)
+            s->in_job = NULL;
+        vmm_fence_destroy(pg->v, &d->fence);
+        pg->n_defer--;
+        s->n_defer--;
+        free(d);
+    }
+}
+
 static int reap(struct paging *pg, uint32_t slot, bool wait)
 {
     return reap_kind(pg, slot, wait, false);
