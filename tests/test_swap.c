@@ -1000,7 +1000,7 @@ Test(prefetch, resident_is_protected)
 #endif
 #endif
 #ifdef T_ASAN
-#include <sanitizer/allocator_interface.h>
+size_t __sanitizer_get_current_allocated_bytes(void);   /* sanitizer/allocator_interface.h */
 #else
 #include <malloc.h>
 #endif
