@@ -3,7 +3,9 @@
  * context with an engine stream, KVVM_F_AUTO_SWAP (the reclaim thread and direct reclaim
  * running), a small host tier and a disk tier (the spill thread running; --no-disk: host
  * tier only), and do random grows with writes, forks, shares, prefetches (with ready polls),
- * swap-outs, swap-ins, reads, truncates and frees. Every sequence's bytes are checked against
+ * swap-outs, swap-ins, reads, truncates and frees, and two patterns of issue 9 (prefetch,
+ * step, then free or truncate; a sequence and its fork both swapped out and prefetched, then
+ * the fork read). Every sequence's bytes are checked against
  * a reference model: the lineage that wrote each token (a fork or share copies the parent's,
  * an append writes the sequence's own), from which every byte's cookie follows.
  *
@@ -33,10 +35,10 @@
 #define PER 6               /* sequences per thread at most */
 
 enum { OP_GROW, OP_FORK, OP_SHARE, OP_PREFETCH, OP_READY, OP_OUT, OP_IN, OP_READ, OP_TRUNC,
-       OP_FREE, OP_N };
+       OP_FREE, OP_PF_DROP, OP_PF_FAMILY, OP_N };
 static const char *op_name[OP_N] = { "grow+write", "fork", "share", "prefetch", "ready poll",
                                      "swap_out", "swap_in", "read+verify", "truncate",
-                                     "free" };
+                                     "free", "prefetch+step+drop", "prefetch family" };
 
 static kvvm *kv;
 static int iters = 5000;
@@ -162,10 +164,11 @@ static void *worker(void *arg)
     for (int it = 0; it < iters; it++) {
         uint64_t r = rnd_next(&x);
         struct seqm *q = &s[r % PER];
-        int op = (int)((r >> 8) % 16);
+        int op = (int)((r >> 8) % 18);
         op = op < 4 ? OP_GROW : op < 5 ? OP_FORK : op < 6 ? OP_SHARE : op < 8 ? OP_PREFETCH :
              op < 9 ? OP_READY : op < 10 ? OP_OUT : op < 11 ? OP_IN : op < 13 ? OP_READ :
-             op < 14 ? OP_TRUNC : op < 15 ? OP_FREE : OP_GROW;
+             op < 14 ? OP_TRUNC : op < 15 ? OP_FREE : op < 16 ? OP_PF_DROP :
+             op < 17 ? OP_PF_FAMILY : OP_GROW;
         if (!q->h) {
             if (ok(kvvm_seq_create(kv, &q->h), OP_GROW, tid))
                 q->len = 0;
@@ -250,6 +253,31 @@ static void *worker(void *arg)
         case OP_FREE:
             drop(q, tid);
             break;
+        case OP_PF_DROP:                /* the prefetch's copy may still be queued */
+            ok(kvvm_seq_prefetch(kv, q->h), op, tid);
+            kvvm_step(kv);
+            if ((r >> 30) % 2) {
+                drop(q, tid);
+            } else if (ok(kvvm_seq_truncate(kv, q->h, 0), OP_TRUNC, tid)) {
+                q->len = 0;
+            }
+            break;
+        case OP_PF_FAMILY: {            /* q and a fork, both out, prefetched: read the fork */
+            struct seqm *c = free_entry(s);
+            if (!c || !ok(kvvm_seq_fork(kv, q->h, &c->h), OP_FORK, tid)) {
+                if (c)
+                    c->h = 0;
+                break;
+            }
+            c->len = q->len;
+            memcpy(c->lin, q->lin, sizeof c->lin);
+            ok(kvvm_seq_swap_out(kv, q->h), OP_OUT, tid);
+            ok(kvvm_seq_swap_out(kv, c->h), OP_OUT, tid);
+            ok(kvvm_seq_prefetch(kv, q->h), op, tid);
+            ok(kvvm_seq_prefetch(kv, c->h), op, tid);
+            verify(c, tid);
+            break;
+        }
         }
         if (it % 3 == 0)
             kvvm_step(kv);
@@ -357,8 +385,8 @@ int main(int argc, char **argv)
            (unsigned long long)sts.reclaim_runs, (unsigned long long)sts.direct_reclaims,
            (unsigned long long)sts.spills, (unsigned long long)sts.unspills,
            (unsigned long long)sts.cow_copies);
-    printf("  mismatches %llu, context deaths %llu, other errors %llu, leaks logged %llu, "
-           "invariant %s\n", (unsigned long long)n_mismatch, (unsigned long long)n_deaths,
+    printf("  mismatches %llu, calls failed -EIO (context dead) %llu, other errors %llu, "
+           "leaks logged %llu, invariant %s\n", (unsigned long long)n_mismatch, (unsigned long long)n_deaths,
            (unsigned long long)n_errors, (unsigned long long)n_leaks, inv ? "ok" : "VIOLATED");
     fails += n_mismatch || n_deaths || n_errors || n_leaks || !inv;
     if (!n_ops[OP_PREFETCH] || !sts.swap_outs || (!sts.direct_reclaims && !sts.reclaim_runs) ||
