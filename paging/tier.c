@@ -738,6 +738,12 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
     for (struct pg_defer *d = pg->defer; d; d = d->next)
         if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
             return 0;
+    /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
+       sequence whose prefetch is still copying) */
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        for (uint32_t i = 0; i < s->n_pages; i++)
+            if (page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
+                return 0;
     return 1;
 }
 

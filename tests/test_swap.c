@@ -913,6 +913,36 @@ static void sibling_prefetch(bool stream)
 Test(prefetch, fork_sibling_is_ordered) { sibling_prefetch(true); }
 Test(prefetch, fork_sibling_is_ordered_sync) { sibling_prefetch(false); }
 
+/* Issue 9, defect 2 (the same rule elsewhere): a fork of a sequence whose prefetch is still
+   copying holds pages in flight without a job of its own; it is not ready until they
+   arrived. Before the fix kvvm_seq_ready said 1 for the fork at once. */
+Test(prefetch, fork_of_prefetching_is_not_ready)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *st;
+    tcfg(&c, 64, 64, 0);
+    struct sh *a = pf_setup(&t, &c, true, &st);
+    void *cs = copy_stream_of(&t);
+    cr_assert_eq(emu_stream_set_paused(cs, 1), 0);
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, a->h), 0);
+    struct sh *b = sh_fork(&t, a);
+    int rb = kvvm_seq_ready(t.kv, b->h);
+    cr_assert_eq(emu_stream_set_paused(cs, 0), 0);
+    cr_expect_eq(rb, 0, "the fork is ready (%d) while its pages are still being copied", rb);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_seq_ready(t.kv, b->h), 1);
+    sh_verify(&t, b, "b");
+    sh_verify(&t, a, "a");
+    tcheck(&t, "end");
+    kvvm_step(t.kv);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    free(a);
+    free(b);
+    tclose(&t);
+}
+
 static uint64_t emu_events(struct tctx *t)
 {
     struct emu_counters ec;
