@@ -61,3 +61,13 @@ int kvvm_debug_emu_ordinal(kvvm *kv)
 {
     return kv ? vmm_emu_ordinal(kv->v) : -1;
 }
+
+void *kvvm_debug_copy_stream(kvvm *kv)
+{
+    if (!kv)
+        return NULL;
+    pthread_mutex_lock(&kv->lock);
+    void *s = paging_copy_stream(kv->pg);
+    pthread_mutex_unlock(&kv->lock);
+    return s;
+}

@@ -20,6 +20,10 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len);
 /* The emulated device ordinal of the context (for emu_counters_get, emu_lookup), or -1. */
 int kvvm_debug_emu_ordinal(kvvm *kv);
 
+/* The context's copy stream (swap copies: swap-out, swap-in, prefetch), or NULL before its
+   first use: for emu_stream_set_paused, to hold the library's copies back. */
+void *kvvm_debug_copy_stream(kvvm *kv);
+
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
    spill_test_corrupt (disk/disk.h). */
 struct spill;

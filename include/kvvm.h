@@ -209,8 +209,9 @@ KVVM_API int kvvm_seq_need(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *page
 /* Starts a swap-in without waiting for it and without ordering the engine stream yet (the
    next call using s does that, as does kvvm_seq_swap_in); protects s. Errors as swap_in. */
 KVVM_API int kvvm_seq_prefetch(kvvm *kv, kvvm_seq s);
-/* 1 when s is resident and no swap-in copy of it is still in flight, 0 not yet (or swapped
-   out), -ENOENT. Never blocks. */
+/* 1 when s is resident and no swap-in copy of its pages (its own, or a sibling's bringing
+   in pages they share) is still in flight, 0 not yet (or swapped out), -ENOENT. Never
+   blocks. */
 KVVM_API int kvvm_seq_ready(kvvm *kv, kvvm_seq s);
 /* Makes `stream` (another stream of this device) wait, on the device, for every swap copy
    enqueued so far (s's included); the CPU does not wait. -ENOENT, -EINVAL NULL stream,

@@ -7,9 +7,13 @@
  *   - the sequence was never used, or
  *   - it was used before an epoch whose end is known complete (quiet_below: advanced by a
  *     device synchronization, or by the step fence found complete by query).
+ * and no swap copy of the library's (a transfer job on the copy stream: a prefetch's copies
+ * are not behind the step fence) may still touch the window.
  * Otherwise: with no engine stream, the device is synchronized first (the call blocks);
  * with an engine stream, a fence is recorded on it now and the release waits in the
- * pending list, reaped by step / sync / when the pool or a slot needs it.
+ * pending list, reaped by step / sync / when the pool or a slot needs it. That fence also
+ * covers s's transfer jobs: every call that releases pages of s orders the engine stream
+ * after them first (seq_settle; a swap-in that is not a prefetch does it at once).
  */
 #include "paging_int.h"
 
@@ -27,9 +31,27 @@ static int pg_device_sync(struct paging *pg)
     return 0;
 }
 
-/* Whether no device work may touch s's window any more. */
+/* Whether a transfer job of s (a swap copy on the copy stream into or out of its window)
+   may still run. The step fence does not cover those copies (a prefetch's are not ordered
+   before the engine's later work), so they are asked for by their own fences. */
+static bool seq_jobs_busy(struct paging *pg, struct pg_seq *s)
+{
+    if (!s->n_defer)
+        return false;
+    uint32_t slot = pg_slot_of(pg, s);
+    for (struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->slot == slot && d->kind != DF_RELEASE && d->fence.ev &&
+            vmm_fence_query(pg->v, &d->fence) != 1)
+            return true;
+    return false;
+}
+
+/* Whether no device work may touch s's window any more: neither the engine's (the rule
+   above) nor the library's own swap copies. */
 static bool seq_quiet(struct paging *pg, struct pg_seq *s)
 {
+    if (seq_jobs_busy(pg, s))
+        return false;
     if (!s->used_valid || s->used_epoch < pg->quiet_below)
         return true;
     if (s->used_epoch >= pg->epoch || !pg->stream || !pg->step_recorded)
@@ -167,6 +189,29 @@ static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only
         }
     }
     return 0;
+}
+
+void defer_drop_all(struct paging *pg)
+{
+    bool dead = vmm_dead(pg->v);
+    while (pg->defer) {
+        struct pg_defer *d = pg->defer;
+        pg->defer = d->next;
+        if (!dead)
+            for (uint32_t r = 0; r < pg->p.n_regions; r++)
+                seq_unmap_must(pg, pg_va(pg, r, d->slot, d->first), d->end - d->first);
+        if (d->kind != DF_RELEASE)
+            tier_complete_pages(pg, d);
+        for (uint32_t i = 0; i < d->n; i++)
+            page_put(pg, d->pages[i]);
+        struct pg_seq *s = &pg->seqs[d->slot];
+        if (s->in_job == d)
+            s->in_job = NULL;
+        vmm_fence_destroy(pg->v, &d->fence);
+        pg->n_defer--;
+        s->n_defer--;
+        free(d);
+    }
 }
 
 static int reap(struct paging *pg, uint32_t slot, bool wait)

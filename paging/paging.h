@@ -156,6 +156,8 @@ int paging_sync(struct paging *pg);
    -EBUSY a capturing stream, -EIO. */
 int paging_set_stream(struct paging *pg, kcu_stream s);
 kcu_stream paging_stream(const struct paging *pg);
+/* The copy stream of the swap copies (tier.c), NULL before its first use (test hook). */
+kcu_stream paging_copy_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
 
@@ -172,7 +174,11 @@ void paging_counters(const struct paging *pg, struct paging_counters *out);
  * copies completed. Stream mode: the engine stream waits for the copies (no CPU wait);
  * sync mode: the bytes are in place on return. async (prefetch): the engine stream is not
  * ordered yet (the next call using the sequence does it) and sync mode does not wait.
- * Protects the sequence. Resident: 0 (it is protected). -ENOMEM not enough frames; -EIO.
+ * Pages another sequence's swap-in is still bringing in are waited for like s's own copies
+ * (s's job names them: not ready, settled, released, only after those copies); with
+ * nothing to copy or wait for there is no job and no fence.
+ * Protects the sequence (prefetch too). Resident: 0 (it is protected). -ENOMEM not enough
+ * frames; -EIO.
  * async (swap_out, for reclaim): completion is deferred in synchronous mode too (the caller
  * waits for the copies itself, e.g. with paging_copy_fence_record, without its lock).
  * Staged (disk tier only): a swap_out moving more pages than the host tier can take, even

@@ -259,6 +259,10 @@ int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
 int  defer_complete(struct paging *pg, struct pg_defer *d);
 /* Reaps completed releases (wait: waits for all first). */
 int  defer_reap(struct paging *pg, bool wait);
+/* paging_destroy, after the device was synchronized and a reap: frees every entry still
+   pending (a dead context cannot ask its fences; or an unmap was refused), unmapping best
+   effort (not at all on a dead context), so no host memory is left behind. */
+void defer_drop_all(struct paging *pg);
 /* Waits for and reaps the transfer jobs (DF_OUT / DF_IN) of slot; releases stay pending. */
 int  defer_flush_jobs(struct paging *pg, uint32_t slot);
 /* Waits for and reaps the releases over slot's window. */

@@ -975,6 +975,7 @@ void paging_destroy(struct paging *pg)
     vmm_device_sync(pg->v);
     pg->quiet_below = pg->epoch + 1;
     defer_reap(pg, true);
+    defer_drop_all(pg);             /* what the reap could not complete (a dead context) */
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
         struct pg_seq *s = &pg->seqs[i];
         if (s->live && s->out) {

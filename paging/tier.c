@@ -50,6 +50,11 @@ static int copy_stream(struct paging *pg)
     return rc;
 }
 
+kcu_stream paging_copy_stream(const struct paging *pg)
+{
+    return pg->copy_stream;
+}
+
 int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
 {
     int rc = copy_stream(pg);
@@ -711,11 +716,9 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     if (rc)
         return rc;
     if (!s->out) {
-        if (!async) {
-            rc = seq_settle(pg, s);
-            if (!rc)
-                seq_use(pg, s);
-        }
+        rc = async ? 0 : seq_settle(pg, s);   /* a prefetch orders the engine later */
+        if (!rc)
+            seq_use(pg, s);                     /* protected, prefetch included */
         return rc;
     }
     rc = seq_wait_transfers(pg, s);
@@ -728,13 +731,17 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
         return swap_in_staged(pg, s);
     if (rc)
         return rc;
+    /* need: host pages to copy in; busy: pages another sequence's swap-in is bringing in
+       (TO_DEVICE), which s must be ordered after too: its job names both */
     uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s), need = 0;
+    uint32_t busy = 0;
     /* the frames first (host and disk pages alike), before a disk page is read back or
        another sequence's host page spilled for room: a failed call moves nothing */
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++) {
             uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
             need += t == PG_TIER_HOST || t == PG_TIER_DISK;
+            busy += t == PG_TIER_TO_DEVICE;
         }
     if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
         return rc;
@@ -750,7 +757,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
         for (uint32_t i = 0; i < np; i++)
             need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
     uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
-    struct pg_defer *d = job_new(pg, s, DF_IN, need);
+    struct pg_defer *d = job_new(pg, s, DF_IN, need + busy);
     uint32_t mark = pg->n_created, r = 0;
     rc = -ENOMEM;
     if (!fr || !d)
@@ -785,7 +792,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     bool wait = !pg->stream && !async;
     if (wait && (rc = vmm_stream_sync(pg->v, pg->copy_stream)))
         goto out_sync;
-    if (!wait) {
+    if (!wait && need + busy) {           /* nothing in flight for s: no fence */
         rc = vmm_fence_create(pg->v, &d->fence);
         if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->copy_stream)) == 0 &&
             pg->stream && !async)
@@ -797,30 +804,31 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     }
     /* commit */
     k = 0;
+    uint32_t j = 0;
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
             struct pg_page *p = page_at(pg, id);
             p->offs--;
+            if (p->tier == PG_TIER_TO_DEVICE && j < d->n)
+                d->pages[j++] = id;               /* another's copy: ordered after it */
             if (p->tier != PG_TIER_HOST)
                 continue;
             p->tier = PG_TIER_TO_DEVICE;
             p->frame = fresh[k++];
             frame_at(pg, p->frame)->page = id;
             pg->n_inflight++;
-            d->pages[k - 1] = id;
+            d->pages[j++] = id;
         }
+    d->n = j;
     s->out = 0;
     seq_use(pg, s);
     pg->c.swap_ins++;
     pg->c.bytes_to_device += (uint64_t)need * pg->p.page_size;
     free(fr);
-    if (!need) {
-        /* pages another swap-in is still bringing in: order the engine after those copies */
-        free(d);
-        if (pg->stream)
-            return async ? 0 : paging_stream_after_copies(pg, pg->stream);
-        return async ? 0 : vmm_stream_sync(pg->v, pg->copy_stream);
+    if (!j) {
+        free(d);                          /* every page was on the device already */
+        return 0;
     }
     if (async)
         s->in_job = d;
@@ -855,6 +863,12 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
     for (struct pg_defer *d = pg->defer; d; d = d->next)
         if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
             return 0;
+    /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
+       sequence whose prefetch is still copying) */
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        for (uint32_t i = 0; i < s->n_pages; i++)
+            if (page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
+                return 0;
     return 1;
 }
 

@@ -41,13 +41,13 @@ if [ "${KVVM_SKIP_SANITIZERS:-0}" != 1 ]; then
   (cd build-asan && ASAN_OPTIONS=handle_segv=0:detect_leaks=1:abort_on_error=0 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KVVMTEST_SCALE=0.1 \
      ctest --output-on-failure -LE soak)
-  echo "=== build (ThreadSanitizer: the threads test only) ==="
+  echo "=== build (ThreadSanitizer: the threads tests only) ==="
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVVM_SANITIZE=thread \
         -DKVVM_BUILD_TOOLS=OFF >/dev/null
-  cmake --build build-tsan -j"$jobs" --target tsan_threads
+  cmake --build build-tsan -j"$jobs" --target tsan_threads stream_random
   echo "=== threads under ThreadSanitizer ==="
-  # Criterion cannot start under TSan, so this is a plain program; any report fails it.
+  # Criterion cannot start under TSan, so these are plain programs; any report fails them.
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:exitcode=66 KVVMTEST_TSAN_ITERS=1000 \
-     ctest --output-on-failure -R tsan_threads)
+     ctest --output-on-failure -R 'tsan_threads|stream_random')
 fi
 echo "=== all tests passed ==="
