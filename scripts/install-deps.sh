@@ -2,7 +2,8 @@
 # Installs what libkvvm needs to build and test on Debian 12 (run as root). Idempotent: does
 # nothing when everything is present.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config liburing-dev libcriterion-dev)
+# clang + its sanitizer runtimes: scripts/test.sh's clang ASan+UBSan build.
+pkgs=(build-essential cmake pkg-config liburing-dev libcriterion-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
