@@ -1424,3 +1424,33 @@ Test(emu, special_default_stream_handles)
     cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_NONE);
     cr_expect_eq(A->cuStreamDestroy(KCU_STREAM_LEGACY), KCU_ERROR_INVALID_HANDLE);
 }
+
+/* Regression (issue 9, item 18): cuStreamDestroy waited for the stream's queued work; the
+   driver returns at once and drains afterwards (cuda.h, cuStreamDestroy). Here the stream
+   is paused with an event record queued: destroy returns, the event is not reached until
+   the (destroyed) stream is resumed, and the device's destroy finds nothing leaked. */
+Test(emu, stream_destroy_returns_at_once_and_drains_after, .timeout = 30)
+{
+    dev_default();
+    kcu_stream s;
+    kcu_event ev;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused(s, 1), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventQuery(ev), KCU_ERROR_NOT_READY,
+                 "cuStreamDestroy waited for the stream's work");
+    cr_expect_eq(counters().streams, 0, "a destroyed stream still counted");
+    cr_expect_eq(A->cuStreamSynchronize(s), KCU_ERROR_INVALID_HANDLE);
+    cr_assert_eq(emu_stream_set_paused(s, 0), 0);
+    cr_expect_eq(A->cuEventSynchronize(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    /* one more, left paused: the device's destroy drains it */
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused(s, 1), 0);
+    cr_assert_eq(A->cuMemsetD8Async(mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE), 1, 64,
+                                    s), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+    cr_expect_eq(dev_down(), 3, "only the window (mapping, handle, reservation) is leaked");
+}

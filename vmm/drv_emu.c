@@ -169,6 +169,7 @@ struct kcu_stream_st {
     struct emu_op *head, *tail;    /* head = running or next op; popped when done */
     uint64_t queued, done;         /* tickets handed out / ops completed, in order */
     bool paused, exiting, dying;
+    bool detached;                 /* destroyed by the caller: the worker frees s once drained */
     /* emulated graph capture (emu_stream_set_capturing), begun in GLOBAL mode by cap_thread:
        work submitted meanwhile is captured (counted, never executed), like a graph's nodes;
        invalidated: an unsafe call broke it (cuStreamIsCapturing says INVALIDATED) */
@@ -1336,6 +1337,18 @@ static void *stream_main(void *arg)
         op_free(op);
         pthread_cond_broadcast(&g_cond);
     }
+    if (s->detached) {
+        /* cuStreamDestroy returned long ago: the drained stream goes (the device's destroy
+           waits for this) */
+        for (struct kcu_stream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
+            if (*pp == s) {
+                *pp = s->next;
+                break;
+            }
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        pthread_cond_broadcast(&g_cond);
+    }
     pthread_mutex_unlock(&g_lock);
     return NULL;
 }
@@ -1645,8 +1658,12 @@ static void stream_teardown_locked(struct kcu_stream_st *s)
     free(s);
 }
 
-/* Like the driver, queued work still runs; unlike it, the call waits for that work (so no
-   worker outlives its stream). NULL or unknown stream: KCU_ERROR_INVALID_HANDLE. */
+/* cuda.h, cuStreamDestroy: "In case the device is still doing work in the stream hStream
+   when cuStreamDestroy() is called, the function will return immediately and the resources
+   associated with hStream will be released automatically once the device has completed all
+   work in hStream." So does the emulator: the handle is gone at once (no new work, counted
+   no more), the worker drains the queue (a paused stream when resumed, or at the device's
+   destroy) and frees the stream. NULL or unknown stream: KCU_ERROR_INVALID_HANDLE. */
 static kcu_result emu_cuStreamDestroy(kcu_stream stream)
 {
     BEGIN(cuStreamDestroy, F_INIT);
@@ -1656,7 +1673,11 @@ static kcu_result emu_cuStreamDestroy(kcu_stream stream)
         goto out;
     }
     s->dying = true;
-    stream_teardown_locked(s);
+    s->detached = true;
+    s->exiting = true;
+    s->dev->c.streams--;
+    pthread_detach(s->thread);
+    pthread_cond_signal(&s->cv);
 out:
     return leave(r);
 }
@@ -2224,6 +2245,19 @@ int emu_device_destroy(int ordinal)
         s->dying = true;
         stream_teardown_locked(s);
     }
+    /* and the streams destroyed earlier drain (paused ones are resumed) and go */
+    for (;;) {
+        bool any = false;
+        for (struct kcu_stream_st *s = g_streams; s; s = s->next)
+            if (s->dev == d && s->detached) {
+                any = true;
+                s->paused = false;
+                pthread_cond_signal(&s->cv);
+            }
+        if (!any)
+            break;
+        pthread_cond_wait(&g_cond, &g_lock);
+    }
     for (struct kcu_event_st **pp = &g_events; *pp;) {
         struct kcu_event_st *ev = *pp;
         if (ev->dev != d) {
@@ -2414,7 +2448,10 @@ int emu_stream_counts(kcu_stream stream, uint64_t *submitted, uint64_t *captured
 int emu_stream_set_paused(kcu_stream stream, int on)
 {
     pthread_mutex_lock(&g_lock);
-    struct kcu_stream_st *s = stream_lookup_locked(stream);
+    struct kcu_stream_st *s = NULL;    /* a destroyed stream still draining too */
+    for (struct kcu_stream_st *p = g_streams; p && !s; p = p->next)
+        if (p == stream)
+            s = p;
     if (s) {
         s->paused = on != 0;
         pthread_cond_signal(&s->cv);

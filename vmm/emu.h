@@ -106,8 +106,10 @@ size_t emu_trace_stop(struct emu_trace_entry *out, size_t max);
    Turning it off (or on again) ends (restarts) the capture. set_paused: the stream's worker
    executes nothing while on, so tests can observe queued (NOT_READY) work and change the
    mappings under it deterministically; anything that drains the stream (its synchronize,
-   the legacy stream, cuCtxSynchronize) blocks until it is resumed, except cuStreamDestroy
-   and emu_device_destroy, which resume it. Both: 0, or -EINVAL unknown stream (or NULL). */
+   the legacy stream, cuCtxSynchronize) blocks until it is resumed. cuStreamDestroy returns
+   at once, as the driver's does, and the stream drains afterwards (a paused one once
+   resumed: set_paused still finds a destroyed stream that has work left), or at
+   emu_device_destroy, which resumes it. Both: 0, or -EINVAL unknown stream (or NULL). */
 int emu_stream_set_capturing(kcu_stream s, int on);
 int emu_stream_set_paused(kcu_stream s, int on);
 /* Operations (copies, memsets, event records and waits) submitted to s since it was
