@@ -53,6 +53,8 @@ static int cow_one(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t idx
     if (!rc)
         rc = vmm_copy_dtod(pg->v, pg->scratch_va, va, pg->p.page_size, pg->stream);
     int wrc = pg_wait_engine(pg);
+    if (wrc)
+        (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
     if (!rc)
         rc = wrc;
     seq_unmap_must(pg, pg->scratch_va, 1);
