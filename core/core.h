@@ -23,6 +23,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/types.h>
 #include "kvvm.h"
 #include "vmm/vmm.h"
 #include "paging/paging.h"
@@ -44,6 +45,9 @@ struct kvvm {
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */
+    pid_t pid;                    /* the process that opened it: in a fork() child every
+                                     call is -EIO (its threads, locks and device context
+                                     stayed in the parent); immutable */
     kcu_context ctx_prev;         /* the caller's current context, saved by enter() and
                                      restored by leave() (lock held in between) */
     kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */

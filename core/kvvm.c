@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common/log.h"
 
 /* ---- errors ------------------------------------------------------------------------- */
@@ -34,6 +35,20 @@ static int api_done(const char *call, int rc)
     else
         klast_set("%s: %s: %s", call, err_name(rc), kvvm_strerror(rc));
     return rc;
+}
+
+/* A fork() child of the process that opened kv: the context's threads, locks (perhaps held
+   by a parent thread at the fork) and device context belong to the parent, so a child must
+   touch none of it (no lock taken, no driver call: the emulated device's memory is shared
+   with the parent). */
+static bool forked(const kvvm *kv)
+{
+    if (getpid() == kv->pid)
+        return false;
+    klog_error("kvvm: a context is used in a child process (pid %ld) of the process that "
+               "opened it (pid %ld): -EIO; open a new context in the child",
+               (long)getpid(), (long)kv->pid);
+    return true;
 }
 
 /* ---- open / close ------------------------------------------------------------------- */
@@ -213,6 +228,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
     kvvm *kv = calloc(1, sizeof *kv);
     if (!kv)
         return -ENOMEM;
+    kv->pid = getpid();
     int rc = config_copy(cfg, &kv->cfg);
     if (!rc)
         rc = config_check(&kv->cfg);
@@ -242,7 +258,11 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     pthread_mutex_init(&kv->lock, NULL);
-    rc = open_layout(kv);
+    kcu_context prev;               /* vmm_open left the caller's context current */
+    rc = vmm_ctx_save(kv->v, &prev);
+    if (!rc)
+        rc = open_layout(kv);
+    vmm_ctx_restore(kv->v, prev);
     if (rc)
         goto out_vmm;
     /* sizing hint: a sequence holds at least one page per region even at length 1 */
@@ -274,8 +294,10 @@ int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
 
 void kvvm_close(kvvm *kv)
 {
-    if (!kv)
+    if (!kv || forked(kv))          /* a child leaves the parent's context alone */
         return;
+    kcu_context prev;               /* restored at the end (kvvm.h) */
+    (void)vmm_ctx_save(kv->v, &prev);
     swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */
     pthread_mutex_lock(&kv->lock);
     paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
@@ -286,7 +308,7 @@ void kvvm_close(kvvm *kv)
         vmm_stream_destroy(kv->v, kv->streams[i]);
     free(kv->streams);
     vmm_unreserve(kv->v);
-    vmm_close(kv->v);
+    vmm_close_to(kv->v, prev);
     pthread_mutex_unlock(&kv->lock);
     pthread_mutex_destroy(&kv->lock);
     free(kv->spill_dir);
@@ -297,6 +319,8 @@ void kvvm_close(kvvm *kv)
 
 static int enter(kvvm *kv)
 {
+    if (forked(kv))
+        return -EIO;
     pthread_mutex_lock(&kv->lock);
     if (kv->dead || vmm_dead(kv->v)) {
         if (!kv->dead)
@@ -358,11 +382,12 @@ static int reclaim(kvvm *kv, uint32_t want, const uint64_t *excl, size_t n_excl)
         }                                                                              \
         r_; })
 
-/* -EBUSY when the engine stream is capturing a graph (a swap would enqueue on it). */
+/* -EBUSY when the engine stream is capturing a graph (a swap would enqueue on it), or, in
+   synchronous mode, when the legacy stream cannot be used because a blocking stream is
+   capturing (cuda.h, cuStreamIsCapturing: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
 static int stream_check(kvvm *kv)
 {
-    kcu_stream st = paging_stream(kv->pg);
-    return st ? vmm_stream_check_capture(kv->v, st) : 0;
+    return vmm_stream_check_capture(kv->v, paging_stream(kv->pg));
 }
 
 static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async, const uint64_t *excl,
@@ -796,6 +821,8 @@ int kvvm_sync(kvvm *kv)
 {
     klast_clear();
     NONNULL(kv);
+    if (forked(kv))
+        return -EIO;
     swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
     CALL_ENGINE(kv, sync_locked(kv));
 }
@@ -873,6 +900,8 @@ int kvvm_region_base(kvvm *kv, uint32_t region, uint64_t *addr)
     klast_clear();
     NONNULL(kv);
     NONNULL(addr);
+    if (forked(kv))
+        return -EIO;
     if (region >= kv->cfg.n_regions)
         return kerr(-EINVAL, "kvvm_region_base: region %u is out of range (n_regions %u)",
                     region, kv->cfg.n_regions);
@@ -885,6 +914,8 @@ int kvvm_slot_bytes(kvvm *kv, uint64_t *bytes)
     klast_clear();
     NONNULL(kv);
     NONNULL(bytes);
+    if (forked(kv))
+        return -EIO;
     *bytes = kv->slot_bytes;
     return 0;
 }

@@ -14,8 +14,14 @@
  * All calls on one context are safe to make from several threads. While the engine
  * stream (kvvm_set_stream) captures a CUDA graph, every call that would enqueue onto, record
  * on or synchronize it (grow, grow_batch, truncate, free, fork, share, prepare_write, write,
- * read, swap_out, swap_in, prefetch, step, sync, set_stream) returns -EBUSY. Every call
- * leaves the calling thread's current CUDA context as it found it.
+ * read, swap_out, swap_in, prefetch, step, sync, set_stream) returns -EBUSY; without an
+ * engine stream they return -EBUSY while a blocking stream of the device captures (the
+ * legacy stream cannot be used then). The library's own threads use relaxed capture mode
+ * and never enqueue on the engine stream, so a capture by the engine stays valid while
+ * they run. Every call (kvvm_open and kvvm_close included) leaves the calling thread's
+ * current CUDA context as it found it. In a fork() child of the process that opened a
+ * context, every call on it returns -EIO (kvvm_close does nothing there): the context
+ * belongs to the parent; open a new one in the child.
  *
  * This is the only installed header. It is binding: fields may only be added at the end of
  * structs (each struct starts with its size), functions and flags only added.
@@ -134,19 +140,22 @@ KVVM_API int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64
    grow and prepare_write swap a swapped-out sequence in first (-ENOMEM when it cannot come
    back, or when the pages a write or prepare_write copies on write would not fit after it:
    checked before it comes back; it is then still swapped out).
-   Without a stream the bytes have moved when the call returns. With kvvm_set_stream the
-   copy is ordered on the engine stream and the CPU does not wait for it: a pageable src may
-   be reused at once (the driver stages it), a pinned src (cuMemHostAlloc/registered) must
-   stay unchanged until the stream has passed the copy. Protects s. -ENOENT; -EINVAL src
-   NULL, region out of range, len 0 or the range outside the sequence; -ENOMEM; -EBADMSG;
-   -EBUSY capturing stream. */
+   src is host memory (a device address is -EINVAL). Without a stream the bytes have moved
+   when the call returns. With kvvm_set_stream the copy is ordered on the engine stream;
+   for a pinned src (cuMemHostAlloc / cuMemAllocHost / cuMemHostRegister, as the driver
+   reports it) the CPU does not wait and src must stay unchanged until the stream has
+   passed the copy; for any other (pageable) src the call waits for the engine stream up to
+   the copy, so src may be reused at once (the driver itself promises no staging).
+   Protects s. -ENOENT; -EINVAL src NULL or not host memory, region out of range, len 0 or
+   the range outside the sequence; -ENOMEM; -EBADMSG; -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                             const void *src, size_t len);
-/* sequence bytes -> host, via the driver, after the engine's earlier work. Without a
-   stream, and with a stream into pageable dst, the bytes are in dst when the call returns;
-   with a stream into pinned dst they are there once the stream has passed the copy
-   (kvvm_sync, or a stream/event synchronization). Protects s. Errors as kvvm_seq_write
-   (-ENOMEM only when s must be swapped in and cannot). */
+/* sequence bytes -> host, via the driver, after the engine's earlier work. dst is host
+   memory (a device address is -EINVAL). Without a stream, and with a stream into pageable
+   dst (the call then waits for the engine stream up to the copy), the bytes are in dst
+   when the call returns; with a stream into pinned dst they are there once the stream has
+   passed the copy (kvvm_sync, or a stream/event synchronization). Protects s. Errors as
+   kvvm_seq_write (-ENOMEM only when s must be swapped in and cannot). */
 KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
                            void *dst, size_t len);
 /* Off the device, ends protection. Pages no resident sequence maps are copied to the host
@@ -185,9 +194,11 @@ KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
    the sequences used in the iteration before, reaps completions. -EBUSY capturing stream. */
 KVVM_API int kvvm_step(kvvm *kv);
-/* The engine's CUstream; NULL = synchronous mode. A change synchronizes the device first.
-   -EINVAL a stream of another context (or not a live stream); -EBUSY the current or the new
-   stream is capturing a graph. */
+/* The engine's CUstream; NULL = synchronous mode. A stream of this device's primary context
+   (CU_STREAM_LEGACY is accepted). Waits for the old stream's (or, from synchronous mode,
+   the device's) work first. -EINVAL a stream of another context (or not a live stream), or
+   CU_STREAM_PER_THREAD, which names a different stream in each thread; -EBUSY the current
+   or the new stream is capturing a graph. */
 KVVM_API int kvvm_set_stream(kvvm *kv, void *stream);
 /* A stream of this device (emulated too). -EINVAL stream NULL, -ENOMEM. */
 KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);
@@ -197,7 +208,9 @@ KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);
    NULL, first). -EINVAL also for stream NULL. */
 KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 /* Waits until everything started before it has completed: copies, disk I/O, deferred unmaps
-   and background reclaim rounds. -EBUSY capturing stream. */
+   and background reclaim rounds. With an engine stream it synchronizes that stream and the
+   library's own, never the device (the engine's other streams, e.g. NCCL's, are not waited
+   for); without one, the device. -EBUSY capturing stream. */
 KVVM_API int kvvm_sync(kvvm *kv);
 
 /* Scheduling (additions). kvvm_seq_need: the device pages that making s resident and growing

@@ -53,6 +53,8 @@ static int cow_one(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t idx
     if (!rc)
         rc = vmm_copy_dtod(pg->v, pg->scratch_va, va, pg->p.page_size, pg->stream);
     int wrc = pg_wait_engine(pg);
+    if (wrc)
+        (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
     if (!rc)
         rc = wrc;
     seq_unmap_must(pg, pg->scratch_va, 1);
@@ -214,6 +216,23 @@ static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
     return seq_settle(pg, *s);
 }
 
+/* The end of a copy between the device and a caller's host buffer. Synchronous mode: the
+   copy is done. Stream mode: a pinned buffer (cuMemAllocHost, cuMemHostRegister) is read or
+   filled when the engine stream reaches the copy, the CPU does not wait; for any other
+   (pageable) buffer the driver promises neither staging at the call nor a filled
+   destination at return ("for transfers between device memory and pageable host memory,
+   the function might be synchronous with respect to host": CUDA Driver API, "API
+   synchronization behavior"), so the engine stream is synchronized up to the copy. */
+static int host_copy_done(struct paging *pg, const void *buf, size_t len)
+{
+    if (!pg->stream)
+        return pg_finish_copy(pg);
+    int pinned = vmm_host_pinned(pg->v, buf, len);
+    if (pinned < 0)
+        return pinned;
+    return pinned ? 0 : pg_finish_copy(pg);
+}
+
 int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,
                      const void *src, size_t len)
 {
@@ -234,11 +253,8 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
         rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
-        /* Synchronous mode: done when we return. Stream mode: ordered on the engine stream,
-           the CPU does not wait; the driver stages a pageable source before returning (a
-           pinned one is read when the stream reaches the copy: kvvm.h says so). */
-        if (!rc && !pg->stream)
-            rc = pg_finish_copy(pg);
+        if (!rc)
+            rc = host_copy_done(pg, src, len);
     }
     if (rc) {
         /* the copies made for this write hold nothing else: drop them, keep the old pages */
@@ -266,10 +282,5 @@ int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
     seq_use(pg, s);
     uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
     rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->stream);
-    /* Synchronous mode: the bytes are in dst when we return. Stream mode: ordered after the
-       engine's work; the driver fills a pageable dst before returning, a pinned one when
-       the stream reaches the copy (kvvm.h). */
-    if (rc || pg->stream)
-        return rc;
-    return pg_finish_copy(pg);
+    return rc ? rc : host_copy_done(pg, dst, len);
 }

@@ -291,11 +291,26 @@ int paging_step(struct paging *pg)
     return 0;
 }
 
+/* Stream mode: the engine stream and the library's copy stream, never the whole device
+   (cuCtxSynchronize waits for every stream of the context: the engine's other streams, e.g.
+   NCCL's, too, which may wait for a peer that waits for this engine). The engine's work
+   on pages is ordered on its stream, so that stream done = every epoch quiet. */
+static int pg_streams_sync(struct paging *pg)
+{
+    int rc = vmm_stream_sync(pg->v, pg->stream);
+    if (!rc && pg->copy_stream)
+        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (rc)
+        return rc;
+    pg->quiet_below = pg->epoch;
+    return 0;
+}
+
 int paging_sync(struct paging *pg)
 {
     if (vmm_dead(pg->v))
         return -EIO;
-    int rc = pg_device_sync(pg);
+    int rc = pg->stream ? pg_streams_sync(pg) : pg_device_sync(pg);
     if (rc)
         return rc;
     return defer_reap(pg, true);

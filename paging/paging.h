@@ -150,9 +150,12 @@ uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot);
 /* Iteration boundary: records the step fence on the engine stream, ends protection, reaps
    completed releases, refills the pool off the grow path. -EIO. */
 int paging_step(struct paging *pg);
-/* Waits for all device work; every pending release is done when it returns. -EIO. */
+/* Waits for all device work that may touch pages (synchronous mode: the device; stream
+   mode: the engine stream and the library's own, never the device's other streams); every
+   pending release is done when it returns. -EIO. */
 int paging_sync(struct paging *pg);
-/* The engine stream (NULL = synchronous mode). Synchronizes the device when it changes.
+/* The engine stream (NULL = synchronous mode). Synchronizes as paging_sync (for the old
+   stream) when it changes. -EINVAL another context's stream or CU_STREAM_PER_THREAD,
    -EBUSY a capturing stream, -EIO. */
 int paging_set_stream(struct paging *pg, kcu_stream s);
 kcu_stream paging_stream(const struct paging *pg);

@@ -146,9 +146,12 @@ static inline uint32_t *pg_bt(const struct paging *pg, struct pg_seq *s, uint32_
 {
     return s->bt + (size_t)r * pg->pages_per_slot;
 }
+/* Region r's map-ahead frames. With map_ahead = 0 there is no array (s->ahead is NULL) and
+   the result is NULL: arithmetic on a null pointer, even + 0, is undefined (C11 6.5.6), so
+   callers add an offset only when they index at least one frame. */
 static inline uint32_t *pg_ahead(const struct paging *pg, struct pg_seq *s, uint32_t r)
 {
-    return s->ahead + (size_t)r * pg->p.map_ahead;
+    return s->ahead ? s->ahead + (size_t)r * pg->p.map_ahead : NULL;
 }
 static inline uint32_t pg_slot_of(const struct paging *pg, const struct pg_seq *s)
 {

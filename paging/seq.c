@@ -338,8 +338,9 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
         if (!rc && !pg->stream)
             rc = vmm_stream_sync(pg->v, NULL);
         if (rc) {
-            if (pg->stream)
-                (void)pg_wait_engine(pg);   /* a memset enqueued may still run */
+            /* a memset enqueued may still run, on the engine stream or the (asynchronous)
+               legacy stream whose synchronize just failed */
+            (void)pg_wait_engine(pg);
             seq_unmap_must(pg, va, n_fresh);
             return rc;
         }

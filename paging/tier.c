@@ -69,11 +69,20 @@ int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
     return rc ? rc : vmm_stream_after(pg->v, stream, &pg->copy_fence);
 }
 
-/* Orders the copy stream after everything enqueued so far on the engine's side. */
-static int copies_after_engine(struct paging *pg)
+/* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
+   work enqueued so far). An unprotected s (not used since the last step) was last touched
+   by work before the last step's fence: the copy stream waits for that fence, and nothing
+   is recorded on the engine stream, so a background thread never enqueues there (a capture
+   may begin at any time on it: a record would become a graph node). Otherwise a fence is
+   recorded on the engine stream now (the caller is the engine's own call). */
+static int copies_after_engine(struct paging *pg, const struct pg_seq *s)
 {
     if (!pg->stream)
         return vmm_device_sync(pg->v);
+    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
+        return 0;
+    if (s && s->used_epoch < pg->epoch && pg->step_recorded)
+        return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
     if (!pg->order_fence_ok) {
         int rc = vmm_fence_create(pg->v, &pg->order_fence);
         if (rc)
@@ -280,7 +289,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     for (; nd < need; nd++)
         if ((rc = pg->disk.alloc(pg->disk.arg, nd ? ds[nd - 1] : pg->disk_hint, &ds[nd])))
             goto out_slots;
-    if ((rc = copies_after_engine(pg)))
+    if ((rc = copies_after_engine(pg, s)))
         goto out_slots;
     for (uint32_t b = 0; b < need; b += nh) {
         uint32_t m = need - b < bmax ? need - b : bmax;
@@ -402,7 +411,7 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     d->end = np;
     for (uint32_t r = 0; r < nr; r++)
         memcpy(d->pages + (size_t)r * np, pg_bt(pg, s, r), np * sizeof(uint32_t));
-    rc = copies_after_engine(pg);   /* the window is unmapped after the engine's work */
+    rc = copies_after_engine(pg, s);   /* the window is unmapped after the engine's work */
     if (rc)
         goto out_slots;
     uint32_t k = 0;
@@ -1054,7 +1063,7 @@ static int orphan_move(struct paging *pg, uint32_t id)
     rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
     if (rc)
         goto out_slot;
-    rc = copies_after_engine(pg);
+    rc = copies_after_engine(pg, NULL);
     if (!rc)
         rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slot), pg->scratch_va,
                            pg->p.page_size, pg->copy_stream);

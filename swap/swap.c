@@ -227,11 +227,21 @@ void swap_after_step(struct swap *sw)
     swap_after_call(sw);
 }
 
+/* A library thread sets relaxed capture mode for itself: in the default global mode its
+   event queries and synchronizations during a graph capture by any engine thread would be
+   prohibited and invalidate that capture (cuda.h, cuThreadExchangeStreamCaptureMode). */
+static void capture_relaxed(struct swap *sw, const char *who)
+{
+    if (vmm_thread_capture_relaxed(sw->v))
+        klog_warn("swap: the %s thread could not set relaxed stream capture mode", who);
+}
+
 static void *reclaim_thread(void *arg)
 {
     struct swap *sw = arg;
     if (vmm_make_current(sw->v))
         klog_warn("swap: the reclaim thread could not make the device context current");
+    capture_relaxed(sw, "reclaim");
     pthread_mutex_lock(&sw->mu);
     for (;;) {
         while (!sw->stop && !sw->wake)
@@ -245,10 +255,11 @@ static void *reclaim_thread(void *arg)
         int rc = 0;
         uint32_t moved = 0;
         pthread_mutex_lock(sw->lock);
-        /* Moving pages records events on the engine stream: never while it captures a
-           CUDA graph (the round is skipped; the next step wakes the thread again). */
-        kcu_stream es = paging_stream(sw->pg);
-        if (!es || vmm_stream_check_capture(sw->v, es) == 0)
+        /* Swapping out the unprotected victims orders the copy stream after the last
+           step's fence and records nothing on the engine stream (paging's
+           copies_after_engine); moving orphan pages still records there, so no round runs
+           while the engine stream captures (skipped; the next step wakes the thread). */
+        if (vmm_stream_check_capture(sw->v, paging_stream(sw->pg)) == 0)
             moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
         int wrc = paging_frames_pending(sw->pg) ? paging_copy_fence_record(sw->pg,
                                                                            &sw->thread_fence) : 1;
@@ -282,6 +293,7 @@ static void *reclaim_thread(void *arg)
 static void *spill_thread(void *arg)
 {
     struct swap *sw = arg;
+    capture_relaxed(sw, "spill");
     pthread_mutex_lock(&sw->mu);
     for (;;) {
         while (!sw->stop && !sw->s_wake)

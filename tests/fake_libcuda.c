@@ -93,11 +93,13 @@ static const struct { const char *name; int since, until; } abis[] = {
     { "cuStreamSynchronize", 2000, 0 }, { "cuStreamQuery", 2000, 0 },
     { "cuStreamWaitEvent", 3020, 0 },   { "cuStreamIsCapturing", 10000, 0 },
     { "cuStreamGetCtx", 9020, 12050 },
+    { "cuThreadExchangeStreamCaptureMode", 10010, 0 },
     { "cuEventCreate", 2000, 0 },       { "cuEventDestroy", 4000, 0 },
     { "cuEventRecord", 2000, 0 },       { "cuEventQuery", 2000, 0 },
     { "cuEventSynchronize", 2000, 0 },  { "cuMemHostRegister", 6050, 0 },
     { "cuMemHostUnregister", 4000, 0 }, { "cuMemAllocHost", 3020, 0 },
-    { "cuMemFreeHost", 2000, 0 },       { "cuGetErrorString", 6000, 0 },
+    { "cuMemFreeHost", 2000, 0 },       { "cuPointerGetAttribute", 4000, 0 },
+    { "cuGetErrorString", 6000, 0 },
     { "cuGetErrorName", 6000, 0 },
 };
 #define N_ABIS (sizeof abis / sizeof abis[0])
@@ -120,9 +122,10 @@ static void *emu_fn(const char *name)
     F(cuMemUnmap) F(cuMemSetAccess) F(cuMemcpyHtoDAsync) F(cuMemcpyDtoHAsync)
     F(cuMemcpyDtoDAsync) F(cuMemsetD8Async) F(cuStreamCreate) F(cuStreamDestroy)
     F(cuStreamSynchronize) F(cuStreamQuery) F(cuStreamWaitEvent) F(cuStreamIsCapturing) F(cuStreamGetCtx)
+    F(cuThreadExchangeStreamCaptureMode)
     F(cuEventCreate) F(cuEventDestroy) F(cuEventRecord) F(cuEventQuery)
     F(cuEventSynchronize) F(cuMemHostRegister) F(cuMemHostUnregister) F(cuMemAllocHost)
-    F(cuMemFreeHost) F(cuGetErrorString) F(cuGetErrorName)
+    F(cuMemFreeHost) F(cuPointerGetAttribute) F(cuGetErrorString) F(cuGetErrorName)
 #undef F
     if (!strcmp(name, "cuInit"))
         return (void *)fake_cuInit;

@@ -4,6 +4,7 @@
    Each test runs in its own process, so the process-global driver starts fresh. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -224,7 +225,7 @@ Test(emu, create_checks_prop_and_size)
     dev_default();
     kcu_mem_handle h;
     struct kcu_mem_alloc_prop p = prop_of(ord);
-    cr_expect_eq(A->cuMemCreate(&h, G / 2, &p, 0), KCU_ERROR_INVALID_VALUE, "size % granule");
+    cr_expect_eq(A->cuMemCreate(&h, G / 2, &p, 0), KCU_ERROR_INVALID_VALUE, "size %% granule");
     cr_expect_eq(A->cuMemCreate(&h, 0, &p, 0), KCU_ERROR_INVALID_VALUE);
     cr_expect_eq(A->cuMemCreate(&h, G, &p, 1), KCU_ERROR_INVALID_VALUE, "flags");
     cr_expect_eq(A->cuMemCreate(&h, G, NULL, 0), KCU_ERROR_INVALID_VALUE);
@@ -911,6 +912,9 @@ Test(emu, stream_and_event_argument_rules)
     cr_expect_eq(emu_stream_set_capturing(s, 1), 0);
     cr_expect_eq(A->cuStreamIsCapturing(s, &st), KCU_SUCCESS);
     cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_ACTIVE);
+    /* cuda.h, cuStreamIsCapturing: the legacy stream while a blocking stream captures */
+    cr_expect_eq(A->cuStreamIsCapturing(NULL, &st), KCU_ERROR_STREAM_CAPTURE_IMPLICIT);
+    cr_expect_eq(emu_stream_set_capturing(s, 0), 0);
     cr_expect_eq(A->cuStreamIsCapturing(NULL, &st), KCU_SUCCESS);
     cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_NONE);
     cr_expect_eq(emu_stream_set_capturing((kcu_stream)&st, 1), -EINVAL);
@@ -1083,7 +1087,7 @@ Test(emu, default_mapping_bound_is_below_max_map_count)
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(A->cuMemMap(va + 2 * i * 4096, 4096, 0, h, 0), KCU_SUCCESS, "map %zu", i);
     cr_expect_eq(counters().mappings, n);
-    cr_expect_eq(dev_down(), n + 2, "mappings, handle and reservation reported");
+    cr_expect_eq((size_t)dev_down(), n + 2, "mappings, handle and reservation reported");
 }
 
 /* ---- fault injection and tracing ------------------------------------------------------- */
@@ -1245,48 +1249,161 @@ Test(emu, destroy_with_one_leaked_handle)
     cr_expect_eq(dev_down(), 1);
 }
 
-/* ---- pageable host memory (the driver's documented Async-copy behaviour) -------------- */
+/* ---- pageable host memory: no more than the driver documents ------------------------- */
+/* CUDA Driver API, "API synchronization behavior" (Async): "For transfers between device
+   memory and pageable host memory, the function might be synchronous with respect to
+   host": neither staging at the call nor a filled destination at return is promised, so
+   the emulator does neither (a caller relying on it is wrong on a GPU). */
 
-Test(emu, pageable_source_is_staged_at_call_time)
+Test(emu, pageable_source_is_read_when_the_stream_runs)
 {
     dev_default();
     kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     kcu_stream s;
     cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
     cr_assert_eq(emu_stream_set_paused(s, 1), 0);
-    char src[32] = "staged before return";
+    char src[32] = "written before the call";
     cr_assert_eq(A->cuMemcpyHtoDAsync(va, src, sizeof src, s), KCU_SUCCESS);
-    memset(src, 'X', sizeof src);               /* the caller reuses its buffer at once */
+    strcpy(src, "reused after the call");    /* a caller that did not wait: wrong bytes */
     cr_expect_eq(A->cuStreamQuery(s), KCU_ERROR_NOT_READY, "the copy ran while paused");
     cr_assert_eq(emu_stream_set_paused(s, 0), 0);
     char out[32] = { 0 };
     cr_assert_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, s), KCU_SUCCESS);
-    cr_expect_str_eq(out, "staged before return", "the copy read the reused buffer");
+    cr_assert_eq(A->cuStreamSynchronize(s), KCU_SUCCESS);
+    cr_expect_str_eq(out, "reused after the call", "a pageable source was staged at the call");
     cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
 }
 
-Test(emu, pageable_destination_is_filled_at_return)
+Test(emu, pageable_destination_is_filled_when_the_stream_runs)
 {
     dev_default();
     kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     kcu_stream s;
     cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
-    static const char msg[] = "filled when the call returns";
+    static const char msg[] = "filled when the stream runs";
     cr_assert_eq(A->cuMemcpyHtoDAsync(va, msg, sizeof msg, s), KCU_SUCCESS);
     char out[sizeof msg] = { 0 };
-    cr_assert_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, s), KCU_SUCCESS);
-    cr_expect_str_eq(out, msg, "a pageable destination was not filled at return");
-    /* A pinned destination is asynchronous: with the stream paused, nothing has arrived. */
-    char *pin;
-    cr_assert_eq(A->cuMemAllocHost((void **)&pin, sizeof msg), KCU_SUCCESS);
-    memset(pin, 0, sizeof msg);
     cr_assert_eq(emu_stream_set_paused(s, 1), 0);
-    cr_assert_eq(A->cuMemcpyDtoHAsync(pin, va, sizeof msg, s), KCU_SUCCESS);
-    cr_expect_eq(pin[0], 0, "a pinned copy ran while its stream was paused");
+    cr_assert_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, s), KCU_SUCCESS);
+    cr_expect_eq(out[0], 0, "a pageable destination was filled at the call");
     cr_assert_eq(emu_stream_set_paused(s, 0), 0);
     cr_assert_eq(A->cuStreamSynchronize(s), KCU_SUCCESS);
-    cr_expect_str_eq(pin, msg);
+    cr_expect_str_eq(out, msg);
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+}
+
+/* cuPointerGetAttribute(MEMORY_TYPE): pinned HOST, mapped DEVICE, pageable INVALID_VALUE
+   (cuda.h: "not allocated by, mapped by, or registered with a CUcontext"). */
+Test(emu, pointer_memory_type)
+{
+    dev_default();
+    kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    char *pin, pageable[16];
+    unsigned t = 0;
+    cr_assert_eq(A->cuMemAllocHost((void **)&pin, 4096), KCU_SUCCESS);
+    cr_expect_eq(A->cuPointerGetAttribute(&t, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                          (kcu_deviceptr)(uintptr_t)(pin + 4095)), KCU_SUCCESS);
+    cr_expect_eq(t, KCU_MEMORYTYPE_HOST);
+    cr_expect_eq(A->cuPointerGetAttribute(&t, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE, va),
+                 KCU_SUCCESS);
+    cr_expect_eq(t, KCU_MEMORYTYPE_DEVICE);
+    cr_expect_eq(A->cuPointerGetAttribute(&t, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                          (kcu_deviceptr)(uintptr_t)pageable),
+                 KCU_ERROR_INVALID_VALUE);
     cr_expect_eq(A->cuMemFreeHost(pin), KCU_SUCCESS);
+}
+
+/* Regression (issue 9, item 18): a device address passed as the host side of a copy worked
+   on the emulator (its windows are host mappings) and fails on a GPU; now it fails here. */
+Test(emu, host_pointer_inside_a_reservation_is_invalid_value)
+{
+    dev_default();
+    kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    kcu_stream s;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    void *as_host = (void *)(uintptr_t)(va + 64);
+    cr_expect_eq(A->cuMemcpyHtoDAsync(va, as_host, 64, s), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuMemcpyDtoHAsync(as_host, va, 64, s), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuMemcpyHtoDAsync(va, as_host, 64, NULL), KCU_ERROR_INVALID_VALUE);
+    cr_assert_eq(A->cuStreamSynchronize(s), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+}
+
+/* ---- graph capture (cuda.h, cuThreadExchangeStreamCaptureMode) --------------------------- */
+
+struct cap_arg { kcu_context ctx; kcu_event ev; int mode; kcu_result r; };
+
+static void *cap_query(void *p)
+{
+    struct cap_arg *a = p;
+    A->cuCtxSetCurrent(a->ctx);
+    int m = a->mode;
+    if (A->cuThreadExchangeStreamCaptureMode(&m) != KCU_SUCCESS)
+        a->r = -1;
+    else
+        a->r = A->cuEventQuery(a->ev);
+    return NULL;
+}
+
+static kcu_result query_from_thread(kcu_event ev, int mode)
+{
+    struct cap_arg a = { .ev = ev, .mode = mode };
+    cr_assert_eq(A->cuCtxGetCurrent(&a.ctx), KCU_SUCCESS);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, cap_query, &a), 0);
+    pthread_join(th, NULL);
+    return a.r;
+}
+
+/* Global mode: another thread's event query during a capture is prohibited and invalidates
+   the capture; relaxed mode: allowed, the capture stays valid. Work submitted to the
+   capturing stream is captured, not executed; the legacy stream is unusable while a
+   blocking stream captures. */
+Test(emu, capture_modes_of_other_threads)
+{
+    dev_default();
+    kcu_stream s;
+    kcu_event ev;
+    int st = -1;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing(s, 1), 0);
+    cr_expect_eq(query_from_thread(ev, KCU_STREAM_CAPTURE_MODE_RELAXED), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamIsCapturing(s, &st), KCU_SUCCESS);
+    cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_ACTIVE, "a relaxed query broke the capture");
+    cr_expect_eq(query_from_thread(ev, KCU_STREAM_CAPTURE_MODE_THREAD_LOCAL), KCU_SUCCESS);
+    cr_expect_eq(query_from_thread(ev, KCU_STREAM_CAPTURE_MODE_GLOBAL),
+                 KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cr_assert_eq(A->cuStreamIsCapturing(s, &st), KCU_SUCCESS);
+    cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    /* captured work: counted, not run; its event cannot be queried */
+    cr_assert_eq(emu_stream_set_capturing(s, 1), 0);
+    uint64_t sub0, sub1, cap;
+    cr_assert_eq(emu_stream_counts(s, &sub0, NULL), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_counts(s, &sub1, &cap), 0);
+    cr_expect_eq(sub1, sub0 + 1);
+    cr_expect_eq(cap, 1);
+    int m = KCU_STREAM_CAPTURE_MODE_RELAXED;
+    cr_assert_eq(A->cuThreadExchangeStreamCaptureMode(&m), KCU_SUCCESS);
+    cr_expect_eq(m, KCU_STREAM_CAPTURE_MODE_GLOBAL, "the default mode is global");
+    cr_expect_eq(A->cuEventQuery(ev), KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cr_expect_eq(A->cuStreamSynchronize(s), KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cr_assert_eq(A->cuThreadExchangeStreamCaptureMode(&m), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing(s, 0), 0);
+    /* a blocking stream captures: the legacy stream is unusable */
+    kcu_stream b;
+    cr_assert_eq(A->cuStreamCreate(&b, KCU_STREAM_DEFAULT), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing(b, 1), 0);
+    cr_expect_eq(A->cuStreamIsCapturing(NULL, &st), KCU_ERROR_STREAM_CAPTURE_IMPLICIT);
+    cr_expect_eq(A->cuEventRecord(ev, NULL), KCU_ERROR_STREAM_CAPTURE_IMPLICIT);
+    cr_assert_eq(emu_stream_set_capturing(b, 0), 0);
+    cr_expect_eq(A->cuEventRecord(ev, NULL), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventSynchronize(ev), KCU_SUCCESS);
+    m = 7;
+    cr_expect_eq(A->cuThreadExchangeStreamCaptureMode(&m), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(b), KCU_SUCCESS);
     cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
 }
 
@@ -1306,4 +1423,34 @@ Test(emu, special_default_stream_handles)
     cr_expect_eq(A->cuStreamIsCapturing(KCU_STREAM_PER_THREAD, &st), KCU_SUCCESS);
     cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_NONE);
     cr_expect_eq(A->cuStreamDestroy(KCU_STREAM_LEGACY), KCU_ERROR_INVALID_HANDLE);
+}
+
+/* Regression (issue 9, item 18): cuStreamDestroy waited for the stream's queued work; the
+   driver returns at once and drains afterwards (cuda.h, cuStreamDestroy). Here the stream
+   is paused with an event record queued: destroy returns, the event is not reached until
+   the (destroyed) stream is resumed, and the device's destroy finds nothing leaked. */
+Test(emu, stream_destroy_returns_at_once_and_drains_after, .timeout = 30)
+{
+    dev_default();
+    kcu_stream s;
+    kcu_event ev;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused(s, 1), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventQuery(ev), KCU_ERROR_NOT_READY,
+                 "cuStreamDestroy waited for the stream's work");
+    cr_expect_eq(counters().streams, 0, "a destroyed stream still counted");
+    cr_expect_eq(A->cuStreamSynchronize(s), KCU_ERROR_INVALID_HANDLE);
+    cr_assert_eq(emu_stream_set_paused(s, 0), 0);
+    cr_expect_eq(A->cuEventSynchronize(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    /* one more, left paused: the device's destroy drains it */
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused(s, 1), 0);
+    cr_assert_eq(A->cuMemsetD8Async(mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE), 1, 64,
+                                    s), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+    cr_expect_eq(dev_down(), 3, "only the window (mapping, handle, reservation) is leaked");
 }

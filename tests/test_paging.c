@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/wait.h>
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu.h"
@@ -99,6 +100,27 @@ static void topen(struct tctx *t, const struct kvvm_config *c)
     cr_assert_geq(t->ord, 0, "no emulated device ordinal");
     cr_assert_str_eq(kvvm_backend_name(t->kv), "emulated");
     t->cap = c->max_tokens * c->bytes_per_token;
+}
+
+/* The test thread calls the emulated driver itself: the context's device current on it
+   (kvvm calls leave the caller's context as they found it, so the test makes it current). */
+static void ctx_on(struct tctx *t)
+{
+    const struct kcu_api *a = emu_api();
+    kcu_device d;
+    kcu_context c;
+    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
+    cr_assert_eq(a->cuDevicePrimaryCtxRetain(&c, d), KCU_SUCCESS);
+    cr_assert_eq(a->cuCtxSetCurrent(c), KCU_SUCCESS);
+}
+
+static void ctx_off(struct tctx *t)
+{
+    const struct kcu_api *a = emu_api();
+    kcu_device d;
+    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
+    cr_assert_eq(a->cuCtxSetCurrent(NULL), KCU_SUCCESS);
+    cr_assert_eq(a->cuDevicePrimaryCtxRelease(d), KCU_SUCCESS);
 }
 
 static void tcheck(struct tctx *t, const char *where)
@@ -1683,10 +1705,10 @@ Test(threads, four_threads_at_once)
 }
 
 /* Stream mode: the CPU does not wait for the engine stream (docs/api.md "Ordering"). With the
-   engine stream paused, a write from pageable memory returns at once (the driver staged the
-   source, which the caller then reuses) and a read into pinned memory returns without its
-   bytes; both arrive, in stream order, once the stream runs. Regression: write and read used
-   to synchronize the whole engine stream, which would hang here. */
+   engine stream paused, a write from pinned memory and a read into pinned memory return at
+   once without their bytes moved; both arrive, in stream order, once the stream runs.
+   Regression: write and read used to synchronize the whole engine stream, which would hang
+   here. (Pageable buffers: stream_pageable_buffers_wait_for_their_copy.) */
 Test(options, stream_mode_cpu_does_not_wait)
 {
     struct kvvm_config c;
@@ -1701,21 +1723,24 @@ Test(options, stream_mode_cpu_does_not_wait)
     cr_assert_eq(kvvm_seq_grow(t.kv, s, 8), 0);
     cr_assert_eq(kvvm_sync(t.kv), 0);
     cr_assert_eq(emu_stream_set_paused((kcu_stream)stream, 1), 0);
-    char src[64];
-    memset(src, 'A', sizeof src);
-    cr_assert_eq(kvvm_seq_write(t.kv, s, 0, 100, src, sizeof src), 0);
-    memset(src, 'B', sizeof src);              /* reused at once: the copy must not see it */
     const struct kcu_api *api = emu_api();
-    char *pin;
-    cr_assert_eq(api->cuMemAllocHost((void **)&pin, sizeof src), KCU_SUCCESS);
-    memset(pin, 0, sizeof src);
-    cr_assert_eq(kvvm_seq_read(t.kv, s, 0, 100, pin, sizeof src), 0);
+    char *src, *pin;
+    const size_t n = 64;
+    ctx_on(&t);
+    cr_assert_eq(api->cuMemAllocHost((void **)&src, n), KCU_SUCCESS);
+    cr_assert_eq(api->cuMemAllocHost((void **)&pin, n), KCU_SUCCESS);
+    memset(src, 'A', n);
+    cr_assert_eq(kvvm_seq_write(t.kv, s, 0, 100, src, n), 0);
+    memset(pin, 0, n);
+    cr_assert_eq(kvvm_seq_read(t.kv, s, 0, 100, pin, n), 0);
     cr_expect_eq(pin[0], 0, "the read ran while the engine stream was paused");
     cr_assert_eq(emu_stream_set_paused((kcu_stream)stream, 0), 0);
     cr_assert_eq(kvvm_sync(t.kv), 0);
-    for (size_t i = 0; i < sizeof src; i++)
-        cr_assert_eq(pin[i], 'A', "byte %zu: %c (stream order or staging broken)", i, pin[i]);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(pin[i], 'A', "byte %zu: %c (stream order broken)", i, pin[i]);
     cr_assert_eq(api->cuMemFreeHost(pin), KCU_SUCCESS);
+    cr_assert_eq(api->cuMemFreeHost(src), KCU_SUCCESS);
+    ctx_off(&t);
     cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
     cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
     cr_assert_eq(kvvm_stream_destroy(t.kv, stream), 0);
@@ -2211,4 +2236,242 @@ Test(options, foreign_stream_refused)
     tcheck(&a, "foreign stream");
     tclose(&b);
     tclose(&a);
+}
+
+/* ================================================================ issue 9: GPU readiness */
+
+/* Regression (issue 9, item 11): with map_ahead = 0 every grow computed s->ahead + 0 on a
+   NULL array (pg_ahead), undefined behaviour that clang's UBSan (pointer-overflow) reports
+   on the first grow. Fails only in a UBSan build (scripts/test.sh's clang step). */
+Test(issue9, grow_with_map_ahead_zero_no_null_arithmetic)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1000, 4, 40, 40);
+    c.map_ahead = 0;
+    topen(&t, &c);
+    struct sh s;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 9, 1);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, s.h, 3), 0);
+    s.len = 3;
+    sh_grow_fill(&t, &s, 12, 2);
+    sh_verify(&t, &s, "map_ahead 0");
+    tcheck(&t, "map_ahead 0");
+    sh_free(&t, &s);
+    tclose(&t);
+}
+
+/* Regression (issue 9, item 14): CU_STREAM_PER_THREAD names each calling thread's own
+   stream; cuStreamGetCtx accepts it, so kvvm_set_stream took it. -EINVAL now. */
+Test(issue9, per_thread_default_stream_rejected_as_engine_stream)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 1, 1000, 4, 40, 40);
+    topen(&t, &c);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_expect_eq(kvvm_set_stream(t.kv, (void *)(uintptr_t)0x2), -EINVAL);
+    cr_expect_eq(kvvm_set_stream(t.kv, (void *)(uintptr_t)0x1), 0, "CU_STREAM_LEGACY");
+    cr_expect_eq(kvvm_set_stream(t.kv, NULL), 0);
+    tclose(&t);
+}
+
+static void *sync_thread(void *arg)
+{
+    struct tctx *t = arg;
+    return (void *)(intptr_t)kvvm_sync(t->kv);
+}
+
+/* Regression (issue 9, item 13): stream-mode kvvm_sync and kvvm_set_stream called
+   cuCtxSynchronize, which waits for every stream of the context: here another stream of the
+   engine (an NCCL stream, say) has work that cannot run (paused), and sync hung. Now they
+   synchronize the engine stream and the library's own only; the test times out before. */
+Test(issue9, stream_sync_does_not_wait_for_other_streams, .timeout = 30)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 1, 1000, 4, 40, 40);
+    c.host_budget = 8 * KB;
+    void *st, *other, *next;
+    topen_stream(&t, &c, &st);
+    cr_assert_eq(kvvm_stream_create(t.kv, &other), 0);
+    cr_assert_eq(kvvm_stream_create(t.kv, &next), 0);
+    struct sh s;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 9, 1);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s.h), 0);     /* copies on the library's stream */
+    const struct kcu_api *a = emu_api();
+    kcu_event ev;
+    ctx_on(&t);
+    cr_assert_eq(a->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)other, 1), 0);
+    cr_assert_eq(a->cuEventRecord(ev, (kcu_stream)other), KCU_SUCCESS);   /* stuck work */
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, sync_thread, &t), 0);
+    void *ret;
+    pthread_join(th, &ret);
+    cr_expect_eq((intptr_t)ret, 0, "kvvm_sync: %d", (int)(intptr_t)ret);
+    struct kvvm_stats stt;
+    tstats(&t, &stt);
+    cr_expect_eq(stt.pages_inflight, 0, "kvvm_sync returned with copies in flight");
+    cr_expect_eq(kvvm_set_stream(t.kv, next), 0);
+    cr_expect_eq(kvvm_set_stream(t.kv, st), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)other, 0), 0);
+    cr_assert_eq(a->cuEventSynchronize(ev), KCU_SUCCESS);
+    cr_assert_eq(a->cuEventDestroy(ev), KCU_SUCCESS);
+    ctx_off(&t);
+    sh_verify(&t, &s, "after swap-in");
+    sh_free(&t, &s);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, other), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, next), 0);
+    tclose_stream(&t, st);
+}
+
+struct io_arg { struct tctx *t; kvvm_seq s; char *buf; size_t n; bool write; int rc;
+                int done; };
+
+static void *io_thread(void *p)
+{
+    struct io_arg *a = p;
+    a->rc = a->write ? kvvm_seq_write(a->t->kv, a->s, 0, 100, a->buf, a->n)
+                     : kvvm_seq_read(a->t->kv, a->s, 0, 100, a->buf, a->n);
+    __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Runs a write or read from a pageable buffer in a thread while the engine stream is
+   paused: it must not return before the stream ran its copy (the emulator, like the driver
+   documentation, neither stages a pageable source nor fills a pageable destination at the
+   call). Returns whether it returned early. */
+static bool pageable_returns_early(struct tctx *t, void *st, struct io_arg *a)
+{
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, io_thread, a), 0);
+    bool early = false;
+    for (int i = 0; i < 20 && !early; i++) {      /* up to 200 ms for a wrong early return */
+        usleep(10000);
+        early = __atomic_load_n(&a->done, __ATOMIC_ACQUIRE);
+    }
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 0), 0);
+    pthread_join(th, NULL);
+    (void)t;
+    return early;
+}
+
+/* Regression (issue 9, item 16): stream mode relied on the driver to stage a pageable
+   source at the call and fill a pageable destination by return; CUDA 12/13 documentation
+   no longer promises either. A pageable buffer is now waited for; a pinned one is not
+   (options/stream_mode_cpu_does_not_wait). */
+Test(issue9, stream_pageable_buffers_wait_for_their_copy, .timeout = 30)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 1, 1000, 4, 40, 40);
+    void *st;
+    topen_stream(&t, &c, &st);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 8), 0);
+    char *buf = malloc(64);
+    cr_assert(buf);
+    memset(buf, 'A', 64);
+    struct io_arg w = { &t, s, buf, 64, true, -1, 0 };
+    cr_expect(!pageable_returns_early(&t, st, &w), "a pageable write returned before its copy");
+    cr_assert_eq(w.rc, 0);
+    memset(buf, 'B', 64);                   /* reused at once: the copy must not see it */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    memset(buf, 0, 64);
+    struct io_arg r = { &t, s, buf, 64, false, -1, 0 };
+    cr_expect(!pageable_returns_early(&t, st, &r), "a pageable read returned before its copy");
+    cr_assert_eq(r.rc, 0);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(buf[i], 'A', "byte %d: %c", i, buf[i]);
+    /* a device address is not host memory (the emulator is as strict as the driver) */
+    uint64_t va;
+    cr_assert_eq(kvvm_seq_addr(t.kv, s, 0, &va), 0);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_expect_eq(kvvm_seq_write(t.kv, s, 0, 0, (void *)(uintptr_t)(va + 512), 64), -EINVAL);
+    free(buf);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose_stream(&t, st);
+}
+
+/* Regression (issue 9, item 15): kvvm_open left the new context current in the caller's
+   thread and kvvm_close set none current, whatever the caller had. */
+Test(issue9, open_and_close_leave_the_callers_context)
+{
+    struct kvvm_config c;
+    struct tctx a, b;
+    tcfg(&c, KB, 1, 1000, 4, 40, 40);
+    topen(&a, &c);
+    const struct kcu_api *api = emu_api();
+    kcu_context mine = NULL, cur = NULL;
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_expect_null(cur, "kvvm_open left its context current");
+    ctx_on(&a);                              /* the engine works on device a */
+    cr_assert_eq(api->cuCtxGetCurrent(&mine), KCU_SUCCESS);
+    topen(&b, &c);                           /* ... and opens a context on device b */
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_expect_eq(cur, mine, "kvvm_open changed the caller's current context");
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(b.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(b.kv, s, 4), 0);
+    tclose(&b);
+    cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
+    cr_expect_eq(cur, mine, "kvvm_close changed the caller's current context");
+    ctx_off(&a);
+    tclose(&a);
+}
+
+/* Regression (issue 9, item 17): in a fork() child every call must be -EIO (the context's
+   threads, locks and device belong to the parent; the emulated device's memory is shared
+   with it), and the parent must be unharmed. Before, the child's calls ran on the parent's
+   state. */
+Test(issue9, fork_child_gets_eio_parent_unharmed, .timeout = 30)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1000, 4, 40, 40);
+    c.host_budget = 16 * KB;
+    c.flags = KVVM_F_AUTO_SWAP;
+    topen(&t, &c);
+    struct sh s;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 9, 1);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+        kvvm_seq n = 0;
+        uint64_t u;
+        char b[8];
+        struct kvvm_stats stt = { .size = sizeof stt };
+        int bad = 0;
+        bad += kvvm_seq_create(t.kv, &n) != -EIO;
+        bad += kvvm_seq_grow(t.kv, s.h, 12) != -EIO;
+        bad += kvvm_seq_free(t.kv, s.h) != -EIO;
+        bad += kvvm_seq_read(t.kv, s.h, 0, 0, b, sizeof b) != -EIO;
+        bad += kvvm_seq_swap_out(t.kv, s.h) != -EIO;
+        bad += kvvm_step(t.kv) != -EIO;
+        bad += kvvm_sync(t.kv) != -EIO;
+        bad += kvvm_stats(t.kv, &stt) != -EIO;
+        bad += kvvm_region_base(t.kv, 0, &u) != -EIO;
+        bad += kvvm_slot_bytes(t.kv, &u) != -EIO;
+        kvvm_close(t.kv);
+        _exit(bad);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the child: %d call(s) did not return -EIO (status %d)",
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1, status);
+    sh_verify(&t, &s, "parent after the child");
+    sh_grow_fill(&t, &s, 12, 2);
+    sh_verify(&t, &s, "parent grows on");
+    tcheck(&t, "after fork");
+    sh_free(&t, &s);
+    tclose(&t);
 }

@@ -1375,3 +1375,140 @@ Test(pressure, shared_family_is_reclaimable)
     free(cc);
     tclose(&t);
 }
+
+/* ================================================================ issue 9: graph capture */
+
+static void ctx_on(struct tctx *t)
+{
+    const struct kcu_api *a = emu_api();
+    kcu_device d;
+    kcu_context c;
+    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
+    cr_assert_eq(a->cuDevicePrimaryCtxRetain(&c, d), KCU_SUCCESS);
+    cr_assert_eq(a->cuCtxSetCurrent(c), KCU_SUCCESS);
+}
+
+static void ctx_off(struct tctx *t)
+{
+    const struct kcu_api *a = emu_api();
+    kcu_device d;
+    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
+    cr_assert_eq(a->cuCtxSetCurrent(NULL), KCU_SUCCESS);
+    cr_assert_eq(a->cuDevicePrimaryCtxRelease(d), KCU_SUCCESS);
+}
+
+/* Stream mode, auto-swap, the reclaim thread's watermarks: 6 sequences of 4 frames on a
+   32-frame device leave 8 free (< low), so the step's wake-up makes the thread swap out. */
+static void capture_setup(struct tctx *t, void **st, struct sh **s)
+{
+    struct kvvm_config c;
+    tcfg(&c, 32, 64, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.0;
+    c.device_low = 0.5;
+    c.device_high = 0.6;
+    topen(t, &c);
+    cr_assert_eq(kvvm_stream_create(t->kv, st), 0);
+    cr_assert_eq(kvvm_set_stream(t->kv, *st), 0);
+    for (int i = 0; i < 6; i++) {
+        s[i] = sh_new(t);
+        cr_assert_eq(sh_grow_fill(t, s[i], 8, (uint32_t)i + 1), 0);
+    }
+}
+
+static void capture_teardown(struct tctx *t, void *st, struct sh **s)
+{
+    for (int i = 0; i < 6; i++) {
+        sh_verify(t, s[i], "after reclaim");
+        free(s[i]);
+    }
+    cr_assert_eq(kvvm_set_stream(t->kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(t->kv, st), 0);
+    tclose(t);
+}
+
+/* Regression (issue 9, item 12): the reclaim thread ran in the default global capture
+   mode, so its fence waits during an engine's graph capture (on another stream of the
+   engine here) were prohibited and invalidated that capture. It sets relaxed mode now. The
+   test thread itself is relaxed, so only the library's threads can break the capture. */
+Test(capture, reclaim_thread_keeps_an_engine_capture_valid, .timeout = 60)
+{
+    struct tctx t;
+    void *st, *cap;
+    struct sh *s[6];
+    capture_setup(&t, &st, s);
+    cr_assert_eq(kvvm_stream_create(t.kv, &cap), 0);
+    const struct kcu_api *a = emu_api();
+    int mode = KCU_STREAM_CAPTURE_MODE_RELAXED;
+    cr_assert_eq(a->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)cap, 1), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);        /* wakes the thread: it swaps out */
+    cr_assert_eq(kvvm_sync(t.kv), 0);        /* its round is over */
+    struct kvvm_stats stt;
+    tstats(&t, &stt);
+    cr_assert_gt(stt.reclaim_swap_outs, 0, "the reclaim thread moved nothing");
+    int status = -1;
+    ctx_on(&t);
+    cr_assert_eq(a->cuStreamIsCapturing((kcu_stream)cap, &status), KCU_SUCCESS);
+    ctx_off(&t);
+    cr_expect_eq(status, KCU_STREAM_CAPTURE_STATUS_ACTIVE,
+                 "the reclaim thread invalidated the engine's capture (status %d)", status);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)cap, 0), 0);
+    cr_assert_eq(a->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, cap), 0);
+    capture_teardown(&t, st, s);
+}
+
+/* Regression (issue 9, item 12): the reclaim thread recorded an ordering event on the
+   engine stream before its swap copies (a capture beginning between its check and that
+   record turns the record and the copies' dependency into graph nodes). It now orders the
+   copy stream after the last step's fence: nothing but the step's own record reaches the
+   engine stream. */
+Test(capture, reclaim_thread_records_nothing_on_the_engine_stream, .timeout = 60)
+{
+    struct tctx t;
+    void *st;
+    struct sh *s[6];
+    capture_setup(&t, &st, s);
+    uint64_t n0, n1;
+    cr_assert_eq(emu_stream_counts((kcu_stream)st, &n0, NULL), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);        /* one record: the step fence */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(emu_stream_counts((kcu_stream)st, &n1, NULL), 0);
+    struct kvvm_stats stt;
+    tstats(&t, &stt);
+    cr_assert_gt(stt.reclaim_swap_outs, 0, "the reclaim thread moved nothing");
+    cr_expect_eq(n1, n0 + 1, "%lu operation(s) besides the step's record reached the engine "
+                 "stream during the reclaim round", (unsigned long)(n1 - n0 - 1));
+    capture_teardown(&t, st, s);
+}
+
+/* Regression (issue 9, item 12): synchronous mode did not check capture at all; while a
+   blocking stream captures, the legacy stream (and the device synchronization behind it)
+   cannot be used: -EBUSY now, nothing changed. */
+Test(capture, sync_mode_busy_while_a_blocking_stream_captures)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 32, 64, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 8, 1), 0);
+    const struct kcu_api *api = emu_api();
+    kcu_stream b;
+    ctx_on(&t);
+    cr_assert_eq(api->cuStreamCreate(&b, KCU_STREAM_DEFAULT), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing(b, 1), 0);
+    cr_expect_eq(kvvm_seq_grow(t.kv, a->h, 12), -EBUSY);
+    cr_expect_eq(kvvm_seq_swap_out(t.kv, a->h), -EBUSY);
+    cr_expect_eq(kvvm_sync(t.kv), -EBUSY);
+    struct kvvm_seq_info in;
+    tinfo(&t, a->h, &in);
+    cr_expect_eq(in.length, 8, "a refused grow changed the length");
+    cr_assert_eq(emu_stream_set_capturing(b, 0), 0);
+    cr_assert_eq(api->cuStreamDestroy(b), KCU_SUCCESS);
+    ctx_off(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 12, 2), 0);
+    sh_verify(&t, a, "after the capture");
+    free(a);
+    tclose(&t);
+}

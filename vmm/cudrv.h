@@ -84,6 +84,10 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_STREAM_CAPTURE_STATUS_NONE     0
 #define KCU_STREAM_CAPTURE_STATUS_ACTIVE   1
 #define KCU_STREAM_CAPTURE_STATUS_INVALIDATED 2
+/* CUstreamCaptureMode (cuThreadExchangeStreamCaptureMode) */
+#define KCU_STREAM_CAPTURE_MODE_GLOBAL     0
+#define KCU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define KCU_STREAM_CAPTURE_MODE_RELAXED    2
 /* CUstream_flags, CUevent_flags, cuMemHostRegister / cuMemHostAlloc flags */
 #define KCU_STREAM_DEFAULT                 0x0
 #define KCU_STREAM_NON_BLOCKING            0x1
@@ -94,6 +98,10 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_STREAM_LEGACY                  ((kcu_stream)0x1)
 #define KCU_STREAM_PER_THREAD              ((kcu_stream)0x2)
 #define KCU_MEMHOSTREGISTER_PORTABLE       0x01
+/* CUpointer_attribute, CUmemorytype */
+#define KCU_POINTER_ATTRIBUTE_MEMORY_TYPE  2
+#define KCU_MEMORYTYPE_HOST                0x01
+#define KCU_MEMORYTYPE_DEVICE              0x02
 
 /* CUmemLocation */
 struct kcu_mem_location {
@@ -173,6 +181,9 @@ struct kcu_api {
                                     unsigned int flags);                            /* 3020 */
     kcu_result (*cuStreamIsCapturing)(kcu_stream stream, int *status);              /* 10000 */
     kcu_result (*cuStreamGetCtx)(kcu_stream stream, kcu_context *ctx);              /* 9020 */
+    /* Swaps the calling thread's capture interaction mode (KCU_STREAM_CAPTURE_MODE_*) with
+       *mode. Per thread; no context needed. */
+    kcu_result (*cuThreadExchangeStreamCaptureMode)(int *mode);                     /* 10010 */
 
     kcu_result (*cuEventCreate)(kcu_event *event, unsigned int flags);              /* 2000 */
     kcu_result (*cuEventDestroy)(kcu_event event);                                  /* 4000 */
@@ -184,6 +195,9 @@ struct kcu_api {
     kcu_result (*cuMemHostUnregister)(void *p);                                     /* 4000 */
     kcu_result (*cuMemAllocHost)(void **pp, size_t bytes);                          /* 3020 */
     kcu_result (*cuMemFreeHost)(void *p);                                           /* 2000 */
+    /* attribute KCU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = KCU_MEMORYTYPE_*;
+       CUDA_ERROR_INVALID_VALUE for memory the driver does not know (pageable memory). */
+    kcu_result (*cuPointerGetAttribute)(void *data, int attribute, kcu_deviceptr ptr); /* 4000 */
 
     kcu_result (*cuGetErrorString)(kcu_result error, const char **str);             /* 6000 */
     kcu_result (*cuGetErrorName)(kcu_result error, const char **str);               /* 6000 */

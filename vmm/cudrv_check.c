@@ -58,6 +58,7 @@
     X(cuStreamWaitEvent, (T_STREAM, T_EVENT, T_UINT))                                    \
     X(cuStreamIsCapturing, (T_STREAM, T_CAPTURE *))                                      \
     X(cuStreamGetCtx, (T_STREAM, T_CTX *))                                               \
+    X(cuThreadExchangeStreamCaptureMode, (T_CAPMODE *))                                  \
     X(cuEventCreate, (T_EVENT *, T_UINT))                                                \
     X(cuEventDestroy, (T_EVENT))                                                         \
     X(cuEventRecord, (T_EVENT, T_STREAM))                                                \
@@ -67,6 +68,7 @@
     X(cuMemHostUnregister, (void *))                                                     \
     X(cuMemAllocHost, (void **, size_t))                                                 \
     X(cuMemFreeHost, (void *))                                                           \
+    X(cuPointerGetAttribute, (void *, T_PTRATTR, T_DPTR))                                \
     X(cuGetErrorString, (T_RESULT, const char **))                                       \
     X(cuGetErrorName, (T_RESULT, const char **))
 
@@ -79,6 +81,8 @@
 #define T_ATTR    int
 #define T_GRAN    int
 #define T_CAPTURE int
+#define T_CAPMODE int
+#define T_PTRATTR int
 #define T_CTX     kcu_context
 #define T_STREAM  kcu_stream
 #define T_EVENT   kcu_event
@@ -104,7 +108,7 @@ _Static_assert(sizeof(struct kcu_api) ==
 typedef kcu_result k_T_RESULT;  typedef kcu_device k_T_DEVICE;  typedef int k_T_ATTR;
 typedef int k_T_GRAN;           typedef int k_T_CAPTURE;        typedef kcu_context k_T_CTX;
 typedef kcu_stream k_T_STREAM;  typedef kcu_event k_T_EVENT;    typedef kcu_deviceptr k_T_DPTR;
-typedef kcu_mem_handle k_T_HANDLE;
+typedef kcu_mem_handle k_T_HANDLE; typedef int k_T_CAPMODE; typedef int k_T_PTRATTR;
 
 #undef T_RESULT
 #undef T_UINT
@@ -114,6 +118,8 @@ typedef kcu_mem_handle k_T_HANDLE;
 #undef T_ATTR
 #undef T_GRAN
 #undef T_CAPTURE
+#undef T_CAPMODE
+#undef T_PTRATTR
 #undef T_CTX
 #undef T_STREAM
 #undef T_EVENT
@@ -134,6 +140,8 @@ typedef kcu_mem_handle k_T_HANDLE;
 #define T_ATTR    CUdevice_attribute
 #define T_GRAN    CUmemAllocationGranularity_flags
 #define T_CAPTURE CUstreamCaptureStatus
+#define T_CAPMODE CUstreamCaptureMode
+#define T_PTRATTR CUpointer_attribute
 #define T_CTX     CUcontext
 #define T_STREAM  CUstream
 #define T_EVENT   CUevent
@@ -184,6 +192,7 @@ typedef kcu_mem_handle k_T_HANDLE;
 #define CU_PROTO_cuStreamWaitEvent             PFN_cuStreamWaitEvent_v3020
 #define CU_PROTO_cuStreamIsCapturing           PFN_cuStreamIsCapturing_v10000
 #define CU_PROTO_cuStreamGetCtx                PFN_cuStreamGetCtx_v9020
+#define CU_PROTO_cuThreadExchangeStreamCaptureMode PFN_cuThreadExchangeStreamCaptureMode_v10010
 #define CU_PROTO_cuEventCreate                 PFN_cuEventCreate_v2000
 #define CU_PROTO_cuEventDestroy                PFN_cuEventDestroy_v4000
 #define CU_PROTO_cuEventRecord                 PFN_cuEventRecord_v2000
@@ -193,6 +202,7 @@ typedef kcu_mem_handle k_T_HANDLE;
 #define CU_PROTO_cuMemHostUnregister           PFN_cuMemHostUnregister_v4000
 #define CU_PROTO_cuMemAllocHost                PFN_cuMemAllocHost_v3020
 #define CU_PROTO_cuMemFreeHost                 PFN_cuMemFreeHost_v2000
+#define CU_PROTO_cuPointerGetAttribute         PFN_cuPointerGetAttribute_v4000
 #define CU_PROTO_cuGetErrorString              PFN_cuGetErrorString_v6000
 #define CU_PROTO_cuGetErrorName                PFN_cuGetErrorName_v6000
 ENTRY_LIST(CHECK_CU)
@@ -216,6 +226,8 @@ CHECK_PLAIN(cuEventDestroy)
 CHECK_PLAIN(cuMemHostRegister)
 CHECK_PLAIN(cuMemAllocHost)
 CHECK_PLAIN(cuStreamIsCapturing)
+CHECK_PLAIN(cuThreadExchangeStreamCaptureMode)
+CHECK_PLAIN(cuPointerGetAttribute)
 
 /* cuGetProcAddress as drv_cuda.c calls it. */
 _Static_assert(SAME_TYPE(drv_cuda_gpa_v2_fn,
@@ -247,6 +259,8 @@ SAME_ABI(k_T_DEVICE, CUdevice)
 SAME_ABI(k_T_ATTR, CUdevice_attribute)
 SAME_ABI(k_T_GRAN, CUmemAllocationGranularity_flags)
 SAME_ABI(k_T_CAPTURE, CUstreamCaptureStatus)
+SAME_ABI(k_T_CAPMODE, CUstreamCaptureMode)
+SAME_ABI(k_T_PTRATTR, CUpointer_attribute)
 SAME_ABI(k_T_CTX, CUcontext)
 SAME_ABI(k_T_STREAM, CUstream)
 SAME_ABI(k_T_EVENT, CUevent)
@@ -340,15 +354,34 @@ SAME(KCU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
 SAME(KCU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_CAPTURE_STATUS_NONE)
 SAME(KCU_STREAM_CAPTURE_STATUS_ACTIVE, CU_STREAM_CAPTURE_STATUS_ACTIVE)
 SAME(KCU_STREAM_CAPTURE_STATUS_INVALIDATED, CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+SAME(KCU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL)
+SAME(KCU_STREAM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+SAME(KCU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_RELAXED)
 SAME(KCU_STREAM_DEFAULT, CU_STREAM_DEFAULT)
 SAME(KCU_STREAM_NON_BLOCKING, CU_STREAM_NON_BLOCKING)
 SAME(KCU_EVENT_DEFAULT, CU_EVENT_DEFAULT)
 SAME(KCU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING)
 SAME(KCU_EVENT_BLOCKING_SYNC, CU_EVENT_BLOCKING_SYNC)
+/* The special stream handles are pointer constants: gcc folds the casts in _Static_assert,
+   clang does not accept them there (not an integer constant expression) but folds them as
+   an array bound (a GNU extension it warns about), where a mismatch is a negative size. */
+#ifdef __clang__
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wgnu-folding-constant"
+typedef char check_stream_legacy[(uintptr_t)KCU_STREAM_LEGACY == (uintptr_t)CU_STREAM_LEGACY
+                                 ? 1 : -1];
+typedef char check_stream_per_thread[(uintptr_t)KCU_STREAM_PER_THREAD ==
+                                     (uintptr_t)CU_STREAM_PER_THREAD ? 1 : -1];
+#pragma clang diagnostic pop
+#else
 _Static_assert((uintptr_t)KCU_STREAM_LEGACY == (uintptr_t)CU_STREAM_LEGACY, "CU_STREAM_LEGACY");
 _Static_assert((uintptr_t)KCU_STREAM_PER_THREAD == (uintptr_t)CU_STREAM_PER_THREAD,
                "CU_STREAM_PER_THREAD");
+#endif
 SAME(KCU_MEMHOSTREGISTER_PORTABLE, CU_MEMHOSTREGISTER_PORTABLE)
+SAME(KCU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+SAME(KCU_MEMORYTYPE_HOST, CU_MEMORYTYPE_HOST)
+SAME(KCU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE)
 
 /* An object file must not be empty (ISO C). */
 typedef int cudrv_check_nonempty;

@@ -55,6 +55,7 @@ static const struct drv_cuda_sym cuda_syms[] = {
     SYM(cuStreamWaitEvent, 3020),
     SYM(cuStreamIsCapturing, 10000),
     SYM(cuStreamGetCtx, 9020),
+    SYM(cuThreadExchangeStreamCaptureMode, 10010),
     SYM(cuEventCreate, 2000),
     SYM(cuEventDestroy, 4000),
     SYM(cuEventRecord, 2000),
@@ -64,6 +65,7 @@ static const struct drv_cuda_sym cuda_syms[] = {
     SYM(cuMemHostUnregister, 4000),
     SYM(cuMemAllocHost, 3020),
     SYM(cuMemFreeHost, 2000),
+    SYM(cuPointerGetAttribute, 4000),
     SYM(cuGetErrorString, 6000),
     SYM(cuGetErrorName, 6000),
 };

@@ -70,9 +70,10 @@
     X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) \
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) \
     X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuStreamGetCtx) \
+    X(cuThreadExchangeStreamCaptureMode) \
     X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
     X(cuEventSynchronize) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemAllocHost) \
-    X(cuMemFreeHost) X(cuGetErrorString) X(cuGetErrorName)
+    X(cuMemFreeHost) X(cuPointerGetAttribute) X(cuGetErrorString) X(cuGetErrorName)
 
 enum emu_entry {
 #define X(n) E_##n,
@@ -156,7 +157,6 @@ struct emu_op {
     unsigned char val;
     struct kcu_event_st *ev;       /* OP_EVENT / OP_WAIT: holds a reference */
     uint64_t seq;                  /* record number (OP_EVENT) or awaited record (OP_WAIT) */
-    void *staging;                 /* OP_HTOD from pageable memory: our copy of the source */
     uint64_t ticket;               /* position in its stream's queue (1, 2, ...) */
     struct emu_op *next;
 };
@@ -168,7 +168,15 @@ struct kcu_stream_st {
     pthread_cond_t cv;             /* work queued, unpaused, or exit requested */
     struct emu_op *head, *tail;    /* head = running or next op; popped when done */
     uint64_t queued, done;         /* tickets handed out / ops completed, in order */
-    bool paused, exiting, dying, capturing;
+    bool paused, exiting, dying;
+    bool detached;                 /* destroyed by the caller: the worker frees s once drained */
+    /* emulated graph capture (emu_stream_set_capturing), begun in GLOBAL mode by cap_thread:
+       work submitted meanwhile is captured (counted, never executed), like a graph's nodes;
+       invalidated: an unsafe call broke it (cuStreamIsCapturing says INVALIDATED) */
+    bool capturing, invalidated;
+    pthread_t cap_thread;
+    uint64_t captured;
+    uint64_t submitted;            /* operations ever submitted (captured ones included) */
     struct kcu_stream_st *next;
 };
 
@@ -178,6 +186,7 @@ struct kcu_event_st {
     uint64_t rec_seq;              /* records issued */
     uint64_t done_seq;             /* highest record reached */
     int refs;                      /* 1 for the user until destroyed + 1 per queued op */
+    bool captured;                 /* last recorded inside a capture: query/sync refused */
     struct kcu_event_st *next;
 };
 
@@ -211,6 +220,7 @@ static unsigned long g_trace_occ[E_COUNT];
 
 static __thread struct kcu_ctx_st *t_ctx;   /* the thread's current context */
 static __thread unsigned t_ctx_gen;
+static __thread int t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
@@ -351,6 +361,8 @@ static const struct { kcu_result code; const char *name, *desc; } err_table[] = 
     { KCU_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
     { KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
       "operation not permitted when stream is capturing" },
+    { KCU_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+      "operation would make the legacy stream depend on a capturing blocking stream" },
     { KCU_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
 };
 
@@ -1281,7 +1293,6 @@ static void event_put_locked(struct kcu_event_st *ev)
 /* Runs one op for device d (a stream's worker or the NULL stream's caller). */
 static void op_free(struct emu_op *op)
 {
-    free(op->staging);
     free(op);
 }
 
@@ -1326,6 +1337,18 @@ static void *stream_main(void *arg)
         op_free(op);
         pthread_cond_broadcast(&g_cond);
     }
+    if (s->detached) {
+        /* cuStreamDestroy returned long ago: the drained stream goes (the device's destroy
+           waits for this) */
+        for (struct kcu_stream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
+            if (*pp == s) {
+                *pp = s->next;
+                break;
+            }
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        pthread_cond_broadcast(&g_cond);
+    }
     pthread_mutex_unlock(&g_lock);
     return NULL;
 }
@@ -1368,6 +1391,75 @@ static void stream_wait_idle_locked(struct kcu_stream_st *s)
         pthread_cond_wait(&g_cond, &g_lock);
 }
 
+/* ---- stream capture ------------------------------------------------------------------ */
+/* cuda.h, cuThreadExchangeStreamCaptureMode: while a capture begun in
+   CU_STREAM_CAPTURE_MODE_GLOBAL is active, a thread whose mode is GLOBAL (the default), or
+   THREAD_LOCAL in the capturing thread, "is prohibited from potentially unsafe API calls";
+   a RELAXED thread is not. The emulated captures are GLOBAL ones. The unsafe calls emulated
+   are the querying and synchronizing ones (cuEventQuery/Synchronize, cuStreamQuery/
+   Synchronize, cuCtxSynchronize: what PyTorch's watchdog tripped over); a prohibited call
+   fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, as the
+   driver does. */
+static kcu_result capture_unsafe_locked(void)
+{
+    if (t_capmode == KCU_STREAM_CAPTURE_MODE_RELAXED)
+        return KCU_SUCCESS;
+    kcu_result r = KCU_SUCCESS;
+    for (struct kcu_stream_st *s = g_streams; s; s = s->next)
+        if (s->capturing && !s->invalidated &&
+            (t_capmode == KCU_STREAM_CAPTURE_MODE_GLOBAL ||
+             pthread_equal(s->cap_thread, pthread_self()))) {
+            s->invalidated = true;
+            r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    return r;
+}
+
+/* cuda.h, cuStreamIsCapturing: "When a blocking stream is capturing, the legacy stream is
+   in an unusable state until the blocking stream capture is terminated": work on it is
+   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (and the capture is invalidated: an illegal
+   dependency was attempted). query_only: cuStreamIsCapturing, which invalidates nothing. */
+static kcu_result legacy_capture_locked(struct emu_dev *d, bool query_only)
+{
+    kcu_result r = KCU_SUCCESS;
+    for (struct kcu_stream_st *s = g_streams; s; s = s->next)
+        if (s->dev == d && s->capturing && !(s->flags & KCU_STREAM_NON_BLOCKING)) {
+            if (!query_only)
+                s->invalidated = true;
+            r = KCU_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
+    return r;
+}
+
+/* The capture rules of a stream's query or synchronize: the capturing stream itself cannot
+   be waited for (its work is not executed; "necessarily conflicts", in any mode), the legacy
+   stream not while a blocking stream captures, and the call is an unsafe one. */
+static kcu_result stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d)
+{
+    if (s && s->capturing) {
+        s->invalidated = true;
+        return KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    kcu_result r = s ? KCU_SUCCESS : legacy_capture_locked(d, false);
+    return r ? r : capture_unsafe_locked();
+}
+
+/* Per-thread, no context needed (the capture mode belongs to the thread). */
+static kcu_result emu_cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    BEGIN(cuThreadExchangeStreamCaptureMode, F_INIT);
+    if (!mode || *mode < KCU_STREAM_CAPTURE_MODE_GLOBAL ||
+        *mode > KCU_STREAM_CAPTURE_MODE_RELAXED) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    int old = t_capmode;
+    t_capmode = *mode;
+    *mode = old;
+out:
+    return leave(r);
+}
+
 /* Resolves the stream argument of a call: a live stream, or NULL / CU_STREAM_LEGACY /
    CU_STREAM_PER_THREAD for the default stream (needs a current context; the per-thread
    default stream is emulated as the legacy one, synchronously, which orders at least as
@@ -1393,10 +1485,28 @@ static kcu_result stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
 static kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op)
 {
     if (!s) {
+        kcu_result r = legacy_capture_locked(d, false);
+        if (r) {
+            if (op->ev)
+                event_put_locked(op->ev);
+            op_free(op);
+            return r;
+        }
         drain_locked(d, true);
         op_exec_locked(d, op);
         op_free(op);
         return d->sticky;
+    }
+    s->submitted++;
+    if (s->capturing) {
+        /* captured into the (emulated) graph: not executed */
+        s->captured++;
+        if (op->kind == OP_EVENT)
+            op->ev->captured = true;
+        if (op->ev)
+            event_put_locked(op->ev);
+        op_free(op);
+        return KCU_SUCCESS;
     }
     op->next = NULL;
     op->ticket = ++s->queued;
@@ -1409,20 +1519,23 @@ static kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, stru
     return KCU_SUCCESS;
 }
 
-/* True when [p, p + n) lies inside one pinned host range (cuMemAllocHost or
-   cuMemHostRegister). */
-static bool host_pinned_locked(const void *p, size_t n)
+/* True when [p, p + n) overlaps a reservation: device virtual memory, not host memory. */
+static bool host_in_resv_locked(const void *p, size_t n)
 {
-    const unsigned char *b = p;
-    for (struct emu_host *h = g_hosts; h; h = h->next)
-        if (b >= h->p && n <= h->n && (size_t)(b - h->p) <= h->n - n)
+    uintptr_t b = (uintptr_t)p;
+    for (size_t i = 0; i < g_nresv; i++) {
+        struct emu_resv *rv = g_resv[i];
+        if (b < rv->base + rv->size && (b >= rv->base || rv->base - b < n))
             return true;
+    }
     return false;
 }
 
 /* Common part of the four copy entry points. Zero bytes: success, nothing queued.
-   Device ranges the driver does not know (not mapped) or NULL host pointers:
-   KCU_ERROR_INVALID_VALUE at call time; access is checked when the copy runs. */
+   Device ranges the driver does not know (not mapped), NULL host pointers, or a host side
+   inside a reservation (a device address: on a GPU it is not host memory at all, even where
+   the emulator's windows are CPU-readable): KCU_ERROR_INVALID_VALUE at call time; access is
+   checked when the copy runs. */
 static kcu_result copy_submit_locked(struct emu_dev *cur, kcu_stream stream, struct emu_op *tmpl)
 {
     struct kcu_stream_st *s;
@@ -1435,34 +1548,21 @@ static kcu_result copy_submit_locked(struct emu_dev *cur, kcu_stream stream, str
     bool dw = tmpl->kind != OP_DTOH, sr = tmpl->kind == OP_DTOH || tmpl->kind == OP_DTOD;
     if ((tmpl->kind == OP_HTOD && !tmpl->hsrc) || (tmpl->kind == OP_DTOH && !tmpl->hdst) ||
         (dw && (tmpl->dst + tmpl->n < tmpl->dst || !range_known_locked(tmpl->dst, tmpl->n))) ||
-        (sr && (tmpl->src + tmpl->n < tmpl->src || !range_known_locked(tmpl->src, tmpl->n))))
+        (sr && (tmpl->src + tmpl->n < tmpl->src || !range_known_locked(tmpl->src, tmpl->n))) ||
+        (tmpl->kind == OP_HTOD && host_in_resv_locked(tmpl->hsrc, tmpl->n)) ||
+        (tmpl->kind == OP_DTOH && host_in_resv_locked(tmpl->hdst, tmpl->n)))
         return KCU_ERROR_INVALID_VALUE;
     struct emu_op *op = malloc(sizeof *op);
     if (!op)
         return KCU_ERROR_OUT_OF_MEMORY;
     *op = *tmpl;
-    /* Pageable host memory behaves as the driver documents for the Async copies: a source
-       is copied to staging memory before the call returns (the caller may reuse it at
-       once); a pageable destination is filled when the call returns (it waits for the
-       stream up to and including this copy). Pinned memory is truly asynchronous. */
-    bool pageable_dst = false;
-    if (s && op->kind == OP_HTOD && !host_pinned_locked(op->hsrc, op->n)) {
-        if (!(op->staging = malloc(op->n))) {
-            free(op);
-            return KCU_ERROR_OUT_OF_MEMORY;
-        }
-        memcpy(op->staging, op->hsrc, op->n);
-        op->hsrc = op->staging;
-    }
-    if (s && op->kind == OP_DTOH && !host_pinned_locked(op->hdst, op->n))
-        pageable_dst = true;
-    r = submit_locked(s, d, op);
-    if (r || !pageable_dst)
-        return r;
-    uint64_t ticket = s->queued;
-    while (s->done < ticket && !d->sticky)
-        pthread_cond_wait(&g_cond, &g_lock);
-    return d->sticky;
+    /* Pageable host memory is treated like pinned memory: the copy reads or fills it when
+       the stream reaches it, never at the call. The driver documents no more than "for
+       transfers between device memory and pageable host memory, the function might be
+       synchronous with respect to host" (CUDA Driver API, "API synchronization behavior",
+       Async), so a caller that reuses a source or reads a destination before the stream
+       got there is wrong on a GPU too; here it reads the wrong bytes every time. */
+    return submit_locked(s, d, op);
 }
 
 static kcu_result emu_cuMemcpyHtoDAsync(kcu_deviceptr dst, const void *src, size_t bytes,
@@ -1558,8 +1658,12 @@ static void stream_teardown_locked(struct kcu_stream_st *s)
     free(s);
 }
 
-/* Like the driver, queued work still runs; unlike it, the call waits for that work (so no
-   worker outlives its stream). NULL or unknown stream: KCU_ERROR_INVALID_HANDLE. */
+/* cuda.h, cuStreamDestroy: "In case the device is still doing work in the stream hStream
+   when cuStreamDestroy() is called, the function will return immediately and the resources
+   associated with hStream will be released automatically once the device has completed all
+   work in hStream." So does the emulator: the handle is gone at once (no new work, counted
+   no more), the worker drains the queue (a paused stream when resumed, or at the device's
+   destroy) and frees the stream. NULL or unknown stream: KCU_ERROR_INVALID_HANDLE. */
 static kcu_result emu_cuStreamDestroy(kcu_stream stream)
 {
     BEGIN(cuStreamDestroy, F_INIT);
@@ -1569,7 +1673,11 @@ static kcu_result emu_cuStreamDestroy(kcu_stream stream)
         goto out;
     }
     s->dying = true;
-    stream_teardown_locked(s);
+    s->detached = true;
+    s->exiting = true;
+    s->dev->c.streams--;
+    pthread_detach(s->thread);
+    pthread_cond_signal(&s->cv);
 out:
     return leave(r);
 }
@@ -1579,7 +1687,7 @@ static kcu_result emu_cuStreamSynchronize(kcu_stream stream)
     BEGIN(cuStreamSynchronize, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+    if ((r = stream_arg_locked(stream, cur, &s, &d)) || (r = stream_capture_check_locked(s, d)))
         goto out;
     if (s)
         stream_wait_idle_locked(s);
@@ -1595,7 +1703,7 @@ static kcu_result emu_cuStreamQuery(kcu_stream stream)
     BEGIN(cuStreamQuery, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+    if ((r = stream_arg_locked(stream, cur, &s, &d)) || (r = stream_capture_check_locked(s, d)))
         goto out;
     if (s) {
         r = s->head ? KCU_ERROR_NOT_READY : KCU_SUCCESS;
@@ -1669,8 +1777,11 @@ static kcu_result emu_cuStreamIsCapturing(kcu_stream stream, int *status)
     }
     if ((r = stream_arg_locked(stream, cur, &s, &d)))
         goto out;
-    *status = s && s->capturing ? KCU_STREAM_CAPTURE_STATUS_ACTIVE
-                                : KCU_STREAM_CAPTURE_STATUS_NONE;
+    if (!s && (r = legacy_capture_locked(d, true)))
+        goto out;
+    *status = !s || !s->capturing ? KCU_STREAM_CAPTURE_STATUS_NONE
+              : s->invalidated   ? KCU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                 : KCU_STREAM_CAPTURE_STATUS_ACTIVE;
 out:
     return leave(r);
 }
@@ -1678,6 +1789,8 @@ out:
 static kcu_result emu_cuCtxSynchronize(void)
 {
     BEGIN(cuCtxSynchronize, F_INIT | F_CTX);
+    if ((r = capture_unsafe_locked()))
+        goto out;
     drain_locked(cur, false);
     r = cur->sticky;
 out:
@@ -1761,6 +1874,7 @@ static kcu_result emu_cuEventRecord(kcu_event event, kcu_stream stream)
     }
     *op = (struct emu_op){ .kind = OP_EVENT, .ev = ev, .seq = ++ev->rec_seq };
     ev->refs++;
+    ev->captured = false;          /* set again by submit_locked if s is capturing */
     r = submit_locked(s, d, op);
 out:
     return leave(r);
@@ -1772,6 +1886,10 @@ static kcu_result emu_cuEventQuery(kcu_event event)
     struct kcu_event_st *ev = event_lookup_locked(event);
     if (!ev)
         r = KCU_ERROR_INVALID_HANDLE;
+    else if (ev->captured)
+        r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* recorded inside a capture */
+    else if ((r = capture_unsafe_locked()))
+        ;
     else if (ev->dev->sticky)
         r = ev->dev->sticky;
     else if (ev->done_seq < ev->rec_seq)
@@ -1788,6 +1906,12 @@ static kcu_result emu_cuEventSynchronize(kcu_event event)
         r = KCU_ERROR_INVALID_HANDLE;
         goto out;
     }
+    if (ev->captured) {
+        r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* recorded inside a capture */
+        goto out;
+    }
+    if ((r = capture_unsafe_locked()))
+        goto out;
     ev->refs++;                    /* survive a concurrent cuEventDestroy */
     uint64_t want = ev->rec_seq;
     while (ev->done_seq < want && !ev->dev->sticky)
@@ -1958,6 +2082,32 @@ out:
     return leave(r);
 }
 
+/* CU_POINTER_ATTRIBUTE_MEMORY_TYPE only (others: KCU_ERROR_INVALID_VALUE, undocumented):
+   HOST inside a pinned host range (cuMemAllocHost, cuMemHostRegister), DEVICE at a mapped
+   device address, else KCU_ERROR_INVALID_VALUE ("not allocated by, mapped by, or
+   registered with a CUcontext": pageable memory, as the driver says). */
+static kcu_result emu_cuPointerGetAttribute(void *data, int attribute, kcu_deviceptr ptr)
+{
+    BEGIN(cuPointerGetAttribute, F_INIT | F_CTX);
+    if (!data || attribute != KCU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    const unsigned char *b = (const unsigned char *)(uintptr_t)ptr;
+    unsigned type = 0;
+    for (struct emu_host *h = g_hosts; h && !type; h = h->next)
+        if (b >= h->p && (size_t)(b - h->p) < h->n)
+            type = KCU_MEMORYTYPE_HOST;
+    if (!type && range_known_locked(ptr, 1))
+        type = KCU_MEMORYTYPE_DEVICE;
+    if (!type)
+        r = KCU_ERROR_INVALID_VALUE;
+    else
+        *(unsigned *)data = type;
+out:
+    return leave(r);
+}
+
 /* ---- the table ---------------------------------------------------------------------- */
 
 static const struct kcu_api emu_table = {
@@ -2094,6 +2244,19 @@ int emu_device_destroy(int ordinal)
         leaks++;
         s->dying = true;
         stream_teardown_locked(s);
+    }
+    /* and the streams destroyed earlier drain (paused ones are resumed) and go */
+    for (;;) {
+        bool any = false;
+        for (struct kcu_stream_st *s = g_streams; s; s = s->next)
+            if (s->dev == d && s->detached) {
+                any = true;
+                s->paused = false;
+                pthread_cond_signal(&s->cv);
+            }
+        if (!any)
+            break;
+        pthread_cond_wait(&g_cond, &g_lock);
     }
     for (struct kcu_event_st **pp = &g_events; *pp;) {
         struct kcu_event_st *ev = *pp;
@@ -2261,8 +2424,23 @@ int emu_stream_set_capturing(kcu_stream stream, int on)
 {
     pthread_mutex_lock(&g_lock);
     struct kcu_stream_st *s = stream_lookup_locked(stream);
-    if (s)
+    if (s) {
         s->capturing = on != 0;
+        s->invalidated = false;
+        s->cap_thread = pthread_self();
+    }
+    pthread_mutex_unlock(&g_lock);
+    return s ? 0 : -EINVAL;
+}
+
+int emu_stream_counts(kcu_stream stream, uint64_t *submitted, uint64_t *captured)
+{
+    pthread_mutex_lock(&g_lock);
+    struct kcu_stream_st *s = stream_lookup_locked(stream);
+    if (s && submitted)
+        *submitted = s->submitted;
+    if (s && captured)
+        *captured = s->captured;
     pthread_mutex_unlock(&g_lock);
     return s ? 0 : -EINVAL;
 }
@@ -2270,7 +2448,10 @@ int emu_stream_set_capturing(kcu_stream stream, int on)
 int emu_stream_set_paused(kcu_stream stream, int on)
 {
     pthread_mutex_lock(&g_lock);
-    struct kcu_stream_st *s = stream_lookup_locked(stream);
+    struct kcu_stream_st *s = NULL;    /* a destroyed stream still draining too */
+    for (struct kcu_stream_st *p = g_streams; p && !s; p = p->next)
+        if (p == stream)
+            s = p;
     if (s) {
         s->paused = on != 0;
         pthread_cond_signal(&s->cv);

@@ -26,11 +26,11 @@
  *    Copies translate device addresses through the mapping table when they execute; an
  *    address that is not mapped with access then is a sticky KCU_ERROR_ILLEGAL_ADDRESS (the
  *    device is dead: every later call returns it), exactly like a GPU fault.
- *  - Host memory in copies follows the driver's documented Async behaviour: a pageable
- *    (not pinned) source is copied to staging memory before cuMemcpyHtoDAsync returns; a
- *    pageable destination is filled when cuMemcpyDtoHAsync returns (the call waits for its
- *    stream up to that copy). Only pinned memory (cuMemAllocHost, cuMemHostRegister) is
- *    truly asynchronous, as on a GPU.
+ *  - Host memory in copies: pageable memory is as asynchronous as pinned memory (the copy
+ *    reads or fills it when its stream reaches it), the least the driver documents ("might
+ *    be synchronous with respect to host"), so a caller relying on staging at the call or
+ *    a filled destination at return fails here. A host pointer inside a reservation (a
+ *    device address, even where windows are CPU-readable) is KCU_ERROR_INVALID_VALUE.
  *  - Opaque mode: windows stay PROT_NONE even after set-access, so only the driver's copies
  *    can reach device bytes (they use the emulator's own view of the memfd).
  *  - Copied bytes are counted per direction.
@@ -93,13 +93,27 @@ void emu_trace_start(void);
 /* Stops tracing; returns the number of calls recorded and up to max of them in out. */
 size_t emu_trace_stop(struct emu_trace_entry *out, size_t max);
 
-/* Stream test hooks. set_capturing: cuStreamIsCapturing reports ACTIVE while on (the
-   driver's capture state, to test callers' refusal paths). set_paused: the stream's worker
+/* Stream test hooks. set_capturing: the stream captures a CUDA graph while on, as if the
+   calling thread had called cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL):
+   cuStreamIsCapturing reports ACTIVE (INVALIDATED once a prohibited call broke it; the
+   legacy stream reports CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream
+   captures); work submitted to s is captured, i.e. counted (emu_stream_counts) and never
+   executed, and an event recorded on it cannot be queried or synchronized; the legacy
+   stream cannot be used while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+   querying or synchronizing calls (events, streams, the context) from a thread whose capture
+   mode (cuThreadExchangeStreamCaptureMode) is GLOBAL, or THREAD_LOCAL in the capturing
+   thread, fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture.
+   Turning it off (or on again) ends (restarts) the capture. set_paused: the stream's worker
    executes nothing while on, so tests can observe queued (NOT_READY) work and change the
    mappings under it deterministically; anything that drains the stream (its synchronize,
-   the legacy stream, cuCtxSynchronize) blocks until it is resumed, except cuStreamDestroy
-   and emu_device_destroy, which resume it. Both: 0, or -EINVAL unknown stream (or NULL). */
+   the legacy stream, cuCtxSynchronize) blocks until it is resumed. cuStreamDestroy returns
+   at once, as the driver's does, and the stream drains afterwards (a paused one once
+   resumed: set_paused still finds a destroyed stream that has work left), or at
+   emu_device_destroy, which resumes it. Both: 0, or -EINVAL unknown stream (or NULL). */
 int emu_stream_set_capturing(kcu_stream s, int on);
 int emu_stream_set_paused(kcu_stream s, int on);
+/* Operations (copies, memsets, event records and waits) submitted to s since it was
+   created, and how many of them were captured. Either pointer may be NULL. 0, -EINVAL. */
+int emu_stream_counts(kcu_stream s, uint64_t *submitted, uint64_t *captured);
 
 #endif

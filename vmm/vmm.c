@@ -131,6 +131,13 @@ int vmm_make_current(struct vmm *v)
     return 0;
 }
 
+int vmm_thread_capture_relaxed(struct vmm *v)
+{
+    int mode = KCU_STREAM_CAPTURE_MODE_RELAXED;
+    kcu_result r = v->api->cuThreadExchangeStreamCaptureMode(&mode);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuThreadExchangeStreamCaptureMode", r);
+}
+
 /* The entry of every call: dead check, then our context current on this thread. The
    current context is asked of the driver each time (a thread-local read in the driver):
    the engine may have switched devices on this thread since our last call, and a cached
@@ -161,8 +168,6 @@ static int enter_release(struct vmm *v)
 int vmm_ctx_save(struct vmm *v, kcu_context *prev)
 {
     *prev = NULL;
-    if (vmm_dead(v))
-        return -EIO;
     kcu_result r = v->api->cuCtxGetCurrent(prev);
     return r == KCU_SUCCESS ? 0 : drv_err(v, "cuCtxGetCurrent", r);
 }
@@ -259,6 +264,14 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
         err = open_err(v, "cuInit", r);
         goto out_emu;
     }
+    /* the caller's current context is restored before returning (kvvm.h: no call leaves
+       libkvvm's context current in the caller's thread) */
+    kcu_context prev = NULL;
+    r = a->cuCtxGetCurrent(&prev);
+    if (r != KCU_SUCCESS) {
+        err = open_err(v, "cuCtxGetCurrent", r);
+        goto out_emu;
+    }
     int count = 0;
     r = a->cuDeviceGetCount(&count);
     if (r != KCU_SUCCESS) {
@@ -321,11 +334,15 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     }
     klog_info("vmm: %s backend, device %d (%s), %zu MiB, granule %zu KiB", a->name, ordinal,
               v->dev_name, v->device_bytes >> 20, v->granule >> 10);
+    if (prev != v->ctx && (r = a->cuCtxSetCurrent(prev)) != KCU_SUCCESS) {
+        err = open_err(v, "cuCtxSetCurrent (the caller's context back)", r);
+        goto out_release_ctx;
+    }
     *out = v;
     return 0;
 
 out_release_ctx:
-    a->cuCtxSetCurrent(NULL);
+    a->cuCtxSetCurrent(prev);
     a->cuDevicePrimaryCtxRelease(v->dev);
 out_emu:
     if (v->emu_ordinal >= 0)
@@ -336,6 +353,16 @@ out_free:
 }
 
 void vmm_close(struct vmm *v)
+{
+    if (!v)
+        return;
+    kcu_context prev = NULL;
+    if (v->api->cuCtxGetCurrent(&prev) != KCU_SUCCESS)
+        prev = NULL;
+    vmm_close_to(v, prev);
+}
+
+void vmm_close_to(struct vmm *v, kcu_context prev)
 {
     if (!v)
         return;
@@ -356,9 +383,11 @@ void vmm_close(struct vmm *v)
                   (long long)v->n_host_allocs, (long long)v->n_host_regs);
     if (v->base && ctx_ok)
         vmm_unreserve(v);
+    /* the caller's context back (ours only if it was the caller's: a primary context is
+       shared with the runtime API; cuDevicePrimaryCtxRelease never pops it) */
     kcu_context cur = NULL;
-    if (a->cuCtxGetCurrent(&cur) == KCU_SUCCESS && cur == v->ctx)
-        a->cuCtxSetCurrent(NULL);
+    if (a->cuCtxGetCurrent(&cur) == KCU_SUCCESS && cur != prev)
+        a->cuCtxSetCurrent(prev);
     kcu_result r = a->cuDevicePrimaryCtxRelease(v->dev);
     if (r != KCU_SUCCESS)
         klog_error("cuDevicePrimaryCtxRelease: %s", kcu_errstr(a, r));
@@ -557,6 +586,15 @@ int vmm_stream_check_capture(struct vmm *v, kcu_stream s)
 
 int vmm_stream_check_owner(struct vmm *v, kcu_stream s)
 {
+    if (s == KCU_STREAM_PER_THREAD) {
+        /* cuda.h, CU_STREAM_PER_THREAD: "an implicit stream with per-thread synchronization
+           behavior": each thread that passes the handle gets its own stream, so our threads'
+           copies and waits on it would be ordered with nothing the engine enqueues */
+        klog_error("vmm: the per-thread default stream (CU_STREAM_PER_THREAD) cannot be the "
+                   "engine stream: it is a different stream in each thread; pass the stream "
+                   "itself (e.g. one from kvvm_stream_create)");
+        return -EINVAL;
+    }
     ENTER(v);
     kcu_context c = NULL;
     kcu_result r = v->api->cuStreamGetCtx(s, &c);
@@ -723,6 +761,31 @@ int vmm_host_register(struct vmm *v, void *p, size_t bytes)
         return drv_err(v, "cuMemHostRegister", r);
     count(&v->n_host_regs, 1);
     return 0;
+}
+
+static int host_type(struct vmm *v, const void *p, unsigned *type)
+{
+    kcu_result r = v->api->cuPointerGetAttribute(type, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                 (kcu_deviceptr)(uintptr_t)p);
+    if (r == KCU_ERROR_INVALID_VALUE) {
+        *type = 0;                  /* memory the driver does not know: pageable */
+        return 0;
+    }
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuPointerGetAttribute", r);
+}
+
+int vmm_host_pinned(struct vmm *v, const void *p, size_t n)
+{
+    if (!p || !n)
+        return -EINVAL;
+    ENTER(v);
+    unsigned a = 0, b = 0;
+    int rc = host_type(v, p, &a);
+    if (!rc && a == KCU_MEMORYTYPE_HOST)
+        rc = host_type(v, (const char *)p + n - 1, &b);
+    if (rc)
+        return rc;
+    return a == KCU_MEMORYTYPE_HOST && b == KCU_MEMORYTYPE_HOST;
 }
 
 void vmm_host_unregister(struct vmm *v, void *p)

@@ -44,8 +44,11 @@ typedef struct { kcu_event ev; } vmm_fence;
    -ENODEV no usable device (AUTO fell through, or CUDA asked and missing), -ENOMEM, -EIO. */
 int vmm_open(const struct vmm_params *p, struct vmm **out);
 /* Synchronizes, releases the context and (emulated) destroys the device. The caller must
-   have released its handles, mappings, streams and fences first; leftovers are logged. */
+   have released its handles, mappings, streams and fences first; leftovers are logged.
+   The calling thread's current context is left as it was at the call (vmm_close), or set
+   to prev (vmm_close_to: the context a caller saved before its own earlier calls). */
 void vmm_close(struct vmm *v);
+void vmm_close_to(struct vmm *v, kcu_context prev);
 
 const char *vmm_backend_name(const struct vmm *v);    /* "cuda" or "emulated" */
 const struct kcu_api *vmm_api(const struct vmm *v);   /* the driver table in use */
@@ -55,8 +58,13 @@ int    vmm_emu_ordinal(const struct vmm *v);          /* emulated device ordinal
 bool   vmm_dead(const struct vmm *v);                 /* a sticky driver error was seen */
 /* Makes the device context current on the calling thread (library threads call this once). */
 int vmm_make_current(struct vmm *v);
+/* Sets the calling thread's stream capture mode to relaxed (library threads call this once):
+   in the default global mode, a thread's event query or synchronize during another
+   thread's graph capture is prohibited and invalidates that capture. -EIO. */
+int vmm_thread_capture_relaxed(struct vmm *v);
 /* The caller's current context, saved at the entry of a public call and restored at its
-   exit, so libkvvm never leaves its context current in the engine's thread. -EIO. */
+   exit, so libkvvm never leaves its context current in the engine's thread (works on a
+   dead vmm too, so a close can restore it). -EIO. */
 int  vmm_ctx_save(struct vmm *v, kcu_context *prev);
 void vmm_ctx_restore(struct vmm *v, kcu_context prev);
 
@@ -87,7 +95,10 @@ int vmm_stream_sync(struct vmm *v, kcu_stream s);
 int vmm_stream_check_capture(struct vmm *v, kcu_stream s);
 /* -EINVAL when s belongs to another context than this device's (another device's stream,
    or a stream of a context the caller created itself): our events and copies could not be
-   ordered on it. The default-stream handles belong to the current context. */
+   ordered on it. The legacy default-stream handles (NULL, CU_STREAM_LEGACY) belong to the
+   current context. The per-thread default stream (CU_STREAM_PER_THREAD) is -EINVAL: it
+   names each calling thread's own stream, so the library's threads could order nothing
+   against the engine's. */
 int vmm_stream_check_owner(struct vmm *v, kcu_stream s);
 int vmm_device_sync(struct vmm *v);
 
@@ -114,5 +125,8 @@ int  vmm_host_alloc(struct vmm *v, size_t bytes, void **out);
 void vmm_host_free(struct vmm *v, void *p);
 int  vmm_host_register(struct vmm *v, void *p, size_t bytes);
 void vmm_host_unregister(struct vmm *v, void *p);
+/* Whether the driver knows [p, p + n) as pinned host memory (its first and last byte):
+   1 yes, 0 no (pageable memory: not an error, nothing logged), -EIO. */
+int  vmm_host_pinned(struct vmm *v, const void *p, size_t n);
 
 #endif
