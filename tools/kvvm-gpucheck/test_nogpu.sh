@@ -44,9 +44,9 @@ queued.map|nonblocking
 queued.set_access|nonblocking
 queued.unmap|nonblocking
 queued.unmap_target|unmap:ok(nonblocking) sync:ILLEGAL_ADDRESS
-pageable.dtoh|complete at return
+pageable.dtoh|not complete at return
 pinned.dtoh|not complete at return
-pageable.htod|staged at call
+pageable.htod|read after return
 capture.global_event|n/a
 capture.libkvvm_reclaim|n/a
 ROWS
