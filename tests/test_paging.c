@@ -1708,7 +1708,7 @@ Test(threads, four_threads_at_once)
    engine stream paused, a write from pinned memory and a read into pinned memory return at
    once without their bytes moved; both arrive, in stream order, once the stream runs.
    Regression: write and read used to synchronize the whole engine stream, which would hang
-   here. (Pageable buffers: stream_pageable_buffers_wait_for_their_copy.) */
+   here. (Pageable buffers: pageable_buffers/stream_mode_waits_for_their_copy.) */
 Test(options, stream_mode_cpu_does_not_wait)
 {
     struct kvvm_config c;
@@ -2243,7 +2243,7 @@ Test(options, foreign_stream_refused)
 /* Regression (issue 9, item 11): with map_ahead = 0 every grow computed s->ahead + 0 on a
    NULL array (pg_ahead), undefined behaviour that clang's UBSan (pointer-overflow) reports
    on the first grow. Fails only in a UBSan build (scripts/test.sh's clang step). */
-Test(issue9, grow_with_map_ahead_zero_no_null_arithmetic)
+Test(map_ahead_zero, grow_has_no_null_arithmetic)
 {
     struct kvvm_config c;
     struct tctx t;
@@ -2264,7 +2264,7 @@ Test(issue9, grow_with_map_ahead_zero_no_null_arithmetic)
 
 /* Regression (issue 9, item 14): CU_STREAM_PER_THREAD names each calling thread's own
    stream; cuStreamGetCtx accepts it, so kvvm_set_stream took it. -EINVAL now. */
-Test(issue9, per_thread_default_stream_rejected_as_engine_stream)
+Test(per_thread_stream, rejected_as_engine_stream)
 {
     struct kvvm_config c;
     struct tctx t;
@@ -2287,7 +2287,7 @@ static void *sync_thread(void *arg)
    cuCtxSynchronize, which waits for every stream of the context: here another stream of the
    engine (an NCCL stream, say) has work that cannot run (paused), and sync hung. Now they
    synchronize the engine stream and the library's own only; the test times out before. */
-Test(issue9, stream_sync_does_not_wait_for_other_streams, .timeout = 30)
+Test(stream_sync, does_not_wait_for_other_streams, .timeout = 30)
 {
     struct kvvm_config c;
     struct tctx t;
@@ -2365,7 +2365,7 @@ static bool pageable_returns_early(struct tctx *t, void *st, struct io_arg *a)
    source at the call and fill a pageable destination by return; CUDA 12/13 documentation
    no longer promises either. A pageable buffer is now waited for; a pinned one is not
    (options/stream_mode_cpu_does_not_wait). */
-Test(issue9, stream_pageable_buffers_wait_for_their_copy, .timeout = 30)
+Test(pageable_buffers, stream_mode_waits_for_their_copy, .timeout = 30)
 {
     struct kvvm_config c;
     struct tctx t;
@@ -2401,7 +2401,7 @@ Test(issue9, stream_pageable_buffers_wait_for_their_copy, .timeout = 30)
 
 /* Regression (issue 9, item 15): kvvm_open left the new context current in the caller's
    thread and kvvm_close set none current, whatever the caller had. */
-Test(issue9, open_and_close_leave_the_callers_context)
+Test(current_context, open_and_close_leave_the_callers)
 {
     struct kvvm_config c;
     struct tctx a, b;
@@ -2430,7 +2430,7 @@ Test(issue9, open_and_close_leave_the_callers_context)
    threads, locks and device belong to the parent; the emulated device's memory is shared
    with it), and the parent must be unharmed. Before, the child's calls ran on the parent's
    state. */
-Test(issue9, fork_child_gets_eio_parent_unharmed, .timeout = 30)
+Test(fork_child, gets_eio_parent_unharmed, .timeout = 30)
 {
     struct kvvm_config c;
     struct tctx t;
