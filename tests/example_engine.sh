@@ -31,7 +31,13 @@ if [ "$(stat -f -c %T /var/tmp)" = tmpfs ]; then
     echo "note: /var/tmp is tmpfs: running the example without a disk tier (--no-spill)"
     spill=(--no-spill)
 fi
-LD_LIBRARY_PATH=$lib "$tmp/engine/engine" "${spill[@]}"
+# Each run must also close clean: kvvm_close logs any fence, event or handle left behind.
+run() {
+  LD_LIBRARY_PATH=$lib "$tmp/engine/engine" "${spill[@]}" "$@" 2>"$tmp/err" || { cat "$tmp/err"; exit 1; }
+  cat "$tmp/err" >&2
+  if grep -qi leak "$tmp/err"; then echo "FAIL: the library logged a leak at close"; exit 1; fi
+}
+run
 echo "ok: example engine, stream mode"
-LD_LIBRARY_PATH=$lib "$tmp/engine/engine" "${spill[@]}" --sync --requests 16 --seed 2
+run --sync --requests 16 --seed 2
 echo "ok: example engine, synchronous mode"
