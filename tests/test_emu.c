@@ -1407,6 +1407,30 @@ Test(emu, capture_modes_of_other_threads)
     cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
 }
 
+/* An event recorded inside a capture is a graph node that never runs: a stream outside the
+   capture waiting for it crosses the capture boundary (CUDA_ERROR_STREAM_CAPTURE_ISOLATION),
+   where the emulator used to queue a wait that never ended. */
+Test(emu, wait_for_a_captured_event_is_isolation)
+{
+    dev_default();
+    kcu_stream s, o;
+    kcu_event ev;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamCreate(&o, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing(s, 1), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamWaitEvent(o, ev, 0), KCU_ERROR_STREAM_CAPTURE_ISOLATION);
+    cr_expect_eq(A->cuStreamWaitEvent(s, ev, 0), KCU_SUCCESS, "inside the capture: a node");
+    cr_assert_eq(emu_stream_set_capturing(s, 0), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);   /* recorded outside: a real wait */
+    cr_expect_eq(A->cuStreamWaitEvent(o, ev, 0), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamSynchronize(o), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(o), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+}
+
 /* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the default stream, as on the driver
    (engines pass them, e.g. PyTorch's default stream is the legacy one). */
 Test(emu, special_default_stream_handles)

@@ -361,6 +361,8 @@ static const struct { kcu_result code; const char *name, *desc; } err_table[] = 
     { KCU_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
     { KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
       "operation not permitted when stream is capturing" },
+    { KCU_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+      "dependency created on uncaptured work in another stream" },
     { KCU_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
       "operation would make the legacy stream depend on a capturing blocking stream" },
     { KCU_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
@@ -1732,6 +1734,12 @@ static kcu_result emu_cuStreamWaitEvent(kcu_stream stream, kcu_event event, unsi
     }
     if (flags != 0) {
         r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if (ev->captured && !(s && s->capturing)) {
+        /* recorded inside a capture: a graph node, never executed; a wait from outside
+           would cross the capture boundary (cuda.h, CUDA_ERROR_STREAM_CAPTURE_ISOLATION) */
+        r = KCU_ERROR_STREAM_CAPTURE_ISOLATION;
         goto out;
     }
     if (ev->rec_seq == 0 || ev->done_seq >= ev->rec_seq)

@@ -98,7 +98,8 @@ size_t emu_trace_stop(struct emu_trace_entry *out, size_t max);
    cuStreamIsCapturing reports ACTIVE (INVALIDATED once a prohibited call broke it; the
    legacy stream reports CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream
    captures); work submitted to s is captured, i.e. counted (emu_stream_counts) and never
-   executed, and an event recorded on it cannot be queried or synchronized; the legacy
+   executed, and an event recorded on it cannot be queried or synchronized, nor waited for
+   by a stream that does not capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); the legacy
    stream cannot be used while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
    querying or synchronizing calls (events, streams, the context) from a thread whose capture
    mode (cuThreadExchangeStreamCaptureMode) is GLOBAL, or THREAD_LOCAL in the capturing
