@@ -544,6 +544,8 @@ static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
     rc = back ? vmm_copy_dtoh(pg->v, hp, pg->scratch_va, pg->p.page_size, pg->copy_stream)
               : vmm_copy_htod(pg->v, pg->scratch_va, hp, pg->p.page_size, pg->copy_stream);
     int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (src && !rc)
+        (void)vmm_stream_sync(pg->v, pg->copy_stream);   /* queued still: never unmap under it */
     if (!rc)
         rc = src;
     if (back || rc)
@@ -1071,6 +1073,8 @@ static int orphan_move(struct paging *pg, uint32_t id)
     rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slot), pg->scratch_va,
                        pg->p.page_size, pg->copy_stream);
     int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (src && !rc)
+        (void)vmm_stream_sync(pg->v, pg->copy_stream);   /* queued still: never unmap under it */
     if (!rc)
         rc = src;
     seq_unmap_must(pg, pg->scratch_va, 1);
