@@ -21,8 +21,10 @@
  *    created with emu_device_create(). Contexts are the devices' primary contexts; calls that
  *    need a context use the calling thread's current one (cuCtxSetCurrent), else
  *    KCU_ERROR_INVALID_CONTEXT.
- *  - Streams execute their operations in order on a worker thread each; the NULL stream runs
- *    synchronously after all earlier work of the device. Events complete when reached.
+ *  - Streams execute their operations in order on a worker thread each; the NULL (legacy)
+ *    stream too, asynchronously to the caller, each op after the blocking streams' earlier
+ *    work (and a blocking stream's op after the legacy work before it), as CUDA's legacy
+ *    stream synchronizes. Events complete when reached.
  *    Copies translate device addresses through the mapping table when they execute; an
  *    address that is not mapped with access then is a sticky KCU_ERROR_ILLEGAL_ADDRESS (the
  *    device is dead: every later call returns it), exactly like a GPU fault.
