@@ -253,8 +253,8 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
         rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
-        if (!rc)
-            rc = host_copy_done(pg, src, len);
+        if (!rc && (rc = host_copy_done(pg, src, len)) != 0)
+            (void)pg_wait_engine(pg);   /* the copy may still be queued: never undo under it */
     }
     if (rc) {
         /* the copies made for this write hold nothing else: drop them, keep the old pages */

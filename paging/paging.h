@@ -231,7 +231,9 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
    resident holders are all in the set included). O(pages of the set). */
 uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n);
 /* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
-   synchronously; *moved gets the count. -ENOMEM host tier full (after moving what fit). */
+   synchronously; *moved gets the count. -ENOMEM host tier full (after moving what fit).
+   Touches only the library's copy stream (no engine work is left on an orphan): a library
+   thread may call it while the engine stream captures a graph. */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved);
 /* Orphan pages (device pages held only by non-resident sequences). O(pages). */
 uint32_t paging_orphans(const struct paging *pg);

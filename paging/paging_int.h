@@ -211,7 +211,9 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 
 /* tier.c */
 /* Orders the engine after a prefetch of s (stream: a wait on the engine stream; sync: waits
-   for the copies). Every call that uses s's bytes or window calls it first. */
+   for the copies). Every call that uses s's bytes or window calls it first. Only the
+   engine's own calls do (it enqueues on the engine stream): the library's threads never
+   reach it, their victims have no pending swap-in (paging_candidates). */
 int  seq_settle(struct paging *pg, struct pg_seq *s);
 /* Completes a DF_OUT / DF_IN entry's page transitions (after its fence). */
 void tier_complete_pages(struct paging *pg, struct pg_defer *d);

@@ -722,6 +722,8 @@ static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, uint64_t 
            stream would also wait for (or not be ordered with) unrelated streams */
         rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->stream);
         int src = pg_finish_copy(pg);
+        if (src && !rc)
+            (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
         seq_unmap_must(pg, pg->scratch_va, 1);
         if (rc || (rc = src))
             goto out_slot;

@@ -544,6 +544,8 @@ static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
     rc = back ? vmm_copy_dtoh(pg->v, hp, pg->scratch_va, pg->p.page_size, pg->copy_stream)
               : vmm_copy_htod(pg->v, pg->scratch_va, hp, pg->p.page_size, pg->copy_stream);
     int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (src && !rc)
+        (void)vmm_stream_sync(pg->v, pg->copy_stream);   /* queued still: never unmap under it */
     if (!rc)
         rc = src;
     if (back || rc)
@@ -1050,7 +1052,12 @@ static bool is_orphan(const struct pg_page *p)
     return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs;
 }
 
-/* Copies one orphan down through the scratch page. Synchronous; all or nothing. */
+/* Copies one orphan down through the scratch page. Synchronous; all or nothing.
+   No engine work is left on an orphan: no window maps it and no release of it is pending
+   (each holds a reference), and a window range is released only once the engine's work on
+   it is complete (defer.c). So the copy is ordered after nothing but the copy stream's own
+   earlier work, and nothing is recorded on or enqueued onto the engine stream: the reclaim
+   thread calls this, and a graph capture may begin on the engine stream at any time. */
 static int orphan_move(struct paging *pg, uint32_t id)
 {
     struct pg_page *p = page_at(pg, id);
@@ -1063,11 +1070,11 @@ static int orphan_move(struct paging *pg, uint32_t id)
     rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
     if (rc)
         goto out_slot;
-    rc = copies_after_engine(pg, NULL);
-    if (!rc)
-        rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slot), pg->scratch_va,
-                           pg->p.page_size, pg->copy_stream);
+    rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slot), pg->scratch_va,
+                       pg->p.page_size, pg->copy_stream);
     int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (src && !rc)
+        (void)vmm_stream_sync(pg->v, pg->copy_stream);   /* queued still: never unmap under it */
     if (!rc)
         rc = src;
     seq_unmap_must(pg, pg->scratch_va, 1);

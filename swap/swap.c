@@ -255,12 +255,11 @@ static void *reclaim_thread(void *arg)
         int rc = 0;
         uint32_t moved = 0;
         pthread_mutex_lock(sw->lock);
-        /* Swapping out the unprotected victims orders the copy stream after the last
-           step's fence and records nothing on the engine stream (paging's
-           copies_after_engine); moving orphan pages still records there, so no round runs
-           while the engine stream captures (skipped; the next step wakes the thread). */
-        if (vmm_stream_check_capture(sw->v, paging_stream(sw->pg)) == 0)
-            moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
+        /* Nothing here records on or enqueues onto the engine stream, so a round may run
+           while the engine captures a graph: swapping out the unprotected victims orders
+           the copy stream after the last step's fence (paging's copies_after_engine), and
+           orphan pages have no engine work left (paging_reclaim_orphans). */
+        moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
         int wrc = paging_frames_pending(sw->pg) ? paging_copy_fence_record(sw->pg,
                                                                            &sw->thread_fence) : 1;
         if (moved) {

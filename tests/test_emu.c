@@ -276,16 +276,19 @@ Test(emu, poison_in_fresh_handle)
     map_rw(va, 2 * G, h);
     unsigned char *buf = malloc(2 * G);
     cr_assert_eq(A->cuMemcpyDtoHAsync(buf, va, 2 * G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     for (size_t i = 0; i < 2 * G; i++)
         cr_assert_eq(buf[i], EMU_POISON, "byte %zu of a fresh handle is %#x", i, buf[i]);
     cr_expect_eq(((volatile unsigned char *)(uintptr_t)va)[G + 7], EMU_POISON);
     /* Written, released, created again: poison again, never the old bytes. */
     cr_assert_eq(A->cuMemsetD8Async(va, 0x11, 2 * G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* before the unmap */
     cr_assert_eq(A->cuMemUnmap(va, 2 * G), KCU_SUCCESS);
     cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
     h = create(2 * G);
     map_rw(va, 2 * G, h);
     cr_assert_eq(A->cuMemcpyDtoHAsync(buf, va, 2 * G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     for (size_t i = 0; i < 2 * G; i += 997)
         cr_assert_eq(buf[i], EMU_POISON);
     free(buf);
@@ -489,6 +492,7 @@ Test(emu, release_while_mapped_frees_after_last_unmap)
     cr_expect_eq(counters().handles, 1, "memory lives while mapped");
     unsigned char x = 0;
     cr_assert_eq(A->cuMemcpyDtoHAsync(&x, b + 100, 1, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_eq(x, 0x3c);
     cr_assert_eq(A->cuMemUnmap(a, G), KCU_SUCCESS);
     cr_expect_eq(counters().handles, 1);
@@ -516,10 +520,12 @@ Test(emu, aliasing_through_windows_and_copies)
     char msg[] = "aliased page contents", out[sizeof msg] = { 0 };
     cr_assert_eq(A->cuMemcpyHtoDAsync(a + 100, msg, sizeof msg, NULL), KCU_SUCCESS);
     cr_assert_eq(A->cuMemcpyDtoHAsync(out, b + 100, sizeof msg, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_str_eq(out, msg);
     cr_expect_eq(memcmp((const void *)(wb + 100), msg, sizeof msg), 0);
     /* Device-to-device between the aliases. */
     cr_assert_eq(A->cuMemcpyDtoDAsync(b + G, a + 100, sizeof msg, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_eq(memcmp((const void *)(wa + G), msg, sizeof msg), 0);
     kcu_mem_handle la, lb;
     cr_expect_eq(emu_lookup(a, &la, NULL, NULL), 0);
@@ -549,12 +555,14 @@ Test(emu, copies_span_mappings_and_handles)
     cr_assert_eq(A->cuMemcpyHtoDAsync(va + 100, src, n, NULL), KCU_SUCCESS);
     memset(dst, 0, n);
     cr_assert_eq(A->cuMemcpyDtoHAsync(dst, va + 100, n, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_eq(memcmp(src, dst, n), 0);
     /* Each handle holds its part: h3's first byte is src[3G - 100]. */
     kcu_deviceptr b = reserve(G);
     map_rw(b, G, h3);
     unsigned char x;
     cr_assert_eq(A->cuMemcpyDtoHAsync(&x, b, 1, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_eq(x, src[3 * G - 100]);
     free(src);
     free(dst);
@@ -643,7 +651,9 @@ Test(emu, opaque_copies_work)
     char msg[] = "through the view", out[sizeof msg] = { 0 };
     cr_assert_eq(A->cuMemcpyHtoDAsync(va + 10, msg, sizeof msg, NULL), KCU_SUCCESS);
     cr_assert_eq(A->cuMemcpyDtoDAsync(va + 1000, va + 10, sizeof msg, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_assert_eq(A->cuMemcpyDtoHAsync(out, va + 1000, sizeof msg, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_str_eq(out, msg);
     int acc;
     cr_expect_eq(emu_lookup(va, NULL, NULL, &acc), 0);
@@ -657,7 +667,10 @@ Test(emu, copy_without_access_is_sticky_illegal_address)
     dev_default();
     kcu_deviceptr va = mapped_window(-1);
     char buf[8] = { 0 };
-    cr_expect_eq(A->cuMemcpyHtoDAsync(va, buf, 8, NULL), KCU_ERROR_ILLEGAL_ADDRESS);
+    /* the legacy stream is asynchronous: the fault shows at the call or at the sync */
+    kcu_result r0 = A->cuMemcpyHtoDAsync(va, buf, 8, NULL);
+    cr_expect(r0 == KCU_SUCCESS || r0 == KCU_ERROR_ILLEGAL_ADDRESS, "%d", r0);
+    cr_expect_eq(A->cuStreamSynchronize(NULL), KCU_ERROR_ILLEGAL_ADDRESS);
     struct kcu_mem_alloc_prop p = prop_of(ord);
     kcu_mem_handle h;
     cr_expect_eq(A->cuMemCreate(&h, G, &p, 0), KCU_ERROR_ILLEGAL_ADDRESS, "sticky");
@@ -671,7 +684,10 @@ Test(emu, copy_to_read_only_is_sticky_illegal_address)
     kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READ);
     char buf[8] = { 0 };
     cr_expect_eq(A->cuMemcpyDtoHAsync(buf, va, 8, NULL), KCU_SUCCESS, "reading is allowed");
-    cr_expect_eq(A->cuMemsetD8Async(va, 0, 8, NULL), KCU_ERROR_ILLEGAL_ADDRESS);
+    cr_expect_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS, "reading is allowed");
+    kcu_result r0 = A->cuMemsetD8Async(va, 0, 8, NULL);   /* faults when it runs */
+    cr_expect(r0 == KCU_SUCCESS || r0 == KCU_ERROR_ILLEGAL_ADDRESS, "%d", r0);
+    cr_expect_eq(A->cuStreamSynchronize(NULL), KCU_ERROR_ILLEGAL_ADDRESS);
     cr_expect_eq(A->cuMemcpyDtoHAsync(buf, va, 8, NULL), KCU_ERROR_ILLEGAL_ADDRESS);
 }
 
@@ -809,6 +825,7 @@ Test(emu, event_pending_then_complete)
     cr_expect_eq(A->cuEventQuery(e), KCU_SUCCESS);
     /* Record on the legacy stream completes at once. */
     cr_expect_eq(A->cuEventRecord(e, NULL), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);
     cr_expect_eq(A->cuEventQuery(e), KCU_SUCCESS);
     cr_expect_eq(A->cuEventDestroy(e), KCU_SUCCESS);
     cr_expect_eq(A->cuEventQuery(e), KCU_ERROR_INVALID_HANDLE);
@@ -893,6 +910,7 @@ Test(emu, legacy_stream_waits_for_blocking_streams)
     cr_assert_eq(A->cuMemcpyHtoDAsync(va, big, G, s), KCU_SUCCESS);
     unsigned char x = 0;
     cr_assert_eq(A->cuMemcpyDtoHAsync(&x, va + G - 1, 1, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
     cr_expect_eq(x, 0x77, "the legacy stream ran before earlier blocking-stream work");
     cr_expect_eq(A->cuStreamQuery(s), KCU_SUCCESS);
     cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
@@ -1407,6 +1425,30 @@ Test(emu, capture_modes_of_other_threads)
     cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
 }
 
+/* An event recorded inside a capture is a graph node that never runs: a stream outside the
+   capture waiting for it crosses the capture boundary (CUDA_ERROR_STREAM_CAPTURE_ISOLATION),
+   where the emulator used to queue a wait that never ended. */
+Test(emu, wait_for_a_captured_event_is_isolation)
+{
+    dev_default();
+    kcu_stream s, o;
+    kcu_event ev;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamCreate(&o, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_capturing(s, 1), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamWaitEvent(o, ev, 0), KCU_ERROR_STREAM_CAPTURE_ISOLATION);
+    cr_expect_eq(A->cuStreamWaitEvent(s, ev, 0), KCU_SUCCESS, "inside the capture: a node");
+    cr_assert_eq(emu_stream_set_capturing(s, 0), 0);
+    cr_assert_eq(A->cuEventRecord(ev, s), KCU_SUCCESS);   /* recorded outside: a real wait */
+    cr_expect_eq(A->cuStreamWaitEvent(o, ev, 0), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamSynchronize(o), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(o), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+}
+
 /* CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the default stream, as on the driver
    (engines pass them, e.g. PyTorch's default stream is the legacy one). */
 Test(emu, special_default_stream_handles)
@@ -1417,6 +1459,7 @@ Test(emu, special_default_stream_handles)
     char out[sizeof msg] = { 0 };
     cr_expect_eq(A->cuMemcpyHtoDAsync(va, msg, sizeof msg, KCU_STREAM_LEGACY), KCU_SUCCESS);
     cr_expect_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, KCU_STREAM_PER_THREAD), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamSynchronize(KCU_STREAM_PER_THREAD), KCU_SUCCESS);
     cr_expect_str_eq(out, msg);
     cr_expect_eq(A->cuStreamSynchronize(KCU_STREAM_LEGACY), KCU_SUCCESS);
     int st = -1;
@@ -1453,4 +1496,37 @@ Test(emu, stream_destroy_returns_at_once_and_drains_after, .timeout = 30)
                                     s), KCU_SUCCESS);
     cr_assert_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
     cr_expect_eq(dev_down(), 3, "only the window (mapping, handle, reservation) is leaked");
+}
+
+/* Regression (issue 9, item 18): legacy-stream work ran synchronously in the caller (after
+   draining the blocking streams), so a caller that forgot cuStreamSynchronize(NULL) passed
+   here and not on a GPU. It runs on a worker now, after the blocking streams' earlier
+   work: with a blocking stream paused, the call returns (before: it hung) and nothing has
+   run until that stream does. */
+Test(emu, legacy_stream_is_asynchronous, .timeout = 30)
+{
+    dev_default();
+    kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    kcu_stream b;
+    kcu_event ev;
+    cr_assert_eq(A->cuStreamCreate(&b, KCU_STREAM_DEFAULT), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(emu_stream_set_paused(b, 1), 0);
+    cr_assert_eq(A->cuMemsetD8Async(va, 0x5a, 64, b), KCU_SUCCESS);
+    char *pin;
+    cr_assert_eq(A->cuMemAllocHost((void **)&pin, 64), KCU_SUCCESS);
+    memset(pin, 0, 64);
+    cr_assert_eq(A->cuMemcpyDtoHAsync(pin, va, 64, NULL), KCU_SUCCESS);   /* returns */
+    cr_assert_eq(A->cuEventRecord(ev, NULL), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventQuery(ev), KCU_ERROR_NOT_READY, "legacy work ran before the "
+                 "blocking stream's earlier work");
+    cr_expect_eq(pin[0], 0);
+    cr_assert_eq(emu_stream_set_paused(b, 0), 0);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventQuery(ev), KCU_SUCCESS);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq((unsigned char)pin[i], 0x5a, "byte %d", i);
+    cr_expect_eq(A->cuMemFreeHost(pin), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuStreamDestroy(b), KCU_SUCCESS);
 }

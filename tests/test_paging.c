@@ -1530,6 +1530,26 @@ Test(sweep, fork) { sweep(SW_FORK, "fork"); }
 Test(sweep, share) { sweep(SW_SHARE, "share"); }
 Test(sweep, prepare_write) { sweep(SW_PREPARE, "prepare_write"); }
 Test(sweep, write) { sweep(SW_WRITE, "write"); }
+
+/* Regression (issue 9, item 18): a write into shared pages whose synchronization failed
+   undid its copy-on-write (the window mapped the shared pages again) while its copy was
+   still queued: the copy then landed in the pages the fork sibling reads. Shown since the
+   emulated legacy stream is asynchronous, as on a GPU. The write now waits for the copy
+   before undoing: it fails, and neither sequence's bytes change. */
+Test(cow, failed_write_sync_does_not_write_the_shared_pages)
+{
+    struct sweep_state s;
+    sweep_setup(&s, SW_WRITE);
+    cr_assert_eq(emu_fail_arm("cuStreamSynchronize", 1, KCU_ERROR_INVALID_VALUE), 0);
+    int rc = sweep_call(&s, SW_WRITE);
+    emu_fail_clear();
+    cr_expect_neq(rc, 0, "the write succeeded although its synchronization failed");
+    scheck(&s.t, "after the failed write");
+    sh_verify(&s.t, &s.a, "the sibling after the failed write");
+    if (rc)
+        sh_verify(&s.t, &s.b, "the writer after the failed write");
+    sweep_teardown(&s);
+}
 Test(sweep, grow_batch) { sweep(SW_BATCH, "grow_batch"); }
 
 /* ================================================================ threads */

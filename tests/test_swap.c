@@ -1482,6 +1482,88 @@ Test(capture, reclaim_thread_records_nothing_on_the_engine_stream, .timeout = 60
     capture_teardown(&t, st, s);
 }
 
+/* Regression (issue 9, item 12): moving orphan pages, the reclaim thread recorded an
+   ordering event on the engine stream before each copy, guarded only by a capture check at
+   the start of its round: a capture beginning between that check and a record turned the
+   record into a graph node and made the copy stream wait on it. An orphan has no window
+   mapping it and no release pending, so no engine work is left on it: its copies now touch
+   only the library's copy stream. Deterministic: the copy stream is held back, so the
+   thread is inside its orphan moves when the capture begins. */
+Test(capture, orphan_moves_record_nothing_on_the_engine_stream, .timeout = 60)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *st;
+    tcfg(&c, 32, 64, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.0;
+    c.device_low = 0.5;
+    c.device_high = 0.6;
+    topen(&t, &c);
+    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
+    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    struct sh *a = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 16, 1), 0);  /* 4 pages per region */
+    struct sh *b = sh_fork(&t, a);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, b);                                 /* its pages stay: a maps them */
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);   /* b's pages are orphans once reaped */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats stt;
+    tstats(&t, &stt);
+    cr_assert_eq(stt.pages_orphan, 4 * NR);
+    kcu_stream cs = (kcu_stream)kvvm_debug_copy_stream(t.kv);
+    cr_assert_not_null(cs, "no copy stream after a swap-out");
+
+    const struct kcu_api *api = emu_api();
+    int mode = KCU_STREAM_CAPTURE_MODE_RELAXED;   /* only the library's threads can break it */
+    cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    uint64_t e0, c0, c1, e1, ecap;
+    cr_assert_eq(emu_stream_set_paused(cs, 1), 0);
+    cr_assert_eq(emu_stream_counts((kcu_stream)st, &e0, NULL), 0);
+    cr_assert_eq(emu_stream_counts(cs, &c0, NULL), 0);
+    /* 12 more frames leave 12 free (< low 16): the grow wakes the thread, which moves the
+       orphans first (the new sequence is protected) */
+    kvvm_seq x;
+    cr_assert_eq(kvvm_seq_create(t.kv, &x), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, x, 24), 0);
+    for (int i = 0; i < 10000; i++) {             /* the first orphan's copy is queued */
+        cr_assert_eq(emu_stream_counts(cs, &c1, NULL), 0);
+        if (c1 > c0)
+            break;
+        usleep(1000);
+    }
+    cr_assert_gt(c1, c0, "the reclaim thread started no orphan move");
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 1), 0);
+    cr_assert_eq(emu_stream_set_paused(cs, 0), 0);
+    cr_expect_eq(kvvm_sync(t.kv), -EBUSY);        /* waits for the round, then refused */
+    int status = -1;
+    ctx_on(&t);
+    cr_assert_eq(api->cuStreamIsCapturing((kcu_stream)st, &status), KCU_SUCCESS);
+    ctx_off(&t);
+    cr_assert_eq(emu_stream_counts((kcu_stream)st, &e1, &ecap), 0);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 0), 0);
+    cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    cr_expect_eq(status, KCU_STREAM_CAPTURE_STATUS_ACTIVE,
+                 "the orphan moves invalidated the engine's capture (status %d)", status);
+    cr_expect_eq(ecap, 0, "%lu operation(s) of the reclaim thread were captured",
+                 (unsigned long)ecap);
+    cr_expect_eq(e1, e0, "the reclaim thread enqueued %lu operation(s) on the engine stream",
+                 (unsigned long)(e1 - e0));
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &stt);
+    /* up to high (19 free): 7 of the 8, all but the first after the capture began */
+    cr_expect_lt(stt.pages_orphan, 4 * NR - 1, "%lu orphan page(s) not moved",
+                 (unsigned long)stt.pages_orphan);
+    tcheck(&t, "after the orphan moves");
+    sh_verify(&t, b, "b after its orphans moved");
+    cr_assert_eq(kvvm_seq_free(t.kv, x), 0);
+    free(a);
+    free(b);
+    cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, st), 0);
+    tclose(&t);
+}
+
 /* Regression (issue 9, item 12): synchronous mode did not check capture at all; while a
    blocking stream captures, the legacy stream (and the device synchronization behind it)
    cannot be used: -EBUSY now, nothing changed. */

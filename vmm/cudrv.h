@@ -65,6 +65,7 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_ERROR_ASSERT                   710
 #define KCU_ERROR_TENSOR_MEMORY_LEAK       721
 #define KCU_ERROR_MPS_CLIENT_TERMINATED    810
+#define KCU_ERROR_STREAM_CAPTURE_ISOLATION 905
 #define KCU_ERROR_STREAM_CAPTURE_IMPLICIT  906
 #define KCU_ERROR_EXTERNAL_DEVICE          911
 

@@ -19,8 +19,13 @@
  *    map so huge reservations cost nothing). cuMemMap = mmap(MAP_FIXED|MAP_SHARED) of the
  *    handle's memfd range, PROT_NONE until cuMemSetAccess.
  *  - Streams: one worker thread each, executing an in-order queue. The NULL stream is the
- *    legacy default stream: it runs in the caller after draining every blocking stream of
- *    the device (CUDA: non-blocking streams do not synchronize with it, so neither do we).
+ *    legacy default stream: a worker of its own, made at its first use, that runs each op
+ *    after the work every blocking stream had queued before it, while a blocking stream's
+ *    op waits for the legacy work queued before it (CUDA's implicit synchronization; non-
+ *    blocking streams do not synchronize with it, so neither do we). Like any stream it is
+ *    asynchronous to the caller: a missing cuStreamSynchronize(NULL) shows up. A caller
+ *    that synchronizes runs the ready legacy ops itself (same order, same dependencies), so
+ *    a synchronous-mode caller costs no thread hand-off per op.
  *  - Error codes: taken from the driver API reference ("Virtual Memory Management",
  *    "Stream Management", ...). Where the reference lists only generic codes, the code the
  *    reference lists for bad arguments (CUDA_ERROR_INVALID_VALUE) is used and the check says
@@ -108,6 +113,7 @@ struct emu_dev {
     size_t cursor;                 /* next-fit start, in granules */
     int ctx_refs;                  /* primary context retains */
     kcu_result sticky;             /* 0, or the fault that killed the device */
+    struct kcu_stream_st *legacy;  /* the legacy default stream's worker; NULL until used */
     struct emu_counters c;
 };
 
@@ -158,6 +164,12 @@ struct emu_op {
     struct kcu_event_st *ev;       /* OP_EVENT / OP_WAIT: holds a reference */
     uint64_t seq;                  /* record number (OP_EVENT) or awaited record (OP_WAIT) */
     uint64_t ticket;               /* position in its stream's queue (1, 2, ...) */
+    /* implicit legacy-stream synchronization: a legacy op runs after the work each blocking
+       stream had queued when it was submitted (bar: stream id, ticket); a blocking
+       stream's op after the legacy work queued before it (legacy_wait: legacy ticket) */
+    struct { uint64_t id, ticket; } *bar;
+    size_t nbar;
+    uint64_t legacy_wait;
     struct emu_op *next;
 };
 
@@ -170,6 +182,9 @@ struct kcu_stream_st {
     uint64_t queued, done;         /* tickets handed out / ops completed, in order */
     bool paused, exiting, dying;
     bool detached;                 /* destroyed by the caller: the worker frees s once drained */
+    bool legacy;                   /* the device's legacy default stream (never a handle) */
+    bool running;                  /* its head op executes now (the worker may wait in it) */
+    uint64_t id;                   /* unique, never reused (barriers name streams by it) */
     /* emulated graph capture (emu_stream_set_capturing), begun in GLOBAL mode by cap_thread:
        work submitted meanwhile is captured (counted, never executed), like a graph's nodes;
        invalidated: an unsafe call broke it (cuStreamIsCapturing says INVALIDATED) */
@@ -361,6 +376,8 @@ static const struct { kcu_result code; const char *name, *desc; } err_table[] = 
     { KCU_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
     { KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
       "operation not permitted when stream is capturing" },
+    { KCU_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+      "dependency created on uncaptured work in another stream" },
     { KCU_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
       "operation would make the legacy stream depend on a capturing blocking stream" },
     { KCU_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
@@ -1293,6 +1310,7 @@ static void event_put_locked(struct kcu_event_st *ev)
 /* Runs one op for device d (a stream's worker or the NULL stream's caller). */
 static void op_free(struct emu_op *op)
 {
+    free(op->bar);
     free(op);
 }
 
@@ -1319,6 +1337,58 @@ static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
 
 /* ---- streams ------------------------------------------------------------------------ */
 
+/* The stream with this id, if it still exists. */
+static struct kcu_stream_st *stream_by_id_locked(uint64_t id)
+{
+    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+        if (p->id == id)
+            return p;
+    return NULL;
+}
+
+/* Whether op's implicit legacy-stream dependencies are complete. */
+static bool op_deps_done_locked(struct emu_dev *d, const struct emu_op *op)
+{
+    if (op->legacy_wait && d->legacy && d->legacy->done < op->legacy_wait)
+        return false;
+    for (size_t i = 0; i < op->nbar; i++) {
+        struct kcu_stream_st *b = stream_by_id_locked(op->bar[i].id);
+        if (b && b->done < op->bar[i].ticket)
+            return false;
+    }
+    return true;
+}
+
+/* Removes s's head op, which just ran. */
+static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
+{
+    s->head = op->next;
+    if (!s->head)
+        s->tail = NULL;
+    s->done = op->ticket;
+    op_free(op);
+    pthread_cond_broadcast(&g_cond);
+}
+
+/* A caller about to wait for legacy-stream work runs the legacy stream's next op itself when
+   it is ready (its implicit dependencies complete, not a wait still pending, the worker not
+   in it): the same order and the same point in time as the worker would run it, without a
+   thread hand-off per op (a synchronous-mode caller waits for each of its copies). True
+   when it ran one. */
+static bool legacy_help_locked(struct emu_dev *d)
+{
+    struct kcu_stream_st *s = d->legacy;
+    struct emu_op *op = s ? s->head : NULL;
+    if (!op || s->running || s->paused || !op_deps_done_locked(d, op) ||
+        (op->kind == OP_WAIT && op->ev->done_seq < op->seq && !d->sticky))
+        return false;
+    s->running = true;             /* a copy drops the lock between chunks */
+    op_exec_locked(d, op);
+    s->running = false;
+    op_pop_locked(s, op);
+    return true;
+}
+
 static void *stream_main(void *arg)
 {
     struct kcu_stream_st *s = arg;
@@ -1329,13 +1399,16 @@ static void *stream_main(void *arg)
         if (!s->head)
             break;
         struct emu_op *op = s->head;
+        if (s->running || !op_deps_done_locked(s->dev, op)) {
+            /* a synchronizing caller runs it (legacy_help_locked), or its dependencies
+               are pending: some op completes, or a resume */
+            pthread_cond_wait(&g_cond, &g_lock);
+            continue;
+        }
+        s->running = true;
         op_exec_locked(s->dev, op);
-        s->head = op->next;
-        if (!s->head)
-            s->tail = NULL;
-        s->done = op->ticket;
-        op_free(op);
-        pthread_cond_broadcast(&g_cond);
+        s->running = false;
+        op_pop_locked(s, op);
     }
     if (s->detached) {
         /* cuStreamDestroy returned long ago: the drained stream goes (the device's destroy
@@ -1381,14 +1454,16 @@ static void drain_locked(struct emu_dev *d, bool blocking_only)
                    !(blocking_only && (s->flags & KCU_STREAM_NON_BLOCKING));
         if (!busy)
             return;
-        pthread_cond_wait(&g_cond, &g_lock);
+        if (!legacy_help_locked(d))
+            pthread_cond_wait(&g_cond, &g_lock);
     }
 }
 
 static void stream_wait_idle_locked(struct kcu_stream_st *s)
 {
     while (s->head)
-        pthread_cond_wait(&g_cond, &g_lock);
+        if (!legacy_help_locked(s->dev))     /* s may wait for legacy work */
+            pthread_cond_wait(&g_cond, &g_lock);
 }
 
 /* ---- stream capture ------------------------------------------------------------------ */
@@ -1480,22 +1555,75 @@ static kcu_result stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
     return (*d)->sticky;
 }
 
-/* Queues op on s, or runs it now for the legacy stream (after the device's blocking
-   streams drain). Takes ownership of op. Returns the device's sticky error, if any. */
+static uint64_t g_stream_id;       /* last stream id handed out (g_lock) */
+
+/* The device's legacy stream worker, made at its first use. NULL: out of memory. */
+static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
+{
+    if (d->legacy)
+        return d->legacy;
+    struct kcu_stream_st *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->dev = d;
+    s->flags = KCU_STREAM_DEFAULT;
+    s->legacy = true;
+    s->id = ++g_stream_id;
+    if (pthread_cond_init(&s->cv, NULL)) {
+        free(s);
+        return NULL;
+    }
+    if (pthread_create(&s->thread, NULL, stream_main, s)) {
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return NULL;
+    }
+    s->next = g_streams;
+    g_streams = s;
+    d->legacy = s;
+    return s;
+}
+
+/* A legacy op's barrier: the work every other blocking stream of d has queued now. */
+static kcu_result legacy_barrier_locked(struct emu_dev *d, struct emu_op *op)
+{
+    size_t n = 0;
+    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+        n += p->dev == d && !p->legacy && !(p->flags & KCU_STREAM_NON_BLOCKING) &&
+             p->done < p->queued;
+    if (!n)
+        return KCU_SUCCESS;
+    if (!(op->bar = malloc(n * sizeof *op->bar)))
+        return KCU_ERROR_OUT_OF_MEMORY;
+    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+        if (p->dev == d && !p->legacy && !(p->flags & KCU_STREAM_NON_BLOCKING) &&
+            p->done < p->queued) {
+            op->bar[op->nbar].id = p->id;
+            op->bar[op->nbar++].ticket = p->queued;
+        }
+    return KCU_SUCCESS;
+}
+
+/* Queues op on s; NULL = the legacy stream, whose worker runs it after the blocking streams'
+   earlier work (cuda.h: the legacy stream synchronizes with every blocking stream; the
+   caller does not wait, as for any stream). Takes ownership of op. */
 static kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op)
 {
     if (!s) {
         kcu_result r = legacy_capture_locked(d, false);
+        if (!r && !(s = legacy_get_locked(d)))
+            r = KCU_ERROR_OUT_OF_MEMORY;
+        if (!r)
+            r = legacy_barrier_locked(d, op);
         if (r) {
             if (op->ev)
                 event_put_locked(op->ev);
             op_free(op);
             return r;
         }
-        drain_locked(d, true);
-        op_exec_locked(d, op);
-        op_free(op);
-        return d->sticky;
+    } else if (!(s->flags & KCU_STREAM_NON_BLOCKING) && d->legacy &&
+               d->legacy->queued > d->legacy->done) {
+        op->legacy_wait = d->legacy->queued;
     }
     s->submitted++;
     if (s->capturing) {
@@ -1619,6 +1747,7 @@ static kcu_result emu_cuStreamCreate(kcu_stream *stream, unsigned int flags)
     }
     s->dev = cur;
     s->flags = flags;
+    s->id = ++g_stream_id;
     if (pthread_cond_init(&s->cv, NULL))
         goto out_free;
     if (pthread_create(&s->thread, NULL, stream_main, s))
@@ -1653,7 +1782,8 @@ static void stream_teardown_locked(struct kcu_stream_st *s)
             break;
         }
     }
-    s->dev->c.streams--;
+    if (!s->legacy)
+        s->dev->c.streams--;
     pthread_cond_destroy(&s->cv);
     free(s);
 }
@@ -1732,6 +1862,12 @@ static kcu_result emu_cuStreamWaitEvent(kcu_stream stream, kcu_event event, unsi
     }
     if (flags != 0) {
         r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if (ev->captured && !(s && s->capturing)) {
+        /* recorded inside a capture: a graph node, never executed; a wait from outside
+           would cross the capture boundary (cuda.h, CUDA_ERROR_STREAM_CAPTURE_ISOLATION) */
+        r = KCU_ERROR_STREAM_CAPTURE_ISOLATION;
         goto out;
     }
     if (ev->rec_seq == 0 || ev->done_seq >= ev->rec_seq)
@@ -1915,7 +2051,8 @@ static kcu_result emu_cuEventSynchronize(kcu_event event)
     ev->refs++;                    /* survive a concurrent cuEventDestroy */
     uint64_t want = ev->rec_seq;
     while (ev->done_seq < want && !ev->dev->sticky)
-        pthread_cond_wait(&g_cond, &g_lock);
+        if (!legacy_help_locked(ev->dev))
+            pthread_cond_wait(&g_cond, &g_lock);
     r = ev->dev->sticky;
     event_put_locked(ev);
 out:
@@ -2236,7 +2373,7 @@ int emu_device_destroy(int ordinal)
     /* Streams first: their workers finish their queues (they may touch our memory). */
     for (;;) {
         struct kcu_stream_st *s = g_streams;
-        while (s && (s->dev != d || s->dying))
+        while (s && (s->dev != d || s->dying || s->legacy))
             s = s->next;
         if (!s)
             break;
@@ -2257,6 +2394,12 @@ int emu_device_destroy(int ordinal)
         if (!any)
             break;
         pthread_cond_wait(&g_cond, &g_lock);
+    }
+    if (d->legacy) {                 /* the legacy stream's worker last (not a handle) */
+        struct kcu_stream_st *s = d->legacy;
+        d->legacy = NULL;
+        s->dying = true;
+        stream_teardown_locked(s);
     }
     for (struct kcu_event_st **pp = &g_events; *pp;) {
         struct kcu_event_st *ev = *pp;

@@ -21,8 +21,10 @@
  *    created with emu_device_create(). Contexts are the devices' primary contexts; calls that
  *    need a context use the calling thread's current one (cuCtxSetCurrent), else
  *    KCU_ERROR_INVALID_CONTEXT.
- *  - Streams execute their operations in order on a worker thread each; the NULL stream runs
- *    synchronously after all earlier work of the device. Events complete when reached.
+ *  - Streams execute their operations in order on a worker thread each; the NULL (legacy)
+ *    stream too, asynchronously to the caller, each op after the blocking streams' earlier
+ *    work (and a blocking stream's op after the legacy work before it), as CUDA's legacy
+ *    stream synchronizes. Events complete when reached.
  *    Copies translate device addresses through the mapping table when they execute; an
  *    address that is not mapped with access then is a sticky KCU_ERROR_ILLEGAL_ADDRESS (the
  *    device is dead: every later call returns it), exactly like a GPU fault.
@@ -98,7 +100,8 @@ size_t emu_trace_stop(struct emu_trace_entry *out, size_t max);
    cuStreamIsCapturing reports ACTIVE (INVALIDATED once a prohibited call broke it; the
    legacy stream reports CUDA_ERROR_STREAM_CAPTURE_IMPLICIT while a blocking stream
    captures); work submitted to s is captured, i.e. counted (emu_stream_counts) and never
-   executed, and an event recorded on it cannot be queried or synchronized; the legacy
+   executed, and an event recorded on it cannot be queried or synchronized, nor waited for
+   by a stream that does not capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); the legacy
    stream cannot be used while a blocking stream captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
    querying or synchronizing calls (events, streams, the context) from a thread whose capture
    mode (cuThreadExchangeStreamCaptureMode) is GLOBAL, or THREAD_LOCAL in the capturing
