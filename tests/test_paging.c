@@ -27,6 +27,7 @@
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu.h"
+#include "emu_ctx.h"
 
 #define MAXR 8      /* regions a test uses at most */
 #define MAXS 64     /* sequences a snapshot holds at most */
@@ -100,27 +101,6 @@ static void topen(struct tctx *t, const struct kvvm_config *c)
     cr_assert_geq(t->ord, 0, "no emulated device ordinal");
     cr_assert_str_eq(kvvm_backend_name(t->kv), "emulated");
     t->cap = c->max_tokens * c->bytes_per_token;
-}
-
-/* The test thread calls the emulated driver itself: the context's device current on it
-   (kvvm calls leave the caller's context as they found it, so the test makes it current). */
-static void ctx_on(struct tctx *t)
-{
-    const struct kcu_api *a = emu_api();
-    kcu_device d;
-    kcu_context c;
-    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
-    cr_assert_eq(a->cuDevicePrimaryCtxRetain(&c, d), KCU_SUCCESS);
-    cr_assert_eq(a->cuCtxSetCurrent(c), KCU_SUCCESS);
-}
-
-static void ctx_off(struct tctx *t)
-{
-    const struct kcu_api *a = emu_api();
-    kcu_device d;
-    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
-    cr_assert_eq(a->cuCtxSetCurrent(NULL), KCU_SUCCESS);
-    cr_assert_eq(a->cuDevicePrimaryCtxRelease(d), KCU_SUCCESS);
 }
 
 static void tcheck(struct tctx *t, const char *where)
@@ -1746,7 +1726,7 @@ Test(options, stream_mode_cpu_does_not_wait)
     const struct kcu_api *api = emu_api();
     char *src, *pin;
     const size_t n = 64;
-    ctx_on(&t);
+    emu_ctx_on(t.ord);
     cr_assert_eq(api->cuMemAllocHost((void **)&src, n), KCU_SUCCESS);
     cr_assert_eq(api->cuMemAllocHost((void **)&pin, n), KCU_SUCCESS);
     memset(src, 'A', n);
@@ -1760,7 +1740,7 @@ Test(options, stream_mode_cpu_does_not_wait)
         cr_assert_eq(pin[i], 'A', "byte %zu: %c (stream order broken)", i, pin[i]);
     cr_assert_eq(api->cuMemFreeHost(pin), KCU_SUCCESS);
     cr_assert_eq(api->cuMemFreeHost(src), KCU_SUCCESS);
-    ctx_off(&t);
+    emu_ctx_off(t.ord);
     cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
     cr_assert_eq(kvvm_set_stream(t.kv, NULL), 0);
     cr_assert_eq(kvvm_stream_destroy(t.kv, stream), 0);
@@ -2324,7 +2304,7 @@ Test(stream_sync, does_not_wait_for_other_streams, .timeout = 30)
     cr_assert_eq(kvvm_seq_swap_out(t.kv, s.h), 0);     /* copies on the library's stream */
     const struct kcu_api *a = emu_api();
     kcu_event ev;
-    ctx_on(&t);
+    emu_ctx_on(t.ord);
     cr_assert_eq(a->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
     cr_assert_eq(emu_stream_set_paused((kcu_stream)other, 1), 0);
     cr_assert_eq(a->cuEventRecord(ev, (kcu_stream)other), KCU_SUCCESS);   /* stuck work */
@@ -2341,7 +2321,7 @@ Test(stream_sync, does_not_wait_for_other_streams, .timeout = 30)
     cr_assert_eq(emu_stream_set_paused((kcu_stream)other, 0), 0);
     cr_assert_eq(a->cuEventSynchronize(ev), KCU_SUCCESS);
     cr_assert_eq(a->cuEventDestroy(ev), KCU_SUCCESS);
-    ctx_off(&t);
+    emu_ctx_off(t.ord);
     sh_verify(&t, &s, "after swap-in");
     sh_free(&t, &s);
     cr_assert_eq(kvvm_stream_destroy(t.kv, other), 0);
@@ -2431,7 +2411,7 @@ Test(current_context, open_and_close_leave_the_callers)
     kcu_context mine = NULL, cur = NULL;
     cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
     cr_expect_null(cur, "kvvm_open left its context current");
-    ctx_on(&a);                              /* the engine works on device a */
+    emu_ctx_on(a.ord);                  /* the engine works on device a */
     cr_assert_eq(api->cuCtxGetCurrent(&mine), KCU_SUCCESS);
     topen(&b, &c);                           /* ... and opens a context on device b */
     cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
@@ -2442,7 +2422,7 @@ Test(current_context, open_and_close_leave_the_callers)
     tclose(&b);
     cr_assert_eq(api->cuCtxGetCurrent(&cur), KCU_SUCCESS);
     cr_expect_eq(cur, mine, "kvvm_close changed the caller's current context");
-    ctx_off(&a);
+    emu_ctx_off(a.ord);
     tclose(&a);
 }
 

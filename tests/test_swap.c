@@ -23,6 +23,7 @@
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu.h"
+#include "emu_ctx.h"
 
 #define KB 4096u
 #define NR 2
@@ -1381,25 +1382,6 @@ Test(pressure, shared_family_is_reclaimable)
 
 /* ================================================================ issue 9: graph capture */
 
-static void ctx_on(struct tctx *t)
-{
-    const struct kcu_api *a = emu_api();
-    kcu_device d;
-    kcu_context c;
-    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
-    cr_assert_eq(a->cuDevicePrimaryCtxRetain(&c, d), KCU_SUCCESS);
-    cr_assert_eq(a->cuCtxSetCurrent(c), KCU_SUCCESS);
-}
-
-static void ctx_off(struct tctx *t)
-{
-    const struct kcu_api *a = emu_api();
-    kcu_device d;
-    cr_assert_eq(a->cuDeviceGet(&d, t->ord), KCU_SUCCESS);
-    cr_assert_eq(a->cuCtxSetCurrent(NULL), KCU_SUCCESS);
-    cr_assert_eq(a->cuDevicePrimaryCtxRelease(d), KCU_SUCCESS);
-}
-
 /* Stream mode, auto-swap, the reclaim thread's watermarks: 6 sequences of 4 frames on a
    32-frame device leave 8 free (< low), so the step's wake-up makes the thread swap out. */
 static void capture_setup(struct tctx *t, void **st, struct sh **s)
@@ -1450,9 +1432,9 @@ Test(capture, reclaim_thread_keeps_an_engine_capture_valid, .timeout = 60)
     tstats(&t, &stt);
     cr_assert_gt(stt.reclaim_swap_outs, 0, "the reclaim thread moved nothing");
     int status = -1;
-    ctx_on(&t);
+    emu_ctx_on(t.ord);
     cr_assert_eq(a->cuStreamIsCapturing((kcu_stream)cap, &status), KCU_SUCCESS);
-    ctx_off(&t);
+    emu_ctx_off(t.ord);
     cr_expect_eq(status, KCU_STREAM_CAPTURE_STATUS_ACTIVE,
                  "the reclaim thread invalidated the engine's capture (status %d)", status);
     cr_assert_eq(emu_stream_set_capturing((kcu_stream)cap, 0), 0);
@@ -1540,9 +1522,9 @@ Test(capture, orphan_moves_record_nothing_on_the_engine_stream, .timeout = 60)
     cr_assert_eq(emu_stream_set_paused(cs, 0), 0);
     cr_expect_eq(kvvm_sync(t.kv), -EBUSY);        /* waits for the round, then refused */
     int status = -1;
-    ctx_on(&t);
+    emu_ctx_on(t.ord);
     cr_assert_eq(api->cuStreamIsCapturing((kcu_stream)st, &status), KCU_SUCCESS);
-    ctx_off(&t);
+    emu_ctx_off(t.ord);
     cr_assert_eq(emu_stream_counts((kcu_stream)st, &e1, &ecap), 0);
     cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 0), 0);
     cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
@@ -1580,7 +1562,7 @@ Test(capture, sync_mode_busy_while_a_blocking_stream_captures)
     cr_assert_eq(sh_grow_fill(&t, a, 8, 1), 0);
     const struct kcu_api *api = emu_api();
     kcu_stream b;
-    ctx_on(&t);
+    emu_ctx_on(t.ord);
     cr_assert_eq(api->cuStreamCreate(&b, KCU_STREAM_DEFAULT), KCU_SUCCESS);
     cr_assert_eq(emu_stream_set_capturing(b, 1), 0);
     cr_expect_eq(kvvm_seq_grow(t.kv, a->h, 12), -EBUSY);
@@ -1591,7 +1573,7 @@ Test(capture, sync_mode_busy_while_a_blocking_stream_captures)
     cr_expect_eq(in.length, 8, "a refused grow changed the length");
     cr_assert_eq(emu_stream_set_capturing(b, 0), 0);
     cr_assert_eq(api->cuStreamDestroy(b), KCU_SUCCESS);
-    ctx_off(&t);
+    emu_ctx_off(t.ord);
     cr_assert_eq(sh_grow_fill(&t, a, 12, 2), 0);
     sh_verify(&t, a, "after the capture");
     free(a);
