@@ -20,8 +20,12 @@ bad() { echo "gpucheck_fake_driver: FAIL: $*"; fail=1; }
 [ "$status" -eq 1 ] || bad "exit status $status, want 1 (the fake cannot invalidate a capture)"
 grep -q 'no GPU present' "$tmp/out" && bad "the fake driver was taken for no GPU"
 [ -s "$tmp/rows.tsv" ] || { bad "no table"; exit 1; }
-# Every row of (a)-(d): ok or info (the two columns agree where they are compared).
-awk -F'\t' 'NR > 1 && $1 !~ /^capture\./ && $5 != "ok" && $5 != "info" {
+# Every row of (a)-(d): ok or info (the two columns agree where they are compared). The
+# queued/pageable/pinned probes are timed (a queue calibrated to ~300 ms): on a loaded or
+# sanitized run the queue can drain before the probe looks, which the tool honestly calls
+# INCONCLUSIVE; that is accepted for them, never a disagreement (DIFF/UNEXPECTED).
+awk -F'\t' 'NR > 1 && $1 !~ /^capture\./ && $5 != "ok" && $5 != "info" &&
+    !($5 == "INCONCLUSIVE" && $1 ~ /^(queued|pageable|pinned)\./) {
     print "gpucheck_fake_driver: FAIL: " $1 ": " $5 " (emulated " $3 ", cuda " $4 ")"; bad = 1 }
     END { exit bad }' "$tmp/rows.tsv" || fail=1
 awk -F'\t' '$1 == "loader.library" && $4 == "ok" { found = 1 } END { exit !found }' \
