@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
+#include "cookie.h"
 
 #define KB 4096u
 #define NR 2
@@ -60,13 +61,6 @@ static void report(const char *fmt, ...)
     fputc('\n', stderr);
     pthread_mutex_unlock(&mu);
     va_end(ap);
-}
-
-static uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
-{
-    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
-    x ^= x >> 31; x *= 0x9e3779b97f4a7c15ull; x ^= x >> 29;
-    return (uint8_t)(x | 1);
 }
 
 /* The reference model of one sequence: who wrote each token. */
