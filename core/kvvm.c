@@ -993,7 +993,12 @@ int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
     X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
     X(direct_reclaims, w.direct_reclaims) X(direct_swap_outs, w.direct_swap_outs)  \
     X(direct_reclaim_ns, w.direct_ns) X(pages_orphan, c.orphans)                   \
-    X(seqs_nonresident, c.nonresident) X(pages_damaged, c.pages_damaged)
+    X(seqs_nonresident, c.nonresident) X(pages_damaged, c.pages_damaged)          \
+    X(frames_created_sync, c.frames_created_sync)                                  \
+    X(frames_released, c.frames_released)                                          \
+    X(device_bytes_held, c.frames_held * kv->cfg.page_size)                        \
+    X(cache_drops, c.cache_drops) X(cache_demotes, c.cache_demotes)                \
+    X(pages_discarded, c.pages_discarded)
 
 static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {

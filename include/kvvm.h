@@ -87,6 +87,9 @@ struct kvvm_config {
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
 #define KVVM_F_SPILL_ALLOW_TMPFS (1u << 2) /* accept a RAM-backed (tmpfs) spill_dir */
 #define KVVM_F_SPILL_BUFFERED    (1u << 3) /* accept a spill_dir refusing O_DIRECT (page cache) */
+#define KVVM_F_CACHE_DEMOTE      (1u << 4) /* reclaim demotes CACHED sequences to host/disk
+                                              when the tiers below have room, instead of
+                                              dropping them (see kvvm_seq_set_class) */
 
 /* Defaults for every field, then KVVM_* environment overrides (sizes take K/M/G suffixes;
    unknown or malformed values are logged and ignored); the engine's own assignments after
@@ -247,6 +250,11 @@ struct kvvm_seq_info {
     uint32_t pages_device, pages_host, pages_disk, pages_shared; /* distinct pages over
                                    [0, length) in every region; in-flight under the tier left */
     int      resident;          /* all of them mapped in this sequence's own window */
+    /* --- additions of 0.2 --- */
+    int      dropped;           /* 1 once a CACHED sequence was dropped (until set_class) */
+    uint32_t cls;               /* its enum kvvm_seq_class */
+    uint64_t first_kept;        /* smallest first_kept over its regions (0 = nothing
+                                   discarded) */
 };
 /* -EINVAL info NULL or info->size not set, -ENOENT. In any tier. */
 KVVM_API int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info);
@@ -268,6 +276,14 @@ struct kvvm_stats {
     uint64_t seqs_nonresident;    /* live sequences swapped out */
     uint64_t pages_damaged;       /* pages whose disk copy was lost (failed read/checksum):
                                      their sequences return -EBADMSG */
+    /* --- additions of 0.2 --- */
+    uint64_t frames_created_sync; /* frames created on a caller's thread (not ahead, by the
+                                     library's pool thread) */
+    uint64_t frames_released;     /* frames released to the driver before close */
+    uint64_t device_bytes_held;   /* physical device bytes held from the driver now */
+    uint64_t cache_drops;         /* CACHED sequences dropped (pages released, no copy) */
+    uint64_t cache_demotes;       /* CACHED sequences demoted to host/disk */
+    uint64_t pages_discarded;     /* block-table entries released by kvvm_seq_discard */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
@@ -275,6 +291,50 @@ KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
    -EINVAL buf NULL or len 0; -ENOSPC: buf too small (buf then holds a truncated,
    NUL-terminated prefix). */
 KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
+
+/* ---- elastic device memory (0.2) ----
+   kvvm_set_budget: changes the device budget at run time (a multiple of page_size, > 0, at
+   most the device's capacity; the emulated device: emu_device_bytes). Growing takes effect
+   at once. Shrinking below the pages in use first drops CACHED sequences, then swaps out
+   unprotected LIVE sequences in reclaim order (with or without KVVM_F_AUTO_SWAP), then
+   releases every frame above the new budget to the driver. Whether enough can be freed is
+   checked first: if not, -ENOMEM and nothing moved, the budget unchanged. The released
+   memory is back with the driver once kvvm_sync returns.
+   kvvm_trim: releases to the driver the device frames that hold no page (kept for reuse,
+   mapped ahead, created ahead), keeping at most keep_bytes of them. Never moves data. Until
+   a later call needs device pages, the library creates no frame ahead again. */
+KVVM_API int kvvm_set_budget(kvvm *kv, size_t device_budget);
+KVVM_API int kvvm_trim(kvvm *kv, size_t keep_bytes);
+
+/* ---- sliding-window discard (0.2) ----
+   first_kept <= length. In `region` (or every region), releases and unmaps the pages lying
+   wholly before token first_kept; no other address of the sequence changes, nor its length.
+   Tokens [0, first_kept) of that region are gone: write/read there -EINVAL. A first_kept
+   below an earlier one is a no-op. fork copies the discard; share of a discarded source
+   keeps it; swap, spill, kvvm_seq_info and kvvm_seq_need count only the kept pages. A
+   protected sequence's pages are released after the step fence like any release.
+   Truncating to n below first_kept sets first_kept to n. */
+#define KVVM_ALL_REGIONS UINT32_MAX
+KVVM_API int kvvm_seq_discard(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t first_kept);
+
+/* ---- sequence classes for prefix caching (0.2) ---- */
+enum kvvm_seq_class {
+    KVVM_SEQ_LIVE = 0,     /* default: swapped out under pressure, least recently used first */
+    KVVM_SEQ_CACHED = 1,   /* kept only for reuse (a prefix-cache entry that share/fork
+                              read): when a call needs device pages it does not have,
+                              dropped (pages released, nothing copied) before any LIVE
+                              sequence is swapped, with or without KVVM_F_AUTO_SWAP; with
+                              KVVM_F_CACHE_DEMOTE, demoted to host/disk instead when the
+                              tiers below have room (a demotion is a swap: it needs
+                              KVVM_F_AUTO_SWAP, or kvvm_set_budget) */
+    KVVM_SEQ_PINNED = 2    /* never moved or dropped by reclaim or kvvm_set_budget (an
+                              explicit kvvm_seq_swap_out still moves it) */
+};
+/* A dropped CACHED sequence keeps its handle: kvvm_seq_info reports dropped = 1 and length
+   0; share (as source), fork, grow, read, write, swap_in and prefetch on it return -ESTALE
+   until it is freed, or set to a class again (it is then an empty sequence of that class).
+   Dropping honours the step fence like any release. */
+KVVM_API int kvvm_seq_set_class(kvvm *kv, kvvm_seq s, enum kvvm_seq_class cls);
 
 enum kvvm_log_level { KVVM_LOG_DEBUG = 0, KVVM_LOG_INFO = 1, KVVM_LOG_WARN = 2,
                       KVVM_LOG_ERROR = 3, KVVM_LOG_OFF = 4 };

@@ -112,6 +112,11 @@ struct paging_counters {
     uint64_t bytes_to_disk, bytes_from_disk;
     uint64_t pages_disk;         /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
     uint64_t pages_damaged;      /* pages whose disk copy was lost (failed read) */
+    uint64_t frames_created_sync;/* frames created on a caller's thread */
+    uint64_t frames_released;    /* frames released to the driver before close */
+    uint64_t frames_held;        /* frames created and not released now */
+    uint64_t cache_drops, cache_demotes; /* CACHED sequences dropped / demoted */
+    uint64_t pages_discarded;    /* block-table entries released by discard */
 };
 
 struct paging_seq_info {
