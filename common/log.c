@@ -4,7 +4,7 @@
  *
  * The last error (kvvm_last_error): every error-level message is also kept in a buffer of the
  * thread that logged it, whatever the log level, so the reason of a failed call (the layer
- * that refused first, then the call's own context) reaches its caller. core/kvvm.c clears the
+ * that refused first, then the call's own context) reaches its caller. core/call.h clears the
  * buffer when a public call starts and when it succeeds (klast_clear) and supplies a generic
  * reason when a failure logged none (klast_set).
  */

@@ -54,6 +54,10 @@ struct kvvm {
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
 };
 
+/* errors.c */
+/* The errno's name, for messages ("-ENOENT"; "error" for one it does not know). */
+const char *core_err_name(int err);
+
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */
 int  config_check(const struct kvvm_config *cfg);

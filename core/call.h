@@ -1,0 +1,110 @@
+/*
+ * core/call.h: the frame of every public call (included by core/ only).
+ *
+ * Contract: a public call returning a status starts with klast_clear(), checks its pointer
+ * arguments with NONNULL, and runs its locked part through CALL / CALL_ENGINE: enter()
+ * refuses with -EIO in a fork() child or once the context is dead (a sticky driver error
+ * seen by vmm), takes kv->lock and saves the caller's current device context; leave() notes
+ * a death, restores the context and unlocks; api_done() sets the thread's last error. The
+ * helpers are static inline so each core file gets its own copy and no generic name
+ * (enter, leave) becomes a symbol of the static library.
+ */
+#ifndef KVVM_CORE_CALL_H
+#define KVVM_CORE_CALL_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <unistd.h>
+#include "core.h"
+#include "common/log.h"
+
+/* ---- arguments and the last error --------------------------------------------------- */
+/* Every public call returning a status starts with klast_clear() and ends in api_done(): the
+   thread's kvvm_last_error() is then "" after a success, else the reason. A bad argument is
+   refused with kerr (logged at the call, kept as the reason). */
+#define NONNULL(p) do { if (!(p)) return kerr(-EINVAL, "%s: %s is NULL", __func__, #p); } \
+                   while (0)
+/* A -EINVAL from a layer below that gave no reason: the call's own (logged, kept). */
+#define EXPLAIN_EINVAL(rc, ...) \
+    ((rc) == -EINVAL && !*kvvm_last_error() ? kerr((rc), __VA_ARGS__) : (rc))
+
+/* Ends a public call: success clears the last error; a failure nothing explained gets the
+   call's name and kvvm_strerror's text. */
+static inline int api_done(const char *call, int rc)
+{
+    if (rc >= 0)
+        klast_clear();
+    else
+        klast_set("%s: %s: %s", call, core_err_name(rc), kvvm_strerror(rc));
+    return rc;
+}
+
+/* A fork() child of the process that opened kv: the context's threads, locks (perhaps held
+   by a parent thread at the fork) and device context belong to the parent, so a child must
+   touch none of it (no lock taken, no driver call: the emulated device's memory is shared
+   with the parent). */
+static inline bool forked(const kvvm *kv)
+{
+    if (getpid() == kv->pid)
+        return false;
+    klog_error("kvvm: a context is used in a child process (pid %ld) of the process that "
+               "opened it (pid %ld): -EIO; open a new context in the child",
+               (long)getpid(), (long)kv->pid);
+    return true;
+}
+
+/* ---- locking and death -------------------------------------------------------------- */
+
+static inline int enter(kvvm *kv)
+{
+    if (forked(kv))
+        return -EIO;
+    pthread_mutex_lock(&kv->lock);
+    if (kv->dead || vmm_dead(kv->v)) {
+        if (!kv->dead)
+            klog_error("kvvm: the device context failed; every call returns -EIO now");
+        kv->dead = true;
+        pthread_mutex_unlock(&kv->lock);
+        return -EIO;
+    }
+    /* the caller's current context comes back at leave(): libkvvm never leaves its own
+       context current in the engine's thread */
+    int rc = vmm_ctx_save(kv->v, &kv->ctx_prev);
+    if (rc) {
+        pthread_mutex_unlock(&kv->lock);
+        return rc;
+    }
+    return 0;
+}
+
+static inline int leave(kvvm *kv, int rc)
+{
+    if (vmm_dead(kv->v)) {
+        if (!kv->dead)
+            klog_error("kvvm: the device context failed; every call returns -EIO now");
+        kv->dead = true;
+        rc = -EIO;
+    }
+    vmm_ctx_restore(kv->v, kv->ctx_prev);
+    pthread_mutex_unlock(&kv->lock);
+    return rc;
+}
+
+/* -EBUSY when the engine stream is capturing a graph (a swap would enqueue on it), or, in
+   synchronous mode, when the legacy stream cannot be used because a blocking stream is
+   capturing (cuda.h, cuStreamIsCapturing: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
+static inline int stream_check(kvvm *kv)
+{
+    return vmm_stream_check_capture(kv->v, paging_stream(kv->pg));
+}
+
+#define CALL(kv, expr) \
+    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, (expr)); \
+         return api_done(__func__, rc_); } while (0)
+/* CALL for a call that enqueues onto, records on or synchronizes the engine stream:
+   -EBUSY, nothing changed, while that stream captures a CUDA graph (stream_check). */
+#define CALL_ENGINE(kv, expr) \
+    do { int rc_ = enter(kv); if (!rc_) { rc_ = stream_check(kv); \
+         rc_ = leave(kv, rc_ ? rc_ : (expr)); } return api_done(__func__, rc_); } while (0)
+
+#endif

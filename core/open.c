@@ -1,0 +1,280 @@
+/*
+ * core/open.c: the context's lifetime, kvvm_open and kvvm_close.
+ *
+ * kvvm_open copies and checks the caller's config, opens the device (vmm), reserves the
+ * layout, builds the tiers (host arena, disk tier) and paging's ops tables over them, then
+ * paging and swap; each step is undone on failure (out_<what> labels). kvvm_close tears it
+ * all down in the reverse order, the reclaim thread first (joined without the lock).
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "common/log.h"
+#include "core/call.h"
+
+/* ---- open / close ------------------------------------------------------------------- */
+
+/* Copies the caller's config (it may be an older, shorter struct). -EINVAL bad size. */
+static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
+{
+    size_t api_size = offsetof(struct kvvm_config, map_ahead);
+    if (in->size < api_size || in->size > 4096) {
+        klog_error("kvvm_open: cfg->size %zu is not sizeof(struct kvvm_config) (%zu); call "
+                   "kvvm_config_init first", in->size, sizeof *out);
+        return -EINVAL;
+    }
+    memset(out, 0, sizeof *out);
+    memcpy(out, in, in->size < sizeof *out ? in->size : sizeof *out);
+    out->size = sizeof *out;
+    return 0;
+}
+
+static int h_alloc(void *a, uint64_t *slot)
+{
+    host_slot s;
+    int rc = host_slot_alloc(a, &s);
+    if (!rc)
+        *slot = s.idx;
+    return rc;
+}
+static void h_free(void *a, uint64_t slot)
+{
+    host_slot_free(a, (host_slot){ (uint32_t)slot });
+}
+static void *h_ptr(void *a, uint64_t slot)
+{
+    return host_slot_ptr(a, (host_slot){ (uint32_t)slot });
+}
+
+static size_t h_n_free(void *a)
+{
+    return host_slots_free(a);
+}
+
+/* paging's disk ops over the spill engine: completions go to its queue (reaped by paging
+   under the context lock), so the engine thread never takes the context lock. */
+static int d_alloc(void *a, uint64_t hint, uint64_t *slot)
+{
+    spill_slot s, h = hint > UINT32_MAX ? SPILL_SLOT_NONE : (spill_slot){ (uint32_t)hint };
+    int rc = spill_slot_alloc(a, 1, h, &s);
+    if (!rc)
+        *slot = s.idx;
+    return rc;
+}
+static void d_free(void *a, uint64_t slot)
+{
+    int rc = spill_slot_free(a, (spill_slot){ (uint32_t)slot });
+    if (rc)
+        klog_error("kvvm: freeing disk slot %llu failed (%d)", (unsigned long long)slot, rc);
+}
+static int d_submit(void *a, bool write, uint64_t slot, void *buf, uint32_t page)
+{
+    struct spill_req r = { .op = write ? SPILL_WRITE : SPILL_READ,
+                           .slot = { (uint32_t)slot }, .buf = buf, .page = page,
+                           .user = (void *)(uintptr_t)page };
+    return spill_submit(a, &r, 1);
+}
+static size_t d_reap(void *a, struct pg_disk_done *out, size_t max)
+{
+    struct spill_cqe c[64];
+    size_t n = spill_reap(a, c, max < 64 ? max : 64);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (struct pg_disk_done){ (uint32_t)(uintptr_t)c[i].user, c[i].status,
+                                        c[i].op == SPILL_WRITE };
+    return n;
+}
+static void d_wait(void *a)
+{
+    spill_wait_all(a);
+}
+static size_t d_n_free(void *a)
+{
+    struct spill_stats st;
+    spill_stats_get(a, &st);
+    return st.slots_free;
+}
+
+static int open_spill(kvvm *kv)
+{
+    struct kvvm_config *c = &kv->cfg;
+    if (!c->spill_dir)
+        return 0;
+    if (!host_slots_total(kv->host)) {
+        return kerr(-EINVAL, "kvvm_open: spill_dir %s needs a host tier: set host_budget "
+                    "(KVVM_HOST_BUDGET, e.g. 1G) to at least page_size %zu bytes; disk pages "
+                    "come back through host slots", c->spill_dir, c->page_size);
+    }
+    struct spill_params sp = {
+        .dir = c->spill_dir, .budget = c->spill_budget, .page_size = c->page_size,
+        .buf_base = host_arena_base(kv->host), .buf_bytes = host_arena_bytes(kv->host),
+        .flags = ((c->flags & KVVM_F_SPILL_ALLOW_TMPFS) ? SPILL_F_ALLOW_TMPFS : 0) |
+                 ((c->flags & KVVM_F_SPILL_BUFFERED) ? SPILL_F_BUFFERED : 0),
+    };
+    int rc = spill_open(&sp, &kv->spill);
+    if (rc) {
+        klog_error("kvvm_open: the disk tier in %s could not be opened (%s)", c->spill_dir,
+                   core_err_name(rc));
+        return rc;
+    }
+    kv->disk_ops = (struct pg_disk_ops){ kv->spill, d_alloc, d_free, d_submit, d_reap,
+                                         d_wait, d_n_free };
+    return 0;
+}
+
+static int open_layout(kvvm *kv)
+{
+    struct kvvm_config *c = &kv->cfg;
+    uint64_t reserve;
+    int rc = config_layout(c, vmm_granule(kv->v), &kv->slot_bytes, &reserve);
+    if (rc)
+        return rc;
+    rc = vmm_reserve(kv->v, reserve, &kv->base);
+    if (rc) {
+        klog_error("kvvm_open: reserving %llu bytes of device address space failed (%d)",
+                   (unsigned long long)reserve, rc);
+        return rc;
+    }
+    uint64_t frames = c->device_budget / c->page_size;
+    struct host_params hp = { .budget = c->host_budget, .page_size = c->page_size };
+    rc = host_arena_open(kv->v, &hp, &kv->host);
+    if (rc) {
+        klog_error("kvvm_open: the host tier (%zu bytes) could not be made (%d)",
+                   c->host_budget, rc);
+        goto out_unreserve;
+    }
+    kv->host_ops = (struct pg_host_ops){ kv->host, h_alloc, h_free, h_ptr, h_n_free };
+    rc = open_spill(kv);
+    if (rc)
+        goto out_host;
+    /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
+    uint64_t slots = host_slots_total(kv->host) +
+                     (c->spill_dir ? c->spill_budget / c->page_size : 0);
+    struct paging_params pp = {
+        .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
+        .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
+        .slot_bytes = kv->slot_bytes, .base = kv->base, .max_frames = (uint32_t)frames,
+        .max_pages = (uint32_t)(frames + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
+        .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
+        .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
+        .disk = kv->spill ? &kv->disk_ops : NULL,
+    };
+    rc = paging_create(kv->v, &pp, &kv->pg);
+    if (rc)
+        goto out_spill;
+    struct swap_params sp = {
+        .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
+        .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
+        .thread = host_slots_total(kv->host) > 0,
+        .host_slots = (uint32_t)host_slots_total(kv->host), .host_min = c->host_min,
+        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->spill != NULL,
+    };
+    rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
+    if (rc)
+        goto out_paging;
+    return 0;
+out_paging:
+    paging_destroy(kv->pg);
+out_spill:
+    spill_close(kv->spill);
+    kv->spill = NULL;
+out_host:
+    host_arena_close(kv->host);
+out_unreserve:
+    vmm_unreserve(kv->v);
+    return rc;
+}
+
+static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
+{
+    kvvm *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return -ENOMEM;
+    kv->pid = getpid();
+    int rc = config_copy(cfg, &kv->cfg);
+    if (!rc)
+        rc = config_check(&kv->cfg);
+    if (rc)
+        goto out_free;
+    if (kv->cfg.spill_dir && !(kv->spill_dir = strdup(kv->cfg.spill_dir))) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    kv->cfg.spill_dir = kv->spill_dir;
+    struct vmm_params vp = {
+        .backend = kv->cfg.backend, .device = kv->cfg.device,
+        .emu_capacity = kv->cfg.emu_device_bytes ? kv->cfg.emu_device_bytes
+                                                 : kv->cfg.device_budget,
+        .emu_granule = kv->cfg.emu_granule, .emu_opaque = kv->cfg.emu_opaque,
+    };
+    rc = vmm_open(&vp, &kv->v);
+    if (rc)
+        goto out_free;
+    if (kv->cfg.emu_device_bytes && !strcmp(vmm_backend_name(kv->v), "emulated") &&
+        kv->cfg.device_budget > kv->cfg.emu_device_bytes) {
+        rc = kerr(-EINVAL, "kvvm_open: device_budget %zu is larger than the emulated device "
+                  "(emu_device_bytes %zu): lower device_budget (KVVM_DEVICE_BUDGET) or raise "
+                  "emu_device_bytes (KVVM_EMU_DEVICE_BYTES)", kv->cfg.device_budget,
+                  kv->cfg.emu_device_bytes);
+        vmm_close(kv->v);
+        goto out_free;
+    }
+    pthread_mutex_init(&kv->lock, NULL);
+    kcu_context prev;               /* vmm_open left the caller's context current */
+    rc = vmm_ctx_save(kv->v, &prev);
+    if (!rc)
+        rc = open_layout(kv);
+    vmm_ctx_restore(kv->v, prev);
+    if (rc)
+        goto out_vmm;
+    /* sizing hint: a sequence holds at least one page per region even at length 1 */
+    uint64_t per_seq = (uint64_t)kv->cfg.n_regions * kv->cfg.page_size;
+    if (per_seq && (uint64_t)kv->cfg.max_seqs * per_seq > kv->cfg.device_budget)
+        klog_info("kvvm_open: a sequence holds >= %u pages of %llu bytes (one per region) "
+                  "even at length 1: %llu of max_seqs %u fit in device_budget %llu at once",
+                  kv->cfg.n_regions, (unsigned long long)kv->cfg.page_size,
+                  (unsigned long long)(kv->cfg.device_budget / per_seq), kv->cfg.max_seqs,
+                  (unsigned long long)kv->cfg.device_budget);
+    *out = kv;
+    return 0;
+out_vmm:
+    pthread_mutex_destroy(&kv->lock);
+    vmm_close(kv->v);
+out_free:
+    free(kv->spill_dir);
+    free(kv);
+    return rc;
+}
+
+int kvvm_open(const struct kvvm_config *cfg, kvvm **out)
+{
+    klast_clear();
+    NONNULL(cfg);
+    NONNULL(out);
+    return api_done(__func__, open_ctx(cfg, out));
+}
+
+void kvvm_close(kvvm *kv)
+{
+    if (!kv || forked(kv))          /* a child leaves the parent's context alone */
+        return;
+    kcu_context prev;               /* restored at the end (kvvm.h) */
+    (void)vmm_ctx_save(kv->v, &prev);
+    swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */
+    pthread_mutex_lock(&kv->lock);
+    paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
+    paging_destroy(kv->pg);
+    spill_close(kv->spill);         /* the unnamed file goes with its descriptor */
+    host_arena_close(kv->host);
+    for (size_t i = 0; i < kv->n_streams; i++)
+        vmm_stream_destroy(kv->v, kv->streams[i]);
+    free(kv->streams);
+    vmm_unreserve(kv->v);
+    vmm_close_to(kv->v, prev);
+    pthread_mutex_unlock(&kv->lock);
+    pthread_mutex_destroy(&kv->lock);
+    free(kv->spill_dir);
+    free(kv);
+}

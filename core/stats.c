@@ -1,0 +1,120 @@
+/*
+ * core/stats.c: kvvm_stats and kvvm_stats_json.
+ *
+ * Every stat is one line of the KVVM_STATS list below (name, expression over the layers'
+ * counters); the copy into struct kvvm_stats and the JSON members are expanded from it, so
+ * the two cannot drift. The struct itself stays written out in include/kvvm.h (the public
+ * ABI).
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <string.h>
+#include "common/log.h"
+#include "core/call.h"
+
+/* ---- stats -------------------------------------------------------------------------- */
+
+/* The stats, as one list (mimalloc style): name, expression over c (paging counters). */
+#define KVVM_STATS(X)                                                              \
+    X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
+    X(pages_device_free, c.pages_free) X(pages_host_total, host_slots_total(kv->host)) \
+    X(pages_host_free, host_slots_free(kv->host))                                  \
+    X(pages_disk_total, d.slots_total) X(pages_disk_free, d.slots_free)            \
+    X(pages_inflight, c.pages_inflight)                                            \
+    X(maps, c.maps) X(unmaps, c.unmaps) X(cow_copies, c.cow_copies)                \
+    X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins) X(spills, c.spills)             \
+    X(unspills, c.unspills)                                                        \
+    X(bytes_to_host, c.bytes_to_host) X(bytes_to_device, c.bytes_to_device)        \
+    X(bytes_to_disk, c.bytes_to_disk) X(bytes_from_disk, c.bytes_from_disk)        \
+    X(checksum_failures, d.checksum_failures) X(io_errors, d.io_errors)            \
+    X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
+    X(direct_reclaims, w.direct_reclaims) X(direct_swap_outs, w.direct_swap_outs)  \
+    X(direct_reclaim_ns, w.direct_ns) X(pages_orphan, c.orphans)                   \
+    X(seqs_nonresident, c.nonresident) X(pages_damaged, c.pages_damaged)          \
+    X(frames_created_sync, c.frames_created_sync)                                  \
+    X(frames_released, c.frames_released)                                          \
+    X(device_bytes_held, c.frames_held * kv->cfg.page_size)                        \
+    X(cache_drops, c.cache_drops) X(cache_demotes, c.cache_demotes)                \
+    X(pages_discarded, c.pages_discarded)
+
+static void stats_locked(kvvm *kv, struct kvvm_stats *o)
+{
+    struct paging_counters c;
+    struct swap_counters w;
+    struct spill_stats d = { 0 };
+    paging_disk_reap(kv->pg);
+    paging_counters(kv->pg, &c);
+    swap_counters(kv->sw, &w);
+    if (kv->spill)
+        spill_stats_get(kv->spill, &d);
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+#define X(n, e) o->n = (uint64_t)(e);
+    KVVM_STATS(X)
+#undef X
+}
+
+int kvvm_stats(kvvm *kv, struct kvvm_stats *out)
+{
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(out);
+    if (out->size < sizeof(size_t) + sizeof(uint64_t))
+        return kerr(-EINVAL, "kvvm_stats: out->size %zu is too small; set it to "
+                    "sizeof(struct kvvm_stats) (%zu)", out->size, sizeof *out);
+    struct kvvm_stats st;
+    int rc = enter(kv);
+    if (!rc) {
+        stats_locked(kv, &st);
+        size_t n = out->size < sizeof st ? out->size : sizeof st;
+        st.size = out->size;
+        memcpy(out, &st, n);
+        rc = leave(kv, 0);
+    }
+    return api_done(__func__, rc);
+}
+
+static int stats_json_locked(kvvm *kv, char *buf, size_t len)
+{
+    struct kvvm_stats st;
+    struct paging_counters c;
+    size_t pos = 0;
+    stats_locked(kv, &st);
+    paging_counters(kv->pg, &c);
+    json_put(buf, len, &pos, "{\"version\":\"%s\",\"backend\":\"%s\",\"io_engine\":\"%s\","
+             "\"spill_direct\":%s,\"stats\":{", kvvm_version(), vmm_backend_name(kv->v),
+             kv->spill ? spill_engine_name(kv->spill) : "none",
+             kv->spill && spill_direct(kv->spill) ? "true" : "false");
+    int first = 1;
+#define X(n, e) json_put(buf, len, &pos, "%s\"%s\":%llu", first ? "" : ",", #n, \
+                         (unsigned long long)st.n); first = 0;
+    KVVM_STATS(X)
+#undef X
+    json_put(buf, len, &pos, ",\"frames_created\":%llu,\"share_copies\":%llu,"
+             "\"deferred_releases\":%llu},\"layout\":{\"granule\":%zu,\"slot_bytes\":%llu,"
+             "\"base\":%llu,\"reserved_bytes\":%zu},\"config\":{",
+             (unsigned long long)c.frames_created, (unsigned long long)c.share_copies,
+             (unsigned long long)c.deferred, vmm_granule(kv->v),
+             (unsigned long long)kv->slot_bytes, (unsigned long long)kv->base,
+             vmm_reserved_bytes(kv->v));
+    config_json(&kv->cfg, buf, len, &pos);
+    json_put(buf, len, &pos, "}}");
+    if (pos >= len) {
+        buf[len - 1] = 0;
+        klast_set("kvvm_stats_json: buf of %zu bytes is too small; %zu are needed", len,
+                  pos + 1);
+        return -ENOSPC;
+    }
+    return 0;
+}
+
+int kvvm_stats_json(kvvm *kv, char *buf, size_t len)
+{
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(buf);
+    if (!len)
+        return kerr(-EINVAL, "kvvm_stats_json: len is 0");
+    CALL(kv, stats_json_locked(kv, buf, len));
+}
