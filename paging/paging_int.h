@@ -1,13 +1,15 @@
 /*
  * paging/paging_int.h: the paging layer's private structures, shared by its .c files only.
  *
+ *   paging.c the paging context: create / destroy, counters
  *   pool.c   frames (physical handles: create ahead, ready list, take/give) and page
  *            descriptors (identity, refcount, tier, location; O(1) free list)
  *   defer.c  releases that wait for a fence; the step fence; quietness of a sequence
  *   seq.c    slots, handles, block tables, map-ahead; grow/truncate/free/fork/share
  *   cow.c    copy-on-write, prepare_write, write/read
- *   check.c  the invariant checker against the emulator's tables
  *   tier.c   the host tier: sequence swap-out / swap-in, orphan pages, transfer jobs
+ *   disk.c   the disk tier: spill / unspill of host pages, staged disk I/O
+ *   check.c  the invariant checker against the emulator's tables
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H

@@ -872,7 +872,7 @@ out_rollback:
     return rc;
 }
 
-/* ---- info, counters, create/destroy ------------------------------------------------- */
+/* ---- info --------------------------------------------------------------------------- */
 
 int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
 {
@@ -899,107 +899,4 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
         }
     }
     return 0;
-}
-
-void paging_counters(const struct paging *pg, struct paging_counters *out)
-{
-    *out = pg->c;
-    out->pages_total = pg->p.max_frames;
-    out->pages_used = pg->n_used;
-    out->pages_free = pg->p.max_frames - pg->n_used;
-    out->pages_inflight = pg->n_inflight;
-    out->frames_created = pg->n_created;
-    out->deferred = pg->n_defer;
-    out->pages_host = pg->n_host;
-    out->pages_disk = pg->n_disk;
-    out->pages_inflight += pg->n_dio;
-    out->orphans = tier_orphans(pg);
-    out->nonresident = 0;
-    for (uint32_t i = 0; i < pg->p.max_seqs; i++)
-        out->nonresident += pg->seqs[i].live && pg->seqs[i].out;
-}
-
-int paging_create(struct vmm *v, const struct paging_params *p, struct paging **out)
-{
-    struct paging *pg = calloc(1, sizeof *pg);
-    if (!pg)
-        return -ENOMEM;
-    pg->v = v;
-    pg->p = *p;
-    if (p->host) {
-        pg->host = *p->host;
-        pg->p.host = &pg->host;
-    }
-    if (p->disk && p->host) {
-        pg->disk = *p->disk;
-        pg->p.disk = &pg->disk;
-    } else {
-        pg->p.disk = NULL;
-    }
-    pg->disk_hint = UINT64_MAX;
-    pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
-    if (pg->p.map_ahead > pg->pages_per_slot)
-        pg->p.map_ahead = pg->pages_per_slot;
-    pg->scratch_va = p->base + (uint64_t)p->n_regions * p->max_seqs * p->slot_bytes;
-    pg->chunk = p->max_frames < 8 ? p->max_frames : 8;
-    if (pg->chunk < 2 * p->n_regions)
-        pg->chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
-    pg->seqs = calloc(p->max_seqs, sizeof *pg->seqs);
-    int rc = -ENOMEM;
-    if (!pg->seqs)
-        goto out_free;
-    for (uint32_t i = 0; i < p->max_seqs; i++) {
-        pg->seqs[i].gen = 1;
-        pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
-    }
-    pg->slot_free_head = 1;
-    rc = pool_init(pg);
-    if (rc)
-        goto out_free;
-    pool_refill(pg, pg->chunk);
-    if (vmm_dead(v)) {
-        rc = -EIO;
-        goto out_pool;
-    }
-    *out = pg;
-    return 0;
-out_pool:
-    pool_fini(pg);
-out_free:
-    free(pg->seqs);
-    free(pg);
-    return rc;
-}
-
-void paging_destroy(struct paging *pg)
-{
-    if (!pg)
-        return;
-    vmm_device_sync(pg->v);
-    pg->quiet_below = pg->epoch + 1;
-    defer_reap(pg, true);
-    defer_drop_all(pg);             /* what the reap could not complete (a dead context) */
-    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
-        struct pg_seq *s = &pg->seqs[i];
-        if (s->live && s->out) {
-            tier_drop_out(pg, s, 0, s->n_pages);
-        } else if (s->live) {
-            seq_drop_ahead(pg, s, 0);
-            s->used_valid = 0;
-            defer_release(pg, s, 0, s->n_pages);
-        }
-        free(s->bt);
-        free(s->ahead);
-    }
-    if (pg->step_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->step_fence);
-    if (pg->order_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->order_fence);
-    if (pg->copy_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->copy_fence);
-    if (pg->copy_stream)
-        vmm_stream_destroy(pg->v, pg->copy_stream);
-    pool_fini(pg);
-    free(pg->seqs);
-    free(pg);
 }
