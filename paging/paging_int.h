@@ -4,7 +4,8 @@
  *   paging.c the paging context: create / destroy, counters
  *   pool.c   frames (physical handles: create ahead, ready list, take/give) and page
  *            descriptors (identity, refcount, tier, location; O(1) free list)
- *   defer.c  releases that wait for a fence; the step fence; quietness of a sequence
+ *   step.c   the epoch clock and the engine stream: step (the step fence), sync, set_stream
+ *   defer.c  releases that wait for a fence; quietness of a sequence; copy ordering
  *   seq.c    slots, handles, block tables, map-ahead; grow/truncate/free/fork/share
  *   cow.c    copy-on-write, prepare_write, write/read
  *   tier.c   the host tier: sequence swap-out / swap-in, orphan pages, transfer jobs
@@ -254,6 +255,10 @@ static inline bool page_in_dio(const struct pg_page *p)
 {
     return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;
 }
+
+/* step.c */
+/* Synchronizes the device; every epoch so far is quiet. */
+int  pg_device_sync(struct paging *pg);
 
 /* defer.c */
 /* Releases window pages [first, end) of every region of s (unmap + page_put), now if no

@@ -1,0 +1,103 @@
+/*
+ * paging/step.c: the epoch clock and the engine stream: paging_step, paging_sync,
+ * paging_set_stream.
+ *
+ * Every step ends an epoch (pg->epoch++): with an engine stream it records the step fence
+ * there, so a later step that finds it complete marks the epochs before it quiet
+ * (quiet_below), which lets defer.c release pages without waiting. paging_sync waits for
+ * the engine stream and the copy stream (sync mode: the device) and reaps every pending
+ * release. Changing the engine stream synchronizes first, so no fence of the old stream is
+ * left to order the new one.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include "common/log.h"
+
+int pg_device_sync(struct paging *pg)
+{
+    int rc = vmm_device_sync(pg->v);
+    if (rc)
+        return rc;
+    pg->quiet_below = pg->epoch;
+    return 0;
+}
+
+int paging_step(struct paging *pg)
+{
+    if (vmm_dead(pg->v))
+        return -EIO;
+    int rc = defer_reap(pg, false);
+    if (rc)
+        return rc;
+    if (pg->stream) {
+        if (!pg->step_fence_ok) {
+            rc = vmm_fence_create(pg->v, &pg->step_fence);
+            if (rc)
+                return rc;
+            pg->step_fence_ok = 1;
+        }
+        if (pg->step_recorded && vmm_fence_query(pg->v, &pg->step_fence) == 1 &&
+            pg->step_fence_epoch > pg->quiet_below)
+            pg->quiet_below = pg->step_fence_epoch;
+        rc = vmm_fence_record(pg->v, &pg->step_fence, pg->stream);
+        if (rc)
+            return rc;
+        pg->step_recorded = 1;
+        pg->step_fence_epoch = pg->epoch + 1;
+    }
+    pg->epoch++;
+    pool_refill(pg, pg->chunk);
+    return 0;
+}
+
+/* Stream mode: the engine stream and the library's copy stream, never the whole device
+   (cuCtxSynchronize waits for every stream of the context: the engine's other streams, e.g.
+   NCCL's, too, which may wait for a peer that waits for this engine). The engine's work
+   on pages is ordered on its stream, so that stream done = every epoch quiet. */
+static int pg_streams_sync(struct paging *pg)
+{
+    int rc = vmm_stream_sync(pg->v, pg->stream);
+    if (!rc && pg->copy_stream)
+        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+    if (rc)
+        return rc;
+    pg->quiet_below = pg->epoch;
+    return 0;
+}
+
+int paging_sync(struct paging *pg)
+{
+    if (vmm_dead(pg->v))
+        return -EIO;
+    int rc = pg->stream ? pg_streams_sync(pg) : pg_device_sync(pg);
+    if (rc)
+        return rc;
+    return defer_reap(pg, true);
+}
+
+int paging_set_stream(struct paging *pg, kcu_stream s)
+{
+    if (vmm_dead(pg->v))
+        return -EIO;
+    if (s) {
+        int rc = vmm_stream_check_owner(pg->v, s);
+        if (!rc)
+            rc = vmm_stream_check_capture(pg->v, s);
+        if (rc)
+            return rc;
+    }
+    if (s == pg->stream)
+        return 0;
+    int rc = paging_sync(pg);
+    if (rc)
+        return rc;
+    pg->stream = s;
+    pg->step_recorded = 0;
+    return 0;
+}
+
+kcu_stream paging_stream(const struct paging *pg)
+{
+    return pg->stream;
+}
