@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include "common/env.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
@@ -36,7 +37,7 @@ static const char *const level_names[] = { "debug", "info", "warn", "error", "of
 
 static void log_init_env(void)
 {
-    const char *e = getenv("KVVM_LOG");
+    const char *e = kenv(KVVM_LOG);
     if (!e || !*e)
         return;
     for (int i = 0; i <= KVVM_LOG_OFF; i++) {

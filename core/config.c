@@ -3,7 +3,8 @@
  *
  * Options are one table (name, kind, field offset): kvvm_config_init applies defaults, then
  * every KVVM_<NAME> variable of the table. A KVVM_* variable that names no option (and no
- * other known setting) or that does not parse is reported with a warning and ignored.
+ * other known variable: common/env.h) or that does not parse is reported with a warning and
+ * ignored.
  */
 #include "core.h"
 
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include "common/env.h"
 #include "common/log.h"
 
 extern char **environ;
@@ -43,11 +45,12 @@ static const struct opt opts[] = {
     OPT(emu_opaque, OPT_BOOL),
 };
 
-/* KVVM_* variables read elsewhere (not configuration fields). */
-/* Variables read elsewhere (KVVM_LIBRARY: the Python package's path to this library). */
-static const char *const other_env[] = { "KVVM_LOG", "KVVM_EMU_FAIL", "KVVM_EMU_MAX_MAPS",
-                                         "KVVM_CUDA_LIBRARY", "KVVM_SPILL_ALLOW_TMPFS",
-                                         "KVVM_IO_ENGINE", "KVVM_LIBRARY" };
+/* The KVVM_* variables that are not configuration fields (common/env.h). */
+static const char *const other_env[] = {
+#define X(name, reader, doc) #name,
+    KVVM_ENV_VARS(X)
+#undef X
+};
 
 static const char *backend_str(enum kvvm_backend b)
 {
@@ -237,7 +240,7 @@ void kvvm_config_init(struct kvvm_config *cfg)
             klog_warn("unknown environment variable %.*s ignored (not a libkvvm setting)",
                       (int)(strchrnul(*e, '=') - *e), *e);
     /* the tmpfs opt-in alone, without restating KVVM_FLAGS */
-    const char *t = getenv("KVVM_SPILL_ALLOW_TMPFS");
+    const char *t = kenv(KVVM_SPILL_ALLOW_TMPFS);
     if (t && *t && strcmp(t, "0"))
         cfg->flags |= KVVM_F_SPILL_ALLOW_TMPFS;
 }

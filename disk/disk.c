@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "disk_int.h"
 
@@ -29,7 +30,7 @@
 
 static int engine_from_env(enum spill_engine *e)
 {
-    const char *s = getenv("KVVM_IO_ENGINE");
+    const char *s = kenv(KVVM_IO_ENGINE);
     if (!s || !*s)
         return 0;
     if (!strcmp(s, "io_uring"))

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "common/log.h"
 
 #define SYM(field, ver) { #field, ver, offsetof(struct kcu_api, field) }
@@ -161,7 +162,7 @@ int drv_cuda_load(const struct kcu_api **api, char *why, size_t why_len)
     }
 
     int err;
-    const char *path = getenv("KVVM_CUDA_LIBRARY");
+    const char *path = kenv(KVVM_CUDA_LIBRARY);
     if (!path || !*path)
         path = "libcuda.so.1";
     dlerror();
