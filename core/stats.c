@@ -9,6 +9,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 #include "common/log.h"
 #include "core/call.h"
@@ -37,6 +38,19 @@
     X(device_bytes_held, c.frames_held * kv->cfg.page_size)                        \
     X(cache_drops, c.cache_drops) X(cache_demotes, c.cache_demotes)                \
     X(pages_discarded, c.pages_discarded)
+
+/* Every field of the public struct is in the list (a field added to include/kvvm.h without
+   its line here does not compile): the struct is size, then uint64_t stats only. */
+#define X(n, e) +1
+_Static_assert(offsetof(struct kvvm_stats, page_size) + (0 KVVM_STATS(X)) * sizeof(uint64_t)
+               == sizeof(struct kvvm_stats), "a struct kvvm_stats field is not in KVVM_STATS");
+#undef X
+
+/* Members of kvvm_stats_json's "stats" that struct kvvm_stats does not have (the paging
+   layer's own counters c). */
+#define KVVM_STATS_JSON_ONLY(X) \
+    X(frames_created, c.frames_created) X(share_copies, c.share_copies)             \
+    X(deferred_releases, c.deferred)
 
 static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {
@@ -91,11 +105,11 @@ static int stats_json_locked(kvvm *kv, char *buf, size_t len)
                          (unsigned long long)st.n); first = 0;
     KVVM_STATS(X)
 #undef X
-    json_put(buf, len, &pos, ",\"frames_created\":%llu,\"share_copies\":%llu,"
-             "\"deferred_releases\":%llu},\"layout\":{\"granule\":%zu,\"slot_bytes\":%llu,"
-             "\"base\":%llu,\"reserved_bytes\":%zu},\"config\":{",
-             (unsigned long long)c.frames_created, (unsigned long long)c.share_copies,
-             (unsigned long long)c.deferred, vmm_granule(kv->v),
+#define X(n, e) json_put(buf, len, &pos, ",\"%s\":%llu", #n, (unsigned long long)(e));
+    KVVM_STATS_JSON_ONLY(X)
+#undef X
+    json_put(buf, len, &pos, "},\"layout\":{\"granule\":%zu,\"slot_bytes\":%llu,"
+             "\"base\":%llu,\"reserved_bytes\":%zu},\"config\":{", vmm_granule(kv->v),
              (unsigned long long)kv->slot_bytes, (unsigned long long)kv->base,
              vmm_reserved_bytes(kv->v));
     config_json(&kv->cfg, buf, len, &pos);
