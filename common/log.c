@@ -171,3 +171,15 @@ const char *kvvm_version(void)
     return KVVM_STR(KVVM_VERSION_MAJOR) "." KVVM_STR(KVVM_VERSION_MINOR) "."
            KVVM_STR(KVVM_VERSION_PATCH);
 }
+
+#ifdef KVVM_DEBUG
+/* KVVM_ASSERT's failure (common/assert.h): the debug build only, where aborting on a broken
+   internal invariant is the point. */
+void kassert_fail(const char *cond, const char *file, int line, const char *func)
+{
+    klog_error("internal invariant violated: %s (%s:%d, %s)", cond, file, line, func);
+    fprintf(stderr, "kvvm: internal invariant violated: %s (%s:%d, %s); aborting (KVVM_DEBUG "
+                    "build)\n", cond, file, line, func);
+    abort();
+}
+#endif

@@ -77,7 +77,9 @@ static inline int enter(kvvm *kv)
     return 0;
 }
 
-static inline int leave(kvvm *kv, int rc)
+/* leave(kv, rc): `call` is the function that entered (for the debug build's checker). */
+#define leave(kv, rc) leave_call((kv), (rc), __func__)
+static inline int leave_call(kvvm *kv, int rc, const char *call)
 {
     if (vmm_dead(kv->v)) {
         if (!kv->dead)
@@ -85,6 +87,11 @@ static inline int leave(kvvm *kv, int rc)
         kv->dead = true;
         rc = -EIO;
     }
+#ifdef KVVM_DEBUG
+    core_debug_after_call(kv, call);    /* the invariant checker, lock held */
+#else
+    (void)call;
+#endif
     vmm_ctx_restore(kv->v, kv->ctx_prev);
     pthread_mutex_unlock(&kv->lock);
     return rc;

@@ -54,6 +54,12 @@ struct kvvm {
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
 };
 
+/* debug.c (the debug build only): runs the invariant checker (core/debug.h) at the end of
+   public call `call`, lock held; a violation is logged and aborts (KVVM_ASSERT). */
+#ifdef KVVM_DEBUG
+void core_debug_after_call(kvvm *kv, const char *call);
+#endif
+
 /* errors.c */
 /* The errno's name, for messages ("-ENOENT"; "error" for one it does not know). */
 const char *core_err_name(int err);

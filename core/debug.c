@@ -6,16 +6,12 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include "common/assert.h"
 #include "common/log.h"
 
-int kvvm_debug_check(kvvm *kv, char *why, size_t len)
+/* kvvm_debug_check with kv->lock held. */
+static int check_locked(kvvm *kv, char *why, size_t len)
 {
-    if (!kv) {
-        if (why && len)
-            snprintf(why, len, "NULL context");
-        return -EINVAL;
-    }
-    pthread_mutex_lock(&kv->lock);
     int rc = paging_check(kv->pg, why, len);
     if (!rc) {
         /* host tier conservation: every allocated slot is held by exactly one page */
@@ -48,9 +44,31 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len)
             rc = -EUCLEAN;
         }
     }
+    return rc;
+}
+
+int kvvm_debug_check(kvvm *kv, char *why, size_t len)
+{
+    if (!kv) {
+        if (why && len)
+            snprintf(why, len, "NULL context");
+        return -EINVAL;
+    }
+    pthread_mutex_lock(&kv->lock);
+    int rc = check_locked(kv, why, len);
     pthread_mutex_unlock(&kv->lock);
     return rc;
 }
+
+#ifdef KVVM_DEBUG
+void core_debug_after_call(kvvm *kv, const char *call)
+{
+    if (kv->dead || vmm_dead(kv->v))
+        return;                     /* a dead context's tables are not kept any more */
+    if (check_locked(kv, NULL, 0))  /* the violation is logged by the checker */
+        kassert_fail("kvvm_debug_check(kv) == 0 after the call", __FILE__, __LINE__, call);
+}
+#endif
 
 struct spill *kvvm_debug_spill(kvvm *kv)
 {

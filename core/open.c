@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/assert.h"
 #include "common/log.h"
 #include "core/call.h"
 
@@ -42,7 +43,9 @@ static int h_alloc(void *a, uint64_t *slot)
 }
 static void h_free(void *a, uint64_t slot)
 {
-    host_slot_free(a, (host_slot){ (uint32_t)slot });
+    int rc = host_slot_free(a, (host_slot){ (uint32_t)slot });
+    KVVM_ASSERT(rc == 0);                    /* paging frees each host slot once */
+    (void)rc;
 }
 static void *h_ptr(void *a, uint64_t slot)
 {
@@ -67,6 +70,7 @@ static int d_alloc(void *a, uint64_t hint, uint64_t *slot)
 static void d_free(void *a, uint64_t slot)
 {
     int rc = spill_slot_free(a, (spill_slot){ (uint32_t)slot });
+    KVVM_ASSERT(rc == 0);                    /* once, and with no I/O in flight on it */
     if (rc)
         klog_error("kvvm: freeing disk slot %llu failed (%d)", (unsigned long long)slot, rc);
 }

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include "common/assert.h"
 #include "common/log.h"
 
 int pool_init(struct paging *pg)
@@ -50,6 +51,7 @@ void pool_fini(struct paging *pg)
 static void ready_push(struct paging *pg, uint32_t f)
 {
     struct pg_frame *fr = frame_at(pg, f);
+    KVVM_ASSERT(fr->state != FR_READY);      /* on the ready list once */
     fr->state = FR_READY;
     fr->page = 0;
     fr->next = pg->ready_head;
@@ -60,6 +62,7 @@ static void ready_push(struct paging *pg, uint32_t f)
 static uint32_t ready_pop(struct paging *pg)
 {
     uint32_t f = pg->ready_head;
+    KVVM_ASSERT(f != 0 && pg->n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
     pg->ready_head = fr->next;
     pg->n_ready--;
@@ -156,6 +159,7 @@ void pool_give(struct paging *pg, const uint32_t *f, uint32_t n)
 void frame_set_ahead(struct paging *pg, uint32_t f)
 {
     struct pg_frame *fr = frame_at(pg, f);
+    KVVM_ASSERT(fr->state == FR_USED);       /* a taken frame, mapped ahead */
     if (fr->state == FR_USED)
         pg->n_used--;
     fr->state = FR_AHEAD;
@@ -165,6 +169,7 @@ void frame_set_ahead(struct paging *pg, uint32_t f)
 void frame_set_used(struct paging *pg, uint32_t f)
 {
     struct pg_frame *fr = frame_at(pg, f);
+    KVVM_ASSERT(fr->state == FR_USED || fr->state == FR_AHEAD);  /* taken, not ready */
     if (fr->state == FR_AHEAD)
         pg->n_ahead--;
     if (fr->state != FR_USED)
@@ -176,6 +181,7 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
 {
     uint32_t id = pg->page_free_head;
     /* max_pages >= max_frames and every device page holds a frame: never exhausted here */
+    KVVM_ASSERT(id != 0);
     struct pg_page *p = page_at(pg, id);
     pg->page_free_head = p->next_free;
     p->next_free = 0;
@@ -193,12 +199,14 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
 
 void page_get(struct paging *pg, uint32_t page)
 {
+    KVVM_ASSERT(page_at(pg, page)->tier != PG_TIER_NONE);  /* a live descriptor */
     page_at(pg, page)->refs++;
 }
 
 void page_put(struct paging *pg, uint32_t page)
 {
     struct pg_page *p = page_at(pg, page);
+    KVVM_ASSERT(p->refs > 0 && p->tier != PG_TIER_NONE);   /* no put without a get */
     if (--p->refs)
         return;
     if (p->tier == PG_TIER_DEVICE && p->frame) {
