@@ -195,7 +195,8 @@ KVVM_API int kvvm_seq_swap_out(kvvm *kv, kvvm_seq s);
    -EBADMSG s's data was lost; -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s);
 /* Engine iteration boundary: records a fence on the engine's stream, ends the protection of
-   the sequences used in the iteration before, reaps completions. -EBUSY capturing stream. */
+   the sequences used in the iteration before, reaps completions. -EBUSY capturing stream;
+   -ENOMEM the step fence could not be made; -EIO a driver failure. */
 KVVM_API int kvvm_step(kvvm *kv);
 /* The engine's CUstream; NULL = synchronous mode. A stream of this device's primary context
    (CU_STREAM_LEGACY is accepted). Waits for the old stream's (or, from synchronous mode,
@@ -203,7 +204,8 @@ KVVM_API int kvvm_step(kvvm *kv);
    CU_STREAM_PER_THREAD, which names a different stream in each thread; -EBUSY the current
    or the new stream is capturing a graph. */
 KVVM_API int kvvm_set_stream(kvvm *kv, void *stream);
-/* A stream of this device (emulated too). -EINVAL stream NULL, -ENOMEM. */
+/* A stream of this device (emulated too). -EINVAL stream NULL, -ENOMEM, -EIO the driver
+   refused. */
 KVVM_API int kvvm_stream_create(kvvm *kv, void **stream);
 /* Destroys a stream made by kvvm_stream_create on this context (kvvm_close destroys those
    left). -EINVAL any other stream (nothing destroyed: the engine's own streams are its to
@@ -213,7 +215,7 @@ KVVM_API int kvvm_stream_destroy(kvvm *kv, void *stream);
 /* Waits until everything started before it has completed: copies, disk I/O, deferred unmaps
    and background reclaim rounds. With an engine stream it synchronizes that stream and the
    library's own, never the device (the engine's other streams, e.g. NCCL's, are not waited
-   for); without one, the device. -EBUSY capturing stream. */
+   for); without one, the device. -EBUSY capturing stream; -EIO a driver failure. */
 KVVM_API int kvvm_sync(kvvm *kv);
 
 /* Scheduling (additions). kvvm_seq_need: the device pages that making s resident and growing

@@ -6,12 +6,13 @@
  *    here" answer (-ENOENT) falls back to a fresh emulated device, and says so in the log.
  *    Any other CUDA failure is -ENODEV: a GPU machine must never run silently emulated.
  *  - Context: the device's primary context, retained for the vmm's life. Driver calls use
- *    the calling thread's current context, so every entry point makes ours current first.
- *    A thread-local cache (the id of the vmm last made current on this thread; ids are never
- *    reused) makes that a compare in the common case. Assumption: other code on the thread
- *    that switches contexts uses the same primary context (the runtime API does); a thread
- *    that sets a different context must call vmm_make_current() again (it always calls the
- *    driver).
+ *    the calling thread's current context, so every entry point makes ours current first:
+ *    it asks the driver for the current context each time (cuCtxGetCurrent, a thread-local
+ *    read in the driver) and sets ours only when it differs; nothing is cached here, since
+ *    the engine may switch devices on the thread between two calls. core/ saves the
+ *    caller's context before a public call and restores it after (vmm_ctx_save /
+ *    vmm_ctx_restore), so libkvvm never leaves its own context current in the engine's
+ *    thread.
  *  - All or nothing: vmm_map_run maps page by page, then one cuMemSetAccess over the run;
  *    a failure at any step unmaps what this call mapped. Nothing else here is multi-step.
  *  - Errors: every driver failure is logged with its entry point and the driver's error
