@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "common/log.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 struct ck {
     struct paging *pg;

@@ -1,4 +1,4 @@
-/* tests/test_emu.c: conformance of the emulated device (vmm/emu.h) with the driver's rules:
+/* tests/test_emu.c: conformance of the emulated device (vmm/emu/emu.h) with the driver's rules:
    strictness and error codes, aliasing, CPU faults, opaque mode, exhaustion, poison, fault
    injection, tracing, stream order, events, sticky faults, counters and leak accounting.
    Each test runs in its own process, so the process-global driver starts fresh. */
@@ -16,7 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 #define KiB (1024ul)
 #define MiB (1024ul * 1024ul)

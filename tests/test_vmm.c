@@ -23,7 +23,7 @@
 #include "kvvm.h"
 #include "common/log.h"
 #include "vmm/drv_cuda.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 #include "vmm/vmm.h"
 
 #define KiB ((size_t)1 << 10)

@@ -9,7 +9,7 @@
  *    Names carry a kcu/KCU prefix so both headers can be included in one translation unit.
  *  - struct kcu_api is one table of function pointers with exactly the CUDA signatures. Two
  *    implementations fill it: vmm/drv_cuda.c (libcuda.so.1, dlopen + cuGetProcAddress at the
- *    ABI version noted beside each entry) and vmm/drv_emu.c (the emulated device).
+ *    ABI version noted beside each entry) and vmm/emu/ (the emulated device).
  *  - The table is the only place that knows CUDA exists: every layer above calls through it,
  *    and no layer above it dereferences a device address.
  *  - As in the real driver, per-thread state matters: a thread must make a context current

@@ -30,7 +30,7 @@
 
 #include "common/log.h"
 #include "drv_cuda.h"
-#include "emu.h"
+#include "emu/emu.h"
 
 struct vmm {
     const struct kcu_api *api;

@@ -1,5 +1,5 @@
 /*
- * vmm/emu.h: the emulated device. It implements struct kcu_api with CUDA semantics over
+ * vmm/emu/emu.h: the emulated device. It implements struct kcu_api with CUDA semantics over
  * memfd + mmap, so machines without a GPU run the same driver-level code path (docs/design.md,
  * "The emulated device"). This header is also the emulator's test API: device creation,
  * counters, the mapping table, fault injection and call tracing.
@@ -37,12 +37,12 @@
  *    can reach device bytes (they use the emulator's own view of the memfd).
  *  - Copied bytes are counted per direction.
  */
-#ifndef KVVM_VMM_EMU_H
-#define KVVM_VMM_EMU_H
+#ifndef KVVM_VMM_EMU_EMU_H
+#define KVVM_VMM_EMU_EMU_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cudrv.h"
+#include "vmm/cudrv.h"
 
 #define EMU_POISON 0xA5          /* byte pattern of never-written device memory */
 

@@ -1,0 +1,209 @@
+/*
+ * vmm/emu/entry.c: the prologue every entry point runs (g_lock, call tracing, fault injection, context and sticky-error checks), the global tables, and the test API of fault injection and tracing.
+ * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
+ */
+#include "emu_int.h"
+
+#include <stdio.h>
+
+const char *const entry_names[E_COUNT] = {
+#define X(n) #n,
+    EMU_ENTRIES(X)
+#undef X
+};
+
+/* ---- globals (all guarded by g_lock) ------------------------------------------------ */
+
+pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;   /* some op completed */
+bool g_inited;
+struct emu_dev *g_devs[EMU_MAX_DEVICES];
+struct kcu_ctx_st g_ctx[EMU_MAX_DEVICES];
+struct emu_handle *g_h;
+size_t g_h_cap;
+struct emu_resv **g_resv;
+size_t g_nresv, g_resv_cap;
+struct emu_host *g_hosts;
+struct kcu_stream_st *g_streams;
+struct kcu_event_st *g_events;
+uint64_t g_map_id;
+struct emu_fault *g_faults;
+bool g_env_read;
+bool g_memlock_warned;
+
+bool g_tracing;
+struct emu_trace_entry *g_trace;
+size_t g_trace_n, g_trace_cap;
+unsigned long g_trace_occ[E_COUNT];
+
+__thread struct kcu_ctx_st *t_ctx;   /* the thread's current context */
+__thread unsigned t_ctx_gen;
+__thread int t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+
+struct emu_dev *dev_get_locked(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= EMU_MAX_DEVICES)
+        return NULL;
+    return g_devs[ordinal];
+}
+
+/* The device of the calling thread's current context, if that context is alive. */
+struct emu_dev *current_dev_locked(void)
+{
+    if (!t_ctx)
+        return NULL;
+    int i = (int)(t_ctx - g_ctx);
+    struct emu_dev *d = g_devs[i];
+    if (!d || t_ctx_gen != t_ctx->gen || d->ctx_refs <= 0)
+        return NULL;
+    return d;
+}
+
+static void trace_record_locked(int e)
+{
+    if (!g_tracing)
+        return;
+    unsigned long nth = ++g_trace_occ[e];
+    if (g_trace_n == g_trace_cap) {
+        size_t cap = g_trace_cap ? 2 * g_trace_cap : 1024;
+        struct emu_trace_entry *t = realloc(g_trace, cap * sizeof *t);
+        if (!t)
+            return;                /* tracing is best effort under memory pressure */
+        g_trace = t;
+        g_trace_cap = cap;
+    }
+    g_trace[g_trace_n++] = (struct emu_trace_entry){ entry_names[e], nth };
+}
+
+/* Counts this call against every armed failure of entry e; true (and *err) if one fires. */
+bool fault_check_locked(int e, kcu_result *err)
+{
+    bool fired = false;
+    for (struct emu_fault **pp = &g_faults; *pp;) {
+        struct emu_fault *f = *pp;
+        if (f->entry == e && --f->left == 0) {
+            if (!fired) {
+                *err = f->err;
+                fired = true;
+            }
+            *pp = f->next;
+            free(f);
+            continue;
+        }
+        pp = &f->next;
+    }
+    return fired;
+}
+
+/* The one prologue: takes g_lock (every entry point returns through leave()), records the
+   call, fires armed failures, then checks initialization, context and sticky errors. */
+kcu_result enter(int e, int need, struct emu_dev **cur)
+{
+    pthread_mutex_lock(&g_lock);
+    trace_record_locked(e);
+    kcu_result err;
+    if (fault_check_locked(e, &err))
+        return err;
+    if ((need & F_INIT) && !g_inited)
+        return KCU_ERROR_NOT_INITIALIZED;
+    struct emu_dev *d = current_dev_locked();
+    *cur = d;
+    if ((need & F_CTX) && !d)
+        return KCU_ERROR_INVALID_CONTEXT;
+    if ((need & F_STICKY) && d && d->sticky)
+        return d->sticky;
+    return KCU_SUCCESS;
+}
+
+kcu_result leave(kcu_result r)
+{
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* ---- test API: devices, counters, lookup, faults, tracing, stream hooks -------------- */
+
+/* Arms the failures of KVVM_EMU_FAIL ("entry:nth:err,..."); malformed items are logged
+   and skipped. */
+void fail_env_locked(void)
+{
+    const char *e = getenv("KVVM_EMU_FAIL");
+    if (!e || !*e)
+        return;
+    char *copy = strdup(e), *save = NULL;
+    if (!copy)
+        return;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char name[64];
+        unsigned long nth;
+        int err, used = 0;
+        int entry = -1;
+        if (sscanf(item, " %63[^:]:%lu:%d%n", name, &nth, &err, &used) == 3 &&
+            item[used] == '\0') {
+            for (int i = 0; i < E_COUNT; i++)
+                if (!strcmp(entry_names[i], name))
+                    entry = i;
+        }
+        struct emu_fault *f = NULL;
+        if (entry < 0 || nth == 0 || err == 0 || !(f = malloc(sizeof *f))) {
+            klog_error("KVVM_EMU_FAIL: '%s' is not entry:nth:err (a driver entry point, "
+                       "nth >= 1, a nonzero CUresult); ignored", item);
+            continue;
+        }
+        *f = (struct emu_fault){ .entry = entry, .left = nth, .err = err, .next = g_faults };
+        g_faults = f;
+    }
+    free(copy);
+}
+
+int emu_fail_arm(const char *entry, unsigned long nth, kcu_result err)
+{
+    if (!entry || nth == 0 || err == KCU_SUCCESS)
+        return -EINVAL;
+    int e = -1;
+    for (int i = 0; i < E_COUNT; i++)
+        if (!strcmp(entry_names[i], entry))
+            e = i;
+    if (e < 0)
+        return -EINVAL;
+    struct emu_fault *f = malloc(sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    pthread_mutex_lock(&g_lock);
+    *f = (struct emu_fault){ .entry = e, .left = nth, .err = err, .next = g_faults };
+    g_faults = f;
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
+void emu_fail_clear(void)
+{
+    pthread_mutex_lock(&g_lock);
+    while (g_faults) {
+        struct emu_fault *f = g_faults;
+        g_faults = f->next;
+        free(f);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+void emu_trace_start(void)
+{
+    pthread_mutex_lock(&g_lock);
+    g_trace_n = 0;
+    memset(g_trace_occ, 0, sizeof g_trace_occ);
+    g_tracing = true;
+    pthread_mutex_unlock(&g_lock);
+}
+
+size_t emu_trace_stop(struct emu_trace_entry *out, size_t max)
+{
+    pthread_mutex_lock(&g_lock);
+    g_tracing = false;
+    size_t n = g_trace_n;
+    if (out)
+        memcpy(out, g_trace, min_sz(n, max) * sizeof *out);
+    g_trace_n = 0;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
