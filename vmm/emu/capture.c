@@ -13,14 +13,14 @@
    Synchronize, cuCtxSynchronize: what PyTorch's watchdog tripped over); a prohibited call
    fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, as the
    driver does. */
-kcu_result capture_unsafe_locked(void)
+kcu_result emu_capture_unsafe_locked(void)
 {
-    if (t_capmode == KCU_STREAM_CAPTURE_MODE_RELAXED)
+    if (emu_t_capmode == KCU_STREAM_CAPTURE_MODE_RELAXED)
         return KCU_SUCCESS;
     kcu_result r = KCU_SUCCESS;
-    for (struct kcu_stream_st *s = g_streams; s; s = s->next)
+    for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
         if (s->capturing && !s->invalidated &&
-            (t_capmode == KCU_STREAM_CAPTURE_MODE_GLOBAL ||
+            (emu_t_capmode == KCU_STREAM_CAPTURE_MODE_GLOBAL ||
              pthread_equal(s->cap_thread, pthread_self()))) {
             s->invalidated = true;
             r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -32,10 +32,10 @@ kcu_result capture_unsafe_locked(void)
    in an unusable state until the blocking stream capture is terminated": work on it is
    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (and the capture is invalidated: an illegal
    dependency was attempted). query_only: cuStreamIsCapturing, which invalidates nothing. */
-kcu_result legacy_capture_locked(struct emu_dev *d, bool query_only)
+kcu_result emu_legacy_capture_locked(struct emu_dev *d, bool query_only)
 {
     kcu_result r = KCU_SUCCESS;
-    for (struct kcu_stream_st *s = g_streams; s; s = s->next)
+    for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
         if (s->dev == d && s->capturing && !(s->flags & KCU_STREAM_NON_BLOCKING)) {
             if (!query_only)
                 s->invalidated = true;
@@ -47,14 +47,14 @@ kcu_result legacy_capture_locked(struct emu_dev *d, bool query_only)
 /* The capture rules of a stream's query or synchronize: the capturing stream itself cannot
    be waited for (its work is not executed; "necessarily conflicts", in any mode), the legacy
    stream not while a blocking stream captures, and the call is an unsafe one. */
-kcu_result stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d)
+kcu_result emu_stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d)
 {
     if (s && s->capturing) {
         s->invalidated = true;
         return KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    kcu_result r = s ? KCU_SUCCESS : legacy_capture_locked(d, false);
-    return r ? r : capture_unsafe_locked();
+    kcu_result r = s ? KCU_SUCCESS : emu_legacy_capture_locked(d, false);
+    return r ? r : emu_capture_unsafe_locked();
 }
 
 /* Per-thread, no context needed (the capture mode belongs to the thread). */
@@ -66,22 +66,22 @@ kcu_result emu_cuThreadExchangeStreamCaptureMode(int *mode)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    int old = t_capmode;
-    t_capmode = *mode;
+    int old = emu_t_capmode;
+    emu_t_capmode = *mode;
     *mode = old;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 int emu_stream_set_capturing(kcu_stream stream, int on)
 {
-    pthread_mutex_lock(&g_lock);
-    struct kcu_stream_st *s = stream_lookup_locked(stream);
+    pthread_mutex_lock(&emu_lock);
+    struct kcu_stream_st *s = emu_stream_lookup_locked(stream);
     if (s) {
         s->capturing = on != 0;
         s->invalidated = false;
         s->cap_thread = pthread_self();
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return s ? 0 : -EINVAL;
 }

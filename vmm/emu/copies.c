@@ -14,19 +14,19 @@
 static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t want, int need,
                                    size_t *run, const char **why)
 {
-    struct emu_resv *rv = resv_find_locked((uintptr_t)va);
+    struct emu_resv *rv = emu_resv_find_locked((uintptr_t)va);
     if (!rv) {
         *why = "not a reserved address";
         return NULL;
     }
     size_t idx = ((uintptr_t)va - rv->base) / rv->gran;
     size_t in = ((uintptr_t)va - rv->base) % rv->gran;
-    struct emu_ent *e = ent_get(rv, idx);
+    struct emu_ent *e = emu_ent_get(rv, idx);
     if (!e || !e->h1) {
         *why = "not mapped";
         return NULL;
     }
-    struct emu_handle *h = &g_h[e->h1 - 1];
+    struct emu_handle *h = &emu_handles[e->h1 - 1];
     if (h->dev != d) {
         *why = "memory of another device (peer access is not emulated)";
         return NULL;
@@ -37,7 +37,7 @@ static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t w
     }
     size_t len = rv->gran - in;
     for (size_t k = idx + 1; len < want && k < rv->ngran; k++) {
-        struct emu_ent *f = ent_get(rv, k);
+        struct emu_ent *f = emu_ent_get(rv, k);
         if (!f || f->map_id != e->map_id || ((int)f->access & need) != need)
             break;
         len += rv->gran;
@@ -48,14 +48,14 @@ static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t w
 
 /* True when every byte of [va, va + n) is mapped (any access): copies are refused up front
    with KCU_ERROR_INVALID_VALUE on addresses the driver does not know. */
-bool range_known_locked(kcu_deviceptr va, size_t n)
+bool emu_range_known_locked(kcu_deviceptr va, size_t n)
 {
     while (n) {
-        struct emu_resv *rv = resv_find_locked((uintptr_t)va);
+        struct emu_resv *rv = emu_resv_find_locked((uintptr_t)va);
         if (!rv)
             return false;
         size_t idx = ((uintptr_t)va - rv->base) / rv->gran;
-        if (!ent_mapped(rv, idx))
+        if (!emu_ent_mapped(rv, idx))
             return false;
         size_t step = min_sz(n, rv->gran - ((uintptr_t)va - rv->base) % rv->gran);
         va += step;
@@ -74,7 +74,7 @@ static void device_fault_locked(struct emu_dev *d, kcu_deviceptr va, const char 
 
 /* Executes a copy or memset on device d, translating at execution time. The lock is dropped
    between chunks. A fault makes the device's error sticky and stops the copy. */
-void xfer_locked(struct emu_dev *d, struct emu_op *op)
+void emu_xfer_locked(struct emu_dev *d, struct emu_op *op)
 {
     size_t done = 0;
     while (done < op->n && !d->sticky) {
@@ -116,9 +116,9 @@ void xfer_locked(struct emu_dev *d, struct emu_op *op)
         default: break;
         }
         if (done < op->n) {        /* let map/unmap calls in between, as a GPU would */
-            pthread_mutex_unlock(&g_lock);
+            pthread_mutex_unlock(&emu_lock);
             sched_yield();         /* the mutex is unfair: give waiters a real chance */
-            pthread_mutex_lock(&g_lock);
+            pthread_mutex_lock(&emu_lock);
         }
     }
 }
@@ -127,8 +127,8 @@ void xfer_locked(struct emu_dev *d, struct emu_op *op)
 static bool host_in_resv_locked(const void *p, size_t n)
 {
     uintptr_t b = (uintptr_t)p;
-    for (size_t i = 0; i < g_nresv; i++) {
-        struct emu_resv *rv = g_resv[i];
+    for (size_t i = 0; i < emu_nresv; i++) {
+        struct emu_resv *rv = emu_resvs[i];
         if (b < rv->base + rv->size && (b >= rv->base || rv->base - b < n))
             return true;
     }
@@ -144,15 +144,15 @@ static kcu_result copy_submit_locked(struct emu_dev *cur, kcu_stream stream, str
 {
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    kcu_result r = stream_arg_locked(stream, cur, &s, &d);
+    kcu_result r = emu_stream_arg_locked(stream, cur, &s, &d);
     if (r)
         return r;
     if (tmpl->n == 0)
         return KCU_SUCCESS;
     bool dw = tmpl->kind != OP_DTOH, sr = tmpl->kind == OP_DTOH || tmpl->kind == OP_DTOD;
     if ((tmpl->kind == OP_HTOD && !tmpl->hsrc) || (tmpl->kind == OP_DTOH && !tmpl->hdst) ||
-        (dw && (tmpl->dst + tmpl->n < tmpl->dst || !range_known_locked(tmpl->dst, tmpl->n))) ||
-        (sr && (tmpl->src + tmpl->n < tmpl->src || !range_known_locked(tmpl->src, tmpl->n))) ||
+        (dw && (tmpl->dst + tmpl->n < tmpl->dst || !emu_range_known_locked(tmpl->dst, tmpl->n))) ||
+        (sr && (tmpl->src + tmpl->n < tmpl->src || !emu_range_known_locked(tmpl->src, tmpl->n))) ||
         (tmpl->kind == OP_HTOD && host_in_resv_locked(tmpl->hsrc, tmpl->n)) ||
         (tmpl->kind == OP_DTOH && host_in_resv_locked(tmpl->hdst, tmpl->n)))
         return KCU_ERROR_INVALID_VALUE;
@@ -166,7 +166,7 @@ static kcu_result copy_submit_locked(struct emu_dev *cur, kcu_stream stream, str
        synchronous with respect to host" (CUDA Driver API, "API synchronization behavior",
        Async), so a caller that reuses a source or reads a destination before the stream
        got there is wrong on a GPU too; here it reads the wrong bytes every time. */
-    return submit_locked(s, d, op);
+    return emu_submit_locked(s, d, op);
 }
 
 kcu_result emu_cuMemcpyHtoDAsync(kcu_deviceptr dst, const void *src, size_t bytes,
@@ -176,7 +176,7 @@ kcu_result emu_cuMemcpyHtoDAsync(kcu_deviceptr dst, const void *src, size_t byte
     r = copy_submit_locked(cur, stream, &(struct emu_op){ .kind = OP_HTOD, .dst = dst,
                                                           .hsrc = src, .n = bytes });
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuMemcpyDtoHAsync(void *dst, kcu_deviceptr src, size_t bytes,
@@ -186,7 +186,7 @@ kcu_result emu_cuMemcpyDtoHAsync(void *dst, kcu_deviceptr src, size_t bytes,
     r = copy_submit_locked(cur, stream, &(struct emu_op){ .kind = OP_DTOH, .hdst = dst,
                                                           .src = src, .n = bytes });
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuMemcpyDtoDAsync(kcu_deviceptr dst, kcu_deviceptr src, size_t bytes,
@@ -196,7 +196,7 @@ kcu_result emu_cuMemcpyDtoDAsync(kcu_deviceptr dst, kcu_deviceptr src, size_t by
     r = copy_submit_locked(cur, stream, &(struct emu_op){ .kind = OP_DTOD, .dst = dst,
                                                           .src = src, .n = bytes });
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuMemsetD8Async(kcu_deviceptr dst, unsigned char value, size_t n,
@@ -206,5 +206,5 @@ kcu_result emu_cuMemsetD8Async(kcu_deviceptr dst, unsigned char value, size_t n,
     r = copy_submit_locked(cur, stream, &(struct emu_op){ .kind = OP_MEMSET, .dst = dst,
                                                           .val = value, .n = n });
 out:
-    return leave(r);
+    return emu_leave(r);
 }

@@ -17,9 +17,9 @@ kcu_result emu_cuInit(unsigned int flags)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    g_inited = true;
+    emu_inited = true;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuDriverGetVersion(int *version)
@@ -30,7 +30,7 @@ kcu_result emu_cuDriverGetVersion(int *version)
     else
         *version = EMU_DRIVER_VERSION;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuDeviceGetCount(int *count)
@@ -42,10 +42,10 @@ kcu_result emu_cuDeviceGetCount(int *count)
     }
     int n = 0;
     for (int i = 0; i < EMU_MAX_DEVICES; i++)
-        n += g_devs[i] != NULL;
+        n += emu_devs[i] != NULL;
     *count = n;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuDeviceGet(kcu_device *dev, int ordinal)
@@ -53,12 +53,12 @@ kcu_result emu_cuDeviceGet(kcu_device *dev, int ordinal)
     BEGIN(cuDeviceGet, F_INIT);
     if (!dev)
         r = KCU_ERROR_INVALID_VALUE;
-    else if (!dev_get_locked(ordinal))
+    else if (!emu_dev_get_locked(ordinal))
         r = KCU_ERROR_INVALID_DEVICE;
     else
         *dev = ordinal;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Only the VMM attribute is emulated; any other attribute is KCU_ERROR_INVALID_VALUE (the
@@ -68,14 +68,14 @@ kcu_result emu_cuDeviceGetAttribute(int *pi, int attrib, kcu_device dev)
     BEGIN(cuDeviceGetAttribute, F_INIT);
     if (!pi)
         r = KCU_ERROR_INVALID_VALUE;
-    else if (!dev_get_locked(dev))
+    else if (!emu_dev_get_locked(dev))
         r = KCU_ERROR_INVALID_DEVICE;
     else if (attrib == KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
         *pi = 1;
     else
         r = KCU_ERROR_INVALID_VALUE;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuDeviceGetName(char *name, int len, kcu_device dev)
@@ -83,18 +83,18 @@ kcu_result emu_cuDeviceGetName(char *name, int len, kcu_device dev)
     BEGIN(cuDeviceGetName, F_INIT);
     if (!name || len <= 0)
         r = KCU_ERROR_INVALID_VALUE;
-    else if (!dev_get_locked(dev))
+    else if (!emu_dev_get_locked(dev))
         r = KCU_ERROR_INVALID_DEVICE;
     else
         snprintf(name, (size_t)len, "%s", EMU_DEVICE_NAME);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuDeviceTotalMem(size_t *bytes, kcu_device dev)
 {
     BEGIN(cuDeviceTotalMem, F_INIT);
-    struct emu_dev *d = dev_get_locked(dev);
+    struct emu_dev *d = emu_dev_get_locked(dev);
     if (!bytes)
         r = KCU_ERROR_INVALID_VALUE;
     else if (!d)
@@ -102,23 +102,23 @@ kcu_result emu_cuDeviceTotalMem(size_t *bytes, kcu_device dev)
     else
         *bytes = d->capacity;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuDevicePrimaryCtxRetain(kcu_context *ctx, kcu_device dev)
 {
     BEGIN(cuDevicePrimaryCtxRetain, F_INIT);
-    struct emu_dev *d = dev_get_locked(dev);
+    struct emu_dev *d = emu_dev_get_locked(dev);
     if (!ctx)
         r = KCU_ERROR_INVALID_VALUE;
     else if (!d)
         r = KCU_ERROR_INVALID_DEVICE;
     else {
         d->ctx_refs++;
-        *ctx = &g_ctx[dev];
+        *ctx = &emu_ctx[dev];
     }
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Releasing more often than retained: KCU_ERROR_INVALID_CONTEXT. The device's objects stay
@@ -126,7 +126,7 @@ out:
 kcu_result emu_cuDevicePrimaryCtxRelease(kcu_device dev)
 {
     BEGIN(cuDevicePrimaryCtxRelease, F_INIT);
-    struct emu_dev *d = dev_get_locked(dev);
+    struct emu_dev *d = emu_dev_get_locked(dev);
     if (!d)
         r = KCU_ERROR_INVALID_DEVICE;
     else if (d->ctx_refs <= 0)
@@ -134,26 +134,26 @@ kcu_result emu_cuDevicePrimaryCtxRelease(kcu_device dev)
     else
         d->ctx_refs--;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuCtxSetCurrent(kcu_context ctx)
 {
     BEGIN(cuCtxSetCurrent, F_INIT);
     if (!ctx) {
-        t_ctx = NULL;
+        emu_t_ctx = NULL;
         goto out;
     }
     for (int i = 0; i < EMU_MAX_DEVICES; i++) {
-        if (ctx == &g_ctx[i] && g_devs[i] && g_devs[i]->ctx_refs > 0) {
-            t_ctx = ctx;
-            t_ctx_gen = ctx->gen;
+        if (ctx == &emu_ctx[i] && emu_devs[i] && emu_devs[i]->ctx_refs > 0) {
+            emu_t_ctx = ctx;
+            emu_t_ctx_gen = ctx->gen;
             goto out;
         }
     }
     r = KCU_ERROR_INVALID_CONTEXT;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuCtxGetCurrent(kcu_context *ctx)
@@ -162,9 +162,9 @@ kcu_result emu_cuCtxGetCurrent(kcu_context *ctx)
     if (!ctx)
         r = KCU_ERROR_INVALID_VALUE;
     else
-        *ctx = cur ? t_ctx : NULL;
+        *ctx = cur ? emu_t_ctx : NULL;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 static size_t default_max_maps(void)
@@ -236,23 +236,23 @@ int emu_device_create(const struct emu_device_params *p, int *ordinal)
     if (d->view == MAP_FAILED)
         goto out_fd;
 
-    pthread_mutex_lock(&g_lock);
-    if (!g_env_read) {
-        g_env_read = true;
-        fail_env_locked();
+    pthread_mutex_lock(&emu_lock);
+    if (!emu_env_read) {
+        emu_env_read = true;
+        emu_fail_env_locked();
     }
     int slot = -1;
     for (int i = 0; i < EMU_MAX_DEVICES && slot < 0; i++)
-        if (!g_devs[i])
+        if (!emu_devs[i])
             slot = i;
     if (slot < 0) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&emu_lock);
         munmap(d->view, cap);
         goto out_fd;
     }
     d->ordinal = slot;
-    g_devs[slot] = d;
-    pthread_mutex_unlock(&g_lock);
+    emu_devs[slot] = d;
+    pthread_mutex_unlock(&emu_lock);
     *ordinal = slot;
     return 0;
 
@@ -265,12 +265,134 @@ out_dev:
     return -ENOMEM;
 }
 
+/* Stops d's streams: live ones are leaks (their workers finish their queues first: they may
+   touch our memory), destroyed ones drain (paused ones are resumed), the legacy stream's
+   worker last (not a handle). Returns the leaks. */
+static int destroy_streams_locked(struct emu_dev *d)
+{
+    int leaks = 0;
+    for (;;) {
+        struct kcu_stream_st *s = emu_streams;
+        while (s && (s->dev != d || s->dying || s->legacy))
+            s = s->next;
+        if (!s)
+            break;
+        klog_error("emulated device %d: leaked stream %p", d->ordinal, (void *)s);
+        leaks++;
+        s->dying = true;
+        emu_stream_teardown_locked(s);
+    }
+    for (;;) {
+        bool any = false;
+        for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
+            if (s->dev == d && s->detached) {
+                any = true;
+                s->paused = false;
+                pthread_cond_signal(&s->cv);
+            }
+        if (!any)
+            break;
+        pthread_cond_wait(&emu_cond, &emu_lock);
+    }
+    if (d->legacy) {
+        struct kcu_stream_st *s = d->legacy;
+        d->legacy = NULL;
+        s->dying = true;
+        emu_stream_teardown_locked(s);
+    }
+    return leaks;
+}
+
+static int destroy_events_locked(struct emu_dev *d)
+{
+    int leaks = 0;
+    for (struct kcu_event_st **pp = &emu_events; *pp;) {
+        struct kcu_event_st *ev = *pp;
+        if (ev->dev != d) {
+            pp = &ev->next;
+            continue;
+        }
+        klog_error("emulated device %d: leaked event %p", d->ordinal, (void *)ev);
+        leaks++;
+        emu_event_unlink_locked(ev);
+        emu_event_put_locked(ev);
+    }
+    return leaks;
+}
+
+/* Removes the mappings of d's memory, wherever they are, then d's reservations (with the
+   mappings of other devices' memory inside them). Returns the leaks. */
+static int destroy_maps_locked(struct emu_dev *d)
+{
+    int leaks = 0;
+    for (size_t k = 0; k < emu_nresv; k++) {
+        struct emu_resv *rv = emu_resvs[k];
+        for (size_t i = 0; i < rv->ngran; i++) {
+            struct emu_ent *e = emu_ent_get(rv, i);
+            if (!e || !e->h1 || emu_handles[e->h1 - 1].dev != d)
+                continue;
+            size_t j = i;
+            while (j < rv->ngran && emu_ent_map_id(rv, j) == e->map_id)
+                j++;
+            klog_error("emulated device %d: leaked mapping of %zu bytes at 0x%lx", d->ordinal,
+                       (j - i) * rv->gran, (unsigned long)(rv->base + i * rv->gran));
+            leaks++;
+            mmap((void *)(rv->base + i * rv->gran), (j - i) * rv->gran, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            emu_unmap_entries_locked(rv, i, j - i);
+            i = j - 1;
+        }
+    }
+    for (size_t k = 0; k < emu_nresv;) {
+        struct emu_resv *rv = emu_resvs[k];
+        if (rv->owner != d) {
+            k++;
+            continue;
+        }
+        klog_error("emulated device %d: leaked reservation of %zu bytes at 0x%lx", d->ordinal,
+                   rv->size, (unsigned long)rv->base);
+        leaks++;
+        emu_unmap_entries_locked(rv, 0, rv->ngran);
+        munmap((void *)rv->base, rv->size);
+        emu_resv_remove_locked(rv);
+        emu_resv_free_mem(rv);
+    }
+    return leaks;
+}
+
+/* Frees d's handles and pinned host ranges. Returns the leaks. */
+static int destroy_memory_locked(struct emu_dev *d)
+{
+    int leaks = 0;
+    for (size_t i = 0; i < emu_handles_cap; i++) {
+        if (emu_handles[i].dev != d)
+            continue;
+        klog_error("emulated device %d: leaked handle of %zu bytes", d->ordinal,
+                   emu_handles[i].ngran * d->gran);
+        leaks++;
+        emu_handles[i].released = true;
+        emu_handle_maybe_free_locked(i);
+    }
+    for (struct emu_host *h = emu_hosts, *next; h; h = next) {
+        next = h->next;
+        if (h->dev != d)
+            continue;
+        klog_error("emulated device %d: leaked pinned host range of %zu bytes at %p (%s)",
+                   d->ordinal, h->n, (void *)h->p, h->alloc ? "cuMemAllocHost" :
+                   "cuMemHostRegister");
+        leaks++;
+        emu_host_remove_locked(h);
+        emu_host_release_locked(h);
+    }
+    return leaks;
+}
+
 int emu_device_destroy(int ordinal)
 {
-    pthread_mutex_lock(&g_lock);
-    struct emu_dev *d = dev_get_locked(ordinal);
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (!d) {
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&emu_lock);
         return -ENODEV;
     }
     int leaks = 0;
@@ -281,106 +403,14 @@ int emu_device_destroy(int ordinal)
         leaks++;
         d->ctx_refs = 0;
     }
-    /* Streams first: their workers finish their queues (they may touch our memory). */
-    for (;;) {
-        struct kcu_stream_st *s = g_streams;
-        while (s && (s->dev != d || s->dying || s->legacy))
-            s = s->next;
-        if (!s)
-            break;
-        klog_error("emulated device %d: leaked stream %p", ordinal, (void *)s);
-        leaks++;
-        s->dying = true;
-        stream_teardown_locked(s);
-    }
-    /* and the streams destroyed earlier drain (paused ones are resumed) and go */
-    for (;;) {
-        bool any = false;
-        for (struct kcu_stream_st *s = g_streams; s; s = s->next)
-            if (s->dev == d && s->detached) {
-                any = true;
-                s->paused = false;
-                pthread_cond_signal(&s->cv);
-            }
-        if (!any)
-            break;
-        pthread_cond_wait(&g_cond, &g_lock);
-    }
-    if (d->legacy) {                 /* the legacy stream's worker last (not a handle) */
-        struct kcu_stream_st *s = d->legacy;
-        d->legacy = NULL;
-        s->dying = true;
-        stream_teardown_locked(s);
-    }
-    for (struct kcu_event_st **pp = &g_events; *pp;) {
-        struct kcu_event_st *ev = *pp;
-        if (ev->dev != d) {
-            pp = &ev->next;
-            continue;
-        }
-        klog_error("emulated device %d: leaked event %p", ordinal, (void *)ev);
-        leaks++;
-        event_unlink_locked(ev);
-        event_put_locked(ev);
-    }
-    /* Mappings of this device's memory, wherever they are. */
-    for (size_t k = 0; k < g_nresv; k++) {
-        struct emu_resv *rv = g_resv[k];
-        for (size_t i = 0; i < rv->ngran; i++) {
-            struct emu_ent *e = ent_get(rv, i);
-            if (!e || !e->h1 || g_h[e->h1 - 1].dev != d)
-                continue;
-            size_t j = i;
-            while (j < rv->ngran && ent_map_id(rv, j) == e->map_id)
-                j++;
-            klog_error("emulated device %d: leaked mapping of %zu bytes at 0x%lx", ordinal,
-                       (j - i) * rv->gran, (unsigned long)(rv->base + i * rv->gran));
-            leaks++;
-            mmap((void *)(rv->base + i * rv->gran), (j - i) * rv->gran, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-            unmap_entries_locked(rv, i, j - i);
-            i = j - 1;
-        }
-    }
-    for (size_t k = 0; k < g_nresv;) {
-        struct emu_resv *rv = g_resv[k];
-        if (rv->owner != d) {
-            k++;
-            continue;
-        }
-        klog_error("emulated device %d: leaked reservation of %zu bytes at 0x%lx", ordinal,
-                   rv->size, (unsigned long)rv->base);
-        leaks++;
-        /* Mappings of other devices' memory inside it go with it. */
-        unmap_entries_locked(rv, 0, rv->ngran);
-        munmap((void *)rv->base, rv->size);
-        resv_remove_locked(rv);
-        resv_free_mem(rv);
-    }
-    for (size_t i = 0; i < g_h_cap; i++) {
-        if (g_h[i].dev != d)
-            continue;
-        klog_error("emulated device %d: leaked handle of %zu bytes", ordinal,
-                   g_h[i].ngran * d->gran);
-        leaks++;
-        g_h[i].released = true;
-        handle_maybe_free_locked(i);
-    }
-    for (struct emu_host *h = g_hosts, *next; h; h = next) {
-        next = h->next;
-        if (h->dev != d)
-            continue;
-        klog_error("emulated device %d: leaked pinned host range of %zu bytes at %p (%s)",
-                   ordinal, h->n, (void *)h->p, h->alloc ? "cuMemAllocHost" :
-                   "cuMemHostRegister");
-        leaks++;
-        host_remove_locked(h);
-        host_release_locked(h);
-    }
-    g_devs[ordinal] = NULL;
-    g_ctx[ordinal].gen++;
-    pthread_cond_broadcast(&g_cond);
-    pthread_mutex_unlock(&g_lock);
+    leaks += destroy_streams_locked(d);
+    leaks += destroy_events_locked(d);
+    leaks += destroy_maps_locked(d);
+    leaks += destroy_memory_locked(d);
+    emu_devs[ordinal] = NULL;
+    emu_ctx[ordinal].gen++;
+    pthread_cond_broadcast(&emu_cond);
+    pthread_mutex_unlock(&emu_lock);
     munmap(d->view, d->capacity);
     close(d->memfd);
     free(d->bitmap);
@@ -392,10 +422,10 @@ int emu_counters_get(int ordinal, struct emu_counters *out)
 {
     if (!out)
         return -EINVAL;
-    pthread_mutex_lock(&g_lock);
-    struct emu_dev *d = dev_get_locked(ordinal);
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (d)
         *out = d->c;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return d ? 0 : -ENODEV;
 }

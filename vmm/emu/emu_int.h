@@ -32,14 +32,14 @@
  *  - Every entry point is counted, traced and can be made to fail (entry.c) before it does
  *    anything: an injected failure changes no state.
  *
- * Locks and lock order: g_lock only, one mutex over every table. Every entry point takes it
- * in its prologue (enter(), through BEGIN) and drops it in leave(); test API calls take it
+ * Locks and lock order: emu_lock only, one mutex over every table. Every entry point takes it
+ * in its prologue (emu_enter(), through BEGIN) and drops it in emu_leave(); test API calls take it
  * themselves. Functions named *_locked are called with it held. The only places that drop
- * it while an operation is in progress are condition waits (g_cond: some op completed;
+ * it while an operation is in progress are condition waits (emu_cond: some op completed;
  * a stream's cv: work queued, unpaused or exit requested), the join of a stream's worker,
  * and the copy loop, which releases it between chunks so that a cuMemUnmap issued while a
  * long copy runs takes effect between chunks (and the copy then faults, as a GPU would).
- * klog takes its own lock inside and never calls back (g_lock -> klog's lock).
+ * klog takes its own lock inside and never calls back (emu_lock -> klog's lock).
  *
  * What it never does: it never dereferences a caller's device address (copies go through
  * the view), never executes captured work, never aborts or exits on a caller's error (a
@@ -97,7 +97,7 @@ enum emu_entry {
     E_COUNT
 };
 
-extern const char *const entry_names[E_COUNT];
+extern const char *const emu_entry_names[E_COUNT];
 
 struct emu_fault {                 /* one armed failure */
     int entry;
@@ -215,33 +215,33 @@ struct kcu_ctx_st {                /* primary context of the device in the same 
     unsigned gen;                  /* bumped when the device is destroyed */
 };
 
-/* ---- globals (all guarded by g_lock) ------------------------------------------------ */
+/* ---- globals (all guarded by emu_lock) ------------------------------------------------ */
 
-extern pthread_mutex_t g_lock;
-extern pthread_cond_t g_cond;   /* some op completed */
-extern bool g_inited;
-extern struct emu_dev *g_devs[EMU_MAX_DEVICES];
-extern struct kcu_ctx_st g_ctx[EMU_MAX_DEVICES];
-extern struct emu_handle *g_h;
-extern size_t g_h_cap;
-extern struct emu_resv **g_resv;
-extern size_t g_nresv, g_resv_cap;
-extern struct emu_host *g_hosts;
-extern struct kcu_stream_st *g_streams;
-extern struct kcu_event_st *g_events;
-extern uint64_t g_map_id;
-extern struct emu_fault *g_faults;
-extern bool g_env_read;
-extern bool g_memlock_warned;
+extern pthread_mutex_t emu_lock;
+extern pthread_cond_t emu_cond;   /* some op completed */
+extern bool emu_inited;
+extern struct emu_dev *emu_devs[EMU_MAX_DEVICES];
+extern struct kcu_ctx_st emu_ctx[EMU_MAX_DEVICES];
+extern struct emu_handle *emu_handles;
+extern size_t emu_handles_cap;
+extern struct emu_resv **emu_resvs;
+extern size_t emu_nresv, emu_resv_cap;
+extern struct emu_host *emu_hosts;
+extern struct kcu_stream_st *emu_streams;
+extern struct kcu_event_st *emu_events;
+extern uint64_t emu_map_id;
+extern struct emu_fault *emu_faults;
+extern bool emu_env_read;
+extern bool emu_memlock_warned;
 
-extern bool g_tracing;
-extern struct emu_trace_entry *g_trace;
-extern size_t g_trace_n, g_trace_cap;
-extern unsigned long g_trace_occ[E_COUNT];
+extern bool emu_tracing;
+extern struct emu_trace_entry *emu_trace_buf;
+extern size_t emu_trace_n, emu_trace_cap;
+extern unsigned long emu_trace_occ[E_COUNT];
 
-extern __thread struct kcu_ctx_st *t_ctx;   /* the thread's current context */
-extern __thread unsigned t_ctx_gen;
-extern __thread int t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+extern __thread struct kcu_ctx_st *emu_t_ctx;   /* the thread's current context */
+extern __thread unsigned emu_t_ctx_gen;
+extern __thread int emu_t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
@@ -252,11 +252,11 @@ enum { F_INIT = 1,                  /* cuInit must have been called */
        F_CTX = 2,                   /* a current context is required */
        F_STICKY = 4 };              /* a dead current device fails the call */
 
-/* Opens every entry point: enter() takes g_lock, records the call and runs the checks `need`
-   asks for; on failure the entry point jumps to out:, which returns through leave(). */
+/* Opens every entry point: emu_enter() takes emu_lock, records the call and runs the checks `need`
+   asks for; on failure the entry point jumps to out:, which returns through emu_leave(). */
 #define BEGIN(name, need)                                         \
     struct emu_dev *cur;                                          \
-    kcu_result r = enter(E_##name, (need), &cur);                 \
+    kcu_result r = emu_enter(E_##name, (need), &cur);                 \
     (void)cur;                                                    \
     if (r != KCU_SUCCESS)                                         \
         goto out
@@ -267,49 +267,49 @@ enum { F_INIT = 1,                  /* cuInit must have been called */
 #undef X
 
 /* entry.c */
-kcu_result enter(int e, int need, struct emu_dev **cur);
-kcu_result leave(kcu_result r);
-struct emu_dev *dev_get_locked(int ordinal);
-void fail_env_locked(void);
+kcu_result emu_enter(int e, int need, struct emu_dev **cur);
+kcu_result emu_leave(kcu_result r);
+struct emu_dev *emu_dev_get_locked(int ordinal);
+void emu_fail_env_locked(void);
 
 /* memory.c */
-kcu_mem_handle handle_value(size_t slot);
-struct emu_handle *handle_lookup_locked(kcu_mem_handle v, size_t *slot);
-void handle_maybe_free_locked(size_t slot);
+kcu_mem_handle emu_handle_value(size_t slot);
+struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot);
+void emu_handle_maybe_free_locked(size_t slot);
 
 /* maps.c */
-bool ent_mapped(struct emu_resv *rv, size_t i);
-struct emu_ent *ent_get(struct emu_resv *rv, size_t i);
-struct emu_resv *resv_find_locked(uintptr_t va);
-uint64_t ent_map_id(struct emu_resv *rv, size_t i);
-void resv_free_mem(struct emu_resv *rv);
-void resv_remove_locked(struct emu_resv *rv);
-void unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n);
+bool emu_ent_mapped(struct emu_resv *rv, size_t i);
+struct emu_ent *emu_ent_get(struct emu_resv *rv, size_t i);
+struct emu_resv *emu_resv_find_locked(uintptr_t va);
+uint64_t emu_ent_map_id(struct emu_resv *rv, size_t i);
+void emu_resv_free_mem(struct emu_resv *rv);
+void emu_resv_remove_locked(struct emu_resv *rv);
+void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n);
 
 /* copies.c */
-bool range_known_locked(kcu_deviceptr va, size_t n);
-void xfer_locked(struct emu_dev *d, struct emu_op *op);
+bool emu_range_known_locked(kcu_deviceptr va, size_t n);
+void emu_xfer_locked(struct emu_dev *d, struct emu_op *op);
 
 /* streams.c */
-bool legacy_help_locked(struct emu_dev *d);
-kcu_result stream_arg_locked(kcu_stream stream, struct emu_dev *cur, struct kcu_stream_st **s, struct emu_dev **d);
-kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op);
-struct kcu_stream_st *stream_lookup_locked(kcu_stream s);
-void drain_locked(struct emu_dev *d, bool blocking_only);
-void stream_teardown_locked(struct kcu_stream_st *s);
+bool emu_legacy_help_locked(struct emu_dev *d);
+kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur, struct kcu_stream_st **s, struct emu_dev **d);
+kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op);
+struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s);
+void emu_drain_locked(struct emu_dev *d, bool blocking_only);
+void emu_stream_teardown_locked(struct kcu_stream_st *s);
 
 /* capture.c */
-kcu_result capture_unsafe_locked(void);
-kcu_result legacy_capture_locked(struct emu_dev *d, bool query_only);
-kcu_result stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d);
+kcu_result emu_capture_unsafe_locked(void);
+kcu_result emu_legacy_capture_locked(struct emu_dev *d, bool query_only);
+kcu_result emu_stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d);
 
 /* events.c */
-struct kcu_event_st *event_lookup_locked(kcu_event e);
-void event_put_locked(struct kcu_event_st *ev);
-void event_unlink_locked(struct kcu_event_st *ev);
+struct kcu_event_st *emu_event_lookup_locked(kcu_event e);
+void emu_event_put_locked(struct kcu_event_st *ev);
+void emu_event_unlink_locked(struct kcu_event_st *ev);
 
 /* host.c */
-void host_release_locked(struct emu_host *h);
-void host_remove_locked(struct emu_host *x);
+void emu_host_release_locked(struct emu_host *h);
+void emu_host_remove_locked(struct emu_host *x);
 
 #endif

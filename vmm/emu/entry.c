@@ -1,85 +1,85 @@
 /*
- * vmm/emu/entry.c: the prologue every entry point runs (g_lock, call tracing, fault injection, context and sticky-error checks), the global tables, and the test API of fault injection and tracing.
+ * vmm/emu/entry.c: the prologue every entry point runs (emu_lock, call tracing, fault injection, context and sticky-error checks), the global tables, and the test API of fault injection and tracing.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"
 
 #include <stdio.h>
 
-const char *const entry_names[E_COUNT] = {
+const char *const emu_entry_names[E_COUNT] = {
 #define X(n) #n,
     EMU_ENTRIES(X)
 #undef X
 };
 
-/* ---- globals (all guarded by g_lock) ------------------------------------------------ */
+/* ---- globals (all guarded by emu_lock) ------------------------------------------------ */
 
-pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;   /* some op completed */
-bool g_inited;
-struct emu_dev *g_devs[EMU_MAX_DEVICES];
-struct kcu_ctx_st g_ctx[EMU_MAX_DEVICES];
-struct emu_handle *g_h;
-size_t g_h_cap;
-struct emu_resv **g_resv;
-size_t g_nresv, g_resv_cap;
-struct emu_host *g_hosts;
-struct kcu_stream_st *g_streams;
-struct kcu_event_st *g_events;
-uint64_t g_map_id;
-struct emu_fault *g_faults;
-bool g_env_read;
-bool g_memlock_warned;
+pthread_mutex_t emu_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t emu_cond = PTHREAD_COND_INITIALIZER;   /* some op completed */
+bool emu_inited;
+struct emu_dev *emu_devs[EMU_MAX_DEVICES];
+struct kcu_ctx_st emu_ctx[EMU_MAX_DEVICES];
+struct emu_handle *emu_handles;
+size_t emu_handles_cap;
+struct emu_resv **emu_resvs;
+size_t emu_nresv, emu_resv_cap;
+struct emu_host *emu_hosts;
+struct kcu_stream_st *emu_streams;
+struct kcu_event_st *emu_events;
+uint64_t emu_map_id;
+struct emu_fault *emu_faults;
+bool emu_env_read;
+bool emu_memlock_warned;
 
-bool g_tracing;
-struct emu_trace_entry *g_trace;
-size_t g_trace_n, g_trace_cap;
-unsigned long g_trace_occ[E_COUNT];
+bool emu_tracing;
+struct emu_trace_entry *emu_trace_buf;
+size_t emu_trace_n, emu_trace_cap;
+unsigned long emu_trace_occ[E_COUNT];
 
-__thread struct kcu_ctx_st *t_ctx;   /* the thread's current context */
-__thread unsigned t_ctx_gen;
-__thread int t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+__thread struct kcu_ctx_st *emu_t_ctx;   /* the thread's current context */
+__thread unsigned emu_t_ctx_gen;
+__thread int emu_t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
 
-struct emu_dev *dev_get_locked(int ordinal)
+struct emu_dev *emu_dev_get_locked(int ordinal)
 {
     if (ordinal < 0 || ordinal >= EMU_MAX_DEVICES)
         return NULL;
-    return g_devs[ordinal];
+    return emu_devs[ordinal];
 }
 
 /* The device of the calling thread's current context, if that context is alive. */
 struct emu_dev *current_dev_locked(void)
 {
-    if (!t_ctx)
+    if (!emu_t_ctx)
         return NULL;
-    int i = (int)(t_ctx - g_ctx);
-    struct emu_dev *d = g_devs[i];
-    if (!d || t_ctx_gen != t_ctx->gen || d->ctx_refs <= 0)
+    int i = (int)(emu_t_ctx - emu_ctx);
+    struct emu_dev *d = emu_devs[i];
+    if (!d || emu_t_ctx_gen != emu_t_ctx->gen || d->ctx_refs <= 0)
         return NULL;
     return d;
 }
 
 static void trace_record_locked(int e)
 {
-    if (!g_tracing)
+    if (!emu_tracing)
         return;
-    unsigned long nth = ++g_trace_occ[e];
-    if (g_trace_n == g_trace_cap) {
-        size_t cap = g_trace_cap ? 2 * g_trace_cap : 1024;
-        struct emu_trace_entry *t = realloc(g_trace, cap * sizeof *t);
+    unsigned long nth = ++emu_trace_occ[e];
+    if (emu_trace_n == emu_trace_cap) {
+        size_t cap = emu_trace_cap ? 2 * emu_trace_cap : 1024;
+        struct emu_trace_entry *t = realloc(emu_trace_buf, cap * sizeof *t);
         if (!t)
             return;                /* tracing is best effort under memory pressure */
-        g_trace = t;
-        g_trace_cap = cap;
+        emu_trace_buf = t;
+        emu_trace_cap = cap;
     }
-    g_trace[g_trace_n++] = (struct emu_trace_entry){ entry_names[e], nth };
+    emu_trace_buf[emu_trace_n++] = (struct emu_trace_entry){ emu_entry_names[e], nth };
 }
 
 /* Counts this call against every armed failure of entry e; true (and *err) if one fires. */
 bool fault_check_locked(int e, kcu_result *err)
 {
     bool fired = false;
-    for (struct emu_fault **pp = &g_faults; *pp;) {
+    for (struct emu_fault **pp = &emu_faults; *pp;) {
         struct emu_fault *f = *pp;
         if (f->entry == e && --f->left == 0) {
             if (!fired) {
@@ -95,16 +95,16 @@ bool fault_check_locked(int e, kcu_result *err)
     return fired;
 }
 
-/* The one prologue: takes g_lock (every entry point returns through leave()), records the
+/* The one prologue: takes emu_lock (every entry point returns through emu_leave()), records the
    call, fires armed failures, then checks initialization, context and sticky errors. */
-kcu_result enter(int e, int need, struct emu_dev **cur)
+kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&emu_lock);
     trace_record_locked(e);
     kcu_result err;
     if (fault_check_locked(e, &err))
         return err;
-    if ((need & F_INIT) && !g_inited)
+    if ((need & F_INIT) && !emu_inited)
         return KCU_ERROR_NOT_INITIALIZED;
     struct emu_dev *d = current_dev_locked();
     *cur = d;
@@ -115,9 +115,9 @@ kcu_result enter(int e, int need, struct emu_dev **cur)
     return KCU_SUCCESS;
 }
 
-kcu_result leave(kcu_result r)
+kcu_result emu_leave(kcu_result r)
 {
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return r;
 }
 
@@ -125,7 +125,7 @@ kcu_result leave(kcu_result r)
 
 /* Arms the failures of KVVM_EMU_FAIL ("entry:nth:err,..."); malformed items are logged
    and skipped. */
-void fail_env_locked(void)
+void emu_fail_env_locked(void)
 {
     const char *e = getenv("KVVM_EMU_FAIL");
     if (!e || !*e)
@@ -141,7 +141,7 @@ void fail_env_locked(void)
         if (sscanf(item, " %63[^:]:%lu:%d%n", name, &nth, &err, &used) == 3 &&
             item[used] == '\0') {
             for (int i = 0; i < E_COUNT; i++)
-                if (!strcmp(entry_names[i], name))
+                if (!strcmp(emu_entry_names[i], name))
                     entry = i;
         }
         struct emu_fault *f = NULL;
@@ -150,8 +150,8 @@ void fail_env_locked(void)
                        "nth >= 1, a nonzero CUresult); ignored", item);
             continue;
         }
-        *f = (struct emu_fault){ .entry = entry, .left = nth, .err = err, .next = g_faults };
-        g_faults = f;
+        *f = (struct emu_fault){ .entry = entry, .left = nth, .err = err, .next = emu_faults };
+        emu_faults = f;
     }
     free(copy);
 }
@@ -162,48 +162,48 @@ int emu_fail_arm(const char *entry, unsigned long nth, kcu_result err)
         return -EINVAL;
     int e = -1;
     for (int i = 0; i < E_COUNT; i++)
-        if (!strcmp(entry_names[i], entry))
+        if (!strcmp(emu_entry_names[i], entry))
             e = i;
     if (e < 0)
         return -EINVAL;
     struct emu_fault *f = malloc(sizeof *f);
     if (!f)
         return -ENOMEM;
-    pthread_mutex_lock(&g_lock);
-    *f = (struct emu_fault){ .entry = e, .left = nth, .err = err, .next = g_faults };
-    g_faults = f;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_lock(&emu_lock);
+    *f = (struct emu_fault){ .entry = e, .left = nth, .err = err, .next = emu_faults };
+    emu_faults = f;
+    pthread_mutex_unlock(&emu_lock);
     return 0;
 }
 
 void emu_fail_clear(void)
 {
-    pthread_mutex_lock(&g_lock);
-    while (g_faults) {
-        struct emu_fault *f = g_faults;
-        g_faults = f->next;
+    pthread_mutex_lock(&emu_lock);
+    while (emu_faults) {
+        struct emu_fault *f = emu_faults;
+        emu_faults = f->next;
         free(f);
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
 }
 
 void emu_trace_start(void)
 {
-    pthread_mutex_lock(&g_lock);
-    g_trace_n = 0;
-    memset(g_trace_occ, 0, sizeof g_trace_occ);
-    g_tracing = true;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_lock(&emu_lock);
+    emu_trace_n = 0;
+    memset(emu_trace_occ, 0, sizeof emu_trace_occ);
+    emu_tracing = true;
+    pthread_mutex_unlock(&emu_lock);
 }
 
 size_t emu_trace_stop(struct emu_trace_entry *out, size_t max)
 {
-    pthread_mutex_lock(&g_lock);
-    g_tracing = false;
-    size_t n = g_trace_n;
+    pthread_mutex_lock(&emu_lock);
+    emu_tracing = false;
+    size_t n = emu_trace_n;
     if (out)
-        memcpy(out, g_trace, min_sz(n, max) * sizeof *out);
-    g_trace_n = 0;
-    pthread_mutex_unlock(&g_lock);
+        memcpy(out, emu_trace_buf, min_sz(n, max) * sizeof *out);
+    emu_trace_n = 0;
+    pthread_mutex_unlock(&emu_lock);
     return n;
 }

@@ -73,7 +73,7 @@ kcu_result emu_cuGetErrorString(kcu_result error, const char **str)
     *str = i < 0 ? NULL : err_table[i].desc;
     r = i < 0 ? KCU_ERROR_INVALID_VALUE : KCU_SUCCESS;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuGetErrorName(kcu_result error, const char **str)
@@ -87,5 +87,5 @@ kcu_result emu_cuGetErrorName(kcu_result error, const char **str)
     *str = i < 0 ? NULL : err_table[i].name;
     r = i < 0 ? KCU_ERROR_INVALID_VALUE : KCU_SUCCESS;
 out:
-    return leave(r);
+    return emu_leave(r);
 }

@@ -4,15 +4,15 @@
  */
 #include "emu_int.h"
 
-void event_put_locked(struct kcu_event_st *ev)
+void emu_event_put_locked(struct kcu_event_st *ev)
 {
     if (--ev->refs == 0)
         free(ev);
 }
 
-struct kcu_event_st *event_lookup_locked(kcu_event e)
+struct kcu_event_st *emu_event_lookup_locked(kcu_event e)
 {
-    for (struct kcu_event_st *p = g_events; p; p = p->next)
+    for (struct kcu_event_st *p = emu_events; p; p = p->next)
         if (p == e)
             return p;
     return NULL;
@@ -37,17 +37,17 @@ kcu_result emu_cuEventCreate(kcu_event *event, unsigned int flags)
     ev->dev = cur;
     ev->flags = flags;
     ev->refs = 1;
-    ev->next = g_events;
-    g_events = ev;
+    ev->next = emu_events;
+    emu_events = ev;
     cur->c.events++;
     *event = ev;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
-void event_unlink_locked(struct kcu_event_st *ev)
+void emu_event_unlink_locked(struct kcu_event_st *ev)
 {
-    for (struct kcu_event_st **pp = &g_events; *pp; pp = &(*pp)->next) {
+    for (struct kcu_event_st **pp = &emu_events; *pp; pp = &(*pp)->next) {
         if (*pp == ev) {
             *pp = ev->next;
             break;
@@ -60,15 +60,15 @@ void event_unlink_locked(struct kcu_event_st *ev)
 kcu_result emu_cuEventDestroy(kcu_event event)
 {
     BEGIN(cuEventDestroy, F_INIT);
-    struct kcu_event_st *ev = event_lookup_locked(event);
+    struct kcu_event_st *ev = emu_event_lookup_locked(event);
     if (!ev) {
         r = KCU_ERROR_INVALID_HANDLE;
         goto out;
     }
-    event_unlink_locked(ev);
-    event_put_locked(ev);
+    emu_event_unlink_locked(ev);
+    emu_event_put_locked(ev);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Event and stream must belong to the same device: else KCU_ERROR_INVALID_HANDLE. */
@@ -77,12 +77,12 @@ kcu_result emu_cuEventRecord(kcu_event event, kcu_stream stream)
     BEGIN(cuEventRecord, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    struct kcu_event_st *ev = event_lookup_locked(event);
+    struct kcu_event_st *ev = emu_event_lookup_locked(event);
     if (!ev) {
         r = KCU_ERROR_INVALID_HANDLE;
         goto out;
     }
-    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)))
         goto out;
     if (d != ev->dev) {
         r = KCU_ERROR_INVALID_HANDLE;
@@ -95,34 +95,34 @@ kcu_result emu_cuEventRecord(kcu_event event, kcu_stream stream)
     }
     *op = (struct emu_op){ .kind = OP_EVENT, .ev = ev, .seq = ++ev->rec_seq };
     ev->refs++;
-    ev->captured = false;          /* set again by submit_locked if s is capturing */
-    r = submit_locked(s, d, op);
+    ev->captured = false;          /* set again by emu_submit_locked if s is capturing */
+    r = emu_submit_locked(s, d, op);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuEventQuery(kcu_event event)
 {
     BEGIN(cuEventQuery, F_INIT);
-    struct kcu_event_st *ev = event_lookup_locked(event);
+    struct kcu_event_st *ev = emu_event_lookup_locked(event);
     if (!ev)
         r = KCU_ERROR_INVALID_HANDLE;
     else if (ev->captured)
         r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* recorded inside a capture */
-    else if ((r = capture_unsafe_locked()))
+    else if ((r = emu_capture_unsafe_locked()))
         ;
     else if (ev->dev->sticky)
         r = ev->dev->sticky;
     else if (ev->done_seq < ev->rec_seq)
         r = KCU_ERROR_NOT_READY;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuEventSynchronize(kcu_event event)
 {
     BEGIN(cuEventSynchronize, F_INIT);
-    struct kcu_event_st *ev = event_lookup_locked(event);
+    struct kcu_event_st *ev = emu_event_lookup_locked(event);
     if (!ev) {
         r = KCU_ERROR_INVALID_HANDLE;
         goto out;
@@ -131,15 +131,15 @@ kcu_result emu_cuEventSynchronize(kcu_event event)
         r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* recorded inside a capture */
         goto out;
     }
-    if ((r = capture_unsafe_locked()))
+    if ((r = emu_capture_unsafe_locked()))
         goto out;
     ev->refs++;                    /* survive a concurrent cuEventDestroy */
     uint64_t want = ev->rec_seq;
     while (ev->done_seq < want && !ev->dev->sticky)
-        if (!legacy_help_locked(ev->dev))
-            pthread_cond_wait(&g_cond, &g_lock);
+        if (!emu_legacy_help_locked(ev->dev))
+            pthread_cond_wait(&emu_cond, &emu_lock);
     r = ev->dev->sticky;
-    event_put_locked(ev);
+    emu_event_put_locked(ev);
 out:
-    return leave(r);
+    return emu_leave(r);
 }

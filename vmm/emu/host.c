@@ -12,9 +12,9 @@
 
 static void memlock_warn_locked(size_t bytes, int err)
 {
-    if (g_memlock_warned)
+    if (emu_memlock_warned)
         return;
-    g_memlock_warned = true;
+    emu_memlock_warned = true;
     struct rlimit rl;
     char lim[32] = "unknown";
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
@@ -30,15 +30,15 @@ static void memlock_warn_locked(size_t bytes, int err)
 
 static struct emu_host *host_overlap_locked(const unsigned char *p, size_t n)
 {
-    for (struct emu_host *h = g_hosts; h; h = h->next)
+    for (struct emu_host *h = emu_hosts; h; h = h->next)
         if (p < h->p + h->n && h->p < p + n)
             return h;
     return NULL;
 }
 
-void host_remove_locked(struct emu_host *x)
+void emu_host_remove_locked(struct emu_host *x)
 {
-    for (struct emu_host **pp = &g_hosts; *pp; pp = &(*pp)->next) {
+    for (struct emu_host **pp = &emu_hosts; *pp; pp = &(*pp)->next) {
         if (*pp == x) {
             *pp = x->next;
             return;
@@ -46,7 +46,7 @@ void host_remove_locked(struct emu_host *x)
     }
 }
 
-void host_release_locked(struct emu_host *h)
+void emu_host_release_locked(struct emu_host *h)
 {
     if (h->alloc) {
         munmap(h->p, h->n);        /* also unlocks */
@@ -69,8 +69,8 @@ static void host_pin_locked(struct emu_host *h)
         h->locked = true;
     else
         memlock_warn_locked(h->n, errno);
-    h->next = g_hosts;
-    g_hosts = h;
+    h->next = emu_hosts;
+    emu_hosts = h;
     if (h->alloc) {
         h->dev->c.host_allocs++;
         h->dev->c.host_alloc_bytes += h->n;
@@ -102,7 +102,7 @@ kcu_result emu_cuMemAllocHost(void **pp, size_t bytes)
     host_pin_locked(h);
     *pp = p;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Like the driver, freeing pinned memory first waits for the device's work. A pointer that
@@ -111,18 +111,18 @@ kcu_result emu_cuMemFreeHost(void *p)
 {
     BEGIN(cuMemFreeHost, F_INIT);
     struct emu_host *h = NULL;
-    for (struct emu_host *x = g_hosts; x; x = x->next)
+    for (struct emu_host *x = emu_hosts; x; x = x->next)
         if (x->alloc && x->p == p)
             h = x;
     if (!h) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    drain_locked(h->dev, false);
-    host_remove_locked(h);
-    host_release_locked(h);
+    emu_drain_locked(h->dev, false);
+    emu_host_remove_locked(h);
+    emu_host_release_locked(h);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Flags: PORTABLE, DEVICEMAP, IOMEMORY, READ_ONLY (1, 2, 4, 8); others, NULL or 0 bytes:
@@ -147,7 +147,7 @@ kcu_result emu_cuMemHostRegister(void *p, size_t bytes, unsigned int flags)
     *h = (struct emu_host){ .dev = cur, .p = p, .n = bytes };
     host_pin_locked(h);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* p must be the start of a registration: else KCU_ERROR_HOST_MEMORY_NOT_REGISTERED. */
@@ -155,17 +155,17 @@ kcu_result emu_cuMemHostUnregister(void *p)
 {
     BEGIN(cuMemHostUnregister, F_INIT);
     struct emu_host *h = NULL;
-    for (struct emu_host *x = g_hosts; x; x = x->next)
+    for (struct emu_host *x = emu_hosts; x; x = x->next)
         if (!x->alloc && x->p == p)
             h = x;
     if (!h) {
         r = KCU_ERROR_HOST_MEMORY_NOT_REGISTERED;
         goto out;
     }
-    host_remove_locked(h);
-    host_release_locked(h);
+    emu_host_remove_locked(h);
+    emu_host_release_locked(h);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE only (others: KCU_ERROR_INVALID_VALUE, undocumented):
@@ -181,15 +181,15 @@ kcu_result emu_cuPointerGetAttribute(void *data, int attribute, kcu_deviceptr pt
     }
     const unsigned char *b = (const unsigned char *)(uintptr_t)ptr;
     unsigned type = 0;
-    for (struct emu_host *h = g_hosts; h && !type; h = h->next)
+    for (struct emu_host *h = emu_hosts; h && !type; h = h->next)
         if (b >= h->p && (size_t)(b - h->p) < h->n)
             type = KCU_MEMORYTYPE_HOST;
-    if (!type && range_known_locked(ptr, 1))
+    if (!type && emu_range_known_locked(ptr, 1))
         type = KCU_MEMORYTYPE_DEVICE;
     if (!type)
         r = KCU_ERROR_INVALID_VALUE;
     else
         *(unsigned *)data = type;
 out:
-    return leave(r);
+    return emu_leave(r);
 }

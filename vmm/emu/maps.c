@@ -8,10 +8,10 @@
 
 /* ---- reservations and the mapping table --------------------------------------------- */
 
-struct emu_resv *resv_find_locked(uintptr_t va)
+struct emu_resv *emu_resv_find_locked(uintptr_t va)
 {
-    for (size_t i = 0; i < g_nresv; i++) {
-        struct emu_resv *rv = g_resv[i];
+    for (size_t i = 0; i < emu_nresv; i++) {
+        struct emu_resv *rv = emu_resvs[i];
         if (va >= rv->base && va - rv->base < rv->size)
             return rv;
     }
@@ -21,55 +21,55 @@ struct emu_resv *resv_find_locked(uintptr_t va)
 /* The reservation holding all of [va, va + n), or NULL. */
 static struct emu_resv *resv_find_range_locked(uintptr_t va, size_t n)
 {
-    struct emu_resv *rv = resv_find_locked(va);
+    struct emu_resv *rv = emu_resv_find_locked(va);
     if (!rv || n > rv->size - (va - rv->base))
         return NULL;
     return rv;
 }
 
-struct emu_ent *ent_get(struct emu_resv *rv, size_t i)
+struct emu_ent *emu_ent_get(struct emu_resv *rv, size_t i)
 {
     struct emu_ent *b = rv->blk[i / ENT_BLOCK];
     return b ? &b[i % ENT_BLOCK] : NULL;
 }
 
-bool ent_mapped(struct emu_resv *rv, size_t i)
+bool emu_ent_mapped(struct emu_resv *rv, size_t i)
 {
-    struct emu_ent *e = ent_get(rv, i);
+    struct emu_ent *e = emu_ent_get(rv, i);
     return e && e->h1;
 }
 
-uint64_t ent_map_id(struct emu_resv *rv, size_t i)
+uint64_t emu_ent_map_id(struct emu_resv *rv, size_t i)
 {
-    struct emu_ent *e = ent_get(rv, i);
+    struct emu_ent *e = emu_ent_get(rv, i);
     return e && e->h1 ? e->map_id : 0;
 }
 
 static int resv_add_locked(struct emu_resv *rv)
 {
-    if (g_nresv == g_resv_cap) {
-        size_t cap = g_resv_cap ? 2 * g_resv_cap : 16;
-        struct emu_resv **n = realloc(g_resv, cap * sizeof *n);
+    if (emu_nresv == emu_resv_cap) {
+        size_t cap = emu_resv_cap ? 2 * emu_resv_cap : 16;
+        struct emu_resv **n = realloc(emu_resvs, cap * sizeof *n);
         if (!n)
             return -ENOMEM;
-        g_resv = n;
-        g_resv_cap = cap;
+        emu_resvs = n;
+        emu_resv_cap = cap;
     }
-    g_resv[g_nresv++] = rv;
+    emu_resvs[emu_nresv++] = rv;
     return 0;
 }
 
-void resv_remove_locked(struct emu_resv *rv)
+void emu_resv_remove_locked(struct emu_resv *rv)
 {
-    for (size_t i = 0; i < g_nresv; i++) {
-        if (g_resv[i] == rv) {
-            g_resv[i] = g_resv[--g_nresv];
+    for (size_t i = 0; i < emu_nresv; i++) {
+        if (emu_resvs[i] == rv) {
+            emu_resvs[i] = emu_resvs[--emu_nresv];
             return;
         }
     }
 }
 
-void resv_free_mem(struct emu_resv *rv)
+void emu_resv_free_mem(struct emu_resv *rv)
 {
     for (size_t b = 0; b < rv->nblk; b++)
         free(rv->blk[b]);
@@ -147,7 +147,7 @@ out_unmap:
     munmap(base, size);
     r = KCU_ERROR_OUT_OF_MEMORY;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* (ptr, size) must name exactly one reservation with no live mapping; anything else is
@@ -155,18 +155,18 @@ out:
 kcu_result emu_cuMemAddressFree(kcu_deviceptr ptr, size_t size)
 {
     BEGIN(cuMemAddressFree, F_INIT | F_STICKY);
-    struct emu_resv *rv = resv_find_locked((uintptr_t)ptr);
+    struct emu_resv *rv = emu_resv_find_locked((uintptr_t)ptr);
     if (!rv || rv->base != (uintptr_t)ptr || rv->size != size || rv->live_maps) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    resv_remove_locked(rv);
+    emu_resv_remove_locked(rv);
     munmap((void *)rv->base, rv->size);
     rv->owner->c.reservations--;
     rv->owner->c.reserved_bytes -= rv->size;
-    resv_free_mem(rv);
+    emu_resv_free_mem(rv);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Errors (driver reference for cuMemMap lists INVALID_VALUE, INVALID_DEVICE, OUT_OF_MEMORY,
@@ -181,7 +181,7 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
 {
     BEGIN(cuMemMap, F_INIT | F_CTX | F_STICKY);
     size_t slot;
-    struct emu_handle *h = handle_lookup_locked(handle, &slot);
+    struct emu_handle *h = emu_handle_lookup_locked(handle, &slot);
     if (!h || offset != 0 || flags != 0 || size == 0) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
@@ -195,7 +195,7 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
     }
     size_t first = ((uintptr_t)ptr - rv->base) / rv->gran, n = size / rv->gran;
     for (size_t i = 0; i < n; i++) {
-        if (ent_mapped(rv, first + i)) {
+        if (emu_ent_mapped(rv, first + i)) {
             r = KCU_ERROR_INVALID_VALUE;
             goto out;
         }
@@ -222,9 +222,9 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    uint64_t id = ++g_map_id;
+    uint64_t id = ++emu_map_id;
     for (size_t i = 0; i < n; i++) {
-        struct emu_ent *e = ent_get(rv, first + i);
+        struct emu_ent *e = emu_ent_get(rv, first + i);
         *e = (struct emu_ent){ .h1 = (uint32_t)(slot + 1), .access =
                                KCU_MEM_ACCESS_FLAGS_PROT_NONE, .off = i, .map_id = id };
         rv->blk_used[(first + i) / ENT_BLOCK]++;
@@ -235,20 +235,20 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
     d->c.mapped_bytes += size;
     d->c.maps++;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Removes every mapping in granules [first, first + n) of rv (validated by the caller):
    table entries cleared, handles' map counts dropped (freeing released ones). */
-void unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
+void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
 {
     uint64_t last_id = 0;
     for (size_t i = first; i < first + n; i++) {
-        struct emu_ent *e = ent_get(rv, i);
+        struct emu_ent *e = emu_ent_get(rv, i);
         if (!e || !e->h1)
             continue;
         size_t slot = e->h1 - 1;
-        struct emu_handle *h = &g_h[slot];
+        struct emu_handle *h = &emu_handles[slot];
         struct emu_dev *d = h->dev;
         if (e->map_id != last_id) {
             last_id = e->map_id;
@@ -265,7 +265,7 @@ void unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
             rv->blk[b] = NULL;
         }
         if (!h->maps)
-            handle_maybe_free_locked(slot);
+            emu_handle_maybe_free_locked(slot);
     }
 }
 
@@ -282,13 +282,13 @@ kcu_result emu_cuMemUnmap(kcu_deviceptr ptr, size_t size)
     }
     size_t first = ((uintptr_t)ptr - rv->base) / rv->gran, n = size / rv->gran;
     for (size_t i = first; i < first + n; i++) {
-        if (!ent_mapped(rv, i)) {
+        if (!emu_ent_mapped(rv, i)) {
             r = KCU_ERROR_INVALID_VALUE;
             goto out;
         }
     }
-    if ((first > 0 && ent_map_id(rv, first - 1) == ent_map_id(rv, first)) ||
-        (first + n < rv->ngran && ent_map_id(rv, first + n) == ent_map_id(rv, first + n - 1))) {
+    if ((first > 0 && emu_ent_map_id(rv, first - 1) == emu_ent_map_id(rv, first)) ||
+        (first + n < rv->ngran && emu_ent_map_id(rv, first + n) == emu_ent_map_id(rv, first + n - 1))) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
@@ -300,9 +300,9 @@ kcu_result emu_cuMemUnmap(kcu_deviceptr ptr, size_t size)
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    unmap_entries_locked(rv, first, n);
+    emu_unmap_entries_locked(rv, first, n);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 static int prot_of(int access)
@@ -335,7 +335,7 @@ kcu_result emu_cuMemSetAccess(kcu_deviceptr ptr, size_t size,
             r = KCU_ERROR_INVALID_VALUE;
             goto out;
         }
-        if (!dev_get_locked(desc[k].location.id)) {
+        if (!emu_dev_get_locked(desc[k].location.id)) {
             r = KCU_ERROR_INVALID_DEVICE;
             goto out;
         }
@@ -347,7 +347,7 @@ kcu_result emu_cuMemSetAccess(kcu_deviceptr ptr, size_t size,
     }
     size_t first = ((uintptr_t)ptr - rv->base) / rv->gran, n = size / rv->gran;
     for (size_t i = first; i < first + n; i++) {
-        if (!ent_mapped(rv, i)) {
+        if (!emu_ent_mapped(rv, i)) {
             r = KCU_ERROR_INVALID_VALUE;
             goto out;
         }
@@ -355,16 +355,16 @@ kcu_result emu_cuMemSetAccess(kcu_deviceptr ptr, size_t size,
     /* Apply run by run (granules of one device and one resulting access). */
     size_t i = first;
     while (i < first + n) {
-        struct emu_ent *e = ent_get(rv, i);
-        struct emu_dev *d = g_h[e->h1 - 1].dev;
+        struct emu_ent *e = emu_ent_get(rv, i);
+        struct emu_dev *d = emu_handles[e->h1 - 1].dev;
         int acc = (int)e->access;
         for (size_t k = 0; k < count; k++)
             if (desc[k].location.id == d->ordinal)
                 acc = desc[k].flags;
         size_t j = i + 1;
         while (j < first + n) {
-            struct emu_ent *f = ent_get(rv, j);
-            struct emu_dev *fd = g_h[f->h1 - 1].dev;
+            struct emu_ent *f = emu_ent_get(rv, j);
+            struct emu_dev *fd = emu_handles[f->h1 - 1].dev;
             int facc = (int)f->access;
             for (size_t k = 0; k < count; k++)
                 if (desc[k].location.id == fd->ordinal)
@@ -381,25 +381,25 @@ kcu_result emu_cuMemSetAccess(kcu_deviceptr ptr, size_t size,
             goto out;
         }
         for (size_t k = i; k < j; k++)
-            ent_get(rv, k)->access = (uint32_t)acc;
+            emu_ent_get(rv, k)->access = (uint32_t)acc;
         d->c.set_access++;
         i = j;
     }
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 int emu_lookup(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *access)
 {
     int ret = -ENOENT;
-    pthread_mutex_lock(&g_lock);
-    struct emu_resv *rv = resv_find_locked((uintptr_t)va);
+    pthread_mutex_lock(&emu_lock);
+    struct emu_resv *rv = emu_resv_find_locked((uintptr_t)va);
     if (rv) {
         size_t idx = ((uintptr_t)va - rv->base) / rv->gran;
-        struct emu_ent *e = ent_get(rv, idx);
+        struct emu_ent *e = emu_ent_get(rv, idx);
         if (e && e->h1) {
             if (handle)
-                *handle = handle_value(e->h1 - 1);
+                *handle = emu_handle_value(e->h1 - 1);
             if (offset)
                 *offset = e->off * rv->gran + ((uintptr_t)va - rv->base) % rv->gran;
             if (access)
@@ -407,6 +407,6 @@ int emu_lookup(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *ac
             ret = 0;
         }
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return ret;
 }

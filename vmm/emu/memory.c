@@ -58,18 +58,18 @@ static void range_free_locked(struct emu_dev *d, size_t base, size_t n)
                   n * d->gran, strerror(errno));
 }
 
-kcu_mem_handle handle_value(size_t slot)
+kcu_mem_handle emu_handle_value(size_t slot)
 {
-    return ((kcu_mem_handle)g_h[slot].gen << 32) | (kcu_mem_handle)(slot + 1);
+    return ((kcu_mem_handle)emu_handles[slot].gen << 32) | (kcu_mem_handle)(slot + 1);
 }
 
 /* A handle the user may still name (not released); NULL for stale or forged values. */
-struct emu_handle *handle_lookup_locked(kcu_mem_handle v, size_t *slot)
+struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot)
 {
     uint64_t s1 = v & 0xffffffffu;
-    if (s1 == 0 || s1 > g_h_cap)
+    if (s1 == 0 || s1 > emu_handles_cap)
         return NULL;
-    struct emu_handle *h = &g_h[s1 - 1];
+    struct emu_handle *h = &emu_handles[s1 - 1];
     if (!h->dev || h->gen != (uint32_t)(v >> 32) || h->released)
         return NULL;
     if (slot)
@@ -78,9 +78,9 @@ struct emu_handle *handle_lookup_locked(kcu_mem_handle v, size_t *slot)
 }
 
 /* Frees the memory of a handle that is released and no longer mapped. */
-void handle_maybe_free_locked(size_t slot)
+void emu_handle_maybe_free_locked(size_t slot)
 {
-    struct emu_handle *h = &g_h[slot];
+    struct emu_handle *h = &emu_handles[slot];
     if (!h->released || h->maps)
         return;
     struct emu_dev *d = h->dev;
@@ -95,25 +95,25 @@ void handle_maybe_free_locked(size_t slot)
 static int handle_slot_alloc_locked(size_t *slot)
 {
     static size_t scan;            /* next-fit: creates stay O(1) amortized */
-    for (size_t k = 0; k < g_h_cap; k++) {
-        size_t i = (scan + k) % g_h_cap;
-        if (!g_h[i].dev) {
+    for (size_t k = 0; k < emu_handles_cap; k++) {
+        size_t i = (scan + k) % emu_handles_cap;
+        if (!emu_handles[i].dev) {
             *slot = i;
             scan = i + 1;
             return 0;
         }
     }
-    size_t cap = g_h_cap ? 2 * g_h_cap : 256;
+    size_t cap = emu_handles_cap ? 2 * emu_handles_cap : 256;
     if (cap > UINT32_MAX)
         return -ENOMEM;
-    struct emu_handle *n = realloc(g_h, cap * sizeof *n);
+    struct emu_handle *n = realloc(emu_handles, cap * sizeof *n);
     if (!n)
         return -ENOMEM;
-    for (size_t i = g_h_cap; i < cap; i++)
+    for (size_t i = emu_handles_cap; i < cap; i++)
         n[i] = (struct emu_handle){ .gen = 1 };
-    g_h = n;
-    *slot = g_h_cap;
-    g_h_cap = cap;
+    emu_handles = n;
+    *slot = emu_handles_cap;
+    emu_handles_cap = cap;
     return 0;
 }
 
@@ -123,7 +123,7 @@ static kcu_result prop_check_locked(const struct kcu_mem_alloc_prop *prop, struc
     if (!prop || prop->type != KCU_MEM_ALLOCATION_TYPE_PINNED ||
         prop->location.type != KCU_MEM_LOCATION_TYPE_DEVICE)
         return KCU_ERROR_INVALID_VALUE;
-    if (!(*d = dev_get_locked(prop->location.id)))
+    if (!(*d = emu_dev_get_locked(prop->location.id)))
         return KCU_ERROR_INVALID_DEVICE;
     return KCU_SUCCESS;
 }
@@ -143,7 +143,7 @@ kcu_result emu_cuMemGetAllocationGranularity(size_t *granularity,
         goto out;
     *granularity = d->gran;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
@@ -177,14 +177,14 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
        first (one fallocate) is much cheaper than faulting them in one by one. */
     (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
     memset(d->view + base * d->gran, EMU_POISON, size);
-    g_h[slot] = (struct emu_handle){ .dev = d, .gen = g_h[slot].gen, .base = base,
+    emu_handles[slot] = (struct emu_handle){ .dev = d, .gen = emu_handles[slot].gen, .base = base,
                                      .ngran = size / d->gran };
     d->c.handles++;
     d->c.handle_bytes += size;
     d->c.creates++;
-    *handle = handle_value(slot);
+    *handle = emu_handle_value(slot);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Releasing a mapped handle is allowed (the memory is freed after its last unmap, as the
@@ -194,14 +194,14 @@ kcu_result emu_cuMemRelease(kcu_mem_handle handle)
 {
     BEGIN(cuMemRelease, F_INIT | F_STICKY);
     size_t slot;
-    struct emu_handle *h = handle_lookup_locked(handle, &slot);
+    struct emu_handle *h = emu_handle_lookup_locked(handle, &slot);
     if (!h) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
     h->released = true;
     h->dev->c.releases++;
-    handle_maybe_free_locked(slot);
+    emu_handle_maybe_free_locked(slot);
 out:
-    return leave(r);
+    return emu_leave(r);
 }

@@ -20,16 +20,16 @@ static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
         break;
     case OP_WAIT:
         while (op->ev->done_seq < op->seq && !d->sticky)
-            pthread_cond_wait(&g_cond, &g_lock);
+            pthread_cond_wait(&emu_cond, &emu_lock);
         break;
     default:
         if (!d->sticky)
-            xfer_locked(d, op);
+            emu_xfer_locked(d, op);
         break;
     }
     if (op->ev)
-        event_put_locked(op->ev);
-    pthread_cond_broadcast(&g_cond);
+        emu_event_put_locked(op->ev);
+    pthread_cond_broadcast(&emu_cond);
 }
 
 /* ---- streams ------------------------------------------------------------------------ */
@@ -37,7 +37,7 @@ static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
 /* The stream with this id, if it still exists. */
 static struct kcu_stream_st *stream_by_id_locked(uint64_t id)
 {
-    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
         if (p->id == id)
             return p;
     return NULL;
@@ -64,7 +64,7 @@ static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
         s->tail = NULL;
     s->done = op->ticket;
     op_free(op);
-    pthread_cond_broadcast(&g_cond);
+    pthread_cond_broadcast(&emu_cond);
 }
 
 /* A caller about to wait for legacy-stream work runs the legacy stream's next op itself when
@@ -72,7 +72,7 @@ static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
    in it): the same order and the same point in time as the worker would run it, without a
    thread hand-off per op (a synchronous-mode caller waits for each of its copies). True
    when it ran one. */
-bool legacy_help_locked(struct emu_dev *d)
+bool emu_legacy_help_locked(struct emu_dev *d)
 {
     struct kcu_stream_st *s = d->legacy;
     struct emu_op *op = s ? s->head : NULL;
@@ -89,17 +89,17 @@ bool legacy_help_locked(struct emu_dev *d)
 static void *stream_main(void *arg)
 {
     struct kcu_stream_st *s = arg;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&emu_lock);
     for (;;) {
         while (s->head ? s->paused : !s->exiting)
-            pthread_cond_wait(&s->cv, &g_lock);
+            pthread_cond_wait(&s->cv, &emu_lock);
         if (!s->head)
             break;
         struct emu_op *op = s->head;
         if (s->running || !op_deps_done_locked(s->dev, op)) {
-            /* a synchronizing caller runs it (legacy_help_locked), or its dependencies
+            /* a synchronizing caller runs it (emu_legacy_help_locked), or its dependencies
                are pending: some op completes, or a resume */
-            pthread_cond_wait(&g_cond, &g_lock);
+            pthread_cond_wait(&emu_cond, &emu_lock);
             continue;
         }
         s->running = true;
@@ -110,23 +110,23 @@ static void *stream_main(void *arg)
     if (s->detached) {
         /* cuStreamDestroy returned long ago: the drained stream goes (the device's destroy
            waits for this) */
-        for (struct kcu_stream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
+        for (struct kcu_stream_st **pp = &emu_streams; *pp; pp = &(*pp)->next)
             if (*pp == s) {
                 *pp = s->next;
                 break;
             }
         pthread_cond_destroy(&s->cv);
         free(s);
-        pthread_cond_broadcast(&g_cond);
+        pthread_cond_broadcast(&emu_cond);
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return NULL;
 }
 
 /* A live stream (not being destroyed), or NULL. */
-struct kcu_stream_st *stream_lookup_locked(kcu_stream s)
+struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s)
 {
-    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
         if (p == s && !p->dying)
             return p;
     return NULL;
@@ -134,32 +134,32 @@ struct kcu_stream_st *stream_lookup_locked(kcu_stream s)
 
 /* Waits until every stream of d (only blocking ones when blocking_only) has run all its
    work. A stream paused with emu_stream_set_paused blocks this forever (test hook). */
-void drain_locked(struct emu_dev *d, bool blocking_only)
+void emu_drain_locked(struct emu_dev *d, bool blocking_only)
 {
     for (;;) {
         bool busy = false;
-        for (struct kcu_stream_st *s = g_streams; s && !busy; s = s->next)
+        for (struct kcu_stream_st *s = emu_streams; s && !busy; s = s->next)
             busy = s->dev == d && s->head &&
                    !(blocking_only && (s->flags & KCU_STREAM_NON_BLOCKING));
         if (!busy)
             return;
-        if (!legacy_help_locked(d))
-            pthread_cond_wait(&g_cond, &g_lock);
+        if (!emu_legacy_help_locked(d))
+            pthread_cond_wait(&emu_cond, &emu_lock);
     }
 }
 
 static void stream_wait_idle_locked(struct kcu_stream_st *s)
 {
     while (s->head)
-        if (!legacy_help_locked(s->dev))     /* s may wait for legacy work */
-            pthread_cond_wait(&g_cond, &g_lock);
+        if (!emu_legacy_help_locked(s->dev))     /* s may wait for legacy work */
+            pthread_cond_wait(&emu_cond, &emu_lock);
 }
 
 /* Resolves the stream argument of a call: a live stream, or NULL / CU_STREAM_LEGACY /
    CU_STREAM_PER_THREAD for the default stream (needs a current context; the per-thread
    default stream is emulated as the legacy one, synchronously, which orders at least as
    strictly). KCU_ERROR_INVALID_HANDLE for an unknown stream. */
-kcu_result stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
+kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
                                     struct kcu_stream_st **s, struct emu_dev **d)
 {
     if (!stream || stream == KCU_STREAM_LEGACY || stream == KCU_STREAM_PER_THREAD) {
@@ -169,13 +169,13 @@ kcu_result stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
         *d = cur;
         return KCU_SUCCESS;
     }
-    if (!(*s = stream_lookup_locked(stream)))
+    if (!(*s = emu_stream_lookup_locked(stream)))
         return KCU_ERROR_INVALID_HANDLE;
     *d = (*s)->dev;
     return (*d)->sticky;
 }
 
-static uint64_t g_stream_id;       /* last stream id handed out (g_lock) */
+static uint64_t g_stream_id;       /* last stream id handed out (emu_lock) */
 
 /* The device's legacy stream worker, made at its first use. NULL: out of memory. */
 static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
@@ -198,8 +198,8 @@ static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
         free(s);
         return NULL;
     }
-    s->next = g_streams;
-    g_streams = s;
+    s->next = emu_streams;
+    emu_streams = s;
     d->legacy = s;
     return s;
 }
@@ -208,14 +208,14 @@ static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
 static kcu_result legacy_barrier_locked(struct emu_dev *d, struct emu_op *op)
 {
     size_t n = 0;
-    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
         n += p->dev == d && !p->legacy && !(p->flags & KCU_STREAM_NON_BLOCKING) &&
              p->done < p->queued;
     if (!n)
         return KCU_SUCCESS;
     if (!(op->bar = malloc(n * sizeof *op->bar)))
         return KCU_ERROR_OUT_OF_MEMORY;
-    for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
         if (p->dev == d && !p->legacy && !(p->flags & KCU_STREAM_NON_BLOCKING) &&
             p->done < p->queued) {
             op->bar[op->nbar].id = p->id;
@@ -227,17 +227,17 @@ static kcu_result legacy_barrier_locked(struct emu_dev *d, struct emu_op *op)
 /* Queues op on s; NULL = the legacy stream, whose worker runs it after the blocking streams'
    earlier work (cuda.h: the legacy stream synchronizes with every blocking stream; the
    caller does not wait, as for any stream). Takes ownership of op. */
-kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op)
+kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op)
 {
     if (!s) {
-        kcu_result r = legacy_capture_locked(d, false);
+        kcu_result r = emu_legacy_capture_locked(d, false);
         if (!r && !(s = legacy_get_locked(d)))
             r = KCU_ERROR_OUT_OF_MEMORY;
         if (!r)
             r = legacy_barrier_locked(d, op);
         if (r) {
             if (op->ev)
-                event_put_locked(op->ev);
+                emu_event_put_locked(op->ev);
             op_free(op);
             return r;
         }
@@ -252,7 +252,7 @@ kcu_result submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_
         if (op->kind == OP_EVENT)
             op->ev->captured = true;
         if (op->ev)
-            event_put_locked(op->ev);
+            emu_event_put_locked(op->ev);
         op_free(op);
         return KCU_SUCCESS;
     }
@@ -286,8 +286,8 @@ kcu_result emu_cuStreamCreate(kcu_stream *stream, unsigned int flags)
         goto out_free;
     if (pthread_create(&s->thread, NULL, stream_main, s))
         goto out_cond;
-    s->next = g_streams;
-    g_streams = s;
+    s->next = emu_streams;
+    emu_streams = s;
     cur->c.streams++;
     *stream = s;
     goto out;
@@ -297,20 +297,20 @@ out_free:
     free(s);
     r = KCU_ERROR_OUT_OF_MEMORY;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
-/* Stops s after its queued work ran, joins its worker and frees it. Called with g_lock held
+/* Stops s after its queued work ran, joins its worker and frees it. Called with emu_lock held
    and s marked dying; drops the lock around the join. */
-void stream_teardown_locked(struct kcu_stream_st *s)
+void emu_stream_teardown_locked(struct kcu_stream_st *s)
 {
     s->exiting = true;
     s->paused = false;
     pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     pthread_join(s->thread, NULL);
-    pthread_mutex_lock(&g_lock);
-    for (struct kcu_stream_st **pp = &g_streams; *pp; pp = &(*pp)->next) {
+    pthread_mutex_lock(&emu_lock);
+    for (struct kcu_stream_st **pp = &emu_streams; *pp; pp = &(*pp)->next) {
         if (*pp == s) {
             *pp = s->next;
             break;
@@ -331,7 +331,7 @@ void stream_teardown_locked(struct kcu_stream_st *s)
 kcu_result emu_cuStreamDestroy(kcu_stream stream)
 {
     BEGIN(cuStreamDestroy, F_INIT);
-    struct kcu_stream_st *s = stream_lookup_locked(stream);
+    struct kcu_stream_st *s = emu_stream_lookup_locked(stream);
     if (!s) {
         r = KCU_ERROR_INVALID_HANDLE;
         goto out;
@@ -343,7 +343,7 @@ kcu_result emu_cuStreamDestroy(kcu_stream stream)
     pthread_detach(s->thread);
     pthread_cond_signal(&s->cv);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuStreamSynchronize(kcu_stream stream)
@@ -351,15 +351,15 @@ kcu_result emu_cuStreamSynchronize(kcu_stream stream)
     BEGIN(cuStreamSynchronize, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    if ((r = stream_arg_locked(stream, cur, &s, &d)) || (r = stream_capture_check_locked(s, d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)) || (r = emu_stream_capture_check_locked(s, d)))
         goto out;
     if (s)
         stream_wait_idle_locked(s);
     else
-        drain_locked(d, true);
+        emu_drain_locked(d, true);
     r = d->sticky;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuStreamQuery(kcu_stream stream)
@@ -367,17 +367,17 @@ kcu_result emu_cuStreamQuery(kcu_stream stream)
     BEGIN(cuStreamQuery, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    if ((r = stream_arg_locked(stream, cur, &s, &d)) || (r = stream_capture_check_locked(s, d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)) || (r = emu_stream_capture_check_locked(s, d)))
         goto out;
     if (s) {
         r = s->head ? KCU_ERROR_NOT_READY : KCU_SUCCESS;
     } else {
-        for (struct kcu_stream_st *p = g_streams; p; p = p->next)
+        for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
             if (p->dev == d && p->head && !(p->flags & KCU_STREAM_NON_BLOCKING))
                 r = KCU_ERROR_NOT_READY;
     }
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* Waits for the event's most recent record at the time of the call; an event never
@@ -387,8 +387,8 @@ kcu_result emu_cuStreamWaitEvent(kcu_stream stream, kcu_event event, unsigned in
     BEGIN(cuStreamWaitEvent, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    struct kcu_event_st *ev = event_lookup_locked(event);
-    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+    struct kcu_event_st *ev = emu_event_lookup_locked(event);
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)))
         goto out;
     if (!ev) {
         r = KCU_ERROR_INVALID_HANDLE;
@@ -413,9 +413,9 @@ kcu_result emu_cuStreamWaitEvent(kcu_stream stream, kcu_event event, unsigned in
     }
     *op = (struct emu_op){ .kind = OP_WAIT, .ev = ev, .seq = ev->rec_seq };
     ev->refs++;
-    r = submit_locked(s, d, op);
+    r = emu_submit_locked(s, d, op);
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 /* The context a stream belongs to: its device's primary context; the default stream
@@ -429,11 +429,11 @@ kcu_result emu_cuStreamGetCtx(kcu_stream stream, kcu_context *ctx)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)))
         goto out;
-    *ctx = &g_ctx[d->ordinal];
+    *ctx = &emu_ctx[d->ordinal];
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuStreamIsCapturing(kcu_stream stream, int *status)
@@ -445,51 +445,51 @@ kcu_result emu_cuStreamIsCapturing(kcu_stream stream, int *status)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    if ((r = stream_arg_locked(stream, cur, &s, &d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)))
         goto out;
-    if (!s && (r = legacy_capture_locked(d, true)))
+    if (!s && (r = emu_legacy_capture_locked(d, true)))
         goto out;
     *status = !s || !s->capturing ? KCU_STREAM_CAPTURE_STATUS_NONE
               : s->invalidated   ? KCU_STREAM_CAPTURE_STATUS_INVALIDATED
                                  : KCU_STREAM_CAPTURE_STATUS_ACTIVE;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 kcu_result emu_cuCtxSynchronize(void)
 {
     BEGIN(cuCtxSynchronize, F_INIT | F_CTX);
-    if ((r = capture_unsafe_locked()))
+    if ((r = emu_capture_unsafe_locked()))
         goto out;
-    drain_locked(cur, false);
+    emu_drain_locked(cur, false);
     r = cur->sticky;
 out:
-    return leave(r);
+    return emu_leave(r);
 }
 
 int emu_stream_counts(kcu_stream stream, uint64_t *submitted, uint64_t *captured)
 {
-    pthread_mutex_lock(&g_lock);
-    struct kcu_stream_st *s = stream_lookup_locked(stream);
+    pthread_mutex_lock(&emu_lock);
+    struct kcu_stream_st *s = emu_stream_lookup_locked(stream);
     if (s && submitted)
         *submitted = s->submitted;
     if (s && captured)
         *captured = s->captured;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return s ? 0 : -EINVAL;
 }
 
 int emu_stream_set_paused(kcu_stream stream, int on)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&emu_lock);
     struct kcu_stream_st *s = NULL;    /* a destroyed stream still draining too */
-    for (struct kcu_stream_st *p = g_streams; p && !s; p = p->next)
+    for (struct kcu_stream_st *p = emu_streams; p && !s; p = p->next)
         if (p == stream)
             s = p;
     if (s) {
         s->paused = on != 0;
         pthread_cond_signal(&s->cv);
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&emu_lock);
     return s ? 0 : -EINVAL;
 }
