@@ -204,7 +204,9 @@ struct kcu_api {
     kcu_result (*cuGetErrorName)(kcu_result error, const char **str);               /* 6000 */
 };
 
-/* Returns a readable "NAME: description" for a driver error through the table (never NULL). */
+/* Returns a readable "NAME: description" for a driver error through the table (never NULL;
+   a thread-local buffer, valid until the calling thread's next call). In vmm/cudrv.c, so
+   both drivers and vmm.c use it without depending on each other. */
 const char *kcu_errstr(const struct kcu_api *api, kcu_result r);
 
 #endif

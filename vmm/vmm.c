@@ -57,23 +57,6 @@ static void count(int64_t *c, int64_t d)
 
 /* --- errors ------------------------------------------------------------------------------ */
 
-const char *kcu_errstr(const struct kcu_api *api, kcu_result r)
-{
-    static __thread char buf[256];
-    const char *name = NULL, *desc = NULL;
-    if (api && api->cuGetErrorName && api->cuGetErrorName(r, &name) != KCU_SUCCESS)
-        name = NULL;
-    if (api && api->cuGetErrorString && api->cuGetErrorString(r, &desc) != KCU_SUCCESS)
-        desc = NULL;
-    if (name && desc)
-        snprintf(buf, sizeof buf, "%s: %s", name, desc);
-    else if (name)
-        snprintf(buf, sizeof buf, "%s", name);
-    else
-        snprintf(buf, sizeof buf, "CUDA error %d", r);
-    return buf;
-}
-
 /* Errors after which the context is unusable (cuda.h documents them as leaving the process
    in an inconsistent state; the context must be destroyed). */
 static bool sticky(kcu_result r)
