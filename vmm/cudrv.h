@@ -204,6 +204,19 @@ struct kcu_api {
     kcu_result (*cuGetErrorName)(kcu_result error, const char **str);               /* 6000 */
 };
 
+/* Optional debug hooks beside a driver table: what the driver API cannot tell, for invariant
+   checkers (vmm_debug_mapping, vmm_debug_objects). Not part of CUDA: only the emulated device
+   fills them (vmm/drv_emu.h); on CUDA there are none. */
+struct kcu_debug {
+    /* What is mapped at device address va: 0 and the handle, the offset within the handle
+       and the access flags (KCU_MEM_ACCESS_FLAGS_*); -ENOENT unmapped. Outputs may be NULL. */
+    int (*mapping)(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *access);
+    /* The driver's live physical handles, their bytes and its mapped bytes on the device
+       with this ordinal. 0; -ENODEV no such device. */
+    int (*objects)(int ordinal, uint64_t *handles, uint64_t *handle_bytes,
+                   uint64_t *mapped_bytes);
+};
+
 /* Returns a readable "NAME: description" for a driver error through the table (never NULL;
    a thread-local buffer, valid until the calling thread's next call). In vmm/cudrv.c, so
    both drivers and vmm.c use it without depending on each other. */

@@ -429,3 +429,46 @@ int emu_counters_get(int ordinal, struct emu_counters *out)
     pthread_mutex_unlock(&emu_lock);
     return d ? 0 : -ENODEV;
 }
+
+/* ---- the backend face (vmm/drv_emu.h) ---------------------------------------------------- */
+
+static int debug_objects(int ordinal, uint64_t *handles, uint64_t *handle_bytes,
+                         uint64_t *mapped_bytes)
+{
+    struct emu_counters c;
+    int rc = emu_counters_get(ordinal, &c);
+    if (rc)
+        return rc;
+    *handles = c.handles;
+    *handle_bytes = c.handle_bytes;
+    *mapped_bytes = c.mapped_bytes;
+    return 0;
+}
+
+static const struct kcu_debug emu_debug = {
+    .mapping = emu_lookup,
+    .objects = debug_objects,
+};
+
+int drv_emu_open(const struct drv_emu_params *p, const struct kcu_api **api,
+                 const struct kcu_debug **dbg, int *ordinal)
+{
+    if (!p || !api || !dbg)
+        return -EINVAL;
+    struct emu_device_params ep = {
+        .capacity = p->capacity,
+        .granule = p->granule,
+        .opaque = p->opaque,
+    };
+    int rc = emu_device_create(&ep, ordinal);
+    if (rc)
+        return rc;
+    *api = &emu_table;
+    *dbg = &emu_debug;
+    return 0;
+}
+
+int drv_emu_close(int ordinal)
+{
+    return emu_device_destroy(ordinal);
+}

@@ -54,6 +54,7 @@
 #endif
 #include "vmm/emu/emu.h"
 #include "common/log.h"
+#include "vmm/drv_emu.h"
 
 #include <errno.h>
 #include <inttypes.h>
