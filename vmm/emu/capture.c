@@ -1,5 +1,6 @@
 /*
- * vmm/emu/capture.c: emulated graph capture: what a capture forbids and the capture-mode rules.
+ * vmm/emu/capture.c: emulated graph capture: what a capture forbids and the capture-mode
+ * rules.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"

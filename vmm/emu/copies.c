@@ -1,5 +1,6 @@
 /*
- * vmm/emu/copies.c: copies and memsets: validation at the call, translation through the mapping table and execution in the stream (cuMemcpy*Async, cuMemsetD8Async).
+ * vmm/emu/copies.c: copies and memsets: validation at the call, translation through the
+ * mapping table and execution in the stream (cuMemcpy*Async, cuMemsetD8Async).
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"

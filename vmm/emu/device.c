@@ -1,5 +1,6 @@
 /*
- * vmm/emu/device.c: the driver itself: cuInit, devices, primary contexts, the emulated device's creation and destruction, its counters, and the driver table.
+ * vmm/emu/device.c: the driver itself: cuInit, devices, primary contexts, the emulated
+ * device's creation and destruction, its counters, and the driver table.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"

@@ -77,19 +77,7 @@
 
 /* ---- entry points, prologue, fault injection, tracing ------------------------------- */
 
-#define EMU_ENTRIES(X) \
-    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) \
-    X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDeviceTotalMem) \
-    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
-    X(cuCtxGetCurrent) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) \
-    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
-    X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) \
-    X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) \
-    X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuStreamGetCtx) \
-    X(cuThreadExchangeStreamCaptureMode) \
-    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
-    X(cuEventSynchronize) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemAllocHost) \
-    X(cuMemFreeHost) X(cuPointerGetAttribute) X(cuGetErrorString) X(cuGetErrorName)
+/* EMU_ENTRIES (the entry point list) is in emu.h: the call counters are generated from it. */
 
 enum emu_entry {
 #define X(n) E_##n,
@@ -122,6 +110,7 @@ struct emu_dev {
     kcu_result sticky;             /* 0, or the fault that killed the device */
     struct kcu_stream_st *legacy;  /* the legacy default stream's worker; NULL until used */
     struct emu_counters c;
+    uint64_t calls[E_COUNT];       /* entry point calls made with this device current */
 };
 
 /* A physical handle: value = (gen << 32) | (slot + 1); never 0. */
@@ -293,7 +282,8 @@ void emu_xfer_locked(struct emu_dev *d, struct emu_op *op);
 
 /* streams.c */
 bool emu_legacy_help_locked(struct emu_dev *d);
-kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur, struct kcu_stream_st **s, struct emu_dev **d);
+kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
+                                 struct kcu_stream_st **s, struct emu_dev **d);
 kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op);
 struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s);
 void emu_drain_locked(struct emu_dev *d, bool blocking_only);

@@ -1,5 +1,7 @@
 /*
- * vmm/emu/entry.c: the prologue every entry point runs (emu_lock, call tracing, fault injection, context and sticky-error checks), the global tables, and the test API of fault injection and tracing.
+ * vmm/emu/entry.c: the prologue every entry point runs (emu_lock, call counting and tracing,
+ * fault injection, context and sticky-error checks), the global tables, and the test API of
+ * fault injection, tracing and call counters.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"
@@ -48,7 +50,7 @@ struct emu_dev *emu_dev_get_locked(int ordinal)
 }
 
 /* The device of the calling thread's current context, if that context is alive. */
-struct emu_dev *current_dev_locked(void)
+static struct emu_dev *current_dev_locked(void)
 {
     if (!emu_t_ctx)
         return NULL;
@@ -76,7 +78,7 @@ static void trace_record_locked(int e)
 }
 
 /* Counts this call against every armed failure of entry e; true (and *err) if one fires. */
-bool fault_check_locked(int e, kcu_result *err)
+static bool fault_check_locked(int e, kcu_result *err)
 {
     bool fired = false;
     for (struct emu_fault **pp = &emu_faults; *pp;) {
@@ -95,19 +97,22 @@ bool fault_check_locked(int e, kcu_result *err)
     return fired;
 }
 
-/* The one prologue: takes emu_lock (every entry point returns through emu_leave()), records the
-   call, fires armed failures, then checks initialization, context and sticky errors. */
+/* The one prologue: takes emu_lock (every entry point returns through emu_leave()), counts
+   and records the call, fires armed failures, then checks initialization, context and
+   sticky errors. */
 kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 {
     pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = current_dev_locked();
+    *cur = d;
+    if (d)
+        d->calls[e]++;
     trace_record_locked(e);
     kcu_result err;
     if (fault_check_locked(e, &err))
         return err;
     if ((need & F_INIT) && !emu_inited)
         return KCU_ERROR_NOT_INITIALIZED;
-    struct emu_dev *d = current_dev_locked();
-    *cur = d;
     if ((need & F_CTX) && !d)
         return KCU_ERROR_INVALID_CONTEXT;
     if ((need & F_STICKY) && d && d->sticky)
@@ -206,4 +211,29 @@ size_t emu_trace_stop(struct emu_trace_entry *out, size_t max)
     emu_trace_n = 0;
     pthread_mutex_unlock(&emu_lock);
     return n;
+}
+
+int emu_calls_get(int ordinal, struct emu_calls *out)
+{
+    if (!out)
+        return -EINVAL;
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
+    if (d) {
+#define X(n) out->n = d->calls[E_##n];
+        EMU_ENTRIES(X)
+#undef X
+    }
+    pthread_mutex_unlock(&emu_lock);
+    return d ? 0 : -ENODEV;
+}
+
+int emu_calls_reset(int ordinal)
+{
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
+    if (d)
+        memset(d->calls, 0, sizeof d->calls);
+    pthread_mutex_unlock(&emu_lock);
+    return d ? 0 : -ENODEV;
 }

@@ -1,5 +1,6 @@
 /*
- * vmm/emu/host.c: pinned host memory (cuMemAllocHost, cuMemHostRegister) and pointer attributes.
+ * vmm/emu/host.c: pinned host memory (cuMemAllocHost, cuMemHostRegister) and pointer
+ * attributes.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"

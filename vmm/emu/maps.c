@@ -1,5 +1,6 @@
 /*
- * vmm/emu/maps.c: virtual memory: reservations and the mapping table (cuMemAddressReserve/Free, cuMemMap, cuMemUnmap, cuMemSetAccess, emu_lookup).
+ * vmm/emu/maps.c: virtual memory: reservations and the mapping table
+ * (cuMemAddressReserve/Free, cuMemMap, cuMemUnmap, cuMemSetAccess, emu_lookup).
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"
@@ -288,7 +289,8 @@ kcu_result emu_cuMemUnmap(kcu_deviceptr ptr, size_t size)
         }
     }
     if ((first > 0 && emu_ent_map_id(rv, first - 1) == emu_ent_map_id(rv, first)) ||
-        (first + n < rv->ngran && emu_ent_map_id(rv, first + n) == emu_ent_map_id(rv, first + n - 1))) {
+        (first + n < rv->ngran &&
+         emu_ent_map_id(rv, first + n) == emu_ent_map_id(rv, first + n - 1))) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }

@@ -1,5 +1,6 @@
 /*
- * vmm/emu/memory.c: physical memory: the granule allocator over the memfd and the handles (cuMemCreate, cuMemRelease, cuMemGetAllocationGranularity).
+ * vmm/emu/memory.c: physical memory: the granule allocator over the memfd and the handles
+ * (cuMemCreate, cuMemRelease, cuMemGetAllocationGranularity).
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"

@@ -1,5 +1,6 @@
 /*
- * vmm/emu/streams.c: streams: the in-order queues and their workers, the legacy stream's implicit synchronization, stream entry points and cuCtxSynchronize.
+ * vmm/emu/streams.c: streams: the in-order queues and their workers, the legacy stream's
+ * implicit synchronization, stream entry points and cuCtxSynchronize.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"
@@ -351,7 +352,8 @@ kcu_result emu_cuStreamSynchronize(kcu_stream stream)
     BEGIN(cuStreamSynchronize, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)) || (r = emu_stream_capture_check_locked(s, d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)) ||
+        (r = emu_stream_capture_check_locked(s, d)))
         goto out;
     if (s)
         stream_wait_idle_locked(s);
@@ -367,7 +369,8 @@ kcu_result emu_cuStreamQuery(kcu_stream stream)
     BEGIN(cuStreamQuery, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)) || (r = emu_stream_capture_check_locked(s, d)))
+    if ((r = emu_stream_arg_locked(stream, cur, &s, &d)) ||
+        (r = emu_stream_capture_check_locked(s, d)))
         goto out;
     if (s) {
         r = s->head ? KCU_ERROR_NOT_READY : KCU_SUCCESS;
