@@ -2,9 +2,10 @@
  * paging/check.c: the invariant checker (core/debug.h states what it checks).
  *
  * The bookkeeping is checked against itself (refcounts vs holders, conservation of frames,
- * slots) and, on the emulated device, against the emulator's own tables: the mapping at
- * every window page that should be mapped, a sample of pages that should not be, and the
- * emulator's live handle / mapping counters.
+ * slots) and, where the driver can show its own tables (vmm_debug_mapping,
+ * vmm_debug_objects: the emulated device), against them: the mapping at every window page
+ * that should be mapped, a sample of pages that should not be, and the driver's live handle
+ * / mapping counters. Where the driver cannot (CUDA: -EOPNOTSUPP), those checks are skipped.
  */
 #include "paging_int.h"
 
@@ -13,13 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "common/log.h"
-#include "vmm/emu.h"
 
 struct ck {
     struct paging *pg;
     char *why;
     size_t len;
-    int emu;              /* emulated device ordinal or -1 */
+    bool drv;             /* the driver shows its tables (vmm_debug_*) */
     uint32_t *refs;       /* expected refs per page id - 1 */
     uint32_t *offs;       /* expected non-resident entries per page id - 1 */
     uint32_t *jobs;       /* expected transfer-job references per page id - 1 */
@@ -40,29 +40,27 @@ static int fail(struct ck *k, const char *fmt, ...)
     return -EUCLEAN;
 }
 
-/* The emulator maps handle h at va with read-write access. */
+/* The driver maps handle h at va with read-write access. */
 static int ck_mapped(struct ck *k, uint64_t va, vmm_handle h, const char *what)
 {
     k->mapped++;
-    if (k->emu < 0)
+    if (!k->drv)
         return 0;
-    kcu_mem_handle got;
-    size_t off;
-    int acc;
-    if (emu_lookup(va, &got, &off, &acc))
+    struct vmm_debug_mapping m;
+    if (vmm_debug_mapping(k->pg->v, va, &m))
         return fail(k, "%s at 0x%llx is not mapped", what, (unsigned long long)va);
-    if (got != h.h || off != 0)
+    if (m.h.h != h.h || m.offset != 0)
         return fail(k, "%s at 0x%llx maps handle %llu+%zu, descriptor says %llu", what,
-                    (unsigned long long)va, got, off, h.h);
-    if (acc != KCU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                    (unsigned long long)va, m.h.h, m.offset, h.h);
+    if (m.access != KCU_MEM_ACCESS_FLAGS_PROT_READWRITE)
         return fail(k, "%s at 0x%llx has access %d, not read-write", what,
-                    (unsigned long long)va, acc);
+                    (unsigned long long)va, m.access);
     return 0;
 }
 
 static int ck_unmapped(struct ck *k, uint64_t va, const char *what)
 {
-    if (k->emu >= 0 && emu_lookup(va, NULL, NULL, NULL) == 0)
+    if (k->drv && vmm_debug_mapping(k->pg->v, va, NULL) == 0)
         return fail(k, "%s at 0x%llx is mapped but nothing holds it", what,
                     (unsigned long long)va);
     return 0;
@@ -270,17 +268,17 @@ static int ck_slots(struct ck *k)
     return 0;
 }
 
-static int ck_emu(struct ck *k)
+static int ck_driver(struct ck *k)
 {
     struct paging *pg = k->pg;
-    struct emu_counters c;
-    if (k->emu < 0)
+    struct vmm_debug_objects c;
+    if (!k->drv)
         return 0;
     int rc = ck_unmapped(k, pg->scratch_va, "scratch page");
     if (rc)
         return rc;
-    if (emu_counters_get(k->emu, &c))
-        return fail(k, "emu_counters_get(%d) failed", k->emu);
+    if ((rc = vmm_debug_objects(pg->v, &c)))
+        return fail(k, "vmm_debug_objects failed: %d", rc);
     if (c.handles != pg->n_created || c.handle_bytes != (uint64_t)pg->n_created * pg->p.page_size)
         return fail(k, "the emulator holds %llu handles (%llu bytes), the pool %u",
                     (unsigned long long)c.handles, (unsigned long long)c.handle_bytes,
@@ -293,7 +291,9 @@ static int ck_emu(struct ck *k)
 
 int paging_check(struct paging *pg, char *why, size_t len)
 {
-    struct ck k = { pg, why, len, vmm_emu_ordinal(pg->v), NULL, NULL, NULL, 0 };
+    struct vmm_debug_objects probe;
+    struct ck k = { pg, why, len, vmm_debug_objects(pg->v, &probe) != -EOPNOTSUPP, NULL, NULL,
+                    NULL, 0 };
     size_t np = pg->p.max_pages ? pg->p.max_pages : 1;
     k.refs = calloc(3 * np, sizeof *k.refs);
     if (!k.refs)
@@ -308,7 +308,7 @@ int paging_check(struct paging *pg, char *why, size_t len)
     if (!rc)
         rc = ck_pages(&k);
     if (!rc)
-        rc = ck_emu(&k);
+        rc = ck_driver(&k);
     free(k.refs);
     if (!rc && why && len)
         why[0] = 0;

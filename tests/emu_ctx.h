@@ -3,7 +3,7 @@
  * kvvm calls leave the caller's current CUDA context as they found it, so a test thread that
  * uses the emulator's entry points directly makes the device's primary context current first
  * (emu_ctx_on) and undoes it after (emu_ctx_off). Criterion assertions: include after
- * criterion.h and vmm/emu.h.
+ * criterion.h and vmm/emu/emu.h.
  */
 #ifndef KVVM_TESTS_EMU_CTX_H
 #define KVVM_TESTS_EMU_CTX_H

@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "vmm/cudrv.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 #define EXPORT __attribute__((visibility("default")))
 

@@ -26,7 +26,7 @@
 #include "kvvm.h"
 #include "core/debug.h"
 #include "disk/disk.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 #define KB 4096u
 #define NR 2

@@ -1,4 +1,4 @@
-/* tests/test_emu.c: conformance of the emulated device (vmm/emu.h) with the driver's rules:
+/* tests/test_emu.c: conformance of the emulated device (vmm/emu/emu.h) with the driver's rules:
    strictness and error codes, aliasing, CPU faults, opaque mode, exhaustion, poison, fault
    injection, tracing, stream order, events, sticky faults, counters and leak accounting.
    Each test runs in its own process, so the process-global driver starts fresh. */
@@ -16,7 +16,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "vmm/emu.h"
+#include "core/debug.h"
+#include "vmm/emu/emu.h"
 
 #define KiB (1024ul)
 #define MiB (1024ul * 1024ul)
@@ -1529,4 +1530,239 @@ Test(emu, legacy_stream_is_asynchronous, .timeout = 30)
     cr_expect_eq(A->cuMemFreeHost(pin), KCU_SUCCESS);
     cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
     cr_expect_eq(A->cuStreamDestroy(b), KCU_SUCCESS);
+}
+
+/* ---- driver-call counters (emu_calls_get) --------------------------------------------- */
+
+static struct emu_calls calls(int o)
+{
+    struct emu_calls c;
+    cr_assert_eq(emu_calls_get(o, &c), 0);
+    return c;
+}
+
+static uint64_t calls_total(const struct emu_calls *c)
+{
+    uint64_t n = 0;
+#define X(e) n += c->e;
+    EMU_ENTRIES(X)
+#undef X
+    return n;
+}
+
+/* Every call counts once, on the device current on the calling thread, failed and injected
+   failures included; calls with no context current count nowhere; reset zeroes. */
+Test(calls, count_each_entry_point_on_the_current_device)
+{
+    dev_default();
+    cr_assert_eq(emu_calls_reset(ord), 0);
+    struct emu_calls c = calls(ord);
+    cr_expect_eq(calls_total(&c), 0);
+
+    kcu_mem_handle h[3];
+    for (int i = 0; i < 3; i++)
+        h[i] = create(G);
+    kcu_deviceptr va = reserve(4 * G);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(A->cuMemMap(va + i * G, G, 0, h[i], 0), KCU_SUCCESS);
+    cr_assert_eq(set_access(va, 3 * G, KCU_MEM_ACCESS_FLAGS_PROT_READWRITE), KCU_SUCCESS);
+    cr_expect_eq(A->cuMemMap(va, G, 0, h[0], 0), KCU_ERROR_INVALID_VALUE);  /* mapped */
+    cr_assert_eq(emu_fail_arm("cuMemCreate", 1, KCU_ERROR_OUT_OF_MEMORY), 0);
+    struct kcu_mem_alloc_prop p = prop_of(ord);
+    kcu_mem_handle x;
+    cr_expect_eq(A->cuMemCreate(&x, G, &p, 0), KCU_ERROR_OUT_OF_MEMORY);     /* injected */
+
+    char *pin;
+    cr_assert_eq(A->cuMemAllocHost((void **)&pin, G), KCU_SUCCESS);
+    kcu_event ev;
+    cr_assert_eq(A->cuEventCreate(&ev, KCU_EVENT_DISABLE_TIMING), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemsetD8Async(va, 1, G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemcpyDtoDAsync(va + G, va, G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemcpyDtoHAsync(pin, va + G, G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemcpyHtoDAsync(va + 2 * G, pin, G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventRecord(ev, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventSynchronize(ev), KCU_SUCCESS);
+    cr_assert_eq(A->cuEventQuery(ev), KCU_SUCCESS);
+
+    c = calls(ord);
+    struct emu_counters k = counters();
+    cr_expect_eq(c.cuMemCreate, 4, "3 creates + 1 injected failure: %lu",
+                 (unsigned long)c.cuMemCreate);
+    cr_expect_eq(k.creates, 3, "the success counter counts successes only");
+    cr_expect_eq(c.cuMemMap, 4, "3 maps + 1 refused: %lu", (unsigned long)c.cuMemMap);
+    cr_expect_eq(c.cuMemSetAccess, 1);
+    cr_expect_eq(c.cuMemAddressReserve, 1);
+    cr_expect_eq(c.cuMemsetD8Async + c.cuMemcpyDtoDAsync + c.cuMemcpyDtoHAsync +
+                 c.cuMemcpyHtoDAsync, 4);
+    cr_expect_eq(c.cuMemcpyHtoDAsync, 1);
+    cr_expect_eq(c.cuEventCreate + c.cuEventRecord + c.cuEventSynchronize + c.cuEventQuery, 4);
+    cr_expect_eq(c.cuMemAllocHost, 1);
+    cr_expect_eq(calls_total(&c), 4 + 4 + 1 + 1 + 4 + 4 + 1, "a call counted twice or "
+                 "an uncalled entry counted: %lu", (unsigned long)calls_total(&c));
+
+    /* no context current: not this device's call (and no other's) */
+    cr_assert_eq(A->cuCtxSetCurrent(NULL), KCU_SUCCESS);       /* ours was current: counted */
+    int n;
+    cr_assert_eq(A->cuDeviceGetCount(&n), KCU_SUCCESS);
+    cr_assert_eq(A->cuCtxSetCurrent(ctx), KCU_SUCCESS);        /* none was current */
+    c = calls(ord);
+    cr_expect_eq(c.cuCtxSetCurrent, 1);
+    cr_expect_eq(c.cuDeviceGetCount, 0);
+
+    /* another device's calls are its own */
+    struct emu_device_params p2 = { .capacity = 4 * MiB, .granule = G };
+    int ord2;
+    cr_assert_eq(emu_device_create(&p2, &ord2), 0);
+    kcu_context ctx2;
+    cr_assert_eq(A->cuDevicePrimaryCtxRetain(&ctx2, ord2), KCU_SUCCESS);   /* on ord: 1 */
+    cr_assert_eq(A->cuCtxSetCurrent(ctx2), KCU_SUCCESS);                    /* on ord: 2 */
+    cr_assert_eq(emu_calls_reset(ord2), 0);
+    struct kcu_mem_alloc_prop q = prop_of(ord2);
+    cr_assert_eq(A->cuMemCreate(&x, G, &q, 0), KCU_SUCCESS);
+    cr_expect_eq(calls(ord2).cuMemCreate, 1);
+    cr_expect_eq(calls(ord).cuMemCreate, 4);
+    cr_assert_eq(A->cuMemRelease(x), KCU_SUCCESS);
+    cr_assert_eq(A->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord2), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord2), 0);
+
+    cr_assert_eq(emu_calls_reset(ord), 0);
+    c = calls(ord);
+    cr_expect_eq(calls_total(&c), 0);
+    cr_expect_eq(emu_calls_get(ord, NULL), -EINVAL);
+    cr_expect_eq(emu_calls_get(999, &c), -ENODEV);
+    cr_expect_eq(emu_calls_reset(-1), -ENODEV);
+
+    /* one call may remove several whole mappings: calls and mappings removed differ */
+    uint64_t unmaps0 = counters().unmaps;
+    cr_assert_eq(A->cuMemUnmap(va, G), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemUnmap(va + G, 2 * G), KCU_SUCCESS);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(A->cuMemRelease(h[i]), KCU_SUCCESS);
+    c = calls(ord);
+    cr_expect_eq(c.cuMemUnmap, 2);
+    cr_expect_eq(counters().unmaps - unmaps0, 3);
+    cr_expect_eq(c.cuMemRelease, 3);
+    cr_expect_eq(A->cuMemAddressFree(va, 4 * G), KCU_SUCCESS);
+    cr_expect_eq(A->cuEventDestroy(ev), KCU_SUCCESS);
+    cr_expect_eq(A->cuMemFreeHost(pin), KCU_SUCCESS);
+    cr_expect_eq(dev_down(), 0);
+}
+
+/* What the library asks of the driver, as the emulator saw it, against the library's own
+   stats: every page it maps is one cuMemMap (stats.maps), every run of them one
+   cuMemSetAccess, every mapping it removes is one the emulator removed (stats.unmaps), a
+   copy-on-write is one device-to-device copy (stats.cow_copies). Grow of k fresh pages
+   (no map-ahead): exactly k maps and one set-access. */
+struct lib {
+    kvvm *kv;
+    int ord;
+    struct emu_calls c0;
+    struct emu_counters k0;
+    struct kvvm_stats s0;
+};
+
+static struct kvvm_stats lib_stats(kvvm *kv)
+{
+    struct kvvm_stats s = { .size = sizeof s };
+    cr_assert_eq(kvvm_stats(kv, &s), 0);
+    return s;
+}
+
+static void lib_mark(struct lib *l)
+{
+    l->c0 = calls(l->ord);
+    cr_assert_eq(emu_counters_get(l->ord, &l->k0), 0);
+    l->s0 = lib_stats(l->kv);
+}
+
+/* The driver calls since lib_mark agree with the stats; returns them. */
+static struct emu_calls lib_check(struct lib *l, const char *what)
+{
+    struct emu_calls c = calls(l->ord);
+    struct emu_counters k;
+    cr_assert_eq(emu_counters_get(l->ord, &k), 0);
+    struct kvvm_stats s = lib_stats(l->kv);
+#define X(e) c.e -= l->c0.e;
+    EMU_ENTRIES(X)
+#undef X
+    cr_expect_eq(c.cuMemMap, s.maps - l->s0.maps, "%s: %lu cuMemMap, stats.maps +%lu", what,
+                 (unsigned long)c.cuMemMap, (unsigned long)(s.maps - l->s0.maps));
+    cr_expect_eq(k.unmaps - l->k0.unmaps, s.unmaps - l->s0.unmaps,
+                 "%s: the emulator removed %lu mappings, stats.unmaps +%lu", what,
+                 (unsigned long)(k.unmaps - l->k0.unmaps),
+                 (unsigned long)(s.unmaps - l->s0.unmaps));
+    cr_expect_leq(c.cuMemUnmap, s.unmaps - l->s0.unmaps, "%s: more unmap calls than pages",
+                  what);
+    cr_expect_eq(c.cuMemcpyDtoDAsync, s.cow_copies - l->s0.cow_copies,
+                 "%s: %lu device copies, stats.cow_copies +%lu", what,
+                 (unsigned long)c.cuMemcpyDtoDAsync,
+                 (unsigned long)(s.cow_copies - l->s0.cow_copies));
+    return c;
+}
+
+Test(calls, library_driver_calls_match_its_stats)
+{
+    struct kvvm_config cfg;
+    kvvm_config_init(&cfg);
+    cfg.backend = KVVM_BACKEND_EMULATED;
+    cfg.n_regions = 1;
+    cfg.bytes_per_token = 1024;          /* 64 tokens per 64 KiB page */
+    cfg.max_seqs = 4;
+    cfg.max_tokens = 64 * 64;
+    cfg.page_size = 0;
+    cfg.emu_granule = G;
+    cfg.device_budget = 128 * G;
+    cfg.emu_device_bytes = 0;
+    cfg.host_budget = 0;
+    cfg.spill_dir = NULL;
+    cfg.flags = 0;
+    cfg.map_ahead = 0;
+    cfg.emu_opaque = 1;
+    struct lib l = { 0 };
+    int rc = kvvm_open(&cfg, &l.kv);
+    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
+    l.ord = kvvm_debug_emu_ordinal(l.kv);
+    cr_assert_geq(l.ord, 0);
+    kvvm_seq a, b;
+    cr_assert_eq(kvvm_seq_create(l.kv, &a), 0);
+
+    lib_mark(&l);
+    cr_assert_eq(kvvm_seq_grow(l.kv, a, 8 * 64), 0);
+    struct emu_calls c = lib_check(&l, "grow by 8 pages");
+    cr_expect_eq(c.cuMemMap, 8);
+    cr_expect_eq(c.cuMemSetAccess, 1, "one set-access per run, got %lu",
+                 (unsigned long)c.cuMemSetAccess);
+    cr_expect_eq(c.cuMemUnmap, 0);
+
+    lib_mark(&l);
+    cr_assert_eq(kvvm_seq_grow(l.kv, a, 9 * 64), 0);
+    c = lib_check(&l, "grow by 1 page");
+    cr_expect_eq(c.cuMemMap, 1);
+    cr_expect_eq(c.cuMemSetAccess, 1);
+
+    lib_mark(&l);
+    cr_assert_eq(kvvm_seq_fork(l.kv, a, &b), 0);
+    c = lib_check(&l, "fork");
+    cr_expect_eq(c.cuMemMap, 9, "the child maps the parent's 9 pages: %lu",
+                 (unsigned long)c.cuMemMap);
+    cr_expect_eq(c.cuMemCreate, 0, "a fork creates no memory");
+
+    lib_mark(&l);
+    cr_assert_eq(kvvm_seq_prepare_write(l.kv, b, 0, 1), 0);
+    c = lib_check(&l, "copy-on-write of one page");
+    cr_expect_eq(c.cuMemcpyDtoDAsync, 1);
+
+    lib_mark(&l);
+    cr_assert_eq(kvvm_seq_free(l.kv, b), 0);
+    cr_assert_eq(kvvm_seq_free(l.kv, a), 0);
+    cr_assert_eq(kvvm_sync(l.kv), 0);
+    c = lib_check(&l, "free both and sync");
+    cr_expect_eq(c.cuMemMap, 0);
+    struct kvvm_stats s = lib_stats(l.kv);
+    cr_expect_eq(s.unmaps - l.s0.unmaps, 18, "18 window pages unmapped: %lu",
+                 (unsigned long)(s.unmaps - l.s0.unmaps));
+    char why[256];
+    cr_expect_eq(kvvm_debug_check(l.kv, why, sizeof why), 0, "%s", why);
+    kvvm_close(l.kv);
 }

@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "host/host.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 #include "vmm/vmm.h"
 
 #define PAGE ((size_t)64 << 10)

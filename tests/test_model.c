@@ -47,7 +47,7 @@
 #include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1

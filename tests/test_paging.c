@@ -26,7 +26,7 @@
 #include <sys/wait.h>
 #include "kvvm.h"
 #include "core/debug.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 #include "emu_ctx.h"
 
 #define MAXR 8      /* regions a test uses at most */

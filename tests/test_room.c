@@ -21,7 +21,7 @@
 #include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 #define KB 4096u
 #define NR 2

@@ -22,7 +22,7 @@
 #include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 #include "emu_ctx.h"
 
 #define KB 4096u

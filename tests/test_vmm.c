@@ -23,7 +23,7 @@
 #include "kvvm.h"
 #include "common/log.h"
 #include "vmm/drv_cuda.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 #include "vmm/vmm.h"
 
 #define KiB ((size_t)1 << 10)
@@ -172,6 +172,41 @@ Test(vmm, map_copy_unmap_remap_round_trip)
     expect_same_live(&c0, &(struct emu_counters){ 0 }, "empty device");
     struct emu_counters c2 = counters(v);
     expect_same_live(&c0, &c2, "after teardown");
+    vmm_close(v);
+}
+
+/* vmm_debug_mapping / vmm_debug_objects (what paging/check.c checks against) answer from
+   the emulator's own tables: handle, offset and access at a mapped address, -ENOENT where
+   nothing is mapped, and the live handle / mapped byte counts. */
+Test(vmm, debug_view_answers_from_the_emulator_tables)
+{
+    struct vmm *v = open_emu(16 * MiB);
+    uint64_t base;
+    cr_assert_eq(vmm_reserve(v, 4 * GRAN, &base), 0);
+    vmm_handle h[2];
+    cr_assert_eq(vmm_phys_create(v, 2 * GRAN, &h[0]), 0);
+    cr_assert_eq(vmm_phys_create(v, 2 * GRAN, &h[1]), 0);
+    struct vmm_debug_objects o;
+    cr_assert_eq(vmm_debug_objects(v, &o), 0);
+    cr_expect_eq(o.handles, 2);
+    cr_expect_eq(o.handle_bytes, 4 * GRAN);
+    cr_expect_eq(o.mapped_bytes, 0);
+    cr_expect_eq(vmm_debug_mapping(v, base, NULL), -ENOENT);
+    cr_assert_eq(vmm_map_run(v, base, h, 2, 2 * GRAN), 0);
+    struct vmm_debug_mapping m;
+    cr_assert_eq(vmm_debug_mapping(v, base + 3 * GRAN + 5, &m), 0);
+    cr_expect_eq(m.h.h, h[1].h);
+    cr_expect_eq(m.offset, GRAN + 5);
+    cr_expect_eq(m.access, KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    cr_assert_eq(vmm_debug_objects(v, &o), 0);
+    cr_expect_eq(o.mapped_bytes, 4 * GRAN);
+    cr_assert_eq(vmm_unmap(v, base, 4 * GRAN), 0);
+    cr_expect_eq(vmm_debug_mapping(v, base + 3 * GRAN, &m), -ENOENT);
+    vmm_phys_release(v, h[0]);
+    vmm_phys_release(v, h[1]);
+    cr_assert_eq(vmm_debug_objects(v, &o), 0);
+    cr_expect_eq(o.handles + o.handle_bytes + o.mapped_bytes, 0);
+    vmm_unreserve(v);
     vmm_close(v);
 }
 
@@ -704,6 +739,10 @@ static void check_loader(const char *lib)
     const char *last;
     cr_expect_eq(violations(&last), 0, "ABI version violations, last: %s", last);
 
+    /* the real driver shows no tables: the debug view says "unknown" */
+    struct vmm_debug_objects o;
+    cr_expect_eq(vmm_debug_objects(v, &o), -EOPNOTSUPP);
+    cr_expect_eq(vmm_debug_mapping(v, 0, NULL), -EOPNOTSUPP);
     round_trip(v);
     struct emu_counters c;
     int (*fcounters)(struct emu_counters *) = fake_sym(lib, "fake_cuda_counters");

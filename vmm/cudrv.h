@@ -9,7 +9,7 @@
  *    Names carry a kcu/KCU prefix so both headers can be included in one translation unit.
  *  - struct kcu_api is one table of function pointers with exactly the CUDA signatures. Two
  *    implementations fill it: vmm/drv_cuda.c (libcuda.so.1, dlopen + cuGetProcAddress at the
- *    ABI version noted beside each entry) and vmm/drv_emu.c (the emulated device).
+ *    ABI version noted beside each entry) and vmm/emu/ (the emulated device).
  *  - The table is the only place that knows CUDA exists: every layer above calls through it,
  *    and no layer above it dereferences a device address.
  *  - As in the real driver, per-thread state matters: a thread must make a context current
@@ -204,7 +204,22 @@ struct kcu_api {
     kcu_result (*cuGetErrorName)(kcu_result error, const char **str);               /* 6000 */
 };
 
-/* Returns a readable "NAME: description" for a driver error through the table (never NULL). */
+/* Optional debug hooks beside a driver table: what the driver API cannot tell, for invariant
+   checkers (vmm_debug_mapping, vmm_debug_objects). Not part of CUDA: only the emulated device
+   fills them (vmm/drv_emu.h); on CUDA there are none. */
+struct kcu_debug {
+    /* What is mapped at device address va: 0 and the handle, the offset within the handle
+       and the access flags (KCU_MEM_ACCESS_FLAGS_*); -ENOENT unmapped. Outputs may be NULL. */
+    int (*mapping)(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *access);
+    /* The driver's live physical handles, their bytes and its mapped bytes on the device
+       with this ordinal. 0; -ENODEV no such device. */
+    int (*objects)(int ordinal, uint64_t *handles, uint64_t *handle_bytes,
+                   uint64_t *mapped_bytes);
+};
+
+/* Returns a readable "NAME: description" for a driver error through the table (never NULL;
+   a thread-local buffer, valid until the calling thread's next call). In vmm/cudrv.c, so
+   both drivers and vmm.c use it without depending on each other. */
 const char *kcu_errstr(const struct kcu_api *api, kcu_result r);
 
 #endif

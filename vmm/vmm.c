@@ -31,13 +31,14 @@
 
 #include "common/log.h"
 #include "drv_cuda.h"
-#include "emu.h"
+#include "drv_emu.h"
 
 struct vmm {
     const struct kcu_api *api;
     kcu_device dev;
     kcu_context ctx;            /* retained primary context */
     int emu_ordinal;            /* emulated device we created, or -1 */
+    const struct kcu_debug *dbg; /* the driver's debug hooks (emulated only), or NULL */
     size_t granule;             /* minimum allocation granularity, bytes */
     size_t device_bytes;
     char dev_name[128];
@@ -57,23 +58,6 @@ static void count(int64_t *c, int64_t d)
 }
 
 /* --- errors ------------------------------------------------------------------------------ */
-
-const char *kcu_errstr(const struct kcu_api *api, kcu_result r)
-{
-    static __thread char buf[256];
-    const char *name = NULL, *desc = NULL;
-    if (api && api->cuGetErrorName && api->cuGetErrorName(r, &name) != KCU_SUCCESS)
-        name = NULL;
-    if (api && api->cuGetErrorString && api->cuGetErrorString(r, &desc) != KCU_SUCCESS)
-        desc = NULL;
-    if (name && desc)
-        snprintf(buf, sizeof buf, "%s: %s", name, desc);
-    else if (name)
-        snprintf(buf, sizeof buf, "%s", name);
-    else
-        snprintf(buf, sizeof buf, "CUDA error %d", r);
-    return buf;
-}
 
 /* Errors after which the context is unusable (cuda.h documents them as leaving the process
    in an inconsistent state; the context must be destroyed). */
@@ -226,19 +210,20 @@ static int pick_backend(const struct vmm_params *p, struct vmm *v)
         klog_warn("backend auto: %s; using the emulated device", why);
     }
 
-    struct emu_device_params ep = {
+    struct drv_emu_params ep = {
         .capacity = p->emu_capacity,
         .granule = p->emu_granule,
         .opaque = p->emu_opaque,
     };
-    err = emu_device_create(&ep, &v->emu_ordinal);
+    err = drv_emu_open(&ep, &v->api, &v->dbg, &v->emu_ordinal);
     if (err) {
         klog_error("emulated device: cannot create (capacity %zu, granule %zu): %s",
                    p->emu_capacity, p->emu_granule, strerror(-err));
         v->emu_ordinal = -1;
+        v->api = NULL;
+        v->dbg = NULL;
         return err;
     }
-    v->api = emu_api();
     return 0;
 }
 
@@ -347,7 +332,7 @@ out_release_ctx:
     a->cuDevicePrimaryCtxRelease(v->dev);
 out_emu:
     if (v->emu_ordinal >= 0)
-        emu_device_destroy(v->emu_ordinal);
+        drv_emu_close(v->emu_ordinal);
 out_free:
     free(v);
     return err;
@@ -393,7 +378,7 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
     if (r != KCU_SUCCESS)
         klog_error("cuDevicePrimaryCtxRelease: %s", kcu_errstr(a, r));
     if (v->emu_ordinal >= 0) {
-        int leaks = emu_device_destroy(v->emu_ordinal);
+        int leaks = drv_emu_close(v->emu_ordinal);
         if (leaks > 0)
             klog_warn("vmm_close: the emulated device still held %d object(s)", leaks);
         else if (leaks < 0)
@@ -407,6 +392,32 @@ const struct kcu_api *vmm_api(const struct vmm *v) { return v->api; }
 size_t vmm_granule(const struct vmm *v) { return v->granule; }
 size_t vmm_device_bytes(const struct vmm *v) { return v->device_bytes; }
 int vmm_emu_ordinal(const struct vmm *v) { return v->emu_ordinal; }
+
+/* --- debug view of the driver's tables ----------------------------------------------------- */
+
+int vmm_debug_mapping(const struct vmm *v, uint64_t va, struct vmm_debug_mapping *out)
+{
+    if (!v->dbg || !v->dbg->mapping)
+        return -EOPNOTSUPP;
+    kcu_mem_handle h = 0;
+    size_t off = 0;
+    int acc = 0;
+    int rc = v->dbg->mapping((kcu_deviceptr)va, &h, &off, &acc);
+    if (!rc && out)
+        *out = (struct vmm_debug_mapping){ .h = { h }, .offset = off, .access = acc };
+    return rc;
+}
+
+int vmm_debug_objects(const struct vmm *v, struct vmm_debug_objects *out)
+{
+    if (!v->dbg || !v->dbg->objects)
+        return -EOPNOTSUPP;
+    struct vmm_debug_objects o;
+    int rc = v->dbg->objects(v->emu_ordinal, &o.handles, &o.handle_bytes, &o.mapped_bytes);
+    if (!rc)
+        *out = o;
+    return rc;
+}
 uint64_t vmm_reserved_base(const struct vmm *v) { return v->base; }
 size_t vmm_reserved_bytes(const struct vmm *v) { return v->reserved; }
 

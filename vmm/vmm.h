@@ -129,4 +129,22 @@ void vmm_host_unregister(struct vmm *v, void *p);
    1 yes, 0 no (pageable memory: not an error, nothing logged), -EIO. */
 int  vmm_host_pinned(struct vmm *v, const void *p, size_t n);
 
+/* Debug view of the driver's own tables, for the invariant checker (paging/check.c): what
+   the library's bookkeeping can be checked against. Only the emulated device can answer
+   (the driver table's debug hooks, struct kcu_debug); on CUDA the answer is "unknown",
+   -EOPNOTSUPP, and the checker skips those checks.
+   vmm_debug_mapping: what is mapped at va (out may be NULL): 0 mapped, -ENOENT unmapped,
+   -EOPNOTSUPP unknown. vmm_debug_objects: the driver's live handles, their bytes and the
+   mapped bytes of this device: 0, -EOPNOTSUPP. */
+struct vmm_debug_mapping {
+    vmm_handle h;               /* the handle mapped there */
+    size_t offset;              /* bytes from the handle's start to va */
+    int access;                 /* KCU_MEM_ACCESS_FLAGS_* */
+};
+struct vmm_debug_objects {
+    uint64_t handles, handle_bytes, mapped_bytes;
+};
+int vmm_debug_mapping(const struct vmm *v, uint64_t va, struct vmm_debug_mapping *out);
+int vmm_debug_objects(const struct vmm *v, struct vmm_debug_objects *out);
+
 #endif

@@ -37,7 +37,7 @@
 #include <unistd.h>
 
 #include "kvvm.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 #include "vmm/vmm.h"
 
 #define GROUP "vmm"
@@ -99,7 +99,7 @@ static int sys_err(const char *what)
     return -e;
 }
 
-/* ---- raw primitives (the emulated side replicates drv_emu.c's system calls) ------------ */
+/* ---- raw primitives (the emulated side replicates vmm/emu/'s system calls) ----------- */
 
 static int raw_unmap(struct vb *s, char *va, size_t n)
 {

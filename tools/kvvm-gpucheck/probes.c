@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "vmm/drv_cuda.h"
-#include "vmm/emu.h"
+#include "vmm/emu/emu.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -370,7 +370,7 @@ int gc_probe_loader(int emulated, const struct gc_opts *o)
             gc_row("loader.library", "error: open", "%s", why);
             return 0;
         }
-        gc_row("loader.library", "ok", "the emulated device (vmm/drv_emu.c), in process");
+        gc_row("loader.library", "ok", "the emulated device (vmm/emu/), in process");
     }
     loader_rows(&d);
     return 0;

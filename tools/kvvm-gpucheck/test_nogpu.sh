@@ -2,7 +2,7 @@
 # CTest gpucheck_nogpu (label cpu): kvvm-gpucheck on a machine without a GPU. The CUDA
 # library is pointed at a path that does not exist, so the result is the same on a GPU
 # machine. Asserts the distinct exit status (77), the "no GPU present" message, and the
-# emulated device's column of the probes (what vmm/emu.h promises).
+# emulated device's column of the probes (what vmm/emu/emu.h promises).
 # usage: test_nogpu.sh path/to/kvvm-gpucheck
 set -uo pipefail
 tool=${1:?usage: test_nogpu.sh path/to/kvvm-gpucheck}
@@ -21,7 +21,7 @@ grep -q 'no GPU present (.*): the emulated column only; exit 77$' "$tmp/out" ||
   bad "no final 'no GPU present ... exit 77' line"
 grep -q '/nonexistent/libcuda.so.1' "$tmp/out" || bad "the reason does not name the library"
 
-# id <tab> emulated result, as vmm/emu.h documents the emulated device.
+# id <tab> emulated result, as vmm/emu/emu.h documents the emulated device.
 while IFS='|' read -r id want; do
   got=$(awk -F'\t' -v id="$id" '$1 == id { print $3 }' "$tmp/rows.tsv")
   [ "$got" = "$want" ] || bad "$id: emulated '$got', want '$want'"

@@ -1,8 +1,10 @@
 /*
- * vmm/emu.h: the emulated device. It implements struct kcu_api with CUDA semantics over
+ * vmm/emu/emu.h: the emulated device. It implements struct kcu_api with CUDA semantics over
  * memfd + mmap, so machines without a GPU run the same driver-level code path (docs/design.md,
  * "The emulated device"). This header is also the emulator's test API: device creation,
- * counters, the mapping table, fault injection and call tracing.
+ * counters, driver-call counters, the mapping table, fault injection and call tracing.
+ * Included by the emulator itself, tests and tools only; the library reaches the emulator
+ * through vmm/drv_emu.h.
  *
  * Semantics (strict; every violation returns the real driver's error code):
  *  - One memfd per emulated device; a physical handle is a granule-aligned range of it.
@@ -37,12 +39,12 @@
  *    can reach device bytes (they use the emulator's own view of the memfd).
  *  - Copied bytes are counted per direction.
  */
-#ifndef KVVM_VMM_EMU_H
-#define KVVM_VMM_EMU_H
+#ifndef KVVM_VMM_EMU_EMU_H
+#define KVVM_VMM_EMU_EMU_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cudrv.h"
+#include "vmm/cudrv.h"
 
 #define EMU_POISON 0xA5          /* byte pattern of never-written device memory */
 
@@ -73,9 +75,46 @@ struct emu_counters {
     uint64_t host_allocs, host_alloc_bytes;  /* cuMemAllocHost */
     uint64_t host_registered, host_registered_bytes;
     uint64_t copied_htod, copied_dtoh, copied_dtod, memset_bytes; /* since creation */
-    uint64_t creates, releases, maps, unmaps, set_access;          /* call counts */
+    /* successful operations (calls of every kind: struct emu_calls): creates, releases and
+       maps count calls, unmaps counts mappings removed, set_access the runs applied (one
+       per device and resulting access within a call) */
+    uint64_t creates, releases, maps, unmaps, set_access;
 };
 int emu_counters_get(int ordinal, struct emu_counters *out);
+
+/* The driver entry points the emulator implements, one per field of struct kcu_api: its
+   table, fault injection, call tracing and call counters are generated from this list. */
+#define EMU_ENTRIES(X) \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) \
+    X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDeviceTotalMem) \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
+    X(cuCtxGetCurrent) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) \
+    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
+    X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) \
+    X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) \
+    X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamIsCapturing) \
+    X(cuStreamGetCtx) \
+    X(cuThreadExchangeStreamCaptureMode) \
+    X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventQuery) \
+    X(cuEventSynchronize) X(cuMemHostRegister) X(cuMemHostUnregister) X(cuMemAllocHost) \
+    X(cuMemFreeHost) X(cuPointerGetAttribute) X(cuGetErrorString) X(cuGetErrorName)
+
+/* Driver calls per entry point: every call made while a context of this device was current
+   on the calling thread, counted at the call whether it then succeeds or fails (an
+   injected failure too), since the device's creation or its last emu_calls_reset. libkvvm
+   makes its context current before each of its calls, so all of its calls are counted
+   except a cuCtxSetCurrent made while no context was current (the thread had none, e.g.
+   the first of a public call), which no device sees. Operations a stream executes later
+   are not calls; they are counted once, when submitted. */
+struct emu_calls {
+#define EMU_CALLS_FIELD(n) uint64_t n;
+    EMU_ENTRIES(EMU_CALLS_FIELD)
+#undef EMU_CALLS_FIELD
+};
+/* 0, -EINVAL out NULL, -ENODEV no such device. */
+int emu_calls_get(int ordinal, struct emu_calls *out);
+/* Zeroes the device's call counters. 0, -ENODEV. */
+int emu_calls_reset(int ordinal);
 
 /* Mapping table lookup, for invariant checkers: what is mapped at device address va.
    0 and the handle, offset within the handle and access flags; -ENOENT unmapped. */

@@ -1,0 +1,306 @@
+/*
+ * vmm/emu/emu_int.h: the emulated CUDA driver's internals, shared by the files of vmm/emu/
+ * (the contract it offers its callers: vmm/emu/emu.h; design: docs/design.md, "The emulated
+ * device"). Not included outside vmm/emu/.
+ *
+ * Contract of the emulated device (what it guarantees):
+ *  - CUDA semantics, strictly: every entry point checks its arguments and state as the
+ *    driver reference says and returns the real driver's error code; where the reference
+ *    lists only generic codes, the code it lists for bad arguments (INVALID_VALUE) is used
+ *    and the check says "undocumented". A violation the driver would catch is never
+ *    tolerated, so code that passes here does not rely on emulator leniency.
+ *  - One process-global driver, like libcuda: devices, handles, reservations, host ranges,
+ *    streams and events live in global tables (declared below, defined in entry.c).
+ *  - Device memory: one memfd per device plus the emulator's own MAP_SHARED read/write view
+ *    of all of it (memory.c). A physical handle is a contiguous granule range of the memfd
+ *    (first-fit bitmap allocator with a next-fit cursor). Copies reach device bytes only
+ *    through the view, after translating the device address through the mapping table
+ *    (copies.c), so the windows the caller sees can stay PROT_NONE (opaque mode) and copies
+ *    still work.
+ *  - Virtual memory (maps.c): a reservation is an anonymous PROT_NONE mapping; each granule
+ *    of it has an entry {handle, offset, mapping id, access} (two-level table, blocks
+ *    allocated on first map so huge reservations cost nothing). cuMemMap =
+ *    mmap(MAP_FIXED|MAP_SHARED) of the handle's memfd range, PROT_NONE until cuMemSetAccess.
+ *  - Streams (streams.c): one worker thread each, executing an in-order queue. The NULL
+ *    stream is the legacy default stream: a worker of its own, made at its first use, that
+ *    runs each op after the work every blocking stream had queued before it, while a
+ *    blocking stream's op waits for the legacy work queued before it (CUDA's implicit
+ *    synchronization; non-blocking streams do not synchronize with it, so neither do we).
+ *    Like any stream it is asynchronous to the caller: a missing cuStreamSynchronize(NULL)
+ *    shows up. A caller that synchronizes runs the ready legacy ops itself (same order, same
+ *    dependencies), so a synchronous-mode caller costs no thread hand-off per op.
+ *  - Every entry point is counted, traced and can be made to fail (entry.c) before it does
+ *    anything: an injected failure changes no state.
+ *
+ * Locks and lock order: emu_lock only, one mutex over every table. Every entry point takes it
+ * in its prologue (emu_enter(), through BEGIN) and drops it in emu_leave(); test API calls take it
+ * themselves. Functions named *_locked are called with it held. The only places that drop
+ * it while an operation is in progress are condition waits (emu_cond: some op completed;
+ * a stream's cv: work queued, unpaused or exit requested), the join of a stream's worker,
+ * and the copy loop, which releases it between chunks so that a cuMemUnmap issued while a
+ * long copy runs takes effect between chunks (and the copy then faults, as a GPU would).
+ * klog takes its own lock inside and never calls back (emu_lock -> klog's lock).
+ *
+ * What it never does: it never dereferences a caller's device address (copies go through
+ * the view), never executes captured work, never aborts or exits on a caller's error (a
+ * device fault is a sticky KCU_ERROR_ILLEGAL_ADDRESS, as on a GPU), and never calls up into
+ * libkvvm (it knows only cudrv.h and common/log.h).
+ */
+#ifndef KVVM_VMM_EMU_EMU_INT_H
+#define KVVM_VMM_EMU_EMU_INT_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "vmm/emu/emu.h"
+#include "common/log.h"
+#include "vmm/drv_emu.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EMU_MAX_DEVICES   64
+#define EMU_DRIVER_VERSION 12080
+#define EMU_DEVICE_NAME   "kvvm emulated device"
+#define XFER_CHUNK        (1u << 20)   /* bytes copied per lock hold */
+#define ENT_BLOCK         4096         /* table entries per second-level block */
+
+/* Access bits needed by a copy; KCU_MEM_ACCESS_FLAGS_PROT_READ = 1, READWRITE = 3. */
+#define NEED_R 1
+#define NEED_W 2
+
+/* ---- entry points, prologue, fault injection, tracing ------------------------------- */
+
+/* EMU_ENTRIES (the entry point list) is in emu.h: the call counters are generated from it. */
+
+enum emu_entry {
+#define X(n) E_##n,
+    EMU_ENTRIES(X)
+#undef X
+    E_COUNT
+};
+
+extern const char *const emu_entry_names[E_COUNT];
+
+struct emu_fault {                 /* one armed failure */
+    int entry;
+    unsigned long left;            /* calls of entry until it fires (1 = the next one) */
+    kcu_result err;
+    struct emu_fault *next;
+};
+
+/* ---- objects ------------------------------------------------------------------------ */
+
+struct emu_dev {
+    int ordinal;
+    size_t capacity, gran, ngran;  /* bytes, bytes, granules (capacity = ngran * gran) */
+    int opaque;
+    size_t max_maps;               /* bound on live mappings of this device's memory */
+    int memfd;
+    unsigned char *view;           /* the emulator's RW MAP_SHARED view of the whole memfd */
+    uint64_t *bitmap;              /* 1 = granule in use */
+    size_t cursor;                 /* next-fit start, in granules */
+    int ctx_refs;                  /* primary context retains */
+    kcu_result sticky;             /* 0, or the fault that killed the device */
+    struct kcu_stream_st *legacy;  /* the legacy default stream's worker; NULL until used */
+    struct emu_counters c;
+    uint64_t calls[E_COUNT];       /* entry point calls made with this device current */
+};
+
+/* A physical handle: value = (gen << 32) | (slot + 1); never 0. */
+struct emu_handle {
+    struct emu_dev *dev;           /* NULL = free slot */
+    uint32_t gen;                  /* bumped when the slot is freed */
+    bool released;                 /* cuMemRelease done; memory lives until maps == 0 */
+    size_t base, ngran;            /* granule range in the memfd */
+    size_t maps;                   /* live mappings of it */
+};
+
+struct emu_ent {                   /* one granule of a reservation */
+    uint32_t h1;                   /* handle slot + 1; 0 = unmapped */
+    uint32_t access;               /* KCU_MEM_ACCESS_FLAGS_* */
+    uint64_t off;                  /* granule index within the handle */
+    uint64_t map_id;               /* identifies one cuMemMap call */
+};
+
+struct emu_resv {
+    struct emu_dev *owner;         /* device whose context reserved it (leak accounting) */
+    uintptr_t base;
+    size_t size, gran, ngran;
+    struct emu_ent **blk;          /* ngran / ENT_BLOCK (+1) blocks, NULL until used */
+    uint32_t *blk_used;            /* mapped entries per block */
+    size_t nblk;
+    size_t live_maps;              /* mappings inside this reservation */
+};
+
+struct emu_host {                  /* pinned host range: cuMemAllocHost or cuMemHostRegister */
+    struct emu_dev *dev;
+    unsigned char *p;
+    size_t n;
+    bool alloc;                    /* from cuMemAllocHost (we own the pages) */
+    bool locked;                   /* mlock succeeded */
+    struct emu_host *next;
+};
+
+enum op_kind { OP_HTOD, OP_DTOH, OP_DTOD, OP_MEMSET, OP_EVENT, OP_WAIT };
+
+struct emu_op {
+    enum op_kind kind;
+    kcu_deviceptr dst, src;
+    void *hdst;
+    const void *hsrc;
+    size_t n;
+    unsigned char val;
+    struct kcu_event_st *ev;       /* OP_EVENT / OP_WAIT: holds a reference */
+    uint64_t seq;                  /* record number (OP_EVENT) or awaited record (OP_WAIT) */
+    uint64_t ticket;               /* position in its stream's queue (1, 2, ...) */
+    /* implicit legacy-stream synchronization: a legacy op runs after the work each blocking
+       stream had queued when it was submitted (bar: stream id, ticket); a blocking
+       stream's op after the legacy work queued before it (legacy_wait: legacy ticket) */
+    struct { uint64_t id, ticket; } *bar;
+    size_t nbar;
+    uint64_t legacy_wait;
+    struct emu_op *next;
+};
+
+struct kcu_stream_st {
+    struct emu_dev *dev;
+    unsigned flags;
+    pthread_t thread;
+    pthread_cond_t cv;             /* work queued, unpaused, or exit requested */
+    struct emu_op *head, *tail;    /* head = running or next op; popped when done */
+    uint64_t queued, done;         /* tickets handed out / ops completed, in order */
+    bool paused, exiting, dying;
+    bool detached;                 /* destroyed by the caller: the worker frees s once drained */
+    bool legacy;                   /* the device's legacy default stream (never a handle) */
+    bool running;                  /* its head op executes now (the worker may wait in it) */
+    uint64_t id;                   /* unique, never reused (barriers name streams by it) */
+    /* emulated graph capture (emu_stream_set_capturing), begun in GLOBAL mode by cap_thread:
+       work submitted meanwhile is captured (counted, never executed), like a graph's nodes;
+       invalidated: an unsafe call broke it (cuStreamIsCapturing says INVALIDATED) */
+    bool capturing, invalidated;
+    pthread_t cap_thread;
+    uint64_t captured;
+    uint64_t submitted;            /* operations ever submitted (captured ones included) */
+    struct kcu_stream_st *next;
+};
+
+struct kcu_event_st {
+    struct emu_dev *dev;
+    unsigned flags;
+    uint64_t rec_seq;              /* records issued */
+    uint64_t done_seq;             /* highest record reached */
+    int refs;                      /* 1 for the user until destroyed + 1 per queued op */
+    bool captured;                 /* last recorded inside a capture: query/sync refused */
+    struct kcu_event_st *next;
+};
+
+struct kcu_ctx_st {                /* primary context of the device in the same slot */
+    unsigned gen;                  /* bumped when the device is destroyed */
+};
+
+/* ---- globals (all guarded by emu_lock) ------------------------------------------------ */
+
+extern pthread_mutex_t emu_lock;
+extern pthread_cond_t emu_cond;   /* some op completed */
+extern bool emu_inited;
+extern struct emu_dev *emu_devs[EMU_MAX_DEVICES];
+extern struct kcu_ctx_st emu_ctx[EMU_MAX_DEVICES];
+extern struct emu_handle *emu_handles;
+extern size_t emu_handles_cap;
+extern struct emu_resv **emu_resvs;
+extern size_t emu_nresv, emu_resv_cap;
+extern struct emu_host *emu_hosts;
+extern struct kcu_stream_st *emu_streams;
+extern struct kcu_event_st *emu_events;
+extern uint64_t emu_map_id;
+extern struct emu_fault *emu_faults;
+extern bool emu_env_read;
+extern bool emu_memlock_warned;
+
+extern bool emu_tracing;
+extern struct emu_trace_entry *emu_trace_buf;
+extern size_t emu_trace_n, emu_trace_cap;
+extern unsigned long emu_trace_occ[E_COUNT];
+
+extern __thread struct kcu_ctx_st *emu_t_ctx;   /* the thread's current context */
+extern __thread unsigned emu_t_ctx_gen;
+extern __thread int emu_t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+
+/* ---- small helpers ------------------------------------------------------------------ */
+
+static inline bool is_pow2(size_t x) { return x && !(x & (x - 1)); }
+static inline size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+enum { F_INIT = 1,                  /* cuInit must have been called */
+       F_CTX = 2,                   /* a current context is required */
+       F_STICKY = 4 };              /* a dead current device fails the call */
+
+/* Opens every entry point: emu_enter() takes emu_lock, records the call and runs the checks `need`
+   asks for; on failure the entry point jumps to out:, which returns through emu_leave(). */
+#define BEGIN(name, need)                                         \
+    struct emu_dev *cur;                                          \
+    kcu_result r = emu_enter(E_##name, (need), &cur);                 \
+    (void)cur;                                                    \
+    if (r != KCU_SUCCESS)                                         \
+        goto out
+
+/* The entry points (one per field of struct kcu_api, same signature). */
+#define X(n) __typeof__(*((struct kcu_api *)0)->n) emu_##n;
+    EMU_ENTRIES(X)
+#undef X
+
+/* entry.c */
+kcu_result emu_enter(int e, int need, struct emu_dev **cur);
+kcu_result emu_leave(kcu_result r);
+struct emu_dev *emu_dev_get_locked(int ordinal);
+void emu_fail_env_locked(void);
+
+/* memory.c */
+kcu_mem_handle emu_handle_value(size_t slot);
+struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot);
+void emu_handle_maybe_free_locked(size_t slot);
+
+/* maps.c */
+bool emu_ent_mapped(struct emu_resv *rv, size_t i);
+struct emu_ent *emu_ent_get(struct emu_resv *rv, size_t i);
+struct emu_resv *emu_resv_find_locked(uintptr_t va);
+uint64_t emu_ent_map_id(struct emu_resv *rv, size_t i);
+void emu_resv_free_mem(struct emu_resv *rv);
+void emu_resv_remove_locked(struct emu_resv *rv);
+void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n);
+
+/* copies.c */
+bool emu_range_known_locked(kcu_deviceptr va, size_t n);
+void emu_xfer_locked(struct emu_dev *d, struct emu_op *op);
+
+/* streams.c */
+bool emu_legacy_help_locked(struct emu_dev *d);
+kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
+                                 struct kcu_stream_st **s, struct emu_dev **d);
+kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op);
+struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s);
+void emu_drain_locked(struct emu_dev *d, bool blocking_only);
+void emu_stream_teardown_locked(struct kcu_stream_st *s);
+
+/* capture.c */
+kcu_result emu_capture_unsafe_locked(void);
+kcu_result emu_legacy_capture_locked(struct emu_dev *d, bool query_only);
+kcu_result emu_stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d);
+
+/* events.c */
+struct kcu_event_st *emu_event_lookup_locked(kcu_event e);
+void emu_event_put_locked(struct kcu_event_st *ev);
+void emu_event_unlink_locked(struct kcu_event_st *ev);
+
+/* host.c */
+void emu_host_release_locked(struct emu_host *h);
+void emu_host_remove_locked(struct emu_host *x);
+
+#endif

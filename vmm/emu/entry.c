@@ -1,0 +1,239 @@
+/*
+ * vmm/emu/entry.c: the prologue every entry point runs (emu_lock, call counting and tracing,
+ * fault injection, context and sticky-error checks), the global tables, and the test API of
+ * fault injection, tracing and call counters.
+ * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
+ */
+#include "emu_int.h"
+
+#include <stdio.h>
+
+const char *const emu_entry_names[E_COUNT] = {
+#define X(n) #n,
+    EMU_ENTRIES(X)
+#undef X
+};
+
+/* ---- globals (all guarded by emu_lock) ------------------------------------------------ */
+
+pthread_mutex_t emu_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t emu_cond = PTHREAD_COND_INITIALIZER;   /* some op completed */
+bool emu_inited;
+struct emu_dev *emu_devs[EMU_MAX_DEVICES];
+struct kcu_ctx_st emu_ctx[EMU_MAX_DEVICES];
+struct emu_handle *emu_handles;
+size_t emu_handles_cap;
+struct emu_resv **emu_resvs;
+size_t emu_nresv, emu_resv_cap;
+struct emu_host *emu_hosts;
+struct kcu_stream_st *emu_streams;
+struct kcu_event_st *emu_events;
+uint64_t emu_map_id;
+struct emu_fault *emu_faults;
+bool emu_env_read;
+bool emu_memlock_warned;
+
+bool emu_tracing;
+struct emu_trace_entry *emu_trace_buf;
+size_t emu_trace_n, emu_trace_cap;
+unsigned long emu_trace_occ[E_COUNT];
+
+__thread struct kcu_ctx_st *emu_t_ctx;   /* the thread's current context */
+__thread unsigned emu_t_ctx_gen;
+__thread int emu_t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+
+struct emu_dev *emu_dev_get_locked(int ordinal)
+{
+    if (ordinal < 0 || ordinal >= EMU_MAX_DEVICES)
+        return NULL;
+    return emu_devs[ordinal];
+}
+
+/* The device of the calling thread's current context, if that context is alive. */
+static struct emu_dev *current_dev_locked(void)
+{
+    if (!emu_t_ctx)
+        return NULL;
+    int i = (int)(emu_t_ctx - emu_ctx);
+    struct emu_dev *d = emu_devs[i];
+    if (!d || emu_t_ctx_gen != emu_t_ctx->gen || d->ctx_refs <= 0)
+        return NULL;
+    return d;
+}
+
+static void trace_record_locked(int e)
+{
+    if (!emu_tracing)
+        return;
+    unsigned long nth = ++emu_trace_occ[e];
+    if (emu_trace_n == emu_trace_cap) {
+        size_t cap = emu_trace_cap ? 2 * emu_trace_cap : 1024;
+        struct emu_trace_entry *t = realloc(emu_trace_buf, cap * sizeof *t);
+        if (!t)
+            return;                /* tracing is best effort under memory pressure */
+        emu_trace_buf = t;
+        emu_trace_cap = cap;
+    }
+    emu_trace_buf[emu_trace_n++] = (struct emu_trace_entry){ emu_entry_names[e], nth };
+}
+
+/* Counts this call against every armed failure of entry e; true (and *err) if one fires. */
+static bool fault_check_locked(int e, kcu_result *err)
+{
+    bool fired = false;
+    for (struct emu_fault **pp = &emu_faults; *pp;) {
+        struct emu_fault *f = *pp;
+        if (f->entry == e && --f->left == 0) {
+            if (!fired) {
+                *err = f->err;
+                fired = true;
+            }
+            *pp = f->next;
+            free(f);
+            continue;
+        }
+        pp = &f->next;
+    }
+    return fired;
+}
+
+/* The one prologue: takes emu_lock (every entry point returns through emu_leave()), counts
+   and records the call, fires armed failures, then checks initialization, context and
+   sticky errors. */
+kcu_result emu_enter(int e, int need, struct emu_dev **cur)
+{
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = current_dev_locked();
+    *cur = d;
+    if (d)
+        d->calls[e]++;
+    trace_record_locked(e);
+    kcu_result err;
+    if (fault_check_locked(e, &err))
+        return err;
+    if ((need & F_INIT) && !emu_inited)
+        return KCU_ERROR_NOT_INITIALIZED;
+    if ((need & F_CTX) && !d)
+        return KCU_ERROR_INVALID_CONTEXT;
+    if ((need & F_STICKY) && d && d->sticky)
+        return d->sticky;
+    return KCU_SUCCESS;
+}
+
+kcu_result emu_leave(kcu_result r)
+{
+    pthread_mutex_unlock(&emu_lock);
+    return r;
+}
+
+/* ---- test API: devices, counters, lookup, faults, tracing, stream hooks -------------- */
+
+/* Arms the failures of KVVM_EMU_FAIL ("entry:nth:err,..."); malformed items are logged
+   and skipped. */
+void emu_fail_env_locked(void)
+{
+    const char *e = getenv("KVVM_EMU_FAIL");
+    if (!e || !*e)
+        return;
+    char *copy = strdup(e), *save = NULL;
+    if (!copy)
+        return;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char name[64];
+        unsigned long nth;
+        int err, used = 0;
+        int entry = -1;
+        if (sscanf(item, " %63[^:]:%lu:%d%n", name, &nth, &err, &used) == 3 &&
+            item[used] == '\0') {
+            for (int i = 0; i < E_COUNT; i++)
+                if (!strcmp(emu_entry_names[i], name))
+                    entry = i;
+        }
+        struct emu_fault *f = NULL;
+        if (entry < 0 || nth == 0 || err == 0 || !(f = malloc(sizeof *f))) {
+            klog_error("KVVM_EMU_FAIL: '%s' is not entry:nth:err (a driver entry point, "
+                       "nth >= 1, a nonzero CUresult); ignored", item);
+            continue;
+        }
+        *f = (struct emu_fault){ .entry = entry, .left = nth, .err = err, .next = emu_faults };
+        emu_faults = f;
+    }
+    free(copy);
+}
+
+int emu_fail_arm(const char *entry, unsigned long nth, kcu_result err)
+{
+    if (!entry || nth == 0 || err == KCU_SUCCESS)
+        return -EINVAL;
+    int e = -1;
+    for (int i = 0; i < E_COUNT; i++)
+        if (!strcmp(emu_entry_names[i], entry))
+            e = i;
+    if (e < 0)
+        return -EINVAL;
+    struct emu_fault *f = malloc(sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    pthread_mutex_lock(&emu_lock);
+    *f = (struct emu_fault){ .entry = e, .left = nth, .err = err, .next = emu_faults };
+    emu_faults = f;
+    pthread_mutex_unlock(&emu_lock);
+    return 0;
+}
+
+void emu_fail_clear(void)
+{
+    pthread_mutex_lock(&emu_lock);
+    while (emu_faults) {
+        struct emu_fault *f = emu_faults;
+        emu_faults = f->next;
+        free(f);
+    }
+    pthread_mutex_unlock(&emu_lock);
+}
+
+void emu_trace_start(void)
+{
+    pthread_mutex_lock(&emu_lock);
+    emu_trace_n = 0;
+    memset(emu_trace_occ, 0, sizeof emu_trace_occ);
+    emu_tracing = true;
+    pthread_mutex_unlock(&emu_lock);
+}
+
+size_t emu_trace_stop(struct emu_trace_entry *out, size_t max)
+{
+    pthread_mutex_lock(&emu_lock);
+    emu_tracing = false;
+    size_t n = emu_trace_n;
+    if (out)
+        memcpy(out, emu_trace_buf, min_sz(n, max) * sizeof *out);
+    emu_trace_n = 0;
+    pthread_mutex_unlock(&emu_lock);
+    return n;
+}
+
+int emu_calls_get(int ordinal, struct emu_calls *out)
+{
+    if (!out)
+        return -EINVAL;
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
+    if (d) {
+#define X(n) out->n = d->calls[E_##n];
+        EMU_ENTRIES(X)
+#undef X
+    }
+    pthread_mutex_unlock(&emu_lock);
+    return d ? 0 : -ENODEV;
+}
+
+int emu_calls_reset(int ordinal)
+{
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
+    if (d)
+        memset(d->calls, 0, sizeof d->calls);
+    pthread_mutex_unlock(&emu_lock);
+    return d ? 0 : -ENODEV;
+}

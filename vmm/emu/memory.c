@@ -1,0 +1,208 @@
+/*
+ * vmm/emu/memory.c: physical memory: the granule allocator over the memfd and the handles
+ * (cuMemCreate, cuMemRelease, cuMemGetAllocationGranularity).
+ * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
+ */
+#include "emu_int.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+
+/* ---- physical memory allocator ------------------------------------------------------ */
+
+static bool bit_get(const uint64_t *bm, size_t i) { return bm[i / 64] >> (i % 64) & 1; }
+static void bit_set(uint64_t *bm, size_t i, bool v)
+{
+    if (v)
+        bm[i / 64] |= 1ull << (i % 64);
+    else
+        bm[i / 64] &= ~(1ull << (i % 64));
+}
+
+/* Finds n free contiguous granules, next-fit from the cursor. -ENOMEM none. */
+static int range_alloc_locked(struct emu_dev *d, size_t n, size_t *base)
+{
+    if (n > d->ngran)
+        return -ENOMEM;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t i = pass == 0 ? d->cursor : 0;
+        size_t end = pass == 0 ? d->ngran : min_sz(d->cursor + n, d->ngran);
+        while (i + n <= end) {
+            if (d->bitmap[i / 64] == ~0ull && i % 64 == 0) {
+                i += 64;
+                continue;
+            }
+            size_t run = 0;
+            while (run < n && !bit_get(d->bitmap, i + run))
+                run++;
+            if (run == n) {
+                for (size_t k = 0; k < n; k++)
+                    bit_set(d->bitmap, i + k, true);
+                *base = i;
+                d->cursor = (i + n) % d->ngran;
+                return 0;
+            }
+            i += run + 1;
+        }
+    }
+    return -ENOMEM;
+}
+
+static void range_free_locked(struct emu_dev *d, size_t base, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        bit_set(d->bitmap, base + k, false);
+    /* Give the memory back; KEEP_SIZE keeps the memfd's length (the view stays valid). */
+    if (fallocate(d->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  (off_t)(base * d->gran), (off_t)(n * d->gran)) != 0)
+        klog_warn("emulated device %d: hole punch of %zu bytes failed: %s", d->ordinal,
+                  n * d->gran, strerror(errno));
+}
+
+kcu_mem_handle emu_handle_value(size_t slot)
+{
+    return ((kcu_mem_handle)emu_handles[slot].gen << 32) | (kcu_mem_handle)(slot + 1);
+}
+
+/* A handle the user may still name (not released); NULL for stale or forged values. */
+struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot)
+{
+    uint64_t s1 = v & 0xffffffffu;
+    if (s1 == 0 || s1 > emu_handles_cap)
+        return NULL;
+    struct emu_handle *h = &emu_handles[s1 - 1];
+    if (!h->dev || h->gen != (uint32_t)(v >> 32) || h->released)
+        return NULL;
+    if (slot)
+        *slot = s1 - 1;
+    return h;
+}
+
+/* Frees the memory of a handle that is released and no longer mapped. */
+void emu_handle_maybe_free_locked(size_t slot)
+{
+    struct emu_handle *h = &emu_handles[slot];
+    if (!h->released || h->maps)
+        return;
+    struct emu_dev *d = h->dev;
+    range_free_locked(d, h->base, h->ngran);
+    d->c.handles--;
+    d->c.handle_bytes -= h->ngran * d->gran;
+    h->dev = NULL;
+    if (++h->gen == 0)
+        h->gen = 1;
+}
+
+static int handle_slot_alloc_locked(size_t *slot)
+{
+    static size_t scan;            /* next-fit: creates stay O(1) amortized */
+    for (size_t k = 0; k < emu_handles_cap; k++) {
+        size_t i = (scan + k) % emu_handles_cap;
+        if (!emu_handles[i].dev) {
+            *slot = i;
+            scan = i + 1;
+            return 0;
+        }
+    }
+    size_t cap = emu_handles_cap ? 2 * emu_handles_cap : 256;
+    if (cap > UINT32_MAX)
+        return -ENOMEM;
+    struct emu_handle *n = realloc(emu_handles, cap * sizeof *n);
+    if (!n)
+        return -ENOMEM;
+    for (size_t i = emu_handles_cap; i < cap; i++)
+        n[i] = (struct emu_handle){ .gen = 1 };
+    emu_handles = n;
+    *slot = emu_handles_cap;
+    emu_handles_cap = cap;
+    return 0;
+}
+
+/* Checks a CUmemAllocationProp as cuMemCreate does. */
+static kcu_result prop_check_locked(const struct kcu_mem_alloc_prop *prop, struct emu_dev **d)
+{
+    if (!prop || prop->type != KCU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != KCU_MEM_LOCATION_TYPE_DEVICE)
+        return KCU_ERROR_INVALID_VALUE;
+    if (!(*d = emu_dev_get_locked(prop->location.id)))
+        return KCU_ERROR_INVALID_DEVICE;
+    return KCU_SUCCESS;
+}
+
+kcu_result emu_cuMemGetAllocationGranularity(size_t *granularity,
+                                                    const struct kcu_mem_alloc_prop *prop,
+                                                    int option)
+{
+    BEGIN(cuMemGetAllocationGranularity, F_INIT);
+    struct emu_dev *d;
+    if (!granularity || (option != KCU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                         option != KCU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if ((r = prop_check_locked(prop, &d)))
+        goto out;
+    *granularity = d->gran;
+out:
+    return emu_leave(r);
+}
+
+kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
+                                  const struct kcu_mem_alloc_prop *prop,
+                                  unsigned long long flags)
+{
+    BEGIN(cuMemCreate, F_INIT | F_CTX | F_STICKY);
+    struct emu_dev *d;
+    size_t slot, base;
+    if (!handle || flags != 0) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if ((r = prop_check_locked(prop, &d)))
+        goto out;
+    if (prop->requestedHandleTypes != KCU_MEM_HANDLE_TYPE_NONE) {
+        /* Shareable handles (POSIX fd, fabric) are not emulated. */
+        r = KCU_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    if (prop->win32HandleMetaData || prop->allocFlags.compressionType ||
+        prop->allocFlags.usage || size == 0 || size % d->gran) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if (handle_slot_alloc_locked(&slot) || range_alloc_locked(d, size / d->gran, &base)) {
+        r = KCU_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    /* Uninitialized GPU memory: fill with poison through the view. Allocating the pages
+       first (one fallocate) is much cheaper than faulting them in one by one. */
+    (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
+    memset(d->view + base * d->gran, EMU_POISON, size);
+    emu_handles[slot] = (struct emu_handle){ .dev = d, .gen = emu_handles[slot].gen, .base = base,
+                                     .ngran = size / d->gran };
+    d->c.handles++;
+    d->c.handle_bytes += size;
+    d->c.creates++;
+    *handle = emu_handle_value(slot);
+out:
+    return emu_leave(r);
+}
+
+/* Releasing a mapped handle is allowed (the memory is freed after its last unmap, as the
+   driver documents). A stale, forged or already released handle: KCU_ERROR_INVALID_VALUE
+   (the driver documents only INVALID_VALUE for bad arguments here). */
+kcu_result emu_cuMemRelease(kcu_mem_handle handle)
+{
+    BEGIN(cuMemRelease, F_INIT | F_STICKY);
+    size_t slot;
+    struct emu_handle *h = emu_handle_lookup_locked(handle, &slot);
+    if (!h) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    h->released = true;
+    h->dev->c.releases++;
+    emu_handle_maybe_free_locked(slot);
+out:
+    return emu_leave(r);
+}
