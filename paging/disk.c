@@ -58,17 +58,13 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
         }
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
-            pg->p.host->free(pg->p.host->arg, p->host_slot);
-            p->host_slot = 0;
-            pg->n_host--;
+            page_release_slot(pg, p, PG_TIER_HOST);
             p->tier = PG_TIER_DISK;
             pg->c.spills++;
             pg->c.bytes_to_disk += pg->p.page_size;
         } else {
             /* the host copy is intact: the page stays in the host tier */
-            pg->disk.free(pg->disk.arg, p->disk_slot);
-            p->disk_slot = 0;
-            pg->n_disk--;
+            page_release_slot(pg, p, PG_TIER_DISK);
             p->tier = PG_TIER_HOST;
             if (!pg->disk_off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
@@ -77,16 +73,12 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
         }
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
-            pg->disk.free(pg->disk.arg, p->disk_slot);
-            p->disk_slot = 0;
-            pg->n_disk--;
+            page_release_slot(pg, p, PG_TIER_DISK);
             p->tier = PG_TIER_HOST;
             pg->c.unspills++;
             pg->c.bytes_from_disk += pg->p.page_size;
         } else {
-            pg->p.host->free(pg->p.host->arg, p->host_slot);
-            p->host_slot = 0;
-            pg->n_host--;
+            page_release_slot(pg, p, PG_TIER_HOST);
             p->tier = PG_TIER_DISK;
             if (!p->bad)
                 pg->c.pages_damaged++;
@@ -223,28 +215,57 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
     return paging_host_free(pg) >= want ? 0 : -ENOMEM;
 }
 
+void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (page_in_dio(page_at(pg, ids[i]))) {
+            paging_disk_wait(pg);
+            return;
+        }
+}
+
+int disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *ndisk)
+{
+    *ndisk = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct pg_page *p = page_at(pg, ids[i]);
+        if (p->tier == PG_TIER_DISK && p->bad)
+            return -EBADMSG;
+        *ndisk += p->tier == PG_TIER_DISK;
+    }
+    return 0;
+}
+
+int disk_slots_take(struct paging *pg, uint32_t n, uint64_t *out)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : pg->disk_hint, &out[k]);
+        if (rc) {
+            disk_slots_give(pg, out, k);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void disk_slots_give(struct paging *pg, const uint64_t *ds, uint32_t n)
+{
+    while (n > 0)
+        pg->disk.free(pg->disk.arg, ds[--n]);
+}
+
 int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_seq *excl)
 {
     if (!pg->disk.alloc)
         return 0;
-    uint32_t need = 0;
-    bool dio = false;
-    for (uint32_t i = 0; i < n; i++)
-        dio |= page_in_dio(page_at(pg, ids[i]));
-    if (dio)
-        paging_disk_wait(pg);
-    for (uint32_t i = 0; i < n; i++) {
-        struct pg_page *p = page_at(pg, ids[i]);
-        if (p->tier == PG_TIER_DISK && p->bad)
-            return -EBADMSG;
-        need += p->tier == PG_TIER_DISK;
-    }
-    if (!need)
-        return 0;
+    uint32_t need;
+    disk_settle(pg, ids, n);
+    int rc = disk_damaged(pg, ids, n, &need);
+    if (rc || !need)
+        return rc;
     if (excl)
         excl->used_tick = ++pg->tick;   /* its host pages are the last to spill */
-    uint64_t eh = excl ? ((uint64_t)excl->gen << 32) | (pg_slot_of(pg, excl) + 1) : 0;
-    int rc = paging_host_room(pg, need, eh);
+    rc = paging_host_room(pg, need, excl ? seq_handle(pg, excl) : 0);
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n && !rc; i++) {

@@ -207,12 +207,10 @@ void page_put(struct paging *pg, uint32_t page)
         ready_push(pg, f);
     } else if (p->tier == PG_TIER_HOST) {
         /* (in-flight pages are held by their transfer job, never freed here) */
-        pg->p.host->free(pg->p.host->arg, p->host_slot);
-        pg->n_host--;
+        page_release_slot(pg, p, PG_TIER_HOST);
     } else if (p->tier == PG_TIER_DISK) {
         /* (pages with disk I/O in flight are held by it, never freed here) */
-        pg->disk.free(pg->disk.arg, p->disk_slot);
-        pg->n_disk--;
+        page_release_slot(pg, p, PG_TIER_DISK);
     }
     p->tier = PG_TIER_NONE;
     p->bad = 0;

@@ -153,8 +153,8 @@ out_undo:
 
 int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
 {
-    uint64_t slot1 = h & 0xffffffffu;
-    uint32_t gen = (uint32_t)(h >> 32);
+    uint64_t slot1 = handle_slot1(h);
+    uint32_t gen = handle_gen(h);
     if (!slot1 || slot1 > pg->p.max_seqs)
         return -ENOENT;
     struct pg_seq *s = &pg->seqs[slot1 - 1];
@@ -162,11 +162,6 @@ int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
         return -ENOENT;
     *out = s;
     return 0;
-}
-
-static uint64_t seq_handle(struct paging *pg, struct pg_seq *s)
-{
-    return ((uint64_t)s->gen << 32) | (pg_slot_of(pg, s) + 1);
 }
 
 /* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
