@@ -39,6 +39,7 @@ static void dio_end(struct paging *pg, uint32_t id)
 static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
+    page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
         /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
@@ -88,8 +89,10 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
         }
     } else {
         klog_error("paging: disk completion for page %u in tier %u", d->page, p->tier);
+        page_count(pg, p, 1);
         return;
     }
+    page_count(pg, p, 1);
     dio_end(pg, d->page);
 }
 
@@ -130,7 +133,9 @@ static int spill_page(struct paging *pg, uint32_t id)
     }
     pg->disk_hint = slot;
     p->disk_slot = slot;
+    page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
+    page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
     pg->n_disk++;
@@ -338,27 +343,14 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
     if (!pg->disk.alloc || pg->disk_off)
         return 0;
-    uint8_t *seen = calloc(pg->p.max_pages, 1);
-    if (!seen)
-        return 0;
-    /* pages excl holds never spill for its room (paging_spill's rule) */
+    /* Every HOST page is held by non-resident sequences only (a resident one maps all its
+       pages, and no transfer job holds a HOST page), so the spillable pages are the HOST
+       pages less those excl holds (paging_spill's rule): O(excl's pages), not O(pool). A
+       block table names a page at most once. */
+    uint32_t n = pg->n_host_pages;
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
-                seen[pg_bt(pg, excl, r)[i] - 1] = 1;
-    uint32_t n = 0;
-    for (uint32_t q = 0; q < pg->p.max_seqs; q++) {
-        struct pg_seq *s = &pg->seqs[q];
-        if (!s->live || !s->out || s == excl)
-            continue;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t i = 0; i < s->n_pages; i++) {
-                uint32_t id = pg_bt(pg, s, r)[i];
-                if (!seen[id - 1] && page_at(pg, id)->tier == PG_TIER_HOST)
-                    n++;
-                seen[id - 1] = 1;
-            }
-    }
-    free(seen);
+                n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
     return n;
 }

@@ -8,11 +8,6 @@
 
 #include <errno.h>
 
-static bool is_orphan(const struct pg_page *p)
-{
-    return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs;
-}
-
 /* Copies one orphan down through the scratch page. Synchronous; all or nothing.
    No engine work is left on an orphan: no window maps it and no release of it is pending
    (each holds a reference), and a window range is released only once the engine's work on
@@ -35,9 +30,11 @@ static int orphan_move(struct paging *pg, uint32_t id)
     seq_unmap_must(pg, pg->scratch_va, 1);
     if (rc)
         goto out_slot;
+    page_count(pg, p, -1);
     page_frame_drop(pg, p);
     p->tier = PG_TIER_HOST;
     p->host_slot = slot;
+    page_count(pg, p, 1);
     pg->n_host++;
     pg->c.bytes_to_host += pg->p.page_size;
     pg->c.orphans_moved++;
@@ -53,16 +50,19 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved)
     if (!pg->p.host)
         return 0;
     int rc = tier_copy_stream(pg);
-    for (uint32_t i = 0; !rc && i < pg->p.max_pages && *moved < max; i++)
-        if (is_orphan(&pg->pages[i]) && (rc = orphan_move(pg, i + 1)) == 0)
+    /* the scan stops at the last orphan (none: no scan) */
+    uint32_t left = pg->n_orphans;
+    for (uint32_t i = 0; !rc && left && i < pg->p.max_pages && *moved < max; i++) {
+        if (!page_orphan(&pg->pages[i]))
+            continue;
+        left--;
+        if ((rc = orphan_move(pg, i + 1)) == 0)
             (*moved)++;
+    }
     return rc;
 }
 
 uint32_t tier_orphans(const struct paging *pg)
 {
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < pg->p.max_pages; i++)
-        n += is_orphan(&pg->pages[i]);
-    return n;
+    return pg->n_orphans;
 }

@@ -125,6 +125,8 @@ struct paging {
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
     uint32_t n_host;           /* pages holding a host slot (HOST, TO_HOST, TO_DEVICE) */
+    uint32_t n_host_pages;     /* pages in tier HOST (the spillable ones: page_count) */
+    uint32_t n_orphans;        /* device pages held only by non-resident holders (page_count) */
     uint32_t n_inflight;       /* pages TO_HOST or TO_DEVICE */
 
     /* disk tier (disk.c) */
@@ -202,6 +204,31 @@ static inline struct pg_frame *frame_at(struct paging *pg, uint32_t id) { return
 static inline vmm_handle page_handle(struct paging *pg, uint32_t page)
 {
     return frame_at(pg, page_at(pg, page)->frame)->h;
+}
+/* A device page held only by non-resident holders: no window maps it (orphan.c). */
+static inline bool page_orphan(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs;
+}
+/* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
+   walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,
+   page_count(pg, p, +1) after (the checker recounts both). */
+static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
+{
+    if (p->tier == PG_TIER_HOST)
+        pg->n_host_pages += (uint32_t)d;
+    if (page_orphan(p))
+        pg->n_orphans += (uint32_t)d;
+}
+/* One more holder of the page among non-resident sequences (a reference it maps nothing
+   with: fork or share of a non-resident sequence). */
+static inline void page_get_off(struct paging *pg, uint32_t id)
+{
+    struct pg_page *p = page_at(pg, id);
+    page_count(pg, p, -1);
+    p->refs++;
+    p->offs++;
+    page_count(pg, p, 1);
 }
 /* Frees the page's slot in tier t (PG_TIER_HOST: its host slot, PG_TIER_DISK: its disk
    slot) and its count in that tier; the page's tier is the caller's to set. */

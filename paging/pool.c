@@ -193,14 +193,20 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
 
 void page_get(struct paging *pg, uint32_t page)
 {
-    page_at(pg, page)->refs++;
+    struct pg_page *p = page_at(pg, page);
+    page_count(pg, p, -1);
+    p->refs++;
+    page_count(pg, p, 1);
 }
 
 void page_put(struct paging *pg, uint32_t page)
 {
     struct pg_page *p = page_at(pg, page);
-    if (--p->refs)
+    page_count(pg, p, -1);
+    if (--p->refs) {
+        page_count(pg, p, 1);
         return;
+    }
     if (p->tier == PG_TIER_DEVICE && p->frame) {
         uint32_t f = p->frame;
         pg->n_used--;

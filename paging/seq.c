@@ -632,8 +632,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
         for (uint32_t r = 0; r < pg->p.n_regions; r++) {
             uint32_t *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
             for (uint32_t i = 0; i < p->n_pages; i++) {
-                page_get(pg, sb[i]);
-                page_at(pg, sb[i])->offs++;
+                page_get_off(pg, sb[i]);
                 db[i] = sb[i];
             }
         }
@@ -764,8 +763,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     for (r = 0; r < nr; r++) {
         uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
         for (uint32_t i = 0; i < whole; i++) {
-            page_get(pg, sb[i]);
-            page_at(pg, sb[i])->offs++;
+            page_get_off(pg, sb[i]);
             db[i] = sb[i];
         }
         if (rem) {
@@ -774,6 +772,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             pg->page_free_head = p->next_free;
             *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
                                    .host_slot = slots[r] };
+            page_count(pg, p, 1);
             pg->n_pages_live++;
             pg->n_host++;
             db[whole] = id;

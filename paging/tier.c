@@ -122,6 +122,7 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
     for (uint32_t i = 0; i < d->n; i++) {
         struct pg_page *p = page_at(pg, d->pages[i]);
         p->jobs--;
+        page_count(pg, p, -1);
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
             page_frame_drop(pg, p);
             p->tier = PG_TIER_HOST;
@@ -131,6 +132,7 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
             p->tier = PG_TIER_DEVICE;
             pg->n_inflight--;
         }
+        page_count(pg, p, 1);
     }
 }
 
@@ -139,7 +141,10 @@ void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = first; i < end; i++) {
-            page_at(pg, bt[i])->offs--;
+            struct pg_page *p = page_at(pg, bt[i]);
+            page_count(pg, p, -1);
+            p->offs--;
+            page_count(pg, p, 1);
             page_put(pg, bt[i]);
             bt[i] = 0;
         }

@@ -151,12 +151,14 @@ static void staged_in_commit(struct paging *pg, struct pg_seq *s, const uint32_t
         for (uint32_t i = 0; i < s->n_pages; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
             struct pg_page *p = page_at(pg, id);
+            page_count(pg, p, -1);
             p->offs--;
-            if (p->tier != PG_TIER_HOST && p->tier != PG_TIER_DISK)
-                continue;
-            page_release_slot(pg, p, p->tier);
-            p->tier = PG_TIER_DEVICE;
-            page_frame_set(pg, id, fresh[k++]);
+            if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_DISK) {
+                page_release_slot(pg, p, p->tier);
+                p->tier = PG_TIER_DEVICE;
+                page_frame_set(pg, id, fresh[k++]);
+            }
+            page_count(pg, p, 1);
         }
     tier_seq_in(pg, s);
     pg->c.bytes_to_device += (uint64_t)need * pg->p.page_size;
@@ -308,15 +310,17 @@ static void direct_in_commit(struct paging *pg, struct pg_seq *s, struct pg_defe
         for (uint32_t i = 0; i < s->n_pages; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
             struct pg_page *p = page_at(pg, id);
+            page_count(pg, p, -1);
             p->offs--;
             if (p->tier == PG_TIER_TO_DEVICE && j < d->n)
                 d->pages[j++] = id;               /* another's copy: ordered after it */
-            if (p->tier != PG_TIER_HOST)
-                continue;
-            p->tier = PG_TIER_TO_DEVICE;
-            page_frame_set(pg, id, fresh[k++]);
-            pg->n_inflight++;
-            d->pages[j++] = id;
+            if (p->tier == PG_TIER_HOST) {
+                p->tier = PG_TIER_TO_DEVICE;
+                page_frame_set(pg, id, fresh[k++]);
+                pg->n_inflight++;
+                d->pages[j++] = id;
+            }
+            page_count(pg, p, 1);
         }
     d->n = j;
     tier_seq_in(pg, s);

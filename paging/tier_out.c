@@ -132,14 +132,19 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     seq_drop_ahead(pg, s, 0);
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
+        page_count(pg, p, -1);
         page_frame_drop(pg, p);
         p->tier = PG_TIER_DISK;
         p->disk_slot = ds[j];
         pg->n_disk++;
     }
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t i = 0; i < np; i++)
-            page_at(pg, pg_bt(pg, s, r)[i])->offs++;
+        for (uint32_t i = 0; i < np; i++) {
+            struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
+            page_count(pg, p, -1);
+            p->offs++;
+            page_count(pg, p, 1);
+        }
     pg->disk_hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
@@ -238,6 +243,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct pg_page *p = page_at(pg, d->pages[i]);
+        page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
             p->tier = PG_TIER_TO_HOST;
             p->host_slot = slots[k++];
@@ -245,6 +251,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
             pg->n_inflight++;
         }
         p->offs++;
+        page_count(pg, p, 1);
     }
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
