@@ -143,81 +143,64 @@ static int spill_page(struct paging *pg, uint32_t id)
     return 0;
 }
 
-static int tick_cmp(const void *a, const void *b)
+bool paging_spill_on(struct paging *pg)
 {
-    const struct pg_seq *x = *(struct pg_seq *const *)a, *y = *(struct pg_seq *const *)b;
-    return x->used_tick < y->used_tick ? -1 : x->used_tick > y->used_tick;
+    if (!pg->disk.alloc)
+        return false;
+    paging_disk_reap(pg);
+    return !pg->disk_off;
 }
 
-int paging_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started)
+size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (s->live && s->out)
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
+    }
+    return n;
+}
+
+/* Whether sequence ex holds page id. */
+static bool seq_holds(struct paging *pg, struct pg_seq *ex, uint32_t id)
+{
+    for (uint32_t q = 0; q < pg->p.n_regions; q++)
+        for (uint32_t j = 0; j < ex->n_pages; j++)
+            if (pg_bt(pg, ex, q)[j] == id)
+                return true;
+    return false;
+}
+
+int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
+                     uint32_t *started)
 {
     *started = 0;
-    if (!pg->disk.alloc)
+    if (!pg->disk.alloc || pg->disk_off)
         return -ENOMEM;
-    paging_disk_reap(pg);
-    if (pg->disk_off)
-        return -ENOMEM;
-    struct pg_seq *ex = NULL;
+    struct pg_seq *s, *ex = NULL;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
     if (excl && seq_lookup(pg, excl, &ex))
         ex = NULL;
-    struct pg_seq **v = malloc((pg->p.max_seqs + 1) * sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < pg->p.max_seqs; i++)
-        if (pg->seqs[i].live && pg->seqs[i].out && &pg->seqs[i] != ex)
-            v[n++] = &pg->seqs[i];
-    qsort(v, n, sizeof *v, tick_cmp);
-    int rc = 0;
-    for (uint32_t k = 0; k < n && *started < max && !rc; k++) {
-        struct pg_seq *s = v[k];
-        for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
-            const uint32_t *bt = pg_bt(pg, s, r);
-            for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
-                uint32_t id = bt[i];
-                struct pg_page *p = page_at(pg, id);
-                if (p->tier != PG_TIER_HOST)
-                    continue;
-                /* a page the excluded sequence also holds stays */
-                if (ex && p->refs > 1) {
-                    bool mine = false;
-                    for (uint32_t q = 0; q < pg->p.n_regions && !mine; q++)
-                        for (uint32_t j = 0; j < ex->n_pages && !mine; j++)
-                            mine = pg_bt(pg, ex, q)[j] == id;
-                    if (mine)
-                        continue;
-                }
-                if ((rc = spill_page(pg, id)))
-                    break;
-                (*started)++;
-            }
+    if (s == ex || !s->out)
+        return 0;
+    for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
+        const uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
+            const struct pg_page *p = page_at(pg, bt[i]);
+            if (p->tier != PG_TIER_HOST)
+                continue;
+            /* a page the excluded sequence also holds stays */
+            if (ex && p->refs > 1 && seq_holds(pg, ex, bt[i]))
+                continue;
+            if ((rc = spill_page(pg, bt[i])))
+                break;
+            (*started)++;
         }
     }
-    free(v);
-    return *started ? 0 : (rc ? rc : 0);
-}
-
-int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
-{
-    if (!pg->p.host)
-        return -ENOMEM;
-    for (int round = 0; round < 4; round++) {
-        size_t have = paging_host_free(pg);
-        if (have >= want)
-            return 0;
-        if (!pg->disk.alloc)
-            return -ENOMEM;
-        /* writes already in flight free their slots too */
-        uint32_t started = 0;
-        uint32_t need = (uint32_t)(want - have);
-        uint32_t pend = pg->n_dio;   /* (outside disk_unspill every disk I/O is a write) */
-        if (pend < need)
-            paging_spill(pg, need - pend, excl, &started);
-        if (!started && !pend)
-            return -ENOMEM;
-        paging_disk_wait(pg);
-    }
-    return paging_host_free(pg) >= want ? 0 : -ENOMEM;
+    return *started ? 0 : rc;
 }
 
 void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n)
@@ -268,8 +251,6 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     int rc = disk_damaged(pg, ids, n, &need);
     if (rc || !need)
         return rc;
-    if (excl)
-        excl->used_tick = ++pg->tick;   /* its host pages are the last to spill */
     rc = paging_host_room(pg, need, excl ? seq_handle(pg, excl) : 0);
     if (rc)
         return rc;

@@ -136,6 +136,7 @@ struct paging {
     uint8_t  disk_off;         /* spilling disabled after a write error */
     uint64_t disk_hint;        /* last slot allocated (clustering) */
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
+    struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
     struct paging_counters c;
 };
@@ -333,6 +334,11 @@ void tier_seq_in(struct paging *pg, struct pg_seq *s);
    (or no disk slot for it). It then borrows a host page's slot, parking its bytes in a
    spare device frame (paging_need counts that frame). */
 bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s);
+/* The room facts for a swap of need pages of s (tier_plan asks the policy with them). */
+void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r);
+/* The policy's choice for a swap with room r (no policy: direct for a swap-in, -ENOMEM for
+   a swap-out). */
+int  tier_plan(struct paging *pg, bool in, const struct pg_room *r);
 /* Whether s's entry for page p is the last mapping of it (so leaving moves it down). */
 static inline bool page_moves_down(const struct pg_page *p)
 {
@@ -362,8 +368,8 @@ int  disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_
    damaged (as any read back). */
 int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
                    const uint64_t *hslots, uint32_t n);
-/* Distinct HOST pages paging_spill could write out for room (0 when spilling is off),
-   never pages of excl. */
+/* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
+   pages excl holds. */
 uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
 /* The disk slots of a staged swap-out: n, allocated clustered after the last (all or
    nothing, -ENOMEM); and back. */

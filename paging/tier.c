@@ -326,6 +326,38 @@ void tier_seq_in(struct paging *pg, struct pg_seq *s)
     pg->c.swap_ins++;
 }
 
+/* ---- the policy's choices (swap/) -------------------------------------------------- */
+
+void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)
+{
+    pg->policy = ops ? *ops : (struct pg_policy_ops){ 0 };
+}
+
+int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
+{
+    if (!pg->p.host)
+        return -ENOMEM;
+    if (paging_host_free(pg) >= want)
+        return 0;
+    return pg->policy.host_room ? pg->policy.host_room(pg->policy.arg, want, excl) : -ENOMEM;
+}
+
+void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r)
+{
+    r->need = need;
+    r->host_free = paging_host_free(pg);
+    r->writes = pg->n_dio;
+    r->disk_free = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
+    r->spillable = disk_spillable(pg, s);
+}
+
+int tier_plan(struct paging *pg, bool in, const struct pg_room *r)
+{
+    if (pg->policy.plan)
+        return pg->policy.plan(pg->policy.arg, in, r);
+    return in ? PG_MOVE_DIRECT : -ENOMEM;
+}
+
 /* ---- residency queries ------------------------------------------------------------- */
 
 int paging_seq_ready(struct paging *pg, uint64_t h)

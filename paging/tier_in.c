@@ -20,11 +20,10 @@
 #include <stdlib.h>
 #include "common/log.h"
 
-/* Whether s's disk pages fit the host tier for the ordinary swap-in (disk_unspill reads
-   them all into host slots at once, spilling others' host pages for room): with H free
-   host slots, W writes in flight, S spillable host pages of others and D free disk slots,
-   the disk pages must number at most H + W + min(S, D); else *staged. Waits for disk I/O
-   on s's pages first. -EBADMSG a page of s is damaged. */
+/* Whether the ordinary swap-in of s can read its disk pages into host slots at once
+   (disk_unspill, spilling others' host pages for room) or must be staged: the policy
+   chooses (tier_plan) from the room facts. Waits for disk I/O on s's pages first.
+   -EBADMSG a page of s is damaged. */
 static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
 {
     *staged = false;
@@ -48,10 +47,12 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
         if (rc)
             return rc;
     }
-    uint64_t hf = paging_host_free(pg), w = pg->n_dio;
-    uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
-    uint64_t sp = disk_spillable(pg, s);
-    *staged = nd > hf + w + (sp < d ? sp : d);
+    struct pg_room room;
+    tier_room(pg, s, nd, &room);
+    int mv = tier_plan(pg, true, &room);
+    if (mv < 0)
+        return mv;
+    *staged = mv == PG_MOVE_STAGED;
     return 0;
 }
 

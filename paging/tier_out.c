@@ -18,38 +18,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Host room for a swap-out moving `need` pages, checked before anything moves (a call that
-   will fail moves nothing, not even other sequences' host pages: docs/api.md, a failed call
-   changes nothing). With H free host slots, W spill writes in flight (their slots come
-   free), S host pages of other non-resident sequences that could be spilled and D free disk
-   slots:
-     need <= H + W + min(S, D): the ordinary swap-out, after spilling others for room (the
-                                 room is made here: paging_host_room);
-     else D >= need:             a staged swap-out (*staged): the pages go through the free
-                                 host slots to disk in batches (at least one slot is made
-                                 free, by spilling one page of another sequence if need be);
-     else -ENOMEM, nothing moved. */
+/* A swap-out moving `need` pages that the host tier cannot take as it is: the policy
+   chooses (tier_plan) from the room facts, before anything moves (a call that will fail
+   moves nothing, not even other sequences' host pages: docs/api.md, a failed call changes
+   nothing). Direct: the room is made by spilling others (paging_host_room); staged
+   (*staged): the pages go through the free host slots to disk in batches, at least one
+   slot made free first; or -ENOMEM, nothing moved. */
 static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *staged)
 {
     *staged = false;
     if (!pg->p.disk)
         return -ENOMEM;
     paging_disk_reap(pg);
-    uint64_t hf = paging_host_free(pg), w = pg->n_dio;
-    uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
-    uint64_t sp = disk_spillable(pg, s);
-    uint64_t spill = sp < d ? sp : d;
-    if (need <= hf + w + spill)
+    struct pg_room room;
+    tier_room(pg, s, need, &room);
+    int mv = tier_plan(pg, false, &room);
+    if (mv < 0)
+        return mv;
+    if (mv == PG_MOVE_DIRECT)
         return paging_host_room(pg, need, seq_handle(pg, s));
-    if (d < need)
-        return -ENOMEM;
-    if (hf + w == 0 && (sp == 0 || d == need))
-        return -ENOMEM;                    /* no slot to stage through */
-    int rc = hf ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
-    if (rc)
-        return rc;
-    *staged = true;
-    return 0;
+    int rc = room.host_free ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
+    *staged = rc == 0;
+    return rc;
 }
 
 /* The pages of s that leave the device (at most max) and their window addresses, in
