@@ -168,6 +168,13 @@ int bench_scale(struct bench_ctx *b)
     static const uint32_t mult[] = { 1, 4, 16, 64 };
     int iters = b->quick ? 8 : 32;
     struct scale_run base = { 0 };
+    /* a 1x warm-up run, not reported: the first context of the process pays for cold
+       caches and page faults that the later sizes do not */
+    int rc0 = scale_one(b, 1, iters, &base);
+    if (rc0) {
+        fprintf(stderr, "bench scale: warm-up: %s\n", strerror(-rc0));
+        return rc0;
+    }
     for (size_t k = 0; k < sizeof mult / sizeof mult[0]; k++) {
         struct scale_run r;
         int rc = scale_one(b, mult[k], iters, &r);
