@@ -36,9 +36,15 @@ static void dio_end(struct paging *pg, uint32_t id)
     page_put(pg, id);
 }
 
+/* The clustering hint of the next disk allocation. */
+static pg_slot disk_hint(const struct paging *pg)
+{
+    return pg->disk_hint > UINT32_MAX ? PG_SLOT_NONE : (pg_slot){ (uint32_t)pg->disk_hint };
+}
+
 static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 {
-    struct pg_page *p = page_at(pg, d->page);
+    struct pg_page *p = page_at(pg, d->page.v);
     page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
         /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
@@ -55,7 +61,7 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
                 pg->c.pages_damaged++;
             p->bad = 1;
             klog_error("paging: reading page %u back from disk failed (%d); the sequences "
-                       "holding it are damaged (-EBADMSG)", d->page, d->status);
+                       "holding it are damaged (-EBADMSG)", d->page.v, d->status);
         }
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
@@ -85,15 +91,15 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
                 pg->c.pages_damaged++;
             p->bad = 1;
             klog_error("paging: reading page %u back from disk failed (%d); the sequences "
-                       "holding it are damaged (-EBADMSG)", d->page, d->status);
+                       "holding it are damaged (-EBADMSG)", d->page.v, d->status);
         }
     } else {
-        klog_error("paging: disk completion for page %u in tier %u", d->page, p->tier);
+        klog_error("paging: disk completion for page %u in tier %u", d->page.v, p->tier);
         page_count(pg, p, 1);
         return;
     }
     page_count(pg, p, 1);
-    dio_end(pg, d->page);
+    dio_end(pg, d->page.v);
 }
 
 int paging_disk_reap(struct paging *pg)
@@ -121,17 +127,17 @@ int paging_disk_wait(struct paging *pg)
 static int spill_page(struct paging *pg, uint32_t id)
 {
     struct pg_page *p = page_at(pg, id);
-    uint64_t slot;
-    int rc = pg->disk.alloc(pg->disk.arg, pg->disk_hint, &slot);
+    pg_slot slot;
+    int rc = pg->disk.alloc(pg->disk.arg, disk_hint(pg), &slot);
     if (rc)
         return rc;
     rc = pg->disk.submit(pg->disk.arg, true, slot, pg->p.host->ptr(pg->p.host->arg,
-                         p->host_slot), id);
+                         p->host_slot), (pg_page_id){ id });
     if (rc) {
         pg->disk.free(pg->disk.arg, slot);
         return rc;
     }
-    pg->disk_hint = slot;
+    pg->disk_hint = slot.v;
     p->disk_slot = slot;
     page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
@@ -224,10 +230,10 @@ int disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *n
     return 0;
 }
 
-int disk_slots_take(struct paging *pg, uint32_t n, uint64_t *out)
+int disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : pg->disk_hint, &out[k]);
+        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : disk_hint(pg), &out[k]);
         if (rc) {
             disk_slots_give(pg, out, k);
             return rc;
@@ -236,7 +242,7 @@ int disk_slots_take(struct paging *pg, uint32_t n, uint64_t *out)
     return 0;
 }
 
-void disk_slots_give(struct paging *pg, const uint64_t *ds, uint32_t n)
+void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n)
 {
     while (n > 0)
         pg->disk.free(pg->disk.arg, ds[--n]);
@@ -259,11 +265,11 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
         struct pg_page *p = page_at(pg, id);
         if (p->tier != PG_TIER_DISK)
             continue;
-        uint64_t hs;
+        pg_slot hs;
         if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs)))
             break;
         rc = pg->disk.submit(pg->disk.arg, false, p->disk_slot,
-                             pg->p.host->ptr(pg->p.host->arg, hs), id);
+                             pg->p.host->ptr(pg->p.host->arg, hs), (pg_page_id){ id });
         if (rc) {
             pg->p.host->free(pg->p.host->arg, hs);
             break;
@@ -287,15 +293,16 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     return 0;
 }
 
-int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
-                  const uint64_t *hslots, uint32_t n)
+int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_slot *dslots,
+                  const pg_slot *hslots, uint32_t n)
 {
     int rc = 0;
     uint32_t k = 0;
     pg->stage_rc = 0;
     for (; k < n; k++) {
         rc = pg->disk.submit(pg->disk.arg, write, dslots[k],
-                             pg->p.host->ptr(pg->p.host->arg, hslots[k]), ids[k]);
+                             pg->p.host->ptr(pg->p.host->arg, hslots[k]),
+                             (pg_page_id){ ids[k] });
         if (rc)
             break;
         struct pg_page *p = page_at(pg, ids[k]);

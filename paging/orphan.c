@@ -17,7 +17,7 @@
 static int orphan_move(struct paging *pg, uint32_t id)
 {
     struct pg_page *p = page_at(pg, id);
-    uint64_t slot;
+    pg_slot slot;
     if (pg->p.disk && !paging_host_free(pg))
         (void)paging_host_room(pg, 1, 0);
     int rc = tier_host_take(pg, 1, &slot);

@@ -40,6 +40,7 @@
 typedef struct { uint32_t v; } pg_page_id;
 typedef struct { uint32_t v; } pg_frame_id;
 typedef struct { uint32_t v; } pg_slot;      /* slot number itself (0-based) */
+#define PG_SLOT_NONE ((pg_slot){ UINT32_MAX })  /* no slot (a disk allocation's hint: none) */
 
 /* Where a page's bytes are. In-flight states count under the tier they leave. */
 enum pg_tier {
@@ -57,9 +58,9 @@ enum pg_tier {
    slots, never allocates memory itself. alloc: -ENOMEM when the tier is full. */
 struct pg_host_ops {
     void *arg;
-    int   (*alloc)(void *arg, uint64_t *slot);
-    void  (*free)(void *arg, uint64_t slot);
-    void *(*ptr)(void *arg, uint64_t slot);
+    int   (*alloc)(void *arg, pg_slot *slot);
+    void  (*free)(void *arg, pg_slot slot);
+    void *(*ptr)(void *arg, pg_slot slot);
     size_t (*n_free)(void *arg);               /* free slots now */
 };
 
@@ -68,12 +69,12 @@ struct pg_host_ops {
    (its checksum identity). submit queues one page transfer and returns (0, or -errno with
    nothing queued); its completion comes back once through reap (never blocks). wait blocks
    until no I/O is in flight (thread safe; callable without the context lock). */
-struct pg_disk_done { uint32_t page; int status; bool write; };
+struct pg_disk_done { pg_page_id page; int status; bool write; };
 struct pg_disk_ops {
     void *arg;
-    int    (*alloc)(void *arg, uint64_t hint, uint64_t *slot);  /* hint UINT64_MAX: none */
-    void   (*free)(void *arg, uint64_t slot);
-    int    (*submit)(void *arg, bool write, uint64_t slot, void *buf, uint32_t page);
+    int    (*alloc)(void *arg, pg_slot hint, pg_slot *slot);  /* hint PG_SLOT_NONE: none */
+    void   (*free)(void *arg, pg_slot slot);
+    int    (*submit)(void *arg, bool write, pg_slot slot, void *buf, pg_page_id page);
     size_t (*reap)(void *arg, struct pg_disk_done *out, size_t max);
     void   (*wait)(void *arg);
     size_t (*n_free)(void *arg);

@@ -41,8 +41,8 @@ struct pg_page {
     uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
     uint32_t frame;        /* PG_TIER_DEVICE: frame id */
     uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
-    uint64_t host_slot;    /* PG_TIER_HOST (swap) */
-    uint64_t disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
+    pg_slot  host_slot;    /* PG_TIER_HOST (swap) */
+    pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
 };
@@ -134,7 +134,7 @@ struct paging {
     uint32_t n_disk;           /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
-    uint64_t disk_hint;        /* last slot allocated (clustering) */
+    uint64_t disk_hint;        /* last slot allocated (clustering); UINT64_MAX: none yet */
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
@@ -237,11 +237,11 @@ static inline void page_release_slot(struct paging *pg, struct pg_page *p, uint8
 {
     if (t == PG_TIER_HOST) {
         pg->p.host->free(pg->p.host->arg, p->host_slot);
-        p->host_slot = 0;
+        p->host_slot = (pg_slot){ 0 };
         pg->n_host--;
     } else {
         pg->disk.free(pg->disk.arg, p->disk_slot);
-        p->disk_slot = 0;
+        p->disk_slot = (pg_slot){ 0 };
         pg->n_disk--;
     }
 }
@@ -253,11 +253,12 @@ static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
     frame_at(pg, f)->page = 0;
     pool_give(pg, &f, 1);
 }
-/* Page id takes frame f (already FR_USED). */
-static inline void page_frame_set(struct paging *pg, uint32_t id, uint32_t f)
+/* Page id takes frame f (already FR_USED). Typed: a page id and a frame id cannot be
+   swapped silently. */
+static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id f)
 {
-    page_at(pg, id)->frame = f;
-    frame_at(pg, f)->page = id;
+    page_at(pg, id.v)->frame = f.v;
+    frame_at(pg, f.v)->page = id.v;
 }
 
 /* seq.c */
@@ -304,11 +305,11 @@ int  tier_wait_transfers(struct paging *pg, struct pg_seq *s);
 /* Waits for and reaps every transfer job; releases stay pending. */
 int  tier_wait_all_jobs(struct paging *pg);
 /* n host slots, all or nothing (-ENOMEM); and back. */
-int  tier_host_take(struct paging *pg, uint32_t n, uint64_t *out);
-void tier_host_give(struct paging *pg, const uint64_t *hs, uint32_t n);
+int  tier_host_take(struct paging *pg, uint32_t n, pg_slot *out);
+void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n);
 /* One page copy on the copy stream between host slot and device address va. */
-int  tier_copy_out(struct paging *pg, uint64_t hslot, uint64_t va);
-int  tier_copy_in(struct paging *pg, uint64_t va, uint64_t hslot);
+int  tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va);
+int  tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot);
 /* Waits for the copy stream after copies enqueued with result rc (never returns while a
    copy may still run: safe to unmap); rc, else the wait's error. */
 int  tier_copy_finish(struct paging *pg, int rc);
@@ -366,15 +367,15 @@ int  disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
-                   const uint64_t *hslots, uint32_t n);
+int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_slot *dslots,
+                   const pg_slot *hslots, uint32_t n);
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
 uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
 /* The disk slots of a staged swap-out: n, allocated clustered after the last (all or
    nothing, -ENOMEM); and back. */
-int  disk_slots_take(struct paging *pg, uint32_t n, uint64_t *out);
-void disk_slots_give(struct paging *pg, const uint64_t *ds, uint32_t n);
+int  disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out);
+void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
 void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0

@@ -183,7 +183,7 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
     p->offs = p->jobs = 0;
     p->tier = PG_TIER_DEVICE;
     p->frame = frame;
-    p->host_slot = p->disk_slot = 0;
+    p->host_slot = p->disk_slot = (pg_slot){ 0 };
     p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;

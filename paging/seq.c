@@ -692,7 +692,7 @@ out_unmap:
 }
 
 /* Copies the first rem bytes of page id into a new host slot, zeroing the rest. */
-static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, uint64_t *slot)
+static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, pg_slot *slot)
 {
     struct pg_page *p = page_at(pg, id);
     const struct pg_host_ops *ho = pg->p.host;
@@ -737,7 +737,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
     uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions, r;
     size_t rem = bytes % pg->p.page_size;
-    uint64_t slots[nr];
+    pg_slot slots[nr];
     int rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
     if (!rc)
         rc = defer_flush_slot(pg, pg_slot_of(pg, src));

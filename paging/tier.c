@@ -211,7 +211,7 @@ int tier_job_fence(struct paging *pg, struct pg_defer *d)
 
 /* ---- host slots, window and copies of the swap paths ---------------------------------- */
 
-int tier_host_take(struct paging *pg, uint32_t n, uint64_t *out)
+int tier_host_take(struct paging *pg, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
         int rc = pg->p.host->alloc(pg->p.host->arg, &out[k]);
@@ -223,19 +223,19 @@ int tier_host_take(struct paging *pg, uint32_t n, uint64_t *out)
     return 0;
 }
 
-void tier_host_give(struct paging *pg, const uint64_t *hs, uint32_t n)
+void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n)
 {
     while (n > 0)
         pg->p.host->free(pg->p.host->arg, hs[--n]);
 }
 
-int tier_copy_out(struct paging *pg, uint64_t hslot, uint64_t va)
+int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 {
     return vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, hslot), va, pg->p.page_size,
                          pg->copy_stream);
 }
 
-int tier_copy_in(struct paging *pg, uint64_t va, uint64_t hslot)
+int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
     return vmm_copy_htod(pg->v, va, pg->p.host->ptr(pg->p.host->arg, hslot), pg->p.page_size,
                          pg->copy_stream);

@@ -79,7 +79,7 @@ static uint32_t borrow_page(struct paging *pg)
    (back) the frame into the slot and unmaps it. Synchronous. */
 static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
 {
-    uint64_t hs = page_at(pg, id)->host_slot;
+    pg_slot hs = page_at(pg, id)->host_slot;
     int rc = 0;
     if (!back && (rc = seq_map_frames(pg, pg->scratch_va, &f, 1)))
         return rc;
@@ -98,7 +98,7 @@ static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
 
 /* s's disk pages in window order: ids, window addresses and disk slots; returns how many. */
 static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, uint32_t *ids,
-                              uint64_t *vas, uint64_t *ds)
+                              uint64_t *vas, pg_slot *ds)
 {
     uint32_t k = 0, slot = pg_slot_of(pg, s);
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
@@ -117,7 +117,7 @@ static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, uint32_t *ids
 /* The batches of a staged swap-in: each reads up to bmax disk pages into host slots (its
    own, or the borrowed page bw's), copies them to the device, waits and frees its slots. */
 static int staged_in_batches(struct paging *pg, const uint32_t *ids, const uint64_t *vas,
-                             const uint64_t *ds, uint32_t ndk, uint32_t bmax, uint64_t *hs,
+                             const pg_slot *ds, uint32_t ndk, uint32_t bmax, pg_slot *hs,
                              uint32_t bw)
 {
     for (uint32_t b = 0; b < ndk; b += bmax) {
@@ -157,7 +157,7 @@ static void staged_in_commit(struct paging *pg, struct pg_seq *s, const uint32_t
             if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_DISK) {
                 page_release_slot(pg, p, p->tier);
                 p->tier = PG_TIER_DEVICE;
-                page_frame_set(pg, id, fresh[k++]);
+                page_frame_set(pg, (pg_page_id){ id }, (pg_frame_id){ fresh[k++] });
             }
             page_count(pg, p, 1);
         }
@@ -213,8 +213,8 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
     uint32_t *ids = malloc(((size_t)ndk + 1) * sizeof *ids);
     uint64_t *vas = malloc(((size_t)ndk + 1) * sizeof *vas);
-    uint64_t *ds = malloc(((size_t)ndk + 1) * sizeof *ds);
-    uint64_t *hs = malloc(((size_t)bmax + 1) * sizeof *hs);
+    pg_slot *ds = malloc(((size_t)ndk + 1) * sizeof *ds);
+    pg_slot *hs = malloc(((size_t)bmax + 1) * sizeof *hs);
     uint32_t mark = pg->n_created;
     rc = -ENOMEM;
     if (!fr || !ids || !vas || !ds || !hs)
@@ -317,7 +317,7 @@ static void direct_in_commit(struct paging *pg, struct pg_seq *s, struct pg_defe
                 d->pages[j++] = id;               /* another's copy: ordered after it */
             if (p->tier == PG_TIER_HOST) {
                 p->tier = PG_TIER_TO_DEVICE;
-                page_frame_set(pg, id, fresh[k++]);
+                page_frame_set(pg, (pg_page_id){ id }, (pg_frame_id){ fresh[k++] });
                 pg->n_inflight++;
                 d->pages[j++] = id;
             }

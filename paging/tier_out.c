@@ -62,7 +62,7 @@ static uint32_t out_pages(struct paging *pg, struct pg_seq *s, uint32_t max, uin
 /* The batches of a staged swap-out: each copies up to bmax pages into host slots of its
    own, waits, writes them to disk and frees its slots (success or not). */
 static int staged_out_batches(struct paging *pg, const uint32_t *ids, const uint64_t *vas,
-                              const uint64_t *ds, uint32_t need, uint32_t bmax, uint64_t *hs)
+                              const pg_slot *ds, uint32_t need, uint32_t bmax, pg_slot *hs)
 {
     int rc = 0;
     for (uint32_t b = 0; b < need && !rc; b += bmax) {
@@ -100,8 +100,8 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         bmax = need;
     uint32_t *ids = malloc((size_t)need * sizeof *ids);
     uint64_t *vas = malloc((size_t)need * sizeof *vas);
-    uint64_t *ds = malloc((size_t)need * sizeof *ds);
-    uint64_t *hs = malloc((size_t)bmax * sizeof *hs);
+    pg_slot *ds = malloc((size_t)need * sizeof *ds);
+    pg_slot *hs = malloc((size_t)bmax * sizeof *hs);
     int rc = -ENOMEM;
     if (!ids || !vas || !ds || !hs)
         goto out_free;
@@ -135,7 +135,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
             p->offs++;
             page_count(pg, p, 1);
         }
-    pg->disk_hint = ds[need - 1];
+    pg->disk_hint = ds[need - 1].v;
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
@@ -187,7 +187,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
 /* Enqueues the device -> host copies of the pages of d (s's window, region-major) that move
    down, into slots[0..need). On failure the copies made are waited for. */
 static int out_copies(struct paging *pg, struct pg_seq *s, const struct pg_defer *d,
-                      const uint64_t *slots, uint32_t need)
+                      const pg_slot *slots, uint32_t need)
 {
     uint32_t np = s->n_pages, slot = pg_slot_of(pg, s), k = 0;
     for (uint32_t i = 0; i < d->n && k < need; i++) {
@@ -208,7 +208,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
 {
     uint32_t nr = pg->p.n_regions, np = s->n_pages, n = nr * np;
     struct pg_defer *d = tier_job_new(pg, s, DF_OUT, n);
-    uint64_t *slots = malloc((need ? need : 1) * sizeof *slots);
+    pg_slot *slots = malloc((need ? need : 1) * sizeof *slots);
     int rc = -ENOMEM;
     if (!d || !slots || (rc = tier_host_take(pg, need, slots)))
         goto out_free;
