@@ -189,12 +189,14 @@ static int ck_frames(struct ck *k)
 static int ck_pages(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t live = 0, dev = 0, host = 0, infl = 0, disk = 0, dio = 0;
+    uint32_t live = 0, dev = 0, host = 0, infl = 0, disk = 0, dio = 0, hostp = 0, orph = 0;
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
         struct pg_page *p = &pg->pages[i];
         if (p->tier == PG_TIER_NONE)
             continue;
         live++;
+        hostp += p->tier == PG_TIER_HOST;
+        orph += page_orphan(p);
         if (page_in_dio(p)) {
             /* a disk I/O in flight holds one reference and one job */
             k->refs[i]++;
@@ -235,6 +237,9 @@ static int ck_pages(struct ck *k)
     if (disk != pg->n_disk || dio != pg->n_dio)
         return fail(k, "%u pages hold disk slots (counted %u), %u with disk I/O (counted %u)",
                     disk, pg->n_disk, dio, pg->n_dio);
+    if (hostp != pg->n_host_pages || orph != pg->n_orphans)
+        return fail(k, "%u HOST pages (counted %u), %u orphans (counted %u)", hostp,
+                    pg->n_host_pages, orph, pg->n_orphans);
     if (host != pg->n_host || infl != pg->n_inflight)
         return fail(k, "%u pages hold host slots (counted %u), %u in flight (counted %u)",
                     host, pg->n_host, infl, pg->n_inflight);

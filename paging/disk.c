@@ -36,9 +36,16 @@ static void dio_end(struct paging *pg, uint32_t id)
     page_put(pg, id);
 }
 
+/* The clustering hint of the next disk allocation. */
+static pg_slot disk_hint(const struct paging *pg)
+{
+    return pg->disk_hint > UINT32_MAX ? PG_SLOT_NONE : (pg_slot){ (uint32_t)pg->disk_hint };
+}
+
 static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 {
-    struct pg_page *p = page_at(pg, d->page);
+    struct pg_page *p = page_at(pg, d->page.v);
+    page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
         /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
@@ -54,21 +61,17 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
                 pg->c.pages_damaged++;
             p->bad = 1;
             klog_error("paging: reading page %u back from disk failed (%d); the sequences "
-                       "holding it are damaged (-EBADMSG)", d->page, d->status);
+                       "holding it are damaged (-EBADMSG)", d->page.v, d->status);
         }
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
-            pg->p.host->free(pg->p.host->arg, p->host_slot);
-            p->host_slot = 0;
-            pg->n_host--;
+            page_release_slot(pg, p, PG_TIER_HOST);
             p->tier = PG_TIER_DISK;
             pg->c.spills++;
             pg->c.bytes_to_disk += pg->p.page_size;
         } else {
             /* the host copy is intact: the page stays in the host tier */
-            pg->disk.free(pg->disk.arg, p->disk_slot);
-            p->disk_slot = 0;
-            pg->n_disk--;
+            page_release_slot(pg, p, PG_TIER_DISK);
             p->tier = PG_TIER_HOST;
             if (!pg->disk_off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
@@ -77,28 +80,26 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
         }
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
-            pg->disk.free(pg->disk.arg, p->disk_slot);
-            p->disk_slot = 0;
-            pg->n_disk--;
+            page_release_slot(pg, p, PG_TIER_DISK);
             p->tier = PG_TIER_HOST;
             pg->c.unspills++;
             pg->c.bytes_from_disk += pg->p.page_size;
         } else {
-            pg->p.host->free(pg->p.host->arg, p->host_slot);
-            p->host_slot = 0;
-            pg->n_host--;
+            page_release_slot(pg, p, PG_TIER_HOST);
             p->tier = PG_TIER_DISK;
             if (!p->bad)
                 pg->c.pages_damaged++;
             p->bad = 1;
             klog_error("paging: reading page %u back from disk failed (%d); the sequences "
-                       "holding it are damaged (-EBADMSG)", d->page, d->status);
+                       "holding it are damaged (-EBADMSG)", d->page.v, d->status);
         }
     } else {
-        klog_error("paging: disk completion for page %u in tier %u", d->page, p->tier);
+        klog_error("paging: disk completion for page %u in tier %u", d->page.v, p->tier);
+        page_count(pg, p, 1);
         return;
     }
-    dio_end(pg, d->page);
+    page_count(pg, p, 1);
+    dio_end(pg, d->page.v);
 }
 
 int paging_disk_reap(struct paging *pg)
@@ -126,19 +127,21 @@ int paging_disk_wait(struct paging *pg)
 static int spill_page(struct paging *pg, uint32_t id)
 {
     struct pg_page *p = page_at(pg, id);
-    uint64_t slot;
-    int rc = pg->disk.alloc(pg->disk.arg, pg->disk_hint, &slot);
+    pg_slot slot;
+    int rc = pg->disk.alloc(pg->disk.arg, disk_hint(pg), &slot);
     if (rc)
         return rc;
     rc = pg->disk.submit(pg->disk.arg, true, slot, pg->p.host->ptr(pg->p.host->arg,
-                         p->host_slot), id);
+                         p->host_slot), (pg_page_id){ id });
     if (rc) {
         pg->disk.free(pg->disk.arg, slot);
         return rc;
     }
-    pg->disk_hint = slot;
+    pg->disk_hint = slot.v;
     p->disk_slot = slot;
+    page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
+    page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
     pg->n_disk++;
@@ -146,105 +149,115 @@ static int spill_page(struct paging *pg, uint32_t id)
     return 0;
 }
 
-static int tick_cmp(const void *a, const void *b)
+bool paging_spill_on(struct paging *pg)
 {
-    const struct pg_seq *x = *(struct pg_seq *const *)a, *y = *(struct pg_seq *const *)b;
-    return x->used_tick < y->used_tick ? -1 : x->used_tick > y->used_tick;
+    if (!pg->disk.alloc)
+        return false;
+    paging_disk_reap(pg);
+    return !pg->disk_off;
 }
 
-int paging_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started)
+size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (s->live && s->out)
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
+    }
+    return n;
+}
+
+/* Whether sequence ex holds page id. */
+static bool seq_holds(struct paging *pg, struct pg_seq *ex, uint32_t id)
+{
+    for (uint32_t q = 0; q < pg->p.n_regions; q++)
+        for (uint32_t j = 0; j < ex->n_pages; j++)
+            if (pg_bt(pg, ex, q)[j] == id)
+                return true;
+    return false;
+}
+
+int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
+                     uint32_t *started)
 {
     *started = 0;
-    if (!pg->disk.alloc)
+    if (!pg->disk.alloc || pg->disk_off)
         return -ENOMEM;
-    paging_disk_reap(pg);
-    if (pg->disk_off)
-        return -ENOMEM;
-    struct pg_seq *ex = NULL;
+    struct pg_seq *s, *ex = NULL;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
     if (excl && seq_lookup(pg, excl, &ex))
         ex = NULL;
-    struct pg_seq **v = malloc((pg->p.max_seqs + 1) * sizeof *v);
-    if (!v)
-        return -ENOMEM;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < pg->p.max_seqs; i++)
-        if (pg->seqs[i].live && pg->seqs[i].out && &pg->seqs[i] != ex)
-            v[n++] = &pg->seqs[i];
-    qsort(v, n, sizeof *v, tick_cmp);
-    int rc = 0;
-    for (uint32_t k = 0; k < n && *started < max && !rc; k++) {
-        struct pg_seq *s = v[k];
-        for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
-            const uint32_t *bt = pg_bt(pg, s, r);
-            for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
-                uint32_t id = bt[i];
-                struct pg_page *p = page_at(pg, id);
-                if (p->tier != PG_TIER_HOST)
-                    continue;
-                /* a page the excluded sequence also holds stays */
-                if (ex && p->refs > 1) {
-                    bool mine = false;
-                    for (uint32_t q = 0; q < pg->p.n_regions && !mine; q++)
-                        for (uint32_t j = 0; j < ex->n_pages && !mine; j++)
-                            mine = pg_bt(pg, ex, q)[j] == id;
-                    if (mine)
-                        continue;
-                }
-                if ((rc = spill_page(pg, id)))
-                    break;
-                (*started)++;
-            }
+    if (s == ex || !s->out)
+        return 0;
+    for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
+        const uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
+            const struct pg_page *p = page_at(pg, bt[i]);
+            if (p->tier != PG_TIER_HOST)
+                continue;
+            /* a page the excluded sequence also holds stays */
+            if (ex && p->refs > 1 && seq_holds(pg, ex, bt[i]))
+                continue;
+            if ((rc = spill_page(pg, bt[i])))
+                break;
+            (*started)++;
         }
     }
-    free(v);
-    return *started ? 0 : (rc ? rc : 0);
+    return *started ? 0 : rc;
 }
 
-int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
+void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n)
 {
-    if (!pg->p.host)
-        return -ENOMEM;
-    for (int round = 0; round < 4; round++) {
-        size_t have = paging_host_free(pg);
-        if (have >= want)
-            return 0;
-        if (!pg->disk.alloc)
-            return -ENOMEM;
-        /* writes already in flight free their slots too */
-        uint32_t started = 0;
-        uint32_t need = (uint32_t)(want - have);
-        uint32_t pend = pg->n_dio;   /* (outside disk_unspill every disk I/O is a write) */
-        if (pend < need)
-            paging_spill(pg, need - pend, excl, &started);
-        if (!started && !pend)
-            return -ENOMEM;
-        paging_disk_wait(pg);
+    for (uint32_t i = 0; i < n; i++)
+        if (page_in_dio(page_at(pg, ids[i]))) {
+            paging_disk_wait(pg);
+            return;
+        }
+}
+
+int disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *ndisk)
+{
+    *ndisk = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct pg_page *p = page_at(pg, ids[i]);
+        if (p->tier == PG_TIER_DISK && p->bad)
+            return -EBADMSG;
+        *ndisk += p->tier == PG_TIER_DISK;
     }
-    return paging_host_free(pg) >= want ? 0 : -ENOMEM;
+    return 0;
+}
+
+int disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : disk_hint(pg), &out[k]);
+        if (rc) {
+            disk_slots_give(pg, out, k);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n)
+{
+    while (n > 0)
+        pg->disk.free(pg->disk.arg, ds[--n]);
 }
 
 int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_seq *excl)
 {
     if (!pg->disk.alloc)
         return 0;
-    uint32_t need = 0;
-    bool dio = false;
-    for (uint32_t i = 0; i < n; i++)
-        dio |= page_in_dio(page_at(pg, ids[i]));
-    if (dio)
-        paging_disk_wait(pg);
-    for (uint32_t i = 0; i < n; i++) {
-        struct pg_page *p = page_at(pg, ids[i]);
-        if (p->tier == PG_TIER_DISK && p->bad)
-            return -EBADMSG;
-        need += p->tier == PG_TIER_DISK;
-    }
-    if (!need)
-        return 0;
-    if (excl)
-        excl->used_tick = ++pg->tick;   /* its host pages are the last to spill */
-    uint64_t eh = excl ? ((uint64_t)excl->gen << 32) | (pg_slot_of(pg, excl) + 1) : 0;
-    int rc = paging_host_room(pg, need, eh);
+    uint32_t need;
+    disk_settle(pg, ids, n);
+    int rc = disk_damaged(pg, ids, n, &need);
+    if (rc || !need)
+        return rc;
+    rc = paging_host_room(pg, need, excl ? seq_handle(pg, excl) : 0);
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n && !rc; i++) {
@@ -252,11 +265,11 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
         struct pg_page *p = page_at(pg, id);
         if (p->tier != PG_TIER_DISK)
             continue;
-        uint64_t hs;
+        pg_slot hs;
         if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs)))
             break;
         rc = pg->disk.submit(pg->disk.arg, false, p->disk_slot,
-                             pg->p.host->ptr(pg->p.host->arg, hs), id);
+                             pg->p.host->ptr(pg->p.host->arg, hs), (pg_page_id){ id });
         if (rc) {
             pg->p.host->free(pg->p.host->arg, hs);
             break;
@@ -280,15 +293,16 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     return 0;
 }
 
-int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
-                  const uint64_t *hslots, uint32_t n)
+int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_slot *dslots,
+                  const pg_slot *hslots, uint32_t n)
 {
     int rc = 0;
     uint32_t k = 0;
     pg->stage_rc = 0;
     for (; k < n; k++) {
         rc = pg->disk.submit(pg->disk.arg, write, dslots[k],
-                             pg->p.host->ptr(pg->p.host->arg, hslots[k]), ids[k]);
+                             pg->p.host->ptr(pg->p.host->arg, hslots[k]),
+                             (pg_page_id){ ids[k] });
         if (rc)
             break;
         struct pg_page *p = page_at(pg, ids[k]);
@@ -317,27 +331,14 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
     if (!pg->disk.alloc || pg->disk_off)
         return 0;
-    uint8_t *seen = calloc(pg->p.max_pages, 1);
-    if (!seen)
-        return 0;
-    /* pages excl holds never spill for its room (paging_spill's rule) */
+    /* Every HOST page is held by non-resident sequences only (a resident one maps all its
+       pages, and no transfer job holds a HOST page), so the spillable pages are the HOST
+       pages less those excl holds (paging_spill's rule): O(excl's pages), not O(pool). A
+       block table names a page at most once. */
+    uint32_t n = pg->n_host_pages;
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
-                seen[pg_bt(pg, excl, r)[i] - 1] = 1;
-    uint32_t n = 0;
-    for (uint32_t q = 0; q < pg->p.max_seqs; q++) {
-        struct pg_seq *s = &pg->seqs[q];
-        if (!s->live || !s->out || s == excl)
-            continue;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t i = 0; i < s->n_pages; i++) {
-                uint32_t id = pg_bt(pg, s, r)[i];
-                if (!seen[id - 1] && page_at(pg, id)->tier == PG_TIER_HOST)
-                    n++;
-                seen[id - 1] = 1;
-            }
-    }
-    free(seen);
+                n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
     return n;
 }

@@ -18,7 +18,10 @@
  *    has completed; with no engine stream the device is synchronized first instead.
  *  - Every call is all-or-nothing: on error nothing changed (no page, frame, slot or mapping
  *    leaked or lost). -ENOMEM when the device pool cannot supply a frame; this layer never
- *    decides which sequence to evict (that is swap/'s policy; the context retries).
+ *    decides which sequence to evict, which host pages to spill, how hard, or whether a swap
+ *    is staged (that is swap/'s policy, asked through pg_policy_ops; the context retries).
+ *    paging exposes candidates (paging_candidates, paging_spill_candidates) and room facts
+ *    (struct pg_room), and moves what it is told.
  *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
  *  - Never includes a header of core/ or swap/.
  *
@@ -37,6 +40,7 @@
 typedef struct { uint32_t v; } pg_page_id;
 typedef struct { uint32_t v; } pg_frame_id;
 typedef struct { uint32_t v; } pg_slot;      /* slot number itself (0-based) */
+#define PG_SLOT_NONE ((pg_slot){ UINT32_MAX })  /* no slot (a disk allocation's hint: none) */
 
 /* Where a page's bytes are. In-flight states count under the tier they leave. */
 enum pg_tier {
@@ -54,9 +58,9 @@ enum pg_tier {
    slots, never allocates memory itself. alloc: -ENOMEM when the tier is full. */
 struct pg_host_ops {
     void *arg;
-    int   (*alloc)(void *arg, uint64_t *slot);
-    void  (*free)(void *arg, uint64_t slot);
-    void *(*ptr)(void *arg, uint64_t slot);
+    int   (*alloc)(void *arg, pg_slot *slot);
+    void  (*free)(void *arg, pg_slot slot);
+    void *(*ptr)(void *arg, pg_slot slot);
     size_t (*n_free)(void *arg);               /* free slots now */
 };
 
@@ -65,15 +69,35 @@ struct pg_host_ops {
    (its checksum identity). submit queues one page transfer and returns (0, or -errno with
    nothing queued); its completion comes back once through reap (never blocks). wait blocks
    until no I/O is in flight (thread safe; callable without the context lock). */
-struct pg_disk_done { uint32_t page; int status; bool write; };
+struct pg_disk_done { pg_page_id page; int status; bool write; };
 struct pg_disk_ops {
     void *arg;
-    int    (*alloc)(void *arg, uint64_t hint, uint64_t *slot);  /* hint UINT64_MAX: none */
-    void   (*free)(void *arg, uint64_t slot);
-    int    (*submit)(void *arg, bool write, uint64_t slot, void *buf, uint32_t page);
+    int    (*alloc)(void *arg, pg_slot hint, pg_slot *slot);  /* hint PG_SLOT_NONE: none */
+    void   (*free)(void *arg, pg_slot slot);
+    int    (*submit)(void *arg, bool write, pg_slot slot, void *buf, pg_page_id page);
     size_t (*reap)(void *arg, struct pg_disk_done *out, size_t max);
     void   (*wait)(void *arg);
     size_t (*n_free)(void *arg);
+};
+
+/* The policy paging asks (swap/ provides it, installed by swap_create): paging names what
+   a move needs, the policy chooses how it is had. Room facts for a swap of `need` pages that
+   the host tier cannot take as it is: H free host slots, W spill writes in flight (their
+   host slots come free), S host pages of other non-resident sequences that could be
+   spilled, D free disk slots (0 when spilling is off). */
+struct pg_room {
+    uint64_t need, host_free, writes, spillable, disk_free;
+};
+enum pg_move { PG_MOVE_DIRECT = 0, PG_MOVE_STAGED = 1 };
+struct pg_policy_ops {
+    void *arg;
+    /* Makes `want` host slots free, spilling host pages of sequences other than excl (a
+       handle, 0 = none), waiting for the writes. 0, or -ENOMEM when they cannot be had. */
+    int (*host_room)(void *arg, uint32_t want, uint64_t excl);
+    /* How a swap (in: swap-in, else swap-out) with room r moves: PG_MOVE_DIRECT (the
+       ordinary move, room made with host_room), PG_MOVE_STAGED (through the host tier in
+       batches), or -ENOMEM (nothing moves). Asked only with a disk tier. */
+    int (*plan)(void *arg, bool in, const struct pg_room *r);
 };
 
 struct paging_params {
@@ -262,13 +286,21 @@ int  paging_reap(struct paging *pg);
  * holding it gets -EBADMSG from swap-in until it is truncated below it or freed.
  * Completions are processed (under the context lock) by paging_disk_reap, which every
  * function here calls. */
-/* Starts writing up to max HOST pages of non-resident sequences to disk, least recently
-   used sequences first, never pages of `excl` (a handle, 0 = none); *started gets the count.
-   Does not wait. -ENOMEM the disk tier is full (or disabled) and nothing started. */
-int  paging_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started);
-/* Makes `want` host slots free, spilling (and waiting for the writes) if needed.
-   -ENOMEM when they cannot be had. */
+/* Installs the policy (copied; NULL: none, then no room is ever made and no swap staged). */
+void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
+/* `want` host slots free: 0 when they are, else the policy's host_room (-ENOMEM without a
+   policy or a host tier). */
 int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
+/* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
+   order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
+size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+/* Starts writing up to max HOST pages of sequence h to disk, never a page excl (a handle,
+   0 = none) also holds; *started gets the count. Does not wait. -ENOMEM the disk tier is
+   full, disabled or absent, -ENOENT h (nothing started then). */
+int  paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
+                      uint32_t *started);
+/* Spilling is possible: a disk tier exists and no write failed (reaps first). */
+bool paging_spill_on(struct paging *pg);
 /* Slots the tiers below the device can still take: free host slots, host slots that
    in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
    through one to disk; spilling a host page trades a disk slot for a host slot). */

@@ -8,9 +8,13 @@
  *   defer.c  releases that wait for a fence; quietness of a sequence; copy ordering
  *   seq.c    slots, handles, block tables, map-ahead; grow/truncate/free/fork/share
  *   cow.c    copy-on-write, prepare_write, write/read
- *   tier.c   the host tier: sequence swap-out / swap-in, orphan pages, transfer jobs
- *   disk.c   the disk tier: spill / unspill of host pages, staged disk I/O
- *   check.c  the invariant checker against the emulator's tables
+ *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
+ *   tier.c   the host tier's shared steps: copy stream, transfer jobs, host slots, window
+ *            mapping and copies of the swap paths; residency queries (ready, need, candidates)
+ *   tier_out.c  sequence swap-out (direct, or staged through the host tier to disk)
+ *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
+ *   orphan.c the orphan pages (device pages no resident sequence maps) and their move down
+ *   disk.c   the disk tier's mechanism: page writes and reads, their completions, damage
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
@@ -39,8 +43,8 @@ struct pg_page {
     uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
     uint32_t frame;        /* PG_TIER_DEVICE: frame id */
     uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
-    uint64_t host_slot;    /* PG_TIER_HOST (swap) */
-    uint64_t disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
+    pg_slot  host_slot;    /* PG_TIER_HOST (swap) */
+    pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
 };
@@ -123,6 +127,8 @@ struct paging {
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
     uint32_t n_host;           /* pages holding a host slot (HOST, TO_HOST, TO_DEVICE) */
+    uint32_t n_host_pages;     /* pages in tier HOST (the spillable ones: page_count) */
+    uint32_t n_orphans;        /* device pages held only by non-resident holders (page_count) */
     uint32_t n_inflight;       /* pages TO_HOST or TO_DEVICE */
 
     /* disk tier (disk.c) */
@@ -130,8 +136,9 @@ struct paging {
     uint32_t n_disk;           /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
-    uint64_t disk_hint;        /* last slot allocated (clustering) */
+    uint64_t disk_hint;        /* last slot allocated (clustering); UINT64_MAX: none yet */
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
+    struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
     struct paging_counters c;
 };
@@ -160,6 +167,14 @@ static inline uint32_t pg_slot_of(const struct paging *pg, const struct pg_seq *
 {
     return (uint32_t)(s - pg->seqs);
 }
+/* The one sequence-handle encoding: generation in the high 32 bits, slot + 1 in the low
+   (so 0 is never a handle). seq_lookup decodes and checks it. */
+static inline uint64_t seq_handle(const struct paging *pg, const struct pg_seq *s)
+{
+    return ((uint64_t)s->gen << 32) | (pg_slot_of(pg, s) + 1);
+}
+static inline uint32_t handle_slot1(uint64_t h) { return (uint32_t)(h & 0xffffffffu); }
+static inline uint32_t handle_gen(uint64_t h) { return (uint32_t)(h >> 32); }
 
 /* pool.c */
 int  pool_init(struct paging *pg);
@@ -193,6 +208,60 @@ static inline vmm_handle page_handle(struct paging *pg, uint32_t page)
 {
     return frame_at(pg, page_at(pg, page)->frame)->h;
 }
+/* A device page held only by non-resident holders: no window maps it (orphan.c). */
+static inline bool page_orphan(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs;
+}
+/* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
+   walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,
+   page_count(pg, p, +1) after (the checker recounts both). */
+static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
+{
+    if (p->tier == PG_TIER_HOST)
+        pg->n_host_pages += (uint32_t)d;
+    if (page_orphan(p))
+        pg->n_orphans += (uint32_t)d;
+}
+/* One more holder of the page among non-resident sequences (a reference it maps nothing
+   with: fork or share of a non-resident sequence). */
+static inline void page_get_off(struct paging *pg, uint32_t id)
+{
+    struct pg_page *p = page_at(pg, id);
+    page_count(pg, p, -1);
+    p->refs++;
+    p->offs++;
+    page_count(pg, p, 1);
+}
+/* Frees the page's slot in tier t (PG_TIER_HOST: its host slot, PG_TIER_DISK: its disk
+   slot) and its count in that tier; the page's tier is the caller's to set. */
+static inline void page_release_slot(struct paging *pg, struct pg_page *p, uint8_t t)
+{
+    if (t == PG_TIER_HOST) {
+        pg->p.host->free(pg->p.host->arg, p->host_slot);
+        p->host_slot = (pg_slot){ 0 };
+        pg->n_host--;
+    } else {
+        pg->disk.free(pg->disk.arg, p->disk_slot);
+        p->disk_slot = (pg_slot){ 0 };
+        pg->n_disk--;
+    }
+}
+/* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
+static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
+{
+    uint32_t f = p->frame;
+    p->frame = 0;
+    frame_at(pg, f)->page = 0;
+    pool_give(pg, &f, 1);
+}
+/* Page id takes frame f (already FR_USED). Typed: a page id and a frame id cannot be
+   swapped silently. */
+static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id f)
+{
+    page_at(pg, id.v)->frame = f.v;
+    frame_at(pg, f.v)->page = id.v;
+}
 
 /* seq.c */
 int  seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
@@ -224,6 +293,60 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d);
 uint32_t tier_orphans(const struct paging *pg);
 /* Drops the non-resident entries [first, end) of s (offs and references). */
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
+/* The steps the swap paths (tier_out.c, tier_in.c, orphan.c) share. */
+int  tier_copy_stream(struct paging *pg);          /* makes the copy stream. -EIO */
+/* Orders the copy stream after the engine's work that may touch s's pages (NULL: any). */
+int  tier_copies_after_engine(struct paging *pg, const struct pg_seq *s);
+struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n);
+/* Takes the job's references; complete: done now (sync mode), else pending on its fence. */
+void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete);
+/* Creates and records d's fence on the copy stream (nothing left on failure). -EIO. */
+int  tier_job_fence(struct paging *pg, struct pg_defer *d);
+/* Waits for the transfers on s's window and for swap-outs of its pages still in flight. */
+int  tier_wait_transfers(struct paging *pg, struct pg_seq *s);
+/* Waits for and reaps every transfer job; releases stay pending. */
+int  tier_wait_all_jobs(struct paging *pg);
+/* n host slots, all or nothing (-ENOMEM); and back. */
+int  tier_host_take(struct paging *pg, uint32_t n, pg_slot *out);
+void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n);
+/* One page copy on the copy stream between host slot and device address va. */
+int  tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va);
+int  tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot);
+/* Waits for the copy stream after copies enqueued with result rc (never returns while a
+   copy may still run: safe to unmap); rc, else the wait's error. */
+int  tier_copy_finish(struct paging *pg, int rc);
+/* Enqueues the host -> device copy of every HOST page of s into its window. -EIO. */
+int  tier_copy_host_in(struct paging *pg, struct pg_seq *s);
+/* Entries of s in tier t. */
+uint32_t tier_count(struct paging *pg, struct pg_seq *s, uint8_t tier);
+/* The frame per window page of s (region-major, n_regions * n_pages): the page's own, or the
+   next of fresh for a HOST page (and a DISK page if disk). */
+void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fresh, bool disk,
+                        uint32_t *fr);
+/* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
+int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr);
+/* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
+void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, uint32_t nr);
+/* Unmaps [0, np) of slot in every region: the first may fail (nothing changed), not the rest. */
+int  tier_unmap_window(struct paging *pg, uint32_t slot, uint32_t np);
+/* Residency flips of a committed swap (the pages' offs are the caller's). */
+void tier_seq_out(struct paging *pg, struct pg_seq *s);
+void tier_seq_in(struct paging *pg, struct pg_seq *s);
+/* A staged swap-in of s finds no host slot to stage through and none can be made: no free
+   slot, no spill write in flight to free one, no host page of another that could be spilled
+   (or no disk slot for it). It then borrows a host page's slot, parking its bytes in a
+   spare device frame (paging_need counts that frame). */
+bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s);
+/* The room facts for a swap of need pages of s (tier_plan asks the policy with them). */
+void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r);
+/* The policy's choice for a swap with room r (no policy: direct for a swap-in, -ENOMEM for
+   a swap-out). */
+int  tier_plan(struct paging *pg, bool in, const struct pg_room *r);
+/* Whether s's entry for page p is the last mapping of it (so leaving moves it down). */
+static inline bool page_moves_down(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_DEVICE && p->refs - p->offs == 1;
+}
 /* Holders that see the page's bytes (transfer jobs excluded): > 1 means shared. */
 static inline uint32_t page_sharers(const struct pg_page *p)
 {
@@ -246,11 +369,20 @@ int  disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const uint64_t *dslots,
-                   const uint64_t *hslots, uint32_t n);
-/* Distinct HOST pages paging_spill could write out for room (0 when spilling is off),
-   never pages of excl. */
+int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_slot *dslots,
+                   const pg_slot *hslots, uint32_t n);
+/* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
+   pages excl holds. */
 uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
+/* The disk slots of a staged swap-out: n, allocated clustered after the last (all or
+   nothing, -ENOMEM); and back. */
+int  disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out);
+void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n);
+/* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
+void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n);
+/* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0
+   with *ndisk the DISK pages among them. */
+int  disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *ndisk);
 static inline bool page_in_dio(const struct pg_page *p)
 {
     return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;

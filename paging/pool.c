@@ -189,7 +189,7 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
     p->offs = p->jobs = 0;
     p->tier = PG_TIER_DEVICE;
     p->frame = frame;
-    p->host_slot = p->disk_slot = 0;
+    p->host_slot = p->disk_slot = (pg_slot){ 0 };
     p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
@@ -199,28 +199,32 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
 
 void page_get(struct paging *pg, uint32_t page)
 {
-    KVVM_ASSERT(page_at(pg, page)->tier != PG_TIER_NONE);  /* a live descriptor */
-    page_at(pg, page)->refs++;
+    struct pg_page *p = page_at(pg, page);
+    KVVM_ASSERT(p->tier != PG_TIER_NONE);                  /* a live descriptor */
+    page_count(pg, p, -1);
+    p->refs++;
+    page_count(pg, p, 1);
 }
 
 void page_put(struct paging *pg, uint32_t page)
 {
     struct pg_page *p = page_at(pg, page);
     KVVM_ASSERT(p->refs > 0 && p->tier != PG_TIER_NONE);   /* no put without a get */
-    if (--p->refs)
+    page_count(pg, p, -1);
+    if (--p->refs) {
+        page_count(pg, p, 1);
         return;
+    }
     if (p->tier == PG_TIER_DEVICE && p->frame) {
         uint32_t f = p->frame;
         pg->n_used--;
         ready_push(pg, f);
     } else if (p->tier == PG_TIER_HOST) {
         /* (in-flight pages are held by their transfer job, never freed here) */
-        pg->p.host->free(pg->p.host->arg, p->host_slot);
-        pg->n_host--;
+        page_release_slot(pg, p, PG_TIER_HOST);
     } else if (p->tier == PG_TIER_DISK) {
         /* (pages with disk I/O in flight are held by it, never freed here) */
-        pg->disk.free(pg->disk.arg, p->disk_slot);
-        pg->n_disk--;
+        page_release_slot(pg, p, PG_TIER_DISK);
     }
     p->tier = PG_TIER_NONE;
     p->bad = 0;

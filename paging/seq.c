@@ -153,8 +153,8 @@ out_undo:
 
 int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
 {
-    uint64_t slot1 = h & 0xffffffffu;
-    uint32_t gen = (uint32_t)(h >> 32);
+    uint64_t slot1 = handle_slot1(h);
+    uint32_t gen = handle_gen(h);
     if (!slot1 || slot1 > pg->p.max_seqs)
         return -ENOENT;
     struct pg_seq *s = &pg->seqs[slot1 - 1];
@@ -162,11 +162,6 @@ int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
         return -ENOENT;
     *out = s;
     return 0;
-}
-
-static uint64_t seq_handle(struct paging *pg, struct pg_seq *s)
-{
-    return ((uint64_t)s->gen << 32) | (pg_slot_of(pg, s) + 1);
 }
 
 /* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
@@ -637,8 +632,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
         for (uint32_t r = 0; r < pg->p.n_regions; r++) {
             uint32_t *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
             for (uint32_t i = 0; i < p->n_pages; i++) {
-                page_get(pg, sb[i]);
-                page_at(pg, sb[i])->offs++;
+                page_get_off(pg, sb[i]);
                 db[i] = sb[i];
             }
         }
@@ -698,7 +692,7 @@ out_unmap:
 }
 
 /* Copies the first rem bytes of page id into a new host slot, zeroing the rest. */
-static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, uint64_t *slot)
+static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, pg_slot *slot)
 {
     struct pg_page *p = page_at(pg, id);
     const struct pg_host_ops *ho = pg->p.host;
@@ -743,7 +737,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
     uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions, r;
     size_t rem = bytes % pg->p.page_size;
-    uint64_t slots[nr];
+    pg_slot slots[nr];
     int rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
     if (!rc)
         rc = defer_flush_slot(pg, pg_slot_of(pg, src));
@@ -769,8 +763,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     for (r = 0; r < nr; r++) {
         uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
         for (uint32_t i = 0; i < whole; i++) {
-            page_get(pg, sb[i]);
-            page_at(pg, sb[i])->offs++;
+            page_get_off(pg, sb[i]);
             db[i] = sb[i];
         }
         if (rem) {
@@ -779,6 +772,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             pg->page_free_head = p->next_free;
             *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
                                    .host_slot = slots[r] };
+            page_count(pg, p, 1);
             pg->n_pages_live++;
             pg->n_host++;
             db[whole] = id;

@@ -1,8 +1,8 @@
 /*
- * swap/swap.c: victim choice, direct reclaim, watermarks and the background reclaim thread
- * (contract in swap.h).
+ * swap/swap.c: device victim choice, direct reclaim, watermarks and the background reclaim
+ * and spill threads (contract in swap.h); the host tier's choices are in room.c.
  */
-#include "swap.h"
+#include "swap_int.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -35,12 +35,6 @@ static uint32_t frames_free(struct swap *sw)
     return paging_frames_free(sw->pg);
 }
 
-static int cand_cmp(const void *a, const void *b)
-{
-    const struct pg_cand *x = a, *y = b;
-    return x->tick < y->tick ? -1 : x->tick > y->tick;
-}
-
 static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -53,28 +47,19 @@ static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
 static size_t victims(struct swap *sw, const uint64_t *excl, size_t n_excl, struct pg_cand **out,
                       uint64_t *frees)
 {
-    size_t max = 256, n;
-    struct pg_cand *c = NULL;
-    for (;;) {
-        struct pg_cand *nc = realloc(c, max * sizeof *c);
-        if (!nc) {
-            free(c);
-            *out = NULL;
-            *frees = 0;
-            return 0;
-        }
-        c = nc;
-        n = paging_candidates(sw->pg, c, max);
-        if (n < max)
-            break;
-        max *= 2;
+    struct pg_cand *c;
+    size_t n = swap_collect(sw->pg, paging_candidates, &c);
+    if (!c) {
+        *out = NULL;
+        *frees = 0;
+        return 0;
     }
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!excluded(c[i].h, excl, n_excl))
             c[k++] = c[i];
     *frees = paging_frees_if_all(sw->pg, c, k);
-    qsort(c, k, sizeof *c, cand_cmp);
+    swap_lru_sort(c, k);
     *out = c;
     return k;
 }
@@ -104,7 +89,7 @@ static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *exc
     }
     /* the host tier makes room on disk first (a caller waiting here needs the frames) */
     if (paging_has_disk(sw->pg) && paging_host_free(sw->pg) < target - have)
-        (void)paging_host_room(sw->pg, target - have, 0);
+        (void)swap_host_room(sw->pg, target - have, 0);
     if (n_orphans) {
         *rc = paging_reclaim_orphans(sw->pg, target - have, &orphans);
         have += orphans;
@@ -183,7 +168,7 @@ static void spill_wake(struct swap *sw)
         /* below min the caller starts writes itself (it does not wait for them), so the
            response to pressure does not depend on the thread being scheduled */
         uint32_t started;
-        paging_spill(sw->pg, (uint32_t)(sw->host_low_free - f), 0, &started);
+        swap_spill(sw->pg, (uint32_t)(sw->host_low_free - f), 0, &started);
     }
     pthread_mutex_lock(&sw->mu);
     if (!sw->s_futile && !sw->s_active) {
@@ -310,7 +295,7 @@ static void *spill_thread(void *arg)
             paging_disk_reap(sw->pg);
             size_t f = paging_host_free(sw->pg);
             if (f < sw->host_high_free)
-                paging_spill(sw->pg, (uint32_t)(sw->host_high_free - f), 0, &started);
+                swap_spill(sw->pg, (uint32_t)(sw->host_high_free - f), 0, &started);
             if (started)
                 sw->c.spill_runs++;
             pthread_mutex_unlock(sw->lock);
@@ -372,6 +357,9 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
             goto out_fence;
         sw->running = true;
     }
+    /* paging asks the host tier's choices of room.c from now on */
+    paging_set_policy(pg, &(struct pg_policy_ops){ .arg = pg, .host_room = swap_host_room,
+                                                    .plan = swap_plan });
     *out = sw;
     return 0;
 out_fence:
@@ -403,6 +391,7 @@ void swap_destroy(struct swap *sw)
         pthread_join(sw->thread, NULL);
     if (sw->s_running)
         pthread_join(sw->s_thread, NULL);
+    paging_set_policy(sw->pg, NULL);
     if (sw->thread_fence_ok)
         vmm_fence_destroy(sw->v, &sw->thread_fence);
     if (sw->direct_fence_ok)

@@ -21,7 +21,11 @@
  *    host `high` slots are free (or the disk is full), waiting for its writes with the
  *    context lock dropped; it never blocks a caller on disk I/O. A round that started
  *    nothing makes it idle until the next step. Direct reclaim makes its host room itself
- *    (paging_host_room, waiting for the writes: the caller needs those slots).
+ *    (swap_host_room, waiting for the writes: the caller needs those slots).
+ *  - The host tier's choices are swap/'s too (room.c, swap_int.h): which host pages spill
+ *    (least recently used first, the same LRU order as the device victims), how hard a
+ *    caller short of host slots spills, direct vs staged swaps. swap_create installs them
+ *    in paging (paging_set_policy), swap_destroy removes them.
  *  - Lock order: context lock -> swap's own mutex (sw->mu). Every function here except
  *    swap_create, swap_destroy and swap_wait_idle is called with the context lock held;
  *    those three are called without it.

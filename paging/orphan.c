@@ -1,0 +1,68 @@
+/*
+ * paging/orphan.c: orphan pages, device pages whose holders are all non-resident (their last
+ * resident holder left after the others were swapped out, or a release that held one
+ * completed). No window maps them, so they are copied to the host tier one at a time
+ * through the scratch page (contract in paging.h, paging_reclaim_orphans).
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+
+/* Copies one orphan down through the scratch page. Synchronous; all or nothing.
+   No engine work is left on an orphan: no window maps it and no release of it is pending
+   (each holds a reference), and a window range is released only once the engine's work on
+   it is complete (defer.c). So the copy is ordered after nothing but the copy stream's own
+   earlier work, and nothing is recorded on or enqueued onto the engine stream: the reclaim
+   thread calls this, and a graph capture may begin on the engine stream at any time. */
+static int orphan_move(struct paging *pg, uint32_t id)
+{
+    struct pg_page *p = page_at(pg, id);
+    pg_slot slot;
+    if (pg->p.disk && !paging_host_free(pg))
+        (void)paging_host_room(pg, 1, 0);
+    int rc = tier_host_take(pg, 1, &slot);
+    if (rc)
+        return rc;
+    rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
+    if (rc)
+        goto out_slot;
+    rc = tier_copy_finish(pg, tier_copy_out(pg, slot, pg->scratch_va));
+    seq_unmap_must(pg, pg->scratch_va, 1);
+    if (rc)
+        goto out_slot;
+    page_count(pg, p, -1);
+    page_frame_drop(pg, p);
+    p->tier = PG_TIER_HOST;
+    p->host_slot = slot;
+    page_count(pg, p, 1);
+    pg->n_host++;
+    pg->c.bytes_to_host += pg->p.page_size;
+    pg->c.orphans_moved++;
+    return 0;
+out_slot:
+    tier_host_give(pg, &slot, 1);
+    return rc;
+}
+
+int paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved)
+{
+    *moved = 0;
+    if (!pg->p.host)
+        return 0;
+    int rc = tier_copy_stream(pg);
+    /* the scan stops at the last orphan (none: no scan) */
+    uint32_t left = pg->n_orphans;
+    for (uint32_t i = 0; !rc && left && i < pg->p.max_pages && *moved < max; i++) {
+        if (!page_orphan(&pg->pages[i]))
+            continue;
+        left--;
+        if ((rc = orphan_move(pg, i + 1)) == 0)
+            (*moved)++;
+    }
+    return rc;
+}
+
+uint32_t tier_orphans(const struct paging *pg)
+{
+    return pg->n_orphans;
+}

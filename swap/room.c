@@ -1,0 +1,107 @@
+/*
+ * swap/room.c: the host tier's policy (contract in swap_int.h): spill victims in LRU order,
+ * how hard a caller short of host slots spills, and direct vs staged swaps. paging moves the
+ * pages (paging_spill_seq, the swap paths); nothing here touches a page itself.
+ */
+#include "swap_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+static int lru_cmp(const void *a, const void *b)
+{
+    const struct pg_cand *x = a, *y = b;
+    return x->tick < y->tick ? -1 : x->tick > y->tick;
+}
+
+void swap_lru_sort(struct pg_cand *c, size_t n)
+{
+    if (n > 1)
+        qsort(c, n, sizeof *c, lru_cmp);
+}
+
+size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
+                    struct pg_cand **out)
+{
+    size_t max = 256, n;
+    struct pg_cand *c = NULL;
+    for (;;) {
+        struct pg_cand *nc = realloc(c, max * sizeof *c);
+        if (!nc) {
+            free(c);
+            *out = NULL;
+            return 0;
+        }
+        c = nc;
+        n = fn(pg, c, max);
+        if (n < max)
+            break;
+        max *= 2;
+    }
+    *out = c;
+    return n;
+}
+
+int swap_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started)
+{
+    *started = 0;
+    if (!paging_spill_on(pg))
+        return -ENOMEM;
+    struct pg_cand *c;
+    size_t n = swap_collect(pg, paging_spill_candidates, &c);
+    if (!c)
+        return -ENOMEM;
+    swap_lru_sort(c, n);
+    int rc = 0;
+    for (size_t k = 0; k < n && *started < max && !rc; k++) {
+        uint32_t got = 0;
+        rc = paging_spill_seq(pg, c[k].h, max - *started, excl, &got);
+        *started += got;
+    }
+    free(c);
+    return *started ? 0 : rc;
+}
+
+int swap_host_room(void *arg, uint32_t want, uint64_t excl)
+{
+    struct paging *pg = arg;
+    for (int round = 0; round < 4; round++) {
+        size_t have = paging_host_free(pg);
+        if (have >= want)
+            return 0;
+        if (!paging_has_disk(pg))
+            return -ENOMEM;
+        /* writes already in flight free their slots too (outside a swap-in's read back
+           every disk I/O is a write) */
+        uint32_t started = 0;
+        uint32_t need = (uint32_t)(want - have);
+        uint32_t pend = paging_disk_inflight(pg);
+        if (pend < need)
+            swap_spill(pg, need - pend, excl, &started);
+        if (!started && !pend)
+            return -ENOMEM;
+        paging_disk_wait(pg);
+    }
+    return paging_host_free(pg) >= want ? 0 : -ENOMEM;
+}
+
+/* With H free host slots, W writes in flight, S spillable host pages of others and D free
+   disk slots, a swap of `need` pages moves directly when need <= H + W + min(S, D) (the
+   room is made by spilling others). Else a swap-in is staged; a swap-out is staged when the
+   disk can take every page (D >= need) and a host slot can be had to stage through (one
+   free or coming free, or a page of another to spill with a disk slot to spare), else it is
+   -ENOMEM before anything moved. */
+int swap_plan(void *arg, bool in, const struct pg_room *r)
+{
+    (void)arg;
+    uint64_t spill = r->spillable < r->disk_free ? r->spillable : r->disk_free;
+    if (r->need <= r->host_free + r->writes + spill)
+        return PG_MOVE_DIRECT;
+    if (in)
+        return PG_MOVE_STAGED;
+    if (r->disk_free < r->need)
+        return -ENOMEM;
+    if (r->host_free + r->writes == 0 && (r->spillable == 0 || r->disk_free == r->need))
+        return -ENOMEM;                    /* no slot to stage through */
+    return PG_MOVE_STAGED;
+}

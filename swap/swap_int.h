@@ -1,0 +1,37 @@
+/*
+ * swap/swap_int.h: swap/'s private parts, shared by its .c files only.
+ *
+ * Contract:
+ *  - One LRU order for every choice swap/ makes: device victims (swap.c, victims) and spill
+ *    victims (room.c, swap_spill) are sorted by swap_lru_sort on paging's use clock (the
+ *    candidates' tick), least recently used first. paging only reports the ticks.
+ *  - room.c is the host tier's policy: which host pages go to disk (swap_spill), how hard a
+ *    caller short of host slots spills (swap_host_room), and whether a swap that the host
+ *    tier cannot take as it is moves directly or staged (swap_plan). paging asks the last two
+ *    through pg_policy_ops (installed by swap_create); swap.c calls them itself for reclaim
+ *    and the host marks.
+ *  - Called with the context lock held.
+ */
+#ifndef KVVM_SWAP_SWAP_INT_H
+#define KVVM_SWAP_SWAP_INT_H
+
+#include "swap.h"
+
+/* Sorts c[0..n) least recently used first (the one LRU order). */
+void swap_lru_sort(struct pg_cand *c, size_t n);
+/* Candidates from fn (paging_candidates or paging_spill_candidates) into a malloc'ed array
+   (*out; NULL and 0 when memory is short), unsorted. */
+size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
+                    struct pg_cand **out);
+/* Starts writing up to max host pages to disk, least recently used non-resident sequences
+   first, never pages excl (a handle, 0 = none) holds; *started gets the count. Does not
+   wait. -ENOMEM the disk tier is full, disabled or absent and nothing started. */
+int  swap_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started);
+/* Makes `want` host slots free, spilling (and waiting for the writes) if needed: up to four
+   rounds, each starting only the writes that those already in flight do not cover.
+   -ENOMEM when they cannot be had. (pg_policy_ops.host_room; arg = the paging context.) */
+int  swap_host_room(void *pg, uint32_t want, uint64_t excl);
+/* pg_policy_ops.plan (arg unused). */
+int  swap_plan(void *arg, bool in, const struct pg_room *r);
+
+#endif
