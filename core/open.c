@@ -33,23 +33,23 @@ static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
     return 0;
 }
 
-static int h_alloc(void *a, uint64_t *slot)
+static int h_alloc(void *a, pg_slot *slot)
 {
     host_slot s;
     int rc = host_slot_alloc(a, &s);
     if (!rc)
-        *slot = s.idx;
+        *slot = (pg_slot){ s.idx };
     return rc;
 }
-static void h_free(void *a, uint64_t slot)
+static void h_free(void *a, pg_slot slot)
 {
-    int rc = host_slot_free(a, (host_slot){ (uint32_t)slot });
+    int rc = host_slot_free(a, (host_slot){ slot.v });
     KVVM_ASSERT(rc == 0);                    /* paging frees each host slot once */
     (void)rc;
 }
-static void *h_ptr(void *a, uint64_t slot)
+static void *h_ptr(void *a, pg_slot slot)
 {
-    return host_slot_ptr(a, (host_slot){ (uint32_t)slot });
+    return host_slot_ptr(a, (host_slot){ slot.v });
 }
 
 static size_t h_n_free(void *a)
@@ -58,27 +58,28 @@ static size_t h_n_free(void *a)
 }
 
 /* paging's disk ops over the spill engine: completions go to its queue (reaped by paging
-   under the context lock), so the engine thread never takes the context lock. */
-static int d_alloc(void *a, uint64_t hint, uint64_t *slot)
+   under the context lock), so the engine thread never takes the context lock. The typed
+   ids map one to one (pg_slot <-> spill_slot, PG_SLOT_NONE <-> SPILL_SLOT_NONE). */
+static int d_alloc(void *a, pg_slot hint, pg_slot *slot)
 {
-    spill_slot s, h = hint > UINT32_MAX ? SPILL_SLOT_NONE : (spill_slot){ (uint32_t)hint };
-    int rc = spill_slot_alloc(a, 1, h, &s);
+    spill_slot s;
+    int rc = spill_slot_alloc(a, 1, (spill_slot){ hint.v }, &s);
     if (!rc)
-        *slot = s.idx;
+        *slot = (pg_slot){ s.idx };
     return rc;
 }
-static void d_free(void *a, uint64_t slot)
+static void d_free(void *a, pg_slot slot)
 {
-    int rc = spill_slot_free(a, (spill_slot){ (uint32_t)slot });
+    int rc = spill_slot_free(a, (spill_slot){ slot.v });
     KVVM_ASSERT(rc == 0);                    /* once, and with no I/O in flight on it */
     if (rc)
-        klog_error("kvvm: freeing disk slot %llu failed (%d)", (unsigned long long)slot, rc);
+        klog_error("kvvm: freeing disk slot %u failed (%d)", slot.v, rc);
 }
-static int d_submit(void *a, bool write, uint64_t slot, void *buf, uint32_t page)
+static int d_submit(void *a, bool write, pg_slot slot, void *buf, pg_page_id page)
 {
     struct spill_req r = { .op = write ? SPILL_WRITE : SPILL_READ,
-                           .slot = { (uint32_t)slot }, .buf = buf, .page = page,
-                           .user = (void *)(uintptr_t)page };
+                           .slot = { slot.v }, .buf = buf, .page = page.v,
+                           .user = (void *)(uintptr_t)page.v };
     return spill_submit(a, &r, 1);
 }
 static size_t d_reap(void *a, struct pg_disk_done *out, size_t max)
@@ -86,7 +87,7 @@ static size_t d_reap(void *a, struct pg_disk_done *out, size_t max)
     struct spill_cqe c[64];
     size_t n = spill_reap(a, c, max < 64 ? max : 64);
     for (size_t i = 0; i < n; i++)
-        out[i] = (struct pg_disk_done){ (uint32_t)(uintptr_t)c[i].user, c[i].status,
+        out[i] = (struct pg_disk_done){ { (uint32_t)(uintptr_t)c[i].user }, c[i].status,
                                         c[i].op == SPILL_WRITE };
     return n;
 }
