@@ -21,9 +21,9 @@
       "1 (any value but 0): adds KVVM_F_SPILL_ALLOW_TMPFS to flags")                        \
     X(KVVM_CUDA_LIBRARY, "vmm/drv_cuda.c",                                                  \
       "path of the CUDA driver library (default libcuda.so.1)")                             \
-    X(KVVM_EMU_FAIL, "vmm/emu/entry.c",                                                      \
+    X(KVVM_EMU_FAIL, "vmm/emu/entry.c",                                                     \
       "emulated device fault injection: entry:nth:error,... (tests)")                       \
-    X(KVVM_EMU_MAX_MAPS, "vmm/emu/device.c",                                                 \
+    X(KVVM_EMU_MAX_MAPS, "vmm/emu/device.c",                                                \
       "bound on live emulated mappings (default below vm.max_map_count)")                   \
     X(KVVM_IO_ENGINE, "disk/disk.c", "disk I/O engine: io_uring, psync or auto (default)")  \
     X(KVVM_LIBRARY, "python/kvvm/_lib.py", "the Python package: path of libkvvm.so")        \
