@@ -178,6 +178,8 @@ int paging_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *start
             const uint32_t *bt = pg_bt(pg, s, r);
             for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
                 uint32_t id = bt[i];
+                if (!id)
+                    continue;           /* a hole (discard.c) */
                 struct pg_page *p = page_at(pg, id);
                 if (p->tier != PG_TIER_HOST)
                     continue;
@@ -229,11 +231,13 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
         return 0;
     uint32_t need = 0;
     bool dio = false;
-    for (uint32_t i = 0; i < n; i++)
-        dio |= page_in_dio(page_at(pg, ids[i]));
+    for (uint32_t i = 0; i < n; i++)        /* ids[i] 0: a hole (discard.c) */
+        dio |= ids[i] && page_in_dio(page_at(pg, ids[i]));
     if (dio)
         paging_disk_wait(pg);
     for (uint32_t i = 0; i < n; i++) {
+        if (!ids[i])
+            continue;
         struct pg_page *p = page_at(pg, ids[i]);
         if (p->tier == PG_TIER_DISK && p->bad)
             return -EBADMSG;
@@ -249,6 +253,8 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
         return rc;
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint32_t id = ids[i];
+        if (!id)
+            continue;
         struct pg_page *p = page_at(pg, id);
         if (p->tier != PG_TIER_DISK)
             continue;
@@ -273,6 +279,8 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n; i++) {
+        if (!ids[i])
+            continue;
         struct pg_page *p = page_at(pg, ids[i]);
         if (p->tier == PG_TIER_DISK)
             return p->bad ? -EBADMSG : -EIO;
@@ -324,7 +332,8 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
-                seen[pg_bt(pg, excl, r)[i] - 1] = 1;
+                if (pg_bt(pg, excl, r)[i])      /* 0: a hole (discard.c) */
+                    seen[pg_bt(pg, excl, r)[i] - 1] = 1;
     uint32_t n = 0;
     for (uint32_t q = 0; q < pg->p.max_seqs; q++) {
         struct pg_seq *s = &pg->seqs[q];
@@ -333,6 +342,8 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
                 uint32_t id = pg_bt(pg, s, r)[i];
+                if (!id)
+                    continue;           /* a hole (discard.c) */
                 if (!seen[id - 1] && page_at(pg, id)->tier == PG_TIER_HOST)
                     n++;
                 seen[id - 1] = 1;

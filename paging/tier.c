@@ -111,6 +111,8 @@ static struct pg_defer *job_new(struct paging *pg, struct pg_seq *s, uint8_t kin
 static void job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete)
 {
     for (uint32_t i = 0; i < d->n; i++) {
+        if (!d->pages[i])
+            continue;                   /* a hole (discard.c) */
         page_get(pg, d->pages[i]);
         page_at(pg, d->pages[i])->jobs++;
     }
@@ -125,6 +127,8 @@ static void job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, b
 void tier_complete_pages(struct paging *pg, struct pg_defer *d)
 {
     for (uint32_t i = 0; i < d->n; i++) {
+        if (!d->pages[i])
+            continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
         p->jobs--;
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
@@ -149,6 +153,8 @@ void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = first; i < end; i++) {
+            if (!bt[i])
+                continue;               /* a hole (discard.c) */
             page_at(pg, bt[i])->offs--;
             page_put(pg, bt[i]);
             bt[i] = 0;
@@ -183,7 +189,7 @@ static int seq_wait_transfers(struct paging *pg, struct pg_seq *s)
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages; i++)
-            if (page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
+            if (bt[i] && page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
                 return defer_reap(pg, true);
     }
     return 0;
@@ -281,7 +287,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++) {
             uint32_t id = pg_bt(pg, s, r)[i];
-            if (moves_down(page_at(pg, id)) && k < need) {
+            if (id && moves_down(page_at(pg, id)) && k < need) {
                 ids[k] = id;
                 vas[k++] = pg_va(pg, r, slot, i);
             }
@@ -312,10 +318,10 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     }
     nh = 0;
     /* every page is on disk: unmap the window (the first unmap may fail cleanly) */
-    if ((rc = seq_unmap(pg, pg_va(pg, 0, slot, 0), np)))
+    if ((rc = seq_unmap_holes(pg, pg_va(pg, 0, slot, 0), pg_bt(pg, s, 0), np)))
         goto out_slots;
     for (uint32_t r = 1; r < nr; r++)
-        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, s, r), np);
     /* commit: nothing below fails */
     seq_drop_ahead(pg, s, 0);
     for (uint32_t j = 0; j < need; j++) {
@@ -330,7 +336,8 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     }
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
-            page_at(pg, pg_bt(pg, s, r)[i])->offs++;
+            if (pg_bt(pg, s, r)[i])
+                page_at(pg, pg_bt(pg, s, r)[i])->offs++;
     pg->disk_hint = ds[need - 1];
     s->out = 1;
     s->used_valid = 0;
@@ -379,6 +386,8 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     bool held = false;
     for (uint32_t r = 0; r < nr && !held; r++)
         for (uint32_t i = 0; i < np && !held; i++) {
+            if (!pg_bt(pg, s, r)[i])
+                continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
         }
@@ -386,7 +395,7 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
         return rc;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
-            need += moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+            need += pg_bt(pg, s, r)[i] && moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
     /* Stream mode: host slots held only by transfers already started (swap-in copies free
        theirs at completion; swap-out copies become host pages that can spill): wait for
        them rather than fail (include/kvvm.h, kvvm_seq_swap_out). Not for reclaim (async):
@@ -417,7 +426,7 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     uint32_t k = 0;
     for (uint32_t i = 0; i < n && k < need; i++) {
         uint32_t r = i / np, idx = i % np;
-        if (!moves_down(page_at(pg, d->pages[i])))
+        if (!d->pages[i] || !moves_down(page_at(pg, d->pages[i])))
             continue;
         rc = vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, slots[k++]),
                            pg_va(pg, r, pg_slot_of(pg, s), idx), pg->p.page_size,
@@ -441,6 +450,8 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     seq_drop_ahead(pg, s, 0);
     k = 0;
     for (uint32_t i = 0; i < n; i++) {
+        if (!d->pages[i])
+            continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
         if (k < need && moves_down(p)) {
             p->tier = PG_TIER_TO_HOST;
@@ -481,13 +492,15 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
     bool dio = false;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
-            dio |= page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
+            dio |= pg_bt(pg, s, r)[i] && page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
     if (dio)
         paging_disk_wait(pg);
     else
         paging_disk_reap(pg);
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++) {
+            if (!pg_bt(pg, s, r)[i])
+                continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             if (p->tier == PG_TIER_DISK && p->bad)
                 return -EBADMSG;
@@ -577,7 +590,7 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     int rc;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++) {
-            uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+            uint8_t t = pg_bt(pg, s, r)[i] ? page_at(pg, pg_bt(pg, s, r)[i])->tier : 0;
             need += t == PG_TIER_HOST || t == PG_TIER_DISK;
             ndk += t == PG_TIER_DISK;
         }
@@ -611,6 +624,9 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     }
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
+            fr[(size_t)q * np + i] = 0;  /* a hole (discard.c): not mapped */
+            if (!pg_bt(pg, s, q)[i])
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             bool moves = p->tier == PG_TIER_HOST || p->tier == PG_TIER_DISK;
             fr[(size_t)q * np + i] = moves ? fresh[k++] : p->frame;
@@ -626,6 +642,8 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     r = nr;
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
+            if (!pg_bt(pg, s, q)[i])
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             if (p->tier == PG_TIER_HOST &&
                 (rc = vmm_copy_htod(pg->v, pg_va(pg, q, slot, i),
@@ -671,6 +689,8 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
+            if (!id)
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, id);
             p->offs--;
             if (p->tier == PG_TIER_HOST) {
@@ -703,7 +723,7 @@ out_sync:
         pg->p.host->free(pg->p.host->arg, hs[--nh]);
 out_unmap:
     while (r-- > 0)
-        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np);
     if (extra) {
         (void)borrow_park(pg, bw, fresh[need], true);   /* a failure is logged */
         pool_give(pg, fresh + need, 1);
@@ -750,7 +770,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
        another sequence's host page spilled for room: a failed call moves nothing */
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++) {
-            uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+            uint8_t t = pg_bt(pg, s, r)[i] ? page_at(pg, pg_bt(pg, s, r)[i])->tier : 0;
             need += t == PG_TIER_HOST || t == PG_TIER_DISK;
             busy += t == PG_TIER_TO_DEVICE;
         }
@@ -758,7 +778,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
         return rc;
     if (pool_available(pg) < need)
         return -ENOMEM;
-    if (pg->p.disk)
+    if (pg->p.disk)                     /* (disk_unspill skips holes) */
         for (uint32_t r = 0; r < nr && !rc; r++)
             rc = disk_unspill(pg, pg_bt(pg, s, r), np, s);
     if (rc)
@@ -766,7 +786,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     need = 0;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
-            need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
+            need += pg_bt(pg, s, r)[i] && page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
     uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
     struct pg_defer *d = job_new(pg, s, DF_IN, need + busy);
     uint32_t mark = pg->n_created, r = 0;
@@ -780,8 +800,9 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     uint32_t k = 0;
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
-            struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
-            fr[(size_t)q * np + i] = p->tier == PG_TIER_HOST ? fresh[k++] : p->frame;
+            uint32_t id = pg_bt(pg, s, q)[i];    /* 0: a hole (discard.c), not mapped */
+            struct pg_page *p = id ? page_at(pg, id) : NULL;
+            fr[(size_t)q * np + i] = !p ? 0 : p->tier == PG_TIER_HOST ? fresh[k++] : p->frame;
         }
     for (r = 0; r < nr; r++)
         if ((rc = seq_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np)))
@@ -790,6 +811,8 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     k = 0;
     for (uint32_t q = 0; q < nr && k < need; q++)
         for (uint32_t i = 0; i < np && k < need; i++) {
+            if (!pg_bt(pg, s, q)[i])
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             if (p->tier != PG_TIER_HOST)
                 continue;
@@ -819,6 +842,8 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     for (uint32_t q = 0; q < nr; q++)
         for (uint32_t i = 0; i < np; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
+            if (!id)
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, id);
             p->offs--;
             if (p->tier == PG_TIER_TO_DEVICE && j < d->n)
@@ -850,7 +875,7 @@ out_sync:
     vmm_stream_sync(pg->v, pg->copy_stream);     /* the copies made write into the window */
 out_unmap:
     while (r-- > 0)
-        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np);
     if (need)
         pool_give(pg, fresh, need);
 out_rollback:
@@ -878,7 +903,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
        sequence whose prefetch is still copying) */
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages; i++)
-            if (page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
+            if (pg_bt(pg, s, r)[i] && page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
                 return 0;
     return 1;
 }
@@ -896,6 +921,8 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     if (s->out)
         for (uint32_t r = 0; r < nr; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
+                if (!pg_bt(pg, s, r)[i])
+                    continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
                 n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
                 disk |= t == PG_TIER_DISK || page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
@@ -944,6 +971,8 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
         for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
                 uint32_t id = pg_bt(pg, s, r)[i];
+                if (!id)
+                    continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, id)->tier;
                 if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id - 1])
                     k++;              /* a page shared in the batch comes back once */
@@ -975,6 +1004,8 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
         uint32_t frees = 0, dev = 0;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
+                if (!pg_bt(pg, s, r)[j])
+                    continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[j]);
                 frees += moves_down(p);
                 dev += p->tier == PG_TIER_DEVICE;
@@ -1006,6 +1037,8 @@ uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t 
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
                 uint32_t id = pg_bt(pg, s, r)[j];
+                if (!id)
+                    continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, id);
                 if (p->tier == PG_TIER_DEVICE && ++cnt[id - 1] == p->refs - p->offs)
                     frees++;
@@ -1021,7 +1054,7 @@ uint32_t paging_frames_pending(const struct paging *pg)
     for (const struct pg_defer *d = pg->defer; d; d = d->next)
         if (d->kind == DF_OUT)
             for (uint32_t i = 0; i < d->n; i++)
-                n += pg->pages[d->pages[i] - 1].tier == PG_TIER_TO_HOST;
+                n += d->pages[i] && pg->pages[d->pages[i] - 1].tier == PG_TIER_TO_HOST;
     return n;
 }
 
