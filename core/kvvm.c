@@ -367,8 +367,13 @@ static int leave(kvvm *kv, int rc)
 /* Direct reclaim of `want` free frames for a call naming excl (KVVM_F_AUTO_SWAP only). */
 static int reclaim(kvvm *kv, uint32_t want, const uint64_t *excl, size_t n_excl)
 {
-    if (!(kv->cfg.flags & KVVM_F_AUTO_SWAP))      /* a drop moves no data: always */
-        return swap_drop_cached(kv->sw, want, excl, n_excl, false);
+    if (!(kv->cfg.flags & KVVM_F_AUTO_SWAP)) {    /* a drop moves no data: always */
+        struct paging_counters c0, c1;
+        paging_counters(kv->pg, &c0);
+        int rc = swap_drop_cached(kv->sw, want, excl, n_excl, false);
+        paging_counters(kv->pg, &c1);
+        return rc ? rc : c1.cache_drops > c0.cache_drops ? 0 : -ENOMEM;  /* room made */
+    }
     return swap_reclaim_direct(kv->sw, want, excl, n_excl);
 }
 
