@@ -288,6 +288,16 @@ int defer_flush_slot(struct paging *pg, uint32_t slot)
     return pg->seqs[slot].n_defer ? reap(pg, slot, true) : 0;
 }
 
+int defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx)
+{
+    if (!pg->seqs[slot].n_defer)
+        return 0;
+    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->slot == slot && (d->kind != DF_RELEASE || d->end > idx))
+            return reap(pg, slot, true);
+    return 0;               /* only releases below idx (discards): nothing to wait for */
+}
+
 int pg_order_before_copy(struct paging *pg)
 {
     return pg->stream ? 0 : pg_device_sync(pg);

@@ -289,6 +289,9 @@ void defer_drop_all(struct paging *pg);
 int  defer_flush_jobs(struct paging *pg, uint32_t slot);
 /* Waits for and reaps the releases over slot's window. */
 int  defer_flush_slot(struct paging *pg, uint32_t slot);
+/* As defer_flush_slot, unless every pending entry of slot is a release lying wholly below
+   page index idx (a discard's, which a grow from idx never maps again): then no wait. */
+int  defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx);
 /* Makes copies that read pages see the engine's earlier work (sync mode: device sync). */
 int  pg_order_before_copy(struct paging *pg);
 /* As pg_order_before_copy for a copy of pages [i0, i1) of region r of s: no device sync

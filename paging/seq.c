@@ -471,7 +471,8 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
 static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct grow_undo *u)
 {
     uint32_t nr = pg->p.n_regions, cow_idx;
-    int rc = defer_flush_slot(pg, pg_slot_of(pg, s));
+    /* a pending discard below the last page never blocks a grow (tail_fill maps there) */
+    int rc = defer_flush_slot_from(pg, pg_slot_of(pg, s), s->n_pages ? s->n_pages - 1 : 0);
     if (rc)
         return rc;
     memset(u, 0, sizeof *u);

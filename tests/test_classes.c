@@ -462,6 +462,33 @@ Test(discard, protected_release_waits_for_step_fence)
     cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
 }
 
+/* Stream mode, the decode pattern of a sliding-window layer: discard, then grow, in one
+   step while the engine's work runs. The grow does not wait for the discard's fence (it maps
+   nothing the discard releases). Regression: grow flushed every pending release of the slot,
+   blocking on the engine stream (here, paused: for ever). */
+Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    open_cfg(&c);
+    void *st;
+    cr_assert_eq(kvvm_stream_create(kv, &st), 0);
+    cr_assert_eq(kvvm_set_stream(kv, st), 0);
+    kvvm_seq s = mkseq(13, 4 * TPP);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);
+    cr_assert_eq(kvvm_seq_prepare_write(kv, s, 3 * TPP, 3 * TPP + 1), 0);   /* protected */
+    cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 2 * TPP + 3), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, 4 * TPP + 1), 0);
+    cr_assert(mapped(s, 0, 1), "the discarded page went before the fence");
+    check("grown with a discard pending");
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 0), 0);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    cr_assert(!mapped(s, 0, 1) && mapped(s, 0, 4));
+    check("released");
+    cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
+}
+
 /* Fail every driver call of a discard in turn (two errors): each failure changes nothing,
    the same call then succeeds. Stream mode (the deferred release: fence create/record) and
    synchronous mode (the device sync and unmaps). */
