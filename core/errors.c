@@ -13,7 +13,7 @@ const char *core_err_name(int err)
 #define N(e) case e: return "-" #e;
     N(EINVAL) N(ENOENT) N(E2BIG) N(ENOSPC) N(ENOMEM) N(EBADMSG) N(EIO) N(ENODEV) N(EBUSY)
     N(EOPNOTSUPP) N(EUCLEAN) N(ENOTDIR) N(EACCES) N(EPERM) N(EROFS) N(ENAMETOOLONG)
-    N(ELOOP) N(EDQUOT) N(EFBIG) N(EMFILE) N(ENFILE) N(EAGAIN) N(ENOSYS)
+    N(ELOOP) N(EDQUOT) N(EFBIG) N(EMFILE) N(ENFILE) N(EAGAIN) N(ENOSYS) N(ESTALE)
 #undef N
     }
     return "error";
@@ -63,6 +63,9 @@ const char *kvvm_strerror(int err)
     case EDQUOT: return "disk quota exceeded: spill_budget cannot be reserved in spill_dir";
     case EFBIG: return "file too large: spill_budget exceeds what spill_dir's file system "
                        "allows in one file";
+    case ESTALE: return "stale: the sequence is a dropped CACHED sequence (reclaim released "
+                        "its pages); free it, or kvvm_seq_set_class it to use it again as an "
+                        "empty sequence";
     }
     return strerror(err < 0 ? -err : err);
 }

@@ -21,8 +21,13 @@
 /* Direct reclaim of `want` free frames for a call naming excl (KVVM_F_AUTO_SWAP only). */
 static int reclaim(kvvm *kv, uint32_t want, const uint64_t *excl, size_t n_excl)
 {
-    if (!(kv->cfg.flags & KVVM_F_AUTO_SWAP))
-        return -ENOMEM;
+    if (!(kv->cfg.flags & KVVM_F_AUTO_SWAP)) {    /* a drop moves no data: always */
+        struct paging_counters c0, c1;
+        paging_counters(kv->pg, &c0);
+        int rc = swap_drop_cached(kv->sw, want, excl, n_excl, false);
+        paging_counters(kv->pg, &c1);
+        return rc ? rc : c1.cache_drops > c0.cache_drops ? 0 : -ENOMEM;  /* room made */
+    }
     return swap_reclaim_direct(kv->sw, want, excl, n_excl);
 }
 
@@ -41,7 +46,9 @@ static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async, const uint64_t *excl
                           size_t n_excl)
 {
     uint32_t need;
-    int rc = paging_need(kv->pg, s, 0, &need);
+    int rc = paging_seq_stale(kv->pg, s);     /* a dropped CACHED sequence: -ESTALE */
+    if (!rc)
+        rc = paging_need(kv->pg, s, 0, &need);
     if (!rc)
         rc = stream_check(kv);
     if (rc)
@@ -267,6 +274,14 @@ static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t e
     if (!rc && end > pi.length)
         rc = kerr(-EINVAL, "kvvm_seq_prepare_write: end %llu is past the sequence's length "
                   "%llu", (unsigned long long)end, (unsigned long long)pi.length);
+    for (uint32_t r = 0; !rc && r < kv->cfg.n_regions; r++) {
+        uint64_t fk;
+        rc = paging_seq_first_kept(kv->pg, s, r, &fk);
+        if (!rc && first < fk)
+            rc = kerr(-EINVAL, "kvvm_seq_prepare_write: token %llu of region %u was "
+                      "discarded (first_kept %llu, kvvm_seq_discard)",
+                      (unsigned long long)first, r, (unsigned long long)fk);
+    }
     if (!rc)
         rc = write_room(kv, s, 0, kv->cfg.n_regions, first * kv->cfg.bytes_per_token,
                         end * kv->cfg.bytes_per_token);
@@ -296,6 +311,8 @@ static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint6
     int rc = paging_seq_info(kv->pg, s, &pi);
     if (rc)
         return rc;
+    if (pi.dropped)
+        return -ESTALE;                 /* a dropped CACHED sequence */
     uint64_t bytes = pi.length * kv->cfg.bytes_per_token;
     if (!buf)
         return kerr(-EINVAL, "%s: the buffer is NULL", call);
@@ -310,7 +327,14 @@ static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint6
                     (unsigned long long)offset, len, (unsigned long long)bytes,
                     (unsigned long long)pi.length,
                     (unsigned long long)kv->cfg.bytes_per_token);
-    return 0;
+    uint64_t fk;
+    rc = paging_seq_first_kept(kv->pg, s, region, &fk);
+    if (!rc && offset < fk * kv->cfg.bytes_per_token)
+        rc = kerr(-EINVAL, "%s: bytes from %llu of region %u lie below first_kept %llu "
+                  "(token %llu): discarded by kvvm_seq_discard", call,
+                  (unsigned long long)offset, region, (unsigned long long)fk,
+                  (unsigned long long)(offset / kv->cfg.bytes_per_token));
+    return rc;
 }
 
 static int write_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
@@ -606,6 +630,7 @@ static int seq_info_locked(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
         .pages_device = pi.pages_device, .pages_host = pi.pages_host,
         .pages_disk = pi.pages_disk, .pages_shared = pi.pages_shared,
         .resident = pi.resident,
+        .dropped = pi.dropped, .cls = pi.cls, .first_kept = pi.first_kept,
     };
     memcpy(info, &o, info->size < sizeof o ? info->size : sizeof o);
     return 0;
@@ -620,6 +645,42 @@ int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
         return kerr(-EINVAL, "kvvm_seq_info: info->size %zu is too small; set it to "
                     "sizeof(struct kvvm_seq_info) (%zu)", info->size, sizeof *info);
     CALL(kv, seq_info_locked(kv, s, info));
+}
+
+/* ---- sliding-window discard and sequence classes (0.2) -------------------------------- */
+
+static int discard_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t first_kept)
+{
+    struct paging_seq_info pi;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (rc)
+        return rc;
+    if (region != KVVM_ALL_REGIONS && region >= kv->cfg.n_regions)
+        return kerr(-EINVAL, "kvvm_seq_discard: region %u is out of range (n_regions %u, or "
+                    "KVVM_ALL_REGIONS)", region, kv->cfg.n_regions);
+    if (first_kept > pi.length)
+        return kerr(-EINVAL, "kvvm_seq_discard: first_kept %llu is past the sequence's "
+                    "length %llu", (unsigned long long)first_kept,
+                    (unsigned long long)pi.length);
+    return paging_seq_discard(kv->pg, s, region, first_kept);
+}
+
+int kvvm_seq_discard(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t first_kept)
+{
+    klast_clear();
+    NONNULL(kv);
+    CALL_ENGINE(kv, discard_locked(kv, s, region, first_kept));
+}
+
+int kvvm_seq_set_class(kvvm *kv, kvvm_seq s, enum kvvm_seq_class cls)
+{
+    klast_clear();
+    NONNULL(kv);
+    if ((unsigned)cls > KVVM_SEQ_PINNED)
+        return api_done(__func__, kerr(-EINVAL, "kvvm_seq_set_class: class %d is not "
+                                       "KVVM_SEQ_LIVE, KVVM_SEQ_CACHED or KVVM_SEQ_PINNED",
+                                       (int)cls));
+    CALL(kv, paging_seq_set_class(kv->pg, s, (uint32_t)cls));
 }
 
 /* ---- names -------------------------------------------------------------------------- */

@@ -98,12 +98,30 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                     (unsigned long long)s->length);
     if (s->n_pages + s->n_ahead > pg->pages_per_slot)
         return fail(k, "slot %u: pages + map-ahead past the slot", slot);
+    if (s->dropped && (s->length || s->cls != PG_SEQ_CACHED))
+        return fail(k, "slot %u: dropped but holds %llu tokens (class %u)", slot,
+                    (unsigned long long)s->length, s->cls);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        if (s->kept[r] > s->length)
+            return fail(k, "slot %u region %u: first_kept %llu past the length %llu", slot, r,
+                        (unsigned long long)s->kept[r], (unsigned long long)s->length);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < pg->pages_per_slot; i++) {
             uint64_t va = pg_va(pg, r, slot, i);
             int rc = 0;
-            if (i < s->n_pages && s->out) {
+            if (i < s->n_pages && !bt[i]) {
+                /* a hole (discard.c): the page began below first_kept, nothing mapped */
+                if ((uint64_t)i * pg->p.page_size >= s->kept[r] * pg->p.bytes_per_token)
+                    rc = fail(k, "slot %u region %u: hole at page %u at or past first_kept "
+                              "%llu", slot, r, i, (unsigned long long)s->kept[r]);
+                else if (!defer_covers(pg, slot, i))
+                    rc = ck_unmapped(k, va, "discarded page");
+            } else if (i < s->n_pages &&
+                       (uint64_t)(i + 1) * pg->p.page_size <= s->kept[r] * pg->p.bytes_per_token) {
+                rc = fail(k, "slot %u region %u: page %u lies wholly before first_kept %llu "
+                          "but is held", slot, r, i, (unsigned long long)s->kept[r]);
+            } else if (i < s->n_pages && s->out) {
                 rc = ck_page_ref(k, bt[i], 0, "non-resident page");
                 if (!rc)
                     k->offs[bt[i] - 1]++;
@@ -139,6 +157,8 @@ static int ck_defer(struct ck *k)
         uint32_t w = d->end - d->first;
         if (d->kind == DF_IN) {
             for (uint32_t i = 0; i < d->n; i++) {
+                if (!d->pages[i])
+                    return fail(k, "swap-in job of slot %u names a hole", d->slot);
                 int rc = ck_page_ref(k, d->pages[i], 0, "swap-in job");
                 if (rc)
                     return rc;
@@ -151,6 +171,8 @@ static int ck_defer(struct ck *k)
                         w * pg->p.n_regions);
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < w; i++) {
+                if (!d->pages[r * w + i])
+                    continue;           /* a hole, or a region a discard left alone */
                 int rc = ck_page_ref(k, d->pages[r * w + i], pg_va(pg, r, d->slot, d->first + i),
                                      d->kind == DF_OUT ? "swap-out job" : "pending release");
                 if (rc)

@@ -21,7 +21,7 @@ uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r
     for (uint32_t r = r0; r < r1; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-            n += page_sharers(page_at(pg, bt[i])) > 1;
+            n += !bt[i] || page_sharers(page_at(pg, bt[i])) > 1;   /* a hole: a new page */
     }
     return n;
 }
@@ -108,8 +108,8 @@ int cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, uin
     for (uint32_t r = r0; r < r1; r++) {
         uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = i0; i < i1 && i < s->n_pages; i++) {
-            if (page_sharers(page_at(pg, bt[i])) <= 1)
-                continue;
+            if (!bt[i] || page_sharers(page_at(pg, bt[i])) <= 1)
+                continue;               /* (a hole is filled by grow, never copied) */
             int rc = cow_step(pg, s, r, i, u);
             if (rc) {
                 struct cow_undo part = { u->n - start, 0, u->rec + start };
@@ -188,6 +188,9 @@ int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint
         return rc;
     if (first >= end || end > s->length)
         return -EINVAL;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        if (first < s->kept[r])
+            return -EINVAL;     /* discarded tokens (discard.c) */
     if (s->out)
         return -EBUSY;          /* the context swaps it in first */
     rc = seq_settle(pg, s);
@@ -208,9 +211,13 @@ static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
     int rc = seq_lookup(pg, h, s);
     if (rc)
         return rc;
+    if ((*s)->dropped)
+        return -ESTALE;
     uint64_t bytes = (*s)->length * pg->p.bytes_per_token;
     if (!buf || region >= pg->p.n_regions || !len || off >= bytes || len > bytes - off)
         return -EINVAL;
+    if (off < (*s)->kept[region] * pg->p.bytes_per_token)
+        return -EINVAL;         /* discarded tokens (discard.c) */
     if ((*s)->out)
         return -EBUSY;          /* the context swaps it in first */
     return seq_settle(pg, *s);

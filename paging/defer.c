@@ -57,29 +57,74 @@ static bool seq_quiet(struct paging *pg, struct pg_seq *s)
    transitions of a swap job, drops the page references. */
 static int release_now(struct paging *pg, struct pg_defer *d)
 {
-    uint32_t n = d->end - d->first;
-    /* the first unmap may fail cleanly; once one region is unmapped the rest must follow */
-    int rc = seq_unmap(pg, pg_va(pg, 0, d->slot, d->first), n);
-    if (rc)
-        return rc;
-    for (uint32_t r = 1; r < pg->p.n_regions; r++)
-        seq_unmap_must(pg, pg_va(pg, r, d->slot, d->first), n);
+    uint32_t n = d->end - d->first, r = 0;
+    /* the first unmap may fail cleanly; once one region is unmapped the rest must follow.
+       Entries 0 are holes (discarded pages, or a region a discard leaves alone): not
+       mapped, no page held */
+    if (n && d->kind != DF_IN) {
+        for (; r < pg->p.n_regions; r++) {
+            const uint32_t *ids = d->pages + (size_t)r * n;
+            uint32_t i = 0;
+            while (i < n && !ids[i])
+                i++;
+            if (i == n)
+                continue;
+            int rc = seq_unmap_holes(pg, pg_va(pg, r, d->slot, d->first), ids, n);
+            if (rc)
+                return rc;
+            break;
+        }
+        for (r++; r < pg->p.n_regions; r++)
+            seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
+                                 d->pages + (size_t)r * n, n);
+    }
     if (d->kind != DF_RELEASE)
         tier_complete_pages(pg, d);
     for (uint32_t i = 0; i < d->n; i++)
-        page_put(pg, d->pages[i]);
+        if (d->pages[i])
+            page_put(pg, d->pages[i]);
     return 0;
 }
 
-static void gather_pages(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end,
-                         uint32_t *out)
+/* region UINT32_MAX: every region; else the other regions' entries are 0 (left alone). */
+static void gather_pages(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
+                         uint32_t end, uint32_t *out)
 {
     uint32_t n = end - first;
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        memcpy(out + (size_t)r * n, pg_bt(pg, s, r) + first, n * sizeof *out);
+        if (region == UINT32_MAX || r == region)
+            memcpy(out + (size_t)r * n, pg_bt(pg, s, r) + first, n * sizeof *out);
+        else
+            memset(out + (size_t)r * n, 0, n * sizeof *out);
 }
 
 int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
+{
+    return defer_release_region(pg, s, UINT32_MAX, first, end, false);
+}
+
+/* An unprotected s in stream mode whose work may still run: d waits for a fence recorded
+   on the library's copy stream after the step fence (which covers s's work), so nothing is
+   recorded on the engine stream. -EBUSY no step fence to order after. */
+static int fence_after_step(struct paging *pg, struct pg_seq *s, struct pg_defer *d)
+{
+    if (!pg->step_recorded || (s->used_valid && s->used_epoch >= pg->epoch))
+        return -EBUSY;
+    int rc = vmm_fence_create(pg->v, &d->fence);
+    if (rc)
+        return rc;
+    rc = paging_copy_fence_record(pg, &d->fence);       /* makes the copy stream */
+    if (!rc)
+        rc = vmm_stream_after(pg->v, paging_copy_stream(pg), &pg->step_fence);
+    if (!rc)
+        rc = vmm_fence_record(pg->v, &d->fence, paging_copy_stream(pg));
+    if (rc)
+        vmm_fence_destroy(pg->v, &d->fence);
+    return rc;
+}
+
+int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
+                         uint32_t end, bool lib)
 {
     if (first >= end)
         return 0;
@@ -88,7 +133,7 @@ int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t 
     struct pg_defer *d = malloc(sizeof *d + np * sizeof(uint32_t));
     if (!d)
         return -ENOMEM;
-    gather_pages(pg, s, first, end, d->pages);
+    gather_pages(pg, s, region, first, end, d->pages);
     d->kind = DF_RELEASE;
     d->n = (uint32_t)np;
     d->slot = pg_slot_of(pg, s);
@@ -103,12 +148,18 @@ int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t 
         rc = release_now(pg, d);
         goto out_free;
     }
+    if (lib) {
+        if ((rc = fence_after_step(pg, s, d)))
+            goto out_free;
+        goto out_queue;
+    }
     rc = vmm_fence_create(pg->v, &d->fence);
     if (rc)
         goto out_free;
     rc = vmm_fence_record(pg->v, &d->fence, pg->stream);
     if (rc)
         goto out_fence;
+out_queue:
     d->next = pg->defer;
     pg->defer = d;
     pg->n_defer++;
@@ -188,13 +239,16 @@ void defer_drop_all(struct paging *pg)
     while (pg->defer) {
         struct pg_defer *d = pg->defer;
         pg->defer = d->next;
-        if (!dead)
+        uint32_t w = d->end - d->first;
+        if (!dead && d->kind != DF_IN)
             for (uint32_t r = 0; r < pg->p.n_regions; r++)
-                seq_unmap_must(pg, pg_va(pg, r, d->slot, d->first), d->end - d->first);
+                seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
+                                     d->pages + (size_t)r * w, w);
         if (d->kind != DF_RELEASE)
             tier_complete_pages(pg, d);
         for (uint32_t i = 0; i < d->n; i++)
-            page_put(pg, d->pages[i]);
+            if (d->pages[i])            /* 0: a hole */
+                page_put(pg, d->pages[i]);
         struct pg_seq *s = &pg->seqs[d->slot];
         if (s->in_job == d)
             s->in_job = NULL;
@@ -225,6 +279,16 @@ int defer_flush_slot(struct paging *pg, uint32_t slot)
     return pg->seqs[slot].n_defer ? reap(pg, slot, true) : 0;
 }
 
+int defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx)
+{
+    if (!pg->seqs[slot].n_defer)
+        return 0;
+    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->slot == slot && (d->kind != DF_RELEASE || d->end > idx))
+            return reap(pg, slot, true);
+    return 0;               /* only releases below idx (discards): nothing to wait for */
+}
+
 int pg_order_before_copy(struct paging *pg)
 {
     return pg->stream ? 0 : pg_device_sync(pg);
@@ -239,7 +303,7 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
         return pg_device_sync(pg);
     const uint32_t *bt = pg_bt(pg, s, r);
     for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-        if (page_sharers(page_at(pg, bt[i])) > 1)
+        if (bt[i] && page_sharers(page_at(pg, bt[i])) > 1)
             return pg_device_sync(pg);    /* another holder may be in use */
     return 0;
 }

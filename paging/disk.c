@@ -195,6 +195,8 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
+            if (!bt[i])
+                continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, bt[i]);
             if (p->tier != PG_TIER_HOST)
                 continue;
@@ -211,8 +213,8 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
 
 void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++)
-        if (page_in_dio(page_at(pg, ids[i]))) {
+    for (uint32_t i = 0; i < n; i++)        /* ids[i] 0: a hole (discard.c) */
+        if (ids[i] && page_in_dio(page_at(pg, ids[i]))) {
             paging_disk_wait(pg);
             return;
         }
@@ -222,6 +224,8 @@ int disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *n
 {
     *ndisk = 0;
     for (uint32_t i = 0; i < n; i++) {
+        if (!ids[i])
+            continue;                       /* a hole (discard.c) */
         const struct pg_page *p = page_at(pg, ids[i]);
         if (p->tier == PG_TIER_DISK && p->bad)
             return -EBADMSG;
@@ -262,6 +266,8 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
         return rc;
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint32_t id = ids[i];
+        if (!id)
+            continue;
         struct pg_page *p = page_at(pg, id);
         if (p->tier != PG_TIER_DISK)
             continue;
@@ -286,6 +292,8 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n; i++) {
+        if (!ids[i])
+            continue;
         struct pg_page *p = page_at(pg, ids[i]);
         if (p->tier == PG_TIER_DISK)
             return p->bad ? -EBADMSG : -EIO;
@@ -339,6 +347,7 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
-                n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
+                if (pg_bt(pg, excl, r)[i])      /* 0: a hole (discard.c) */
+                    n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
     return n;
 }

@@ -103,6 +103,7 @@ void paging_destroy(struct paging *pg)
         }
         free(s->bt);
         free(s->ahead);
+        free(s->kept);
     }
     if (pg->step_fence_ok)
         vmm_fence_destroy(pg->v, &pg->step_fence);

@@ -148,6 +148,9 @@ struct paging_seq_info {
     uint32_t slot;
     uint32_t pages_device, pages_host, pages_disk, pages_shared;
     bool     resident;
+    bool     dropped;            /* a dropped CACHED sequence (discard.c) */
+    uint8_t  cls;                /* enum pg_seq_class */
+    uint64_t first_kept;         /* smallest first_kept over the regions */
 };
 
 struct paging;
@@ -314,6 +317,46 @@ void paging_disk_wait_io(struct paging *pg);
 /* Pages with disk I/O in flight. */
 uint32_t paging_disk_inflight(const struct paging *pg);
 bool paging_has_disk(const struct paging *pg);
+
+/* ---- sliding-window discard and sequence classes (discard.c) ----
+ * A discarded page is a *hole*: block-table entry 0 below n_pages, unmapped, holding no
+ * page. Holes of region r lie below its first_kept (pages wholly before it; after a
+ * truncate below first_kept, also the partial last page, filled again by the next grow).
+ * Every path over block tables skips holes: swap, spill, fork, share, info, need, checker.
+ * Classes (values = enum kvvm_seq_class): reclaim drops (or demotes) unprotected resident
+ * CACHED sequences before it swaps any LIVE one, and never moves PINNED ones. A dropped
+ * sequence keeps its handle, holds nothing, has length 0, and is -ESTALE for grow, fork,
+ * share (either side), write, read, swap-in and prefetch until set_class or free. */
+enum pg_seq_class { PG_SEQ_LIVE = 0, PG_SEQ_CACHED = 1, PG_SEQ_PINNED = 2 };
+/* Discards the pages of region (UINT32_MAX: every region) lying wholly before first_kept
+   (<= length; below an earlier first_kept: no-op). Released after the step fence like any
+   release; the non-resident sequence's pages are dropped at once. -ENOENT, -EINVAL
+   (region, first_kept past the length), -ENOMEM (a pending-release record), -EIO. */
+int  paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t first_kept);
+/* first_kept of region r of s (0 = nothing discarded). -ENOENT, -EINVAL region. */
+int  paging_seq_first_kept(struct paging *pg, uint64_t h, uint32_t r, uint64_t *first_kept);
+/* Sets the class; a dropped sequence becomes an empty one of that class. -ENOENT, -EINVAL. */
+int  paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls);
+/* The class of s, or -ENOENT. */
+int  paging_seq_class(struct paging *pg, uint64_t h);
+/* -ESTALE when s is a dropped sequence, -ENOENT a bad handle, else 0. */
+int  paging_seq_stale(struct paging *pg, uint64_t h);
+/* Drops CACHED s (any tier): its pages are released (nothing copied) after the step fence:
+   at once when no device work may touch them; for an unprotected sequence behind a fence on
+   the library's copy stream ordered after the step fence (never a record on the engine
+   stream: a library thread may call this); a protected one behind a fence on the engine
+   stream (engine calls only). wait: block until the pages are released. Counts cache_drops.
+   -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer is in flight on it (or
+   no step fence to order after), -ENOMEM, -EIO. */
+int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
+/* Demotes CACHED s: paging_swap_out(async), counted as cache_demotes. Errors as swap_out. */
+int  paging_seq_demote(struct paging *pg, uint64_t h);
+/* Unprotected resident CACHED sequences with no transfer or release pending that hold
+   device pages, in slot order (frees: device pages only they hold); returns how many. */
+size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+/* Device frames that dropping every sequence of c[0..n) would free (pages all of whose
+   holders are in the set). */
+uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

@@ -87,6 +87,12 @@ struct pg_seq {
     uint32_t *bt;          /* n_regions * pages_per_slot page ids, region-major; lazily made */
     uint32_t *ahead;       /* n_regions * map_ahead frame ids */
     uint32_t  next_free;   /* free slot list */
+    /* discard and classes (discard.c) */
+    uint64_t *kept;        /* n_regions first_kept values (tokens; 0 = nothing discarded);
+                              made with bt. A block-table entry 0 below n_pages is a hole:
+                              a discarded page (unmapped, no page held) */
+    uint8_t   cls;         /* enum pg_seq_class */
+    uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
 };
 
 struct paging {
@@ -269,6 +275,11 @@ int  seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
 int  seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n);
 int  seq_unmap(struct paging *pg, uint64_t va, uint32_t n);
 void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n);
+/* Unmaps the pages at va + i * page_size for the i < n with ids[i] != 0 (holes, id 0, are
+   not mapped), one unmap per run. The first run's unmap may fail cleanly (returned, nothing
+   unmapped); a later one is retried and logged (_must: every failure is). */
+int  seq_unmap_holes(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n);
+void seq_unmap_holes_must(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n);
 void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
 /* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`;
    the frames go to the ready list. -ENOMEM none. */
@@ -326,9 +337,10 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fre
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
-void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, uint32_t nr);
+void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr,
+                            uint32_t nr);
 /* Unmaps [0, np) of slot in every region: the first may fail (nothing changed), not the rest. */
-int  tier_unmap_window(struct paging *pg, uint32_t slot, uint32_t np);
+int  tier_unmap_window(struct paging *pg, struct pg_seq *s);
 /* Residency flips of a committed swap (the pages' offs are the caller's). */
 void tier_seq_out(struct paging *pg, struct pg_seq *s);
 void tier_seq_in(struct paging *pg, struct pg_seq *s);
@@ -399,6 +411,12 @@ int  pg_device_sync(struct paging *pg);
    after it). The block table entries are the caller's to clear. -ENOMEM, -EIO (nothing
    changed then). */
 int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
+/* As defer_release, for one region (UINT32_MAX: every region; block-table entries 0, holes,
+   are skipped). lib: the caller may be a library thread and s is not protected: a fence
+   is recorded on the copy stream after the step fence, never on the engine stream
+   (-EBUSY when there is none to order after). */
+int  defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
+                          uint32_t end, bool lib);
 /* Completes a pending entry whose fence completed and frees it (unlinked by the caller). */
 int  defer_complete(struct paging *pg, struct pg_defer *d);
 /* Reaps completed releases (wait: waits for all first). */
@@ -411,6 +429,9 @@ void defer_drop_all(struct paging *pg);
 int  defer_flush_jobs(struct paging *pg, uint32_t slot);
 /* Waits for and reaps the releases over slot's window. */
 int  defer_flush_slot(struct paging *pg, uint32_t slot);
+/* As defer_flush_slot, unless every pending entry of slot is a release lying wholly below
+   page index idx (a discard's, which a grow from idx never maps again): then no wait. */
+int  defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx);
 /* Makes copies that read pages see the engine's earlier work (sync mode: device sync). */
 int  pg_order_before_copy(struct paging *pg);
 /* As pg_order_before_copy for a copy of pages [i0, i1) of region r of s: no device sync
@@ -423,6 +444,10 @@ int  pg_finish_copy(struct paging *pg);
 /* Waits until device work enqueued so far that may touch the window is done. */
 int  pg_wait_engine(struct paging *pg);
 void seq_slot_release(struct paging *pg, struct pg_seq *s);
+
+/* discard.c */
+/* After a truncate: first_kept of every region at most the new length. */
+void seq_clamp_kept(struct paging *pg, struct pg_seq *s);
 
 /* cow.c: copy-on-write over regions [r0, r1) x page indices [i0, i1) of s. */
 struct cow_undo {

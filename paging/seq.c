@@ -26,10 +26,9 @@ uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
 
 /* ---- mappings ----------------------------------------------------------------------- */
 
-int seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n)
+/* One run of frames (no hole) at va. */
+static int map_run(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n)
 {
-    if (!n)
-        return 0;
     vmm_handle hs[64] = { 0 };
     vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
     if (!h)
@@ -44,6 +43,26 @@ int seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint3
     return rc;
 }
 
+/* Frame id 0 is a hole (a discarded page, discard.c): left unmapped, so each run of frames
+   between holes is mapped on its own (one set-access per run). All or nothing. */
+int seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n)
+{
+    for (uint32_t i = 0, j; i < n; i = j) {
+        if (!frames[i]) {
+            j = i + 1;
+            continue;
+        }
+        for (j = i; j < n && frames[j]; j++)
+            ;
+        int rc = map_run(pg, va + (uint64_t)i * pg->p.page_size, frames + i, j - i);
+        if (rc) {
+            seq_unmap_holes_must(pg, va, frames, i);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
                   const uint32_t *pages, uint32_t n)
 {
@@ -54,7 +73,7 @@ int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
     if (!f)
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++)
-        f[i] = page_at(pg, pages[i])->frame;
+        f[i] = pages[i] ? page_at(pg, pages[i])->frame : 0;     /* 0: a hole */
     int rc = seq_map_frames(pg, pg_va(pg, r, slot, first), f, n);
     if (f != fs)
         free(f);
@@ -77,6 +96,36 @@ int seq_unmap(struct paging *pg, uint64_t va, uint32_t n)
 void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n)
 {
     if (seq_unmap(pg, va, n) && seq_unmap(pg, va, n))
+        klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
+                   (unsigned long long)va);
+}
+
+int seq_unmap_holes(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n)
+{
+    bool first = true;
+    for (uint32_t i = 0, j; i < n; i = j) {
+        if (!ids[i]) {
+            j = i + 1;
+            continue;
+        }
+        for (j = i; j < n && ids[j]; j++)
+            ;
+        uint64_t at = va + (uint64_t)i * pg->p.page_size;
+        if (first) {
+            int rc = seq_unmap(pg, at, j - i);
+            if (rc)
+                return rc;
+            first = false;
+        } else {
+            seq_unmap_must(pg, at, j - i);
+        }
+    }
+    return 0;
+}
+
+void seq_unmap_holes_must(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n)
+{
+    if (seq_unmap_holes(pg, va, ids, n) && seq_unmap_holes(pg, va, ids, n))
         klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
                    (unsigned long long)va);
 }
@@ -180,6 +229,8 @@ static int slot_take(struct paging *pg, struct pg_seq **out)
         if (!s->bt)
             return -ENOMEM;
     }
+    if (!s->kept && !(s->kept = calloc(pg->p.n_regions, sizeof *s->kept)))
+        return -ENOMEM;
     if (pg->p.map_ahead && !s->ahead) {
         s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
         if (!s->ahead)
@@ -192,6 +243,9 @@ static int slot_take(struct paging *pg, struct pg_seq **out)
     s->n_pages = 0;
     s->n_ahead = 0;
     s->used_valid = 0;
+    memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
+    s->cls = PG_SEQ_LIVE;
+    s->dropped = 0;
     pg->n_live++;
     *out = s;
     return 0;
@@ -264,7 +318,54 @@ struct grow_undo {
     uint64_t old_len;
     uint32_t old_np, new_np;
     struct cow_undo cow;
+    uint32_t *fill, n_fill;    /* regions whose last-page hole tail_fill made again */
 };
+
+/* Ends a successful grow_apply: frees its undo records. */
+static void grow_commit(struct paging *pg, struct grow_undo *u)
+{
+    cow_commit(pg, &u->cow);
+    free(u->fill);
+    u->fill = NULL;
+    u->n_fill = 0;
+}
+
+/* A grow past a partial last page that is a hole (a truncate below first_kept left it; see
+   discard.c): the tokens from the old length on are new, so the page is made again in every
+   region where it is a hole (a fresh frame, scrubbed like any new page). Regions filled are
+   recorded in u; grow_undo reverts them. -ENOMEM, -EIO. */
+static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct grow_undo *u)
+{
+    uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
+    for (uint32_t r = 0; r < nr; r++) {
+        if (pg_bt(pg, s, r)[idx])
+            continue;
+        if (!u->fill && !(u->fill = calloc(nr, sizeof *u->fill)))
+            return -ENOMEM;
+        uint32_t f;
+        int rc = pool_take_except(pg, 1, &f, s);
+        if (rc)
+            return rc;
+        uint64_t va = pg_va(pg, r, slot, idx);
+        rc = seq_map_frames(pg, va, &f, 1);
+        if (!rc && pg->p.scrub) {
+            rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->stream);
+            if (!rc && !pg->stream)
+                rc = vmm_stream_sync(pg->v, NULL);
+            if (rc) {
+                (void)pg_wait_engine(pg);   /* the memset may still run: never unmap under it */
+                seq_unmap_must(pg, va, 1);
+            }
+        }
+        if (rc) {
+            pool_give(pg, &f, 1);
+            return rc;
+        }
+        pg_bt(pg, s, r)[idx] = page_new(pg, f);
+        u->fill[u->n_fill++] = r;
+    }
+    return 0;
+}
 
 /* Frames a grow of s to len takes (new pages + copies of a shared last page). */
 static uint32_t grow_frames(struct paging *pg, struct pg_seq *s, uint64_t len, uint32_t *cow_idx)
@@ -299,6 +400,17 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     uint32_t slot = pg_slot_of(pg, s), n = u->new_np - u->old_np;
     cow_undo(pg, s, &u->cow);
     cow_commit(pg, &u->cow);
+    if (u->n_fill && pg->p.scrub && pg->stream)
+        (void)pg_wait_engine(pg);   /* tail_fill's scrub memsets may still run */
+    for (uint32_t j = 0; j < u->n_fill; j++) {
+        uint32_t *e = &pg_bt(pg, s, u->fill[j])[u->old_np - 1];
+        seq_unmap_must(pg, pg_va(pg, u->fill[j], slot, u->old_np - 1), 1);
+        page_put(pg, *e);
+        *e = 0;
+    }
+    free(u->fill);
+    u->fill = NULL;
+    u->n_fill = 0;
     seq_drop_ahead(pg, s, 0);
     if (pg->p.scrub && pg->stream && n)
         (void)pg_wait_engine(pg);   /* the scrub memsets may still run: wait, then unmap */
@@ -354,7 +466,8 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
 static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct grow_undo *u)
 {
     uint32_t nr = pg->p.n_regions, cow_idx;
-    int rc = defer_flush_slot(pg, pg_slot_of(pg, s));
+    /* a pending discard below the last page never blocks a grow (tail_fill maps there) */
+    int rc = defer_flush_slot_from(pg, pg_slot_of(pg, s), s->n_pages ? s->n_pages - 1 : 0);
     if (rc)
         return rc;
     memset(u, 0, sizeof *u);
@@ -385,7 +498,9 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     s->n_pages = u->new_np;
     s->length = len;
     if (cow_idx != UINT32_MAX) {
-        rc = cow_range(pg, s, 0, nr, cow_idx, cow_idx + 1, &u->cow);
+        rc = tail_fill(pg, s, cow_idx, u);
+        if (!rc)
+            rc = cow_range(pg, s, 0, nr, cow_idx, cow_idx + 1, &u->cow);
         if (rc) {
             grow_undo(pg, u);
             goto out_free;
@@ -426,6 +541,8 @@ out_free:
 
 static int grow_check(struct paging *pg, struct pg_seq *s, uint64_t len)
 {
+    if (s->dropped)
+        return -ESTALE;
     if (len < s->length)
         return -EINVAL;
     if (len > pg->p.max_tokens)
@@ -455,7 +572,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         pool_rollback(pg, mark);
         return rc;
     }
-    cow_commit(pg, &u.cow);
+    grow_commit(pg, &u);
     seq_top_up_ahead(pg, s);
     return 0;
 }
@@ -470,7 +587,7 @@ static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx, uin
     *cand = c;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         uint32_t id = pg_bt(pg, s, r)[idx];
-        if (page_sharers(page_at(pg, id)) > 1)
+        if (id && page_sharers(page_at(pg, id)) > 1)
             c[(*n)++] = id;
     }
     return 0;
@@ -525,12 +642,11 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             rc = seq_settle(pg, ss[i]);
         if (rc)
             goto out_free;
-        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx);
-        uint32_t c = cow_idx == UINT32_MAX ? 0
-                     : cow_needed(pg, ss[i], 0, pg->p.n_regions, cow_idx, cow_idx + 1);
-        need += all - c;
-        if (c && (rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand)))
+        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx), before = n_cand;
+        /* the shared last pages are counted for the whole batch (holes stay in all) */
+        if (cow_idx != UINT32_MAX && (rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand)))
             goto out_free;
+        need += all - (n_cand - before);
     }
     need += batch_cow_frames(pg, cand, n_cand);
     rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
@@ -543,7 +659,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             goto out_undo;
     }
     for (size_t i = 0; i < n; i++) {
-        cow_commit(pg, &u[i].cow);
+        grow_commit(pg, &u[i]);
         seq_top_up_ahead(pg, ss[i]);
     }
     rc = 0;
@@ -575,6 +691,7 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
         tier_drop_out(pg, s, np, s->n_pages);
         s->n_pages = np;
         s->length = length;
+        seq_clamp_kept(pg, s);
         return 0;
     }
     rc = seq_settle(pg, s);
@@ -588,6 +705,7 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
         memset(pg_bt(pg, s, r) + np, 0, (s->n_pages - np) * sizeof *s->bt);
     s->n_pages = np;
     s->length = length;
+    seq_clamp_kept(pg, s);
     return 0;
 }
 
@@ -605,14 +723,15 @@ static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     for (r = 0; r < pg->p.n_regions; r++) {
         uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
         for (uint32_t i = 0; i < n; i++) {
-            page_get(pg, sb[i]);
+            if (sb[i])                  /* a hole (discarded) stays one */
+                page_get(pg, sb[i]);
             db[i] = sb[i];
         }
     }
     return 0;
 out_unmap:
     while (r-- > 0)
-        seq_unmap_must(pg, pg_va(pg, r, slot, 0), n);
+        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, src, r), n);
     return rc;
 }
 
@@ -622,6 +741,8 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     int rc = seq_lookup(pg, parent, &p);
     if (rc)
         return rc;
+    if (p->dropped)
+        return -ESTALE;
     if (!p->out && (rc = seq_settle(pg, p)))
         return rc;
     rc = slot_take(pg, &c);
@@ -632,13 +753,15 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
         for (uint32_t r = 0; r < pg->p.n_regions; r++) {
             uint32_t *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
             for (uint32_t i = 0; i < p->n_pages; i++) {
-                page_get_off(pg, sb[i]);
+                if (sb[i])              /* a hole (discarded) stays one */
+                    page_get_off(pg, sb[i]);
                 db[i] = sb[i];
             }
         }
         c->out = 1;
         c->n_pages = p->n_pages;
         c->length = p->length;
+        memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
         *child = seq_handle(pg, c);
         return 0;
     }
@@ -649,6 +772,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     }
     c->n_pages = p->n_pages;
     c->length = p->length;
+    memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
     *child = seq_handle(pg, c);
     return 0;
 }
@@ -664,6 +788,8 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
         return rc;
     for (r = 0; r < pg->p.n_regions; r++) {
         uint64_t va = pg_va(pg, r, ds, idx);
+        if (!frames[r])
+            continue;                   /* src's page is a hole (discarded): dst's too */
         rc = seq_map_frames(pg, va, &frames[r], 1);
         if (rc)
             goto out_unmap;
@@ -678,16 +804,18 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
     rc = pg->stream ? 0 : pg_finish_copy(pg);
     if (rc)
         goto out_unmap;
-    for (r = 0; r < pg->p.n_regions; r++)
-        pg_bt(pg, dst, r)[idx] = page_new(pg, frames[r]);
-    pg->c.share_copies += pg->p.n_regions;
+    for (r = 0; r < pg->p.n_regions; r++) {
+        pg_bt(pg, dst, r)[idx] = frames[r] ? page_new(pg, frames[r]) : 0;
+        pg->c.share_copies += frames[r] != 0;
+    }
     return 0;
 out_unmap:
     /* the copies (on the engine stream, or synchronous) may still run: wait for them
        before unmapping their target */
     (void)pg_wait_engine(pg);
     while (r-- > 0)
-        seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
+        if (frames[r])
+            seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
     return rc;
 }
 
@@ -745,28 +873,36 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         rc = -ENOMEM;
     if (!rc && rem && pg->n_inflight)
         rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
+    uint32_t nk = 0;                    /* partial pages to copy: holes are not */
     if (!rc && rem) {
         /* a partial page on disk comes back to the host tier first */
         uint32_t ids[nr];
         for (r = 0; r < nr; r++)
-            ids[r] = pg_bt(pg, src, r)[whole];
-        rc = disk_unspill(pg, ids, nr, src);
+            if (pg_bt(pg, src, r)[whole])
+                ids[nk++] = pg_bt(pg, src, r)[whole];
+        rc = disk_unspill(pg, ids, nk, src);
     }
-    if (!rc && rem && pg->p.disk && paging_host_free(pg) < nr)
-        rc = paging_host_room(pg, nr, seq_handle(pg, src));   /* src's pages stay */
+    if (!rc && nk && pg->p.disk && paging_host_free(pg) < nk)
+        rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */
     if (rc)
         return rc;
-    for (r = 0; rem && r < nr; r++)
-        if ((rc = share_host_copy(pg, pg_bt(pg, src, r)[whole], rem, &slots[r])))
+    for (r = 0; rem && r < nr; r++) {
+        slots[r] = PG_SLOT_NONE;        /* none: a hole (discarded) */
+        if (pg_bt(pg, src, r)[whole] &&
+            (rc = share_host_copy(pg, pg_bt(pg, src, r)[whole], rem, &slots[r])))
             goto out_slots;
+    }
     seq_drop_ahead(pg, dst, 0);
     for (r = 0; r < nr; r++) {
         uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
         for (uint32_t i = 0; i < whole; i++) {
-            page_get_off(pg, sb[i]);
+            if (sb[i])                  /* a hole (discarded) stays one */
+                page_get_off(pg, sb[i]);
             db[i] = sb[i];
         }
-        if (rem) {
+        if (rem && slots[r].v == PG_SLOT_NONE.v) {
+            db[whole] = 0;
+        } else if (rem) {
             uint32_t id = pg->page_free_head;
             struct pg_page *p = page_at(pg, id);
             pg->page_free_head = p->next_free;
@@ -784,7 +920,8 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     return 0;
 out_slots:
     while (r-- > 0)
-        pg->p.host->free(pg->p.host->arg, slots[r]);
+        if (slots[r].v != PG_SLOT_NONE.v)
+            pg->p.host->free(pg->p.host->arg, slots[r]);
     return rc;
 }
 
@@ -799,6 +936,8 @@ int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tok
         rc = seq_lookup(pg, sh, &src);
     if (rc)
         return rc;
+    if (dst->dropped || src->dropped)
+        return -ESTALE;
     if (dst->length || n_tokens > src->length)
         return -EINVAL;
     if (!n_tokens)
@@ -815,6 +954,8 @@ int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tok
     rc = src->out ? share_out(pg, dst, src, n_tokens) : share_resident(pg, dst, src, n_tokens);
     if (rc && was_out)
         dst->out = 1;
+    for (uint32_t r = 0; !rc && r < pg->p.n_regions; r++)   /* src's discard, kept */
+        dst->kept[r] = src->kept[r] < n_tokens ? src->kept[r] : n_tokens;
     return rc;
 }
 
@@ -827,16 +968,20 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
     uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions;
     size_t rem = bytes % pg->p.page_size;
-    uint32_t frames[nr];
+    uint32_t frames[nr], got[nr], nk = 0;
+    for (uint32_t r = 0; rem && r < nr; r++)
+        nk += pg_bt(pg, src, r)[whole] != 0;    /* a hole (discarded) is not copied */
     rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
-    if (!rc && rem)
-        rc = pool_reserve_check(pg, nr);
+    if (!rc && nk)
+        rc = pool_reserve_check(pg, nk);
     if (rc)
         return rc;
     seq_drop_ahead(pg, dst, 0);
     uint32_t mark = pg->n_created;
-    if (rem && (rc = pool_take(pg, nr, frames)))
+    if (nk && (rc = pool_take(pg, nk, got)))
         goto out_rollback;
+    for (uint32_t r = 0, k = 0; rem && r < nr; r++)
+        frames[r] = pg_bt(pg, src, r)[whole] ? got[k++] : 0;
     rc = map_shared(pg, dst, src, whole);
     if (rc)
         goto out_frames;
@@ -852,15 +997,17 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     return 0;
 out_shared:
     for (uint32_t r = 0; r < nr; r++) {
-        seq_unmap_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), whole);
+        seq_unmap_holes_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), pg_bt(pg, dst, r),
+                             whole);
         for (uint32_t i = 0; i < whole; i++) {
-            page_put(pg, pg_bt(pg, dst, r)[i]);
+            if (pg_bt(pg, dst, r)[i])
+                page_put(pg, pg_bt(pg, dst, r)[i]);
             pg_bt(pg, dst, r)[i] = 0;
         }
     }
 out_frames:
-    if (rem)
-        pool_give(pg, frames, nr);
+    if (nk)
+        pool_give(pg, got, nk);
 out_rollback:
     pool_rollback(pg, mark);
     return rc;
@@ -878,9 +1025,16 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
     out->length = s->length;
     out->slot = pg_slot_of(pg, s);
     out->resident = !s->out;
+    out->dropped = s->dropped;
+    out->cls = s->cls;
+    out->first_kept = UINT64_MAX;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
+        if (s->kept[r] < out->first_kept)
+            out->first_kept = s->kept[r];
         for (uint32_t i = 0; i < s->n_pages; i++) {
+            if (!bt[i])
+                continue;               /* a hole: discarded, counted nowhere */
             const struct pg_page *p = page_at(pg, bt[i]);
             switch (p->tier) {
             case PG_TIER_DEVICE: case PG_TIER_TO_HOST: out->pages_device++; break;

@@ -106,6 +106,8 @@ struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind,
 void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete)
 {
     for (uint32_t i = 0; i < d->n; i++) {
+        if (!d->pages[i])
+            continue;                   /* a hole (discard.c) */
         page_get(pg, d->pages[i]);
         page_at(pg, d->pages[i])->jobs++;
     }
@@ -120,6 +122,8 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
 void tier_complete_pages(struct paging *pg, struct pg_defer *d)
 {
     for (uint32_t i = 0; i < d->n; i++) {
+        if (!d->pages[i])
+            continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
         p->jobs--;
         page_count(pg, p, -1);
@@ -141,6 +145,8 @@ void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = first; i < end; i++) {
+            if (!bt[i])
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, bt[i]);
             page_count(pg, p, -1);
             p->offs--;
@@ -178,7 +184,7 @@ int tier_wait_transfers(struct paging *pg, struct pg_seq *s)
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         const uint32_t *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages; i++)
-            if (page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
+            if (bt[i] && page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
                 return defer_reap(pg, true);
     }
     return 0;
@@ -254,6 +260,8 @@ int tier_copy_host_in(struct paging *pg, struct pg_seq *s)
     uint32_t slot = pg_slot_of(pg, s);
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
+            if (!pg_bt(pg, s, q)[i])
+                continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             int rc = p->tier == PG_TIER_HOST ? tier_copy_in(pg, pg_va(pg, q, slot, i),
                                                             p->host_slot) : 0;
@@ -268,7 +276,7 @@ uint32_t tier_count(struct paging *pg, struct pg_seq *s, uint8_t tier)
     uint32_t n = 0;
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages; i++)
-            n += page_at(pg, pg_bt(pg, s, r)[i])->tier == tier;
+            n += pg_bt(pg, s, r)[i] && page_at(pg, pg_bt(pg, s, r)[i])->tier == tier;
     return n;
 }
 
@@ -278,9 +286,10 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fre
     uint32_t k = 0, np = s->n_pages;
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < np; i++) {
-            const struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
-            bool moves = p->tier == PG_TIER_HOST || (disk && p->tier == PG_TIER_DISK);
-            fr[(size_t)q * np + i] = moves ? fresh[k++] : p->frame;
+            uint32_t id = pg_bt(pg, s, q)[i];
+            const struct pg_page *p = id ? page_at(pg, id) : NULL;   /* NULL: a hole */
+            bool moves = p && (p->tier == PG_TIER_HOST || (disk && p->tier == PG_TIER_DISK));
+            fr[(size_t)q * np + i] = !p ? 0 : moves ? fresh[k++] : p->frame;
         }
 }
 
@@ -289,26 +298,28 @@ int tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         int rc = seq_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np);
         if (rc) {
-            tier_unmap_window_must(pg, slot, np, r);
+            tier_unmap_window_must(pg, slot, np, fr, r);
             return rc;
         }
     }
     return 0;
 }
 
-void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, uint32_t nr)
+void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr,
+                            uint32_t nr)
 {
     while (nr-- > 0)
-        seq_unmap_must(pg, pg_va(pg, nr, slot, 0), np);
+        seq_unmap_holes_must(pg, pg_va(pg, nr, slot, 0), fr + (size_t)nr * np, np);
 }
 
-int tier_unmap_window(struct paging *pg, uint32_t slot, uint32_t np)
+int tier_unmap_window(struct paging *pg, struct pg_seq *s)
 {
-    int rc = seq_unmap(pg, pg_va(pg, 0, slot, 0), np);
+    uint32_t slot = pg_slot_of(pg, s), np = s->n_pages;
+    int rc = seq_unmap_holes(pg, pg_va(pg, 0, slot, 0), pg_bt(pg, s, 0), np);
     if (rc)
         return rc;
     for (uint32_t r = 1; r < pg->p.n_regions; r++)
-        seq_unmap_must(pg, pg_va(pg, r, slot, 0), np);
+        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, s, r), np);
     return 0;
 }
 
@@ -377,7 +388,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
        sequence whose prefetch is still copying) */
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages; i++)
-            if (page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
+            if (pg_bt(pg, s, r)[i] && page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
                 return 0;
     return 1;
 }
@@ -395,6 +406,8 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     if (s->out)
         for (uint32_t r = 0; r < nr; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
+                if (!pg_bt(pg, s, r)[i])
+                    continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
                 n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
                 disk |= t == PG_TIER_DISK || page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
@@ -443,6 +456,8 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
         for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
                 uint32_t id = pg_bt(pg, s, r)[i];
+                if (!id)
+                    continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, id)->tier;
                 if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id - 1])
                     k++;              /* a page shared in the batch comes back once */
@@ -474,6 +489,8 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
         uint32_t frees = 0, dev = 0;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
+                if (!pg_bt(pg, s, r)[j])
+                    continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[j]);
                 frees += page_moves_down(p);
                 dev += p->tier == PG_TIER_DEVICE;
@@ -505,6 +522,8 @@ uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t 
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
                 uint32_t id = pg_bt(pg, s, r)[j];
+                if (!id)
+                    continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, id);
                 if (p->tier == PG_TIER_DEVICE && ++cnt[id - 1] == p->refs - p->offs)
                     frees++;
@@ -520,7 +539,7 @@ uint32_t paging_frames_pending(const struct paging *pg)
     for (const struct pg_defer *d = pg->defer; d; d = d->next)
         if (d->kind == DF_OUT)
             for (uint32_t i = 0; i < d->n; i++)
-                n += pg->pages[d->pages[i] - 1].tier == PG_TIER_TO_HOST;
+                n += d->pages[i] && pg->pages[d->pages[i] - 1].tier == PG_TIER_TO_HOST;
     return n;
 }
 

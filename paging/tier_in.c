@@ -104,8 +104,8 @@ static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, uint32_t *ids
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
-            const struct pg_page *p = page_at(pg, id);
-            if (p->tier == PG_TIER_DISK) {
+            if (id && page_at(pg, id)->tier == PG_TIER_DISK) {  /* 0: a hole (discard.c) */
+                const struct pg_page *p = page_at(pg, id);
                 ids[k] = id;
                 vas[k] = pg_va(pg, q, slot, i);
                 ds[k++] = p->disk_slot;
@@ -151,6 +151,8 @@ static void staged_in_commit(struct paging *pg, struct pg_seq *s, const uint32_t
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
+            if (!id)
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, id);
             page_count(pg, p, -1);
             p->offs--;
@@ -245,7 +247,7 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     }
     if (rc) {
         vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made write into the window */
-        tier_unmap_window_must(pg, slot, np, nr);
+        tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
     staged_in_commit(pg, s, fresh, need, ndk);
@@ -310,6 +312,8 @@ static void direct_in_commit(struct paging *pg, struct pg_seq *s, struct pg_defe
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
             uint32_t id = pg_bt(pg, s, q)[i];
+            if (!id)
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, id);
             page_count(pg, p, -1);
             p->offs--;
@@ -354,7 +358,7 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
         rc = in_order(pg, d, wait, async);
     if (rc) {
         vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made write into the window */
-        tier_unmap_window_must(pg, slot, np, nr);
+        tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
     direct_in_commit(pg, s, d, fresh);

@@ -51,7 +51,7 @@ static uint32_t out_pages(struct paging *pg, struct pg_seq *s, uint32_t max, uin
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages && k < max; i++) {
             uint32_t id = pg_bt(pg, s, r)[i];
-            if (page_moves_down(page_at(pg, id))) {
+            if (id && page_moves_down(page_at(pg, id))) {      /* 0: a hole (discard.c) */
                 ids[k] = id;
                 vas[k++] = pg_va(pg, r, slot, i);
             }
@@ -92,7 +92,7 @@ static int staged_out_batches(struct paging *pg, const uint32_t *ids, const uint
    error: spilling is then disabled, as for any failed spill write). */
 static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
 {
-    uint32_t np = s->n_pages, slot = pg_slot_of(pg, s);
+    uint32_t np = s->n_pages;
     uint32_t bmax = (uint32_t)paging_host_free(pg);
     if (!bmax)
         return -ENOMEM;
@@ -113,7 +113,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         rc = staged_out_batches(pg, ids, vas, ds, need, bmax, hs);
     /* every page is on disk: unmap the window (the first unmap may fail cleanly) */
     if (!rc)
-        rc = tier_unmap_window(pg, slot, np);
+        rc = tier_unmap_window(pg, s);
     if (rc) {
         disk_slots_give(pg, ds, need);
         goto out_free;
@@ -130,6 +130,8 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     }
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < np; i++) {
+            if (!pg_bt(pg, s, r)[i])
+                continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             page_count(pg, p, -1);
             p->offs++;
@@ -170,6 +172,8 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
     bool held = false;
     for (uint32_t r = 0; r < nr && !held; r++)
         for (uint32_t i = 0; i < np && !held; i++) {
+            if (!pg_bt(pg, s, r)[i])
+                continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
         }
@@ -178,7 +182,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
     *need = 0;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
-            *need += page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+            *need += pg_bt(pg, s, r)[i] && page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
     if (paging_host_free(pg) < *need && pg->n_inflight && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
@@ -191,8 +195,8 @@ static int out_copies(struct paging *pg, struct pg_seq *s, const struct pg_defer
 {
     uint32_t np = s->n_pages, slot = pg_slot_of(pg, s), k = 0;
     for (uint32_t i = 0; i < d->n && k < need; i++) {
-        if (!page_moves_down(page_at(pg, d->pages[i])))
-            continue;
+        if (!d->pages[i] || !page_moves_down(page_at(pg, d->pages[i])))
+            continue;                   /* (0: a hole, discard.c) */
         int rc = tier_copy_out(pg, slots[k++], pg_va(pg, i / np, slot, i % np));
         if (rc) {
             vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made read into slots */
@@ -232,6 +236,8 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     seq_drop_ahead(pg, s, 0);
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
+        if (!d->pages[i])
+            continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
         page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {

@@ -55,13 +55,107 @@ static size_t victims(struct swap *sw, const uint64_t *excl, size_t n_excl, stru
         return 0;
     }
     size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!excluded(c[i].h, excl, n_excl))
+    for (size_t i = 0; i < n; i++)      /* LIVE only: CACHED go first (cached_step), PINNED never */
+        if (!excluded(c[i].h, excl, n_excl) && paging_seq_class(sw->pg, c[i].h) == PG_SEQ_LIVE)
             c[k++] = c[i];
     *frees = paging_frees_if_all(sw->pg, c, k);
     swap_lru_sort(c, k);
     *out = c;
     return k;
+}
+
+/* ---- classes: CACHED sequences go first (dropped, or demoted), PINNED never move ---- */
+
+static int wait_fence(struct swap *sw, vmm_fence *f, bool *ok);
+
+/* Droppable CACHED sequences not in excl, least recently used first; *frees the frames
+   dropping all of them frees. *out is malloc'ed (NULL when none). */
+static size_t cached_victims(struct swap *sw, const uint64_t *excl, size_t n_excl,
+                             struct pg_cand **out, uint32_t *frees)
+{
+    size_t max = 64, n;
+    struct pg_cand *c = NULL;
+    *out = NULL;
+    *frees = 0;
+    for (;;) {
+        struct pg_cand *nc = realloc(c, max * sizeof *c);
+        if (!nc) {
+            free(c);
+            return 0;
+        }
+        c = nc;
+        n = paging_cached_candidates(sw->pg, c, max);
+        if (n < max)
+            break;
+        max *= 2;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!excluded(c[i].h, excl, n_excl))
+            c[k++] = c[i];
+    *frees = paging_drop_frees(sw->pg, c, k);
+    swap_lru_sort(c, k);
+    *out = c;
+    return k;
+}
+
+uint32_t swap_cached_frees(struct swap *sw, const uint64_t *excl, size_t n_excl)
+{
+    struct pg_cand *c;
+    uint32_t frees;
+    cached_victims(sw, excl, n_excl, &c, &frees);
+    free(c);
+    return frees;
+}
+
+/* Drops CACHED victims, least recently used first, until `target` frames are free or on
+   their way back (frees of drops whose release waits for a fence included); with
+   KVVM_F_CACHE_DEMOTE, may_swap and room below, demotes (swaps out) instead. wait: block
+   until dropped pages are released (direct reclaim). Returns the frames free or coming;
+   *acted the sequences dropped or demoted. Context lock held. */
+static uint32_t cached_step(struct swap *sw, uint32_t target, const uint64_t *excl,
+                            size_t n_excl, bool may_swap, bool wait, uint32_t *acted)
+{
+    uint32_t have = frames_free(sw) + paging_frames_pending(sw->pg), frees;
+    *acted = 0;
+    if (have >= target)
+        return have;
+    struct pg_cand *c;
+    size_t n = cached_victims(sw, excl, n_excl, &c, &frees);
+    for (size_t i = 0; i < n && have < target; i++) {
+        uint32_t before = frames_free(sw) + paging_frames_pending(sw->pg);
+        bool demote = may_swap && sw->p.cache_demote &&
+                      paging_room_below(sw->pg) >= c[i].frees;
+        int rc = demote ? paging_seq_demote(sw->pg, c[i].h) : -ENOMEM;
+        if (rc)                      /* no demotion (or no room for it): drop, copy nothing */
+            rc = paging_seq_drop(sw->pg, c[i].h, wait);
+        if (rc)
+            continue;
+        (*acted)++;
+        uint32_t now = frames_free(sw) + paging_frames_pending(sw->pg);
+        /* a release behind a fence returns its frames later: count them as coming */
+        have += now > before ? now - before : c[i].frees;
+    }
+    free(c);
+    return have;
+}
+
+int swap_drop_cached(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
+                     bool may_swap)
+{
+    uint32_t have = frames_free(sw) + paging_frames_pending(sw->pg), acted;
+    if (have >= want)
+        return 0;
+    if (have + swap_cached_frees(sw, excl, n_excl) < want)
+        return -ENOMEM;              /* all or nothing: nothing dropped */
+    cached_step(sw, want, excl, n_excl, may_swap, true, &acted);
+    int rc = paging_frames_pending(sw->pg) ? wait_fence(sw, &sw->direct_fence,
+                                                        &sw->direct_fence_ok) : 0;
+    if (!rc)
+        rc = paging_reap(sw->pg);
+    if (!rc && frames_free(sw) < want)
+        rc = -ENOMEM;
+    return rc;
 }
 
 /* Starts moves until `target` frames are free or on their way back. Returns the number of
@@ -78,14 +172,25 @@ static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *exc
     uint64_t frees;
     size_t n = victims(sw, excl, n_excl, &c, &frees);
     uint32_t n_orphans = paging_orphans(sw->pg);
+    /* classes: CACHED sequences are dropped (or demoted) before any LIVE one moves; a
+       drop needs no room below */
+    uint32_t cfrees = swap_cached_frees(sw, excl, n_excl), acted = 0;
     /* all or nothing, checked before anything moves (other sequences' host pages
        included): the victims' frames must cover the shortfall and the tiers below must
        take them (one host or disk slot per frame) */
-    if (all_or_nothing && (have + frees + n_orphans < target ||
-                           paging_room_below(sw->pg) < target - have)) {
+    if (all_or_nothing && (have + cfrees + frees + n_orphans < target ||
+                           paging_room_below(sw->pg) + cfrees < target - have)) {
         free(c);
         *rc = -ENOMEM;
         return 0;
+    }
+    if (cfrees) {
+        have = cached_step(sw, target, excl, n_excl, true, all_or_nothing, &acted);
+        moved_seqs += acted;
+        if (have >= target) {
+            free(c);
+            return moved_seqs;
+        }
     }
     /* the host tier makes room on disk first (a caller waiting here needs the frames) */
     if (paging_has_disk(sw->pg) && paging_host_free(sw->pg) < target - have)
@@ -245,8 +350,9 @@ static void *reclaim_thread(void *arg)
            the copy stream after the last step's fence (paging's copies_after_engine), and
            orphan pages have no engine work left (paging_reclaim_orphans). */
         moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
-        int wrc = paging_frames_pending(sw->pg) ? paging_copy_fence_record(sw->pg,
-                                                                           &sw->thread_fence) : 1;
+        /* (moved: a drop's release may wait for a fence on the copy stream too) */
+        int wrc = (paging_frames_pending(sw->pg) || moved)
+                      ? paging_copy_fence_record(sw->pg, &sw->thread_fence) : 1;
         if (moved) {
             sw->c.reclaim_runs++;
             sw->c.reclaim_swap_outs += moved;

@@ -48,6 +48,7 @@ struct swap_params {
     uint32_t host_slots;           /* host tier size in slots */
     double   host_min, host_low, host_high;   /* free fractions of the host tier */
     bool     disk;                 /* a disk tier exists: start the spill thread */
+    bool     cache_demote;         /* KVVM_F_CACHE_DEMOTE */
 };
 
 struct swap_counters {
@@ -70,6 +71,17 @@ void swap_destroy(struct swap *sw);
 /* Makes `want` device frames free by moving victims not named in excl. 0: they are free;
    -ENOMEM: not enough can move (nothing moved); -EIO. */
 int  swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
+/* Classes (paging.h, "sequence classes"): every reclaim above drops unprotected CACHED
+   sequences (least recently used first; with KVVM_F_CACHE_DEMOTE and room below, demotes
+   them) before it swaps out any LIVE one, and never moves PINNED ones.
+   swap_cached_frees: the frames dropping every droppable CACHED sequence not in excl would
+   free (for an all-or-nothing check first). swap_drop_cached: drops (may_swap: or demotes)
+   CACHED sequences not in excl until `want` frames are free, waiting for their releases;
+   without KVVM_F_AUTO_SWAP too (a drop moves no data). All or nothing: -ENOMEM and nothing
+   dropped when dropping every one could not make `want` free; -EIO. */
+uint32_t swap_cached_frees(struct swap *sw, const uint64_t *excl, size_t n_excl);
+int  swap_drop_cached(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
+                      bool may_swap);
 /* After a call that took frames: the watermark rules above. */
 void swap_after_call(struct swap *sw);
 /* At each step (protections ended: a round that found nothing may find something now). */

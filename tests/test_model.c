@@ -69,7 +69,8 @@ enum {
     C_CREATE, C_ENOSPC, C_GROW, C_GROW_BATCH, C_E2BIG, C_EINVAL, C_TRUNCATE, C_FORK,
     C_SHARE_ZERO, C_SHARE_ALL, C_SHARE_PARTIAL, C_COW_PARTIAL, C_COW_FULL, C_STRADDLE,
     C_ENOMEM, C_ENOMEM_BATCH, C_ZERO_TAIL, C_FREE_SHARED, C_PREP_WRITE, C_WRITE, C_FREE,
-    C_SWAP_OUT, C_SWAP_IN, C_OUT_OPS, C_SWAP_ENOMEM, C_SPILL, C_UNSPILL, NC
+    C_SWAP_OUT, C_SWAP_IN, C_OUT_OPS, C_SWAP_ENOMEM, C_SPILL, C_UNSPILL,
+    C_DISCARD, C_DROP, NC
 };
 static const char *const cname[NC] = {
     "create", "create/fork -ENOSPC", "grow", "grow_batch", "-E2BIG", "-EINVAL", "truncate",
@@ -81,6 +82,7 @@ static const char *const cname[NC] = {
     "swap_out", "swap_in", "fork/share/truncate/free while swapped out",
     "swap -ENOMEM (device or host full)",
     "spill (host -> disk; disk configs)", "unspill (disk -> host; disk configs)",
+    "discard releasing pages", "CACHED sequence dropped for a grow",
 };
 
 struct mcfg {
@@ -100,9 +102,11 @@ struct mseq {
     uint64_t len;
     uint64_t zero_until;            /* bytes [len*bpt, zero_until) read zero (share's copy) */
     uint32_t *tag[MAXR];            /* per token: the tag of its cookies */
-    int32_t *pg[MAXR];              /* per page index: model page id */
+    int32_t *pg[MAXR];              /* per page index: model page id; HOLE = discarded */
     bool out;                       /* swapped out */
+    uint64_t kept[MAXR];            /* first_kept per region (kvvm_seq_discard) */
 };
+#define HOLE (-1)
 
 struct model {
     struct mcfg c;
@@ -247,6 +251,10 @@ static uint64_t need_cow(struct model *m, struct mseq *s, uint32_t r, uint64_t b
         return 0;
     for (uint64_t k = b0 / m->c.ps; k <= (b1 - 1) / m->c.ps && k < have; k++) {
         int32_t id = s->pg[r][k];
+        if (id == HOLE) {               /* a grow makes a discarded last page again */
+            n++;
+            continue;
+        }
         if (m->ref[id] - m->tmpdec[id] > 1) {
             n++;
             if (mark) {
@@ -267,6 +275,10 @@ static void apply_cow(struct model *m, struct mseq *s, uint32_t r, uint64_t b0, 
         return;
     for (uint64_t k = b0 / m->c.ps; k <= (b1 - 1) / m->c.ps && k < have; k++) {
         int32_t id = s->pg[r][k];
+        if (id == HOLE) {
+            s->pg[r][k] = pg_alloc(m);
+            continue;
+        }
         if (m->ref[id] > 1) {
             pg_put(m, id);
             s->pg[r][k] = pg_alloc(m);
@@ -379,20 +391,22 @@ static void verify_tokens(struct model *m, struct mseq *s, uint64_t a, uint64_t 
         b = s->len;
     if (a >= b)
         return;
-    uint64_t off[16], len[16];
+    uint64_t off[16], len[16], a0 = a;
     if (!m->probe) {
-        uint64_t n = (b - a) * m->c.bpt;
-        ensure_buf(m, n);
+        ensure_buf(m, (b - a) * m->c.bpt);
         for (uint32_t r = 0; r < m->c.nr; r++) {
+            a = a0 > s->kept[r] ? a0 : s->kept[r];     /* discarded tokens: gone */
+            if (a >= b)
+                continue;
             for (uint64_t t = a; t < b; t++)
                 gen(m->exp + (t - a) * m->c.bpt, s->tag[r][t], r, t * m->c.bpt, m->c.bpt);
-            check_bytes(m, s, r, a * m->c.bpt, n, m->exp, "cookie");
+            check_bytes(m, s, r, a * m->c.bpt, (b - a) * m->c.bpt, m->exp, "cookie");
         }
         return;
     }
     ensure_buf(m, 4 * PROBE);
     for (uint32_t r = 0; r < m->c.nr; r++)
-        for (uint64_t t = a; t < b; t++) {
+        for (uint64_t t = a0 > s->kept[r] ? a0 : s->kept[r]; t < b; t++) {
             int n = probes(m, t, off, len);
             for (int i = 0; i < n; i++) {
                 gen(m->exp, s->tag[r][t], r, off[i], len[i]);
@@ -487,16 +501,27 @@ static void check_state(struct model *m)
         MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
         uint64_t np = npages(m, s->len);
         uint32_t shared = 0, onhost = 0;
-        for (uint32_t r = 0; r < m->c.nr; r++)
+        uint32_t holes = 0;
+        uint64_t fk = UINT64_MAX;
+        for (uint32_t r = 0; r < m->c.nr; r++) {
+            fk = s->kept[r] < fk ? s->kept[r] : fk;
             for (uint64_t k = 0; k < np; k++) {
+                if (s->pg[r][k] == HOLE) {
+                    holes++;
+                    continue;
+                }
                 shared += m->ref[s->pg[r][k]] > 1;
                 onhost += m->onhost[s->pg[r][k]];
             }
+        }
+        MCHECK(m, in.first_kept == fk && in.dropped == 0, "seq %d first_kept %lu, model %lu "
+               "(dropped %d)", i, (unsigned long)in.first_kept, (unsigned long)fk, in.dropped);
         MCHECK(m, in.length == s->len, "seq %d length %lu, model %lu", i,
                (unsigned long)in.length, (unsigned long)s->len);
         MCHECK(m, in.slot == s->slot, "seq %d moved from slot %u to %u", i, s->slot, in.slot);
-        MCHECK(m, in.pages_device == m->c.nr * np - onhost, "seq %d pages_device %u, model %lu",
-               i, in.pages_device, (unsigned long)(m->c.nr * np - onhost));
+        MCHECK(m, in.pages_device == m->c.nr * np - onhost - holes,
+               "seq %d pages_device %u, model %lu", i, in.pages_device,
+               (unsigned long)(m->c.nr * np - onhost - holes));
         if (m->c.disk)
             in.pages_host += in.pages_disk, in.pages_disk = 0;
         MCHECK(m, in.pages_host == onhost, "seq %d pages_host %u, model %u", i, in.pages_host,
@@ -545,6 +570,7 @@ static void seq_adopt(struct model *m, struct mseq *s, kvvm_seq h, uint64_t len)
     s->len = len;
     s->zero_until = 0;
     s->out = false;
+    memset(s->kept, 0, sizeof s->kept);
     int rc = kvvm_seq_slot(m->kv, h, &s->slot);
     MCHECK(m, rc == 0, "kvvm_seq_slot: %d", rc);
 }
@@ -560,7 +586,7 @@ static void op_swap_out(struct model *m, struct mseq *s)
         for (uint32_t r = 0; r < m->c.nr; r++)
             for (uint64_t k = 0; k < np; k++) {
                 int32_t id = s->pg[r][k];
-                down += !m->onhost[id] && !resident_holder(m, id, s);
+                down += id != HOLE && !m->onhost[id] && !resident_holder(m, id, s);
             }
     int rc = kvvm_seq_swap_out(m->kv, s->h);
     if (down > m->host_total - m->host_used) {
@@ -577,7 +603,7 @@ static void op_swap_out(struct model *m, struct mseq *s)
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
             int32_t id = s->pg[r][k];
-            if (!m->onhost[id] && !resident_holder(m, id, s)) {
+            if (id != HOLE && !m->onhost[id] && !resident_holder(m, id, s)) {
                 m->onhost[id] = 1;
                 m->used--;
                 m->host_used++;
@@ -599,7 +625,7 @@ static bool ensure_in(struct model *m, struct mseq *s)
     uint64_t np = npages(m, s->len), need = 0;
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++)
-            need += m->onhost[s->pg[r][k]];
+            need += s->pg[r][k] != HOLE && m->onhost[s->pg[r][k]];
     int rc = kvvm_seq_swap_in(m->kv, s->h);
     if (need > mfree(m)) {
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: swap_in returned %d",
@@ -613,7 +639,7 @@ static bool ensure_in(struct model *m, struct mseq *s)
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
             int32_t id = s->pg[r][k];
-            if (m->onhost[id]) {
+            if (id != HOLE && m->onhost[id]) {
                 m->onhost[id] = 0;
                 m->used++;
                 m->host_used--;
@@ -763,7 +789,8 @@ static void release_from(struct model *m, struct mseq *s, uint64_t nl)
     uint64_t np = npages(m, nl), op = npages(m, s->len);
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = np; k < op; k++)
-            pg_put(m, s->pg[r][k]);
+            if (s->pg[r][k] != HOLE)
+                pg_put(m, s->pg[r][k]);
 }
 
 static void op_truncate(struct model *m, struct mseq *s)
@@ -784,6 +811,9 @@ static void op_truncate(struct model *m, struct mseq *s)
     release_from(m, s, nl);
     s->len = nl;
     s->zero_until = 0;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        if (s->kept[r] > nl)
+            s->kept[r] = nl;            /* truncate below first_kept sets it to nl */
     m->cnt[C_TRUNCATE]++;
     verify_touched(m, s, nl ? nl - 1 : 0, nl);
 }
@@ -811,8 +841,10 @@ static void op_fork(struct model *m, struct mseq *p)
         memcpy(c->tag[r], p->tag[r], p->len * sizeof(uint32_t));
         for (uint64_t k = 0; k < np; k++) {
             c->pg[r][k] = p->pg[r][k];
-            m->ref[p->pg[r][k]]++;
+            if (p->pg[r][k] != HOLE)
+                m->ref[p->pg[r][k]]++;
         }
+        c->kept[r] = p->kept[r];        /* fork copies the discard */
     }
     m->cnt[C_FORK]++;
     verify_touched(m, c, c->len ? c->len - 1 : 0, c->len);
@@ -846,7 +878,9 @@ static void op_share(struct model *m, struct mseq *src)
         return;
     }
     bool partial = (n * m->c.bpt) % m->c.ps != 0;
-    uint64_t need = partial ? m->c.nr : 0;
+    uint64_t need = 0, whole0 = n * m->c.bpt / m->c.ps;
+    for (uint32_t r = 0; partial && r < m->c.nr; r++)
+        need += src->pg[r][whole0] != HOLE;     /* a discarded partial page is not copied */
     /* from a swapped-out source the partial page is copied into the host tier */
     bool host_copy = src->out && n > 0;
     uint64_t avail = host_copy ? m->host_total - m->host_used : mfree(m);
@@ -869,13 +903,16 @@ static void op_share(struct model *m, struct mseq *src)
         memcpy(dst->tag[r], src->tag[r], n * sizeof(uint32_t));
         for (uint64_t p = 0; p < whole; p++) {
             dst->pg[r][p] = src->pg[r][p];
-            m->ref[src->pg[r][p]]++;
+            if (src->pg[r][p] != HOLE)
+                m->ref[src->pg[r][p]]++;
         }
         if (partial)
-            dst->pg[r][whole] = host_copy ? pg_alloc_host(m) : pg_alloc(m);
+            dst->pg[r][whole] = src->pg[r][whole] == HOLE ? HOLE
+                                : host_copy ? pg_alloc_host(m) : pg_alloc(m);
+        dst->kept[r] = src->kept[r] < n ? src->kept[r] : n;   /* share keeps the discard */
     }
     dst->len = n;
-    dst->zero_until = partial ? npages(m, n) * m->c.ps : 0;
+    dst->zero_until = partial && need == m->c.nr ? npages(m, n) * m->c.ps : 0;
     if (n == 0)
         m->cnt[C_SHARE_ZERO]++;
     else if (n == src->len)
@@ -905,7 +942,16 @@ static void op_prepare_write(struct model *m, struct mseq *s)
         m->cnt[C_EINVAL]++;
         return;
     }
-    uint64_t need = 0;
+    uint64_t need = 0, fkmax = 0;
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        fkmax = s->kept[r] > fkmax ? s->kept[r] : fkmax;
+    if (a < fkmax) {
+        int rc = kvvm_seq_prepare_write(m->kv, s->h, a, b);
+        MCHECK(m, rc == -EINVAL, "prepare_write below first_kept %lu: %d",
+               (unsigned long)fkmax, rc);
+        m->cnt[C_EINVAL]++;
+        return;
+    }
     for (uint32_t r = 0; r < m->c.nr; r++)
         need += need_cow(m, s, r, a * m->c.bpt, b * m->c.bpt, false, NULL, NULL);
     int rc = kvvm_seq_prepare_write(m->kv, s->h, a, b);
@@ -940,10 +986,17 @@ static void op_write(struct model *m, struct mseq *s)
     if (!ensure_in(m, s))
         return;
     uint64_t off = a * m->c.bpt, len = (b - a) * m->c.bpt;
-    uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
     uint32_t tag = ++m->next_tag;
     ensure_buf(m, len);
     gen(m->buf, tag, r, off, len);
+    if (a < s->kept[r]) {
+        int rc = kvvm_seq_write(m->kv, s->h, r, off, m->buf, len);
+        MCHECK(m, rc == -EINVAL, "write below first_kept %lu: %d", (unsigned long)s->kept[r],
+               rc);
+        m->cnt[C_EINVAL]++;
+        return;
+    }
+    uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
     int rc = kvvm_seq_write(m->kv, s->h, r, off, m->buf, len);
     if (need > mfree(m)) {
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: write returned %d",
@@ -975,7 +1028,7 @@ static void op_free(struct model *m, struct mseq *s)
     bool shared = false;
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++)
-            shared |= m->ref[s->pg[r][k]] > 1;
+            shared |= s->pg[r][k] != HOLE && m->ref[s->pg[r][k]] > 1;
     if (s->out)
         m->cnt[C_OUT_OPS]++;
     release_from(m, s, 0);
@@ -989,6 +1042,107 @@ static void op_free(struct model *m, struct mseq *s)
         rc = kvvm_seq_slot(m->kv, dead, &slot);
         MCHECK(m, rc == -ENOENT, "a freed handle answered %d", rc);
     }
+}
+
+/* ---------------------------------------------------------------- discard and classes */
+
+/* kvvm_seq_discard of one region or all: pages wholly before first_kept become holes (their
+   references dropped, in any tier); a first_kept below an earlier one changes nothing. */
+static void op_discard(struct model *m, struct mseq *s)
+{
+    bool all = rndn(m, 3) == 0;
+    uint32_t region = all ? KVVM_ALL_REGIONS : (uint32_t)rndn(m, m->c.nr);
+    uint64_t fk = s->len ? s->len - rndn(m, s->len < 8 ? s->len + 1 : 8) : 0;
+    snprintf(m->where, sizeof m->where, "discard seq %ld r%d to %lu of %lu (out %d)",
+             (long)(s - m->s), all ? -1 : (int)region, (unsigned long)fk,
+             (unsigned long)s->len, s->out);
+    if (rndn(m, 20) == 0) {
+        int rc = kvvm_seq_discard(m->kv, s->h, region, s->len + 1);
+        MCHECK(m, rc == -EINVAL, "discard past the length: %d", rc);
+        m->cnt[C_EINVAL]++;
+        return;
+    }
+    int rc = kvvm_seq_discard(m->kv, s->h, region, fk);
+    MCHECK(m, rc == 0, "discard: %d", rc);
+    uint64_t end = fk * m->c.bpt / m->c.ps;
+    bool released = false;
+    for (uint32_t r = 0; r < m->c.nr; r++) {
+        if (!all && r != region)
+            continue;
+        for (uint64_t k = 0; k < end; k++)
+            if (s->pg[r][k] != HOLE) {
+                pg_put(m, s->pg[r][k]);
+                s->pg[r][k] = HOLE;
+                released = true;
+            }
+        if (s->kept[r] < fk)
+            s->kept[r] = fk;
+    }
+    if (released)
+        m->cnt[C_DISCARD]++;
+    verify_touched(m, s, fk ? fk - 1 : 0, s->len);
+}
+
+/* A resident s made CACHED, then a grow of another sequence g short of pages: the library
+   drops s (no copy) when its own pages cover the shortfall, else -ENOMEM and s stays. A
+   dropped s is -ESTALE until set_class makes it an empty sequence again. */
+static void op_cache_drop(struct model *m, struct mseq *s)
+{
+    struct mseq *g = NULL;
+    for (int i = 0; i < MAXS && !g; i++)
+        if (m->s[i].live && !m->s[i].out && &m->s[i] != s && m->s[i].len < m->c.max_tokens)
+            g = &m->s[i];
+    if (s->out || !s->len || !g)
+        return;
+    uint64_t frees = 0, np = npages(m, s->len);
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = 0; k < np; k++) {
+            int32_t id = s->pg[r][k];
+            frees += id != HOLE && m->ref[id] == 1 && !m->onhost[id];
+        }
+    /* a grow of g needing a little more than is free: half the time within s's pages */
+    uint64_t target = mfree(m) + 1 + rndn(m, frees + 2), nl = g->len, need = 0;
+    while (nl < m->c.max_tokens && need < target)
+        need = need_grow(m, g, ++nl, false, NULL, NULL);
+    if (need <= mfree(m))
+        return;                         /* g cannot grow short of pages */
+    snprintf(m->where, sizeof m->where, "cache drop seq %ld (%u frees) for grow seq %ld to "
+             "%u (needs %u, %u free)", (long)(s - m->s), (unsigned)frees, (long)(g - m->s),
+             (unsigned)nl, (unsigned)need, (unsigned)mfree(m));
+    int rc = kvvm_seq_set_class(m->kv, s->h, KVVM_SEQ_CACHED);
+    MCHECK(m, rc == 0, "set_class CACHED: %d", rc);
+    rc = kvvm_step(m->kv);              /* s unprotected: a candidate */
+    MCHECK(m, rc == 0, "kvvm_step: %d", rc);
+    rc = kvvm_seq_grow(m->kv, g->h, nl);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    MCHECK(m, kvvm_seq_info(m->kv, s->h, &in) == 0, "info");
+    if (need > mfree(m) + frees) {
+        MCHECK(m, rc == -ENOMEM && !in.dropped, "needs %lu, %lu free + %lu droppable: grow "
+               "returned %d, dropped %d", (unsigned long)need, (unsigned long)mfree(m),
+               (unsigned long)frees, rc, in.dropped);
+        m->cnt[C_ENOMEM]++;
+    } else {
+        MCHECK(m, rc == 0 && in.dropped && in.length == 0 && in.pages_device == 0,
+               "needs %lu, %lu free + %lu droppable: grow returned %d, dropped %d",
+               (unsigned long)need, (unsigned long)mfree(m), (unsigned long)frees, rc,
+               in.dropped);
+        release_from(m, s, 0);
+        s->len = 0;
+        s->zero_until = 0;
+        memset(s->kept, 0, sizeof s->kept);
+        uint64_t old = g->len;
+        apply_grow(m, g, nl);
+        uint8_t b[8];
+        kvvm_seq c;
+        MCHECK(m, kvvm_seq_read(m->kv, s->h, 0, 0, b, 1) == -ESTALE &&
+               kvvm_seq_grow(m->kv, s->h, 1) == -ESTALE &&
+               kvvm_seq_fork(m->kv, s->h, &c) == -ESTALE, "a dropped sequence is not stale");
+        m->cnt[C_DROP]++;
+        verify_touched(m, g, old ? old - 1 : 0, nl);
+    }
+    rc = kvvm_seq_set_class(m->kv, s->h, KVVM_SEQ_LIVE);   /* (revives a dropped one) */
+    MCHECK(m, rc == 0, "set_class LIVE: %d", rc);
+    verify_touched(m, s, 0, s->len);
 }
 
 /* ---------------------------------------------------------------- driver */
@@ -1108,6 +1262,10 @@ static void model_run(struct model *m, uint64_t ops)
         } else if (w < 97) {
             snprintf(m->where, sizeof m->where, "swap_in");
             ensure_in(m, s);
+        } else if (w < 98) {
+            op_discard(m, s);
+        } else if (w < 99) {
+            op_cache_drop(m, s);
         } else {
             snprintf(m->where, sizeof m->where, "verify seq %ld", (long)(s - m->s));
             if (ensure_in(m, s))

@@ -68,6 +68,8 @@ struct req {
     uint32_t nseg, capseg;
     struct hist hist[HIST];
     uint32_t nhist;
+    uint64_t wkept;                /* first_kept of its window regions (kvvm_seq_discard) */
+    uint64_t cache_id, cache_len;  /* the prefix-cache entry it shares, and how much */
 };
 
 struct eng {
@@ -98,6 +100,9 @@ struct eng {
     int draining;                  /* final verification: one request at a time, no groups */
     int swap_enomem_logged, mismatch_lines;
     uint64_t t0;
+    struct req **cache;            /* prefix-cache entries (CACHED sequences), oldest first */
+    uint32_t n_cache;
+    uint64_t next_cache_id;
 };
 
 static int is_expected(int err) { return err == -ENOMEM || err == -ENOSPC; }
@@ -292,6 +297,48 @@ static void report_mismatch(struct eng *e, struct req *q, uint64_t t, uint32_t r
     fprintf(stderr, "\n");
 }
 
+/* ---- sliding-window layers (--window, --window-every) -------------------------------------
+   Layers 0, K, 2K, ... of the per-layer layout attend to the last --window tokens only: their
+   K and V regions discard (kvvm_seq_discard) the pages wholly before the window each time its
+   start crosses a page. Their tokens below wkept are gone: never written, read or checked. */
+static int is_window_region(const struct eng *e, uint32_t r)
+{
+    return e->o->window && !e->o->token_major && (r / 2) % e->o->window_every == 0;
+}
+
+static void window_discard(struct eng *e, struct req *q)
+{
+    const struct opts *o = e->o;
+    if (!o->window || o->token_major || !q->seq || q->len <= o->window)
+        return;
+    uint64_t fk = q->len - o->window, tpp = e->page / o->bytes_per_token;
+    if (!tpp)
+        tpp = 1;
+    if (fk / tpp <= q->wkept / tpp)
+        return;                         /* no new whole page before the window */
+    for (uint32_t r = 0; r < o->n_regions; r++) {
+        if (!is_window_region(e, r))
+            continue;
+        int err = kvvm_seq_discard(e->kv, q->seq, r, fk);
+        e->r->discard_calls++;
+        if (err) {
+            fail(e, "kvvm_seq_discard", err, q);
+            return;
+        }
+    }
+    q->wkept = fk;
+}
+
+/* Pages the discards of q spare now (the window regions' pages wholly before wkept). */
+static uint64_t discarded_pages(const struct eng *e, const struct req *q)
+{
+    uint64_t n = 0;
+    for (uint32_t r = 0; q->seq && r < e->o->n_regions; r++)
+        if (is_window_region(e, r))
+            n += q->wkept * e->o->bytes_per_token / e->page;
+    return n;
+}
+
 /* Reads every token of q back and checks it. 0 = clean, 1 = mismatch, <0 = the read failed.
    q must be resident (or readable) now. */
 static int verify_req(struct eng *e, struct req *q)
@@ -301,7 +348,8 @@ static int verify_req(struct eng *e, struct req *q)
     uint64_t bad = 0;
     for (uint32_t r = 0; r < e->o->n_regions; r++) {
         uint32_t si = 0;
-        for (uint64_t t = 0; t < q->len;) {
+        /* a window region's tokens below wkept were discarded: not checked */
+        for (uint64_t t = is_window_region(e, r) ? q->wkept : 0; t < q->len;) {
             uint64_t n = q->len - t < per ? q->len - t : per;
             uint64_t t1 = lat_call_start();
             int err = kvvm_seq_read(e->kv, q->seq, r, t * bpt, e->buf, n * bpt);
@@ -451,6 +499,8 @@ static int evict_orphans(struct eng *e)
 
 /* Creates q's sequence and fills it: system prompt shared, grown to `len` tokens, every token
    written. -ENOMEM / -ENOSPC: nothing held, q unchanged; other errors recorded. */
+static int cache_share(struct eng *e, struct req *q, kvvm_seq s, uint64_t *from);
+
 static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
 {
     kvvm_seq s = 0;
@@ -475,6 +525,9 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
         e->r->shares++;
         from = q->sys_prefix;
     }
+    q->wkept = 0;                      /* a new sequence: nothing discarded */
+    if (q->cache_id && (err = cache_share(e, q, s, &from)))
+        goto out_free;
     uint64_t t = lat_call_start();
     err = kvvm_seq_grow(e->kv, s, len);
     lat_end(e, LAT_GROW, t);
@@ -491,6 +544,8 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
     else
         e->r->tokens_recomputed += len - from;
     hist_add(e, q, op_ev, 0);
+    if (q->state != R_SYSTEM)
+        window_discard(e, q);
     return 0;
 out_free:
     kvvm_seq_free(e->kv, s);
@@ -536,6 +591,7 @@ static struct req *fork_req(struct eng *e, struct req *a, uint64_t len)
     c->target = a->target;
     c->sys_prefix = a->sys_prefix;
     c->len = a->len;
+    c->wkept = a->wkept;               /* fork copies the discard */
     for (uint32_t i = 0; i < a->nseg; i++)
         if ((err = seg_push(c, a->segs[i].start, a->segs[i].lineage)))
             goto out_free;
@@ -550,6 +606,8 @@ static struct req *fork_req(struct eng *e, struct req *a, uint64_t len)
         }
         e->r->truncates++;
         c->len = len;
+        if (c->wkept > len)
+            c->wkept = len;            /* truncate below first_kept sets it to len */
         seg_truncate(c, len);
         hist_add(e, c, EV_TRUNCATE, 0);
     }
@@ -655,6 +713,8 @@ static uint64_t held_pages(const struct kvvm_stats *s)
     return u > s->pages_inflight ? u - s->pages_inflight : 0;
 }
 
+static struct req *cache_pick(struct eng *e);
+
 static void arrivals(struct eng *e)
 {
     const struct opts *o = e->o;
@@ -678,14 +738,17 @@ static void arrivals(struct eng *e)
        will prefill stay below X x device; the tool's own estimate bounds the queue when the
        library holds nothing off the device. */
     while (!e->fatal && (double)(held_pages(&e->st) + waiting) < cap &&
-           (double)lp < 1.25 * cap && e->nlive + reserve + 1 < o->max_seqs) {
+           (double)lp < 1.25 * cap && e->nlive + reserve + 1 + e->n_cache < o->max_seqs) {
         struct req *q = req_new(e);
         if (!q) {
             e->fatal = 1;
             return;
         }
         q->prompt = sample_len(e, &o->prompt);
-        int share = e->sys && rng_unit(&e->rng) < o->p_share;
+        struct req *ce = cache_pick(e);         /* a prefix-cache entry to continue */
+        if (ce)
+            q->prompt = ce->len + q->prompt / 4 + 1;
+        int share = !ce && e->sys && rng_unit(&e->rng) < o->p_share;
         if (share)
             q->prompt += e->sys->len;
         q->target = q->prompt + sample_len(e, &o->output);
@@ -699,7 +762,13 @@ static void arrivals(struct eng *e)
             q->sys_prefix = e->sys->len;
             seg_push(q, 0, e->sys->lineage);
         }
-        if (seg_push(q, q->sys_prefix, q->lineage)) {
+        if (ce) {
+            q->cache_id = ce->id;
+            q->cache_len = ce->len < q->prompt ? ce->len : q->prompt;
+            for (uint32_t k = 0; k < ce->nseg && ce->segs[k].start < q->cache_len; k++)
+                seg_push(q, ce->segs[k].start, ce->segs[k].lineage);
+        }
+        if (seg_push(q, ce ? q->cache_len : q->sys_prefix, q->lineage)) {
             req_destroy(q);
             e->fatal = 1;
             return;
@@ -1026,15 +1095,19 @@ static void decode(struct eng *e)
             }
         }
         e->r->tokens_written += e->o->n_regions;
+        window_discard(e, q);
     }
     e->r->tokens_decoded += n;
 }
+
+static void cache_put(struct eng *e, struct req *q);
 
 static void finish_and_beams(struct eng *e)
 {
     for (size_t i = 0; i < e->nlive && !e->fatal;) {
         struct req *q = e->live[i];
         if (q->state == R_RUNNING && q->len >= q->target) {
+            cache_put(e, q);    /* its prompt becomes a prefix-cache entry */
             retire(e, q, 1);
             continue;           /* live[i] is the next one now */
         }
@@ -1113,10 +1186,25 @@ static void record_step(struct eng *e)
         p.off_device += st == R_IDLE || st == R_SWAPPED || st == R_PREEMPTED;
     }
     if (p.running > r->peak_running) r->peak_running = p.running;
+    if (e->o->window) {                 /* what the discards spare, against what is held */
+        uint64_t dn = 0;
+        for (size_t i = 0; i < e->nlive; i++)
+            dn += discarded_pages(e, e->live[i]);
+        for (uint32_t i = 0; i < e->n_cache; i++)
+            dn += discarded_pages(e, e->cache[i]);
+        double sv = dn ? (double)dn / (double)(held_pages(s) + dn) : 0;
+        if (sv > r->peak_discard_saving)
+            r->peak_discard_saving = sv;
+        r->sum_discard_saving += sv;
+        if (dn > r->peak_discarded_now)
+            r->peak_discarded_now = dn;
+    }
     if (e->nlive > r->peak_live) r->peak_live = (uint32_t)e->nlive;
     if (e->o->trace_path || e->o->plot_path)
         trace_add(r, &p);
 }
+
+static void cache_drain(struct eng *e);
 
 static void drain(struct eng *e)
 {
@@ -1159,10 +1247,146 @@ static void drain(struct eng *e)
             kvvm_step(e->kv);
         }
     }
+    cache_drain(e);
     if (e->sys && e->sys->seq) {
         if (make_readable(e, e->sys) == 0)
             verify_req(e, e->sys);
         do_free(e, e->sys);
+    }
+}
+
+/* ---- prefix cache (--prefix-cache P, --cache-entries N) ------------------------------------
+   A finished request's prompt is kept as an entry: a sequence sharing its pages
+   (kvvm_seq_share), of class KVVM_SEQ_CACHED, so the library drops it (or demotes it, with
+   KVVM_F_CACHE_DEMOTE) under pressure before it swaps a LIVE request. A share P of new requests
+   continue an entry's prompt: their prefill shares it (a hit) unless the library dropped it
+   (-ESTALE: a miss, the entry is freed and the prefix prefilled again, with the same bytes). A
+   dropped entry is never read as valid: the drain checks each one is -ESTALE, and verifies the
+   bytes of every entry that is not. */
+static void cache_remove(struct eng *e, uint32_t i)
+{
+    struct req *c = e->cache[i];
+    do_free(e, c);
+    req_destroy(c);
+    memmove(&e->cache[i], &e->cache[i + 1], (e->n_cache - i - 1) * sizeof *e->cache);
+    e->n_cache--;
+}
+
+static struct req *cache_pick(struct eng *e)
+{
+    if (!e->n_cache || rng_unit(&e->rng) >= e->o->prefix_cache)
+        return NULL;
+    return e->cache[rng_next(&e->rng) % e->n_cache];
+}
+
+static void cache_put(struct eng *e, struct req *q)
+{
+    if (!e->cache || !q->seq || !q->prompt || e->draining)
+        return;
+    if (e->n_cache == e->o->cache_entries) {
+        cache_remove(e, 0);             /* the oldest goes */
+        e->r->cache_evicted++;
+    }
+    struct req *c = req_new(e);
+    if (!c)
+        return;
+    kvvm_seq s;
+    int err = kvvm_seq_create(e->kv, &s);
+    if (err) {
+        if (!is_expected(err))
+            fail(e, "kvvm_seq_create", err, q);
+        req_destroy(c);
+        return;
+    }
+    e->seqs_in_use++;
+    c->seq = s;
+    c->state = R_SYSTEM;
+    uint64_t t = lat_call_start();
+    err = kvvm_seq_share(e->kv, s, q->seq, q->prompt);
+    lat_end(e, LAT_SHARE, t);
+    if (!err)
+        err = kvvm_seq_set_class(e->kv, s, KVVM_SEQ_CACHED);
+    if (err) {
+        if (!is_expected(err))
+            fail(e, "kvvm_seq_share (prefix-cache entry)", err, q);
+        do_free(e, c);
+        req_destroy(c);
+        return;
+    }
+    c->id = ++e->next_cache_id;
+    c->len = q->prompt;
+    c->wkept = q->wkept < q->prompt ? q->wkept : q->prompt;
+    for (uint32_t k = 0; k < q->nseg && q->segs[k].start < c->len; k++)
+        seg_push(c, q->segs[k].start, q->segs[k].lineage);
+    e->cache[e->n_cache++] = c;
+    e->r->cache_puts++;
+}
+
+/* At q's prefill into s: shares the entry's prefix (a hit: *from = its length) or finds it
+   dropped or gone (a miss: *from stays). 0, or the share's expected error (-ENOMEM). */
+static int cache_share(struct eng *e, struct req *q, kvvm_seq s, uint64_t *from)
+{
+    uint32_t i;
+    for (i = 0; i < e->n_cache && e->cache[i]->id != q->cache_id; i++)
+        ;
+    if (i == e->n_cache) {
+        e->r->cache_misses++;           /* evicted meanwhile */
+        return 0;
+    }
+    struct req *c = e->cache[i];
+    uint64_t t = lat_call_start();
+    int err = kvvm_seq_share(e->kv, s, c->seq, q->cache_len);
+    lat_end(e, LAT_SHARE, t);
+    if (err == -ESTALE) {
+        e->r->cache_misses++;           /* the library dropped it under pressure */
+        cache_remove(e, i);
+        return 0;
+    }
+    if (err) {
+        if (!is_expected(err))
+            fail(e, "kvvm_seq_share (prefix-cache hit)", err, q);
+        return err;
+    }
+    e->r->cache_hits++;
+    e->r->shares++;
+    *from = q->cache_len;
+    q->wkept = c->wkept < q->cache_len ? c->wkept : q->cache_len;
+    return 0;
+}
+
+static void cache_drain(struct eng *e)
+{
+    while (e->n_cache && !e->fatal) {
+        struct req *c = e->cache[0];
+        struct kvvm_seq_info in = { .size = sizeof in };
+        int err = kvvm_seq_info(e->kv, c->seq, &in);
+        if (!err && in.dropped) {
+            unsigned char b[8];
+            err = kvvm_seq_read(e->kv, c->seq, 0, 0, b, 1);
+            if (err == -ESTALE) {
+                e->r->cache_stale_checked++;
+            } else {
+                fprintf(stderr, "kvvm-stress: MISMATCH a dropped prefix-cache entry was read "
+                        "(%d), not -ESTALE\n", err);
+                e->r->mismatches++;
+                e->r->mismatched_seqs++;
+            }
+        } else if (!err) {
+            if (!in.resident)
+                err = kvvm_seq_swap_in(e->kv, c->seq);     /* demoted */
+            if (!err) {
+                if (verify_req(e, c) == 0)
+                    e->r->cache_verified++;
+            } else if (err == -ENOMEM) {
+                e->r->verify_skipped++;
+            } else {
+                fail(e, "kvvm_seq_swap_in (prefix-cache entry)", err, c);
+            }
+            kvvm_step(e->kv);
+        } else {
+            fail(e, "kvvm_seq_info (prefix-cache entry)", err, c);
+        }
+        cache_remove(e, 0);
     }
 }
 
@@ -1239,6 +1463,11 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
             fail(e, "kvvm_set_stream", err, NULL);
             goto out_stream;
         }
+    }
+    if (o->prefix_cache > 0 && o->cache_entries &&
+        !(e->cache = calloc(o->cache_entries, sizeof *e->cache))) {
+        err = -ENOMEM;
+        goto out_stream;
     }
     if (setup_sys(e) && e->fatal)
         goto out_stream;
@@ -1324,6 +1553,11 @@ out_free:
             kvvm_seq_free(kv, e->sys->seq);
         req_destroy(e->sys);
     }
+    for (uint32_t i = 0; i < e->n_cache; i++) {
+        kvvm_seq_free(kv, e->cache[i]->seq);
+        req_destroy(e->cache[i]);
+    }
+    free(e->cache);
     free(e->live);
     free(e->buf);
     free(e->dbuf);

@@ -40,6 +40,8 @@ static const struct preset presets[] = {
     { "tiny", 4, 4, 64, 2, 256 * MiB, { 200, 1.0, 8, 4096 }, { 100, 0.8, 4, 1024 }, 96 },
     { "llama3-8b", 32, 8, 128, 2, 1 * GiB, { 512, 1.0, 16, 8192 }, { 128, 0.8, 4, 2048 }, 256 },
     { "llama3-70b", 80, 8, 128, 2, 2 * GiB, { 512, 1.0, 16, 8192 }, { 128, 0.8, 4, 2048 }, 256 },
+    /* tiny with long prompts and every other layer a 1024-token sliding window (--window) */
+    { "tiny-sw", 4, 4, 64, 2, 256 * MiB, { 1500, 0.5, 256, 4096 }, { 400, 0.8, 16, 2048 }, 96 },
 };
 
 static void usage(FILE *f)
@@ -50,7 +52,7 @@ static void usage(FILE *f)
 "device memory, writes real bytes into every token and verifies them. Exit 0 = all verified.\n"
 "\n"
 "Model and layout:\n"
-"  --preset NAME          tiny (default), llama3-8b, llama3-70b\n"
+"  --preset NAME          tiny (default), llama3-8b, llama3-70b, tiny-sw (sliding window)\n"
 "  --layers N --kv-heads N --head-dim N --dtype-bytes N   override the preset's shape\n"
 "  --layout layer|token   per-layer K/V regions (default, 2*layers regions) or token-major\n"
 "  --page-size SIZE       KV page size (default: 64K on the emulated device, else granule)\n"
@@ -87,7 +89,15 @@ static void usage(FILE *f)
 "  --trace FILE           CSV timeline of pages in use per tier (and FILE.svg plot)\n"
 "  --plot FILE            SVG plot of the timeline (default: the trace's name + .svg)\n"
 "  --quiet                no progress line (it is shown only on a terminal anyway)\n"
-"  --verbose              library log at info level\n");
+"  --verbose              library log at info level\n"
+"\n"
+"Sliding-window layers and the prefix cache:\n"
+"  --window N             window layers keep the last N tokens: the pages before it are\n"
+"                         discarded (kvvm_seq_discard); 0 = none (tiny-sw: 1024)\n"
+"  --window-every K       layers 0, K, 2K, ... are window layers (default 2)\n"
+"  --prefix-cache P       finished prompts stay as CACHED entries; a share P of new requests\n"
+"                         continue one (a hit shares it, a dropped one is a miss); 0 = off\n"
+"  --cache-entries N      entries kept at most, oldest evicted (default 32)\n");
 }
 
 /* Size with an optional K/M/G/T suffix (binary), optional trailing "B"/"iB". */
@@ -194,6 +204,8 @@ enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_B
        O_STEPS, O_DURATION, O_PROMPT, O_OUTPUT, O_SYS, O_SHARE, O_PAR, O_MAXPAR, O_BEAM,
        O_BATCH, O_QUANTUM, O_VERIFY, O_MAXSEQS, O_MAXTOK, O_JSON, O_TRACE, O_PLOT, O_QUIET,
        O_VERBOSE, O_HELP };
+/* sliding-window layers and the prefix cache */
+enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES };
 
 static const struct option longopts[] = {
     { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
@@ -212,6 +224,8 @@ static const struct option longopts[] = {
     { "verify-every", 1, 0, O_VERIFY }, { "max-seqs", 1, 0, O_MAXSEQS },
     { "max-tokens", 1, 0, O_MAXTOK }, { "json", 1, 0, O_JSON }, { "trace", 1, 0, O_TRACE },
     { "plot", 1, 0, O_PLOT }, { "quiet", 0, 0, O_QUIET }, { "verbose", 0, 0, O_VERBOSE },
+    { "window", 1, 0, O_WINDOW }, { "window-every", 1, 0, O_WINDOW_EVERY },
+    { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
     { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
 };
 
@@ -219,7 +233,10 @@ static const struct option longopts[] = {
 static const char *valid_values(int c)
 {
     switch (c) {
-    case O_PRESET: return "tiny, llama3-8b or llama3-70b";
+    case O_PRESET: return "tiny, llama3-8b, llama3-70b or tiny-sw";
+    case O_WINDOW: return "tokens from 0 (none) to 2^64-1";
+    case O_WINDOW_EVERY: case O_CACHE_ENTRIES: return "an integer from 1 to 4294967295";
+    case O_PREFIX_CACHE: return "a fraction from 0 to 1";
     case O_LAYERS: case O_HEADS: case O_HDIM: case O_DTYPE: case O_BATCH: case O_QUANTUM:
         return "an integer from 1 to 4294967295";
     case O_LAYOUT: return "layer (per-layer) or token (token-major)";
@@ -338,6 +355,9 @@ int main(int argc, char **argv)
     o.quantum = 32;
     o.verify_every = 8;
     o.page_size_auto = 1;
+    o.window_every = 2;
+    o.cache_entries = 32;
+    int have_window = 0;
 
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -455,6 +475,24 @@ int main(int argc, char **argv)
         case O_PLOT: o.plot_path = optarg; break;
         case O_QUIET: o.quiet = 1; break;
         case O_VERBOSE: o.verbose = 1; break;
+        case O_WINDOW:
+            if (parse_u64(optarg, &o.window))
+                return bad(name, optarg);
+            have_window = 1;
+            break;
+        case O_WINDOW_EVERY:
+            if (parse_u32(optarg, &o.window_every) || !o.window_every)
+                return bad(name, optarg);
+            break;
+        case O_PREFIX_CACHE:
+            if (parse_double(optarg, &o.prefix_cache) || o.prefix_cache < 0 ||
+                o.prefix_cache > 1)
+                return bad(name, optarg);
+            break;
+        case O_CACHE_ENTRIES:
+            if (parse_u32(optarg, &o.cache_entries) || !o.cache_entries)
+                return bad(name, optarg);
+            break;
         case O_HELP: case 'h': usage(stdout); return 0;
         default:
             fprintf(stderr, "kvvm-stress: see --help for every option and its values\n");
@@ -468,6 +506,8 @@ int main(int argc, char **argv)
 
     /* ---- the model and the workload ---- */
     o.preset = ps->name;
+    if (!have_window && !strcmp(ps->name, "tiny-sw"))
+        o.window = 1024;
     o.layers = layers ? layers : ps->layers;
     o.kv_heads = heads ? heads : ps->kv_heads;
     o.head_dim = hdim ? hdim : ps->head_dim;
@@ -535,6 +575,13 @@ int main(int argc, char **argv)
         double n = 2 * live * (1 + o.p_parallel * o.max_parallel) + 16;
         o.max_seqs = n < 64 ? 64 : n > 4096 ? 4096 : (uint32_t)n;
     }
+    if (o.window && o.token_major) {
+        fprintf(stderr, "kvvm-stress: --window needs the per-layer layout (--layout layer): "
+                "a token-major region holds every layer\n");
+        return 2;
+    }
+    if (o.prefix_cache > 0 && o.max_seqs + (uint64_t)o.cache_entries <= 65536)
+        o.max_seqs += o.cache_entries;          /* the entries hold slots too */
     if (o.max_batch > o.max_seqs)
         o.max_batch = o.max_seqs;
     if (o.trace_path && !o.plot_path) {

@@ -163,6 +163,29 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
             (unsigned long long)r->swap_ins, (unsigned long long)d(s->swap_outs, z->swap_outs),
             (unsigned long long)d(s->swap_ins, z->swap_ins),
             (unsigned long long)r->preempt_recompute, (unsigned long long)r->enomem_handled);
+    /* sliding-window layers and the prefix cache */
+    if (o->window)
+        fprintf(f, "  window       %llu-token window every %u layers: %llu discard calls, %llu "
+                "pages discarded (library); the discards spared %.1f%% of the pages (held + "
+                "spared) on average, %.1f%% at peak (%llu pages)\n",
+                (unsigned long long)o->window, o->window_every,
+                (unsigned long long)r->discard_calls,
+                (unsigned long long)d(s->pages_discarded, z->pages_discarded),
+                r->n_oversub ? 100 * r->sum_discard_saving / r->n_oversub : 0,
+                100 * r->peak_discard_saving, (unsigned long long)r->peak_discarded_now);
+    if (o->prefix_cache > 0) {
+        uint64_t look = r->cache_hits + r->cache_misses;
+        fprintf(f, "  prefix cache %llu entries made, %llu evicted; %llu lookups: %llu hits "
+                "(%.1f%%), %llu misses; library: %llu drops, %llu demotes; drain: %llu dropped "
+                "entries -ESTALE, %llu verified\n", (unsigned long long)r->cache_puts,
+                (unsigned long long)r->cache_evicted, (unsigned long long)look,
+                (unsigned long long)r->cache_hits, look ? 100.0 * r->cache_hits / look : 0,
+                (unsigned long long)r->cache_misses,
+                (unsigned long long)d(s->cache_drops, z->cache_drops),
+                (unsigned long long)d(s->cache_demotes, z->cache_demotes),
+                (unsigned long long)r->cache_stale_checked,
+                (unsigned long long)r->cache_verified);
+    }
     fprintf(f, "\n  %-8s %12s %12s %14s %14s\n", "tier", "pages", "peak used", "moved in MiB",
             "moved out MiB");
     fprintf(f, "  %-8s %12llu %12llu %14.1f %14.1f\n", "device",
@@ -291,6 +314,22 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             U(r->swap_outs), U(r->swap_ins), U(r->preempt_recompute), U(r->enomem_handled),
             U(r->batch_shrinks), r->peak_running, r->peak_live, r->aborted ? "true" : "false",
             !r->interrupted ? "null" : r->interrupted == SIGINT ? "\"SIGINT\"" : "\"SIGTERM\"");
+    /* sliding-window layers and the prefix cache */
+    fprintf(f, "  \"window\": {\"tokens\": %llu, \"every\": %u, \"discard_calls\": %llu, "
+            "\"pages_discarded\": %llu, \"saving_mean\": %.4f, \"saving_peak\": %.4f, "
+            "\"spared_pages_peak\": %llu},\n", U(o->window), o->window_every,
+            U(r->discard_calls), U(d(s->pages_discarded, z->pages_discarded)),
+            r->n_oversub ? r->sum_discard_saving / r->n_oversub : 0, r->peak_discard_saving,
+            U(r->peak_discarded_now));
+    fprintf(f, "  \"prefix_cache\": {\"p\": %.3f, \"entries\": %u, \"puts\": %llu, "
+            "\"evicted\": %llu, \"hits\": %llu, \"misses\": %llu, \"hit_rate\": %.4f, "
+            "\"cache_drops\": %llu, \"cache_demotes\": %llu, \"stale_checked\": %llu, "
+            "\"verified\": %llu},\n", o->prefix_cache, o->cache_entries, U(r->cache_puts),
+            U(r->cache_evicted), U(r->cache_hits), U(r->cache_misses),
+            r->cache_hits + r->cache_misses
+                ? (double)r->cache_hits / (r->cache_hits + r->cache_misses) : 0,
+            U(d(s->cache_drops, z->cache_drops)), U(d(s->cache_demotes, z->cache_demotes)),
+            U(r->cache_stale_checked), U(r->cache_verified));
     fprintf(f, "  \"library_counters\": {\"maps\": %llu, \"unmaps\": %llu, \"cow_copies\": %llu, "
             "\"swap_outs\": %llu, \"swap_ins\": %llu, \"spills\": %llu, \"unspills\": %llu, "
             "\"bytes_to_host\": %llu, \"bytes_to_device\": %llu, \"bytes_to_disk\": %llu, "

@@ -62,6 +62,11 @@ struct opts {
     const char *json_path, *trace_path, *plot_path;
     int      quiet;                 /* no progress line even on a terminal */
     int      verbose;
+    /* sliding-window layers and the prefix cache (engine.c "window" and "prefix cache") */
+    uint64_t window;                /* tokens of a window layer's window; 0 = none */
+    uint32_t window_every;          /* layers 0, K, 2K, ... are window layers (per-layer) */
+    double   prefix_cache;          /* share of new requests that reuse a cached prompt */
+    uint32_t cache_entries;         /* CACHED prefix entries kept at most */
 };
 
 /* Latency samples of one operation: exact count, sum and max; a reservoir for percentiles. */
@@ -118,6 +123,14 @@ struct results {
     struct lat lat[LAT_N];
     struct trace_pt *trace;
     size_t   n_trace, cap_trace;
+    /* sliding-window layers and the prefix cache */
+    uint64_t discard_calls;          /* kvvm_seq_discard calls (one per window region) */
+    double   peak_discard_saving;    /* max over steps of discarded / (held + discarded) */
+    double   sum_discard_saving;     /* sum over steps of the same */
+    uint64_t peak_discarded_now;     /* max over steps of the pages the discards spare */
+    uint64_t cache_puts, cache_hits, cache_misses, cache_evicted;
+    uint64_t cache_stale_checked;    /* dropped entries confirmed -ESTALE (never read) */
+    uint64_t cache_verified;         /* entries (not dropped) whose bytes verified */
     int      aborted;                /* the run stopped early on a fatal error */
     int      interrupted;            /* the signal (SIGINT, SIGTERM) that ended it early, or 0 */
 };

@@ -1,0 +1,226 @@
+/*
+ * paging/discard.c: sliding-window discard and sequence classes (contract in paging.h,
+ * "sliding-window discard and sequence classes").
+ *
+ * Holes: a discarded page leaves block-table entry 0 below n_pages; the window there is
+ * unmapped (after the step fence, through the pending-release list, like any release) and
+ * the sequence's reference is dropped, so a page shared with a fork or a share target stays
+ * with them. Holes of region r always lie in [0, pages wholly before kept[r]), plus, after a
+ * truncate below first_kept, possibly the partial last page (seq.c's tail_fill makes it
+ * again when the sequence grows past it). Every path over block tables skips entries 0.
+ *
+ * Classes: the policy (swap/) asks for the CACHED candidates and drops (or demotes) them
+ * before it swaps LIVE sequences; this file only does what it is told. A drop releases the
+ * pages and keeps the handle: the sequence is empty and -ESTALE for the calls that use its
+ * bytes until set_class (or free).
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+void seq_clamp_kept(struct paging *pg, struct pg_seq *s)
+{
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        if (s->kept[r] > s->length)
+            s->kept[r] = s->length;
+}
+
+/* Drops the entries [0, end) of the regions of `region` of non-resident s (no window maps
+   them: the references only). */
+static void drop_out_entries(struct paging *pg, struct pg_seq *s, uint32_t region,
+                             uint32_t end)
+{
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        if (region != UINT32_MAX && r != region)
+            continue;
+        uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < end; i++) {
+            if (!bt[i])
+                continue;
+            page_at(pg, bt[i])->offs--;
+            page_put(pg, bt[i]);
+            bt[i] = 0;
+        }
+    }
+}
+
+int paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t first_kept)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    uint32_t nr = pg->p.n_regions;
+    if ((region != UINT32_MAX && region >= nr) || first_kept > s->length)
+        return -EINVAL;
+    /* pages wholly before first_kept: [0, end); first_kept <= length keeps end <= n_pages */
+    uint32_t end = (uint32_t)(first_kept * pg->p.bytes_per_token / pg->p.page_size);
+    uint32_t lo = end, cnt = 0;
+    for (uint32_t r = 0; r < nr; r++) {
+        if (region != UINT32_MAX && r != region)
+            continue;
+        const uint32_t *bt = pg_bt(pg, s, r);
+        for (uint32_t i = 0; i < end; i++)
+            if (bt[i]) {
+                cnt++;
+                lo = i < lo ? i : lo;
+            }
+    }
+    if (cnt && s->out) {
+        drop_out_entries(pg, s, region, end);
+    } else if (cnt) {
+        rc = seq_settle(pg, s);
+        if (!rc)
+            rc = defer_release_region(pg, s, region, lo, end, false);
+        if (rc)
+            return rc;
+        /* commit: nothing below fails */
+        for (uint32_t r = 0; r < nr; r++)
+            if (region == UINT32_MAX || r == region)
+                memset(pg_bt(pg, s, r) + lo, 0, (end - lo) * sizeof *s->bt);
+    }
+    for (uint32_t r = 0; r < nr; r++)
+        if ((region == UINT32_MAX || r == region) && s->kept[r] < first_kept)
+            s->kept[r] = first_kept;
+    pg->c.pages_discarded += cnt;
+    return 0;
+}
+
+int paging_seq_first_kept(struct paging *pg, uint64_t h, uint32_t r, uint64_t *first_kept)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (r >= pg->p.n_regions)
+        return -EINVAL;
+    *first_kept = s->kept[r];
+    return 0;
+}
+
+int paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (cls > PG_SEQ_PINNED)
+        return -EINVAL;
+    s->cls = (uint8_t)cls;
+    s->dropped = 0;             /* a dropped one is an empty sequence of that class now */
+    return 0;
+}
+
+int paging_seq_class(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    return rc ? rc : s->cls;
+}
+
+int paging_seq_stale(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    return rc ? rc : s->dropped ? -ESTALE : 0;
+}
+
+int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->cls != PG_SEQ_CACHED || s->dropped)
+        return -EINVAL;
+    if (s->in_job)
+        return -EBUSY;          /* a prefetch the engine stream is not ordered after yet */
+    if (s->out) {
+        tier_drop_out(pg, s, 0, s->n_pages);
+    } else {
+        /* unprotected (what reclaim picks): ordered after the step fence on the copy
+           stream, so a library thread never records on the engine stream */
+        bool lib = !(s->used_valid && s->used_epoch >= pg->epoch);
+        rc = defer_release_region(pg, s, UINT32_MAX, 0, s->n_pages, lib);
+        if (rc)
+            return rc;
+        /* commit: nothing below fails */
+        seq_drop_ahead(pg, s, 0);
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            memset(pg_bt(pg, s, r), 0, s->n_pages * sizeof *s->bt);
+    }
+    s->n_pages = 0;
+    s->length = 0;
+    memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
+    s->dropped = 1;
+    pg->c.cache_drops++;
+    if (wait && s->n_defer)
+        (void)defer_flush_slot(pg, pg_slot_of(pg, s));   /* best effort: the drop is done */
+    return 0;
+}
+
+int paging_seq_demote(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->cls != PG_SEQ_CACHED || s->dropped)
+        return -EINVAL;
+    rc = paging_swap_out(pg, h, true);
+    if (!rc)
+        pg->c.cache_demotes++;
+    return rc;
+}
+
+size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (!s->live || s->cls != PG_SEQ_CACHED || s->dropped || s->out || s->n_defer ||
+            s->in_job || (s->used_valid && s->used_epoch >= pg->epoch))
+            continue;
+        uint32_t frees = 0, dev = 0;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t j = 0; j < s->n_pages; j++) {
+                uint32_t id = pg_bt(pg, s, r)[j];
+                if (!id)
+                    continue;
+                const struct pg_page *p = page_at(pg, id);
+                dev += p->tier == PG_TIER_DEVICE;
+                frees += p->tier == PG_TIER_DEVICE && p->refs == 1;
+            }
+        if (dev)
+            out[n++] = (struct pg_cand){ ((uint64_t)s->gen << 32) | (i + 1), s->used_tick,
+                                         frees };
+    }
+    return n;
+}
+
+uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n)
+{
+    uint32_t *cnt = calloc(pg->p.max_pages ? pg->p.max_pages : 1, sizeof *cnt), frees = 0;
+    if (!cnt) {
+        for (size_t k = 0; k < n; k++)
+            frees += c[k].frees;       /* the lower bound */
+        return frees;
+    }
+    for (size_t k = 0; k < n; k++) {
+        struct pg_seq *s;
+        if (seq_lookup(pg, c[k].h, &s))
+            continue;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t j = 0; j < s->n_pages; j++) {
+                uint32_t id = pg_bt(pg, s, r)[j];
+                if (id && page_at(pg, id)->tier == PG_TIER_DEVICE &&
+                    ++cnt[id - 1] == page_at(pg, id)->refs)
+                    frees++;           /* every holder of it is dropped */
+            }
+    }
+    free(cnt);
+    return frees;
+}
