@@ -271,7 +271,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (bmax > need)
         bmax = need;
     uint32_t *ids = malloc((size_t)need * sizeof *ids);
-    uint64_t *vas = malloc((size_t)need * sizeof *vas);
+    uint64_t *vas = calloc(need, sizeof *vas);
     uint64_t *ds = malloc((size_t)need * sizeof *ds);
     uint64_t *hs = malloc((size_t)bmax * sizeof *hs);
     uint32_t nd = 0, nh = 0, k = 0;
@@ -593,9 +593,9 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     uint32_t bmax = bw ? 1 : (uint32_t)paging_host_free(pg);
     if (bmax > ndk)
         bmax = ndk;
-    uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
+    uint32_t *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
     uint32_t *ids = malloc(((size_t)ndk + 1) * sizeof *ids);
-    uint64_t *vas = malloc(((size_t)ndk + 1) * sizeof *vas);
+    uint64_t *vas = calloc((size_t)ndk + 1, sizeof *vas);
     uint64_t *ds = malloc(((size_t)ndk + 1) * sizeof *ds);
     uint64_t *hs = malloc(((size_t)bmax + 1) * sizeof *hs);
     uint32_t mark = pg->n_created, r = 0, nh = 0, k = 0, kd = 0;
@@ -767,7 +767,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
             need += page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_HOST;
-    uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
+    uint32_t *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
     struct pg_defer *d = job_new(pg, s, DF_IN, need + busy);
     uint32_t mark = pg->n_created, r = 0;
     rc = -ENOMEM;

@@ -328,7 +328,7 @@ static kcu_result leave(kcu_result r)
 }
 
 #define BEGIN(name, need)                                         \
-    struct emu_dev *cur;                                          \
+    struct emu_dev *cur = NULL;                                   \
     kcu_result r = enter(E_##name, (need), &cur);                 \
     (void)cur;                                                    \
     if (r != KCU_SUCCESS)                                         \
@@ -478,14 +478,12 @@ out:
 static kcu_result emu_cuDeviceGetAttribute(int *pi, int attrib, kcu_device dev)
 {
     BEGIN(cuDeviceGetAttribute, F_INIT);
-    if (!pi)
-        r = KCU_ERROR_INVALID_VALUE;
-    else if (!dev_get_locked(dev))
+    if (pi && !dev_get_locked(dev))
         r = KCU_ERROR_INVALID_DEVICE;
-    else if (attrib == KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
-        *pi = 1;
-    else
+    else if (!pi || attrib != KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
         r = KCU_ERROR_INVALID_VALUE;
+    else
+        *pi = 1;
 out:
     return leave(r);
 }
@@ -2425,8 +2423,11 @@ int emu_device_destroy(int ordinal)
             klog_error("emulated device %d: leaked mapping of %zu bytes at 0x%lx", ordinal,
                        (j - i) * rv->gran, (unsigned long)(rv->base + i * rv->gran));
             leaks++;
-            mmap((void *)(rv->base + i * rv->gran), (j - i) * rv->gran, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            if (mmap((void *)(rv->base + i * rv->gran), (j - i) * rv->gran, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
+                MAP_FAILED)
+                klog_error("emulated device %d: the leaked range stays mapped (%d)", ordinal,
+                           errno);
             unmap_entries_locked(rv, i, j - i);
             i = j - 1;
         }
