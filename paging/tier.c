@@ -270,9 +270,9 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         return -ENOMEM;
     if (bmax > need)
         bmax = need;
-    uint32_t *ids = malloc((size_t)need * sizeof *ids);
+    uint32_t *ids = calloc(need, sizeof *ids);
     uint64_t *vas = calloc(need, sizeof *vas);
-    uint64_t *ds = malloc((size_t)need * sizeof *ds);
+    uint64_t *ds = calloc(need, sizeof *ds);
     uint64_t *hs = malloc((size_t)bmax * sizeof *hs);
     uint32_t nd = 0, nh = 0, k = 0;
     int rc = -ENOMEM;

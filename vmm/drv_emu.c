@@ -307,8 +307,8 @@ static kcu_result enter(int e, int need, struct emu_dev **cur)
 {
     pthread_mutex_lock(&g_lock);
     trace_record_locked(e);
-    kcu_result err;
-    if (fault_check_locked(e, &err))
+    kcu_result err = KCU_SUCCESS;
+    if (fault_check_locked(e, &err) && err != KCU_SUCCESS)  /* a "fault" of success: none */
         return err;
     if ((need & F_INIT) && !g_inited)
         return KCU_ERROR_NOT_INITIALIZED;
@@ -2399,12 +2399,10 @@ int emu_device_destroy(int ordinal)
         s->dying = true;
         stream_teardown_locked(s);
     }
-    for (struct kcu_event_st **pp = &g_events; *pp;) {
-        struct kcu_event_st *ev = *pp;
-        if (ev->dev != d) {
-            pp = &ev->next;
+    for (struct kcu_event_st *ev = g_events, *next; ev; ev = next) {
+        next = ev->next;                /* saved before ev may be freed */
+        if (ev->dev != d)
             continue;
-        }
         klog_error("emulated device %d: leaked event %p", ordinal, (void *)ev);
         leaks++;
         event_unlink_locked(ev);
