@@ -308,7 +308,9 @@ static kcu_result enter(int e, int need, struct emu_dev **cur)
     pthread_mutex_lock(&g_lock);
     trace_record_locked(e);
     kcu_result err = KCU_SUCCESS;
-    if (fault_check_locked(e, &err) && err != KCU_SUCCESS)  /* a "fault" of success: none */
+    /* err is never KCU_SUCCESS (emu_fail_arm and KVVM_EMU_FAIL refuse it); the check says
+       so to the analyzer, which otherwise sees a success returned with *cur unset */
+    if (fault_check_locked(e, &err) && err != KCU_SUCCESS)
         return err;
     if ((need & F_INIT) && !g_inited)
         return KCU_ERROR_NOT_INITIALIZED;
