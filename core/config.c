@@ -195,7 +195,7 @@ static bool env_apply(struct kvvm_config *cfg, const char *var)
             return true;
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
         const struct opt *o = &opts[i];
-        if (klen != 5 + strlen(o->name) || strncasecmp(var + 5, o->name, klen - 5))
+        if (klen != 5 + strlen(o->name) || strncasecmp(var + 5, o->name, klen - 5) != 0)
             continue;
         if (opt_set(cfg, o, eq + 1)) {
             char bad[128] = "";
@@ -241,7 +241,7 @@ void kvvm_config_init(struct kvvm_config *cfg)
                       (int)(strchrnul(*e, '=') - *e), *e);
     /* the tmpfs opt-in alone, without restating KVVM_FLAGS */
     const char *t = kenv(KVVM_SPILL_ALLOW_TMPFS);
-    if (t && *t && strcmp(t, "0"))
+    if (t && *t && strcmp(t, "0") != 0)
         cfg->flags |= KVVM_F_SPILL_ALLOW_TMPFS;
 }
 

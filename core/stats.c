@@ -41,10 +41,14 @@
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */
-#define X(n, e) +1
-_Static_assert(offsetof(struct kvvm_stats, page_size) + (0 KVVM_STATS(X)) * sizeof(uint64_t)
-               == sizeof(struct kvvm_stats), "a struct kvvm_stats field is not in KVVM_STATS");
+enum {
+#define X(n, e) KVVM_STAT_##n,
+    KVVM_STATS(X)
 #undef X
+    KVVM_STATS_COUNT
+};
+_Static_assert(offsetof(struct kvvm_stats, page_size) + KVVM_STATS_COUNT * sizeof(uint64_t)
+               == sizeof(struct kvvm_stats), "a struct kvvm_stats field is not in KVVM_STATS");
 
 /* Members of kvvm_stats_json's "stats" that struct kvvm_stats does not have (the paging
    layer's own counters c). */

@@ -151,7 +151,7 @@ static int spill_file_open(struct spill *sp, const struct spill_params *p)
     int no_tmpfile = !!(p->flags & SPILL_F_TEST_NO_TMPFILE);
     int err = spill_open_file(p->dir, 1, no_tmpfile, &sp->fd);
     if (err == -EINVAL) {
-        int fd2;
+        int fd2 = -1;
         if (spill_open_file(p->dir, 0, no_tmpfile, &fd2) == 0) {
             if (!(p->flags & SPILL_F_BUFFERED)) {
                 close(fd2);
@@ -204,7 +204,6 @@ int disk_file_create(struct spill *sp, const struct spill_params *p)
             err = -errno;
             goto out_close;
         }
-        err = 0;
     }
     return 0;
 

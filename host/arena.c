@@ -114,7 +114,6 @@ int host_arena_open(struct vmm *v, const struct host_params *p, struct host_aren
                           "uses pageable memory (swap copies are staged, slower)");
                 while (a->n_chunks > 0)
                     vmm_host_unregister(v, a->chunks[--a->n_chunks].p);
-                err = 0;
                 break;
             }
             if (err) {

@@ -2,10 +2,10 @@
 # Installs what libkvvm needs to build and test on Debian 12 (run as root). Idempotent: does
 # nothing when everything is present.
 set -euo pipefail
-# clang + its sanitizer runtimes: scripts/test.sh's clang ASan+UBSan build; python3-*: the
-# Python package's tests.
+# clang + its sanitizer runtimes: scripts/test.sh's clang ASan+UBSan build; clang-tidy: its
+# lint of the library (.clang-tidy); python3-*: the Python package's tests.
 pkgs=(build-essential cmake pkg-config liburing-dev libxxhash-dev libcriterion-dev
-      clang libclang-rt-14-dev
+      clang libclang-rt-14-dev clang-tidy
       python3 python3-numpy python3-torch python3-pytest python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do

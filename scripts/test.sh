@@ -4,7 +4,9 @@
 # UBSan checks more, e.g. arithmetic on NULL), then the multi-threaded test
 # (tests/tsan_threads.c, the reclaim thread running; again with the disk tier) under
 # ThreadSanitizer. The Python package's tests (python/tests) run after the first suite, the
-# model test once more from a fresh virtual environment after `pip install ./python`.
+# model test once more from a fresh virtual environment after `pip install ./python`. Then
+# the suite in the KVVM_DEBUG build (asserts and the invariant checker after every call),
+# clang-tidy over the library (zero findings) and the size audit (a report).
 # Tests labelled `gpu` skip themselves with a printed reason when no GPU is present; the long
 # `soak` label is run by hand: (cd build && ctest -L soak).
 set -euo pipefail
@@ -31,6 +33,26 @@ root=$PWD venv=$(mktemp -d /tmp/kvvm-venv.XXXXXX)
    "$venv/bin/python" -c 'import kvvm, sys; assert kvvm.__file__.startswith(sys.prefix), kvvm.__file__' &&
    "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_model.py")
 rm -rf "$venv"
+
+echo "=== build (KVVM_DEBUG: internal asserts, the invariant checker after every call) ==="
+# Labels: cpu without soak/stress (stress_short's thresholds are throughput over a fixed
+# time, which the checker's per-call walk lowers) and without the packaging tests (they
+# test the installed files, not the library's state); the model test at KVVMTEST_SCALE=0.1
+# as under the sanitizers. A broken invariant aborts the test at the call that broke it.
+cmake -S . -B build-debug -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVVM_WERROR=ON -DKVVM_DEBUG=ON \
+      -DKVVM_BUILD_TOOLS=OFF >/dev/null
+cmake --build build-debug -j"$jobs"
+(cd build-debug && KVVMTEST_SCALE=0.1 ctest --output-on-failure -L cpu -LE 'soak|stress' \
+   -E 'install_consumer|example_engine|package_deb')
+
+echo "=== clang-tidy (.clang-tidy) on the library, zero findings ==="
+CC=clang cmake -S . -B build-tidy -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DKVVM_BUILD_TESTS=OFF \
+      -DKVVM_BUILD_TOOLS=OFF >/dev/null
+# one file per process: clang-tidy 14 crashes on a long file list in one run
+ls common/*.c core/*.c vmm/*.c paging/*.c host/*.c disk/*.c swap/*.c | grep -v cudrv_check |
+  xargs -P"$jobs" -n1 clang-tidy -p build-tidy --quiet
+echo "=== size audit (files > 1000 lines, functions > 120; report only) ==="
+python3 scripts/size-audit.py
 
 if [ "${KVVM_SKIP_SANITIZERS:-0}" != 1 ]; then
   echo "=== build (AddressSanitizer + UBSan) ==="

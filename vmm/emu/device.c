@@ -67,14 +67,12 @@ out:
 kcu_result emu_cuDeviceGetAttribute(int *pi, int attrib, kcu_device dev)
 {
     BEGIN(cuDeviceGetAttribute, F_INIT);
-    if (!pi)
-        r = KCU_ERROR_INVALID_VALUE;
-    else if (!emu_dev_get_locked(dev))
+    if (pi && !emu_dev_get_locked(dev))
         r = KCU_ERROR_INVALID_DEVICE;
-    else if (attrib == KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
-        *pi = 1;
-    else
+    else if (!pi || attrib != KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)
         r = KCU_ERROR_INVALID_VALUE;
+    else
+        *pi = 1;
 out:
     return emu_leave(r);
 }
@@ -307,12 +305,10 @@ static int destroy_streams_locked(struct emu_dev *d)
 static int destroy_events_locked(struct emu_dev *d)
 {
     int leaks = 0;
-    for (struct kcu_event_st **pp = &emu_events; *pp;) {
-        struct kcu_event_st *ev = *pp;
-        if (ev->dev != d) {
-            pp = &ev->next;
+    for (struct kcu_event_st *ev = emu_events, *next; ev; ev = next) {
+        next = ev->next;                /* saved before ev may be freed */
+        if (ev->dev != d)
             continue;
-        }
         klog_error("emulated device %d: leaked event %p", d->ordinal, (void *)ev);
         leaks++;
         emu_event_unlink_locked(ev);
@@ -338,8 +334,11 @@ static int destroy_maps_locked(struct emu_dev *d)
             klog_error("emulated device %d: leaked mapping of %zu bytes at 0x%lx", d->ordinal,
                        (j - i) * rv->gran, (unsigned long)(rv->base + i * rv->gran));
             leaks++;
-            mmap((void *)(rv->base + i * rv->gran), (j - i) * rv->gran, PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            if (mmap((void *)(rv->base + i * rv->gran), (j - i) * rv->gran, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) ==
+                MAP_FAILED)
+                klog_error("emulated device %d: the leaked range stays mapped (%d)",
+                           d->ordinal, errno);
             emu_unmap_entries_locked(rv, i, j - i);
             i = j - 1;
         }

@@ -245,7 +245,7 @@ enum { F_INIT = 1,                  /* cuInit must have been called */
 /* Opens every entry point: emu_enter() takes emu_lock, records the call and runs the checks `need`
    asks for; on failure the entry point jumps to out:, which returns through emu_leave(). */
 #define BEGIN(name, need)                                         \
-    struct emu_dev *cur;                                          \
+    struct emu_dev *cur = NULL;                                   \
     kcu_result r = emu_enter(E_##name, (need), &cur);                 \
     (void)cur;                                                    \
     if (r != KCU_SUCCESS)                                         \

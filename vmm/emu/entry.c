@@ -108,8 +108,10 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
     if (d)
         d->calls[e]++;
     trace_record_locked(e);
-    kcu_result err;
-    if (fault_check_locked(e, &err))
+    kcu_result err = KCU_SUCCESS;
+    /* err is never KCU_SUCCESS (emu_fail_arm and KVVM_EMU_FAIL refuse it); the check says
+       so to the analyzer, which otherwise sees a success returned with *cur unset */
+    if (fault_check_locked(e, &err) && err != KCU_SUCCESS)
         return err;
     if ((need & F_INIT) && !emu_inited)
         return KCU_ERROR_NOT_INITIALIZED;
