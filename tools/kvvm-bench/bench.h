@@ -40,5 +40,6 @@ int bench_swap(struct bench_ctx *b) __attribute__((weak));    /* bench_swap.c   
 int bench_spill(struct bench_ctx *b) __attribute__((weak));   /* bench_spill.c  (spill)      */
 int bench_checksum(struct bench_ctx *b) __attribute__((weak)); /* bench_checksum.c (checksum) */
 int bench_scale(struct bench_ctx *b) __attribute__((weak));   /* bench_scale.c  (policy cost vs pool size) */
+int bench_calls(struct bench_ctx *b) __attribute__((weak));   /* bench_calls.c  (driver calls) */
 
 #endif

@@ -161,7 +161,8 @@ static void usage(FILE *f, const char *argv0)
 "  --trials N           trials per figure, median reported (default 5, --quick 3)\n"
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
-"  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum, scale\n"
+"  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
+"                       scale, calls\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
@@ -179,6 +180,7 @@ int main(int argc, char **argv)
         { "vmm", bench_vmm }, { "paging", bench_paging },
         { "swap", bench_swap }, { "spill", bench_spill }, { "checksum", bench_checksum },
         { "scale", bench_scale },
+        { "calls", bench_calls },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];
@@ -273,7 +275,8 @@ int main(int argc, char **argv)
                 if (!strcmp(t, groups[i].name))
                     selected[i] = found = 1;
             if (!found) {
-                fprintf(stderr, "kvvm-bench: unknown group '%s' (vmm, paging, swap, spill)\n",
+                fprintf(stderr, "kvvm-bench: unknown group '%s' (vmm, paging, swap, spill, checksum, "
+                        "calls)\n",
                         t);
                 free(list);
                 return 2;

@@ -3,6 +3,12 @@
  * (the contract it offers its callers: vmm/emu/emu.h; design: docs/design.md, "The emulated
  * device"). Not included outside vmm/emu/.
  *
+ * Files: entry.c (the prologue of every entry point, the global tables, fault injection,
+ * tracing, call counters), device.c (cuInit, devices, contexts, device create/destroy, the
+ * table and the backend face of vmm/drv_emu.h), memory.c (granule allocator, handles),
+ * maps.c (reservations, the mapping table), copies.c, streams.c, capture.c (emulated graph
+ * capture), events.c, host.c (pinned host memory), errors.c (error strings).
+ *
  * Contract of the emulated device (what it guarantees):
  *  - CUDA semantics, strictly: every entry point checks its arguments and state as the
  *    driver reference says and returns the real driver's error code; where the reference

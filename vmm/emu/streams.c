@@ -5,13 +5,13 @@
  */
 #include "emu_int.h"
 
-/* Runs one op for device d (a stream's worker or the NULL stream's caller). */
 static void op_free(struct emu_op *op)
 {
     free(op->bar);
     free(op);
 }
 
+/* Runs one op for device d (a stream's worker or the NULL stream's caller). */
 static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
 {
     switch (op->kind) {

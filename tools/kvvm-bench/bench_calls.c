@@ -1,0 +1,252 @@
+/*
+ * tools/kvvm-bench/bench_calls.c: driver calls per library operation, as the emulated device
+ * counts them (emu_calls_get, vmm/emu/emu.h): what grow, fork, copy-on-write, swap-out/in, a
+ * decode step and free ask of the driver. Counts, not times, so a change in them is a change
+ * in the library; on a GPU each of them costs (cuMemCreate of 2 MiB ~200 us, cuMemMap /
+ * cuMemSetAccess / cuMemUnmap tens of us). Work deferred to a fence (releases of freed
+ * pages) lands in whichever later call reaps it, so each operation that defers work is
+ * counted through the kvvm_sync that completes it; the frame reserve kvvm_step refills makes
+ * the creates of a row depend on the rows before it (the table is one sequence of calls).
+ *
+ * Conditions (printed with the table): the emulated device, whatever --backend says (the CUDA
+ * driver counts nothing); page = the granule (--granule, default 2 MiB); 2 regions per
+ * sequence (K and V of one layer: every per-page count is per region, so it scales with
+ * n_regions); no map-ahead; a host tier for swaps; no auto-swap. Each operation is counted
+ * from its call to its return, plus the kvvm_sync (swap-out, swap-in, free) or kvvm_step
+ * (decode step) named beside it. Columns: creates =
+ * cuMemCreate, releases = cuMemRelease, maps = cuMemMap, set-acc = cuMemSetAccess, unmaps =
+ * cuMemUnmap, copies = cuMemcpy*Async + cuMemsetD8Async, events = cuEventRecord / Query /
+ * Synchronize + cuStreamWaitEvent, ctx = cuCtxGetCurrent + cuCtxSetCurrent (each public call
+ * saves the caller's context, makes its own current and restores the caller's; a
+ * cuCtxSetCurrent made while no context was current, e.g. on a library thread's first call,
+ * counts nowhere), other = every other entry point (capture checks, stream synchronization).
+ * An engine stream is set (kvvm_stream_create + kvvm_set_stream), so kvvm_step records its
+ * fence there. creates <= maps: new pages come first from frames the pool created before (at
+ * open, or freed by an earlier operation). Calls made on any thread with the context's device
+ * current count (library threads too). Nothing is asserted (tests/test_emu.c's calls tests pin
+ * the relations); with --json each cell is one record (unit "calls").
+ */
+#include "../common/json.h"
+#include "bench.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvvm.h"
+#include "core/debug.h"
+#include "vmm/emu/emu.h"
+
+#define GROUP "calls"
+#define REGIONS 2
+#define N_PAGES 16       /* pages of the "grow by N" sequence, the one forked and swapped */
+#define DECODE_SEQS 8    /* sequences of the decode step */
+
+struct row {
+    const char *op;
+    double v[9];         /* per column below */
+};
+
+static const char *const cols[9] = { "creates", "releases", "maps", "set-acc", "unmaps",
+                                     "copies", "events", "ctx", "other" };
+
+struct counting {
+    kvvm *kv;
+    int ord;
+    struct emu_calls c0;
+    uint64_t tokens_per_page;
+    void *stream;        /* the engine stream (kvvm_stream_create) */
+};
+
+static void mark(struct counting *k)
+{
+    emu_calls_get(k->ord, &k->c0);
+}
+
+/* The calls since mark() into r->v, divided by per (operations counted). */
+static void take(struct counting *k, struct row *r, const char *op, double per)
+{
+    struct emu_calls c;
+    emu_calls_get(k->ord, &c);
+    uint64_t total = 0, named;
+#define X(e) c.e -= k->c0.e; total += c.e;
+    EMU_ENTRIES(X)
+#undef X
+    uint64_t v[9] = {
+        c.cuMemCreate, c.cuMemRelease, c.cuMemMap, c.cuMemSetAccess, c.cuMemUnmap,
+        c.cuMemcpyHtoDAsync + c.cuMemcpyDtoHAsync + c.cuMemcpyDtoDAsync + c.cuMemsetD8Async,
+        c.cuEventRecord + c.cuEventQuery + c.cuEventSynchronize + c.cuStreamWaitEvent,
+        c.cuCtxGetCurrent + c.cuCtxSetCurrent, 0
+    };
+    named = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    v[8] = total - named;
+    r->op = op;
+    for (int i = 0; i < 9; i++)
+        r->v[i] = (double)v[i] / per;
+}
+
+static int open_kv(struct bench_ctx *b, struct counting *k)
+{
+    size_t ps = b->granule ? b->granule : (2u << 20);
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = KVVM_BACKEND_EMULATED;
+    c.emu_granule = ps;
+    c.page_size = ps;
+    c.n_regions = REGIONS;
+    c.bytes_per_token = ps / 16;          /* 16 tokens per page */
+    c.max_seqs = DECODE_SEQS + 2;
+    c.max_tokens = 4 * N_PAGES * 16;
+    c.device_budget = (size_t)(DECODE_SEQS * 4 + 4 * N_PAGES) * REGIONS * ps;
+    c.host_budget = (size_t)2 * N_PAGES * REGIONS * ps;
+    c.map_ahead = 0;
+    c.flags = 0;
+    int rc = kvvm_open(&c, &k->kv);
+    if (rc)
+        return rc;
+    /* an engine stream, as an engine sets one: kvvm_step then records its fence there */
+    void *st = NULL;
+    if ((rc = kvvm_stream_create(k->kv, &st)) || (rc = kvvm_set_stream(k->kv, st))) {
+        kvvm_close(k->kv);
+        return rc;
+    }
+    k->stream = st;
+    k->ord = kvvm_debug_emu_ordinal(k->kv);
+    k->tokens_per_page = 16;
+    return 0;
+}
+
+/* grow by one page, by N, fork, COW write, swap-out, swap-in, free. */
+static int single_ops(struct counting *k, struct row *rows)
+{
+    kvvm_seq a, b, c;
+    uint64_t tp = k->tokens_per_page;
+    int rc = kvvm_seq_create(k->kv, &a);
+    if (!rc)
+        rc = kvvm_seq_create(k->kv, &c);
+    if (rc)
+        return rc;
+    mark(k);
+    if ((rc = kvvm_seq_grow(k->kv, c, tp)))
+        return rc;
+    take(k, &rows[0], "grow by 1 page (new sequence)", 1);
+    mark(k);
+    if ((rc = kvvm_seq_grow(k->kv, a, N_PAGES * tp)))
+        return rc;
+    take(k, &rows[1], "grow by 16 pages (new sequence)", 1);
+    mark(k);
+    if ((rc = kvvm_seq_fork(k->kv, a, &b)))
+        return rc;
+    take(k, &rows[2], "fork of a 16-page sequence", 1);
+    mark(k);
+    if ((rc = kvvm_seq_prepare_write(k->kv, b, 0, 1)))
+        return rc;
+    take(k, &rows[3], "COW write (1 token on a shared page)", 1);
+    if ((rc = kvvm_seq_free(k->kv, b)) || (rc = kvvm_sync(k->kv)))
+        return rc;
+    mark(k);
+    if ((rc = kvvm_seq_swap_out(k->kv, a)) || (rc = kvvm_sync(k->kv)))
+        return rc;
+    take(k, &rows[4], "swap-out of 16 pages + kvvm_sync", 1);
+    mark(k);
+    if ((rc = kvvm_seq_swap_in(k->kv, a)) || (rc = kvvm_sync(k->kv)))
+        return rc;
+    take(k, &rows[5], "swap-in of 16 pages + kvvm_sync", 1);
+    mark(k);
+    if ((rc = kvvm_seq_free(k->kv, a)) || (rc = kvvm_sync(k->kv)))
+        return rc;
+    take(k, &rows[6], "free of a 16-page sequence + kvvm_sync", 1);
+    return kvvm_seq_free(k->kv, c);
+}
+
+/* A decode step: every one of DECODE_SEQS sequences (each 1 token in) grows by one token
+   (one grow_batch) and kvvm_step; averaged over one page's worth of steps, so each
+   sequence crosses exactly one page boundary. */
+static int decode_steps(struct counting *k, struct row *r)
+{
+    kvvm_seq s[DECODE_SEQS];
+    uint64_t len[DECODE_SEQS];
+    int rc = 0;
+    for (int i = 0; i < DECODE_SEQS && !rc; i++) {
+        len[i] = 1;
+        rc = kvvm_seq_create(k->kv, &s[i]);
+        if (!rc)
+            rc = kvvm_seq_grow(k->kv, s[i], len[i]);
+    }
+    if (!rc)
+        rc = kvvm_step(k->kv);
+    mark(k);
+    for (uint64_t t = 0; t < k->tokens_per_page && !rc; t++) {
+        for (int i = 0; i < DECODE_SEQS; i++)
+            len[i]++;
+        rc = kvvm_seq_grow_batch(k->kv, s, len, DECODE_SEQS);
+        if (!rc)
+            rc = kvvm_step(k->kv);
+    }
+    if (!rc)
+        take(k, r, "decode step: 8 seqs +1 token (grow_batch) + kvvm_step", (double)
+             k->tokens_per_page);
+    for (int i = 0; i < DECODE_SEQS; i++)
+        kvvm_seq_free(k->kv, s[i]);
+    return rc;
+}
+
+static void json_cell(struct bench_ctx *b, const char *op, const char *col, double v)
+{
+    if (!b->json)
+        return;
+    char name[160];
+    snprintf(name, sizeof name, "%s: %s", op, col);
+    fputs(b->n_json ? ",\n  {" : "\n  {", b->json);
+    fputs("\"group\": ", b->json);
+    tool_json_string(b->json, GROUP);
+    fputs(", \"op\": ", b->json);
+    tool_json_string(b->json, name);
+    fprintf(b->json, ", \"value\": %.6g, \"unit\": \"calls\", \"baseline\": null, "
+            "\"baseline_value\": null, \"ratio\": null}", v);
+    b->n_json++;
+}
+
+static void print_rows(struct bench_ctx *b, const struct row *rows, int n)
+{
+    printf("%-8s driver calls per operation, counted by the emulated device (%d regions, "
+           "page = granule, no map-ahead; bench_calls.c states the conditions)\n", GROUP,
+           REGIONS);
+    printf("%-8s %-56s", "", "operation");
+    for (int i = 0; i < 9; i++)
+        printf(" %8s", cols[i]);
+    printf("\n");
+    for (int r = 0; r < n; r++) {
+        printf("%-8s %-56s", GROUP, rows[r].op);
+        for (int i = 0; i < 9; i++) {
+            printf(rows[r].v[i] == (double)(uint64_t)rows[r].v[i] ? " %8.0f" : " %8.2f",
+                   rows[r].v[i]);
+            json_cell(b, rows[r].op, cols[i], rows[r].v[i]);
+        }
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+int bench_calls(struct bench_ctx *b)
+{
+    struct counting k = { 0 };
+    struct row rows[8];
+    int rc = open_kv(b, &k);
+    if (rc)
+        return rc;
+    if (k.ord < 0) {
+        printf("%-8s skipped: the context is not on the emulated device\n", GROUP);
+        kvvm_close(k.kv);
+        return 0;
+    }
+    rc = single_ops(&k, rows);
+    if (!rc)
+        rc = decode_steps(&k, &rows[7]);
+    if (!rc)
+        print_rows(b, rows, 8);
+    kvvm_set_stream(k.kv, NULL);
+    kvvm_stream_destroy(k.kv, k.stream);
+    kvvm_close(k.kv);
+    return rc;
+}
