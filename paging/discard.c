@@ -40,7 +40,10 @@ static void drop_out_entries(struct paging *pg, struct pg_seq *s, uint32_t regio
         for (uint32_t i = 0; i < end; i++) {
             if (!bt[i])
                 continue;
-            page_at(pg, bt[i])->offs--;
+            struct pg_page *p = page_at(pg, bt[i]);
+            page_count(pg, p, -1);      /* (the HOST-page and orphan counts follow) */
+            p->offs--;
+            page_count(pg, p, 1);
             page_put(pg, bt[i]);
             bt[i] = 0;
         }
