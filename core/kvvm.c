@@ -188,11 +188,18 @@ static int open_layout(kvvm *kv)
     /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
     uint64_t slots = host_slots_total(kv->host) +
                      (c->spill_dir ? c->spill_budget / c->page_size : 0);
+    /* the budget may grow up to the device's capacity (kvvm_set_budget) */
+    uint64_t cap = vmm_device_bytes(kv->v) / c->page_size;
+    if (cap > UINT32_MAX / 2)
+        cap = UINT32_MAX / 2;
+    if (cap < frames)
+        cap = frames;
     struct paging_params pp = {
         .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
         .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
         .slot_bytes = kv->slot_bytes, .base = kv->base, .max_frames = (uint32_t)frames,
-        .max_pages = (uint32_t)(frames + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
+        .cap_frames = (uint32_t)cap,
+        .max_pages = (uint32_t)(cap + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
         .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
         .disk = kv->spill ? &kv->disk_ops : NULL,
