@@ -326,7 +326,8 @@ uint32_t paging_pool_ready(const struct paging *pg);
    the frames holding pages (pending releases included) fit in it, releasing every unused
    frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);
    *released gets the count. Call paging_feed_quiesce first. -EINVAL out of range, -ENOMEM
-   more frames hold pages than `frames` (nothing changed). */
+   more frames hold pages than `frames` (nothing changed), -EIO the driver refused a release
+   (the budget unchanged; unused frames released before it stay released). */
 int  paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released);
 /* Context lock held. Releases unused frames (map-ahead unmapped first, then ready ones)
    until at most keep of them are left, and suppresses creating ahead until a call takes

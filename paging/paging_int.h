@@ -45,6 +45,7 @@ struct pg_feed {
     uint32_t    creating;      /* reserved by a plan, not delivered or failed yet */
     uint32_t    releasing;     /* taken off the pool, not released yet */
     uint32_t    n_in;          /* created, waiting in in[] for paging_feed_drain */
+    uint32_t    unreleased;    /* of in[]: releases the driver refused (back to the pool) */
     vmm_handle *in;            /* cap_frames entries */
     void      (*wake)(void *); /* asks the thread for a round (called with the context lock) */
     void       *wake_arg;

@@ -59,10 +59,10 @@ void pool_fini(struct paging *pg)
         if (pg->frames[i].state != FR_READY)
             klog_error("paging: frame %u still in state %u at close", i + 1,
                        pg->frames[i].state);
-        vmm_phys_release(pg->v, pg->frames[i].h);
+        (void)vmm_phys_release(pg->v, pg->frames[i].h);    /* refused: logged */
     }
     for (uint32_t i = 0; i < pg->feed.n_in; i++)     /* delivered, never drained */
-        vmm_phys_release(pg->v, pg->feed.in[i]);
+        (void)vmm_phys_release(pg->v, pg->feed.in[i]);
     pthread_cond_destroy(&pg->feed.cv);
     pthread_mutex_destroy(&pg->feed.mu);
     free(pg->frames);
@@ -163,12 +163,22 @@ uint32_t pool_available(const struct paging *pg)
     return pg->p.max_frames > pg->n_used ? pg->p.max_frames - pg->n_used : 0;
 }
 
+/* Releases handle h; false when the driver refused it on a live context (the caller keeps
+   the frame: a refused release must not leak a handle the pool forgot). */
+static bool release_ok(struct paging *pg, vmm_handle h)
+{
+    return !vmm_phys_release(pg->v, h) || vmm_dead(pg->v);
+}
+
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
 {
     uint32_t n = 0;
     while (pg->n_ready > keep) {
         uint32_t f = ready_pop(pg);
-        vmm_phys_release(pg->v, frame_at(pg, f)->h);
+        if (!release_ok(pg, frame_at(pg, f)->h)) {
+            ready_push(pg, f);
+            break;
+        }
         frame_forget(pg, f);
         pg->c.frames_released++;
         n++;
@@ -187,11 +197,16 @@ void paging_feed_drain(struct paging *pg)
         if (after <= pg->p.max_frames && pg->frame_free_head) {
             frame_add(pg, fd->in[i], 0);
         } else {            /* the budget shrank meanwhile */
-            vmm_phys_release(pg->v, fd->in[i]);
+            if (!release_ok(pg, fd->in[i]))
+                klog_error("paging: a frame above the budget could not be released");
             pg->c.frames_created++;
             pg->c.frames_released++;
         }
     }
+    /* releases the driver refused came back above: not released, not created anew */
+    pg->c.frames_released -= fd->unreleased;
+    pg->c.frames_created -= fd->unreleased;
+    fd->unreleased = 0;
     fd->n_in = 0;
     pthread_mutex_unlock(&fd->mu);
 }
@@ -293,8 +308,12 @@ uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)
 {
     struct pg_feed *fd = &pg->feed;
     for (uint32_t i = 0; i < pl->release; i++) {
-        vmm_phys_release(pg->v, pl->rel[i]);
+        bool ok = release_ok(pg, pl->rel[i]);
         pthread_mutex_lock(&fd->mu);
+        if (!ok) {                /* refused: back to the pool as a delivered frame */
+            fd->in[fd->n_in++] = pl->rel[i];
+            fd->unreleased++;
+        }
         fd->releasing--;
         pthread_cond_broadcast(&fd->cv);
         pthread_mutex_unlock(&fd->mu);
@@ -346,8 +365,6 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
         return -EINVAL;
     if (pg->n_used > frames)
         return -ENOMEM;
-    /* commit: nothing below fails */
-    pg->p.max_frames = frames;
     if (pg->n_held > frames) {
         uint32_t over = pg->n_held - frames;
         *released += pool_release_ready(pg, pg->n_ready > over ? pg->n_ready - over : 0);
@@ -356,6 +373,11 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
         drop_all_ahead(pg);
         *released += pool_release_ready(pg, frames - pg->n_used);
     }
+    /* a release the driver refused: the budget stays (unused frames released meanwhile
+       are only reserve; they are created again on need) */
+    if (pg->n_held > frames)
+        return -EIO;
+    pg->p.max_frames = frames;
     return 0;
 }
 
@@ -535,10 +557,12 @@ void pool_rollback(struct paging *pg, uint32_t mark)
     while (*pp) {
         uint32_t f = *pp;
         struct pg_frame *fr = frame_at(pg, f);
-        if (fr->serial > mark) {
+        if (fr->serial > mark && !release_ok(pg, fr->h)) {
+            fr->serial = 0;                 /* refused: it stays, as a reserve frame */
+            pp = &fr->next;
+        } else if (fr->serial > mark) {
             *pp = fr->next;
             pg->n_ready--;
-            vmm_phys_release(pg->v, fr->h);
             frame_forget(pg, f);
             pg->c.frames_created--;         /* as if never created (the call failed) */
             pg->c.frames_created_sync--;
