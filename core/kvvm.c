@@ -1036,12 +1036,14 @@ static int budget_make_room(kvvm *kv, uint32_t frames)
     if (c.pages_used <= frames)
         return 0;
     rc = swap_reclaim_budget(kv->sw, (uint32_t)(c.pages_total - frames));
-    if (rc == -ENOMEM)
-        return kerr(-ENOMEM, "kvvm_set_budget: %llu pages are in use and only %u fit in "
+    if (rc == -ENOMEM) {        /* a normal outcome under load: the reason, not logged */
+        klast_set("kvvm_set_budget: %llu pages are in use and only %u fit in "
                     "%zu bytes; not enough can be swapped out (protected or pinned "
                     "sequences, or no room in the host and disk tiers): the budget is "
                     "unchanged", (unsigned long long)c.pages_used, frames,
                     (size_t)frames * kv->cfg.page_size);
+        return -ENOMEM;
+    }
     return rc;
 }
 
