@@ -48,6 +48,7 @@ static const struct opt opts[] = {
 /* KVVM_* variables read elsewhere (not configuration fields). */
 /* Variables read elsewhere (KVVM_LIBRARY: the Python package's path to this library). */
 static const char *const other_env[] = { "KVVM_LOG", "KVVM_EMU_FAIL", "KVVM_EMU_MAX_MAPS",
+                                         "KVVM_EMU_CREATE_NS",
                                          "KVVM_CUDA_LIBRARY", "KVVM_SPILL_ALLOW_TMPFS",
                                          "KVVM_IO_ENGINE", "KVVM_LIBRARY" };
 

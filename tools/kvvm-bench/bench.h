@@ -39,5 +39,6 @@ int bench_paging(struct bench_ctx *b) __attribute__((weak));  /* bench_paging.c 
 int bench_swap(struct bench_ctx *b) __attribute__((weak));    /* bench_swap.c   (swap)       */
 int bench_spill(struct bench_ctx *b) __attribute__((weak));   /* bench_spill.c  (spill)      */
 int bench_checksum(struct bench_ctx *b) __attribute__((weak)); /* bench_checksum.c (checksum) */
+int bench_frames(struct bench_ctx *b) __attribute__((weak));  /* bench_frames.c (frame pool) */
 
 #endif

@@ -161,7 +161,8 @@ static void usage(FILE *f, const char *argv0)
 "  --trials N           trials per figure, median reported (default 5, --quick 3)\n"
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
-"  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum\n"
+"  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
+"                       frames\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
@@ -178,6 +179,7 @@ int main(int argc, char **argv)
     struct group groups[] = {
         { "vmm", bench_vmm }, { "paging", bench_paging },
         { "swap", bench_swap }, { "spill", bench_spill }, { "checksum", bench_checksum },
+        { "frames", bench_frames },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];
