@@ -310,7 +310,7 @@ void paging_feed_detach(struct paging *pg);
 void paging_feed_set_low(struct paging *pg, uint32_t low);
 /* Context lock held. Fills pl for a round that brings the ready frames up to `fill` (none
    while kvvm_trim's suppression lasts) and releases ready frames above `keep` (keep >=
-   fill). 0 with pl->create = pl->release = 0: nothing to do. -ENOMEM (rel[] not allocated:
+   fill) that stayed unused since the previous plan (the fewest ready meanwhile above keep). 0 with pl->create = pl->release = 0: nothing to do. -ENOMEM (rel[] not allocated:
    nothing taken). */
 int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
 /* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the

@@ -89,6 +89,8 @@ static uint32_t ready_pop(struct paging *pg)
     struct pg_frame *fr = frame_at(pg, f);
     pg->ready_head = fr->next;
     pg->n_ready--;
+    if (pg->n_ready < pg->feed.ready_min)
+        pg->feed.ready_min = pg->n_ready;
     fr->next = 0;
     return f;
 }
@@ -285,7 +287,10 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
         pl->create = want < room ? want : room;
     }
     pthread_mutex_unlock(&fd->mu);
-    uint32_t release = pg->n_ready > keep ? pg->n_ready - keep : 0;
+    /* surplus: ready frames above keep that no call needed since the last plan (a burst
+       of frees right before a burst of takes is not released and created again) */
+    uint32_t idle = pg->feed.ready_min < pg->n_ready ? pg->feed.ready_min : pg->n_ready;
+    uint32_t release = idle > keep ? idle - keep : 0;
     if (release && !(pl->rel = malloc(release * sizeof *pl->rel))) {
         pl->create = 0;
         return -ENOMEM;
@@ -297,6 +302,7 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
     }
     pl->release = release;
     pg->c.frames_released += release;
+    pg->feed.ready_min = pg->n_ready;
     pthread_mutex_lock(&fd->mu);
     fd->creating += pl->create;
     fd->releasing += release;

@@ -7,8 +7,9 @@
  *    paging/ (its feed, paging.h) does the creating, releasing and handing over.
  *  - Marks, in frames: when a call leaves fewer than `low` frames ready in the pool, or at
  *    each step, the thread runs a round: it creates frames until `high` are ready (within the
- *    budget, never while kvvm_trim's suppression lasts) and releases ready frames above
- *    `high` to the driver. It calls cuMemCreate / cuMemRelease without the context lock,
+ *    budget, never while kvvm_trim's suppression lasts) and releases to the driver the ready
+ *    frames above `high` that no call needed since the previous round (a frame freed just
+ *    before a burst of takes is reused, not released and created again). It calls cuMemCreate / cuMemRelease without the context lock,
  *    which it takes only to plan a round and to put delivered frames in the pool.
  *  - The thread makes the device context current once and sets relaxed stream capture mode
  *    for itself (like the reclaim thread); it never touches a stream.
