@@ -197,13 +197,13 @@ static void *worker(void *arg)
 /* ---- elastic memory (issue 13): a thread changes the budget and trims while the workers,
    the reclaim thread and the frame pool thread run. A shrink may meet -ENOMEM (everything
    protected at that moment); any other error is a failure. */
-static volatile int workers_done;
+static int workers_done;            /* __atomic: set by main when the workers are done */
 static unsigned long budget_ok, budget_nomem, trims;
 
 static void *budget_thread(void *arg)
 {
     (void)arg;
-    for (unsigned i = 0; !workers_done; i++) {
+    for (unsigned i = 0; !__atomic_load_n(&workers_done, __ATOMIC_ACQUIRE); i++) {
         size_t b = (i % 2 ? 48 : 32) * (size_t)KB;
         int rc = kvvm_set_budget(kv, b);
         if (rc == 0)
@@ -272,7 +272,7 @@ int main(int argc, char **argv)
     pthread_create(&bt, NULL, budget_thread, NULL);
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
-    workers_done = 1;
+    __atomic_store_n(&workers_done, 1, __ATOMIC_RELEASE);
     pthread_join(bt, NULL);
     kvvm_sync(kv);
     char why[512] = "";
