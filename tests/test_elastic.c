@@ -499,6 +499,36 @@ Test(pool, releases_above_the_high_mark)
     tclose(&t);
 }
 
+/* Regression: a failed call releases the frames it created (pool_rollback); when the driver
+   refused that cuMemRelease, the pool forgot the frame anyway and the handle leaked (the
+   emulator held one more handle than the pool: the checker's handle count, and close). The
+   frame now stays in the pool as a reserve frame. */
+Test(regress, refused_release_in_rollback_keeps_the_frame)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0, 0);
+    c.pool_thread = 0;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 4), 0);
+    tcheck(&t, "before");
+    /* a grow needing more frames than the first chunk: it creates some, then its map fails
+       and the rollback's first release is refused */
+    cr_assert_eq(emu_fail_arm("cuMemMap", 1, KCU_ERROR_INVALID_VALUE), 0);
+    cr_assert_eq(emu_fail_arm("cuMemRelease", 1, KCU_ERROR_INVALID_VALUE), 0);
+    int rc = kvvm_seq_grow(t.kv, a->h, 60);
+    emu_fail_clear();
+    cr_expect_neq(rc, 0, "the armed map failure did not fail the grow");
+    tcheck(&t, "after the refused release");
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(emu_handle_bytes(&t), st.device_bytes_held);
+    sh_verify(t.kv, a, "after");
+    free(a);
+    tclose(&t);
+}
+
 /* ================================================================ sweep */
 
 enum sw_kind { SW_SHRINK, SW_GROW, SW_TRIM };
