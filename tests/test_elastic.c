@@ -362,6 +362,48 @@ Test(grow, takes_effect_at_once)
     tclose(&t);
 }
 
+/* The device watermarks are fractions of the budget: after a shrink, the reclaim thread
+   keeps low / high of the new budget free, not of the old one. 34 of 48 frames used leave
+   14 free: above low (0.25 x 48 = 12), below the old budget's low (16). */
+Test(grow, watermarks_follow_the_budget)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    struct sh *s[3];
+    tcfg(&c, 64, 64, 128, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.0;
+    c.device_low = 0.25;
+    c.device_high = 0.30;
+    c.pool_high = 2;                        /* (no reserve worth the name: pages are exact) */
+    c.pool_low = 1;
+    topen(&t, &c);
+    fill_n(&t, s, 2, 32);                   /* 16 frames each */
+    s[2] = sh_new(t.kv, 3);
+    cr_assert_eq(sh_grow_fill(t.kv, s[2], 4), 0);   /* 2 frames: 34 */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_set_budget(t.kv, 48 * KB), 0);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_device_total - s0.pages_device_free, 34);
+    cr_assert_eq(kvvm_step(t.kv), 0);       /* the reclaim thread looks at the marks */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.swap_outs, s0.swap_outs, "reclaim used the old budget's marks");
+    /* and below the new low mark it does reclaim */
+    cr_assert_eq(kvvm_set_budget(t.kv, 40 * KB), 0);      /* 6 free < 10 */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &s1);
+    cr_expect_gt(s1.swap_outs, s0.swap_outs, "no reclaim below the new budget's low mark");
+    cr_assert_eq(kvvm_set_budget(t.kv, 64 * KB), 0);
+    verify_n(&t, s, 3, "after");
+    tcheck(&t, "after");
+    free_n(s, 3);
+    tclose(&t);
+}
+
 /* ================================================================ trim */
 
 Test(trim, releases_unused_keeps_data_and_suppresses_refill)
