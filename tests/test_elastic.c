@@ -6,10 +6,12 @@
  *
  * Emulated device in opaque mode, 4 KiB granules, two regions, 1000 bytes per token.
  * Suites: errors (every -EINVAL, -ENOMEM unchanged), shrink (swap-out in reclaim order
- * without KVVM_F_AUTO_SWAP, memory back with the driver, protected sequences), grow, trim,
+ * without KVVM_F_AUTO_SWAP, memory back with the driver, protected sequences), grow (at once;
+ * the watermarks follow the budget), trim,
  * pool (frames_created_sync stays 0 with the thread; counts without it), sweep (fail-at-
  * call-N over set_budget and trim: after each failure the budget and every byte unchanged,
- * the context usable), shared (two contexts on one device hand memory to each other: the
+ * the context usable), regress (a refused cuMemRelease in a failed call's rollback), shared
+ * (two contexts on one device hand memory to each other: the
  * CUDA backend over tests/fake_libcuda.so, whose one emulated device both contexts open).
  */
 #include <criterion/criterion.h>
