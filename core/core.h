@@ -29,6 +29,7 @@
 #include "paging/paging.h"
 #include "host/host.h"
 #include "swap/swap.h"
+#include "swap/frames.h"
 #include "disk/disk.h"
 
 struct kvvm {
@@ -40,6 +41,7 @@ struct kvvm {
     struct host_arena *host;      /* the host tier (0 slots when host_budget < page_size) */
     struct pg_host_ops host_ops;  /* paging's view of it */
     struct swap *sw;
+    struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
     struct spill *spill;          /* the disk tier (NULL without spill_dir) */
     struct pg_disk_ops disk_ops;  /* paging's view of it */
     uint64_t base;                /* reservation base */

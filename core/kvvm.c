@@ -471,6 +471,8 @@ static int step_locked(kvvm *kv)
         rc = paging_disk_reap(kv->pg);
     if (!rc)
         swap_after_step(kv->sw);
+    if (!rc)
+        frames_after_step(kv->fr);
     return rc;
 }
 
@@ -495,6 +497,7 @@ int kvvm_sync(kvvm *kv)
     if (forked(kv))
         return -EIO;
     swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
+    frames_wait_idle(kv->fr);
     CALL_ENGINE(kv, sync_locked(kv));
 }
 
@@ -645,6 +648,98 @@ int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
         return kerr(-EINVAL, "kvvm_seq_info: info->size %zu is too small; set it to "
                     "sizeof(struct kvvm_seq_info) (%zu)", info->size, sizeof *info);
     CALL(kv, seq_info_locked(kv, s, info));
+}
+
+/* ---- elastic memory (kvvm_set_budget, kvvm_trim) ----------------------------------- */
+
+/* -EINVAL (explained) unless b is a budget this context can have. */
+static int budget_arg(kvvm *kv, size_t b, uint32_t *frames)
+{
+    size_t ps = kv->cfg.page_size, dev = vmm_device_bytes(kv->v);
+    if (!b)
+        return kerr(-EINVAL, "kvvm_set_budget: device_budget 0: at least one page per region "
+                    "(%u x %zu bytes) is needed", kv->cfg.n_regions, ps);
+    if (b % ps)
+        return kerr(-EINVAL, "kvvm_set_budget: device_budget %zu is not a multiple of "
+                    "page_size %zu", b, ps);
+    if (b > dev || b / ps > paging_cap_frames(kv->pg))
+        return kerr(-EINVAL, "kvvm_set_budget: device_budget %zu is larger than the device "
+                    "(%zu bytes%s)", b, dev, strcmp(vmm_backend_name(kv->v), "emulated") ? ""
+                    : ": emu_device_bytes, KVVM_EMU_DEVICE_BYTES");
+    if (b / ps < kv->cfg.n_regions)
+        return kerr(-EINVAL, "kvvm_set_budget: device_budget %zu holds fewer than one page of "
+                    "%zu bytes per region (%u)", b, ps, kv->cfg.n_regions);
+    *frames = (uint32_t)(b / ps);
+    return 0;
+}
+
+/* Frames holding pages must fit in `frames`: completes pending releases, then swaps out
+   (swap's direct-reclaim order and all-or-nothing check). */
+static int budget_make_room(kvvm *kv, uint32_t frames)
+{
+    struct paging_counters c;
+    paging_counters(kv->pg, &c);
+    if (c.pages_used <= frames)
+        return 0;
+    int rc = c.deferred ? paging_sync(kv->pg) : 0;      /* releases behind the step fence */
+    if (rc)
+        return rc;
+    paging_counters(kv->pg, &c);
+    if (c.pages_used <= frames)
+        return 0;
+    rc = swap_reclaim_budget(kv->sw, (uint32_t)(c.pages_total - frames));
+    if (rc == -ENOMEM) {        /* a normal outcome under load: the reason, not logged */
+        klast_set("kvvm_set_budget: %llu pages are in use and only %u fit in "
+                    "%zu bytes; not enough can be swapped out (protected or pinned "
+                    "sequences, or no room in the host and disk tiers): the budget is "
+                    "unchanged", (unsigned long long)c.pages_used, frames,
+                    (size_t)frames * kv->cfg.page_size);
+        return -ENOMEM;
+    }
+    return rc;
+}
+
+static int set_budget_locked(kvvm *kv, size_t b)
+{
+    uint32_t frames, released;
+    int rc = budget_arg(kv, b, &frames);
+    if (rc)
+        return rc;
+    paging_feed_quiesce(kv->pg);            /* no frame in the pool thread's hands */
+    rc = budget_make_room(kv, frames);
+    if (!rc)
+        rc = paging_set_budget(kv->pg, frames, &released);
+    if (rc)
+        return rc;
+    kv->cfg.device_budget = b;
+    swap_set_frames(kv->sw, frames);        /* the watermarks follow */
+    frames_set_budget(kv->fr, frames);      /* and the pool's marks (a refill round) */
+    klog_info("kvvm_set_budget: %zu bytes (%u pages); %u frames released to the driver", b,
+              frames, released);
+    return 0;
+}
+
+int kvvm_set_budget(kvvm *kv, size_t device_budget)
+{
+    klast_clear();
+    NONNULL(kv);
+    CALL_ENGINE(kv, set_budget_locked(kv, device_budget));
+}
+
+static int trim_locked(kvvm *kv, size_t keep)
+{
+    paging_feed_quiesce(kv->pg);
+    uint64_t k = keep / kv->cfg.page_size;
+    uint32_t n = paging_trim(kv->pg, k > UINT32_MAX ? UINT32_MAX : (uint32_t)k);
+    klog_debug("kvvm_trim: %u unused frames released to the driver", n);
+    return 0;
+}
+
+int kvvm_trim(kvvm *kv, size_t keep_bytes)
+{
+    klast_clear();
+    NONNULL(kv);
+    CALL(kv, trim_locked(kv, keep_bytes));
 }
 
 /* ---- sliding-window discard and sequence classes (0.2) -------------------------------- */

@@ -29,6 +29,8 @@ static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
     }
     memset(out, 0, sizeof *out);
     memcpy(out, in, in->size < sizeof *out ? in->size : sizeof *out);
+    if (in->size < offsetof(struct kvvm_config, pool_thread) + sizeof out->pool_thread)
+        out->pool_thread = 1;       /* a struct from before 0.2: the default */
     out->size = sizeof *out;
     return 0;
 }
@@ -157,12 +159,20 @@ static int open_layout(kvvm *kv)
     /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
     uint64_t slots = host_slots_total(kv->host) +
                      (c->spill_dir ? c->spill_budget / c->page_size : 0);
+    /* the budget may grow up to the device's capacity (kvvm_set_budget) */
+    uint64_t cap = vmm_device_bytes(kv->v) / c->page_size;
+    if (cap > UINT32_MAX / 2)
+        cap = UINT32_MAX / 2;
+    if (cap < frames)
+        cap = frames;
     struct paging_params pp = {
         .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
         .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
         .slot_bytes = kv->slot_bytes, .base = kv->base, .max_frames = (uint32_t)frames,
-        .max_pages = (uint32_t)(frames + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
+        .cap_frames = (uint32_t)cap,
+        .max_pages = (uint32_t)(cap + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
+        .feed = !!c->pool_thread,
         .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
         .disk = kv->spill ? &kv->disk_ops : NULL,
     };
@@ -180,7 +190,16 @@ static int open_layout(kvvm *kv)
     rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
     if (rc)
         goto out_paging;
+    if (c->pool_thread) {
+        struct frames_params fp = { .budget = (uint32_t)frames, .n_regions = c->n_regions,
+                                    .low = c->pool_low, .high = c->pool_high };
+        rc = frames_create(kv->pg, kv->v, &kv->lock, &fp, &kv->fr);
+        if (rc)
+            goto out_swap;
+    }
     return 0;
+out_swap:
+    swap_destroy(kv->sw);
 out_paging:
     paging_destroy(kv->pg);
 out_spill:
@@ -269,6 +288,7 @@ void kvvm_close(kvvm *kv)
     kcu_context prev;               /* restored at the end (kvvm.h) */
     (void)vmm_ctx_save(kv->v, &prev);
     swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */
+    frames_destroy(kv->fr);         /* and the frame pool thread */
     pthread_mutex_lock(&kv->lock);
     paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
     paging_destroy(kv->pg);

@@ -82,6 +82,17 @@ struct kvvm_config {
     int      emu_opaque;        /* emulated device: windows not CPU-accessible (copies only);
                                    proves a caller never dereferences device memory.
                                    KVVM_EMU_OPAQUE */
+    /* --- additions of 0.2: the frame pool thread (docs/api.md "Elastic device memory") --- */
+    int      pool_thread;       /* 1 (default): a library thread creates frames ahead of need
+                                   and releases unused ones above pool_high; 0: frames are
+                                   created on the caller's thread (at kvvm_step, and by a call
+                                   that finds none ready). KVVM_POOL_THREAD */
+    uint32_t pool_low;          /* pages: fewer ready than this wakes the thread, which refills
+                                   to pool_high; 0 = max(2 x n_regions, budget / 16 pages).
+                                   KVVM_POOL_LOW */
+    uint32_t pool_high;         /* pages: the reserve of created, unused frames the thread
+                                   keeps; 0 = max(2 x pool_low, budget / 8 pages).
+                                   KVVM_POOL_HIGH */
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */

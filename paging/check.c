@@ -190,21 +190,21 @@ static int ck_frames(struct ck *k)
 {
     struct paging *pg = k->pg;
     uint32_t st[4] = { 0 }, walk = 0;
-    if (pg->n_created > pg->p.max_frames)
-        return fail(k, "%u frames created, budget %u", pg->n_created, pg->p.max_frames);
-    for (uint32_t i = 0; i < pg->n_created; i++)
+    if (pg->n_held > pg->p.max_frames)
+        return fail(k, "%u frames held, budget %u", pg->n_held, pg->p.max_frames);
+    for (uint32_t i = 0; i < pg->cap_frames; i++)
         st[pg->frames[i].state & 3]++;
-    for (uint32_t f = pg->ready_head; f && walk <= pg->n_created; f = frame_at(pg, f)->next) {
+    for (uint32_t f = pg->ready_head; f && walk <= pg->n_held; f = frame_at(pg, f)->next) {
         if (frame_at(pg, f)->state != FR_READY)
             return fail(k, "frame %u on the ready list is not ready", f);
         walk++;
     }
-    if (st[FR_NONE] || st[FR_READY] != pg->n_ready || walk != pg->n_ready ||
-        st[FR_AHEAD] != pg->n_ahead || st[FR_USED] != pg->n_used)
-        return fail(k, "frame conservation: created %u = ready %u (counted %u, list %u) + "
-                    "ahead %u (%u) + used %u (%u), %u unset", pg->n_created, st[FR_READY],
+    if (st[FR_NONE] != pg->cap_frames - pg->n_held || st[FR_READY] != pg->n_ready ||
+        walk != pg->n_ready || st[FR_AHEAD] != pg->n_ahead || st[FR_USED] != pg->n_used)
+        return fail(k, "frame conservation: held %u = ready %u (counted %u, list %u) + "
+                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->n_held, st[FR_READY],
                     pg->n_ready, walk, st[FR_AHEAD], pg->n_ahead, st[FR_USED], pg->n_used,
-                    st[FR_NONE]);
+                    st[FR_NONE], pg->cap_frames);
     return 0;
 }
 
@@ -248,7 +248,7 @@ static int ck_pages(struct ck *k)
             return fail(k, "host page %u still names frame %u", i + 1, p->frame);
         if (page_has_frame(p)) {
             dev++;
-            if (!p->frame || p->frame > pg->n_created ||
+            if (!p->frame || p->frame > pg->cap_frames ||
                 frame_at(pg, p->frame)->state != FR_USED || frame_at(pg, p->frame)->page != i + 1)
                 return fail(k, "page %u names frame %u which does not hold it", i + 1, p->frame);
         }
@@ -304,12 +304,19 @@ static int ck_driver(struct ck *k)
     int rc = ck_unmapped(k, pg->scratch_va, "scratch page");
     if (rc)
         return rc;
-    if ((rc = vmm_debug_objects(pg->v, &c)))
-        return fail(k, "vmm_debug_objects failed: %d", rc);
-    if (c.handles != pg->n_created || c.handle_bytes != (uint64_t)pg->n_created * pg->p.page_size)
-        return fail(k, "the emulator holds %llu handles (%llu bytes), the pool %u",
+    /* the frame pool thread may be creating or releasing handles right now (the feed:
+       read under its mutex, a handle made or released is counted in transit there) */
+    pthread_mutex_lock(&pg->feed.mu);
+    int crc = vmm_debug_objects(pg->v, &c);
+    uint64_t lo = (uint64_t)pg->n_held + pg->feed.n_in;
+    uint64_t hi = lo + pg->feed.creating + pg->feed.releasing;
+    pthread_mutex_unlock(&pg->feed.mu);
+    if (crc)
+        return fail(k, "vmm_debug_objects failed: %d", crc);
+    if (c.handles < lo || c.handles > hi || c.handle_bytes != c.handles * pg->p.page_size)
+        return fail(k, "the driver holds %llu handles (%llu bytes), the pool %llu..%llu",
                     (unsigned long long)c.handles, (unsigned long long)c.handle_bytes,
-                    pg->n_created);
+                    (unsigned long long)lo, (unsigned long long)hi);
     if (c.mapped_bytes != k->mapped * pg->p.page_size)
         return fail(k, "the emulator has %llu bytes mapped, the block tables %llu pages",
                     (unsigned long long)c.mapped_bytes, (unsigned long long)k->mapped);

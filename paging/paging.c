@@ -21,7 +21,9 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->pages_used = pg->n_used;
     out->pages_free = pg->p.max_frames - pg->n_used;
     out->pages_inflight = pg->n_inflight;
-    out->frames_created = pg->n_created;
+    pthread_mutex_lock((pthread_mutex_t *)&pg->feed.mu);
+    out->frames_held = pg->n_held + pg->feed.n_in + pg->feed.releasing;
+    pthread_mutex_unlock((pthread_mutex_t *)&pg->feed.mu);
     out->deferred = pg->n_defer;
     out->pages_host = pg->n_host;
     out->pages_disk = pg->n_disk;
@@ -69,7 +71,8 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     rc = pool_init(pg);
     if (rc)
         goto out_free;
-    pool_refill(pg, pg->chunk);
+    if (!p->feed)
+        pool_refill(pg, pg->chunk);
     if (vmm_dead(v)) {
         rc = -EIO;
         goto out_pool;

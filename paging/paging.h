@@ -7,8 +7,10 @@
  *    flight) and a location in that tier (a device frame, a host slot, a disk slot). The
  *    identity survives tier moves; sequences hold page ids, never handles or addresses.
  *  - A *frame* is one physical device allocation (vmm_handle) of page_size bytes. Frames are
- *    created ahead of need (at create time and at each step), kept for reuse and never
- *    released before paging_destroy; at most max_frames (= device budget / page_size) exist.
+ *    created ahead of need (by the frame pool thread through the feed below, or without
+ *    one at create time and at each step), kept for reuse, and released when the budget
+ *    shrinks, at kvvm_trim, or above the pool thread's high mark; at most max_frames
+ *    (= device budget / page_size, changed by paging_set_budget) are held.
  *  - A *sequence* owns one slot: a fixed window of slot_bytes in each of n_regions regions.
  *    Its block table holds, per region, the page ids covering [0, length). Handles carry a
  *    generation: a freed or forged handle is -ENOENT, never aliased; 0 is never a handle.
@@ -109,9 +111,13 @@ struct paging_params {
     uint64_t slot_bytes;         /* multiple of page_size, >= max_tokens * bytes_per_token */
     uint64_t base;               /* reservation base: regions, then one scratch page */
     uint32_t max_frames;         /* device budget in pages (>= n_regions) */
+    uint32_t cap_frames;         /* the most the budget may grow to (device capacity in
+                                    pages, >= max_frames; 0 = max_frames) */
     uint32_t max_pages;          /* page descriptors (device + host + disk pages) */
     uint32_t map_ahead;          /* pages per region mapped ahead of a growing sequence */
     bool     scrub;              /* zero frames before they change owner */
+    bool     feed;               /* a frame pool thread attaches after create
+                                    (paging_feed_attach): no first chunk created here */
     const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
     const struct pg_disk_ops *disk; /* NULL: no disk tier (needs a host tier) */
 };
@@ -357,6 +363,53 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
 /* Device frames that dropping every sequence of c[0..n) would free (pages all of whose
    holders are in the set). */
 uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n);
+
+/* ---- the frame pool's feed and the budget (pool.c) ----
+ * The feed lets a library thread (swap/frames.c, the policy: when and how many) create and
+ * release frames without the context lock: paging_feed_plan (context lock held) reserves
+ * frames to create within the budget and takes ready frames off the pool for release;
+ * paging_feed_work (no lock) makes the driver calls and hands the created frames over;
+ * paging_feed_drain (context lock) puts them in the pool. A caller short of ready frames
+ * takes delivered ones, waits for those being created, and creates on its own thread only
+ * when none are on their way (counted: frames_created_sync). */
+struct pg_feed_plan {
+    uint32_t create;             /* frames to create */
+    uint32_t release;            /* handles in rel[] to release */
+    vmm_handle *rel;             /* paging_feed_plan fills; freed by paging_feed_work */
+};
+/* Attaches the thread: from now on frames are created ahead by it. wake(arg) is called
+   (context lock held) when a call leaves fewer than low frames ready. -ENOMEM. */
+int  paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low);
+/* Detaches it (after its last paging_feed_work): callers create on their own thread again. */
+void paging_feed_detach(struct paging *pg);
+void paging_feed_set_low(struct paging *pg, uint32_t low);
+/* Context lock held. Fills pl for a round that brings the ready frames up to `fill` (none
+   while kvvm_trim's suppression lasts) and releases ready frames above `keep` (keep >=
+   fill) that stayed unused since the previous plan (the fewest ready meanwhile above keep). 0 with pl->create = pl->release = 0: nothing to do. -ENOMEM (rel[] not allocated:
+   nothing taken). */
+int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
+/* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the
+   first failure: the rest of the reservation is given back). Returns the number created. */
+uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl);
+/* Context lock held: delivered frames into the pool (released at once above the budget). */
+void paging_feed_drain(struct paging *pg);
+/* Context lock held: waits until no frame is being created or released, then drains. */
+void paging_feed_quiesce(struct paging *pg);
+/* Frames ready in the pool now (delivered ones included after a drain). */
+uint32_t paging_pool_ready(const struct paging *pg);
+/* Context lock held. Sets the budget to `frames` (n_regions <= frames <= cap_frames) when
+   the frames holding pages (pending releases included) fit in it, releasing every unused
+   frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);
+   *released gets the count. Call paging_feed_quiesce first. -EINVAL out of range, -ENOMEM
+   more frames hold pages than `frames` (nothing changed), -EIO the driver refused a release
+   (the budget unchanged; unused frames released before it stay released). */
+int  paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released);
+/* Context lock held. Releases unused frames (map-ahead unmapped first, then ready ones)
+   until at most keep of them are left, and suppresses creating ahead until a call takes
+   frames. Never moves data. Returns the number released. Call paging_feed_quiesce first. */
+uint32_t paging_trim(struct paging *pg, uint32_t keep);
+uint32_t paging_budget(const struct paging *pg);
+uint32_t paging_cap_frames(const struct paging *pg);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

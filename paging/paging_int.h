@@ -19,6 +19,7 @@
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
 
+#include <pthread.h>
 #include "paging.h"
 
 enum pg_frame_state {
@@ -31,8 +32,34 @@ enum pg_frame_state {
 struct pg_frame {
     vmm_handle h;
     uint8_t    state;      /* enum pg_frame_state */
-    uint32_t   next;       /* FR_READY: next ready frame id (0 = end) */
+    uint32_t   next;       /* FR_READY: next ready frame id (0 = end); FR_NONE: next free id */
     uint32_t   page;       /* FR_USED: the page id it holds */
+    uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by
+                              the pool thread); pool_rollback releases those above a mark */
+};
+
+/* The pool's feed (pool.c): frames created and released off the caller's thread by the
+   frame pool thread (swap/frames.c). Everything here is under mu, which is taken with or
+   without the context lock (lock order: context lock -> mu): the thread creates and
+   releases handles holding mu only around the hand-off, so a caller holding the context
+   lock may wait on cv for frames being created. Budget accounting: frames being created
+   (creating), created and not in the pool yet (n_in) and taken off the pool for release
+   (releasing) count as held, so held frames never exceed the budget. */
+struct pg_feed {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;        /* a delivery, a failure or a release happened */
+    bool        on;            /* a thread feeds the pool (paging_feed_attach) */
+    uint32_t    creating;      /* reserved by a plan, not delivered or failed yet */
+    uint32_t    releasing;     /* taken off the pool, not released yet */
+    uint32_t    n_in;          /* created, waiting in in[] for paging_feed_drain */
+    uint32_t    unreleased;    /* of in[]: releases the driver refused (back to the pool) */
+    vmm_handle *in;            /* cap_frames entries */
+    void      (*wake)(void *); /* asks the thread for a round (called with the context lock) */
+    void       *wake_arg;
+    uint32_t    low;           /* wake when fewer frames than this are ready (0: never) */
+    uint32_t    ready_min;     /* fewest frames ready since the last plan (context lock):
+                                  only frames unused that whole time are surplus */
+    bool        suppress;      /* kvvm_trim: create nothing ahead until a call takes frames */
 };
 
 struct pg_page {
@@ -101,10 +128,15 @@ struct paging {
     uint32_t pages_per_slot;
     uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
 
-    /* pool */
-    struct pg_frame *frames;   /* max_frames */
-    uint32_t n_created, n_ready, n_ahead, n_used, ready_head;
-    uint32_t chunk;            /* frames created ahead per refill */
+    /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
+       p.max_frames, changed by paging_set_budget) */
+    struct pg_frame *frames;   /* cap_frames */
+    uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
+    uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
+    uint32_t n_held, n_ready, n_ahead, n_used, ready_head;
+    uint32_t frame_free_head;  /* FR_NONE ids (0 = none) */
+    uint32_t chunk;            /* frames created ahead per refill without a pool thread */
+    struct pg_feed feed;
     struct pg_page *pages;     /* max_pages */
     uint32_t page_free_head, n_pages_live;
 
@@ -198,11 +230,15 @@ void frame_set_ahead(struct paging *pg, uint32_t f);
 void frame_set_used(struct paging *pg, uint32_t f);
 /* Returns frames that hold no page (unmapped) to the ready list. */
 void pool_give(struct paging *pg, const uint32_t *f, uint32_t n);
-/* Releases the frames created after the pool had `mark` frames (a failed call's; they are
-   all ready again), so a failed call leaves no new handle behind. */
+/* Releases the frames a failed call created on its own thread since mark = pg->n_created
+   (they are all ready again), so it leaves no new handle behind (frames the pool thread
+   delivered meanwhile stay: they are the reserve). */
 void pool_rollback(struct paging *pg, uint32_t mark);
-/* Creates frames until `ready` are ready (bounded by max_frames); best effort. */
+/* Without a pool thread: creates frames until `ready` are ready (bounded by the budget);
+   best effort. With one (or suppressed by kvvm_trim): nothing. */
 void pool_refill(struct paging *pg, uint32_t ready);
+/* Releases ready frames until at most keep are ready; returns how many it released. */
+uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
 /* New page descriptor in the device tier holding frame f (refs 1). */
 uint32_t page_new(struct paging *pg, uint32_t frame);
 void page_get(struct paging *pg, uint32_t page);

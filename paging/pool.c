@@ -1,11 +1,18 @@
 /*
- * paging/pool.c: the device frame pool and the page descriptors.
+ * paging/pool.c: the device frame pool, its feed, the budget, and the page descriptors.
  *
- * Frames (physical handles) are created ahead of need: a first chunk at create time, more at
- * each step (pool_refill), and on the grow path only the exact shortfall when no ready frame
- * is left. A frame whose page dies goes back to the ready list (LIFO, O(1)) and is kept for
- * reuse; frames are released only by pool_fini. Page descriptors come from a fixed array
- * with an O(1) free list; a page id is the descriptor index + 1.
+ * Frames (physical handles) are created ahead of need. With the frame pool thread
+ * (swap/frames.c) attached, it creates them off the caller's thread through the feed
+ * (paging.h "the frame pool's feed"); without it, a first chunk at create time and more at
+ * each step (pool_refill). On the grow path a caller short of ready frames takes delivered
+ * ones, waits for those being created, and creates the rest itself only when none are on
+ * their way (frames_created_sync counts those). A frame whose page dies goes back to the
+ * ready list (LIFO, O(1)) and is kept for reuse; frames are released when the budget
+ * shrinks (paging_set_budget), at kvvm_trim (paging_trim), by the thread above its high
+ * mark, and at pool_fini. Frame ids come from a fixed array of cap_frames entries (the
+ * device's capacity in pages) with a free list, so the budget can grow up to it; at most
+ * max_frames (the budget) are held, counting the feed's frames in transit. Page descriptors
+ * come from a fixed array with an O(1) free list; a page id is the descriptor index + 1.
  */
 #include "paging_int.h"
 
@@ -16,19 +23,30 @@
 
 int pool_init(struct paging *pg)
 {
-    pg->frames = calloc(pg->p.max_frames, sizeof *pg->frames);
+    if (pg->p.cap_frames < pg->p.max_frames)
+        pg->p.cap_frames = pg->p.max_frames;
+    pg->cap_frames = pg->p.cap_frames;
+    pg->frames = calloc(pg->cap_frames ? pg->cap_frames : 1, sizeof *pg->frames);
     pg->pages = calloc(pg->p.max_pages, sizeof *pg->pages);
-    if (!pg->frames || !pg->pages)
+    pg->feed.in = calloc(pg->cap_frames ? pg->cap_frames : 1, sizeof *pg->feed.in);
+    if (!pg->frames || !pg->pages || !pg->feed.in)
         goto out_free;
+    for (uint32_t i = 0; i < pg->cap_frames; i++)
+        pg->frames[i].next = i + 2 <= pg->cap_frames ? i + 2 : 0;
+    pg->frame_free_head = pg->cap_frames ? 1 : 0;
     for (uint32_t i = 0; i < pg->p.max_pages; i++)
         pg->pages[i].next_free = i + 2 <= pg->p.max_pages ? i + 2 : 0;
     pg->page_free_head = pg->p.max_pages ? 1 : 0;
+    pthread_mutex_init(&pg->feed.mu, NULL);
+    pthread_cond_init(&pg->feed.cv, NULL);
     return 0;
 out_free:
     free(pg->frames);
     free(pg->pages);
+    free(pg->feed.in);
     pg->frames = NULL;
     pg->pages = NULL;
+    pg->feed.in = NULL;
     return -ENOMEM;
 }
 
@@ -36,16 +54,24 @@ void pool_fini(struct paging *pg)
 {
     if (!pg->frames)
         return;
-    for (uint32_t i = 0; i < pg->n_created; i++) {
+    for (uint32_t i = 0; i < pg->cap_frames; i++) {
+        if (pg->frames[i].state == FR_NONE)
+            continue;
         if (pg->frames[i].state != FR_READY)
             klog_error("paging: frame %u still in state %u at close", i + 1,
                        pg->frames[i].state);
-        vmm_phys_release(pg->v, pg->frames[i].h);
+        (void)vmm_phys_release(pg->v, pg->frames[i].h);    /* refused: logged */
     }
+    for (uint32_t i = 0; i < pg->feed.n_in; i++)     /* delivered, never drained */
+        (void)vmm_phys_release(pg->v, pg->feed.in[i]);
+    pthread_cond_destroy(&pg->feed.cv);
+    pthread_mutex_destroy(&pg->feed.mu);
     free(pg->frames);
     free(pg->pages);
+    free(pg->feed.in);
     pg->frames = NULL;
     pg->pages = NULL;
+    pg->feed.in = NULL;
 }
 
 static void ready_push(struct paging *pg, uint32_t f)
@@ -66,43 +92,339 @@ static uint32_t ready_pop(struct paging *pg)
     struct pg_frame *fr = frame_at(pg, f);
     pg->ready_head = fr->next;
     pg->n_ready--;
+    if (pg->n_ready < pg->feed.ready_min)
+        pg->feed.ready_min = pg->n_ready;
     fr->next = 0;
     return f;
 }
 
-/* Creates one frame onto the ready list. -ENOMEM (budget or device full), -EIO. */
+/* A new frame id for handle h, onto the ready list. The caller checked the budget. */
+static uint32_t frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
+{
+    uint32_t f = pg->frame_free_head;
+    struct pg_frame *fr = frame_at(pg, f);
+    pg->frame_free_head = fr->next;
+    fr->h = h;
+    fr->serial = serial;
+    pg->n_held++;
+    pg->c.frames_created++;
+    ready_push(pg, f);
+    return f;
+}
+
+/* Gives frame id f (off every list, unused) back to the free ids; its handle is the
+   caller's to release. */
+static void frame_forget(struct paging *pg, uint32_t f)
+{
+    struct pg_frame *fr = frame_at(pg, f);
+    fr->state = FR_NONE;
+    fr->serial = 0;
+    fr->next = pg->frame_free_head;
+    pg->frame_free_head = f;
+    pg->n_held--;
+}
+
+/* Frames of the budget in the feed's hands (being created, delivered, being released). */
+static uint32_t feed_transit(struct paging *pg)
+{
+    pthread_mutex_lock(&pg->feed.mu);
+    uint32_t n = pg->feed.creating + pg->feed.n_in + pg->feed.releasing;
+    pthread_mutex_unlock(&pg->feed.mu);
+    return n;
+}
+
+static bool budget_room(struct paging *pg)
+{
+    return pg->n_held + feed_transit(pg) < pg->p.max_frames && pg->frame_free_head;
+}
+
+/* Creates one frame onto the ready list on the caller's thread. -ENOMEM (budget or device
+   full), -EIO. */
 static int pool_create_one(struct paging *pg)
 {
-    if (pg->n_created >= pg->p.max_frames)
+    if (!budget_room(pg))
         return -ENOMEM;
     vmm_handle h;
     int rc = vmm_phys_create(pg->v, pg->p.page_size, &h);
     if (rc)
         return rc;
-    uint32_t f = ++pg->n_created;
-    frame_at(pg, f)->h = h;
-    pg->c.frames_created++;
-    ready_push(pg, f);
+    frame_add(pg, h, ++pg->n_created);
+    pg->c.frames_created_sync++;
     return 0;
 }
 
 void pool_refill(struct paging *pg, uint32_t ready)
 {
-    while (pg->n_ready < ready && pg->n_created < pg->p.max_frames)
+    if (pg->feed.on || pg->feed.suppress)
+        return;
+    while (pg->n_ready < ready && pg->n_held < pg->p.max_frames)
         if (pool_create_one(pg))
             return;
 }
 
 uint32_t pool_available(const struct paging *pg)
 {
-    return pg->n_ready + (pg->p.max_frames - pg->n_created) + pg->n_ahead;
+    /* ready + ahead + not created (in transit or not yet asked for) */
+    return pg->p.max_frames > pg->n_used ? pg->p.max_frames - pg->n_used : 0;
 }
 
-/* Makes n frames ready: create the shortfall, then steal map-ahead. Frames made ready stay
-   in the pool on failure (invisible: they count as free either way). */
+/* Releases handle h; false when the driver refused it on a live context (the caller keeps
+   the frame: a refused release must not leak a handle the pool forgot). */
+static bool release_ok(struct paging *pg, vmm_handle h)
+{
+    return !vmm_phys_release(pg->v, h) || vmm_dead(pg->v);
+}
+
+uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
+{
+    uint32_t n = 0;
+    while (pg->n_ready > keep) {
+        uint32_t f = ready_pop(pg);
+        if (!release_ok(pg, frame_at(pg, f)->h)) {
+            ready_push(pg, f);
+            break;
+        }
+        frame_forget(pg, f);
+        pg->c.frames_released++;
+        n++;
+    }
+    return n;
+}
+
+/* ---- the feed ----------------------------------------------------------------------- */
+
+void paging_feed_drain(struct paging *pg)
+{
+    struct pg_feed *fd = &pg->feed;
+    pthread_mutex_lock(&fd->mu);
+    for (uint32_t i = 0; i < fd->n_in; i++) {
+        uint32_t after = pg->n_held + 1 + fd->creating + fd->releasing + (fd->n_in - i - 1);
+        if (after <= pg->p.max_frames && pg->frame_free_head) {
+            frame_add(pg, fd->in[i], 0);
+        } else {            /* the budget shrank meanwhile */
+            if (!release_ok(pg, fd->in[i]))
+                klog_error("paging: a frame above the budget could not be released");
+            pg->c.frames_created++;
+            pg->c.frames_released++;
+        }
+    }
+    /* releases the driver refused came back above: not released, not created anew */
+    pg->c.frames_released -= fd->unreleased;
+    pg->c.frames_created -= fd->unreleased;
+    fd->unreleased = 0;
+    fd->n_in = 0;
+    pthread_mutex_unlock(&fd->mu);
+}
+
+/* A caller short of ready frames: waits once for frames the thread is creating (or, with
+   no budget room, releasing). True when it waited (the caller drains and looks again). */
+static bool feed_wait(struct paging *pg)
+{
+    struct pg_feed *fd = &pg->feed;
+    bool waited = false;
+    pthread_mutex_lock(&fd->mu);
+    if (fd->creating ||
+        (fd->releasing && pg->n_held + fd->n_in + fd->releasing >= pg->p.max_frames)) {
+        pthread_cond_wait(&fd->cv, &fd->mu);
+        waited = true;
+    } else if (fd->n_in) {
+        waited = true;
+    }
+    pthread_mutex_unlock(&fd->mu);
+    return waited;
+}
+
+void paging_feed_quiesce(struct paging *pg)
+{
+    struct pg_feed *fd = &pg->feed;
+    pthread_mutex_lock(&fd->mu);
+    while (fd->creating || fd->releasing)
+        pthread_cond_wait(&fd->cv, &fd->mu);
+    pthread_mutex_unlock(&fd->mu);
+    paging_feed_drain(pg);
+}
+
+int paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low)
+{
+    pg->feed.wake = wake;
+    pg->feed.wake_arg = arg;
+    pg->feed.low = low;
+    pg->feed.on = true;
+    return 0;
+}
+
+void paging_feed_detach(struct paging *pg)
+{
+    paging_feed_quiesce(pg);
+    pg->feed.on = false;
+    pg->feed.wake = NULL;
+    pg->feed.wake_arg = NULL;
+}
+
+void paging_feed_set_low(struct paging *pg, uint32_t low)
+{
+    pg->feed.low = low;
+}
+
+static void feed_wake(struct paging *pg)
+{
+    if (pg->feed.on && pg->feed.wake && pg->n_ready < pg->feed.low && !pg->feed.suppress)
+        pg->feed.wake(pg->feed.wake_arg);
+}
+
+int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl)
+{
+    struct pg_feed *fd = &pg->feed;
+    paging_feed_drain(pg);
+    pl->create = pl->release = 0;
+    pl->rel = NULL;
+    if (keep < fill)
+        keep = fill;
+    pthread_mutex_lock(&fd->mu);
+    uint32_t coming = fd->creating + fd->n_in;
+    uint32_t transit = coming + fd->releasing;
+    if (!fd->suppress && pg->n_ready + coming < fill) {
+        uint32_t want = fill - pg->n_ready - coming;
+        uint32_t room = pg->p.max_frames > pg->n_held + transit
+                            ? pg->p.max_frames - pg->n_held - transit : 0;
+        pl->create = want < room ? want : room;
+    }
+    pthread_mutex_unlock(&fd->mu);
+    /* surplus: ready frames above keep that no call needed since the last plan (a burst
+       of frees right before a burst of takes is not released and created again) */
+    uint32_t idle = pg->feed.ready_min < pg->n_ready ? pg->feed.ready_min : pg->n_ready;
+    uint32_t release = idle > keep ? idle - keep : 0;
+    if (release && !(pl->rel = malloc(release * sizeof *pl->rel))) {
+        pl->create = 0;
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < release; i++) {
+        uint32_t f = ready_pop(pg);
+        pl->rel[i] = frame_at(pg, f)->h;
+        frame_forget(pg, f);
+    }
+    pl->release = release;
+    pg->c.frames_released += release;
+    pg->feed.ready_min = pg->n_ready;
+    pthread_mutex_lock(&fd->mu);
+    fd->creating += pl->create;
+    fd->releasing += release;
+    pthread_mutex_unlock(&fd->mu);
+    return 0;
+}
+
+uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)
+{
+    struct pg_feed *fd = &pg->feed;
+    for (uint32_t i = 0; i < pl->release; i++) {
+        bool ok = release_ok(pg, pl->rel[i]);
+        pthread_mutex_lock(&fd->mu);
+        if (!ok) {                /* refused: back to the pool as a delivered frame */
+            fd->in[fd->n_in++] = pl->rel[i];
+            fd->unreleased++;
+        }
+        fd->releasing--;
+        pthread_cond_broadcast(&fd->cv);
+        pthread_mutex_unlock(&fd->mu);
+    }
+    free(pl->rel);
+    pl->rel = NULL;
+    uint32_t made = 0;
+    for (uint32_t i = 0; i < pl->create; i++) {
+        vmm_handle h;
+        int rc = vmm_phys_create(pg->v, pg->p.page_size, &h);
+        pthread_mutex_lock(&fd->mu);
+        if (rc) {
+            fd->creating -= pl->create - i;      /* the rest of the reservation back */
+        } else {
+            fd->creating--;
+            fd->in[fd->n_in++] = h;
+            made++;
+        }
+        pthread_cond_broadcast(&fd->cv);
+        pthread_mutex_unlock(&fd->mu);
+        if (rc) {
+            klog_debug("paging: the frame pool thread created %u of %u frames (%d)", made,
+                       pl->create, rc);
+            break;
+        }
+    }
+    return made;
+}
+
+uint32_t paging_pool_ready(const struct paging *pg)
+{
+    return pg->n_ready;
+}
+
+/* ---- the budget --------------------------------------------------------------------- */
+
+/* Unmaps every sequence's map-ahead: those frames become ready. */
+static void drop_all_ahead(struct paging *pg)
+{
+    for (uint32_t i = 0; i < pg->p.max_seqs && pg->n_ahead; i++)
+        if (pg->seqs[i].n_ahead)
+            seq_drop_ahead(pg, &pg->seqs[i], 0);
+}
+
+int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
+{
+    *released = 0;
+    if (frames < pg->p.n_regions || frames > pg->cap_frames)
+        return -EINVAL;
+    if (pg->n_used > frames)
+        return -ENOMEM;
+    if (pg->n_held > frames) {
+        uint32_t over = pg->n_held - frames;
+        *released += pool_release_ready(pg, pg->n_ready > over ? pg->n_ready - over : 0);
+    }
+    if (pg->n_held > frames) {
+        drop_all_ahead(pg);
+        *released += pool_release_ready(pg, frames - pg->n_used);
+    }
+    /* a release the driver refused: the budget stays (unused frames released meanwhile
+       are only reserve; they are created again on need) */
+    if (pg->n_held > frames)
+        return -EIO;
+    pg->p.max_frames = frames;
+    return 0;
+}
+
+uint32_t paging_trim(struct paging *pg, uint32_t keep)
+{
+    pthread_mutex_lock(&pg->feed.mu);
+    pg->feed.suppress = true;
+    pthread_mutex_unlock(&pg->feed.mu);
+    if (pg->n_ahead && pg->n_ready + pg->n_ahead > keep)
+        drop_all_ahead(pg);
+    return pool_release_ready(pg, keep);
+}
+
+uint32_t paging_budget(const struct paging *pg)
+{
+    return pg->p.max_frames;
+}
+
+uint32_t paging_cap_frames(const struct paging *pg)
+{
+    return pg->cap_frames;
+}
+
+/* ---- taking and giving frames ------------------------------------------------------- */
+
+/* Makes n frames ready: delivered ones, those being created, created here, then stolen
+   map-ahead. Frames made ready stay in the pool on failure (invisible: they count as free
+   either way). */
 static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
 {
-    while (pg->n_ready < n && pg->n_created < pg->p.max_frames) {
+    paging_feed_drain(pg);
+    while (pg->n_ready < n) {
+        if (pg->feed.on && feed_wait(pg)) {
+            paging_feed_drain(pg);
+            continue;
+        }
+        if (!budget_room(pg))
+            break;
         int rc = pool_create_one(pg);
         if (rc == -ENOMEM)
             break;
@@ -117,6 +439,11 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
 
 int pool_take_except(struct paging *pg, uint32_t n, uint32_t *out, struct pg_seq *except)
 {
+    if (pg->feed.suppress) {          /* a call needs device pages: kvvm_trim's pause ends */
+        pthread_mutex_lock(&pg->feed.mu);
+        pg->feed.suppress = false;
+        pthread_mutex_unlock(&pg->feed.mu);
+    }
     int rc = pool_ensure(pg, n, except);
     if (rc)
         return rc;
@@ -125,6 +452,7 @@ int pool_take_except(struct paging *pg, uint32_t n, uint32_t *out, struct pg_seq
         frame_at(pg, out[i])->state = FR_USED;
         pg->n_used++;
     }
+    feed_wake(pg);
     return 0;
 }
 
@@ -141,6 +469,8 @@ uint32_t pool_take_ready(struct paging *pg, uint32_t n, uint32_t *out)
         frame_at(pg, out[i])->state = FR_USED;
         pg->n_used++;
     }
+    if (k)
+        feed_wake(pg);
     return k;
 }
 
@@ -177,10 +507,12 @@ void frame_set_used(struct paging *pg, uint32_t f)
     fr->state = FR_USED;
 }
 
+/* ---- page descriptors --------------------------------------------------------------- */
+
 uint32_t page_new(struct paging *pg, uint32_t frame)
 {
     uint32_t id = pg->page_free_head;
-    /* max_pages >= max_frames and every device page holds a frame: never exhausted here */
+    /* max_pages >= cap_frames and every device page holds a frame: never exhausted here */
     KVVM_ASSERT(id != 0);
     struct pg_page *p = page_at(pg, id);
     pg->page_free_head = p->next_free;
@@ -238,24 +570,26 @@ void pool_rollback(struct paging *pg, uint32_t mark)
 {
     if (pg->n_created <= mark)
         return;
-    /* frames created since mark are all ready again (the failed call gave them back) */
+    /* frames this call created are all ready again (the failed call gave them back) */
     uint32_t *pp = &pg->ready_head;
     while (*pp) {
-        struct pg_frame *fr = frame_at(pg, *pp);
-        if (*pp > mark) {
+        uint32_t f = *pp;
+        struct pg_frame *fr = frame_at(pg, f);
+        if (fr->serial > mark && !release_ok(pg, fr->h)) {
+            fr->serial = 0;                 /* refused: it stays, as a reserve frame */
+            pp = &fr->next;
+        } else if (fr->serial > mark) {
             *pp = fr->next;
             pg->n_ready--;
+            frame_forget(pg, f);
+            pg->c.frames_created--;         /* as if never created (the call failed) */
+            pg->c.frames_created_sync--;
         } else {
             pp = &fr->next;
         }
     }
-    while (pg->n_created > mark) {
-        struct pg_frame *fr = frame_at(pg, pg->n_created);
-        if (fr->state != FR_READY)
-            klog_error("paging: frame %u created by a failed call is still in use",
-                       pg->n_created);
-        vmm_phys_release(pg->v, fr->h);
-        fr->state = FR_NONE;
-        pg->n_created--;
-    }
+    for (uint32_t i = 0; i < pg->cap_frames; i++)
+        if (pg->frames[i].serial > mark)
+            klog_error("paging: frame %u created by a failed call is still in use", i + 1);
+    pg->n_created = mark;
 }

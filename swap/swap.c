@@ -227,10 +227,18 @@ static int wait_fence(struct swap *sw, vmm_fence *f, bool *ok)
     return rc ? rc : vmm_fence_wait(sw->v, f);
 }
 
+static int reclaim_now(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
+
 int swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
 {
     if (!sw->p.auto_swap)
         return -ENOMEM;
+    return reclaim_now(sw, want, excl, n_excl);
+}
+
+/* Direct reclaim itself (KVVM_F_AUTO_SWAP checked by the callers that need it). */
+static int reclaim_now(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
+{
     uint64_t t0 = know_ns();
     int rc;
     uint32_t moved = move_until(sw, want, excl, n_excl, true, &rc);
@@ -260,6 +268,25 @@ int swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, si
     if (!rc && frames_free(sw) < want)
         rc = -ENOMEM;
     return rc;
+}
+
+/* ---- budget changes (kvvm_set_budget) ----------------------------------------------- */
+
+int swap_reclaim_budget(struct swap *sw, uint32_t want)
+{
+    /* the same victims, order and all-or-nothing check as direct reclaim (move_until), with
+       or without KVVM_F_AUTO_SWAP (API: a budget shrink swaps out regardless) */
+    return reclaim_now(sw, want, NULL, 0);
+}
+
+void swap_set_frames(struct swap *sw, uint32_t frames)
+{
+    sw->p.frames = frames;
+    sw->min_free = (uint32_t)(sw->p.min * frames);
+    sw->low_free = (uint32_t)(sw->p.low * frames);
+    sw->high_free = (uint32_t)(sw->p.high * frames);
+    if (sw->high_free > frames)
+        sw->high_free = frames;
 }
 
 static void spill_wake(struct swap *sw)

@@ -82,6 +82,12 @@ int  swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, s
 uint32_t swap_cached_frees(struct swap *sw, const uint64_t *excl, size_t n_excl);
 int  swap_drop_cached(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
                       bool may_swap);
+/* kvvm_set_budget's shrink: makes `want` frames free as swap_reclaim_direct does (same
+   victims, order, all-or-nothing check), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM
+   (nothing moved), -EIO. */
+int  swap_reclaim_budget(struct swap *sw, uint32_t want);
+/* The budget is now `frames`: the device watermarks follow it. */
+void swap_set_frames(struct swap *sw, uint32_t frames);
 /* After a call that took frames: the watermark rules above. */
 void swap_after_call(struct swap *sw);
 /* At each step (protections ended: a round that found nothing may find something now). */

@@ -498,6 +498,8 @@ static void discard_sweep(bool stream)
     static struct emu_trace_entry tr[MAXT];
     struct kvvm_config c;
     cfg_base(&c);
+    c.pool_thread = 0;      /* fail-at-call-N: the calls are the caller's alone (the frame pool
+                               thread's creates would interleave with the traced calls) */
     size_t n = 0;
     for (size_t i = 0;; i++) {
         open_cfg(&c);
@@ -853,6 +855,8 @@ static void drop_sweep(bool stream)
     static struct emu_trace_entry tr[MAXT];
     struct kvvm_config c;
     cfg_base(&c);
+    c.pool_thread = 0;      /* fail-at-call-N: the calls are the caller's alone (the frame pool
+                               thread's creates would interleave with the traced calls) */
     size_t n = 0;
     for (size_t i = 0;; i++) {
         open_cfg(&c);

@@ -5,6 +5,9 @@
  * -DKVVM_SANITIZE=thread tree and runs it (ctest -R tsan_threads). Exit 0 = every thread's
  * bytes read back as written, the invariant checker holds, the reclaim thread ran.
  *
+ * A budget thread changes the device budget (kvvm_set_budget) and trims (kvvm_trim) all
+ * along, so the frame pool thread (on by default) creates and releases frames meanwhile.
+ *
  * Each worker owns its sequences (so it knows their bytes): it creates, grows and writes
  * cookies, forks, swaps out and in explicitly, reads back and frees, and steps the context;
  * other workers' pressure makes the reclaim thread and direct reclaim move its sequences.
@@ -191,6 +194,37 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* ---- elastic memory (issue 13): a thread changes the budget and trims while the workers,
+   the reclaim thread and the frame pool thread run. A shrink may meet -ENOMEM (everything
+   protected at that moment); any other error is a failure. */
+static int workers_done;            /* __atomic: set by main when the workers are done */
+static unsigned long budget_ok, budget_nomem, trims;
+
+static void *budget_thread(void *arg)
+{
+    (void)arg;
+    for (unsigned i = 0; !__atomic_load_n(&workers_done, __ATOMIC_ACQUIRE); i++) {
+        size_t b = (i % 2 ? 48 : 32) * (size_t)KB;
+        int rc = kvvm_set_budget(kv, b);
+        if (rc == 0)
+            budget_ok++;
+        else if (rc == -ENOMEM)
+            budget_nomem++;
+        else
+            FAIL("budget thread: set_budget(%zu): %d (%s)", b, rc, kvvm_strerror(rc));
+        if (i % 3 == 0) {
+            if ((rc = kvvm_trim(kv, (i % 4) * (size_t)KB)))
+                FAIL("budget thread: trim: %d", rc);
+            trims++;
+        }
+        usleep(1000);
+    }
+    int rc = kvvm_set_budget(kv, 48 * (size_t)KB);   /* back to the whole device */
+    if (rc && rc != -ENOMEM)
+        FAIL("budget thread: final set_budget: %d", rc);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     bool disk = argc > 1 && !strcmp(argv[1], "--disk");
@@ -232,11 +266,14 @@ int main(int argc, char **argv)
             rmdir(dir);
         return 1;
     }
-    pthread_t th[THREADS];
+    pthread_t th[THREADS], bt;
     for (int i = 0; i < THREADS; i++)
         pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+    pthread_create(&bt, NULL, budget_thread, NULL);
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
+    __atomic_store_n(&workers_done, 1, __ATOMIC_RELEASE);
+    pthread_join(bt, NULL);
     kvvm_sync(kv);
     char why[512] = "";
     if (kvvm_debug_check(kv, why, sizeof why))
@@ -254,6 +291,10 @@ int main(int argc, char **argv)
            (unsigned long)st.swap_ins, (unsigned long)st.reclaim_runs,
            (unsigned long)st.direct_reclaims, (unsigned long)st.spills,
            (unsigned long)st.unspills, failures);
+    printf("tsan_threads%s: budget changes %lu done, %lu -ENOMEM; %lu trims; %lu frames "
+           "released, %lu created on a caller's thread\n", disk ? " --disk" : "", budget_ok,
+           budget_nomem, trims, (unsigned long)st.frames_released,
+           (unsigned long)st.frames_created_sync);
     if (disk && st.spills == 0) {
         fprintf(stderr, "tsan_threads: nothing was spilled: the disk run did not test\n");
         return 1;

@@ -473,16 +473,17 @@ int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
     return 0;
 }
 
-void vmm_phys_release(struct vmm *v, vmm_handle h)
+int vmm_phys_release(struct vmm *v, vmm_handle h)
 {
     if (enter_release(v))
-        return;
+        return -EIO;
     kcu_result r = v->api->cuMemRelease(h.h);
     if (r != KCU_SUCCESS) {
         drv_err(v, "cuMemRelease", r);
-        return;
+        return -EIO;
     }
     count(&v->n_handles, -1);
+    return 0;
 }
 
 /* [va, va + len) inside the reservation (overflow-safe). */

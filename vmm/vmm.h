@@ -76,7 +76,8 @@ size_t   vmm_reserved_bytes(const struct vmm *v);
 
 /* Physical pages. bytes: a multiple of the granule. -ENOMEM device full, -EIO. */
 int  vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out);
-void vmm_phys_release(struct vmm *v, vmm_handle h);
+/* Release: 0, or -EIO when the driver refused (the handle is still the caller's). */
+int  vmm_phys_release(struct vmm *v, vmm_handle h);
 
 /* Maps n pages of page_size bytes at va, va + page_size, ... with one set-access (read and
    write) over the whole run. va inside the reservation, page-aligned, the range unmapped.

@@ -162,7 +162,7 @@ static void usage(FILE *f, const char *argv0)
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
-"                       scale, calls\n"
+"                       scale, calls, frames\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
@@ -181,6 +181,7 @@ int main(int argc, char **argv)
         { "swap", bench_swap }, { "spill", bench_spill }, { "checksum", bench_checksum },
         { "scale", bench_scale },
         { "calls", bench_calls },
+        { "frames", bench_frames },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];

@@ -1415,6 +1415,59 @@ static int setup_sys(struct eng *e)
     return err;
 }
 
+/* ---- elastic memory (--budget-schedule; frames created on the engine's thread) ---- */
+
+/* The warm-up ends at 10% of the run (5 s at most; step 100 with --steps): from then on the
+   frame pool thread should have created every frame (frames_created_sync stays). */
+static void warm_mark(struct eng *e, double t, int *warm)
+{
+    const struct opts *o = e->o;
+    double until = o->duration_s > 0 ? o->duration_s / 10 : 5;
+    if (*warm || (o->steps ? e->step < (o->steps < 1000 ? o->steps / 10 : 100)
+                           : t < (until < 5 ? until : 5)))
+        return;
+    *warm = 1;
+    e->r->sync_at_warm = e->st.frames_created_sync;
+    e->r->warm_step = e->step;
+    e->r->warm_s = t;
+}
+
+static void budget_tick(struct eng *e, double t, uint32_t *next)
+{
+    const struct opts *o = e->o;
+    struct results *r = e->r;
+    if (*next >= o->n_budget || t < o->budget_sched[*next].t)
+        return;
+    const struct budget_ev *ev = &o->budget_sched[(*next)++];
+    size_t pages = (size_t)(ev->frac * (double)r->st0.pages_device_total + 0.5);
+    if (pages < 1)
+        pages = 1;
+    struct budget_rec *b = &r->budget[r->n_budget++];
+    struct kvvm_stats s0 = e->st, s1 = { .size = sizeof s1 };
+    b->t = t;
+    b->step = e->step;
+    b->bytes = pages * e->page;
+    uint64_t t0 = now_ns();
+    b->rc = kvvm_set_budget(e->kv, b->bytes);
+    int src = kvvm_sync(e->kv);            /* the released memory is back with the driver */
+    b->back_ms = (now_ns() - t0) / 1e6;
+    if (b->rc && b->rc != -ENOMEM)
+        fail(e, "kvvm_set_budget", b->rc, NULL);
+    if (src)
+        fail(e, "kvvm_sync", src, NULL);
+    kvvm_stats(e->kv, &s1);
+    b->held_before = s0.device_bytes_held;
+    b->held_after = s1.device_bytes_held;
+    b->frames_released = s1.frames_released - s0.frames_released;
+    b->swap_outs = s1.swap_outs - s0.swap_outs;
+    b->pages_before = s0.pages_device_total - s0.pages_device_free;
+    b->pages_after = s1.pages_device_total - s1.pages_device_free;
+    e->st = s1;
+    if (o->verbose || b->rc)
+        fprintf(stderr, "kvvm-stress: %.1f s: budget -> %zu pages: %s\n", t, pages,
+                b->rc ? kvvm_strerror(b->rc) : "done");
+}
+
 int stress_run(const struct opts *o, kvvm *kv, struct results *r)
 {
     struct eng E = { .o = o, .kv = kv, .r = r, .rng = o->seed ^ 0x5EED5EED5EEDull,
@@ -1474,6 +1527,8 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
 
     int tty = isatty(2) && !o->quiet;
     uint64_t last_prog = 0;
+    uint32_t next_budget = 0;
+    int warm = 0;
     e->t0 = now_ns();
     for (e->step = 0; !e->fatal; e->step++) {
         double t = (now_ns() - e->t0) / 1e9;
@@ -1488,6 +1543,8 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
             break;
         }
         refresh_stats(e);
+        warm_mark(e, t, &warm);
+        budget_tick(e, t, &next_budget);
         arrivals(e);
         rotate(e);
         schedule_in(e);

@@ -97,7 +97,12 @@ static void usage(FILE *f)
 "  --window-every K       layers 0, K, 2K, ... are window layers (default 2)\n"
 "  --prefix-cache P       finished prompts stay as CACHED entries; a share P of new requests\n"
 "                         continue one (a hit shares it, a dropped one is a miss); 0 = off\n"
-"  --cache-entries N      entries kept at most, oldest evicted (default 32)\n");
+"  --cache-entries N      entries kept at most, oldest evicted (default 32)\n"
+"\n"
+"Elastic memory:\n"
+"  --budget-schedule T:P[,T:P...]  at T seconds into the run (e.g. 10s), kvvm_set_budget to\n"
+"                         P of the device budget at open (e.g. 50%% or 0.5; up to 16 changes,\n"
+"                         T increasing); the summary and JSON show each change\n");
 }
 
 /* Size with an optional K/M/G/T suffix (binary), optional trailing "B"/"iB". */
@@ -199,11 +204,45 @@ static void extract_io_engine(struct results *r)
     r->io_engine[i] = 0;
 }
 
+/* --budget-schedule "10s:50%,20s:100%": times increasing, fractions in (0, 1]... of the
+   budget at open (above 1 allowed: the device may hold more, the library refuses what it
+   cannot have). -EINVAL malformed. */
+static int parse_schedule(const char *arg, struct opts *o)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", arg);
+    o->n_budget = 0;
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        errno = 0;
+        double t = strtod(tok, &end);
+        if (errno || end == tok || t < 0)
+            return -EINVAL;
+        if (*end == 's')
+            end++;
+        if (*end++ != ':')
+            return -EINVAL;
+        char *pe;
+        double f = strtod(end, &pe);
+        if (pe == end)
+            return -EINVAL;
+        if (*pe == '%') {
+            f /= 100;
+            pe++;
+        }
+        if (*pe || f <= 0 || f > 64 || o->n_budget == MAX_BUDGET_EV ||
+            (o->n_budget && t < o->budget_sched[o->n_budget - 1].t))
+            return -EINVAL;
+        o->budget_sched[o->n_budget++] = (struct budget_ev){ t, f };
+    }
+    return o->n_budget ? 0 : -EINVAL;
+}
+
 enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_BACKEND,
        O_OVER, O_DEV, O_HOST, O_SPILLDIR, O_SPILLB, O_NODISK, O_PREEMPT, O_STREAM, O_SEED,
        O_STEPS, O_DURATION, O_PROMPT, O_OUTPUT, O_SYS, O_SHARE, O_PAR, O_MAXPAR, O_BEAM,
        O_BATCH, O_QUANTUM, O_VERIFY, O_MAXSEQS, O_MAXTOK, O_JSON, O_TRACE, O_PLOT, O_QUIET,
-       O_VERBOSE, O_HELP };
+       O_VERBOSE, O_HELP, O_BUDGET };
 /* sliding-window layers and the prefix cache */
 enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES };
 
@@ -226,7 +265,7 @@ static const struct option longopts[] = {
     { "plot", 1, 0, O_PLOT }, { "quiet", 0, 0, O_QUIET }, { "verbose", 0, 0, O_VERBOSE },
     { "window", 1, 0, O_WINDOW }, { "window-every", 1, 0, O_WINDOW_EVERY },
     { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
-    { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
+    { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET }, { 0, 0, 0, 0 }
 };
 
 /* What each option with a value accepts, for the message about a bad one. */
@@ -494,6 +533,7 @@ int main(int argc, char **argv)
                 return bad(name, optarg);
             break;
         case O_HELP: case 'h': usage(stdout); return 0;
+        case O_BUDGET: if (parse_schedule(optarg, &o)) return bad(name, optarg); break;
         default:
             fprintf(stderr, "kvvm-stress: see --help for every option and its values\n");
             return 2;

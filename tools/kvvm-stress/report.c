@@ -225,6 +225,24 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
         fprintf(f, "  %-11s %10llu %10.1f %10.1f %10.1f\n", l->name,
                 (unsigned long long)l->count, p50, p99, mx);
     }
+    /* elastic memory: frames created on the engine's thread, budget changes */
+    fprintf(f, "\n  frames: %llu created on the engine's thread (%llu after the warm-up at "
+            "step %llu, %.1f s), %llu released to the driver before close; %.1f MiB held at "
+            "the end\n", (unsigned long long)d(s->frames_created_sync, z->frames_created_sync),
+            (unsigned long long)(s->frames_created_sync - r->sync_at_warm),
+            (unsigned long long)r->warm_step, r->warm_s,
+            (unsigned long long)d(s->frames_released, z->frames_released),
+            mib(s->device_bytes_held));
+    for (uint32_t i = 0; i < r->n_budget; i++) {
+        const struct budget_rec *b = &r->budget[i];
+        fprintf(f, "  budget %5.1f s (step %llu): -> %.1f MiB: %s; back with the driver in "
+                "%.2f ms; held %.1f -> %.1f MiB, %llu frames released, %llu sequences swapped "
+                "out, pages in use %llu -> %llu\n", b->t, (unsigned long long)b->step,
+                mib(b->bytes), b->rc ? kvvm_strerror(b->rc) : "done", b->back_ms,
+                mib(b->held_before), mib(b->held_after),
+                (unsigned long long)b->frames_released, (unsigned long long)b->swap_outs,
+                (unsigned long long)b->pages_before, (unsigned long long)b->pages_after);
+    }
     fprintf(f, "\n  verification: %llu sequences, %llu tokens, %.1f MiB read back; %llu "
             "mismatched tokens in %llu sequences; %llu checks skipped (no device room)\n",
             (unsigned long long)r->seqs_verified,
@@ -330,6 +348,22 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
                 ? (double)r->cache_hits / (r->cache_hits + r->cache_misses) : 0,
             U(d(s->cache_drops, z->cache_drops)), U(d(s->cache_demotes, z->cache_demotes)),
             U(r->cache_stale_checked), U(r->cache_verified));
+    fprintf(f, "  \"frames\": {\"created_sync\": %llu, \"created_sync_after_warmup\": %llu, "
+            "\"warmup_step\": %llu, \"released\": %llu, \"device_bytes_held\": %llu},\n",
+            U(d(s->frames_created_sync, z->frames_created_sync)),
+            U(s->frames_created_sync - r->sync_at_warm), U(r->warm_step),
+            U(d(s->frames_released, z->frames_released)), U(s->device_bytes_held));
+    fprintf(f, "  \"budget_changes\": [");
+    for (uint32_t i = 0; i < r->n_budget; i++) {
+        const struct budget_rec *b = &r->budget[i];
+        fprintf(f, "%s{\"t_s\": %.3f, \"step\": %llu, \"bytes\": %llu, \"rc\": %d, "
+                "\"back_ms\": %.3f, \"held_before\": %llu, \"held_after\": %llu, "
+                "\"frames_released\": %llu, \"swap_outs\": %llu, \"pages_before\": %llu, "
+                "\"pages_after\": %llu}", i ? ", " : "", b->t, U(b->step), U(b->bytes), b->rc,
+                b->back_ms, U(b->held_before), U(b->held_after), U(b->frames_released),
+                U(b->swap_outs), U(b->pages_before), U(b->pages_after));
+    }
+    fprintf(f, "],\n");
     fprintf(f, "  \"library_counters\": {\"maps\": %llu, \"unmaps\": %llu, \"cow_copies\": %llu, "
             "\"swap_outs\": %llu, \"swap_ins\": %llu, \"spills\": %llu, \"unspills\": %llu, "
             "\"bytes_to_host\": %llu, \"bytes_to_device\": %llu, \"bytes_to_disk\": %llu, "

@@ -67,6 +67,11 @@ struct opts {
     uint32_t window_every;          /* layers 0, K, 2K, ... are window layers (per-layer) */
     double   prefix_cache;          /* share of new requests that reuse a cached prompt */
     uint32_t cache_entries;         /* CACHED prefix entries kept at most */
+    /* --budget-schedule (elastic memory): at t seconds, kvvm_set_budget(frac x the budget
+       at open); in time order */
+#define MAX_BUDGET_EV 16
+    uint32_t n_budget;
+    struct budget_ev { double t, frac; } budget_sched[MAX_BUDGET_EV];
 };
 
 /* Latency samples of one operation: exact count, sum and max; a reservoir for percentiles. */
@@ -131,6 +136,21 @@ struct results {
     uint64_t cache_puts, cache_hits, cache_misses, cache_evicted;
     uint64_t cache_stale_checked;    /* dropped entries confirmed -ESTALE (never read) */
     uint64_t cache_verified;         /* entries (not dropped) whose bytes verified */
+    /* elastic memory: each budget change of the schedule, and the frames created on the
+       engine's thread (frames_created_sync) at the end of the warm-up */
+    struct budget_rec {
+        double   t;                  /* seconds into the run */
+        uint64_t step;
+        size_t   bytes;              /* the budget asked for */
+        int      rc;                 /* kvvm_set_budget's result */
+        double   back_ms;            /* set_budget + kvvm_sync: until the memory is back */
+        uint64_t held_before, held_after;       /* device_bytes_held */
+        uint64_t frames_released, swap_outs;    /* what the change released and moved */
+        uint64_t pages_before, pages_after;     /* device pages in use */
+    } budget[MAX_BUDGET_EV];
+    uint32_t n_budget;
+    uint64_t sync_at_warm, warm_step; /* frames_created_sync at warm_step */
+    double   warm_s;
     int      aborted;                /* the run stopped early on a fatal error */
     int      interrupted;            /* the signal (SIGINT, SIGTERM) that ended it early, or 0 */
 };

@@ -208,6 +208,7 @@ int emu_device_create(const struct emu_device_params *p, int *ordinal)
 {
     if (!p || !ordinal)
         return -EINVAL;
+    emu_create_cost_read();
     size_t gran = p->granule ? p->granule : (2u << 20);
     if (!is_pow2(gran) || gran < 4096 || gran > (2u << 20) ||
         (size_t)sysconf(_SC_PAGESIZE) > gran)

@@ -309,4 +309,7 @@ void emu_event_unlink_locked(struct kcu_event_st *ev);
 void emu_host_release_locked(struct emu_host *h);
 void emu_host_remove_locked(struct emu_host *x);
 
+/* memory.c: reads KVVM_EMU_CREATE_NS (the emulated cost of cuMemCreate). */
+void emu_create_cost_read(void);
+
 #endif
