@@ -19,6 +19,8 @@ F_AUTO_SWAP = _lib.F_AUTO_SWAP
 F_SCRUB = _lib.F_SCRUB
 F_SPILL_ALLOW_TMPFS = _lib.F_SPILL_ALLOW_TMPFS
 F_SPILL_BUFFERED = _lib.F_SPILL_BUFFERED
+F_CACHE_DEMOTE = _lib.F_CACHE_DEMOTE
+SEQ_LIVE, SEQ_CACHED, SEQ_PINNED = _lib.SEQ_LIVE, _lib.SEQ_CACHED, _lib.SEQ_PINNED
 
 
 def strerror(err):
@@ -30,4 +32,5 @@ __all__ = ["Context", "Sequence", "SeqInfo", "KVCache", "Error", "InvalidArgumen
            "InvalidHandle", "TooBig", "NoSlot", "OutOfMemory", "DataLost", "DeviceLost",
            "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "error_class",
            "set_log_level", "strerror", "F_AUTO_SWAP", "F_SCRUB", "F_SPILL_ALLOW_TMPFS",
-           "F_SPILL_BUFFERED", "library_version", "library_path"]
+           "F_SPILL_BUFFERED", "F_CACHE_DEMOTE", "SEQ_LIVE", "SEQ_CACHED", "SEQ_PINNED",
+           "library_version", "library_path"]

@@ -27,7 +27,7 @@ L = _lib.lib
 c_u64 = ctypes.c_uint64
 
 SeqInfo = namedtuple("SeqInfo", "length slot pages_device pages_host pages_disk "
-                     "pages_shared resident")
+                     "pages_shared resident dropped cls first_kept")
 
 _CONFIG_FIELDS = {name for name, _ in _lib.Config._fields_} - {"size"}
 _SIZE_FIELDS = {"page_size", "device_budget", "host_budget", "spill_budget",
@@ -63,7 +63,7 @@ def _flags_value(v):
     if isinstance(v, str):
         names = {"auto_swap": _lib.F_AUTO_SWAP, "scrub": _lib.F_SCRUB,
                  "spill_allow_tmpfs": _lib.F_SPILL_ALLOW_TMPFS,
-                 "spill_buffered": _lib.F_SPILL_BUFFERED}
+                 "spill_buffered": _lib.F_SPILL_BUFFERED, "cache_demote": _lib.F_CACHE_DEMOTE}
         f = 0
         for t in v.replace("|", ",").replace("+", ",").split(","):
             t = t.strip().lower()
@@ -286,6 +286,18 @@ class Context:
     def stream_destroy(self, stream):
         _call(L.kvvm_stream_destroy, self._h(), ctypes.c_void_p(_stream_handle(stream) or None))
 
+    # ---- elastic device memory ----------------------------------------------------------
+    def set_budget(self, device_budget):
+        """kvvm_set_budget: the device budget at run time (bytes or "8G"; a multiple of
+        page_size). Shrinking drops cached sequences, swaps out unprotected live ones and
+        gives the frames back to the driver, all or nothing (OutOfMemory: nothing moved)."""
+        _call(L.kvvm_set_budget, self._h(), _parse_size(device_budget))
+
+    def trim(self, keep=0):
+        """kvvm_trim: gives the device frames that hold no page back to the driver, keeping
+        at most `keep` bytes of them. Moves no data."""
+        _call(L.kvvm_trim, self._h(), _parse_size(keep))
+
     # ---- addresses and stats ------------------------------------------------------------
     def region_base(self, region):
         """Device address of slot 0, token 0 of `region`."""
@@ -499,6 +511,23 @@ class Sequence:
         del keep
         return out
 
+    def discard(self, first_kept, region=None):
+        """kvvm_seq_discard: sliding-window attention. Releases the pages lying wholly before
+        token `first_kept` in `region` (None = every region); addresses and length stay, the
+        tokens before first_kept are gone (read/write there: InvalidArgument)."""
+        r = _lib.ALL_REGIONS if region is None else int(region)
+        _call(L.kvvm_seq_discard, self.ctx._kv, self._handle(), r, int(first_kept))
+
+    def set_class(self, cls):
+        """kvvm_seq_set_class: "live" (default), "cached" (a prefix-cache entry: dropped
+        before any live sequence is swapped) or "pinned" (never moved by policy); or
+        kvvm.SEQ_*. A dropped cached sequence raises Stale until set_class again."""
+        if isinstance(cls, str):
+            if cls not in _lib.SEQ_CLASSES:
+                raise InvalidArgument(22, "class %r is not live, cached or pinned" % cls)
+            cls = _lib.SEQ_CLASSES[cls]
+        _call(L.kvvm_seq_set_class, self.ctx._kv, self._handle(), int(cls))
+
     # ---- tiers ------------------------------------------------------------------------------
     def swap_out(self):
         _call(L.kvvm_seq_swap_out, self.ctx._kv, self._handle())
@@ -540,7 +569,8 @@ class Sequence:
     def info(self):
         i = self._query()
         return SeqInfo(i.length, i.slot, i.pages_device, i.pages_host, i.pages_disk,
-                       i.pages_shared, bool(i.resident))
+                       i.pages_shared, bool(i.resident), bool(i.dropped), i.cls,
+                       i.first_kept)
 
     @property
     def length(self):

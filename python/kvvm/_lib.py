@@ -31,6 +31,11 @@ F_AUTO_SWAP = 1 << 0
 F_SCRUB = 1 << 1
 F_SPILL_ALLOW_TMPFS = 1 << 2
 F_SPILL_BUFFERED = 1 << 3
+F_CACHE_DEMOTE = 1 << 4
+
+SEQ_LIVE, SEQ_CACHED, SEQ_PINNED = 0, 1, 2
+SEQ_CLASSES = {"live": SEQ_LIVE, "cached": SEQ_CACHED, "pinned": SEQ_PINNED}
+ALL_REGIONS = 0xFFFFFFFF
 
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF = 0, 1, 2, 3, 4
 
@@ -74,6 +79,9 @@ class SeqInfo(ctypes.Structure):
         ("pages_device", c_u32), ("pages_host", c_u32), ("pages_disk", c_u32),
         ("pages_shared", c_u32),
         ("resident", c_int),
+        ("dropped", c_int),
+        ("cls", c_u32),
+        ("first_kept", c_u64),
     ]
 
 
@@ -84,6 +92,8 @@ STATS_FIELDS = (
     "bytes_to_device", "bytes_to_disk", "bytes_from_disk", "checksum_failures", "io_errors",
     "reclaim_runs", "reclaim_swap_outs", "direct_reclaims", "direct_swap_outs",
     "direct_reclaim_ns", "pages_orphan", "seqs_nonresident", "pages_damaged",
+    "frames_created_sync", "frames_released", "device_bytes_held", "cache_drops",
+    "cache_demotes", "pages_discarded",
 )
 
 
@@ -127,6 +137,10 @@ _PROTOS = {
     "kvvm_seq_info": (c_int, [c_void_p, c_u64, P(SeqInfo)]),
     "kvvm_stats": (c_int, [c_void_p, P(Stats)]),
     "kvvm_stats_json": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "kvvm_set_budget": (c_int, [c_void_p, c_size_t]),
+    "kvvm_trim": (c_int, [c_void_p, c_size_t]),
+    "kvvm_seq_discard": (c_int, [c_void_p, c_u64, c_u32, c_u64]),
+    "kvvm_seq_set_class": (c_int, [c_void_p, c_u64, c_int]),
     "kvvm_set_log": (None, [LOG_FN, c_void_p, c_int]),
     "kvvm_strerror": (c_char_p, [c_int]),
     "kvvm_backend_name": (c_char_p, [c_void_p]),
