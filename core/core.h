@@ -6,8 +6,10 @@
  * scratch page), stats and the public calls. Every public call takes kv->lock and calls the
  * layers below (paging/, vmm/) with it held; those layers never call up.
  *
- * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) -> host
- * arena mutex -> (vmm / driver internal locks) -> log lock. The background reclaim thread
+ * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) or the
+ * frame pool thread's (swap/frames.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
+ * -> host arena mutex -> (vmm / driver internal locks) -> log lock. The frame pool thread
+ * makes its driver calls without kvvm.lock. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
