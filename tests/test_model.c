@@ -70,7 +70,7 @@ enum {
     C_SHARE_ZERO, C_SHARE_ALL, C_SHARE_PARTIAL, C_COW_PARTIAL, C_COW_FULL, C_STRADDLE,
     C_ENOMEM, C_ENOMEM_BATCH, C_ZERO_TAIL, C_FREE_SHARED, C_PREP_WRITE, C_WRITE, C_FREE,
     C_SWAP_OUT, C_SWAP_IN, C_OUT_OPS, C_SWAP_ENOMEM, C_SPILL, C_UNSPILL,
-    C_DISCARD, C_DROP, NC
+    C_DISCARD, C_DROP, C_BUDGET, C_BUDGET_ENOMEM, NC
 };
 static const char *const cname[NC] = {
     "create", "create/fork -ENOSPC", "grow", "grow_batch", "-E2BIG", "-EINVAL", "truncate",
@@ -83,6 +83,7 @@ static const char *const cname[NC] = {
     "swap -ENOMEM (device or host full)",
     "spill (host -> disk; disk configs)", "unspill (disk -> host; disk configs)",
     "discard releasing pages", "CACHED sequence dropped for a grow",
+    "set_budget within the pages in use + trim", "set_budget refused (all protected)",
 };
 
 struct mcfg {
@@ -111,7 +112,8 @@ struct mseq {
 struct model {
     struct mcfg c;
     kvvm *kv;
-    uint64_t total, used;           /* device pages */
+    uint64_t total, used;           /* device pages (total: the budget now) */
+    uint64_t total0;                /* the budget at open (set_budget stays at or below it) */
     uint64_t host_total, host_used; /* host slots (disk configs: host + disk slots) */
     uint64_t spills, unspills;      /* disk configs: the stats at the last check */
     char dir[64];                   /* disk configs: the spill directory */
@@ -1083,6 +1085,49 @@ static void op_discard(struct model *m, struct mseq *s)
     verify_touched(m, s, fk ? fk - 1 : 0, s->len);
 }
 
+/* Elastic memory (kvvm_trim, kvvm_set_budget) against the model: a trim never moves data; a
+   budget between the pages in use and the budget at open releases unused frames only (nothing
+   moves, the model's pages stay where they are); with every sequence resident and protected,
+   a budget below the pages in use is -ENOMEM and changes nothing. */
+static void op_budget(struct model *m)
+{
+    uint64_t nr = m->c.nr, ps = m->c.ps;
+    snprintf(m->where, sizeof m->where, "budget: used %lu of %lu", (unsigned long)m->used,
+             (unsigned long)m->total);
+    int rc = kvvm_trim(m->kv, (size_t)rndn(m, 4) * ps);
+    MCHECK(m, rc == 0, "kvvm_trim: %d", rc);
+    uint64_t lo = m->used > nr ? m->used : nr;
+    uint64_t b = lo + rndn(m, m->total0 - lo + 1);
+    rc = kvvm_set_budget(m->kv, (size_t)(b * ps));
+    MCHECK(m, rc == 0, "kvvm_set_budget(%lu pages, %lu in use): %d", (unsigned long)b,
+           (unsigned long)m->used, rc);
+    m->total = b;
+    rc = kvvm_sync(m->kv);
+    MCHECK(m, rc == 0, "kvvm_sync: %d", rc);
+    struct kvvm_stats st = { .size = sizeof st };
+    MCHECK(m, kvvm_stats(m->kv, &st) == 0 && st.pages_device_total == b &&
+           st.device_bytes_held <= b * ps, "after set_budget(%lu pages): total %lu, held %lu",
+           (unsigned long)b, (unsigned long)st.pages_device_total,
+           (unsigned long)st.device_bytes_held);
+    m->cnt[C_BUDGET]++;
+    bool all_in = m->used > nr;
+    for (int i = 0; i < MAXS && all_in; i++)
+        all_in = !m->s[i].live || !m->s[i].out;
+    if (!all_in)
+        return;
+    for (int i = 0; i < MAXS; i++)          /* a prefetch of a resident sequence protects it */
+        if (m->s[i].live)
+            MCHECK(m, kvvm_seq_prefetch(m->kv, m->s[i].h) == 0, "prefetch seq %d", i);
+    uint64_t below = nr + rndn(m, m->used - nr);
+    rc = kvvm_set_budget(m->kv, (size_t)(below * ps));
+    MCHECK(m, rc == -ENOMEM, "kvvm_set_budget(%lu pages) below the %lu in use, every "
+           "sequence protected: %d", (unsigned long)below, (unsigned long)m->used, rc);
+    MCHECK(m, kvvm_stats(m->kv, &st) == 0 && st.pages_device_total == b,
+           "a refused set_budget changed the budget to %lu pages",
+           (unsigned long)st.pages_device_total);
+    m->cnt[C_BUDGET_ENOMEM]++;
+}
+
 /* A resident s made CACHED, then a grow of another sequence g short of pages: the library
    drops s (no copy) when its own pages cover the shortfall, else -ENOMEM and s stays. A
    dropped s is -ESTALE until set_class makes it an empty sequence again. */
@@ -1185,7 +1230,7 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     cr_assert_eq(kvvm_stats(m->kv, &st), 0);
     cr_assert_eq(st.pages_device_total, (uint64_t)c->pages_per_region * c->nr,
                  "pages_device_total %lu", (unsigned long)st.pages_device_total);
-    m->total = st.pages_device_total;
+    m->total = m->total0 = st.pages_device_total;
     m->host_total = st.pages_host_total;
     if (c->disk) {
         cr_assert_eq(st.pages_disk_total, (MAXS + 1) * seq_pages);
@@ -1266,6 +1311,8 @@ static void model_run(struct model *m, uint64_t ops)
             op_discard(m, s);
         } else if (w < 99) {
             op_cache_drop(m, s);
+        } else if (rndn(m, 2)) {
+            op_budget(m);
         } else {
             snprintf(m->where, sizeof m->where, "verify seq %ld", (long)(s - m->s));
             if (ensure_in(m, s))
