@@ -927,3 +927,41 @@ Test(classes, fault_sweep_drop_stream, .timeout = 300)
 {
     drop_sweep(true);
 }
+
+/* ======================================================================== budget */
+
+/* kvvm_set_budget's shrink drops CACHED sequences before it would swap a LIVE one, and
+   never moves a PINNED one (docs/api.md "Elastic device memory"). No host tier: a LIVE
+   sequence cannot move at all, so the shrink succeeds only through the drop. */
+TestSuite(budget, .fini = fini);
+
+Test(budget, drops_cached_before_live_and_never_pinned)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    open_cfg(&c);
+    kvvm_seq l = mkseq(21, 8 * TPP), e = mkseq(22, 8 * TPP);    /* 16 pages each */
+    cr_assert_eq(kvvm_seq_set_class(kv, e, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(kv), 0);                             /* neither protected */
+    /* 32 pages in use: 16 fit only if e goes */
+    cr_assert_eq(kvvm_set_budget(kv, 16 * 64 * KB), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_sync(kv), 0);
+    struct kvvm_stats st = stats();
+    cr_assert_eq(st.cache_drops, 1);
+    cr_assert_eq(st.swap_outs, 0);
+    cr_assert_eq(st.pages_device_total, 16);
+    cr_assert_leq(st.device_bytes_held, 16 * 64 * KB);
+    cr_assert(info(e).dropped && info(l).resident && info(l).pages_device == 16);
+    cr_assert_eq(kvvm_seq_grow(kv, e, 1), -ESTALE);
+    verify(l, 21, 0, 8 * TPP, "after the shrink");
+    check("after the shrink");
+    /* a PINNED sequence is never moved by the budget: below its pages, -ENOMEM */
+    cr_assert_eq(kvvm_seq_set_class(kv, l, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(kv), 0);
+    cr_assert_eq(kvvm_set_budget(kv, 8 * 64 * KB), -ENOMEM);
+    st = stats();
+    cr_assert_eq(st.pages_device_total, 16, "a refused shrink changed the budget");
+    cr_assert(info(l).resident && info(l).pages_device == 16);
+    verify(l, 21, 0, 8 * TPP, "after the refused shrink");
+    check("after the refused shrink");
+}
