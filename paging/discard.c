@@ -198,32 +198,12 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
                 frees += p->tier == PG_TIER_DEVICE && p->refs == 1;
             }
         if (dev)
-            out[n++] = (struct pg_cand){ ((uint64_t)s->gen << 32) | (i + 1), s->used_tick,
-                                         frees };
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, frees };
     }
     return n;
 }
 
 uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n)
 {
-    uint32_t *cnt = calloc(pg->p.max_pages ? pg->p.max_pages : 1, sizeof *cnt), frees = 0;
-    if (!cnt) {
-        for (size_t k = 0; k < n; k++)
-            frees += c[k].frees;       /* the lower bound */
-        return frees;
-    }
-    for (size_t k = 0; k < n; k++) {
-        struct pg_seq *s;
-        if (seq_lookup(pg, c[k].h, &s))
-            continue;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t j = 0; j < s->n_pages; j++) {
-                uint32_t id = pg_bt(pg, s, r)[j];
-                if (id && page_at(pg, id)->tier == PG_TIER_DEVICE &&
-                    ++cnt[id - 1] == page_at(pg, id)->refs)
-                    frees++;           /* every holder of it is dropped */
-            }
-    }
-    free(cnt);
-    return frees;
+    return tier_frees_if_all(pg, c, n, false);  /* every holder of a page dropped */
 }

@@ -372,6 +372,10 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fre
                         uint32_t *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr);
+/* Device frames freed if every sequence of c[0..n) let go of its pages: pages all of whose
+   holders (resident_only: all of whose holders mapping it) are in the set. */
+uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
+                           bool resident_only);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
 void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr,
                             uint32_t nr);

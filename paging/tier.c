@@ -505,11 +505,12 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
     return n;
 }
 
-uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n)
+uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
+                           bool resident_only)
 {
-    /* A device page is freed when every resident holder of it is in the set: count the
-       set's entries per page and compare with the page's resident holders. */
-    uint32_t *cnt = calloc(pg->p.max_pages, sizeof *cnt), frees = 0;
+    /* A device page is freed when every holder of it (resident_only: every holder mapping
+       it) is in the set: count the set's entries per page and compare. */
+    uint32_t *cnt = calloc(pg->p.max_pages ? pg->p.max_pages : 1, sizeof *cnt), frees = 0;
     if (!cnt) {
         for (size_t k = 0; k < n; k++)
             frees += c[k].frees;       /* the lower bound */
@@ -525,12 +526,18 @@ uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t 
                 if (!id)
                     continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, id);
-                if (p->tier == PG_TIER_DEVICE && ++cnt[id - 1] == p->refs - p->offs)
+                uint32_t holders = resident_only ? p->refs - p->offs : p->refs;
+                if (p->tier == PG_TIER_DEVICE && ++cnt[id - 1] == holders)
                     frees++;
             }
     }
     free(cnt);
     return frees;
+}
+
+uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n)
+{
+    return tier_frees_if_all(pg, c, n, true);
 }
 
 uint32_t paging_frames_pending(const struct paging *pg)

@@ -73,22 +73,12 @@ static int wait_fence(struct swap *sw, vmm_fence *f, bool *ok);
 static size_t cached_victims(struct swap *sw, const uint64_t *excl, size_t n_excl,
                              struct pg_cand **out, uint32_t *frees)
 {
-    size_t max = 64, n;
-    struct pg_cand *c = NULL;
+    struct pg_cand *c;
+    size_t n = swap_collect(sw->pg, paging_cached_candidates, &c);
     *out = NULL;
     *frees = 0;
-    for (;;) {
-        struct pg_cand *nc = realloc(c, max * sizeof *c);
-        if (!nc) {
-            free(c);
-            return 0;
-        }
-        c = nc;
-        n = paging_cached_candidates(sw->pg, c, max);
-        if (n < max)
-            break;
-        max *= 2;
-    }
+    if (!c)
+        return 0;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (!excluded(c[i].h, excl, n_excl))
