@@ -32,6 +32,8 @@ enum pg_frame_state {
 struct pg_frame {
     vmm_handle h;
     uint8_t    state;      /* enum pg_frame_state */
+    uint8_t    listed;     /* on the ready list now (a frame popped and given back, e.g. a
+                              refused release, is FR_READY and off it) */
     uint32_t   next;       /* FR_READY: next ready frame id (0 = end); FR_NONE: next free id */
     uint32_t   page;       /* FR_USED: the page id it holds */
     uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by

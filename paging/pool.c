@@ -77,7 +77,8 @@ void pool_fini(struct paging *pg)
 static void ready_push(struct paging *pg, uint32_t f)
 {
     struct pg_frame *fr = frame_at(pg, f);
-    KVVM_ASSERT(fr->state != FR_READY);      /* on the ready list once */
+    KVVM_ASSERT(!fr->listed);                /* on the ready list once */
+    fr->listed = 1;
     fr->state = FR_READY;
     fr->page = 0;
     fr->next = pg->ready_head;
@@ -91,6 +92,7 @@ static uint32_t ready_pop(struct paging *pg)
     KVVM_ASSERT(f != 0 && pg->n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
     pg->ready_head = fr->next;
+    fr->listed = 0;
     pg->n_ready--;
     if (pg->n_ready < pg->feed.ready_min)
         pg->feed.ready_min = pg->n_ready;
@@ -580,6 +582,7 @@ void pool_rollback(struct paging *pg, uint32_t mark)
             pp = &fr->next;
         } else if (fr->serial > mark) {
             *pp = fr->next;
+            fr->listed = 0;
             pg->n_ready--;
             frame_forget(pg, f);
             pg->c.frames_created--;         /* as if never created (the call failed) */
