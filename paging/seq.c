@@ -969,6 +969,8 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions;
     size_t rem = bytes % pg->p.page_size;
     uint32_t frames[nr], got[nr], nk = 0;
+    memset(frames, 0, sizeof frames);   /* (0: no partial page to copy in that region) */
+    memset(got, 0, sizeof got);
     for (uint32_t r = 0; rem && r < nr; r++)
         nk += pg_bt(pg, src, r)[whole] != 0;    /* a hole (discarded) is not copied */
     rc = defer_flush_slot(pg, pg_slot_of(pg, dst));

@@ -212,11 +212,11 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     if (rc)
         return rc;
     uint32_t extra = bw ? 1 : 0;
-    uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
-    uint32_t *ids = malloc(((size_t)ndk + 1) * sizeof *ids);
-    uint64_t *vas = malloc(((size_t)ndk + 1) * sizeof *vas);
-    pg_slot *ds = malloc(((size_t)ndk + 1) * sizeof *ds);
-    pg_slot *hs = malloc(((size_t)bmax + 1) * sizeof *hs);
+    uint32_t *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
+    uint32_t *ids = calloc((size_t)ndk + 1, sizeof *ids);
+    uint64_t *vas = calloc((size_t)ndk + 1, sizeof *vas);
+    pg_slot *ds = calloc((size_t)ndk + 1, sizeof *ds);
+    pg_slot *hs = calloc((size_t)bmax + 1, sizeof *hs);
     uint32_t mark = pg->n_created;
     rc = -ENOMEM;
     if (!fr || !ids || !vas || !ds || !hs)
@@ -340,7 +340,7 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     if (rc)
         return rc;
     uint32_t need = tier_count(pg, s, PG_TIER_HOST);
-    uint32_t *fr = malloc(((size_t)nr * np + need + 1) * sizeof *fr);
+    uint32_t *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
     struct pg_defer *d = tier_job_new(pg, s, DF_IN, need + busy);
     uint32_t mark = pg->n_created;
     rc = -ENOMEM;

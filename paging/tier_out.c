@@ -98,10 +98,10 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         return -ENOMEM;
     if (bmax > need)
         bmax = need;
-    uint32_t *ids = malloc((size_t)need * sizeof *ids);
-    uint64_t *vas = malloc((size_t)need * sizeof *vas);
-    pg_slot *ds = malloc((size_t)need * sizeof *ds);
-    pg_slot *hs = malloc((size_t)bmax * sizeof *hs);
+    uint32_t *ids = calloc((size_t)need, sizeof *ids);
+    uint64_t *vas = calloc((size_t)need, sizeof *vas);
+    pg_slot *ds = calloc((size_t)need, sizeof *ds);
+    pg_slot *hs = calloc((size_t)bmax, sizeof *hs);
     int rc = -ENOMEM;
     if (!ids || !vas || !ds || !hs)
         goto out_free;
