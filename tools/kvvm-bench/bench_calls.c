@@ -101,6 +101,9 @@ static int open_kv(struct bench_ctx *b, struct counting *k)
     c.host_budget = (size_t)2 * N_PAGES * REGIONS * ps;
     c.map_ahead = 0;
     c.flags = 0;
+    /* frames created on the calling thread, so each row's creates are that operation's own
+       (the frame pool thread would create ahead at any moment; group frames measures it) */
+    c.pool_thread = 0;
     int rc = kvvm_open(&c, &k->kv);
     if (rc)
         return rc;
