@@ -6,7 +6,8 @@
  *            descriptors (identity, refcount, tier, location; O(1) free list)
  *   step.c   the epoch clock and the engine stream: step (the step fence), sync, set_stream
  *   defer.c  releases that wait for a fence; quietness of a sequence; copy ordering
- *   seq.c    slots, handles, block tables, map-ahead; grow/truncate/free/fork/share
+ *   seq.c    slots, handles, block tables, map-ahead; grow, free, info
+ *   share.c  truncate, fork, share (sequences sharing pages)
  *   cow.c    copy-on-write, prepare_write, write/read
  *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
  *   tier.c   the host tier's shared steps: copy stream, transfer jobs, host slots, window
@@ -505,5 +506,12 @@ int  cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, ui
                uint32_t i1, struct cow_undo *u);
 void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u);
 void cow_commit(struct paging *pg, struct cow_undo *u);
+
+/* seq.c, for share.c: a free slot for a new sequence (-ENOSPC none; waits for a dying slot's
+   releases when that frees one) and its undo; whether the pool can supply n frames now
+   (waiting for pending releases if that helps; -ENOMEM). */
+int  seq_slot_take(struct paging *pg, struct pg_seq **out);
+void seq_slot_untake(struct paging *pg, struct pg_seq *s);
+int  pool_reserve_check(struct paging *pg, uint32_t n);
 
 #endif

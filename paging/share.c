@@ -1,0 +1,352 @@
+/*
+ * paging/share.c: the calls that make sequences share pages or shorten them: truncate, fork
+ * (every page shared, copy on write later), share (a prefix: whole pages shared, the partial
+ * last page copied). Same shape as seq.c: validate, count and take frames, map, commit the
+ * block tables last, undo on failure; holes (discard.c) stay holes.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+
+/* ---- truncate, fork, share ---------------------------------------------------------- */
+
+int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (length > s->length)
+        return -EINVAL;
+    uint32_t np = (uint32_t)pg_pages_for(pg, length);
+    if (s->out) {
+        tier_drop_out(pg, s, np, s->n_pages);
+        s->n_pages = np;
+        s->length = length;
+        seq_clamp_kept(pg, s);
+        return 0;
+    }
+    rc = seq_settle(pg, s);
+    if (rc)
+        return rc;
+    seq_drop_ahead(pg, s, 0);
+    rc = defer_release(pg, s, np, s->n_pages);
+    if (rc)
+        return rc;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        memset(pg_bt(pg, s, r) + np, 0, (s->n_pages - np) * sizeof *s->bt);
+    s->n_pages = np;
+    s->length = length;
+    seq_clamp_kept(pg, s);
+    return 0;
+}
+
+/* Maps src's pages [0, n) of every region into dst's window and takes a reference on each.
+   All or nothing. */
+static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src, uint32_t n)
+{
+    uint32_t slot = pg_slot_of(pg, dst), r;
+    int rc = 0;
+    for (r = 0; r < pg->p.n_regions; r++) {
+        rc = seq_map_pages(pg, slot, r, 0, pg_bt(pg, src, r), n);
+        if (rc)
+            goto out_unmap;
+    }
+    for (r = 0; r < pg->p.n_regions; r++) {
+        uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
+        for (uint32_t i = 0; i < n; i++) {
+            if (sb[i])                  /* a hole (discarded) stays one */
+                page_get(pg, sb[i]);
+            db[i] = sb[i];
+        }
+    }
+    return 0;
+out_unmap:
+    while (r-- > 0)
+        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, src, r), n);
+    return rc;
+}
+
+int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
+{
+    struct pg_seq *p, *c;
+    int rc = seq_lookup(pg, parent, &p);
+    if (rc)
+        return rc;
+    if (p->dropped)
+        return -ESTALE;
+    if (!p->out && (rc = seq_settle(pg, p)))
+        return rc;
+    rc = seq_slot_take(pg, &c);
+    if (rc)
+        return rc;
+    if (p->out) {
+        /* the child is non-resident like its parent: it holds the same pages, maps none */
+        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+            uint32_t *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
+            for (uint32_t i = 0; i < p->n_pages; i++) {
+                if (sb[i])              /* a hole (discarded) stays one */
+                    page_get_off(pg, sb[i]);
+                db[i] = sb[i];
+            }
+        }
+        c->out = 1;
+        c->n_pages = p->n_pages;
+        c->length = p->length;
+        memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
+        *child = seq_handle(pg, c);
+        return 0;
+    }
+    rc = map_shared(pg, c, p, p->n_pages);
+    if (rc) {
+        seq_slot_untake(pg, c);
+        return rc;
+    }
+    c->n_pages = p->n_pages;
+    c->length = p->length;
+    memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
+    *child = seq_handle(pg, c);
+    return 0;
+}
+
+/* Copies src's partial page `idx` (rem bytes) into fresh frames mapped at dst's window in
+   every region and zeroes the rest. All or nothing; frames consumed on success. */
+static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                         uint32_t idx, size_t rem, uint32_t *frames)
+{
+    uint32_t ds = pg_slot_of(pg, dst), ss = pg_slot_of(pg, src), r;
+    int rc = pg_order_before_copy(pg);
+    if (rc)
+        return rc;
+    for (r = 0; r < pg->p.n_regions; r++) {
+        uint64_t va = pg_va(pg, r, ds, idx);
+        if (!frames[r])
+            continue;                   /* src's page is a hole (discarded): dst's too */
+        rc = seq_map_frames(pg, va, &frames[r], 1);
+        if (rc)
+            goto out_unmap;
+        rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->stream);
+        if (!rc)
+            rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->stream);
+        if (rc) {
+            r++;
+            goto out_unmap;
+        }
+    }
+    rc = pg->stream ? 0 : pg_finish_copy(pg);
+    if (rc)
+        goto out_unmap;
+    for (r = 0; r < pg->p.n_regions; r++) {
+        pg_bt(pg, dst, r)[idx] = frames[r] ? page_new(pg, frames[r]) : 0;
+        pg->c.share_copies += frames[r] != 0;
+    }
+    return 0;
+out_unmap:
+    /* the copies (on the engine stream, or synchronous) may still run: wait for them
+       before unmapping their target */
+    (void)pg_wait_engine(pg);
+    while (r-- > 0)
+        if (frames[r])
+            seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
+    return rc;
+}
+
+/* Copies the first rem bytes of page id into a new host slot, zeroing the rest. */
+static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, pg_slot *slot)
+{
+    struct pg_page *p = page_at(pg, id);
+    const struct pg_host_ops *ho = pg->p.host;
+    int rc = ho->alloc(ho->arg, slot);
+    if (rc)
+        return rc;
+    char *dst = ho->ptr(ho->arg, *slot);
+    if (!page_has_frame(p) && p->tier != PG_TIER_HOST && p->tier != PG_TIER_TO_DISK) {
+        rc = -EIO;                       /* on disk: the caller brings it back first */
+        goto out_slot;
+    } else if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_TO_DISK) {
+        memcpy(dst, ho->ptr(ho->arg, p->host_slot), rem);
+    } else {
+        /* on the device (mapped by a resident sharer, or an orphan): through the scratch */
+        rc = pg_wait_engine(pg);
+        if (!rc)
+            rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
+        if (rc)
+            goto out_slot;
+        /* on the engine stream (after its work), waiting for that stream only; the legacy
+           stream would also wait for (or not be ordered with) unrelated streams */
+        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->stream);
+        int src = pg_finish_copy(pg);
+        if (src && !rc)
+            (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
+        seq_unmap_must(pg, pg->scratch_va, 1);
+        if (rc || (rc = src))
+            goto out_slot;
+    }
+    memset(dst + rem, 0, pg->p.page_size - rem);
+    return 0;
+out_slot:
+    ho->free(ho->arg, *slot);
+    return rc;
+}
+
+/* share from a non-resident source: dst becomes non-resident too, holding src's whole pages
+   and a host copy of the partial last one. */
+static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                     uint64_t n_tokens)
+{
+    uint64_t bytes = n_tokens * pg->p.bytes_per_token;
+    uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions, r;
+    size_t rem = bytes % pg->p.page_size;
+    pg_slot slots[nr];
+    int rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
+    if (!rc)
+        rc = defer_flush_slot(pg, pg_slot_of(pg, src));
+    if (!rc && rem && !pg->p.host)
+        rc = -ENOMEM;
+    if (!rc && rem && pg->n_inflight)
+        rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
+    uint32_t nk = 0;                    /* partial pages to copy: holes are not */
+    if (!rc && rem) {
+        /* a partial page on disk comes back to the host tier first */
+        uint32_t ids[nr];
+        for (r = 0; r < nr; r++)
+            if (pg_bt(pg, src, r)[whole])
+                ids[nk++] = pg_bt(pg, src, r)[whole];
+        rc = disk_unspill(pg, ids, nk, src);
+    }
+    if (!rc && nk && pg->p.disk && paging_host_free(pg) < nk)
+        rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */
+    if (rc)
+        return rc;
+    for (r = 0; rem && r < nr; r++) {
+        slots[r] = PG_SLOT_NONE;        /* none: a hole (discarded) */
+        if (pg_bt(pg, src, r)[whole] &&
+            (rc = share_host_copy(pg, pg_bt(pg, src, r)[whole], rem, &slots[r])))
+            goto out_slots;
+    }
+    seq_drop_ahead(pg, dst, 0);
+    for (r = 0; r < nr; r++) {
+        uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
+        for (uint32_t i = 0; i < whole; i++) {
+            if (sb[i])                  /* a hole (discarded) stays one */
+                page_get_off(pg, sb[i]);
+            db[i] = sb[i];
+        }
+        if (rem && slots[r].v == PG_SLOT_NONE.v) {
+            db[whole] = 0;
+        } else if (rem) {
+            uint32_t id = pg->page_free_head;
+            struct pg_page *p = page_at(pg, id);
+            pg->page_free_head = p->next_free;
+            *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
+                                   .host_slot = slots[r] };
+            page_count(pg, p, 1);
+            pg->n_pages_live++;
+            pg->n_host++;
+            db[whole] = id;
+        }
+    }
+    dst->out = 1;
+    dst->n_pages = whole + (rem ? 1 : 0);
+    dst->length = n_tokens;
+    return 0;
+out_slots:
+    while (r-- > 0)
+        if (slots[r].v != PG_SLOT_NONE.v)
+            pg->p.host->free(pg->p.host->arg, slots[r]);
+    return rc;
+}
+
+static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                          uint64_t n_tokens);
+
+int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tokens)
+{
+    struct pg_seq *dst, *src;
+    int rc = seq_lookup(pg, dh, &dst);
+    if (!rc)
+        rc = seq_lookup(pg, sh, &src);
+    if (rc)
+        return rc;
+    if (dst->dropped || src->dropped)
+        return -ESTALE;
+    if (dst->length || n_tokens > src->length)
+        return -EINVAL;
+    if (!n_tokens)
+        return 0;
+    bool was_out = dst->out;
+    if (was_out) {
+        /* an empty non-resident sequence: nothing to bring back; resident again unless
+           the call fails */
+        rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
+        if (rc)
+            return rc;
+        dst->out = 0;
+    }
+    rc = src->out ? share_out(pg, dst, src, n_tokens) : share_resident(pg, dst, src, n_tokens);
+    if (rc && was_out)
+        dst->out = 1;
+    for (uint32_t r = 0; !rc && r < pg->p.n_regions; r++)   /* src's discard, kept */
+        dst->kept[r] = src->kept[r] < n_tokens ? src->kept[r] : n_tokens;
+    return rc;
+}
+
+static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
+                          uint64_t n_tokens)
+{
+    int rc = seq_settle(pg, src);
+    if (rc)
+        return rc;
+    uint64_t bytes = n_tokens * pg->p.bytes_per_token;
+    uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions;
+    size_t rem = bytes % pg->p.page_size;
+    uint32_t frames[nr], got[nr], nk = 0;
+    memset(frames, 0, sizeof frames);   /* (0: no partial page to copy in that region) */
+    memset(got, 0, sizeof got);
+    for (uint32_t r = 0; rem && r < nr; r++)
+        nk += pg_bt(pg, src, r)[whole] != 0;    /* a hole (discarded) is not copied */
+    rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
+    if (!rc && nk)
+        rc = pool_reserve_check(pg, nk);
+    if (rc)
+        return rc;
+    seq_drop_ahead(pg, dst, 0);
+    uint32_t mark = pg->n_created;
+    if (nk && (rc = pool_take(pg, nk, got)))
+        goto out_rollback;
+    for (uint32_t r = 0, k = 0; rem && r < nr; r++)
+        frames[r] = pg_bt(pg, src, r)[whole] ? got[k++] : 0;
+    rc = map_shared(pg, dst, src, whole);
+    if (rc)
+        goto out_frames;
+    if (rem) {
+        rc = share_partial(pg, dst, src, whole, rem, frames);
+        if (rc)
+            goto out_shared;
+        seq_use(pg, src);
+        seq_use(pg, dst);
+    }
+    dst->n_pages = whole + (rem ? 1 : 0);
+    dst->length = n_tokens;
+    return 0;
+out_shared:
+    for (uint32_t r = 0; r < nr; r++) {
+        seq_unmap_holes_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), pg_bt(pg, dst, r),
+                             whole);
+        for (uint32_t i = 0; i < whole; i++) {
+            if (pg_bt(pg, dst, r)[i])
+                page_put(pg, pg_bt(pg, dst, r)[i]);
+            pg_bt(pg, dst, r)[i] = 0;
+        }
+    }
+out_frames:
+    if (nk)
+        pool_give(pg, got, nk);
+out_rollback:
+    pool_rollback(pg, mark);
+    return rc;
+}
+
