@@ -62,6 +62,9 @@ class Config(ctypes.Structure):
         ("emu_granule", c_size_t),
         ("map_ahead", c_u32),
         ("emu_opaque", c_int),
+        ("pool_thread", c_int),
+        ("pool_low", c_u32),
+        ("pool_high", c_u32),
     ]
 
 
