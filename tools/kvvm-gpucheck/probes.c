@@ -626,6 +626,16 @@ static kcu_result enqueue(struct gc_dev *d, struct queue *q, int copies, double 
     return r;
 }
 
+/* Whether a call of dt ms that saw the stream drain could have waited for it: it lasted at
+   least half of what was still queued when it began (the queue's estimate less the time the
+   enqueueing took). A shorter call that saw the queue drain only shows that the queue ran
+   out meanwhile (a loaded or sanitized run), not that the call waited. */
+static bool waited(const struct queue *q, double te, double dt)
+{
+    double left = q->copies * q->per_copy_ms - te;
+    return left <= 0 || dt >= 0.5 * left;
+}
+
 enum qcall { Q_MAP, Q_ACCESS, Q_UNMAP };
 
 /* One map-table call on an unrelated range while the stream has queue_ms of copies. */
@@ -652,8 +662,8 @@ static void queued_call(struct gc_dev *d, struct queue *q, enum qcall which,
     char res[80];
     if (r)
         snprintf(res, sizeof res, "call:%s", gc_err(d->a, r));
-    else if (q0 == KCU_SUCCESS)
-        snprintf(res, sizeof res, "inconclusive");
+    else if (q0 == KCU_SUCCESS || (q1 == KCU_SUCCESS && !waited(q, te, dt)))
+        snprintf(res, sizeof res, "inconclusive");  /* drained first, or during a short call */
     else
         snprintf(res, sizeof res, q1 == KCU_SUCCESS ? "blocking" : "nonblocking");
     gc_row(id, res, "%s on an unrelated granule took %.2f ms with %d copies (~%.0f ms) queued "
@@ -697,7 +707,7 @@ static void p_unmap_busy(struct gc_dev *d)
     kcu_result q1 = d->a->cuStreamQuery(d->s);
     kcu_result rs = d->a->cuStreamSynchronize(d->s);
     char res[96];
-    if (q0 == KCU_SUCCESS)
+    if (q0 == KCU_SUCCESS || (!r && q1 == KCU_SUCCESS && !waited(&q, te, dt)))
         snprintf(res, sizeof res, "inconclusive");
     else
         snprintf(res, sizeof res, "unmap:%s%s sync:%s", gc_err(d->a, r),
