@@ -25,8 +25,8 @@ struct frames {
     /* below: under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool stop, wake, active, running;
-    pthread_t thread;
+    bool stop;
+    struct swap_worker w;         /* the pool thread (its wake/active flags under mu) */
 };
 
 static void marks(struct frames *fr, uint32_t budget)
@@ -53,21 +53,23 @@ static void wake(void *arg)
 {
     struct frames *fr = arg;
     pthread_mutex_lock(&fr->mu);
-    if (!fr->wake) {
-        fr->wake = true;
+    if (!fr->w.wake) {
+        fr->w.wake = true;
         pthread_cond_broadcast(&fr->cv);
     }
     pthread_mutex_unlock(&fr->mu);
 }
 
-static void round_once(struct frames *fr)
+/* One round (the worker's; its futile flag is not used: a round runs on each request). */
+static bool round_once(void *arg)
 {
+    struct frames *fr = arg;
     struct pg_feed_plan pl;
     pthread_mutex_lock(fr->lock);
     int rc = paging_feed_plan(fr->pg, fr->high, fr->high, &pl);
     pthread_mutex_unlock(fr->lock);
     if (rc || (!pl.create && !pl.release))
-        return;
+        return false;
     uint32_t made = paging_feed_work(fr->pg, &pl);   /* the driver calls: no lock */
     pthread_mutex_lock(fr->lock);
     paging_feed_drain(fr->pg);
@@ -75,33 +77,7 @@ static void round_once(struct frames *fr)
     fr->c.created += made;
     fr->c.released += pl.release;
     pthread_mutex_unlock(fr->lock);
-}
-
-static void *pool_thread(void *arg)
-{
-    struct frames *fr = arg;
-    if (vmm_make_current(fr->v))
-        klog_warn("swap: the frame pool thread could not make the device context current");
-    /* relaxed capture mode, as the reclaim thread (swap.c capture_relaxed): its driver calls
-       must not invalidate an engine thread's graph capture */
-    if (vmm_thread_capture_relaxed(fr->v))
-        klog_warn("swap: the frame pool thread could not set relaxed stream capture mode");
-    pthread_mutex_lock(&fr->mu);
-    for (;;) {
-        while (!fr->stop && !fr->wake)
-            pthread_cond_wait(&fr->cv, &fr->mu);
-        if (fr->stop)
-            break;
-        fr->wake = false;
-        fr->active = true;
-        pthread_mutex_unlock(&fr->mu);
-        round_once(fr);
-        pthread_mutex_lock(&fr->mu);
-        fr->active = false;
-        pthread_cond_broadcast(&fr->cv);
-    }
-    pthread_mutex_unlock(&fr->mu);
-    return NULL;
+    return true;
 }
 
 int frames_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
@@ -117,10 +93,14 @@ int frames_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
     marks(fr, p->budget);
     pthread_mutex_init(&fr->mu, NULL);
     pthread_cond_init(&fr->cv, NULL);
+    /* the thread makes the context current and sets relaxed capture mode (worker.h) */
+    fr->w = (struct swap_worker){ .name = "frame pool", .v = v, .make_current = true,
+                                  .round = round_once, .arg = fr, .mu = &fr->mu,
+                                  .cv = &fr->cv, .stop = &fr->stop };
     pthread_mutex_lock(lock);
     paging_feed_attach(pg, wake, fr, fr->low);
     pthread_mutex_unlock(lock);
-    int rc = -pthread_create(&fr->thread, NULL, pool_thread, fr);
+    int rc = swap_worker_start(&fr->w);
     if (rc) {
         pthread_mutex_lock(lock);
         paging_feed_detach(pg);
@@ -130,7 +110,6 @@ int frames_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
         free(fr);
         return rc;
     }
-    fr->running = true;
     wake(fr);                     /* the first fill */
     frames_wait_idle(fr);
     *out = fr;
@@ -141,11 +120,7 @@ void frames_destroy(struct frames *fr)
 {
     if (!fr)
         return;
-    pthread_mutex_lock(&fr->mu);
-    fr->stop = true;
-    pthread_cond_broadcast(&fr->cv);
-    pthread_mutex_unlock(&fr->mu);
-    pthread_join(fr->thread, NULL);
+    swap_worker_stop(&fr->w);
     pthread_mutex_lock(fr->lock);
     paging_feed_detach(fr->pg);
     pthread_mutex_unlock(fr->lock);
@@ -174,7 +149,7 @@ void frames_wait_idle(struct frames *fr)
     if (!fr)
         return;
     pthread_mutex_lock(&fr->mu);
-    while (fr->wake || fr->active)
+    while (fr->w.wake || fr->w.active)
         pthread_cond_wait(&fr->cv, &fr->mu);
     pthread_mutex_unlock(&fr->mu);
 }

@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include "paging/paging.h"
 #include "vmm/vmm.h"
+#include "worker.h"
 
 struct frames_params {
     uint32_t budget;          /* device budget in frames */

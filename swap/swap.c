@@ -19,15 +19,13 @@ struct swap {
     vmm_fence direct_fence;        /* used under the context lock only */
     vmm_fence thread_fence;        /* used by the thread only */
     bool direct_fence_ok, thread_fence_ok;
+    uint32_t host_min_free, host_low_free, host_high_free;   /* in host slots */
     /* below: under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;             /* wake / idle changes */
-    bool running, stop, wake, active, futile;
-    pthread_t thread;
-    /* the spill thread (under mu too) */
-    uint32_t host_min_free, host_low_free, host_high_free;
-    bool s_running, s_wake, s_active, s_futile;
-    pthread_t s_thread;
+    bool stop;
+    struct swap_worker reclaim;    /* the reclaim thread (its flags under mu) */
+    struct swap_worker spill;      /* the spill thread (its flags under mu) */
 };
 
 static uint32_t frames_free(struct swap *sw)
@@ -279,9 +277,21 @@ void swap_set_frames(struct swap *sw, uint32_t frames)
         sw->high_free = frames;
 }
 
+/* Asks w for a round unless one runs or the last one found nothing to do (until the next
+   step clears futile). */
+static void wake_worker(struct swap *sw, struct swap_worker *w)
+{
+    pthread_mutex_lock(&sw->mu);
+    if (!w->futile && !w->active) {
+        w->wake = true;
+        pthread_cond_broadcast(&sw->cv);
+    }
+    pthread_mutex_unlock(&sw->mu);
+}
+
 static void spill_wake(struct swap *sw)
 {
-    if (!sw->s_running)
+    if (!sw->spill.running)
         return;
     size_t f = paging_host_free(sw->pg);
     if (f >= sw->host_low_free)
@@ -292,12 +302,7 @@ static void spill_wake(struct swap *sw)
         uint32_t started;
         swap_spill(sw->pg, (uint32_t)(sw->host_low_free - f), 0, &started);
     }
-    pthread_mutex_lock(&sw->mu);
-    if (!sw->s_futile && !sw->s_active) {
-        sw->s_wake = true;
-        pthread_cond_broadcast(&sw->cv);
-    }
-    pthread_mutex_unlock(&sw->mu);
+    wake_worker(sw, &sw->spill);
 }
 
 void swap_after_call(struct swap *sw)
@@ -315,130 +320,78 @@ void swap_after_call(struct swap *sw)
         if (frames_free(sw) >= sw->low_free)
             return;
     }
-    if (!sw->running)
+    if (!sw->reclaim.running)
         return;
-    pthread_mutex_lock(&sw->mu);
-    if (!sw->futile && !sw->active) {
-        sw->wake = true;
-        pthread_cond_broadcast(&sw->cv);
-    }
-    pthread_mutex_unlock(&sw->mu);
+    wake_worker(sw, &sw->reclaim);
 }
 
 void swap_after_step(struct swap *sw)
 {
     pthread_mutex_lock(&sw->mu);
-    sw->futile = false;
-    sw->s_futile = false;
+    sw->reclaim.futile = false;
+    sw->spill.futile = false;
     pthread_mutex_unlock(&sw->mu);
     swap_after_call(sw);
 }
 
-/* A library thread sets relaxed capture mode for itself: in the default global mode its
-   event queries and synchronizations during a graph capture by any engine thread would be
-   prohibited and invalidate that capture (cuda.h, cuThreadExchangeStreamCaptureMode). */
-static void capture_relaxed(struct swap *sw, const char *who)
-{
-    if (vmm_thread_capture_relaxed(sw->v))
-        klog_warn("swap: the %s thread could not set relaxed stream capture mode", who);
-}
-
-static void *reclaim_thread(void *arg)
+/* One round of the reclaim thread (its worker: context current, relaxed capture mode). */
+static bool reclaim_round(void *arg)
 {
     struct swap *sw = arg;
-    if (vmm_make_current(sw->v))
-        klog_warn("swap: the reclaim thread could not make the device context current");
-    capture_relaxed(sw, "reclaim");
-    pthread_mutex_lock(&sw->mu);
-    for (;;) {
-        while (!sw->stop && !sw->wake)
-            pthread_cond_wait(&sw->cv, &sw->mu);
-        if (sw->stop)
-            break;
-        sw->wake = false;
-        sw->active = true;
-        pthread_mutex_unlock(&sw->mu);
-
-        int rc = 0;
-        uint32_t moved = 0;
-        pthread_mutex_lock(sw->lock);
-        /* Nothing here records on or enqueues onto the engine stream, so a round may run
-           while the engine captures a graph: swapping out the unprotected victims orders
-           the copy stream after the last step's fence (paging's copies_after_engine), and
-           orphan pages have no engine work left (paging_reclaim_orphans). */
-        moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
-        /* (moved: a drop's release may wait for a fence on the copy stream too) */
-        int wrc = (paging_frames_pending(sw->pg) || moved)
-                      ? paging_copy_fence_record(sw->pg, &sw->thread_fence) : 1;
-        if (moved) {
-            sw->c.reclaim_runs++;
-            sw->c.reclaim_swap_outs += moved;
-        }
-        pthread_mutex_unlock(sw->lock);
-        if (wrc == 0) {
-            /* the copies complete without the lock held; then the frames are pooled */
-            vmm_fence_wait(sw->v, &sw->thread_fence);
-            pthread_mutex_lock(sw->lock);
-            paging_reap(sw->pg);
-            pthread_mutex_unlock(sw->lock);
-        }
-
-        pthread_mutex_lock(sw->lock);
-        spill_wake(sw);           /* the host tier just filled up */
-        pthread_mutex_unlock(sw->lock);
-
-        pthread_mutex_lock(&sw->mu);
-        if (!moved)
-            sw->futile = true;   /* nothing movable until the next step */
-        sw->active = false;
-        pthread_cond_broadcast(&sw->cv);
+    int rc = 0;
+    uint32_t moved = 0;
+    pthread_mutex_lock(sw->lock);
+    /* Nothing here records on or enqueues onto the engine stream, so a round may run
+       while the engine captures a graph: swapping out the unprotected victims orders
+       the copy stream after the last step's fence (paging's copies_after_engine), and
+       orphan pages have no engine work left (paging_reclaim_orphans). */
+    moved = move_until(sw, sw->high_free, NULL, 0, false, &rc);
+    /* (moved: a drop's release may wait for a fence on the copy stream too) */
+    int wrc = (paging_frames_pending(sw->pg) || moved)
+                  ? paging_copy_fence_record(sw->pg, &sw->thread_fence) : 1;
+    if (moved) {
+        sw->c.reclaim_runs++;
+        sw->c.reclaim_swap_outs += moved;
     }
-    pthread_mutex_unlock(&sw->mu);
-    return NULL;
+    pthread_mutex_unlock(sw->lock);
+    if (wrc == 0) {
+        /* the copies complete without the lock held; then the frames are pooled */
+        vmm_fence_wait(sw->v, &sw->thread_fence);
+        pthread_mutex_lock(sw->lock);
+        paging_reap(sw->pg);
+        pthread_mutex_unlock(sw->lock);
+    }
+
+    pthread_mutex_lock(sw->lock);
+    spill_wake(sw);           /* the host tier just filled up */
+    pthread_mutex_unlock(sw->lock);
+    return moved != 0;        /* nothing moved: nothing movable until the next step */
 }
 
-static void *spill_thread(void *arg)
+/* One round of the spill thread (its worker: relaxed capture mode). */
+static bool spill_round(void *arg)
 {
     struct swap *sw = arg;
-    capture_relaxed(sw, "spill");
-    pthread_mutex_lock(&sw->mu);
+    bool any = false;
     for (;;) {
-        while (!sw->stop && !sw->s_wake)
-            pthread_cond_wait(&sw->cv, &sw->mu);
-        if (sw->stop)
-            break;
-        sw->s_wake = false;
-        sw->s_active = true;
-        pthread_mutex_unlock(&sw->mu);
-
-        bool any = false;
-        for (;;) {
-            uint32_t started = 0;
-            pthread_mutex_lock(sw->lock);
-            paging_disk_reap(sw->pg);
-            size_t f = paging_host_free(sw->pg);
-            if (f < sw->host_high_free)
-                swap_spill(sw->pg, (uint32_t)(sw->host_high_free - f), 0, &started);
-            if (started)
-                sw->c.spill_runs++;
-            pthread_mutex_unlock(sw->lock);
-            if (!started)
-                break;
-            any = true;
-            paging_disk_wait_io(sw->pg);     /* the writes complete without the lock */
-        }
+        uint32_t started = 0;
         pthread_mutex_lock(sw->lock);
         paging_disk_reap(sw->pg);
+        size_t f = paging_host_free(sw->pg);
+        if (f < sw->host_high_free)
+            swap_spill(sw->pg, (uint32_t)(sw->host_high_free - f), 0, &started);
+        if (started)
+            sw->c.spill_runs++;
         pthread_mutex_unlock(sw->lock);
-
-        pthread_mutex_lock(&sw->mu);
-        if (!any)
-            sw->s_futile = true;   /* nothing spillable until the next step */
-        sw->s_active = false;
-        pthread_cond_broadcast(&sw->cv);
+        if (!started)
+            break;
+        any = true;
+        paging_disk_wait_io(sw->pg);     /* the writes complete without the lock */
     }
-    pthread_mutex_unlock(&sw->mu);
-    return NULL;
+    pthread_mutex_lock(sw->lock);
+    paging_disk_reap(sw->pg);
+    pthread_mutex_unlock(sw->lock);
+    return any;               /* nothing started: nothing spillable until the next step */
 }
 
 int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
@@ -463,22 +416,26 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
         sw->host_high_free = p->host_slots;
     pthread_mutex_init(&sw->mu, NULL);
     pthread_cond_init(&sw->cv, NULL);
+    sw->reclaim = (struct swap_worker){ .name = "reclaim", .v = v, .make_current = true,
+                                        .round = reclaim_round, .arg = sw, .mu = &sw->mu,
+                                        .cv = &sw->cv, .stop = &sw->stop };
+    sw->spill = (struct swap_worker){ .name = "spill", .v = v, .round = spill_round,
+                                      .arg = sw, .mu = &sw->mu, .cv = &sw->cv,
+                                      .stop = &sw->stop };
     int rc = 0;
     if (p->disk && p->host_slots) {
-        rc = -pthread_create(&sw->s_thread, NULL, spill_thread, sw);
+        rc = swap_worker_start(&sw->spill);
         if (rc)
             goto out_free;
-        sw->s_running = true;
     }
     if (p->auto_swap && p->thread) {
         rc = vmm_fence_create(v, &sw->thread_fence);
         if (rc)
             goto out_spill;
         sw->thread_fence_ok = true;
-        rc = -pthread_create(&sw->thread, NULL, reclaim_thread, sw);
+        rc = swap_worker_start(&sw->reclaim);
         if (rc)
             goto out_fence;
-        sw->running = true;
     }
     /* paging asks the host tier's choices of room.c from now on */
     paging_set_policy(pg, &(struct pg_policy_ops){ .arg = pg, .host_room = swap_host_room,
@@ -488,13 +445,7 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
 out_fence:
     vmm_fence_destroy(v, &sw->thread_fence);
 out_spill:
-    if (sw->s_running) {
-        pthread_mutex_lock(&sw->mu);
-        sw->stop = true;
-        pthread_cond_broadcast(&sw->cv);
-        pthread_mutex_unlock(&sw->mu);
-        pthread_join(sw->s_thread, NULL);
-    }
+    swap_worker_stop(&sw->spill);
 out_free:
     pthread_cond_destroy(&sw->cv);
     pthread_mutex_destroy(&sw->mu);
@@ -506,14 +457,8 @@ void swap_destroy(struct swap *sw)
 {
     if (!sw)
         return;
-    pthread_mutex_lock(&sw->mu);
-    sw->stop = true;
-    pthread_cond_broadcast(&sw->cv);
-    pthread_mutex_unlock(&sw->mu);
-    if (sw->running)
-        pthread_join(sw->thread, NULL);
-    if (sw->s_running)
-        pthread_join(sw->s_thread, NULL);
+    swap_worker_stop(&sw->reclaim);       /* (the one stop flag ends both threads) */
+    swap_worker_stop(&sw->spill);
     paging_set_policy(sw->pg, NULL);
     if (sw->thread_fence_ok)
         vmm_fence_destroy(sw->v, &sw->thread_fence);
@@ -526,10 +471,10 @@ void swap_destroy(struct swap *sw)
 
 void swap_wait_idle(struct swap *sw)
 {
-    if (!sw || (!sw->running && !sw->s_running))
+    if (!sw || (!sw->reclaim.running && !sw->spill.running))
         return;
     pthread_mutex_lock(&sw->mu);
-    while (sw->wake || sw->active || sw->s_wake || sw->s_active)
+    while (sw->reclaim.wake || sw->reclaim.active || sw->spill.wake || sw->spill.active)
         pthread_cond_wait(&sw->cv, &sw->mu);
     pthread_mutex_unlock(&sw->mu);
 }

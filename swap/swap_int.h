@@ -16,6 +16,7 @@
 #define KVVM_SWAP_SWAP_INT_H
 
 #include "swap.h"
+#include "worker.h"
 
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);

@@ -1,0 +1,53 @@
+/*
+ * swap/worker.c: the background thread loop shared by swap/'s threads (contract in
+ * worker.h).
+ */
+#include "worker.h"
+
+#include "common/log.h"
+
+static void *worker_main(void *arg)
+{
+    struct swap_worker *w = arg;
+    if (w->make_current && vmm_make_current(w->v))
+        klog_warn("swap: the %s thread could not make the device context current", w->name);
+    if (vmm_thread_capture_relaxed(w->v))
+        klog_warn("swap: the %s thread could not set relaxed stream capture mode", w->name);
+    pthread_mutex_lock(w->mu);
+    for (;;) {
+        while (!*w->stop && !w->wake)
+            pthread_cond_wait(w->cv, w->mu);
+        if (*w->stop)
+            break;
+        w->wake = false;
+        w->active = true;
+        pthread_mutex_unlock(w->mu);
+        bool did = w->round(w->arg);
+        pthread_mutex_lock(w->mu);
+        if (!did)
+            w->futile = true;
+        w->active = false;
+        pthread_cond_broadcast(w->cv);
+    }
+    pthread_mutex_unlock(w->mu);
+    return NULL;
+}
+
+int swap_worker_start(struct swap_worker *w)
+{
+    int rc = -pthread_create(&w->thread, NULL, worker_main, w);
+    if (!rc)
+        w->running = true;
+    return rc;
+}
+
+void swap_worker_stop(struct swap_worker *w)
+{
+    pthread_mutex_lock(w->mu);
+    *w->stop = true;
+    pthread_cond_broadcast(w->cv);
+    pthread_mutex_unlock(w->mu);
+    if (w->running)
+        pthread_join(w->thread, NULL);
+    w->running = false;
+}
