@@ -61,17 +61,21 @@ static int err_index(kcu_result e)
     return -1;
 }
 
-/* Unknown error: *str = NULL and KCU_ERROR_INVALID_VALUE, as the driver documents. */
+/* *str = the table's name or description of error. NULL str: KCU_ERROR_INVALID_VALUE; an
+   unknown error: *str = NULL and KCU_ERROR_INVALID_VALUE, as the driver documents. */
+static kcu_result err_str(kcu_result error, const char **str, bool name)
+{
+    if (!str)
+        return KCU_ERROR_INVALID_VALUE;
+    int i = err_index(error);
+    *str = i < 0 ? NULL : name ? err_table[i].name : err_table[i].desc;
+    return i < 0 ? KCU_ERROR_INVALID_VALUE : KCU_SUCCESS;
+}
+
 kcu_result emu_cuGetErrorString(kcu_result error, const char **str)
 {
     BEGIN(cuGetErrorString, 0);
-    if (!str) {
-        r = KCU_ERROR_INVALID_VALUE;
-        goto out;
-    }
-    int i = err_index(error);
-    *str = i < 0 ? NULL : err_table[i].desc;
-    r = i < 0 ? KCU_ERROR_INVALID_VALUE : KCU_SUCCESS;
+    r = err_str(error, str, false);
 out:
     return emu_leave(r);
 }
@@ -79,13 +83,7 @@ out:
 kcu_result emu_cuGetErrorName(kcu_result error, const char **str)
 {
     BEGIN(cuGetErrorName, 0);
-    if (!str) {
-        r = KCU_ERROR_INVALID_VALUE;
-        goto out;
-    }
-    int i = err_index(error);
-    *str = i < 0 ? NULL : err_table[i].name;
-    r = i < 0 ? KCU_ERROR_INVALID_VALUE : KCU_SUCCESS;
+    r = err_str(error, str, true);
 out:
     return emu_leave(r);
 }
