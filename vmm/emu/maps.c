@@ -270,24 +270,35 @@ void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
     }
 }
 
+/* [ptr, ptr + size) as whole granules inside one reservation, every granule mapped: *rvp,
+   the first granule and their count; else KCU_ERROR_INVALID_VALUE (cuMemUnmap and
+   cuMemSetAccess). */
+static kcu_result mapped_range_locked(kcu_deviceptr ptr, size_t size, struct emu_resv **rvp,
+                                      size_t *first, size_t *n)
+{
+    struct emu_resv *rv = resv_find_range_locked((uintptr_t)ptr, size);
+    if (!rv || size == 0 || ptr % rv->gran || size % rv->gran)
+        return KCU_ERROR_INVALID_VALUE;
+    size_t f = ((uintptr_t)ptr - rv->base) / rv->gran, k = size / rv->gran;
+    for (size_t i = f; i < f + k; i++)
+        if (!emu_ent_mapped(rv, i))
+            return KCU_ERROR_INVALID_VALUE;
+    *rvp = rv;
+    *first = f;
+    *n = k;
+    return KCU_SUCCESS;
+}
+
 /* The range must consist of whole mappings only (driver: "must be the entire contiguous
    address range that was mapped"); violations, misalignment, unmapped granules or a range
    outside one reservation: KCU_ERROR_INVALID_VALUE (the one documented argument error). */
 kcu_result emu_cuMemUnmap(kcu_deviceptr ptr, size_t size)
 {
     BEGIN(cuMemUnmap, F_INIT | F_STICKY);
-    struct emu_resv *rv = resv_find_range_locked((uintptr_t)ptr, size);
-    if (!rv || size == 0 || ptr % rv->gran || size % rv->gran) {
-        r = KCU_ERROR_INVALID_VALUE;
+    struct emu_resv *rv;
+    size_t first, n;
+    if ((r = mapped_range_locked(ptr, size, &rv, &first, &n)))
         goto out;
-    }
-    size_t first = ((uintptr_t)ptr - rv->base) / rv->gran, n = size / rv->gran;
-    for (size_t i = first; i < first + n; i++) {
-        if (!emu_ent_mapped(rv, i)) {
-            r = KCU_ERROR_INVALID_VALUE;
-            goto out;
-        }
-    }
     if ((first > 0 && emu_ent_map_id(rv, first - 1) == emu_ent_map_id(rv, first)) ||
         (first + n < rv->ngran &&
          emu_ent_map_id(rv, first + n) == emu_ent_map_id(rv, first + n - 1))) {
@@ -316,6 +327,21 @@ static int prot_of(int access)
     }
 }
 
+/* The access mapped granule i of rv has after cuMemSetAccess(desc, count): the last entry
+   naming its memory's device, else the access it has now; *dev that device. */
+static int access_after(struct emu_resv *rv, size_t i, const struct kcu_mem_access_desc *desc,
+                        size_t count, struct emu_dev **dev)
+{
+    struct emu_ent *e = emu_ent_get(rv, i);
+    struct emu_dev *d = emu_handles[e->h1 - 1].dev;
+    int acc = (int)e->access;
+    for (size_t k = 0; k < count; k++)
+        if (desc[k].location.id == d->ordinal)
+            acc = desc[k].flags;
+    *dev = d;
+    return acc;
+}
+
 /* Errors: desc NULL, count 0, a location that is not a device, flags not PROT_NONE / READ /
    READWRITE, misaligned range, a range not fully mapped inside one reservation:
    KCU_ERROR_INVALID_VALUE; a location id that names no device: KCU_ERROR_INVALID_DEVICE.
@@ -342,39 +368,18 @@ kcu_result emu_cuMemSetAccess(kcu_deviceptr ptr, size_t size,
             goto out;
         }
     }
-    struct emu_resv *rv = resv_find_range_locked((uintptr_t)ptr, size);
-    if (!rv || size == 0 || ptr % rv->gran || size % rv->gran) {
-        r = KCU_ERROR_INVALID_VALUE;
+    struct emu_resv *rv;
+    size_t first, n;
+    if ((r = mapped_range_locked(ptr, size, &rv, &first, &n)))
         goto out;
-    }
-    size_t first = ((uintptr_t)ptr - rv->base) / rv->gran, n = size / rv->gran;
-    for (size_t i = first; i < first + n; i++) {
-        if (!emu_ent_mapped(rv, i)) {
-            r = KCU_ERROR_INVALID_VALUE;
-            goto out;
-        }
-    }
     /* Apply run by run (granules of one device and one resulting access). */
     size_t i = first;
     while (i < first + n) {
-        struct emu_ent *e = emu_ent_get(rv, i);
-        struct emu_dev *d = emu_handles[e->h1 - 1].dev;
-        int acc = (int)e->access;
-        for (size_t k = 0; k < count; k++)
-            if (desc[k].location.id == d->ordinal)
-                acc = desc[k].flags;
+        struct emu_dev *d, *fd;
+        int acc = access_after(rv, i, desc, count, &d);
         size_t j = i + 1;
-        while (j < first + n) {
-            struct emu_ent *f = emu_ent_get(rv, j);
-            struct emu_dev *fd = emu_handles[f->h1 - 1].dev;
-            int facc = (int)f->access;
-            for (size_t k = 0; k < count; k++)
-                if (desc[k].location.id == fd->ordinal)
-                    facc = desc[k].flags;
-            if (fd != d || facc != acc)
-                break;
+        while (j < first + n && access_after(rv, j, desc, count, &fd) == acc && fd == d)
             j++;
-        }
         if (!d->opaque && mprotect((void *)(rv->base + i * rv->gran), (j - i) * rv->gran,
                                    prot_of(acc)) != 0) {
             klog_error("emulated device %d: mprotect failed: %s", d->ordinal,
