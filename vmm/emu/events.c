@@ -18,6 +18,14 @@ struct kcu_event_st *emu_event_lookup_locked(kcu_event e)
     return NULL;
 }
 
+/* The event behind an entry point's event argument; unknown (or NULL):
+   KCU_ERROR_INVALID_HANDLE. */
+static kcu_result event_arg_locked(kcu_event e, struct kcu_event_st **ev)
+{
+    *ev = emu_event_lookup_locked(e);
+    return *ev ? KCU_SUCCESS : KCU_ERROR_INVALID_HANDLE;
+}
+
 /* ---- events ------------------------------------------------------------------------- */
 
 /* Flags: DEFAULT, BLOCKING_SYNC (1), DISABLE_TIMING (2), INTERPROCESS (4); others
@@ -60,11 +68,9 @@ void emu_event_unlink_locked(struct kcu_event_st *ev)
 kcu_result emu_cuEventDestroy(kcu_event event)
 {
     BEGIN(cuEventDestroy, F_INIT);
-    struct kcu_event_st *ev = emu_event_lookup_locked(event);
-    if (!ev) {
-        r = KCU_ERROR_INVALID_HANDLE;
+    struct kcu_event_st *ev;
+    if ((r = event_arg_locked(event, &ev)))
         goto out;
-    }
     emu_event_unlink_locked(ev);
     emu_event_put_locked(ev);
 out:
@@ -77,11 +83,9 @@ kcu_result emu_cuEventRecord(kcu_event event, kcu_stream stream)
     BEGIN(cuEventRecord, F_INIT);
     struct kcu_stream_st *s;
     struct emu_dev *d;
-    struct kcu_event_st *ev = emu_event_lookup_locked(event);
-    if (!ev) {
-        r = KCU_ERROR_INVALID_HANDLE;
+    struct kcu_event_st *ev;
+    if ((r = event_arg_locked(event, &ev)))
         goto out;
-    }
     if ((r = emu_stream_arg_locked(stream, cur, &s, &d)))
         goto out;
     if (d != ev->dev) {
@@ -101,17 +105,26 @@ out:
     return emu_leave(r);
 }
 
+/* The event behind cuEventQuery's or cuEventSynchronize's argument: unknown:
+   KCU_ERROR_INVALID_HANDLE; recorded inside a capture: KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+   a capture that forbids the call: emu_capture_unsafe_locked's error. */
+static kcu_result event_wait_arg_locked(kcu_event e, struct kcu_event_st **ev)
+{
+    kcu_result r = event_arg_locked(e, ev);
+    if (!r && (*ev)->captured)
+        r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!r)
+        r = emu_capture_unsafe_locked();
+    return r;
+}
+
 kcu_result emu_cuEventQuery(kcu_event event)
 {
     BEGIN(cuEventQuery, F_INIT);
-    struct kcu_event_st *ev = emu_event_lookup_locked(event);
-    if (!ev)
-        r = KCU_ERROR_INVALID_HANDLE;
-    else if (ev->captured)
-        r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* recorded inside a capture */
-    else if ((r = emu_capture_unsafe_locked()))
-        ;
-    else if (ev->dev->sticky)
+    struct kcu_event_st *ev;
+    if ((r = event_wait_arg_locked(event, &ev)))
+        goto out;
+    if (ev->dev->sticky)
         r = ev->dev->sticky;
     else if (ev->done_seq < ev->rec_seq)
         r = KCU_ERROR_NOT_READY;
@@ -122,16 +135,8 @@ out:
 kcu_result emu_cuEventSynchronize(kcu_event event)
 {
     BEGIN(cuEventSynchronize, F_INIT);
-    struct kcu_event_st *ev = emu_event_lookup_locked(event);
-    if (!ev) {
-        r = KCU_ERROR_INVALID_HANDLE;
-        goto out;
-    }
-    if (ev->captured) {
-        r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* recorded inside a capture */
-        goto out;
-    }
-    if ((r = emu_capture_unsafe_locked()))
+    struct kcu_event_st *ev;
+    if ((r = event_wait_arg_locked(event, &ev)))
         goto out;
     ev->refs++;                    /* survive a concurrent cuEventDestroy */
     uint64_t want = ev->rec_seq;
