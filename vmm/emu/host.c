@@ -81,6 +81,17 @@ static void host_pin_locked(struct emu_host *h)
     }
 }
 
+/* The pinned range starting at p made by cuMemAllocHost (alloc) or cuMemHostRegister
+   (!alloc), or NULL; the last one listed if several match. */
+static struct emu_host *host_find_locked(const void *p, bool alloc)
+{
+    struct emu_host *h = NULL;
+    for (struct emu_host *x = emu_hosts; x; x = x->next)
+        if (x->alloc == alloc && x->p == p)
+            h = x;
+    return h;
+}
+
 kcu_result emu_cuMemAllocHost(void **pp, size_t bytes)
 {
     BEGIN(cuMemAllocHost, F_INIT | F_CTX | F_STICKY);
@@ -111,10 +122,7 @@ out:
 kcu_result emu_cuMemFreeHost(void *p)
 {
     BEGIN(cuMemFreeHost, F_INIT);
-    struct emu_host *h = NULL;
-    for (struct emu_host *x = emu_hosts; x; x = x->next)
-        if (x->alloc && x->p == p)
-            h = x;
+    struct emu_host *h = host_find_locked(p, true);
     if (!h) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
@@ -155,10 +163,7 @@ out:
 kcu_result emu_cuMemHostUnregister(void *p)
 {
     BEGIN(cuMemHostUnregister, F_INIT);
-    struct emu_host *h = NULL;
-    for (struct emu_host *x = emu_hosts; x; x = x->next)
-        if (!x->alloc && x->p == p)
-            h = x;
+    struct emu_host *h = host_find_locked(p, false);
     if (!h) {
         r = KCU_ERROR_HOST_MEMORY_NOT_REGISTERED;
         goto out;
