@@ -270,11 +270,7 @@ int spill_submit(struct spill *sp, const struct spill_req *reqs, size_t n)
         /* Kick only on empty -> non-empty: until the engine takes the list, an earlier kick
            is still outstanding. */
         int kick = sp->pending_head == NULL;
-        if (sp->pending_tail)
-            sp->pending_tail->next = pg;
-        else
-            sp->pending_head = pg;
-        sp->pending_tail = pg;
+        SPILL_FIFO_PUSH(sp->pending_head, sp->pending_tail, pg);
         pthread_mutex_unlock(&sp->lock);
         if (kick)
             disk_engine_kick(sp);
@@ -297,9 +293,7 @@ size_t spill_reap(struct spill *sp, struct spill_cqe *out, size_t max)
     pthread_mutex_lock(&sp->lock);
     while (n < max && sp->done_head) {
         struct spill_page *pg = sp->done_head;
-        sp->done_head = pg->next;
-        if (!sp->done_head)
-            sp->done_tail = NULL;
+        SPILL_FIFO_DROP(sp->done_head, sp->done_tail);
         out[n++] = (struct spill_cqe){ pg->req.user, pg->req.page, pg->req.slot, pg->req.op,
                                        pg->status };
         free(pg);

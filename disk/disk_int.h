@@ -65,6 +65,25 @@ struct spill_fault {
 
 struct disk_uring;               /* engine_uring.c */
 
+/* The FIFOs of struct spill (pending, done, run: pages; retry: I/Os) are a head and a tail
+   linked through ->next: SPILL_FIFO_PUSH appends x, SPILL_FIFO_DROP unlinks the head (the
+   caller has read it). The arguments are plain lvalues, evaluated more than once. */
+#define SPILL_FIFO_PUSH(head, tail, x)                                              \
+    do {                                                                            \
+        (x)->next = NULL;                                                           \
+        if (tail)                                                                   \
+            (tail)->next = (x);                                                     \
+        else                                                                        \
+            (head) = (x);                                                           \
+        (tail) = (x);                                                               \
+    } while (0)
+#define SPILL_FIFO_DROP(head, tail)                                                 \
+    do {                                                                            \
+        (head) = (head)->next;                                                      \
+        if (!(head))                                                                \
+            (tail) = NULL;                                                          \
+    } while (0)
+
 struct spill {
     /* fixed after open */
     int fd;

@@ -80,12 +80,7 @@ static void page_done(struct spill *sp, struct spill_page *pg)
     }
     si->busy = 0;
     if (!sp->on_complete) {
-        pg->next = NULL;
-        if (sp->done_tail)
-            sp->done_tail->next = pg;
-        else
-            sp->done_head = pg;
-        sp->done_tail = pg;
+        SPILL_FIFO_PUSH(sp->done_head, sp->done_tail, pg);
         if (--sp->inflight == 0)
             pthread_cond_broadcast(&sp->idle_cv);
         pthread_mutex_unlock(&sp->lock);
@@ -111,12 +106,7 @@ static void io_put(struct spill *sp, struct spill_io *io)
 
 static void retry_push(struct spill *sp, struct spill_io *io)
 {
-    io->next = NULL;
-    if (sp->retry_tail)
-        sp->retry_tail->next = io;
-    else
-        sp->retry_head = io;
-    sp->retry_tail = io;
+    SPILL_FIFO_PUSH(sp->retry_head, sp->retry_tail, io);
 }
 
 void disk_io_complete(struct spill *sp, struct spill_io *io, int res)
@@ -175,9 +165,7 @@ struct spill_io *disk_next_io(struct spill *sp)
 {
     struct spill_io *io;
     if ((io = sp->retry_head)) {      /* a retried I/O keeps its slot: first, always */
-        sp->retry_head = io->next;
-        if (!sp->retry_head)
-            sp->retry_tail = NULL;
+        SPILL_FIFO_DROP(sp->retry_head, sp->retry_tail);
         return io;
     }
     if (!sp->io_free)
@@ -191,9 +179,7 @@ struct spill_io *disk_next_io(struct spill *sp)
                 int valid = sp->slots[pg->req.slot.idx].valid;
                 pthread_mutex_unlock(&sp->lock);
                 if (!valid) {
-                    sp->run_head = pg->next;
-                    if (!sp->run_head)
-                        sp->run_tail = NULL;
+                    SPILL_FIFO_DROP(sp->run_head, sp->run_tail);
                     pg->status = -ENODATA;
                     page_done(sp, pg);
                     continue;
@@ -211,11 +197,8 @@ struct spill_io *disk_next_io(struct spill *sp)
         io->len = sp->io_size;
         io->retries = 0;
         io->inject = 0;
-        if (pg->ios_next == n_ios) {
-            sp->run_head = pg->next;
-            if (!sp->run_head)
-                sp->run_tail = NULL;
-        }
+        if (pg->ios_next == n_ios)
+            SPILL_FIFO_DROP(sp->run_head, sp->run_tail);
         return io;
     }
     return NULL;
