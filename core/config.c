@@ -44,7 +44,7 @@ static const struct opt opts[] = {
     OPT(emu_granule, OPT_SIZE),      OPT(map_ahead, OPT_U32),
     OPT(emu_opaque, OPT_BOOL),
     OPT(pool_thread, OPT_BOOL),      OPT(pool_low, OPT_U32),
-    OPT(pool_high, OPT_U32),
+    OPT(pool_high, OPT_U32),         OPT(pool_decay_ms, OPT_U32),
 };
 
 /* The KVVM_* variables that are not configuration fields (common/env.h). */
@@ -240,6 +240,7 @@ void kvvm_config_init(struct kvvm_config *cfg)
     cfg->pool_thread = 1;
     cfg->pool_low = 0;
     cfg->pool_high = 0;
+    cfg->pool_decay_ms = 1000;
     for (char **e = environ; e && *e; e++)
         if (!strncmp(*e, "KVVM_", 5) && !env_apply(cfg, *e))
             klog_warn("unknown environment variable %.*s ignored (not a libkvvm setting)",

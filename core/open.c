@@ -192,7 +192,8 @@ static int open_layout(kvvm *kv)
         goto out_paging;
     if (c->pool_thread) {
         struct frames_params fp = { .budget = (uint32_t)frames, .n_regions = c->n_regions,
-                                    .low = c->pool_low, .high = c->pool_high };
+                                    .low = c->pool_low, .high = c->pool_high,
+                                    .decay_ms = c->pool_decay_ms };
         rc = frames_create(kv->pg, kv->v, &kv->lock, &fp, &kv->fr);
         if (rc)
             goto out_swap;

@@ -93,6 +93,10 @@ struct kvvm_config {
     uint32_t pool_high;         /* pages: the reserve of created, unused frames the thread
                                    keeps; 0 = max(2 x pool_low, budget / 8 pages).
                                    KVVM_POOL_HIGH */
+    uint32_t pool_decay_ms;     /* ms: the thread releases the ready frames above pool_high
+                                   that no call needed for this long (default 1000); 0: those
+                                   unused since its previous round (at each step).
+                                   KVVM_POOL_DECAY_MS */
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */

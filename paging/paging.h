@@ -378,16 +378,23 @@ struct pg_feed_plan {
     vmm_handle *rel;             /* paging_feed_plan fills; freed by paging_feed_work */
 };
 /* Attaches the thread: from now on frames are created ahead by it. wake(arg) is called
-   (context lock held) when a call leaves fewer than low frames ready. -ENOMEM. */
-int  paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low);
+   (context lock held) when a call leaves fewer than low frames ready, and when the pool grows
+   above high (UINT32_MAX: never). -ENOMEM. */
+int  paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low,
+                        uint32_t high);
 /* Detaches it (after its last paging_feed_work): callers create on their own thread again. */
 void paging_feed_detach(struct paging *pg);
-void paging_feed_set_low(struct paging *pg, uint32_t low);
+void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high);
+/* keep for a plan that releases nothing: the idle window goes on. */
+#define PG_FEED_KEEP_ALL UINT32_MAX
 /* Context lock held. Fills pl for a round that brings the ready frames up to `fill` (none
-   while kvvm_trim's suppression lasts) and releases ready frames above `keep` (keep >=
-   fill) that stayed unused since the previous plan (the fewest ready meanwhile above keep). 0 with pl->create = pl->release = 0: nothing to do. -ENOMEM (rel[] not allocated:
-   nothing taken). */
+   while kvvm_trim's suppression lasts) and, unless keep is PG_FEED_KEEP_ALL, releases the
+   ready frames above `keep` (keep >= fill) that stayed unused since the idle window began
+   (paging_feed_surplus), and begins a new window. 0 with pl->create = pl->release = 0:
+   nothing to do. -ENOMEM (rel[] not allocated: nothing taken). */
 int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
+/* Context lock held: ready frames above keep that no call needed since the window began. */
+uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep);
 /* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the
    first failure: the rest of the reservation is given back). Returns the number created. */
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl);

@@ -60,8 +60,11 @@ struct pg_feed {
     void      (*wake)(void *); /* asks the thread for a round (called with the context lock) */
     void       *wake_arg;
     uint32_t    low;           /* wake when fewer frames than this are ready (0: never) */
-    uint32_t    ready_min;     /* fewest frames ready since the last plan (context lock):
-                                  only frames unused that whole time are surplus */
+    uint32_t    high;          /* the thread's high mark: the pool growing above it wakes
+                                  the thread (UINT32_MAX: never) */
+    uint32_t    ready_min;     /* fewest frames ready since the idle window began (the last
+                                  plan that could release): only frames unused that whole
+                                  time are surplus */
     bool        suppress;      /* kvvm_trim: create nothing ahead until a call takes frames */
 };
 

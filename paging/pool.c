@@ -84,6 +84,10 @@ static void ready_push(struct paging *pg, uint32_t f)
     fr->next = pg->ready_head;
     pg->ready_head = f;
     pg->n_ready++;
+    /* the pool just grew above the thread's high mark: it times the surplus' release */
+    if (pg->feed.high != UINT32_MAX && pg->n_ready == pg->feed.high + 1 && pg->feed.on &&
+        pg->feed.wake)
+        pg->feed.wake(pg->feed.wake_arg);
 }
 
 static uint32_t ready_pop(struct paging *pg)
@@ -246,11 +250,13 @@ void paging_feed_quiesce(struct paging *pg)
     paging_feed_drain(pg);
 }
 
-int paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low)
+int paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low,
+                       uint32_t high)
 {
     pg->feed.wake = wake;
     pg->feed.wake_arg = arg;
     pg->feed.low = low;
+    pg->feed.high = high;
     pg->feed.on = true;
     return 0;
 }
@@ -263,9 +269,10 @@ void paging_feed_detach(struct paging *pg)
     pg->feed.wake_arg = NULL;
 }
 
-void paging_feed_set_low(struct paging *pg, uint32_t low)
+void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high)
 {
     pg->feed.low = low;
+    pg->feed.high = high;
 }
 
 static void feed_wake(struct paging *pg)
@@ -292,10 +299,9 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
         pl->create = want < room ? want : room;
     }
     pthread_mutex_unlock(&fd->mu);
-    /* surplus: ready frames above keep that no call needed since the last plan (a burst
-       of frees right before a burst of takes is not released and created again) */
-    uint32_t idle = pg->feed.ready_min < pg->n_ready ? pg->feed.ready_min : pg->n_ready;
-    uint32_t release = idle > keep ? idle - keep : 0;
+    /* surplus: ready frames above keep that no call needed since the window began (a
+       burst of frees right before a burst of takes is not released and created again) */
+    uint32_t release = keep == PG_FEED_KEEP_ALL ? 0 : paging_feed_surplus(pg, keep);
     if (release && !(pl->rel = malloc(release * sizeof *pl->rel))) {
         pl->create = 0;
         return -ENOMEM;
@@ -307,12 +313,19 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
     }
     pl->release = release;
     pg->c.frames_released += release;
-    pg->feed.ready_min = pg->n_ready;
+    if (keep != PG_FEED_KEEP_ALL)
+        pg->feed.ready_min = pg->n_ready;      /* a new window (KEEP_ALL: it goes on) */
     pthread_mutex_lock(&fd->mu);
     fd->creating += pl->create;
     fd->releasing += release;
     pthread_mutex_unlock(&fd->mu);
     return 0;
+}
+
+uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep)
+{
+    uint32_t idle = pg->feed.ready_min < pg->n_ready ? pg->feed.ready_min : pg->n_ready;
+    return idle > keep ? idle - keep : 0;
 }
 
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)

@@ -5,12 +5,19 @@
  * within the budget and takes the ready frames above the high mark off the pool), then the
  * driver calls without it (paging_feed_work: a caller short of frames meanwhile waits for
  * the deliveries instead of creating its own), then the hand-over under it again
- * (paging_feed_drain). Rounds run on request only (a call left the pool below the low mark,
- * a step, a budget change), so an idle context makes no driver call.
+ * (paging_feed_drain). Rounds run on request (a call left the pool below the low mark, the
+ * pool grew above the high mark, a step, a budget change) and, while ready frames above the
+ * high mark wait for their decay, when it ends. The surplus released is what no call needed
+ * for a whole idle window of decay_ms (paging_feed_surplus): an engine that frees a batch
+ * and starts the next one reuses the frames instead of releasing and creating them again,
+ * and an engine gone idle hands its surplus back within one to two windows. decay_ms = 0:
+ * every round releases what stayed unused since the previous one, and an idle context
+ * makes no driver call.
  */
 #include "frames.h"
 
 #include <errno.h>
+#include <time.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include "common/log.h"
@@ -22,6 +29,7 @@ struct frames {
     struct frames_params p;
     uint32_t low, high;           /* effective marks (context lock) */
     struct frames_counters c;     /* the thread's (context lock) */
+    uint64_t window_ns;           /* CLOCK_MONOTONIC start of the idle window (the thread) */
     /* below: under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -48,6 +56,12 @@ static void marks(struct frames *fr, uint32_t budget)
     fr->high = high < budget ? high : budget;
 }
 
+/* The pool growing above the high mark wakes the thread only when a decay is timed. */
+static uint32_t wake_high(const struct frames *fr)
+{
+    return fr->p.decay_ms ? fr->high : UINT32_MAX;
+}
+
 /* paging's feed calls this (context lock held) when a call left too few frames ready. */
 static void wake(void *arg)
 {
@@ -60,13 +74,28 @@ static void wake(void *arg)
     pthread_mutex_unlock(&fr->mu);
 }
 
-/* One round (the worker's; its futile flag is not used: a round runs on each request). */
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* One round (the worker's; its futile flag is not used: a round runs on each request). It
+   releases only when a whole idle window has passed, and asks for a round at the window's
+   end while frames above the high mark wait for it. */
 static bool round_once(void *arg)
 {
     struct frames *fr = arg;
     struct pg_feed_plan pl;
+    uint64_t now = now_ns(), decay = (uint64_t)fr->p.decay_ms * 1000000u;
+    bool due = now - fr->window_ns >= decay;
     pthread_mutex_lock(fr->lock);
-    int rc = paging_feed_plan(fr->pg, fr->high, fr->high, &pl);
+    int rc = paging_feed_plan(fr->pg, fr->high, due ? fr->high : PG_FEED_KEEP_ALL, &pl);
+    if (!rc && due)
+        fr->window_ns = now;
+    if (decay && paging_pool_ready(fr->pg) > fr->high)
+        fr->w.next_ns = fr->window_ns + decay;
     pthread_mutex_unlock(fr->lock);
     if (rc || (!pl.create && !pl.release))
         return false;
@@ -91,14 +120,19 @@ int frames_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
     fr->lock = lock;
     fr->p = *p;
     marks(fr, p->budget);
+    fr->window_ns = now_ns();
     pthread_mutex_init(&fr->mu, NULL);
-    pthread_cond_init(&fr->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);   /* the decay's deadlines (worker.h) */
+    pthread_cond_init(&fr->cv, &ca);
+    pthread_condattr_destroy(&ca);
     /* the thread makes the context current and sets relaxed capture mode (worker.h) */
     fr->w = (struct swap_worker){ .name = "frame pool", .v = v, .make_current = true,
                                   .round = round_once, .arg = fr, .mu = &fr->mu,
                                   .cv = &fr->cv, .stop = &fr->stop };
     pthread_mutex_lock(lock);
-    paging_feed_attach(pg, wake, fr, fr->low);
+    paging_feed_attach(pg, wake, fr, fr->low, wake_high(fr));
     pthread_mutex_unlock(lock);
     int rc = swap_worker_start(&fr->w);
     if (rc) {
@@ -134,7 +168,7 @@ void frames_set_budget(struct frames *fr, uint32_t budget)
     if (!fr)
         return;
     marks(fr, budget);
-    paging_feed_set_low(fr->pg, fr->low);
+    paging_feed_set_marks(fr->pg, fr->low, wake_high(fr));
     wake(fr);
 }
 

@@ -32,6 +32,8 @@ struct frames_params {
     uint32_t budget;          /* device budget in frames */
     uint32_t n_regions;
     uint32_t low, high;       /* configured marks in frames; 0 = automatic */
+    uint32_t decay_ms;        /* ready frames above high unused this long are released;
+                                 0: at the next round (rounds run on request only) */
 };
 
 struct frames_counters {

@@ -4,7 +4,26 @@
  */
 #include "worker.h"
 
+#include <errno.h>
+#include <time.h>
 #include "common/log.h"
+
+/* Waits (*mu held) for a wake, a stop, or the time the last round asked for. */
+static void wait_request(struct swap_worker *w)
+{
+    while (!*w->stop && !w->wake) {
+        if (!w->next_ns) {
+            pthread_cond_wait(w->cv, w->mu);
+            continue;
+        }
+        struct timespec t = { .tv_sec = (time_t)(w->next_ns / 1000000000u),
+                              .tv_nsec = (long)(w->next_ns % 1000000000u) };
+        if (pthread_cond_timedwait(w->cv, w->mu, &t) == ETIMEDOUT) {
+            w->next_ns = 0;
+            w->wake = true;
+        }
+    }
+}
 
 static void *worker_main(void *arg)
 {
@@ -15,12 +34,12 @@ static void *worker_main(void *arg)
         klog_warn("swap: the %s thread could not set relaxed stream capture mode", w->name);
     pthread_mutex_lock(w->mu);
     for (;;) {
-        while (!*w->stop && !w->wake)
-            pthread_cond_wait(w->cv, w->mu);
+        wait_request(w);
         if (*w->stop)
             break;
         w->wake = false;
         w->active = true;
+        w->next_ns = 0;
         pthread_mutex_unlock(w->mu);
         bool did = w->round(w->arg);
         pthread_mutex_lock(w->mu);

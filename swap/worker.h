@@ -17,6 +17,9 @@
  *    under *mu set futile when the round did nothing, clear active and broadcast *cv.
  *  - futile is only ever set here; what it means (no wake until the next step) and when it
  *    clears is the owner's.
+ *  - A round may ask for the next one at a time of its choosing: it sets next_ns (a
+ *    CLOCK_MONOTONIC time; 0: none), and the thread then waits for a wake or that time,
+ *    whichever comes first. An owner using it makes *cv with CLOCK_MONOTONIC.
  *  - Lock order: the owner's (context lock -> *mu); nothing here takes another lock.
  */
 #ifndef KVVM_SWAP_WORKER_H
@@ -24,6 +27,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include "vmm/vmm.h"
 
 struct swap_worker {
@@ -40,6 +44,7 @@ struct swap_worker {
     bool wake;                    /* a round is asked for */
     bool active;                  /* a round runs */
     bool futile;                  /* a round did nothing (cleared by the owner) */
+    uint64_t next_ns;             /* the thread's: set by a round, the next round's time */
     /* owner-side, set by swap_worker_start */
     bool running;                 /* the thread exists */
     pthread_t thread;

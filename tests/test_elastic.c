@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu/emu.h"
@@ -61,6 +62,8 @@ static void tcfg(struct kvvm_config *c, uint32_t dev_pages, uint32_t emu_pages,
     c->spill_dir = NULL;
     c->flags = flags;
     c->emu_opaque = 1;
+    c->pool_decay_ms = 0;         /* releases at rounds only: no timed round between a
+                                     test's reads (the decay tests set their own) */
 }
 
 static void topen(struct tctx *t, const struct kvvm_config *c)
@@ -515,7 +518,8 @@ Test(pool, without_the_thread_counts_sync_creates)
     tclose(&t);
 }
 
-/* The thread releases ready frames above its high mark. */
+/* The thread releases ready frames above its high mark (pool_decay_ms = 0: those unused
+   since its previous round). */
 Test(pool, releases_above_the_high_mark)
 {
     struct tctx t;
@@ -523,6 +527,7 @@ Test(pool, releases_above_the_high_mark)
     tcfg(&c, 64, 64, 0, 0);
     c.pool_low = 2;
     c.pool_high = 4;
+    c.pool_decay_ms = 0;
     topen(&t, &c);
     struct sh *a = sh_new(t.kv, 1);
     cr_assert_eq(sh_grow_fill(t.kv, a, 60), 0);             /* 30 frames */
@@ -754,3 +759,79 @@ Test(shared, two_contexts_hand_memory_to_each_other)
     kvvm_close(a);
 }
 #endif
+
+/* Regression: the pool thread released the freed frames above its high mark at its next
+   round (the next step), so an engine that freed a batch and grew the next one created
+   them all again (a warm grow cost 3.3 x; kvvm-bench's paging group). Frames no call needed
+   for less than pool_decay_ms stay for reuse. */
+Test(regress, freed_frames_released_at_the_next_step_and_created_again)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0, 0);
+    c.pool_low = 2;
+    c.pool_high = 4;
+    c.pool_decay_ms = 60000;                  /* far longer than this test */
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 60), 0);             /* 30 frames */
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    free(a);
+    for (int i = 0; i < 3; i++) {                           /* rounds, no decay yet */
+        cr_assert_eq(kvvm_step(t.kv), 0);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+    }
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_expect_eq(s0.frames_released, 0, "%llu frames released before their decay",
+                 (unsigned long long)s0.frames_released);
+    cr_expect_geq(s0.device_bytes_held, 30 * KB);
+    uint64_t hb = emu_handle_bytes(&t);
+    struct sh *b = sh_new(t.kv, 2);
+    cr_assert_eq(sh_grow_fill(t.kv, b, 60), 0);             /* the next batch: reuse */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.frames_released, 0);
+    cr_expect_eq(s1.frames_created_sync, s0.frames_created_sync);
+    /* at most the reserve refilled behind the takes (pool_high), none of the 30 again */
+    uint64_t hb1 = emu_handle_bytes(&t);
+    cr_expect_leq(hb1, hb + 4 * KB, "frames created again: %llu -> %llu bytes",
+                  (unsigned long long)hb, (unsigned long long)hb1);
+    tcheck(&t, "after the reuse");
+    free(b);
+    tclose(&t);
+}
+
+/* An engine gone idle gets its surplus released after the decay without calling anything
+   (the pool growing above the high mark wakes the thread, which times the window). */
+Test(pool, idle_surplus_released_after_the_decay_without_a_call, .timeout = 60)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0, 0);
+    c.pool_low = 2;
+    c.pool_high = 4;
+    c.pool_decay_ms = 50;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 60), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    free(a);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    /* no call but reading the emulator's tables: wait up to 30 s (two windows suffice) */
+    uint64_t hb = emu_handle_bytes(&t);
+    for (int i = 0; i < 3000 && hb != 4 * KB; i++) {
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+        hb = emu_handle_bytes(&t);
+    }
+    cr_expect_eq(hb, 4 * KB, "the driver still holds %llu bytes, high mark 4 pages",
+                 (unsigned long long)hb);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.device_bytes_held, 4 * KB);
+    cr_expect_geq(st.frames_released, 26);
+    tcheck(&t, "after the idle release");
+    tclose(&t);
+}

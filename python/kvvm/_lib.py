@@ -65,6 +65,7 @@ class Config(ctypes.Structure):
         ("pool_thread", c_int),
         ("pool_low", c_u32),
         ("pool_high", c_u32),
+        ("pool_decay_ms", c_u32),
     ]
 
 

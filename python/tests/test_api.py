@@ -32,7 +32,7 @@ def test_every_config_field_round_trips(spill_dir):
                 device_min=0.01, device_low=0.02, device_high=0.03, host_min=0.04,
                 host_low=0.05, host_high=0.06, flags=kvvm.F_SCRUB, emu_device_bytes=80 * GRANULE,
                 emu_granule=GRANULE, map_ahead=2, emu_opaque=1, pool_thread=1, pool_low=3,
-                pool_high=7)
+                pool_high=7, pool_decay_ms=250)
     with kvvm.Context(**want) as c:
         eff = c.config
         for k, v in want.items():
