@@ -372,71 +372,67 @@ static void sweep_teardown(struct sweep_state *s)
     tclose(&s->t);
 }
 
+/* The sweep's checks (th_sweep_run calls them around each injected failure). */
+struct sweep_run {
+    struct sweep_state s;
+    enum sweep_kind k;
+    struct snap s0;         /* the state just before the armed call */
+};
+
+static void run_setup(void *arg)
+{
+    struct sweep_run *r = arg;
+    sweep_setup(&r->s, r->k);
+}
+
+static int run_call(void *arg)
+{
+    struct sweep_run *r = arg;
+    return sweep_call(&r->s, r->k);
+}
+
+static void run_teardown(void *arg)
+{
+    struct sweep_run *r = arg;
+    sweep_teardown(&r->s);
+}
+
+static void run_before(void *arg)
+{
+    struct sweep_run *r = arg;
+    struct sh *ss[3] = { &r->s.a, &r->s.b, &r->s.d };
+    snap_take(&r->s.t, &r->s0, ss, 3);
+}
+
+/* Absorbed (a retry or a fallback): the library must have done the whole call correctly.
+   Failed: nothing changed, not -EIO (a non-sticky error must not kill the context), and the
+   same call then succeeds. */
+static enum th_sweep_outcome run_after(void *arg, int rc, const char *w)
+{
+    struct sweep_run *r = arg;
+    struct sweep_state *s = &r->s;
+    bool failed = rc != 0;
+    if (failed) {
+        struct sh *ss[3] = { &s->a, &s->b, &s->d };
+        UCHK(rc != -EIO, "%s: a non-sticky driver error killed the context", w);
+        expect_unchanged(&s->t, &r->s0, ss, 3, w);
+        rc = sweep_call(s, r->k);
+        UCHK(rc == 0, "%s: the call failed again without injection: %d", w, rc);
+    }
+    if (r->k == SW_WRITE)
+        memset(s->b.exp[1] + 5000, 0x3c, 3 * KB);
+    tcheck(&s->t, w);
+    sh_verify(&s->t, &s->a, w);
+    sh_verify(&s->t, &s->b, w);
+    return failed ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
 static void sweep(enum sweep_kind k, const char *name)
 {
-    struct sweep_state s;
-    enum { MAXT = 4096 };
-    static struct emu_trace_entry tr[MAXT];
-    sweep_setup(&s, k);
-    emu_trace_start();
-    int rc = sweep_call(&s, k);
-    size_t n = emu_trace_stop(tr, MAXT);
-    cr_assert_eq(rc, 0, "%s: the traced call failed: %d", name, rc);
-    cr_assert_gt(n, 0, "%s: no driver call traced", name);
-    cr_assert_leq(n, MAXT);
-    sweep_teardown(&s);
-
-    const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-    unsigned failed = 0, tolerated = 0, broken = 0;
-    soft = true;
-    for (size_t i = 0; i < n; i++) {
-        for (int e = 0; e < 2; e++) {
-            char w[160];
-            snprintf(w, sizeof w, "%s: %s #%lu -> %d", name, tr[i].entry, tr[i].nth, errs[e]);
-            sweep_setup(&s, k);
-            struct sh *ss[3] = { &s.a, &s.b, &s.d };
-            struct snap s0;
-            snap_take(&s.t, &s0, ss, 3);
-            int before = soft_failures;
-            cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, errs[e]), 0, "%s: arm", w);
-            rc = sweep_call(&s, k);
-            emu_fail_clear();
-            snprintf(w + strlen(w), sizeof w - strlen(w), " (returned %d)", rc);
-            if (rc == 0) {
-                /* the library absorbed the failure (a retry or a fallback): it must have
-                   done the whole call correctly */
-                tolerated++;
-                printf("sweep %s: absorbed %s #%lu -> %d\n", name, tr[i].entry, tr[i].nth,
-                       errs[e]);
-                if (k == SW_WRITE)
-                    memset(s.b.exp[1] + 5000, 0x3c, 3 * KB);
-                tcheck(&s.t, w);
-                sh_verify(&s.t, &s.a, w);
-                sh_verify(&s.t, &s.b, w);
-            } else {
-                failed++;
-                UCHK(rc != -EIO, "%s: a non-sticky driver error killed the context", w);
-                expect_unchanged(&s.t, &s0, ss, 3, w);
-                /* and the same call then succeeds */
-                rc = sweep_call(&s, k);
-                UCHK(rc == 0, "%s: the call failed again without injection: %d", w, rc);
-                if (k == SW_WRITE)
-                    memset(s.b.exp[1] + 5000, 0x3c, 3 * KB);
-                tcheck(&s.t, w);
-                sh_verify(&s.t, &s.a, w);
-                sh_verify(&s.t, &s.b, w);
-            }
-            if (soft_failures != before) {
-                broken++;
-                printf("sweep %s: BROKEN at %s\n", name, w);
-            }
-            sweep_teardown(&s);
-        }
-    }
-    soft = false;
-    printf("sweep %s: %zu injection points x 2 errors: %u failed, %u absorbed, %u of them "
-           "broke a rule\n", name, n, failed, tolerated, broken);
-    fflush(stdout);
+    struct sweep_run r = { .k = k };
+    const struct th_sweep sw = { name, &r, run_setup, run_call, run_teardown, run_before,
+                                 run_after };
+    th_sweep_run(&sw);
 }
 
 Test(sweep, grow) { sweep(SW_GROW, "grow"); }
