@@ -7,8 +7,8 @@
  *   - the content cookie (tests/cookie.h, shared with the plain threaded programs);
  *   - emu_ctx_on / emu_ctx_off: the device's primary context current around a test's own
  *     calls of the emulated driver (kvvm calls leave the caller's current context alone);
- *   - th_config: an emulated, opaque context of small pages; th_check / th_stats / th_info
- *     / th_close on a kvvm *, and the same on a struct tctx (topen, tcheck, tstats, tinfo,
+ *   - th_config: an emulated, opaque context of small pages; th_open / th_check / th_stats
+ *     / th_info / th_close on a kvvm *, and the same on a struct tctx (topen, tcheck, tstats, tinfo,
  *     tclose);
  *   - th_dir_entries: the entries of a spill directory;
  *   - th_sweep_run: the fail-at-call-N sweep (trace an operation's driver calls once, then
@@ -95,6 +95,15 @@ static inline void th_config(struct kvvm_config *c, size_t ps, uint32_t nr, uint
     c->spill_dir = NULL;
     c->flags = flags;
     c->emu_opaque = 1;
+}
+
+/* Opens a context of configuration c (any backend). */
+static inline kvvm *th_open(const struct kvvm_config *c)
+{
+    kvvm *kv = NULL;
+    int rc = kvvm_open(c, &kv);
+    cr_assert_eq(rc, 0, "kvvm_open: %d (%s)", rc, kvvm_strerror(rc));
+    return kv;
 }
 
 /* The invariant checker (kvvm_debug_check); a soft failure in soft mode. */
