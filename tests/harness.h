@@ -205,7 +205,9 @@ enum th_sweep_outcome {
 /* One operation to sweep. setup builds the same starting state every time, call runs the
    operation, teardown ends it; before (may be NULL) snapshots the state just before the
    armed call, after checks the state once the armed call returned rc (where names the
-   point: "name: entry #nth -> error (returned rc)") with UCHK, and says what happened. */
+   point: "name: entry #nth -> error (returned rc)") with UCHK, and says what happened.
+   errs/n_errs: the errors each point is failed with (none given: KCU_ERROR_OUT_OF_MEMORY,
+   then KCU_ERROR_INVALID_VALUE). */
 struct th_sweep {
     const char *name;
     void *arg;
@@ -214,6 +216,8 @@ struct th_sweep {
     void (*teardown)(void *arg);
     void (*before)(void *arg);
     enum th_sweep_outcome (*after)(void *arg, int rc, const char *where);
+    const kcu_result *errs;
+    int n_errs;
 };
 
 /* What a sweep visited: points are the traced driver calls, each failed with each error. */
@@ -223,8 +227,7 @@ struct th_sweep_count {
 };
 
 /* Traces the driver calls of one run of the operation, then fails each in turn (its nth
-   call of that entry point) with KCU_ERROR_OUT_OF_MEMORY, then KCU_ERROR_INVALID_VALUE, in
-   soft mode: every point whose checks failed is printed (BROKEN) and counted. Prints the
+   call of that entry point) with each error of sw->errs, in soft mode: every point whose checks failed is printed (BROKEN) and counted. Prints the
    counts; the test fails where any check did. */
 static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
 {
@@ -241,10 +244,12 @@ static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
     cr_assert_leq(n.points, MAXT);
     sw->teardown(sw->arg);
 
-    const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
+    static const kcu_result both[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
+    const kcu_result *errs = sw->n_errs ? sw->errs : both;
+    int n_errs = sw->n_errs ? sw->n_errs : 2;
     soft = true;
     for (size_t i = 0; i < n.points; i++) {
-        for (int e = 0; e < 2; e++) {
+        for (int e = 0; e < n_errs; e++) {
             char w[192];
             snprintf(w, sizeof w, "%s: %s #%lu -> %d", sw->name, tr[i].entry, tr[i].nth,
                      errs[e]);
@@ -273,9 +278,9 @@ static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
         }
     }
     soft = false;
-    printf("sweep %s: %zu injection points x 2 errors: %u failed (%u of them dead: a sticky "
-           "failure), %u absorbed, %u broke a rule\n", sw->name, n.points, n.failed, n.dead,
-           n.absorbed, n.broken);
+    printf("sweep %s: %zu injection points x %d errors: %u failed (%u of them dead: a sticky "
+           "failure), %u absorbed, %u broke a rule\n", sw->name, n.points, n_errs, n.failed,
+           n.dead, n.absorbed, n.broken);
     fflush(stdout);
     cr_assert_eq(n.broken, 0, "%s: %u injection points broke a rule", sw->name, n.broken);
     return n;

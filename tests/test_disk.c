@@ -120,6 +120,20 @@ static void t_down(kvvm *kv, struct sh *s)
     cr_assert_eq(kvvm_sync(kv), 0);
 }
 
+/* Frees a and closes kv: no disk or host slot leaked, nothing left in flight. */
+static void free_close_no_leak(kvvm *kv, struct sh *a)
+{
+    kvvm_seq_free(kv, a->h);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    struct kvvm_stats s;
+    th_stats(kv, &s);
+    cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
+    cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+    cr_assert_eq(s.pages_inflight, 0);
+    free(a);
+    kvvm_close(kv);
+}
+
 static void json(kvvm *kv, char *js, size_t len)
 {
     cr_assert_eq(kvvm_stats_json(kv, js, len), 0);
@@ -355,14 +369,7 @@ Test(faults, sweep)
                 damaged++;
             }
             th_check(kv, kinds[k].name);
-            kvvm_seq_free(kv, a->h);
-            cr_assert_eq(kvvm_sync(kv), 0);
-            th_stats(kv, &s);
-            cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
-            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
-            cr_assert_eq(s.pages_inflight, 0);
-            free(a);
-            kvvm_close(kv);
+            free_close_no_leak(kv, a);
         }
     cr_assert(damaged > 0, "no read failure was injected");
     cr_assert(write_fail > 0, "no write failure was injected");
@@ -651,14 +658,7 @@ Test(staged, io_faults)
             }
             cr_assert_eq(sh_verify(kv, a, kinds[k].name), 0);
             th_check(kv, kinds[k].name);
-            kvvm_seq_free(kv, a->h);
-            cr_assert_eq(kvvm_sync(kv), 0);
-            th_stats(kv, &s);
-            cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
-            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
-            cr_assert_eq(s.pages_inflight, 0);
-            free(a);
-            kvvm_close(kv);
+            free_close_no_leak(kv, a);
         }
     cr_assert(out_failed > 0, "no write failure was injected");
     cr_assert(in_failed > 0, "no read failure was injected");
@@ -669,78 +669,82 @@ Test(staged, io_faults)
    failing call leaves the sequence wholly where it was and every byte readable. */
 enum { ST_OUT, ST_IN };
 
-static int st_setup(kvvm **kv, struct sh **a, int which)
+struct st_state {
+    int which;
+    kvvm *kv;
+    struct sh *a;
+    struct kvvm_seq_info i0;        /* a before the armed call */
+};
+
+static void st_setup(void *arg)
 {
+    struct st_state *st = arg;
     struct kvvm_config c;
     tcfg(&c, 64, ST_HOST, 64, false);
-    *kv = th_open(&c);
-    *a = sh_new(*kv);
-    sh_grow_fill(*kv, *a, ST_TOK, 5);
-    kvvm_step(*kv);
-    if (which == ST_IN)
-        cr_assert_eq(kvvm_seq_swap_out(*kv, (*a)->h), 0);
-    return 0;
+    st->kv = th_open(&c);
+    st->a = sh_new(st->kv);
+    sh_grow_fill(st->kv, st->a, ST_TOK, 5);
+    kvvm_step(st->kv);
+    if (st->which == ST_IN)
+        cr_assert_eq(kvvm_seq_swap_out(st->kv, st->a->h), 0);
 }
 
-static int st_call(kvvm *kv, struct sh *a, int which)
+static int st_call(void *arg)
 {
-    return which == ST_OUT ? kvvm_seq_swap_out(kv, a->h) : kvvm_seq_swap_in(kv, a->h);
+    struct st_state *st = arg;
+    return st->which == ST_OUT ? kvvm_seq_swap_out(st->kv, st->a->h)
+                               : kvvm_seq_swap_in(st->kv, st->a->h);
+}
+
+static void st_teardown(void *arg)
+{
+    struct st_state *st = arg;
+    free(st->a);
+    kvvm_close(st->kv);
+}
+
+static void st_before(void *arg)
+{
+    struct st_state *st = arg;
+    th_info(st->kv, st->a->h, &st->i0);
+}
+
+static enum th_sweep_outcome st_after(void *arg, int rc, const char *w)
+{
+    struct st_state *st = arg;
+    kvvm *kv = st->kv;
+    if (rc == -EIO && kvvm_sync(kv) != 0)
+        return TH_SWEEP_DEAD;          /* a sticky failure: the context is dead */
+    struct kvvm_seq_info i0 = st->i0, i1;
+    th_info(kv, st->a->h, &i1);
+    if (rc) {
+        cr_assert(i1.resident == i0.resident && i1.pages_device == i0.pages_device &&
+                  i1.pages_host == i0.pages_host && i1.pages_disk == i0.pages_disk,
+                  "%s: state changed: resident %d->%d device %u->%u host %u->%u disk "
+                  "%u->%u", w, i0.resident, i1.resident, i0.pages_device, i1.pages_device,
+                  i0.pages_host, i1.pages_host, i0.pages_disk, i1.pages_disk);
+        struct kvvm_stats s;
+        th_stats(kv, &s);
+        cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+        cr_assert_eq(s.pages_disk_free, s.pages_disk_total - i1.pages_disk,
+                     "disk slot leaked");
+    }
+    th_check(kv, w);
+    cr_assert_eq(sh_verify(kv, st->a, w), 0);
+    th_check(kv, w);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
 }
 
 static void st_sweep(int which, const char *name)
 {
     mkdir_spill();
-    enum { MAXT = 4096 };
-    static struct emu_trace_entry tr[MAXT];
-    kvvm *kv;
-    struct sh *a;
-    st_setup(&kv, &a, which);
-    emu_trace_start();
-    int rc = st_call(kv, a, which);
-    size_t n = emu_trace_stop(tr, MAXT);
-    cr_assert_eq(rc, 0, "%s: the traced call failed: %d", name, rc);
-    cr_assert(n > 0 && n < MAXT);
-    free(a);
-    kvvm_close(kv);
-    unsigned failed = 0, dead = 0;
-    for (size_t i = 0; i < n; i++) {
-        st_setup(&kv, &a, which);
-        struct kvvm_seq_info i0, i1;
-        th_info(kv, a->h, &i0);
-        cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, KCU_ERROR_INVALID_VALUE), 0);
-        rc = st_call(kv, a, which);
-        emu_fail_clear();
-        if (rc == -EIO && kvvm_sync(kv) != 0) {
-            dead++;                    /* a sticky failure: the context is dead */
-            free(a);
-            kvvm_close(kv);
-            continue;
-        }
-        th_info(kv, a->h, &i1);
-        if (rc) {
-            failed++;
-            cr_assert(i1.resident == i0.resident && i1.pages_device == i0.pages_device &&
-                      i1.pages_host == i0.pages_host && i1.pages_disk == i0.pages_disk,
-                      "%s: %s #%lu (rc %d): state changed: resident %d->%d device %u->%u "
-                      "host %u->%u disk %u->%u", name, tr[i].entry, tr[i].nth, rc,
-                      i0.resident, i1.resident, i0.pages_device, i1.pages_device,
-                      i0.pages_host, i1.pages_host, i0.pages_disk, i1.pages_disk);
-            struct kvvm_stats s;
-            th_stats(kv, &s);
-            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
-            cr_assert_eq(s.pages_disk_free, s.pages_disk_total - i1.pages_disk,
-                         "disk slot leaked");
-        }
-        th_check(kv, name);
-        cr_assert_eq(sh_verify(kv, a, name), 0);
-        th_check(kv, name);
-        free(a);
-        kvvm_close(kv);
-    }
-    printf("staged sweep %s: %zu injection points: %u failed, %u dead\n", name, n, failed,
-           dead);
-    fflush(stdout);
-    cr_assert(failed > 0, "%s: no injected failure made the call fail", name);
+    static const kcu_result inval[1] = { KCU_ERROR_INVALID_VALUE };
+    struct st_state st = { .which = which };
+    const struct th_sweep sw = { name, &st, st_setup, st_call, st_teardown, st_before,
+                                 st_after, inval, 1 };
+    struct th_sweep_count n = th_sweep_run(&sw);
+    /* the dead ones are counted among the failed: these are the calls that failed alive */
+    cr_assert(n.failed > n.dead, "%s: no injected failure made the call fail", name);
     rm_spill();
 }
 
