@@ -207,7 +207,10 @@ enum th_sweep_outcome {
    armed call, after checks the state once the armed call returned rc (where names the
    point: "name: entry #nth -> error (returned rc)") with UCHK, and says what happened.
    errs/n_errs: the errors each point is failed with (none given: KCU_ERROR_OUT_OF_MEMORY,
-   then KCU_ERROR_INVALID_VALUE). */
+   then KCU_ERROR_INVALID_VALUE). enter and leave (may be NULL) run just before and after the
+   call, outside the tracing and the injection (a test that calls an internal entry point
+   takes the context's lock and makes its device context current there). after also checks
+   the traced run (where: "name: traced run"); its outcome is not counted. */
 struct th_sweep {
     const char *name;
     void *arg;
@@ -218,6 +221,8 @@ struct th_sweep {
     enum th_sweep_outcome (*after)(void *arg, int rc, const char *where);
     const kcu_result *errs;
     int n_errs;
+    void (*enter)(void *arg);
+    void (*leave)(void *arg);
 };
 
 /* What a sweep visited: points are the traced driver calls, each failed with each error. */
@@ -234,14 +239,21 @@ static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
     enum { MAXT = 4096 };
     static struct emu_trace_entry tr[MAXT];
     struct th_sweep_count n = { 0 };
+    char w[192];
     sw->setup(sw->arg);
+    if (sw->enter)
+        sw->enter(sw->arg);
     emu_trace_start();
     int rc = sw->call(sw->arg);
     n.points = emu_trace_stop(tr, MAXT);
+    if (sw->leave)
+        sw->leave(sw->arg);
     cr_assert_eq(rc, 0, "%s: the traced call failed: %d (%s)", sw->name, rc,
                  kvvm_last_error());
     cr_assert_gt(n.points, 0, "%s: no driver call traced", sw->name);
     cr_assert_leq(n.points, MAXT);
+    snprintf(w, sizeof w, "%s: traced run", sw->name);
+    sw->after(sw->arg, rc, w);
     sw->teardown(sw->arg);
 
     static const kcu_result both[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
@@ -250,16 +262,19 @@ static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
     soft = true;
     for (size_t i = 0; i < n.points; i++) {
         for (int e = 0; e < n_errs; e++) {
-            char w[192];
             snprintf(w, sizeof w, "%s: %s #%lu -> %d", sw->name, tr[i].entry, tr[i].nth,
                      errs[e]);
             sw->setup(sw->arg);
             if (sw->before)
                 sw->before(sw->arg);
             int was = soft_failures;
+            if (sw->enter)
+                sw->enter(sw->arg);
             cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, errs[e]), 0, "%s: arm", w);
             rc = sw->call(sw->arg);
             emu_fail_clear();
+            if (sw->leave)
+                sw->leave(sw->arg);
             snprintf(w + strlen(w), sizeof w - strlen(w), " (returned %d)", rc);
             switch (sw->after(sw->arg, rc, w)) {
             case TH_SWEEP_FAILED: n.failed++; break;

@@ -484,61 +484,79 @@ Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
     cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
 }
 
+/* A fault sweep of this file (th_sweep_run): a fresh context, in stream mode or not, the two
+   sequences of the case and their state before the call. */
+struct csweep {
+    bool stream;
+    kvvm_seq seq[2];
+    struct snap sn;
+};
+
+static void csweep_open(struct csweep *w, const struct kvvm_config *c)
+{
+    open_cfg(c);
+    void *st = NULL;
+    if (w->stream) {
+        cr_assert_eq(kvvm_stream_create(kv, &st), 0);
+        cr_assert_eq(kvvm_set_stream(kv, st), 0);
+    }
+}
+
+static void csweep_teardown(void *arg)
+{
+    struct csweep *w = arg;
+    if (w->stream)
+        cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
+    close_ctx();
+}
+
 /* Fail every driver call of a discard in turn (two errors): each failure changes nothing,
    the same call then succeeds. Stream mode (the deferred release: fence create/record) and
    synchronous mode (the device sync and unmaps). */
-static void discard_sweep(bool stream)
+static void discard_setup(void *arg)
 {
-    enum { MAXT = 512 };
-    static struct emu_trace_entry tr[MAXT];
+    struct csweep *w = arg;
     struct kvvm_config c;
     cfg_base(&c);
-    size_t n = 0;
-    for (size_t i = 0;; i++) {
-        open_cfg(&c);
-        void *st = NULL;
-        if (stream) {
-            cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-            cr_assert_eq(kvvm_set_stream(kv, st), 0);
-        }
-        kvvm_seq s = mkseq(11, 5 * TPP), f;
-        cr_assert_eq(kvvm_seq_fork(kv, s, &f), 0);    /* shared pages, too */
-        kvvm_seq both[2] = { s, f };
-        struct snap sn;
-        snap(&sn, both, 2);
-        int rc;
-        if (i == 0) {
-            emu_trace_start();
-            rc = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
-            n = emu_trace_stop(tr, MAXT);
-            cr_assert_eq(rc, 0);
-            cr_assert_gt(n, 0, "no driver call traced");
-        } else {
-            const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-            size_t k = (i - 1) / 2;
-            cr_assert_eq(emu_fail_arm(tr[k].entry, tr[k].nth, errs[(i - 1) % 2]), 0);
-            rc = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
-            emu_fail_clear();
-            char w[128];
-            snprintf(w, sizeof w, "%s #%lu", tr[k].entry, tr[k].nth);
-            if (rc) {
-                cr_assert_neq(rc, -EIO, "%s killed the context", w);
-                expect_same(&sn, both, 2, w);
-                rc = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
-                cr_assert_eq(rc, 0, "%s: the retry failed: %d", w, rc);
-            }
-        }
-        cr_assert_eq(info(s).pages_device, 2 * 2);
-        verify(s, 11, 3 * TPP + 1, 5 * TPP, "kept");
-        verify(f, 11, 0, 5 * TPP, "fork untouched");
-        cr_assert_eq(kvvm_sync(kv), 0);
-        check("sweep end");
-        if (stream)
-            cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
-        close_ctx();
-        if (i > 0 && (i - 1) / 2 + 1 >= n && (i - 1) % 2 == 1)
-            break;
+    csweep_open(w, &c);
+    kvvm_seq s = mkseq(11, 5 * TPP), f;
+    cr_assert_eq(kvvm_seq_fork(kv, s, &f), 0);    /* shared pages, too */
+    w->seq[0] = s;
+    w->seq[1] = f;
+    snap(&w->sn, w->seq, 2);
+}
+
+static int discard_call(void *arg)
+{
+    struct csweep *w = arg;
+    return kvvm_seq_discard(kv, w->seq[0], KVVM_ALL_REGIONS, 3 * TPP + 1);
+}
+
+static enum th_sweep_outcome discard_after(void *arg, int rc, const char *where)
+{
+    struct csweep *w = arg;
+    kvvm_seq s = w->seq[0], f = w->seq[1];
+    if (rc) {
+        cr_assert_neq(rc, -EIO, "%s killed the context", where);
+        expect_same(&w->sn, w->seq, 2, where);
+        int rc2 = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
+        cr_assert_eq(rc2, 0, "%s: the retry failed: %d", where, rc2);
     }
+    cr_assert_eq(info(s).pages_device, 2 * 2);
+    verify(s, 11, 3 * TPP + 1, 5 * TPP, "kept");
+    verify(f, 11, 0, 5 * TPP, "fork untouched");
+    cr_assert_eq(kvvm_sync(kv), 0);
+    check("sweep end");
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+static void discard_sweep(bool stream)
+{
+    struct csweep w = { .stream = stream };
+    const struct th_sweep sw = { stream ? "discard stream" : "discard sync", &w,
+                                 discard_setup, discard_call, csweep_teardown, NULL,
+                                 discard_after };
+    th_sweep_run(&sw);
 }
 
 Test(discard, fault_sweep_sync, .timeout = 300)
@@ -841,72 +859,71 @@ Test(classes, pinned_never_moved_by_reclaim)
 
 /* Fail every driver call of a drop in turn: each failure leaves the entry as it was (not
    dropped, its bytes intact), and the drop then succeeds. The drop is the policy's call
-   (paging_seq_drop, as reclaim and kvvm_set_budget make it). */
-static void drop_sweep(bool stream)
+   (paging_seq_drop, as reclaim and kvvm_set_budget make it), made with the context's lock
+   held and its device context current (drop_enter / drop_leave). */
+static void drop_setup(void *arg)
 {
-    enum { MAXT = 512 };
-    static struct emu_trace_entry tr[MAXT];
+    struct csweep *w = arg;
     struct kvvm_config c;
     cfg_base(&c);
-    size_t n = 0;
-    for (size_t i = 0;; i++) {
-        open_cfg(&c);
-        void *st = NULL;
-        if (stream) {
-            cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-            cr_assert_eq(kvvm_set_stream(kv, st), 0);
-        }
-        kvvm_seq e = mkseq(12, 3 * TPP + 7), l;
-        cr_assert_eq(kvvm_seq_create(kv, &l), 0);
-        cr_assert_eq(kvvm_seq_share(kv, l, e, 2 * TPP), 0);
-        cr_assert_eq(kvvm_seq_set_class(kv, e, KVVM_SEQ_CACHED), 0);
-        cr_assert_eq(kvvm_step(kv), 0);          /* unprotected, work maybe pending */
-        kvvm_seq both[2] = { e, l };
-        struct snap sn;
-        snap(&sn, both, 2);
-        int rc;
-        emu_ctx_on(ord);
-        pthread_mutex_lock(&kv->lock);
-        if (i == 0) {
-            emu_trace_start();
-            rc = paging_seq_drop(kv->pg, e, true);
-            n = emu_trace_stop(tr, MAXT);
-            pthread_mutex_unlock(&kv->lock);
-            emu_ctx_off(ord);
-            cr_assert_eq(rc, 0);
-            cr_assert_gt(n, 0, "no driver call traced");
-        } else {
-            const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-            size_t k = (i - 1) / 2;
-            emu_fail_arm(tr[k].entry, tr[k].nth, errs[(i - 1) % 2]);
-            rc = paging_seq_drop(kv->pg, e, true);
-            emu_fail_clear();
-            pthread_mutex_unlock(&kv->lock);
-            emu_ctx_off(ord);
-            char w[128];
-            snprintf(w, sizeof w, "%s #%lu", tr[k].entry, tr[k].nth);
-            if (rc) {
-                cr_assert_neq(rc, -EIO, "%s killed the context", w);
-                expect_same(&sn, both, 2, w);
-                verify(e, 12, 0, 3 * TPP + 7, w);
-                emu_ctx_on(ord);
-                pthread_mutex_lock(&kv->lock);
-                rc = paging_seq_drop(kv->pg, e, true);
-                pthread_mutex_unlock(&kv->lock);
-                emu_ctx_off(ord);
-                cr_assert_eq(rc, 0, "%s: the retry failed: %d", w, rc);
-            }
-        }
-        cr_assert_eq(info(e).dropped, 1);
-        verify(l, 12, 0, 2 * TPP, "the sharer");
-        cr_assert_eq(kvvm_sync(kv), 0);
-        check("sweep end");
-        if (stream)
-            cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
-        close_ctx();
-        if (i > 0 && (i - 1) / 2 + 1 >= n && (i - 1) % 2 == 1)
-            break;
+    csweep_open(w, &c);
+    kvvm_seq e = mkseq(12, 3 * TPP + 7), l;
+    cr_assert_eq(kvvm_seq_create(kv, &l), 0);
+    cr_assert_eq(kvvm_seq_share(kv, l, e, 2 * TPP), 0);
+    cr_assert_eq(kvvm_seq_set_class(kv, e, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(kv), 0);          /* unprotected, work maybe pending */
+    w->seq[0] = e;
+    w->seq[1] = l;
+    snap(&w->sn, w->seq, 2);
+}
+
+static void drop_enter(void *arg)
+{
+    (void)arg;
+    emu_ctx_on(ord);
+    pthread_mutex_lock(&kv->lock);
+}
+
+static void drop_leave(void *arg)
+{
+    (void)arg;
+    pthread_mutex_unlock(&kv->lock);
+    emu_ctx_off(ord);
+}
+
+static int drop_call(void *arg)
+{
+    struct csweep *w = arg;
+    return paging_seq_drop(kv->pg, w->seq[0], true);
+}
+
+static enum th_sweep_outcome drop_after(void *arg, int rc, const char *where)
+{
+    struct csweep *w = arg;
+    kvvm_seq e = w->seq[0], l = w->seq[1];
+    if (rc) {
+        cr_assert_neq(rc, -EIO, "%s killed the context", where);
+        expect_same(&w->sn, w->seq, 2, where);
+        verify(e, 12, 0, 3 * TPP + 7, where);
+        drop_enter(w);
+        int rc2 = drop_call(w);
+        drop_leave(w);
+        cr_assert_eq(rc2, 0, "%s: the retry failed: %d", where, rc2);
     }
+    cr_assert_eq(info(e).dropped, 1);
+    verify(l, 12, 0, 2 * TPP, "the sharer");
+    cr_assert_eq(kvvm_sync(kv), 0);
+    check("sweep end");
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+static void drop_sweep(bool stream)
+{
+    struct csweep w = { .stream = stream };
+    const struct th_sweep sw = { stream ? "drop stream" : "drop sync", &w, drop_setup,
+                                 drop_call, csweep_teardown, NULL, drop_after, NULL, 0,
+                                 drop_enter, drop_leave };
+    th_sweep_run(&sw);
 }
 
 Test(classes, fault_sweep_drop_sync, .timeout = 300)
