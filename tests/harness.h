@@ -7,12 +7,13 @@
  *   - the content cookie (tests/cookie.h, shared with the plain threaded programs);
  *   - emu_ctx_on / emu_ctx_off: the device's primary context current around a test's own
  *     calls of the emulated driver (kvvm calls leave the caller's current context alone);
- *   - th_config: an emulated, opaque context of small pages; th_open / th_check / th_stats
- *     / th_info / th_close on a kvvm *, and the same on a struct tctx (topen, tcheck, tstats, tinfo,
- *     tclose);
+ *   - th_config: an emulated, opaque context of small pages; th_open / th_check /
+ *     th_stats / th_info / th_close on a kvvm *, and the same on a struct tctx (topen,
+ *     tcheck, tstats, tinfo, tclose; topen_stream / tclose_stream: in stream mode);
  *   - th_dir_entries: the entries of a spill directory;
  *   - th_sweep_run: the fail-at-call-N sweep (trace an operation's driver calls once, then
- *     fail each of them with each of two errors, checking after each through callbacks);
+ *     fail each of them with each of the errors given, checking after each through
+ *     callbacks);
  *   - with KVVM_HARNESS_SHADOW defined before the include: the per-sequence shadow of
  *     test_paging.c and test_core.c (struct sh: the bytes each region must read back,
  *     snapshots, expect_unchanged: "a failed call changes nothing").
@@ -177,6 +178,22 @@ static inline void tclose(struct tctx *t)
     t->kv = NULL;
 }
 
+/* Opens a stream-mode context (the engine stream in *stream). */
+static inline void topen_stream(struct tctx *t, const struct kvvm_config *c, void **stream)
+{
+    topen(t, c);
+    cr_assert_eq(kvvm_stream_create(t->kv, stream), 0);
+    cr_assert_eq(kvvm_set_stream(t->kv, *stream), 0);
+}
+
+/* Ends a stream-mode test: back to synchronous mode, the stream destroyed, context closed. */
+static inline void tclose_stream(struct tctx *t, void *stream)
+{
+    cr_assert_eq(kvvm_set_stream(t->kv, NULL), 0);
+    cr_assert_eq(kvvm_stream_destroy(t->kv, stream), 0);
+    tclose(t);
+}
+
 /* ---------------------------------------------------------------- files */
 
 /* Entries of directory d other than . and .. (-1: it cannot be opened). */
@@ -232,8 +249,9 @@ struct th_sweep_count {
 };
 
 /* Traces the driver calls of one run of the operation, then fails each in turn (its nth
-   call of that entry point) with each error of sw->errs, in soft mode: every point whose checks failed is printed (BROKEN) and counted. Prints the
-   counts; the test fails where any check did. */
+   call of that entry point) with each error of sw->errs, in soft mode: every point whose
+   checks failed is printed (BROKEN) and counted. Prints the counts and returns them; the
+   test fails where any check did. */
 static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
 {
     enum { MAXT = 4096 };
@@ -407,7 +425,8 @@ static inline void sh_write(struct tctx *t, struct sh *s, uint32_t r, uint64_t o
 }
 
 /* Writes tokens [first, end) of every region with lineage lin. */
-static inline void sh_fill(struct tctx *t, struct sh *s, uint64_t first, uint64_t end, uint32_t lin)
+static inline void sh_fill(struct tctx *t, struct sh *s, uint64_t first, uint64_t end,
+                           uint32_t lin)
 {
     uint64_t bpt = t->cfg.bytes_per_token;
     if (end <= first)
@@ -558,22 +577,6 @@ static inline void write_page(struct tctx *t, struct sh *s, uint64_t pg, uint32_
     }
     for (uint32_t r = 0; r < t->cfg.n_regions; r++)
         sh_write(t, s, r, b0, b1 - b0, lin);
-}
-
-/* Opens a stream-mode context (the engine stream in *stream). */
-static inline void topen_stream(struct tctx *t, const struct kvvm_config *c, void **stream)
-{
-    topen(t, c);
-    cr_assert_eq(kvvm_stream_create(t->kv, stream), 0);
-    cr_assert_eq(kvvm_set_stream(t->kv, *stream), 0);
-}
-
-/* Ends a stream-mode test: back to synchronous mode, the stream destroyed, context closed. */
-static inline void tclose_stream(struct tctx *t, void *stream)
-{
-    cr_assert_eq(kvvm_set_stream(t->kv, NULL), 0);
-    cr_assert_eq(kvvm_stream_destroy(t->kv, stream), 0);
-    tclose(t);
 }
 
 #endif /* KVVM_HARNESS_SHADOW */

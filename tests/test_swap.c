@@ -575,10 +575,8 @@ Test(stream, ordered_not_blocking)
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     struct sh *a = sh_new(&t);
     sh_grow_fill(&t, a, 19, 1);
     kvvm_sync(t.kv);
@@ -624,10 +622,8 @@ Test(stream, prefetch)
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     struct sh *a = sh_new(&t);
     sh_grow_fill(&t, a, 19, 1);
     kvvm_step(t.kv);
@@ -654,10 +650,8 @@ Test(stream, capturing_refused)
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     struct sh *a = sh_new(&t);
     sh_grow_fill(&t, a, 8, 1);
     kvvm_step(t.kv);
@@ -981,10 +975,8 @@ static long close_cycle(bool fault)
     c.max_seqs = 33;
     c.map_ahead = 2;
     size_t h0 = heap_in_use();
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     kvvm_seq s[32], x;
     cr_assert_eq(kvvm_seq_create(t.kv, &x), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, x, 8), 0);          /* 2 pages, 2 mapped ahead */
