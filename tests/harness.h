@@ -1,6 +1,6 @@
 /*
- * tests/harness.h: the helpers the Criterion tests share (include after nothing else of
- * the test's own; it includes criterion.h, kvvm.h, core/debug.h and vmm/emu/emu.h).
+ * tests/harness.h: the helpers the Criterion tests share. It includes criterion.h, kvvm.h,
+ * core/debug.h and vmm/emu/emu.h itself; a test includes it before its own definitions.
  *
  *   - KB (the tests' 4 KiB granule and page), soft mode and UCHK (a state check that, in
  *     a fault sweep, reports and counts instead of ending the test);
