@@ -14,13 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "kvvm.h"
 #include "core/core.h"
-#include "core/debug.h"
-#include "vmm/emu/emu.h"
-#include "emu_ctx.h"
+#include "harness.h"
 
-#define KB 1024ull
+#define KiB 1024ull
 #define BPT 1024ull                 /* bytes per token per region */
 #define TPP 64ull                   /* tokens per 64 KiB page */
 #define NR 2u
@@ -37,9 +34,9 @@ static void cfg_base(struct kvvm_config *c)
     c->bytes_per_token = BPT;
     c->max_seqs = 8;
     c->max_tokens = MAXTOK;
-    c->page_size = 64 * KB;
-    c->emu_granule = 64 * KB;
-    c->device_budget = 64 * 64 * KB;
+    c->page_size = 64 * KiB;
+    c->emu_granule = 64 * KiB;
+    c->device_budget = 64 * 64 * KiB;
     c->host_budget = 0;
     c->map_ahead = 0;
     c->emu_opaque = 1;
@@ -60,19 +57,13 @@ static void open_cfg(const struct kvvm_config *c)
 
 static void close_ctx(void)
 {
-    kvvm_close(kv);
+    th_close(kv, ord);
     kv = NULL;
-    struct emu_counters ec;
-    if (emu_counters_get(ord, &ec) == 0)
-        cr_expect(ec.handles == 0 && ec.mappings == 0, "close left %lu handles %lu maps",
-                  (unsigned long)ec.handles, (unsigned long)ec.mappings);
 }
 
 static void check(const char *where)
 {
-    char why[512] = "";
-    int rc = kvvm_debug_check(kv, why, sizeof why);
-    cr_assert_eq(rc, 0, "%s: invariant violated: %s", where, why);
+    th_check(kv, where);
 }
 
 static struct kvvm_seq_info info(kvvm_seq s)
@@ -101,7 +92,7 @@ static struct emu_counters emuc(void)
 }
 
 /* The cookie of token t of region r of sequence tag: every byte says where it belongs. */
-static uint8_t cookie(unsigned tag, uint32_t r, uint64_t t, uint64_t b)
+static uint8_t token_cookie(unsigned tag, uint32_t r, uint64_t t, uint64_t b)
 {
     return (uint8_t)(tag * 131 + r * 31 + t * 7 + b);
 }
@@ -112,7 +103,7 @@ static void fill(kvvm_seq s, unsigned tag, uint64_t t0, uint64_t t1)
     for (uint32_t r = 0; r < NR; r++) {
         for (uint64_t t = t0; t < t1; t++)
             for (uint64_t b = 0; b < BPT; b++)
-                buf[(t - t0) * BPT + b] = cookie(tag, r, t, b);
+                buf[(t - t0) * BPT + b] = token_cookie(tag, r, t, b);
         int rc = kvvm_seq_write(kv, s, r, t0 * BPT, buf, (t1 - t0) * BPT);
         cr_assert_eq(rc, 0, "write r%u [%llu,%llu): %d (%s)", r, (unsigned long long)t0,
                      (unsigned long long)t1, rc, kvvm_last_error());
@@ -129,7 +120,7 @@ static void verify_r(kvvm_seq s, unsigned tag, uint32_t r, uint64_t t0, uint64_t
     cr_assert_eq(rc, 0, "%s: read r%u: %d (%s)", where, r, rc, kvvm_last_error());
     for (uint64_t t = t0; t < t1; t++)
         for (uint64_t b = 0; b < BPT; b += 97)
-            cr_assert_eq(buf[(t - t0) * BPT + b], cookie(tag, r, t, b),
+            cr_assert_eq(buf[(t - t0) * BPT + b], token_cookie(tag, r, t, b),
                          "%s: region %u token %llu byte %llu", where, r,
                          (unsigned long long)t, (unsigned long long)b);
 }
@@ -203,7 +194,7 @@ static bool mapped(kvvm_seq s, uint32_t r, uint64_t page)
 {
     uint64_t a;
     cr_assert_eq(kvvm_seq_addr(kv, s, r, &a), 0);
-    return emu_lookup(a + page * 64 * KB, NULL, NULL, NULL) == 0;
+    return emu_lookup(a + page * 64 * KiB, NULL, NULL, NULL) == 0;
 }
 
 static void fini(void)
@@ -269,7 +260,7 @@ Test(discard, releases_whole_pages_only)
     struct kvvm_stats st = stats();
     cr_assert_eq(st.pages_discarded - st0.pages_discarded, 4);
     cr_assert_eq(st.pages_device_free - st0.pages_device_free, 4);
-    cr_assert_eq(mb0 - emuc().mapped_bytes, 4 * 64 * KB, "the emulator unmapped 4 pages");
+    cr_assert_eq(mb0 - emuc().mapped_bytes, 4 * 64 * KiB, "the emulator unmapped 4 pages");
     for (uint32_t r = 0; r < NR; r++) {
         cr_assert(!mapped(s, r, 0) && !mapped(s, r, 1) && mapped(s, r, 2), "r%u window", r);
     }
@@ -385,7 +376,7 @@ Test(discard, swap_counts_only_kept_pages)
 {
     struct kvvm_config c;
     cfg_base(&c);
-    c.host_budget = 32 * 64 * KB;
+    c.host_budget = 32 * 64 * KiB;
     open_cfg(&c);
     kvvm_seq s = mkseq(8, 6 * TPP), f;
     cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 4 * TPP), 0);
@@ -422,9 +413,9 @@ Test(discard, spill_counts_only_kept_pages)
     cr_assert_not_null(mkdtemp(dir));
     struct kvvm_config c;
     cfg_base(&c);
-    c.host_budget = 2 * 64 * KB;           /* 2 host slots: the rest goes to disk */
+    c.host_budget = 2 * 64 * KiB;           /* 2 host slots: the rest goes to disk */
     c.spill_dir = dir;
-    c.spill_budget = 32 * 64 * KB;
+    c.spill_budget = 32 * 64 * KiB;
     c.flags = KVVM_F_SPILL_ALLOW_TMPFS | KVVM_F_SPILL_BUFFERED;
     open_cfg(&c);
     rmdir(dir);                            /* the spill file is unnamed */
@@ -493,61 +484,79 @@ Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
     cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
 }
 
+/* A fault sweep of this file (th_sweep_run): a fresh context, in stream mode or not, the two
+   sequences of the case and their state before the call. */
+struct csweep {
+    bool stream;
+    kvvm_seq seq[2];
+    struct snap sn;
+};
+
+static void csweep_open(struct csweep *w, const struct kvvm_config *c)
+{
+    open_cfg(c);
+    void *st = NULL;
+    if (w->stream) {
+        cr_assert_eq(kvvm_stream_create(kv, &st), 0);
+        cr_assert_eq(kvvm_set_stream(kv, st), 0);
+    }
+}
+
+static void csweep_teardown(void *arg)
+{
+    struct csweep *w = arg;
+    if (w->stream)
+        cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
+    close_ctx();
+}
+
 /* Fail every driver call of a discard in turn (two errors): each failure changes nothing,
    the same call then succeeds. Stream mode (the deferred release: fence create/record) and
    synchronous mode (the device sync and unmaps). */
-static void discard_sweep(bool stream)
+static void discard_setup(void *arg)
 {
-    enum { MAXT = 512 };
-    static struct emu_trace_entry tr[MAXT];
+    struct csweep *w = arg;
     struct kvvm_config c;
     cfg_base(&c);
-    size_t n = 0;
-    for (size_t i = 0;; i++) {
-        open_cfg(&c);
-        void *st = NULL;
-        if (stream) {
-            cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-            cr_assert_eq(kvvm_set_stream(kv, st), 0);
-        }
-        kvvm_seq s = mkseq(11, 5 * TPP), f;
-        cr_assert_eq(kvvm_seq_fork(kv, s, &f), 0);    /* shared pages, too */
-        kvvm_seq both[2] = { s, f };
-        struct snap sn;
-        snap(&sn, both, 2);
-        int rc;
-        if (i == 0) {
-            emu_trace_start();
-            rc = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
-            n = emu_trace_stop(tr, MAXT);
-            cr_assert_eq(rc, 0);
-            cr_assert_gt(n, 0, "no driver call traced");
-        } else {
-            const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-            size_t k = (i - 1) / 2;
-            cr_assert_eq(emu_fail_arm(tr[k].entry, tr[k].nth, errs[(i - 1) % 2]), 0);
-            rc = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
-            emu_fail_clear();
-            char w[128];
-            snprintf(w, sizeof w, "%s #%lu", tr[k].entry, tr[k].nth);
-            if (rc) {
-                cr_assert_neq(rc, -EIO, "%s killed the context", w);
-                expect_same(&sn, both, 2, w);
-                rc = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
-                cr_assert_eq(rc, 0, "%s: the retry failed: %d", w, rc);
-            }
-        }
-        cr_assert_eq(info(s).pages_device, 2 * 2);
-        verify(s, 11, 3 * TPP + 1, 5 * TPP, "kept");
-        verify(f, 11, 0, 5 * TPP, "fork untouched");
-        cr_assert_eq(kvvm_sync(kv), 0);
-        check("sweep end");
-        if (stream)
-            cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
-        close_ctx();
-        if (i > 0 && (i - 1) / 2 + 1 >= n && (i - 1) % 2 == 1)
-            break;
+    csweep_open(w, &c);
+    kvvm_seq s = mkseq(11, 5 * TPP), f;
+    cr_assert_eq(kvvm_seq_fork(kv, s, &f), 0);    /* shared pages, too */
+    w->seq[0] = s;
+    w->seq[1] = f;
+    snap(&w->sn, w->seq, 2);
+}
+
+static int discard_call(void *arg)
+{
+    struct csweep *w = arg;
+    return kvvm_seq_discard(kv, w->seq[0], KVVM_ALL_REGIONS, 3 * TPP + 1);
+}
+
+static enum th_sweep_outcome discard_after(void *arg, int rc, const char *where)
+{
+    struct csweep *w = arg;
+    kvvm_seq s = w->seq[0], f = w->seq[1];
+    if (rc) {
+        cr_assert_neq(rc, -EIO, "%s killed the context", where);
+        expect_same(&w->sn, w->seq, 2, where);
+        int rc2 = kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3 * TPP + 1);
+        cr_assert_eq(rc2, 0, "%s: the retry failed: %d", where, rc2);
     }
+    cr_assert_eq(info(s).pages_device, 2 * 2);
+    verify(s, 11, 3 * TPP + 1, 5 * TPP, "kept");
+    verify(f, 11, 0, 5 * TPP, "fork untouched");
+    cr_assert_eq(kvvm_sync(kv), 0);
+    check("sweep end");
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+static void discard_sweep(bool stream)
+{
+    struct csweep w = { .stream = stream };
+    const struct th_sweep sw = { stream ? "discard stream" : "discard sync", &w,
+                                 discard_setup, discard_call, csweep_teardown, NULL,
+                                 discard_after };
+    th_sweep_run(&sw);
 }
 
 Test(discard, fault_sweep_sync, .timeout = 300)
@@ -684,7 +693,7 @@ Test(classes, cached_before_live)
 {
     struct kvvm_config c;
     cfg_base(&c);
-    c.host_budget = 64 * 64 * KB;
+    c.host_budget = 64 * 64 * KiB;
     c.flags = KVVM_F_AUTO_SWAP;
     c.device_min = c.device_low = c.device_high = 0;   /* no background rounds */
     open_cfg(&c);
@@ -715,7 +724,7 @@ Test(classes, demote)
 {
     struct kvvm_config c;
     cfg_base(&c);
-    c.host_budget = 64 * 64 * KB;
+    c.host_budget = 64 * 64 * KiB;
     c.flags = KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE;
     c.device_min = c.device_low = c.device_high = 0;
     open_cfg(&c);
@@ -824,7 +833,7 @@ Test(classes, pinned_never_moved_by_reclaim)
 {
     struct kvvm_config c;
     cfg_base(&c);
-    c.host_budget = 64 * 64 * KB;
+    c.host_budget = 64 * 64 * KiB;
     c.flags = KVVM_F_AUTO_SWAP;
     open_cfg(&c);
     kvvm_seq p = mkseq(8, 20 * TPP);
@@ -850,72 +859,71 @@ Test(classes, pinned_never_moved_by_reclaim)
 
 /* Fail every driver call of a drop in turn: each failure leaves the entry as it was (not
    dropped, its bytes intact), and the drop then succeeds. The drop is the policy's call
-   (paging_seq_drop, as reclaim and kvvm_set_budget make it). */
-static void drop_sweep(bool stream)
+   (paging_seq_drop, as reclaim and kvvm_set_budget make it), made with the context's lock
+   held and its device context current (drop_enter / drop_leave). */
+static void drop_setup(void *arg)
 {
-    enum { MAXT = 512 };
-    static struct emu_trace_entry tr[MAXT];
+    struct csweep *w = arg;
     struct kvvm_config c;
     cfg_base(&c);
-    size_t n = 0;
-    for (size_t i = 0;; i++) {
-        open_cfg(&c);
-        void *st = NULL;
-        if (stream) {
-            cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-            cr_assert_eq(kvvm_set_stream(kv, st), 0);
-        }
-        kvvm_seq e = mkseq(12, 3 * TPP + 7), l;
-        cr_assert_eq(kvvm_seq_create(kv, &l), 0);
-        cr_assert_eq(kvvm_seq_share(kv, l, e, 2 * TPP), 0);
-        cr_assert_eq(kvvm_seq_set_class(kv, e, KVVM_SEQ_CACHED), 0);
-        cr_assert_eq(kvvm_step(kv), 0);          /* unprotected, work maybe pending */
-        kvvm_seq both[2] = { e, l };
-        struct snap sn;
-        snap(&sn, both, 2);
-        int rc;
-        emu_ctx_on(ord);
-        pthread_mutex_lock(&kv->lock);
-        if (i == 0) {
-            emu_trace_start();
-            rc = paging_seq_drop(kv->pg, e, true);
-            n = emu_trace_stop(tr, MAXT);
-            pthread_mutex_unlock(&kv->lock);
-            emu_ctx_off(ord);
-            cr_assert_eq(rc, 0);
-            cr_assert_gt(n, 0, "no driver call traced");
-        } else {
-            const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-            size_t k = (i - 1) / 2;
-            emu_fail_arm(tr[k].entry, tr[k].nth, errs[(i - 1) % 2]);
-            rc = paging_seq_drop(kv->pg, e, true);
-            emu_fail_clear();
-            pthread_mutex_unlock(&kv->lock);
-            emu_ctx_off(ord);
-            char w[128];
-            snprintf(w, sizeof w, "%s #%lu", tr[k].entry, tr[k].nth);
-            if (rc) {
-                cr_assert_neq(rc, -EIO, "%s killed the context", w);
-                expect_same(&sn, both, 2, w);
-                verify(e, 12, 0, 3 * TPP + 7, w);
-                emu_ctx_on(ord);
-                pthread_mutex_lock(&kv->lock);
-                rc = paging_seq_drop(kv->pg, e, true);
-                pthread_mutex_unlock(&kv->lock);
-                emu_ctx_off(ord);
-                cr_assert_eq(rc, 0, "%s: the retry failed: %d", w, rc);
-            }
-        }
-        cr_assert_eq(info(e).dropped, 1);
-        verify(l, 12, 0, 2 * TPP, "the sharer");
-        cr_assert_eq(kvvm_sync(kv), 0);
-        check("sweep end");
-        if (stream)
-            cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
-        close_ctx();
-        if (i > 0 && (i - 1) / 2 + 1 >= n && (i - 1) % 2 == 1)
-            break;
+    csweep_open(w, &c);
+    kvvm_seq e = mkseq(12, 3 * TPP + 7), l;
+    cr_assert_eq(kvvm_seq_create(kv, &l), 0);
+    cr_assert_eq(kvvm_seq_share(kv, l, e, 2 * TPP), 0);
+    cr_assert_eq(kvvm_seq_set_class(kv, e, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(kv), 0);          /* unprotected, work maybe pending */
+    w->seq[0] = e;
+    w->seq[1] = l;
+    snap(&w->sn, w->seq, 2);
+}
+
+static void drop_enter(void *arg)
+{
+    (void)arg;
+    emu_ctx_on(ord);
+    pthread_mutex_lock(&kv->lock);
+}
+
+static void drop_leave(void *arg)
+{
+    (void)arg;
+    pthread_mutex_unlock(&kv->lock);
+    emu_ctx_off(ord);
+}
+
+static int drop_call(void *arg)
+{
+    struct csweep *w = arg;
+    return paging_seq_drop(kv->pg, w->seq[0], true);
+}
+
+static enum th_sweep_outcome drop_after(void *arg, int rc, const char *where)
+{
+    struct csweep *w = arg;
+    kvvm_seq e = w->seq[0], l = w->seq[1];
+    if (rc) {
+        cr_assert_neq(rc, -EIO, "%s killed the context", where);
+        expect_same(&w->sn, w->seq, 2, where);
+        verify(e, 12, 0, 3 * TPP + 7, where);
+        drop_enter(w);
+        int rc2 = drop_call(w);
+        drop_leave(w);
+        cr_assert_eq(rc2, 0, "%s: the retry failed: %d", where, rc2);
     }
+    cr_assert_eq(info(e).dropped, 1);
+    verify(l, 12, 0, 2 * TPP, "the sharer");
+    cr_assert_eq(kvvm_sync(kv), 0);
+    check("sweep end");
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+static void drop_sweep(bool stream)
+{
+    struct csweep w = { .stream = stream };
+    const struct th_sweep sw = { stream ? "drop stream" : "drop sync", &w, drop_setup,
+                                 drop_call, csweep_teardown, NULL, drop_after, NULL, 0,
+                                 drop_enter, drop_leave };
+    th_sweep_run(&sw);
 }
 
 Test(classes, fault_sweep_drop_sync, .timeout = 300)
@@ -944,13 +952,13 @@ Test(budget, drops_cached_before_live_and_never_pinned)
     cr_assert_eq(kvvm_seq_set_class(kv, e, KVVM_SEQ_CACHED), 0);
     cr_assert_eq(kvvm_step(kv), 0);                             /* neither protected */
     /* 32 pages in use: 16 fit only if e goes */
-    cr_assert_eq(kvvm_set_budget(kv, 16 * 64 * KB), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_set_budget(kv, 16 * 64 * KiB), 0, "%s", kvvm_last_error());
     cr_assert_eq(kvvm_sync(kv), 0);
     struct kvvm_stats st = stats();
     cr_assert_eq(st.cache_drops, 1);
     cr_assert_eq(st.swap_outs, 0);
     cr_assert_eq(st.pages_device_total, 16);
-    cr_assert_leq(st.device_bytes_held, 16 * 64 * KB);
+    cr_assert_leq(st.device_bytes_held, 16 * 64 * KiB);
     cr_assert(info(e).dropped && info(l).resident && info(l).pages_device == 16);
     cr_assert_eq(kvvm_seq_grow(kv, e, 1), -ESTALE);
     verify(l, 21, 0, 8 * TPP, "after the shrink");
@@ -958,7 +966,7 @@ Test(budget, drops_cached_before_live_and_never_pinned)
     /* a PINNED sequence is never moved by the budget: below its pages, -ENOMEM */
     cr_assert_eq(kvvm_seq_set_class(kv, l, KVVM_SEQ_PINNED), 0);
     cr_assert_eq(kvvm_step(kv), 0);
-    cr_assert_eq(kvvm_set_budget(kv, 8 * 64 * KB), -ENOMEM);
+    cr_assert_eq(kvvm_set_budget(kv, 8 * 64 * KiB), -ENOMEM);
     st = stats();
     cr_assert_eq(st.pages_device_total, 16, "a refused shrink changed the budget");
     cr_assert(info(l).resident && info(l).pages_device == 16);

@@ -23,24 +23,12 @@
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "kvvm.h"
-#include "core/debug.h"
 #include "disk/disk.h"
-#include "vmm/emu/emu.h"
+#include "harness.h"
 
-#define KB 4096u
 #define NR 2
 #define BPT 1000u
 #define MAXTOK 64u
-
-static inline uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
-{
-    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27; x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return (uint8_t)(x | 1);
-}
 
 static char dir[64];
 
@@ -50,75 +38,22 @@ static void mkdir_spill(void)
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
 }
 
-static int dir_entries(const char *d)
-{
-    DIR *dd = opendir(d);
-    if (!dd)
-        return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dd)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(dd);
-    return n;
-}
-
 static void rm_spill(void)
 {
-    cr_expect_eq(dir_entries(dir), 0, "spill dir %s not empty", dir);
+    cr_expect_eq(th_dir_entries(dir), 0, "spill dir %s not empty", dir);
     rmdir(dir);
 }
 
 static void tcfg(struct kvvm_config *c, uint32_t dev, uint32_t host, uint32_t disk, bool deep)
 {
-    kvvm_config_init(c);
-    c->backend = KVVM_BACKEND_EMULATED;
-    c->emu_granule = KB;
-    c->page_size = KB;
-    c->n_regions = NR;
-    c->bytes_per_token = BPT;
-    c->max_seqs = 32;
-    c->max_tokens = MAXTOK;
-    c->device_budget = (size_t)dev * KB;
-    c->host_budget = (size_t)host * KB;
+    th_config(c, KB, NR, BPT, 32, MAXTOK, dev, host, 0);
     c->spill_dir = dir;
     c->spill_budget = (size_t)disk * KB;
-    c->flags = 0;
-    c->emu_opaque = 1;
     if (deep) {
         c->host_min = 0.5;
         c->host_low = 0.9;
         c->host_high = 1.0;
     }
-}
-
-static kvvm *topen(const struct kvvm_config *c)
-{
-    kvvm *kv;
-    int rc = kvvm_open(c, &kv);
-    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
-    return kv;
-}
-
-static void tcheck(kvvm *kv, const char *where)
-{
-    char why[512] = "";
-    int rc = kvvm_debug_check(kv, why, sizeof why);
-    cr_assert_eq(rc, 0, "%s: invariant violated (%d): %s", where, rc, why);
-}
-
-static void tstats(kvvm *kv, struct kvvm_stats *st)
-{
-    memset(st, 0, sizeof *st);
-    st->size = sizeof *st;
-    cr_assert_eq(kvvm_stats(kv, st), 0);
-}
-
-static void tinfo(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *in)
-{
-    memset(in, 0, sizeof *in);
-    in->size = sizeof *in;
-    cr_assert_eq(kvvm_seq_info(kv, s, in), 0);
 }
 
 struct sh {
@@ -185,6 +120,20 @@ static void t_down(kvvm *kv, struct sh *s)
     cr_assert_eq(kvvm_sync(kv), 0);
 }
 
+/* Frees a and closes kv: no disk or host slot leaked, nothing left in flight. */
+static void free_close_no_leak(kvvm *kv, struct sh *a)
+{
+    kvvm_seq_free(kv, a->h);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    struct kvvm_stats s;
+    th_stats(kv, &s);
+    cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
+    cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+    cr_assert_eq(s.pages_inflight, 0);
+    free(a);
+    kvvm_close(kv);
+}
+
 static void json(kvvm *kv, char *js, size_t len)
 {
     cr_assert_eq(kvvm_stats_json(kv, js, len), 0);
@@ -197,7 +146,7 @@ static void roundtrip_single(const char *engine)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, 24, 64, true);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     char js[8192];
     json(kv, js, sizeof js);
     if (engine) {
@@ -209,13 +158,13 @@ static void roundtrip_single(const char *engine)
     sh_grow_fill(kv, a, 19, 1);                 /* 5 pages per region, last partial */
     kvvm_step(kv);
     t_down(kv, a);
-    tcheck(kv, "on disk");
+    th_check(kv, "on disk");
     struct kvvm_seq_info in;
-    tinfo(kv, a->h, &in);
+    th_info(kv, a->h, &in);
     cr_assert(!in.resident);
     cr_assert_eq(in.pages_disk, 10, "pages on disk: %u (host %u)", in.pages_disk, in.pages_host);
     struct kvvm_stats s1;
-    tstats(kv, &s1);
+    th_stats(kv, &s1);
     cr_assert_eq(s1.spills, 10);
     cr_assert_eq(s1.bytes_to_disk, 10 * KB);
     cr_assert_eq(s1.pages_disk_total, 64);
@@ -223,11 +172,11 @@ static void roundtrip_single(const char *engine)
     cr_assert_eq(s1.pages_host_free, 24, "host slots freed when the writes completed");
     cr_assert_eq(s1.pages_inflight, 0);
     cr_assert_eq(kvvm_seq_swap_in(kv, a->h), 0);
-    tcheck(kv, "back");
-    tinfo(kv, a->h, &in);
+    th_check(kv, "back");
+    th_info(kv, a->h, &in);
     cr_assert(in.resident && in.pages_device == 10 && in.pages_disk == 0);
     struct kvvm_stats s2;
-    tstats(kv, &s2);
+    th_stats(kv, &s2);
     cr_assert_eq(s2.unspills, 10);
     cr_assert_eq(s2.bytes_from_disk, 10 * KB);
     cr_assert_eq(s2.pages_disk_free, 64, "disk slots freed at swap-in");
@@ -240,7 +189,7 @@ static void roundtrip_single(const char *engine)
         kvvm_step(kv);
         t_down(kv, a);
         cr_assert_eq(sh_verify(kv, a, "again"), 0);      /* read swaps it in */
-        tcheck(kv, "again");
+        th_check(kv, "again");
     }
     if (engine && !strcmp(engine, "io_uring")) {
         /* the pages really went through the ring: 10 + 14 + 18 pages down and back */
@@ -254,7 +203,7 @@ static void roundtrip_single(const char *engine)
     }
     kvvm_seq_free(kv, a->h);
     free(a);
-    tcheck(kv, "end");
+    th_check(kv, "end");
     kvvm_close(kv);
     rm_spill();
 }
@@ -292,7 +241,7 @@ Test(roundtrip, forked_family)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, 16, 128, true);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     struct sh *p = sh_new(kv);
     sh_grow_fill(kv, p, 10, 1);
     struct sh *c1 = sh_fork(kv, p), *c2 = sh_fork(kv, p);
@@ -302,9 +251,9 @@ Test(roundtrip, forked_family)
     t_down(kv, c1);
     t_down(kv, p);
     t_down(kv, c2);
-    tcheck(kv, "family on disk");
+    th_check(kv, "family on disk");
     struct kvvm_stats s;
-    tstats(kv, &s);
+    th_stats(kv, &s);
     /* shared pages go down once: p's 3 pages per region (the 3rd partial is copied on write
        by each child) + c1's and c2's own */
     cr_assert_eq(s.pages_disk_total - s.pages_disk_free, s.spills - s.unspills);
@@ -313,22 +262,22 @@ Test(roundtrip, forked_family)
     struct sh *c3 = sh_fork(kv, c1);
     cr_assert_eq(kvvm_seq_truncate(kv, c3->h, 12), 0);
     c3->len = 12;
-    tstats(kv, &s);
+    th_stats(kv, &s);
     cr_assert_eq(s.unspills, 0);
-    tcheck(kv, "fork/truncate on disk");
+    th_check(kv, "fork/truncate on disk");
     struct sh *order[] = { c2, p, c3, c1 };
     for (int i = 0; i < 4; i++) {
         cr_assert_eq(kvvm_seq_swap_in(kv, order[i]->h), 0);
         cr_assert_eq(sh_verify(kv, order[i], "family"), 0);
-        tcheck(kv, "family back");
+        th_check(kv, "family back");
     }
     for (int i = 0; i < 4; i++) {
         kvvm_seq_free(kv, order[i]->h);
         free(order[i]);
     }
-    tstats(kv, &s);
+    th_stats(kv, &s);
     cr_assert_eq(s.pages_disk_free, s.pages_disk_total);
-    tcheck(kv, "end");
+    th_check(kv, "end");
     kvvm_close(kv);
     rm_spill();
 }
@@ -340,7 +289,7 @@ Test(roundtrip, shared_prefix)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, 16, 128, true);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     struct sh *a = sh_new(kv);
     sh_grow_fill(kv, a, 19, 1);
     kvvm_step(kv);
@@ -351,21 +300,21 @@ Test(roundtrip, shared_prefix)
     memcpy(b->exp, a->exp, sizeof b->exp);
     for (uint32_t r = 0; r < NR; r++)
         memset(b->exp[r] + 13 * BPT, 0, sizeof b->exp[r] - 13 * BPT);
-    tcheck(kv, "shared from disk");
+    th_check(kv, "shared from disk");
     cr_assert_eq(kvvm_sync(kv), 0);
     cr_assert_eq(sh_verify(kv, b, "b"), 0);
     sh_grow_fill(kv, b, 30, 5);
     kvvm_step(kv);
     t_down(kv, b);
     cr_assert_eq(kvvm_seq_free(kv, a->h), 0);      /* on disk: freed without reading */
-    tcheck(kv, "a freed");
+    th_check(kv, "a freed");
     cr_assert_eq(sh_verify(kv, b, "b again"), 0);
     kvvm_seq_free(kv, b->h);
     struct kvvm_stats s;
-    tstats(kv, &s);
+    th_stats(kv, &s);
     cr_assert_eq(s.pages_disk_free, s.pages_disk_total);
     cr_assert_eq(s.pages_host_free, 16);
-    tcheck(kv, "end");
+    th_check(kv, "end");
     free(a);
     free(b);
     kvvm_close(kv);
@@ -389,7 +338,7 @@ Test(faults, sweep)
         for (unsigned long nth = 1; nth <= 22; nth++) {
             struct kvvm_config c;
             tcfg(&c, 64, 16, 64, true);
-            kvvm *kv = topen(&c);
+            kvvm *kv = th_open(&c);
             struct spill *sp = kvvm_debug_spill(kv);
             cr_assert(sp);
             struct sh *a = sh_new(kv);
@@ -397,10 +346,10 @@ Test(faults, sweep)
             kvvm_step(kv);
             cr_assert_eq(spill_fault_arm(sp, nth, kinds[k].k, kinds[k].err), 0);
             t_down(kv, a);
-            tcheck(kv, "down");
+            th_check(kv, "down");
             int rc = kvvm_seq_swap_in(kv, a->h);
             struct kvvm_stats s;
-            tstats(kv, &s);
+            th_stats(kv, &s);
             if (rc == 0) {
                 cr_assert_eq(sh_verify(kv, a, kinds[k].name), 0);
                 write_fail += s.io_errors > 0;
@@ -412,22 +361,15 @@ Test(faults, sweep)
                 uint8_t b[BPT];
                 cr_assert_eq(kvvm_seq_read(kv, a->h, 0, 0, b, BPT), -EBADMSG);
                 cr_assert_eq(kvvm_seq_grow(kv, a->h, 20), -EBADMSG);
-                tcheck(kv, "damaged");
+                th_check(kv, "damaged");
                 cr_assert_eq(kvvm_seq_truncate(kv, a->h, 0), 0);
                 a->len = 0;
                 sh_grow_fill(kv, a, 7, 99);
                 cr_assert_eq(sh_verify(kv, a, "after truncate"), 0);
                 damaged++;
             }
-            tcheck(kv, kinds[k].name);
-            kvvm_seq_free(kv, a->h);
-            cr_assert_eq(kvvm_sync(kv), 0);
-            tstats(kv, &s);
-            cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
-            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
-            cr_assert_eq(s.pages_inflight, 0);
-            free(a);
-            kvvm_close(kv);
+            th_check(kv, kinds[k].name);
+            free_close_no_leak(kv, a);
         }
     cr_assert(damaged > 0, "no read failure was injected");
     cr_assert(write_fail > 0, "no write failure was injected");
@@ -439,7 +381,7 @@ Test(faults, checksum)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, 16, 64, true);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     struct sh *a = sh_new(kv), *b = sh_new(kv);
     sh_grow_fill(kv, a, 19, 1);
     kvvm_step(kv);
@@ -453,19 +395,19 @@ Test(faults, checksum)
     uint8_t buf[BPT];
     cr_assert_eq(kvvm_seq_read(kv, a->h, 1, 0, buf, BPT), -EBADMSG);
     struct kvvm_stats s;
-    tstats(kv, &s);
+    th_stats(kv, &s);
     cr_assert_eq(s.checksum_failures, 1);
     cr_assert_eq(s.pages_damaged, 1);
-    tcheck(kv, "damaged");
+    th_check(kv, "damaged");
     /* b is unaffected */
     cr_assert_eq(sh_verify(kv, b, "b"), 0);
     cr_assert_eq(kvvm_seq_truncate(kv, a->h, 0), 0);
     a->len = 0;
     sh_grow_fill(kv, a, 5, 3);
     cr_assert_eq(sh_verify(kv, a, "a after truncate"), 0);
-    tstats(kv, &s);
+    th_stats(kv, &s);
     cr_assert_eq(s.checksum_failures, 1);
-    tcheck(kv, "end");
+    th_check(kv, "end");
     kvvm_seq_free(kv, a->h);
     kvvm_seq_free(kv, b->h);
     free(a);
@@ -482,7 +424,7 @@ Test(limits, disk_budget)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, 16, 16, false);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     struct sh *s[4];
     for (int i = 0; i < 4; i++) {
         s[i] = sh_new(kv);
@@ -494,25 +436,25 @@ Test(limits, disk_budget)
     t_out(kv, s[2]);
     cr_assert_eq(kvvm_sync(kv), 0);   /* the spill thread settles */
     struct kvvm_stats s0, s1;
-    tstats(kv, &s0);
+    th_stats(kv, &s0);
     cr_assert(s0.spills > 0);
     int rc = kvvm_seq_swap_out(kv, s[3]->h);
     cr_assert_eq(rc, -ENOMEM, "swap_out past the disk budget: %d", rc);
     struct kvvm_seq_info in;
-    tinfo(kv, s[3]->h, &in);
+    th_info(kv, s[3]->h, &in);
     cr_assert(in.resident && in.pages_device == 10);
-    tstats(kv, &s1);
+    th_stats(kv, &s1);
     cr_assert_eq(s1.swap_outs, s0.swap_outs);
     /* checked first: the failed call spilled nothing of the others to make room */
     cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
     cr_assert_eq(s1.spills, s0.spills);
-    tcheck(kv, "full");
+    th_check(kv, "full");
     cr_assert_eq(sh_verify(kv, s[3], "s3"), 0);
     for (int i = 2; i >= 0; i--) {
         cr_assert_eq(kvvm_seq_swap_in(kv, s[i]->h), 0);
         cr_assert_eq(sh_verify(kv, s[i], "back"), 0);
     }
-    tcheck(kv, "end");
+    th_check(kv, "end");
     for (int i = 0; i < 4; i++) {
         kvvm_seq_free(kv, s[i]->h);
         free(s[i]);
@@ -595,7 +537,7 @@ static void staged_roundtrip(bool stream)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, ST_HOST, 64, false);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     void *st = NULL;
     if (stream) {
         cr_assert_eq(kvvm_stream_create(kv, &st), 0);
@@ -608,15 +550,15 @@ static void staged_roundtrip(bool stream)
     for (int round = 0; round < 2; round++) {
         int rc = kvvm_seq_swap_out(kv, a->h);
         cr_assert_eq(rc, 0, "staged swap_out: %d (%s)", rc, kvvm_strerror(rc));
-        tcheck(kv, "staged out");
+        th_check(kv, "staged out");
         struct kvvm_seq_info in;
-        tinfo(kv, a->h, &in);
+        th_info(kv, a->h, &in);
         cr_assert(!in.resident);
         cr_assert_eq(in.pages_disk, ST_PAGES, "disk %u host %u device %u", in.pages_disk,
                      in.pages_host, in.pages_device);
         cr_assert_eq(in.pages_host + in.pages_device, 0);
         struct kvvm_stats s1;
-        tstats(kv, &s1);
+        th_stats(kv, &s1);
         cr_assert_eq(s1.spills, (round + 1) * ST_PAGES);
         cr_assert_eq(s1.pages_disk_free, 64 - ST_PAGES);
         cr_assert_eq(s1.pages_host_free, ST_HOST, "staging slots freed");
@@ -624,12 +566,12 @@ static void staged_roundtrip(bool stream)
         cr_assert_eq(s1.swap_outs, (uint64_t)round + 1);
         rc = kvvm_seq_swap_in(kv, a->h);
         cr_assert_eq(rc, 0, "staged swap_in: %d (%s)", rc, kvvm_strerror(rc));
-        tcheck(kv, "staged in");
-        tinfo(kv, a->h, &in);
+        th_check(kv, "staged in");
+        th_info(kv, a->h, &in);
         cr_assert(in.resident && in.pages_device == ST_PAGES && in.pages_disk == 0 &&
                   in.pages_host == 0);
         struct kvvm_stats s2;
-        tstats(kv, &s2);
+        th_stats(kv, &s2);
         cr_assert_eq(s2.unspills, (round + 1) * ST_PAGES);
         cr_assert_eq(s2.pages_disk_free, 64);
         cr_assert_eq(s2.pages_host_free, ST_HOST);
@@ -641,7 +583,7 @@ static void staged_roundtrip(bool stream)
     /* the same through a read (swap-in on use) */
     cr_assert_eq(kvvm_seq_swap_out(kv, a->h), 0);
     cr_assert_eq(sh_verify(kv, a, "read swaps in"), 0);
-    tcheck(kv, "end");
+    th_check(kv, "end");
     kvvm_seq_free(kv, a->h);
     kvvm_seq_free(kv, b->h);
     free(a);
@@ -672,16 +614,16 @@ Test(staged, io_faults)
         for (unsigned long nth = 1; nth <= 2 * ST_PAGES + 2; nth += 3) {
             struct kvvm_config c;
             tcfg(&c, 64, ST_HOST, 64, false);
-            kvvm *kv = topen(&c);
+            kvvm *kv = th_open(&c);
             struct spill *sp = kvvm_debug_spill(kv);
             struct sh *a = sh_new(kv);
             sh_grow_fill(kv, a, ST_TOK, (uint32_t)nth);
             kvvm_step(kv);
             cr_assert_eq(spill_fault_arm(sp, nth, kinds[k].k, kinds[k].err), 0);
             int rc = kvvm_seq_swap_out(kv, a->h);
-            tcheck(kv, "out");
+            th_check(kv, "out");
             struct kvvm_seq_info in;
-            tinfo(kv, a->h, &in);
+            th_info(kv, a->h, &in);
             struct kvvm_stats s;
             if (rc) {
                 out_failed++;
@@ -689,15 +631,15 @@ Test(staged, io_faults)
                              nth, rc);
                 cr_assert(in.resident && in.pages_device == ST_PAGES && in.pages_disk == 0,
                           "a failed staged swap_out moved the sequence");
-                tstats(kv, &s);
+                th_stats(kv, &s);
                 cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
                 cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
                 cr_assert_eq(s.swap_outs, 0);
             } else {
                 cr_assert(!in.resident && in.pages_disk == ST_PAGES);
                 rc = kvvm_seq_swap_in(kv, a->h);
-                tcheck(kv, "in");
-                tinfo(kv, a->h, &in);
+                th_check(kv, "in");
+                th_info(kv, a->h, &in);
                 if (rc) {
                     in_failed++;
                     cr_assert_eq(rc, -EBADMSG, "%s at %lu: swap_in %d", kinds[k].name, nth,
@@ -705,7 +647,7 @@ Test(staged, io_faults)
                     cr_assert_eq(kinds[k].err, -EIO, "only a hard error loses data");
                     cr_assert(!in.resident && in.pages_disk == ST_PAGES,
                               "a failed staged swap_in moved the sequence");
-                    tstats(kv, &s);
+                    th_stats(kv, &s);
                     cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
                     cr_assert(s.pages_damaged >= 1);
                     cr_assert_eq(kvvm_seq_truncate(kv, a->h, 0), 0);
@@ -715,15 +657,8 @@ Test(staged, io_faults)
                 }
             }
             cr_assert_eq(sh_verify(kv, a, kinds[k].name), 0);
-            tcheck(kv, kinds[k].name);
-            kvvm_seq_free(kv, a->h);
-            cr_assert_eq(kvvm_sync(kv), 0);
-            tstats(kv, &s);
-            cr_assert_eq(s.pages_disk_free, s.pages_disk_total, "disk slot leaked");
-            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
-            cr_assert_eq(s.pages_inflight, 0);
-            free(a);
-            kvvm_close(kv);
+            th_check(kv, kinds[k].name);
+            free_close_no_leak(kv, a);
         }
     cr_assert(out_failed > 0, "no write failure was injected");
     cr_assert(in_failed > 0, "no read failure was injected");
@@ -734,78 +669,82 @@ Test(staged, io_faults)
    failing call leaves the sequence wholly where it was and every byte readable. */
 enum { ST_OUT, ST_IN };
 
-static int st_setup(kvvm **kv, struct sh **a, int which)
+struct st_state {
+    int which;
+    kvvm *kv;
+    struct sh *a;
+    struct kvvm_seq_info i0;        /* a before the armed call */
+};
+
+static void st_setup(void *arg)
 {
+    struct st_state *st = arg;
     struct kvvm_config c;
     tcfg(&c, 64, ST_HOST, 64, false);
-    *kv = topen(&c);
-    *a = sh_new(*kv);
-    sh_grow_fill(*kv, *a, ST_TOK, 5);
-    kvvm_step(*kv);
-    if (which == ST_IN)
-        cr_assert_eq(kvvm_seq_swap_out(*kv, (*a)->h), 0);
-    return 0;
+    st->kv = th_open(&c);
+    st->a = sh_new(st->kv);
+    sh_grow_fill(st->kv, st->a, ST_TOK, 5);
+    kvvm_step(st->kv);
+    if (st->which == ST_IN)
+        cr_assert_eq(kvvm_seq_swap_out(st->kv, st->a->h), 0);
 }
 
-static int st_call(kvvm *kv, struct sh *a, int which)
+static int st_call(void *arg)
 {
-    return which == ST_OUT ? kvvm_seq_swap_out(kv, a->h) : kvvm_seq_swap_in(kv, a->h);
+    struct st_state *st = arg;
+    return st->which == ST_OUT ? kvvm_seq_swap_out(st->kv, st->a->h)
+                               : kvvm_seq_swap_in(st->kv, st->a->h);
+}
+
+static void st_teardown(void *arg)
+{
+    struct st_state *st = arg;
+    free(st->a);
+    kvvm_close(st->kv);
+}
+
+static void st_before(void *arg)
+{
+    struct st_state *st = arg;
+    th_info(st->kv, st->a->h, &st->i0);
+}
+
+static enum th_sweep_outcome st_after(void *arg, int rc, const char *w)
+{
+    struct st_state *st = arg;
+    kvvm *kv = st->kv;
+    if (rc == -EIO && kvvm_sync(kv) != 0)
+        return TH_SWEEP_DEAD;          /* a sticky failure: the context is dead */
+    struct kvvm_seq_info i0 = st->i0, i1;
+    th_info(kv, st->a->h, &i1);
+    if (rc) {
+        cr_assert(i1.resident == i0.resident && i1.pages_device == i0.pages_device &&
+                  i1.pages_host == i0.pages_host && i1.pages_disk == i0.pages_disk,
+                  "%s: state changed: resident %d->%d device %u->%u host %u->%u disk "
+                  "%u->%u", w, i0.resident, i1.resident, i0.pages_device, i1.pages_device,
+                  i0.pages_host, i1.pages_host, i0.pages_disk, i1.pages_disk);
+        struct kvvm_stats s;
+        th_stats(kv, &s);
+        cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
+        cr_assert_eq(s.pages_disk_free, s.pages_disk_total - i1.pages_disk,
+                     "disk slot leaked");
+    }
+    th_check(kv, w);
+    cr_assert_eq(sh_verify(kv, st->a, w), 0);
+    th_check(kv, w);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
 }
 
 static void st_sweep(int which, const char *name)
 {
     mkdir_spill();
-    enum { MAXT = 4096 };
-    static struct emu_trace_entry tr[MAXT];
-    kvvm *kv;
-    struct sh *a;
-    st_setup(&kv, &a, which);
-    emu_trace_start();
-    int rc = st_call(kv, a, which);
-    size_t n = emu_trace_stop(tr, MAXT);
-    cr_assert_eq(rc, 0, "%s: the traced call failed: %d", name, rc);
-    cr_assert(n > 0 && n < MAXT);
-    free(a);
-    kvvm_close(kv);
-    unsigned failed = 0, dead = 0;
-    for (size_t i = 0; i < n; i++) {
-        st_setup(&kv, &a, which);
-        struct kvvm_seq_info i0, i1;
-        tinfo(kv, a->h, &i0);
-        cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, KCU_ERROR_INVALID_VALUE), 0);
-        rc = st_call(kv, a, which);
-        emu_fail_clear();
-        if (rc == -EIO && kvvm_sync(kv) != 0) {
-            dead++;                    /* a sticky failure: the context is dead */
-            free(a);
-            kvvm_close(kv);
-            continue;
-        }
-        tinfo(kv, a->h, &i1);
-        if (rc) {
-            failed++;
-            cr_assert(i1.resident == i0.resident && i1.pages_device == i0.pages_device &&
-                      i1.pages_host == i0.pages_host && i1.pages_disk == i0.pages_disk,
-                      "%s: %s #%lu (rc %d): state changed: resident %d->%d device %u->%u "
-                      "host %u->%u disk %u->%u", name, tr[i].entry, tr[i].nth, rc,
-                      i0.resident, i1.resident, i0.pages_device, i1.pages_device,
-                      i0.pages_host, i1.pages_host, i0.pages_disk, i1.pages_disk);
-            struct kvvm_stats s;
-            tstats(kv, &s);
-            cr_assert_eq(s.pages_host_free, s.pages_host_total, "host slot leaked");
-            cr_assert_eq(s.pages_disk_free, s.pages_disk_total - i1.pages_disk,
-                         "disk slot leaked");
-        }
-        tcheck(kv, name);
-        cr_assert_eq(sh_verify(kv, a, name), 0);
-        tcheck(kv, name);
-        free(a);
-        kvvm_close(kv);
-    }
-    printf("staged sweep %s: %zu injection points: %u failed, %u dead\n", name, n, failed,
-           dead);
-    fflush(stdout);
-    cr_assert(failed > 0, "%s: no injected failure made the call fail", name);
+    static const kcu_result inval[1] = { KCU_ERROR_INVALID_VALUE };
+    struct st_state st = { .which = which };
+    const struct th_sweep sw = { name, &st, st_setup, st_call, st_teardown, st_before,
+                                 st_after, inval, 1 };
+    struct th_sweep_count n = th_sweep_run(&sw);
+    /* the dead ones are counted among the failed: these are the calls that failed alive */
+    cr_assert(n.failed > n.dead, "%s: no injected failure made the call fail", name);
     rm_spill();
 }
 
@@ -819,7 +758,7 @@ Test(staged, disk_full_moves_nothing)
     mkdir_spill();
     struct kvvm_config c;
     tcfg(&c, 64, 16, 16, false);
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     struct sh *a = sh_new(kv), *b = sh_new(kv), *big = sh_new(kv), *mid = sh_new(kv);
     sh_grow_fill(kv, a, 19, 1);                 /* 10 pages */
     sh_grow_fill(kv, b, 19, 2);                 /* 10 pages */
@@ -830,12 +769,12 @@ Test(staged, disk_full_moves_nothing)
     t_out(kv, b);                               /* spills 4 of a's pages for room */
     cr_assert_eq(kvvm_sync(kv), 0);
     struct kvvm_seq_info ia0, ib0, ia1, ib1, in;
-    tinfo(kv, a->h, &ia0);
-    tinfo(kv, b->h, &ib0);
+    th_info(kv, a->h, &ia0);
+    th_info(kv, b->h, &ib0);
     cr_assert_eq(ia0.pages_host + ia0.pages_disk + ib0.pages_host + ib0.pages_disk, 20);
     cr_assert(ia0.pages_disk + ib0.pages_disk < 16, "the disk tier has room left");
     struct kvvm_stats s0, s1;
-    tstats(kv, &s0);
+    th_stats(kv, &s0);
     /* 24 pages: more than host + disk room; 16 pages: more than the free disk + host room
        (both could be had in part by spilling a's and b's host pages) */
     struct sh *v[2] = { big, mid };
@@ -843,29 +782,29 @@ Test(staged, disk_full_moves_nothing)
         int rc = kvvm_seq_swap_out(kv, v[i]->h);
         cr_assert_eq(rc, -ENOMEM, "swap_out past the disk budget: %d", rc);
         cr_assert_eq(kvvm_sync(kv), 0);
-        tinfo(kv, v[i]->h, &in);
+        th_info(kv, v[i]->h, &in);
         cr_assert(in.resident && in.pages_disk == 0 && in.pages_host == 0);
-        tinfo(kv, a->h, &ia1);
-        tinfo(kv, b->h, &ib1);
+        th_info(kv, a->h, &ia1);
+        th_info(kv, b->h, &ib1);
         cr_assert(ia1.pages_host == ia0.pages_host && ia1.pages_disk == ia0.pages_disk,
                   "a moved: host %u->%u disk %u->%u", ia0.pages_host, ia1.pages_host,
                   ia0.pages_disk, ia1.pages_disk);
         cr_assert(ib1.pages_host == ib0.pages_host && ib1.pages_disk == ib0.pages_disk,
                   "b moved: host %u->%u disk %u->%u", ib0.pages_host, ib1.pages_host,
                   ib0.pages_disk, ib1.pages_disk);
-        tstats(kv, &s1);
+        th_stats(kv, &s1);
         cr_assert_eq(s1.spills, s0.spills);
         cr_assert_eq(s1.swap_outs, s0.swap_outs);
         cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
         cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
         cr_assert_eq(s1.bytes_to_host, s0.bytes_to_host);
-        tcheck(kv, "full");
+        th_check(kv, "full");
     }
     cr_assert_eq(sh_verify(kv, big, "big"), 0);
     cr_assert_eq(sh_verify(kv, mid, "mid"), 0);
     cr_assert_eq(sh_verify(kv, a, "a"), 0);
     cr_assert_eq(sh_verify(kv, b, "b"), 0);
-    tcheck(kv, "end");
+    th_check(kv, "end");
     struct sh *all[4] = { a, b, big, mid };
     for (int i = 0; i < 4; i++) {
         kvvm_seq_free(kv, all[i]->h);
@@ -884,7 +823,7 @@ Test(limits, failed_direct_reclaim_moves_nothing)
     struct kvvm_config c;
     tcfg(&c, 40, 16, 16, false);
     c.flags = KVVM_F_AUTO_SWAP;
-    kvvm *kv = topen(&c);
+    kvvm *kv = th_open(&c);
     struct sh *a = sh_new(kv), *b = sh_new(kv), *v = sh_new(kv), *p = sh_new(kv);
     sh_grow_fill(kv, a, 19, 1);                 /* 10 pages */
     sh_grow_fill(kv, b, 19, 2);                 /* 10 pages */
@@ -897,26 +836,26 @@ Test(limits, failed_direct_reclaim_moves_nothing)
     sh_grow_fill(kv, p, 19, 4);                 /* 10 pages, protected */
     cr_assert_eq(kvvm_sync(kv), 0);             /* background spilling settles */
     struct kvvm_seq_info ia0, ib0, ia1, ib1;
-    tinfo(kv, a->h, &ia0);
-    tinfo(kv, b->h, &ib0);
+    th_info(kv, a->h, &ia0);
+    th_info(kv, b->h, &ib0);
     struct kvvm_stats s0, s1;
-    tstats(kv, &s0);
+    th_stats(kv, &s0);
     cr_assert_lt(s0.pages_host_free, 18, "the grow below must need host room");
     kvvm_seq w;
     cr_assert_eq(kvvm_seq_create(kv, &w), 0);
     /* 32 pages: more than the free frames plus v's 16 */
     int rc = kvvm_seq_grow(kv, w, 64);
     cr_assert_eq(rc, -ENOMEM, "grow past what reclaim can free: %d", rc);
-    tstats(kv, &s1);
-    tinfo(kv, a->h, &ia1);
-    tinfo(kv, b->h, &ib1);
+    th_stats(kv, &s1);
+    th_info(kv, a->h, &ia1);
+    th_info(kv, b->h, &ib1);
     cr_expect_eq(s1.spills, s0.spills, "a failed grow spilled %lu page(s)",
                  (unsigned long)(s1.spills - s0.spills));
     cr_expect_eq(s1.swap_outs, s0.swap_outs);
     cr_expect(ia1.pages_host == ia0.pages_host && ia1.pages_disk == ia0.pages_disk &&
               ib1.pages_host == ib0.pages_host && ib1.pages_disk == ib0.pages_disk,
               "other sequences moved down");
-    tcheck(kv, "failed direct reclaim");
+    th_check(kv, "failed direct reclaim");
     cr_assert_eq(kvvm_seq_free(kv, w), 0);
     /* nothing lost: each comes back (room made by freeing the resident ones first) */
     cr_assert_eq(sh_verify(kv, v, "v"), 0);

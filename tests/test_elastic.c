@@ -22,69 +22,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "kvvm.h"
-#include "core/debug.h"
-#include "vmm/emu/emu.h"
-#include "cookie.h"
+#include "harness.h"
 
-#define KB 4096u
 #define NR 2
 #define BPT 1000u
 #define MAXTOK 64u
 
-static bool soft;
-static int soft_failures;
-#define UCHK(cond, ...) do {                                        \
-        if (cond) break;                                            \
-        if (soft) { soft_failures++; cr_expect_fail(__VA_ARGS__); } \
-        else cr_assert_fail(__VA_ARGS__);                           \
-    } while (0)
-
-struct tctx {
-    kvvm *kv;
-    int ord;
-};
-
 static void tcfg(struct kvvm_config *c, uint32_t dev_pages, uint32_t emu_pages,
                  uint32_t host_pages, unsigned flags)
 {
-    kvvm_config_init(c);
-    c->backend = KVVM_BACKEND_EMULATED;
-    c->emu_granule = KB;
-    c->page_size = KB;
-    c->n_regions = NR;
-    c->bytes_per_token = BPT;
-    c->max_seqs = 32;
-    c->max_tokens = MAXTOK;
-    c->device_budget = (size_t)dev_pages * KB;
+    th_config(c, KB, NR, BPT, 32, MAXTOK, dev_pages, host_pages, flags);
     c->emu_device_bytes = (size_t)emu_pages * KB;
-    c->host_budget = (size_t)host_pages * KB;
-    c->spill_dir = NULL;
-    c->flags = flags;
-    c->emu_opaque = 1;
-    c->pool_decay_ms = 0;         /* releases at rounds only: no timed round between a
-                                     test's reads (the decay tests set their own) */
-}
-
-static void topen(struct tctx *t, const struct kvvm_config *c)
-{
-    int rc = kvvm_open(c, &t->kv);
-    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
-    t->ord = kvvm_debug_emu_ordinal(t->kv);
-}
-
-static void tcheck(struct tctx *t, const char *where)
-{
-    char why[512] = "";
-    int rc = kvvm_debug_check(t->kv, why, sizeof why);
-    UCHK(rc == 0, "%s: invariant violated (%d): %s", where, rc, why);
-}
-
-static void tstats(struct tctx *t, struct kvvm_stats *st)
-{
-    memset(st, 0, sizeof *st);
-    st->size = sizeof *st;
-    cr_assert_eq(kvvm_stats(t->kv, st), 0);
 }
 
 static uint64_t emu_handle_bytes(struct tctx *t)
@@ -92,16 +40,6 @@ static uint64_t emu_handle_bytes(struct tctx *t)
     struct emu_counters ec;
     cr_assert_eq(emu_counters_get(t->ord, &ec), 0);
     return ec.handle_bytes;
-}
-
-static void tclose(struct tctx *t)
-{
-    int ord = t->ord;
-    kvvm_close(t->kv);
-    struct emu_counters ec;
-    if (ord >= 0 && emu_counters_get(ord, &ec) == 0)
-        cr_expect(ec.handles == 0 && ec.mappings == 0, "kvvm_close left handles %lu "
-                  "mappings %lu", (unsigned long)ec.handles, (unsigned long)ec.mappings);
 }
 
 /* ---- sequences with the bytes they must read back ---- */
@@ -585,11 +523,14 @@ enum sw_kind { SW_SHRINK, SW_GROW, SW_TRIM };
 struct sw_state {
     struct tctx t;
     struct sh *s[4];
+    enum sw_kind k;
+    struct kvvm_stats s0;       /* the stats just before the armed call */
 };
 
 /* Deterministic driver-call order: no pool thread (its calls would race the armed one). */
-static void sw_setup(struct sw_state *st)
+static void sw_setup(void *arg)
 {
+    struct sw_state *st = arg;
     struct kvvm_config c;
     tcfg(&c, 48, 64, 128, 0);
     c.pool_thread = 0;
@@ -603,8 +544,10 @@ static void sw_setup(struct sw_state *st)
     cr_assert_eq(kvvm_sync(st->t.kv), 0);
 }
 
-static int sw_call(struct sw_state *st, enum sw_kind k)
+static int sw_call(void *arg)
 {
+    struct sw_state *st = arg;
+    enum sw_kind k = st->k;
     int rc = k == SW_SHRINK ? kvvm_set_budget(st->t.kv, 20 * KB)
            : k == SW_GROW   ? kvvm_set_budget(st->t.kv, 64 * KB)
                             : kvvm_trim(st->t.kv, 0);
@@ -613,75 +556,50 @@ static int sw_call(struct sw_state *st, enum sw_kind k)
     return rc;
 }
 
-static void sw_teardown(struct sw_state *st)
+static void sw_teardown(void *arg)
 {
+    struct sw_state *st = arg;
     free_n(st->s, 4);
     tclose(&st->t);
 }
 
+static void sw_before(void *arg)
+{
+    struct sw_state *st = arg;
+    tstats(&st->t, &st->s0);
+}
+
+/* After each failure the budget is unchanged; after each point the context is usable: the
+   whole device is a valid budget, every byte reads back (swapped-out sequences come back
+   into it) and a sequence can grow. */
+static enum th_sweep_outcome sw_after(void *arg, int rc, const char *w)
+{
+    struct sw_state *st = arg;
+    if (rc == -EIO && kvvm_sync(st->t.kv) == -EIO)
+        return TH_SWEEP_DEAD;     /* a sticky failure: the context is dead */
+    struct kvvm_stats s0 = st->s0, s1;
+    tstats(&st->t, &s1);
+    if (rc)
+        UCHK(s1.pages_device_total == s0.pages_device_total,
+             "%s: the budget changed %llu -> %llu", w,
+             (unsigned long long)s0.pages_device_total,
+             (unsigned long long)s1.pages_device_total);
+    UCHK(s1.device_bytes_held <= s1.pages_device_total * KB, "%s: held above the budget", w);
+    tcheck(&st->t, w);
+    UCHK(kvvm_set_budget(st->t.kv, 64 * KB) == 0, "%s: set_budget after: %s", w,
+         kvvm_last_error());
+    for (int q = 0; q < 4; q++)
+        sh_verify(st->t.kv, st->s[q], w);
+    UCHK(sh_grow_fill(st->t.kv, st->s[3], 16) == 0, "%s: grow after", w);
+    tcheck(&st->t, w);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
 static void sweep(enum sw_kind k, const char *name)
 {
-    struct sw_state st;
-    enum { MAXT = 4096 };
-    static struct emu_trace_entry tr[MAXT];
-    sw_setup(&st);
-    emu_trace_start();
-    int rc = sw_call(&st, k);
-    size_t n = emu_trace_stop(tr, MAXT);
-    cr_assert_eq(rc, 0, "%s: the traced call failed: %d (%s)", name, rc, kvvm_last_error());
-    cr_assert(n > 0 && n <= MAXT);
-    sw_teardown(&st);
-    unsigned failed = 0, absorbed = 0, broken = 0, dead = 0;
-    soft = true;
-    const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-    for (size_t j = 0; j < 2 * n; j++) {
-        size_t i = j / 2;
-        char w[160];
-        snprintf(w, sizeof w, "%s: %s #%lu -> %d", name, tr[i].entry, tr[i].nth, errs[j % 2]);
-        sw_setup(&st);
-        int before = soft_failures;
-        struct kvvm_stats s0, s1;
-        tstats(&st.t, &s0);
-        cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, errs[j % 2]), 0);
-        rc = sw_call(&st, k);
-        emu_fail_clear();
-        if (rc == -EIO && kvvm_sync(st.t.kv) == -EIO) {
-            failed++;             /* a sticky failure: the context is dead */
-            dead++;
-            sw_teardown(&st);
-            continue;
-        }
-        tstats(&st.t, &s1);
-        if (rc == 0) {
-            absorbed++;
-        } else {
-            failed++;
-            UCHK(s1.pages_device_total == s0.pages_device_total,
-                 "%s (rc %d): the budget changed %llu -> %llu", w, rc,
-                 (unsigned long long)s0.pages_device_total,
-                 (unsigned long long)s1.pages_device_total);
-        }
-        UCHK(s1.device_bytes_held <= s1.pages_device_total * KB, "%s: held above the budget", w);
-        tcheck(&st.t, w);
-        /* usable: the whole device is a valid budget, every byte reads back (swapped-out
-           sequences come back into it) and a sequence can grow */
-        UCHK(kvvm_set_budget(st.t.kv, 64 * KB) == 0, "%s: set_budget after: %s", w,
-             kvvm_last_error());
-        for (int q = 0; q < 4; q++)
-            sh_verify(st.t.kv, st.s[q], w);
-        UCHK(sh_grow_fill(st.t.kv, st.s[3], 16) == 0, "%s: grow after", w);
-        tcheck(&st.t, w);
-        if (soft_failures != before) {
-            broken++;
-            printf("sweep %s: BROKEN at %s (rc %d)\n", name, w, rc);
-        }
-        sw_teardown(&st);
-    }
-    soft = false;
-    printf("sweep %s: %zu injection points x 2 errors: %u failed (%u dead), %u absorbed, "
-           "%u broke a rule\n", name, n, failed, dead, absorbed, broken);
-    fflush(stdout);
-    cr_assert_eq(broken, 0);
+    struct sw_state st = { .k = k };
+    const struct th_sweep sw = { name, &st, sw_setup, sw_call, sw_teardown, sw_before, sw_after };
+    th_sweep_run(&sw);
 }
 
 Test(sweep, set_budget_shrink) { sweep(SW_SHRINK, "shrink"); }

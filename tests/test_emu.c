@@ -15,9 +15,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#include "kvvm.h"
-#include "core/debug.h"
-#include "vmm/emu/emu.h"
+#include "harness.h"
 
 #define KiB (1024ul)
 #define MiB (1024ul * 1024ul)
@@ -1704,21 +1702,9 @@ static struct emu_calls lib_check(struct lib *l, const char *what)
 Test(calls, library_driver_calls_match_its_stats)
 {
     struct kvvm_config cfg;
-    kvvm_config_init(&cfg);
-    cfg.backend = KVVM_BACKEND_EMULATED;
-    cfg.n_regions = 1;
-    cfg.bytes_per_token = 1024;          /* 64 tokens per 64 KiB page */
-    cfg.max_seqs = 4;
-    cfg.max_tokens = 64 * 64;
-    cfg.page_size = 0;
-    cfg.emu_granule = G;
-    cfg.device_budget = 128 * G;
+    th_config(&cfg, G, 1, 1024, 4, 64 * 64, 128, 0, 0);   /* 64 tokens per 64 KiB page */
     cfg.emu_device_bytes = 0;
-    cfg.host_budget = 0;
-    cfg.spill_dir = NULL;
-    cfg.flags = 0;
     cfg.map_ahead = 0;
-    cfg.emu_opaque = 1;
     struct lib l = { 0 };
     int rc = kvvm_open(&cfg, &l.kv);
     cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
@@ -1774,21 +1760,9 @@ Test(calls, library_driver_calls_match_its_stats)
 Test(calls, checker_sees_the_emulator_tables_through_the_vmm_debug_call)
 {
     struct kvvm_config cfg;
-    kvvm_config_init(&cfg);
-    cfg.backend = KVVM_BACKEND_EMULATED;
-    cfg.n_regions = 1;
-    cfg.bytes_per_token = 1024;
-    cfg.max_seqs = 2;
-    cfg.max_tokens = 64 * 8;
-    cfg.page_size = 0;
-    cfg.emu_granule = G;
-    cfg.device_budget = 16 * G;
+    th_config(&cfg, G, 1, 1024, 2, 64 * 8, 16, 0, 0);
     cfg.emu_device_bytes = 0;
-    cfg.host_budget = 0;
-    cfg.spill_dir = NULL;
-    cfg.flags = 0;
     cfg.map_ahead = 0;
-    cfg.emu_opaque = 1;
     kvvm *kv;
     cr_assert_eq(kvvm_open(&cfg, &kv), 0);
     kvvm_seq s;

@@ -19,43 +19,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "kvvm.h"
-#include "core/debug.h"
-#include "vmm/emu/emu.h"
+#include "harness.h"
 
-#define KB 4096u
 #define NR 2
 #define BPT 1000u
 #define MAXTOK 64u
 #define MAXS 8
 
-static inline uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
-{
-    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27; x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return (uint8_t)(x | 1);
-}
-
 static char dir[64];
 
 static void cfg(struct kvvm_config *c, uint32_t dev, uint32_t host, uint32_t disk)
 {
-    kvvm_config_init(c);
-    c->backend = KVVM_BACKEND_EMULATED;
-    c->emu_granule = KB;
-    c->page_size = KB;
-    c->n_regions = NR;
-    c->bytes_per_token = BPT;
-    c->max_seqs = 16;
-    c->max_tokens = MAXTOK;
-    c->device_budget = (size_t)dev * KB;
-    c->host_budget = (size_t)host * KB;
-    c->spill_dir = NULL;
+    th_config(c, KB, NR, BPT, 16, MAXTOK, dev, host, 0);
     c->spill_budget = 0;
-    c->flags = 0;
-    c->emu_opaque = 1;
     c->host_min = c->host_low = c->host_high = 0;
     if (disk) {
         snprintf(dir, sizeof dir, "/var/tmp/kvvm_test_room.XXXXXX");

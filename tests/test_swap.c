@@ -20,97 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "kvvm.h"
-#include "core/debug.h"
-#include "vmm/emu/emu.h"
-#include "emu_ctx.h"
+#include "harness.h"
 
-#define KB 4096u
 #define NR 2
 #define BPT 1000u
 #define MAXTOK 64u
 
-static inline uint8_t cookie(uint32_t lin, uint32_t r, uint64_t off)
-{
-    uint64_t x = ((uint64_t)lin << 40) ^ ((uint64_t)r << 32) ^ off;
-    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27; x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return (uint8_t)(x | 1);
-}
-
-struct tctx {
-    kvvm *kv;
-    struct kvvm_config cfg;
-    int ord;
-};
-
 static void tcfg(struct kvvm_config *c, uint32_t dev_pages, uint32_t host_pages, unsigned flags)
 {
-    kvvm_config_init(c);
-    c->backend = KVVM_BACKEND_EMULATED;
-    c->emu_granule = KB;
-    c->page_size = KB;
-    c->n_regions = NR;
-    c->bytes_per_token = BPT;
-    c->max_seqs = 32;
-    c->max_tokens = MAXTOK;
-    c->device_budget = (size_t)dev_pages * KB;
-    c->host_budget = (size_t)host_pages * KB;
-    c->spill_dir = NULL;
-    c->flags = flags;
-    c->emu_opaque = 1;
-}
-
-static void topen(struct tctx *t, const struct kvvm_config *c)
-{
-    memset(t, 0, sizeof *t);
-    t->cfg = *c;
-    int rc = kvvm_open(c, &t->kv);
-    cr_assert_eq(rc, 0, "kvvm_open: %d", rc);
-    t->ord = kvvm_debug_emu_ordinal(t->kv);
-}
-
-static bool soft;
-static int soft_failures;
-#define UCHK(cond, ...) do {                                        \
-        if (cond) break;                                            \
-        if (soft) { soft_failures++; cr_expect_fail(__VA_ARGS__); } \
-        else cr_assert_fail(__VA_ARGS__);                           \
-    } while (0)
-
-static void tcheck(struct tctx *t, const char *where)
-{
-    char why[512] = "";
-    int rc = kvvm_debug_check(t->kv, why, sizeof why);
-    UCHK(rc == 0, "%s: invariant violated (%d): %s", where, rc, why);
-}
-
-static void tstats(struct tctx *t, struct kvvm_stats *st)
-{
-    memset(st, 0, sizeof *st);
-    st->size = sizeof *st;
-    cr_assert_eq(kvvm_stats(t->kv, st), 0);
-}
-
-static void tinfo(struct tctx *t, kvvm_seq s, struct kvvm_seq_info *in)
-{
-    memset(in, 0, sizeof *in);
-    in->size = sizeof *in;
-    int rc = kvvm_seq_info(t->kv, s, in);
-    cr_assert_eq(rc, 0, "kvvm_seq_info: %d", rc);
-}
-
-static void tclose(struct tctx *t)
-{
-    int ord = t->ord;
-    kvvm_close(t->kv);
-    struct emu_counters ec;
-    if (emu_counters_get(ord, &ec) == 0)
-        cr_expect(ec.handles == 0 && ec.mappings == 0 && ec.streams == 0 && ec.events == 0,
-                  "kvvm_close left handles %lu mappings %lu streams %lu events %lu",
-                  (unsigned long)ec.handles, (unsigned long)ec.mappings,
-                  (unsigned long)ec.streams, (unsigned long)ec.events);
+    th_config(c, KB, NR, BPT, 32, MAXTOK, dev_pages, host_pages, flags);
 }
 
 static void emu_bytes(struct tctx *t, uint64_t *htod, uint64_t *dtoh)
@@ -657,10 +575,8 @@ Test(stream, ordered_not_blocking)
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     struct sh *a = sh_new(&t);
     sh_grow_fill(&t, a, 19, 1);
     kvvm_sync(t.kv);
@@ -706,10 +622,8 @@ Test(stream, prefetch)
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     struct sh *a = sh_new(&t);
     sh_grow_fill(&t, a, 19, 1);
     kvvm_step(t.kv);
@@ -736,10 +650,8 @@ Test(stream, capturing_refused)
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     struct sh *a = sh_new(&t);
     sh_grow_fill(&t, a, 8, 1);
     kvvm_step(t.kv);
@@ -1063,10 +975,8 @@ static long close_cycle(bool fault)
     c.max_seqs = 33;
     c.map_ahead = 2;
     size_t h0 = heap_in_use();
-    topen(&t, &c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(t.kv, st), 0);
+    topen_stream(&t, &c, &st);
     kvvm_seq s[32], x;
     cr_assert_eq(kvvm_seq_create(t.kv, &x), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, x, 8), 0);          /* 2 pages, 2 mapped ahead */
@@ -1234,10 +1144,14 @@ struct sw_state {
     struct tctx t;
     struct sh *a, *b, *c;       /* a: subject (partly shared with b); c: untouched */
     void *st;
+    enum sw_kind k;
+    struct kvvm_seq_info i0;    /* a before the armed call */
 };
 
-static void sw_setup(struct sw_state *s, enum sw_kind k)
+static void sw_setup(void *arg)
 {
+    struct sw_state *s = arg;
+    enum sw_kind k = s->k;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0);
     topen(&s->t, &c);
@@ -1261,84 +1175,59 @@ static void sw_setup(struct sw_state *s, enum sw_kind k)
 }
 
 /* The call, then a sync (whose own injected failures are retried: they are not the call's) */
-static int sw_call(struct sw_state *s, enum sw_kind k)
+static int sw_call(void *arg)
 {
-    int rc = (k == SW_OUT || k == SW_OUT_STREAM) ? kvvm_seq_swap_out(s->t.kv, s->a->h)
-                                                 : kvvm_seq_swap_in(s->t.kv, s->a->h);
+    struct sw_state *s = arg;
+    int rc = (s->k == SW_OUT || s->k == SW_OUT_STREAM) ? kvvm_seq_swap_out(s->t.kv, s->a->h)
+                                                       : kvvm_seq_swap_in(s->t.kv, s->a->h);
     if (kvvm_sync(s->t.kv) && kvvm_sync(s->t.kv))
         return -EIO;
     return rc;
 }
 
-static void sw_teardown(struct sw_state *s)
+static void sw_teardown(void *arg)
 {
+    struct sw_state *s = arg;
     free(s->a); free(s->b); free(s->c);
     tclose(&s->t);
 }
 
+static void sw_before(void *arg)
+{
+    struct sw_state *s = arg;
+    tinfo(&s->t, s->a->h, &s->i0);
+}
+
+static enum th_sweep_outcome sw_after(void *arg, int rc, const char *w)
+{
+    struct sw_state *s = arg;
+    /* -EIO: a sticky failure (the sync itself): the context is dead, nothing to check */
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    struct kvvm_seq_info i0 = s->i0, i1;
+    tinfo(&s->t, s->a->h, &i1);
+    if (rc) {
+        /* wholly on one side, as before */
+        UCHK(i1.resident == i0.resident && i1.pages_host == i0.pages_host &&
+             i1.pages_device == i0.pages_device,
+             "%s: state changed: resident %d->%d host %u->%u device %u->%u", w,
+             i0.resident, i1.resident, i0.pages_host, i1.pages_host, i0.pages_device,
+             i1.pages_device);
+    }
+    tcheck(&s->t, w);
+    /* nothing lost: every sequence reads its bytes back */
+    sh_verify(&s->t, s->a, w);
+    sh_verify(&s->t, s->b, w);
+    sh_verify(&s->t, s->c, w);
+    tcheck(&s->t, w);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
 static void sweep(enum sw_kind k, const char *name)
 {
-    struct sw_state s;
-    enum { MAXT = 4096 };
-    static struct emu_trace_entry tr[MAXT];
-    sw_setup(&s, k);
-    emu_trace_start();
-    int rc = sw_call(&s, k);
-    size_t n = emu_trace_stop(tr, MAXT);
-    cr_assert_eq(rc, 0, "%s: the traced call failed: %d", name, rc);
-    cr_assert(n > 0 && n <= MAXT);
-    sw_teardown(&s);
-    unsigned failed = 0, absorbed = 0, broken = 0, dead = 0;
-    soft = true;
-    const kcu_result errs[2] = { KCU_ERROR_OUT_OF_MEMORY, KCU_ERROR_INVALID_VALUE };
-    for (size_t j = 0; j < 2 * n; j++) {
-        size_t i = j / 2;
-        char w[160];
-        snprintf(w, sizeof w, "%s: %s #%lu -> %d", name, tr[i].entry, tr[i].nth, errs[j % 2]);
-        sw_setup(&s, k);
-        int before = soft_failures;
-        struct kvvm_seq_info i0, i1;
-        tinfo(&s.t, s.a->h, &i0);
-        cr_assert_eq(emu_fail_arm(tr[i].entry, tr[i].nth, errs[j % 2]), 0);
-        rc = sw_call(&s, k);
-        emu_fail_clear();
-        if (rc == -EIO) {
-            /* a sticky failure (the sync itself): the context is dead, nothing to check */
-            failed++;
-            dead++;
-            sw_teardown(&s);
-            continue;
-        }
-        tinfo(&s.t, s.a->h, &i1);
-        if (rc == 0) {
-            absorbed++;
-        } else {
-            failed++;
-            /* wholly on one side, as before */
-            UCHK(i1.resident == i0.resident && i1.pages_host == i0.pages_host &&
-                 i1.pages_device == i0.pages_device,
-                 "%s (rc %d): state changed: resident %d->%d host %u->%u device %u->%u", w, rc,
-                 i0.resident, i1.resident, i0.pages_host, i1.pages_host, i0.pages_device,
-                 i1.pages_device);
-        }
-        tcheck(&s.t, w);
-        /* nothing lost: every sequence reads its bytes back */
-        sh_verify(&s.t, s.a, w);
-        sh_verify(&s.t, s.b, w);
-        sh_verify(&s.t, s.c, w);
-        tcheck(&s.t, w);
-        if (soft_failures != before) {
-            broken++;
-            printf("sweep %s: BROKEN at %s (rc %d)\n", name, w, rc);
-        }
-        sw_teardown(&s);
-    }
-    soft = false;
-    printf("sweep %s: %zu injection points x 2 errors: %u failed (%u of them -EIO: a failed "
-           "sync, the context dead), %u absorbed, %u broke a rule\n", name, n, failed, dead,
-           absorbed, broken);
-    fflush(stdout);
-    cr_assert_eq(broken, 0);
+    struct sw_state s = { .k = k };
+    const struct th_sweep sw = { name, &s, sw_setup, sw_call, sw_teardown, sw_before, sw_after };
+    th_sweep_run(&sw);
 }
 
 Test(sweep, swap_out) { sweep(SW_OUT, "swap_out"); }
