@@ -36,12 +36,6 @@ static void dio_end(struct paging *pg, pg_page_id id)
     page_put(pg, id);
 }
 
-/* The clustering hint of the next disk allocation. */
-static pg_slot disk_hint(const struct paging *pg)
-{
-    return pg->disk_hint > UINT32_MAX ? PG_SLOT_NONE : (pg_slot){ (uint32_t)pg->disk_hint };
-}
-
 static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
@@ -128,7 +122,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
-    int rc = pg->disk.alloc(pg->disk.arg, disk_hint(pg), &slot);
+    int rc = pg->disk.alloc(pg->disk.arg, pg->disk_hint, &slot);   /* clustered after it */
     if (rc)
         return rc;
     rc = pg->disk.submit(pg->disk.arg, true, slot, pg->p.host->ptr(pg->p.host->arg,
@@ -137,7 +131,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
         pg->disk.free(pg->disk.arg, slot);
         return rc;
     }
-    pg->disk_hint = slot.v;
+    pg->disk_hint = slot;
     p->disk_slot = slot;
     page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
@@ -237,7 +231,7 @@ int disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t 
 int disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : disk_hint(pg), &out[k]);
+        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : pg->disk_hint, &out[k]);
         if (rc) {
             disk_slots_give(pg, out, k);
             return rc;

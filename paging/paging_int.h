@@ -178,7 +178,7 @@ struct paging {
     uint32_t n_disk;           /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
-    uint64_t disk_hint;        /* last slot allocated (clustering); UINT64_MAX: none yet */
+    pg_slot  disk_hint;        /* last slot allocated (clustering); PG_SLOT_NONE: none yet */
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 

@@ -236,7 +236,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
                 page_get_off(pg, sb[i]);
             db[i] = sb[i];
         }
-        if (rem && slots[r].v == PG_SLOT_NONE.v) {
+        if (rem && pg_slot_is_none(slots[r])) {
             db[whole] = PG_PAGE_NONE;
         } else if (rem) {
             pg_page_id id = { pg->page_free_head };
@@ -256,7 +256,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     return 0;
 out_slots:
     while (r-- > 0)
-        if (slots[r].v != PG_SLOT_NONE.v)
+        if (!pg_slot_is_none(slots[r]))
             pg->p.host->free(pg->p.host->arg, slots[r]);
     return rc;
 }

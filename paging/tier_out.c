@@ -137,7 +137,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
             p->offs++;
             page_count(pg, p, 1);
         }
-    pg->disk_hint = ds[need - 1].v;
+    pg->disk_hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
