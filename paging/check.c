@@ -195,10 +195,10 @@ static int ck_frames(struct ck *k)
         return fail(k, "%u frames held, budget %u", pg->n_held, pg->p.max_frames);
     for (uint32_t i = 0; i < pg->cap_frames; i++)
         st[pg->frames[i].state & 3]++;
-    for (uint32_t f = pg->ready_head; f && walk <= pg->n_held;
-         f = frame_at(pg, (pg_frame_id){ f })->next) {
-        if (frame_at(pg, (pg_frame_id){ f })->state != FR_READY)
-            return fail(k, "frame %u on the ready list is not ready", f);
+    for (pg_frame_id f = pg->ready_head; !pg_frame_is_none(f) && walk <= pg->n_held;
+         f = frame_at(pg, f)->next) {
+        if (frame_at(pg, f)->state != FR_READY)
+            return fail(k, "frame %u on the ready list is not ready", f.v);
         walk++;
     }
     if (st[FR_NONE] != pg->cap_frames - pg->n_held || st[FR_READY] != pg->n_ready ||

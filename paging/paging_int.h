@@ -35,7 +35,7 @@ struct pg_frame {
     uint8_t    state;      /* enum pg_frame_state */
     uint8_t    listed;     /* on the ready list now (a frame popped and given back, e.g. a
                               refused release, is FR_READY and off it) */
-    uint32_t   next;       /* FR_READY: next ready frame id (0 = end); FR_NONE: next free id */
+    pg_frame_id next;      /* FR_READY: next ready frame (none = end); FR_NONE: next free id */
     pg_page_id page;       /* FR_USED: the page id it holds */
     uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by
                               the pool thread); pool_rollback releases those above a mark */
@@ -72,7 +72,7 @@ struct pg_page {
     uint32_t jobs;         /* of refs: transfer jobs (DF_OUT / DF_IN) */
     uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
     pg_frame_id frame;     /* PG_TIER_DEVICE: frame id */
-    uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
+    pg_page_id next_free;  /* PG_TIER_NONE: next free descriptor id */
     pg_slot  host_slot;    /* PG_TIER_HOST (swap) */
     pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
@@ -137,12 +137,14 @@ struct paging {
     struct pg_frame *frames;   /* cap_frames */
     uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
     uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
-    uint32_t n_held, n_ready, n_ahead, n_used, ready_head;
-    uint32_t frame_free_head;  /* FR_NONE ids (0 = none) */
+    uint32_t n_held, n_ready, n_ahead, n_used;
+    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
+    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
     uint32_t chunk;            /* frames created ahead per refill without a pool thread */
     struct pg_feed feed;
     struct pg_page *pages;     /* max_pages */
-    uint32_t page_free_head, n_pages_live;
+    pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
+    uint32_t n_pages_live;
 
     /* sequences */
     struct pg_seq *seqs;       /* max_seqs */

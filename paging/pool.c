@@ -32,11 +32,11 @@ int pool_init(struct paging *pg)
     if (!pg->frames || !pg->pages || !pg->feed.in)
         goto out_free;
     for (uint32_t i = 0; i < pg->cap_frames; i++)
-        pg->frames[i].next = i + 2 <= pg->cap_frames ? i + 2 : 0;
-    pg->frame_free_head = pg->cap_frames ? 1 : 0;
+        pg->frames[i].next = (pg_frame_id){ i + 2 <= pg->cap_frames ? i + 2 : 0 };
+    pg->frame_free_head = (pg_frame_id){ pg->cap_frames ? 1 : 0 };
     for (uint32_t i = 0; i < pg->p.max_pages; i++)
-        pg->pages[i].next_free = i + 2 <= pg->p.max_pages ? i + 2 : 0;
-    pg->page_free_head = pg->p.max_pages ? 1 : 0;
+        pg->pages[i].next_free = (pg_page_id){ i + 2 <= pg->p.max_pages ? i + 2 : 0 };
+    pg->page_free_head = (pg_page_id){ pg->p.max_pages ? 1 : 0 };
     pthread_mutex_init(&pg->feed.mu, NULL);
     pthread_cond_init(&pg->feed.cv, NULL);
     return 0;
@@ -82,13 +82,13 @@ static void ready_push(struct paging *pg, pg_frame_id f)
     fr->state = FR_READY;
     fr->page = PG_PAGE_NONE;
     fr->next = pg->ready_head;
-    pg->ready_head = f.v;
+    pg->ready_head = f;
     pg->n_ready++;
 }
 
 static pg_frame_id ready_pop(struct paging *pg)
 {
-    pg_frame_id f = { pg->ready_head };
+    pg_frame_id f = pg->ready_head;
     KVVM_ASSERT(!pg_frame_is_none(f) && pg->n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
     pg->ready_head = fr->next;
@@ -96,14 +96,14 @@ static pg_frame_id ready_pop(struct paging *pg)
     pg->n_ready--;
     if (pg->n_ready < pg->feed.ready_min)
         pg->feed.ready_min = pg->n_ready;
-    fr->next = 0;
+    fr->next = PG_FRAME_NONE;
     return f;
 }
 
 /* A new frame id for handle h, onto the ready list. The caller checked the budget. */
 static pg_frame_id frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
 {
-    pg_frame_id f = { pg->frame_free_head };
+    pg_frame_id f = pg->frame_free_head;
     struct pg_frame *fr = frame_at(pg, f);
     pg->frame_free_head = fr->next;
     fr->h = h;
@@ -122,7 +122,7 @@ static void frame_forget(struct paging *pg, pg_frame_id f)
     fr->state = FR_NONE;
     fr->serial = 0;
     fr->next = pg->frame_free_head;
-    pg->frame_free_head = f.v;
+    pg->frame_free_head = f;
     pg->n_held--;
 }
 
@@ -137,7 +137,8 @@ static uint32_t feed_transit(struct paging *pg)
 
 static bool budget_room(struct paging *pg)
 {
-    return pg->n_held + feed_transit(pg) < pg->p.max_frames && pg->frame_free_head;
+    return pg->n_held + feed_transit(pg) < pg->p.max_frames &&
+           !pg_frame_is_none(pg->frame_free_head);
 }
 
 /* Creates one frame onto the ready list on the caller's thread. -ENOMEM (budget or device
@@ -201,7 +202,7 @@ void paging_feed_drain(struct paging *pg)
     pthread_mutex_lock(&fd->mu);
     for (uint32_t i = 0; i < fd->n_in; i++) {
         uint32_t after = pg->n_held + 1 + fd->creating + fd->releasing + (fd->n_in - i - 1);
-        if (after <= pg->p.max_frames && pg->frame_free_head) {
+        if (after <= pg->p.max_frames && !pg_frame_is_none(pg->frame_free_head)) {
             frame_add(pg, fd->in[i], 0);
         } else {            /* the budget shrank meanwhile */
             if (!release_ok(pg, fd->in[i]))
@@ -513,12 +514,12 @@ void frame_set_used(struct paging *pg, pg_frame_id f)
 
 pg_page_id page_new(struct paging *pg, pg_frame_id frame)
 {
-    pg_page_id id = { pg->page_free_head };
+    pg_page_id id = pg->page_free_head;
     /* max_pages >= cap_frames and every device page holds a frame: never exhausted here */
     KVVM_ASSERT(!pg_page_is_none(id));
     struct pg_page *p = page_at(pg, id);
     pg->page_free_head = p->next_free;
-    p->next_free = 0;
+    p->next_free = PG_PAGE_NONE;
     p->refs = 1;
     p->offs = p->jobs = 0;
     p->tier = PG_TIER_DEVICE;
@@ -564,7 +565,7 @@ void page_put(struct paging *pg, pg_page_id page)
     p->bad = 0;
     p->frame = PG_FRAME_NONE;
     p->next_free = pg->page_free_head;
-    pg->page_free_head = page.v;
+    pg->page_free_head = page;
     pg->n_pages_live--;
 }
 
@@ -573,9 +574,9 @@ void pool_rollback(struct paging *pg, uint32_t mark)
     if (pg->n_created <= mark)
         return;
     /* frames this call created are all ready again (the failed call gave them back) */
-    uint32_t *pp = &pg->ready_head;
-    while (*pp) {
-        pg_frame_id f = { *pp };
+    pg_frame_id *pp = &pg->ready_head;
+    while (!pg_frame_is_none(*pp)) {
+        pg_frame_id f = *pp;
         struct pg_frame *fr = frame_at(pg, f);
         if (fr->serial > mark && !release_ok(pg, fr->h)) {
             fr->serial = 0;                 /* refused: it stays, as a reserve frame */

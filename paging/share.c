@@ -239,7 +239,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         if (rem && pg_slot_is_none(slots[r])) {
             db[whole] = PG_PAGE_NONE;
         } else if (rem) {
-            pg_page_id id = { pg->page_free_head };
+            pg_page_id id = pg->page_free_head;
             struct pg_page *p = page_at(pg, id);
             pg->page_free_head = p->next_free;
             *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
