@@ -35,23 +35,42 @@ static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
     return 0;
 }
 
+/* The tiers' typed slot ids and paging's map one to one, none to none (each tier keeps its
+   own type: host/ and disk/ never include paging's header). The only conversions. */
+static host_slot host_of(pg_slot s)
+{
+    return pg_slot_is_none(s) ? HOST_SLOT_NONE : (host_slot){ s.v };
+}
+static spill_slot spill_of(pg_slot s)
+{
+    return pg_slot_is_none(s) ? SPILL_SLOT_NONE : (spill_slot){ s.v };
+}
+static pg_slot pg_of_host(host_slot s)
+{
+    return s.idx == HOST_SLOT_NONE.idx ? PG_SLOT_NONE : (pg_slot){ s.idx };
+}
+static pg_slot pg_of_spill(spill_slot s)
+{
+    return spill_slot_valid(s) ? (pg_slot){ s.idx } : PG_SLOT_NONE;
+}
+
 static int h_alloc(void *a, pg_slot *slot)
 {
     host_slot s;
     int rc = host_slot_alloc(a, &s);
     if (!rc)
-        *slot = (pg_slot){ s.idx };
+        *slot = pg_of_host(s);
     return rc;
 }
 static void h_free(void *a, pg_slot slot)
 {
-    int rc = host_slot_free(a, (host_slot){ slot.v });
+    int rc = host_slot_free(a, host_of(slot));
     KVVM_ASSERT(rc == 0);                    /* paging frees each host slot once */
     (void)rc;
 }
 static void *h_ptr(void *a, pg_slot slot)
 {
-    return host_slot_ptr(a, (host_slot){ slot.v });
+    return host_slot_ptr(a, host_of(slot));
 }
 
 static size_t h_n_free(void *a)
@@ -60,19 +79,20 @@ static size_t h_n_free(void *a)
 }
 
 /* paging's disk ops over the spill engine: completions go to its queue (reaped by paging
-   under the context lock), so the engine thread never takes the context lock. The typed
-   ids map one to one (pg_slot <-> spill_slot, PG_SLOT_NONE <-> SPILL_SLOT_NONE). */
+   under the context lock), so the engine thread never takes the context lock. Slots map
+   through spill_of / pg_of_spill; a page id travels as the request's page identity (its
+   checksum seed) and its user cookie, and comes back as a pg_page_id in the completion. */
 static int d_alloc(void *a, pg_slot hint, pg_slot *slot)
 {
     spill_slot s;
-    int rc = spill_slot_alloc(a, 1, (spill_slot){ hint.v }, &s);
+    int rc = spill_slot_alloc(a, 1, spill_of(hint), &s);
     if (!rc)
-        *slot = (pg_slot){ s.idx };
+        *slot = pg_of_spill(s);
     return rc;
 }
 static void d_free(void *a, pg_slot slot)
 {
-    int rc = spill_slot_free(a, (spill_slot){ slot.v });
+    int rc = spill_slot_free(a, spill_of(slot));
     KVVM_ASSERT(rc == 0);                    /* once, and with no I/O in flight on it */
     if (rc)
         klog_error("kvvm: freeing disk slot %u failed (%d)", slot.v, rc);
@@ -80,7 +100,7 @@ static void d_free(void *a, pg_slot slot)
 static int d_submit(void *a, bool write, pg_slot slot, void *buf, pg_page_id page)
 {
     struct spill_req r = { .op = write ? SPILL_WRITE : SPILL_READ,
-                           .slot = { slot.v }, .buf = buf, .page = page.v,
+                           .slot = spill_of(slot), .buf = buf, .page = page.v,
                            .user = (void *)(uintptr_t)page.v };
     return spill_submit(a, &r, 1);
 }

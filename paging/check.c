@@ -66,16 +66,16 @@ static int ck_unmapped(struct ck *k, uint64_t va, const char *what)
     return 0;
 }
 
-static int ck_page_ref(struct ck *k, uint32_t id, uint64_t va, const char *what)
+static int ck_page_ref(struct ck *k, pg_page_id id, uint64_t va, const char *what)
 {
     struct paging *pg = k->pg;
-    if (!id || id > pg->p.max_pages)
+    if (pg_page_is_none(id) || id.v > pg->p.max_pages)
         return fail(k, "%s at 0x%llx holds page id %u out of range", what,
-                    (unsigned long long)va, id);
+                    (unsigned long long)va, id.v);
     struct pg_page *p = page_at(pg, id);
     if (p->tier == PG_TIER_NONE)
-        return fail(k, "%s holds page %u whose descriptor is free", what, id);
-    k->refs[id - 1]++;
+        return fail(k, "%s holds page %u whose descriptor is free", what, id.v);
+    k->refs[id.v - 1]++;
     if (!va || !page_has_frame(p))
         return 0;
     return ck_mapped(k, va, page_handle(pg, id), what);
@@ -106,11 +106,11 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
             return fail(k, "slot %u region %u: first_kept %llu past the length %llu", slot, r,
                         (unsigned long long)s->kept[r], (unsigned long long)s->length);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        uint32_t *bt = pg_bt(pg, s, r);
+        pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < pg->pages_per_slot; i++) {
             uint64_t va = pg_va(pg, r, slot, i);
             int rc = 0;
-            if (i < s->n_pages && !bt[i]) {
+            if (i < s->n_pages && pg_page_is_none(bt[i])) {
                 /* a hole (discard.c): the page began below first_kept, nothing mapped */
                 if ((uint64_t)i * pg->p.page_size >= s->kept[r] * pg->p.bytes_per_token)
                     rc = fail(k, "slot %u region %u: hole at page %u at or past first_kept "
@@ -124,20 +124,21 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
             } else if (i < s->n_pages && s->out) {
                 rc = ck_page_ref(k, bt[i], 0, "non-resident page");
                 if (!rc)
-                    k->offs[bt[i] - 1]++;
+                    k->offs[bt[i].v - 1]++;
                 if (!rc && !defer_covers(pg, slot, i))
                     rc = ck_unmapped(k, va, "non-resident sequence's page");
             } else if (i < s->n_pages && page_at(pg, bt[i])->tier == PG_TIER_HOST)
-                rc = fail(k, "slot %u: resident sequence holds host page %u", slot, bt[i]);
+                rc = fail(k, "slot %u: resident sequence holds host page %u", slot, bt[i].v);
             else if (i < s->n_pages)
                 rc = ck_page_ref(k, bt[i], va, "block-table page");
-            else if (bt[i])
+            else if (!pg_page_is_none(bt[i]))
                 rc = fail(k, "slot %u region %u: entry %u past the end is %u", slot, r, i,
-                          bt[i]);
+                          bt[i].v);
             else if (i < s->n_pages + s->n_ahead) {
-                uint32_t f = pg_ahead(pg, s, r)[i - s->n_pages];
+                pg_frame_id f = pg_ahead(pg, s, r)[i - s->n_pages];
                 if (frame_at(pg, f)->state != FR_AHEAD)
-                    rc = fail(k, "slot %u: map-ahead frame %u not in the ahead state", slot, f);
+                    rc = fail(k, "slot %u: map-ahead frame %u not in the ahead state", slot,
+                              f.v);
                 else
                     rc = ck_mapped(k, va, frame_at(pg, f)->h, "map-ahead frame");
             } else if (i == s->n_pages + s->n_ahead && !defer_covers(pg, slot, i))
@@ -157,12 +158,12 @@ static int ck_defer(struct ck *k)
         uint32_t w = d->end - d->first;
         if (d->kind == DF_IN) {
             for (uint32_t i = 0; i < d->n; i++) {
-                if (!d->pages[i])
+                if (pg_page_is_none(d->pages[i]))
                     return fail(k, "swap-in job of slot %u names a hole", d->slot);
                 int rc = ck_page_ref(k, d->pages[i], 0, "swap-in job");
                 if (rc)
                     return rc;
-                k->jobs[d->pages[i] - 1]++;
+                k->jobs[d->pages[i].v - 1]++;
             }
             continue;
         }
@@ -171,14 +172,14 @@ static int ck_defer(struct ck *k)
                         w * pg->p.n_regions);
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < w; i++) {
-                if (!d->pages[r * w + i])
+                if (pg_page_is_none(d->pages[r * w + i]))
                     continue;           /* a hole, or a region a discard left alone */
                 int rc = ck_page_ref(k, d->pages[r * w + i], pg_va(pg, r, d->slot, d->first + i),
                                      d->kind == DF_OUT ? "swap-out job" : "pending release");
                 if (rc)
                     return rc;
                 if (d->kind == DF_OUT)
-                    k->jobs[d->pages[r * w + i] - 1]++;
+                    k->jobs[d->pages[r * w + i].v - 1]++;
             }
     }
     if (n != pg->n_defer)
@@ -194,9 +195,10 @@ static int ck_frames(struct ck *k)
         return fail(k, "%u frames held, budget %u", pg->n_held, pg->p.max_frames);
     for (uint32_t i = 0; i < pg->cap_frames; i++)
         st[pg->frames[i].state & 3]++;
-    for (uint32_t f = pg->ready_head; f && walk <= pg->n_held; f = frame_at(pg, f)->next) {
+    for (pg_frame_id f = pg->ready_head; !pg_frame_is_none(f) && walk <= pg->n_held;
+         f = frame_at(pg, f)->next) {
         if (frame_at(pg, f)->state != FR_READY)
-            return fail(k, "frame %u on the ready list is not ready", f);
+            return fail(k, "frame %u on the ready list is not ready", f.v);
         walk++;
     }
     if (st[FR_NONE] != pg->cap_frames - pg->n_held || st[FR_READY] != pg->n_ready ||
@@ -244,13 +246,15 @@ static int ck_pages(struct ck *k)
         if ((p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE) && !p->jobs)
             return fail(k, "page %u is in flight (tier %u) but no transfer job holds it",
                         i + 1, p->tier);
-        if (p->tier == PG_TIER_HOST && p->frame)
-            return fail(k, "host page %u still names frame %u", i + 1, p->frame);
+        if (p->tier == PG_TIER_HOST && !pg_frame_is_none(p->frame))
+            return fail(k, "host page %u still names frame %u", i + 1, p->frame.v);
         if (page_has_frame(p)) {
             dev++;
-            if (!p->frame || p->frame > pg->cap_frames ||
-                frame_at(pg, p->frame)->state != FR_USED || frame_at(pg, p->frame)->page != i + 1)
-                return fail(k, "page %u names frame %u which does not hold it", i + 1, p->frame);
+            if (pg_frame_is_none(p->frame) || p->frame.v > pg->cap_frames ||
+                frame_at(pg, p->frame)->state != FR_USED ||
+                !pg_page_eq(frame_at(pg, p->frame)->page, (pg_page_id){ i + 1 }))
+                return fail(k, "page %u names frame %u which does not hold it", i + 1,
+                            p->frame.v);
         }
     }
     if (live != pg->n_pages_live || dev != pg->n_used)

@@ -19,22 +19,23 @@ uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r
 {
     uint32_t n = 0;
     for (uint32_t r = r0; r < r1; r++) {
-        const uint32_t *bt = pg_bt(pg, s, r);
+        const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-            n += !bt[i] || page_sharers(page_at(pg, bt[i])) > 1;   /* a hole: a new page */
+            n += pg_page_is_none(bt[i]) ||                  /* a hole: a new page */
+                 page_sharers(page_at(pg, bt[i])) > 1;
     }
     return n;
 }
 
 /* Replaces the mapping at va of page `old` by frame f. On failure va maps old again. */
-static int remap(struct paging *pg, uint64_t va, uint32_t old, uint32_t f)
+static int remap(struct paging *pg, uint64_t va, pg_page_id old, pg_frame_id f)
 {
     int rc = seq_unmap(pg, va, 1);
     if (rc)
         return rc;
     rc = seq_map_frames(pg, va, &f, 1);
     if (rc) {
-        uint32_t of = page_at(pg, old)->frame;
+        pg_frame_id of = page_at(pg, old)->frame;
         if (seq_map_frames(pg, va, &of, 1))
             klog_error("paging: could not restore a mapping after a failed remap");
     }
@@ -42,10 +43,11 @@ static int remap(struct paging *pg, uint64_t va, uint32_t old, uint32_t f)
 }
 
 /* Copies page idx of region r of s into frame f and maps f there. */
-static int cow_one(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t idx, uint32_t f)
+static int cow_one(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t idx,
+                   pg_frame_id f)
 {
     uint64_t va = pg_va(pg, r, pg_slot_of(pg, s), idx);
-    uint32_t old = pg_bt(pg, s, r)[idx];
+    pg_page_id old = pg_bt(pg, s, r)[idx];
     int rc = seq_map_frames(pg, pg->scratch_va, &f, 1);
     if (rc)
         return rc;
@@ -86,7 +88,8 @@ static int undo_reserve(struct cow_undo *u)
 static int cow_step(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i,
                     struct cow_undo *u)
 {
-    uint32_t old = pg_bt(pg, s, r)[i], f;
+    pg_page_id old = pg_bt(pg, s, r)[i];
+    pg_frame_id f;
     int rc = undo_reserve(u);
     if (!rc)
         rc = pool_take_except(pg, 1, &f, s);
@@ -106,9 +109,9 @@ int cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, uin
 {
     uint32_t start = u->n;
     for (uint32_t r = r0; r < r1; r++) {
-        uint32_t *bt = pg_bt(pg, s, r);
+        pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = i0; i < i1 && i < s->n_pages; i++) {
-            if (!bt[i] || page_sharers(page_at(pg, bt[i])) <= 1)
+            if (pg_page_is_none(bt[i]) || page_sharers(page_at(pg, bt[i])) <= 1)
                 continue;               /* (a hole is filled by grow, never copied) */
             int rc = cow_step(pg, s, r, i, u);
             if (rc) {
@@ -127,11 +130,11 @@ void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u)
     uint32_t slot = pg_slot_of(pg, s);
     while (u->n) {
         struct cow_rec *c = &u->rec[--u->n];
-        uint32_t *e = &pg_bt(pg, s, c->r)[c->idx];
+        pg_page_id *e = &pg_bt(pg, s, c->r)[c->idx];
         uint64_t va = pg_va(pg, c->r, slot, c->idx);
         /* the new page was written by nobody but this call: no fence needed */
         if (seq_unmap(pg, va, 1) == 0 || seq_unmap(pg, va, 1) == 0) {
-            uint32_t of = page_at(pg, c->old_page)->frame;
+            pg_frame_id of = page_at(pg, c->old_page)->frame;
             if (seq_map_frames(pg, va, &of, 1))
                 klog_error("paging: copy-on-write undo could not remap slot %u", slot);
         }

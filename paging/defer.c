@@ -59,13 +59,13 @@ static int release_now(struct paging *pg, struct pg_defer *d)
 {
     uint32_t n = d->end - d->first, r = 0;
     /* the first unmap may fail cleanly; once one region is unmapped the rest must follow.
-       Entries 0 are holes (discarded pages, or a region a discard leaves alone): not
-       mapped, no page held */
+       PG_PAGE_NONE entries are holes (discarded pages, or a region a discard leaves
+       alone): not mapped, no page held */
     if (n && d->kind != DF_IN) {
         for (; r < pg->p.n_regions; r++) {
-            const uint32_t *ids = d->pages + (size_t)r * n;
+            const pg_page_id *ids = d->pages + (size_t)r * n;
             uint32_t i = 0;
-            while (i < n && !ids[i])
+            while (i < n && pg_page_is_none(ids[i]))
                 i++;
             if (i == n)
                 continue;
@@ -81,14 +81,15 @@ static int release_now(struct paging *pg, struct pg_defer *d)
     if (d->kind != DF_RELEASE)
         tier_complete_pages(pg, d);
     for (uint32_t i = 0; i < d->n; i++)
-        if (d->pages[i])
+        if (!pg_page_is_none(d->pages[i]))
             page_put(pg, d->pages[i]);
     return 0;
 }
 
-/* region UINT32_MAX: every region; else the other regions' entries are 0 (left alone). */
+/* region UINT32_MAX: every region; else the other regions' entries are PG_PAGE_NONE (left
+   alone). */
 static void gather_pages(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
-                         uint32_t end, uint32_t *out)
+                         uint32_t end, pg_page_id *out)
 {
     uint32_t n = end - first;
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
@@ -130,7 +131,7 @@ int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, u
         return 0;
     uint32_t n = end - first;
     size_t np = (size_t)n * pg->p.n_regions;
-    struct pg_defer *d = malloc(sizeof *d + np * sizeof(uint32_t));
+    struct pg_defer *d = malloc(sizeof *d + np * sizeof d->pages[0]);
     if (!d)
         return -ENOMEM;
     gather_pages(pg, s, region, first, end, d->pages);
@@ -247,7 +248,7 @@ void defer_drop_all(struct paging *pg)
         if (d->kind != DF_RELEASE)
             tier_complete_pages(pg, d);
         for (uint32_t i = 0; i < d->n; i++)
-            if (d->pages[i])            /* 0: a hole */
+            if (!pg_page_is_none(d->pages[i]))     /* none: a hole */
                 page_put(pg, d->pages[i]);
         struct pg_seq *s = &pg->seqs[d->slot];
         if (s->in_job == d)
@@ -301,9 +302,9 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
         return 0;
     if (!seq_quiet(pg, s))
         return pg_device_sync(pg);
-    const uint32_t *bt = pg_bt(pg, s, r);
+    const pg_page_id *bt = pg_bt(pg, s, r);
     for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-        if (bt[i] && page_sharers(page_at(pg, bt[i])) > 1)
+        if (!pg_page_is_none(bt[i]) && page_sharers(page_at(pg, bt[i])) > 1)
             return pg_device_sync(pg);    /* another holder may be in use */
     return 0;
 }

@@ -2,12 +2,12 @@
  * paging/discard.c: sliding-window discard and sequence classes (contract in paging.h,
  * "sliding-window discard and sequence classes").
  *
- * Holes: a discarded page leaves block-table entry 0 below n_pages; the window there is
+ * Holes: a discarded page leaves block-table entry PG_PAGE_NONE below n_pages; the window is
  * unmapped (after the step fence, through the pending-release list, like any release) and
  * the sequence's reference is dropped, so a page shared with a fork or a share target stays
  * with them. Holes of region r always lie in [0, pages wholly before kept[r]), plus, after a
  * truncate below first_kept, possibly the partial last page (seq.c's tail_fill makes it
- * again when the sequence grows past it). Every path over block tables skips entries 0.
+ * again when the sequence grows past it). Every path over block tables skips holes.
  *
  * Classes: the policy (swap/) asks for the CACHED candidates and drops (or demotes) them
  * before it swaps LIVE sequences; this file only does what it is told. A drop releases the
@@ -36,16 +36,16 @@ static void drop_out_entries(struct paging *pg, struct pg_seq *s, uint32_t regio
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         if (region != UINT32_MAX && r != region)
             continue;
-        uint32_t *bt = pg_bt(pg, s, r);
+        pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < end; i++) {
-            if (!bt[i])
+            if (pg_page_is_none(bt[i]))
                 continue;
             struct pg_page *p = page_at(pg, bt[i]);
             page_count(pg, p, -1);      /* (the HOST-page and orphan counts follow) */
             p->offs--;
             page_count(pg, p, 1);
             page_put(pg, bt[i]);
-            bt[i] = 0;
+            bt[i] = PG_PAGE_NONE;
         }
     }
 }
@@ -65,9 +65,9 @@ int paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t 
     for (uint32_t r = 0; r < nr; r++) {
         if (region != UINT32_MAX && r != region)
             continue;
-        const uint32_t *bt = pg_bt(pg, s, r);
+        const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < end; i++)
-            if (bt[i]) {
+            if (!pg_page_is_none(bt[i])) {
                 cnt++;
                 lo = i < lo ? i : lo;
             }
@@ -190,8 +190,8 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
         uint32_t frees = 0, dev = 0;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
-                uint32_t id = pg_bt(pg, s, r)[j];
-                if (!id)
+                pg_page_id id = pg_bt(pg, s, r)[j];
+                if (pg_page_is_none(id))
                     continue;
                 const struct pg_page *p = page_at(pg, id);
                 dev += p->tier == PG_TIER_DEVICE;

@@ -28,7 +28,7 @@ void paging_disk_wait_io(struct paging *pg)
         pg->disk.wait(pg->disk.arg);
 }
 
-static void dio_end(struct paging *pg, uint32_t id)
+static void dio_end(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     p->jobs--;
@@ -36,15 +36,9 @@ static void dio_end(struct paging *pg, uint32_t id)
     page_put(pg, id);
 }
 
-/* The clustering hint of the next disk allocation. */
-static pg_slot disk_hint(const struct paging *pg)
-{
-    return pg->disk_hint > UINT32_MAX ? PG_SLOT_NONE : (pg_slot){ (uint32_t)pg->disk_hint };
-}
-
 static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 {
-    struct pg_page *p = page_at(pg, d->page.v);
+    struct pg_page *p = page_at(pg, d->page);
     page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
         /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
@@ -99,7 +93,7 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
         return;
     }
     page_count(pg, p, 1);
-    dio_end(pg, d->page.v);
+    dio_end(pg, d->page);
 }
 
 int paging_disk_reap(struct paging *pg)
@@ -124,20 +118,20 @@ int paging_disk_wait(struct paging *pg)
 }
 
 /* HOST -> TO_DISK: allocates a disk slot and submits the write. -ENOMEM disk full. */
-static int spill_page(struct paging *pg, uint32_t id)
+static int spill_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
-    int rc = pg->disk.alloc(pg->disk.arg, disk_hint(pg), &slot);
+    int rc = pg->disk.alloc(pg->disk.arg, pg->disk_hint, &slot);   /* clustered after it */
     if (rc)
         return rc;
     rc = pg->disk.submit(pg->disk.arg, true, slot, pg->p.host->ptr(pg->p.host->arg,
-                         p->host_slot), (pg_page_id){ id });
+                         p->host_slot), id);
     if (rc) {
         pg->disk.free(pg->disk.arg, slot);
         return rc;
     }
-    pg->disk_hint = slot.v;
+    pg->disk_hint = slot;
     p->disk_slot = slot;
     page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
@@ -169,11 +163,11 @@ size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t ma
 }
 
 /* Whether sequence ex holds page id. */
-static bool seq_holds(struct paging *pg, struct pg_seq *ex, uint32_t id)
+static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
 {
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t j = 0; j < ex->n_pages; j++)
-            if (pg_bt(pg, ex, q)[j] == id)
+            if (pg_page_eq(pg_bt(pg, ex, q)[j], id))
                 return true;
     return false;
 }
@@ -193,9 +187,9 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     if (s == ex || !s->out)
         return 0;
     for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
-        const uint32_t *bt = pg_bt(pg, s, r);
+        const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
-            if (!bt[i])
+            if (pg_page_is_none(bt[i]))
                 continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, bt[i]);
             if (p->tier != PG_TIER_HOST)
@@ -211,20 +205,20 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     return *started ? 0 : rc;
 }
 
-void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n)
+void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++)        /* ids[i] 0: a hole (discard.c) */
-        if (ids[i] && page_in_dio(page_at(pg, ids[i]))) {
+    for (uint32_t i = 0; i < n; i++)        /* ids[i] none: a hole (discard.c) */
+        if (!pg_page_is_none(ids[i]) && page_in_dio(page_at(pg, ids[i]))) {
             paging_disk_wait(pg);
             return;
         }
 }
 
-int disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *ndisk)
+int disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
 {
     *ndisk = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (!ids[i])
+        if (pg_page_is_none(ids[i]))
             continue;                       /* a hole (discard.c) */
         const struct pg_page *p = page_at(pg, ids[i]);
         if (p->tier == PG_TIER_DISK && p->bad)
@@ -237,7 +231,7 @@ int disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *n
 int disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : disk_hint(pg), &out[k]);
+        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : pg->disk_hint, &out[k]);
         if (rc) {
             disk_slots_give(pg, out, k);
             return rc;
@@ -252,7 +246,7 @@ void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n)
         pg->disk.free(pg->disk.arg, ds[--n]);
 }
 
-int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_seq *excl)
+int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
 {
     if (!pg->disk.alloc)
         return 0;
@@ -265,8 +259,8 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n && !rc; i++) {
-        uint32_t id = ids[i];
-        if (!id)
+        pg_page_id id = ids[i];
+        if (pg_page_is_none(id))
             continue;
         struct pg_page *p = page_at(pg, id);
         if (p->tier != PG_TIER_DISK)
@@ -275,7 +269,7 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
         if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs)))
             break;
         rc = pg->disk.submit(pg->disk.arg, false, p->disk_slot,
-                             pg->p.host->ptr(pg->p.host->arg, hs), (pg_page_id){ id });
+                             pg->p.host->ptr(pg->p.host->arg, hs), id);
         if (rc) {
             pg->p.host->free(pg->p.host->arg, hs);
             break;
@@ -292,7 +286,7 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n; i++) {
-        if (!ids[i])
+        if (pg_page_is_none(ids[i]))
             continue;
         struct pg_page *p = page_at(pg, ids[i]);
         if (p->tier == PG_TIER_DISK)
@@ -301,8 +295,8 @@ int disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_s
     return 0;
 }
 
-int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_slot *dslots,
-                  const pg_slot *hslots, uint32_t n)
+int disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+                  const pg_slot *dslots, const pg_slot *hslots, uint32_t n)
 {
     int rc = 0;
     uint32_t k = 0;
@@ -310,7 +304,7 @@ int disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_s
     for (; k < n; k++) {
         rc = pg->disk.submit(pg->disk.arg, write, dslots[k],
                              pg->p.host->ptr(pg->p.host->arg, hslots[k]),
-                             (pg_page_id){ ids[k] });
+                             ids[k]);
         if (rc)
             break;
         struct pg_page *p = page_at(pg, ids[k]);
@@ -347,7 +341,7 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
-                if (pg_bt(pg, excl, r)[i])      /* 0: a hole (discard.c) */
+                if (!pg_page_is_none(pg_bt(pg, excl, r)[i]))    /* a hole (discard.c) */
                     n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
     return n;
 }

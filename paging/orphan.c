@@ -14,7 +14,7 @@
    it is complete (defer.c). So the copy is ordered after nothing but the copy stream's own
    earlier work, and nothing is recorded on or enqueued onto the engine stream: the reclaim
    thread calls this, and a graph capture may begin on the engine stream at any time. */
-static int orphan_move(struct paging *pg, uint32_t id)
+static int orphan_move(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
@@ -56,7 +56,7 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved)
         if (!page_orphan(&pg->pages[i]))
             continue;
         left--;
-        if ((rc = orphan_move(pg, i + 1)) == 0)
+        if ((rc = orphan_move(pg, (pg_page_id){ i + 1 })) == 0)
             (*moved)++;
     }
     return rc;

@@ -51,7 +51,7 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     } else {
         pg->p.disk = NULL;
     }
-    pg->disk_hint = UINT64_MAX;
+    pg->disk_hint = PG_SLOT_NONE;
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;

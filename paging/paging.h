@@ -38,11 +38,20 @@
 #include <stdint.h>
 #include "vmm/vmm.h"
 
-/* Typed ids (index + 1; 0 = none) so pages, frames and slots cannot be mixed up. */
+/* Typed ids (page and frame ids: index + 1, 0 = none) so pages, frames and slots cannot be
+   mixed up: passing one where another is expected is a compile error. Test them with the
+   predicates below, not through .v (an array index inside one function may use .v). */
 typedef struct { uint32_t v; } pg_page_id;
 typedef struct { uint32_t v; } pg_frame_id;
 typedef struct { uint32_t v; } pg_slot;      /* slot number itself (0-based) */
-#define PG_SLOT_NONE ((pg_slot){ UINT32_MAX })  /* no slot (a disk allocation's hint: none) */
+#define PG_PAGE_NONE  ((pg_page_id){ 0 })     /* no page (a block table's hole) */
+#define PG_FRAME_NONE ((pg_frame_id){ 0 })    /* no frame (a hole in a frame array) */
+#define PG_SLOT_NONE  ((pg_slot){ UINT32_MAX })  /* no slot (a disk allocation's hint: none) */
+static inline bool pg_page_is_none(pg_page_id p) { return p.v == 0; }
+static inline bool pg_frame_is_none(pg_frame_id f) { return f.v == 0; }
+static inline bool pg_slot_is_none(pg_slot s) { return s.v == UINT32_MAX; }
+static inline bool pg_page_eq(pg_page_id a, pg_page_id b) { return a.v == b.v; }
+static inline bool pg_frame_eq(pg_frame_id a, pg_frame_id b) { return a.v == b.v; }
 
 /* Where a page's bytes are. In-flight states count under the tier they leave. */
 enum pg_tier {
@@ -325,7 +334,7 @@ uint32_t paging_disk_inflight(const struct paging *pg);
 bool paging_has_disk(const struct paging *pg);
 
 /* ---- sliding-window discard and sequence classes (discard.c) ----
- * A discarded page is a *hole*: block-table entry 0 below n_pages, unmapped, holding no
+ * A discarded page is a *hole*: block-table entry PG_PAGE_NONE below n_pages, unmapped, no
  * page. Holes of region r lie below its first_kept (pages wholly before it; after a
  * truncate below first_kept, also the partial last page, filled again by the next grow).
  * Every path over block tables skips holes: swap, spill, fork, share, info, need, checker.

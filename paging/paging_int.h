@@ -35,8 +35,8 @@ struct pg_frame {
     uint8_t    state;      /* enum pg_frame_state */
     uint8_t    listed;     /* on the ready list now (a frame popped and given back, e.g. a
                               refused release, is FR_READY and off it) */
-    uint32_t   next;       /* FR_READY: next ready frame id (0 = end); FR_NONE: next free id */
-    uint32_t   page;       /* FR_USED: the page id it holds */
+    pg_frame_id next;      /* FR_READY: next ready frame (none = end); FR_NONE: next free id */
+    pg_page_id page;       /* FR_USED: the page id it holds */
     uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by
                               the pool thread); pool_rollback releases those above a mark */
 };
@@ -74,8 +74,8 @@ struct pg_page {
                               refs - offs = holders mapping it in a window */
     uint32_t jobs;         /* of refs: transfer jobs (DF_OUT / DF_IN) */
     uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
-    uint32_t frame;        /* PG_TIER_DEVICE: frame id */
-    uint32_t next_free;    /* PG_TIER_NONE: next free descriptor id */
+    pg_frame_id frame;     /* PG_TIER_DEVICE: frame id */
+    pg_page_id next_free;  /* PG_TIER_NONE: next free descriptor id */
     pg_slot  host_slot;    /* PG_TIER_HOST (swap) */
     pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
@@ -100,7 +100,7 @@ struct pg_defer {
     uint32_t  first, end;  /* page indices [first, end) in every region */
     uint8_t   kind;
     uint32_t  n;           /* entries in pages[] */
-    uint32_t  pages[];     /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
+    pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
 };
 
 struct pg_seq {
@@ -117,13 +117,14 @@ struct pg_seq {
                               DF_OUT may still hold the mapping until its fence) */
     uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
-    uint32_t *bt;          /* n_regions * pages_per_slot page ids, region-major; lazily made */
-    uint32_t *ahead;       /* n_regions * map_ahead frame ids */
+    pg_page_id *bt;        /* n_regions * pages_per_slot page ids, region-major; lazily made
+                              (PG_PAGE_NONE: a hole) */
+    pg_frame_id *ahead;    /* n_regions * map_ahead frame ids */
     uint32_t  next_free;   /* free slot list */
     /* discard and classes (discard.c) */
     uint64_t *kept;        /* n_regions first_kept values (tokens; 0 = nothing discarded);
-                              made with bt. A block-table entry 0 below n_pages is a hole:
-                              a discarded page (unmapped, no page held) */
+                              made with bt. A block-table entry PG_PAGE_NONE below n_pages
+                              is a hole: a discarded page (unmapped, no page held) */
     uint8_t   cls;         /* enum pg_seq_class */
     uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
 };
@@ -139,12 +140,14 @@ struct paging {
     struct pg_frame *frames;   /* cap_frames */
     uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
     uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
-    uint32_t n_held, n_ready, n_ahead, n_used, ready_head;
-    uint32_t frame_free_head;  /* FR_NONE ids (0 = none) */
+    uint32_t n_held, n_ready, n_ahead, n_used;
+    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
+    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
     uint32_t chunk;            /* frames created ahead per refill without a pool thread */
     struct pg_feed feed;
     struct pg_page *pages;     /* max_pages */
-    uint32_t page_free_head, n_pages_live;
+    pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
+    uint32_t n_pages_live;
 
     /* sequences */
     struct pg_seq *seqs;       /* max_seqs */
@@ -180,7 +183,7 @@ struct paging {
     uint32_t n_disk;           /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
-    uint64_t disk_hint;        /* last slot allocated (clustering); UINT64_MAX: none yet */
+    pg_slot  disk_hint;        /* last slot allocated (clustering); PG_SLOT_NONE: none yet */
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
@@ -196,14 +199,14 @@ static inline uint64_t pg_va(const struct paging *pg, uint32_t r, uint32_t slot,
 {
     return paging_window(pg, r, slot) + (uint64_t)idx * pg->p.page_size;
 }
-static inline uint32_t *pg_bt(const struct paging *pg, struct pg_seq *s, uint32_t r)
+static inline pg_page_id *pg_bt(const struct paging *pg, struct pg_seq *s, uint32_t r)
 {
     return s->bt + (size_t)r * pg->pages_per_slot;
 }
 /* Region r's map-ahead frames. With map_ahead = 0 there is no array (s->ahead is NULL) and
    the result is NULL: arithmetic on a null pointer, even + 0, is undefined (C11 6.5.6), so
    callers add an offset only when they index at least one frame. */
-static inline uint32_t *pg_ahead(const struct paging *pg, struct pg_seq *s, uint32_t r)
+static inline pg_frame_id *pg_ahead(const struct paging *pg, struct pg_seq *s, uint32_t r)
 {
     return s->ahead ? s->ahead + (size_t)r * pg->p.map_ahead : NULL;
 }
@@ -227,15 +230,15 @@ void pool_fini(struct paging *pg);
 uint32_t pool_available(const struct paging *pg);
 /* Takes n frames (ready first, then created, then stolen from map-ahead) into out; all or
    nothing. -ENOMEM, -EIO. Frames come back FR_USED with no page yet. */
-int  pool_take(struct paging *pg, uint32_t n, uint32_t *out);
+int  pool_take(struct paging *pg, uint32_t n, pg_frame_id *out);
 /* As pool_take, never stealing the map-ahead of `except`. */
-int  pool_take_except(struct paging *pg, uint32_t n, uint32_t *out, struct pg_seq *except);
+int  pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_seq *except);
 /* Takes up to n ready frames (no create, no steal); returns how many. */
-uint32_t pool_take_ready(struct paging *pg, uint32_t n, uint32_t *out);
-void frame_set_ahead(struct paging *pg, uint32_t f);
-void frame_set_used(struct paging *pg, uint32_t f);
+uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out);
+void frame_set_ahead(struct paging *pg, pg_frame_id f);
+void frame_set_used(struct paging *pg, pg_frame_id f);
 /* Returns frames that hold no page (unmapped) to the ready list. */
-void pool_give(struct paging *pg, const uint32_t *f, uint32_t n);
+void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n);
 /* Releases the frames a failed call created on its own thread since mark = pg->n_created
    (they are all ready again), so it leaves no new handle behind (frames the pool thread
    delivered meanwhile stay: they are the reserve). */
@@ -246,13 +249,19 @@ void pool_refill(struct paging *pg, uint32_t ready);
 /* Releases ready frames until at most keep are ready; returns how many it released. */
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
 /* New page descriptor in the device tier holding frame f (refs 1). */
-uint32_t page_new(struct paging *pg, uint32_t frame);
-void page_get(struct paging *pg, uint32_t page);
+pg_page_id page_new(struct paging *pg, pg_frame_id frame);
+void page_get(struct paging *pg, pg_page_id page);
 /* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
-void page_put(struct paging *pg, uint32_t page);
-static inline struct pg_page *page_at(struct paging *pg, uint32_t id) { return &pg->pages[id - 1]; }
-static inline struct pg_frame *frame_at(struct paging *pg, uint32_t id) { return &pg->frames[id - 1]; }
-static inline vmm_handle page_handle(struct paging *pg, uint32_t page)
+void page_put(struct paging *pg, pg_page_id page);
+static inline struct pg_page *page_at(struct paging *pg, pg_page_id id)
+{
+    return &pg->pages[id.v - 1];
+}
+static inline struct pg_frame *frame_at(struct paging *pg, pg_frame_id id)
+{
+    return &pg->frames[id.v - 1];
+}
+static inline vmm_handle page_handle(struct paging *pg, pg_page_id page)
 {
     return frame_at(pg, page_at(pg, page)->frame)->h;
 }
@@ -273,7 +282,7 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 }
 /* One more holder of the page among non-resident sequences (a reference it maps nothing
    with: fork or share of a non-resident sequence). */
-static inline void page_get_off(struct paging *pg, uint32_t id)
+static inline void page_get_off(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     page_count(pg, p, -1);
@@ -298,30 +307,33 @@ static inline void page_release_slot(struct paging *pg, struct pg_page *p, uint8
 /* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
 static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
 {
-    uint32_t f = p->frame;
-    p->frame = 0;
-    frame_at(pg, f)->page = 0;
+    pg_frame_id f = p->frame;
+    p->frame = PG_FRAME_NONE;
+    frame_at(pg, f)->page = PG_PAGE_NONE;
     pool_give(pg, &f, 1);
 }
 /* Page id takes frame f (already FR_USED). Typed: a page id and a frame id cannot be
    swapped silently. */
 static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id f)
 {
-    page_at(pg, id.v)->frame = f.v;
-    frame_at(pg, f.v)->page = id.v;
+    page_at(pg, id)->frame = f;
+    frame_at(pg, f)->page = id;
 }
 
 /* seq.c */
 int  seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
-                   const uint32_t *pages, uint32_t n);
-int  seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n);
+                   const pg_page_id *pages, uint32_t n);
+int  seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n);
 int  seq_unmap(struct paging *pg, uint64_t va, uint32_t n);
 void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n);
-/* Unmaps the pages at va + i * page_size for the i < n with ids[i] != 0 (holes, id 0, are
-   not mapped), one unmap per run. The first run's unmap may fail cleanly (returned, nothing
-   unmapped); a later one is retried and logged (_must: every failure is). */
-int  seq_unmap_holes(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n);
-void seq_unmap_holes_must(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n);
+/* Unmaps the pages at va + i * page_size for the i < n with ids[i] not PG_PAGE_NONE (holes
+   are not mapped), one unmap per run. The first run's unmap may fail cleanly (returned,
+   nothing unmapped); a later one is retried and logged (_must: every failure is). The
+   _frames variants do the same over frame ids (PG_FRAME_NONE: a hole). */
+int  seq_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
+void seq_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
+int  seq_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
+void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
 void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
 /* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`;
    the frames go to the ready list. -ENOMEM none. */
@@ -374,17 +386,17 @@ int  tier_copy_host_in(struct paging *pg, struct pg_seq *s);
 uint32_t tier_count(struct paging *pg, struct pg_seq *s, uint8_t tier);
 /* The frame per window page of s (region-major, n_regions * n_pages): the page's own, or the
    next of fresh for a HOST page (and a DISK page if disk). */
-void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fresh, bool disk,
-                        uint32_t *fr);
+void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *fresh,
+                        bool disk, pg_frame_id *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
-int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr);
+int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
 /* Device frames freed if every sequence of c[0..n) let go of its pages: pages all of whose
    holders (resident_only: all of whose holders mapping it) are in the set. */
 uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
                            bool resident_only);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
-void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr,
-                            uint32_t nr);
+void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np,
+                            const pg_frame_id *fr, uint32_t nr);
 /* Unmaps [0, np) of slot in every region: the first may fail (nothing changed), not the rest. */
 int  tier_unmap_window(struct paging *pg, struct pg_seq *s);
 /* Residency flips of a committed swap (the pages' offs are the caller's). */
@@ -421,14 +433,14 @@ static inline bool page_has_frame(const struct pg_page *p)
 /* Brings the DISK pages among ids[0..n) to the host tier (reads, waits, verifies); waits for
    pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
    -EBADMSG a page is damaged, -ENOMEM no host room. */
-int  disk_unspill(struct paging *pg, const uint32_t *ids, uint32_t n, struct pg_seq *excl);
+int  disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
 /* Staged I/O: transfers page ids[i] between disk slot dslots[i] and host slot hslots[i]
    (write: host -> disk) for i < n, and waits for all of it. The pages keep their tier; the
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  disk_stage_io(struct paging *pg, bool write, const uint32_t *ids, const pg_slot *dslots,
-                   const pg_slot *hslots, uint32_t n);
+int  disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+                   const pg_slot *dslots, const pg_slot *hslots, uint32_t n);
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
 uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
@@ -437,10 +449,10 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
 int  disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out);
 void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
-void disk_settle(struct paging *pg, const uint32_t *ids, uint32_t n);
+void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0
    with *ndisk the DISK pages among them. */
-int  disk_damaged(struct paging *pg, const uint32_t *ids, uint32_t n, uint32_t *ndisk);
+int  disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 static inline bool page_in_dio(const struct pg_page *p)
 {
     return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;
@@ -457,10 +469,10 @@ int  pg_device_sync(struct paging *pg);
    after it). The block table entries are the caller's to clear. -ENOMEM, -EIO (nothing
    changed then). */
 int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
-/* As defer_release, for one region (UINT32_MAX: every region; block-table entries 0, holes,
-   are skipped). lib: the caller may be a library thread and s is not protected: a fence
-   is recorded on the copy stream after the step fence, never on the engine stream
-   (-EBUSY when there is none to order after). */
+/* As defer_release, for one region (UINT32_MAX: every region; block-table holes,
+   PG_PAGE_NONE, are skipped). lib: the caller may be a library thread and s is not
+   protected: a fence is recorded on the copy stream after the step fence, never on the
+   engine stream (-EBUSY when there is none to order after). */
 int  defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
                           uint32_t end, bool lib);
 /* Completes a pending entry whose fence completed and frees it (unlinked by the caller). */
@@ -498,7 +510,7 @@ void seq_clamp_kept(struct paging *pg, struct pg_seq *s);
 /* cow.c: copy-on-write over regions [r0, r1) x page indices [i0, i1) of s. */
 struct cow_undo {
     uint32_t n, cap;
-    struct cow_rec { uint32_t r, idx, old_page; } *rec;
+    struct cow_rec { uint32_t r, idx; pg_page_id old_page; } *rec;
 };
 /* Shared pages (refs > 1) in the range. */
 uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1,

@@ -32,11 +32,11 @@ int pool_init(struct paging *pg)
     if (!pg->frames || !pg->pages || !pg->feed.in)
         goto out_free;
     for (uint32_t i = 0; i < pg->cap_frames; i++)
-        pg->frames[i].next = i + 2 <= pg->cap_frames ? i + 2 : 0;
-    pg->frame_free_head = pg->cap_frames ? 1 : 0;
+        pg->frames[i].next = (pg_frame_id){ i + 2 <= pg->cap_frames ? i + 2 : 0 };
+    pg->frame_free_head = (pg_frame_id){ pg->cap_frames ? 1 : 0 };
     for (uint32_t i = 0; i < pg->p.max_pages; i++)
-        pg->pages[i].next_free = i + 2 <= pg->p.max_pages ? i + 2 : 0;
-    pg->page_free_head = pg->p.max_pages ? 1 : 0;
+        pg->pages[i].next_free = (pg_page_id){ i + 2 <= pg->p.max_pages ? i + 2 : 0 };
+    pg->page_free_head = (pg_page_id){ pg->p.max_pages ? 1 : 0 };
     pthread_mutex_init(&pg->feed.mu, NULL);
     pthread_cond_init(&pg->feed.cv, NULL);
     return 0;
@@ -74,13 +74,13 @@ void pool_fini(struct paging *pg)
     pg->feed.in = NULL;
 }
 
-static void ready_push(struct paging *pg, uint32_t f)
+static void ready_push(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(!fr->listed);                /* on the ready list once */
     fr->listed = 1;
     fr->state = FR_READY;
-    fr->page = 0;
+    fr->page = PG_PAGE_NONE;
     fr->next = pg->ready_head;
     pg->ready_head = f;
     pg->n_ready++;
@@ -90,24 +90,24 @@ static void ready_push(struct paging *pg, uint32_t f)
         pg->feed.wake(pg->feed.wake_arg);
 }
 
-static uint32_t ready_pop(struct paging *pg)
+static pg_frame_id ready_pop(struct paging *pg)
 {
-    uint32_t f = pg->ready_head;
-    KVVM_ASSERT(f != 0 && pg->n_ready > 0);  /* callers pop only what is ready */
+    pg_frame_id f = pg->ready_head;
+    KVVM_ASSERT(!pg_frame_is_none(f) && pg->n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
     pg->ready_head = fr->next;
     fr->listed = 0;
     pg->n_ready--;
     if (pg->n_ready < pg->feed.ready_min)
         pg->feed.ready_min = pg->n_ready;
-    fr->next = 0;
+    fr->next = PG_FRAME_NONE;
     return f;
 }
 
 /* A new frame id for handle h, onto the ready list. The caller checked the budget. */
-static uint32_t frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
+static pg_frame_id frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
 {
-    uint32_t f = pg->frame_free_head;
+    pg_frame_id f = pg->frame_free_head;
     struct pg_frame *fr = frame_at(pg, f);
     pg->frame_free_head = fr->next;
     fr->h = h;
@@ -120,7 +120,7 @@ static uint32_t frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
 
 /* Gives frame id f (off every list, unused) back to the free ids; its handle is the
    caller's to release. */
-static void frame_forget(struct paging *pg, uint32_t f)
+static void frame_forget(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     fr->state = FR_NONE;
@@ -141,7 +141,8 @@ static uint32_t feed_transit(struct paging *pg)
 
 static bool budget_room(struct paging *pg)
 {
-    return pg->n_held + feed_transit(pg) < pg->p.max_frames && pg->frame_free_head;
+    return pg->n_held + feed_transit(pg) < pg->p.max_frames &&
+           !pg_frame_is_none(pg->frame_free_head);
 }
 
 /* Creates one frame onto the ready list on the caller's thread. -ENOMEM (budget or device
@@ -185,7 +186,7 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
 {
     uint32_t n = 0;
     while (pg->n_ready > keep) {
-        uint32_t f = ready_pop(pg);
+        pg_frame_id f = ready_pop(pg);
         if (!release_ok(pg, frame_at(pg, f)->h)) {
             ready_push(pg, f);
             break;
@@ -205,7 +206,7 @@ void paging_feed_drain(struct paging *pg)
     pthread_mutex_lock(&fd->mu);
     for (uint32_t i = 0; i < fd->n_in; i++) {
         uint32_t after = pg->n_held + 1 + fd->creating + fd->releasing + (fd->n_in - i - 1);
-        if (after <= pg->p.max_frames && pg->frame_free_head) {
+        if (after <= pg->p.max_frames && !pg_frame_is_none(pg->frame_free_head)) {
             frame_add(pg, fd->in[i], 0);
         } else {            /* the budget shrank meanwhile */
             if (!release_ok(pg, fd->in[i]))
@@ -307,7 +308,7 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < release; i++) {
-        uint32_t f = ready_pop(pg);
+        pg_frame_id f = ready_pop(pg);
         pl->rel[i] = frame_at(pg, f)->h;
         frame_forget(pg, f);
     }
@@ -452,7 +453,7 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
     return 0;
 }
 
-int pool_take_except(struct paging *pg, uint32_t n, uint32_t *out, struct pg_seq *except)
+int pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_seq *except)
 {
     if (pg->feed.suppress) {          /* a call needs device pages: kvvm_trim's pause ends */
         pthread_mutex_lock(&pg->feed.mu);
@@ -471,12 +472,12 @@ int pool_take_except(struct paging *pg, uint32_t n, uint32_t *out, struct pg_seq
     return 0;
 }
 
-int pool_take(struct paging *pg, uint32_t n, uint32_t *out)
+int pool_take(struct paging *pg, uint32_t n, pg_frame_id *out)
 {
     return pool_take_except(pg, n, out, NULL);
 }
 
-uint32_t pool_take_ready(struct paging *pg, uint32_t n, uint32_t *out)
+uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out)
 {
     uint32_t k = n < pg->n_ready ? n : pg->n_ready;
     for (uint32_t i = 0; i < k; i++) {
@@ -489,7 +490,7 @@ uint32_t pool_take_ready(struct paging *pg, uint32_t n, uint32_t *out)
     return k;
 }
 
-void pool_give(struct paging *pg, const uint32_t *f, uint32_t n)
+void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         struct pg_frame *fr = frame_at(pg, f[i]);
@@ -501,7 +502,7 @@ void pool_give(struct paging *pg, const uint32_t *f, uint32_t n)
     }
 }
 
-void frame_set_ahead(struct paging *pg, uint32_t f)
+void frame_set_ahead(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(fr->state == FR_USED);       /* a taken frame, mapped ahead */
@@ -511,7 +512,7 @@ void frame_set_ahead(struct paging *pg, uint32_t f)
     pg->n_ahead++;
 }
 
-void frame_set_used(struct paging *pg, uint32_t f)
+void frame_set_used(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(fr->state == FR_USED || fr->state == FR_AHEAD);  /* taken, not ready */
@@ -524,14 +525,14 @@ void frame_set_used(struct paging *pg, uint32_t f)
 
 /* ---- page descriptors --------------------------------------------------------------- */
 
-uint32_t page_new(struct paging *pg, uint32_t frame)
+pg_page_id page_new(struct paging *pg, pg_frame_id frame)
 {
-    uint32_t id = pg->page_free_head;
+    pg_page_id id = pg->page_free_head;
     /* max_pages >= cap_frames and every device page holds a frame: never exhausted here */
-    KVVM_ASSERT(id != 0);
+    KVVM_ASSERT(!pg_page_is_none(id));
     struct pg_page *p = page_at(pg, id);
     pg->page_free_head = p->next_free;
-    p->next_free = 0;
+    p->next_free = PG_PAGE_NONE;
     p->refs = 1;
     p->offs = p->jobs = 0;
     p->tier = PG_TIER_DEVICE;
@@ -544,7 +545,7 @@ uint32_t page_new(struct paging *pg, uint32_t frame)
     return id;
 }
 
-void page_get(struct paging *pg, uint32_t page)
+void page_get(struct paging *pg, pg_page_id page)
 {
     struct pg_page *p = page_at(pg, page);
     KVVM_ASSERT(p->tier != PG_TIER_NONE);                  /* a live descriptor */
@@ -553,7 +554,7 @@ void page_get(struct paging *pg, uint32_t page)
     page_count(pg, p, 1);
 }
 
-void page_put(struct paging *pg, uint32_t page)
+void page_put(struct paging *pg, pg_page_id page)
 {
     struct pg_page *p = page_at(pg, page);
     KVVM_ASSERT(p->refs > 0 && p->tier != PG_TIER_NONE);   /* no put without a get */
@@ -562,8 +563,8 @@ void page_put(struct paging *pg, uint32_t page)
         page_count(pg, p, 1);
         return;
     }
-    if (p->tier == PG_TIER_DEVICE && p->frame) {
-        uint32_t f = p->frame;
+    if (p->tier == PG_TIER_DEVICE && !pg_frame_is_none(p->frame)) {
+        pg_frame_id f = p->frame;
         pg->n_used--;
         ready_push(pg, f);
     } else if (p->tier == PG_TIER_HOST) {
@@ -575,7 +576,7 @@ void page_put(struct paging *pg, uint32_t page)
     }
     p->tier = PG_TIER_NONE;
     p->bad = 0;
-    p->frame = 0;
+    p->frame = PG_FRAME_NONE;
     p->next_free = pg->page_free_head;
     pg->page_free_head = page;
     pg->n_pages_live--;
@@ -586,9 +587,9 @@ void pool_rollback(struct paging *pg, uint32_t mark)
     if (pg->n_created <= mark)
         return;
     /* frames this call created are all ready again (the failed call gave them back) */
-    uint32_t *pp = &pg->ready_head;
-    while (*pp) {
-        uint32_t f = *pp;
+    pg_frame_id *pp = &pg->ready_head;
+    while (!pg_frame_is_none(*pp)) {
+        pg_frame_id f = *pp;
         struct pg_frame *fr = frame_at(pg, f);
         if (fr->serial > mark && !release_ok(pg, fr->h)) {
             fr->serial = 0;                 /* refused: it stays, as a reserve frame */

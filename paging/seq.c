@@ -27,7 +27,7 @@ uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
 /* ---- mappings ----------------------------------------------------------------------- */
 
 /* One run of frames (no hole) at va. */
-static int map_run(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n)
+static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
 {
     vmm_handle hs[64] = { 0 };
     vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
@@ -43,20 +43,20 @@ static int map_run(struct paging *pg, uint64_t va, const uint32_t *frames, uint3
     return rc;
 }
 
-/* Frame id 0 is a hole (a discarded page, discard.c): left unmapped, so each run of frames
-   between holes is mapped on its own (one set-access per run). All or nothing. */
-int seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint32_t n)
+/* PG_FRAME_NONE is a hole (a discarded page, discard.c): left unmapped, so each run of
+   frames between holes is mapped on its own (one set-access per run). All or nothing. */
+int seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
 {
     for (uint32_t i = 0, j; i < n; i = j) {
-        if (!frames[i]) {
+        if (pg_frame_is_none(frames[i])) {
             j = i + 1;
             continue;
         }
-        for (j = i; j < n && frames[j]; j++)
+        for (j = i; j < n && !pg_frame_is_none(frames[j]); j++)
             ;
         int rc = map_run(pg, va + (uint64_t)i * pg->p.page_size, frames + i, j - i);
         if (rc) {
-            seq_unmap_holes_must(pg, va, frames, i);
+            seq_unmap_frames_must(pg, va, frames, i);
             return rc;
         }
     }
@@ -64,16 +64,16 @@ int seq_map_frames(struct paging *pg, uint64_t va, const uint32_t *frames, uint3
 }
 
 int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
-                  const uint32_t *pages, uint32_t n)
+                  const pg_page_id *pages, uint32_t n)
 {
     if (!n)
         return 0;
-    uint32_t fs[64] = { 0 };
-    uint32_t *f = n <= 64 ? fs : malloc(n * sizeof *f);
+    pg_frame_id fs[64] = { 0 };
+    pg_frame_id *f = n <= 64 ? fs : malloc(n * sizeof *f);
     if (!f)
         return -ENOMEM;
-    for (uint32_t i = 0; i < n; i++)
-        f[i] = pages[i] ? page_at(pg, pages[i])->frame : 0;     /* 0: a hole */
+    for (uint32_t i = 0; i < n; i++)                            /* a hole stays a hole */
+        f[i] = pg_page_is_none(pages[i]) ? PG_FRAME_NONE : page_at(pg, pages[i])->frame;
     int rc = seq_map_frames(pg, pg_va(pg, r, slot, first), f, n);
     if (f != fs)
         free(f);
@@ -100,15 +100,22 @@ void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n)
                    (unsigned long long)va);
 }
 
-int seq_unmap_holes(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n)
+/* The runs of held entries: exactly one of ids (page ids) and fr (frame ids) is given. */
+static bool held(const pg_page_id *ids, const pg_frame_id *fr, uint32_t i)
+{
+    return ids ? !pg_page_is_none(ids[i]) : !pg_frame_is_none(fr[i]);
+}
+
+static int unmap_runs(struct paging *pg, uint64_t va, const pg_page_id *ids,
+                      const pg_frame_id *fr, uint32_t n)
 {
     bool first = true;
     for (uint32_t i = 0, j; i < n; i = j) {
-        if (!ids[i]) {
+        if (!held(ids, fr, i)) {
             j = i + 1;
             continue;
         }
-        for (j = i; j < n && ids[j]; j++)
+        for (j = i; j < n && held(ids, fr, j); j++)
             ;
         uint64_t at = va + (uint64_t)i * pg->p.page_size;
         if (first) {
@@ -123,11 +130,32 @@ int seq_unmap_holes(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_
     return 0;
 }
 
-void seq_unmap_holes_must(struct paging *pg, uint64_t va, const uint32_t *ids, uint32_t n)
+int seq_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
 {
-    if (seq_unmap_holes(pg, va, ids, n) && seq_unmap_holes(pg, va, ids, n))
+    return unmap_runs(pg, va, ids, NULL, n);
+}
+
+int seq_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
+{
+    return unmap_runs(pg, va, NULL, fr, n);
+}
+
+static void unmap_runs_must(struct paging *pg, uint64_t va, const pg_page_id *ids,
+                            const pg_frame_id *fr, uint32_t n)
+{
+    if (unmap_runs(pg, va, ids, fr, n) && unmap_runs(pg, va, ids, fr, n))
         klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
                    (unsigned long long)va);
+}
+
+void seq_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
+{
+    unmap_runs_must(pg, va, ids, NULL, n);
+}
+
+void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
+{
+    unmap_runs_must(pg, va, NULL, fr, n);
 }
 
 /* ---- map-ahead ---------------------------------------------------------------------- */
@@ -140,7 +168,7 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
         return;
     uint32_t n = s->n_ahead - keep, slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        uint32_t *a = pg_ahead(pg, s, r) + keep;
+        pg_frame_id *a = pg_ahead(pg, s, r) + keep;
         seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + keep), n);
         pool_give(pg, a, n);
     }
@@ -175,7 +203,7 @@ static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
     if (!k)
         return;
     for (uint32_t r = 0; r < nr; r++) {
-        uint32_t *a = pg_ahead(pg, s, r) + s->n_ahead;
+        pg_frame_id *a = pg_ahead(pg, s, r) + s->n_ahead;
         (void)pool_take_ready(pg, k, a);    /* k <= n_ready / nr: always k */
         uint64_t va = pg_va(pg, r, slot, s->n_pages + s->n_ahead);
         /* not scrubbed here: a map-ahead frame is unmapped at once when dropped, so no
@@ -189,7 +217,7 @@ static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
         continue;
 out_undo:
         while (r-- > 0) {
-            uint32_t *b = pg_ahead(pg, s, r) + s->n_ahead;
+            pg_frame_id *b = pg_ahead(pg, s, r) + s->n_ahead;
             seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + s->n_ahead), k);
             pool_give(pg, b, k);
         }
@@ -338,11 +366,11 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < nr; r++) {
-        if (pg_bt(pg, s, r)[idx])
+        if (!pg_page_is_none(pg_bt(pg, s, r)[idx]))
             continue;
         if (!u->fill && !(u->fill = calloc(nr, sizeof *u->fill)))
             return -ENOMEM;
-        uint32_t f;
+        pg_frame_id f;
         int rc = pool_take_except(pg, 1, &f, s);
         if (rc)
             return rc;
@@ -403,10 +431,10 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     if (u->n_fill && pg->p.scrub && pg->stream)
         (void)pg_wait_engine(pg);   /* tail_fill's scrub memsets may still run */
     for (uint32_t j = 0; j < u->n_fill; j++) {
-        uint32_t *e = &pg_bt(pg, s, u->fill[j])[u->old_np - 1];
+        pg_page_id *e = &pg_bt(pg, s, u->fill[j])[u->old_np - 1];
         seq_unmap_must(pg, pg_va(pg, u->fill[j], slot, u->old_np - 1), 1);
         page_put(pg, *e);
-        *e = 0;
+        *e = PG_PAGE_NONE;
     }
     free(u->fill);
     u->fill = NULL;
@@ -417,11 +445,11 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     s->n_pages = u->old_np;
     s->length = u->old_len;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        uint32_t *bt = pg_bt(pg, s, r) + u->old_np;
+        pg_page_id *bt = pg_bt(pg, s, r) + u->old_np;
         seq_unmap_must(pg, pg_va(pg, r, slot, u->old_np), n);
         for (uint32_t i = 0; i < n; i++) {
             page_put(pg, bt[i]);
-            bt[i] = 0;
+            bt[i] = PG_PAGE_NONE;
         }
     }
 }
@@ -429,7 +457,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
 /* Maps region r's new pages [old_np, new_np): map-ahead frames first (already mapped),
    then `fresh` new frames in one run. Writes page ids into the block table. */
 static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t k,
-                       const uint32_t *fresh, uint32_t n_fresh)
+                       const pg_frame_id *fresh, uint32_t n_fresh)
 {
     uint32_t slot = pg_slot_of(pg, s), at = s->n_pages + k;
     uint64_t va = pg_va(pg, r, slot, at);
@@ -452,7 +480,8 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
             return rc;
         }
     }
-    uint32_t *bt = pg_bt(pg, s, r), *a = pg_ahead(pg, s, r);
+    pg_page_id *bt = pg_bt(pg, s, r);
+    pg_frame_id *a = pg_ahead(pg, s, r);
     for (uint32_t i = 0; i < k; i++)
         bt[s->n_pages + i] = page_new(pg, a[i]);
     if (k && s->n_ahead > k)
@@ -479,7 +508,7 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     uint32_t k = need < s->n_ahead ? need : s->n_ahead;
     uint32_t n_fresh = need - k;
     grow_frames(pg, s, len, &cow_idx);
-    uint32_t *fresh = NULL;
+    pg_frame_id *fresh = NULL;
     if (n_fresh) {
         fresh = malloc((size_t)n_fresh * nr * sizeof *fresh);
         if (!fresh)
@@ -517,15 +546,16 @@ out_regions:
     if (pg->p.scrub && pg->stream && r)
         (void)pg_wait_engine(pg);   /* regions [0, r)'s scrub memsets may still run */
     for (uint32_t q = 0; q < nr; q++) {
-        uint32_t slot = pg_slot_of(pg, s), *a = pg_ahead(pg, s, q);
+        uint32_t slot = pg_slot_of(pg, s);
+        pg_frame_id *a = pg_ahead(pg, s, q);
         uint32_t left = q < r ? s->n_ahead - k : s->n_ahead;
         uint32_t at = q < r ? u->new_np : u->old_np;
         if (q < r) {
-            uint32_t *bt = pg_bt(pg, s, q) + u->old_np;
+            pg_page_id *bt = pg_bt(pg, s, q) + u->old_np;
             seq_unmap_must(pg, pg_va(pg, q, slot, u->old_np), need);
             for (uint32_t i = 0; i < need; i++) {
                 page_put(pg, bt[i]);
-                bt[i] = 0;
+                bt[i] = PG_PAGE_NONE;
             }
         }
         seq_unmap_must(pg, pg_va(pg, q, slot, at), left);
@@ -578,36 +608,36 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
 }
 
 /* Appends the shared last pages (index idx) of s's regions to *cand. */
-static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx, uint32_t **cand,
-                          uint32_t *n)
+static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx,
+                          pg_page_id **cand, uint32_t *n)
 {
-    uint32_t *c = realloc(*cand, (*n + pg->p.n_regions) * sizeof *c);
+    pg_page_id *c = realloc(*cand, (*n + pg->p.n_regions) * sizeof *c);
     if (!c)
         return -ENOMEM;
     *cand = c;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        uint32_t id = pg_bt(pg, s, r)[idx];
-        if (id && page_sharers(page_at(pg, id)) > 1)
+        pg_page_id id = pg_bt(pg, s, r)[idx];
+        if (!pg_page_is_none(id) && page_sharers(page_at(pg, id)) > 1)
             c[(*n)++] = id;
     }
     return 0;
 }
 
-static int cmp_u32(const void *a, const void *b)
+static int cmp_page(const void *a, const void *b)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint32_t x = ((const pg_page_id *)a)->v, y = ((const pg_page_id *)b)->v;
     return x < y ? -1 : x > y;
 }
 
 /* Copies a batch makes: k of a page's R holders writing it copy min(k, R - 1) times (the
    last holder left finds the page its own). */
-static uint64_t batch_cow_frames(struct paging *pg, uint32_t *cand, uint32_t n)
+static uint64_t batch_cow_frames(struct paging *pg, pg_page_id *cand, uint32_t n)
 {
     uint64_t need = 0;
     if (n)
-        qsort(cand, n, sizeof *cand, cmp_u32);
+        qsort(cand, n, sizeof *cand, cmp_page);
     for (uint32_t i = 0, j; i < n; i = j) {
-        for (j = i; j < n && cand[j] == cand[i]; j++)
+        for (j = i; j < n && pg_page_eq(cand[j], cand[i]); j++)
             ;
         uint32_t k = j - i, r1 = page_sharers(page_at(pg, cand[i])) - 1;
         need += k < r1 ? k : r1;
@@ -626,7 +656,8 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     int rc = -ENOMEM;
     size_t done = 0;
     uint64_t need = 0;
-    uint32_t *cand = NULL, n_cand = 0;
+    pg_page_id *cand = NULL;
+    uint32_t n_cand = 0;
     if (!ss || !u || !seen)
         goto out_free;
     for (size_t i = 0; i < n; i++) {
@@ -692,11 +723,11 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
     out->cls = s->cls;
     out->first_kept = UINT64_MAX;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        const uint32_t *bt = pg_bt(pg, s, r);
+        const pg_page_id *bt = pg_bt(pg, s, r);
         if (s->kept[r] < out->first_kept)
             out->first_kept = s->kept[r];
         for (uint32_t i = 0; i < s->n_pages; i++) {
-            if (!bt[i])
+            if (pg_page_is_none(bt[i]))
                 continue;               /* a hole: discarded, counted nowhere */
             const struct pg_page *p = page_at(pg, bt[i]);
             switch (p->tier) {

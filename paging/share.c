@@ -56,9 +56,9 @@ static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             goto out_unmap;
     }
     for (r = 0; r < pg->p.n_regions; r++) {
-        uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
+        pg_page_id *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
         for (uint32_t i = 0; i < n; i++) {
-            if (sb[i])                  /* a hole (discarded) stays one */
+            if (!pg_page_is_none(sb[i]))  /* a hole (discarded) stays one */
                 page_get(pg, sb[i]);
             db[i] = sb[i];
         }
@@ -86,9 +86,9 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     if (p->out) {
         /* the child is non-resident like its parent: it holds the same pages, maps none */
         for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-            uint32_t *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
+            pg_page_id *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
             for (uint32_t i = 0; i < p->n_pages; i++) {
-                if (sb[i])              /* a hole (discarded) stays one */
+                if (!pg_page_is_none(sb[i]))  /* a hole (discarded) stays one */
                     page_get_off(pg, sb[i]);
                 db[i] = sb[i];
             }
@@ -115,7 +115,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
 /* Copies src's partial page `idx` (rem bytes) into fresh frames mapped at dst's window in
    every region and zeroes the rest. All or nothing; frames consumed on success. */
 static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
-                         uint32_t idx, size_t rem, uint32_t *frames)
+                         uint32_t idx, size_t rem, pg_frame_id *frames)
 {
     uint32_t ds = pg_slot_of(pg, dst), ss = pg_slot_of(pg, src), r;
     int rc = pg_order_before_copy(pg);
@@ -123,7 +123,7 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
         return rc;
     for (r = 0; r < pg->p.n_regions; r++) {
         uint64_t va = pg_va(pg, r, ds, idx);
-        if (!frames[r])
+        if (pg_frame_is_none(frames[r]))
             continue;                   /* src's page is a hole (discarded): dst's too */
         rc = seq_map_frames(pg, va, &frames[r], 1);
         if (rc)
@@ -140,8 +140,9 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
     if (rc)
         goto out_unmap;
     for (r = 0; r < pg->p.n_regions; r++) {
-        pg_bt(pg, dst, r)[idx] = frames[r] ? page_new(pg, frames[r]) : 0;
-        pg->c.share_copies += frames[r] != 0;
+        pg_bt(pg, dst, r)[idx] =
+            pg_frame_is_none(frames[r]) ? PG_PAGE_NONE : page_new(pg, frames[r]);
+        pg->c.share_copies += !pg_frame_is_none(frames[r]);
     }
     return 0;
 out_unmap:
@@ -149,13 +150,13 @@ out_unmap:
        before unmapping their target */
     (void)pg_wait_engine(pg);
     while (r-- > 0)
-        if (frames[r])
+        if (!pg_frame_is_none(frames[r]))
             seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
     return rc;
 }
 
 /* Copies the first rem bytes of page id into a new host slot, zeroing the rest. */
-static int share_host_copy(struct paging *pg, uint32_t id, size_t rem, pg_slot *slot)
+static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot *slot)
 {
     struct pg_page *p = page_at(pg, id);
     const struct pg_host_ops *ho = pg->p.host;
@@ -211,9 +212,9 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     uint32_t nk = 0;                    /* partial pages to copy: holes are not */
     if (!rc && rem) {
         /* a partial page on disk comes back to the host tier first */
-        uint32_t ids[nr];
+        pg_page_id ids[nr];
         for (r = 0; r < nr; r++)
-            if (pg_bt(pg, src, r)[whole])
+            if (!pg_page_is_none(pg_bt(pg, src, r)[whole]))
                 ids[nk++] = pg_bt(pg, src, r)[whole];
         rc = disk_unspill(pg, ids, nk, src);
     }
@@ -223,22 +224,22 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         return rc;
     for (r = 0; rem && r < nr; r++) {
         slots[r] = PG_SLOT_NONE;        /* none: a hole (discarded) */
-        if (pg_bt(pg, src, r)[whole] &&
+        if (!pg_page_is_none(pg_bt(pg, src, r)[whole]) &&
             (rc = share_host_copy(pg, pg_bt(pg, src, r)[whole], rem, &slots[r])))
             goto out_slots;
     }
     seq_drop_ahead(pg, dst, 0);
     for (r = 0; r < nr; r++) {
-        uint32_t *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
+        pg_page_id *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
         for (uint32_t i = 0; i < whole; i++) {
-            if (sb[i])                  /* a hole (discarded) stays one */
+            if (!pg_page_is_none(sb[i]))  /* a hole (discarded) stays one */
                 page_get_off(pg, sb[i]);
             db[i] = sb[i];
         }
-        if (rem && slots[r].v == PG_SLOT_NONE.v) {
-            db[whole] = 0;
+        if (rem && pg_slot_is_none(slots[r])) {
+            db[whole] = PG_PAGE_NONE;
         } else if (rem) {
-            uint32_t id = pg->page_free_head;
+            pg_page_id id = pg->page_free_head;
             struct pg_page *p = page_at(pg, id);
             pg->page_free_head = p->next_free;
             *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
@@ -255,7 +256,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     return 0;
 out_slots:
     while (r-- > 0)
-        if (slots[r].v != PG_SLOT_NONE.v)
+        if (!pg_slot_is_none(slots[r]))
             pg->p.host->free(pg->p.host->arg, slots[r]);
     return rc;
 }
@@ -303,11 +304,12 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
     uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nr = pg->p.n_regions;
     size_t rem = bytes % pg->p.page_size;
-    uint32_t frames[nr], got[nr], nk = 0;
-    memset(frames, 0, sizeof frames);   /* (0: no partial page to copy in that region) */
+    pg_frame_id frames[nr], got[nr];
+    uint32_t nk = 0;
+    memset(frames, 0, sizeof frames);   /* (none: no partial page to copy in that region) */
     memset(got, 0, sizeof got);
     for (uint32_t r = 0; rem && r < nr; r++)
-        nk += pg_bt(pg, src, r)[whole] != 0;    /* a hole (discarded) is not copied */
+        nk += !pg_page_is_none(pg_bt(pg, src, r)[whole]);  /* a hole (discarded): no copy */
     rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
     if (!rc && nk)
         rc = pool_reserve_check(pg, nk);
@@ -318,7 +320,7 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     if (nk && (rc = pool_take(pg, nk, got)))
         goto out_rollback;
     for (uint32_t r = 0, k = 0; rem && r < nr; r++)
-        frames[r] = pg_bt(pg, src, r)[whole] ? got[k++] : 0;
+        frames[r] = pg_page_is_none(pg_bt(pg, src, r)[whole]) ? PG_FRAME_NONE : got[k++];
     rc = map_shared(pg, dst, src, whole);
     if (rc)
         goto out_frames;
@@ -337,9 +339,9 @@ out_shared:
         seq_unmap_holes_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), pg_bt(pg, dst, r),
                              whole);
         for (uint32_t i = 0; i < whole; i++) {
-            if (pg_bt(pg, dst, r)[i])
+            if (!pg_page_is_none(pg_bt(pg, dst, r)[i]))
                 page_put(pg, pg_bt(pg, dst, r)[i]);
-            pg_bt(pg, dst, r)[i] = 0;
+            pg_bt(pg, dst, r)[i] = PG_PAGE_NONE;
         }
     }
 out_frames:

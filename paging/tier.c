@@ -90,7 +90,7 @@ int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
 
 struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n)
 {
-    struct pg_defer *d = calloc(1, sizeof *d + (size_t)n * sizeof(uint32_t));
+    struct pg_defer *d = calloc(1, sizeof *d + (size_t)n * sizeof d->pages[0]);
     if (d) {
         d->kind = kind;
         d->slot = pg_slot_of(pg, s);
@@ -106,7 +106,7 @@ struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind,
 void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete)
 {
     for (uint32_t i = 0; i < d->n; i++) {
-        if (!d->pages[i])
+        if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         page_get(pg, d->pages[i]);
         page_at(pg, d->pages[i])->jobs++;
@@ -122,7 +122,7 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
 void tier_complete_pages(struct paging *pg, struct pg_defer *d)
 {
     for (uint32_t i = 0; i < d->n; i++) {
-        if (!d->pages[i])
+        if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
         p->jobs--;
@@ -143,16 +143,16 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
 {
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        uint32_t *bt = pg_bt(pg, s, r);
+        pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = first; i < end; i++) {
-            if (!bt[i])
+            if (pg_page_is_none(bt[i]))
                 continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, bt[i]);
             page_count(pg, p, -1);
             p->offs--;
             page_count(pg, p, 1);
             page_put(pg, bt[i]);
-            bt[i] = 0;
+            bt[i] = PG_PAGE_NONE;
         }
     }
 }
@@ -182,9 +182,9 @@ int tier_wait_transfers(struct paging *pg, struct pg_seq *s)
     if (rc)
         return rc;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        const uint32_t *bt = pg_bt(pg, s, r);
+        const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages; i++)
-            if (bt[i] && page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
+            if (!pg_page_is_none(bt[i]) && page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
                 return defer_reap(pg, true);
     }
     return 0;
@@ -260,7 +260,7 @@ int tier_copy_host_in(struct paging *pg, struct pg_seq *s)
     uint32_t slot = pg_slot_of(pg, s);
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
-            if (!pg_bt(pg, s, q)[i])
+            if (pg_page_is_none(pg_bt(pg, s, q)[i]))
                 continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             int rc = p->tier == PG_TIER_HOST ? tier_copy_in(pg, pg_va(pg, q, slot, i),
@@ -276,24 +276,26 @@ uint32_t tier_count(struct paging *pg, struct pg_seq *s, uint8_t tier)
     uint32_t n = 0;
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages; i++)
-            n += pg_bt(pg, s, r)[i] && page_at(pg, pg_bt(pg, s, r)[i])->tier == tier;
+            n += !pg_page_is_none(pg_bt(pg, s, r)[i]) &&
+                 page_at(pg, pg_bt(pg, s, r)[i])->tier == tier;
     return n;
 }
 
-void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fresh,
-                        bool disk, uint32_t *fr)
+void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *fresh,
+                        bool disk, pg_frame_id *fr)
 {
     uint32_t k = 0, np = s->n_pages;
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < np; i++) {
-            uint32_t id = pg_bt(pg, s, q)[i];
-            const struct pg_page *p = id ? page_at(pg, id) : NULL;   /* NULL: a hole */
+            pg_page_id id = pg_bt(pg, s, q)[i];
+            /* NULL: a hole */
+            const struct pg_page *p = pg_page_is_none(id) ? NULL : page_at(pg, id);
             bool moves = p && (p->tier == PG_TIER_HOST || (disk && p->tier == PG_TIER_DISK));
-            fr[(size_t)q * np + i] = !p ? 0 : moves ? fresh[k++] : p->frame;
+            fr[(size_t)q * np + i] = !p ? PG_FRAME_NONE : moves ? fresh[k++] : p->frame;
         }
 }
 
-int tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr)
+int tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr)
 {
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         int rc = seq_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np);
@@ -305,11 +307,11 @@ int tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_
     return 0;
 }
 
-void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr,
-                            uint32_t nr)
+void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np,
+                            const pg_frame_id *fr, uint32_t nr)
 {
     while (nr-- > 0)
-        seq_unmap_holes_must(pg, pg_va(pg, nr, slot, 0), fr + (size_t)nr * np, np);
+        seq_unmap_frames_must(pg, pg_va(pg, nr, slot, 0), fr + (size_t)nr * np, np);
 }
 
 int tier_unmap_window(struct paging *pg, struct pg_seq *s)
@@ -388,7 +390,8 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
        sequence whose prefetch is still copying) */
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages; i++)
-            if (pg_bt(pg, s, r)[i] && page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
+            if (!pg_page_is_none(pg_bt(pg, s, r)[i]) &&
+                page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
                 return 0;
     return 1;
 }
@@ -406,7 +409,7 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     if (s->out)
         for (uint32_t r = 0; r < nr; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
-                if (!pg_bt(pg, s, r)[i])
+                if (pg_page_is_none(pg_bt(pg, s, r)[i]))
                     continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
                 n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
@@ -455,13 +458,13 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
         }
         for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
-                uint32_t id = pg_bt(pg, s, r)[i];
-                if (!id)
+                pg_page_id id = pg_bt(pg, s, r)[i];
+                if (pg_page_is_none(id))
                     continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, id)->tier;
-                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id - 1])
+                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id.v - 1])
                     k++;              /* a page shared in the batch comes back once */
-                seen[id - 1] = 1;
+                seen[id.v - 1] = 1;
             }
         if (lengths[j] > s->length)
             k += (pg_pages_for(pg, lengths[j]) - s->n_pages) * pg->p.n_regions;
@@ -489,7 +492,7 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
         uint32_t frees = 0, dev = 0;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
-                if (!pg_bt(pg, s, r)[j])
+                if (pg_page_is_none(pg_bt(pg, s, r)[j]))
                     continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[j]);
                 frees += page_moves_down(p);
@@ -522,12 +525,12 @@ uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
             continue;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t j = 0; j < s->n_pages; j++) {
-                uint32_t id = pg_bt(pg, s, r)[j];
-                if (!id)
+                pg_page_id id = pg_bt(pg, s, r)[j];
+                if (pg_page_is_none(id))
                     continue;           /* a hole (discard.c) */
                 const struct pg_page *p = page_at(pg, id);
                 uint32_t holders = resident_only ? p->refs - p->offs : p->refs;
-                if (p->tier == PG_TIER_DEVICE && ++cnt[id - 1] == holders)
+                if (p->tier == PG_TIER_DEVICE && ++cnt[id.v - 1] == holders)
                     frees++;
             }
     }
@@ -546,7 +549,8 @@ uint32_t paging_frames_pending(const struct paging *pg)
     for (const struct pg_defer *d = pg->defer; d; d = d->next)
         if (d->kind == DF_OUT)
             for (uint32_t i = 0; i < d->n; i++)
-                n += d->pages[i] && pg->pages[d->pages[i] - 1].tier == PG_TIER_TO_HOST;
+                n += !pg_page_is_none(d->pages[i]) &&
+                     pg->pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
     return n;
 }
 

@@ -64,20 +64,20 @@ bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
     return !d || !disk_spillable(pg, s);
 }
 
-/* A host page whose slot can be borrowed (no transfer on it), or 0. */
-static uint32_t borrow_page(struct paging *pg)
+/* A host page whose slot can be borrowed (no transfer on it), or PG_PAGE_NONE. */
+static pg_page_id borrow_page(struct paging *pg)
 {
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
         const struct pg_page *p = &pg->pages[i];
         if (p->refs && p->tier == PG_TIER_HOST && !p->jobs && p->staged == STG_NONE)
-            return i + 1;
+            return (pg_page_id){ i + 1 };
     }
-    return 0;
+    return PG_PAGE_NONE;
 }
 
 /* Copies the borrowed page's slot into frame f (mapped at the scratch page) and waits, or
    (back) the frame into the slot and unmaps it. Synchronous. */
-static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
+static int borrow_park(struct paging *pg, pg_page_id id, pg_frame_id f, bool back)
 {
     pg_slot hs = page_at(pg, id)->host_slot;
     int rc = 0;
@@ -92,19 +92,20 @@ static int borrow_park(struct paging *pg, uint32_t id, uint32_t f, bool back)
     else if (!rc)
         pg->c.bytes_to_device += pg->p.page_size;
     if (rc && back)
-        klog_error("paging: restoring host page %u from its parking frame failed (%d)", id, rc);
+        klog_error("paging: restoring host page %u from its parking frame failed (%d)", id.v,
+                   rc);
     return rc;
 }
 
 /* s's disk pages in window order: ids, window addresses and disk slots; returns how many. */
-static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, uint32_t *ids,
+static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, pg_page_id *ids,
                               uint64_t *vas, pg_slot *ds)
 {
     uint32_t k = 0, slot = pg_slot_of(pg, s);
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
-            uint32_t id = pg_bt(pg, s, q)[i];
-            if (id && page_at(pg, id)->tier == PG_TIER_DISK) {  /* 0: a hole (discard.c) */
+            pg_page_id id = pg_bt(pg, s, q)[i];
+            if (!pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DISK) {  /* or a hole */
                 const struct pg_page *p = page_at(pg, id);
                 ids[k] = id;
                 vas[k] = pg_va(pg, q, slot, i);
@@ -116,14 +117,14 @@ static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, uint32_t *ids
 
 /* The batches of a staged swap-in: each reads up to bmax disk pages into host slots (its
    own, or the borrowed page bw's), copies them to the device, waits and frees its slots. */
-static int staged_in_batches(struct paging *pg, const uint32_t *ids, const uint64_t *vas,
+static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uint64_t *vas,
                              const pg_slot *ds, uint32_t ndk, uint32_t bmax, pg_slot *hs,
-                             uint32_t bw)
+                             pg_page_id bw)
 {
     for (uint32_t b = 0; b < ndk; b += bmax) {
         uint32_t m = ndk - b < bmax ? ndk - b : bmax;
         int rc = 0;
-        if (bw)
+        if (!pg_page_is_none(bw))
             for (uint32_t j = 0; j < m; j++)
                 hs[j] = page_at(pg, bw)->host_slot;
         else if ((rc = tier_host_take(pg, m, hs)))
@@ -134,7 +135,7 @@ static int staged_in_batches(struct paging *pg, const uint32_t *ids, const uint6
         int src = vmm_stream_sync(pg->v, pg->copy_stream);   /* the slots are reused next */
         if (!rc)
             rc = src;
-        if (!bw)
+        if (pg_page_is_none(bw))
             tier_host_give(pg, hs, m);
         if (rc)
             return rc;
@@ -144,14 +145,14 @@ static int staged_in_batches(struct paging *pg, const uint32_t *ids, const uint6
 
 /* Commit of a staged swap-in: every host and disk page of s is DEVICE in its fresh frame,
    its slot freed. Nothing fails. */
-static void staged_in_commit(struct paging *pg, struct pg_seq *s, const uint32_t *fresh,
+static void staged_in_commit(struct paging *pg, struct pg_seq *s, const pg_frame_id *fresh,
                              uint32_t need, uint32_t ndk)
 {
     uint32_t k = 0;
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
-            uint32_t id = pg_bt(pg, s, q)[i];
-            if (!id)
+            pg_page_id id = pg_bt(pg, s, q)[i];
+            if (pg_page_is_none(id))
                 continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, id);
             page_count(pg, p, -1);
@@ -159,7 +160,7 @@ static void staged_in_commit(struct paging *pg, struct pg_seq *s, const uint32_t
             if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_DISK) {
                 page_release_slot(pg, p, p->tier);
                 p->tier = PG_TIER_DEVICE;
-                page_frame_set(pg, (pg_page_id){ id }, (pg_frame_id){ fresh[k++] });
+                page_frame_set(pg, id, fresh[k++]);
             }
             page_count(pg, p, 1);
         }
@@ -170,23 +171,24 @@ static void staged_in_commit(struct paging *pg, struct pg_seq *s, const uint32_t
 }
 
 /* Frames and a host slot for a staged swap-in of s moving need pages (ndk from disk): the
-   borrowed page (*bw, 0 = none) and the batch size (*bmax). -ENOMEM. */
+   borrowed page (*bw, PG_PAGE_NONE = none) and the batch size (*bmax). -ENOMEM. */
 static int staged_in_room(struct paging *pg, struct pg_seq *s, uint32_t need, uint32_t ndk,
-                          uint32_t *bw, uint32_t *bmax)
+                          pg_page_id *bw, uint32_t *bmax)
 {
     int rc;
     bool borrow = tier_stage_must_borrow(pg, s);
-    *bw = borrow ? borrow_page(pg) : 0;
-    uint32_t extra = *bw ? 1 : 0;
-    if (!*bw && borrow)
+    *bw = borrow ? borrow_page(pg) : PG_PAGE_NONE;
+    uint32_t extra = pg_page_is_none(*bw) ? 0 : 1;
+    if (pg_page_is_none(*bw) && borrow)
         return -ENOMEM;
     if (pool_available(pg) < need + extra && pg->defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need + extra)
         return -ENOMEM;
-    if (!*bw && !paging_host_free(pg) && (rc = paging_host_room(pg, 1, seq_handle(pg, s))))
+    if (pg_page_is_none(*bw) && !paging_host_free(pg) &&
+        (rc = paging_host_room(pg, 1, seq_handle(pg, s))))
         return rc;                      /* (pressure relief: spills another's host page) */
-    *bmax = *bw ? 1 : (uint32_t)paging_host_free(pg);
+    *bmax = pg_page_is_none(*bw) ? (uint32_t)paging_host_free(pg) : 1;
     if (*bmax > ndk)
         *bmax = ndk;
     return 0;
@@ -207,13 +209,14 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, np = s->n_pages, slot = pg_slot_of(pg, s);
     uint32_t need = tier_count(pg, s, PG_TIER_HOST) + tier_count(pg, s, PG_TIER_DISK);
-    uint32_t ndk = tier_count(pg, s, PG_TIER_DISK), bw, bmax;
+    uint32_t ndk = tier_count(pg, s, PG_TIER_DISK), bmax;
+    pg_page_id bw;
     int rc = staged_in_room(pg, s, need, ndk, &bw, &bmax);
     if (rc)
         return rc;
-    uint32_t extra = bw ? 1 : 0;
-    uint32_t *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
-    uint32_t *ids = calloc((size_t)ndk + 1, sizeof *ids);
+    uint32_t extra = pg_page_is_none(bw) ? 0 : 1;
+    pg_frame_id *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
+    pg_page_id *ids = calloc((size_t)ndk + 1, sizeof *ids);
     uint64_t *vas = calloc((size_t)ndk + 1, sizeof *vas);
     pg_slot *ds = calloc((size_t)ndk + 1, sizeof *ds);
     pg_slot *hs = calloc((size_t)bmax + 1, sizeof *hs);
@@ -221,10 +224,10 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     rc = -ENOMEM;
     if (!fr || !ids || !vas || !ds || !hs)
         goto out_free;
-    uint32_t *fresh = fr + (size_t)nr * np;
+    pg_frame_id *fresh = fr + (size_t)nr * np;
     if ((rc = pool_take(pg, need + extra, fresh)))
         goto out_rollback;
-    if (bw && (rc = borrow_park(pg, bw, fresh[need], false))) {
+    if (!pg_page_is_none(bw) && (rc = borrow_park(pg, bw, fresh[need], false))) {
         pool_give(pg, fresh, need + extra);
         goto out_rollback;
     }
@@ -234,13 +237,13 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
         goto out_give;
     rc = tier_copy_host_in(pg, s);
     /* a borrowed slot may be one of s's host pages: its copy is done before it is reused */
-    if (!rc && bw)
+    if (!rc && !pg_page_is_none(bw))
         rc = vmm_stream_sync(pg->v, pg->copy_stream);
     if (!rc)
         rc = staged_in_batches(pg, ids, vas, ds, ndk, bmax, hs, bw);
     if (!rc)
         rc = vmm_stream_sync(pg->v, pg->copy_stream);
-    if (!rc && bw) {
+    if (!rc && !pg_page_is_none(bw)) {
         extra = 0;                      /* unmapped by borrow_park, success or not */
         rc = borrow_park(pg, bw, fresh[need], true);
         pool_give(pg, fresh + need, 1);
@@ -306,13 +309,13 @@ static int in_order(struct paging *pg, struct pg_defer *d, bool wait, bool async
 /* Commit of the ordinary swap-in: host pages become TO_DEVICE in their fresh frames; the job
    names them and the pages another's swap-in still brings in. Nothing fails. */
 static void direct_in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
-                             const uint32_t *fresh)
+                             const pg_frame_id *fresh)
 {
     uint32_t k = 0, j = 0;
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
-            uint32_t id = pg_bt(pg, s, q)[i];
-            if (!id)
+            pg_page_id id = pg_bt(pg, s, q)[i];
+            if (pg_page_is_none(id))
                 continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, id);
             page_count(pg, p, -1);
@@ -321,7 +324,7 @@ static void direct_in_commit(struct paging *pg, struct pg_seq *s, struct pg_defe
                 d->pages[j++] = id;               /* another's copy: ordered after it */
             if (p->tier == PG_TIER_HOST) {
                 p->tier = PG_TIER_TO_DEVICE;
-                page_frame_set(pg, (pg_page_id){ id }, (pg_frame_id){ fresh[k++] });
+                page_frame_set(pg, id, fresh[k++]);
                 pg->n_inflight++;
                 d->pages[j++] = id;
             }
@@ -340,13 +343,13 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     if (rc)
         return rc;
     uint32_t need = tier_count(pg, s, PG_TIER_HOST);
-    uint32_t *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
+    pg_frame_id *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
     struct pg_defer *d = tier_job_new(pg, s, DF_IN, need + busy);
     uint32_t mark = pg->n_created;
     rc = -ENOMEM;
     if (!fr || !d)
         goto out_free;
-    uint32_t *fresh = fr + (size_t)nr * np;
+    pg_frame_id *fresh = fr + (size_t)nr * np;
     if (need && (rc = pool_take(pg, need, fresh)))
         goto out_rollback;
     tier_window_frames(pg, s, fresh, false, fr);

@@ -44,14 +44,14 @@ static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *st
 
 /* The pages of s that leave the device (at most max) and their window addresses, in
    window order; returns how many. */
-static uint32_t out_pages(struct paging *pg, struct pg_seq *s, uint32_t max, uint32_t *ids,
+static uint32_t out_pages(struct paging *pg, struct pg_seq *s, uint32_t max, pg_page_id *ids,
                           uint64_t *vas)
 {
     uint32_t k = 0, slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < s->n_pages && k < max; i++) {
-            uint32_t id = pg_bt(pg, s, r)[i];
-            if (id && page_moves_down(page_at(pg, id))) {      /* 0: a hole (discard.c) */
+            pg_page_id id = pg_bt(pg, s, r)[i];
+            if (!pg_page_is_none(id) && page_moves_down(page_at(pg, id))) {   /* or a hole */
                 ids[k] = id;
                 vas[k++] = pg_va(pg, r, slot, i);
             }
@@ -61,7 +61,7 @@ static uint32_t out_pages(struct paging *pg, struct pg_seq *s, uint32_t max, uin
 
 /* The batches of a staged swap-out: each copies up to bmax pages into host slots of its
    own, waits, writes them to disk and frees its slots (success or not). */
-static int staged_out_batches(struct paging *pg, const uint32_t *ids, const uint64_t *vas,
+static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const uint64_t *vas,
                               const pg_slot *ds, uint32_t need, uint32_t bmax, pg_slot *hs)
 {
     int rc = 0;
@@ -98,7 +98,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         return -ENOMEM;
     if (bmax > need)
         bmax = need;
-    uint32_t *ids = calloc((size_t)need, sizeof *ids);
+    pg_page_id *ids = calloc((size_t)need, sizeof *ids);
     uint64_t *vas = calloc((size_t)need, sizeof *vas);
     pg_slot *ds = calloc((size_t)need, sizeof *ds);
     pg_slot *hs = calloc((size_t)bmax, sizeof *hs);
@@ -130,14 +130,14 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     }
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < np; i++) {
-            if (!pg_bt(pg, s, r)[i])
+            if (pg_page_is_none(pg_bt(pg, s, r)[i]))
                 continue;               /* a hole (discard.c) */
             struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             page_count(pg, p, -1);
             p->offs++;
             page_count(pg, p, 1);
         }
-    pg->disk_hint = ds[need - 1].v;
+    pg->disk_hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
@@ -172,7 +172,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
     bool held = false;
     for (uint32_t r = 0; r < nr && !held; r++)
         for (uint32_t i = 0; i < np && !held; i++) {
-            if (!pg_bt(pg, s, r)[i])
+            if (pg_page_is_none(pg_bt(pg, s, r)[i]))
                 continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
             held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
@@ -182,7 +182,8 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
     *need = 0;
     for (uint32_t r = 0; r < nr; r++)
         for (uint32_t i = 0; i < np; i++)
-            *need += pg_bt(pg, s, r)[i] && page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+            *need += !pg_page_is_none(pg_bt(pg, s, r)[i]) &&
+                     page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
     if (paging_host_free(pg) < *need && pg->n_inflight && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
@@ -195,8 +196,8 @@ static int out_copies(struct paging *pg, struct pg_seq *s, const struct pg_defer
 {
     uint32_t np = s->n_pages, slot = pg_slot_of(pg, s), k = 0;
     for (uint32_t i = 0; i < d->n && k < need; i++) {
-        if (!d->pages[i] || !page_moves_down(page_at(pg, d->pages[i])))
-            continue;                   /* (0: a hole, discard.c) */
+        if (pg_page_is_none(d->pages[i]) || !page_moves_down(page_at(pg, d->pages[i])))
+            continue;                   /* (a hole, discard.c) */
         int rc = tier_copy_out(pg, slots[k++], pg_va(pg, i / np, slot, i % np));
         if (rc) {
             vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made read into slots */
@@ -219,7 +220,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     d->first = 0;
     d->end = np;
     for (uint32_t r = 0; r < nr; r++)
-        memcpy(d->pages + (size_t)r * np, pg_bt(pg, s, r), np * sizeof(uint32_t));
+        memcpy(d->pages + (size_t)r * np, pg_bt(pg, s, r), np * sizeof d->pages[0]);
     rc = tier_copies_after_engine(pg, s);   /* the window is unmapped after the engine's work */
     if (!rc)
         rc = out_copies(pg, s, d, slots, need);
@@ -236,7 +237,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     seq_drop_ahead(pg, s, 0);
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (!d->pages[i])
+        if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
         page_count(pg, p, -1);

@@ -295,7 +295,7 @@ static int bench_pool(struct bench_ctx *b)
     struct paging *pg = kv->pg;
     pthread_mutex_lock(&kv->lock);
     pool_refill(pg, 8);
-    uint32_t f;
+    pg_frame_id f;
     uint64_t t0 = bench_now_ns();
     for (int i = 0; i < iters && !rc; i++) {
         rc = pool_take(pg, 1, &f);
