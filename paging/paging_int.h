@@ -147,6 +147,7 @@ struct paging {
     struct pg_seq *seqs;       /* max_seqs */
     uint32_t slot_free_head;   /* slot + 1; 0 = none */
     uint32_t n_live, n_dying;
+    uint32_t n_out;            /* live non-resident sequences (out set): seq_set_out */
 
     /* ordering */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
@@ -324,6 +325,17 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
    the frames go to the ready list. -ENOMEM none. */
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
 int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
+/* Every write of s->out goes through here, so the count of non-resident sequences
+   (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
+   live sequence is non-resident: seq free clears out before the slot is let go. */
+static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
+{
+    if (s->out && !out)
+        pg->n_out--;
+    else if (!s->out && out)
+        pg->n_out++;
+    s->out = out;
+}
 static inline void seq_use(struct paging *pg, struct pg_seq *s)
 {
     s->used_epoch = pg->epoch;

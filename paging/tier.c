@@ -325,14 +325,14 @@ int tier_unmap_window(struct paging *pg, struct pg_seq *s)
 
 void tier_seq_out(struct paging *pg, struct pg_seq *s)
 {
-    s->out = 1;
+    seq_set_out(pg, s, true);
     s->used_valid = 0;
     pg->c.swap_outs++;
 }
 
 void tier_seq_in(struct paging *pg, struct pg_seq *s)
 {
-    s->out = 0;
+    seq_set_out(pg, s, false);
     seq_use(pg, s);
     pg->c.swap_ins++;
 }
