@@ -210,5 +210,5 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
 
 uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n)
 {
-    return tier_frees_if_all(pg, c, n, false);  /* every holder of a page dropped */
+    return tier_frees_if_all(pg, c, n, false, UINT32_MAX);  /* every holder dropped */
 }

@@ -77,6 +77,8 @@ struct pg_page {
     pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
+    uint32_t mark, n_mark; /* tier_frees_if_all's scratch: n_mark entries of its set seen,
+                              valid while mark == pg->mark (no array sized to the pool) */
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
@@ -142,6 +144,7 @@ struct paging {
     struct pg_feed feed;
     struct pg_page *pages;     /* max_pages */
     uint32_t page_free_head, n_pages_live;
+    uint32_t mark;             /* the current tier_frees_if_all walk (pg_page.mark) */
 
     /* sequences */
     struct pg_seq *seqs;       /* max_seqs */
@@ -387,10 +390,12 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const uint32_t *fre
                         uint32_t *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr);
-/* Device frames freed if every sequence of c[0..n) let go of its pages: pages all of whose
-   holders (resident_only: all of whose holders mapping it) are in the set. */
+/* Device frames freed if every sequence of c[0..k) let go of its pages: pages all of whose
+   holders (resident_only: all of whose holders mapping it) are in the set, for the shortest
+   k whose frees reach want (k = n when none does; UINT32_MAX: the whole set).
+   O(pages of c[0..k)). */
 uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
-                           bool resident_only);
+                           bool resident_only, uint32_t want);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
 void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np, const uint32_t *fr,
                             uint32_t nr);
