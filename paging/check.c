@@ -275,10 +275,13 @@ static int ck_pages(struct ck *k)
 static int ck_slots(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t live = 0, dying = 0, free_n = 0;
+    uint32_t live = 0, dying = 0, free_n = 0, out = 0;
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
         struct pg_seq *s = &pg->seqs[i];
         live += s->live;
+        out += s->out;
+        if (s->out && !s->live)
+            return fail(k, "slot %u is non-resident but not live", i);
         dying += s->dying;
         if (s->live || s->dying) {
             int rc = s->bt ? ck_seq(k, s) : fail(k, "slot %u in use without a block table", i);
@@ -296,6 +299,8 @@ static int ck_slots(struct ck *k)
     if (live != pg->n_live || dying != pg->n_dying || live + dying + free_n != pg->p.max_seqs)
         return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->n_live,
                     dying, pg->n_dying, free_n, pg->p.max_seqs);
+    if (out != pg->n_out)
+        return fail(k, "%u non-resident sequences (counted %u)", out, pg->n_out);
     return 0;
 }
 

@@ -131,14 +131,22 @@ int paging_seq_stale(struct paging *pg, uint64_t h)
     return rc ? rc : s->dropped ? -ESTALE : 0;
 }
 
+/* The sequence of h when it is CACHED and not dropped (what a drop or a demotion acts on):
+   -EINVAL another class or dropped, else seq_lookup's errors. */
+static int cached_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
+{
+    int rc = seq_lookup(pg, h, out);
+    if (!rc && ((*out)->cls != PG_SEQ_CACHED || (*out)->dropped))
+        rc = -EINVAL;
+    return rc;
+}
+
 int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
+    int rc = cached_lookup(pg, h, &s);
     if (rc)
         return rc;
-    if (s->cls != PG_SEQ_CACHED || s->dropped)
-        return -EINVAL;
     if (s->in_job)
         return -EBUSY;          /* a prefetch the engine stream is not ordered after yet */
     if (s->out) {
@@ -168,12 +176,9 @@ int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
 int paging_seq_demote(struct paging *pg, uint64_t h)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc)
-        return rc;
-    if (s->cls != PG_SEQ_CACHED || s->dropped)
-        return -EINVAL;
-    rc = paging_swap_out(pg, h, true);
+    int rc = cached_lookup(pg, h, &s);
+    if (!rc)
+        rc = paging_swap_out(pg, h, true);
     if (!rc)
         pg->c.cache_demotes++;
     return rc;
@@ -205,5 +210,5 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
 
 uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n)
 {
-    return tier_frees_if_all(pg, c, n, false);  /* every holder of a page dropped */
+    return tier_frees_if_all(pg, c, n, false, UINT32_MAX);  /* every holder dropped */
 }

@@ -29,9 +29,7 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->pages_disk = pg->n_disk;
     out->pages_inflight += pg->n_dio;
     out->orphans = tier_orphans(pg);
-    out->nonresident = 0;
-    for (uint32_t i = 0; i < pg->p.max_seqs; i++)
-        out->nonresident += pg->seqs[i].live && pg->seqs[i].out;
+    out->nonresident = pg->n_out;
 }
 
 int paging_create(struct vmm *v, const struct paging_params *p, struct paging **out)

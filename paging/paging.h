@@ -269,14 +269,19 @@ bool paging_seq_resident(struct paging *pg, uint64_t h);
 struct pg_cand {
     uint64_t h;
     uint64_t tick;        /* last use (smaller = less recently used) */
-    uint32_t frees;       /* frames its swap-out would return */
+    uint32_t frees;       /* frames its move would return (paging_cached_candidates: its
+                             drop; paging_candidates: 0, ask paging_frees_upto) */
 };
 /* Unprotected resident sequences with no pending work on their window that hold device
-   pages, in slot order; returns how many (at most max). */
+   pages, in slot order; returns how many (at most max). O(candidates): no page walk (frees
+   is 0: what victims free is paging_frees_upto's). */
 size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
-/* Frames that swapping out every sequence of c[0..n) would return (shared pages whose
-   resident holders are all in the set included). O(pages of the set). */
-uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n);
+/* Frames that swapping out the sequences of c[0..k) would return (shared pages whose
+   resident holders are all in the set included), for the shortest k whose frees reach want
+   (k = n when none does). A set frees at least what any part of it does, so the result is
+   >= want exactly when the whole set's frees are: an all-or-nothing check walks only the
+   victims it would take, in the caller's order. O(pages of c[0..k)). */
+uint32_t paging_frees_upto(struct paging *pg, const struct pg_cand *c, size_t n, uint32_t want);
 /* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
    synchronously; *moved gets the count. -ENOMEM host tier full (after moving what fit).
    Touches only the library's copy stream (no engine work is left on an orphan): a library

@@ -80,6 +80,8 @@ struct pg_page {
     pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
+    uint32_t mark, n_mark; /* tier_frees_if_all's scratch: n_mark entries of its set seen,
+                              valid while mark == pg->mark (no array sized to the pool) */
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
@@ -148,11 +150,13 @@ struct paging {
     struct pg_page *pages;     /* max_pages */
     pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
     uint32_t n_pages_live;
+    uint32_t mark;             /* the current tier_frees_if_all walk (pg_page.mark) */
 
     /* sequences */
     struct pg_seq *seqs;       /* max_seqs */
     uint32_t slot_free_head;   /* slot + 1; 0 = none */
     uint32_t n_live, n_dying;
+    uint32_t n_out;            /* live non-resident sequences (out set): seq_set_out */
 
     /* ordering */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
@@ -339,6 +343,17 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
    the frames go to the ready list. -ENOMEM none. */
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
 int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
+/* Every write of s->out goes through here, so the count of non-resident sequences
+   (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
+   live sequence is non-resident: seq free clears out before the slot is let go. */
+static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
+{
+    if (s->out && !out)
+        pg->n_out--;
+    else if (!s->out && out)
+        pg->n_out++;
+    s->out = out;
+}
 static inline void seq_use(struct paging *pg, struct pg_seq *s)
 {
     s->used_epoch = pg->epoch;
@@ -390,10 +405,12 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
                         bool disk, pg_frame_id *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
-/* Device frames freed if every sequence of c[0..n) let go of its pages: pages all of whose
-   holders (resident_only: all of whose holders mapping it) are in the set. */
+/* Device frames freed if every sequence of c[0..k) let go of its pages: pages all of whose
+   holders (resident_only: all of whose holders mapping it) are in the set, for the shortest
+   k whose frees reach want (k = n when none does; UINT32_MAX: the whole set).
+   O(pages of c[0..k)). */
 uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
-                           bool resident_only);
+                           bool resident_only, uint32_t want);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
 void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np,
                             const pg_frame_id *fr, uint32_t nr);

@@ -21,6 +21,17 @@
 #include "common/assert.h"
 #include "common/log.h"
 
+/* Frees the frame, page descriptor and feed arrays (pool_fini: nothing left to release). */
+static void pool_free_arrays(struct paging *pg)
+{
+    free(pg->frames);
+    free(pg->pages);
+    free(pg->feed.in);
+    pg->frames = NULL;
+    pg->pages = NULL;
+    pg->feed.in = NULL;
+}
+
 int pool_init(struct paging *pg)
 {
     if (pg->p.cap_frames < pg->p.max_frames)
@@ -41,12 +52,7 @@ int pool_init(struct paging *pg)
     pthread_cond_init(&pg->feed.cv, NULL);
     return 0;
 out_free:
-    free(pg->frames);
-    free(pg->pages);
-    free(pg->feed.in);
-    pg->frames = NULL;
-    pg->pages = NULL;
-    pg->feed.in = NULL;
+    pool_free_arrays(pg);
     return -ENOMEM;
 }
 
@@ -66,12 +72,7 @@ void pool_fini(struct paging *pg)
         (void)vmm_phys_release(pg->v, pg->feed.in[i]);
     pthread_cond_destroy(&pg->feed.cv);
     pthread_mutex_destroy(&pg->feed.mu);
-    free(pg->frames);
-    free(pg->pages);
-    free(pg->feed.in);
-    pg->frames = NULL;
-    pg->pages = NULL;
-    pg->feed.in = NULL;
+    pool_free_arrays(pg);
 }
 
 static void ready_push(struct paging *pg, pg_frame_id f)

@@ -316,7 +316,7 @@ int paging_seq_free(struct paging *pg, uint64_t h)
         return rc;
     if (s->out) {
         tier_drop_out(pg, s, 0, s->n_pages);
-        s->out = 0;
+        seq_set_out(pg, s, false);
     } else {
         seq_drop_ahead(pg, s, 0);
         rc = defer_release(pg, s, 0, s->n_pages);

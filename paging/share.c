@@ -93,7 +93,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
                 db[i] = sb[i];
             }
         }
-        c->out = 1;
+        seq_set_out(pg, c, true);
         c->n_pages = p->n_pages;
         c->length = p->length;
         memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
@@ -250,7 +250,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             db[whole] = id;
         }
     }
-    dst->out = 1;
+    seq_set_out(pg, dst, true);
     dst->n_pages = whole + (rem ? 1 : 0);
     dst->length = n_tokens;
     return 0;
@@ -285,11 +285,11 @@ int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tok
         rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
         if (rc)
             return rc;
-        dst->out = 0;
+        seq_set_out(pg, dst, false);
     }
     rc = src->out ? share_out(pg, dst, src, n_tokens) : share_resident(pg, dst, src, n_tokens);
     if (rc && was_out)
-        dst->out = 1;
+        seq_set_out(pg, dst, true);
     for (uint32_t r = 0; !rc && r < pg->p.n_regions; r++)   /* src's discard, kept */
         dst->kept[r] = src->kept[r] < n_tokens ? src->kept[r] : n_tokens;
     return rc;

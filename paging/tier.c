@@ -327,14 +327,14 @@ int tier_unmap_window(struct paging *pg, struct pg_seq *s)
 
 void tier_seq_out(struct paging *pg, struct pg_seq *s)
 {
-    s->out = 1;
+    seq_set_out(pg, s, true);
     s->used_valid = 0;
     pg->c.swap_outs++;
 }
 
 void tier_seq_in(struct paging *pg, struct pg_seq *s)
 {
-    s->out = 0;
+    seq_set_out(pg, s, false);
     seq_use(pg, s);
     pg->c.swap_ins++;
 }
@@ -489,37 +489,36 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
         if (!s->live || s->out || s->n_defer || s->in_job ||
             (s->used_valid && s->used_epoch >= pg->epoch))
             continue;
-        uint32_t frees = 0, dev = 0;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t j = 0; j < s->n_pages; j++) {
-                if (pg_page_is_none(pg_bt(pg, s, r)[j]))
-                    continue;           /* a hole (discard.c) */
-                const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[j]);
-                frees += page_moves_down(p);
-                dev += p->tier == PG_TIER_DEVICE;
-            }
         /* A sequence whose device pages are all shared frees nothing alone, but does with
-           its siblings (paging_frees_if_all); one with none is no candidate. (Map-ahead
-           frames count as free already.) */
-        if (!dev)
-            continue;
-        out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, frees };
+           its siblings (paging_frees_upto); one with none is no candidate. (Map-ahead
+           frames count as free already.) The walk stops at the first device page (the
+           first one, but for holes and pages another's swap-in still brings in): what a
+           victim frees is asked for only while the policy walks its order. */
+        bool dev = false;
+        for (uint32_t r = 0; r < pg->p.n_regions && !dev; r++)
+            for (uint32_t j = 0; j < s->n_pages && !dev; j++) {
+                pg_page_id id = pg_bt(pg, s, r)[j];   /* PG_PAGE_NONE: a hole (discard.c) */
+                dev = !pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DEVICE;
+            }
+        if (dev)
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
     }
     return n;
 }
 
 uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
-                           bool resident_only)
+                           bool resident_only, uint32_t want)
 {
     /* A device page is freed when every holder of it (resident_only: every holder mapping
-       it) is in the set: count the set's entries per page and compare. */
-    uint32_t *cnt = calloc(pg->p.max_pages ? pg->p.max_pages : 1, sizeof *cnt), frees = 0;
-    if (!cnt) {
-        for (size_t k = 0; k < n; k++)
-            frees += c[k].frees;       /* the lower bound */
-        return frees;
+       it) is in the set: count the set's entries per page (the pages' scratch counts of
+       this walk, pg->mark) and compare. */
+    uint32_t frees = 0;
+    if (++pg->mark == 0) {              /* wrapped: no stale mark may pass for this walk */
+        for (uint32_t i = 0; i < pg->p.max_pages; i++)
+            pg->pages[i].mark = 0;
+        pg->mark = 1;
     }
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n && frees < want; k++) {
         struct pg_seq *s;
         if (seq_lookup(pg, c[k].h, &s))
             continue;
@@ -528,19 +527,24 @@ uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
                 pg_page_id id = pg_bt(pg, s, r)[j];
                 if (pg_page_is_none(id))
                     continue;           /* a hole (discard.c) */
-                const struct pg_page *p = page_at(pg, id);
+                struct pg_page *p = page_at(pg, id);
                 uint32_t holders = resident_only ? p->refs - p->offs : p->refs;
-                if (p->tier == PG_TIER_DEVICE && ++cnt[id.v - 1] == holders)
+                if (p->tier != PG_TIER_DEVICE)
+                    continue;
+                if (p->mark != pg->mark) {
+                    p->mark = pg->mark;
+                    p->n_mark = 0;
+                }
+                if (++p->n_mark == holders)
                     frees++;
             }
     }
-    free(cnt);
     return frees;
 }
 
-uint32_t paging_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n)
+uint32_t paging_frees_upto(struct paging *pg, const struct pg_cand *c, size_t n, uint32_t want)
 {
-    return tier_frees_if_all(pg, c, n, true);
+    return tier_frees_if_all(pg, c, n, true, want);
 }
 
 uint32_t paging_frames_pending(const struct paging *pg)

@@ -143,12 +143,14 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
     return 0;
 }
 
-/* Commit of a staged swap-in: every host and disk page of s is DEVICE in its fresh frame,
-   its slot freed. Nothing fails. */
-static void staged_in_commit(struct paging *pg, struct pg_seq *s, const pg_frame_id *fresh,
-                             uint32_t need, uint32_t ndk)
+/* Commit of a swap-in: s's entries map again (offs); each page coming back takes the next
+   fresh frame. Staged (d NULL): a host or disk page becomes DEVICE, its slot freed. Direct:
+   a host page becomes TO_DEVICE and the job d names it and the pages another's swap-in
+   still brings in. Nothing fails. */
+static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
+                      const pg_frame_id *fresh)
 {
-    uint32_t k = 0;
+    uint32_t k = 0, j = 0;
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t i = 0; i < s->n_pages; i++) {
             pg_page_id id = pg_bt(pg, s, q)[i];
@@ -157,17 +159,25 @@ static void staged_in_commit(struct paging *pg, struct pg_seq *s, const pg_frame
             struct pg_page *p = page_at(pg, id);
             page_count(pg, p, -1);
             p->offs--;
-            if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_DISK) {
-                page_release_slot(pg, p, p->tier);
-                p->tier = PG_TIER_DEVICE;
+            if (d && p->tier == PG_TIER_TO_DEVICE && j < d->n)
+                d->pages[j++] = id;               /* another's copy: ordered after it */
+            if (p->tier == PG_TIER_HOST || (!d && p->tier == PG_TIER_DISK)) {
                 page_frame_set(pg, id, fresh[k++]);
+                if (d) {
+                    p->tier = PG_TIER_TO_DEVICE;
+                    pg->n_inflight++;
+                    d->pages[j++] = id;
+                } else {
+                    page_release_slot(pg, p, p->tier);
+                    p->tier = PG_TIER_DEVICE;
+                }
             }
             page_count(pg, p, 1);
         }
+    if (d)
+        d->n = j;
     tier_seq_in(pg, s);
-    pg->c.bytes_to_device += (uint64_t)need * pg->p.page_size;
-    pg->c.unspills += ndk;
-    pg->c.bytes_from_disk += (uint64_t)ndk * pg->p.page_size;
+    pg->c.bytes_to_device += (uint64_t)k * pg->p.page_size;
 }
 
 /* Frames and a host slot for a staged swap-in of s moving need pages (ndk from disk): the
@@ -253,7 +263,9 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
-    staged_in_commit(pg, s, fresh, need, ndk);
+    in_commit(pg, s, NULL, fresh);
+    pg->c.unspills += ndk;
+    pg->c.bytes_from_disk += (uint64_t)ndk * pg->p.page_size;
     goto out_free;
 
 out_give:
@@ -306,35 +318,6 @@ static int in_order(struct paging *pg, struct pg_defer *d, bool wait, bool async
     return rc;
 }
 
-/* Commit of the ordinary swap-in: host pages become TO_DEVICE in their fresh frames; the job
-   names them and the pages another's swap-in still brings in. Nothing fails. */
-static void direct_in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
-                             const pg_frame_id *fresh)
-{
-    uint32_t k = 0, j = 0;
-    for (uint32_t q = 0; q < pg->p.n_regions; q++)
-        for (uint32_t i = 0; i < s->n_pages; i++) {
-            pg_page_id id = pg_bt(pg, s, q)[i];
-            if (pg_page_is_none(id))
-                continue;               /* a hole (discard.c) */
-            struct pg_page *p = page_at(pg, id);
-            page_count(pg, p, -1);
-            p->offs--;
-            if (p->tier == PG_TIER_TO_DEVICE && j < d->n)
-                d->pages[j++] = id;               /* another's copy: ordered after it */
-            if (p->tier == PG_TIER_HOST) {
-                p->tier = PG_TIER_TO_DEVICE;
-                page_frame_set(pg, id, fresh[k++]);
-                pg->n_inflight++;
-                d->pages[j++] = id;
-            }
-            page_count(pg, p, 1);
-        }
-    d->n = j;
-    tier_seq_in(pg, s);
-    pg->c.bytes_to_device += (uint64_t)k * pg->p.page_size;
-}
-
 /* The ordinary swap-in (every disk page of s fits the host tier: read back first). */
 static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
 {
@@ -364,7 +347,7 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
-    direct_in_commit(pg, s, d, fresh);
+    in_commit(pg, s, d, fresh);
     free(fr);
     if (!d->n) {
         free(d);                          /* every page was on the device already */

@@ -41,22 +41,20 @@ static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
     return false;
 }
 
-/* Victims in LRU order, excl removed. *out is malloc'ed. */
-static size_t victims(struct swap *sw, const uint64_t *excl, size_t n_excl, struct pg_cand **out,
-                      uint64_t *frees)
+/* Victims in LRU order, excl removed. *out is malloc'ed. What they free is asked for along
+   that order, as far as a caller needs (paging_frees_upto). */
+static size_t victims(struct swap *sw, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
 {
     struct pg_cand *c;
     size_t n = swap_collect(sw->pg, paging_candidates, &c);
     if (!c) {
         *out = NULL;
-        *frees = 0;
         return 0;
     }
     size_t k = 0;
     for (size_t i = 0; i < n; i++)      /* LIVE only: CACHED go first (cached_step), PINNED never */
         if (!excluded(c[i].h, excl, n_excl) && paging_seq_class(sw->pg, c[i].h) == PG_SEQ_LIVE)
             c[k++] = c[i];
-    *frees = paging_frees_if_all(sw->pg, c, k);
     swap_lru_sort(c, k);
     *out = c;
     return k;
@@ -157,16 +155,18 @@ static uint32_t move_until(struct swap *sw, uint32_t target, const uint64_t *exc
     if (have >= target)
         return 0;
     struct pg_cand *c;
-    uint64_t frees;
-    size_t n = victims(sw, excl, n_excl, &c, &frees);
+    size_t n = victims(sw, excl, n_excl, &c);
     uint32_t n_orphans = paging_orphans(sw->pg);
     /* classes: CACHED sequences are dropped (or demoted) before any LIVE one moves; a
        drop needs no room below */
     uint32_t cfrees = swap_cached_frees(sw, excl, n_excl), acted = 0;
     /* all or nothing, checked before anything moves (other sequences' host pages
        included): the victims' frames must cover the shortfall and the tiers below must
-       take them (one host or disk slot per frame) */
-    if (all_or_nothing && (have + cfrees + frees + n_orphans < target ||
+       take them (one host or disk slot per frame). The victims' frees are counted along the
+       LRU order until they cover it (exact: the whole set covers it just when a prefix does) */
+    uint64_t got = (uint64_t)have + cfrees + n_orphans;
+    uint32_t short_by = got < target ? (uint32_t)(target - got) : 0;
+    if (all_or_nothing && ((short_by && paging_frees_upto(sw->pg, c, n, short_by) < short_by) ||
                            paging_room_below(sw->pg) + cfrees < target - have)) {
         free(c);
         *rc = -ENOMEM;
