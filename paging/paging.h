@@ -287,7 +287,8 @@ uint32_t paging_frees_upto(struct paging *pg, const struct pg_cand *c, size_t n,
    Touches only the library's copy stream (no engine work is left on an orphan): a library
    thread may call it while the engine stream captures a graph. */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved);
-/* Orphan pages (device pages held only by non-resident sequences). O(pages). */
+/* Orphan pages (device pages held only by non-resident sequences). O(1): counted at the
+   page transitions. */
 uint32_t paging_orphans(const struct paging *pg);
 /* Device frames free now (= paging_counters' pages_free), O(1). */
 uint32_t paging_frames_free(const struct paging *pg);
