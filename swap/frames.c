@@ -174,7 +174,9 @@ void frames_set_budget(struct frames *fr, uint32_t budget)
 
 void frames_after_step(struct frames *fr)
 {
-    if (fr)
+    /* a round refills below the high mark; at or above it only decay_ms = 0 releases at
+       steps (the decay has its own deadline): no wake-up of the thread for nothing */
+    if (fr && (paging_pool_ready(fr->pg) < fr->high || !fr->p.decay_ms))
         wake(fr);
 }
 

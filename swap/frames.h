@@ -51,7 +51,8 @@ int  frames_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
 void frames_destroy(struct frames *fr);
 /* The budget changed: the marks follow; a round refills (context lock held). */
 void frames_set_budget(struct frames *fr, uint32_t budget);
-/* At each step: a round (context lock held). NULL is a no-op. */
+/* At each step (context lock held): a round when the pool is below the high mark, or when
+   decay_ms = 0. NULL is a no-op. */
 void frames_after_step(struct frames *fr);
 /* Waits until no round runs or is requested. No lock held. NULL is a no-op. */
 void frames_wait_idle(struct frames *fr);
