@@ -66,6 +66,7 @@ struct pg_feed {
                                   plan that could release): only frames unused that whole
                                   time are surplus */
     bool        suppress;      /* kvvm_trim: create nothing ahead until a call takes frames */
+    bool        asked;         /* a round was asked for since the last plan (context lock) */
 };
 
 struct pg_page {

@@ -75,6 +75,16 @@ void pool_fini(struct paging *pg)
     pool_free_arrays(pg);
 }
 
+/* Asks the pool thread for a round, once until its next plan (a take below the low mark
+   would otherwise take the thread's mutex at every frame). */
+static void feed_ask(struct paging *pg)
+{
+    if (pg->feed.on && pg->feed.wake && !pg->feed.asked) {
+        pg->feed.asked = true;
+        pg->feed.wake(pg->feed.wake_arg);
+    }
+}
+
 static void ready_push(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
@@ -86,9 +96,8 @@ static void ready_push(struct paging *pg, pg_frame_id f)
     pg->ready_head = f;
     pg->n_ready++;
     /* the pool just grew above the thread's high mark: it times the surplus' release */
-    if (pg->feed.high != UINT32_MAX && pg->n_ready == pg->feed.high + 1 && pg->feed.on &&
-        pg->feed.wake)
-        pg->feed.wake(pg->feed.wake_arg);
+    if (pg->feed.high != UINT32_MAX && pg->n_ready == pg->feed.high + 1)
+        feed_ask(pg);
 }
 
 static pg_frame_id ready_pop(struct paging *pg)
@@ -259,6 +268,7 @@ int paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint3
     pg->feed.wake_arg = arg;
     pg->feed.low = low;
     pg->feed.high = high;
+    pg->feed.asked = false;
     pg->feed.on = true;
     return 0;
 }
@@ -279,13 +289,14 @@ void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high)
 
 static void feed_wake(struct paging *pg)
 {
-    if (pg->feed.on && pg->feed.wake && pg->n_ready < pg->feed.low && !pg->feed.suppress)
-        pg->feed.wake(pg->feed.wake_arg);
+    if (pg->n_ready < pg->feed.low && !pg->feed.suppress)
+        feed_ask(pg);
 }
 
 int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl)
 {
     struct pg_feed *fd = &pg->feed;
+    fd->asked = false;            /* this plan sees what any request since the last saw */
     paging_feed_drain(pg);
     pl->create = pl->release = 0;
     pl->rel = NULL;
