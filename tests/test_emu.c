@@ -591,6 +591,8 @@ Test(emu, copy_to_unknown_address_is_invalid_value)
     cr_expect_eq(A->cuMemcpyHtoDAsync(va, NULL, 8, NULL), KCU_ERROR_INVALID_VALUE);
     cr_expect_eq(A->cuMemcpyHtoDAsync(va, buf, 0, NULL), KCU_SUCCESS, "zero bytes");
     cr_expect_eq(A->cuMemcpyHtoDAsync(va, buf, 8, NULL), KCU_SUCCESS, "not sticky");
+    /* the copy is queued: unmapping before it ran killed the device (1 full run in ~10) */
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);
     cr_expect_eq(A->cuMemUnmap(va, G), KCU_SUCCESS);
     cr_expect_eq(A->cuMemRelease(h), KCU_SUCCESS);
     cr_expect_eq(A->cuMemAddressFree(va, 2 * G), KCU_SUCCESS);
