@@ -94,8 +94,10 @@ static bool round_once(void *arg)
     int rc = paging_feed_plan(fr->pg, fr->high, due ? fr->high : PG_FEED_KEEP_ALL, &pl);
     if (!rc && due)
         fr->window_ns = now;
-    if (decay && paging_pool_ready(fr->pg) > fr->high)
-        fr->w.next_ns = fr->window_ns + decay;
+    if (decay && paging_pool_ready(fr->pg) > fr->high) {
+        uint64_t end = fr->window_ns + decay;     /* past only when the plan failed */
+        fr->w.next_ns = end > now ? end : now + decay;
+    }
     pthread_mutex_unlock(fr->lock);
     if (rc || (!pl.create && !pl.release))
         return false;
