@@ -21,11 +21,15 @@ bad() { echo "gpucheck_fake_driver: FAIL: $*"; fail=1; }
 grep -q 'no GPU present' "$tmp/out" && bad "the fake driver was taken for no GPU"
 [ -s "$tmp/rows.tsv" ] || { bad "no table"; exit 1; }
 # Every row of (a)-(d): ok or info (the two columns agree where they are compared). The
-# queued/pageable/pinned probes are timed (a queue calibrated to ~300 ms): on a loaded or
-# sanitized run the queue can drain before the probe looks, which the tool honestly calls
-# INCONCLUSIVE; that is accepted for them, never a disagreement (DIFF/UNEXPECTED).
+# queued/pageable/pinned probes are timed (a queue calibrated to ~300 ms) and both columns
+# run the same emulator here, so they can differ only by scheduling: on a loaded or
+# sanitized run the queue can drain before the probe looks (INCONCLUSIVE), while a call is
+# descheduled (queued: "blocking", the stream drained during the call), or while the source
+# is being overwritten (pageable/pinned: "mixed"). Those answers are accepted for the timed
+# rows; any other disagreement, and every error, fails.
 awk -F'\t' 'NR > 1 && $1 !~ /^capture\./ && $5 != "ok" && $5 != "info" &&
-    !($5 == "INCONCLUSIVE" && $1 ~ /^(queued|pageable|pinned)\./) {
+    !($1 ~ /^(queued|pageable|pinned)\./ && ($5 == "INCONCLUSIVE" ||
+      ($5 == "DIFF" && ($4 == "mixed" || ($1 ~ /^queued\./ && $4 == "blocking"))))) {
     print "gpucheck_fake_driver: FAIL: " $1 ": " $5 " (emulated " $3 ", cuda " $4 ")"; bad = 1 }
     END { exit bad }' "$tmp/rows.tsv" || fail=1
 awk -F'\t' '$1 == "loader.library" && $4 == "ok" { found = 1 } END { exit !found }' \
