@@ -461,8 +461,9 @@ Test(discard, protected_release_waits_for_step_fence)
    step while the engine's work runs. The grow does not wait for the discard's fence (it maps
    nothing the discard releases). Regression: grow flushed every pending release of the slot,
    blocking on the engine stream (here, paused: for ever). */
-Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
+Test(discard, grow_does_not_wait_for_discard_fence)
 {
+    TH_DEADLINE(60);
     struct kvvm_config c;
     cfg_base(&c);
     open_cfg(&c);
@@ -559,13 +560,15 @@ static void discard_sweep(bool stream)
     th_sweep_run(&sw);
 }
 
-Test(discard, fault_sweep_sync, .timeout = 300)
+Test(discard, fault_sweep_sync)
 {
+    TH_DEADLINE(300);
     discard_sweep(false);
 }
 
-Test(discard, fault_sweep_stream, .timeout = 300)
+Test(discard, fault_sweep_stream)
 {
+    TH_DEADLINE(300);
     discard_sweep(true);
 }
 
@@ -926,13 +929,15 @@ static void drop_sweep(bool stream)
     th_sweep_run(&sw);
 }
 
-Test(classes, fault_sweep_drop_sync, .timeout = 300)
+Test(classes, fault_sweep_drop_sync)
 {
+    TH_DEADLINE(300);
     drop_sweep(false);
 }
 
-Test(classes, fault_sweep_drop_stream, .timeout = 300)
+Test(classes, fault_sweep_drop_stream)
 {
+    TH_DEADLINE(300);
     drop_sweep(true);
 }
 

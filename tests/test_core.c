@@ -1046,8 +1046,9 @@ Test(current_context, open_and_close_leave_the_callers)
    threads, locks and device belong to the parent; the emulated device's memory is shared
    with it), and the parent must be unharmed. Before, the child's calls ran on the parent's
    state. */
-Test(fork_child, gets_eio_parent_unharmed, .timeout = 30)
+Test(fork_child, gets_eio_parent_unharmed)
 {
+    TH_DEADLINE(30);
     struct kvvm_config c;
     struct tctx t;
     tcfg(&c, KB, 2, 1000, 4, 40, 40);

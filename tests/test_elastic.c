@@ -723,8 +723,9 @@ Test(regress, freed_frames_released_at_the_next_step_and_created_again)
 
 /* An engine gone idle gets its surplus released after the decay without calling anything
    (the pool growing above the high mark wakes the thread, which times the window). */
-Test(pool, idle_surplus_released_after_the_decay_without_a_call, .timeout = 60)
+Test(pool, idle_surplus_released_after_the_decay_without_a_call)
 {
+    TH_DEADLINE(60);
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0, 0);

@@ -837,8 +837,9 @@ Test(regress, sync_io_synchronized_device_every_call)
    must not hold it up. Regression: it copied on the legacy stream, which waits for every
    blocking stream of the context (here: forever). */
 /* Bug: share's host copy ran on the legacy stream, waiting for every blocking stream. */
-Test(regress, share_host_copy_on_legacy_stream, .timeout = 20)
+Test(regress, share_host_copy_on_legacy_stream)
 {
+    TH_DEADLINE(20);
     struct kvvm_config c;
     struct tctx t;
     void *st;
@@ -929,8 +930,9 @@ static void *sync_thread(void *arg)
    cuCtxSynchronize, which waits for every stream of the context: here another stream of the
    engine (an NCCL stream, say) has work that cannot run (paused), and sync hung. Now they
    synchronize the engine stream and the library's own only; the test times out before. */
-Test(stream_sync, does_not_wait_for_other_streams, .timeout = 30)
+Test(stream_sync, does_not_wait_for_other_streams)
 {
+    TH_DEADLINE(30);
     struct kvvm_config c;
     struct tctx t;
     tcfg(&c, KB, 1, 1000, 4, 40, 40);
@@ -1007,8 +1009,9 @@ static bool pageable_returns_early(struct tctx *t, void *st, struct io_arg *a)
    source at the call and fill a pageable destination by return; CUDA 12/13 documentation
    no longer promises either. A pageable buffer is now waited for; a pinned one is not
    (options/stream_mode_cpu_does_not_wait). */
-Test(pageable_buffers, stream_mode_waits_for_their_copy, .timeout = 30)
+Test(pageable_buffers, stream_mode_waits_for_their_copy)
 {
+    TH_DEADLINE(30);
     struct kvvm_config c;
     struct tctx t;
     tcfg(&c, KB, 1, 1000, 4, 40, 40);
