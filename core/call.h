@@ -45,7 +45,7 @@ static inline int api_done(const char *call, int rc)
    with the parent). */
 static inline bool forked(const kvvm *kv)
 {
-    if (getpid() == kv->pid)
+    if (__builtin_expect(__atomic_load_n(&kvvm__fork_gen, __ATOMIC_RELAXED) == kv->fork_gen, 1))
         return false;
     klog_error("kvvm: a context is used in a child process (pid %ld) of the process that "
                "opened it (pid %ld): -EIO; open a new context in the child",

@@ -9,6 +9,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -233,12 +234,34 @@ out_unreserve:
     return rc;
 }
 
+unsigned kvvm__fork_gen;
+
+static void fork_child(void)
+{
+    __atomic_add_fetch(&kvvm__fork_gen, 1, __ATOMIC_RELAXED);
+}
+
+static void fork_watch_once(void)
+{
+    if (pthread_atfork(NULL, NULL, fork_child))
+        klog_warn("kvvm: pthread_atfork failed: a context used in a fork() child is not "
+                  "detected");
+}
+
+static void fork_watch(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, fork_watch_once);
+}
+
 static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
 {
+    fork_watch();
     kvvm *kv = calloc(1, sizeof *kv);
     if (!kv)
         return -ENOMEM;
     kv->pid = getpid();
+    kv->fork_gen = __atomic_load_n(&kvvm__fork_gen, __ATOMIC_RELAXED);
     int rc = config_copy(cfg, &kv->cfg);
     if (!rc)
         rc = config_check(&kv->cfg);

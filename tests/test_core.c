@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #define KVVM_HARNESS_SHADOW
 #include "harness.h"
@@ -930,6 +931,42 @@ Test(regress, calls_left_their_context_current)
     cr_assert_eq(api->cuDevicePrimaryCtxRelease(dev), KCU_SUCCESS);
     cr_assert_eq(kvvm_seq_free(t2.kv, s2), 0);
     tclose(&t2);
+    tclose(&t);
+}
+
+/* getpid() of this executable, which the statically linked library's calls resolve to: it
+   counts while getpid_counting is set. */
+static volatile int getpid_counting, getpid_calls;
+pid_t getpid(void)
+{
+    if (getpid_counting)
+        getpid_calls++;
+    return (pid_t)syscall(SYS_getpid);
+}
+
+/* Bug: every public call made a getpid() system call to detect a fork() child (issue 19);
+   the child is detected by a pthread_atfork handler now (fork_child/gets_eio_parent_unharmed
+   still passes). */
+Test(regress, every_call_made_a_getpid_system_call)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);
+    topen(&t, &c);
+    kvvm_seq s;
+    uint8_t buf[16] = { 3 };
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    getpid_counting = 1;
+    for (uint64_t n = 1; n <= 64; n++)
+        cr_assert_eq(kvvm_seq_grow(t.kv, s, n), 0);
+    cr_assert_eq(kvvm_seq_write(t.kv, s, 0, 0, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_seq_read(t.kv, s, 0, 0, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_stats(t.kv, &st), 0);
+    getpid_counting = 0;
+    cr_expect_eq(getpid_calls, 0, "%d getpid() calls in 69 public calls", getpid_calls);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
     tclose(&t);
 }
 
