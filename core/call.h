@@ -4,8 +4,8 @@
  * Contract: a public call returning a status starts with klast_clear(), checks its pointer
  * arguments with NONNULL, and runs its locked part through CALL / CALL_ENGINE: enter()
  * refuses with -EIO in a fork() child or once the context is dead (a sticky driver error
- * seen by vmm), takes kv->lock and saves the caller's current device context; leave() notes
- * a death, restores the context and unlocks; api_done() sets the thread's last error. The
+ * seen by vmm), takes kv->lock and arms vmm's lazy save of the caller's device context;
+ * leave() notes a death, restores that context if a driver call replaced it, and unlocks; api_done() sets the thread's last error. The
  * helpers are static inline so each core file gets its own copy and no generic name
  * (enter, leave) becomes a symbol of the static library.
  */
@@ -67,13 +67,9 @@ static inline int enter(kvvm *kv)
         pthread_mutex_unlock(&kv->lock);
         return -EIO;
     }
-    /* the caller's current context comes back at leave(): libkvvm never leaves its own
-       context current in the engine's thread */
-    int rc = vmm_ctx_save(kv->v, &kv->ctx_prev);
-    if (rc) {
-        pthread_mutex_unlock(&kv->lock);
-        return rc;
-    }
+    /* the caller's current context comes back at leave(), if a driver call of this one
+       replaced it: libkvvm never leaves its own context current in the engine's thread */
+    vmm_call_begin();
     return 0;
 }
 
@@ -92,7 +88,7 @@ static inline int leave_call(kvvm *kv, int rc, const char *call)
 #else
     (void)call;
 #endif
-    vmm_ctx_restore(kv->v, kv->ctx_prev);
+    vmm_call_end(kv->v);
     pthread_mutex_unlock(&kv->lock);
     return rc;
 }

@@ -53,8 +53,6 @@ struct kvvm {
     unsigned fork_gen;            /* kvvm__fork_gen at open: a fork() child sees another
                                      value, and every call there is -EIO (its threads, locks
                                      and device context stayed in the parent); immutable */
-    kcu_context ctx_prev;         /* the caller's current context, saved by enter() and
-                                     restored by leave() (lock held in between) */
     kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
 };

@@ -934,6 +934,39 @@ Test(regress, calls_left_their_context_current)
     tclose(&t);
 }
 
+/* Bug: every public call asked the driver for the caller's current context at its entry
+   and again at its exit (cuCtxGetCurrent twice, issue 19), even a call that makes no other
+   driver call. The caller's context is saved by the first entry point that replaces it. */
+Test(regress, calls_without_device_work_made_context_driver_calls)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);
+    topen(&t, &c);
+    kvvm_seq s;
+    uint32_t slot;
+    uint64_t addr;
+    struct kvvm_seq_info si = { .size = sizeof si };
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 3), 0);
+    emu_ctx_on(t.ord);              /* our context current: every driver call is counted */
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    cr_assert_eq(kvvm_seq_info(t.kv, s, &si), 0);
+    cr_assert_eq(kvvm_stats(t.kv, &st), 0);
+    cr_assert_eq(kvvm_seq_slot(t.kv, s, &slot), 0);
+    cr_assert_eq(kvvm_seq_addr(t.kv, s, 1, &addr), 0);
+    struct emu_calls n;
+    cr_assert_eq(emu_calls_get(t.ord, &n), 0);
+    cr_expect_eq(n.cuCtxGetCurrent + n.cuCtxSetCurrent, 0,
+                 "%lu cuCtxGetCurrent and %lu cuCtxSetCurrent calls for 4 calls that need "
+                 "no device work", (unsigned long)n.cuCtxGetCurrent,
+                 (unsigned long)n.cuCtxSetCurrent);
+    emu_ctx_off(t.ord);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose(&t);
+}
+
 /* getpid() of this executable, which the statically linked library's calls resolve to: it
    counts while getpid_counting is set. */
 static volatile int getpid_counting, getpid_calls;

@@ -9,10 +9,11 @@
  *    the calling thread's current context, so every entry point makes ours current first:
  *    it asks the driver for the current context each time (cuCtxGetCurrent, a thread-local
  *    read in the driver) and sets ours only when it differs; nothing is cached here, since
- *    the engine may switch devices on the thread between two calls. core/ saves the
- *    caller's context before a public call and restores it after (vmm_ctx_save /
- *    vmm_ctx_restore), so libkvvm never leaves its own context current in the engine's
- *    thread.
+ *    the engine may switch devices on the thread between two calls. The first entry
+ *    point of a public call that switches saves the caller's context, and core/ restores
+ *    it after the call (vmm_call_begin / vmm_call_end), so libkvvm never leaves its own
+ *    context current in the engine's thread, and a call that makes no driver call makes
+ *    none for the context either.
  *  - All or nothing: vmm_map_run maps page by page, then one cuMemSetAccess over the run;
  *    a failure at any step unmaps what this call mapped. Nothing else here is multi-step.
  *  - Errors: every driver failure is logged with its entry point and the driver's error
@@ -123,6 +124,27 @@ int vmm_thread_capture_relaxed(struct vmm *v)
     return r == KCU_SUCCESS ? 0 : drv_err(v, "cuThreadExchangeStreamCaptureMode", r);
 }
 
+/* The public call running on this thread (vmm_call_begin .. vmm_call_end): armed, and the
+   caller's context once an entry point replaced it. initial-exec: a few bytes of static
+   TLS, read without a __tls_get_addr call on the engine's hot path. */
+static __thread struct {
+    bool armed, saved;
+    kcu_context prev;
+} call_ctx __attribute__((tls_model("initial-exec")));
+
+void vmm_call_begin(void)
+{
+    call_ctx.armed = true;
+    call_ctx.saved = false;
+}
+
+void vmm_call_end(struct vmm *v)
+{
+    if (call_ctx.saved)
+        (void)v->api->cuCtxSetCurrent(call_ctx.prev);
+    call_ctx.armed = call_ctx.saved = false;
+}
+
 /* The entry of every call: dead check, then our context current on this thread. The
    current context is asked of the driver each time (a thread-local read in the driver):
    the engine may have switched devices on this thread since our last call, and a cached
@@ -135,7 +157,13 @@ static int enter(struct vmm *v)
     kcu_result r = v->api->cuCtxGetCurrent(&cur);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuCtxGetCurrent", r);
-    return cur == v->ctx ? 0 : vmm_make_current(v);
+    if (cur == v->ctx)
+        return 0;
+    if (call_ctx.armed && !call_ctx.saved) {
+        call_ctx.prev = cur;
+        call_ctx.saved = true;
+    }
+    return vmm_make_current(v);
 }
 
 /* The entry of the release calls (void: nothing to report): a dead context has nothing

@@ -62,11 +62,18 @@ int vmm_make_current(struct vmm *v);
    in the default global mode, a thread's event query or synchronize during another
    thread's graph capture is prohibited and invalidates that capture. -EIO. */
 int vmm_thread_capture_relaxed(struct vmm *v);
-/* The caller's current context, saved at the entry of a public call and restored at its
-   exit, so libkvvm never leaves its context current in the engine's thread (works on a
-   dead vmm too, so a close can restore it). -EIO. */
+/* The caller's current context, saved and restored around kvvm_open and kvvm_close, so
+   libkvvm never leaves its context current in the engine's thread (works on a dead vmm
+   too, so a close can restore it). -EIO. */
 int  vmm_ctx_save(struct vmm *v, kcu_context *prev);
 void vmm_ctx_restore(struct vmm *v, kcu_context prev);
+/* The same around any other public call, lazily: vmm_call_begin arms the calling thread;
+   the first entry point of the call that must make our context current saves the caller's
+   (so a call that makes no driver call makes none for the context either); vmm_call_end
+   restores it when one was saved, dead vmm or not. Library threads never arm (they keep
+   our context current). Public calls do not nest on a thread. */
+void vmm_call_begin(void);
+void vmm_call_end(struct vmm *v);
 
 /* The one reserved virtual range: bytes rounded up to the granule. -ENOMEM, -EIO. */
 int  vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base);
