@@ -154,11 +154,23 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
     return rc;
 }
 
+/* A grow within the pages s holds moves nothing: no frame, no copy, so no capture check
+   and no driver call (the decode step's cost: a lock and a lookup); any other grow checks
+   the engine stream's capture first, as CALL_ENGINE does. */
+static int grow_call(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    int rc = paging_seq_grow_in_place(kv->pg, s, length);
+    if (rc != -EAGAIN)
+        return rc;
+    rc = stream_check(kv);
+    return rc ? rc : grow_locked(kv, s, length);
+}
+
 int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     klast_clear();
     NONNULL(kv);
-    CALL_ENGINE(kv, grow_locked(kv, s, length));
+    CALL(kv, grow_call(kv, s, length));
 }
 
 static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,

@@ -178,6 +178,12 @@ void paging_destroy(struct paging *pg);
 int paging_seq_create(struct paging *pg, uint64_t *h);
 int paging_seq_free(struct paging *pg, uint64_t h);
 int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
+/* The grow that needs nothing (the engine's hot path: a decode step inside the last page):
+   h resident and settled, length within the pages it holds, no shared or discarded partial
+   last page to copy or fill. Sets the length and protects h: O(n_regions), no allocation,
+   no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
+   then does the work or says what is wrong). */
+int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
 /* All or nothing; -EINVAL also for a handle named twice. */
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n);

@@ -607,6 +607,18 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     return 0;
 }
 
+int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s;
+    uint32_t cow_idx;
+    if (seq_lookup(pg, h, &s) || grow_check(pg, s, length) || s->out || s->in_job ||
+        pg_pages_for(pg, length) != s->n_pages || grow_frames(pg, s, length, &cow_idx))
+        return -EAGAIN;
+    s->length = length;
+    seq_use(pg, s);
+    return 0;
+}
+
 /* Appends the shared last pages (index idx) of s's regions to *cand. */
 static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx,
                           pg_page_id **cand, uint32_t *n)

@@ -934,6 +934,66 @@ Test(regress, calls_left_their_context_current)
     tclose(&t);
 }
 
+/* The decode step's grow: tokens added inside the last page a sequence holds make no driver
+   call at all (no capture query, no context call), in synchronous and in stream mode; a
+   grow onto a new page, and one into a page shared since a fork, still do their work. */
+static void grow_in_place_calls(bool stream)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st = NULL;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);             /* 4 tokens per page */
+    if (stream)
+        topen_stream(&t, &c, &st);
+    else
+        topen(&t, &c);
+    struct sh a, b;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 1, 1);
+    emu_ctx_on(t.ord);              /* our context current: every driver call is counted */
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    for (uint64_t n = 2; n <= 4; n++)
+        cr_assert_eq(kvvm_seq_grow(t.kv, a.h, n), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 4), 0);  /* the same length */
+    struct emu_calls k;
+    cr_assert_eq(emu_calls_get(t.ord, &k), 0);
+    uint64_t total = 0;
+#define X(e) total += k.e;
+    EMU_ENTRIES(X)
+#undef X
+    cr_expect_eq(total, 0, "%s: %lu driver calls for 4 grows inside the last page "
+                 "(cuStreamIsCapturing %lu, cuCtxGetCurrent %lu)", stream ? "stream" : "sync",
+                 (unsigned long)total, (unsigned long)k.cuStreamIsCapturing,
+                 (unsigned long)k.cuCtxGetCurrent);
+    emu_ctx_off(t.ord);
+    a.len = 4;
+    sh_fill(&t, &a, 1, 4, 2);
+    sh_verify(&t, &a, "after the grows in place");
+    /* a new page, then a page shared by a fork: work is done, bytes stay right */
+    sh_grow_fill(&t, &a, 6, 3);
+    sh_fork(&t, &a, &b);
+    sh_grow_fill(&t, &b, 7, 4);
+    sh_verify(&t, &a, "parent after the child's grow into the shared page");
+    sh_verify(&t, &b, "child");
+    tcheck(&t, "end");
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    if (stream)
+        tclose_stream(&t, st);
+    else
+        tclose(&t);
+}
+
+Test(hotpath, grow_inside_the_last_page_makes_no_driver_call_sync)
+{
+    grow_in_place_calls(false);
+}
+
+Test(hotpath, grow_inside_the_last_page_makes_no_driver_call_stream)
+{
+    grow_in_place_calls(true);
+}
+
 /* Bug: every public call asked the driver for the caller's current context at its entry
    and again at its exit (cuCtxGetCurrent twice, issue 19), even a call that makes no other
    driver call. The caller's context is saved by the first entry point that replaces it. */
