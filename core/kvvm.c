@@ -221,6 +221,16 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
     return rc;
 }
 
+/* As grow_call: a decode step's batch that moves nothing costs no driver call. */
+static int grow_batch_call(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
+{
+    int rc = paging_seq_grow_batch_in_place(kv->pg, seqs, lengths, n);
+    if (rc != -EAGAIN)
+        return rc;
+    rc = stream_check(kv);
+    return rc ? rc : grow_batch_locked(kv, seqs, lengths, n);
+}
+
 int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
 {
     klast_clear();
@@ -231,7 +241,7 @@ int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
     }
     if (!n)
         return 0;
-    CALL_ENGINE(kv, grow_batch_locked(kv, seqs, lengths, n));
+    CALL(kv, grow_batch_call(kv, seqs, lengths, n));
 }
 
 int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)

@@ -184,6 +184,10 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
    no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
    then does the work or says what is wrong). */
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
+/* The same for a batch: every member grows in place, each named once, or -EAGAIN and
+   nothing changed. O(n * n_regions). */
+int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
+                                   const uint64_t *lengths, size_t n);
 /* All or nothing; -EINVAL also for a handle named twice. */
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n);

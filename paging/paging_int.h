@@ -130,6 +130,8 @@ struct pg_seq {
                               is a hole: a discarded page (unmapped, no page held) */
     uint8_t   cls;         /* enum pg_seq_class */
     uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
+    uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
+                              batch naming it (a second naming is seen) */
 };
 
 struct paging {
@@ -137,6 +139,7 @@ struct paging {
     struct paging_params p;
     uint32_t pages_per_slot;
     uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
+    uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
        p.max_frames, changed by paging_set_budget) */

@@ -607,15 +607,51 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     return 0;
 }
 
+/* Whether growing s to length needs nothing (paging_seq_grow_in_place). No division on
+   this path: the pages held end at `held` bytes, the old tokens at `used`; a partial last
+   page (used < held) must be s's own in every region. */
+static bool grows_in_place(struct paging *pg, struct pg_seq *s, uint64_t length)
+{
+    if (grow_check(pg, s, length) || s->out || s->in_job)
+        return false;
+    uint64_t held = (uint64_t)s->n_pages * pg->p.page_size;
+    uint64_t used = s->length * pg->p.bytes_per_token;
+    if (length * pg->p.bytes_per_token > held)
+        return false;                           /* a new page (grow_check bounds length) */
+    return length == s->length || used == held ||
+           !cow_needed(pg, s, 0, pg->p.n_regions, s->n_pages - 1, s->n_pages);
+}
+
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
 {
     struct pg_seq *s;
-    uint32_t cow_idx;
-    if (seq_lookup(pg, h, &s) || grow_check(pg, s, length) || s->out || s->in_job ||
-        pg_pages_for(pg, length) != s->n_pages || grow_frames(pg, s, length, &cow_idx))
+    if (seq_lookup(pg, h, &s) || !grows_in_place(pg, s, length))
         return -EAGAIN;
     s->length = length;
     seq_use(pg, s);
+    return 0;
+}
+
+int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
+                                   const uint64_t *lengths, size_t n)
+{
+    struct pg_seq *s;
+    if (++pg->batch_mark == 0) {                /* wrapped: no stale mark may match */
+        for (uint32_t i = 0; i < pg->p.max_seqs; i++)
+            pg->seqs[i].batch_mark = 0;
+        pg->batch_mark = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (seq_lookup(pg, hs[i], &s) || s->batch_mark == pg->batch_mark ||  /* twice */
+            !grows_in_place(pg, s, lengths[i]))
+            return -EAGAIN;
+        s->batch_mark = pg->batch_mark;
+    }
+    for (size_t i = 0; i < n; i++) {
+        (void)seq_lookup(pg, hs[i], &s);
+        s->length = lengths[i];
+        seq_use(pg, s);
+    }
     return 0;
 }
 

@@ -984,6 +984,57 @@ static void grow_in_place_calls(bool stream)
         tclose(&t);
 }
 
+/* The same for a batch: a decode step's grow_batch inside the last pages makes no driver
+   call; a batch naming a sequence twice is still refused (-EINVAL, nothing changed), and a
+   batch where one member needs a new page does the work for all. */
+Test(hotpath, grow_batch_inside_the_last_pages_makes_no_driver_call)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);             /* 4 tokens per page */
+    topen(&t, &c);
+    struct sh a, b;
+    sh_create(&t, &a);
+    sh_create(&t, &b);
+    sh_grow_fill(&t, &a, 1, 1);
+    sh_grow_fill(&t, &b, 5, 2);
+    kvvm_seq hs[2] = { a.h, b.h };
+    uint64_t lens[2] = { 3, 7 };
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
+    struct emu_calls k;
+    cr_assert_eq(emu_calls_get(t.ord, &k), 0);
+    uint64_t total = 0;
+#define X(e) total += k.e;
+    EMU_ENTRIES(X)
+#undef X
+    cr_expect_eq(total, 0, "%lu driver calls for a batch inside the last pages",
+                 (unsigned long)total);
+    emu_ctx_off(t.ord);
+    a.len = 3;
+    b.len = 7;
+    kvvm_seq twice[2] = { a.h, a.h };
+    uint64_t tl[2] = { 4, 4 };
+    cr_expect_eq(kvvm_seq_grow_batch(t.kv, twice, tl, 2), -EINVAL);
+    struct kvvm_seq_info in;
+    tinfo(&t, a.h, &in);
+    cr_expect_eq(in.length, 3, "a refused batch changed a length");
+    lens[0] = 4;
+    lens[1] = 9;                                  /* b needs a new page */
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
+    a.len = 4;
+    b.len = 9;
+    sh_fill(&t, &a, 1, 4, 3);
+    sh_fill(&t, &b, 5, 9, 4);
+    sh_verify(&t, &a, "a");
+    sh_verify(&t, &b, "b");
+    tcheck(&t, "end");
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    tclose(&t);
+}
+
 Test(hotpath, grow_inside_the_last_page_makes_no_driver_call_sync)
 {
     grow_in_place_calls(false);
