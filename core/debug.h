@@ -24,6 +24,9 @@ int kvvm_debug_emu_ordinal(kvvm *kv);
    first use: for emu_stream_set_paused, to hold the library's copies back. */
 void *kvvm_debug_copy_stream(kvvm *kv);
 
+/* Requests for a frame pool thread round so far (0 without the thread). */
+uint64_t kvvm_debug_pool_wakes(kvvm *kv);
+
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
    spill_test_corrupt (disk/disk.h). */
 struct spill;

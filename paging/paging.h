@@ -429,6 +429,9 @@ void paging_feed_drain(struct paging *pg);
 void paging_feed_quiesce(struct paging *pg);
 /* Frames ready in the pool now (delivered ones included after a drain). */
 uint32_t paging_pool_ready(const struct paging *pg);
+/* Whether a frame could be created within the budget now (frames held and in transit
+   below it): the frame pool thread has something to do below its marks. */
+bool paging_pool_can_create(struct paging *pg);
 /* Context lock held. Sets the budget to `frames` (n_regions <= frames <= cap_frames) when
    the frames holding pages (pending releases included) fit in it, releasing every unused
    frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);

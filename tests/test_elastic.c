@@ -721,6 +721,44 @@ Test(regress, freed_frames_released_at_the_next_step_and_created_again)
     tclose(&t);
 }
 
+/* Bug: with the budget all held (the device full, nothing can be created), every step still
+   woke the frame pool thread whenever fewer frames than its high mark were ready: a round
+   per decode step for nothing (issue 19). */
+Test(regress, full_device_woke_pool_thread_every_step)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 16, 16, 0, 0);                     /* 16 pages: 32 tokens of one sequence */
+    c.pool_thread = 1;
+    c.pool_decay_ms = 60000;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    /* room left: a step below the high mark asks for a refill (the control) */
+    cr_assert_eq(sh_grow_fill(t.kv, a, 4), 0);
+    uint64_t w0 = kvvm_debug_pool_wakes(t.kv);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_expect_gt(kvvm_debug_pool_wakes(t.kv), w0, "a step with room to refill asked for "
+                 "no round");
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    /* the budget all held */
+    cr_assert_eq(sh_grow_fill(t.kv, a, 32), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_device_free, 0, "the device is not full: %llu pages free",
+                 (unsigned long long)st.pages_device_free);
+    w0 = kvvm_debug_pool_wakes(t.kv);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    uint64_t w1 = kvvm_debug_pool_wakes(t.kv);
+    cr_expect_eq(w1, w0, "%llu wake-ups of the pool thread in 10 steps with nothing to "
+                 "create", (unsigned long long)(w1 - w0));
+    tcheck(&t, "after the steps");
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    free(a);
+    tclose(&t);
+}
+
 /* An engine gone idle gets its surplus released after the decay without calling anything
    (the pool growing above the high mark wakes the thread, which times the window). */
 Test(pool, idle_surplus_released_after_the_decay_without_a_call)
