@@ -86,19 +86,26 @@ static bool sticky(kcu_result r)
     }
 }
 
-/* Logs a failed driver call and returns its errno. */
-static int drv_err(struct vmm *v, const char *entry, kcu_result r)
+/* Logs a failed driver call at level (a sticky error always as an error) and returns its
+   errno. */
+static int drv_err_at(struct vmm *v, const char *entry, kcu_result r, int level)
 {
     if (sticky(r) && !__atomic_exchange_n(&v->dead, 1, __ATOMIC_ACQ_REL))
         klog_error("%s: %s; the device context is lost, every later call fails with EIO",
                    entry, kcu_errstr(v->api, r));
     else
-        klog_error("%s: %s", entry, kcu_errstr(v->api, r));
+        klog(sticky(r) ? KVVM_LOG_ERROR : level, "%s: %s", entry, kcu_errstr(v->api, r));
     switch (r) {
     case KCU_ERROR_OUT_OF_MEMORY: return -ENOMEM;
     case KCU_ERROR_INVALID_VALUE: return -EINVAL;
     default:                      return -EIO;
     }
+}
+
+/* Logs a failed driver call as an error and returns its errno. */
+static int drv_err(struct vmm *v, const char *entry, kcu_result r)
+{
+    return drv_err_at(v, entry, r, KVVM_LOG_ERROR);
 }
 
 bool vmm_dead(const struct vmm *v)
@@ -770,8 +777,8 @@ int vmm_host_register(struct vmm *v, void *p, size_t bytes)
         return -EINVAL;
     ENTER(v);
     kcu_result r = v->api->cuMemHostRegister(p, bytes, KCU_MEMHOSTREGISTER_PORTABLE);
-    if (r != KCU_SUCCESS)
-        return drv_err(v, "cuMemHostRegister", r);
+    if (r != KCU_SUCCESS)   /* a warning: the host arena falls back to pageable memory */
+        return drv_err_at(v, "cuMemHostRegister", r, KVVM_LOG_WARN);
     count(&v->n_host_regs, 1);
     return 0;
 }

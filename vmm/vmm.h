@@ -121,7 +121,8 @@ int vmm_copy_dtod(struct vmm *v, uint64_t dst, uint64_t src, size_t n, kcu_strea
 int vmm_memset(struct vmm *v, uint64_t dst, unsigned char value, size_t n, kcu_stream s);
 
 /* Pinned host memory: allocate (cuMemAllocHost) or register existing memory
-   (cuMemHostRegister). -ENOMEM, -EIO. */
+   (cuMemHostRegister; a refusal is logged as a warning, not an error: the host arena falls
+   back to pageable memory). -ENOMEM, -EINVAL, -EIO. */
 int  vmm_host_alloc(struct vmm *v, size_t bytes, void **out);
 void vmm_host_free(struct vmm *v, void *p);
 int  vmm_host_register(struct vmm *v, void *p, size_t bytes);
