@@ -49,6 +49,7 @@ struct vmm {
 
     /* Live objects, for leak reports at close (atomics: calls come from any thread). */
     int64_t n_handles, n_mapped_bytes, n_streams, n_fences, n_host_allocs, n_host_regs;
+    uint64_t n_create_oom;      /* atomic: cuMemCreate out-of-memory failures */
 };
 
 
@@ -464,6 +465,39 @@ void vmm_unreserve(struct vmm *v)
     v->reserved = 0;
 }
 
+/* The device is short of memory below the budget (others hold it): not an error of the
+   driver or of the caller, a budget the device cannot honour. Logged once per vmm at info,
+   with what the driver says is free; then only counted (vmm_create_ooms). */
+static int create_oom(struct vmm *v)
+{
+    if (__atomic_fetch_add(&v->n_create_oom, 1, __ATOMIC_RELAXED) == 0) {
+        size_t fr = 0, tot = 0;
+        if (v->api->cuMemGetInfo(&fr, &tot) != KCU_SUCCESS)
+            fr = tot = 0;
+        klog_info("vmm: cuMemCreate: the device is out of memory (%zu MiB free of %zu MiB): "
+                  "other users of the GPU hold the rest of the budget; calls that need new "
+                  "frames reclaim or fail with ENOMEM (logged once; counted in the stats' "
+                  "create_oom)", fr >> 20, tot >> 20);
+    } else {
+        klog_debug("vmm: cuMemCreate: out of memory");
+    }
+    return -ENOMEM;
+}
+
+uint64_t vmm_create_ooms(const struct vmm *v)
+{
+    return __atomic_load_n(&v->n_create_oom, __ATOMIC_RELAXED);
+}
+
+int vmm_mem_info(struct vmm *v, size_t *free_bytes, size_t *total)
+{
+    if (!free_bytes || !total)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemGetInfo(free_bytes, total);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuMemGetInfo", r);
+}
+
 int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
 {
     if (!out || !bytes || bytes % v->granule)
@@ -473,6 +507,8 @@ int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
     alloc_prop(v, &prop);
     kcu_mem_handle h = 0;
     kcu_result r = v->api->cuMemCreate(&h, bytes, &prop, 0);
+    if (r == KCU_ERROR_OUT_OF_MEMORY)
+        return create_oom(v);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemCreate", r);
     count(&v->n_handles, 1);

@@ -74,8 +74,16 @@ void vmm_unreserve(struct vmm *v);                    /* all mappings must be go
 uint64_t vmm_reserved_base(const struct vmm *v);
 size_t   vmm_reserved_bytes(const struct vmm *v);
 
-/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full, -EIO. */
+/* Free and total memory of the device as the driver reports them now (cuMemGetInfo: memory
+   held by other processes and by other users of this process, e.g. PyTorch, is not free).
+   -EINVAL NULL, -EIO. */
+int  vmm_mem_info(struct vmm *v, size_t *free_bytes, size_t *total);
+
+/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full (the device's memory
+   is short of the budget: logged once at info, not as an error, and counted), -EIO. */
 int  vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out);
+/* cuMemCreate out-of-memory failures so far. */
+uint64_t vmm_create_ooms(const struct vmm *v);
 /* Release: 0, or -EIO when the driver refused (the handle is still the caller's). */
 int  vmm_phys_release(struct vmm *v, vmm_handle h);
 
