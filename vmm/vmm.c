@@ -50,6 +50,9 @@ struct vmm {
     /* Live objects, for leak reports at close (atomics: calls come from any thread). */
     int64_t n_handles, n_mapped_bytes, n_streams, n_fences, n_host_allocs, n_host_regs;
     uint64_t n_create_oom;      /* atomic: cuMemCreate out-of-memory failures */
+    int unmap_each;             /* the driver refused one cuMemUnmap over several mappings
+                                   (probe_unmap_span at open): vmm_unmap unmaps each */
+    size_t map_unit;            /* atomic: bytes of one mapping (vmm_map_run's page_size) */
 };
 
 
@@ -235,6 +238,52 @@ static int pick_backend(const struct vmm_params *p, struct vmm *v)
     return 0;
 }
 
+/* Whether one cuMemUnmap may cover several adjacent mappings: libkvvm unmaps runs of pages
+   that way, and the driver documentation does not state it ("the entire contiguous address
+   range that was mapped"). Probed once at open on the CUDA backend (the emulated device
+   allows it, its documented rule): two one-granule handles mapped side by side in a scratch
+   reservation, one cuMemUnmap over both. A refusal, or a probe that cannot be set up (the
+   device full), selects one cuMemUnmap per mapping in vmm_unmap, logged at info. 0, or
+   -EIO the context is lost. */
+static int probe_unmap_span(struct vmm *v)
+{
+    const struct kcu_api *a = v->api;
+    struct kcu_mem_alloc_prop prop;
+    alloc_prop(v, &prop);
+    size_t g = v->granule;
+    kcu_deviceptr va = 0;
+    kcu_mem_handle h[2] = { 0, 0 };
+    int made = 0, mapped = 0;
+    const char *what = "cuMemAddressReserve";
+    kcu_result r = a->cuMemAddressReserve(&va, 2 * g, g, 0, 0);
+    for (; !r && made < 2; made += !r)
+        r = a->cuMemCreate(&h[made], g, &prop, 0), what = "cuMemCreate";
+    for (; !r && mapped < 2; mapped += !r)
+        r = a->cuMemMap(va + (size_t)mapped * g, g, 0, h[mapped], 0), what = "cuMemMap";
+    if (!r) {
+        what = "cuMemUnmap";
+        r = a->cuMemUnmap(va, 2 * g);
+        if (!r)
+            mapped = 0;
+    }
+    if (r) {
+        v->unmap_each = 1;
+        klog_info("vmm: one cuMemUnmap over adjacent mappings %s (%s: %s): libkvvm unmaps "
+                  "each mapping with its own call", !strcmp(what, "cuMemUnmap")
+                  ? "is refused by the driver" : "could not be probed", what,
+                  kcu_errstr(a, r));
+    } else {
+        klog_debug("vmm: the driver unmaps adjacent mappings in one cuMemUnmap");
+    }
+    while (mapped-- > 0)
+        a->cuMemUnmap(va + (size_t)mapped * g, g);
+    while (made-- > 0)
+        a->cuMemRelease(h[made]);
+    if (va)
+        a->cuMemAddressFree(va, 2 * g);
+    return sticky(r) ? -EIO : 0;
+}
+
 int vmm_open(const struct vmm_params *p, struct vmm **out)
 {
     if (!p || !out)
@@ -328,6 +377,8 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     }
     klog_info("vmm: %s backend, device %d (%s), %zu MiB, granule %zu KiB", a->name, ordinal,
               v->dev_name, v->device_bytes >> 20, v->granule >> 10);
+    if (v->emu_ordinal < 0 && (err = probe_unmap_span(v)))
+        goto out_release_ctx;
     if (prev != v->ctx && (r = a->cuCtxSetCurrent(prev)) != KCU_SUCCESS) {
         err = open_err(v, "cuCtxSetCurrent (the caller's context back)", r);
         goto out_release_ctx;
@@ -549,6 +600,7 @@ int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
     size_t k;
     int err;
     kcu_result r;
+    __atomic_store_n(&v->map_unit, page_size, __ATOMIC_RELAXED);
     for (k = 0; k < n; k++) {
         r = a->cuMemMap(va + k * page_size, page_size, 0, pages[k].h, 0);
         if (r != KCU_SUCCESS) {
@@ -588,11 +640,28 @@ int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes)
         !in_reservation(v, va, bytes))
         return -EINVAL;
     ENTER(v);
+    size_t unit = __atomic_load_n(&v->map_unit, __ATOMIC_RELAXED);
+    if (v->unmap_each && unit && bytes > unit && bytes % unit == 0) {
+        /* one call per mapping (probe_unmap_span); a failure leaves the mappings after it
+           mapped, those before unmapped (counted) */
+        for (size_t off = 0; off < bytes; off += unit) {
+            kcu_result r = v->api->cuMemUnmap(va + off, unit);
+            if (r != KCU_SUCCESS)
+                return drv_err(v, "cuMemUnmap", r);
+            count(&v->n_mapped_bytes, -(int64_t)unit);
+        }
+        return 0;
+    }
     kcu_result r = v->api->cuMemUnmap(va, bytes);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemUnmap", r);
     count(&v->n_mapped_bytes, -(int64_t)bytes);
     return 0;
+}
+
+bool vmm_unmaps_each(const struct vmm *v)
+{
+    return v->unmap_each != 0;
 }
 
 /* --- streams, fences ---------------------------------------------------------------------- */

@@ -82,6 +82,9 @@ int  vmm_mem_info(struct vmm *v, size_t *free_bytes, size_t *total);
 /* Physical pages. bytes: a multiple of the granule. -ENOMEM device full (the device's memory
    is short of the budget: logged once at info, not as an error, and counted), -EIO. */
 int  vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out);
+/* True when the driver refused one cuMemUnmap over several adjacent mappings at open (the
+   CUDA backend probes it): vmm_unmap then makes one call per mapping. */
+bool vmm_unmaps_each(const struct vmm *v);
 /* cuMemCreate out-of-memory failures so far. */
 uint64_t vmm_create_ooms(const struct vmm *v);
 /* Release: 0, or -EIO when the driver refused (the handle is still the caller's). */
@@ -92,8 +95,10 @@ int  vmm_phys_release(struct vmm *v, vmm_handle h);
    All or nothing. -EINVAL, -ENOMEM (mapping bound), -EIO. */
 int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
                 size_t page_size);
-/* Unmaps [va, va + bytes), which must be whole mappings. The caller has waited for every
-   fence of work that may touch the range. -EINVAL, -EIO. */
+/* Unmaps [va, va + bytes), which must be whole mappings: one cuMemUnmap, or one per mapping
+   where the driver refused a span at open (vmm_unmaps_each; a failure then leaves the
+   mappings from the failing one on mapped). The caller has waited for every fence of work
+   that may touch the range. -EINVAL, -EIO. */
 int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes);
 
 /* Streams. vmm_stream_create makes a non-blocking stream of this device. */
