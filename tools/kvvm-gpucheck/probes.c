@@ -103,6 +103,11 @@ static int gpa(const char *name, int version, void **fn, int *v2, char *why, siz
     return 0;
 }
 
+int gc_gpa(const char *name, int version, void **fn, char *why, size_t len)
+{
+    return gpa(name, version, fn, NULL, why, len);
+}
+
 int gc_extra_load(struct gc_extra *x, char *why, size_t len)
 {
     void *f[4];
@@ -819,6 +824,8 @@ const struct gc_probe gc_probes[] = {
     { "queued", false, p_queued },
     { "queued.unmap_target", false, p_unmap_busy },
     { "pageable", false, p_pageable },
+    { "oom.budget_above_free", false, gc_oom_budget },
+    { "kernel.window_alias", true, gc_kernel_window_alias },
     { "capture.global_event", true, gc_capture_global_event },
     { "capture.relaxed_event", true, gc_capture_relaxed_event },
     { "capture.global_ctxsync", true, gc_capture_global_ctxsync },
