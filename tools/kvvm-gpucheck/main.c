@@ -435,6 +435,8 @@ static void usage(FILE *f)
 "  --stress-s N       seconds of each kvvm-stress run with --all (default 30)\n"
 "  --build-dir D      the build tree for ctest (default: the tool's ../ when it is one)\n"
 "  --verbose          show the probes' log lines\n"
+"  --detect           only say whether a GPU is present (the cuda loader probe): exit 0\n"
+"                     present, 77 absent, 1 present but unusable\n"
 "  --tsv FILE         also write the table to FILE as the run goes (tab-separated: id,\n"
 "                     expected, emulated, cuda, verdict; then the suite steps)\n"
 "exit: 0 as expected, 1 a surprise (DIFF, UNEXPECTED, FAIL, INCONCLUSIVE, a failed suite\n"
@@ -444,14 +446,14 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *child = NULL, *driver = "emulated", *build_dir = NULL;
-    int all = 0, stress_s = 30;
+    int all = 0, stress_s = 30, detect = 0;
     static const struct option lo[] = {
         { "all", no_argument, NULL, 'a' }, { "device", required_argument, NULL, 'd' },
         { "queue-ms", required_argument, NULL, 'q' },
         { "capture-ms", required_argument, NULL, 'c' },
         { "stress-s", required_argument, NULL, 's' },
         { "build-dir", required_argument, NULL, 'b' }, { "verbose", no_argument, NULL, 'v' },
-        { "tsv", required_argument, NULL, 't' },
+        { "tsv", required_argument, NULL, 't' }, { "detect", no_argument, NULL, 'G' },
         { "child", required_argument, NULL, 'C' }, { "driver", required_argument, NULL, 'D' },
         { "help", no_argument, NULL, 'h' }, { 0, 0, 0, 0 },
     };
@@ -466,6 +468,7 @@ int main(int argc, char **argv)
         case 'b': build_dir = optarg; break;
         case 'v': verbose = 1; break;
         case 't': tsv_path = optarg; break;
+        case 'G': detect = 1; break;
         case 'C': child = optarg; break;
         case 'D': driver = optarg; break;
         case 'h': usage(stdout); return 0;
@@ -498,6 +501,11 @@ int main(int argc, char **argv)
     if (!have_gpu)
         printf("%s: %s\n", !strcmp(gpu, "absent") ? "no GPU present (no CUDA driver library "
                "or no device)" : "CUDA driver present but unusable", why);
+    if (detect) {               /* the loader alone: is there a GPU to check? */
+        if (have_gpu)
+            printf("GPU present: %s\n", cells[1][row_index("loader.device")].detail);
+        return have_gpu ? 0 : !strcmp(gpu, "absent") ? GC_EXIT_NO_GPU : 1;
+    }
     if (tsv_path) {
         if (!(tsv = fopen(tsv_path, "w")))
             fprintf(stderr, "kvvm-gpucheck: %s: %s\n", tsv_path, strerror(errno));
