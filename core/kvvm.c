@@ -703,12 +703,12 @@ static int set_budget_locked(kvvm *kv, size_t b)
 {
     uint32_t frames, released;
     int rc = budget_arg(kv, b, &frames);
-    if (!rc)
-        rc = core_budget_fits(kv, b);       /* others may hold the device's memory */
     if (rc)
         return rc;
     paging_feed_quiesce(kv->pg);            /* no frame in the pool thread's hands */
-    rc = budget_make_room(kv, frames);
+    rc = core_budget_fits(kv, b);           /* others may hold the device's memory */
+    if (!rc)
+        rc = budget_make_room(kv, frames);
     if (!rc)
         rc = paging_set_budget(kv->pg, frames, &released);
     if (rc)
