@@ -247,6 +247,9 @@ def torch_view(view):
     reinterpreted with Tensor.view."""
     torch = torch_module()
     t = torch.utils.dlpack.from_dlpack(view)
-    if view.tdtype is not None and t.dtype != view.tdtype:
-        t = t.view(view.tdtype)
+    want = view.tdtype
+    if want is None and view.npdtype.kind == "b":
+        want = torch.bool                   # exported as kDLUInt 8 (DLPack < 0.8 has no bool)
+    if want is not None and t.dtype != want:
+        t = t.view(want)
     return t

@@ -37,6 +37,8 @@ def test_dtypes_and_shape_checks(vctx):
     assert s.tensor(0, torch.float16, 32).shape == (3, 32)
     assert s.tensor(0, np.int8, (64,)).dtype == torch.int8
     assert s.array(0, "u1", (8, 8)).dtype == np.uint8
+    assert s.tensor(0, np.bool_, (64,)).dtype == torch.bool
+    assert s.tensor(0, torch.bool, (64,)).dtype == torch.bool
     with pytest.raises(kvvm.InvalidArgument, match="bytes_per_token"):
         s.tensor(0, torch.float32, (2, 4))
     with pytest.raises(kvvm.InvalidArgument, match="region"):
