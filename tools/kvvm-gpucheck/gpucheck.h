@@ -76,9 +76,10 @@ struct gc_extra {
     kcu_result (*exchange_mode)(int *mode);                         /* 10010 */
 };
 int gc_extra_load(struct gc_extra *x, char *why, size_t len);
-/* cuGetProcAddress (LEGACY_STREAM flag) of the library libkvvm loads: 0 and *fn, -ENOENT
-   (why says so). */
-int gc_gpa(const char *name, int version, void **fn, char *why, size_t len);
+/* cuGetProcAddress (LEGACY_STREAM flag) of the library libkvvm loads, for each of want[0..n)
+   at its ABI version: 0 and fn[i]; -ENOENT at the first missing one (why says so). */
+struct gc_sym { const char *name; int version; };
+int gc_gpa_all(const struct gc_sym *want, size_t n, void **fn, char *why, size_t len);
 
 struct gc_probe {
     const char *name;

@@ -100,13 +100,12 @@ struct gc_module_api {
 static int module_api(struct gc_module_api *m, char *why, size_t len)
 {
     void *f[4];
-    static const struct { const char *name; int version; } want[4] = {
+    static const struct gc_sym want[4] = {
         { "cuModuleLoadData", 2000 }, { "cuModuleGetFunction", 2000 },
         { "cuLaunchKernel", 4000 }, { "cuModuleUnload", 2000 },
     };
-    for (int i = 0; i < 4; i++)
-        if (gc_gpa(want[i].name, want[i].version, &f[i], why, len))
-            return -1;
+    if (gc_gpa_all(want, 4, f, why, len))
+        return -1;
     memcpy(&m->load_data, &f[0], sizeof f[0]);
     memcpy(&m->get_function, &f[1], sizeof f[1]);
     memcpy(&m->launch, &f[2], sizeof f[2]);
