@@ -72,6 +72,9 @@ void core_debug_after_call(kvvm *kv, const char *call);
 /* errors.c */
 /* The errno's name, for messages ("-ENOENT"; "error" for one it does not know). */
 const char *core_err_name(int err);
+/* open.c: 0 when a device budget of b bytes fits in the frames the context holds plus the
+   device's free memory; -ENOMEM (the reason in kvvm_last_error), -EIO. */
+int core_budget_fits(kvvm *kv, size_t b);
 
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */

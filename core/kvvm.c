@@ -728,7 +728,9 @@ static int set_budget_locked(kvvm *kv, size_t b)
     if (rc)
         return rc;
     paging_feed_quiesce(kv->pg);            /* no frame in the pool thread's hands */
-    rc = budget_make_room(kv, frames);
+    rc = core_budget_fits(kv, b);           /* others may hold the device's memory */
+    if (!rc)
+        rc = budget_make_room(kv, frames);
     if (!rc)
         rc = paging_set_budget(kv->pg, frames, &released);
     if (rc)

@@ -97,6 +97,12 @@ struct kvvm_config {
                                    that no call needed for this long (default 1000); 0: those
                                    unused since its previous round (at each step).
                                    KVVM_POOL_DECAY_MS */
+    /* --- additions of 0.2: device memory held by others (docs/api.md "Device memory") --- */
+    int      create_at_open;    /* 1: every frame of device_budget is created at open (vLLM's
+                                   behaviour: the open fails with -ENOMEM when the device
+                                   cannot give the whole budget) and kept: the pool thread
+                                   never releases them; kvvm_trim and kvvm_set_budget still
+                                   do. 0 (default): created as needed. KVVM_CREATE_AT_OPEN */
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
@@ -301,6 +307,14 @@ struct kvvm_stats {
     uint64_t cache_drops;         /* CACHED sequences dropped (pages released, no copy) */
     uint64_t cache_demotes;       /* CACHED sequences demoted to host/disk */
     uint64_t pages_discarded;     /* block-table entries released by kvvm_seq_discard */
+    /* --- additions: device memory as the driver reports it (docs/api.md "Device memory") --- */
+    uint64_t device_mem_free;     /* bytes free on the device now (cuMemGetInfo at this call;
+                                     memory held by other users of the GPU is not free) */
+    uint64_t device_mem_total;    /* bytes of device memory */
+    uint64_t device_budget;       /* the device budget in force, bytes (below the configured
+                                     one after a clamp at open; kvvm_set_budget changes it) */
+    uint64_t create_oom;          /* cuMemCreate out-of-memory failures: the device had less
+                                     free memory than the budget promised */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
@@ -312,7 +326,9 @@ KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
 /* ---- elastic device memory (0.2) ----
    kvvm_set_budget: changes the device budget at run time (a multiple of page_size, > 0, at
    most the device's capacity; the emulated device: emu_device_bytes). Growing takes effect
-   at once. Shrinking below the pages in use first drops CACHED sequences, then swaps out
+   at once; a growth past the frames held plus the device's free memory (cuMemGetInfo:
+   memory other users of the GPU hold is not free) is -ENOMEM, the budget unchanged.
+   Shrinking below the pages in use first drops CACHED sequences, then swaps out
    unprotected LIVE sequences in reclaim order (with or without KVVM_F_AUTO_SWAP), then
    releases every frame above the new budget to the driver. Whether enough can be freed is
    checked first: if not, -ENOMEM and nothing moved, the budget unchanged. The released

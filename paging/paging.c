@@ -69,8 +69,12 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     rc = pool_init(pg);
     if (rc)
         goto out_free;
-    if (!p->feed)
-        pool_refill(pg, pg->chunk);
+    if (p->prealloc || !p->feed)
+        pool_refill(pg, p->prealloc ? p->max_frames : pg->chunk);
+    if (p->prealloc && pg->n_held < p->max_frames && !vmm_dead(v)) {
+        rc = -ENOMEM;
+        goto out_pool;
+    }
     if (vmm_dead(v)) {
         rc = -EIO;
         goto out_pool;

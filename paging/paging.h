@@ -127,6 +127,8 @@ struct paging_params {
     bool     scrub;              /* zero frames before they change owner */
     bool     feed;               /* a frame pool thread attaches after create
                                     (paging_feed_attach): no first chunk created here */
+    bool     prealloc;           /* create every frame of max_frames now (-ENOMEM when the
+                                    device cannot give them all) */
     const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
     const struct pg_disk_ops *disk; /* NULL: no disk tier (needs a host tier) */
 };

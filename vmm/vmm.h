@@ -81,8 +81,19 @@ void vmm_unreserve(struct vmm *v);                    /* all mappings must be go
 uint64_t vmm_reserved_base(const struct vmm *v);
 size_t   vmm_reserved_bytes(const struct vmm *v);
 
-/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full, -EIO. */
+/* Free and total memory of the device as the driver reports them now (cuMemGetInfo: memory
+   held by other processes and by other users of this process, e.g. PyTorch, is not free).
+   -EINVAL NULL, -EIO. */
+int  vmm_mem_info(struct vmm *v, size_t *free_bytes, size_t *total);
+
+/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full (the device's memory
+   is short of the budget: logged once at info, not as an error, and counted), -EIO. */
 int  vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out);
+/* True when the driver refused one cuMemUnmap over several adjacent mappings at open (the
+   CUDA backend probes it): vmm_unmap then makes one call per mapping. */
+bool vmm_unmaps_each(const struct vmm *v);
+/* cuMemCreate out-of-memory failures so far. */
+uint64_t vmm_create_ooms(const struct vmm *v);
 /* Release: 0, or -EIO when the driver refused (the handle is still the caller's). */
 int  vmm_phys_release(struct vmm *v, vmm_handle h);
 
@@ -91,8 +102,10 @@ int  vmm_phys_release(struct vmm *v, vmm_handle h);
    All or nothing. -EINVAL, -ENOMEM (mapping bound), -EIO. */
 int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
                 size_t page_size);
-/* Unmaps [va, va + bytes), which must be whole mappings. The caller has waited for every
-   fence of work that may touch the range. -EINVAL, -EIO. */
+/* Unmaps [va, va + bytes), which must be whole mappings: one cuMemUnmap, or one per mapping
+   where the driver refused a span at open (vmm_unmaps_each; a failure then leaves the
+   mappings from the failing one on mapped). The caller has waited for every fence of work
+   that may touch the range. -EINVAL, -EIO. */
 int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes);
 
 /* Streams. vmm_stream_create makes a non-blocking stream of this device. */
@@ -128,7 +141,8 @@ int vmm_copy_dtod(struct vmm *v, uint64_t dst, uint64_t src, size_t n, kcu_strea
 int vmm_memset(struct vmm *v, uint64_t dst, unsigned char value, size_t n, kcu_stream s);
 
 /* Pinned host memory: allocate (cuMemAllocHost) or register existing memory
-   (cuMemHostRegister). -ENOMEM, -EIO. */
+   (cuMemHostRegister; a refusal is logged as a warning, not an error: the host arena falls
+   back to pageable memory). -ENOMEM, -EINVAL, -EIO. */
 int  vmm_host_alloc(struct vmm *v, size_t bytes, void **out);
 void vmm_host_free(struct vmm *v, void *p);
 int  vmm_host_register(struct vmm *v, void *p, size_t bytes);

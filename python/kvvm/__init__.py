@@ -5,6 +5,7 @@ with any torch version, or with numpy alone. See docs/python.md.
 """
 from . import _lib
 from ._core import Context, Sequence, SeqInfo
+from ._views import View
 from ._errors import (Error, InvalidArgument, InvalidHandle, TooBig, NoSlot, OutOfMemory,
                       DataLost, DeviceLost, NoDevice, Busy, NotSupported, Stale, NotResident,
                       error_class)
@@ -28,7 +29,7 @@ def strerror(err):
     return _lib.strerror(err)
 
 
-__all__ = ["Context", "Sequence", "SeqInfo", "KVCache", "Error", "InvalidArgument",
+__all__ = ["Context", "Sequence", "SeqInfo", "View", "KVCache", "Error", "InvalidArgument",
            "InvalidHandle", "TooBig", "NoSlot", "OutOfMemory", "DataLost", "DeviceLost",
            "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "error_class",
            "set_log_level", "strerror", "F_AUTO_SWAP", "F_SCRUB", "F_SPILL_ALLOW_TMPFS",

@@ -66,6 +66,7 @@ class Config(ctypes.Structure):
         ("pool_low", c_u32),
         ("pool_high", c_u32),
         ("pool_decay_ms", c_u32),
+        ("create_at_open", c_int),
     ]
 
 
@@ -97,7 +98,8 @@ STATS_FIELDS = (
     "reclaim_runs", "reclaim_swap_outs", "direct_reclaims", "direct_swap_outs",
     "direct_reclaim_ns", "pages_orphan", "seqs_nonresident", "pages_damaged",
     "frames_created_sync", "frames_released", "device_bytes_held", "cache_drops",
-    "cache_demotes", "pages_discarded",
+    "cache_demotes", "pages_discarded", "device_mem_free", "device_mem_total", "device_budget",
+    "create_oom",
 )
 
 

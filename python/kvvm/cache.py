@@ -8,7 +8,9 @@ Layout: n_regions = 2 * n_layers, region 2l = layer l's K, 2l + 1 its V, one tok
 with k, v of shape (n_new, n_kv_heads, head_dim): they are written at tokens
 [length - n_new, length) through the zero-copy views, and the (length, n_kv_heads,
 head_dim) views of the whole K and V are returned. On a GPU the write is a device copy on
-torch's current stream: make it the engine stream (ctx.set_stream).
+torch's current stream: make it the engine stream (ctx.set_stream). The views returned are
+the package's own tensors: a swap_out, free or truncate of the sequence (or a step under
+auto_swap) empties them in place (docs/python.md, stale views).
 """
 from . import _views
 from ._errors import InvalidArgument
