@@ -72,6 +72,12 @@ void core_debug_after_call(kvvm *kv, const char *call);
 /* errors.c */
 /* The errno's name, for messages ("-ENOENT"; "error" for one it does not know). */
 const char *core_err_name(int err);
+/* The reason of public call `call`'s failure rc when no layer gave one (lock held): the
+   numbers behind -ENOENT (the handle), -E2BIG (the length and max_tokens) and -ENOMEM
+   (pages needed and free per tier, or the tier that is missing), from paging_why. Kept as
+   the last error, not logged: a scheduler meets these under load, and its caller decides.
+   Returns rc. */
+int core_explain(kvvm *kv, const char *call, int rc);
 
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */

@@ -233,10 +233,10 @@ int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
     uint64_t slot1 = handle_slot1(h);
     uint32_t gen = handle_gen(h);
     if (!slot1 || slot1 > pg->p.max_seqs)
-        return -ENOENT;
+        return pg_why_handle(pg, h);
     struct pg_seq *s = &pg->seqs[slot1 - 1];
     if (!s->live || s->gen != gen)
-        return -ENOENT;
+        return pg_why_handle(pg, h);
     *out = s;
     return 0;
 }
@@ -418,7 +418,7 @@ int pool_reserve_check(struct paging *pg, uint32_t n)
         if (rc)
             return rc;
     }
-    return pool_available(pg) >= n ? 0 : -ENOMEM;
+    return pool_available(pg) >= n ? 0 : pg_why_frames(pg, n);
 }
 
 /* Reverts a grow_apply of u->s. */
@@ -576,7 +576,7 @@ static int grow_check(struct paging *pg, struct pg_seq *s, uint64_t len)
     if (len < s->length)
         return -EINVAL;
     if (len > pg->p.max_tokens)
-        return -E2BIG;
+        return pg_why_length(pg, len);
     return 0;
 }
 
