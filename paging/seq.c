@@ -395,6 +395,23 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
     return 0;
 }
 
+/* KVVM_F_SCRUB: a grow over the partial last page idx (its own now: after tail_fill and
+   copy-on-write) zeroes the page's bytes past the old length in every region, on the engine
+   stream or synchronously. They are not the sequence's: a truncate left the old tokens
+   there, and new tokens read as zero. -EIO. */
+static int tail_scrub(struct paging *pg, struct pg_seq *s, uint32_t idx, uint64_t old_len)
+{
+    uint64_t ps = pg->p.page_size, off = (old_len * pg->p.bytes_per_token) % ps;
+    uint32_t slot = pg_slot_of(pg, s);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        int rc = vmm_memset(pg->v, pg_va(pg, r, slot, idx) + off, 0, (size_t)(ps - off),
+                            pg->stream);
+        if (rc)
+            return rc;
+    }
+    return pg->stream ? 0 : vmm_stream_sync(pg->v, NULL);
+}
+
 /* Frames a grow of s to len takes (new pages + copies of a shared last page). */
 static uint32_t grow_frames(struct paging *pg, struct pg_seq *s, uint64_t len, uint32_t *cow_idx)
 {
@@ -530,6 +547,8 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
         rc = tail_fill(pg, s, cow_idx, u);
         if (!rc)
             rc = cow_range(pg, s, 0, nr, cow_idx, cow_idx + 1, &u->cow);
+        if (!rc && pg->p.scrub && (rc = tail_scrub(pg, s, cow_idx, u->old_len)) != 0)
+            (void)pg_wait_engine(pg);   /* a memset may still run: never undo under it */
         if (rc) {
             grow_undo(pg, u);
             goto out_free;
