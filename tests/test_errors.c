@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 #include "kvvm.h"
@@ -546,4 +548,59 @@ Test(regress, write_from_a_device_address_names_the_call_and_src, .init = setup)
     expect_einval(kvvm_seq_read(kv, a, 0, 0, (void *)(uintptr_t)vb, 64),
                   "kvvm_seq_read: dst", "is a device address");
     kvvm_close(kv);
+}
+
+/* ---- kvvm_open's spill errors as docs/api.md lists them (issue 25, item 3) ---- */
+
+/* Bug: a spill_budget no file system could hold (1 PiB) was -EINVAL with "the disk tier ...
+   could not be opened (-EINVAL)" (its page count was checked first); docs/api.md promises
+   -ENOSPC. */
+Test(regress, spill_budget_the_file_system_cannot_hold_was_einval, .init = setup)
+{
+    struct kvvm_config c;
+    cfg_small(&c);
+    c.host_budget = 1 * MiB;
+    c.spill_dir = "/var/tmp";
+    c.spill_budget = 1ull << 50;
+    kvvm *out = NULL;
+    log_reset();
+    cr_expect_eq(kvvm_open(&c, &out), -ENOSPC, "%s", kvvm_last_error());
+    expect_has(kvvm_last_error(), "spill_budget 1125899906842624 bytes", "bytes free",
+               "/var/tmp");
+    cr_expect_null(out);
+    /* a budget just above what is free: also -ENOSPC */
+    struct statfs sf;
+    cr_assert_eq(statfs("/var/tmp", &sf), 0);
+    uint64_t unit = sf.f_frsize ? (uint64_t)sf.f_frsize : (uint64_t)sf.f_bsize;
+    c.spill_budget = ((uint64_t)sf.f_bavail * unit / (64 * 1024) + 1024) * 64 * 1024;
+    cr_expect_eq(kvvm_open(&c, &out), -ENOSPC, "%s", kvvm_last_error());
+    cr_expect_null(out);
+}
+
+/* An immutable spill directory (chattr +i): the kernel's -EPERM, which kvvm_open returns
+   as it is (docs/api.md lists it with -EACCES). Skipped where the flag cannot be set (not
+   root, or a file system without it). */
+Test(errors, open_spill_dir_immutable_is_eperm)
+{
+    char dir[] = "/var/tmp/kvvm-errors-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    cr_assert_geq(fd, 0);
+    int fl = 0, on;
+    if (ioctl(fd, FS_IOC_GETFLAGS, &fl) != 0 ||
+        (on = fl | FS_IMMUTABLE_FL, ioctl(fd, FS_IOC_SETFLAGS, &on) != 0)) {
+        close(fd);
+        rmdir(dir);
+        cr_skip_test("cannot make %s immutable here (not root, or no such flag)", dir);
+    }
+    kvvm *out = NULL;
+    log_reset();
+    int rc = open_spill(dir, &out);
+    ioctl(fd, FS_IOC_SETFLAGS, &fl);
+    close(fd);
+    rmdir(dir);
+    cr_expect_eq(rc, -EPERM, "kvvm_open: %d (%s)", rc, kvvm_last_error());
+    expect_has(kvvm_last_error(), dir);
+    expect_has(kvvm_strerror(-EPERM), "spill_dir");
+    cr_expect_null(out);
 }
