@@ -133,6 +133,9 @@ struct pg_seq {
     uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
     uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
                               batch naming it (a second naming is seen) */
+    uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
+                              last page; the next grow over them zeroes them (seq.c,
+                              tail_scrub), so it does not grow in place */
 };
 
 struct paging {

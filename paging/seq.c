@@ -274,6 +274,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     s->cls = PG_SEQ_LIVE;
     s->dropped = 0;
+    s->stale_tail = 0;
     pg->n_live++;
     *out = s;
     return 0;
@@ -549,6 +550,8 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
             rc = cow_range(pg, s, 0, nr, cow_idx, cow_idx + 1, &u->cow);
         if (!rc && pg->p.scrub && (rc = tail_scrub(pg, s, cow_idx, u->old_len)) != 0)
             (void)pg_wait_engine(pg);   /* a memset may still run: never undo under it */
+        if (!rc)
+            s->stale_tail = 0;
         if (rc) {
             grow_undo(pg, u);
             goto out_free;
@@ -631,8 +634,9 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
    page (used < held) must be s's own in every region. */
 static bool grows_in_place(struct paging *pg, struct pg_seq *s, uint64_t length)
 {
-    if (grow_check(pg, s, length) || s->out || s->in_job)
-        return false;
+    if (grow_check(pg, s, length) || s->out || s->in_job ||
+        (s->stale_tail && pg->p.scrub && length > s->length))
+        return false;                           /* (tail_scrub first) */
     uint64_t held = (uint64_t)s->n_pages * pg->p.page_size;
     uint64_t used = s->length * pg->p.bytes_per_token;
     if (length * pg->p.bytes_per_token > held)

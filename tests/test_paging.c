@@ -1046,8 +1046,9 @@ Test(pageable_buffers, stream_mode_waits_for_their_copy)
 
 /* KVVM_F_SCRUB after truncate then grow: the kept last page still held the truncated
    tokens' bytes, and the grow handed them out as new tokens (docs/api.md: new tokens read as
-   zero). Checked in synchronous and stream mode, and on a forked sequence whose last page is
-   shared (the grow copies it first: the parent keeps its bytes). */
+   zero). A grow within the kept page (which would otherwise grow in place) and one past it;
+   in synchronous and stream mode, and on a forked sequence whose last page is shared (the
+   grow copies it first: the parent keeps its bytes). */
 static void scrub_tail_case(bool stream, bool forked)
 {
     struct kvvm_config c;
@@ -1069,6 +1070,16 @@ static void scrub_tail_case(bool stream, bool forked)
     b = a;
     if (forked)
         cr_assert_eq(kvvm_seq_fork(t.kv, a, &b), 0);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 10), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 200), 0);          /* within the kept page */
+    for (uint32_t r = 0; r < 2; r++) {
+        memset(back, 0x55, sizeof back);
+        cr_assert_eq(kvvm_seq_read(t.kv, b, r, 0, back, 200 * 16), 0);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+        for (size_t i = 10 * 16; i < 200 * 16; i++)
+            cr_assert_eq(back[i], 0, "grow(200), region %u: byte %zu (token %zu) holds a "
+                         "truncated token's byte %#x", r, i, i / 16, back[i]);
+    }
     cr_assert_eq(kvvm_seq_truncate(t.kv, b, 10), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, b, 1000), 0);
     for (uint32_t r = 0; r < 2; r++) {
