@@ -60,6 +60,7 @@ static inline int enter(kvvm *kv)
     if (forked(kv))
         return -EIO;
     pthread_mutex_lock(&kv->lock);
+    paging_why_reset(kv->pg);           /* this call's refusals only (core_explain) */
     if (kv->dead || vmm_dead(kv->v)) {
         if (!kv->dead)
             klog_error("kvvm: the device context failed; every call returns -EIO now");
@@ -101,13 +102,16 @@ static inline int stream_check(kvvm *kv)
     return vmm_stream_check_capture(kv->v, paging_stream(kv->pg));
 }
 
+/* A public call's locked part: expr's -ENOENT, -E2BIG and -ENOMEM get their numbers in the
+   last error (core_explain, lock held). */
 #define CALL(kv, expr) \
-    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, (expr)); \
+    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, core_explain(kv, __func__, (expr))); \
          return api_done(__func__, rc_); } while (0)
 /* CALL for a call that enqueues onto, records on or synchronizes the engine stream:
    -EBUSY, nothing changed, while that stream captures a CUDA graph (stream_check). */
 #define CALL_ENGINE(kv, expr) \
     do { int rc_ = enter(kv); if (!rc_) { rc_ = stream_check(kv); \
-         rc_ = leave(kv, rc_ ? rc_ : (expr)); } return api_done(__func__, rc_); } while (0)
+         rc_ = leave(kv, rc_ ? rc_ : core_explain(kv, __func__, (expr))); } \
+         return api_done(__func__, rc_); } while (0)
 
 #endif

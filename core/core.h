@@ -75,6 +75,12 @@ const char *core_err_name(int err);
 /* open.c: 0 when a device budget of b bytes fits in the frames the context holds plus the
    device's free memory; -ENOMEM (the reason in kvvm_last_error), -EIO. */
 int core_budget_fits(kvvm *kv, size_t b);
+/* The reason of public call `call`'s failure rc when no layer gave one (lock held): the
+   numbers behind -ENOENT (the handle), -E2BIG (the length and max_tokens) and -ENOMEM
+   (pages needed and free per tier, or the tier that is missing), from paging_why. Kept as
+   the last error, not logged: a scheduler meets these under load, and its caller decides.
+   Returns rc. */
+int core_explain(kvvm *kv, const char *call, int rc);
 
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */

@@ -325,6 +325,16 @@ int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
     CALL_ENGINE(kv, prepare_write_locked(kv, s, first, end));
 }
 
+/* Whether a host buffer argument is device memory: inside this context's reservation, or
+   known to the driver as device memory (the copy would fail with the driver's
+   CUDA_ERROR_INVALID_VALUE, which names neither the call nor the argument). */
+static bool host_arg_is_device(kvvm *kv, const void *buf, size_t len)
+{
+    uint64_t b = (uint64_t)(uintptr_t)buf, end = kv->base + (uint64_t)kv->cfg.n_regions *
+                 kv->cfg.max_seqs * kv->slot_bytes + kv->cfg.page_size;
+    return (b < end && b + len > kv->base) || vmm_ptr_is_device(kv->v, buf) == 1;
+}
+
 /* Validates an I/O range the way paging does, before any swap-in. */
 static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint64_t offset,
                   const void *buf, size_t len)
@@ -338,6 +348,11 @@ static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint6
     uint64_t bytes = pi.length * kv->cfg.bytes_per_token;
     if (!buf)
         return kerr(-EINVAL, "%s: the buffer is NULL", call);
+    if (host_arg_is_device(kv, buf, len))
+        return kerr(-EINVAL, "%s: %s %p is a device address, not host memory (%s copies "
+                    "between host memory and the sequence; a device-to-device copy is the "
+                    "engine's own, on its stream, at kvvm_seq_addr's address)", call,
+                    strcmp(call, "kvvm_seq_write") ? "dst" : "src", buf, call);
     if (region >= kv->cfg.n_regions)
         return kerr(-EINVAL, "%s: region %u is out of range (n_regions %u)", call, region,
                     kv->cfg.n_regions);

@@ -118,8 +118,9 @@ struct kvvm_config {
 KVVM_API void kvvm_config_init(struct kvvm_config *cfg);
 /* -EINVAL cfg or out NULL, cfg->size not set by kvvm_config_init, a bad config field, a
    spill_dir without a host tier, a spill_dir refused (tmpfs, no O_DIRECT) (each logged with
-   the reason); -ENOENT/-ENOTDIR/-EACCES/-EROFS the spill_dir; -ENOSPC its file system cannot
-   hold spill_budget; -EOPNOTSUPP KVVM_IO_ENGINE=io_uring cannot be set up; -ENODEV no
+   the reason); -ENOENT/-ENOTDIR/-EACCES/-EPERM/-EROFS the spill_dir (-EPERM: an immutable
+   directory, or a security policy); -ENOSPC its file system cannot hold spill_budget
+   (-EDQUOT a quota, -EFBIG its largest file); -EOPNOTSUPP KVVM_IO_ENGINE=io_uring cannot be set up; -ENODEV no
    usable CUDA device; -ENOMEM device/host memory or reservation could not be had; -EAGAIN
    a library thread could not be started; -EIO driver failure. */
 KVVM_API int  kvvm_open(const struct kvvm_config *cfg, kvvm **out);
@@ -153,8 +154,8 @@ KVVM_API int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child);
    shared where they are; the partial last page is copied, and its bytes past n_tokens are
    zeroed, so dst never sees src's later tokens. n_tokens 0: 0. -ENOENT either handle,
    -EINVAL dst not empty or n_tokens past src's length, -ENOMEM no page (resident src) or no
-   host slot (swapped-out src) for the partial page, -EBADMSG that page was lost, -EBUSY
-   capturing stream. */
+   host slot (swapped-out src) for the partial page, -EBADMSG that page was lost, -ESTALE
+   dst or src a dropped CACHED sequence (kvvm_seq_set_class), -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens);
 /* Before rewriting tokens [first, end) < length: copy-on-write every shared page. Protects
    s. -ENOENT, -EINVAL first >= end or end past the length, -ENOMEM, -EBADMSG, -EBUSY. */
@@ -364,7 +365,8 @@ enum kvvm_seq_class {
                               explicit kvvm_seq_swap_out still moves it) */
 };
 /* A dropped CACHED sequence keeps its handle: kvvm_seq_info reports dropped = 1 and length
-   0; share (as source), fork, grow, read, write, swap_in and prefetch on it return -ESTALE
+   0; share (as source or target), fork, grow, grow_batch, read, write, swap_in and
+   prefetch on it return -ESTALE
    until it is freed, or set to a class again (it is then an empty sequence of that class).
    Dropping honours the step fence like any release. */
 KVVM_API int kvvm_seq_set_class(kvvm *kv, kvvm_seq s, enum kvvm_seq_class cls);

@@ -14,6 +14,16 @@
 #include <string.h>
 #include "common/log.h"
 
+void paging_why_reset(struct paging *pg)
+{
+    pg->why = (struct paging_why){ 0 };
+}
+
+const struct paging_why *paging_why(const struct paging *pg)
+{
+    return &pg->why;
+}
+
 void paging_counters(const struct paging *pg, struct paging_counters *out)
 {
     *out = pg->c;

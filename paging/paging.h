@@ -223,6 +223,23 @@ kcu_stream paging_copy_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
 
+/* What the refusals of the current call were about, for the caller's message (core/ resets
+   it when a public call starts and explains -ENOENT, -E2BIG and -ENOMEM with it): the
+   handle a lookup refused, a length past max_tokens, the device frames and host slots that
+   a refused move or the last need computed asked for, a swap-out refused for want of a host
+   tier. `what` says which fields hold something; the latest refusal of a kind wins. */
+enum { PG_WHY_HANDLE = 1, PG_WHY_LENGTH = 2, PG_WHY_FRAMES = 4, PG_WHY_HOST = 8,
+       PG_WHY_NO_HOST = 16 };
+struct paging_why {
+    unsigned what;           /* PG_WHY_* bits */
+    uint64_t handle;         /* PG_WHY_HANDLE: not a live sequence (-ENOENT) */
+    uint64_t length;         /* PG_WHY_LENGTH: past max_tokens (-E2BIG) */
+    uint64_t frames;         /* PG_WHY_FRAMES: device frames needed */
+    uint64_t host;           /* PG_WHY_HOST: free host slots needed */
+};
+void paging_why_reset(struct paging *pg);
+const struct paging_why *paging_why(const struct paging *pg);
+
 /* ---- host tier (tier.c) ----
  * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is
  * copied device -> host on the copy stream (ordered after the engine's work: a fence on the

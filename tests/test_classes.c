@@ -615,6 +615,7 @@ static void expect_stale(kvvm_seq e)
     cr_assert_eq(kvvm_seq_create(kv, &d), 0);
     cr_assert_eq(kvvm_seq_share(kv, d, e, 0), -ESTALE);
     cr_assert_eq(kvvm_seq_share(kv, d, e, 1), -ESTALE);
+    cr_assert_eq(kvvm_seq_share(kv, e, d, 0), -ESTALE);     /* into it: as target too */
     cr_assert_eq(kvvm_seq_fork(kv, e, &ch), -ESTALE);
     cr_assert_eq(kvvm_seq_grow(kv, e, 1), -ESTALE);
     cr_assert_eq(kvvm_seq_grow_batch(kv, &e, &(uint64_t){ 1 }, 1), -ESTALE);

@@ -332,6 +332,31 @@ Test(errors, eio_after_sticky_driver_error)
 }
 
 /* Backend CUDA where no driver can be loaded: -ENODEV, never a silent emulation. */
+/* kvvm_step's -ENOMEM (include/kvvm.h and docs/api.md list it): the step fence, made at
+   the first step in stream mode, cannot be had; nothing changed, the next step makes it. */
+Test(errors, step_enomem_when_the_step_fence_cannot_be_made)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 64, 4, 64, 16);
+    topen_stream(&t, &c, &st);
+    kvvm_seq a;
+    cr_assert_eq(kvvm_seq_create(t.kv, &a), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 10), 0);
+    cr_assert_eq(emu_fail_arm("cuEventCreate", 1, KCU_ERROR_OUT_OF_MEMORY), 0);
+    int rc = kvvm_step(t.kv);
+    emu_fail_clear();
+    cr_expect_eq(rc, -ENOMEM, "kvvm_step without memory for its fence: %d (%s)", rc,
+                 kvvm_last_error());
+    cr_expect(strstr(kvvm_last_error(), "kvvm_step") || strstr(kvvm_last_error(),
+              "cuEventCreate"), "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_step(t.kv), 0, "%s", kvvm_last_error());
+    tcheck(&t, "after a failed step");
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    tclose_stream(&t, st);
+}
+
 Test(errors, cuda_backend_without_a_gpu)
 {
     struct kvvm_config c;

@@ -941,6 +941,16 @@ int vmm_host_pinned(struct vmm *v, const void *p, size_t n)
     return a == KCU_MEMORYTYPE_HOST && b == KCU_MEMORYTYPE_HOST;
 }
 
+int vmm_ptr_is_device(struct vmm *v, const void *p)
+{
+    unsigned type = 0;
+    if (!p || enter(v))
+        return 0;
+    kcu_result r = v->api->cuPointerGetAttribute(&type, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                 (kcu_deviceptr)(uintptr_t)p);
+    return r == KCU_SUCCESS && type == KCU_MEMORYTYPE_DEVICE;
+}
+
 void vmm_host_unregister(struct vmm *v, void *p)
 {
     if (!p || enter_release(v))

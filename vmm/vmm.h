@@ -150,6 +150,10 @@ void vmm_host_unregister(struct vmm *v, void *p);
 /* Whether the driver knows [p, p + n) as pinned host memory (its first and last byte):
    1 yes, 0 no (pageable memory: not an error, nothing logged), -EIO. */
 int  vmm_host_pinned(struct vmm *v, const void *p, size_t n);
+/* Whether the driver knows p as device memory (a device address handed where host memory is
+   expected): 1 yes, 0 no or unknown (the query's failure is no error: nothing logged, the
+   copy that follows reports its own). */
+int  vmm_ptr_is_device(struct vmm *v, const void *p);
 
 /* Debug view of the driver's own tables, for the invariant checker (paging/check.c): what
    the library's bookkeeping can be checked against. Only the emulated device can answer

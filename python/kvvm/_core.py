@@ -19,6 +19,7 @@ is undefined (the emulated device raises SIGSEGV; a GPU makes an illegal-address
 kills the whole CUDA context). docs/python.md says so.
 """
 import ctypes
+import errno as _errno
 import json
 import os
 import threading
@@ -43,11 +44,16 @@ _pending_lock = threading.Lock()
 
 
 def _call(fn, *args):
-    """Calls a C function returning 0 / -errno; raises kvvm.Error on failure."""
-    since = _log.mark()
-    rc = fn(*args)
-    if rc < 0:
-        raise _errors.make(rc, fn.__name__, since=since)
+    """Calls a C function returning 0 / -errno; raises kvvm.Error on failure (its reason
+    is not logged too: _log.call_begin)."""
+    since = _log.call_begin()
+    rc = -1
+    try:
+        rc = fn(*args)
+        if rc < 0:
+            raise _errors.make(rc, fn.__name__, since=since)
+    finally:
+        _log.call_end(rc < 0)
     return rc
 
 
@@ -62,6 +68,26 @@ def _parse_size(v):
                 break
         return int(float(s) * mult)
     return int(v)
+
+
+def _set_field(cfg, k, v):
+    """cfg.k = v, a size parsed (_parse_size); a value that is no number names the field."""
+    what = ("a size: an int, or a string such as '64M', '2G', '512K'" if k in _SIZE_FIELDS
+            else "a number")
+    try:
+        x = _parse_size(v) if k in _SIZE_FIELDS else v
+        if isinstance(x, int) and x < 0:
+            raise ValueError(x)
+        setattr(cfg, k, x)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(22, "Context: %s=%r is not %s" % (k, v, what)) from None
+
+
+# kvvm_open's errors about spill_dir and spill_budget (docs/api.md): SpillDirError, not the
+# class the errno has for the sequence calls (-ENOENT is InvalidHandle, -ENOSPC NoSlot)
+_SPILL_DIR_ERRNOS = {_errno.ENOENT, _errno.ENOTDIR, _errno.EACCES, _errno.EPERM,
+                     _errno.EROFS, _errno.ENAMETOOLONG, _errno.ELOOP, _errno.ENOSPC,
+                     _errno.EDQUOT, _errno.EFBIG}
 
 
 def _flags_value(v):
@@ -158,14 +184,17 @@ class Context:
                 cfg.spill_dir = self._spill_dir
             elif k == "flags":
                 cfg.flags = _flags_value(v)
-            elif k in _SIZE_FIELDS:
-                setattr(cfg, k, _parse_size(v))
             elif k in ("emu_opaque",):
                 cfg.emu_opaque = 1 if v else 0
             else:
-                setattr(cfg, k, v)
+                _set_field(cfg, k, v)
         kv = ctypes.c_void_p()
-        _call(L.kvvm_open, buf, ctypes.byref(kv))
+        try:
+            _call(L.kvvm_open, buf, ctypes.byref(kv))
+        except Error as e:
+            if self._spill_dir is not None and e.errno in _SPILL_DIR_ERRNOS:
+                raise _errors.SpillDirError(e.errno, e.message, e.function) from None
+            raise
         self._kv = kv.value
         self._lock = threading.Lock()
         self._seqs = {}                 # handle -> Sequence (live ones)
@@ -340,13 +369,17 @@ class Context:
         n = 8192
         while True:
             buf = ctypes.create_string_buffer(n)
-            since = _log.mark()
-            rc = L.kvvm_stats_json(self._h(), buf, n)
-            if rc == -28 and n < (1 << 24):      # -ENOSPC: a bigger buffer
+            since = _log.call_begin()
+            rc = -1
+            try:
+                rc = L.kvvm_stats_json(self._h(), buf, n)
+                if rc < 0 and not (rc == -28 and n < (1 << 24)):
+                    raise _errors.make(rc, "kvvm_stats_json", since=since)
+            finally:
+                _log.call_end(rc < 0)
+            if rc == -28:                        # -ENOSPC: a bigger buffer
                 n *= 4
                 continue
-            if rc < 0:
-                raise _errors.make(rc, "kvvm_stats_json", since=since)
             return json.loads(buf.value.decode())
 
     # ---- views --------------------------------------------------------------------------

@@ -149,6 +149,7 @@ _PROTOS = {
     "kvvm_seq_set_class": (c_int, [c_void_p, c_u64, c_int]),
     "kvvm_set_log": (None, [LOG_FN, c_void_p, c_int]),
     "kvvm_strerror": (c_char_p, [c_int]),
+    "kvvm_last_error": (c_char_p, []),
     "kvvm_backend_name": (c_char_p, [c_void_p]),
     "kvvm_version": (c_char_p, []),
 }
@@ -197,6 +198,12 @@ def load():
 lib = load()
 VERSION = lib.kvvm_version().decode()
 LIBRARY_PATH = getattr(lib, "_name", "")
+
+
+def last_error():
+    """kvvm_last_error(): the calling thread's reason for its last failed call ("" none)."""
+    s = lib.kvvm_last_error()
+    return s.decode("utf-8", "replace") if s else ""
 
 
 def strerror(err):

@@ -155,6 +155,30 @@ def test_kvcache_update(vctx):
     assert isinstance(Kn, np.ndarray) and (Kn[3] == 1).all()
 
 
+def test_regress_kvcache_view_after_discard_started_at_token_0(vctx):
+    """Bug: after seq.discard, KVCache.update returned views over [0, length) whose first
+    pages were unmapped: touching K[0] killed the process (SIGSEGV). The views now start
+    at first_kept."""
+    cache = kvvm.KVCache(vctx, 1, 2, 8, torch.float32)
+    s = vctx.create()
+    s.grow(200)                                   # 64 tokens a page: pages 0..3
+    k, v = torch.randn(200, 2, 8), torch.randn(200, 2, 8)
+    cache.update(0, s, k, v)
+    vctx.step()
+    s.discard(130)                                # pages 0 and 1 go, tokens 128, 129 too
+    vctx.step()
+    s.grow(201)
+    k1, v1 = torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    K, V = cache.update(0, s, k1, v1)
+    assert K.shape == (71, 2, 8) and V.shape == (71, 2, 8)
+    assert torch.equal(K[0], k[130]) and torch.equal(V[0], v[130])      # K[0] is token 130
+    assert torch.equal(K, torch.cat([k[130:], k1])) and torch.equal(V, torch.cat([v[130:], v1]))
+    Kk, Vv = cache.keys_values(0, s)
+    assert torch.equal(Kk, K) and torch.equal(Vv, V)
+    with pytest.raises(kvvm.InvalidArgument, match="first_kept 130"):
+        cache.update(0, s, torch.zeros(72, 2, 8), torch.zeros(72, 2, 8))
+
+
 def test_kvcache_refuses_other_layouts(vctx):
     with pytest.raises(kvvm.InvalidArgument, match="n_regions"):
         kvvm.KVCache(vctx, 2, 2, 8, torch.float32)
