@@ -645,6 +645,29 @@ static uint64_t batch_cow_frames(struct paging *pg, pg_page_id *cand, uint32_t n
     return need;
 }
 
+int seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
+                     size_t n, uint64_t *frames)
+{
+    pg_page_id *cand = NULL;
+    uint32_t n_cand = 0;
+    uint64_t need = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        uint32_t cow_idx, before = n_cand;
+        if (lengths[i] < ss[i]->length)
+            continue;                   /* (a shrink is the grow's -EINVAL) */
+        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx);
+        /* the shared last pages are counted for the whole batch (holes stay in all) */
+        if (cow_idx != UINT32_MAX)
+            rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand);
+        need += all - (n_cand - before);
+    }
+    if (!rc)
+        *frames = need + batch_cow_frames(pg, cand, n_cand);
+    free(cand);
+    return rc;
+}
+
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n)
 {
@@ -656,12 +679,9 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     int rc = -ENOMEM;
     size_t done = 0;
     uint64_t need = 0;
-    pg_page_id *cand = NULL;
-    uint32_t n_cand = 0;
     if (!ss || !u || !seen)
         goto out_free;
     for (size_t i = 0; i < n; i++) {
-        uint32_t cow_idx;
         rc = seq_lookup(pg, hs[i], &ss[i]);
         if (!rc && seen[pg_slot_of(pg, ss[i])]++)
             rc = -EINVAL;
@@ -673,14 +693,10 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             rc = seq_settle(pg, ss[i]);
         if (rc)
             goto out_free;
-        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx), before = n_cand;
-        /* the shared last pages are counted for the whole batch (holes stay in all) */
-        if (cow_idx != UINT32_MAX && (rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand)))
-            goto out_free;
-        need += all - (n_cand - before);
     }
-    need += batch_cow_frames(pg, cand, n_cand);
-    rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
+    rc = seq_batch_frames(pg, ss, lengths, n, &need);
+    if (!rc)
+        rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
     if (rc)
         goto out_free;
     uint32_t mark = pg->n_created;
@@ -700,7 +716,6 @@ out_undo:
         grow_undo(pg, &u[done]);
     pool_rollback(pg, mark);
 out_free:
-    free(cand);
     free(ss);
     free(u);
     free(seen);
