@@ -175,6 +175,12 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
     s->n_ahead = keep;
 }
 
+void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n)
+{
+    if (s->n_ahead > keep && pool_available(pg) - s->n_ahead * pg->p.n_regions < n)
+        seq_drop_ahead(pg, s, keep);
+}
+
 int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
 {
     if (!pg->n_ahead)
@@ -507,7 +513,10 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     uint32_t need = u->new_np - s->n_pages;
     uint32_t k = need < s->n_ahead ? need : s->n_ahead;
     uint32_t n_fresh = need - k;
-    grow_frames(pg, s, len, &cow_idx);
+    /* the frames taken below (fresh ones, the last page's holes and copies) come from the
+       pool but for s's own map-ahead, which counts as free: its surplus goes back first
+       when the rest cannot supply them */
+    seq_ahead_yield(pg, s, k, grow_frames(pg, s, len, &cow_idx) - k * nr);
     pg_frame_id *fresh = NULL;
     if (n_fresh) {
         fresh = malloc((size_t)n_fresh * nr * sizeof *fresh);
