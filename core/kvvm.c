@@ -62,7 +62,7 @@ static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async)
     int rc = paging_seq_stale(kv->pg, s);     /* a dropped CACHED sequence: -ESTALE */
     if (!rc)
         rc = paging_need(kv->pg, s, 0, &need);
-    if (!rc && !paging_seq_resident(kv->pg, s))
+    if (!rc)
         rc = stream_check(kv);
     if (!rc)
         rc = make_room(kv, need, &s, 1);
