@@ -264,12 +264,18 @@ out_slots:
 static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
                           uint64_t n_tokens);
 
+/* Both sequences of a share. -ENOENT. */
+static int share_lookup(struct paging *pg, uint64_t dh, uint64_t sh, struct pg_seq **dst,
+                        struct pg_seq **src)
+{
+    int rc = seq_lookup(pg, dh, dst);
+    return rc ? rc : seq_lookup(pg, sh, src);
+}
+
 int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tokens)
 {
     struct pg_seq *dst, *src;
-    int rc = seq_lookup(pg, dh, &dst);
-    if (!rc)
-        rc = seq_lookup(pg, sh, &src);
+    int rc = share_lookup(pg, dh, sh, &dst, &src);
     if (rc)
         return rc;
     if (dst->dropped || src->dropped)
@@ -299,9 +305,7 @@ int paging_need_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_to
                       uint32_t *frames)
 {
     struct pg_seq *dst, *src;
-    int rc = seq_lookup(pg, dh, &dst);
-    if (!rc)
-        rc = seq_lookup(pg, sh, &src);
+    int rc = share_lookup(pg, dh, sh, &dst, &src);
     if (rc)
         return rc;
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
