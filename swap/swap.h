@@ -2,10 +2,13 @@
  * swap/swap.h: device reclaim policy (docs/design.md "Pressure and thresholds").
  *
  * Contract:
- *  - swap/ decides *which* sequences leave the device; paging/ moves them (paging_swap_out,
- *    paging_reclaim_orphans). Victims: first orphan pages (device pages no resident sequence
- *    maps), then unprotected resident sequences in least-recently-used order (paging's use
- *    clock). Protected sequences (used since the last step) are never moved.
+ *  - swap/ decides *which* sequences leave the device and how; paging/ counts what each move
+ *    frees and takes (paging_plan_add) and moves them (paging_seq_drop, paging_seq_demote,
+ *    paging_swap_out, paging_reclaim_orphans); core/ only says how many frames a call needs
+ *    and which sequences are its own. Victims: droppable CACHED sequences, then orphan pages
+ *    (device pages no resident sequence maps), then unprotected LIVE sequences, each in
+ *    least-recently-used order (paging's use clock). Protected sequences (used since the
+ *    last step) and PINNED ones are never moved.
  *  - Direct reclaim (swap_make_room): a caller short of frames; plan, check, then act (below,
  *    "reclaim plans"): when the victims cannot cover the shortfall, -ENOMEM and nothing
  *    moved. It waits for the copies it started (the frames are free when it returns) and is
