@@ -160,6 +160,11 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
 {
     struct paging *pg = sw->pg;
     memset(p, 0, sizeof *p);
+    for (size_t i = 0; i < n_excl; i++) {
+        int rc = paging_seq_stale(pg, excl[i]);    /* the caller's own: no room for a stale */
+        if (rc)
+            return rc;
+    }
     p->want = want;
     p->flags = flags;
     p->have = paging_frames_free(pg) + paging_frames_pending(pg);

@@ -111,7 +111,9 @@ struct swap_rplan {
 };
 /* Plans making `want` frames free (flags above) without changing anything. 0: a plan (no
    steps when they are free already; short of want only with SWAP_PLAN_PARTIAL); -ENOMEM not
-   enough can move (no plan to free). Context lock held; no other call in between. */
+   enough can move; -ESTALE / -ENOENT a sequence of excl is a dropped CACHED one / no
+   sequence (checked first). On error there is no plan to free. Context lock held; no other
+   call in between. */
 int  swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
                        unsigned flags, struct swap_rplan *out);
 /* Acts on plan p (right after swap_reclaim_plan, context lock held throughout); *moved the
