@@ -35,15 +35,14 @@ static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_exc
     return need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
 }
 
-/* Swaps s in after make_room (s non-resident); *swapped says it did. */
+/* Swaps s in, if it is out, after make_room counted it (and the caller checked the engine
+   stream: stream_check); *swapped says it did. */
 static int bring_in(kvvm *kv, kvvm_seq s, bool *swapped)
 {
     *swapped = false;
     if (paging_seq_resident(kv->pg, s))
         return 0;
-    int rc = stream_check(kv);
-    if (!rc)
-        rc = paging_swap_in(kv->pg, s, false);
+    int rc = paging_swap_in(kv->pg, s, false);
     *swapped = !rc;
     return rc;
 }
@@ -146,7 +145,7 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
         any_out |= !rc && !pi.resident;
     }
     for (i = 0; !rc && i < n; i++)
-        for (size_t j = 0; j < i; j++)
+        for (size_t j = 0; !rc && j < i; j++)
             if (seqs[j] == seqs[i])
                 rc = kerr(-EINVAL, "kvvm_seq_grow_batch: a sequence is named twice in seqs "
                           "(seqs[%zu] and seqs[%zu])", j, i);
