@@ -1,6 +1,7 @@
 /*
- * swap/swap.c: device victim choice, direct reclaim, watermarks and the background reclaim
- * and spill threads (contract in swap.h); the host tier's choices are in room.c.
+ * swap/swap.c: direct reclaim and the budget shrink (over plan.c's reclaim plans: the
+ * victims are chosen there), watermarks, and the background reclaim and spill threads
+ * (contract in swap.h); the host tier's choices are in room.c.
  */
 #include "swap_int.h"
 
