@@ -356,6 +356,10 @@ bool paging_spill_on(struct paging *pg);
    in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
    through one to disk; spilling a host page trades a disk slot for a host slot). */
 uint64_t paging_room_below(struct paging *pg);
+/* The room facts of the tiers below for a plan (need 0): free host slots, spill writes in
+   flight, host pages that could be spilled (every HOST page: none holds a resident
+   sequence), free disk slots (0 without a disk tier or with spilling off). Reaps first. */
+void paging_room_facts(struct paging *pg, struct pg_room *r);
 /* Processes queued disk completions. */
 int  paging_disk_reap(struct paging *pg);
 /* Waits for every disk I/O in flight, then processes the completions. */

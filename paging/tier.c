@@ -555,6 +555,17 @@ int paging_wait_releases(struct paging *pg)
     return pg->defer ? defer_reap(pg, true) : 0;
 }
 
+void paging_room_facts(struct paging *pg, struct pg_room *r)
+{
+    paging_disk_reap(pg);
+    bool disk = pg->p.disk && !pg->disk_off;
+    r->need = 0;
+    r->host_free = paging_host_free(pg);
+    r->writes = pg->n_dio;
+    r->disk_free = disk ? pg->disk.n_free(pg->disk.arg) : 0;
+    r->spillable = disk ? disk_spillable(pg, NULL) : 0;
+}
+
 uint64_t paging_room_below(struct paging *pg)
 {
     paging_disk_reap(pg);

@@ -32,6 +32,62 @@ static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
     return false;
 }
 
+/* The room below as a plan uses it up, victim by victim: the facts paging reports
+   (struct pg_room: free host slots, spill writes in flight, spillable host pages, free disk
+   slots) and the same choice paging makes for each swap-out (room.c's swap_plan: directly,
+   spilling others, or staged through the host tier to disk). */
+struct room {
+    struct pg_room f;
+    bool disk;                     /* a disk tier that takes spills */
+};
+
+static void room_init(struct room *m, struct paging *pg)
+{
+    paging_room_facts(pg, &m->f);
+    m->disk = paging_has_disk(pg) && m->f.disk_free + m->f.spillable + m->f.writes > 0;
+}
+
+static uint64_t room_total(const struct room *m)
+{
+    return m->f.host_free + m->f.writes + m->f.disk_free;
+}
+
+/* Takes the slots of a move copying k pages down; false (nothing taken) when paging would
+   refuse it. */
+static bool room_take(struct room *m, uint32_t k)
+{
+    struct pg_room *f = &m->f;
+    if (k <= f->host_free) {           /* the host tier takes it as it is */
+        f->host_free -= k;
+        f->spillable += m->disk ? k : 0;
+        return true;
+    }
+    if (!m->disk)
+        return false;
+    struct pg_room r = *f;
+    r.need = k;
+    int mv = swap_plan(NULL, false, &r);
+    if (mv < 0)
+        return false;
+    if (mv == PG_MOVE_DIRECT) {        /* host slots, then the writes, then spills */
+        uint64_t rest = k - f->host_free;
+        uint64_t w = rest < f->writes ? rest : f->writes;
+        f->writes -= w;
+        f->spillable -= rest - w;
+        f->disk_free -= rest - w;
+        f->host_free = 0;
+        f->spillable += k;
+        return true;
+    }
+    if (!f->host_free && !f->writes) { /* staged: one slot made free to stage through */
+        f->spillable--;
+        f->disk_free--;
+        f->host_free++;
+    }
+    f->disk_free -= k;
+    return true;
+}
+
 /* Candidates of fn not in excl (LIVE ones only when live), LRU sorted; *out malloc'ed. */
 static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
                       bool live, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
@@ -71,7 +127,7 @@ static void pop(struct swap_rplan *p, struct paging *pg)
 /* The LIVE victims from c[0..n), skipping banned ones and those that do not fit in *room,
    until p covers want. Returns the index of the first one taken (n: none). */
 static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg_cand *c,
-                        size_t n, const bool *banned, uint64_t *room, int *rc)
+                        size_t n, const bool *banned, struct room *room, int *rc)
 {
     size_t first = n;
     *rc = 0;
@@ -79,22 +135,23 @@ static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg
         uint32_t f, sl;
         if (banned[i] || paging_plan_add(pg, c[i].h, false, &f, &sl))
             continue;
-        if (sl > *room) {              /* its pages do not fit below: try the next */
+        struct room before = *room;
+        if (!room_take(room, sl)) {    /* its pages do not fit below: try the next */
             paging_plan_remove(pg, c[i].h, false);
             continue;
         }
         if ((*rc = push(p, c[i].h, SWAP_OUT, f, sl))) {
             paging_plan_remove(pg, c[i].h, false);
+            *room = before;
             break;
         }
-        *room -= sl;
         if (first == n)
             first = i;
     }
     return first;
 }
 
-static int plan_live(struct swap_rplan *p, struct paging *pg, uint64_t room)
+static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 {
     struct pg_cand *c;
     size_t n = collect(pg, paging_candidates, true, p->keep, p->n_keep, &c);
@@ -102,10 +159,10 @@ static int plan_live(struct swap_rplan *p, struct paging *pg, uint64_t room)
     int rc = c && banned ? 0 : -ENOMEM;
     size_t base = p->n;
     for (int pass = 0; !rc && pass < PLAN_PASSES; pass++) {
-        uint64_t left = room;
+        struct room left = *room;
         size_t first = take_live(p, pg, c, n, banned, &left, &rc);
         if (rc || p->have + p->frees >= p->want || first == n || (p->flags & SWAP_PLAN_PARTIAL)) {
-            p->room = left;
+            *room = left;
             break;
         }
         /* the room filled up before the shortfall was covered: again, without the least
@@ -113,7 +170,6 @@ static int plan_live(struct swap_rplan *p, struct paging *pg, uint64_t room)
         while (p->n > base)
             pop(p, pg);
         banned[first] = true;
-        p->room = room;
     }
     free(banned);
     free(c);
@@ -139,19 +195,18 @@ static int plan_drops(struct swap_rplan *p, struct paging *pg)
 }
 
 /* Drops become demotions while the room the swap-outs left holds all their pages. */
-static void plan_demotions(struct swap_rplan *p, struct paging *pg)
+static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room *room)
 {
     for (size_t i = 0; i < p->n; i++) {
         struct swap_step *s = &p->steps[i];
         if (s->kind != SWAP_DROP)
             continue;
         uint32_t ub = paging_seq_device_pages(pg, s->h);
-        if (ub > p->room)
+        if (!room_take(room, ub))
             continue;
         s->kind = SWAP_DEMOTE;
         s->slots = ub;
         p->slots += ub;
-        p->room -= ub;
     }
 }
 
@@ -177,23 +232,22 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
         p->n_keep = n_excl;
     }
     bool swap = flags & SWAP_PLAN_SWAP;
-    p->room = swap ? paging_room_below(pg) : 0;
+    struct room room;
+    room_init(&room, pg);
     uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
     int rc = plan_drops(p, pg);
     if (!rc && swap && p->have + p->frees < p->want) {
-        uint64_t o = p->want - p->have - p->frees;
-        if (o > orphans)
-            o = orphans;
-        if (o > p->room)
-            o = p->room;
-        p->orphans = (uint32_t)o;
-        p->frees += p->orphans;
-        p->slots += p->orphans;
-        p->room -= o;
-        rc = plan_live(p, pg, p->room);
+        /* orphans one by one, as paging moves them */
+        while (p->orphans < orphans && p->have + p->frees < p->want && room_take(&room, 1)) {
+            p->orphans++;
+            p->frees++;
+            p->slots++;
+        }
+        rc = plan_live(p, pg, &room);
     }
     if (!rc && swap && sw->p.cache_demote)
-        plan_demotions(p, pg);
+        plan_demotions(p, pg, &room);
+    p->room = swap ? room_total(&room) : 0;
     if (!rc && p->have + p->frees < want && !(flags & SWAP_PLAN_PARTIAL))
         rc = -ENOMEM;                  /* checked: not enough can move, nothing moved */
     if (rc)
