@@ -15,10 +15,15 @@
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
  * than the log lock.
  *
- * Pressure (docs/api.md "Scheduling"): a call that needs device frames and gets -ENOMEM from
- * paging asks swap/ to reclaim (KVVM_F_AUTO_SWAP only; the call's own sequences excluded)
- * and retries; a non-resident sequence named by grow / write / read / prepare_write is
- * swapped in first (and swapped out again if the call then fails).
+ * Pressure (docs/api.md "Scheduling"): a call that may move other sequences (grow,
+ * grow_batch, write, read, prepare_write, share, swap-in, prefetch, set_budget) checks its
+ * arguments and staleness first, counts the device frames it needs with paging's need
+ * functions (swap-ins, new pages, copy-on-write copies, shared partial last pages), then
+ * asks swap/ for room (swap_make_room, swap_reclaim_budget: a plan checked whole before
+ * anything moves; -ENOMEM and nothing moved when it cannot be had), and only then swaps in
+ * (a non-resident sequence named by grow / write / read / prepare_write) and acts; a
+ * sequence swapped in is swapped out again if the call then fails. core/ chooses no
+ * victims.
  */
 #ifndef KVVM_CORE_CORE_H
 #define KVVM_CORE_CORE_H

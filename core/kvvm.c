@@ -4,8 +4,11 @@
  * Each call: check its pointer arguments, take the context lock, refuse with -EIO once the
  * context is dead (a sticky driver error seen by vmm), call paging/ (which is all or
  * nothing), note a death, unlock (the frame of a call: core/call.h). The context's
- * lifetime is core/open.c, the stats core/stats.c, the errno texts core/errors.c. Calls that need device frames retry after direct reclaim
- * under KVVM_F_AUTO_SWAP (see core.h "Pressure"); the watermark rules run after them.
+ * lifetime is core/open.c, the stats core/stats.c, the errno texts core/errors.c. A call
+ * that may move other sequences checks its arguments and staleness, counts the frames it
+ * needs (paging's need functions), makes room (swap/'s reclaim plan, checked before anything
+ * moves), and only then swaps in and acts (see core.h "Pressure"); the watermark rules run
+ * after it. core/ decides nothing about victims.
  */
 #include "core.h"
 
@@ -16,84 +19,32 @@
 #include "common/log.h"
 #include "core/call.h"
 
-/* ---- pressure ----------------------------------------------------------------------- */
+/* ---- pressure: check, count, make room, then act ------------------------------------ */
 
-/* Direct reclaim of `want` free frames for a call naming excl (KVVM_F_AUTO_SWAP only). */
-static int reclaim(kvvm *kv, uint32_t want, const uint64_t *excl, size_t n_excl)
+/* Room for a call that needs `need` device frames (counted by paging's need functions)
+   naming the sequences excl: its pending releases first (the call would wait for them
+   anyway), then reclaim (swap/'s plan: checked before anything moves). 0: the frames are
+   free; -ENOMEM and nothing moved; -EIO. */
+static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl)
 {
-    if (!(kv->cfg.flags & KVVM_F_AUTO_SWAP)) {    /* a drop moves no data: always */
-        struct paging_counters c0, c1;
-        paging_counters(kv->pg, &c0);
-        int rc = swap_drop_cached(kv->sw, want, excl, n_excl, false);
-        paging_counters(kv->pg, &c1);
-        return rc ? rc : c1.cache_drops > c0.cache_drops ? 0 : -ENOMEM;  /* room made */
-    }
-    return swap_reclaim_direct(kv->sw, want, excl, n_excl);
-}
-
-/* Evaluates expr; while it is -ENOMEM and reclaim makes room (need frames, a little more on
-   each retry), evaluates it again. */
-#define WITH_RECLAIM(kv, need, excl, n_excl, expr) ({                                  \
-        int r_ = (expr);                                                               \
-        for (uint32_t t_ = 0; r_ == -ENOMEM && t_ < 8; t_++) {                         \
-            if (reclaim((kv), (need) + t_ * (kv)->cfg.n_regions, (excl), (n_excl)))    \
-                break;                                                                 \
-            r_ = (expr);                                                               \
-        }                                                                              \
-        r_; })
-
-static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async, const uint64_t *excl,
-                          size_t n_excl)
-{
-    uint32_t need;
-    int rc = paging_seq_stale(kv->pg, s);     /* a dropped CACHED sequence: -ESTALE */
-    if (!rc)
-        rc = paging_need(kv->pg, s, 0, &need);
-    if (!rc)
-        rc = stream_check(kv);
-    if (rc)
+    if (paging_frames_free(kv->pg) >= need)
+        return 0;
+    int rc = paging_wait_releases(kv->pg);
+    if (rc || paging_frames_free(kv->pg) >= need)
         return rc;
-    return WITH_RECLAIM(kv, need, excl, n_excl, paging_swap_in(kv->pg, s, async));
+    return need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
 }
 
-/* The public swap-in / prefetch: the watermark rules after it (never between the steps of
-   a call that swaps in several sequences: they would evict each other). */
-static int swap_in_call(kvvm *kv, kvvm_seq s, bool async)
-{
-    int rc = swap_in_locked(kv, s, async, &s, 1);
-    swap_after_call(kv->sw);
-    return rc;
-}
-
-/* Makes s resident for a call that uses it; *swapped says it was not. */
-static int make_resident(kvvm *kv, kvvm_seq s, const uint64_t *excl, size_t n_excl,
-                         bool *swapped)
+/* Swaps s in, if it is out, after make_room counted it (and the caller checked the engine
+   stream: stream_check); *swapped says it did. */
+static int bring_in(kvvm *kv, kvvm_seq s, bool *swapped)
 {
     *swapped = false;
-    struct paging_seq_info pi;
-    int rc = paging_seq_info(kv->pg, s, &pi);
-    if (rc || pi.resident)
-        return rc;
-    rc = swap_in_locked(kv, s, false, excl, n_excl);
-    *swapped = !rc;
-    return rc;
-}
-
-/* Before a write into regions [r0, r1), bytes [b0, b1), of a swapped-out s: room for the
-   swap-in and the copies of the shared pages it writes, so a write that cannot fit does
-   not swap in (and out again). */
-static int write_room(kvvm *kv, kvvm_seq s, uint32_t r0, uint32_t r1, uint64_t b0,
-                      uint64_t b1)
-{
-    uint32_t need;
-    struct paging_counters c;
     if (paging_seq_resident(kv->pg, s))
         return 0;
-    int rc = paging_need_write(kv->pg, s, r0, r1, b0, b1, &need);
-    if (rc)
-        return rc;
-    paging_counters(kv->pg, &c);
-    return c.pages_free < need ? reclaim(kv, need, &s, 1) : 0;
+    int rc = paging_swap_in(kv->pg, s, false);
+    *swapped = !rc;
+    return rc;
 }
 
 /* A call that swapped s in failed afterwards: put it back (best effort, logged). */
@@ -101,6 +52,23 @@ static void restore_out(kvvm *kv, kvvm_seq s, bool swapped)
 {
     if (swapped && paging_swap_out(kv->pg, s, false))
         klog_warn("kvvm: a failed call leaves sequence %llx resident", (unsigned long long)s);
+}
+
+/* The public swap-in / prefetch: checks, room, swap-in; the watermark rules after it. */
+static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async)
+{
+    uint32_t need;
+    int rc = paging_seq_stale(kv->pg, s);     /* a dropped CACHED sequence: -ESTALE */
+    if (!rc)
+        rc = paging_need(kv->pg, s, 0, &need);
+    if (!rc)
+        rc = stream_check(kv);
+    if (!rc)
+        rc = make_room(kv, need, &s, 1);
+    if (!rc)
+        rc = paging_swap_in(kv->pg, s, async);
+    swap_after_call(kv->sw);
+    return rc;
 }
 
 /* ---- sequences ---------------------------------------------------------------------- */
@@ -124,30 +92,26 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     struct paging_seq_info pi;
     uint32_t need;
-    bool swapped = false;
-    int rc = paging_seq_info(kv->pg, s, &pi);
+    bool swapped;
+    int rc = paging_seq_stale(kv->pg, s);     /* before any room is counted or made */
+    if (!rc)
+        rc = paging_seq_info(kv->pg, s, &pi);
     if (rc)
         return rc;
     if (length < pi.length)
         return kerr(-EINVAL, "kvvm_seq_grow: length %llu is shorter than the sequence's %llu "
                     "tokens (kvvm_seq_truncate shortens)", (unsigned long long)length,
                     (unsigned long long)pi.length);
-    rc = paging_need(kv->pg, s, length, &need);
-    if (!rc && !pi.resident) {
-        /* room for both first, so a grow that cannot fit does not swap in */
-        if (need > pi.pages_host + pi.pages_disk) {
-            struct paging_counters c;
-            paging_counters(kv->pg, &c);
-            if (c.pages_free < need && (rc = reclaim(kv, need, &s, 1)))
-                return rc;
-        }
-        rc = make_resident(kv, s, &s, 1, &swapped);
-        if (!rc)
-            rc = paging_need(kv->pg, s, length, &need);
-    }
+    rc = paging_need(kv->pg, s, length, &need);   /* swap-in, new pages, copies */
+    if (!rc && !pi.resident)
+        rc = stream_check(kv);
+    if (!rc)
+        rc = make_room(kv, need, &s, 1);
+    if (!rc)
+        rc = bring_in(kv, s, &swapped);
     if (rc)
         return rc;
-    rc = WITH_RECLAIM(kv, need, &s, 1, paging_seq_grow(kv->pg, s, length));
+    rc = paging_seq_grow(kv->pg, s, length);
     if (rc)
         restore_out(kv, s, swapped);
     swap_after_call(kv->sw);
@@ -176,43 +140,39 @@ int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
 static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
                              size_t n)
 {
-    bool *swapped = calloc(n ? n : 1, sizeof *swapped);
+    bool *swapped = calloc(n, sizeof *swapped);
     uint64_t need = 0;
+    bool any_out = false;
     int rc = swapped ? 0 : -ENOMEM;
     size_t i;
     for (i = 0; !rc && i < n; i++) {
         struct paging_seq_info pi;
-        rc = paging_seq_info(kv->pg, seqs[i], &pi);
+        rc = paging_seq_stale(kv->pg, seqs[i]);
+        if (!rc)
+            rc = paging_seq_info(kv->pg, seqs[i], &pi);
         if (!rc && lengths[i] < pi.length)
             rc = kerr(-EINVAL, "kvvm_seq_grow_batch: lengths[%zu] = %llu is shorter than "
                       "sequence seqs[%zu]'s %llu tokens", i, (unsigned long long)lengths[i],
                       i, (unsigned long long)pi.length);
-    }
-    /* room for the whole batch first (as grow does), so a batch that cannot fit swaps
-       nothing in (it could not always put them back) */
-    bool any_out = false;
-    for (i = 0; !rc && i < n; i++)
-        any_out |= !paging_seq_resident(kv->pg, seqs[i]);
-    if (!rc && any_out) {
-        uint64_t lb;
-        struct paging_counters c;
-        rc = paging_need_batch(kv->pg, seqs, lengths, n, &lb);
-        paging_counters(kv->pg, &c);
-        if (!rc && c.pages_free < lb)
-            rc = lb > UINT32_MAX ? -ENOMEM : reclaim(kv, (uint32_t)lb, seqs, n);
+        any_out |= !rc && !pi.resident;
     }
     for (i = 0; !rc && i < n; i++)
-        rc = make_resident(kv, seqs[i], seqs, n, &swapped[i]);
-    for (i = 0; !rc && i < n; i++) {
-        uint32_t k;
-        rc = paging_need(kv->pg, seqs[i], lengths[i], &k);
-        need += k;
-    }
-    if (!rc) {
-        uint32_t nd = need > UINT32_MAX ? UINT32_MAX : (uint32_t)need;
-        rc = WITH_RECLAIM(kv, nd, seqs, n, paging_seq_grow_batch(kv->pg, seqs, lengths, n));
-        rc = EXPLAIN_EINVAL(rc, "kvvm_seq_grow_batch: a sequence is named twice in seqs");
-    }
+        for (size_t j = 0; !rc && j < i; j++)
+            if (seqs[j] == seqs[i])
+                rc = kerr(-EINVAL, "kvvm_seq_grow_batch: a sequence is named twice in seqs "
+                          "(seqs[%zu] and seqs[%zu])", j, i);
+    if (!rc && any_out)
+        rc = stream_check(kv);
+    /* the whole batch's frames (swap-ins, new pages, copies of shared partial last pages),
+       room for them, then the swap-ins and the grow */
+    if (!rc)
+        rc = paging_need_batch(kv->pg, seqs, lengths, n, &need);
+    if (!rc)
+        rc = make_room(kv, need, seqs, n);
+    for (i = 0; !rc && i < n; i++)
+        rc = bring_in(kv, seqs[i], &swapped[i]);
+    if (!rc)
+        rc = paging_seq_grow_batch(kv->pg, seqs, lengths, n);
     if (rc && swapped)
         for (i = 0; i < n; i++)
             restore_out(kv, seqs[i], swapped[i]);
@@ -265,8 +225,16 @@ int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child)
 static int share_locked(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
 {
     uint64_t ex[2] = { dst, src };
-    int rc = WITH_RECLAIM(kv, kv->cfg.n_regions, ex, 2,
-                          paging_seq_share(kv->pg, dst, src, n_tokens));
+    uint32_t need;
+    int rc = paging_seq_stale(kv->pg, dst);
+    if (!rc)
+        rc = paging_seq_stale(kv->pg, src);
+    if (!rc)
+        rc = paging_need_share(kv->pg, dst, src, n_tokens, &need);
+    if (!rc)
+        rc = make_room(kv, need, ex, 2);
+    if (!rc)
+        rc = paging_seq_share(kv->pg, dst, src, n_tokens);
     struct paging_seq_info d, r;
     if (rc == -EINVAL && !paging_seq_info(kv->pg, dst, &d) &&
         !paging_seq_info(kv->pg, src, &r))
@@ -285,11 +253,28 @@ int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
     CALL_ENGINE(kv, share_locked(kv, dst, src, n_tokens));
 }
 
+/* Room for a write into regions [r0, r1), bytes [b0, b1), of s (a swap-in if it is out and
+   the copies of the shared pages written: several for a range), then s brought in. */
+static int write_room(kvvm *kv, kvvm_seq s, uint32_t r0, uint32_t r1, uint64_t b0,
+                      uint64_t b1, bool *swapped)
+{
+    uint32_t need;
+    *swapped = false;
+    int rc = paging_need_write(kv->pg, s, r0, r1, b0, b1, &need);
+    if (!rc && !paging_seq_resident(kv->pg, s))
+        rc = stream_check(kv);
+    if (!rc)
+        rc = make_room(kv, need, &s, 1);
+    return rc ? rc : bring_in(kv, s, swapped);
+}
+
 static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
 {
     bool swapped;
     struct paging_seq_info pi;
-    int rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_stale(kv->pg, s);
+    if (!rc)
+        rc = paging_seq_info(kv->pg, s, &pi);
     if (!rc && first >= end)
         rc = kerr(-EINVAL, "kvvm_seq_prepare_write: first %llu must be below end %llu",
                   (unsigned long long)first, (unsigned long long)end);
@@ -306,12 +291,10 @@ static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t e
     }
     if (!rc)
         rc = write_room(kv, s, 0, kv->cfg.n_regions, first * kv->cfg.bytes_per_token,
-                        end * kv->cfg.bytes_per_token);
-    if (!rc)
-        rc = make_resident(kv, s, &s, 1, &swapped);
+                        end * kv->cfg.bytes_per_token, &swapped);
     if (rc)
         return rc;
-    rc = WITH_RECLAIM(kv, 1, &s, 1, paging_seq_prepare_write(kv->pg, s, first, end));
+    rc = paging_seq_prepare_write(kv->pg, s, first, end);
     if (rc)
         restore_out(kv, s, swapped);
     swap_after_call(kv->sw);
@@ -380,12 +363,10 @@ static int write_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset,
     bool swapped;
     int rc = io_pre(kv, "kvvm_seq_write", s, region, offset, src, len);
     if (!rc)
-        rc = write_room(kv, s, region, region + 1, offset, offset + len);
-    if (!rc)
-        rc = make_resident(kv, s, &s, 1, &swapped);
+        rc = write_room(kv, s, region, region + 1, offset, offset + len, &swapped);
     if (rc)
         return rc;
-    rc = WITH_RECLAIM(kv, 1, &s, 1, paging_seq_write(kv->pg, s, region, offset, src, len));
+    rc = paging_seq_write(kv->pg, s, region, offset, src, len);
     if (rc)
         restore_out(kv, s, swapped);
     swap_after_call(kv->sw);
@@ -403,10 +384,17 @@ int kvvm_seq_write(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, const
 static int read_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *dst,
                        size_t len)
 {
-    bool swapped;
+    bool swapped = false;
+    uint32_t need;
     int rc = io_pre(kv, "kvvm_seq_read", s, region, offset, dst, len);
     if (!rc)
-        rc = make_resident(kv, s, &s, 1, &swapped);
+        rc = paging_need(kv->pg, s, 0, &need);   /* its swap-in */
+    if (!rc && !paging_seq_resident(kv->pg, s))
+        rc = stream_check(kv);
+    if (!rc)
+        rc = make_room(kv, need, &s, 1);
+    if (!rc)
+        rc = bring_in(kv, s, &swapped);
     if (rc)
         return rc;
     rc = paging_seq_read(kv->pg, s, region, offset, dst, len);
@@ -443,14 +431,14 @@ int kvvm_seq_swap_in(kvvm *kv, kvvm_seq s)
 {
     klast_clear();
     NONNULL(kv);
-    CALL(kv, swap_in_call(kv, s, false));
+    CALL(kv, swap_in_locked(kv, s, false));
 }
 
 int kvvm_seq_prefetch(kvvm *kv, kvvm_seq s)
 {
     klast_clear();
     NONNULL(kv);
-    CALL(kv, swap_in_call(kv, s, true));
+    CALL(kv, swap_in_locked(kv, s, true));
 }
 
 int kvvm_seq_ready(kvvm *kv, kvvm_seq s)

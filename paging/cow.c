@@ -159,6 +159,7 @@ static int cow_check(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t 
     uint32_t need = cow_needed(pg, s, r0, r1, i0, i1);
     if (!need)
         return 0;
+    seq_ahead_yield(pg, s, 0, need);    /* s's own map-ahead counts as free (need_write) */
     if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->defer) {
         int rc = defer_reap(pg, true);
         if (rc)

@@ -207,8 +207,3 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
     }
     return n;
 }
-
-uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n)
-{
-    return tier_frees_if_all(pg, c, n, false, UINT32_MAX);  /* every holder dropped */
-}

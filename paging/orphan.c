@@ -44,18 +44,26 @@ out_slot:
     return rc;
 }
 
-int paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved)
+int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep,
+                           size_t n_keep, uint32_t *moved)
 {
     *moved = 0;
     if (!pg->p.host)
         return 0;
     int rc = tier_copy_stream(pg);
+    if (n_keep) {
+        tier_mark_begin(pg);
+        tier_mark_kept(pg, keep, n_keep);
+    }
     /* the scan stops at the last orphan (none: no scan) */
     uint32_t left = pg->n_orphans;
     for (uint32_t i = 0; !rc && left && i < pg->p.max_pages && *moved < max; i++) {
-        if (!page_orphan(&pg->pages[i]))
+        const struct pg_page *p = &pg->pages[i];
+        if (!page_orphan(p))
             continue;
         left--;
+        if (n_keep && p->mark == pg->mark && p->kept)
+            continue;                   /* a kept sequence maps it again soon */
         if ((rc = orphan_move(pg, (pg_page_id){ i + 1 })) == 0)
             (*moved)++;
     }

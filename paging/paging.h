@@ -286,11 +286,16 @@ int  paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frame
    copies of the shared pages written). -ENOENT. */
 int  paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
                        uint64_t b1, uint32_t *frames);
-/* At least the frames a grow_batch of hs[i] to lengths[i] takes, swap-ins included (a page
-   shared by several comes back once; copies of shared last pages not counted): a check of
-   room before any of them is swapped in. -ENOENT, -E2BIG, -ENOMEM. */
+/* The frames a grow_batch of hs[i] to lengths[i] takes, swap-ins included (a page shared
+   by several comes back once) and the copies of shared partial last pages as
+   paging_seq_grow_batch counts them: a check of room before any of them is swapped in.
+   -ENOENT, -E2BIG, -ENOMEM. */
 int  paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
                        uint64_t *frames);
+/* Frames a share of src's first n_tokens into dst takes (the copies of a resident src's
+   partial last page). -ENOENT. */
+int  paging_need_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens,
+                       uint32_t *frames);
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);
@@ -299,23 +304,41 @@ struct pg_cand {
     uint64_t h;
     uint64_t tick;        /* last use (smaller = less recently used) */
     uint32_t frees;       /* frames its move would return (paging_cached_candidates: its
-                             drop; paging_candidates: 0, ask paging_frees_upto) */
+                             own drop; paging_candidates: 0, ask paging_plan_add) */
 };
 /* Unprotected resident sequences with no pending work on their window that hold device
    pages, in slot order; returns how many (at most max). O(candidates): no page walk (frees
-   is 0: what victims free is paging_frees_upto's). */
+   is 0: what victims free is paging_plan_add's). */
 size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
-/* Frames that swapping out the sequences of c[0..k) would return (shared pages whose
-   resident holders are all in the set included), for the shortest k whose frees reach want
-   (k = n when none does). A set frees at least what any part of it does, so the result is
-   >= want exactly when the whole set's frees are: an all-or-nothing check walks only the
-   victims it would take, in the caller's order. O(pages of c[0..k)). */
-uint32_t paging_frees_upto(struct paging *pg, const struct pg_cand *c, size_t n, uint32_t want);
 /* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
-   synchronously; *moved gets the count. -ENOMEM host tier full (after moving what fit).
+   never one that a sequence of keep[0..n_keep) holds, synchronously; *moved gets the
+   count. -ENOMEM host tier full (after moving what fit).
    Touches only the library's copy stream (no engine work is left on an orphan): a library
    thread may call it while the engine stream captures a graph. */
-int  paging_reclaim_orphans(struct paging *pg, uint32_t max, uint32_t *moved);
+int  paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep,
+                           size_t n_keep, uint32_t *moved);
+/* ---- reclaim plans (plan.c) ----
+ * The page accounting of a reclaim plan (swap/ chooses the victims and their order): what
+ * each move would free and take below, exactly, before anything moves. Nothing changes but
+ * the pages' scratch marks, so no other walk of them (paging_reclaim_orphans with a keep
+ * set) may run between paging_plan_begin and the last paging_plan_add / paging_plan_remove
+ * of that plan.
+ * paging_plan_begin starts one: keep[0..n_keep) are the sequences the plan must not take
+ * frames from (the caller's own; a non-resident one's device pages are pages it maps again:
+ * a move that copies one down takes a slot but frees no frame for the caller). Returns the
+ * orphan pages the plan may move (those no kept sequence holds).
+ * paging_plan_add counts moving h after the moves added before it (drop: paging_seq_drop,
+ * else paging_swap_out or paging_seq_demote): *frees the device frames it returns (a page
+ * whose last resident holder leaves by a swap-out, or whose every reference is dropped;
+ * kept pages never), *slots the host or disk slots it takes (the pages it copies down).
+ * -ENOENT. paging_plan_remove takes the last h added back out (same drop). O(pages of h). */
+uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep);
+int  paging_plan_add(struct paging *pg, uint64_t h, bool drop, uint32_t *frees,
+                     uint32_t *slots);
+void paging_plan_remove(struct paging *pg, uint64_t h, bool drop);
+/* Device pages s holds (its own and shared), 0 for a bad handle: an upper bound of the
+   slots its swap-out takes. */
+uint32_t paging_seq_device_pages(struct paging *pg, uint64_t h);
 /* Orphan pages (device pages held only by non-resident sequences). O(1): counted at the
    page transitions. */
 uint32_t paging_orphans(const struct paging *pg);
@@ -329,6 +352,10 @@ uint32_t paging_frames_pending(const struct paging *pg);
 int  paging_copy_fence_record(struct paging *pg, vmm_fence *f);
 /* Reaps completed pending work without blocking. -EIO. */
 int  paging_reap(struct paging *pg);
+/* Waits for the pending work (releases behind a fence, transfers) and reaps it, as a call
+   short of frames does before it fails (pool_reserve_check): the frames those return are
+   free then. -EIO. */
+int  paging_wait_releases(struct paging *pg);
 
 /* ---- disk tier (disk.c) ----
  * Page lifecycle: HOST --write--> TO_DISK --full completion--> DISK (host slot freed);
@@ -358,6 +385,10 @@ bool paging_spill_on(struct paging *pg);
    in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
    through one to disk; spilling a host page trades a disk slot for a host slot). */
 uint64_t paging_room_below(struct paging *pg);
+/* The room facts of the tiers below for a plan (need 0): free host slots, spill writes in
+   flight, host pages that could be spilled (every HOST page: none holds a resident
+   sequence), free disk slots (0 without a disk tier or with spilling off). Reaps first. */
+void paging_room_facts(struct paging *pg, struct pg_room *r);
 /* Processes queued disk completions. */
 int  paging_disk_reap(struct paging *pg);
 /* Waits for every disk I/O in flight, then processes the completions. */
@@ -404,9 +435,6 @@ int  paging_seq_demote(struct paging *pg, uint64_t h);
 /* Unprotected resident CACHED sequences with no transfer or release pending that hold
    device pages, in slot order (frees: device pages only they hold); returns how many. */
 size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
-/* Device frames that dropping every sequence of c[0..n) would free (pages all of whose
-   holders are in the set). */
-uint32_t paging_drop_frees(struct paging *pg, const struct pg_cand *c, size_t n);
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
  * The feed lets a library thread (swap/frames.c, the policy: when and how many) create and

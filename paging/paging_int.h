@@ -82,8 +82,11 @@ struct pg_page {
     pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
-    uint32_t mark, n_mark; /* tier_frees_if_all's scratch: n_mark entries of its set seen,
-                              valid while mark == pg->mark (no array sized to the pool) */
+    uint32_t mark, n_mark; /* a reclaim plan's scratch (plan.c), valid while mark ==
+                              pg->mark (no array sized to the pool): n_mark resident holders
+                              planned to leave, */
+    uint32_t n_gone;       /*   n_gone references planned to be dropped, */
+    uint8_t  kept;         /*   kept: a sequence the plan keeps holds it (same validity) */
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
@@ -158,7 +161,7 @@ struct paging {
     struct pg_page *pages;     /* max_pages */
     pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
     uint32_t n_pages_live;
-    uint32_t mark;             /* the current tier_frees_if_all walk (pg_page.mark) */
+    uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
 
     /* sequences */
     struct pg_seq *seqs;       /* max_seqs */
@@ -376,7 +379,16 @@ void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr
 void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
 /* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`;
    the frames go to the ready list. -ENOMEM none. */
+/* s's map-ahead counts as free (paging_frames_free and the need functions count it) but
+   pool_take_except(s) cannot take it: when the pool without it cannot supply n frames,
+   gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
+void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+/* Frames a grow_batch of ss[i] to lengths[i] takes from the pool (lengths below the
+   current one count nothing): new pages, and the holes and shared copies of the partial
+   last pages, a page shared by k members copied min(k, sharers - 1) times. -ENOMEM. */
+int  seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
+                      size_t n, uint64_t *frames);
 int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
 /* Every write of s->out goes through here, so the count of non-resident sequences
    (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
@@ -440,12 +452,11 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
                         bool disk, pg_frame_id *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
-/* Device frames freed if every sequence of c[0..k) let go of its pages: pages all of whose
-   holders (resident_only: all of whose holders mapping it) are in the set, for the shortest
-   k whose frees reach want (k = n when none does; UINT32_MAX: the whole set).
-   O(pages of c[0..k)). */
-uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
-                           bool resident_only, uint32_t want);
+/* Starts a new walk of the pages' scratch marks (pg->mark): every page's mark is stale. */
+void tier_mark_begin(struct paging *pg);
+/* Marks (in the current walk) every page the sequences keep[0..n) hold as kept. Returns how
+   many of them are orphans. */
+uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
 void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np,
                             const pg_frame_id *fr, uint32_t nr);

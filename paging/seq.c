@@ -175,6 +175,12 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
     s->n_ahead = keep;
 }
 
+void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n)
+{
+    if (s->n_ahead > keep && pool_available(pg) - s->n_ahead * pg->p.n_regions < n)
+        seq_drop_ahead(pg, s, keep);
+}
+
 int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
 {
     if (!pg->n_ahead)
@@ -525,7 +531,10 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     uint32_t need = u->new_np - s->n_pages;
     uint32_t k = need < s->n_ahead ? need : s->n_ahead;
     uint32_t n_fresh = need - k;
-    grow_frames(pg, s, len, &cow_idx);
+    /* the frames taken below (fresh ones, the last page's holes and copies) come from the
+       pool but for s's own map-ahead, which counts as free: its surplus goes back first
+       when the rest cannot supply them */
+    seq_ahead_yield(pg, s, k, grow_frames(pg, s, len, &cow_idx) - k * nr);
     pg_frame_id *fresh = NULL;
     if (n_fresh) {
         fresh = malloc((size_t)n_fresh * nr * sizeof *fresh);
@@ -716,6 +725,29 @@ static uint64_t batch_cow_frames(struct paging *pg, pg_page_id *cand, uint32_t n
     return need;
 }
 
+int seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
+                     size_t n, uint64_t *frames)
+{
+    pg_page_id *cand = NULL;
+    uint32_t n_cand = 0;
+    uint64_t need = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        uint32_t cow_idx, before = n_cand;
+        if (lengths[i] < ss[i]->length)
+            continue;                   /* (a shrink is the grow's -EINVAL) */
+        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx);
+        /* the shared last pages are counted for the whole batch (holes stay in all) */
+        if (cow_idx != UINT32_MAX)
+            rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand);
+        need += all - (n_cand - before);
+    }
+    if (!rc)
+        *frames = need + batch_cow_frames(pg, cand, n_cand);
+    free(cand);
+    return rc;
+}
+
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n)
 {
@@ -727,12 +759,9 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     int rc = -ENOMEM;
     size_t done = 0;
     uint64_t need = 0;
-    pg_page_id *cand = NULL;
-    uint32_t n_cand = 0;
     if (!ss || !u || !seen)
         goto out_free;
     for (size_t i = 0; i < n; i++) {
-        uint32_t cow_idx;
         rc = seq_lookup(pg, hs[i], &ss[i]);
         if (!rc && seen[pg_slot_of(pg, ss[i])]++)
             rc = -EINVAL;
@@ -744,14 +773,10 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             rc = seq_settle(pg, ss[i]);
         if (rc)
             goto out_free;
-        uint32_t all = grow_frames(pg, ss[i], lengths[i], &cow_idx), before = n_cand;
-        /* the shared last pages are counted for the whole batch (holes stay in all) */
-        if (cow_idx != UINT32_MAX && (rc = cow_candidates(pg, ss[i], cow_idx, &cand, &n_cand)))
-            goto out_free;
-        need += all - (n_cand - before);
     }
-    need += batch_cow_frames(pg, cand, n_cand);
-    rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
+    rc = seq_batch_frames(pg, ss, lengths, n, &need);
+    if (!rc)
+        rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
     if (rc)
         goto out_free;
     uint32_t mark = pg->n_created;
@@ -771,7 +796,6 @@ out_undo:
         grow_undo(pg, &u[done]);
     pool_rollback(pg, mark);
 out_free:
-    free(cand);
     free(ss);
     free(u);
     free(seen);

@@ -270,12 +270,18 @@ out_slots:
 static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
                           uint64_t n_tokens);
 
+/* Both sequences of a share. -ENOENT. */
+static int share_lookup(struct paging *pg, uint64_t dh, uint64_t sh, struct pg_seq **dst,
+                        struct pg_seq **src)
+{
+    int rc = seq_lookup(pg, dh, dst);
+    return rc ? rc : seq_lookup(pg, sh, src);
+}
+
 int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tokens)
 {
     struct pg_seq *dst, *src;
-    int rc = seq_lookup(pg, dh, &dst);
-    if (!rc)
-        rc = seq_lookup(pg, sh, &src);
+    int rc = share_lookup(pg, dh, sh, &dst, &src);
     if (rc)
         return rc;
     if (dst->dropped || src->dropped)
@@ -299,6 +305,24 @@ int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tok
     for (uint32_t r = 0; !rc && r < pg->p.n_regions; r++)   /* src's discard, kept */
         dst->kept[r] = src->kept[r] < n_tokens ? src->kept[r] : n_tokens;
     return rc;
+}
+
+int paging_need_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tokens,
+                      uint32_t *frames)
+{
+    struct pg_seq *dst, *src;
+    int rc = share_lookup(pg, dh, sh, &dst, &src);
+    if (rc)
+        return rc;
+    uint64_t bytes = n_tokens * pg->p.bytes_per_token;
+    uint32_t whole = (uint32_t)(bytes / pg->p.page_size), nk = 0;
+    /* a resident src's partial page is copied into frames (a hole is not); a non-resident
+       one's through the host tier */
+    if (!src->out && bytes % pg->p.page_size && n_tokens <= src->length)
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            nk += !pg_page_is_none(pg_bt(pg, src, r)[whole]);
+    *frames = nk;
+    return 0;
 }
 
 static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,

@@ -451,12 +451,13 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
                       uint64_t *frames)
 {
     uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
-    uint64_t k = 0;
-    int rc = seen ? 0 : -ENOMEM;
+    struct pg_seq **ss = calloc(n ? n : 1, sizeof *ss);
+    uint64_t k = 0, grow = 0;
+    int rc = seen && ss ? 0 : -ENOMEM;
     for (size_t j = 0; j < n && !rc; j++) {
-        struct pg_seq *s;
-        if ((rc = seq_lookup(pg, hs[j], &s)))
+        if ((rc = seq_lookup(pg, hs[j], &ss[j])))
             break;
+        struct pg_seq *s = ss[j];
         if (lengths[j] > pg->p.max_tokens) {
             rc = pg_why_length(pg, lengths[j]);
             break;
@@ -471,14 +472,17 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
                     k++;              /* a page shared in the batch comes back once */
                 seen[id.v - 1] = 1;
             }
-        if (lengths[j] > s->length)
-            k += (pg_pages_for(pg, lengths[j]) - s->n_pages) * pg->p.n_regions;
     }
-    free(seen);
+    /* the growth as paging_seq_grow_batch counts it: new pages, the holes and shared
+       copies of the partial last pages (a page shared by members copied for all but one) */
     if (!rc)
-        *frames = k;
-    if (!rc && k > paging_frames_free(pg))
-        pg_why_frames(pg, k);           /* the shortfall a refusal will name */
+        rc = seq_batch_frames(pg, ss, lengths, n, &grow);
+    free(seen);
+    free(ss);
+    if (!rc)
+        *frames = k + grow;
+    if (!rc && k + grow > paging_frames_free(pg))
+        pg_why_frames(pg, k + grow);    /* the shortfall a refusal will name */
     return rc;
 }
 
@@ -497,7 +501,7 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
             (s->used_valid && s->used_epoch >= pg->epoch))
             continue;
         /* A sequence whose device pages are all shared frees nothing alone, but does with
-           its siblings (paging_frees_upto); one with none is no candidate. (Map-ahead
+           its siblings (paging_plan_add); one with none is no candidate. (Map-ahead
            frames count as free already.) The walk stops at the first device page (the
            first one, but for holes and pages another's swap-in still brings in): what a
            victim frees is asked for only while the policy walks its order. */
@@ -513,45 +517,13 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
     return n;
 }
 
-uint32_t tier_frees_if_all(struct paging *pg, const struct pg_cand *c, size_t n,
-                           bool resident_only, uint32_t want)
+void tier_mark_begin(struct paging *pg)
 {
-    /* A device page is freed when every holder of it (resident_only: every holder mapping
-       it) is in the set: count the set's entries per page (the pages' scratch counts of
-       this walk, pg->mark) and compare. */
-    uint32_t frees = 0;
     if (++pg->mark == 0) {              /* wrapped: no stale mark may pass for this walk */
         for (uint32_t i = 0; i < pg->p.max_pages; i++)
             pg->pages[i].mark = 0;
         pg->mark = 1;
     }
-    for (size_t k = 0; k < n && frees < want; k++) {
-        struct pg_seq *s;
-        if (seq_lookup(pg, c[k].h, &s))
-            continue;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t j = 0; j < s->n_pages; j++) {
-                pg_page_id id = pg_bt(pg, s, r)[j];
-                if (pg_page_is_none(id))
-                    continue;           /* a hole (discard.c) */
-                struct pg_page *p = page_at(pg, id);
-                uint32_t holders = resident_only ? p->refs - p->offs : p->refs;
-                if (p->tier != PG_TIER_DEVICE)
-                    continue;
-                if (p->mark != pg->mark) {
-                    p->mark = pg->mark;
-                    p->n_mark = 0;
-                }
-                if (++p->n_mark == holders)
-                    frees++;
-            }
-    }
-    return frees;
-}
-
-uint32_t paging_frees_upto(struct paging *pg, const struct pg_cand *c, size_t n, uint32_t want)
-{
-    return tier_frees_if_all(pg, c, n, true, want);
 }
 
 uint32_t paging_frames_pending(const struct paging *pg)
@@ -583,6 +555,22 @@ size_t paging_host_free(const struct paging *pg)
 int paging_reap(struct paging *pg)
 {
     return defer_reap(pg, false);
+}
+
+int paging_wait_releases(struct paging *pg)
+{
+    return pg->defer ? defer_reap(pg, true) : 0;
+}
+
+void paging_room_facts(struct paging *pg, struct pg_room *r)
+{
+    paging_disk_reap(pg);
+    bool disk = pg->p.disk && !pg->disk_off;
+    r->need = 0;
+    r->host_free = paging_host_free(pg);
+    r->writes = pg->n_dio;
+    r->disk_free = disk ? pg->disk.n_free(pg->disk.arg) : 0;
+    r->spillable = disk ? disk_spillable(pg, NULL) : 0;
 }
 
 uint64_t paging_room_below(struct paging *pg)

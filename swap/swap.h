@@ -2,13 +2,17 @@
  * swap/swap.h: device reclaim policy (docs/design.md "Pressure and thresholds").
  *
  * Contract:
- *  - swap/ decides *which* sequences leave the device; paging/ moves them (paging_swap_out,
- *    paging_reclaim_orphans). Victims: first orphan pages (device pages no resident sequence
- *    maps), then unprotected resident sequences in least-recently-used order (paging's use
- *    clock). Protected sequences (used since the last step) are never moved.
- *  - Direct reclaim (swap_reclaim_direct): a caller short of frames; all or nothing: when the
- *    movable frames cannot cover the shortfall, -ENOMEM and nothing moved. It waits for the
- *    copies it started (the frames are free when it returns) and is timed into the stats.
+ *  - swap/ decides *which* sequences leave the device and how; paging/ counts what each move
+ *    frees and takes (paging_plan_add) and moves them (paging_seq_drop, paging_seq_demote,
+ *    paging_swap_out, paging_reclaim_orphans); core/ only says how many frames a call needs
+ *    and which sequences are its own. Victims: droppable CACHED sequences, then orphan pages
+ *    (device pages no resident sequence maps), then unprotected LIVE sequences, each in
+ *    least-recently-used order (paging's use clock). Protected sequences (used since the
+ *    last step) and PINNED ones are never moved.
+ *  - Direct reclaim (swap_make_room): a caller short of frames; plan, check, then act (below,
+ *    "reclaim plans"): when the victims cannot cover the shortfall, -ENOMEM and nothing
+ *    moved. It waits for the copies it started (the frames are free when it returns) and is
+ *    timed into the stats.
  *  - Watermarks on the free device frames (fractions of the budget): swap_after_call wakes
  *    the background thread below `low` (it works until `high` is free, then sleeps: the
  *    hysteresis), and below `min` reclaims synchronously up to `low` itself.
@@ -68,23 +72,64 @@ int  swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
 /* Stops and joins the thread. Without the context lock. NULL is a no-op. */
 void swap_destroy(struct swap *sw);
 
-/* Makes `want` device frames free by moving victims not named in excl. 0: they are free;
-   -ENOMEM: not enough can move (nothing moved); -EIO. */
-int  swap_reclaim_direct(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
-/* Classes (paging.h, "sequence classes"): every reclaim above drops unprotected CACHED
-   sequences (least recently used first; with KVVM_F_CACHE_DEMOTE and room below, demotes
-   them) before it swaps out any LIVE one, and never moves PINNED ones.
-   swap_cached_frees: the frames dropping every droppable CACHED sequence not in excl would
-   free (for an all-or-nothing check first). swap_drop_cached: drops (may_swap: or demotes)
-   CACHED sequences not in excl until `want` frames are free, waiting for their releases;
-   without KVVM_F_AUTO_SWAP too (a drop moves no data). All or nothing: -ENOMEM and nothing
-   dropped when dropping every one could not make `want` free; -EIO. */
-uint32_t swap_cached_frees(struct swap *sw, const uint64_t *excl, size_t n_excl);
-int  swap_drop_cached(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
-                      bool may_swap);
-/* kvvm_set_budget's shrink: makes `want` frames free as swap_reclaim_direct does (same
-   victims, order, all-or-nothing check), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM
-   (nothing moved), -EIO. */
+/* ---- reclaim plans (plan.c): plan, check, then act ----
+ * Every reclaim is one plan, computed whole and checked before anything moves: a call short
+ * of frames (swap_make_room), the budget shrink (swap_reclaim_budget), the min watermark and
+ * the background thread (a partial plan). The caller (core/) says only how many frames it
+ * needs free and which sequences are its own (excl: never victims, and their pages never
+ * count as freed: a non-resident one's device pages are pages it maps again); it has
+ * checked its arguments and staleness first, and counted its frames with paging's need
+ * functions (swap-ins, new pages, copy-on-write copies, shared partial last pages).
+ * A plan lists the victims in the order they move, each with its kind and the frames it
+ * frees and the host/disk slots it takes, counted by paging (paging_plan_add) given the moves
+ * before it: droppable CACHED sequences first (least recently used first; drops, or with
+ * KVVM_F_CACHE_DEMOTE demotions in the room the swap-outs leave), then orphan pages, then
+ * LIVE sequences (SWAP_PLAN_SWAP only), never PINNED, protected or excluded ones. Room below
+ * is counted per victim with all the pages it copies down: a victim that does not fit is
+ * skipped; when the room fills before the shortfall is covered the plan is made again without
+ * the least recently used victim taken. */
+enum swap_step_kind { SWAP_DROP = 0, SWAP_DEMOTE, SWAP_OUT };
+struct swap_step {
+    uint64_t h;
+    uint8_t  kind;                 /* enum swap_step_kind */
+    uint32_t frees;                /* device frames it returns (given the steps before it) */
+    uint32_t slots;                /* host/disk slots it takes (a demotion: at most) */
+};
+#define SWAP_PLAN_SWAP    1u       /* LIVE swap-outs, orphan moves, demotions allowed */
+#define SWAP_PLAN_PARTIAL 2u       /* best effort (the background thread): what fits */
+struct swap_rplan {
+    uint32_t want;                 /* device frames to be free (or coming) */
+    uint32_t have;                 /* free and coming when planned */
+    uint32_t frees, slots;         /* the steps' and orphans' totals */
+    uint32_t orphans;              /* orphan pages moved (after the CACHED steps) */
+    uint64_t room;                 /* slots below left unused by the plan */
+    unsigned flags;
+    struct swap_step *steps;       /* malloc'ed, in the order they are acted on */
+    size_t n;
+    uint64_t *keep;                /* excl, copied */
+    size_t n_keep;
+};
+/* Plans making `want` frames free (flags above) without changing anything. 0: a plan (no
+   steps when they are free already; short of want only with SWAP_PLAN_PARTIAL); -ENOMEM not
+   enough can move; -ESTALE / -ENOENT a sequence of excl is a dropped CACHED one / no
+   sequence (checked first). On error there is no plan to free. Context lock held; no other
+   call in between. */
+int  swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
+                       unsigned flags, struct swap_rplan *out);
+/* Acts on plan p (right after swap_reclaim_plan, context lock held throughout); *moved the
+   sequences moved (orphans as one). wait: block until the frames are free (the copies and
+   releases completed), else leave the copies in flight (the background thread waits
+   without the lock). 0, -EIO; -ENOMEM only if the plan proved wrong (logged by none: a
+   plan is exact). */
+int  swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved);
+void swap_rplan_free(struct swap_rplan *p);
+/* Direct reclaim for a call: makes `want` device frames free by a plan not moving excl
+   (LIVE swap-outs only with KVVM_F_AUTO_SWAP; drops always: a drop moves no data), waits for
+   the copies, timed into the stats. 0: they are free; -ENOMEM: not enough can move (nothing
+   moved); -EIO. */
+int  swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
+/* kvvm_set_budget's shrink: makes `want` frames free as swap_make_room does (the same
+   plan), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM (nothing moved), -EIO. */
 int  swap_reclaim_budget(struct swap *sw, uint32_t want);
 /* The budget is now `frames`: the device watermarks follow it. */
 void swap_set_frames(struct swap *sw, uint32_t frames);

@@ -18,6 +18,29 @@
 #include "swap.h"
 #include "worker.h"
 
+struct swap {
+    struct paging *pg;
+    struct vmm *v;
+    pthread_mutex_t *lock;         /* the context lock */
+    struct swap_params p;
+    uint32_t min_free, low_free, high_free;   /* in frames */
+    struct swap_counters c;
+    vmm_fence direct_fence;        /* used under the context lock only */
+    vmm_fence thread_fence;        /* used by the thread only */
+    bool direct_fence_ok, thread_fence_ok;
+    uint32_t host_min_free, host_low_free, host_high_free;   /* in host slots */
+    /* below: under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* wake / idle changes */
+    bool stop;
+    struct swap_worker reclaim;    /* the reclaim thread (its flags under mu) */
+    struct swap_worker spill;      /* the spill thread (its flags under mu) */
+};
+
+/* Records a fence on the copy stream and waits for it (direct reclaim: the frames of the
+   copies started so far are free then). -EIO. */
+int  swap_wait_copies(struct swap *sw);
+
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);
 /* Candidates from fn (paging_candidates or paging_spill_candidates) into a malloc'ed array

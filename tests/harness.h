@@ -157,6 +157,41 @@ static inline void th_close(kvvm *kv, int ord)
                   (unsigned long)ec.events);
 }
 
+/* Where a sequence is: what a failed call must leave as it was for every other sequence
+   (docs/api.md: "no other sequence moved"), and what a call that moved some may be
+   checked against. */
+struct th_place {
+    uint64_t length;
+    uint32_t dev, host, disk;
+    int resident, dropped, cls;
+};
+
+static inline void th_places(kvvm *kv, const kvvm_seq *s, int n, struct th_place *out)
+{
+    for (int i = 0; i < n; i++) {
+        struct kvvm_seq_info in;
+        th_info(kv, s[i], &in);
+        out[i] = (struct th_place){ in.length, in.pages_device, in.pages_host, in.pages_disk,
+                                    in.resident, in.dropped, (int)in.cls };
+    }
+}
+
+/* Every sequence of s[0..n) is where a[] says (tiers, residency, class, dropped, length). */
+static inline void th_places_same(kvvm *kv, const kvvm_seq *s, int n,
+                                  const struct th_place *a, const char *where)
+{
+    struct th_place b;
+    for (int i = 0; i < n; i++) {
+        th_places(kv, &s[i], 1, &b);
+        cr_expect(!memcmp(&a[i], &b, sizeof b), "%s: sequence %d moved: length %llu -> %llu, "
+                  "device %u -> %u, host %u -> %u, disk %u -> %u, resident %d -> %d, "
+                  "dropped %d -> %d, class %d -> %d", where, i,
+                  (unsigned long long)a[i].length, (unsigned long long)b.length, a[i].dev,
+                  b.dev, a[i].host, b.host, a[i].disk, b.disk, a[i].resident, b.resident,
+                  a[i].dropped, b.dropped, a[i].cls, b.cls);
+    }
+}
+
 /* A context with its configuration and emulated device ordinal. */
 struct tctx {
     kvvm *kv;

@@ -979,3 +979,143 @@ Test(budget, drops_cached_before_live_and_never_pinned)
     verify(l, 21, 0, 8 * TPP, "after the refused shrink");
     check("after the refused shrink");
 }
+
+/* ======================================================================== regress */
+
+/* Issue 18: a call that may move other sequences plans the whole reclaim, checks it, and
+   only then acts (docs/design.md "Pressure and thresholds"). */
+TestSuite(regress, .fini = fini);
+
+/* Bug: kvvm_set_budget's shrink with KVVM_F_CACHE_DEMOTE counted the CACHED sequence's
+   frames as a drop (no room below) in its up-front check, then demoted it into the host
+   slots the LIVE victim needed: -ENOMEM after the demotion. Dropping it and swapping the
+   LIVE one out fits (issue 18, defect 1). */
+Test(regress, set_budget_demoted_cached_then_failed_live)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    c.host_budget = 8 * 64 * KiB;                 /* room for one of the two */
+    c.flags = KVVM_F_CACHE_DEMOTE;                /* the shrink swaps without AUTO_SWAP */
+    open_cfg(&c);
+    kvvm_seq e = fill_cached(31, 4 * TPP);        /* 8 frames, least recently used */
+    kvvm_seq l = mkseq(32, 4 * TPP);              /* 8 frames */
+    kvvm_seq p = mkseq(33, TPP);                  /* 2 frames, never moved */
+    cr_assert_eq(kvvm_seq_set_class(kv, p, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(kv), 0);
+    int rc = kvvm_set_budget(kv, 2 * 64 * KiB);   /* only p's pages fit */
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    cr_assert_eq(kvvm_sync(kv), 0);
+    struct kvvm_seq_info ei = info(e), li = info(l), pi = info(p);
+    cr_assert(ei.dropped, "the CACHED sequence is dropped, not demoted into l's slots");
+    cr_assert(!li.resident && li.pages_host == 8, "the LIVE one is swapped out (host %u)",
+              li.pages_host);
+    cr_assert(pi.resident && pi.pages_device == 2);
+    cr_assert_eq(stats().cache_demotes, 0);
+    check("after the shrink");
+    cr_assert_eq(kvvm_set_budget(kv, 64 * 64 * KiB), 0);
+    verify(l, 32, 0, 4 * TPP, "the swapped LIVE sequence");
+    verify(p, 33, 0, TPP, "the PINNED sequence");
+}
+
+/* A CACHED sequence d dropped by a grow of another, and a resident CACHED one e that a
+   reclaim could drop; the device full. */
+static void dropped_and_cached(kvvm_seq *d, kvvm_seq *e, kvvm_seq *l)
+{
+    *d = fill_cached(41, 4 * TPP);                /* 8 frames */
+    *l = mkseq(42, 20 * TPP);                     /* 40 */
+    kvvm_seq x;
+    cr_assert_eq(kvvm_seq_create(kv, &x), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, x, 10 * TPP), 0);   /* 20 of 16 free: d is dropped */
+    cr_assert(info(*d).dropped);
+    *e = fill_cached(43, 2 * TPP);                /* the last 4 frames */
+    cr_assert_eq(stats().pages_device_free, 0);
+}
+
+/* The calls that may move others, on the dropped d: -ESTALE, nothing moved. */
+static void expect_stale_first(kvvm_seq d, const kvvm_seq *all, int n, const char *where)
+{
+    struct th_place before[4];
+    char w[96];
+    uint64_t len = 2 * TPP;
+    uint8_t b[16] = { 0 };
+    th_places(kv, all, n, before);
+    int rc[5] = { kvvm_seq_grow(kv, d, len), kvvm_seq_grow_batch(kv, &d, &len, 1),
+                  kvvm_seq_write(kv, d, 0, 0, b, sizeof b), kvvm_seq_prepare_write(kv, d, 0, 1),
+                  kvvm_seq_swap_in(kv, d) };
+    const char *name[5] = { "grow", "grow_batch", "write", "prepare_write", "swap_in" };
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(rc[i], -ESTALE, "%s: %s: %d, not -ESTALE", where, name[i], rc[i]);
+    snprintf(w, sizeof w, "%s (the five calls)", where);
+    th_places_same(kv, all, n, before, w);
+    cr_assert_eq(stats().cache_drops, 1, "%s: only d was ever dropped", where);
+    check(where);
+}
+
+/* Bug: kvvm_seq_grow of a dropped CACHED sequence that was then swapped out counted and
+   made room first (the non-resident path), dropping another CACHED sequence, and only then
+   returned -ESTALE (issue 18, defect 2). -ESTALE comes before any room is counted. */
+Test(regress, grow_of_dropped_cached_reclaimed_before_estale)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    c.host_budget = 16 * 64 * KiB;
+    open_cfg(&c);
+    kvvm_seq d, e, l;
+    dropped_and_cached(&d, &e, &l);
+    cr_assert_eq(kvvm_seq_swap_out(kv, d), 0);    /* an explicit swap-out of it */
+    kvvm_seq all[3] = { d, e, l };
+    expect_stale_first(d, all, 3, "swapped out");
+    verify(e, 43, 0, 2 * TPP, "the CACHED sequence");
+}
+
+/* Bug: the same calls on a dropped CACHED sequence still resident checked their arguments
+   against its length 0 before its staleness: kvvm_seq_prepare_write said -EINVAL where
+   -ESTALE is due, and with a CACHED sequence to drop, dropped it first (issue 18,
+   defect 2). */
+Test(regress, prepare_write_of_dropped_cached_not_estale)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    open_cfg(&c);
+    kvvm_seq d, e, l;
+    dropped_and_cached(&d, &e, &l);
+    kvvm_seq all[3] = { d, e, l };
+    expect_stale_first(d, all, 3, "resident");
+    verify(e, 43, 0, 2 * TPP, "the CACHED sequence");
+}
+
+/* Bug: kvvm_seq_prepare_write needing several copy-on-write pages asked reclaim for one
+   frame, dropped a CACHED sequence for it, and still failed -ENOMEM (kvvm_seq_write took
+   the same path) (issue 18, defect 3). The copies are counted first: -ENOMEM with nothing
+   dropped when they cannot fit, success when the drop covers them. */
+Test(regress, prepare_write_cow_dropped_cached_then_enomem)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    open_cfg(&c);
+    kvvm_seq a = mkseq(51, 4 * TPP);              /* 8 frames */
+    kvvm_seq f;
+    cr_assert_eq(kvvm_seq_fork(kv, a, &f), 0);    /* shares all 8 */
+    kvvm_seq e = fill_cached(52, TPP);            /* 2 frames */
+    kvvm_seq l = mkseq(53, 27 * TPP);             /* 54: the device is full */
+    cr_assert_eq(kvvm_step(kv), 0);
+    cr_assert_eq(stats().pages_device_free, 0);
+    kvvm_seq all[4] = { a, f, e, l };
+    struct th_place before[4];
+    th_places(kv, all, 4, before);
+    /* 8 copies (4 pages x 2 regions); dropping e frees 2 */
+    cr_assert_eq(kvvm_seq_prepare_write(kv, f, 0, 4 * TPP), -ENOMEM);
+    th_places_same(kv, all, 4, before, "prepare_write");
+    static uint8_t buf[4 * TPP * BPT];
+    cr_assert_eq(kvvm_seq_write(kv, f, 0, 0, buf, sizeof buf), -ENOMEM);   /* 4 copies */
+    th_places_same(kv, all, 4, before, "write");
+    cr_assert_eq(stats().cache_drops, 0);
+    verify(e, 52, 0, TPP, "the CACHED sequence");
+    check("after the failed writes");
+    /* two copies fit once e is dropped: then it is */
+    cr_assert_eq(kvvm_step(kv), 0);               /* (the reads above protected e) */
+    cr_assert_eq(kvvm_seq_prepare_write(kv, f, 0, TPP), 0, "%s", kvvm_last_error());
+    cr_assert(info(e).dropped);
+    verify(f, 51, 0, 4 * TPP, "the fork after its copies");
+    check("after the copies");
+}

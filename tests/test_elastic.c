@@ -949,5 +949,35 @@ Test(regress, create_oom_logged_as_an_error_per_failure)
     verify_n(&t, (struct sh *[]){ a }, 1, "after the failed grows");
     tcheck(&t, "after the failed grows");
     free_n((struct sh *[]){ a }, 1);
+/* Bug: a shrinking kvvm_set_budget compared the room below with the shortfall, but each
+   victim moves all its pages: the 1-page (per region) LRU victim filled half the host tier,
+   the 2-page one then could not move, -ENOMEM after the first had moved. Moving only the
+   second fits, and the plan now finds that (issue 18, defect 5). */
+Test(regress, set_budget_small_victim_filled_the_room_of_the_big_one)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 16, 64, 4, 0);                       /* host: 4 slots */
+    c.pool_thread = 0;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1), *b = sh_new(t.kv, 2), *p = sh_new(t.kv, 3);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 4), 0);    /* 1 page a region: 2 frames, LRU */
+    cr_assert_eq(sh_grow_fill(t.kv, b, 8), 0);    /* 2 pages: 4 frames */
+    cr_assert_eq(sh_grow_fill(t.kv, p, 20), 0);   /* 10 frames, never moved */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, p->h, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    int rc = kvvm_set_budget(t.kv, 12 * KB);      /* 16 in use: 4 must go */
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    cr_assert(resident(t.kv, a), "the small victim stays: its move alone cannot cover 4");
+    cr_assert(!resident(t.kv, b), "the big victim moved");
+    tcheck(&t, "after the shrink");
+    cr_assert_eq(kvvm_set_budget(t.kv, 16 * KB), 0);
+    sh_verify(t.kv, a, "a");
+    sh_verify(t.kv, b, "b");
+    sh_verify(t.kv, p, "p");
+    struct sh *all[3] = { a, b, p };
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kvvm_seq_free(t.kv, all[i]->h), 0);
+    free_n(all, 3);
     tclose(&t);
 }

@@ -491,3 +491,74 @@ static void cow_after_swap_in(bool prepare)
 
 Test(failed_swap_in, write_cow_moves_nothing) { cow_after_swap_in(false); }
 Test(failed_swap_in, prepare_write_cow_moves_nothing) { cow_after_swap_in(true); }
+
+/* ================================================================ issue 18, lead 1 */
+
+/* Bug: kvvm_seq_need counted a grow within the partial last page (its copy-on-write copies)
+   against pages_device_free, which includes the sequence's own map-ahead frames, but the
+   grow took its frames from the pool without them: need said fits = 1 and the grow failed
+   -ENOMEM (issue 18, the first unreduced lead: map-ahead 1, a shared partial page; the
+   discard, truncate, stream mode and page size of the report only set the numbers).
+   kvvm_seq_write and kvvm_seq_prepare_write failed the same way. A grow or a copy now takes
+   the sequence's own surplus map-ahead back when the rest of the pool cannot supply it. */
+
+/* a: 2 pages a region (the last partial, shared with its fork *f) and a page mapped ahead;
+   the budget shrunk so that only a's map-ahead is free. */
+static void own_ahead_setup(struct t *t, struct sh **a, struct sh **f)
+{
+    struct kvvm_config c;
+    cfg(&c, 48, 0, 0);
+    c.map_ahead = 1;
+    c.pool_thread = 0;
+    t_open(t, &c);
+    struct sh *d = sh_new(t);
+    *a = sh_new(t);
+    sh_grow_fill(t, d, MAXTOK, 1);              /* the slot full: no map-ahead */
+    cr_assert_eq(kvvm_step(t->kv), 0);          /* (the pool refills: frames to map ahead) */
+    sh_grow_fill(t, *a, 6, 2);
+    *f = sh_fork(t, *a);
+    struct kvvm_stats st;
+    st.size = sizeof st;
+    cr_assert_eq(kvvm_stats(t->kv, &st), 0);
+    uint64_t addr;
+    cr_assert_eq(kvvm_seq_addr(t->kv, (*a)->h, 0, &addr), 0);
+    cr_assert_eq(emu_lookup(addr + 2 * KB, NULL, NULL, NULL), 0, "a maps a page ahead");
+    int rc = kvvm_set_budget(t->kv, (size_t)(st.pages_device_total - st.pages_device_free +
+                                             NR) * KB);
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    cr_assert_eq(emu_lookup(addr + 2 * KB, NULL, NULL, NULL), 0, "a still maps it");
+    struct snap s0;
+    snap(t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, NR, "only a's map-ahead is free: %llu",
+                 (unsigned long long)s0.st.pages_device_free);
+}
+
+Test(regress, need_fits_but_grow_copy_lacked_own_map_ahead)
+{
+    struct t t;
+    struct sh *a, *f;
+    own_ahead_setup(&t, &a, &f);
+    uint64_t pages;
+    int fits;
+    need(&t, a, 7, &pages, &fits);              /* the two copies of the shared last page */
+    int rc = kvvm_seq_grow(t.kv, a->h, 7);
+    cr_assert_eq(fits, rc == 0, "need says %llu pages, fits = %d; grow returns %d",
+                 (unsigned long long)pages, fits, rc);
+    cr_assert_eq(rc, 0, "grow: %d", rc);
+    sh_verify(&t, a, "a");
+    sh_verify(&t, f, "f");
+    check(&t, "after the grow");
+    t_close(&t);
+}
+
+Test(regress, prepare_write_copy_lacked_own_map_ahead)
+{
+    struct t t;
+    struct sh *a, *f;
+    own_ahead_setup(&t, &a, &f);
+    cr_assert_eq(kvvm_seq_prepare_write(t.kv, a->h, 5, 6), 0, "%s", kvvm_last_error());
+    sh_verify(&t, a, "a");
+    sh_verify(&t, f, "f");
+    check(&t, "after the copies");
+    t_close(&t);
+}

@@ -1471,3 +1471,126 @@ Test(capture, sync_mode_busy_while_a_blocking_stream_captures)
     free(a);
     tclose(&t);
 }
+
+/* ================================================================ regress (issue 18) */
+
+/* A LIVE sequence of len tokens, filled, unprotected after the next step. */
+static struct sh *live(struct tctx *t, uint64_t len, uint32_t lin)
+{
+    struct sh *s = sh_new(t);
+    int rc = sh_grow_fill(t, s, len, lin);
+    cr_assert_eq(rc, 0, "grow %llu: %d", (unsigned long long)len, rc);
+    return s;
+}
+
+static struct sh *pinned(struct tctx *t, uint64_t len, uint32_t lin)
+{
+    struct sh *s = live(t, len, lin);
+    cr_assert_eq(kvvm_seq_set_class(t->kv, s->h, KVVM_SEQ_PINNED), 0);
+    return s;
+}
+
+static void auto_cfg(struct kvvm_config *c, uint32_t dev, uint32_t host)
+{
+    tcfg(c, dev, host, KVVM_F_AUTO_SWAP);
+    c->device_min = c->device_low = c->device_high = 0;    /* no background rounds */
+    c->pool_thread = 0;
+}
+
+static void free_all(struct tctx *t, struct sh **s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cr_expect_eq(kvvm_seq_free(t->kv, s[i]->h), 0);
+        free(s[i]);
+    }
+}
+
+/* Bug: kvvm_seq_grow_batch's up-front check did not count the copy of a shared partial last
+   page (kvvm_seq_need does): with auto-swap a batch that could not fit swapped out another
+   LIVE sequence, swapped a member in, then failed -ENOMEM (issue 18, defect 4). */
+Test(regress, grow_batch_swapped_out_live_then_failed)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    auto_cfg(&c, 16, 64);
+    topen(&t, &c);
+    struct sh *p = pinned(&t, 10, 1);             /* 3 pages a region, the last partial */
+    struct sh *m = sh_fork(&t, p);                /* shares all 6 */
+    t_out(&t, m);                                 /* nothing copied: p maps them */
+    struct sh *v = live(&t, 4, 2);                /* 2 frames: a victim */
+    struct sh *f = pinned(&t, 16, 3);             /* 8: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    kvvm_seq all[4] = { p->h, m->h, v->h, f->h };
+    struct th_place before[4];
+    th_places(t.kv, all, 4, before);
+    uint64_t len = 13, pages;                     /* 1 new page a region + 2 copies: 4 */
+    int fits;
+    cr_assert_eq(kvvm_seq_need(t.kv, m->h, len, &pages, &fits), 0);
+    cr_assert_eq(pages, 4);
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, &m->h, &len, 1), -ENOMEM);
+    th_places_same(t.kv, all, 4, before, "failed grow_batch");
+    tcheck(&t, "failed grow_batch");
+    struct sh *ss[4] = { p, m, v, f };
+    for (int i = 0; i < 4; i++)
+        sh_verify(&t, ss[i], "after the failed batch");
+    free_all(&t, ss, 4);
+    tclose(&t);
+}
+
+/* Bug: direct reclaim compared the room below with the shortfall, but each victim moves
+   all its pages: the 1-page (per region) LRU victim filled half the host tier, the 2-page
+   one then could not move, -ENOMEM after the first had moved. Moving only the second fits
+   (issue 18, defect 5). */
+Test(regress, direct_reclaim_small_victim_filled_the_room_of_the_big_one)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    auto_cfg(&c, 16, 4);                          /* host: 4 slots */
+    topen(&t, &c);
+    struct sh *a = live(&t, 4, 1);                /* 2 frames, least recently used */
+    struct sh *b = live(&t, 8, 2);                /* 4 frames */
+    struct sh *f = pinned(&t, 20, 3);             /* 10: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    struct sh *x = sh_new(&t);
+    int rc = sh_grow_fill(&t, x, 8, 4);           /* needs 4 */
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    cr_assert(resident(&t, a), "the small victim stays: its move alone cannot cover 4");
+    cr_assert(!resident(&t, b), "the big victim moved");
+    tcheck(&t, "after the grow");
+    struct sh *ss[4] = { a, b, f, x };
+    cr_assert_eq(kvvm_seq_free(t.kv, x->h), 0);
+    for (int i = 0; i < 3; i++)
+        sh_verify(&t, ss[i], "after the reclaim");
+    free(x);
+    free_all(&t, ss, 3);
+    tclose(&t);
+}
+
+/* Bug: a grow of a swapped-out sequence under auto-swap made room first by swapping out
+   the LIVE sequence whose pages it shares (its fork parent): those pages went to the host
+   tier with it, the swap-in then took the frames freed, the grow found none and failed
+   -ENOMEM with the parent swapped out (issue 18, the second unreduced lead). A move that
+   copies down pages the call's own sequence maps again frees nothing for it. */
+Test(regress, grow_of_swapped_out_fork_swapped_its_parent_out)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    auto_cfg(&c, 16, 64);
+    topen(&t, &c);
+    struct sh *p = live(&t, 10, 1);               /* 6 frames, the LRU victim */
+    struct sh *m = sh_fork(&t, p);
+    t_out(&t, m);                                 /* nothing copied: p maps them */
+    struct sh *f = pinned(&t, 20, 2);             /* 10: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    kvvm_seq all[3] = { p->h, m->h, f->h };
+    struct th_place before[3];
+    th_places(t.kv, all, 3, before);
+    cr_assert_eq(kvvm_seq_grow(t.kv, m->h, 13), -ENOMEM);   /* 2 new + 2 copies */
+    th_places_same(t.kv, all, 3, before, "failed grow");
+    tcheck(&t, "failed grow");
+    struct sh *ss[3] = { p, m, f };
+    for (int i = 0; i < 3; i++)
+        sh_verify(&t, ss[i], "after the failed grow");
+    free_all(&t, ss, 3);
+    tclose(&t);
+}

@@ -1,0 +1,324 @@
+/*
+ * swap/plan.c: plan-then-act reclaim (contract in swap.h, "reclaim plans"). Every reclaim
+ * goes through here: a call short of frames (swap_make_room), kvvm_set_budget's shrink
+ * (swap_reclaim_budget), the min watermark and the background thread. The plan is computed
+ * whole and checked before anything moves; paging counts each victim's frees and slots
+ * exactly (paging_plan_add), swap/ chooses which victims and how (the policy), paging moves
+ * them when the plan is acted on.
+ *
+ * Order (one LRU order, swap_lru_sort): droppable CACHED sequences first (least recently used
+ * first; a drop moves no data and needs no room below), then orphan pages, then LIVE
+ * sequences; PINNED ones never. Room below (host and disk slots) is counted per victim, with
+ * all the pages its move copies down, not per shortfall: a LIVE victim whose move would not
+ * fit in the room left is skipped and the next one tried; when the victims taken fill the
+ * room before the shortfall is covered, the plan is made again without the least recently
+ * used of them (a bigger victim may cover it alone). Demotions (KVVM_F_CACHE_DEMOTE) use only
+ * the room the swap-outs leave: a demotion keeps a CACHED sequence's bytes, a swap-out is
+ * what the call needs.
+ */
+#include "swap_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_PASSES 16      /* plans made again without an LRU victim, at most */
+
+static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (excl[i] == h)
+            return true;
+    return false;
+}
+
+/* The room below as a plan uses it up, victim by victim: the facts paging reports
+   (struct pg_room: free host slots, spill writes in flight, spillable host pages, free disk
+   slots) and the same choice paging makes for each swap-out (room.c's swap_plan: directly,
+   spilling others, or staged through the host tier to disk). */
+struct room {
+    struct pg_room f;
+    bool disk;                     /* a disk tier that takes spills */
+};
+
+static void room_init(struct room *m, struct paging *pg)
+{
+    paging_room_facts(pg, &m->f);
+    m->disk = paging_has_disk(pg) && m->f.disk_free + m->f.spillable + m->f.writes > 0;
+}
+
+static uint64_t room_total(const struct room *m)
+{
+    return m->f.host_free + m->f.writes + m->f.disk_free;
+}
+
+/* Takes the slots of a move copying k pages down; false (nothing taken) when paging would
+   refuse it. */
+static bool room_take(struct room *m, uint32_t k)
+{
+    struct pg_room *f = &m->f;
+    if (k <= f->host_free) {           /* the host tier takes it as it is */
+        f->host_free -= k;
+        f->spillable += m->disk ? k : 0;
+        return true;
+    }
+    if (!m->disk)
+        return false;
+    struct pg_room r = *f;
+    r.need = k;
+    int mv = swap_plan(NULL, false, &r);
+    if (mv < 0)
+        return false;
+    if (mv == PG_MOVE_DIRECT) {        /* host slots, then the writes, then spills */
+        uint64_t rest = k - f->host_free;
+        uint64_t w = rest < f->writes ? rest : f->writes;
+        f->writes -= w;
+        f->spillable -= rest - w;
+        f->disk_free -= rest - w;
+        f->host_free = 0;
+        f->spillable += k;
+        return true;
+    }
+    if (!f->host_free && !f->writes) { /* staged: one slot made free to stage through */
+        f->spillable--;
+        f->disk_free--;
+        f->host_free++;
+    }
+    f->disk_free -= k;
+    return true;
+}
+
+/* Candidates of fn not in excl (LIVE ones only when live), LRU sorted; *out malloc'ed. */
+static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
+                      bool live, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
+{
+    struct pg_cand *c;
+    size_t n = swap_collect(pg, fn, &c), k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!excluded(c[i].h, excl, n_excl) &&
+            (!live || paging_seq_class(pg, c[i].h) == PG_SEQ_LIVE))
+            c[k++] = c[i];
+    swap_lru_sort(c, k);
+    *out = c;
+    return c ? k : 0;
+}
+
+static int push(struct swap_rplan *p, uint64_t h, uint8_t kind, uint32_t frees,
+                uint32_t slots)
+{
+    struct swap_step *s = realloc(p->steps, (p->n + 1) * sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    p->steps = s;
+    s[p->n++] = (struct swap_step){ h, kind, frees, slots };
+    p->frees += frees;
+    p->slots += slots;
+    return 0;
+}
+
+static void pop(struct swap_rplan *p, struct paging *pg)
+{
+    struct swap_step *s = &p->steps[--p->n];
+    paging_plan_remove(pg, s->h, s->kind == SWAP_DROP);
+    p->frees -= s->frees;
+    p->slots -= s->slots;
+}
+
+/* The LIVE victims from c[0..n), skipping banned ones and those that do not fit in *room,
+   until p covers want. Returns the index of the first one taken (n: none). */
+static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg_cand *c,
+                        size_t n, const bool *banned, struct room *room, int *rc)
+{
+    size_t first = n;
+    *rc = 0;
+    for (size_t i = 0; i < n && p->have + p->frees < p->want && !*rc; i++) {
+        uint32_t f, sl;
+        if (banned[i] || paging_plan_add(pg, c[i].h, false, &f, &sl))
+            continue;
+        struct room before = *room;
+        if (!room_take(room, sl)) {    /* its pages do not fit below: try the next */
+            paging_plan_remove(pg, c[i].h, false);
+            continue;
+        }
+        if ((*rc = push(p, c[i].h, SWAP_OUT, f, sl))) {
+            paging_plan_remove(pg, c[i].h, false);
+            *room = before;
+            break;
+        }
+        if (first == n)
+            first = i;
+    }
+    return first;
+}
+
+static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
+{
+    struct pg_cand *c;
+    size_t n = collect(pg, paging_candidates, true, p->keep, p->n_keep, &c);
+    bool *banned = calloc(n ? n : 1, sizeof *banned);
+    int rc = c && banned ? 0 : -ENOMEM;
+    size_t base = p->n;
+    for (int pass = 0; !rc && pass < PLAN_PASSES; pass++) {
+        struct room left = *room;
+        size_t first = take_live(p, pg, c, n, banned, &left, &rc);
+        if (rc || p->have + p->frees >= p->want || first == n || (p->flags & SWAP_PLAN_PARTIAL)) {
+            *room = left;
+            break;
+        }
+        /* the room filled up before the shortfall was covered: again, without the least
+           recently used victim taken */
+        while (p->n > base)
+            pop(p, pg);
+        banned[first] = true;
+    }
+    free(banned);
+    free(c);
+    return rc;
+}
+
+/* CACHED victims as drops, least recently used first, until p covers want. */
+static int plan_drops(struct swap_rplan *p, struct paging *pg)
+{
+    struct pg_cand *c;
+    size_t n = collect(pg, paging_cached_candidates, false, p->keep, p->n_keep, &c);
+    int rc = 0;
+    for (size_t i = 0; i < n && p->have + p->frees < p->want && !rc; i++) {
+        uint32_t f, sl;
+        if (paging_plan_add(pg, c[i].h, true, &f, &sl))
+            continue;
+        rc = push(p, c[i].h, SWAP_DROP, f, 0);
+        if (rc)
+            paging_plan_remove(pg, c[i].h, true);
+    }
+    free(c);
+    return rc;
+}
+
+/* Drops become demotions while the room the swap-outs left holds all their pages. */
+static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room *room)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        struct swap_step *s = &p->steps[i];
+        if (s->kind != SWAP_DROP)
+            continue;
+        uint32_t ub = paging_seq_device_pages(pg, s->h);
+        if (!room_take(room, ub))
+            continue;
+        s->kind = SWAP_DEMOTE;
+        s->slots = ub;
+        p->slots += ub;
+    }
+}
+
+int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
+                      unsigned flags, struct swap_rplan *p)
+{
+    struct paging *pg = sw->pg;
+    memset(p, 0, sizeof *p);
+    for (size_t i = 0; i < n_excl; i++) {
+        int rc = paging_seq_stale(pg, excl[i]);    /* the caller's own: no room for a stale */
+        if (rc)
+            return rc;
+    }
+    p->want = want;
+    p->flags = flags;
+    p->have = paging_frames_free(pg) + paging_frames_pending(pg);
+    if (p->have >= want)
+        return 0;
+    if (n_excl) {
+        if (!(p->keep = malloc(n_excl * sizeof *p->keep)))
+            return -ENOMEM;
+        memcpy(p->keep, excl, n_excl * sizeof *p->keep);
+        p->n_keep = n_excl;
+    }
+    bool swap = flags & SWAP_PLAN_SWAP;
+    struct room room;
+    room_init(&room, pg);
+    uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
+    int rc = plan_drops(p, pg);
+    if (!rc && swap && p->have + p->frees < p->want) {
+        /* orphans one by one, as paging moves them */
+        while (p->orphans < orphans && p->have + p->frees < p->want && room_take(&room, 1)) {
+            p->orphans++;
+            p->frees++;
+            p->slots++;
+        }
+        rc = plan_live(p, pg, &room);
+    }
+    if (!rc && swap && sw->p.cache_demote)
+        plan_demotions(p, pg, &room);
+    p->room = swap ? room_total(&room) : 0;
+    if (!rc && p->have + p->frees < want && !(flags & SWAP_PLAN_PARTIAL))
+        rc = -ENOMEM;                  /* checked: not enough can move, nothing moved */
+    if (rc)
+        swap_rplan_free(p);
+    return rc;
+}
+
+void swap_rplan_free(struct swap_rplan *p)
+{
+    free(p->steps);
+    free(p->keep);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- acting on a plan ---------------------------------------------------------------- */
+
+/* The CACHED steps: drops and demotions (a demotion the tiers refuse after all drops:
+   that frees at least as much, and needs no room). */
+static int act_cached(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+{
+    int rc = 0;
+    for (size_t i = 0; i < p->n && !rc; i++) {
+        const struct swap_step *s = &p->steps[i];
+        if (s->kind == SWAP_OUT)
+            continue;
+        rc = s->kind == SWAP_DEMOTE ? paging_seq_demote(sw->pg, s->h) : -ENOMEM;
+        if (rc && rc != -EIO)
+            rc = paging_seq_drop(sw->pg, s->h, wait);
+        *moved += !rc;
+    }
+    return rc;
+}
+
+int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+{
+    struct paging *pg = sw->pg;
+    uint32_t orphans = 0;
+    *moved = 0;
+    if (!p->n && !p->orphans)
+        return 0;
+    int rc = act_cached(sw, p, wait, moved);
+    /* the host tier makes room on disk first (the moves below take p->slots) */
+    if (!rc && p->slots && paging_has_disk(pg) && paging_host_free(pg) < p->slots)
+        (void)swap_host_room(pg, p->slots, 0);
+    if (!rc && p->orphans) {
+        rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
+        *moved += orphans ? 1 : 0;
+    }
+    for (size_t i = 0; i < p->n && !rc; i++)
+        if (p->steps[i].kind == SWAP_OUT) {
+            rc = paging_swap_out(pg, p->steps[i].h, true);   /* copies waited for below */
+            *moved += !rc;
+        }
+    if (!wait)
+        return rc;
+    /* the frames come back when the copies completed: wait for them (a drop's release
+       behind a fence, and a sibling whose pages all stay behind, have jobs to reap too) */
+    int wrc = (*moved || paging_frames_pending(pg)) ? swap_wait_copies(sw) : 0;
+    if (!wrc)
+        wrc = paging_reap(pg);
+    /* Pages shared by siblings that all moved stay behind while the siblings' jobs are in
+       flight; once reaped they are orphans: move them too (the plan counted them). */
+    uint32_t fr = paging_frames_free(pg), o = 0;
+    if (!wrc && fr < p->want && paging_orphans(pg)) {
+        wrc = paging_reclaim_orphans(pg, p->want - fr, p->keep, p->n_keep, &o);
+        if (wrc == -ENOMEM)
+            wrc = 0;                   /* host tier full: the check below says so */
+    }
+    if (!rc)
+        rc = wrc;
+    if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < p->want)
+        rc = -ENOMEM;                  /* (a plan is exact: never, but never silently) */
+    return rc;
+}
