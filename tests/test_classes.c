@@ -484,6 +484,38 @@ Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
     cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
 }
 
+TestSuite(regress, .fini = fini);
+
+/* Bug: in stream mode, discard(ALL_REGIONS, 3) then free left the dying slot's first_kept
+   at 3 with length 0: the checker failed ("first_kept 3 past the length 0"), a KVVM_DEBUG
+   build aborted inside kvvm_seq_free. */
+Test(regress, free_after_discard_left_dying_slot_first_kept)
+{
+    struct kvvm_config c;
+    cfg_base(&c);
+    open_cfg(&c);
+    void *st;
+    cr_assert_eq(kvvm_stream_create(kv, &st), 0);
+    cr_assert_eq(kvvm_set_stream(kv, st), 0);
+    kvvm_seq s = mkseq(14, 2 * TPP);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);   /* the releases wait */
+    cr_assert_eq(kvvm_seq_prepare_write(kv, s, TPP, TPP + 1), 0);   /* protected */
+    cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3), 0);
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);       /* the slot dies: its releases are pending */
+    /* resumed before the check (a failed check must not leave close waiting on a paused
+       stream); the slot stays dying until a call reaps its releases */
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 0), 0);
+    check("freed with a discard, slot dying");
+    kvvm_seq n;                                  /* the slot comes back clean */
+    cr_assert_eq(kvvm_sync(kv), 0);
+    cr_assert_eq(kvvm_seq_create(kv, &n), 0);
+    cr_assert_eq(info(n).first_kept, 0);
+    check("slot reused");
+    cr_assert_eq(kvvm_seq_free(kv, n), 0);
+    cr_assert_eq(kvvm_set_stream(kv, NULL), 0);
+}
+
 /* A fault sweep of this file (th_sweep_run): a fresh context, in stream mode or not, the two
    sequences of the case and their state before the call. */
 struct csweep {
