@@ -24,6 +24,12 @@ int kvvm_debug_emu_ordinal(kvvm *kv);
    first use: for emu_stream_set_paused, to hold the library's copies back. */
 void *kvvm_debug_copy_stream(kvvm *kv);
 
+/* Where page i of region r of s is: 0 a hole (discarded), 1 device, 2 host, 3 disk (a page
+   in flight counts under the tier it leaves; kvvm_sync first for a settled answer). For the
+   model test, which follows every page through the moves of reclaim and set_budget.
+   -EINVAL kv or tier NULL, r or i out of range; -ENOENT. */
+int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier);
+
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
    spill_test_corrupt (disk/disk.h). */
 struct spill;
