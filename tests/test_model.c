@@ -31,8 +31,8 @@
  * with KVVM_F_AUTO_SWAP, any other resident one) could be reclaimed, every call short of
  * pages, are not predicted: a success is followed page by page (kvvm_debug_page_tier: drops,
  * demotions, swap-outs), a failure must be -ENOMEM. Every call that fails, predicted or not,
- * must leave every other sequence's tier, residency, class, dropped state and length exactly
- * as before (a snapshot compare: the first rule of docs/api.md). A dropped sequence is
+ * must leave every sequence (its own too) as it was: tier, residency, class, dropped state
+ * and length (a snapshot compare: the first rule of docs/api.md). A dropped sequence is
  * -ESTALE for grow, grow_batch, fork, swap_in and prefetch, before anything moves.
  * Configurations: no flags (4k/1, 64k/4, 2m/4), KVVM_F_CACHE_DEMOTE (64k/1, 64k/1+disk),
  * KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE (4k/4, 2m/1, 4k/2+disk; background reclaim off:
@@ -127,7 +127,7 @@ struct mseq {
     bool dropped;                   /* a dropped CACHED sequence: -ESTALE */
 };
 
-/* What "a failed call changes nothing" compares of every other sequence: tier, residency,
+/* What "a failed call changes nothing" compares of every sequence: tier, residency,
    class, dropped state and length (disk configurations: host + disk as one tier, the spill
    thread moves pages between them at any time). */
 struct snapent {
@@ -633,8 +633,8 @@ static void snap_take(struct model *m)
     }
 }
 
-/* The rule of a failed call: every sequence but the call's own (t0, t1; NULL: none) is
-   exactly as the snapshot taken before it. */
+/* The rule of a failed call: every sequence (the call's own too: a failed call changes
+   nothing) is exactly as the snapshot taken before it. */
 static bool in_set(const struct mseq *s, struct mseq *const *t, int nt)
 {
     for (int i = 0; i < nt; i++)
@@ -643,19 +643,19 @@ static bool in_set(const struct mseq *s, struct mseq *const *t, int nt)
     return false;
 }
 
-static void others_unchanged(struct model *m, int rc, struct mseq *const *t, int nt)
+static void unchanged(struct model *m, int rc)
 {
     for (int i = 0; i < MAXS; i++) {
         struct mseq *s = &m->s[i];
         const struct snapent *e = &m->snap[i];
-        if (!s->live || !e->live || in_set(s, t, nt))
+        if (!s->live || !e->live)
             continue;
         struct kvvm_seq_info in = { .size = sizeof in };
         MCHECK(m, kvvm_seq_info(m->kv, s->h, &in) == 0, "kvvm_seq_info(seq %d)", i);
         MCHECK(m, in.length == e->len && in.pages_device == e->dev &&
                in.pages_host + in.pages_disk == e->below && in.cls == e->cls &&
                in.resident == e->resident && in.dropped == e->dropped,
-               "the call failed (%d) but moved seq %d: length %lu -> %lu, device pages %u -> "
+               "the call failed (%d) but changed seq %d: length %lu -> %lu, device pages %u -> "
                "%u, host/disk pages %u -> %u, class %u -> %u, resident %d -> %d, dropped %d -> "
                "%d", rc, i, (unsigned long)e->len, (unsigned long)in.length, e->dev,
                in.pages_device, e->below, in.pages_host + in.pages_disk, e->cls, in.cls,
@@ -747,7 +747,7 @@ static void resync(struct model *m, struct mseq *const *t, int nt)
 }
 
 /* The end of a call whose outcome was not predicted (may_reclaim): rc 0 resyncs the model,
-   a failure must be -ENOMEM with every other sequence unchanged. true: it succeeded. */
+   a failure must be -ENOMEM with every sequence unchanged. true: it succeeded. */
 static bool unpredicted_done(struct model *m, int rc, struct mseq *const *t, int nt,
                              const char *call)
 {
@@ -756,7 +756,7 @@ static bool unpredicted_done(struct model *m, int rc, struct mseq *const *t, int
         return true;
     }
     MCHECK(m, rc == -ENOMEM, "%s (reclaim possible): %d", call, rc);
-    others_unchanged(m, rc, t, nt);
+    unchanged(m, rc);
     m->cnt[C_FAILED_SAME]++;
     return false;
 }
@@ -779,7 +779,7 @@ static void op_swap_out(struct model *m, struct mseq *s)
         MCHECK(m, rc == -ENOMEM, "needs %lu host slots, %lu free: swap_out returned %d",
                (unsigned long)down, (unsigned long)(m->host_total - m->host_used), rc);
         m->cnt[C_SWAP_ENOMEM]++;
-        others_unchanged(m, rc, &s, 1);
+        unchanged(m, rc);
         verify_touched(m, s, 0, 0);
         return;
     }
@@ -825,7 +825,7 @@ static bool ensure_in(struct model *m, struct mseq *s)
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: swap_in returned %d",
                (unsigned long)need, (unsigned long)mfree(m), rc);
         m->cnt[C_SWAP_ENOMEM]++;
-        others_unchanged(m, rc, &s, 1);
+        unchanged(m, rc);
         memcpy(m->where, saved, sizeof saved);
         return false;
     } else {
@@ -911,7 +911,7 @@ static void op_grow(struct model *m, struct mseq *s)
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: grow returned %d",
                (unsigned long)need, (unsigned long)mfree(m), rc);
         m->cnt[C_ENOMEM]++;
-        others_unchanged(m, rc, &s, 1);
+        unchanged(m, rc);
         verify_touched(m, s, s->len ? s->len - 1 : 0, s->len);
         return;
     } else {
@@ -976,12 +976,12 @@ static void op_grow_batch(struct model *m)
     if (big) {
         MCHECK(m, rc == -E2BIG, "grow_batch with one past max_tokens: %d", rc);
         m->cnt[C_E2BIG]++;
-        others_unchanged(m, rc, set, n);
+        unchanged(m, rc);
     } else if (need > mfree(m) && (!may || !unpredicted_done(m, rc, set, n, "grow_batch"))) {
         if (!may) {
             MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: grow_batch returned %d",
                    (unsigned long)need, (unsigned long)mfree(m), rc);
-            others_unchanged(m, rc, set, n);
+            unchanged(m, rc);
         }
         m->cnt[C_ENOMEM_BATCH]++;
     } else {
@@ -1114,7 +1114,7 @@ static void op_share(struct model *m, struct mseq *src)
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: share returned %d",
                (unsigned long)need, (unsigned long)avail, rc);
         m->cnt[C_ENOMEM]++;
-        others_unchanged(m, rc, pair, 2);
+        unchanged(m, rc);
         verify_touched(m, src, n ? n - 1 : 0, n);
         return;
     } else {
@@ -1192,7 +1192,7 @@ static void op_prepare_write(struct model *m, struct mseq *s)
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: prepare_write returned %d",
                (unsigned long)need, (unsigned long)mfree(m), rc);
         m->cnt[C_ENOMEM]++;
-        others_unchanged(m, rc, &s, 1);
+        unchanged(m, rc);
         verify_touched(m, s, a, b);
         return;
     } else {
@@ -1243,7 +1243,7 @@ static void op_write(struct model *m, struct mseq *s)
         MCHECK(m, rc == -ENOMEM, "needs %lu pages, %lu free: write returned %d",
                (unsigned long)need, (unsigned long)mfree(m), rc);
         m->cnt[C_ENOMEM]++;
-        others_unchanged(m, rc, &s, 1);
+        unchanged(m, rc);
         verify_touched(m, s, a, b);
         return;
     } else {
@@ -1363,7 +1363,7 @@ static void op_budget(struct model *m)
     rc = kvvm_set_budget(m->kv, (size_t)(below * ps));
     MCHECK(m, rc == -ENOMEM, "kvvm_set_budget(%lu pages) below the %lu in use, every "
            "sequence protected: %d", (unsigned long)below, (unsigned long)m->used, rc);
-    others_unchanged(m, rc, NULL, 0);
+    unchanged(m, rc);
     MCHECK(m, kvvm_stats(m->kv, &st) == 0 && st.pages_device_total == b,
            "a refused set_budget changed the budget to %lu pages",
            (unsigned long)st.pages_device_total);
@@ -1460,7 +1460,7 @@ static void op_shrink(struct model *m)
         return;
     }
     MCHECK(m, rc == -ENOMEM, "set_budget below the pages in use: %d", rc);
-    others_unchanged(m, rc, NULL, 0);
+    unchanged(m, rc);
     struct kvvm_stats st = { .size = sizeof st };
     MCHECK(m, kvvm_stats(m->kv, &st) == 0 && st.pages_device_total == m->total,
            "a refused set_budget changed the budget to %lu pages",
@@ -1515,7 +1515,7 @@ static void op_stale(struct model *m, struct mseq *s)
     default: rc = kvvm_seq_prefetch(m->kv, s->h); break;
     }
     MCHECK(m, rc == -ESTALE && c == 0, "a call on a dropped sequence returned %d", rc);
-    others_unchanged(m, rc, &s, 1);
+    unchanged(m, rc);
     m->cnt[C_STALE]++;
 }
 
