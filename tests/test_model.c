@@ -462,8 +462,11 @@ static bool ensure_in(struct model *m, struct mseq *s);
 static void op_set_class(struct model *m, struct mseq *s);
 
 /* Every sequence, swapped-out ones brought back where there is room. */
+static void snap_take(struct model *m);
+
 static void verify_all(struct model *m)
 {
+    snap_take(m);                   /* (between ops: the step may have settled copies) */
     for (int i = 0; i < MAXS; i++)
         if (m->s[i].live && ensure_in(m, &m->s[i]))
             verify_tokens(m, &m->s[i], 0, m->s[i].len);
@@ -496,6 +499,8 @@ static void check_zero_tail(struct model *m, struct mseq *s, uint64_t old)
 
 /* ---------------------------------------------------------------- per-op checks */
 
+static void snap_set(struct snapent *e, const struct kvvm_seq_info *in);
+
 static void check_state(struct model *m)
 {
     char why[512] = "";
@@ -527,11 +532,13 @@ static void check_state(struct model *m)
            (unsigned long)(m->host_total - m->host_used));
     for (int i = 0; i < MAXS; i++) {
         struct mseq *s = &m->s[i];
+        m->snap[i].live = false;
         if (!s->live)
             continue;
         struct kvvm_seq_info in = { .size = sizeof in };
         rc = kvvm_seq_info(m->kv, s->h, &in);
         MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
+        snap_set(&m->snap[i], &in);     /* the state the next op starts from */
         uint64_t np = npages(m, s->len);
         uint32_t shared = 0, onhost = 0;
         uint32_t holes = 0;
@@ -615,21 +622,26 @@ static void seq_adopt(struct model *m, struct mseq *s, kvvm_seq h, uint64_t len)
 
 /* ---------------------------------------------------------------- reclaim by a call */
 
+static void snap_set(struct snapent *e, const struct kvvm_seq_info *in)
+{
+    *e = (struct snapent){ .live = true, .len = in->length, .dev = in->pages_device,
+                           .below = in->pages_host + in->pages_disk, .cls = in->cls,
+                           .resident = in->resident, .dropped = in->dropped };
+}
+
+/* The snapshot of every sequence (check_state takes it after every op, for free: the next
+   op starts from that state; a call within an op that changed it takes it again). */
 static void snap_take(struct model *m)
 {
     for (int i = 0; i < MAXS; i++) {
         struct mseq *s = &m->s[i];
-        struct snapent *e = &m->snap[i];
-        memset(e, 0, sizeof *e);
-        e->live = s->live;
+        m->snap[i].live = false;
         if (!s->live)
             continue;
         struct kvvm_seq_info in = { .size = sizeof in };
         int rc = kvvm_seq_info(m->kv, s->h, &in);
         MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
-        *e = (struct snapent){ .live = true, .len = in.length, .dev = in.pages_device,
-                               .below = in.pages_host + in.pages_disk, .cls = in.cls,
-                               .resident = in.resident, .dropped = in.dropped };
+        snap_set(&m->snap[i], &in);
     }
 }
 
@@ -805,7 +817,6 @@ static bool ensure_in(struct model *m, struct mseq *s)
 {
     if (!s->out)
         return true;
-    snap_take(m);                   /* (also called between ops: the periodic verify) */
     char saved[sizeof m->where];
     memcpy(saved, m->where, sizeof saved);
     snprintf(m->where, sizeof m->where, "swap_in seq %ld (%lu tokens) [for: %.100s]",
@@ -1615,7 +1626,6 @@ static void model_run(struct model *m, uint64_t ops)
     for (m->op = 0; m->op < ops; m->op++) {
         struct mseq *s = pick_live(m);
         uint64_t w = rndn(m, 100);
-        snap_take(m);
         if (!s || w < 7) {
             op_create(m);
         } else if (s->dropped) {
