@@ -658,6 +658,7 @@ static bool in_set(const struct mseq *s, struct mseq *const *t, int nt)
 }
 
 static void resync(struct model *m, struct mseq *const *t, int nt);
+static void snap_take(struct model *m);
 
 /* KVVMTEST_MODEL_KEEP_GOING=1: a broken failed-call rule is printed and counted (the test
    still fails at the end), the model follows the library and the run goes on, so one run
@@ -698,6 +699,7 @@ static void unchanged(struct model *m, int rc)
     if (broken) {
         m->violations++;
         resync(m, NULL, 0);
+        snap_take(m);               /* the next failed call is compared with what is now */
     }
 }
 
@@ -1520,11 +1522,12 @@ static void op_set_class(struct model *m, struct mseq *s)
 }
 
 /* A dropped CACHED sequence: share (as source), fork, grow, grow_batch, swap_in and
-   prefetch are -ESTALE before anything moves (a grow far past the free pages: its room check
-   must not reclaim first); set_class revives it, free frees it. */
+   prefetch are -ESTALE before anything moves (a grow far past the free pages, also after an
+   explicit swap_out of it: its room check must not reclaim first); set_class revives it,
+   free frees it. */
 static void op_stale(struct model *m, struct mseq *s)
 {
-    uint64_t k = rndn(m, 8), nl = 1 + rndn(m, m->c.max_tokens);
+    uint64_t k = rndn(m, 8), nl = rndn(m, 2) ? m->c.max_tokens : 1 + rndn(m, m->c.max_tokens);
     snprintf(m->where, sizeof m->where, "dropped seq %ld: call %lu (grow to %lu)",
              (long)(s - m->s), (unsigned long)k, (unsigned long)nl);
     if (k == 0) {
@@ -1544,6 +1547,12 @@ static void op_stale(struct model *m, struct mseq *s)
         lens[1] = o->len;
         n = 2;
     }
+    if (k == 3) {                       /* explicitly swapped out (nothing to move) first */
+        rc = kvvm_seq_swap_out(m->kv, s->h);
+        MCHECK(m, rc == 0 || rc == -ESTALE, "swap_out of a dropped sequence: %d", rc);
+        s->out |= rc == 0;
+        snap_take(m);
+    }
     switch (k) {
     case 2: case 3: rc = kvvm_seq_grow(m->kv, s->h, nl); break;
     case 4: rc = kvvm_seq_grow_batch(m->kv, hs, lens, (size_t)n); break;
@@ -1551,7 +1560,14 @@ static void op_stale(struct model *m, struct mseq *s)
     case 6: rc = kvvm_seq_swap_in(m->kv, s->h); break;
     default: rc = kvvm_seq_prefetch(m->kv, s->h); break;
     }
-    MCHECK(m, rc == -ESTALE && c == 0, "a call on a dropped sequence returned %d", rc);
+    if (rc != -ESTALE && keep_going()) {
+        printf("VIOLATION seed %lu op %lu (%s): a call on a dropped sequence returned %d\n",
+               m->seed, (unsigned long)m->op, m->where, rc);
+        m->violations++;
+        MCHECK(m, rc < 0, "a call on a dropped sequence succeeded");
+    } else {
+        MCHECK(m, rc == -ESTALE && c == 0, "a call on a dropped sequence returned %d", rc);
+    }
     unchanged(m, rc);
     m->cnt[C_STALE]++;
 }
