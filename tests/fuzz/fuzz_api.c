@@ -11,6 +11,7 @@
  *   - the return code is one the call may give, and the one the model predicts where it can
  *     (-EINVAL, -E2BIG, -ESTALE, -ENOENT; an -ENOMEM is never predicted: reclaim may or may
  *     not find room);
+ *   - a grow that kvvm_seq_need said fits succeeds;
  *   - a failed call changed no other sequence (tier, residency, class, dropped state, length:
  *     the first rule of docs/api.md); KVVM_FUZZ_FAILED_CALL_RULE=0 turns this one off;
  *   - the model follows what succeeded (drops by reclaim are read from kvvm_seq_info; no
@@ -554,11 +555,25 @@ static void do_misc(struct fz *f, struct fseq *s, uint8_t a)
         rc = kvvm_sync(f->kv);
         CHECK(f, rc == 0, "%d", rc);
         break;
-    case 2:
+    case 2: {
         f->call = "need";
-        rc = kvvm_seq_need(f->kv, s->h, s->len + (a >> 2) % 4, &pages, &fits);
-        CHECK(f, rc == 0 || (s->len + (a >> 2) % 4 > MAXTOK && rc == -E2BIG), "%d", rc);
+        uint64_t nl = s->len + (a >> 2) % 4;
+        rc = kvvm_seq_need(f->kv, s->h, nl, &pages, &fits);
+        CHECK(f, rc == 0 || (nl > MAXTOK && rc == -E2BIG), "%d", rc);
+        if (rc || !fits || s->dropped)
+            break;
+        /* docs/api.md: "a swap-in or grow that then fails -ENOMEM for lack of room never
+           had fits = 1" */
+        f->call = "grow after need said it fits";
+        rc = kvvm_seq_grow(f->kv, s->h, nl);
+        CHECK(f, rc == 0, "kvvm_seq_need: %llu pages, fits; the grow to %llu: %d",
+              (unsigned long long)pages, (unsigned long long)nl, rc);
+        for (uint32_t r = 0; r < f->nr; r++)
+            for (uint64_t t = s->len; t < nl; t++)
+                s->tag[r][t] = 0;
+        s->len = nl;
         break;
+    }
     default:
         f->call = "read";
         if (s->dropped) {
