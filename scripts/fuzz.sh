@@ -7,7 +7,7 @@
 #   bash scripts/fuzz.sh [SECONDS]        (default 120)
 #
 # New inputs go to build-fuzz/corpus (never into the repository's corpus: refresh that by
-# hand with -merge=1, see CONTRIBUTING.md). KVVM_FUZZ_FAILED_CALL_RULE=0 turns off the
+# hand with -merge=1, see CONTRIBUTING.md). KVVMTEST_FUZZ_FAILED_CALL_RULE=0 turns off the
 # "a failed call moved no other sequence" check (to fuzz past a known defect of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."

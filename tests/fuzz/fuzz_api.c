@@ -13,7 +13,7 @@
  *     not find room);
  *   - a grow that kvvm_seq_need said fits succeeds;
  *   - a failed call changed no other sequence (tier, residency, class, dropped state, length:
- *     the first rule of docs/api.md); KVVM_FUZZ_FAILED_CALL_RULE=0 turns this one off;
+ *     the first rule of docs/api.md); KVVMTEST_FUZZ_FAILED_CALL_RULE=0 turns this one off;
  *   - the model follows what succeeded (drops by reclaim are read from kvvm_seq_info; no
  *     background reclaim: device marks 0 under KVVM_F_AUTO_SWAP, so only calls move), and
  *     the bytes of the call's sequence (every 16 calls: of every resident one) read back as
@@ -65,7 +65,7 @@ struct fz {
     struct fseq s[NS];
     uint32_t next_tag;
     bool rule;                      /* the failed-call rule */
-    bool trace;                     /* KVVM_FUZZ_TRACE=1: each call on stderr */
+    bool trace;                     /* KVVMTEST_FUZZ_TRACE=1: each call on stderr */
     struct kvvm_seq_info snap[NS];
     bool snap_inflight;             /* copies were in flight at the snapshot: their pages
                                        change tiers when they complete, so only the totals
@@ -713,9 +713,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 3)
         return 0;
     memset(&f, 0, sizeof f);
-    const char *rule = getenv("KVVM_FUZZ_FAILED_CALL_RULE");
+    const char *rule = getenv("KVVMTEST_FUZZ_FAILED_CALL_RULE");
     f.rule = !rule || strcmp(rule, "0");
-    const char *trace = getenv("KVVM_FUZZ_TRACE");
+    const char *trace = getenv("KVVMTEST_FUZZ_TRACE");
     f.trace = trace && !strcmp(trace, "1");
     if (open_ctx(&f, data))
         return 0;
