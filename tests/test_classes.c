@@ -430,20 +430,28 @@ Test(discard, spill_counts_only_kept_pages)
     check("unspilled");
 }
 
-/* Stream mode: a protected sequence's discarded pages stay mapped until the step fence. */
-Test(discard, protected_release_waits_for_step_fence)
+/* Stream mode, engine work pending: a context on a new engine stream, paused, and a
+   sequence of `pages` pages (cookie tag) protected in this step by a prepare_write of its
+   last page (no copy: a pageable read or write would wait for the paused stream). */
+static kvvm_seq protected_paused(void **st, unsigned tag, uint64_t pages)
 {
     struct kvvm_config c;
     cfg_base(&c);
     open_cfg(&c);
-    void *st;
-    cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(kv, st), 0);
-    kvvm_seq s = mkseq(10, 4 * TPP);
+    cr_assert_eq(kvvm_stream_create(kv, st), 0);
+    cr_assert_eq(kvvm_set_stream(kv, *st), 0);
+    kvvm_seq s = mkseq(tag, pages * TPP);
     cr_assert_eq(kvvm_sync(kv), 0);
-    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);   /* engine work pending */
-    /* protects s (no copy: a pageable read or write would wait for the paused stream) */
-    cr_assert_eq(kvvm_seq_prepare_write(kv, s, 3 * TPP, 3 * TPP + 1), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)*st, 1), 0);
+    cr_assert_eq(kvvm_seq_prepare_write(kv, s, (pages - 1) * TPP, (pages - 1) * TPP + 1), 0);
+    return s;
+}
+
+/* Stream mode: a protected sequence's discarded pages stay mapped until the step fence. */
+Test(discard, protected_release_waits_for_step_fence)
+{
+    void *st;
+    kvvm_seq s = protected_paused(&st, 10, 4);
     cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 2 * TPP), 0);
     cr_assert(mapped(s, 0, 0) && mapped(s, 1, 1), "released before the engine's work ended");
     cr_assert_eq(info(s).pages_device, 4, "the discarded pages are not counted");
@@ -463,16 +471,8 @@ Test(discard, protected_release_waits_for_step_fence)
    blocking on the engine stream (here, paused: for ever). */
 Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
 {
-    struct kvvm_config c;
-    cfg_base(&c);
-    open_cfg(&c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(kv, st), 0);
-    kvvm_seq s = mkseq(13, 4 * TPP);
-    cr_assert_eq(kvvm_sync(kv), 0);
-    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);
-    cr_assert_eq(kvvm_seq_prepare_write(kv, s, 3 * TPP, 3 * TPP + 1), 0);   /* protected */
+    kvvm_seq s = protected_paused(&st, 13, 4);
     cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 2 * TPP + 3), 0);
     cr_assert_eq(kvvm_seq_grow(kv, s, 4 * TPP + 1), 0);
     cr_assert(mapped(s, 0, 1), "the discarded page went before the fence");
@@ -491,16 +491,8 @@ TestSuite(regress, .fini = fini);
    build aborted inside kvvm_seq_free. */
 Test(regress, free_after_discard_left_dying_slot_first_kept)
 {
-    struct kvvm_config c;
-    cfg_base(&c);
-    open_cfg(&c);
     void *st;
-    cr_assert_eq(kvvm_stream_create(kv, &st), 0);
-    cr_assert_eq(kvvm_set_stream(kv, st), 0);
-    kvvm_seq s = mkseq(14, 2 * TPP);
-    cr_assert_eq(kvvm_sync(kv), 0);
-    cr_assert_eq(emu_stream_set_paused((kcu_stream)st, 1), 0);   /* the releases wait */
-    cr_assert_eq(kvvm_seq_prepare_write(kv, s, TPP, TPP + 1), 0);   /* protected */
+    kvvm_seq s = protected_paused(&st, 14, 2);  /* its releases wait for the engine */
     cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 3), 0);
     cr_assert_eq(kvvm_seq_free(kv, s), 0);       /* the slot dies: its releases are pending */
     /* resumed before the check (a failed check must not leave close waiting on a paused

@@ -501,7 +501,26 @@ static void check_zero_tail(struct model *m, struct mseq *s, uint64_t old)
 
 /* ---------------------------------------------------------------- per-op checks */
 
-static void snap_set(struct snapent *e, const struct kvvm_seq_info *in);
+static void snap_set(struct snapent *e, const struct kvvm_seq_info *in)
+{
+    *e = (struct snapent){ .live = true, .len = in->length, .dev = in->pages_device,
+                           .below = in->pages_host + in->pages_disk, .cls = in->cls,
+                           .resident = in->resident, .dropped = in->dropped };
+}
+
+/* kvvm_seq_info of model sequence i into *in and its snapshot entry; false: not live. */
+static bool snap_info(struct model *m, int i, struct kvvm_seq_info *in)
+{
+    m->snap[i].live = false;
+    if (!m->s[i].live)
+        return false;
+    memset(in, 0, sizeof *in);
+    in->size = sizeof *in;
+    int rc = kvvm_seq_info(m->kv, m->s[i].h, in);
+    MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
+    snap_set(&m->snap[i], in);
+    return true;
+}
 
 static void check_state(struct model *m)
 {
@@ -534,13 +553,9 @@ static void check_state(struct model *m)
            (unsigned long)(m->host_total - m->host_used));
     for (int i = 0; i < MAXS; i++) {
         struct mseq *s = &m->s[i];
-        m->snap[i].live = false;
-        if (!s->live)
+        struct kvvm_seq_info in;
+        if (!snap_info(m, i, &in))      /* (the state the next op starts from) */
             continue;
-        struct kvvm_seq_info in = { .size = sizeof in };
-        rc = kvvm_seq_info(m->kv, s->h, &in);
-        MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
-        snap_set(&m->snap[i], &in);     /* the state the next op starts from */
         uint64_t np = npages(m, s->len);
         uint32_t shared = 0, onhost = 0;
         uint32_t holes = 0;
@@ -624,27 +639,13 @@ static void seq_adopt(struct model *m, struct mseq *s, kvvm_seq h, uint64_t len)
 
 /* ---------------------------------------------------------------- reclaim by a call */
 
-static void snap_set(struct snapent *e, const struct kvvm_seq_info *in)
-{
-    *e = (struct snapent){ .live = true, .len = in->length, .dev = in->pages_device,
-                           .below = in->pages_host + in->pages_disk, .cls = in->cls,
-                           .resident = in->resident, .dropped = in->dropped };
-}
-
 /* The snapshot of every sequence (check_state takes it after every op, for free: the next
    op starts from that state; a call within an op that changed it takes it again). */
 static void snap_take(struct model *m)
 {
-    for (int i = 0; i < MAXS; i++) {
-        struct mseq *s = &m->s[i];
-        m->snap[i].live = false;
-        if (!s->live)
-            continue;
-        struct kvvm_seq_info in = { .size = sizeof in };
-        int rc = kvvm_seq_info(m->kv, s->h, &in);
-        MCHECK(m, rc == 0, "kvvm_seq_info(seq %d): %d", i, rc);
-        snap_set(&m->snap[i], &in);
-    }
+    struct kvvm_seq_info in;
+    for (int i = 0; i < MAXS; i++)
+        snap_info(m, i, &in);
 }
 
 /* The rule of a failed call: every sequence (the call's own too: a failed call changes
