@@ -96,10 +96,20 @@ static inline int leave_call(kvvm *kv, int rc, const char *call)
 
 /* -EBUSY when the engine stream is capturing a graph (a swap would enqueue on it), or, in
    synchronous mode, when the legacy stream cannot be used because a blocking stream is
-   capturing (cuda.h, cuStreamIsCapturing: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). */
+   capturing (cuda.h, cuStreamIsCapturing: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) or a stream
+   made by kvvm_stream_create is capturing (the device cannot be synchronized). */
 static inline int stream_check(kvvm *kv)
 {
-    return vmm_stream_check_capture(kv->v, paging_stream(kv->pg));
+    kcu_stream es = paging_stream(kv->pg);
+    int rc = vmm_stream_check_capture(kv->v, es);
+    /* Synchronous mode synchronizes the device, which any capture in the context forbids
+       (the CUDA programming guide: synchronizing a context while one of its streams
+       captures is invalid, in every capture mode, and invalidates the capture): the streams
+       kvvm_stream_create made are asked too (a non-blocking one leaves the legacy stream
+       usable, so the query above does not see it). */
+    for (size_t i = 0; !rc && !es && i < kv->n_streams; i++)
+        rc = vmm_stream_check_capture(kv->v, kv->streams[i]);
+    return rc;
 }
 
 /* A public call's locked part: expr's -ENOENT, -E2BIG and -ENOMEM get their numbers in the

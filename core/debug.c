@@ -98,3 +98,23 @@ void *kvvm_debug_copy_stream(kvvm *kv)
     pthread_mutex_unlock(&kv->lock);
     return s;
 }
+
+int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier)
+{
+    if (!kv || !tier)
+        return -EINVAL;
+    enum pg_tier t;
+    pthread_mutex_lock(&kv->lock);
+    int rc = paging_seq_page_tier(kv->pg, s, r, i, &t);
+    pthread_mutex_unlock(&kv->lock);
+    if (rc)
+        return rc;
+    switch (t) {
+    case PG_TIER_DEVICE: case PG_TIER_TO_HOST:      *tier = 1; break;
+    case PG_TIER_HOST: case PG_TIER_TO_DEVICE:
+    case PG_TIER_TO_DISK:                           *tier = 2; break;
+    case PG_TIER_DISK: case PG_TIER_FROM_DISK:      *tier = 3; break;
+    default:                                        *tier = 0; break;
+    }
+    return 0;
+}

@@ -27,6 +27,12 @@ void *kvvm_debug_copy_stream(kvvm *kv);
 /* Requests for a frame pool thread round so far (0 without the thread). */
 uint64_t kvvm_debug_pool_wakes(kvvm *kv);
 
+/* Where page i of region r of s is: 0 a hole (discarded), 1 device, 2 host, 3 disk (a page
+   in flight counts under the tier it leaves; kvvm_sync first for a settled answer). For the
+   model test, which follows every page through the moves of reclaim and set_budget.
+   -EINVAL kv or tier NULL, r or i out of range; -ENOENT. */
+int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier);
+
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
    spill_test_corrupt (disk/disk.h). */
 struct spill;

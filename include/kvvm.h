@@ -16,7 +16,8 @@
  * on or synchronize it (grow, grow_batch, truncate, free, fork, share, prepare_write, write,
  * read, swap_out, swap_in, prefetch, step, sync, set_stream) returns -EBUSY; without an
  * engine stream they return -EBUSY while a blocking stream of the device captures (the
- * legacy stream cannot be used then). The library's own threads use relaxed capture mode
+ * legacy stream cannot be used then) or a stream made by kvvm_stream_create captures (the
+ * device cannot be synchronized then). The library's own threads use relaxed capture mode
  * and never enqueue on the engine stream, so a capture by the engine stays valid while
  * they run. Every call (kvvm_open and kvvm_close included) leaves the calling thread's
  * current CUDA context as it found it. In a fork() child of the process that opened a
@@ -45,7 +46,7 @@ extern "C" {
 #endif
 
 #define KVVM_VERSION_MAJOR 0
-#define KVVM_VERSION_MINOR 1
+#define KVVM_VERSION_MINOR 2
 #define KVVM_VERSION_PATCH 0
 
 typedef struct kvvm kvvm;     /* opaque context: one device, one reserved virtual range */

@@ -104,6 +104,20 @@ int paging_seq_first_kept(struct paging *pg, uint64_t h, uint32_t r, uint64_t *f
     return 0;
 }
 
+int paging_seq_page_tier(struct paging *pg, uint64_t h, uint32_t r, uint32_t i,
+                         enum pg_tier *tier)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (r >= pg->p.n_regions || i >= s->n_pages)
+        return -EINVAL;
+    pg_page_id id = pg_bt(pg, s, r)[i];
+    *tier = pg_page_is_none(id) ? PG_TIER_NONE : (enum pg_tier)page_at(pg, id)->tier;
+    return 0;
+}
+
 int paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls)
 {
     struct pg_seq *s;

@@ -416,6 +416,10 @@ enum pg_seq_class { PG_SEQ_LIVE = 0, PG_SEQ_CACHED = 1, PG_SEQ_PINNED = 2 };
 int  paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t first_kept);
 /* first_kept of region r of s (0 = nothing discarded). -ENOENT, -EINVAL region. */
 int  paging_seq_first_kept(struct paging *pg, uint64_t h, uint32_t r, uint64_t *first_kept);
+/* The tier of page i (< the sequence's pages) of region r of s, PG_TIER_NONE for a hole
+   (the tests' model follows each page through reclaim with it). -ENOENT, -EINVAL. */
+int  paging_seq_page_tier(struct paging *pg, uint64_t h, uint32_t r, uint32_t i,
+                          enum pg_tier *tier);
 /* Sets the class; a dropped sequence becomes an empty one of that class. -ENOENT, -EINVAL. */
 int  paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls);
 /* The class of s, or -ENOENT. */

@@ -333,6 +333,8 @@ int paging_seq_free(struct paging *pg, uint64_t h)
     memset(s->bt, 0, (size_t)pg->p.n_regions * pg->pages_per_slot * sizeof *s->bt);
     s->n_pages = 0;
     s->length = 0;
+    /* a dying slot is checked like a live one: no first_kept past its length 0 */
+    memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     if (++s->gen == 0)
         s->gen = 1;
     pg->n_live--;

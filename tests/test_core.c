@@ -915,6 +915,42 @@ Test(regress, calls_enqueued_on_capturing_engine_stream)
     tclose_stream(&t, st);
 }
 
+/* Bug: in synchronous mode, while a stream made by kvvm_stream_create captured a graph,
+   kvvm_sync returned -EIO ("the context is dead") for a live context: its cuCtxSynchronize
+   was refused and invalidated the capture. -EBUSY now, the capture intact. */
+Test(regress, sync_during_capture_of_library_stream_was_eio)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 1024, 8, 64, 64);
+    topen(&t, &c);
+    struct sh a;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 9, 1);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_stream_create(t.kv, &st), 0);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 1), 0);
+    uint8_t buf[64];
+    cr_expect_eq(kvvm_sync(t.kv), -EBUSY, "kvvm_sync while a library stream captures");
+    cr_expect_eq(kvvm_seq_read(t.kv, a.h, 0, 0, buf, sizeof buf), -EBUSY,
+                 "a read that synchronizes the device while a library stream captures");
+    cr_expect_eq(kvvm_seq_swap_out(t.kv, a.h), -EBUSY);
+    emu_ctx_on(t.ord);
+    int cs = -1;
+    cr_expect_eq(emu_api()->cuStreamIsCapturing((kcu_stream)st, &cs), KCU_SUCCESS);
+    emu_ctx_off(t.ord);
+    cr_expect_eq(cs, KCU_STREAM_CAPTURE_STATUS_ACTIVE, "the capture was invalidated");
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0, "the context is alive");
+    sh_grow_fill(&t, &a, 20, 2);
+    sh_verify(&t, &a, "after the capture");
+    sh_free(&t, &a);
+    cr_assert_eq(kvvm_stream_destroy(t.kv, st), 0);
+    tcheck(&t, "end");
+    tclose(&t);
+}
+
 /* Every call leaves the caller's current context as it found it (here: none), so the
    engine's thread never finds libkvvm's context current afterwards. */
 /* Bug: public calls left libkvvm's device context current in the caller's thread. */

@@ -946,6 +946,35 @@ Test(emu, stream_and_event_argument_rules)
     cr_expect_eq(dev_down(), 0);
 }
 
+/* The CUDA programming guide (stream capture, "Prohibited and Unhandled Operations"): it is
+   invalid to synchronize a context while any of its streams captures, in any capture mode
+   (a relaxed thread too), and the capture is invalidated; a non-blocking stream's capture
+   leaves the legacy stream usable. */
+Test(emu, ctx_synchronize_during_capture_invalidates_it)
+{
+    dev_default();
+    kcu_stream s;
+    int st = -1;
+    cr_assert_eq(A->cuStreamCreate(&s, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    int mode = KCU_STREAM_CAPTURE_MODE_RELAXED;
+    cr_assert_eq(A->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    for (int relaxed = 1; relaxed >= 0; relaxed--) {
+        if (!relaxed) {             /* back to the thread's own mode */
+            cr_assert_eq(A->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+        }
+        cr_expect_eq(emu_stream_set_capturing(s, 1), 0);
+        cr_expect_eq(A->cuStreamIsCapturing(NULL, &st), KCU_SUCCESS, "non-blocking capture");
+        cr_expect_eq(A->cuCtxSynchronize(), KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                     "relaxed %d: cuCtxSynchronize during a capture", relaxed);
+        cr_expect_eq(A->cuStreamIsCapturing(s, &st), KCU_SUCCESS);
+        cr_expect_eq(st, KCU_STREAM_CAPTURE_STATUS_INVALIDATED, "relaxed %d", relaxed);
+        cr_expect_eq(emu_stream_set_capturing(s, 0), 0);
+        cr_expect_eq(A->cuCtxSynchronize(), KCU_SUCCESS);
+    }
+    cr_expect_eq(A->cuStreamDestroy(s), KCU_SUCCESS);
+    cr_expect_eq(dev_down(), 0);
+}
+
 /* ---- host memory ---------------------------------------------------------------------- */
 
 Test(emu, host_memory)

@@ -64,6 +64,8 @@ Test(log, version_string)
     snprintf(want, sizeof want, "%d.%d.%d", KVVM_VERSION_MAJOR, KVVM_VERSION_MINOR,
              KVVM_VERSION_PATCH);
     cr_expect_str_eq(kvvm_version(), want);
+    /* the header's version is the CMake project's (the package, kvvm.pc, the soname) */
+    cr_expect_str_eq(kvvm_version(), KVVMTEST_PROJECT_VERSION);
 }
 
 /* Regression: kvvm_config_init warned "unknown environment variable" for KVVM_EMU_MAX_MAPS

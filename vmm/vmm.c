@@ -103,6 +103,12 @@ static int drv_err_at(struct vmm *v, const char *entry, kcu_result r, int level)
     switch (r) {
     case KCU_ERROR_OUT_OF_MEMORY: return -ENOMEM;
     case KCU_ERROR_INVALID_VALUE: return -EINVAL;
+    /* a call a graph capture forbids (one the caller could not see coming, e.g. a device
+       synchronization while an engine's own non-blocking stream captures): the context is
+       alive, so not -EIO ("dead"); the capture is invalidated by the driver */
+    case KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    case KCU_ERROR_STREAM_CAPTURE_ISOLATION:
+    case KCU_ERROR_STREAM_CAPTURE_IMPLICIT: return -EBUSY;
     default:                      return -EIO;
     }
 }

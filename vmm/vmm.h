@@ -10,7 +10,9 @@
  *  - It never dereferences a device address: bytes move only through the driver's copies.
  *  - Errors are negative errno: -EINVAL bad argument (a bug in the caller), -ENOMEM device
  *    memory or mappings exhausted, -ENODEV no usable device, -EIO a driver failure (sticky
- *    errors mark the vmm dead: vmm_dead() then returns true and every call returns -EIO).
+ *    errors mark the vmm dead: vmm_dead() then returns true and every call returns -EIO),
+ *    -EBUSY a call a graph capture forbids (CUDA_ERROR_STREAM_CAPTURE_*: not a failure of
+ *    the device).
  *    Every driver failure is logged with the entry point and the driver's error name.
  *  - Thread-safe in the sense of the driver: calls may come from any thread; vmm_* functions
  *    make the device's context current on the calling thread themselves.

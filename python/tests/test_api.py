@@ -301,6 +301,7 @@ def test_stats_and_json(ctx):
     s.grow(1)
     j = ctx.stats_json()
     assert j["backend"] == "emulated" and j["version"] == kvvm.library_version
+    assert kvvm.__version__ == kvvm.library_version, "the package and the library disagree"
     assert j["stats"]["maps"] == ctx.stats()["maps"] > 0
     assert j["layout"]["slot_bytes"] == ctx.slot_bytes
     assert j["config"]["emu_opaque"] == 1

@@ -29,6 +29,22 @@ kcu_result emu_capture_unsafe_locked(void)
     return r;
 }
 
+/* The CUDA programming guide (stream capture, "Prohibited and Unhandled Operations"): "it
+   is also invalid to ... synchronize a broader handle which encompasses an active stream
+   capture, such as a device or context handle when any associated stream is in capture
+   mode", in every capture mode (a relaxed thread's cuCtxSynchronize too), and an invalid
+   operation invalidates the captures it concerns: every capture of device d's streams. */
+kcu_result emu_ctx_capture_locked(struct emu_dev *d)
+{
+    kcu_result r = KCU_SUCCESS;
+    for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
+        if (s->dev == d && s->capturing) {
+            s->invalidated = true;
+            r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    return r;
+}
+
 /* cuda.h, cuStreamIsCapturing: "When a blocking stream is capturing, the legacy stream is
    in an unusable state until the blocking stream capture is terminated": work on it is
    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (and the capture is invalidated: an illegal

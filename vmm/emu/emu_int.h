@@ -298,6 +298,7 @@ void emu_stream_teardown_locked(struct kcu_stream_st *s);
 
 /* capture.c */
 kcu_result emu_capture_unsafe_locked(void);
+kcu_result emu_ctx_capture_locked(struct emu_dev *d);
 kcu_result emu_legacy_capture_locked(struct emu_dev *d, bool query_only);
 kcu_result emu_stream_capture_check_locked(struct kcu_stream_st *s, struct emu_dev *d);
 

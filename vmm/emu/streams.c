@@ -462,7 +462,9 @@ out:
 kcu_result emu_cuCtxSynchronize(void)
 {
     BEGIN(cuCtxSynchronize, F_INIT | F_CTX);
-    if ((r = emu_capture_unsafe_locked()))
+    kcu_result rc = emu_ctx_capture_locked(cur);
+    kcu_result ru = emu_capture_unsafe_locked();
+    if ((r = rc ? rc : ru))
         goto out;
     emu_drain_locked(cur, false);
     r = cur->sticky;
