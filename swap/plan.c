@@ -288,10 +288,10 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     *moved = 0;
     if (!p->n && !p->orphans)
         return 0;
+    /* each move makes its own room below (spilling others, or staged), as the plan's room
+       model chose for it: no spill ahead for all of them, which takes the disk slots a
+       staged move was counted on */
     int rc = act_cached(sw, p, wait, moved);
-    /* the host tier makes room on disk first (the moves below take p->slots) */
-    if (!rc && p->slots && paging_has_disk(pg) && paging_host_free(pg) < p->slots)
-        (void)swap_host_room(pg, p->slots, 0);
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
