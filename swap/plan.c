@@ -47,6 +47,24 @@ static void room_init(struct room *m, struct paging *pg)
     m->disk = paging_has_disk(pg) && m->f.disk_free + m->f.spillable + m->f.writes > 0;
 }
 
+/* A caller's sequence coming back from disk reads its pages through host slots (staged):
+   the plan leaves it one (its need counted no borrowed slot's frame), so the victims' moves
+   never fill the host tier it stages through. */
+static void room_keep_stage_slot(struct room *m, struct paging *pg, const uint64_t *keep,
+                                 size_t n_keep)
+{
+    for (size_t i = 0; i < n_keep; i++) {
+        struct paging_seq_info in;
+        if (paging_seq_info(pg, keep[i], &in) || in.resident || !in.pages_disk)
+            continue;
+        if (m->f.host_free)
+            m->f.host_free--;
+        else if (m->f.writes)
+            m->f.writes--;
+        return;
+    }
+}
+
 static uint64_t room_total(const struct room *m)
 {
     return m->f.host_free + m->f.writes + m->f.disk_free;
@@ -234,6 +252,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     bool swap = flags & SWAP_PLAN_SWAP;
     struct room room;
     room_init(&room, pg);
+    room_keep_stage_slot(&room, pg, excl, n_excl);
     uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
     int rc = plan_drops(p, pg);
     if (!rc && swap && p->have + p->frees < p->want) {
@@ -288,10 +307,10 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     *moved = 0;
     if (!p->n && !p->orphans)
         return 0;
+    /* each move makes its own room below (spilling others, or staged), as the plan's room
+       model chose for it: no spill ahead for all of them, which takes the disk slots a
+       staged move was counted on */
     int rc = act_cached(sw, p, wait, moved);
-    /* the host tier makes room on disk first (the moves below take p->slots) */
-    if (!rc && p->slots && paging_has_disk(pg) && paging_host_free(pg) < p->slots)
-        (void)swap_host_room(pg, p->slots, 0);
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;

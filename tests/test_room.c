@@ -562,3 +562,49 @@ Test(regress, prepare_write_copy_lacked_own_map_ahead)
     check(&t, "after the copies");
     t_close(&t);
 }
+
+/* ================================================================ issue 18, the plan's room */
+
+/* Bug: the reclaim plan counted a victim's move as staged to disk (the host tier too small
+   for it, the disk large enough), but acting on it first spilled other host pages to make
+   host room for every move at once: that took the disk slots the staged move was counted
+   on, the swap-out was refused, and the call failed -ENOMEM with another sequence's pages
+   moved to disk. Each move now makes its own room, as the plan chose for it. */
+Test(regress, plan_spilled_ahead_then_staged_victim_refused)
+{
+    struct kvvm_config c;
+    cfg(&c, 24, 8, 14);
+    c.flags = KVVM_F_AUTO_SWAP;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.pool_thread = 0;
+    struct t t;
+    t_open(&t, &c);
+    struct sh *x = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t), *y = sh_new(&t);
+    sh_grow_fill(&t, x, 7, 1);                  /* 2 pages a region: 4 */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, x);                               /* host 4 of 8 */
+    sh_grow_fill(&t, v, 23, 2);                 /* 6 pages a region: 12, the victim */
+    sh_grow_fill(&t, f, 23, 3);                 /* 12: the device is full */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 0);
+    cr_assert_eq(s0.st.pages_host_free, 4);
+    int rc = kvvm_seq_grow(t.kv, y->h, 23);     /* 12: v must go, staged (12 > 8 host) */
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, v->h, &in), 0);
+    cr_assert(!in.resident && in.pages_disk == 12, "v staged to disk: disk %u host %u",
+              in.pages_disk, in.pages_host);
+    cr_assert_eq(kvvm_seq_info(t.kv, x->h, &in), 0);
+    cr_assert_eq(in.pages_host, 4, "x stays in the host tier");
+    check(&t, "after the grow");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, y->h, 0), 0);
+    y->len = 0;
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, x, "x");
+    t_close(&t);
+}
