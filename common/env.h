@@ -27,6 +27,10 @@
       "bound on live emulated mappings (default below vm.max_map_count)")                   \
     X(KVVM_EMU_CREATE_NS, "vmm/emu/memory.c",                                             \
       "emulated cost of cuMemCreate in ns (kvvm-bench frames; default 0)")                 \
+    X(KVVM_EMU_UNMAP_SPAN, "vmm/emu/maps.c",                                               \
+      "0: the emulated cuMemUnmap refuses a range of several mappings (tests)")            \
+    X(KVVM_EMU_HELD, "vmm/emu/device.c",                                                    \
+      "emulated device memory held by others, bytes (K/M/G): less free than the capacity") \
     X(KVVM_IO_ENGINE, "disk/disk.c", "disk I/O engine: io_uring, psync or auto (default)")  \
     X(KVVM_LIBRARY, "python/kvvm/_lib.py", "the Python package: path of libkvvm.so")        \
     X(KVVM_TEST_DEVICE, "tests/test_cuda.c, scripts/gpu-check.sh",                          \

@@ -4,8 +4,8 @@
  * Contract: a public call returning a status starts with klast_clear(), checks its pointer
  * arguments with NONNULL, and runs its locked part through CALL / CALL_ENGINE: enter()
  * refuses with -EIO in a fork() child or once the context is dead (a sticky driver error
- * seen by vmm), takes kv->lock and saves the caller's current device context; leave() notes
- * a death, restores the context and unlocks; api_done() sets the thread's last error. The
+ * seen by vmm), takes kv->lock and arms vmm's lazy save of the caller's device context;
+ * leave() notes a death, restores that context if a driver call replaced it, and unlocks; api_done() sets the thread's last error. The
  * helpers are static inline so each core file gets its own copy and no generic name
  * (enter, leave) becomes a symbol of the static library.
  */
@@ -45,7 +45,7 @@ static inline int api_done(const char *call, int rc)
    with the parent). */
 static inline bool forked(const kvvm *kv)
 {
-    if (getpid() == kv->pid)
+    if (__builtin_expect(__atomic_load_n(&kvvm__fork_gen, __ATOMIC_RELAXED) == kv->fork_gen, 1))
         return false;
     klog_error("kvvm: a context is used in a child process (pid %ld) of the process that "
                "opened it (pid %ld): -EIO; open a new context in the child",
@@ -60,6 +60,7 @@ static inline int enter(kvvm *kv)
     if (forked(kv))
         return -EIO;
     pthread_mutex_lock(&kv->lock);
+    paging_why_reset(kv->pg);           /* this call's refusals only (core_explain) */
     if (kv->dead || vmm_dead(kv->v)) {
         if (!kv->dead)
             klog_error("kvvm: the device context failed; every call returns -EIO now");
@@ -67,13 +68,9 @@ static inline int enter(kvvm *kv)
         pthread_mutex_unlock(&kv->lock);
         return -EIO;
     }
-    /* the caller's current context comes back at leave(): libkvvm never leaves its own
-       context current in the engine's thread */
-    int rc = vmm_ctx_save(kv->v, &kv->ctx_prev);
-    if (rc) {
-        pthread_mutex_unlock(&kv->lock);
-        return rc;
-    }
+    /* the caller's current context comes back at leave(), if a driver call of this one
+       replaced it: libkvvm never leaves its own context current in the engine's thread */
+    vmm_call_begin();
     return 0;
 }
 
@@ -92,7 +89,7 @@ static inline int leave_call(kvvm *kv, int rc, const char *call)
 #else
     (void)call;
 #endif
-    vmm_ctx_restore(kv->v, kv->ctx_prev);
+    vmm_call_end(kv->v);
     pthread_mutex_unlock(&kv->lock);
     return rc;
 }
@@ -115,13 +112,16 @@ static inline int stream_check(kvvm *kv)
     return rc;
 }
 
+/* A public call's locked part: expr's -ENOENT, -E2BIG and -ENOMEM get their numbers in the
+   last error (core_explain, lock held). */
 #define CALL(kv, expr) \
-    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, (expr)); \
+    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, core_explain(kv, __func__, (expr))); \
          return api_done(__func__, rc_); } while (0)
 /* CALL for a call that enqueues onto, records on or synchronizes the engine stream:
    -EBUSY, nothing changed, while that stream captures a CUDA graph (stream_check). */
 #define CALL_ENGINE(kv, expr) \
     do { int rc_ = enter(kv); if (!rc_) { rc_ = stream_check(kv); \
-         rc_ = leave(kv, rc_ ? rc_ : (expr)); } return api_done(__func__, rc_); } while (0)
+         rc_ = leave(kv, rc_ ? rc_ : core_explain(kv, __func__, (expr))); } \
+         return api_done(__func__, rc_); } while (0)
 
 #endif

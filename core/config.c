@@ -45,6 +45,7 @@ static const struct opt opts[] = {
     OPT(emu_opaque, OPT_BOOL),
     OPT(pool_thread, OPT_BOOL),      OPT(pool_low, OPT_U32),
     OPT(pool_high, OPT_U32),         OPT(pool_decay_ms, OPT_U32),
+    OPT(create_at_open, OPT_BOOL),
 };
 
 /* The KVVM_* variables that are not configuration fields (common/env.h). */
@@ -241,6 +242,7 @@ void kvvm_config_init(struct kvvm_config *cfg)
     cfg->pool_low = 0;
     cfg->pool_high = 0;
     cfg->pool_decay_ms = 1000;
+    cfg->create_at_open = 0;
     for (char **e = environ; e && *e; e++)
         if (!strncmp(*e, "KVVM_", 5) && !env_apply(cfg, *e))
             klog_warn("unknown environment variable %.*s ignored (not a libkvvm setting)",

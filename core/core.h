@@ -49,14 +49,19 @@ struct kvvm {
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */
-    pid_t pid;                    /* the process that opened it: in a fork() child every
-                                     call is -EIO (its threads, locks and device context
-                                     stayed in the parent); immutable */
-    kcu_context ctx_prev;         /* the caller's current context, saved by enter() and
-                                     restored by leave() (lock held in between) */
+    pid_t pid;                    /* the process that opened it (for messages); immutable */
+    unsigned fork_gen;            /* kvvm__fork_gen at open: a fork() child sees another
+                                     value, and every call there is -EIO (its threads, locks
+                                     and device context stayed in the parent); immutable */
     kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
 };
+
+/* Counts the fork()s this process came out of as a child (pthread_atfork, registered at
+   the first kvvm_open): a context whose fork_gen differs was opened by an ancestor. Read
+   on every public call instead of a getpid() system call. (The kvvm__ prefix: internal,
+   yet not a bare name in the static library's symbol table.) */
+extern unsigned kvvm__fork_gen;
 
 /* debug.c (the debug build only): runs the invariant checker (core/debug.h) at the end of
    public call `call`, lock held; a violation is logged and aborts (KVVM_ASSERT). */
@@ -67,6 +72,15 @@ void core_debug_after_call(kvvm *kv, const char *call);
 /* errors.c */
 /* The errno's name, for messages ("-ENOENT"; "error" for one it does not know). */
 const char *core_err_name(int err);
+/* open.c: 0 when a device budget of b bytes fits in the frames the context holds plus the
+   device's free memory; -ENOMEM (the reason in kvvm_last_error), -EIO. */
+int core_budget_fits(kvvm *kv, size_t b);
+/* The reason of public call `call`'s failure rc when no layer gave one (lock held): the
+   numbers behind -ENOENT (the handle), -E2BIG (the length and max_tokens) and -ENOMEM
+   (pages needed and free per tier, or the tier that is missing), from paging_why. Kept as
+   the last error, not logged: a scheduler meets these under load, and its caller decides.
+   Returns rc. */
+int core_explain(kvvm *kv, const char *call, int rc);
 
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */

@@ -80,6 +80,15 @@ int kvvm_debug_emu_ordinal(kvvm *kv)
     return kv ? vmm_emu_ordinal(kv->v) : -1;
 }
 
+uint64_t kvvm_debug_pool_wakes(kvvm *kv)
+{
+    struct frames_counters c;
+    pthread_mutex_lock(&kv->lock);
+    frames_counters(kv->fr, &c);
+    pthread_mutex_unlock(&kv->lock);
+    return c.wakes;
+}
+
 void *kvvm_debug_copy_stream(kvvm *kv)
 {
     if (!kv)

@@ -30,6 +30,9 @@ void *kvvm_debug_copy_stream(kvvm *kv);
    -EINVAL kv or tier NULL, r or i out of range; -ENOENT. */
 int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier);
 
+/* Requests for a frame pool thread round so far (0 without the thread). */
+uint64_t kvvm_debug_pool_wakes(kvvm *kv);
+
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
    spill_test_corrupt (disk/disk.h). */
 struct spill;

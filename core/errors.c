@@ -1,10 +1,12 @@
 /*
- * core/errors.c: what an errno means, kvvm_strerror and the names used in messages.
+ * core/errors.c: what an errno means, kvvm_strerror, the names used in messages, and the
+ * numbers behind a refused call (core_explain).
  */
 #include "core.h"
 
 #include <errno.h>
 #include <string.h>
+#include "common/log.h"
 
 /* The errno's name, for messages ("-ENOENT"). */
 const char *core_err_name(int err)
@@ -68,4 +70,67 @@ const char *kvvm_strerror(int err)
                         "empty sequence";
     }
     return strerror(err < 0 ? -err : err);
+}
+
+/* ---- the numbers behind a refusal (core_explain) ------------------------------------- */
+
+/* The tiers, as a -ENOMEM message states them: free and total per tier, or the tier that is
+   missing (then nothing can be swapped or spilled to make room). */
+static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t n)
+{
+    struct paging_counters c;
+    paging_counters(kv->pg, &c);
+    size_t pos = 0, hf = host_slots_free(kv->host), ht = host_slots_total(kv->host);
+    if (w->what & PG_WHY_FRAMES)
+        json_put(b, n, &pos, "%llu device pages needed, %llu free of %llu (device_budget %zu)",
+                 (unsigned long long)w->frames, (unsigned long long)c.pages_free,
+                 (unsigned long long)c.pages_total, kv->cfg.device_budget);
+    else
+        json_put(b, n, &pos, "device: %llu of %llu pages free (device_budget %zu)",
+                 (unsigned long long)c.pages_free, (unsigned long long)c.pages_total,
+                 kv->cfg.device_budget);
+    if (!ht)
+        json_put(b, n, &pos, "; no host tier configured (host_budget %zu is below one page of "
+                 "%zu bytes): nothing can be swapped out", kv->cfg.host_budget,
+                 kv->cfg.page_size);
+    else if (w->what & PG_WHY_HOST)
+        json_put(b, n, &pos, "; host tier: %llu slots needed, %zu free of %zu",
+                 (unsigned long long)w->host, hf, ht);
+    else
+        json_put(b, n, &pos, "; host tier: %zu of %zu slots free", hf, ht);
+    if (kv->spill) {
+        struct spill_stats d;
+        spill_stats_get(kv->spill, &d);
+        json_put(b, n, &pos, "; disk tier: %llu of %llu slots free",
+                 (unsigned long long)d.slots_free, (unsigned long long)d.slots_total);
+    } else if (ht) {
+        json_put(b, n, &pos, "; no disk tier (spill_dir unset)");
+    }
+    if ((w->what & PG_WHY_FRAMES) && !(kv->cfg.flags & KVVM_F_AUTO_SWAP))
+        json_put(b, n, &pos, "; KVVM_F_AUTO_SWAP is off: the engine makes room itself "
+                 "(kvvm_seq_swap_out, kvvm_seq_free)");
+}
+
+int core_explain(kvvm *kv, const char *call, int rc)
+{
+    if ((rc != -ENOENT && rc != -E2BIG && rc != -ENOMEM) || *kvvm_last_error())
+        return rc;
+    const struct paging_why *w = paging_why(kv->pg);
+    char b[900];
+    if (rc == -ENOENT && (w->what & PG_WHY_HANDLE))
+        klast_set("%s: -ENOENT: sequence handle %#llx is not a live sequence of this context "
+                  "(freed, or not made by its kvvm_seq_create or kvvm_seq_fork)", call,
+                  (unsigned long long)w->handle);
+    else if (rc == -E2BIG && (w->what & PG_WHY_LENGTH))
+        klast_set("%s: -E2BIG: length %llu is past max_tokens %llu", call,
+                  (unsigned long long)w->length, (unsigned long long)kv->cfg.max_tokens);
+    else if (rc == -ENOMEM && (w->what & PG_WHY_NO_HOST) && !(w->what & PG_WHY_FRAMES))
+        klast_set("%s: -ENOMEM: no host tier configured (host_budget %zu is below one page "
+                  "of %zu bytes; KVVM_HOST_BUDGET): a sequence has nowhere to be swapped out "
+                  "to", call, kv->cfg.host_budget, kv->cfg.page_size);
+    else if (rc == -ENOMEM && (w->what & (PG_WHY_FRAMES | PG_WHY_HOST | PG_WHY_NO_HOST))) {
+        explain_tiers(kv, w, b, sizeof b);
+        klast_set("%s: -ENOMEM: %s", call, b);
+    }
+    return rc;
 }

@@ -154,11 +154,23 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
     return rc;
 }
 
+/* A grow within the pages s holds moves nothing: no frame, no copy, so no capture check
+   and no driver call (the decode step's cost: a lock and a lookup); any other grow checks
+   the engine stream's capture first, as CALL_ENGINE does. */
+static int grow_call(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    int rc = paging_seq_grow_in_place(kv->pg, s, length);
+    if (rc != -EAGAIN)
+        return rc;
+    rc = stream_check(kv);
+    return rc ? rc : grow_locked(kv, s, length);
+}
+
 int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     klast_clear();
     NONNULL(kv);
-    CALL_ENGINE(kv, grow_locked(kv, s, length));
+    CALL(kv, grow_call(kv, s, length));
 }
 
 static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
@@ -209,6 +221,16 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
     return rc;
 }
 
+/* As grow_call: a decode step's batch that moves nothing costs no driver call. */
+static int grow_batch_call(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
+{
+    int rc = paging_seq_grow_batch_in_place(kv->pg, seqs, lengths, n);
+    if (rc != -EAGAIN)
+        return rc;
+    rc = stream_check(kv);
+    return rc ? rc : grow_batch_locked(kv, seqs, lengths, n);
+}
+
 int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
 {
     klast_clear();
@@ -219,7 +241,7 @@ int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
     }
     if (!n)
         return 0;
-    CALL_ENGINE(kv, grow_batch_locked(kv, seqs, lengths, n));
+    CALL(kv, grow_batch_call(kv, seqs, lengths, n));
 }
 
 int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)
@@ -303,6 +325,16 @@ int kvvm_seq_prepare_write(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t end)
     CALL_ENGINE(kv, prepare_write_locked(kv, s, first, end));
 }
 
+/* Whether a host buffer argument is device memory: inside this context's reservation, or
+   known to the driver as device memory (the copy would fail with the driver's
+   CUDA_ERROR_INVALID_VALUE, which names neither the call nor the argument). */
+static bool host_arg_is_device(kvvm *kv, const void *buf, size_t len)
+{
+    uint64_t b = (uint64_t)(uintptr_t)buf, end = kv->base + (uint64_t)kv->cfg.n_regions *
+                 kv->cfg.max_seqs * kv->slot_bytes + kv->cfg.page_size;
+    return (b < end && b + len > kv->base) || vmm_ptr_is_device(kv->v, buf) == 1;
+}
+
 /* Validates an I/O range the way paging does, before any swap-in. */
 static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint64_t offset,
                   const void *buf, size_t len)
@@ -316,6 +348,11 @@ static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint6
     uint64_t bytes = pi.length * kv->cfg.bytes_per_token;
     if (!buf)
         return kerr(-EINVAL, "%s: the buffer is NULL", call);
+    if (host_arg_is_device(kv, buf, len))
+        return kerr(-EINVAL, "%s: %s %p is a device address, not host memory (%s copies "
+                    "between host memory and the sequence; a device-to-device copy is the "
+                    "engine's own, on its stream, at kvvm_seq_addr's address)", call,
+                    strcmp(call, "kvvm_seq_write") ? "dst" : "src", buf, call);
     if (region >= kv->cfg.n_regions)
         return kerr(-EINVAL, "%s: region %u is out of range (n_regions %u)", call, region,
                     kv->cfg.n_regions);
@@ -706,7 +743,9 @@ static int set_budget_locked(kvvm *kv, size_t b)
     if (rc)
         return rc;
     paging_feed_quiesce(kv->pg);            /* no frame in the pool thread's hands */
-    rc = budget_make_room(kv, frames);
+    rc = core_budget_fits(kv, b);           /* others may hold the device's memory */
+    if (!rc)
+        rc = budget_make_room(kv, frames);
     if (!rc)
         rc = paging_set_budget(kv->pg, frames, &released);
     if (rc)

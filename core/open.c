@@ -9,6 +9,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -151,11 +152,61 @@ static int open_spill(kvvm *kv)
     return 0;
 }
 
+/* The device budget against the device's free memory (cuMemGetInfo: what other users of the
+   GPU, e.g. PyTorch's caching allocator, hold is not free). A budget above it is clamped to
+   the free memory, with a warning (the configured budget is a ceiling the engine chose
+   before knowing what else runs on the GPU; kvvm_set_budget raises it later), unless every
+   frame is to be created now (create_at_open) or not even one page per region is free:
+   then -ENOMEM, explained. -EIO. */
+static int open_budget(kvvm *kv)
+{
+    struct kvvm_config *c = &kv->cfg;
+    size_t fr, tot, ps = c->page_size;
+    int rc = vmm_mem_info(kv->v, &fr, &tot);
+    if (rc)
+        return rc;
+    if (c->device_budget <= fr)
+        return 0;
+    if (c->create_at_open || fr / ps < c->n_regions)
+        return kerr(-ENOMEM, "kvvm_open: device_budget %zu is more than the %zu bytes free "
+                    "on the device (%zu total; other users of the GPU hold the rest)%s",
+                    c->device_budget, fr, tot, c->create_at_open
+                    ? ", and create_at_open asks for all of it now" : "");
+    size_t b = fr / ps * ps;
+    klog_warn("kvvm_open: device_budget %zu is more than the device's free memory (%zu of "
+              "%zu bytes; other users of the GPU hold the rest): the budget is %zu bytes "
+              "(%zu pages) until kvvm_set_budget raises it", c->device_budget, fr, tot, b,
+              b / ps);
+    c->device_budget = b;
+    return 0;
+}
+
+int core_budget_fits(kvvm *kv, size_t b)
+{
+    struct paging_counters c;
+    paging_counters(kv->pg, &c);
+    size_t fr, tot, held = (size_t)c.frames_held * kv->cfg.page_size;
+    if (b <= held)
+        return 0;
+    int rc = vmm_mem_info(kv->v, &fr, &tot);
+    if (rc)
+        return rc;
+    if (b - held <= fr)
+        return 0;
+    klast_set("kvvm_set_budget: a budget of %zu bytes needs %zu bytes more than the %zu the "
+              "context holds, and the device has %zu free (%zu total; other users of the GPU "
+              "hold the rest): the budget is unchanged", b, b - held, held, fr, tot);
+    return -ENOMEM;
+}
+
 static int open_layout(kvvm *kv)
 {
     struct kvvm_config *c = &kv->cfg;
     uint64_t reserve;
     int rc = config_layout(c, vmm_granule(kv->v), &kv->slot_bytes, &reserve);
+    if (rc)
+        return rc;
+    rc = open_budget(kv);
     if (rc)
         return rc;
     rc = vmm_reserve(kv->v, reserve, &kv->base);
@@ -192,7 +243,7 @@ static int open_layout(kvvm *kv)
         .cap_frames = (uint32_t)cap,
         .max_pages = (uint32_t)(cap + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
-        .feed = !!c->pool_thread,
+        .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
         .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
         .disk = kv->spill ? &kv->disk_ops : NULL,
     };
@@ -212,7 +263,8 @@ static int open_layout(kvvm *kv)
         goto out_paging;
     if (c->pool_thread) {
         struct frames_params fp = { .budget = (uint32_t)frames, .n_regions = c->n_regions,
-                                    .low = c->pool_low, .high = c->pool_high,
+                                    .low = c->pool_low,   /* create_at_open: keep them all */
+                                    .high = c->create_at_open ? (uint32_t)frames : c->pool_high,
                                     .decay_ms = c->pool_decay_ms };
         rc = frames_create(kv->pg, kv->v, &kv->lock, &fp, &kv->fr);
         if (rc)
@@ -233,12 +285,34 @@ out_unreserve:
     return rc;
 }
 
+unsigned kvvm__fork_gen;
+
+static void fork_child(void)
+{
+    __atomic_add_fetch(&kvvm__fork_gen, 1, __ATOMIC_RELAXED);
+}
+
+static void fork_watch_once(void)
+{
+    if (pthread_atfork(NULL, NULL, fork_child))
+        klog_warn("kvvm: pthread_atfork failed: a context used in a fork() child is not "
+                  "detected");
+}
+
+static void fork_watch(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, fork_watch_once);
+}
+
 static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
 {
+    fork_watch();
     kvvm *kv = calloc(1, sizeof *kv);
     if (!kv)
         return -ENOMEM;
     kv->pid = getpid();
+    kv->fork_gen = __atomic_load_n(&kvvm__fork_gen, __ATOMIC_RELAXED);
     int rc = config_copy(cfg, &kv->cfg);
     if (!rc)
         rc = config_check(&kv->cfg);

@@ -37,7 +37,10 @@
     X(frames_released, c.frames_released)                                          \
     X(device_bytes_held, c.frames_held * kv->cfg.page_size)                        \
     X(cache_drops, c.cache_drops) X(cache_demotes, c.cache_demotes)                \
-    X(pages_discarded, c.pages_discarded)
+    X(pages_discarded, c.pages_discarded)                                          \
+    X(device_mem_free, mfree) X(device_mem_total, mtotal)                          \
+    X(device_budget, (uint64_t)paging_budget(kv->pg) * kv->cfg.page_size)          \
+    X(create_oom, vmm_create_ooms(kv->v))
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */
@@ -66,6 +69,9 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
     swap_counters(kv->sw, &w);
     if (kv->spill)
         spill_stats_get(kv->spill, &d);
+    size_t mfree = 0, mtotal = 0;               /* 0 when the driver cannot say */
+    if (vmm_mem_info(kv->v, &mfree, &mtotal))
+        mfree = mtotal = 0;
     memset(o, 0, sizeof *o);
     o->size = sizeof *o;
 #define X(n, e) o->n = (uint64_t)(e);

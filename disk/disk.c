@@ -100,12 +100,15 @@ int spill_open(const struct spill_params *p, struct spill **out)
                    io_size, p->page_size);
         return -EINVAL;
     }
-    size_t n_slots = p->budget / p->page_size;
-    if (n_slots >= UINT32_MAX)
-        return -EINVAL;
-    err = disk_dir_check(p);
+    err = disk_dir_check(p);            /* first: a budget it cannot hold is -ENOSPC */
     if (err)
         return err;
+    size_t n_slots = p->budget / p->page_size;
+    if (n_slots >= UINT32_MAX) {
+        klog_error("spill: spill_budget %zu bytes is %zu pages of %zu bytes; at most %u "
+                   "pages are addressable", p->budget, n_slots, p->page_size, UINT32_MAX - 1);
+        return -EINVAL;
+    }
 
     struct spill *sp = calloc(1, sizeof(*sp));
     if (!sp)

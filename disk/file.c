@@ -141,6 +141,17 @@ int disk_dir_check(const struct spill_params *p)
                    sfs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
         return -EINVAL;
     }
+    /* a budget the file system cannot hold is -ENOSPC (docs/api.md), before any other limit
+       on it (the slot count) can call it invalid */
+    unsigned long long unit = sfs.f_frsize ? (unsigned long long)sfs.f_frsize
+                                           : (unsigned long long)sfs.f_bsize;
+    unsigned long long avail = (unsigned long long)sfs.f_bavail * unit;
+    if (p->budget > avail) {
+        klog_error("spill: spill_budget %zu bytes is more than the %llu bytes free in %s's "
+                   "file system: lower spill_budget (KVVM_SPILL_BUDGET) or free space",
+                   p->budget, avail, p->dir);
+        return -ENOSPC;
+    }
     return 0;
 }
 

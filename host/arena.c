@@ -106,20 +106,20 @@ int host_arena_open(struct vmm *v, const struct host_params *p, struct host_aren
         for (size_t off = 0; off < a->map_bytes; off += chunk) {
             size_t len = a->map_bytes - off < chunk ? a->map_bytes - off : chunk;
             err = vmm_host_register(v, a->base + off, len);
-            if (err == -EIO && !vmm_dead(v)) {
-                /* refused (NOT_SUPPORTED / NOT_PERMITTED, e.g. confidential computing):
-                   the arena stays pageable; the driver stages copies from and to it, so
-                   they stay correct, only slower and never asynchronous to the CPU */
-                klog_warn("host arena: the driver refused to pin host memory; the host tier "
-                          "uses pageable memory (swap copies are staged, slower)");
+            if (err && vmm_dead(v))
+                goto out_unregister;        /* the context is lost: nothing to fall back on */
+            if (err) {
+                /* Any refusal — NOT_SUPPORTED / NOT_PERMITTED (confidential computing),
+                   INVALID_VALUE (a driver that will not pin this mapping), OUT_OF_MEMORY
+                   (a pinning limit) — leaves the arena pageable: the driver stages copies
+                   from and to it, so they stay correct, only slower and never asynchronous
+                   to the CPU. Registration is all or nothing: chunks already pinned go. */
+                klog_warn("host arena: the driver refused to pin %zu bytes of host memory at "
+                          "offset %zu (%s); the host tier uses pageable memory (swap copies "
+                          "are staged, slower)", len, off, strerror(-err));
                 while (a->n_chunks > 0)
                     vmm_host_unregister(v, a->chunks[--a->n_chunks].p);
                 break;
-            }
-            if (err) {
-                klog_error("host arena: registering %zu bytes at offset %zu with the driver "
-                           "failed (%d)", len, off, err);
-                goto out_unregister;
             }
             a->chunks[a->n_chunks++] = (struct host_chunk){ a->base + off, len };
         }

@@ -48,8 +48,9 @@ struct host_params {
 /* Makes the arena and registers it with v's driver (v may be NULL: no registration, used by
    tools measuring the disk tier alone).
    -EINVAL bad params (page_size not a multiple of 4096, slot count over UINT32_MAX - 1),
-   -ENOMEM the memory could not be mapped or the driver refused to register it (-EIO from the
-   driver is passed on). Nothing is left behind on failure. */
+   -ENOMEM the memory could not be mapped, -EIO the driver's context is lost. A driver that
+   refuses the registration, whatever its error, is not a failure: the arena stays pageable
+   (host_arena_registered() 0), with one warning. Nothing is left behind on failure. */
 int  host_arena_open(struct vmm *v, const struct host_params *p, struct host_arena **out);
 /* Unregisters and unmaps. Slots still allocated are logged as leaks (count returned by
    host_slots_used before closing is the caller's check). NULL is a no-op. */

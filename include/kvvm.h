@@ -98,6 +98,12 @@ struct kvvm_config {
                                    that no call needed for this long (default 1000); 0: those
                                    unused since its previous round (at each step).
                                    KVVM_POOL_DECAY_MS */
+    /* --- additions of 0.2: device memory held by others (docs/api.md "Device memory") --- */
+    int      create_at_open;    /* 1: every frame of device_budget is created at open (vLLM's
+                                   behaviour: the open fails with -ENOMEM when the device
+                                   cannot give the whole budget) and kept: the pool thread
+                                   never releases them; kvvm_trim and kvvm_set_budget still
+                                   do. 0 (default): created as needed. KVVM_CREATE_AT_OPEN */
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
@@ -113,8 +119,9 @@ struct kvvm_config {
 KVVM_API void kvvm_config_init(struct kvvm_config *cfg);
 /* -EINVAL cfg or out NULL, cfg->size not set by kvvm_config_init, a bad config field, a
    spill_dir without a host tier, a spill_dir refused (tmpfs, no O_DIRECT) (each logged with
-   the reason); -ENOENT/-ENOTDIR/-EACCES/-EROFS the spill_dir; -ENOSPC its file system cannot
-   hold spill_budget; -EOPNOTSUPP KVVM_IO_ENGINE=io_uring cannot be set up; -ENODEV no
+   the reason); -ENOENT/-ENOTDIR/-EACCES/-EPERM/-EROFS the spill_dir (-EPERM: an immutable
+   directory, or a security policy); -ENOSPC its file system cannot hold spill_budget
+   (-EDQUOT a quota, -EFBIG its largest file); -EOPNOTSUPP KVVM_IO_ENGINE=io_uring cannot be set up; -ENODEV no
    usable CUDA device; -ENOMEM device/host memory or reservation could not be had; -EAGAIN
    a library thread could not be started; -EIO driver failure. */
 KVVM_API int  kvvm_open(const struct kvvm_config *cfg, kvvm **out);
@@ -148,8 +155,8 @@ KVVM_API int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child);
    shared where they are; the partial last page is copied, and its bytes past n_tokens are
    zeroed, so dst never sees src's later tokens. n_tokens 0: 0. -ENOENT either handle,
    -EINVAL dst not empty or n_tokens past src's length, -ENOMEM no page (resident src) or no
-   host slot (swapped-out src) for the partial page, -EBADMSG that page was lost, -EBUSY
-   capturing stream. */
+   host slot (swapped-out src) for the partial page, -EBADMSG that page was lost, -ESTALE
+   dst or src a dropped CACHED sequence (kvvm_seq_set_class), -EBUSY capturing stream. */
 KVVM_API int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens);
 /* Before rewriting tokens [first, end) < length: copy-on-write every shared page. Protects
    s. -ENOENT, -EINVAL first >= end or end past the length, -ENOMEM, -EBADMSG, -EBUSY. */
@@ -302,6 +309,14 @@ struct kvvm_stats {
     uint64_t cache_drops;         /* CACHED sequences dropped (pages released, no copy) */
     uint64_t cache_demotes;       /* CACHED sequences demoted to host/disk */
     uint64_t pages_discarded;     /* block-table entries released by kvvm_seq_discard */
+    /* --- additions: device memory as the driver reports it (docs/api.md "Device memory") --- */
+    uint64_t device_mem_free;     /* bytes free on the device now (cuMemGetInfo at this call;
+                                     memory held by other users of the GPU is not free) */
+    uint64_t device_mem_total;    /* bytes of device memory */
+    uint64_t device_budget;       /* the device budget in force, bytes (below the configured
+                                     one after a clamp at open; kvvm_set_budget changes it) */
+    uint64_t create_oom;          /* cuMemCreate out-of-memory failures: the device had less
+                                     free memory than the budget promised */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
@@ -313,7 +328,9 @@ KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
 /* ---- elastic device memory (0.2) ----
    kvvm_set_budget: changes the device budget at run time (a multiple of page_size, > 0, at
    most the device's capacity; the emulated device: emu_device_bytes). Growing takes effect
-   at once. Shrinking below the pages in use first drops CACHED sequences, then swaps out
+   at once; a growth past the frames held plus the device's free memory (cuMemGetInfo:
+   memory other users of the GPU hold is not free) is -ENOMEM, the budget unchanged.
+   Shrinking below the pages in use first drops CACHED sequences, then swaps out
    unprotected LIVE sequences in reclaim order (with or without KVVM_F_AUTO_SWAP), then
    releases every frame above the new budget to the driver. Whether enough can be freed is
    checked first: if not, -ENOMEM and nothing moved, the budget unchanged. The released
@@ -349,7 +366,8 @@ enum kvvm_seq_class {
                               explicit kvvm_seq_swap_out still moves it) */
 };
 /* A dropped CACHED sequence keeps its handle: kvvm_seq_info reports dropped = 1 and length
-   0; share (as source), fork, grow, read, write, swap_in and prefetch on it return -ESTALE
+   0; share (as source or target), fork, grow, grow_batch, read, write, swap_in and
+   prefetch on it return -ESTALE
    until it is freed, or set to a class again (it is then an empty sequence of that class).
    Dropping honours the step fence like any release. */
 KVVM_API int kvvm_seq_set_class(kvvm *kv, kvvm_seq s, enum kvvm_seq_class cls);

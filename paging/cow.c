@@ -164,7 +164,8 @@ static int cow_check(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t 
         if (rc)
             return rc;
     }
-    return pool_available(pg) - s->n_ahead * pg->p.n_regions < need ? -ENOMEM : 0;
+    return pool_available(pg) - s->n_ahead * pg->p.n_regions < need ? pg_why_frames(pg, need)
+                                                                     : 0;
 }
 
 /* COWs regions [r0, r1) x pages [i0, i1) of s, checking the pool first. */

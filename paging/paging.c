@@ -14,6 +14,16 @@
 #include <string.h>
 #include "common/log.h"
 
+void paging_why_reset(struct paging *pg)
+{
+    pg->why = (struct paging_why){ 0 };
+}
+
+const struct paging_why *paging_why(const struct paging *pg)
+{
+    return &pg->why;
+}
+
 void paging_counters(const struct paging *pg, struct paging_counters *out)
 {
     *out = pg->c;
@@ -69,8 +79,12 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     rc = pool_init(pg);
     if (rc)
         goto out_free;
-    if (!p->feed)
-        pool_refill(pg, pg->chunk);
+    if (p->prealloc || !p->feed)
+        pool_refill(pg, p->prealloc ? p->max_frames : pg->chunk);
+    if (p->prealloc && pg->n_held < p->max_frames && !vmm_dead(v)) {
+        rc = -ENOMEM;
+        goto out_pool;
+    }
     if (vmm_dead(v)) {
         rc = -EIO;
         goto out_pool;

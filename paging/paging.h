@@ -127,6 +127,8 @@ struct paging_params {
     bool     scrub;              /* zero frames before they change owner */
     bool     feed;               /* a frame pool thread attaches after create
                                     (paging_feed_attach): no first chunk created here */
+    bool     prealloc;           /* create every frame of max_frames now (-ENOMEM when the
+                                    device cannot give them all) */
     const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
     const struct pg_disk_ops *disk; /* NULL: no disk tier (needs a host tier) */
 };
@@ -178,6 +180,16 @@ void paging_destroy(struct paging *pg);
 int paging_seq_create(struct paging *pg, uint64_t *h);
 int paging_seq_free(struct paging *pg, uint64_t h);
 int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
+/* The grow that needs nothing (the engine's hot path: a decode step inside the last page):
+   h resident and settled, length within the pages it holds, no shared or discarded partial
+   last page to copy or fill. Sets the length and protects h: O(n_regions), no allocation,
+   no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
+   then does the work or says what is wrong). */
+int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
+/* The same for a batch: every member grows in place, each named once, or -EAGAIN and
+   nothing changed. O(n * n_regions). */
+int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
+                                   const uint64_t *lengths, size_t n);
 /* All or nothing; -EINVAL also for a handle named twice. */
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n);
@@ -210,6 +222,23 @@ kcu_stream paging_stream(const struct paging *pg);
 kcu_stream paging_copy_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
+
+/* What the refusals of the current call were about, for the caller's message (core/ resets
+   it when a public call starts and explains -ENOENT, -E2BIG and -ENOMEM with it): the
+   handle a lookup refused, a length past max_tokens, the device frames and host slots that
+   a refused move or the last need computed asked for, a swap-out refused for want of a host
+   tier. `what` says which fields hold something; the latest refusal of a kind wins. */
+enum { PG_WHY_HANDLE = 1, PG_WHY_LENGTH = 2, PG_WHY_FRAMES = 4, PG_WHY_HOST = 8,
+       PG_WHY_NO_HOST = 16 };
+struct paging_why {
+    unsigned what;           /* PG_WHY_* bits */
+    uint64_t handle;         /* PG_WHY_HANDLE: not a live sequence (-ENOENT) */
+    uint64_t length;         /* PG_WHY_LENGTH: past max_tokens (-E2BIG) */
+    uint64_t frames;         /* PG_WHY_FRAMES: device frames needed */
+    uint64_t host;           /* PG_WHY_HOST: free host slots needed */
+};
+void paging_why_reset(struct paging *pg);
+const struct paging_why *paging_why(const struct paging *pg);
 
 /* ---- host tier (tier.c) ----
  * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is
@@ -423,6 +452,9 @@ void paging_feed_drain(struct paging *pg);
 void paging_feed_quiesce(struct paging *pg);
 /* Frames ready in the pool now (delivered ones included after a drain). */
 uint32_t paging_pool_ready(const struct paging *pg);
+/* Whether a frame could be created within the budget now (frames held and in transit
+   below it): the frame pool thread has something to do below its marks. */
+bool paging_pool_can_create(struct paging *pg);
 /* Context lock held. Sets the budget to `frames` (n_regions <= frames <= cap_frames) when
    the frames holding pages (pending releases included) fit in it, releasing every unused
    frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);

@@ -20,6 +20,7 @@
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
 
+#include <errno.h>
 #include <pthread.h>
 #include "paging.h"
 
@@ -130,6 +131,11 @@ struct pg_seq {
                               is a hole: a discarded page (unmapped, no page held) */
     uint8_t   cls;         /* enum pg_seq_class */
     uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
+    uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
+                              batch naming it (a second naming is seen) */
+    uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
+                              last page; the next grow over them zeroes them (seq.c,
+                              tail_scrub), so it does not grow in place */
 };
 
 struct paging {
@@ -137,6 +143,7 @@ struct paging {
     struct paging_params p;
     uint32_t pages_per_slot;
     uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
+    uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
        p.max_frames, changed by paging_set_budget) */
@@ -193,7 +200,34 @@ struct paging {
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
     struct paging_counters c;
+    struct paging_why why;     /* the current call's refusals (paging_why) */
 };
+
+/* Note a refusal's facts for paging_why; each returns the error it explains. */
+static inline int pg_why_handle(struct paging *pg, uint64_t h)
+{
+    pg->why.what |= PG_WHY_HANDLE;
+    pg->why.handle = h;
+    return -ENOENT;
+}
+static inline int pg_why_length(struct paging *pg, uint64_t length)
+{
+    pg->why.what |= PG_WHY_LENGTH;
+    pg->why.length = length;
+    return -E2BIG;
+}
+static inline int pg_why_frames(struct paging *pg, uint64_t frames)
+{
+    pg->why.what |= PG_WHY_FRAMES;
+    pg->why.frames = frames;
+    return -ENOMEM;
+}
+static inline int pg_why_host(struct paging *pg, uint64_t slots)
+{
+    pg->why.what |= PG_WHY_HOST;
+    pg->why.host = slots;
+    return -ENOMEM;
+}
 
 static inline uint64_t pg_pages_for(const struct paging *pg, uint64_t tokens)
 {

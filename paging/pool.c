@@ -385,6 +385,11 @@ uint32_t paging_pool_ready(const struct paging *pg)
     return pg->n_ready;
 }
 
+bool paging_pool_can_create(struct paging *pg)
+{
+    return budget_room(pg);
+}
+
 /* ---- the budget --------------------------------------------------------------------- */
 
 /* Unmaps every sequence's map-ahead: those frames become ready. */

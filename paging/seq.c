@@ -233,10 +233,10 @@ int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
     uint64_t slot1 = handle_slot1(h);
     uint32_t gen = handle_gen(h);
     if (!slot1 || slot1 > pg->p.max_seqs)
-        return -ENOENT;
+        return pg_why_handle(pg, h);
     struct pg_seq *s = &pg->seqs[slot1 - 1];
     if (!s->live || s->gen != gen)
-        return -ENOENT;
+        return pg_why_handle(pg, h);
     *out = s;
     return 0;
 }
@@ -274,6 +274,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     s->cls = PG_SEQ_LIVE;
     s->dropped = 0;
+    s->stale_tail = 0;
     pg->n_live++;
     *out = s;
     return 0;
@@ -397,6 +398,23 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
     return 0;
 }
 
+/* KVVM_F_SCRUB: a grow over the partial last page idx (its own now: after tail_fill and
+   copy-on-write) zeroes the page's bytes past the old length in every region, on the engine
+   stream or synchronously. They are not the sequence's: a truncate left the old tokens
+   there, and new tokens read as zero. -EIO. */
+static int tail_scrub(struct paging *pg, struct pg_seq *s, uint32_t idx, uint64_t old_len)
+{
+    uint64_t ps = pg->p.page_size, off = (old_len * pg->p.bytes_per_token) % ps;
+    uint32_t slot = pg_slot_of(pg, s);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        int rc = vmm_memset(pg->v, pg_va(pg, r, slot, idx) + off, 0, (size_t)(ps - off),
+                            pg->stream);
+        if (rc)
+            return rc;
+    }
+    return pg->stream ? 0 : vmm_stream_sync(pg->v, NULL);
+}
+
 /* Frames a grow of s to len takes (new pages + copies of a shared last page). */
 static uint32_t grow_frames(struct paging *pg, struct pg_seq *s, uint64_t len, uint32_t *cow_idx)
 {
@@ -420,7 +438,7 @@ int pool_reserve_check(struct paging *pg, uint32_t n)
         if (rc)
             return rc;
     }
-    return pool_available(pg) >= n ? 0 : -ENOMEM;
+    return pool_available(pg) >= n ? 0 : pg_why_frames(pg, n);
 }
 
 /* Reverts a grow_apply of u->s. */
@@ -532,6 +550,10 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
         rc = tail_fill(pg, s, cow_idx, u);
         if (!rc)
             rc = cow_range(pg, s, 0, nr, cow_idx, cow_idx + 1, &u->cow);
+        if (!rc && pg->p.scrub && (rc = tail_scrub(pg, s, cow_idx, u->old_len)) != 0)
+            (void)pg_wait_engine(pg);   /* a memset may still run: never undo under it */
+        if (!rc)
+            s->stale_tail = 0;
         if (rc) {
             grow_undo(pg, u);
             goto out_free;
@@ -578,7 +600,7 @@ static int grow_check(struct paging *pg, struct pg_seq *s, uint64_t len)
     if (len < s->length)
         return -EINVAL;
     if (len > pg->p.max_tokens)
-        return -E2BIG;
+        return pg_why_length(pg, len);
     return 0;
 }
 
@@ -606,6 +628,55 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     }
     grow_commit(pg, &u);
     seq_top_up_ahead(pg, s);
+    return 0;
+}
+
+/* Whether growing s to length needs nothing (paging_seq_grow_in_place). No division on
+   this path: the pages held end at `held` bytes, the old tokens at `used`; a partial last
+   page (used < held) must be s's own in every region. */
+static bool grows_in_place(struct paging *pg, struct pg_seq *s, uint64_t length)
+{
+    if (grow_check(pg, s, length) || s->out || s->in_job ||
+        (s->stale_tail && pg->p.scrub && length > s->length))
+        return false;                           /* (tail_scrub first) */
+    uint64_t held = (uint64_t)s->n_pages * pg->p.page_size;
+    uint64_t used = s->length * pg->p.bytes_per_token;
+    if (length * pg->p.bytes_per_token > held)
+        return false;                           /* a new page (grow_check bounds length) */
+    return length == s->length || used == held ||
+           !cow_needed(pg, s, 0, pg->p.n_regions, s->n_pages - 1, s->n_pages);
+}
+
+int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s) || !grows_in_place(pg, s, length))
+        return -EAGAIN;
+    s->length = length;
+    seq_use(pg, s);
+    return 0;
+}
+
+int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
+                                   const uint64_t *lengths, size_t n)
+{
+    struct pg_seq *s;
+    if (++pg->batch_mark == 0) {                /* wrapped: no stale mark may match */
+        for (uint32_t i = 0; i < pg->p.max_seqs; i++)
+            pg->seqs[i].batch_mark = 0;
+        pg->batch_mark = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (seq_lookup(pg, hs[i], &s) || s->batch_mark == pg->batch_mark ||  /* twice */
+            !grows_in_place(pg, s, lengths[i]))
+            return -EAGAIN;
+        s->batch_mark = pg->batch_mark;
+    }
+    for (size_t i = 0; i < n; i++) {
+        (void)seq_lookup(pg, hs[i], &s);
+        s->length = lengths[i];
+        seq_use(pg, s);
+    }
     return 0;
 }
 

@@ -7,6 +7,7 @@
 #include "paging_int.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common/log.h"
@@ -22,10 +23,12 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
     if (length > s->length)
         return -EINVAL;
     uint32_t np = (uint32_t)pg_pages_for(pg, length);
+    bool tail = length < s->length && (length * pg->p.bytes_per_token) % pg->p.page_size;
     if (s->out) {
         tier_drop_out(pg, s, np, s->n_pages);
         s->n_pages = np;
         s->length = length;
+        s->stale_tail |= tail;
         seq_clamp_kept(pg, s);
         return 0;
     }
@@ -40,6 +43,7 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
         memset(pg_bt(pg, s, r) + np, 0, (s->n_pages - np) * sizeof *s->bt);
     s->n_pages = np;
     s->length = length;
+    s->stale_tail |= tail;
     seq_clamp_kept(pg, s);
     return 0;
 }
@@ -97,6 +101,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
         c->n_pages = p->n_pages;
         c->length = p->length;
         memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
+        c->stale_tail = p->stale_tail;
         *child = seq_handle(pg, c);
         return 0;
     }
@@ -108,6 +113,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     c->n_pages = p->n_pages;
     c->length = p->length;
     memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
+    c->stale_tail = p->stale_tail;
     *child = seq_handle(pg, c);
     return 0;
 }

@@ -348,11 +348,14 @@ void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)
 
 int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
 {
-    if (!pg->p.host)
+    if (!pg->p.host) {
+        pg->why.what |= PG_WHY_NO_HOST;
         return -ENOMEM;
+    }
     if (paging_host_free(pg) >= want)
         return 0;
-    return pg->policy.host_room ? pg->policy.host_room(pg->policy.arg, want, excl) : -ENOMEM;
+    int rc = pg->policy.host_room ? pg->policy.host_room(pg->policy.arg, want, excl) : -ENOMEM;
+    return rc == -ENOMEM ? pg_why_host(pg, want) : rc;
 }
 
 void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r)
@@ -403,7 +406,7 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     if (rc)
         return rc;
     if (length > pg->p.max_tokens)
-        return -E2BIG;
+        return pg_why_length(pg, length);
     uint32_t n = 0, nr = pg->p.n_regions;
     bool disk = false;
     if (s->out)
@@ -426,6 +429,8 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
             n += cow_needed(pg, s, 0, nr, s->n_pages - 1, s->n_pages);
     }
     *frames = n;
+    if (n > paging_frames_free(pg))
+        pg_why_frames(pg, n);           /* the shortfall a refusal will name */
     return 0;
 }
 
@@ -453,7 +458,7 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
         if ((rc = seq_lookup(pg, hs[j], &s)))
             break;
         if (lengths[j] > pg->p.max_tokens) {
-            rc = -E2BIG;
+            rc = pg_why_length(pg, lengths[j]);
             break;
         }
         for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
@@ -472,6 +477,8 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
     free(seen);
     if (!rc)
         *frames = k;
+    if (!rc && k > paging_frames_free(pg))
+        pg_why_frames(pg, k);           /* the shortfall a refusal will name */
     return rc;
 }
 

@@ -194,7 +194,7 @@ static int staged_in_room(struct paging *pg, struct pg_seq *s, uint32_t need, ui
     if (pool_available(pg) < need + extra && pg->defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need + extra)
-        return -ENOMEM;
+        return pg_why_frames(pg, need + extra);
     if (pg_page_is_none(*bw) && !paging_host_free(pg) &&
         (rc = paging_host_room(pg, 1, seq_handle(pg, s))))
         return rc;                      /* (pressure relief: spills another's host page) */
@@ -297,7 +297,7 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
     if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need)
-        return -ENOMEM;
+        return pg_why_frames(pg, need);
     if (pg->p.disk)
         for (uint32_t r = 0; r < pg->p.n_regions && !rc; r++)
             rc = disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);

@@ -267,13 +267,15 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     int rc = seq_lookup(pg, h, &s);
     if (rc || s->out)
         return rc;
-    if (!pg->p.host)
+    if (!pg->p.host) {
+        pg->why.what |= PG_WHY_NO_HOST;
         return -ENOMEM;
+    }
     uint32_t need;
     if ((rc = out_prepare(pg, s, async, &need)))
         return rc;
     bool staged = false;
     if (paging_host_free(pg) < need && (rc = out_plan(pg, s, need, &staged)))
-        return rc;
+        return rc == -ENOMEM ? pg_why_host(pg, need) : rc;
     return staged ? swap_out_staged(pg, s, need) : swap_out_direct(pg, s, need, async);
 }

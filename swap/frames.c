@@ -34,6 +34,7 @@ struct frames {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
+    uint64_t wakes;               /* frames_counters' wakes */
     struct swap_worker w;         /* the pool thread (its wake/active flags under mu) */
 };
 
@@ -67,6 +68,7 @@ static void wake(void *arg)
 {
     struct frames *fr = arg;
     pthread_mutex_lock(&fr->mu);
+    fr->wakes++;
     if (!fr->w.wake) {
         fr->w.wake = true;
         pthread_cond_broadcast(&fr->cv);
@@ -176,9 +178,11 @@ void frames_set_budget(struct frames *fr, uint32_t budget)
 
 void frames_after_step(struct frames *fr)
 {
-    /* a round refills below the high mark; at or above it only decay_ms = 0 releases at
+    /* a round refills below the high mark, if the budget leaves room to create (a full
+       device has nothing to refill with); at or above it only decay_ms = 0 releases at
        steps (the decay has its own deadline): no wake-up of the thread for nothing */
-    if (fr && (paging_pool_ready(fr->pg) < fr->high || !fr->p.decay_ms))
+    if (fr && (!fr->p.decay_ms || (paging_pool_ready(fr->pg) < fr->high &&
+                                   paging_pool_can_create(fr->pg))))
         wake(fr);
 }
 
@@ -200,8 +204,12 @@ void frames_marks(const struct frames *fr, uint32_t *low, uint32_t *high)
 
 void frames_counters(struct frames *fr, struct frames_counters *out)
 {
-    if (fr)
-        *out = fr->c;
-    else
+    if (!fr) {
         *out = (struct frames_counters){ 0 };
+        return;
+    }
+    *out = fr->c;
+    pthread_mutex_lock(&fr->mu);
+    out->wakes = fr->wakes;
+    pthread_mutex_unlock(&fr->mu);
 }

@@ -81,6 +81,7 @@ static const struct { const char *name; int since, until; } abis[] = {
     { "cuDeviceGetCount", 2000, 0 },    { "cuDeviceGet", 2000, 0 },
     { "cuDeviceGetAttribute", 2000, 0 }, { "cuDeviceGetName", 2000, 0 },
     { "cuDeviceTotalMem", 3020, 0 },    { "cuDevicePrimaryCtxRetain", 7000, 0 },
+    { "cuMemGetInfo", 3020, 0 },
     { "cuDevicePrimaryCtxRelease", 11000, 0 }, { "cuCtxSetCurrent", 4000, 0 },
     { "cuCtxGetCurrent", 4000, 0 },     { "cuCtxSynchronize", 2000, 13000 },
     { "cuMemGetAllocationGranularity", 10020, 0 }, { "cuMemAddressReserve", 10020, 0 },
@@ -115,7 +116,7 @@ static void *emu_fn(const char *name)
 {
     const struct kcu_api *a = emu_api();
 #define F(n) if (!strcmp(name, #n)) return (void *)a->n;
-    F(cuDriverGetVersion) F(cuDeviceGet) F(cuDeviceGetName) F(cuDeviceTotalMem)
+    F(cuDriverGetVersion) F(cuDeviceGet) F(cuDeviceGetName) F(cuDeviceTotalMem) F(cuMemGetInfo)
     F(cuDevicePrimaryCtxRetain) F(cuDevicePrimaryCtxRelease) F(cuCtxSetCurrent)
     F(cuCtxGetCurrent) F(cuCtxSynchronize) F(cuMemGetAllocationGranularity)
     F(cuMemAddressReserve) F(cuMemAddressFree) F(cuMemCreate) F(cuMemRelease) F(cuMemMap)

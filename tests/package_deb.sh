@@ -53,6 +53,13 @@ depends "$dev" "(^|, )libkvvm0 \(= $version\)"
 
 has   "$tools" "usr/bin/kvvm-stress"
 has   "$tools" "usr/bin/kvvm-bench"
+has   "$tools" "usr/bin/kvvm-gpucheck"
+dpkg-deb -f "$tools" Description | grep -q kvvm-gpucheck ||
+    { echo "FAIL: kvvm-tools' Description does not name kvvm-gpucheck"; fail=1; }
+for d in "$rt" "$dev" "$tools"; do
+    ! dpkg-deb -f "$d" Maintainer | grep -Eq '@localhost|example\.(com|org)' ||
+        { echo "FAIL: $(basename "$d") Maintainer is a placeholder: $(dpkg-deb -f "$d" Maintainer)"; fail=1; }
+done
 depends "$tools" "(^|, )libkvvm0 \(= $version\)"
 [ "$fail" = 0 ] || exit 1
 for d in "$rt" "$dev" "$tools"; do

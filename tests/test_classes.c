@@ -469,8 +469,9 @@ Test(discard, protected_release_waits_for_step_fence)
    step while the engine's work runs. The grow does not wait for the discard's fence (it maps
    nothing the discard releases). Regression: grow flushed every pending release of the slot,
    blocking on the engine stream (here, paused: for ever). */
-Test(discard, grow_does_not_wait_for_discard_fence, .timeout = 60)
+Test(discard, grow_does_not_wait_for_discard_fence)
 {
+    TH_DEADLINE(60);
     void *st;
     kvvm_seq s = protected_paused(&st, 13, 4);
     cr_assert_eq(kvvm_seq_discard(kv, s, KVVM_ALL_REGIONS, 2 * TPP + 3), 0);
@@ -583,13 +584,15 @@ static void discard_sweep(bool stream)
     th_sweep_run(&sw);
 }
 
-Test(discard, fault_sweep_sync, .timeout = 300)
+Test(discard, fault_sweep_sync)
 {
+    TH_DEADLINE(300);
     discard_sweep(false);
 }
 
-Test(discard, fault_sweep_stream, .timeout = 300)
+Test(discard, fault_sweep_stream)
 {
+    TH_DEADLINE(300);
     discard_sweep(true);
 }
 
@@ -636,6 +639,7 @@ static void expect_stale(kvvm_seq e)
     cr_assert_eq(kvvm_seq_create(kv, &d), 0);
     cr_assert_eq(kvvm_seq_share(kv, d, e, 0), -ESTALE);
     cr_assert_eq(kvvm_seq_share(kv, d, e, 1), -ESTALE);
+    cr_assert_eq(kvvm_seq_share(kv, e, d, 0), -ESTALE);     /* into it: as target too */
     cr_assert_eq(kvvm_seq_fork(kv, e, &ch), -ESTALE);
     cr_assert_eq(kvvm_seq_grow(kv, e, 1), -ESTALE);
     cr_assert_eq(kvvm_seq_grow_batch(kv, &e, &(uint64_t){ 1 }, 1), -ESTALE);
@@ -950,13 +954,15 @@ static void drop_sweep(bool stream)
     th_sweep_run(&sw);
 }
 
-Test(classes, fault_sweep_drop_sync, .timeout = 300)
+Test(classes, fault_sweep_drop_sync)
 {
+    TH_DEADLINE(300);
     drop_sweep(false);
 }
 
-Test(classes, fault_sweep_drop_stream, .timeout = 300)
+Test(classes, fault_sweep_drop_stream)
 {
+    TH_DEADLINE(300);
     drop_sweep(true);
 }
 

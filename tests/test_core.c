@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #define KVVM_HARNESS_SHADOW
 #include "harness.h"
@@ -331,6 +332,31 @@ Test(errors, eio_after_sticky_driver_error)
 }
 
 /* Backend CUDA where no driver can be loaded: -ENODEV, never a silent emulation. */
+/* kvvm_step's -ENOMEM (include/kvvm.h and docs/api.md list it): the step fence, made at
+   the first step in stream mode, cannot be had; nothing changed, the next step makes it. */
+Test(errors, step_enomem_when_the_step_fence_cannot_be_made)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    tcfg(&c, KB, 2, 64, 4, 64, 16);
+    topen_stream(&t, &c, &st);
+    kvvm_seq a;
+    cr_assert_eq(kvvm_seq_create(t.kv, &a), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 10), 0);
+    cr_assert_eq(emu_fail_arm("cuEventCreate", 1, KCU_ERROR_OUT_OF_MEMORY), 0);
+    int rc = kvvm_step(t.kv);
+    emu_fail_clear();
+    cr_expect_eq(rc, -ENOMEM, "kvvm_step without memory for its fence: %d (%s)", rc,
+                 kvvm_last_error());
+    cr_expect(strstr(kvvm_last_error(), "kvvm_step") || strstr(kvvm_last_error(),
+              "cuEventCreate"), "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_step(t.kv), 0, "%s", kvvm_last_error());
+    tcheck(&t, "after a failed step");
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    tclose_stream(&t, st);
+}
+
 Test(errors, cuda_backend_without_a_gpu)
 {
     struct kvvm_config c;
@@ -969,6 +995,188 @@ Test(regress, calls_left_their_context_current)
     tclose(&t);
 }
 
+/* The decode step's grow: tokens added inside the last page a sequence holds make no driver
+   call at all (no capture query, no context call), in synchronous and in stream mode; a
+   grow onto a new page, and one into a page shared since a fork, still do their work. */
+static void grow_in_place_calls(bool stream)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st = NULL;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);             /* 4 tokens per page */
+    if (stream)
+        topen_stream(&t, &c, &st);
+    else
+        topen(&t, &c);
+    struct sh a, b;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 1, 1);
+    emu_ctx_on(t.ord);              /* our context current: every driver call is counted */
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    for (uint64_t n = 2; n <= 4; n++)
+        cr_assert_eq(kvvm_seq_grow(t.kv, a.h, n), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 4), 0);  /* the same length */
+    struct emu_calls k;
+    cr_assert_eq(emu_calls_get(t.ord, &k), 0);
+    uint64_t total = 0;
+#define X(e) total += k.e;
+    EMU_ENTRIES(X)
+#undef X
+    cr_expect_eq(total, 0, "%s: %lu driver calls for 4 grows inside the last page "
+                 "(cuStreamIsCapturing %lu, cuCtxGetCurrent %lu)", stream ? "stream" : "sync",
+                 (unsigned long)total, (unsigned long)k.cuStreamIsCapturing,
+                 (unsigned long)k.cuCtxGetCurrent);
+    emu_ctx_off(t.ord);
+    a.len = 4;
+    sh_fill(&t, &a, 1, 4, 2);
+    sh_verify(&t, &a, "after the grows in place");
+    /* a new page, then a page shared by a fork: work is done, bytes stay right */
+    sh_grow_fill(&t, &a, 6, 3);
+    sh_fork(&t, &a, &b);
+    sh_grow_fill(&t, &b, 7, 4);
+    sh_verify(&t, &a, "parent after the child's grow into the shared page");
+    sh_verify(&t, &b, "child");
+    tcheck(&t, "end");
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    if (stream)
+        tclose_stream(&t, st);
+    else
+        tclose(&t);
+}
+
+/* The same for a batch: a decode step's grow_batch inside the last pages makes no driver
+   call; a batch naming a sequence twice is still refused (-EINVAL, nothing changed), and a
+   batch where one member needs a new page does the work for all. */
+Test(hotpath, grow_batch_inside_the_last_pages_makes_no_driver_call)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);             /* 4 tokens per page */
+    topen(&t, &c);
+    struct sh a, b;
+    sh_create(&t, &a);
+    sh_create(&t, &b);
+    sh_grow_fill(&t, &a, 1, 1);
+    sh_grow_fill(&t, &b, 5, 2);
+    kvvm_seq hs[2] = { a.h, b.h };
+    uint64_t lens[2] = { 3, 7 };
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
+    struct emu_calls k;
+    cr_assert_eq(emu_calls_get(t.ord, &k), 0);
+    uint64_t total = 0;
+#define X(e) total += k.e;
+    EMU_ENTRIES(X)
+#undef X
+    cr_expect_eq(total, 0, "%lu driver calls for a batch inside the last pages",
+                 (unsigned long)total);
+    emu_ctx_off(t.ord);
+    a.len = 3;
+    b.len = 7;
+    kvvm_seq twice[2] = { a.h, a.h };
+    uint64_t tl[2] = { 4, 4 };
+    cr_expect_eq(kvvm_seq_grow_batch(t.kv, twice, tl, 2), -EINVAL);
+    struct kvvm_seq_info in;
+    tinfo(&t, a.h, &in);
+    cr_expect_eq(in.length, 3, "a refused batch changed a length");
+    lens[0] = 4;
+    lens[1] = 9;                                  /* b needs a new page */
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
+    a.len = 4;
+    b.len = 9;
+    sh_fill(&t, &a, 1, 4, 3);
+    sh_fill(&t, &b, 5, 9, 4);
+    sh_verify(&t, &a, "a");
+    sh_verify(&t, &b, "b");
+    tcheck(&t, "end");
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    tclose(&t);
+}
+
+Test(hotpath, grow_inside_the_last_page_makes_no_driver_call_sync)
+{
+    grow_in_place_calls(false);
+}
+
+Test(hotpath, grow_inside_the_last_page_makes_no_driver_call_stream)
+{
+    grow_in_place_calls(true);
+}
+
+/* Bug: every public call asked the driver for the caller's current context at its entry
+   and again at its exit (cuCtxGetCurrent twice, issue 19), even a call that makes no other
+   driver call. The caller's context is saved by the first entry point that replaces it. */
+Test(regress, calls_without_device_work_made_context_driver_calls)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);
+    topen(&t, &c);
+    kvvm_seq s;
+    uint32_t slot;
+    uint64_t addr;
+    struct kvvm_seq_info si = { .size = sizeof si };
+    uint64_t need;
+    int fits;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 3), 0);
+    emu_ctx_on(t.ord);              /* our context current: every driver call is counted */
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    cr_assert_eq(kvvm_seq_info(t.kv, s, &si), 0);
+    cr_assert_eq(kvvm_seq_need(t.kv, s, 40, &need, &fits), 0);  /* (kvvm_stats asks the
+                                                                    driver for free memory) */
+    cr_assert_eq(kvvm_seq_slot(t.kv, s, &slot), 0);
+    cr_assert_eq(kvvm_seq_addr(t.kv, s, 1, &addr), 0);
+    struct emu_calls n;
+    cr_assert_eq(emu_calls_get(t.ord, &n), 0);
+    cr_expect_eq(n.cuCtxGetCurrent + n.cuCtxSetCurrent, 0,
+                 "%lu cuCtxGetCurrent and %lu cuCtxSetCurrent calls for 4 calls that need "
+                 "no device work", (unsigned long)n.cuCtxGetCurrent,
+                 (unsigned long)n.cuCtxSetCurrent);
+    emu_ctx_off(t.ord);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose(&t);
+}
+
+/* getpid() of this executable, which the statically linked library's calls resolve to: it
+   counts while getpid_counting is set. */
+static volatile int getpid_counting, getpid_calls;
+pid_t getpid(void)
+{
+    if (getpid_counting)
+        getpid_calls++;
+    return (pid_t)syscall(SYS_getpid);
+}
+
+/* Bug: every public call made a getpid() system call to detect a fork() child (issue 19);
+   the child is detected by a pthread_atfork handler now (fork_child/gets_eio_parent_unharmed
+   still passes). */
+Test(regress, every_call_made_a_getpid_system_call)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1024, 4, 64, 32);
+    topen(&t, &c);
+    kvvm_seq s;
+    uint8_t buf[16] = { 3 };
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    getpid_counting = 1;
+    for (uint64_t n = 1; n <= 64; n++)
+        cr_assert_eq(kvvm_seq_grow(t.kv, s, n), 0);
+    cr_assert_eq(kvvm_seq_write(t.kv, s, 0, 0, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_seq_read(t.kv, s, 0, 0, buf, sizeof buf), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_stats(t.kv, &st), 0);
+    getpid_counting = 0;
+    cr_expect_eq(getpid_calls, 0, "%d getpid() calls in 69 public calls", getpid_calls);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose(&t);
+}
+
 /* kvvm_stream_destroy destroys only streams kvvm_stream_create made on this context, never
    the engine stream set now. Regression: it destroyed any stream, the engine's own too. */
 /* Bug: kvvm_stream_destroy destroyed any stream, the engine's own too. */
@@ -1082,8 +1290,9 @@ Test(current_context, open_and_close_leave_the_callers)
    threads, locks and device belong to the parent; the emulated device's memory is shared
    with it), and the parent must be unharmed. Before, the child's calls ran on the parent's
    state. */
-Test(fork_child, gets_eio_parent_unharmed, .timeout = 30)
+Test(fork_child, gets_eio_parent_unharmed)
 {
+    TH_DEADLINE(30);
     struct kvvm_config c;
     struct tctx t;
     tcfg(&c, KB, 2, 1000, 4, 40, 40);

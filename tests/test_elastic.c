@@ -610,8 +610,8 @@ Test(sweep, trim) { sweep(SW_TRIM, "trim"); }
 
 #ifdef KVVM_FAKE_LIBCUDA
 /* Two contexts on the one emulated device behind tests/fake_libcuda.so (64 MiB, 64 KiB
-   granule): A holds most of it; B's growth fails until A shrinks, then succeeds into what A
-   released. */
+   granule): A holds most of it; B's budget growth (checked against the driver's free
+   memory) and grow fail until A shrinks, then succeed into what A released. */
 #define FKB (64u * 1024u)
 
 static void fcfg(struct kvvm_config *c, size_t budget)
@@ -652,8 +652,9 @@ Test(shared, two_contexts_hand_memory_to_each_other)
     uint8_t pat[FKB];
     memset(pat, 0x5c, sizeof pat);
     cr_assert_eq(kvvm_seq_write(a, sa, 0, 599ull * FKB, pat, sizeof pat), 0);
-    cr_assert_eq(kvvm_set_budget(b, 48u << 20), 0, "B may ask for 48 MiB of the 64");
-    fgrow(b, sb, 600, &rc);                 /* the device cannot give B that much now */
+    /* the device cannot give B 48 MiB now: A holds most of it (cuMemGetInfo says so) */
+    cr_expect_eq(kvvm_set_budget(b, 48u << 20), -ENOMEM, "B may not count on A's memory");
+    fgrow(b, sb, 600, &rc);
     cr_expect_eq(rc, -ENOMEM, "B grew into memory A holds: %d", rc);
     cr_assert_eq(kvvm_step(a), 0);
     cr_assert_eq(kvvm_step(a), 0);
@@ -663,6 +664,7 @@ Test(shared, two_contexts_hand_memory_to_each_other)
     struct kvvm_stats st = { .size = sizeof st };
     cr_assert_eq(kvvm_stats(a, &st), 0);
     cr_expect_leq(st.device_bytes_held, 8u << 20);
+    cr_assert_eq(kvvm_set_budget(b, 48u << 20), 0, "%s", kvvm_last_error());
     fgrow(b, sb, 600, &rc);
     cr_expect_eq(rc, 0, "B could not grow into what A released: %d", rc);
     uint8_t got[FKB];
@@ -721,10 +723,49 @@ Test(regress, freed_frames_released_at_the_next_step_and_created_again)
     tclose(&t);
 }
 
+/* Bug: with the budget all held (the device full, nothing can be created), every step still
+   woke the frame pool thread whenever fewer frames than its high mark were ready: a round
+   per decode step for nothing (issue 19). */
+Test(regress, full_device_woke_pool_thread_every_step)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 16, 16, 0, 0);                     /* 16 pages: 32 tokens of one sequence */
+    c.pool_thread = 1;
+    c.pool_decay_ms = 60000;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    /* room left: a step below the high mark asks for a refill (the control) */
+    cr_assert_eq(sh_grow_fill(t.kv, a, 4), 0);
+    uint64_t w0 = kvvm_debug_pool_wakes(t.kv);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_expect_gt(kvvm_debug_pool_wakes(t.kv), w0, "a step with room to refill asked for "
+                 "no round");
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    /* the budget all held */
+    cr_assert_eq(sh_grow_fill(t.kv, a, 32), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_device_free, 0, "the device is not full: %llu pages free",
+                 (unsigned long long)st.pages_device_free);
+    w0 = kvvm_debug_pool_wakes(t.kv);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    uint64_t w1 = kvvm_debug_pool_wakes(t.kv);
+    cr_expect_eq(w1, w0, "%llu wake-ups of the pool thread in 10 steps with nothing to "
+                 "create", (unsigned long long)(w1 - w0));
+    tcheck(&t, "after the steps");
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    free(a);
+    tclose(&t);
+}
+
 /* An engine gone idle gets its surplus released after the decay without calling anything
    (the pool growing above the high mark wakes the thread, which times the window). */
-Test(pool, idle_surplus_released_after_the_decay_without_a_call, .timeout = 60)
+Test(pool, idle_surplus_released_after_the_decay_without_a_call)
 {
+    TH_DEADLINE(60);
     struct tctx t;
     struct kvvm_config c;
     tcfg(&c, 64, 64, 0, 0);
@@ -751,5 +792,162 @@ Test(pool, idle_surplus_released_after_the_decay_without_a_call, .timeout = 60)
     cr_expect_eq(st.device_bytes_held, 4 * KB);
     cr_expect_geq(st.frames_released, 26);
     tcheck(&t, "after the idle release");
+    tclose(&t);
+}
+
+/* ---- devmem: device memory held by others (issue 20 item 2) ------------------------------
+   The emulated device's driver reports less free memory than the budget when memory is
+   "held by others" (KVVM_EMU_HELD at its creation, emu_device_set_held later), as a GPU does
+   when PyTorch's caching allocator holds part of it. */
+
+struct devlog { int errors, oom_infos, clamp_warns; };
+static void devlog_fn(int level, const char *msg, void *arg)
+{
+    struct devlog *l = arg;
+    if (level == KVVM_LOG_ERROR)
+        l->errors++;
+    if (level == KVVM_LOG_INFO && strstr(msg, "out of memory"))
+        l->oom_infos++;
+    if (level == KVVM_LOG_WARN && strstr(msg, "free memory"))
+        l->clamp_warns++;
+}
+
+/* At open, a budget above the free memory is clamped to it (in pages), with one warning; the
+   stats report the driver's free and total memory and the budget in force. */
+Test(devmem, open_clamps_the_budget_to_free_memory)
+{
+    cr_assert_eq(setenv("KVVM_EMU_HELD", "96K", 1), 0);           /* 24 pages of 64 */
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0, 0);
+    c.pool_thread = 0;
+    struct devlog lg = { 0 };
+    kvvm_set_log(devlog_fn, &lg, KVVM_LOG_INFO);
+    struct tctx t;
+    topen(&t, &c);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_expect_eq(lg.clamp_warns, 1, "one warning expected, got %d", lg.clamp_warns);
+    cr_expect_eq(lg.errors, 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.device_budget, 40 * KB);
+    cr_expect_eq(st.pages_device_total, 40);
+    cr_expect_eq(st.device_mem_total, 64 * KB);
+    cr_expect_eq(st.device_mem_free + st.device_bytes_held, 40 * KB);
+    /* all 40 pages can be used: the clamp made kvvm_seq_need honest */
+    struct sh *a = sh_new(t.kv, 1), *b = sh_new(t.kv, 2);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 40), 0);                   /* 10 pages per region */
+    uint64_t pages = 0;
+    int fits = 0;
+    cr_assert_eq(kvvm_seq_need(t.kv, b->h, 40, &pages, &fits), 0);
+    cr_expect(fits, "20 of 40 pages used: 20 more fit");
+    cr_assert_eq(sh_grow_fill(t.kv, b, 40), 0);
+    verify_n(&t, (struct sh *[]){ a, b }, 2, "after filling the clamped budget");
+    char json[8192];
+    cr_assert_eq(kvvm_stats_json(t.kv, json, sizeof json), 0);
+    cr_expect(strstr(json, "\"device_budget\":163840"), "JSON: %s", json);
+    cr_expect(strstr(json, "\"create_at_open\":0"), "JSON: %s", json);
+    free_n((struct sh *[]){ a, b }, 2);
+    tclose(&t);
+}
+
+/* create_at_open: every frame of the budget at open, kept (the pool thread's decay does not
+   release them); the open fails with -ENOMEM, explained, when the device cannot give them. */
+Test(devmem, create_at_open_takes_the_whole_budget)
+{
+    struct kvvm_config c;
+    tcfg(&c, 32, 64, 0, 0);
+    c.create_at_open = 1;
+    struct tctx t;
+    topen(&t, &c);
+    cr_expect_eq(emu_handle_bytes(&t), 32 * KB, "the whole budget at open");
+    struct sh *a = sh_new(t.kv, 1);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 20), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);
+    free(a);
+    for (int i = 0; i < 4; i++)                  /* decay 0: a release round per step */
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.device_bytes_held, 32 * KB, "frames released: %llu bytes held",
+                 (unsigned long long)st.device_bytes_held);
+    tclose(&t);
+
+    cr_assert_eq(setenv("KVVM_EMU_HELD", "128K", 1), 0);          /* 32 pages: 32 free */
+    c.device_budget = 40 * KB;
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    kvvm *kv = NULL;
+    cr_expect_eq(kvvm_open(&c, &kv), -ENOMEM);
+    cr_expect(strstr(kvvm_last_error(), "create_at_open"), "reason: %s", kvvm_last_error());
+    c.device_budget = 32 * KB;                   /* exactly what is free */
+    cr_assert_eq(kvvm_open(&c, &kv), 0);
+    kvvm_close(kv);
+}
+
+/* kvvm_set_budget: a growth past the frames held plus the device's free memory is -ENOMEM,
+   explained, the budget unchanged; up to it succeeds. */
+Test(devmem, set_budget_checks_free_memory)
+{
+    struct kvvm_config c;
+    tcfg(&c, 16, 64, 0, 0);
+    struct tctx t;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 20), 0);
+    cr_assert_eq(emu_device_set_held(t.ord, 24 * KB), 0);      /* 40 pages for us at most */
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_expect_eq(kvvm_set_budget(t.kv, 41 * KB), -ENOMEM);
+    cr_expect(strstr(kvvm_last_error(), "free"), "reason: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.device_budget, 16 * KB, "the budget changed");
+    cr_assert_eq(kvvm_set_budget(t.kv, 40 * KB), 0);
+    tstats(&t, &st);
+    cr_expect_eq(st.device_budget, 40 * KB);
+    struct sh *b = sh_new(t.kv, 2);
+    cr_assert_eq(sh_grow_fill(t.kv, b, 48), 0);                   /* 12 pages per region */
+    verify_n(&t, (struct sh *[]){ a, b }, 2, "after the growth");
+    free_n((struct sh *[]){ a, b }, 2);
+    tclose(&t);
+}
+
+/* Bug: when others took device memory after the open, every failing cuMemCreate was logged
+   as an error (one per grow). It is the budget being short: -ENOMEM (nothing changed), one
+   info line for the context's life, and the create_oom count. */
+Test(regress, create_oom_logged_as_an_error_per_failure)
+{
+    struct kvvm_config c;
+    tcfg(&c, 32, 64, 0, 0);
+    c.pool_thread = 0;
+    struct tctx t;
+    topen(&t, &c);
+    struct sh *a = sh_new(t.kv, 1);
+    cr_assert_eq(sh_grow_fill(t.kv, a, 8), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    /* others take everything the context does not hold yet */
+    cr_assert_eq(emu_device_set_held(t.ord, 64 * KB - st.device_bytes_held), 0);
+    struct devlog lg = { 0 };
+    kvvm_set_log(devlog_fn, &lg, KVVM_LOG_INFO);
+    int fails = 0;
+    for (int i = 0; i < 3; i++) {
+        struct sh *b = sh_new(t.kv, (uint32_t)(10 + i));
+        int rc = kvvm_seq_grow(t.kv, b->h, 40);        /* 20 pages: within the budget */
+        fails += rc == -ENOMEM;
+        cr_assert(rc == 0 || rc == -ENOMEM, "grow: %d", rc);
+        if (rc == 0) {
+            cr_assert_eq(kvvm_seq_free(t.kv, b->h), 0);
+        }
+        free(b);
+    }
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+    cr_expect_geq(fails, 2, "the device is full: grows past the held frames must fail");
+    cr_expect_eq(lg.errors, 0, "%d error(s) logged for a short budget", lg.errors);
+    cr_expect_eq(lg.oom_infos, 1, "one info line expected, got %d", lg.oom_infos);
+    tstats(&t, &st);
+    cr_expect_geq(st.create_oom, 2);
+    verify_n(&t, (struct sh *[]){ a }, 1, "after the failed grows");
+    tcheck(&t, "after the failed grows");
+    free_n((struct sh *[]){ a }, 1);
     tclose(&t);
 }

@@ -1502,8 +1502,9 @@ Test(emu, special_default_stream_handles)
    driver returns at once and drains afterwards (cuda.h, cuStreamDestroy). Here the stream
    is paused with an event record queued: destroy returns, the event is not reached until
    the (destroyed) stream is resumed, and the device's destroy finds nothing leaked. */
-Test(emu, stream_destroy_returns_at_once_and_drains_after, .timeout = 30)
+Test(emu, stream_destroy_returns_at_once_and_drains_after)
 {
+    TH_DEADLINE(30);
     dev_default();
     kcu_stream s;
     kcu_event ev;
@@ -1533,8 +1534,9 @@ Test(emu, stream_destroy_returns_at_once_and_drains_after, .timeout = 30)
    here and not on a GPU. It runs on a worker now, after the blocking streams' earlier
    work: with a blocking stream paused, the call returns (before: it hung) and nothing has
    run until that stream does. */
-Test(emu, legacy_stream_is_asynchronous, .timeout = 30)
+Test(emu, legacy_stream_is_asynchronous)
 {
+    TH_DEADLINE(30);
     dev_default();
     kcu_deviceptr va = mapped_window(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     kcu_stream b;

@@ -837,8 +837,9 @@ Test(regress, sync_io_synchronized_device_every_call)
    must not hold it up. Regression: it copied on the legacy stream, which waits for every
    blocking stream of the context (here: forever). */
 /* Bug: share's host copy ran on the legacy stream, waiting for every blocking stream. */
-Test(regress, share_host_copy_on_legacy_stream, .timeout = 20)
+Test(regress, share_host_copy_on_legacy_stream)
 {
+    TH_DEADLINE(20);
     struct kvvm_config c;
     struct tctx t;
     void *st;
@@ -929,8 +930,9 @@ static void *sync_thread(void *arg)
    cuCtxSynchronize, which waits for every stream of the context: here another stream of the
    engine (an NCCL stream, say) has work that cannot run (paused), and sync hung. Now they
    synchronize the engine stream and the library's own only; the test times out before. */
-Test(stream_sync, does_not_wait_for_other_streams, .timeout = 30)
+Test(stream_sync, does_not_wait_for_other_streams)
 {
+    TH_DEADLINE(30);
     struct kvvm_config c;
     struct tctx t;
     tcfg(&c, KB, 1, 1000, 4, 40, 40);
@@ -1007,8 +1009,9 @@ static bool pageable_returns_early(struct tctx *t, void *st, struct io_arg *a)
    source at the call and fill a pageable destination by return; CUDA 12/13 documentation
    no longer promises either. A pageable buffer is now waited for; a pinned one is not
    (options/stream_mode_cpu_does_not_wait). */
-Test(pageable_buffers, stream_mode_waits_for_their_copy, .timeout = 30)
+Test(pageable_buffers, stream_mode_waits_for_their_copy)
 {
+    TH_DEADLINE(30);
     struct kvvm_config c;
     struct tctx t;
     tcfg(&c, KB, 1, 1000, 4, 40, 40);
@@ -1039,4 +1042,76 @@ Test(pageable_buffers, stream_mode_waits_for_their_copy, .timeout = 30)
     free(buf);
     cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
     tclose_stream(&t, st);
+}
+
+/* KVVM_F_SCRUB after truncate then grow: the kept last page still held the truncated
+   tokens' bytes, and the grow handed them out as new tokens (docs/api.md: new tokens read as
+   zero). A grow within the kept page (which would otherwise grow in place) and one past it;
+   in synchronous and stream mode, and on a forked sequence whose last page is shared (the
+   grow copies it first: the parent keeps its bytes). */
+static void scrub_tail_case(bool stream, bool forked)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st = NULL;
+    tcfg(&c, KB, 2, 16, 4, 1024, 32);       /* 256 tokens a page */
+    c.flags = KVVM_F_SCRUB;
+    if (stream)
+        topen_stream(&t, &c, &st);
+    else
+        topen(&t, &c);
+    kvvm_seq a, b;
+    uint8_t page[KB], back[KB];
+    memset(page, 0xab, sizeof page);
+    cr_assert_eq(kvvm_seq_create(t.kv, &a), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 300), 0);          /* 2 pages a region */
+    for (uint32_t r = 0; r < 2; r++)
+        cr_assert_eq(kvvm_seq_write(t.kv, a, r, 0, page, KB), 0);
+    b = a;
+    if (forked)
+        cr_assert_eq(kvvm_seq_fork(t.kv, a, &b), 0);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 10), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 200), 0);          /* within the kept page */
+    for (uint32_t r = 0; r < 2; r++) {
+        memset(back, 0x55, sizeof back);
+        cr_assert_eq(kvvm_seq_read(t.kv, b, r, 0, back, 200 * 16), 0);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+        for (size_t i = 10 * 16; i < 200 * 16; i++)
+            cr_assert_eq(back[i], 0, "grow(200), region %u: byte %zu (token %zu) holds a "
+                         "truncated token's byte %#x", r, i, i / 16, back[i]);
+    }
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 10), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 1000), 0);
+    for (uint32_t r = 0; r < 2; r++) {
+        memset(back, 0x55, sizeof back);
+        cr_assert_eq(kvvm_seq_read(t.kv, b, r, 0, back, KB), 0);
+        cr_assert_eq(kvvm_sync(t.kv), 0);
+        for (size_t i = 0; i < 10 * 16; i++)
+            cr_assert_eq(back[i], 0xab, "region %u: kept byte %zu lost", r, i);
+        for (size_t i = 10 * 16; i < KB; i++)
+            cr_assert_eq(back[i], 0, "region %u: byte %zu (token %zu) holds a truncated "
+                         "token's byte %#x", r, i, i / 16, back[i]);
+        if (forked) {
+            cr_assert_eq(kvvm_seq_read(t.kv, a, r, 0, back, KB), 0);
+            cr_assert_eq(kvvm_sync(t.kv), 0);
+            cr_assert_eq(memcmp(back, page, KB), 0, "region %u: the parent's page changed",
+                         r);
+        }
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    tcheck(&t, "scrub tail");
+    if (stream)
+        tclose_stream(&t, st);
+    else
+        tclose(&t);
+}
+
+/* Bug: KVVM_F_SCRUB: after writes, truncate(10) and grow(1000), tokens 10..255 of the kept
+   page read the old bytes. */
+Test(regress, scrub_left_truncated_bytes_in_kept_page)
+{
+    scrub_tail_case(false, false);
+    scrub_tail_case(true, false);
+    scrub_tail_case(false, true);
+    scrub_tail_case(true, true);
 }

@@ -1304,8 +1304,9 @@ static void capture_teardown(struct tctx *t, void *st, struct sh **s)
    mode, so its fence waits during an engine's graph capture (on another stream of the
    engine here) were prohibited and invalidated that capture. It sets relaxed mode now. The
    test thread itself is relaxed, so only the library's threads can break the capture. */
-Test(capture, reclaim_thread_keeps_an_engine_capture_valid, .timeout = 60)
+Test(capture, reclaim_thread_keeps_an_engine_capture_valid)
 {
+    TH_DEADLINE(60);
     struct tctx t;
     void *st, *cap;
     struct sh *s[6];
@@ -1337,8 +1338,9 @@ Test(capture, reclaim_thread_keeps_an_engine_capture_valid, .timeout = 60)
    record turns the record and the copies' dependency into graph nodes). It now orders the
    copy stream after the last step's fence: nothing but the step's own record reaches the
    engine stream. */
-Test(capture, reclaim_thread_records_nothing_on_the_engine_stream, .timeout = 60)
+Test(capture, reclaim_thread_records_nothing_on_the_engine_stream)
 {
+    TH_DEADLINE(60);
     struct tctx t;
     void *st;
     struct sh *s[6];
@@ -1363,8 +1365,9 @@ Test(capture, reclaim_thread_records_nothing_on_the_engine_stream, .timeout = 60
    mapping it and no release pending, so no engine work is left on it: its copies now touch
    only the library's copy stream. Deterministic: the copy stream is held back, so the
    thread is inside its orphan moves when the capture begins. */
-Test(capture, orphan_moves_record_nothing_on_the_engine_stream, .timeout = 60)
+Test(capture, orphan_moves_record_nothing_on_the_engine_stream)
 {
+    TH_DEADLINE(60);
     struct tctx t;
     struct kvvm_config c;
     void *st;

@@ -762,6 +762,41 @@ Test(loader, falls_back_to_cuGetProcAddress_v1)
     check_loader(KVVM_FAKE_LIBCUDA_V1);
 }
 
+/* The CUDA backend probes at open whether one cuMemUnmap may cover several adjacent
+   mappings: the fake driver (the emulator) allows it, so runs are unmapped in one call. */
+Test(loader, one_unmap_over_adjacent_mappings_probed)
+{
+    setenv("KVVM_CUDA_LIBRARY", KVVM_FAKE_LIBCUDA, 1);
+    struct vmm *v;
+    cr_assert_eq(open_backend(KVVM_BACKEND_CUDA, &v), 0);
+    cr_expect(!vmm_unmaps_each(v), "the fake driver unmaps spans: no fallback expected");
+    round_trip(v);
+    vmm_close(v);
+}
+
+/* Bug (issue 20 item 7): libkvvm unmapped a run of pages with one cuMemUnmap over its
+   adjacent mappings, which the driver documentation does not promise ("the entire contiguous
+   address range that was mapped"): on a driver refusing it every unmap of a run failed.
+   The CUDA backend now probes it once at open and falls back to one call per mapping,
+   logged. The fake driver refuses spans under KVVM_EMU_UNMAP_SPAN=0. */
+Test(regress, one_unmap_over_several_mappings_assumed)
+{
+    setenv("KVVM_CUDA_LIBRARY", KVVM_FAKE_LIBCUDA, 1);
+    setenv("KVVM_EMU_UNMAP_SPAN", "0", 1);
+    log_on();
+    struct vmm *v;
+    int r = open_backend(KVVM_BACKEND_CUDA, &v);
+    cr_assert_eq(r, 0, "vmm_open(cuda) on the fake driver: %d; log: %s", r, logbuf);
+    cr_expect(strstr(logbuf, "each mapping"), "the fallback is not logged: %s", logbuf);
+    round_trip(v);                          /* unmaps 5 mappings at once */
+    struct emu_counters c;
+    int (*fcounters)(struct emu_counters *) = fake_sym(KVVM_FAKE_LIBCUDA,
+                                                       "fake_cuda_counters");
+    cr_assert_eq(fcounters(&c), 0);
+    cr_expect_eq(c.handles + c.mappings + c.reservations, 0, "the probe or the run leaked");
+    vmm_close(v);
+}
+
 Test(loader, auto_prefers_a_usable_driver)
 {
     setenv("KVVM_CUDA_LIBRARY", KVVM_FAKE_LIBCUDA, 1);

@@ -144,6 +144,8 @@ struct kcu_api {
     kcu_result (*cuDeviceGetAttribute)(int *pi, int attrib, kcu_device dev);        /* 2000 */
     kcu_result (*cuDeviceGetName)(char *name, int len, kcu_device dev);             /* 2000 */
     kcu_result (*cuDeviceTotalMem)(size_t *bytes, kcu_device dev);                  /* 3020 */
+    /* Free and total memory of the current context's device (cuMemGetInfo_v2). */
+    kcu_result (*cuMemGetInfo)(size_t *free, size_t *total);                        /* 3020 */
     kcu_result (*cuDevicePrimaryCtxRetain)(kcu_context *ctx, kcu_device dev);       /* 7000 */
     kcu_result (*cuDevicePrimaryCtxRelease)(kcu_device dev);                        /* 11000 */
     kcu_result (*cuCtxSetCurrent)(kcu_context ctx);                                 /* 4000 */

@@ -34,6 +34,7 @@
     X(cuDeviceGetAttribute, (T_INT *, T_ATTR, T_DEVICE))                                 \
     X(cuDeviceGetName, (char *, T_INT, T_DEVICE))                                        \
     X(cuDeviceTotalMem, (size_t *, T_DEVICE))                                            \
+    X(cuMemGetInfo, (size_t *, size_t *))                                                \
     X(cuDevicePrimaryCtxRetain, (T_CTX *, T_DEVICE))                                     \
     X(cuDevicePrimaryCtxRelease, (T_DEVICE))                                             \
     X(cuCtxSetCurrent, (T_CTX))                                                          \
@@ -168,6 +169,7 @@ typedef kcu_mem_handle k_T_HANDLE; typedef int k_T_CAPMODE; typedef int k_T_PTRA
 #define CU_PROTO_cuDeviceGetAttribute          PFN_cuDeviceGetAttribute_v2000
 #define CU_PROTO_cuDeviceGetName               PFN_cuDeviceGetName_v2000
 #define CU_PROTO_cuDeviceTotalMem              PFN_cuDeviceTotalMem_v3020
+#define CU_PROTO_cuMemGetInfo                  PFN_cuMemGetInfo_v3020
 #define CU_PROTO_cuDevicePrimaryCtxRetain      PFN_cuDevicePrimaryCtxRetain_v7000
 #define CU_PROTO_cuDevicePrimaryCtxRelease     PFN_cuDevicePrimaryCtxRelease_v11000
 #define CU_PROTO_cuCtxSetCurrent               PFN_cuCtxSetCurrent_v4000
@@ -220,6 +222,7 @@ CHECK_PLAIN(cuMemSetAccess)
 CHECK_PLAIN(cuMemCreate)
 CHECK_PLAIN(cuMemAddressReserve)
 CHECK_PLAIN(cuDeviceTotalMem)
+CHECK_PLAIN(cuMemGetInfo)
 CHECK_PLAIN(cuDevicePrimaryCtxRelease)
 CHECK_PLAIN(cuStreamDestroy)
 CHECK_PLAIN(cuEventDestroy)

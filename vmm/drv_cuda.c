@@ -32,6 +32,7 @@ static const struct drv_cuda_sym cuda_syms[] = {
     SYM(cuDeviceGetAttribute, 2000),
     SYM(cuDeviceGetName, 2000),
     SYM(cuDeviceTotalMem, 3020),
+    SYM(cuMemGetInfo, 3020),
     SYM(cuDevicePrimaryCtxRetain, 7000),
     SYM(cuDevicePrimaryCtxRelease, 11000),
     SYM(cuCtxSetCurrent, 4000),

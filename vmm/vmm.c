@@ -9,10 +9,11 @@
  *    the calling thread's current context, so every entry point makes ours current first:
  *    it asks the driver for the current context each time (cuCtxGetCurrent, a thread-local
  *    read in the driver) and sets ours only when it differs; nothing is cached here, since
- *    the engine may switch devices on the thread between two calls. core/ saves the
- *    caller's context before a public call and restores it after (vmm_ctx_save /
- *    vmm_ctx_restore), so libkvvm never leaves its own context current in the engine's
- *    thread.
+ *    the engine may switch devices on the thread between two calls. The first entry
+ *    point of a public call that switches saves the caller's context, and core/ restores
+ *    it after the call (vmm_call_begin / vmm_call_end), so libkvvm never leaves its own
+ *    context current in the engine's thread, and a call that makes no driver call makes
+ *    none for the context either.
  *  - All or nothing: vmm_map_run maps page by page, then one cuMemSetAccess over the run;
  *    a failure at any step unmaps what this call mapped. Nothing else here is multi-step.
  *  - Errors: every driver failure is logged with its entry point and the driver's error
@@ -49,6 +50,10 @@ struct vmm {
 
     /* Live objects, for leak reports at close (atomics: calls come from any thread). */
     int64_t n_handles, n_mapped_bytes, n_streams, n_fences, n_host_allocs, n_host_regs;
+    uint64_t n_create_oom;      /* atomic: cuMemCreate out-of-memory failures */
+    int unmap_each;             /* the driver refused one cuMemUnmap over several mappings
+                                   (probe_unmap_span at open): vmm_unmap unmaps each */
+    size_t map_unit;            /* atomic: bytes of one mapping (vmm_map_run's page_size) */
 };
 
 
@@ -86,14 +91,15 @@ static bool sticky(kcu_result r)
     }
 }
 
-/* Logs a failed driver call and returns its errno. */
-static int drv_err(struct vmm *v, const char *entry, kcu_result r)
+/* Logs a failed driver call at level (a sticky error always as an error) and returns its
+   errno. */
+static int drv_err_at(struct vmm *v, const char *entry, kcu_result r, int level)
 {
     if (sticky(r) && !__atomic_exchange_n(&v->dead, 1, __ATOMIC_ACQ_REL))
         klog_error("%s: %s; the device context is lost, every later call fails with EIO",
                    entry, kcu_errstr(v->api, r));
     else
-        klog_error("%s: %s", entry, kcu_errstr(v->api, r));
+        klog(sticky(r) ? KVVM_LOG_ERROR : level, "%s: %s", entry, kcu_errstr(v->api, r));
     switch (r) {
     case KCU_ERROR_OUT_OF_MEMORY: return -ENOMEM;
     case KCU_ERROR_INVALID_VALUE: return -EINVAL;
@@ -105,6 +111,12 @@ static int drv_err(struct vmm *v, const char *entry, kcu_result r)
     case KCU_ERROR_STREAM_CAPTURE_IMPLICIT: return -EBUSY;
     default:                      return -EIO;
     }
+}
+
+/* Logs a failed driver call as an error and returns its errno. */
+static int drv_err(struct vmm *v, const char *entry, kcu_result r)
+{
+    return drv_err_at(v, entry, r, KVVM_LOG_ERROR);
 }
 
 bool vmm_dead(const struct vmm *v)
@@ -129,6 +141,27 @@ int vmm_thread_capture_relaxed(struct vmm *v)
     return r == KCU_SUCCESS ? 0 : drv_err(v, "cuThreadExchangeStreamCaptureMode", r);
 }
 
+/* The public call running on this thread (vmm_call_begin .. vmm_call_end): armed, and the
+   caller's context once an entry point replaced it. initial-exec: a few bytes of static
+   TLS, read without a __tls_get_addr call on the engine's hot path. */
+static __thread struct {
+    bool armed, saved;
+    kcu_context prev;
+} call_ctx __attribute__((tls_model("initial-exec")));
+
+void vmm_call_begin(void)
+{
+    call_ctx.armed = true;
+    call_ctx.saved = false;
+}
+
+void vmm_call_end(struct vmm *v)
+{
+    if (call_ctx.saved)
+        (void)v->api->cuCtxSetCurrent(call_ctx.prev);
+    call_ctx.armed = call_ctx.saved = false;
+}
+
 /* The entry of every call: dead check, then our context current on this thread. The
    current context is asked of the driver each time (a thread-local read in the driver):
    the engine may have switched devices on this thread since our last call, and a cached
@@ -141,7 +174,13 @@ static int enter(struct vmm *v)
     kcu_result r = v->api->cuCtxGetCurrent(&cur);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuCtxGetCurrent", r);
-    return cur == v->ctx ? 0 : vmm_make_current(v);
+    if (cur == v->ctx)
+        return 0;
+    if (call_ctx.armed && !call_ctx.saved) {
+        call_ctx.prev = cur;
+        call_ctx.saved = true;
+    }
+    return vmm_make_current(v);
 }
 
 /* The entry of the release calls (void: nothing to report): a dead context has nothing
@@ -231,6 +270,52 @@ static int pick_backend(const struct vmm_params *p, struct vmm *v)
         return err;
     }
     return 0;
+}
+
+/* Whether one cuMemUnmap may cover several adjacent mappings: libkvvm unmaps runs of pages
+   that way, and the driver documentation does not state it ("the entire contiguous address
+   range that was mapped"). Probed once at open on the CUDA backend (the emulated device
+   allows it, its documented rule): two one-granule handles mapped side by side in a scratch
+   reservation, one cuMemUnmap over both. A refusal, or a probe that cannot be set up (the
+   device full), selects one cuMemUnmap per mapping in vmm_unmap, logged at info. 0, or
+   -EIO the context is lost. */
+static int probe_unmap_span(struct vmm *v)
+{
+    const struct kcu_api *a = v->api;
+    struct kcu_mem_alloc_prop prop;
+    alloc_prop(v, &prop);
+    size_t g = v->granule;
+    kcu_deviceptr va = 0;
+    kcu_mem_handle h[2] = { 0, 0 };
+    int made = 0, mapped = 0;
+    const char *what = "cuMemAddressReserve";
+    kcu_result r = a->cuMemAddressReserve(&va, 2 * g, g, 0, 0);
+    for (; !r && made < 2; made += !r)
+        r = a->cuMemCreate(&h[made], g, &prop, 0), what = "cuMemCreate";
+    for (; !r && mapped < 2; mapped += !r)
+        r = a->cuMemMap(va + (size_t)mapped * g, g, 0, h[mapped], 0), what = "cuMemMap";
+    if (!r) {
+        what = "cuMemUnmap";
+        r = a->cuMemUnmap(va, 2 * g);
+        if (!r)
+            mapped = 0;
+    }
+    if (r) {
+        v->unmap_each = 1;
+        klog_info("vmm: one cuMemUnmap over adjacent mappings %s (%s: %s): libkvvm unmaps "
+                  "each mapping with its own call", !strcmp(what, "cuMemUnmap")
+                  ? "is refused by the driver" : "could not be probed", what,
+                  kcu_errstr(a, r));
+    } else {
+        klog_debug("vmm: the driver unmaps adjacent mappings in one cuMemUnmap");
+    }
+    while (mapped-- > 0)
+        a->cuMemUnmap(va + (size_t)mapped * g, g);
+    while (made-- > 0)
+        a->cuMemRelease(h[made]);
+    if (va)
+        a->cuMemAddressFree(va, 2 * g);
+    return sticky(r) ? -EIO : 0;
 }
 
 int vmm_open(const struct vmm_params *p, struct vmm **out)
@@ -326,6 +411,8 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     }
     klog_info("vmm: %s backend, device %d (%s), %zu MiB, granule %zu KiB", a->name, ordinal,
               v->dev_name, v->device_bytes >> 20, v->granule >> 10);
+    if (v->emu_ordinal < 0 && (err = probe_unmap_span(v)))
+        goto out_release_ctx;
     if (prev != v->ctx && (r = a->cuCtxSetCurrent(prev)) != KCU_SUCCESS) {
         err = open_err(v, "cuCtxSetCurrent (the caller's context back)", r);
         goto out_release_ctx;
@@ -463,6 +550,39 @@ void vmm_unreserve(struct vmm *v)
     v->reserved = 0;
 }
 
+/* The device is short of memory below the budget (others hold it): not an error of the
+   driver or of the caller, a budget the device cannot honour. Logged once per vmm at info,
+   with what the driver says is free; then only counted (vmm_create_ooms). */
+static int create_oom(struct vmm *v)
+{
+    if (__atomic_fetch_add(&v->n_create_oom, 1, __ATOMIC_RELAXED) == 0) {
+        size_t fr = 0, tot = 0;
+        if (v->api->cuMemGetInfo(&fr, &tot) != KCU_SUCCESS)
+            fr = tot = 0;
+        klog_info("vmm: cuMemCreate: the device is out of memory (%zu MiB free of %zu MiB): "
+                  "other users of the GPU hold the rest of the budget; calls that need new "
+                  "frames reclaim or fail with ENOMEM (logged once; counted in the stats' "
+                  "create_oom)", fr >> 20, tot >> 20);
+    } else {
+        klog_debug("vmm: cuMemCreate: out of memory");
+    }
+    return -ENOMEM;
+}
+
+uint64_t vmm_create_ooms(const struct vmm *v)
+{
+    return __atomic_load_n(&v->n_create_oom, __ATOMIC_RELAXED);
+}
+
+int vmm_mem_info(struct vmm *v, size_t *free_bytes, size_t *total)
+{
+    if (!free_bytes || !total)
+        return -EINVAL;
+    ENTER(v);
+    kcu_result r = v->api->cuMemGetInfo(free_bytes, total);
+    return r == KCU_SUCCESS ? 0 : drv_err(v, "cuMemGetInfo", r);
+}
+
 int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
 {
     if (!out || !bytes || bytes % v->granule)
@@ -472,6 +592,8 @@ int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
     alloc_prop(v, &prop);
     kcu_mem_handle h = 0;
     kcu_result r = v->api->cuMemCreate(&h, bytes, &prop, 0);
+    if (r == KCU_ERROR_OUT_OF_MEMORY)
+        return create_oom(v);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemCreate", r);
     count(&v->n_handles, 1);
@@ -512,6 +634,7 @@ int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
     size_t k;
     int err;
     kcu_result r;
+    __atomic_store_n(&v->map_unit, page_size, __ATOMIC_RELAXED);
     for (k = 0; k < n; k++) {
         r = a->cuMemMap(va + k * page_size, page_size, 0, pages[k].h, 0);
         if (r != KCU_SUCCESS) {
@@ -551,11 +674,28 @@ int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes)
         !in_reservation(v, va, bytes))
         return -EINVAL;
     ENTER(v);
+    size_t unit = __atomic_load_n(&v->map_unit, __ATOMIC_RELAXED);
+    if (v->unmap_each && unit && bytes > unit && bytes % unit == 0) {
+        /* one call per mapping (probe_unmap_span); a failure leaves the mappings after it
+           mapped, those before unmapped (counted) */
+        for (size_t off = 0; off < bytes; off += unit) {
+            kcu_result r = v->api->cuMemUnmap(va + off, unit);
+            if (r != KCU_SUCCESS)
+                return drv_err(v, "cuMemUnmap", r);
+            count(&v->n_mapped_bytes, -(int64_t)unit);
+        }
+        return 0;
+    }
     kcu_result r = v->api->cuMemUnmap(va, bytes);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemUnmap", r);
     count(&v->n_mapped_bytes, -(int64_t)bytes);
     return 0;
+}
+
+bool vmm_unmaps_each(const struct vmm *v)
+{
+    return v->unmap_each != 0;
 }
 
 /* --- streams, fences ---------------------------------------------------------------------- */
@@ -776,8 +916,8 @@ int vmm_host_register(struct vmm *v, void *p, size_t bytes)
         return -EINVAL;
     ENTER(v);
     kcu_result r = v->api->cuMemHostRegister(p, bytes, KCU_MEMHOSTREGISTER_PORTABLE);
-    if (r != KCU_SUCCESS)
-        return drv_err(v, "cuMemHostRegister", r);
+    if (r != KCU_SUCCESS)   /* a warning: the host arena falls back to pageable memory */
+        return drv_err_at(v, "cuMemHostRegister", r, KVVM_LOG_WARN);
     count(&v->n_host_regs, 1);
     return 0;
 }
@@ -805,6 +945,16 @@ int vmm_host_pinned(struct vmm *v, const void *p, size_t n)
     if (rc)
         return rc;
     return a == KCU_MEMORYTYPE_HOST && b == KCU_MEMORYTYPE_HOST;
+}
+
+int vmm_ptr_is_device(struct vmm *v, const void *p)
+{
+    unsigned type = 0;
+    if (!p || enter(v))
+        return 0;
+    kcu_result r = v->api->cuPointerGetAttribute(&type, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                 (kcu_deviceptr)(uintptr_t)p);
+    return r == KCU_SUCCESS && type == KCU_MEMORYTYPE_DEVICE;
 }
 
 void vmm_host_unregister(struct vmm *v, void *p)

@@ -64,11 +64,18 @@ int vmm_make_current(struct vmm *v);
    in the default global mode, a thread's event query or synchronize during another
    thread's graph capture is prohibited and invalidates that capture. -EIO. */
 int vmm_thread_capture_relaxed(struct vmm *v);
-/* The caller's current context, saved at the entry of a public call and restored at its
-   exit, so libkvvm never leaves its context current in the engine's thread (works on a
-   dead vmm too, so a close can restore it). -EIO. */
+/* The caller's current context, saved and restored around kvvm_open and kvvm_close, so
+   libkvvm never leaves its context current in the engine's thread (works on a dead vmm
+   too, so a close can restore it). -EIO. */
 int  vmm_ctx_save(struct vmm *v, kcu_context *prev);
 void vmm_ctx_restore(struct vmm *v, kcu_context prev);
+/* The same around any other public call, lazily: vmm_call_begin arms the calling thread;
+   the first entry point of the call that must make our context current saves the caller's
+   (so a call that makes no driver call makes none for the context either); vmm_call_end
+   restores it when one was saved, dead vmm or not. Library threads never arm (they keep
+   our context current). Public calls do not nest on a thread. */
+void vmm_call_begin(void);
+void vmm_call_end(struct vmm *v);
 
 /* The one reserved virtual range: bytes rounded up to the granule. -ENOMEM, -EIO. */
 int  vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base);
@@ -76,8 +83,19 @@ void vmm_unreserve(struct vmm *v);                    /* all mappings must be go
 uint64_t vmm_reserved_base(const struct vmm *v);
 size_t   vmm_reserved_bytes(const struct vmm *v);
 
-/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full, -EIO. */
+/* Free and total memory of the device as the driver reports them now (cuMemGetInfo: memory
+   held by other processes and by other users of this process, e.g. PyTorch, is not free).
+   -EINVAL NULL, -EIO. */
+int  vmm_mem_info(struct vmm *v, size_t *free_bytes, size_t *total);
+
+/* Physical pages. bytes: a multiple of the granule. -ENOMEM device full (the device's memory
+   is short of the budget: logged once at info, not as an error, and counted), -EIO. */
 int  vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out);
+/* True when the driver refused one cuMemUnmap over several adjacent mappings at open (the
+   CUDA backend probes it): vmm_unmap then makes one call per mapping. */
+bool vmm_unmaps_each(const struct vmm *v);
+/* cuMemCreate out-of-memory failures so far. */
+uint64_t vmm_create_ooms(const struct vmm *v);
 /* Release: 0, or -EIO when the driver refused (the handle is still the caller's). */
 int  vmm_phys_release(struct vmm *v, vmm_handle h);
 
@@ -86,8 +104,10 @@ int  vmm_phys_release(struct vmm *v, vmm_handle h);
    All or nothing. -EINVAL, -ENOMEM (mapping bound), -EIO. */
 int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
                 size_t page_size);
-/* Unmaps [va, va + bytes), which must be whole mappings. The caller has waited for every
-   fence of work that may touch the range. -EINVAL, -EIO. */
+/* Unmaps [va, va + bytes), which must be whole mappings: one cuMemUnmap, or one per mapping
+   where the driver refused a span at open (vmm_unmaps_each; a failure then leaves the
+   mappings from the failing one on mapped). The caller has waited for every fence of work
+   that may touch the range. -EINVAL, -EIO. */
 int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes);
 
 /* Streams. vmm_stream_create makes a non-blocking stream of this device. */
@@ -123,7 +143,8 @@ int vmm_copy_dtod(struct vmm *v, uint64_t dst, uint64_t src, size_t n, kcu_strea
 int vmm_memset(struct vmm *v, uint64_t dst, unsigned char value, size_t n, kcu_stream s);
 
 /* Pinned host memory: allocate (cuMemAllocHost) or register existing memory
-   (cuMemHostRegister). -ENOMEM, -EIO. */
+   (cuMemHostRegister; a refusal is logged as a warning, not an error: the host arena falls
+   back to pageable memory). -ENOMEM, -EINVAL, -EIO. */
 int  vmm_host_alloc(struct vmm *v, size_t bytes, void **out);
 void vmm_host_free(struct vmm *v, void *p);
 int  vmm_host_register(struct vmm *v, void *p, size_t bytes);
@@ -131,6 +152,10 @@ void vmm_host_unregister(struct vmm *v, void *p);
 /* Whether the driver knows [p, p + n) as pinned host memory (its first and last byte):
    1 yes, 0 no (pageable memory: not an error, nothing logged), -EIO. */
 int  vmm_host_pinned(struct vmm *v, const void *p, size_t n);
+/* Whether the driver knows p as device memory (a device address handed where host memory is
+   expected): 1 yes, 0 no or unknown (the query's failure is no error: nothing logged, the
+   copy that follows reports its own). */
+int  vmm_ptr_is_device(struct vmm *v, const void *p);
 
 /* Debug view of the driver's own tables, for the invariant checker (paging/check.c): what
    the library's bookkeeping can be checked against. Only the emulated device can answer

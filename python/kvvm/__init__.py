@@ -5,9 +5,10 @@ with any torch version, or with numpy alone. See docs/python.md.
 """
 from . import _lib
 from ._core import Context, Sequence, SeqInfo
+from ._views import View
 from ._errors import (Error, InvalidArgument, InvalidHandle, TooBig, NoSlot, OutOfMemory,
                       DataLost, DeviceLost, NoDevice, Busy, NotSupported, Stale, NotResident,
-                      error_class)
+                      SpillDirError, error_class)
 from ._log import set_log_level
 from .cache import KVCache
 
@@ -28,9 +29,10 @@ def strerror(err):
     return _lib.strerror(err)
 
 
-__all__ = ["Context", "Sequence", "SeqInfo", "KVCache", "Error", "InvalidArgument",
+__all__ = ["Context", "Sequence", "SeqInfo", "View", "KVCache", "Error", "InvalidArgument",
            "InvalidHandle", "TooBig", "NoSlot", "OutOfMemory", "DataLost", "DeviceLost",
-           "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "error_class",
+           "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "SpillDirError",
+           "error_class",
            "set_log_level", "strerror", "F_AUTO_SWAP", "F_SCRUB", "F_SPILL_ALLOW_TMPFS",
            "F_SPILL_BUFFERED", "F_CACHE_DEMOTE", "SEQ_LIVE", "SEQ_CACHED", "SEQ_PINNED",
            "library_version", "library_path"]

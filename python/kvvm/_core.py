@@ -5,15 +5,21 @@ call changes nothing (the library's rule). ctypes releases the GIL for every cal
 Python threads run while libkvvm works; the library's own lock serialises calls on one
 context.
 
-Views (Sequence.tensor/array, Context.region_tensor/region_array) alias device memory. They
-are valid only while the sequence is resident and its tokens [0, length) mapped: between a
-call that protects it (grow, grow_batch, prepare_write, swap_in, write, read) and the
-moment it may move (an explicit swap_out, or reclaim after the next step() with
-KVVM_F_AUTO_SWAP), and never past a truncate or free. Creating a view checks that the
-sequence is resident now; touching a view after the sequence moved is undefined (the
-emulated device raises SIGSEGV, like a GPU faults).
+Views (Sequence.tensor/array/view, Context.region_tensor/region_array) alias device memory.
+They are valid only while the sequence is resident and its tokens [0, length) mapped:
+between a call that protects it (grow, grow_batch, prepare_write, swap_in, write, read) and
+the moment it may move (an explicit swap_out, or reclaim after the next step() with
+KVVM_F_AUTO_SWAP), and never past a truncate, discard, free or close. Creating a view checks
+that the sequence is resident now. Every call through this package that moves a sequence
+makes its views stale (Sequence._stale): tensors it handed out are emptied in place
+(Tensor.set_(), so a kernel given one sees no bytes instead of faulting), and View objects
+raise when a consumer asks for them. What the package cannot reach — numpy arrays, tensors
+derived from a view (slices, reshapes), raw addresses — stays a dangling alias: touching it
+is undefined (the emulated device raises SIGSEGV; a GPU makes an illegal-address error that
+kills the whole CUDA context). docs/python.md says so.
 """
 import ctypes
+import errno as _errno
 import json
 import os
 import threading
@@ -38,11 +44,16 @@ _pending_lock = threading.Lock()
 
 
 def _call(fn, *args):
-    """Calls a C function returning 0 / -errno; raises kvvm.Error on failure."""
-    since = _log.mark()
-    rc = fn(*args)
-    if rc < 0:
-        raise _errors.make(rc, fn.__name__, since=since)
+    """Calls a C function returning 0 / -errno; raises kvvm.Error on failure (its reason
+    is not logged too: _log.call_begin)."""
+    since = _log.call_begin()
+    rc = -1
+    try:
+        rc = fn(*args)
+        if rc < 0:
+            raise _errors.make(rc, fn.__name__, since=since)
+    finally:
+        _log.call_end(rc < 0)
     return rc
 
 
@@ -57,6 +68,26 @@ def _parse_size(v):
                 break
         return int(float(s) * mult)
     return int(v)
+
+
+def _set_field(cfg, k, v):
+    """cfg.k = v, a size parsed (_parse_size); a value that is no number names the field."""
+    what = ("a size: an int, or a string such as '64M', '2G', '512K'" if k in _SIZE_FIELDS
+            else "a number")
+    try:
+        x = _parse_size(v) if k in _SIZE_FIELDS else v
+        if isinstance(x, int) and x < 0:
+            raise ValueError(x)
+        setattr(cfg, k, x)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(22, "Context: %s=%r is not %s" % (k, v, what)) from None
+
+
+# kvvm_open's errors about spill_dir and spill_budget (docs/api.md): SpillDirError, not the
+# class the errno has for the sequence calls (-ENOENT is InvalidHandle, -ENOSPC NoSlot)
+_SPILL_DIR_ERRNOS = {_errno.ENOENT, _errno.ENOTDIR, _errno.EACCES, _errno.EPERM,
+                     _errno.EROFS, _errno.ENAMETOOLONG, _errno.ELOOP, _errno.ENOSPC,
+                     _errno.EDQUOT, _errno.EFBIG}
 
 
 def _flags_value(v):
@@ -76,17 +107,22 @@ def _flags_value(v):
     return int(v)
 
 
+CU_STREAM_LEGACY = 0x1                # cuda.h: the legacy default stream as a handle
+
+
 def _stream_handle(stream):
-    """A CUstream as an int: None/0 -> 0, an int, or an object with .cuda_stream (torch)
-    or .ptr (cupy)."""
+    """A CUstream as an int: None -> 0 (no stream), an int, or an object with .cuda_stream
+    (torch) or .ptr (cupy). Handle 0 from a stream object or as an int is the legacy default
+    stream (PyTorch's default stream, the runtime's stream 0): it becomes CU_STREAM_LEGACY,
+    as torch.utils.dlpack does, since a NULL stream means synchronous mode to libkvvm."""
     if stream is None:
         return 0
     if isinstance(stream, int):
-        return stream
+        return stream or CU_STREAM_LEGACY
     for attr in ("cuda_stream", "ptr", "handle"):
         h = getattr(stream, attr, None)
         if isinstance(h, int):
-            return h
+            return h or CU_STREAM_LEGACY
     raise TypeError("kvvm: %r is not a stream (an int CUstream, a torch.cuda.Stream or an "
                     "object with .cuda_stream)" % (stream,))
 
@@ -148,14 +184,17 @@ class Context:
                 cfg.spill_dir = self._spill_dir
             elif k == "flags":
                 cfg.flags = _flags_value(v)
-            elif k in _SIZE_FIELDS:
-                setattr(cfg, k, _parse_size(v))
             elif k in ("emu_opaque",):
                 cfg.emu_opaque = 1 if v else 0
             else:
-                setattr(cfg, k, v)
+                _set_field(cfg, k, v)
         kv = ctypes.c_void_p()
-        _call(L.kvvm_open, buf, ctypes.byref(kv))
+        try:
+            _call(L.kvvm_open, buf, ctypes.byref(kv))
+        except Error as e:
+            if self._spill_dir is not None and e.errno in _SPILL_DIR_ERRNOS:
+                raise _errors.SpillDirError(e.errno, e.message, e.function) from None
+            raise
         self._kv = kv.value
         self._lock = threading.Lock()
         self._seqs = {}                 # handle -> Sequence (live ones)
@@ -201,7 +240,10 @@ class Context:
             return
         for s in list(self._seqs.values()):
             s._dead = True
+            s._stale()
         self._seqs.clear()
+        for v in self._region_views.values():
+            _neuter(v)
         self._region_views.clear()
         L.kvvm_close(kv)
         _live.discard(self)
@@ -257,8 +299,14 @@ class Context:
         _call(L.kvvm_seq_grow_batch, self._h(), hs, ls, n)
 
     def step(self):
-        """Engine iteration boundary (kvvm_step): once per decode step."""
+        """Engine iteration boundary (kvvm_step): once per decode step. With auto_swap,
+        reclaim may move any sequence but a pinned one from now on: their views go stale."""
         _call(L.kvvm_step, self._h())
+        if int(self.config.get("flags", 0)) & _lib.F_AUTO_SWAP:
+            for s in list(self._seqs.values()):
+                if s._handed or s._views:
+                    if s._query().cls != _lib.SEQ_PINNED:
+                        s._stale()
 
     def sync(self):
         """Waits for all copies, disk I/O and background reclaim started before it."""
@@ -266,7 +314,8 @@ class Context:
 
     def set_stream(self, stream):
         """The engine stream: a torch.cuda.Stream, an int CUstream, or None (synchronous).
-        torch's default stream is handle 0, i.e. synchronous mode."""
+        torch's default stream (handle 0) and the int 0 are the legacy default stream
+        (CU_STREAM_LEGACY), not synchronous mode."""
         h = _stream_handle(stream)
         _call(L.kvvm_set_stream, self._h(), ctypes.c_void_p(h or None))
         self._stream, self._stream_handle = stream, h
@@ -292,6 +341,9 @@ class Context:
         page_size). Shrinking drops cached sequences, swaps out unprotected live ones and
         gives the frames back to the driver, all or nothing (OutOfMemory: nothing moved)."""
         _call(L.kvvm_set_budget, self._h(), _parse_size(device_budget))
+        for s in list(self._seqs.values()):         # what a shrink swapped out or dropped
+            if (s._handed or s._views) and not s._query().resident:
+                s._stale()
 
     def trim(self, keep=0):
         """kvvm_trim: gives the device frames that hold no page back to the driver, keeping
@@ -317,13 +369,17 @@ class Context:
         n = 8192
         while True:
             buf = ctypes.create_string_buffer(n)
-            since = _log.mark()
-            rc = L.kvvm_stats_json(self._h(), buf, n)
-            if rc == -28 and n < (1 << 24):      # -ENOSPC: a bigger buffer
+            since = _log.call_begin()
+            rc = -1
+            try:
+                rc = L.kvvm_stats_json(self._h(), buf, n)
+                if rc < 0 and not (rc == -28 and n < (1 << 24)):
+                    raise _errors.make(rc, "kvvm_stats_json", since=since)
+            finally:
+                _log.call_end(rc < 0)
+            if rc == -28:                        # -ENOSPC: a bigger buffer
                 n *= 4
                 continue
-            if rc < 0:
-                raise _errors.make(rc, "kvvm_stats_json", since=since)
             return json.loads(buf.value.decode())
 
     # ---- views --------------------------------------------------------------------------
@@ -360,19 +416,28 @@ class Context:
             acc *= x
         full_shape = (self.max_seqs, self.max_tokens) + shape
         strides = (self.slot_bytes, self.bytes_per_token) + tuple(inner)
-        base = self._bases[region]
-        if kind == "numpy":
-            v = _views.numpy_view(self, base, full_shape, strides, npd)
-        elif self.backend == "cuda":
-            if tdt is None:
-                raise TypeError("kvvm: on the CUDA backend views are torch tensors: pass a "
-                                "torch dtype")
-            v = _views.torch_cuda_view(self, base, full_shape, strides, npd, tdt, needs_view,
-                                       self.device, self._stream_handle or None)
-        else:
-            v = _views.torch_cpu_view(self, base, full_shape, strides, npd, tdt, needs_view)
+        view = self._producer(self, self._bases[region], full_shape, strides, npd, tdt,
+                              self._h_check)
+        v = _views.numpy_view(view) if kind == "numpy" else self._consume(view, tdt)
         self._region_views[key] = v
         return v
+
+    def _h_check(self):
+        if self._kv is None:
+            raise InvalidHandle(2, "the view's context is closed: the view is stale")
+
+    def _producer(self, owner, addr, shape, strides, npd, tdt, check, on_consume=None):
+        """The View of [addr, ...) for this context's backend."""
+        cuda = self.backend == "cuda"
+        return _views.View(owner, addr, shape, strides, npd, tdt, cuda=cuda,
+                           device=self.device, stream=(self._stream_handle or None),
+                           check=check, on_consume=on_consume if cuda else None)
+
+    def _consume(self, view, tdt):
+        if self.backend == "cuda" and tdt is None:
+            raise TypeError("kvvm: on the CUDA backend views are torch tensors: pass a "
+                            "torch dtype")
+        return _views.torch_view(view)
 
     def region_tensor(self, region, dtype, shape):
         """A (max_seqs, max_tokens, *shape) torch tensor over the whole region (slot s at
@@ -386,6 +451,16 @@ class Context:
             raise NotSupported(95, "CUDA device memory cannot be a numpy array; use "
                                "region_tensor")
         return self._region_view(region, dtype, shape, "numpy")
+
+
+def _neuter(t):
+    """Empties a handed-out torch tensor in place (it then holds no bytes: a kernel given it
+    touches nothing). numpy arrays cannot be emptied: they are left as they are."""
+    if hasattr(t, "set_") and hasattr(t, "data_ptr"):
+        try:
+            t.set_()
+        except Exception:               # e.g. an inference-mode tensor outside the mode
+            pass
 
 
 def _drain_pending():
@@ -413,7 +488,8 @@ class Sequence:
     """One sequence of a Context. Handles are not freed by garbage collection: call free()
     (or use `with ctx.create() as s:`); Context.close() frees all."""
 
-    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "__weakref__")
+    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "_epoch", "_handed",
+                 "__weakref__")
 
     @classmethod
     def _new(cls, ctx, handle):
@@ -421,7 +497,9 @@ class Sequence:
         s.ctx = ctx
         s.handle = handle
         s._dead = False
-        s._views = {}
+        s._views = {}                   # (region, dtype, shape, kind) -> row over max_tokens
+        s._epoch = 0                    # bumped when the sequence moves (_stale)
+        s._handed = weakref.WeakSet()   # torch tensors handed out since the last move
         slot = ctypes.c_uint32()
         _call(L.kvvm_seq_slot, ctx._h(), handle, ctypes.byref(slot))
         s.slot = slot.value
@@ -460,8 +538,19 @@ class Sequence:
         h = self._handle()
         _call(L.kvvm_seq_free, self.ctx._kv, h)
         self._dead = True
-        self._views.clear()
+        self._stale()
         self.ctx._seqs.pop(h, None)
+
+    def _stale(self):
+        """The sequence moved (or may have): every view made before is stale. Tensors handed
+        out are emptied in place, the View objects made before refuse (epoch check), cached
+        rows are dropped."""
+        self._epoch += 1
+        self._views.clear()
+        handed = list(self._handed)
+        self._handed.clear()
+        for t in handed:
+            _neuter(t)
 
     # ---- length ---------------------------------------------------------------------------
     def grow(self, length):
@@ -469,7 +558,9 @@ class Sequence:
         _call(L.kvvm_seq_grow, self.ctx._kv, self._handle(), int(length))
 
     def truncate(self, length):
+        """Shortens to `length`; the views made before are stale."""
         _call(L.kvvm_seq_truncate, self.ctx._kv, self._handle(), int(length))
+        self._stale()
 
     def fork(self):
         """A child sharing every page (copy on write)."""
@@ -517,6 +608,7 @@ class Sequence:
         tokens before first_kept are gone (read/write there: InvalidArgument)."""
         r = _lib.ALL_REGIONS if region is None else int(region)
         _call(L.kvvm_seq_discard, self.ctx._kv, self._handle(), r, int(first_kept))
+        self._stale()
 
     def set_class(self, cls):
         """kvvm_seq_set_class: "live" (default), "cached" (a prefix-cache entry: dropped
@@ -527,10 +619,14 @@ class Sequence:
                 raise InvalidArgument(22, "class %r is not live, cached or pinned" % cls)
             cls = _lib.SEQ_CLASSES[cls]
         _call(L.kvvm_seq_set_class, self.ctx._kv, self._handle(), int(cls))
+        if int(cls) == _lib.SEQ_CACHED:         # may be dropped by any later call
+            self._stale()
 
     # ---- tiers ------------------------------------------------------------------------------
     def swap_out(self):
+        """Moves the pages down a tier; the views made before are stale."""
         _call(L.kvvm_seq_swap_out, self.ctx._kv, self._handle())
+        self._stale()
 
     def swap_in(self):
         _call(L.kvvm_seq_swap_in, self.ctx._kv, self._handle())
@@ -597,16 +693,70 @@ class Sequence:
                        "`ready` or ctx.sync() before reading it on the CPU" % h)
         return i.length
 
+    def _check_fresh(self, epoch):
+        """Raises unless the sequence is alive, unmoved since `epoch` and viewable now."""
+        if self._dead or self.ctx._kv is None or self._epoch != epoch:
+            raise InvalidHandle(2, "stale view of sequence %#x: it was %s since the view was "
+                                "made; make a new view" % (
+                                    self.handle, "closed with its context"
+                                    if self.ctx._kv is None else "freed" if self._dead
+                                    else "moved (swap_out, truncate, discard, a step under "
+                                    "auto_swap, ...)"))
+        self._viewable_length()
+
+    def _producer(self, region, dtype, shape):
+        """(View over tokens [0, max_tokens) of `region` at the sequence's own address,
+        its torch dtype)."""
+        region = int(region)
+        if not 0 <= region < self.ctx.n_regions:
+            raise InvalidArgument(22, "region %d is outside [0, %d)"
+                                  % (region, self.ctx.n_regions))
+        shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        itemsize, npd, tdt, _ = _views.element_info(dtype)
+        n = 1
+        for x in shape:
+            n *= x
+        if n * itemsize != self.ctx.bytes_per_token:
+            raise InvalidArgument(22, "shape %s of %s is %d bytes per token, but the context "
+                                  "has bytes_per_token %d" % (shape, dtype, n * itemsize,
+                                                              self.ctx.bytes_per_token))
+        inner = []
+        acc = itemsize
+        for x in reversed(shape):
+            inner.insert(0, acc)
+            acc *= x
+        epoch = self._epoch
+        view = self.ctx._producer(self, self.addr(region), (self.ctx.max_tokens,) + shape,
+                                  (self.ctx.bytes_per_token,) + tuple(inner), npd, tdt,
+                                  lambda: self._check_fresh(epoch), self.wait_stream)
+        return view, tdt
+
     def _view(self, region, dtype, shape, kind):
         n = self._viewable_length()
         key = (region, dtype, tuple(shape) if isinstance(shape, (tuple, list)) else (shape,),
                kind)
         row = self._views.get(key)
         if row is None:
-            full = self.ctx._region_view(region, dtype, shape, kind)
-            row = full[self.slot]
+            view, tdt = self._producer(region, dtype, shape)
+            row = _views.numpy_view(view) if kind == "numpy" else self.ctx._consume(view, tdt)
             self._views[key] = row
-        return row[:n]
+        v = row[:n]
+        if kind == "torch":
+            self._handed.add(v)
+        return v
+
+    def view(self, region, dtype, shape):
+        """The producer of a (length, *shape) view of `region`'s tokens [0, length), for any
+        consumer: torch.from_dlpack(v), numpy.from_dlpack(v) or numpy.asarray(v) (emulated
+        device), cupy.from_dlpack(v) or cupy.asarray(v) (CUDA). It speaks DLPack
+        (__dlpack__, __dlpack_device__: kDLCUDA on a GPU, kDLCPU on the emulated device) and
+        the (CUDA) array interface; each of them raises InvalidHandle once the sequence has
+        moved since (see the module doc), NotResident when it is swapped out."""
+        n = self._viewable_length()
+        self.ctx._check_viewable()
+        view, tdt = self._producer(region, dtype, shape)
+        view.shape = (n,) + view.shape[1:]
+        return view
 
     def tensor(self, region, dtype, shape):
         """A zero-copy torch tensor of shape (length, *shape) over tokens [0, length) of

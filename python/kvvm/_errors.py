@@ -61,6 +61,20 @@ class NotSupported(Error):
     """-EOPNOTSUPP: not possible here (e.g. a CPU view in opaque mode)."""
 
 
+class SpillDirError(Error, OSError):
+    """kvvm_open: spill_dir cannot be used (missing, not a directory, no permission,
+    immutable, read-only: -ENOENT, -ENOTDIR, -EACCES, -EPERM, -EROFS) or its file system
+    cannot hold spill_budget (-ENOSPC, -EDQUOT, -EFBIG). Also an OSError."""
+
+    def __init__(self, err, message=None, function=None):
+        Error.__init__(self, err, message, function)
+        self.errno = abs(int(err))          # (OSError.__init__ reset them)
+        self.strerror = self.message
+
+    def __str__(self):
+        return BaseException.__str__(self)
+
+
 class Stale(Error):
     """-ESTALE: a dropped cached sequence."""
 
@@ -81,12 +95,19 @@ def error_class(err):
     return _BY_ERRNO.get(abs(int(err)), Error)
 
 
-def make(err, function=None, message=None, since=None):
-    """The exception for a negative errno; `since` = _log.mark() before the call."""
-    logged = _log.reason_since(since) if since is not None else None
-    if function and logged and logged.startswith(function + ": "):
-        logged = logged[len(function) + 2:]
-    return error_class(err)(err, message or logged or _lib.strerror(err), function)
+def make(err, function=None, message=None, since=None, cls=None):
+    """The exception for a negative errno; `since` = _log.mark() before the call. The
+    reason is the library's kvvm_last_error() (the call's name and errno, which the
+    exception adds itself, taken off), else what it logged, else kvvm_strerror's text."""
+    reason = _lib.last_error() if since is not None else ""
+    if not reason and since is not None:
+        reason = _log.reason_since(since) or ""
+    if function and reason.startswith(function + ": "):
+        reason = reason[len(function) + 2:]
+    name = "-%s: " % _errno.errorcode.get(abs(int(err)), "")
+    if reason.startswith(name):
+        reason = reason[len(name):]
+    return (cls or error_class(err))(err, message or reason or _lib.strerror(err), function)
 
 
 def check(rc, function, since=None):

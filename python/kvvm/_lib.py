@@ -66,6 +66,7 @@ class Config(ctypes.Structure):
         ("pool_low", c_u32),
         ("pool_high", c_u32),
         ("pool_decay_ms", c_u32),
+        ("create_at_open", c_int),
     ]
 
 
@@ -97,7 +98,8 @@ STATS_FIELDS = (
     "reclaim_runs", "reclaim_swap_outs", "direct_reclaims", "direct_swap_outs",
     "direct_reclaim_ns", "pages_orphan", "seqs_nonresident", "pages_damaged",
     "frames_created_sync", "frames_released", "device_bytes_held", "cache_drops",
-    "cache_demotes", "pages_discarded",
+    "cache_demotes", "pages_discarded", "device_mem_free", "device_mem_total", "device_budget",
+    "create_oom",
 )
 
 
@@ -147,6 +149,7 @@ _PROTOS = {
     "kvvm_seq_set_class": (c_int, [c_void_p, c_u64, c_int]),
     "kvvm_set_log": (None, [LOG_FN, c_void_p, c_int]),
     "kvvm_strerror": (c_char_p, [c_int]),
+    "kvvm_last_error": (c_char_p, []),
     "kvvm_backend_name": (c_char_p, [c_void_p]),
     "kvvm_version": (c_char_p, []),
 }
@@ -195,6 +198,12 @@ def load():
 lib = load()
 VERSION = lib.kvvm_version().decode()
 LIBRARY_PATH = getattr(lib, "_name", "")
+
+
+def last_error():
+    """kvvm_last_error(): the calling thread's reason for its last failed call ("" none)."""
+    s = lib.kvvm_last_error()
+    return s.decode("utf-8", "replace") if s else ""
 
 
 def strerror(err):

@@ -11,6 +11,15 @@ kvvm.set_log_level() last set.
 
 Each thread's last warning or error is kept so that kvvm.Error can carry the reason the
 library logged during a failed call.
+
+Errors raised as exceptions are not logged too: the library logs a refused argument at
+error level (its log is a C program's channel for the reason), and Python's logging prints
+ERROR records to stderr when nothing is configured, so every -EINVAL a caller caught also
+appeared on stderr. While the binding makes a call (call_begin .. call_end) the error-level
+messages of that call on that thread are held: when the call fails they travel in the
+exception (kvvm_last_error) and reach the "kvvm" logger at DEBUG only; when it succeeds
+they are logged at their level. Warnings, and everything from the library's own threads,
+are logged at once.
 """
 import atexit
 import logging
@@ -31,6 +40,7 @@ _last = {}                  # thread id -> (serial, message) of its last warning
 _explicit = None            # level given to set_log_level(), if any
 _level = None               # level the library has now
 _in_callback = threading.local()
+_calls = threading.local()  # .depth: binding calls in progress; .held: their error messages
 
 
 def _callback(level, msg, arg):
@@ -41,11 +51,38 @@ def _callback(level, msg, arg):
         if level >= _lib.LOG_WARN:
             _serial += 1
             _last[threading.get_ident()] = (_serial, text)
-        logger.log(_TO_PY.get(level, logging.ERROR), "%s", text)
+        if level >= _lib.LOG_ERROR and getattr(_calls, "depth", 0):
+            _calls.held.append((level, text))       # call_end decides
+        else:
+            logger.log(_TO_PY.get(level, logging.ERROR), "%s", text)
     except BaseException:           # never let an exception unwind into C
         pass
     finally:
         _in_callback.active = False
+
+
+def call_begin():
+    """Before a C call the binding makes: holds the call's error-level messages. Returns
+    mark() for the exception's reason."""
+    if not getattr(_calls, "depth", 0):
+        _calls.depth = 0
+        _calls.held = []
+    _calls.depth += 1
+    return _serial
+
+
+def call_end(failed):
+    """After it: a failure's messages go to the exception (and the logger at DEBUG), a
+    success's to the logger at their level."""
+    _calls.depth -= 1
+    if _calls.depth:
+        return
+    held, _calls.held = _calls.held, []
+    for level, text in held:
+        if failed:
+            logger.debug("%s (raised as kvvm.Error)", text)
+        else:
+            logger.log(_TO_PY.get(level, logging.ERROR), "%s", text)
 
 
 _CB = _lib.LOG_FN(_callback)

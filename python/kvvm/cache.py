@@ -8,7 +8,15 @@ Layout: n_regions = 2 * n_layers, region 2l = layer l's K, 2l + 1 its V, one tok
 with k, v of shape (n_new, n_kv_heads, head_dim): they are written at tokens
 [length - n_new, length) through the zero-copy views, and the (length, n_kv_heads,
 head_dim) views of the whole K and V are returned. On a GPU the write is a device copy on
-torch's current stream: make it the engine stream (ctx.set_stream).
+torch's current stream: make it the engine stream (ctx.set_stream). The views returned are
+the package's own tensors: a swap_out, free or truncate of the sequence (or a step under
+auto_swap) empties them in place (docs/python.md, stale views).
+
+After seq.discard(first_kept) (sliding-window attention) the tokens before first_kept are
+gone and their pages unmapped: the views then cover tokens [first_kept, length) only, of
+shape (length - first_kept, n_kv_heads, head_dim) (row i is token first_kept + i). KVCache
+reads first_kept from seq.info (the smallest over the regions): discard every region alike,
+seq.discard(first_kept), for a sequence that KVCache serves.
 """
 from . import _views
 from ._errors import InvalidArgument
@@ -40,28 +48,39 @@ class KVCache:
         if not 0 <= layer < self.n_layers:
             raise InvalidArgument(22, "layer %d is outside [0, %d)" % (layer, self.n_layers))
         f = seq.tensor if self.torch else seq.array
-        return f(2 * layer, self.dtype, self.shape), f(2 * layer + 1, self.dtype, self.shape)
+        K, V = f(2 * layer, self.dtype, self.shape), f(2 * layer + 1, self.dtype, self.shape)
+        first_kept = seq.info.first_kept
+        if first_kept:              # tokens [0, first_kept) are discarded: never in a view
+            K, V = K[first_kept:], V[first_kept:]
+        return K, V, first_kept
 
     def keys_values(self, layer, seq):
-        """The (length, n_kv_heads, head_dim) K and V views of `seq` at `layer`."""
-        return self._views(layer, seq)
+        """The (length - first_kept, n_kv_heads, head_dim) K and V views of `seq` at `layer`
+        (first_kept = 0 unless tokens were discarded)."""
+        K, V, _ = self._views(layer, seq)
+        return K, V
 
     def update(self, layer, seq, k, v):
         """Writes k, v (n_new, n_kv_heads, head_dim) at tokens [length - n_new, length) and
-        returns the K, V views over [0, length)."""
-        K, V = self._views(layer, seq)
+        returns the K, V views over [first_kept, length)."""
+        K, V, first_kept = self._views(layer, seq)
         n = int(k.shape[0])
-        length = int(K.shape[0])
+        held = int(K.shape[0])
         want = (n, self.n_kv_heads, self.head_dim)
         if tuple(k.shape) != want or tuple(v.shape) != want:
             raise InvalidArgument(22, "KVCache.update: k %s and v %s must both be %s"
                                   % (tuple(k.shape), tuple(v.shape), want))
-        if n > length:
+        if n > held:
+            if first_kept:
+                raise InvalidArgument(22, "KVCache.update: %d new tokens but the sequence "
+                                      "holds %d after first_kept %d (tokens [0, %d) were "
+                                      "discarded): grow it first (seq.grow(seq.length + "
+                                      "n_new))" % (n, held, first_kept, first_kept))
             raise InvalidArgument(22, "KVCache.update: %d new tokens but the sequence holds "
                                   "%d: grow it first (seq.grow(seq.length + n_new))"
-                                  % (n, length))
-        K[length - n:length] = k
-        V[length - n:length] = v
+                                  % (n, held))
+        K[held - n:held] = k
+        V[held - n:held] = v
         return K, V
 
     def get_seq_length(self, seq):

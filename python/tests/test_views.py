@@ -37,6 +37,8 @@ def test_dtypes_and_shape_checks(vctx):
     assert s.tensor(0, torch.float16, 32).shape == (3, 32)
     assert s.tensor(0, np.int8, (64,)).dtype == torch.int8
     assert s.array(0, "u1", (8, 8)).dtype == np.uint8
+    assert s.tensor(0, np.bool_, (64,)).dtype == torch.bool
+    assert s.tensor(0, torch.bool, (64,)).dtype == torch.bool
     with pytest.raises(kvvm.InvalidArgument, match="bytes_per_token"):
         s.tensor(0, torch.float32, (2, 4))
     with pytest.raises(kvvm.InvalidArgument, match="region"):
@@ -153,6 +155,30 @@ def test_kvcache_update(vctx):
     assert isinstance(Kn, np.ndarray) and (Kn[3] == 1).all()
 
 
+def test_regress_kvcache_view_after_discard_started_at_token_0(vctx):
+    """Bug: after seq.discard, KVCache.update returned views over [0, length) whose first
+    pages were unmapped: touching K[0] killed the process (SIGSEGV). The views now start
+    at first_kept."""
+    cache = kvvm.KVCache(vctx, 1, 2, 8, torch.float32)
+    s = vctx.create()
+    s.grow(200)                                   # 64 tokens a page: pages 0..3
+    k, v = torch.randn(200, 2, 8), torch.randn(200, 2, 8)
+    cache.update(0, s, k, v)
+    vctx.step()
+    s.discard(130)                                # pages 0 and 1 go, tokens 128, 129 too
+    vctx.step()
+    s.grow(201)
+    k1, v1 = torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    K, V = cache.update(0, s, k1, v1)
+    assert K.shape == (71, 2, 8) and V.shape == (71, 2, 8)
+    assert torch.equal(K[0], k[130]) and torch.equal(V[0], v[130])      # K[0] is token 130
+    assert torch.equal(K, torch.cat([k[130:], k1])) and torch.equal(V, torch.cat([v[130:], v1]))
+    Kk, Vv = cache.keys_values(0, s)
+    assert torch.equal(Kk, K) and torch.equal(Vv, V)
+    with pytest.raises(kvvm.InvalidArgument, match="first_kept 130"):
+        cache.update(0, s, torch.zeros(72, 2, 8), torch.zeros(72, 2, 8))
+
+
 def test_kvcache_refuses_other_layouts(vctx):
     with pytest.raises(kvvm.InvalidArgument, match="n_regions"):
         kvvm.KVCache(vctx, 2, 2, 8, torch.float32)
@@ -160,28 +186,181 @@ def test_kvcache_refuses_other_layouts(vctx):
         kvvm.KVCache(vctx, 1, 4, 8, torch.float32)
 
 
-def test_cuda_view_hands_torch_the_array_interface(monkeypatch):
-    """The CUDA path without a GPU: what torch.as_tensor receives (address, shape, strides,
-    typestr, version 3, the engine stream) and the device it is asked for."""
+def test_cuda_view_producer_without_a_gpu():
+    """The CUDA path without a GPU: the View hands consumers the CUDA array interface
+    (address, shape, strides, typestr, version 3, the engine stream), no array interface,
+    and a DLPack capsule on kDLCUDA of its device, with strides in elements and bfloat16 as
+    kDLBfloat; a consumer on another stream is made to wait, one on the engine stream not."""
     from kvvm import _views
-    seen = {}
-
-    def fake_as_tensor(obj, device=None):
-        seen["cai"] = dict(obj.__cuda_array_interface__)
-        seen["device"] = device
-        seen["has_array_interface"] = hasattr(obj, "__array_interface__")
-        return torch.zeros(obj.__cuda_array_interface__["shape"], dtype=torch.int16)
-
-    monkeypatch.setattr(torch, "as_tensor", fake_as_tensor)
-    t = _views.torch_cuda_view("owner", 0x7f0000000000, (4, 10, 2, 8), (40960, 32, 16, 2),
-                               _views.element_info(torch.bfloat16)[1], torch.bfloat16, True,
-                               1, 0x1234)
-    cai = seen["cai"]
+    waited = []
+    v = _views.View("owner", 0x7f0000000000, (4, 10, 2, 8), (40960, 32, 16, 2),
+                    _views.element_info(torch.bfloat16)[1], torch.bfloat16, cuda=True,
+                    device=1, stream=0x1234, on_consume=waited.append)
+    cai = v.__cuda_array_interface__
     assert cai["data"] == (0x7f0000000000, False) and cai["version"] == 3
     assert cai["shape"] == (4, 10, 2, 8) and cai["strides"] == (40960, 32, 16, 2)
     assert cai["typestr"] == "<i2" and cai["stream"] == 0x1234
-    assert seen["device"] == torch.device("cuda", 1) and not seen["has_array_interface"]
-    assert t.dtype == torch.bfloat16                      # reinterpreted after the view
-    _views.torch_cuda_view("o", 4096, (1, 16), (64, 4), _views.element_info(torch.float32)[1],
-                           torch.float32, False, 0, None)
-    assert seen["cai"]["stream"] is None and seen["cai"]["typestr"] == "<f4"
+    assert not hasattr(v, "__array_interface__")
+    assert v.__dlpack_device__() == (_views.KDL_CUDA, 1)
+    live = len(_views._LIVE)
+    cap = v.__dlpack__(stream=0x1234)
+    assert waited == []                                   # the engine stream itself
+    m = _views.capsule_tensor(cap)
+    t = m.dl_tensor
+    assert t.data == 0x7f0000000000 and t.ndim == 4 and t.byte_offset == 0
+    assert (t.device.device_type, t.device.device_id) == (_views.KDL_CUDA, 1)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (4, 16, 1)
+    assert [t.shape[i] for i in range(4)] == [4, 10, 2, 8]
+    assert [t.strides[i] for i in range(4)] == [20480, 16, 8, 1]
+    assert len(_views._LIVE) == live + 1
+    del cap, m, t                       # never consumed: the capsule's destructor frees it
+    gc.collect()
+    assert len(_views._LIVE) == live
+    v.__dlpack__(stream=1)              # the legacy stream: ordered after our copies
+    v.__dlpack__(stream=-1)             # -1: the consumer wants no ordering
+    assert waited == [1]
+    gc.collect()
+    assert len(_views._LIVE) == live
+
+
+def test_emulated_view_is_dlpack_on_cpu(vctx):
+    """Sequence.view: a DLPack producer on kDLCPU that torch and numpy import without a copy,
+    over tokens [0, length)."""
+    from kvvm import _views
+    s = vctx.create()
+    s.grow(6)
+    v = s.view(1, torch.float32, (16,))
+    assert v.__dlpack_device__() == (_views.KDL_CPU, 0)
+    assert v.shape == (6, 16) and v.addr == s.addr(1)
+    t = torch.from_dlpack(v)
+    assert t.device.type == "cpu" and t.shape == (6, 16) and t.data_ptr() == s.addr(1)
+    t[:] = 1.5
+    assert s.read(1, 0, 6 * BPT) == np.full((6, 16), 1.5, np.float32).tobytes()
+    if hasattr(np, "from_dlpack"):
+        a = np.from_dlpack(s.view(1, np.float32, (16,)))
+        assert a.ctypes.data == s.addr(1) and (a == 1.5).all()
+    assert (np.asarray(v) == 1.5).all()                  # the array interface as well
+    b = torch.from_dlpack(s.view(0, torch.bfloat16, (32,)))
+    assert b.dtype == torch.bfloat16 and b.shape == (6, 32)
+    live = len(_views._LIVE)
+    del t, b
+    gc.collect()
+    assert len(_views._LIVE) < live, "the consumer's deleter must release the capsule"
+
+
+def test_view_is_based_on_the_sequence_address(vctx):
+    """Bug: views were slices of a view over the region base (slot 0), so the memory torch
+    was handed started at slot 0 — PyTorch versions that infer the device with
+    cudaPointerGetAttributes fail when slot 0 is unmapped. Each view's memory now starts at
+    the sequence's own address."""
+    seqs = [vctx.create() for _ in range(3)]
+    s = seqs[2]
+    for x in seqs[:2]:
+        x.free()                                          # slots 0 and 1: nothing mapped
+    s.grow(4)
+    assert s.slot == 2
+    for r in range(2):
+        t = s.tensor(r, torch.float32, (16,))
+        assert t.data_ptr() == s.addr(r)
+        assert t.storage().data_ptr() == s.addr(r), "the view's memory starts elsewhere"
+        assert s.view(r, torch.float32, (16,)).addr == s.addr(r)
+
+
+class _TorchLikeStream:
+    def __init__(self, h):
+        self.cuda_stream = h
+
+
+def test_default_stream_is_the_legacy_stream(vctx, monkeypatch):
+    """Bug: PyTorch's default stream (handle 0) was passed as NULL, i.e. synchronous mode
+    (a cuCtxSynchronize at every free of a used sequence); it is CU_STREAM_LEGACY (0x1)."""
+    from kvvm import _core
+    seen = []
+    real = _core.L.kvvm_set_stream
+
+    def spy(kv, stream):
+        seen.append(stream.value)
+        return real(kv, stream)
+    spy.__name__ = "kvvm_set_stream"
+    monkeypatch.setattr(_core.L, "kvvm_set_stream", spy)
+    vctx.set_stream(_TorchLikeStream(0))
+    assert seen[-1] == 1 and vctx.stream == 1
+    vctx.set_stream(None)
+    assert seen[-1] is None and vctx.stream == 0
+    vctx.set_stream(0)
+    assert seen[-1] == 1
+    s = vctx.create()                    # stream mode on the legacy stream works
+    s.grow(3)
+    s.write(0, 0, b"\x07" * BPT)
+    vctx.sync()
+    assert s.read(0, 0, BPT) == b"\x07" * BPT
+    s.wait_stream(_TorchLikeStream(0))
+    vctx.set_stream(None)
+
+
+def test_stale_views_are_refused(spill_dir):
+    """Bug: a view made before a swap-out, free or close still aliased the old addresses
+    (SIGSEGV on the emulated device, an illegal address that kills the CUDA context on a
+    GPU). Tensors handed out are emptied in place, View objects refuse, new views of a
+    swapped-out sequence are refused."""
+    with kvvm.Context(**small_config(emu_opaque=0, host_budget=16 * GRANULE)) as c:
+        s = c.create()
+        s.grow(20)
+        t = s.tensor(0, torch.float32, (16,))
+        t[:] = 4.0
+        v = s.view(0, torch.float32, (16,))
+        cache = kvvm.KVCache(c, 1, 2, 8, torch.float32)
+        K, V = cache.keys_values(0, s)
+        c.step()
+        s.swap_out()
+        assert t.numel() == 0 and K.numel() == 0 and V.numel() == 0
+        with pytest.raises(kvvm.InvalidHandle, match="stale"):
+            torch.from_dlpack(v)
+        with pytest.raises(kvvm.InvalidHandle, match="stale"):
+            np.asarray(v)
+        with pytest.raises(kvvm.NotResident):
+            s.view(0, torch.float32, (16,))
+        s.swap_in()
+        t2 = s.tensor(0, torch.float32, (16,))
+        assert (t2 == 4.0).all()                          # a new view after swap_in
+        s.truncate(5)
+        assert t2.numel() == 0
+        t3 = s.tensor(1, torch.float32, (16,))
+        v3 = s.view(1, torch.float32, (16,))
+        s.free()
+        assert t3.numel() == 0
+        with pytest.raises(kvvm.InvalidHandle, match="freed"):
+            v3.__dlpack__()
+        s2 = c.create()
+        s2.grow(2)
+        t4 = s2.tensor(0, torch.float32, (16,))
+        R = c.region_tensor(0, torch.float32, (16,))
+        v4 = s2.view(0, torch.float32, (16,))
+    assert t4.numel() == 0 and R.numel() == 0             # close empties everything
+    with pytest.raises(kvvm.InvalidHandle, match="closed"):
+        v4.__dlpack__()
+
+
+def test_step_under_auto_swap_makes_views_stale():
+    """Under auto_swap, reclaim may move any unpinned sequence after a step: their views are
+    stale then (a pinned sequence's stay); a shrink by set_budget stales what it moved."""
+    cfg = small_config(emu_opaque=0, host_budget=32 * GRANULE, flags="auto_swap")
+    with kvvm.Context(**cfg) as c:
+        a, p = c.create(), c.create()
+        a.grow(8)
+        p.grow(8)
+        p.set_class("pinned")
+        ta, tp = a.tensor(0, torch.float32, (16,)), p.tensor(0, torch.float32, (16,))
+        c.step()
+        assert ta.numel() == 0 and tp.numel() == 8 * 16
+    with kvvm.Context(**small_config(emu_opaque=0, host_budget=32 * GRANULE)) as c:
+        a, b = c.create(), c.create()
+        a.grow(1024)                                      # 32 pages
+        b.grow(900)                                       # 30 pages
+        ta, tb = a.tensor(0, torch.float32, (16,)), b.tensor(0, torch.float32, (16,))
+        c.step()
+        c.step()
+        b.grow(960)                                       # b used since: protected
+        c.set_budget(40 * GRANULE)
+        assert not a.info.resident and b.info.resident
+        assert ta.numel() == 0 and tb.numel() == 900 * 16

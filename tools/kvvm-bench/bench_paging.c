@@ -7,13 +7,16 @@
  *  - fork and share of a 64-page sequence: latency against a copying fork; pages added
  *    (no ratio: the copying fork's count is in the row's name);
  *  - pool page take+give rate, and beside it (no ratio: not the same work) what a page
- *    create+release costs; a grow needing no new page against the lock+lookup floor
- *    (kvvm_seq_slot); 256 single grows against one batch.
+ *    create+release costs; 256 single grows against one batch;
+ *  - the decode step's grow (no new page; 8 regions, at 1k and 64k tokens) and grow_batch
+ *    of 256, against the floor of any locked call (mutex lock + table lookup + unlock),
+ *    alternated within each trial, medians and the ratio's spread over --trials.
  * Uses internal headers (core/core.h, paging/paging_int.h) to reach the raw baselines.
  */
 #include "bench.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -324,32 +327,124 @@ static int bench_pool(struct bench_ctx *b)
     return 0;
 }
 
+/* The floor of any locked call: n uncontended mutex lock + table lookup + unlock (ns/op). */
+static pthread_mutex_t floor_mu = PTHREAD_MUTEX_INITIALIZER;
+static volatile uint64_t floor_tab[4096], floor_sink;
+static double floor_block(int n)
+{
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&floor_mu);
+        floor_sink += floor_tab[((uint32_t)i * 2654435761u) & 4095];
+        pthread_mutex_unlock(&floor_mu);
+    }
+    return (double)(bench_now_ns() - t0) / n;
+}
+
+/* Reports the medians of v (the library) and f (the floor), trials each, measured
+   alternately; the op names the ratio's spread (its 25th..75th percentile over trials). */
+static void report_vs_floor(struct bench_ctx *b, const char *what, double *v, double *f,
+                            int trials)
+{
+    double r[64], p25, p75;
+    char op[160];
+    for (int t = 0; t < trials; t++)
+        r[t] = v[t] / f[t];
+    bench_median(r, trials);                     /* sorts */
+    p25 = r[trials / 4];
+    p75 = r[(3 * trials) / 4 < trials ? (3 * trials) / 4 : trials - 1];
+    snprintf(op, sizeof op, "%s (ratio p25..p75 %.2f..%.2f)", what, p25, p75);
+    bench_report(b, G, op, bench_median(v, trials), bench_median(f, trials),
+                 "mutex lock+lookup+unlock", "ns/op", 1);
+}
+
+/* The decode step's grow: tokens added inside the last page, 8 regions of 2 MiB pages
+   (8192 tokens each), at 1k and at 64k tokens (the cost must not follow the length), one
+   sequence and a batch of 256; each trial alternates a block of grows with a block of the
+   floor. */
 static int bench_nopage_grow(struct bench_ctx *b)
 {
+    enum { NR = 8, S = 256, N = 1000 };
+    const uint64_t bpt = 256, T = 65536;
+    int trials = b->trials > 0 ? b->trials : 5;
+    if (trials > 64)
+        trials = 64;
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = KVVM_BACKEND_EMULATED;
+    c.n_regions = NR;
+    c.bytes_per_token = bpt;
+    c.max_seqs = S;
+    c.max_tokens = T;
+    c.page_size = 0;
+    c.emu_granule = 0;                           /* 2 MiB */
+    c.device_budget = (size_t)NR * (S + 16) * (2u << 20);
+    c.emu_opaque = 0;
     kvvm *kv;
-    uint64_t T = b->quick ? 50000 : 500000;
-    int rc = open_kv(&kv, 4, T, 1, 64u << 20, 0);        /* 1-byte tokens: 2M per page */
+    int rc = kvvm_open(&c, &kv);
     if (rc)
         return rc;
-    kvvm_seq s;
-    uint32_t slot;
-    rc = kvvm_seq_create(kv, &s);
+    static const uint64_t at[2] = { 1024, 65536 - 8192 };
+    static const char *name[2] = { "grow, no new page, 8 regions, 1k tokens",
+                                   "grow, no new page, 8 regions, 64k tokens" };
+    double v[2][64], f[2][64], med[2];
+    kvvm_seq s[2];
+    for (int k = 0; k < 2 && !rc; k++) {
+        rc = kvvm_seq_create(kv, &s[k]);
+        if (!rc)
+            rc = kvvm_seq_grow(kv, s[k], at[k] + 1);
+    }
+    for (int t = 0; t < trials && !rc; t++) {
+        for (int k = 0; k < 2 && !rc; k++) {
+            uint64_t t0 = bench_now_ns();
+            for (int i = 0; i < N && !rc; i++)
+                rc = kvvm_seq_grow(kv, s[k], at[k] + 2 + (uint64_t)i);
+            v[k][t] = (double)(bench_now_ns() - t0) / N;
+            f[k][t] = floor_block(N);
+            if (!rc)
+                rc = kvvm_seq_truncate(kv, s[k], at[k] + 1);
+            if (!rc)
+                rc = kvvm_step(kv);
+        }
+    }
+    for (int k = 0; k < 2 && !rc; k++) {
+        double m[64];
+        memcpy(m, v[k], sizeof m);
+        med[k] = bench_median(m, trials);
+        report_vs_floor(b, name[k], v[k], f[k], trials);
+    }
     if (!rc)
-        rc = kvvm_seq_grow(kv, s, 1);
-    uint64_t t0 = bench_now_ns();
-    for (uint64_t t = 2; t <= T && !rc; t++)
-        rc = kvvm_seq_grow(kv, s, t);
-    double g = (double)(bench_now_ns() - t0) / (double)(T - 1);
-    t0 = bench_now_ns();
-    for (uint64_t t = 2; t <= T && !rc; t++)
-        rc = kvvm_seq_slot(kv, s, &slot);
-    double f = (double)(bench_now_ns() - t0) / (double)(T - 1);
+        bench_report(b, G, "grow, no new page: 64k tokens vs 1k (flat = 1)", med[1], med[0],
+                     "the same at 1k tokens", "ns/op", 1);
+    for (int k = 0; k < 2 && !rc; k++)
+        rc = kvvm_seq_free(kv, s[k]);
+    /* a batch of 256 sequences, each one token more per call */
+    kvvm_seq hs[S];
+    uint64_t len[S];
+    for (uint32_t i = 0; i < S && !rc; i++) {
+        rc = kvvm_seq_create(kv, &hs[i]);
+        len[i] = 1025;
+        if (!rc)
+            rc = kvvm_seq_grow(kv, hs[i], len[i]);
+    }
+    double bv[64], bf[64];
+    for (int t = 0; t < trials && !rc; t++) {
+        const int calls = b->quick ? 4 : 20;
+        uint64_t t0 = bench_now_ns();
+        for (int j = 0; j < calls && !rc; j++) {
+            for (uint32_t i = 0; i < S; i++)
+                len[i]++;
+            rc = kvvm_seq_grow_batch(kv, hs, len, S);
+        }
+        bv[t] = (double)(bench_now_ns() - t0) / ((double)calls * S);
+        bf[t] = floor_block(N);
+        if (!rc)
+            rc = kvvm_step(kv);
+    }
+    if (!rc)
+        report_vs_floor(b, "grow_batch of 256, no new page, per sequence", bv, bf, trials);
     kvvm_close(kv);
-    if (rc)
-        return rc;
-    bench_report(b, G, "grow needing no new page", g, f, "lock+lookup (kvvm_seq_slot)",
-                 "ns/op", 1);
-    return 0;
+    return rc;
 }
 
 static int bench_batch(struct bench_ctx *b)

@@ -76,6 +76,10 @@ struct gc_extra {
     kcu_result (*exchange_mode)(int *mode);                         /* 10010 */
 };
 int gc_extra_load(struct gc_extra *x, char *why, size_t len);
+/* cuGetProcAddress (LEGACY_STREAM flag) of the library libkvvm loads, for each of want[0..n)
+   at its ABI version: 0 and fn[i]; -ENOENT at the first missing one (why says so). */
+struct gc_sym { const char *name; int version; };
+int gc_gpa_all(const struct gc_sym *want, size_t n, void **fn, char *why, size_t len);
 
 struct gc_probe {
     const char *name;
@@ -93,5 +97,9 @@ void gc_capture_relaxed_event(struct gc_dev *d);
 void gc_capture_global_ctxsync(struct gc_dev *d);
 void gc_capture_relaxed_ctxsync(struct gc_dev *d);
 void gc_capture_libkvvm(struct gc_dev *d);
+/* kernel.c: a kernel writes through a window, another reads through a second mapping. */
+void gc_kernel_window_alias(struct gc_dev *d);
+/* oom.c: a budget above the device's free memory through libkvvm (both drivers). */
+void gc_oom_budget(struct gc_dev *d);
 
 #endif

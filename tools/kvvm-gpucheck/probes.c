@@ -103,16 +103,23 @@ static int gpa(const char *name, int version, void **fn, int *v2, char *why, siz
     return 0;
 }
 
+int gc_gpa_all(const struct gc_sym *want, size_t n, void **fn, char *why, size_t len)
+{
+    for (size_t i = 0; i < n; i++)
+        if (gpa(want[i].name, want[i].version, &fn[i], NULL, why, len))
+            return -ENOENT;
+    return 0;
+}
+
 int gc_extra_load(struct gc_extra *x, char *why, size_t len)
 {
     void *f[4];
-    static const struct { const char *name; int version; } want[4] = {
+    static const struct gc_sym want[4] = {
         { "cuStreamBeginCapture", 10010 }, { "cuStreamEndCapture", 10000 },
         { "cuGraphDestroy", 10000 }, { "cuThreadExchangeStreamCaptureMode", 10010 },
     };
-    for (int i = 0; i < 4; i++)
-        if (gpa(want[i].name, want[i].version, &f[i], NULL, why, len))
-            return -ENOENT;
+    if (gc_gpa_all(want, 4, f, why, len))
+        return -ENOENT;
     memcpy(&x->begin_capture, &f[0], sizeof f[0]);
     memcpy(&x->end_capture, &f[1], sizeof f[1]);
     memcpy(&x->graph_destroy, &f[2], sizeof f[2]);
@@ -819,6 +826,8 @@ const struct gc_probe gc_probes[] = {
     { "queued", false, p_queued },
     { "queued.unmap_target", false, p_unmap_busy },
     { "pageable", false, p_pageable },
+    { "oom.budget_above_free", false, gc_oom_budget },
+    { "kernel.window_alias", true, gc_kernel_window_alias },
     { "capture.global_event", true, gc_capture_global_event },
     { "capture.relaxed_event", true, gc_capture_relaxed_event },
     { "capture.global_ctxsync", true, gc_capture_global_ctxsync },

@@ -27,9 +27,15 @@ grep -q 'no GPU present' "$tmp/out" && bad "the fake driver was taken for no GPU
 # descheduled (queued: "blocking", the stream drained during the call), or while the source
 # is being overwritten (pageable/pinned: "mixed"). Those answers are accepted for the timed
 # rows; any other disagreement, and every error, fails.
+# The pageable rows are checked against the real driver's documented behaviour, which the
+# emulator (and so the fake) is stricter than: there the fake must give the emulated
+# column's answer. The kernel probe needs module entry points the fake has not: it must say
+# "unsupported" (on a GPU that is UNEXPECTED).
 awk -F'\t' 'NR > 1 && $1 !~ /^capture\./ && $5 != "ok" && $5 != "info" &&
     !($1 ~ /^(queued|pageable|pinned)\./ && ($5 == "INCONCLUSIVE" ||
-      ($5 == "DIFF" && ($4 == "mixed" || ($1 ~ /^queued\./ && $4 == "blocking"))))) {
+      ($5 == "DIFF" && ($4 == "mixed" || ($1 ~ /^queued\./ && $4 == "blocking"))))) &&
+    !($1 ~ /^pageable\./ && $5 == "UNEXPECTED" && ($4 == $3 || $4 == "mixed")) &&
+    !($1 == "kernel.window_alias" && $4 == "unsupported") {
     print "gpucheck_fake_driver: FAIL: " $1 ": " $5 " (emulated " $3 ", cuda " $4 ")"; bad = 1 }
     END { exit bad }' "$tmp/rows.tsv" || fail=1
 awk -F'\t' '$1 == "loader.library" && $4 == "ok" { found = 1 } END { exit !found }' \

@@ -104,6 +104,54 @@ out:
     return emu_leave(r);
 }
 
+/* free = capacity - bytes of live handles - bytes held by others (never below 0). */
+kcu_result emu_cuMemGetInfo(size_t *free_bytes, size_t *total)
+{
+    BEGIN(cuMemGetInfo, F_INIT | F_CTX | F_STICKY);
+    if (!free_bytes || !total) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    size_t used = (size_t)cur->c.handle_bytes + cur->held;
+    *free_bytes = used < cur->capacity ? cur->capacity - used : 0;
+    *total = cur->capacity;
+out:
+    return emu_leave(r);
+}
+
+int emu_device_set_held(int ordinal, size_t bytes)
+{
+    pthread_mutex_lock(&emu_lock);
+    struct emu_dev *d = emu_dev_get_locked(ordinal);
+    if (d)
+        d->held = bytes;
+    pthread_mutex_unlock(&emu_lock);
+    return d ? 0 : -ENODEV;
+}
+
+/* KVVM_EMU_HELD: bytes with an optional K/M/G/T suffix; malformed: logged, 0. */
+static size_t env_held(void)
+{
+    const char *e = getenv("KVVM_EMU_HELD");
+    if (!e || !*e)
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(e, &end, 10);
+    int shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    if (*end || end == e) {
+        klog_error("KVVM_EMU_HELD=%s is not a size; holding nothing", e);
+        return 0;
+    }
+    return (size_t)(v << shift);
+}
+
 kcu_result emu_cuDevicePrimaryCtxRetain(kcu_context *ctx, kcu_device dev)
 {
     BEGIN(cuDevicePrimaryCtxRetain, F_INIT);
@@ -223,6 +271,7 @@ int emu_device_create(const struct emu_device_params *p, int *ordinal)
     d->capacity = cap;
     d->ngran = cap / gran;
     d->opaque = p->opaque;
+    d->held = env_held();
     d->max_maps = p->max_maps ? p->max_maps : default_max_maps();
     d->bitmap = calloc((d->ngran + 63) / 64, sizeof *d->bitmap);
     if (!d->bitmap)

@@ -55,6 +55,12 @@ struct emu_device_params {
     size_t max_maps;             /* bound on live mappings; 0 = default (below max_map_count) */
 };
 
+/* Device memory "held by others" (another process, PyTorch's caching allocator): bytes of
+   the device's capacity no cuMemCreate can have and cuMemGetInfo does not report free.
+   Also from the environment: KVVM_EMU_HELD (bytes, K/M/G suffixes), applied to every
+   emulated device when it is created. 0; -ENODEV no such device. */
+int emu_device_set_held(int ordinal, size_t bytes);
+
 /* The emulated driver's table. */
 const struct kcu_api *emu_api(void);
 
@@ -86,7 +92,7 @@ int emu_counters_get(int ordinal, struct emu_counters *out);
    table, fault injection, call tracing and call counters are generated from this list. */
 #define EMU_ENTRIES(X) \
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) \
-    X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDeviceTotalMem) \
+    X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuMemGetInfo) \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
     X(cuCtxGetCurrent) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \

@@ -106,6 +106,7 @@ struct emu_fault {                 /* one armed failure */
 struct emu_dev {
     int ordinal;
     size_t capacity, gran, ngran;  /* bytes, bytes, granules (capacity = ngran * gran) */
+    size_t held;                   /* bytes held by others (emu_device_set_held) */
     int opaque;
     size_t max_maps;               /* bound on live mappings of this device's memory */
     int memfd;

@@ -289,9 +289,20 @@ static kcu_result mapped_range_locked(kcu_deviceptr ptr, size_t size, struct emu
     return KCU_SUCCESS;
 }
 
+/* KVVM_EMU_UNMAP_SPAN=0: one cuMemUnmap must not cover several mappings (a driver reading
+   "the entire contiguous address range that was mapped" as one cuMemMap's range), so tests
+   can run libkvvm's one-unmap-per-mapping fallback. Read at each call (tests set it before
+   opening). */
+static bool unmap_span_refused(void)
+{
+    const char *e = getenv("KVVM_EMU_UNMAP_SPAN");
+    return e && !strcmp(e, "0");
+}
+
 /* The range must consist of whole mappings only (driver: "must be the entire contiguous
    address range that was mapped"); violations, misalignment, unmapped granules or a range
-   outside one reservation: KCU_ERROR_INVALID_VALUE (the one documented argument error). */
+   outside one reservation: KCU_ERROR_INVALID_VALUE (the one documented argument error).
+   Several adjacent whole mappings in one call are allowed, unless KVVM_EMU_UNMAP_SPAN=0. */
 kcu_result emu_cuMemUnmap(kcu_deviceptr ptr, size_t size)
 {
     BEGIN(cuMemUnmap, F_INIT | F_STICKY);
@@ -301,7 +312,9 @@ kcu_result emu_cuMemUnmap(kcu_deviceptr ptr, size_t size)
         goto out;
     if ((first > 0 && emu_ent_map_id(rv, first - 1) == emu_ent_map_id(rv, first)) ||
         (first + n < rv->ngran &&
-         emu_ent_map_id(rv, first + n) == emu_ent_map_id(rv, first + n - 1))) {
+         emu_ent_map_id(rv, first + n) == emu_ent_map_id(rv, first + n - 1)) ||
+        (n > 1 && emu_ent_map_id(rv, first) != emu_ent_map_id(rv, first + n - 1) &&
+         unmap_span_refused())) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }

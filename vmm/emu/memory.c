@@ -197,7 +197,8 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    if (handle_slot_alloc_locked(&slot) || range_alloc_locked(d, size / d->gran, &base)) {
+    if (d->c.handle_bytes + size + d->held > d->capacity ||      /* others hold the rest */
+        handle_slot_alloc_locked(&slot) || range_alloc_locked(d, size / d->gran, &base)) {
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
