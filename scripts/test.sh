@@ -3,12 +3,14 @@
 # the emulated device, then again under AddressSanitizer+UBSan (clang's, whose UBSan checks
 # more than gcc's, e.g. arithmetic on NULL; one sanitizer build, not two), then the multi-threaded test
 # (tests/tsan_threads.c, the reclaim thread running; again with the disk tier) under
-# ThreadSanitizer. The Python package's tests (python/tests) run after the first suite, the
+# ThreadSanitizer, after the libFuzzer target (scripts/fuzz.sh: the seed corpus, then 120 s
+# of new inputs against the reference model). The Python package's tests (python/tests) run after the first suite, the
 # model test once more from a fresh virtual environment after `pip install ./python`. Then
 # the suite in the KVVM_DEBUG build (asserts and the invariant checker after every call),
 # clang-tidy over the library (zero findings) and the size audit (a report).
 # Tests labelled `gpu` skip themselves with a printed reason when no GPU is present; the long
-# `soak` label is run by hand: (cd build && ctest -L soak).
+# `soak` label is run by hand: (cd build && ctest -L soak); its 60 s version (label
+# `longrun`) runs in the first suite only (under ASan the allocator's quarantine grows RSS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -63,7 +65,9 @@ if [ "${KVVM_SKIP_SANITIZERS:-0}" != 1 ]; then
   # handle_segv=0: the signal-expecting tests must see their SIGSEGV, not ASan's report.
   (cd build-clang-asan && ASAN_OPTIONS=handle_segv=0:detect_leaks=1:abort_on_error=0 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 KVVMTEST_SCALE=0.1 \
-     ctest --output-on-failure -LE soak)
+     ctest --output-on-failure -LE 'soak|longrun')
+  echo "=== fuzzing (tests/fuzz/fuzz_api: the corpus replayed, then 120 s of new inputs) ==="
+  bash scripts/fuzz.sh 120
   echo "=== build (ThreadSanitizer: the threads tests only) ==="
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVVM_SANITIZE=thread \
         -DKVVM_BUILD_TOOLS=OFF >/dev/null
