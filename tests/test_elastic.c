@@ -949,6 +949,9 @@ Test(regress, create_oom_logged_as_an_error_per_failure)
     verify_n(&t, (struct sh *[]){ a }, 1, "after the failed grows");
     tcheck(&t, "after the failed grows");
     free_n((struct sh *[]){ a }, 1);
+    tclose(&t);
+}
+
 /* Bug: a shrinking kvvm_set_budget compared the room below with the shortfall, but each
    victim moves all its pages: the 1-page (per region) LRU victim filled half the host tier,
    the 2-page one then could not move, -ENOMEM after the first had moved. Moving only the
