@@ -1008,7 +1008,6 @@ Test(budget, drops_cached_before_live_and_never_pinned)
 
 /* Issue 18: a call that may move other sequences plans the whole reclaim, checks it, and
    only then acts (docs/design.md "Pressure and thresholds"). */
-TestSuite(regress, .fini = fini);
 
 /* Bug: kvvm_set_budget's shrink with KVVM_F_CACHE_DEMOTE counted the CACHED sequence's
    frames as a drop (no room below) in its up-front check, then demoted it into the host
