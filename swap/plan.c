@@ -106,6 +106,16 @@ static bool room_take(struct room *m, uint32_t k)
     return true;
 }
 
+/* The device pages of p's kept sequences (a page two of them share counted twice: the
+   difference is what matters). */
+static uint32_t keep_device_pages(struct paging *pg, const struct swap_rplan *p)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < p->n_keep; i++)
+        n += paging_seq_device_pages(pg, p->keep[i]);
+    return n;
+}
+
 /* Candidates of fn not in excl (LIVE ones only when live), LRU sorted; *out malloc'ed. */
 static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
                       bool live, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
@@ -248,6 +258,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
             return -ENOMEM;
         memcpy(p->keep, excl, n_excl * sizeof *p->keep);
         p->n_keep = n_excl;
+        p->keep_dev = keep_device_pages(pg, p);
     }
     bool swap = flags & SWAP_PLAN_SWAP;
     struct room room;
@@ -327,17 +338,23 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     int wrc = (*moved || paging_frames_pending(pg)) ? swap_wait_copies(sw) : 0;
     if (!wrc)
         wrc = paging_reap(pg);
+    /* A kept (non-resident) sequence's page whose last resident holder was a victim went
+       down with it: its frame came free, and the caller maps it again (the plan counted
+       no frame freed for it, and the caller's need none for it): the frames to make free
+       are want plus those. */
+    uint32_t kd = keep_device_pages(pg, p);
+    uint32_t want = p->want + (p->keep_dev > kd ? p->keep_dev - kd : 0);
     /* Pages shared by siblings that all moved stay behind while the siblings' jobs are in
        flight; once reaped they are orphans: move them too (the plan counted them). */
     uint32_t fr = paging_frames_free(pg), o = 0;
-    if (!wrc && fr < p->want && paging_orphans(pg)) {
-        wrc = paging_reclaim_orphans(pg, p->want - fr, p->keep, p->n_keep, &o);
+    if (!wrc && fr < want && paging_orphans(pg)) {
+        wrc = paging_reclaim_orphans(pg, want - fr, p->keep, p->n_keep, &o);
         if (wrc == -ENOMEM)
             wrc = 0;                   /* host tier full: the check below says so */
     }
     if (!rc)
         rc = wrc;
-    if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < p->want)
+    if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < want)
         rc = -ENOMEM;                  /* (a plan is exact: never, but never silently) */
     return rc;
 }

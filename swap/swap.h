@@ -108,6 +108,7 @@ struct swap_rplan {
     size_t n;
     uint64_t *keep;                /* excl, copied */
     size_t n_keep;
+    uint32_t keep_dev;             /* the kept sequences' device pages when planned */
 };
 /* Plans making `want` frames free (flags above) without changing anything. 0: a plan (no
    steps when they are free already; short of want only with SWAP_PLAN_PARTIAL); -ENOMEM not

@@ -608,3 +608,56 @@ Test(regress, plan_spilled_ahead_then_staged_victim_refused)
     sh_verify(&t, x, "x");
     t_close(&t);
 }
+
+/* Bug: the reclaim plan for a swap-in counted no frame freed for a page the caller (swapped
+   out) shares with a victim, since the caller maps it again: but that victim's swap-out was
+   the page's last resident holder and took it down, so the caller then needed one more
+   frame than counted; acting on the plan made only the frames counted free (the siblings'
+   pages left behind as orphans were moved only up to that), and the swap-in failed -ENOMEM
+   after the victims had moved. The frames made free now include the caller's pages that
+   went down. */
+Test(regress, plan_took_callers_shared_page_down_then_swap_in_short)
+{
+    struct kvvm_config c;
+    cfg(&c, 16, 32, 0);
+    c.flags = KVVM_F_AUTO_SWAP;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.pool_thread = 0;
+    struct t t;
+    t_open(&t, &c);
+    struct sh *v = sh_new(&t);
+    sh_grow_fill(&t, v, 7, 1);                  /* 2 pages a region: 4 */
+    struct sh *cs = sh_fork(&t, v);
+    sh_grow_fill(&t, cs, 15, 2);                /* shares page 0 of each region with v: 6 own */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, cs);                              /* its 6 own pages to the host; 2 stay (v) */
+    struct sh *x = sh_new(&t);
+    sh_grow_fill(&t, x, 15, 3);                 /* 8 */
+    struct sh *y = sh_fork(&t, x);              /* x's sibling: shares all 8 */
+    struct sh *f = sh_new(&t);
+    sh_grow_fill(&t, f, 7, 4);                  /* 4: the device is full */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 0);
+    cr_assert_eq(s0.in[1].pages_host, 6, "cs: 6 pages in the host tier");
+    cr_assert_eq(s0.in[1].pages_device, 2, "cs: 2 pages shared with v on the device");
+    /* need 6: v (least recently used) goes first and takes cs's 2 shared pages down with
+       it (2 frames counted), x frees none (y maps its pages), y's pages stay behind x's
+       copies and are moved as orphans */
+    int rc = kvvm_seq_swap_in(t.kv, cs->h);
+    cr_assert_eq(rc, 0, "swap_in: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, v->h, &in), 0);
+    cr_assert(!in.resident, "v was the least recently used victim");
+    check(&t, "after the swap-in");
+    sh_verify(&t, cs, "cs");
+    cr_assert_eq(kvvm_step(t.kv), 0);           /* cs unprotected: v and y come back */
+    sh_verify(&t, v, "v");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, y, "y");
+    t_close(&t);
+}
