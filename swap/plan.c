@@ -326,9 +326,22 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
     }
+    bool copying = false;
     for (size_t i = 0; i < p->n && !rc; i++)
         if (p->steps[i].kind == SWAP_OUT) {
+            /* the room model counts an earlier victim's pages as spillable once moved, but
+               paging spills a host page only when its copy has completed: a swap-out whose
+               pages the host tier cannot take as it is waits for the copies started */
+            if (wait && copying && paging_host_free(pg) < p->steps[i].slots) {
+                rc = swap_wait_copies(sw);
+                if (!rc)
+                    rc = paging_reap(pg);
+                copying = false;
+                if (rc)
+                    break;
+            }
             rc = paging_swap_out(pg, p->steps[i].h, true);   /* copies waited for below */
+            copying |= !rc;
             *moved += !rc;
         }
     if (!wait)

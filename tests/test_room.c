@@ -661,3 +661,46 @@ Test(regress, plan_took_callers_shared_page_down_then_swap_in_short)
     sh_verify(&t, y, "y");
     t_close(&t);
 }
+
+/* Bug: the reclaim plan counted the pages an earlier victim's swap-out put in the host tier
+   as spillable at once (room for a later victim, direct after spilling them), but acting on
+   it starts each swap-out's copies without waiting, and paging spills a host page only once
+   its copy has completed: the later victim's swap-out was refused, and kvvm_set_budget
+   failed -ENOMEM after the earlier victims had moved. A swap-out the host tier cannot take
+   as it is now waits for the copies started. */
+Test(regress, plan_spilled_victims_pages_still_copying)
+{
+    struct kvvm_config c;
+    cfg(&c, 16, 8, 32);                         /* host: 8 slots */
+    c.device_min = c.device_low = c.device_high = 0;
+    c.pool_thread = 0;
+    struct t t;
+    t_open(&t, &c);
+    struct sh *a = sh_new(&t), *b = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 2 pages a region: 4, least recently used */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 */
+    sh_grow_fill(&t, v, 3, 3);                  /* 1 page a region: 2 */
+    sh_grow_fill(&t, f, 11, 4);                 /* 6: the device is full */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct snap s0;
+    snap(&t, &s0);
+    cr_assert_eq(s0.st.pages_device_free, 0);
+    cr_assert_eq(s0.st.pages_host_free, 8);
+    /* 10 frames to free: a and b fill the host tier, v goes after spilling 2 of theirs */
+    int rc = kvvm_set_budget(t.kv, 6 * KB);
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, v->h, &in), 0);
+    cr_assert(!in.resident, "v moved");
+    check(&t, "after the shrink");
+    cr_assert_eq(kvvm_set_budget(t.kv, 16 * KB), 0);
+    struct sh *all[3] = { a, b, v };
+    for (int i = 0; i < 3; i++) {
+        sh_verify(&t, all[i], "after the shrink");
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    }
+    t_close(&t);
+}
