@@ -565,6 +565,29 @@ Test(regress, prepare_write_copy_lacked_own_map_ahead)
 
 /* ================================================================ issue 18, the plan's room */
 
+/* A context for a reclaim plan's test: no watermark (nothing moves behind the test's back),
+   no pool thread. */
+static void t_open_plan(struct t *t, uint32_t dev, uint32_t host, uint32_t disk, unsigned flags)
+{
+    struct kvvm_config c;
+    cfg(&c, dev, host, disk);
+    c.flags = flags;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.pool_thread = 0;
+    t_open(t, &c);
+}
+
+/* f pinned (never a victim), the others unprotected and idle; *s0 the state, the device
+   full. */
+static void pin_settle(struct t *t, struct sh *f, struct snap *s0)
+{
+    cr_assert_eq(kvvm_seq_set_class(t->kv, f->h, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(t->kv), 0);
+    cr_assert_eq(kvvm_sync(t->kv), 0);
+    snap(t, s0);
+    cr_assert_eq(s0->st.pages_device_free, 0, "the device is full");
+}
+
 /* Bug: the reclaim plan counted a victim's move as staged to disk (the host tier too small
    for it, the disk large enough), but acting on it first spilled other host pages to make
    host room for every move at once: that took the disk slots the staged move was counted
@@ -572,25 +595,16 @@ Test(regress, prepare_write_copy_lacked_own_map_ahead)
    moved to disk. Each move now makes its own room, as the plan chose for it. */
 Test(regress, plan_spilled_ahead_then_staged_victim_refused)
 {
-    struct kvvm_config c;
-    cfg(&c, 24, 8, 14);
-    c.flags = KVVM_F_AUTO_SWAP;
-    c.device_min = c.device_low = c.device_high = 0;
-    c.pool_thread = 0;
     struct t t;
-    t_open(&t, &c);
+    t_open_plan(&t, 24, 8, 14, KVVM_F_AUTO_SWAP);
     struct sh *x = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t), *y = sh_new(&t);
     sh_grow_fill(&t, x, 7, 1);                  /* 2 pages a region: 4 */
     cr_assert_eq(kvvm_step(t.kv), 0);
     t_out(&t, x);                               /* host 4 of 8 */
     sh_grow_fill(&t, v, 23, 2);                 /* 6 pages a region: 12, the victim */
     sh_grow_fill(&t, f, 23, 3);                 /* 12: the device is full */
-    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
-    cr_assert_eq(kvvm_step(t.kv), 0);
-    cr_assert_eq(kvvm_sync(t.kv), 0);
     struct snap s0;
-    snap(&t, &s0);
-    cr_assert_eq(s0.st.pages_device_free, 0);
+    pin_settle(&t, f, &s0);
     cr_assert_eq(s0.st.pages_host_free, 4);
     int rc = kvvm_seq_grow(t.kv, y->h, 23);     /* 12: v must go, staged (12 > 8 host) */
     cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
@@ -618,13 +632,8 @@ Test(regress, plan_spilled_ahead_then_staged_victim_refused)
    went down. */
 Test(regress, plan_took_callers_shared_page_down_then_swap_in_short)
 {
-    struct kvvm_config c;
-    cfg(&c, 16, 32, 0);
-    c.flags = KVVM_F_AUTO_SWAP;
-    c.device_min = c.device_low = c.device_high = 0;
-    c.pool_thread = 0;
     struct t t;
-    t_open(&t, &c);
+    t_open_plan(&t, 16, 32, 0, KVVM_F_AUTO_SWAP);
     struct sh *v = sh_new(&t);
     sh_grow_fill(&t, v, 7, 1);                  /* 2 pages a region: 4 */
     struct sh *cs = sh_fork(&t, v);
@@ -636,12 +645,8 @@ Test(regress, plan_took_callers_shared_page_down_then_swap_in_short)
     struct sh *y = sh_fork(&t, x);              /* x's sibling: shares all 8 */
     struct sh *f = sh_new(&t);
     sh_grow_fill(&t, f, 7, 4);                  /* 4: the device is full */
-    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
-    cr_assert_eq(kvvm_step(t.kv), 0);
-    cr_assert_eq(kvvm_sync(t.kv), 0);
     struct snap s0;
-    snap(&t, &s0);
-    cr_assert_eq(s0.st.pages_device_free, 0);
+    pin_settle(&t, f, &s0);
     cr_assert_eq(s0.in[1].pages_host, 6, "cs: 6 pages in the host tier");
     cr_assert_eq(s0.in[1].pages_device, 2, "cs: 2 pages shared with v on the device");
     /* need 6: v (least recently used) goes first and takes cs's 2 shared pages down with
@@ -670,23 +675,15 @@ Test(regress, plan_took_callers_shared_page_down_then_swap_in_short)
    as it is now waits for the copies started. */
 Test(regress, plan_spilled_victims_pages_still_copying)
 {
-    struct kvvm_config c;
-    cfg(&c, 16, 8, 32);                         /* host: 8 slots */
-    c.device_min = c.device_low = c.device_high = 0;
-    c.pool_thread = 0;
     struct t t;
-    t_open(&t, &c);
+    t_open_plan(&t, 16, 8, 32, 0);              /* host: 8 slots */
     struct sh *a = sh_new(&t), *b = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t);
     sh_grow_fill(&t, a, 7, 1);                  /* 2 pages a region: 4, least recently used */
     sh_grow_fill(&t, b, 7, 2);                  /* 4 */
     sh_grow_fill(&t, v, 3, 3);                  /* 1 page a region: 2 */
     sh_grow_fill(&t, f, 11, 4);                 /* 6: the device is full */
-    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
-    cr_assert_eq(kvvm_step(t.kv), 0);
-    cr_assert_eq(kvvm_sync(t.kv), 0);
     struct snap s0;
-    snap(&t, &s0);
-    cr_assert_eq(s0.st.pages_device_free, 0);
+    pin_settle(&t, f, &s0);
     cr_assert_eq(s0.st.pages_host_free, 8);
     /* 10 frames to free: a and b fill the host tier, v goes after spilling 2 of theirs */
     int rc = kvvm_set_budget(t.kv, 6 * KB);
