@@ -294,20 +294,47 @@ void swap_rplan_free(struct swap_rplan *p)
 
 /* ---- acting on a plan ---------------------------------------------------------------- */
 
-/* The CACHED steps: drops and demotions (a demotion the tiers refuse after all drops:
-   that frees at least as much, and needs no room). */
-static int act_cached(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+/* Before a move of k pages: the room model counts an earlier move's pages as spillable once
+   moved, but paging spills a host page only when its copy has completed: when the host tier
+   cannot take the k pages as it is, wait for the copies started (*copying). */
+static int act_settle(struct swap *sw, bool wait, uint32_t k, bool *copying)
+{
+    if (!wait || !*copying || paging_host_free(sw->pg) >= k)
+        return 0;
+    *copying = false;
+    int rc = swap_wait_copies(sw);
+    return rc ? rc : paging_reap(sw->pg);
+}
+
+/* The moves of kind `kind` in plan order: swap-outs, or demotions (a demotion the tiers
+   refuse falls back to a drop: that frees at least as much, and needs no room). */
+static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, bool wait,
+                     bool *copying, uint32_t *moved)
 {
     int rc = 0;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
-        if (s->kind == SWAP_OUT)
+        if (s->kind != kind || (rc = act_settle(sw, wait, s->slots, copying)))
             continue;
-        rc = s->kind == SWAP_DEMOTE ? paging_seq_demote(sw->pg, s->h) : -ENOMEM;
-        if (rc && rc != -EIO)
+        rc = kind == SWAP_OUT ? paging_swap_out(sw->pg, s->h, true)   /* waited for below */
+                              : paging_seq_demote(sw->pg, s->h);
+        *copying |= !rc;
+        if (rc && rc != -EIO && kind == SWAP_DEMOTE)
             rc = paging_seq_drop(sw->pg, s->h, wait);
         *moved += !rc;
     }
+    return rc;
+}
+
+/* The drops: no data moves, no room below. */
+static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+{
+    int rc = 0;
+    for (size_t i = 0; i < p->n && !rc; i++)
+        if (p->steps[i].kind == SWAP_DROP) {
+            rc = paging_seq_drop(sw->pg, p->steps[i].h, wait);
+            *moved += !rc;
+        }
     return rc;
 }
 
@@ -318,32 +345,20 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     *moved = 0;
     if (!p->n && !p->orphans)
         return 0;
-    /* each move makes its own room below (spilling others, or staged), as the plan's room
-       model chose for it: no spill ahead for all of them, which takes the disk slots a
-       staged move was counted on */
-    int rc = act_cached(sw, p, wait, moved);
+    /* In the order the plan's room model used the room below: drops (none), orphans,
+       swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
+       room below (spilling others, or staged), as the model chose for it: no spill ahead
+       for all of them, which takes the disk slots a staged move was counted on. */
+    int rc = act_drops(sw, p, wait, moved);
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
     }
     bool copying = false;
-    for (size_t i = 0; i < p->n && !rc; i++)
-        if (p->steps[i].kind == SWAP_OUT) {
-            /* the room model counts an earlier victim's pages as spillable once moved, but
-               paging spills a host page only when its copy has completed: a swap-out whose
-               pages the host tier cannot take as it is waits for the copies started */
-            if (wait && copying && paging_host_free(pg) < p->steps[i].slots) {
-                rc = swap_wait_copies(sw);
-                if (!rc)
-                    rc = paging_reap(pg);
-                copying = false;
-                if (rc)
-                    break;
-            }
-            rc = paging_swap_out(pg, p->steps[i].h, true);   /* copies waited for below */
-            copying |= !rc;
-            *moved += !rc;
-        }
+    if (!rc)
+        rc = act_moves(sw, p, SWAP_OUT, wait, &copying, moved);
+    if (!rc)
+        rc = act_moves(sw, p, SWAP_DEMOTE, wait, &copying, moved);
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release

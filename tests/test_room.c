@@ -701,3 +701,37 @@ Test(regress, plan_spilled_victims_pages_still_copying)
     }
     t_close(&t);
 }
+
+/* Bug: acting on a reclaim plan, the CACHED demotions went first, but the plan's room model
+   gives them only the room the swap-outs leave: the demotion filled the host tier, its pages
+   still being copied (not spillable), and the LIVE victim's swap-out, counted on the free
+   host slots, was refused (the disk too small to stage it): kvvm_set_budget failed -ENOMEM
+   after the demotion. The moves now go in the model's order (drops, orphans, swap-outs,
+   demotions), each waiting for the copies started when the host tier cannot take it. */
+Test(regress, plan_demotion_took_the_swap_outs_room)
+{
+    struct t t;
+    t_open_plan(&t, 16, 8, 3, KVVM_F_CACHE_DEMOTE);   /* host 8 slots, disk 3 */
+    struct sh *cs = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t);
+    sh_grow_fill(&t, cs, 11, 1);                /* 3 pages a region: 6 */
+    sh_grow_fill(&t, v, 7, 2);                  /* 4 */
+    sh_grow_fill(&t, f, 11, 3);                 /* 6: the device is full */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, cs->h, KVVM_SEQ_CACHED), 0);
+    struct snap s0;
+    pin_settle(&t, f, &s0);
+    /* 10 to free: cs's 6 as a drop, then v's 4 into the host tier; cs demoted in the room
+       left (4 slots and 2 of v's pages spilled to disk) */
+    int rc = kvvm_set_budget(t.kv, 6 * KB);
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, cs->h, &in), 0);
+    cr_assert(!in.resident && !in.dropped, "cs demoted: resident %d dropped %d", in.resident,
+              in.dropped);
+    check(&t, "after the shrink");
+    cr_assert_eq(kvvm_set_budget(t.kv, 16 * KB), 0);
+    sh_verify(&t, v, "v");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, cs, "cs");
+    t_close(&t);
+}
