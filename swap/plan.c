@@ -106,6 +106,16 @@ static bool room_take(struct room *m, uint32_t k)
     return true;
 }
 
+/* The device pages of p's kept sequences (a page two of them share counted twice: the
+   difference is what matters). */
+static uint32_t keep_device_pages(struct paging *pg, const struct swap_rplan *p)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < p->n_keep; i++)
+        n += paging_seq_device_pages(pg, p->keep[i]);
+    return n;
+}
+
 /* Candidates of fn not in excl (LIVE ones only when live), LRU sorted; *out malloc'ed. */
 static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
                       bool live, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
@@ -248,6 +258,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
             return -ENOMEM;
         memcpy(p->keep, excl, n_excl * sizeof *p->keep);
         p->n_keep = n_excl;
+        p->keep_dev = keep_device_pages(pg, p);
     }
     bool swap = flags & SWAP_PLAN_SWAP;
     struct room room;
@@ -283,20 +294,47 @@ void swap_rplan_free(struct swap_rplan *p)
 
 /* ---- acting on a plan ---------------------------------------------------------------- */
 
-/* The CACHED steps: drops and demotions (a demotion the tiers refuse after all drops:
-   that frees at least as much, and needs no room). */
-static int act_cached(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+/* Before a move of k pages: the room model counts an earlier move's pages as spillable once
+   moved, but paging spills a host page only when its copy has completed: when the host tier
+   cannot take the k pages as it is, wait for the copies started (*copying). */
+static int act_settle(struct swap *sw, bool wait, uint32_t k, bool *copying)
+{
+    if (!wait || !*copying || paging_host_free(sw->pg) >= k)
+        return 0;
+    *copying = false;
+    int rc = swap_wait_copies(sw);
+    return rc ? rc : paging_reap(sw->pg);
+}
+
+/* The moves of kind `kind` in plan order: swap-outs, or demotions (a demotion the tiers
+   refuse falls back to a drop: that frees at least as much, and needs no room). */
+static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, bool wait,
+                     bool *copying, uint32_t *moved)
 {
     int rc = 0;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
-        if (s->kind == SWAP_OUT)
+        if (s->kind != kind || (rc = act_settle(sw, wait, s->slots, copying)))
             continue;
-        rc = s->kind == SWAP_DEMOTE ? paging_seq_demote(sw->pg, s->h) : -ENOMEM;
-        if (rc && rc != -EIO)
+        rc = kind == SWAP_OUT ? paging_swap_out(sw->pg, s->h, true)   /* waited for below */
+                              : paging_seq_demote(sw->pg, s->h);
+        *copying |= !rc;
+        if (rc && rc != -EIO && kind == SWAP_DEMOTE)
             rc = paging_seq_drop(sw->pg, s->h, wait);
         *moved += !rc;
     }
+    return rc;
+}
+
+/* The drops: no data moves, no room below. */
+static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+{
+    int rc = 0;
+    for (size_t i = 0; i < p->n && !rc; i++)
+        if (p->steps[i].kind == SWAP_DROP) {
+            rc = paging_seq_drop(sw->pg, p->steps[i].h, wait);
+            *moved += !rc;
+        }
     return rc;
 }
 
@@ -307,19 +345,20 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     *moved = 0;
     if (!p->n && !p->orphans)
         return 0;
-    /* each move makes its own room below (spilling others, or staged), as the plan's room
-       model chose for it: no spill ahead for all of them, which takes the disk slots a
-       staged move was counted on */
-    int rc = act_cached(sw, p, wait, moved);
+    /* In the order the plan's room model used the room below: drops (none), orphans,
+       swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
+       room below (spilling others, or staged), as the model chose for it: no spill ahead
+       for all of them, which takes the disk slots a staged move was counted on. */
+    int rc = act_drops(sw, p, wait, moved);
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
     }
-    for (size_t i = 0; i < p->n && !rc; i++)
-        if (p->steps[i].kind == SWAP_OUT) {
-            rc = paging_swap_out(pg, p->steps[i].h, true);   /* copies waited for below */
-            *moved += !rc;
-        }
+    bool copying = false;
+    if (!rc)
+        rc = act_moves(sw, p, SWAP_OUT, wait, &copying, moved);
+    if (!rc)
+        rc = act_moves(sw, p, SWAP_DEMOTE, wait, &copying, moved);
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release
@@ -327,17 +366,23 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     int wrc = (*moved || paging_frames_pending(pg)) ? swap_wait_copies(sw) : 0;
     if (!wrc)
         wrc = paging_reap(pg);
+    /* A kept (non-resident) sequence's page whose last resident holder was a victim went
+       down with it: its frame came free, and the caller maps it again (the plan counted
+       no frame freed for it, and the caller's need none for it): the frames to make free
+       are want plus those. */
+    uint32_t kd = keep_device_pages(pg, p);
+    uint32_t want = p->want + (p->keep_dev > kd ? p->keep_dev - kd : 0);
     /* Pages shared by siblings that all moved stay behind while the siblings' jobs are in
        flight; once reaped they are orphans: move them too (the plan counted them). */
     uint32_t fr = paging_frames_free(pg), o = 0;
-    if (!wrc && fr < p->want && paging_orphans(pg)) {
-        wrc = paging_reclaim_orphans(pg, p->want - fr, p->keep, p->n_keep, &o);
+    if (!wrc && fr < want && paging_orphans(pg)) {
+        wrc = paging_reclaim_orphans(pg, want - fr, p->keep, p->n_keep, &o);
         if (wrc == -ENOMEM)
             wrc = 0;                   /* host tier full: the check below says so */
     }
     if (!rc)
         rc = wrc;
-    if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < p->want)
+    if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < want)
         rc = -ENOMEM;                  /* (a plan is exact: never, but never silently) */
     return rc;
 }

@@ -80,14 +80,15 @@ void swap_destroy(struct swap *sw);
  * count as freed: a non-resident one's device pages are pages it maps again); it has
  * checked its arguments and staleness first, and counted its frames with paging's need
  * functions (swap-ins, new pages, copy-on-write copies, shared partial last pages).
- * A plan lists the victims in the order they move, each with its kind and the frames it
+ * A plan lists the victims in plan order, each with its kind and the frames it
  * frees and the host/disk slots it takes, counted by paging (paging_plan_add) given the moves
  * before it: droppable CACHED sequences first (least recently used first; drops, or with
  * KVVM_F_CACHE_DEMOTE demotions in the room the swap-outs leave), then orphan pages, then
  * LIVE sequences (SWAP_PLAN_SWAP only), never PINNED, protected or excluded ones. Room below
  * is counted per victim with all the pages it copies down: a victim that does not fit is
  * skipped; when the room fills before the shortfall is covered the plan is made again without
- * the least recently used victim taken. */
+ * the least recently used victim taken. Acting moves them in the order the room model used
+ * the room below: drops, orphans, swap-outs, then demotions (each kind in plan order). */
 enum swap_step_kind { SWAP_DROP = 0, SWAP_DEMOTE, SWAP_OUT };
 struct swap_step {
     uint64_t h;
@@ -108,6 +109,7 @@ struct swap_rplan {
     size_t n;
     uint64_t *keep;                /* excl, copied */
     size_t n_keep;
+    uint32_t keep_dev;             /* the kept sequences' device pages when planned */
 };
 /* Plans making `want` frames free (flags above) without changing anything. 0: a plan (no
    steps when they are free already; short of want only with SWAP_PLAN_PARTIAL); -ENOMEM not

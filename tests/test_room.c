@@ -565,6 +565,29 @@ Test(regress, prepare_write_copy_lacked_own_map_ahead)
 
 /* ================================================================ issue 18, the plan's room */
 
+/* A context for a reclaim plan's test: no watermark (nothing moves behind the test's back),
+   no pool thread. */
+static void t_open_plan(struct t *t, uint32_t dev, uint32_t host, uint32_t disk, unsigned flags)
+{
+    struct kvvm_config c;
+    cfg(&c, dev, host, disk);
+    c.flags = flags;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.pool_thread = 0;
+    t_open(t, &c);
+}
+
+/* f pinned (never a victim), the others unprotected and idle; *s0 the state, the device
+   full. */
+static void pin_settle(struct t *t, struct sh *f, struct snap *s0)
+{
+    cr_assert_eq(kvvm_seq_set_class(t->kv, f->h, KVVM_SEQ_PINNED), 0);
+    cr_assert_eq(kvvm_step(t->kv), 0);
+    cr_assert_eq(kvvm_sync(t->kv), 0);
+    snap(t, s0);
+    cr_assert_eq(s0->st.pages_device_free, 0, "the device is full");
+}
+
 /* Bug: the reclaim plan counted a victim's move as staged to disk (the host tier too small
    for it, the disk large enough), but acting on it first spilled other host pages to make
    host room for every move at once: that took the disk slots the staged move was counted
@@ -572,25 +595,16 @@ Test(regress, prepare_write_copy_lacked_own_map_ahead)
    moved to disk. Each move now makes its own room, as the plan chose for it. */
 Test(regress, plan_spilled_ahead_then_staged_victim_refused)
 {
-    struct kvvm_config c;
-    cfg(&c, 24, 8, 14);
-    c.flags = KVVM_F_AUTO_SWAP;
-    c.device_min = c.device_low = c.device_high = 0;
-    c.pool_thread = 0;
     struct t t;
-    t_open(&t, &c);
+    t_open_plan(&t, 24, 8, 14, KVVM_F_AUTO_SWAP);
     struct sh *x = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t), *y = sh_new(&t);
     sh_grow_fill(&t, x, 7, 1);                  /* 2 pages a region: 4 */
     cr_assert_eq(kvvm_step(t.kv), 0);
     t_out(&t, x);                               /* host 4 of 8 */
     sh_grow_fill(&t, v, 23, 2);                 /* 6 pages a region: 12, the victim */
     sh_grow_fill(&t, f, 23, 3);                 /* 12: the device is full */
-    cr_assert_eq(kvvm_seq_set_class(t.kv, f->h, KVVM_SEQ_PINNED), 0);
-    cr_assert_eq(kvvm_step(t.kv), 0);
-    cr_assert_eq(kvvm_sync(t.kv), 0);
     struct snap s0;
-    snap(&t, &s0);
-    cr_assert_eq(s0.st.pages_device_free, 0);
+    pin_settle(&t, f, &s0);
     cr_assert_eq(s0.st.pages_host_free, 4);
     int rc = kvvm_seq_grow(t.kv, y->h, 23);     /* 12: v must go, staged (12 > 8 host) */
     cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
@@ -606,5 +620,118 @@ Test(regress, plan_spilled_ahead_then_staged_victim_refused)
     y->len = 0;
     cr_assert_eq(kvvm_step(t.kv), 0);
     sh_verify(&t, x, "x");
+    t_close(&t);
+}
+
+/* Bug: the reclaim plan for a swap-in counted no frame freed for a page the caller (swapped
+   out) shares with a victim, since the caller maps it again: but that victim's swap-out was
+   the page's last resident holder and took it down, so the caller then needed one more
+   frame than counted; acting on the plan made only the frames counted free (the siblings'
+   pages left behind as orphans were moved only up to that), and the swap-in failed -ENOMEM
+   after the victims had moved. The frames made free now include the caller's pages that
+   went down. */
+Test(regress, plan_took_callers_shared_page_down_then_swap_in_short)
+{
+    struct t t;
+    t_open_plan(&t, 16, 32, 0, KVVM_F_AUTO_SWAP);
+    struct sh *v = sh_new(&t);
+    sh_grow_fill(&t, v, 7, 1);                  /* 2 pages a region: 4 */
+    struct sh *cs = sh_fork(&t, v);
+    sh_grow_fill(&t, cs, 15, 2);                /* shares page 0 of each region with v: 6 own */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    t_out(&t, cs);                              /* its 6 own pages to the host; 2 stay (v) */
+    struct sh *x = sh_new(&t);
+    sh_grow_fill(&t, x, 15, 3);                 /* 8 */
+    struct sh *y = sh_fork(&t, x);              /* x's sibling: shares all 8 */
+    struct sh *f = sh_new(&t);
+    sh_grow_fill(&t, f, 7, 4);                  /* 4: the device is full */
+    struct snap s0;
+    pin_settle(&t, f, &s0);
+    cr_assert_eq(s0.in[1].pages_host, 6, "cs: 6 pages in the host tier");
+    cr_assert_eq(s0.in[1].pages_device, 2, "cs: 2 pages shared with v on the device");
+    /* need 6: v (least recently used) goes first and takes cs's 2 shared pages down with
+       it (2 frames counted), x frees none (y maps its pages), y's pages stay behind x's
+       copies and are moved as orphans */
+    int rc = kvvm_seq_swap_in(t.kv, cs->h);
+    cr_assert_eq(rc, 0, "swap_in: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, v->h, &in), 0);
+    cr_assert(!in.resident, "v was the least recently used victim");
+    check(&t, "after the swap-in");
+    sh_verify(&t, cs, "cs");
+    cr_assert_eq(kvvm_step(t.kv), 0);           /* cs unprotected: v and y come back */
+    sh_verify(&t, v, "v");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, y, "y");
+    t_close(&t);
+}
+
+/* Bug: the reclaim plan counted the pages an earlier victim's swap-out put in the host tier
+   as spillable at once (room for a later victim, direct after spilling them), but acting on
+   it starts each swap-out's copies without waiting, and paging spills a host page only once
+   its copy has completed: the later victim's swap-out was refused, and kvvm_set_budget
+   failed -ENOMEM after the earlier victims had moved. A swap-out the host tier cannot take
+   as it is now waits for the copies started. */
+Test(regress, plan_spilled_victims_pages_still_copying)
+{
+    struct t t;
+    t_open_plan(&t, 16, 8, 32, 0);              /* host: 8 slots */
+    struct sh *a = sh_new(&t), *b = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t);
+    sh_grow_fill(&t, a, 7, 1);                  /* 2 pages a region: 4, least recently used */
+    sh_grow_fill(&t, b, 7, 2);                  /* 4 */
+    sh_grow_fill(&t, v, 3, 3);                  /* 1 page a region: 2 */
+    sh_grow_fill(&t, f, 11, 4);                 /* 6: the device is full */
+    struct snap s0;
+    pin_settle(&t, f, &s0);
+    cr_assert_eq(s0.st.pages_host_free, 8);
+    /* 10 frames to free: a and b fill the host tier, v goes after spilling 2 of theirs */
+    int rc = kvvm_set_budget(t.kv, 6 * KB);
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, v->h, &in), 0);
+    cr_assert(!in.resident, "v moved");
+    check(&t, "after the shrink");
+    cr_assert_eq(kvvm_set_budget(t.kv, 16 * KB), 0);
+    struct sh *all[3] = { a, b, v };
+    for (int i = 0; i < 3; i++) {
+        sh_verify(&t, all[i], "after the shrink");
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    }
+    t_close(&t);
+}
+
+/* Bug: acting on a reclaim plan, the CACHED demotions went first, but the plan's room model
+   gives them only the room the swap-outs leave: the demotion filled the host tier, its pages
+   still being copied (not spillable), and the LIVE victim's swap-out, counted on the free
+   host slots, was refused (the disk too small to stage it): kvvm_set_budget failed -ENOMEM
+   after the demotion. The moves now go in the model's order (drops, orphans, swap-outs,
+   demotions), each waiting for the copies started when the host tier cannot take it. */
+Test(regress, plan_demotion_took_the_swap_outs_room)
+{
+    struct t t;
+    t_open_plan(&t, 16, 8, 3, KVVM_F_CACHE_DEMOTE);   /* host 8 slots, disk 3 */
+    struct sh *cs = sh_new(&t), *v = sh_new(&t), *f = sh_new(&t);
+    sh_grow_fill(&t, cs, 11, 1);                /* 3 pages a region: 6 */
+    sh_grow_fill(&t, v, 7, 2);                  /* 4 */
+    sh_grow_fill(&t, f, 11, 3);                 /* 6: the device is full */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, cs->h, KVVM_SEQ_CACHED), 0);
+    struct snap s0;
+    pin_settle(&t, f, &s0);
+    /* 10 to free: cs's 6 as a drop, then v's 4 into the host tier; cs demoted in the room
+       left (4 slots and 2 of v's pages spilled to disk) */
+    int rc = kvvm_set_budget(t.kv, 6 * KB);
+    cr_assert_eq(rc, 0, "set_budget: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    in.size = sizeof in;
+    cr_assert_eq(kvvm_seq_info(t.kv, cs->h, &in), 0);
+    cr_assert(!in.resident && !in.dropped, "cs demoted: resident %d dropped %d", in.resident,
+              in.dropped);
+    check(&t, "after the shrink");
+    cr_assert_eq(kvvm_set_budget(t.kv, 16 * KB), 0);
+    sh_verify(&t, v, "v");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    sh_verify(&t, cs, "cs");
     t_close(&t);
 }
