@@ -995,6 +995,17 @@ Test(regress, calls_left_their_context_current)
     tclose(&t);
 }
 
+/* The driver calls counted on device ord since its counters' reset, each in *k. */
+static uint64_t driver_calls(int ord, struct emu_calls *k)
+{
+    uint64_t total = 0;
+    cr_assert_eq(emu_calls_get(ord, k), 0);
+#define X(e) total += k->e;
+    EMU_ENTRIES(X)
+#undef X
+    return total;
+}
+
 /* The decode step's grow: tokens added inside the last page a sequence holds make no driver
    call at all (no capture query, no context call), in synchronous and in stream mode; a
    grow onto a new page, and one into a page shared since a fork, still do their work. */
@@ -1017,11 +1028,7 @@ static void grow_in_place_calls(bool stream)
         cr_assert_eq(kvvm_seq_grow(t.kv, a.h, n), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 4), 0);  /* the same length */
     struct emu_calls k;
-    cr_assert_eq(emu_calls_get(t.ord, &k), 0);
-    uint64_t total = 0;
-#define X(e) total += k.e;
-    EMU_ENTRIES(X)
-#undef X
+    uint64_t total = driver_calls(t.ord, &k);
     cr_expect_eq(total, 0, "%s: %lu driver calls for 4 grows inside the last page "
                  "(cuStreamIsCapturing %lu, cuCtxGetCurrent %lu)", stream ? "stream" : "sync",
                  (unsigned long)total, (unsigned long)k.cuStreamIsCapturing,
@@ -1065,11 +1072,7 @@ Test(hotpath, grow_batch_inside_the_last_pages_makes_no_driver_call)
     cr_assert_eq(emu_calls_reset(t.ord), 0);
     cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
     struct emu_calls k;
-    cr_assert_eq(emu_calls_get(t.ord, &k), 0);
-    uint64_t total = 0;
-#define X(e) total += k.e;
-    EMU_ENTRIES(X)
-#undef X
+    uint64_t total = driver_calls(t.ord, &k);
     cr_expect_eq(total, 0, "%lu driver calls for a batch inside the last pages",
                  (unsigned long)total);
     emu_ctx_off(t.ord);
