@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-600}
 bin=${2:-build/tools/kvvm-stress}
 out=${3:-$(mktemp -d /tmp/kvvm-soak.XXXXXX)}
-interval=${KVVM_SOAK_INTERVAL:-5}
+interval=${KVVMTEST_SOAK_INTERVAL:-5}
 if [ ! -x "$bin" ]; then
     cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
         cmake --build build -j2 --target kvvm-stress >/dev/null || exit 1
