@@ -133,7 +133,6 @@ void swap_after_step(struct swap *sw)
 static bool reclaim_round(void *arg)
 {
     struct swap *sw = arg;
-    int rc = 0;
     uint32_t moved = 0;
     pthread_mutex_lock(sw->lock);
     /* Nothing here records on or enqueues onto the engine stream, so a round may run
@@ -141,9 +140,11 @@ static bool reclaim_round(void *arg)
        the copy stream after the last step's fence (paging's copies_after_engine), and
        orphan pages have no engine work left (paging_reclaim_orphans). */
     struct swap_rplan p;
-    rc = swap_reclaim_plan(sw, sw->high_free, NULL, 0, SWAP_PLAN_SWAP | SWAP_PLAN_PARTIAL, &p);
-    if (!rc) {
-        rc = swap_reclaim_act(sw, &p, false, &moved);
+    if (!swap_reclaim_plan(sw, sw->high_free, NULL, 0, SWAP_PLAN_SWAP | SWAP_PLAN_PARTIAL,
+                           &p)) {
+        /* best effort: a move refused ends the round; what moved stays moved (no call
+           of the engine's fails for it) */
+        (void)swap_reclaim_act(sw, &p, false, &moved);
         swap_rplan_free(&p);
     }
     /* (moved: a drop's release may wait for a fence on the copy stream too) */
