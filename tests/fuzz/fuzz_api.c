@@ -215,6 +215,11 @@ static void verify_seq(struct fz *f, struct fseq *s, bool swap_in)
         return;
     struct kvvm_seq_info in;
     info(f, s->h, &in);
+    if (in.dropped && s->cls == KVVM_SEQ_CACHED && swap_in) {
+        s->dropped = 1;             /* at close: bringing an earlier sequence back needed room,
+                                       and CACHED sequences are dropped first (docs/api.md) */
+        return;
+    }
     if (!in.resident && !swap_in)
         return;
     for (uint32_t r = 0; r < f->nr; r++) {
