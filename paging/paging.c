@@ -16,7 +16,7 @@
 
 void paging_why_reset(struct paging *pg)
 {
-    pg->why = (struct paging_why){ 0 };
+    pg->why.what = 0;       /* every field is read only under its PG_WHY_* bit */
 }
 
 const struct paging_why *paging_why(const struct paging *pg)
