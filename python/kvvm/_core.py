@@ -681,6 +681,10 @@ class Sequence:
     # ---- views ------------------------------------------------------------------------------
     def _viewable_length(self):
         """The length, after checking the window may be read now; raises otherwise."""
+        return self._viewable().length
+
+    def _viewable(self):
+        """kvvm_seq_info, after checking the window may be read now; raises otherwise."""
         kv, h = self.ctx._kv, self._handle()
         self.ctx._check_viewable()
         i = self._query()
@@ -691,7 +695,7 @@ class Sequence:
         if self.ctx.backend != "cuda" and L.kvvm_seq_ready(kv, h) != 1:
             raise Busy(16, "a swap-in copy of sequence %#x is still in flight; wait for "
                        "`ready` or ctx.sync() before reading it on the CPU" % h)
-        return i.length
+        return i
 
     def _check_fresh(self, epoch):
         """Raises unless the sequence is alive, unmoved since `epoch` and viewable now."""
@@ -732,18 +736,33 @@ class Sequence:
         return view, tdt
 
     def _view(self, region, dtype, shape, kind):
-        n = self._viewable_length()
-        key = (region, dtype, tuple(shape) if isinstance(shape, (tuple, list)) else (shape,),
-               kind)
-        row = self._views.get(key)
-        if row is None:
-            view, tdt = self._producer(region, dtype, shape)
-            row = _views.numpy_view(view) if kind == "numpy" else self.ctx._consume(view, tdt)
-            self._views[key] = row
-        v = row[:n]
-        if kind == "torch":
-            self._handed.add(v)
-        return v
+        return self._rows((region,), dtype, shape, kind, self._viewable().length)[0]
+
+    def _rows(self, regions, dtype, shape, kind, n):
+        """Views of tokens [0, n) of each of `regions` (n from a _viewable() just made)."""
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        out = []
+        for region in regions:
+            key = (region, dtype, shape, kind)
+            row = self._views.get(key)
+            if row is None:
+                view, tdt = self._producer(region, dtype, shape)
+                row = (_views.numpy_view(view) if kind == "numpy"
+                       else self.ctx._consume(view, tdt))
+                self._views[key] = row
+            v = row[:n]
+            if kind == "torch":
+                self._handed.add(v)
+            out.append(v)
+        return out
+
+    def _layer_views(self, k_region, v_region, dtype, shape, kind):
+        """(K view, V view, first_kept) over tokens [first_kept, length) with one
+        kvvm_seq_info for both (KVCache's per-layer call)."""
+        i = self._viewable()
+        K, V = self._rows((k_region, v_region), dtype, shape, kind, i.length)
+        f = i.first_kept
+        return (K[f:], V[f:], f) if f else (K, V, 0)
 
     def view(self, region, dtype, shape):
         """The producer of a (length, *shape) view of `region`'s tokens [0, length), for any

@@ -6,7 +6,10 @@ step by step in rotating order (so machine noise hits all three alike):
   (a) libkvvm views: one sequence per request, ctx.grow_batch once per step, the new token
       written into the region view, attention reading the region view in place, ctx.step();
   (b) a torch.cat cache (Hugging Face DynamicCache style): torch.cat([K, k]) per layer;
-  (c) a statically preallocated max-length cache: the new token written in place.
+  (c) a statically preallocated max-length cache: the new token written in place;
+  (d) libkvvm through kvvm.KVCache: as (a), but each new token is written by
+      KVCache.update(layer, seq, k, v) for every sequence and layer, as a model's attention
+      code calls it (its cost over (a)'s append is the Python package's per-call price).
 Attention is multi-query (one KV head, n_q_heads query heads) so that every cache's K/V
 is consumed in place by torch.bmm, with no copy: the difference between the rows is the
 cache, not the kernel. The physical memory each cache holds is reported beside the live
@@ -65,8 +68,8 @@ class Point:
         bpt = D * 4
         pages_per_seq = 2 * NL * math.ceil(self.max_len * bpt / self.a.page_size)
         cfg = dict(backend=self.a.backend, n_regions=2 * NL, bytes_per_token=bpt,
-                   max_seqs=max(B, 1), max_tokens=self.max_len,
-                   device_budget=(B * pages_per_seq + 2 * NL) * self.a.page_size,
+                   max_seqs=2 * max(B, 1), max_tokens=self.max_len,
+                   device_budget=(2 * B * pages_per_seq + 2 * NL) * self.a.page_size,
                    emu_opaque=0)
         if self.a.backend != "cuda":
             cfg["emu_granule"] = self.a.page_size
@@ -89,6 +92,23 @@ class Point:
         self.len_a = L
         self.lengths = (kvvm._lib.c_u64 * B)()
         self.handles = (kvvm._lib.c_u64 * B)(*[s.handle for s in self.seqs])
+        # (d) the same as (a) through KVCache.update, on sequences of its own
+        self.seqs_d = [self.ctx.create() for _ in range(B)]
+        self.ctx.grow_batch(self.seqs_d, [L] * B)
+        self.cache_d = kvvm.KVCache(self.ctx, NL, 1, D, torch.float32)
+        for layer in range(NL):
+            for i, s in enumerate(self.seqs_d):
+                K, V = self.cache_d.keys_values(layer, s)
+                K[:, 0] = self.init[i]
+                V[:, 0] = self.init[i]
+        slots_d = [s.slot for s in self.seqs_d]
+        self.contiguous_d = slots_d == list(range(slots_d[0], slots_d[0] + B))
+        self.batch_views_d = [R[slots_d[0]:slots_d[0] + B] if self.contiguous_d else None
+                              for R in self.kv_regions]
+        self.handles_d = (kvvm._lib.c_u64 * B)(*[s.handle for s in self.seqs_d])
+        self.newkv_d = [self.newkv[i].unsqueeze(1) for i in range(B)]   # (1, 1, D) each
+        self.ctx.step()
+        self.len_d = L
         # (b) torch.cat
         self.cat = [self.init.clone() for _ in range(2 * NL)]
         self.len_b = L
@@ -99,7 +119,7 @@ class Point:
             t[:, :L] = self.init
             self.static.append(t)
         self.len_c = L
-        self.t = {m: {"append": [], "attn": []} for m in "abc"}
+        self.t = {m: {"append": [], "attn": []} for m in "abcd"}
 
     def close(self):
         self.ctx.close()
@@ -146,6 +166,36 @@ class Point:
         self.len_a = n
         return (t1 - t0) + (t3 - t2), t2 - t1
 
+    def step_d(self):
+        n = self.len_d + 1
+        t0 = time.perf_counter()
+        for i in range(self.B):
+            self.lengths[i] = n
+        rc = kvvm._lib.lib.kvvm_seq_grow_batch(self.ctx._kv, self.handles_d, self.lengths,
+                                               self.B)
+        if rc < 0:
+            raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
+        for layer in range(self.NL):
+            for i, s in enumerate(self.seqs_d):
+                self.cache_d.update(layer, s, self.newkv_d[i], self.newkv_d[i])
+        views = []
+        for r in range(2 * self.NL):
+            v = self.batch_views_d[r]
+            if v is None:
+                R = self.kv_regions[r]
+                v = self.torch.stack([R[s.slot] for s in self.seqs_d])
+            views.append(v)
+        self.sync()
+        t1 = time.perf_counter()
+        for layer in range(self.NL):
+            self.attention(views[2 * layer][:, :n], views[2 * layer + 1][:, :n])
+        self.sync()
+        t2 = time.perf_counter()
+        self.ctx.step()
+        t3 = time.perf_counter()
+        self.len_d = n
+        return (t1 - t0) + (t3 - t2), t2 - t1
+
     def step_b(self):
         torch, n = self.torch, self.len_b + 1
         t0 = time.perf_counter()
@@ -175,10 +225,10 @@ class Point:
         return t1 - t0, t2 - t1
 
     def run(self, warmup):
-        fns = {"a": self.step_a, "b": self.step_b, "c": self.step_c}
-        order = "abc"
+        fns = {"a": self.step_a, "b": self.step_b, "c": self.step_c, "d": self.step_d}
+        order = "abcd"
         for i in range(warmup + self.steps):
-            rot = order[i % 3:] + order[:i % 3]
+            rot = order[i % 4:] + order[:i % 4]
             for m in rot:
                 ap, at = fns[m]()
                 if i >= warmup:
@@ -189,11 +239,13 @@ class Point:
     def check(self):
         """The three caches hold the same K/V (a sanity check of the benchmark itself)."""
         torch, n = self.torch, self.len_a
-        assert self.len_a == self.len_b == self.len_c
+        assert self.len_a == self.len_b == self.len_c == self.len_d
         for r in (0, 2 * self.NL - 1):
             R = self.kv_regions[r]
             a = torch.stack([R[s.slot, :n] for s in self.seqs])
-            if not (torch.equal(a, self.cat[r]) and torch.equal(a, self.static[r][:, :n])):
+            d = torch.stack([R[s.slot, :n] for s in self.seqs_d])
+            if not (torch.equal(a, self.cat[r]) and torch.equal(a, self.static[r][:, :n])
+                    and torch.equal(a, d)):
                 raise AssertionError("bench: the caches disagree in region %d" % r)
 
     def memory(self):
@@ -208,13 +260,20 @@ class Point:
                     / (2 * self.NL * self.B))
 
     def result(self):
-        med = {m: {k: statistics.median(v) for k, v in self.t[m].items()} for m in "abc"}
-        step = {m: med[m]["append"] + med[m]["attn"] for m in "abc"}
+        med = {m: {k: statistics.median(v) for k, v in self.t[m].items()} for m in "abcd"}
+        step = {m: med[m]["append"] + med[m]["attn"] for m in "abcd"}
+        # (d)'s append over (a)'s, per KVCache.update call: the median of the per-step
+        # differences (steps alternate, so each pair shares the machine's conditions)
+        extra = [(d - a) / (self.B * self.NL) for d, a in
+                 zip(self.t["d"]["append"], self.t["a"]["append"])]
         mem = self.memory()
         return dict(context=self.L, batch=self.B, steps=self.steps,
-                    append_us={m: med[m]["append"] * 1e6 for m in "abc"},
-                    attention_us={m: med[m]["attn"] * 1e6 for m in "abc"},
-                    step_us={m: step[m] * 1e6 for m in "abc"},
+                    append_us={m: med[m]["append"] * 1e6 for m in "abcd"},
+                    attention_us={m: med[m]["attn"] * 1e6 for m in "abcd"},
+                    step_us={m: step[m] * 1e6 for m in "abcd"},
+                    update_extra_us=dict(median=statistics.median(extra) * 1e6,
+                                         min=min(extra) * 1e6, max=max(extra) * 1e6),
+                    ratio_step_d_over_c=step["d"] / step["c"],
                     ratio_step_a_over_c=step["a"] / step["c"],
                     ratio_step_b_over_c=step["b"] / step["c"],
                     ratio_append_b_over_a=med["b"]["append"] / med["a"]["append"],
@@ -223,16 +282,18 @@ class Point:
 
 def table(rows, a):
     mib = 1 << 20
-    hdr = ("ctx", "batch", "append us a/b/c", "step ms a/b/c", "a/c", "b/c",
-           "MiB held a/b/c (live)")
-    lines = ["%6s %5s %22s %24s %6s %6s %30s" % hdr]
+    hdr = ("ctx", "batch", "append us a/b/c/d", "step ms a/b/c/d", "a/c", "b/c", "d/c",
+           "update us", "MiB held a/b/c (live)")
+    lines = ["%6s %5s %24s %31s %6s %6s %6s %16s %26s" % hdr]
     for r in rows:
-        ap, st, m = r["append_us"], r["step_us"], r["memory_bytes"]
-        lines.append("%6d %5d %22s %24s %6.3f %6.2f %30s" % (
+        ap, st, m, u = r["append_us"], r["step_us"], r["memory_bytes"], r["update_extra_us"]
+        lines.append("%6d %5d %24s %31s %6.3f %6.2f %6.3f %16s %26s" % (
             r["context"], r["batch"],
-            "%.0f/%.0f/%.0f" % (ap["a"], ap["b"], ap["c"]),
-            "%.3f/%.3f/%.3f" % (st["a"] / 1e3, st["b"] / 1e3, st["c"] / 1e3),
-            r["ratio_step_a_over_c"], r["ratio_step_b_over_c"],
+            "%.0f/%.0f/%.0f/%.0f" % (ap["a"], ap["b"], ap["c"], ap["d"]),
+            "%.3f/%.3f/%.3f/%.3f" % (st["a"] / 1e3, st["b"] / 1e3, st["c"] / 1e3,
+                                     st["d"] / 1e3),
+            r["ratio_step_a_over_c"], r["ratio_step_b_over_c"], r["ratio_step_d_over_c"],
+            "%.1f [%.1f,%.1f]" % (u["median"], u["min"], u["max"]),
             "%.0f/%.0f/%.0f (%.0f)" % (m["a"] / mib, m["b"] / mib, m["c"] / mib,
                                         m["live"] / mib)))
     return "\n".join(lines)
@@ -276,7 +337,9 @@ def main(argv=None):
           "static max length %d, torch %s, %d thread(s); medians per decode step"
           % (a.layers, a.q_heads, a.head_dim, a.page_size >> 10, a.max_len,
              torch.__version__, a.threads))
-    print("(a) libkvvm views  (b) torch.cat cache  (c) static max-length cache")
+    print("(a) libkvvm views  (b) torch.cat cache  (c) static max-length cache  "
+          "(d) libkvvm through KVCache.update;\nupdate us: (d)'s append over (a)'s per "
+          "KVCache.update call, median [min, max] of the per-step differences")
     print(table(rows, a))
     if a.json:
         with open(a.json, "w") as f:

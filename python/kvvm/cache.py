@@ -47,12 +47,12 @@ class KVCache:
     def _views(self, layer, seq):
         if not 0 <= layer < self.n_layers:
             raise InvalidArgument(22, "layer %d is outside [0, %d)" % (layer, self.n_layers))
-        f = seq.tensor if self.torch else seq.array
-        K, V = f(2 * layer, self.dtype, self.shape), f(2 * layer + 1, self.dtype, self.shape)
-        first_kept = seq.info.first_kept
-        if first_kept:              # tokens [0, first_kept) are discarded: never in a view
-            K, V = K[first_kept:], V[first_kept:]
-        return K, V, first_kept
+        if not self.torch and seq.ctx.backend == "cuda":
+            seq.array(2 * layer, self.dtype, self.shape)    # raises NotSupported
+        # One kvvm_seq_info per layer for both views and first_kept: tokens [0, first_kept)
+        # are discarded, never in a view.
+        return seq._layer_views(2 * layer, 2 * layer + 1, self.dtype, self.shape,
+                                "torch" if self.torch else "numpy")
 
     def keys_values(self, layer, seq):
         """The (length - first_kept, n_kv_heads, head_dim) K and V views of `seq` at `layer`
