@@ -13,7 +13,7 @@ def test_bench_small(tmp_path, capsys):
                      "--warmup", "1", "--granule", "4K", "--layers", "1", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "(a) libkvvm views" in text and "a/c" in text
+    assert "(a) libkvvm views" in text and "a/c" in text and "(d) libkvvm through" in text
     j = json.loads(out.read_text())
     assert [(r["context"], r["batch"]) for r in j["rows"]] == [(64, 1), (64, 3), (200, 1),
                                                                (200, 3)]
@@ -22,3 +22,5 @@ def test_bench_small(tmp_path, capsys):
         assert m["b"] == m["live"] and m["a"] >= m["live"]
         assert m["a_slack_pages_per_region_seq"] <= 1.0         # at most one page each
         assert m["c"] > m["live"] and r["ratio_step_a_over_c"] > 0
+        assert r["ratio_step_d_over_c"] > 0 and set(r["update_extra_us"]) == {"median", "min",
+                                                                             "max"}
