@@ -7,7 +7,8 @@
  * them when the plan is acted on.
  *
  * Order (one LRU order, swap_lru_sort): droppable CACHED sequences first (least recently used
- * first; a drop moves no data and needs no room below), then orphan pages, then LIVE
+ * first; a drop moves no data and needs no room below), then the prefix cache's entries no
+ * sequence holds (its own order: swap_cache_ops), then orphan pages, then LIVE
  * sequences; PINNED ones never. Room below (host and disk slots) is counted per victim, with
  * all the pages its move copies down, not per shortfall: a LIVE victim whose move would not
  * fit in the room left is skipped and the next one tried; when the victims taken fill the
@@ -266,6 +267,12 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     room_keep_stage_slot(&room, pg, excl, n_excl);
     uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
     int rc = plan_drops(p, pg);
+    if (!rc && sw->cache.plan && p->have + p->frees < p->want) {
+        /* the prefix cache's entries no sequence holds: dropped like CACHED sequences */
+        p->cache_ops = &sw->cache;
+        p->cache = sw->cache.plan(sw->cache.arg, p->want - p->have - p->frees);
+        p->frees += p->cache;
+    }
     if (!rc && swap && p->have + p->frees < p->want) {
         /* orphans one by one, as paging moves them */
         while (p->orphans < orphans && p->have + p->frees < p->want && room_take(&room, 1)) {
@@ -287,6 +294,8 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
 
 void swap_rplan_free(struct swap_rplan *p)
 {
+    if (p->cache_ops && p->cache_ops->forget)
+        p->cache_ops->forget(p->cache_ops->arg);
     free(p->steps);
     free(p->keep);
     memset(p, 0, sizeof *p);
@@ -343,13 +352,15 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     struct paging *pg = sw->pg;
     uint32_t orphans = 0;
     *moved = 0;
-    if (!p->n && !p->orphans)
+    if (!p->n && !p->orphans && !p->cache)
         return 0;
     /* In the order the plan's room model used the room below: drops (none), orphans,
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
     int rc = act_drops(sw, p, wait, moved);
+    if (!rc && p->cache)
+        p->cache_ops->act(p->cache_ops->arg);    /* frames free at once: nothing maps them */
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;

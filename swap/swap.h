@@ -110,7 +110,25 @@ struct swap_rplan {
     uint64_t *keep;                /* excl, copied */
     size_t n_keep;
     uint32_t keep_dev;             /* the kept sequences' device pages when planned */
+    uint32_t cache;                /* frames the cache's planned entry drops free (counted in
+                                      frees; acted on right after the CACHED drops) */
+    const struct swap_cache_ops *cache_ops;   /* whose plan that is (forgotten at free) */
 };
+/* Holders of device pages above swap/ that reclaim drops like CACHED sequences: the prefix
+   cache (prefix/), which installs itself with swap_set_cache. Every plan asks it after the
+   droppable CACHED sequences, before orphans and LIVE sequences. plan: counts dropping its
+   reclaimable entries, in its own order, on paging's plan marks (paging_plan_pages) until
+   `want` frames are counted or none is left; returns the frames counted and keeps that plan
+   (one at a time; a new plan replaces it). act: drops the planned entries (frees their
+   frames at once). forget: the plan is not acted on (its marks die with the walk). */
+struct swap_cache_ops {
+    void *arg;
+    uint32_t (*plan)(void *arg, uint32_t want);
+    void (*act)(void *arg);
+    void (*forget)(void *arg);
+};
+/* Installs ops (copied; NULL: none). */
+void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops);
 /* Plans making `want` frames free (flags above) without changing anything. 0: a plan (no
    steps when they are free already; short of want only with SWAP_PLAN_PARTIAL); -ENOMEM not
    enough can move; -ESTALE / -ENOENT a sequence of excl is a dropped CACHED one / no
