@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/log.h"
 
 #define PFX_NONE UINT32_MAX
 #define PFX_MIN_CAP 64u
@@ -404,8 +405,14 @@ void prefix_destroy(struct prefix *pc)
 /* ---- the checker ---------------------------------------------------------------------- */
 
 static int ck_fail(char *why, size_t len, const char *fmt, uint32_t a, uint32_t b)
+    __attribute__((format(printf, 3, 0)));
+static int ck_fail(char *why, size_t len, const char *fmt, uint32_t a, uint32_t b)
 {
-    snprintf(why, len, fmt, a, b);
+    char msg[256];
+    snprintf(msg, sizeof msg, fmt, a, b);
+    klog_error("invariant violated: %s", msg);   /* the debug build aborts after it */
+    if (why && len)
+        snprintf(why, len, "%s", msg);
     return -EUCLEAN;
 }
 
