@@ -426,8 +426,9 @@ KVVM_API int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_
 enum { KVVM_TIER_DEVICE = 1, KVVM_TIER_HOST = 2, KVVM_TIER_DISK = 3, KVVM_TIER_STORE = 4 };
 /* Entries that no sequence holds are reclaimed before any LIVE sequence is swapped (as
    CACHED sequences are): least recently looked up or attached first, and a block whose
-   successor in a chain is cached after that successor (leaves first), dropped (with
-   KVVM_F_CACHE_DEMOTE too, in this release) — never blocking a call that needs room. */
+   successor in a chain is cached after that successor (leaves first), dropped — or, with
+   KVVM_F_CACHE_DEMOTE and a swap allowed (KVVM_F_AUTO_SWAP, kvvm_set_budget), demoted to
+   the host tier when the room below holds them — never blocking a call that needs room. */
 
 enum kvvm_log_level { KVVM_LOG_DEBUG = 0, KVVM_LOG_INFO = 1, KVVM_LOG_WARN = 2,
                       KVVM_LOG_ERROR = 3, KVVM_LOG_OFF = 4 };

@@ -168,3 +168,19 @@ uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, i
     }
     return frees;
 }
+
+int paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved)
+{
+    *moved = 0;
+    if (!pg->p.host)
+        return -ENOMEM;
+    int rc = tier_copy_stream(pg);
+    for (size_t i = 0; !rc && i < n; i++) {
+        struct pg_page *p = page_at(pg, ids[i]);
+        if (p->tier != PG_TIER_DEVICE || p->refs != p->ents)
+            continue;                   /* below already, or a sequence maps it */
+        if (!(rc = tier_page_down(pg, ids[i])))
+            (*moved)++;
+    }
+    return rc;
+}

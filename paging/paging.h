@@ -529,6 +529,11 @@ uint32_t paging_page_ents(struct paging *pg, pg_page_id id);
 int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n);
 /* Undoes paging_seq_adopt (s still non-resident): empty and resident again. */
 void paging_seq_unadopt(struct paging *pg, uint64_t h);
+/* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at
+   a time through the scratch page, synchronously (the copy stream only: a library thread
+   may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what
+   fit), -EIO. */
+int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved);
 /* A reclaim plan (between paging_plan_begin and its end) dropping (d = +1) one holder's
    references on ids[0..n), or taking that back (d = -1, last added first): the device frames
    the drop frees given the moves planned before it (every reference gone, none kept). */

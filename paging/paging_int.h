@@ -429,6 +429,10 @@ int  seq_settle(struct paging *pg, struct pg_seq *s);
 void tier_complete_pages(struct paging *pg, struct pg_defer *d);
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
+/* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
+   new host slot through the scratch page (making host room with the policy when a disk
+   tier exists), synchronously on the copy stream; all or nothing. -ENOMEM, -EIO. */
+int  tier_page_down(struct paging *pg, pg_page_id id);
 /* Drops the non-resident entries [first, end) of s (offs and references). */
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
 /* The steps the swap paths (tier_out.c, tier_in.c, orphan.c) share. */

@@ -16,6 +16,7 @@
 
 #define PFX_NONE UINT32_MAX
 #define PFX_MIN_CAP 64u
+#define PLAN_DEMOTE (1u << 31)   /* a plan's record demoted, not dropped (records < 2^30) */
 
 enum { REC_EMPTY = 0, REC_FULL, REC_TOMB };
 
@@ -360,14 +361,41 @@ out:
     return frees;
 }
 
-static void cache_act(void *arg)
+/* Planned drops become demotions while take grants their device pages' slots below. */
+static uint32_t cache_demote(void *arg, bool (*take)(void *ctx, uint32_t k), void *ctx)
+{
+    struct prefix *pc = arg;
+    uint32_t slots = 0;
+    for (uint32_t k = 0; k < pc->n_plan; k++) {
+        const pg_page_id *p = &pc->pages[(size_t)pc->plan[k] * pc->nr];
+        uint32_t dev = 0;
+        for (uint32_t r = 0; r < pc->nr; r++)
+            dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
+        if (dev && take(ctx, dev)) {
+            pc->plan[k] |= PLAN_DEMOTE;
+            slots += dev;
+        }
+    }
+    return slots;
+}
+
+/* Drops the planned drops (demotions: false), or demotes the planned demotions (true; one
+   whose pages cannot all go down is dropped: that frees at least as much). Leaves first:
+   a planned record has no children left when its turn comes. */
+static void cache_act(void *arg, bool demotions)
 {
     struct prefix *pc = arg;
     for (uint32_t k = 0; k < pc->n_plan; k++) {
-        rec_remove(pc, pc->plan[k], true);   /* leaves first: no children left */
+        uint32_t i = pc->plan[k] & ~PLAN_DEMOTE, moved;
+        if (!(pc->plan[k] & PLAN_DEMOTE) == demotions)
+            continue;
+        if (!demotions || paging_held_down(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr,
+                                           &moved))
+            rec_remove(pc, i, true);
         pc->c.evictions++;
     }
-    cache_forget(pc);
+    if (demotions)
+        cache_forget(pc);
 }
 
 /* ---- life ----------------------------------------------------------------------------- */
@@ -383,8 +411,8 @@ int prefix_create(struct paging *pg, struct swap *sw, struct prefix **out)
     pc->sw = sw;
     pc->nr = pp.n_regions;
     if (sw)
-        swap_set_cache(sw, &(struct swap_cache_ops){ pc, cache_plan, cache_act,
-                                                     cache_forget });
+        swap_set_cache(sw, &(struct swap_cache_ops){ pc, cache_plan, cache_demote,
+                                                     cache_act, cache_forget });
     *out = pc;
     return 0;
 }

@@ -21,8 +21,9 @@
  *  - Reclaim (swap_cache_ops, installed in swap/ by prefix_create): an entry no sequence,
  *    release or transfer holds (its pages only entries hold) is reclaimable; a plan takes
  *    them least recently looked up or attached first, leaves first, counting the frames
- *    each drop frees on paging's plan marks; acting drops them. Demotion to host/disk is
- *    not done here (KVVM_F_CACHE_DEMOTE drops entries too).
+ *    each drop frees on paging's plan marks; acting drops them, or, with KVVM_F_CACHE_DEMOTE
+ *    and room below (a plan that may swap: swap_cache_ops.demote), copies their device
+ *    pages to the host tier (the entry stays, at KVVM_TIER_HOST; attach brings it back).
  *  - Moves nothing itself but by paging's calls; never includes a header of core/.
  *  - Not thread-safe: the caller (core/) holds the context lock around every call (the
  *    reclaim ops run under it too, from a plan of swap/).

@@ -239,6 +239,12 @@ static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room 
     }
 }
 
+/* The cache's demotions take room as the CACHED ones do (swap_cache_ops.demote). */
+static bool cache_room_take(void *ctx, uint32_t k)
+{
+    return room_take(ctx, k);
+}
+
 int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
                       unsigned flags, struct swap_rplan *p)
 {
@@ -282,8 +288,13 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
         }
         rc = plan_live(p, pg, &room);
     }
-    if (!rc && swap && sw->p.cache_demote)
+    if (!rc && swap && sw->p.cache_demote) {
         plan_demotions(p, pg, &room);
+        if (p->cache && sw->cache.demote) {
+            p->cache_slots = sw->cache.demote(sw->cache.arg, cache_room_take, &room);
+            p->slots += p->cache_slots;
+        }
+    }
     p->room = swap ? room_total(&room) : 0;
     if (!rc && p->have + p->frees < want && !(flags & SWAP_PLAN_PARTIAL))
         rc = -ENOMEM;                  /* checked: not enough can move, nothing moved */
@@ -360,7 +371,7 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
        for all of them, which takes the disk slots a staged move was counted on. */
     int rc = act_drops(sw, p, wait, moved);
     if (!rc && p->cache)
-        p->cache_ops->act(p->cache_ops->arg);    /* frames free at once: nothing maps them */
+        p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
@@ -370,6 +381,8 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         rc = act_moves(sw, p, SWAP_OUT, wait, &copying, moved);
     if (!rc)
         rc = act_moves(sw, p, SWAP_DEMOTE, wait, &copying, moved);
+    if (!rc && p->cache_slots && !(rc = act_settle(sw, wait, p->cache_slots, &copying)))
+        p->cache_ops->act(p->cache_ops->arg, true);   /* synchronous copies */
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release

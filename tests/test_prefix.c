@@ -507,6 +507,60 @@ Test(reclaim, entries_a_sequence_holds_are_not_reclaimed)
     tclose(&t);
 }
 
+/* KVVM_F_CACHE_DEMOTE with a swap allowed: entries no sequence holds go to the host tier
+   (leaves first), stay attachable, and come back with their bytes. */
+Test(reclaim, demote_keeps_entries_below)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    kvvm_key k[3];
+    cfg_small(&c, 1, 8, 16, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    topen(&t, &c);
+    kvvm_seq a = published(&t, 1, 4, 3, 0, k);
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 2);
+    cr_assert_eq(st.prefix_entries, 3, "a demoted entry was dropped");
+    cr_assert_eq(st.swap_outs, 0);
+    uint8_t where[3];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
+    cr_assert_eq(where[0], KVVM_TIER_DEVICE);
+    cr_assert_eq(where[1], KVVM_TIER_HOST, "not leaves first");
+    cr_assert_eq(where[2], KVVM_TIER_HOST);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), 3, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 3 * T, 4), "demoted bytes differ");
+    tcheck(&t, "demote");
+    tclose(&t);
+}
+
+/* A demotion is a swap: without KVVM_F_AUTO_SWAP entries are dropped. */
+Test(reclaim, demote_needs_a_swap_allowed)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    kvvm_key k[3];
+    cfg_small(&c, 1, 8, 16, KVVM_F_CACHE_DEMOTE);
+    topen(&t, &c);
+    kvvm_seq a = published(&t, 1, 4, 3, 0, k);
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 2);
+    cr_assert_eq(st.prefix_entries, 1);
+    cr_assert_eq(st.pages_host_free, st.pages_host_total);
+    tcheck(&t, "no demote");
+    tclose(&t);
+}
+
 /* ---------------------------------------------------------------- host entries */
 
 /* An entry whose pages went to the host tier with its publisher's swap-out. */
