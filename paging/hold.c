@@ -21,16 +21,23 @@ static bool blocks_are_pages(const struct paging *pg)
     return pg->p.page_size % pg->p.bytes_per_token == 0;
 }
 
+/* The live, not dropped sequence h whose blocks are pages. -ENOENT, -ESTALE, -EOPNOTSUPP. */
+static int block_seq(struct paging *pg, uint64_t h, struct pg_seq **out)
+{
+    int rc = seq_lookup(pg, h, out);
+    if (rc)
+        return rc;
+    if ((*out)->dropped)
+        return -ESTALE;
+    return blocks_are_pages(pg) ? 0 : -EOPNOTSUPP;
+}
+
 int paging_seq_blocks(struct paging *pg, uint64_t h, uint32_t n, pg_page_id *ids)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
+    int rc = block_seq(pg, h, &s);
     if (rc)
         return rc;
-    if (s->dropped)
-        return -ESTALE;
-    if (!blocks_are_pages(pg))
-        return -EOPNOTSUPP;
     uint32_t nr = pg->p.n_regions;
     if ((uint64_t)n * pg->p.page_size > s->length * pg->p.bytes_per_token)
         return -EINVAL;                 /* past its full blocks */
@@ -106,15 +113,11 @@ uint32_t paging_page_ents(struct paging *pg, pg_page_id id)
 int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
+    int rc = block_seq(pg, h, &s);
     if (rc)
         return rc;
-    if (s->dropped)
-        return -ESTALE;
     if (s->length)
         return -EINVAL;
-    if (!blocks_are_pages(pg))
-        return -EOPNOTSUPP;
     uint64_t tokens = (uint64_t)n * (pg->p.page_size / pg->p.bytes_per_token);
     if (tokens > pg->p.max_tokens || n > pg->pages_per_slot)
         return -E2BIG;

@@ -21,6 +21,15 @@ static void cfg_small(struct kvvm_config *c, uint32_t nr, uint64_t dev, uint64_t
     c->pool_thread = 0;
 }
 
+/* Opens t (cfg_small) with a 60 s hang guard. */
+static void open_t(struct tctx *t, uint32_t nr, uint64_t dev, uint64_t host, unsigned flags)
+{
+    struct kvvm_config c;
+    TH_DEADLINE(60);
+    cfg_small(&c, nr, dev, host, flags);
+    topen(t, &c);
+}
+
 static uint8_t pat(uint32_t lin, uint32_t r, uint64_t off)
 {
     return (uint8_t)(lin * 131u + r * 17u + off * 7u + (off >> 8) + 1u);
@@ -83,6 +92,13 @@ static kvvm_seq published(struct tctx *t, uint64_t ns, uint32_t lin, size_t nb, 
     return s;
 }
 
+/* Entries of lineage lin that no sequence holds (their publisher freed). */
+static void entries_only(struct tctx *t, uint64_t ns, uint32_t lin, size_t nb, kvvm_key *k)
+{
+    kvvm_seq s = published(t, ns, lin, nb, 0, k);
+    cr_assert_eq(kvvm_seq_free(t->kv, s), 0);
+}
+
 static uint64_t seq_len(struct tctx *t, kvvm_seq s)
 {
     struct kvvm_seq_info in;
@@ -94,11 +110,8 @@ static uint64_t seq_len(struct tctx *t, kvvm_seq s)
 
 Test(keys, block_tokens_is_page_over_bytes_per_token)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
-    cfg_small(&c, 2, 16, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 16, 0, 0);
     uint32_t bt = 0;
     cr_assert_eq(kvvm_block_tokens(t.kv, &bt), 0);
     cr_assert_eq(bt, T);
@@ -156,12 +169,9 @@ Test(keys, chained_xxh3_128_as_documented)
 
 Test(prefix, publish_lookup_attach_shares_pages_without_copy)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[4];
-    cfg_small(&c, 2, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 32, 0, 0);
     kvvm_seq a = published(&t, 7, 1, 3, 8, k);      /* 3.5 blocks: 3 published */
     uint8_t where[4] = { 0 };
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 7, k, 3, where), 3);
@@ -198,12 +208,9 @@ Test(prefix, publish_lookup_attach_shares_pages_without_copy)
 
 Test(prefix, attach_longest_present_prefix_and_miss)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[4], q[4];
-    cfg_small(&c, 1, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 1, 32, 0, 0);
     published(&t, 1, 2, 2, 0, k);
     keys_of(2, 4, q);                   /* the same prompt, 4 blocks: 2 are cached */
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, q, 4, NULL), 2);
@@ -228,12 +235,9 @@ Test(prefix, attach_longest_present_prefix_and_miss)
 
 Test(prefix, errors)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[4];
-    cfg_small(&c, 2, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 32, 0, 0);
     kvvm_seq a = published(&t, 1, 1, 2, 3, k);
     keys_of(1, 4, k);
     kvvm_seq b = mk(&t);
@@ -271,12 +275,9 @@ Test(prefix, errors)
 
 Test(prefix, a_present_key_keeps_its_entry)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 2, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 32, 0, 0);
     published(&t, 1, 1, 2, 0, k);
     /* another sequence, other bytes, the same keys (+ one more): one new entry only */
     kvvm_seq o = mk(&t);
@@ -300,12 +301,9 @@ Test(prefix, a_present_key_keeps_its_entry)
 
 Test(prefix, namespaces_isolate_entries)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[2];
-    cfg_small(&c, 1, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 1, 32, 0, 0);
     kvvm_seq a = published(&t, 100, 1, 2, 0, k);
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 101, k, 2, NULL), 0, "seen in another namespace");
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 0, k, 2, NULL), 0);
@@ -328,12 +326,9 @@ Test(prefix, namespaces_isolate_entries)
 
 Test(prefix, entries_outlive_their_publisher)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 2, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 32, 0, 0);
     kvvm_seq a = published(&t, 1, 6, 3, 0, k);
     struct kvvm_stats s0, s1;
     tstats(&t, &s0);
@@ -358,12 +353,9 @@ Test(prefix, entries_outlive_their_publisher)
 
 Test(prefix, drop_keeps_sharers_pages)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 2, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 32, 0, 0);
     kvvm_seq a = published(&t, 1, 7, 3, 0, k);
     kvvm_seq b = mk(&t);
     cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), 3);
@@ -390,12 +382,9 @@ Test(prefix, drop_keeps_sharers_pages)
 
 Test(prefix, stats_count_lookups_hits_entries)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 1, 32, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 1, 32, 0, 0);
     published(&t, 1, 1, 3, 0, k);
     struct kvvm_stats st;
     tstats(&t, &st);
@@ -422,12 +411,9 @@ Test(prefix, stats_count_lookups_hits_entries)
    publishers freed; a grow that needs 2 frames more than are free. */
 Test(reclaim, leaves_first_least_recently_used_first)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key x[3], y[3];
-    cfg_small(&c, 1, 8, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 1, 8, 0, 0);
     kvvm_seq a = published(&t, 1, 1, 3, 0, x);
     kvvm_seq b = published(&t, 1, 2, 3, 0, y);
     cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
@@ -458,14 +444,10 @@ Test(reclaim, leaves_first_least_recently_used_first)
 
 Test(reclaim, entries_go_before_any_live_sequence_is_swapped)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 1, 8, 16, KVVM_F_AUTO_SWAP);
-    topen(&t, &c);
-    kvvm_seq a = published(&t, 1, 1, 3, 0, k);
-    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    open_t(&t, 1, 8, 16, KVVM_F_AUTO_SWAP);
+    entries_only(&t, 1, 1, 3, k);
     kvvm_seq live = mk(&t);
     fill(&t, live, 3 * T, 2);
     cr_assert_eq(kvvm_step(t.kv), 0);    /* live unprotected: a swap victim */
@@ -485,12 +467,9 @@ Test(reclaim, entries_go_before_any_live_sequence_is_swapped)
 
 Test(reclaim, entries_a_sequence_holds_are_not_reclaimed)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 1, 6, 0, 0);
-    topen(&t, &c);
+    open_t(&t, 1, 6, 0, 0);
     kvvm_seq a = published(&t, 1, 1, 3, 0, k);
     (void)a;                             /* the publisher holds them */
     kvvm_seq g = mk(&t);
@@ -511,14 +490,10 @@ Test(reclaim, entries_a_sequence_holds_are_not_reclaimed)
    (leaves first), stay attachable, and come back with their bytes. */
 Test(reclaim, demote_keeps_entries_below)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 1, 8, 16, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
-    topen(&t, &c);
-    kvvm_seq a = published(&t, 1, 4, 3, 0, k);
-    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    open_t(&t, 1, 8, 16, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    entries_only(&t, 1, 4, 3, k);
     kvvm_seq g = mk(&t);
     cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), 0, "grow: %s", kvvm_last_error());
     struct kvvm_stats st;
@@ -542,14 +517,10 @@ Test(reclaim, demote_keeps_entries_below)
 /* A demotion is a swap: without KVVM_F_AUTO_SWAP entries are dropped. */
 Test(reclaim, demote_needs_a_swap_allowed)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 1, 8, 16, KVVM_F_CACHE_DEMOTE);
-    topen(&t, &c);
-    kvvm_seq a = published(&t, 1, 4, 3, 0, k);
-    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    open_t(&t, 1, 8, 16, KVVM_F_CACHE_DEMOTE);
+    entries_only(&t, 1, 4, 3, k);
     kvvm_seq g = mk(&t);
     cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), 0, "grow: %s", kvvm_last_error());
     struct kvvm_stats st;
@@ -578,12 +549,9 @@ static kvvm_seq host_entries(struct tctx *t, kvvm_key *k, uint32_t nb)
 
 Test(host, attach_brings_host_entries_back)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 2, 16, 16, 0);
-    topen(&t, &c);
+    open_t(&t, 2, 16, 16, 0);
     host_entries(&t, k, 3);
     struct kvvm_stats s0, s1;
     tstats(&t, &s0);
@@ -601,12 +569,9 @@ Test(host, attach_brings_host_entries_back)
 
 Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
 {
-    TH_DEADLINE(60);
-    struct kvvm_config c;
     struct tctx t;
     kvvm_key k[3];
-    cfg_small(&c, 1, 8, 16, 0);
-    topen(&t, &c);
+    open_t(&t, 1, 8, 16, 0);
     host_entries(&t, k, 3);
     kvvm_seq full = mk(&t);
     fill(&t, full, 6 * T, 3);            /* 2 frames left, 3 needed */
@@ -646,8 +611,7 @@ static void sw_setup(void *p)
     if (a->host) {
         host_entries(&a->t, a->k, 3);
     } else {
-        kvvm_seq s = published(&a->t, 1, 8, 3, 0, a->k);
-        cr_assert_eq(kvvm_seq_free(a->t.kv, s), 0);
+        entries_only(&a->t, 1, 8, 3, a->k);
     }
     a->dst = mk(&a->t);
     cr_assert_eq(kvvm_sync(a->t.kv), 0);
