@@ -592,6 +592,65 @@ Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
     tclose(&t);
 }
 
+/* Entries whose pages went to disk (a staged swap-out of their publisher: more pages than
+   the host tier holds) come back by attach with their bytes. */
+Test(host, attach_brings_disk_entries_back)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/var/tmp/kvvm-test-prefix-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    struct kvvm_config c;
+    struct tctx t;
+    kvvm_key k[4];
+    TH_DEADLINE(60);
+    cfg_small(&c, 1, 16, 2, 0);
+    c.spill_dir = dir;
+    c.spill_budget = 16 * KB;
+    topen(&t, &c);
+    kvvm_seq a = published(&t, 1, 9, 4, 0, k);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a), 0, "swap_out: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    uint8_t where[4];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 4, where), 4);
+    int on_disk = 0;
+    for (int i = 0; i < 4; i++)
+        on_disk += where[i] == KVVM_TIER_DISK;
+    cr_assert_gt(on_disk, 0, "no entry on disk");
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 4), 4, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 4 * T, 9), "bytes back from disk differ");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 4, where), 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(where[i], KVVM_TIER_DEVICE);
+    tcheck(&t, "disk attach");
+    tclose(&t);
+    cr_expect_eq(rmdir(dir), 0);
+}
+
+/* A dropped CACHED sequence is -ESTALE as attach's dst (and as publish's source). */
+Test(prefix, dropped_cached_dst_is_estale)
+{
+    struct tctx t;
+    kvvm_key k[2];
+    open_t(&t, 1, 4, 0, 0);
+    kvvm_seq a = published(&t, 1, 1, 2, 0, k);
+    kvvm_seq d = mk(&t);
+    fill(&t, d, 2 * T, 2);
+    cr_assert_eq(kvvm_seq_set_class(t.kv, d, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 2 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_seq_info in;
+    tinfo(&t, d, &in);
+    cr_assert(in.dropped, "the CACHED sequence was not dropped");
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 1, k, 2), -ESTALE);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, d, 1, k, 0), -ESTALE);
+    cr_assert(same(&t, a, 2 * T, 1));
+    tcheck(&t, "estale");
+    tclose(&t);
+}
+
 /* ---------------------------------------------------------------- fault sweeps */
 
 struct sw_arg {
