@@ -651,6 +651,34 @@ Test(prefix, dropped_cached_dst_is_estale)
     tclose(&t);
 }
 
+/* While the engine stream captures a CUDA graph, attach (which maps and may copy) is -EBUSY
+   and changes nothing; publish, lookup and drop touch no stream and work. */
+Test(prefix, attach_while_capturing_is_ebusy)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    kvvm_key k[2];
+    TH_DEADLINE(60);
+    cfg_small(&c, 1, 16, 0, 0);
+    topen_stream(&t, &c, &st);
+    kvvm_seq a = published(&t, 1, 3, 2, 0, k);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 1), 0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 2), -EBUSY);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 2, NULL), 2);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 1, k + 1, 1), 1);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a, 1, k, 2), 1);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 0), 0);
+    cr_assert_eq(seq_len(&t, b), 0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 2), 2);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert(same(&t, b, 2 * T, 3));
+    tcheck(&t, "capture");
+    tclose_stream(&t, st);
+}
+
 /* ---------------------------------------------------------------- fault sweeps */
 
 struct sw_arg {
