@@ -1,8 +1,9 @@
 /*
- * prefix/prefix.c: the prefix index (contract in prefix.h). Records of one cache line in an
- * open-addressed table (linear probing, tombstones, rebuilt in publish when live records
- * and tombstones pass half the capacity); each record's pages in a parallel array
- * (n_regions page ids per record). Records never move between rebuilds, so a parent link is
+ * prefix/prefix.c: the prefix index (contract in prefix.h). Records of 48 bytes (key,
+ * namespace, LRU tick: what a lookup reads and writes) in an open-addressed table (linear
+ * probing, tombstones, rebuilt in publish when live records and tombstones pass half the
+ * capacity); each record's chain links and pages in parallel arrays (cold: publish, drop
+ * and reclaim use them). Records never move between rebuilds, so a parent link is
  * a record index (a rebuild maps them). The keys are digests already: the home slot comes
  * from their first words mixed with the namespace, no hashing of the 32 bytes.
  */
@@ -18,18 +19,27 @@
 #define PFX_MIN_CAP 64u
 #define PLAN_DEMOTE (1u << 31)   /* a plan's record demoted, not dropped (records < 2^30) */
 
-enum { REC_EMPTY = 0, REC_FULL, REC_TOMB };
-
-struct pfx_rec {                 /* one cache line */
+/* What a lookup reads and writes, and nothing else: 48 bytes (the cold chain links are in
+   a parallel array), so the table is as small as a bare map's. */
+struct pfx_rec {
     uint64_t key[4];             /* the digest (zero-padded by the engine) */
     uint64_t ns;
-    uint64_t tick;               /* pc->clock at its last lookup or attach (its publish) */
+    uint64_t tick;               /* pc->clock at its last lookup or attach (its publish);
+                                    TICK_EMPTY: a free record, TICK_TOMB: a removed one */
+};
+_Static_assert(sizeof(struct pfx_rec) == 48, "a record is 48 bytes");
+#define TICK_EMPTY 0u
+#define TICK_TOMB UINT64_MAX     /* (the clock starts at 1 and never gets there) */
+
+struct pfx_link {
     uint32_t parent;             /* record of its predecessor in its chain, or PFX_NONE */
     uint32_t children;           /* records naming it as parent */
-    uint32_t state;              /* REC_* */
-    uint32_t pad;
 };
-_Static_assert(sizeof(struct pfx_rec) == 64, "a record is one cache line");
+
+static inline bool rec_full(const struct pfx_rec *r)
+{
+    return r->tick != TICK_EMPTY && r->tick != TICK_TOMB;
+}
 
 struct prefix {
     struct paging *pg;
@@ -38,6 +48,7 @@ struct prefix {
     uint32_t cap, mask;          /* records (a power of two; 0: no table yet) */
     uint32_t n_full, n_tomb;
     struct pfx_rec *rec;         /* cap records */
+    struct pfx_link *link;       /* cap chain links, record i's at i */
     pg_page_id *pages;           /* cap * nr: record i's pages at i * nr, region order */
     uint64_t clock;              /* lookups and publishes so far (the LRU clock) */
     struct prefix_counters c;
@@ -67,10 +78,10 @@ static inline uint32_t find(const struct prefix *pc, const uint64_t k[4], uint64
         return PFX_NONE;
     for (uint32_t i = (uint32_t)rec_hash(k, ns) & pc->mask;; i = (i + 1) & pc->mask) {
         const struct pfx_rec *r = &pc->rec[i];
-        if (r->state == REC_EMPTY)
+        if (r->tick == TICK_EMPTY)
             return PFX_NONE;
-        if (r->state == REC_FULL && r->key[0] == k[0] && r->key[1] == k[1] && r->ns == ns &&
-            r->key[2] == k[2] && r->key[3] == k[3])
+        if (r->key[0] == k[0] && r->key[1] == k[1] && r->ns == ns && r->key[2] == k[2] &&
+            r->key[3] == k[3] && r->tick != TICK_TOMB)
             return i;
     }
 }
@@ -79,7 +90,7 @@ static inline uint32_t find(const struct prefix *pc, const uint64_t k[4], uint64
 static uint32_t free_slot(struct prefix *pc, const uint64_t k[4], uint64_t ns)
 {
     uint32_t i = (uint32_t)rec_hash(k, ns) & pc->mask;
-    while (pc->rec[i].state == REC_FULL)
+    while (rec_full(&pc->rec[i]))
         i = (i + 1) & pc->mask;
     return i;
 }
@@ -88,34 +99,39 @@ static uint32_t free_slot(struct prefix *pc, const uint64_t k[4], uint64_t ns)
 static int rebuild(struct prefix *pc, uint32_t cap)
 {
     struct pfx_rec *rec = calloc(cap, sizeof *rec);
+    struct pfx_link *link = calloc(cap, sizeof *link);
     pg_page_id *pages = calloc((size_t)cap * pc->nr, sizeof *pages);
     uint32_t *map = malloc((pc->cap ? pc->cap : 1) * sizeof *map);
-    if (!rec || !pages || !map) {
+    if (!rec || !link || !pages || !map) {
         free(rec);
+        free(link);
         free(pages);
         free(map);
         return -ENOMEM;
     }
     struct prefix old = *pc;
     pc->rec = rec;
+    pc->link = link;
     pc->pages = pages;
     pc->cap = cap;
     pc->mask = cap - 1;
     pc->n_tomb = 0;
     for (uint32_t i = 0; i < old.cap; i++) {
         map[i] = PFX_NONE;
-        if (old.rec[i].state != REC_FULL)
+        if (!rec_full(&old.rec[i]))
             continue;
         uint32_t j = free_slot(pc, old.rec[i].key, old.rec[i].ns);
         rec[j] = old.rec[i];
+        link[j] = old.link[i];
         memcpy(&pages[(size_t)j * pc->nr], &old.pages[(size_t)i * pc->nr],
                pc->nr * sizeof *pages);
         map[i] = j;
     }
     for (uint32_t j = 0; j < cap; j++)
-        if (rec[j].state == REC_FULL && rec[j].parent != PFX_NONE)
-            rec[j].parent = map[rec[j].parent];
+        if (rec_full(&rec[j]) && link[j].parent != PFX_NONE)
+            link[j].parent = map[link[j].parent];
     free(old.rec);
+    free(old.link);
     free(old.pages);
     free(map);
     return 0;
@@ -128,7 +144,7 @@ static int reserve(struct prefix *pc, size_t extra)
     if (pc->cap && used * 2 <= pc->cap)
         return 0;
     uint64_t live = (uint64_t)pc->n_full + extra, cap = PFX_MIN_CAP;
-    while (live * 3 > cap)              /* a third full after the rebuild */
+    while (live * 2 > cap)              /* at most half full after the rebuild */
         cap *= 2;
     if (cap > (1u << 30))
         return -ENOMEM;
@@ -139,24 +155,24 @@ static int reserve(struct prefix *pc, size_t extra)
    children, if any (none in a plan's leaves-first order or a namespace's whole drop). */
 static void rec_remove(struct prefix *pc, uint32_t i, bool scan)
 {
-    struct pfx_rec *r = &pc->rec[i];
+    struct pfx_link *l = &pc->link[i];
     paging_unhold(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr);
-    if (r->parent != PFX_NONE && pc->rec[r->parent].state == REC_FULL)
-        pc->rec[r->parent].children--;
-    for (uint32_t j = 0; scan && r->children && j < pc->cap; j++)
-        if (pc->rec[j].state == REC_FULL && pc->rec[j].parent == i) {
-            pc->rec[j].parent = PFX_NONE;   /* a chain's head now */
-            r->children--;
+    if (l->parent != PFX_NONE && rec_full(&pc->rec[l->parent]))
+        pc->link[l->parent].children--;
+    for (uint32_t j = 0; scan && l->children && j < pc->cap; j++)
+        if (rec_full(&pc->rec[j]) && pc->link[j].parent == i) {
+            pc->link[j].parent = PFX_NONE;  /* a chain's head now */
+            l->children--;
         }
-    r->state = REC_TOMB;
-    r->children = 0;
+    pc->rec[i].tick = TICK_TOMB;
+    *l = (struct pfx_link){ PFX_NONE, 0 };
     pc->n_full--;
     pc->n_tomb++;
     /* a tombstone run ending in an empty record is empty itself: probes stop there anyway */
-    for (uint32_t j = i; pc->rec[j].state == REC_TOMB &&
-                         pc->rec[(j + 1) & pc->mask].state == REC_EMPTY;
+    for (uint32_t j = i; pc->rec[j].tick == TICK_TOMB &&
+                         pc->rec[(j + 1) & pc->mask].tick == TICK_EMPTY;
          j = (j - 1) & pc->mask) {
-        pc->rec[j].state = REC_EMPTY;
+        pc->rec[j].tick = TICK_EMPTY;
         pc->n_tomb--;
     }
 }
@@ -188,15 +204,15 @@ int prefix_publish(struct prefix *pc, uint64_t h, uint64_t ns, const void *keys,
         uint32_t i = find(pc, k, ns);
         if (i == PFX_NONE) {            /* a key present keeps its entry (and s its pages) */
             i = free_slot(pc, k, ns);
-            pc->n_tomb -= pc->rec[i].state == REC_TOMB;
+            pc->n_tomb -= pc->rec[i].tick == TICK_TOMB;
             pc->rec[i] = (struct pfx_rec){ .key = { k[0], k[1], k[2], k[3] }, .ns = ns,
-                                           .tick = tick, .parent = prev,
-                                           .state = REC_FULL };
+                                           .tick = tick };
+            pc->link[i] = (struct pfx_link){ .parent = prev, .children = 0 };
             pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
             memcpy(p, &ids[b * pc->nr], pc->nr * sizeof *p);
             paging_hold(pg, p, pc->nr);
             if (prev != PFX_NONE)
-                pc->rec[prev].children++;
+                pc->link[prev].children++;
             pc->n_full++;
             added++;
         }
@@ -248,7 +264,7 @@ size_t prefix_drop(struct prefix *pc, uint64_t ns, const void *keys, size_t n)
     size_t removed = 0;
     if (!keys) {                        /* every entry of ns: its chains go whole */
         for (uint32_t i = 0; i < pc->cap; i++)
-            if (pc->rec[i].state == REC_FULL && pc->rec[i].ns == ns) {
+            if (rec_full(&pc->rec[i]) && pc->rec[i].ns == ns) {
                 rec_remove(pc, i, false);
                 removed++;
             }
@@ -270,6 +286,8 @@ void prefix_counters(const struct prefix *pc, struct prefix_counters *out)
 {
     *out = pc->c;
     out->entries = pc->n_full;
+    out->bytes = (uint64_t)pc->cap * (sizeof *pc->rec + sizeof *pc->link +
+                                      pc->nr * sizeof *pc->pages);
 }
 
 /* ---- reclaim (swap_cache_ops) --------------------------------------------------------- */
@@ -339,9 +357,9 @@ static uint32_t cache_plan(void *arg, uint32_t want)
         goto out;
     }
     for (uint32_t i = 0; i < pc->cap; i++) {
-        if (pc->rec[i].state != REC_FULL)
+        if (!rec_full(&pc->rec[i]))
             continue;
-        rem[i] = pc->rec[i].children;
+        rem[i] = pc->link[i].children;
         cand[i] = reclaimable(pc, i);
         if (cand[i] && !rem[i])
             heap_push(pc, heap, &nh, i);
@@ -350,7 +368,7 @@ static uint32_t cache_plan(void *arg, uint32_t want)
         uint32_t i = heap_pop(pc, heap, &nh);
         frees += paging_plan_pages(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr, 1);
         pc->plan[pc->n_plan++] = i;
-        uint32_t p = pc->rec[i].parent;
+        uint32_t p = pc->link[i].parent;
         if (p != PFX_NONE && !--rem[p] && cand[p])
             heap_push(pc, heap, &nh, p);
     }
@@ -422,10 +440,11 @@ void prefix_destroy(struct prefix *pc)
     if (!pc)
         return;
     for (uint32_t i = 0; i < pc->cap; i++)
-        if (pc->rec[i].state == REC_FULL)
+        if (rec_full(&pc->rec[i]))
             paging_unhold(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr);
     cache_forget(pc);
     free(pc->rec);
+    free(pc->link);
     free(pc->pages);
     free(pc);
 }
@@ -452,18 +471,19 @@ int prefix_check(struct prefix *pc, char *why, size_t len)
     int rc = refs && kids ? 0 : -ENOMEM;
     for (uint32_t i = 0; !rc && i < pc->cap; i++) {
         const struct pfx_rec *r = &pc->rec[i];
-        full += r->state == REC_FULL;
-        tomb += r->state == REC_TOMB;
-        if (r->state != REC_FULL)
+        const struct pfx_link *l = &pc->link[i];
+        full += rec_full(r);
+        tomb += r->tick == TICK_TOMB;
+        if (!rec_full(r))
             continue;
         if (find(pc, r->key, r->ns) != i)
             rc = ck_fail(why, len, "prefix record %u is not found by its key (%u)", i, 0);
-        else if (r->parent != PFX_NONE && (r->parent >= pc->cap ||
-                                           pc->rec[r->parent].state != REC_FULL))
+        else if (l->parent != PFX_NONE && (l->parent >= pc->cap ||
+                                           !rec_full(&pc->rec[l->parent])))
             rc = ck_fail(why, len, "prefix record %u names record %u, not an entry, as parent",
-                         i, r->parent);
-        if (!rc && r->parent != PFX_NONE)
-            kids[r->parent]++;
+                         i, l->parent);
+        if (!rc && l->parent != PFX_NONE)
+            kids[l->parent]++;
         for (uint32_t k = 0; !rc && k < pc->nr; k++) {
             pg_page_id id = pc->pages[(size_t)i * pc->nr + k];
             if (pg_page_is_none(id) || id.v > max_pages || !paging_page_ents(pc->pg, id))
@@ -474,9 +494,9 @@ int prefix_check(struct prefix *pc, char *why, size_t len)
         }
     }
     for (uint32_t i = 0; !rc && i < pc->cap; i++)
-        if (pc->rec[i].state == REC_FULL && kids[i] != pc->rec[i].children)
+        if (rec_full(&pc->rec[i]) && kids[i] != pc->link[i].children)
             rc = ck_fail(why, len, "prefix record %u counts %u children", i,
-                         pc->rec[i].children);
+                         pc->link[i].children);
     if (!rc && (full != pc->n_full || tomb != pc->n_tomb))
         rc = ck_fail(why, len, "prefix index: %u entries counted %u", full, pc->n_full);
     if (!rc && pc->cap && (uint64_t)(full + tomb) * 2 > pc->cap)

@@ -11,9 +11,9 @@
  *    after a fork; a sequence freed or truncated leaves the entry's pages to the entry; an
  *    entry dropped leaves them to the sequences sharing them. The pages follow their tier
  *    moves (a sharer swapped out takes them down; a swap-in brings them up).
- *  - The index: open addressing (linear probing) over fixed-size records of one cache line,
- *    power-of-two capacity, load at most 1/2 counting tombstones; lookups allocate nothing
- *    and touch one record per key when it sits in its home slot. Records grow (rebuilt) only
+ *  - The index: open addressing (linear probing) over fixed-size records of 48 bytes (key,
+ *    namespace, LRU tick), power-of-two capacity, load at most 1/2 counting tombstones;
+ *    lookups allocate nothing and touch one record per key when it sits in its home slot. Records grow (rebuilt) only
  *    in publish, before anything changes (-ENOMEM then).
  *  - Chains: an entry published after its predecessor in the same publish names it as its
  *    parent; a parent with cached successors (children) is reclaimed only after them
@@ -46,7 +46,8 @@ struct prefix_counters {
     uint64_t entries;            /* entries now */
     uint64_t lookups;            /* lookup and attach calls (prefix_lookup with count) */
     uint64_t hit_blocks;         /* blocks they found */
-    uint64_t evictions;          /* entries reclaimed (dropped by a plan) */
+    uint64_t evictions;          /* entries reclaimed (dropped or demoted by a plan) */
+    uint64_t bytes;              /* the index's memory: records and their page ids */
 };
 
 struct prefix;
