@@ -26,7 +26,7 @@
 #define G "prefix"
 #define CHAIN 64
 #define NCHAINS 64
-#define ENTRIES (CHAIN * NCHAINS)
+#define ENTRIES ((size_t)CHAIN * NCHAINS)
 #define TPB 16
 
 /* ---- the baseline: a bare open-addressing map of (ns, key) -> u32 ---------------------- */
@@ -92,7 +92,7 @@ static int open_ctx(struct bench_ctx *b, kvvm **kv)
     c.bytes_per_token = gran / TPB;
     c.max_seqs = 8;
     c.max_tokens = (uint64_t)CHAIN * TPB;
-    c.device_budget = (ENTRIES + 4 * CHAIN) * gran;
+    c.device_budget = (ENTRIES + (size_t)4 * CHAIN) * gran;
     c.pool_thread = 0;
     return kvvm_open(&c, kv);
 }
@@ -103,7 +103,7 @@ static void chain_keys(int j, kvvm_key *k)
     static int32_t tok[CHAIN * TPB];
     for (int i = 0; i < CHAIN * TPB; i++)
         tok[i] = j * 100000 + i;
-    (void)kvvm_prefix_keys(tok, CHAIN * TPB, TPB, NULL, 0, k, CHAIN);
+    (void)kvvm_prefix_keys(tok, (size_t)CHAIN * TPB, TPB, NULL, 0, k, CHAIN);
 }
 
 static double lookup_ns(kvvm *kv, const kvvm_key *keys, int reps, int *bad)
@@ -215,7 +215,7 @@ int bench_prefix(struct bench_ctx *b)
         uint64_t t0 = bench_now_ns();
         for (int r = 0; r < reps * NCHAINS; r++)
             bad |= kvvm_prefix_lookup(kv, 1, miss, CHAIN, NULL) != 0;
-        tm[t] = (double)(bench_now_ns() - t0) / ((double)reps * NCHAINS);
+        tm[t] = (double)(bench_now_ns() - t0) / ((double)reps * (double)NCHAINS);
     }
     if (!rc && bad)
         rc = -EIO;
