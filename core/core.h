@@ -38,6 +38,7 @@
 #include "swap/swap.h"
 #include "swap/frames.h"
 #include "disk/disk.h"
+#include "prefix/prefix.h"
 
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */
@@ -48,6 +49,7 @@ struct kvvm {
     struct host_arena *host;      /* the host tier (0 slots when host_budget < page_size) */
     struct pg_host_ops host_ops;  /* paging's view of it */
     struct swap *sw;
+    struct prefix *pfx;           /* the prefix cache's index (prefix/) */
     struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
     struct spill *spill;          /* the disk tier (NULL without spill_dir) */
     struct pg_disk_ops disk_ops;  /* paging's view of it */
@@ -87,6 +89,9 @@ int core_budget_fits(kvvm *kv, size_t b);
    Returns rc. */
 int core_explain(kvvm *kv, const char *call, int rc);
 
+/* kvvm.c: room for a call that needs `need` device frames naming the sequences excl (its
+   pending releases first, then swap/'s plan). 0, -ENOMEM (nothing moved), -EIO. */
+int core_make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl);
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */
 int  config_check(const struct kvvm_config *cfg);

@@ -13,6 +13,8 @@
 static int check_locked(kvvm *kv, char *why, size_t len)
 {
     int rc = paging_check(kv->pg, why, len);
+    if (!rc)
+        rc = prefix_check(kv->pfx, why, len);   /* the entries' page references */
     if (!rc) {
         /* host tier conservation: every allocated slot is held by exactly one page */
         struct paging_counters c;

@@ -35,6 +35,11 @@ static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_exc
     return need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
 }
 
+int core_make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl)
+{
+    return make_room(kv, need, excl, n_excl);
+}
+
 /* Swaps s in, if it is out, after make_room counted it (and the caller checked the engine
    stream: stream_check); *swapped says it did. */
 static int bring_in(kvvm *kv, kvvm_seq s, bool *swapped)

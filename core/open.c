@@ -261,6 +261,9 @@ static int open_layout(kvvm *kv)
     rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
     if (rc)
         goto out_paging;
+    rc = prefix_create(kv->pg, kv->sw, &kv->pfx);
+    if (rc)
+        goto out_swap_only;
     if (c->pool_thread) {
         struct frames_params fp = { .budget = (uint32_t)frames, .n_regions = c->n_regions,
                                     .low = c->pool_low,   /* create_at_open: keep them all */
@@ -272,6 +275,9 @@ static int open_layout(kvvm *kv)
     }
     return 0;
 out_swap:
+    swap_set_cache(kv->sw, NULL);   /* no plan may reach the index from here */
+    prefix_destroy(kv->pfx);
+out_swap_only:
     swap_destroy(kv->sw);
 out_paging:
     paging_destroy(kv->pg);
@@ -386,6 +392,7 @@ void kvvm_close(kvvm *kv)
     frames_destroy(kv->fr);         /* and the frame pool thread */
     pthread_mutex_lock(&kv->lock);
     paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
+    prefix_destroy(kv->pfx);        /* the entries' pages (after swap: no plan reaches it) */
     paging_destroy(kv->pg);
     spill_close(kv->spill);         /* the unnamed file goes with its descriptor */
     host_arena_close(kv->host);

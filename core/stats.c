@@ -40,7 +40,9 @@
     X(pages_discarded, c.pages_discarded)                                          \
     X(device_mem_free, mfree) X(device_mem_total, mtotal)                          \
     X(device_budget, (uint64_t)paging_budget(kv->pg) * kv->cfg.page_size)          \
-    X(create_oom, vmm_create_ooms(kv->v))
+    X(create_oom, vmm_create_ooms(kv->v))                                          \
+    X(prefix_entries, x.entries) X(prefix_lookups, x.lookups)                      \
+    X(prefix_hit_blocks, x.hit_blocks) X(prefix_evictions, x.evictions)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */
@@ -64,7 +66,9 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
     struct paging_counters c;
     struct swap_counters w;
     struct spill_stats d = { 0 };
+    struct prefix_counters x;
     paging_disk_reap(kv->pg);
+    prefix_counters(kv->pfx, &x);
     paging_counters(kv->pg, &c);
     swap_counters(kv->sw, &w);
     if (kv->spill)

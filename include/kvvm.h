@@ -317,6 +317,11 @@ struct kvvm_stats {
                                      one after a clamp at open; kvvm_set_budget changes it) */
     uint64_t create_oom;          /* cuMemCreate out-of-memory failures: the device had less
                                      free memory than the budget promised */
+    /* --- additions of 0.3: the prefix cache (docs/api.md "Prefix cache") --- */
+    uint64_t prefix_entries;      /* entries in this context's prefix index now */
+    uint64_t prefix_lookups;      /* kvvm_prefix_lookup and kvvm_prefix_attach calls */
+    uint64_t prefix_hit_blocks;   /* blocks those calls found */
+    uint64_t prefix_evictions;    /* entries reclaimed (dropped or demoted) */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
@@ -371,6 +376,59 @@ enum kvvm_seq_class {
    until it is freed, or set to a class again (it is then an empty sequence of that class).
    Dropping honours the step fence like any release. */
 KVVM_API int kvvm_seq_set_class(kvvm *kv, kvvm_seq s, enum kvvm_seq_class cls);
+
+/* ---- blocks (0.3) ----
+   A block is the token range one page holds in every region: block b of a sequence is its
+   tokens [b * T, (b + 1) * T), T = page_size / bytes_per_token. -EINVAL NULL. */
+KVVM_API int kvvm_block_tokens(kvvm *kv, uint32_t *tokens_per_block);
+
+/* ---- prefix cache keyed by content (0.3; docs/api.md "Prefix cache") ----
+   A key names one full block of KV together with everything before it: key i of a sequence
+   names its tokens [0, (i + 1) * T) (an engine whose own blocks are smaller passes the key
+   of its block that ends there). Engines pass their own chained digests (a digest shorter
+   than 32 bytes zero-padded; at least 128 bits, collision resistant) or kvvm_prefix_keys'.
+   Entries live in namespaces: an entry published under ns is seen only by calls naming ns. */
+typedef struct kvvm_key { uint8_t bytes[32]; } kvvm_key;
+/* For engines without a scheme: key i = XXH3-128(key i-1 || token ids of block i as
+   little-endian int32 || salt), key -1 = the empty string, a key's first 16 bytes the
+   digest's canonical (big-endian) form, the second 16 bytes zero (key i-1 enters the next
+   digest as all its 32 bytes). Returns the number of keys written: the full blocks of
+   n_tokens, at most cap (0 for tokens or keys NULL, or tokens_per_block 0). */
+KVVM_API size_t kvvm_prefix_keys(const int32_t *tokens, size_t n_tokens,
+                                 uint32_t tokens_per_block, const void *salt,
+                                 size_t salt_len, kvvm_key *keys, size_t cap);
+/* Enters s's blocks [0, n) (full blocks: n * T <= length; s in any tier) into the cache
+   under keys[0..n): the cache holds their pages, shared with s (no copy; s copies on write
+   as after a fork). A key already present keeps its entry and s its own pages. Returns the
+   number of new entries (>= 0). -ENOENT; -EINVAL keys NULL with n > 0, n past s's full
+   blocks, a block discarded in any region; -ESTALE s a dropped CACHED sequence; -ENOMEM no
+   entry record. */
+KVVM_API int kvvm_prefix_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
+                                 size_t n);
+/* The number of leading keys present, 0..n. Moves, copies and pins nothing (it marks them
+   used for reclaim's LRU order). where (NULL allowed) receives for each of them its tier:
+   KVVM_TIER_DEVICE, _HOST or _DISK (a block whose pages lie in several tiers: the lowest).
+   -EINVAL keys NULL with n > 0. */
+KVVM_API int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n,
+                                uint8_t *where);
+/* dst empty: maps the longest present prefix of keys[0..n) into dst (device entries shared
+   without a copy; host and disk entries brought to the device), sets dst's length to that
+   many blocks * T and returns that number (0: a miss, not an error). All or nothing for
+   what it reports: on failure dst is still empty and nothing else moved. Protects dst.
+   -ENOENT; -EINVAL dst not empty or keys NULL with n > 0; -ESTALE dst a dropped CACHED
+   sequence; -ENOMEM no device room for the blocks to bring up; -EBADMSG an entry's disk
+   copy was lost; -EBUSY capturing stream. */
+KVVM_API int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
+                                size_t n);
+/* Removes those entries (n == 0 and keys NULL: every entry of ns); sequences sharing their
+   pages keep them. Returns the number removed. -EINVAL keys NULL with n > 0. */
+KVVM_API int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n);
+enum { KVVM_TIER_DEVICE = 1, KVVM_TIER_HOST = 2, KVVM_TIER_DISK = 3, KVVM_TIER_STORE = 4 };
+/* Entries that no sequence holds are reclaimed before any LIVE sequence is swapped (as
+   CACHED sequences are): least recently looked up or attached first, and a block whose
+   successor in a chain is cached after that successor (leaves first), dropped — or, with
+   KVVM_F_CACHE_DEMOTE and a swap allowed (KVVM_F_AUTO_SWAP, kvvm_set_budget), demoted to
+   the host tier when the room below holds them — never blocking a call that needs room. */
 
 enum kvvm_log_level { KVVM_LOG_DEBUG = 0, KVVM_LOG_INFO = 1, KVVM_LOG_WARN = 2,
                       KVVM_LOG_ERROR = 3, KVVM_LOG_OFF = 4 };

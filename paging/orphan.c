@@ -13,8 +13,9 @@
    (each holds a reference), and a window range is released only once the engine's work on
    it is complete (defer.c). So the copy is ordered after nothing but the copy stream's own
    earlier work, and nothing is recorded on or enqueued onto the engine stream: the reclaim
-   thread calls this, and a graph capture may begin on the engine stream at any time. */
-static int orphan_move(struct paging *pg, pg_page_id id)
+   thread calls this, and a graph capture may begin on the engine stream at any time. The
+   same holds for a page only holders keep (hold.c, paging_held_down). */
+int tier_page_down(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
@@ -37,7 +38,6 @@ static int orphan_move(struct paging *pg, pg_page_id id)
     page_count(pg, p, 1);
     pg->n_host++;
     pg->c.bytes_to_host += pg->p.page_size;
-    pg->c.orphans_moved++;
     return 0;
 out_slot:
     tier_host_give(pg, &slot, 1);
@@ -64,8 +64,10 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
         left--;
         if (n_keep && p->mark == pg->mark && p->kept)
             continue;                   /* a kept sequence maps it again soon */
-        if ((rc = orphan_move(pg, (pg_page_id){ i + 1 })) == 0)
+        if ((rc = tier_page_down(pg, (pg_page_id){ i + 1 })) == 0) {
             (*moved)++;
+            pg->c.orphans_moved++;
+        }
     }
     return rc;
 }

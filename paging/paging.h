@@ -497,6 +497,48 @@ uint32_t paging_trim(struct paging *pg, uint32_t keep);
 uint32_t paging_budget(const struct paging *pg);
 uint32_t paging_cap_frames(const struct paging *pg);
 
+/* ---- holders outside sequences: the prefix cache's entries (hold.c) ----
+ * A holder keeps references on pages without a slot or a window (they count in the pages'
+ * refs like a swapped-out sequence's, and in their own count, ents): the pages stay where
+ * they are and follow their tier moves; a sequence writing one copies it on write. A page
+ * only holders keep is neither an orphan nor spillable: reclaim of the holders is their
+ * owner's (prefix/), through the plan marks below. */
+enum { PG_WHERE_DEVICE = 1, PG_WHERE_HOST = 2, PG_WHERE_DISK = 3 };  /* = KVVM_TIER_* */
+/* The pages of blocks [0, n) of s (a block = page b of every region; page_size a multiple
+   of bytes_per_token), ids[b * n_regions + r]. -ENOENT, -ESTALE a dropped sequence,
+   -EOPNOTSUPP blocks are not pages, -EINVAL n past s's full blocks or a block discarded in
+   a region. */
+int  paging_seq_blocks(struct paging *pg, uint64_t h, uint32_t n, pg_page_id *ids);
+/* One holder's reference more on each of ids[0..n) (live pages); and back (a page whose
+   last reference goes is freed at once: no window maps it). */
+void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n);
+void paging_unhold(struct paging *pg, const pg_page_id *ids, size_t n);
+/* The parameters paging was created with (their current values). */
+void paging_params_get(const struct paging *pg, struct paging_params *out);
+/* Page descriptors (page ids are 1..this). */
+uint32_t paging_max_pages(const struct paging *pg);
+/* The page's tier as PG_WHERE_* (in flight: the tier it leaves). */
+uint8_t paging_page_where(struct paging *pg, pg_page_id id);
+/* References other than the holders' (sequences, releases, transfers): 0 = only holders. */
+uint32_t paging_page_holders(struct paging *pg, pg_page_id id);
+/* The holders' references (0 for a free descriptor): the checker of the holders' owner. */
+uint32_t paging_page_ents(struct paging *pg, pg_page_id id);
+/* Empty s (length 0) becomes a non-resident sequence of n blocks holding pages ids (as
+   paging_seq_blocks lays them out): swap it in to map them (paging_need counts the frames).
+   -ENOENT, -ESTALE, -EINVAL not empty, -E2BIG past max_tokens, -EOPNOTSUPP, -EIO. */
+int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n);
+/* Undoes paging_seq_adopt (s still non-resident): empty and resident again. */
+void paging_seq_unadopt(struct paging *pg, uint64_t h);
+/* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at
+   a time through the scratch page, synchronously (the copy stream only: a library thread
+   may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what
+   fit), -EIO. */
+int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved);
+/* A reclaim plan (between paging_plan_begin and its end) dropping (d = +1) one holder's
+   references on ids[0..n), or taking that back (d = -1, last added first): the device frames
+   the drop frees given the moves planned before it (every reference gone, none kept). */
+uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, int d);
+
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);
 

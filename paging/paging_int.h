@@ -16,6 +16,8 @@
  *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
  *   orphan.c the orphan pages (device pages no resident sequence maps) and their move down
  *   disk.c   the disk tier's mechanism: page writes and reads, their completions, damage
+ *   hold.c   holders outside sequences (the prefix cache's entries): their references,
+ *            a sequence adopting held pages, their part of a reclaim plan
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
@@ -87,6 +89,9 @@ struct pg_page {
                               planned to leave, */
     uint32_t n_gone;       /*   n_gone references planned to be dropped, */
     uint8_t  kept;         /*   kept: a sequence the plan keeps holds it (same validity) */
+    uint32_t ents;         /* of refs and of offs: holders outside sequences (the prefix
+                              cache's entries, hold.c); they map nothing. refs == ents: no
+                              sequence, release or transfer holds the page */
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
@@ -310,14 +315,20 @@ static inline vmm_handle page_handle(struct paging *pg, pg_page_id page)
 /* A device page held only by non-resident holders: no window maps it (orphan.c). */
 static inline bool page_orphan(const struct pg_page *p)
 {
-    return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs;
+    return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs && p->offs > p->ents;
+}
+/* A HOST page that a sequence holds (a spill of one of its holders can write it out): the
+   pages only entries hold are no spill candidate's (hold.c). */
+static inline bool page_host_held(const struct pg_page *p)
+{
+    return p->tier == PG_TIER_HOST && p->refs > p->ents;
 }
 /* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
    walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,
    page_count(pg, p, +1) after (the checker recounts both). */
 static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 {
-    if (p->tier == PG_TIER_HOST)
+    if (page_host_held(p))
         pg->n_host_pages += (uint32_t)d;
     if (page_orphan(p))
         pg->n_orphans += (uint32_t)d;
@@ -418,6 +429,10 @@ int  seq_settle(struct paging *pg, struct pg_seq *s);
 void tier_complete_pages(struct paging *pg, struct pg_defer *d);
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
+/* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
+   new host slot through the scratch page (making host room with the policy when a disk
+   tier exists), synchronously on the copy stream; all or nothing. -ENOMEM, -EIO. */
+int  tier_page_down(struct paging *pg, pg_page_id id);
 /* Drops the non-resident entries [first, end) of s (offs and references). */
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
 /* The steps the swap paths (tier_out.c, tier_in.c, orphan.c) share. */
@@ -452,6 +467,8 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
                         bool disk, pg_frame_id *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
+/* The page's plan state (plan.c), reset when it is first seen in the current walk. */
+struct pg_page *plan_page(struct paging *pg, pg_page_id id);
 /* Starts a new walk of the pages' scratch marks (pg->mark): every page's mark is stale. */
 void tier_mark_begin(struct paging *pg);
 /* Marks (in the current walk) every page the sequences keep[0..n) hold as kept. Returns how

@@ -16,8 +16,7 @@
 
 #include <errno.h>
 
-/* The page's plan state, reset when it is first seen in this walk. */
-static struct pg_page *plan_page(struct paging *pg, pg_page_id id)
+struct pg_page *plan_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     if (p->mark != pg->mark) {

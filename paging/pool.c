@@ -551,7 +551,7 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     pg->page_free_head = p->next_free;
     p->next_free = PG_PAGE_NONE;
     p->refs = 1;
-    p->offs = p->jobs = 0;
+    p->offs = p->jobs = p->ents = 0;
     p->tier = PG_TIER_DEVICE;
     p->frame = frame;
     p->host_slot = p->disk_slot = (pg_slot){ 0 };

@@ -7,7 +7,8 @@
  * them when the plan is acted on.
  *
  * Order (one LRU order, swap_lru_sort): droppable CACHED sequences first (least recently used
- * first; a drop moves no data and needs no room below), then orphan pages, then LIVE
+ * first; a drop moves no data and needs no room below), then the prefix cache's entries no
+ * sequence holds (its own order: swap_cache_ops), then orphan pages, then LIVE
  * sequences; PINNED ones never. Room below (host and disk slots) is counted per victim, with
  * all the pages its move copies down, not per shortfall: a LIVE victim whose move would not
  * fit in the room left is skipped and the next one tried; when the victims taken fill the
@@ -238,6 +239,12 @@ static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room 
     }
 }
 
+/* The cache's demotions take room as the CACHED ones do (swap_cache_ops.demote). */
+static bool cache_room_take(void *ctx, uint32_t k)
+{
+    return room_take(ctx, k);
+}
+
 int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
                       unsigned flags, struct swap_rplan *p)
 {
@@ -266,6 +273,12 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     room_keep_stage_slot(&room, pg, excl, n_excl);
     uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
     int rc = plan_drops(p, pg);
+    if (!rc && sw->cache.plan && p->have + p->frees < p->want) {
+        /* the prefix cache's entries no sequence holds: dropped like CACHED sequences */
+        p->cache_ops = &sw->cache;
+        p->cache = sw->cache.plan(sw->cache.arg, p->want - p->have - p->frees);
+        p->frees += p->cache;
+    }
     if (!rc && swap && p->have + p->frees < p->want) {
         /* orphans one by one, as paging moves them */
         while (p->orphans < orphans && p->have + p->frees < p->want && room_take(&room, 1)) {
@@ -275,8 +288,13 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
         }
         rc = plan_live(p, pg, &room);
     }
-    if (!rc && swap && sw->p.cache_demote)
+    if (!rc && swap && sw->p.cache_demote) {
         plan_demotions(p, pg, &room);
+        if (p->cache && sw->cache.demote) {
+            p->cache_slots = sw->cache.demote(sw->cache.arg, cache_room_take, &room);
+            p->slots += p->cache_slots;
+        }
+    }
     p->room = swap ? room_total(&room) : 0;
     if (!rc && p->have + p->frees < want && !(flags & SWAP_PLAN_PARTIAL))
         rc = -ENOMEM;                  /* checked: not enough can move, nothing moved */
@@ -287,6 +305,8 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
 
 void swap_rplan_free(struct swap_rplan *p)
 {
+    if (p->cache_ops && p->cache_ops->forget)
+        p->cache_ops->forget(p->cache_ops->arg);
     free(p->steps);
     free(p->keep);
     memset(p, 0, sizeof *p);
@@ -343,13 +363,15 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     struct paging *pg = sw->pg;
     uint32_t orphans = 0;
     *moved = 0;
-    if (!p->n && !p->orphans)
+    if (!p->n && !p->orphans && !p->cache)
         return 0;
     /* In the order the plan's room model used the room below: drops (none), orphans,
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
     int rc = act_drops(sw, p, wait, moved);
+    if (!rc && p->cache)
+        p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
@@ -359,6 +381,8 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         rc = act_moves(sw, p, SWAP_OUT, wait, &copying, moved);
     if (!rc)
         rc = act_moves(sw, p, SWAP_DEMOTE, wait, &copying, moved);
+    if (!rc && p->cache_slots && !(rc = act_settle(sw, wait, p->cache_slots, &copying)))
+        p->cache_ops->act(p->cache_ops->arg, true);   /* synchronous copies */
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release

@@ -284,3 +284,11 @@ void swap_counters(struct swap *sw, struct swap_counters *out)
 {
     *out = sw->c;
 }
+
+void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops)
+{
+    if (ops)
+        sw->cache = *ops;
+    else
+        memset(&sw->cache, 0, sizeof sw->cache);
+}

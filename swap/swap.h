@@ -110,7 +110,32 @@ struct swap_rplan {
     uint64_t *keep;                /* excl, copied */
     size_t n_keep;
     uint32_t keep_dev;             /* the kept sequences' device pages when planned */
+    uint32_t cache;                /* frames the cache's planned entry drops free (counted in
+                                      frees; drops acted on right after the CACHED drops,
+                                      demotions after the CACHED demotions) */
+    uint32_t cache_slots;          /* slots below its planned demotions take */
+    const struct swap_cache_ops *cache_ops;   /* whose plan that is (forgotten at free) */
 };
+/* Holders of device pages above swap/ that reclaim drops like CACHED sequences: the prefix
+   cache (prefix/), which installs itself with swap_set_cache. Every plan asks it after the
+   droppable CACHED sequences, before orphans and LIVE sequences. plan: counts dropping its
+   reclaimable entries, in its own order, on paging's plan marks (paging_plan_pages) until
+   `want` frames are counted or none is left; returns the frames counted and keeps that plan
+   (one at a time; a new plan replaces it). demote (KVVM_F_CACHE_DEMOTE, a plan that may
+   swap): turns planned drops into demotions while take(ctx, k) grants the k slots below an
+   entry's device pages take, in plan order; returns the slots granted. act: drops the
+   planned drops (their frames free at once), or (demotions) copies the planned demotions'
+   pages down, dropping one whose move is refused. forget: the plan is not acted on (its
+   marks die with the walk). */
+struct swap_cache_ops {
+    void *arg;
+    uint32_t (*plan)(void *arg, uint32_t want);
+    uint32_t (*demote)(void *arg, bool (*take)(void *ctx, uint32_t k), void *ctx);
+    void (*act)(void *arg, bool demotions);
+    void (*forget)(void *arg);
+};
+/* Installs ops (copied; NULL: none). */
+void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops);
 /* Plans making `want` frames free (flags above) without changing anything. 0: a plan (no
    steps when they are free already; short of want only with SWAP_PLAN_PARTIAL); -ENOMEM not
    enough can move; -ESTALE / -ENOENT a sequence of excl is a dropped CACHED one / no

@@ -29,6 +29,7 @@ struct swap {
     vmm_fence thread_fence;        /* used by the thread only */
     bool direct_fence_ok, thread_fence_ok;
     uint32_t host_min_free, host_low_free, host_high_free;   /* in host slots */
+    struct swap_cache_ops cache;   /* the prefix cache's entry reclaim (plan: NULL = none) */
     /* below: under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;             /* wake / idle changes */

@@ -4,7 +4,7 @@ Pure Python over libkvvm's C ABI (ctypes): no compiled extension, so one package
 with any torch version, or with numpy alone. See docs/python.md.
 """
 from . import _lib
-from ._core import Context, Sequence, SeqInfo
+from ._core import Context, Sequence, SeqInfo, Tier
 from ._views import View
 from ._errors import (Error, InvalidArgument, InvalidHandle, TooBig, NoSlot, OutOfMemory,
                       DataLost, DeviceLost, NoDevice, Busy, NotSupported, Stale, NotResident,
@@ -29,7 +29,7 @@ def strerror(err):
     return _lib.strerror(err)
 
 
-__all__ = ["Context", "Sequence", "SeqInfo", "View", "KVCache", "Error", "InvalidArgument",
+__all__ = ["Context", "Sequence", "SeqInfo", "Tier", "View", "KVCache", "Error", "InvalidArgument",
            "InvalidHandle", "TooBig", "NoSlot", "OutOfMemory", "DataLost", "DeviceLost",
            "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "SpillDirError",
            "error_class",

@@ -19,6 +19,7 @@ is undefined (the emulated device raises SIGSEGV; a GPU makes an illegal-address
 kills the whole CUDA context). docs/python.md says so.
 """
 import ctypes
+import enum
 import errno as _errno
 import json
 import os
@@ -31,6 +32,7 @@ from ._errors import Error, InvalidArgument, InvalidHandle, NotResident, NotSupp
 
 L = _lib.lib
 c_u64 = ctypes.c_uint64
+c_u32 = ctypes.c_uint32
 
 SeqInfo = namedtuple("SeqInfo", "length slot pages_device pages_host pages_disk "
                      "pages_shared resident dropped cls first_kept")
@@ -125,6 +127,27 @@ def _stream_handle(stream):
             return h or CU_STREAM_LEGACY
     raise TypeError("kvvm: %r is not a stream (an int CUstream, a torch.cuda.Stream or an "
                     "object with .cuda_stream)" % (stream,))
+
+
+class Tier(enum.IntEnum):
+    """Where a prefix-cache entry is (kvvm_prefix_lookup's `where`)."""
+    DEVICE = _lib.TIER_DEVICE
+    HOST = _lib.TIER_HOST
+    DISK = _lib.TIER_DISK
+    STORE = _lib.TIER_STORE
+
+
+def _keys_buffer(keys):
+    """keys (bytes-like, at most 32 bytes each, zero-padded) as one kvvm_key array."""
+    keys = list(keys)
+    buf = (ctypes.c_uint8 * (max(len(keys), 1) * _lib.KEY_BYTES))()
+    for i, k in enumerate(keys):
+        k = bytes(k)
+        if len(k) > _lib.KEY_BYTES:
+            raise InvalidArgument(22, "key %d has %d bytes, more than %d" % (
+                i, len(k), _lib.KEY_BYTES))
+        ctypes.memmove(ctypes.addressof(buf) + i * _lib.KEY_BYTES, k, len(k))
+    return buf, len(keys)
 
 
 def _host_buffer(data, writable):
@@ -341,7 +364,12 @@ class Context:
         page_size). Shrinking drops cached sequences, swaps out unprotected live ones and
         gives the frames back to the driver, all or nothing (OutOfMemory: nothing moved)."""
         _call(L.kvvm_set_budget, self._h(), _parse_size(device_budget))
-        for s in list(self._seqs.values()):         # what a shrink swapped out or dropped
+        self._stale_moved()
+
+    def _stale_moved(self):
+        """After a call that may have reclaimed: the views of what it swapped out or
+        dropped are stale."""
+        for s in list(self._seqs.values()):
             if (s._handed or s._views) and not s._query().resident:
                 s._stale()
 
@@ -349,6 +377,63 @@ class Context:
         """kvvm_trim: gives the device frames that hold no page back to the driver, keeping
         at most `keep` bytes of them. Moves no data."""
         _call(L.kvvm_trim, self._h(), _parse_size(keep))
+
+    # ---- prefix cache keyed by content (docs/api.md "Prefix cache keyed by content") ------
+    @property
+    def block_tokens(self):
+        """Tokens per block (kvvm_block_tokens): page_size // bytes_per_token."""
+        t = c_u32()
+        _call(L.kvvm_block_tokens, self._h(), ctypes.byref(t))
+        return t.value
+
+    def prefix_keys(self, tokens, salt=b""):
+        """kvvm_prefix_keys: the chained XXH3-128 keys (32 bytes each) of the full blocks of
+        `tokens` (token ids: a list, numpy array or tensor), salted (bytes or str)."""
+        ids = [int(x) for x in (tokens.tolist() if hasattr(tokens, "tolist") else tokens)]
+        if isinstance(salt, str):
+            salt = salt.encode()
+        salt = bytes(salt)
+        t = self.block_tokens
+        n = len(ids) // t
+        arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
+        out = (ctypes.c_uint8 * (max(n, 1) * _lib.KEY_BYTES))()
+        got = L.kvvm_prefix_keys(arr, len(ids), t, salt or None, len(salt), out, n)
+        raw = bytes(out)
+        return [raw[i * _lib.KEY_BYTES:(i + 1) * _lib.KEY_BYTES] for i in range(got)]
+
+    def publish(self, seq, keys, ns=0):
+        """kvvm_prefix_publish: enters seq's first len(keys) blocks under keys (bytes of at
+        most 32, zero-padded) in namespace ns; returns the number of new entries."""
+        buf, n = _keys_buffer(keys)
+        return _call(L.kvvm_prefix_publish, self._h(), seq._handle(), int(ns), buf, n)
+
+    def lookup(self, keys, ns=0):
+        """kvvm_prefix_lookup: the tier (kvvm.Tier) of each leading key present in ns; its
+        length is the number found. Moves nothing."""
+        buf, n = _keys_buffer(keys)
+        where = (ctypes.c_uint8 * max(n, 1))()
+        k = _call(L.kvvm_prefix_lookup, self._h(), int(ns), buf, n, where)
+        return [Tier(where[i]) for i in range(k)]
+
+    def attach(self, seq, keys, ns=0):
+        """kvvm_prefix_attach: maps the longest present prefix of keys into the empty seq
+        (shared, no copy; host/disk entries brought up), all or nothing; returns the blocks
+        attached (0: a miss). seq's length is then that many blocks * block_tokens."""
+        buf, n = _keys_buffer(keys)
+        h = seq._handle()
+        seq._stale()
+        try:
+            return _call(L.kvvm_prefix_attach, self._h(), h, int(ns), buf, n)
+        finally:
+            self._stale_moved()
+
+    def drop(self, keys=None, ns=0):
+        """kvvm_prefix_drop: removes those entries (None: every entry of ns); sequences
+        sharing their pages keep them. Returns the number removed."""
+        if keys is None:
+            return _call(L.kvvm_prefix_drop, self._h(), int(ns), None, 0)
+        buf, n = _keys_buffer(keys)
+        return _call(L.kvvm_prefix_drop, self._h(), int(ns), buf, n)
 
     # ---- addresses and stats ------------------------------------------------------------
     def region_base(self, region):

@@ -39,6 +39,9 @@ ALL_REGIONS = 0xFFFFFFFF
 
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF = 0, 1, 2, 3, 4
 
+KEY_BYTES = 32                   # sizeof(kvvm_key)
+TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_STORE = 1, 2, 3, 4
+
 
 class Config(ctypes.Structure):
     """struct kvvm_config."""
@@ -99,7 +102,7 @@ STATS_FIELDS = (
     "direct_reclaim_ns", "pages_orphan", "seqs_nonresident", "pages_damaged",
     "frames_created_sync", "frames_released", "device_bytes_held", "cache_drops",
     "cache_demotes", "pages_discarded", "device_mem_free", "device_mem_total", "device_budget",
-    "create_oom",
+    "create_oom", "prefix_entries", "prefix_lookups", "prefix_hit_blocks", "prefix_evictions",
 )
 
 
@@ -148,6 +151,13 @@ _PROTOS = {
     "kvvm_seq_discard": (c_int, [c_void_p, c_u64, c_u32, c_u64]),
     "kvvm_seq_set_class": (c_int, [c_void_p, c_u64, c_int]),
     "kvvm_set_log": (None, [LOG_FN, c_void_p, c_int]),
+    "kvvm_block_tokens": (c_int, [c_void_p, P(c_u32)]),
+    "kvvm_prefix_keys": (c_size_t, [c_void_p, c_size_t, c_u32, c_void_p, c_size_t, c_void_p,
+                                    c_size_t]),
+    "kvvm_prefix_publish": (c_int, [c_void_p, c_u64, c_u64, c_void_p, c_size_t]),
+    "kvvm_prefix_lookup": (c_int, [c_void_p, c_u64, c_void_p, c_size_t, c_void_p]),
+    "kvvm_prefix_attach": (c_int, [c_void_p, c_u64, c_u64, c_void_p, c_size_t]),
+    "kvvm_prefix_drop": (c_int, [c_void_p, c_u64, c_void_p, c_size_t]),
     "kvvm_strerror": (c_char_p, [c_int]),
     "kvvm_last_error": (c_char_p, []),
     "kvvm_backend_name": (c_char_p, [c_void_p]),

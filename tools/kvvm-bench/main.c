@@ -162,7 +162,7 @@ static void usage(FILE *f, const char *argv0)
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
-"                       scale, calls, frames\n"
+"                       scale, calls, frames, prefix\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
@@ -182,6 +182,7 @@ int main(int argc, char **argv)
         { "scale", bench_scale },
         { "calls", bench_calls },
         { "frames", bench_frames },
+        { "prefix", bench_prefix },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];

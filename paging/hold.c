@@ -1,0 +1,189 @@
+/*
+ * paging/hold.c: holders of pages outside sequences (contract in paging.h, "holders outside
+ * sequences"). The prefix cache (prefix/) keeps one block's pages in every region per entry
+ * without a slot or a window: its references count in the pages' refs and offs like a
+ * swapped-out sequence's (they map nothing, so a page whose last mapping holder leaves moves
+ * down as usual, the entry following it), and in ents, so that a page only entries hold is
+ * neither an orphan (reclaim drops entries, it does not copy them down) nor a spill
+ * candidate's HOST page. A sequence adopts held pages as a non-resident sequence holding
+ * them (as fork of a swapped-out parent does); the caller then swaps it in, which maps the
+ * device pages as they are and brings the others up.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <string.h>
+#include "common/assert.h"
+
+/* Blocks of s are pages only when a page holds whole tokens. */
+static bool blocks_are_pages(const struct paging *pg)
+{
+    return pg->p.page_size % pg->p.bytes_per_token == 0;
+}
+
+/* The live, not dropped sequence h whose blocks are pages. -ENOENT, -ESTALE, -EOPNOTSUPP. */
+static int block_seq(struct paging *pg, uint64_t h, struct pg_seq **out)
+{
+    int rc = seq_lookup(pg, h, out);
+    if (rc)
+        return rc;
+    if ((*out)->dropped)
+        return -ESTALE;
+    return blocks_are_pages(pg) ? 0 : -EOPNOTSUPP;
+}
+
+int paging_seq_blocks(struct paging *pg, uint64_t h, uint32_t n, pg_page_id *ids)
+{
+    struct pg_seq *s;
+    int rc = block_seq(pg, h, &s);
+    if (rc)
+        return rc;
+    uint32_t nr = pg->p.n_regions;
+    if ((uint64_t)n * pg->p.page_size > s->length * pg->p.bytes_per_token)
+        return -EINVAL;                 /* past its full blocks */
+    for (uint32_t b = 0; b < n; b++)
+        for (uint32_t r = 0; r < nr; r++) {
+            pg_page_id id = pg_bt(pg, s, r)[b];
+            if (pg_page_is_none(id))
+                return -EINVAL;         /* discarded in region r */
+            ids[(size_t)b * nr + r] = id;
+        }
+    return 0;
+}
+
+void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct pg_page *p = page_at(pg, ids[i]);
+        KVVM_ASSERT(p->tier != PG_TIER_NONE);
+        page_count(pg, p, -1);
+        p->refs++;
+        p->offs++;
+        p->ents++;
+        page_count(pg, p, 1);
+    }
+}
+
+void paging_unhold(struct paging *pg, const pg_page_id *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct pg_page *p = page_at(pg, ids[i]);
+        KVVM_ASSERT(p->ents > 0 && p->offs > 0);
+        page_count(pg, p, -1);
+        p->offs--;
+        p->ents--;
+        page_count(pg, p, 1);
+        /* the last reference: no window maps the page (its mapping holders released it
+           behind their fences), so its storage is free at once */
+        page_put(pg, ids[i]);
+    }
+}
+
+void paging_params_get(const struct paging *pg, struct paging_params *out)
+{
+    *out = pg->p;
+}
+
+uint32_t paging_max_pages(const struct paging *pg)
+{
+    return pg->p.max_pages;
+}
+
+uint8_t paging_page_where(struct paging *pg, pg_page_id id)
+{
+    switch (page_at(pg, id)->tier) {
+    case PG_TIER_DEVICE: case PG_TIER_TO_HOST: return PG_WHERE_DEVICE;
+    case PG_TIER_HOST: case PG_TIER_TO_DEVICE: case PG_TIER_TO_DISK: return PG_WHERE_HOST;
+    default: return PG_WHERE_DISK;
+    }
+}
+
+uint32_t paging_page_holders(struct paging *pg, pg_page_id id)
+{
+    const struct pg_page *p = page_at(pg, id);
+    return p->refs - p->ents;
+}
+
+uint32_t paging_page_ents(struct paging *pg, pg_page_id id)
+{
+    const struct pg_page *p = page_at(pg, id);
+    return p->tier == PG_TIER_NONE ? 0 : p->ents;
+}
+
+int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n)
+{
+    struct pg_seq *s;
+    int rc = block_seq(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->length)
+        return -EINVAL;
+    uint64_t tokens = (uint64_t)n * (pg->p.page_size / pg->p.bytes_per_token);
+    if (tokens > pg->p.max_tokens || n > pg->pages_per_slot)
+        return -E2BIG;
+    /* its window comes back as the swap-in maps it: no release of it may be pending */
+    if (!s->out && (rc = seq_settle(pg, s)))
+        return rc;
+    rc = defer_flush_slot(pg, pg_slot_of(pg, s));
+    if (rc)
+        return rc;
+    seq_drop_ahead(pg, s, 0);
+    uint32_t nr = pg->p.n_regions;
+    for (uint32_t r = 0; r < nr; r++) {
+        pg_page_id *bt = pg_bt(pg, s, r);
+        for (uint32_t b = 0; b < n; b++) {
+            bt[b] = ids[(size_t)b * nr + r];
+            page_get_off(pg, bt[b]);
+        }
+        s->kept[r] = 0;
+    }
+    seq_set_out(pg, s, true);
+    s->n_pages = n;
+    s->length = tokens;
+    s->stale_tail = 0;
+    return 0;
+}
+
+void paging_seq_unadopt(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s) || !s->out)
+        return;
+    tier_drop_out(pg, s, 0, s->n_pages);
+    s->n_pages = 0;
+    s->length = 0;
+    seq_set_out(pg, s, false);          /* an empty sequence, resident as before */
+}
+
+uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, int d)
+{
+    uint32_t frees = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (page_at(pg, ids[i])->tier != PG_TIER_DEVICE)
+            continue;                   /* below the device: frees no frame */
+        struct pg_page *p = plan_page(pg, ids[i]);
+        if (d < 0)
+            p->n_gone--;
+        if (p->n_gone + 1 == p->refs && !p->kept)
+            frees++;                    /* every reference is gone with this one */
+        if (d > 0)
+            p->n_gone++;
+    }
+    return frees;
+}
+
+int paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved)
+{
+    *moved = 0;
+    if (!pg->p.host)
+        return -ENOMEM;
+    int rc = tier_copy_stream(pg);
+    for (size_t i = 0; !rc && i < n; i++) {
+        struct pg_page *p = page_at(pg, ids[i]);
+        if (p->tier != PG_TIER_DEVICE || p->refs != p->ents)
+            continue;                   /* below already, or a sequence maps it */
+        if (!(rc = tier_page_down(pg, ids[i])))
+            (*moved)++;
+    }
+    return rc;
+}

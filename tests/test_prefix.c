@@ -1,0 +1,767 @@
+/*
+ * tests/test_prefix.c: the prefix cache keyed by content (docs/api.md "Prefix cache"):
+ * blocks, the key scheme, publish / lookup / attach / drop, namespaces, dedup, entries that
+ * outlive their publisher, drop keeping sharers' pages, reclaim (leaves first, least
+ * recently used first, before any LIVE sequence), host entries brought back all or nothing
+ * (fault sweeps), and the stats. Every test runs the invariant checker (which counts the
+ * entries' page references) and closes the context checking nothing is left behind.
+ */
+#include "harness.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#define BPT 256u                 /* bytes per token: 16 tokens per 4 KiB block */
+#define T   16u
+
+static void cfg_small(struct kvvm_config *c, uint32_t nr, uint64_t dev, uint64_t host,
+                      unsigned flags)
+{
+    th_config(c, KB, nr, BPT, 16, 64 * T, dev, host, flags);
+    c->pool_thread = 0;
+}
+
+/* Opens t (cfg_small) with a 60 s hang guard. */
+static void open_t(struct tctx *t, uint32_t nr, uint64_t dev, uint64_t host, unsigned flags)
+{
+    struct kvvm_config c;
+    TH_DEADLINE(60);
+    cfg_small(&c, nr, dev, host, flags);
+    topen(t, &c);
+}
+
+static uint8_t pat(uint32_t lin, uint32_t r, uint64_t off)
+{
+    return (uint8_t)(lin * 131u + r * 17u + off * 7u + (off >> 8) + 1u);
+}
+
+/* Grows s to n tokens and writes lineage lin's bytes over all of them. */
+static void fill(struct tctx *t, kvvm_seq s, uint64_t n, uint32_t lin)
+{
+    cr_assert_eq(kvvm_seq_grow(t->kv, s, n), 0, "grow: %s", kvvm_last_error());
+    size_t len = (size_t)(n * BPT);
+    uint8_t *b = malloc(len);
+    for (uint32_t r = 0; r < t->cfg.n_regions; r++) {
+        for (size_t i = 0; i < len; i++)
+            b[i] = pat(lin, r, i);
+        cr_assert_eq(kvvm_seq_write(t->kv, s, r, 0, b, len), 0);
+    }
+    free(b);
+}
+
+/* s's first n tokens hold lineage lin's bytes in every region. */
+static bool same(struct tctx *t, kvvm_seq s, uint64_t n, uint32_t lin)
+{
+    size_t len = (size_t)(n * BPT);
+    uint8_t *b = malloc(len);
+    bool ok = true;
+    for (uint32_t r = 0; ok && r < t->cfg.n_regions; r++) {
+        cr_assert_eq(kvvm_seq_read(t->kv, s, r, 0, b, len), 0, "read: %s", kvvm_last_error());
+        for (size_t i = 0; ok && i < len; i++)
+            ok = b[i] == pat(lin, r, i);
+    }
+    free(b);
+    return ok;
+}
+
+/* Keys of n blocks of a prompt of lineage lin (tokens lin * 1000 + i). */
+static void keys_of(uint32_t lin, size_t n, kvvm_key *k)
+{
+    int32_t tok[64 * T];
+    for (size_t i = 0; i < n * T; i++)
+        tok[i] = (int32_t)(lin * 1000 + i);
+    cr_assert_eq(kvvm_prefix_keys(tok, n * T, T, NULL, 0, k, n), n);
+}
+
+static kvvm_seq mk(struct tctx *t)
+{
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t->kv, &s), 0);
+    return s;
+}
+
+/* A sequence of lineage lin, nb full blocks (+ extra tokens), published under ns. */
+static kvvm_seq published(struct tctx *t, uint64_t ns, uint32_t lin, size_t nb, uint64_t extra,
+                          kvvm_key *k)
+{
+    kvvm_seq s = mk(t);
+    fill(t, s, nb * T + extra, lin);
+    keys_of(lin, nb, k);
+    cr_assert_eq(kvvm_prefix_publish(t->kv, s, ns, k, nb), (int)nb, "publish: %s",
+                 kvvm_last_error());
+    return s;
+}
+
+/* Entries of lineage lin that no sequence holds (their publisher freed). */
+static void entries_only(struct tctx *t, uint64_t ns, uint32_t lin, size_t nb, kvvm_key *k)
+{
+    kvvm_seq s = published(t, ns, lin, nb, 0, k);
+    cr_assert_eq(kvvm_seq_free(t->kv, s), 0);
+}
+
+static uint64_t seq_len(struct tctx *t, kvvm_seq s)
+{
+    struct kvvm_seq_info in;
+    tinfo(t, s, &in);
+    return in.length;
+}
+
+/* ---------------------------------------------------------------- blocks and keys */
+
+Test(keys, block_tokens_is_page_over_bytes_per_token)
+{
+    struct tctx t;
+    open_t(&t, 2, 16, 0, 0);
+    uint32_t bt = 0;
+    cr_assert_eq(kvvm_block_tokens(t.kv, &bt), 0);
+    cr_assert_eq(bt, T);
+    cr_assert_eq(kvvm_block_tokens(t.kv, NULL), -EINVAL);
+    cr_assert_eq(kvvm_block_tokens(NULL, &bt), -EINVAL);
+    tclose(&t);
+}
+
+Test(keys, chained_xxh3_128_as_documented)
+{
+    TH_DEADLINE(60);
+    int32_t tok[3 * T + 5];
+    for (size_t i = 0; i < sizeof tok / sizeof *tok; i++)
+        tok[i] = (int32_t)(i * 7919u + 3);
+    const char salt[] = "model-a";
+    kvvm_key k[4];
+    memset(k, 0xEE, sizeof k);
+    /* full blocks only */
+    cr_assert_eq(kvvm_prefix_keys(tok, 3 * T + 5, T, salt, 7, k, 4), 3);
+    cr_assert(k[3].bytes[0] == 0xEE, "a key past the full blocks was written");
+    /* the definition, computed here: key i = XXH3-128(key i-1 || tokens LE int32 || salt),
+       key -1 empty, canonical big-endian digest, then 16 zero bytes */
+    uint8_t buf[32 + T * 4 + 7];
+    for (size_t i = 0; i < 3; i++) {
+        size_t n = 0;
+        if (i) {
+            memcpy(buf, k[i - 1].bytes, 32);
+            n = 32;
+        }
+        memcpy(buf + n, tok + i * T, T * 4);        /* a little-endian host */
+        memcpy(buf + n + T * 4, salt, 7);
+        XXH128_canonical_t cn;
+        XXH128_canonicalFromHash(&cn, XXH3_128bits(buf, n + T * 4 + 7));
+        cr_assert_arr_eq(k[i].bytes, cn.digest, 16, "key %zu differs from its definition", i);
+        for (int b = 16; b < 32; b++)
+            cr_assert_eq(k[i].bytes[b], 0, "key %zu: byte %d is not zero", i, b);
+    }
+    /* cap, chaining, salt */
+    kvvm_key a[3], b[3];
+    cr_assert_eq(kvvm_prefix_keys(tok, 3 * T, T, salt, 7, a, 2), 2);
+    cr_assert_arr_eq(a, k, 2 * sizeof *a);
+    cr_assert_eq(kvvm_prefix_keys(tok, 3 * T, T, "model-b", 7, b, 3), 3);
+    cr_assert(memcmp(b[0].bytes, k[0].bytes, 16), "the salt changes the keys");
+    tok[0]++;                            /* block 0 changes: every later key changes */
+    cr_assert_eq(kvvm_prefix_keys(tok, 3 * T, T, salt, 7, b, 3), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert(memcmp(b[i].bytes, k[i].bytes, 16), "key %d does not chain", i);
+    cr_assert_eq(kvvm_prefix_keys(NULL, 3 * T, T, NULL, 0, b, 3), 0);
+    cr_assert_eq(kvvm_prefix_keys(tok, 3 * T, 0, NULL, 0, b, 3), 0);
+    cr_assert_eq(kvvm_prefix_keys(tok, 3 * T, T, NULL, 0, NULL, 3), 0);
+    cr_assert_eq(kvvm_prefix_keys(tok, T - 1, T, NULL, 0, b, 3), 0);
+}
+
+/* ---------------------------------------------------------------- publish, lookup, attach */
+
+Test(prefix, publish_lookup_attach_shares_pages_without_copy)
+{
+    struct tctx t;
+    kvvm_key k[4];
+    open_t(&t, 2, 32, 0, 0);
+    kvvm_seq a = published(&t, 7, 1, 3, 8, k);      /* 3.5 blocks: 3 published */
+    uint8_t where[4] = { 0 };
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 7, k, 3, where), 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(where[i], KVVM_TIER_DEVICE);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 7, k, 3, NULL), 3, "where may be NULL");
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 7, k, 3), 3, "attach: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(seq_len(&t, b), 3 * T);
+    cr_assert_eq(s1.pages_device_free, s0.pages_device_free, "attach took a page");
+    cr_assert_eq(s1.cow_copies, s0.cow_copies);
+    struct kvvm_seq_info in;
+    tinfo(&t, b, &in);
+    cr_assert(in.resident);
+    cr_assert_eq(in.pages_shared, 6);
+    cr_assert(same(&t, b, 3 * T, 1), "attached bytes differ");
+    /* b writes block 0: copied on write, a and the entry keep theirs */
+    uint8_t x[BPT];
+    memset(x, 0x5A, sizeof x);
+    cr_assert_eq(kvvm_seq_write(t.kv, b, 0, 0, x, sizeof x), 0);
+    cr_assert(same(&t, a, 3 * T + 8, 1), "a sharer's write reached the publisher");
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 7, k, 3), 3);
+    cr_assert(same(&t, d, 3 * T, 1), "a sharer's write reached the entry");
+    /* a's own write after publish: copied on write too */
+    cr_assert_eq(kvvm_seq_write(t.kv, a, 1, 0, x, sizeof x), 0);
+    cr_assert(same(&t, d, 3 * T, 1), "the publisher's write reached the entry");
+    tcheck(&t, "attach");
+    tclose(&t);
+}
+
+Test(prefix, attach_longest_present_prefix_and_miss)
+{
+    struct tctx t;
+    kvvm_key k[4], q[4];
+    open_t(&t, 1, 32, 0, 0);
+    published(&t, 1, 2, 2, 0, k);
+    keys_of(2, 4, q);                   /* the same prompt, 4 blocks: 2 are cached */
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, q, 4, NULL), 2);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, q, 4), 2);
+    cr_assert_eq(seq_len(&t, b), 2 * T);
+    cr_assert(same(&t, b, 2 * T, 2));
+    /* a miss: 0, not an error, dst still empty and usable */
+    kvvm_key m[2];
+    keys_of(9, 2, m);
+    kvvm_seq e = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, e, 1, m, 2), 0);
+    cr_assert_eq(seq_len(&t, e), 0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, e, 1, q, 0), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, e, 5), 0);
+    /* a gap: a present key after a missing one does not count */
+    kvvm_key g[3] = { q[0], m[0], q[1] };
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, g, 3, NULL), 1);
+    tcheck(&t, "miss");
+    tclose(&t);
+}
+
+Test(prefix, errors)
+{
+    struct tctx t;
+    kvvm_key k[4];
+    open_t(&t, 2, 32, 0, 0);
+    kvvm_seq a = published(&t, 1, 1, 2, 3, k);
+    keys_of(1, 4, k);
+    kvvm_seq b = mk(&t);
+    /* publish */
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a, 1, NULL, 1), -EINVAL);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a, 1, k, 3), -EINVAL, "past the full blocks");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a + (1ull << 32), 1, k, 1), -ENOENT);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a, 1, NULL, 0), 0);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, b, 1, k, 0), 0);
+    cr_assert_eq(kvvm_prefix_publish(NULL, a, 1, k, 1), -EINVAL);
+    /* a block discarded in one region */
+    kvvm_seq w = mk(&t);
+    fill(&t, w, 3 * T, 3);
+    cr_assert_eq(kvvm_seq_discard(t.kv, w, 1, T), 0);
+    kvvm_key kw[3];
+    keys_of(3, 3, kw);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, w, 1, kw, 2), -EINVAL, "a discarded block");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, kw, 1, NULL), 0, "a refused publish entered");
+    /* lookup, drop */
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, NULL, 1, NULL), -EINVAL);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, NULL, 0, NULL), 0);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 1, NULL, 2), -EINVAL);
+    /* attach */
+    cr_assert_eq(kvvm_prefix_attach(t.kv, a, 1, k, 2), -EINVAL, "dst not empty");
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, NULL, 2), -EINVAL);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b + (1ull << 32), 1, k, 2), -ENOENT);
+    kvvm_seq f = mk(&t);
+    cr_assert_eq(kvvm_seq_free(t.kv, f), 0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, f, 1, k, 2), -ENOENT, "a freed handle");
+    cr_assert_eq(seq_len(&t, b), 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 4, NULL), 2, "errors changed the index");
+    tcheck(&t, "errors");
+    tclose(&t);
+}
+
+Test(prefix, a_present_key_keeps_its_entry)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 2, 32, 0, 0);
+    published(&t, 1, 1, 2, 0, k);
+    /* another sequence, other bytes, the same keys (+ one more): one new entry only */
+    kvvm_seq o = mk(&t);
+    fill(&t, o, 3 * T, 5);
+    keys_of(1, 3, k);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, o, 1, k, 3), 1);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, o, 1, k, 3), 0, "publish again: nothing new");
+    /* keys naming the same block twice in one call: one entry */
+    kvvm_key twice[2] = { k[0], k[0] };
+    cr_assert_eq(kvvm_prefix_publish(t.kv, o, 2, twice, 2), 1);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 2), 2);
+    cr_assert(same(&t, b, 2 * T, 1), "the first publisher's entry was replaced");
+    cr_assert(same(&t, o, 3 * T, 5), "the second publisher lost its pages");
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_entries, 4);
+    tcheck(&t, "dedup");
+    tclose(&t);
+}
+
+Test(prefix, namespaces_isolate_entries)
+{
+    struct tctx t;
+    kvvm_key k[2];
+    open_t(&t, 1, 32, 0, 0);
+    kvvm_seq a = published(&t, 100, 1, 2, 0, k);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 101, k, 2, NULL), 0, "seen in another namespace");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 0, k, 2, NULL), 0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 101, k, 2), 0);
+    /* the same keys under another namespace: entries of their own */
+    kvvm_seq o = mk(&t);
+    fill(&t, o, 2 * T, 4);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, o, 101, k, 2), 2);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 101, k, 2), 2);
+    cr_assert(same(&t, b, 2 * T, 4));
+    /* dropping one namespace leaves the other */
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 100, NULL, 0), 2);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 100, k, 2, NULL), 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 101, k, 2, NULL), 2);
+    cr_assert(same(&t, a, 2 * T, 1));
+    tcheck(&t, "namespaces");
+    tclose(&t);
+}
+
+Test(prefix, entries_outlive_their_publisher)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 2, 32, 0, 0);
+    kvvm_seq a = published(&t, 1, 6, 3, 0, k);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &s1);
+    cr_assert_eq(s1.pages_device_free, s0.pages_device_free, "the entries' pages were freed");
+    uint8_t where[3];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
+    cr_assert_eq(where[2], KVVM_TIER_DEVICE);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), 3);
+    cr_assert(same(&t, b, 3 * T, 6), "bytes changed after the publisher was freed");
+    /* truncating the attached sequence leaves the entries whole */
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 0), 0);
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 1, k, 3), 3);
+    cr_assert(same(&t, d, 3 * T, 6));
+    tcheck(&t, "outlive");
+    tclose(&t);                          /* nothing left behind with entries alive */
+}
+
+Test(prefix, drop_keeps_sharers_pages)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 2, 32, 0, 0);
+    kvvm_seq a = published(&t, 1, 7, 3, 0, k);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), 3);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 1, k + 1, 1), 1, "drop one entry");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 1, "the chain ends at the gap");
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 1, k, 3), 2, "the entries left");
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 1, k, 3), 0, "none left");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 0);
+    cr_assert(same(&t, a, 3 * T, 7));
+    cr_assert(same(&t, b, 3 * T, 7));
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_entries, 0);
+    cr_assert_eq(st.prefix_evictions, 0, "an explicit drop is no eviction");
+    /* the pages are the sequences' own again: freeing them frees every page */
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_device_free, st.pages_device_total);
+    tcheck(&t, "drop");
+    tclose(&t);
+}
+
+Test(prefix, stats_count_lookups_hits_entries)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 1, 32, 0, 0);
+    published(&t, 1, 1, 3, 0, k);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_entries, 3);
+    cr_assert_eq(st.prefix_lookups, 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 3);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 2, k, 3, NULL), 0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 2), 2);
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_lookups, 3);
+    cr_assert_eq(st.prefix_hit_blocks, 5);
+    cr_assert_eq(st.prefix_evictions, 0);
+    char js[8192];
+    cr_assert_eq(kvvm_stats_json(t.kv, js, sizeof js), 0);
+    cr_assert(strstr(js, "\"prefix_hit_blocks\":5") || strstr(js, "\"prefix_hit_blocks\": 5"),
+              "json: %s", js);
+    tclose(&t);
+}
+
+/* ---------------------------------------------------------------- reclaim */
+
+/* Device of 8 pages, one region: entries of chains x (older) and y (newer), their
+   publishers freed; a grow that needs 2 frames more than are free. */
+Test(reclaim, leaves_first_least_recently_used_first)
+{
+    struct tctx t;
+    kvvm_key x[3], y[3];
+    open_t(&t, 1, 8, 0, 0);
+    kvvm_seq a = published(&t, 1, 1, 3, 0, x);
+    kvvm_seq b = published(&t, 1, 2, 3, 0, y);
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+    /* x looked up after y: y is now the least recently used chain */
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), 3);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 3, NULL), 3);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 4 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 2);
+    cr_assert_eq(st.prefix_entries, 4);
+    /* y lost its two last blocks (leaves first), x nothing (these lookups leave x the most
+       recently used again) */
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), 1);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 3, NULL), 3);
+    /* 3 more frames: y's head, then x from its leaf */
+    kvvm_seq h = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, h, 3 * T), 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 3, NULL), 1);
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 5);
+    tcheck(&t, "reclaim");
+    tclose(&t);
+}
+
+Test(reclaim, entries_go_before_any_live_sequence_is_swapped)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 1, 8, 16, KVVM_F_AUTO_SWAP);
+    entries_only(&t, 1, 1, 3, k);
+    kvvm_seq live = mk(&t);
+    fill(&t, live, 3 * T, 2);
+    cr_assert_eq(kvvm_step(t.kv), 0);    /* live unprotected: a swap victim */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 4 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.swap_outs, 0, "a LIVE sequence was swapped while entries could go");
+    cr_assert_eq(st.prefix_evictions, 2);
+    struct kvvm_seq_info in;
+    tinfo(&t, live, &in);
+    cr_assert(in.resident);
+    tcheck(&t, "before live");
+    tclose(&t);
+}
+
+Test(reclaim, entries_a_sequence_holds_are_not_reclaimed)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 1, 6, 0, 0);
+    kvvm_seq a = published(&t, 1, 1, 3, 0, k);
+    (void)a;                             /* the publisher holds them */
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 4 * T), -ENOMEM);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 3);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 0);
+    /* a failed call drops nothing: free the publisher, still not enough (3 + 3 < 7) */
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), -ENOMEM);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 3, "a failed call dropped entries");
+    tcheck(&t, "held");
+    tclose(&t);
+}
+
+/* KVVM_F_CACHE_DEMOTE with a swap allowed: entries no sequence holds go to the host tier
+   (leaves first), stay attachable, and come back with their bytes. */
+Test(reclaim, demote_keeps_entries_below)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 1, 8, 16, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    entries_only(&t, 1, 4, 3, k);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 2);
+    cr_assert_eq(st.prefix_entries, 3, "a demoted entry was dropped");
+    cr_assert_eq(st.swap_outs, 0);
+    uint8_t where[3];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
+    cr_assert_eq(where[0], KVVM_TIER_DEVICE);
+    cr_assert_eq(where[1], KVVM_TIER_HOST, "not leaves first");
+    cr_assert_eq(where[2], KVVM_TIER_HOST);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), 3, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 3 * T, 4), "demoted bytes differ");
+    tcheck(&t, "demote");
+    tclose(&t);
+}
+
+/* A demotion is a swap: without KVVM_F_AUTO_SWAP entries are dropped. */
+Test(reclaim, demote_needs_a_swap_allowed)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 1, 8, 16, KVVM_F_CACHE_DEMOTE);
+    entries_only(&t, 1, 4, 3, k);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 7 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 2);
+    cr_assert_eq(st.prefix_entries, 1);
+    cr_assert_eq(st.pages_host_free, st.pages_host_total);
+    tcheck(&t, "no demote");
+    tclose(&t);
+}
+
+/* ---------------------------------------------------------------- host entries */
+
+/* An entry whose pages went to the host tier with its publisher's swap-out. */
+static kvvm_seq host_entries(struct tctx *t, kvvm_key *k, uint32_t nb)
+{
+    kvvm_seq a = published(t, 1, 8, nb, 0, k);
+    cr_assert_eq(kvvm_seq_swap_out(t->kv, a), 0);
+    cr_assert_eq(kvvm_seq_free(t->kv, a), 0);
+    uint8_t where[4];
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, k, nb, where), (int)nb);
+    for (uint32_t i = 0; i < nb; i++)
+        cr_assert_eq(where[i], KVVM_TIER_HOST);
+    return a;
+}
+
+Test(host, attach_brings_host_entries_back)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 2, 16, 16, 0);
+    host_entries(&t, k, 3);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), 3, "attach: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.bytes_to_device - s0.bytes_to_device, 6 * KB);
+    cr_assert(same(&t, b, 3 * T, 8));
+    uint8_t where[3];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
+    cr_assert_eq(where[0], KVVM_TIER_DEVICE, "the entry did not follow its page up");
+    tcheck(&t, "host attach");
+    tclose(&t);
+}
+
+Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    open_t(&t, 1, 8, 16, 0);
+    host_entries(&t, k, 3);
+    kvvm_seq full = mk(&t);
+    fill(&t, full, 6 * T, 3);            /* 2 frames left, 3 needed */
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), -ENOMEM);
+    tstats(&t, &s1);
+    cr_assert_eq(seq_len(&t, b), 0);
+    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
+    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    cr_assert_eq(s1.bytes_to_device, s0.bytes_to_device);
+    uint8_t where[3];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
+    cr_assert_eq(where[2], KVVM_TIER_HOST);
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 1), 0, "dst is not usable after a failed attach");
+    tcheck(&t, "enomem");
+    tclose(&t);
+}
+
+/* Entries whose pages went to disk (a staged swap-out of their publisher: more pages than
+   the host tier holds) come back by attach with their bytes. */
+Test(host, attach_brings_disk_entries_back)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/var/tmp/kvvm-test-prefix-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    struct kvvm_config c;
+    struct tctx t;
+    kvvm_key k[4];
+    TH_DEADLINE(60);
+    cfg_small(&c, 1, 16, 2, 0);
+    c.spill_dir = dir;
+    c.spill_budget = 16 * KB;
+    topen(&t, &c);
+    kvvm_seq a = published(&t, 1, 9, 4, 0, k);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a), 0, "swap_out: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_free(t.kv, a), 0);
+    uint8_t where[4];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 4, where), 4);
+    int on_disk = 0;
+    for (int i = 0; i < 4; i++)
+        on_disk += where[i] == KVVM_TIER_DISK;
+    cr_assert_gt(on_disk, 0, "no entry on disk");
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 4), 4, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 4 * T, 9), "bytes back from disk differ");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 4, where), 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(where[i], KVVM_TIER_DEVICE);
+    tcheck(&t, "disk attach");
+    tclose(&t);
+    cr_expect_eq(rmdir(dir), 0);
+}
+
+/* A dropped CACHED sequence is -ESTALE as attach's dst (and as publish's source). */
+Test(prefix, dropped_cached_dst_is_estale)
+{
+    struct tctx t;
+    kvvm_key k[2];
+    open_t(&t, 1, 4, 0, 0);
+    kvvm_seq a = published(&t, 1, 1, 2, 0, k);
+    kvvm_seq d = mk(&t);
+    fill(&t, d, 2 * T, 2);
+    cr_assert_eq(kvvm_seq_set_class(t.kv, d, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 2 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_seq_info in;
+    tinfo(&t, d, &in);
+    cr_assert(in.dropped, "the CACHED sequence was not dropped");
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 1, k, 2), -ESTALE);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, d, 1, k, 0), -ESTALE);
+    cr_assert(same(&t, a, 2 * T, 1));
+    tcheck(&t, "estale");
+    tclose(&t);
+}
+
+/* While the engine stream captures a CUDA graph, attach (which maps and may copy) is -EBUSY
+   and changes nothing; publish, lookup and drop touch no stream and work. */
+Test(prefix, attach_while_capturing_is_ebusy)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st;
+    kvvm_key k[2];
+    TH_DEADLINE(60);
+    cfg_small(&c, 1, 16, 0, 0);
+    topen_stream(&t, &c, &st);
+    kvvm_seq a = published(&t, 1, 3, 2, 0, k);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 1), 0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 2), -EBUSY);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 2, NULL), 2);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 1, k + 1, 1), 1);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a, 1, k, 2), 1);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st, 0), 0);
+    cr_assert_eq(seq_len(&t, b), 0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 2), 2);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert(same(&t, b, 2 * T, 3));
+    tcheck(&t, "capture");
+    tclose_stream(&t, st);
+}
+
+/* ---------------------------------------------------------------- fault sweeps */
+
+struct sw_arg {
+    struct tctx t;
+    kvvm_key k[3];
+    kvvm_seq dst;
+    bool host;                           /* entries on the host tier (else device) */
+    uint64_t free0;
+};
+
+static void sw_setup(void *p)
+{
+    struct sw_arg *a = p;
+    struct kvvm_config c;
+    cfg_small(&c, 2, 16, 16, 0);
+    topen(&a->t, &c);
+    if (a->host) {
+        host_entries(&a->t, a->k, 3);
+    } else {
+        entries_only(&a->t, 1, 8, 3, a->k);
+    }
+    a->dst = mk(&a->t);
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&a->t, &st);
+    a->free0 = st.pages_device_free;
+}
+
+static int sw_call(void *p)
+{
+    struct sw_arg *a = p;
+    int rc = kvvm_prefix_attach(a->t.kv, a->dst, 1, a->k, 3);
+    return rc == 3 ? 0 : rc;
+}
+
+static void sw_teardown(void *p)
+{
+    struct sw_arg *a = p;
+    if (a->t.kv)
+        tclose(&a->t);
+}
+
+static enum th_sweep_outcome sw_after(void *p, int rc, const char *where)
+{
+    struct sw_arg *a = p;
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    struct kvvm_seq_info in;
+    tinfo(&a->t, a->dst, &in);
+    uint8_t w[3] = { 0 };
+    int k = kvvm_prefix_lookup(a->t.kv, 1, a->k, 3, w);
+    UCHK(k == 3, "%s: the entries are gone (%d)", where, k);
+    if (rc) {
+        UCHK(in.length == 0, "%s: dst holds %lu tokens after a failed attach", where,
+             (unsigned long)in.length);
+        UCHK(w[0] == (a->host ? KVVM_TIER_HOST : KVVM_TIER_DEVICE),
+             "%s: an entry moved (%u)", where, w[0]);
+        struct kvvm_stats st;
+        tstats(&a->t, &st);
+        UCHK(st.pages_device_free == a->free0, "%s: device pages free %lu, were %lu", where,
+             (unsigned long)st.pages_device_free, (unsigned long)a->free0);
+    } else {
+        UCHK(in.length == 3 * T && same(&a->t, a->dst, 3 * T, 8), "%s: attached bytes",
+             where);
+    }
+    th_check(a->t.kv, where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(sweep, attach_host_entries_all_or_nothing)
+{
+    TH_DEADLINE(300);
+    struct sw_arg a = { .host = true };
+    struct th_sweep s = { .name = "attach host", .arg = &a, .setup = sw_setup,
+                          .call = sw_call, .teardown = sw_teardown, .after = sw_after };
+    th_sweep_run(&s);
+}
+
+Test(sweep, attach_device_entries_all_or_nothing)
+{
+    TH_DEADLINE(300);
+    struct sw_arg a = { .host = false };
+    struct th_sweep s = { .name = "attach device", .arg = &a, .setup = sw_setup,
+                          .call = sw_call, .teardown = sw_teardown, .after = sw_after };
+    th_sweep_run(&s);
+}
