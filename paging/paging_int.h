@@ -199,6 +199,8 @@ struct paging {
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
     pg_slot  disk_hint;        /* last slot allocated (clustering); PG_SLOT_NONE: none yet */
+    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
+    size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 

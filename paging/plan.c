@@ -59,11 +59,11 @@ uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_kee
 
 /* Applies (d = +1) or reverts (d = -1) moving h; the frames it frees and slots it takes. */
 static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t *frees,
-                      uint32_t *slots)
+                      uint32_t *slots, uint32_t *kslots)
 {
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
-    *frees = *slots = 0;
+    *frees = *slots = *kslots = 0;
     if (rc)
         return rc;
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
@@ -84,6 +84,7 @@ static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t 
             } else if (last) {
                 (*slots)++;             /* copied down by this swap-out */
                 *frees += !p->kept;
+                *kslots += p->kept;
             }
             if (d > 0) {
                 p->n_mark++;
@@ -94,15 +95,36 @@ static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t 
 }
 
 int paging_plan_add(struct paging *pg, uint64_t h, bool drop, uint32_t *frees,
-                    uint32_t *slots)
+                    uint32_t *slots, uint32_t *kslots)
 {
-    return plan_apply(pg, h, drop, 1, frees, slots);
+    return plan_apply(pg, h, drop, 1, frees, slots, kslots);
 }
 
 void paging_plan_remove(struct paging *pg, uint64_t h, bool drop)
 {
-    uint32_t f, sl;
-    (void)plan_apply(pg, h, drop, -1, &f, &sl);
+    uint32_t f, sl, ks;
+    (void)plan_apply(pg, h, drop, -1, &f, &sl, &ks);
+}
+
+uint32_t paging_device_pages_of(struct paging *pg, const uint64_t *hs, size_t n)
+{
+    uint32_t k = 0;
+    tier_mark_begin(pg);
+    for (size_t i = 0; i < n; i++) {
+        struct pg_seq *s;
+        if (seq_lookup(pg, hs[i], &s))
+            continue;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t j = 0; j < s->n_pages; j++) {
+                pg_page_id id = pg_bt(pg, s, r)[j];
+                if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
+                    continue;
+                struct pg_page *p = plan_page(pg, id);
+                k += !p->kept;
+                p->kept = 1;            /* counted */
+            }
+    }
+    return k;
 }
 
 uint32_t paging_seq_device_pages(struct paging *pg, uint64_t h)
