@@ -1744,6 +1744,38 @@ Test(regress, grow_batch_left_out_the_borrowed_staging_frame)
     disk_close(&t);
 }
 
+/* Bug: a share from a non-resident sequence whose partial last pages were on disk read them
+   back into host slots first (spilling another sequence's host pages for the room), then
+   found no room for the host copies of those pages and failed -ENOMEM: the other sequence
+   spilled, the source's pages moved back to the host tier. The room for both (the read back
+   and the copies) is checked whole before anything moves. */
+Test(regress, share_from_spilled_source_spilled_others_then_failed)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    disk_cfg(&c, 16, 2, 4);
+    topen(&t, &c);
+    struct sh *src = live(&t, 2, 1);              /* 2 partial pages */
+    t_out(&t, src);                               /* the host tier is full */
+    struct sh *o = live(&t, 2, 2);
+    t_out(&t, o);                                 /* its room: src's pages spill */
+    struct sh *dst = sh_new(&t);
+    struct kvvm_seq_info in;
+    tinfo(&t, src->h, &in);
+    cr_assert_eq(in.pages_disk, 2, "setup: the source's pages are on disk");
+    kvvm_seq all[3] = { src->h, o->h, dst->h };
+    struct th_place before[3];
+    th_places(t.kv, all, 3, before);
+    /* 2 host slots to read back (o's 2 spill), then 2 for the copies: none left to spill */
+    cr_assert_eq(kvvm_seq_share(t.kv, dst->h, src->h, 2), -ENOMEM);
+    th_places_same(t.kv, all, 3, before, "failed share");
+    tcheck(&t, "failed share");
+    struct sh *ss[3] = { dst, src, o };
+    verify_all(&t, ss, 3, "after the failed share");
+    disk_close(&t);
+}
+
 /* Bug: after acting on a plan, the frames to have free were the need plus the device pages
    of the call's own sequences that went down with a victim, counted per sequence: a page
    two members of a batch share (from the victim, their source) counted twice though it
