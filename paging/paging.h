@@ -299,6 +299,13 @@ int  paging_need_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);
+/* No device work may touch h's pages any more, known without a synchronization: never
+   used, or used before an epoch a synchronization (or, stream mode, the step fence found
+   complete) ended, and no swap copy on its window running. Swapping out or dropping a
+   quiet sequence synchronizes nothing (synchronous mode included): what a library thread
+   may move in synchronous mode, where it must never synchronize the context. false for a
+   bad handle. */
+bool paging_seq_quiet(struct paging *pg, uint64_t h);
 /* A live resident sequence that background reclaim may move. */
 struct pg_cand {
     uint64_t h;

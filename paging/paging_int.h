@@ -528,6 +528,10 @@ static inline bool page_in_dio(const struct pg_page *p)
 int  pg_device_sync(struct paging *pg);
 
 /* defer.c */
+/* No device work may touch s's window any more, known without synchronizing anything:
+   never used, or used before an epoch known complete (quiet_below), and no swap copy of
+   the library's on it still running. */
+bool seq_quiet(struct paging *pg, struct pg_seq *s);
 /* Releases window pages [first, end) of every region of s (unmap + page_put), now if no
    device work may touch them, else after a fence recorded now on the engine stream (the
    pending release then holds the slot's window: the slot of a freed sequence is reused only

@@ -65,17 +65,19 @@ int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
 }
 
 /* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
-   work enqueued so far). An unprotected s (not used since the last step) was last touched
+   work enqueued so far). A quiet s (used before an epoch known complete) needs nothing, in
+   synchronous mode too (no context synchronization: what the reclaim thread moves there).
+   An unprotected s (not used since the last step) was last touched
    by work before the last step's fence: the copy stream waits for that fence, and nothing
    is recorded on the engine stream, so a background thread never enqueues there (a capture
    may begin at any time on it: a record would become a graph node). Otherwise a fence is
    recorded on the engine stream now (the caller is the engine's own call). */
 int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
 {
+    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
+        return 0;                       /* quiet: no engine work left on its pages */
     if (!pg->stream)
         return vmm_device_sync(pg->v);
-    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
-        return 0;
     if (s && s->used_epoch < pg->epoch && pg->step_recorded)
         return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
     if (!pg->order_fence_ok) {

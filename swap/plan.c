@@ -151,15 +151,18 @@ static uint32_t keep_device_pages(struct paging *pg, const struct swap_rplan *p)
     return paging_device_pages_of(pg, p->keep, p->n_keep);
 }
 
-/* Candidates of fn not in excl (LIVE ones only when live), LRU sorted; *out malloc'ed. */
+/* Candidates of fn not in excl (LIVE ones only when live; quiet ones only when quiet), LRU
+   sorted; *out malloc'ed. */
 static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
-                      bool live, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
+                      bool live, bool quiet, const uint64_t *excl, size_t n_excl,
+                      struct pg_cand **out)
 {
     struct pg_cand *c;
     size_t n = swap_collect(pg, fn, &c), k = 0;
     for (size_t i = 0; i < n; i++)
         if (!excluded(c[i].h, excl, n_excl) &&
-            (!live || paging_seq_class(pg, c[i].h) == PG_SEQ_LIVE))
+            (!live || paging_seq_class(pg, c[i].h) == PG_SEQ_LIVE) &&
+            (!quiet || paging_seq_quiet(pg, c[i].h)))
             c[k++] = c[i];
     swap_lru_sort(c, k);
     *out = c;
@@ -217,7 +220,8 @@ static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg
 static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 {
     struct pg_cand *c;
-    size_t n = collect(pg, paging_candidates, true, p->keep, p->n_keep, &c);
+    size_t n = collect(pg, paging_candidates, true, p->flags & SWAP_PLAN_QUIET, p->keep,
+                       p->n_keep, &c);
     bool *banned = calloc(n ? n : 1, sizeof *banned);
     int rc = c && banned ? 0 : -ENOMEM;
     size_t base = p->n;
@@ -243,7 +247,8 @@ static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 static int plan_drops(struct swap_rplan *p, struct paging *pg)
 {
     struct pg_cand *c;
-    size_t n = collect(pg, paging_cached_candidates, false, p->keep, p->n_keep, &c);
+    size_t n = collect(pg, paging_cached_candidates, false, p->flags & SWAP_PLAN_QUIET,
+                       p->keep, p->n_keep, &c);
     int rc = 0;
     for (size_t i = 0; i < n && p->have + p->frees < p->want && !rc; i++) {
         uint32_t f, sl, ks;

@@ -100,6 +100,8 @@ struct swap_step {
 };
 #define SWAP_PLAN_SWAP    1u       /* LIVE swap-outs, orphan moves, demotions allowed */
 #define SWAP_PLAN_PARTIAL 2u       /* best effort (the background thread): what fits */
+#define SWAP_PLAN_QUIET   4u       /* only quiet victims (paging_seq_quiet): moving them
+                                      synchronizes nothing (the thread, synchronous mode) */
 struct swap_rplan {
     uint32_t want;                 /* device frames to be free (or coming) */
     uint32_t have;                 /* free and coming when planned */

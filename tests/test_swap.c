@@ -1441,6 +1441,70 @@ Test(capture, orphan_moves_record_nothing_on_the_engine_stream)
     tclose(&t);
 }
 
+/* Bug: in synchronous mode the reclaim thread's swap-outs synchronized the context
+   (cuCtxSynchronize) before their copies, from a library thread: that invalidates a
+   capture on any stream of the context, in every capture mode (PyTorch captures on a
+   side stream the library never sees). In synchronous mode the thread now moves only
+   sequences whose device work is known complete (paging_seq_quiet), with its copy
+   stream and event waits only (issue 20, item 1). */
+Test(capture, sync_mode_reclaim_thread_keeps_a_side_stream_capture_valid)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 32, 64, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.0;
+    c.device_low = 0.5;                           /* below 16 free: the thread wakes */
+    c.device_high = 0.6;
+    topen(&t, &c);
+    struct sh *s[4];
+    for (int i = 0; i < 4; i++) {                 /* 16 frames: 16 free, not below low */
+        s[i] = sh_new(&t);
+        cr_assert_eq(sh_grow_fill(&t, s[i], 8, (uint32_t)i + 1), 0);
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);             /* their work is known complete */
+    const struct kcu_api *api = emu_api();
+    int mode = KCU_STREAM_CAPTURE_MODE_RELAXED;   /* only the library's threads can break it */
+    cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    kcu_stream side;
+    emu_ctx_on(t.ord);
+    cr_assert_eq(api->cuStreamCreate(&side, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    emu_ctx_off(t.ord);
+    cr_assert_eq(emu_stream_set_capturing(side, 1), 0);
+    struct sh *x = sh_new(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, x->h, 8), 0);   /* 12 free: the thread swaps out */
+    struct kvvm_stats stt;
+    int status = -1;
+    for (int i = 0; i < 10000; i++) {             /* until it moved one, or broke the capture */
+        tstats(&t, &stt);
+        emu_ctx_on(t.ord);
+        cr_assert_eq(api->cuStreamIsCapturing(side, &status), KCU_SUCCESS);
+        emu_ctx_off(t.ord);
+        if (stt.reclaim_swap_outs || status != KCU_STREAM_CAPTURE_STATUS_ACTIVE)
+            break;
+        usleep(1000);
+    }
+    cr_expect_eq(status, KCU_STREAM_CAPTURE_STATUS_ACTIVE,
+                 "the reclaim thread invalidated the side stream's capture (status %d)",
+                 status);
+    cr_expect_gt(stt.reclaim_swap_outs, 0, "the reclaim thread moved nothing");
+    cr_assert_eq(emu_stream_set_capturing(side, 0), 0);
+    cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    emu_ctx_on(t.ord);
+    cr_assert_eq(api->cuStreamDestroy(side), KCU_SUCCESS);
+    emu_ctx_off(t.ord);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tcheck(&t, "after the round");
+    for (int i = 0; i < 4; i++) {
+        sh_verify(&t, s[i], "after the round");
+        free(s[i]);
+    }
+    cr_assert_eq(kvvm_seq_free(t.kv, x->h), 0);
+    free(x);
+    tclose(&t);
+}
+
 /* Regression (issue 9, item 12): synchronous mode did not check capture at all; while a
    blocking stream captures, the legacy stream (and the device synchronization behind it)
    cannot be used: -EBUSY now, nothing changed. */
