@@ -29,9 +29,12 @@ static struct pg_page *plan_page(struct paging *pg, pg_page_id id)
     return p;
 }
 
-uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
+/* Marks the device pages of keep[0..n) kept (this walk); *pages gets how many distinct
+   ones; returns how many of them are orphans. */
+static uint32_t mark_kept(struct paging *pg, const uint64_t *keep, size_t n, uint32_t *pages)
 {
     uint32_t orphans = 0;
+    *pages = 0;
     for (size_t k = 0; k < n; k++) {
         struct pg_seq *s;
         if (seq_lookup(pg, keep[k], &s))
@@ -42,12 +45,20 @@ uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
                 if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
                     continue;
                 struct pg_page *p = plan_page(pg, id);
-                if (!p->kept && page_orphan(p))
-                    orphans++;
+                if (!p->kept) {
+                    orphans += page_orphan(p);
+                    (*pages)++;
+                }
                 p->kept = 1;
             }
     }
     return orphans;
+}
+
+uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
+{
+    uint32_t pages;
+    return mark_kept(pg, keep, n, &pages);
 }
 
 uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep)
@@ -108,22 +119,9 @@ void paging_plan_remove(struct paging *pg, uint64_t h, bool drop)
 
 uint32_t paging_device_pages_of(struct paging *pg, const uint64_t *hs, size_t n)
 {
-    uint32_t k = 0;
+    uint32_t k;
     tier_mark_begin(pg);
-    for (size_t i = 0; i < n; i++) {
-        struct pg_seq *s;
-        if (seq_lookup(pg, hs[i], &s))
-            continue;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t j = 0; j < s->n_pages; j++) {
-                pg_page_id id = pg_bt(pg, s, r)[j];
-                if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
-                    continue;
-                struct pg_page *p = plan_page(pg, id);
-                k += !p->kept;
-                p->kept = 1;            /* counted */
-            }
-    }
+    (void)mark_kept(pg, hs, n, &k);
     return k;
 }
 
