@@ -39,7 +39,7 @@ static bool seq_jobs_busy(struct paging *pg, struct pg_seq *s)
 
 /* Whether no device work may touch s's window any more: neither the engine's (the rule
    above) nor the library's own swap copies. */
-static bool seq_quiet(struct paging *pg, struct pg_seq *s)
+bool seq_quiet(struct paging *pg, struct pg_seq *s)
 {
     if (seq_jobs_busy(pg, s))
         return false;
@@ -97,6 +97,12 @@ static void gather_pages(struct paging *pg, struct pg_seq *s, uint32_t region, u
             memcpy(out + (size_t)r * n, pg_bt(pg, s, r) + first, n * sizeof *out);
         else
             memset(out + (size_t)r * n, 0, n * sizeof *out);
+}
+
+bool paging_seq_quiet(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    return !seq_lookup(pg, h, &s) && seq_quiet(pg, s);
 }
 
 int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)

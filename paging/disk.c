@@ -172,6 +172,24 @@ static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
     return false;
 }
 
+void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n)
+{
+    pg->spill_keep = n ? keep : NULL;
+    pg->n_spill_keep = n;
+}
+
+/* Whether a sequence of the keep set (paging_spill_keep) other than those before index
+   `below` of it holds page id (below = n_spill_keep: any of them). */
+static bool kept_holds(struct paging *pg, pg_page_id id, size_t below)
+{
+    for (size_t k = 0; k < below; k++) {
+        struct pg_seq *ks;
+        if (!seq_lookup(pg, pg->spill_keep[k], &ks) && seq_holds(pg, ks, id))
+            return true;
+    }
+    return false;
+}
+
 int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                      uint32_t *started)
 {
@@ -186,6 +204,9 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
         ex = NULL;
     if (s == ex || !s->out)
         return 0;
+    for (size_t k = 0; k < pg->n_spill_keep; k++)
+        if (pg->spill_keep[k] == h)
+            return 0;                   /* kept whole */
     for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
         const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < s->n_pages && *started < max; i++) {
@@ -194,8 +215,9 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
             const struct pg_page *p = page_at(pg, bt[i]);
             if (p->tier != PG_TIER_HOST)
                 continue;
-            /* a page the excluded sequence also holds stays */
-            if (ex && p->refs > 1 && seq_holds(pg, ex, bt[i]))
+            /* a page the excluded sequence or the keep set also holds stays */
+            if (p->refs > 1 && ((ex && seq_holds(pg, ex, bt[i])) ||
+                                kept_holds(pg, bt[i], pg->n_spill_keep)))
                 continue;
             if ((rc = spill_page(pg, bt[i])))
                 break;
@@ -335,13 +357,26 @@ uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
         return 0;
     /* Every HOST page is held by non-resident sequences only (a resident one maps all its
        pages, and no transfer job holds a HOST page), so the spillable pages are the HOST
-       pages less those excl holds (paging_spill's rule): O(excl's pages), not O(pool). A
-       block table names a page at most once. */
+       pages less those excl or the keep set holds (paging_spill_seq's rule): O(their
+       pages), not O(pool); a page two of them hold is counted once. A block table names a
+       page at most once. */
     uint32_t n = pg->n_host_pages;
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
                 if (!pg_page_is_none(pg_bt(pg, excl, r)[i]))    /* a hole (discard.c) */
                     n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
+    for (size_t k = 0; k < pg->n_spill_keep; k++) {
+        struct pg_seq *ks;
+        if (seq_lookup(pg, pg->spill_keep[k], &ks) || ks == excl)
+            continue;
+        for (uint32_t r = 0; r < pg->p.n_regions; r++)
+            for (uint32_t i = 0; i < ks->n_pages; i++) {
+                pg_page_id id = pg_bt(pg, ks, r)[i];
+                if (!pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_HOST &&
+                    !(excl && seq_holds(pg, excl, id)) && !kept_holds(pg, id, k))
+                    n--;
+            }
+    }
     return n;
 }

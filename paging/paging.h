@@ -299,6 +299,13 @@ int  paging_need_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);
+/* No device work may touch h's pages any more, known without a synchronization: never
+   used, or used before an epoch a synchronization (or, stream mode, the step fence found
+   complete) ended, and no swap copy on its window running. Swapping out or dropping a
+   quiet sequence synchronizes nothing (synchronous mode included): what a library thread
+   may move in synchronous mode, where it must never synchronize the context. false for a
+   bad handle. */
+bool paging_seq_quiet(struct paging *pg, uint64_t h);
 /* A live resident sequence that background reclaim may move. */
 struct pg_cand {
     uint64_t h;
@@ -330,12 +337,22 @@ int  paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *kee
  * paging_plan_add counts moving h after the moves added before it (drop: paging_seq_drop,
  * else paging_swap_out or paging_seq_demote): *frees the device frames it returns (a page
  * whose last resident holder leaves by a swap-out, or whose every reference is dropped;
- * kept pages never), *slots the host or disk slots it takes (the pages it copies down).
+ * kept pages never), *slots the host or disk slots it takes (the pages it copies down),
+ * *kslots how many of those are kept pages (a kept sequence then holds them below).
  * -ENOENT. paging_plan_remove takes the last h added back out (same drop). O(pages of h). */
 uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep);
 int  paging_plan_add(struct paging *pg, uint64_t h, bool drop, uint32_t *frees,
-                     uint32_t *slots);
+                     uint32_t *slots, uint32_t *kslots);
+/* What the swap-in of non-resident h needs of the tiers below: *disk its pages on disk (or
+   with disk I/O in flight: read back first), *borrow its staged swap-in borrows a host slot
+   (no free one, and none to be had by a spill: the frame it parks in is in paging_need's
+   count). Both false for a resident one. -ENOENT. */
+int  paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borrow);
 void paging_plan_remove(struct paging *pg, uint64_t h, bool drop);
+/* The distinct device pages the sequences hs[0..n) hold (bad handles skipped). Uses the
+   pages' scratch marks: not within a plan (between paging_plan_begin and its last
+   paging_plan_add / paging_plan_remove). */
+uint32_t paging_device_pages_of(struct paging *pg, const uint64_t *hs, size_t n);
 /* Device pages s holds (its own and shared), 0 for a bad handle: an upper bound of the
    slots its swap-out takes. */
 uint32_t paging_seq_device_pages(struct paging *pg, uint64_t h);
@@ -379,6 +396,12 @@ size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t ma
    full, disabled or absent, -ENOENT h (nothing started then). */
 int  paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                       uint32_t *started);
+/* Until called again (n 0: none), keep[0..n) is the keep set: no spill writes a HOST page
+   one of them holds, and the spillable counts (paging_room_facts, the swaps' own room
+   facts) leave those pages out. A reclaim plan and its act set it to the caller's own
+   sequences: what their need counted (pages in the host tier, a slot to stage through)
+   stays so while the victims make their room. keep must stay valid while set. */
+void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
 bool paging_spill_on(struct paging *pg);
 /* Slots the tiers below the device can still take: free host slots, host slots that
@@ -387,7 +410,8 @@ bool paging_spill_on(struct paging *pg);
 uint64_t paging_room_below(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0): free host slots, spill writes in
    flight, host pages that could be spilled (every HOST page: none holds a resident
-   sequence), free disk slots (0 without a disk tier or with spilling off). Reaps first. */
+   sequence; less the keep set's, paging_spill_keep), free disk slots (0 without a disk
+   tier or with spilling off). Reaps first. */
 void paging_room_facts(struct paging *pg, struct pg_room *r);
 /* Processes queued disk completions. */
 int  paging_disk_reap(struct paging *pg);

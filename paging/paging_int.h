@@ -204,6 +204,8 @@ struct paging {
     uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
     uint8_t  disk_off;         /* spilling disabled after a write error */
     pg_slot  disk_hint;        /* last slot allocated (clustering); PG_SLOT_NONE: none yet */
+    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
+    size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
@@ -543,6 +545,10 @@ static inline bool page_in_dio(const struct pg_page *p)
 int  pg_device_sync(struct paging *pg);
 
 /* defer.c */
+/* No device work may touch s's window any more, known without synchronizing anything:
+   never used, or used before an epoch known complete (quiet_below), and no swap copy of
+   the library's on it still running. */
+bool seq_quiet(struct paging *pg, struct pg_seq *s);
 /* Releases window pages [first, end) of every region of s (unmap + page_put), now if no
    device work may touch them, else after a fence recorded now on the engine stream (the
    pending release then holds the slot's window: the slot of a freed sequence is reused only

@@ -28,9 +28,12 @@ struct pg_page *plan_page(struct paging *pg, pg_page_id id)
     return p;
 }
 
-uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
+/* Marks the device pages of keep[0..n) kept (this walk); *pages gets how many distinct
+   ones; returns how many of them are orphans. */
+static uint32_t mark_kept(struct paging *pg, const uint64_t *keep, size_t n, uint32_t *pages)
 {
     uint32_t orphans = 0;
+    *pages = 0;
     for (size_t k = 0; k < n; k++) {
         struct pg_seq *s;
         if (seq_lookup(pg, keep[k], &s))
@@ -41,12 +44,20 @@ uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
                 if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
                     continue;
                 struct pg_page *p = plan_page(pg, id);
-                if (!p->kept && page_orphan(p))
-                    orphans++;
+                if (!p->kept) {
+                    orphans += page_orphan(p);
+                    (*pages)++;
+                }
                 p->kept = 1;
             }
     }
     return orphans;
+}
+
+uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
+{
+    uint32_t pages;
+    return mark_kept(pg, keep, n, &pages);
 }
 
 uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep)
@@ -58,11 +69,11 @@ uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_kee
 
 /* Applies (d = +1) or reverts (d = -1) moving h; the frames it frees and slots it takes. */
 static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t *frees,
-                      uint32_t *slots)
+                      uint32_t *slots, uint32_t *kslots)
 {
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
-    *frees = *slots = 0;
+    *frees = *slots = *kslots = 0;
     if (rc)
         return rc;
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
@@ -83,6 +94,7 @@ static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t 
             } else if (last) {
                 (*slots)++;             /* copied down by this swap-out */
                 *frees += !p->kept;
+                *kslots += p->kept;
             }
             if (d > 0) {
                 p->n_mark++;
@@ -93,15 +105,23 @@ static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t 
 }
 
 int paging_plan_add(struct paging *pg, uint64_t h, bool drop, uint32_t *frees,
-                    uint32_t *slots)
+                    uint32_t *slots, uint32_t *kslots)
 {
-    return plan_apply(pg, h, drop, 1, frees, slots);
+    return plan_apply(pg, h, drop, 1, frees, slots, kslots);
 }
 
 void paging_plan_remove(struct paging *pg, uint64_t h, bool drop)
 {
-    uint32_t f, sl;
-    (void)plan_apply(pg, h, drop, -1, &f, &sl);
+    uint32_t f, sl, ks;
+    (void)plan_apply(pg, h, drop, -1, &f, &sl, &ks);
+}
+
+uint32_t paging_device_pages_of(struct paging *pg, const uint64_t *hs, size_t n)
+{
+    uint32_t k;
+    tier_mark_begin(pg);
+    (void)mark_kept(pg, hs, n, &k);
+    return k;
 }
 
 uint32_t paging_seq_device_pages(struct paging *pg, uint64_t h)

@@ -199,6 +199,33 @@ out_slot:
     return rc;
 }
 
+/* Whether the host room of share_out can be had, checked whole before anything moves (a
+   spill for the read back, then no room left for the copies, was a failed call that moved
+   other sequences' pages): the nk partial pages ids of src, those on disk (nd) read back
+   into host slots first (room made by spilling others' host pages; the reads free their
+   disk slots), then a host copy of each (room made the same way). -ENOMEM, -EBADMSG. */
+static int share_out_check(struct paging *pg, struct pg_seq *src, const pg_page_id *ids,
+                           uint32_t nk)
+{
+    uint32_t nd = 0;
+    if (!pg->p.disk)
+        return 0;                       /* nothing spills: host_room moves nothing */
+    disk_settle(pg, ids, nk);
+    int rc = disk_damaged(pg, ids, nk, &nd);
+    if (rc || paging_host_free(pg) >= (uint64_t)nd + nk)
+        return rc;
+    struct pg_room r;
+    tier_room(pg, src, nd, &r);
+    uint64_t hw = r.host_free + r.writes, x = nd > hw ? nd - hw : 0;   /* spilled to read */
+    if (x > r.spillable || x > r.disk_free)
+        return pg_why_host(pg, (uint64_t)nd + nk);
+    hw += x - nd;
+    r.spillable -= x;
+    r.disk_free += nd - x;
+    uint64_t spill = r.spillable < r.disk_free ? r.spillable : r.disk_free;
+    return nk > hw + spill ? pg_why_host(pg, (uint64_t)nd + nk) : 0;
+}
+
 /* share from a non-resident source: dst becomes non-resident too, holding src's whole pages
    and a host copy of the partial last one. */
 static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
@@ -222,7 +249,9 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         for (r = 0; r < nr; r++)
             if (!pg_page_is_none(pg_bt(pg, src, r)[whole]))
                 ids[nk++] = pg_bt(pg, src, r)[whole];
-        rc = disk_unspill(pg, ids, nk, src);
+        rc = share_out_check(pg, src, ids, nk);
+        if (!rc)
+            rc = disk_unspill(pg, ids, nk, src);
     }
     if (!rc && nk && pg->p.disk && paging_host_free(pg) < nk)
         rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */

@@ -65,17 +65,19 @@ int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
 }
 
 /* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
-   work enqueued so far). An unprotected s (not used since the last step) was last touched
+   work enqueued so far). A quiet s (used before an epoch known complete) needs nothing, in
+   synchronous mode too (no context synchronization: what the reclaim thread moves there).
+   An unprotected s (not used since the last step) was last touched
    by work before the last step's fence: the copy stream waits for that fence, and nothing
    is recorded on the engine stream, so a background thread never enqueues there (a capture
    may begin at any time on it: a record would become a graph node). Otherwise a fence is
    recorded on the engine stream now (the caller is the engine's own call). */
 int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
 {
+    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
+        return 0;                       /* quiet: no engine work left on its pages */
     if (!pg->stream)
         return vmm_device_sync(pg->v);
-    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
-        return 0;
     if (s && s->used_epoch < pg->epoch && pg->step_recorded)
         return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
     if (!pg->order_fence_ok) {
@@ -399,6 +401,31 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
     return 1;
 }
 
+/* Whether non-resident s holds pages on disk or with disk I/O in flight (read back first). */
+static bool seq_on_disk(struct paging *pg, struct pg_seq *s)
+{
+    for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
+        for (uint32_t i = 0; i < s->n_pages; i++) {
+            pg_page_id id = pg_bt(pg, s, r)[i];
+            if (!pg_page_is_none(id) && (page_at(pg, id)->tier == PG_TIER_DISK ||
+                                         page_in_dio(page_at(pg, id))))
+                return true;
+        }
+    return false;
+}
+
+int paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borrow)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    *disk = *borrow = false;
+    if (rc)
+        return rc;
+    *disk = seq_on_disk(pg, s);
+    *borrow = *disk && tier_stage_must_borrow(pg, s);
+    return 0;
+}
+
 int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
 {
     struct pg_seq *s;
@@ -408,7 +435,6 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     if (length > pg->p.max_tokens)
         return pg_why_length(pg, length);
     uint32_t n = 0, nr = pg->p.n_regions;
-    bool disk = false;
     if (s->out)
         for (uint32_t r = 0; r < nr; r++)
             for (uint32_t i = 0; i < s->n_pages; i++) {
@@ -416,9 +442,8 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
                     continue;           /* a hole (discard.c) */
                 uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
                 n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
-                disk |= t == PG_TIER_DISK || page_in_dio(page_at(pg, pg_bt(pg, s, r)[i]));
             }
-    if (disk && tier_stage_must_borrow(pg, s))
+    if (seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s))
         n++;                            /* the frame a borrowed staging slot waits in */
     if (length > s->length) {
         uint32_t np = (uint32_t)pg_pages_for(pg, length);
@@ -453,6 +478,7 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
     uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
     struct pg_seq **ss = calloc(n ? n : 1, sizeof *ss);
     uint64_t k = 0, grow = 0;
+    bool borrow = false;
     int rc = seen && ss ? 0 : -ENOMEM;
     for (size_t j = 0; j < n && !rc; j++) {
         if ((rc = seq_lookup(pg, hs[j], &ss[j])))
@@ -472,7 +498,11 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
                     k++;              /* a page shared in the batch comes back once */
                 seen[id.v - 1] = 1;
             }
+        /* the frame a borrowed staging slot waits in (paging_need's count): the members
+           come in one after another, each gives it back */
+        borrow |= seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s);
     }
+    k += borrow;
     /* the growth as paging_seq_grow_batch counts it: new pages, the holes and shared
        copies of the partial last pages (a page shared by members copied for all but one) */
     if (!rc)

@@ -13,7 +13,10 @@
  * all the pages its move copies down, not per shortfall: a LIVE victim whose move would not
  * fit in the room left is skipped and the next one tried; when the victims taken fill the
  * room before the shortfall is covered, the plan is made again without the least recently
- * used of them (a bigger victim may cover it alone). Demotions (KVVM_F_CACHE_DEMOTE) use only
+ * used of them (a bigger victim may cover it alone). The call's own swap-in follows the
+ * moves, in the room they leave: no move may leave it to borrow a staging slot its need did
+ * not count (struct room, guard), and no move spills its host pages (paging_spill_keep).
+ * Demotions (KVVM_F_CACHE_DEMOTE) use only
  * the room the swap-outs leave: a demotion keeps a CACHED sequence's bytes, a swap-out is
  * what the call needs.
  */
@@ -35,35 +38,47 @@ static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
 
 /* The room below as a plan uses it up, victim by victim: the facts paging reports
    (struct pg_room: free host slots, spill writes in flight, spillable host pages, free disk
-   slots) and the same choice paging makes for each swap-out (room.c's swap_plan: directly,
-   spilling others, or staged through the host tier to disk). */
+   slots; the caller's own host pages are not spillable: paging_spill_keep) and the same
+   choice paging makes for each swap-out (room.c's swap_plan: directly, spilling others, or
+   staged through the host tier to disk).
+   The caller's own swap-in comes after the victims' moves, in the room they leave: a
+   non-resident caller with pages on disk (or getting some: a staged victim carrying a page
+   it shares) reads them back through a host slot, free or made free by a spill, else it
+   borrows one and parks that slot's page in a frame of its own. Its need counted that
+   frame only if it had to borrow when planned (paging_seq_stage_facts); otherwise
+   (`guard`) no move may leave the room where it would have to. */
 struct room {
     struct pg_room f;
     bool disk;                     /* a disk tier that takes spills */
+    bool guard;                    /* a non-resident caller whose need counted no borrow */
+    bool kept_disk;                /* ... that has (or will have) pages on disk */
 };
 
-static void room_init(struct room *m, struct paging *pg)
+/* The caller's stage facts as its need counted them (no keep set yet), then the room facts
+   with the keep set in place: the plan and the act set it (paging_spill_keep), so no move
+   of theirs spills the caller's own host pages. */
+static void room_init(struct room *m, struct paging *pg, const uint64_t *keep, size_t n_keep)
 {
+    m->guard = m->kept_disk = false;
+    bool borrow = false;
+    for (size_t i = 0; i < n_keep; i++) {
+        bool d, b;
+        if (paging_seq_resident(pg, keep[i]) || paging_seq_stage_facts(pg, keep[i], &d, &b))
+            continue;
+        m->guard = true;
+        m->kept_disk |= d;
+        borrow |= b;
+    }
+    m->guard &= !borrow;               /* counted (paging_need, paging_need_batch) */
+    paging_spill_keep(pg, keep, n_keep);
     paging_room_facts(pg, &m->f);
     m->disk = paging_has_disk(pg) && m->f.disk_free + m->f.spillable + m->f.writes > 0;
 }
 
-/* A caller's sequence coming back from disk reads its pages through host slots (staged):
-   the plan leaves it one (its need counted no borrowed slot's frame), so the victims' moves
-   never fill the host tier it stages through. */
-static void room_keep_stage_slot(struct room *m, struct paging *pg, const uint64_t *keep,
-                                 size_t n_keep)
+/* The caller's staged swap-in would have to borrow a host slot in room f. */
+static bool room_must_borrow(const struct pg_room *f)
 {
-    for (size_t i = 0; i < n_keep; i++) {
-        struct paging_seq_info in;
-        if (paging_seq_info(pg, keep[i], &in) || in.resident || !in.pages_disk)
-            continue;
-        if (m->f.host_free)
-            m->f.host_free--;
-        else if (m->f.writes)
-            m->f.writes--;
-        return;
-    }
+    return !f->host_free && !f->writes && (!f->disk_free || !f->spillable);
 }
 
 static uint64_t room_total(const struct room *m)
@@ -71,14 +86,18 @@ static uint64_t room_total(const struct room *m)
     return m->f.host_free + m->f.writes + m->f.disk_free;
 }
 
-/* Takes the slots of a move copying k pages down; false (nothing taken) when paging would
-   refuse it. */
-static bool room_take(struct room *m, uint32_t k)
+/* The room after a move copying k pages down (kk of them pages a kept sequence holds:
+   those stay below for it, not spillable), as paging makes it (*staged: through the host
+   tier to disk); false when paging would refuse the move. */
+static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_room *f,
+                      bool *staged)
 {
-    struct pg_room *f = &m->f;
+    uint32_t sp = m->disk ? k - kk : 0;     /* the moved pages that become spillable */
+    *f = m->f;
+    *staged = false;
     if (k <= f->host_free) {           /* the host tier takes it as it is */
         f->host_free -= k;
-        f->spillable += m->disk ? k : 0;
+        f->spillable += sp;
         return true;
     }
     if (!m->disk)
@@ -95,7 +114,7 @@ static bool room_take(struct room *m, uint32_t k)
         f->spillable -= rest - w;
         f->disk_free -= rest - w;
         f->host_free = 0;
-        f->spillable += k;
+        f->spillable += sp;
         return true;
     }
     if (!f->host_free && !f->writes) { /* staged: one slot made free to stage through */
@@ -104,28 +123,47 @@ static bool room_take(struct room *m, uint32_t k)
         f->host_free++;
     }
     f->disk_free -= k;
+    *staged = true;
     return true;
 }
 
-/* The device pages of p's kept sequences (a page two of them share counted twice: the
-   difference is what matters). */
-static uint32_t keep_device_pages(struct paging *pg, const struct swap_rplan *p)
+/* Takes the slots of a move copying k pages down (kk of them kept pages); false (nothing
+   taken) when paging would refuse it, or when it would leave the caller's swap-in to borrow
+   a slot its need did not count a frame for (guard). */
+static bool room_take(struct room *m, uint32_t k, uint32_t kk)
 {
-    uint32_t n = 0;
-    for (size_t i = 0; i < p->n_keep; i++)
-        n += paging_seq_device_pages(pg, p->keep[i]);
-    return n;
+    struct pg_room f;
+    bool staged;
+    if (!room_move(m, k, kk, &f, &staged))
+        return false;
+    /* a staged move carrying kept pages puts them on disk */
+    bool kept_disk = m->kept_disk || (staged && kk);
+    if (m->guard && kept_disk && room_must_borrow(&f))
+        return false;
+    m->f = f;
+    m->kept_disk = kept_disk;
+    return true;
 }
 
-/* Candidates of fn not in excl (LIVE ones only when live), LRU sorted; *out malloc'ed. */
+/* The device pages of p's kept sequences, a page two of them share once (it comes back
+   once). Not within a plan's page walk (paging_device_pages_of). */
+static uint32_t keep_device_pages(struct paging *pg, const struct swap_rplan *p)
+{
+    return paging_device_pages_of(pg, p->keep, p->n_keep);
+}
+
+/* Candidates of fn not in excl (LIVE ones only when live; quiet ones only when quiet), LRU
+   sorted; *out malloc'ed. */
 static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
-                      bool live, const uint64_t *excl, size_t n_excl, struct pg_cand **out)
+                      bool live, bool quiet, const uint64_t *excl, size_t n_excl,
+                      struct pg_cand **out)
 {
     struct pg_cand *c;
     size_t n = swap_collect(pg, fn, &c), k = 0;
     for (size_t i = 0; i < n; i++)
         if (!excluded(c[i].h, excl, n_excl) &&
-            (!live || paging_seq_class(pg, c[i].h) == PG_SEQ_LIVE))
+            (!live || paging_seq_class(pg, c[i].h) == PG_SEQ_LIVE) &&
+            (!quiet || paging_seq_quiet(pg, c[i].h)))
             c[k++] = c[i];
     swap_lru_sort(c, k);
     *out = c;
@@ -161,11 +199,11 @@ static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg
     size_t first = n;
     *rc = 0;
     for (size_t i = 0; i < n && p->have + p->frees < p->want && !*rc; i++) {
-        uint32_t f, sl;
-        if (banned[i] || paging_plan_add(pg, c[i].h, false, &f, &sl))
+        uint32_t f, sl, ks;
+        if (banned[i] || paging_plan_add(pg, c[i].h, false, &f, &sl, &ks))
             continue;
         struct room before = *room;
-        if (!room_take(room, sl)) {    /* its pages do not fit below: try the next */
+        if (!room_take(room, sl, ks)) {    /* its pages do not fit below: try the next */
             paging_plan_remove(pg, c[i].h, false);
             continue;
         }
@@ -183,7 +221,8 @@ static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg
 static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 {
     struct pg_cand *c;
-    size_t n = collect(pg, paging_candidates, true, p->keep, p->n_keep, &c);
+    size_t n = collect(pg, paging_candidates, true, p->flags & SWAP_PLAN_QUIET, p->keep,
+                       p->n_keep, &c);
     bool *banned = calloc(n ? n : 1, sizeof *banned);
     int rc = c && banned ? 0 : -ENOMEM;
     size_t base = p->n;
@@ -209,11 +248,12 @@ static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 static int plan_drops(struct swap_rplan *p, struct paging *pg)
 {
     struct pg_cand *c;
-    size_t n = collect(pg, paging_cached_candidates, false, p->keep, p->n_keep, &c);
+    size_t n = collect(pg, paging_cached_candidates, false, p->flags & SWAP_PLAN_QUIET,
+                       p->keep, p->n_keep, &c);
     int rc = 0;
     for (size_t i = 0; i < n && p->have + p->frees < p->want && !rc; i++) {
-        uint32_t f, sl;
-        if (paging_plan_add(pg, c[i].h, true, &f, &sl))
+        uint32_t f, sl, ks;
+        if (paging_plan_add(pg, c[i].h, true, &f, &sl, &ks))
             continue;
         rc = push(p, c[i].h, SWAP_DROP, f, 0);
         if (rc)
@@ -230,8 +270,9 @@ static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room 
         struct swap_step *s = &p->steps[i];
         if (s->kind != SWAP_DROP)
             continue;
+        /* (every page counted as one a kept sequence may hold: none counted spillable) */
         uint32_t ub = paging_seq_device_pages(pg, s->h);
-        if (!room_take(room, ub))
+        if (!room_take(room, ub, ub))
             continue;
         s->kind = SWAP_DEMOTE;
         s->slots = ub;
@@ -242,7 +283,7 @@ static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room 
 /* The cache's demotions take room as the CACHED ones do (swap_cache_ops.demote). */
 static bool cache_room_take(void *ctx, uint32_t k)
 {
-    return room_take(ctx, k);
+    return room_take(ctx, k, 0);          /* entries carry none of the caller's pages */
 }
 
 int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
@@ -269,8 +310,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     }
     bool swap = flags & SWAP_PLAN_SWAP;
     struct room room;
-    room_init(&room, pg);
-    room_keep_stage_slot(&room, pg, excl, n_excl);
+    room_init(&room, pg, excl, n_excl);
     uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
     int rc = plan_drops(p, pg);
     if (!rc && sw->cache.plan && p->have + p->frees < p->want) {
@@ -281,7 +321,8 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     }
     if (!rc && swap && p->have + p->frees < p->want) {
         /* orphans one by one, as paging moves them */
-        while (p->orphans < orphans && p->have + p->frees < p->want && room_take(&room, 1)) {
+        while (p->orphans < orphans && p->have + p->frees < p->want &&
+               room_take(&room, 1, 0)) {
             p->orphans++;
             p->frees++;
             p->slots++;
@@ -296,6 +337,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
         }
     }
     p->room = swap ? room_total(&room) : 0;
+    paging_spill_keep(pg, NULL, 0);
     if (!rc && p->have + p->frees < want && !(flags & SWAP_PLAN_PARTIAL))
         rc = -ENOMEM;                  /* checked: not enough can move, nothing moved */
     if (rc)
@@ -358,13 +400,10 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     return rc;
 }
 
-int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     struct paging *pg = sw->pg;
     uint32_t orphans = 0;
-    *moved = 0;
-    if (!p->n && !p->orphans && !p->cache)
-        return 0;
     /* In the order the plan's room model used the room below: drops (none), orphans,
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
@@ -408,5 +447,17 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         rc = wrc;
     if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < want)
         rc = -ENOMEM;                  /* (a plan is exact: never, but never silently) */
+    return rc;
+}
+
+int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+{
+    *moved = 0;
+    if (!p->n && !p->orphans && !p->cache)
+        return 0;
+    /* the caller's own host pages stay where the plan counted them (room_init) */
+    paging_spill_keep(sw->pg, p->keep, p->n_keep);
+    int rc = act(sw, p, wait, moved);
+    paging_spill_keep(sw->pg, NULL, 0);
     return rc;
 }

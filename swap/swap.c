@@ -140,8 +140,12 @@ static bool reclaim_round(void *arg)
        the copy stream after the last step's fence (paging's copies_after_engine), and
        orphan pages have no engine work left (paging_reclaim_orphans). */
     struct swap_rplan p;
-    if (!swap_reclaim_plan(sw, sw->high_free, NULL, 0, SWAP_PLAN_SWAP | SWAP_PLAN_PARTIAL,
-                           &p)) {
+    /* synchronous mode: no engine stream to order after, and a context synchronization
+       from this thread would invalidate a capture on any stream of the context (issue 20):
+       only sequences whose device work is known complete move */
+    unsigned quiet = paging_stream(sw->pg) ? 0 : SWAP_PLAN_QUIET;
+    if (!swap_reclaim_plan(sw, sw->high_free, NULL, 0,
+                           SWAP_PLAN_SWAP | SWAP_PLAN_PARTIAL | quiet, &p)) {
         /* best effort: a move refused ends the round; what moved stays moved (no call
            of the engine's fails for it) */
         (void)swap_reclaim_act(sw, &p, false, &moved);

@@ -86,7 +86,9 @@ void swap_destroy(struct swap *sw);
  * KVVM_F_CACHE_DEMOTE demotions in the room the swap-outs leave), then orphan pages, then
  * LIVE sequences (SWAP_PLAN_SWAP only), never PINNED, protected or excluded ones. Room below
  * is counted per victim with all the pages it copies down: a victim that does not fit is
- * skipped; when the room fills before the shortfall is covered the plan is made again without
+ * skipped, and so is one after whose move the caller's own swap-in would have to borrow a
+ * host slot to stage through that its need did not count (the caller's host pages never
+ * spill meanwhile: paging_spill_keep, set while planning and acting); when the room fills before the shortfall is covered the plan is made again without
  * the least recently used victim taken. Acting moves them in the order the room model used
  * the room below: drops, orphans, swap-outs, then demotions (each kind in plan order). */
 enum swap_step_kind { SWAP_DROP = 0, SWAP_DEMOTE, SWAP_OUT };
@@ -98,6 +100,8 @@ struct swap_step {
 };
 #define SWAP_PLAN_SWAP    1u       /* LIVE swap-outs, orphan moves, demotions allowed */
 #define SWAP_PLAN_PARTIAL 2u       /* best effort (the background thread): what fits */
+#define SWAP_PLAN_QUIET   4u       /* only quiet victims (paging_seq_quiet): moving them
+                                      synchronizes nothing (the thread, synchronous mode) */
 struct swap_rplan {
     uint32_t want;                 /* device frames to be free (or coming) */
     uint32_t have;                 /* free and coming when planned */

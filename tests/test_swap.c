@@ -1441,6 +1441,70 @@ Test(capture, orphan_moves_record_nothing_on_the_engine_stream)
     tclose(&t);
 }
 
+/* Bug: in synchronous mode the reclaim thread's swap-outs synchronized the context
+   (cuCtxSynchronize) before their copies, from a library thread: that invalidates a
+   capture on any stream of the context, in every capture mode (PyTorch captures on a
+   side stream the library never sees). In synchronous mode the thread now moves only
+   sequences whose device work is known complete (paging_seq_quiet), with its copy
+   stream and event waits only (issue 20, item 1). */
+Test(capture, sync_mode_reclaim_thread_keeps_a_side_stream_capture_valid)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 32, 64, KVVM_F_AUTO_SWAP);
+    c.device_min = 0.0;
+    c.device_low = 0.5;                           /* below 16 free: the thread wakes */
+    c.device_high = 0.6;
+    topen(&t, &c);
+    struct sh *s[4];
+    for (int i = 0; i < 4; i++) {                 /* 16 frames: 16 free, not below low */
+        s[i] = sh_new(&t);
+        cr_assert_eq(sh_grow_fill(&t, s[i], 8, (uint32_t)i + 1), 0);
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);             /* their work is known complete */
+    const struct kcu_api *api = emu_api();
+    int mode = KCU_STREAM_CAPTURE_MODE_RELAXED;   /* only the library's threads can break it */
+    cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    kcu_stream side;
+    emu_ctx_on(t.ord);
+    cr_assert_eq(api->cuStreamCreate(&side, KCU_STREAM_NON_BLOCKING), KCU_SUCCESS);
+    emu_ctx_off(t.ord);
+    cr_assert_eq(emu_stream_set_capturing(side, 1), 0);
+    struct sh *x = sh_new(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, x->h, 8), 0);   /* 12 free: the thread swaps out */
+    struct kvvm_stats stt;
+    int status = -1;
+    for (int i = 0; i < 10000; i++) {             /* until it moved one, or broke the capture */
+        tstats(&t, &stt);
+        emu_ctx_on(t.ord);
+        cr_assert_eq(api->cuStreamIsCapturing(side, &status), KCU_SUCCESS);
+        emu_ctx_off(t.ord);
+        if (stt.reclaim_swap_outs || status != KCU_STREAM_CAPTURE_STATUS_ACTIVE)
+            break;
+        usleep(1000);
+    }
+    cr_expect_eq(status, KCU_STREAM_CAPTURE_STATUS_ACTIVE,
+                 "the reclaim thread invalidated the side stream's capture (status %d)",
+                 status);
+    cr_expect_gt(stt.reclaim_swap_outs, 0, "the reclaim thread moved nothing");
+    cr_assert_eq(emu_stream_set_capturing(side, 0), 0);
+    cr_assert_eq(api->cuThreadExchangeStreamCaptureMode(&mode), KCU_SUCCESS);
+    emu_ctx_on(t.ord);
+    cr_assert_eq(api->cuStreamDestroy(side), KCU_SUCCESS);
+    emu_ctx_off(t.ord);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tcheck(&t, "after the round");
+    for (int i = 0; i < 4; i++) {
+        sh_verify(&t, s[i], "after the round");
+        free(s[i]);
+    }
+    cr_assert_eq(kvvm_seq_free(t.kv, x->h), 0);
+    free(x);
+    tclose(&t);
+}
+
 /* Regression (issue 9, item 12): synchronous mode did not check capture at all; while a
    blocking stream captures, the legacy stream (and the device synchronization behind it)
    cannot be used: -EBUSY now, nothing changed. */
@@ -1592,5 +1656,224 @@ Test(regress, grow_of_swapped_out_fork_swapped_its_parent_out)
     for (int i = 0; i < 3; i++)
         sh_verify(&t, ss[i], "after the failed grow");
     free_all(&t, ss, 3);
+    tclose(&t);
+}
+
+/* ================================================================ regress (issue 18: the
+   caller's swap-in from the tiers below, after the victims' moves) */
+
+static char spill_dir[64];
+
+/* auto_cfg with a disk tier of `disk` slots (no host marks: nothing spills but to make
+   room) in a fresh spill directory. */
+static void disk_cfg(struct kvvm_config *c, uint32_t dev, uint32_t host, uint32_t disk)
+{
+    auto_cfg(c, dev, host);
+    snprintf(spill_dir, sizeof spill_dir, "/var/tmp/kvvm_test_swap.XXXXXX");
+    cr_assert(mkdtemp(spill_dir), "mkdtemp: %s", strerror(errno));
+    c->spill_dir = spill_dir;
+    c->spill_budget = (size_t)disk * KB;
+    c->host_min = c->host_low = c->host_high = 0;
+}
+
+/* Verifies and frees ss[0..n) in order (each freed makes room to read the next back). */
+static void verify_all(struct tctx *t, struct sh **ss, int n, const char *where)
+{
+    for (int i = 0; i < n; i++) {
+        sh_verify(t, ss[i], where);
+        free_all(t, &ss[i], 1);
+    }
+}
+
+static void disk_close(struct tctx *t)
+{
+    tclose(t);
+    cr_expect_eq(th_dir_entries(spill_dir), 0, "spill dir %s not empty", spill_dir);
+    rmdir(spill_dir);
+}
+
+/* Bug: the swap-out of a victim, short of host slots, made its room by spilling the least
+   recently used host pages: those of the call's own swapped-out sequence. Its pages were
+   then on disk with no disk slot left to stage through: the swap-in had to borrow a host
+   slot and needed one frame more than counted, -ENOMEM after the victim had moved and the
+   caller's pages had been spilled. A plan keeps the caller's own host pages where its need
+   counted them (another sequence's host pages spill instead). */
+Test(regress, victim_spilled_the_callers_host_pages_then_swap_in_failed)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    disk_cfg(&c, 12, 8, 4);
+    topen(&t, &c);
+    struct sh *s = live(&t, 8, 1);                /* 4 pages: the caller, LRU host pages */
+    t_out(&t, s);
+    struct sh *o = live(&t, 8, 2);                /* 4 more: the host tier is full */
+    t_out(&t, o);
+    struct sh *v = live(&t, 8, 3);                /* 4 frames: the victim */
+    struct sh *f = pinned(&t, 16, 4);             /* 8: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    int rc = kvvm_seq_swap_in(t.kv, s->h);
+    cr_assert_eq(rc, 0, "swap_in: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in;
+    tinfo(&t, s->h, &in);
+    cr_assert(in.resident && in.pages_device == 4, "the caller is in");
+    tinfo(&t, v->h, &in);
+    cr_assert(!in.resident && in.pages_host == 4, "the victim went to the host tier");
+    tinfo(&t, o->h, &in);
+    cr_assert_eq(in.pages_disk, 4, "the other sequence's host pages made the room");
+    tcheck(&t, "after the swap-in");
+    struct sh *ss[4] = { f, s, o, v };            /* the pinned one verified, then freed */
+    verify_all(&t, ss, 4, "after the swap-in");
+    disk_close(&t);
+}
+
+/* Bug: the call's own sequence had pages on disk and its need counted no borrowed staging
+   slot (a spill could make one: 2 disk slots free). The victim's swap-out spilled others
+   into those 2 disk slots for its own host room; the swap-in then had no slot to stage
+   through but a borrowed one, needed one frame more than counted, and failed -ENOMEM after
+   the victim had moved. The plan now refuses a move that leaves the caller's swap-in to
+   borrow a slot its need did not count: no plan fits, -ENOMEM, nothing moved. */
+Test(regress, victim_took_the_disk_slots_the_callers_swap_in_stages_through)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    disk_cfg(&c, 12, 8, 4);
+    topen(&t, &c);
+    struct sh *s = live(&t, 4, 1);                /* 2 pages: the caller */
+    t_out(&t, s);
+    struct sh *o1 = live(&t, 12, 2);              /* 6 pages: the host tier is full */
+    t_out(&t, o1);
+    struct sh *o2 = live(&t, 4, 3);               /* its room: s's 2 pages spill (LRU) */
+    t_out(&t, o2);
+    struct sh *v = live(&t, 4, 4);                /* 2 frames: the only victim */
+    struct sh *f = pinned(&t, 20, 5);             /* 10: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    struct kvvm_seq_info in;
+    tinfo(&t, s->h, &in);
+    cr_assert_eq(in.pages_disk, 2, "setup: the caller's pages are on disk");
+    kvvm_seq all[5] = { s->h, o1->h, o2->h, v->h, f->h };
+    struct th_place before[5];
+    th_places(t.kv, all, 5, before);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s->h), -ENOMEM);
+    th_places_same(t.kv, all, 5, before, "failed swap_in");
+    tcheck(&t, "failed swap_in");
+    struct sh *ss[5] = { f, s, o1, o2, v };
+    verify_all(&t, ss, 5, "after the failed swap-in");
+    disk_close(&t);
+}
+
+/* Bug: kvvm_seq_grow_batch's up-front count left out the frame a member's staged swap-in
+   parks a borrowed host slot's page in (its pages on disk, no host slot free nor one to be
+   had by a spill: kvvm_seq_need counts it). Reclaim dropped one CACHED sequence for the
+   count, the member's swap-in then needed one frame more and the batch failed -ENOMEM with
+   the CACHED sequence dropped. Dropping both fits. */
+Test(regress, grow_batch_left_out_the_borrowed_staging_frame)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    disk_cfg(&c, 8, 4, 2);
+    topen(&t, &c);
+    struct sh *m = live(&t, 4, 1);                /* 2 pages: the member */
+    t_out(&t, m);
+    struct sh *o = live(&t, 4, 2);
+    t_out(&t, o);                                 /* the host tier is full */
+    struct sh *p = live(&t, 4, 3);
+    t_out(&t, p);                                 /* its room: m's pages spill, disk full */
+    struct sh *x = live(&t, 4, 4);                /* 2 frames, CACHED, least recently used */
+    struct sh *y = live(&t, 4, 5);                /* 2 frames, CACHED */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, x->h, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_seq_set_class(t.kv, y->h, KVVM_SEQ_CACHED), 0);
+    struct sh *f = pinned(&t, 8, 6);              /* 4: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    struct kvvm_seq_info in;
+    tinfo(&t, m->h, &in);
+    cr_assert_eq(in.pages_disk, 2, "setup: the member's pages are on disk");
+    uint64_t len = 4, pages;
+    int fits;
+    cr_assert_eq(kvvm_seq_need(t.kv, m->h, len, &pages, &fits), 0);
+    cr_assert_eq(pages, 3, "2 pages and the borrowed slot's frame");
+    int rc = kvvm_seq_grow_batch(t.kv, &m->h, &len, 1);
+    cr_assert_eq(rc, 0, "grow_batch: %d (%s)", rc, kvvm_last_error());
+    cr_assert(resident(&t, m));
+    tinfo(&t, x->h, &in);
+    cr_assert(in.dropped, "x dropped");
+    tinfo(&t, y->h, &in);
+    cr_assert(in.dropped, "y dropped");
+    tcheck(&t, "after the batch");
+    struct sh *ss[4] = { f, m, o, p };
+    verify_all(&t, ss, 4, "after the batch");
+    free_all(&t, (struct sh *[]){ x, y }, 2);
+    disk_close(&t);
+}
+
+/* Bug: a share from a non-resident sequence whose partial last pages were on disk read them
+   back into host slots first (spilling another sequence's host pages for the room), then
+   found no room for the host copies of those pages and failed -ENOMEM: the other sequence
+   spilled, the source's pages moved back to the host tier. The room for both (the read back
+   and the copies) is checked whole before anything moves. */
+Test(regress, share_from_spilled_source_spilled_others_then_failed)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    disk_cfg(&c, 16, 2, 4);
+    topen(&t, &c);
+    struct sh *src = live(&t, 2, 1);              /* 2 partial pages */
+    t_out(&t, src);                               /* the host tier is full */
+    struct sh *o = live(&t, 2, 2);
+    t_out(&t, o);                                 /* its room: src's pages spill */
+    struct sh *dst = sh_new(&t);
+    struct kvvm_seq_info in;
+    tinfo(&t, src->h, &in);
+    cr_assert_eq(in.pages_disk, 2, "setup: the source's pages are on disk");
+    kvvm_seq all[3] = { src->h, o->h, dst->h };
+    struct th_place before[3];
+    th_places(t.kv, all, 3, before);
+    /* 2 host slots to read back (o's 2 spill), then 2 for the copies: none left to spill */
+    cr_assert_eq(kvvm_seq_share(t.kv, dst->h, src->h, 2), -ENOMEM);
+    th_places_same(t.kv, all, 3, before, "failed share");
+    tcheck(&t, "failed share");
+    struct sh *ss[3] = { dst, src, o };
+    verify_all(&t, ss, 3, "after the failed share");
+    disk_close(&t);
+}
+
+/* Bug: after acting on a plan, the frames to have free were the need plus the device pages
+   of the call's own sequences that went down with a victim, counted per sequence: a page
+   two members of a batch share (from the victim, their source) counted twice though it
+   comes back once, so the act asked one frame too many per such page and failed -ENOMEM
+   after the victims had moved. */
+Test(regress, batch_members_sharing_a_victims_page_counted_it_twice)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    auto_cfg(&c, 16, 64);
+    topen(&t, &c);
+    struct sh *p = live(&t, 8, 1);                /* 4 frames: pages 0 and 1 a region */
+    struct sh *k[2];
+    for (int i = 0; i < 2; i++) {                 /* page 0 shared, a copy of the partial 1 */
+        k[i] = sh_new(&t);
+        cr_assert_eq(kvvm_seq_share(t.kv, k[i]->h, p->h, 5), 0);
+        k[i]->len = 5;
+        memcpy(k[i]->exp, p->exp, sizeof k[i]->exp);
+        t_out(&t, k[i]);                          /* the copies go down, page 0 stays */
+    }
+    struct sh *q = live(&t, 4, 2);                /* 2 frames */
+    struct sh *f = pinned(&t, 20, 3);             /* 10: the device is full */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    kvvm_seq hs[2] = { k[0]->h, k[1]->h };
+    uint64_t lens[2] = { 5, 5 };
+    /* 4 host pages back: p (frees 2, its page 0 is the members') and q (2) move; page 0
+       comes back once: 6 frames, 6 free */
+    int rc = kvvm_seq_grow_batch(t.kv, hs, lens, 2);
+    cr_assert_eq(rc, 0, "grow_batch: %d (%s)", rc, kvvm_last_error());
+    cr_assert(resident(&t, k[0]) && resident(&t, k[1]));
+    cr_assert(!resident(&t, p) && !resident(&t, q));
+    tcheck(&t, "after the batch");
+    struct sh *ss[5] = { f, k[0], k[1], p, q };
+    verify_all(&t, ss, 5, "after the batch");
     tclose(&t);
 }
