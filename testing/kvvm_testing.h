@@ -93,6 +93,114 @@ uint64_t kvvm_testing_page_checksum(const void *buf, size_t len, uint64_t page,
    0 or -EINVAL. */
 int kvvm_testing_parse_size(const char *s, size_t *out);
 
+/* --- the vmm layer on a device of its own (testing/vmm.c): kvvm-bench's foundation ------- */
+
+/* vmm/vmm.h's calls under kvvm_testing_vmm_*, same arguments and results (0 or -errno);
+   a page is a vmm_handle, a stream the driver's (NULL = the legacy default stream). */
+typedef struct kvvm_testing_vmm kvvm_testing_vmm;
+typedef struct { unsigned long long h; } kvvm_testing_page;
+typedef void *kvvm_testing_stream;
+struct kvvm_testing_vmm_params {
+    enum kvvm_backend backend;  /* AUTO: docs/api.md "Backend choice" */
+    int    device;              /* CUDA ordinal (ignored on the emulated device) */
+    size_t emu_capacity;        /* emulated device bytes */
+    size_t emu_granule;         /* emulated granule; 0 = 2 MiB */
+    int    emu_opaque;          /* emulated windows not CPU-accessible */
+};
+/* The byte pattern of never-written emulated device memory (vmm/emu/emu.h EMU_POISON). */
+#define KVVM_TESTING_EMU_POISON 0xA5
+
+int  kvvm_testing_vmm_open(const struct kvvm_testing_vmm_params *p, kvvm_testing_vmm **out);
+void kvvm_testing_vmm_close(kvvm_testing_vmm *v);
+const char *kvvm_testing_vmm_backend_name(const kvvm_testing_vmm *v);   /* "cuda", "emulated" */
+size_t kvvm_testing_vmm_granule(const kvvm_testing_vmm *v);
+int  kvvm_testing_vmm_make_current(kvvm_testing_vmm *v);
+int  kvvm_testing_vmm_reserve(kvvm_testing_vmm *v, size_t bytes, uint64_t *base);
+void kvvm_testing_vmm_unreserve(kvvm_testing_vmm *v);
+int  kvvm_testing_vmm_phys_create(kvvm_testing_vmm *v, size_t bytes, kvvm_testing_page *out);
+int  kvvm_testing_vmm_phys_release(kvvm_testing_vmm *v, kvvm_testing_page h);
+int  kvvm_testing_vmm_map_run(kvvm_testing_vmm *v, uint64_t va, const kvvm_testing_page *pages,
+                              size_t n, size_t page_size);
+int  kvvm_testing_vmm_unmap(kvvm_testing_vmm *v, uint64_t va, size_t bytes);
+int  kvvm_testing_vmm_stream_create(kvvm_testing_vmm *v, kvvm_testing_stream *out);
+int  kvvm_testing_vmm_stream_destroy(kvvm_testing_vmm *v, kvvm_testing_stream s);
+int  kvvm_testing_vmm_stream_sync(kvvm_testing_vmm *v, kvvm_testing_stream s);
+int  kvvm_testing_vmm_copy_htod(kvvm_testing_vmm *v, uint64_t dst, const void *src, size_t n,
+                               kvvm_testing_stream s);
+int  kvvm_testing_vmm_copy_dtoh(kvvm_testing_vmm *v, void *dst, uint64_t src, size_t n,
+                               kvvm_testing_stream s);
+int  kvvm_testing_vmm_copy_dtod(kvvm_testing_vmm *v, uint64_t dst, uint64_t src, size_t n,
+                               kvvm_testing_stream s);
+int  kvvm_testing_vmm_host_alloc(kvvm_testing_vmm *v, size_t bytes, void **out);
+void kvvm_testing_vmm_host_free(kvvm_testing_vmm *v, void *p);
+
+/* The bare driver calls under v (its driver table, no vmm bookkeeping): the raw baseline of
+   kvvm-bench's cuda figures. Each is one driver call and returns the driver's result code
+   (CUresult, 0 success); kvvm_testing_raw_errstr names one. Pages are created pinned on
+   device `dev` (kvvm_testing_raw_device) and made read-write for it. */
+int kvvm_testing_raw_device(kvvm_testing_vmm *v, int ordinal, int *dev);
+int kvvm_testing_raw_reserve(kvvm_testing_vmm *v, uint64_t *va, size_t bytes, size_t align);
+int kvvm_testing_raw_free(kvvm_testing_vmm *v, uint64_t va, size_t bytes);
+int kvvm_testing_raw_create(kvvm_testing_vmm *v, int dev, size_t bytes,
+                            unsigned long long *handle);
+int kvvm_testing_raw_release(kvvm_testing_vmm *v, unsigned long long handle);
+int kvvm_testing_raw_map(kvvm_testing_vmm *v, uint64_t va, size_t bytes,
+                         unsigned long long handle);
+int kvvm_testing_raw_set_access(kvvm_testing_vmm *v, int dev, uint64_t va, size_t bytes);
+int kvvm_testing_raw_unmap(kvvm_testing_vmm *v, uint64_t va, size_t bytes);
+int kvvm_testing_raw_copy_htod(kvvm_testing_vmm *v, uint64_t dst, const void *src, size_t n,
+                               kvvm_testing_stream s);
+int kvvm_testing_raw_copy_dtoh(kvvm_testing_vmm *v, void *dst, uint64_t src, size_t n,
+                               kvvm_testing_stream s);
+int kvvm_testing_raw_copy_dtod(kvvm_testing_vmm *v, uint64_t dst, uint64_t src, size_t n,
+                               kvvm_testing_stream s);
+int kvvm_testing_raw_stream_sync(kvvm_testing_vmm *v, kvvm_testing_stream s);
+const char *kvvm_testing_raw_errstr(kvvm_testing_vmm *v, int result);
+
+/* --- the disk tier's engine alone (testing/spill.c): kvvm-bench's spill figures ---------- */
+
+/* disk/disk.h's spill_* under kvvm_testing_spill_*, same arguments and results; requests and
+   completions have spill_req's and spill_cqe's layout (checked in testing/spill.c). */
+typedef struct kvvm_testing_spill kvvm_testing_spill;
+enum { KVVM_TESTING_SPILL_WRITE = 1, KVVM_TESTING_SPILL_READ = 2 };
+enum { KVVM_TESTING_SPILL_AUTO = 0, KVVM_TESTING_SPILL_IO_URING = 1,
+       KVVM_TESTING_SPILL_PSYNC = 2 };
+struct kvvm_testing_spill_params {
+    const char *dir;             /* directory for the file */
+    size_t   budget;             /* bytes of disk; slots = budget / page_size */
+    size_t   page_size;          /* bytes per slot and per page request */
+    void    *buf_base;           /* buffers to register, or NULL */
+    size_t   buf_bytes;
+    unsigned queue_depth;        /* I/Os in flight; 0 = 32 */
+    size_t   io_size;            /* bytes per I/O; 0 = page_size */
+    int      engine;             /* KVVM_TESTING_SPILL_AUTO, _IO_URING, _PSYNC */
+};
+struct kvvm_testing_spill_req {
+    int       op;                /* KVVM_TESTING_SPILL_WRITE or _READ */
+    uint32_t  slot;              /* an allocated slot */
+    void     *buf;               /* page_size bytes, aligned for O_DIRECT */
+    uint64_t  page;              /* the page's identity, part of its checksum */
+    void     *user;              /* returned in the completion */
+};
+struct kvvm_testing_spill_cqe {
+    void     *user;
+    uint64_t  page;
+    uint32_t  slot;
+    int       op;
+    int       status;            /* 0 or -errno */
+};
+int    kvvm_testing_spill_open(const struct kvvm_testing_spill_params *p,
+                               kvvm_testing_spill **out);
+void   kvvm_testing_spill_close(kvvm_testing_spill *sp);
+/* n slots into out (spill_slot_alloc without a hint). */
+int    kvvm_testing_spill_slot_alloc(kvvm_testing_spill *sp, size_t n, uint32_t *out);
+int    kvvm_testing_spill_slot_free(kvvm_testing_spill *sp, uint32_t slot);
+int    kvvm_testing_spill_submit(kvvm_testing_spill *sp, const struct kvvm_testing_spill_req *r,
+                                 size_t n);
+size_t kvvm_testing_spill_reap(kvvm_testing_spill *sp, struct kvvm_testing_spill_cqe *out,
+                               size_t max);
+int    kvvm_testing_spill_wait_all(kvvm_testing_spill *sp);
+
 #ifdef __cplusplus
 }
 #endif

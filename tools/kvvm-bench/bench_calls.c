@@ -1,9 +1,9 @@
 /*
  * tools/kvvm-bench/bench_calls.c: driver calls per library operation, as the emulated device
  * counts them (kvvm_testing_emu_calls, testing/kvvm_testing.h): what grow, fork,
- * copy-on-write, swap-out/in, a decode step and free ask of the driver. Counts, not times, so a change in them is a change
- * in the library; on a GPU each of them costs (cuMemCreate of 2 MiB ~200 us, cuMemMap /
- * cuMemSetAccess / cuMemUnmap tens of us). Work deferred to a fence (releases of freed
+ * copy-on-write, swap-out/in, a decode step and free ask of the driver. Counts, not times,
+ * so a change in them is a change in the library; on a GPU each of them costs (cuMemCreate
+ * of 2 MiB ~200 us, cuMemMap / cuMemSetAccess / cuMemUnmap tens of us). Work deferred to a fence (releases of freed
  * pages) lands in whichever later call reaps it, so each operation that defers work is
  * counted through the kvvm_sync that completes it; the frame reserve kvvm_step refills makes
  * the creates of a row depend on the rows before it (the table is one sequence of calls).

@@ -1,8 +1,9 @@
 /*
  * tools/kvvm-bench/bench_checksum.c: the disk tier's page checksum (spill_checksum in
- * disk/disk.h, through kvvm_testing_page_checksum of testing/kvvm_testing.h: XXH3 64-bit from libxxhash, seeded with the page identity) beside the
- * hand-written XXH64 it replaced, which is kept here, and only here, as the baseline. Both
- * hash the same pages in the same run, alternately, per trial.
+ * disk/disk.h, through kvvm_testing_page_checksum of testing/kvvm_testing.h: XXH3 64-bit
+ * from libxxhash, seeded with the page identity) beside the hand-written XXH64 it replaced,
+ * which is kept here, and only here, as the baseline. Both hash the same pages in the same
+ * run, alternately, per trial.
  *
  * Page sizes 2 MiB and 64 KiB, two cases each: "hot" hashes one page over and over (it stays
  * in cache: the hash's own speed) and "stream" walks a buffer of 256 MiB (64 MiB with
