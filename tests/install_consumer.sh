@@ -56,9 +56,11 @@ cc -static-libgcc -o "$tmp/pcs" "$src/tests/consumer/main.c" $(pkg-config --cfla
 echo "ok: pkg-config kvvm consumer (shared and static)"
 # A static consumer whose own globals are names the library uses inside (issue 24): links and
 # runs against the installed libkvvm.a (its non-kvvm names are local).
-cc -static-libgcc -o "$tmp/collide" "$src/tests/consumer/collide.c" $(pkg-config --cflags kvvm) \
+cc -static-libgcc -o "$tmp/collide" "$src/tests/consumer/main.c" \
+   "$src/tests/consumer/collide.c" $(pkg-config --cflags kvvm) \
    "$lib/libkvvm.a" $(pkg-config --static --libs-only-l kvvm | sed 's/-lkvvm//')
 KVVM_EMU_OPAQUE=1 "$tmp/collide"
+echo "ok: a static consumer of its own pool_take, seq_lookup ... links the installed libkvvm.a"
 
 # The installed tools run from this prefix without LD_LIBRARY_PATH (RPATH $ORIGIN/../lib).
 for tool in "$prefix"/bin/kvvm-*; do
