@@ -40,7 +40,7 @@ echo "ok: find_package(kvvm) consumer, without pkg-config or liburing"
 cmake -S "$src/tests/consumer" -B "$tmp/cms" -DCMAKE_PREFIX_PATH="$prefix" \
       -DKVVM_CONSUMER_STATIC=ON >/dev/null
 cmake --build "$tmp/cms" >/dev/null
-if ldd "$tmp/cms/consumer" | grep -q libkvvm; then
+if ldd "$tmp/cms/consumer" | grep libkvvm >/dev/null; then
     echo "FAIL: the static consumer links libkvvm.so"; exit 1
 fi
 "$tmp/cms/consumer"
@@ -54,11 +54,18 @@ cc -static-libgcc -o "$tmp/pcs" "$src/tests/consumer/main.c" $(pkg-config --cfla
    $(pkg-config --static --libs-only-l kvvm | sed 's/-lkvvm//')
 "$tmp/pcs"
 echo "ok: pkg-config kvvm consumer (shared and static)"
+# A static consumer whose own globals are names the library uses inside (issue 24): links and
+# runs against the installed libkvvm.a (its non-kvvm names are local).
+cc -static-libgcc -o "$tmp/collide" "$src/tests/consumer/main.c" \
+   "$src/tests/consumer/collide.c" $(pkg-config --cflags kvvm) \
+   "$lib/libkvvm.a" $(pkg-config --static --libs-only-l kvvm | sed 's/-lkvvm//')
+KVVM_EMU_OPAQUE=1 "$tmp/collide"
+echo "ok: a static consumer of its own pool_take, seq_lookup ... links the installed libkvvm.a"
 
 # The installed tools run from this prefix without LD_LIBRARY_PATH (RPATH $ORIGIN/../lib).
 for tool in "$prefix"/bin/kvvm-*; do
     [ -x "$tool" ] || continue
-    if ldd "$tool" | grep -q "libkvvm.*not found"; then
+    if ldd "$tool" | grep "libkvvm.*not found" >/dev/null; then
         echo "FAIL: $tool does not find libkvvm"; ldd "$tool"; exit 1
     fi
     used=$(ldd "$tool" | awk '/libkvvm/ { print $3 }')

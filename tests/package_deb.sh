@@ -5,6 +5,9 @@
 # Exit 77 (skipped, with the reason) where dpkg-deb or dpkg-shlibdeps is missing.
 # Usage: package_deb.sh BUILD_DIR SOURCE_DIR VERSION
 set -euo pipefail
+# Under pipefail a `cmd | grep -q` fails at random: grep exits at its first match and cmd dies
+# of SIGPIPE (141) if it writes after that. The checks below read their input to the end
+# (grep >/dev/null), as dpkg-deb -f | grep -q failed package_deb now and then.
 build=$1 src=$2 version=$3
 for t in dpkg-deb dpkg-shlibdeps cpack; do
     command -v "$t" >/dev/null || { echo "SKIP: $t not found (not a Debian system)"; exit 77; }
@@ -24,19 +27,20 @@ done
 fail=0
 L='usr/lib(/[a-z0-9_-]+)?'     # the library directory: usr/lib, or multiarch usr/lib/<triplet>
 # has DEB PATH-REGEX / lacks DEB PATH-REGEX: a file of the package's data (dpkg-deb -c).
-has()   { dpkg-deb -c "$1" | awk '{ print $6 }' | grep -Eq "^\./$2\$" ||
+has()   { dpkg-deb -c "$1" | awk '{ print $6 }' | grep -E "^\./$2\$" >/dev/null ||
           { echo "FAIL: $(basename "$1") lacks $2"; fail=1; }; }
-lacks() { ! dpkg-deb -c "$1" | awk '{ print $6 }' | grep -Eq "^\./$2\$" ||
+lacks() { ! dpkg-deb -c "$1" | awk '{ print $6 }' | grep -E "^\./$2\$" >/dev/null ||
           { echo "FAIL: $(basename "$1") holds $2"; fail=1; }; }
 # depends DEB REGEX: its Depends field (dpkg-deb -f) matches.
-depends() { dpkg-deb -f "$1" Depends | grep -Eq "$2" ||
+depends() { dpkg-deb -f "$1" Depends | grep -E "$2" >/dev/null ||
             { echo "FAIL: $(basename "$1") Depends '$(dpkg-deb -f "$1" Depends)' lacks $2"; fail=1; }; }
 
 has   "$rt" "$L/libkvvm\.so\.0"
 has   "$rt" "$L/libkvvm\.so\.$version"
 lacks "$rt" "$L/libkvvm\.so"
 lacks "$rt" "usr/include/kvvm\.h"
-dpkg-deb -I "$rt" shlibs | grep -q "^libkvvm 0 libkvvm0" || { echo "FAIL: libkvvm0 shlibs"; fail=1; }
+dpkg-deb -I "$rt" shlibs | grep "^libkvvm 0 libkvvm0" >/dev/null ||
+    { echo "FAIL: libkvvm0 shlibs"; fail=1; }
 depends "$rt" "(^|, )liburing2( |,|$)"
 depends "$rt" "(^|, )libc6( |,|$)"
 
@@ -54,10 +58,10 @@ depends "$dev" "(^|, )libkvvm0 \(= $version\)"
 has   "$tools" "usr/bin/kvvm-stress"
 has   "$tools" "usr/bin/kvvm-bench"
 has   "$tools" "usr/bin/kvvm-gpucheck"
-dpkg-deb -f "$tools" Description | grep -q kvvm-gpucheck ||
+dpkg-deb -f "$tools" Description | grep kvvm-gpucheck >/dev/null ||
     { echo "FAIL: kvvm-tools' Description does not name kvvm-gpucheck"; fail=1; }
 for d in "$rt" "$dev" "$tools"; do
-    ! dpkg-deb -f "$d" Maintainer | grep -Eq '@localhost|example\.(com|org)' ||
+    ! dpkg-deb -f "$d" Maintainer | grep -E '@localhost|example\.(com|org)' >/dev/null ||
         { echo "FAIL: $(basename "$d") Maintainer is a placeholder: $(dpkg-deb -f "$d" Maintainer)"; fail=1; }
 done
 depends "$tools" "(^|, )libkvvm0 \(= $version\)"

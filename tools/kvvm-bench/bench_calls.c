@@ -1,9 +1,9 @@
 /*
  * tools/kvvm-bench/bench_calls.c: driver calls per library operation, as the emulated device
- * counts them (emu_calls_get, vmm/emu/emu.h): what grow, fork, copy-on-write, swap-out/in, a
- * decode step and free ask of the driver. Counts, not times, so a change in them is a change
- * in the library; on a GPU each of them costs (cuMemCreate of 2 MiB ~200 us, cuMemMap /
- * cuMemSetAccess / cuMemUnmap tens of us). Work deferred to a fence (releases of freed
+ * counts them (kvvm_testing_emu_calls, testing/kvvm_testing.h): what grow, fork,
+ * copy-on-write, swap-out/in, a decode step and free ask of the driver. Counts, not times,
+ * so a change in them is a change in the library; on a GPU each of them costs (cuMemCreate
+ * of 2 MiB ~200 us, cuMemMap / cuMemSetAccess / cuMemUnmap tens of us). Work deferred to a fence (releases of freed
  * pages) lands in whichever later call reaps it, so each operation that defers work is
  * counted through the kvvm_sync that completes it; the frame reserve kvvm_step refills makes
  * the creates of a row depend on the rows before it (the table is one sequence of calls).
@@ -34,8 +34,7 @@
 #include <string.h>
 
 #include "kvvm.h"
-#include "core/debug.h"
-#include "vmm/emu/emu.h"
+#include "kvvm_testing.h"
 
 #define GROUP "calls"
 #define REGIONS 2
@@ -52,32 +51,34 @@ static const char *const cols[9] = { "creates", "releases", "maps", "set-acc", "
 
 struct counting {
     kvvm *kv;
-    int ord;
-    struct emu_calls c0;
+    struct kvvm_testing_emu_calls c0;
     uint64_t tokens_per_page;
     void *stream;        /* the engine stream (kvvm_stream_create) */
 };
 
 static void mark(struct counting *k)
 {
-    emu_calls_get(k->ord, &k->c0);
+    kvvm_testing_emu_calls(k->kv, &k->c0);
 }
 
 /* The calls since mark() into r->v, divided by per (operations counted). */
 static void take(struct counting *k, struct row *r, const char *op, double per)
 {
-    struct emu_calls c;
-    emu_calls_get(k->ord, &c);
+    struct kvvm_testing_emu_calls c;
+    kvvm_testing_emu_calls(k->kv, &c);
     uint64_t total = 0, named;
-#define X(e) c.e -= k->c0.e; total += c.e;
-    EMU_ENTRIES(X)
-#undef X
+    for (size_t i = 0; i < c.n; i++) {
+        c.count[i] -= kvvm_testing_emu_count(&k->c0, c.name[i]);
+        total += c.count[i];
+    }
+#define N(e) kvvm_testing_emu_count(&c, #e)
     uint64_t v[9] = {
-        c.cuMemCreate, c.cuMemRelease, c.cuMemMap, c.cuMemSetAccess, c.cuMemUnmap,
-        c.cuMemcpyHtoDAsync + c.cuMemcpyDtoHAsync + c.cuMemcpyDtoDAsync + c.cuMemsetD8Async,
-        c.cuEventRecord + c.cuEventQuery + c.cuEventSynchronize + c.cuStreamWaitEvent,
-        c.cuCtxGetCurrent + c.cuCtxSetCurrent, 0
+        N(cuMemCreate), N(cuMemRelease), N(cuMemMap), N(cuMemSetAccess), N(cuMemUnmap),
+        N(cuMemcpyHtoDAsync) + N(cuMemcpyDtoHAsync) + N(cuMemcpyDtoDAsync) + N(cuMemsetD8Async),
+        N(cuEventRecord) + N(cuEventQuery) + N(cuEventSynchronize) + N(cuStreamWaitEvent),
+        N(cuCtxGetCurrent) + N(cuCtxSetCurrent), 0
     };
+#undef N
     named = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
     v[8] = total - named;
     r->op = op;
@@ -114,7 +115,6 @@ static int open_kv(struct bench_ctx *b, struct counting *k)
         return rc;
     }
     k->stream = st;
-    k->ord = kvvm_debug_emu_ordinal(k->kv);
     k->tokens_per_page = 16;
     return 0;
 }
@@ -238,7 +238,7 @@ int bench_calls(struct bench_ctx *b)
     int rc = open_kv(b, &k);
     if (rc)
         return rc;
-    if (k.ord < 0) {
+    if (kvvm_testing_emu_calls(k.kv, &k.c0) == -ENODEV) {
         printf("%-8s skipped: the context is not on the emulated device\n", GROUP);
         kvvm_close(k.kv);
         return 0;

@@ -1,8 +1,9 @@
 /*
  * tools/kvvm-bench/bench_checksum.c: the disk tier's page checksum (spill_checksum in
- * disk/disk.h: XXH3 64-bit from libxxhash, seeded with the page identity) beside the
- * hand-written XXH64 it replaced, which is kept here, and only here, as the baseline. Both
- * hash the same pages in the same run, alternately, per trial.
+ * disk/disk.h, through kvvm_testing_page_checksum of testing/kvvm_testing.h: XXH3 64-bit
+ * from libxxhash, seeded with the page identity) beside the hand-written XXH64 it replaced,
+ * which is kept here, and only here, as the baseline. Both hash the same pages in the same
+ * run, alternately, per trial.
  *
  * Page sizes 2 MiB and 64 KiB, two cases each: "hot" hashes one page over and over (it stays
  * in cache: the hash's own speed) and "stream" walks a buffer of 256 MiB (64 MiB with
@@ -20,7 +21,7 @@
 #define XXH_INLINE_ALL  /* XXH3 and XXH64 compiled here: the no-dispatch fallback */
 #include <xxhash.h>
 
-#include "disk/disk.h"
+#include "kvvm_testing.h"
 
 /* ---- the baseline: the disk tier's hand-written XXH64 before it moved to libxxhash ---- */
 
@@ -90,19 +91,19 @@ static uint64_t old_xxh64(const void *data, size_t len, uint64_t seed)
     return h;
 }
 
-static uint64_t old_page_sum(const void *buf, size_t len, uint64_t page, spill_slot s)
+static uint64_t old_page_sum(const void *buf, size_t len, uint64_t page, uint32_t slot)
 {
-    return old_xxh64(buf, len, (page * XP5) ^ ((uint64_t)s.idx * XP2 + XP3));
+    return old_xxh64(buf, len, (page * XP5) ^ ((uint64_t)slot * XP2 + XP3));
 }
 
-static uint64_t inline_page_sum(const void *buf, size_t len, uint64_t page, spill_slot s)
+static uint64_t inline_page_sum(const void *buf, size_t len, uint64_t page, uint32_t slot)
 {
-    return XXH3_64bits_withSeed(buf, len, (page * XP5) ^ ((uint64_t)s.idx * XP2 + XP3));
+    return XXH3_64bits_withSeed(buf, len, (page * XP5) ^ ((uint64_t)slot * XP2 + XP3));
 }
 
 /* ---- timing --------------------------------------------------------------------------- */
 
-typedef uint64_t (*sum_fn)(const void *, size_t, uint64_t, spill_slot);
+typedef uint64_t (*sum_fn)(const void *, size_t, uint64_t, uint32_t);
 
 static volatile uint64_t sink;   /* keeps the hashes from being optimized away */
 
@@ -114,7 +115,7 @@ static double time_pages(sum_fn f, const unsigned char *buf, size_t page, size_t
     uint64_t acc = 0, t0 = bench_now_ns();
     for (size_t i = 0; i < n; i++) {
         size_t k = hot ? 0 : i % buf_pages;
-        acc ^= f(buf + k * page, page, i, (spill_slot){ (uint32_t)k });
+        acc ^= f(buf + k * page, page, i, (uint32_t)k);
     }
     double us = (double)(bench_now_ns() - t0) / 1e3 / (double)n;
     sink ^= acc;
@@ -145,7 +146,7 @@ int bench_checksum(struct bench_ctx *b)
         for (int hot = 1; hot >= 0; hot--) {
             size_t page = pages[pi], buf_pages = buf_bytes / page;
             size_t n = buf_bytes / page;                 /* one pass over the buffer */
-            sum_fn fns[N_FN] = { old_page_sum, spill_checksum, inline_page_sum };
+            sum_fn fns[N_FN] = { old_page_sum, kvvm_testing_page_checksum, inline_page_sum };
             time_pages(fns[1], buf, page, buf_pages, n, hot);   /* warm-up */
             for (int t = 0; t < trials; t++)
                 for (int j = 0; j < N_FN; j++) {

@@ -11,7 +11,8 @@
  *  - the decode step's grow (no new page; 8 regions, at 1k and 64k tokens) and grow_batch
  *    of 256, against the floor of any locked call (mutex lock + table lookup + unlock),
  *    alternated within each trial, medians and the ratio's spread over --trials.
- * Uses internal headers (core/core.h, paging/paging_int.h) to reach the raw baselines.
+ * The raw baselines below the public API (the pool, a page create, a device copy) come
+ * through the testing interface (testing/kvvm_testing.h).
  */
 #include "bench.h"
 
@@ -22,8 +23,7 @@
 #include <time.h>
 
 #include "kvvm.h"
-#include "core/core.h"
-#include "paging/paging_int.h"
+#include "kvvm_testing.h"
 
 #define G "paging"
 
@@ -260,9 +260,7 @@ static int bench_fork(struct bench_ctx *b)
         if (!rc)
             rc = kvvm_seq_addr(kv, c, 0, &ca);
         if (!rc)
-            rc = vmm_copy_dtod(kv->v, ca, pa, T * bpt, NULL);
-        if (!rc)
-            rc = vmm_stream_sync(kv->v, NULL);
+            rc = kvvm_testing_device_copy(kv, ca, pa, T * bpt);
         tc[i] = (double)(bench_now_ns() - t0) / 1e3;
         pc = (double)(used_bytes(kv) - u0) / (double)ps;
         if (!rc)
@@ -295,27 +293,16 @@ static int bench_pool(struct bench_ctx *b)
     if (rc)
         return rc;
     int iters = b->quick ? 20000 : 200000;
-    struct paging *pg = kv->pg;
-    pthread_mutex_lock(&kv->lock);
-    pool_refill(pg, 8);
-    pg_frame_id f;
+    rc = kvvm_testing_pool_refill(kv, 8);
     uint64_t t0 = bench_now_ns();
-    for (int i = 0; i < iters && !rc; i++) {
-        rc = pool_take(pg, 1, &f);
-        if (!rc)
-            pool_give(pg, &f, 1);
-    }
+    if (!rc)
+        rc = kvvm_testing_pool_take_give(kv, iters);
     double take_ns = (double)(bench_now_ns() - t0) / iters;
     int citers = iters / 20;
-    vmm_handle h;
     t0 = bench_now_ns();
-    for (int i = 0; i < citers && !rc; i++) {
-        rc = vmm_phys_create(kv->v, 64u << 10, &h);
-        if (!rc)
-            vmm_phys_release(kv->v, h);
-    }
+    if (!rc)
+        rc = kvvm_testing_page_create_release(kv, 64u << 10, citers);
     double create_ns = (double)(bench_now_ns() - t0) / citers;
-    pthread_mutex_unlock(&kv->lock);
     kvvm_close(kv);
     if (rc)
         return rc;

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/core.h"
 #include "kvvm.h"
+#include "kvvm_testing.h"
 
 #define G "prefix"
 #define CHAIN 64
@@ -118,14 +118,10 @@ static double lookup_ns(kvvm *kv, const kvvm_key *keys, int reps, int *bad)
 /* The index alone (prefix_lookup under the context lock, no call frame). */
 static double index_ns(kvvm *kv, const kvvm_key *keys, int reps, int *bad)
 {
-    pthread_mutex_lock(&kv->lock);
     uint64_t t0 = bench_now_ns();
-    for (int r = 0; r < reps; r++)
-        for (int j = 0; j < NCHAINS; j++)
-            *bad |= prefix_lookup(kv->pfx, 1, keys + (size_t)j * CHAIN, CHAIN, NULL, NULL,
-                                  true) != CHAIN;
+    long r = kvvm_testing_prefix_index_lookups(kv, 1, keys, NCHAINS, CHAIN, reps);
     double ns = (double)(bench_now_ns() - t0) / ((double)reps * ENTRIES);
-    pthread_mutex_unlock(&kv->lock);
+    *bad |= r != 0;
     return ns;
 }
 
@@ -230,12 +226,11 @@ int bench_prefix(struct bench_ctx *b)
         rc = attach_vs_share(b, kv, keys, trials);
     }
     if (!rc) {
-        struct prefix_counters pc;
-        pthread_mutex_lock(&kv->lock);
-        prefix_counters(kv->pfx, &pc);
-        pthread_mutex_unlock(&kv->lock);
-        bench_report(b, G, "index bytes per entry (records + page ids, at its load)",
-                     (double)pc.bytes / (double)pc.entries, 0, NULL, "B", 1);
+        uint64_t entries = 0, bytes = 0;
+        rc = kvvm_testing_prefix_memory(kv, &entries, &bytes);
+        if (!rc && entries)
+            bench_report(b, G, "index bytes per entry (records + page ids, at its load)",
+                         (double)bytes / (double)entries, 0, NULL, "B", 1);
     }
     kvvm_close(kv);
     free(m.r);

@@ -1,5 +1,6 @@
 /*
- * tools/kvvm-bench/bench_spill.c: the disk tier engine (disk/disk.h) against a raw io_uring
+ * tools/kvvm-bench/bench_spill.c: the disk tier engine (disk/disk.h, through
+ * kvvm_testing_spill_* of testing/kvvm_testing.h) against a raw io_uring
  * O_DIRECT loop, both in the same directory with the same preallocated file size, queue
  * depth, buffer count (registered as fixed buffers in both) and I/O size. Each trial runs the
  * three variants in a rotated order (raw, spill io_uring, spill psync), each writing the
@@ -25,9 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/log.h"
 #include "kvvm.h"
-#include "disk/disk.h"
+#include "kvvm_testing.h"
 
 struct bcfg {
     const char *dir;
@@ -125,38 +125,39 @@ out_close:
 
 /* ---- the spill engine ---------------------------------------------------------------- */
 
-static int spill_trial(const struct bcfg *c, enum spill_engine e, double *w_s, double *r_s)
+static int spill_trial(const struct bcfg *c, int e, double *w_s, double *r_s)
 {
-    struct spill_params p = { .dir = c->dir, .budget = c->file_bytes, .page_size = c->io,
-                              .buf_base = c->bufs, .buf_bytes = c->nbuf * c->io,
-                              .queue_depth = c->qd, .io_size = c->io, .engine = e };
-    struct spill *sp;
-    int err = spill_open(&p, &sp), have_slots = 0;
+    struct kvvm_testing_spill_params p = {
+        .dir = c->dir, .budget = c->file_bytes, .page_size = c->io, .buf_base = c->bufs,
+        .buf_bytes = c->nbuf * c->io, .queue_depth = c->qd, .io_size = c->io, .engine = e };
+    kvvm_testing_spill *sp;
+    int err = kvvm_testing_spill_open(&p, &sp), have_slots = 0;
     if (err)
         return err;
     size_t n = c->file_bytes / c->io;
-    spill_slot *slots = calloc(n, sizeof(*slots));
-    struct spill_req *reqs = calloc(n, sizeof(*reqs));
-    struct spill_cqe *cqes = calloc(n, sizeof(*cqes));
+    uint32_t *slots = calloc(n, sizeof(*slots));
+    struct kvvm_testing_spill_req *reqs = calloc(n, sizeof(*reqs));
+    struct kvvm_testing_spill_cqe *cqes = calloc(n, sizeof(*cqes));
     if (!slots || !reqs || !cqes) {
         err = -ENOMEM;
         goto out;
     }
-    err = spill_slot_alloc(sp, n, SPILL_SLOT_NONE, slots);
+    err = kvvm_testing_spill_slot_alloc(sp, n, slots);
     if (err)
         goto out;
     have_slots = 1;
     for (int pass = 0; pass < 2; pass++) {
         for (size_t k = 0; k < n; k++)
-            reqs[k] = (struct spill_req){ pass ? SPILL_READ : SPILL_WRITE, slots[k],
-                                          c->bufs + (k % c->nbuf) * c->io, k, NULL };
+            reqs[k] = (struct kvvm_testing_spill_req){
+                pass ? KVVM_TESTING_SPILL_READ : KVVM_TESTING_SPILL_WRITE, slots[k],
+                c->bufs + (k % c->nbuf) * c->io, k, NULL };
         uint64_t t0 = bench_now_ns();
-        err = spill_submit(sp, reqs, n);
+        err = kvvm_testing_spill_submit(sp, reqs, n);
         if (err)
             goto out;
-        spill_wait_all(sp);
+        kvvm_testing_spill_wait_all(sp);
         double s = (double)(bench_now_ns() - t0) / 1e9;
-        size_t got = spill_reap(sp, cqes, n), bad = 0;
+        size_t got = kvvm_testing_spill_reap(sp, cqes, n), bad = 0;
         for (size_t k = 0; k < got; k++)
             bad += cqes[k].status != 0;
         if (got != n || bad) {
@@ -172,11 +173,11 @@ static int spill_trial(const struct bcfg *c, enum spill_engine e, double *w_s, d
     }
 out:
     for (size_t k = 0; have_slots && k < n; k++)
-        spill_slot_free(sp, slots[k]);
+        kvvm_testing_spill_slot_free(sp, slots[k]);
     free(slots);
     free(reqs);
     free(cqes);
-    spill_close(sp);
+    kvvm_testing_spill_close(sp);
     return err;
 }
 
@@ -319,8 +320,8 @@ int bench_spill(struct bench_ctx *b)
             if (which == 0)
                 err = raw_trial(&c, &ws, &rs);
             else
-                err = spill_trial(&c, which == 1 ? SPILL_ENGINE_IO_URING : SPILL_ENGINE_PSYNC,
-                                  &ws, &rs);
+                err = spill_trial(&c, which == 1 ? KVVM_TESTING_SPILL_IO_URING
+                                                 : KVVM_TESTING_SPILL_PSYNC, &ws, &rs);
             if (err) {
                 fprintf(stderr, "bench spill: %s trial failed: %s\n",
                         which == 0 ? "raw" : which == 1 ? "io_uring" : "psync",

@@ -4,7 +4,7 @@
  *  - swap-out and swap-in of one sequence of B pages, B = 1, 16, 256 (quick: 1, 16, 64):
  *    throughput = the bytes the stats count (bytes_to_host / bytes_to_device) over the wall
  *    time of the call plus kvvm_sync, against its fair baseline
- *      (b) a bare loop through the vmm layer (the driver table) doing the same copies and the
+ *      (b) a bare loop through the vmm layer (kvvm_testing_vmm_*) doing the same copies and the
  *          same map / set-access / unmap calls on an emulated device of its own;
  *    and, on a row of its own without a ratio,
  *      (a) memcpy of the same bytes between two host buffers (the emulator's copy is a memcpy:
@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "kvvm.h"
-#include "vmm/vmm.h"
+#include "kvvm_testing.h"
 
 #define G "swap"
 #define MiB (1024.0 * 1024.0)
@@ -133,44 +133,47 @@ static double raw_memcpy(struct bench_ctx *b, uint32_t B)
 static int bare_loop(struct bench_ctx *b, uint32_t B, double *out_mbs, double *in_mbs)
 {
     size_t ps = page_of(b);
-    struct vmm_params vp = { .backend = KVVM_BACKEND_EMULATED, .emu_capacity = (size_t)B * ps,
+    struct kvvm_testing_vmm_params vp = { .backend = KVVM_BACKEND_EMULATED,
+                                          .emu_capacity = (size_t)B * ps,
                              .emu_granule = ps };
-    struct vmm *v;
-    int rc = vmm_open(&vp, &v);
+    kvvm_testing_vmm *v;
+    int rc = kvvm_testing_vmm_open(&vp, &v);
     if (rc)
         return rc;
     uint64_t base = 0;
-    vmm_handle *h = calloc(B, sizeof *h);
-    kcu_stream st = NULL;
+    kvvm_testing_page *h = calloc(B, sizeof *h);
+    kvvm_testing_stream st = NULL;
     char *host = NULL;
     uint32_t made = 0;
     int T = b->trials > 0 ? b->trials : 5;
     double vo[T], vi[T];
-    rc = h ? vmm_reserve(v, (size_t)B * ps, &base) : -ENOMEM;
+    rc = h ? kvvm_testing_vmm_reserve(v, (size_t)B * ps, &base) : -ENOMEM;
     if (!rc)
-        rc = vmm_stream_create(v, &st);
+        rc = kvvm_testing_vmm_stream_create(v, &st);
     if (!rc)
-        rc = vmm_host_alloc(v, (size_t)B * ps, (void **)&host);
+        rc = kvvm_testing_vmm_host_alloc(v, (size_t)B * ps, (void **)&host);
     for (; !rc && made < B; made++)
-        rc = vmm_phys_create(v, ps, &h[made]);
+        rc = kvvm_testing_vmm_phys_create(v, ps, &h[made]);
     if (!rc)
-        rc = vmm_map_run(v, base, h, B, ps);
+        rc = kvvm_testing_vmm_map_run(v, base, h, B, ps);
     for (int t = 0; t < T && !rc; t++) {
         uint64_t t0 = bench_now_ns();
         for (uint32_t i = 0; i < B && !rc; i++)
-            rc = vmm_copy_dtoh(v, host + (size_t)i * ps, base + (uint64_t)i * ps, ps, st);
+            rc = kvvm_testing_vmm_copy_dtoh(v, host + (size_t)i * ps, base + (uint64_t)i * ps,
+                                            ps, st);
         if (!rc)
-            rc = vmm_stream_sync(v, st);
+            rc = kvvm_testing_vmm_stream_sync(v, st);
         if (!rc)
-            rc = vmm_unmap(v, base, (size_t)B * ps);
+            rc = kvvm_testing_vmm_unmap(v, base, (size_t)B * ps);
         uint64_t t1 = bench_now_ns();
         vo[t] = (double)B * ps / MiB / ((t1 - t0) / 1e9);
         if (!rc)
-            rc = vmm_map_run(v, base, h, B, ps);
+            rc = kvvm_testing_vmm_map_run(v, base, h, B, ps);
         for (uint32_t i = 0; i < B && !rc; i++)
-            rc = vmm_copy_htod(v, base + (uint64_t)i * ps, host + (size_t)i * ps, ps, st);
+            rc = kvvm_testing_vmm_copy_htod(v, base + (uint64_t)i * ps, host + (size_t)i * ps,
+                                            ps, st);
         if (!rc)
-            rc = vmm_stream_sync(v, st);
+            rc = kvvm_testing_vmm_stream_sync(v, st);
         uint64_t t2 = bench_now_ns();
         vi[t] = (double)B * ps / MiB / ((t2 - t1) / 1e9);
     }
@@ -179,16 +182,16 @@ static int bare_loop(struct bench_ctx *b, uint32_t B, double *out_mbs, double *i
         *in_mbs = bench_median(vi, T);
     }
     if (base)
-        vmm_unmap(v, base, (size_t)B * ps);
+        kvvm_testing_vmm_unmap(v, base, (size_t)B * ps);
     while (made-- > 0)
-        vmm_phys_release(v, h[made]);
+        kvvm_testing_vmm_phys_release(v, h[made]);
     if (host)
-        vmm_host_free(v, host);
+        kvvm_testing_vmm_host_free(v, host);
     if (st)
-        vmm_stream_destroy(v, st);
+        kvvm_testing_vmm_stream_destroy(v, st);
     if (base)
-        vmm_unreserve(v);
-    vmm_close(v);
+        kvvm_testing_vmm_unreserve(v);
+    kvvm_testing_vmm_close(v);
     free(h);
     return rc;
 }

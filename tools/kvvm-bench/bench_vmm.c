@@ -17,13 +17,17 @@
  *                       (10^9 bytes/s); again on the NULL stream (on the emulated device
  *                       that runs in the caller: the copy without the worker hand-off)
  *
+ * The vmm layer is reached through the testing interface (kvvm_testing_vmm_*,
+ * testing/kvvm_testing.h).
+ *
  * Raw baselines:
  *   emulated device: the bare system calls the emulator performs, on one memfd of our own
  *     (reserve = mmap PROT_NONE; create = poisoning a hole-punched range, release = punching
  *     it; map+access = mmap MAP_FIXED|MAP_SHARED of the range + mprotect over the run; unmap =
  *     mmap anonymous PROT_NONE MAP_FIXED; copies = memcpy through a view of the memfd).
  *     The ratio is thus the emulator's + vmm layer's bookkeeping over the kernel's own cost.
- *   cuda: the same driver calls made directly through vmm_api(v) (cuMemAddressReserve,
+ *   cuda: the same driver calls made directly through the vmm layer's driver table
+ *     (kvvm_testing_raw_*, one driver call each: cuMemAddressReserve,
  *     cuMemCreate, cuMemMap + cuMemSetAccess, cuMemUnmap, cuMemcpy*Async +
  *     cuStreamSynchronize); the ratio is the vmm layer's overhead over the bare driver.
  */
@@ -37,16 +41,14 @@
 #include <unistd.h>
 
 #include "kvvm.h"
-#include "vmm/emu/emu.h"
-#include "vmm/vmm.h"
+#include "kvvm_testing.h"
 
 #define GROUP "vmm"
 #define MAP_REPS 16             /* samples per trial of reserve, map, unmap and alias (cheap) */
 
 struct vb {
     struct bench_ctx *b;
-    struct vmm *v;
-    const struct kcu_api *api;
+    kvvm_testing_vmm *v;
     int cuda;                   /* backend is the real driver: raw side = bare driver calls */
     size_t g;                   /* granule = page size */
     size_t k;                   /* pages per sample of the map figures (64) */
@@ -58,9 +60,9 @@ struct vb {
     /* vmm side: one reservation = region A (k pages), B (k pages, aliases), C (2 cp pages) */
     size_t res_bytes;
     uint64_t base;
-    vmm_handle *h;              /* k pages, for the map figures */
-    vmm_handle *hc;             /* 2 cp pages, mapped at C for the copies */
-    kcu_stream s;
+    kvvm_testing_page *h;       /* k pages, for the map figures */
+    kvvm_testing_page *hc;      /* 2 cp pages, mapped at C for the copies */
+    kvvm_testing_stream s;
     void *host;                 /* cp pages of host memory (pinned through the vmm if it can) */
     int host_pinned;
 
@@ -69,11 +71,9 @@ struct vb {
     char *view;
     char *rva;
     /* raw side, cuda */
-    kcu_device dev;
-    struct kcu_mem_alloc_prop prop;
-    struct kcu_mem_access_desc acc;
-    kcu_deviceptr rbase;
-    kcu_mem_handle *rh;         /* k + 2 cp raw handles */
+    int dev;
+    uint64_t rbase;
+    unsigned long long *rh;     /* k + 2 cp raw handles */
 };
 
 static uint64_t va_a(struct vb *s, size_t i) { return s->base + i * s->g; }
@@ -81,16 +81,16 @@ static uint64_t va_b(struct vb *s, size_t i) { return s->base + (s->k + i) * s->
 static uint64_t va_c(struct vb *s, size_t i) { return s->base + (2 * s->k + i) * s->g; }
 static char *raw_a(struct vb *s, size_t i) { return s->rva + i * s->g; }
 static char *raw_b(struct vb *s, size_t i) { return s->rva + (s->k + i) * s->g; }
-static kcu_deviceptr rcu_a(struct vb *s, size_t i) { return s->rbase + i * s->g; }
-static kcu_deviceptr rcu_b(struct vb *s, size_t i) { return s->rbase + (s->k + i) * s->g; }
-static kcu_deviceptr rcu_c(struct vb *s, size_t i) { return s->rbase + (2 * s->k + i) * s->g; }
+static uint64_t rcu_a(struct vb *s, size_t i) { return s->rbase + i * s->g; }
+static uint64_t rcu_b(struct vb *s, size_t i) { return s->rbase + (s->k + i) * s->g; }
+static uint64_t rcu_c(struct vb *s, size_t i) { return s->rbase + (2 * s->k + i) * s->g; }
 
-static int cu_err(struct vb *s, const char *what, kcu_result r)
+static int cu_err(struct vb *s, const char *what, int r)
 {
-    fprintf(stderr, "kvvm-bench: %s: %s\n", what, kcu_errstr(s->api, r));
+    fprintf(stderr, "kvvm-bench: %s: %s\n", what, kvvm_testing_raw_errstr(s->v, r));
     return -EIO;
 }
-#define CU(s, call) do { kcu_result r_ = (call); if (r_) return cu_err((s), #call, r_); } while (0)
+#define CU(s, call) do { int r_ = (call); if (r_) return cu_err((s), #call, r_); } while (0)
 
 static int sys_err(const char *what)
 {
@@ -134,25 +134,25 @@ out_unmap:
 }
 
 /* cuMemMap of each handle at va.., then one cuMemSetAccess over the run. All or nothing. */
-static int rcu_map(struct vb *s, kcu_deviceptr va, const kcu_mem_handle *h, size_t n)
+static int rcu_map(struct vb *s, uint64_t va, const unsigned long long *h, size_t n)
 {
     size_t i;
-    kcu_result r = 0;
+    int r = 0;
 
     for (i = 0; i < n; i++)
-        if ((r = s->api->cuMemMap(va + i * s->g, s->g, 0, h[i], 0)))
+        if ((r = kvvm_testing_raw_map(s->v, va + i * s->g, s->g, h[i])))
             goto out_unmap;
-    if (!(r = s->api->cuMemSetAccess(va, n * s->g, &s->acc, 1)))
+    if (!(r = kvvm_testing_raw_set_access(s->v, s->dev, va, n * s->g)))
         return 0;
 out_unmap:
     while (i-- > 0)
-        s->api->cuMemUnmap(va + i * s->g, s->g);
+        kvvm_testing_raw_unmap(s->v, va + i * s->g, s->g);
     return cu_err(s, i < n ? "cuMemMap" : "cuMemSetAccess", r);
 }
 
-static int rcu_unmap(struct vb *s, kcu_deviceptr va, size_t n)
+static int rcu_unmap(struct vb *s, uint64_t va, size_t n)
 {
-    CU(s, s->api->cuMemUnmap(va, n * s->g));
+    CU(s, kvvm_testing_raw_unmap(s->v, va, n * s->g));
     return 0;
 }
 
@@ -168,16 +168,16 @@ static int t_reserve(struct vb *s, int raw, size_t arg, double out[2])
     for (size_t i = 0; i < s->k; i++) {
         uint64_t t0 = bench_now_ns(), base;
         if (!raw) {
-            rc = vmm_reserve(s->v, s->res_bytes, &base);
+            rc = kvvm_testing_vmm_reserve(s->v, s->res_bytes, &base);
             total += bench_now_ns() - t0;
             if (rc)
                 return rc;
-            vmm_unreserve(s->v);
+            kvvm_testing_vmm_unreserve(s->v);
         } else if (s->cuda) {
-            kcu_deviceptr p;
-            CU(s, s->api->cuMemAddressReserve(&p, s->res_bytes, s->g, 0, 0));
+            uint64_t p;
+            CU(s, kvvm_testing_raw_reserve(s->v, &p, s->res_bytes, s->g));
             total += bench_now_ns() - t0;
-            CU(s, s->api->cuMemAddressFree(p, s->res_bytes));
+            CU(s, kvvm_testing_raw_free(s->v, p, s->res_bytes));
         } else {
             /* As the emulator: over-reserve by the alignment (the granule), trim both ends. */
             char *p = mmap(NULL, s->res_bytes + s->g, PROT_NONE,
@@ -208,11 +208,11 @@ static int t_create(struct vb *s, int raw, size_t arg, double out[2])
     t0 = bench_now_ns();
     if (!raw) {
         for (; i < s->kc; i++)
-            if ((rc = vmm_phys_create(s->v, s->g, &s->h[i])))
+            if ((rc = kvvm_testing_vmm_phys_create(s->v, s->g, &s->h[i])))
                 goto out_release;
     } else if (s->cuda) {
         for (; i < s->kc; i++)
-            if ((rc = s->api->cuMemCreate(&s->rh[i], s->g, &s->prop, 0))) {
+            if ((rc = kvvm_testing_raw_create(s->v, s->dev, s->g, &s->rh[i]))) {
                 rc = cu_err(s, "cuMemCreate", rc);
                 goto out_release;
             }
@@ -220,15 +220,15 @@ static int t_create(struct vb *s, int raw, size_t arg, double out[2])
         /* What the emulator does for a new handle: poison a range of its memfd (the range was
            hole-punched by the last release, so this allocates the memory too). */
         for (; i < s->kc; i++)
-            memset(s->view + i * s->g, EMU_POISON, s->g);
+            memset(s->view + i * s->g, KVVM_TESTING_EMU_POISON, s->g);
     }
     t1 = bench_now_ns();
 out_release:
     while (i-- > 0) {
         if (!raw)
-            vmm_phys_release(s->v, s->h[i]);
+            kvvm_testing_vmm_phys_release(s->v, s->h[i]);
         else if (s->cuda)
-            s->api->cuMemRelease(s->rh[i]);
+            kvvm_testing_raw_release(s->v, s->rh[i]);
         else if (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                            (off_t)(i * s->g), (off_t)s->g) && !rc)
             rc = sys_err("fallocate PUNCH_HOLE");
@@ -253,7 +253,7 @@ static int t_map_run(struct vb *s, int raw, size_t n, double out[2])
     for (; r < runs; r++) {
         size_t p = r * n;
         if (!raw)
-            rc = vmm_map_run(s->v, va_a(s, p), &s->h[p], n, s->g);
+            rc = kvvm_testing_vmm_map_run(s->v, va_a(s, p), &s->h[p], n, s->g);
         else if (s->cuda)
             rc = rcu_map(s, rcu_a(s, p), &s->rh[p], n);
         else
@@ -267,7 +267,7 @@ out_unmap:
         size_t p = q * n;
         int e;
         if (!raw)
-            e = vmm_unmap(s->v, va_a(s, p), n * s->g);
+            e = kvvm_testing_vmm_unmap(s->v, va_a(s, p), n * s->g);
         else if (s->cuda)
             e = rcu_unmap(s, rcu_a(s, p), n);
         else
@@ -295,7 +295,7 @@ static int t_alias(struct vb *s, int raw, size_t arg, double out[2])
     t0 = bench_now_ns();
     for (; i < s->k; i++) {
         if (!raw)
-            rc = vmm_map_run(s->v, va_b(s, i), &s->h[i], 1, s->g);
+            rc = kvvm_testing_vmm_map_run(s->v, va_b(s, i), &s->h[i], 1, s->g);
         else if (s->cuda)
             rc = rcu_map(s, rcu_b(s, i), &s->rh[i], 1);
         else
@@ -308,7 +308,7 @@ static int t_alias(struct vb *s, int raw, size_t arg, double out[2])
     while (i-- > 0) {
         int e;
         if (!raw)
-            e = vmm_unmap(s->v, va_b(s, i), s->g);
+            e = kvvm_testing_vmm_unmap(s->v, va_b(s, i), s->g);
         else if (s->cuda)
             e = rcu_unmap(s, rcu_b(s, i), 1);
         else
@@ -327,29 +327,29 @@ static int t_alias(struct vb *s, int raw, size_t arg, double out[2])
 static int t_copy(struct vb *s, int raw, size_t arg, double out[2])
 {
     size_t bytes = s->cp * s->g, dir = arg & 3;
-    kcu_stream st = arg & 4 ? NULL : s->s;
+    kvvm_testing_stream st = arg & 4 ? NULL : s->s;
     uint64_t t0 = bench_now_ns();
     int rc = 0;
 
     if (!raw) {
         if (dir == 0)
-            rc = vmm_copy_htod(s->v, va_c(s, 0), s->host, bytes, st);
+            rc = kvvm_testing_vmm_copy_htod(s->v, va_c(s, 0), s->host, bytes, st);
         else if (dir == 1)
-            rc = vmm_copy_dtoh(s->v, s->host, va_c(s, 0), bytes, st);
+            rc = kvvm_testing_vmm_copy_dtoh(s->v, s->host, va_c(s, 0), bytes, st);
         else
-            rc = vmm_copy_dtod(s->v, va_c(s, s->cp), va_c(s, 0), bytes, st);
+            rc = kvvm_testing_vmm_copy_dtod(s->v, va_c(s, s->cp), va_c(s, 0), bytes, st);
         if (!rc)
-            rc = vmm_stream_sync(s->v, st);
+            rc = kvvm_testing_vmm_stream_sync(s->v, st);
         if (rc)
             return rc;
     } else if (s->cuda) {
         if (dir == 0)
-            CU(s, s->api->cuMemcpyHtoDAsync(rcu_c(s, 0), s->host, bytes, st));
+            CU(s, kvvm_testing_raw_copy_htod(s->v, rcu_c(s, 0), s->host, bytes, st));
         else if (dir == 1)
-            CU(s, s->api->cuMemcpyDtoHAsync(s->host, rcu_c(s, 0), bytes, st));
+            CU(s, kvvm_testing_raw_copy_dtoh(s->v, s->host, rcu_c(s, 0), bytes, st));
         else
-            CU(s, s->api->cuMemcpyDtoDAsync(rcu_c(s, s->cp), rcu_c(s, 0), bytes, st));
-        CU(s, s->api->cuStreamSynchronize(st));
+            CU(s, kvvm_testing_raw_copy_dtod(s->v, rcu_c(s, s->cp), rcu_c(s, 0), bytes, st));
+        CU(s, kvvm_testing_raw_stream_sync(s->v, st));
     } else {
         /* The emulator copies through its own view of the memfd. */
         char *src = s->view + s->k * s->g, *dst = src + bytes;
@@ -409,12 +409,8 @@ static int setup_raw(struct vb *s)
         s->rh = calloc(pages, sizeof *s->rh);
         if (!s->rh)
             return -ENOMEM;
-        CU(s, s->api->cuDeviceGet(&s->dev, 0));
-        s->prop = (struct kcu_mem_alloc_prop){ .type = KCU_MEM_ALLOCATION_TYPE_PINNED,
-            .location = { .type = KCU_MEM_LOCATION_TYPE_DEVICE, .id = s->dev } };
-        s->acc = (struct kcu_mem_access_desc){ .location = s->prop.location,
-                                               .flags = KCU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-        CU(s, s->api->cuMemAddressReserve(&s->rbase, s->res_bytes, s->g, 0, 0));
+        CU(s, kvvm_testing_raw_device(s->v, 0, &s->dev));
+        CU(s, kvvm_testing_raw_reserve(s->v, &s->rbase, s->res_bytes, s->g));
         return 0;
     }
     s->fd = memfd_create("kvvm-bench-raw", MFD_CLOEXEC);
@@ -443,7 +439,7 @@ static void teardown_raw(struct vb *s)
 
     if (s->cuda) {
         if (s->rbase)
-            s->api->cuMemAddressFree(s->rbase, s->res_bytes);
+            kvvm_testing_raw_free(s->v, s->rbase, s->res_bytes);
         free(s->rh);
         return;
     }
@@ -456,29 +452,29 @@ static void teardown_raw(struct vb *s)
 }
 
 /* Creates n pages (vmm side into hv, raw side into rh/memfd offsets starting at raw_first). */
-static int create_pages(struct vb *s, vmm_handle *hv, size_t n, size_t raw_first)
+static int create_pages(struct vb *s, kvvm_testing_page *hv, size_t n, size_t raw_first)
 {
     for (size_t i = 0; i < n; i++) {
-        int rc = vmm_phys_create(s->v, s->g, &hv[i]);
+        int rc = kvvm_testing_vmm_phys_create(s->v, s->g, &hv[i]);
         if (rc) {
             while (i-- > 0)
-                vmm_phys_release(s->v, hv[i]);
+                kvvm_testing_vmm_phys_release(s->v, hv[i]);
             return rc;
         }
     }
     if (s->cuda) {
         for (size_t i = 0; i < n; i++) {
-            kcu_result r = s->api->cuMemCreate(&s->rh[raw_first + i], s->g, &s->prop, 0);
+            int r = kvvm_testing_raw_create(s->v, s->dev, s->g, &s->rh[raw_first + i]);
             if (r) {
                 while (i-- > 0)
-                    s->api->cuMemRelease(s->rh[raw_first + i]);
+                    kvvm_testing_raw_release(s->v, s->rh[raw_first + i]);
                 for (size_t j = 0; j < n; j++)
-                    vmm_phys_release(s->v, hv[j]);
+                    kvvm_testing_vmm_phys_release(s->v, hv[j]);
                 return cu_err(s, "cuMemCreate", r);
             }
         }
     } else {
-        memset(s->view + raw_first * s->g, EMU_POISON, n * s->g);
+        memset(s->view + raw_first * s->g, KVVM_TESTING_EMU_POISON, n * s->g);
     }
     return 0;
 }
@@ -495,7 +491,7 @@ static int run_figures(struct vb *s)
     report(s, "reserve", m[0][0], m[1][0], "mmap PROT_NONE+trim", "cuMemAddressReserve",
            "ns/op", 1);
 
-    if ((rc = vmm_reserve(s->v, s->res_bytes, &s->base)))
+    if ((rc = kvvm_testing_vmm_reserve(s->v, s->res_bytes, &s->base)))
         return rc;
     if ((rc = setup_raw(s)))
         goto out_unreserve;
@@ -531,11 +527,11 @@ static int run_figures(struct vb *s)
     size_t mapped_a = 0;
     for (; mapped_a < s->k; mapped_a += 64) {
         size_t p = mapped_a;
-        if ((rc = vmm_map_run(s->v, va_a(s, p), &s->h[p], 64, s->g)))
+        if ((rc = kvvm_testing_vmm_map_run(s->v, va_a(s, p), &s->h[p], 64, s->g)))
             goto out_unmap_a;
         rc = s->cuda ? rcu_map(s, rcu_a(s, p), &s->rh[p], 64) : raw_map(s, raw_a(s, p), p, 64);
         if (rc) {
-            vmm_unmap(s->v, va_a(s, p), 64 * s->g);
+            kvvm_testing_vmm_unmap(s->v, va_a(s, p), 64 * s->g);
             goto out_unmap_a;
         }
     }
@@ -545,9 +541,9 @@ static int run_figures(struct vb *s)
                "cuMemMap+cuMemSetAccess", "ns/op", 1);
 out_unmap_a:
     for (size_t p = 0; p < mapped_a; p += 64) {
-        vmm_unmap(s->v, va_a(s, p), 64 * s->g);
+        kvvm_testing_vmm_unmap(s->v, va_a(s, p), 64 * s->g);
         if (s->cuda)
-            s->api->cuMemUnmap(rcu_a(s, p), 64 * s->g);
+            kvvm_testing_raw_unmap(s->v, rcu_a(s, p), 64 * s->g);
         else
             raw_unmap(s, raw_a(s, p), 64);
     }
@@ -557,7 +553,7 @@ out_unmap_a:
     /* Copies: 2 cp pages mapped at region C on each side. */
     if ((rc = create_pages(s, s->hc, 2 * s->cp, s->k)))
         goto out_pages;
-    if ((rc = vmm_map_run(s->v, va_c(s, 0), s->hc, 2 * s->cp, s->g)))
+    if ((rc = kvvm_testing_vmm_map_run(s->v, va_c(s, 0), s->hc, 2 * s->cp, s->g)))
         goto out_copy_pages;
     if (s->cuda && (rc = rcu_map(s, rcu_c(s, 0), &s->rh[s->k], 2 * s->cp)))
         goto out_copy_unmap;
@@ -579,25 +575,25 @@ out_unmap_a:
         }
     }
     if (s->cuda)
-        s->api->cuMemUnmap(rcu_c(s, 0), 2 * s->cp * s->g);
+        kvvm_testing_raw_unmap(s->v, rcu_c(s, 0), 2 * s->cp * s->g);
 out_copy_unmap:
-    vmm_unmap(s->v, va_c(s, 0), 2 * s->cp * s->g);
+    kvvm_testing_vmm_unmap(s->v, va_c(s, 0), 2 * s->cp * s->g);
 out_copy_pages:
     for (size_t i = 0; i < 2 * s->cp; i++) {
-        vmm_phys_release(s->v, s->hc[i]);
+        kvvm_testing_vmm_phys_release(s->v, s->hc[i]);
         if (s->cuda)
-            s->api->cuMemRelease(s->rh[s->k + i]);
+            kvvm_testing_raw_release(s->v, s->rh[s->k + i]);
     }
 out_pages:
     for (size_t i = 0; i < s->k; i++) {
-        vmm_phys_release(s->v, s->h[i]);
+        kvvm_testing_vmm_phys_release(s->v, s->h[i]);
         if (s->cuda)
-            s->api->cuMemRelease(s->rh[i]);
+            kvvm_testing_raw_release(s->v, s->rh[i]);
     }
 out_raw:
     teardown_raw(s);
 out_unreserve:
-    vmm_unreserve(s->v);
+    kvvm_testing_vmm_unreserve(s->v);
     return rc;
 }
 
@@ -606,7 +602,7 @@ int bench_vmm(struct bench_ctx *b)
     struct vb s = { .b = b, .fd = -1 };
     size_t granule = b->granule ? b->granule : (size_t)2 << 20;
     size_t copy_bytes = (size_t)(b->quick ? 16 : 64) << 20;
-    struct vmm_params p = { .backend = (enum kvvm_backend)b->backend, .device = 0 };
+    struct kvvm_testing_vmm_params p = { .backend = (enum kvvm_backend)b->backend, .device = 0 };
     int rc;
 
     /* A sample handles 64 pages (one run of the largest batch). Creating pages below 2 MiB is
@@ -620,13 +616,12 @@ int bench_vmm(struct bench_ctx *b)
     p.emu_granule = granule;
     p.emu_capacity = (s.k + 2 * s.cp) * granule;   /* what the vmm side holds at most */
 
-    if ((rc = vmm_open(&p, &s.v))) {
+    if ((rc = kvvm_testing_vmm_open(&p, &s.v))) {
         fprintf(stderr, "kvvm-bench: vmm_open: %s\n", strerror(-rc));
         return rc;
     }
-    s.api = vmm_api(s.v);
-    s.cuda = !strcmp(vmm_backend_name(s.v), "cuda");
-    s.g = vmm_granule(s.v);
+    s.cuda = !strcmp(kvvm_testing_vmm_backend_name(s.v), "cuda");
+    s.g = kvvm_testing_vmm_granule(s.v);
     if (s.g != granule && !s.cuda) {
         fprintf(stderr, "kvvm-bench: asked for a %zu-byte granule, the device has %zu\n",
                 granule, s.g);
@@ -641,11 +636,12 @@ int bench_vmm(struct bench_ctx *b)
     if (s.reps > 16)
         s.reps = 16;
     s.res_bytes = (2 * s.k + 2 * s.cp) * s.g;
-    if ((rc = vmm_make_current(s.v)))
+    if ((rc = kvvm_testing_vmm_make_current(s.v)))
         goto out_close;
     printf("%-8s backend %s, page = granule %zu KiB, reserve %zu MiB; per trial: %d samples "
            "of %zu pages (create: %d of %zu), %d copies of %zu MiB\n", GROUP,
-           vmm_backend_name(s.v), s.g >> 10, s.res_bytes >> 20, MAP_REPS, s.k, s.reps, s.kc,
+           kvvm_testing_vmm_backend_name(s.v), s.g >> 10, s.res_bytes >> 20, MAP_REPS, s.k,
+           s.reps, s.kc,
            s.copy_reps, (s.cp * s.g) >> 20);
 
     s.h = calloc(s.k, sizeof *s.h);
@@ -654,10 +650,10 @@ int bench_vmm(struct bench_ctx *b)
         rc = -ENOMEM;
         goto out_free;
     }
-    if ((rc = vmm_stream_create(s.v, &s.s)))
+    if ((rc = kvvm_testing_vmm_stream_create(s.v, &s.s)))
         goto out_free;
     /* Host buffer of the copies: pinned like an engine's would be; plain memory otherwise. */
-    if (vmm_host_alloc(s.v, s.cp * s.g, &s.host) == 0) {
+    if (kvvm_testing_vmm_host_alloc(s.v, s.cp * s.g, &s.host) == 0) {
         s.host_pinned = 1;
     } else {
         s.host = malloc(s.cp * s.g);
@@ -672,15 +668,15 @@ int bench_vmm(struct bench_ctx *b)
     rc = run_figures(&s);
 
     if (s.host_pinned)
-        vmm_host_free(s.v, s.host);
+        kvvm_testing_vmm_host_free(s.v, s.host);
     else
         free(s.host);
 out_stream:
-    vmm_stream_destroy(s.v, s.s);
+    kvvm_testing_vmm_stream_destroy(s.v, s.s);
 out_free:
     free(s.h);
     free(s.hc);
 out_close:
-    vmm_close(s.v);
+    kvvm_testing_vmm_close(s.v);
     return rc;
 }

@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "kvvm.h"
-#include "common/log.h"
+#include "kvvm_testing.h"
 
 uint64_t bench_now_ns(void)
 {
@@ -241,7 +241,8 @@ int main(int argc, char **argv)
             break;
         case 'g': {
             size_t g;
-            if (kparse_size(optarg, &g) || g < 4096 || g > (2u << 20) || (g & (g - 1))) {
+            if (kvvm_testing_parse_size(optarg, &g) || g < 4096 || g > (2u << 20) ||
+                (g & (g - 1))) {
                 fprintf(stderr, "kvvm-bench: --granule wants a power of two in 4K..2M, "
                                 "got '%s'\n", optarg);
                 return 2;
