@@ -135,6 +135,7 @@ static void frame_forget(struct paging *pg, pg_frame_id f)
     struct pg_frame *fr = frame_at(pg, f);
     fr->state = FR_NONE;
     fr->serial = 0;
+    fr->gen++;                      /* its handle is gone: view slots naming it are stale */
     fr->next = pg->frame_free_head;
     pg->frame_free_head = f;
     pg->n_held--;

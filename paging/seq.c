@@ -265,6 +265,9 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     }
     if (!s->kept && !(s->kept = calloc(pg->p.n_regions, sizeof *s->kept)))
         return -ENOMEM;
+    if (pg->view.n_ids && !s->bid &&
+        !(s->bid = calloc(pg->pages_per_slot ? pg->pages_per_slot : 1, sizeof *s->bid)))
+        return -ENOMEM;
     if (pg->p.map_ahead && !s->ahead) {
         s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
         if (!s->ahead)

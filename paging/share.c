@@ -114,6 +114,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     c->length = p->length;
     memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
     c->stale_tail = p->stale_tail;
+    view_fork(pg, c, p, p->n_pages);      /* same frames: the same ids */
     *child = seq_handle(pg, c);
     return 0;
 }
