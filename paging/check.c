@@ -353,7 +353,13 @@ static int ck_view_id(struct ck *k, uint32_t id, uint32_t holders)
             k->linger += f->gen != sl->gen || f->state == FR_NONE;
             zombies += sl->st == VS_ZOMBIE;
             rc = ck_mapped(k, va, sl->h, "pool view slot");
+            if (!rc && v->state == VID_READY &&
+                (f->state != FR_AHEAD || f->grp != id + 1 || f->gen != sl->gen))
+                rc = fail(k, "prepared pool view group %u: frame %u of region %u is in state "
+                          "%u, group %u", id, sl->f.v, r, f->state, f->grp);
         }
+        if (!rc && v->state == VID_READY && sl->st != VS_MAPPED)
+            rc = fail(k, "prepared pool view group %u does not map region %u", id, r);
         if (rc)
             return rc;
     }
@@ -373,8 +379,16 @@ static int ck_view(struct ck *k)
     uint32_t *cnt = calloc(w->n_ids, sizeof *cnt);
     if (!cnt)
         return -ENOMEM;
-    uint32_t n_free = 0, n_dead = 0, live = 0;
+    uint32_t n_free = 0, n_dead = 0, live = 0, groups = 0;
     int rc = ck_view_holders(k, cnt);
+    for (uint32_t id = w->ready_head; !rc && id && groups <= w->n_ids; id = w->ids[id - 1].next)
+        groups += w->ids[id - 1].state == VID_READY ? 1 : w->n_ids + 1;
+    for (uint32_t i = 0; !rc && i < pg->cap_frames; i++) {
+        uint32_t g = pg->frames[i].grp;
+        if (g && (g > w->n_ids || w->ids[g - 1].state != VID_READY))
+            rc = fail(k, "frame %u belongs to pool view group %u, which is not prepared",
+                      i + 1, g - 1);
+    }
     for (uint32_t id = w->free_head; !rc && id && n_free <= w->n_ids; id = w->ids[id - 1].next)
         n_free += w->ids[id - 1].state == VID_FREE ? 1 : w->n_ids + 1;
     for (uint32_t id = w->dead_head; !rc && id && n_dead <= w->n_ids; id = w->ids[id - 1].next)
@@ -383,9 +397,11 @@ static int ck_view(struct ck *k)
         live += w->ids[id].state == VID_LIVE;
         rc = ck_view_id(k, id, cnt[id]);
     }
-    if (!rc && (n_free != w->n_free || n_dead != w->n_dead || n_free + n_dead + live != w->n_ids))
-        rc = fail(k, "pool view ids: %u free (%u), %u dead (%u), %u live, of %u", n_free,
-                  w->n_free, n_dead, w->n_dead, live, w->n_ids);
+    if (!rc && (n_free != w->n_free || n_dead != w->n_dead || groups != w->n_groups ||
+                n_free + n_dead + live + groups != w->n_ids))
+        rc = fail(k, "pool view ids: %u free (%u), %u dead (%u), %u prepared (%u), %u live, "
+                  "of %u", n_free, w->n_free, n_dead, w->n_dead, groups, w->n_groups, live,
+                  w->n_ids);
     free(cnt);
     return rc;
 }

@@ -83,6 +83,8 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         goto out_free;
     if (p->prealloc || !p->feed)
         pool_refill(pg, p->prealloc ? p->max_frames : pg->chunk);
+    if (!p->feed)
+        paging_view_prepare(pg);
     if (p->prealloc && pg->n_held < p->max_frames && !vmm_dead(v)) {
         rc = -ENOMEM;
         goto out_pool;

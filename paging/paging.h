@@ -522,6 +522,11 @@ int paging_seq_block_table(struct paging *pg, uint64_t h, uint32_t first, uint32
    wanted). -ENOSPC cap too small (indptr filled); else as paging_seq_block_table. */
 int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, int32_t *indptr,
                              int32_t *indices, size_t cap, int32_t *last_len);
+/* Prepares groups ahead (context lock held; off the grow path: the frame pool thread's
+   round, a step, create): n_regions ready frames each, mapped at a free id, so a grow
+   taking one gives its new block an id already mapped. Best effort (stops at the first
+   refusal, leaving nothing half done); a no-op without a pool view. */
+void paging_view_prepare(struct paging *pg);
 /* View slot mappings made / removed so far, ids live now (tests, stats). */
 void paging_view_counts(const struct paging *pg, uint64_t *maps, uint64_t *unmaps,
                         uint32_t *live);

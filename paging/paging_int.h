@@ -44,6 +44,7 @@ struct pg_frame {
     uint32_t   gen;        /* bumped when the id gives up its handle (frame_forget): a pool
                               view slot names (frame, gen), so a new handle under a recycled
                               frame id never passes for the one it mapped */
+    uint32_t   grp;        /* FR_AHEAD in a prepared pool view group: its id + 1 (view.c) */
 };
 
 /* The pool's feed (pool.c): frames created and released off the caller's thread by the
@@ -153,15 +154,20 @@ struct pg_seq {
    last holder lets go is DEAD: its mappings stay until no device work may use it (its
    death's epoch is quiet, or a synchronization came after it), then it is unmapped and FREE.
    A slot of a LIVE id whose region its only holder discarded is a zombie: mapped, waiting
-   for the same condition. */
-enum { VID_FREE = 0, VID_LIVE, VID_DEAD };
+   for the same condition. A READY id is a prepared group: n_regions frames taken off the
+   ready list (FR_AHEAD: free for accounting, stolen back when the pool runs short), mapped
+   ahead at its slots off the grow path, so a grow that takes it gives its new block an id
+   whose mappings exist. */
+enum { VID_FREE = 0, VID_LIVE, VID_DEAD, VID_READY };
 enum { VS_UNMAPPED = 0, VS_MAPPED, VS_ZOMBIE };
 struct pg_vid {
     uint32_t refs;         /* LIVE: pg_seq.bid entries naming it */
     uint8_t  state;        /* VID_* */
     uint8_t  in_zq;        /* on view.zq (it had zombie slots) */
+    uint8_t  used;         /* a block table handed it out (device work may use it: a dead
+                              id that never was is unmapped without waiting) */
     uint32_t zombies;      /* VS_ZOMBIE slots */
-    uint32_t next;         /* FREE / DEAD list: next id + 1 (0: end) */
+    uint32_t next;         /* FREE / DEAD / READY list: next id + 1 (0: end) */
     uint64_t dead_epoch;   /* DEAD (or the latest zombie): pg->epoch then */
     uint64_t dead_sync;    /*   and pg->n_syncs then */
 };
@@ -178,7 +184,9 @@ struct pg_view {
     struct pg_vslot *slot; /* n_ids * n_regions, id-major */
     uint32_t free_head;    /* id + 1 */
     uint32_t dead_head;    /* id + 1 */
-    uint32_t n_free, n_dead;
+    uint32_t ready_head;   /* prepared groups (READY), id + 1 */
+    uint32_t n_free, n_dead, n_groups;
+    uint32_t want;         /* groups to keep prepared */
     uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
     uint64_t maps, unmaps; /* view slot mappings made / removed (tests, counters) */
 };
@@ -312,6 +320,8 @@ static inline uint32_t handle_gen(uint64_t h) { return (uint32_t)(h >> 32); }
 /* pool.c */
 int  pool_init(struct paging *pg);
 void pool_fini(struct paging *pg);
+/* Asks the frame pool thread for a round (once until its next plan). */
+void pool_feed_ask(struct paging *pg);
 /* Frames available without moving data: ready + uncreated + ahead. */
 uint32_t pool_available(const struct paging *pg);
 /* Takes n frames (ready first, then created, then stolen from map-ahead) into out; all or
@@ -627,6 +637,17 @@ void view_fork(struct paging *pg, struct pg_seq *child, struct pg_seq *parent, u
    the engine stream, or the device, first when there are some). -EIO only for a failed
    synchronization; a refused unmap leaves the id for the next reap. */
 int  view_reap(struct paging *pg, bool wait);
+/* Takes up to n prepared groups for new blocks [0, n) of a grow: region r's frame of group
+   i goes to fresh[r * stride + i] (FR_USED), its id to gids[i]. Returns how many. */
+uint32_t view_take_groups(struct paging *pg, uint32_t n, pg_frame_id *fresh, uint32_t stride,
+                          uint32_t *gids);
+/* After the grow: blocks [first, first + n) of s take ids gids[0..n) (ok), or the grow
+   failed and the ids die unused (their frames are the grow's undo's). */
+void view_end_groups(struct paging *pg, struct pg_seq *s, uint32_t first, const uint32_t *gids,
+                     uint32_t n, bool ok);
+/* Breaks one prepared group: its frames go back to the ready list. -ENOMEM none. */
+int  view_break_group(struct paging *pg);
+void view_break_all(struct paging *pg);
 
 /* discard.c */
 /* After a truncate: first_kept of every region at most the new length. */

@@ -49,7 +49,10 @@ int paging_step(struct paging *pg)
     }
     pg->epoch++;
     pool_refill(pg, pg->chunk);
-    return view_reap(pg, false);
+    rc = view_reap(pg, false);
+    if (!pg->feed.on)
+        paging_view_prepare(pg);    /* without a pool thread: ahead, at the step */
+    return rc;
 }
 
 /* Stream mode: the engine stream and the library's copy stream, never the whole device

@@ -67,6 +67,9 @@ int view_init(struct paging *pg)
         w->ids[i].next = i + 2 <= w->n_ids ? i + 2 : 0;
     w->free_head = 1;
     w->n_free = w->n_ids;
+    /* groups kept prepared: a few blocks' worth, never a large share of the budget */
+    uint32_t most = pg->p.max_frames / (4 * pg->p.n_regions);
+    w->want = most < 4 ? most : 4;
     return 0;
 }
 
@@ -90,6 +93,7 @@ void view_fini(struct paging *pg)
     struct pg_view *w = &pg->view;
     if (!w->n_ids)
         return;
+    view_break_all(pg);             /* the prepared groups' frames back to the pool */
     for (uint32_t id = 0; id < w->n_ids; id++)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             if (!slot_unmap(pg, id, r) && !slot_unmap(pg, id, r))
@@ -128,6 +132,12 @@ static bool reapable(const struct paging *pg, uint64_t epoch, uint64_t sync)
     return epoch < pg->quiet_below || pg->n_syncs > sync;
 }
 
+/* A dead id no block table handed out: nothing can use it. */
+static bool vid_reapable(const struct paging *pg, const struct pg_vid *v)
+{
+    return !v->used || reapable(pg, v->dead_epoch, v->dead_sync);
+}
+
 /* Unmaps every slot of dead id; true when it is FREE now. */
 static bool vid_bury(struct paging *pg, uint32_t id)
 {
@@ -144,7 +154,7 @@ static void reap_dead(struct paging *pg)
     while (*pp) {
         uint32_t id = *pp - 1;
         struct pg_vid *v = &w->ids[id];
-        if (!reapable(pg, v->dead_epoch, v->dead_sync) || !vid_bury(pg, id)) {
+        if (!vid_reapable(pg, v) || !vid_bury(pg, id)) {
             pp = &v->next;
             continue;
         }
@@ -220,38 +230,168 @@ static void vid_untake(struct paging *pg, uint32_t id)
     w->n_free++;
 }
 
-/* A new id for block b of s: every region's page mapped at its slot. All or nothing. */
-static int vid_new(struct paging *pg, struct pg_seq *s, uint32_t b, uint32_t *out)
+/* Maps frames f[0..nr) at id's slots (region r: f[r]; PG_FRAME_NONE: a hole, left
+   unmapped). All or nothing. */
+static int group_map(struct paging *pg, uint32_t id, const pg_frame_id *f)
 {
-    uint32_t id, r;
-    int rc = vid_take(pg, &id);
-    if (rc)
-        return rc;
+    uint32_t r;
+    int rc = 0;
     for (r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id p = pg_bt(pg, s, r)[b];
-        if (pg_page_is_none(p))
+        if (pg_frame_is_none(f[r]))
             continue;
-        pg_frame_id f = page_at(pg, p)->frame;
-        struct pg_frame *fr = frame_at(pg, f);
+        struct pg_frame *fr = frame_at(pg, f[r]);
         rc = vmm_map_run(pg->v, view_va(pg, r, id), &fr->h, 1, pg->p.page_size);
         if (rc)
-            goto out_unmap;
+            break;
         pg->view.maps++;
-        *vslot(pg, id, r) = (struct pg_vslot){ fr->h, f, fr->gen, VS_MAPPED };
+        *vslot(pg, id, r) = (struct pg_vslot){ fr->h, f[r], fr->gen, VS_MAPPED };
     }
-    struct pg_vid *v = &pg->view.ids[id];
-    v->state = VID_LIVE;
-    v->refs = 1;
-    v->zombies = 0;
-    *out = id;
-    return 0;
-out_unmap:
+    if (!rc)
+        return 0;
     while (r-- > 0)
         if (!slot_unmap(pg, id, r) && !slot_unmap(pg, id, r))
             klog_error("paging: pool view id %u of region %u could not be unmapped on an "
                        "undo path", id, r);
-    vid_untake(pg, id);
     return rc;
+}
+
+/* A new id for block b of s: every region's page mapped at its slot. All or nothing. */
+static int vid_new(struct paging *pg, struct pg_seq *s, uint32_t b, uint32_t *out)
+{
+    uint32_t id, nr = pg->p.n_regions;
+    pg_frame_id fs[16] = { { 0 } }, *f = nr <= 16 ? fs : calloc(nr, sizeof *f);
+    if (!f)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < nr; r++) {
+        pg_page_id p = pg_bt(pg, s, r)[b];
+        f[r] = pg_page_is_none(p) ? PG_FRAME_NONE : page_at(pg, p)->frame;
+    }
+    int rc = vid_take(pg, &id);
+    if (!rc && (rc = group_map(pg, id, f)) != 0)
+        vid_untake(pg, id);
+    if (f != fs)
+        free(f);
+    if (rc)
+        return rc;
+    struct pg_vid *v = &pg->view.ids[id];
+    v->state = VID_LIVE;
+    v->refs = 1;
+    v->zombies = 0;
+    v->used = 0;
+    *out = id;
+    return 0;
+}
+
+/* ---- prepared groups ---------------------------------------------------------------- */
+
+/* One group: n_regions ready frames mapped at a free id. False: nothing done. */
+static bool prepare_one(struct paging *pg)
+{
+    uint32_t nr = pg->p.n_regions, id;
+    struct pg_view *w = &pg->view;
+    if (pg->n_ready < nr || !w->free_head)
+        return false;
+    pg_frame_id fs[16] = { { 0 } }, *f = nr <= 16 ? fs : calloc(nr, sizeof *f);
+    if (!f)
+        return false;
+    (void)vid_take(pg, &id);                    /* one is free: no reap */
+    uint32_t got = pool_take_ready(pg, nr, f);  /* nr are ready */
+    bool ok = got == nr && group_map(pg, id, f) == 0;
+    if (ok) {
+        for (uint32_t r = 0; r < nr; r++) {
+            frame_set_ahead(pg, f[r]);          /* free for accounting, stealable */
+            frame_at(pg, f[r])->grp = id + 1;
+        }
+        struct pg_vid *v = &w->ids[id];
+        v->state = VID_READY;
+        v->refs = 0;
+        v->used = 0;
+        v->next = w->ready_head;
+        w->ready_head = id + 1;
+        w->n_groups++;
+    } else {
+        pool_give(pg, f, got);
+        vid_untake(pg, id);
+    }
+    if (f != fs)
+        free(f);
+    return ok;
+}
+
+void paging_view_prepare(struct paging *pg)
+{
+    struct pg_view *w = &pg->view;
+    if (!w->n_ids || vmm_dead(pg->v))
+        return;
+    while (w->n_groups < w->want && prepare_one(pg))
+        ;
+}
+
+/* Pops a prepared group off its list. */
+static uint32_t group_pop(struct paging *pg)
+{
+    struct pg_view *w = &pg->view;
+    uint32_t id = w->ready_head - 1;
+    w->ready_head = w->ids[id].next;
+    w->ids[id].next = 0;
+    w->n_groups--;
+    return id;
+}
+
+uint32_t view_take_groups(struct paging *pg, uint32_t n, pg_frame_id *fresh, uint32_t stride,
+                          uint32_t *gids)
+{
+    uint32_t k = 0;
+    for (; k < n && pg->view.n_groups; k++) {
+        uint32_t id = group_pop(pg);
+        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+            pg_frame_id f = vslot(pg, id, r)->f;
+            frame_at(pg, f)->grp = 0;
+            frame_set_used(pg, f);
+            fresh[(size_t)r * stride + k] = f;
+        }
+        pg->view.ids[id].state = VID_LIVE;      /* refs 0 until view_end_groups */
+        gids[k] = id;
+    }
+    if (k)
+        pool_feed_ask(pg);          /* the thread prepares more at its next round */
+    return k;
+}
+
+void view_end_groups(struct paging *pg, struct pg_seq *s, uint32_t first, const uint32_t *gids,
+                     uint32_t n, bool ok)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct pg_vid *v = &pg->view.ids[gids[i]];
+        if (ok) {
+            v->refs = 1;
+            s->bid[first + i] = gids[i] + 1;
+        } else {
+            v->used = 0;
+            vid_kill(pg, gids[i]);  /* its frames are the failed grow's: unmapped at reap */
+        }
+    }
+}
+
+int view_break_group(struct paging *pg)
+{
+    if (!pg->view.n_groups)
+        return -ENOMEM;
+    uint32_t id = group_pop(pg);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        pg_frame_id f = vslot(pg, id, r)->f;
+        frame_at(pg, f)->grp = 0;
+        pool_give(pg, &f, 1);
+    }
+    pg->view.ids[id].used = 0;
+    vid_kill(pg, id);               /* never handed out: unmapped at the next reap */
+    return 0;
+}
+
+void view_break_all(struct paging *pg)
+{
+    while (!view_break_group(pg))
+        ;
 }
 
 /* ---- release paths ------------------------------------------------------------------ */
@@ -354,6 +494,7 @@ static int block_id(struct paging *pg, struct pg_seq *s, uint32_t b, int32_t *ou
         return 0;
     }
     if (old && vid_matches(pg, old - 1, s, b)) {
+        pg->view.ids[old - 1].used = 1;
         *out = (int32_t)(old - 1);
         return 0;
     }
@@ -363,6 +504,7 @@ static int block_id(struct paging *pg, struct pg_seq *s, uint32_t b, int32_t *ou
     if (old)
         vid_put(pg, old - 1);
     s->bid[b] = id + 1;
+    pg->view.ids[id].used = 1;
     *out = (int32_t)id;
     return 0;
 }
@@ -433,36 +575,35 @@ int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, in
 {
     if (!pg->view.n_ids)
         return -EOPNOTSUPP;
-    if ((n && (!hs || !indptr)) || (cap && !indices))
+    if ((n && !hs) || !indptr || (cap && !indices))
         return -EINVAL;
-    struct pg_seq *s;
+    struct pg_seq **ss = malloc((n ? n : 1) * sizeof *ss);
+    if (!ss)
+        return -ENOMEM;
     uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        int rc = table_seq(pg, hs[i], &s);
-        if (rc)
-            return rc;
-        total += s->n_pages;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = table_seq(pg, hs[i], &ss[i]);
+        if (!rc)
+            total += ss[i]->n_pages;
     }
-    if (total > INT32_MAX)
-        return -EINVAL;
-    if (indptr) {
-        indptr[0] = 0;
-        for (size_t i = 0; i < n; i++) {
-            (void)table_seq(pg, hs[i], &s);
-            indptr[i + 1] = indptr[i] + (int32_t)s->n_pages;
-        }
-    }
+    if (!rc && total > INT32_MAX)
+        rc = -EINVAL;
+    if (rc)
+        goto out;
+    indptr[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        indptr[i + 1] = indptr[i] + (int32_t)ss[i]->n_pages;
     if (total > cap)
-        return -ENOSPC;
-    for (size_t i = 0; i < n; i++) {
-        (void)table_seq(pg, hs[i], &s);
-        int rc = table_fill(pg, s, 0, s->n_pages, indices + indptr[i]);
-        if (rc)
-            return rc;
-        if (last_len)
-            last_len[i] = last_tokens(pg, s);
+        rc = -ENOSPC;
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = table_fill(pg, ss[i], 0, ss[i]->n_pages, indices + indptr[i]);
+        if (!rc && last_len)
+            last_len[i] = last_tokens(pg, ss[i]);
     }
-    return 0;
+out:
+    free(ss);
+    return rc;
 }
 
 void paging_view_counts(const struct paging *pg, uint64_t *maps, uint64_t *unmaps,
