@@ -402,21 +402,10 @@ class Context:
         if v is not None:
             return v
         self._check_viewable()
-        itemsize, npd, tdt, needs_view = _views.element_info(dtype)
-        n = 1
-        for x in shape:
-            n *= x
-        if n * itemsize != self.bytes_per_token:
-            raise InvalidArgument(22, "shape %s of %s is %d bytes per token, but the context "
-                                  "has bytes_per_token %d" % (shape, dtype, n * itemsize,
-                                                              self.bytes_per_token))
-        inner = []
-        acc = itemsize
-        for x in reversed(shape):
-            inner.insert(0, acc)
-            acc *= x
+        _, npd, tdt, inner = _element_strides(dtype, shape, self.bytes_per_token,
+                                              "the context has bytes_per_token %d per token")
         full_shape = (self.max_seqs, self.max_tokens) + shape
-        strides = (self.slot_bytes, self.bytes_per_token) + tuple(inner)
+        strides = (self.slot_bytes, self.bytes_per_token) + inner
         view = self._producer(self, self._bases[region], full_shape, strides, npd, tdt,
                               self._h_check)
         v = _views.numpy_view(view) if kind == "numpy" else self._consume(view, tdt)
@@ -472,21 +461,10 @@ class Context:
         base = c_u64()
         _call(L.kvvm_pool_base, self._h(), region, ctypes.byref(base))
         self._check_viewable()
-        itemsize, npd, tdt, _ = _views.element_info(dtype)
-        n = 1
-        for x in shape:
-            n *= x
-        if n * itemsize != self.page_size:
-            raise InvalidArgument(22, "block shape %s of %s is %d bytes, but a block is "
-                                  "page_size %d bytes" % (shape, dtype, n * itemsize,
-                                                          self.page_size))
-        inner = []
-        acc = itemsize
-        for x in reversed(shape):
-            inner.insert(0, acc)
-            acc *= x
+        _, npd, tdt, inner = _element_strides(dtype, shape, self.page_size,
+                                              "a block is page_size %d bytes")
         view = self._producer(self, base.value, (self.pool_blocks,) + shape,
-                              (self.page_size,) + tuple(inner), npd, tdt, self._h_check)
+                              (self.page_size,) + inner, npd, tdt, self._h_check)
         v = _views.numpy_view(view) if kind == "numpy" else self._consume(view, tdt)
         self._region_views[key] = v
         return v
@@ -539,6 +517,25 @@ class Context:
             raise NotSupported(95, "CUDA device memory cannot be a numpy array; use "
                                "region_tensor")
         return self._region_view(region, dtype, shape, "numpy")
+
+
+def _element_strides(dtype, shape, nbytes, what):
+    """(itemsize, numpy dtype, torch dtype, strides of shape's C order) for elements of
+    dtype filling nbytes; InvalidArgument when prod(shape) * itemsize is not nbytes (what
+    names the unit, e.g. "bytes_per_token %d")."""
+    itemsize, npd, tdt, _ = _views.element_info(dtype)
+    n = 1
+    for x in shape:
+        n *= x
+    if n * itemsize != nbytes:
+        raise InvalidArgument(22, "shape %s of %s is %d bytes, but %s" % (
+            shape, dtype, n * itemsize, what % nbytes))
+    inner = []
+    acc = itemsize
+    for x in reversed(shape):
+        inner.insert(0, acc)
+        acc *= x
+    return itemsize, npd, tdt, tuple(inner)
 
 
 def _int32_out(a):
@@ -809,22 +806,11 @@ class Sequence:
             raise InvalidArgument(22, "region %d is outside [0, %d)"
                                   % (region, self.ctx.n_regions))
         shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-        itemsize, npd, tdt, _ = _views.element_info(dtype)
-        n = 1
-        for x in shape:
-            n *= x
-        if n * itemsize != self.ctx.bytes_per_token:
-            raise InvalidArgument(22, "shape %s of %s is %d bytes per token, but the context "
-                                  "has bytes_per_token %d" % (shape, dtype, n * itemsize,
-                                                              self.ctx.bytes_per_token))
-        inner = []
-        acc = itemsize
-        for x in reversed(shape):
-            inner.insert(0, acc)
-            acc *= x
+        _, npd, tdt, inner = _element_strides(dtype, shape, self.ctx.bytes_per_token,
+                                              "the context has bytes_per_token %d per token")
         epoch = self._epoch
         view = self.ctx._producer(self, self.addr(region), (self.ctx.max_tokens,) + shape,
-                                  (self.ctx.bytes_per_token,) + tuple(inner), npd, tdt,
+                                  (self.ctx.bytes_per_token,) + inner, npd, tdt,
                                   lambda: self._check_fresh(epoch), self.wait_stream)
         return view, tdt
 
