@@ -362,6 +362,8 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
         seq_use(pg, src);
         seq_use(pg, dst);
     }
+    if (!dst->out)
+        view_fork(pg, dst, src, whole);     /* the whole blocks: the same frames, ids */
     dst->n_pages = whole + (rem ? 1 : 0);
     dst->length = n_tokens;
     return 0;

@@ -191,6 +191,17 @@ Test(view, copy_on_write_gives_a_new_id)
     table(&t, p.h, 3, pb);
     cr_expect_neq(pb[1], pa[1], "prepare_write's copy kept the block's id");
     cr_expect_eq(pb[0], pa[0]);
+    /* share: the whole blocks keep their ids, the copied partial block has its own */
+    struct sh d;
+    sh_create(&t, &d);
+    sh_share(&t, &d, &p, 10);
+    int32_t da[3];
+    table(&t, d.h, 3, da);
+    table(&t, p.h, 3, pb);
+    cr_expect(da[0] == pb[0] && da[1] == pb[1], "a share's whole blocks have other ids");
+    cr_expect_neq(da[2], pb[2], "a share's copied partial block has the source's id");
+    verify_view(&t, &d, "shared");
+    sh_free(&t, &d);
     /* a grow into the shared partial block 2 */
     sh_grow_fill(&t, &k, 11, 4);
     table(&t, k.h, 3, kb);
