@@ -390,8 +390,11 @@ int view_break_group(struct paging *pg)
 
 void view_break_all(struct paging *pg)
 {
+    if (!pg->view.n_groups)
+        return;
     while (!view_break_group(pg))
         ;
+    reap_dead(pg);      /* unmapped now: a release (trim, budget) then frees the memory */
 }
 
 /* ---- release paths ------------------------------------------------------------------ */

@@ -417,6 +417,39 @@ Test(view, with_the_frame_pool_thread)
     tclose(&t);
 }
 
+/* kvvm_trim gives back the frames of the prepared groups too, unmapped at once: the driver
+   holds nothing afterwards (no handle kept alive by a view mapping). */
+Test(view, trim_releases_prepared_groups)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    vcfg(&c, true, false);
+    topen(&t, &c);
+    struct sh s;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 9, 1);
+    int32_t ids[3];
+    table(&t, s.h, 3, ids);
+    sh_free(&t, &s);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);           /* groups prepared again */
+    cr_assert_eq(kvvm_trim(t.kv, 0), 0);
+    struct emu_counters e;
+    cr_assert_eq(emu_counters_get(t.ord, &e), 0);
+    cr_expect_eq(e.handles, 0, "%lu handles left after a trim", (unsigned long)e.handles);
+    cr_expect_eq(e.mappings, 0, "%lu mappings left after a trim", (unsigned long)e.mappings);
+    tcheck(&t, "after the trim");
+    struct sh u;                                /* and it works again */
+    sh_create(&t, &u);
+    sh_grow_fill(&t, &u, 6, 2);
+    table(&t, u.h, 2, ids);
+    sh_verify(&t, &u, "after the trim");
+    tcheck(&t, "end");
+    sh_free(&t, &u);
+    tclose(&t);
+}
+
 /* ---- the engine's hot path ---------------------------------------------------------- */
 
 /* The driver calls counted on device ord since its counters' reset. */
