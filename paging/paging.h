@@ -527,9 +527,6 @@ int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, in
    taking one gives its new block an id already mapped. Best effort (stops at the first
    refusal, leaving nothing half done); a no-op without a pool view. */
 void paging_view_prepare(struct paging *pg);
-/* View slot mappings made / removed so far, ids live now (tests, stats). */
-void paging_view_counts(const struct paging *pg, uint64_t *maps, uint64_t *unmaps,
-                        uint32_t *live);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

@@ -188,7 +188,6 @@ struct pg_view {
     uint32_t n_free, n_dead, n_groups;
     uint32_t want;         /* groups to keep prepared */
     uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
-    uint64_t maps, unmaps; /* view slot mappings made / removed (tests, counters) */
 };
 
 struct paging {

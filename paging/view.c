@@ -81,7 +81,6 @@ static bool slot_unmap(struct paging *pg, uint32_t id, uint32_t r)
         return true;
     if (vmm_unmap(pg->v, view_va(pg, r, id), pg->p.page_size) && !vmm_dead(pg->v))
         return false;
-    pg->view.unmaps++;
     if (sl->st == VS_ZOMBIE)
         pg->view.ids[id].zombies--;
     memset(sl, 0, sizeof *sl);
@@ -243,7 +242,6 @@ static int group_map(struct paging *pg, uint32_t id, const pg_frame_id *f)
         rc = vmm_map_run(pg->v, view_va(pg, r, id), &fr->h, 1, pg->p.page_size);
         if (rc)
             break;
-        pg->view.maps++;
         *vslot(pg, id, r) = (struct pg_vslot){ fr->h, f[r], fr->gen, VS_MAPPED };
     }
     if (!rc)
@@ -607,12 +605,4 @@ int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, in
 out:
     free(ss);
     return rc;
-}
-
-void paging_view_counts(const struct paging *pg, uint64_t *maps, uint64_t *unmaps,
-                        uint32_t *live)
-{
-    *maps = pg->view.maps;
-    *unmaps = pg->view.unmaps;
-    *live = pg->view.n_ids ? pg->view.n_ids - pg->view.n_free - pg->view.n_dead : 0;
 }
