@@ -47,19 +47,30 @@ static const uint8_t *view_bytes(struct tctx *t, uint32_t r, int32_t id)
 
 /* Every block of s reads through the pool view, at its id in every region, what the
    shadow says the window holds. */
-static void verify_view(struct tctx *t, struct sh *s, const char *where)
+static void verify_view_from(struct tctx *t, struct sh *s, uint64_t kept, const char *where)
 {
     uint32_t nb = (uint32_t)((s->len + TPB - 1) / TPB);
     int32_t ids[64];
     table(t, s->h, nb, ids);
     for (uint32_t b = 0; b < nb; b++) {
         uint64_t end = (b + 1) * TPB < s->len ? (b + 1) * TPB : s->len;
-        size_t n = (size_t)(end - b * TPB) * BPT;
+        uint64_t from = b * TPB > kept ? b * TPB : kept;
+        if ((b + 1) * TPB <= kept)              /* discarded in every region */
+            cr_expect_eq(ids[b], -1, "%s: discarded block %u has id %d", where, b, ids[b]);
+        if (from >= end)                        /* no token of it is kept */
+            continue;
+        size_t off = (size_t)(from - b * TPB) * BPT, n = (size_t)(end - from) * BPT;
         for (uint32_t r = 0; r < NR; r++)
-            cr_expect_eq(memcmp(view_bytes(t, r, ids[b]), s->exp[r] + (size_t)b * KB, n), 0,
+            cr_expect_eq(memcmp(view_bytes(t, r, ids[b]) + off,
+                                s->exp[r] + (size_t)b * KB + off, n), 0,
                          "%s: block %u (id %d) of region %u differs through the pool view",
                          where, b, ids[b], r);
     }
+}
+
+static void verify_view(struct tctx *t, struct sh *s, const char *where)
+{
+    verify_view_from(t, s, 0, where);
 }
 
 static uint32_t n_ids(struct tctx *t)
@@ -473,12 +484,14 @@ static void random_ops(bool thread, uint64_t seed)
     topen(&t, &c);
     struct sh s[4];
     bool live[4] = { false };
+    uint64_t kept[4] = { 0 };   /* first_kept (every region): blocks below read nothing */
     uint32_t lin = 1;
     for (int op = 0; op < 300; op++) {
-        int i = (int)(rnd(&seed) % 4), k = (int)(rnd(&seed) % 8);
+        int i = (int)(rnd(&seed) % 4), k = (int)(rnd(&seed) % 9);
         if (!live[i]) {
             sh_create(&t, &s[i]);
             live[i] = true;
+            kept[i] = 0;
             continue;
         }
         uint64_t len = s[i].len;
@@ -497,9 +510,10 @@ static void random_ops(bool thread, uint64_t seed)
             if (j < 4) {
                 sh_fork(&t, &s[i], &s[j]);
                 live[j] = true;
+                kept[j] = kept[i];
             }
-        } else if (k == 3 && len) {                         /* write (copy-on-write) */
-            uint64_t tok = rnd(&seed) % len;
+        } else if (k == 3 && len > kept[i]) {               /* write (copy-on-write) */
+            uint64_t tok = kept[i] + rnd(&seed) % (len - kept[i]);
             sh_write(&t, &s[i], rnd(&seed) % NR, tok * BPT, BPT, lin++);
         } else if (k == 4 && len) {                         /* truncate */
             uint64_t to = rnd(&seed) % len;
@@ -507,6 +521,12 @@ static void random_ops(bool thread, uint64_t seed)
             for (uint32_t r = 0; r < NR; r++)
                 memset(s[i].exp[r] + to * BPT, 0, (len - to) * BPT);
             s[i].len = to;
+            if (kept[i] > to)
+                kept[i] = to;
+        } else if (k == 7 && len > kept[i]) {               /* discard (every region) */
+            uint64_t fk = kept[i] + rnd(&seed) % (len - kept[i] + 1);
+            cr_assert_eq(kvvm_seq_discard(t.kv, s[i].h, KVVM_ALL_REGIONS, fk), 0);
+            kept[i] = fk;
         } else if (k == 5) {                                /* swap out and in */
             int rc = kvvm_seq_swap_out(t.kv, s[i].h);
             cr_assert(rc == 0 || rc == -ENOMEM, "swap_out: %d", rc);
@@ -524,7 +544,7 @@ static void random_ops(bool thread, uint64_t seed)
         }
         for (int j = 0; j < 4; j++)
             if (live[j])
-                verify_view(&t, &s[j], "random op");
+                verify_view_from(&t, &s[j], kept[j], "random op");
         if (op % 10 == 0)
             tcheck(&t, "random op");
     }
