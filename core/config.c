@@ -79,8 +79,9 @@ static const struct { const char *name; unsigned bit; } flag_names[] = {
     { "auto_swap", KVVM_F_AUTO_SWAP }, { "scrub", KVVM_F_SCRUB },
     { "spill_allow_tmpfs", KVVM_F_SPILL_ALLOW_TMPFS },
     { "spill_buffered", KVVM_F_SPILL_BUFFERED }, { "cache_demote", KVVM_F_CACHE_DEMOTE },
+    { "pool_view", KVVM_F_POOL_VIEW },
 };
-#define FLAG_LIST "auto_swap, scrub, spill_allow_tmpfs, spill_buffered, cache_demote"
+#define FLAG_LIST "auto_swap, scrub, spill_allow_tmpfs, spill_buffered, cache_demote, pool_view"
 
 /* Parses KVVM_FLAGS: a number, or names joined by ',', '|', '+' or ' '. -EINVAL with the
    first bad name in bad[] (when not NULL). */
@@ -280,11 +281,11 @@ int config_check(const struct kvvm_config *c)
     if (c->max_tokens < 1)
         BAD("max_tokens must be >= 1");
 #define KNOWN_FLAGS (KVVM_F_AUTO_SWAP | KVVM_F_SCRUB | KVVM_F_SPILL_ALLOW_TMPFS | \
-                     KVVM_F_SPILL_BUFFERED | KVVM_F_CACHE_DEMOTE)
+                     KVVM_F_SPILL_BUFFERED | KVVM_F_CACHE_DEMOTE | KVVM_F_POOL_VIEW)
     if (c->flags & ~KNOWN_FLAGS)
         BAD("flags 0x%x has unknown bits 0x%x; known: KVVM_F_AUTO_SWAP (0x1), KVVM_F_SCRUB "
             "(0x2), KVVM_F_SPILL_ALLOW_TMPFS (0x4), KVVM_F_SPILL_BUFFERED (0x8), "
-            "KVVM_F_CACHE_DEMOTE (0x10)", c->flags,
+            "KVVM_F_CACHE_DEMOTE (0x10), KVVM_F_POOL_VIEW (0x20)", c->flags,
             c->flags & ~KNOWN_FLAGS);
     if (c->max_tokens > UINT64_MAX / c->bytes_per_token)
         BAD("max_tokens * bytes_per_token overflows");

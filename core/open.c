@@ -199,14 +199,45 @@ int core_budget_fits(kvvm *kv, size_t b)
     return -ENOMEM;
 }
 
+/* The pool view's ids (KVVM_F_POOL_VIEW; 0 without): every block a block table can name
+   (max_seqs * pages per slot) and room for ids waiting for their unmap (paging/view.c),
+   one per n_regions frames the device can hold. Its bytes go at the reservation's end. */
+static int open_view_ids(kvvm *kv, uint64_t cap, uint64_t *ids, uint64_t *reserve)
+{
+    struct kvvm_config *c = &kv->cfg;
+    *ids = 0;
+    if (!(c->flags & KVVM_F_POOL_VIEW))
+        return 0;
+    *ids = (uint64_t)c->max_seqs * (kv->slot_bytes / c->page_size) + cap / c->n_regions + 1;
+    uint64_t bytes = *ids * c->page_size * c->n_regions;
+    if (*ids > INT32_MAX || bytes / c->n_regions / c->page_size != *ids ||
+        *reserve + bytes > (1ull << 47))
+        return kerr(-EINVAL, "kvvm_open: the pool view (%llu block ids of %zu bytes in %u "
+                    "regions) is larger than the address space allows: lower max_seqs or "
+                    "max_tokens", (unsigned long long)*ids, c->page_size, c->n_regions);
+    *reserve += bytes;
+    return 0;
+}
+
 static int open_layout(kvvm *kv)
 {
     struct kvvm_config *c = &kv->cfg;
-    uint64_t reserve;
+    uint64_t reserve, view_ids;
     int rc = config_layout(c, vmm_granule(kv->v), &kv->slot_bytes, &reserve);
     if (rc)
         return rc;
     rc = open_budget(kv);
+    if (rc)
+        return rc;
+    uint64_t frames = c->device_budget / c->page_size;
+    /* the budget may grow up to the device's capacity (kvvm_set_budget) */
+    uint64_t cap = vmm_device_bytes(kv->v) / c->page_size;
+    if (cap > UINT32_MAX / 2)
+        cap = UINT32_MAX / 2;
+    if (cap < frames)
+        cap = frames;
+    uint64_t windows = reserve;
+    rc = open_view_ids(kv, cap, &view_ids, &reserve);
     if (rc)
         return rc;
     rc = vmm_reserve(kv->v, reserve, &kv->base);
@@ -215,7 +246,6 @@ static int open_layout(kvvm *kv)
                    (unsigned long long)reserve, rc);
         return rc;
     }
-    uint64_t frames = c->device_budget / c->page_size;
     struct host_params hp = { .budget = c->host_budget, .page_size = c->page_size };
     rc = host_arena_open(kv->v, &hp, &kv->host);
     if (rc) {
@@ -230,12 +260,6 @@ static int open_layout(kvvm *kv)
     /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
     uint64_t slots = host_slots_total(kv->host) +
                      (c->spill_dir ? c->spill_budget / c->page_size : 0);
-    /* the budget may grow up to the device's capacity (kvvm_set_budget) */
-    uint64_t cap = vmm_device_bytes(kv->v) / c->page_size;
-    if (cap > UINT32_MAX / 2)
-        cap = UINT32_MAX / 2;
-    if (cap < frames)
-        cap = frames;
     struct paging_params pp = {
         .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
         .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
@@ -243,6 +267,7 @@ static int open_layout(kvvm *kv)
         .cap_frames = (uint32_t)cap,
         .max_pages = (uint32_t)(cap + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
+        .view_ids = (uint32_t)view_ids, .view_base = kv->base + windows,
         .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
         .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
         .disk = kv->spill ? &kv->disk_ops : NULL,

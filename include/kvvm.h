@@ -112,6 +112,8 @@ struct kvvm_config {
 #define KVVM_F_CACHE_DEMOTE      (1u << 4) /* reclaim demotes CACHED sequences to host/disk
                                               when the tiers below have room, instead of
                                               dropping them (see kvvm_seq_set_class) */
+#define KVVM_F_POOL_VIEW         (1u << 5) /* every region also has a pool view: block
+                                              tables for paged kernels ("Two views") */
 
 /* Defaults for every field, then KVVM_* environment overrides (sizes take K/M/G suffixes;
    unknown or malformed values are logged and ignored); the engine's own assignments after
@@ -436,6 +438,38 @@ typedef void (*kvvm_log_fn)(int level, const char *msg, void *arg);
 /* Process-wide (every context). Default: stderr at warnings; KVVM_LOG=debug|info|warn|
    error|off. fn NULL = stderr. fn runs on the thread that logs (a caller's or a library
    thread), one message at a time, and must not call libkvvm. */
+/* ---- Two views of one pool: block tables for paged-attention kernels (0.3) ----
+   With KVVM_F_POOL_VIEW (off by default: it maps every frame a second time), every region
+   also has a pool view: block id i of region r is at kvvm_pool_base(r) + i * page_size and
+   holds the same physical page as the contiguous window of the sequence(s) using it — no
+   copy: bytes written through either view are the bytes read through the other. A block
+   (the token range one page holds in every region: block b of a sequence is its tokens
+   [b * T, (b + 1) * T), T = page_size / bytes_per_token) has ONE id, the same in every
+   region (one block table for all layers: vLLM, FlashInfer, FlashAttention). Creating the
+   mappings never costs a grow anything: a grow makes no more driver calls on the engine's
+   thread with the view than without it (docs/api.md "Two views of one pool"). */
+/* Device address of region r's pool view. -EOPNOTSUPP without KVVM_F_POOL_VIEW, -EINVAL
+   NULL or region out of range. Fixed at open. */
+KVVM_API int kvvm_pool_base(kvvm *kv, uint32_t region, uint64_t *addr);
+/* Every id is < *n_ids (fixed at open). -EOPNOTSUPP, -EINVAL NULL. */
+KVVM_API int kvvm_pool_blocks(kvvm *kv, uint32_t *n_ids);
+/* ids[i] = the id of block first + i (first + n <= blocks covering the length); -1 for a
+   block discarded in every region (one discarded in some regions keeps its id; its bytes
+   in those regions are gone). The ids stay valid while s is resident and unchanged: a
+   grow onto a new block adds ids; copy-on-write (write, prepare_write, grow into a shared
+   partial block) gives that block a new id; swap-out, discard, truncate and free end
+   them. Device work may use them under the same protection rule as addresses. -ENOENT,
+   -EINVAL (NULL, range past the blocks), -EAGAIN s is not resident (swap it in first),
+   -EOPNOTSUPP no pool view, -ESTALE a dropped CACHED sequence, -ENOMEM, -EIO. */
+KVVM_API int kvvm_seq_block_table(kvvm *kv, kvvm_seq s, uint32_t first, uint32_t n,
+                                  int32_t *ids);
+/* FlashInfer's CSR form for a batch: indptr[0] = 0, indptr[i + 1] = indptr[i] + the blocks
+   of seqs[i]; indices[indptr[i] ..] its ids; last_len[i] (may be NULL) the tokens in its
+   last block (1..T; 0 for an empty sequence). -ENOSPC cap too small (indptr is then
+   filled, and indptr[n] says how many are needed); else errors as kvvm_seq_block_table. */
+KVVM_API int kvvm_batch_block_table(kvvm *kv, const kvvm_seq *seqs, size_t n, int32_t *indptr,
+                                    int32_t *indices, size_t cap, int32_t *last_len);
+
 KVVM_API void kvvm_set_log(kvvm_log_fn fn, void *arg, int level);
 KVVM_API const char *kvvm_strerror(int err);
 /* The reason of the calling thread's last failed call, in words (which argument and why, or

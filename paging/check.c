@@ -24,6 +24,8 @@ struct ck {
     uint32_t *offs;       /* expected non-resident entries per page id - 1 */
     uint32_t *jobs;       /* expected transfer-job references per page id - 1 */
     uint64_t mapped;      /* window pages expected mapped */
+    uint64_t linger;      /* pool view slots mapping a handle the pool released (the driver
+                             frees it at the slot's unmap: counted among its handles) */
 };
 
 static int fail(struct ck *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -308,6 +310,106 @@ static int ck_slots(struct ck *k)
     return 0;
 }
 
+/* The block-table entries naming each id (pg_seq.bid): only a live resident sequence's
+   blocks below its length hold ids. */
+static int ck_view_holders(struct ck *k, uint32_t *cnt)
+{
+    struct paging *pg = k->pg;
+    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (!s->bid) {
+            if (s->live)
+                return fail(k, "slot %u is live without pool view ids", i);
+            continue;
+        }
+        for (uint32_t b = 0; b < pg->pages_per_slot; b++) {
+            uint32_t id1 = s->bid[b];
+            if (!id1)
+                continue;
+            if (!s->live || s->out || b >= s->n_pages || id1 > pg->view.n_ids)
+                return fail(k, "slot %u block %u names pool view id %u (live %u, out %u, "
+                            "%u blocks)", i, b, id1 - 1, s->live, s->out, s->n_pages);
+            cnt[id1 - 1]++;
+        }
+    }
+    return 0;
+}
+
+/* One id: its state against its holders and lists, each slot against the driver. */
+static int ck_view_id(struct ck *k, uint32_t id, uint32_t holders)
+{
+    struct paging *pg = k->pg;
+    const struct pg_vid *v = &pg->view.ids[id];
+    uint32_t zombies = 0;
+    if (v->state == VID_LIVE ? v->refs != holders || !holders : holders || v->refs)
+        return fail(k, "pool view id %u (state %u) has refs %u, %u holders", id, v->state,
+                    v->refs, holders);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        const struct pg_vslot *sl = &pg->view.slot[(size_t)id * pg->p.n_regions + r];
+        uint64_t va = pg->view.base + ((uint64_t)r * pg->view.n_ids + id) * pg->p.page_size;
+        int rc = 0;
+        if (sl->st == VS_UNMAPPED) {
+            rc = ck_unmapped(k, va, "an unmapped pool view slot");
+        } else if (v->state == VID_FREE) {
+            rc = fail(k, "free pool view id %u maps region %u", id, r);
+        } else {
+            const struct pg_frame *f = frame_at(pg, sl->f);
+            k->linger += f->gen != sl->gen || f->state == FR_NONE;
+            zombies += sl->st == VS_ZOMBIE;
+            rc = ck_mapped(k, va, sl->h, "pool view slot");
+            if (!rc && v->state == VID_READY &&
+                (f->state != FR_AHEAD || f->grp != id + 1 || f->gen != sl->gen))
+                rc = fail(k, "prepared pool view group %u: frame %u of region %u is in state "
+                          "%u, group %u", id, sl->f.v, r, f->state, f->grp);
+        }
+        if (!rc && v->state == VID_READY && sl->st != VS_MAPPED)
+            rc = fail(k, "prepared pool view group %u does not map region %u", id, r);
+        if (rc)
+            return rc;
+    }
+    if (zombies != v->zombies)
+        return fail(k, "pool view id %u has %u zombie slots, counted %u", id, zombies,
+                    v->zombies);
+    return 0;
+}
+
+/* The pool view (view.c): the ids' states, lists and holders, their mappings. */
+static int ck_view(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    struct pg_view *w = &pg->view;
+    if (!w->n_ids)
+        return 0;
+    uint32_t *cnt = calloc(w->n_ids, sizeof *cnt);
+    if (!cnt)
+        return -ENOMEM;
+    uint32_t n_free = 0, n_dead = 0, live = 0, groups = 0;
+    int rc = ck_view_holders(k, cnt);
+    for (uint32_t id = w->ready_head; !rc && id && groups <= w->n_ids; id = w->ids[id - 1].next)
+        groups += w->ids[id - 1].state == VID_READY ? 1 : w->n_ids + 1;
+    for (uint32_t i = 0; !rc && i < pg->cap_frames; i++) {
+        uint32_t g = pg->frames[i].grp;
+        if (g && (g > w->n_ids || w->ids[g - 1].state != VID_READY))
+            rc = fail(k, "frame %u belongs to pool view group %u, which is not prepared",
+                      i + 1, g - 1);
+    }
+    for (uint32_t id = w->free_head; !rc && id && n_free <= w->n_ids; id = w->ids[id - 1].next)
+        n_free += w->ids[id - 1].state == VID_FREE ? 1 : w->n_ids + 1;
+    for (uint32_t id = w->dead_head; !rc && id && n_dead <= w->n_ids; id = w->ids[id - 1].next)
+        n_dead += w->ids[id - 1].state == VID_DEAD ? 1 : w->n_ids + 1;
+    for (uint32_t id = 0; !rc && id < w->n_ids; id++) {
+        live += w->ids[id].state == VID_LIVE;
+        rc = ck_view_id(k, id, cnt[id]);
+    }
+    if (!rc && (n_free != w->n_free || n_dead != w->n_dead || groups != w->n_groups ||
+                n_free + n_dead + live + groups != w->n_ids))
+        rc = fail(k, "pool view ids: %u free (%u), %u dead (%u), %u prepared (%u), %u live, "
+                  "of %u", n_free, w->n_free, n_dead, w->n_dead, groups, w->n_groups, live,
+                  w->n_ids);
+    free(cnt);
+    return rc;
+}
+
 static int ck_driver(struct ck *k)
 {
     struct paging *pg = k->pg;
@@ -322,7 +424,7 @@ static int ck_driver(struct ck *k)
     pthread_mutex_lock(&pg->feed.mu);
     int crc = vmm_debug_objects(pg->v, &c);
     uint64_t lo = (uint64_t)pg->n_held + pg->feed.n_in;
-    uint64_t hi = lo + pg->feed.creating + pg->feed.releasing;
+    uint64_t hi = lo + pg->feed.creating + pg->feed.releasing + k->linger;
     pthread_mutex_unlock(&pg->feed.mu);
     if (crc)
         return fail(k, "vmm_debug_objects failed: %d", crc);
@@ -340,7 +442,7 @@ int paging_check(struct paging *pg, char *why, size_t len)
 {
     struct vmm_debug_objects probe;
     struct ck k = { pg, why, len, vmm_debug_objects(pg->v, &probe) != -EOPNOTSUPP, NULL, NULL,
-                    NULL, 0 };
+                    NULL, 0, 0 };
     size_t np = pg->p.max_pages ? pg->p.max_pages : 1;
     k.refs = calloc(3 * np, sizeof *k.refs);
     if (!k.refs)
@@ -354,6 +456,8 @@ int paging_check(struct paging *pg, char *why, size_t len)
         rc = ck_defer(&k);
     if (!rc)
         rc = ck_pages(&k);
+    if (!rc)
+        rc = ck_view(&k);
     if (!rc)
         rc = ck_driver(&k);
     free(k.refs);

@@ -130,11 +130,9 @@ static int fence_after_step(struct paging *pg, struct pg_seq *s, struct pg_defer
     return rc;
 }
 
-int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
-                         uint32_t end, bool lib)
+static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
+                          uint32_t end, bool lib)
 {
-    if (first >= end)
-        return 0;
     uint32_t n = end - first;
     size_t np = (size_t)n * pg->p.n_regions;
     struct pg_defer *d = malloc(sizeof *d + np * sizeof d->pages[0]);
@@ -176,6 +174,17 @@ out_fence:
     vmm_fence_destroy(pg->v, &d->fence);
 out_free:
     free(d);
+    return rc;
+}
+
+int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
+                         uint32_t end, bool lib)
+{
+    if (first >= end)
+        return 0;
+    int rc = release_region(pg, s, region, first, end, lib);
+    if (!rc)        /* the pool view's ids go under the same fence rule (view.c) */
+        view_release(pg, s, region, first, end);
     return rc;
 }
 

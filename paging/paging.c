@@ -77,10 +77,14 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     }
     pg->slot_free_head = 1;
     rc = pool_init(pg);
+    if (!rc && (rc = view_init(pg)) != 0)
+        pool_fini(pg);
     if (rc)
         goto out_free;
     if (p->prealloc || !p->feed)
         pool_refill(pg, p->prealloc ? p->max_frames : pg->chunk);
+    if (!p->feed)
+        paging_view_prepare(pg);
     if (p->prealloc && pg->n_held < p->max_frames && !vmm_dead(v)) {
         rc = -ENOMEM;
         goto out_pool;
@@ -92,6 +96,7 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     *out = pg;
     return 0;
 out_pool:
+    view_fini(pg);
     pool_fini(pg);
 out_free:
     free(pg->seqs);
@@ -117,6 +122,7 @@ void paging_destroy(struct paging *pg)
             defer_release(pg, s, 0, s->n_pages);
         }
         free(s->bt);
+        free(s->bid);
         free(s->ahead);
         free(s->kept);
     }
@@ -128,6 +134,7 @@ void paging_destroy(struct paging *pg)
         vmm_fence_destroy(pg->v, &pg->copy_fence);
     if (pg->copy_stream)
         vmm_stream_destroy(pg->v, pg->copy_stream);
+    view_fini(pg);                  /* every view slot unmapped before the frames go */
     pool_fini(pg);
     free(pg->seqs);
     free(pg);

@@ -129,6 +129,10 @@ struct paging_params {
                                     (paging_feed_attach): no first chunk created here */
     bool     prealloc;           /* create every frame of max_frames now (-ENOMEM when the
                                     device cannot give them all) */
+    uint32_t view_ids;           /* pool view (KVVM_F_POOL_VIEW): block ids per region; 0 =
+                                    no pool view */
+    uint64_t view_base;          /* its base: region r's view at view_base + r * view_ids *
+                                    page_size (inside the reservation, after the scratch) */
     const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
     const struct pg_disk_ops *disk; /* NULL: no disk tier (needs a host tier) */
 };
@@ -562,6 +566,33 @@ int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32
    references on ids[0..n), or taking that back (d = -1, last added first): the device frames
    the drop frees given the moves planned before it (every reference gone, none kept). */
 uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, int d);
+
+/* ---- the pool view (view.c) ----
+ * With view_ids > 0 every region also has a pool view: block id i of region r at
+ * paging_pool_base(r) + i * page_size maps the frame of the page of every block whose id is
+ * i in that region (ids are the same in every region). A block's id is made (its slots
+ * mapped) when a block table first names it, and kept while the block's frames stay the
+ * same; forks share ids; a block whose frames change (copy-on-write, a refilled hole,
+ * swap-in) gets a new id; swap-out, free, truncate and discard let ids go. A let-go id is
+ * unmapped only when no device work may use it any more (the rule of window releases).
+ * Errors: -EOPNOTSUPP no pool view. */
+int paging_pool_base(const struct paging *pg, uint32_t region, uint64_t *addr);
+int paging_pool_blocks(const struct paging *pg, uint32_t *n_ids);
+/* ids[i] = the id of block first + i (-1: a hole in every region). -ENOENT, -EINVAL (first
+   + n past the blocks, ids NULL with n > 0), -EAGAIN s not resident, -ESTALE dropped,
+   -ENOMEM no free id, -EIO (a mapping failed: ids of blocks that were unchanged are
+   unchanged). */
+int paging_seq_block_table(struct paging *pg, uint64_t h, uint32_t first, uint32_t n,
+                           int32_t *ids);
+/* FlashInfer's CSR form (docs/api.md): indptr[n + 1], indices[cap], last_len[n] (NULL: not
+   wanted). -ENOSPC cap too small (indptr filled); else as paging_seq_block_table. */
+int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, int32_t *indptr,
+                             int32_t *indices, size_t cap, int32_t *last_len);
+/* Prepares groups ahead (context lock held; off the grow path: the frame pool thread's
+   round, a step, create): n_regions ready frames each, mapped at a free id, so a grow
+   taking one gives its new block an id already mapped. Best effort (stops at the first
+   refusal, leaving nothing half done); a no-op without a pool view. */
+void paging_view_prepare(struct paging *pg);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

@@ -18,6 +18,7 @@
  *   disk.c   the disk tier's mechanism: page writes and reads, their completions, damage
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
+ *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
@@ -42,6 +43,10 @@ struct pg_frame {
     pg_page_id page;       /* FR_USED: the page id it holds */
     uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by
                               the pool thread); pool_rollback releases those above a mark */
+    uint32_t   gen;        /* bumped when the id gives up its handle (frame_forget): a pool
+                              view slot names (frame, gen), so a new handle under a recycled
+                              frame id never passes for the one it mapped */
+    uint32_t   grp;        /* FR_AHEAD in a prepared pool view group: its id + 1 (view.c) */
 };
 
 /* The pool's feed (pool.c): frames created and released off the caller's thread by the
@@ -144,6 +149,50 @@ struct pg_seq {
     uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
                               last page; the next grow over them zeroes them (seq.c,
                               tail_scrub), so it does not grow in place */
+    uint32_t *bid;         /* pool view only (view.c): pages_per_slot block ids + 1 (0 = none
+                              yet); made with bt. Held only while resident */
+};
+
+/* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
+   page_size. An id is a tuple of frames, one per region (a hole: none), mapped at its place
+   in each region's view; sequences name ids in pg_seq.bid, shared by forks. An id whose
+   last holder lets go is DEAD: its mappings stay until no device work may use it (its
+   death's epoch is quiet, or a synchronization came after it), then it is unmapped and FREE.
+   A slot of a LIVE id whose region its only holder discarded is a zombie: mapped, waiting
+   for the same condition. A READY id is a prepared group: n_regions frames taken off the
+   ready list (FR_AHEAD: free for accounting, stolen back when the pool runs short), mapped
+   ahead at its slots off the grow path, so a grow that takes it gives its new block an id
+   whose mappings exist. */
+enum { VID_FREE = 0, VID_LIVE, VID_DEAD, VID_READY };
+enum { VS_UNMAPPED = 0, VS_MAPPED, VS_ZOMBIE };
+struct pg_vid {
+    uint32_t refs;         /* LIVE: pg_seq.bid entries naming it */
+    uint8_t  state;        /* VID_* */
+    uint8_t  in_zq;        /* on view.zq (it had zombie slots) */
+    uint8_t  used;         /* a block table handed it out (device work may use it: a dead
+                              id that never was is unmapped without waiting) */
+    uint32_t zombies;      /* VS_ZOMBIE slots */
+    uint32_t next;         /* FREE / DEAD / READY list: next id + 1 (0: end) */
+    uint64_t dead_epoch;   /* DEAD (or the latest zombie): pg->epoch then */
+    uint64_t dead_sync;    /*   and pg->n_syncs then */
+};
+struct pg_vslot {
+    vmm_handle  h;         /* mapped handle (VS_MAPPED, VS_ZOMBIE) */
+    pg_frame_id f;         /* its frame then, */
+    uint32_t    gen;       /*   and that frame's generation */
+    uint8_t     st;        /* VS_* */
+};
+struct pg_view {
+    uint32_t n_ids;        /* 0: no pool view */
+    uint64_t base;
+    struct pg_vid *ids;    /* n_ids */
+    struct pg_vslot *slot; /* n_ids * n_regions, id-major */
+    uint32_t free_head;    /* id + 1 */
+    uint32_t dead_head;    /* id + 1 */
+    uint32_t ready_head;   /* prepared groups (READY), id + 1 */
+    uint32_t n_free, n_dead, n_groups;
+    uint32_t want;         /* groups to keep prepared */
+    uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
 };
 
 struct paging {
@@ -211,6 +260,8 @@ struct paging {
 
     struct paging_counters c;
     struct paging_why why;     /* the current call's refusals (paging_why) */
+    uint64_t n_syncs;          /* device / engine-stream synchronizations so far (view.c) */
+    struct pg_view view;       /* the pool view (view.c); view.n_ids 0: none */
 };
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
@@ -275,6 +326,8 @@ static inline uint32_t handle_gen(uint64_t h) { return (uint32_t)(h >> 32); }
 /* pool.c */
 int  pool_init(struct paging *pg);
 void pool_fini(struct paging *pg);
+/* Asks the frame pool thread for a round (once until its next plan). */
+void pool_feed_ask(struct paging *pg);
 /* Frames available without moving data: ready + uncreated + ahead. */
 uint32_t pool_available(const struct paging *pg);
 /* Takes n frames (ready first, then created, then stolen from map-ahead) into out; all or
@@ -588,6 +641,35 @@ int  pg_finish_copy(struct paging *pg);
 /* Waits until device work enqueued so far that may touch the window is done. */
 int  pg_wait_engine(struct paging *pg);
 void seq_slot_release(struct paging *pg, struct pg_seq *s);
+
+/* view.c (no-ops without a pool view) */
+int  view_init(struct paging *pg);
+/* After the device is synchronized: unmaps every view slot, frees the tables. */
+void view_fini(struct paging *pg);
+/* s's block-table entries [first, end) of region (UINT32_MAX: every region) are released
+   (the block-table entries are cleared by the caller): the ids of blocks left with no page
+   in any region are let go; a block keeping pages in other regions keeps its id, whose slot
+   of that region is unmapped when no device work may use it (when s alone holds the id).
+   Never fails. */
+void view_release(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
+                  uint32_t end);
+/* child (resident, fresh) shares parent's ids of blocks [0, n). */
+void view_fork(struct paging *pg, struct pg_seq *child, struct pg_seq *parent, uint32_t n);
+/* Unmaps the dead ids and zombie slots no device work may use any more (wait: synchronizes
+   the engine stream, or the device, first when there are some). -EIO only for a failed
+   synchronization; a refused unmap leaves the id for the next reap. */
+int  view_reap(struct paging *pg, bool wait);
+/* Takes up to n prepared groups for new blocks [0, n) of a grow: region r's frame of group
+   i goes to fresh[r * stride + i] (FR_USED), its id to gids[i]. Returns how many. */
+uint32_t view_take_groups(struct paging *pg, uint32_t n, pg_frame_id *fresh, uint32_t stride,
+                          uint32_t *gids);
+/* After the grow: blocks [first, first + n) of s take ids gids[0..n) (ok), or the grow
+   failed and the ids die unused (their frames are the grow's undo's). */
+void view_end_groups(struct paging *pg, struct pg_seq *s, uint32_t first, const uint32_t *gids,
+                     uint32_t n, bool ok);
+/* Breaks one prepared group: its frames go back to the ready list. -ENOMEM none. */
+int  view_break_group(struct paging *pg);
+void view_break_all(struct paging *pg);
 
 /* discard.c */
 /* After a truncate: first_kept of every region at most the new length. */

@@ -85,6 +85,11 @@ static void feed_ask(struct paging *pg)
     }
 }
 
+void pool_feed_ask(struct paging *pg)
+{
+    feed_ask(pg);
+}
+
 static void ready_push(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
@@ -135,6 +140,7 @@ static void frame_forget(struct paging *pg, pg_frame_id f)
     struct pg_frame *fr = frame_at(pg, f);
     fr->state = FR_NONE;
     fr->serial = 0;
+    fr->gen++;                      /* its handle is gone: view slots naming it are stale */
     fr->next = pg->frame_free_head;
     pg->frame_free_head = f;
     pg->n_held--;
@@ -392,9 +398,11 @@ bool paging_pool_can_create(struct paging *pg)
 
 /* ---- the budget --------------------------------------------------------------------- */
 
-/* Unmaps every sequence's map-ahead: those frames become ready. */
+/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
+   frames become ready. */
 static void drop_all_ahead(struct paging *pg)
 {
+    view_break_all(pg);
     for (uint32_t i = 0; i < pg->p.max_seqs && pg->n_ahead; i++)
         if (pg->seqs[i].n_ahead)
             seq_drop_ahead(pg, &pg->seqs[i], 0);

@@ -192,7 +192,7 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
             return 0;
         }
     }
-    return -ENOMEM;
+    return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
 /* Best effort: maps ready frames ahead of s's end, up to map_ahead per region. */
@@ -264,6 +264,9 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
             return -ENOMEM;
     }
     if (!s->kept && !(s->kept = calloc(pg->p.n_regions, sizeof *s->kept)))
+        return -ENOMEM;
+    if (pg->view.n_ids && !s->bid &&
+        !(s->bid = calloc(pg->pages_per_slot ? pg->pages_per_slot : 1, sizeof *s->bid)))
         return -ENOMEM;
     if (pg->p.map_ahead && !s->ahead) {
         s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
@@ -466,6 +469,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     u->fill = NULL;
     u->n_fill = 0;
     seq_drop_ahead(pg, s, 0);
+    view_release(pg, s, UINT32_MAX, u->old_np, u->new_np);    /* a prepared group's ids */
     if (pg->p.scrub && pg->stream && n)
         (void)pg_wait_engine(pg);   /* the scrub memsets may still run: wait, then unmap */
     s->n_pages = u->old_np;
@@ -517,6 +521,40 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
     return 0;
 }
 
+/* Takes the frames of n_fresh new blocks (region r's of block i at fresh[r * n_fresh + i]):
+   the pool view's prepared groups first (their ids in *gids, *ng of them: already mapped in
+   the view), then the pool. All or nothing (the caller lets *gids die on failure). */
+static int grow_take(struct paging *pg, struct pg_seq *s, uint32_t n_fresh, pg_frame_id *fresh,
+                     uint32_t **gids, uint32_t *ng)
+{
+    uint32_t nr = pg->p.n_regions;
+    *ng = 0;
+    if (pg->view.n_groups) {
+        if (!(*gids = malloc(n_fresh * sizeof **gids)))
+            return -ENOMEM;
+        *ng = view_take_groups(pg, n_fresh, fresh, n_fresh, *gids);
+    }
+    uint32_t rest = n_fresh - *ng;
+    if (!rest)
+        return 0;
+    pg_frame_id *tmp = *ng ? malloc((size_t)rest * nr * sizeof *tmp) : fresh;
+    int rc = tmp ? pool_take_except(pg, rest * nr, tmp, s) : -ENOMEM;
+    if (rc) {
+        for (uint32_t r = 0; r < nr; r++)        /* the groups' frames back */
+            pool_give(pg, fresh + (size_t)r * n_fresh, *ng);
+        if (tmp != fresh)
+            free(tmp);
+        return rc;
+    }
+    if (tmp != fresh) {
+        for (uint32_t r = 0; r < nr; r++)
+            memcpy(fresh + (size_t)r * n_fresh + *ng, tmp + (size_t)r * rest,
+                   rest * sizeof *tmp);
+        free(tmp);
+    }
+    return 0;
+}
+
 /* Grows s to len (validated by the caller); u receives the undo record. */
 static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct grow_undo *u)
 {
@@ -538,11 +576,12 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
        when the rest cannot supply them */
     seq_ahead_yield(pg, s, k, grow_frames(pg, s, len, &cow_idx) - k * nr);
     pg_frame_id *fresh = NULL;
+    uint32_t *gids = NULL, ng = 0;
     if (n_fresh) {
         fresh = malloc((size_t)n_fresh * nr * sizeof *fresh);
         if (!fresh)
             return -ENOMEM;
-        rc = pool_take_except(pg, n_fresh * nr, fresh, s);
+        rc = grow_take(pg, s, n_fresh, fresh, &gids, &ng);
         if (rc)
             goto out_free;
     }
@@ -569,6 +608,8 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
         }
     }
     seq_use(pg, s);
+    view_end_groups(pg, s, u->old_np + k, gids, ng, true);
+    free(gids);
     free(fresh);
     return 0;
 
@@ -598,6 +639,8 @@ out_regions:
     if (fresh)
         pool_give(pg, fresh + (size_t)r * n_fresh, (nr - r) * n_fresh);
 out_free:
+    view_end_groups(pg, s, 0, gids, ng, false);
+    free(gids);
     free(fresh);
     return rc;
 }

@@ -114,6 +114,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     c->length = p->length;
     memcpy(c->kept, p->kept, pg->p.n_regions * sizeof *c->kept);   /* the discard */
     c->stale_tail = p->stale_tail;
+    view_fork(pg, c, p, p->n_pages);      /* same frames: the same ids */
     *child = seq_handle(pg, c);
     return 0;
 }
@@ -390,6 +391,8 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
         seq_use(pg, src);
         seq_use(pg, dst);
     }
+    if (!dst->out)
+        view_fork(pg, dst, src, whole);     /* the whole blocks: the same frames, ids */
     dst->n_pages = whole + (rem ? 1 : 0);
     dst->length = n_tokens;
     return 0;

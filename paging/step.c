@@ -20,6 +20,7 @@ int pg_device_sync(struct paging *pg)
     if (rc)
         return rc;
     pg->quiet_below = pg->epoch;
+    pg->n_syncs++;
     return 0;
 }
 
@@ -48,7 +49,10 @@ int paging_step(struct paging *pg)
     }
     pg->epoch++;
     pool_refill(pg, pg->chunk);
-    return 0;
+    rc = view_reap(pg, false);
+    if (!pg->feed.on)
+        paging_view_prepare(pg);    /* without a pool thread: ahead, at the step */
+    return rc;
 }
 
 /* Stream mode: the engine stream and the library's copy stream, never the whole device
@@ -63,6 +67,7 @@ static int pg_streams_sync(struct paging *pg)
     if (rc)
         return rc;
     pg->quiet_below = pg->epoch;
+    pg->n_syncs++;
     return 0;
 }
 
@@ -71,9 +76,9 @@ int paging_sync(struct paging *pg)
     if (vmm_dead(pg->v))
         return -EIO;
     int rc = pg->stream ? pg_streams_sync(pg) : pg_device_sync(pg);
-    if (rc)
-        return rc;
-    return defer_reap(pg, true);
+    if (!rc)
+        rc = defer_reap(pg, true);
+    return rc ? rc : view_reap(pg, false);
 }
 
 int paging_set_stream(struct paging *pg, kcu_stream s)

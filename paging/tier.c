@@ -329,6 +329,7 @@ int tier_unmap_window(struct paging *pg, struct pg_seq *s)
 
 void tier_seq_out(struct paging *pg, struct pg_seq *s)
 {
+    view_release(pg, s, UINT32_MAX, 0, s->n_pages);     /* a swap-out ends its ids */
     seq_set_out(pg, s, true);
     s->used_valid = 0;
     pg->c.swap_outs++;

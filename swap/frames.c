@@ -93,6 +93,7 @@ static bool round_once(void *arg)
     uint64_t now = now_ns(), decay = (uint64_t)fr->p.decay_ms * 1000000u;
     bool due = now - fr->window_ns >= decay;
     pthread_mutex_lock(fr->lock);
+    paging_view_prepare(fr->pg);  /* groups a grow took: from the ready frames, then refill */
     int rc = paging_feed_plan(fr->pg, fr->high, due ? fr->high : PG_FEED_KEEP_ALL, &pl);
     if (!rc && due)
         fr->window_ns = now;
@@ -106,6 +107,7 @@ static bool round_once(void *arg)
     uint32_t made = paging_feed_work(fr->pg, &pl);   /* the driver calls: no lock */
     pthread_mutex_lock(fr->lock);
     paging_feed_drain(fr->pg);
+    paging_view_prepare(fr->pg);  /* the pool view's groups, off the engine's thread */
     fr->c.rounds++;
     fr->c.created += made;
     fr->c.released += pl.release;

@@ -503,6 +503,52 @@ Test(emu, release_while_mapped_frees_after_last_unmap)
     cr_expect_eq(dev_down(), 0);
 }
 
+/* The pool view's case (libkvvm's KVVM_F_POOL_VIEW): two handles mapped side by side in a
+   window and each again at a place of another array of the same reservation. Access is per
+   mapping (the window's set-access gives the second mapping none), set-access and unmap
+   take exactly whole mapped ranges, and a released handle lives until its last mapping
+   (the second) is unmapped, its bytes the same through either address meanwhile. */
+Test(emu, second_mapping_of_a_handle_has_its_own_access_and_life)
+{
+    dev_default();
+    kcu_deviceptr va = reserve(8 * G), win = va, view = va + 4 * G;
+    kcu_mem_handle h1 = create(G), h2 = create(G);
+    map_rw(win, G, h1);
+    map_rw(win + G, G, h2);
+    cr_assert_eq(A->cuMemMap(view + 2 * G, G, 0, h1, 0), KCU_SUCCESS);   /* id 2 */
+    cr_assert_eq(A->cuMemMap(view, G, 0, h2, 0), KCU_SUCCESS);           /* id 0 */
+    int acc = -1;
+    cr_expect_eq(emu_lookup(view + 2 * G, NULL, NULL, &acc), 0);
+    cr_expect_eq(acc, KCU_MEM_ACCESS_FLAGS_PROT_NONE, "the window's access leaked to the view");
+    cr_expect_eq(set_access(view + 2 * G, 2 * G, KCU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                 KCU_ERROR_INVALID_VALUE, "set-access past the mapped range");
+    cr_expect_eq(set_access(view, 3 * G, KCU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                 KCU_ERROR_INVALID_VALUE, "set-access over an unmapped slot");
+    cr_assert_eq(set_access(view + 2 * G, G, KCU_MEM_ACCESS_FLAGS_PROT_READWRITE), KCU_SUCCESS);
+    cr_assert_eq(set_access(view, G, KCU_MEM_ACCESS_FLAGS_PROT_READWRITE), KCU_SUCCESS);
+    volatile unsigned char *w = (volatile unsigned char *)(uintptr_t)win;
+    volatile unsigned char *v = (volatile unsigned char *)(uintptr_t)view;
+    w[5] = 0x11;
+    w[G + 7] = 0x22;
+    cr_expect_eq(v[2 * G + 5], 0x11);
+    cr_expect_eq(v[7], 0x22);
+    cr_expect_eq(A->cuMemUnmap(win + G / 2, G), KCU_ERROR_INVALID_VALUE, "half of two mappings");
+    cr_expect_eq(A->cuMemUnmap(view + G, G), KCU_ERROR_INVALID_VALUE, "nothing mapped there");
+    cr_assert_eq(A->cuMemUnmap(win, 2 * G), KCU_SUCCESS);     /* the window, both handles */
+    cr_expect_eq(v[2 * G + 5], 0x11, "the second mapping lost its bytes with the first");
+    cr_assert_eq(A->cuMemRelease(h1), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h2), KCU_SUCCESS);
+    cr_expect_eq(counters().handles, 2, "released handles freed while still mapped");
+    cr_expect_eq(v[7], 0x22);
+    cr_assert_eq(A->cuMemUnmap(view + 2 * G, G), KCU_SUCCESS);
+    cr_expect_eq(counters().handles, 1, "h1 not freed after its last unmap");
+    cr_assert_eq(A->cuMemUnmap(view, G), KCU_SUCCESS);
+    cr_expect_eq(counters().handles, 0);
+    cr_expect_eq(counters().mappings, 0);
+    cr_expect_eq(A->cuMemAddressFree(va, 8 * G), KCU_SUCCESS);
+    cr_expect_eq(dev_down(), 0);
+}
+
 Test(emu, aliasing_through_windows_and_copies)
 {
     dev_default();

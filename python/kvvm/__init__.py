@@ -21,6 +21,7 @@ F_SCRUB = _lib.F_SCRUB
 F_SPILL_ALLOW_TMPFS = _lib.F_SPILL_ALLOW_TMPFS
 F_SPILL_BUFFERED = _lib.F_SPILL_BUFFERED
 F_CACHE_DEMOTE = _lib.F_CACHE_DEMOTE
+F_POOL_VIEW = _lib.F_POOL_VIEW
 SEQ_LIVE, SEQ_CACHED, SEQ_PINNED = _lib.SEQ_LIVE, _lib.SEQ_CACHED, _lib.SEQ_PINNED
 
 
@@ -34,5 +35,5 @@ __all__ = ["Context", "Sequence", "SeqInfo", "Tier", "View", "KVCache", "Error",
            "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "SpillDirError",
            "error_class",
            "set_log_level", "strerror", "F_AUTO_SWAP", "F_SCRUB", "F_SPILL_ALLOW_TMPFS",
-           "F_SPILL_BUFFERED", "F_CACHE_DEMOTE", "SEQ_LIVE", "SEQ_CACHED", "SEQ_PINNED",
+           "F_SPILL_BUFFERED", "F_CACHE_DEMOTE", "F_POOL_VIEW", "SEQ_LIVE", "SEQ_CACHED", "SEQ_PINNED",
            "library_version", "library_path"]

@@ -96,7 +96,8 @@ def _flags_value(v):
     if isinstance(v, str):
         names = {"auto_swap": _lib.F_AUTO_SWAP, "scrub": _lib.F_SCRUB,
                  "spill_allow_tmpfs": _lib.F_SPILL_ALLOW_TMPFS,
-                 "spill_buffered": _lib.F_SPILL_BUFFERED, "cache_demote": _lib.F_CACHE_DEMOTE}
+                 "spill_buffered": _lib.F_SPILL_BUFFERED, "cache_demote": _lib.F_CACHE_DEMOTE,
+                 "pool_view": _lib.F_POOL_VIEW}
         f = 0
         for t in v.replace("|", ",").replace("+", ",").split(","):
             t = t.strip().lower()
@@ -486,21 +487,10 @@ class Context:
         if v is not None:
             return v
         self._check_viewable()
-        itemsize, npd, tdt, needs_view = _views.element_info(dtype)
-        n = 1
-        for x in shape:
-            n *= x
-        if n * itemsize != self.bytes_per_token:
-            raise InvalidArgument(22, "shape %s of %s is %d bytes per token, but the context "
-                                  "has bytes_per_token %d" % (shape, dtype, n * itemsize,
-                                                              self.bytes_per_token))
-        inner = []
-        acc = itemsize
-        for x in reversed(shape):
-            inner.insert(0, acc)
-            acc *= x
+        _, npd, tdt, inner = _element_strides(dtype, shape, self.bytes_per_token,
+                                              "the context has bytes_per_token %d per token")
         full_shape = (self.max_seqs, self.max_tokens) + shape
-        strides = (self.slot_bytes, self.bytes_per_token) + tuple(inner)
+        strides = (self.slot_bytes, self.bytes_per_token) + inner
         view = self._producer(self, self._bases[region], full_shape, strides, npd, tdt,
                               self._h_check)
         v = _views.numpy_view(view) if kind == "numpy" else self._consume(view, tdt)
@@ -530,12 +520,116 @@ class Context:
         resident sequences may be touched."""
         return self._region_view(region, dtype, shape, "torch")
 
+    # ---- the pool view (KVVM_F_POOL_VIEW) -----------------------------------------------------
+    @property
+    def pool_blocks(self):
+        """kvvm_pool_blocks: every block id is below it (fixed at open)."""
+        n = ctypes.c_uint32()
+        _call(L.kvvm_pool_blocks, self._h(), ctypes.byref(n))
+        return n.value
+
+    @property
+    def tokens_per_block(self):
+        """T = page_size // bytes_per_token: block b holds tokens [b*T, (b+1)*T)."""
+        return self.page_size // self.bytes_per_token
+
+    def _pool_view(self, region, dtype, block_shape, kind):
+        region = int(region)
+        if not 0 <= region < self.n_regions:
+            raise InvalidArgument(22, "region %d is outside [0, %d)" % (region, self.n_regions))
+        shape = tuple(int(x) for x in (block_shape if isinstance(block_shape, (tuple, list))
+                                       else (block_shape,)))
+        key = ("pool", region, dtype, shape, kind)
+        v = self._region_views.get(key)
+        if v is not None:
+            return v
+        base = c_u64()
+        _call(L.kvvm_pool_base, self._h(), region, ctypes.byref(base))
+        self._check_viewable()
+        _, npd, tdt, inner = _element_strides(dtype, shape, self.page_size,
+                                              "a block is page_size %d bytes")
+        view = self._producer(self, base.value, (self.pool_blocks,) + shape,
+                              (self.page_size,) + inner, npd, tdt, self._h_check)
+        v = _views.numpy_view(view) if kind == "numpy" else self._consume(view, tdt)
+        self._region_views[key] = v
+        return v
+
+    def pool_tensor(self, region, dtype, block_shape):
+        """A zero-copy torch tensor [pool_blocks, *block_shape] over region's pool view
+        (KVVM_F_POOL_VIEW): block id i is [i], the same page as the window of the sequence
+        whose block table names i. prod(block_shape) * itemsize must be page_size, e.g.
+        (tokens_per_block, heads, head_dim). Only ids in a resident sequence's current
+        block table may be touched."""
+        return self._pool_view(region, dtype, block_shape, "torch")
+
+    def pool_array(self, region, dtype, block_shape):
+        """pool_tensor as a numpy array (CPU-readable backends only)."""
+        if self.backend == "cuda":
+            raise NotSupported(95, "CUDA device memory cannot be a numpy array; use "
+                               "pool_tensor")
+        return self._pool_view(region, dtype, block_shape, "numpy")
+
+    def batch_block_table(self, seqs):
+        """kvvm_batch_block_table: FlashInfer's CSR form of the batch's block tables,
+        (indptr [n + 1], indices [indptr[n]], last_len [n]) as int32 tensors (numpy arrays
+        without torch). Raises NotResident for a swapped-out sequence."""
+        import numpy as np
+        hs = [s._handle() for s in seqs]
+        n = len(hs)
+        harr = (c_u64 * max(n, 1))(*hs)
+        indptr = np.zeros(n + 1, np.int32)
+        last = np.zeros(max(n, 1), np.int32)
+        cap = sum((s.length * self.bytes_per_token + self.page_size - 1) // self.page_size
+                  for s in seqs)
+        while True:
+            indices = np.zeros(max(cap, 1), np.int32)
+            p32 = ctypes.POINTER(ctypes.c_int32)
+            try:
+                _call(L.kvvm_batch_block_table, self._h(), harr, n,
+                      indptr.ctypes.data_as(p32), indices.ctypes.data_as(p32), cap,
+                      last.ctypes.data_as(p32))
+                break
+            except Error as e:                  # -ENOSPC: indptr[n] says how many
+                if e.errno != _errno.ENOSPC or int(indptr[n]) <= cap:
+                    raise
+                cap = int(indptr[n])
+        return (_int32_out(indptr), _int32_out(indices[:int(indptr[n])].copy()),
+                _int32_out(last[:n].copy()))
+
     def region_array(self, region, dtype, shape):
         """region_tensor as a numpy array (CPU-readable backends only)."""
         if self.backend == "cuda":
             raise NotSupported(95, "CUDA device memory cannot be a numpy array; use "
                                "region_tensor")
         return self._region_view(region, dtype, shape, "numpy")
+
+
+def _element_strides(dtype, shape, nbytes, what):
+    """(itemsize, numpy dtype, torch dtype, strides of shape's C order) for elements of
+    dtype filling nbytes; InvalidArgument when prod(shape) * itemsize is not nbytes (what
+    names the unit, e.g. "bytes_per_token %d")."""
+    itemsize, npd, tdt, _ = _views.element_info(dtype)
+    n = 1
+    for x in shape:
+        n *= x
+    if n * itemsize != nbytes:
+        raise InvalidArgument(22, "shape %s of %s is %d bytes, but %s" % (
+            shape, dtype, n * itemsize, what % nbytes))
+    inner = []
+    acc = itemsize
+    for x in reversed(shape):
+        inner.insert(0, acc)
+        acc *= x
+    return itemsize, npd, tdt, tuple(inner)
+
+
+def _int32_out(a):
+    """An int32 numpy array as torch tensor when torch is there (block tables)."""
+    try:
+        import torch
+    except ImportError:
+        return a
+    return torch.from_numpy(a)
 
 
 def _neuter(t):
@@ -801,22 +895,11 @@ class Sequence:
             raise InvalidArgument(22, "region %d is outside [0, %d)"
                                   % (region, self.ctx.n_regions))
         shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-        itemsize, npd, tdt, _ = _views.element_info(dtype)
-        n = 1
-        for x in shape:
-            n *= x
-        if n * itemsize != self.ctx.bytes_per_token:
-            raise InvalidArgument(22, "shape %s of %s is %d bytes per token, but the context "
-                                  "has bytes_per_token %d" % (shape, dtype, n * itemsize,
-                                                              self.ctx.bytes_per_token))
-        inner = []
-        acc = itemsize
-        for x in reversed(shape):
-            inner.insert(0, acc)
-            acc *= x
+        _, npd, tdt, inner = _element_strides(dtype, shape, self.ctx.bytes_per_token,
+                                              "the context has bytes_per_token %d per token")
         epoch = self._epoch
         view = self.ctx._producer(self, self.addr(region), (self.ctx.max_tokens,) + shape,
-                                  (self.ctx.bytes_per_token,) + tuple(inner), npd, tdt,
+                                  (self.ctx.bytes_per_token,) + inner, npd, tdt,
                                   lambda: self._check_fresh(epoch), self.wait_stream)
         return view, tdt
 
@@ -848,6 +931,20 @@ class Sequence:
         K, V = self._rows((k_region, v_region), dtype, shape, kind, i.length)
         f = i.first_kept
         return (K[f:], V[f:], f) if f else (K, V, 0)
+
+    def block_table(self, first=0, n=None):
+        """kvvm_seq_block_table: the ids of blocks [first, first + n) (n None: to the last
+        block) as an int32 tensor (numpy array without torch); -1 for a block discarded
+        in every region. Index Context.pool_tensor with them. Raises NotResident when the
+        sequence is swapped out, NotSupported without KVVM_F_POOL_VIEW."""
+        import numpy as np
+        ps, bpt = self.ctx.page_size, self.ctx.bytes_per_token
+        if n is None:
+            n = max((self.length * bpt + ps - 1) // ps - int(first), 0)
+        ids = np.zeros(max(int(n), 1), np.int32)
+        _call(L.kvvm_seq_block_table, self.ctx._h(), self._handle(), int(first), int(n),
+              ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+        return _int32_out(ids[:int(n)].copy())
 
     def view(self, region, dtype, shape):
         """The producer of a (length, *shape) view of `region`'s tokens [0, length), for any

@@ -32,6 +32,7 @@ F_SCRUB = 1 << 1
 F_SPILL_ALLOW_TMPFS = 1 << 2
 F_SPILL_BUFFERED = 1 << 3
 F_CACHE_DEMOTE = 1 << 4
+F_POOL_VIEW = 1 << 5
 
 SEQ_LIVE, SEQ_CACHED, SEQ_PINNED = 0, 1, 2
 SEQ_CLASSES = {"live": SEQ_LIVE, "cached": SEQ_CACHED, "pinned": SEQ_PINNED}
@@ -150,6 +151,11 @@ _PROTOS = {
     "kvvm_trim": (c_int, [c_void_p, c_size_t]),
     "kvvm_seq_discard": (c_int, [c_void_p, c_u64, c_u32, c_u64]),
     "kvvm_seq_set_class": (c_int, [c_void_p, c_u64, c_int]),
+    "kvvm_pool_base": (c_int, [c_void_p, c_u32, P(c_u64)]),
+    "kvvm_pool_blocks": (c_int, [c_void_p, P(c_u32)]),
+    "kvvm_seq_block_table": (c_int, [c_void_p, c_u64, c_u32, c_u32, P(ctypes.c_int32)]),
+    "kvvm_batch_block_table": (c_int, [c_void_p, P(c_u64), c_size_t, P(ctypes.c_int32),
+                                       P(ctypes.c_int32), c_size_t, P(ctypes.c_int32)]),
     "kvvm_set_log": (None, [LOG_FN, c_void_p, c_int]),
     "kvvm_block_tokens": (c_int, [c_void_p, P(c_u32)]),
     "kvvm_prefix_keys": (c_size_t, [c_void_p, c_size_t, c_u32, c_void_p, c_size_t, c_void_p,
