@@ -532,6 +532,60 @@ Test(reclaim, demote_needs_a_swap_allowed)
     tclose(&t);
 }
 
+/* ---------------------------------------------------------------- with the pool view */
+
+static void table(struct tctx *t, kvvm_seq s, uint32_t n, int32_t *ids)
+{
+    cr_assert_eq(kvvm_seq_block_table(t->kv, s, 0, n, ids), 0, "block table: %s",
+                 kvvm_last_error());
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_geq(ids[i], 0, "block %u has no id", i);
+}
+
+/* The two 0.3 features together (KVVM_F_POOL_VIEW): blocks attached from entries have ids,
+   a write into one copies it on write (a new id, the publisher's unchanged), an entry demoted
+   to host and attached back gets an id again; the checker (the debug build) checks ids and
+   entries' references after every call. */
+Test(view, attached_blocks_have_ids_through_cow_demotion_and_attach)
+{
+    struct tctx t;
+    kvvm_key k[3];
+    int32_t i0[4], i1[3], i2[3], i3[4];
+    open_t(&t, 2, 24, 16, KVVM_F_POOL_VIEW | KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    kvvm_seq s0 = published(&t, 1, 1, 3, 5, k);
+    table(&t, s0, 4, i0);
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 1, k, 3), 3, "attach: %s", kvvm_last_error());
+    table(&t, d, 3, i1);
+    cr_assert(same(&t, d, 3 * T, 1));
+    uint8_t x = 0xee;
+    for (uint32_t r = 0; r < 2; r++)
+        cr_assert_eq(kvvm_seq_write(t.kv, d, r, 2 * T * BPT, &x, 1), 0, "write: %s",
+                     kvvm_last_error());
+    table(&t, d, 3, i2);
+    cr_assert_neq(i2[2], i1[2], "a block copied on write kept its id");
+    cr_assert_eq(i2[0], i1[0], "a block not written changed id");
+    table(&t, s0, 4, i3);
+    cr_assert_eq(i3[2], i0[2], "the publisher's block changed id by another's write");
+    cr_assert_eq(kvvm_seq_free(t.kv, s0), 0);
+    /* 8 of 24 frames used (d's 6, entry 2's 2, held by no sequence now, a leaf): 9 blocks
+       more demote entry 2 */
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 9 * T), 0, "grow: %s", kvvm_last_error());
+    uint8_t where[3];
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
+    cr_assert_eq(where[2], KVVM_TIER_HOST, "entry 2 was not demoted");
+    int32_t ig[9];
+    table(&t, g, 9, ig);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq e = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, e, 1, k, 3), 3, "attach: %s", kvvm_last_error());
+    table(&t, e, 3, i1);
+    cr_assert(same(&t, e, 3 * T, 1), "attached bytes differ");
+    tcheck(&t, "pool view + prefix");
+    tclose(&t);
+}
+
 /* ---------------------------------------------------------------- host entries */
 
 /* An entry whose pages went to the host tier with its publisher's swap-out. */
