@@ -1,0 +1,553 @@
+/*
+ * store/file.c: the file backend (contract in store.h): one file per entry in a directory
+ * that several processes (or machines, over a shared file system) use together.
+ *
+ * An entry is written whole under a temporary name (".<name>.<pid>.<n>.tmp", created with
+ * O_EXCL) and renamed over its name: a reader sees the old value, the new one, or none,
+ * never a part. Nothing is fsynced (a cache): a file torn by a crash fails its checksum and
+ * is a miss. The data moves through an io_uring of this store: a batch opens its files,
+ * submits every write (or read) at once and waits for the completions until the request's
+ * deadline. disk/'s engine is not used: it drives one preallocated spill file of fixed slots
+ * from its own thread, where this needs one file per entry, per request, on the caller's
+ * thread.
+ *
+ * O_DIRECT: probed once per directory (a 4 KiB aligned write to a probe file); where the
+ * directory refuses it (tmpfs before Linux 6.6, some FUSE and network file systems) entries
+ * go through the page cache, logged at info. With O_DIRECT a file holds the value padded
+ * with zeros to a multiple of 4 KiB (the header says how long the payload is), and the
+ * bytes go through a 4 KiB aligned staging buffer (one copy; the caller's buffers need no
+ * alignment).
+ *
+ * A request whose I/O is not complete at its deadline returns (those items -ETIMEDOUT);
+ * its staging buffer, descriptors and temporary files are kept, with the ring they were
+ * submitted on, as the store's one orphan, freed when the last completion arrives (checked
+ * at each later request, waited for at close). While an orphan is owed completions, data
+ * requests fail fast (-ETIMEDOUT): a file system that hangs gets one request's buffers,
+ * never more.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "store_int.h"
+
+#define F_ALIGN 4096u
+#define F_QD 128u
+
+/* One file I/O of a batch. */
+struct fio {
+    int fd;                      /* -1: none (not opened, or closed) */
+    char *buf;                   /* in the batch's staging buffer */
+    size_t len;                  /* bytes to transfer */
+    int res;                     /* bytes transferred or -errno; -EINPROGRESS until done */
+    char tmp[STORE_NAME_MAX + 48]; /* put: the temporary name while it exists, else "" */
+};
+
+struct fbatch {
+    size_t n;
+    int write;
+    char *staging;
+    unsigned owed;               /* submitted, not completed */
+    struct fio io[];
+};
+
+struct forphan {
+    struct io_uring ring;
+    struct fbatch *b;
+};
+
+struct fstore {
+    char *dir;
+    int dfd;                     /* the directory, -1 until it could be opened */
+    int direct;                  /* 1 O_DIRECT, 0 page cache, -1 not probed yet */
+    int ring_ok;                 /* io_uring set up; else pread/pwrite (logged) */
+    struct io_uring ring;
+    struct forphan *orphan;      /* a timed-out batch still owed completions, or NULL */
+    unsigned long seq;           /* temporary names */
+    int down_logged;
+};
+
+static int errno_status(int e)
+{
+    switch (e) {
+    case ENOSPC: case EDQUOT: case EFBIG: return -ENOSPC;
+    case EACCES: case EPERM: return -EACCES;
+    case EROFS: return -EROFS;
+    case ENOENT: return -ENOENT;
+    case ETIMEDOUT: return -ETIMEDOUT;
+    default: return -EIO;
+    }
+}
+
+static void batch_free(struct fstore *f, struct fbatch *b)
+{
+    for (size_t i = 0; b && i < b->n; i++) {
+        if (b->io[i].fd >= 0)
+            close(b->io[i].fd);
+        if (b->io[i].tmp[0] && f->dfd >= 0)
+            unlinkat(f->dfd, b->io[i].tmp, 0);
+    }
+    if (b)
+        free(b->staging);
+    free(b);
+}
+
+static struct fbatch *batch_new(size_t n, int write)
+{
+    struct fbatch *b = calloc(1, sizeof *b + n * sizeof b->io[0]);
+    if (!b)
+        return NULL;
+    b->n = n;
+    b->write = write;
+    for (size_t i = 0; i < n; i++)
+        b->io[i].fd = -1, b->io[i].res = -EINPROGRESS;
+    return b;
+}
+
+/* Sets each io's buffer in one aligned staging allocation. 0 or -ENOMEM. */
+static int batch_stage(struct fbatch *b)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < b->n; i++)
+        total += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
+    if (posix_memalign((void **)&b->staging, F_ALIGN, total ? total : F_ALIGN))
+        return -ENOMEM;
+    for (size_t i = 0, off = 0; i < b->n; i++) {
+        b->io[i].buf = b->staging + off;
+        off += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the directory */
+
+/* Whether the directory takes O_DIRECT: a 4 KiB aligned write to a probe file. */
+static int probe_direct(struct fstore *f, unsigned flags)
+{
+    if (flags & STORE_F_TEST_NO_DIRECT) {
+        klog_info("kvvm store: %s: O_DIRECT off (test hook); entries go through the page "
+                  "cache", f->dir);
+        return 0;
+    }
+    char name[64];
+    snprintf(name, sizeof name, ".kvvm-probe.%d", (int)getpid());
+    int fd = openat(f->dfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    int ok = 0, e = errno;
+    if (fd >= 0) {
+        void *p = NULL;
+        if (!posix_memalign(&p, F_ALIGN, F_ALIGN)) {
+            memset(p, 0, F_ALIGN);
+            ok = pwrite(fd, p, F_ALIGN, 0) == (ssize_t)F_ALIGN;
+            e = errno;
+            free(p);
+        }
+        close(fd);
+        unlinkat(f->dfd, name, 0);
+    }
+    if (!ok)
+        klog_info("kvvm store: %s refuses O_DIRECT (%s); entries go through the page cache",
+                  f->dir, strerror(e));
+    return ok;
+}
+
+/* The directory open (and probed). 0, or -ENOTCONN (missing or unreadable: down, logged
+   once per outage). */
+static int f_ready(struct store *st)
+{
+    struct fstore *f = st->be;
+    if (f->dfd >= 0)
+        return 0;
+    f->dfd = open(f->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (f->dfd < 0) {
+        if (!f->down_logged)
+            klog_warn("kvvm store: directory %s is unavailable (%s); requests fail until it "
+                      "is there", f->dir, strerror(errno));
+        f->down_logged = 1;
+        return -ENOTCONN;
+    }
+    if (f->down_logged)
+        klog_info("kvvm store: directory %s is available", f->dir);
+    f->down_logged = 0;
+    if (f->direct < 0)
+        f->direct = probe_direct(f, st->flags);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ I/O */
+
+/* Reaps the orphan's completions; frees it once none is owed. 1 when it is gone. */
+static int orphan_reap(struct fstore *f, int wait)
+{
+    struct forphan *o = f->orphan;
+    struct io_uring_cqe *cqe;
+    while (o && o->b->owed &&
+           (wait ? io_uring_wait_cqe(&o->ring, &cqe) : io_uring_peek_cqe(&o->ring, &cqe)) == 0) {
+        io_uring_cqe_seen(&o->ring, cqe);
+        o->b->owed--;
+    }
+    if (!o || o->b->owed)
+        return !o;
+    io_uring_queue_exit(&o->ring);
+    batch_free(f, o->b);
+    free(o);
+    f->orphan = NULL;
+    return 1;
+}
+
+/* Without io_uring: the I/Os one by one (no deadline: logged at open). */
+static void run_sync(struct fbatch *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        struct fio *io = &b->io[i];
+        if (io->fd < 0)
+            continue;
+        ssize_t r = b->write ? pwrite(io->fd, io->buf, io->len, 0)
+                             : pread(io->fd, io->buf, io->len, 0);
+        io->res = r < 0 ? -errno : (int)r;
+    }
+}
+
+/* Submits every io with a descriptor and waits for them until the deadline. 0, or
+   -ETIMEDOUT: the batch (and the ring) became the orphan; the store has a new ring. */
+static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
+{
+    size_t next = 0, done = 0, want = 0;
+    for (size_t i = 0; i < b->n; i++)
+        want += b->io[i].fd >= 0;
+    while (done < want) {
+        while (next < b->n) {
+            struct fio *io = &b->io[next];
+            struct io_uring_sqe *sqe = io->fd >= 0 ? io_uring_get_sqe(&f->ring) : NULL;
+            if (io->fd >= 0 && !sqe)
+                break;               /* the ring is full: submit, reap, come back */
+            if (sqe && b->write)
+                io_uring_prep_write(sqe, io->fd, io->buf, (unsigned)io->len, 0);
+            else if (sqe)
+                io_uring_prep_read(sqe, io->fd, io->buf, (unsigned)io->len, 0);
+            if (sqe) {
+                io_uring_sqe_set_data64(sqe, next + 1);
+                b->owed++;
+            }
+            next++;
+        }
+        uint64_t left = store_left_ns(deadline);
+        struct __kernel_timespec ts = { (long long)(left / 1000000000u),
+                                        (long long)(left % 1000000000u) };
+        struct io_uring_cqe *cqe;
+        int r = left ? io_uring_submit_and_wait_timeout(&f->ring, &cqe, 1, &ts, NULL)
+                     : (io_uring_submit(&f->ring), -ETIME);
+        if (r == -ETIME || (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)) {
+            struct forphan *o = malloc(sizeof *o);
+            if (!o) {                /* no memory: the batch is leaked, never freed under I/O */
+                io_uring_queue_exit(&f->ring);
+                f->ring_ok = io_uring_queue_init(F_QD, &f->ring, 0) == 0;
+                return -ETIMEDOUT;
+            }
+            o->ring = f->ring;
+            o->b = b;
+            f->orphan = o;
+            f->ring_ok = io_uring_queue_init(F_QD, &f->ring, 0) == 0;
+            return -ETIMEDOUT;
+        }
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(&f->ring, head, cqe) {
+            b->io[io_uring_cqe_get_data64(cqe) - 1].res = cqe->res;
+            seen++;
+        }
+        io_uring_cq_advance(&f->ring, seen);
+        b->owed -= seen;
+        done += seen;
+    }
+    return 0;
+}
+
+/* Runs the batch's I/O. 0, -ETIMEDOUT (the batch is owned by the orphan then). */
+static int f_run(struct fstore *f, struct fbatch *b, uint64_t deadline)
+{
+    if (!f->ring_ok) {
+        run_sync(b);
+        return 0;
+    }
+    return run_ring(f, b, deadline);
+}
+
+/* ------------------------------------------------------------------ requests */
+
+static int data_ready(struct store *st, struct store_item *items, size_t n)
+{
+    struct fstore *f = st->be;
+    int rc = f_ready(st);
+    if (!rc && !orphan_reap(f, 0))
+        rc = -ETIMEDOUT;          /* the file system still owes an earlier request */
+    if (rc)
+        for (size_t i = 0; i < n; i++)
+            items[i].status = rc;
+    return rc;
+}
+
+static size_t io_len(const struct fstore *f, size_t vlen)
+{
+    return f->direct ? (vlen + F_ALIGN - 1) / F_ALIGN * F_ALIGN : vlen;
+}
+
+/* Opens the temporary file of item i and stages its value. 0 or the item's status. */
+static int put_prepare(struct store *st, struct fbatch *b, size_t i,
+                       const struct store_layout *L, uint64_t ns, const struct store_item *it)
+{
+    struct fstore *f = st->be;
+    struct fio *io = &b->io[i];
+    char name[STORE_NAME_MAX];
+    store_file_name(L, ns, it->key, name);
+    snprintf(io->tmp, sizeof io->tmp, ".%s.%d.%lu.tmp", name, (int)getpid(), ++f->seq);
+    io->fd = openat(f->dfd, io->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
+                    (f->direct ? O_DIRECT : 0), 0644);
+    if (io->fd < 0) {
+        io->tmp[0] = 0;
+        return errno_status(errno);
+    }
+    size_t vlen = STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt);
+    store_hdr_make((uint8_t *)io->buf, L, ns, it->key, it->iov, it->iovcnt);
+    char *p = io->buf + STORE_HDR_BYTES;
+    for (int k = 0; k < it->iovcnt; k++) {
+        memcpy(p, it->iov[k].iov_base, it->iov[k].iov_len);
+        p += it->iov[k].iov_len;
+    }
+    memset(io->buf + vlen, 0, io->len - vlen);
+    return 0;
+}
+
+/* After the write: publishes item i by rename, or removes its temporary file. */
+static int put_finish(struct store *st, struct fbatch *b, size_t i,
+                      const struct store_layout *L, uint64_t ns, const store_key *k)
+{
+    struct fstore *f = st->be;
+    struct fio *io = &b->io[i];
+    char name[STORE_NAME_MAX];
+    int rc = io->res < 0 ? errno_status(-io->res) : (size_t)io->res < io->len ? -ENOSPC : 0;
+    close(io->fd);
+    io->fd = -1;
+    store_file_name(L, ns, k, name);
+    if (!rc && renameat(f->dfd, io->tmp, f->dfd, name) != 0)
+        rc = errno_status(errno);
+    if (rc)
+        unlinkat(f->dfd, io->tmp, 0);
+    io->tmp[0] = 0;
+    return rc;
+}
+
+static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    if (data_ready(st, items, n))
+        return 0;
+    struct fbatch *b = batch_new(n, 1);
+    if (b)
+        for (size_t i = 0; i < n; i++)
+            b->io[i].len = io_len(f, STORE_HDR_BYTES +
+                                     store_iov_len(items[i].iov, items[i].iovcnt));
+    if (!b || batch_stage(b)) {
+        batch_free(f, b);
+        for (size_t i = 0; i < n; i++)
+            items[i].status = -ENOMEM;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        items[i].status = put_prepare(st, b, i, L, ns, &items[i]);
+    if (f_run(f, b, deadline)) {
+        for (size_t i = 0; i < n; i++)
+            if (!items[i].status)
+                items[i].status = -ETIMEDOUT;
+        return 0;                /* b is the orphan's now */
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].status)
+            continue;
+        items[i].status = put_finish(st, b, i, L, ns, items[i].key);
+        if (!items[i].status)
+            STORE_ADD(st, st_bytes_out, STORE_HDR_BYTES +
+                                        store_iov_len(items[i].iov, items[i].iovcnt));
+    }
+    batch_free(f, b);
+    return 0;
+}
+
+/* Opens item i's file and sizes its read. 0 or the item's status (-ENOENT: a miss). */
+static int get_prepare(struct fstore *f, struct fio *io, const struct store_layout *L,
+                       uint64_t ns, const struct store_item *it)
+{
+    char name[STORE_NAME_MAX];
+    store_file_name(L, ns, it->key, name);
+    io->fd = openat(f->dfd, name, O_RDONLY | O_CLOEXEC | (f->direct ? O_DIRECT : 0));
+    if (io->fd < 0)
+        return errno_status(errno);
+    struct stat sb;
+    size_t vlen = STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt);
+    if (fstat(io->fd, &sb) != 0 || (size_t)sb.st_size < vlen) {
+        close(io->fd);
+        io->fd = -1;
+        return -EBADMSG;         /* torn or another length: never ours */
+    }
+    io->len = io_len(f, vlen);
+    return 0;
+}
+
+static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    if (data_ready(st, items, n))
+        return 0;
+    struct fbatch *b = batch_new(n, 0);
+    int rc = b ? 0 : -ENOMEM;
+    for (size_t i = 0; i < n && !rc; i++)
+        items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i]);
+    if (!rc)
+        rc = batch_stage(b);
+    if (rc) {
+        batch_free(f, b);
+        for (size_t i = 0; i < n; i++)
+            items[i].status = rc;
+        return 0;
+    }
+    if (f_run(f, b, deadline)) {
+        for (size_t i = 0; i < n; i++)
+            if (!items[i].status)
+                items[i].status = -ETIMEDOUT;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct fio *io = &b->io[i];
+        size_t want = store_iov_len(items[i].iov, items[i].iovcnt);
+        if (items[i].status)
+            continue;
+        if (io->res < 0) {
+            items[i].status = errno_status(-io->res);
+            continue;
+        }
+        STORE_ADD(st, st_bytes_in, (uint64_t)io->res);
+        items[i].status = store_value_check((const uint8_t *)io->buf, (size_t)io->res, L, ns,
+                                            items[i].key, want);
+        if (!items[i].status)
+            store_iov_scatter(items[i].iov, items[i].iovcnt, io->buf + STORE_HDR_BYTES, want);
+    }
+    batch_free(f, b);
+    return 0;
+}
+
+static int f_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
+                    const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    (void)deadline;
+    int rc = f_ready(st), found = 0;
+    char name[STORE_NAME_MAX];
+    for (size_t i = 0; i < n && !rc; i++) {
+        store_file_name(L, ns, &keys[i], name);
+        present[i] = faccessat(f->dfd, name, F_OK, 0) == 0;
+        found += present[i];
+    }
+    return rc ? rc : found;
+}
+
+static int f_del(struct store *st, const struct store_layout *L, uint64_t ns,
+                 const store_key *keys, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    (void)deadline;
+    int rc = f_ready(st), removed = 0;
+    char name[STORE_NAME_MAX];
+    for (size_t i = 0; i < n && !rc; i++) {
+        store_file_name(L, ns, &keys[i], name);
+        if (unlinkat(f->dfd, name, 0) == 0)
+            removed++;
+        else if (errno != ENOENT)
+            rc = errno_status(errno);
+    }
+    return rc ? rc : removed;
+}
+
+/* Whether name is an entry of ns (and of L, when not NULL). */
+static int ns_match(const char *name, const struct store_layout *L, uint64_t ns)
+{
+    char want[64];
+    size_t len = strlen(name);
+    if (L) {
+        int n = snprintf(want, sizeof want, "kvvm1_%u_%llu_%llu_%016llx_", L->n_regions,
+                         (unsigned long long)L->bytes_per_token,
+                         (unsigned long long)L->page_size, (unsigned long long)ns);
+        return n > 0 && !strncmp(name, want, (size_t)n) && len == (size_t)n + 64;
+    }
+    snprintf(want, sizeof want, "_%016llx_", (unsigned long long)ns);
+    return !strncmp(name, "kvvm1_", 6) && len > 82 && !strncmp(name + len - 82, want, 18);
+}
+
+static int f_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
+                    uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    (void)deadline;
+    int rc = f_ready(st), removed = 0;
+    int fd = rc ? -1 : openat(f->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!rc && !d) {
+        if (fd >= 0)
+            close(fd);
+        return errno_status(errno);
+    }
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (ns_match(e->d_name, L, ns) && unlinkat(f->dfd, e->d_name, 0) == 0)
+            removed++;
+    if (d)
+        closedir(d);
+    return rc ? rc : removed;
+}
+
+static void f_close(struct store *st)
+{
+    struct fstore *f = st->be;
+    orphan_reap(f, 1);
+    if (f->ring_ok)
+        io_uring_queue_exit(&f->ring);
+    if (f->dfd >= 0)
+        close(f->dfd);
+    free(f->dir);
+    free(f);
+}
+
+static const struct store_ops file_ops = {
+    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close,
+};
+
+int store_direct(const struct store *st)
+{
+    return st && st->ops == &file_ops && ((struct fstore *)st->be)->direct == 1;
+}
+
+int store_file_open(struct store *st, const char *path)
+{
+    struct fstore *f = calloc(1, sizeof *f);
+    if (!f || !(f->dir = strdup(path))) {
+        free(f);
+        return -ENOMEM;
+    }
+    f->dfd = -1;
+    f->direct = -1;
+    int r = io_uring_queue_init(F_QD, &f->ring, 0);
+    f->ring_ok = r == 0;
+    if (r)
+        klog_warn("kvvm store: io_uring is unavailable (%s): %s is read and written with "
+                  "pread/pwrite, whose time the store's timeout does not bound", strerror(-r),
+                  path);
+    st->be = f;
+    st->ops = &file_ops;
+    (void)f_ready(st);           /* missing: down, logged; not an error */
+    return 0;
+}
