@@ -76,18 +76,15 @@ static void r_drop(struct rstore *r, const char *why, int err)
     r->down_logged = 1;
 }
 
-/* Reads what the socket has into the reader. 0, or -ENOTCONN (closed / reset). */
+/* Reads one chunk (at most RBUF_BYTES) of what the socket has into the reader: a chunk at
+   a time, so that the reader's buffer holds about one reply beyond what was parsed (it moves
+   the unparsed rest to the front after each reply). 0, or -ENOTCONN (closed / reset). */
 static int r_fill(struct rstore *r)
 {
     for (;;) {
         ssize_t got = recv(r->fd, r->rbuf, RBUF_BYTES, MSG_DONTWAIT);
-        if (got > 0) {
-            if (redisReaderFeed(r->rd, r->rbuf, (size_t)got) != REDIS_OK)
-                return -ENOMEM;
-            if ((size_t)got < RBUF_BYTES)
-                return 0;
-            continue;
-        }
+        if (got > 0)
+            return redisReaderFeed(r->rd, r->rbuf, (size_t)got) == REDIS_OK ? 0 : -ENOMEM;
         if (got < 0 && errno == EINTR)
             continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -213,6 +210,8 @@ static int r_connect(struct rstore *r, uint64_t deadline)
     }
     r->fd = redisFreeKeepFd(c);
     r->rd = redisReaderCreate();
+    if (r->rd)
+        r->rd->maxbuf = 0;           /* keep its buffer: values are large, and many */
     int fl = fcntl(r->fd, F_GETFL);
     if (!r->rd || fl < 0 || fcntl(r->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
         r_shut(r);
