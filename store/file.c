@@ -16,7 +16,9 @@
  * go through the page cache, logged at info. With O_DIRECT a file holds the value padded
  * with zeros to a multiple of 4 KiB (the header says how long the payload is), and the
  * bytes go through a 4 KiB aligned staging buffer (one copy; the caller's buffers need no
- * alignment).
+ * alignment). The store keeps its staging buffer from batch to batch (up to STAGE_KEEP
+ * bytes): a fresh one of tens of MiB is a fresh mapping, page-faulted and zeroed by the
+ * kernel on every batch, which cost more than the I/O.
  *
  * A request whose I/O is not complete at its deadline returns (those items -ETIMEDOUT);
  * its staging buffer, descriptors and temporary files are kept, with the ring they were
@@ -40,6 +42,7 @@
 
 #define F_ALIGN 4096u
 #define F_QD 128u
+#define STAGE_KEEP (64u << 20)   /* the largest staging buffer kept between batches */
 
 /* One file I/O of a batch. */
 struct fio {
@@ -53,7 +56,8 @@ struct fio {
 struct fbatch {
     size_t n;
     int write;
-    char *staging;
+    char *staging;               /* owned by the batch (an orphan's, or one too large to
+                                    keep), else NULL: the store's */
     unsigned owed;               /* submitted, not completed */
     struct fio io[];
 };
@@ -71,6 +75,8 @@ struct fstore {
     struct io_uring ring;
     struct forphan *orphan;      /* a timed-out batch still owed completions, or NULL */
     unsigned long seq;           /* temporary names */
+    char *stage;                 /* the kept staging buffer (F_ALIGN aligned), or NULL */
+    size_t stage_bytes;
     int down_logged;
 };
 
@@ -111,16 +117,27 @@ static struct fbatch *batch_new(size_t n, int write)
     return b;
 }
 
-/* Sets each io's buffer in one aligned staging allocation. 0 or -ENOMEM. */
-static int batch_stage(struct fbatch *b)
+/* Sets each io's buffer in the store's staging buffer (grown when too small), or in one of
+   the batch's own above STAGE_KEEP. 0 or -ENOMEM. */
+static int batch_stage(struct fstore *f, struct fbatch *b)
 {
-    size_t total = 0;
+    size_t total = F_ALIGN;
     for (size_t i = 0; i < b->n; i++)
         total += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
-    if (posix_memalign((void **)&b->staging, F_ALIGN, total ? total : F_ALIGN))
-        return -ENOMEM;
+    char *base = f->stage;
+    if (total > f->stage_bytes) {
+        if (posix_memalign((void **)&base, F_ALIGN, total))
+            return -ENOMEM;
+        if (total > STAGE_KEEP) {
+            b->staging = base;
+        } else {
+            free(f->stage);
+            f->stage = base;
+            f->stage_bytes = total;
+        }
+    }
     for (size_t i = 0, off = 0; i < b->n; i++) {
-        b->io[i].buf = b->staging + off;
+        b->io[i].buf = base + off;
         off += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
     }
     return 0;
@@ -214,10 +231,30 @@ static void run_sync(struct fbatch *b)
     }
 }
 
-/* Submits every io with a descriptor and waits for them until the deadline. 0, or
-   -ETIMEDOUT: the batch (and the ring) became the orphan; the store has a new ring. */
+/* The batch (and the ring it was submitted on) become the store's orphan, in the record o;
+   the store takes a fresh ring (or the pread/pwrite path, logged at open, if none). */
+static void orphan_take(struct fstore *f, struct fbatch *b, struct forphan *o)
+{
+    if (!b->staging) {           /* the kernel may still use it: the orphan's now */
+        b->staging = f->stage;
+        f->stage = NULL;
+        f->stage_bytes = 0;
+    }
+    o->ring = f->ring;
+    o->b = b;
+    f->orphan = o;
+    f->ring_ok = io_uring_queue_init(F_QD, &f->ring, 0) == 0;
+}
+
+/* Submits every io with a descriptor and waits for them until the deadline. 0; -ENOMEM
+   (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
+   orphan (orphan_take). */
 static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
 {
+    struct forphan *o = malloc(sizeof *o);   /* taken before any I/O: a timeout must not
+                                                 need memory */
+    if (!o)
+        return -ENOMEM;
     size_t next = 0, done = 0, want = 0;
     for (size_t i = 0; i < b->n; i++)
         want += b->io[i].fd >= 0;
@@ -244,16 +281,7 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
         int r = left ? io_uring_submit_and_wait_timeout(&f->ring, &cqe, 1, &ts, NULL)
                      : (io_uring_submit(&f->ring), -ETIME);
         if (r == -ETIME || (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)) {
-            struct forphan *o = malloc(sizeof *o);
-            if (!o) {                /* no memory: the batch is leaked, never freed under I/O */
-                io_uring_queue_exit(&f->ring);
-                f->ring_ok = io_uring_queue_init(F_QD, &f->ring, 0) == 0;
-                return -ETIMEDOUT;
-            }
-            o->ring = f->ring;
-            o->b = b;
-            f->orphan = o;
-            f->ring_ok = io_uring_queue_init(F_QD, &f->ring, 0) == 0;
+            orphan_take(f, b, o);
             return -ETIMEDOUT;
         }
         unsigned head, seen = 0;
@@ -265,10 +293,12 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
         b->owed -= seen;
         done += seen;
     }
+    free(o);
     return 0;
 }
 
-/* Runs the batch's I/O. 0, -ETIMEDOUT (the batch is owned by the orphan then). */
+/* Runs the batch's I/O. 0; -ETIMEDOUT (the batch is owned by the orphan then); -ENOMEM
+   (nothing ran; the batch is still the caller's). */
 static int f_run(struct fstore *f, struct fbatch *b, uint64_t deadline)
 {
     if (!f->ring_ok) {
@@ -279,6 +309,20 @@ static int f_run(struct fstore *f, struct fbatch *b, uint64_t deadline)
 }
 
 /* ------------------------------------------------------------------ requests */
+
+/* f_run for a request: on failure, the items still pending get its status and the batch is
+   freed (-ENOMEM) or the orphan's (-ETIMEDOUT). 0 or that status. */
+static int batch_run(struct fstore *f, struct fbatch *b, struct store_item *items,
+                     uint64_t deadline)
+{
+    int rc = f_run(f, b, deadline);
+    for (size_t i = 0; rc && i < b->n; i++)
+        if (!items[i].status)
+            items[i].status = rc;
+    if (rc == -ENOMEM)
+        batch_free(f, b);
+    return rc;
+}
 
 static int data_ready(struct store *st, struct store_item *items, size_t n)
 {
@@ -353,7 +397,7 @@ static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
         for (size_t i = 0; i < n; i++)
             b->io[i].len = io_len(f, STORE_HDR_BYTES +
                                      store_iov_len(items[i].iov, items[i].iovcnt));
-    if (!b || batch_stage(b)) {
+    if (!b || batch_stage(f, b)) {
         batch_free(f, b);
         for (size_t i = 0; i < n; i++)
             items[i].status = -ENOMEM;
@@ -361,12 +405,8 @@ static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
     }
     for (size_t i = 0; i < n; i++)
         items[i].status = put_prepare(st, b, i, L, ns, &items[i]);
-    if (f_run(f, b, deadline)) {
-        for (size_t i = 0; i < n; i++)
-            if (!items[i].status)
-                items[i].status = -ETIMEDOUT;
-        return 0;                /* b is the orphan's now */
-    }
+    if (batch_run(f, b, items, deadline))
+        return 0;
     for (size_t i = 0; i < n; i++) {
         if (items[i].status)
             continue;
@@ -410,19 +450,15 @@ static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
     for (size_t i = 0; i < n && !rc; i++)
         items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i]);
     if (!rc)
-        rc = batch_stage(b);
+        rc = batch_stage(f, b);
     if (rc) {
         batch_free(f, b);
         for (size_t i = 0; i < n; i++)
             items[i].status = rc;
         return 0;
     }
-    if (f_run(f, b, deadline)) {
-        for (size_t i = 0; i < n; i++)
-            if (!items[i].status)
-                items[i].status = -ETIMEDOUT;
+    if (batch_run(f, b, items, deadline))
         return 0;
-    }
     for (size_t i = 0; i < n; i++) {
         struct fio *io = &b->io[i];
         size_t want = store_iov_len(items[i].iov, items[i].iovcnt);
@@ -518,6 +554,7 @@ static void f_close(struct store *st)
         io_uring_queue_exit(&f->ring);
     if (f->dfd >= 0)
         close(f->dfd);
+    free(f->stage);
     free(f->dir);
     free(f);
 }

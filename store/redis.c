@@ -271,27 +271,41 @@ static int r_ready(struct rstore *r, uint64_t deadline)
 
 /* ------------------------------------------------------------------ requests */
 
-/* Sends n commands (iov[0..niov)), then reads n replies into rep[] (NULL past a failure).
-   0, or the connection's failure (it was dropped; the replies read are kept). */
+/* What a batch does with reply i, as it arrives (the pipeline frees it after: holding a
+   batch of large replies at once would make the allocator map fresh memory per batch). */
+typedef void (*reply_fn)(void *arg, size_t i, const redisReply *rep);
+
+/* Sends the commands (iov[0..niov)), then hands each of the n replies to fn, in order.
+   0, or the connection's failure (it was dropped); *done = the replies handed. */
 static int r_pipeline(struct rstore *r, struct iovec *iov, size_t niov, size_t n,
-                      redisReply **rep, uint64_t deadline)
+                      reply_fn fn, void *arg, uint64_t deadline, size_t *done)
 {
     int rc = r_ready(r, deadline);
     if (!rc)
         rc = r_send(r, iov, niov, deadline);
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = r_reply(r, deadline, &rep[i]);
+    for (*done = 0; *done < n && !rc; ++*done) {
+        redisReply *rep;
+        if ((rc = r_reply(r, deadline, &rep)))
+            break;
+        fn(arg, *done, rep);
+        freeReplyObject(rep);
+    }
     if (rc && r->fd >= 0)
         r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
     return rc;
 }
 
-static void replies_free(redisReply **rep, size_t n)
+/* One command, one reply (*out, to freeReplyObject). 0 or as r_pipeline. */
+static int r_call(struct rstore *r, struct iovec *io, uint64_t deadline, redisReply **out)
 {
-    for (size_t i = 0; i < n; i++)
-        if (rep[i])
-            freeReplyObject(rep[i]);
-    free(rep);
+    int rc = r_ready(r, deadline);
+    if (!rc)
+        rc = r_send(r, io, 1, deadline);
+    if (!rc)
+        rc = r_reply(r, deadline, out);
+    if (rc && r->fd >= 0)
+        r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
+    return rc;
 }
 
 /* One short command per key (GET / EXISTS) into a buffer of n commands, one iovec: the
@@ -312,19 +326,73 @@ static char *keys_cmds(const char *verb, const struct store_layout *L, uint64_t 
     return buf;
 }
 
+/* The requests' per-reply work. */
+struct batch_ctx {
+    struct store *st;
+    const struct store_layout *L;
+    uint64_t ns;
+    struct store_item *items;    /* put, get */
+    uint8_t *present;            /* lookup */
+    int found, err;              /* lookup */
+};
+
+static void put_reply(void *arg, size_t i, const redisReply *rep)
+{
+    struct batch_ctx *c = arg;
+    struct store_item *it = &c->items[i];
+    it->status = rep->type == REDIS_REPLY_ERROR ? r_err(rep) : 0;
+    if (!it->status)
+        STORE_ADD(c->st, st_bytes_out, STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt));
+}
+
+static void get_reply(void *arg, size_t i, const redisReply *p)
+{
+    struct batch_ctx *c = arg;
+    struct store_item *it = &c->items[i];
+    size_t want = store_iov_len(it->iov, it->iovcnt);
+    if (p->type == REDIS_REPLY_NIL)
+        it->status = -ENOENT;
+    else if (p->type == REDIS_REPLY_ERROR)
+        it->status = r_err(p);
+    else if (p->type != REDIS_REPLY_STRING)
+        it->status = -EIO;
+    else if ((size_t)p->len != STORE_HDR_BYTES + want ||
+             store_value_check((const uint8_t *)p->str, (size_t)p->len, c->L, c->ns, it->key,
+                               want))
+        it->status = -EBADMSG;
+    else
+        it->status = 0, store_iov_scatter(it->iov, it->iovcnt, p->str + STORE_HDR_BYTES, want);
+    if (p->type == REDIS_REPLY_STRING)
+        STORE_ADD(c->st, st_bytes_in, (uint64_t)p->len);
+}
+
+static void exists_reply(void *arg, size_t i, const redisReply *rep)
+{
+    struct batch_ctx *c = arg;
+    if (rep->type == REDIS_REPLY_ERROR && !c->err)
+        c->err = r_err(rep);
+    c->present[i] = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
+    c->found += c->present[i];
+}
+
+/* The items past a failure get its status (-ENOMEM before anything was sent). */
+static void items_rest(struct store_item *items, size_t from, size_t n, int rc)
+{
+    for (size_t i = from; i < n; i++)
+        items[i].status = rc ? rc : -EIO;
+}
+
 static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
-    struct rstore *r = st->be;
-    size_t niov = 0;
+    size_t niov = 0, done = 0;
     if (n == 0)
         return 0;                /* store.c never asks; said for the analyzer */
     for (size_t i = 0; i < n; i++)
         niov += 2 + (size_t)items[i].iovcnt;
     struct iovec *iov = malloc(niov * sizeof *iov);
     char *cmd = malloc(n * (CMD_MAX + STORE_HDR_BYTES));
-    redisReply **rep = calloc(n, sizeof *rep);
-    int rc = iov && cmd && rep ? 0 : -ENOMEM;
+    int rc = iov && cmd ? 0 : -ENOMEM;
     size_t k = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         char key[STORE_NAME_MAX], *c = cmd + i * (CMD_MAX + STORE_HDR_BYTES);
@@ -338,19 +406,10 @@ static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
         k += (size_t)items[i].iovcnt;
         iov[k++] = (struct iovec){ "\r\n", 2 };
     }
+    struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
     if (!rc)
-        rc = r_pipeline(r, iov, niov, n, rep, deadline);
-    for (size_t i = 0; i < n; i++) {
-        if (!rep || !rep[i])
-            items[i].status = rc ? rc : -EIO;
-        else if (rep[i]->type == REDIS_REPLY_ERROR)
-            items[i].status = r_err(rep[i]);
-        else
-            items[i].status = 0, STORE_ADD(st, st_bytes_out, STORE_HDR_BYTES +
-                                           store_iov_len(items[i].iov, items[i].iovcnt));
-    }
-    if (rep)
-        replies_free(rep, n);
+        rc = r_pipeline(st->be, iov, niov, n, put_reply, &c, deadline, &done);
+    items_rest(items, done, n, rc);
     free(cmd);
     free(iov);
     return 0;
@@ -359,35 +418,12 @@ static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
 static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
-    struct rstore *r = st->be;
-    redisReply **rep = calloc(n, sizeof *rep);
     struct iovec io;
-    char *buf = NULL;
-    int rc = -ENOMEM;
-    if (rep && (buf = keys_cmds("GET", L, ns, items, NULL, n, &io)))
-        rc = r_pipeline(r, &io, 1, n, rep, deadline);
-    for (size_t i = 0; i < n; i++) {
-        redisReply *p = rep ? rep[i] : NULL;
-        size_t want = store_iov_len(items[i].iov, items[i].iovcnt);
-        if (!p)
-            items[i].status = rc ? rc : -EIO;
-        else if (p->type == REDIS_REPLY_NIL)
-            items[i].status = -ENOENT;
-        else if (p->type == REDIS_REPLY_ERROR)
-            items[i].status = r_err(p);
-        else if (p->type != REDIS_REPLY_STRING)
-            items[i].status = -EIO;
-        else if ((items[i].status = store_value_check((const uint8_t *)p->str, (size_t)p->len,
-                                                      L, ns, items[i].key, want)) == 0 &&
-                 (size_t)p->len == STORE_HDR_BYTES + want)
-            store_iov_scatter(items[i].iov, items[i].iovcnt, p->str + STORE_HDR_BYTES, want);
-        else
-            items[i].status = -EBADMSG;
-        if (p && p->type == REDIS_REPLY_STRING)
-            STORE_ADD(st, st_bytes_in, (uint64_t)p->len);
-    }
-    if (rep)
-        replies_free(rep, n);
+    struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
+    size_t done = 0;
+    char *buf = keys_cmds("GET", L, ns, items, NULL, n, &io);
+    int rc = buf ? r_pipeline(st->be, &io, 1, n, get_reply, &c, deadline, &done) : -ENOMEM;
+    items_rest(items, done, n, rc);
     free(buf);
     return 0;
 }
@@ -395,25 +431,13 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
 static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
                     const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
 {
-    struct rstore *r = st->be;
-    redisReply **rep = calloc(n, sizeof *rep);
     struct iovec io;
-    char *buf = NULL;
-    int rc = -ENOMEM, found = 0;
-    if (rep && (buf = keys_cmds("EXISTS", L, ns, NULL, keys, n, &io)))
-        rc = r_pipeline(r, &io, 1, n, rep, deadline);
-    for (size_t i = 0; i < n && !rc; i++) {
-        if (rep[i]->type == REDIS_REPLY_ERROR) {
-            rc = r_err(rep[i]);
-            break;
-        }
-        present[i] = rep[i]->type == REDIS_REPLY_INTEGER && rep[i]->integer > 0;
-        found += present[i];
-    }
-    if (rep)
-        replies_free(rep, n);
+    struct batch_ctx c = { .st = st, .present = present };
+    size_t done = 0;
+    char *buf = keys_cmds("EXISTS", L, ns, NULL, keys, n, &io);
+    int rc = buf ? r_pipeline(st->be, &io, 1, n, exists_reply, &c, deadline, &done) : -ENOMEM;
     free(buf);
-    return rc ? rc : found;
+    return rc ? rc : c.err ? c.err : c.found;
 }
 
 /* UNLINK of n names (each at most STORE_NAME_MAX): the count removed, or -errno. */
@@ -427,7 +451,7 @@ static int r_unlink(struct rstore *r, const char *const *names, size_t n, uint64
         len += (size_t)sprintf(buf + len, "$%zu\r\n%s\r\n", strlen(names[i]), names[i]);
     struct iovec io = { buf, len };
     redisReply *rep = NULL;
-    int rc = r_pipeline(r, &io, 1, 1, &rep, deadline);
+    int rc = r_call(r, &io, deadline, &rep);
     if (!rc)
         rc = rep->type == REDIS_REPLY_INTEGER ? (int)rep->integer
            : rep->type == REDIS_REPLY_ERROR ? r_err(rep) : -EIO;
@@ -472,7 +496,7 @@ static int r_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
         const char *a[] = { "SCAN", cursor, "MATCH", pat, "COUNT", "1000" };
         struct iovec io = { cmd, r_cmd(cmd, sizeof cmd, 6, a) };
         redisReply *rep = NULL;
-        if ((rc = r_pipeline(r, &io, 1, 1, &rep, deadline)))
+        if ((rc = r_call(r, &io, deadline, &rep)))
             return rc;
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
             rep->element[0]->type != REDIS_REPLY_STRING ||
