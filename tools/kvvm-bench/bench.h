@@ -42,5 +42,6 @@ int bench_checksum(struct bench_ctx *b) __attribute__((weak)); /* bench_checksum
 int bench_scale(struct bench_ctx *b) __attribute__((weak));   /* bench_scale.c  (policy cost vs pool size) */
 int bench_calls(struct bench_ctx *b) __attribute__((weak));   /* bench_calls.c  (driver calls) */
 int bench_frames(struct bench_ctx *b) __attribute__((weak));  /* bench_frames.c (frame pool) */
+int bench_store(struct bench_ctx *b) __attribute__((weak));   /* bench_store.c  (shared store) */
 
 #endif
