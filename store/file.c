@@ -23,9 +23,10 @@
  * A request whose I/O is not complete at its deadline returns (those items -ETIMEDOUT);
  * its staging buffer, descriptors and temporary files are kept, with the ring they were
  * submitted on, as the store's one orphan, freed when the last completion arrives (checked
- * at each later request, waited for at close). While an orphan is owed completions, data
- * requests fail fast (-ETIMEDOUT): a file system that hangs gets one request's buffers,
- * never more.
+ * at each later request, waited for at close). A data request waits at most 10 ms for the
+ * orphan's completions, then fails (-ETIMEDOUT): a file system that hangs gets one
+ * request's buffers, never more, and the requests behind it fail fast.
+ * store_test_hang (a test hook) makes every I/O wait on a pipe, to test exactly this.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -77,6 +78,8 @@ struct fstore {
     unsigned long seq;           /* temporary names */
     char *stage;                 /* the kept staging buffer (F_ALIGN aligned), or NULL */
     size_t stage_bytes;
+    int hang;                    /* test hook (store_test_hang): I/O reads hang_fd[0] */
+    int hang_fd[2];              /* a pipe, or -1 */
     int down_logged;
 };
 
@@ -199,13 +202,19 @@ static int f_ready(struct store *st)
 
 /* ------------------------------------------------------------------ I/O */
 
-/* Reaps the orphan's completions; frees it once none is owed. 1 when it is gone. */
-static int orphan_reap(struct fstore *f, int wait)
+/* Reaps the orphan's completions, waiting for each at most wait_ns (UINT64_MAX: for ever);
+   frees it once none is owed. 1 when there is none (any more). */
+#define ORPHAN_WAIT_NS (10ull * 1000000u)  /* a request's wait for the orphan: short, so
+                                            requests behind a hung file system fail fast */
+static int orphan_reap(struct fstore *f, uint64_t wait_ns)
 {
     struct forphan *o = f->orphan;
     struct io_uring_cqe *cqe;
+    struct __kernel_timespec ts = { (long long)(wait_ns / 1000000000u),
+                                    (long long)(wait_ns % 1000000000u) };
     while (o && o->b->owed &&
-           (wait ? io_uring_wait_cqe(&o->ring, &cqe) : io_uring_peek_cqe(&o->ring, &cqe)) == 0) {
+           (wait_ns == UINT64_MAX ? io_uring_wait_cqe(&o->ring, &cqe)
+                                  : io_uring_wait_cqe_timeout(&o->ring, &cqe, &ts)) == 0) {
         io_uring_cqe_seen(&o->ring, cqe);
         o->b->owed--;
     }
@@ -264,7 +273,9 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
             struct io_uring_sqe *sqe = io->fd >= 0 ? io_uring_get_sqe(&f->ring) : NULL;
             if (io->fd >= 0 && !sqe)
                 break;               /* the ring is full: submit, reap, come back */
-            if (sqe && b->write)
+            if (sqe && f->hang)      /* test hook: completes when the pipe has a byte */
+                io_uring_prep_read(sqe, f->hang_fd[0], io->buf, 1, (uint64_t)-1);
+            else if (sqe && b->write)
                 io_uring_prep_write(sqe, io->fd, io->buf, (unsigned)io->len, 0);
             else if (sqe)
                 io_uring_prep_read(sqe, io->fd, io->buf, (unsigned)io->len, 0);
@@ -324,11 +335,12 @@ static int batch_run(struct fstore *f, struct fbatch *b, struct store_item *item
     return rc;
 }
 
-static int data_ready(struct store *st, struct store_item *items, size_t n)
+static int data_ready(struct store *st, struct store_item *items, size_t n, uint64_t deadline)
 {
     struct fstore *f = st->be;
     int rc = f_ready(st);
-    if (!rc && !orphan_reap(f, 0))
+    uint64_t left = store_left_ns(deadline);
+    if (!rc && !orphan_reap(f, left < ORPHAN_WAIT_NS ? left : ORPHAN_WAIT_NS))
         rc = -ETIMEDOUT;          /* the file system still owes an earlier request */
     if (rc)
         for (size_t i = 0; i < n; i++)
@@ -390,7 +402,7 @@ static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
     struct fstore *f = st->be;
-    if (data_ready(st, items, n))
+    if (data_ready(st, items, n, deadline))
         return 0;
     struct fbatch *b = batch_new(n, 1);
     if (b)
@@ -443,7 +455,7 @@ static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
     struct fstore *f = st->be;
-    if (data_ready(st, items, n))
+    if (data_ready(st, items, n, deadline))
         return 0;
     struct fbatch *b = batch_new(n, 0);
     int rc = b ? 0 : -ENOMEM;
@@ -549,19 +561,42 @@ static int f_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
 static void f_close(struct store *st)
 {
     struct fstore *f = st->be;
-    orphan_reap(f, 1);
+    orphan_reap(f, UINT64_MAX);
     if (f->ring_ok)
         io_uring_queue_exit(&f->ring);
     if (f->dfd >= 0)
         close(f->dfd);
     free(f->stage);
     free(f->dir);
+    if (f->hang_fd[0] >= 0) {
+        close(f->hang_fd[0]);
+        close(f->hang_fd[1]);
+    }
     free(f);
 }
 
 static const struct store_ops file_ops = {
     "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close,
 };
+
+int store_test_hang(struct store *st, int on)
+{
+    if (!st || st->ops != &file_ops)
+        return -EINVAL;
+    struct fstore *f = st->be;
+    pthread_mutex_lock(&st->lock);
+    int rc = 0;
+    if (on && f->hang_fd[0] < 0 && pipe2(f->hang_fd, O_CLOEXEC))
+        rc = -errno;
+    if (!rc && !on && f->hang_fd[1] >= 0) {
+        static const char bytes[4096];
+        rc = write(f->hang_fd[1], bytes, sizeof bytes) < 0 ? -errno : 0;
+    }
+    if (!rc)
+        f->hang = on;
+    pthread_mutex_unlock(&st->lock);
+    return rc;
+}
 
 int store_direct(const struct store *st)
 {
@@ -577,6 +612,7 @@ int store_file_open(struct store *st, const char *path)
     }
     f->dfd = -1;
     f->direct = -1;
+    f->hang_fd[0] = f->hang_fd[1] = -1;
     int r = io_uring_queue_init(F_QD, &f->ring, 0);
     f->ring_ok = r == 0;
     if (r)

@@ -116,6 +116,11 @@ int store_direct(const struct store *st);
    bytes, always terminated; returns buf. */
 char *store_url_redact(const char *url, char *buf, size_t len);
 
+/* Test hook (file backend): on, every data I/O waits on a pipe instead of the file system
+   (a hung file system); off, the I/Os waiting complete (4096 of them at most). -EINVAL not
+   a file store, or the errno of pipe2 / write. */
+int store_test_hang(struct store *st, int on);
+
 /* --- the key layout (docs/api.md "Key layout"), for tests and tools ------------------- */
 #define STORE_HDR_BYTES 96
 #define STORE_NAME_MAX 160

@@ -806,6 +806,57 @@ Test(store_file, missing_directory_is_down_not_an_error)
     kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
 }
 
+/* A hung file system: a batch returns at its deadline (bound 3x against timing flakes);
+   while its I/O is still owed, later data requests fail fast; once it completes, its
+   buffers and temporary files are released and the store works again. */
+Test(store_file, hung_io_returns_in_time_and_recovers)
+{
+    TH_DEADLINE(30);
+    char dir[64], url[96];
+    const uint32_t tmo = 200;
+    struct store *st = sopen(file_url(dir, sizeof dir, url, sizeof url), tmo);
+    struct batch w, r;
+    batch_make(&w, 3, 8192, 20);
+    batch_blank(&r, &w);
+    cr_assert_eq(store_put(st, &L1, 1, w.items, 3), 3);
+    cr_assert_eq(store_test_hang(st, 1), 0);
+    uint64_t t0 = now_ns();
+    cr_expect_eq(store_get(st, &L1, 1, r.items, 3), 0);
+    cr_expect_leq(ms_since(t0), 3 * tmo, "a hung get took %llu ms",
+                  (unsigned long long)ms_since(t0));
+    for (size_t i = 0; i < 3; i++)
+        cr_expect_eq(r.items[i].status, -ETIMEDOUT, "get %zu: %d", i, r.items[i].status);
+    t0 = now_ns();
+    cr_expect_eq(store_put(st, &L1, 1, w.items, 3), 0, "a put behind the hung batch");
+    cr_expect_lt(ms_since(t0), tmo, "it did not fail fast");
+    cr_expect_eq(w.items[0].status, -ETIMEDOUT);
+    cr_expect_eq(sstats(st).errors, 6);
+    cr_assert_eq(store_test_hang(st, 0), 0);
+    int got = 0;
+    for (int i = 0; i < 100 && got != 3; i++)
+        if ((got = store_get(st, &L1, 1, r.items, 3)) != 3)
+            usleep(20000);
+    cr_expect_eq(got, 3, "the store did not recover");
+    for (size_t i = 0; i < 3; i++)
+        expect_same(&w, &r, i);
+    /* a put that hangs leaves no temporary file once its I/O is over */
+    cr_assert_eq(store_test_hang(st, 1), 0);
+    cr_expect_eq(store_put(st, &L1, 1, w.items, 3), 0);
+    cr_assert_eq(store_test_hang(st, 0), 0);
+    cr_expect_eq(store_lookup(st, &L1, 1, w.keys, 3, NULL), 3);
+    int put = 0;                                          /* reaps the orphan */
+    for (int i = 0; i < 100 && put != 1; i++)
+        if ((put = store_put(st, &L1, 1, w.items, 1)) != 1)
+            usleep(20000);
+    cr_expect_eq(put, 1);
+    cr_expect_eq(th_dir_entries(dir), 3, "temporary files left: %d entries",
+                 th_dir_entries(dir));
+    batch_free(&w);
+    batch_free(&r);
+    store_close(st);
+    rmdir_all(dir);
+}
+
 /* ------------------------------------------------------------------ through kvvm_open */
 
 static int kopen_url(const char *url, kvvm **kv)
