@@ -74,10 +74,12 @@ struct store_item {
 #define STORE_F_TEST_NO_DIRECT (1u << 0) /* test hook: behave as if O_DIRECT were refused */
 
 /* Parses url and opens the store; a down store is not an error (see the contract).
-   timeout_ms 0 = STORE_TIMEOUT_DEFAULT_MS. -EINVAL url NULL or malformed (logged with the
-   reason); -EACCES credentials refused (logged); -ENOMEM. */
+   timeout_ms 0 = STORE_TIMEOUT_DEFAULT_MS. -EINVAL url NULL or malformed, or a Redis
+   database the server refuses to SELECT (logged with the reason); -EACCES credentials
+   refused (logged); -ENOMEM. */
 int  store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out);
-/* Closes the connection / ring and frees everything. NULL is a no-op. */
+/* Closes the connection / ring and frees everything; a file store first waits for the I/O
+   of a batch that timed out (the kernel may still write its buffers). NULL is a no-op. */
 void store_close(struct store *st);
 
 /* Writes the n items (their payloads) under (L, ns, key): an existing entry is replaced
@@ -99,8 +101,8 @@ int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
 int store_delete(struct store *st, const struct store_layout *L, uint64_t ns,
                  const store_key *keys, size_t n);
 /* Removes every entry of namespace ns under layout L (L NULL: under every layout). Returns
-   how many, or -EINVAL (st NULL) / a store error as lookup. Redis: SCAN + UNLINK, one
-   deadline per SCAN round. */
+   how many, or -EINVAL (st NULL) / a store error as lookup (-ETIMEDOUT: the entries removed
+   so far stay removed). Redis: SCAN + UNLINK rounds, all within one deadline. */
 int store_delete_ns(struct store *st, const struct store_layout *L, uint64_t ns);
 
 struct store_stats {
