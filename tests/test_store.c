@@ -186,6 +186,33 @@ static void batch_free(struct batch *b)
     free(b->items);
 }
 
+/* A batch to write and one of the same keys to read into. */
+static void pair_make(struct batch *w, struct batch *r, size_t n, size_t half, uint64_t first)
+{
+    batch_make(w, n, half, first);
+    batch_blank(r, w);
+}
+
+static void pair_free(struct batch *w, struct batch *r)
+{
+    batch_free(w);
+    batch_free(r);
+}
+
+/* Repeats a put (or a get) of n items until all succeed, for up to 2 s: the store comes
+   back by itself. Returns the last count. */
+static int retry_all(struct store *st, int put, uint64_t ns, struct store_item *items,
+                     size_t n)
+{
+    int got = 0;
+    for (int i = 0; i < 100 && got != (int)n; i++) {
+        got = put ? store_put(st, &L1, ns, items, n) : store_get(st, &L1, ns, items, n);
+        if (got != (int)n)
+            usleep(20000);
+    }
+    return got;
+}
+
 static void expect_same(const struct batch *a, const struct batch *b, size_t i)
 {
     cr_expect(!memcmp(a->bytes + i * 2 * a->half, b->bytes + i * 2 * b->half, 2 * a->half),
@@ -198,6 +225,13 @@ static struct store *sopen(const char *url, uint32_t timeout_ms)
     int rc = store_open(url, timeout_ms, 0, &st);
     cr_assert_eq(rc, 0, "store_open(%s): %d", url, rc);
     return st;
+}
+
+/* A server and a store on it. */
+static struct store *redis_up(struct rsrv *s, uint32_t timeout_ms)
+{
+    rsrv_start(s, NULL);
+    return sopen(s->url, timeout_ms);
 }
 
 static struct store_stats sstats(struct store *st)
@@ -254,8 +288,7 @@ static void round_trip(const char *url)
 {
     struct store *st = sopen(url, 2000);
     struct batch w, r;
-    batch_make(&w, 16, 4096, 100);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 16, 4096, 100);
     cr_assert_eq(store_put(st, &L1, 7, w.items, w.n), 16);
     for (size_t i = 0; i < w.n; i++)
         cr_expect_eq(w.items[i].status, 0);
@@ -277,8 +310,7 @@ static void round_trip(const char *url)
     cr_expect_eq(store_get(st, &L1, 7, &miss, 1), 0);
     cr_expect_eq(miss.status, -ENOENT);
     cr_expect_eq(sstats(st).errors, 0);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
 }
 
@@ -366,8 +398,7 @@ static void wrong_length(const char *url)
 static void two_processes(const char *url)
 {
     struct batch w, r;
-    batch_make(&w, 12, 8192, 4000);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 12, 8192, 4000);
     pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) {
@@ -384,8 +415,7 @@ static void two_processes(const char *url)
     cr_assert_eq(store_get(st, &L1, 9, r.items, r.n), (int)r.n);
     for (size_t i = 0; i < r.n; i++)
         expect_same(&w, &r, i);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
 }
 
@@ -419,11 +449,9 @@ Test(store_redis, corrupted_value_is_a_counted_miss)
 {
     TH_DEADLINE(30);
     struct rsrv s = { 0 };
-    rsrv_start(&s, NULL);
-    struct store *st = sopen(s.url, 2000);
+    struct store *st = redis_up(&s, 2000);
     struct batch w, r;
-    batch_make(&w, 2, 4096, 1);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 2, 4096, 1);
     cr_assert_eq(store_put(st, &L1, 4, w.items, 2), 2);
     char name[STORE_NAME_MAX];
     store_redis_key(&L1, 4, &w.keys[0], name);
@@ -442,8 +470,7 @@ Test(store_redis, corrupted_value_is_a_counted_miss)
     for (size_t i = 0; i < 8192; i++)
         cr_assert_eq(r.bytes[i], 0xaa, "byte %zu of a corrupt value was handed out", i);
     cr_expect_eq(sstats(st).errors, 1);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rsrv_stop(&s);
 }
@@ -453,11 +480,9 @@ Test(store_redis, value_under_another_name_is_a_counted_miss)
 {
     TH_DEADLINE(30);
     struct rsrv s = { 0 };
-    rsrv_start(&s, NULL);
-    struct store *st = sopen(s.url, 2000);
+    struct store *st = redis_up(&s, 2000);
     struct batch w, r;
-    batch_make(&w, 2, 4096, 1);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 2, 4096, 1);
     cr_assert_eq(store_put(st, &L1, 4, w.items, 2), 2);
     char n0[STORE_NAME_MAX], n1[STORE_NAME_MAX];
     store_redis_key(&L1, 4, &w.keys[0], n0);
@@ -469,8 +494,7 @@ Test(store_redis, value_under_another_name_is_a_counted_miss)
     cr_expect_eq(store_get(st, &L1, 4, r.items, 2), 1);
     cr_expect_eq(r.items[0].status, -EBADMSG);
     cr_expect_eq(sstats(st).errors, 1);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rsrv_stop(&s);
 }
@@ -527,8 +551,7 @@ Test(store_redis, down_at_open_then_reconnects)
     struct store *st = sopen(url, 500);
     cr_expect(strstr(logged, "unavailable"), "log: %s", logged);
     struct batch w, r;
-    batch_make(&w, 4, 1024, 0);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 4, 1024, 0);
     uint64_t t0 = now_ns();
     cr_expect_eq(store_put(st, &L1, 1, w.items, 4), 0);
     cr_expect_eq(store_get(st, &L1, 1, r.items, 4), 0);
@@ -540,16 +563,10 @@ Test(store_redis, down_at_open_then_reconnects)
     cr_expect_eq(sstats(st).errors, 8);
     cr_expect(store_lookup(st, &L1, 1, w.keys, 4, NULL) < 0);
     rsrv_start(&s, NULL);
-    int put = 0;
-    for (int i = 0; i < 200 && put != 4; i++) {
-        put = store_put(st, &L1, 1, w.items, 4);
-        usleep(20000);
-    }
-    cr_expect_eq(put, 4, "the store did not come back");
+    cr_expect_eq(retry_all(st, 1, 1, w.items, 4), 4, "the store did not come back");
     cr_expect_eq(store_get(st, &L1, 1, r.items, 4), 4);
     cr_expect(strstr(logged, "is back"), "log: %s", logged);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rsrv_stop(&s);
     kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
@@ -565,8 +582,7 @@ Test(store_redis, stopped_server_calls_return_in_time)
     const uint32_t tmo = 250;
     struct store *st = sopen(s.url, tmo);
     struct batch w, r;
-    batch_make(&w, 8, 64 << 10, 0);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 8, 64 << 10, 0);
     cr_assert_eq(store_put(st, &L1, 1, w.items, 8), 8);
     kill(s.pid, SIGSTOP);
     uint64_t worst = 0;
@@ -584,16 +600,10 @@ Test(store_redis, stopped_server_calls_return_in_time)
                   (unsigned long long)worst, tmo);
     cr_expect_geq(sstats(st).errors, 6);
     kill(s.pid, SIGCONT);
-    int got = 0;
-    for (int i = 0; i < 100 && got != 8; i++) {
-        got = store_get(st, &L1, 1, r.items, 8);
-        usleep(20000);
-    }
-    cr_expect_eq(got, 8, "the store did not recover after SIGCONT");
+    cr_expect_eq(retry_all(st, 0, 1, r.items, 8), 8, "the store did not recover after SIGCONT");
     for (size_t i = 0; i < 8; i++)
         expect_same(&w, &r, i);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rsrv_stop(&s);
 }
@@ -603,28 +613,20 @@ Test(store_redis, restarted_server_reconnects)
 {
     TH_DEADLINE(30);
     struct rsrv s = { 0 };
-    rsrv_start(&s, NULL);
-    struct store *st = sopen(s.url, 500);
+    struct store *st = redis_up(&s, 500);
     struct batch w, r;
-    batch_make(&w, 4, 4096, 50);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 4, 4096, 50);
     cr_assert_eq(store_put(st, &L1, 1, w.items, 4), 4);
     rsrv_kill(&s);
     cr_expect_eq(store_put(st, &L1, 1, w.items, 4), 0);
     uint64_t errs = sstats(st).errors;
     cr_expect_geq(errs, 4);
     rsrv_start(&s, NULL);          /* same port, same password, empty */
-    int put = 0;
-    for (int i = 0; i < 200 && put != 4; i++) {
-        put = store_put(st, &L1, 1, w.items, 4);
-        usleep(20000);
-    }
-    cr_expect_eq(put, 4, "later puts did not land");
+    cr_expect_eq(retry_all(st, 1, 1, w.items, 4), 4, "later puts did not land");
     cr_expect_eq(store_get(st, &L1, 1, r.items, 4), 4);
     for (size_t i = 0; i < 4; i++)
         expect_same(&w, &r, i);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rsrv_stop(&s);
 }
@@ -684,8 +686,7 @@ Test(store_file, corrupted_file_is_a_counted_miss)
     char dir[64], url[96], path[256], name[STORE_NAME_MAX];
     struct store *st = sopen(file_url(dir, sizeof dir, url, sizeof url), 1000);
     struct batch w, r;
-    batch_make(&w, 2, 4096, 3);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 2, 4096, 3);
     cr_assert_eq(store_put(st, &L1, 1, w.items, 2), 2);
     store_file_name(&L1, 1, &w.keys[0], name);
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -711,8 +712,7 @@ Test(store_file, corrupted_file_is_a_counted_miss)
     cr_expect_eq(store_get(st, &L1, 1, r.items, 1), 0);
     cr_expect_eq(r.items[0].status, -EBADMSG);
     cr_expect_eq(sstats(st).errors, 3);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rmdir_all(dir);
 }
@@ -765,8 +765,7 @@ Test(store_file, buffered_fallback_is_logged_and_works)
     cr_expect_eq(store_direct(st), 0);
     cr_expect(strstr(logged, "page cache"), "log: %s", logged);
     struct batch w, r;
-    batch_make(&w, 3, 5000, 1);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 3, 5000, 1);
     cr_assert_eq(store_put(st, &L1, 1, w.items, 3), 3);
     struct store *st2 = sopen(url, 1000);
     cr_assert_eq(store_get(st2, &L1, 1, r.items, 3), 3);
@@ -774,8 +773,7 @@ Test(store_file, buffered_fallback_is_logged_and_works)
         expect_same(&w, &r, i);
     if (!store_direct(st2))
         cr_log_warn("%s refuses O_DIRECT: the direct path was not exercised", dir);
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     store_close(st2);
     rmdir_all(dir);
@@ -818,8 +816,7 @@ Test(store_file, hung_io_returns_in_time_and_recovers)
     const uint32_t tmo = 200;
     struct store *st = sopen(file_url(dir, sizeof dir, url, sizeof url), tmo);
     struct batch w, r;
-    batch_make(&w, 3, 8192, 20);
-    batch_blank(&r, &w);
+    pair_make(&w, &r, 3, 8192, 20);
     cr_assert_eq(store_put(st, &L1, 1, w.items, 3), 3);
     cr_assert_eq(store_test_hang(st, 1), 0);
     uint64_t t0 = now_ns();
@@ -834,11 +831,7 @@ Test(store_file, hung_io_returns_in_time_and_recovers)
     cr_expect_eq(w.items[0].status, -ETIMEDOUT);
     cr_expect_eq(sstats(st).errors, 6);
     cr_assert_eq(store_test_hang(st, 0), 0);
-    int got = 0;
-    for (int i = 0; i < 100 && got != 3; i++)
-        if ((got = store_get(st, &L1, 1, r.items, 3)) != 3)
-            usleep(20000);
-    cr_expect_eq(got, 3, "the store did not recover");
+    cr_expect_eq(retry_all(st, 0, 1, r.items, 3), 3, "the store did not recover");
     for (size_t i = 0; i < 3; i++)
         expect_same(&w, &r, i);
     /* a put that hangs leaves no temporary file once its I/O is over */
@@ -846,15 +839,10 @@ Test(store_file, hung_io_returns_in_time_and_recovers)
     cr_expect_eq(store_put(st, &L1, 1, w.items, 3), 0);
     cr_assert_eq(store_test_hang(st, 0), 0);
     cr_expect_eq(store_lookup(st, &L1, 1, w.keys, 3, NULL), 3);
-    int put = 0;                                          /* reaps the orphan */
-    for (int i = 0; i < 100 && put != 1; i++)
-        if ((put = store_put(st, &L1, 1, w.items, 1)) != 1)
-            usleep(20000);
-    cr_expect_eq(put, 1);
+    cr_expect_eq(retry_all(st, 1, 1, w.items, 1), 1);     /* reaps the orphan */
     cr_expect_eq(th_dir_entries(dir), 3, "temporary files left: %d entries",
                  th_dir_entries(dir));
-    batch_free(&w);
-    batch_free(&r);
+    pair_free(&w, &r);
     store_close(st);
     rmdir_all(dir);
 }
