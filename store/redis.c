@@ -47,6 +47,14 @@ struct rstore {
     int down_logged;             /* the outage was logged */
     char cause[128];             /* hiredis's reason for the last failed connect, or "" */
     char *rbuf;                  /* [RBUF_BYTES] receive buffer */
+    /* The reader's object functions: hiredis's own (def), except while a get batch sinks
+       (sink != NULL): a top-level string reply is then checked and copied to the caller
+       where the reader holds it (sink_string), and no reply object copies the value. */
+    redisReplyObjectFunctions fns;
+    const redisReplyObjectFunctions *def;
+    struct batch_ctx *sink;      /* the get batch, or NULL */
+    size_t sink_i;               /* the item the next reply answers */
+    int sunk;                    /* the last reply was consumed by sink_string */
 };
 
 /* ------------------------------------------------------------------ the connection */
@@ -190,6 +198,8 @@ static size_t r_cmd(char *out, size_t cap, int argc, const char *const *argv)
     return len < cap ? len : cap;
 }
 
+static void *sink_string(const redisReadTask *task, char *str, size_t len);
+
 /* Connects, authenticates, selects the database. 0, -EACCES (refused), -EINVAL (no such
    database), -ETIMEDOUT, -ENOTCONN, -ENOMEM; nothing kept on failure. */
 static int r_connect(struct rstore *r, uint64_t deadline)
@@ -210,8 +220,14 @@ static int r_connect(struct rstore *r, uint64_t deadline)
     }
     r->fd = redisFreeKeepFd(c);
     r->rd = redisReaderCreate();
-    if (r->rd)
+    if (r->rd) {
         r->rd->maxbuf = 0;           /* keep its buffer: values are large, and many */
+        r->def = r->rd->fn;
+        r->fns = *r->def;
+        r->fns.createString = sink_string;
+        r->rd->fn = &r->fns;
+        r->rd->privdata = r;
+    }
     int fl = fcntl(r->fd, F_GETFL);
     if (!r->rd || fl < 0 || fcntl(r->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
         r_shut(r);
@@ -345,25 +361,46 @@ static void put_reply(void *arg, size_t i, const redisReply *rep)
         STORE_ADD(c->st, st_bytes_out, STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt));
 }
 
+/* Item i of a get batch from its value (str, len): checked, then copied out. */
+static void get_value(struct batch_ctx *c, size_t i, const char *str, size_t len)
+{
+    struct store_item *it = &c->items[i];
+    size_t want = store_iov_len(it->iov, it->iovcnt);
+    STORE_ADD(c->st, st_bytes_in, (uint64_t)len);
+    if (len != STORE_HDR_BYTES + want ||
+        store_value_check((const uint8_t *)str, len, c->L, c->ns, it->key, want))
+        it->status = -EBADMSG;
+    else
+        it->status = 0, store_iov_scatter(it->iov, it->iovcnt, str + STORE_HDR_BYTES, want);
+}
+
+/* The reader's createString: a get's value is consumed where the reader holds it. */
+static void *sink_string(const redisReadTask *task, char *str, size_t len)
+{
+    struct rstore *r = task->privdata;
+    if (!r->sink || task->parent || task->type != REDIS_REPLY_STRING)
+        return r->def->createString(task, str, len);
+    get_value(r->sink, r->sink_i, str, len);
+    r->sunk = 1;
+    return r->def->createNil(task);
+}
+
 static void get_reply(void *arg, size_t i, const redisReply *p)
 {
     struct batch_ctx *c = arg;
+    struct rstore *r = c->st->be;
     struct store_item *it = &c->items[i];
-    size_t want = store_iov_len(it->iov, it->iovcnt);
-    if (p->type == REDIS_REPLY_NIL)
+    r->sink_i = i + 1;
+    if (r->sunk)
+        r->sunk = 0;             /* sink_string did it */
+    else if (p->type == REDIS_REPLY_NIL)
         it->status = -ENOENT;
     else if (p->type == REDIS_REPLY_ERROR)
         it->status = r_err(p);
-    else if (p->type != REDIS_REPLY_STRING)
-        it->status = -EIO;
-    else if ((size_t)p->len != STORE_HDR_BYTES + want ||
-             store_value_check((const uint8_t *)p->str, (size_t)p->len, c->L, c->ns, it->key,
-                               want))
-        it->status = -EBADMSG;
+    else if (p->type == REDIS_REPLY_STRING)
+        get_value(c, i, p->str, (size_t)p->len);
     else
-        it->status = 0, store_iov_scatter(it->iov, it->iovcnt, p->str + STORE_HDR_BYTES, want);
-    if (p->type == REDIS_REPLY_STRING)
-        STORE_ADD(c->st, st_bytes_in, (uint64_t)p->len);
+        it->status = -EIO;
 }
 
 static void exists_reply(void *arg, size_t i, const redisReply *rep)
@@ -421,8 +458,13 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
     struct iovec io;
     struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
     size_t done = 0;
+    struct rstore *r = st->be;
     char *buf = keys_cmds("GET", L, ns, items, NULL, n, &io);
-    int rc = buf ? r_pipeline(st->be, &io, 1, n, get_reply, &c, deadline, &done) : -ENOMEM;
+    r->sink = &c;
+    r->sink_i = 0;
+    r->sunk = 0;
+    int rc = buf ? r_pipeline(r, &io, 1, n, get_reply, &c, deadline, &done) : -ENOMEM;
+    r->sink = NULL;
     items_rest(items, done, n, rc);
     free(buf);
     return 0;
