@@ -11,14 +11,21 @@
  * from its own thread, where this needs one file per entry, per request, on the caller's
  * thread.
  *
+ * A file holds the 96-byte header, zeros up to offset 4096 (F_ALIGN), then the payload;
+ * written with O_DIRECT, it is padded with zeros to a multiple of 4 KiB. The payload's own
+ * 4 KiB block is what lets O_DIRECT move it straight between the file and the caller's
+ * buffers when those are 4 KiB aligned in address and length (the usual case: pinned host
+ * pages): one preadv / pwritev of [header block, caller's iovecs], no copy. Other buffers go
+ * through a 4 KiB aligned staging buffer (one copy). A get that reads straight into the
+ * caller's buffers checks them after the read: a value failing its checks has then been
+ * written there (its status says it is not the entry's).
+ *
  * O_DIRECT: probed once per directory (a 4 KiB aligned write to a probe file); where the
  * directory refuses it (tmpfs before Linux 6.6, some FUSE and network file systems) entries
- * go through the page cache, logged at info. With O_DIRECT a file holds the value padded
- * with zeros to a multiple of 4 KiB (the header says how long the payload is), and the
- * bytes go through a 4 KiB aligned staging buffer (one copy; the caller's buffers need no
- * alignment). The store keeps its staging buffer from batch to batch (up to STAGE_KEEP
- * bytes): a fresh one of tens of MiB is a fresh mapping, page-faulted and zeroed by the
- * kernel on every batch, which cost more than the I/O.
+ * go through the page cache, logged at info, and always through the staging buffer. The
+ * store keeps its staging buffer from batch to batch (up to STAGE_KEEP bytes): a fresh one
+ * of tens of MiB is a fresh mapping, page-faulted and zeroed by the kernel on every batch,
+ * which cost more than the I/O.
  *
  * A request whose I/O is not complete at its deadline returns (those items -ETIMEDOUT);
  * its staging buffer, descriptors and temporary files are kept, with the ring they were
@@ -48,8 +55,12 @@
 /* One file I/O of a batch. */
 struct fio {
     int fd;                      /* -1: none (not opened, or closed) */
-    char *buf;                   /* in the batch's staging buffer */
-    size_t len;                  /* bytes to transfer */
+    char *buf;                   /* in the batch's staging buffer: the header block, and the
+                                    payload unless iov */
+    size_t len;                  /* bytes of staging */
+    size_t xfer;                 /* bytes to transfer (the file's bytes) */
+    struct iovec *iov;           /* vectored: [header block, the caller's iovecs], or NULL */
+    int iovcnt;
     int res;                     /* bytes transferred or -errno; -EINPROGRESS until done */
     char tmp[STORE_NAME_MAX + 48]; /* put: the temporary name while it exists, else "" */
 };
@@ -98,6 +109,7 @@ static int errno_status(int e)
 static void batch_free(struct fstore *f, struct fbatch *b)
 {
     for (size_t i = 0; b && i < b->n; i++) {
+        free(b->io[i].iov);
         if (b->io[i].fd >= 0)
             close(b->io[i].fd);
         if (b->io[i].tmp[0] && f->dfd >= 0)
@@ -141,6 +153,8 @@ static int batch_stage(struct fstore *f, struct fbatch *b)
     }
     for (size_t i = 0, off = 0; i < b->n; i++) {
         b->io[i].buf = base + off;
+        if (b->io[i].iov)        /* the header block leads the vector */
+            b->io[i].iov[0] = (struct iovec){ b->io[i].buf, F_ALIGN };
         off += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
     }
     return 0;
@@ -234,8 +248,10 @@ static void run_sync(struct fbatch *b)
         struct fio *io = &b->io[i];
         if (io->fd < 0)
             continue;
-        ssize_t r = b->write ? pwrite(io->fd, io->buf, io->len, 0)
-                             : pread(io->fd, io->buf, io->len, 0);
+        ssize_t r = io->iov ? (b->write ? pwritev(io->fd, io->iov, io->iovcnt, 0)
+                                        : preadv(io->fd, io->iov, io->iovcnt, 0))
+                  : b->write ? pwrite(io->fd, io->buf, io->xfer, 0)
+                             : pread(io->fd, io->buf, io->xfer, 0);
         io->res = r < 0 ? -errno : (int)r;
     }
 }
@@ -275,10 +291,14 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
                 break;               /* the ring is full: submit, reap, come back */
             if (sqe && f->hang)      /* test hook: completes when the pipe has a byte */
                 io_uring_prep_read(sqe, f->hang_fd[0], io->buf, 1, (uint64_t)-1);
+            else if (sqe && io->iov && b->write)
+                io_uring_prep_writev(sqe, io->fd, io->iov, (unsigned)io->iovcnt, 0);
+            else if (sqe && io->iov)
+                io_uring_prep_readv(sqe, io->fd, io->iov, (unsigned)io->iovcnt, 0);
             else if (sqe && b->write)
-                io_uring_prep_write(sqe, io->fd, io->buf, (unsigned)io->len, 0);
+                io_uring_prep_write(sqe, io->fd, io->buf, (unsigned)io->xfer, 0);
             else if (sqe)
-                io_uring_prep_read(sqe, io->fd, io->buf, (unsigned)io->len, 0);
+                io_uring_prep_read(sqe, io->fd, io->buf, (unsigned)io->xfer, 0);
             if (sqe) {
                 io_uring_sqe_set_data64(sqe, next + 1);
                 b->owed++;
@@ -353,6 +373,25 @@ static size_t io_len(const struct fstore *f, size_t vlen)
     return f->direct ? (vlen + F_ALIGN - 1) / F_ALIGN * F_ALIGN : vlen;
 }
 
+/* Sizes item it's I/O: its file bytes (the header block, then the payload) and, where
+   O_DIRECT can use the caller's buffers (each 4 KiB aligned in address and length), the
+   vector [header block, caller's iovecs]; else (or without memory for the vector) all of
+   it is staged. */
+static void io_plan(const struct fstore *f, struct fio *io, const struct store_item *it)
+{
+    size_t payload = store_iov_len(it->iov, it->iovcnt);
+    int direct = f->direct == 1 && it->iovcnt > 0 && it->iovcnt < 1024;
+    for (int k = 0; direct && k < it->iovcnt; k++)
+        direct = (uintptr_t)it->iov[k].iov_base % F_ALIGN == 0 &&
+                 it->iov[k].iov_len % F_ALIGN == 0;
+    io->xfer = io->len = io_len(f, F_ALIGN + payload);
+    if (direct && (io->iov = malloc(((size_t)it->iovcnt + 1) * sizeof *io->iov))) {
+        io->iovcnt = it->iovcnt + 1;
+        memcpy(io->iov + 1, it->iov, (size_t)it->iovcnt * sizeof *io->iov);
+        io->len = F_ALIGN;
+    }
+}
+
 /* Opens the temporary file of item i and stages its value. 0 or the item's status. */
 static int put_prepare(struct store *st, struct fbatch *b, size_t i,
                        const struct store_layout *L, uint64_t ns, const struct store_item *it)
@@ -368,14 +407,16 @@ static int put_prepare(struct store *st, struct fbatch *b, size_t i,
         io->tmp[0] = 0;
         return errno_status(errno);
     }
-    size_t vlen = STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt);
     store_hdr_make((uint8_t *)io->buf, L, ns, it->key, it->iov, it->iovcnt);
-    char *p = io->buf + STORE_HDR_BYTES;
+    memset(io->buf + STORE_HDR_BYTES, 0, F_ALIGN - STORE_HDR_BYTES);
+    if (io->iov)
+        return 0;                /* the payload goes from the caller's buffers */
+    char *p = io->buf + F_ALIGN;
     for (int k = 0; k < it->iovcnt; k++) {
         memcpy(p, it->iov[k].iov_base, it->iov[k].iov_len);
         p += it->iov[k].iov_len;
     }
-    memset(io->buf + vlen, 0, io->len - vlen);
+    memset(p, 0, (size_t)(io->buf + io->len - p));
     return 0;
 }
 
@@ -386,7 +427,7 @@ static int put_finish(struct store *st, struct fbatch *b, size_t i,
     struct fstore *f = st->be;
     struct fio *io = &b->io[i];
     char name[STORE_NAME_MAX];
-    int rc = io->res < 0 ? errno_status(-io->res) : (size_t)io->res < io->len ? -ENOSPC : 0;
+    int rc = io->res < 0 ? errno_status(-io->res) : (size_t)io->res < io->xfer ? -ENOSPC : 0;
     close(io->fd);
     io->fd = -1;
     store_file_name(L, ns, k, name);
@@ -405,10 +446,8 @@ static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
     if (data_ready(st, items, n, deadline))
         return 0;
     struct fbatch *b = batch_new(n, 1);
-    if (b)
-        for (size_t i = 0; i < n; i++)
-            b->io[i].len = io_len(f, STORE_HDR_BYTES +
-                                     store_iov_len(items[i].iov, items[i].iovcnt));
+    for (size_t i = 0; b && i < n; i++)
+        io_plan(f, &b->io[i], &items[i]);
     if (!b || batch_stage(f, b)) {
         batch_free(f, b);
         for (size_t i = 0; i < n; i++)
@@ -441,13 +480,13 @@ static int get_prepare(struct fstore *f, struct fio *io, const struct store_layo
     if (io->fd < 0)
         return errno_status(errno);
     struct stat sb;
-    size_t vlen = STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt);
-    if (fstat(io->fd, &sb) != 0 || (size_t)sb.st_size < vlen) {
+    if (fstat(io->fd, &sb) != 0 ||
+        (size_t)sb.st_size < F_ALIGN + store_iov_len(it->iov, it->iovcnt)) {
         close(io->fd);
         io->fd = -1;
         return -EBADMSG;         /* torn or another length: never ours */
     }
-    io->len = io_len(f, vlen);
+    io_plan(f, io, it);
     return 0;
 }
 
@@ -481,10 +520,16 @@ static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
             continue;
         }
         STORE_ADD(st, st_bytes_in, (uint64_t)io->res);
-        items[i].status = store_value_check((const uint8_t *)io->buf, (size_t)io->res, L, ns,
-                                            items[i].key, want);
-        if (!items[i].status)
-            store_iov_scatter(items[i].iov, items[i].iovcnt, io->buf + STORE_HDR_BYTES, want);
+        struct iovec staged = { io->buf + F_ALIGN, want };
+        if ((size_t)io->res < F_ALIGN + want)
+            items[i].status = -EBADMSG;
+        else if (io->iov)
+            items[i].status = store_value_check_iov((const uint8_t *)io->buf, L, ns,
+                                                    items[i].key, items[i].iov,
+                                                    items[i].iovcnt);
+        else if (!(items[i].status = store_value_check_iov((const uint8_t *)io->buf, L, ns,
+                                                           items[i].key, &staged, 1)))
+            store_iov_scatter(items[i].iov, items[i].iovcnt, staged.iov_base, want);
     }
     batch_free(f, b);
     return 0;

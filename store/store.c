@@ -154,17 +154,23 @@ void store_hdr_make(uint8_t hdr[STORE_HDR_BYTES], const struct store_layout *L, 
     put64(hdr + STORE_SUM_OFF, value_sum(hdr, iov, n));
 }
 
+int store_value_check_iov(const uint8_t *hdr, const struct store_layout *L, uint64_t ns,
+                          const store_key *k, const struct iovec *iov, int n)
+{
+    uint8_t h[STORE_HDR_BYTES];
+    hdr_fields(h, L, ns, k, store_iov_len(iov, n));
+    if (memcmp(h, hdr, STORE_SUM_OFF) != 0)
+        return -EBADMSG;         /* another layout, namespace, key or length: never ours */
+    return value_sum(hdr, iov, n) == get64(hdr + STORE_SUM_OFF) ? 0 : -EBADMSG;
+}
+
 int store_value_check(const uint8_t *v, size_t vlen, const struct store_layout *L,
                       uint64_t ns, const store_key *k, size_t want)
 {
-    uint8_t h[STORE_HDR_BYTES];
     if (vlen < STORE_HDR_BYTES || vlen - STORE_HDR_BYTES < want)
         return -EBADMSG;
-    hdr_fields(h, L, ns, k, want);
-    if (memcmp(h, v, STORE_SUM_OFF) != 0)
-        return -EBADMSG;         /* another layout, namespace, key or length: never ours */
     struct iovec pay = { (void *)(v + STORE_HDR_BYTES), want };
-    return value_sum(v, &pay, 1) == get64(v + STORE_SUM_OFF) ? 0 : -EBADMSG;
+    return store_value_check_iov(v, L, ns, k, &pay, 1);
 }
 
 uint64_t store_left_ns(uint64_t deadline)

@@ -56,6 +56,9 @@ void   store_hdr_make(uint8_t hdr[STORE_HDR_BYTES], const struct store_layout *L
    ns, k) with a payload of exactly want bytes and a good checksum; else -EBADMSG. */
 int    store_value_check(const uint8_t *v, size_t vlen, const struct store_layout *L,
                          uint64_t ns, const store_key *k, size_t want);
+/* The same for a header at hdr whose payload is iov[0..n) (read apart from it). */
+int    store_value_check_iov(const uint8_t *hdr, const struct store_layout *L, uint64_t ns,
+                             const store_key *k, const struct iovec *iov, int n);
 /* Nanoseconds left until deadline (0 when past). */
 uint64_t store_left_ns(uint64_t deadline);
 
