@@ -17,11 +17,12 @@
 #include <strings.h>
 #include "common/env.h"
 #include "common/log.h"
+#include "store/store.h"
 
 extern char **environ;
 
 enum opt_kind { OPT_BACKEND, OPT_INT, OPT_U32, OPT_U64, OPT_SIZE, OPT_STR, OPT_DOUBLE,
-                OPT_FLAGS, OPT_BOOL };
+                OPT_FLAGS, OPT_BOOL, OPT_URL /* a string whose password the JSON hides */ };
 
 struct opt {
     const char *name;         /* JSON name; env = KVVM_ + upper-case name */
@@ -46,6 +47,7 @@ static const struct opt opts[] = {
     OPT(pool_thread, OPT_BOOL),      OPT(pool_low, OPT_U32),
     OPT(pool_high, OPT_U32),         OPT(pool_decay_ms, OPT_U32),
     OPT(create_at_open, OPT_BOOL),
+    OPT(store_url, OPT_URL),         OPT(store_timeout_ms, OPT_U32),
 };
 
 /* The KVVM_* variables that are not configuration fields (common/env.h). */
@@ -152,7 +154,7 @@ static int opt_set(struct kvvm_config *cfg, const struct opt *o, const char *s)
         return 0;
     case OPT_SIZE:
         return kparse_size(s, (size_t *)p);
-    case OPT_STR:
+    case OPT_STR: case OPT_URL:
         *(const char **)p = *s ? s : NULL;
         return 0;
     case OPT_DOUBLE: {
@@ -180,6 +182,7 @@ static const char *opt_valid(enum opt_kind k)
     case OPT_SIZE: return "valid: a size in bytes with an optional K, M, G or T suffix "
                           "(binary), e.g. 512M";
     case OPT_STR: return "valid: any string";
+    case OPT_URL: return "valid: file:///dir or redis://[:password@]host:port[/db]";
     case OPT_DOUBLE: return "valid: a number, e.g. 0.1";
     case OPT_FLAGS: return "valid: a number, or flag names joined by ',', '|' or '+' from: "
                            FLAG_LIST;
@@ -244,6 +247,8 @@ void kvvm_config_init(struct kvvm_config *cfg)
     cfg->pool_high = 0;
     cfg->pool_decay_ms = 1000;
     cfg->create_at_open = 0;
+    cfg->store_url = NULL;
+    cfg->store_timeout_ms = STORE_TIMEOUT_DEFAULT_MS;
     for (char **e = environ; e && *e; e++)
         if (!strncmp(*e, "KVVM_", 5) && !env_apply(cfg, *e))
             klog_warn("unknown environment variable %.*s ignored (not a libkvvm setting)",
@@ -383,12 +388,16 @@ void config_json(const struct kvvm_config *c, char *buf, size_t len, size_t *pos
         case OPT_SIZE: json_put(buf, len, pos, "%zu", *(const size_t *)p); break;
         case OPT_FLAGS: json_put(buf, len, pos, "%u", *(const unsigned *)p); break;
         case OPT_DOUBLE: json_put(buf, len, pos, "%g", *(const double *)p); break;
-        case OPT_STR:
-            if (*(const char *const *)p)
-                json_str(buf, len, pos, *(const char *const *)p);
+        case OPT_STR: case OPT_URL: {
+            const char *v = *(const char *const *)p;
+            char red[512];
+            if (v)
+                json_str(buf, len, pos, o->kind == OPT_URL
+                                        ? store_url_redact(v, red, sizeof red) : v);
             else
                 json_put(buf, len, pos, "null");
             break;
+        }
         }
     }
 }

@@ -39,6 +39,7 @@
 #include "swap/frames.h"
 #include "disk/disk.h"
 #include "prefix/prefix.h"
+#include "store/store.h"
 
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */
@@ -53,6 +54,9 @@ struct kvvm {
     struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
     struct spill *spill;          /* the disk tier (NULL without spill_dir) */
     struct pg_disk_ops disk_ops;  /* paging's view of it */
+    struct store *store;          /* the shared store (NULL without store_url); it has its
+                                     own lock and may be called without kvvm.lock */
+    char *store_url;              /* owned copy of cfg.store_url */
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */

@@ -336,6 +336,20 @@ static void fork_watch(void)
     (void)pthread_once(&once, fork_watch_once);
 }
 
+/* The shared store of cfg.store_url (none without one): a down store is not an error.
+   -EINVAL malformed URL, -EACCES credentials refused, -ENOMEM (store_open logs why). */
+static int open_store(kvvm *kv)
+{
+    if (!kv->cfg.store_url)
+        return 0;
+    if (!(kv->store_url = strdup(kv->cfg.store_url)))
+        return -ENOMEM;
+    kv->cfg.store_url = kv->store_url;
+    if (!kv->cfg.store_timeout_ms)
+        kv->cfg.store_timeout_ms = STORE_TIMEOUT_DEFAULT_MS;
+    return store_open(kv->store_url, kv->cfg.store_timeout_ms, 0, &kv->store);
+}
+
 static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
 {
     fork_watch();
@@ -354,6 +368,8 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     kv->cfg.spill_dir = kv->spill_dir;
+    if ((rc = open_store(kv)))
+        goto out_free;
     struct vmm_params vp = {
         .backend = kv->cfg.backend, .device = kv->cfg.device,
         .emu_capacity = kv->cfg.emu_device_bytes ? kv->cfg.emu_device_bytes
@@ -362,7 +378,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
     };
     rc = vmm_open(&vp, &kv->v);
     if (rc)
-        goto out_free;
+        goto out_store;
     if (kv->cfg.emu_device_bytes && !strcmp(vmm_backend_name(kv->v), "emulated") &&
         kv->cfg.device_budget > kv->cfg.emu_device_bytes) {
         rc = kerr(-EINVAL, "kvvm_open: device_budget %zu is larger than the emulated device "
@@ -370,7 +386,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
                   "emu_device_bytes (KVVM_EMU_DEVICE_BYTES)", kv->cfg.device_budget,
                   kv->cfg.emu_device_bytes);
         vmm_close(kv->v);
-        goto out_free;
+        goto out_store;
     }
     pthread_mutex_init(&kv->lock, NULL);
     kcu_context prev;               /* vmm_open left the caller's context current */
@@ -393,7 +409,10 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
 out_vmm:
     pthread_mutex_destroy(&kv->lock);
     vmm_close(kv->v);
+out_store:
+    store_close(kv->store);
 out_free:
+    free(kv->store_url);
     free(kv->spill_dir);
     free(kv);
     return rc;
@@ -420,6 +439,7 @@ void kvvm_close(kvvm *kv)
     prefix_destroy(kv->pfx);        /* the entries' pages (after swap: no plan reaches it) */
     paging_destroy(kv->pg);
     spill_close(kv->spill);         /* the unnamed file goes with its descriptor */
+    store_close(kv->store);
     host_arena_close(kv->host);
     for (size_t i = 0; i < kv->n_streams; i++)
         vmm_stream_destroy(kv->v, kv->streams[i]);
@@ -428,6 +448,7 @@ void kvvm_close(kvvm *kv)
     vmm_close_to(kv->v, prev);
     pthread_mutex_unlock(&kv->lock);
     pthread_mutex_destroy(&kv->lock);
+    free(kv->store_url);
     free(kv->spill_dir);
     free(kv);
 }

@@ -104,6 +104,13 @@ struct kvvm_config {
                                    cannot give the whole budget) and kept: the pool thread
                                    never releases them; kvvm_trim and kvvm_set_budget still
                                    do. 0 (default): created as needed. KVVM_CREATE_AT_OPEN */
+    /* --- additions of 0.3: the shared store (docs/api.md "Shared store") --- */
+    const char *store_url;      /* NULL: none. "file:///dir": a directory several processes
+                                   (or machines, over a shared file system) use together;
+                                   "redis://[[user]:password@]host[:port][/db]": a Redis
+                                   server (or anything speaking its protocol). KVVM_STORE_URL */
+    uint32_t store_timeout_ms;  /* ms: the bound on one store request (default 1000; 0 =
+                                   1000). KVVM_STORE_TIMEOUT_MS */
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
@@ -125,7 +132,9 @@ KVVM_API void kvvm_config_init(struct kvvm_config *cfg);
    directory, or a security policy); -ENOSPC its file system cannot hold spill_budget
    (-EDQUOT a quota, -EFBIG its largest file); -EOPNOTSUPP KVVM_IO_ENGINE=io_uring cannot be set up; -ENODEV no
    usable CUDA device; -ENOMEM device/host memory or reservation could not be had; -EAGAIN
-   a library thread could not be started; -EIO driver failure. */
+   a library thread could not be started; -EIO driver failure; -EINVAL a malformed store_url,
+   -EACCES the store refused the credentials of store_url (a store that is down at open is
+   not an error: it is logged, and the library reconnects by itself). */
 KVVM_API int  kvvm_open(const struct kvvm_config *cfg, kvvm **out);
 /* Frees everything: no mapping, handle, pinned memory, thread or file is left behind.
    Waits for outstanding device work first. NULL is a no-op. */

@@ -18,7 +18,7 @@ import sys
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent.parent)
 entries = re.findall(r'\bX\((KVVM_[A-Z0-9_]+), "([^"]*)"', (root / "common/env.h").read_text())
 listed = [n for n, _ in entries]
-library = ("common/", "core/", "vmm/", "paging/", "host/", "disk/", "swap/")
+library = ("common/", "core/", "vmm/", "paging/", "host/", "disk/", "store/", "swap/")
 in_library = {n for n, reader in entries if reader.startswith(library)}
 # Set by a test on purpose, to see the unknown-variable warning.
 deliberate = {"KVVM_NOT_A_SETTING"}

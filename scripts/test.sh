@@ -51,8 +51,8 @@ echo "=== clang-tidy (.clang-tidy) on the library, zero findings ==="
 CC=clang cmake -S . -B build-tidy -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DKVVM_BUILD_TESTS=OFF \
       -DKVVM_BUILD_TOOLS=OFF >/dev/null
 # one file per process: clang-tidy 14 crashes on a long file list in one run
-ls common/*.c core/*.c vmm/*.c vmm/emu/*.c paging/*.c host/*.c disk/*.c swap/*.c prefix/*.c \
-  testing/*.c | grep -v cudrv_check |
+ls common/*.c core/*.c vmm/*.c vmm/emu/*.c paging/*.c host/*.c disk/*.c store/*.c swap/*.c \
+  prefix/*.c testing/*.c | grep -v cudrv_check |
   xargs -P"$jobs" -n1 scripts/clang-tidy-quiet.sh -p build-tidy --quiet
 echo "=== size audit (files > 1000 lines, functions > 120; report only) ==="
 python3 scripts/size-audit.py

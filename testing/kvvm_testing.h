@@ -213,4 +213,30 @@ int    kvvm_testing_spill_wait_all(kvvm_testing_spill *sp);
 #ifdef __cplusplus
 }
 #endif
+/* --- the shared store layer alone (testing/store.c): kvvm-bench's store figures ----------- */
+
+/* store/store.h's calls under kvvm_testing_store_*, same arguments and results; items and
+   layouts have store_item's and store_layout's layout (checked in testing/store.c). */
+typedef struct kvvm_testing_store kvvm_testing_store;
+struct iovec;
+struct kvvm_testing_store_layout {
+    uint32_t n_regions;
+    uint64_t bytes_per_token;
+    uint64_t page_size;
+};
+struct kvvm_testing_store_item {
+    const kvvm_key *key;
+    const struct iovec *iov;
+    int iovcnt;
+    int status;                  /* out: 0 done / hit, -ENOENT miss, -errno */
+};
+/* url as the config's store_url; 0, -EINVAL malformed, -EACCES refused credentials. */
+int  kvvm_testing_store_open(const char *url, uint32_t timeout_ms, kvvm_testing_store **out);
+void kvvm_testing_store_close(kvvm_testing_store *st);
+/* The number of items written / found (each item's status set), or -EINVAL. */
+int  kvvm_testing_store_put(kvvm_testing_store *st, const struct kvvm_testing_store_layout *L,
+                            uint64_t ns, struct kvvm_testing_store_item *items, size_t n);
+int  kvvm_testing_store_get(kvvm_testing_store *st, const struct kvvm_testing_store_layout *L,
+                            uint64_t ns, struct kvvm_testing_store_item *items, size_t n);
+
 #endif

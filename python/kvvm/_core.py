@@ -181,7 +181,8 @@ class Context:
     keep kvvm_config_init's defaults, so KVVM_* environment variables apply to them.
 
     backend: "auto" | "cuda" | "emulated"; sizes as ints or "64M"-style strings; flags as an
-    int (kvvm.F_*) or "auto_swap,scrub"; spill_dir as a str or path-like."""
+    int (kvvm.F_*) or "auto_swap,scrub"; spill_dir as a str or path-like; store_url as a
+    str ("file:///dir" or "redis://[:password@]host:port[/db]")."""
 
     def __init__(self, **config):
         _log.sync_level()
@@ -195,6 +196,7 @@ class Context:
         L.kvvm_config_init(buf)
         cfg = _lib.Config.from_buffer(buf)
         self._spill_dir = None
+        self._store_url = None
         for k, v in config.items():
             if k == "backend":
                 if isinstance(v, str):
@@ -206,6 +208,9 @@ class Context:
             elif k == "spill_dir":
                 self._spill_dir = None if v is None else os.fsencode(v)
                 cfg.spill_dir = self._spill_dir
+            elif k == "store_url":
+                self._store_url = None if v is None else str(v).encode()
+                cfg.store_url = self._store_url
             elif k == "flags":
                 cfg.flags = _flags_value(v)
             elif k in ("emu_opaque",):

@@ -71,6 +71,8 @@ class Config(ctypes.Structure):
         ("pool_high", c_u32),
         ("pool_decay_ms", c_u32),
         ("create_at_open", c_int),
+        ("store_url", c_char_p),
+        ("store_timeout_ms", c_u32),
     ]
 
 

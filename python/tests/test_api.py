@@ -53,6 +53,16 @@ def test_config_sizes_flags_and_unknown_fields():
         kvvm.Context(flags="auto_swap,bogus")
 
 
+def test_store_url_and_timeout(tmp_path):
+    url = "file://" + str(tmp_path)
+    with kvvm.Context(**small_config(store_url=url, store_timeout_ms=250)) as c:
+        assert c.config["store_url"] == url and c.config["store_timeout_ms"] == 250
+    with kvvm.Context(**small_config(store_url="redis://:secret@127.0.0.1:1")) as c:
+        assert c.config["store_url"] == "redis://:***@127.0.0.1:1"   # down: not an error
+    with pytest.raises(kvvm.InvalidArgument):
+        kvvm.Context(**small_config(store_url="redis://h:1?x"))
+
+
 def test_environment_defaults_apply(monkeypatch):
     monkeypatch.setenv("KVVM_MAX_SEQS", "7")
     with kvvm.Context(**{k: v for k, v in small_config().items() if k != "max_seqs"}) as c:

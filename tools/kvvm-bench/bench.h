@@ -43,5 +43,6 @@ int bench_scale(struct bench_ctx *b) __attribute__((weak));   /* bench_scale.c  
 int bench_calls(struct bench_ctx *b) __attribute__((weak));   /* bench_calls.c  (driver calls) */
 int bench_frames(struct bench_ctx *b) __attribute__((weak));  /* bench_frames.c (frame pool) */
 int bench_prefix(struct bench_ctx *b) __attribute__((weak));  /* bench_prefix.c (prefix cache) */
+int bench_store(struct bench_ctx *b) __attribute__((weak));   /* bench_store.c  (shared store) */
 
 #endif

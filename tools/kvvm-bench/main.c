@@ -162,10 +162,11 @@ static void usage(FILE *f, const char *argv0)
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
-"                       scale, calls, frames, prefix\n"
+"                       scale, calls, frames, prefix, store\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
-"  --spill-dir DIR      directory for the spill file (default /var/tmp)\n"
+"  --spill-dir DIR      directory for the spill file and the file store (default\n"
+"                       /var/tmp)\n"
 "  --help               this text\n"
 "\n"
 "ratio = value / baseline; a trailing '+' means at least as good as the baseline, '-' worse.\n"
@@ -183,6 +184,7 @@ int main(int argc, char **argv)
         { "calls", bench_calls },
         { "frames", bench_frames },
         { "prefix", bench_prefix },
+        { "store", bench_store },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];

@@ -1,0 +1,671 @@
+/*
+ * store/file.c: the file backend (contract in store.h): one file per entry in a directory
+ * that several processes (or machines, over a shared file system) use together.
+ *
+ * An entry is written whole under a temporary name (".<name>.<pid>.<n>.tmp", created with
+ * O_EXCL) and renamed over its name: a reader sees the old value, the new one, or none,
+ * never a part. Nothing is fsynced (a cache): a file torn by a crash fails its checksum and
+ * is a miss. The data moves through an io_uring of this store: a batch opens its files,
+ * submits every write (or read) at once and waits for the completions until the request's
+ * deadline. disk/'s engine is not used: it drives one preallocated spill file of fixed slots
+ * from its own thread, where this needs one file per entry, per request, on the caller's
+ * thread.
+ *
+ * A file holds the 96-byte header, zeros up to offset 4096 (F_ALIGN), then the payload;
+ * written with O_DIRECT, it is padded with zeros to a multiple of 4 KiB. The payload's own
+ * 4 KiB block is what lets O_DIRECT move it straight between the file and the caller's
+ * buffers when those are 4 KiB aligned in address and length (the usual case: pinned host
+ * pages): one preadv / pwritev of [header block, caller's iovecs], no copy. Other buffers go
+ * through a 4 KiB aligned staging buffer (one copy). A get that reads straight into the
+ * caller's buffers checks them after the read: a value failing its checks has then been
+ * written there (its status says it is not the entry's).
+ *
+ * O_DIRECT: probed once per directory (a 4 KiB aligned write to a probe file); where the
+ * directory refuses it (tmpfs before Linux 6.6, some FUSE and network file systems) entries
+ * go through the page cache, logged at info, and always through the staging buffer. The
+ * store keeps its staging buffer from batch to batch (up to STAGE_KEEP bytes): a fresh one
+ * of tens of MiB is a fresh mapping, page-faulted and zeroed by the kernel on every batch,
+ * which cost more than the I/O.
+ *
+ * A request whose I/O is not complete at its deadline returns (those items -ETIMEDOUT);
+ * its staging buffer, descriptors and temporary files are kept, with the ring they were
+ * submitted on, as the store's one orphan, freed when the last completion arrives (checked
+ * at each later request, waited for at close). A data request waits at most 10 ms for the
+ * orphan's completions, then fails (-ETIMEDOUT): a file system that hangs gets one
+ * request's buffers, never more, and the requests behind it fail fast.
+ * store_test_hang (a test hook) makes every I/O wait on a pipe, to test exactly this.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "store_int.h"
+
+#define F_ALIGN 4096u
+#define F_QD 128u
+#define STAGE_KEEP (64u << 20)   /* the largest staging buffer kept between batches */
+
+/* One file I/O of a batch. */
+struct fio {
+    int fd;                      /* -1: none (not opened, or closed) */
+    char *buf;                   /* in the batch's staging buffer: the header block, and the
+                                    payload unless iov */
+    size_t len;                  /* bytes of staging */
+    size_t xfer;                 /* bytes to transfer (the file's bytes) */
+    struct iovec *iov;           /* vectored: [header block, the caller's iovecs], or NULL */
+    int iovcnt;
+    int res;                     /* bytes transferred or -errno; -EINPROGRESS until done */
+    char tmp[STORE_NAME_MAX + 48]; /* put: the temporary name while it exists, else "" */
+};
+
+struct fbatch {
+    size_t n;
+    int write;
+    char *staging;               /* owned by the batch (an orphan's, or one too large to
+                                    keep), else NULL: the store's */
+    unsigned owed;               /* submitted, not completed */
+    struct fio io[];
+};
+
+struct forphan {
+    struct io_uring ring;
+    struct fbatch *b;
+};
+
+struct fstore {
+    char *dir;
+    int dfd;                     /* the directory, -1 until it could be opened */
+    int direct;                  /* 1 O_DIRECT, 0 page cache, -1 not probed yet */
+    int ring_ok;                 /* io_uring set up; else pread/pwrite (logged) */
+    struct io_uring ring;
+    struct forphan *orphan;      /* a timed-out batch still owed completions, or NULL */
+    unsigned long seq;           /* temporary names */
+    char *stage;                 /* the kept staging buffer (F_ALIGN aligned), or NULL */
+    size_t stage_bytes;
+    int hang;                    /* test hook (store_test_hang): I/O reads hang_fd[0] */
+    int hang_fd[2];              /* a pipe, or -1 */
+    int down_logged;
+};
+
+static int errno_status(int e)
+{
+    switch (e) {
+    case ENOSPC: case EDQUOT: case EFBIG: return -ENOSPC;
+    case EACCES: case EPERM: return -EACCES;
+    case EROFS: return -EROFS;
+    case ENOENT: return -ENOENT;
+    case ETIMEDOUT: return -ETIMEDOUT;
+    default: return -EIO;
+    }
+}
+
+static void batch_free(struct fstore *f, struct fbatch *b)
+{
+    for (size_t i = 0; b && i < b->n; i++) {
+        free(b->io[i].iov);
+        if (b->io[i].fd >= 0)
+            close(b->io[i].fd);
+        if (b->io[i].tmp[0] && f->dfd >= 0)
+            unlinkat(f->dfd, b->io[i].tmp, 0);
+    }
+    if (b)
+        free(b->staging);
+    free(b);
+}
+
+static struct fbatch *batch_new(size_t n, int write)
+{
+    struct fbatch *b = calloc(1, sizeof *b + n * sizeof b->io[0]);
+    if (!b)
+        return NULL;
+    b->n = n;
+    b->write = write;
+    for (size_t i = 0; i < n; i++)
+        b->io[i].fd = -1, b->io[i].res = -EINPROGRESS;
+    return b;
+}
+
+/* Sets each io's buffer in the store's staging buffer (grown when too small), or in one of
+   the batch's own above STAGE_KEEP. 0 or -ENOMEM. */
+static int batch_stage(struct fstore *f, struct fbatch *b)
+{
+    size_t total = F_ALIGN;
+    for (size_t i = 0; i < b->n; i++)
+        total += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
+    char *base = f->stage;
+    if (total > f->stage_bytes) {
+        if (posix_memalign((void **)&base, F_ALIGN, total))
+            return -ENOMEM;
+        if (total > STAGE_KEEP) {
+            b->staging = base;
+        } else {
+            free(f->stage);
+            f->stage = base;
+            f->stage_bytes = total;
+        }
+    }
+    for (size_t i = 0, off = 0; i < b->n; i++) {
+        b->io[i].buf = base + off;
+        if (b->io[i].iov)        /* the header block leads the vector */
+            b->io[i].iov[0] = (struct iovec){ b->io[i].buf, F_ALIGN };
+        off += (b->io[i].len + F_ALIGN - 1) / F_ALIGN * F_ALIGN;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the directory */
+
+/* Whether the directory takes O_DIRECT: a 4 KiB aligned write to a probe file. */
+static int probe_direct(struct fstore *f, unsigned flags)
+{
+    if (flags & STORE_F_TEST_NO_DIRECT) {
+        klog_info("kvvm store: %s: O_DIRECT off (test hook); entries go through the page "
+                  "cache", f->dir);
+        return 0;
+    }
+    char name[64];
+    snprintf(name, sizeof name, ".kvvm-probe.%d", (int)getpid());
+    int fd = openat(f->dfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    int ok = 0, e = errno;
+    if (fd >= 0) {
+        void *p = NULL;
+        if (!posix_memalign(&p, F_ALIGN, F_ALIGN)) {
+            memset(p, 0, F_ALIGN);
+            ok = pwrite(fd, p, F_ALIGN, 0) == (ssize_t)F_ALIGN;
+            e = errno;
+            free(p);
+        }
+        close(fd);
+        unlinkat(f->dfd, name, 0);
+    }
+    if (!ok)
+        klog_info("kvvm store: %s refuses O_DIRECT (%s); entries go through the page cache",
+                  f->dir, strerror(e));
+    return ok;
+}
+
+/* The directory open (and probed). 0, or -ENOTCONN (missing or unreadable: down, logged
+   once per outage). */
+static int f_ready(struct store *st)
+{
+    struct fstore *f = st->be;
+    if (f->dfd >= 0)
+        return 0;
+    f->dfd = open(f->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (f->dfd < 0) {
+        if (!f->down_logged)
+            klog_warn("kvvm store: directory %s is unavailable (%s); requests fail until it "
+                      "is there", f->dir, strerror(errno));
+        f->down_logged = 1;
+        return -ENOTCONN;
+    }
+    if (f->down_logged)
+        klog_info("kvvm store: directory %s is available", f->dir);
+    f->down_logged = 0;
+    if (f->direct < 0)
+        f->direct = probe_direct(f, st->flags);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ I/O */
+
+/* Reaps the orphan's completions, waiting for each at most wait_ns (UINT64_MAX: for ever);
+   frees it once none is owed. 1 when there is none (any more). */
+#define ORPHAN_WAIT_NS (10ull * 1000000u)  /* a request's wait for the orphan: short, so
+                                            requests behind a hung file system fail fast */
+static int orphan_reap(struct fstore *f, uint64_t wait_ns)
+{
+    struct forphan *o = f->orphan;
+    struct io_uring_cqe *cqe;
+    struct __kernel_timespec ts = { (long long)(wait_ns / 1000000000u),
+                                    (long long)(wait_ns % 1000000000u) };
+    while (o && o->b->owed &&
+           (wait_ns == UINT64_MAX ? io_uring_wait_cqe(&o->ring, &cqe)
+                                  : io_uring_wait_cqe_timeout(&o->ring, &cqe, &ts)) == 0) {
+        io_uring_cqe_seen(&o->ring, cqe);
+        o->b->owed--;
+    }
+    if (!o || o->b->owed)
+        return !o;
+    io_uring_queue_exit(&o->ring);
+    batch_free(f, o->b);
+    free(o);
+    f->orphan = NULL;
+    return 1;
+}
+
+/* Without io_uring: the I/Os one by one (no deadline: logged at open). */
+static void run_sync(struct fbatch *b)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        struct fio *io = &b->io[i];
+        if (io->fd < 0)
+            continue;
+        ssize_t r = io->iov ? (b->write ? pwritev(io->fd, io->iov, io->iovcnt, 0)
+                                        : preadv(io->fd, io->iov, io->iovcnt, 0))
+                  : b->write ? pwrite(io->fd, io->buf, io->xfer, 0)
+                             : pread(io->fd, io->buf, io->xfer, 0);
+        io->res = r < 0 ? -errno : (int)r;
+    }
+}
+
+/* The batch (and the ring it was submitted on) become the store's orphan, in the record o;
+   the store takes a fresh ring (or the pread/pwrite path, logged at open, if none). */
+static void orphan_take(struct fstore *f, struct fbatch *b, struct forphan *o)
+{
+    if (!b->staging) {           /* the kernel may still use it: the orphan's now */
+        b->staging = f->stage;
+        f->stage = NULL;
+        f->stage_bytes = 0;
+    }
+    o->ring = f->ring;
+    o->b = b;
+    f->orphan = o;
+    f->ring_ok = io_uring_queue_init(F_QD, &f->ring, 0) == 0;
+}
+
+/* Submits every io with a descriptor and waits for them until the deadline. 0; -ENOMEM
+   (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
+   orphan (orphan_take). */
+static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
+{
+    struct forphan *o = malloc(sizeof *o);   /* taken before any I/O: a timeout must not
+                                                 need memory */
+    if (!o)
+        return -ENOMEM;
+    size_t next = 0, done = 0, want = 0;
+    for (size_t i = 0; i < b->n; i++)
+        want += b->io[i].fd >= 0;
+    while (done < want) {
+        while (next < b->n) {
+            struct fio *io = &b->io[next];
+            struct io_uring_sqe *sqe = io->fd >= 0 ? io_uring_get_sqe(&f->ring) : NULL;
+            if (io->fd >= 0 && !sqe)
+                break;               /* the ring is full: submit, reap, come back */
+            if (sqe && f->hang)      /* test hook: completes when the pipe has a byte */
+                io_uring_prep_read(sqe, f->hang_fd[0], io->buf, 1, (uint64_t)-1);
+            else if (sqe && io->iov && b->write)
+                io_uring_prep_writev(sqe, io->fd, io->iov, (unsigned)io->iovcnt, 0);
+            else if (sqe && io->iov)
+                io_uring_prep_readv(sqe, io->fd, io->iov, (unsigned)io->iovcnt, 0);
+            else if (sqe && b->write)
+                io_uring_prep_write(sqe, io->fd, io->buf, (unsigned)io->xfer, 0);
+            else if (sqe)
+                io_uring_prep_read(sqe, io->fd, io->buf, (unsigned)io->xfer, 0);
+            if (sqe) {
+                io_uring_sqe_set_data64(sqe, next + 1);
+                b->owed++;
+            }
+            next++;
+        }
+        uint64_t left = store_left_ns(deadline);
+        struct __kernel_timespec ts = { (long long)(left / 1000000000u),
+                                        (long long)(left % 1000000000u) };
+        struct io_uring_cqe *cqe;
+        int r = left ? io_uring_submit_and_wait_timeout(&f->ring, &cqe, 1, &ts, NULL)
+                     : (io_uring_submit(&f->ring), -ETIME);
+        if (r == -ETIME || (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)) {
+            orphan_take(f, b, o);
+            return -ETIMEDOUT;
+        }
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(&f->ring, head, cqe) {
+            b->io[io_uring_cqe_get_data64(cqe) - 1].res = cqe->res;
+            seen++;
+        }
+        io_uring_cq_advance(&f->ring, seen);
+        b->owed -= seen;
+        done += seen;
+    }
+    free(o);
+    return 0;
+}
+
+/* Runs the batch's I/O. 0; -ETIMEDOUT (the batch is owned by the orphan then); -ENOMEM
+   (nothing ran; the batch is still the caller's). */
+static int f_run(struct fstore *f, struct fbatch *b, uint64_t deadline)
+{
+    if (!f->ring_ok) {
+        run_sync(b);
+        return 0;
+    }
+    return run_ring(f, b, deadline);
+}
+
+/* ------------------------------------------------------------------ requests */
+
+/* f_run for a request: on failure, the items still pending get its status and the batch is
+   freed (-ENOMEM) or the orphan's (-ETIMEDOUT). 0 or that status. */
+static int batch_run(struct fstore *f, struct fbatch *b, struct store_item *items,
+                     uint64_t deadline)
+{
+    int rc = f_run(f, b, deadline);
+    for (size_t i = 0; rc && i < b->n; i++)
+        if (!items[i].status)
+            items[i].status = rc;
+    if (rc == -ENOMEM)
+        batch_free(f, b);
+    return rc;
+}
+
+static int data_ready(struct store *st, struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    int rc = f_ready(st);
+    uint64_t left = store_left_ns(deadline);
+    if (!rc && !orphan_reap(f, left < ORPHAN_WAIT_NS ? left : ORPHAN_WAIT_NS))
+        rc = -ETIMEDOUT;          /* the file system still owes an earlier request */
+    if (rc)
+        for (size_t i = 0; i < n; i++)
+            items[i].status = rc;
+    return rc;
+}
+
+static size_t io_len(const struct fstore *f, size_t vlen)
+{
+    return f->direct ? (vlen + F_ALIGN - 1) / F_ALIGN * F_ALIGN : vlen;
+}
+
+/* Sizes item it's I/O: its file bytes (the header block, then the payload) and, where
+   O_DIRECT can use the caller's buffers (each 4 KiB aligned in address and length), the
+   vector [header block, caller's iovecs]; else (or without memory for the vector) all of
+   it is staged. */
+static void io_plan(const struct fstore *f, struct fio *io, const struct store_item *it)
+{
+    size_t payload = store_iov_len(it->iov, it->iovcnt);
+    int direct = f->direct == 1 && it->iovcnt > 0 && it->iovcnt < 1024;
+    for (int k = 0; direct && k < it->iovcnt; k++)
+        direct = (uintptr_t)it->iov[k].iov_base % F_ALIGN == 0 &&
+                 it->iov[k].iov_len % F_ALIGN == 0;
+    io->xfer = io->len = io_len(f, F_ALIGN + payload);
+    if (direct && (io->iov = malloc(((size_t)it->iovcnt + 1) * sizeof *io->iov))) {
+        io->iovcnt = it->iovcnt + 1;
+        memcpy(io->iov + 1, it->iov, (size_t)it->iovcnt * sizeof *io->iov);
+        io->len = F_ALIGN;
+    }
+}
+
+/* Opens the temporary file of item i and stages its value. 0 or the item's status. */
+static int put_prepare(struct store *st, struct fbatch *b, size_t i,
+                       const struct store_layout *L, uint64_t ns, const struct store_item *it)
+{
+    struct fstore *f = st->be;
+    struct fio *io = &b->io[i];
+    char name[STORE_NAME_MAX];
+    store_file_name(L, ns, it->key, name);
+    snprintf(io->tmp, sizeof io->tmp, ".%s.%d.%lu.tmp", name, (int)getpid(), ++f->seq);
+    io->fd = openat(f->dfd, io->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
+                    (f->direct ? O_DIRECT : 0), 0644);
+    if (io->fd < 0) {
+        io->tmp[0] = 0;
+        return errno_status(errno);
+    }
+    store_hdr_make((uint8_t *)io->buf, L, ns, it->key, it->iov, it->iovcnt);
+    memset(io->buf + STORE_HDR_BYTES, 0, F_ALIGN - STORE_HDR_BYTES);
+    if (io->iov)
+        return 0;                /* the payload goes from the caller's buffers */
+    char *p = io->buf + F_ALIGN;
+    for (int k = 0; k < it->iovcnt; k++) {
+        memcpy(p, it->iov[k].iov_base, it->iov[k].iov_len);
+        p += it->iov[k].iov_len;
+    }
+    memset(p, 0, (size_t)(io->buf + io->len - p));
+    return 0;
+}
+
+/* After the write: publishes item i by rename, or removes its temporary file. */
+static int put_finish(struct store *st, struct fbatch *b, size_t i,
+                      const struct store_layout *L, uint64_t ns, const store_key *k)
+{
+    struct fstore *f = st->be;
+    struct fio *io = &b->io[i];
+    char name[STORE_NAME_MAX];
+    int rc = io->res < 0 ? errno_status(-io->res) : (size_t)io->res < io->xfer ? -ENOSPC : 0;
+    close(io->fd);
+    io->fd = -1;
+    store_file_name(L, ns, k, name);
+    if (!rc && renameat(f->dfd, io->tmp, f->dfd, name) != 0)
+        rc = errno_status(errno);
+    if (rc)
+        unlinkat(f->dfd, io->tmp, 0);
+    io->tmp[0] = 0;
+    return rc;
+}
+
+static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    if (data_ready(st, items, n, deadline))
+        return 0;
+    struct fbatch *b = batch_new(n, 1);
+    for (size_t i = 0; b && i < n; i++)
+        io_plan(f, &b->io[i], &items[i]);
+    if (!b || batch_stage(f, b)) {
+        batch_free(f, b);
+        for (size_t i = 0; i < n; i++)
+            items[i].status = -ENOMEM;
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        items[i].status = put_prepare(st, b, i, L, ns, &items[i]);
+    if (batch_run(f, b, items, deadline))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].status)
+            continue;
+        items[i].status = put_finish(st, b, i, L, ns, items[i].key);
+        if (!items[i].status)
+            STORE_ADD(st, st_bytes_out, STORE_HDR_BYTES +
+                                        store_iov_len(items[i].iov, items[i].iovcnt));
+    }
+    batch_free(f, b);
+    return 0;
+}
+
+/* Opens item i's file and sizes its read. 0 or the item's status (-ENOENT: a miss). */
+static int get_prepare(struct fstore *f, struct fio *io, const struct store_layout *L,
+                       uint64_t ns, const struct store_item *it)
+{
+    char name[STORE_NAME_MAX];
+    store_file_name(L, ns, it->key, name);
+    io->fd = openat(f->dfd, name, O_RDONLY | O_CLOEXEC | (f->direct ? O_DIRECT : 0));
+    if (io->fd < 0)
+        return errno_status(errno);
+    struct stat sb;
+    if (fstat(io->fd, &sb) != 0 ||
+        (size_t)sb.st_size < F_ALIGN + store_iov_len(it->iov, it->iovcnt)) {
+        close(io->fd);
+        io->fd = -1;
+        return -EBADMSG;         /* torn or another length: never ours */
+    }
+    io_plan(f, io, it);
+    return 0;
+}
+
+static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    if (data_ready(st, items, n, deadline))
+        return 0;
+    struct fbatch *b = batch_new(n, 0);
+    int rc = b ? 0 : -ENOMEM;
+    for (size_t i = 0; i < n && !rc; i++)
+        items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i]);
+    if (!rc)
+        rc = batch_stage(f, b);
+    if (rc) {
+        batch_free(f, b);
+        for (size_t i = 0; i < n; i++)
+            items[i].status = rc;
+        return 0;
+    }
+    if (batch_run(f, b, items, deadline))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        struct fio *io = &b->io[i];
+        size_t want = store_iov_len(items[i].iov, items[i].iovcnt);
+        if (items[i].status)
+            continue;
+        if (io->res < 0) {
+            items[i].status = errno_status(-io->res);
+            continue;
+        }
+        STORE_ADD(st, st_bytes_in, (uint64_t)io->res);
+        struct iovec staged = { io->buf + F_ALIGN, want };
+        if ((size_t)io->res < F_ALIGN + want)
+            items[i].status = -EBADMSG;
+        else if (io->iov)
+            items[i].status = store_value_check_iov((const uint8_t *)io->buf, L, ns,
+                                                    items[i].key, items[i].iov,
+                                                    items[i].iovcnt);
+        else if (!(items[i].status = store_value_check_iov((const uint8_t *)io->buf, L, ns,
+                                                           items[i].key, &staged, 1)))
+            store_iov_scatter(items[i].iov, items[i].iovcnt, staged.iov_base, want);
+    }
+    batch_free(f, b);
+    return 0;
+}
+
+static int f_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
+                    const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    (void)deadline;
+    int rc = f_ready(st), found = 0;
+    char name[STORE_NAME_MAX];
+    for (size_t i = 0; i < n && !rc; i++) {
+        store_file_name(L, ns, &keys[i], name);
+        present[i] = faccessat(f->dfd, name, F_OK, 0) == 0;
+        found += present[i];
+    }
+    return rc ? rc : found;
+}
+
+static int f_del(struct store *st, const struct store_layout *L, uint64_t ns,
+                 const store_key *keys, size_t n, uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    (void)deadline;
+    int rc = f_ready(st), removed = 0;
+    char name[STORE_NAME_MAX];
+    for (size_t i = 0; i < n && !rc; i++) {
+        store_file_name(L, ns, &keys[i], name);
+        if (unlinkat(f->dfd, name, 0) == 0)
+            removed++;
+        else if (errno != ENOENT)
+            rc = errno_status(errno);
+    }
+    return rc ? rc : removed;
+}
+
+/* Whether name is an entry of ns (and of L, when not NULL). */
+static int ns_match(const char *name, const struct store_layout *L, uint64_t ns)
+{
+    char want[64];
+    size_t len = strlen(name);
+    if (L) {
+        int n = snprintf(want, sizeof want, "kvvm1_%u_%llu_%llu_%016llx_", L->n_regions,
+                         (unsigned long long)L->bytes_per_token,
+                         (unsigned long long)L->page_size, (unsigned long long)ns);
+        return n > 0 && !strncmp(name, want, (size_t)n) && len == (size_t)n + 64;
+    }
+    snprintf(want, sizeof want, "_%016llx_", (unsigned long long)ns);
+    return !strncmp(name, "kvvm1_", 6) && len > 82 && !strncmp(name + len - 82, want, 18);
+}
+
+static int f_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
+                    uint64_t deadline)
+{
+    struct fstore *f = st->be;
+    (void)deadline;
+    int rc = f_ready(st), removed = 0;
+    int fd = rc ? -1 : openat(f->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!rc && !d) {
+        if (fd >= 0)
+            close(fd);
+        return errno_status(errno);
+    }
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (ns_match(e->d_name, L, ns) && unlinkat(f->dfd, e->d_name, 0) == 0)
+            removed++;
+    if (d)
+        closedir(d);
+    return rc ? rc : removed;
+}
+
+static void f_close(struct store *st)
+{
+    struct fstore *f = st->be;
+    orphan_reap(f, UINT64_MAX);
+    if (f->ring_ok)
+        io_uring_queue_exit(&f->ring);
+    if (f->dfd >= 0)
+        close(f->dfd);
+    free(f->stage);
+    free(f->dir);
+    if (f->hang_fd[0] >= 0) {
+        close(f->hang_fd[0]);
+        close(f->hang_fd[1]);
+    }
+    free(f);
+}
+
+static const struct store_ops file_ops = {
+    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close,
+};
+
+int store_test_hang(struct store *st, int on)
+{
+    if (!st || st->ops != &file_ops)
+        return -EINVAL;
+    struct fstore *f = st->be;
+    pthread_mutex_lock(&st->lock);
+    int rc = 0;
+    if (on && f->hang_fd[0] < 0 && pipe2(f->hang_fd, O_CLOEXEC))
+        rc = -errno;
+    if (!rc && !on && f->hang_fd[1] >= 0) {
+        static const char bytes[4096];
+        rc = write(f->hang_fd[1], bytes, sizeof bytes) < 0 ? -errno : 0;
+    }
+    if (!rc)
+        f->hang = on;
+    pthread_mutex_unlock(&st->lock);
+    return rc;
+}
+
+int store_direct(const struct store *st)
+{
+    return st && st->ops == &file_ops && ((struct fstore *)st->be)->direct == 1;
+}
+
+int store_file_open(struct store *st, const char *path)
+{
+    struct fstore *f = calloc(1, sizeof *f);
+    if (!f || !(f->dir = strdup(path))) {
+        free(f);
+        return -ENOMEM;
+    }
+    f->dfd = -1;
+    f->direct = -1;
+    f->hang_fd[0] = f->hang_fd[1] = -1;
+    int r = io_uring_queue_init(F_QD, &f->ring, 0);
+    f->ring_ok = r == 0;
+    if (r)
+        klog_warn("kvvm store: io_uring is unavailable (%s): %s is read and written with "
+                  "pread/pwrite, whose time the store's timeout does not bound", strerror(-r),
+                  path);
+    st->be = f;
+    st->ops = &file_ops;
+    (void)f_ready(st);           /* missing: down, logged; not an error */
+    return 0;
+}

@@ -1,0 +1,617 @@
+/*
+ * store/redis.c: the Redis backend (contract in store.h). The only library file that
+ * includes hiredis.h.
+ *
+ * hiredis connects (redisConnectWithTimeout: the connect bounded by what is left of the
+ * deadline) and parses replies (a redisReader fed by this file); the socket is then ours,
+ * non-blocking, and every wait is a ppoll bounded by the request's deadline. Commands are
+ * written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL) straight from the caller's
+ * buffers: a SET's value goes out as [command and header] [payload iovecs] ["\r\n"], with
+ * no copy of the payload (hiredis's own redisAppendCommandArgv formats a copy, then copies
+ * it into its output buffer), and no SIGPIPE when the server is gone. A batch is one
+ * pipeline: every command is sent, then every reply read; while a send waits for room, the
+ * replies already there are read, so neither side's buffers can fill up and stall both.
+ *
+ * Any failure of the connection itself (a timeout, a reset, a protocol error) drops it:
+ * the replies still owed on it could otherwise be matched with later requests. The next
+ * request after the backoff (50 ms, doubling to 2 s; reset by a good connection) connects
+ * again: AUTH, SELECT and PING in one round trip, all inside that request's deadline.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "store_int.h"
+
+#define BACKOFF_MIN_NS (50ull * 1000000u)
+#define BACKOFF_MAX_NS (2000ull * 1000000u)
+#define RBUF_BYTES (256u << 10)
+#define CMD_MAX (STORE_NAME_MAX + 64)   /* one command's RESP text (not the value) */
+
+struct rstore {
+    struct store_redis_url u;    /* owned copies */
+    char where[96];              /* "host:port/db" for messages */
+    int fd;                      /* -1: down */
+    redisReader *rd;             /* with fd */
+    uint64_t next_try;           /* know_ns after which a reconnection may be tried */
+    uint64_t backoff;            /* ns until the try after a failed one */
+    int down_logged;             /* the outage was logged */
+    char cause[128];             /* hiredis's reason for the last failed connect, or "" */
+    char *rbuf;                  /* [RBUF_BYTES] receive buffer */
+    /* The reader's object functions: hiredis's own (def), except while a get batch sinks
+       (sink != NULL): a top-level string reply is then checked and copied to the caller
+       where the reader holds it (sink_string), and no reply object copies the value. */
+    redisReplyObjectFunctions fns;
+    const redisReplyObjectFunctions *def;
+    struct batch_ctx *sink;      /* the get batch, or NULL */
+    size_t sink_i;               /* the item the next reply answers */
+    int sunk;                    /* the last reply was consumed by sink_string */
+};
+
+/* ------------------------------------------------------------------ the connection */
+
+/* Closes the connection, if any. */
+static void r_shut(struct rstore *r)
+{
+    if (r->fd >= 0) {
+        close(r->fd);
+        redisReaderFree(r->rd);
+        r->fd = -1;
+        r->rd = NULL;
+    }
+}
+
+/* The store is down: closes the connection, schedules the next try, logs the outage once. */
+static void r_drop(struct rstore *r, const char *why, int err)
+{
+    r_shut(r);
+    r->next_try = know_ns() + r->backoff;
+    r->backoff = r->backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : r->backoff * 2;
+    if (!r->down_logged)
+        klog_warn("kvvm store: redis %s is unavailable (%s: %s); requests fail fast until "
+                  "it is back (reconnecting by itself)", r->where, why,
+                  r->cause[0] ? r->cause : strerror(-err));
+    r->cause[0] = 0;
+    r->down_logged = 1;
+}
+
+/* Reads one chunk (at most RBUF_BYTES) of what the socket has into the reader: a chunk at
+   a time, so that the reader's buffer holds about one reply beyond what was parsed (it moves
+   the unparsed rest to the front after each reply). 0, or -ENOTCONN (closed / reset). */
+static int r_fill(struct rstore *r)
+{
+    for (;;) {
+        ssize_t got = recv(r->fd, r->rbuf, RBUF_BYTES, MSG_DONTWAIT);
+        if (got > 0)
+            return redisReaderFeed(r->rd, r->rbuf, (size_t)got) == REDIS_OK ? 0 : -ENOMEM;
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return -ENOTCONN;
+    }
+}
+
+/* Waits until the socket is ready for ev (reading whatever arrives meanwhile). 0,
+   -ETIMEDOUT at the deadline, -ENOTCONN. */
+static int r_wait(struct rstore *r, short ev, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t left = store_left_ns(deadline);
+        if (!left)
+            return -ETIMEDOUT;
+        struct pollfd p = { r->fd, (short)(ev | POLLIN), 0 };
+        struct timespec ts = { (time_t)(left / 1000000000u), (long)(left % 1000000000u) };
+        int n = ppoll(&p, 1, &ts, NULL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            continue;                /* the deadline check above ends it */
+        if (p.revents & POLLIN) {
+            int rc = r_fill(r);
+            if (rc)
+                return rc;
+        } else if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) {
+            return -ENOTCONN;
+        }
+        if (p.revents & ev)
+            return 0;
+    }
+}
+
+/* Sends the iovecs (modified as they go). 0, -ETIMEDOUT, -ENOTCONN. */
+static int r_send(struct rstore *r, struct iovec *iov, size_t n, uint64_t deadline)
+{
+    while (n) {
+        struct msghdr m = { .msg_iov = iov, .msg_iovlen = n < IOV_MAX ? n : IOV_MAX };
+        ssize_t w = sendmsg(r->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            int rc = errno == EINTR ? 0
+                   : errno == EAGAIN || errno == EWOULDBLOCK ? r_wait(r, POLLOUT, deadline)
+                   : -ENOTCONN;
+            if (rc)
+                return rc;
+            continue;
+        }
+        size_t left = (size_t)w;
+        for (; n && left >= iov->iov_len; iov++, n--)
+            left -= iov->iov_len;
+        if (n && left) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* The next reply. 0 (*out to freeReplyObject), -ETIMEDOUT, -ENOTCONN, -EIO (protocol). */
+static int r_reply(struct rstore *r, uint64_t deadline, redisReply **out)
+{
+    for (;;) {
+        void *rep = NULL;
+        if (redisReaderGetReply(r->rd, &rep) != REDIS_OK)
+            return -EIO;
+        if (rep) {
+            *out = rep;
+            return 0;
+        }
+        int rc = r_wait(r, POLLIN, deadline);
+        if (rc)
+            return rc;
+    }
+}
+
+/* The errno an error reply stands for. */
+static int r_err(const redisReply *rep)
+{
+    const char *s = rep->str;
+    if (!strncmp(s, "OOM", 3))
+        return -ENOSPC;
+    if (!strncmp(s, "NOAUTH", 6) || !strncmp(s, "WRONGPASS", 9) || !strncmp(s, "NOPERM", 6) ||
+        strstr(s, "invalid password") || strstr(s, "without any password") ||
+        strstr(s, "invalid username"))
+        return -EACCES;
+    if (!strncmp(s, "READONLY", 8))
+        return -EROFS;
+    return -EIO;
+}
+
+/* RESP text of one command of short arguments into out (CMD_MAX per argument is enough for
+   ours); returns its length. */
+static size_t r_cmd(char *out, size_t cap, int argc, const char *const *argv)
+{
+    size_t len = (size_t)snprintf(out, cap, "*%d\r\n", argc);
+    for (int i = 0; i < argc && len < cap; i++)
+        len += (size_t)snprintf(out + len, cap - len, "$%zu\r\n%s\r\n", strlen(argv[i]),
+                                argv[i]);
+    return len < cap ? len : cap;
+}
+
+static void *sink_string(const redisReadTask *task, char *str, size_t len);
+
+/* Connects, authenticates, selects the database. 0, -EACCES (refused), -EINVAL (no such
+   database), -ETIMEDOUT, -ENOTCONN, -ENOMEM; nothing kept on failure. */
+static int r_connect(struct rstore *r, uint64_t deadline)
+{
+    uint64_t left = store_left_ns(deadline);
+    if (!left)
+        return -ETIMEDOUT;
+    struct timeval tv = { (time_t)(left / 1000000000u), (long)(left % 1000000000u / 1000) };
+    redisContext *c = redisConnectWithTimeout(r->u.host, r->u.port, tv);
+    if (!c)
+        return -ENOMEM;
+    if (c->err) {
+        int rc = c->err == REDIS_ERR_IO && (errno == EINPROGRESS || errno == ETIMEDOUT)
+                 ? -ETIMEDOUT : -ENOTCONN;
+        snprintf(r->cause, sizeof r->cause, "%s", c->errstr);
+        redisFree(c);
+        return rc;
+    }
+    r->fd = redisFreeKeepFd(c);
+    r->rd = redisReaderCreate();
+    if (r->rd) {
+        r->rd->maxbuf = 0;           /* keep its buffer: values are large, and many */
+        r->def = r->rd->fn;
+        r->fns = *r->def;
+        r->fns.createString = sink_string;
+        r->rd->fn = &r->fns;
+        r->rd->privdata = r;
+    }
+    int fl = fcntl(r->fd, F_GETFL);
+    if (!r->rd || fl < 0 || fcntl(r->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        r_shut(r);
+        return -ENOMEM;
+    }
+    char buf[3 * CMD_MAX + 1024], db[16];
+    size_t len = 0;
+    int n = 0;
+    if (r->u.pass) {
+        const char *a[] = { "AUTH", r->u.user ? r->u.user : r->u.pass, r->u.pass };
+        len += r_cmd(buf + len, sizeof buf - len, r->u.user ? 3 : 2, a);
+        n++;
+    }
+    if (r->u.db) {
+        snprintf(db, sizeof db, "%d", r->u.db);
+        len += r_cmd(buf + len, sizeof buf - len, 2, (const char *[]){ "SELECT", db });
+        n++;
+    }
+    len += r_cmd(buf + len, sizeof buf - len, 1, (const char *[]){ "PING" });
+    n++;
+    struct iovec io = { buf, len };
+    int rc = r_send(r, &io, 1, deadline);
+    for (int i = 0; i < n && !rc; i++) {
+        redisReply *rep;
+        if ((rc = r_reply(r, deadline, &rep)))
+            break;
+        if (rep->type == REDIS_REPLY_ERROR) {
+            rc = r_err(rep) == -EACCES ? -EACCES : -EINVAL;
+            klog_error("kvvm store: redis %s refused the connection: %s", r->where, rep->str);
+        }
+        freeReplyObject(rep);
+    }
+    if (rc)
+        r_shut(r);                   /* the caller decides: refused, or down */
+    return rc;
+}
+
+/* A connection, or the reason there is none: -ENOTCONN within the backoff, else what a
+   reconnection attempt returned. */
+static int r_ready(struct rstore *r, uint64_t deadline)
+{
+    if (r->fd >= 0)
+        return 0;
+    if (know_ns() < r->next_try)
+        return -ENOTCONN;
+    int rc = r_connect(r, deadline);
+    if (rc) {
+        r_drop(r, "reconnect", rc);
+        return rc == -EACCES || rc == -ETIMEDOUT ? rc : -ENOTCONN;
+    }
+    if (r->down_logged)
+        klog_info("kvvm store: redis %s is back", r->where);
+    r->down_logged = 0;
+    r->backoff = BACKOFF_MIN_NS;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ requests */
+
+/* What a batch does with reply i, as it arrives (the pipeline frees it after: holding a
+   batch of large replies at once would make the allocator map fresh memory per batch). */
+typedef void (*reply_fn)(void *arg, size_t i, const redisReply *rep);
+
+/* Sends the commands (iov[0..niov)), then hands each of the n replies to fn, in order.
+   0, or the connection's failure (it was dropped); *done = the replies handed. */
+static int r_pipeline(struct rstore *r, struct iovec *iov, size_t niov, size_t n,
+                      reply_fn fn, void *arg, uint64_t deadline, size_t *done)
+{
+    int rc = r_ready(r, deadline);
+    if (!rc)
+        rc = r_send(r, iov, niov, deadline);
+    for (*done = 0; *done < n && !rc; ++*done) {
+        redisReply *rep;
+        if ((rc = r_reply(r, deadline, &rep)))
+            break;
+        fn(arg, *done, rep);
+        freeReplyObject(rep);
+    }
+    if (rc && r->fd >= 0)
+        r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
+    return rc;
+}
+
+/* One command, one reply (*out, to freeReplyObject). 0 or as r_pipeline. */
+static int r_call(struct rstore *r, struct iovec *io, uint64_t deadline, redisReply **out)
+{
+    int rc = r_ready(r, deadline);
+    if (!rc)
+        rc = r_send(r, io, 1, deadline);
+    if (!rc)
+        rc = r_reply(r, deadline, out);
+    if (rc && r->fd >= 0)
+        r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
+    return rc;
+}
+
+/* One short command per key (GET / EXISTS) into a buffer of n commands, one iovec: the
+   keys of items[] or, with items NULL, keys[]. */
+static char *keys_cmds(const char *verb, const struct store_layout *L, uint64_t ns,
+                       const struct store_item *items, const store_key *keys, size_t n,
+                       struct iovec *io)
+{
+    char *buf = malloc(n * CMD_MAX), k[STORE_NAME_MAX];
+    size_t len = 0;
+    if (!buf)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        store_redis_key(L, ns, items ? items[i].key : &keys[i], k);
+        len += r_cmd(buf + len, CMD_MAX, 2, (const char *[]){ verb, k });
+    }
+    *io = (struct iovec){ buf, len };
+    return buf;
+}
+
+/* The requests' per-reply work. */
+struct batch_ctx {
+    struct store *st;
+    const struct store_layout *L;
+    uint64_t ns;
+    struct store_item *items;    /* put, get */
+    uint8_t *present;            /* lookup */
+    int found, err;              /* lookup */
+};
+
+static void put_reply(void *arg, size_t i, const redisReply *rep)
+{
+    struct batch_ctx *c = arg;
+    struct store_item *it = &c->items[i];
+    it->status = rep->type == REDIS_REPLY_ERROR ? r_err(rep) : 0;
+    if (!it->status)
+        STORE_ADD(c->st, st_bytes_out, STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt));
+}
+
+/* Item i of a get batch from its value (str, len): checked, then copied out. */
+static void get_value(struct batch_ctx *c, size_t i, const char *str, size_t len)
+{
+    struct store_item *it = &c->items[i];
+    size_t want = store_iov_len(it->iov, it->iovcnt);
+    STORE_ADD(c->st, st_bytes_in, (uint64_t)len);
+    if (len != STORE_HDR_BYTES + want ||
+        store_value_check((const uint8_t *)str, len, c->L, c->ns, it->key, want))
+        it->status = -EBADMSG;
+    else
+        it->status = 0, store_iov_scatter(it->iov, it->iovcnt, str + STORE_HDR_BYTES, want);
+}
+
+/* The reader's createString: a get's value is consumed where the reader holds it. */
+static void *sink_string(const redisReadTask *task, char *str, size_t len)
+{
+    struct rstore *r = task->privdata;
+    if (!r->sink || task->parent || task->type != REDIS_REPLY_STRING)
+        return r->def->createString(task, str, len);
+    get_value(r->sink, r->sink_i, str, len);
+    r->sunk = 1;
+    return r->def->createNil(task);
+}
+
+static void get_reply(void *arg, size_t i, const redisReply *p)
+{
+    struct batch_ctx *c = arg;
+    struct rstore *r = c->st->be;
+    struct store_item *it = &c->items[i];
+    r->sink_i = i + 1;
+    if (r->sunk)
+        r->sunk = 0;             /* sink_string did it */
+    else if (p->type == REDIS_REPLY_NIL)
+        it->status = -ENOENT;
+    else if (p->type == REDIS_REPLY_ERROR)
+        it->status = r_err(p);
+    else if (p->type == REDIS_REPLY_STRING)
+        get_value(c, i, p->str, (size_t)p->len);
+    else
+        it->status = -EIO;
+}
+
+static void exists_reply(void *arg, size_t i, const redisReply *rep)
+{
+    struct batch_ctx *c = arg;
+    if (rep->type == REDIS_REPLY_ERROR && !c->err)
+        c->err = r_err(rep);
+    c->present[i] = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
+    c->found += c->present[i];
+}
+
+/* The items past a failure get its status (-ENOMEM before anything was sent). */
+static void items_rest(struct store_item *items, size_t from, size_t n, int rc)
+{
+    for (size_t i = from; i < n; i++)
+        items[i].status = rc ? rc : -EIO;
+}
+
+static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    size_t niov = 0, done = 0;
+    if (n == 0)
+        return 0;                /* store.c never asks; said for the analyzer */
+    for (size_t i = 0; i < n; i++)
+        niov += 2 + (size_t)items[i].iovcnt;
+    struct iovec *iov = malloc(niov * sizeof *iov);
+    char *cmd = malloc(n * (CMD_MAX + STORE_HDR_BYTES));
+    int rc = iov && cmd ? 0 : -ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        char key[STORE_NAME_MAX], *c = cmd + i * (CMD_MAX + STORE_HDR_BYTES);
+        store_redis_key(L, ns, items[i].key, key);
+        size_t vlen = STORE_HDR_BYTES + store_iov_len(items[i].iov, items[i].iovcnt);
+        size_t len = (size_t)snprintf(c, CMD_MAX, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
+                                      strlen(key), key, vlen);
+        store_hdr_make((uint8_t *)c + len, L, ns, items[i].key, items[i].iov, items[i].iovcnt);
+        iov[k++] = (struct iovec){ c, len + STORE_HDR_BYTES };
+        memcpy(iov + k, items[i].iov, (size_t)items[i].iovcnt * sizeof *iov);
+        k += (size_t)items[i].iovcnt;
+        iov[k++] = (struct iovec){ "\r\n", 2 };
+    }
+    struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
+    if (!rc)
+        rc = r_pipeline(st->be, iov, niov, n, put_reply, &c, deadline, &done);
+    items_rest(items, done, n, rc);
+    free(cmd);
+    free(iov);
+    return 0;
+}
+
+static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct iovec io;
+    struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
+    size_t done = 0;
+    struct rstore *r = st->be;
+    char *buf = keys_cmds("GET", L, ns, items, NULL, n, &io);
+    r->sink = &c;
+    r->sink_i = 0;
+    r->sunk = 0;
+    int rc = buf ? r_pipeline(r, &io, 1, n, get_reply, &c, deadline, &done) : -ENOMEM;
+    r->sink = NULL;
+    items_rest(items, done, n, rc);
+    free(buf);
+    return 0;
+}
+
+static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
+                    const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
+{
+    struct iovec io;
+    struct batch_ctx c = { .st = st, .present = present };
+    size_t done = 0;
+    char *buf = keys_cmds("EXISTS", L, ns, NULL, keys, n, &io);
+    int rc = buf ? r_pipeline(st->be, &io, 1, n, exists_reply, &c, deadline, &done) : -ENOMEM;
+    free(buf);
+    return rc ? rc : c.err ? c.err : c.found;
+}
+
+/* UNLINK of n names (each at most STORE_NAME_MAX): the count removed, or -errno. */
+static int r_unlink(struct rstore *r, const char *const *names, size_t n, uint64_t deadline)
+{
+    char *buf = malloc(32 + n * (STORE_NAME_MAX + 16));
+    if (!buf)
+        return -ENOMEM;
+    size_t len = (size_t)sprintf(buf, "*%zu\r\n$6\r\nUNLINK\r\n", n + 1);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)sprintf(buf + len, "$%zu\r\n%s\r\n", strlen(names[i]), names[i]);
+    struct iovec io = { buf, len };
+    redisReply *rep = NULL;
+    int rc = r_call(r, &io, deadline, &rep);
+    if (!rc)
+        rc = rep->type == REDIS_REPLY_INTEGER ? (int)rep->integer
+           : rep->type == REDIS_REPLY_ERROR ? r_err(rep) : -EIO;
+    if (rep)
+        freeReplyObject(rep);
+    free(buf);
+    return rc;
+}
+
+static int r_del(struct store *st, const struct store_layout *L, uint64_t ns,
+                 const store_key *keys, size_t n, uint64_t deadline)
+{
+    char (*names)[STORE_NAME_MAX] = malloc(n * sizeof *names);
+    const char **np = malloc(n * sizeof *np);
+    int rc = -ENOMEM;
+    if (names && np) {
+        for (size_t i = 0; i < n; i++) {
+            store_redis_key(L, ns, &keys[i], names[i]);
+            np[i] = names[i];
+        }
+        rc = r_unlink(st->be, np, n, deadline);
+    }
+    free(np);
+    free(names);
+    return rc;
+}
+
+/* SCAN with MATCH, UNLINK of each round's keys, until the cursor comes back to 0. */
+static int r_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
+                    uint64_t deadline)
+{
+    struct rstore *r = st->be;
+    char pat[STORE_NAME_MAX], cursor[32] = "0", cmd[2 * CMD_MAX];
+    if (L)
+        snprintf(pat, sizeof pat, "kvvm1:{%u:%llu:%llu:%016llx}:*", L->n_regions,
+                 (unsigned long long)L->bytes_per_token, (unsigned long long)L->page_size,
+                 (unsigned long long)ns);
+    else
+        snprintf(pat, sizeof pat, "kvvm1:{*:%016llx}:*", (unsigned long long)ns);
+    int removed = 0, rc;
+    do {
+        const char *a[] = { "SCAN", cursor, "MATCH", pat, "COUNT", "1000" };
+        struct iovec io = { cmd, r_cmd(cmd, sizeof cmd, 6, a) };
+        redisReply *rep = NULL;
+        if ((rc = r_call(r, &io, deadline, &rep)))
+            return rc;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY) {
+            rc = rep->type == REDIS_REPLY_ERROR ? r_err(rep) : -EIO;
+            freeReplyObject(rep);
+            return rc;
+        }
+        snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
+        redisReply *ks = rep->element[1];
+        const char **np = malloc((ks->elements + 1) * sizeof *np);
+        size_t m = 0;
+        for (size_t i = 0; np && i < ks->elements; i++)
+            if (ks->element[i]->type == REDIS_REPLY_STRING &&
+                ks->element[i]->len < STORE_NAME_MAX)
+                np[m++] = ks->element[i]->str;
+        rc = !np ? -ENOMEM : m ? r_unlink(r, np, m, deadline) : 0;
+        free(np);
+        freeReplyObject(rep);
+        if (rc < 0)
+            return rc;
+        removed += rc;
+    } while (strcmp(cursor, "0") != 0);
+    return removed;
+}
+
+static void r_close(struct store *st)
+{
+    struct rstore *r = st->be;
+    if (r->fd >= 0) {
+        close(r->fd);
+        redisReaderFree(r->rd);
+    }
+    free(r->u.host);
+    free(r->u.user);
+    free(r->u.pass);
+    free(r->rbuf);
+    free(r);
+}
+
+static const struct store_ops redis_ops = {
+    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close,
+};
+
+static char *dup_or_null(const char *s, int *fail)
+{
+    char *d = s ? strdup(s) : NULL;
+    if (s && !d)
+        *fail = 1;
+    return d;
+}
+
+int store_redis_open(struct store *st, const struct store_redis_url *u)
+{
+    struct rstore *r = calloc(1, sizeof *r);
+    int fail = 0;
+    if (!r)
+        return -ENOMEM;
+    r->fd = -1;
+    r->backoff = BACKOFF_MIN_NS;
+    r->u = (struct store_redis_url){ dup_or_null(u->host, &fail), dup_or_null(u->user, &fail),
+                                     dup_or_null(u->pass, &fail), u->port, u->db };
+    r->rbuf = malloc(RBUF_BYTES);
+    snprintf(r->where, sizeof r->where, "%s:%d/%d", u->host, u->port, u->db);
+    st->be = r;
+    st->ops = &redis_ops;
+    int rc = fail || !r->rbuf ? -ENOMEM : r_connect(r, know_ns() + st->timeout_ns);
+    if (rc == -EACCES || rc == -EINVAL || rc == -ENOMEM) {
+        r_close(st);
+        st->be = NULL;
+        return rc;
+    }
+    if (rc)
+        r_drop(r, "at open", rc);
+    return 0;
+}

@@ -1,0 +1,138 @@
+/*
+ * store/store.h: the shared store — a cache of KV blocks below the tiers, shared by processes
+ * (and machines) through a directory or a Redis server. docs/api.md "Shared store" documents
+ * the URL, the key layout and the value format for other tools; docs/design.md the layer.
+ *
+ * Contract:
+ *  - One struct store = one URL: "file:///dir" (one file per entry in dir) or
+ *    "redis://[[user]:password@]host[:port][/db]" (one Redis connection; port 6379, db 0 by
+ *    default). store_open refuses only a malformed URL (-EINVAL) and credentials the server
+ *    refuses (-EACCES: AUTH refused, or the server demands a password none was given for).
+ *    A server that is down, or a directory that is missing or not writable, at open is not an
+ *    error: the store is down (logged once), every operation fails fast, and it comes back
+ *    by itself (Redis: reconnection with exponential backoff, 50 ms doubling to 2 s, each try
+ *    inside an operation's deadline; file: every operation tries the directory again).
+ *  - It is a cache, never a dependency: every operation is bounded by timeout_ms (one
+ *    deadline per batch: the whole pipelined round trip, a reconnection included, and the
+ *    wait for the store's lock), never changes or keeps the caller's buffers, never fails
+ *    for an unavailable store with anything but a per-item status and a count. A timed-out
+ *    Redis connection is dropped (the replies still owed on it are never matched with later
+ *    requests). The file backend bounds its data I/O (io_uring) by the deadline; open,
+ *    rename and unlink are plain system calls, as fast as the file system is.
+ *  - Entries: a 32-byte content key (store_key, the same bytes as kvvm_key), under a layout
+ *    (n_regions, bytes_per_token, page_size) and a namespace (uint64). Layout and namespace
+ *    are part of the name (Redis key, file name): a reader of another layout or namespace
+ *    never sees the entry. Every value is a 96-byte header (magic, version, layout, namespace,
+ *    key, payload length, XXH3-64 checksum over the header's first 88 bytes and the payload)
+ *    followed by the payload. A value whose header or checksum does not match what the reader
+ *    asked for is a miss (-EBADMSG, counted in errors), never bytes handed out.
+ *  - Batches: put, get, lookup and delete take n keys and make one round trip for all of them
+ *    (Redis: pipelined SET/GET/EXISTS, one UNLINK; file: one io_uring submission). Each item
+ *    gets its own status; the return value counts the items that succeeded.
+ *  - Counters (store_stats_get): puts (entries written), gets (entries read back, checksum
+ *    good), hits (entries a lookup found), errors (item requests that failed, timed out, or
+ *    returned a value failing its checks — one per item), bytes_out / bytes_in (value bytes,
+ *    header included, written / read).
+ *  - Thread safety: every call may come from any thread; a store serializes its requests
+ *    (one lock, taken with the operation's deadline: a call waiting behind a slow one fails
+ *    with -ETIMEDOUT instead of waiting longer). store_close must be the last call.
+ *  - It knows nothing of sequences, pages or tiers; core/ decides what to store and when.
+ */
+#ifndef KVVM_STORE_STORE_H
+#define KVVM_STORE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+struct store;
+
+/* A content key: the same 32 bytes as the public kvvm_key. */
+typedef struct store_key { uint8_t bytes[32]; } store_key;
+
+/* What a value's bytes mean; part of every entry's name. */
+struct store_layout {
+    uint32_t n_regions;
+    uint64_t bytes_per_token;
+    uint64_t page_size;          /* bytes */
+};
+
+/* One entry of a batch. */
+struct store_item {
+    const store_key *key;
+    const struct iovec *iov;     /* put: the payload; get: where it goes (the stored payload
+                                    must have exactly this many bytes, else -EBADMSG) */
+    int iovcnt;
+    int status;                  /* out: 0 done / hit; -ENOENT miss (get); -EBADMSG a value
+                                    failing its checks; -ETIMEDOUT past the deadline;
+                                    -ENOTCONN the store is down (reconnection pending);
+                                    -ENOSPC full (Redis maxmemory, file system); -EACCES /
+                                    -EROFS refused; -EIO another failure */
+};
+
+#define STORE_TIMEOUT_DEFAULT_MS 1000u
+#define STORE_F_TEST_NO_DIRECT (1u << 0) /* test hook: behave as if O_DIRECT were refused */
+
+/* Parses url and opens the store; a down store is not an error (see the contract).
+   timeout_ms 0 = STORE_TIMEOUT_DEFAULT_MS. -EINVAL url NULL or malformed, or a Redis
+   database the server refuses to SELECT (logged with the reason); -EACCES credentials
+   refused (logged); -ENOMEM. */
+int  store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out);
+/* Closes the connection / ring and frees everything; a file store first waits for the I/O
+   of a batch that timed out (the kernel may still write its buffers). NULL is a no-op. */
+void store_close(struct store *st);
+
+/* Writes the n items (their payloads) under (L, ns, key): an existing entry is replaced
+   (file: atomically, by rename). Returns the number written (0..n), each item's status set;
+   -EINVAL st, L or items NULL (with n > 0), an item's key NULL or iovcnt < 0. */
+int store_put(struct store *st, const struct store_layout *L, uint64_t ns,
+              struct store_item *items, size_t n);
+/* Reads the n items into their iovecs. Returns the number found (status 0), the others'
+   status set (a miss is -ENOENT and not an error); an item that did not hit may have had its
+   buffers written. -EINVAL as store_put. */
+int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
+              struct store_item *items, size_t n);
+/* Which of the n keys exist (present[i] = 1 or 0; NULL allowed). Returns how many, -EINVAL
+   (st, L NULL, keys NULL with n > 0), or -ETIMEDOUT / -ENOTCONN / -EIO (the store could not
+   answer: present[] all 0, counted). A present key may still miss at get (evicted, corrupt). */
+int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
+                 const store_key *keys, size_t n, uint8_t *present);
+/* Removes the n entries; returns how many existed, or -EINVAL / a store error as lookup. */
+int store_delete(struct store *st, const struct store_layout *L, uint64_t ns,
+                 const store_key *keys, size_t n);
+/* Removes every entry of namespace ns under layout L (L NULL: under every layout). Returns
+   how many, or -EINVAL (st NULL) / a store error as lookup (-ETIMEDOUT: the entries removed
+   so far stay removed). Redis: SCAN + UNLINK rounds, all within one deadline. */
+int store_delete_ns(struct store *st, const struct store_layout *L, uint64_t ns);
+
+struct store_stats {
+    uint64_t puts, gets, hits, errors, bytes_out, bytes_in;
+};
+void store_stats_get(struct store *st, struct store_stats *out);
+
+const char *store_kind(const struct store *st);   /* "file" or "redis" */
+/* file: 1 when entries are written and read with O_DIRECT, 0 through the page cache (the
+   directory refused O_DIRECT, or not probed yet); Redis: 0. */
+int store_direct(const struct store *st);
+/* The URL with its password replaced by "***" (for logs and the JSON). Writes at most len
+   bytes, always terminated; returns buf. */
+char *store_url_redact(const char *url, char *buf, size_t len);
+
+/* Test hook (file backend): on, every data I/O waits on a pipe instead of the file system
+   (a hung file system); off, the I/Os waiting complete (4096 of them at most). -EINVAL not
+   a file store, or the errno of pipe2 / write. */
+int store_test_hang(struct store *st, int on);
+
+/* --- the key layout (docs/api.md "Key layout"), for tests and tools ------------------- */
+#define STORE_HDR_BYTES 96
+#define STORE_NAME_MAX 160
+/* The Redis key of an entry: kvvm1:{<n_regions>:<bytes_per_token>:<page_size>:<ns, 16 hex
+   digits>}:<key, 64 hex digits>. Returns its length. */
+size_t store_redis_key(const struct store_layout *L, uint64_t ns, const store_key *k,
+                       char out[STORE_NAME_MAX]);
+/* The file name of an entry: kvvm1_<n_regions>_<bytes_per_token>_<page_size>_<ns hex>_<key
+   hex>. Returns its length. */
+size_t store_file_name(const struct store_layout *L, uint64_t ns, const store_key *k,
+                       char out[STORE_NAME_MAX]);
+
+#endif

@@ -1,0 +1,75 @@
+/*
+ * store/store_int.h: what the store layer's own files share (the layer's contract is store.h).
+ *
+ * Contract:
+ *  - Included only by the files of store/. store.c parses the URL, checks arguments, takes
+ *    the lock with the deadline, calls the backend, counts; it also owns the key names and
+ *    the value header (format and checksum). file.c and redis.c are the two backends behind
+ *    struct store_ops; hiredis.h is included by redis.c alone, liburing.h (for this layer)
+ *    by file.c alone.
+ *  - A backend call runs with st->lock held and gets an absolute deadline (know_ns clock):
+ *    it returns by then, sets every item's status (put/get) and adds to the byte counters;
+ *    store.c counts puts, gets, hits and errors from the statuses.
+ */
+#ifndef KVVM_STORE_STORE_INT_H
+#define KVVM_STORE_STORE_INT_H
+
+#include <pthread.h>
+#include "store.h"
+
+struct store_ops {
+    const char *kind;
+    int  (*put)(struct store *st, const struct store_layout *L, uint64_t ns,
+                struct store_item *items, size_t n, uint64_t deadline);
+    int  (*get)(struct store *st, const struct store_layout *L, uint64_t ns,
+                struct store_item *items, size_t n, uint64_t deadline);
+    /* count present, or -errno (the whole request failed) */
+    int  (*lookup)(struct store *st, const struct store_layout *L, uint64_t ns,
+                   const store_key *keys, size_t n, uint8_t *present, uint64_t deadline);
+    int  (*del)(struct store *st, const struct store_layout *L, uint64_t ns,
+                const store_key *keys, size_t n, uint64_t deadline);
+    int  (*del_ns)(struct store *st, const struct store_layout *L, uint64_t ns,
+                   uint64_t deadline);
+    void (*close)(struct store *st);
+};
+
+struct store {
+    const struct store_ops *ops;
+    void *be;                    /* the backend's state */
+    uint64_t timeout_ns;         /* per request (batch); fixed after open */
+    unsigned flags;              /* STORE_F_*; fixed after open */
+    pthread_mutex_t lock;        /* serializes requests: guards be */
+    /* counters (atomic; STORE_ADD) */
+    uint64_t st_puts, st_gets, st_hits, st_errors, st_bytes_out, st_bytes_in;
+};
+
+#define STORE_ADD(st, f, n) __atomic_fetch_add(&(st)->f, (n), __ATOMIC_RELAXED)
+
+/* --- store.c: values ------------------------------------------------------------------ */
+size_t store_iov_len(const struct iovec *iov, int n);
+/* Copies len bytes from src into the iovecs (in order). */
+void   store_iov_scatter(const struct iovec *iov, int n, const void *src, size_t len);
+/* Fills the 96-byte header of a value holding the payload iov[0..n). */
+void   store_hdr_make(uint8_t hdr[STORE_HDR_BYTES], const struct store_layout *L, uint64_t ns,
+                      const store_key *k, const struct iovec *iov, int n);
+/* 0 when the value at v (vlen bytes; a file's may be longer: padding) is an entry of (L,
+   ns, k) with a payload of exactly want bytes and a good checksum; else -EBADMSG. */
+int    store_value_check(const uint8_t *v, size_t vlen, const struct store_layout *L,
+                         uint64_t ns, const store_key *k, size_t want);
+/* The same for a header at hdr whose payload is iov[0..n) (read apart from it). */
+int    store_value_check_iov(const uint8_t *hdr, const struct store_layout *L, uint64_t ns,
+                             const store_key *k, const struct iovec *iov, int n);
+/* Nanoseconds left until deadline (0 when past). */
+uint64_t store_left_ns(uint64_t deadline);
+
+/* --- file.c / redis.c: open (with st->timeout_ns and st->flags set) ----------------------- */
+/* path: the absolute directory. 0 or -ENOMEM (a missing directory is a down store). */
+int store_file_open(struct store *st, const char *path);
+struct store_redis_url {
+    char *host, *user, *pass;    /* user, pass NULL when none */
+    int port, db;
+};
+/* 0, -EACCES (credentials refused), -ENOMEM; takes nothing from u (copies). */
+int store_redis_open(struct store *st, const struct store_redis_url *u);
+
+#endif

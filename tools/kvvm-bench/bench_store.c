@@ -1,0 +1,380 @@
+/*
+ * tools/kvvm-bench/bench_store.c: the shared store layer (store/store.h) beside raw loops
+ * doing the same transfers by the plainest means, on the same server and the same files.
+ *
+ *  - Redis: a redis-server this group starts on 127.0.0.1 at a free port (--save '', no
+ *    persistence; skipped with the reason where redis-server is missing). store_put and
+ *    store_get of a batch of n values (two iovecs each, like a block of two regions) beside a
+ *    raw pipelined hiredis loop: n x redisAppendCommand("SET %b %b") then n x redisGetReply
+ *    (get: "GET", and each value copied into its destination buffer, which the store does
+ *    too). The store adds its 96-byte header, the XXH3 checksum of every value (computed on
+ *    put, verified on get) and its deadline-bounded I/O.
+ *  - File: the same batches in a directory under --spill-dir (default /var/tmp) beside a raw
+ *    io_uring loop over the same files: each value written with O_DIRECT to a temporary file
+ *    (one ring submission for the batch) then renamed; read back with O_DIRECT into aligned
+ *    buffers. The store adds the header, the checksum and a copy through its staging buffer.
+ *
+ * Each trial runs the store and the raw loop alternately (the order swapped every trial);
+ * the median payload MiB/s over trials is reported beside the raw median, and the spread
+ * (min..max of each) printed under it. Value sizes: 64 KiB (batches of 64) and 1 MiB
+ * (batches of 32); --quick: 1 MiB only.
+ *
+ * The store layer is reached through the testing interface (kvvm_testing_store_*).
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis.h>
+#include <liburing.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kvvm.h"
+#include "kvvm_testing.h"
+
+#define MIB (1024.0 * 1024.0)
+
+struct bstore {
+    kvvm_testing_store *st;
+    size_t val, n;               /* payload bytes per value, values per batch */
+    unsigned char *src, *dst;    /* n * val each, 4 KiB aligned */
+    kvvm_key *keys;
+    struct iovec *iov_src, *iov_dst;
+    struct kvvm_testing_store_item *items;
+};
+
+static const struct kvvm_testing_store_layout BL = { 2, 1024, 0 };   /* page_size set per value size */
+
+static int bs_init(struct bstore *b, size_t val, size_t n)
+{
+    memset(b, 0, sizeof *b);
+    b->val = val;
+    b->n = n;
+    if (posix_memalign((void **)&b->src, 4096, n * val) ||
+        posix_memalign((void **)&b->dst, 4096, n * val))
+        return -ENOMEM;
+    b->keys = calloc(n, sizeof *b->keys);
+    b->iov_src = calloc(2 * n, sizeof *b->iov_src);
+    b->iov_dst = calloc(2 * n, sizeof *b->iov_dst);
+    b->items = calloc(n, sizeof *b->items);
+    if (!b->keys || !b->iov_src || !b->iov_dst || !b->items)
+        return -ENOMEM;
+    for (size_t i = 0; i < n * val; i++)
+        b->src[i] = (unsigned char)(i * 2654435761u >> 11);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(b->keys[i].bytes, &i, sizeof i);
+        b->keys[i].bytes[31] = 0x5a;
+        b->iov_src[2 * i] = (struct iovec){ b->src + i * val, val / 2 };
+        b->iov_src[2 * i + 1] = (struct iovec){ b->src + i * val + val / 2, val - val / 2 };
+        b->iov_dst[2 * i] = (struct iovec){ b->dst + i * val, val / 2 };
+        b->iov_dst[2 * i + 1] = (struct iovec){ b->dst + i * val + val / 2, val - val / 2 };
+    }
+    return 0;
+}
+
+static void bs_free(struct bstore *b)
+{
+    free(b->src);
+    free(b->dst);
+    free(b->keys);
+    free(b->iov_src);
+    free(b->iov_dst);
+    free(b->items);
+}
+
+/* One store batch: put (wr) or get. Seconds, or -1 when an item failed. */
+static double bs_store(struct bstore *b, int wr)
+{
+    struct kvvm_testing_store_layout L = BL;
+    L.page_size = b->val / 2;
+    for (size_t i = 0; i < b->n; i++)
+        b->items[i] = (struct kvvm_testing_store_item){ &b->keys[i], wr ? &b->iov_src[2 * i]
+                                                           : &b->iov_dst[2 * i], 2, 0 };
+    uint64_t t0 = bench_now_ns();
+    int got = wr ? kvvm_testing_store_put(b->st, &L, 1, b->items, b->n)
+                 : kvvm_testing_store_get(b->st, &L, 1, b->items, b->n);
+    double s = (double)(bench_now_ns() - t0) / 1e9;
+    return got == (int)b->n ? s : -1;
+}
+
+/* ---- Redis ----------------------------------------------------------------------------- */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* Starts redis-server; returns its pid (the connection in *c), or -1. */
+static pid_t redis_start(int port, const char *dir, redisContext **c)
+{
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("redis-server", "redis-server", "--port", p, "--bind", "127.0.0.1", "--save",
+               "", "--appendonly", "no", "--dir", dir, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; pid > 0 && i < 500; i++) {
+        struct timeval tv = { 1, 0 };
+        *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+        if (*c && !(*c)->err)
+            return pid;
+        if (*c)
+            redisFree(*c);
+        *c = NULL;
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return -1;
+        usleep(10000);
+    }
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return -1;
+}
+
+/* The raw pipelined loop: n SETs (or GETs, each value copied out). Seconds, or -1. */
+static double raw_redis(redisContext *c, struct bstore *b, int wr)
+{
+    char key[64];
+    uint64_t t0 = bench_now_ns();
+    for (size_t i = 0; i < b->n; i++) {
+        snprintf(key, sizeof key, "raw:%zu:%zu", b->val, i);
+        int rc = wr ? redisAppendCommand(c, "SET %s %b", key, b->src + i * b->val, b->val)
+                    : redisAppendCommand(c, "GET %s", key);
+        if (rc != REDIS_OK)
+            return -1;
+    }
+    int ok = 1;
+    for (size_t i = 0; i < b->n; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(c, (void **)&r) != REDIS_OK || !r)
+            return -1;
+        if (!wr && r->type == REDIS_REPLY_STRING && (size_t)r->len == b->val)
+            memcpy(b->dst + i * b->val, r->str, b->val);
+        else if (!wr || r->type != REDIS_REPLY_STATUS)
+            ok = 0;
+        freeReplyObject(r);
+    }
+    double s = (double)(bench_now_ns() - t0) / 1e9;
+    return ok ? s : -1;
+}
+
+/* ---- files ----------------------------------------------------------------------------- */
+
+/* The raw io_uring loop over n files: O_DIRECT write to a temporary name, rename (or
+   O_DIRECT read). Seconds, or -1. */
+static double raw_files(struct io_uring *ring, const char *dir, struct bstore *b, int wr)
+{
+    char tmp[512], name[512];
+    int *fd = calloc(b->n, sizeof *fd);
+    if (!fd)
+        return -1;
+    uint64_t t0 = bench_now_ns();
+    int ok = 1;
+    for (size_t i = 0; i < b->n; i++) {
+        snprintf(name, sizeof name, "%s/raw_%zu_%zu", dir, b->val, i);
+        snprintf(tmp, sizeof tmp, "%s/.raw_%zu_%zu.tmp", dir, b->val, i);
+        fd[i] = open(wr ? tmp : name, wr ? O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT
+                                         : O_RDONLY | O_DIRECT, 0644);
+        struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+        if (fd[i] < 0 || !sqe) {
+            ok = 0;
+            break;
+        }
+        if (wr)
+            io_uring_prep_write(sqe, fd[i], b->src + i * b->val, (unsigned)b->val, 0);
+        else
+            io_uring_prep_read(sqe, fd[i], b->dst + i * b->val, (unsigned)b->val, 0);
+    }
+    if (ok && io_uring_submit_and_wait(ring, (unsigned)b->n) < 0)
+        ok = 0;
+    struct io_uring_cqe *cqe;
+    for (size_t i = 0; ok && i < b->n; i++) {
+        if (io_uring_wait_cqe(ring, &cqe) || cqe->res != (int)b->val)
+            ok = 0;
+        else
+            io_uring_cqe_seen(ring, cqe);
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        if (fd[i] > 0)
+            close(fd[i]);
+        snprintf(name, sizeof name, "%s/raw_%zu_%zu", dir, b->val, i);
+        snprintf(tmp, sizeof tmp, "%s/.raw_%zu_%zu.tmp", dir, b->val, i);
+        if (ok && wr && rename(tmp, name))
+            ok = 0;
+    }
+    double s = (double)(bench_now_ns() - t0) / 1e9;
+    free(fd);
+    return ok ? s : -1;
+}
+
+/* ---- the trials ------------------------------------------------------------------------ */
+
+typedef double (*raw_fn)(void *arg, struct bstore *b, int wr);
+struct raw { raw_fn fn; void *arg; const char *name; };
+
+static double raw_redis_fn(void *arg, struct bstore *b, int wr)
+{
+    return raw_redis(arg, b, wr);
+}
+
+struct rawf { struct io_uring ring; const char *dir; };
+static double raw_files_fn(void *arg, struct bstore *b, int wr)
+{
+    struct rawf *r = arg;
+    return raw_files(&r->ring, r->dir, b, wr);
+}
+
+static void minmax(const double *v, int n, double *lo, double *hi)
+{
+    *lo = *hi = v[0];
+    for (int i = 1; i < n; i++) {
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+}
+
+/* Trials of one direction; reports the median MiB/s beside the raw loop's. */
+static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
+                  const struct raw *raw, int wr)
+{
+    int t = bc->trials;
+    double *mine = calloc((size_t)t, sizeof *mine), *base = calloc((size_t)t, sizeof *base);
+    if (!mine || !base) {
+        free(mine);
+        free(base);
+        return -ENOMEM;
+    }
+    double mib = (double)(b->n * b->val) / MIB;
+    int rc = 0;
+    for (int i = 0; i < t && !rc; i++) {
+        double s1, s2;
+        if (i % 2) {
+            s2 = raw->fn(raw->arg, b, wr);
+            s1 = bs_store(b, wr);
+        } else {
+            s1 = bs_store(b, wr);
+            s2 = raw->fn(raw->arg, b, wr);
+        }
+        if (s1 <= 0 || s2 <= 0)
+            rc = -EIO;
+        mine[i] = mib / s1;
+        base[i] = mib / s2;
+    }
+    if (!rc && !wr && memcmp(b->src, b->dst, b->n * b->val))
+        rc = -EBADMSG;
+    if (!rc) {
+        char op[64];
+        double lo1, hi1, lo2, hi2;
+        minmax(mine, t, &lo1, &hi1);
+        minmax(base, t, &lo2, &hi2);
+        snprintf(op, sizeof op, "%s %zu KiB x%zu", wr ? "put" : "get", b->val >> 10, b->n);
+        bench_report(bc, group, op, bench_median(mine, t), bench_median(base, t), raw->name,
+                     "MiB/s", 0);
+        printf("    spread: store %.0f..%.0f, %s %.0f..%.0f MiB/s\n", lo1, hi1, raw->name,
+               lo2, hi2);
+    } else {
+        fprintf(stderr, "kvvm-bench store: %s %s failed (%s)\n", group, wr ? "put" : "get",
+                strerror(-rc));
+    }
+    free(mine);
+    free(base);
+    return rc;
+}
+
+static int run_sizes(struct bench_ctx *bc, const char *group, const char *url,
+                     const struct raw *raw)
+{
+    static const size_t sizes[][2] = { { 64 << 10, 64 }, { 1 << 20, 32 } };
+    int rc = 0;
+    for (size_t k = bc->quick ? 1 : 0; k < 2 && !rc; k++) {
+        struct bstore b;
+        rc = bs_init(&b, sizes[k][0], sizes[k][1]);
+        if (!rc)
+            rc = kvvm_testing_store_open(url, 5000, &b.st);
+        if (!rc)
+            rc = trials(bc, group, &b, raw, 1);
+        if (!rc)
+            rc = trials(bc, group, &b, raw, 0);
+        kvvm_testing_store_close(b.st);
+        bs_free(&b);
+    }
+    return rc;
+}
+
+static int bench_store_redis(struct bench_ctx *bc)
+{
+    if (system("command -v redis-server >/dev/null 2>&1") != 0) {
+        printf("store: redis skipped: redis-server is not installed\n");
+        return 0;
+    }
+    char dir[] = "/tmp/kvvm-bench-redis-XXXXXX", url[64];
+    int port = free_port();
+    redisContext *c = NULL;
+    if (!mkdtemp(dir) || port < 0)
+        return -errno;
+    pid_t pid = redis_start(port, dir, &c);
+    int rc = pid < 0 ? -ECONNREFUSED : 0;
+    if (!rc) {
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+        struct raw raw = { raw_redis_fn, c, "hiredis" };
+        rc = run_sizes(bc, "store/redis", url, &raw);
+        redisFree(c);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "kvvm-bench store: could not remove %s\n", dir);
+    return rc;
+}
+
+static int bench_store_file(struct bench_ctx *bc)
+{
+    char dir[512], url[600];
+    snprintf(dir, sizeof dir, "%s/kvvm-bench-store-XXXXXX", bc->spill_dir);
+    if (!mkdtemp(dir))
+        return -errno;
+    snprintf(url, sizeof url, "file://%s", dir);
+    struct rawf rf = { .dir = dir };
+    int rc = io_uring_queue_init(128, &rf.ring, 0);
+    if (!rc) {
+        struct raw raw = { raw_files_fn, &rf, "io_uring" };
+        rc = run_sizes(bc, "store/file", url, &raw);
+        io_uring_queue_exit(&rf.ring);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "kvvm-bench store: could not remove %s\n", dir);
+    return rc;
+}
+
+int bench_store(struct bench_ctx *bc)
+{
+    int rc = bench_store_redis(bc);
+    int rf = bench_store_file(bc);
+    return rc ? rc : rf;
+}
