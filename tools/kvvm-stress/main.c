@@ -105,6 +105,7 @@ static void usage(FILE *f)
 "  --pool-view            open with KVVM_F_POOL_VIEW and verify every verified sequence's\n"
 "                         block ids (kvvm_seq_block_table) and, where device memory is CPU-\n"
 "                         readable (emulated, not emu_opaque), its bytes through the pool\n"
+"                         view (else the byte check is reported skipped)\n"
 "\n"
 "Elastic memory:\n"
 "  --budget-schedule T:P[,T:P...]  at T seconds into the run (e.g. 10s), kvvm_set_budget to\n"
@@ -283,7 +284,7 @@ static const char *valid_values(int c)
     case O_PRESET: return "tiny, llama3-8b, llama3-70b or tiny-sw";
     case O_WINDOW: return "tokens from 0 (none) to 2^64-1";
     case O_WINDOW_EVERY: case O_CACHE_ENTRIES: return "an integer from 1 to 4294967295";
-    case O_PREFIX_CACHE: return "a fraction from 0 to 1";
+    case O_PREFIX_CACHE: return "a fraction from 0 to 1, or keyed";
     case O_LAYERS: case O_HEADS: case O_HDIM: case O_DTYPE: case O_BATCH: case O_QUANTUM:
         return "an integer from 1 to 4294967295";
     case O_LAYOUT: return "layer (per-layer) or token (token-major)";
