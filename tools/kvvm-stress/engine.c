@@ -50,6 +50,7 @@ static const char *const ev_names[] = { "prefill", "re-prefill", "forked", "swap
                                         "preempted (freed)", "truncated", "verified" };
 
 #define HIST 12
+#define PK_PROMPTS 4                /* --prefix-cache keyed: the shared prompts */
 struct hist { uint64_t step; uint8_t ev; int8_t known; uint32_t d, h, k; uint64_t len; };
 
 struct seg { uint64_t start, lineage; };   /* tokens from start on were written by lineage */
@@ -70,6 +71,7 @@ struct req {
     uint32_t nhist;
     uint64_t wkept;                /* first_kept of its window regions (kvvm_seq_discard) */
     uint64_t cache_id, cache_len;  /* the prefix-cache entry it shares, and how much */
+    uint32_t pid;                  /* --prefix-cache keyed: its shared prompt + 1, 0 = none */
 };
 
 struct eng {
@@ -103,7 +105,20 @@ struct eng {
     struct req **cache;            /* prefix-cache entries (CACHED sequences), oldest first */
     uint32_t n_cache;
     uint64_t next_cache_id;
+    uint32_t tpb;                  /* tokens per block (kvvm_block_tokens) */
+    uint64_t pk_len[PK_PROMPTS];   /* --prefix-cache keyed: each shared prompt's tokens */
+    uint64_t *pool_base;           /* --pool-view: kvvm_pool_base of each region */
+    uint32_t pool_ids;             /* kvvm_pool_blocks */
 };
+
+/* ---- keyed prefix cache (--prefix-cache keyed) ---------------------------------------------
+   PK_PROMPTS shared prompts of 1..PK_PROMPTS blocks; prompt p's tokens are written by lineage
+   PK_LINEAGE + p, so a block's bytes are a function of (prompt, block, region, offset) and
+   its token ids (tok_at) a function of the lineage that wrote each position: equal keys
+   (kvvm_prefix_keys over the ids) name equal bytes, and verify_req checks attached blocks as
+   it checks every other token. */
+#define PK_NS 1
+#define PK_LINEAGE (1ull << 62)
 
 static int is_expected(int err) { return err == -ENOMEM || err == -ENOSPC; }
 
@@ -339,6 +354,77 @@ static uint64_t discarded_pages(const struct eng *e, const struct req *q)
     return n;
 }
 
+/* --pool-view: q's block ids (kvvm_seq_block_table) are valid, and where device memory is
+   CPU-readable (emulated, not emu_opaque) the bytes at pool_base(r) + id * page_size are the
+   tokens' pattern (what verify_req read through the window). Returns the mismatches found. */
+static uint64_t pool_check(struct eng *e, struct req *q)
+{
+    const uint64_t bpt = e->o->bytes_per_token, T = e->tpb;
+    uint64_t nb = T ? (q->len + T - 1) / T : 0, bad = 0;
+    if (!nb)
+        return 0;
+    int32_t *ids = malloc(nb * sizeof *ids);
+    if (!ids)
+        return 0;
+    int err = kvvm_seq_block_table(e->kv, q->seq, 0, (uint32_t)nb, ids);
+    if (err == -EAGAIN) {
+        e->r->pv_eagain++;              /* not resident: expected, skipped */
+        free(ids);
+        return 0;
+    }
+    if (err) {
+        fail(e, "kvvm_seq_block_table", err, q);
+        free(ids);
+        return 0;
+    }
+    int all_window = 1;                 /* -1 is right only for a block gone in every region */
+    for (uint32_t r = 0; r < e->o->n_regions; r++)
+        all_window &= is_window_region(e, r);
+    if (e->stream && e->o->pool_cpu)
+        kvvm_sync(e->kv);               /* the copies that moved those bytes are done */
+    e->r->pv_seqs++;
+    for (uint64_t b = 0; b < nb; b++) {
+        int gone = all_window && (b + 1) * T <= q->wkept;
+        if (ids[b] == -1 ? !gone : (ids[b] < 0 || (uint32_t)ids[b] >= e->pool_ids)) {
+            if (e->r->pv_bad_ids++ < 10)
+                fprintf(stderr, "kvvm-stress: MISMATCH pool view: request %llu block %llu "
+                        "has id %d (ids < %u)\n", (unsigned long long)q->id,
+                        (unsigned long long)b, ids[b], e->pool_ids);
+            bad++;
+            continue;
+        }
+        e->r->pv_blocks++;
+        if (!e->o->pool_cpu || ids[b] < 0)
+            continue;
+        for (uint32_t r = 0; r < e->o->n_regions; r++) {
+            const unsigned char *pg = (const unsigned char *)(uintptr_t)
+                (e->pool_base[r] + (uint64_t)ids[b] * e->page);
+            uint32_t si = 0;
+            for (uint64_t t = b * T; t < (b + 1) * T && t < q->len; t++) {
+                if (is_window_region(e, r) && t < q->wkept)
+                    continue;           /* discarded in this region */
+                while (si + 1 < q->nseg && q->segs[si + 1].start <= t)
+                    si++;
+                uint64_t ew = 0, gw = 0;
+                long at = pattern_check(q->segs[si].lineage, t, r, pg + (t - b * T) * bpt,
+                                        bpt, &ew, &gw);
+                e->r->pv_bytes += bpt;
+                if (at >= 0) {
+                    if (e->r->pv_mismatches++ < 10)
+                        fprintf(stderr, "kvvm-stress: MISMATCH pool view: request %llu token "
+                                "%llu region %u (block id %d) byte %ld: expected 0x%016llx, "
+                                "got 0x%016llx\n", (unsigned long long)q->id,
+                                (unsigned long long)t, r, ids[b], at,
+                                (unsigned long long)ew, (unsigned long long)gw);
+                    bad++;
+                }
+            }
+        }
+    }
+    free(ids);
+    return bad;
+}
+
 /* Reads every token of q back and checks it. 0 = clean, 1 = mismatch, <0 = the read failed.
    q must be resident (or readable) now. */
 static int verify_req(struct eng *e, struct req *q)
@@ -373,6 +459,8 @@ static int verify_req(struct eng *e, struct req *q)
             t += n;
         }
     }
+    if (e->pool_base)
+        bad += pool_check(e, q);
     e->r->seqs_verified++;
     e->r->tokens_verified += q->len;
     hist_add(e, q, EV_VERIFY, 0);
@@ -501,8 +589,44 @@ static int evict_orphans(struct eng *e)
    written. -ENOMEM / -ENOSPC: nothing held, q unchanged; other errors recorded. */
 static int cache_share(struct eng *e, struct req *q, kvvm_seq s, uint64_t *from);
 
+static int32_t tok_at(const struct req *q, uint64_t i)
+{
+    uint32_t si = 0;
+    while (si + 1 < q->nseg && q->segs[si + 1].start <= i)
+        si++;
+    uint64_t x = (q->segs[si].lineage * 0x9E3779B97F4A7C15ull) ^ (i * 0xC2B2AE3D27D4EB4Full);
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    return (int32_t)(uint32_t)x;
+}
+
+/* The keys of q's full blocks among its first n tokens (malloc'd in *keys; NULL when none). */
+static size_t pk_keys(struct eng *e, const struct req *q, uint64_t n, kvvm_key **keys)
+{
+    size_t nb = e->tpb ? n / e->tpb : 0;
+    *keys = NULL;
+    if (!nb)
+        return 0;
+    int32_t *tok = malloc(nb * e->tpb * sizeof *tok);
+    kvvm_key *k = malloc(nb * sizeof *k);
+    if (!tok || !k) {
+        free(tok);
+        free(k);
+        return 0;
+    }
+    for (uint64_t i = 0; i < nb * e->tpb; i++)
+        tok[i] = tok_at(q, i);
+    size_t got = kvvm_prefix_keys(tok, nb * e->tpb, e->tpb, NULL, 0, k, nb);
+    free(tok);
+    *keys = k;
+    return got;
+}
+
 static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
 {
+    kvvm_key *keys = NULL;
+    size_t nkeys = 0;
     kvvm_seq s = 0;
     int err = kvvm_seq_create(e->kv, &s);
     if (err) {
@@ -528,6 +652,22 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
     q->wkept = 0;                      /* a new sequence: nothing discarded */
     if (q->cache_id && (err = cache_share(e, q, s, &from)))
         goto out_free;
+    if (q->pid) {
+        nkeys = pk_keys(e, q, q->prompt < len ? q->prompt : len, &keys);
+        uint64_t t = lat_call_start();
+        err = kvvm_prefix_attach(e->kv, s, PK_NS, keys, nkeys);
+        lat_end(e, LAT_SHARE, t);
+        if (err < 0) {
+            if (!is_expected(err))
+                fail(e, "kvvm_prefix_attach", err, q);
+            goto out_free;
+        }
+        e->r->pk_attach_calls++;
+        e->r->pk_asked += nkeys;
+        e->r->pk_attached += (uint64_t)err;
+        from = (uint64_t)err * e->tpb;
+        err = 0;
+    }
     uint64_t t = lat_call_start();
     err = kvvm_seq_grow(e->kv, s, len);
     lat_end(e, LAT_GROW, t);
@@ -544,10 +684,21 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
     else
         e->r->tokens_recomputed += len - from;
     hist_add(e, q, op_ev, 0);
+    if (nkeys) {
+        /* its full prompt blocks are written: later requests may attach them */
+        int n = kvvm_prefix_publish(e->kv, s, PK_NS, keys, nkeys);
+        e->r->pk_publish_calls++;
+        if (n >= 0)
+            e->r->pk_published += (uint64_t)n;
+        else if (!is_expected(n))
+            fail(e, "kvvm_prefix_publish", n, q);
+    }
+    free(keys);
     if (q->state != R_SYSTEM)
         window_discard(e, q);
     return 0;
 out_free:
+    free(keys);
     kvvm_seq_free(e->kv, s);
     e->seqs_in_use--;
     q->seq = 0;
@@ -748,9 +899,14 @@ static void arrivals(struct eng *e)
         struct req *ce = cache_pick(e);         /* a prefix-cache entry to continue */
         if (ce)
             q->prompt = ce->len + q->prompt / 4 + 1;
-        int share = !ce && e->sys && rng_unit(&e->rng) < o->p_share;
+        int share = !ce && !o->prefix_keyed && e->sys && rng_unit(&e->rng) < o->p_share;
         if (share)
             q->prompt += e->sys->len;
+        uint32_t pid = 0;
+        if (o->prefix_keyed) {
+            pid = (uint32_t)(rng_next(&e->rng) % PK_PROMPTS);
+            q->prompt += e->pk_len[pid];
+        }
         q->target = q->prompt + sample_len(e, &o->output);
         if (q->target > o->max_tokens)
             q->target = o->max_tokens;
@@ -762,13 +918,18 @@ static void arrivals(struct eng *e)
             q->sys_prefix = e->sys->len;
             seg_push(q, 0, e->sys->lineage);
         }
+        if (o->prefix_keyed && e->pk_len[pid] && q->prompt > e->pk_len[pid]) {
+            q->pid = pid + 1;
+            seg_push(q, 0, PK_LINEAGE + pid);
+        }
         if (ce) {
             q->cache_id = ce->id;
             q->cache_len = ce->len < q->prompt ? ce->len : q->prompt;
             for (uint32_t k = 0; k < ce->nseg && ce->segs[k].start < q->cache_len; k++)
                 seg_push(q, ce->segs[k].start, ce->segs[k].lineage);
         }
-        if (seg_push(q, ce ? q->cache_len : q->sys_prefix, q->lineage)) {
+        if (seg_push(q, ce ? q->cache_len : q->pid ? e->pk_len[pid] : q->sys_prefix,
+                     q->lineage)) {
             req_destroy(q);
             e->fatal = 1;
             return;
@@ -1522,6 +1683,30 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
         err = -ENOMEM;
         goto out_stream;
     }
+    if ((err = kvvm_block_tokens(kv, &e->tpb))) {
+        fail(e, "kvvm_block_tokens", err, NULL);
+        goto out_stream;
+    }
+    for (uint32_t p = 0; o->prefix_keyed && p < PK_PROMPTS; p++) {
+        uint64_t blocks = e->tpb ? e->max_fit / 4 / e->tpb : 0;
+        e->pk_len[p] = (blocks < p + 1 ? blocks : p + 1) * e->tpb;
+        if (!e->pk_len[p] && !p)
+            fprintf(stderr, "kvvm-stress: --prefix-cache keyed: a block (%u tokens) is more "
+                    "than a quarter of the longest request; no shared prompts\n", e->tpb);
+    }
+    if (o->pool_view) {
+        if (!(e->pool_base = calloc(o->n_regions, sizeof *e->pool_base))) {
+            err = -ENOMEM;
+            goto out_stream;
+        }
+        err = kvvm_pool_blocks(kv, &e->pool_ids);
+        for (uint32_t r = 0; !err && r < o->n_regions; r++)
+            err = kvvm_pool_base(kv, r, &e->pool_base[r]);
+        if (err) {
+            fail(e, "kvvm_pool_base", err, NULL);
+            goto out_stream;
+        }
+    }
     if (setup_sys(e) && e->fatal)
         goto out_stream;
 
@@ -1615,6 +1800,7 @@ out_free:
         req_destroy(e->cache[i]);
     }
     free(e->cache);
+    free(e->pool_base);
     free(e->live);
     free(e->buf);
     free(e->dbuf);

@@ -98,6 +98,14 @@ static void usage(FILE *f)
 "  --prefix-cache P       finished prompts stay as CACHED entries; a share P of new requests\n"
 "                         continue one (a hit shares it, a dropped one is a miss); 0 = off\n"
 "  --cache-entries N      entries kept at most, oldest evicted (default 32)\n"
+"  --prefix-cache keyed   the library's keyed prefix index instead: each request's prompt\n"
+"                         starts with one of 4 shared system prompts; it attaches the cached\n"
+"                         blocks (kvvm_prefix_attach), writes the rest, publishes its full\n"
+"                         prompt blocks; the hit rate is reported, attached bytes verified\n"
+"  --pool-view            open with KVVM_F_POOL_VIEW and verify every verified sequence's\n"
+"                         block ids (kvvm_seq_block_table) and, where device memory is CPU-\n"
+"                         readable (emulated, not emu_opaque), its bytes through the pool\n"
+"                         view (else the byte check is reported skipped)\n"
 "\n"
 "Elastic memory:\n"
 "  --budget-schedule T:P[,T:P...]  at T seconds into the run (e.g. 10s), kvvm_set_budget to\n"
@@ -244,7 +252,7 @@ enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_B
        O_BATCH, O_QUANTUM, O_VERIFY, O_MAXSEQS, O_MAXTOK, O_JSON, O_TRACE, O_PLOT, O_QUIET,
        O_VERBOSE, O_HELP, O_BUDGET };
 /* sliding-window layers and the prefix cache */
-enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES };
+enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW };
 
 static const struct option longopts[] = {
     { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
@@ -265,6 +273,7 @@ static const struct option longopts[] = {
     { "plot", 1, 0, O_PLOT }, { "quiet", 0, 0, O_QUIET }, { "verbose", 0, 0, O_VERBOSE },
     { "window", 1, 0, O_WINDOW }, { "window-every", 1, 0, O_WINDOW_EVERY },
     { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
+    { "pool-view", 0, 0, O_POOL_VIEW },
     { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET }, { 0, 0, 0, 0 }
 };
 
@@ -275,7 +284,7 @@ static const char *valid_values(int c)
     case O_PRESET: return "tiny, llama3-8b, llama3-70b or tiny-sw";
     case O_WINDOW: return "tokens from 0 (none) to 2^64-1";
     case O_WINDOW_EVERY: case O_CACHE_ENTRIES: return "an integer from 1 to 4294967295";
-    case O_PREFIX_CACHE: return "a fraction from 0 to 1";
+    case O_PREFIX_CACHE: return "a fraction from 0 to 1, or keyed";
     case O_LAYERS: case O_HEADS: case O_HDIM: case O_DTYPE: case O_BATCH: case O_QUANTUM:
         return "an integer from 1 to 4294967295";
     case O_LAYOUT: return "layer (per-layer) or token (token-major)";
@@ -524,6 +533,10 @@ int main(int argc, char **argv)
                 return bad(name, optarg);
             break;
         case O_PREFIX_CACHE:
+            if (!strcmp(optarg, "keyed")) {
+                o.prefix_keyed = 1;
+                break;
+            }
             if (parse_double(optarg, &o.prefix_cache) || o.prefix_cache < 0 ||
                 o.prefix_cache > 1)
                 return bad(name, optarg);
@@ -532,6 +545,7 @@ int main(int argc, char **argv)
             if (parse_u32(optarg, &o.cache_entries) || !o.cache_entries)
                 return bad(name, optarg);
             break;
+        case O_POOL_VIEW: o.pool_view = 1; break;
         case O_HELP: case 'h': usage(stdout); return 0;
         case O_BUDGET: if (parse_schedule(optarg, &o)) return bad(name, optarg); break;
         default:
@@ -615,6 +629,11 @@ int main(int argc, char **argv)
         double n = 2 * live * (1 + o.p_parallel * o.max_parallel) + 16;
         o.max_seqs = n < 64 ? 64 : n > 4096 ? 4096 : (uint32_t)n;
     }
+    if (o.prefix_keyed && o.window) {
+        fprintf(stderr, "kvvm-stress: --prefix-cache keyed does not combine with --window "
+                "(a published block must not be discarded)\n");
+        return 2;
+    }
     if (o.window && o.token_major) {
         fprintf(stderr, "kvvm-stress: --window needs the per-layer layout (--layout layer): "
                 "a token-major region holds every layer\n");
@@ -661,6 +680,8 @@ int main(int argc, char **argv)
     cfg.emu_device_bytes = 0;
     if (o.preempt == PREEMPT_AUTO)
         cfg.flags |= KVVM_F_AUTO_SWAP;
+    if (o.pool_view)
+        cfg.flags |= KVVM_F_POOL_VIEW;
 
     struct results r = { 0 };
     static const char *const lat_names[LAT_N] = { "grow", "grow_batch", "fork", "share",
@@ -691,6 +712,8 @@ int main(int argc, char **argv)
         return 2;
     }
     r.backend = kvvm_backend_name(kv);
+    /* the pool view's bytes are read directly only where a window is process memory */
+    o.pool_cpu = o.pool_view && !strcmp(r.backend, "emulated") && !cfg.emu_opaque;
 
     fprintf(info, "kvvm-stress: %s (%s layout, %u regions x %llu B/token), backend %s, device %.0f MiB, "
            "host %.0f MiB, disk %.0f MiB%s%s, x%.2f, preempt %s%s, seed %llu, %s%.0f%s\n",

@@ -186,6 +186,28 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
                 (unsigned long long)r->cache_stale_checked,
                 (unsigned long long)r->cache_verified);
     }
+    if (o->prefix_keyed)
+        fprintf(f, "  prefix keys  %llu attaches: %llu of %llu blocks asked attached (hit rate "
+                "%.1f%%; attached bytes verified with their requests); %llu entries published in %llu calls; "
+                "library: %llu entries now, %llu lookups, %llu hit blocks, %llu evictions\n",
+                (unsigned long long)r->pk_attach_calls, (unsigned long long)r->pk_attached,
+                (unsigned long long)r->pk_asked,
+                r->pk_asked ? 100.0 * r->pk_attached / r->pk_asked : 0,
+                (unsigned long long)r->pk_published, (unsigned long long)r->pk_publish_calls,
+                (unsigned long long)s->prefix_entries,
+                (unsigned long long)d(s->prefix_lookups, z->prefix_lookups),
+                (unsigned long long)d(s->prefix_hit_blocks, z->prefix_hit_blocks),
+                (unsigned long long)d(s->prefix_evictions, z->prefix_evictions));
+    if (o->pool_view)
+        fprintf(f, "  pool view    %llu sequences, %llu block ids checked, %llu bad; %s; %llu "
+                "block tables refused (-EAGAIN, not resident: skipped)\n",
+                (unsigned long long)r->pv_seqs, (unsigned long long)r->pv_blocks,
+                (unsigned long long)r->pv_bad_ids,
+                o->pool_cpu ? "bytes compared" : "byte check SKIPPED (device memory not "
+                "CPU-readable: CUDA or emu_opaque)", (unsigned long long)r->pv_eagain);
+    if (o->pool_view && o->pool_cpu)
+        fprintf(f, "  pool view    %llu bytes compared, %llu mismatched tokens\n",
+                (unsigned long long)r->pv_bytes, (unsigned long long)r->pv_mismatches);
     fprintf(f, "\n  %-8s %12s %12s %14s %14s\n", "tier", "pages", "peak used", "moved in MiB",
             "moved out MiB");
     fprintf(f, "  %-8s %12llu %12llu %14.1f %14.1f\n", "device",
@@ -348,6 +370,22 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
                 ? (double)r->cache_hits / (r->cache_hits + r->cache_misses) : 0,
             U(d(s->cache_drops, z->cache_drops)), U(d(s->cache_demotes, z->cache_demotes)),
             U(r->cache_stale_checked), U(r->cache_verified));
+    fprintf(f, "  \"prefix_keyed\": {\"on\": %s, \"prompts\": 4, \"attach_calls\": %llu, "
+            "\"blocks_asked\": %llu, \"blocks_attached\": %llu, \"hit_rate\": %.4f, "
+            "\"published\": %llu, \"publish_calls\": %llu, \"prefix_entries\": %llu, "
+            "\"prefix_lookups\": %llu, \"prefix_hit_blocks\": %llu, "
+            "\"prefix_evictions\": %llu},\n", o->prefix_keyed ? "true" : "false",
+            U(r->pk_attach_calls), U(r->pk_asked), U(r->pk_attached),
+            r->pk_asked ? (double)r->pk_attached / r->pk_asked : 0, U(r->pk_published),
+            U(r->pk_publish_calls), U(s->prefix_entries),
+            U(d(s->prefix_lookups, z->prefix_lookups)),
+            U(d(s->prefix_hit_blocks, z->prefix_hit_blocks)),
+            U(d(s->prefix_evictions, z->prefix_evictions)));
+    fprintf(f, "  \"pool_view\": {\"on\": %s, \"bytes_checked\": %s, \"seqs\": %llu, "
+            "\"block_ids\": %llu, \"bad_ids\": %llu, \"bytes\": %llu, \"mismatches\": %llu, "
+            "\"eagain_skipped\": %llu},\n", o->pool_view ? "true" : "false",
+            o->pool_cpu ? "true" : "false", U(r->pv_seqs), U(r->pv_blocks), U(r->pv_bad_ids),
+            U(r->pv_bytes), U(r->pv_mismatches), U(r->pv_eagain));
     fprintf(f, "  \"frames\": {\"created_sync\": %llu, \"created_sync_after_warmup\": %llu, "
             "\"warmup_step\": %llu, \"released\": %llu, \"device_bytes_held\": %llu},\n",
             U(d(s->frames_created_sync, z->frames_created_sync)),

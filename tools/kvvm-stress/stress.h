@@ -67,6 +67,9 @@ struct opts {
     uint32_t window_every;          /* layers 0, K, 2K, ... are window layers (per-layer) */
     double   prefix_cache;          /* share of new requests that reuse a cached prompt */
     uint32_t cache_entries;         /* CACHED prefix entries kept at most */
+    int      prefix_keyed;          /* --prefix-cache keyed: the library's keyed index */
+    int      pool_view;             /* --pool-view: KVVM_F_POOL_VIEW, checked at verification */
+    int      pool_cpu;              /* the pool view's bytes are CPU-readable (emulated) */
     /* --budget-schedule (elastic memory): at t seconds, kvvm_set_budget(frac x the budget
        at open); in time order */
 #define MAX_BUDGET_EV 16
@@ -136,6 +139,14 @@ struct results {
     uint64_t cache_puts, cache_hits, cache_misses, cache_evicted;
     uint64_t cache_stale_checked;    /* dropped entries confirmed -ESTALE (never read) */
     uint64_t cache_verified;         /* entries (not dropped) whose bytes verified */
+    /* --prefix-cache keyed */
+    uint64_t pk_asked, pk_attached;  /* blocks asked of kvvm_prefix_attach, blocks attached */
+    uint64_t pk_attach_calls, pk_published, pk_publish_calls; /* new entries published */
+    /* --pool-view */
+    uint64_t pv_seqs, pv_blocks;     /* sequences and block ids checked */
+    uint64_t pv_bytes;               /* bytes compared through the pool view */
+    uint64_t pv_eagain;              /* block tables refused (-EAGAIN: not resident) */
+    uint64_t pv_bad_ids, pv_mismatches;
     /* elastic memory: each budget change of the schedule, and the frames created on the
        engine's thread (frames_created_sync) at the end of the warm-up */
     struct budget_rec {
