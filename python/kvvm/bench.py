@@ -135,15 +135,19 @@ class Point:
         if self.device != "cpu":
             self.torch.cuda.synchronize()
 
+    def grow_batch(self, handles, n):
+        """One kvvm_seq_grow_batch of the B sequences `handles` to n tokens (the C call
+        directly: the engine's per-step price, without the package's argument checks)."""
+        for i in range(self.B):
+            self.lengths[i] = n
+        rc = kvvm._lib.lib.kvvm_seq_grow_batch(self.ctx._kv, handles, self.lengths, self.B)
+        if rc < 0:
+            raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
+
     def step_a(self):
         n = self.len_a + 1
         t0 = time.perf_counter()
-        for i in range(self.B):
-            self.lengths[i] = n
-        rc = kvvm._lib.lib.kvvm_seq_grow_batch(self.ctx._kv, self.handles, self.lengths,
-                                               self.B)
-        if rc < 0:
-            raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
+        self.grow_batch(self.handles, n)
         views = []
         for r in range(2 * self.NL):
             R = self.kv_regions[r]
@@ -169,12 +173,7 @@ class Point:
     def step_d(self):
         n = self.len_d + 1
         t0 = time.perf_counter()
-        for i in range(self.B):
-            self.lengths[i] = n
-        rc = kvvm._lib.lib.kvvm_seq_grow_batch(self.ctx._kv, self.handles_d, self.lengths,
-                                               self.B)
-        if rc < 0:
-            raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
+        self.grow_batch(self.handles_d, n)
         for layer in range(self.NL):
             for i, s in enumerate(self.seqs_d):
                 self.cache_d.update(layer, s, self.newkv_d[i], self.newkv_d[i])
