@@ -44,5 +44,6 @@ int bench_calls(struct bench_ctx *b) __attribute__((weak));   /* bench_calls.c  
 int bench_frames(struct bench_ctx *b) __attribute__((weak));  /* bench_frames.c (frame pool) */
 int bench_prefix(struct bench_ctx *b) __attribute__((weak));  /* bench_prefix.c (prefix cache) */
 int bench_store(struct bench_ctx *b) __attribute__((weak));   /* bench_store.c  (shared store) */
+int bench_view(struct bench_ctx *b) __attribute__((weak));    /* bench_view.c   (pool view) */
 
 #endif

@@ -162,7 +162,7 @@ static void usage(FILE *f, const char *argv0)
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
-"                       scale, calls, frames, prefix, store\n"
+"                       scale, calls, frames, prefix, store, view\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file and the file store (default\n"
@@ -185,6 +185,7 @@ int main(int argc, char **argv)
         { "frames", bench_frames },
         { "prefix", bench_prefix },
         { "store", bench_store },
+        { "view", bench_view },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];
@@ -281,7 +282,7 @@ int main(int argc, char **argv)
                     selected[i] = found = 1;
             if (!found) {
                 fprintf(stderr, "kvvm-bench: unknown group '%s' (vmm, paging, swap, spill, checksum, "
-                        "calls)\n",
+                        "scale, calls, frames, prefix, store, view)\n",
                         t);
                 free(list);
                 return 2;
