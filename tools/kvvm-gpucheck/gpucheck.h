@@ -101,5 +101,7 @@ void gc_capture_libkvvm(struct gc_dev *d);
 void gc_kernel_window_alias(struct gc_dev *d);
 /* oom.c: a budget above the device's free memory through libkvvm (both drivers). */
 void gc_oom_budget(struct gc_dev *d);
+/* view.c: bytes through the window and a KVVM_F_POOL_VIEW pool view agree (both drivers). */
+void gc_view_two_views(struct gc_dev *d);
 
 #endif

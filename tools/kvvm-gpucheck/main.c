@@ -68,6 +68,7 @@ static const struct rowdef {
     { "pinned.dtoh", "pageable", "not complete at return", true },
     { "pageable.htod", "pageable", "staged at call", false },
     { "oom.budget_above_free", "oom.budget_above_free", "clamped create_at_open:ENOMEM", true },
+    { "view.two_views", "view.two_views", "ok", true },
     { "kernel.window_alias", "kernel.window_alias", "ok", false },
     { "capture.global_event", "capture.global_event", "*end:STREAM_CAPTURE_INVALIDATED",
       false },
