@@ -144,6 +144,20 @@ class Point:
         if rc < 0:
             raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
 
+    def attend_and_step(self, views, n, t0):
+        """The rest of a libkvvm step ((a) and (d)) after its append began at t0: attention
+        over tokens [0, n) of the region views, then ctx.step(), the iteration boundary,
+        counted as cache cost. (append seconds, attention seconds)."""
+        self.sync()
+        t1 = time.perf_counter()
+        for layer in range(self.NL):
+            self.attention(views[2 * layer][:, :n], views[2 * layer + 1][:, :n])
+        self.sync()
+        t2 = time.perf_counter()
+        self.ctx.step()
+        t3 = time.perf_counter()
+        return (t1 - t0) + (t3 - t2), t2 - t1
+
     def step_a(self):
         n = self.len_a + 1
         t0 = time.perf_counter()
@@ -159,16 +173,8 @@ class Point:
                 for i, s in enumerate(self.seqs):
                     R[s.slot, n - 1] = self.newkv[i, 0]
             views.append(v)
-        self.sync()
-        t1 = time.perf_counter()
-        for layer in range(self.NL):
-            self.attention(views[2 * layer][:, :n], views[2 * layer + 1][:, :n])
-        self.sync()
-        t2 = time.perf_counter()
-        self.ctx.step()                 # the iteration boundary: counted as cache cost
-        t3 = time.perf_counter()
         self.len_a = n
-        return (t1 - t0) + (t3 - t2), t2 - t1
+        return self.attend_and_step(views, n, t0)
 
     def step_d(self):
         n = self.len_d + 1
@@ -184,16 +190,8 @@ class Point:
                 R = self.kv_regions[r]
                 v = self.torch.stack([R[s.slot] for s in self.seqs_d])
             views.append(v)
-        self.sync()
-        t1 = time.perf_counter()
-        for layer in range(self.NL):
-            self.attention(views[2 * layer][:, :n], views[2 * layer + 1][:, :n])
-        self.sync()
-        t2 = time.perf_counter()
-        self.ctx.step()
-        t3 = time.perf_counter()
         self.len_d = n
-        return (t1 - t0) + (t3 - t2), t2 - t1
+        return self.attend_and_step(views, n, t0)
 
     def step_b(self):
         torch, n = self.torch, self.len_b + 1
