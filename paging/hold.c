@@ -187,3 +187,49 @@ int paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_
     }
     return rc;
 }
+
+/* Status of block b of resident s for a copy out: all its pages on the device. */
+static int block_on_device(struct paging *pg, struct pg_seq *s, uint32_t b)
+{
+    if (b >= s->n_pages)
+        return -EINVAL;
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        pg_page_id id = pg_bt(pg, s, r)[b];
+        if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
+            return -EAGAIN;
+    }
+    return 0;
+}
+
+int paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks, uint32_t n,
+                           void *const *dst, int *status)
+{
+    struct pg_seq *s;
+    int rc = block_seq(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->out)
+        return -EAGAIN;
+    uint32_t slot = pg_slot_of(pg, s);
+    uint64_t ps = pg->p.page_size;
+    bool ordered = false;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((status[i] = block_on_device(pg, s, blocks[i])))
+            continue;
+        if (!ordered) {
+            rc = tier_copy_stream(pg);
+            if (!rc)
+                rc = tier_copies_after_engine(pg, s);
+            if (rc)
+                return rc;
+            ordered = true;
+        }
+        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+            rc = vmm_copy_dtoh(pg->v, (uint8_t *)dst[i] + r * ps, pg_va(pg, r, slot, blocks[i]),
+                               ps, pg->copy_stream);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}

@@ -562,6 +562,16 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h);
    may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what
    fit), -EIO. */
 int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved);
+/* The shared store's write-through (core/): enqueues on the copy stream, ordered after the
+   engine's work on s (tier_copies_after_engine: the engine's own call), copies of blocks
+   blocks[0..n) of resident s into host memory: block blocks[i]'s page of region r at
+   dst[i] + r * page_size. status[i] = 0 queued, -EAGAIN a page of that block is not on the
+   device (below it, or a hole), -EINVAL past s's pages. The caller records a fence on the
+   copy stream (paging_copy_fence_record) and waits for it before reading dst. -ENOENT,
+   -ESTALE, -EOPNOTSUPP, -EAGAIN s not resident (nothing queued), -EIO (copies queued so far
+   may still run: wait for the copy stream before reusing dst). */
+int  paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks, uint32_t n,
+                            void *const *dst, int *status);
 /* A reclaim plan (between paging_plan_begin and its end) dropping (d = +1) one holder's
    references on ids[0..n), or taking that back (d = -1, last added first): the device frames
    the drop frees given the moves planned before it (every reference gone, none kept). */
