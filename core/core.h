@@ -57,6 +57,8 @@ struct kvvm {
     struct store *store;          /* the shared store (NULL without store_url); it has its
                                      own lock and may be called without kvvm.lock */
     char *store_url;              /* owned copy of cfg.store_url */
+    struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
+                                     NULL without a store) */
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */
@@ -96,6 +98,54 @@ int core_explain(kvvm *kv, const char *call, int rc);
 /* kvvm.c: room for a call that needs `need` device frames naming the sequences excl (its
    pending releases first, then swap/'s plan). 0, -ENOMEM (nothing moved), -EIO. */
 int core_make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl);
+/* storeq.c: the prefix cache over the shared store (docs/design.md "The shared store").
+   Every function takes NULL for q (no store) as "nothing to do". The store is a cache:
+   none of these fails a caller's call; a store failure is a miss or an entry not written,
+   counted. */
+struct storeq;
+struct storeq_counters {
+    uint64_t puts, gets, hits, errors, bytes_out, bytes_in;   /* the store's, + given up */
+    uint64_t hit_blocks;          /* blocks kvvm_prefix_lookup found in the store */
+};
+/* The queue, its staging buffer and its thread, for kv->store (none: *out NULL, 0). After
+   kv->store, kv->v and the configuration. -ENOMEM, -errno of pthread_create. */
+int  storeq_create(kvvm *kv, struct storeq **out);
+/* Waits for the queued writes (a store that stops answering gives the rest up), stops the
+   thread, frees everything. No lock held; before the paging layer goes. */
+void storeq_destroy(struct storeq *q);
+/* Waits until no write is queued or in flight (bounded as destroy). No lock held. */
+void storeq_wait_idle(struct storeq *q);
+/* Context lock held, after prefix_publish: queues the store writes of s's blocks i with
+   was[i] == 0 (new entries; keys[i] their keys): copies on the copy stream into staging,
+   the store thread writes them once they are done. Never waits for the store. Returns the
+   entries queued (the others are counted as given up). */
+uint32_t storeq_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, size_t n,
+                        const uint8_t *was);
+/* No lock held: removes (ns, keys[0..n)) (keys NULL: every entry of ns under this layout)
+   from the store, after cancelling their queued writes. */
+void storeq_drop(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n);
+/* No lock held: how many leading keys of keys[0..n) the store holds (one request); where
+   (NULL allowed) gets KVVM_TIER_STORE for each. A store failure is 0. */
+size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n,
+                     uint8_t *where);
+/* Blocks read from the store for an attach. */
+struct storeq_fetch {
+    uint8_t *buf;                 /* m blocks (chunk by chunk, region-major in a chunk) */
+    size_t m;                     /* blocks asked for */
+    size_t chunk;                 /* blocks per request */
+    size_t got;                   /* leading blocks read whole, checksums good */
+};
+/* No lock held: reads keys[0..m) (requests of at most 64 MiB, stopping at the first
+   miss); f->got the leading blocks read. 0, or -ENOMEM (f empty). */
+int  storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                  struct storeq_fetch *f);
+void storeq_fetch_free(struct storeq_fetch *f);
+/* Context lock held: writes blocks [j0, j1) of f into resident dst's blocks first.. (its
+   pages there fresh) in every region, on the engine stream. -errno of paging_seq_write. */
+int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,
+                        size_t j1, uint64_t first);
+void storeq_counters(struct storeq *q, struct storeq_counters *out);
+
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */
 int  config_check(const struct kvvm_config *cfg);

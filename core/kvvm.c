@@ -528,6 +528,7 @@ int kvvm_sync(kvvm *kv)
         return -EIO;
     swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
     frames_wait_idle(kv->fr);
+    storeq_wait_idle(kv->sq);       /* the prefix cache's store writes (bounded) */
     CALL_ENGINE(kv, sync_locked(kv));
 }
 

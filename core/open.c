@@ -298,7 +298,13 @@ static int open_layout(kvvm *kv)
         if (rc)
             goto out_swap;
     }
+    rc = storeq_create(kv, &kv->sq);   /* the store's staging and thread (none without) */
+    if (rc)
+        goto out_frames;
     return 0;
+out_frames:
+    frames_destroy(kv->fr);
+    kv->fr = NULL;
 out_swap:
     swap_set_cache(kv->sw, NULL);   /* no plan may reach the index from here */
     prefix_destroy(kv->pfx);
@@ -432,6 +438,8 @@ void kvvm_close(kvvm *kv)
         return;
     kcu_context prev;               /* restored at the end (kvvm.h) */
     (void)vmm_ctx_save(kv->v, &prev);
+    storeq_destroy(kv->sq);         /* the queued store writes, bounded by the store's
+                                       timeout; its thread joined: without the lock */
     swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */
     frames_destroy(kv->fr);         /* and the frame pool thread */
     pthread_mutex_lock(&kv->lock);

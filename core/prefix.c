@@ -5,6 +5,14 @@
  * entries' pages (a non-resident sequence holding them), count the frames bringing it in
  * takes, make room (swap/'s plan: the entries dst now holds are no victims), swap it in;
  * on any failure dst lets them go again, empty as it was.
+ *
+ * With a store (storeq.c): publish queues the new entries' blocks for the store thread;
+ * lookup asks the store, without the context lock, for the keys past the local hit; attach
+ * reads the store's blocks past the local prefix first (without the lock: one request per
+ * 64 MiB, stopping at the first miss), then, locked, attaches the local prefix as above and
+ * extends dst by the store's blocks (room made, grown, written on the engine stream) and
+ * enters them as local entries; a failure there takes dst back to the local prefix and the
+ * attach reports that: the store never makes an attach fail.
  */
 #include "core.h"
 
@@ -38,12 +46,26 @@ size_t kvvm_prefix_keys(const int32_t *tokens, size_t n_tokens, uint32_t tokens_
 #define KEYS_CHECK(keys, n) do { if (!(keys) && (n)) return api_done(__func__, \
     kerr(-EINVAL, "%s: keys is NULL with n = %zu", __func__, (size_t)(n))); } while (0)
 
+/* With a store: which keys have an entry in ns before the publish (was[i] = 1), so that
+   only the new entries are written. NULL without a store (or memory: nothing written). */
+static uint8_t *present_before(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n)
+{
+    uint8_t *was = kv->sq && n ? malloc(n) : NULL;
+    for (size_t i = 0; was && i < n; i++)
+        was[i] = prefix_lookup(kv->pfx, ns, &keys[i], 1, NULL, NULL, false) == 1;
+    return was;
+}
+
 static int publish_locked(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, size_t n)
 {
+    uint8_t *was = present_before(kv, ns, keys, n);
     int rc = prefix_publish(kv->pfx, s, ns, keys, n);
     if (rc == -EINVAL)
         rc = kerr(rc, "kvvm_prefix_publish: %zu blocks are past the sequence's full blocks, "
                   "or one of them is discarded in a region", n);
+    if (rc > 0 && was)
+        (void)storeq_publish(kv, s, ns, keys, n, was);   /* never waits for the store */
+    free(was);
     return rc;
 }
 
@@ -62,7 +84,12 @@ int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, ui
     KEYS_CHECK(keys, n);
     if (n > INT32_MAX)
         n = INT32_MAX;                  /* the count is returned as an int */
-    CALL(kv, (int)prefix_lookup(kv->pfx, ns, keys, n, where, NULL, true));
+    int rc = enter(kv);
+    if (!rc)
+        rc = leave(kv, (int)prefix_lookup(kv->pfx, ns, keys, n, where, NULL, true));
+    if (rc >= 0 && (size_t)rc < n)      /* past the local hit: the store, without the lock */
+        rc += (int)storeq_lookup(kv->sq, ns, keys + rc, n - (size_t)rc, where ? where + rc : NULL);
+    return api_done(__func__, rc);
 }
 
 /* dst adopts the k entries' pages ids, room is made for bringing them in, dst comes in. */
@@ -82,8 +109,8 @@ static int attach_in(kvvm *kv, kvvm_seq dst, const pg_page_id *ids, uint32_t k)
     return rc;
 }
 
-static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
-                         size_t n)
+/* dst is a live, empty sequence; *n capped at the blocks a sequence holds. */
+static int attach_check(kvvm *kv, kvvm_seq dst, size_t *n)
 {
     struct paging_seq_info pi;
     int rc = paging_seq_stale(kv->pg, dst);
@@ -95,8 +122,48 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
         return kerr(-EINVAL, "kvvm_prefix_attach: sequence %llx is not empty (%llu tokens)",
                     (unsigned long long)dst, (unsigned long long)pi.length);
     uint64_t max_blocks = kv->cfg.max_tokens / (kv->cfg.page_size / kv->cfg.bytes_per_token);
-    if (n > max_blocks)
-        n = (size_t)max_blocks;         /* a sequence holds no more */
+    if (*n > max_blocks)
+        *n = (size_t)max_blocks;        /* a sequence holds no more */
+    return 0;
+}
+
+/* Resident dst holding blocks [0, k) grows to t blocks whose bytes are the store's (f's
+   blocks k - k0 .. t - k0), which become local entries. On failure dst holds [0, k)
+   again (its new pages released). 0 or -errno. */
+static int store_in(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t k,
+                    size_t t, size_t k0, const struct storeq_fetch *f)
+{
+    uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
+    uint32_t need;
+    int rc = stream_check(kv);
+    if (!rc)
+        rc = paging_need(kv->pg, dst, t * tpb, &need);
+    if (!rc)
+        rc = core_make_room(kv, need, &dst, 1);
+    if (!rc)
+        rc = paging_seq_grow(kv->pg, dst, t * tpb);
+    if (rc)
+        return rc;
+    rc = storeq_fetch_write(kv, f, dst, k - k0, t - k0, k);
+    if (rc) {
+        int trc = paging_seq_truncate(kv->pg, dst, k * tpb);
+        if (trc)
+            klog_error("kvvm_prefix_attach: taking sequence %llx back to its %zu local "
+                       "blocks failed (%d)", (unsigned long long)dst, k, trc);
+        return rc;
+    }
+    (void)prefix_publish(kv->pfx, dst, ns, keys, t);   /* -ENOMEM: not entered, no harm */
+    return 0;
+}
+
+/* k0 the local prefix and f the store's blocks past it, as seen before the lock was taken
+   (f empty without a store). */
+static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
+                         size_t n, size_t k0, const struct storeq_fetch *f)
+{
+    int rc = attach_check(kv, dst, &n);
+    if (rc)
+        return rc;
     pg_page_id *ids = malloc((n ? n : 1) * kv->cfg.n_regions * sizeof *ids);
     if (!ids)
         return -ENOMEM;
@@ -105,9 +172,44 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
     if (!rc && k)
         rc = attach_in(kv, dst, ids, (uint32_t)k);
     free(ids);
-    prefix_count_hits(kv->pfx, rc ? 0 : k);
+    size_t t = k;
+    if (!rc && k >= k0 && k < k0 + f->got && k0 + f->got <= n &&
+        !store_in(kv, dst, ns, keys, k, k0 + f->got, k0, f))
+        t = k0 + f->got;                /* the store's blocks follow the local ones */
+    prefix_count_hits(kv->pfx, rc ? 0 : t);
     swap_after_call(kv->sw);
-    return rc ? rc : (int)k;
+    return rc ? rc : (int)t;
+}
+
+/* The store's part of an attach, before the locked one: the local prefix k0 (dst checked
+   first: a call that will fail reads nothing) and the store's blocks past it into f. */
+static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
+                        size_t *k0, struct storeq_fetch *f)
+{
+    int rc = enter(kv);
+    if (rc)
+        return rc;
+    rc = attach_check(kv, dst, &n);
+    if (!rc)
+        *k0 = prefix_lookup(kv->pfx, ns, keys, n, NULL, NULL, false);
+    rc = leave(kv, core_explain(kv, "kvvm_prefix_attach", rc));
+    if (!rc && *k0 < n)
+        (void)storeq_fetch(kv->sq, ns, keys + *k0, n - *k0, f);   /* -ENOMEM: nothing */
+    return rc;
+}
+
+static int attach_call(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n)
+{
+    struct storeq_fetch f = { 0 };
+    size_t k0 = 0;
+    int rc = kv->sq ? attach_fetch(kv, dst, ns, keys, n, &k0, &f) : 0;
+    if (!rc)
+        rc = enter(kv);
+    if (!rc)
+        rc = leave(kv, core_explain(kv, "kvvm_prefix_attach",
+                                    attach_locked(kv, dst, ns, keys, n, k0, &f)));
+    storeq_fetch_free(&f);
+    return rc;
 }
 
 int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n)
@@ -120,7 +222,7 @@ int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys
                                        "not a multiple of bytes_per_token %llu",
                                        kv->cfg.page_size,
                                        (unsigned long long)kv->cfg.bytes_per_token));
-    CALL(kv, attach_locked(kv, dst, ns, keys, n));
+    return api_done(__func__, attach_call(kv, dst, ns, keys, n));
 }
 
 int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n)
@@ -128,5 +230,10 @@ int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n)
     klast_clear();
     NONNULL(kv);
     KEYS_CHECK(keys, n);
-    CALL(kv, (int)prefix_drop(kv->pfx, ns, keys, n));
+    int rc = enter(kv);
+    if (!rc)
+        rc = leave(kv, (int)prefix_drop(kv->pfx, ns, keys, n));
+    if (rc >= 0)
+        storeq_drop(kv->sq, ns, keys, n);   /* without the lock: bounded by the timeout */
+    return api_done(__func__, rc);
 }

@@ -42,7 +42,10 @@
     X(device_budget, (uint64_t)paging_budget(kv->pg) * kv->cfg.page_size)          \
     X(create_oom, vmm_create_ooms(kv->v))                                          \
     X(prefix_entries, x.entries) X(prefix_lookups, x.lookups)                      \
-    X(prefix_hit_blocks, x.hit_blocks) X(prefix_evictions, x.evictions)
+    X(prefix_hit_blocks, x.hit_blocks + q.hit_blocks) X(prefix_evictions, x.evictions) \
+    X(store_puts, q.puts) X(store_gets, q.gets) X(store_hits, q.hits)              \
+    X(store_errors, q.errors) X(store_bytes_out, q.bytes_out)                      \
+    X(store_bytes_in, q.bytes_in)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */
@@ -67,6 +70,8 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
     struct swap_counters w;
     struct spill_stats d = { 0 };
     struct prefix_counters x;
+    struct storeq_counters q;
+    storeq_counters(kv->sq, &q);
     paging_disk_reap(kv->pg);
     prefix_counters(kv->pfx, &x);
     paging_counters(kv->pg, &c);

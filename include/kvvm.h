@@ -333,6 +333,15 @@ struct kvvm_stats {
     uint64_t prefix_lookups;      /* kvvm_prefix_lookup and kvvm_prefix_attach calls */
     uint64_t prefix_hit_blocks;   /* blocks those calls found */
     uint64_t prefix_evictions;    /* entries reclaimed (dropped or demoted) */
+    /* --- additions of 0.3: the shared store (docs/api.md "Shared store"); 0 without one --- */
+    uint64_t store_puts;          /* entries written to the store */
+    uint64_t store_gets;          /* entries read from it (checksum good) */
+    uint64_t store_hits;          /* entries lookups found in it */
+    uint64_t store_errors;        /* store requests that failed, timed out, or returned a
+                                     value failing its checks (one per entry), and
+                                     write-throughs given up (store down, staging full) */
+    uint64_t store_bytes_out;     /* value bytes written (headers included) */
+    uint64_t store_bytes_in;      /* value bytes read */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);

@@ -1,0 +1,512 @@
+/*
+ * core/storeq.c: the prefix cache's side of the shared store (store/; docs/design.md "The
+ * shared store"). Contract in core.h ("storeq.c").
+ *
+ * Write-through. kvvm_prefix_publish (the engine's thread, context lock held) takes one
+ * staging slot per new entry from a pinned host buffer allocated at open (one block =
+ * n_regions pages per slot), enqueues on paging's copy stream — ordered after the engine's
+ * work on the sequence — the copies of the block's device pages into it, records a fence
+ * behind them and queues the batch; it never waits for the store. The store thread (a
+ * swap_worker with the device context current) takes the batches in order, waits for each
+ * one's fence (the bytes are then final and in host memory), writes its entries with one
+ * pipelined store_put, and gives the slots back. No slot free, a sequence not resident, a
+ * block not wholly on the device or a capturing engine stream: those entries are not
+ * written (counted in errors: the store misses them, nothing else changes).
+ *
+ * A store that fails a put with -ETIMEDOUT or -ENOTCONN (stopped, down) makes the thread
+ * give up the batches queued behind it (counted): so kvvm_sync, kvvm_prefix_drop and
+ * kvvm_close, which wait for the queue, wait for one failing request at most, not one per
+ * batch. A drop cancels the queued puts of what it removes and waits for the batch being
+ * written, so a dropped entry is never written back after the store delete.
+ *
+ * Reads (lookup, attach's fetch) run on the caller's thread WITHOUT the context lock: the
+ * store bounds each request by store_timeout_ms, and the context stays usable by other
+ * threads meanwhile.
+ *
+ * Lock order: kvvm.lock -> q->mu (the store's own lock is taken without q->mu, by the
+ * store thread and the callers alike).
+ */
+#include "core.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/log.h"
+#include "core/call.h"
+#include "swap/worker.h"
+
+/* Staging: at most this many bytes, but one block at least, and at most SQ_SLOTS_MAX slots. */
+#define SQ_STAGE_BYTES ((size_t)64 << 20)
+#define SQ_SLOTS_MAX 256u
+
+/* One publish's entries on their way to the store. */
+struct sq_batch {
+    struct sq_batch *next;        /* queue order (under q->mu) */
+    uint64_t ns;
+    vmm_fence fence;              /* recorded on the copy stream after the copies */
+    uint32_t n;                   /* entries */
+    uint32_t *slot;               /* n staging slots */
+    uint8_t *cancel;              /* n flags: 1 dropped before written (under q->mu while
+                                     queued; the thread's once taken) */
+    store_key *keys;              /* n keys */
+};
+
+struct storeq {
+    struct vmm *v;
+    struct store *st;             /* kv->store (not owned) */
+    struct store_layout L;
+    size_t block_bytes;           /* n_regions * page_size: one value's payload */
+    uint8_t *stage;               /* n_slots * block_bytes, pinned when the driver allows */
+    bool stage_pinned;
+    uint32_t n_slots;
+    pthread_mutex_t mu;           /* guards everything below and w's flags */
+    pthread_cond_t cv;            /* a batch done (the worker's end of round, and ours) */
+    bool stop;
+    uint32_t *free_slots, n_free;
+    struct sq_batch *head, *tail; /* queued, not taken */
+    struct sq_batch *cur;         /* the batch the thread writes now */
+    struct swap_worker w;
+    /* counters (atomic) */
+    uint64_t gave_up;             /* entries not written: no slot, not on device, store down */
+    uint64_t hit_blocks;          /* blocks lookups found in the store */
+};
+
+#define SQ_ADD(q, f, n) __atomic_fetch_add(&(q)->f, (n), __ATOMIC_RELAXED)
+
+static void batch_free(struct storeq *q, struct sq_batch *b)
+{
+    vmm_fence_destroy(q->v, &b->fence);
+    free(b);
+}
+
+/* Back to the free list (q->mu held). */
+static void slots_give_locked(struct storeq *q, const uint32_t *slot, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        q->free_slots[q->n_free++] = slot[i];
+}
+
+/* Marks every batch queued (not taken) given up: the store stopped answering. */
+static void give_up_queued_locked(struct storeq *q)
+{
+    for (struct sq_batch *b = q->head; b; b = b->next)
+        for (uint32_t i = 0; i < b->n; i++)
+            if (!b->cancel[i]) {
+                b->cancel[i] = 1;
+                SQ_ADD(q, gave_up, 1);
+            }
+}
+
+/* Writes batch b (taken: no one else touches it) once its bytes are final. */
+static void batch_put(struct storeq *q, struct sq_batch *b)
+{
+    if (vmm_fence_wait(q->v, &b->fence)) {
+        SQ_ADD(q, gave_up, b->n);       /* the copies failed: the bytes are not known */
+        return;
+    }
+    struct store_item *it = calloc(b->n, sizeof *it);
+    struct iovec *iov = calloc(b->n, sizeof *iov);
+    size_t k = 0;
+    for (uint32_t i = 0; it && iov && i < b->n; i++) {
+        if (b->cancel[i])
+            continue;
+        iov[k] = (struct iovec){ q->stage + (size_t)b->slot[i] * q->block_bytes, q->block_bytes };
+        it[k] = (struct store_item){ .key = &b->keys[i], .iov = &iov[k], .iovcnt = 1 };
+        k++;
+    }
+    if (!it || !iov)
+        SQ_ADD(q, gave_up, b->n);
+    else if (k)
+        (void)store_put(q->st, &q->L, b->ns, it, k);
+    bool down = false;
+    for (size_t i = 0; it && iov && i < k; i++)
+        down |= it[i].status == -ETIMEDOUT || it[i].status == -ENOTCONN;
+    free(it);
+    free(iov);
+    if (down) {
+        pthread_mutex_lock(&q->mu);
+        give_up_queued_locked(q);
+        pthread_mutex_unlock(&q->mu);
+    }
+}
+
+/* The store thread's round: every queued batch, in order. */
+static bool sq_round(void *arg)
+{
+    struct storeq *q = arg;
+    bool did = false;
+    pthread_mutex_lock(&q->mu);
+    while (q->head) {
+        struct sq_batch *b = q->head;
+        q->head = b->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->cur = b;
+        pthread_mutex_unlock(&q->mu);
+        batch_put(q, b);
+        pthread_mutex_lock(&q->mu);
+        q->cur = NULL;
+        slots_give_locked(q, b->slot, b->n);
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        batch_free(q, b);
+        pthread_mutex_lock(&q->mu);
+        did = true;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return did;
+}
+
+static int stage_alloc(struct storeq *q)
+{
+    size_t n = SQ_STAGE_BYTES / q->block_bytes;
+    q->n_slots = (uint32_t)(n < 1 ? 1 : n > SQ_SLOTS_MAX ? SQ_SLOTS_MAX : n);
+    size_t bytes = (size_t)q->n_slots * q->block_bytes;
+    void *p = NULL;
+    if (!vmm_host_alloc(q->v, bytes, &p)) {
+        q->stage_pinned = true;
+    } else {
+        klog_info("kvvm: the store's staging buffer (%zu bytes) is not pinned: the driver "
+                  "refused it; write-through copies are synchronous", bytes);
+        p = malloc(bytes);
+    }
+    q->stage = p;
+    q->free_slots = malloc(q->n_slots * sizeof *q->free_slots);
+    if (!q->stage || !q->free_slots)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < q->n_slots; i++)
+        q->free_slots[i] = q->n_slots - 1 - i;
+    q->n_free = q->n_slots;
+    return 0;
+}
+
+static void stage_free(struct storeq *q)
+{
+    if (q->stage_pinned)
+        vmm_host_free(q->v, q->stage);
+    else
+        free(q->stage);
+    free(q->free_slots);
+}
+
+int storeq_create(kvvm *kv, struct storeq **out)
+{
+    *out = NULL;
+    if (!kv->store)
+        return 0;
+    struct storeq *q = calloc(1, sizeof *q);
+    if (!q)
+        return -ENOMEM;
+    q->v = kv->v;
+    q->st = kv->store;
+    q->L = (struct store_layout){ kv->cfg.n_regions, kv->cfg.bytes_per_token,
+                                  kv->cfg.page_size };
+    q->block_bytes = (size_t)kv->cfg.n_regions * kv->cfg.page_size;
+    int rc = stage_alloc(q);
+    if (rc)
+        goto out_stage;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->w = (struct swap_worker){ .name = "store", .v = kv->v, .make_current = true,
+                                 .round = sq_round, .arg = q, .mu = &q->mu, .cv = &q->cv,
+                                 .stop = &q->stop };
+    if ((rc = swap_worker_start(&q->w)))
+        goto out_lock;
+    *out = q;
+    return 0;
+out_lock:
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+out_stage:
+    stage_free(q);
+    free(q);
+    return rc;
+}
+
+void storeq_wait_idle(struct storeq *q)
+{
+    if (!q)
+        return;
+    pthread_mutex_lock(&q->mu);
+    while (q->head || q->cur)
+        pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void storeq_destroy(struct storeq *q)
+{
+    if (!q)
+        return;
+    storeq_wait_idle(q);                /* bounded: see "A store that fails a put" */
+    swap_worker_stop(&q->w);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    stage_free(q);
+    free(q);
+}
+
+/* A batch of n entries, its slots taken (q->mu): NULL when no slot is free or no memory. */
+static struct sq_batch *batch_new(struct storeq *q, uint64_t ns, uint32_t n)
+{
+    struct sq_batch *b = calloc(1, sizeof *b + n * (sizeof *b->slot + sizeof *b->cancel +
+                                                    sizeof *b->keys));
+    if (!b)
+        return NULL;
+    b->keys = (store_key *)(b + 1);
+    b->slot = (uint32_t *)(b->keys + n);
+    b->cancel = (uint8_t *)(b->slot + n);
+    b->ns = ns;
+    if (vmm_fence_create(q->v, &b->fence)) {
+        free(b);
+        return NULL;
+    }
+    pthread_mutex_lock(&q->mu);
+    b->n = n < q->n_free ? n : q->n_free;
+    for (uint32_t i = 0; i < b->n; i++)
+        b->slot[i] = q->free_slots[--q->n_free];
+    pthread_mutex_unlock(&q->mu);
+    if (!b->n) {
+        batch_free(q, b);
+        return NULL;
+    }
+    return b;
+}
+
+/* Gives back batch b before it was queued (its copies done or never queued). */
+static void batch_drop(struct storeq *q, struct sq_batch *b)
+{
+    pthread_mutex_lock(&q->mu);
+    slots_give_locked(q, b->slot, b->n);
+    pthread_mutex_unlock(&q->mu);
+    batch_free(q, b);
+}
+
+uint32_t storeq_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, size_t n,
+                        const uint8_t *was)
+{
+    struct storeq *q = kv->sq;
+    uint32_t m = 0;
+    for (size_t i = 0; q && i < n; i++)
+        m += !was[i];
+    if (!m)
+        return 0;
+    struct sq_batch *b = NULL;
+    uint32_t *blk = NULL;
+    void **dst = NULL;
+    int *status = NULL;
+    if (stream_check(kv) || !paging_seq_resident(kv->pg, s))
+        goto out_gave_up;
+    if (!(b = batch_new(q, ns, m)))
+        goto out_gave_up;
+    blk = malloc(b->n * sizeof *blk);
+    dst = malloc(b->n * sizeof *dst);
+    status = malloc(b->n * sizeof *status);
+    if (!blk || !dst || !status)
+        goto out_drop;
+    for (uint32_t i = 0, j = 0; j < b->n; i++)
+        if (!was[i]) {
+            blk[j] = i;
+            memcpy(b->keys[j].bytes, keys[i].bytes, sizeof b->keys[j].bytes);
+            dst[j] = q->stage + (size_t)b->slot[j] * q->block_bytes;
+            j++;
+        }
+    int rc = paging_blocks_copy_out(kv->pg, s, blk, b->n, dst, status);
+    if (!rc)
+        rc = paging_copy_fence_record(kv->pg, &b->fence);
+    if (rc) {
+        (void)vmm_stream_sync(kv->v, paging_copy_stream(kv->pg));   /* never free under them */
+        goto out_drop;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < b->n; i++)
+        b->cancel[i] = status[i] != 0;  /* not on the device: not written */
+    for (uint32_t i = 0; i < b->n; i++)
+        k += !b->cancel[i];
+    SQ_ADD(q, gave_up, m - k);
+    pthread_mutex_lock(&q->mu);
+    if (q->tail)
+        q->tail->next = b;
+    else
+        q->head = b;
+    q->tail = b;
+    q->w.wake = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    free(blk);
+    free(dst);
+    free(status);
+    return k;
+out_drop:
+    batch_drop(q, b);
+out_gave_up:
+    SQ_ADD(q, gave_up, m);
+    free(blk);
+    free(dst);
+    free(status);
+    return 0;
+}
+
+/* Cancels the queued puts of (ns, keys[0..n)) (keys NULL: all of ns) and waits for the
+   batch being written when it is of ns. */
+static void forget(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n)
+{
+    pthread_mutex_lock(&q->mu);
+    for (struct sq_batch *b = q->head; b; b = b->next) {
+        if (b->ns != ns)
+            continue;
+        for (uint32_t i = 0; i < b->n; i++)
+            for (size_t j = 0; !b->cancel[i] && j < (keys ? n : 1); j++)
+                if (!keys || !memcmp(b->keys[i].bytes, keys[j].bytes, sizeof keys[j].bytes))
+                    b->cancel[i] = 1;
+    }
+    while (q->cur && q->cur->ns == ns)
+        pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void storeq_drop(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n)
+{
+    if (!q || (keys && !n))
+        return;
+    forget(q, ns, keys, n);
+    if (!keys) {
+        (void)store_delete_ns(q->st, &q->L, ns);
+        return;
+    }
+    store_key *k = malloc(n * sizeof *k);
+    if (!k)
+        return;
+    for (size_t i = 0; i < n; i++)
+        memcpy(k[i].bytes, keys[i].bytes, sizeof k[i].bytes);
+    (void)store_delete(q->st, &q->L, ns, k, n);
+    free(k);
+}
+
+size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n,
+                     uint8_t *where)
+{
+    if (!q || !n)
+        return 0;
+    store_key *k = malloc(n * sizeof *k);
+    uint8_t *present = calloc(n, 1);
+    size_t j = 0;
+    if (k && present) {
+        for (size_t i = 0; i < n; i++)
+            memcpy(k[i].bytes, keys[i].bytes, sizeof k[i].bytes);
+        if (store_lookup(q->st, &q->L, ns, k, n, present) > 0)
+            while (j < n && present[j])
+                j++;
+    }
+    for (size_t i = 0; where && i < j; i++)
+        where[i] = KVVM_TIER_STORE;
+    SQ_ADD(q, hit_blocks, j);
+    free(k);
+    free(present);
+    return j;
+}
+
+/* ---- attach's fetch ------------------------------------------------------------------- */
+
+/* Blocks per get request: a chunk of at most SQ_STAGE_BYTES (one block at least), each its
+   own request and deadline. */
+static size_t fetch_chunk(const struct storeq *q)
+{
+    size_t c = SQ_STAGE_BYTES / q->block_bytes;
+    return c ? c : 1;
+}
+
+/* Where block j's page of region r lies in f's buffer: chunk by chunk, region-major within
+   a chunk (so that one region's blocks of a chunk are contiguous). */
+static uint8_t *fetch_at(const struct storeq *q, const struct storeq_fetch *f, size_t j,
+                         uint32_t r)
+{
+    size_t c0 = j / f->chunk * f->chunk;
+    size_t mc = f->m - c0 < f->chunk ? f->m - c0 : f->chunk;
+    return f->buf + c0 * q->block_bytes + ((size_t)r * mc + (j - c0)) * q->L.page_size;
+}
+
+/* One chunk's request: blocks [c0, c0 + mc) of f. Returns the leading hits. */
+static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
+                        const kvvm_key *keys, size_t c0, size_t mc)
+{
+    uint32_t nr = q->L.n_regions;
+    struct store_item *it = calloc(mc, sizeof *it);
+    struct iovec *iov = calloc(mc * nr, sizeof *iov);
+    store_key *k = malloc(mc * sizeof *k);
+    size_t j = 0;
+    if (it && iov && k) {
+        for (size_t i = 0; i < mc; i++) {
+            memcpy(k[i].bytes, keys[c0 + i].bytes, sizeof k[i].bytes);
+            for (uint32_t r = 0; r < nr; r++)
+                iov[i * nr + r] = (struct iovec){ fetch_at(q, f, c0 + i, r), q->L.page_size };
+            it[i] = (struct store_item){ .key = &k[i], .iov = &iov[i * nr], .iovcnt = (int)nr };
+        }
+        (void)store_get(q->st, &q->L, ns, it, mc);
+        while (j < mc && it[j].status == 0)
+            j++;
+    }
+    free(it);
+    free(iov);
+    free(k);
+    return j;
+}
+
+int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                 struct storeq_fetch *f)
+{
+    memset(f, 0, sizeof *f);
+    if (!q || !m)
+        return 0;
+    f->m = m;
+    f->chunk = fetch_chunk(q);
+    if (!(f->buf = malloc(m * q->block_bytes)))
+        return -ENOMEM;
+    for (size_t c0 = 0; c0 < m; c0 += f->chunk) {
+        size_t mc = m - c0 < f->chunk ? m - c0 : f->chunk;
+        size_t j = fetch_one(q, f, ns, keys, c0, mc);
+        f->got += j;
+        if (j < mc)
+            break;
+    }
+    return 0;
+}
+
+void storeq_fetch_free(struct storeq_fetch *f)
+{
+    free(f->buf);
+    memset(f, 0, sizeof *f);
+}
+
+int storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,
+                       size_t j1, uint64_t first)
+{
+    struct storeq *q = kv->sq;
+    uint64_t ps = q->L.page_size;
+    for (uint32_t r = 0; r < q->L.n_regions; r++)
+        for (size_t j = j0; j < j1;) {
+            size_t cend = (j / f->chunk + 1) * f->chunk;   /* contiguous to its chunk's end */
+            size_t e = cend < j1 ? cend : j1;
+            int rc = paging_seq_write(kv->pg, dst, r, (first + j - j0) * ps,
+                                      fetch_at(q, f, j, r), (e - j) * ps);
+            if (rc)
+                return rc;
+            j = e;
+        }
+    return 0;
+}
+
+void storeq_counters(struct storeq *q, struct storeq_counters *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!q)
+        return;
+    struct store_stats s;
+    store_stats_get(q->st, &s);
+    out->puts = s.puts;
+    out->gets = s.gets;
+    out->hits = s.hits;
+    out->errors = s.errors + __atomic_load_n(&q->gave_up, __ATOMIC_RELAXED);
+    out->bytes_out = s.bytes_out;
+    out->bytes_in = s.bytes_in;
+    out->hit_blocks = __atomic_load_n(&q->hit_blocks, __ATOMIC_RELAXED);
+}
