@@ -212,6 +212,14 @@ int storeq_create(kvvm *kv, struct storeq **out)
                                  .stop = &q->stop };
     if ((rc = swap_worker_start(&q->w)))
         goto out_lock;
+    /* one empty round: the thread's own driver calls (context, capture mode) are made
+       before open returns, not during a later call of the engine's */
+    pthread_mutex_lock(&q->mu);
+    q->w.wake = true;
+    pthread_cond_broadcast(&q->cv);
+    while (q->w.wake || q->w.active)
+        pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
     *out = q;
     return 0;
 out_lock:
