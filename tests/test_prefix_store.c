@@ -1,0 +1,620 @@
+/*
+ * tests/test_prefix_store.c: the prefix cache over the shared store (docs/api.md "Shared
+ * store"), every sentence of it against real parts: a real redis-server on 127.0.0.1 and a
+ * real directory (tests/store_server.h). Publish writes the new entries through (off the
+ * engine's thread: kvvm_sync and kvvm_close wait for those writes); a second context and a
+ * second process attach every byte; lookup reports KVVM_TIER_STORE past the local hit; an
+ * attach brings store blocks to the device and enters them locally; another layout or
+ * namespace never reads them; a corrupted value is a counted miss; drop removes entries from
+ * the store; a stopped, killed and restarted, or full server fails no call, blocks none
+ * longer than the timeout (a bound of 3 x the timeout is checked), and changes nothing
+ * local; a fault sweep over an attach from the store leaves dst empty and nothing moved.
+ */
+#include "harness.h"
+
+#include <sys/stat.h>
+#include "store/store.h"
+#include "store_server.h"
+
+#define BPT 256u                 /* bytes per token: 16 tokens per 4 KiB block */
+#define T   16u
+#define NR  2u
+#define VAL (STORE_HDR_BYTES + NR * KB)   /* one entry's value bytes */
+
+static void cfg_store(struct kvvm_config *c, const char *url, uint32_t tmo, uint64_t bpt)
+{
+    th_config(c, KB, NR, bpt, 16, 64 * T, 64, 0, 0);
+    c->pool_thread = 0;
+    c->store_url = url;
+    c->store_timeout_ms = tmo;
+}
+
+static void open_store_ctx(struct tctx *t, const char *url, uint32_t tmo)
+{
+    struct kvvm_config c;
+    cfg_store(&c, url, tmo, BPT);
+    topen(t, &c);
+}
+
+static uint8_t pat(uint32_t lin, uint32_t r, uint64_t off)
+{
+    return (uint8_t)(lin * 29u + r * 101u + off * 13u + (off >> 9) + 3u);
+}
+
+static kvvm_seq mk(struct tctx *t)
+{
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t->kv, &s), 0);
+    return s;
+}
+
+/* Keys of blocks [0, n) of prompt lin. */
+static void keys_of(uint32_t lin, size_t n, kvvm_key *k)
+{
+    int32_t tok[64 * T];
+    for (size_t i = 0; i < n * T; i++)
+        tok[i] = (int32_t)(lin * 7777 + i);
+    cr_assert_eq(kvvm_prefix_keys(tok, n * T, T, NULL, 0, k, n), n);
+}
+
+/* A sequence of nb blocks of prompt lin's bytes, published under ns (new entries: nb). */
+static kvvm_seq publish_n(struct tctx *t, uint64_t ns, uint32_t lin, size_t nb, kvvm_key *k)
+{
+    kvvm_seq s = mk(t);
+    size_t len = nb * T * BPT;
+    cr_assert_eq(kvvm_seq_grow(t->kv, s, nb * T), 0);
+    uint8_t *b = malloc(len);
+    for (uint32_t r = 0; r < NR; r++) {
+        for (size_t i = 0; i < len; i++)
+            b[i] = pat(lin, r, i);
+        cr_assert_eq(kvvm_seq_write(t->kv, s, r, 0, b, len), 0);
+    }
+    free(b);
+    keys_of(lin, nb, k);
+    cr_assert_eq(kvvm_prefix_publish(t->kv, s, ns, k, nb), (int)nb, "publish: %s",
+                 kvvm_last_error());
+    return s;
+}
+
+/* s's first nb blocks hold prompt lin's bytes in every region. */
+static bool same(struct tctx *t, kvvm_seq s, size_t nb, uint32_t lin)
+{
+    size_t len = nb * T * BPT;
+    uint8_t *b = malloc(len);
+    bool ok = true;
+    for (uint32_t r = 0; ok && r < NR; r++) {
+        cr_assert_eq(kvvm_seq_read(t->kv, s, r, 0, b, len), 0, "read: %s", kvvm_last_error());
+        for (size_t i = 0; ok && i < len; i++)
+            ok = b[i] == pat(lin, r, i);
+    }
+    free(b);
+    return ok;
+}
+
+static uint64_t seq_len(struct tctx *t, kvvm_seq s)
+{
+    struct kvvm_seq_info in;
+    tinfo(t, s, &in);
+    return in.length;
+}
+
+/* A context that publishes nb blocks of prompt lin under ns and closes (close waits for the
+   store writes). */
+static void publisher(const char *url, uint64_t ns, uint32_t lin, size_t nb, kvvm_key *k)
+{
+    struct tctx t;
+    open_store_ctx(&t, url, 2000);
+    publish_n(&t, ns, lin, nb, k);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.store_puts, nb, "store_puts %lu", (unsigned long)st.store_puts);
+    cr_assert_eq(st.store_errors, 0);
+    cr_assert_eq(st.store_bytes_out, nb * VAL);
+    tclose(&t);
+}
+
+/* ---------------------------------------------------------------- both backends */
+
+/* Published by one context, attached by a second: every byte; lookup says STORE; the
+   attached blocks become local entries (a second attach takes them from the device). */
+static void second_context(const char *url)
+{
+    kvvm_key k[4];
+    publisher(url, 3, 1, 4, k);
+    struct tctx t;
+    open_store_ctx(&t, url, 2000);
+    uint8_t where[4] = { 0 };
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 3, k, 4, where), 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(where[i], KVVM_TIER_STORE, "block %d: tier %u", i, where[i]);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.store_hits, 4);
+    cr_expect_eq(st.prefix_entries, 0, "a lookup moved something");
+    cr_expect_eq(st.store_gets, 0, "a lookup read a value");
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 3, k, 4), 4, "attach: %s", kvvm_last_error());
+    cr_expect_eq(seq_len(&t, d), 4 * T);
+    cr_expect(same(&t, d, 4, 1), "the bytes attached from the store differ");
+    tstats(&t, &st);
+    cr_expect_eq(st.store_gets, 4);
+    cr_expect_geq(st.store_bytes_in, 4 * VAL);  /* a file may be padded (O_DIRECT) */
+    cr_expect_eq(st.store_errors, 0);
+    cr_expect_eq(st.prefix_entries, 4, "the attached blocks are not local entries");
+    cr_expect_eq(st.store_puts, 0, "entries from the store were written back");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 3, k, 4, where), 4);
+    for (int i = 0; i < 4; i++)
+        cr_expect_eq(where[i], KVVM_TIER_DEVICE);
+    kvvm_seq e = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, e, 3, k, 4), 4);
+    tstats(&t, &st);
+    cr_expect_eq(st.store_gets, 4, "the second attach read the store");
+    cr_expect(same(&t, e, 4, 1));
+    tcheck(&t, "second context");
+    tclose(&t);
+}
+
+/* One process publishes, a fresh one attaches every byte. */
+static void two_processes(const char *url)
+{
+    kvvm_key k[3];
+    keys_of(2, 3, k);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        struct kvvm_config c;
+        cfg_store(&c, url, 2000, BPT);
+        kvvm *kv = NULL;
+        int ok = kvvm_open(&c, &kv) == 0;
+        kvvm_seq s = 0;
+        ok = ok && kvvm_seq_create(kv, &s) == 0 && kvvm_seq_grow(kv, s, 3 * T) == 0;
+        uint8_t b[3 * T * BPT];
+        for (uint32_t r = 0; ok && r < NR; r++) {
+            for (size_t i = 0; i < sizeof b; i++)
+                b[i] = pat(2, r, i);
+            ok = kvvm_seq_write(kv, s, r, 0, b, sizeof b) == 0;
+        }
+        ok = ok && kvvm_prefix_publish(kv, s, 4, k, 3) == 3;
+        kvvm_close(kv);                 /* waits for the store writes */
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the publishing child failed");
+    struct tctx t;
+    open_store_ctx(&t, url, 2000);
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 4, k, 3), 3, "attach: %s", kvvm_last_error());
+    cr_expect(same(&t, d, 3, 2), "the bytes another process published differ");
+    tcheck(&t, "two processes");
+    tclose(&t);
+}
+
+/* Another layout (bytes_per_token) or another namespace never reads an entry. */
+static void isolated(const char *url)
+{
+    kvvm_key k[2];
+    publisher(url, 5, 3, 2, k);
+    struct tctx t;
+    struct kvvm_config c;
+    cfg_store(&c, url, 2000, BPT / 2);   /* 32 tokens a block: keys of the same bytes */
+    topen(&t, &c);
+    kvvm_seq d = mk(&t);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 5, k, 2, NULL), 0, "another layout found it");
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 5, k, 2), 0, "another layout attached it");
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.store_gets + st.store_hits + st.store_errors, 0);
+    tclose(&t);
+    open_store_ctx(&t, url, 2000);
+    d = mk(&t);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 6, k, 2, NULL), 0, "another namespace found it");
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 6, k, 2), 0, "another namespace attached it");
+    cr_expect_eq(seq_len(&t, d), 0);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 5, k, 2, NULL), 2, "its own namespace did not");
+    tclose(&t);
+}
+
+/* Local blocks first, the store's after them: lookup says where each is; attach takes
+   both, the count continuing through the store's. */
+static void local_then_store(const char *url)
+{
+    kvvm_key k[4];
+    publisher(url, 7, 4, 4, k);
+    struct tctx t;
+    open_store_ctx(&t, url, 2000);
+    publish_n(&t, 7, 4, 1, k);          /* block 0 local (already in the store) */
+    uint8_t where[4] = { 0 };
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 7, k, 4, where), 4);
+    cr_expect_eq(where[0], KVVM_TIER_DEVICE);
+    for (int i = 1; i < 4; i++)
+        cr_expect_eq(where[i], KVVM_TIER_STORE, "block %d: tier %u", i, where[i]);
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 7, k, 4), 4, "attach: %s", kvvm_last_error());
+    cr_expect(same(&t, d, 4, 4));
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.store_gets, 3, "the local block was read from the store");
+    tcheck(&t, "local then store");
+    tclose(&t);
+}
+
+/* Drop removes the entries from the store: by key, and a whole namespace. */
+static void drop_removes(const char *url)
+{
+    kvvm_key k[3], j[2];
+    struct tctx t;
+    open_store_ctx(&t, url, 2000);
+    publish_n(&t, 8, 5, 3, k);
+    publish_n(&t, 9, 6, 2, j);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 8, &k[1], 2), 2);   /* waits for their writes */
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 9, NULL, 0), 2);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tclose(&t);
+    open_store_ctx(&t, url, 2000);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 8, k, 3, NULL), 1, "a dropped entry is in the store");
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 9, j, 2, NULL), 0, "the namespace is in the store");
+    tclose(&t);
+}
+
+#define BOTH(name, fn)                                                  \
+    Test(prefix_store_redis, name)                                      \
+    {                                                                   \
+        TH_DEADLINE(60);                                                \
+        struct rsrv s = { 0 };                                          \
+        rsrv_start(&s, NULL);                                           \
+        fn(s.url);                                                      \
+        rsrv_stop(&s);                                                  \
+    }                                                                   \
+    Test(prefix_store_file, name)                                       \
+    {                                                                   \
+        TH_DEADLINE(60);                                                \
+        char dir[64], url[96];                                          \
+        fn(file_url(dir, sizeof dir, url, sizeof url));                 \
+        rmdir_all(dir);                                                 \
+    }
+
+BOTH(second_context_attaches_every_byte, second_context)
+BOTH(two_processes_share_prefixes, two_processes)
+BOTH(layout_and_namespace_isolated, isolated)
+BOTH(local_blocks_then_store_blocks, local_then_store)
+BOTH(drop_removes_from_the_store, drop_removes)
+
+/* ---------------------------------------------------------------- corrupted values */
+
+static const struct store_layout LAY = { NR, BPT, KB };
+
+/* Another writer changed the value of block 1: lookup still sees it (the key exists), an
+   attach stops before it (a miss, counted in store_errors), never hands out its bytes. */
+static void corrupted(const char *url, void (*flip)(const void *arg, const store_key *k),
+                      const void *arg)
+{
+    kvvm_key k[3];
+    publisher(url, 2, 7, 3, k);
+    store_key sk;
+    memcpy(sk.bytes, k[1].bytes, sizeof sk.bytes);
+    flip(arg, &sk);
+    struct tctx t;
+    open_store_ctx(&t, url, 2000);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 2, k, 3, NULL), 3, "lookup reads no value");
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 2, k, 3), 1, "attach past a corrupt value");
+    cr_expect_eq(seq_len(&t, d), T);
+    cr_expect(same(&t, d, 1, 7));
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.store_errors, 1, "store_errors %lu", (unsigned long)st.store_errors);
+    cr_expect_eq(st.prefix_entries, 1, "a corrupt block became an entry");
+    tcheck(&t, "corrupted");
+    tclose(&t);
+}
+
+static void flip_redis(const void *arg, const store_key *k)
+{
+    const struct rsrv *s = arg;
+    char name[STORE_NAME_MAX];
+    store_redis_key(&LAY, 2, k, name);
+    redisContext *c = raw_connect(s->port);
+    cr_assert(c);
+    redisReply *v = redisCommand(c, "GET %s", name);
+    cr_assert(v && v->type == REDIS_REPLY_STRING && v->len == (size_t)VAL);
+    v->str[STORE_HDR_BYTES + KB + 77] ^= 0x10;      /* a byte of region 1 */
+    freeReplyObject(redisCommand(c, "SET %s %b", name, v->str, (size_t)v->len));
+    freeReplyObject(v);
+    redisFree(c);
+}
+
+static void flip_file(const void *arg, const store_key *k)
+{
+    char name[STORE_NAME_MAX], path[256];
+    store_file_name(&LAY, 2, k, name);
+    snprintf(path, sizeof path, "%s/%s", (const char *)arg, name);
+    int fd = open(path, O_RDWR);
+    cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
+    uint8_t b;
+    const off_t at = 4096 + KB + 100;   /* the payload starts at 4 KiB: a byte of region 1 */
+    cr_assert_eq(pread(fd, &b, 1, at), 1);
+    b ^= 0x01;
+    cr_assert_eq(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+}
+
+Test(prefix_store_redis, corrupted_value_is_a_counted_miss)
+{
+    TH_DEADLINE(60);
+    struct rsrv s = { 0 };
+    rsrv_start(&s, NULL);
+    corrupted(s.url, flip_redis, &s);
+    rsrv_stop(&s);
+}
+
+Test(prefix_store_file, corrupted_value_is_a_counted_miss)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    corrupted(file_url(dir, sizeof dir, url, sizeof url), flip_file, dir);
+    rmdir_all(dir);
+}
+
+/* ---------------------------------------------------------------- Redis faults */
+
+/* Whether the store holds entry (ns, k) (asked with another client). */
+static bool in_redis(const struct rsrv *s, uint64_t ns, const kvvm_key *k)
+{
+    char name[STORE_NAME_MAX];
+    store_key sk;
+    memcpy(sk.bytes, k->bytes, sizeof sk.bytes);
+    store_redis_key(&LAY, ns, &sk, name);
+    redisContext *c = raw_connect(s->port);
+    if (!c)
+        return false;
+    redisReply *r = redisCommand(c, "EXISTS %s", name);
+    bool yes = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return yes;
+}
+
+/* The server came (back) up: the store reconnects by itself (with backoff), so later
+   publishes land; tries up to 50 new entries, 100 ms apart. Returns whether one landed. */
+static bool later_puts_land(struct tctx *t, const struct rsrv *s, uint32_t lin0)
+{
+    for (uint32_t i = 0; i < 50; i++) {
+        kvvm_key k[1];
+        kvvm_seq p = publish_n(t, 1, lin0 + i, 1, k);
+        cr_assert_eq(kvvm_sync(t->kv), 0);
+        cr_assert_eq(kvvm_seq_free(t->kv, p), 0);
+        if (in_redis(s, 1, &k[0]))
+            return true;
+        usleep(100000);
+    }
+    return false;
+}
+
+/* SIGSTOP: publish, lookup, attach, drop, sync and close return within the bound, with
+   the local answer; nothing local changes. */
+Test(prefix_store_redis, stopped_server_calls_return_in_time_with_the_local_answer)
+{
+    TH_DEADLINE(60);
+    const uint32_t tmo = 250;
+    struct rsrv s = { 0 };
+    rsrv_start(&s, NULL);
+    struct tctx t;
+    open_store_ctx(&t, s.url, tmo);
+    kvvm_key k[5], j[2];
+    publish_n(&t, 1, 1, 3, k);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    keys_of(1, 5, k);                   /* blocks 3, 4: in neither */
+    kill(s.pid, SIGSTOP);
+    uint64_t t0 = now_ns();
+    publish_n(&t, 1, 2, 2, j);          /* queued: the call does not wait */
+    uint64_t ms_pub = ms_since(t0);
+    t0 = now_ns();
+    uint8_t where[5];
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 1, k, 5, where), 3);
+    uint64_t ms_look = ms_since(t0);
+    kvvm_seq d = mk(&t);
+    t0 = now_ns();
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, 5), 3, "attach: %s", kvvm_last_error());
+    uint64_t ms_att = ms_since(t0);
+    cr_expect(same(&t, d, 3, 1));
+    t0 = now_ns();
+    cr_expect_eq(kvvm_prefix_drop(t.kv, 1, &k[4], 1), 0);
+    uint64_t ms_drop = ms_since(t0);
+    t0 = now_ns();
+    cr_expect_eq(kvvm_sync(t.kv), 0);
+    uint64_t ms_sync = ms_since(t0);
+    cr_expect_leq(ms_pub, 3 * tmo, "publish took %lu ms", (unsigned long)ms_pub);
+    cr_expect_leq(ms_look, 3 * tmo, "lookup took %lu ms", (unsigned long)ms_look);
+    cr_expect_leq(ms_att, 3 * tmo, "attach took %lu ms", (unsigned long)ms_att);
+    cr_expect_leq(ms_drop, 3 * tmo, "drop took %lu ms", (unsigned long)ms_drop);
+    cr_expect_leq(ms_sync, 3 * tmo, "sync took %lu ms", (unsigned long)ms_sync);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_geq(st.store_errors, 2, "store_errors %lu", (unsigned long)st.store_errors);
+    cr_expect_eq(st.prefix_entries, 5);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 1, j, 2, where), 2, "a local entry was lost");
+    publish_n(&t, 1, 3, 2, j);          /* pending at close */
+    t0 = now_ns();
+    tclose(&t);
+    uint64_t ms_close = ms_since(t0);
+    cr_expect_leq(ms_close, 3 * tmo, "close took %lu ms", (unsigned long)ms_close);
+    kill(s.pid, SIGCONT);
+    rsrv_stop(&s);
+}
+
+/* Killed: publishes go on locally, their writes fail (counted); restarted: later ones land. */
+Test(prefix_store_redis, restarted_server_later_puts_land)
+{
+    TH_DEADLINE(60);
+    struct rsrv s = { 0 };
+    rsrv_start(&s, NULL);
+    struct tctx t;
+    open_store_ctx(&t, s.url, 500);
+    kvvm_key k[2];
+    publish_n(&t, 1, 1, 2, k);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_expect(in_redis(&s, 1, &k[1]));
+    rsrv_kill(&s);
+    publish_n(&t, 1, 2, 2, k);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_geq(st.store_errors, 2);
+    kvvm_seq d = mk(&t);
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, 2), 2);
+    cr_expect(same(&t, d, 2, 2), "a local entry changed while the server was down");
+    rsrv_start(&s, NULL);               /* same port and password, empty */
+    cr_expect(later_puts_land(&t, &s, 100), "no write landed after the restart");
+    tclose(&t);
+    rsrv_stop(&s);
+}
+
+/* Down at open: open succeeds, every call gives the local answer; once the server is up,
+   writes land. A wrong password is -EACCES. */
+Test(prefix_store_redis, down_at_open_then_up_and_wrong_password)
+{
+    TH_DEADLINE(60);
+    struct rsrv s = { 0 };
+    s.port = free_port();
+    char url[128];
+    snprintf(url, sizeof url, "redis://:%s@127.0.0.1:%d", PASS, s.port);
+    struct tctx t;
+    open_store_ctx(&t, url, 300);
+    kvvm_key k[3];
+    publish_n(&t, 1, 1, 2, k);
+    keys_of(1, 3, k);
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 2);
+    kvvm_seq d = mk(&t);
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, 3), 2);
+    cr_expect(same(&t, d, 2, 1));
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_geq(st.store_errors, 2);
+    cr_expect_eq(st.store_puts, 0);
+    rsrv_start(&s, NULL);
+    cr_expect(later_puts_land(&t, &s, 200), "no write landed once the server was up");
+    tclose(&t);
+    struct kvvm_config c;
+    snprintf(url, sizeof url, "redis://:wrong@127.0.0.1:%d", s.port);
+    cfg_store(&c, url, 300, BPT);
+    kvvm *kv = NULL;
+    cr_expect_eq(kvvm_open(&c, &kv), -EACCES);
+    cr_expect_null(kv);
+    rsrv_stop(&s);
+}
+
+/* maxmemory reached (noeviction): writes fail, counted; every local entry and byte stays. */
+Test(prefix_store_redis, full_server_puts_fail_counted_nothing_local_lost)
+{
+    TH_DEADLINE(60);
+    struct rsrv s = { 0 };
+    rsrv_start(&s, NULL);
+    redisContext *c = raw_connect(s.port);
+    cr_assert(c);
+    redisReply *info = redisCommand(c, "MEMORY STATS");
+    cr_assert(info && info->type == REDIS_REPLY_ARRAY);
+    long long used = 0;
+    for (size_t i = 0; i + 1 < info->elements; i += 2)
+        if (!strcmp(info->element[i]->str, "total.allocated"))
+            used = info->element[i + 1]->integer;
+    freeReplyObject(info);
+    /* room for a few values: a pipelined batch's query buffer counts too */
+    freeReplyObject(redisCommand(c, "CONFIG SET maxmemory %lld", used + (160 << 10)));
+    redisFree(c);
+    struct tctx t;
+    open_store_ctx(&t, s.url, 2000);
+    kvvm_key k[3][8];
+    for (uint32_t l = 0; l < 3; l++)
+        publish_n(&t, 1, 10 + l, 8, k[l]);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_gt(st.store_puts, 0);
+    cr_expect_gt(st.store_errors, 0, "no write was refused");
+    cr_expect_eq(st.store_puts + st.store_errors, 24);
+    cr_expect_eq(st.prefix_entries, 24);
+    for (uint32_t l = 0; l < 3; l++) {
+        uint8_t where[8];
+        cr_expect_eq(kvvm_prefix_lookup(t.kv, 1, k[l], 8, where), 8);
+        kvvm_seq d = mk(&t);
+        cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k[l], 8), 8);
+        cr_expect(same(&t, d, 8, 10 + l), "prompt %u's bytes changed", l);
+    }
+    tclose(&t);
+    rsrv_stop(&s);
+}
+
+/* ---------------------------------------------------------------- fault sweep */
+
+struct sw_arg {
+    char dir[64], url[96];
+    struct tctx t;
+    kvvm_key k[3];
+    kvvm_seq dst;
+    uint64_t free0;
+};
+
+static void sw_setup(void *p)
+{
+    struct sw_arg *a = p;
+    open_store_ctx(&a->t, a->url, 2000);
+    a->dst = mk(&a->t);
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&a->t, &st);
+    a->free0 = st.pages_device_free;
+}
+
+/* 0: all 3 blocks; 1 + m: m blocks reported (a store failure is a shorter prefix). */
+static int sw_call(void *p)
+{
+    struct sw_arg *a = p;
+    int rc = kvvm_prefix_attach(a->t.kv, a->dst, 1, a->k, 3);
+    return rc == 3 ? 0 : rc < 0 ? rc : 1 + rc;
+}
+
+static void sw_teardown(void *p)
+{
+    struct sw_arg *a = p;
+    if (a->t.kv)
+        tclose(&a->t);
+}
+
+static enum th_sweep_outcome sw_after(void *p, int rc, const char *where)
+{
+    struct sw_arg *a = p;
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    UCHK(kvvm_sync(a->t.kv) == 0, "%s: sync", where);
+    uint64_t m = rc == 0 ? 3 : rc > 0 ? (uint64_t)rc - 1 : 0;
+    uint64_t len = seq_len(&a->t, a->dst);
+    UCHK(len == m * T, "%s: dst holds %lu tokens, %lu blocks reported", where,
+         (unsigned long)len, (unsigned long)m);
+    if (m)
+        UCHK(same(&a->t, a->dst, m, 1), "%s: attached bytes", where);
+    struct kvvm_stats st;
+    tstats(&a->t, &st);
+    UCHK(st.pages_device_free == a->free0 - m * NR, "%s: device pages free %lu, were %lu, "
+         "%lu blocks attached", where, (unsigned long)st.pages_device_free,
+         (unsigned long)a->free0, (unsigned long)m);
+    UCHK(st.prefix_entries == m, "%s: %lu entries after %lu blocks", where,
+         (unsigned long)st.prefix_entries, (unsigned long)m);
+    th_check(a->t.kv, where);
+    return rc == 0 ? TH_SWEEP_ABSORBED : TH_SWEEP_FAILED;
+}
+
+Test(sweep, attach_from_the_store_all_or_nothing)
+{
+    TH_DEADLINE(300);
+    static struct sw_arg a;
+    file_url(a.dir, sizeof a.dir, a.url, sizeof a.url);
+    publisher(a.url, 1, 1, 3, a.k);
+    struct th_sweep s = { .name = "attach from the store", .arg = &a, .setup = sw_setup,
+                          .call = sw_call, .teardown = sw_teardown, .after = sw_after };
+    th_sweep_run(&s);
+    rmdir_all(a.dir);
+}
