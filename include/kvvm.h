@@ -420,19 +420,22 @@ KVVM_API size_t kvvm_prefix_keys(const int32_t *tokens, size_t n_tokens,
 /* Enters s's blocks [0, n) (full blocks: n * T <= length; s in any tier) into the cache
    under keys[0..n): the cache holds their pages, shared with s (no copy; s copies on write
    as after a fork). A key already present keeps its entry and s its own pages. Returns the
-   number of new entries (>= 0). -ENOENT; -EINVAL keys NULL with n > 0, n past s's full
-   blocks, a block discarded in any region; -ESTALE s a dropped CACHED sequence; -ENOMEM no
-   entry record. */
+   number of new entries (>= 0). With a store, the new entries are also written to it,
+   off this thread, once their bytes are final (the call never waits for the store).
+   -ENOENT; -EINVAL keys NULL with n > 0, n past s's full blocks, a block discarded in any
+   region; -ESTALE s a dropped CACHED sequence; -ENOMEM no entry record. */
 KVVM_API int kvvm_prefix_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
                                  size_t n);
 /* The number of leading keys present, 0..n. Moves, copies and pins nothing (it marks them
    used for reclaim's LRU order). where (NULL allowed) receives for each of them its tier:
-   KVVM_TIER_DEVICE, _HOST or _DISK (a block whose pages lie in several tiers: the lowest).
+   KVVM_TIER_DEVICE, _HOST or _DISK (a block whose pages lie in several tiers: the lowest),
+   or, past the local hit, _STORE for a block the shared store holds (one request to it).
    -EINVAL keys NULL with n > 0. */
 KVVM_API int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n,
                                 uint8_t *where);
 /* dst empty: maps the longest present prefix of keys[0..n) into dst (device entries shared
-   without a copy; host and disk entries brought to the device), sets dst's length to that
+   without a copy; host and disk entries brought to the device; past them, the store's
+   blocks read, checked and brought up, then entered locally), sets dst's length to that
    many blocks * T and returns that number (0: a miss, not an error). All or nothing for
    what it reports: on failure dst is still empty and nothing else moved. Protects dst.
    -ENOENT; -EINVAL dst not empty or keys NULL with n > 0; -ESTALE dst a dropped CACHED
@@ -440,8 +443,10 @@ KVVM_API int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, siz
    copy was lost; -EBUSY capturing stream. */
 KVVM_API int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
                                 size_t n);
-/* Removes those entries (n == 0 and keys NULL: every entry of ns); sequences sharing their
-   pages keep them. Returns the number removed. -EINVAL keys NULL with n > 0. */
+/* Removes those entries (n == 0 and keys NULL: every entry of ns) from this context and
+   from the store (keys NULL: ns's entries under this context's layout); sequences sharing
+   their pages keep them. Returns the number removed from this context. -EINVAL keys NULL
+   with n > 0. */
 KVVM_API int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n);
 enum { KVVM_TIER_DEVICE = 1, KVVM_TIER_HOST = 2, KVVM_TIER_DISK = 3, KVVM_TIER_STORE = 4 };
 /* Entries that no sequence holds are reclaimed before any LIVE sequence is swapped (as
