@@ -14,7 +14,7 @@ import pathlib
 import re
 import sys
 
-LIB = ["common", "core", "vmm", "paging", "host", "disk", "swap", "prefix", "testing"]
+LIB = ["common", "core", "vmm", "paging", "host", "disk", "store", "swap", "prefix", "testing"]
 ap = argparse.ArgumentParser()
 ap.add_argument("--check", action="store_true")
 ap.add_argument("--file-lines", type=int, default=1000)
