@@ -618,3 +618,73 @@ Test(sweep, attach_from_the_store_all_or_nothing)
     th_sweep_run(&s);
     rmdir_all(a.dir);
 }
+
+/* ---------------------------------------------------------------- stream mode */
+
+/* With an engine stream, publish's copies to staging are ordered after the engine's work
+   on the sequence (its write is still queued, its stream paused, at the call): the store
+   gets the final bytes. Also with the blocks swapped out: not written, counted, the call still succeeds. */
+Test(prefix_store_file, stream_mode_writes_the_final_bytes)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    struct kvvm_config c;
+    cfg_store(&c, url, 2000, BPT);
+    c.host_budget = 16 * KB;
+    struct tctx t;
+    void *stream;
+    topen_stream(&t, &c, &stream);
+    kvvm_key k[3], j[2];
+    /* the engine's last write to block 1 of region 0 is still queued (its stream paused)
+       when the blocks are published */
+    kvvm_seq a = mk(&t);
+    uint64_t va;
+    cr_assert_eq(kvvm_seq_grow(t.kv, a, 3 * T), 0);
+    cr_assert_eq(kvvm_seq_addr(t.kv, a, 0, &va), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)stream, 1), 0);
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_api()->cuMemsetD8Async(va + KB, 0xC3, KB, (kcu_stream)stream),
+                 KCU_SUCCESS);
+    emu_ctx_off(t.ord);
+    keys_of(1, 3, k);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, a, 1, k, 3), 3);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)stream, 0), 0);
+    kvvm_seq s = publish_n(&t, 2, 2, 2, j);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.store_puts, 5);
+    struct store *raw = NULL;
+    cr_assert_eq(store_open(url, 2000, 0, &raw), 0);
+    uint8_t *v = calloc(3, NR * KB);
+    struct iovec io[3];
+    struct store_item it[3];
+    store_key sk[3];
+    for (int i = 0; i < 3; i++) {
+        memcpy(sk[i].bytes, k[i].bytes, sizeof sk[i].bytes);
+        io[i] = (struct iovec){ v + (size_t)i * NR * KB, NR * KB };
+        it[i] = (struct store_item){ &sk[i], &io[i], 1, 1 };
+    }
+    cr_assert_eq(store_get(raw, &LAY, 1, it, 3), 3);
+    store_close(raw);
+    for (size_t b = NR * KB; b < NR * KB + KB; b++)     /* block 1's page of region 0 */
+        cr_assert_eq(v[b], 0xC3, "stored byte %zu: %u, the engine's write was not final", b,
+                     v[b]);
+    free(v);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 2, NULL, 0), 2);
+    cr_expect_eq(kvvm_prefix_publish(t.kv, s, 2, j, 2), 2, "publish of a swapped-out sequence");
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tstats(&t, &st);
+    cr_expect_eq(st.store_puts, 5, "blocks off the device were written");
+    cr_expect_eq(st.store_errors, 2, "the blocks not written are not counted");
+    tclose_stream(&t, stream);
+    open_store_ctx(&t, url, 2000);
+    kvvm_seq d = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, d, 2, j, 2), 0, "a block off the device was stored");
+    cr_expect_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 3);
+    tclose(&t);
+    rmdir_all(dir);
+}
