@@ -151,4 +151,23 @@ static inline uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Test `name` of suites redis_suite and file_suite: fn(url) against a fresh redis-server,
+   and against a fresh store directory; each with a hang guard of secs seconds. */
+#define STORE_BOTH(redis_suite, file_suite, secs, name, fn)             \
+    Test(redis_suite, name)                                             \
+    {                                                                   \
+        TH_DEADLINE(secs);                                              \
+        struct rsrv s = { 0 };                                          \
+        rsrv_start(&s, NULL);                                           \
+        fn(s.url);                                                      \
+        rsrv_stop(&s);                                                  \
+    }                                                                   \
+    Test(file_suite, name)                                              \
+    {                                                                   \
+        TH_DEADLINE(secs);                                              \
+        char dir[64], url[96];                                          \
+        fn(file_url(dir, sizeof dir, url, sizeof url));                 \
+        rmdir_all(dir);                                                 \
+    }
+
 #endif

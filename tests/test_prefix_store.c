@@ -258,22 +258,7 @@ static void drop_removes(const char *url)
     tclose(&t);
 }
 
-#define BOTH(name, fn)                                                  \
-    Test(prefix_store_redis, name)                                      \
-    {                                                                   \
-        TH_DEADLINE(60);                                                \
-        struct rsrv s = { 0 };                                          \
-        rsrv_start(&s, NULL);                                           \
-        fn(s.url);                                                      \
-        rsrv_stop(&s);                                                  \
-    }                                                                   \
-    Test(prefix_store_file, name)                                       \
-    {                                                                   \
-        TH_DEADLINE(60);                                                \
-        char dir[64], url[96];                                          \
-        fn(file_url(dir, sizeof dir, url, sizeof url));                 \
-        rmdir_all(dir);                                                 \
-    }
+#define BOTH(name, fn) STORE_BOTH(prefix_store_redis, prefix_store_file, 60, name, fn)
 
 BOTH(second_context_attaches_every_byte, second_context)
 BOTH(two_processes_share_prefixes, two_processes)

@@ -290,22 +290,7 @@ static void two_processes(const char *url)
     store_close(st);
 }
 
-#define BOTH(name, fn)                                                  \
-    Test(store_redis, name)                                             \
-    {                                                                   \
-        TH_DEADLINE(30);                                                \
-        struct rsrv s = { 0 };                                          \
-        rsrv_start(&s, NULL);                                           \
-        fn(s.url);                                                      \
-        rsrv_stop(&s);                                                  \
-    }                                                                   \
-    Test(store_file, name)                                              \
-    {                                                                   \
-        TH_DEADLINE(30);                                                \
-        char dir[64], url[96];                                          \
-        fn(file_url(dir, sizeof dir, url, sizeof url));                 \
-        rmdir_all(dir);                                                 \
-    }
+#define BOTH(name, fn) STORE_BOTH(store_redis, store_file, 30, name, fn)
 
 BOTH(put_get_round_trip, round_trip)
 BOTH(lookup_of_n_keys, lookup_n)
