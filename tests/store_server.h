@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -119,6 +120,24 @@ static inline void rsrv_stop(struct rsrv *s)
     snprintf(cmd, sizeof cmd, "rm -rf %s", s->dir);
     if (s->dir[0] && system(cmd) != 0)
         cr_log_warn("could not remove %s", s->dir);
+}
+
+/* Sets the server's maxmemory to what it holds now plus room bytes (MEMORY STATS'
+   total.allocated): puts past it are refused (noeviction). */
+static inline void rsrv_room(const struct rsrv *s, long long room)
+{
+    redisContext *c = raw_connect(s->port);
+    cr_assert(c);
+    redisReply *info = redisCommand(c, "MEMORY STATS");
+    cr_assert(info && info->type == REDIS_REPLY_ARRAY);
+    long long used = 0;
+    for (size_t i = 0; i + 1 < info->elements; i += 2)
+        if (!strcmp(info->element[i]->str, "total.allocated"))
+            used = info->element[i + 1]->integer;
+    freeReplyObject(info);
+    cr_assert(used > 0);
+    freeReplyObject(redisCommand(c, "CONFIG SET maxmemory %lld", used + room));
+    redisFree(c);
 }
 
 static inline char *file_url(char *dir, size_t dlen, char *url, size_t ulen)

@@ -498,18 +498,7 @@ Test(prefix_store_redis, full_server_puts_fail_counted_nothing_local_lost)
     TH_DEADLINE(60);
     struct rsrv s = { 0 };
     rsrv_start(&s, NULL);
-    redisContext *c = raw_connect(s.port);
-    cr_assert(c);
-    redisReply *info = redisCommand(c, "MEMORY STATS");
-    cr_assert(info && info->type == REDIS_REPLY_ARRAY);
-    long long used = 0;
-    for (size_t i = 0; i + 1 < info->elements; i += 2)
-        if (!strcmp(info->element[i]->str, "total.allocated"))
-            used = info->element[i + 1]->integer;
-    freeReplyObject(info);
-    /* room for a few values: a pipelined batch's query buffer counts too */
-    freeReplyObject(redisCommand(c, "CONFIG SET maxmemory %lld", used + (160 << 10)));
-    redisFree(c);
+    rsrv_room(&s, 160 << 10);   /* a few values: a pipelined batch's query buffer counts too */
     struct tctx t;
     open_store_ctx(&t, s.url, 2000);
     kvvm_key k[3][8];

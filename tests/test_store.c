@@ -494,18 +494,7 @@ Test(store_redis, full_server_puts_fail_counted)
     TH_DEADLINE(30);
     struct rsrv s = { 0 };
     rsrv_start(&s, NULL);
-    redisContext *c = raw_connect(s.port);
-    cr_assert(c);
-    redisReply *info = redisCommand(c, "MEMORY STATS");
-    cr_assert(info && info->type == REDIS_REPLY_ARRAY);
-    long long used = 0;
-    for (size_t i = 0; i + 1 < info->elements; i += 2)
-        if (!strcmp(info->element[i]->str, "total.allocated"))
-            used = info->element[i + 1]->integer;
-    freeReplyObject(info);
-    cr_assert(used > 0);
-    freeReplyObject(redisCommand(c, "CONFIG SET maxmemory %lld", used + (1 << 20)));
-    redisFree(c);
+    rsrv_room(&s, 1 << 20);
     struct store *st = sopen(s.url, 2000);
     struct batch w, copy, r;
     batch_make(&w, 24, 64 << 10, 0);        /* 24 x 128 KiB: three times the room */
