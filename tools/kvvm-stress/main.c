@@ -102,6 +102,10 @@ static void usage(FILE *f)
 "                         starts with one of 4 shared system prompts; it attaches the cached\n"
 "                         blocks (kvvm_prefix_attach), writes the rest, publishes its full\n"
 "                         prompt blocks; the hit rate is reported, attached bytes verified\n"
+"  --store URL            with --prefix-cache keyed: the shared store (file:///dir or\n"
+"                         redis://[:pw@]host:port): full prompt blocks are written through,\n"
+"                         attaches continue in the store; several stress processes on one\n"
+"                         store share prompts (same --preset, token layout and page size)\n"
 "  --pool-view            open with KVVM_F_POOL_VIEW and verify every verified sequence's\n"
 "                         block ids (kvvm_seq_block_table) and, where device memory is CPU-\n"
 "                         readable (emulated, not emu_opaque), its bytes through the pool\n"
@@ -252,7 +256,7 @@ enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_B
        O_BATCH, O_QUANTUM, O_VERIFY, O_MAXSEQS, O_MAXTOK, O_JSON, O_TRACE, O_PLOT, O_QUIET,
        O_VERBOSE, O_HELP, O_BUDGET };
 /* sliding-window layers and the prefix cache */
-enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW };
+enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW, O_STORE };
 
 static const struct option longopts[] = {
     { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
@@ -273,7 +277,7 @@ static const struct option longopts[] = {
     { "plot", 1, 0, O_PLOT }, { "quiet", 0, 0, O_QUIET }, { "verbose", 0, 0, O_VERBOSE },
     { "window", 1, 0, O_WINDOW }, { "window-every", 1, 0, O_WINDOW_EVERY },
     { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
-    { "pool-view", 0, 0, O_POOL_VIEW },
+    { "pool-view", 0, 0, O_POOL_VIEW }, { "store", 1, 0, O_STORE },
     { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET }, { 0, 0, 0, 0 }
 };
 
@@ -546,6 +550,7 @@ int main(int argc, char **argv)
                 return bad(name, optarg);
             break;
         case O_POOL_VIEW: o.pool_view = 1; break;
+        case O_STORE: o.store_url = optarg; break;
         case O_HELP: case 'h': usage(stdout); return 0;
         case O_BUDGET: if (parse_schedule(optarg, &o)) return bad(name, optarg); break;
         default:
@@ -634,6 +639,11 @@ int main(int argc, char **argv)
                 "(a published block must not be discarded)\n");
         return 2;
     }
+    if (o.store_url && !o.prefix_keyed) {
+        fprintf(stderr, "kvvm-stress: --store needs --prefix-cache keyed (the store holds the "
+                "keyed prefix cache's blocks)\n");
+        return 2;
+    }
     if (o.window && o.token_major) {
         fprintf(stderr, "kvvm-stress: --window needs the per-layer layout (--layout layer): "
                 "a token-major region holds every layer\n");
@@ -682,6 +692,8 @@ int main(int argc, char **argv)
         cfg.flags |= KVVM_F_AUTO_SWAP;
     if (o.pool_view)
         cfg.flags |= KVVM_F_POOL_VIEW;
+    if (o.store_url)
+        cfg.store_url = o.store_url;
 
     struct results r = { 0 };
     static const char *const lat_names[LAT_N] = { "grow", "grow_batch", "fork", "share",

@@ -186,6 +186,15 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
                 (unsigned long long)r->cache_stale_checked,
                 (unsigned long long)r->cache_verified);
     }
+    if (o->store_url)
+        fprintf(f, "  store        %llu entries written, %llu read (%llu found by lookups), "
+                "%llu errors; %.1f MiB out, %.1f MiB in\n",
+                (unsigned long long)d(s->store_puts, z->store_puts),
+                (unsigned long long)d(s->store_gets, z->store_gets),
+                (unsigned long long)d(s->store_hits, z->store_hits),
+                (unsigned long long)d(s->store_errors, z->store_errors),
+                d(s->store_bytes_out, z->store_bytes_out) / 1048576.0,
+                d(s->store_bytes_in, z->store_bytes_in) / 1048576.0);
     if (o->prefix_keyed)
         fprintf(f, "  prefix keys  %llu attaches: %llu of %llu blocks asked attached (hit rate "
                 "%.1f%%; attached bytes verified with their requests); %llu entries published in %llu calls; "
@@ -381,6 +390,12 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             U(d(s->prefix_lookups, z->prefix_lookups)),
             U(d(s->prefix_hit_blocks, z->prefix_hit_blocks)),
             U(d(s->prefix_evictions, z->prefix_evictions)));
+    fprintf(f, "  \"store\": {\"on\": %s, \"puts\": %llu, \"gets\": %llu, \"hits\": %llu, "
+            "\"errors\": %llu, \"bytes_out\": %llu, \"bytes_in\": %llu},\n",
+            o->store_url ? "true" : "false", U(d(s->store_puts, z->store_puts)),
+            U(d(s->store_gets, z->store_gets)), U(d(s->store_hits, z->store_hits)),
+            U(d(s->store_errors, z->store_errors)), U(d(s->store_bytes_out, z->store_bytes_out)),
+            U(d(s->store_bytes_in, z->store_bytes_in)));
     fprintf(f, "  \"pool_view\": {\"on\": %s, \"bytes_checked\": %s, \"seqs\": %llu, "
             "\"block_ids\": %llu, \"bad_ids\": %llu, \"bytes\": %llu, \"mismatches\": %llu, "
             "\"eagain_skipped\": %llu},\n", o->pool_view ? "true" : "false",

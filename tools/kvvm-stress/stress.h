@@ -70,6 +70,8 @@ struct opts {
     int      prefix_keyed;          /* --prefix-cache keyed: the library's keyed index */
     int      pool_view;             /* --pool-view: KVVM_F_POOL_VIEW, checked at verification */
     int      pool_cpu;              /* the pool view's bytes are CPU-readable (emulated) */
+    const char *store_url;          /* --store URL: the shared store (with --prefix-cache
+                                       keyed); NULL = none */
     /* --budget-schedule (elastic memory): at t seconds, kvvm_set_budget(frac x the budget
        at open); in time order */
 #define MAX_BUDGET_EV 16
