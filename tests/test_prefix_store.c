@@ -8,11 +8,14 @@
  * namespace never reads them; a corrupted value is a counted miss; drop removes entries from
  * the store; a stopped, killed and restarted, or full server fails no call, blocks none
  * longer than the timeout (a bound of 3 x the timeout is checked), and changes nothing
- * local; a fault sweep over an attach from the store leaves dst empty and nothing moved.
+ * local, nor does a file store whose I/O hangs; in stream mode the store gets the bytes of
+ * the engine's work still queued at publish; a fault sweep over an attach from the store
+ * leaves dst empty (or holding what it reports) and nothing else moved.
  */
 #include "harness.h"
 
 #include <sys/stat.h>
+#include "core/core.h"
 #include "store/store.h"
 #include "store_server.h"
 
@@ -659,6 +662,54 @@ Test(prefix_store_file, stream_mode_writes_the_final_bytes)
     kvvm_seq d = mk(&t);
     cr_assert_eq(kvvm_prefix_attach(t.kv, d, 2, j, 2), 0, "a block off the device was stored");
     cr_expect_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, NULL), 3);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* ---------------------------------------------------------------- a hung file system */
+
+/* The directory's I/O hangs (store_test_hang): attach gives the local blocks, publish and
+   sync return, all within the bound; once the I/O completes, attaches read the store again. */
+Test(prefix_store_file, hung_io_calls_return_in_time_with_the_local_answer)
+{
+    TH_DEADLINE(60);
+    const uint32_t tmo = 200;
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    kvvm_key k[3], j[2];
+    publisher(url, 1, 1, 3, k);
+    struct tctx t;
+    open_store_ctx(&t, url, tmo);
+    publish_n(&t, 1, 1, 1, k);          /* block 0 local */
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    cr_assert_eq(store_test_hang(t.kv->store, 1), 0);
+    kvvm_seq d = mk(&t);
+    uint64_t t0 = now_ns();
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, 3), 1, "attach: %s", kvvm_last_error());
+    uint64_t ms_att = ms_since(t0);
+    cr_expect(same(&t, d, 1, 1));
+    t0 = now_ns();
+    publish_n(&t, 1, 2, 2, j);
+    cr_expect_eq(kvvm_sync(t.kv), 0);
+    uint64_t ms_pub = ms_since(t0);
+    cr_expect_leq(ms_att, 3 * tmo, "attach took %lu ms", (unsigned long)ms_att);
+    cr_expect_leq(ms_pub, 3 * tmo, "publish and sync took %lu ms", (unsigned long)ms_pub);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_geq(st.store_errors, 2, "store_errors %lu", (unsigned long)st.store_errors);
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    int got = 0;
+    for (int i = 0; i < 50 && got != 3; i++) {    /* the hung batch is reaped first */
+        kvvm_seq e = mk(&t);
+        got = kvvm_prefix_attach(t.kv, e, 1, k, 3);
+        if (got == 3)
+            cr_expect(same(&t, e, 3, 1));
+        cr_assert_eq(kvvm_seq_free(t.kv, e), 0);
+        if (got != 3)
+            usleep(20000);
+    }
+    cr_expect_eq(got, 3, "the store did not come back after the I/O completed");
+    tcheck(&t, "hung io");
     tclose(&t);
     rmdir_all(dir);
 }
