@@ -837,6 +837,71 @@ Test(index, random_publish_and_drop_against_a_model)
     tclose(&t);
 }
 
+/* What a failed publish must leave as it was: the stats, where the publisher is and its
+   bytes, and no entry of the keys it was given beyond those present before. */
+struct pub_snap {
+    struct kvvm_stats st;
+    struct th_place pl;
+};
+
+static void pub_snap(struct tctx *t, kvvm_seq s, struct pub_snap *p)
+{
+    memset(p, 0, sizeof *p);
+    tstats(t, &p->st);
+    th_places(t->kv, &s, 1, &p->pl);
+}
+
+/* After a publish of keys k[0..n) by s (lineage lin, nb blocks) failed: nothing changed, the
+   entries present before (the `present` leading keys of k) still there, no other. */
+static void pub_unchanged(struct tctx *t, kvvm_seq s, uint32_t lin, uint64_t nb,
+                          const struct pub_snap *before, const kvvm_key *k, size_t n,
+                          int present, const char *where)
+{
+    struct pub_snap now;
+    pub_snap(t, s, &now);
+    UCHK(!memcmp(&now.st, &before->st, sizeof now.st), "%s: the stats changed (entries %lu "
+         "-> %lu, device pages free %lu -> %lu)", where,
+         (unsigned long)before->st.prefix_entries, (unsigned long)now.st.prefix_entries,
+         (unsigned long)before->st.pages_device_free, (unsigned long)now.st.pages_device_free);
+    th_places_same(t->kv, &s, 1, &before->pl, where);
+    UCHK(kvvm_prefix_lookup(t->kv, 1, k, n, NULL) == present, "%s: entries after a failed "
+         "publish", where);
+    for (size_t b = (size_t)present; b < n; b++)
+        UCHK(kvvm_prefix_lookup(t->kv, 1, &k[b], 1, NULL) == 0, "%s: key %zu entered", where,
+             b);
+    UCHK(same(t, s, nb * T, lin), "%s: the publisher's bytes", where);
+    th_check(t->kv, where);
+}
+
+/* docs/api.md: -ENOMEM "no entry record could be had" (the index capped by the testing
+   door): the failed publish changes nothing; keys already present need no record (a
+   publish of those alone succeeds at the cap), and a publish within it succeeds. */
+Test(prefix, publish_without_a_record_is_enomem_and_changes_nothing)
+{
+    struct tctx t;
+    kvvm_key k[4];
+    struct pub_snap before;
+    open_t(&t, 2, 32, 0, 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, 4 * T, 3);
+    keys_of(3, 4, k);
+    cr_assert_geq(kvvm_testing_prefix_limits(t.kv, 3, 0), 0);
+    pub_snap(&t, s, &before);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), -ENOMEM, "4 entries past a cap of 3");
+    pub_unchanged(&t, s, 3, 4, &before, k, 4, 0, "empty index");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 2), 2);
+    pub_snap(&t, s, &before);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), -ENOMEM, "2 present + 2 past the cap");
+    pub_unchanged(&t, s, 3, 4, &before, k, 4, 2, "two entries");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 2), 0, "present keys need no record");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 3), 1, "the third record");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), -ENOMEM, "a fourth");
+    cr_assert_geq(kvvm_testing_prefix_limits(t.kv, 0, 0), 0);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), 1, "no cap: the fourth");
+    tcheck(&t, "after");
+    tclose(&t);
+}
+
 /* ---------------------------------------------------------------- fault sweeps */
 
 struct sw_arg {
@@ -924,3 +989,57 @@ Test(sweep, attach_device_entries_all_or_nothing)
     th_sweep_run(&s);
 }
 
+/* The allocation-failure sweep of publish (it makes no driver call: the driver sweep has
+   nothing to fail): each allocation of the index a publish makes (its page ids, record
+   growth, the slots' rebuild) failed in turn, each failing publish -ENOMEM and changing
+   nothing; the sweep ends at the first point past the publish's last allocation. Two
+   starting states: an empty index (its first records and slots), and one of 62 entries
+   whose publish of 2 present + 3 new keys grows the records (64 -> 128) and rebuilds the
+   slots (128 -> 256) with the entries in them. */
+static void publish_sweep(uint32_t have)
+{
+    unsigned failed = 0;
+    for (uint32_t at = 1;; at++) {
+        struct tctx t;
+        kvvm_key old[64], k[5];
+        struct pub_snap before;
+        char where[64];
+        snprintf(where, sizeof where, "%u entries, allocation %u failed", have, at);
+        open_t(&t, 1, 80, 0, 0);
+        kvvm_seq s = mk(&t);
+        fill(&t, s, 64 * T, 4);
+        keys_of(5, 64, old);
+        if (have)
+            cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, old, have), (int)have);
+        keys_of(4, 5, k);
+        if (have) {                     /* two present keys */
+            k[0] = old[0];
+            k[1] = old[1];
+        }
+        int want = have ? 3 : 5, present = have ? 2 : 0;
+        pub_snap(&t, s, &before);
+        cr_assert_geq(kvvm_testing_prefix_limits(t.kv, 0, at), 0);
+        int rc = kvvm_prefix_publish(t.kv, s, 1, k, 5);
+        long made = kvvm_testing_prefix_limits(t.kv, 0, 0);
+        if (rc == want) {
+            cr_assert_lt(made, (long)at, "%s: the publish succeeded through it", where);
+            tcheck(&t, where);
+            tclose(&t);
+            break;
+        }
+        cr_assert_eq(rc, -ENOMEM, "%s: publish returned %d", where, rc);
+        pub_unchanged(&t, s, 4, 64, &before, k, 5, present, where);
+        failed++;
+        tclose(&t);
+    }
+    printf("sweep publish (%u entries): %u allocations failed in turn, each publish -ENOMEM "
+           "and nothing changed\n", have, failed);
+    cr_assert_geq(failed, 5u, "the sweep reached every allocation of the index");
+}
+
+Test(sweep, publish_allocation_failures_change_nothing)
+{
+    TH_DEADLINE(300);
+    publish_sweep(0);
+    publish_sweep(62);
+}
