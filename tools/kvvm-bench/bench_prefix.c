@@ -206,7 +206,8 @@ static void quartiles(double *v, int n, double *p25, double *p75)
    keys in the same order. A trial is LK_ROUNDS rounds of short samples (a few passes over
    every key), each round running the three in a rotated order, so that none always runs in
    another's wake and a burst of load on the machine falls on all three alike; a trial's
-   figure per side is its mean over the rounds. Reports the medians over trials, the ratio of
+   figure per side is its median over the rounds (a round preempted on a loaded machine
+   does not move it). Reports the medians over trials, the ratio of
    the medians, and the 25th..75th percentile of the per-trial ratios. */
 static int lookup_rows(struct bench_ctx *b, kvvm *kv, const kvvm_key *keys,
                        const struct bare *m, int *bad)
@@ -216,19 +217,19 @@ static int lookup_rows(struct bench_ctx *b, kvvm *kv, const kvvm_key *keys,
     if (trials > LK_MAX_TRIALS)
         trials = LK_MAX_TRIALS;
     for (int i = 0; i < trials; i++) {
-        double sum[LK_N] = { 0 };
+        double u[LK_N][LK_ROUNDS];
         for (int r = 0; r < LK_ROUNDS; r++)
             for (int k = 0; k < LK_N; k++) {
                 int side = (r + k) % LK_N;
                 if (side == LK_LIB)
-                    sum[side] += lookup_ns(kv, keys, passes, bad);
+                    u[side][r] = lookup_ns(kv, keys, passes, bad);
                 else if (side == LK_BARE)
-                    sum[side] += bare_ns(m, keys, passes, bad);
+                    u[side][r] = bare_ns(m, keys, passes, bad);
                 else
-                    sum[side] += index_ns(kv, keys, passes, bad);
+                    u[side][r] = index_ns(kv, keys, passes, bad);
             }
         for (int k = 0; k < LK_N; k++)
-            t[k][i] = sum[k] / LK_ROUNDS;
+            t[k][i] = bench_median(u[k], LK_ROUNDS);
         rl[i] = t[LK_LIB][i] / t[LK_BARE][i];
         ri[i] = t[LK_INDEX][i] / t[LK_BARE][i];
     }
