@@ -6,10 +6,11 @@
  *  - records (48 bytes: key, namespace, chain links), dense, with a free list: a record never
  *    moves, so a parent link, a reclaim plan and a slot name it by its index. Their LRU ticks
  *    and pages are parallel arrays (a lookup writes only the tick: the records stay clean).
- * The keys are digests already: the home slot is the high bits of (the key's first word xor
- * the mixed namespace) times an odd constant, the namespace mixed once per call; the 32
- * bytes are never hashed. Slots are rebuilt (from the records) and records grown only in
- * publish, before anything changes (-ENOMEM then).
+ * The keys are digests already (docs/api.md: collision resistant, >= 128 bits): the hash is
+ * the key's first word xor the namespace mixed (once per call), its low bits the home slot
+ * and its high 32 the tag; the 32 bytes are never hashed, and a probe compares the first
+ * word, the namespace, then the other 24 bytes. Slots are rebuilt (from the records) and
+ * records grown only in publish, before anything changes (-ENOMEM then).
  */
 #include "prefix.h"
 
@@ -44,7 +45,7 @@ struct prefix {
     struct paging *pg;
     struct swap *sw;
     uint32_t nr;                 /* page ids per record (n_regions) */
-    uint32_t scap, mask, shift;  /* slots (a power of two, 0: none yet); 64 - log2(scap) */
+    uint32_t scap, mask;         /* slots (a power of two, 0: none yet); scap - 1 */
     struct pfx_slot *slot;       /* scap slots */
     uint32_t rcap, n_full;       /* records allocated (0, or >= PFX_MIN_CAP); in use */
     uint32_t free_head;          /* the free list through pfx_rec.parent, or PFX_NONE */
@@ -95,15 +96,21 @@ static inline uint64_t ns_mix(uint64_t ns)
     return h ^ (h >> 31);
 }
 
-/* Home slot: the high bits; tag: the low 32. */
+/* The key's first word (a digest's: uniform already) xor the namespace's share. Home slot:
+   the low bits; tag: the high 32. */
 static inline uint64_t key_hash(uint64_t k0, uint64_t nsm)
 {
-    return (k0 ^ nsm) * 0xD6E8FEB86659FD93ULL;
+    return k0 ^ nsm;
 }
 
 static inline uint32_t home_of(const struct prefix *pc, uint64_t h)
 {
-    return (uint32_t)(h >> pc->shift);
+    return (uint32_t)h & pc->mask;
+}
+
+static inline uint32_t tag_of(uint64_t h)
+{
+    return (uint32_t)(h >> 32);
 }
 
 static inline void key_load(const void *keys, size_t i, uint64_t k[4])
@@ -124,7 +131,7 @@ static inline uint32_t find_slot(const struct prefix *pc, const uint64_t k[4], u
     if (!pc->scap)
         return PFX_NONE;
     uint64_t h = key_hash(k[0], nsm);
-    for (uint32_t i = home_of(pc, h), tag = (uint32_t)h;; i = (i + 1) & pc->mask) {
+    for (uint32_t i = home_of(pc, h), tag = tag_of(h);; i = (i + 1) & pc->mask) {
         struct pfx_slot s = pc->slot[i];
         if (s.rec == PFX_NONE)
             return PFX_NONE;
@@ -148,7 +155,7 @@ static void slot_insert(struct prefix *pc, uint32_t r)
     uint32_t i = home_of(pc, h);
     while (pc->slot[i].rec != PFX_NONE)
         i = (i + 1) & pc->mask;
-    pc->slot[i] = (struct pfx_slot){ (uint32_t)h, r };
+    pc->slot[i] = (struct pfx_slot){ tag_of(h), r };
 }
 
 /* Empties slot i, shifting back the slots after it that may move (linear probing's
@@ -178,7 +185,6 @@ static int slots_rebuild(struct prefix *pc, uint32_t scap)
     pc->slot = slot;
     pc->scap = scap;
     pc->mask = scap - 1;
-    pc->shift = 64u - (uint32_t)__builtin_ctz(scap);
     for (uint32_t r = 0; r < pc->rcap; r++)
         if (pc->tick[r] != TICK_FREE)
             slot_insert(pc, r);
@@ -326,17 +332,20 @@ static size_t lookup_run(const struct prefix *pc, uint64_t ns, uint64_t nsm, con
 {
     const struct pfx_slot *slot = pc->slot;
     const struct pfx_rec *rec = pc->rec;
-    uint32_t mask = pc->mask, shift = pc->shift;
-    for (size_t b = 0; b < n; b++) {
-        uint64_t k[4];
-        key_load(keys, b, k);
-        uint64_t hh = key_hash(k[0], nsm);
-        uint32_t i = (uint32_t)(hh >> shift), tag = (uint32_t)hh;
+    uint32_t mask = pc->mask;
+    const uint8_t *kp = keys;
+    for (size_t b = 0; b < n; b++, kp += PREFIX_KEY_BYTES) {
+        uint64_t k0;
+        memcpy(&k0, kp, sizeof k0);
+        uint64_t hh = key_hash(k0, nsm);
+        uint32_t i = (uint32_t)hh & mask, tag = tag_of(hh);
         for (;; i = (i + 1) & mask) {
             struct pfx_slot s = slot[i];
             if (s.rec == PFX_NONE)
                 return b;
-            if (s.tag == tag && rec_is(&rec[s.rec], k, ns)) {
+            const struct pfx_rec *r = &rec[s.rec];
+            if (s.tag == tag && r->key[0] == k0 && r->ns == ns &&
+                !memcmp(&r->key[1], kp + 8, PREFIX_KEY_BYTES - 8)) {
                 recs[b] = s.rec;
                 break;
             }
@@ -616,7 +625,7 @@ static int check_slots(struct prefix *pc, char *why, size_t len)
         if (s.rec >= pc->rcap || pc->tick[s.rec] == TICK_FREE)
             return ck_fail(why, len, "prefix slot %u names record %u, not an entry", i, s.rec);
         const struct pfx_rec *r = &pc->rec[s.rec];
-        if (s.tag != (uint32_t)key_hash(r->key[0], ns_mix(r->ns)) ||
+        if (s.tag != tag_of(key_hash(r->key[0], ns_mix(r->ns))) ||
             find_slot(pc, r->key, r->ns, ns_mix(r->ns)) != i)
             return ck_fail(why, len, "prefix slot %u (record %u) is not found by its key", i,
                            s.rec);
