@@ -283,7 +283,7 @@ int bench_prefix(struct bench_ctx *b)
         uint64_t entries = 0, bytes = 0;
         rc = kvvm_testing_prefix_memory(kv, &entries, &bytes);
         if (!rc && entries)
-            bench_report(b, G, "index bytes per entry (records + page ids, at its load)",
+            bench_report(b, G, "index bytes per entry (slots, records, ticks, page ids)",
                          (double)bytes / (double)entries, 0, NULL, "B", 1);
     }
     kvvm_close(kv);
