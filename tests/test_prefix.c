@@ -829,9 +829,21 @@ Test(index, random_publish_and_drop_against_a_model)
             memset(m[ns][lin], 1, sizeof m[ns][lin]);
         }
     md_verify(&t, m, k, "full", 1500);
+    /* lookups past one run of 64 probes, with where: all the keys of a namespace at once */
+    uint8_t w[MD_LIN * MD_NB];
+    const kvvm_key *all = &k[0][0];
+    memset(w, 0, sizeof w);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 2, all, MD_LIN * MD_NB, w), MD_LIN * MD_NB);
+    for (int b = 0; b < MD_LIN * MD_NB; b++)
+        cr_assert_eq(w[b], KVVM_TIER_DEVICE, "where[%d]", b);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 2, &k[2][3], 1), 1);      /* key 131 */
+    memset(w, 0, sizeof w);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 2, all, MD_LIN * MD_NB, w), 2 * MD_NB + 3);
+    cr_assert(w[2 * MD_NB + 2] == KVVM_TIER_DEVICE && w[2 * MD_NB + 3] == 0);
+    m[1][2][3] = false;
     struct kvvm_stats st;
     tstats(&t, &st);
-    cr_assert_eq(st.prefix_entries, MD_NS * MD_LIN * MD_NB);
+    cr_assert_eq(st.prefix_entries, MD_NS * MD_LIN * MD_NB - 1);
     for (int lin = 0; lin < MD_LIN; lin++)
         cr_assert(same(&t, s[lin], (uint64_t)MD_NB * T, (uint32_t)lin + 1));
     tclose(&t);
