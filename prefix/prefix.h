@@ -49,7 +49,7 @@ struct prefix_counters {
     uint64_t lookups;            /* lookup and attach calls (prefix_lookup with count) */
     uint64_t hit_blocks;         /* blocks they found */
     uint64_t evictions;          /* entries reclaimed (dropped or demoted by a plan) */
-    uint64_t bytes;              /* the index's memory: records and their page ids */
+    uint64_t bytes;              /* the index's memory: slots, records, ticks, page ids */
 };
 
 struct prefix;
