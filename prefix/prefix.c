@@ -1,11 +1,16 @@
 /*
- * prefix/prefix.c: the prefix index (contract in prefix.h). Records of 48 bytes (key,
- * namespace, LRU tick: what a lookup reads and writes) in an open-addressed table (linear
- * probing, tombstones, rebuilt in publish when live records and tombstones pass half the
- * capacity); each record's chain links and pages in parallel arrays (cold: publish, drop
- * and reclaim use them). Records never move between rebuilds, so a parent link is
- * a record index (a rebuild maps them). The keys are digests already: the home slot comes
- * from their first words mixed with the namespace, no hashing of the 32 bytes.
+ * prefix/prefix.c: the prefix index (contract in prefix.h). Two arrays:
+ *  - slots (8 bytes: a 32-bit tag of the hash and a record index), open addressing with
+ *    linear probing at load <= 1/2, deletion by backward shift (no tombstones): a probe reads
+ *    this small array and touches a record only where the tag matches;
+ *  - records (48 bytes: key, namespace, chain links), dense, with a free list: a record never
+ *    moves, so a parent link, a reclaim plan and a slot name it by its index. Their LRU ticks
+ *    and pages are parallel arrays (a lookup writes only the tick: the records stay clean).
+ * The keys are digests already (docs/api.md: collision resistant, >= 128 bits): the hash is
+ * the key's first word xor the namespace mixed (once per call), its low bits the home slot
+ * and its high 32 the tag; the 32 bytes are never hashed, and a probe compares the first
+ * word, the namespace, then the other 24 bytes. Slots are rebuilt (from the records) and
+ * records grown only in publish, before anything changes (-ENOMEM then).
  */
 #include "prefix.h"
 
@@ -17,53 +22,95 @@
 
 #define PFX_NONE UINT32_MAX
 #define PFX_MIN_CAP 64u
+#define PFX_MAX_RECS (1u << 30)
 #define PLAN_DEMOTE (1u << 31)   /* a plan's record demoted, not dropped (records < 2^30) */
 
-/* What a lookup reads and writes, and nothing else: 48 bytes (the cold chain links are in
-   a parallel array), so the table is as small as a bare map's. */
+struct pfx_slot {
+    uint32_t tag;                /* the low 32 bits of the record's hash (probe filter) */
+    uint32_t rec;                /* its record, or PFX_NONE: an empty slot */
+};
+
+/* What a hit compares (key and namespace) and the cold chain links: 48 bytes. */
 struct pfx_rec {
     uint64_t key[4];             /* the digest (zero-padded by the engine) */
     uint64_t ns;
-    uint64_t tick;               /* pc->clock at its last lookup or attach (its publish);
-                                    TICK_EMPTY: a free record, TICK_TOMB: a removed one */
-};
-_Static_assert(sizeof(struct pfx_rec) == 48, "a record is 48 bytes");
-#define TICK_EMPTY 0u
-#define TICK_TOMB UINT64_MAX     /* (the clock starts at 1 and never gets there) */
-
-struct pfx_link {
-    uint32_t parent;             /* record of its predecessor in its chain, or PFX_NONE */
+    uint32_t parent;             /* record of its predecessor in its chain, or PFX_NONE;
+                                    a free record: the next free one (PFX_NONE: the last) */
     uint32_t children;           /* records naming it as parent */
 };
-
-static inline bool rec_full(const struct pfx_rec *r)
-{
-    return r->tick != TICK_EMPTY && r->tick != TICK_TOMB;
-}
+_Static_assert(sizeof(struct pfx_rec) == 48, "a record is 48 bytes");
+#define TICK_FREE 0u             /* tick of a free record (the clock starts at 1) */
 
 struct prefix {
     struct paging *pg;
     struct swap *sw;
     uint32_t nr;                 /* page ids per record (n_regions) */
-    uint32_t cap, mask;          /* records (a power of two; 0: no table yet) */
-    uint32_t n_full, n_tomb;
-    struct pfx_rec *rec;         /* cap records */
-    struct pfx_link *link;       /* cap chain links, record i's at i */
-    pg_page_id *pages;           /* cap * nr: record i's pages at i * nr, region order */
+    uint32_t scap, mask;         /* slots (a power of two, 0: none yet); scap - 1 */
+    struct pfx_slot *slot;       /* scap slots */
+    uint32_t rcap, n_full;       /* records allocated (0, or >= PFX_MIN_CAP); in use */
+    uint32_t free_head;          /* the free list through pfx_rec.parent, or PFX_NONE */
+    struct pfx_rec *rec;         /* rcap records */
+    uint64_t *tick;              /* rcap: pc->clock at record i's last lookup or attach (its
+                                    publish); TICK_FREE: a free record */
+    pg_page_id *pages;           /* rcap * nr: record i's pages at i * nr, region order */
     uint64_t clock;              /* lookups and publishes so far (the LRU clock) */
     struct prefix_counters c;
     uint32_t *plan;              /* records a reclaim plan drops, in order (n_plan) */
     uint32_t n_plan;
+    /* tests (prefix_test_limits): records never grow past max_recs (0: no cap); the
+       fail_at-th allocation of the index (publish's) from the arming on fails (0: none);
+       n_allocs counts them from the arming on */
+    uint32_t max_recs, fail_at, n_allocs;
 };
 
-/* ---- the table ---------------------------------------------------------------------- */
+/* ---- allocation (the tests' injection point) ------------------------------------------- */
 
-static inline uint64_t rec_hash(const uint64_t k[4], uint64_t ns)
+static bool alloc_fails(struct prefix *pc)
 {
-    uint64_t h = k[0] ^ (k[1] * 0x9E3779B97F4A7C15ULL) ^ (ns * 0xC2B2AE3D27D4EB4FULL);
-    h ^= h >> 31;
-    h *= 0xBF58476D1CE4E5B9ULL;
-    return h ^ (h >> 29);
+    return ++pc->n_allocs == pc->fail_at && pc->fail_at;
+}
+
+static void *pfx_calloc(struct prefix *pc, size_t n, size_t size)
+{
+    return alloc_fails(pc) ? NULL : calloc(n, size);
+}
+
+/* realloc of *p to n elements of size (*p unchanged on failure). -ENOMEM. */
+static int pfx_grow(struct prefix *pc, void *p, size_t n, size_t size)
+{
+    void *q = alloc_fails(pc) ? NULL : realloc(*(void **)p, n * size);
+    if (!q)
+        return -ENOMEM;
+    *(void **)p = q;
+    return 0;
+}
+
+/* ---- the slots -------------------------------------------------------------------------- */
+
+/* The namespace's share of the hash, once per call (splitmix64's finalizer). */
+static inline uint64_t ns_mix(uint64_t ns)
+{
+    uint64_t h = ns + 0x9E3779B97F4A7C15ULL;
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBULL;
+    return h ^ (h >> 31);
+}
+
+/* The key's first word (a digest's: uniform already) xor the namespace's share. Home slot:
+   the low bits; tag: the high 32. */
+static inline uint64_t key_hash(uint64_t k0, uint64_t nsm)
+{
+    return k0 ^ nsm;
+}
+
+static inline uint32_t home_of(const struct prefix *pc, uint64_t h)
+{
+    return (uint32_t)h & pc->mask;
+}
+
+static inline uint32_t tag_of(uint64_t h)
+{
+    return (uint32_t)(h >> 32);
 }
 
 static inline void key_load(const void *keys, size_t i, uint64_t k[4])
@@ -71,149 +118,203 @@ static inline void key_load(const void *keys, size_t i, uint64_t k[4])
     memcpy(k, (const uint8_t *)keys + i * PREFIX_KEY_BYTES, PREFIX_KEY_BYTES);
 }
 
-/* The record of (k, ns), or PFX_NONE. */
-static inline uint32_t find(const struct prefix *pc, const uint64_t k[4], uint64_t ns)
+static inline bool rec_is(const struct pfx_rec *r, const uint64_t k[4], uint64_t ns)
 {
-    if (!pc->cap)
+    return r->key[0] == k[0] && r->key[1] == k[1] && r->ns == ns && r->key[2] == k[2] &&
+           r->key[3] == k[3];
+}
+
+/* The slot of (k, ns), nsm = ns_mix(ns), or PFX_NONE. */
+static inline uint32_t find_slot(const struct prefix *pc, const uint64_t k[4], uint64_t ns,
+                                 uint64_t nsm)
+{
+    if (!pc->scap)
         return PFX_NONE;
-    for (uint32_t i = (uint32_t)rec_hash(k, ns) & pc->mask;; i = (i + 1) & pc->mask) {
-        const struct pfx_rec *r = &pc->rec[i];
-        if (r->tick == TICK_EMPTY)
+    uint64_t h = key_hash(k[0], nsm);
+    for (uint32_t i = home_of(pc, h), tag = tag_of(h);; i = (i + 1) & pc->mask) {
+        struct pfx_slot s = pc->slot[i];
+        if (s.rec == PFX_NONE)
             return PFX_NONE;
-        if (r->key[0] == k[0] && r->key[1] == k[1] && r->ns == ns && r->key[2] == k[2] &&
-            r->key[3] == k[3] && r->tick != TICK_TOMB)
+        if (s.tag == tag && rec_is(&pc->rec[s.rec], k, ns))
             return i;
     }
 }
 
-/* A free record for (k, ns), known absent: the first tombstone or empty one of its probe. */
-static uint32_t free_slot(struct prefix *pc, const uint64_t k[4], uint64_t ns)
+/* The record of (k, ns), or PFX_NONE. */
+static inline uint32_t find(const struct prefix *pc, const uint64_t k[4], uint64_t ns,
+                            uint64_t nsm)
 {
-    uint32_t i = (uint32_t)rec_hash(k, ns) & pc->mask;
-    while (rec_full(&pc->rec[i]))
-        i = (i + 1) & pc->mask;
-    return i;
+    uint32_t i = find_slot(pc, k, ns, nsm);
+    return i == PFX_NONE ? PFX_NONE : pc->slot[i].rec;
 }
 
-/* Rebuilds the table with cap records (every live one moved, links mapped). -ENOMEM. */
-static int rebuild(struct prefix *pc, uint32_t cap)
+/* Enters record r (absent) in the first empty slot of its probe. */
+static void slot_insert(struct prefix *pc, uint32_t r)
 {
-    struct pfx_rec *rec = calloc(cap, sizeof *rec);
-    struct pfx_link *link = calloc(cap, sizeof *link);
-    pg_page_id *pages = calloc((size_t)cap * pc->nr, sizeof *pages);
-    uint32_t *map = malloc((pc->cap ? pc->cap : 1) * sizeof *map);
-    if (!rec || !link || !pages || !map) {
-        free(rec);
-        free(link);
-        free(pages);
-        free(map);
+    uint64_t h = key_hash(pc->rec[r].key[0], ns_mix(pc->rec[r].ns));
+    uint32_t i = home_of(pc, h);
+    while (pc->slot[i].rec != PFX_NONE)
+        i = (i + 1) & pc->mask;
+    pc->slot[i] = (struct pfx_slot){ tag_of(h), r };
+}
+
+/* Empties slot i, shifting back the slots after it that may move (linear probing's
+   deletion: every record stays reachable from its home without tombstones). */
+static void slot_delete(struct prefix *pc, uint32_t i)
+{
+    for (uint32_t j = (i + 1) & pc->mask; pc->slot[j].rec != PFX_NONE; j = (j + 1) & pc->mask) {
+        const struct pfx_rec *r = &pc->rec[pc->slot[j].rec];
+        uint32_t home = home_of(pc, key_hash(r->key[0], ns_mix(r->ns)));
+        if (((j - home) & pc->mask) >= ((j - i) & pc->mask)) {   /* home not in (i, j] */
+            pc->slot[i] = pc->slot[j];
+            i = j;
+        }
+    }
+    pc->slot[i].rec = PFX_NONE;
+}
+
+/* New slots for scap (a power of two) records, filled from the records. -ENOMEM. */
+static int slots_rebuild(struct prefix *pc, uint32_t scap)
+{
+    struct pfx_slot *slot = pfx_calloc(pc, scap, sizeof *slot);
+    if (!slot)
         return -ENOMEM;
-    }
-    struct prefix old = *pc;
-    pc->rec = rec;
-    pc->link = link;
-    pc->pages = pages;
-    pc->cap = cap;
-    pc->mask = cap - 1;
-    pc->n_tomb = 0;
-    for (uint32_t i = 0; i < old.cap; i++) {
-        map[i] = PFX_NONE;
-        if (!rec_full(&old.rec[i]))
-            continue;
-        uint32_t j = free_slot(pc, old.rec[i].key, old.rec[i].ns);
-        rec[j] = old.rec[i];
-        link[j] = old.link[i];
-        memcpy(&pages[(size_t)j * pc->nr], &old.pages[(size_t)i * pc->nr],
-               pc->nr * sizeof *pages);
-        map[i] = j;
-    }
-    for (uint32_t j = 0; j < cap; j++)
-        if (rec_full(&rec[j]) && link[j].parent != PFX_NONE)
-            link[j].parent = map[link[j].parent];
-    free(old.rec);
-    free(old.link);
-    free(old.pages);
-    free(map);
+    for (uint32_t i = 0; i < scap; i++)
+        slot[i].rec = PFX_NONE;
+    free(pc->slot);
+    pc->slot = slot;
+    pc->scap = scap;
+    pc->mask = scap - 1;
+    for (uint32_t r = 0; r < pc->rcap; r++)
+        if (pc->tick[r] != TICK_FREE)
+            slot_insert(pc, r);
     return 0;
 }
 
-/* Room for `extra` more records at load <= 1/2 (tombstones counted). -ENOMEM. */
+/* ---- the records ------------------------------------------------------------------------ */
+
+/* rcap grown to cap records (the new ones free). -ENOMEM: rcap as it was (an array that did
+   grow keeps its size: the next growth reuses it). */
+static int recs_grow(struct prefix *pc, uint32_t cap)
+{
+    if (pfx_grow(pc, &pc->rec, cap, sizeof *pc->rec) ||
+        pfx_grow(pc, &pc->tick, cap, sizeof *pc->tick) ||
+        pfx_grow(pc, &pc->pages, (size_t)cap * pc->nr, sizeof *pc->pages))
+        return -ENOMEM;
+    for (uint32_t r = cap; r-- > pc->rcap;) {
+        pc->tick[r] = TICK_FREE;
+        pc->rec[r].parent = pc->free_head;
+        pc->free_head = r;
+    }
+    pc->rcap = cap;
+    return 0;
+}
+
+/* Room for `extra` more records: free records, and slots at load <= 1/2. -ENOMEM (also past
+   the tests' cap). Changes no entry. */
 static int reserve(struct prefix *pc, size_t extra)
 {
-    uint64_t used = (uint64_t)pc->n_full + pc->n_tomb + extra;
-    if (pc->cap && used * 2 <= pc->cap)
-        return 0;
     uint64_t live = (uint64_t)pc->n_full + extra, cap = PFX_MIN_CAP;
-    while (live * 2 > cap)              /* at most half full after the rebuild */
-        cap *= 2;
-    if (cap > (1u << 30))
+    if (live > PFX_MAX_RECS || (pc->max_recs && live > pc->max_recs))
         return -ENOMEM;
-    return rebuild(pc, (uint32_t)cap);
+    if (live > pc->rcap) {
+        while (cap < live)
+            cap *= 2;
+        if (pc->max_recs && cap > pc->max_recs)
+            cap = pc->max_recs;
+        int rc = recs_grow(pc, (uint32_t)cap);
+        if (rc)
+            return rc;
+    }
+    if (pc->scap && live * 2 <= pc->scap)
+        return 0;
+    for (cap = PFX_MIN_CAP; live * 2 > cap;)
+        cap *= 2;
+    return slots_rebuild(pc, (uint32_t)cap);
+}
+
+/* Takes a free record (reserve made one) for (k, ns), published at tick under parent. */
+static uint32_t rec_take(struct prefix *pc, const uint64_t k[4], uint64_t ns, uint64_t tick,
+                         uint32_t parent)
+{
+    uint32_t r = pc->free_head;
+    pc->free_head = pc->rec[r].parent;
+    pc->rec[r] = (struct pfx_rec){ .key = { k[0], k[1], k[2], k[3] }, .ns = ns,
+                                   .parent = parent, .children = 0 };
+    pc->tick[r] = tick;
+    pc->n_full++;
+    slot_insert(pc, r);
+    return r;
 }
 
 /* Removes record i: its pages to their other holders (or freed). scan: relink its
    children, if any (none in a plan's leaves-first order or a namespace's whole drop). */
 static void rec_remove(struct prefix *pc, uint32_t i, bool scan)
 {
-    struct pfx_link *l = &pc->link[i];
+    struct pfx_rec *r = &pc->rec[i];
+    uint64_t k[4] = { r->key[0], r->key[1], r->key[2], r->key[3] };
+    slot_delete(pc, find_slot(pc, k, r->ns, ns_mix(r->ns)));
     paging_unhold(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr);
-    if (l->parent != PFX_NONE && rec_full(&pc->rec[l->parent]))
-        pc->link[l->parent].children--;
-    for (uint32_t j = 0; scan && l->children && j < pc->cap; j++)
-        if (rec_full(&pc->rec[j]) && pc->link[j].parent == i) {
-            pc->link[j].parent = PFX_NONE;  /* a chain's head now */
-            l->children--;
+    if (r->parent != PFX_NONE && pc->tick[r->parent] != TICK_FREE)   /* (a whole drop) */
+        pc->rec[r->parent].children--;
+    for (uint32_t j = 0; scan && r->children && j < pc->rcap; j++)
+        if (pc->tick[j] != TICK_FREE && pc->rec[j].parent == i) {
+            pc->rec[j].parent = PFX_NONE;   /* a chain's head now */
+            r->children--;
         }
-    pc->rec[i].tick = TICK_TOMB;
-    *l = (struct pfx_link){ PFX_NONE, 0 };
+    pc->tick[i] = TICK_FREE;
+    r->parent = pc->free_head;
+    r->children = 0;
+    pc->free_head = i;
     pc->n_full--;
-    pc->n_tomb++;
-    /* a tombstone run ending in an empty record is empty itself: probes stop there anyway */
-    for (uint32_t j = i; pc->rec[j].tick == TICK_TOMB &&
-                         pc->rec[(j + 1) & pc->mask].tick == TICK_EMPTY;
-         j = (j - 1) & pc->mask) {
-        pc->rec[j].tick = TICK_EMPTY;
-        pc->n_tomb--;
-    }
 }
 
 /* ---- the calls ---------------------------------------------------------------------- */
+
+/* Keys of keys[0..n) not in ns (a key twice counted twice): the records a publish takes at
+   most. */
+static size_t absent(const struct prefix *pc, uint64_t ns, const void *keys, size_t n)
+{
+    uint64_t nsm = ns_mix(ns);
+    size_t a = 0;
+    for (size_t b = 0; b < n; b++) {
+        uint64_t k[4];
+        key_load(keys, b, k);
+        a += find_slot(pc, k, ns, nsm) == PFX_NONE;
+    }
+    return a;
+}
 
 int prefix_publish(struct prefix *pc, uint64_t h, uint64_t ns, const void *keys, size_t n)
 {
     struct paging *pg = pc->pg;
     if (n > UINT32_MAX)
         return -EINVAL;
-    pg_page_id *ids = malloc((n ? n : 1) * pc->nr * sizeof *ids);
+    pg_page_id *ids = pfx_calloc(pc, (n ? n : 1) * pc->nr, sizeof *ids);
     if (!ids)
         return -ENOMEM;
     int rc = paging_seq_blocks(pg, h, (uint32_t)n, ids);   /* checks h and the blocks */
     if (!rc)
-        rc = reserve(pc, n);
+        rc = reserve(pc, absent(pc, ns, keys, n));
     if (rc) {
         free(ids);
         return rc;
     }
     /* commit: nothing below fails */
-    uint64_t tick = ++pc->clock;
+    uint64_t tick = ++pc->clock, nsm = ns_mix(ns);
     uint32_t prev = PFX_NONE;
     int added = 0;
     for (size_t b = 0; b < n; b++) {
         uint64_t k[4];
         key_load(keys, b, k);
-        uint32_t i = find(pc, k, ns);
+        uint32_t i = find(pc, k, ns, nsm);
         if (i == PFX_NONE) {            /* a key present keeps its entry (and s its pages) */
-            i = free_slot(pc, k, ns);
-            pc->n_tomb -= pc->rec[i].tick == TICK_TOMB;
-            pc->rec[i] = (struct pfx_rec){ .key = { k[0], k[1], k[2], k[3] }, .ns = ns,
-                                           .tick = tick };
-            pc->link[i] = (struct pfx_link){ .parent = prev, .children = 0 };
+            i = rec_take(pc, k, ns, tick, prev);
             pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
             memcpy(p, &ids[b * pc->nr], pc->nr * sizeof *p);
             paging_hold(pg, p, pc->nr);
             if (prev != PFX_NONE)
-                pc->link[prev].children++;
-            pc->n_full++;
+                pc->rec[prev].children++;
             added++;
         }
         prev = i;
@@ -222,29 +323,65 @@ int prefix_publish(struct prefix *pc, uint64_t h, uint64_t ns, const void *keys,
     return added;
 }
 
+/* The hot loop of a lookup: the leading keys of keys[0..n) present (n <= LOOKUP_RUN), their
+   records in recs. Reads only: the ticks are written after the probes (a store into the
+   ticks between the dependent loads of the probes costs more than a second pass). */
+#define LOOKUP_RUN 64
+static size_t lookup_run(const struct prefix *pc, uint64_t ns, uint64_t nsm, const void *keys,
+                         size_t n, uint32_t *recs)
+{
+    const struct pfx_slot *slot = pc->slot;
+    const struct pfx_rec *rec = pc->rec;
+    uint32_t mask = pc->mask;
+    const uint8_t *kp = keys;
+    for (size_t b = 0; b < n; b++, kp += PREFIX_KEY_BYTES) {
+        uint64_t k0;
+        memcpy(&k0, kp, sizeof k0);
+        uint64_t hh = key_hash(k0, nsm);
+        uint32_t i = (uint32_t)hh & mask, tag = tag_of(hh);
+        for (;; i = (i + 1) & mask) {
+            struct pfx_slot s = slot[i];
+            if (s.rec == PFX_NONE)
+                return b;
+            const struct pfx_rec *r = &rec[s.rec];
+            if (s.tag == tag && r->key[0] == k0 && r->ns == ns &&
+                !memcmp(&r->key[1], kp + 8, PREFIX_KEY_BYTES - 8)) {
+                recs[b] = s.rec;
+                break;
+            }
+        }
+    }
+    return n;
+}
+
 size_t prefix_lookup(struct prefix *pc, uint64_t ns, const void *keys, size_t n,
                      uint8_t *where, pg_page_id *ids, bool count)
 {
-    uint64_t tick = ++pc->clock;
-    size_t b;
-    for (b = 0; b < n; b++) {
-        uint64_t k[4];
-        key_load(keys, b, k);
-        uint32_t i = find(pc, k, ns);
-        if (i == PFX_NONE)
-            break;
-        pc->rec[i].tick = tick;
-        const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
-        if (where) {
-            uint8_t w = 0;
-            for (uint32_t r = 0; r < pc->nr; r++) {
-                uint8_t t = paging_page_where(pc->pg, p[r]);
-                w = t > w ? t : w;
+    uint64_t tick = ++pc->clock, nsm = ns_mix(ns);
+    uint32_t recs[LOOKUP_RUN];
+    size_t b = 0;
+    while (pc->scap && b < n) {
+        size_t m = n - b < LOOKUP_RUN ? n - b : LOOKUP_RUN;
+        size_t got = lookup_run(pc, ns, nsm, (const uint8_t *)keys + b * PREFIX_KEY_BYTES, m,
+                                recs);
+        for (size_t j = 0; j < got; j++)
+            pc->tick[recs[j]] = tick;
+        for (size_t j = 0; (where || ids) && j < got; j++) {
+            const pg_page_id *p = &pc->pages[(size_t)recs[j] * pc->nr];
+            if (where) {
+                uint8_t w = 0;
+                for (uint32_t r = 0; r < pc->nr; r++) {
+                    uint8_t t = paging_page_where(pc->pg, p[r]);
+                    w = t > w ? t : w;
+                }
+                where[b + j] = w;
             }
-            where[b] = w;
+            if (ids)
+                memcpy(&ids[(b + j) * pc->nr], p, pc->nr * sizeof *p);
         }
-        if (ids)
-            memcpy(&ids[b * pc->nr], p, pc->nr * sizeof *p);
+        b += got;
+        if (got < m)
+            break;
     }
     if (count) {
         pc->c.lookups++;
@@ -263,17 +400,18 @@ size_t prefix_drop(struct prefix *pc, uint64_t ns, const void *keys, size_t n)
 {
     size_t removed = 0;
     if (!keys) {                        /* every entry of ns: its chains go whole */
-        for (uint32_t i = 0; i < pc->cap; i++)
-            if (rec_full(&pc->rec[i]) && pc->rec[i].ns == ns) {
+        for (uint32_t i = 0; i < pc->rcap; i++)
+            if (pc->tick[i] != TICK_FREE && pc->rec[i].ns == ns) {
                 rec_remove(pc, i, false);
                 removed++;
             }
         return removed;
     }
+    uint64_t nsm = ns_mix(ns);
     for (size_t b = 0; b < n; b++) {
         uint64_t k[4];
         key_load(keys, b, k);
-        uint32_t i = find(pc, k, ns);
+        uint32_t i = find(pc, k, ns, nsm);
         if (i != PFX_NONE) {
             rec_remove(pc, i, true);
             removed++;
@@ -286,10 +424,19 @@ void prefix_counters(const struct prefix *pc, struct prefix_counters *out)
 {
     *out = pc->c;
     out->entries = pc->n_full;
-    out->bytes = (uint64_t)pc->cap * (sizeof *pc->rec + sizeof *pc->link +
-                                      pc->nr * sizeof *pc->pages);
+    out->bytes = (uint64_t)pc->scap * sizeof *pc->slot +
+                 (uint64_t)pc->rcap * (sizeof *pc->rec + sizeof *pc->tick +
+                                       pc->nr * sizeof *pc->pages);
 }
 
+uint32_t prefix_test_limits(struct prefix *pc, uint32_t max_records, uint32_t fail_alloc_at)
+{
+    uint32_t made = pc->n_allocs;
+    pc->max_recs = max_records;
+    pc->fail_at = fail_alloc_at;
+    pc->n_allocs = 0;
+    return made;
+}
 /* ---- reclaim (swap_cache_ops) --------------------------------------------------------- */
 
 /* Whether only entries hold record i's pages (no sequence, release or transfer). */
@@ -306,7 +453,7 @@ static bool reclaimable(struct prefix *pc, uint32_t i)
 static void heap_push(const struct prefix *pc, uint32_t *h, uint32_t *n, uint32_t i)
 {
     uint32_t k = (*n)++;
-    while (k && pc->rec[h[(k - 1) / 2]].tick > pc->rec[i].tick) {
+    while (k && pc->tick[h[(k - 1) / 2]] > pc->tick[i]) {
         h[k] = h[(k - 1) / 2];
         k = (k - 1) / 2;
     }
@@ -320,9 +467,9 @@ static uint32_t heap_pop(const struct prefix *pc, uint32_t *h, uint32_t *n)
         uint32_t c = 2 * k + 1;
         if (c >= *n)
             break;
-        if (c + 1 < *n && pc->rec[h[c + 1]].tick < pc->rec[h[c]].tick)
+        if (c + 1 < *n && pc->tick[h[c + 1]] < pc->tick[h[c]])
             c++;
-        if (pc->rec[h[c]].tick >= pc->rec[last].tick)
+        if (pc->tick[h[c]] >= pc->tick[last])
             break;
         h[k] = h[c];
         k = c;
@@ -347,19 +494,19 @@ static uint32_t cache_plan(void *arg, uint32_t want)
     cache_forget(pc);
     if (!pc->n_full)
         return 0;
-    uint32_t *rem = malloc(pc->cap * sizeof *rem), *heap = malloc(pc->cap * sizeof *heap);
-    uint8_t *cand = calloc(pc->cap, 1);
-    pc->plan = malloc(pc->cap * sizeof *pc->plan);
+    uint32_t *rem = malloc(pc->rcap * sizeof *rem), *heap = malloc(pc->rcap * sizeof *heap);
+    uint8_t *cand = calloc(pc->rcap, 1);
+    pc->plan = malloc(pc->rcap * sizeof *pc->plan);
     uint32_t nh = 0, frees = 0;
     if (!rem || !heap || !cand || !pc->plan) {
         free(pc->plan);                 /* no plan: reclaim goes on without the cache */
         pc->plan = NULL;
         goto out;
     }
-    for (uint32_t i = 0; i < pc->cap; i++) {
-        if (!rec_full(&pc->rec[i]))
+    for (uint32_t i = 0; i < pc->rcap; i++) {
+        if (pc->tick[i] == TICK_FREE)
             continue;
-        rem[i] = pc->link[i].children;
+        rem[i] = pc->rec[i].children;
         cand[i] = reclaimable(pc, i);
         if (cand[i] && !rem[i])
             heap_push(pc, heap, &nh, i);
@@ -368,7 +515,7 @@ static uint32_t cache_plan(void *arg, uint32_t want)
         uint32_t i = heap_pop(pc, heap, &nh);
         frees += paging_plan_pages(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr, 1);
         pc->plan[pc->n_plan++] = i;
-        uint32_t p = pc->link[i].parent;
+        uint32_t p = pc->rec[i].parent;
         if (p != PFX_NONE && !--rem[p] && cand[p])
             heap_push(pc, heap, &nh, p);
     }
@@ -428,6 +575,7 @@ int prefix_create(struct paging *pg, struct swap *sw, struct prefix **out)
     pc->pg = pg;
     pc->sw = sw;
     pc->nr = pp.n_regions;
+    pc->free_head = PFX_NONE;
     if (sw)
         swap_set_cache(sw, &(struct swap_cache_ops){ pc, cache_plan, cache_demote,
                                                      cache_act, cache_forget });
@@ -439,12 +587,13 @@ void prefix_destroy(struct prefix *pc)
 {
     if (!pc)
         return;
-    for (uint32_t i = 0; i < pc->cap; i++)
-        if (rec_full(&pc->rec[i]))
+    for (uint32_t i = 0; i < pc->rcap; i++)
+        if (pc->tick[i] != TICK_FREE)
             paging_unhold(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr);
     cache_forget(pc);
+    free(pc->slot);
     free(pc->rec);
-    free(pc->link);
+    free(pc->tick);
     free(pc->pages);
     free(pc);
 }
@@ -463,27 +612,53 @@ static int ck_fail(char *why, size_t len, const char *fmt, uint32_t a, uint32_t 
     return -EUCLEAN;
 }
 
+/* The slots: each names a record in use whose tag it carries, found by its key; as many as
+   records in use, at load <= 1/2. */
+static int check_slots(struct prefix *pc, char *why, size_t len)
+{
+    uint32_t used = 0;
+    for (uint32_t i = 0; i < pc->scap; i++) {
+        struct pfx_slot s = pc->slot[i];
+        if (s.rec == PFX_NONE)
+            continue;
+        used++;
+        if (s.rec >= pc->rcap || pc->tick[s.rec] == TICK_FREE)
+            return ck_fail(why, len, "prefix slot %u names record %u, not an entry", i, s.rec);
+        const struct pfx_rec *r = &pc->rec[s.rec];
+        if (s.tag != tag_of(key_hash(r->key[0], ns_mix(r->ns))) ||
+            find_slot(pc, r->key, r->ns, ns_mix(r->ns)) != i)
+            return ck_fail(why, len, "prefix slot %u (record %u) is not found by its key", i,
+                           s.rec);
+    }
+    if (used != pc->n_full || (pc->scap && (uint64_t)used * 2 > pc->scap))
+        return ck_fail(why, len, "prefix index: %u slots used for %u entries", used,
+                       pc->n_full);
+    uint32_t free_n = 0;
+    for (uint32_t r = pc->free_head; r != PFX_NONE && free_n <= pc->rcap; r = pc->rec[r].parent)
+        if (r >= pc->rcap || pc->tick[r] != TICK_FREE || ++free_n > pc->rcap)
+            return ck_fail(why, len, "prefix index: free list record %u (%u free)", r, free_n);
+    if (free_n + pc->n_full != pc->rcap)
+        return ck_fail(why, len, "prefix index: %u free records of %u", free_n, pc->rcap);
+    return 0;
+}
+
 int prefix_check(struct prefix *pc, char *why, size_t len)
 {
-    uint32_t full = 0, tomb = 0, max_pages = paging_max_pages(pc->pg);
+    uint32_t full = 0, max_pages = paging_max_pages(pc->pg);
     uint32_t *refs = calloc(max_pages ? max_pages : 1, sizeof *refs);
-    uint32_t *kids = calloc(pc->cap ? pc->cap : 1, sizeof *kids);
-    int rc = refs && kids ? 0 : -ENOMEM;
-    for (uint32_t i = 0; !rc && i < pc->cap; i++) {
+    uint32_t *kids = calloc(pc->rcap ? pc->rcap : 1, sizeof *kids);
+    int rc = refs && kids ? check_slots(pc, why, len) : -ENOMEM;
+    for (uint32_t i = 0; !rc && i < pc->rcap; i++) {
         const struct pfx_rec *r = &pc->rec[i];
-        const struct pfx_link *l = &pc->link[i];
-        full += rec_full(r);
-        tomb += r->tick == TICK_TOMB;
-        if (!rec_full(r))
+        if (pc->tick[i] == TICK_FREE)
             continue;
-        if (find(pc, r->key, r->ns) != i)
-            rc = ck_fail(why, len, "prefix record %u is not found by its key (%u)", i, 0);
-        else if (l->parent != PFX_NONE && (l->parent >= pc->cap ||
-                                           !rec_full(&pc->rec[l->parent])))
+        full++;
+        if (r->parent != PFX_NONE && (r->parent >= pc->rcap ||
+                                      pc->tick[r->parent] == TICK_FREE))
             rc = ck_fail(why, len, "prefix record %u names record %u, not an entry, as parent",
-                         i, l->parent);
-        if (!rc && l->parent != PFX_NONE)
-            kids[l->parent]++;
+                         i, r->parent);
+        if (!rc && r->parent != PFX_NONE)
+            kids[r->parent]++;
         for (uint32_t k = 0; !rc && k < pc->nr; k++) {
             pg_page_id id = pc->pages[(size_t)i * pc->nr + k];
             if (pg_page_is_none(id) || id.v > max_pages || !paging_page_ents(pc->pg, id))
@@ -493,14 +668,12 @@ int prefix_check(struct prefix *pc, char *why, size_t len)
                 refs[id.v - 1]++;
         }
     }
-    for (uint32_t i = 0; !rc && i < pc->cap; i++)
-        if (rec_full(&pc->rec[i]) && kids[i] != pc->link[i].children)
+    for (uint32_t i = 0; !rc && i < pc->rcap; i++)
+        if (pc->tick[i] != TICK_FREE && kids[i] != pc->rec[i].children)
             rc = ck_fail(why, len, "prefix record %u counts %u children", i,
-                         pc->link[i].children);
-    if (!rc && (full != pc->n_full || tomb != pc->n_tomb))
+                         pc->rec[i].children);
+    if (!rc && full != pc->n_full)
         rc = ck_fail(why, len, "prefix index: %u entries counted %u", full, pc->n_full);
-    if (!rc && pc->cap && (uint64_t)(full + tomb) * 2 > pc->cap)
-        rc = ck_fail(why, len, "prefix index: %u records used of %u", full + tomb, pc->cap);
     for (uint32_t v = 1; !rc && v <= max_pages; v++)
         if (paging_page_ents(pc->pg, (pg_page_id){ v }) != refs[v - 1])
             rc = ck_fail(why, len, "page %u: entries' references counted by paging differ "

@@ -11,10 +11,12 @@
  *    after a fork; a sequence freed or truncated leaves the entry's pages to the entry; an
  *    entry dropped leaves them to the sequences sharing them. The pages follow their tier
  *    moves (a sharer swapped out takes them down; a swap-in brings them up).
- *  - The index: open addressing (linear probing) over fixed-size records of 48 bytes (key,
- *    namespace, LRU tick), power-of-two capacity, load at most 1/2 counting tombstones;
- *    lookups allocate nothing and touch one record per key when it sits in its home slot. Records grow (rebuilt) only
- *    in publish, before anything changes (-ENOMEM then).
+ *  - The index: open addressing (linear probing, deletion by backward shift) over slots of
+ *    8 bytes (a hash tag, a record index) at load at most 1/2, and dense records of 48 bytes
+ *    (key, namespace, chain links) that never move (a free list reuses them); the LRU ticks
+ *    and page ids are parallel arrays. Lookups allocate nothing, read the slots and touch a
+ *    record only where the tag matches, and write one tick per hit. Slots are rebuilt and
+ *    records grown only in publish, before anything changes (-ENOMEM then).
  *  - Chains: an entry published after its predecessor in the same publish names it as its
  *    parent; a parent with cached successors (children) is reclaimed only after them
  *    (leaves first).
@@ -47,7 +49,7 @@ struct prefix_counters {
     uint64_t lookups;            /* lookup and attach calls (prefix_lookup with count) */
     uint64_t hit_blocks;         /* blocks they found */
     uint64_t evictions;          /* entries reclaimed (dropped or demoted by a plan) */
-    uint64_t bytes;              /* the index's memory: records and their page ids */
+    uint64_t bytes;              /* the index's memory: slots, records, ticks, page ids */
 };
 
 struct prefix;
@@ -76,6 +78,11 @@ void prefix_count_hits(struct prefix *pc, size_t k);
 size_t prefix_drop(struct prefix *pc, uint64_t ns, const void *keys, size_t n);
 
 void prefix_counters(const struct prefix *pc, struct prefix_counters *out);
+/* Tests only (kvvm_testing_prefix_limits): the index holds at most max_records entries (0:
+   no cap; a publish past it is -ENOMEM), and the fail_alloc_at-th allocation of the index
+   from now on (all are publish's: its page ids, record growth, slot rebuilds) fails (0:
+   none). Returns the allocations made since the previous call. */
+uint32_t prefix_test_limits(struct prefix *pc, uint32_t max_records, uint32_t fail_alloc_at);
 /* The checker (the debug build, after every call): the index's own structure, and that the
    holder references paging counts per page are exactly the entries'. 0 or -EUCLEAN with the
    first violation in why. */

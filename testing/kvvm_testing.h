@@ -90,7 +90,15 @@ int kvvm_testing_page_create_release(kvvm *kv, size_t bytes, long iters);
    or -EINVAL. */
 long kvvm_testing_prefix_index_lookups(kvvm *kv, uint64_t ns, const kvvm_key *keys,
                                        size_t n_chains, size_t chain, long reps);
-/* The prefix index's entries now and the bytes it holds for them (records and page ids). */
+/* The prefix index's test limits (prefix/prefix.h prefix_test_limits), for the tests of
+   "-ENOMEM: no entry record" and the allocation-failure sweeps of publish: at most
+   max_records entries (0: no cap; a publish past it fails with -ENOMEM), and the
+   fail_alloc_at-th allocation of the index from now on (a publish's page ids, record growth,
+   slot rebuilds) fails (0: none). Returns the index's allocations since the previous call
+   (>= 0), -EINVAL kv NULL. */
+long kvvm_testing_prefix_limits(kvvm *kv, uint32_t max_records, uint32_t fail_alloc_at);
+/* The prefix index's entries now and the bytes it holds for them (slots, records, ticks and
+   page ids). */
 int kvvm_testing_prefix_memory(kvvm *kv, uint64_t *entries, uint64_t *bytes);
 
 /* The disk tier's page checksum (disk/disk.h spill_checksum: XXH3 of the bytes, seeded with

@@ -133,3 +133,13 @@ int kvvm_testing_prefix_memory(kvvm *kv, uint64_t *entries, uint64_t *bytes)
     *bytes = pc.bytes;
     return 0;
 }
+
+long kvvm_testing_prefix_limits(kvvm *kv, uint32_t max_records, uint32_t fail_alloc_at)
+{
+    if (!kv || !kv->pfx)
+        return -EINVAL;
+    pthread_mutex_lock(&kv->lock);
+    long made = prefix_test_limits(kv->pfx, max_records, fail_alloc_at);
+    pthread_mutex_unlock(&kv->lock);
+    return made;
+}

@@ -733,6 +733,187 @@ Test(prefix, attach_while_capturing_is_ebusy)
     tclose_stream(&t, st);
 }
 
+/* ---------------------------------------------------------------- the index */
+
+/* A small xorshift for the model test (its seed fixed: a failure reproduces). */
+static uint64_t rnd(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+#define MD_NS 4
+#define MD_LIN 4
+#define MD_NB 64
+
+/* The leading blocks of (ns, lin) the model holds. */
+static int md_lead(const bool (*m)[MD_LIN][MD_NB], int ns, int lin)
+{
+    int b = 0;
+    while (b < MD_NB && m[ns][lin][b])
+        b++;
+    return b;
+}
+
+/* Every chain's leading count as the model says, the checker passing. */
+static void md_verify(struct tctx *t, const bool (*m)[MD_LIN][MD_NB],
+                      kvvm_key (*k)[MD_NB], const char *where, int op)
+{
+    for (int ns = 0; ns < MD_NS; ns++)
+        for (int lin = 0; lin < MD_LIN; lin++)
+            cr_assert_eq(kvvm_prefix_lookup(t->kv, (uint64_t)ns + 1, k[lin], MD_NB, NULL),
+                         md_lead(m, ns, lin), "%s (op %d): ns %d lineage %d", where, op, ns,
+                         lin);
+    tcheck(t, where);
+}
+
+/* The index against a model through random publishes and drops (of single keys, ranges and
+   whole namespaces): growth of the records and slots (up to 1024 entries), deletion by
+   backward shift in probe runs, reuse of freed records. The same blocks published under
+   other keys and namespaces share their pages, so 256 pages hold them all. */
+Test(index, random_publish_and_drop_against_a_model)
+{
+    struct tctx t;
+    static bool m[MD_NS][MD_LIN][MD_NB];
+    static kvvm_key k[MD_LIN][MD_NB];
+    kvvm_seq s[MD_LIN];
+    uint64_t x = 0x9E3779B97F4A7C15ULL;
+    open_t(&t, 1, MD_LIN * MD_NB + 8, 0, 0);
+    for (int lin = 0; lin < MD_LIN; lin++) {
+        s[lin] = mk(&t);
+        fill(&t, s[lin], (uint64_t)MD_NB * T, (uint32_t)lin + 1);
+        keys_of((uint32_t)lin + 1, MD_NB, k[lin]);
+    }
+    for (int op = 0; op < 1500; op++) {
+        int ns = (int)(rnd(&x) % MD_NS), lin = (int)(rnd(&x) % MD_LIN), want = 0;
+        uint32_t kind = (uint32_t)(rnd(&x) % 16);
+        if (kind < 9) {                                 /* publish a chain's first nb */
+            int nb = 1 + (int)(rnd(&x) % MD_NB);
+            for (int b = 0; b < nb; b++) {
+                want += !m[ns][lin][b];
+                m[ns][lin][b] = true;
+            }
+            cr_assert_eq(kvvm_prefix_publish(t.kv, s[lin], (uint64_t)ns + 1, k[lin],
+                                             (size_t)nb), want, "publish (op %d): %s", op,
+                         kvvm_last_error());
+        } else if (kind < 15) {                         /* drop a range of keys */
+            int a = (int)(rnd(&x) % MD_NB), n = 1 + (int)(rnd(&x) % 8);
+            if (a + n > MD_NB)
+                n = MD_NB - a;
+            for (int b = a; b < a + n; b++) {
+                want += m[ns][lin][b];
+                m[ns][lin][b] = false;
+            }
+            cr_assert_eq(kvvm_prefix_drop(t.kv, (uint64_t)ns + 1, &k[lin][a], (size_t)n), want,
+                         "drop (op %d)", op);
+        } else {                                        /* drop a whole namespace */
+            for (int l = 0; l < MD_LIN; l++)
+                for (int b = 0; b < MD_NB; b++) {
+                    want += m[ns][l][b];
+                    m[ns][l][b] = false;
+                }
+            cr_assert_eq(kvvm_prefix_drop(t.kv, (uint64_t)ns + 1, NULL, 0), want,
+                         "drop ns (op %d)", op);
+        }
+        cr_assert_eq(kvvm_prefix_lookup(t.kv, (uint64_t)ns + 1, k[lin], MD_NB, NULL),
+                     md_lead(m, ns, lin), "lookup after op %d", op);
+        if (op % 100 == 99)
+            md_verify(&t, m, k, "model", op);
+    }
+    for (int ns = 0; ns < MD_NS; ns++)                  /* fill up: 1024 entries */
+        for (int lin = 0; lin < MD_LIN; lin++) {
+            cr_assert_geq(kvvm_prefix_publish(t.kv, s[lin], (uint64_t)ns + 1, k[lin], MD_NB),
+                          0);
+            memset(m[ns][lin], 1, sizeof m[ns][lin]);
+        }
+    md_verify(&t, m, k, "full", 1500);
+    /* lookups past one run of 64 probes, with where: all the keys of a namespace at once */
+    uint8_t w[MD_LIN * MD_NB];
+    const kvvm_key *all = &k[0][0];
+    memset(w, 0, sizeof w);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 2, all, MD_LIN * MD_NB, w), MD_LIN * MD_NB);
+    for (int b = 0; b < MD_LIN * MD_NB; b++)
+        cr_assert_eq(w[b], KVVM_TIER_DEVICE, "where[%d]", b);
+    cr_assert_eq(kvvm_prefix_drop(t.kv, 2, &k[2][3], 1), 1);      /* key 131 */
+    memset(w, 0, sizeof w);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 2, all, MD_LIN * MD_NB, w), 2 * MD_NB + 3);
+    cr_assert(w[2 * MD_NB + 2] == KVVM_TIER_DEVICE && w[2 * MD_NB + 3] == 0);
+    m[1][2][3] = false;
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_entries, MD_NS * MD_LIN * MD_NB - 1);
+    for (int lin = 0; lin < MD_LIN; lin++)
+        cr_assert(same(&t, s[lin], (uint64_t)MD_NB * T, (uint32_t)lin + 1));
+    tclose(&t);
+}
+
+/* What a failed publish must leave as it was: the stats, where the publisher is and its
+   bytes, and no entry of the keys it was given beyond those present before. */
+struct pub_snap {
+    struct kvvm_stats st;
+    struct th_place pl;
+};
+
+static void pub_snap(struct tctx *t, kvvm_seq s, struct pub_snap *p)
+{
+    memset(p, 0, sizeof *p);
+    tstats(t, &p->st);
+    th_places(t->kv, &s, 1, &p->pl);
+}
+
+/* After a publish of keys k[0..n) by s (lineage lin, nb blocks) failed: nothing changed, the
+   entries present before (the `present` leading keys of k) still there, no other. */
+static void pub_unchanged(struct tctx *t, kvvm_seq s, uint32_t lin, uint64_t nb,
+                          const struct pub_snap *before, const kvvm_key *k, size_t n,
+                          int present, const char *where)
+{
+    struct pub_snap now;
+    pub_snap(t, s, &now);
+    UCHK(!memcmp(&now.st, &before->st, sizeof now.st), "%s: the stats changed (entries %lu "
+         "-> %lu, device pages free %lu -> %lu)", where,
+         (unsigned long)before->st.prefix_entries, (unsigned long)now.st.prefix_entries,
+         (unsigned long)before->st.pages_device_free, (unsigned long)now.st.pages_device_free);
+    th_places_same(t->kv, &s, 1, &before->pl, where);
+    UCHK(kvvm_prefix_lookup(t->kv, 1, k, n, NULL) == present, "%s: entries after a failed "
+         "publish", where);
+    for (size_t b = (size_t)present; b < n; b++)
+        UCHK(kvvm_prefix_lookup(t->kv, 1, &k[b], 1, NULL) == 0, "%s: key %zu entered", where,
+             b);
+    UCHK(same(t, s, nb * T, lin), "%s: the publisher's bytes", where);
+    th_check(t->kv, where);
+}
+
+/* docs/api.md: -ENOMEM "no entry record could be had" (the index capped by the testing
+   door): the failed publish changes nothing; keys already present need no record (a
+   publish of those alone succeeds at the cap), and a publish within it succeeds. */
+Test(prefix, publish_without_a_record_is_enomem_and_changes_nothing)
+{
+    struct tctx t;
+    kvvm_key k[4];
+    struct pub_snap before;
+    open_t(&t, 2, 32, 0, 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, 4 * T, 3);
+    keys_of(3, 4, k);
+    cr_assert_geq(kvvm_testing_prefix_limits(t.kv, 3, 0), 0);
+    pub_snap(&t, s, &before);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), -ENOMEM, "4 entries past a cap of 3");
+    pub_unchanged(&t, s, 3, 4, &before, k, 4, 0, "empty index");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 2), 2);
+    pub_snap(&t, s, &before);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), -ENOMEM, "2 present + 2 past the cap");
+    pub_unchanged(&t, s, 3, 4, &before, k, 4, 2, "two entries");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 2), 0, "present keys need no record");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 3), 1, "the third record");
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), -ENOMEM, "a fourth");
+    cr_assert_geq(kvvm_testing_prefix_limits(t.kv, 0, 0), 0);
+    cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, 4), 1, "no cap: the fourth");
+    tcheck(&t, "after");
+    tclose(&t);
+}
+
 /* ---------------------------------------------------------------- fault sweeps */
 
 struct sw_arg {
@@ -818,4 +999,59 @@ Test(sweep, attach_device_entries_all_or_nothing)
     struct th_sweep s = { .name = "attach device", .arg = &a, .setup = sw_setup,
                           .call = sw_call, .teardown = sw_teardown, .after = sw_after };
     th_sweep_run(&s);
+}
+
+/* The allocation-failure sweep of publish (it makes no driver call: the driver sweep has
+   nothing to fail): each allocation of the index a publish makes (its page ids, record
+   growth, the slots' rebuild) failed in turn, each failing publish -ENOMEM and changing
+   nothing; the sweep ends at the first point past the publish's last allocation. Two
+   starting states: an empty index (its first records and slots), and one of 62 entries
+   whose publish of 2 present + 3 new keys grows the records (64 -> 128) and rebuilds the
+   slots (128 -> 256) with the entries in them. */
+static void publish_sweep(uint32_t have)
+{
+    unsigned failed = 0;
+    for (uint32_t at = 1;; at++) {
+        struct tctx t;
+        kvvm_key old[64], k[5];
+        struct pub_snap before;
+        char where[64];
+        snprintf(where, sizeof where, "%u entries, allocation %u failed", have, at);
+        open_t(&t, 1, 80, 0, 0);
+        kvvm_seq s = mk(&t);
+        fill(&t, s, 64 * T, 4);
+        keys_of(5, 64, old);
+        if (have)
+            cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, old, have), (int)have);
+        keys_of(4, 5, k);
+        if (have) {                     /* two present keys */
+            k[0] = old[0];
+            k[1] = old[1];
+        }
+        int want = have ? 3 : 5, present = have ? 2 : 0;
+        pub_snap(&t, s, &before);
+        cr_assert_geq(kvvm_testing_prefix_limits(t.kv, 0, at), 0);
+        int rc = kvvm_prefix_publish(t.kv, s, 1, k, 5);
+        long made = kvvm_testing_prefix_limits(t.kv, 0, 0);
+        if (rc == want) {
+            cr_assert_lt(made, (long)at, "%s: the publish succeeded through it", where);
+            tcheck(&t, where);
+            tclose(&t);
+            break;
+        }
+        cr_assert_eq(rc, -ENOMEM, "%s: publish returned %d", where, rc);
+        pub_unchanged(&t, s, 4, 64, &before, k, 5, present, where);
+        failed++;
+        tclose(&t);
+    }
+    printf("sweep publish (%u entries): %u allocations failed in turn, each publish -ENOMEM "
+           "and nothing changed\n", have, failed);
+    cr_assert_geq(failed, 5u, "the sweep reached every allocation of the index");
+}
+
+Test(sweep, publish_allocation_failures_change_nothing)
+{
+    TH_DEADLINE(300);
+    publish_sweep(0);
+    publish_sweep(62);
 }

@@ -16,6 +16,15 @@ cache, not the kernel. The physical memory each cache holds is reported beside t
 K/V bytes: (a) the device pages its sequences hold (kvvm_stats), (b) its tensors' bytes,
 (c) its preallocation.
 
+The prefix group (--only prefix): prefill time saved by the prefix cache against the
+length P of a shared system prompt. A small transformer (the same layer count, query heads,
+one KV head and head size as above, random weights) serves requests of P + suffix tokens
+whose first P are a system prompt published once (its full blocks, kvvm_prefix_publish; the
+publisher then freed). Each trial times one request both ways, in alternating order: (full)
+prefill all P + suffix tokens in chunks; (attach) compute the prompt's keys, attach the
+cached blocks (Context.attach) and prefill only the rest. Both write K/V through
+kvvm.KVCache and end with the last token's logits, which must agree.
+
 On the emulated device (no GPU) everything runs on the CPU; --backend cuda runs the same on
 a GPU (not run in this repository's CI).
 """
@@ -44,6 +53,19 @@ def parse_args(argv):
     p.add_argument("--backend", default="emulated", choices=["emulated", "cuda", "auto"])
     p.add_argument("--granule", default="2M",
                    help="emulated device granule = page size (default 2M, like a GPU)")
+    p.add_argument("--only", default="decode,prefix",
+                   help="groups to run: decode, prefix (default both)")
+    p.add_argument("--prefix-lengths", default="256,1024",
+                   help="system prompt lengths P of the prefix group (default 256,1024, "
+                   "short; the curve: 256,1024,4096,8192)")
+    p.add_argument("--prefix-suffix", type=int, default=64,
+                   help="the request's own tokens after the system prompt (default 64)")
+    p.add_argument("--prefix-trials", type=int, default=5,
+                   help="requests timed each way per length (default 5)")
+    p.add_argument("--prefix-granule", default="64K",
+                   help="page size of the prefix group on the emulated device (default 64K: "
+                   "256 tokens per block at head-dim 64)")
+    p.add_argument("--chunk", type=int, default=512, help="prefill chunk, tokens (default 512)")
     p.add_argument("--json", metavar="FILE", help="write the JSON results to FILE "
                    "(default: printed after the table)")
     return p.parse_args(argv)
@@ -277,6 +299,177 @@ class Point:
                     memory_bytes=mem)
 
 
+class TinyLM:
+    """A small decoder (random weights, fixed seed): embeddings, n_layers of multi-query
+    causal attention (q_heads query heads, one KV head of head_dim) and an MLP, RMSNorm; no
+    positional encoding (the timing is the point; the causal mask keeps K/V context-
+    dependent). forward(tokens, update) runs tokens at the cache's end, update(layer, k, v)
+    -> (K, V) over every token so far, and returns the last token's logits."""
+    VOCAB = 1024
+
+    def __init__(self, torch, layers, q_heads, head_dim, device):
+        g = torch.Generator().manual_seed(3)
+        dm = q_heads * head_dim
+
+        def w(*shape):
+            return (torch.randn(*shape, generator=g) / math.sqrt(shape[0])).to(device)
+
+        self.torch, self.H, self.D, self.device = torch, q_heads, head_dim, device
+        self.emb = torch.randn(self.VOCAB, dm, generator=g).to(device)
+        self.layers = [dict(wq=w(dm, dm), wk=w(dm, head_dim), wv=w(dm, head_dim), wo=w(dm, dm),
+                            w1=w(dm, 4 * dm), w2=w(4 * dm, dm)) for _ in range(layers)]
+        self.out = w(dm, self.VOCAB)
+
+    def rms(self, x):
+        return x * self.torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    def forward(self, tokens, update):
+        torch, n, H, D = self.torch, tokens.shape[0], self.H, self.D
+        x = self.emb[tokens]
+        for li, p in enumerate(self.layers):
+            h = self.rms(x)
+            q = (h @ p["wq"]).view(n, H, D).transpose(0, 1)                  # (H, n, D)
+            K, V = update(li, (h @ p["wk"]).view(n, 1, D), (h @ p["wv"]).view(n, 1, D))
+            total = K.shape[0]
+            s = (q @ K[:, 0].T) / math.sqrt(D)                                # (H, n, total)
+            pos = torch.arange(total - n, total, device=self.device)
+            mask = torch.arange(total, device=self.device)[None, :] > pos[:, None]
+            o = s.masked_fill(mask, float("-inf")).softmax(-1) @ V[:, 0]      # (H, n, D)
+            x = x + o.transpose(0, 1).reshape(n, H * D) @ p["wo"]
+            x = x + torch.relu(self.rms(x) @ p["w1"]) @ p["w2"]
+        return self.rms(x[-1]) @ self.out
+
+
+class PrefixPoint:
+    """One system prompt length P of the prefix group (class docstring of the module)."""
+
+    def __init__(self, torch, a, model, P, device):
+        self.torch, self.a, self.model, self.P, self.device = torch, a, model, P, device
+        self.S, self.NL, self.D = a.prefix_suffix, a.layers, a.head_dim
+
+    def setup(self):
+        torch, a = self.torch, self.a
+        page = a.prefix_page_size
+        bpt = self.D * 4
+        n = self.P + self.S
+        pages = math.ceil(n * bpt / page)
+        # the entries and two requests' pages in every region, and room to spare
+        cfg = dict(backend=a.backend, n_regions=2 * self.NL, bytes_per_token=bpt, max_seqs=4,
+                   max_tokens=n, device_budget=(3 * pages + 2) * 2 * self.NL * page,
+                   emu_opaque=0)
+        if a.backend != "cuda":
+            cfg["emu_granule"] = page
+        self.ctx = kvvm.Context(**cfg)
+        self.T = self.ctx.block_tokens
+        self.cache = kvvm.KVCache(self.ctx, self.NL, 1, self.D, torch.float32)
+        g = torch.Generator().manual_seed(self.P)
+        self.tokens = torch.randint(0, TinyLM.VOCAB, (n,), generator=g).to(self.device)
+        self.token_list = self.tokens.tolist()
+        # the publisher: prefills the system prompt, publishes its full blocks, goes away
+        pub = self.ctx.create()
+        self.prefill(pub, 0, self.P)
+        self.keys = self.ctx.prefix_keys(self.token_list[:self.P])
+        if self.ctx.publish(pub, self.keys) != len(self.keys):
+            raise AssertionError("bench: publish entered fewer entries than blocks")
+        pub.free()
+        self.t = {"full": [], "attach": []}
+        self.logits = {}
+        self.attached = None
+
+    def prefill(self, seq, start, end):
+        """Tokens [start, end) into seq (of length start) in chunks; the last logits."""
+        logits = None
+        for c in range(start, end, self.a.chunk):
+            n = min(self.a.chunk, end - c)
+            seq.grow(c + n)
+            logits = self.model.forward(self.tokens[c:c + n],
+                                        lambda li, k, v: self.cache.update(li, seq, k, v))
+        return logits
+
+    def sync(self):
+        if self.device != "cpu":
+            self.torch.cuda.synchronize()
+
+    def request_full(self):
+        t0 = time.perf_counter()
+        seq = self.ctx.create()
+        logits = self.prefill(seq, 0, self.P + self.S)
+        self.sync()
+        dt = time.perf_counter() - t0
+        seq.free()
+        return dt, logits
+
+    def request_attach(self):
+        t0 = time.perf_counter()
+        seq = self.ctx.create()
+        nb = self.ctx.attach(seq, self.ctx.prefix_keys(self.token_list))
+        logits = self.prefill(seq, nb * self.T, self.P + self.S)
+        self.sync()
+        dt = time.perf_counter() - t0
+        seq.free()
+        if nb != len(self.keys):
+            raise AssertionError("bench: attached %d blocks of %d" % (nb, len(self.keys)))
+        self.attached = nb
+        return dt, logits
+
+    def run(self, trials):
+        fns = {"full": self.request_full, "attach": self.request_attach}
+        for i in range(trials + 1):                     # trial 0 warms up
+            for m in (("full", "attach") if i % 2 else ("attach", "full")):
+                dt, logits = fns[m]()
+                self.logits[m] = logits
+                if i:
+                    self.t[m].append(dt)
+        full, att = self.logits["full"], self.logits["attach"]
+        if not self.torch.allclose(full, att, rtol=1e-4, atol=1e-4):
+            raise AssertionError("bench: P=%d: the logits after attach differ from a full "
+                                 "prefill's (max %.3g)" % (self.P, (full - att).abs().max()))
+
+    def close(self):
+        self.ctx.close()
+
+    def result(self):
+        full, att = self.t["full"], self.t["attach"]
+        ratios = sorted(f / a for f, a in zip(full, att))
+        q = (statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1
+             else ratios * 3)
+        mf, ma = statistics.median(full), statistics.median(att)
+        return dict(prefix_tokens=self.P, suffix_tokens=self.S, block_tokens=self.T,
+                    attached_blocks=self.attached, trials=len(full),
+                    full_ms=mf * 1e3, attach_ms=ma * 1e3, saved_ms=(mf - ma) * 1e3,
+                    ratio_full_over_attach=mf / ma,
+                    ratio_spread=dict(p25=q[0], p75=q[2], min=ratios[0], max=ratios[-1]))
+
+
+def prefix_table(rows):
+    hdr = ("P", "suffix", "blocks", "full ms", "attach ms", "saved ms", "full/attach",
+           "per-trial p25..p75 [min, max]")
+    lines = ["%6s %6s %6s %10s %10s %10s %11s %30s" % hdr]
+    for r in rows:
+        sp = r["ratio_spread"]
+        lines.append("%6d %6d %6d %10.2f %10.2f %10.2f %11.2f %30s" % (
+            r["prefix_tokens"], r["suffix_tokens"], r["attached_blocks"], r["full_ms"],
+            r["attach_ms"], r["saved_ms"], r["ratio_full_over_attach"],
+            "%.2f..%.2f [%.2f, %.2f]" % (sp["p25"], sp["p75"], sp["min"], sp["max"])))
+    return "\n".join(lines)
+
+
+def run_prefix(torch, a, device, t_start):
+    model = TinyLM(torch, a.layers, a.q_heads, a.head_dim, device)
+    rows = []
+    for P in [int(x) for x in a.prefix_lengths.split(",")]:
+        pt = PrefixPoint(torch, a, model, P, device)
+        pt.setup()
+        try:
+            pt.run(a.prefix_trials)
+            rows.append(pt.result())
+        finally:
+            pt.close()
+        print("  prefix %d: done (%.0f s so far)" % (P, time.perf_counter() - t_start),
+              file=sys.stderr)
+    return rows
+
+
 def table(rows, a):
     mib = 1 << 20
     hdr = ("ctx", "batch", "append us a/b/c/d", "step ms a/b/c/d", "a/c", "b/c", "d/c",
@@ -304,15 +497,21 @@ def main(argv=None):
         print("kvvm.bench needs PyTorch (python3-torch)", file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
-    contexts = [int(x) for x in a.contexts.split(",")]
+    groups = set(a.only.split(","))
+    if not groups <= {"decode", "prefix"}:
+        print("kvvm.bench: --only takes decode, prefix", file=sys.stderr)
+        return 2
+    contexts = [int(x) for x in a.contexts.split(",")] if "decode" in groups else []
     batches = [int(x) for x in a.batches.split(",")]
     a.page_size = kvvm._core._parse_size(a.granule)
     base_steps = a.steps
-    a.max_len = max(contexts) + a.warmup + max(a.steps, 24) + 8
+    a.max_len = max(contexts or [0]) + a.warmup + max(a.steps, 24) + 8
+    a.prefix_page_size = kvvm._core._parse_size(a.prefix_granule)
     device = "cpu"
     if a.backend == "cuda":
         device = "cuda"
         a.page_size = 2 << 20
+        a.prefix_page_size = 2 << 20
     rows = []
     t_start = time.perf_counter()
     for L in contexts:
@@ -325,19 +524,33 @@ def main(argv=None):
             pt.close()
             print("  ctx %d batch %d: done (%.0f s so far)"
                   % (L, B, time.perf_counter() - t_start), file=sys.stderr)
+    prefix_rows = run_prefix(torch, a, device, t_start) if "prefix" in groups else []
     out = dict(tool="kvvm.bench", library_version=kvvm.library_version,
                backend=a.backend, torch=torch.__version__, threads=a.threads,
                layers=a.layers, q_heads=a.q_heads, kv_heads=1, head_dim=a.head_dim,
                dtype="float32", page_size=a.page_size, max_len=a.max_len,
-               wall_s=time.perf_counter() - t_start, rows=rows)
-    print("kvvm.bench: %d layers, %d query heads / 1 KV head x %d, float32, page %d KiB, "
-          "static max length %d, torch %s, %d thread(s); medians per decode step"
-          % (a.layers, a.q_heads, a.head_dim, a.page_size >> 10, a.max_len,
-             torch.__version__, a.threads))
-    print("(a) libkvvm views  (b) torch.cat cache  (c) static max-length cache  "
-          "(d) libkvvm through KVCache.update;\nupdate us: (d)'s append over (a)'s per "
-          "KVCache.update call, median [min, max] of the per-step differences")
-    print(table(rows, a))
+               wall_s=time.perf_counter() - t_start, rows=rows, prefix_rows=prefix_rows,
+               prefix=dict(page_size=a.prefix_page_size, chunk=a.chunk,
+                           trials=a.prefix_trials))
+    if rows:
+        print("kvvm.bench: %d layers, %d query heads / 1 KV head x %d, float32, page %d KiB, "
+              "static max length %d, torch %s, %d thread(s); medians per decode step"
+              % (a.layers, a.q_heads, a.head_dim, a.page_size >> 10, a.max_len,
+                 torch.__version__, a.threads))
+        print("(a) libkvvm views  (b) torch.cat cache  (c) static max-length cache  "
+              "(d) libkvvm through KVCache.update;\nupdate us: (d)'s append over (a)'s per "
+              "KVCache.update call, median [min, max] of the per-step differences")
+        print(table(rows, a))
+    if prefix_rows:
+        print("\nprefix group: %d layers, %d query heads / 1 KV head x %d, float32, torch %s, "
+              "%d thread(s); a request of P + %d tokens whose first P (a system prompt) are "
+              "cached;\n(full) prefills all of them, (attach) attaches the cached blocks and "
+              "prefills the rest; chunks of %d tokens, page %d KiB (%d tokens per block); "
+              "medians of %d alternated trials"
+              % (a.layers, a.q_heads, a.head_dim, torch.__version__, a.threads,
+                 a.prefix_suffix, a.chunk, a.prefix_page_size >> 10,
+                 prefix_rows[0]["block_tokens"], a.prefix_trials))
+        print(prefix_table(prefix_rows))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -9,7 +9,8 @@ from kvvm import bench  # noqa: E402
 
 def test_bench_small(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = bench.main(["--contexts", "64,200", "--batches", "1,3", "--steps", "2",
+    rc = bench.main(["--only", "decode", "--contexts", "64,200", "--batches", "1,3",
+                     "--steps", "2",
                      "--warmup", "1", "--granule", "4K", "--layers", "1", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
@@ -24,3 +25,24 @@ def test_bench_small(tmp_path, capsys):
         assert m["c"] > m["live"] and r["ratio_step_a_over_c"] > 0
         assert r["ratio_step_d_over_c"] > 0 and set(r["update_extra_us"]) == {"median", "min",
                                                                              "max"}
+
+
+def test_bench_prefix_small(tmp_path, capsys):
+    """The prefix group: both ways per length, the cached blocks attached (the bench itself
+    checks the logits agree), the times and ratio reported with their spread."""
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--only", "prefix", "--prefix-lengths", "64,200", "--prefix-suffix", "8",
+                     "--prefix-trials", "2", "--prefix-granule", "4K", "--chunk", "48",
+                     "--layers", "1", "--head-dim", "16", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "prefix group" in text and "full/attach" in text and "(a) libkvvm views" not in text
+    j = json.loads(out.read_text())
+    assert j["rows"] == [] and j["prefix"]["chunk"] == 48
+    assert [r["prefix_tokens"] for r in j["prefix_rows"]] == [64, 200]
+    for r in j["prefix_rows"]:
+        assert r["block_tokens"] == 64 and r["attached_blocks"] == r["prefix_tokens"] // 64
+        assert r["trials"] == 2 and r["full_ms"] > 0 and r["attach_ms"] > 0
+        assert r["ratio_full_over_attach"] == pytest.approx(r["full_ms"] / r["attach_ms"])
+        sp = r["ratio_spread"]
+        assert sp["min"] <= sp["p25"] <= sp["p75"] <= sp["max"]

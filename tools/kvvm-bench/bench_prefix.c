@@ -188,6 +188,66 @@ static int attach_vs_share(struct bench_ctx *b, kvvm *kv, const kvvm_key *keys, 
     return rc;
 }
 
+/* ---- lookup against the bare map, alternated ------------------------------------------ */
+
+#define LK_MAX_TRIALS 64
+#define LK_ROUNDS 20                    /* alternated rounds per trial */
+enum { LK_LIB, LK_BARE, LK_INDEX, LK_N };
+
+/* The 25th and 75th percentiles of v[0..n) (sorts v). */
+static void quartiles(double *v, int n, double *p25, double *p75)
+{
+    (void)bench_median(v, n);           /* sorts */
+    *p25 = v[(n - 1) / 4];
+    *p75 = v[(3 * (n - 1) + 3) / 4];
+}
+
+/* Trials of the three lookups (the public call, the bare map, the index alone) over the same
+   keys in the same order. A trial is LK_ROUNDS rounds of short samples (a few passes over
+   every key), each round running the three in a rotated order, so that none always runs in
+   another's wake and a burst of load on the machine falls on all three alike; a trial's
+   figure per side is its median over the rounds (a round preempted on a loaded machine
+   does not move it). Reports the medians over trials, the ratio of
+   the medians, and the 25th..75th percentile of the per-trial ratios. */
+static int lookup_rows(struct bench_ctx *b, kvvm *kv, const kvvm_key *keys,
+                       const struct bare *m, int *bad)
+{
+    int trials = b->trials > 0 ? b->trials : (b->quick ? 3 : 9), passes = b->quick ? 1 : 4;
+    double t[LK_N][LK_MAX_TRIALS], rl[LK_MAX_TRIALS], ri[LK_MAX_TRIALS], q[4];
+    if (trials > LK_MAX_TRIALS)
+        trials = LK_MAX_TRIALS;
+    for (int i = 0; i < trials; i++) {
+        double u[LK_N][LK_ROUNDS];
+        for (int r = 0; r < LK_ROUNDS; r++)
+            for (int k = 0; k < LK_N; k++) {
+                int side = (r + k) % LK_N;
+                if (side == LK_LIB)
+                    u[side][r] = lookup_ns(kv, keys, passes, bad);
+                else if (side == LK_BARE)
+                    u[side][r] = bare_ns(m, keys, passes, bad);
+                else
+                    u[side][r] = index_ns(kv, keys, passes, bad);
+            }
+        for (int k = 0; k < LK_N; k++)
+            t[k][i] = bench_median(u[k], LK_ROUNDS);
+        rl[i] = t[LK_LIB][i] / t[LK_BARE][i];
+        ri[i] = t[LK_INDEX][i] / t[LK_BARE][i];
+    }
+    if (*bad)
+        return -EIO;
+    double base = bench_median(t[LK_BARE], trials);
+    bench_report(b, G, "lookup per key (chains of 64 hits, 4096 entries)",
+                 bench_median(t[LK_LIB], trials), base, "bare open-addressing map", "ns/op", 1);
+    bench_report(b, G, "index lookup per key (no call frame)", bench_median(t[LK_INDEX], trials),
+                 base, "bare open-addressing map", "ns/op", 1);
+    quartiles(rl, trials, &q[0], &q[1]);
+    quartiles(ri, trials, &q[2], &q[3]);
+    printf("%-8s lookup/bare per trial, 25th..75th percentile of %d trials of %d alternated "
+           "rounds: public call %.2f..%.2f, index alone %.2f..%.2f\n", G, trials, LK_ROUNDS,
+           q[0], q[1], q[2], q[3]);
+    return 0;
+}
+
 int bench_prefix(struct bench_ctx *b)
 {
     kvvm *kv = NULL;
@@ -200,14 +260,13 @@ int bench_prefix(struct bench_ctx *b)
         rc = open_ctx(b, &kv);
     if (!rc)
         rc = populate(kv, keys, &m);
-    double tl[16], tb[16], tm[16], ti[16];
+    if (!rc)
+        rc = lookup_rows(b, kv, keys, &m, &bad);
+    double tm[16];
     if (trials > 16)
         trials = 16;
     chain_keys(NCHAINS + 1, miss);
     for (int t = 0; !rc && t < trials; t++) {
-        tl[t] = lookup_ns(kv, keys, reps, &bad);
-        tb[t] = bare_ns(&m, keys, reps, &bad);
-        ti[t] = index_ns(kv, keys, reps, &bad);
         uint64_t t0 = bench_now_ns();
         for (int r = 0; r < reps * NCHAINS; r++)
             bad |= kvvm_prefix_lookup(kv, 1, miss, CHAIN, NULL) != 0;
@@ -216,11 +275,6 @@ int bench_prefix(struct bench_ctx *b)
     if (!rc && bad)
         rc = -EIO;
     if (!rc) {
-        bench_report(b, G, "lookup per key (chains of 64 hits, 4096 entries)",
-                     bench_median(tl, trials), bench_median(tb, trials),
-                     "bare open-addressing map", "ns/op", 1);
-        bench_report(b, G, "index lookup per key (no call frame)", bench_median(ti, trials),
-                     bench_median(tb, trials), "bare open-addressing map", "ns/op", 1);
         bench_report(b, G, "lookup of a missing chain (per call)", bench_median(tm, trials), 0,
                      NULL, "ns/op", 1);
         rc = attach_vs_share(b, kv, keys, trials);
@@ -229,7 +283,7 @@ int bench_prefix(struct bench_ctx *b)
         uint64_t entries = 0, bytes = 0;
         rc = kvvm_testing_prefix_memory(kv, &entries, &bytes);
         if (!rc && entries)
-            bench_report(b, G, "index bytes per entry (records + page ids, at its load)",
+            bench_report(b, G, "index bytes per entry (slots, records, ticks, page ids)",
                          (double)bytes / (double)entries, 0, NULL, "B", 1);
     }
     kvvm_close(kv);
