@@ -132,11 +132,11 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
             page_frame_drop(pg, p);
             p->tier = PG_TIER_HOST;
-            pg->n_inflight--;
+            pg->lower[PG_LOWER_HOST].n_io--;
         } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
-            page_release_slot(pg, p, PG_TIER_HOST);
+            page_release_slot(pg, p, PG_LOWER_HOST);
             p->tier = PG_TIER_DEVICE;
-            pg->n_inflight--;
+            pg->lower[PG_LOWER_HOST].n_io--;
         }
         page_count(pg, p, 1);
     }
@@ -222,7 +222,7 @@ int tier_job_fence(struct paging *pg, struct pg_defer *d)
 int tier_host_take(struct paging *pg, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = pg->p.host->alloc(pg->p.host->arg, &out[k]);
+        int rc = lower_alloc(pg, PG_LOWER_HOST, PG_SLOT_NONE, &out[k]);
         if (rc) {
             tier_host_give(pg, out, k);
             return rc;
@@ -234,18 +234,18 @@ int tier_host_take(struct paging *pg, uint32_t n, pg_slot *out)
 void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n)
 {
     while (n > 0)
-        pg->p.host->free(pg->p.host->arg, hs[--n]);
+        lower_free(pg, PG_LOWER_HOST, hs[--n]);
 }
 
 int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 {
-    return vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, hslot), va, pg->p.page_size,
+    return vmm_copy_dtoh(pg->v, lower_ptr(pg, PG_LOWER_HOST, hslot), va, pg->p.page_size,
                          pg->copy_stream);
 }
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
-    return vmm_copy_htod(pg->v, va, pg->p.host->ptr(pg->p.host->arg, hslot), pg->p.page_size,
+    return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
                          pg->copy_stream);
 }
 
@@ -266,7 +266,7 @@ int tier_copy_host_in(struct paging *pg, struct pg_seq *s)
                 continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             int rc = p->tier == PG_TIER_HOST ? tier_copy_in(pg, pg_va(pg, q, slot, i),
-                                                            p->host_slot) : 0;
+                                                            p->slot[PG_LOWER_HOST]) : 0;
             if (rc)
                 return rc;
         }
@@ -351,7 +351,7 @@ void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)
 
 int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
 {
-    if (!pg->p.host) {
+    if (!lower_on(pg, PG_LOWER_HOST)) {
         pg->why.what |= PG_WHY_NO_HOST;
         return -ENOMEM;
     }
@@ -361,13 +361,22 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
     return rc == -ENOMEM ? pg_why_host(pg, want) : rc;
 }
 
+/* Pages of tier t that could move down to the tier below for room, never pages excl
+   holds: host pages that could be spilled (0 when the disk tier takes none). */
+static uint64_t lower_movable(struct paging *pg, unsigned t, struct pg_seq *excl)
+{
+    return t == PG_LOWER_HOST ? disk_spillable(pg, excl) : 0;
+}
+
 void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r)
 {
     r->need = need;
-    r->host_free = paging_host_free(pg);
-    r->writes = pg->n_dio;
-    r->disk_free = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
-    r->spillable = disk_spillable(pg, s);
+    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+        bool below = t + 1 < PG_N_LOWER;
+        r->t[t].free = pg->lower[t].off ? 0 : lower_room(pg, t);
+        r->t[t].freeing = below ? pg->lower[t + 1].n_io : 0;
+        r->t[t].movable = below ? lower_movable(pg, t, s) : 0;
+    }
 }
 
 int tier_plan(struct paging *pg, bool in, const struct pg_room *r)
@@ -580,7 +589,7 @@ uint32_t paging_frames_free(const struct paging *pg)
 
 size_t paging_host_free(const struct paging *pg)
 {
-    return pg->p.host ? pg->p.host->n_free(pg->p.host->arg) : 0;
+    return lower_room(pg, PG_LOWER_HOST);
 }
 
 int paging_reap(struct paging *pg)
@@ -596,17 +605,15 @@ int paging_wait_releases(struct paging *pg)
 void paging_room_facts(struct paging *pg, struct pg_room *r)
 {
     paging_disk_reap(pg);
-    bool disk = pg->p.disk && !pg->disk_off;
-    r->need = 0;
-    r->host_free = paging_host_free(pg);
-    r->writes = pg->n_dio;
-    r->disk_free = disk ? pg->disk.n_free(pg->disk.arg) : 0;
-    r->spillable = disk ? disk_spillable(pg, NULL) : 0;
+    tier_room(pg, NULL, 0, r);
 }
 
 uint64_t paging_room_below(struct paging *pg)
 {
     paging_disk_reap(pg);
-    uint64_t d = (pg->p.disk && !pg->disk_off) ? pg->disk.n_free(pg->disk.arg) : 0;
-    return paging_host_free(pg) + pg->n_dio + d;
+    uint64_t n = 0;
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        n += (pg->lower[t].off ? 0 : lower_room(pg, t)) +
+             (t + 1 < PG_N_LOWER ? pg->lower[t + 1].n_io : 0);
+    return n;
 }

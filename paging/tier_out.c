@@ -27,7 +27,7 @@
 static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *staged)
 {
     *staged = false;
-    if (!pg->p.disk)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return -ENOMEM;
     paging_disk_reap(pg);
     struct pg_room room;
@@ -37,7 +37,7 @@ static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *st
         return mv;
     if (mv == PG_MOVE_DIRECT)
         return paging_host_room(pg, need, seq_handle(pg, s));
-    int rc = room.host_free ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
+    int rc = room.t[PG_LOWER_HOST].free ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
     *staged = rc == 0;
     return rc;
 }
@@ -125,8 +125,8 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         page_count(pg, p, -1);
         page_frame_drop(pg, p);
         p->tier = PG_TIER_DISK;
-        p->disk_slot = ds[j];
-        pg->n_disk++;
+        p->slot[PG_LOWER_DISK] = ds[j];
+        pg->lower[PG_LOWER_DISK].n_slots++;
     }
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < np; i++) {
@@ -137,7 +137,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
             p->offs++;
             page_count(pg, p, 1);
         }
-    pg->disk_hint = ds[need - 1];
+    pg->lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
@@ -184,7 +184,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
         for (uint32_t i = 0; i < np; i++)
             *need += !pg_page_is_none(pg_bt(pg, s, r)[i]) &&
                      page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
-    if (paging_host_free(pg) < *need && pg->n_inflight && !async)
+    if (paging_host_free(pg) < *need && pg->lower[PG_LOWER_HOST].n_io && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
 }
@@ -243,9 +243,9 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
             p->tier = PG_TIER_TO_HOST;
-            p->host_slot = slots[k++];
-            pg->n_host++;
-            pg->n_inflight++;
+            p->slot[PG_LOWER_HOST] = slots[k++];
+            pg->lower[PG_LOWER_HOST].n_slots++;
+            pg->lower[PG_LOWER_HOST].n_io++;
         }
         p->offs++;
         page_count(pg, p, 1);
@@ -267,7 +267,7 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     int rc = seq_lookup(pg, h, &s);
     if (rc || s->out)
         return rc;
-    if (!pg->p.host) {
+    if (!lower_on(pg, PG_LOWER_HOST)) {
         pg->why.what |= PG_WHY_NO_HOST;
         return -ENOMEM;
     }
