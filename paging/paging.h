@@ -391,7 +391,7 @@ int  paging_reap(struct paging *pg);
    free then. -EIO. */
 int  paging_wait_releases(struct paging *pg);
 
-/* ---- disk tier (disk.c) ----
+/* ---- disk tier (tier_disk.c) ----
  * Page lifecycle: HOST --write--> TO_DISK --full completion--> DISK (host slot freed);
  * DISK --read + checksum--> FROM_DISK --> HOST (disk slot freed). An I/O in flight holds a
  * reference (and a job) on its page, so a page freed meanwhile is released only when its

@@ -11,11 +11,13 @@
  *   cow.c    copy-on-write, prepare_write, write/read
  *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
  *   tier.c   the host tier's shared steps: copy stream, transfer jobs, host slots, window
- *            mapping and copies of the swap paths; residency queries (ready, need, candidates)
+ *            mapping and copies of the swap paths; the bridge to the policy (room facts)
+ *   resident.c  residency queries (ready, need, stage facts, candidates, counts)
  *   tier_out.c  sequence swap-out (direct, or staged through the host tier to disk)
  *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
  *   orphan.c the orphan pages (device pages no resident sequence maps) and their move down
- *   disk.c   the disk tier's mechanism: page writes and reads, their completions, damage
+ *   tier_disk.c  the disk tier's mechanism: page writes and reads, their completions,
+ *            damage (tier_disk_*; disk/ is the disk tier's own layer, spill_* its API)
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
@@ -104,7 +106,7 @@ struct pg_page {
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
-   keeps its tier during the call, its I/O is tracked here (disk_stage_io). */
+   keeps its tier during the call, its I/O is tracked here (tier_disk_stage_io). */
 enum { STG_NONE = 0, STG_BUSY, STG_OK, STG_FAIL };
 
 /* Work that waits for a fence. Holds one reference on each page it names.
@@ -263,10 +265,11 @@ struct paging {
     uint32_t n_host_pages;     /* pages in tier HOST (the spillable ones: page_count) */
     uint32_t n_orphans;        /* device pages held only by non-resident holders (page_count) */
 
-    /* spilling (disk.c) */
+    /* spilling (tier_disk.c) */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
-    int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
+    int      stage_rc;         /* first error of the staged I/O in progress
+                                  (tier_disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
     struct paging_counters c;
@@ -630,30 +633,30 @@ static inline bool page_has_frame(const struct pg_page *p)
            p->tier == PG_TIER_TO_DEVICE;
 }
 
-/* disk.c */
+/* tier_disk.c: the moves between the host and disk tiers */
 /* Brings the DISK pages among ids[0..n) to the host tier (reads, waits, verifies); waits for
    pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
    -EBADMSG a page is damaged, -ENOMEM no host room. */
-int  disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
+int  tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
 /* Staged I/O: transfers page ids[i] between disk slot dslots[i] and host slot hslots[i]
    (write: host -> disk) for i < n, and waits for all of it. The pages keep their tier; the
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int  tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                    const pg_slot *dslots, const pg_slot *hslots, uint32_t n);
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
-uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
+uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl);
 /* The disk slots of a staged swap-out: n, allocated clustered after the last (all or
    nothing, -ENOMEM); and back. */
-int  disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out);
-void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n);
+int  tier_disk_take(struct paging *pg, uint32_t n, pg_slot *out);
+void tier_disk_give(struct paging *pg, const pg_slot *ds, uint32_t n);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
-void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
+void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0
    with *ndisk the DISK pages among them. */
-int  disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
+int  tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 static inline bool page_in_dio(const struct pg_page *p)
 {
     return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;

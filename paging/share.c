@@ -210,8 +210,8 @@ static int share_out_check(struct paging *pg, struct pg_seq *src, const pg_page_
     uint32_t nd = 0;
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;                       /* nothing spills: host_room moves nothing */
-    disk_settle(pg, ids, nk);
-    int rc = disk_damaged(pg, ids, nk, &nd);
+    tier_disk_settle(pg, ids, nk);
+    int rc = tier_disk_damaged(pg, ids, nk, &nd);
     if (rc || paging_host_free(pg) >= (uint64_t)nd + nk)
         return rc;
     struct pg_room r;
@@ -252,7 +252,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
                 ids[nk++] = pg_bt(pg, src, r)[whole];
         rc = share_out_check(pg, src, ids, nk);
         if (!rc)
-            rc = disk_unspill(pg, ids, nk, src);
+            rc = tier_disk_unspill(pg, ids, nk, src);
     }
     if (!rc && nk && lower_on(pg, PG_LOWER_DISK) && paging_host_free(pg) < nk)
         rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */

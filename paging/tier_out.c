@@ -75,7 +75,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
         if (!rc)
             rc = src;
         if (!rc)
-            rc = disk_stage_io(pg, true, ids + b, ds + b, hs, m);
+            rc = tier_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
         tier_host_give(pg, hs, m);
     }
     return rc;
@@ -106,7 +106,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (!ids || !vas || !ds || !hs)
         goto out_free;
     out_pages(pg, s, need, ids, vas);
-    if ((rc = disk_slots_take(pg, need, ds)))
+    if ((rc = tier_disk_take(pg, need, ds)))
         goto out_free;
     rc = tier_copies_after_engine(pg, s);
     if (!rc)
@@ -115,7 +115,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (!rc)
         rc = tier_unmap_window(pg, s);
     if (rc) {
-        disk_slots_give(pg, ds, need);
+        tier_disk_give(pg, ds, need);
         goto out_free;
     }
     /* commit: nothing below fails */

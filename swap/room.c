@@ -87,11 +87,11 @@ int swap_host_room(void *arg, uint32_t want, uint64_t excl)
 
 /* With H free host slots, W writes in flight, S spillable host pages of others (the room
    facts t[PG_LOWER_HOST].free, .freeing, .movable) and D free disk slots
-   (t[PG_LOWER_DISK].free), a swap of `need` pages moves directly when need <= H + W + min(S, D) (the
-   room is made by spilling others). Else a swap-in is staged; a swap-out is staged when the
-   disk can take every page (D >= need) and a host slot can be had to stage through (one
-   free or coming free, or a page of another to spill with a disk slot to spare), else it is
-   -ENOMEM before anything moved. */
+   (t[PG_LOWER_DISK].free), a swap of `need` pages moves directly when
+   need <= H + W + min(S, D) (the room is made by spilling others). Else a swap-in is staged;
+   a swap-out is staged when the disk can take every page (D >= need) and a host slot can be
+   had to stage through (one free or coming free, or a page of another to spill with a disk
+   slot to spare), else it is -ENOMEM before anything moved. */
 int swap_plan(void *arg, bool in, const struct pg_room *r)
 {
     (void)arg;

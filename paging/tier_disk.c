@@ -1,6 +1,8 @@
 /*
- * paging/disk.c: the disk tier's mechanism over pg_disk_ops (contract in paging.h, "disk
- * tier"): which host pages are written out, the TO_DISK / FROM_DISK transitions, damage.
+ * paging/tier_disk.c: the disk tier's mechanism over its struct pg_tier_ops (an I/O tier;
+ * contract in paging.h, "disk tier"): which host pages are written out, the TO_DISK /
+ * FROM_DISK transitions, damage. Its names are tier_disk_* (and paging_disk_* for the
+ * layer's callers): disk_* names are disk/'s own, the disk tier's layer.
  *
  * Every page I/O holds one reference and one job on its page (so the checker and
  * page_sharers see it as a transfer) until its completion is processed here.
@@ -36,12 +38,12 @@ static void dio_end(struct paging *pg, pg_page_id id)
     page_put(pg, id);
 }
 
-static void disk_complete(struct paging *pg, const struct pg_tier_done *d)
+static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
     page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
-        /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
+        /* a staged swap's I/O: the page keeps its tier, tier_disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
         if (d->status && !pg->stage_rc)
             pg->stage_rc = d->status;
@@ -104,7 +106,7 @@ int paging_disk_reap(struct paging *pg)
     size_t n;
     while ((n = pg->lower[PG_LOWER_DISK].ops.reap(pg->lower[PG_LOWER_DISK].ops.arg, d, 64)) > 0)
         for (size_t i = 0; i < n; i++)
-            disk_complete(pg, &d[i]);
+            tier_disk_complete(pg, &d[i]);
     return 0;
 }
 
@@ -122,10 +124,12 @@ static int spill_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
-    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->lower[PG_LOWER_DISK].hint, &slot);   /* clustered after it */
+    /* clustered after the last slot allocated */
+    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->lower[PG_LOWER_DISK].hint, &slot);
     if (rc)
         return rc;
-    rc = lower_io(pg, PG_LOWER_DISK, true, slot, lower_ptr(pg, PG_LOWER_HOST, p->slot[PG_LOWER_HOST]), id);
+    rc = lower_io(pg, PG_LOWER_DISK, true, slot,
+                  lower_ptr(pg, PG_LOWER_HOST, p->slot[PG_LOWER_HOST]), id);
     if (rc) {
         lower_free(pg, PG_LOWER_DISK, slot);
         return rc;
@@ -226,7 +230,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     return *started ? 0 : rc;
 }
 
-void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
+void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)        /* ids[i] none: a hole (discard.c) */
         if (!pg_page_is_none(ids[i]) && page_in_dio(page_at(pg, ids[i]))) {
@@ -235,7 +239,7 @@ void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
         }
 }
 
-int disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
+int tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
 {
     *ndisk = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -249,31 +253,32 @@ int disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t 
     return 0;
 }
 
-int disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out)
+int tier_disk_take(struct paging *pg, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = lower_alloc(pg, PG_LOWER_DISK, k ? out[k - 1] : pg->lower[PG_LOWER_DISK].hint, &out[k]);
+        pg_slot hint = k ? out[k - 1] : pg->lower[PG_LOWER_DISK].hint;
+        int rc = lower_alloc(pg, PG_LOWER_DISK, hint, &out[k]);
         if (rc) {
-            disk_slots_give(pg, out, k);
+            tier_disk_give(pg, out, k);
             return rc;
         }
     }
     return 0;
 }
 
-void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n)
+void tier_disk_give(struct paging *pg, const pg_slot *ds, uint32_t n)
 {
     while (n > 0)
         lower_free(pg, PG_LOWER_DISK, ds[--n]);
 }
 
-int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
+int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
 {
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
     uint32_t need;
-    disk_settle(pg, ids, n);
-    int rc = disk_damaged(pg, ids, n, &need);
+    tier_disk_settle(pg, ids, n);
+    int rc = tier_disk_damaged(pg, ids, n, &need);
     if (rc || !need)
         return rc;
     rc = paging_host_room(pg, need, excl ? seq_handle(pg, excl) : 0);
@@ -290,7 +295,7 @@ int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg
         if ((rc = lower_alloc(pg, PG_LOWER_HOST, PG_SLOT_NONE, &hs)))
             break;
         rc = lower_io(pg, PG_LOWER_DISK, false, p->slot[PG_LOWER_DISK],
-                             lower_ptr(pg, PG_LOWER_HOST, hs), id);
+                      lower_ptr(pg, PG_LOWER_HOST, hs), id);
         if (rc) {
             lower_free(pg, PG_LOWER_HOST, hs);
             break;
@@ -316,7 +321,7 @@ int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg
     return 0;
 }
 
-int disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                   const pg_slot *dslots, const pg_slot *hslots, uint32_t n)
 {
     int rc = 0;
@@ -324,8 +329,7 @@ int disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
     pg->stage_rc = 0;
     for (; k < n; k++) {
         rc = lower_io(pg, PG_LOWER_DISK, write, dslots[k],
-                             lower_ptr(pg, PG_LOWER_HOST, hslots[k]),
-                             ids[k]);
+                      lower_ptr(pg, PG_LOWER_HOST, hslots[k]), ids[k]);
         if (rc)
             break;
         struct pg_page *p = page_at(pg, ids[k]);
@@ -350,7 +354,7 @@ int disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
     return rc;
 }
 
-uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
+uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
     if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
         return 0;
