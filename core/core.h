@@ -88,8 +88,10 @@ const char *core_err_name(int err);
 int core_budget_fits(kvvm *kv, size_t b);
 /* core/tiers.c: the tiers below the device as one list. open: each tier's layer for kv and
    kv->tier_ops (all or nothing; the error explained); close: every one, in reverse;
-   params: paging's pointers to the tiers that are on. */
+   params: paging's pointers to the tiers that are on; slots: the pages they can hold
+   together (page descriptors beyond the device's). */
 int  core_tiers_open(kvvm *kv);
+uint64_t core_tiers_slots(kvvm *kv);
 void core_tiers_close(kvvm *kv);
 void core_tiers_params(kvvm *kv, struct paging_params *pp);
 /* The reason of public call `call`'s failure rc when no layer gave one (lock held): the

@@ -133,9 +133,8 @@ static int open_layout(kvvm *kv)
     rc = core_tiers_open(kv);       /* the tiers below the device (core/tiers.c) */
     if (rc)
         goto out_unreserve;
-    /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
-    uint64_t slots = host_slots_total(kv->host) +
-                     (c->spill_dir ? c->spill_budget / c->page_size : 0);
+    /* page descriptors: device pages + the pages the tiers below can hold */
+    uint64_t slots = core_tiers_slots(kv);
     struct paging_params pp = {
         .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
         .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,

@@ -1,7 +1,8 @@
 /*
  * core/tiers.c: the tiers below the device, as one list (paging.h, "the tiers below the
  * device"): each entry opens its layer (host/, disk/ ...) for the context, adapts it to
- * paging's struct pg_tier_ops (kv->tier_ops[t]) and closes it. A new tier is a folder of
+ * paging's struct pg_tier_ops (kv->tier_ops[t]), says how many pages it can hold, and
+ * closes it. A new tier is a folder of
  * its own, its PG_LOWER_* index, and an entry here.
  *
  * The tiers' typed slot ids and paging's map one to one, none to none (each tier keeps its
@@ -61,6 +62,11 @@ static int host_open(kvvm *kv, struct pg_tier_ops *ops)
         *ops = (struct pg_tier_ops){ .arg = kv->host, .room = h_room, .alloc = h_alloc,
                                      .free = h_free, .ptr = h_ptr };
     return 0;
+}
+
+static uint64_t host_slots(kvvm *kv)
+{
+    return host_slots_total(kv->host);
 }
 
 static void host_close(kvvm *kv)
@@ -159,6 +165,11 @@ static int disk_open(kvvm *kv, struct pg_tier_ops *ops)
     return 0;
 }
 
+static uint64_t disk_slots(kvvm *kv)
+{
+    return kv->cfg.spill_dir ? kv->cfg.spill_budget / kv->cfg.page_size : 0;
+}
+
 static void disk_close(kvvm *kv)
 {
     spill_close(kv->spill);                  /* the unnamed file goes with its descriptor */
@@ -169,10 +180,11 @@ static void disk_close(kvvm *kv)
 
 static const struct core_tier {
     int  (*open)(kvvm *kv, struct pg_tier_ops *ops);   /* 0 with no ops: the tier is off */
+    uint64_t (*slots)(kvvm *kv);                        /* pages it can hold (0: off) */
     void (*close)(kvvm *kv);
 } tiers[] = {
-    [PG_LOWER_HOST] = { host_open, host_close },
-    [PG_LOWER_DISK] = { disk_open, disk_close },
+    [PG_LOWER_HOST] = { host_open, host_slots, host_close },
+    [PG_LOWER_DISK] = { disk_open, disk_slots, disk_close },
 };
 _Static_assert(sizeof tiers / sizeof tiers[0] == PG_N_LOWER, "one entry per tier below");
 
@@ -188,6 +200,14 @@ int core_tiers_open(kvvm *kv)
         }
     }
     return 0;
+}
+
+uint64_t core_tiers_slots(kvvm *kv)
+{
+    uint64_t n = 0;
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        n += tiers[t].slots(kv);
+    return n;
 }
 
 void core_tiers_close(kvvm *kv)
