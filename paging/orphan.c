@@ -34,9 +34,8 @@ int tier_page_down(struct paging *pg, pg_page_id id)
     page_count(pg, p, -1);
     page_frame_drop(pg, p);
     p->tier = PG_TIER_HOST;
-    p->slot[PG_LOWER_HOST] = slot;
+    page_take_slot(pg, p, PG_LOWER_HOST, slot);
     page_count(pg, p, 1);
-    pg->lower[PG_LOWER_HOST].n_slots++;
     pg->c.bytes_to_host += pg->p.page_size;
     return 0;
 out_slot:

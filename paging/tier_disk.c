@@ -135,13 +135,12 @@ static int spill_page(struct paging *pg, pg_page_id id)
         return rc;
     }
     pg->lower[PG_LOWER_DISK].hint = slot;
-    p->slot[PG_LOWER_DISK] = slot;
+    page_take_slot(pg, p, PG_LOWER_DISK, slot);
     page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
     page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
-    pg->lower[PG_LOWER_DISK].n_slots++;
     pg->lower[PG_LOWER_DISK].n_io++;
     return 0;
 }
@@ -300,11 +299,10 @@ int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, stru
             lower_free(pg, PG_LOWER_HOST, hs);
             break;
         }
-        p->slot[PG_LOWER_HOST] = hs;
+        page_take_slot(pg, p, PG_LOWER_HOST, hs);
         p->tier = PG_TIER_FROM_DISK;
         page_get(pg, id);
         p->jobs++;
-        pg->lower[PG_LOWER_HOST].n_slots++;
         pg->lower[PG_LOWER_DISK].n_io++;
     }
     /* the bytes are needed now: wait for the reads (and whatever else is in flight) */

@@ -125,8 +125,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         page_count(pg, p, -1);
         page_frame_drop(pg, p);
         p->tier = PG_TIER_DISK;
-        p->slot[PG_LOWER_DISK] = ds[j];
-        pg->lower[PG_LOWER_DISK].n_slots++;
+        page_take_slot(pg, p, PG_LOWER_DISK, ds[j]);
     }
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < np; i++) {
@@ -243,8 +242,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
             p->tier = PG_TIER_TO_HOST;
-            p->slot[PG_LOWER_HOST] = slots[k++];
-            pg->lower[PG_LOWER_HOST].n_slots++;
+            page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
             pg->lower[PG_LOWER_HOST].n_io++;
         }
         p->offs++;
