@@ -21,7 +21,7 @@ int tier_page_down(struct paging *pg, pg_page_id id)
     pg_slot slot;
     if (lower_on(pg, PG_LOWER_DISK) && !paging_host_free(pg))
         (void)paging_host_room(pg, 1, 0);
-    int rc = tier_host_take(pg, 1, &slot);
+    int rc = lower_take(pg, PG_LOWER_HOST, 1, &slot);
     if (rc)
         return rc;
     rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
@@ -39,7 +39,7 @@ int tier_page_down(struct paging *pg, pg_page_id id)
     pg->c.bytes_to_host += pg->p.page_size;
     return 0;
 out_slot:
-    tier_host_give(pg, &slot, 1);
+    lower_give(pg, PG_LOWER_HOST, &slot, 1);
     return rc;
 }
 

@@ -572,9 +572,10 @@ int  tier_job_fence(struct paging *pg, struct pg_defer *d);
 int  tier_wait_transfers(struct paging *pg, struct pg_seq *s);
 /* Waits for and reaps every transfer job; releases stay pending. */
 int  tier_wait_all_jobs(struct paging *pg);
-/* n host slots, all or nothing (-ENOMEM); and back. */
-int  tier_host_take(struct paging *pg, uint32_t n, pg_slot *out);
-void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n);
+/* n slots of tier t below the device, all or nothing (-ENOMEM), each clustered after the
+   one before (the first after the tier's hint; a memory tier ignores hints); and back. */
+int  lower_take(struct paging *pg, unsigned t, uint32_t n, pg_slot *out);
+void lower_give(struct paging *pg, unsigned t, const pg_slot *s, uint32_t n);
 /* One page copy on the copy stream between host slot and device address va. */
 int  tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va);
 int  tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot);
@@ -648,10 +649,6 @@ int  tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
 uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl);
-/* The disk slots of a staged swap-out: n, allocated clustered after the last (all or
-   nothing, -ENOMEM); and back. */
-int  tier_disk_take(struct paging *pg, uint32_t n, pg_slot *out);
-void tier_disk_give(struct paging *pg, const pg_slot *ds, uint32_t n);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
 void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0

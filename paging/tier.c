@@ -218,24 +218,25 @@ int tier_job_fence(struct paging *pg, struct pg_defer *d)
     return rc;
 }
 
-/* ---- host slots, window and copies of the swap paths ---------------------------------- */
+/* ---- slots of the tiers below, window and copies of the swap paths -------------------- */
 
-int tier_host_take(struct paging *pg, uint32_t n, pg_slot *out)
+int lower_take(struct paging *pg, unsigned t, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = lower_alloc(pg, PG_LOWER_HOST, PG_SLOT_NONE, &out[k]);
+        pg_slot hint = k ? out[k - 1] : pg->lower[t].hint;
+        int rc = lower_alloc(pg, t, hint, &out[k]);
         if (rc) {
-            tier_host_give(pg, out, k);
+            lower_give(pg, t, out, k);
             return rc;
         }
     }
     return 0;
 }
 
-void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n)
+void lower_give(struct paging *pg, unsigned t, const pg_slot *s, uint32_t n)
 {
     while (n > 0)
-        lower_free(pg, PG_LOWER_HOST, hs[--n]);
+        lower_free(pg, t, s[--n]);
 }
 
 int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)

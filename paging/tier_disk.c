@@ -252,24 +252,6 @@ int tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint
     return 0;
 }
 
-int tier_disk_take(struct paging *pg, uint32_t n, pg_slot *out)
-{
-    for (uint32_t k = 0; k < n; k++) {
-        pg_slot hint = k ? out[k - 1] : pg->lower[PG_LOWER_DISK].hint;
-        int rc = lower_alloc(pg, PG_LOWER_DISK, hint, &out[k]);
-        if (rc) {
-            tier_disk_give(pg, out, k);
-            return rc;
-        }
-    }
-    return 0;
-}
-
-void tier_disk_give(struct paging *pg, const pg_slot *ds, uint32_t n)
-{
-    while (n > 0)
-        lower_free(pg, PG_LOWER_DISK, ds[--n]);
-}
 
 int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
 {

@@ -127,7 +127,7 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
         if (!pg_page_is_none(bw))
             for (uint32_t j = 0; j < m; j++)
                 hs[j] = page_at(pg, bw)->slot[PG_LOWER_HOST];
-        else if ((rc = tier_host_take(pg, m, hs)))
+        else if ((rc = lower_take(pg, PG_LOWER_HOST, m, hs)))
             return rc;
         rc = tier_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
         for (uint32_t j = 0; j < m && !rc; j++)
@@ -136,7 +136,7 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
         if (!rc)
             rc = src;
         if (pg_page_is_none(bw))
-            tier_host_give(pg, hs, m);
+            lower_give(pg, PG_LOWER_HOST, hs, m);
         if (rc)
             return rc;
     }

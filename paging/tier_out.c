@@ -67,7 +67,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
     int rc = 0;
     for (uint32_t b = 0; b < need && !rc; b += bmax) {
         uint32_t m = need - b < bmax ? need - b : bmax;
-        if ((rc = tier_host_take(pg, m, hs)))
+        if ((rc = lower_take(pg, PG_LOWER_HOST, m, hs)))
             break;
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
@@ -76,7 +76,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
             rc = src;
         if (!rc)
             rc = tier_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
-        tier_host_give(pg, hs, m);
+        lower_give(pg, PG_LOWER_HOST, hs, m);
     }
     return rc;
 }
@@ -106,7 +106,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (!ids || !vas || !ds || !hs)
         goto out_free;
     out_pages(pg, s, need, ids, vas);
-    if ((rc = tier_disk_take(pg, need, ds)))
+    if ((rc = lower_take(pg, PG_LOWER_DISK, need, ds)))
         goto out_free;
     rc = tier_copies_after_engine(pg, s);
     if (!rc)
@@ -115,7 +115,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (!rc)
         rc = tier_unmap_window(pg, s);
     if (rc) {
-        tier_disk_give(pg, ds, need);
+        lower_give(pg, PG_LOWER_DISK, ds, need);
         goto out_free;
     }
     /* commit: nothing below fails */
@@ -214,7 +214,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     struct pg_defer *d = tier_job_new(pg, s, DF_OUT, n);
     pg_slot *slots = malloc((need ? need : 1) * sizeof *slots);
     int rc = -ENOMEM;
-    if (!d || !slots || (rc = tier_host_take(pg, need, slots)))
+    if (!d || !slots || (rc = lower_take(pg, PG_LOWER_HOST, need, slots)))
         goto out_free;
     d->first = 0;
     d->end = np;
@@ -229,7 +229,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
                     : vmm_stream_sync(pg->v, pg->copy_stream);  /* sync mode: done on return */
     if (rc) {
         vmm_stream_sync(pg->v, pg->copy_stream);
-        tier_host_give(pg, slots, need);
+        lower_give(pg, PG_LOWER_HOST, slots, need);
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
