@@ -2,7 +2,7 @@
  * core/open.c: the context's lifetime, kvvm_open and kvvm_close.
  *
  * kvvm_open copies and checks the caller's config, opens the device (vmm), reserves the
- * layout, builds the tiers (host arena, disk tier) and paging's ops tables over them, then
+ * layout, opens the tiers below the device (core/tiers.c: the host arena, the disk tier), then
  * paging and swap; each step is undone on failure (out_<what> labels). kvvm_close tears it
  * all down in the reverse order, the reclaim thread first (joined without the lock).
  */
@@ -33,122 +33,6 @@ static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
     if (in->size < offsetof(struct kvvm_config, pool_thread) + sizeof out->pool_thread)
         out->pool_thread = 1;       /* a struct from before 0.2: the default */
     out->size = sizeof *out;
-    return 0;
-}
-
-/* The tiers' typed slot ids and paging's map one to one, none to none (each tier keeps its
-   own type: host/ and disk/ never include paging's header). The only conversions. */
-static host_slot host_of(pg_slot s)
-{
-    return pg_slot_is_none(s) ? HOST_SLOT_NONE : (host_slot){ s.v };
-}
-static spill_slot spill_of(pg_slot s)
-{
-    return pg_slot_is_none(s) ? SPILL_SLOT_NONE : (spill_slot){ s.v };
-}
-static pg_slot pg_of_host(host_slot s)
-{
-    return s.idx == HOST_SLOT_NONE.idx ? PG_SLOT_NONE : (pg_slot){ s.idx };
-}
-static pg_slot pg_of_spill(spill_slot s)
-{
-    return spill_slot_valid(s) ? (pg_slot){ s.idx } : PG_SLOT_NONE;
-}
-
-static int h_alloc(void *a, pg_slot *slot)
-{
-    host_slot s;
-    int rc = host_slot_alloc(a, &s);
-    if (!rc)
-        *slot = pg_of_host(s);
-    return rc;
-}
-static void h_free(void *a, pg_slot slot)
-{
-    int rc = host_slot_free(a, host_of(slot));
-    KVVM_ASSERT(rc == 0);                    /* paging frees each host slot once */
-    (void)rc;
-}
-static void *h_ptr(void *a, pg_slot slot)
-{
-    return host_slot_ptr(a, host_of(slot));
-}
-
-static size_t h_n_free(void *a)
-{
-    return host_slots_free(a);
-}
-
-/* paging's disk ops over the spill engine: completions go to its queue (reaped by paging
-   under the context lock), so the engine thread never takes the context lock. Slots map
-   through spill_of / pg_of_spill; a page id travels as the request's page identity (its
-   checksum seed) and its user cookie, and comes back as a pg_page_id in the completion. */
-static int d_alloc(void *a, pg_slot hint, pg_slot *slot)
-{
-    spill_slot s;
-    int rc = spill_slot_alloc(a, 1, spill_of(hint), &s);
-    if (!rc)
-        *slot = pg_of_spill(s);
-    return rc;
-}
-static void d_free(void *a, pg_slot slot)
-{
-    int rc = spill_slot_free(a, spill_of(slot));
-    KVVM_ASSERT(rc == 0);                    /* once, and with no I/O in flight on it */
-    if (rc)
-        klog_error("kvvm: freeing disk slot %u failed (%d)", slot.v, rc);
-}
-static int d_submit(void *a, bool write, pg_slot slot, void *buf, pg_page_id page)
-{
-    struct spill_req r = { .op = write ? SPILL_WRITE : SPILL_READ,
-                           .slot = spill_of(slot), .buf = buf, .page = page.v,
-                           .user = (void *)(uintptr_t)page.v };
-    return spill_submit(a, &r, 1);
-}
-static size_t d_reap(void *a, struct pg_disk_done *out, size_t max)
-{
-    struct spill_cqe c[64];
-    size_t n = spill_reap(a, c, max < 64 ? max : 64);
-    for (size_t i = 0; i < n; i++)
-        out[i] = (struct pg_disk_done){ { (uint32_t)(uintptr_t)c[i].user }, c[i].status,
-                                        c[i].op == SPILL_WRITE };
-    return n;
-}
-static void d_wait(void *a)
-{
-    spill_wait_all(a);
-}
-static size_t d_n_free(void *a)
-{
-    struct spill_stats st;
-    spill_stats_get(a, &st);
-    return st.slots_free;
-}
-
-static int open_spill(kvvm *kv)
-{
-    struct kvvm_config *c = &kv->cfg;
-    if (!c->spill_dir)
-        return 0;
-    if (!host_slots_total(kv->host)) {
-        return kerr(-EINVAL, "kvvm_open: spill_dir %s needs a host tier: set host_budget "
-                    "(KVVM_HOST_BUDGET, e.g. 1G) to at least page_size %zu bytes; disk pages "
-                    "come back through host slots", c->spill_dir, c->page_size);
-    }
-    struct spill_params sp = {
-        .dir = c->spill_dir, .budget = c->spill_budget, .page_size = c->page_size,
-        .buf_base = host_arena_base(kv->host), .buf_bytes = host_arena_bytes(kv->host),
-        .flags = ((c->flags & KVVM_F_SPILL_ALLOW_TMPFS) ? SPILL_F_ALLOW_TMPFS : 0) |
-                 ((c->flags & KVVM_F_SPILL_BUFFERED) ? SPILL_F_BUFFERED : 0),
-    };
-    int rc = spill_open(&sp, &kv->spill);
-    if (rc) {
-        klog_error("kvvm_open: the disk tier in %s could not be opened (%s)", c->spill_dir,
-                   core_err_name(rc));
-        return rc;
-    }
-    kv->disk_ops = (struct pg_disk_ops){ kv->spill, d_alloc, d_free, d_submit, d_reap,
-                                         d_wait, d_n_free };
     return 0;
 }
 
@@ -246,20 +130,11 @@ static int open_layout(kvvm *kv)
                    (unsigned long long)reserve, rc);
         return rc;
     }
-    struct host_params hp = { .budget = c->host_budget, .page_size = c->page_size };
-    rc = host_arena_open(kv->v, &hp, &kv->host);
-    if (rc) {
-        klog_error("kvvm_open: the host tier (%zu bytes) could not be made (%d)",
-                   c->host_budget, rc);
-        goto out_unreserve;
-    }
-    kv->host_ops = (struct pg_host_ops){ kv->host, h_alloc, h_free, h_ptr, h_n_free };
-    rc = open_spill(kv);
+    rc = core_tiers_open(kv);       /* the tiers below the device (core/tiers.c) */
     if (rc)
-        goto out_host;
-    /* page descriptors: device + host pages, + disk pages only when there is a disk tier */
-    uint64_t slots = host_slots_total(kv->host) +
-                     (c->spill_dir ? c->spill_budget / c->page_size : 0);
+        goto out_unreserve;
+    /* page descriptors: device pages + the pages the tiers below can hold */
+    uint64_t slots = core_tiers_slots(kv);
     struct paging_params pp = {
         .n_regions = c->n_regions, .bytes_per_token = c->bytes_per_token,
         .max_seqs = c->max_seqs, .max_tokens = c->max_tokens, .page_size = c->page_size,
@@ -269,12 +144,11 @@ static int open_layout(kvvm *kv)
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
         .view_ids = (uint32_t)view_ids, .view_base = kv->base + windows,
         .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
-        .host = host_slots_total(kv->host) ? &kv->host_ops : NULL,
-        .disk = kv->spill ? &kv->disk_ops : NULL,
     };
+    core_tiers_params(kv, &pp);
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
-        goto out_spill;
+        goto out_tiers;
     struct swap_params sp = {
         .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
         .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
@@ -312,11 +186,8 @@ out_swap_only:
     swap_destroy(kv->sw);
 out_paging:
     paging_destroy(kv->pg);
-out_spill:
-    spill_close(kv->spill);
-    kv->spill = NULL;
-out_host:
-    host_arena_close(kv->host);
+out_tiers:
+    core_tiers_close(kv);
 out_unreserve:
     vmm_unreserve(kv->v);
     return rc;
@@ -446,9 +317,8 @@ void kvvm_close(kvvm *kv)
     paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
     prefix_destroy(kv->pfx);        /* the entries' pages (after swap: no plan reaches it) */
     paging_destroy(kv->pg);
-    spill_close(kv->spill);         /* the unnamed file goes with its descriptor */
     store_close(kv->store);
-    host_arena_close(kv->host);
+    core_tiers_close(kv);           /* the tiers below the device (core/tiers.c) */
     for (size_t i = 0; i < kv->n_streams; i++)
         vmm_stream_destroy(kv->v, kv->streams[i]);
     free(kv->streams);

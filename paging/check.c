@@ -215,7 +215,8 @@ static int ck_frames(struct ck *k)
 static int ck_pages(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t live = 0, dev = 0, host = 0, infl = 0, disk = 0, dio = 0, hostp = 0, orph = 0;
+    uint32_t live = 0, dev = 0, hostp = 0, orph = 0;
+    uint32_t slots[PG_N_LOWER] = { 0 }, io[PG_N_LOWER] = { 0 };   /* per tier below */
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
         struct pg_page *p = &pg->pages[i];
         if (p->tier == PG_TIER_NONE)
@@ -231,25 +232,25 @@ static int ck_pages(struct ck *k)
             /* a disk I/O in flight holds one reference and one job */
             k->refs[i]++;
             k->jobs[i]++;
-            dio++;
         }
-        if (p->tier == PG_TIER_DISK || page_in_dio(p))
-            disk++;
-        if (page_in_dio(p) && !pg->p.disk)
-            return fail(k, "page %u has disk I/O in flight without a disk tier", i + 1);
-        if (p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK)
-            host++;
+        /* the tiers below: the slots it holds, the transfer it is */
+        for (unsigned t = 0; t < PG_N_LOWER; t++) {
+            if (!(lower_slots(p->tier) >> t & 1u))
+                continue;
+            if (!lower_on(pg, t))
+                return fail(k, "page %u (tier %u) holds a slot of absent tier %u below", i + 1,
+                            p->tier, t);
+            slots[t]++;
+        }
+        if (lower_moving(p->tier) >= 0)
+            io[lower_moving(p->tier)]++;
         if (p->refs != k->refs[i])
             return fail(k, "page %u has refcount %u but %u holders", i + 1, p->refs,
                         k->refs[i]);
         if (p->offs != k->offs[i] || p->jobs != k->jobs[i])
             return fail(k, "page %u counts %u non-resident holders and %u jobs, found %u and %u",
                         i + 1, p->offs, p->jobs, k->offs[i], k->jobs[i]);
-        if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE)
-            host++;
-        if (p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE)
-            infl++;
-        if ((p->tier == PG_TIER_TO_HOST || p->tier == PG_TIER_TO_DEVICE) && !p->jobs)
+        if (lower_moving(p->tier) >= 0 && !p->jobs)
             return fail(k, "page %u is in flight (tier %u) but no transfer job holds it",
                         i + 1, p->tier);
         if (p->tier == PG_TIER_HOST && !pg_frame_is_none(p->frame))
@@ -266,15 +267,14 @@ static int ck_pages(struct ck *k)
     if (live != pg->n_pages_live || dev != pg->n_used)
         return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
                     pg->n_pages_live, dev, pg->n_used);
-    if (disk != pg->n_disk || dio != pg->n_dio)
-        return fail(k, "%u pages hold disk slots (counted %u), %u with disk I/O (counted %u)",
-                    disk, pg->n_disk, dio, pg->n_dio);
     if (hostp != pg->n_host_pages || orph != pg->n_orphans)
         return fail(k, "%u HOST pages (counted %u), %u orphans (counted %u)", hostp,
                     pg->n_host_pages, orph, pg->n_orphans);
-    if (host != pg->n_host || infl != pg->n_inflight)
-        return fail(k, "%u pages hold host slots (counted %u), %u in flight (counted %u)",
-                    host, pg->n_host, infl, pg->n_inflight);
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        if (slots[t] != pg->lower[t].n_slots || io[t] != pg->lower[t].n_io)
+            return fail(k, "%u pages hold slots of tier %u below (counted %u), %u move "
+                        "between it and the tier above (counted %u)", slots[t], t,
+                        pg->lower[t].n_slots, io[t], pg->lower[t].n_io);
     return 0;
 }
 

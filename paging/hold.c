@@ -175,7 +175,7 @@ uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, i
 int paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved)
 {
     *moved = 0;
-    if (!pg->p.host)
+    if (!lower_on(pg, PG_LOWER_HOST))
         return -ENOMEM;
     int rc = tier_copy_stream(pg);
     for (size_t i = 0; !rc && i < n; i++) {

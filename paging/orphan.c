@@ -19,9 +19,9 @@ int tier_page_down(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
-    if (pg->p.disk && !paging_host_free(pg))
+    if (lower_on(pg, PG_LOWER_DISK) && !paging_host_free(pg))
         (void)paging_host_room(pg, 1, 0);
-    int rc = tier_host_take(pg, 1, &slot);
+    int rc = lower_take(pg, PG_LOWER_HOST, 1, &slot);
     if (rc)
         return rc;
     rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
@@ -34,13 +34,12 @@ int tier_page_down(struct paging *pg, pg_page_id id)
     page_count(pg, p, -1);
     page_frame_drop(pg, p);
     p->tier = PG_TIER_HOST;
-    p->host_slot = slot;
+    page_take_slot(pg, p, PG_LOWER_HOST, slot);
     page_count(pg, p, 1);
-    pg->n_host++;
     pg->c.bytes_to_host += pg->p.page_size;
     return 0;
 out_slot:
-    tier_host_give(pg, &slot, 1);
+    lower_give(pg, PG_LOWER_HOST, &slot, 1);
     return rc;
 }
 
@@ -48,7 +47,7 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
                            size_t n_keep, uint32_t *moved)
 {
     *moved = 0;
-    if (!pg->p.host)
+    if (!lower_on(pg, PG_LOWER_HOST))
         return 0;
     int rc = tier_copy_stream(pg);
     if (n_keep) {

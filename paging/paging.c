@@ -30,14 +30,15 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->pages_total = pg->p.max_frames;
     out->pages_used = pg->n_used;
     out->pages_free = pg->p.max_frames - pg->n_used;
-    out->pages_inflight = pg->n_inflight;
+    out->pages_inflight = 0;
+    for (unsigned t = 0; t < PG_N_LOWER; t++)    /* moves between tiers, any two */
+        out->pages_inflight += pg->lower[t].n_io;
     pthread_mutex_lock((pthread_mutex_t *)&pg->feed.mu);
     out->frames_held = pg->n_held + pg->feed.n_in + pg->feed.releasing;
     pthread_mutex_unlock((pthread_mutex_t *)&pg->feed.mu);
     out->deferred = pg->n_defer;
-    out->pages_host = pg->n_host;
-    out->pages_disk = pg->n_disk;
-    out->pages_inflight += pg->n_dio;
+    out->pages_host = pg->lower[PG_LOWER_HOST].n_slots;
+    out->pages_disk = pg->lower[PG_LOWER_DISK].n_slots;
     out->orphans = tier_orphans(pg);
     out->nonresident = pg->n_out;
 }
@@ -49,17 +50,16 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         return -ENOMEM;
     pg->v = v;
     pg->p = *p;
-    if (p->host) {
-        pg->host = *p->host;
-        pg->p.host = &pg->host;
+    /* the tiers below: a tier is there when it and every tier above it are */
+    for (unsigned t = 0; t < PG_N_LOWER && p->tier[t]; t++) {
+        pg->lower[t].ops = *p->tier[t];
+        pg->p.tier[t] = &pg->lower[t].ops;
     }
-    if (p->disk && p->host) {
-        pg->disk = *p->disk;
-        pg->p.disk = &pg->disk;
-    } else {
-        pg->p.disk = NULL;
+    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+        if (!lower_on(pg, t))
+            pg->p.tier[t] = NULL;
+        pg->lower[t].hint = PG_SLOT_NONE;
     }
-    pg->disk_hint = PG_SLOT_NONE;
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;

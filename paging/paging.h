@@ -65,39 +65,51 @@ enum pg_tier {
     PG_TIER_FROM_DISK,       /* disk -> host read in flight */
 };
 
-/* The host tier's slots, as the caller (core/, over host/) provides them: paging names
-   slots, never allocates memory itself. alloc: -ENOMEM when the tier is full. */
-struct pg_host_ops {
-    void *arg;
-    int   (*alloc)(void *arg, pg_slot *slot);
-    void  (*free)(void *arg, pg_slot slot);
-    void *(*ptr)(void *arg, pg_slot slot);
-    size_t (*n_free)(void *arg);               /* free slots now */
-};
-
-/* The disk tier, as the caller (core/, over disk/) provides it: paging names disk slots
-   and page I/O, never opens files itself. Slots are u64 ids; a page's I/O carries the page id
-   (its checksum identity). submit queues one page transfer and returns (0, or -errno with
-   nothing queued); its completion comes back once through reap (never blocks). wait blocks
-   until no I/O is in flight (thread safe; callable without the context lock). */
-struct pg_disk_done { pg_page_id page; int status; bool write; };
-struct pg_disk_ops {
-    void *arg;
-    int    (*alloc)(void *arg, pg_slot hint, pg_slot *slot);  /* hint PG_SLOT_NONE: none */
+/* ---- the tiers below the device: one list ----
+ * The tiers below the device form a list, fastest first, indexed by PG_LOWER_*: the host
+ * tier (pinned host memory, swap) and the disk tier (spill files). A page leaves the device
+ * for the first and moves down the list one step at a time, through the tier above (a
+ * spill write reads a host slot); it comes back up the same way. Each tier is one struct
+ * pg_tier_ops that the caller (core/tiers.c, over host/, disk/ ...) provides: paging names
+ * slots and page transfers, never allocates memory or opens files itself. A tier is either
+ *  - a memory tier (ptr set; the host tier): its slots are host memory the device copies
+ *    to and from on paging's copy stream, or
+ *  - an I/O tier (put and get set; the disk tier): put writes a page from a buffer of the
+ *    tier above (a host slot) to one of its slots, get reads it back; each returns 0 and
+ *    queues the transfer (or -errno, nothing queued), and its completion comes back once
+ *    through reap (never blocks). wait blocks until no transfer is in flight (thread safe;
+ *    callable without the context lock). A page's transfer carries its page id (its
+ *    checksum identity).
+ * Absent tiers have no ops (params.tier[t] NULL); a tier needs every tier above it. */
+enum { PG_LOWER_HOST = 0, PG_LOWER_DISK = 1, PG_N_LOWER = 2 };
+struct pg_tier_done { pg_page_id page; int status; bool write; };
+struct pg_tier_ops {
+    void  *arg;
+    size_t (*room)(void *arg);                      /* free slots now */
+    /* -ENOMEM when the tier is full; hint (PG_SLOT_NONE: none) a slot to cluster after */
+    int    (*alloc)(void *arg, pg_slot hint, pg_slot *slot);
     void   (*free)(void *arg, pg_slot slot);
-    int    (*submit)(void *arg, bool write, pg_slot slot, void *buf, pg_page_id page);
-    size_t (*reap)(void *arg, struct pg_disk_done *out, size_t max);
+    void  *(*ptr)(void *arg, pg_slot slot);         /* a memory tier's slot */
+    int    (*put)(void *arg, pg_slot slot, void *buf, pg_page_id page);  /* I/O tier */
+    int    (*get)(void *arg, pg_slot slot, void *buf, pg_page_id page);
+    size_t (*reap)(void *arg, struct pg_tier_done *out, size_t max);
     void   (*wait)(void *arg);
-    size_t (*n_free)(void *arg);
 };
 
 /* The policy paging asks (swap/ provides it, installed by swap_create): paging names what
    a move needs, the policy chooses how it is had. Room facts for a swap of `need` pages that
-   the host tier cannot take as it is: H free host slots, W spill writes in flight (their
-   host slots come free), S host pages of other non-resident sequences that could be
-   spilled, D free disk slots (0 when spilling is off). */
+   the host tier cannot take as it is, per tier below (t[PG_LOWER_*]): free, its free slots
+   (0 for a tier that takes no moves down: spilling off); freeing, its slots that transfers
+   between it and the tier below in flight will free (host: spill writes); movable, its
+   pages that could move down to the tier below for room (host: host pages of other
+   non-resident sequences that could be spilled; 0 when the tier below takes none, and for
+   the last tier). */
+struct pg_tier_room {
+    uint64_t free, freeing, movable;
+};
 struct pg_room {
-    uint64_t need, host_free, writes, spillable, disk_free;
+    uint64_t need;
+    struct pg_tier_room t[PG_N_LOWER];
 };
 enum pg_move { PG_MOVE_DIRECT = 0, PG_MOVE_STAGED = 1 };
 struct pg_policy_ops {
@@ -133,8 +145,9 @@ struct paging_params {
                                     no pool view */
     uint64_t view_base;          /* its base: region r's view at view_base + r * view_ids *
                                     page_size (inside the reservation, after the scratch) */
-    const struct pg_host_ops *host; /* NULL: no host tier (swap_out is -ENOMEM) */
-    const struct pg_disk_ops *disk; /* NULL: no disk tier (needs a host tier) */
+    /* the tiers below the device (PG_LOWER_*; NULL: absent). Without a host tier swap_out
+       is -ENOMEM; the disk tier needs a host tier (ignored without one). */
+    const struct pg_tier_ops *tier[PG_N_LOWER];
 };
 
 struct paging_counters {
@@ -378,7 +391,7 @@ int  paging_reap(struct paging *pg);
    free then. -EIO. */
 int  paging_wait_releases(struct paging *pg);
 
-/* ---- disk tier (disk.c) ----
+/* ---- disk tier (tier_disk.c) ----
  * Page lifecycle: HOST --write--> TO_DISK --full completion--> DISK (host slot freed);
  * DISK --read + checksum--> FROM_DISK --> HOST (disk slot freed). An I/O in flight holds a
  * reference (and a job) on its page, so a page freed meanwhile is released only when its
@@ -412,10 +425,10 @@ bool paging_spill_on(struct paging *pg);
    in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
    through one to disk; spilling a host page trades a disk slot for a host slot). */
 uint64_t paging_room_below(struct paging *pg);
-/* The room facts of the tiers below for a plan (need 0): free host slots, spill writes in
-   flight, host pages that could be spilled (every HOST page: none holds a resident
-   sequence; less the keep set's, paging_spill_keep), free disk slots (0 without a disk
-   tier or with spilling off). Reaps first. */
+/* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
+   spill writes in flight, host pages that could be spilled (every HOST page: none holds a
+   resident sequence; less the keep set's, paging_spill_keep), free disk slots (0 without a
+   disk tier or with spilling off). Reaps first. */
 void paging_room_facts(struct paging *pg, struct pg_room *r);
 /* Processes queued disk completions. */
 int  paging_disk_reap(struct paging *pg);

@@ -11,11 +11,13 @@
  *   cow.c    copy-on-write, prepare_write, write/read
  *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
  *   tier.c   the host tier's shared steps: copy stream, transfer jobs, host slots, window
- *            mapping and copies of the swap paths; residency queries (ready, need, candidates)
+ *            mapping and copies of the swap paths; the bridge to the policy (room facts)
+ *   resident.c  residency queries (ready, need, stage facts, candidates, counts)
  *   tier_out.c  sequence swap-out (direct, or staged through the host tier to disk)
  *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
  *   orphan.c the orphan pages (device pages no resident sequence maps) and their move down
- *   disk.c   the disk tier's mechanism: page writes and reads, their completions, damage
+ *   tier_disk.c  the disk tier's mechanism: page writes and reads, their completions,
+ *            damage (tier_disk_*; disk/ is the disk tier's own layer, spill_* its API)
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
@@ -85,8 +87,12 @@ struct pg_page {
     uint8_t  tier;         /* enum pg_tier; PG_TIER_NONE = descriptor free */
     pg_frame_id frame;     /* PG_TIER_DEVICE: frame id */
     pg_page_id next_free;  /* PG_TIER_NONE: next free descriptor id */
-    pg_slot  host_slot;    /* PG_TIER_HOST (swap) */
-    pg_slot  disk_slot;    /* PG_TIER_DISK, TO_DISK, FROM_DISK (spill) */
+    pg_slot  slot[PG_N_LOWER]; /* its slot in each tier below the device that holds its
+                              bytes (lower_slots(tier) says which): one while it rests in a
+                              tier (HOST, DISK), or leaves or enters one from the device
+                              (TO_HOST, TO_DEVICE: the host slot); both of a move between
+                              two (TO_DISK, FROM_DISK: the source's slot is freed when the
+                              transfer completed, the destination's if it failed) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
     uint32_t mark, n_mark; /* a reclaim plan's scratch (plan.c), valid while mark ==
@@ -100,7 +106,7 @@ struct pg_page {
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
-   keeps its tier during the call, its I/O is tracked here (disk_stage_io). */
+   keeps its tier during the call, its I/O is tracked here (tier_disk_stage_io). */
 enum { STG_NONE = 0, STG_BUSY, STG_OK, STG_FAIL };
 
 /* Work that waits for a fence. Holds one reference on each page it names.
@@ -195,6 +201,19 @@ struct pg_view {
     uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
 };
 
+/* One tier below the device as paging keeps it (paging.h, "the tiers below the device"):
+   its ops and its counts. Moves between tier t and the tier above it (the device for the
+   host tier) are tier t's transfers in flight (n_io). */
+struct pg_lower {
+    struct pg_tier_ops ops;    /* ops.alloc NULL: the tier is absent */
+    uint32_t n_slots;          /* pages holding a slot of it (host: HOST, TO_HOST, TO_DEVICE,
+                                  FROM_DISK, TO_DISK; disk: DISK, TO_DISK, FROM_DISK) */
+    uint32_t n_io;             /* pages moving between it and the tier above (host: TO_HOST,
+                                  TO_DEVICE; disk: TO_DISK, FROM_DISK) */
+    uint8_t  off;              /* no more moves down into it (a write failed: disk) */
+    pg_slot  hint;             /* the last slot allocated (clustering); PG_SLOT_NONE: none */
+};
+
 struct paging {
     struct vmm *v;
     struct paging_params p;
@@ -235,27 +254,22 @@ struct paging {
     uint32_t n_defer;
     uint64_t tick;             /* uses so far (LRU clock) */
 
-    /* host tier (tier.c) */
-    struct pg_host_ops host;   /* host.alloc == NULL: no host tier */
+    /* the tiers below the device (paging.h, "the tiers below the device") */
+    struct pg_lower lower[PG_N_LOWER];
+    /* the device <-> host copies (tier.c) */
     kcu_stream copy_stream;    /* swap copies; made on first use */
     vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
     uint8_t  copy_fence_ok;
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
-    uint32_t n_host;           /* pages holding a host slot (HOST, TO_HOST, TO_DEVICE) */
     uint32_t n_host_pages;     /* pages in tier HOST (the spillable ones: page_count) */
     uint32_t n_orphans;        /* device pages held only by non-resident holders (page_count) */
-    uint32_t n_inflight;       /* pages TO_HOST or TO_DEVICE */
 
-    /* disk tier (disk.c) */
-    struct pg_disk_ops disk;   /* disk.alloc == NULL: no disk tier */
-    uint32_t n_disk;           /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
-    uint32_t n_dio;            /* pages TO_DISK or FROM_DISK */
-    uint8_t  disk_off;         /* spilling disabled after a write error */
-    pg_slot  disk_hint;        /* last slot allocated (clustering); PG_SLOT_NONE: none yet */
+    /* spilling (tier_disk.c) */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
-    int      stage_rc;         /* first error of the staged I/O in progress (disk_stage_io) */
+    int      stage_rc;         /* first error of the staged I/O in progress
+                                  (tier_disk_stage_io) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
 
     struct paging_counters c;
@@ -398,19 +412,74 @@ static inline void page_get_off(struct paging *pg, pg_page_id id)
     p->offs++;
     page_count(pg, p, 1);
 }
-/* Frees the page's slot in tier t (PG_TIER_HOST: its host slot, PG_TIER_DISK: its disk
-   slot) and its count in that tier; the page's tier is the caller's to set. */
-static inline void page_release_slot(struct paging *pg, struct pg_page *p, uint8_t t)
+/* The tiers below the device (paging.h): whether tier t is there, its free slots (0 when
+   absent), and its slots and transfers (ops, through these only). */
+static inline bool lower_on(const struct paging *pg, unsigned t)
 {
-    if (t == PG_TIER_HOST) {
-        pg->p.host->free(pg->p.host->arg, p->host_slot);
-        p->host_slot = (pg_slot){ 0 };
-        pg->n_host--;
-    } else {
-        pg->disk.free(pg->disk.arg, p->disk_slot);
-        p->disk_slot = (pg_slot){ 0 };
-        pg->n_disk--;
+    return pg->lower[t].ops.alloc != NULL;
+}
+static inline size_t lower_room(const struct paging *pg, unsigned t)
+{
+    return lower_on(pg, t) ? pg->lower[t].ops.room(pg->lower[t].ops.arg) : 0;
+}
+static inline int lower_alloc(struct paging *pg, unsigned t, pg_slot hint, pg_slot *slot)
+{
+    return pg->lower[t].ops.alloc(pg->lower[t].ops.arg, hint, slot);
+}
+static inline void lower_free(struct paging *pg, unsigned t, pg_slot slot)
+{
+    pg->lower[t].ops.free(pg->lower[t].ops.arg, slot);
+}
+static inline void *lower_ptr(struct paging *pg, unsigned t, pg_slot slot)
+{
+    return pg->lower[t].ops.ptr(pg->lower[t].ops.arg, slot);
+}
+/* An I/O tier's transfer of page id between its slot and buf (write: put, else get). */
+static inline int lower_io(struct paging *pg, unsigned t, bool write, pg_slot slot, void *buf,
+                           pg_page_id id)
+{
+    const struct pg_tier_ops *o = &pg->lower[t].ops;
+    return (write ? o->put : o->get)(o->arg, slot, buf, id);
+}
+/* The page states below the device (enum pg_tier) as the list sees them. lower_of: the
+   tier a state rests in (HOST, DISK), else -1. lower_moving: the tier whose transfer a
+   state is, between it and the tier above (TO_HOST, TO_DEVICE: the host tier's; TO_DISK,
+   FROM_DISK: the disk tier's), else -1. lower_slots: the tiers whose slot a page in the
+   state holds, a bit per tier. */
+static inline int lower_of(uint8_t tier)
+{
+    return tier == PG_TIER_HOST ? PG_LOWER_HOST : tier == PG_TIER_DISK ? PG_LOWER_DISK : -1;
+}
+static inline int lower_moving(uint8_t tier)
+{
+    switch (tier) {
+    case PG_TIER_TO_HOST: case PG_TIER_TO_DEVICE:  return PG_LOWER_HOST;
+    case PG_TIER_TO_DISK: case PG_TIER_FROM_DISK:  return PG_LOWER_DISK;
+    default:                                       return -1;
     }
+}
+static inline unsigned lower_slots(uint8_t tier)
+{
+    const unsigned h = 1u << PG_LOWER_HOST, d = 1u << PG_LOWER_DISK;
+    switch (tier) {
+    case PG_TIER_HOST: case PG_TIER_TO_HOST: case PG_TIER_TO_DEVICE:  return h;
+    case PG_TIER_DISK:                                                return d;
+    case PG_TIER_TO_DISK: case PG_TIER_FROM_DISK:                     return h | d;
+    default:                                                          return 0;
+    }
+}
+/* The page takes slot s of tier t (counted in the tier's n_slots). */
+static inline void page_take_slot(struct paging *pg, struct pg_page *p, unsigned t, pg_slot s)
+{
+    p->slot[t] = s;
+    pg->lower[t].n_slots++;
+}
+/* Frees the page's slot in tier t and its count there; the page's tier is the caller's. */
+static inline void page_release_slot(struct paging *pg, struct pg_page *p, unsigned t)
+{
+    lower_free(pg, t, p->slot[t]);
+    p->slot[t] = (pg_slot){ 0 };
+    pg->lower[t].n_slots--;
 }
 /* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
 static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
@@ -503,9 +572,10 @@ int  tier_job_fence(struct paging *pg, struct pg_defer *d);
 int  tier_wait_transfers(struct paging *pg, struct pg_seq *s);
 /* Waits for and reaps every transfer job; releases stay pending. */
 int  tier_wait_all_jobs(struct paging *pg);
-/* n host slots, all or nothing (-ENOMEM); and back. */
-int  tier_host_take(struct paging *pg, uint32_t n, pg_slot *out);
-void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n);
+/* n slots of tier t below the device, all or nothing (-ENOMEM), each clustered after the
+   one before (the first after the tier's hint; a memory tier ignores hints); and back. */
+int  lower_take(struct paging *pg, unsigned t, uint32_t n, pg_slot *out);
+void lower_give(struct paging *pg, unsigned t, const pg_slot *s, uint32_t n);
 /* One page copy on the copy stream between host slot and device address va. */
 int  tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va);
 int  tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot);
@@ -564,30 +634,26 @@ static inline bool page_has_frame(const struct pg_page *p)
            p->tier == PG_TIER_TO_DEVICE;
 }
 
-/* disk.c */
+/* tier_disk.c: the moves between the host and disk tiers */
 /* Brings the DISK pages among ids[0..n) to the host tier (reads, waits, verifies); waits for
    pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
    -EBADMSG a page is damaged, -ENOMEM no host room. */
-int  disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
+int  tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
 /* Staged I/O: transfers page ids[i] between disk slot dslots[i] and host slot hslots[i]
    (write: host -> disk) for i < n, and waits for all of it. The pages keep their tier; the
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int  tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                    const pg_slot *dslots, const pg_slot *hslots, uint32_t n);
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
-uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl);
-/* The disk slots of a staged swap-out: n, allocated clustered after the last (all or
-   nothing, -ENOMEM); and back. */
-int  disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out);
-void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n);
+uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
-void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
+void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0
    with *ndisk the DISK pages among them. */
-int  disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
+int  tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 static inline bool page_in_dio(const struct pg_page *p)
 {
     return p->tier == PG_TIER_TO_DISK || p->tier == PG_TIER_FROM_DISK;

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include "common/assert.h"
 #include "common/log.h"
 
@@ -562,7 +563,7 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     p->offs = p->jobs = p->ents = 0;
     p->tier = PG_TIER_DEVICE;
     p->frame = frame;
-    p->host_slot = p->disk_slot = (pg_slot){ 0 };
+    memset(p->slot, 0, sizeof p->slot);
     p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
@@ -592,12 +593,10 @@ void page_put(struct paging *pg, pg_page_id page)
         pg_frame_id f = p->frame;
         pg->n_used--;
         ready_push(pg, f);
-    } else if (p->tier == PG_TIER_HOST) {
-        /* (in-flight pages are held by their transfer job, never freed here) */
-        page_release_slot(pg, p, PG_TIER_HOST);
-    } else if (p->tier == PG_TIER_DISK) {
-        /* (pages with disk I/O in flight are held by it, never freed here) */
-        page_release_slot(pg, p, PG_TIER_DISK);
+    } else if (lower_of(p->tier) >= 0) {
+        /* resting in a tier below (a page in flight is held by its transfer, never freed
+           here) */
+        page_release_slot(pg, p, (unsigned)lower_of(p->tier));
     }
     p->tier = PG_TIER_NONE;
     p->bad = 0;

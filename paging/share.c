@@ -166,16 +166,15 @@ out_unmap:
 static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot *slot)
 {
     struct pg_page *p = page_at(pg, id);
-    const struct pg_host_ops *ho = pg->p.host;
-    int rc = ho->alloc(ho->arg, slot);
+    int rc = lower_alloc(pg, PG_LOWER_HOST, PG_SLOT_NONE, slot);
     if (rc)
         return rc;
-    char *dst = ho->ptr(ho->arg, *slot);
+    char *dst = lower_ptr(pg, PG_LOWER_HOST, *slot);
     if (!page_has_frame(p) && p->tier != PG_TIER_HOST && p->tier != PG_TIER_TO_DISK) {
         rc = -EIO;                       /* on disk: the caller brings it back first */
         goto out_slot;
     } else if (p->tier == PG_TIER_HOST || p->tier == PG_TIER_TO_DISK) {
-        memcpy(dst, ho->ptr(ho->arg, p->host_slot), rem);
+        memcpy(dst, lower_ptr(pg, PG_LOWER_HOST, p->slot[PG_LOWER_HOST]), rem);
     } else {
         /* on the device (mapped by a resident sharer, or an orphan): through the scratch */
         rc = pg_wait_engine(pg);
@@ -196,7 +195,7 @@ static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot
     memset(dst + rem, 0, pg->p.page_size - rem);
     return 0;
 out_slot:
-    ho->free(ho->arg, *slot);
+    lower_free(pg, PG_LOWER_HOST, *slot);
     return rc;
 }
 
@@ -209,21 +208,22 @@ static int share_out_check(struct paging *pg, struct pg_seq *src, const pg_page_
                            uint32_t nk)
 {
     uint32_t nd = 0;
-    if (!pg->p.disk)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return 0;                       /* nothing spills: host_room moves nothing */
-    disk_settle(pg, ids, nk);
-    int rc = disk_damaged(pg, ids, nk, &nd);
+    tier_disk_settle(pg, ids, nk);
+    int rc = tier_disk_damaged(pg, ids, nk, &nd);
     if (rc || paging_host_free(pg) >= (uint64_t)nd + nk)
         return rc;
     struct pg_room r;
     tier_room(pg, src, nd, &r);
-    uint64_t hw = r.host_free + r.writes, x = nd > hw ? nd - hw : 0;   /* spilled to read */
-    if (x > r.spillable || x > r.disk_free)
+    struct pg_tier_room *h = &r.t[PG_LOWER_HOST], *d = &r.t[PG_LOWER_DISK];
+    uint64_t hw = h->free + h->freeing, x = nd > hw ? nd - hw : 0;   /* spilled to read */
+    if (x > h->movable || x > d->free)
         return pg_why_host(pg, (uint64_t)nd + nk);
     hw += x - nd;
-    r.spillable -= x;
-    r.disk_free += nd - x;
-    uint64_t spill = r.spillable < r.disk_free ? r.spillable : r.disk_free;
+    h->movable -= x;
+    d->free += nd - x;
+    uint64_t spill = h->movable < d->free ? h->movable : d->free;
     return nk > hw + spill ? pg_why_host(pg, (uint64_t)nd + nk) : 0;
 }
 
@@ -239,9 +239,9 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     int rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
     if (!rc)
         rc = defer_flush_slot(pg, pg_slot_of(pg, src));
-    if (!rc && rem && !pg->p.host)
+    if (!rc && rem && !lower_on(pg, PG_LOWER_HOST))
         rc = -ENOMEM;
-    if (!rc && rem && pg->n_inflight)
+    if (!rc && rem && pg->lower[PG_LOWER_HOST].n_io)
         rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
     uint32_t nk = 0;                    /* partial pages to copy: holes are not */
     if (!rc && rem) {
@@ -252,9 +252,9 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
                 ids[nk++] = pg_bt(pg, src, r)[whole];
         rc = share_out_check(pg, src, ids, nk);
         if (!rc)
-            rc = disk_unspill(pg, ids, nk, src);
+            rc = tier_disk_unspill(pg, ids, nk, src);
     }
-    if (!rc && nk && pg->p.disk && paging_host_free(pg) < nk)
+    if (!rc && nk && lower_on(pg, PG_LOWER_DISK) && paging_host_free(pg) < nk)
         rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */
     if (rc)
         return rc;
@@ -278,11 +278,10 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             pg_page_id id = pg->page_free_head;
             struct pg_page *p = page_at(pg, id);
             pg->page_free_head = p->next_free;
-            *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST,
-                                   .host_slot = slots[r] };
+            *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST };
+            page_take_slot(pg, p, PG_LOWER_HOST, slots[r]);
             page_count(pg, p, 1);
             pg->n_pages_live++;
-            pg->n_host++;
             db[whole] = id;
         }
     }
@@ -293,7 +292,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
 out_slots:
     while (r-- > 0)
         if (!pg_slot_is_none(slots[r]))
-            pg->p.host->free(pg->p.host->arg, slots[r]);
+            lower_free(pg, PG_LOWER_HOST, slots[r]);
     return rc;
 }
 

@@ -2,7 +2,8 @@
  * paging/tier.c: the host tier's shared steps: the copy stream and its ordering after the
  * engine, the transfer jobs (DF_OUT / DF_IN entries of the pending list) and their
  * completion, host slots, window mapping and copies for the swap paths (tier_out.c,
- * tier_in.c, orphan.c), and the residency queries (ready, need, candidates).
+ * tier_in.c, orphan.c), and the bridge to the policy (its room facts and choices). The
+ * residency queries are resident.c's.
  *
  * Residency: a sequence is resident (out == 0) when every block-table page is mapped in its
  * window, or non-resident (out == 1) when none is (its entries count in the pages' offs).
@@ -132,11 +133,11 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
             page_frame_drop(pg, p);
             p->tier = PG_TIER_HOST;
-            pg->n_inflight--;
+            pg->lower[PG_LOWER_HOST].n_io--;
         } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
-            page_release_slot(pg, p, PG_TIER_HOST);
+            page_release_slot(pg, p, PG_LOWER_HOST);
             p->tier = PG_TIER_DEVICE;
-            pg->n_inflight--;
+            pg->lower[PG_LOWER_HOST].n_io--;
         }
         page_count(pg, p, 1);
     }
@@ -217,35 +218,36 @@ int tier_job_fence(struct paging *pg, struct pg_defer *d)
     return rc;
 }
 
-/* ---- host slots, window and copies of the swap paths ---------------------------------- */
+/* ---- slots of the tiers below, window and copies of the swap paths -------------------- */
 
-int tier_host_take(struct paging *pg, uint32_t n, pg_slot *out)
+int lower_take(struct paging *pg, unsigned t, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        int rc = pg->p.host->alloc(pg->p.host->arg, &out[k]);
+        pg_slot hint = k ? out[k - 1] : pg->lower[t].hint;
+        int rc = lower_alloc(pg, t, hint, &out[k]);
         if (rc) {
-            tier_host_give(pg, out, k);
+            lower_give(pg, t, out, k);
             return rc;
         }
     }
     return 0;
 }
 
-void tier_host_give(struct paging *pg, const pg_slot *hs, uint32_t n)
+void lower_give(struct paging *pg, unsigned t, const pg_slot *s, uint32_t n)
 {
     while (n > 0)
-        pg->p.host->free(pg->p.host->arg, hs[--n]);
+        lower_free(pg, t, s[--n]);
 }
 
 int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 {
-    return vmm_copy_dtoh(pg->v, pg->p.host->ptr(pg->p.host->arg, hslot), va, pg->p.page_size,
+    return vmm_copy_dtoh(pg->v, lower_ptr(pg, PG_LOWER_HOST, hslot), va, pg->p.page_size,
                          pg->copy_stream);
 }
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
-    return vmm_copy_htod(pg->v, va, pg->p.host->ptr(pg->p.host->arg, hslot), pg->p.page_size,
+    return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
                          pg->copy_stream);
 }
 
@@ -266,7 +268,7 @@ int tier_copy_host_in(struct paging *pg, struct pg_seq *s)
                 continue;               /* a hole (discard.c) */
             const struct pg_page *p = page_at(pg, pg_bt(pg, s, q)[i]);
             int rc = p->tier == PG_TIER_HOST ? tier_copy_in(pg, pg_va(pg, q, slot, i),
-                                                            p->host_slot) : 0;
+                                                            p->slot[PG_LOWER_HOST]) : 0;
             if (rc)
                 return rc;
         }
@@ -351,7 +353,7 @@ void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)
 
 int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
 {
-    if (!pg->p.host) {
+    if (!lower_on(pg, PG_LOWER_HOST)) {
         pg->why.what |= PG_WHY_NO_HOST;
         return -ENOMEM;
     }
@@ -361,13 +363,22 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
     return rc == -ENOMEM ? pg_why_host(pg, want) : rc;
 }
 
+/* Pages of tier t that could move down to the tier below for room, never pages excl
+   holds: host pages that could be spilled (0 when the disk tier takes none). */
+static uint64_t lower_movable(struct paging *pg, unsigned t, struct pg_seq *excl)
+{
+    return t == PG_LOWER_HOST ? tier_disk_spillable(pg, excl) : 0;
+}
+
 void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r)
 {
     r->need = need;
-    r->host_free = paging_host_free(pg);
-    r->writes = pg->n_dio;
-    r->disk_free = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
-    r->spillable = disk_spillable(pg, s);
+    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+        bool below = t + 1 < PG_N_LOWER;
+        r->t[t].free = pg->lower[t].off ? 0 : lower_room(pg, t);
+        r->t[t].freeing = below ? pg->lower[t + 1].n_io : 0;
+        r->t[t].movable = below ? lower_movable(pg, t, s) : 0;
+    }
 }
 
 int tier_plan(struct paging *pg, bool in, const struct pg_room *r)
@@ -375,177 +386,6 @@ int tier_plan(struct paging *pg, bool in, const struct pg_room *r)
     if (pg->policy.plan)
         return pg->policy.plan(pg->policy.arg, in, r);
     return in ? PG_MOVE_DIRECT : -ENOMEM;
-}
-
-/* ---- residency queries ------------------------------------------------------------- */
-
-int paging_seq_ready(struct paging *pg, uint64_t h)
-{
-    struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc)
-        return rc;
-    if (s->out)
-        return 0;
-    if ((rc = paging_reap(pg)))
-        return rc;
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
-        if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
-            return 0;
-    /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
-       sequence whose prefetch is still copying) */
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t i = 0; i < s->n_pages; i++)
-            if (!pg_page_is_none(pg_bt(pg, s, r)[i]) &&
-                page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
-                return 0;
-    return 1;
-}
-
-/* Whether non-resident s holds pages on disk or with disk I/O in flight (read back first). */
-static bool seq_on_disk(struct paging *pg, struct pg_seq *s)
-{
-    for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
-        for (uint32_t i = 0; i < s->n_pages; i++) {
-            pg_page_id id = pg_bt(pg, s, r)[i];
-            if (!pg_page_is_none(id) && (page_at(pg, id)->tier == PG_TIER_DISK ||
-                                         page_in_dio(page_at(pg, id))))
-                return true;
-        }
-    return false;
-}
-
-int paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borrow)
-{
-    struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    *disk = *borrow = false;
-    if (rc)
-        return rc;
-    *disk = seq_on_disk(pg, s);
-    *borrow = *disk && tier_stage_must_borrow(pg, s);
-    return 0;
-}
-
-int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
-{
-    struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc)
-        return rc;
-    if (length > pg->p.max_tokens)
-        return pg_why_length(pg, length);
-    uint32_t n = 0, nr = pg->p.n_regions;
-    if (s->out)
-        for (uint32_t r = 0; r < nr; r++)
-            for (uint32_t i = 0; i < s->n_pages; i++) {
-                if (pg_page_is_none(pg_bt(pg, s, r)[i]))
-                    continue;           /* a hole (discard.c) */
-                uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
-                n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
-            }
-    if (seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s))
-        n++;                            /* the frame a borrowed staging slot waits in */
-    if (length > s->length) {
-        uint32_t np = (uint32_t)pg_pages_for(pg, length);
-        /* every new page takes a frame, its own map-ahead ones included: those count as
-           free in paging_frames_free already (subtracting them here counted them twice) */
-        n += (np - s->n_pages) * nr;
-        if ((s->length * pg->p.bytes_per_token) % pg->p.page_size)
-            n += cow_needed(pg, s, 0, nr, s->n_pages - 1, s->n_pages);
-    }
-    *frames = n;
-    if (n > paging_frames_free(pg))
-        pg_why_frames(pg, n);           /* the shortfall a refusal will name */
-    return 0;
-}
-
-int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
-                      uint64_t b1, uint32_t *frames)
-{
-    struct pg_seq *s;
-    int rc = paging_need(pg, h, 0, frames);
-    if (rc || seq_lookup(pg, h, &s))
-        return rc;
-    uint64_t ps = pg->p.page_size;
-    if (b0 < b1)
-        *frames += cow_needed(pg, s, r0, r1, (uint32_t)(b0 / ps), (uint32_t)((b1 + ps - 1) / ps));
-    return 0;
-}
-
-int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
-                      uint64_t *frames)
-{
-    uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
-    struct pg_seq **ss = calloc(n ? n : 1, sizeof *ss);
-    uint64_t k = 0, grow = 0;
-    bool borrow = false;
-    int rc = seen && ss ? 0 : -ENOMEM;
-    for (size_t j = 0; j < n && !rc; j++) {
-        if ((rc = seq_lookup(pg, hs[j], &ss[j])))
-            break;
-        struct pg_seq *s = ss[j];
-        if (lengths[j] > pg->p.max_tokens) {
-            rc = pg_why_length(pg, lengths[j]);
-            break;
-        }
-        for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
-            for (uint32_t i = 0; i < s->n_pages; i++) {
-                pg_page_id id = pg_bt(pg, s, r)[i];
-                if (pg_page_is_none(id))
-                    continue;           /* a hole (discard.c) */
-                uint8_t t = page_at(pg, id)->tier;
-                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id.v - 1])
-                    k++;              /* a page shared in the batch comes back once */
-                seen[id.v - 1] = 1;
-            }
-        /* the frame a borrowed staging slot waits in (paging_need's count): the members
-           come in one after another, each gives it back */
-        borrow |= seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s);
-    }
-    k += borrow;
-    /* the growth as paging_seq_grow_batch counts it: new pages, the holes and shared
-       copies of the partial last pages (a page shared by members copied for all but one) */
-    if (!rc)
-        rc = seq_batch_frames(pg, ss, lengths, n, &grow);
-    free(seen);
-    free(ss);
-    if (!rc)
-        *frames = k + grow;
-    if (!rc && k + grow > paging_frames_free(pg))
-        pg_why_frames(pg, k + grow);    /* the shortfall a refusal will name */
-    return rc;
-}
-
-bool paging_seq_resident(struct paging *pg, uint64_t h)
-{
-    struct pg_seq *s;
-    return seq_lookup(pg, h, &s) == 0 && !s->out;
-}
-
-size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
-{
-    size_t n = 0;
-    for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
-        struct pg_seq *s = &pg->seqs[i];
-        if (!s->live || s->out || s->n_defer || s->in_job ||
-            (s->used_valid && s->used_epoch >= pg->epoch))
-            continue;
-        /* A sequence whose device pages are all shared frees nothing alone, but does with
-           its siblings (paging_plan_add); one with none is no candidate. (Map-ahead
-           frames count as free already.) The walk stops at the first device page (the
-           first one, but for holes and pages another's swap-in still brings in): what a
-           victim frees is asked for only while the policy walks its order. */
-        bool dev = false;
-        for (uint32_t r = 0; r < pg->p.n_regions && !dev; r++)
-            for (uint32_t j = 0; j < s->n_pages && !dev; j++) {
-                pg_page_id id = pg_bt(pg, s, r)[j];   /* PG_PAGE_NONE: a hole (discard.c) */
-                dev = !pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DEVICE;
-            }
-        if (dev)
-            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
-    }
-    return n;
 }
 
 void tier_mark_begin(struct paging *pg)
@@ -557,31 +397,23 @@ void tier_mark_begin(struct paging *pg)
     }
 }
 
-uint32_t paging_frames_pending(const struct paging *pg)
+void paging_room_facts(struct paging *pg, struct pg_room *r)
 {
-    uint32_t n = 0;
-    for (const struct pg_defer *d = pg->defer; d; d = d->next)
-        if (d->kind == DF_OUT)
-            for (uint32_t i = 0; i < d->n; i++)
-                n += !pg_page_is_none(d->pages[i]) &&
-                     pg->pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
+    paging_disk_reap(pg);
+    tier_room(pg, NULL, 0, r);
+}
+
+uint64_t paging_room_below(struct paging *pg)
+{
+    paging_disk_reap(pg);
+    uint64_t n = 0;
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        n += (pg->lower[t].off ? 0 : lower_room(pg, t)) +
+             (t + 1 < PG_N_LOWER ? pg->lower[t + 1].n_io : 0);
     return n;
 }
 
-uint32_t paging_orphans(const struct paging *pg)
-{
-    return tier_orphans(pg);
-}
-
-uint32_t paging_frames_free(const struct paging *pg)
-{
-    return pg->p.max_frames - pg->n_used;
-}
-
-size_t paging_host_free(const struct paging *pg)
-{
-    return pg->p.host ? pg->p.host->n_free(pg->p.host->arg) : 0;
-}
+/* ---- pending work ------------------------------------------------------------------- */
 
 int paging_reap(struct paging *pg)
 {
@@ -591,22 +423,4 @@ int paging_reap(struct paging *pg)
 int paging_wait_releases(struct paging *pg)
 {
     return pg->defer ? defer_reap(pg, true) : 0;
-}
-
-void paging_room_facts(struct paging *pg, struct pg_room *r)
-{
-    paging_disk_reap(pg);
-    bool disk = pg->p.disk && !pg->disk_off;
-    r->need = 0;
-    r->host_free = paging_host_free(pg);
-    r->writes = pg->n_dio;
-    r->disk_free = disk ? pg->disk.n_free(pg->disk.arg) : 0;
-    r->spillable = disk ? disk_spillable(pg, NULL) : 0;
-}
-
-uint64_t paging_room_below(struct paging *pg)
-{
-    paging_disk_reap(pg);
-    uint64_t d = (pg->p.disk && !pg->disk_off) ? pg->disk.n_free(pg->disk.arg) : 0;
-    return paging_host_free(pg) + pg->n_dio + d;
 }

@@ -4,7 +4,7 @@
  *
  * Every page is mapped again at the same window addresses: a page still on the device in its
  * own frame, a host page in a fresh frame with a host -> device copy on the copy stream. Disk
- * pages are read back into host slots first (disk_unspill). A DF_IN job completes the move
+ * pages are read back into host slots first (tier_disk_unspill). A DF_IN job completes the move
  * (host slots freed) when its fence has completed; the engine stream waits for that fence (or,
  * synchronous mode, the call waits).
  *
@@ -21,7 +21,7 @@
 #include "common/log.h"
 
 /* Whether the ordinary swap-in of s can read its disk pages into host slots at once
-   (disk_unspill, spilling others' host pages for room) or must be staged: the policy
+   (tier_disk_unspill, spilling others' host pages for room) or must be staged: the policy
    chooses (tier_plan) from the room facts. Waits for disk I/O on s's pages first.
    -EBADMSG a page of s is damaged. */
 static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
@@ -29,11 +29,11 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
     *staged = false;
     uint32_t nr = pg->p.n_regions, np = s->n_pages, nd = 0;
     for (uint32_t r = 0; r < nr; r++)
-        disk_settle(pg, pg_bt(pg, s, r), np);
+        tier_disk_settle(pg, pg_bt(pg, s, r), np);
     paging_disk_reap(pg);
     for (uint32_t r = 0; r < nr; r++) {
         uint32_t k;
-        int rc = disk_damaged(pg, pg_bt(pg, s, r), np, &k);
+        int rc = tier_disk_damaged(pg, pg_bt(pg, s, r), np, &k);
         if (rc)
             return rc;
         nd += k;
@@ -42,7 +42,7 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
         return 0;
     /* host slots held only by transfers already started come free (or spillable) once they
        complete: wait for them rather than stage or fail for want of a slot */
-    if (nd > paging_host_free(pg) && pg->n_inflight) {
+    if (nd > paging_host_free(pg) && pg->lower[PG_LOWER_HOST].n_io) {
         int rc = tier_wait_all_jobs(pg);
         if (rc)
             return rc;
@@ -58,10 +58,10 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
 
 bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
 {
-    if (paging_host_free(pg) || pg->n_dio)
+    const struct pg_lower *d = &pg->lower[PG_LOWER_DISK];
+    if (lower_room(pg, PG_LOWER_HOST) || d->n_io)
         return false;
-    uint64_t d = pg->disk_off ? 0 : pg->disk.n_free(pg->disk.arg);
-    return !d || !disk_spillable(pg, s);
+    return d->off || !lower_room(pg, PG_LOWER_DISK) || !tier_disk_spillable(pg, s);
 }
 
 /* A host page whose slot can be borrowed (no transfer on it), or PG_PAGE_NONE. */
@@ -79,7 +79,7 @@ static pg_page_id borrow_page(struct paging *pg)
    (back) the frame into the slot and unmaps it. Synchronous. */
 static int borrow_park(struct paging *pg, pg_page_id id, pg_frame_id f, bool back)
 {
-    pg_slot hs = page_at(pg, id)->host_slot;
+    pg_slot hs = page_at(pg, id)->slot[PG_LOWER_HOST];
     int rc = 0;
     if (!back && (rc = seq_map_frames(pg, pg->scratch_va, &f, 1)))
         return rc;
@@ -109,7 +109,7 @@ static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, pg_page_id *i
                 const struct pg_page *p = page_at(pg, id);
                 ids[k] = id;
                 vas[k] = pg_va(pg, q, slot, i);
-                ds[k++] = p->disk_slot;
+                ds[k++] = p->slot[PG_LOWER_DISK];
             }
         }
     return k;
@@ -126,17 +126,17 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
         int rc = 0;
         if (!pg_page_is_none(bw))
             for (uint32_t j = 0; j < m; j++)
-                hs[j] = page_at(pg, bw)->host_slot;
-        else if ((rc = tier_host_take(pg, m, hs)))
+                hs[j] = page_at(pg, bw)->slot[PG_LOWER_HOST];
+        else if ((rc = lower_take(pg, PG_LOWER_HOST, m, hs)))
             return rc;
-        rc = disk_stage_io(pg, false, ids + b, ds + b, hs, m);
+        rc = tier_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_in(pg, vas[b + j], hs[j]);
         int src = vmm_stream_sync(pg->v, pg->copy_stream);   /* the slots are reused next */
         if (!rc)
             rc = src;
         if (pg_page_is_none(bw))
-            tier_host_give(pg, hs, m);
+            lower_give(pg, PG_LOWER_HOST, hs, m);
         if (rc)
             return rc;
     }
@@ -165,10 +165,10 @@ static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
                 page_frame_set(pg, id, fresh[k++]);
                 if (d) {
                     p->tier = PG_TIER_TO_DEVICE;
-                    pg->n_inflight++;
+                    pg->lower[PG_LOWER_HOST].n_io++;
                     d->pages[j++] = id;
                 } else {
-                    page_release_slot(pg, p, p->tier);
+                    page_release_slot(pg, p, (unsigned)lower_of(p->tier));
                     p->tier = PG_TIER_DEVICE;
                 }
             }
@@ -298,9 +298,9 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
         return rc;
     if (pool_available(pg) < need)
         return pg_why_frames(pg, need);
-    if (pg->p.disk)
+    if (lower_on(pg, PG_LOWER_DISK))
         for (uint32_t r = 0; r < pg->p.n_regions && !rc; r++)
-            rc = disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
+            rc = tier_disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
     return rc;
 }
 
@@ -385,7 +385,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     if (!rc)
         rc = tier_copy_stream(pg);
     bool staged = false;
-    if (!rc && pg->p.disk)
+    if (!rc && lower_on(pg, PG_LOWER_DISK))
         rc = in_plan(pg, s, &staged);
     if (rc)
         return rc;

@@ -27,7 +27,7 @@
 static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *staged)
 {
     *staged = false;
-    if (!pg->p.disk)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return -ENOMEM;
     paging_disk_reap(pg);
     struct pg_room room;
@@ -37,7 +37,7 @@ static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *st
         return mv;
     if (mv == PG_MOVE_DIRECT)
         return paging_host_room(pg, need, seq_handle(pg, s));
-    int rc = room.host_free ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
+    int rc = room.t[PG_LOWER_HOST].free ? 0 : paging_host_room(pg, 1, seq_handle(pg, s));
     *staged = rc == 0;
     return rc;
 }
@@ -67,7 +67,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
     int rc = 0;
     for (uint32_t b = 0; b < need && !rc; b += bmax) {
         uint32_t m = need - b < bmax ? need - b : bmax;
-        if ((rc = tier_host_take(pg, m, hs)))
+        if ((rc = lower_take(pg, PG_LOWER_HOST, m, hs)))
             break;
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
@@ -75,8 +75,8 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
         if (!rc)
             rc = src;
         if (!rc)
-            rc = disk_stage_io(pg, true, ids + b, ds + b, hs, m);
-        tier_host_give(pg, hs, m);
+            rc = tier_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
+        lower_give(pg, PG_LOWER_HOST, hs, m);
     }
     return rc;
 }
@@ -106,7 +106,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (!ids || !vas || !ds || !hs)
         goto out_free;
     out_pages(pg, s, need, ids, vas);
-    if ((rc = disk_slots_take(pg, need, ds)))
+    if ((rc = lower_take(pg, PG_LOWER_DISK, need, ds)))
         goto out_free;
     rc = tier_copies_after_engine(pg, s);
     if (!rc)
@@ -115,7 +115,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
     if (!rc)
         rc = tier_unmap_window(pg, s);
     if (rc) {
-        disk_slots_give(pg, ds, need);
+        lower_give(pg, PG_LOWER_DISK, ds, need);
         goto out_free;
     }
     /* commit: nothing below fails */
@@ -125,8 +125,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         page_count(pg, p, -1);
         page_frame_drop(pg, p);
         p->tier = PG_TIER_DISK;
-        p->disk_slot = ds[j];
-        pg->n_disk++;
+        page_take_slot(pg, p, PG_LOWER_DISK, ds[j]);
     }
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t i = 0; i < np; i++) {
@@ -137,7 +136,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
             p->offs++;
             page_count(pg, p, 1);
         }
-    pg->disk_hint = ds[need - 1];
+    pg->lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
@@ -184,7 +183,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
         for (uint32_t i = 0; i < np; i++)
             *need += !pg_page_is_none(pg_bt(pg, s, r)[i]) &&
                      page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
-    if (paging_host_free(pg) < *need && pg->n_inflight && !async)
+    if (paging_host_free(pg) < *need && pg->lower[PG_LOWER_HOST].n_io && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
 }
@@ -215,7 +214,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     struct pg_defer *d = tier_job_new(pg, s, DF_OUT, n);
     pg_slot *slots = malloc((need ? need : 1) * sizeof *slots);
     int rc = -ENOMEM;
-    if (!d || !slots || (rc = tier_host_take(pg, need, slots)))
+    if (!d || !slots || (rc = lower_take(pg, PG_LOWER_HOST, need, slots)))
         goto out_free;
     d->first = 0;
     d->end = np;
@@ -230,7 +229,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
                     : vmm_stream_sync(pg->v, pg->copy_stream);  /* sync mode: done on return */
     if (rc) {
         vmm_stream_sync(pg->v, pg->copy_stream);
-        tier_host_give(pg, slots, need);
+        lower_give(pg, PG_LOWER_HOST, slots, need);
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
@@ -243,9 +242,8 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
             p->tier = PG_TIER_TO_HOST;
-            p->host_slot = slots[k++];
-            pg->n_host++;
-            pg->n_inflight++;
+            page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
+            pg->lower[PG_LOWER_HOST].n_io++;
         }
         p->offs++;
         page_count(pg, p, 1);
@@ -267,7 +265,7 @@ int paging_swap_out(struct paging *pg, uint64_t h, bool async)
     int rc = seq_lookup(pg, h, &s);
     if (rc || s->out)
         return rc;
-    if (!pg->p.host) {
+    if (!lower_on(pg, PG_LOWER_HOST)) {
         pg->why.what |= PG_WHY_NO_HOST;
         return -ENOMEM;
     }

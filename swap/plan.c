@@ -37,9 +37,10 @@ static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
 }
 
 /* The room below as a plan uses it up, victim by victim: the facts paging reports
-   (struct pg_room: free host slots, spill writes in flight, spillable host pages, free disk
-   slots; the caller's own host pages are not spillable: paging_spill_keep) and the same
-   choice paging makes for each swap-out (room.c's swap_plan: directly, spilling others, or
+   (struct pg_room: free host slots, spill writes in flight and spillable host pages, the
+   host tier's free, freeing and movable; free disk slots, the disk tier's free; the
+   caller's own host pages are not spillable: paging_spill_keep) and the same choice paging
+   makes for each swap-out (room.c's swap_plan: directly, spilling others, or
    staged through the host tier to disk).
    The caller's own swap-in comes after the victims' moves, in the room they leave: a
    non-resident caller with pages on disk (or getting some: a staged victim carrying a page
@@ -72,18 +73,21 @@ static void room_init(struct room *m, struct paging *pg, const uint64_t *keep, s
     m->guard &= !borrow;               /* counted (paging_need, paging_need_batch) */
     paging_spill_keep(pg, keep, n_keep);
     paging_room_facts(pg, &m->f);
-    m->disk = paging_has_disk(pg) && m->f.disk_free + m->f.spillable + m->f.writes > 0;
+    const struct pg_tier_room *h = &m->f.t[PG_LOWER_HOST], *d = &m->f.t[PG_LOWER_DISK];
+    m->disk = paging_has_disk(pg) && d->free + h->movable + h->freeing > 0;
 }
 
 /* The caller's staged swap-in would have to borrow a host slot in room f. */
 static bool room_must_borrow(const struct pg_room *f)
 {
-    return !f->host_free && !f->writes && (!f->disk_free || !f->spillable);
+    const struct pg_tier_room *h = &f->t[PG_LOWER_HOST], *d = &f->t[PG_LOWER_DISK];
+    return !h->free && !h->freeing && (!d->free || !h->movable);
 }
 
 static uint64_t room_total(const struct room *m)
 {
-    return m->f.host_free + m->f.writes + m->f.disk_free;
+    const struct pg_tier_room *h = &m->f.t[PG_LOWER_HOST], *d = &m->f.t[PG_LOWER_DISK];
+    return h->free + h->freeing + d->free;
 }
 
 /* The room after a move copying k pages down (kk of them pages a kept sequence holds:
@@ -95,9 +99,10 @@ static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_r
     uint32_t sp = m->disk ? k - kk : 0;     /* the moved pages that become spillable */
     *f = m->f;
     *staged = false;
-    if (k <= f->host_free) {           /* the host tier takes it as it is */
-        f->host_free -= k;
-        f->spillable += sp;
+    struct pg_tier_room *h = &f->t[PG_LOWER_HOST], *d = &f->t[PG_LOWER_DISK];
+    if (k <= h->free) {                /* the host tier takes it as it is */
+        h->free -= k;
+        h->movable += sp;
         return true;
     }
     if (!m->disk)
@@ -108,21 +113,21 @@ static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_r
     if (mv < 0)
         return false;
     if (mv == PG_MOVE_DIRECT) {        /* host slots, then the writes, then spills */
-        uint64_t rest = k - f->host_free;
-        uint64_t w = rest < f->writes ? rest : f->writes;
-        f->writes -= w;
-        f->spillable -= rest - w;
-        f->disk_free -= rest - w;
-        f->host_free = 0;
-        f->spillable += sp;
+        uint64_t rest = k - h->free;
+        uint64_t w = rest < h->freeing ? rest : h->freeing;
+        h->freeing -= w;
+        h->movable -= rest - w;
+        d->free -= rest - w;
+        h->free = 0;
+        h->movable += sp;
         return true;
     }
-    if (!f->host_free && !f->writes) { /* staged: one slot made free to stage through */
-        f->spillable--;
-        f->disk_free--;
-        f->host_free++;
+    if (!h->free && !h->freeing) {     /* staged: one slot made free to stage through */
+        h->movable--;
+        d->free--;
+        h->free++;
     }
-    f->disk_free -= k;
+    d->free -= k;
     *staged = true;
     return true;
 }

@@ -85,23 +85,25 @@ int swap_host_room(void *arg, uint32_t want, uint64_t excl)
     return paging_host_free(pg) >= want ? 0 : -ENOMEM;
 }
 
-/* With H free host slots, W writes in flight, S spillable host pages of others and D free
-   disk slots, a swap of `need` pages moves directly when need <= H + W + min(S, D) (the
-   room is made by spilling others). Else a swap-in is staged; a swap-out is staged when the
-   disk can take every page (D >= need) and a host slot can be had to stage through (one
-   free or coming free, or a page of another to spill with a disk slot to spare), else it is
-   -ENOMEM before anything moved. */
+/* With H free host slots, W writes in flight, S spillable host pages of others (the room
+   facts t[PG_LOWER_HOST].free, .freeing, .movable) and D free disk slots
+   (t[PG_LOWER_DISK].free), a swap of `need` pages moves directly when
+   need <= H + W + min(S, D) (the room is made by spilling others). Else a swap-in is staged;
+   a swap-out is staged when the disk can take every page (D >= need) and a host slot can be
+   had to stage through (one free or coming free, or a page of another to spill with a disk
+   slot to spare), else it is -ENOMEM before anything moved. */
 int swap_plan(void *arg, bool in, const struct pg_room *r)
 {
     (void)arg;
-    uint64_t spill = r->spillable < r->disk_free ? r->spillable : r->disk_free;
-    if (r->need <= r->host_free + r->writes + spill)
+    const struct pg_tier_room *h = &r->t[PG_LOWER_HOST], *d = &r->t[PG_LOWER_DISK];
+    uint64_t spill = h->movable < d->free ? h->movable : d->free;
+    if (r->need <= h->free + h->freeing + spill)
         return PG_MOVE_DIRECT;
     if (in)
         return PG_MOVE_STAGED;
-    if (r->disk_free < r->need)
+    if (d->free < r->need)
         return -ENOMEM;
-    if (r->host_free + r->writes == 0 && (r->spillable == 0 || r->disk_free == r->need))
+    if (h->free + h->freeing == 0 && (h->movable == 0 || d->free == r->need))
         return -ENOMEM;                    /* no slot to stage through */
     return PG_MOVE_STAGED;
 }

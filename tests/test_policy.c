@@ -23,8 +23,9 @@
 
 static struct pg_room room(uint64_t need, uint64_t h, uint64_t w, uint64_t s, uint64_t d)
 {
-    return (struct pg_room){ .need = need, .host_free = h, .writes = w, .spillable = s,
-                             .disk_free = d };
+    return (struct pg_room){ .need = need,
+                             .t[PG_LOWER_HOST] = { .free = h, .freeing = w, .movable = s },
+                             .t[PG_LOWER_DISK] = { .free = d } };
 }
 
 Test(policy, plan_direct_when_room_can_be_made)

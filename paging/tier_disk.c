@@ -1,6 +1,8 @@
 /*
- * paging/disk.c: the disk tier's mechanism over pg_disk_ops (contract in paging.h, "disk
- * tier"): which host pages are written out, the TO_DISK / FROM_DISK transitions, damage.
+ * paging/tier_disk.c: the disk tier's mechanism over its struct pg_tier_ops (an I/O tier;
+ * contract in paging.h, "disk tier"): which host pages are written out, the TO_DISK /
+ * FROM_DISK transitions, damage. Its names are tier_disk_* (and paging_disk_* for the
+ * layer's callers): disk_* names are disk/'s own, the disk tier's layer.
  *
  * Every page I/O holds one reference and one job on its page (so the checker and
  * page_sharers see it as a transfer) until its completion is processed here.
@@ -14,42 +16,42 @@
 
 bool paging_has_disk(const struct paging *pg)
 {
-    return pg->disk.alloc != NULL;
+    return lower_on(pg, PG_LOWER_DISK);
 }
 
 uint32_t paging_disk_inflight(const struct paging *pg)
 {
-    return pg->n_dio;
+    return pg->lower[PG_LOWER_DISK].n_io;
 }
 
 void paging_disk_wait_io(struct paging *pg)
 {
-    if (pg->disk.alloc)
-        pg->disk.wait(pg->disk.arg);
+    if (lower_on(pg, PG_LOWER_DISK))
+        pg->lower[PG_LOWER_DISK].ops.wait(pg->lower[PG_LOWER_DISK].ops.arg);
 }
 
 static void dio_end(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     p->jobs--;
-    pg->n_dio--;
+    pg->lower[PG_LOWER_DISK].n_io--;
     page_put(pg, id);
 }
 
-static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
+static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
     page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
-        /* a staged swap's I/O: the page keeps its tier, disk_stage_io reads the outcome */
+        /* a staged swap's I/O: the page keeps its tier, tier_disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
         if (d->status && !pg->stage_rc)
             pg->stage_rc = d->status;
         if (d->status && d->write) {
-            if (!pg->disk_off)
+            if (!pg->lower[PG_LOWER_DISK].off)
                 klog_error("paging: a staged spill write failed (%d); spilling is disabled "
                            "for this context", d->status);
-            pg->disk_off = 1;
+            pg->lower[PG_LOWER_DISK].off = 1;
         } else if (d->status) {
             if (!p->bad)
                 pg->c.pages_damaged++;
@@ -59,27 +61,27 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
         }
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
-            page_release_slot(pg, p, PG_TIER_HOST);
+            page_release_slot(pg, p, PG_LOWER_HOST);
             p->tier = PG_TIER_DISK;
             pg->c.spills++;
             pg->c.bytes_to_disk += pg->p.page_size;
         } else {
             /* the host copy is intact: the page stays in the host tier */
-            page_release_slot(pg, p, PG_TIER_DISK);
+            page_release_slot(pg, p, PG_LOWER_DISK);
             p->tier = PG_TIER_HOST;
-            if (!pg->disk_off)
+            if (!pg->lower[PG_LOWER_DISK].off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
                            "context, pages stay in the host tier", d->status);
-            pg->disk_off = 1;
+            pg->lower[PG_LOWER_DISK].off = 1;
         }
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
-            page_release_slot(pg, p, PG_TIER_DISK);
+            page_release_slot(pg, p, PG_LOWER_DISK);
             p->tier = PG_TIER_HOST;
             pg->c.unspills++;
             pg->c.bytes_from_disk += pg->p.page_size;
         } else {
-            page_release_slot(pg, p, PG_TIER_HOST);
+            page_release_slot(pg, p, PG_LOWER_HOST);
             p->tier = PG_TIER_DISK;
             if (!p->bad)
                 pg->c.pages_damaged++;
@@ -98,22 +100,22 @@ static void disk_complete(struct paging *pg, const struct pg_disk_done *d)
 
 int paging_disk_reap(struct paging *pg)
 {
-    if (!pg->disk.alloc)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
-    struct pg_disk_done d[64];
+    struct pg_tier_done d[64];
     size_t n;
-    while ((n = pg->disk.reap(pg->disk.arg, d, 64)) > 0)
+    while ((n = pg->lower[PG_LOWER_DISK].ops.reap(pg->lower[PG_LOWER_DISK].ops.arg, d, 64)) > 0)
         for (size_t i = 0; i < n; i++)
-            disk_complete(pg, &d[i]);
+            tier_disk_complete(pg, &d[i]);
     return 0;
 }
 
 int paging_disk_wait(struct paging *pg)
 {
-    if (!pg->disk.alloc)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
-    if (pg->n_dio)
-        pg->disk.wait(pg->disk.arg);
+    if (pg->lower[PG_LOWER_DISK].n_io)
+        pg->lower[PG_LOWER_DISK].ops.wait(pg->lower[PG_LOWER_DISK].ops.arg);
     return paging_disk_reap(pg);
 }
 
@@ -122,33 +124,33 @@ static int spill_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
-    int rc = pg->disk.alloc(pg->disk.arg, pg->disk_hint, &slot);   /* clustered after it */
+    /* clustered after the last slot allocated */
+    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->lower[PG_LOWER_DISK].hint, &slot);
     if (rc)
         return rc;
-    rc = pg->disk.submit(pg->disk.arg, true, slot, pg->p.host->ptr(pg->p.host->arg,
-                         p->host_slot), id);
+    rc = lower_io(pg, PG_LOWER_DISK, true, slot,
+                  lower_ptr(pg, PG_LOWER_HOST, p->slot[PG_LOWER_HOST]), id);
     if (rc) {
-        pg->disk.free(pg->disk.arg, slot);
+        lower_free(pg, PG_LOWER_DISK, slot);
         return rc;
     }
-    pg->disk_hint = slot;
-    p->disk_slot = slot;
+    pg->lower[PG_LOWER_DISK].hint = slot;
+    page_take_slot(pg, p, PG_LOWER_DISK, slot);
     page_count(pg, p, -1);
     p->tier = PG_TIER_TO_DISK;
     page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
-    pg->n_disk++;
-    pg->n_dio++;
+    pg->lower[PG_LOWER_DISK].n_io++;
     return 0;
 }
 
 bool paging_spill_on(struct paging *pg)
 {
-    if (!pg->disk.alloc)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return false;
     paging_disk_reap(pg);
-    return !pg->disk_off;
+    return !pg->lower[PG_LOWER_DISK].off;
 }
 
 size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max)
@@ -194,7 +196,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                      uint32_t *started)
 {
     *started = 0;
-    if (!pg->disk.alloc || pg->disk_off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
         return -ENOMEM;
     struct pg_seq *s, *ex = NULL;
     int rc = seq_lookup(pg, h, &s);
@@ -227,7 +229,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     return *started ? 0 : rc;
 }
 
-void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
+void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)        /* ids[i] none: a hole (discard.c) */
         if (!pg_page_is_none(ids[i]) && page_in_dio(page_at(pg, ids[i]))) {
@@ -236,7 +238,7 @@ void disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
         }
 }
 
-int disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
+int tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
 {
     *ndisk = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -250,31 +252,14 @@ int disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t 
     return 0;
 }
 
-int disk_slots_take(struct paging *pg, uint32_t n, pg_slot *out)
-{
-    for (uint32_t k = 0; k < n; k++) {
-        int rc = pg->disk.alloc(pg->disk.arg, k ? out[k - 1] : pg->disk_hint, &out[k]);
-        if (rc) {
-            disk_slots_give(pg, out, k);
-            return rc;
-        }
-    }
-    return 0;
-}
 
-void disk_slots_give(struct paging *pg, const pg_slot *ds, uint32_t n)
+int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
 {
-    while (n > 0)
-        pg->disk.free(pg->disk.arg, ds[--n]);
-}
-
-int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
-{
-    if (!pg->disk.alloc)
+    if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
     uint32_t need;
-    disk_settle(pg, ids, n);
-    int rc = disk_damaged(pg, ids, n, &need);
+    tier_disk_settle(pg, ids, n);
+    int rc = tier_disk_damaged(pg, ids, n, &need);
     if (rc || !need)
         return rc;
     rc = paging_host_room(pg, need, excl ? seq_handle(pg, excl) : 0);
@@ -288,20 +273,19 @@ int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg
         if (p->tier != PG_TIER_DISK)
             continue;
         pg_slot hs;
-        if ((rc = pg->p.host->alloc(pg->p.host->arg, &hs)))
+        if ((rc = lower_alloc(pg, PG_LOWER_HOST, PG_SLOT_NONE, &hs)))
             break;
-        rc = pg->disk.submit(pg->disk.arg, false, p->disk_slot,
-                             pg->p.host->ptr(pg->p.host->arg, hs), id);
+        rc = lower_io(pg, PG_LOWER_DISK, false, p->slot[PG_LOWER_DISK],
+                      lower_ptr(pg, PG_LOWER_HOST, hs), id);
         if (rc) {
-            pg->p.host->free(pg->p.host->arg, hs);
+            lower_free(pg, PG_LOWER_HOST, hs);
             break;
         }
-        p->host_slot = hs;
+        page_take_slot(pg, p, PG_LOWER_HOST, hs);
         p->tier = PG_TIER_FROM_DISK;
         page_get(pg, id);
         p->jobs++;
-        pg->n_host++;
-        pg->n_dio++;
+        pg->lower[PG_LOWER_DISK].n_io++;
     }
     /* the bytes are needed now: wait for the reads (and whatever else is in flight) */
     paging_disk_wait(pg);
@@ -317,23 +301,22 @@ int disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg
     return 0;
 }
 
-int disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                   const pg_slot *dslots, const pg_slot *hslots, uint32_t n)
 {
     int rc = 0;
     uint32_t k = 0;
     pg->stage_rc = 0;
     for (; k < n; k++) {
-        rc = pg->disk.submit(pg->disk.arg, write, dslots[k],
-                             pg->p.host->ptr(pg->p.host->arg, hslots[k]),
-                             ids[k]);
+        rc = lower_io(pg, PG_LOWER_DISK, write, dslots[k],
+                      lower_ptr(pg, PG_LOWER_HOST, hslots[k]), ids[k]);
         if (rc)
             break;
         struct pg_page *p = page_at(pg, ids[k]);
         p->staged = STG_BUSY;
         page_get(pg, ids[k]);
         p->jobs++;
-        pg->n_dio++;
+        pg->lower[PG_LOWER_DISK].n_io++;
     }
     if (k)
         paging_disk_wait(pg);   /* every completion is processed: no page stays STG_BUSY */
@@ -351,9 +334,9 @@ int disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
     return rc;
 }
 
-uint32_t disk_spillable(struct paging *pg, struct pg_seq *excl)
+uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
-    if (!pg->disk.alloc || pg->disk_off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
         return 0;
     /* Every HOST page is held by non-resident sequences only (a resident one maps all its
        pages, and no transfer job holds a HOST page), so the spillable pages are the HOST

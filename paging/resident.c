@@ -1,0 +1,206 @@
+/*
+ * paging/resident.c: the residency queries (contract in paging.h): whether a sequence is
+ * resident and ready, what making it resident and growing it needs (frames, the stage facts
+ * of its pages below the device), the candidates of reclaim, and the counts the policy
+ * reads (orphans, free frames and host slots, frames pending). They move nothing (some
+ * reap completed work first; the need functions note a shortfall for paging_why).
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+int paging_seq_ready(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->out)
+        return 0;
+    if ((rc = paging_reap(pg)))
+        return rc;
+    for (struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
+            return 0;
+    /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
+       sequence whose prefetch is still copying) */
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        for (uint32_t i = 0; i < s->n_pages; i++)
+            if (!pg_page_is_none(pg_bt(pg, s, r)[i]) &&
+                page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
+                return 0;
+    return 1;
+}
+
+/* Whether non-resident s holds pages on disk or with disk I/O in flight (read back first). */
+static bool seq_on_disk(struct paging *pg, struct pg_seq *s)
+{
+    for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
+        for (uint32_t i = 0; i < s->n_pages; i++) {
+            pg_page_id id = pg_bt(pg, s, r)[i];
+            if (!pg_page_is_none(id) && (page_at(pg, id)->tier == PG_TIER_DISK ||
+                                         page_in_dio(page_at(pg, id))))
+                return true;
+        }
+    return false;
+}
+
+int paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borrow)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    *disk = *borrow = false;
+    if (rc)
+        return rc;
+    *disk = seq_on_disk(pg, s);
+    *borrow = *disk && tier_stage_must_borrow(pg, s);
+    return 0;
+}
+
+int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (length > pg->p.max_tokens)
+        return pg_why_length(pg, length);
+    uint32_t n = 0, nr = pg->p.n_regions;
+    if (s->out)
+        for (uint32_t r = 0; r < nr; r++)
+            for (uint32_t i = 0; i < s->n_pages; i++) {
+                if (pg_page_is_none(pg_bt(pg, s, r)[i]))
+                    continue;           /* a hole (discard.c) */
+                uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
+                n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
+            }
+    if (seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s))
+        n++;                            /* the frame a borrowed staging slot waits in */
+    if (length > s->length) {
+        uint32_t np = (uint32_t)pg_pages_for(pg, length);
+        /* every new page takes a frame, its own map-ahead ones included: those count as
+           free in paging_frames_free already (subtracting them here counted them twice) */
+        n += (np - s->n_pages) * nr;
+        if ((s->length * pg->p.bytes_per_token) % pg->p.page_size)
+            n += cow_needed(pg, s, 0, nr, s->n_pages - 1, s->n_pages);
+    }
+    *frames = n;
+    if (n > paging_frames_free(pg))
+        pg_why_frames(pg, n);           /* the shortfall a refusal will name */
+    return 0;
+}
+
+int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+                      uint64_t b1, uint32_t *frames)
+{
+    struct pg_seq *s;
+    int rc = paging_need(pg, h, 0, frames);
+    if (rc || seq_lookup(pg, h, &s))
+        return rc;
+    uint64_t ps = pg->p.page_size;
+    if (b0 < b1)
+        *frames += cow_needed(pg, s, r0, r1, (uint32_t)(b0 / ps), (uint32_t)((b1 + ps - 1) / ps));
+    return 0;
+}
+
+int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                      uint64_t *frames)
+{
+    uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
+    struct pg_seq **ss = calloc(n ? n : 1, sizeof *ss);
+    uint64_t k = 0, grow = 0;
+    bool borrow = false;
+    int rc = seen && ss ? 0 : -ENOMEM;
+    for (size_t j = 0; j < n && !rc; j++) {
+        if ((rc = seq_lookup(pg, hs[j], &ss[j])))
+            break;
+        struct pg_seq *s = ss[j];
+        if (lengths[j] > pg->p.max_tokens) {
+            rc = pg_why_length(pg, lengths[j]);
+            break;
+        }
+        for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
+            for (uint32_t i = 0; i < s->n_pages; i++) {
+                pg_page_id id = pg_bt(pg, s, r)[i];
+                if (pg_page_is_none(id))
+                    continue;           /* a hole (discard.c) */
+                uint8_t t = page_at(pg, id)->tier;
+                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id.v - 1])
+                    k++;              /* a page shared in the batch comes back once */
+                seen[id.v - 1] = 1;
+            }
+        /* the frame a borrowed staging slot waits in (paging_need's count): the members
+           come in one after another, each gives it back */
+        borrow |= seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s);
+    }
+    k += borrow;
+    /* the growth as paging_seq_grow_batch counts it: new pages, the holes and shared
+       copies of the partial last pages (a page shared by members copied for all but one) */
+    if (!rc)
+        rc = seq_batch_frames(pg, ss, lengths, n, &grow);
+    free(seen);
+    free(ss);
+    if (!rc)
+        *frames = k + grow;
+    if (!rc && k + grow > paging_frames_free(pg))
+        pg_why_frames(pg, k + grow);    /* the shortfall a refusal will name */
+    return rc;
+}
+
+bool paging_seq_resident(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    return seq_lookup(pg, h, &s) == 0 && !s->out;
+}
+
+size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (!s->live || s->out || s->n_defer || s->in_job ||
+            (s->used_valid && s->used_epoch >= pg->epoch))
+            continue;
+        /* A sequence whose device pages are all shared frees nothing alone, but does with
+           its siblings (paging_plan_add); one with none is no candidate. (Map-ahead
+           frames count as free already.) The walk stops at the first device page (the
+           first one, but for holes and pages another's swap-in still brings in): what a
+           victim frees is asked for only while the policy walks its order. */
+        bool dev = false;
+        for (uint32_t r = 0; r < pg->p.n_regions && !dev; r++)
+            for (uint32_t j = 0; j < s->n_pages && !dev; j++) {
+                pg_page_id id = pg_bt(pg, s, r)[j];   /* PG_PAGE_NONE: a hole (discard.c) */
+                dev = !pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DEVICE;
+            }
+        if (dev)
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
+    }
+    return n;
+}
+
+uint32_t paging_frames_pending(const struct paging *pg)
+{
+    uint32_t n = 0;
+    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+        if (d->kind == DF_OUT)
+            for (uint32_t i = 0; i < d->n; i++)
+                n += !pg_page_is_none(d->pages[i]) &&
+                     pg->pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
+    return n;
+}
+
+uint32_t paging_orphans(const struct paging *pg)
+{
+    return tier_orphans(pg);
+}
+
+uint32_t paging_frames_free(const struct paging *pg)
+{
+    return pg->p.max_frames - pg->n_used;
+}
+
+size_t paging_host_free(const struct paging *pg)
+{
+    return lower_room(pg, PG_LOWER_HOST);
+}
