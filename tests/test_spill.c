@@ -212,7 +212,11 @@ Test(spill, buffer_registration_refused_falls_back_to_plain_buffers)
 {
     if (!uring_works())
         cr_skip_test("io_uring unavailable here");
-    struct rlimit rl = { 64 << 10, 64 << 10 };   /* far below the 2 MiB of buffers */
+    /* Below the 2 MiB of buffers, above what the ring itself needs: the kernel charges
+       io_uring rings (not only registered buffers) to the user's locked memory, shared by
+       every process of the user without CAP_IPC_LOCK, so a 64 KiB limit failed the ring's
+       setup when other copies of this test ran at the same time. */
+    struct rlimit rl = { 1 << 20, 1 << 20 };
     if (drop_ipc_lock() != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
         cr_skip_test("cannot lower the memlock limit here: %s", strerror(errno));
     struct spill_params p = params(SPILL_ENGINE_IO_URING);
@@ -221,7 +225,7 @@ Test(spill, buffer_registration_refused_falls_back_to_plain_buffers)
     cr_assert_eq(spill_open(&p, &sp), 0);
     cr_assert_str_eq(spill_engine_name(sp), "io_uring");
     cr_assert_eq(spill_buffers_registered(sp), 0,
-                 "registration of 2 MiB under a 64 KiB memlock limit cannot have worked");
+                 "registration of 2 MiB under a 1 MiB memlock limit cannot have worked");
     roundtrip(sp, NPAGES, 16);
     spill_close(sp);
 }

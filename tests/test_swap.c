@@ -1032,12 +1032,19 @@ static long close_cycle(bool fault)
 /* Issue 9, defect 4: after a sticky device error (the context is dead) kvvm_close still
    frees all host memory. Before the fix every entry pending on a fence leaked its record.
    Compared with the same cycle without the fault (a first cycle warms up what the process
-   keeps, e.g. the emulator's tables). */
+   keeps, e.g. the emulator's tables). The heap figure counts the chunks cached in this
+   thread's malloc tcache as in use, and which chunks those are depends on the threads'
+   timing: one cycle measured 2 KiB high once on a loaded machine. A leak recurs on every
+   cycle, so the least of three faulted cycles is compared. */
 Test(close, device_fault_frees_pending_releases)
 {
     close_cycle(false);
     long clean = close_cycle(false);
     long dead = close_cycle(true);
+    for (int i = 0; i < 2; i++) {
+        long again = close_cycle(true);
+        dead = again < dead ? again : dead;
+    }
     cr_log_info("heap growth: %ld bytes (clean close), %ld (close after a device fault)",
                 clean, dead);
     cr_assert_leq(dead, clean + 2048, "close after a device fault leaked %ld bytes (clean: %ld)",
