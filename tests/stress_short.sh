@@ -54,9 +54,12 @@ host_peak=$(get occupancy_pages host_peak)
 disk_peak=$(get occupancy_pages disk_peak)
 over=$(get oversubscription measured_peak)
 mean=$(get oversubscription measured_mean)
+steady=$(get oversubscription steady_mean)
+steady_steps=$(get oversubscription steady_steps)
 fallback=$(grep -m1 '^  "preempt_fallback": ' "$json" | sed 's/^  "preempt_fallback": //; s/,$//')
 verified_disk=$(get disk_round_trip pages_verified_after_disk)
-echo "stress_short: report: measured oversubscription peak $over, mean $mean;" \
+echo "stress_short: report: measured oversubscription peak $over, mean $mean," \
+     "steady mean $steady over $steady_steps steps;" \
      "pages device peak $dev_peak, host $host_peak of $host_total, disk $disk_peak of $disk_total; fallback: $fallback"
 
 # libkvvm has all three tiers: a report without a host or disk tier, or with the
@@ -68,8 +71,12 @@ echo "stress_short: report: measured oversubscription peak $over, mean $mean;" \
     ok "all three tiers used" || bad "not all three tiers used"
 ge "$over" 3.6 && ok "measured oversubscription $over >= 3.6" ||
     bad "measured oversubscription $over < 3.6"
-ge "$mean" 3.6 && ok "measured mean oversubscription $mean >= 3.6" ||
-    bad "measured mean oversubscription '$mean' < 3.6"
+# Sustained, not a blip: the mean from the first step at 0.9 X on, over at least 40 steps.
+# (The mean over the whole run includes the ramp up, whose share grows when a loaded machine
+# runs fewer steps in the 45 s: 3.09 over 111 steps under ASan at a load average of 15.)
+ge "$steady" 3.6 && [ "${steady_steps:-0}" -ge 40 ] &&
+    ok "steady mean oversubscription $steady >= 3.6 over $steady_steps steps" ||
+    bad "steady mean oversubscription '$steady' over '$steady_steps' steps (want >= 3.6 over >= 40)"
 [ "${verified_disk:-0}" -gt 0 ] && ok "$verified_disk pages back from disk verified" ||
     bad "no page that came back from disk was verified"
 

@@ -1330,6 +1330,10 @@ static void record_step(struct eng *e)
         r->peak_oversub = ov;
     r->sum_oversub += ov;
     r->n_oversub++;
+    if (r->n_steady || ov >= 0.9 * e->o->oversubscribe) {
+        r->sum_steady += ov;
+        r->n_steady++;
+    }
     double held = s->pages_device_total ? (double)held_pages(s) / s->pages_device_total : 0;
     if (held > r->peak_held)
         r->peak_held = held;

@@ -236,6 +236,9 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
             r->peak_oversub >= 0.9 * o->oversubscribe ? "" : "  ** NOT REACHED **");
     fprintf(f, "                    measured mean %.2f over the run (the same ratio averaged "
             "over steps)\n", r->n_oversub ? r->sum_oversub / r->n_oversub : 0.0);
+    fprintf(f, "                    steady mean %.2f over the %llu steps from the first at 0.9 x "
+            "asked on (the ramp up excluded)\n", r->n_steady ? r->sum_steady / r->n_steady : 0.0,
+            (unsigned long long)r->n_steady);
     fprintf(f, "                    peak held %.2f (the same, pages in flight between two tiers "
             "counted once)\n", r->peak_held);
     fprintf(f, "                    workload estimate peak %.2f (the tool's own page count, "
@@ -455,10 +458,11 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             r->peak_dev ? "true" : "false", r->peak_host ? "true" : "false",
             r->peak_disk ? "true" : "false");
     fprintf(f, "  \"oversubscription\": {\"target\": %.3f, \"measured_peak\": %.4f, "
-            "\"measured_mean\": %.4f, \"peak_held\": %.4f, \"workload_estimate_peak\": %.4f, "
-            "\"reached\": %s},\n",
+            "\"measured_mean\": %.4f, \"steady_mean\": %.4f, \"steady_steps\": %llu, "
+            "\"peak_held\": %.4f, \"workload_estimate_peak\": %.4f, \"reached\": %s},\n",
             o->oversubscribe, r->peak_oversub,
-            r->n_oversub ? r->sum_oversub / r->n_oversub : 0.0, r->peak_held,
+            r->n_oversub ? r->sum_oversub / r->n_oversub : 0.0,
+            r->n_steady ? r->sum_steady / r->n_steady : 0.0, U(r->n_steady), r->peak_held,
             r->peak_logical_oversub,
             r->peak_oversub >= 0.9 * o->oversubscribe ? "true" : "false");
     fprintf(f, "  \"disk_round_trip\": {\"spills\": %llu, \"unspills\": %llu, "

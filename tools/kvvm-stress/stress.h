@@ -118,6 +118,10 @@ struct results {
     double   peak_oversub;           /* max over steps of (dev+host+disk) / device pages */
     double   sum_oversub;            /* sum over sampled steps of the same ratio */
     uint64_t n_oversub;              /* steps sampled into sum_oversub */
+    double   sum_steady;             /* the same sum from the first step whose ratio reached
+                                        0.9 X on: the ramp up excluded, so the figure does
+                                        not depend on how many steps a slow machine ran */
+    uint64_t n_steady;               /* steps sampled into sum_steady */
     double   peak_held;              /* max of (dev+host+disk-inflight) / device pages: each
                                         page once, a page in flight between two tiers too */
     double   peak_logical_oversub;   /* max over steps of the workload's own page estimate */
