@@ -32,8 +32,11 @@ stage() {   # stage TITLE: ends the stage running (noting its times), starts TIT
     cpu=$(awk 'NR == 2 { n = split($0, f, /[ms ]+/)
                          for (i = 1; i < n; i += 2) t += f[i] * 60 + f[i + 1]
                          printf "%d", t }' "$timesf")
-    [ -z "$stage_name" ] || stage_log+=$(printf '%5d s %6d s  %s' $((now - stage_t0)) \
-                                              $((cpu - stage_cpu0)) "$stage_name")$'\n'
+    if [ -n "$stage_name" ]; then
+        echo "--- $((now - stage_t0)) s wall, $((cpu - stage_cpu0)) s CPU"
+        stage_log+=$(printf '%5d s %6d s  %s' $((now - stage_t0)) $((cpu - stage_cpu0)) \
+                            "$stage_name")$'\n'
+    fi
     stage_name=$1 stage_t0=$now stage_cpu0=$cpu
     [ -z "$1" ] || echo "=== $1 ==="
 }
