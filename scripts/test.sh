@@ -45,13 +45,16 @@ stage() {   # stage TITLE: ends the stage running (noting its times), starts TIT
 # stages at the lowest priority (nice 19), so it takes the cycles they leave idle (a test
 # waiting on its disk, the soak's minute, ctest's last long test, a link) rather than a time
 # of its own. Each one's output goes to a log, printed at the end; a failure fails the command
-# there. Each runs in a session of its own (setsid), so an early exit stops it whole.
+# there. Each runs in a session of its own (setsid), so an early exit stops it whole; a new
+# session is a new scheduler autogroup (Linux's default), which competes with the stages'
+# group as an equal whatever its tasks' nice values, so the group's own nice is set too.
 bgdir=$(mktemp -d /tmp/kvvm-test-bg.XXXXXX) bg_names=() bg_pids=()
 trap 'for p in ${bg_pids[@]+"${bg_pids[@]}"}; do kill -- -"$p" 2>/dev/null; done
       rm -rf "$timesf" "$bgdir"' EXIT
 bg_start() {   # bg_start NAME COMMAND...
     local name=$1; shift
-    setsid nice -n 19 "$@" >"$bgdir/${#bg_pids[@]}.log" 2>&1 &
+    setsid bash -c '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; exec nice -n 19 "$@"' \
+           bg "$@" >"$bgdir/${#bg_pids[@]}.log" 2>&1 &
     bg_names+=("$name") bg_pids+=($!)
 }
 tidy_all() {   # clang-tidy (.clang-tidy) on the library, zero findings
@@ -101,8 +104,8 @@ stage "build (KVVM_DEBUG: internal asserts, the invariant checker after every ca
 cmake -S . -B build-debug -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVVM_WERROR=ON -DKVVM_DEBUG=ON \
       -DKVVM_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-debug -j"$jobs"
-(cd build-debug && KVVMTEST_SCALE=0.1 ctest -j"$jobs" --output-on-failure -L cpu -LE 'soak|stress' \
-   -E 'install_consumer|example_engine|package_deb')
+(cd build-debug && KVVMTEST_SCALE=0.1 ctest -j"$jobs" --output-on-failure -L cpu \
+   -LE 'soak|stress' -E 'install_consumer|example_engine|package_deb')
 
 stage "size audit (files > 1000 lines, functions > 120; report only)"
 python3 scripts/size-audit.py
