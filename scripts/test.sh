@@ -12,7 +12,7 @@
 # 10 000 new inputs against the reference model).
 # Each ctest runs its entries side by side (-j, one per core); the entries that must run alone
 # say so (RUN_SERIAL, RESOURCE_LOCK in tests/CMakeLists.txt). At the end: each stage's wall and
-# CPU time. About 13 minutes on an idle 2-core machine (README; 19.4 before ctest -j).
+# CPU time. About 14 minutes on an idle 2-core machine (README; 19.4 before ctest -j).
 # Tests labelled `gpu` skip themselves with a printed reason when no GPU is present; the long
 # `soak` label is run by hand: (cd build && ctest -L soak); its 60 s version (label
 # `longrun`) runs in the first suite only (under ASan the allocator's quarantine grows RSS).
@@ -144,6 +144,7 @@ done
 bg_pids=()
 [ -z "$bg_failed" ] || { echo "=== failed:$bg_failed ==="; exit 1; }
 stage ""
+# (a background job's CPU counts in the stage during which it ended: bash collects it then)
 echo "=== time per stage (wall, CPU = user + sys of its processes; $jobs cores) ==="
 printf '%s' "$stage_log"
 echo "total: $((SECONDS - test_t0)) s wall"
