@@ -8,7 +8,7 @@ int page_get(void);
 int json_put(void);
 int config_check(void);
 int vmm_open(void);
-extern int emu_lock;
+extern int emu;          /* the emulated device's state (vmm/emu/emu_int.h) */
 
 int pool_take(void) { return 1; }
 int seq_lookup(void) { return 2; }
@@ -16,4 +16,4 @@ int page_get(void) { return 3; }
 int json_put(void) { return 4; }
 int config_check(void) { return 5; }
 int vmm_open(void) { return 6; }
-int emu_lock = 7;
+int emu = 7;

@@ -16,12 +16,12 @@
    driver does. */
 kcu_result emu_capture_unsafe_locked(void)
 {
-    if (emu_t_capmode == KCU_STREAM_CAPTURE_MODE_RELAXED)
+    if (emu_t.capmode == KCU_STREAM_CAPTURE_MODE_RELAXED)
         return KCU_SUCCESS;
     kcu_result r = KCU_SUCCESS;
-    for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
+    for (struct kcu_stream_st *s = emu.streams; s; s = s->next)
         if (s->capturing && !s->invalidated &&
-            (emu_t_capmode == KCU_STREAM_CAPTURE_MODE_GLOBAL ||
+            (emu_t.capmode == KCU_STREAM_CAPTURE_MODE_GLOBAL ||
              pthread_equal(s->cap_thread, pthread_self()))) {
             s->invalidated = true;
             r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -37,7 +37,7 @@ kcu_result emu_capture_unsafe_locked(void)
 kcu_result emu_ctx_capture_locked(struct emu_dev *d)
 {
     kcu_result r = KCU_SUCCESS;
-    for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
+    for (struct kcu_stream_st *s = emu.streams; s; s = s->next)
         if (s->dev == d && s->capturing) {
             s->invalidated = true;
             r = KCU_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -52,7 +52,7 @@ kcu_result emu_ctx_capture_locked(struct emu_dev *d)
 kcu_result emu_legacy_capture_locked(struct emu_dev *d, bool query_only)
 {
     kcu_result r = KCU_SUCCESS;
-    for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
+    for (struct kcu_stream_st *s = emu.streams; s; s = s->next)
         if (s->dev == d && s->capturing && !(s->flags & KCU_STREAM_NON_BLOCKING)) {
             if (!query_only)
                 s->invalidated = true;
@@ -83,8 +83,8 @@ kcu_result emu_cuThreadExchangeStreamCaptureMode(int *mode)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    int old = emu_t_capmode;
-    emu_t_capmode = *mode;
+    int old = emu_t.capmode;
+    emu_t.capmode = *mode;
     *mode = old;
 out:
     return emu_leave(r);
@@ -92,13 +92,13 @@ out:
 
 int emu_stream_set_capturing(kcu_stream stream, int on)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct kcu_stream_st *s = emu_stream_lookup_locked(stream);
     if (s) {
         s->capturing = on != 0;
         s->invalidated = false;
         s->cap_thread = pthread_self();
     }
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return s ? 0 : -EINVAL;
 }

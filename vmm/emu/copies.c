@@ -27,7 +27,7 @@ static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t w
         *why = "not mapped";
         return NULL;
     }
-    struct emu_handle *h = &emu_handles[e->h1 - 1];
+    struct emu_handle *h = &emu.handles[e->h1 - 1];
     if (h->dev != d) {
         *why = "memory of another device (peer access is not emulated)";
         return NULL;
@@ -117,9 +117,9 @@ void emu_xfer_locked(struct emu_dev *d, struct emu_op *op)
         default: break;
         }
         if (done < op->n) {        /* let map/unmap calls in between, as a GPU would */
-            pthread_mutex_unlock(&emu_lock);
+            pthread_mutex_unlock(&emu.lock);
             sched_yield();         /* the mutex is unfair: give waiters a real chance */
-            pthread_mutex_lock(&emu_lock);
+            pthread_mutex_lock(&emu.lock);
         }
     }
 }
@@ -128,8 +128,8 @@ void emu_xfer_locked(struct emu_dev *d, struct emu_op *op)
 static bool host_in_resv_locked(const void *p, size_t n)
 {
     uintptr_t b = (uintptr_t)p;
-    for (size_t i = 0; i < emu_nresv; i++) {
-        struct emu_resv *rv = emu_resvs[i];
+    for (size_t i = 0; i < emu.nresv; i++) {
+        struct emu_resv *rv = emu.resvs[i];
         if (b < rv->base + rv->size && (b >= rv->base || rv->base - b < n))
             return true;
     }

@@ -18,7 +18,7 @@ kcu_result emu_cuInit(unsigned int flags)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
-    emu_inited = true;
+    emu.inited = true;
 out:
     return emu_leave(r);
 }
@@ -43,7 +43,7 @@ kcu_result emu_cuDeviceGetCount(int *count)
     }
     int n = 0;
     for (int i = 0; i < EMU_MAX_DEVICES; i++)
-        n += emu_devs[i] != NULL;
+        n += emu.devs[i] != NULL;
     *count = n;
 out:
     return emu_leave(r);
@@ -121,11 +121,11 @@ out:
 
 int emu_device_set_held(int ordinal, size_t bytes)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (d)
         d->held = bytes;
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return d ? 0 : -ENODEV;
 }
 
@@ -162,7 +162,7 @@ kcu_result emu_cuDevicePrimaryCtxRetain(kcu_context *ctx, kcu_device dev)
         r = KCU_ERROR_INVALID_DEVICE;
     else {
         d->ctx_refs++;
-        *ctx = &emu_ctx[dev];
+        *ctx = &emu.ctx[dev];
     }
 out:
     return emu_leave(r);
@@ -188,13 +188,13 @@ kcu_result emu_cuCtxSetCurrent(kcu_context ctx)
 {
     BEGIN(cuCtxSetCurrent, F_INIT);
     if (!ctx) {
-        emu_t_ctx = NULL;
+        emu_t.ctx = NULL;
         goto out;
     }
     for (int i = 0; i < EMU_MAX_DEVICES; i++) {
-        if (ctx == &emu_ctx[i] && emu_devs[i] && emu_devs[i]->ctx_refs > 0) {
-            emu_t_ctx = ctx;
-            emu_t_ctx_gen = ctx->gen;
+        if (ctx == &emu.ctx[i] && emu.devs[i] && emu.devs[i]->ctx_refs > 0) {
+            emu_t.ctx = ctx;
+            emu_t.ctx_gen = ctx->gen;
             goto out;
         }
     }
@@ -209,7 +209,7 @@ kcu_result emu_cuCtxGetCurrent(kcu_context *ctx)
     if (!ctx)
         r = KCU_ERROR_INVALID_VALUE;
     else
-        *ctx = cur ? emu_t_ctx : NULL;
+        *ctx = cur ? emu_t.ctx : NULL;
 out:
     return emu_leave(r);
 }
@@ -285,23 +285,23 @@ int emu_device_create(const struct emu_device_params *p, int *ordinal)
     if (d->view == MAP_FAILED)
         goto out_fd;
 
-    pthread_mutex_lock(&emu_lock);
-    if (!emu_env_read) {
-        emu_env_read = true;
+    pthread_mutex_lock(&emu.lock);
+    if (!emu.env_read) {
+        emu.env_read = true;
         emu_fail_env_locked();
     }
     int slot = -1;
     for (int i = 0; i < EMU_MAX_DEVICES && slot < 0; i++)
-        if (!emu_devs[i])
+        if (!emu.devs[i])
             slot = i;
     if (slot < 0) {
-        pthread_mutex_unlock(&emu_lock);
+        pthread_mutex_unlock(&emu.lock);
         munmap(d->view, cap);
         goto out_fd;
     }
     d->ordinal = slot;
-    emu_devs[slot] = d;
-    pthread_mutex_unlock(&emu_lock);
+    emu.devs[slot] = d;
+    pthread_mutex_unlock(&emu.lock);
     *ordinal = slot;
     return 0;
 
@@ -321,7 +321,7 @@ static int destroy_streams_locked(struct emu_dev *d)
 {
     int leaks = 0;
     for (;;) {
-        struct kcu_stream_st *s = emu_streams;
+        struct kcu_stream_st *s = emu.streams;
         while (s && (s->dev != d || s->dying || s->legacy))
             s = s->next;
         if (!s)
@@ -333,7 +333,7 @@ static int destroy_streams_locked(struct emu_dev *d)
     }
     for (;;) {
         bool any = false;
-        for (struct kcu_stream_st *s = emu_streams; s; s = s->next)
+        for (struct kcu_stream_st *s = emu.streams; s; s = s->next)
             if (s->dev == d && s->detached) {
                 any = true;
                 s->paused = false;
@@ -341,7 +341,7 @@ static int destroy_streams_locked(struct emu_dev *d)
             }
         if (!any)
             break;
-        pthread_cond_wait(&emu_cond, &emu_lock);
+        pthread_cond_wait(&emu.cond, &emu.lock);
     }
     if (d->legacy) {
         struct kcu_stream_st *s = d->legacy;
@@ -355,7 +355,7 @@ static int destroy_streams_locked(struct emu_dev *d)
 static int destroy_events_locked(struct emu_dev *d)
 {
     int leaks = 0;
-    for (struct kcu_event_st *ev = emu_events, *next; ev; ev = next) {
+    for (struct kcu_event_st *ev = emu.events, *next; ev; ev = next) {
         next = ev->next;                /* saved before ev may be freed */
         if (ev->dev != d)
             continue;
@@ -372,11 +372,11 @@ static int destroy_events_locked(struct emu_dev *d)
 static int destroy_maps_locked(struct emu_dev *d)
 {
     int leaks = 0;
-    for (size_t k = 0; k < emu_nresv; k++) {
-        struct emu_resv *rv = emu_resvs[k];
+    for (size_t k = 0; k < emu.nresv; k++) {
+        struct emu_resv *rv = emu.resvs[k];
         for (size_t i = 0; i < rv->ngran; i++) {
             struct emu_ent *e = emu_ent_get(rv, i);
-            if (!e || !e->h1 || emu_handles[e->h1 - 1].dev != d)
+            if (!e || !e->h1 || emu.handles[e->h1 - 1].dev != d)
                 continue;
             size_t j = i;
             while (j < rv->ngran && emu_ent_map_id(rv, j) == e->map_id)
@@ -393,8 +393,8 @@ static int destroy_maps_locked(struct emu_dev *d)
             i = j - 1;
         }
     }
-    for (size_t k = 0; k < emu_nresv;) {
-        struct emu_resv *rv = emu_resvs[k];
+    for (size_t k = 0; k < emu.nresv;) {
+        struct emu_resv *rv = emu.resvs[k];
         if (rv->owner != d) {
             k++;
             continue;
@@ -414,16 +414,16 @@ static int destroy_maps_locked(struct emu_dev *d)
 static int destroy_memory_locked(struct emu_dev *d)
 {
     int leaks = 0;
-    for (size_t i = 0; i < emu_handles_cap; i++) {
-        if (emu_handles[i].dev != d)
+    for (size_t i = 0; i < emu.handles_cap; i++) {
+        if (emu.handles[i].dev != d)
             continue;
         klog_error("emulated device %d: leaked handle of %zu bytes", d->ordinal,
-                   emu_handles[i].ngran * d->gran);
+                   emu.handles[i].ngran * d->gran);
         leaks++;
-        emu_handles[i].released = true;
+        emu.handles[i].released = true;
         emu_handle_maybe_free_locked(i);
     }
-    for (struct emu_host *h = emu_hosts, *next; h; h = next) {
+    for (struct emu_host *h = emu.hosts, *next; h; h = next) {
         next = h->next;
         if (h->dev != d)
             continue;
@@ -439,10 +439,10 @@ static int destroy_memory_locked(struct emu_dev *d)
 
 int emu_device_destroy(int ordinal)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (!d) {
-        pthread_mutex_unlock(&emu_lock);
+        pthread_mutex_unlock(&emu.lock);
         return -ENODEV;
     }
     int leaks = 0;
@@ -457,10 +457,10 @@ int emu_device_destroy(int ordinal)
     leaks += destroy_events_locked(d);
     leaks += destroy_maps_locked(d);
     leaks += destroy_memory_locked(d);
-    emu_devs[ordinal] = NULL;
-    emu_ctx[ordinal].gen++;
-    pthread_cond_broadcast(&emu_cond);
-    pthread_mutex_unlock(&emu_lock);
+    emu.devs[ordinal] = NULL;
+    emu.ctx[ordinal].gen++;
+    pthread_cond_broadcast(&emu.cond);
+    pthread_mutex_unlock(&emu.lock);
     munmap(d->view, d->capacity);
     close(d->memfd);
     free(d->bitmap);
@@ -472,11 +472,11 @@ int emu_counters_get(int ordinal, struct emu_counters *out)
 {
     if (!out)
         return -EINVAL;
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (d)
         *out = d->c;
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return d ? 0 : -ENODEV;
 }
 

@@ -3,7 +3,7 @@
  * (the contract it offers its callers: vmm/emu/emu.h; design: docs/design.md, "The emulated
  * device"). Not included outside vmm/emu/.
  *
- * Files: entry.c (the prologue of every entry point, the global tables, fault injection,
+ * Files: entry.c (the prologue of every entry point, the state (emu), fault injection,
  * tracing, call counters), device.c (cuInit, devices, contexts, device create/destroy, the
  * table and the backend face of vmm/drv_emu.h), memory.c (granule allocator, handles),
  * maps.c (reservations, the mapping table), copies.c, streams.c, capture.c (emulated graph
@@ -16,7 +16,8 @@
  *    and the check says "undocumented". A violation the driver would catch is never
  *    tolerated, so code that passes here does not rely on emulator leniency.
  *  - One process-global driver, like libcuda: devices, handles, reservations, host ranges,
- *    streams and events live in global tables (declared below, defined in entry.c).
+ *    streams and events live in one struct, emu (struct emu_state below, defined in
+ *    entry.c).
  *  - Device memory: one memfd per device plus the emulator's own MAP_SHARED read/write view
  *    of all of it (memory.c). A physical handle is a contiguous granule range of the memfd
  *    (first-fit bitmap allocator with a next-fit cursor). Copies reach device bytes only
@@ -38,14 +39,14 @@
  *  - Every entry point is counted, traced and can be made to fail (entry.c) before it does
  *    anything: an injected failure changes no state.
  *
- * Locks and lock order: emu_lock only, one mutex over every table. Every entry point takes it
+ * Locks and lock order: emu.lock only, one mutex over every table. Every entry point takes it
  * in its prologue (emu_enter(), through BEGIN) and drops it in emu_leave(); test API calls take it
  * themselves. Functions named *_locked are called with it held. The only places that drop
- * it while an operation is in progress are condition waits (emu_cond: some op completed;
+ * it while an operation is in progress are condition waits (emu.cond: some op completed;
  * a stream's cv: work queued, unpaused or exit requested), the join of a stream's worker,
  * and the copy loop, which releases it between chunks so that a cuMemUnmap issued while a
  * long copy runs takes effect between chunks (and the copy then faults, as a GPU would).
- * klog takes its own lock inside and never calls back (emu_lock -> klog's lock).
+ * klog takes its own lock inside and never calls back (emu.lock -> klog's lock).
  *
  * What it never does: it never dereferences a caller's device address (copies go through
  * the view), never executes captured work, never aborts or exits on a caller's error (a
@@ -212,33 +213,63 @@ struct kcu_ctx_st {                /* primary context of the device in the same 
     unsigned gen;                  /* bumped when the device is destroyed */
 };
 
-/* ---- globals (all guarded by emu_lock) ------------------------------------------------ */
+/* ---- the emulator's state: one instance, emu (defined in entry.c) ----------------------- */
 
-extern pthread_mutex_t emu_lock;
-extern pthread_cond_t emu_cond;   /* some op completed */
-extern bool emu_inited;
-extern struct emu_dev *emu_devs[EMU_MAX_DEVICES];
-extern struct kcu_ctx_st emu_ctx[EMU_MAX_DEVICES];
-extern struct emu_handle *emu_handles;
-extern size_t emu_handles_cap;
-extern struct emu_resv **emu_resvs;
-extern size_t emu_nresv, emu_resv_cap;
-extern struct emu_host *emu_hosts;
-extern struct kcu_stream_st *emu_streams;
-extern struct kcu_event_st *emu_events;
-extern uint64_t emu_map_id;
-extern struct emu_fault *emu_faults;
-extern bool emu_env_read;
-extern bool emu_memlock_warned;
+/* Everything the process-global driver knows, in one place. Every field is guarded by
+   emu.lock unless its comment says otherwise; so is every object reachable from it (devices,
+   handles, reservations and their entries, host ranges, streams and their queued ops,
+   events, armed faults). */
+struct emu_state {
+    pthread_mutex_t lock;          /* the one lock (see "Locks and lock order" above) */
+    pthread_cond_t cond;           /* with lock: some op completed, a detached stream went */
+    bool inited;                   /* cuInit was called (never reset) */
+    /* devices by ordinal, NULL = free slot; devs[i]->ordinal == i */
+    struct emu_dev *devs[EMU_MAX_DEVICES];
+    /* the primary context of the device in slot i; its gen is bumped when that device is
+       destroyed, so a thread's current context (emu_t) made current at an older gen is dead */
+    struct kcu_ctx_st ctx[EMU_MAX_DEVICES];
+    /* physical handles: handles_cap slots (grown by doubling, never shrunk); slot i is free
+       iff handles[i].dev == NULL; a handle's value names (gen, slot), so a stale one fails
+       lookup */
+    struct emu_handle *handles;
+    size_t handles_cap;
+    size_t handle_scan;            /* next-fit start of the free-slot search (taken mod cap) */
+    /* live reservations, unordered (a removal moves the last one into the hole):
+       resvs[0 .. nresv) of resv_cap allocated */
+    struct emu_resv **resvs;
+    size_t nresv, resv_cap;
+    struct emu_host *hosts;        /* pinned host ranges (a list, newest first) */
+    /* every stream with a worker: created ones, the devices' legacy streams, and destroyed
+       ones still draining (such a worker unlinks and frees its stream, then signals cond) */
+    struct kcu_stream_st *streams;
+    uint64_t stream_id;            /* the last stream id handed out (ids are never reused) */
+    struct kcu_event_st *events;   /* live events (a list); one goes when its refs reach 0 */
+    uint64_t map_id;               /* the last mapping id handed out (one per cuMemMap) */
+    struct emu_fault *faults;      /* armed failures (emu_fail_arm, KVVM_EMU_FAIL) */
+    bool env_read;                 /* KVVM_EMU_FAIL was read (once, at the first device create) */
+    bool memlock_warned;           /* the RLIMIT_MEMLOCK warning was logged (once) */
+    /* the call trace (emu_trace_start/stop): while tracing, each entry point call appends
+       {name, nth}, nth counted per entry point in trace_occ since the start;
+       trace_buf[0 .. trace_n) of trace_cap allocated */
+    bool tracing;
+    struct emu_trace_entry *trace_buf;
+    size_t trace_n, trace_cap;
+    unsigned long trace_occ[E_COUNT];
+    /* KVVM_EMU_CREATE_NS (memory.c), read at each device create: atomic, not under lock
+       (cuMemCreate sleeps that long before it takes the lock) */
+    long create_ns;
+};
 
-extern bool emu_tracing;
-extern struct emu_trace_entry *emu_trace_buf;
-extern size_t emu_trace_n, emu_trace_cap;
-extern unsigned long emu_trace_occ[E_COUNT];
+extern struct emu_state emu;
 
-extern __thread struct kcu_ctx_st *emu_t_ctx;   /* the thread's current context */
-extern __thread unsigned emu_t_ctx_gen;
-extern __thread int emu_t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+/* The calling thread's driver state (thread-local: no lock). */
+struct emu_thread {
+    struct kcu_ctx_st *ctx;        /* the current context (cuCtxSetCurrent); NULL = none */
+    unsigned ctx_gen;              /* ctx->gen when it was made current: alive iff equal */
+    int capmode;                   /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+};
+
+extern __thread struct emu_thread emu_t;
 
 /* ---- small helpers ------------------------------------------------------------------ */
 
@@ -249,7 +280,7 @@ enum { F_INIT = 1,                  /* cuInit must have been called */
        F_CTX = 2,                   /* a current context is required */
        F_STICKY = 4 };              /* a dead current device fails the call */
 
-/* Opens every entry point: emu_enter() takes emu_lock, records the call and runs the checks `need`
+/* Opens every entry point: emu_enter() takes emu.lock, records the call and runs the checks `need`
    asks for; on failure the entry point jumps to out:, which returns through emu_leave(). */
 #define BEGIN(name, need)                                         \
     struct emu_dev *cur = NULL;                                   \

@@ -1,6 +1,6 @@
 /*
- * vmm/emu/entry.c: the prologue every entry point runs (emu_lock, call counting and tracing,
- * fault injection, context and sticky-error checks), the global tables, and the test API of
+ * vmm/emu/entry.c: the prologue every entry point runs (emu.lock, call counting and tracing,
+ * fault injection, context and sticky-error checks), the state (emu), and the test API of
  * fault injection, tracing and call counters.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
@@ -14,74 +14,55 @@ const char *const emu_entry_names[E_COUNT] = {
 #undef X
 };
 
-/* ---- globals (all guarded by emu_lock) ------------------------------------------------ */
+/* ---- the emulator's state (struct emu_state, emu_int.h) ------------------------------- */
 
-pthread_mutex_t emu_lock = PTHREAD_MUTEX_INITIALIZER;
-pthread_cond_t emu_cond = PTHREAD_COND_INITIALIZER;   /* some op completed */
-bool emu_inited;
-struct emu_dev *emu_devs[EMU_MAX_DEVICES];
-struct kcu_ctx_st emu_ctx[EMU_MAX_DEVICES];
-struct emu_handle *emu_handles;
-size_t emu_handles_cap;
-struct emu_resv **emu_resvs;
-size_t emu_nresv, emu_resv_cap;
-struct emu_host *emu_hosts;
-struct kcu_stream_st *emu_streams;
-struct kcu_event_st *emu_events;
-uint64_t emu_map_id;
-struct emu_fault *emu_faults;
-bool emu_env_read;
-bool emu_memlock_warned;
+struct emu_state emu = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .cond = PTHREAD_COND_INITIALIZER,
+};
 
-bool emu_tracing;
-struct emu_trace_entry *emu_trace_buf;
-size_t emu_trace_n, emu_trace_cap;
-unsigned long emu_trace_occ[E_COUNT];
-
-__thread struct kcu_ctx_st *emu_t_ctx;   /* the thread's current context */
-__thread unsigned emu_t_ctx_gen;
-__thread int emu_t_capmode;              /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+__thread struct emu_thread emu_t;
 
 struct emu_dev *emu_dev_get_locked(int ordinal)
 {
     if (ordinal < 0 || ordinal >= EMU_MAX_DEVICES)
         return NULL;
-    return emu_devs[ordinal];
+    return emu.devs[ordinal];
 }
 
 /* The device of the calling thread's current context, if that context is alive. */
 static struct emu_dev *current_dev_locked(void)
 {
-    if (!emu_t_ctx)
+    if (!emu_t.ctx)
         return NULL;
-    int i = (int)(emu_t_ctx - emu_ctx);
-    struct emu_dev *d = emu_devs[i];
-    if (!d || emu_t_ctx_gen != emu_t_ctx->gen || d->ctx_refs <= 0)
+    int i = (int)(emu_t.ctx - emu.ctx);
+    struct emu_dev *d = emu.devs[i];
+    if (!d || emu_t.ctx_gen != emu_t.ctx->gen || d->ctx_refs <= 0)
         return NULL;
     return d;
 }
 
 static void trace_record_locked(int e)
 {
-    if (!emu_tracing)
+    if (!emu.tracing)
         return;
-    unsigned long nth = ++emu_trace_occ[e];
-    if (emu_trace_n == emu_trace_cap) {
-        size_t cap = emu_trace_cap ? 2 * emu_trace_cap : 1024;
-        struct emu_trace_entry *t = realloc(emu_trace_buf, cap * sizeof *t);
+    unsigned long nth = ++emu.trace_occ[e];
+    if (emu.trace_n == emu.trace_cap) {
+        size_t cap = emu.trace_cap ? 2 * emu.trace_cap : 1024;
+        struct emu_trace_entry *t = realloc(emu.trace_buf, cap * sizeof *t);
         if (!t)
             return;                /* tracing is best effort under memory pressure */
-        emu_trace_buf = t;
-        emu_trace_cap = cap;
+        emu.trace_buf = t;
+        emu.trace_cap = cap;
     }
-    emu_trace_buf[emu_trace_n++] = (struct emu_trace_entry){ emu_entry_names[e], nth };
+    emu.trace_buf[emu.trace_n++] = (struct emu_trace_entry){ emu_entry_names[e], nth };
 }
 
 /* Counts this call against every armed failure of entry e; true (and *err) if one fires. */
 static bool fault_check_locked(int e, kcu_result *err)
 {
     bool fired = false;
-    for (struct emu_fault **pp = &emu_faults; *pp;) {
+    for (struct emu_fault **pp = &emu.faults; *pp;) {
         struct emu_fault *f = *pp;
         if (f->entry == e && --f->left == 0) {
             if (!fired) {
@@ -97,12 +78,12 @@ static bool fault_check_locked(int e, kcu_result *err)
     return fired;
 }
 
-/* The one prologue: takes emu_lock (every entry point returns through emu_leave()), counts
+/* The one prologue: takes emu.lock (every entry point returns through emu_leave()), counts
    and records the call, fires armed failures, then checks initialization, context and
    sticky errors. */
 kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = current_dev_locked();
     *cur = d;
     if (d)
@@ -113,7 +94,7 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
        so to the analyzer, which otherwise sees a success returned with *cur unset */
     if (fault_check_locked(e, &err) && err != KCU_SUCCESS)
         return err;
-    if ((need & F_INIT) && !emu_inited)
+    if ((need & F_INIT) && !emu.inited)
         return KCU_ERROR_NOT_INITIALIZED;
     if ((need & F_CTX) && !d)
         return KCU_ERROR_INVALID_CONTEXT;
@@ -124,7 +105,7 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 
 kcu_result emu_leave(kcu_result r)
 {
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return r;
 }
 
@@ -157,8 +138,8 @@ void emu_fail_env_locked(void)
                        "nth >= 1, a nonzero CUresult); ignored", item);
             continue;
         }
-        *f = (struct emu_fault){ .entry = entry, .left = nth, .err = err, .next = emu_faults };
-        emu_faults = f;
+        *f = (struct emu_fault){ .entry = entry, .left = nth, .err = err, .next = emu.faults };
+        emu.faults = f;
     }
     free(copy);
 }
@@ -176,42 +157,42 @@ int emu_fail_arm(const char *entry, unsigned long nth, kcu_result err)
     struct emu_fault *f = malloc(sizeof *f);
     if (!f)
         return -ENOMEM;
-    pthread_mutex_lock(&emu_lock);
-    *f = (struct emu_fault){ .entry = e, .left = nth, .err = err, .next = emu_faults };
-    emu_faults = f;
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
+    *f = (struct emu_fault){ .entry = e, .left = nth, .err = err, .next = emu.faults };
+    emu.faults = f;
+    pthread_mutex_unlock(&emu.lock);
     return 0;
 }
 
 void emu_fail_clear(void)
 {
-    pthread_mutex_lock(&emu_lock);
-    while (emu_faults) {
-        struct emu_fault *f = emu_faults;
-        emu_faults = f->next;
+    pthread_mutex_lock(&emu.lock);
+    while (emu.faults) {
+        struct emu_fault *f = emu.faults;
+        emu.faults = f->next;
         free(f);
     }
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
 }
 
 void emu_trace_start(void)
 {
-    pthread_mutex_lock(&emu_lock);
-    emu_trace_n = 0;
-    memset(emu_trace_occ, 0, sizeof emu_trace_occ);
-    emu_tracing = true;
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
+    emu.trace_n = 0;
+    memset(emu.trace_occ, 0, sizeof emu.trace_occ);
+    emu.tracing = true;
+    pthread_mutex_unlock(&emu.lock);
 }
 
 size_t emu_trace_stop(struct emu_trace_entry *out, size_t max)
 {
-    pthread_mutex_lock(&emu_lock);
-    emu_tracing = false;
-    size_t n = emu_trace_n;
+    pthread_mutex_lock(&emu.lock);
+    emu.tracing = false;
+    size_t n = emu.trace_n;
     if (out)
-        memcpy(out, emu_trace_buf, min_sz(n, max) * sizeof *out);
-    emu_trace_n = 0;
-    pthread_mutex_unlock(&emu_lock);
+        memcpy(out, emu.trace_buf, min_sz(n, max) * sizeof *out);
+    emu.trace_n = 0;
+    pthread_mutex_unlock(&emu.lock);
     return n;
 }
 
@@ -219,23 +200,23 @@ int emu_calls_get(int ordinal, struct emu_calls *out)
 {
     if (!out)
         return -EINVAL;
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (d) {
 #define X(n) out->n = d->calls[E_##n];
         EMU_ENTRIES(X)
 #undef X
     }
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return d ? 0 : -ENODEV;
 }
 
 int emu_calls_reset(int ordinal)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = emu_dev_get_locked(ordinal);
     if (d)
         memset(d->calls, 0, sizeof d->calls);
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return d ? 0 : -ENODEV;
 }

@@ -12,7 +12,7 @@ void emu_event_put_locked(struct kcu_event_st *ev)
 
 struct kcu_event_st *emu_event_lookup_locked(kcu_event e)
 {
-    for (struct kcu_event_st *p = emu_events; p; p = p->next)
+    for (struct kcu_event_st *p = emu.events; p; p = p->next)
         if (p == e)
             return p;
     return NULL;
@@ -45,8 +45,8 @@ kcu_result emu_cuEventCreate(kcu_event *event, unsigned int flags)
     ev->dev = cur;
     ev->flags = flags;
     ev->refs = 1;
-    ev->next = emu_events;
-    emu_events = ev;
+    ev->next = emu.events;
+    emu.events = ev;
     cur->c.events++;
     *event = ev;
 out:
@@ -55,7 +55,7 @@ out:
 
 void emu_event_unlink_locked(struct kcu_event_st *ev)
 {
-    for (struct kcu_event_st **pp = &emu_events; *pp; pp = &(*pp)->next) {
+    for (struct kcu_event_st **pp = &emu.events; *pp; pp = &(*pp)->next) {
         if (*pp == ev) {
             *pp = ev->next;
             break;
@@ -142,7 +142,7 @@ kcu_result emu_cuEventSynchronize(kcu_event event)
     uint64_t want = ev->rec_seq;
     while (ev->done_seq < want && !ev->dev->sticky)
         if (!emu_legacy_help_locked(ev->dev))
-            pthread_cond_wait(&emu_cond, &emu_lock);
+            pthread_cond_wait(&emu.cond, &emu.lock);
     r = ev->dev->sticky;
     emu_event_put_locked(ev);
 out:

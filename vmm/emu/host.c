@@ -13,9 +13,9 @@
 
 static void memlock_warn_locked(size_t bytes, int err)
 {
-    if (emu_memlock_warned)
+    if (emu.memlock_warned)
         return;
-    emu_memlock_warned = true;
+    emu.memlock_warned = true;
     struct rlimit rl;
     char lim[32] = "unknown";
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
@@ -31,7 +31,7 @@ static void memlock_warn_locked(size_t bytes, int err)
 
 static struct emu_host *host_overlap_locked(const unsigned char *p, size_t n)
 {
-    for (struct emu_host *h = emu_hosts; h; h = h->next)
+    for (struct emu_host *h = emu.hosts; h; h = h->next)
         if (p < h->p + h->n && h->p < p + n)
             return h;
     return NULL;
@@ -39,7 +39,7 @@ static struct emu_host *host_overlap_locked(const unsigned char *p, size_t n)
 
 void emu_host_remove_locked(struct emu_host *x)
 {
-    for (struct emu_host **pp = &emu_hosts; *pp; pp = &(*pp)->next) {
+    for (struct emu_host **pp = &emu.hosts; *pp; pp = &(*pp)->next) {
         if (*pp == x) {
             *pp = x->next;
             return;
@@ -70,8 +70,8 @@ static void host_pin_locked(struct emu_host *h)
         h->locked = true;
     else
         memlock_warn_locked(h->n, errno);
-    h->next = emu_hosts;
-    emu_hosts = h;
+    h->next = emu.hosts;
+    emu.hosts = h;
     if (h->alloc) {
         h->dev->c.host_allocs++;
         h->dev->c.host_alloc_bytes += h->n;
@@ -86,7 +86,7 @@ static void host_pin_locked(struct emu_host *h)
 static struct emu_host *host_find_locked(const void *p, bool alloc)
 {
     struct emu_host *h = NULL;
-    for (struct emu_host *x = emu_hosts; x; x = x->next)
+    for (struct emu_host *x = emu.hosts; x; x = x->next)
         if (x->alloc == alloc && x->p == p)
             h = x;
     return h;
@@ -187,7 +187,7 @@ kcu_result emu_cuPointerGetAttribute(void *data, int attribute, kcu_deviceptr pt
     }
     const unsigned char *b = (const unsigned char *)(uintptr_t)ptr;
     unsigned type = 0;
-    for (struct emu_host *h = emu_hosts; h && !type; h = h->next)
+    for (struct emu_host *h = emu.hosts; h && !type; h = h->next)
         if (b >= h->p && (size_t)(b - h->p) < h->n)
             type = KCU_MEMORYTYPE_HOST;
     if (!type && emu_range_known_locked(ptr, 1))

@@ -11,8 +11,8 @@
 
 struct emu_resv *emu_resv_find_locked(uintptr_t va)
 {
-    for (size_t i = 0; i < emu_nresv; i++) {
-        struct emu_resv *rv = emu_resvs[i];
+    for (size_t i = 0; i < emu.nresv; i++) {
+        struct emu_resv *rv = emu.resvs[i];
         if (va >= rv->base && va - rv->base < rv->size)
             return rv;
     }
@@ -48,23 +48,23 @@ uint64_t emu_ent_map_id(struct emu_resv *rv, size_t i)
 
 static int resv_add_locked(struct emu_resv *rv)
 {
-    if (emu_nresv == emu_resv_cap) {
-        size_t cap = emu_resv_cap ? 2 * emu_resv_cap : 16;
-        struct emu_resv **n = realloc(emu_resvs, cap * sizeof *n);
+    if (emu.nresv == emu.resv_cap) {
+        size_t cap = emu.resv_cap ? 2 * emu.resv_cap : 16;
+        struct emu_resv **n = realloc(emu.resvs, cap * sizeof *n);
         if (!n)
             return -ENOMEM;
-        emu_resvs = n;
-        emu_resv_cap = cap;
+        emu.resvs = n;
+        emu.resv_cap = cap;
     }
-    emu_resvs[emu_nresv++] = rv;
+    emu.resvs[emu.nresv++] = rv;
     return 0;
 }
 
 void emu_resv_remove_locked(struct emu_resv *rv)
 {
-    for (size_t i = 0; i < emu_nresv; i++) {
-        if (emu_resvs[i] == rv) {
-            emu_resvs[i] = emu_resvs[--emu_nresv];
+    for (size_t i = 0; i < emu.nresv; i++) {
+        if (emu.resvs[i] == rv) {
+            emu.resvs[i] = emu.resvs[--emu.nresv];
             return;
         }
     }
@@ -223,7 +223,7 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    uint64_t id = ++emu_map_id;
+    uint64_t id = ++emu.map_id;
     for (size_t i = 0; i < n; i++) {
         struct emu_ent *e = emu_ent_get(rv, first + i);
         *e = (struct emu_ent){ .h1 = (uint32_t)(slot + 1), .access =
@@ -249,7 +249,7 @@ void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
         if (!e || !e->h1)
             continue;
         size_t slot = e->h1 - 1;
-        struct emu_handle *h = &emu_handles[slot];
+        struct emu_handle *h = &emu.handles[slot];
         struct emu_dev *d = h->dev;
         if (e->map_id != last_id) {
             last_id = e->map_id;
@@ -346,7 +346,7 @@ static int access_after(struct emu_resv *rv, size_t i, const struct kcu_mem_acce
                         size_t count, struct emu_dev **dev)
 {
     struct emu_ent *e = emu_ent_get(rv, i);
-    struct emu_dev *d = emu_handles[e->h1 - 1].dev;
+    struct emu_dev *d = emu.handles[e->h1 - 1].dev;
     int acc = (int)e->access;
     for (size_t k = 0; k < count; k++)
         if (desc[k].location.id == d->ordinal)
@@ -412,7 +412,7 @@ out:
 int emu_lookup(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *access)
 {
     int ret = -ENOENT;
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct emu_resv *rv = emu_resv_find_locked((uintptr_t)va);
     if (rv) {
         size_t idx = ((uintptr_t)va - rv->base) / rv->gran;
@@ -427,6 +427,6 @@ int emu_lookup(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *ac
             ret = 0;
         }
     }
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return ret;
 }

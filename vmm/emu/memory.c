@@ -62,16 +62,16 @@ static void range_free_locked(struct emu_dev *d, size_t base, size_t n)
 
 kcu_mem_handle emu_handle_value(size_t slot)
 {
-    return ((kcu_mem_handle)emu_handles[slot].gen << 32) | (kcu_mem_handle)(slot + 1);
+    return ((kcu_mem_handle)emu.handles[slot].gen << 32) | (kcu_mem_handle)(slot + 1);
 }
 
 /* A handle the user may still name (not released); NULL for stale or forged values. */
 struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot)
 {
     uint64_t s1 = v & 0xffffffffu;
-    if (s1 == 0 || s1 > emu_handles_cap)
+    if (s1 == 0 || s1 > emu.handles_cap)
         return NULL;
-    struct emu_handle *h = &emu_handles[s1 - 1];
+    struct emu_handle *h = &emu.handles[s1 - 1];
     if (!h->dev || h->gen != (uint32_t)(v >> 32) || h->released)
         return NULL;
     if (slot)
@@ -82,7 +82,7 @@ struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot)
 /* Frees the memory of a handle that is released and no longer mapped. */
 void emu_handle_maybe_free_locked(size_t slot)
 {
-    struct emu_handle *h = &emu_handles[slot];
+    struct emu_handle *h = &emu.handles[slot];
     if (!h->released || h->maps)
         return;
     struct emu_dev *d = h->dev;
@@ -96,26 +96,25 @@ void emu_handle_maybe_free_locked(size_t slot)
 
 static int handle_slot_alloc_locked(size_t *slot)
 {
-    static size_t scan;            /* next-fit: creates stay O(1) amortized */
-    for (size_t k = 0; k < emu_handles_cap; k++) {
-        size_t i = (scan + k) % emu_handles_cap;
-        if (!emu_handles[i].dev) {
+    for (size_t k = 0; k < emu.handles_cap; k++) {
+        size_t i = (emu.handle_scan + k) % emu.handles_cap;
+        if (!emu.handles[i].dev) {
             *slot = i;
-            scan = i + 1;
+            emu.handle_scan = i + 1;
             return 0;
         }
     }
-    size_t cap = emu_handles_cap ? 2 * emu_handles_cap : 256;
+    size_t cap = emu.handles_cap ? 2 * emu.handles_cap : 256;
     if (cap > UINT32_MAX)
         return -ENOMEM;
-    struct emu_handle *n = realloc(emu_handles, cap * sizeof *n);
+    struct emu_handle *n = realloc(emu.handles, cap * sizeof *n);
     if (!n)
         return -ENOMEM;
-    for (size_t i = emu_handles_cap; i < cap; i++)
+    for (size_t i = emu.handles_cap; i < cap; i++)
         n[i] = (struct emu_handle){ .gen = 1 };
-    emu_handles = n;
-    *slot = emu_handles_cap;
-    emu_handles_cap = cap;
+    emu.handles = n;
+    *slot = emu.handles_cap;
+    emu.handles_cap = cap;
     return 0;
 }
 
@@ -153,19 +152,17 @@ out:
    (read at each emu_device_create, process-wide) makes every cuMemCreate first sleep that
    long, outside the emulator's lock (the real driver does not stop other threads' calls
    either): kvvm-bench's frames group measures grows with frames created ahead against
-   created on the caller's thread with it. */
-static long g_create_ns;
-
+   created on the caller's thread with it. The value: emu.create_ns. */
 void emu_create_cost_read(void)
 {
     const char *e = getenv("KVVM_EMU_CREATE_NS");
     long v = e && *e ? strtol(e, NULL, 10) : 0;
-    __atomic_store_n(&g_create_ns, v > 0 && v < 1000000000L ? v : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&emu.create_ns, v > 0 && v < 1000000000L ? v : 0, __ATOMIC_RELAXED);
 }
 
 static void create_cost_spend(void)
 {
-    long ns = __atomic_load_n(&g_create_ns, __ATOMIC_RELAXED);
+    long ns = __atomic_load_n(&emu.create_ns, __ATOMIC_RELAXED);
     if (ns > 0) {
         struct timespec ts = { 0, ns };
         while (nanosleep(&ts, &ts) && errno == EINTR)
@@ -206,7 +203,7 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
        first (one fallocate) is much cheaper than faulting them in one by one. */
     (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
     memset(d->view + base * d->gran, EMU_POISON, size);
-    emu_handles[slot] = (struct emu_handle){ .dev = d, .gen = emu_handles[slot].gen, .base = base,
+    emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen, .base = base,
                                      .ngran = size / d->gran };
     d->c.handles++;
     d->c.handle_bytes += size;

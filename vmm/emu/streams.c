@@ -21,7 +21,7 @@ static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
         break;
     case OP_WAIT:
         while (op->ev->done_seq < op->seq && !d->sticky)
-            pthread_cond_wait(&emu_cond, &emu_lock);
+            pthread_cond_wait(&emu.cond, &emu.lock);
         break;
     default:
         if (!d->sticky)
@@ -30,7 +30,7 @@ static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
     }
     if (op->ev)
         emu_event_put_locked(op->ev);
-    pthread_cond_broadcast(&emu_cond);
+    pthread_cond_broadcast(&emu.cond);
 }
 
 /* ---- streams ------------------------------------------------------------------------ */
@@ -38,7 +38,7 @@ static void op_exec_locked(struct emu_dev *d, struct emu_op *op)
 /* The stream with this id, if it still exists. */
 static struct kcu_stream_st *stream_by_id_locked(uint64_t id)
 {
-    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu.streams; p; p = p->next)
         if (p->id == id)
             return p;
     return NULL;
@@ -65,7 +65,7 @@ static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
         s->tail = NULL;
     s->done = op->ticket;
     op_free(op);
-    pthread_cond_broadcast(&emu_cond);
+    pthread_cond_broadcast(&emu.cond);
 }
 
 /* A caller about to wait for legacy-stream work runs the legacy stream's next op itself when
@@ -90,17 +90,17 @@ bool emu_legacy_help_locked(struct emu_dev *d)
 static void *stream_main(void *arg)
 {
     struct kcu_stream_st *s = arg;
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     for (;;) {
         while (s->head ? s->paused : !s->exiting)
-            pthread_cond_wait(&s->cv, &emu_lock);
+            pthread_cond_wait(&s->cv, &emu.lock);
         if (!s->head)
             break;
         struct emu_op *op = s->head;
         if (s->running || !op_deps_done_locked(s->dev, op)) {
             /* a synchronizing caller runs it (emu_legacy_help_locked), or its dependencies
                are pending: some op completes, or a resume */
-            pthread_cond_wait(&emu_cond, &emu_lock);
+            pthread_cond_wait(&emu.cond, &emu.lock);
             continue;
         }
         s->running = true;
@@ -111,23 +111,23 @@ static void *stream_main(void *arg)
     if (s->detached) {
         /* cuStreamDestroy returned long ago: the drained stream goes (the device's destroy
            waits for this) */
-        for (struct kcu_stream_st **pp = &emu_streams; *pp; pp = &(*pp)->next)
+        for (struct kcu_stream_st **pp = &emu.streams; *pp; pp = &(*pp)->next)
             if (*pp == s) {
                 *pp = s->next;
                 break;
             }
         pthread_cond_destroy(&s->cv);
         free(s);
-        pthread_cond_broadcast(&emu_cond);
+        pthread_cond_broadcast(&emu.cond);
     }
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return NULL;
 }
 
 /* A live stream (not being destroyed), or NULL. */
 struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s)
 {
-    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu.streams; p; p = p->next)
         if (p == s && !p->dying)
             return p;
     return NULL;
@@ -139,13 +139,13 @@ void emu_drain_locked(struct emu_dev *d, bool blocking_only)
 {
     for (;;) {
         bool busy = false;
-        for (struct kcu_stream_st *s = emu_streams; s && !busy; s = s->next)
+        for (struct kcu_stream_st *s = emu.streams; s && !busy; s = s->next)
             busy = s->dev == d && s->head &&
                    !(blocking_only && (s->flags & KCU_STREAM_NON_BLOCKING));
         if (!busy)
             return;
         if (!emu_legacy_help_locked(d))
-            pthread_cond_wait(&emu_cond, &emu_lock);
+            pthread_cond_wait(&emu.cond, &emu.lock);
     }
 }
 
@@ -153,7 +153,7 @@ static void stream_wait_idle_locked(struct kcu_stream_st *s)
 {
     while (s->head)
         if (!emu_legacy_help_locked(s->dev))     /* s may wait for legacy work */
-            pthread_cond_wait(&emu_cond, &emu_lock);
+            pthread_cond_wait(&emu.cond, &emu.lock);
 }
 
 /* Resolves the stream argument of a call: a live stream, or NULL / CU_STREAM_LEGACY /
@@ -176,8 +176,6 @@ kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
     return (*d)->sticky;
 }
 
-static uint64_t g_stream_id;       /* last stream id handed out (emu_lock) */
-
 /* The device's legacy stream worker, made at its first use. NULL: out of memory. */
 static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
 {
@@ -189,7 +187,7 @@ static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
     s->dev = d;
     s->flags = KCU_STREAM_DEFAULT;
     s->legacy = true;
-    s->id = ++g_stream_id;
+    s->id = ++emu.stream_id;
     if (pthread_cond_init(&s->cv, NULL)) {
         free(s);
         return NULL;
@@ -199,8 +197,8 @@ static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
         free(s);
         return NULL;
     }
-    s->next = emu_streams;
-    emu_streams = s;
+    s->next = emu.streams;
+    emu.streams = s;
     d->legacy = s;
     return s;
 }
@@ -209,14 +207,14 @@ static struct kcu_stream_st *legacy_get_locked(struct emu_dev *d)
 static kcu_result legacy_barrier_locked(struct emu_dev *d, struct emu_op *op)
 {
     size_t n = 0;
-    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu.streams; p; p = p->next)
         n += p->dev == d && !p->legacy && !(p->flags & KCU_STREAM_NON_BLOCKING) &&
              p->done < p->queued;
     if (!n)
         return KCU_SUCCESS;
     if (!(op->bar = malloc(n * sizeof *op->bar)))
         return KCU_ERROR_OUT_OF_MEMORY;
-    for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
+    for (struct kcu_stream_st *p = emu.streams; p; p = p->next)
         if (p->dev == d && !p->legacy && !(p->flags & KCU_STREAM_NON_BLOCKING) &&
             p->done < p->queued) {
             op->bar[op->nbar].id = p->id;
@@ -282,13 +280,13 @@ kcu_result emu_cuStreamCreate(kcu_stream *stream, unsigned int flags)
     }
     s->dev = cur;
     s->flags = flags;
-    s->id = ++g_stream_id;
+    s->id = ++emu.stream_id;
     if (pthread_cond_init(&s->cv, NULL))
         goto out_free;
     if (pthread_create(&s->thread, NULL, stream_main, s))
         goto out_cond;
-    s->next = emu_streams;
-    emu_streams = s;
+    s->next = emu.streams;
+    emu.streams = s;
     cur->c.streams++;
     *stream = s;
     goto out;
@@ -301,17 +299,17 @@ out:
     return emu_leave(r);
 }
 
-/* Stops s after its queued work ran, joins its worker and frees it. Called with emu_lock held
+/* Stops s after its queued work ran, joins its worker and frees it. Called with emu.lock held
    and s marked dying; drops the lock around the join. */
 void emu_stream_teardown_locked(struct kcu_stream_st *s)
 {
     s->exiting = true;
     s->paused = false;
     pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     pthread_join(s->thread, NULL);
-    pthread_mutex_lock(&emu_lock);
-    for (struct kcu_stream_st **pp = &emu_streams; *pp; pp = &(*pp)->next) {
+    pthread_mutex_lock(&emu.lock);
+    for (struct kcu_stream_st **pp = &emu.streams; *pp; pp = &(*pp)->next) {
         if (*pp == s) {
             *pp = s->next;
             break;
@@ -375,7 +373,7 @@ kcu_result emu_cuStreamQuery(kcu_stream stream)
     if (s) {
         r = s->head ? KCU_ERROR_NOT_READY : KCU_SUCCESS;
     } else {
-        for (struct kcu_stream_st *p = emu_streams; p; p = p->next)
+        for (struct kcu_stream_st *p = emu.streams; p; p = p->next)
             if (p->dev == d && p->head && !(p->flags & KCU_STREAM_NON_BLOCKING))
                 r = KCU_ERROR_NOT_READY;
     }
@@ -434,7 +432,7 @@ kcu_result emu_cuStreamGetCtx(kcu_stream stream, kcu_context *ctx)
     }
     if ((r = emu_stream_arg_locked(stream, cur, &s, &d)))
         goto out;
-    *ctx = &emu_ctx[d->ordinal];
+    *ctx = &emu.ctx[d->ordinal];
 out:
     return emu_leave(r);
 }
@@ -474,27 +472,27 @@ out:
 
 int emu_stream_counts(kcu_stream stream, uint64_t *submitted, uint64_t *captured)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct kcu_stream_st *s = emu_stream_lookup_locked(stream);
     if (s && submitted)
         *submitted = s->submitted;
     if (s && captured)
         *captured = s->captured;
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return s ? 0 : -EINVAL;
 }
 
 int emu_stream_set_paused(kcu_stream stream, int on)
 {
-    pthread_mutex_lock(&emu_lock);
+    pthread_mutex_lock(&emu.lock);
     struct kcu_stream_st *s = NULL;    /* a destroyed stream still draining too */
-    for (struct kcu_stream_st *p = emu_streams; p && !s; p = p->next)
+    for (struct kcu_stream_st *p = emu.streams; p && !s; p = p->next)
         if (p == stream)
             s = p;
     if (s) {
         s->paused = on != 0;
         pthread_cond_signal(&s->cv);
     }
-    pthread_mutex_unlock(&emu_lock);
+    pthread_mutex_unlock(&emu.lock);
     return s ? 0 : -EINVAL;
 }
