@@ -6,12 +6,13 @@
  * deadline) and parses replies (a redisReader fed by this file), except a get batch's, which
  * this file parses itself so that values land in the caller's buffers (struct gets); the
  * socket is then ours, non-blocking, and every wait is a ppoll bounded by the request's
- * deadline. Commands are written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL) straight from the caller's
- * buffers: a SET's value goes out as [command and header] [payload iovecs] ["\r\n"], with
- * no copy of the payload (hiredis's own redisAppendCommandArgv formats a copy, then copies
- * it into its output buffer), and no SIGPIPE when the server is gone. A batch is one
- * pipeline: every command is sent, then every reply read; while a send waits for room, the
- * replies already there are read, so neither side's buffers can fill up and stall both.
+ * deadline. Commands are written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL)
+ * straight from the caller's buffers: a SET's value goes out as [command and header]
+ * [payload iovecs] ["\r\n"], with no copy of the payload (hiredis's own
+ * redisAppendCommandArgv formats a copy, then copies it into its output buffer), and no
+ * SIGPIPE when the server is gone. A batch is one pipeline: every command is sent, then
+ * every reply read; while a send waits for room, the replies already there are read, so
+ * neither side's buffers can fill up and stall both.
  *
  * Any failure of the connection itself (a timeout, a reset, a protocol error) drops it:
  * the replies still owed on it could otherwise be matched with later requests. The next
