@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <sys/uio.h>
@@ -265,6 +266,13 @@ static uint64_t cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* This thread's minor page faults so far. */
+static long minflt(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_minflt : 0;
+}
+
 static void minmax(const double *v, int n, double *lo, double *hi)
 {
     *lo = *hi = v[0];
@@ -416,7 +424,8 @@ static int ab_publish(struct bench_ctx *bc, const char *url, kvvm_key *keys)
 /* One trial: a fresh context attaches the blocks (seconds, or -1); then the store layer's
    GET of the same entries into buf (seconds in *get_s, or -1). */
 static double ab_trial(struct bench_ctx *bc, const char *url, const kvvm_key *keys,
-                       unsigned char *buf, int get_first, double *get_s)
+                       unsigned char *buf, int get_first, double *get_s, double cpu_ms[2],
+                       long flt[2])
 {
     struct kvvm_testing_store_layout L = { 2, AB_PAGE / AB_TPB, AB_PAGE };
     struct kvvm_testing_store_item it[AB_BLOCKS];
@@ -434,17 +443,23 @@ static double ab_trial(struct bench_ctx *bc, const char *url, const kvvm_key *ke
     for (int k = 0; k < 2; k++) {
         if ((k == 0) == (get_first != 0)) {
             if (kvvm_testing_store_open(url, 10000, &st) == 0) {
-                uint64_t t0 = bench_now_ns();
+                long f0 = minflt();
+                uint64_t t0 = bench_now_ns(), c0 = cpu_ns();
                 int got = kvvm_testing_store_get(st, &L, 1, it, AB_BLOCKS);
                 double s = (double)(bench_now_ns() - t0) / 1e9;
+                cpu_ms[1] = (double)(cpu_ns() - c0) / 1e6;
+                flt[1] = minflt() - f0;
                 *get_s = got == AB_BLOCKS ? s : -1;
                 kvvm_testing_store_close(st);
             }
         } else if (ab_open(bc, url, &kv) == 0) {
-            uint64_t t0 = bench_now_ns();
+            long f0 = minflt();
+            uint64_t t0 = bench_now_ns(), c0 = cpu_ns();
             int got = kvvm_seq_create(kv, &d) ? -1 : kvvm_prefix_attach(kv, d, 1, keys,
                                                                           AB_BLOCKS);
             double s = (double)(bench_now_ns() - t0) / 1e9;
+            cpu_ms[0] = (double)(cpu_ns() - c0) / 1e6;
+            flt[0] = minflt() - f0;
             att = got == AB_BLOCKS ? s : -1;
             kvvm_close(kv);
         }
@@ -458,11 +473,16 @@ static int bench_store_attach(struct bench_ctx *bc, const char *group, const cha
     int t = bc->trials > 0 ? bc->trials : 5;
     unsigned char *buf = NULL;
     double *ta = calloc((size_t)t, sizeof *ta), *tg = calloc((size_t)t, sizeof *tg);
-    int rc = ta && tg && !posix_memalign((void **)&buf, 4096, (size_t)AB_BLOCKS * 2 * AB_PAGE)
+    double *ca = calloc((size_t)t, sizeof *ca), *cg = calloc((size_t)t, sizeof *cg);
+    long flt[2] = { 0, 0 };       /* the last trial's */
+    int rc = ta && tg && ca && cg && !posix_memalign((void **)&buf, 4096, (size_t)AB_BLOCKS * 2 * AB_PAGE)
              ? ab_publish(bc, url, keys) : -ENOMEM;
     double mib = (double)AB_BLOCKS * 2 * AB_PAGE / MIB;
     for (int i = 0; i < t && !rc; i++) {
-        double s = ab_trial(bc, url, keys, buf, i % 2, &tg[i]);
+        double cpu[2] = { 0, 0 };
+        double s = ab_trial(bc, url, keys, buf, i % 2, &tg[i], cpu, flt);
+        ca[i] = cpu[0];
+        cg[i] = cpu[1];
         if (s <= 0 || tg[i] <= 0)
             rc = -EIO;
         else
@@ -476,14 +496,19 @@ static int bench_store_attach(struct bench_ctx *bc, const char *group, const cha
         bench_report(bc, group, "attach 128 blocks (2 x 64 KiB) from the store", ma, mg,
                      "store_get of the same entries", "MiB/s", 0);
         printf("    spread: attach %.0f..%.0f, store_get %.0f..%.0f MiB/s; per block: "
-               "attach %.0f us, store_get %.0f us\n", lo1, hi1, lo2, hi2,
-               mib / ma / AB_BLOCKS * 1e6, mib / mg / AB_BLOCKS * 1e6);
+               "attach %.0f us, store_get %.0f us; this thread's CPU (median): attach %.1f ms, "
+               "store_get %.1f ms; its minor page faults (last trial): attach %ld, store_get "
+               "%ld\n", lo1, hi1, lo2, hi2, mib / ma / AB_BLOCKS * 1e6,
+               mib / mg / AB_BLOCKS * 1e6, bench_median(ca, t), bench_median(cg, t), flt[0],
+               flt[1]);
     } else {
         fprintf(stderr, "kvvm-bench store: %s attach failed (%s)\n", group, strerror(-rc));
     }
     free(buf);
     free(ta);
     free(tg);
+    free(ca);
+    free(cg);
     return rc;
 }
 
