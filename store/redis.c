@@ -360,6 +360,10 @@ static void put_reply(void *arg, size_t i, const redisReply *rep)
    (a reply's first line, with what followed it) is copied from there. The value is then
    checked where it landed. */
 #define LINE_MAX_BYTES 512u      /* a reply's first line ("$<length>", "-<error>") */
+#define LINE_PEEK 32u            /* the recv for the line of a large value's reply: the line
+                                    and a little of the header, so that the value itself
+                                    goes by recvmsg into its buffers, not through rbuf */
+#define LARGE_VALUE (16u << 10)
 
 struct gets {
     struct batch_ctx *c;
@@ -504,7 +508,12 @@ static int g_step(struct rstore *r)
         memmove(r->rbuf, r->rbuf + g->pos, g->have - g->pos);
         g->have -= g->pos;
         g->pos = 0;
-        ssize_t got = recv(r->fd, r->rbuf + g->have, RBUF_BYTES - g->have, MSG_DONTWAIT);
+        size_t room = RBUF_BYTES - g->have;
+        const struct store_item *it = &g->c->items[g->i];
+        if (!g->value && room > LINE_PEEK &&
+            store_iov_len(it->iov, it->iovcnt) >= LARGE_VALUE)
+            room = LINE_PEEK;    /* small values: as much as there is, many per recv */
+        ssize_t got = recv(r->fd, r->rbuf + g->have, room, MSG_DONTWAIT);
         if (got > 0) {
             g->have += (size_t)got;
             continue;
