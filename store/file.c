@@ -62,6 +62,7 @@ struct fio {
     struct iovec *iov;           /* vectored: [header block, the caller's iovecs], or NULL */
     int iovcnt;
     int res;                     /* bytes transferred or -errno; -EINPROGRESS until done */
+    int checked;                 /* get: its value was checked (get_done) */
     char tmp[STORE_NAME_MAX + 48]; /* put: the temporary name while it exists, else "" */
 };
 
@@ -71,6 +72,10 @@ struct fbatch {
     char *staging;               /* owned by the batch (an orphan's, or one too large to
                                     keep), else NULL: the store's */
     unsigned owed;               /* submitted, not completed */
+    /* Called for item i as its I/O completes (a get checks the value then, while the
+       others' I/O goes on), or NULL; on_done_arg its argument. */
+    void (*on_done)(void *arg, size_t i);
+    void *on_done_arg;
     struct fio io[];
 };
 
@@ -317,7 +322,10 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
         }
         unsigned head, seen = 0;
         io_uring_for_each_cqe(&f->ring, head, cqe) {
-            b->io[io_uring_cqe_get_data64(cqe) - 1].res = cqe->res;
+            size_t i = io_uring_cqe_get_data64(cqe) - 1;
+            b->io[i].res = cqe->res;
+            if (b->on_done)      /* checked now: the CPU's work overlaps the I/O still owed */
+                b->on_done(b->on_done_arg, i);
             seen++;
         }
         io_uring_cq_advance(&f->ring, seen);
@@ -490,6 +498,42 @@ static int get_prepare(struct fstore *f, struct fio *io, const struct store_layo
     return 0;
 }
 
+/* A get batch's items, for get_done. */
+struct get_ctx {
+    struct fbatch *b;
+    struct store *st;
+    const struct store_layout *L;
+    uint64_t ns;
+    struct store_item *items;
+};
+
+/* Item i's read completed: its value checked (and copied out of staging). */
+static void get_done(void *arg, size_t i)
+{
+    struct get_ctx *c = arg;
+    struct fbatch *b = c->b;
+    struct store_item *it = &c->items[i];
+    struct fio *io = &b->io[i];
+    size_t want = store_iov_len(it->iov, it->iovcnt);
+    io->checked = 1;
+    if (it->status)
+        return;
+    if (io->res < 0) {
+        it->status = errno_status(-io->res);
+        return;
+    }
+    STORE_ADD(c->st, st_bytes_in, (uint64_t)io->res);
+    struct iovec staged = { io->buf + F_ALIGN, want };
+    if ((size_t)io->res < F_ALIGN + want)
+        it->status = -EBADMSG;
+    else if (io->iov)
+        it->status = store_value_check_iov((const uint8_t *)io->buf, c->L, c->ns, it->key,
+                                           it->iov, it->iovcnt);
+    else if (!(it->status = store_value_check_iov((const uint8_t *)io->buf, c->L, c->ns,
+                                                  it->key, &staged, 1)))
+        store_iov_scatter(it->iov, it->iovcnt, staged.iov_base, want);
+}
+
 static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
@@ -508,29 +552,14 @@ static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
             items[i].status = rc;
         return 0;
     }
+    struct get_ctx gc = { b, st, L, ns, items };
+    b->on_done = get_done;
+    b->on_done_arg = &gc;
     if (batch_run(f, b, items, deadline))
         return 0;
-    for (size_t i = 0; i < n; i++) {
-        struct fio *io = &b->io[i];
-        size_t want = store_iov_len(items[i].iov, items[i].iovcnt);
-        if (items[i].status)
-            continue;
-        if (io->res < 0) {
-            items[i].status = errno_status(-io->res);
-            continue;
-        }
-        STORE_ADD(st, st_bytes_in, (uint64_t)io->res);
-        struct iovec staged = { io->buf + F_ALIGN, want };
-        if ((size_t)io->res < F_ALIGN + want)
-            items[i].status = -EBADMSG;
-        else if (io->iov)
-            items[i].status = store_value_check_iov((const uint8_t *)io->buf, L, ns,
-                                                    items[i].key, items[i].iov,
-                                                    items[i].iovcnt);
-        else if (!(items[i].status = store_value_check_iov((const uint8_t *)io->buf, L, ns,
-                                                           items[i].key, &staged, 1)))
-            store_iov_scatter(items[i].iov, items[i].iovcnt, staged.iov_base, want);
-    }
+    for (size_t i = 0; i < n; i++)
+        if (!b->io[i].checked)   /* without io_uring: after the batch */
+            get_done(&gc, i);
     batch_free(f, b);
     return 0;
 }

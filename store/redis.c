@@ -3,14 +3,16 @@
  * includes hiredis.h.
  *
  * hiredis connects (redisConnectWithTimeout: the connect bounded by what is left of the
- * deadline) and parses replies (a redisReader fed by this file); the socket is then ours,
- * non-blocking, and every wait is a ppoll bounded by the request's deadline. Commands are
- * written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL) straight from the caller's
- * buffers: a SET's value goes out as [command and header] [payload iovecs] ["\r\n"], with
- * no copy of the payload (hiredis's own redisAppendCommandArgv formats a copy, then copies
- * it into its output buffer), and no SIGPIPE when the server is gone. A batch is one
- * pipeline: every command is sent, then every reply read; while a send waits for room, the
- * replies already there are read, so neither side's buffers can fill up and stall both.
+ * deadline) and parses replies (a redisReader fed by this file), except a get batch's, which
+ * this file parses itself so that values land in the caller's buffers (struct gets); the
+ * socket is then ours, non-blocking, and every wait is a ppoll bounded by the request's
+ * deadline. Commands are written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL)
+ * straight from the caller's buffers: a SET's value goes out as [command and header]
+ * [payload iovecs] ["\r\n"], with no copy of the payload (hiredis's own
+ * redisAppendCommandArgv formats a copy, then copies it into its output buffer), and no
+ * SIGPIPE when the server is gone. A batch is one pipeline: every command is sent, then
+ * every reply read; while a send waits for room, the replies already there are read, so
+ * neither side's buffers can fill up and stall both.
  *
  * Any failure of the connection itself (a timeout, a reset, a protocol error) drops it:
  * the replies still owed on it could otherwise be matched with later requests. The next
@@ -47,14 +49,7 @@ struct rstore {
     int down_logged;             /* the outage was logged */
     char cause[128];             /* hiredis's reason for the last failed connect, or "" */
     char *rbuf;                  /* [RBUF_BYTES] receive buffer */
-    /* The reader's object functions: hiredis's own (def), except while a get batch sinks
-       (sink != NULL): a top-level string reply is then checked and copied to the caller
-       where the reader holds it (sink_string), and no reply object copies the value. */
-    redisReplyObjectFunctions fns;
-    const redisReplyObjectFunctions *def;
-    struct batch_ctx *sink;      /* the get batch, or NULL */
-    size_t sink_i;               /* the item the next reply answers */
-    int sunk;                    /* the last reply was consumed by sink_string */
+    struct gets *g;              /* the get batch being received, or NULL (the reader's) */
 };
 
 /* ------------------------------------------------------------------ the connection */
@@ -101,6 +96,8 @@ static int r_fill(struct rstore *r)
     }
 }
 
+static int g_step(struct rstore *r);
+
 /* Waits until the socket is ready for ev (reading whatever arrives meanwhile). 0,
    -ETIMEDOUT at the deadline, -ENOTCONN. */
 static int r_wait(struct rstore *r, short ev, uint64_t deadline)
@@ -119,8 +116,8 @@ static int r_wait(struct rstore *r, short ev, uint64_t deadline)
         if (n == 0)
             continue;                /* the deadline check above ends it */
         if (p.revents & POLLIN) {
-            int rc = r_fill(r);
-            if (rc)
+            int rc = r->g ? g_step(r) : r_fill(r);
+            if (rc < 0)
                 return rc;
         } else if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) {
             return -ENOTCONN;
@@ -172,10 +169,9 @@ static int r_reply(struct rstore *r, uint64_t deadline, redisReply **out)
     }
 }
 
-/* The errno an error reply stands for. */
-static int r_err(const redisReply *rep)
+/* The errno an error reply (its text) stands for. */
+static int r_err_str(const char *s)
 {
-    const char *s = rep->str;
     if (!strncmp(s, "OOM", 3))
         return -ENOSPC;
     if (!strncmp(s, "NOAUTH", 6) || !strncmp(s, "WRONGPASS", 9) || !strncmp(s, "NOPERM", 6) ||
@@ -185,6 +181,11 @@ static int r_err(const redisReply *rep)
     if (!strncmp(s, "READONLY", 8))
         return -EROFS;
     return -EIO;
+}
+
+static int r_err(const redisReply *rep)
+{
+    return r_err_str(rep->str);
 }
 
 /* RESP text of one command of short arguments into out (CMD_MAX per argument is enough for
@@ -197,8 +198,6 @@ static size_t r_cmd(char *out, size_t cap, int argc, const char *const *argv)
                                 argv[i]);
     return len < cap ? len : cap;
 }
-
-static void *sink_string(const redisReadTask *task, char *str, size_t len);
 
 /* Connects, authenticates, selects the database. 0, -EACCES (refused), -EINVAL (no such
    database), -ETIMEDOUT, -ENOTCONN, -ENOMEM; nothing kept on failure. */
@@ -220,14 +219,6 @@ static int r_connect(struct rstore *r, uint64_t deadline)
     }
     r->fd = redisFreeKeepFd(c);
     r->rd = redisReaderCreate();
-    if (r->rd) {
-        r->rd->maxbuf = 0;           /* keep its buffer: values are large, and many */
-        r->def = r->rd->fn;
-        r->fns = *r->def;
-        r->fns.createString = sink_string;
-        r->rd->fn = &r->fns;
-        r->rd->privdata = r;
-    }
     int fl = fcntl(r->fd, F_GETFL);
     if (!r->rd || fl < 0 || fcntl(r->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
         r_shut(r);
@@ -361,46 +352,176 @@ static void put_reply(void *arg, size_t i, const redisReply *rep)
         STORE_ADD(c->st, st_bytes_out, STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt));
 }
 
-/* Item i of a get batch from its value (str, len): checked, then copied out. */
-static void get_value(struct batch_ctx *c, size_t i, const char *str, size_t len)
+/* A get batch's replies are parsed here, not by hiredis's reader: the reader copies what it
+   is fed into its own buffer, moves the unparsed rest to the front after every reply (for a
+   pipeline of large values, more bytes moved than received) and a reply object copies the
+   value again. Here a value whose length is the item's goes from the socket (recvmsg) straight
+   to [its header, the caller's iovecs, its "\r\n"]; what an earlier recv brought into rbuf
+   (a reply's first line, with what followed it) is copied from there. The value is then
+   checked where it landed. */
+#define LINE_MAX_BYTES 512u      /* a reply's first line ("$<length>", "-<error>") */
+#define LINE_PEEK 32u            /* the recv for the line of a large value's reply: the line
+                                    and a little of the header, so that the value itself
+                                    goes by recvmsg into its buffers, not through rbuf */
+#define LARGE_VALUE (16u << 10)
+
+struct gets {
+    struct batch_ctx *c;
+    size_t n, i;                 /* replies owed; the one being read */
+    size_t pos, have;            /* rbuf[pos, have): received, not yet consumed */
+    int value;                   /* item i's value is coming */
+    size_t left;                 /* bytes of it (its "\r\n" included) still to come */
+    size_t vlen;                 /* its length */
+    struct iovec *seg;           /* where it goes: seg[si, nseg); nseg 0: dropped (-EBADMSG) */
+    int nseg, si;
+    uint8_t hdr[STORE_HDR_BYTES];
+    char crlf[2];
+};
+
+/* len bytes of the value arrived into its segments (at src: copied there first). */
+static void g_take(struct gets *g, const char *src, size_t len)
 {
-    struct store_item *it = &c->items[i];
-    size_t want = store_iov_len(it->iov, it->iovcnt);
-    STORE_ADD(c->st, st_bytes_in, (uint64_t)len);
-    if (len != STORE_HDR_BYTES + want ||
-        store_value_check((const uint8_t *)str, len, c->L, c->ns, it->key, want))
+    g->left -= len;
+    while (len && g->si < g->nseg) {
+        struct iovec *s = &g->seg[g->si];
+        size_t c = s->iov_len < len ? s->iov_len : len;
+        if (src) {
+            memcpy(s->iov_base, src, c);
+            src += c;
+        }
+        s->iov_base = (char *)s->iov_base + c;
+        s->iov_len -= c;
+        len -= c;
+        g->si += !s->iov_len;
+    }
+}
+
+/* Item i's value is complete: checked where it landed. 0 or -EIO (not RESP). */
+static int g_value_done(struct gets *g)
+{
+    struct batch_ctx *c = g->c;
+    struct store_item *it = &c->items[g->i++];
+    g->value = 0;
+    STORE_ADD(c->st, st_bytes_in, (uint64_t)g->vlen);
+    if (!g->nseg) {
         it->status = -EBADMSG;
-    else
-        it->status = 0, store_iov_scatter(it->iov, it->iovcnt, str + STORE_HDR_BYTES, want);
+        return 0;
+    }
+    if (memcmp(g->crlf, "\r\n", 2) != 0)
+        return -EIO;
+    it->status = store_value_check_iov(g->hdr, c->L, c->ns, it->key, it->iov, it->iovcnt);
+    return 0;
 }
 
-/* The reader's createString: a get's value is consumed where the reader holds it. */
-static void *sink_string(const redisReadTask *task, char *str, size_t len)
+/* The first line of reply i (len bytes, "\r\n" excluded). 0 or -EIO (not RESP, or not a
+   GET's reply: the connection is then in an unknown state). */
+static int g_line(struct gets *g, const char *l, size_t len)
 {
-    struct rstore *r = task->privdata;
-    if (!r->sink || task->parent || task->type != REDIS_REPLY_STRING)
-        return r->def->createString(task, str, len);
-    get_value(r->sink, r->sink_i, str, len);
-    r->sunk = 1;
-    return r->def->createNil(task);
-}
-
-static void get_reply(void *arg, size_t i, const redisReply *p)
-{
-    struct batch_ctx *c = arg;
-    struct rstore *r = c->st->be;
-    struct store_item *it = &c->items[i];
-    r->sink_i = i + 1;
-    if (r->sunk)
-        r->sunk = 0;             /* sink_string did it */
-    else if (p->type == REDIS_REPLY_NIL)
+    struct store_item *it = &g->c->items[g->i];
+    char msg[128];
+    if (len == 3 && !memcmp(l, "$-1", 3)) {
         it->status = -ENOENT;
-    else if (p->type == REDIS_REPLY_ERROR)
-        it->status = r_err(p);
-    else if (p->type == REDIS_REPLY_STRING)
-        get_value(c, i, p->str, (size_t)p->len);
-    else
-        it->status = -EIO;
+        g->i++;
+        return 0;
+    }
+    if (len && l[0] == '-') {
+        size_t m = len - 1 < sizeof msg - 1 ? len - 1 : sizeof msg - 1;
+        memcpy(msg, l + 1, m);
+        msg[m] = 0;
+        it->status = r_err_str(msg);
+        g->i++;
+        return 0;
+    }
+    if (len < 2 || len > 21 || l[0] != '$')
+        return -EIO;
+    size_t v = 0;
+    for (size_t k = 1; k < len; k++) {
+        if (l[k] < '0' || l[k] > '9')
+            return -EIO;
+        v = v * 10 + (size_t)(l[k] - '0');
+    }
+    size_t want = store_iov_len(it->iov, it->iovcnt);
+    g->value = 1;
+    g->vlen = v;
+    g->left = v + 2;
+    g->si = 0;
+    g->nseg = 0;
+    if (v != STORE_HDR_BYTES + want)
+        return 0;                /* another length: read and dropped */
+    g->seg[g->nseg++] = (struct iovec){ g->hdr, STORE_HDR_BYTES };
+    for (int k = 0; k < it->iovcnt; k++)
+        if (it->iov[k].iov_len)
+            g->seg[g->nseg++] = it->iov[k];
+    g->seg[g->nseg++] = (struct iovec){ g->crlf, 2 };
+    return 0;
+}
+
+/* Receives and parses what the socket has, without waiting. 1 when every reply is in, 0
+   when it needs more, -ENOTCONN, -EIO (protocol). */
+static int g_step(struct rstore *r)
+{
+    struct gets *g = r->g;
+    for (;;) {
+        if (g->value && !g->left) {
+            int rc = g_value_done(g);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (g->value && g->pos < g->have) {
+            size_t c = g->have - g->pos < g->left ? g->have - g->pos : g->left;
+            g_take(g, r->rbuf + g->pos, c);
+            g->pos += c;
+            continue;
+        }
+        if (g->value && g->si < g->nseg) {   /* straight into the value's segments */
+            int cnt = g->nseg - g->si;
+            struct msghdr m = { .msg_iov = g->seg + g->si,
+                                .msg_iovlen = (size_t)(cnt < IOV_MAX ? cnt : IOV_MAX) };
+            ssize_t got = recvmsg(r->fd, &m, MSG_DONTWAIT);
+            if (got > 0) {
+                g_take(g, NULL, (size_t)got);
+                continue;
+            }
+            if (got < 0 && errno == EINTR)
+                continue;
+            return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -ENOTCONN;
+        }
+        if (!g->value) {
+            if (g->i == g->n)
+                return 1;
+            const char *l = r->rbuf + g->pos;
+            const char *nl = memchr(l, '\n', g->have - g->pos);
+            if (nl) {
+                if (nl == l || nl[-1] != '\r')
+                    return -EIO;
+                g->pos += (size_t)(nl - l) + 1;
+                int rc = g_line(g, l, (size_t)(nl - l) - 1);
+                if (rc)
+                    return rc;
+                continue;
+            }
+            if (g->have - g->pos > LINE_MAX_BYTES)
+                return -EIO;
+        }
+        /* more bytes into rbuf: a line's rest (kept at the front), or a dropped value's */
+        memmove(r->rbuf, r->rbuf + g->pos, g->have - g->pos);
+        g->have -= g->pos;
+        g->pos = 0;
+        size_t room = RBUF_BYTES - g->have;
+        const struct store_item *it = &g->c->items[g->i];
+        if (!g->value && room > LINE_PEEK &&
+            store_iov_len(it->iov, it->iovcnt) >= LARGE_VALUE)
+            room = LINE_PEEK;    /* small values: as much as there is, many per recv */
+        ssize_t got = recv(r->fd, r->rbuf + g->have, room, MSG_DONTWAIT);
+        if (got > 0) {
+            g->have += (size_t)got;
+            continue;
+        }
+        if (got < 0 && errno == EINTR)
+            continue;
+        return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -ENOTCONN;
+    }
 }
 
 static void exists_reply(void *arg, size_t i, const redisReply *rep)
@@ -457,16 +578,28 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
 {
     struct iovec io;
     struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
-    size_t done = 0;
     struct rstore *r = st->be;
-    char *buf = keys_cmds("GET", L, ns, items, NULL, n, &io);
-    r->sink = &c;
-    r->sink_i = 0;
-    r->sunk = 0;
-    int rc = buf ? r_pipeline(r, &io, 1, n, get_reply, &c, deadline, &done) : -ENOMEM;
-    r->sink = NULL;
-    items_rest(items, done, n, rc);
+    int most = 0;
+    for (size_t i = 0; i < n; i++)
+        most = items[i].iovcnt > most ? items[i].iovcnt : most;
+    struct gets g = { .c = &c, .n = n, .seg = malloc(((size_t)most + 2) * sizeof *g.seg) };
+    char *buf = g.seg ? keys_cmds("GET", L, ns, items, NULL, n, &io) : NULL;
+    int rc = buf ? r_ready(r, deadline) : -ENOMEM;
+    if (!rc) {
+        r->g = &g;
+        rc = r_send(r, &io, 1, deadline);
+        while (!rc && (rc = g_step(r)) == 0)
+            rc = r_wait(r, POLLIN, deadline);
+        r->g = NULL;
+        rc = rc == 1 ? 0 : rc;
+        if (rc && r->fd >= 0)
+            r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
+        else if (!rc && g.pos != g.have)
+            r_shut(r);           /* bytes no request asked for: start again clean */
+    }
+    items_rest(items, g.i, n, rc);
     free(buf);
+    free(g.seg);
     return 0;
 }
 

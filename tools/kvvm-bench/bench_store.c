@@ -20,6 +20,15 @@
  * (batches of 32); --quick: 1 MiB only.
  *
  * The store layer is reached through the testing interface (kvvm_testing_store_*).
+ *
+ *  - Attach from the store (both backends): a context publishes AB_BLOCKS blocks (2 regions
+ *    of 64 KiB pages) with the store attached and waits until its store thread has written
+ *    them (kvvm_stats' store_puts); then, per trial, a fresh context on the same store (no
+ *    local entries; its device frames created at open) times kvvm_seq_create + kvvm_prefix_attach of those keys (every block
+ *    read from the store, checked, brought to the device and entered locally), beside
+ *    store_get of the same entries into one buffer (the store layer's GET alone, through the
+ *    testing interface). MiB/s of payload; us per block printed under it. The attach pays
+ *    what the GET does plus its own fetch buffer, the copy to the device and the entries.
  */
 #include "bench.h"
 
@@ -32,7 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -246,6 +257,22 @@ static double raw_files_fn(void *arg, struct bstore *b, int wr)
     return raw_files(&r->ring, r->dir, b, wr);
 }
 
+/* This thread's CPU time (ns): what a transfer costs the caller, which the machine's load
+   changes far less than the wall time. */
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* This thread's minor page faults so far. */
+static long minflt(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_minflt : 0;
+}
+
 static void minmax(const double *v, int n, double *lo, double *hi)
 {
     *lo = *hi = v[0];
@@ -261,21 +288,27 @@ static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
 {
     int t = bc->trials;
     double *mine = calloc((size_t)t, sizeof *mine), *base = calloc((size_t)t, sizeof *base);
-    if (!mine || !base) {
+    double *cm = calloc((size_t)t, sizeof *cm), *cb = calloc((size_t)t, sizeof *cb);
+    if (!mine || !base || !cm || !cb) {
         free(mine);
         free(base);
+        free(cm);
+        free(cb);
         return -ENOMEM;
     }
     double mib = (double)(b->n * b->val) / MIB;
     int rc = 0;
     for (int i = 0; i < t && !rc; i++) {
-        double s1, s2;
-        if (i % 2) {
-            s2 = raw->fn(raw->arg, b, wr);
-            s1 = bs_store(b, wr);
-        } else {
-            s1 = bs_store(b, wr);
-            s2 = raw->fn(raw->arg, b, wr);
+        double s1 = -1, s2 = -1;
+        for (int k = 0; k < 2; k++) {
+            uint64_t c0 = cpu_ns();
+            if ((k == 0) == (i % 2 == 0)) {
+                s1 = bs_store(b, wr);
+                cm[i] = (double)(cpu_ns() - c0) / 1e6;
+            } else {
+                s2 = raw->fn(raw->arg, b, wr);
+                cb[i] = (double)(cpu_ns() - c0) / 1e6;
+            }
         }
         if (s1 <= 0 || s2 <= 0)
             rc = -EIO;
@@ -292,14 +325,17 @@ static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
         snprintf(op, sizeof op, "%s %zu KiB x%zu", wr ? "put" : "get", b->val >> 10, b->n);
         bench_report(bc, group, op, bench_median(mine, t), bench_median(base, t), raw->name,
                      "MiB/s", 0);
-        printf("    spread: store %.0f..%.0f, %s %.0f..%.0f MiB/s\n", lo1, hi1, raw->name,
-               lo2, hi2);
+        printf("    spread: store %.0f..%.0f, %s %.0f..%.0f MiB/s; this thread's CPU per batch "
+               "(median): store %.2f ms, %s %.2f ms\n", lo1, hi1, raw->name, lo2, hi2,
+               bench_median(cm, t), raw->name, bench_median(cb, t));
     } else {
         fprintf(stderr, "kvvm-bench store: %s %s failed (%s)\n", group, wr ? "put" : "get",
                 strerror(-rc));
     }
     free(mine);
     free(base);
+    free(cm);
+    free(cb);
     return rc;
 }
 
@@ -323,6 +359,159 @@ static int run_sizes(struct bench_ctx *bc, const char *group, const char *url,
     return rc;
 }
 
+/* ---- attach from the store ------------------------------------------------------------- */
+
+#define AB_BLOCKS 128
+#define AB_PAGE (64u << 10)
+#define AB_TPB 16
+
+static int ab_open(struct bench_ctx *bc, const char *url, kvvm **kv)
+{
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    c.backend = bc->backend;
+    c.emu_granule = AB_PAGE;
+    c.page_size = AB_PAGE;
+    c.n_regions = 2;
+    c.bytes_per_token = AB_PAGE / AB_TPB;
+    c.max_seqs = 8;
+    c.max_tokens = (uint64_t)AB_BLOCKS * AB_TPB;
+    c.device_budget = (size_t)4 * AB_BLOCKS * 2 * AB_PAGE;
+    c.pool_thread = 0;
+    c.create_at_open = 1;        /* the frames exist before the attach, as in a serving engine */
+    c.store_url = url;
+    c.store_timeout_ms = 10000;
+    return kvvm_open(&c, kv);
+}
+
+/* The publisher: AB_BLOCKS blocks of distinct bytes under keys, written to the store. */
+static int ab_publish(struct bench_ctx *bc, const char *url, kvvm_key *keys)
+{
+    static int32_t tok[AB_BLOCKS * AB_TPB];
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    unsigned char *page = malloc(AB_PAGE);
+    int rc = page ? ab_open(bc, url, &kv) : -ENOMEM;
+    for (int i = 0; i < AB_BLOCKS * AB_TPB; i++)
+        tok[i] = 7000000 + i;
+    (void)kvvm_prefix_keys(tok, (size_t)AB_BLOCKS * AB_TPB, AB_TPB, NULL, 0, keys, AB_BLOCKS);
+    if (!rc)
+        rc = kvvm_seq_create(kv, &s);
+    if (!rc)
+        rc = kvvm_seq_grow(kv, s, (uint64_t)AB_BLOCKS * AB_TPB);
+    for (uint32_t r = 0; r < 2 && !rc; r++)
+        for (size_t b = 0; b < AB_BLOCKS && !rc; b++) {
+            for (size_t i = 0; i < AB_PAGE; i++)
+                page[i] = (unsigned char)((b * 2 + r) * 131 + i * 7 + (i >> 9));
+            rc = kvvm_seq_write(kv, s, r, b * AB_PAGE, page, AB_PAGE);
+        }
+    if (!rc)
+        rc = kvvm_prefix_publish(kv, s, 1, keys, AB_BLOCKS) == AB_BLOCKS ? 0 : -EIO;
+    struct kvvm_stats st = { .size = sizeof st };
+    for (int w = 0; !rc && w < 6000; w++) {       /* at most 60 s for the store thread */
+        rc = kvvm_stats(kv, &st);
+        if (rc || st.store_puts >= AB_BLOCKS)
+            break;
+        nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+    }
+    if (!rc && st.store_puts < AB_BLOCKS)
+        rc = -ETIMEDOUT;
+    kvvm_close(kv);
+    free(page);
+    return rc;
+}
+
+/* One trial: a fresh context attaches the blocks (seconds, or -1); then the store layer's
+   GET of the same entries into buf (seconds in *get_s, or -1). */
+static double ab_trial(struct bench_ctx *bc, const char *url, const kvvm_key *keys,
+                       unsigned char *buf, int get_first, double *get_s, double cpu_ms[2],
+                       long flt[2])
+{
+    struct kvvm_testing_store_layout L = { 2, AB_PAGE / AB_TPB, AB_PAGE };
+    struct kvvm_testing_store_item it[AB_BLOCKS];
+    struct iovec iov[2 * AB_BLOCKS];
+    kvvm_testing_store *st = NULL;
+    kvvm *kv = NULL;
+    kvvm_seq d;
+    double att = -1;
+    *get_s = -1;
+    for (size_t b = 0; b < AB_BLOCKS; b++) {
+        iov[2 * b] = (struct iovec){ buf + 2 * b * AB_PAGE, AB_PAGE };
+        iov[2 * b + 1] = (struct iovec){ buf + (2 * b + 1) * AB_PAGE, AB_PAGE };
+        it[b] = (struct kvvm_testing_store_item){ &keys[b], &iov[2 * b], 2, 0 };
+    }
+    for (int k = 0; k < 2; k++) {
+        if ((k == 0) == (get_first != 0)) {
+            if (kvvm_testing_store_open(url, 10000, &st) == 0) {
+                long f0 = minflt();
+                uint64_t t0 = bench_now_ns(), c0 = cpu_ns();
+                int got = kvvm_testing_store_get(st, &L, 1, it, AB_BLOCKS);
+                double s = (double)(bench_now_ns() - t0) / 1e9;
+                cpu_ms[1] = (double)(cpu_ns() - c0) / 1e6;
+                flt[1] = minflt() - f0;
+                *get_s = got == AB_BLOCKS ? s : -1;
+                kvvm_testing_store_close(st);
+            }
+        } else if (ab_open(bc, url, &kv) == 0) {
+            long f0 = minflt();
+            uint64_t t0 = bench_now_ns(), c0 = cpu_ns();
+            int got = kvvm_seq_create(kv, &d) ? -1 : kvvm_prefix_attach(kv, d, 1, keys,
+                                                                          AB_BLOCKS);
+            double s = (double)(bench_now_ns() - t0) / 1e9;
+            cpu_ms[0] = (double)(cpu_ns() - c0) / 1e6;
+            flt[0] = minflt() - f0;
+            att = got == AB_BLOCKS ? s : -1;
+            kvvm_close(kv);
+        }
+    }
+    return att;
+}
+
+static int bench_store_attach(struct bench_ctx *bc, const char *group, const char *url)
+{
+    kvvm_key keys[AB_BLOCKS];
+    int t = bc->trials > 0 ? bc->trials : 5;
+    unsigned char *buf = NULL;
+    double *ta = calloc((size_t)t, sizeof *ta), *tg = calloc((size_t)t, sizeof *tg);
+    double *ca = calloc((size_t)t, sizeof *ca), *cg = calloc((size_t)t, sizeof *cg);
+    long flt[2] = { 0, 0 };       /* the last trial's */
+    int rc = ta && tg && ca && cg && !posix_memalign((void **)&buf, 4096, (size_t)AB_BLOCKS * 2 * AB_PAGE)
+             ? ab_publish(bc, url, keys) : -ENOMEM;
+    double mib = (double)AB_BLOCKS * 2 * AB_PAGE / MIB;
+    for (int i = 0; i < t && !rc; i++) {
+        double cpu[2] = { 0, 0 };
+        double s = ab_trial(bc, url, keys, buf, i % 2, &tg[i], cpu, flt);
+        ca[i] = cpu[0];
+        cg[i] = cpu[1];
+        if (s <= 0 || tg[i] <= 0)
+            rc = -EIO;
+        else
+            ta[i] = mib / s, tg[i] = mib / tg[i];
+    }
+    if (!rc) {
+        double lo1, hi1, lo2, hi2;
+        minmax(ta, t, &lo1, &hi1);
+        minmax(tg, t, &lo2, &hi2);
+        double ma = bench_median(ta, t), mg = bench_median(tg, t);
+        bench_report(bc, group, "attach 128 blocks (2 x 64 KiB) from the store", ma, mg,
+                     "store_get of the same entries", "MiB/s", 0);
+        printf("    spread: attach %.0f..%.0f, store_get %.0f..%.0f MiB/s; per block: "
+               "attach %.0f us, store_get %.0f us; this thread's CPU (median): attach %.1f ms, "
+               "store_get %.1f ms; its minor page faults (last trial): attach %ld, store_get "
+               "%ld\n", lo1, hi1, lo2, hi2, mib / ma / AB_BLOCKS * 1e6,
+               mib / mg / AB_BLOCKS * 1e6, bench_median(ca, t), bench_median(cg, t), flt[0],
+               flt[1]);
+    } else {
+        fprintf(stderr, "kvvm-bench store: %s attach failed (%s)\n", group, strerror(-rc));
+    }
+    free(buf);
+    free(ta);
+    free(tg);
+    free(ca);
+    free(cg);
+    return rc;
+}
+
 static int bench_store_redis(struct bench_ctx *bc)
 {
     if (system("command -v redis-server >/dev/null 2>&1") != 0) {
@@ -340,6 +529,8 @@ static int bench_store_redis(struct bench_ctx *bc)
         snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
         struct raw raw = { raw_redis_fn, c, "hiredis" };
         rc = run_sizes(bc, "store/redis", url, &raw);
+        if (!rc)
+            rc = bench_store_attach(bc, "store/redis", url);
         redisFree(c);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
@@ -363,6 +554,8 @@ static int bench_store_file(struct bench_ctx *bc)
     if (!rc) {
         struct raw raw = { raw_files_fn, &rf, "io_uring" };
         rc = run_sizes(bc, "store/file", url, &raw);
+        if (!rc)
+            rc = bench_store_attach(bc, "store/file", url);
         io_uring_queue_exit(&rf.ring);
     }
     char cmd[600];
