@@ -198,6 +198,12 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n);
 int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length);
+/* The bytes of metadata s holds now: its slot's descriptor and every array allocated for it
+   (block tables, discard marks, block ids, map-ahead frames). For the testing interface
+   (kvvm_testing_metadata). 0 or -ENOENT. */
+int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes);
+/* The bytes of metadata per device page: its page descriptor and its frame's. */
+uint64_t paging_page_meta_bytes(const struct paging *pg);
 int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child);
 int paging_seq_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens);
 int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint64_t end);

@@ -683,6 +683,31 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     return 0;
 }
 
+int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    uint64_t n = sizeof *s, R = pg->p.n_regions;
+    if (s->bt)
+        n += R * pg->pages_per_slot * sizeof *s->bt;
+    if (s->kept)
+        n += R * sizeof *s->kept;
+    if (s->bid)
+        n += (pg->pages_per_slot ? pg->pages_per_slot : 1) * sizeof *s->bid;
+    if (s->ahead)
+        n += R * pg->p.map_ahead * sizeof *s->ahead;
+    *bytes = n;
+    return 0;
+}
+
+uint64_t paging_page_meta_bytes(const struct paging *pg)
+{
+    (void)pg;
+    return sizeof(struct pg_page) + sizeof(struct pg_frame);
+}
+
 /* Whether growing s to length needs nothing (paging_seq_grow_in_place). No division on
    this path: the pages held end at `held` bytes, the old tokens at `used`; a partial last
    page (used < held) must be s's own in every region. */
