@@ -53,6 +53,7 @@ int paging_seq_blocks(struct paging *pg, uint64_t h, uint32_t n, pg_page_id *ids
 
 void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n)
 {
+    pg->room_gen++;                     /* pages gain a holder: no room fact holds */
     for (size_t i = 0; i < n; i++) {
         struct pg_page *p = page_at(pg, ids[i]);
         KVVM_ASSERT(p->tier != PG_TIER_NONE);

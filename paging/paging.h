@@ -190,6 +190,12 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
    no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
    then does the work or says what is wrong). */
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
+/* The hot path's grow (core calls it before anything else, lock held): true when h's room
+   fact (a full check made by an earlier in-place grow, still valid) covers length, and
+   then h has grown to length and is protected as a use; false, nothing changed, for any
+   other case (the caller then takes the full path). O(1): a lookup, compares, stores; no
+   reason recorded, no allocation, no driver call. */
+bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length);
 /* The same for a batch: every member grows in place, each named once, or -EAGAIN and
    nothing changed. O(n * n_regions). */
 int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,

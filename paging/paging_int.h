@@ -151,6 +151,14 @@ struct pg_seq {
                               tail_scrub), so it does not grow in place */
     uint32_t *bid;         /* pool view only (view.c): pages_per_slot block ids + 1 (0 = none
                               yet); made with bt. Held only while resident */
+    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
+       pages hold them, its partial last page is its own in every region, no hole there, it
+       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
+       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change
+       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */
+    uint64_t  room;        /* tokens (<= max_tokens) */
+    uint64_t  room_gen;    /* 0: no fact */
+    uint32_t  room_np;
 };
 
 /* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
@@ -201,6 +209,8 @@ struct paging {
     uint32_t pages_per_slot;
     uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
     uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
+    uint64_t room_gen;     /* starts at 1; + 1 whenever a page gains a holder (page_get,
+                              page_get_off, paging_hold): voids every pg_seq room fact */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
        p.max_frames, changed by paging_set_budget) */
@@ -393,6 +403,7 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 static inline void page_get_off(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
+    pg->room_gen++;                     /* a page shared now: no room fact holds */
     page_count(pg, p, -1);
     p->refs++;
     p->offs++;
@@ -459,8 +470,15 @@ int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
 /* Every write of s->out goes through here, so the count of non-resident sequences
    (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
    live sequence is non-resident: seq free clears out before the slot is let go. */
+/* s changed in a way that may break its room fact (pg_seq.room): swapped, truncated, a
+   page discarded, dropped, a slot taken. */
+static inline void seq_room_void(struct pg_seq *s)
+{
+    s->room_gen = 0;
+}
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
+    seq_room_void(s);
     if (s->out && !out)
         pg->n_out--;
     else if (!s->out && out)

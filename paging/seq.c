@@ -279,6 +279,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     s->length = 0;
     s->n_pages = 0;
     s->n_ahead = 0;
+    seq_room_void(s);
     s->used_valid = 0;
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     s->cls = PG_SEQ_LIVE;
@@ -724,6 +725,48 @@ static bool grows_in_place(struct paging *pg, struct pg_seq *s, uint64_t length)
            !cow_needed(pg, s, 0, pg->p.n_regions, s->n_pages - 1, s->n_pages);
 }
 
+/* Records s's room fact after grows_in_place said yes for some length: the pages hold
+   room tokens, and nothing grows_in_place checks changes until a void (pg_seq.room). A
+   partial last page shared, or a hole there, gives no fact. */
+static void seq_room_set(struct paging *pg, struct pg_seq *s)
+{
+    if (!s->n_pages || (s->stale_tail && pg->p.scrub) ||     /* (tail_scrub first) */
+        cow_needed(pg, s, 0, pg->p.n_regions, s->n_pages - 1, s->n_pages))
+        return;
+    uint64_t held = (uint64_t)s->n_pages * pg->p.page_size / pg->p.bytes_per_token;
+    s->room = held < pg->p.max_tokens ? held : pg->p.max_tokens;
+    s->room_np = s->n_pages;
+    s->room_gen = pg->room_gen;
+}
+
+/* s by its handle, or NULL; no reason recorded (the hot path's lookup). */
+static inline struct pg_seq *seq_peek(struct paging *pg, uint64_t h)
+{
+    uint32_t slot1 = handle_slot1(h);
+    if (slot1 - 1u >= pg->p.max_seqs)             /* slot1 0 wraps: refused too */
+        return NULL;
+    struct pg_seq *s = &pg->seqs[slot1 - 1];
+    return s->live && s->gen == handle_gen(h) ? s : NULL;
+}
+
+/* The room fact holds and covers length. */
+static inline bool room_covers(const struct paging *pg, const struct pg_seq *s,
+                               uint64_t length)
+{
+    return s->room_gen == pg->room_gen && s->room_np == s->n_pages &&
+           length >= s->length && length <= s->room;
+}
+
+bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s = seq_peek(pg, h);
+    if (!s || !room_covers(pg, s, length))
+        return false;
+    s->length = length;
+    seq_use(pg, s);
+    return true;
+}
+
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
 {
     struct pg_seq *s;
@@ -731,6 +774,7 @@ int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
         return -EAGAIN;
     s->length = length;
     seq_use(pg, s);
+    seq_room_set(pg, s);
     return 0;
 }
 
@@ -744,13 +788,18 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
         pg->batch_mark = 1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (seq_lookup(pg, hs[i], &s) || s->batch_mark == pg->batch_mark ||  /* twice */
-            !grows_in_place(pg, s, lengths[i]))
+        s = seq_peek(pg, hs[i]);
+        if (!s || s->batch_mark == pg->batch_mark)                        /* twice */
             return -EAGAIN;
+        if (!room_covers(pg, s, lengths[i])) {
+            if (!grows_in_place(pg, s, lengths[i]))
+                return -EAGAIN;
+            seq_room_set(pg, s);
+        }
         s->batch_mark = pg->batch_mark;
     }
     for (size_t i = 0; i < n; i++) {
-        (void)seq_lookup(pg, hs[i], &s);
+        s = seq_peek(pg, hs[i]);
         s->length = lengths[i];
         seq_use(pg, s);
     }

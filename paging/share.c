@@ -22,6 +22,7 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
         return rc;
     if (length > s->length)
         return -EINVAL;
+    seq_room_void(s);                   /* fewer pages, or a scrub-stale tail */
     uint32_t np = (uint32_t)pg_pages_for(pg, length);
     bool tail = length < s->length && (length * pg->p.bytes_per_token) % pg->p.page_size;
     if (s->out) {
