@@ -122,6 +122,8 @@ int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint3
     uint64_t tokens = (uint64_t)n * (pg->p.page_size / pg->p.bytes_per_token);
     if (tokens > pg->p.max_tokens || n > pg->pages_per_slot)
         return -E2BIG;
+    if ((rc = seq_bt_reserve(pg, s, n)))
+        return rc;
     /* its window comes back as the swap-in maps it: no release of it may be pending */
     if (!s->out && (rc = seq_settle(pg, s)))
         return rc;

@@ -134,8 +134,11 @@ struct pg_seq {
                               DF_OUT may still hold the mapping until its fence) */
     uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
-    pg_page_id *bt;        /* n_regions * pages_per_slot page ids, region-major; lazily made
-                              (PG_PAGE_NONE: a hole) */
+    pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
+                              hole); made at the slot's take, grown with the sequence
+                              (seq_bt_reserve), so it follows the length, not max_tokens */
+    uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
+                              <= pages_per_slot (bid, when the pool view is on, too) */
     pg_frame_id *ahead;    /* n_regions * map_ahead frame ids */
     uint32_t  next_free;   /* free slot list */
     /* discard and classes (discard.c) */
@@ -149,8 +152,8 @@ struct pg_seq {
     uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
                               last page; the next grow over them zeroes them (seq.c,
                               tail_scrub), so it does not grow in place */
-    uint32_t *bid;         /* pool view only (view.c): pages_per_slot block ids + 1 (0 = none
-                              yet); made with bt. Held only while resident */
+    uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
+                              made and grown with bt. Held only while resident */
     /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
        pages hold them, its partial last page is its own in every region, no hole there, it
        is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
@@ -311,7 +314,8 @@ static inline uint64_t pg_va(const struct paging *pg, uint32_t r, uint32_t slot,
 }
 static inline pg_page_id *pg_bt(const struct paging *pg, struct pg_seq *s, uint32_t r)
 {
-    return s->bt + (size_t)r * pg->pages_per_slot;
+    (void)pg;
+    return s->bt + (size_t)r * s->bt_cap;
 }
 /* Region r's map-ahead frames. With map_ahead = 0 there is no array (s->ahead is NULL) and
    the result is NULL: arithmetic on a null pointer, even + 0, is undefined (C11 6.5.6), so
@@ -467,6 +471,11 @@ int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
 int  seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
                       size_t n, uint64_t *frames);
 int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
+/* Block tables (bt, and bid with the pool view) with room for n_pages entries per region:
+   grown by doubling (capped at pages_per_slot), entries beyond n_pages zero. Called before
+   a call's point of no return wherever n_pages may grow. 0, or -ENOMEM with nothing
+   changed. */
+int  seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages);
 /* Every write of s->out goes through here, so the count of non-resident sequences
    (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
    live sequence is non-resident: seq free clears out before the slot is let go. */

@@ -247,6 +247,45 @@ int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
     return 0;
 }
 
+/* Block-table entries per region a slot starts with: one page's, so a sequence's tables
+   follow its length from the first page on (doubling: a 64k-token sequence of 4 KiB pages
+   reallocates them 8 times in its life, a copy of its ids each time, against a map per
+   page); a slot taken again starts over. */
+#define BT_FIRST 1u
+
+int seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages)
+{
+    uint64_t most = pg->pages_per_slot ? pg->pages_per_slot : 1;
+    if (n_pages <= s->bt_cap && s->bt)
+        return 0;
+    if (n_pages > most)
+        return -E2BIG;                  /* (callers bound the length first) */
+    uint64_t cap = s->bt_cap ? s->bt_cap : BT_FIRST;
+    while (cap < n_pages)
+        cap *= 2;
+    if (cap > most)
+        cap = most;
+    uint32_t R = pg->p.n_regions, old = s->bt_cap;
+    pg_page_id *bt = calloc((size_t)R * cap, sizeof *bt);
+    uint32_t *bid = pg->view.n_ids ? calloc(cap, sizeof *bid) : NULL;
+    if (!bt || (pg->view.n_ids && !bid)) {
+        free(bt);
+        free(bid);
+        return -ENOMEM;
+    }
+    /* commit: nothing below fails */
+    for (uint32_t r = 0; s->bt && r < R; r++)
+        memcpy(bt + (size_t)r * cap, s->bt + (size_t)r * old, old * sizeof *bt);
+    if (bid && s->bid)
+        memcpy(bid, s->bid, old * sizeof *bid);
+    free(s->bt);
+    free(s->bid);
+    s->bt = bt;
+    s->bid = bid;
+    s->bt_cap = (uint32_t)cap;
+    return 0;
+}
+
 /* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
 int seq_slot_take(struct paging *pg, struct pg_seq **out)
 {
@@ -258,15 +297,17 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     if (!pg->slot_free_head)
         return -ENOSPC;
     struct pg_seq *s = &pg->seqs[pg->slot_free_head - 1];
-    if (!s->bt) {
-        s->bt = calloc((size_t)pg->p.n_regions * pg->pages_per_slot, sizeof *s->bt);
-        if (!s->bt)
-            return -ENOMEM;
+    if (s->bt_cap > BT_FIRST) {         /* a longer sequence's tables: not the next one's */
+        free(s->bt);
+        free(s->bid);
+        s->bt = NULL;
+        s->bid = NULL;
+        s->bt_cap = 0;
     }
+    int rc = seq_bt_reserve(pg, s, 0);           /* BT_FIRST entries, or the slot's */
+    if (rc)
+        return rc;
     if (!s->kept && !(s->kept = calloc(pg->p.n_regions, sizeof *s->kept)))
-        return -ENOMEM;
-    if (pg->view.n_ids && !s->bid &&
-        !(s->bid = calloc(pg->pages_per_slot ? pg->pages_per_slot : 1, sizeof *s->bid)))
         return -ENOMEM;
     if (pg->p.map_ahead && !s->ahead) {
         s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
@@ -334,7 +375,7 @@ int paging_seq_free(struct paging *pg, uint64_t h)
         if (rc)
             return rc;
     }
-    memset(s->bt, 0, (size_t)pg->p.n_regions * pg->pages_per_slot * sizeof *s->bt);
+    memset(s->bt, 0, (size_t)pg->p.n_regions * s->bt_cap * sizeof *s->bt);
     s->n_pages = 0;
     s->length = 0;
     /* a dying slot is checked like a live one: no first_kept past its length 0 */
@@ -670,6 +711,8 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         rc = seq_settle(pg, s);
     if (!rc)
         rc = pool_reserve_check(pg, grow_frames(pg, s, length, &cow_idx));
+    if (!rc)
+        rc = seq_bt_reserve(pg, s, pg_pages_for(pg, length));
     if (rc)
         return rc;
     struct grow_undo u;
@@ -692,11 +735,11 @@ int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes)
         return rc;
     uint64_t n = sizeof *s, R = pg->p.n_regions;
     if (s->bt)
-        n += R * pg->pages_per_slot * sizeof *s->bt;
+        n += R * s->bt_cap * sizeof *s->bt;
     if (s->kept)
         n += R * sizeof *s->kept;
     if (s->bid)
-        n += (pg->pages_per_slot ? pg->pages_per_slot : 1) * sizeof *s->bid;
+        n += s->bt_cap * sizeof *s->bid;
     if (s->ahead)
         n += R * pg->p.map_ahead * sizeof *s->ahead;
     *bytes = n;
@@ -896,6 +939,8 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     rc = seq_batch_frames(pg, ss, lengths, n, &need);
     if (!rc)
         rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = seq_bt_reserve(pg, ss[i], pg_pages_for(pg, lengths[i]));
     if (rc)
         goto out_free;
     uint32_t mark = pg->n_created;
