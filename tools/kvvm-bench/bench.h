@@ -54,6 +54,11 @@ void bench_pair_add(struct bench_pair *p, double v, double base);
    0, or the first -errno of a sample (p then holds the trials before it). */
 int bench_pairs(struct bench_ctx *b, bench_sample_fn lib, void *lib_arg,
                 bench_sample_fn base, void *base_arg, struct bench_pair *p);
+/* The same row from n trials' figures kept by a group in arrays of its own (v[t] and base[t]
+   from the same trial; base NULL: no baseline). Neither array may have been sorted. */
+void bench_report_trials(struct bench_ctx *b, const char *group, const char *op,
+                         const double *v, const double *base, int n,
+                         const char *baseline_name, const char *unit, int lower_is_better);
 /* Reports p as one row (bench_report's columns, plus the spread and the trial count). */
 void bench_report_pair(struct bench_ctx *b, const char *group, const char *op,
                        const struct bench_pair *p, const char *baseline_name,

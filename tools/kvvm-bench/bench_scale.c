@@ -12,8 +12,9 @@
  *  - stats: kvvm_stats (what an engine polls once a step).
  * Each figure is the median per call within a trial, then the median over --trials trials,
  * reported against the same operation at 1x in the same trial (ratio ~1 = flat; every
- * trial runs every size, in an order reversed every other trial). Between timed swap-outs the sequence comes back and a disk-resident
- * one makes the round trip (untimed), so the host tier is full before every timed call.
+ * trial runs every size, in an order reversed every other trial). Between timed swap-outs
+ * the sequence comes back and a disk-resident one makes the round trip (untimed), so the
+ * host tier is full before every timed call.
  * The spill file goes to --spill-dir (tmpfs and buffered I/O accepted: the figure is the
  * policy's CPU cost, not the disk's).
  */

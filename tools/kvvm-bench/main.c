@@ -183,6 +183,16 @@ int bench_pairs(struct bench_ctx *b, bench_sample_fn lib, void *lib_arg,
     return 0;
 }
 
+void bench_report_trials(struct bench_ctx *b, const char *group, const char *op,
+                         const double *v, const double *base, int n,
+                         const char *baseline_name, const char *unit, int lower_is_better)
+{
+    struct bench_pair p = { 0 };
+    for (int t = 0; t < n; t++)
+        bench_pair_add(&p, v[t], base ? base[t] : 0);
+    bench_report_pair(b, group, op, &p, baseline_name, unit, lower_is_better);
+}
+
 /* The p-th quantile of the sorted v[0..n), interpolated between ranks. */
 static double rank(const double *v, int n, double p)
 {
