@@ -15,8 +15,8 @@
  *    buffers. The store adds the header, the checksum and a copy through its staging buffer.
  *
  * Each trial runs the store and the raw loop alternately (the order swapped every trial);
- * the median payload MiB/s over trials is reported beside the raw median, and the spread
- * (min..max of each) printed under it. Value sizes: 64 KiB (batches of 64) and 1 MiB
+ * the median payload MiB/s over trials is reported beside the raw median, with the spread
+ * of the per-trial ratio (bench_report_trials). Value sizes: 64 KiB (batches of 64) and 1 MiB
  * (batches of 32); --quick: 1 MiB only.
  *
  * The store layer is reached through the testing interface (kvvm_testing_store_*).
@@ -246,15 +246,6 @@ static double raw_files_fn(void *arg, struct bstore *b, int wr)
     return raw_files(&r->ring, r->dir, b, wr);
 }
 
-static void minmax(const double *v, int n, double *lo, double *hi)
-{
-    *lo = *hi = v[0];
-    for (int i = 1; i < n; i++) {
-        *lo = v[i] < *lo ? v[i] : *lo;
-        *hi = v[i] > *hi ? v[i] : *hi;
-    }
-}
-
 /* Trials of one direction; reports the median MiB/s beside the raw loop's. */
 static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
                   const struct raw *raw, int wr)
@@ -286,14 +277,8 @@ static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
         rc = -EBADMSG;
     if (!rc) {
         char op[64];
-        double lo1, hi1, lo2, hi2;
-        minmax(mine, t, &lo1, &hi1);
-        minmax(base, t, &lo2, &hi2);
         snprintf(op, sizeof op, "%s %zu KiB x%zu", wr ? "put" : "get", b->val >> 10, b->n);
-        bench_report(bc, group, op, bench_median(mine, t), bench_median(base, t), raw->name,
-                     "MiB/s", 0);
-        printf("    spread: store %.0f..%.0f, %s %.0f..%.0f MiB/s\n", lo1, hi1, raw->name,
-               lo2, hi2);
+        bench_report_trials(bc, group, op, mine, base, t, raw->name, "MiB/s", 0);
     } else {
         fprintf(stderr, "kvvm-bench store: %s %s failed (%s)\n", group, wr ? "put" : "get",
                 strerror(-rc));
