@@ -35,19 +35,27 @@ static uint64_t cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* An emulated-device configuration: pages of the granule (0: 2 MiB), n_regions regions. */
+static void bench_cfg(struct kvvm_config *c, size_t granule, uint32_t nr, uint64_t bpt,
+                      uint32_t max_seqs, uint64_t max_tokens, size_t budget)
+{
+    kvvm_config_init(c);
+    c->backend = KVVM_BACKEND_EMULATED;
+    c->emu_granule = granule;
+    c->page_size = 0;                 /* the granule */
+    c->n_regions = nr;
+    c->bytes_per_token = bpt;
+    c->max_seqs = max_seqs;
+    c->max_tokens = max_tokens;
+    c->device_budget = budget;
+    c->emu_opaque = 0;
+}
+
 static int open_kv(kvvm **kv, uint32_t max_seqs, uint64_t max_tokens, uint64_t bpt,
                    size_t budget, size_t granule)
 {
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = KVVM_BACKEND_EMULATED;
-    c.max_seqs = max_seqs;
-    c.max_tokens = max_tokens;
-    c.bytes_per_token = bpt;
-    c.device_budget = budget;
-    c.emu_granule = granule;
-    c.page_size = 0;
-    c.emu_opaque = 0;
+    bench_cfg(&c, granule, 1, bpt, max_seqs, max_tokens, budget);
     return kvvm_open(&c, kv);
 }
 
@@ -400,16 +408,9 @@ struct lenctx {
 static int len_open(struct lenctx *c, uint64_t L)
 {
     struct kvvm_config cf;
-    kvvm_config_init(&cf);
-    cf.backend = KVVM_BACKEND_EMULATED;
-    cf.emu_granule = LEN_PS;
-    cf.page_size = LEN_PS;
-    cf.n_regions = NR;
-    cf.bytes_per_token = LEN_BPT;
-    cf.max_seqs = BATCH + 2;
-    cf.max_tokens = 65536 + 8192;
     uint64_t pages = (L + 4096) / 4096 + 1;
-    cf.device_budget = (size_t)NR * (BATCH + 2) * pages * LEN_PS;
+    bench_cfg(&cf, LEN_PS, NR, LEN_BPT, BATCH + 2, 65536 + 8192,
+              (size_t)NR * (BATCH + 2) * pages * LEN_PS);
     memset(c, 0, sizeof *c);
     c->L = L;
     int rc = kvvm_open(&cf, &c->kv);
@@ -556,15 +557,7 @@ static int bench_batch256(struct bench_ctx *b)
 {
     enum { S = 256 };
     struct kvvm_config cf;
-    kvvm_config_init(&cf);
-    cf.backend = KVVM_BACKEND_EMULATED;
-    cf.emu_granule = LEN_PS;
-    cf.page_size = LEN_PS;
-    cf.n_regions = NR;
-    cf.bytes_per_token = LEN_BPT;
-    cf.max_seqs = S;
-    cf.max_tokens = 65536;
-    cf.device_budget = (size_t)NR * S * 2 * LEN_PS;
+    bench_cfg(&cf, LEN_PS, NR, LEN_BPT, S, 65536, (size_t)NR * S * 2 * LEN_PS);
     kvvm *kv;
     int rc = kvvm_open(&cf, &kv);
     if (rc)
@@ -619,15 +612,8 @@ static int bench_step_full(struct bench_ctx *b)
     int rc = 0;
     for (int k = 0; k < 2 && !rc; k++) {
         struct kvvm_config cf;
-        kvvm_config_init(&cf);
-        cf.backend = KVVM_BACKEND_EMULATED;
-        cf.emu_granule = LEN_PS;
-        cf.page_size = LEN_PS;
-        cf.n_regions = NR;
-        cf.bytes_per_token = LEN_BPT;
-        cf.max_seqs = S;
-        cf.max_tokens = T;
-        cf.device_budget = (size_t)(k ? 2 : 1) * S * NR * (T * LEN_BPT / LEN_PS) * LEN_PS;
+        bench_cfg(&cf, LEN_PS, NR, LEN_BPT, S, T,
+                  (size_t)(k ? 2 : 1) * S * NR * (T * LEN_BPT / LEN_PS) * LEN_PS);
         rc = kvvm_open(&cf, &kv[k]);
         for (int i = 0; i < S && !rc; i++) {
             kvvm_seq s;
@@ -667,16 +653,8 @@ static int bench_step_full(struct bench_ctx *b)
 static int nseq_one(uint32_t n, double out[3])
 {
     struct kvvm_config cf;
-    kvvm_config_init(&cf);
-    cf.backend = KVVM_BACKEND_EMULATED;
-    cf.emu_granule = NSEQ_PS;
-    cf.page_size = NSEQ_PS;
-    cf.n_regions = 1;
-    cf.bytes_per_token = NSEQ_PS;
-    cf.max_seqs = n;
-    cf.max_tokens = 4;
+    bench_cfg(&cf, NSEQ_PS, 1, NSEQ_PS, n, 4, (size_t)(n + 8) * NSEQ_PS);
     cf.pool_thread = 0;
-    cf.device_budget = (size_t)(n + 8) * NSEQ_PS;
     kvvm *kv;
     int rc = kvvm_open(&cf, &kv);
     if (rc)
@@ -755,15 +733,8 @@ static int bench_nseqs(struct bench_ctx *b)
 static int meta_of(uint64_t max_tokens, uint64_t len, uint64_t *seq_b, uint64_t *page_b)
 {
     struct kvvm_config cf;
-    kvvm_config_init(&cf);
-    cf.backend = KVVM_BACKEND_EMULATED;
-    cf.emu_granule = LEN_PS;
-    cf.page_size = LEN_PS;
-    cf.n_regions = NR;
-    cf.bytes_per_token = LEN_BPT;
-    cf.max_seqs = 2;
-    cf.max_tokens = max_tokens;
-    cf.device_budget = (size_t)NR * (max_tokens * LEN_BPT / LEN_PS + 2) * LEN_PS;
+    bench_cfg(&cf, LEN_PS, NR, LEN_BPT, 2, max_tokens,
+              (size_t)NR * (max_tokens * LEN_BPT / LEN_PS + 2) * LEN_PS);
     kvvm *kv;
     kvvm_seq s;
     int rc = kvvm_open(&cf, &kv);
