@@ -120,18 +120,28 @@ struct pg_defer {
     pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
 };
 
+/* The fields paging_seq_grow_fast reads and writes come first, packed into 64 bytes (gen ..
+   used_tick): the decode step's grow touches one or two cache lines of a sequence. */
 struct pg_seq {
     uint32_t  gen;         /* generation of the current (or last) owner; starts at 1 */
     uint8_t   live;        /* a handle names it */
     uint8_t   dying;       /* freed; the slot waits for its pending releases */
-    uint32_t  n_defer;     /* pending releases over this slot's window */
-    uint64_t  length;      /* tokens */
-    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
-    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
-    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
     uint8_t   used_valid;
     uint8_t   out;         /* non-resident: its window maps none of its pages (a pending
                               DF_OUT may still hold the mapping until its fence) */
+    uint32_t  n_defer;     /* pending releases over this slot's window */
+    uint32_t  room_np;     /* (the room fact, below) */
+    uint64_t  length;      /* tokens */
+    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
+    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
+    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
+       pages hold them, its partial last page is its own in every region, no hole there, it
+       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
+       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change
+       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */
+    uint64_t  room;        /* tokens (<= max_tokens) */
+    uint64_t  room_gen;    /* 0: no fact */
+    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
     uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
     pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
@@ -154,14 +164,6 @@ struct pg_seq {
                               tail_scrub), so it does not grow in place */
     uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
                               made and grown with bt. Held only while resident */
-    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
-       pages hold them, its partial last page is its own in every region, no hole there, it
-       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
-       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change
-       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */
-    uint64_t  room;        /* tokens (<= max_tokens) */
-    uint64_t  room_gen;    /* 0: no fact */
-    uint32_t  room_np;
 };
 
 /* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
