@@ -34,7 +34,7 @@ static _Thread_local char last_err[1024];
 /* Its length: initial-exec (8 bytes of static TLS), so klast_clear, which every public call
    makes twice, costs one thread-pointer-relative read and no __tls_get_addr call when the
    buffer is empty already. */
-static __thread size_t last_len __attribute__((tls_model("initial-exec")));
+KVVM_INTERNAL __thread size_t kvvm__last_len __attribute__((tls_model("initial-exec")));
 
 static const char *const level_names[] = { "debug", "info", "warn", "error", "off" };
 
@@ -62,26 +62,24 @@ int klog_enabled(int level)
 /* Appends msg to the thread's last error (truncated when full). */
 static void last_append(const char *msg)
 {
-    if (last_len + 3 >= sizeof last_err)
+    if (kvvm__last_len + 3 >= sizeof last_err)
         return;
-    int n = snprintf(last_err + last_len, sizeof last_err - last_len, "%s%s",
-                     last_len ? "; " : "", msg);
+    int n = snprintf(last_err + kvvm__last_len, sizeof last_err - kvvm__last_len, "%s%s",
+                     kvvm__last_len ? "; " : "", msg);
     if (n > 0)
-        last_len += (size_t)n < sizeof last_err - last_len ? (size_t)n
-                                                           : sizeof last_err - 1 - last_len;
+        kvvm__last_len += (size_t)n < sizeof last_err - kvvm__last_len ? (size_t)n
+                                                           : sizeof last_err - 1 - kvvm__last_len;
 }
 
-void klast_clear(void)
+void klast_clear_slow(void)
 {
-    if (!last_len)
-        return;                 /* last_err[0] is 0 already */
     last_err[0] = 0;
-    last_len = 0;
+    kvvm__last_len = 0;
 }
 
 void klast_set(const char *fmt, ...)
 {
-    if (last_len)
+    if (kvvm__last_len)
         return;
     char msg[sizeof last_err];
     va_list ap;

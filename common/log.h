@@ -9,6 +9,7 @@
 #define KVVM_COMMON_LOG_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include "kvvm.h"
 
 #define KVVM_INTERNAL __attribute__((visibility("hidden")))
@@ -18,7 +19,16 @@ KVVM_INTERNAL int klog_enabled(int level);
 /* The calling thread's last error (kvvm_last_error): every klog at error level appends to it
    (whatever the log level). klast_clear empties it; klast_set sets it only when it is empty
    (a generic reason for a failure nothing logged). */
-KVVM_INTERNAL void klast_clear(void);
+/* klast_clear is inline: every public call makes it twice, and the hot path's grow must not
+   pay a call for it. kvvm__last_len is the thread's last error length (log.c);
+   initial-exec: one thread-pointer-relative read. */
+extern KVVM_INTERNAL __thread size_t kvvm__last_len __attribute__((tls_model("initial-exec")));
+KVVM_INTERNAL void klast_clear_slow(void);
+static inline void klast_clear(void)
+{
+    if (__builtin_expect(kvvm__last_len != 0, 0))
+        klast_clear_slow();
+}
 KVVM_INTERNAL void klast_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Logs an error (klog_error: so it is also the last error) and returns rc: the one way a
    public call refuses an argument, `return kerr(-EINVAL, "kvvm_x: why", ...)`. */

@@ -43,9 +43,14 @@ static inline int api_done(const char *call, int rc)
    by a parent thread at the fork) and device context belong to the parent, so a child must
    touch none of it (no lock taken, no driver call: the emulated device's memory is shared
    with the parent). */
+static inline bool fork_same(const kvvm *kv)
+{
+    return __builtin_expect(__atomic_load_n(&kvvm__fork_gen, __ATOMIC_RELAXED) ==
+                            kv->fork_gen, 1);
+}
 static inline bool forked(const kvvm *kv)
 {
-    if (__builtin_expect(__atomic_load_n(&kvvm__fork_gen, __ATOMIC_RELAXED) == kv->fork_gen, 1))
+    if (fork_same(kv))
         return false;
     klog_error("kvvm: a context is used in a child process (pid %ld) of the process that "
                "opened it (pid %ld): -EIO; open a new context in the child",
@@ -72,6 +77,28 @@ static inline int enter(kvvm *kv)
        replaced it: libkvvm never leaves its own context current in the engine's thread */
     vmm_call_begin();
     return 0;
+}
+
+/* The hot path's frame (a grow inside the pages a sequence holds, O(1) through paging's room
+   fact): in the process that opened kv and while kv lives, takes the lock and returns true;
+   else false, nothing taken. Its work (paging_seq_grow_fast) makes no driver call and
+   records no refusal, so none of enter()'s arming or resets is needed; a "no" from it sends
+   the call down the full path (CALL), which checks and explains everything again. Never in
+   the debug build: there the invariant checker runs at the end of every call. */
+static inline bool hot_enter(kvvm *kv)
+{
+#ifdef KVVM_DEBUG
+    (void)kv;
+    return false;
+#else
+    if (!fork_same(kv))
+        return false;
+    pthread_mutex_lock(&kv->lock);
+    if (__builtin_expect(!__atomic_load_n(kv->vdead, __ATOMIC_ACQUIRE), 1))
+        return true;                    /* (kv->dead implies the vmm's word: enter/leave) */
+    pthread_mutex_unlock(&kv->lock);
+    return false;
+#endif
 }
 
 /* leave(kv, rc): `call` is the function that entered (for the debug build's checker). */
@@ -113,10 +140,13 @@ static inline int stream_check(kvvm *kv)
 }
 
 /* A public call's locked part: expr's -ENOENT, -E2BIG and -ENOMEM get their numbers in the
-   last error (core_explain, lock held). */
-#define CALL(kv, expr) \
-    do { int rc_ = enter(kv); if (!rc_) rc_ = leave(kv, core_explain(kv, __func__, (expr))); \
-         return api_done(__func__, rc_); } while (0)
+   last error (core_explain, lock held). CALL_AS: the same for a function running the
+   public call `name`'s full path (its hot path in the public function itself). */
+#define CALL_AS(kv, name, expr) \
+    do { int rc_ = enter(kv); \
+         if (!rc_) rc_ = leave_call(kv, core_explain(kv, name, (expr)), name); \
+         return api_done(name, rc_); } while (0)
+#define CALL(kv, expr) CALL_AS(kv, __func__, expr)
 /* CALL for a call that enqueues onto, records on or synchronizes the engine stream:
    -EBUSY, nothing changed, while that stream captures a CUDA graph (stream_check). */
 #define CALL_ENGINE(kv, expr) \

@@ -62,6 +62,8 @@ struct kvvm {
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */
+    const int *vdead;             /* vmm_dead_word(v): read by the hot path (call.h hot_enter)
+                                     without a call; immutable after open */
     pid_t pid;                    /* the process that opened it (for messages); immutable */
     unsigned fork_gen;            /* kvvm__fork_gen at open: a fork() child sees another
                                      value, and every call there is -EIO (its threads, locks

@@ -135,11 +135,26 @@ static int grow_call(kvvm *kv, kvvm_seq s, uint64_t length)
     return rc ? rc : grow_locked(kv, s, length);
 }
 
-int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
+/* kvvm_seq_grow's full path (out of line: the hot path's frame stays small). */
+static __attribute__((noinline)) int grow_full(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     klast_clear();
-    NONNULL(kv);
-    CALL(kv, grow_call(kv, s, length));
+    if (!kv)
+        return kerr(-EINVAL, "kvvm_seq_grow: kv is NULL");
+    CALL_AS(kv, "kvvm_seq_grow", grow_call(kv, s, length));
+}
+
+int kvvm_seq_grow(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    if (__builtin_expect(kv != NULL, 1) && hot_enter(kv)) {   /* the decode step's grow */
+        bool done = paging_seq_grow_fast(kv->pg, s, length);
+        pthread_mutex_unlock(&kv->lock);
+        if (done) {
+            klast_clear();
+            return 0;
+        }
+    }
+    return grow_full(kv, s, length);
 }
 
 static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,

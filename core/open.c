@@ -256,6 +256,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
     rc = vmm_open(&vp, &kv->v);
     if (rc)
         goto out_store;
+    kv->vdead = vmm_dead_word(kv->v);
     if (kv->cfg.emu_device_bytes && !strcmp(vmm_backend_name(kv->v), "emulated") &&
         kv->cfg.device_budget > kv->cfg.emu_device_bytes) {
         rc = kerr(-EINVAL, "kvvm_open: device_budget %zu is larger than the emulated device "

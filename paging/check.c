@@ -100,6 +100,9 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                     (unsigned long long)s->length);
     if (s->n_pages + s->n_ahead > pg->pages_per_slot)
         return fail(k, "slot %u: pages + map-ahead past the slot", slot);
+    if (s->n_pages > s->bt_cap || s->bt_cap > pg->pages_per_slot)
+        return fail(k, "slot %u: %u pages in block tables of %u entries (slot: %u)", slot,
+                    s->n_pages, s->bt_cap, pg->pages_per_slot);
     if (s->dropped && (s->length || s->cls != PG_SEQ_CACHED))
         return fail(k, "slot %u: dropped but holds %llu tokens (class %u)", slot,
                     (unsigned long long)s->length, s->cls);
@@ -108,11 +111,13 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
             return fail(k, "slot %u region %u: first_kept %llu past the length %llu", slot, r,
                         (unsigned long long)s->kept[r], (unsigned long long)s->length);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id *bt = pg_bt(pg, s, r);
+        const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < pg->pages_per_slot; i++) {
             uint64_t va = pg_va(pg, r, slot, i);
+            /* the tables hold bt_cap entries (seq_bt_reserve): the rest are none */
+            pg_page_id e = i < s->bt_cap ? bt[i] : PG_PAGE_NONE;
             int rc = 0;
-            if (i < s->n_pages && pg_page_is_none(bt[i])) {
+            if (i < s->n_pages && pg_page_is_none(e)) {
                 /* a hole (discard.c): the page began below first_kept, nothing mapped */
                 if ((uint64_t)i * pg->p.page_size >= s->kept[r] * pg->p.bytes_per_token)
                     rc = fail(k, "slot %u region %u: hole at page %u at or past first_kept "
@@ -124,18 +129,18 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                 rc = fail(k, "slot %u region %u: page %u lies wholly before first_kept %llu "
                           "but is held", slot, r, i, (unsigned long long)s->kept[r]);
             } else if (i < s->n_pages && s->out) {
-                rc = ck_page_ref(k, bt[i], 0, "non-resident page");
+                rc = ck_page_ref(k, e, 0, "non-resident page");
                 if (!rc)
-                    k->offs[bt[i].v - 1]++;
+                    k->offs[e.v - 1]++;
                 if (!rc && !defer_covers(pg, slot, i))
                     rc = ck_unmapped(k, va, "non-resident sequence's page");
-            } else if (i < s->n_pages && page_at(pg, bt[i])->tier == PG_TIER_HOST)
-                rc = fail(k, "slot %u: resident sequence holds host page %u", slot, bt[i].v);
+            } else if (i < s->n_pages && page_at(pg, e)->tier == PG_TIER_HOST)
+                rc = fail(k, "slot %u: resident sequence holds host page %u", slot, e.v);
             else if (i < s->n_pages)
-                rc = ck_page_ref(k, bt[i], va, "block-table page");
-            else if (!pg_page_is_none(bt[i]))
+                rc = ck_page_ref(k, e, va, "block-table page");
+            else if (!pg_page_is_none(e))
                 rc = fail(k, "slot %u region %u: entry %u past the end is %u", slot, r, i,
-                          bt[i].v);
+                          e.v);
             else if (i < s->n_pages + s->n_ahead) {
                 pg_frame_id f = pg_ahead(pg, s, r)[i - s->n_pages];
                 if (frame_at(pg, f)->state != FR_AHEAD)
@@ -322,7 +327,7 @@ static int ck_view_holders(struct ck *k, uint32_t *cnt)
                 return fail(k, "slot %u is live without pool view ids", i);
             continue;
         }
-        for (uint32_t b = 0; b < pg->pages_per_slot; b++) {
+        for (uint32_t b = 0; b < s->bt_cap; b++) {
             uint32_t id1 = s->bid[b];
             if (!id1)
                 continue;

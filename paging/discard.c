@@ -59,6 +59,7 @@ int paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t 
     uint32_t nr = pg->p.n_regions;
     if ((region != UINT32_MAX && region >= nr) || first_kept > s->length)
         return -EINVAL;
+    seq_room_void(s);                   /* holes may open in its last page */
     /* pages wholly before first_kept: [0, end); first_kept <= length keeps end <= n_pages */
     uint32_t end = (uint32_t)(first_kept * pg->p.bytes_per_token / pg->p.page_size);
     uint32_t lo = end, cnt = 0;
@@ -181,6 +182,7 @@ int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
     s->length = 0;
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     s->dropped = 1;
+    seq_room_void(s);
     pg->c.cache_drops++;
     if (wait && s->n_defer)
         (void)defer_flush_slot(pg, pg_slot_of(pg, s));   /* best effort: the drop is done */

@@ -53,6 +53,7 @@ int paging_seq_blocks(struct paging *pg, uint64_t h, uint32_t n, pg_page_id *ids
 
 void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n)
 {
+    pg->room_gen++;                     /* pages gain a holder: no room fact holds */
     for (size_t i = 0; i < n; i++) {
         struct pg_page *p = page_at(pg, ids[i]);
         KVVM_ASSERT(p->tier != PG_TIER_NONE);
@@ -121,6 +122,8 @@ int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint3
     uint64_t tokens = (uint64_t)n * (pg->p.page_size / pg->p.bytes_per_token);
     if (tokens > pg->p.max_tokens || n > pg->pages_per_slot)
         return -E2BIG;
+    if ((rc = seq_bt_reserve(pg, s, n)))
+        return rc;
     /* its window comes back as the swap-in maps it: no release of it may be pending */
     if (!s->out && (rc = seq_settle(pg, s)))
         return rc;

@@ -60,6 +60,7 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
             pg->p.tier[t] = NULL;
         pg->lower[t].hint = PG_SLOT_NONE;
     }
+    pg->room_gen = 1;
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;

@@ -203,6 +203,12 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
    no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
    then does the work or says what is wrong). */
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
+/* The hot path's grow (core calls it before anything else, lock held): true when h's room
+   fact (a full check made by an earlier in-place grow, still valid) covers length, and
+   then h has grown to length and is protected as a use; false, nothing changed, for any
+   other case (the caller then takes the full path). O(1): a lookup, compares, stores; no
+   reason recorded, no allocation, no driver call. */
+bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length);
 /* The same for a batch: every member grows in place, each named once, or -EAGAIN and
    nothing changed. O(n * n_regions). */
 int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
@@ -211,6 +217,12 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
 int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
                           size_t n);
 int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length);
+/* The bytes of metadata s holds now: its slot's descriptor and every array allocated for it
+   (block tables, discard marks, block ids, map-ahead frames). For the testing interface
+   (kvvm_testing_metadata). 0 or -ENOENT. */
+int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes);
+/* The bytes of metadata per device page: its page descriptor and its frame's. */
+uint64_t paging_page_meta_bytes(const struct paging *pg);
 int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child);
 int paging_seq_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens);
 int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint64_t end);

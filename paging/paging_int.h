@@ -7,6 +7,7 @@
  *   step.c   the epoch clock and the engine stream: step (the step fence), sync, set_stream
  *   defer.c  releases that wait for a fence; quietness of a sequence; copy ordering
  *   seq.c    slots, handles, block tables, map-ahead; grow, free, info
+ *   window.c a slot's window address; mapping and unmapping frames in it by runs
  *   share.c  truncate, fork, share (sequences sharing pages)
  *   cow.c    copy-on-write, prepare_write, write/read
  *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
@@ -126,22 +127,35 @@ struct pg_defer {
     pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
 };
 
+/* The fields paging_seq_grow_fast reads and writes come first, packed into 64 bytes (gen ..
+   used_tick): the decode step's grow touches one or two cache lines of a sequence. */
 struct pg_seq {
     uint32_t  gen;         /* generation of the current (or last) owner; starts at 1 */
     uint8_t   live;        /* a handle names it */
     uint8_t   dying;       /* freed; the slot waits for its pending releases */
-    uint32_t  n_defer;     /* pending releases over this slot's window */
-    uint64_t  length;      /* tokens */
-    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
-    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
-    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
     uint8_t   used_valid;
     uint8_t   out;         /* non-resident: its window maps none of its pages (a pending
                               DF_OUT may still hold the mapping until its fence) */
+    uint32_t  n_defer;     /* pending releases over this slot's window */
+    uint32_t  room_np;     /* (the room fact, below) */
+    uint64_t  length;      /* tokens */
+    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
+    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
+    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
+       pages hold them, its partial last page is its own in every region, no hole there, it
+       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
+       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change
+       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */
+    uint64_t  room;        /* tokens (<= max_tokens) */
+    uint64_t  room_gen;    /* 0: no fact */
+    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
     uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
-    pg_page_id *bt;        /* n_regions * pages_per_slot page ids, region-major; lazily made
-                              (PG_PAGE_NONE: a hole) */
+    pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
+                              hole); made at the slot's take, grown with the sequence
+                              (seq_bt_reserve), so it follows the length, not max_tokens */
+    uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
+                              <= pages_per_slot (bid, when the pool view is on, too) */
     pg_frame_id *ahead;    /* n_regions * map_ahead frame ids */
     uint32_t  next_free;   /* free slot list */
     /* discard and classes (discard.c) */
@@ -155,8 +169,8 @@ struct pg_seq {
     uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
                               last page; the next grow over them zeroes them (seq.c,
                               tail_scrub), so it does not grow in place */
-    uint32_t *bid;         /* pool view only (view.c): pages_per_slot block ids + 1 (0 = none
-                              yet); made with bt. Held only while resident */
+    uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
+                              made and grown with bt. Held only while resident */
 };
 
 /* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
@@ -220,6 +234,8 @@ struct paging {
     uint32_t pages_per_slot;
     uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
     uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
+    uint64_t room_gen;     /* starts at 1; + 1 whenever a page gains a holder (page_get,
+                              page_get_off, paging_hold): voids every pg_seq room fact */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
        p.max_frames, changed by paging_set_budget) */
@@ -315,7 +331,8 @@ static inline uint64_t pg_va(const struct paging *pg, uint32_t r, uint32_t slot,
 }
 static inline pg_page_id *pg_bt(const struct paging *pg, struct pg_seq *s, uint32_t r)
 {
-    return s->bt + (size_t)r * pg->pages_per_slot;
+    (void)pg;
+    return s->bt + (size_t)r * s->bt_cap;
 }
 /* Region r's map-ahead frames. With map_ahead = 0 there is no array (s->ahead is NULL) and
    the result is NULL: arithmetic on a null pointer, even + 0, is undefined (C11 6.5.6), so
@@ -407,6 +424,7 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 static inline void page_get_off(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
+    pg->room_gen++;                     /* a page shared now: no room fact holds */
     page_count(pg, p, -1);
     p->refs++;
     p->offs++;
@@ -497,7 +515,7 @@ static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id 
     frame_at(pg, f)->page = id;
 }
 
-/* seq.c */
+/* window.c (the seq_ prefix: they map a sequence's pages) */
 int  seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
                    const pg_page_id *pages, uint32_t n);
 int  seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n);
@@ -511,6 +529,7 @@ int  seq_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint
 void seq_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
 int  seq_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
 void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
+/* seq.c */
 void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
 /* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`;
    the frames go to the ready list. -ENOMEM none. */
@@ -525,11 +544,23 @@ int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
 int  seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
                       size_t n, uint64_t *frames);
 int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
+/* Block tables (bt, and bid with the pool view) with room for n_pages entries per region:
+   grown by doubling (capped at pages_per_slot), entries beyond n_pages zero. Called before
+   a call's point of no return wherever n_pages may grow. 0, or -ENOMEM with nothing
+   changed. */
+int  seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages);
 /* Every write of s->out goes through here, so the count of non-resident sequences
    (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
    live sequence is non-resident: seq free clears out before the slot is let go. */
+/* s changed in a way that may break its room fact (pg_seq.room): swapped, truncated, a
+   page discarded, dropped, a slot taken. */
+static inline void seq_room_void(struct pg_seq *s)
+{
+    s->room_gen = 0;
+}
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
+    seq_room_void(s);
     if (s->out && !out)
         pg->n_out--;
     else if (!s->out && out)

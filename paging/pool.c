@@ -575,6 +575,7 @@ void page_get(struct paging *pg, pg_page_id page)
 {
     struct pg_page *p = page_at(pg, page);
     KVVM_ASSERT(p->tier != PG_TIER_NONE);                  /* a live descriptor */
+    pg->room_gen++;                     /* a page shared now: no room fact holds */
     page_count(pg, p, -1);
     p->refs++;
     page_count(pg, p, 1);

@@ -1,6 +1,6 @@
 /*
- * paging/seq.c: sequences: slots and handles, block tables, window mappings, map-ahead;
- * grow (single and batch), free, info (truncate, fork and share: share.c).
+ * paging/seq.c: sequences: slots and handles, block tables, map-ahead; grow (single and
+ * batch), free, info (window mappings: window.c; truncate, fork and share: share.c).
  *
  * Window layout: region r, slot s, page index i is at
  *   base + (r * max_seqs + s) * slot_bytes + i * page_size.
@@ -18,145 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/log.h"
-
-uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
-{
-    return pg->p.base + ((uint64_t)region * pg->p.max_seqs + slot) * pg->p.slot_bytes;
-}
-
-/* ---- mappings ----------------------------------------------------------------------- */
-
-/* One run of frames (no hole) at va. */
-static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
-{
-    vmm_handle hs[64] = { 0 };
-    vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
-    if (!h)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < n; i++)
-        h[i] = frame_at(pg, frames[i])->h;
-    int rc = vmm_map_run(pg->v, va, h, n, pg->p.page_size);
-    if (h != hs)
-        free(h);
-    if (!rc)
-        pg->c.maps += n;
-    return rc;
-}
-
-/* PG_FRAME_NONE is a hole (a discarded page, discard.c): left unmapped, so each run of
-   frames between holes is mapped on its own (one set-access per run). All or nothing. */
-int seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
-{
-    for (uint32_t i = 0, j; i < n; i = j) {
-        if (pg_frame_is_none(frames[i])) {
-            j = i + 1;
-            continue;
-        }
-        for (j = i; j < n && !pg_frame_is_none(frames[j]); j++)
-            ;
-        int rc = map_run(pg, va + (uint64_t)i * pg->p.page_size, frames + i, j - i);
-        if (rc) {
-            seq_unmap_frames_must(pg, va, frames, i);
-            return rc;
-        }
-    }
-    return 0;
-}
-
-int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
-                  const pg_page_id *pages, uint32_t n)
-{
-    if (!n)
-        return 0;
-    pg_frame_id fs[64] = { 0 };
-    pg_frame_id *f = n <= 64 ? fs : malloc(n * sizeof *f);
-    if (!f)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < n; i++)                            /* a hole stays a hole */
-        f[i] = pg_page_is_none(pages[i]) ? PG_FRAME_NONE : page_at(pg, pages[i])->frame;
-    int rc = seq_map_frames(pg, pg_va(pg, r, slot, first), f, n);
-    if (f != fs)
-        free(f);
-    return rc;
-}
-
-int seq_unmap(struct paging *pg, uint64_t va, uint32_t n)
-{
-    if (!n)
-        return 0;
-    int rc = vmm_unmap(pg->v, va, (size_t)n * pg->p.page_size);
-    if (!rc)
-        pg->c.unmaps += n;
-    return rc;
-}
-
-/* Unmaps on a path that must not fail (an undo, or freeing the scratch page): retries once
-   (an injected or transient failure), then logs; a mapping left behind is then reported by
-   the checker and by vmm_close. */
-void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n)
-{
-    if (seq_unmap(pg, va, n) && seq_unmap(pg, va, n))
-        klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
-                   (unsigned long long)va);
-}
-
-/* The runs of held entries: exactly one of ids (page ids) and fr (frame ids) is given. */
-static bool held(const pg_page_id *ids, const pg_frame_id *fr, uint32_t i)
-{
-    return ids ? !pg_page_is_none(ids[i]) : !pg_frame_is_none(fr[i]);
-}
-
-static int unmap_runs(struct paging *pg, uint64_t va, const pg_page_id *ids,
-                      const pg_frame_id *fr, uint32_t n)
-{
-    bool first = true;
-    for (uint32_t i = 0, j; i < n; i = j) {
-        if (!held(ids, fr, i)) {
-            j = i + 1;
-            continue;
-        }
-        for (j = i; j < n && held(ids, fr, j); j++)
-            ;
-        uint64_t at = va + (uint64_t)i * pg->p.page_size;
-        if (first) {
-            int rc = seq_unmap(pg, at, j - i);
-            if (rc)
-                return rc;
-            first = false;
-        } else {
-            seq_unmap_must(pg, at, j - i);
-        }
-    }
-    return 0;
-}
-
-int seq_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
-{
-    return unmap_runs(pg, va, ids, NULL, n);
-}
-
-int seq_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
-{
-    return unmap_runs(pg, va, NULL, fr, n);
-}
-
-static void unmap_runs_must(struct paging *pg, uint64_t va, const pg_page_id *ids,
-                            const pg_frame_id *fr, uint32_t n)
-{
-    if (unmap_runs(pg, va, ids, fr, n) && unmap_runs(pg, va, ids, fr, n))
-        klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
-                   (unsigned long long)va);
-}
-
-void seq_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
-{
-    unmap_runs_must(pg, va, ids, NULL, n);
-}
-
-void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
-{
-    unmap_runs_must(pg, va, NULL, fr, n);
-}
 
 /* ---- map-ahead ---------------------------------------------------------------------- */
 
@@ -247,6 +108,45 @@ int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
     return 0;
 }
 
+/* Block-table entries per region a slot starts with: one page's, so a sequence's tables
+   follow its length from the first page on (doubling: a 64k-token sequence of 4 KiB pages
+   reallocates them 8 times in its life, a copy of its ids each time, against a map per
+   page); a slot taken again starts over. */
+#define BT_FIRST 1u
+
+int seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages)
+{
+    uint64_t most = pg->pages_per_slot ? pg->pages_per_slot : 1;
+    if (n_pages <= s->bt_cap && s->bt)
+        return 0;
+    if (n_pages > most)
+        return -E2BIG;                  /* (callers bound the length first) */
+    uint64_t cap = s->bt_cap ? s->bt_cap : BT_FIRST;
+    while (cap < n_pages)
+        cap *= 2;
+    if (cap > most)
+        cap = most;
+    uint32_t R = pg->p.n_regions, old = s->bt_cap;
+    pg_page_id *bt = calloc((size_t)R * cap, sizeof *bt);
+    uint32_t *bid = pg->view.n_ids ? calloc(cap, sizeof *bid) : NULL;
+    if (!bt || (pg->view.n_ids && !bid)) {
+        free(bt);
+        free(bid);
+        return -ENOMEM;
+    }
+    /* commit: nothing below fails */
+    for (uint32_t r = 0; s->bt && r < R; r++)
+        memcpy(bt + (size_t)r * cap, s->bt + (size_t)r * old, old * sizeof *bt);
+    if (bid && s->bid)
+        memcpy(bid, s->bid, old * sizeof *bid);
+    free(s->bt);
+    free(s->bid);
+    s->bt = bt;
+    s->bid = bid;
+    s->bt_cap = (uint32_t)cap;
+    return 0;
+}
+
 /* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
 int seq_slot_take(struct paging *pg, struct pg_seq **out)
 {
@@ -258,15 +158,17 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     if (!pg->slot_free_head)
         return -ENOSPC;
     struct pg_seq *s = &pg->seqs[pg->slot_free_head - 1];
-    if (!s->bt) {
-        s->bt = calloc((size_t)pg->p.n_regions * pg->pages_per_slot, sizeof *s->bt);
-        if (!s->bt)
-            return -ENOMEM;
+    if (s->bt_cap > BT_FIRST) {         /* a longer sequence's tables: not the next one's */
+        free(s->bt);
+        free(s->bid);
+        s->bt = NULL;
+        s->bid = NULL;
+        s->bt_cap = 0;
     }
+    int rc = seq_bt_reserve(pg, s, 0);           /* BT_FIRST entries, or the slot's */
+    if (rc)
+        return rc;
     if (!s->kept && !(s->kept = calloc(pg->p.n_regions, sizeof *s->kept)))
-        return -ENOMEM;
-    if (pg->view.n_ids && !s->bid &&
-        !(s->bid = calloc(pg->pages_per_slot ? pg->pages_per_slot : 1, sizeof *s->bid)))
         return -ENOMEM;
     if (pg->p.map_ahead && !s->ahead) {
         s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
@@ -279,6 +181,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     s->length = 0;
     s->n_pages = 0;
     s->n_ahead = 0;
+    seq_room_void(s);
     s->used_valid = 0;
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     s->cls = PG_SEQ_LIVE;
@@ -333,7 +236,7 @@ int paging_seq_free(struct paging *pg, uint64_t h)
         if (rc)
             return rc;
     }
-    memset(s->bt, 0, (size_t)pg->p.n_regions * pg->pages_per_slot * sizeof *s->bt);
+    memset(s->bt, 0, (size_t)pg->p.n_regions * s->bt_cap * sizeof *s->bt);
     s->n_pages = 0;
     s->length = 0;
     /* a dying slot is checked like a live one: no first_kept past its length 0 */
@@ -669,6 +572,8 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         rc = seq_settle(pg, s);
     if (!rc)
         rc = pool_reserve_check(pg, grow_frames(pg, s, length, &cow_idx));
+    if (!rc)
+        rc = seq_bt_reserve(pg, s, pg_pages_for(pg, length));
     if (rc)
         return rc;
     struct grow_undo u;
@@ -681,6 +586,31 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     grow_commit(pg, &u);
     seq_top_up_ahead(pg, s);
     return 0;
+}
+
+int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    uint64_t n = sizeof *s, R = pg->p.n_regions;
+    if (s->bt)
+        n += R * s->bt_cap * sizeof *s->bt;
+    if (s->kept)
+        n += R * sizeof *s->kept;
+    if (s->bid)
+        n += s->bt_cap * sizeof *s->bid;
+    if (s->ahead)
+        n += R * pg->p.map_ahead * sizeof *s->ahead;
+    *bytes = n;
+    return 0;
+}
+
+uint64_t paging_page_meta_bytes(const struct paging *pg)
+{
+    (void)pg;
+    return sizeof(struct pg_page) + sizeof(struct pg_frame);
 }
 
 /* Whether growing s to length needs nothing (paging_seq_grow_in_place). No division on
@@ -699,6 +629,48 @@ static bool grows_in_place(struct paging *pg, struct pg_seq *s, uint64_t length)
            !cow_needed(pg, s, 0, pg->p.n_regions, s->n_pages - 1, s->n_pages);
 }
 
+/* Records s's room fact after grows_in_place said yes for some length: the pages hold
+   room tokens, and nothing grows_in_place checks changes until a void (pg_seq.room). A
+   partial last page shared, or a hole there, gives no fact. */
+static void seq_room_set(struct paging *pg, struct pg_seq *s)
+{
+    if (!s->n_pages || (s->stale_tail && pg->p.scrub) ||     /* (tail_scrub first) */
+        cow_needed(pg, s, 0, pg->p.n_regions, s->n_pages - 1, s->n_pages))
+        return;
+    uint64_t held = (uint64_t)s->n_pages * pg->p.page_size / pg->p.bytes_per_token;
+    s->room = held < pg->p.max_tokens ? held : pg->p.max_tokens;
+    s->room_np = s->n_pages;
+    s->room_gen = pg->room_gen;
+}
+
+/* s by its handle, or NULL; no reason recorded (the hot path's lookup). */
+static inline struct pg_seq *seq_peek(struct paging *pg, uint64_t h)
+{
+    uint32_t slot1 = handle_slot1(h);
+    if (slot1 - 1u >= pg->p.max_seqs)             /* slot1 0 wraps: refused too */
+        return NULL;
+    struct pg_seq *s = &pg->seqs[slot1 - 1];
+    return s->live && s->gen == handle_gen(h) ? s : NULL;
+}
+
+/* The room fact holds and covers length. */
+static inline bool room_covers(const struct paging *pg, const struct pg_seq *s,
+                               uint64_t length)
+{
+    return s->room_gen == pg->room_gen && s->room_np == s->n_pages &&
+           length >= s->length && length <= s->room;
+}
+
+bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct pg_seq *s = seq_peek(pg, h);
+    if (!s || !room_covers(pg, s, length))
+        return false;
+    s->length = length;
+    seq_use(pg, s);
+    return true;
+}
+
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
 {
     struct pg_seq *s;
@@ -706,6 +678,7 @@ int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
         return -EAGAIN;
     s->length = length;
     seq_use(pg, s);
+    seq_room_set(pg, s);
     return 0;
 }
 
@@ -719,13 +692,18 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
         pg->batch_mark = 1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (seq_lookup(pg, hs[i], &s) || s->batch_mark == pg->batch_mark ||  /* twice */
-            !grows_in_place(pg, s, lengths[i]))
+        s = seq_peek(pg, hs[i]);
+        if (!s || s->batch_mark == pg->batch_mark)                        /* twice */
             return -EAGAIN;
+        if (!room_covers(pg, s, lengths[i])) {
+            if (!grows_in_place(pg, s, lengths[i]))
+                return -EAGAIN;
+            seq_room_set(pg, s);
+        }
         s->batch_mark = pg->batch_mark;
     }
     for (size_t i = 0; i < n; i++) {
-        (void)seq_lookup(pg, hs[i], &s);
+        s = seq_peek(pg, hs[i]);
         s->length = lengths[i];
         seq_use(pg, s);
     }
@@ -822,6 +800,8 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     rc = seq_batch_frames(pg, ss, lengths, n, &need);
     if (!rc)
         rc = need > UINT32_MAX ? -ENOMEM : pool_reserve_check(pg, (uint32_t)need);
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = seq_bt_reserve(pg, ss[i], pg_pages_for(pg, lengths[i]));
     if (rc)
         goto out_free;
     uint32_t mark = pg->n_created;

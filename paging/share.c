@@ -22,6 +22,7 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
         return rc;
     if (length > s->length)
         return -EINVAL;
+    seq_room_void(s);                   /* fewer pages, or a scrub-stale tail */
     uint32_t np = (uint32_t)pg_pages_for(pg, length);
     bool tail = length < s->length && (length * pg->p.bytes_per_token) % pg->p.page_size;
     if (s->out) {
@@ -87,6 +88,11 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     rc = seq_slot_take(pg, &c);
     if (rc)
         return rc;
+    rc = seq_bt_reserve(pg, c, p->n_pages);
+    if (rc) {
+        seq_slot_untake(pg, c);
+        return rc;
+    }
     if (p->out) {
         /* the child is non-resident like its parent: it holds the same pages, maps none */
         for (uint32_t r = 0; r < pg->p.n_regions; r++) {
@@ -319,6 +325,9 @@ int paging_seq_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_tok
         return -EINVAL;
     if (!n_tokens)
         return 0;
+    rc = seq_bt_reserve(pg, dst, pg_pages_for(pg, n_tokens));
+    if (rc)
+        return rc;
     bool was_out = dst->out;
     if (was_out) {
         /* an empty non-resident sequence: nothing to bring back; resident again unless

@@ -70,6 +70,12 @@ int kvvm_testing_emu_calls(kvvm *kv, struct kvvm_testing_emu_calls *out);
 /* The count of the entry point named entry in c (0 when it has none). */
 uint64_t kvvm_testing_emu_count(const struct kvvm_testing_emu_calls *c, const char *entry);
 
+/* The bytes of metadata sequence s holds now (its descriptor and the arrays allocated for
+   it: block tables, discard marks, block ids, map-ahead frames) into *seq_bytes, and the
+   context's metadata per device page (a page descriptor and a frame's) into *page_bytes;
+   either pointer may be NULL. 0; -EINVAL kv NULL; -ENOENT s names no live sequence. */
+int kvvm_testing_metadata(kvvm *kv, kvvm_seq s, uint64_t *seq_bytes, uint64_t *page_bytes);
+
 /* --- kvvm-bench's baselines: the layers below a context, under its lock ------------------ */
 
 /* A device-to-device copy of bytes through the context's driver, on the default stream,

@@ -46,6 +46,24 @@ uint64_t kvvm_testing_emu_count(const struct kvvm_testing_emu_calls *c, const ch
     return 0;
 }
 
+int kvvm_testing_metadata(kvvm *kv, kvvm_seq s, uint64_t *seq_bytes, uint64_t *page_bytes)
+{
+    if (!kv)
+        return -EINVAL;
+    uint64_t b = 0;
+    pthread_mutex_lock(&kv->lock);
+    int rc = paging_seq_meta_bytes(kv->pg, s, &b);
+    uint64_t pb = paging_page_meta_bytes(kv->pg);
+    pthread_mutex_unlock(&kv->lock);
+    if (rc)
+        return rc;
+    if (seq_bytes)
+        *seq_bytes = b;
+    if (page_bytes)
+        *page_bytes = pb;
+    return 0;
+}
+
 int kvvm_testing_device_copy(kvvm *kv, uint64_t dst, uint64_t src, size_t bytes)
 {
     if (!kv)

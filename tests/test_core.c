@@ -1101,6 +1101,67 @@ Test(hotpath, grow_batch_inside_the_last_pages_makes_no_driver_call)
     tclose(&t);
 }
 
+/* The hot path's room fact (a grow inside the last page in O(1): paging_seq_grow_fast) must
+   give way to every change that makes a grow do work again: a fork sharing the last page
+   (the next grow copies it), a swap-out (the next grow swaps in), a truncate (fewer pages).
+   The sequence has grown in place twice before each change, so its fact is set when the
+   change comes. */
+static void grow_twice_in_place(struct tctx *t, struct sh *a)
+{
+    sh_grow_fill(t, a, a->len + 1, 1);
+    sh_grow_fill(t, a, a->len + 1, 2);
+}
+
+Test(hotpath, room_fact_gives_way_to_fork_swap_truncate)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 128, 4, 64, 32);              /* 8 tokens per page */
+    c.host_budget = 16 * KB;
+    c.pool_thread = 0;
+    topen(&t, &c);
+    struct sh a, b;
+    struct emu_calls k;
+    struct kvvm_seq_info in;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 1, 1);
+    grow_twice_in_place(&t, &a);                  /* 3 tokens, fact set */
+    /* fork: a's next grow copies the shared last page, in both regions */
+    sh_fork(&t, &a, &b);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 4), 0);
+    driver_calls(t.ord, &k);
+    cr_expect_geq(k.cuMemcpyDtoDAsync, 2, "a grow into a last page shared by a fork copied "
+                  "%lu pages (2 regions)", (unsigned long)k.cuMemcpyDtoDAsync);
+    a.len = 4;
+    sh_fill(&t, &a, 3, 4, 3);
+    sh_verify(&t, &a, "after the fork");
+    sh_verify(&t, &b, "child");
+    sh_free(&t, &b);
+    grow_twice_in_place(&t, &a);                  /* 6 tokens, fact set again */
+    /* swap-out: the next grow brings it back */
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, a.h), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 7), 0);
+    tinfo(&t, a.h, &in);
+    cr_expect(in.resident, "a grow after a swap-out left the sequence out");
+    a.len = 7;
+    sh_fill(&t, &a, 6, 7, 4);
+    sh_verify(&t, &a, "after the swap-out");
+    grow_twice_in_place(&t, &a);                  /* 9 tokens: 2 pages, fact set */
+    /* truncate to one page: the next grow past it holds two pages again */
+    cr_assert_eq(kvvm_seq_truncate(t.kv, a.h, 5), 0);
+    a.len = 5;
+    cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 10), 0);
+    tinfo(&t, a.h, &in);
+    cr_expect_eq(in.length, 10);
+    a.len = 10;
+    sh_fill(&t, &a, 5, 10, 5);
+    sh_verify(&t, &a, "after the truncate");
+    tcheck(&t, "end");
+    sh_free(&t, &a);
+    tclose(&t);
+}
+
 Test(hotpath, grow_inside_the_last_page_makes_no_driver_call_sync)
 {
     grow_in_place_calls(false);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #define KVVM_HARNESS_SHADOW
 #include "harness.h"
+#include "testing/kvvm_testing.h"
 
 /* ================================================================ copy-on-write */
 
@@ -1114,4 +1115,45 @@ Test(regress, scrub_left_truncated_bytes_in_kept_page)
     scrub_tail_case(true, false);
     scrub_tail_case(false, true);
     scrub_tail_case(true, true);
+}
+
+/* The metadata bytes (kvvm_testing_metadata) of one sequence grown to len tokens in a
+   context of max_tokens (8 regions, 16 bytes per token, small pages). */
+static uint64_t meta_at(uint64_t max_tokens, uint64_t len, bool reuse)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, 4 * KB, 8, 16, 2, max_tokens, 8 * (max_tokens / 256 + 2));
+    topen(&t, &c);
+    kvvm_seq s;
+    uint64_t b = 0;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    if (reuse) {                  /* the slot held a long sequence before */
+        cr_assert_eq(kvvm_seq_grow(t.kv, s, max_tokens), 0);
+        cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+        cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    }
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, len), 0);
+    cr_assert_eq(kvvm_testing_metadata(t.kv, s, &b, NULL), 0);
+    tcheck(&t, "metadata");
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose(&t);
+    return b;
+}
+
+/* Bug: a sequence's block tables were allocated for max_tokens when its slot was first
+   taken (issue 19): a 1k-token sequence held ~3.6 KB of metadata at max_tokens 64k against
+   304 B at 1k, for the same data. They follow the length now. */
+Test(regress, block_tables_followed_max_tokens_not_the_length)
+{
+    uint64_t at1k = meta_at(1024, 1024, false), at64k = meta_at(65536, 1024, false);
+    cr_expect_eq(at64k, at1k, "a 1k-token sequence holds %lu bytes of metadata at max_tokens "
+                 "64k, %lu at 1k", (unsigned long)at64k, (unsigned long)at1k);
+    uint64_t reused = meta_at(65536, 1024, true);
+    cr_expect_eq(reused, at1k, "a 1k-token sequence in a slot a 64k one held: %lu bytes, %lu "
+                 "in a fresh slot", (unsigned long)reused, (unsigned long)at1k);
+    /* a long one's grow with it */
+    uint64_t long_b = meta_at(65536, 65536, false);
+    cr_expect_gt(long_b, at1k, "a 64k-token sequence: %lu bytes, a 1k one %lu",
+                 (unsigned long)long_b, (unsigned long)at1k);
 }

@@ -124,6 +124,11 @@ bool vmm_dead(const struct vmm *v)
     return __atomic_load_n(&v->dead, __ATOMIC_ACQUIRE) != 0;
 }
 
+const int *vmm_dead_word(const struct vmm *v)
+{
+    return &v->dead;
+}
+
 int vmm_make_current(struct vmm *v)
 {
     if (vmm_dead(v))

@@ -58,6 +58,9 @@ size_t vmm_granule(const struct vmm *v);
 size_t vmm_device_bytes(const struct vmm *v);         /* total device memory */
 int    vmm_emu_ordinal(const struct vmm *v);          /* emulated device ordinal, or -1 */
 bool   vmm_dead(const struct vmm *v);                 /* a sticky driver error was seen */
+/* The word vmm_dead reads (nonzero: dead), for a hot path that reads it without a call
+   (__atomic_load_n, acquire). Valid for v's lifetime. */
+const int *vmm_dead_word(const struct vmm *v);
 /* Makes the device context current on the calling thread (library threads call this once). */
 int vmm_make_current(struct vmm *v);
 /* Sets the calling thread's stream capture mode to relaxed (library threads call this once):

@@ -33,6 +33,45 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
 uint64_t bench_now_ns(void);
 double bench_median(double *v, int n);   /* sorts v */
 
+/* ---- rows measured in alternated pairs ----------------------------------------------------
+   Every timed row takes --trials samples of the library's figure and, in the same trial,
+   one of its same-work baseline, in alternating order (trial t runs the library first when
+   t is even, the baseline first when odd), so neither always runs in the other's wake on a
+   loaded machine. The row prints the medians, the ratio of the medians and the spread: the
+   25th..75th percentile over trials of the per-trial ratio (of the value, when the row has
+   no baseline). */
+#define BENCH_MAX_TRIALS 200
+struct bench_pair {
+    int    n;                          /* trials recorded */
+    double v[BENCH_MAX_TRIALS];        /* the library's figure, per trial */
+    double base[BENCH_MAX_TRIALS];     /* the baseline's, same trial (0: none) */
+};
+/* One sample of a figure into *out: 0, or -errno. */
+typedef int (*bench_sample_fn)(void *arg, double *out);
+/* Records one trial's pair (dropped past BENCH_MAX_TRIALS). base 0: no baseline. */
+void bench_pair_add(struct bench_pair *p, double v, double base);
+/* Runs b->trials trials of lib and base (NULL: none) alternately into *p (reset first):
+   0, or the first -errno of a sample (p then holds the trials before it). */
+int bench_pairs(struct bench_ctx *b, bench_sample_fn lib, void *lib_arg,
+                bench_sample_fn base, void *base_arg, struct bench_pair *p);
+/* The same row from n trials' figures kept by a group in arrays of its own (v[t] and base[t]
+   from the same trial; base NULL: no baseline). Neither array may have been sorted. */
+void bench_report_trials(struct bench_ctx *b, const char *group, const char *op,
+                         const double *v, const double *base, int n,
+                         const char *baseline_name, const char *unit, int lower_is_better);
+/* Reports p as one row (bench_report's columns, plus the spread and the trial count). */
+void bench_report_pair(struct bench_ctx *b, const char *group, const char *op,
+                       const struct bench_pair *p, const char *baseline_name,
+                       const char *unit, int lower_is_better);
+
+/* System calls of the calling thread, counted by tracing (syscount.c says how): fn(arg) runs
+   in a forked child; every system call it makes after bench_syscall_mark(k) and before the
+   next mark counts in counts[k] (k < 0 or >= n_segments: uncounted). fn opens its own
+   context (a context does not survive a fork). 0, -EPERM (tracing refused here), or fn's
+   failure as -errno. */
+int bench_syscalls(int (*fn)(void *), void *arg, uint64_t *counts, int n_segments);
+void bench_syscall_mark(int segment);
+
 /* Benchmark groups (each in its own file; missing ones are skipped). Return 0 or -errno. */
 int bench_vmm(struct bench_ctx *b) __attribute__((weak));     /* bench_vmm.c    (foundation) */
 int bench_paging(struct bench_ctx *b) __attribute__((weak));  /* bench_paging.c (paging)     */

@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kvvm.h"
 #include "kvvm_testing.h"
@@ -41,30 +42,39 @@
 #define N_PAGES 16       /* pages of the "grow by N" sequence, the one forked and swapped */
 #define DECODE_SEQS 8    /* sequences of the decode step */
 
+#define NCOL 10
+#define NROWS 11
 struct row {
     const char *op;
-    double v[9];         /* per column below */
+    double v[NCOL];      /* per column below */
 };
 
-static const char *const cols[9] = { "creates", "releases", "maps", "set-acc", "unmaps",
-                                     "copies", "events", "ctx", "other" };
+static const char *const cols[NCOL] = { "creates", "releases", "maps", "set-acc", "unmaps",
+                                        "copies", "events", "ctx", "other", "syscalls" };
 
 struct counting {
     kvvm *kv;
+    int row;             /* the row being counted (its system call segment) */
     struct kvvm_testing_emu_calls c0;
     uint64_t tokens_per_page;
     void *stream;        /* the engine stream (kvvm_stream_create) */
 };
 
-static void mark(struct counting *k)
+/* Starts counting row r: the driver's counters read, then the system call segment opened
+   (so reading them is not counted). */
+static void mark_row(struct counting *k, int r)
 {
     kvvm_testing_emu_calls(k->kv, &k->c0);
+    k->row = r;
+    bench_syscall_mark(r);
 }
+#define mark(k) mark_row((k), (k)->row)
 
 /* The calls since mark() into r->v, divided by per (operations counted). */
 static void take(struct counting *k, struct row *r, const char *op, double per)
 {
     struct kvvm_testing_emu_calls c;
+    bench_syscall_mark(-1);
     kvvm_testing_emu_calls(k->kv, &c);
     uint64_t total = 0, named;
     for (size_t i = 0; i < c.n; i++) {
@@ -84,9 +94,11 @@ static void take(struct counting *k, struct row *r, const char *op, double per)
     r->op = op;
     for (int i = 0; i < 9; i++)
         r->v[i] = (double)v[i] / per;
+    r->v[9] = per;       /* the divisor, until the system calls are known */
+    k->row++;
 }
 
-static int open_kv(struct bench_ctx *b, struct counting *k)
+static int open_kv(struct bench_ctx *b, struct counting *k, uint64_t tpp)
 {
     size_t ps = b->granule ? b->granule : (2u << 20);
     struct kvvm_config c;
@@ -95,9 +107,9 @@ static int open_kv(struct bench_ctx *b, struct counting *k)
     c.emu_granule = ps;
     c.page_size = ps;
     c.n_regions = REGIONS;
-    c.bytes_per_token = ps / 16;          /* 16 tokens per page */
+    c.bytes_per_token = ps / tpp;         /* tpp tokens per page */
     c.max_seqs = DECODE_SEQS + 2;
-    c.max_tokens = 4 * N_PAGES * 16;
+    c.max_tokens = 4 * N_PAGES * tpp;
     c.device_budget = (size_t)(DECODE_SEQS * 4 + 4 * N_PAGES) * REGIONS * ps;
     c.host_budget = (size_t)2 * N_PAGES * REGIONS * ps;
     c.map_ahead = 0;
@@ -115,7 +127,7 @@ static int open_kv(struct bench_ctx *b, struct counting *k)
         return rc;
     }
     k->stream = st;
-    k->tokens_per_page = 16;
+    k->tokens_per_page = tpp;
     return 0;
 }
 
@@ -129,6 +141,7 @@ static int single_ops(struct counting *k, struct row *rows)
         rc = kvvm_seq_create(k->kv, &c);
     if (rc)
         return rc;
+    k->row = 0;
     mark(k);
     if ((rc = kvvm_seq_grow(k->kv, c, tp)))
         return rc;
@@ -194,6 +207,42 @@ static int decode_steps(struct counting *k, struct row *r)
     return rc;
 }
 
+/* The hot path: 1000 grows of one token inside the last page, 1000 kvvm_step with nothing
+   to do, 1000 kvvm_stats (what an engine calls per token or per step). The caller's context
+   has 16 tokens per page: k here is one of 2048 tokens per page (open_kv's tpp argument). */
+static int hot_ops(struct counting *k, struct row *rows)
+{
+    enum { N = 1000 };
+    kvvm_seq s;
+    int rc = kvvm_seq_create(k->kv, &s);
+    if (!rc)
+        rc = kvvm_seq_grow(k->kv, s, 1);
+    if (!rc)
+        rc = kvvm_step(k->kv);
+    if (rc)
+        return rc;
+    mark(k);
+    for (uint64_t i = 0; i < N && !rc; i++)      /* 2..1001 tokens: one page (see above) */
+        rc = kvvm_seq_grow(k->kv, s, 2 + i);
+    if (!rc)
+        take(k, &rows[0], "grow +1 token in the last page (no new page)", N);
+    mark(k);
+    for (int i = 0; i < N && !rc; i++)
+        rc = kvvm_step(k->kv);
+    if (!rc)
+        take(k, &rows[1], "kvvm_step, nothing to do", N);
+    mark(k);
+    for (int i = 0; i < N && !rc; i++) {
+        struct kvvm_stats st = { .size = sizeof st };
+        rc = kvvm_stats(k->kv, &st);
+    }
+    if (!rc)
+        take(k, &rows[2], "kvvm_stats", N);
+    if (!rc)
+        rc = kvvm_seq_free(k->kv, s);
+    return rc;
+}
+
 static void json_cell(struct bench_ctx *b, const char *op, const char *col, double v)
 {
     if (!b->json)
@@ -210,18 +259,23 @@ static void json_cell(struct bench_ctx *b, const char *op, const char *col, doub
     b->n_json++;
 }
 
-static void print_rows(struct bench_ctx *b, const struct row *rows, int n)
+static void print_rows(struct bench_ctx *b, const struct row *rows, int n, int traced)
 {
     printf("%-8s driver calls per operation, counted by the emulated device (%d regions, "
-           "page = granule, no map-ahead; bench_calls.c states the conditions)\n", GROUP,
-           REGIONS);
+           "page = granule, no map-ahead; bench_calls.c states the conditions); system calls "
+           "of the calling thread, counted by tracing it (%s)\n", GROUP, REGIONS,
+           traced ? "tools/kvvm-bench/syscount.c" : "tracing refused here: not counted");
     printf("%-8s %-56s", "", "operation");
-    for (int i = 0; i < 9; i++)
+    for (int i = 0; i < NCOL; i++)
         printf(" %8s", cols[i]);
     printf("\n");
     for (int r = 0; r < n; r++) {
         printf("%-8s %-56s", GROUP, rows[r].op);
-        for (int i = 0; i < 9; i++) {
+        for (int i = 0; i < NCOL; i++) {
+            if (i == 9 && !traced) {
+                printf(" %8s", "-");
+                continue;
+            }
             printf(rows[r].v[i] == (double)(uint64_t)rows[r].v[i] ? " %8.0f" : " %8.2f",
                    rows[r].v[i]);
             json_cell(b, rows[r].op, cols[i], rows[r].v[i]);
@@ -231,25 +285,68 @@ static void print_rows(struct bench_ctx *b, const struct row *rows, int n)
     fflush(stdout);
 }
 
-int bench_calls(struct bench_ctx *b)
+struct calls_run {
+    struct bench_ctx *b;
+    struct row rows[NROWS];
+    int n;               /* rows filled */
+};
+
+/* Every row, in a context of its own (run in the traced child, or here). */
+static int calls_all(void *arg)
 {
-    struct counting k = { 0 };
-    struct row rows[8];
-    int rc = open_kv(b, &k);
+    struct calls_run *cr = arg;
+    struct counting k = { 0 }, h = { 0 };
+    int rc = open_kv(cr->b, &k, 16);
     if (rc)
         return rc;
     if (kvvm_testing_emu_calls(k.kv, &k.c0) == -ENODEV) {
-        printf("%-8s skipped: the context is not on the emulated device\n", GROUP);
         kvvm_close(k.kv);
-        return 0;
+        return -ENODEV;
     }
-    rc = single_ops(&k, rows);
+    rc = single_ops(&k, cr->rows);
     if (!rc)
-        rc = decode_steps(&k, &rows[7]);
-    if (!rc)
-        print_rows(b, rows, 8);
+        rc = decode_steps(&k, &cr->rows[7]);
     kvvm_set_stream(k.kv, NULL);
     kvvm_stream_destroy(k.kv, k.stream);
     kvvm_close(k.kv);
+    if (!rc)
+        rc = open_kv(cr->b, &h, 2048);
+    if (rc)
+        return rc;
+    h.row = 8;
+    rc = hot_ops(&h, &cr->rows[8]);
+    if (!rc)
+        cr->n = NROWS;
+    kvvm_set_stream(h.kv, NULL);
+    kvvm_stream_destroy(h.kv, h.stream);
+    kvvm_close(h.kv);
     return rc;
+}
+
+int bench_calls(struct bench_ctx *b)
+{
+    /* shared with the traced child, which fills the rows */
+    struct calls_run *cr = mmap(NULL, sizeof *cr, PROT_READ | PROT_WRITE,
+                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (cr == MAP_FAILED)
+        return -ENOMEM;
+    memset(cr, 0, sizeof *cr);
+    cr->b = b;
+    uint64_t sys[NROWS];
+    int traced = 1, rc = bench_syscalls(calls_all, cr, sys, NROWS);
+    if (rc == -EPERM || rc == -ECHILD) {
+        traced = 0;                     /* no tracing here: the driver calls alone */
+        memset(cr, 0, sizeof *cr);
+        cr->b = b;
+        rc = calls_all(cr);
+    }
+    if (rc == -ENODEV || rc == ENODEV)
+        printf("%-8s skipped: the context is not on the emulated device\n", GROUP);
+    else if (!rc) {
+        for (int r = 0; traced && r < cr->n; r++)
+            cr->rows[r].v[9] = (double)sys[r] / cr->rows[r].v[9];
+        print_rows(b, cr->rows, cr->n, traced);
+    }
+    munmap(cr, sizeof *cr);
+    return rc == -ENODEV ? 0 : rc;
 }

@@ -153,16 +153,13 @@ int bench_checksum(struct bench_ctx *b)
                     int which = (t + j) % N_FN;          /* rotate the order every trial */
                     v[which][t] = time_pages(fns[which], buf, page, buf_pages, n, hot);
                 }
-            double m[N_FN];
-            for (int k = 0; k < N_FN; k++)
-                m[k] = bench_median(v[k], trials);
             char op[96], base[64];
             const char *sz = pi == 0 ? "2M" : "64K", *how = hot ? "hot" : "stream";
             snprintf(base, sizeof base, "hand-written XXH64 (before)");
             snprintf(op, sizeof op, "spill_checksum %s page, %s (XXH3)", sz, how);
-            bench_report(b, "checksum", op, m[1], m[0], base, "us/page", 1);
+            bench_report_trials(b, "checksum", op, v[1], v[0], trials, base, "us/page", 1);
             snprintf(op, sizeof op, "XXH3 inline (no dispatch) %s page, %s", sz, how);
-            bench_report(b, "checksum", op, m[2], m[0], base, "us/page", 1);
+            bench_report_trials(b, "checksum", op, v[2], v[0], trials, base, "us/page", 1);
         }
     }
     for (int k = 0; k < N_FN; k++)

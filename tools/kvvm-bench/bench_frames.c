@@ -119,7 +119,8 @@ int bench_frames(struct bench_ctx *b)
     int rc = 0;
     for (int t = 0; t < trials && !rc; t++) {
         struct fr_res ra, rs;
-        if ((rc = run_one(b, 1, n, &ra)) || (rc = run_one(b, 0, n, &rs)))
+        if (t % 2 ? (rc = run_one(b, 0, n, &rs)) || (rc = run_one(b, 1, n, &ra))
+                  : (rc = run_one(b, 1, n, &ra)) || (rc = run_one(b, 0, n, &rs)))
             break;
         p50a[t] = ra.p50_us; p99a[t] = ra.p99_us; sa[t] = ra.sync_per_grow;
         p50s[t] = rs.p50_us; p99s[t] = rs.p99_us; ss[t] = rs.sync_per_grow;
@@ -132,13 +133,11 @@ int bench_frames(struct bench_ctx *b)
     snprintf(base, sizeof base, "created on the caller's thread");
     snprintf(op, sizeof op, "grow (new pages) + step, p50 (pool thread, create %ld us)",
              ns / 1000);
-    bench_report(b, G, op, bench_median(p50a, trials), bench_median(p50s, trials), base,
-                 "us/op", 1);
+    bench_report_trials(b, G, op, p50a, p50s, trials, base, "us/op", 1);
     snprintf(op, sizeof op, "grow (new pages) + step, p99 (pool thread, create %ld us)",
              ns / 1000);
-    bench_report(b, G, op, bench_median(p99a, trials), bench_median(p99s, trials), base,
-                 "us/op", 1);
-    bench_report(b, G, "frames created on the caller's thread per grow (pool thread)",
-                 bench_median(sa, trials), bench_median(ss, trials), base, "frames", 1);
+    bench_report_trials(b, G, op, p99a, p99s, trials, base, "us/op", 1);
+    bench_report_trials(b, G, "frames created on the caller's thread per grow (pool thread)",
+                        sa, ss, trials, base, "frames", 1);
     return 0;
 }

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -34,19 +35,27 @@ static uint64_t cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* An emulated-device configuration: pages of the granule (0: 2 MiB), n_regions regions. */
+static void bench_cfg(struct kvvm_config *c, size_t granule, uint32_t nr, uint64_t bpt,
+                      uint32_t max_seqs, uint64_t max_tokens, size_t budget)
+{
+    kvvm_config_init(c);
+    c->backend = KVVM_BACKEND_EMULATED;
+    c->emu_granule = granule;
+    c->page_size = 0;                 /* the granule */
+    c->n_regions = nr;
+    c->bytes_per_token = bpt;
+    c->max_seqs = max_seqs;
+    c->max_tokens = max_tokens;
+    c->device_budget = budget;
+    c->emu_opaque = 0;
+}
+
 static int open_kv(kvvm **kv, uint32_t max_seqs, uint64_t max_tokens, uint64_t bpt,
                    size_t budget, size_t granule)
 {
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = KVVM_BACKEND_EMULATED;
-    c.max_seqs = max_seqs;
-    c.max_tokens = max_tokens;
-    c.bytes_per_token = bpt;
-    c.device_budget = budget;
-    c.emu_granule = granule;
-    c.page_size = 0;
-    c.emu_opaque = 0;
+    bench_cfg(&c, granule, 1, bpt, max_seqs, max_tokens, budget);
     return kvvm_open(&c, kv);
 }
 
@@ -169,51 +178,110 @@ static int grow_doubling(uint32_t S, uint64_t T, uint64_t bpt, int passes, struc
     return rc;
 }
 
-static void report_grow(struct bench_ctx *b, const char *when, const struct grow_res *k,
-                        const struct grow_res *d)
+static void report_grow(struct bench_ctx *b, const char *when, struct bench_pair *p)
 {
     char op[128];
     snprintf(op, sizeof op, "grow token-by-token, %s: wall", when);
-    bench_report(b, G, op, k->wall_ms, d->wall_ms, "alloc-copy-free doubling", "ms", 1);
+    bench_report_pair(b, G, op, &p[0], "alloc-copy-free doubling", "ms", 1);
     snprintf(op, sizeof op, "grow token-by-token, %s: CPU per grow call", when);
-    bench_report(b, G, op, k->cpu_ns_per_call, d->cpu_ns_per_call,
-                 "alloc-copy-free doubling", "ns/op", 1);
+    bench_report_pair(b, G, op, &p[1], "alloc-copy-free doubling", "ns/op", 1);
     snprintf(op, sizeof op, "grow token-by-token, %s: peak physical", when);
-    bench_report(b, G, op, k->peak_bytes / 1048576.0, d->peak_bytes / 1048576.0,
-                 "alloc-copy-free doubling", "MiB", 1);
+    bench_report_pair(b, G, op, &p[2], "alloc-copy-free doubling", "MiB", 1);
+}
+
+static void add_grow(struct bench_pair *p, const struct grow_res *k, const struct grow_res *d)
+{
+    bench_pair_add(&p[0], k->wall_ms, d->wall_ms);
+    bench_pair_add(&p[1], k->cpu_ns_per_call, d->cpu_ns_per_call);
+    bench_pair_add(&p[2], k->peak_bytes / 1048576.0, d->peak_bytes / 1048576.0);
 }
 
 /* Cold: a fresh context, every physical frame created during the run. Warm: the second
    pass in the same context, frames reused (an engine's steady state); the baseline likewise
-   runs twice in one process. */
+   runs twice in one process. Each trial runs the library and the baseline, the order
+   alternated. 128 sequences of 2048 tokens of 1 KiB (256 MiB; quick: 64 x 1024). */
 static int bench_grow(struct bench_ctx *b)
 {
-    uint32_t S = b->quick ? 64 : 256;
-    uint64_t T = b->quick ? 1024 : 4096, bpt = 1024;   /* 256 x 4096 x 1 KiB = 1 GiB */
-    struct grow_res k, d, kw, dw;
-    int rc = grow_kvvm(S, T, bpt, 1, &k);
-    if (!rc)
-        rc = grow_doubling(S, T, bpt, 1, &d);
-    if (!rc)
-        rc = grow_kvvm(S, T, bpt, 2, &kw);
-    if (!rc)
-        rc = grow_doubling(S, T, bpt, 2, &dw);
-    if (rc)
-        return rc;
-    double live = (double)(S * T * bpt), stat = live;   /* static: max length = T here */
-    report_grow(b, "cold", &k, &d);
-    report_grow(b, "warm", &kw, &dw);
-    bench_report(b, G, "peak physical, static prealloc beside",
-                 k.peak_bytes / 1048576.0, stat / 1048576.0, "static at max length", "MiB", 1);
-    /* at a quarter of the length, static preallocation still holds the maximum */
-    bench_report(b, G, "physical at 1/4 of max length", k.quarter_bytes / 1048576.0,
-                 stat / 1048576.0, "static at max length", "MiB", 1);
-    bench_report(b, G, "live bytes at 1/4 of max length", live / 4 / 1048576.0, 0, "", "MiB", 1);
-    return 0;
+    uint32_t S = b->quick ? 64 : 128;
+    uint64_t T = b->quick ? 1024 : 2048, bpt = 1024;
+    struct bench_pair *p = calloc(6, sizeof *p);
+    struct grow_res k = { 0 }, d, kw, dw;
+    int rc = p ? 0 : -ENOMEM;
+    for (int t = 0; t < b->trials && !rc; t++) {
+        for (int j = 0; j < 2 && !rc; j++) {
+            if ((j ^ t) & 1) {
+                rc = grow_doubling(S, T, bpt, 1, &d);
+                if (!rc)
+                    rc = grow_doubling(S, T, bpt, 2, &dw);
+            } else {
+                rc = grow_kvvm(S, T, bpt, 1, &k);
+                if (!rc)
+                    rc = grow_kvvm(S, T, bpt, 2, &kw);
+            }
+        }
+        if (!rc) {
+            add_grow(p, &k, &d);
+            add_grow(p + 3, &kw, &dw);
+        }
+    }
+    if (!rc) {
+        double live = (double)(S * T * bpt), stat = live;   /* static: max length = T here */
+        report_grow(b, "cold", p);
+        report_grow(b, "warm", p + 3);
+        bench_report(b, G, "peak physical, static prealloc beside",
+                     k.peak_bytes / 1048576.0, stat / 1048576.0, "static at max length", "MiB",
+                     1);
+        /* at a quarter of the length, static preallocation still holds the maximum */
+        bench_report(b, G, "physical at 1/4 of max length", k.quarter_bytes / 1048576.0,
+                     stat / 1048576.0, "static at max length", "MiB", 1);
+        bench_report(b, G, "live bytes at 1/4 of max length", live / 4 / 1048576.0, 0, "",
+                     "MiB", 1);
+    }
+    free(p);
+    return rc;
 }
 
 /* ---- 2. fork and share of a 64-page sequence ---------------------------------------- */
 
+enum { FK_FORK = 0, FK_SHARE, FK_COPY };
+
+/* One of the three ways to a second sequence holding p's T tokens, timed (us), then freed;
+   *pages: the device pages it added. */
+static int fork_way(kvvm *kv, kvvm_seq p, uint64_t T, uint64_t bpt, int way, double *us,
+                    double *pages)
+{
+    kvvm_seq c;
+    uint64_t pa, ca, u0 = 0, t0 = 0;
+    int rc = 0;
+    if (way != FK_FORK)
+        rc = kvvm_seq_create(kv, &c);
+    u0 = used_bytes(kv);
+    t0 = bench_now_ns();
+    if (rc)
+        return rc;
+    if (way == FK_FORK)
+        rc = kvvm_seq_fork(kv, p, &c);
+    else if (way == FK_SHARE)
+        rc = kvvm_seq_share(kv, c, p, T);
+    else {  /* copying fork: a new sequence of the same length and a device copy */
+        rc = kvvm_seq_grow(kv, c, T);
+        if (!rc)
+            rc = kvvm_seq_addr(kv, p, 0, &pa);
+        if (!rc)
+            rc = kvvm_seq_addr(kv, c, 0, &ca);
+        if (!rc)
+            rc = kvvm_testing_device_copy(kv, ca, pa, T * bpt);
+    }
+    *us = (double)(bench_now_ns() - t0) / 1e3;
+    *pages = (double)(used_bytes(kv) - u0) / (double)(2u << 20);
+    if (!rc)
+        rc = kvvm_seq_free(kv, c);
+    if (!rc)
+        rc = kvvm_sync(kv);
+    return rc;
+}
+
+/* Each trial: fork, share and the copying fork, in an order rotated per trial. */
 static int bench_fork(struct bench_ctx *b)
 {
     kvvm *kv;
@@ -222,69 +290,57 @@ static int bench_fork(struct bench_ctx *b)
     int rc = open_kv(&kv, 8, T, bpt, (size_t)(4 * pages * ps), 0);
     if (rc)
         return rc;
-    int n = b->trials > 0 ? b->trials : 5;
-    double tf[n], ts[n], tc[n];
-    double pf = 0, psh = 0, pc = 0;
+    struct bench_pair pf = { 0 }, psh = { 0 };
+    double added[3] = { 0, 0, 0 };
     kvvm_seq p;
     rc = kvvm_seq_create(kv, &p);
     if (!rc)
         rc = kvvm_seq_grow(kv, p, T);
-    for (int i = 0; i < n && !rc; i++) {
-        kvvm_seq c;
-        uint64_t u0 = used_bytes(kv), t0 = bench_now_ns();
-        rc = kvvm_seq_fork(kv, p, &c);
-        tf[i] = (double)(bench_now_ns() - t0) / 1e3;
-        pf = (double)(used_bytes(kv) - u0) / (double)ps;
-        if (!rc)
-            rc = kvvm_seq_free(kv, c);
-        if (!rc)
-            rc = kvvm_seq_create(kv, &c);
-        u0 = used_bytes(kv);
-        t0 = bench_now_ns();
-        if (!rc)
-            rc = kvvm_seq_share(kv, c, p, T);
-        ts[i] = (double)(bench_now_ns() - t0) / 1e3;
-        psh = (double)(used_bytes(kv) - u0) / (double)ps;
-        if (!rc)
-            rc = kvvm_seq_free(kv, c);
-        /* copying fork: a new sequence of the same length and a device copy of the bytes */
-        uint64_t pa, ca;
-        if (!rc)
-            rc = kvvm_seq_create(kv, &c);
-        u0 = used_bytes(kv);
-        t0 = bench_now_ns();
-        if (!rc)
-            rc = kvvm_seq_grow(kv, c, T);
-        if (!rc)
-            rc = kvvm_seq_addr(kv, p, 0, &pa);
-        if (!rc)
-            rc = kvvm_seq_addr(kv, c, 0, &ca);
-        if (!rc)
-            rc = kvvm_testing_device_copy(kv, ca, pa, T * bpt);
-        tc[i] = (double)(bench_now_ns() - t0) / 1e3;
-        pc = (double)(used_bytes(kv) - u0) / (double)ps;
-        if (!rc)
-            rc = kvvm_seq_free(kv, c);
-        kvvm_sync(kv);
+    for (int t = 0; t < b->trials && !rc; t++) {
+        double us[3];
+        for (int j = 0; j < 3 && !rc; j++) {
+            int way = (t + j) % 3;
+            rc = fork_way(kv, p, T, bpt, way, &us[way], &added[way]);
+        }
+        bench_pair_add(&pf, us[FK_FORK], us[FK_COPY]);
+        bench_pair_add(&psh, us[FK_SHARE], us[FK_COPY]);
     }
     kvvm_close(kv);
     if (rc)
         return rc;
-    double mc = bench_median(tc, n);
-    bench_report(b, G, "fork 64-page sequence", bench_median(tf, n), mc, "copying fork",
-                 "us/op", 1);
-    bench_report(b, G, "share 64-page sequence (whole pages)", bench_median(ts, n), mc,
-                 "copying fork", "us/op", 1);
+    bench_report_pair(b, G, "fork 64-page sequence", &pf, "copying fork", "us/op", 1);
+    bench_report_pair(b, G, "share 64-page sequence (whole pages)", &psh, "copying fork",
+                      "us/op", 1);
     /* page counts: no ratio (a copying fork adds every page; 0 of 64 is no speed-up) */
     char op[96];
-    snprintf(op, sizeof op, "fork: pages added (a copying fork: %.0f)", pc);
-    bench_report(b, G, op, pf, 0, NULL, "pages", 1);
-    snprintf(op, sizeof op, "share: pages added (a copying fork: %.0f)", pc);
-    bench_report(b, G, op, psh, 0, NULL, "pages", 1);
+    snprintf(op, sizeof op, "fork: pages added (a copying fork: %.0f)", added[FK_COPY]);
+    bench_report(b, G, op, added[FK_FORK], 0, NULL, "pages", 1);
+    snprintf(op, sizeof op, "share: pages added (a copying fork: %.0f)", added[FK_COPY]);
+    bench_report(b, G, op, added[FK_SHARE], 0, NULL, "pages", 1);
     return 0;
 }
 
-/* ---- 3. pool rate, no-page grow, single vs batched grow ----------------------------- */
+/* ---- 3. pool rate ------------------------------------------------------------------ */
+
+struct pool_arg { kvvm *kv; long iters; size_t bytes; };
+
+static int sample_take_give(void *arg, double *out)
+{
+    struct pool_arg *a = arg;
+    uint64_t t0 = bench_now_ns();
+    int rc = kvvm_testing_pool_take_give(a->kv, a->iters);
+    *out = (double)(bench_now_ns() - t0) / (double)a->iters;
+    return rc;
+}
+
+static int sample_create_release(void *arg, double *out)
+{
+    struct pool_arg *a = arg;
+    uint64_t t0 = bench_now_ns();
+    int rc = kvvm_testing_page_create_release(a->kv, a->bytes, a->iters);
+    *out = (double)(bench_now_ns() - t0) / (double)a->iters;
+    return rc;
+}
 
 static int bench_pool(struct bench_ctx *b)
 {
@@ -292,29 +348,30 @@ static int bench_pool(struct bench_ctx *b)
     int rc = open_kv(&kv, 4, 1024, 4096, 64u << 20, 64u << 10);
     if (rc)
         return rc;
-    int iters = b->quick ? 20000 : 200000;
+    long iters = b->quick ? 20000 : 200000;
+    struct pool_arg tg = { kv, iters, 0 }, cr = { kv, iters / 20, 64u << 10 };
+    struct bench_pair p1, p2;
     rc = kvvm_testing_pool_refill(kv, 8);
-    uint64_t t0 = bench_now_ns();
     if (!rc)
-        rc = kvvm_testing_pool_take_give(kv, iters);
-    double take_ns = (double)(bench_now_ns() - t0) / iters;
-    int citers = iters / 20;
-    t0 = bench_now_ns();
+        rc = bench_pairs(b, sample_take_give, &tg, NULL, NULL, &p1);
     if (!rc)
-        rc = kvvm_testing_page_create_release(kv, 64u << 10, citers);
-    double create_ns = (double)(bench_now_ns() - t0) / citers;
+        rc = bench_pairs(b, sample_create_release, &cr, NULL, NULL, &p2);
     kvvm_close(kv);
     if (rc)
         return rc;
     /* two figures, no ratio: the pool exists so that a grow never creates a page; a
        nanosecond list operation "vs" a driver allocation says nothing about either */
-    bench_report(b, G, "pool page take+give", take_ns, 0, NULL, "ns/op", 1);
-    bench_report(b, G, "page create+release (what the pool saves)", create_ns, 0, NULL,
-                 "ns/op", 1);
+    bench_report_pair(b, G, "pool page take+give", &p1, NULL, "ns/op", 1);
+    bench_report_pair(b, G, "page create+release (what the pool saves)", &p2, NULL, "ns/op",
+                      1);
     return 0;
 }
 
-/* The floor of any locked call: n uncontended mutex lock + table lookup + unlock (ns/op). */
+/* ---- 4. the decode step's calls against the length ---------------------------------- */
+
+/* The floor of any locked call: n uncontended mutex lock + table lookup + unlock (ns/op):
+   the least a call on a shared context can cost, the same work a grow in place must do. */
+#define FLOOR_NAME "mutex lock+lookup+unlock"
 static pthread_mutex_t floor_mu = PTHREAD_MUTEX_INITIALIZER;
 static volatile uint64_t floor_tab[4096], floor_sink;
 static double floor_block(int n)
@@ -328,164 +385,470 @@ static double floor_block(int n)
     return (double)(bench_now_ns() - t0) / n;
 }
 
-/* Reports the medians of v (the library) and f (the floor), trials each, measured
-   alternately; the op names the ratio's spread (its 25th..75th percentile over trials). */
-static void report_vs_floor(struct bench_ctx *b, const char *what, double *v, double *f,
-                            int trials)
-{
-    double r[64], p25, p75;
-    char op[160];
-    for (int t = 0; t < trials; t++)
-        r[t] = v[t] / f[t];
-    bench_median(r, trials);                     /* sorts */
-    p25 = r[trials / 4];
-    p75 = r[(3 * trials) / 4 < trials ? (3 * trials) / 4 : trials - 1];
-    snprintf(op, sizeof op, "%s (ratio p25..p75 %.2f..%.2f)", what, p25, p75);
-    bench_report(b, G, op, bench_median(v, trials), bench_median(f, trials),
-                 "mutex lock+lookup+unlock", "ns/op", 1);
-}
+/* Sequence lengths of the sweep; a context per length, each with one sequence grown alone
+   and BATCH grown together. 8 regions of 64 KiB pages, 16 bytes per token and region: 4096
+   tokens per page, so 64k tokens hold 16 pages per region (128 per sequence) and every grow
+   below stays inside the last page. */
+#define NL 4
+#define NR 8
+#define BATCH 64
+#define LEN_PS (64u << 10)
+#define LEN_BPT 16u
+static const uint64_t sweep_len[NL] = { 1024, 4096, 16384, 65536 };
+static const char *const sweep_name[NL] = { "1k", "4k", "16k", "64k" };
 
-/* The decode step's grow: tokens added inside the last page, 8 regions of 2 MiB pages
-   (8192 tokens each), at 1k and at 64k tokens (the cost must not follow the length), one
-   sequence and a batch of 256; each trial alternates a block of grows with a block of the
-   floor. */
-static int bench_nopage_grow(struct bench_ctx *b)
-{
-    enum { NR = 8, S = 256, N = 1000 };
-    const uint64_t bpt = 256, T = 65536;
-    int trials = b->trials > 0 ? b->trials : 5;
-    if (trials > 64)
-        trials = 64;
-    struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = KVVM_BACKEND_EMULATED;
-    c.n_regions = NR;
-    c.bytes_per_token = bpt;
-    c.max_seqs = S;
-    c.max_tokens = T;
-    c.page_size = 0;
-    c.emu_granule = 0;                           /* 2 MiB */
-    c.device_budget = (size_t)NR * (S + 16) * (2u << 20);
-    c.emu_opaque = 0;
+struct lenctx {
     kvvm *kv;
-    int rc = kvvm_open(&c, &kv);
-    if (rc)
-        return rc;
-    static const uint64_t at[2] = { 1024, 65536 - 8192 };
-    static const char *name[2] = { "grow, no new page, 8 regions, 1k tokens",
-                                   "grow, no new page, 8 regions, 64k tokens" };
-    double v[2][64], f[2][64], med[2];
-    kvvm_seq s[2];
-    for (int k = 0; k < 2 && !rc; k++) {
-        rc = kvvm_seq_create(kv, &s[k]);
+    uint64_t L;
+    kvvm_seq one;
+    kvvm_seq bs[BATCH];
+    uint64_t blen[BATCH];
+};
+
+static int len_open(struct lenctx *c, uint64_t L)
+{
+    struct kvvm_config cf;
+    uint64_t pages = (L + 4096) / 4096 + 1;
+    bench_cfg(&cf, LEN_PS, NR, LEN_BPT, BATCH + 2, 65536 + 8192,
+              (size_t)NR * (BATCH + 2) * pages * LEN_PS);
+    memset(c, 0, sizeof *c);
+    c->L = L;
+    int rc = kvvm_open(&cf, &c->kv);
+    if (!rc)
+        rc = kvvm_seq_create(c->kv, &c->one);
+    if (!rc)
+        rc = kvvm_seq_grow(c->kv, c->one, L + 1);
+    for (int i = 0; i < BATCH && !rc; i++) {
+        c->blen[i] = L + 1;
+        rc = kvvm_seq_create(c->kv, &c->bs[i]);
         if (!rc)
-            rc = kvvm_seq_grow(kv, s[k], at[k] + 1);
-    }
-    for (int t = 0; t < trials && !rc; t++) {
-        for (int k = 0; k < 2 && !rc; k++) {
-            uint64_t t0 = bench_now_ns();
-            for (int i = 0; i < N && !rc; i++)
-                rc = kvvm_seq_grow(kv, s[k], at[k] + 2 + (uint64_t)i);
-            v[k][t] = (double)(bench_now_ns() - t0) / N;
-            f[k][t] = floor_block(N);
-            if (!rc)
-                rc = kvvm_seq_truncate(kv, s[k], at[k] + 1);
-            if (!rc)
-                rc = kvvm_step(kv);
-        }
-    }
-    for (int k = 0; k < 2 && !rc; k++) {
-        double m[64];
-        memcpy(m, v[k], sizeof m);
-        med[k] = bench_median(m, trials);
-        report_vs_floor(b, name[k], v[k], f[k], trials);
+            rc = kvvm_seq_grow(c->kv, c->bs[i], c->blen[i]);
     }
     if (!rc)
-        bench_report(b, G, "grow, no new page: 64k tokens vs 1k (flat = 1)", med[1], med[0],
-                     "the same at 1k tokens", "ns/op", 1);
-    for (int k = 0; k < 2 && !rc; k++)
-        rc = kvvm_seq_free(kv, s[k]);
-    /* a batch of 256 sequences, each one token more per call */
+        rc = kvvm_step(c->kv);
+    if (!rc)
+        rc = kvvm_sync(c->kv);
+    return rc;
+}
+
+/* n grows of one token each inside the last page, then back (untimed): ns per grow. */
+static int len_grow(struct lenctx *c, int n, double *ns)
+{
+    int rc = 0;
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < n && !rc; i++)
+        rc = kvvm_seq_grow(c->kv, c->one, c->L + 2 + (uint64_t)i);
+    *ns = (double)(bench_now_ns() - t0) / n;
+    if (!rc)
+        rc = kvvm_seq_truncate(c->kv, c->one, c->L + 1);
+    return rc;
+}
+
+/* calls grow_batch calls of BATCH sequences, one token each: ns per sequence. */
+static int len_batch(struct lenctx *c, int calls, double *ns)
+{
+    int rc = 0;
+    uint64_t t0 = bench_now_ns();
+    for (int j = 0; j < calls && !rc; j++) {
+        for (int i = 0; i < BATCH; i++)
+            c->blen[i]++;
+        rc = kvvm_seq_grow_batch(c->kv, c->bs, c->blen, BATCH);
+    }
+    *ns = (double)(bench_now_ns() - t0) / ((double)calls * BATCH);
+    for (int i = 0; i < BATCH && !rc; i++) {
+        c->blen[i] = c->L + 1;
+        rc = kvvm_seq_truncate(c->kv, c->bs[i], c->blen[i]);
+    }
+    return rc;
+}
+
+/* n kvvm_step calls with nothing to do: ns per step. */
+static int time_steps(kvvm *kv, int n, double *ns)
+{
+    int rc = 0;
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < n && !rc; i++)
+        rc = kvvm_step(kv);
+    *ns = (double)(bench_now_ns() - t0) / n;
+    return rc;
+}
+
+static void report_sweep(struct bench_ctx *b, const char *what, struct bench_pair *vs_floor,
+                         struct bench_pair *vs_1k)
+{
+    char op[128];
+    for (int k = 0; k < NL; k++) {
+        snprintf(op, sizeof op, "%s, %s tokens", what, sweep_name[k]);
+        bench_report_pair(b, G, op, &vs_floor[k], FLOOR_NAME, "ns/op", 1);
+    }
+    snprintf(op, sizeof op, "%s: 64k tokens vs 1k (flat = 1)", what);
+    bench_report_pair(b, G, op, &vs_1k[NL - 1], "the same at 1k tokens", "ns/op", 1);
+}
+
+/* Each trial visits the lengths (forward, then backward in the next trial); at each, a
+   block of grows then a block of the floor, a block of grow_batch then the floor, a block
+   of steps. The 64k-vs-1k rows pair each trial's 64k block with its 1k block. */
+static int bench_length(struct bench_ctx *b)
+{
+    struct lenctx *c = calloc(NL, sizeof *c);
+    struct bench_pair *pg = calloc(NL, sizeof *pg), *pb = calloc(NL, sizeof *pb);
+    struct bench_pair *ps = calloc(NL, sizeof *ps), *l1 = calloc(NL, sizeof *l1);
+    struct bench_pair *lb = calloc(NL, sizeof *lb);
+    int rc = c && pg && pb && ps && l1 && lb ? 0 : -ENOMEM;
+    const int N = 1000, calls = b->quick ? 4 : 16, steps = b->quick ? 200 : 1000;
+    for (int k = 0; k < NL && !rc; k++) {
+        double w;             /* a warm-up block of each kind, untimed */
+        rc = len_open(&c[k], sweep_len[k]);
+        if (!rc)
+            rc = len_grow(&c[k], N, &w);
+        if (!rc)
+            rc = len_batch(&c[k], calls, &w);
+        if (!rc)
+            rc = time_steps(c[k].kv, steps, &w);
+    }
+    for (int t = 0; t < b->trials && !rc; t++) {
+        double g[NL], gb[NL], st[NL];
+        for (int j = 0; j < NL && !rc; j++) {
+            int k = t % 2 ? NL - 1 - j : j;
+            rc = len_grow(&c[k], N, &g[k]);
+            double f = floor_block(N);
+            bench_pair_add(&pg[k], g[k], f);
+            if (!rc)
+                rc = len_batch(&c[k], calls, &gb[k]);
+            f = floor_block(N);
+            bench_pair_add(&pb[k], gb[k], f);
+            if (!rc)
+                rc = time_steps(c[k].kv, steps, &st[k]);
+        }
+        for (int k = 0; k < NL && !rc; k++) {
+            bench_pair_add(&l1[k], g[k], g[0]);
+            bench_pair_add(&lb[k], gb[k], gb[0]);
+            bench_pair_add(&ps[k], st[k], k ? st[0] : 0);
+        }
+    }
+    if (!rc) {
+        report_sweep(b, "grow, no new page, 8 regions", pg, l1);
+        char what[64];
+        snprintf(what, sizeof what, "grow_batch of %d, no new page, per seq", BATCH);
+        report_sweep(b, what, pb, lb);
+        for (int k = 0; k < NL; k++) {
+            char op[128];
+            snprintf(op, sizeof op, "step, %d seqs of %s tokens, nothing to do", BATCH + 1,
+                     sweep_name[k]);
+            bench_report_pair(b, G, op, &ps[k], k ? "the same at 1k tokens" : NULL, "ns/op",
+                              1);
+        }
+    }
+    for (int k = 0; c && k < NL; k++)
+        if (c[k].kv)
+            kvvm_close(c[k].kv);
+    free(c);
+    free(pg);
+    free(pb);
+    free(ps);
+    free(l1);
+    free(lb);
+    return rc;
+}
+
+/* grow_batch of 256 sequences at 1k tokens (the decode step of a full batch), per
+   sequence, against the floor, alternated within each trial. */
+static int bench_batch256(struct bench_ctx *b)
+{
+    enum { S = 256 };
+    struct kvvm_config cf;
+    bench_cfg(&cf, LEN_PS, NR, LEN_BPT, S, 65536, (size_t)NR * S * 2 * LEN_PS);
+    kvvm *kv;
+    int rc = kvvm_open(&cf, &kv);
+    if (rc)
+        return rc;
     kvvm_seq hs[S];
     uint64_t len[S];
+    struct bench_pair p;
+    const int calls = b->quick ? 4 : 16;
     for (uint32_t i = 0; i < S && !rc; i++) {
-        rc = kvvm_seq_create(kv, &hs[i]);
         len[i] = 1025;
+        rc = kvvm_seq_create(kv, &hs[i]);
         if (!rc)
             rc = kvvm_seq_grow(kv, hs[i], len[i]);
     }
-    double bv[64], bf[64];
-    for (int t = 0; t < trials && !rc; t++) {
-        const int calls = b->quick ? 4 : 20;
+    if (!rc)
+        rc = kvvm_step(kv);
+    p.n = 0;
+    for (int t = 0; t < b->trials && !rc; t++) {
+        double f = t % 2 ? floor_block(1000) : 0;
         uint64_t t0 = bench_now_ns();
         for (int j = 0; j < calls && !rc; j++) {
             for (uint32_t i = 0; i < S; i++)
                 len[i]++;
             rc = kvvm_seq_grow_batch(kv, hs, len, S);
         }
-        bv[t] = (double)(bench_now_ns() - t0) / ((double)calls * S);
-        bf[t] = floor_block(N);
-        if (!rc)
-            rc = kvvm_step(kv);
+        double v = (double)(bench_now_ns() - t0) / ((double)calls * S);
+        if (!(t % 2))
+            f = floor_block(1000);
+        bench_pair_add(&p, v, f);
+        for (uint32_t i = 0; i < S && !rc; i++) {
+            len[i] = 1025;
+            rc = kvvm_seq_truncate(kv, hs[i], len[i]);
+        }
     }
     if (!rc)
-        report_vs_floor(b, "grow_batch of 256, no new page, per sequence", bv, bf, trials);
+        bench_report_pair(b, G, "grow_batch of 256, no new page, 8 regions, 1k tokens, per seq",
+                          &p, FLOOR_NAME, "ns/op", 1);
     kvvm_close(kv);
     return rc;
 }
 
+/* ---- 5. kvvm_step with the device full ---------------------------------------------- */
+
+/* 16 sequences of 16k tokens (8 regions, 64 KiB pages: 4 pages per region each) in two
+   contexts: one whose device budget is exactly their pages (full), one with as much again
+   free (room). A block of steps in each, alternated within each trial. */
+static int bench_step_full(struct bench_ctx *b)
+{
+    enum { S = 16 };
+    const uint64_t T = 16384;
+    kvvm *kv[2] = { NULL, NULL };
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        struct kvvm_config cf;
+        bench_cfg(&cf, LEN_PS, NR, LEN_BPT, S, T,
+                  (size_t)(k ? 2 : 1) * S * NR * (T * LEN_BPT / LEN_PS) * LEN_PS);
+        rc = kvvm_open(&cf, &kv[k]);
+        for (int i = 0; i < S && !rc; i++) {
+            kvvm_seq s;
+            rc = kvvm_seq_create(kv[k], &s);
+            if (!rc)
+                rc = kvvm_seq_grow(kv[k], s, T);
+        }
+        if (!rc)
+            rc = kvvm_step(kv[k]);
+    }
+    struct bench_pair p = { 0 };
+    const int steps = b->quick ? 200 : 1000;
+    for (int t = 0; t < b->trials && !rc; t++) {
+        double v[2];
+        for (int j = 0; j < 2 && !rc; j++) {
+            int k = t % 2 ? 1 - j : j;
+            rc = time_steps(kv[k], steps, &v[k]);
+        }
+        bench_pair_add(&p, v[0], v[1]);
+    }
+    if (!rc)
+        bench_report_pair(b, G, "step, 16 seqs of 16k tokens, device full", &p,
+                          "the same with room", "ns/op", 1);
+    for (int k = 0; k < 2; k++)
+        if (kv[k])
+            kvvm_close(kv[k]);
+    return rc;
+}
+
+/* ---- 6. stats, free and close against the number of sequences ----------------------- */
+
+/* A context of n one-page sequences (1 region, 4 KiB pages, no frame pool thread: the
+   frames are the caller's work, the same per sequence at every n): the median of 64
+   kvvm_stats calls, then every sequence freed and the releases completed (kvvm_sync), per
+   sequence, then kvvm_close with as many live, per sequence. */
+#define NSEQ_PS 4096u
+static int nseq_one(uint32_t n, double out[3])
+{
+    struct kvvm_config cf;
+    bench_cfg(&cf, NSEQ_PS, 1, NSEQ_PS, n, 4, (size_t)(n + 8) * NSEQ_PS);
+    cf.pool_thread = 0;
+    kvvm *kv;
+    int rc = kvvm_open(&cf, &kv);
+    if (rc)
+        return rc;
+    kvvm_seq *s = calloc(n, sizeof *s);
+    rc = s ? 0 : -ENOMEM;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        rc = kvvm_seq_create(kv, &s[i]);
+        if (!rc)
+            rc = kvvm_seq_grow(kv, s[i], 1);
+    }
+    if (!rc)
+        rc = kvvm_step(kv);
+    double v[64];
+    for (int i = 0; i < 64 && !rc; i++) {
+        struct kvvm_stats st = { .size = sizeof st };
+        uint64_t t0 = bench_now_ns();
+        rc = kvvm_stats(kv, &st);
+        v[i] = (double)(bench_now_ns() - t0);
+    }
+    if (!rc)
+        out[0] = bench_median(v, 64);
+    uint64_t t0 = bench_now_ns();
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = kvvm_seq_free(kv, s[i]);
+    if (!rc)
+        rc = kvvm_sync(kv);
+    out[1] = (double)(bench_now_ns() - t0) / n;
+    /* a second set, left live for the close */
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        rc = kvvm_seq_create(kv, &s[i]);
+        if (!rc)
+            rc = kvvm_seq_grow(kv, s[i], 1);
+    }
+    free(s);
+    t0 = bench_now_ns();
+    kvvm_close(kv);
+    out[2] = (double)(bench_now_ns() - t0) / n;
+    return rc;
+}
+
+static int bench_nseqs(struct bench_ctx *b)
+{
+    static const uint32_t ns[] = { 64, 256, 1024, 4096 };
+    const int K = b->quick ? 3 : 4;          /* quick: up to 1024 */
+    static const char *const what[3] = { "kvvm_stats", "free, per sequence",
+                                         "close, per sequence" };
+    static const char *const unit[3] = { "ns/op", "ns/op", "ns/op" };
+    struct bench_pair *p = calloc(3 * 4, sizeof *p);
+    int rc = p ? 0 : -ENOMEM;
+    for (int t = 0; t < b->trials && !rc; t++) {
+        double v[4][3];
+        for (int j = 0; j < K && !rc; j++) {
+            int k = t % 2 ? K - 1 - j : j;
+            rc = nseq_one(ns[k], v[k]);
+        }
+        for (int k = 0; k < K && !rc; k++)
+            for (int m = 0; m < 3; m++)
+                bench_pair_add(&p[m * K + k], v[k][m], k ? v[0][m] : 0);
+    }
+    for (int m = 0; m < 3 && !rc; m++)
+        for (int k = 0; k < K; k++) {
+            char op[96];
+            snprintf(op, sizeof op, "%s, %u sequences", what[m], ns[k]);
+            bench_report_pair(b, G, op, &p[m * K + k], k ? "the same at 64 sequences" : NULL,
+                              unit[m], 1);
+        }
+    free(p);
+    return rc;
+}
+
+/* ---- 7. metadata per sequence and per page ------------------------------------------ */
+
+/* The same 1k-token sequence (8 regions, 64 KiB pages) in contexts of max_tokens 1k and
+   64k: bytes of metadata it holds (counts, no trials). */
+static int meta_of(uint64_t max_tokens, uint64_t len, uint64_t *seq_b, uint64_t *page_b)
+{
+    struct kvvm_config cf;
+    bench_cfg(&cf, LEN_PS, NR, LEN_BPT, 2, max_tokens,
+              (size_t)NR * (max_tokens * LEN_BPT / LEN_PS + 2) * LEN_PS);
+    kvvm *kv;
+    kvvm_seq s;
+    int rc = kvvm_open(&cf, &kv);
+    if (rc)
+        return rc;
+    rc = kvvm_seq_create(kv, &s);
+    if (!rc)
+        rc = kvvm_seq_grow(kv, s, len);
+    if (!rc)
+        rc = kvvm_testing_metadata(kv, s, seq_b, page_b);
+    kvvm_close(kv);
+    return rc;
+}
+
+static int bench_meta(struct bench_ctx *b)
+{
+    uint64_t s1, s64, s64l, p1, pb;
+    int rc = meta_of(1024, 1024, &s1, &p1);
+    if (!rc)
+        rc = meta_of(65536, 1024, &s64, &pb);
+    if (!rc)
+        rc = meta_of(65536, 65536, &s64l, &pb);
+    if (rc)
+        return rc;
+    bench_report(b, G, "metadata per sequence: 1k tokens, max_tokens 64k", (double)s64,
+                 (double)s1, "the same at max_tokens 1k", "bytes", 1);
+    bench_report(b, G, "metadata per sequence: 64k tokens, max_tokens 64k", (double)s64l,
+                 (double)s1, "1k tokens at max_tokens 1k", "bytes", 1);
+    bench_report(b, G, "metadata per device page (page + frame)", (double)pb, 0, NULL,
+                 "bytes", 1);
+    return 0;
+}
+
+/* ---- 8. single grows against one batch, with and without a new page ----------------- */
+
+/* S sequences grown one token per step, T steps per trial, by S single kvvm_seq_grow calls
+   and by one kvvm_seq_grow_batch of the S others, the order alternated per trial. Step 1 of
+   each trial maps a new page in every sequence (they start empty: truncated to 0 between
+   trials), the later steps none (512 tokens per page). */
 static int bench_batch(struct bench_ctx *b)
 {
-    const uint32_t S = 256;
-    const uint64_t T = b->quick ? 64 : 512, bpt = 4096;   /* a page every 512 tokens */
+    enum { S = 256 };
+    const uint64_t T = b->quick ? 64 : 512, bpt = 4096;
     kvvm *kv;
     int rc = open_kv(&kv, 2 * S, 2 * T, bpt, (size_t)2 * S * (4u << 20), 0);
     if (rc)
         return rc;
     kvvm_seq hs[2][S];
     uint64_t lens[S];
+    struct bench_pair later = { 0 }, first = { 0 };
     for (uint32_t i = 0; i < S && !rc; i++) {
         rc = kvvm_seq_create(kv, &hs[0][i]);
         if (!rc)
             rc = kvvm_seq_create(kv, &hs[1][i]);
     }
-    /* t = 1 maps a new page in every sequence; t > 1 needs none (512 tokens per page) */
-    uint64_t single = 0, batch = 0, single1 = 0, batch1 = 0;
-    for (uint64_t t = 1; t <= T && !rc; t++) {
-        uint64_t t0 = bench_now_ns();
-        for (uint32_t i = 0; i < S && !rc; i++)
-            rc = kvvm_seq_grow(kv, hs[0][i], t);
-        uint64_t t1 = bench_now_ns();
-        for (uint32_t i = 0; i < S; i++)
-            lens[i] = t;
-        if (!rc)
-            rc = kvvm_seq_grow_batch(kv, hs[1], lens, S);
-        uint64_t t2 = bench_now_ns();
-        if (t == 1) {
-            single1 = t1 - t0;
-            batch1 = t2 - t1;
-        } else {
-            single += t1 - t0;
-            batch += t2 - t1;
+    for (int tr = 0; tr < b->trials && !rc; tr++) {
+        uint64_t single = 0, batch = 0, single1 = 0, batch1 = 0;
+        for (uint64_t t = 1; t <= T && !rc; t++) {
+            uint64_t ds = 0, db = 0;
+            for (int j = 0; j < 2 && !rc; j++) {
+                uint64_t t0 = bench_now_ns();
+                if ((j ^ tr) & 1) {
+                    for (uint32_t i = 0; i < S; i++)
+                        lens[i] = t;
+                    rc = kvvm_seq_grow_batch(kv, hs[1], lens, S);
+                    db = bench_now_ns() - t0;
+                } else {
+                    for (uint32_t i = 0; i < S && !rc; i++)
+                        rc = kvvm_seq_grow(kv, hs[0][i], t);
+                    ds = bench_now_ns() - t0;
+                }
+            }
+            if (t == 1) {
+                single1 = ds;
+                batch1 = db;
+            } else {
+                single += ds;
+                batch += db;
+            }
+            if (!rc)
+                rc = kvvm_step(kv);
         }
+        bench_pair_add(&later, (double)batch / (double)(T - 1) / 1e3,
+                       (double)single / (double)(T - 1) / 1e3);
+        bench_pair_add(&first, (double)batch1 / 1e3, (double)single1 / 1e3);
+        for (int k = 0; k < 2; k++)
+            for (uint32_t i = 0; i < S && !rc; i++)
+                rc = kvvm_seq_truncate(kv, hs[k][i], 0);
         if (!rc)
             rc = kvvm_step(kv);
+        if (!rc)
+            rc = kvvm_sync(kv);
     }
     kvvm_close(kv);
     if (rc)
         return rc;
-    bench_report(b, G, "decode step, no new page: grow 256 (batch)",
-                 (double)batch / (T - 1) / 1e3, (double)single / (T - 1) / 1e3,
-                 "256 single kvvm_seq_grow", "us/step", 1);
-    bench_report(b, G, "first step, new page each: grow 256 (batch)",
-                 (double)batch1 / 1e3, (double)single1 / 1e3, "256 single kvvm_seq_grow",
-                 "us/step", 1);
+    bench_report_pair(b, G, "decode step, no new page: grow 256 (batch)", &later,
+                      "256 single kvvm_seq_grow", "us/step", 1);
+    bench_report_pair(b, G, "first step, new page each: grow 256 (batch)", &first,
+                      "256 single kvvm_seq_grow", "us/step", 1);
     return 0;
 }
 
 int bench_paging(struct bench_ctx *b)
 {
-    int rc = bench_nopage_grow(b);
+    int rc = bench_length(b);
+    if (!rc)
+        rc = bench_batch256(b);
+    if (!rc)
+        rc = bench_step_full(b);
+    if (!rc)
+        rc = bench_nseqs(b);
+    if (!rc)
+        rc = bench_meta(b);
     if (!rc)
         rc = bench_pool(b);
     if (!rc)

@@ -181,8 +181,8 @@ static int attach_vs_share(struct bench_ctx *b, kvvm *kv, const kvvm_key *keys, 
         (void)kvvm_sync(kv);
     }
     if (!rc)
-        bench_report(b, G, "attach 64 device blocks (+create, free)", bench_median(ta, trials),
-                     bench_median(ts, trials), "kvvm_seq_share of the same pages", "us/op", 1);
+        bench_report_trials(b, G, "attach 64 device blocks (+create, free)", ta, ts, trials,
+                            "kvvm_seq_share of the same pages", "us/op", 1);
     free(ta);
     free(ts);
     return rc;
@@ -275,8 +275,8 @@ int bench_prefix(struct bench_ctx *b)
     if (!rc && bad)
         rc = -EIO;
     if (!rc) {
-        bench_report(b, G, "lookup of a missing chain (per call)", bench_median(tm, trials), 0,
-                     NULL, "ns/op", 1);
+        bench_report_trials(b, G, "lookup of a missing chain (per call)", tm, NULL, trials,
+                            NULL, "ns/op", 1);
         rc = attach_vs_share(b, kv, keys, trials);
     }
     if (!rc) {

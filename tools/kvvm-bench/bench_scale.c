@@ -10,15 +10,18 @@
  *    reclaim chooses and swaps out the least recently used resident sequence;
  *  - step: kvvm_step with nothing to reclaim (KVVM_F_AUTO_SWAP on, free frames above low);
  *  - stats: kvvm_stats (what an engine polls once a step).
- * Each figure is the median per call, reported against the same operation at 1x in the same
- * run (ratio ~1 = flat). Between timed swap-outs the sequence comes back and a disk-resident
- * one makes the round trip (untimed), so the host tier is full before every timed call.
+ * Each figure is the median per call within a trial, then the median over --trials trials,
+ * reported against the same operation at 1x in the same trial (ratio ~1 = flat; every
+ * trial runs every size, in an order reversed every other trial). Between timed swap-outs
+ * the sequence comes back and a disk-resident one makes the round trip (untimed), so the
+ * host tier is full before every timed call.
  * The spill file goes to --spill-dir (tmpfs and buffered I/O accepted: the figure is the
  * policy's CPU cost, not the disk's).
  */
 #include "bench.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,36 +166,46 @@ static int scale_one(struct bench_ctx *b, uint32_t mult, int iters, struct scale
     return rc;
 }
 
+/* Each trial runs every pool size (the order reversed in every other trial), each figure
+   the median of its `iters` calls; each size's row pairs its figure with the same trial's
+   1x figure. */
 int bench_scale(struct bench_ctx *b)
 {
     static const uint32_t mult[] = { 1, 4, 16, 64 };
+    enum { K = sizeof mult / sizeof mult[0] };
     int iters = b->quick ? 8 : 32;
-    struct scale_run base = { 0 };
+    struct scale_run warm;
+    struct bench_pair *p = calloc(4 * K, sizeof *p);
+    if (!p)
+        return -ENOMEM;
     /* a 1x warm-up run, not reported: the first context of the process pays for cold
        caches and page faults that the later sizes do not */
-    int rc0 = scale_one(b, 1, iters, &base);
-    if (rc0) {
-        fprintf(stderr, "bench scale: warm-up: %s\n", strerror(-rc0));
-        return rc0;
-    }
-    for (size_t k = 0; k < sizeof mult / sizeof mult[0]; k++) {
-        struct scale_run r;
-        int rc = scale_one(b, mult[k], iters, &r);
-        if (rc) {
-            fprintf(stderr, "bench scale: %ux: %s\n", mult[k], strerror(-rc));
-            return rc;
+    int rc = scale_one(b, 1, iters, &warm);
+    if (rc)
+        fprintf(stderr, "bench scale: warm-up: %s\n", strerror(-rc));
+    for (int t = 0; t < b->trials && !rc; t++) {
+        struct scale_run r[K];
+        for (int j = 0; j < K && !rc; j++) {
+            int k = t % 2 ? K - 1 - j : j;
+            rc = scale_one(b, mult[k], iters, &r[k]);
+            if (rc)
+                fprintf(stderr, "bench scale: %ux: %s\n", mult[k], strerror(-rc));
         }
-        if (k == 0)
-            base = r;
-        char op[64];
-        snprintf(op, sizeof op, "swap-out 16p, %u dev pages", 256 * mult[k]);
-        bench_report(b, G, op, r.out_us, base.out_us, "1x", "us", 1);
-        snprintf(op, sizeof op, "reclaim 16p (grow), %u dev pages", 256 * mult[k]);
-        bench_report(b, G, op, r.reclaim_us, base.reclaim_us, "1x", "us", 1);
-        snprintf(op, sizeof op, "step, %u dev pages", 256 * mult[k]);
-        bench_report(b, G, op, r.step_us, base.step_us, "1x", "us", 1);
-        snprintf(op, sizeof op, "stats, %u dev pages", 256 * mult[k]);
-        bench_report(b, G, op, r.stats_us, base.stats_us, "1x", "us", 1);
+        for (int k = 0; k < K && !rc; k++) {
+            bench_pair_add(&p[0 * K + k], r[k].out_us, k ? r[0].out_us : 0);
+            bench_pair_add(&p[1 * K + k], r[k].reclaim_us, k ? r[0].reclaim_us : 0);
+            bench_pair_add(&p[2 * K + k], r[k].step_us, k ? r[0].step_us : 0);
+            bench_pair_add(&p[3 * K + k], r[k].stats_us, k ? r[0].stats_us : 0);
+        }
     }
-    return 0;
+    static const char *const what[4] = { "swap-out 16p", "reclaim 16p (grow)", "step",
+                                         "stats" };
+    for (int k = 0; k < K && !rc; k++)
+        for (int m = 0; m < 4; m++) {
+            char op[64];
+            snprintf(op, sizeof op, "%s, %u dev pages", what[m], 256 * mult[k]);
+            bench_report_pair(b, G, op, &p[m * K + k], k ? "1x" : NULL, "us", 1);
+        }
+    free(p);
+    return rc;
 }

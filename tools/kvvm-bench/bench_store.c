@@ -15,8 +15,8 @@
  *    buffers. The store adds the header, the checksum and a copy through its staging buffer.
  *
  * Each trial runs the store and the raw loop alternately (the order swapped every trial);
- * the median payload MiB/s over trials is reported beside the raw median, and the spread
- * (min..max of each) printed under it. Value sizes: 64 KiB (batches of 64) and 1 MiB
+ * the median payload MiB/s over trials is reported beside the raw median, with the spread
+ * of the per-trial ratio (bench_report_trials). Value sizes: 64 KiB (batches of 64) and 1 MiB
  * (batches of 32); --quick: 1 MiB only.
  *
  * The store layer is reached through the testing interface (kvvm_testing_store_*).
@@ -273,15 +273,6 @@ static long minflt(void)
     return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_minflt : 0;
 }
 
-static void minmax(const double *v, int n, double *lo, double *hi)
-{
-    *lo = *hi = v[0];
-    for (int i = 1; i < n; i++) {
-        *lo = v[i] < *lo ? v[i] : *lo;
-        *hi = v[i] > *hi ? v[i] : *hi;
-    }
-}
-
 /* Trials of one direction; reports the median MiB/s beside the raw loop's. */
 static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
                   const struct raw *raw, int wr)
@@ -319,14 +310,9 @@ static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
         rc = -EBADMSG;
     if (!rc) {
         char op[64];
-        double lo1, hi1, lo2, hi2;
-        minmax(mine, t, &lo1, &hi1);
-        minmax(base, t, &lo2, &hi2);
         snprintf(op, sizeof op, "%s %zu KiB x%zu", wr ? "put" : "get", b->val >> 10, b->n);
-        bench_report(bc, group, op, bench_median(mine, t), bench_median(base, t), raw->name,
-                     "MiB/s", 0);
-        printf("    spread: store %.0f..%.0f, %s %.0f..%.0f MiB/s; this thread's CPU per batch "
-               "(median): store %.2f ms, %s %.2f ms\n", lo1, hi1, raw->name, lo2, hi2,
+        bench_report_trials(bc, group, op, mine, base, t, raw->name, "MiB/s", 0);
+        printf("    this thread's CPU per batch (median): store %.2f ms, %s %.2f ms\n",
                bench_median(cm, t), raw->name, bench_median(cb, t));
     } else {
         fprintf(stderr, "kvvm-bench store: %s %s failed (%s)\n", group, wr ? "put" : "get",
@@ -489,18 +475,13 @@ static int bench_store_attach(struct bench_ctx *bc, const char *group, const cha
             ta[i] = mib / s, tg[i] = mib / tg[i];
     }
     if (!rc) {
-        double lo1, hi1, lo2, hi2;
-        minmax(ta, t, &lo1, &hi1);
-        minmax(tg, t, &lo2, &hi2);
         double ma = bench_median(ta, t), mg = bench_median(tg, t);
-        bench_report(bc, group, "attach 128 blocks (2 x 64 KiB) from the store", ma, mg,
-                     "store_get of the same entries", "MiB/s", 0);
-        printf("    spread: attach %.0f..%.0f, store_get %.0f..%.0f MiB/s; per block: "
-               "attach %.0f us, store_get %.0f us; this thread's CPU (median): attach %.1f ms, "
-               "store_get %.1f ms; its minor page faults (last trial): attach %ld, store_get "
-               "%ld\n", lo1, hi1, lo2, hi2, mib / ma / AB_BLOCKS * 1e6,
-               mib / mg / AB_BLOCKS * 1e6, bench_median(ca, t), bench_median(cg, t), flt[0],
-               flt[1]);
+        bench_report_trials(bc, group, "attach 128 blocks (2 x 64 KiB) from the store", ta, tg,
+                            t, "store_get of the same entries", "MiB/s", 0);
+        printf("    per block: attach %.0f us, store_get %.0f us; this thread's CPU (median): "
+               "attach %.1f ms, store_get %.1f ms; its minor page faults (last trial): attach "
+               "%ld, store_get %ld\n", mib / ma / AB_BLOCKS * 1e6, mib / mg / AB_BLOCKS * 1e6,
+               bench_median(ca, t), bench_median(cg, t), flt[0], flt[1]);
     } else {
         fprintf(stderr, "kvvm-bench store: %s attach failed (%s)\n", group, strerror(-rc));
     }

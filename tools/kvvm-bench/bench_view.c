@@ -123,16 +123,13 @@ static int grow_rows(struct bench_ctx *b, kvvm *kv_v, kvvm *kv_n, int trials, in
     }
     if (rc)
         return rc;
-    bench_report(b, G, "grow onto a new block, view (steps between, untimed)",
-                 bench_median(tv, trials), bench_median(tn, trials), "the same grows, no view",
-                 "ns/op", 1);
+    bench_report_trials(b, G, "grow onto a new block, view (steps between, untimed)", tv, tn,
+                        trials, "the same grows, no view", "ns/op", 1);
     if (kvvm_testing_emu_calls(kv_v, &(struct kvvm_testing_emu_calls){ 0 }) == 0) {
-        bench_report(b, G, "driver calls per grow, view (engine thread)",
-                     bench_median(cv, trials), bench_median(cn, trials),
-                     "the same grows, no view", "calls", 1);
-        bench_report(b, G, "driver calls in the steps between, per grow, view",
-                     bench_median(sv, trials), bench_median(sn, trials),
-                     "the same steps, no view", "calls", 1);
+        bench_report_trials(b, G, "driver calls per grow, view (engine thread)", cv, cn, trials,
+                            "the same grows, no view", "calls", 1);
+        bench_report_trials(b, G, "driver calls in the steps between, per grow, view", sv, sn,
+                            trials, "the same steps, no view", "calls", 1);
     }
     return 0;
 }
@@ -189,12 +186,10 @@ static int table_rows(struct bench_ctx *b, kvvm *kv, int trials, int reps)
     if (!rc && (memcmp(ids, own, sizeof ids) || memcmp(idx, own_b, BSEQ * BBLK * sizeof *idx)))
         rc = -EIO;          /* the ids changed between calls: not the same work */
     if (!rc) {
-        bench_report(b, G, "kvvm_seq_block_table, 256 blocks (per block)",
-                     bench_median(ts, trials), bench_median(tm, trials),
-                     "memcpy of the engine's own ids", "ns/op", 1);
-        bench_report(b, G, "kvvm_batch_block_table, 64 x 16 blocks (per block)",
-                     bench_median(tb, trials), bench_median(tbm, trials),
-                     "memcpy of the engine's own ids", "ns/op", 1);
+        bench_report_trials(b, G, "kvvm_seq_block_table, 256 blocks (per block)", ts, tm,
+                            trials, "memcpy of the engine's own ids", "ns/op", 1);
+        bench_report_trials(b, G, "kvvm_batch_block_table, 64 x 16 blocks (per block)", tb,
+                            tbm, trials, "memcpy of the engine's own ids", "ns/op", 1);
     }
     (void)kvvm_seq_free(kv, one);
     for (int i = 0; i < n; i++)

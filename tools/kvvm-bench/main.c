@@ -3,8 +3,9 @@
  * group that was linked in (its weak symbol is non-NULL) and selected with --only, prints one
  * aligned table row per figure and, with --json, writes the same records as a JSON array:
  *   [{"group":..., "op":..., "value":..., "unit":..., "baseline":..., "baseline_value":...,
- *     "ratio":...}, ...]
- * A figure without a baseline has "baseline": null, "baseline_value": null, "ratio": null.
+ *     "ratio":..., "trials":..., "spread_lo":..., "spread_hi":...}, ...]
+ * A figure without a baseline has "baseline": null, "baseline_value": null, "ratio": null;
+ * a single count (no trials) "trials": 0 and null spreads.
  * Nothing is asserted: the exit status is 0 unless an option was bad or a group failed.
  */
 #include "../common/json.h"
@@ -64,23 +65,25 @@ static void fmt_value(char *buf, size_t len, double x)
         snprintf(buf, len, "%.3g", x);
 }
 
-#define ROW_FMT "%-8s %-52s %12s %-8s %-34s %12s %9s\n"
+#define ROW_FMT "%-8s %-52s %12s %-8s %-34s %12s %9s %13s\n"
 
 static void print_header(void)
 {
-    printf(ROW_FMT, "group", "operation", "value", "unit", "baseline", "baseline", "ratio");
-    printf("%.*s\n", 8 + 1 + 52 + 1 + 12 + 1 + 8 + 1 + 34 + 1 + 12 + 1 + 9,
+    printf(ROW_FMT, "group", "operation", "value", "unit", "baseline", "baseline", "ratio",
+           "spread");
+    printf("%.*s\n", 8 + 1 + 52 + 1 + 12 + 1 + 8 + 1 + 34 + 1 + 12 + 1 + 9 + 1 + 13,
            "------------------------------------------------------------------------------"
            "------------------------------------------------------------------------------");
 }
 
-void bench_report(struct bench_ctx *b, const char *group, const char *op, double value,
-                  double baseline, const char *baseline_name, const char *unit,
-                  int lower_is_better)
+/* One row. lo..hi: the spread over n trials (n 0: none, "-"). */
+static void report_row(struct bench_ctx *b, const char *group, const char *op, double value,
+                       double baseline, const char *baseline_name, const char *unit,
+                       int lower_is_better, double lo, double hi, int n)
 {
     int has_base = baseline != 0.0 && isfinite(baseline);
     double ratio = has_base ? value / baseline : NAN;
-    char v[32], bv[32], r[32];
+    char v[32], bv[32], r[32], sp[40], slo[16], shi[16];
 
     fmt_value(v, sizeof v, value);
     fmt_value(bv, sizeof bv, has_base ? baseline : NAN);
@@ -99,7 +102,15 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
     }
     else
         snprintf(r, sizeof r, "-");
-    printf(ROW_FMT, group, op, v, unit, has_base && baseline_name ? baseline_name : "-", bv, r);
+    if (n > 0) {
+        fmt_value(slo, sizeof slo, lo);
+        fmt_value(shi, sizeof shi, hi);
+        snprintf(sp, sizeof sp, "%s..%s", slo, shi);
+    }
+    else
+        snprintf(sp, sizeof sp, "-");
+    printf(ROW_FMT, group, op, v, unit, has_base && baseline_name ? baseline_name : "-", bv, r,
+           sp);
     fflush(stdout);
 
     if (!b || !b->json)
@@ -122,8 +133,91 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
     json_number(b->json, has_base ? baseline : NAN);
     fputs(", \"ratio\": ", b->json);
     json_number(b->json, ratio);
+    fprintf(b->json, ", \"trials\": %d, \"spread_lo\": ", n);
+    json_number(b->json, n > 0 ? lo : NAN);
+    fputs(", \"spread_hi\": ", b->json);
+    json_number(b->json, n > 0 ? hi : NAN);
     fputc('}', b->json);
     b->n_json++;
+}
+
+void bench_report(struct bench_ctx *b, const char *group, const char *op, double value,
+                  double baseline, const char *baseline_name, const char *unit,
+                  int lower_is_better)
+{
+    report_row(b, group, op, value, baseline, baseline_name, unit, lower_is_better, 0, 0, 0);
+}
+
+/* ---- alternated pairs (bench.h) ----------------------------------------------------- */
+
+void bench_pair_add(struct bench_pair *p, double v, double base)
+{
+    if (p->n >= BENCH_MAX_TRIALS)
+        return;
+    p->v[p->n] = v;
+    p->base[p->n] = base;
+    p->n++;
+}
+
+int bench_pairs(struct bench_ctx *b, bench_sample_fn lib, void *lib_arg,
+                bench_sample_fn base, void *base_arg, struct bench_pair *p)
+{
+    p->n = 0;
+    for (int t = 0; t < b->trials; t++) {
+        double v = 0, w = 0;
+        int rc;
+        if (base && t % 2) {
+            rc = base(base_arg, &w);
+            if (!rc)
+                rc = lib(lib_arg, &v);
+        }
+        else {
+            rc = lib(lib_arg, &v);
+            if (!rc && base)
+                rc = base(base_arg, &w);
+        }
+        if (rc)
+            return rc;
+        bench_pair_add(p, v, w);
+    }
+    return 0;
+}
+
+void bench_report_trials(struct bench_ctx *b, const char *group, const char *op,
+                         const double *v, const double *base, int n,
+                         const char *baseline_name, const char *unit, int lower_is_better)
+{
+    struct bench_pair p = { 0 };
+    for (int t = 0; t < n; t++)
+        bench_pair_add(&p, v[t], base ? base[t] : 0);
+    bench_report_pair(b, group, op, &p, baseline_name, unit, lower_is_better);
+}
+
+/* The p-th quantile of the sorted v[0..n), interpolated between ranks. */
+static double rank(const double *v, int n, double p)
+{
+    double x = p * (n - 1);
+    int i = (int)x;
+    return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+void bench_report_pair(struct bench_ctx *b, const char *group, const char *op,
+                       const struct bench_pair *p, const char *baseline_name,
+                       const char *unit, int lower_is_better)
+{
+    double v[BENCH_MAX_TRIALS], w[BENCH_MAX_TRIALS], r[BENCH_MAX_TRIALS];
+    int n = p->n, has_base = n > 0;
+    for (int t = 0; t < n; t++) {
+        v[t] = p->v[t];
+        w[t] = p->base[t];
+        has_base &= w[t] > 0.0;
+    }
+    for (int t = 0; t < n; t++)
+        r[t] = has_base ? v[t] / w[t] : v[t];
+    double mv = bench_median(v, n), mw = has_base ? bench_median(w, n) : 0.0;
+    bench_median(r, n);                             /* sorts */
+    report_row(b, group, op, mv, mw, baseline_name, unit, lower_is_better,
+               n ? rank(r, n, 0.25) : 0, n ? rank(r, n, 0.75) : 0, n);
 }
 
 /* Opens a context on the backend asked for: 0 and its name, or the error (the reason is then
@@ -158,7 +252,7 @@ static void usage(FILE *f, const char *argv0)
 "Measures libkvvm's layers beside raw baselines taken in the same run (median of trials).\n"
 "\n"
 "  --quick              fewer iterations (a smoke run of a few seconds)\n"
-"  --trials N           trials per figure, median reported (default 5, --quick 3)\n"
+"  --trials N           trials per figure, median reported (1..200; default 5, --quick 3)\n"
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
@@ -169,7 +263,10 @@ static void usage(FILE *f, const char *argv0)
 "                       /var/tmp)\n"
 "  --help               this text\n"
 "\n"
-"ratio = value / baseline; a trailing '+' means at least as good as the baseline, '-' worse.\n"
+"ratio = value / baseline (the medians); a trailing '+' means at least as good as the\n"
+"baseline, '-' worse. Each timed row alternates the library and its baseline within every\n"
+"trial; spread = the 25th..75th percentile over trials of the per-trial ratio (of the\n"
+"value where the row has no baseline); '-': a single count, not a timing.\n"
 "A figure without a fair baseline (one doing the same work by other means) shows none.\n"
 "Times are ns/op, us/op (per call), us/step or ms (wall); bandwidths MiB/s; memory MiB.\n",
             argv0);
@@ -213,8 +310,9 @@ int main(int argc, char **argv)
             break;
         case 't': {
             long n = strtol(optarg, &end, 10);
-            if (*end || n < 1 || n > 1000) {
-                fprintf(stderr, "kvvm-bench: --trials wants 1..1000, got '%s'\n", optarg);
+            if (*end || n < 1 || n > BENCH_MAX_TRIALS) {
+                fprintf(stderr, "kvvm-bench: --trials wants 1..%d, got '%s'\n",
+                        BENCH_MAX_TRIALS, optarg);
                 return 2;
             }
             b.trials = (int)n;
