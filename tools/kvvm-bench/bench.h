@@ -32,6 +32,12 @@ void bench_report(struct bench_ctx *b, const char *group, const char *op, double
 /* Helpers. */
 uint64_t bench_now_ns(void);
 double bench_median(double *v, int n);   /* sorts v */
+struct kvvm_config;
+/* kvvm_config_init, then the fields every group sets (backend: enum kvvm_backend;
+   page_size 0: the granule); a group sets the rest after it. */
+void bench_config(struct kvvm_config *c, int backend, size_t granule, size_t page_size,
+                  uint32_t n_regions, uint64_t bytes_per_token, uint32_t max_seqs,
+                  uint64_t max_tokens, size_t device_budget);
 
 /* ---- rows measured in alternated pairs ----------------------------------------------------
    Every timed row takes --trials samples of the library's figure and, in the same trial,

@@ -102,15 +102,8 @@ static int open_kv(struct bench_ctx *b, struct counting *k, uint64_t tpp)
 {
     size_t ps = b->granule ? b->granule : (2u << 20);
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = KVVM_BACKEND_EMULATED;
-    c.emu_granule = ps;
-    c.page_size = ps;
-    c.n_regions = REGIONS;
-    c.bytes_per_token = ps / tpp;         /* tpp tokens per page */
-    c.max_seqs = DECODE_SEQS + 2;
-    c.max_tokens = 4 * N_PAGES * tpp;
-    c.device_budget = (size_t)(DECODE_SEQS * 4 + 4 * N_PAGES) * REGIONS * ps;
+    bench_config(&c, KVVM_BACKEND_EMULATED, ps, ps, REGIONS, ps / tpp, DECODE_SEQS + 2,
+                 4 * N_PAGES * tpp, (size_t)(DECODE_SEQS * 4 + 4 * N_PAGES) * REGIONS * ps);
     c.host_budget = (size_t)2 * N_PAGES * REGIONS * ps;
     c.map_ahead = 0;
     c.flags = 0;

@@ -51,15 +51,9 @@ static int run_one(struct bench_ctx *b, int thread, int n_grows, struct fr_res *
 {
     size_t gran = b->granule ? b->granule : 64 * 1024;
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = b->backend;
-    c.emu_granule = gran;
-    c.page_size = 0;
-    c.n_regions = NR;
-    c.bytes_per_token = gran / TOK_PER_PAGE;
-    c.max_seqs = (uint32_t)(n_grows / PAGES + NSEQ + 1);
-    c.max_tokens = (uint64_t)PAGES * TOK_PER_PAGE;
-    c.device_budget = ((size_t)n_grows * NR + 64) * gran;
+    bench_config(&c, b->backend, gran, 0, NR, gran / TOK_PER_PAGE,
+                 (uint32_t)(n_grows / PAGES + NSEQ + 1), (uint64_t)PAGES * TOK_PER_PAGE,
+                 ((size_t)n_grows * NR + 64) * gran);
     c.emu_device_bytes = c.device_budget;
     c.pool_thread = thread;
     c.pool_low = 8;

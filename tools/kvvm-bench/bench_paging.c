@@ -39,15 +39,7 @@ static uint64_t cpu_ns(void)
 static void bench_cfg(struct kvvm_config *c, size_t granule, uint32_t nr, uint64_t bpt,
                       uint32_t max_seqs, uint64_t max_tokens, size_t budget)
 {
-    kvvm_config_init(c);
-    c->backend = KVVM_BACKEND_EMULATED;
-    c->emu_granule = granule;
-    c->page_size = 0;                 /* the granule */
-    c->n_regions = nr;
-    c->bytes_per_token = bpt;
-    c->max_seqs = max_seqs;
-    c->max_tokens = max_tokens;
-    c->device_budget = budget;
+    bench_config(c, KVVM_BACKEND_EMULATED, granule, 0, nr, bpt, max_seqs, max_tokens, budget);
     c->emu_opaque = 0;
 }
 

@@ -84,15 +84,8 @@ static int open_ctx(struct bench_ctx *b, kvvm **kv)
 {
     size_t gran = b->granule ? b->granule : 4096;
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = b->backend;
-    c.emu_granule = gran;
-    c.page_size = 0;
-    c.n_regions = 1;
-    c.bytes_per_token = gran / TPB;
-    c.max_seqs = 8;
-    c.max_tokens = (uint64_t)CHAIN * TPB;
-    c.device_budget = (ENTRIES + (size_t)4 * CHAIN) * gran;
+    bench_config(&c, b->backend, gran, 0, 1, gran / TPB, 8, (uint64_t)CHAIN * TPB,
+                 (ENTRIES + (size_t)4 * CHAIN) * gran);
     c.pool_thread = 0;
     return kvvm_open(&c, kv);
 }

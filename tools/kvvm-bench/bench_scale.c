@@ -54,15 +54,8 @@ static int scale_one(struct bench_ctx *b, uint32_t mult, int iters, struct scale
     uint32_t n_host = host / SEQ_PAGES + (uint32_t)iters + 4;  /* the oldest ones spill */
     uint32_t n_all = n_dev + n_host;
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = KVVM_BACKEND_EMULATED;
-    c.emu_granule = PS;
-    c.page_size = PS;
-    c.n_regions = 1;
-    c.bytes_per_token = PS;
-    c.max_seqs = n_all + 2;
-    c.max_tokens = SEQ_PAGES;
-    c.device_budget = (size_t)dev * PS;
+    bench_config(&c, KVVM_BACKEND_EMULATED, PS, PS, 1, PS, n_all + 2, SEQ_PAGES,
+                 (size_t)dev * PS);
     c.host_budget = (size_t)host * PS;
     c.spill_dir = b->spill_dir ? b->spill_dir : "/var/tmp";
     c.spill_budget = (size_t)(n_host * SEQ_PAGES + 4 * SEQ_PAGES) * PS;

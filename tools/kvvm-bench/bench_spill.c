@@ -237,15 +237,8 @@ static int seq_trial(const struct bcfg *c, double *w_mib, double *r_mib)
     const uint32_t per = 4;          /* pages per sequence */
     size_t n = c->file_bytes / c->io / per;
     struct kvvm_config k;
-    kvvm_config_init(&k);
-    k.backend = KVVM_BACKEND_EMULATED;
-    k.emu_granule = c->io;
-    k.page_size = c->io;
-    k.n_regions = 1;
-    k.bytes_per_token = c->io;
-    k.max_seqs = (uint32_t)n;
-    k.max_tokens = per;
-    k.device_budget = n * per * c->io;
+    bench_config(&k, KVVM_BACKEND_EMULATED, c->io, c->io, 1, c->io, (uint32_t)n, per,
+                 n * per * c->io);
     k.host_budget = 4 * per * c->io;
     k.spill_dir = c->dir;
     k.spill_budget = c->file_bytes + 4 * per * c->io;

@@ -354,15 +354,8 @@ static int run_sizes(struct bench_ctx *bc, const char *group, const char *url,
 static int ab_open(struct bench_ctx *bc, const char *url, kvvm **kv)
 {
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = bc->backend;
-    c.emu_granule = AB_PAGE;
-    c.page_size = AB_PAGE;
-    c.n_regions = 2;
-    c.bytes_per_token = AB_PAGE / AB_TPB;
-    c.max_seqs = 8;
-    c.max_tokens = (uint64_t)AB_BLOCKS * AB_TPB;
-    c.device_budget = (size_t)4 * AB_BLOCKS * 2 * AB_PAGE;
+    bench_config(&c, bc->backend, AB_PAGE, AB_PAGE, 2, AB_PAGE / AB_TPB, 8,
+                 (uint64_t)AB_BLOCKS * AB_TPB, (size_t)4 * AB_BLOCKS * 2 * AB_PAGE);
     c.pool_thread = 0;
     c.create_at_open = 1;        /* the frames exist before the attach, as in a serving engine */
     c.store_url = url;

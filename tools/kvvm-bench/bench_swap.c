@@ -38,15 +38,7 @@ static int open_kv(struct bench_ctx *b, kvvm **kv, uint32_t pages, uint32_t host
 {
     struct kvvm_config c;
     size_t ps = page_of(b);
-    kvvm_config_init(&c);
-    c.backend = KVVM_BACKEND_EMULATED;
-    c.emu_granule = ps;
-    c.page_size = ps;
-    c.n_regions = 1;
-    c.bytes_per_token = ps;
-    c.max_seqs = max_seqs;
-    c.max_tokens = 256;
-    c.device_budget = (size_t)pages * ps;
+    bench_config(&c, KVVM_BACKEND_EMULATED, ps, ps, 1, ps, max_seqs, 256, (size_t)pages * ps);
     c.host_budget = (size_t)host_pages * ps;
     c.flags = flags;
     c.emu_opaque = 0;
@@ -84,15 +76,8 @@ struct swap_case {
 static int case_open(struct swap_case *c)
 {
     struct kvvm_config cf;
-    kvvm_config_init(&cf);
-    cf.backend = KVVM_BACKEND_EMULATED;
-    cf.emu_granule = c->ps;
-    cf.page_size = c->ps;
-    cf.n_regions = 1;
-    cf.bytes_per_token = c->ps / c->tpp;
-    cf.max_seqs = 4;
-    cf.max_tokens = (uint64_t)c->pages * c->tpp;
-    cf.device_budget = (size_t)c->pages * c->ps;
+    bench_config(&cf, KVVM_BACKEND_EMULATED, c->ps, c->ps, 1, c->ps / c->tpp, 4,
+                 (uint64_t)c->pages * c->tpp, (size_t)c->pages * c->ps);
     cf.host_budget = (size_t)c->pages * c->ps;
     int rc = kvvm_open(&cf, &c->kv);
     if (!rc)

@@ -45,16 +45,9 @@ static int open_ctx(struct bench_ctx *b, int view, kvvm **kv)
 {
     size_t gran = b->granule ? b->granule : 4096;
     struct kvvm_config c;
-    kvvm_config_init(&c);
-    c.backend = b->backend;
-    c.emu_granule = gran;
-    c.page_size = 0;
-    c.n_regions = NREG;
-    c.bytes_per_token = gran / TPB;
-    c.max_seqs = NSEQ + 1;
-    c.max_tokens = (uint64_t)TBL * TPB;
     /* the grows' pages, the block-table sequence and batch, and room for the reserve */
-    c.device_budget = ((size_t)NSEQ * TBL / 4 + TBL + BSEQ * BBLK + 256) * NREG * gran;
+    bench_config(&c, b->backend, gran, 0, NREG, gran / TPB, NSEQ + 1, (uint64_t)TBL * TPB,
+                 ((size_t)NSEQ * TBL / 4 + TBL + BSEQ * BBLK + 256) * NREG * gran);
     c.pool_thread = 0;
     if (view)
         c.flags |= KVVM_F_POOL_VIEW;

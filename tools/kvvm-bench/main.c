@@ -34,6 +34,21 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+void bench_config(struct kvvm_config *c, int backend, size_t granule, size_t page_size,
+                  uint32_t n_regions, uint64_t bytes_per_token, uint32_t max_seqs,
+                  uint64_t max_tokens, size_t device_budget)
+{
+    kvvm_config_init(c);
+    c->backend = (enum kvvm_backend)backend;
+    c->emu_granule = granule;
+    c->page_size = page_size;
+    c->n_regions = n_regions;
+    c->bytes_per_token = bytes_per_token;
+    c->max_seqs = max_seqs;
+    c->max_tokens = max_tokens;
+    c->device_budget = device_budget;
+}
+
 double bench_median(double *v, int n)
 {
     if (n <= 0)
