@@ -14,6 +14,12 @@
 #include <string.h>
 #include "common/log.h"
 
+/* The hot view (paging.h) is each struct's first member: paging_hot() casts pg. */
+_Static_assert(offsetof(struct paging, hot) == 0, "struct paging begins with its hot view");
+_Static_assert(offsetof(struct pg_seq, hot) == 0, "struct pg_seq begins with its hot view");
+_Static_assert(offsetof(struct pg_seq, used_tick) + 8 <= 64,
+               "the hot path's fields of a sequence fit in 64 bytes");
+
 void paging_why_reset(struct paging *pg)
 {
     pg->why.what = 0;       /* every field is read only under its PG_WHY_* bit */
@@ -69,6 +75,8 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     if (pg->chunk < 2 * p->n_regions)
         pg->chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
     pg->seqs = calloc(p->max_seqs, sizeof *pg->seqs);
+    pg->n_slots = p->max_seqs;
+    pg->seq_size = sizeof *pg->seqs;
     int rc = -ENOMEM;
     if (!pg->seqs)
         goto out_free;

@@ -127,29 +127,14 @@ struct pg_defer {
     pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
 };
 
-/* The fields paging_seq_grow_fast reads and writes come first, packed into 64 bytes (gen ..
-   used_tick): the decode step's grow touches one or two cache lines of a sequence. */
+/* The fields paging_seq_grow_fast (paging.h) reads and writes come first, packed into 64
+   bytes (gen .. used_tick): the decode step's grow touches one or two cache lines of a
+   sequence. `hot` names them for core; paging's code uses the unnamed members. */
 struct pg_seq {
-    uint32_t  gen;         /* generation of the current (or last) owner; starts at 1 */
-    uint8_t   live;        /* a handle names it */
-    uint8_t   dying;       /* freed; the slot waits for its pending releases */
-    uint8_t   used_valid;
-    uint8_t   out;         /* non-resident: its window maps none of its pages (a pending
-                              DF_OUT may still hold the mapping until its fence) */
-    uint32_t  n_defer;     /* pending releases over this slot's window */
-    uint32_t  room_np;     /* (the room fact, below) */
-    uint64_t  length;      /* tokens */
-    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
-    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
-    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
-       pages hold them, its partial last page is its own in every region, no hole there, it
-       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
-       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change
-       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */
-    uint64_t  room;        /* tokens (<= max_tokens) */
-    uint64_t  room_gen;    /* 0: no fact */
-    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
-    uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
+    union {
+        struct pg_seq_hot hot;
+        struct { PG_SEQ_HOT_FIELDS };
+    };
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
     pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
                               hole); made at the slot's take, grown with the sequence
@@ -229,13 +214,15 @@ struct pg_lower {
 };
 
 struct paging {
+    union {                    /* first: paging_hot() (paging.h) */
+        struct paging_hot hot;
+        struct { PAGING_HOT_FIELDS };
+    };
     struct vmm *v;
     struct paging_params p;
     uint32_t pages_per_slot;
     uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
     uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
-    uint64_t room_gen;     /* starts at 1; + 1 whenever a page gains a holder (page_get,
-                              page_get_off, paging_hold): voids every pg_seq room fact */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
        p.max_frames, changed by paging_set_budget) */
@@ -253,14 +240,12 @@ struct paging {
     uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
 
     /* sequences */
-    struct pg_seq *seqs;       /* max_seqs */
     uint32_t slot_free_head;   /* slot + 1; 0 = none */
     uint32_t n_live, n_dying;
     uint32_t n_out;            /* live non-resident sequences (out set): seq_set_out */
 
     /* ordering */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
-    uint64_t epoch;            /* number of steps so far */
     vmm_fence step_fence;      /* recorded at the last step on the engine stream */
     uint8_t  step_fence_ok;    /* created */
     uint8_t  step_recorded;
@@ -268,7 +253,6 @@ struct paging {
     uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
     struct pg_defer *defer;    /* pending releases, newest first */
     uint32_t n_defer;
-    uint64_t tick;             /* uses so far (LRU clock) */
 
     /* the tiers below the device (paging.h, "the tiers below the device") */
     struct pg_lower lower[PG_N_LOWER];
@@ -569,9 +553,7 @@ static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 }
 static inline void seq_use(struct paging *pg, struct pg_seq *s)
 {
-    s->used_epoch = pg->epoch;
-    s->used_valid = 1;
-    s->used_tick = ++pg->tick;
+    paging_hot_use(&pg->hot, &s->hot);
 }
 
 /* tier.c */

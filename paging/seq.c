@@ -646,29 +646,8 @@ static void seq_room_set(struct paging *pg, struct pg_seq *s)
 /* s by its handle, or NULL; no reason recorded (the hot path's lookup). */
 static inline struct pg_seq *seq_peek(struct paging *pg, uint64_t h)
 {
-    uint32_t slot1 = handle_slot1(h);
-    if (slot1 - 1u >= pg->p.max_seqs)             /* slot1 0 wraps: refused too */
-        return NULL;
-    struct pg_seq *s = &pg->seqs[slot1 - 1];
-    return s->live && s->gen == handle_gen(h) ? s : NULL;
-}
-
-/* The room fact holds and covers length. */
-static inline bool room_covers(const struct paging *pg, const struct pg_seq *s,
-                               uint64_t length)
-{
-    return s->room_gen == pg->room_gen && s->room_np == s->n_pages &&
-           length >= s->length && length <= s->room;
-}
-
-bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length)
-{
-    struct pg_seq *s = seq_peek(pg, h);
-    if (!s || !room_covers(pg, s, length))
-        return false;
-    s->length = length;
-    seq_use(pg, s);
-    return true;
+    struct pg_seq_hot *s = paging_hot_peek(&pg->hot, h);
+    return s ? (struct pg_seq *)(void *)s : NULL;       /* hot: the first member */
 }
 
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
@@ -695,7 +674,7 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
         s = seq_peek(pg, hs[i]);
         if (!s || s->batch_mark == pg->batch_mark)                        /* twice */
             return -EAGAIN;
-        if (!room_covers(pg, s, lengths[i])) {
+        if (!paging_hot_room_covers(&pg->hot, &s->hot, lengths[i])) {
             if (!grows_in_place(pg, s, lengths[i]))
                 return -EAGAIN;
             seq_room_set(pg, s);
