@@ -2,7 +2,7 @@
  * paging/paging.c: the paging context: paging_create / paging_destroy and its counters.
  *
  * paging_create sizes the context from its params (pages per slot, map-ahead bound, the
- * scratch page after the windows, the pool's refill chunk), copies the tiers' ops tables and
+ * scratch run after the windows, the pool's refill chunk), copies the tiers' ops tables and
  * makes the slot free list and the pool. paging_destroy waits for the device, completes or
  * drops every pending release, drops every live sequence's pages and frees the fences, the
  * copy stream and the pool.

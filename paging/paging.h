@@ -123,6 +123,11 @@ struct pg_policy_ops {
     int (*plan)(void *arg, bool in, const struct pg_room *r);
 };
 
+/* Pages of the scratch run after the windows (paging_params.base): copy-on-write maps the
+   new frames of up to this many pages there at once for their copies (cow.c); the swap
+   and prefix paths use its first page. Reserved address space only. */
+#define PG_SCRATCH_PAGES 32u
+
 struct paging_params {
     uint32_t n_regions;
     uint64_t bytes_per_token;    /* per region */
@@ -130,7 +135,8 @@ struct paging_params {
     uint64_t max_tokens;
     size_t   page_size;          /* multiple of the granule */
     uint64_t slot_bytes;         /* multiple of page_size, >= max_tokens * bytes_per_token */
-    uint64_t base;               /* reservation base: regions, then one scratch page */
+    uint64_t base;               /* reservation base: regions, then the scratch run
+                                    (PG_SCRATCH_PAGES pages) */
     uint32_t max_frames;         /* device budget in pages (>= n_regions) */
     uint32_t cap_frames;         /* the most the budget may grow to (device capacity in
                                     pages, >= max_frames; 0 = max_frames) */

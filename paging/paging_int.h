@@ -221,7 +221,7 @@ struct paging {
     struct vmm *v;
     struct paging_params p;
     uint32_t pages_per_slot;
-    uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
+    uint64_t scratch_va;   /* the scratch run after the regions (PG_SCRATCH_PAGES pages) */
     uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,

@@ -282,6 +282,64 @@ Test(cow, grow_batch_of_sharers_needs_one_copy)
     tclose(&t);
 }
 
+/* A copy-on-write of a range is batched (cow.c): one scratch run, one wait, the remaps in
+   runs. The driver calls of one prepare_write over n shared pages (one region, so each
+   page is one copy) against n prepare_writes of one page each: fewer calls in all, one copy
+   per run and one set-access per mapped run; the same pages copied, the same bytes after. */
+static uint64_t cow_range_calls(bool one_call, uint32_t n, struct emu_calls *k,
+                                uint64_t *copies)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 1, 512, 4, 64, 24);              /* 8 tokens per page */
+    c.pool_thread = 0;          /* its refills would count among this thread's driver calls */
+    topen(&t, &c);
+    struct sh a, b;
+    struct kvvm_stats s0, s1;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 8 * n, 1);                /* n full pages */
+    sh_fork(&t, &a, &b);                           /* every page shared */
+    tstats(&t, &s0);
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    if (one_call)
+        cr_assert_eq(kvvm_seq_prepare_write(t.kv, a.h, 0, 8 * n), 0);
+    for (uint32_t p = 0; !one_call && p < n; p++)
+        cr_assert_eq(kvvm_seq_prepare_write(t.kv, a.h, 8 * p, 8 * (p + 1)), 0);
+    uint64_t total = th_driver_calls(t.ord, k);
+    emu_ctx_off(t.ord);
+    tstats(&t, &s1);
+    *copies = s1.cow_copies - s0.cow_copies;
+    sh_fill(&t, &a, 0, 8 * n, 2);                 /* the writer's own pages now */
+    sh_verify(&t, &a, "writer");
+    sh_verify(&t, &b, "the other holder");
+    tcheck(&t, "after the copy-on-write");
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    tclose(&t);
+    return total;
+}
+
+Test(cow, range_makes_fewer_driver_calls_than_single_pages)
+{
+    struct emu_calls kr, ks;
+    uint64_t cr, cs;
+    uint64_t range = cow_range_calls(true, 6, &kr, &cr);
+    uint64_t single = cow_range_calls(false, 6, &ks, &cs);
+    cr_expect_eq(cr, 6, "the range copied %lu pages", (unsigned long)cr);
+    cr_expect_eq(cs, 6, "the single pages copied %lu pages", (unsigned long)cs);
+    cr_expect_lt(range, single, "a copy-on-write of 6 pages made %lu driver calls, 6 of one "
+                 "page %lu", (unsigned long)range, (unsigned long)single);
+    cr_expect_eq(kr.cuMemcpyDtoDAsync, 1, "one run, %lu copies",
+                 (unsigned long)kr.cuMemcpyDtoDAsync);
+    cr_expect_eq(kr.cuMemSetAccess, 2, "the scratch run and the window run: %lu set-accesses",
+                 (unsigned long)kr.cuMemSetAccess);
+    cr_expect_eq(kr.cuMemUnmap, 2, "the scratch run and the window run: %lu unmaps",
+                 (unsigned long)kr.cuMemUnmap);
+    cr_expect_eq(ks.cuMemcpyDtoDAsync, 6, "%lu copies of single pages",
+                 (unsigned long)ks.cuMemcpyDtoDAsync);
+}
+
 /* truncate releases whole pages past the new length; a grow after it reuses them. */
 Test(cow, truncate_releases_pages)
 {
