@@ -56,13 +56,20 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
-/* Best effort: maps ready frames ahead of s's end, up to map_ahead per region. */
+/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region:
+   nothing while at least half of map_ahead (rounded up) is left, then back up to map_ahead
+   in one run per region (one map per frame, one set-access per run), so a sequence that
+   crosses a page per step refills every (map_ahead / 2 + 1)-th crossing instead of at
+   each; both marks shrink with the room left in its slot. */
 static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
     uint32_t room = pg->pages_per_slot - s->n_pages;
     uint32_t want = pg->p.map_ahead < room ? pg->p.map_ahead : room;
-    if (s->n_ahead >= want)
+    uint32_t low = (pg->p.map_ahead + 1) / 2;
+    if (low > want)
+        low = want;
+    if (s->n_ahead >= low)
         return;
     uint32_t k = want - s->n_ahead;
     if (k > pg->n_ready / nr)

@@ -979,6 +979,44 @@ Test(map_ahead_zero, grow_has_no_null_arithmetic)
     tclose(&t);
 }
 
+/* Map-ahead is refilled in batches between a low and a high mark (seq.c,
+   seq_top_up_ahead), not one page per crossing: a sequence of 2 regions with map_ahead 4
+   grows a page at a time across 12 pages; the refills after the first are one mapped run
+   per region every third crossing (the mark is 2 left, back up to 4), so the grows make
+   at most 2 + 2 * 12 / 3 set-accesses where a page-per-crossing refill made 2 + 2 * 12.
+   Every frame is still mapped once (the maps are unchanged), and the bytes are right. */
+Test(map_ahead, refilled_in_batches_between_marks)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 512, 4, 128, 64);             /* 8 tokens per page */
+    c.map_ahead = 4;
+    c.pool_thread = 0;          /* its refills would count among this thread's driver calls */
+    topen(&t, &c);
+    struct sh s;
+    struct emu_calls k;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 4, 1);                   /* 1 page, 4 ahead */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    emu_ctx_on(t.ord);
+    for (uint64_t p = 1; p <= 12; p++) {
+        sh_grow(&t, &s, 8 * p + 4);              /* one page crossed per grow */
+        cr_assert_eq(kvvm_step(t.kv), 0);        /* an engine's step: the pool refills */
+    }
+    th_driver_calls(t.ord, &k);
+    emu_ctx_off(t.ord);
+    cr_expect_leq(k.cuMemSetAccess, 2 + 2 * 12 / 3, "12 crossings with map_ahead 4: %lu "
+                  "set-accesses (mapped runs)", (unsigned long)k.cuMemSetAccess);
+    cr_expect_eq(k.cuMemMap, 2 * 12, "each new page's frame is mapped once per region: %lu "
+                 "maps", (unsigned long)k.cuMemMap);
+    sh_fill(&t, &s, 4, s.len, 2);
+    sh_verify(&t, &s, "after the crossings");
+    tcheck(&t, "map-ahead in batches");
+    sh_free(&t, &s);
+    tclose(&t);
+}
+
 static void *sync_thread(void *arg)
 {
     struct tctx *t = arg;
