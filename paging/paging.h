@@ -265,7 +265,8 @@ static inline struct paging_hot *paging_hot(struct paging *pg)
 static inline void paging_hot_use(struct paging_hot *ph, struct pg_seq_hot *s)
 {
     s->used_epoch = ph->epoch;
-    s->used_valid = 1;
+    if (__builtin_expect(!s->used_valid, 0))   /* set once: a load, not a store, per call */
+        s->used_valid = 1;
     s->used_tick = ++ph->tick;
 }
 
