@@ -250,6 +250,9 @@ struct paging {
     uint8_t  step_fence_ok;    /* created */
     uint8_t  step_recorded;
     uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
+    uint64_t step_fence_tick;  /* pg->tick when it was recorded (paging_step: an idle step,
+                                  no use since, moves step_fence_epoch on without a record) */
+    uint8_t  step_fence_done;  /* found complete since it was recorded */
     uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
     struct pg_defer *defer;    /* pending releases, newest first */
     uint32_t n_defer;

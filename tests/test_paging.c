@@ -1017,6 +1017,59 @@ Test(map_ahead, refilled_in_batches_between_marks)
     tclose(&t);
 }
 
+/* An idle kvvm_step (no sequence used since the last step fence was recorded) records no
+   new fence: the engine's work since then touches none of the sequences (docs/api.md
+   "Protection"), so the fence already covers them; once it was found complete the step
+   asks the driver nothing about it. It used to record and query the fence at every step
+   (and on the emulated device each record woke the stream's worker: the idle step's
+   system calls). A step after a use records again, and a sequence freed after idle steps
+   is released at once (its epoch is quiet), with its pages back in the pool. */
+Test(stream_step, idle_step_records_no_fence)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st = NULL;
+    struct emu_calls k;
+    tcfg(&c, KB, 2, 512, 4, 64, 16);
+    c.pool_thread = 0;
+    topen_stream(&t, &c, &st);
+    struct sh a;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 12, 1);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);             /* the fence's work is done */
+    cr_assert_eq(kvvm_step(t.kv), 0);             /* finds the fence complete */
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    th_driver_calls(t.ord, &k);
+    cr_expect_eq(k.cuEventRecord + k.cuEventQuery, 0, "10 idle steps: %lu records, %lu "
+                 "queries of the step fence", (unsigned long)k.cuEventRecord,
+                 (unsigned long)k.cuEventQuery);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    sh_grow_fill(&t, &a, 13, 2);                  /* a use: the next step records */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    th_driver_calls(t.ord, &k);
+    emu_ctx_off(t.ord);
+    cr_expect_eq(k.cuEventRecord, 1, "a step after a use recorded %lu fences",
+                 (unsigned long)k.cuEventRecord);
+    sh_verify(&t, &a, "after idle steps");        /* (a read: a use too) */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kvvm_step(t.kv), 0);         /* idle: the fence found complete */
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    sh_free(&t, &a);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.pages_device_free, s0.pages_device_free + 2 * 2, "a sequence freed after "
+                 "idle steps gave %ld pages back at once (4 expected)",
+                 (long)(s1.pages_device_free - s0.pages_device_free));
+    tcheck(&t, "after idle steps");
+    tclose_stream(&t, st);
+}
+
 static void *sync_thread(void *arg)
 {
     struct tctx *t = arg;
