@@ -241,7 +241,11 @@ int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
     uint64_t room_gen;   /* 0: no fact */                                                    \
     uint64_t used_epoch; /* protected while used_epoch == epoch (used_valid) */              \
     uint64_t used_tick;  /* pg->tick at the last use (LRU order) */
-struct pg_seq_hot { PG_SEQ_HOT_FIELDS };
+/* may_alias: these views and paging's unnamed members are different struct types for the
+   compiler's type-based alias analysis, which would otherwise let it reorder a write
+   through one past a read through the other (it did: a sequence's used_valid read stale
+   in the KVVM_DEBUG build). */
+struct __attribute__((__may_alias__)) pg_seq_hot { PG_SEQ_HOT_FIELDS };
 
 /* The context's first fields: what the hot path reads to find a sequence and stamp its use. */
 struct pg_seq;
@@ -253,7 +257,7 @@ struct pg_seq;
                              page_get_off, paging_hold): voids every pg_seq room fact */     \
     uint64_t epoch;       /* number of steps so far */                                       \
     uint64_t tick;        /* uses so far (LRU clock) */
-struct paging_hot { PAGING_HOT_FIELDS };
+struct __attribute__((__may_alias__)) paging_hot { PAGING_HOT_FIELDS };
 
 /* The hot view of pg (its first member). */
 static inline struct paging_hot *paging_hot(struct paging *pg)
