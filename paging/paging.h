@@ -245,7 +245,9 @@ int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
    compiler's type-based alias analysis, which would otherwise let it reorder a write
    through one past a read through the other (it did: a sequence's used_valid read stale
    in the KVVM_DEBUG build). */
-struct __attribute__((__may_alias__)) pg_seq_hot { PG_SEQ_HOT_FIELDS };
+/* aligned(64): one cache line; struct pg_seq, which begins with it, is then a multiple of
+   64 bytes, and its array (paging_create) 64-byte aligned. */
+struct __attribute__((__may_alias__, __aligned__(64))) pg_seq_hot { PG_SEQ_HOT_FIELDS };
 
 /* The context's first fields: what the hot path reads to find a sequence and stamp its use. */
 struct pg_seq;

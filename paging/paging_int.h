@@ -135,27 +135,30 @@ struct pg_seq {
         struct pg_seq_hot hot;
         struct { PG_SEQ_HOT_FIELDS };
     };
+    /* the rest: pointers first, then the 32-bit and 8-bit fields, so that the struct is two
+       cache lines (128 bytes: the hot view is 64-byte aligned, paging_create aligns the
+       array) and the hot view is always one */
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
     pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
                               hole); made at the slot's take, grown with the sequence
                               (seq_bt_reserve), so it follows the length, not max_tokens */
-    uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
-                              <= pages_per_slot (bid, when the pool view is on, too) */
     pg_frame_id *ahead;    /* n_regions * map_ahead frame ids */
-    uint32_t  next_free;   /* free slot list */
     /* discard and classes (discard.c) */
     uint64_t *kept;        /* n_regions first_kept values (tokens; 0 = nothing discarded);
                               made with bt. A block-table entry PG_PAGE_NONE below n_pages
                               is a hole: a discarded page (unmapped, no page held) */
-    uint8_t   cls;         /* enum pg_seq_class */
-    uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
+    uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
+                              made and grown with bt. Held only while resident */
+    uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
+                              <= pages_per_slot (bid, when the pool view is on, too) */
+    uint32_t  next_free;   /* free slot list */
     uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
                               batch naming it (a second naming is seen) */
+    uint8_t   cls;         /* enum pg_seq_class */
+    uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
     uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
                               last page; the next grow over them zeroes them (seq.c,
                               tail_scrub), so it does not grow in place */
-    uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
-                              made and grown with bt. Held only while resident */
 };
 
 /* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
