@@ -317,9 +317,9 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
         return 0;
     if (!seq_quiet(pg, s))
         return pg_device_sync(pg);
-    const pg_page_id *bt = pg_bt(pg, s, r);
-    for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-        if (!pg_page_is_none(bt[i]) && page_sharers(page_at(pg, bt[i])) > 1)
+    for (struct pg_bt_iter it = bt_range(pg, s, r, r + 1, i0, i1 < s->n_pages ? i1 : s->n_pages);
+         bt_next(&it);)
+        if (page_sharers(page_at(pg, it.id)) > 1)
             return pg_device_sync(pg);    /* another holder may be in use */
     return 0;
 }
