@@ -34,11 +34,7 @@ static void drop_out_entries(struct paging *pg, struct pg_seq *s, uint32_t regio
                              uint32_t end)
 {
     for (struct pg_bt_iter it = bt_region(pg, s, region, 0, end); bt_next(&it);) {
-        struct pg_page *p = page_at(pg, it.id);
-        page_count(pg, p, -1);          /* (the HOST-page and orphan counts follow) */
-        p->offs--;
-        page_count(pg, p, 1);
-        page_put(pg, it.id);
+        page_put_off(pg, it.id);        /* (the HOST-page and orphan counts follow) */
         *it.e = PG_PAGE_NONE;
     }
 }

@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include "common/assert.h"
 #include "paging.h"
 
 enum pg_frame_state {
@@ -436,6 +437,8 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame);
 void page_get(struct paging *pg, pg_page_id page);
 /* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
 void page_put(struct paging *pg, pg_page_id page);
+/* Drops the reference of a non-resident holder (page_get_off's undo: offs and refs). */
+void page_put_off(struct paging *pg, pg_page_id page);
 static inline struct pg_page *page_at(struct paging *pg, pg_page_id id)
 {
     return &pg->pages[id.v - 1];
@@ -536,23 +539,73 @@ static inline unsigned lower_slots(uint8_t tier)
     default:                                                          return 0;
     }
 }
-/* The page takes slot s of tier t (counted in the tier's n_slots). */
+/* The page state machine (enum pg_tier): the moves a page's tier may make, a bit per
+   destination. A new descriptor becomes a device page (page_new) or a host one (share of a
+   non-resident partial page); a page is freed (NONE) only at rest, never in flight; a move
+   in flight ends where it was going, or (a failed spill write or read back) where it was. */
+static inline bool page_tier_edge(uint8_t from, uint8_t to)
+{
+#define PG_T(t) (1u << (t))
+    unsigned next;
+    switch (from) {
+    case PG_TIER_NONE:      next = PG_T(PG_TIER_DEVICE) | PG_T(PG_TIER_HOST); break;
+    case PG_TIER_DEVICE:    next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_TO_HOST) |
+                                   PG_T(PG_TIER_HOST) | PG_T(PG_TIER_DISK); break;
+    case PG_TIER_HOST:      next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_TO_DEVICE) |
+                                   PG_T(PG_TIER_DEVICE) | PG_T(PG_TIER_TO_DISK); break;
+    case PG_TIER_DISK:      next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_FROM_DISK) |
+                                   PG_T(PG_TIER_DEVICE); break;
+    case PG_TIER_TO_HOST:   next = PG_T(PG_TIER_HOST); break;
+    case PG_TIER_TO_DEVICE: next = PG_T(PG_TIER_DEVICE); break;
+    case PG_TIER_TO_DISK:   next = PG_T(PG_TIER_DISK) | PG_T(PG_TIER_HOST); break;
+    case PG_TIER_FROM_DISK: next = PG_T(PG_TIER_HOST) | PG_T(PG_TIER_DISK); break;
+    default:                next = 0; break;
+    }
+    return (next & PG_T(to)) != 0;
+#undef PG_T
+}
+/* The one writer of a page's tier: asserts (debug build) the move is an edge above. */
+static inline void page_set_tier(struct pg_page *p, uint8_t to)
+{
+    KVVM_ASSERT(page_tier_edge(p->tier, to));
+    p->tier = to;
+}
+/* A page holds no slot of any tier below (PG_SLOT_NONE: page_take_slot asserts it). */
+static inline void page_slots_none(struct pg_page *p)
+{
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        p->slot[t] = PG_SLOT_NONE;
+}
+/* The page takes slot s of tier t (counted in the tier's n_slots): a slot of a tier that is
+   there, and the page held none of it. */
 static inline void page_take_slot(struct paging *pg, struct pg_page *p, unsigned t, pg_slot s)
 {
+    KVVM_ASSERT(lower_on(pg, t) && !pg_slot_is_none(s) && pg_slot_is_none(p->slot[t]));
     p->slot[t] = s;
     pg->lower[t].n_slots++;
 }
-/* Frees the page's slot in tier t and its count there; the page's tier is the caller's. */
+/* Frees the page's slot in tier t and its count there; the page's tier is the caller's
+   (it still is one holding a slot of t: the slot given back is the one it took). */
 static inline void page_release_slot(struct paging *pg, struct pg_page *p, unsigned t)
 {
+    KVVM_ASSERT(!pg_slot_is_none(p->slot[t]) && (lower_slots(p->tier) & (1u << t)) &&
+                pg->lower[t].n_slots > 0);
     lower_free(pg, t, p->slot[t]);
-    p->slot[t] = (pg_slot){ 0 };
+    p->slot[t] = PG_SLOT_NONE;
     pg->lower[t].n_slots--;
+}
+/* The end of a move between tier t and the one above (n_io, lower_moving). */
+static inline void lower_io_done(struct paging *pg, unsigned t)
+{
+    KVVM_ASSERT(pg->lower[t].n_io > 0);
+    pg->lower[t].n_io--;
 }
 /* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
 static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
 {
     pg_frame_id f = p->frame;
+    KVVM_ASSERT(!pg_frame_is_none(f) && pg_page_eq(frame_at(pg, f)->page,
+                                                   (pg_page_id){ (uint32_t)(p - pg->pages) + 1 }));
     p->frame = PG_FRAME_NONE;
     frame_at(pg, f)->page = PG_PAGE_NONE;
     pool_give(pg, &f, 1);
@@ -561,6 +614,8 @@ static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
    swapped silently. */
 static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id f)
 {
+    KVVM_ASSERT(frame_at(pg, f)->state == FR_USED && pg_page_is_none(frame_at(pg, f)->page) &&
+                pg_frame_is_none(page_at(pg, id)->frame));
     page_at(pg, id)->frame = f;
     frame_at(pg, f)->page = id;
 }

@@ -281,7 +281,10 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             pg_page_id id = pg->page_free_head;
             struct pg_page *p = page_at(pg, id);
             pg->page_free_head = p->next_free;
-            *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST };
+            KVVM_ASSERT(p->tier == PG_TIER_NONE && !p->refs);   /* a free descriptor */
+            *p = (struct pg_page){ .refs = 1, .offs = 1 };
+            page_set_tier(p, PG_TIER_HOST);
+            page_slots_none(p);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[r]);
             page_count(pg, p, 1);
             pg->n_pages_live++;

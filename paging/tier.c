@@ -128,16 +128,17 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
         if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
+        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
         p->jobs--;
         page_count(pg, p, -1);
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
             page_frame_drop(pg, p);
-            p->tier = PG_TIER_HOST;
-            pg->lower[PG_LOWER_HOST].n_io--;
+            page_set_tier(p, PG_TIER_HOST);
+            lower_io_done(pg, PG_LOWER_HOST);
         } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
             page_release_slot(pg, p, PG_LOWER_HOST);
-            p->tier = PG_TIER_DEVICE;
-            pg->lower[PG_LOWER_HOST].n_io--;
+            page_set_tier(p, PG_TIER_DEVICE);
+            lower_io_done(pg, PG_LOWER_HOST);
         }
         page_count(pg, p, 1);
     }
@@ -147,11 +148,7 @@ void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
 {
     for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, first, end);
          bt_next(&it);) {
-        struct pg_page *p = page_at(pg, it.id);
-        page_count(pg, p, -1);
-        p->offs--;
-        page_count(pg, p, 1);
-        page_put(pg, it.id);
+        page_put_off(pg, it.id);
         *it.e = PG_PAGE_NONE;
     }
 }

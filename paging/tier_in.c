@@ -153,18 +153,19 @@ static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
         pg_page_id id = it.id;
         struct pg_page *p = page_at(pg, id);
         page_count(pg, p, -1);
+        KVVM_ASSERT(p->offs > 0);       /* s's entry was a non-resident one */
         p->offs--;
         if (d && p->tier == PG_TIER_TO_DEVICE && j < d->n)
             d->pages[j++] = id;                   /* another's copy: ordered after it */
         if (p->tier == PG_TIER_HOST || (!d && p->tier == PG_TIER_DISK)) {
             page_frame_set(pg, id, fresh[k++]);
             if (d) {
-                p->tier = PG_TIER_TO_DEVICE;
+                page_set_tier(p, PG_TIER_TO_DEVICE);
                 pg->lower[PG_LOWER_HOST].n_io++;
                 d->pages[j++] = id;
             } else {
                 page_release_slot(pg, p, (unsigned)lower_of(p->tier));
-                p->tier = PG_TIER_DEVICE;
+                page_set_tier(p, PG_TIER_DEVICE);
             }
         }
         page_count(pg, p, 1);

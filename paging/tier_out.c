@@ -120,7 +120,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
         page_frame_drop(pg, p);
-        p->tier = PG_TIER_DISK;
+        page_set_tier(p, PG_TIER_DISK);
         page_take_slot(pg, p, PG_LOWER_DISK, ds[j]);
     }
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
@@ -228,7 +228,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         struct pg_page *p = page_at(pg, d->pages[i]);
         page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
-            p->tier = PG_TIER_TO_HOST;
+            page_set_tier(p, PG_TIER_TO_HOST);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
             pg->lower[PG_LOWER_HOST].n_io++;
         }
