@@ -190,8 +190,7 @@ int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, u
 
 void seq_slot_release(struct paging *pg, struct pg_seq *s)
 {
-    s->dying = 0;
-    s->live = 0;
+    seq_set_life(pg, s, SEQ_FREE);
     s->length = 0;
     s->n_pages = 0;
     s->used_valid = 0;
@@ -209,11 +208,10 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
     if (s->in_job == d)
         s->in_job = NULL;
     vmm_fence_destroy(pg->v, &d->fence);
+    KVVM_ASSERT(pg->n_defer > 0 && s->n_defer > 0);
     pg->n_defer--;
-    if (--s->n_defer == 0 && s->dying) {
-        pg->n_dying--;
+    if (--s->n_defer == 0 && s->dying)
         seq_slot_release(pg, s);
-    }
     free(d);
     return 0;
 }

@@ -657,6 +657,32 @@ int  seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages);
 /* Every write of s->out goes through here, so the count of non-resident sequences
    (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
    live sequence is non-resident: seq free clears out before the slot is let go. */
+/* A slot's lifecycle: FREE (on the free list) -> LIVE (seq_slot_take) -> FREE (freed with
+   no release pending over its window, or the take undone), or LIVE -> DYING (freed with
+   releases pending) -> FREE (its last release completed). seq_set_life is the one writer
+   of live and dying and of the counts n_live, n_dying; the debug build asserts each move
+   is one of these, that a slot leaves LIVE resident and is FREE with nothing pending. */
+enum pg_seq_life { SEQ_FREE = 0, SEQ_LIVE, SEQ_DYING };
+static inline enum pg_seq_life seq_life(const struct pg_seq *s)
+{
+    KVVM_ASSERT(!(s->live && s->dying));
+    return s->dying ? SEQ_DYING : s->live ? SEQ_LIVE : SEQ_FREE;
+}
+static inline void seq_set_life(struct paging *pg, struct pg_seq *s, enum pg_seq_life to)
+{
+    enum pg_seq_life from = seq_life(s);
+    KVVM_ASSERT(to == SEQ_LIVE ? from == SEQ_FREE
+                               : from == SEQ_LIVE || (from == SEQ_DYING && to == SEQ_FREE));
+    KVVM_ASSERT(to == SEQ_LIVE || !s->out);
+    KVVM_ASSERT(to != SEQ_FREE || !s->n_defer);
+    KVVM_ASSERT(to != SEQ_DYING || s->n_defer);
+    KVVM_ASSERT(from != SEQ_LIVE || pg->n_live > 0);
+    KVVM_ASSERT(from != SEQ_DYING || pg->n_dying > 0);
+    pg->n_live += (to == SEQ_LIVE) - (from == SEQ_LIVE);
+    pg->n_dying += (to == SEQ_DYING) - (from == SEQ_DYING);
+    s->live = to == SEQ_LIVE;
+    s->dying = to == SEQ_DYING;
+}
 /* s changed in a way that may break its room fact (pg_seq.room): swapped, truncated, a
    page discarded, dropped, a slot taken. */
 static inline void seq_room_void(struct pg_seq *s)
@@ -665,6 +691,8 @@ static inline void seq_room_void(struct pg_seq *s)
 }
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
+    KVVM_ASSERT(s->live || !out);       /* only a live sequence is non-resident */
+    KVVM_ASSERT(!s->out || out || pg->n_out > 0);
     seq_room_void(s);
     if (s->out && !out)
         pg->n_out--;

@@ -177,7 +177,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     }
     pg->slot_free_head = s->next_free;
     s->next_free = 0;
-    s->live = 1;
+    seq_set_life(pg, s, SEQ_LIVE);
     s->length = 0;
     s->n_pages = 0;
     s->n_ahead = 0;
@@ -187,7 +187,6 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     s->cls = PG_SEQ_LIVE;
     s->dropped = 0;
     s->stale_tail = 0;
-    pg->n_live++;
     *out = s;
     return 0;
 }
@@ -195,7 +194,6 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
 /* Returns a slot taken by slot_take that was never used (undo). */
 void seq_slot_untake(struct paging *pg, struct pg_seq *s)
 {
-    pg->n_live--;
     seq_slot_release(pg, s);
 }
 
@@ -243,11 +241,8 @@ int paging_seq_free(struct paging *pg, uint64_t h)
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     if (++s->gen == 0)
         s->gen = 1;
-    pg->n_live--;
     if (s->n_defer) {
-        s->live = 0;
-        s->dying = 1;
-        pg->n_dying++;
+        seq_set_life(pg, s, SEQ_DYING);
     } else {
         seq_slot_release(pg, s);
     }
