@@ -22,6 +22,8 @@
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
+ *   plan.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
+ * Who writes which field of struct paging: each field's comment names it in brackets.
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
@@ -229,70 +231,94 @@ struct pg_lower {
     pg_slot  hint;             /* the last slot allocated (clustering); PG_SLOT_NONE: none */
 };
 
+/* The paging context. Each field's owner, in brackets, is the file that writes it (set at
+   create by paging.c unless said): the others read it, or change it through the owner's
+   functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
+   next step's work (issue 24: split this struct into parts each owned by one file). */
 struct paging {
-    struct vmm *v;
-    struct paging_params p;
-    uint32_t pages_per_slot;
-    uint64_t scratch_va;   /* one page after the regions, for copy-on-write */
-    uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
-    uint64_t room_gen;     /* starts at 1; + 1 whenever a page gains a holder (page_get,
+    struct vmm *v;             /* [paging.c] */
+    struct paging_params p;    /* [paging.c; pool.c: p.max_frames, paging_set_budget] */
+    uint32_t pages_per_slot;   /* [paging.c] */
+    uint64_t scratch_va;   /* [paging.c] one page after the regions, for copy-on-write */
+    uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
+    uint64_t room_gen;     /* [pool.c: page_get; hold.c: paging_hold; page_get_off] starts
+                              at 1; + 1 whenever a page gains a holder (page_get,
                               page_get_off, paging_hold): voids every pg_seq room fact */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
-       p.max_frames, changed by paging_set_budget) */
+       p.max_frames, changed by paging_set_budget). All [pool.c] (frame states: frame_move;
+       frame_at(f)->page: page_frame_set / page_frame_drop, paging_int.h) */
     struct pg_frame *frames;   /* cap_frames */
     uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
     uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
     uint32_t n_held, n_ready, n_ahead, n_used;
     pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
     pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
-    uint32_t chunk;            /* frames created ahead per refill without a pool thread */
-    struct pg_feed feed;
+    uint32_t chunk;            /* [paging.c] frames created ahead per refill without a pool
+                                  thread */
+    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
+       one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
+       hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
+       tier_disk.c], tier [page_set_tier, from pool.c, tier*.c, orphan.c, share.c], frame
+       [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot],
+       bad, staged [tier_disk.c], mark.. kept [plan.c], ents [hold.c] */
     struct pg_page *pages;     /* max_pages */
     pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
     uint32_t n_pages_live;
-    uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
+    uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
 
-    /* sequences */
+    /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
+       and defer.c; residency: seq_set_out, from the swap paths; length and block tables
+       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] */
     struct pg_seq *seqs;       /* max_seqs */
-    uint32_t slot_free_head;   /* slot + 1; 0 = none */
-    uint32_t n_live, n_dying;
-    uint32_t n_out;            /* live non-resident sequences (out set): seq_set_out */
+    uint32_t slot_free_head;   /* [seq.c, defer.c: seq_slot_release] slot + 1; 0 = none */
+    uint32_t n_live, n_dying;  /* [seq_set_life] */
+    uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
 
-    /* ordering */
+    /* ordering [step.c] */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
     uint64_t epoch;            /* number of steps so far */
     vmm_fence step_fence;      /* recorded at the last step on the engine stream */
     uint8_t  step_fence_ok;    /* created */
     uint8_t  step_recorded;
     uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
-    uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
-    struct pg_defer *defer;    /* pending releases, newest first */
-    uint32_t n_defer;
-    uint64_t tick;             /* uses so far (LRU clock) */
+    uint64_t quiet_below;      /* [step.c, defer.c: seq_quiet] sequences with used_epoch <
+                                  this have no device work left */
+    struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
+                                  first */
+    uint32_t n_defer;          /* [defer.c; tier.c] */
+    uint64_t tick;             /* [seq_use] uses so far (LRU clock) */
 
-    /* the tiers below the device (paging.h, "the tiers below the device") */
+    /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
+       n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,
+       tier_in.c, tier_disk.c; lower_io_done); off: tier_disk.c; hint: tier_out.c,
+       tier_disk.c] */
     struct pg_lower lower[PG_N_LOWER];
-    /* the device <-> host copies (tier.c) */
+    /* the device <-> host copies [tier.c] */
     kcu_stream copy_stream;    /* swap copies; made on first use */
     vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
     uint8_t  copy_fence_ok;
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
-    uint32_t n_host_pages;     /* pages in tier HOST (the spillable ones: page_count) */
-    uint32_t n_orphans;        /* device pages held only by non-resident holders (page_count) */
+    uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
+    uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
+                                  holders */
 
-    /* spilling (tier_disk.c) */
+    /* spilling [tier_disk.c] */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress
                                   (tier_disk_stage_io) */
-    struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
+    struct pg_policy_ops policy; /* [tier.c] swap/'s choices (paging_set_policy); .plan
+                                    NULL: none */
 
-    struct paging_counters c;
-    struct paging_why why;     /* the current call's refusals (paging_why) */
-    uint64_t n_syncs;          /* device / engine-stream synchronizations so far (view.c) */
-    struct pg_view view;       /* the pool view (view.c); view.n_ids 0: none */
+    struct paging_counters c;  /* [all: each file counts its own events] */
+    struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
+                                  call's refusals (paging_why) */
+    uint64_t n_syncs;          /* [step.c; view.c: view_reap's own sync] device /
+                                  engine-stream synchronizations so far */
+    struct pg_view view;       /* [view.c] the pool view; view.n_ids 0: none */
 };
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
