@@ -64,6 +64,19 @@ static void bt_share(struct paging *pg, struct pg_seq *dst, struct pg_seq *src, 
     }
 }
 
+/* src's pages at page index idx (a share's partial page), holes (discarded: no copy)
+   left out: their ids into ids[] (NULL: counted only); returns how many. */
+static uint32_t partial_pages(struct paging *pg, struct pg_seq *src, uint32_t idx,
+                              pg_page_id *ids)
+{
+    uint32_t n = 0;
+    for (struct pg_bt_iter it = bt_range(pg, src, 0, pg->p.n_regions, idx, idx + 1);
+         bt_next(&it); n++)
+        if (ids)
+            ids[n] = it.id;
+    return n;
+}
+
 /* Maps src's pages [0, n) of every region into dst's window and takes a reference on each.
    All or nothing. */
 static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src, uint32_t n)
@@ -254,9 +267,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     if (!rc && rem) {
         /* a partial page on disk comes back to the host tier first */
         pg_page_id ids[nr];
-        for (r = 0; r < nr; r++)
-            if (!pg_page_is_none(pg_bt(pg, src, r)[whole]))
-                ids[nk++] = pg_bt(pg, src, r)[whole];
+        nk = partial_pages(pg, src, whole, ids);
         rc = share_out_check(pg, src, ids, nk);
         if (!rc)
             rc = tier_disk_unspill(pg, ids, nk, src);
@@ -357,8 +368,7 @@ int paging_need_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_to
     /* a resident src's partial page is copied into frames (a hole is not); a non-resident
        one's through the host tier */
     if (!src->out && bytes % pg->p.page_size && n_tokens <= src->length)
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            nk += !pg_page_is_none(pg_bt(pg, src, r)[whole]);
+        nk = partial_pages(pg, src, whole, NULL);
     *frames = nk;
     return 0;
 }
@@ -376,8 +386,8 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     uint32_t nk = 0;
     memset(frames, 0, sizeof frames);   /* (none: no partial page to copy in that region) */
     memset(got, 0, sizeof got);
-    for (uint32_t r = 0; rem && r < nr; r++)
-        nk += !pg_page_is_none(pg_bt(pg, src, r)[whole]);  /* a hole (discarded): no copy */
+    if (rem)
+        nk = partial_pages(pg, src, whole, NULL);
     rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
     if (!rc && nk)
         rc = pool_reserve_check(pg, nk);
