@@ -33,8 +33,9 @@ void paging_disk_wait_io(struct paging *pg)
 static void dio_end(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->jobs > 0);           /* the transfer's own reference */
     p->jobs--;
-    pg->lower[PG_LOWER_DISK].n_io--;
+    lower_io_done(pg, PG_LOWER_DISK);
     page_put(pg, id);
 }
 
@@ -62,13 +63,13 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
             page_release_slot(pg, p, PG_LOWER_HOST);
-            p->tier = PG_TIER_DISK;
+            page_set_tier(p, PG_TIER_DISK);
             pg->c.spills++;
             pg->c.bytes_to_disk += pg->p.page_size;
         } else {
             /* the host copy is intact: the page stays in the host tier */
             page_release_slot(pg, p, PG_LOWER_DISK);
-            p->tier = PG_TIER_HOST;
+            page_set_tier(p, PG_TIER_HOST);
             if (!pg->lower[PG_LOWER_DISK].off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
                            "context, pages stay in the host tier", d->status);
@@ -77,12 +78,12 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
             page_release_slot(pg, p, PG_LOWER_DISK);
-            p->tier = PG_TIER_HOST;
+            page_set_tier(p, PG_TIER_HOST);
             pg->c.unspills++;
             pg->c.bytes_from_disk += pg->p.page_size;
         } else {
             page_release_slot(pg, p, PG_LOWER_HOST);
-            p->tier = PG_TIER_DISK;
+            page_set_tier(p, PG_TIER_DISK);
             if (!p->bad)
                 pg->c.pages_damaged++;
             p->bad = 1;
@@ -137,7 +138,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
     pg->lower[PG_LOWER_DISK].hint = slot;
     page_take_slot(pg, p, PG_LOWER_DISK, slot);
     page_count(pg, p, -1);
-    p->tier = PG_TIER_TO_DISK;
+    page_set_tier(p, PG_TIER_TO_DISK);
     page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
@@ -282,7 +283,7 @@ int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, stru
             break;
         }
         page_take_slot(pg, p, PG_LOWER_HOST, hs);
-        p->tier = PG_TIER_FROM_DISK;
+        page_set_tier(p, PG_TIER_FROM_DISK);
         page_get(pg, id);
         p->jobs++;
         pg->lower[PG_LOWER_DISK].n_io++;
