@@ -342,6 +342,9 @@ struct kvvm_stats {
                                      write-throughs given up (store down, staging full) */
     uint64_t store_bytes_out;     /* value bytes written (headers included) */
     uint64_t store_bytes_in;      /* value bytes read */
+    /* --- additions of 0.3: prefix entries below the host tier --- */
+    uint64_t prefix_spills;       /* pages only prefix entries hold written to the disk tier
+                                     (writes started) */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);

@@ -403,11 +403,12 @@ static inline bool page_orphan(const struct pg_page *p)
 {
     return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs && p->offs > p->ents;
 }
-/* A HOST page that a sequence holds (a spill of one of its holders can write it out): the
-   pages only entries hold are no spill candidate's (hold.c). */
+/* A HOST page (its holders are non-resident sequences, entries, or both): a spill can write
+   it out, a sequence's (paging_spill_seq) or, for pages only entries hold, the entries'
+   owner's (paging_held_spill). */
 static inline bool page_host_held(const struct pg_page *p)
 {
-    return p->tier == PG_TIER_HOST && p->refs > p->ents;
+    return p->tier == PG_TIER_HOST && p->refs;
 }
 /* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
    walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,

@@ -681,6 +681,152 @@ Test(host, attach_brings_disk_entries_back)
     cr_expect_eq(rmdir(dir), 0);
 }
 
+/* ---------------------------------------------------------------- entries below the host */
+
+/* A context of one region with a host tier of `host` slots and (disk > 0) a disk tier of
+   `disk` pages in a fresh directory dir (64 bytes), KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE,
+   every watermark 0: only the calls reclaim and spill (no thread does), so what moves is
+   exactly what they need. */
+static void open_tiers(struct tctx *t, char *dir, uint64_t host, uint64_t disk)
+{
+    struct kvvm_config c;
+    TH_DEADLINE(60);
+    snprintf(dir, 64, "/var/tmp/kvvm-test-prefix-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    cfg_small(&c, 1, 8, host, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    c.spill_dir = disk ? dir : NULL;
+    c.spill_budget = disk * KB;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.host_min = c.host_low = c.host_high = 0;
+    topen(t, &c);
+}
+
+static void close_tiers(struct tctx *t, const char *dir)
+{
+    tclose(t);
+    cr_expect_eq(rmdir(dir), 0);
+}
+
+/* Chains x (lineage 1) and y (lineage 2) of 3 entries each that no sequence holds, y the
+   least recently used; then a grow of 6 blocks on the device of 8 reclaims 4 of them, in
+   the plan's order y2, y1, y0, x2 (least recently used first, leaves first). Returns the
+   grown sequence. */
+static kvvm_seq two_chains_reclaimed(struct tctx *t, kvvm_key *x, kvvm_key *y)
+{
+    entries_only(t, 1, 1, 3, x);
+    entries_only(t, 1, 2, 3, y);
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, y, 3, NULL), 3);
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, x, 3, NULL), 3);
+    kvvm_seq g = mk(t);
+    cr_assert_eq(kvvm_seq_grow(t->kv, g, 6 * T), 0, "grow: %s", kvvm_last_error());
+    return g;
+}
+
+/* The lookup of k[0..n) in namespace 1 finds all n, in tiers want[0..n) (it makes them the
+   most recently used). */
+static void tiers_are(struct tctx *t, const kvvm_key *k, int n, const uint8_t *want,
+                      const char *what)
+{
+    uint8_t w[4] = { 0 };
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, k, (size_t)n, w), n, "%s: not all found", what);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(w[i], want[i], "%s: block %d in tier %u, not %u", what, i, w[i], want[i]);
+}
+
+enum { DEV = KVVM_TIER_DEVICE, HOST = KVVM_TIER_HOST, DISK = KVVM_TIER_DISK };
+
+/* Host room for demoted entries is made by spilling entries to disk, through the same
+   plan: the host tier (2 slots) takes y2 and y1, then each further demotion spills the
+   least recently used leaf on the host tier first (y2, then y1); lookup says DISK for
+   them and moves nothing; attach brings them back, bytes intact. */
+Test(below, demoted_entries_spill_to_disk_lru_leaves_first)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    open_tiers(&t, dir, 2, 16);
+    kvvm_seq g = two_chains_reclaimed(&t, x, y);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.prefix_evictions, 4);
+    cr_assert_eq(s0.prefix_entries, 6, "an entry was dropped, not demoted");
+    cr_assert_eq(s0.prefix_spills, 2);
+    cr_assert_eq(s0.spills, 2);
+    cr_assert_eq(s0.swap_outs, 0);
+    tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y");
+    tiers_are(&t, x, 3, (uint8_t[]){ DEV, DEV, HOST }, "x");
+    tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y again (lookup moves nothing)");
+    tstats(&t, &s1);
+    cr_assert_eq(s1.bytes_from_disk, s0.bytes_from_disk, "a lookup read the disk");
+    cr_assert_eq(s1.bytes_to_device, s0.bytes_to_device, "a lookup moved a page");
+    tcheck(&t, "spilled");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, y, 3), 3, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 3 * T, 2), "bytes back from disk differ");
+    tstats(&t, &s1);
+    cr_assert_eq(s1.bytes_from_disk - s0.bytes_from_disk, 2 * KB);
+    tiers_are(&t, y, 3, (uint8_t[]){ DEV, DEV, DEV }, "y attached");
+    kvvm_seq c = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, c, 1, x, 3), 3, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, c, 3 * T, 1), "bytes back from host differ");
+    tcheck(&t, "attached");
+    close_tiers(&t, dir);
+}
+
+/* An attach of disk entries without device room for them is -ENOMEM and moves nothing:
+   no entry's tier changes, no page is read or written. */
+Test(below, attach_from_disk_without_device_room_changes_nothing)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    open_tiers(&t, dir, 2, 16);
+    two_chains_reclaimed(&t, x, y);      /* 8 of 8 frames used; x0 and x1 may go: 2 < 3 */
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, y, 3), -ENOMEM);
+    tstats(&t, &s1);
+    cr_assert_eq(seq_len(&t, b), 0);
+    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
+    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
+    cr_assert_eq(s1.bytes_from_disk, s0.bytes_from_disk);
+    cr_assert_eq(s1.bytes_to_disk, s0.bytes_to_disk);
+    cr_assert_eq(s1.prefix_evictions, s0.prefix_evictions);
+    cr_assert_eq(s1.prefix_spills, s0.prefix_spills);
+    tiers_are(&t, x, 3, (uint8_t[]){ DEV, DEV, HOST }, "x");
+    tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y");
+    tcheck(&t, "enomem");
+    close_tiers(&t, dir);
+}
+
+/* Without a disk tier the host tier's room goes to the plan's last entries (the most
+   recently used, the heads of chains), the rest are dropped: a chain keeps a usable head. */
+Test(regress, demotion_room_went_to_a_chain_tail_its_head_dropped)
+{
+    /* Bug: demotions took the host room in plan order (leaves first), so the chain y kept
+       its tail y2, y1 on the host tier and lost its head y0 (and x its leaf x2): y's
+       lookup found nothing while its tail held both host slots. */
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    open_tiers(&t, dir, 2, 0);
+    two_chains_reclaimed(&t, x, y);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 4);
+    cr_assert_eq(st.prefix_entries, 4, "demoted: x2 and y0 only");
+    cr_assert_eq(st.prefix_spills, 0);
+    cr_assert_eq(st.pages_host_free, 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), 1, "y lost its head");
+    tiers_are(&t, y, 1, (uint8_t[]){ HOST }, "y");
+    tiers_are(&t, x, 3, (uint8_t[]){ DEV, DEV, HOST }, "x");
+    tcheck(&t, "no disk");
+    close_tiers(&t, dir);
+}
+
 /* A dropped CACHED sequence is -ESTALE as attach's dst (and as publish's source). */
 Test(prefix, dropped_cached_dst_is_estale)
 {
