@@ -6,6 +6,7 @@
  * (fault sweeps), and the stats. Every test runs the invariant checker (which counts the
  * entries' page references) and closes the context checking nothing is left behind.
  */
+#include "disk/disk.h"
 #include "harness.h"
 
 #define XXH_INLINE_ALL
@@ -800,6 +801,96 @@ Test(below, attach_from_disk_without_device_room_changes_nothing)
     tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y");
     tcheck(&t, "enomem");
     close_tiers(&t, dir);
+}
+
+/* Each chain's present prefix attaches with its bytes (x lineage 1, y lineage 2), except a
+   damaged block (a failed read: -EBADMSG, never wrong bytes). The device must have room. */
+static void chains_intact(struct tctx *t, const kvvm_key *x, const kvvm_key *y,
+                          const char *where)
+{
+    const kvvm_key *k[2] = { x, y };
+    for (uint32_t c = 0; c < 2; c++) {
+        int n = kvvm_prefix_lookup(t->kv, 1, k[c], 3, NULL);
+        kvvm_seq s = mk(t);
+        int rc = kvvm_prefix_attach(t->kv, s, 1, k[c], 3);
+        if (rc == -EBADMSG) {
+            cr_assert_eq(seq_len(t, s), 0, "%s: a failed attach left tokens", where);
+        } else {
+            cr_assert_eq(rc, n, "%s: chain %u: attach %d (%s), lookup %d", where, c, rc,
+                         kvvm_last_error(), n);
+            cr_assert(!n || same(t, s, (uint64_t)n * T, c + 1), "%s: chain %u's bytes",
+                      where, c);
+        }
+        cr_assert_eq(kvvm_seq_free(t->kv, s), 0);
+    }
+}
+
+/* The I/O fault sweep over the paths below the host tier (the testing interface fails the
+   nth I/O of the spill engine with -EIO, n = 1, 2, ... until an operation runs past its
+   last I/O):
+   - a reclaim that spills entries (the grow of two_chains_reclaimed: two writes): the grow
+     succeeds anyway (an entry whose page cannot go down is dropped instead, which frees as
+     much), and every entry left attaches with its bytes;
+   - an attach of disk entries (a write that makes host room, two reads): it succeeds, or
+     fails with dst empty, the device frames as they were and no entry dropped; a block
+     whose read failed is damaged (-EBADMSG, never wrong bytes). The spill that made room
+     before a failed read stays (the bytes intact on disk): an I/O error is no plan's. */
+Test(sweep, io_faults_below_the_host_tier)
+{
+    TH_DEADLINE(300);
+    unsigned failed[2] = { 0, 0 }, points[2] = { 0, 0 };
+    for (int op = 0; op < 2; op++) {
+        for (unsigned long nth = 1;; nth++) {
+            struct tctx t;
+            char dir[64], where[64];
+            kvvm_key x[3], y[3];
+            struct kvvm_stats s0, s1;
+            snprintf(where, sizeof where, "%s, I/O %lu failed", op ? "attach" : "reclaim", nth);
+            kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);   /* the injected errors are logged */
+            open_tiers(&t, dir, 2, 16);
+            struct spill *sp = kvvm_debug_spill(t.kv);
+            if (!op)
+                cr_assert_eq(spill_fault_arm(sp, nth, SPILL_FAULT_ERROR, -EIO), 0);
+            kvvm_seq g = two_chains_reclaimed(&t, x, y);
+            cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+            tstats(&t, &s0);
+            kvvm_seq b = mk(&t);
+            int rc = 3;
+            if (op) {
+                cr_assert_eq(spill_fault_arm(sp, nth, SPILL_FAULT_ERROR, -EIO), 0);
+                rc = kvvm_prefix_attach(t.kv, b, 1, y, 3);
+            }
+            spill_fault_clear(sp);
+            tstats(&t, &s1);
+            bool hit = s1.io_errors > 0;
+            if (rc == 3) {
+                cr_assert(!op || same(&t, b, 3 * T, 2), "%s: attached bytes", where);
+            } else {
+                cr_assert(rc == -EBADMSG || rc == -EIO || rc == -ENOMEM, "%s: attach %d",
+                          where, rc);
+                cr_assert_eq(seq_len(&t, b), 0, "%s: dst holds tokens", where);
+                cr_assert_eq(s1.pages_device_free, s0.pages_device_free, "%s: frames", where);
+                cr_assert_eq(s1.prefix_entries, s0.prefix_entries, "%s: entries", where);
+                cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, (uint8_t[1]){ 0 }), 1);
+            }
+            cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+            tcheck(&t, where);
+            chains_intact(&t, x, y, where);
+            tcheck(&t, where);
+            close_tiers(&t, dir);
+            if (!hit)
+                break;                  /* past the operation's last I/O */
+            failed[op] += rc != 3;
+            points[op]++;
+            cr_assert_lt(nth, 16, "%s: the sweep does not end", where);
+        }
+    }
+    printf("sweep below the host tier: reclaim %u I/O failed in turn, attach %u; %u and %u "
+           "of the calls failed (the rest absorbed it), each as documented\n", points[0],
+           points[1], failed[0], failed[1]);
+    cr_assert_geq(points[0], 2u, "the reclaim wrote no entry's page");
+    cr_assert_eq(failed[0], 0u, "a reclaim failed on a spill write");
+    cr_assert_geq(failed[1], 2u, "no attach failed on a read");
 }
 
 /* Without a disk tier the host tier's room goes to the plan's last entries (the most
