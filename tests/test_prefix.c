@@ -2,8 +2,10 @@
  * tests/test_prefix.c: the prefix cache keyed by content (docs/api.md "Prefix cache"):
  * blocks, the key scheme, publish / lookup / attach / drop, namespaces, dedup, entries that
  * outlive their publisher, drop keeping sharers' pages, reclaim (leaves first, least
- * recently used first, before any LIVE sequence), host entries brought back all or nothing
- * (fault sweeps), and the stats. Every test runs the invariant checker (which counts the
+ * recently used first, before any LIVE sequence), entries below the host tier (spilled to
+ * disk least recently used and leaves first, lookup saying so, attach bringing them back),
+ * host and disk entries brought back all or nothing (driver-call and I/O fault sweeps), and
+ * the stats. Every test runs the invariant checker (which counts the
  * entries' page references) and closes the context checking nothing is left behind.
  */
 #include "disk/disk.h"
@@ -1158,13 +1160,30 @@ struct sw_arg {
     kvvm_key k[3];
     kvvm_seq dst;
     bool host;                           /* entries on the host tier (else device) */
+    bool disk;                           /* entries on host and disk: chain y of
+                                            two_chains_reclaimed (its head on the host
+                                            tier, the rest spilled) */
     uint64_t free0;
+    uint8_t where[3];                    /* the entries' tiers before the call */
+    char dir[64];
 };
 
 static void sw_setup(void *p)
 {
     struct sw_arg *a = p;
     struct kvvm_config c;
+    if (a->disk) {
+        kvvm_key x[3];
+        open_tiers(&a->t, a->dir, 2, 16);
+        cr_assert_eq(kvvm_seq_truncate(a->t.kv, two_chains_reclaimed(&a->t, x, a->k), 0), 0);
+        a->dst = mk(&a->t);
+        cr_assert_eq(kvvm_sync(a->t.kv), 0);
+        struct kvvm_stats st;
+        tstats(&a->t, &st);
+        a->free0 = st.pages_device_free;
+        cr_assert_eq(kvvm_prefix_lookup(a->t.kv, 1, a->k, 3, a->where), 3);
+        return;
+    }
     cfg_small(&c, 2, 16, 16, 0);
     topen(&a->t, &c);
     if (a->host) {
@@ -1177,6 +1196,7 @@ static void sw_setup(void *p)
     struct kvvm_stats st;
     tstats(&a->t, &st);
     a->free0 = st.pages_device_free;
+    cr_assert_eq(kvvm_prefix_lookup(a->t.kv, 1, a->k, 3, a->where), 3);
 }
 
 static int sw_call(void *p)
@@ -1189,7 +1209,9 @@ static int sw_call(void *p)
 static void sw_teardown(void *p)
 {
     struct sw_arg *a = p;
-    if (a->t.kv)
+    if (a->t.kv && a->disk)
+        close_tiers(&a->t, a->dir);
+    else if (a->t.kv)
         tclose(&a->t);
 }
 
@@ -1206,15 +1228,16 @@ static enum th_sweep_outcome sw_after(void *p, int rc, const char *where)
     if (rc) {
         UCHK(in.length == 0, "%s: dst holds %lu tokens after a failed attach", where,
              (unsigned long)in.length);
-        UCHK(w[0] == (a->host ? KVVM_TIER_HOST : KVVM_TIER_DEVICE),
-             "%s: an entry moved (%u)", where, w[0]);
+        for (int i = 0; i < 3; i++)
+            UCHK(w[i] == a->where[i], "%s: entry %d moved (%u, was %u)", where, i, w[i],
+                 a->where[i]);
         struct kvvm_stats st;
         tstats(&a->t, &st);
         UCHK(st.pages_device_free == a->free0, "%s: device pages free %lu, were %lu", where,
              (unsigned long)st.pages_device_free, (unsigned long)a->free0);
     } else {
-        UCHK(in.length == 3 * T && same(&a->t, a->dst, 3 * T, 8), "%s: attached bytes",
-             where);
+        UCHK(in.length == 3 * T && same(&a->t, a->dst, 3 * T, a->disk ? 2 : 8),
+             "%s: attached bytes", where);
     }
     th_check(a->t.kv, where);
     return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
@@ -1225,6 +1248,18 @@ Test(sweep, attach_host_entries_all_or_nothing)
     TH_DEADLINE(300);
     struct sw_arg a = { .host = true };
     struct th_sweep s = { .name = "attach host", .arg = &a, .setup = sw_setup,
+                          .call = sw_call, .teardown = sw_teardown, .after = sw_after };
+    th_sweep_run(&s);
+}
+
+/* The attach of entries on disk (and host): the driver calls of the read back and the copies
+   up, each failed in turn. */
+Test(sweep, attach_disk_entries_all_or_nothing)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);     /* the injected errors are logged */
+    struct sw_arg a = { .disk = true };
+    struct th_sweep s = { .name = "attach disk", .arg = &a, .setup = sw_setup,
                           .call = sw_call, .teardown = sw_teardown, .after = sw_after };
     th_sweep_run(&s);
 }
