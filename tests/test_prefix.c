@@ -624,6 +624,22 @@ Test(host, attach_brings_host_entries_back)
     tclose(&t);
 }
 
+/* An attach of k[0..3) into a fresh sequence (returned) is -ENOMEM, leaves it empty and the
+   device and host tiers' free pages as they were; *s0 and *s1 get the stats before and
+   after. */
+static kvvm_seq attach_refused(struct tctx *t, const kvvm_key *k, struct kvvm_stats *s0,
+                               struct kvvm_stats *s1)
+{
+    tstats(t, s0);
+    kvvm_seq b = mk(t);
+    cr_assert_eq(kvvm_prefix_attach(t->kv, b, 1, k, 3), -ENOMEM);
+    tstats(t, s1);
+    cr_assert_eq(seq_len(t, b), 0);
+    cr_assert_eq(s1->pages_device_free, s0->pages_device_free);
+    cr_assert_eq(s1->pages_host_free, s0->pages_host_free);
+    return b;
+}
+
 Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
 {
     struct tctx t;
@@ -633,13 +649,7 @@ Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
     kvvm_seq full = mk(&t);
     fill(&t, full, 6 * T, 3);            /* 2 frames left, 3 needed */
     struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
-    kvvm_seq b = mk(&t);
-    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), -ENOMEM);
-    tstats(&t, &s1);
-    cr_assert_eq(seq_len(&t, b), 0);
-    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
-    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    kvvm_seq b = attach_refused(&t, k, &s0, &s1);
     cr_assert_eq(s1.bytes_to_device, s0.bytes_to_device);
     uint8_t where[3];
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
@@ -787,13 +797,7 @@ Test(below, attach_from_disk_without_device_room_changes_nothing)
     open_tiers(&t, dir, 2, 16);
     two_chains_reclaimed(&t, x, y);      /* 8 of 8 frames used; x0 and x1 may go: 2 < 3 */
     struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
-    kvvm_seq b = mk(&t);
-    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, y, 3), -ENOMEM);
-    tstats(&t, &s1);
-    cr_assert_eq(seq_len(&t, b), 0);
-    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
-    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    attach_refused(&t, y, &s0, &s1);
     cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
     cr_assert_eq(s1.bytes_from_disk, s0.bytes_from_disk);
     cr_assert_eq(s1.bytes_to_disk, s0.bytes_to_disk);
@@ -1176,20 +1180,13 @@ static void sw_setup(void *p)
         kvvm_key x[3];
         open_tiers(&a->t, a->dir, 2, 16);
         cr_assert_eq(kvvm_seq_truncate(a->t.kv, two_chains_reclaimed(&a->t, x, a->k), 0), 0);
-        a->dst = mk(&a->t);
-        cr_assert_eq(kvvm_sync(a->t.kv), 0);
-        struct kvvm_stats st;
-        tstats(&a->t, &st);
-        a->free0 = st.pages_device_free;
-        cr_assert_eq(kvvm_prefix_lookup(a->t.kv, 1, a->k, 3, a->where), 3);
-        return;
-    }
-    cfg_small(&c, 2, 16, 16, 0);
-    topen(&a->t, &c);
-    if (a->host) {
-        host_entries(&a->t, a->k, 3);
     } else {
-        entries_only(&a->t, 1, 8, 3, a->k);
+        cfg_small(&c, 2, 16, 16, 0);
+        topen(&a->t, &c);
+        if (a->host)
+            host_entries(&a->t, a->k, 3);
+        else
+            entries_only(&a->t, 1, 8, 3, a->k);
     }
     a->dst = mk(&a->t);
     cr_assert_eq(kvvm_sync(a->t.kv), 0);
