@@ -79,6 +79,17 @@ int kvvm_prefix_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
 
 int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, uint8_t *where)
 {
+    /* the hot path (call.h hot_enter): a lookup moves nothing, makes no driver call and
+       records no refusal, so none of enter()'s arming is needed; a bad argument, a forked
+       child, a dead context and the debug build (its checker) take the full path */
+    if (__builtin_expect(kv && keys && n <= INT32_MAX, 1) && hot_enter(kv)) {
+        size_t k = prefix_lookup(kv->pfx, ns, keys, n, where, NULL, true);
+        pthread_mutex_unlock(&kv->lock);
+        if (k < n && kv->sq)           /* the store, without the lock */
+            k += storeq_lookup(kv->sq, ns, keys + k, n - k, where ? where + k : NULL);
+        klast_clear();
+        return (int)k;
+    }
     klast_clear();
     NONNULL(kv);
     KEYS_CHECK(keys, n);
