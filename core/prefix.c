@@ -120,6 +120,28 @@ static int attach_in(kvvm *kv, kvvm_seq dst, const pg_page_id *ids, uint32_t k)
     return rc;
 }
 
+/* After attach_in of the *k blocks ids failed -EBADMSG (a page's disk copy is lost): the
+   damaged blocks' entries are dropped (a miss from now on, as a store value failing its
+   checksum) and the blocks before the first of them attach; *k becomes their count.
+   attach_in's result for them (0 for none); -EBADMSG when no block is damaged. */
+static int attach_undamaged(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
+                            const pg_page_id *ids, size_t *k)
+{
+    uint32_t nr = kv->cfg.n_regions;
+    size_t d = *k;
+    for (size_t b = *k; b-- > 0;)
+        if (paging_held_damaged(kv->pg, &ids[b * nr], nr)) {
+            (void)prefix_drop(kv->pfx, ns, &keys[b], 1);
+            d = b;
+        }
+    if (d == *k)
+        return -EBADMSG;
+    klog_warn("kvvm_prefix_attach: block %zu of the prefix read back damaged from disk: its "
+              "entry is dropped, %zu blocks attach", d, d);
+    *k = d;
+    return d ? attach_in(kv, dst, ids, (uint32_t)d) : 0;
+}
+
 /* dst is a live, empty sequence; *n capped at the blocks a sequence holds. */
 static int attach_check(kvvm *kv, kvvm_seq dst, size_t *n)
 {
@@ -182,6 +204,8 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
     rc = k ? stream_check(kv) : 0;
     if (!rc && k)
         rc = attach_in(kv, dst, ids, (uint32_t)k);
+    if (rc == -EBADMSG)
+        rc = attach_undamaged(kv, dst, ns, keys, ids, &k);
     free(ids);
     size_t t = k;
     if (!rc && k >= k0 && k < k0 + f->got && k0 + f->got <= n &&

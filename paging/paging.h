@@ -596,6 +596,8 @@ uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n);
    *started), -EIO. */
 int  paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,
                        uint32_t *started);
+/* Whether one of ids[0..n) lost its disk copy (a read back failed: -EBADMSG). */
+bool paging_held_damaged(struct paging *pg, const pg_page_id *ids, size_t n);
 /* The shared store's write-through (core/): enqueues on the copy stream, ordered after the
    engine's work on s (tier_copies_after_engine: the engine's own call), copies of blocks
    blocks[0..n) of resident s into host memory: block blocks[i]'s page of region r at

@@ -257,6 +257,14 @@ int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32
     return rc;
 }
 
+bool paging_held_damaged(struct paging *pg, const pg_page_id *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (page_at(pg, ids[i])->tier == PG_TIER_DISK && page_at(pg, ids[i])->bad)
+            return true;
+    return false;
+}
+
 void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)        /* ids[i] none: a hole (discard.c) */
