@@ -900,6 +900,37 @@ Test(sweep, io_faults_below_the_host_tier)
     cr_assert_geq(shorter, 2u, "no attach met a failed read");
 }
 
+/* A block read back damaged from disk is a miss: its entry goes, the blocks before it
+   attach, now and at every later attach. */
+Test(regress, a_damaged_disk_entry_failed_every_attach_of_its_chain)
+{
+    /* Bug: a block whose disk read failed stayed an entry that every lookup found, and
+       every attach of its chain failed -EBADMSG, until the engine dropped a key it could
+       not tell. */
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);     /* the injected error is logged */
+    open_tiers(&t, dir, 2, 16);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, two_chains_reclaimed(&t, x, y), 0), 0);
+    kvvm_seq b = mk(&t);
+    /* the attach writes x2 out for host room (I/O 1), then reads y's disk blocks */
+    cr_assert_eq(spill_fault_arm(kvvm_debug_spill(t.kv), 2, SPILL_FAULT_ERROR, -EIO), 0);
+    int rc = kvvm_prefix_attach(t.kv, b, 1, y, 3);
+    spill_fault_clear(kvvm_debug_spill(t.kv));
+    cr_assert(rc >= 1 && rc < 3, "attach: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_damaged, 1);
+    cr_assert(same(&t, b, (uint64_t)rc * T, 2));
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), rc, "the damaged entry is found");
+    kvvm_seq c = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, c, 1, y, 3), rc, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, c, (uint64_t)rc * T, 2));
+    tcheck(&t, "damaged");
+    close_tiers(&t, dir);
+}
+
 /* Without a disk tier the host tier's room goes to the plan's last entries (the most
    recently used, the heads of chains), the rest are dropped: a chain keeps a usable head. */
 Test(regress, demotion_room_went_to_a_chain_tail_its_head_dropped)
