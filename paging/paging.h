@@ -590,6 +590,9 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h);
 int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved);
 /* The HOST pages among ids[0..n) that only holders keep. */
 uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n);
+/* O(1): whether any HOST page only holders keep exists and the disk tier takes a spill now
+   (there, on, a slot free). */
+bool paging_held_spillable(const struct paging *pg);
 /* Starts writing the HOST pages among ids[0..n) that only holders keep to the disk tier, at
    most max (as paging_spill_seq does a sequence's: not waiting for them); *started the
    count. 0, or -ENOMEM no disk tier, spilling disabled or the disk full (after starting

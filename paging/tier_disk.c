@@ -229,19 +229,18 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     return *started ? 0 : rc;
 }
 
-/* A HOST page that only holders outside sequences keep (hold.c): no sequence's spill
-   writes it, the holders' owner does (paging_held_spill). */
-static bool held_only_host(const struct pg_page *p)
-{
-    return p->tier == PG_TIER_HOST && p->refs == p->ents;
-}
-
 uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n)
 {
     uint32_t k = 0;
     for (size_t i = 0; i < n; i++)
-        k += held_only_host(page_at(pg, ids[i]));
+        k += page_held_only_host(page_at(pg, ids[i]));
     return k;
+}
+
+bool paging_held_spillable(const struct paging *pg)
+{
+    return pg->n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&
+           lower_room(pg, PG_LOWER_DISK);
 }
 
 int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,
@@ -252,7 +251,7 @@ int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32
         return -ENOMEM;
     int rc = 0;
     for (size_t i = 0; i < n && *started < max && !rc; i++)
-        if (held_only_host(page_at(pg, ids[i])) && !(rc = spill_page(pg, ids[i])))
+        if (page_held_only_host(page_at(pg, ids[i])) && !(rc = spill_page(pg, ids[i])))
             (*started)++;
     return rc;
 }

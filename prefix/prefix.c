@@ -576,8 +576,8 @@ static uint32_t cache_spill(void *arg, uint32_t max)
     struct prefix *pc = arg;
     struct pfx_walk w;
     uint32_t started = 0, i;
-    if (!pc->n_full || walk_begin(pc, &w, spillable, false))
-        return 0;
+    if (!paging_held_spillable(pc->pg) || walk_begin(pc, &w, spillable, false))
+        return 0;                       /* (O(1) when there is nothing to write, or no room) */
     while (started < max && (i = walk_next(pc, &w)) != PFX_NONE) {
         uint32_t got;
         int rc = paging_held_spill(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr,
