@@ -787,6 +787,35 @@ Test(below, demoted_entries_spill_to_disk_lru_leaves_first)
     close_tiers(&t, dir);
 }
 
+/* A swap-out short of host slots makes its room by spilling the entries that fill the host
+   tier (before, they were no spill candidate's: the swap-out was -ENOMEM). */
+Test(below, a_swap_out_spills_host_entries_for_room)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2];
+    open_tiers(&t, dir, 2, 16);
+    entries_only(&t, 1, 1, 2, x);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    tiers_are(&t, x, 2, (uint8_t[]){ HOST, HOST }, "x demoted");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, 2 * T, 3);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_spills, 2);
+    tiers_are(&t, x, 2, (uint8_t[]){ DISK, DISK }, "x spilled");
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, s, 2 * T, 3));
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, x, 2), 2, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 2 * T, 1));
+    tcheck(&t, "swap-out room");
+    close_tiers(&t, dir);
+}
+
 /* An attach of disk entries without device room for them is -ENOMEM and moves nothing:
    no entry's tier changes, no page is read or written. */
 Test(below, attach_from_disk_without_device_room_changes_nothing)
