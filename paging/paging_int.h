@@ -302,6 +302,8 @@ struct paging {
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
     uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
+    uint32_t n_held_host;      /* [page_count] of them: those only holders outside sequences
+                                  keep */
     uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
                                   holders */
 
@@ -482,11 +484,18 @@ static inline bool page_orphan(const struct pg_page *p)
 {
     return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs && p->offs > p->ents;
 }
-/* A HOST page that a sequence holds (a spill of one of its holders can write it out): the
-   pages only entries hold are no spill candidate's (hold.c). */
+/* A HOST page (its holders are non-resident sequences, entries, or both): a spill can write
+   it out, a sequence's (paging_spill_seq) or, for pages only entries hold, the entries'
+   owner's (paging_held_spill). */
 static inline bool page_host_held(const struct pg_page *p)
 {
-    return p->tier == PG_TIER_HOST && p->refs > p->ents;
+    return p->tier == PG_TIER_HOST && p->refs;
+}
+/* A HOST page that only holders outside sequences keep: no sequence's spill writes it, the
+   holders' owner's does (paging_held_spill). */
+static inline bool page_held_only_host(const struct pg_page *p)
+{
+    return page_host_held(p) && p->refs == p->ents;
 }
 /* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
    walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,
@@ -495,6 +504,8 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 {
     if (page_host_held(p))
         pg->n_host_pages += (uint32_t)d;
+    if (page_held_only_host(p))
+        pg->n_held_host += (uint32_t)d;
     if (page_orphan(p))
         pg->n_orphans += (uint32_t)d;
 }
