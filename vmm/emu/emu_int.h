@@ -34,8 +34,10 @@
  *    blocking stream's op waits for the legacy work queued before it (CUDA's implicit
  *    synchronization; non-blocking streams do not synchronize with it, so neither do we).
  *    Like any stream it is asynchronous to the caller: a missing cuStreamSynchronize(NULL)
- *    shows up. A caller that synchronizes runs the ready legacy ops itself (same order, same
- *    dependencies), so a synchronous-mode caller costs no thread hand-off per op.
+ *    shows up. A caller that waits (a stream, event or context synchronize) runs the ready
+ *    ops of the device's streams itself (emu_help_locked: same order, same dependencies, at
+ *    a moment the worker could have run them), so a caller that copies and synchronizes
+ *    costs no thread hand-off per op; work nobody waits for runs on the workers.
  *  - Every entry point is counted, traced and can be made to fail (entry.c) before it does
  *    anything: an injected failure changes no state.
  *
@@ -319,7 +321,7 @@ bool emu_range_known_locked(kcu_deviceptr va, size_t n);
 void emu_xfer_locked(struct emu_dev *d, struct emu_op *op);
 
 /* streams.c */
-bool emu_legacy_help_locked(struct emu_dev *d);
+bool emu_help_locked(struct emu_dev *d, struct kcu_stream_st *want);
 kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
                                  struct kcu_stream_st **s, struct emu_dev **d);
 kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op);

@@ -68,23 +68,45 @@ static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
     pthread_cond_broadcast(&emu.cond);
 }
 
-/* A caller about to wait for legacy-stream work runs the legacy stream's next op itself when
-   it is ready (its implicit dependencies complete, not a wait still pending, the worker not
-   in it): the same order and the same point in time as the worker would run it, without a
-   thread hand-off per op (a synchronous-mode caller waits for each of its copies). True
-   when it ran one. */
-bool emu_legacy_help_locked(struct emu_dev *d)
+/* Whether a thread may run s's head op now, as s's worker would: there is one, s is not
+   paused, nobody runs it (s->running), its implicit legacy dependencies are complete and
+   it is not a wait for an event still pending (that would block inside the op). */
+static bool op_ready_locked(const struct kcu_stream_st *s)
 {
-    struct kcu_stream_st *s = d->legacy;
-    struct emu_op *op = s ? s->head : NULL;
-    if (!op || s->running || s->paused || !op_deps_done_locked(d, op) ||
-        (op->kind == OP_WAIT && op->ev->done_seq < op->seq && !d->sticky))
-        return false;
+    const struct emu_op *op = s->head;
+    return op && !s->running && !s->paused && op_deps_done_locked(s->dev, op) &&
+           !(op->kind == OP_WAIT && op->ev->done_seq < op->seq && !s->dev->sticky);
+}
+
+/* Runs s's head op (op_ready_locked) in the calling thread and pops it. */
+static void op_run_head_locked(struct kcu_stream_st *s)
+{
+    struct emu_op *op = s->head;
     s->running = true;             /* a copy drops the lock between chunks */
-    op_exec_locked(d, op);
+    op_exec_locked(s->dev, op);
     s->running = false;
     op_pop_locked(s, op);
-    return true;
+}
+
+/* A thread about to wait for device d's work (a stream, event or context synchronize) runs
+   the next ready op of one of d's streams itself, want's first (NULL: none preferred), then
+   the others' (what it waits for may depend on them): the same op, in the same order, at a
+   moment its worker could have run it (the caller is blocked until that work is done), but
+   without the hand-off to the worker and back that each op costs otherwise (a caller that
+   copies and synchronizes waits for each of its copies). Work still runs on the workers
+   whenever nobody waits for it: it stays asynchronous to the caller. True when it ran one. */
+bool emu_help_locked(struct emu_dev *d, struct kcu_stream_st *want)
+{
+    if (want && op_ready_locked(want)) {
+        op_run_head_locked(want);
+        return true;
+    }
+    for (struct kcu_stream_st *s = emu.streams; s; s = s->next)
+        if (s->dev == d && s != want && op_ready_locked(s)) {
+            op_run_head_locked(s);
+            return true;
+        }
+    return false;
 }
 
 static void *stream_main(void *arg)
@@ -98,7 +120,7 @@ static void *stream_main(void *arg)
             break;
         struct emu_op *op = s->head;
         if (s->running || !op_deps_done_locked(s->dev, op)) {
-            /* a synchronizing caller runs it (emu_legacy_help_locked), or its dependencies
+            /* a synchronizing caller runs it (emu_help_locked), or its dependencies
                are pending: some op completes, or a resume */
             pthread_cond_wait(&emu.cond, &emu.lock);
             continue;
@@ -144,7 +166,7 @@ void emu_drain_locked(struct emu_dev *d, bool blocking_only)
                    !(blocking_only && (s->flags & KCU_STREAM_NON_BLOCKING));
         if (!busy)
             return;
-        if (!emu_legacy_help_locked(d))
+        if (!emu_help_locked(d, NULL))
             pthread_cond_wait(&emu.cond, &emu.lock);
     }
 }
@@ -152,7 +174,7 @@ void emu_drain_locked(struct emu_dev *d, bool blocking_only)
 static void stream_wait_idle_locked(struct kcu_stream_st *s)
 {
     while (s->head)
-        if (!emu_legacy_help_locked(s->dev))     /* s may wait for legacy work */
+        if (!emu_help_locked(s->dev, s))
             pthread_cond_wait(&emu.cond, &emu.lock);
 }
 
