@@ -190,6 +190,11 @@ struct kcu_stream_st {
     bool detached;                 /* destroyed by the caller: the worker frees s once drained */
     bool legacy;                   /* the device's legacy default stream (never a handle) */
     bool running;                  /* its head op executes now (the worker may wait in it) */
+    bool idle;                     /* the worker waits on cv for work (a submit must wake it) */
+    /* wake-ups of the worker in flight: a submit that found it idle signals cv after
+       dropping emu.lock (emu_leave), so the worker does not wake into a lock still held;
+       atomic, and s is not freed until it is 0 (stream_unkicked) */
+    unsigned kicks;
     uint64_t id;                   /* unique, never reused (barriers name streams by it) */
     /* emulated graph capture (emu_stream_set_capturing), begun in GLOBAL mode by cap_thread:
        work submitted meanwhile is captured (counted, never executed), like a graph's nodes;
@@ -269,6 +274,7 @@ struct emu_thread {
     struct kcu_ctx_st *ctx;        /* the current context (cuCtxSetCurrent); NULL = none */
     unsigned ctx_gen;              /* ctx->gen when it was made current: alive iff equal */
     int capmode;                   /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+    struct kcu_stream_st *kick;    /* a worker to wake when this call leaves (s->kicks) */
 };
 
 extern __thread struct emu_thread emu_t;
@@ -328,6 +334,7 @@ kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct 
 struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s);
 void emu_drain_locked(struct emu_dev *d, bool blocking_only);
 void emu_stream_teardown_locked(struct kcu_stream_st *s);
+void emu_stream_kick(void);
 
 /* capture.c */
 kcu_result emu_capture_unsafe_locked(void);

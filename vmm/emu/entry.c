@@ -110,6 +110,7 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 kcu_result emu_leave(kcu_result r)
 {
     pthread_mutex_unlock(&emu.lock);
+    emu_stream_kick();
     return r;
 }
 

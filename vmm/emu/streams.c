@@ -5,6 +5,8 @@
  */
 #include "emu_int.h"
 
+#include <sched.h>
+
 static void op_free(struct emu_op *op)
 {
     free(op->bar);
@@ -109,13 +111,39 @@ bool emu_help_locked(struct emu_dev *d, struct kcu_stream_st *want)
     return false;
 }
 
+/* Wakes the worker a submit of this thread's call found idle (emu_submit_locked), after the
+   call dropped emu.lock: the worker then finds the lock free instead of waking into it and
+   sleeping again until the caller leaves (a futex wait and wake more per operation). The
+   queued op is under the lock already, so the worker either waits on cv now (and gets the
+   signal) or sees the op before it waits. */
+void emu_stream_kick(void)
+{
+    struct kcu_stream_st *s = emu_t.kick;
+    if (!s)
+        return;
+    emu_t.kick = NULL;
+    pthread_cond_signal(&s->cv);
+    __atomic_sub_fetch(&s->kicks, 1, __ATOMIC_RELEASE);
+}
+
+/* Waits until no thread is still signalling s's worker (emu_stream_kick), before s is
+   freed: between its emu_leave's unlock and its signal a thread holds no lock. */
+static void stream_unkicked(struct kcu_stream_st *s)
+{
+    while (__atomic_load_n(&s->kicks, __ATOMIC_ACQUIRE))
+        sched_yield();
+}
+
 static void *stream_main(void *arg)
 {
     struct kcu_stream_st *s = arg;
     pthread_mutex_lock(&emu.lock);
     for (;;) {
-        while (s->head ? s->paused : !s->exiting)
+        while (s->head ? s->paused : !s->exiting) {
+            s->idle = !s->head;
             pthread_cond_wait(&s->cv, &emu.lock);
+            s->idle = false;
+        }
         if (!s->head)
             break;
         struct emu_op *op = s->head;
@@ -138,6 +166,7 @@ static void *stream_main(void *arg)
                 *pp = s->next;
                 break;
             }
+        stream_unkicked(s);
         pthread_cond_destroy(&s->cv);
         free(s);
         pthread_cond_broadcast(&emu.cond);
@@ -284,7 +313,13 @@ kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct 
     else
         s->head = op;
     s->tail = op;
-    pthread_cond_signal(&s->cv);
+    if (s->idle && !s->paused) {
+        /* its worker waits for work: woken when this call leaves (emu_stream_kick) */
+        emu_stream_kick();         /* (one op per call: none is pending) */
+        s->idle = false;
+        emu_t.kick = s;
+        __atomic_add_fetch(&s->kicks, 1, __ATOMIC_RELAXED);
+    }
     return KCU_SUCCESS;
 }
 
@@ -339,6 +374,7 @@ void emu_stream_teardown_locked(struct kcu_stream_st *s)
     }
     if (!s->legacy)
         s->dev->c.streams--;
+    stream_unkicked(s);
     pthread_cond_destroy(&s->cv);
     free(s);
 }
