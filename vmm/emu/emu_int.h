@@ -115,6 +115,10 @@ struct emu_dev {
     int memfd;
     unsigned char *view;           /* the emulator's RW MAP_SHARED view of the whole memfd */
     uint64_t *bitmap;              /* 1 = granule in use */
+    /* 1 = free granule whose memory was not returned yet (memory.c: returned in batches);
+       n_unpunched of them. Allocated with bitmap (one block) */
+    uint64_t *unpunched;
+    size_t n_unpunched;
     size_t cursor;                 /* next-fit start, in granules */
     int ctx_refs;                  /* primary context retains */
     kcu_result sticky;             /* 0, or the fault that killed the device */
