@@ -137,6 +137,13 @@ static void stream_unkicked(struct kcu_stream_st *s)
 static void *stream_main(void *arg)
 {
     struct kcu_stream_st *s = arg;
+    /* SCHED_BATCH (Linux; no privilege needed, failure ignored): a worker woken by a
+       submit does not preempt the submitting thread on its CPU (the waker kept running
+       costs two switches less per op), it runs on an idle CPU at once or when the CPU is
+       next given up, with whatever work has been queued by then. When it runs is the
+       device's affair: work stays asynchronous, and a caller that waits runs it itself. */
+    struct sched_param sp = { 0 };
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
     pthread_mutex_lock(&emu.lock);
     for (;;) {
         while (s->head ? s->paused : !s->exiting) {
