@@ -79,6 +79,17 @@ int kvvm_prefix_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
 
 int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, uint8_t *where)
 {
+    /* the hot path (call.h hot_enter): a lookup moves nothing, makes no driver call and
+       records no refusal, so none of enter()'s arming is needed; a bad argument, a forked
+       child, a dead context and the debug build (its checker) take the full path */
+    if (__builtin_expect(kv && keys && n <= INT32_MAX, 1) && hot_enter(kv)) {
+        size_t k = prefix_lookup(kv->pfx, ns, keys, n, where, NULL, true);
+        pthread_mutex_unlock(&kv->lock);
+        if (k < n && kv->sq)           /* the store, without the lock */
+            k += storeq_lookup(kv->sq, ns, keys + k, n - k, where ? where + k : NULL);
+        klast_clear();
+        return (int)k;
+    }
     klast_clear();
     NONNULL(kv);
     KEYS_CHECK(keys, n);
@@ -107,6 +118,28 @@ static int attach_in(kvvm *kv, kvvm_seq dst, const pg_page_id *ids, uint32_t k)
     if (rc)
         paging_seq_unadopt(kv->pg, dst);   /* empty again; the entries keep their pages */
     return rc;
+}
+
+/* After attach_in of the *k blocks ids failed -EBADMSG (a page's disk copy is lost): the
+   damaged blocks' entries are dropped (a miss from now on, as a store value failing its
+   checksum) and the blocks before the first of them attach; *k becomes their count.
+   attach_in's result for them (0 for none); -EBADMSG when no block is damaged. */
+static int attach_undamaged(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
+                            const pg_page_id *ids, size_t *k)
+{
+    uint32_t nr = kv->cfg.n_regions;
+    size_t d = *k;
+    for (size_t b = *k; b-- > 0;)
+        if (paging_held_damaged(kv->pg, &ids[b * nr], nr)) {
+            (void)prefix_drop(kv->pfx, ns, &keys[b], 1);
+            d = b;
+        }
+    if (d == *k)
+        return -EBADMSG;
+    klog_warn("kvvm_prefix_attach: block %zu of the prefix read back damaged from disk: its "
+              "entry is dropped, %zu blocks attach", d, d);
+    *k = d;
+    return d ? attach_in(kv, dst, ids, (uint32_t)d) : 0;
 }
 
 /* dst is a live, empty sequence; *n capped at the blocks a sequence holds. */
@@ -171,6 +204,8 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
     rc = k ? stream_check(kv) : 0;
     if (!rc && k)
         rc = attach_in(kv, dst, ids, (uint32_t)k);
+    if (rc == -EBADMSG)
+        rc = attach_undamaged(kv, dst, ns, keys, ids, &k);
     free(ids);
     size_t t = k;
     if (!rc && k >= k0 && k < k0 + f->got && k0 + f->got <= n &&

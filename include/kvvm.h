@@ -343,6 +343,9 @@ struct kvvm_stats {
                                      write-throughs given up (store down, staging full) */
     uint64_t store_bytes_out;     /* value bytes written (headers included) */
     uint64_t store_bytes_in;      /* value bytes read */
+    /* --- additions of 0.3: prefix entries below the host tier --- */
+    uint64_t prefix_spills;       /* pages only prefix entries hold written to the disk tier
+                                     (writes started) */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
@@ -440,8 +443,9 @@ KVVM_API int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, siz
    many blocks * T and returns that number (0: a miss, not an error). All or nothing for
    what it reports: on failure dst is still empty and nothing else moved. Protects dst.
    -ENOENT; -EINVAL dst not empty or keys NULL with n > 0; -ESTALE dst a dropped CACHED
-   sequence; -ENOMEM no device room for the blocks to bring up; -EBADMSG an entry's disk
-   copy was lost; -EBUSY capturing stream. */
+   sequence; -ENOMEM no device room for the blocks to bring up; -EBUSY capturing stream.
+   A block whose disk copy is lost is a miss: its entry is dropped, the blocks before it
+   attached. */
 KVVM_API int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
                                 size_t n);
 /* Removes those entries (n == 0 and keys NULL: every entry of ns) from this context and
@@ -454,7 +458,9 @@ enum { KVVM_TIER_DEVICE = 1, KVVM_TIER_HOST = 2, KVVM_TIER_DISK = 3, KVVM_TIER_S
    CACHED sequences are): least recently looked up or attached first, and a block whose
    successor in a chain is cached after that successor (leaves first), dropped — or, with
    KVVM_F_CACHE_DEMOTE and a swap allowed (KVVM_F_AUTO_SWAP, kvvm_set_budget), demoted to
-   the host tier when the room below holds them — never blocking a call that needs room. */
+   the host tier when the room below holds them — never blocking a call that needs room.
+   With a disk tier, the host pages only entries hold are spilled to disk like a swapped-out
+   sequence's (first, in the same order); the entry stays (lookup says KVVM_TIER_DISK). */
 
 enum kvvm_log_level { KVVM_LOG_DEBUG = 0, KVVM_LOG_INFO = 1, KVVM_LOG_WARN = 2,
                       KVVM_LOG_ERROR = 3, KVVM_LOG_OFF = 4 };

@@ -220,7 +220,7 @@ static int ck_frames(struct ck *k)
 static int ck_pages(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t live = 0, dev = 0, hostp = 0, orph = 0;
+    uint32_t live = 0, dev = 0, hostp = 0, heldp = 0, orph = 0;
     uint32_t slots[PG_N_LOWER] = { 0 }, io[PG_N_LOWER] = { 0 };   /* per tier below */
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
         struct pg_page *p = &pg->pages[i];
@@ -228,6 +228,7 @@ static int ck_pages(struct ck *k)
             continue;
         live++;
         hostp += page_host_held(p);
+        heldp += page_held_only_host(p);
         /* entries outside sequences (hold.c) hold references that map nothing; that they
            match the holders' own records is the holders' check (prefix_check) */
         k->refs[i] += p->ents;
@@ -275,6 +276,9 @@ static int ck_pages(struct ck *k)
     if (hostp != pg->n_host_pages || orph != pg->n_orphans)
         return fail(k, "%u HOST pages (counted %u), %u orphans (counted %u)", hostp,
                     pg->n_host_pages, orph, pg->n_orphans);
+    if (heldp != pg->n_held_host)
+        return fail(k, "%u HOST pages only holders keep (counted %u)", heldp,
+                    pg->n_held_host);
     for (unsigned t = 0; t < PG_N_LOWER; t++)
         if (slots[t] != pg->lower[t].n_slots || io[t] != pg->lower[t].n_io)
             return fail(k, "%u pages hold slots of tier %u below (counted %u), %u move "

@@ -190,8 +190,7 @@ int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, u
 
 void seq_slot_release(struct paging *pg, struct pg_seq *s)
 {
-    s->dying = 0;
-    s->live = 0;
+    seq_set_life(pg, s, SEQ_FREE);
     s->length = 0;
     s->n_pages = 0;
     s->used_valid = 0;
@@ -209,11 +208,10 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
     if (s->in_job == d)
         s->in_job = NULL;
     vmm_fence_destroy(pg->v, &d->fence);
+    KVVM_ASSERT(pg->n_defer > 0 && s->n_defer > 0);
     pg->n_defer--;
-    if (--s->n_defer == 0 && s->dying) {
-        pg->n_dying--;
+    if (--s->n_defer == 0 && s->dying)
         seq_slot_release(pg, s);
-    }
     free(d);
     return 0;
 }
@@ -317,9 +315,9 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
         return 0;
     if (!seq_quiet(pg, s))
         return pg_device_sync(pg);
-    const pg_page_id *bt = pg_bt(pg, s, r);
-    for (uint32_t i = i0; i < i1 && i < s->n_pages; i++)
-        if (!pg_page_is_none(bt[i]) && page_sharers(page_at(pg, bt[i])) > 1)
+    for (struct pg_bt_iter it = bt_range(pg, s, r, r + 1, i0, i1 < s->n_pages ? i1 : s->n_pages);
+         bt_next(&it);)
+        if (page_sharers(page_at(pg, it.id)) > 1)
             return pg_device_sync(pg);    /* another holder may be in use */
     return 0;
 }

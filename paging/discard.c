@@ -33,20 +33,9 @@ void seq_clamp_kept(struct paging *pg, struct pg_seq *s)
 static void drop_out_entries(struct paging *pg, struct pg_seq *s, uint32_t region,
                              uint32_t end)
 {
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        if (region != UINT32_MAX && r != region)
-            continue;
-        pg_page_id *bt = pg_bt(pg, s, r);
-        for (uint32_t i = 0; i < end; i++) {
-            if (pg_page_is_none(bt[i]))
-                continue;
-            struct pg_page *p = page_at(pg, bt[i]);
-            page_count(pg, p, -1);      /* (the HOST-page and orphan counts follow) */
-            p->offs--;
-            page_count(pg, p, 1);
-            page_put(pg, bt[i]);
-            bt[i] = PG_PAGE_NONE;
-        }
+    for (struct pg_bt_iter it = bt_region(pg, s, region, 0, end); bt_next(&it);) {
+        page_put_off(pg, it.id);        /* (the HOST-page and orphan counts follow) */
+        *it.e = PG_PAGE_NONE;
     }
 }
 
@@ -63,15 +52,9 @@ int paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t 
     /* pages wholly before first_kept: [0, end); first_kept <= length keeps end <= n_pages */
     uint32_t end = (uint32_t)(first_kept * pg->p.bytes_per_token / pg->p.page_size);
     uint32_t lo = end, cnt = 0;
-    for (uint32_t r = 0; r < nr; r++) {
-        if (region != UINT32_MAX && r != region)
-            continue;
-        const pg_page_id *bt = pg_bt(pg, s, r);
-        for (uint32_t i = 0; i < end; i++)
-            if (!pg_page_is_none(bt[i])) {
-                cnt++;
-                lo = i < lo ? i : lo;
-            }
+    for (struct pg_bt_iter it = bt_region(pg, s, region, 0, end); bt_next(&it);) {
+        cnt++;
+        lo = it.i < lo ? it.i : lo;
     }
     if (cnt && s->out) {
         drop_out_entries(pg, s, region, end);

@@ -33,7 +33,7 @@ int tier_page_down(struct paging *pg, pg_page_id id)
         goto out_slot;
     page_count(pg, p, -1);
     page_frame_drop(pg, p);
-    p->tier = PG_TIER_HOST;
+    page_set_tier(p, PG_TIER_HOST);
     page_take_slot(pg, p, PG_LOWER_HOST, slot);
     page_count(pg, p, 1);
     pg->c.bytes_to_host += pg->p.page_size;

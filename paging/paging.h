@@ -656,8 +656,9 @@ uint32_t paging_cap_frames(const struct paging *pg);
  * A holder keeps references on pages without a slot or a window (they count in the pages'
  * refs like a swapped-out sequence's, and in their own count, ents): the pages stay where
  * they are and follow their tier moves; a sequence writing one copies it on write. A page
- * only holders keep is neither an orphan nor spillable: reclaim of the holders is their
- * owner's (prefix/), through the plan marks below. */
+ * only holders keep is no orphan: reclaim of the holders is their owner's (prefix/), through
+ * the plan marks below; on the host tier it counts as spillable (the room facts), and the
+ * owner writes it to disk when a spill asks (paging_held_spill, through swap/'s spill). */
 enum { PG_WHERE_DEVICE = 1, PG_WHERE_HOST = 2, PG_WHERE_DISK = 3 };  /* = KVVM_TIER_* */
 /* The pages of blocks [0, n) of s (a block = page b of every region; page_size a multiple
    of bytes_per_token), ids[b * n_regions + r]. -ENOENT, -ESTALE a dropped sequence,
@@ -689,6 +690,19 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h);
    may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what
    fit), -EIO. */
 int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved);
+/* The HOST pages among ids[0..n) that only holders keep. */
+uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n);
+/* O(1): whether any HOST page only holders keep exists and the disk tier takes a spill now
+   (there, on, a slot free). */
+bool paging_held_spillable(const struct paging *pg);
+/* Starts writing the HOST pages among ids[0..n) that only holders keep to the disk tier, at
+   most max (as paging_spill_seq does a sequence's: not waiting for them); *started the
+   count. 0, or -ENOMEM no disk tier, spilling disabled or the disk full (after starting
+   *started), -EIO. */
+int  paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,
+                       uint32_t *started);
+/* Whether one of ids[0..n) lost its disk copy (a read back failed: -EBADMSG). */
+bool paging_held_damaged(struct paging *pg, const pg_page_id *ids, size_t n);
 /* The shared store's write-through (core/): enqueues on the copy stream, ordered after the
    engine's work on s (tier_copies_after_engine: the engine's own call), copies of blocks
    blocks[0..n) of resident s into host memory: block blocks[i]'s page of region r at

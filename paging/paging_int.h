@@ -22,12 +22,15 @@
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
+ *   plan.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
+ * Who writes which field of struct paging: each field's comment names it in brackets.
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
 
 #include <errno.h>
 #include <pthread.h>
+#include "common/assert.h"
 #include "paging.h"
 
 enum pg_frame_state {
@@ -128,8 +131,8 @@ struct pg_defer {
 };
 
 /* The fields paging_seq_grow_fast (paging.h) reads and writes come first, packed into 64
-   bytes (gen .. used_tick): the decode step's grow touches one or two cache lines of a
-   sequence. `hot` names them for core; paging's code uses the unnamed members. */
+   bytes (gen .. used_tick): the decode step's grow touches one cache line of a sequence.
+   `hot` names them for core; paging's code uses the unnamed members. */
 struct pg_seq {
     union {
         struct pg_seq_hot hot;
@@ -216,72 +219,102 @@ struct pg_lower {
     pg_slot  hint;             /* the last slot allocated (clustering); PG_SLOT_NONE: none */
 };
 
+/* The paging context. Each field's owner, in brackets, is the file that writes it (set at
+   create by paging.c unless said): the others read it, or change it through the owner's
+   functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
+   next step's work (issue 24: split this struct into parts each owned by one file). */
 struct paging {
-    union {                    /* first: paging_hot() (paging.h) */
+    union {                    /* first: paging_hot() (paging.h); seqs, n_slots, seq_size
+                                  [paging.c]; room_gen [pool.c: page_get; hold.c:
+                                  paging_hold; page_get_off]; epoch [step.c]; tick
+                                  [seq_use] */
         struct paging_hot hot;
         struct { PAGING_HOT_FIELDS };
     };
-    struct vmm *v;
-    struct paging_params p;
-    uint32_t pages_per_slot;
-    uint64_t scratch_va;   /* the scratch run after the regions (PG_SCRATCH_PAGES pages) */
-    uint32_t batch_mark;   /* the last batch paging_seq_grow_batch_in_place checked */
+    struct vmm *v;             /* [paging.c] */
+    struct paging_params p;    /* [paging.c; pool.c: p.max_frames, paging_set_budget] */
+    uint32_t pages_per_slot;   /* [paging.c] */
+    uint64_t scratch_va;   /* [paging.c] the scratch run after the regions (PG_SCRATCH_PAGES
+                              pages) */
+    uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
-       p.max_frames, changed by paging_set_budget) */
+       p.max_frames, changed by paging_set_budget). All [pool.c] (frame states: frame_move;
+       frame_at(f)->page: page_frame_set / page_frame_drop, paging_int.h) */
     struct pg_frame *frames;   /* cap_frames */
     uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
     uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
     uint32_t n_held, n_ready, n_ahead, n_used;
     pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
     pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
-    uint32_t chunk;            /* frames created ahead per refill without a pool thread */
-    struct pg_feed feed;
+    uint32_t chunk;            /* [paging.c] frames created ahead per refill without a pool
+                                  thread */
+    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
+       one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
+       hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
+       tier_disk.c], tier [page_set_tier, from pool.c, tier*.c, orphan.c, share.c], frame
+       [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot],
+       bad, staged [tier_disk.c], mark.. kept [plan.c], ents [hold.c] */
     struct pg_page *pages;     /* max_pages */
     pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
     uint32_t n_pages_live;
-    uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
+    uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
 
-    /* sequences */
-    uint32_t slot_free_head;   /* slot + 1; 0 = none */
-    uint32_t n_live, n_dying;
-    uint32_t n_out;            /* live non-resident sequences (out set): seq_set_out */
+    /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
+       and defer.c; residency: seq_set_out, from the swap paths; length and block tables
+       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] (the array, seqs,
+       is in the hot view above) */
+    uint32_t slot_free_head;   /* [seq.c, defer.c: seq_slot_release] slot + 1; 0 = none */
+    uint32_t n_live, n_dying;  /* [seq_set_life] */
+    uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
 
-    /* ordering */
+    /* ordering [step.c] */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
     vmm_fence step_fence;      /* recorded at the last step on the engine stream */
     uint8_t  step_fence_ok;    /* created */
     uint8_t  step_recorded;
     uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
-    uint64_t step_fence_tick;  /* pg->tick when it was recorded (paging_step: an idle step,
-                                  no use since, moves step_fence_epoch on without a record) */
+    uint64_t step_fence_tick;  /* pg->tick when it was recorded (an idle step, no use since,
+                                  moves step_fence_epoch on without a record) */
     uint8_t  step_fence_done;  /* found complete since it was recorded */
-    uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
-    struct pg_defer *defer;    /* pending releases, newest first */
-    uint32_t n_defer;
+    uint64_t quiet_below;      /* [step.c, defer.c: seq_quiet] sequences with used_epoch <
+                                  this have no device work left */
+    struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
+                                  first */
+    uint32_t n_defer;          /* [defer.c; tier.c] */
 
-    /* the tiers below the device (paging.h, "the tiers below the device") */
+    /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
+       n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,
+       tier_in.c, tier_disk.c; lower_io_done); off: tier_disk.c; hint: tier_out.c,
+       tier_disk.c] */
     struct pg_lower lower[PG_N_LOWER];
-    /* the device <-> host copies (tier.c) */
+    /* the device <-> host copies [tier.c] */
     kcu_stream copy_stream;    /* swap copies; made on first use */
     vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
     uint8_t  copy_fence_ok;
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
-    uint32_t n_host_pages;     /* pages in tier HOST (the spillable ones: page_count) */
-    uint32_t n_orphans;        /* device pages held only by non-resident holders (page_count) */
+    uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
+    uint32_t n_held_host;      /* [page_count] of them: those only holders outside sequences
+                                  keep */
+    uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
+                                  holders */
 
-    /* spilling (tier_disk.c) */
+    /* spilling [tier_disk.c] */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress
                                   (tier_disk_stage_io) */
-    struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
+    struct pg_policy_ops policy; /* [tier.c] swap/'s choices (paging_set_policy); .plan
+                                    NULL: none */
 
-    struct paging_counters c;
-    struct paging_why why;     /* the current call's refusals (paging_why) */
-    uint64_t n_syncs;          /* device / engine-stream synchronizations so far (view.c) */
-    struct pg_view view;       /* the pool view (view.c); view.n_ids 0: none */
+    struct paging_counters c;  /* [all: each file counts its own events] */
+    struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
+                                  call's refusals (paging_why) */
+    uint64_t n_syncs;          /* [step.c; view.c: view_reap's own sync] device /
+                                  engine-stream synchronizations so far */
+    struct pg_view view;       /* [view.c] the pool view; view.n_ids 0: none */
 };
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
@@ -323,6 +356,56 @@ static inline pg_page_id *pg_bt(const struct paging *pg, struct pg_seq *s, uint3
 {
     (void)pg;
     return s->bt + (size_t)r * s->bt_cap;
+}
+/* The one walk over a sequence's block-table entries, holes (PG_PAGE_NONE, discard.c)
+   skipped, region-major:
+       for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+           use(it.r, it.i, it.id);      (it.e: the entry itself, for a caller that clears it)
+   bt_range walks regions [r0, r1) x page indices [i0, i1) (i1 <= s->bt_cap). The entries
+   may be cleared during the walk (the next entry is read when it is reached); nothing
+   else of s may change. Inline, no call: as cheap as the two hand-written loops. */
+struct pg_bt_iter {
+    pg_page_id *e;         /* the current entry */
+    pg_page_id id;         /* *e then (never PG_PAGE_NONE) */
+    uint32_t r, i;         /* its region and page index */
+    uint32_t r1, i0, i1, cap;
+    pg_page_id *bt;
+};
+static inline struct pg_bt_iter bt_range(const struct paging *pg, struct pg_seq *s,
+                                         uint32_t r0, uint32_t r1, uint32_t i0, uint32_t i1)
+{
+    (void)pg;
+    if (r0 >= r1)
+        i1 = i0;                         /* empty: the first bt_next ends it */
+    /* i starts one before i0 (unsigned: i0 = 0 wraps, the first ++ makes it 0) */
+    return (struct pg_bt_iter){ .r = r0, .i = i0 - 1, .r1 = r1, .i0 = i0, .i1 = i1,
+                                .cap = s->bt_cap, .bt = s->bt };
+}
+static inline struct pg_bt_iter bt_all(const struct paging *pg, struct pg_seq *s)
+{
+    return bt_range(pg, s, 0, pg->p.n_regions, 0, s->n_pages);
+}
+/* region UINT32_MAX: every region (the convention of discard's and release's region). */
+static inline struct pg_bt_iter bt_region(const struct paging *pg, struct pg_seq *s,
+                                          uint32_t region, uint32_t i0, uint32_t i1)
+{
+    return region == UINT32_MAX ? bt_range(pg, s, 0, pg->p.n_regions, i0, i1)
+                                : bt_range(pg, s, region, region + 1, i0, i1);
+}
+static inline bool bt_next(struct pg_bt_iter *it)
+{
+    for (;;) {
+        if (++it->i >= it->i1) {
+            if (it->i0 >= it->i1 || ++it->r >= it->r1)
+                return false;
+            it->i = it->i0;
+        }
+        it->e = it->bt + (size_t)it->r * it->cap + it->i;
+        if (!pg_page_is_none(*it->e)) {
+            it->id = *it->e;
+            return true;
+        }
+    }
 }
 /* Region r's map-ahead frames. With map_ahead = 0 there is no array (s->ahead is NULL) and
    the result is NULL: arithmetic on a null pointer, even + 0, is undefined (C11 6.5.6), so
@@ -376,6 +459,8 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame);
 void page_get(struct paging *pg, pg_page_id page);
 /* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
 void page_put(struct paging *pg, pg_page_id page);
+/* Drops the reference of a non-resident holder (page_get_off's undo: offs and refs). */
+void page_put_off(struct paging *pg, pg_page_id page);
 static inline struct pg_page *page_at(struct paging *pg, pg_page_id id)
 {
     return &pg->pages[id.v - 1];
@@ -393,11 +478,18 @@ static inline bool page_orphan(const struct pg_page *p)
 {
     return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs && p->offs > p->ents;
 }
-/* A HOST page that a sequence holds (a spill of one of its holders can write it out): the
-   pages only entries hold are no spill candidate's (hold.c). */
+/* A HOST page (its holders are non-resident sequences, entries, or both): a spill can write
+   it out, a sequence's (paging_spill_seq) or, for pages only entries hold, the entries'
+   owner's (paging_held_spill). */
 static inline bool page_host_held(const struct pg_page *p)
 {
-    return p->tier == PG_TIER_HOST && p->refs > p->ents;
+    return p->tier == PG_TIER_HOST && p->refs;
+}
+/* A HOST page that only holders outside sequences keep: no sequence's spill writes it, the
+   holders' owner's does (paging_held_spill). */
+static inline bool page_held_only_host(const struct pg_page *p)
+{
+    return page_host_held(p) && p->refs == p->ents;
 }
 /* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
    walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,
@@ -406,6 +498,8 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 {
     if (page_host_held(p))
         pg->n_host_pages += (uint32_t)d;
+    if (page_held_only_host(p))
+        pg->n_held_host += (uint32_t)d;
     if (page_orphan(p))
         pg->n_orphans += (uint32_t)d;
 }
@@ -476,23 +570,73 @@ static inline unsigned lower_slots(uint8_t tier)
     default:                                                          return 0;
     }
 }
-/* The page takes slot s of tier t (counted in the tier's n_slots). */
+/* The page state machine (enum pg_tier): the moves a page's tier may make, a bit per
+   destination. A new descriptor becomes a device page (page_new) or a host one (share of a
+   non-resident partial page); a page is freed (NONE) only at rest, never in flight; a move
+   in flight ends where it was going, or (a failed spill write or read back) where it was. */
+static inline bool page_tier_edge(uint8_t from, uint8_t to)
+{
+#define PG_T(t) (1u << (t))
+    unsigned next;
+    switch (from) {
+    case PG_TIER_NONE:      next = PG_T(PG_TIER_DEVICE) | PG_T(PG_TIER_HOST); break;
+    case PG_TIER_DEVICE:    next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_TO_HOST) |
+                                   PG_T(PG_TIER_HOST) | PG_T(PG_TIER_DISK); break;
+    case PG_TIER_HOST:      next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_TO_DEVICE) |
+                                   PG_T(PG_TIER_DEVICE) | PG_T(PG_TIER_TO_DISK); break;
+    case PG_TIER_DISK:      next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_FROM_DISK) |
+                                   PG_T(PG_TIER_DEVICE); break;
+    case PG_TIER_TO_HOST:   next = PG_T(PG_TIER_HOST); break;
+    case PG_TIER_TO_DEVICE: next = PG_T(PG_TIER_DEVICE); break;
+    case PG_TIER_TO_DISK:   next = PG_T(PG_TIER_DISK) | PG_T(PG_TIER_HOST); break;
+    case PG_TIER_FROM_DISK: next = PG_T(PG_TIER_HOST) | PG_T(PG_TIER_DISK); break;
+    default:                next = 0; break;
+    }
+    return (next & PG_T(to)) != 0;
+#undef PG_T
+}
+/* The one writer of a page's tier: asserts (debug build) the move is an edge above. */
+static inline void page_set_tier(struct pg_page *p, uint8_t to)
+{
+    KVVM_ASSERT(page_tier_edge(p->tier, to));
+    p->tier = to;
+}
+/* A page holds no slot of any tier below (PG_SLOT_NONE: page_take_slot asserts it). */
+static inline void page_slots_none(struct pg_page *p)
+{
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        p->slot[t] = PG_SLOT_NONE;
+}
+/* The page takes slot s of tier t (counted in the tier's n_slots): a slot of a tier that is
+   there, and the page held none of it. */
 static inline void page_take_slot(struct paging *pg, struct pg_page *p, unsigned t, pg_slot s)
 {
+    KVVM_ASSERT(lower_on(pg, t) && !pg_slot_is_none(s) && pg_slot_is_none(p->slot[t]));
     p->slot[t] = s;
     pg->lower[t].n_slots++;
 }
-/* Frees the page's slot in tier t and its count there; the page's tier is the caller's. */
+/* Frees the page's slot in tier t and its count there; the page's tier is the caller's
+   (it still is one holding a slot of t: the slot given back is the one it took). */
 static inline void page_release_slot(struct paging *pg, struct pg_page *p, unsigned t)
 {
+    KVVM_ASSERT(!pg_slot_is_none(p->slot[t]) && (lower_slots(p->tier) & (1u << t)) &&
+                pg->lower[t].n_slots > 0);
     lower_free(pg, t, p->slot[t]);
-    p->slot[t] = (pg_slot){ 0 };
+    p->slot[t] = PG_SLOT_NONE;
     pg->lower[t].n_slots--;
+}
+/* The end of a move between tier t and the one above (n_io, lower_moving). */
+static inline void lower_io_done(struct paging *pg, unsigned t)
+{
+    KVVM_ASSERT(pg->lower[t].n_io > 0);
+    pg->lower[t].n_io--;
 }
 /* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
 static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
 {
     pg_frame_id f = p->frame;
+    KVVM_ASSERT(!pg_frame_is_none(f) && pg_page_eq(frame_at(pg, f)->page,
+                                                   (pg_page_id){ (uint32_t)(p - pg->pages) + 1 }));
     p->frame = PG_FRAME_NONE;
     frame_at(pg, f)->page = PG_PAGE_NONE;
     pool_give(pg, &f, 1);
@@ -501,6 +645,8 @@ static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
    swapped silently. */
 static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id f)
 {
+    KVVM_ASSERT(frame_at(pg, f)->state == FR_USED && pg_page_is_none(frame_at(pg, f)->page) &&
+                pg_frame_is_none(page_at(pg, id)->frame));
     page_at(pg, id)->frame = f;
     frame_at(pg, f)->page = id;
 }
@@ -542,6 +688,32 @@ int  seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages);
 /* Every write of s->out goes through here, so the count of non-resident sequences
    (paging_counters' nonresident) is kept, not walked for (the checker recounts it). Only a
    live sequence is non-resident: seq free clears out before the slot is let go. */
+/* A slot's lifecycle: FREE (on the free list) -> LIVE (seq_slot_take) -> FREE (freed with
+   no release pending over its window, or the take undone), or LIVE -> DYING (freed with
+   releases pending) -> FREE (its last release completed). seq_set_life is the one writer
+   of live and dying and of the counts n_live, n_dying; the debug build asserts each move
+   is one of these, that a slot leaves LIVE resident and is FREE with nothing pending. */
+enum pg_seq_life { SEQ_FREE = 0, SEQ_LIVE, SEQ_DYING };
+static inline enum pg_seq_life seq_life(const struct pg_seq *s)
+{
+    KVVM_ASSERT(!(s->live && s->dying));
+    return s->dying ? SEQ_DYING : s->live ? SEQ_LIVE : SEQ_FREE;
+}
+static inline void seq_set_life(struct paging *pg, struct pg_seq *s, enum pg_seq_life to)
+{
+    enum pg_seq_life from = seq_life(s);
+    KVVM_ASSERT(to == SEQ_LIVE ? from == SEQ_FREE
+                               : from == SEQ_LIVE || (from == SEQ_DYING && to == SEQ_FREE));
+    KVVM_ASSERT(to == SEQ_LIVE || !s->out);
+    KVVM_ASSERT(to != SEQ_FREE || !s->n_defer);
+    KVVM_ASSERT(to != SEQ_DYING || s->n_defer);
+    KVVM_ASSERT(from != SEQ_LIVE || pg->n_live > 0);
+    KVVM_ASSERT(from != SEQ_DYING || pg->n_dying > 0);
+    pg->n_live += (to == SEQ_LIVE) - (from == SEQ_LIVE);
+    pg->n_dying += (to == SEQ_DYING) - (from == SEQ_DYING);
+    s->live = to == SEQ_LIVE;
+    s->dying = to == SEQ_DYING;
+}
 /* s changed in a way that may break its room fact (pg_seq.room): swapped, truncated, a
    page discarded, dropped, a slot taken. */
 static inline void seq_room_void(struct pg_seq *s)
@@ -550,6 +722,8 @@ static inline void seq_room_void(struct pg_seq *s)
 }
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
+    KVVM_ASSERT(s->live || !out);       /* only a live sequence is non-resident */
+    KVVM_ASSERT(!s->out || out || pg->n_out > 0);
     seq_room_void(s);
     if (s->out && !out)
         pg->n_out--;

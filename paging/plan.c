@@ -38,18 +38,16 @@ static uint32_t mark_kept(struct paging *pg, const uint64_t *keep, size_t n, uin
         struct pg_seq *s;
         if (seq_lookup(pg, keep[k], &s))
             continue;
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            for (uint32_t j = 0; j < s->n_pages; j++) {
-                pg_page_id id = pg_bt(pg, s, r)[j];
-                if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
-                    continue;
-                struct pg_page *p = plan_page(pg, id);
-                if (!p->kept) {
-                    orphans += page_orphan(p);
-                    (*pages)++;
-                }
-                p->kept = 1;
+        for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+            if (page_at(pg, it.id)->tier != PG_TIER_DEVICE)
+                continue;
+            struct pg_page *p = plan_page(pg, it.id);
+            if (!p->kept) {
+                orphans += page_orphan(p);
+                (*pages)++;
             }
+            p->kept = 1;
+        }
     }
     return orphans;
 }
@@ -76,31 +74,29 @@ static int plan_apply(struct paging *pg, uint64_t h, bool drop, int d, uint32_t 
     *frees = *slots = *kslots = 0;
     if (rc)
         return rc;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t j = 0; j < s->n_pages; j++) {
-            pg_page_id id = pg_bt(pg, s, r)[j];
-            if (pg_page_is_none(id) || page_at(pg, id)->tier != PG_TIER_DEVICE)
-                continue;               /* a hole; a page already below: nothing moves */
-            struct pg_page *p = plan_page(pg, id);
-            if (d < 0) {                /* the state before this move: undo its counts */
-                p->n_mark--;
-                p->n_gone -= drop;
-            }
-            uint32_t mapping = p->refs - p->offs;
-            bool last = p->n_mark + 1 == mapping;   /* the last resident holder leaves */
-            if (drop) {
-                if (p->n_gone + 1 == p->refs)
-                    (*frees)++;         /* (a kept page has a holder outside: never here) */
-            } else if (last) {
-                (*slots)++;             /* copied down by this swap-out */
-                *frees += !p->kept;
-                *kslots += p->kept;
-            }
-            if (d > 0) {
-                p->n_mark++;
-                p->n_gone += drop;
-            }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+        if (page_at(pg, it.id)->tier != PG_TIER_DEVICE)
+            continue;                   /* a page already below: nothing moves */
+        struct pg_page *p = plan_page(pg, it.id);
+        if (d < 0) {                    /* the state before this move: undo its counts */
+            p->n_mark--;
+            p->n_gone -= drop;
         }
+        uint32_t mapping = p->refs - p->offs;
+        bool last = p->n_mark + 1 == mapping;   /* the last resident holder leaves */
+        if (drop) {
+            if (p->n_gone + 1 == p->refs)
+                (*frees)++;             /* (a kept page has a holder outside: never here) */
+        } else if (last) {
+            (*slots)++;                 /* copied down by this swap-out */
+            *frees += !p->kept;
+            *kslots += p->kept;
+        }
+        if (d > 0) {
+            p->n_mark++;
+            p->n_gone += drop;
+        }
+    }
     return 0;
 }
 
@@ -130,10 +126,7 @@ uint32_t paging_seq_device_pages(struct paging *pg, uint64_t h)
     uint32_t n = 0;
     if (seq_lookup(pg, h, &s))
         return 0;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t j = 0; j < s->n_pages; j++) {
-            pg_page_id id = pg_bt(pg, s, r)[j];
-            n += !pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DEVICE;
-        }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        n += page_at(pg, it.id)->tier == PG_TIER_DEVICE;
     return n;
 }

@@ -91,12 +91,35 @@ void pool_feed_ask(struct paging *pg)
     feed_ask(pg);
 }
 
+/* The frame state machine (enum pg_frame_state), a bit per destination: created onto the
+   ready list (NONE -> READY); taken (READY -> USED); mapped ahead and taken back (USED <->
+   AHEAD); given back (USED, AHEAD -> READY; READY -> READY: popped for a release the driver
+   refused); released (READY -> NONE). frame_move is the one writer of the state. */
+static bool frame_edge(uint8_t from, uint8_t to)
+{
+#define FR_B(s) (1u << (s))
+    static const uint8_t next[] = {
+        [FR_NONE]  = FR_B(FR_READY),
+        [FR_READY] = FR_B(FR_READY) | FR_B(FR_USED) | FR_B(FR_NONE),
+        [FR_AHEAD] = FR_B(FR_USED) | FR_B(FR_READY),
+        [FR_USED]  = FR_B(FR_AHEAD) | FR_B(FR_READY),
+    };
+    return from < sizeof next && (next[from] & FR_B(to));
+#undef FR_B
+}
+
+static void frame_move(struct pg_frame *fr, uint8_t to)
+{
+    KVVM_ASSERT(frame_edge(fr->state, to));
+    fr->state = to;
+}
+
 static void ready_push(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(!fr->listed);                /* on the ready list once */
     fr->listed = 1;
-    fr->state = FR_READY;
+    frame_move(fr, FR_READY);
     fr->page = PG_PAGE_NONE;
     fr->next = pg->ready_head;
     pg->ready_head = f;
@@ -111,6 +134,7 @@ static pg_frame_id ready_pop(struct paging *pg)
     pg_frame_id f = pg->ready_head;
     KVVM_ASSERT(!pg_frame_is_none(f) && pg->n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
+    KVVM_ASSERT(fr->listed && fr->state == FR_READY && pg_page_is_none(fr->page));
     pg->ready_head = fr->next;
     fr->listed = 0;
     pg->n_ready--;
@@ -139,7 +163,8 @@ static pg_frame_id frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
 static void frame_forget(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
-    fr->state = FR_NONE;
+    KVVM_ASSERT(!fr->listed && pg->n_held > 0);  /* popped off the ready list first */
+    frame_move(fr, FR_NONE);
     fr->serial = 0;
     fr->gen++;                      /* its handle is gone: view slots naming it are stale */
     fr->next = pg->frame_free_head;
@@ -491,7 +516,7 @@ int pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_
         return rc;
     for (uint32_t i = 0; i < n; i++) {
         out[i] = ready_pop(pg);
-        frame_at(pg, out[i])->state = FR_USED;
+        frame_move(frame_at(pg, out[i]), FR_USED);
         pg->n_used++;
     }
     feed_wake(pg);
@@ -508,7 +533,7 @@ uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out)
     uint32_t k = n < pg->n_ready ? n : pg->n_ready;
     for (uint32_t i = 0; i < k; i++) {
         out[i] = ready_pop(pg);
-        frame_at(pg, out[i])->state = FR_USED;
+        frame_move(frame_at(pg, out[i]), FR_USED);
         pg->n_used++;
     }
     if (k)
@@ -520,6 +545,8 @@ void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         struct pg_frame *fr = frame_at(pg, f[i]);
+        KVVM_ASSERT(pg_page_is_none(fr->page));  /* it holds no page */
+        KVVM_ASSERT(fr->state == FR_USED ? pg->n_used > 0 : fr->state != FR_AHEAD || pg->n_ahead);
         if (fr->state == FR_USED)
             pg->n_used--;
         else if (fr->state == FR_AHEAD)
@@ -531,10 +558,10 @@ void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
 void frame_set_ahead(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
-    KVVM_ASSERT(fr->state == FR_USED);       /* a taken frame, mapped ahead */
+    KVVM_ASSERT(fr->state == FR_USED && pg->n_used > 0);   /* a taken frame, mapped ahead */
     if (fr->state == FR_USED)
         pg->n_used--;
-    fr->state = FR_AHEAD;
+    frame_move(fr, FR_AHEAD);
     pg->n_ahead++;
 }
 
@@ -542,11 +569,12 @@ void frame_set_used(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(fr->state == FR_USED || fr->state == FR_AHEAD);  /* taken, not ready */
-    if (fr->state == FR_AHEAD)
-        pg->n_ahead--;
-    if (fr->state != FR_USED)
-        pg->n_used++;
-    fr->state = FR_USED;
+    if (fr->state == FR_USED)
+        return;
+    KVVM_ASSERT(pg->n_ahead > 0);
+    pg->n_ahead--;
+    pg->n_used++;
+    frame_move(fr, FR_USED);
 }
 
 /* ---- page descriptors --------------------------------------------------------------- */
@@ -557,13 +585,14 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     /* max_pages >= cap_frames and every device page holds a frame: never exhausted here */
     KVVM_ASSERT(!pg_page_is_none(id));
     struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(!p->refs && pg_page_is_none(frame_at(pg, frame)->page));  /* both free */
     pg->page_free_head = p->next_free;
     p->next_free = PG_PAGE_NONE;
     p->refs = 1;
     p->offs = p->jobs = p->ents = 0;
-    p->tier = PG_TIER_DEVICE;
+    page_set_tier(p, PG_TIER_DEVICE);
     p->frame = frame;
-    memset(p->slot, 0, sizeof p->slot);
+    page_slots_none(p);
     p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
@@ -590,8 +619,11 @@ void page_put(struct paging *pg, pg_page_id page)
         page_count(pg, p, 1);
         return;
     }
+    /* the last reference: no holder counted in offs, jobs or ents is left */
+    KVVM_ASSERT(!p->offs && !p->jobs && !p->ents);
     if (p->tier == PG_TIER_DEVICE && !pg_frame_is_none(p->frame)) {
         pg_frame_id f = p->frame;
+        KVVM_ASSERT(pg->n_used > 0);
         pg->n_used--;
         ready_push(pg, f);
     } else if (lower_of(p->tier) >= 0) {
@@ -599,12 +631,23 @@ void page_put(struct paging *pg, pg_page_id page)
            here) */
         page_release_slot(pg, p, (unsigned)lower_of(p->tier));
     }
-    p->tier = PG_TIER_NONE;
+    page_set_tier(p, PG_TIER_NONE);
     p->bad = 0;
     p->frame = PG_FRAME_NONE;
     p->next_free = pg->page_free_head;
     pg->page_free_head = page;
+    KVVM_ASSERT(pg->n_pages_live > 0);
     pg->n_pages_live--;
+}
+
+void page_put_off(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->offs > 0 && p->offs > p->ents);   /* a non-resident sequence's entry */
+    page_count(pg, p, -1);
+    p->offs--;
+    page_count(pg, p, 1);
+    page_put(pg, id);
 }
 
 void pool_rollback(struct paging *pg, uint32_t mark)

@@ -25,24 +25,20 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
             return 0;
     /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
        sequence whose prefetch is still copying) */
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t i = 0; i < s->n_pages; i++)
-            if (!pg_page_is_none(pg_bt(pg, s, r)[i]) &&
-                page_at(pg, pg_bt(pg, s, r)[i])->tier == PG_TIER_TO_DEVICE)
-                return 0;
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        if (page_at(pg, it.id)->tier == PG_TIER_TO_DEVICE)
+            return 0;
     return 1;
 }
 
 /* Whether non-resident s holds pages on disk or with disk I/O in flight (read back first). */
 static bool seq_on_disk(struct paging *pg, struct pg_seq *s)
 {
-    for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
-        for (uint32_t i = 0; i < s->n_pages; i++) {
-            pg_page_id id = pg_bt(pg, s, r)[i];
-            if (!pg_page_is_none(id) && (page_at(pg, id)->tier == PG_TIER_DISK ||
-                                         page_in_dio(page_at(pg, id))))
-                return true;
-        }
+    if (!s->out)
+        return false;
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        if (page_at(pg, it.id)->tier == PG_TIER_DISK || page_in_dio(page_at(pg, it.id)))
+            return true;
     return false;
 }
 
@@ -68,13 +64,10 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
         return pg_why_length(pg, length);
     uint32_t n = 0, nr = pg->p.n_regions;
     if (s->out)
-        for (uint32_t r = 0; r < nr; r++)
-            for (uint32_t i = 0; i < s->n_pages; i++) {
-                if (pg_page_is_none(pg_bt(pg, s, r)[i]))
-                    continue;           /* a hole (discard.c) */
-                uint8_t t = page_at(pg, pg_bt(pg, s, r)[i])->tier;
-                n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
-            }
+        for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+            uint8_t t = page_at(pg, it.id)->tier;
+            n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
+        }
     if (seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s))
         n++;                            /* the frame a borrowed staging slot waits in */
     if (length > s->length) {
@@ -120,16 +113,12 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
             rc = pg_why_length(pg, lengths[j]);
             break;
         }
-        for (uint32_t r = 0; r < pg->p.n_regions && s->out; r++)
-            for (uint32_t i = 0; i < s->n_pages; i++) {
-                pg_page_id id = pg_bt(pg, s, r)[i];
-                if (pg_page_is_none(id))
-                    continue;           /* a hole (discard.c) */
-                uint8_t t = page_at(pg, id)->tier;
-                if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[id.v - 1])
-                    k++;              /* a page shared in the batch comes back once */
-                seen[id.v - 1] = 1;
-            }
+        for (struct pg_bt_iter it = bt_all(pg, s); s->out && bt_next(&it);) {
+            uint8_t t = page_at(pg, it.id)->tier;
+            if (t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE && !seen[it.id.v - 1])
+                k++;                    /* a page shared in the batch comes back once */
+            seen[it.id.v - 1] = 1;
+        }
         /* the frame a borrowed staging slot waits in (paging_need's count): the members
            come in one after another, each gives it back */
         borrow |= seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s);
@@ -168,11 +157,8 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
            first one, but for holes and pages another's swap-in still brings in): what a
            victim frees is asked for only while the policy walks its order. */
         bool dev = false;
-        for (uint32_t r = 0; r < pg->p.n_regions && !dev; r++)
-            for (uint32_t j = 0; j < s->n_pages && !dev; j++) {
-                pg_page_id id = pg_bt(pg, s, r)[j];   /* PG_PAGE_NONE: a hole (discard.c) */
-                dev = !pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DEVICE;
-            }
+        for (struct pg_bt_iter it = bt_all(pg, s); !dev && bt_next(&it);)
+            dev = page_at(pg, it.id)->tier == PG_TIER_DEVICE;
         if (dev)
             out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
     }

@@ -184,7 +184,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     }
     pg->slot_free_head = s->next_free;
     s->next_free = 0;
-    s->live = 1;
+    seq_set_life(pg, s, SEQ_LIVE);
     s->length = 0;
     s->n_pages = 0;
     s->n_ahead = 0;
@@ -194,7 +194,6 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
     s->cls = PG_SEQ_LIVE;
     s->dropped = 0;
     s->stale_tail = 0;
-    pg->n_live++;
     *out = s;
     return 0;
 }
@@ -202,7 +201,6 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
 /* Returns a slot taken by slot_take that was never used (undo). */
 void seq_slot_untake(struct paging *pg, struct pg_seq *s)
 {
-    pg->n_live--;
     seq_slot_release(pg, s);
 }
 
@@ -250,11 +248,8 @@ int paging_seq_free(struct paging *pg, uint64_t h)
     memset(s->kept, 0, pg->p.n_regions * sizeof *s->kept);
     if (++s->gen == 0)
         s->gen = 1;
-    pg->n_live--;
     if (s->n_defer) {
-        s->live = 0;
-        s->dying = 1;
-        pg->n_dying++;
+        seq_set_life(pg, s, SEQ_DYING);
     } else {
         seq_slot_release(pg, s);
     }
@@ -704,11 +699,10 @@ static int cow_candidates(struct paging *pg, struct pg_seq *s, uint32_t idx,
     if (!c)
         return -ENOMEM;
     *cand = c;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id id = pg_bt(pg, s, r)[idx];
-        if (!pg_page_is_none(id) && page_sharers(page_at(pg, id)) > 1)
-            c[(*n)++] = id;
-    }
+    for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, idx, idx + 1);
+         bt_next(&it);)
+        if (page_sharers(page_at(pg, it.id)) > 1)
+            c[(*n)++] = it.id;
     return 0;
 }
 
@@ -828,23 +822,19 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
     out->dropped = s->dropped;
     out->cls = s->cls;
     out->first_kept = UINT64_MAX;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        const pg_page_id *bt = pg_bt(pg, s, r);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
         if (s->kept[r] < out->first_kept)
             out->first_kept = s->kept[r];
-        for (uint32_t i = 0; i < s->n_pages; i++) {
-            if (pg_page_is_none(bt[i]))
-                continue;               /* a hole: discarded, counted nowhere */
-            const struct pg_page *p = page_at(pg, bt[i]);
-            switch (p->tier) {
-            case PG_TIER_DEVICE: case PG_TIER_TO_HOST: out->pages_device++; break;
-            case PG_TIER_HOST: case PG_TIER_TO_DEVICE: case PG_TIER_TO_DISK:
-                out->pages_host++; break;
-            default: out->pages_disk++; break;
-            }
-            if (page_sharers(p) > 1)
-                out->pages_shared++;
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {   /* a hole: counted nowhere */
+        const struct pg_page *p = page_at(pg, it.id);
+        switch (p->tier) {
+        case PG_TIER_DEVICE: case PG_TIER_TO_HOST: out->pages_device++; break;
+        case PG_TIER_HOST: case PG_TIER_TO_DEVICE: case PG_TIER_TO_DISK:
+            out->pages_host++; break;
+        default: out->pages_disk++; break;
         }
+        if (page_sharers(p) > 1)
+            out->pages_shared++;
     }
     return 0;
 }

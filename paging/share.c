@@ -49,6 +49,34 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
     return 0;
 }
 
+/* dst's entries [0, n) of every region become src's (a hole, discarded, stays one), each
+   page gaining a holder: one that maps it, or (off) one that maps nothing (non-resident). */
+static void bt_share(struct paging *pg, struct pg_seq *dst, struct pg_seq *src, uint32_t n,
+                     bool off)
+{
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        memcpy(pg_bt(pg, dst, r), pg_bt(pg, src, r), (size_t)n * sizeof *dst->bt);
+    for (struct pg_bt_iter it = bt_range(pg, src, 0, pg->p.n_regions, 0, n); bt_next(&it);) {
+        if (off)
+            page_get_off(pg, it.id);
+        else
+            page_get(pg, it.id);
+    }
+}
+
+/* src's pages at page index idx (a share's partial page), holes (discarded: no copy)
+   left out: their ids into ids[] (NULL: counted only); returns how many. */
+static uint32_t partial_pages(struct paging *pg, struct pg_seq *src, uint32_t idx,
+                              pg_page_id *ids)
+{
+    uint32_t n = 0;
+    for (struct pg_bt_iter it = bt_range(pg, src, 0, pg->p.n_regions, idx, idx + 1);
+         bt_next(&it); n++)
+        if (ids)
+            ids[n] = it.id;
+    return n;
+}
+
 /* Maps src's pages [0, n) of every region into dst's window and takes a reference on each.
    All or nothing. */
 static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src, uint32_t n)
@@ -60,14 +88,7 @@ static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         if (rc)
             goto out_unmap;
     }
-    for (r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
-        for (uint32_t i = 0; i < n; i++) {
-            if (!pg_page_is_none(sb[i]))  /* a hole (discarded) stays one */
-                page_get(pg, sb[i]);
-            db[i] = sb[i];
-        }
-    }
+    bt_share(pg, dst, src, n, false);
     return 0;
 out_unmap:
     while (r-- > 0)
@@ -95,14 +116,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
     }
     if (p->out) {
         /* the child is non-resident like its parent: it holds the same pages, maps none */
-        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-            pg_page_id *sb = pg_bt(pg, p, r), *db = pg_bt(pg, c, r);
-            for (uint32_t i = 0; i < p->n_pages; i++) {
-                if (!pg_page_is_none(sb[i]))  /* a hole (discarded) stays one */
-                    page_get_off(pg, sb[i]);
-                db[i] = sb[i];
-            }
-        }
+        bt_share(pg, c, p, p->n_pages, true);
         seq_set_out(pg, c, true);
         c->n_pages = p->n_pages;
         c->length = p->length;
@@ -253,9 +267,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     if (!rc && rem) {
         /* a partial page on disk comes back to the host tier first */
         pg_page_id ids[nr];
-        for (r = 0; r < nr; r++)
-            if (!pg_page_is_none(pg_bt(pg, src, r)[whole]))
-                ids[nk++] = pg_bt(pg, src, r)[whole];
+        nk = partial_pages(pg, src, whole, ids);
         rc = share_out_check(pg, src, ids, nk);
         if (!rc)
             rc = tier_disk_unspill(pg, ids, nk, src);
@@ -271,20 +283,19 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             goto out_slots;
     }
     seq_drop_ahead(pg, dst, 0);
-    for (r = 0; r < nr; r++) {
-        pg_page_id *sb = pg_bt(pg, src, r), *db = pg_bt(pg, dst, r);
-        for (uint32_t i = 0; i < whole; i++) {
-            if (!pg_page_is_none(sb[i]))  /* a hole (discarded) stays one */
-                page_get_off(pg, sb[i]);
-            db[i] = sb[i];
-        }
-        if (rem && pg_slot_is_none(slots[r])) {
+    bt_share(pg, dst, src, whole, true);
+    for (r = 0; rem && r < nr; r++) {
+        pg_page_id *db = pg_bt(pg, dst, r);
+        if (pg_slot_is_none(slots[r])) {
             db[whole] = PG_PAGE_NONE;
-        } else if (rem) {
+        } else {
             pg_page_id id = pg->page_free_head;
             struct pg_page *p = page_at(pg, id);
             pg->page_free_head = p->next_free;
-            *p = (struct pg_page){ .refs = 1, .offs = 1, .tier = PG_TIER_HOST };
+            KVVM_ASSERT(p->tier == PG_TIER_NONE && !p->refs);   /* a free descriptor */
+            *p = (struct pg_page){ .refs = 1, .offs = 1 };
+            page_set_tier(p, PG_TIER_HOST);
+            page_slots_none(p);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[r]);
             page_count(pg, p, 1);
             pg->n_pages_live++;
@@ -357,8 +368,7 @@ int paging_need_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_to
     /* a resident src's partial page is copied into frames (a hole is not); a non-resident
        one's through the host tier */
     if (!src->out && bytes % pg->p.page_size && n_tokens <= src->length)
-        for (uint32_t r = 0; r < pg->p.n_regions; r++)
-            nk += !pg_page_is_none(pg_bt(pg, src, r)[whole]);
+        nk = partial_pages(pg, src, whole, NULL);
     *frames = nk;
     return 0;
 }
@@ -376,8 +386,8 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     uint32_t nk = 0;
     memset(frames, 0, sizeof frames);   /* (none: no partial page to copy in that region) */
     memset(got, 0, sizeof got);
-    for (uint32_t r = 0; rem && r < nr; r++)
-        nk += !pg_page_is_none(pg_bt(pg, src, r)[whole]);  /* a hole (discarded): no copy */
+    if (rem)
+        nk = partial_pages(pg, src, whole, NULL);
     rc = defer_flush_slot(pg, pg_slot_of(pg, dst));
     if (!rc && nk)
         rc = pool_reserve_check(pg, nk);
@@ -405,14 +415,12 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     dst->length = n_tokens;
     return 0;
 out_shared:
-    for (uint32_t r = 0; r < nr; r++) {
+    for (uint32_t r = 0; r < nr; r++)
         seq_unmap_holes_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), pg_bt(pg, dst, r),
                              whole);
-        for (uint32_t i = 0; i < whole; i++) {
-            if (!pg_page_is_none(pg_bt(pg, dst, r)[i]))
-                page_put(pg, pg_bt(pg, dst, r)[i]);
-            pg_bt(pg, dst, r)[i] = PG_PAGE_NONE;
-        }
+    for (struct pg_bt_iter it = bt_range(pg, dst, 0, nr, 0, whole); bt_next(&it);) {
+        page_put(pg, it.id);
+        *it.e = PG_PAGE_NONE;
     }
 out_frames:
     if (nk)

@@ -128,16 +128,17 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
         if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
+        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
         p->jobs--;
         page_count(pg, p, -1);
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
             page_frame_drop(pg, p);
-            p->tier = PG_TIER_HOST;
-            pg->lower[PG_LOWER_HOST].n_io--;
+            page_set_tier(p, PG_TIER_HOST);
+            lower_io_done(pg, PG_LOWER_HOST);
         } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
             page_release_slot(pg, p, PG_LOWER_HOST);
-            p->tier = PG_TIER_DEVICE;
-            pg->lower[PG_LOWER_HOST].n_io--;
+            page_set_tier(p, PG_TIER_DEVICE);
+            lower_io_done(pg, PG_LOWER_HOST);
         }
         page_count(pg, p, 1);
     }
@@ -145,18 +146,10 @@ void tier_complete_pages(struct paging *pg, struct pg_defer *d)
 
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
 {
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id *bt = pg_bt(pg, s, r);
-        for (uint32_t i = first; i < end; i++) {
-            if (pg_page_is_none(bt[i]))
-                continue;               /* a hole (discard.c) */
-            struct pg_page *p = page_at(pg, bt[i]);
-            page_count(pg, p, -1);
-            p->offs--;
-            page_count(pg, p, 1);
-            page_put(pg, bt[i]);
-            bt[i] = PG_PAGE_NONE;
-        }
+    for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, first, end);
+         bt_next(&it);) {
+        page_put_off(pg, it.id);
+        *it.e = PG_PAGE_NONE;
     }
 }
 
@@ -184,12 +177,9 @@ int tier_wait_transfers(struct paging *pg, struct pg_seq *s)
     int rc = defer_flush_jobs(pg, pg_slot_of(pg, s));
     if (rc)
         return rc;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        const pg_page_id *bt = pg_bt(pg, s, r);
-        for (uint32_t i = 0; i < s->n_pages; i++)
-            if (!pg_page_is_none(bt[i]) && page_at(pg, bt[i])->tier == PG_TIER_TO_HOST)
-                return defer_reap(pg, true);
-    }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        if (page_at(pg, it.id)->tier == PG_TIER_TO_HOST)
+            return defer_reap(pg, true);
     return 0;
 }
 
@@ -278,10 +268,8 @@ int tier_copy_host_in(struct paging *pg, struct pg_seq *s)
 uint32_t tier_count(struct paging *pg, struct pg_seq *s, uint8_t tier)
 {
     uint32_t n = 0;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t i = 0; i < s->n_pages; i++)
-            n += !pg_page_is_none(pg_bt(pg, s, r)[i]) &&
-                 page_at(pg, pg_bt(pg, s, r)[i])->tier == tier;
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        n += page_at(pg, it.id)->tier == tier;
     return n;
 }
 

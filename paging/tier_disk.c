@@ -33,8 +33,9 @@ void paging_disk_wait_io(struct paging *pg)
 static void dio_end(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->jobs > 0);           /* the transfer's own reference */
     p->jobs--;
-    pg->lower[PG_LOWER_DISK].n_io--;
+    lower_io_done(pg, PG_LOWER_DISK);
     page_put(pg, id);
 }
 
@@ -62,13 +63,13 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
             page_release_slot(pg, p, PG_LOWER_HOST);
-            p->tier = PG_TIER_DISK;
+            page_set_tier(p, PG_TIER_DISK);
             pg->c.spills++;
             pg->c.bytes_to_disk += pg->p.page_size;
         } else {
             /* the host copy is intact: the page stays in the host tier */
             page_release_slot(pg, p, PG_LOWER_DISK);
-            p->tier = PG_TIER_HOST;
+            page_set_tier(p, PG_TIER_HOST);
             if (!pg->lower[PG_LOWER_DISK].off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
                            "context, pages stay in the host tier", d->status);
@@ -77,12 +78,12 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
             page_release_slot(pg, p, PG_LOWER_DISK);
-            p->tier = PG_TIER_HOST;
+            page_set_tier(p, PG_TIER_HOST);
             pg->c.unspills++;
             pg->c.bytes_from_disk += pg->p.page_size;
         } else {
             page_release_slot(pg, p, PG_LOWER_HOST);
-            p->tier = PG_TIER_DISK;
+            page_set_tier(p, PG_TIER_DISK);
             if (!p->bad)
                 pg->c.pages_damaged++;
             p->bad = 1;
@@ -137,7 +138,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
     pg->lower[PG_LOWER_DISK].hint = slot;
     page_take_slot(pg, p, PG_LOWER_DISK, slot);
     page_count(pg, p, -1);
-    p->tier = PG_TIER_TO_DISK;
+    page_set_tier(p, PG_TIER_TO_DISK);
     page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
@@ -229,6 +230,41 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
     return *started ? 0 : rc;
 }
 
+uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n)
+{
+    uint32_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += page_held_only_host(page_at(pg, ids[i]));
+    return k;
+}
+
+bool paging_held_spillable(const struct paging *pg)
+{
+    return pg->n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&
+           lower_room(pg, PG_LOWER_DISK);
+}
+
+int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,
+                      uint32_t *started)
+{
+    *started = 0;
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+        return -ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i < n && *started < max && !rc; i++)
+        if (page_held_only_host(page_at(pg, ids[i])) && !(rc = spill_page(pg, ids[i])))
+            (*started)++;
+    return rc;
+}
+
+bool paging_held_damaged(struct paging *pg, const pg_page_id *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (page_at(pg, ids[i])->tier == PG_TIER_DISK && page_at(pg, ids[i])->bad)
+            return true;
+    return false;
+}
+
 void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)        /* ids[i] none: a hole (discard.c) */
@@ -282,7 +318,7 @@ int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, stru
             break;
         }
         page_take_slot(pg, p, PG_LOWER_HOST, hs);
-        p->tier = PG_TIER_FROM_DISK;
+        page_set_tier(p, PG_TIER_FROM_DISK);
         page_get(pg, id);
         p->jobs++;
         pg->lower[PG_LOWER_DISK].n_io++;
@@ -338,11 +374,12 @@ uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
     if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
         return 0;
-    /* Every HOST page is held by non-resident sequences only (a resident one maps all its
-       pages, and no transfer job holds a HOST page), so the spillable pages are the HOST
-       pages less those excl or the keep set holds (paging_spill_seq's rule): O(their
-       pages), not O(pool); a page two of them hold is counted once. A block table names a
-       page at most once. */
+    /* Every HOST page is held by non-resident sequences and entries only (a resident
+       sequence maps all its pages, and no transfer job holds a HOST page), so the spillable
+       pages are the HOST pages less those excl or the keep set holds (paging_spill_seq's
+       rule; the pages only entries hold spill by paging_held_spill): O(their pages), not
+       O(pool); a page two of them hold is counted once. A block table names a page at most
+       once. */
     uint32_t n = pg->n_host_pages;
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)

@@ -102,16 +102,14 @@ static uint32_t in_disk_pages(struct paging *pg, struct pg_seq *s, pg_page_id *i
                               uint64_t *vas, pg_slot *ds)
 {
     uint32_t k = 0, slot = pg_slot_of(pg, s);
-    for (uint32_t q = 0; q < pg->p.n_regions; q++)
-        for (uint32_t i = 0; i < s->n_pages; i++) {
-            pg_page_id id = pg_bt(pg, s, q)[i];
-            if (!pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_DISK) {  /* or a hole */
-                const struct pg_page *p = page_at(pg, id);
-                ids[k] = id;
-                vas[k] = pg_va(pg, q, slot, i);
-                ds[k++] = p->slot[PG_LOWER_DISK];
-            }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+        const struct pg_page *p = page_at(pg, it.id);
+        if (p->tier == PG_TIER_DISK) {
+            ids[k] = it.id;
+            vas[k] = pg_va(pg, it.r, slot, it.i);
+            ds[k++] = p->slot[PG_LOWER_DISK];
         }
+    }
     return k;
 }
 
@@ -151,29 +149,27 @@ static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
                       const pg_frame_id *fresh)
 {
     uint32_t k = 0, j = 0;
-    for (uint32_t q = 0; q < pg->p.n_regions; q++)
-        for (uint32_t i = 0; i < s->n_pages; i++) {
-            pg_page_id id = pg_bt(pg, s, q)[i];
-            if (pg_page_is_none(id))
-                continue;               /* a hole (discard.c) */
-            struct pg_page *p = page_at(pg, id);
-            page_count(pg, p, -1);
-            p->offs--;
-            if (d && p->tier == PG_TIER_TO_DEVICE && j < d->n)
-                d->pages[j++] = id;               /* another's copy: ordered after it */
-            if (p->tier == PG_TIER_HOST || (!d && p->tier == PG_TIER_DISK)) {
-                page_frame_set(pg, id, fresh[k++]);
-                if (d) {
-                    p->tier = PG_TIER_TO_DEVICE;
-                    pg->lower[PG_LOWER_HOST].n_io++;
-                    d->pages[j++] = id;
-                } else {
-                    page_release_slot(pg, p, (unsigned)lower_of(p->tier));
-                    p->tier = PG_TIER_DEVICE;
-                }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+        pg_page_id id = it.id;
+        struct pg_page *p = page_at(pg, id);
+        page_count(pg, p, -1);
+        KVVM_ASSERT(p->offs > 0);       /* s's entry was a non-resident one */
+        p->offs--;
+        if (d && p->tier == PG_TIER_TO_DEVICE && j < d->n)
+            d->pages[j++] = id;                   /* another's copy: ordered after it */
+        if (p->tier == PG_TIER_HOST || (!d && p->tier == PG_TIER_DISK)) {
+            page_frame_set(pg, id, fresh[k++]);
+            if (d) {
+                page_set_tier(p, PG_TIER_TO_DEVICE);
+                pg->lower[PG_LOWER_HOST].n_io++;
+                d->pages[j++] = id;
+            } else {
+                page_release_slot(pg, p, (unsigned)lower_of(p->tier));
+                page_set_tier(p, PG_TIER_DEVICE);
             }
-            page_count(pg, p, 1);
         }
+        page_count(pg, p, 1);
+    }
     if (d)
         d->n = j;
     tier_seq_in(pg, s);

@@ -48,13 +48,10 @@ static uint32_t out_pages(struct paging *pg, struct pg_seq *s, uint32_t max, pg_
                           uint64_t *vas)
 {
     uint32_t k = 0, slot = pg_slot_of(pg, s);
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t i = 0; i < s->n_pages && k < max; i++) {
-            pg_page_id id = pg_bt(pg, s, r)[i];
-            if (!pg_page_is_none(id) && page_moves_down(page_at(pg, id))) {   /* or a hole */
-                ids[k] = id;
-                vas[k++] = pg_va(pg, r, slot, i);
-            }
+    for (struct pg_bt_iter it = bt_all(pg, s); k < max && bt_next(&it);)
+        if (page_moves_down(page_at(pg, it.id))) {
+            ids[k] = it.id;
+            vas[k++] = pg_va(pg, it.r, slot, it.i);
         }
     return k;
 }
@@ -92,7 +89,6 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
    error: spilling is then disabled, as for any failed spill write). */
 static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
 {
-    uint32_t np = s->n_pages;
     uint32_t bmax = (uint32_t)paging_host_free(pg);
     if (!bmax)
         return -ENOMEM;
@@ -124,18 +120,15 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
         page_frame_drop(pg, p);
-        p->tier = PG_TIER_DISK;
+        page_set_tier(p, PG_TIER_DISK);
         page_take_slot(pg, p, PG_LOWER_DISK, ds[j]);
     }
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        for (uint32_t i = 0; i < np; i++) {
-            if (pg_page_is_none(pg_bt(pg, s, r)[i]))
-                continue;               /* a hole (discard.c) */
-            struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
-            page_count(pg, p, -1);
-            p->offs++;
-            page_count(pg, p, 1);
-        }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+        struct pg_page *p = page_at(pg, it.id);
+        page_count(pg, p, -1);
+        p->offs++;
+        page_count(pg, p, 1);
+    }
     pg->lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
@@ -167,22 +160,16 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
         rc = tier_copy_stream(pg);
     if (rc)
         return rc;
-    uint32_t nr = pg->p.n_regions, np = s->n_pages;
     bool held = false;
-    for (uint32_t r = 0; r < nr && !held; r++)
-        for (uint32_t i = 0; i < np && !held; i++) {
-            if (pg_page_is_none(pg_bt(pg, s, r)[i]))
-                continue;               /* a hole (discard.c) */
-            const struct pg_page *p = page_at(pg, pg_bt(pg, s, r)[i]);
-            held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
-        }
+    for (struct pg_bt_iter it = bt_all(pg, s); !held && bt_next(&it);) {
+        const struct pg_page *p = page_at(pg, it.id);
+        held = (p->tier == PG_TIER_DEVICE && p->jobs) || p->tier == PG_TIER_TO_DEVICE;
+    }
     if (held && !async && (rc = tier_wait_all_jobs(pg)))
         return rc;
     *need = 0;
-    for (uint32_t r = 0; r < nr; r++)
-        for (uint32_t i = 0; i < np; i++)
-            *need += !pg_page_is_none(pg_bt(pg, s, r)[i]) &&
-                     page_moves_down(page_at(pg, pg_bt(pg, s, r)[i]));
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        *need += page_moves_down(page_at(pg, it.id));
     if (paging_host_free(pg) < *need && pg->lower[PG_LOWER_HOST].n_io && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
@@ -241,7 +228,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         struct pg_page *p = page_at(pg, d->pages[i]);
         page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
-            p->tier = PG_TIER_TO_HOST;
+            page_set_tier(p, PG_TIER_TO_HOST);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
             pg->lower[PG_LOWER_HOST].n_io++;
         }

@@ -402,8 +402,8 @@ static bool other_pages(struct paging *pg, struct pg_seq *s, uint32_t region, ui
 {
     if (region == UINT32_MAX)
         return false;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++)
-        if (r != region && !pg_page_is_none(pg_bt(pg, s, r)[b]))
+    for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, b, b + 1); bt_next(&it);)
+        if (it.r != region)
             return true;
     return false;
 }
@@ -462,12 +462,9 @@ static bool vid_matches(struct paging *pg, uint32_t id, struct pg_seq *s, uint32
 {
     if (pg->view.ids[id].state != VID_LIVE)
         return false;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id p = pg_bt(pg, s, r)[b];
-        if (pg_page_is_none(p))
-            continue;
-        const struct pg_vslot *sl = vslot(pg, id, r);
-        pg_frame_id f = page_at(pg, p)->frame;
+    for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, b, b + 1); bt_next(&it);) {
+        const struct pg_vslot *sl = vslot(pg, id, it.r);
+        pg_frame_id f = page_at(pg, it.id)->frame;
         if (sl->st != VS_MAPPED || !pg_frame_eq(sl->f, f) || sl->gen != frame_at(pg, f)->gen)
             return false;
     }
@@ -478,11 +475,8 @@ static bool vid_matches(struct paging *pg, uint32_t id, struct pg_seq *s, uint32
 static int block_id(struct paging *pg, struct pg_seq *s, uint32_t b, int32_t *out)
 {
     bool any = false;
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        pg_page_id p = pg_bt(pg, s, r)[b];
-        if (pg_page_is_none(p))
-            continue;
-        if (!page_has_frame(page_at(pg, p)))
+    for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, b, b + 1); bt_next(&it);) {
+        if (!page_has_frame(page_at(pg, it.id)))
             return -EAGAIN;             /* (a resident sequence's pages all have one) */
         any = true;
     }

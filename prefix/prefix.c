@@ -486,52 +486,119 @@ static void cache_forget(void *arg)
     pc->n_plan = 0;
 }
 
+/* A walk over candidate records, least recently used first, leaves first: a record comes
+   after its children that must go first (rem: how many are left; strict: every child, so
+   a record with a child that is no candidate never comes; else only candidate children). */
+struct pfx_walk {
+    uint32_t *rem, *heap, nh;
+    uint8_t *cand;
+};
+
+static void walk_end(struct pfx_walk *w)
+{
+    free(w->rem);
+    free(w->heap);
+    free(w->cand);
+}
+
+/* -ENOMEM (nothing to walk). */
+static int walk_begin(struct prefix *pc, struct pfx_walk *w,
+                      bool (*is_cand)(struct prefix *pc, uint32_t i), bool strict)
+{
+    w->nh = 0;
+    w->rem = malloc(pc->rcap * sizeof *w->rem);
+    w->heap = malloc(pc->rcap * sizeof *w->heap);
+    w->cand = calloc(pc->rcap, 1);
+    if (!w->rem || !w->heap || !w->cand) {
+        walk_end(w);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < pc->rcap; i++) {
+        w->rem[i] = strict && pc->tick[i] != TICK_FREE ? pc->rec[i].children : 0;
+        w->cand[i] = pc->tick[i] != TICK_FREE && is_cand(pc, i);
+    }
+    for (uint32_t i = 0; !strict && i < pc->rcap; i++)
+        if (w->cand[i] && pc->rec[i].parent != PFX_NONE)
+            w->rem[pc->rec[i].parent]++;
+    for (uint32_t i = 0; i < pc->rcap; i++)
+        if (w->cand[i] && !w->rem[i])
+            heap_push(pc, w->heap, &w->nh, i);
+    return 0;
+}
+
+/* The next record of the walk (its parent may come next), or PFX_NONE. */
+static uint32_t walk_next(struct prefix *pc, struct pfx_walk *w)
+{
+    if (!w->nh)
+        return PFX_NONE;
+    uint32_t i = heap_pop(pc, w->heap, &w->nh), p = pc->rec[i].parent;
+    if (p != PFX_NONE && !--w->rem[p] && w->cand[p])
+        heap_push(pc, w->heap, &w->nh, p);
+    return i;
+}
+
 /* Plans dropping reclaimable entries, least recently used leaves first, until want frames
-   are counted. rem[i]: record i's children not planned yet (a parent goes after them). */
+   are counted (a parent goes after all its children). */
 static uint32_t cache_plan(void *arg, uint32_t want)
 {
     struct prefix *pc = arg;
+    struct pfx_walk w;
+    uint32_t frees = 0, i;
     cache_forget(pc);
     if (!pc->n_full)
         return 0;
-    uint32_t *rem = malloc(pc->rcap * sizeof *rem), *heap = malloc(pc->rcap * sizeof *heap);
-    uint8_t *cand = calloc(pc->rcap, 1);
     pc->plan = malloc(pc->rcap * sizeof *pc->plan);
-    uint32_t nh = 0, frees = 0;
-    if (!rem || !heap || !cand || !pc->plan) {
+    if (!pc->plan || walk_begin(pc, &w, reclaimable, true)) {
         free(pc->plan);                 /* no plan: reclaim goes on without the cache */
         pc->plan = NULL;
-        goto out;
+        return 0;
     }
-    for (uint32_t i = 0; i < pc->rcap; i++) {
-        if (pc->tick[i] == TICK_FREE)
-            continue;
-        rem[i] = pc->rec[i].children;
-        cand[i] = reclaimable(pc, i);
-        if (cand[i] && !rem[i])
-            heap_push(pc, heap, &nh, i);
-    }
-    while (nh && frees < want) {
-        uint32_t i = heap_pop(pc, heap, &nh);
+    while (frees < want && (i = walk_next(pc, &w)) != PFX_NONE) {
         frees += paging_plan_pages(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr, 1);
         pc->plan[pc->n_plan++] = i;
-        uint32_t p = pc->rec[i].parent;
-        if (p != PFX_NONE && !--rem[p] && cand[p])
-            heap_push(pc, heap, &nh, p);
     }
-out:
-    free(rem);
-    free(heap);
-    free(cand);
+    walk_end(&w);
     return frees;
 }
 
-/* Planned drops become demotions while take grants their device pages' slots below. */
+/* Whether record i has a host page only entries hold (one swap_cache_ops.spill writes). */
+static bool spillable(struct prefix *pc, uint32_t i)
+{
+    return paging_held_host(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr) > 0;
+}
+
+/* Starts writing up to max host pages only entries hold to disk, least recently used
+   entries first, leaves first among them (a parent's pages after its children's that spill
+   too: every such page can go, so the room facts that count them as spillable hold).
+   Returns the writes started. */
+static uint32_t cache_spill(void *arg, uint32_t max)
+{
+    struct prefix *pc = arg;
+    struct pfx_walk w;
+    uint32_t started = 0, i;
+    if (!paging_held_spillable(pc->pg) || walk_begin(pc, &w, spillable, false))
+        return 0;                       /* (O(1) when there is nothing to write, or no room) */
+    while (started < max && (i = walk_next(pc, &w)) != PFX_NONE) {
+        uint32_t got;
+        int rc = paging_held_spill(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr,
+                                   max - started, &got);
+        started += got;
+        pc->c.spills += got;
+        if (rc)
+            break;                      /* the disk is full (or gone): nothing more goes */
+    }
+    walk_end(&w);
+    return started;
+}
+
+/* Planned drops become demotions while take grants their device pages' slots below, the
+   plan's last first: when the room is short, the entries dropped are the least recently
+   used and the leaves (a chain keeps its head), as the plan's order says. */
 static uint32_t cache_demote(void *arg, bool (*take)(void *ctx, uint32_t k), void *ctx)
 {
     struct prefix *pc = arg;
     uint32_t slots = 0;
-    for (uint32_t k = 0; k < pc->n_plan; k++) {
+    for (uint32_t k = pc->n_plan; k-- > 0;) {
         const pg_page_id *p = &pc->pages[(size_t)pc->plan[k] * pc->nr];
         uint32_t dev = 0;
         for (uint32_t r = 0; r < pc->nr; r++)
@@ -578,7 +645,7 @@ int prefix_create(struct paging *pg, struct swap *sw, struct prefix **out)
     pc->free_head = PFX_NONE;
     if (sw)
         swap_set_cache(sw, &(struct swap_cache_ops){ pc, cache_plan, cache_demote,
-                                                     cache_act, cache_forget });
+                                                     cache_act, cache_forget, cache_spill });
     *out = pc;
     return 0;
 }

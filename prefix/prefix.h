@@ -24,8 +24,16 @@
  *    release or transfer holds (its pages only entries hold) is reclaimable; a plan takes
  *    them least recently looked up or attached first, leaves first, counting the frames
  *    each drop frees on paging's plan marks; acting drops them, or, with KVVM_F_CACHE_DEMOTE
- *    and room below (a plan that may swap: swap_cache_ops.demote), copies their device
- *    pages to the host tier (the entry stays, at KVVM_TIER_HOST; attach brings it back).
+ *    and room below (a plan that may swap: swap_cache_ops.demote; the room goes to the
+ *    plan's last entries first, so those dropped for want of it are the least recently used
+ *    leaves), copies their device pages to the host tier (the entry stays, at
+ *    KVVM_TIER_HOST; attach brings it back).
+ *  - Below the host tier (swap_cache_ops.spill): the host pages only entries hold are
+ *    spillable like a non-resident sequence's; every spill of swap/ (a caller or a plan's
+ *    move short of host slots, the host marks, the spill thread) writes them first, least
+ *    recently used entries first, leaves first among them, to the disk tier (the entry
+ *    stays, at KVVM_TIER_DISK; attach brings it back through the swap-in of its adopter).
+ *    Without a disk tier they stay on the host tier until attached or dropped.
  *  - Moves nothing itself but by paging's calls; never includes a header of core/.
  *  - Not thread-safe: the caller (core/) holds the context lock around every call (the
  *    reclaim ops run under it too, from a plan of swap/).
@@ -49,6 +57,7 @@ struct prefix_counters {
     uint64_t lookups;            /* lookup and attach calls (prefix_lookup with count) */
     uint64_t hit_blocks;         /* blocks they found */
     uint64_t evictions;          /* entries reclaimed (dropped or demoted by a plan) */
+    uint64_t spills;             /* pages only entries hold whose spill write started */
     uint64_t bytes;              /* the index's memory: slots, records, ticks, page ids */
 };
 

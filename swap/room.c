@@ -1,7 +1,9 @@
 /*
- * swap/room.c: the host tier's policy (contract in swap_int.h): spill victims in LRU order,
- * how hard a caller short of host slots spills, and direct vs staged swaps. paging moves the
- * pages (paging_spill_seq, the swap paths); nothing here touches a page itself.
+ * swap/room.c: the host tier's policy (contract in swap_int.h): spill victims (the prefix
+ * cache's entries first, in its own order, then sequences in LRU order), how hard a caller
+ * short of host slots spills, and direct vs staged swaps. paging moves the pages
+ * (paging_spill_seq, paging_held_spill, the swap paths); nothing here touches a page
+ * itself.
  */
 #include "swap_int.h"
 
@@ -42,15 +44,20 @@ size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_c
     return n;
 }
 
-int swap_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started)
+int swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started)
 {
+    struct paging *pg = sw->pg;
     *started = 0;
     if (!paging_spill_on(pg))
         return -ENOMEM;
+    if (sw->cache.spill)                /* pages no sequence holds: none is excl's */
+        *started = sw->cache.spill(sw->cache.arg, max);
+    if (*started >= max)
+        return 0;
     struct pg_cand *c;
     size_t n = swap_collect(pg, paging_spill_candidates, &c);
     if (!c)
-        return -ENOMEM;
+        return *started ? 0 : -ENOMEM;
     swap_lru_sort(c, n);
     int rc = 0;
     for (size_t k = 0; k < n && *started < max && !rc; k++) {
@@ -64,7 +71,8 @@ int swap_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started
 
 int swap_host_room(void *arg, uint32_t want, uint64_t excl)
 {
-    struct paging *pg = arg;
+    struct swap *sw = arg;
+    struct paging *pg = sw->pg;
     for (int round = 0; round < 4; round++) {
         size_t have = paging_host_free(pg);
         if (have >= want)
@@ -77,7 +85,7 @@ int swap_host_room(void *arg, uint32_t want, uint64_t excl)
         uint32_t need = (uint32_t)(want - have);
         uint32_t pend = paging_disk_inflight(pg);
         if (pend < need)
-            swap_spill(pg, need - pend, excl, &started);
+            swap_spill(sw, need - pend, excl, &started);
         if (!started && !pend)
             return -ENOMEM;
         paging_disk_wait(pg);

@@ -96,7 +96,7 @@ static void spill_wake(struct swap *sw)
         /* below min the caller starts writes itself (it does not wait for them), so the
            response to pressure does not depend on the thread being scheduled */
         uint32_t started;
-        swap_spill(sw->pg, (uint32_t)(sw->host_low_free - f), 0, &started);
+        swap_spill(sw, (uint32_t)(sw->host_low_free - f), 0, &started);
     }
     wake_worker(sw, &sw->spill);
 }
@@ -184,7 +184,7 @@ static bool spill_round(void *arg)
         paging_disk_reap(sw->pg);
         size_t f = paging_host_free(sw->pg);
         if (f < sw->host_high_free)
-            swap_spill(sw->pg, (uint32_t)(sw->host_high_free - f), 0, &started);
+            swap_spill(sw, (uint32_t)(sw->host_high_free - f), 0, &started);
         if (started)
             sw->c.spill_runs++;
         pthread_mutex_unlock(sw->lock);
@@ -243,7 +243,7 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
             goto out_fence;
     }
     /* paging asks the host tier's choices of room.c from now on */
-    paging_set_policy(pg, &(struct pg_policy_ops){ .arg = pg, .host_room = swap_host_room,
+    paging_set_policy(pg, &(struct pg_policy_ops){ .arg = sw, .host_room = swap_host_room,
                                                     .plan = swap_plan });
     *out = sw;
     return 0;

@@ -21,7 +21,8 @@
  *    round of decisions, and waits for its copies with the lock dropped.
  *  - Host marks (only with a disk tier, paging_has_disk): free host slots below host `min`
  *    make the call start writes itself (up to `low`, not waiting for them); below `low` they
- *    wake the spill thread, which writes the least recently used host pages to disk until
+ *    wake the spill thread, which writes host pages to disk (the prefix cache's entries
+ *    first, swap_cache_ops.spill, then the least recently used sequences') until
  *    host `high` slots are free (or the disk is full), waiting for its writes with the
  *    context lock dropped; it never blocks a caller on disk I/O. A round that started
  *    nothing makes it idle until the next step. Direct reclaim makes its host room itself
@@ -130,13 +131,18 @@ struct swap_rplan {
    entry's device pages take, in plan order; returns the slots granted. act: drops the
    planned drops (their frames free at once), or (demotions) copies the planned demotions'
    pages down, dropping one whose move is refused. forget: the plan is not acted on (its
-   marks die with the walk). */
+   marks die with the walk). spill (NULL: none): starts writing up to max of the host pages
+   only its entries hold to the disk tier, in its own order, and returns how many started;
+   every spill of the host tier (room.c swap_spill: a caller short of host slots, a plan's
+   moves, the host marks, the spill thread) asks it before any sequence's pages, so those
+   pages count as spillable in the room facts (paging_room_facts) and plans. */
 struct swap_cache_ops {
     void *arg;
     uint32_t (*plan)(void *arg, uint32_t want);
     uint32_t (*demote)(void *arg, bool (*take)(void *ctx, uint32_t k), void *ctx);
     void (*act)(void *arg, bool demotions);
     void (*forget)(void *arg);
+    uint32_t (*spill)(void *arg, uint32_t max);
 };
 /* Installs ops (copied; NULL: none). */
 void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops);

@@ -48,13 +48,14 @@ void swap_lru_sort(struct pg_cand *c, size_t n);
    (*out; NULL and 0 when memory is short), unsorted. */
 size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
                     struct pg_cand **out);
-/* Starts writing up to max host pages to disk, least recently used non-resident sequences
-   first, never pages excl (a handle, 0 = none) holds; *started gets the count. Does not
-   wait. -ENOMEM the disk tier is full, disabled or absent and nothing started. */
-int  swap_spill(struct paging *pg, uint32_t max, uint64_t excl, uint32_t *started);
+/* Starts writing up to max host pages to disk: the pages only the prefix cache's entries
+   hold first (swap_cache_ops.spill, in its order), then least recently used non-resident
+   sequences first, never pages excl (a handle, 0 = none) holds; *started gets the count.
+   Does not wait. -ENOMEM the disk tier is full, disabled or absent and nothing started. */
+int  swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started);
 /* Makes `want` host slots free, spilling (and waiting for the writes) if needed: up to four
    rounds, each starting only the writes that those already in flight do not cover.
-   -ENOMEM when they cannot be had. (pg_policy_ops.host_room; arg = the paging context.) */
+   -ENOMEM when they cannot be had. (pg_policy_ops.host_room; arg = the swap context.) */
 int  swap_host_room(void *pg, uint32_t want, uint64_t excl);
 /* pg_policy_ops.plan (arg unused). */
 int  swap_plan(void *arg, bool in, const struct pg_room *r);

@@ -6,7 +6,10 @@
 # Run 1 (CPU-readable device, KVVM_EMU_OPAQUE=0, swap): exit 0, a hit rate > 0, zero
 # mismatched tokens (attached blocks included), block ids checked and bytes compared through
 # the pool view with none bad. Run 2 (KVVM_EMU_OPAQUE=1, --preempt auto): exit 0, a hit rate
-# > 0, block ids checked, and the report says the pool view's byte check was skipped.
+# > 0, block ids checked, and the report says the pool view's byte check was skipped. Run 3
+# (CPU-readable, KVVM_FLAGS=cache_demote, --preempt auto, 16 shared prompts, a host tier of
+# 4 MiB): entries are demoted and spilled to disk (prefix_spills > 0), attaches bring blocks
+# back from disk (from_disk > 0), and every attached byte verifies (zero mismatches).
 set -u
 bin=${1:?usage: stress_prefix.sh path/to/kvvm-stress}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/stress_prefix.XXXXXX") || exit 1
@@ -62,5 +65,13 @@ run opaque 1 --preempt auto
     grep -q "byte check SKIPPED" "$dir/opaque.txt" &&
     ok "opaque: the pool view's byte check reported skipped" ||
     bad "opaque: the skipped byte check is not reported"
+
+export KVVM_FLAGS=cache_demote
+run disk 0 --preempt auto --prefix-prompts 16 --host-budget 4M
+sp=$(get "$dir/disk.json" prefix_keyed prefix_spills)
+fd=$(get "$dir/disk.json" prefix_keyed from_disk)
+gt0 "$sp" && ok "disk: $sp entry pages spilled to disk" || bad "disk: prefix_spills '$sp'"
+gt0 "$fd" && ok "disk: $fd blocks attached from disk, verified" ||
+    bad "disk: blocks attached from disk '$fd'"
 
 exit $fail

@@ -2,10 +2,13 @@
  * tests/test_prefix.c: the prefix cache keyed by content (docs/api.md "Prefix cache"):
  * blocks, the key scheme, publish / lookup / attach / drop, namespaces, dedup, entries that
  * outlive their publisher, drop keeping sharers' pages, reclaim (leaves first, least
- * recently used first, before any LIVE sequence), host entries brought back all or nothing
- * (fault sweeps), and the stats. Every test runs the invariant checker (which counts the
+ * recently used first, before any LIVE sequence), entries below the host tier (spilled to
+ * disk least recently used and leaves first, lookup saying so, attach bringing them back),
+ * host and disk entries brought back all or nothing (driver-call and I/O fault sweeps), and
+ * the stats. Every test runs the invariant checker (which counts the
  * entries' page references) and closes the context checking nothing is left behind.
  */
+#include "disk/disk.h"
 #include "harness.h"
 
 #define XXH_INLINE_ALL
@@ -621,6 +624,22 @@ Test(host, attach_brings_host_entries_back)
     tclose(&t);
 }
 
+/* An attach of k[0..3) into a fresh sequence (returned) is -ENOMEM, leaves it empty and the
+   device and host tiers' free pages as they were; *s0 and *s1 get the stats before and
+   after. */
+static kvvm_seq attach_refused(struct tctx *t, const kvvm_key *k, struct kvvm_stats *s0,
+                               struct kvvm_stats *s1)
+{
+    tstats(t, s0);
+    kvvm_seq b = mk(t);
+    cr_assert_eq(kvvm_prefix_attach(t->kv, b, 1, k, 3), -ENOMEM);
+    tstats(t, s1);
+    cr_assert_eq(seq_len(t, b), 0);
+    cr_assert_eq(s1->pages_device_free, s0->pages_device_free);
+    cr_assert_eq(s1->pages_host_free, s0->pages_host_free);
+    return b;
+}
+
 Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
 {
     struct tctx t;
@@ -630,13 +649,7 @@ Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
     kvvm_seq full = mk(&t);
     fill(&t, full, 6 * T, 3);            /* 2 frames left, 3 needed */
     struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
-    kvvm_seq b = mk(&t);
-    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), -ENOMEM);
-    tstats(&t, &s1);
-    cr_assert_eq(seq_len(&t, b), 0);
-    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
-    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    kvvm_seq b = attach_refused(&t, k, &s0, &s1);
     cr_assert_eq(s1.bytes_to_device, s0.bytes_to_device);
     uint8_t where[3];
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, k, 3, where), 3);
@@ -679,6 +692,297 @@ Test(host, attach_brings_disk_entries_back)
     tcheck(&t, "disk attach");
     tclose(&t);
     cr_expect_eq(rmdir(dir), 0);
+}
+
+/* ---------------------------------------------------------------- entries below the host */
+
+/* A context of one region with a host tier of `host` slots and (disk > 0) a disk tier of
+   `disk` pages in a fresh directory dir (64 bytes), KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE,
+   every watermark 0: only the calls reclaim and spill (no thread does), so what moves is
+   exactly what they need. */
+static void open_tiers(struct tctx *t, char *dir, uint64_t host, uint64_t disk)
+{
+    struct kvvm_config c;
+    TH_DEADLINE(60);
+    snprintf(dir, 64, "/var/tmp/kvvm-test-prefix-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    cfg_small(&c, 1, 8, host, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    c.spill_dir = disk ? dir : NULL;
+    c.spill_budget = disk * KB;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.host_min = c.host_low = c.host_high = 0;
+    topen(t, &c);
+}
+
+static void close_tiers(struct tctx *t, const char *dir)
+{
+    tclose(t);
+    cr_expect_eq(rmdir(dir), 0);
+}
+
+/* Chains x (lineage 1) and y (lineage 2) of 3 entries each that no sequence holds, y the
+   least recently used; then a grow of 6 blocks on the device of 8 reclaims 4 of them, in
+   the plan's order y2, y1, y0, x2 (least recently used first, leaves first). Returns the
+   grown sequence. */
+static kvvm_seq two_chains_reclaimed(struct tctx *t, kvvm_key *x, kvvm_key *y)
+{
+    entries_only(t, 1, 1, 3, x);
+    entries_only(t, 1, 2, 3, y);
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, y, 3, NULL), 3);
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, x, 3, NULL), 3);
+    kvvm_seq g = mk(t);
+    cr_assert_eq(kvvm_seq_grow(t->kv, g, 6 * T), 0, "grow: %s", kvvm_last_error());
+    return g;
+}
+
+/* The lookup of k[0..n) in namespace 1 finds all n, in tiers want[0..n) (it makes them the
+   most recently used). */
+static void tiers_are(struct tctx *t, const kvvm_key *k, int n, const uint8_t *want,
+                      const char *what)
+{
+    uint8_t w[4] = { 0 };
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, k, (size_t)n, w), n, "%s: not all found", what);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(w[i], want[i], "%s: block %d in tier %u, not %u", what, i, w[i], want[i]);
+}
+
+enum { DEV = KVVM_TIER_DEVICE, HOST = KVVM_TIER_HOST, DISK = KVVM_TIER_DISK };
+
+/* Host room for demoted entries is made by spilling entries to disk, through the same
+   plan: the host tier (2 slots) takes y2 and y1, then each further demotion spills the
+   least recently used leaf on the host tier first (y2, then y1); lookup says DISK for
+   them and moves nothing; attach brings them back, bytes intact. */
+Test(below, demoted_entries_spill_to_disk_lru_leaves_first)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    open_tiers(&t, dir, 2, 16);
+    kvvm_seq g = two_chains_reclaimed(&t, x, y);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.prefix_evictions, 4);
+    cr_assert_eq(s0.prefix_entries, 6, "an entry was dropped, not demoted");
+    cr_assert_eq(s0.prefix_spills, 2);
+    cr_assert_eq(s0.spills, 2);
+    cr_assert_eq(s0.swap_outs, 0);
+    tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y");
+    tiers_are(&t, x, 3, (uint8_t[]){ DEV, DEV, HOST }, "x");
+    tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y again (lookup moves nothing)");
+    tstats(&t, &s1);
+    cr_assert_eq(s1.bytes_from_disk, s0.bytes_from_disk, "a lookup read the disk");
+    cr_assert_eq(s1.bytes_to_device, s0.bytes_to_device, "a lookup moved a page");
+    tcheck(&t, "spilled");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, y, 3), 3, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 3 * T, 2), "bytes back from disk differ");
+    tstats(&t, &s1);
+    cr_assert_eq(s1.bytes_from_disk - s0.bytes_from_disk, 2 * KB);
+    tiers_are(&t, y, 3, (uint8_t[]){ DEV, DEV, DEV }, "y attached");
+    kvvm_seq c = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, c, 1, x, 3), 3, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, c, 3 * T, 1), "bytes back from host differ");
+    tcheck(&t, "attached");
+    close_tiers(&t, dir);
+}
+
+/* A swap-out short of host slots makes its room by spilling the entries that fill the host
+   tier (before, they were no spill candidate's: the swap-out was -ENOMEM). */
+Test(below, a_swap_out_spills_host_entries_for_room)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2];
+    open_tiers(&t, dir, 2, 16);
+    entries_only(&t, 1, 1, 2, x);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    tiers_are(&t, x, 2, (uint8_t[]){ HOST, HOST }, "x demoted");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, 2 * T, 3);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_spills, 2);
+    tiers_are(&t, x, 2, (uint8_t[]){ DISK, DISK }, "x spilled");
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, s, 2 * T, 3));
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, x, 2), 2, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, 2 * T, 1));
+    tcheck(&t, "swap-out room");
+    close_tiers(&t, dir);
+}
+
+/* An attach of disk entries without device room for them is -ENOMEM and moves nothing:
+   no entry's tier changes, no page is read or written. */
+Test(below, attach_from_disk_without_device_room_changes_nothing)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    open_tiers(&t, dir, 2, 16);
+    two_chains_reclaimed(&t, x, y);      /* 8 of 8 frames used; x0 and x1 may go: 2 < 3 */
+    struct kvvm_stats s0, s1;
+    attach_refused(&t, y, &s0, &s1);
+    cr_assert_eq(s1.pages_disk_free, s0.pages_disk_free);
+    cr_assert_eq(s1.bytes_from_disk, s0.bytes_from_disk);
+    cr_assert_eq(s1.bytes_to_disk, s0.bytes_to_disk);
+    cr_assert_eq(s1.prefix_evictions, s0.prefix_evictions);
+    cr_assert_eq(s1.prefix_spills, s0.prefix_spills);
+    tiers_are(&t, x, 3, (uint8_t[]){ DEV, DEV, HOST }, "x");
+    tiers_are(&t, y, 3, (uint8_t[]){ HOST, DISK, DISK }, "y");
+    tcheck(&t, "enomem");
+    close_tiers(&t, dir);
+}
+
+/* Each chain's present prefix attaches with its bytes (x lineage 1, y lineage 2). The device
+   must have room. */
+static void chains_intact(struct tctx *t, const kvvm_key *x, const kvvm_key *y,
+                          const char *where)
+{
+    const kvvm_key *k[2] = { x, y };
+    for (uint32_t c = 0; c < 2; c++) {
+        int n = kvvm_prefix_lookup(t->kv, 1, k[c], 3, NULL);
+        kvvm_seq s = mk(t);
+        int rc = kvvm_prefix_attach(t->kv, s, 1, k[c], 3);
+        cr_assert_eq(rc, n, "%s: chain %u: attach %d (%s), lookup %d", where, c, rc,
+                     kvvm_last_error(), n);
+        cr_assert(!n || same(t, s, (uint64_t)n * T, c + 1), "%s: chain %u's bytes", where, c);
+        cr_assert_eq(kvvm_seq_free(t->kv, s), 0);
+    }
+}
+
+/* The I/O fault sweep over the paths below the host tier (the testing interface fails the
+   nth I/O of the spill engine with -EIO, n = 1, 2, ... until an operation runs past its
+   last I/O):
+   - a reclaim that spills entries (the grow of two_chains_reclaimed: two writes): the grow
+     succeeds anyway (an entry whose page cannot go down is dropped instead, which frees as
+     much), and every entry left attaches with its bytes;
+   - an attach of disk entries (a write that makes host room, two reads): it succeeds; or,
+     a read failing, the block read is damaged (its disk copy lost): its entry is dropped
+     and the attach brings the blocks before it, with their bytes (never wrong bytes); or,
+     the write failing (spilling is then off), it fails -ENOMEM with dst empty, the device
+     frames and the entries as they were. The spill that made room before a failed read
+     stays (the bytes intact on disk): an I/O error is no plan's. */
+Test(sweep, io_faults_below_the_host_tier)
+{
+    TH_DEADLINE(300);
+    unsigned failed[2] = { 0, 0 }, points[2] = { 0, 0 }, shorter = 0;
+    for (int op = 0; op < 2; op++) {
+        for (unsigned long nth = 1;; nth++) {
+            struct tctx t;
+            char dir[64], where[64];
+            kvvm_key x[3], y[3];
+            struct kvvm_stats s0, s1;
+            snprintf(where, sizeof where, "%s, I/O %lu failed", op ? "attach" : "reclaim", nth);
+            kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);   /* the injected errors are logged */
+            open_tiers(&t, dir, 2, 16);
+            struct spill *sp = kvvm_debug_spill(t.kv);
+            if (!op)
+                cr_assert_eq(spill_fault_arm(sp, nth, SPILL_FAULT_ERROR, -EIO), 0);
+            kvvm_seq g = two_chains_reclaimed(&t, x, y);
+            cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+            tstats(&t, &s0);
+            kvvm_seq b = mk(&t);
+            int rc = 3;
+            if (op) {
+                cr_assert_eq(spill_fault_arm(sp, nth, SPILL_FAULT_ERROR, -EIO), 0);
+                rc = kvvm_prefix_attach(t.kv, b, 1, y, 3);
+            }
+            spill_fault_clear(sp);
+            tstats(&t, &s1);
+            bool hit = s1.io_errors > 0;
+            if (op && rc >= 0) {
+                cr_assert(!rc || same(&t, b, (uint64_t)rc * T, 2), "%s: bytes", where);
+                cr_assert_eq(seq_len(&t, b), (uint64_t)rc * T, "%s: dst's length", where);
+                cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), rc,
+                             "%s: the damaged entry is still found", where);
+                cr_assert(rc == 3 || s1.pages_damaged, "%s: attached %d undamaged", where, rc);
+                shorter += rc < 3;
+            } else if (op) {
+                cr_assert_eq(rc, -ENOMEM, "%s: attach %d", where, rc);
+                cr_assert_eq(seq_len(&t, b), 0, "%s: dst holds tokens", where);
+                cr_assert_eq(s1.pages_device_free, s0.pages_device_free, "%s: frames", where);
+                cr_assert_eq(s1.prefix_entries, s0.prefix_entries, "%s: entries", where);
+                cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, (uint8_t[1]){ 0 }), 1);
+            }
+            cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+            tcheck(&t, where);
+            chains_intact(&t, x, y, where);
+            tcheck(&t, where);
+            close_tiers(&t, dir);
+            if (!hit)
+                break;                  /* past the operation's last I/O */
+            failed[op] += rc < 0;
+            points[op]++;
+            cr_assert_lt(nth, 16, "%s: the sweep does not end", where);
+        }
+    }
+    printf("sweep below the host tier: reclaim %u I/O failed in turn, attach %u; %u and %u "
+           "of the calls failed, %u attaches brought a shorter prefix, each as documented\n",
+           points[0], points[1], failed[0], failed[1], shorter);
+    cr_assert_geq(points[0], 2u, "the reclaim wrote no entry's page");
+    cr_assert_eq(failed[0], 0u, "a reclaim failed on a spill write");
+    cr_assert_geq(shorter, 2u, "no attach met a failed read");
+}
+
+/* A block read back damaged from disk is a miss: its entry goes, the blocks before it
+   attach, now and at every later attach. */
+Test(regress, a_damaged_disk_entry_failed_every_attach_of_its_chain)
+{
+    /* Bug: a block whose disk read failed stayed an entry that every lookup found, and
+       every attach of its chain failed -EBADMSG, until the engine dropped a key it could
+       not tell. */
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);     /* the injected error is logged */
+    open_tiers(&t, dir, 2, 16);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, two_chains_reclaimed(&t, x, y), 0), 0);
+    kvvm_seq b = mk(&t);
+    /* the attach writes x2 out for host room (I/O 1), then reads y's disk blocks */
+    cr_assert_eq(spill_fault_arm(kvvm_debug_spill(t.kv), 2, SPILL_FAULT_ERROR, -EIO), 0);
+    int rc = kvvm_prefix_attach(t.kv, b, 1, y, 3);
+    spill_fault_clear(kvvm_debug_spill(t.kv));
+    cr_assert(rc >= 1 && rc < 3, "attach: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_damaged, 1);
+    cr_assert(same(&t, b, (uint64_t)rc * T, 2));
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), rc, "the damaged entry is found");
+    kvvm_seq c = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, c, 1, y, 3), rc, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, c, (uint64_t)rc * T, 2));
+    tcheck(&t, "damaged");
+    close_tiers(&t, dir);
+}
+
+/* Without a disk tier the host tier's room goes to the plan's last entries (the most
+   recently used, the heads of chains), the rest are dropped: a chain keeps a usable head. */
+Test(regress, demotion_room_went_to_a_chain_tail_its_head_dropped)
+{
+    /* Bug: demotions took the host room in plan order (leaves first), so the chain y kept
+       its tail y2, y1 on the host tier and lost its head y0 (and x its leaf x2): y's
+       lookup found nothing while its tail held both host slots. */
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[3], y[3];
+    open_tiers(&t, dir, 2, 0);
+    two_chains_reclaimed(&t, x, y);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_evictions, 4);
+    cr_assert_eq(st.prefix_entries, 4, "demoted: x2 and y0 only");
+    cr_assert_eq(st.prefix_spills, 0);
+    cr_assert_eq(st.pages_host_free, 0);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 3, NULL), 1, "y lost its head");
+    tiers_are(&t, y, 1, (uint8_t[]){ HOST }, "y");
+    tiers_are(&t, x, 3, (uint8_t[]){ DEV, DEV, HOST }, "x");
+    tcheck(&t, "no disk");
+    close_tiers(&t, dir);
 }
 
 /* A dropped CACHED sequence is -ESTALE as attach's dst (and as publish's source). */
@@ -921,25 +1225,36 @@ struct sw_arg {
     kvvm_key k[3];
     kvvm_seq dst;
     bool host;                           /* entries on the host tier (else device) */
+    bool disk;                           /* entries on host and disk: chain y of
+                                            two_chains_reclaimed (its head on the host
+                                            tier, the rest spilled) */
     uint64_t free0;
+    uint8_t where[3];                    /* the entries' tiers before the call */
+    char dir[64];
 };
 
 static void sw_setup(void *p)
 {
     struct sw_arg *a = p;
     struct kvvm_config c;
-    cfg_small(&c, 2, 16, 16, 0);
-    topen(&a->t, &c);
-    if (a->host) {
-        host_entries(&a->t, a->k, 3);
+    if (a->disk) {
+        kvvm_key x[3];
+        open_tiers(&a->t, a->dir, 2, 16);
+        cr_assert_eq(kvvm_seq_truncate(a->t.kv, two_chains_reclaimed(&a->t, x, a->k), 0), 0);
     } else {
-        entries_only(&a->t, 1, 8, 3, a->k);
+        cfg_small(&c, 2, 16, 16, 0);
+        topen(&a->t, &c);
+        if (a->host)
+            host_entries(&a->t, a->k, 3);
+        else
+            entries_only(&a->t, 1, 8, 3, a->k);
     }
     a->dst = mk(&a->t);
     cr_assert_eq(kvvm_sync(a->t.kv), 0);
     struct kvvm_stats st;
     tstats(&a->t, &st);
     a->free0 = st.pages_device_free;
+    cr_assert_eq(kvvm_prefix_lookup(a->t.kv, 1, a->k, 3, a->where), 3);
 }
 
 static int sw_call(void *p)
@@ -952,7 +1267,9 @@ static int sw_call(void *p)
 static void sw_teardown(void *p)
 {
     struct sw_arg *a = p;
-    if (a->t.kv)
+    if (a->t.kv && a->disk)
+        close_tiers(&a->t, a->dir);
+    else if (a->t.kv)
         tclose(&a->t);
 }
 
@@ -969,15 +1286,16 @@ static enum th_sweep_outcome sw_after(void *p, int rc, const char *where)
     if (rc) {
         UCHK(in.length == 0, "%s: dst holds %lu tokens after a failed attach", where,
              (unsigned long)in.length);
-        UCHK(w[0] == (a->host ? KVVM_TIER_HOST : KVVM_TIER_DEVICE),
-             "%s: an entry moved (%u)", where, w[0]);
+        for (int i = 0; i < 3; i++)
+            UCHK(w[i] == a->where[i], "%s: entry %d moved (%u, was %u)", where, i, w[i],
+                 a->where[i]);
         struct kvvm_stats st;
         tstats(&a->t, &st);
         UCHK(st.pages_device_free == a->free0, "%s: device pages free %lu, were %lu", where,
              (unsigned long)st.pages_device_free, (unsigned long)a->free0);
     } else {
-        UCHK(in.length == 3 * T && same(&a->t, a->dst, 3 * T, 8), "%s: attached bytes",
-             where);
+        UCHK(in.length == 3 * T && same(&a->t, a->dst, 3 * T, a->disk ? 2 : 8),
+             "%s: attached bytes", where);
     }
     th_check(a->t.kv, where);
     return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
@@ -988,6 +1306,18 @@ Test(sweep, attach_host_entries_all_or_nothing)
     TH_DEADLINE(300);
     struct sw_arg a = { .host = true };
     struct th_sweep s = { .name = "attach host", .arg = &a, .setup = sw_setup,
+                          .call = sw_call, .teardown = sw_teardown, .after = sw_after };
+    th_sweep_run(&s);
+}
+
+/* The attach of entries on disk (and host): the driver calls of the read back and the copies
+   up, each failed in turn. */
+Test(sweep, attach_disk_entries_all_or_nothing)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);     /* the injected errors are logged */
+    struct sw_arg a = { .disk = true };
+    struct th_sweep s = { .name = "attach disk", .arg = &a, .setup = sw_setup,
                           .call = sw_call, .teardown = sw_teardown, .after = sw_after };
     th_sweep_run(&s);
 }

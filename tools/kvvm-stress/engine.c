@@ -50,7 +50,6 @@ static const char *const ev_names[] = { "prefill", "re-prefill", "forked", "swap
                                         "preempted (freed)", "truncated", "verified" };
 
 #define HIST 12
-#define PK_PROMPTS 4                /* --prefix-cache keyed: the shared prompts */
 struct hist { uint64_t step; uint8_t ev; int8_t known; uint32_t d, h, k; uint64_t len; };
 
 struct seg { uint64_t start, lineage; };   /* tokens from start on were written by lineage */
@@ -106,14 +105,15 @@ struct eng {
     uint32_t n_cache;
     uint64_t next_cache_id;
     uint32_t tpb;                  /* tokens per block (kvvm_block_tokens) */
-    uint64_t pk_len[PK_PROMPTS];   /* --prefix-cache keyed: each shared prompt's tokens */
+    uint64_t pk_len[STRESS_PK_PROMPTS_MAX];   /* --prefix-cache keyed: each shared prompt's
+                                                 tokens (o->pk_prompts of them) */
     uint64_t *pool_base;           /* --pool-view: kvvm_pool_base of each region */
     uint32_t pool_ids;             /* kvvm_pool_blocks */
 };
 
 /* ---- keyed prefix cache (--prefix-cache keyed) ---------------------------------------------
-   PK_PROMPTS shared prompts of 1..PK_PROMPTS blocks; prompt p's tokens are written by lineage
-   PK_LINEAGE + p, so a block's bytes are a function of (prompt, block, region, offset) and
+   o->pk_prompts shared prompts (--prefix-prompts, default 4) of 1, 2, 3, 4, 1, ... blocks;
+   prompt p's tokens are written by lineage PK_LINEAGE + p, so a block's bytes are a function of (prompt, block, region, offset) and
    its token ids (tok_at) a function of the lineage that wrote each position: equal keys
    (kvvm_prefix_keys over the ids) name equal bytes, and verify_req checks attached blocks as
    it checks every other token. */
@@ -654,10 +654,16 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
         goto out_free;
     if (q->pid) {
         nkeys = pk_keys(e, q, q->prompt < len ? q->prompt : len, &keys);
+        /* where the blocks are before the attach moves them (not with a store: its lookup
+           would ask the store too) */
+        uint8_t *where = nkeys && !e->o->store_url ? calloc(nkeys, 1) : NULL;
+        if (where)
+            (void)kvvm_prefix_lookup(e->kv, PK_NS, keys, nkeys, where);
         uint64_t t = lat_call_start();
         err = kvvm_prefix_attach(e->kv, s, PK_NS, keys, nkeys);
         lat_end(e, LAT_SHARE, t);
         if (err < 0) {
+            free(where);
             if (!is_expected(err))
                 fail(e, "kvvm_prefix_attach", err, q);
             goto out_free;
@@ -665,6 +671,11 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
         e->r->pk_attach_calls++;
         e->r->pk_asked += nkeys;
         e->r->pk_attached += (uint64_t)err;
+        for (int i = 0; where && i < err; i++) {   /* verified with the rest of q below */
+            e->r->pk_from_host += where[i] == KVVM_TIER_HOST;
+            e->r->pk_from_disk += where[i] == KVVM_TIER_DISK;
+        }
+        free(where);
         from = (uint64_t)err * e->tpb;
         err = 0;
     }
@@ -904,7 +915,7 @@ static void arrivals(struct eng *e)
             q->prompt += e->sys->len;
         uint32_t pid = 0;
         if (o->prefix_keyed) {
-            pid = (uint32_t)(rng_next(&e->rng) % PK_PROMPTS);
+            pid = (uint32_t)(rng_next(&e->rng) % o->pk_prompts);
             q->prompt += e->pk_len[pid];
         }
         q->target = q->prompt + sample_len(e, &o->output);
@@ -1691,9 +1702,9 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
         fail(e, "kvvm_block_tokens", err, NULL);
         goto out_stream;
     }
-    for (uint32_t p = 0; o->prefix_keyed && p < PK_PROMPTS; p++) {
+    for (uint32_t p = 0; o->prefix_keyed && p < o->pk_prompts; p++) {
         uint64_t blocks = e->tpb ? e->max_fit / 4 / e->tpb : 0;
-        e->pk_len[p] = (blocks < p + 1 ? blocks : p + 1) * e->tpb;
+        e->pk_len[p] = (blocks < p % 4 + 1 ? blocks : p % 4 + 1) * e->tpb;
         if (!e->pk_len[p] && !p)
             fprintf(stderr, "kvvm-stress: --prefix-cache keyed: a block (%u tokens) is more "
                     "than a quarter of the longest request; no shared prompts\n", e->tpb);

@@ -99,9 +99,12 @@ static void usage(FILE *f)
 "                         continue one (a hit shares it, a dropped one is a miss); 0 = off\n"
 "  --cache-entries N      entries kept at most, oldest evicted (default 32)\n"
 "  --prefix-cache keyed   the library's keyed prefix index instead: each request's prompt\n"
-"                         starts with one of 4 shared system prompts; it attaches the cached\n"
+"                         starts with one of the shared system prompts; it attaches the cached\n"
 "                         blocks (kvvm_prefix_attach), writes the rest, publishes its full\n"
 "                         prompt blocks; the hit rate is reported, attached bytes verified\n"
+"  --prefix-prompts N     with --prefix-cache keyed: N shared system prompts (1..64, default\n"
+"                         4), of 1, 2, 3, 4, 1, ... blocks; more than the device keeps hot\n"
+"                         sends entries below it (KVVM_FLAGS=cache_demote: to host, disk)\n"
 "  --store URL            with --prefix-cache keyed: the shared store (file:///dir or\n"
 "                         redis://[:pw@]host:port): full prompt blocks are written through,\n"
 "                         attaches continue in the store; several stress processes on one\n"
@@ -256,7 +259,8 @@ enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_B
        O_BATCH, O_QUANTUM, O_VERIFY, O_MAXSEQS, O_MAXTOK, O_JSON, O_TRACE, O_PLOT, O_QUIET,
        O_VERBOSE, O_HELP, O_BUDGET };
 /* sliding-window layers and the prefix cache */
-enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW, O_STORE };
+enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW, O_STORE,
+       O_PREFIX_PROMPTS };
 
 static const struct option longopts[] = {
     { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
@@ -278,6 +282,7 @@ static const struct option longopts[] = {
     { "window", 1, 0, O_WINDOW }, { "window-every", 1, 0, O_WINDOW_EVERY },
     { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
     { "pool-view", 0, 0, O_POOL_VIEW }, { "store", 1, 0, O_STORE },
+    { "prefix-prompts", 1, 0, O_PREFIX_PROMPTS },
     { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET }, { 0, 0, 0, 0 }
 };
 
@@ -289,6 +294,7 @@ static const char *valid_values(int c)
     case O_WINDOW: return "tokens from 0 (none) to 2^64-1";
     case O_WINDOW_EVERY: case O_CACHE_ENTRIES: return "an integer from 1 to 4294967295";
     case O_PREFIX_CACHE: return "a fraction from 0 to 1, or keyed";
+    case O_PREFIX_PROMPTS: return "an integer from 1 to 64";
     case O_LAYERS: case O_HEADS: case O_HDIM: case O_DTYPE: case O_BATCH: case O_QUANTUM:
         return "an integer from 1 to 4294967295";
     case O_LAYOUT: return "layer (per-layer) or token (token-major)";
@@ -409,6 +415,7 @@ int main(int argc, char **argv)
     o.page_size_auto = 1;
     o.window_every = 2;
     o.cache_entries = 32;
+    o.pk_prompts = 4;
     int have_window = 0;
 
     int c;
@@ -549,6 +556,11 @@ int main(int argc, char **argv)
             if (parse_u32(optarg, &o.cache_entries) || !o.cache_entries)
                 return bad(name, optarg);
             break;
+        case O_PREFIX_PROMPTS:
+            if (parse_u32(optarg, &o.pk_prompts) || !o.pk_prompts ||
+                o.pk_prompts > STRESS_PK_PROMPTS_MAX)
+                return bad(name, optarg);
+            break;
         case O_POOL_VIEW: o.pool_view = 1; break;
         case O_STORE: o.store_url = optarg; break;
         case O_HELP: case 'h': usage(stdout); return 0;
@@ -637,6 +649,10 @@ int main(int argc, char **argv)
     if (o.prefix_keyed && o.window) {
         fprintf(stderr, "kvvm-stress: --prefix-cache keyed does not combine with --window "
                 "(a published block must not be discarded)\n");
+        return 2;
+    }
+    if (o.pk_prompts != 4 && !o.prefix_keyed) {
+        fprintf(stderr, "kvvm-stress: --prefix-prompts needs --prefix-cache keyed\n");
         return 2;
     }
     if (o.store_url && !o.prefix_keyed) {

@@ -197,16 +197,19 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
                 d(s->store_bytes_in, z->store_bytes_in) / 1048576.0);
     if (o->prefix_keyed)
         fprintf(f, "  prefix keys  %llu attaches: %llu of %llu blocks asked attached (hit rate "
-                "%.1f%%; attached bytes verified with their requests); %llu entries published in %llu calls; "
-                "library: %llu entries now, %llu lookups, %llu hit blocks, %llu evictions\n",
+                "%.1f%%; %llu from host, %llu from disk; attached bytes verified with their "
+                "requests); %llu entries published in %llu calls; library: %llu entries now, "
+                "%llu lookups, %llu hit blocks, %llu evictions, %llu entry pages spilled\n",
                 (unsigned long long)r->pk_attach_calls, (unsigned long long)r->pk_attached,
                 (unsigned long long)r->pk_asked,
                 r->pk_asked ? 100.0 * r->pk_attached / r->pk_asked : 0,
+                (unsigned long long)r->pk_from_host, (unsigned long long)r->pk_from_disk,
                 (unsigned long long)r->pk_published, (unsigned long long)r->pk_publish_calls,
                 (unsigned long long)s->prefix_entries,
                 (unsigned long long)d(s->prefix_lookups, z->prefix_lookups),
                 (unsigned long long)d(s->prefix_hit_blocks, z->prefix_hit_blocks),
-                (unsigned long long)d(s->prefix_evictions, z->prefix_evictions));
+                (unsigned long long)d(s->prefix_evictions, z->prefix_evictions),
+                (unsigned long long)d(s->prefix_spills, z->prefix_spills));
     if (o->pool_view)
         fprintf(f, "  pool view    %llu sequences, %llu block ids checked, %llu bad; %s; %llu "
                 "block tables refused (-EAGAIN, not resident: skipped)\n",
@@ -382,17 +385,19 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
                 ? (double)r->cache_hits / (r->cache_hits + r->cache_misses) : 0,
             U(d(s->cache_drops, z->cache_drops)), U(d(s->cache_demotes, z->cache_demotes)),
             U(r->cache_stale_checked), U(r->cache_verified));
-    fprintf(f, "  \"prefix_keyed\": {\"on\": %s, \"prompts\": 4, \"attach_calls\": %llu, "
+    fprintf(f, "  \"prefix_keyed\": {\"on\": %s, \"prompts\": %u, \"attach_calls\": %llu, "
             "\"blocks_asked\": %llu, \"blocks_attached\": %llu, \"hit_rate\": %.4f, "
             "\"published\": %llu, \"publish_calls\": %llu, \"prefix_entries\": %llu, "
             "\"prefix_lookups\": %llu, \"prefix_hit_blocks\": %llu, "
-            "\"prefix_evictions\": %llu},\n", o->prefix_keyed ? "true" : "false",
+            "\"prefix_evictions\": %llu, \"from_host\": %llu, \"from_disk\": %llu, "
+            "\"prefix_spills\": %llu},\n", o->prefix_keyed ? "true" : "false", o->pk_prompts,
             U(r->pk_attach_calls), U(r->pk_asked), U(r->pk_attached),
             r->pk_asked ? (double)r->pk_attached / r->pk_asked : 0, U(r->pk_published),
             U(r->pk_publish_calls), U(s->prefix_entries),
             U(d(s->prefix_lookups, z->prefix_lookups)),
             U(d(s->prefix_hit_blocks, z->prefix_hit_blocks)),
-            U(d(s->prefix_evictions, z->prefix_evictions)));
+            U(d(s->prefix_evictions, z->prefix_evictions)), U(r->pk_from_host),
+            U(r->pk_from_disk), U(d(s->prefix_spills, z->prefix_spills)));
     fprintf(f, "  \"store\": {\"on\": %s, \"puts\": %llu, \"gets\": %llu, \"hits\": %llu, "
             "\"errors\": %llu, \"bytes_out\": %llu, \"bytes_in\": %llu},\n",
             o->store_url ? "true" : "false", U(d(s->store_puts, z->store_puts)),

@@ -31,6 +31,8 @@ struct dist {
     uint64_t min, max;
 };
 
+#define STRESS_PK_PROMPTS_MAX 64   /* --prefix-prompts at most */
+
 struct opts {
     const char *preset;             /* model preset name */
     uint32_t layers, kv_heads, head_dim, dtype_bytes;
@@ -68,6 +70,7 @@ struct opts {
     double   prefix_cache;          /* share of new requests that reuse a cached prompt */
     uint32_t cache_entries;         /* CACHED prefix entries kept at most */
     int      prefix_keyed;          /* --prefix-cache keyed: the library's keyed index */
+    uint32_t pk_prompts;            /* --prefix-prompts: its shared prompts (default 4) */
     int      pool_view;             /* --pool-view: KVVM_F_POOL_VIEW, checked at verification */
     int      pool_cpu;              /* the pool view's bytes are CPU-readable (emulated) */
     const char *store_url;          /* --store URL: the shared store (with --prefix-cache
@@ -148,6 +151,8 @@ struct results {
     /* --prefix-cache keyed */
     uint64_t pk_asked, pk_attached;  /* blocks asked of kvvm_prefix_attach, blocks attached */
     uint64_t pk_attach_calls, pk_published, pk_publish_calls; /* new entries published */
+    uint64_t pk_from_host, pk_from_disk;  /* of pk_attached: blocks the lookup before the
+                                             attach placed on the host / disk tier */
     /* --pool-view */
     uint64_t pv_seqs, pv_blocks;     /* sequences and block ids checked */
     uint64_t pv_bytes;               /* bytes compared through the pool view */

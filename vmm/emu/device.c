@@ -273,9 +273,11 @@ int emu_device_create(const struct emu_device_params *p, int *ordinal)
     d->opaque = p->opaque;
     d->held = env_held();
     d->max_maps = p->max_maps ? p->max_maps : default_max_maps();
-    d->bitmap = calloc((d->ngran + 63) / 64, sizeof *d->bitmap);
+    /* one allocation: the in-use bitmap, then the not-yet-returned one (memory.c) */
+    d->bitmap = calloc(2 * ((d->ngran + 63) / 64), sizeof *d->bitmap);
     if (!d->bitmap)
         goto out_dev;
+    d->unpunched = d->bitmap + (d->ngran + 63) / 64;
     d->memfd = memfd_create("kvvm-emu-device", MFD_CLOEXEC);
     if (d->memfd < 0)
         goto out_bitmap;

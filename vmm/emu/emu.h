@@ -9,7 +9,9 @@
  * Semantics (strict; every violation returns the real driver's error code):
  *  - One memfd per emulated device; a physical handle is a granule-aligned range of it.
  *    New handles are filled with a poison pattern (EMU_POISON), like uninitialized GPU memory;
- *    a handle's range is hole-punched (memory returned) after its release and last unmap.
+ *    a handle's range is free after its release and last unmap, its memory returned to the
+ *    system (hole-punched) in batches: once the free memory not yet returned exceeds half
+ *    the device (a create reuses such memory first).
  *  - cuMemAddressReserve = mmap(PROT_NONE); cuMemMap = mmap(MAP_FIXED|MAP_SHARED) of the
  *    handle's range, PROT_NONE until cuMemSetAccess; cuMemUnmap = anonymous PROT_NONE again.
  *    cuMemMap requires offset == 0, size <= handle size, granule-aligned ptr and size, inside

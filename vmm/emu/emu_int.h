@@ -34,8 +34,10 @@
  *    blocking stream's op waits for the legacy work queued before it (CUDA's implicit
  *    synchronization; non-blocking streams do not synchronize with it, so neither do we).
  *    Like any stream it is asynchronous to the caller: a missing cuStreamSynchronize(NULL)
- *    shows up. A caller that synchronizes runs the ready legacy ops itself (same order, same
- *    dependencies), so a synchronous-mode caller costs no thread hand-off per op.
+ *    shows up. A caller that waits (a stream, event or context synchronize) runs the ready
+ *    ops of the device's streams itself (emu_help_locked: same order, same dependencies, at
+ *    a moment the worker could have run them), so a caller that copies and synchronizes
+ *    costs no thread hand-off per op; work nobody waits for runs on the workers.
  *  - Every entry point is counted, traced and can be made to fail (entry.c) before it does
  *    anything: an injected failure changes no state.
  *
@@ -113,6 +115,10 @@ struct emu_dev {
     int memfd;
     unsigned char *view;           /* the emulator's RW MAP_SHARED view of the whole memfd */
     uint64_t *bitmap;              /* 1 = granule in use */
+    /* 1 = free granule whose memory was not returned yet (memory.c: returned in batches);
+       n_unpunched of them. Allocated with bitmap (one block) */
+    uint64_t *unpunched;
+    size_t n_unpunched;
     size_t cursor;                 /* next-fit start, in granules */
     int ctx_refs;                  /* primary context retains */
     kcu_result sticky;             /* 0, or the fault that killed the device */
@@ -188,6 +194,11 @@ struct kcu_stream_st {
     bool detached;                 /* destroyed by the caller: the worker frees s once drained */
     bool legacy;                   /* the device's legacy default stream (never a handle) */
     bool running;                  /* its head op executes now (the worker may wait in it) */
+    bool idle;                     /* the worker waits on cv for work (a submit must wake it) */
+    /* wake-ups of the worker in flight: a submit that found it idle signals cv after
+       dropping emu.lock (emu_leave), so the worker does not wake into a lock still held;
+       atomic, and s is not freed until it is 0 (stream_unkicked) */
+    unsigned kicks;
     uint64_t id;                   /* unique, never reused (barriers name streams by it) */
     /* emulated graph capture (emu_stream_set_capturing), begun in GLOBAL mode by cap_thread:
        work submitted meanwhile is captured (counted, never executed), like a graph's nodes;
@@ -267,6 +278,7 @@ struct emu_thread {
     struct kcu_ctx_st *ctx;        /* the current context (cuCtxSetCurrent); NULL = none */
     unsigned ctx_gen;              /* ctx->gen when it was made current: alive iff equal */
     int capmode;                   /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
+    struct kcu_stream_st *kick;    /* a worker to wake when this call leaves (s->kicks) */
 };
 
 extern __thread struct emu_thread emu_t;
@@ -319,13 +331,14 @@ bool emu_range_known_locked(kcu_deviceptr va, size_t n);
 void emu_xfer_locked(struct emu_dev *d, struct emu_op *op);
 
 /* streams.c */
-bool emu_legacy_help_locked(struct emu_dev *d);
+bool emu_help_locked(struct emu_dev *d, struct kcu_stream_st *want);
 kcu_result emu_stream_arg_locked(kcu_stream stream, struct emu_dev *cur,
                                  struct kcu_stream_st **s, struct emu_dev **d);
 kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct emu_op *op);
 struct kcu_stream_st *emu_stream_lookup_locked(kcu_stream s);
 void emu_drain_locked(struct emu_dev *d, bool blocking_only);
 void emu_stream_teardown_locked(struct kcu_stream_st *s);
+void emu_stream_kick(void);
 
 /* capture.c */
 kcu_result emu_capture_unsafe_locked(void);

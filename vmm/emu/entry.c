@@ -17,7 +17,11 @@ const char *const emu_entry_names[E_COUNT] = {
 /* ---- the emulator's state (struct emu_state, emu_int.h) ------------------------------- */
 
 struct emu_state emu = {
-    .lock = PTHREAD_MUTEX_INITIALIZER,
+    /* adaptive (glibc): a thread that finds it held spins briefly before it sleeps; the
+       holders' sections are short, and a worker woken by a submit reacquires it in
+       pthread_cond_wait while the submitting caller is still inside its entry point, which
+       otherwise costs a futex sleep and a wake-up on each side per operation */
+    .lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP,
     .cond = PTHREAD_COND_INITIALIZER,
 };
 
@@ -106,6 +110,7 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 kcu_result emu_leave(kcu_result r)
 {
     pthread_mutex_unlock(&emu.lock);
+    emu_stream_kick();
     return r;
 }
 

@@ -141,7 +141,7 @@ kcu_result emu_cuEventSynchronize(kcu_event event)
     ev->refs++;                    /* survive a concurrent cuEventDestroy */
     uint64_t want = ev->rec_seq;
     while (ev->done_seq < want && !ev->dev->sticky)
-        if (!emu_legacy_help_locked(ev->dev))
+        if (!emu_help_locked(ev->dev, NULL))
             pthread_cond_wait(&emu.cond, &emu.lock);
     r = ev->dev->sticky;
     emu_event_put_locked(ev);

@@ -20,11 +20,48 @@ static void bit_set(uint64_t *bm, size_t i, bool v)
         bm[i / 64] &= ~(1ull << (i % 64));
 }
 
-/* Finds n free contiguous granules, next-fit from the cursor. -ENOMEM none. */
+/* Takes granules [i, i + n) (free). */
+static void range_take_locked(struct emu_dev *d, size_t i, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        bit_set(d->bitmap, i + k, true);
+        if (bit_get(d->unpunched, i + k)) {
+            bit_set(d->unpunched, i + k, false);
+            d->n_unpunched--;
+        }
+    }
+}
+
+/* Finds n free contiguous granules whose memory was not returned yet (first fit), so a
+   create reuses memory a release left before it makes the system supply new pages. */
+static bool range_reuse_locked(struct emu_dev *d, size_t n, size_t *base)
+{
+    for (size_t i = 0; d->n_unpunched >= n && i + n <= d->ngran;) {
+        if (d->unpunched[i / 64] == 0 && i % 64 == 0) {
+            i += 64;
+            continue;
+        }
+        size_t run = 0;
+        while (run < n && bit_get(d->unpunched, i + run))
+            run++;
+        if (run == n) {
+            range_take_locked(d, i, n);
+            *base = i;
+            return true;
+        }
+        i += run + 1;
+    }
+    return false;
+}
+
+/* Finds n free contiguous granules: not yet returned ones first (range_reuse_locked), else
+   next-fit from the cursor. -ENOMEM none. */
 static int range_alloc_locked(struct emu_dev *d, size_t n, size_t *base)
 {
     if (n > d->ngran)
         return -ENOMEM;
+    if (range_reuse_locked(d, n, base))
+        return 0;
     for (int pass = 0; pass < 2; pass++) {
         size_t i = pass == 0 ? d->cursor : 0;
         size_t end = pass == 0 ? d->ngran : min_sz(d->cursor + n, d->ngran);
@@ -37,8 +74,7 @@ static int range_alloc_locked(struct emu_dev *d, size_t n, size_t *base)
             while (run < n && !bit_get(d->bitmap, i + run))
                 run++;
             if (run == n) {
-                for (size_t k = 0; k < n; k++)
-                    bit_set(d->bitmap, i + k, true);
+                range_take_locked(d, i, n);
                 *base = i;
                 d->cursor = (i + n) % d->ngran;
                 return 0;
@@ -49,15 +85,44 @@ static int range_alloc_locked(struct emu_dev *d, size_t n, size_t *base)
     return -ENOMEM;
 }
 
+/* Gives the memory of every free granule not yet returned back to the system: one hole
+   punch per run (KEEP_SIZE keeps the memfd's length, so the view stays valid). */
+static void punch_free_locked(struct emu_dev *d)
+{
+    for (size_t i = 0; i < d->ngran && d->n_unpunched;) {
+        if (!bit_get(d->unpunched, i)) {
+            i++;
+            continue;
+        }
+        size_t n = 0;
+        while (i + n < d->ngran && bit_get(d->unpunched, i + n)) {
+            bit_set(d->unpunched, i + n, false);
+            n++;
+        }
+        d->n_unpunched -= n;
+        if (fallocate(d->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      (off_t)(i * d->gran), (off_t)(n * d->gran)) != 0)
+            klog_warn("emulated device %d: hole punch of %zu bytes failed: %s", d->ordinal,
+                      n * d->gran, strerror(errno));
+        i += n;
+    }
+}
+
+/* Frees n granules at base. Their memory goes back to the system in batches: once the
+   free granules not yet returned are more than half the device, all of them at
+   once. A hole punch per release cost more than the rest of a release and its next create
+   together (each one zaps the view's page table entries and flushes every CPU's TLB that
+   runs one of our threads, and the create that reuses the granules faults them in again);
+   a create that reuses granules not yet returned fills them with poison like any other. */
 static void range_free_locked(struct emu_dev *d, size_t base, size_t n)
 {
-    for (size_t k = 0; k < n; k++)
+    for (size_t k = 0; k < n; k++) {
         bit_set(d->bitmap, base + k, false);
-    /* Give the memory back; KEEP_SIZE keeps the memfd's length (the view stays valid). */
-    if (fallocate(d->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                  (off_t)(base * d->gran), (off_t)(n * d->gran)) != 0)
-        klog_warn("emulated device %d: hole punch of %zu bytes failed: %s", d->ordinal,
-                  n * d->gran, strerror(errno));
+        bit_set(d->unpunched, base + k, true);
+    }
+    d->n_unpunched += n;
+    if (d->n_unpunched > d->ngran / 2)
+        punch_free_locked(d);
 }
 
 kcu_mem_handle emu_handle_value(size_t slot)

@@ -5,6 +5,8 @@
  */
 #include "emu_int.h"
 
+#include <sched.h>
+
 static void op_free(struct emu_op *op)
 {
     free(op->bar);
@@ -68,37 +70,92 @@ static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
     pthread_cond_broadcast(&emu.cond);
 }
 
-/* A caller about to wait for legacy-stream work runs the legacy stream's next op itself when
-   it is ready (its implicit dependencies complete, not a wait still pending, the worker not
-   in it): the same order and the same point in time as the worker would run it, without a
-   thread hand-off per op (a synchronous-mode caller waits for each of its copies). True
-   when it ran one. */
-bool emu_legacy_help_locked(struct emu_dev *d)
+/* Whether a thread may run s's head op now, as s's worker would: there is one, s is not
+   paused, nobody runs it (s->running), its implicit legacy dependencies are complete and
+   it is not a wait for an event still pending (that would block inside the op). */
+static bool op_ready_locked(const struct kcu_stream_st *s)
 {
-    struct kcu_stream_st *s = d->legacy;
-    struct emu_op *op = s ? s->head : NULL;
-    if (!op || s->running || s->paused || !op_deps_done_locked(d, op) ||
-        (op->kind == OP_WAIT && op->ev->done_seq < op->seq && !d->sticky))
-        return false;
+    const struct emu_op *op = s->head;
+    return op && !s->running && !s->paused && op_deps_done_locked(s->dev, op) &&
+           !(op->kind == OP_WAIT && op->ev->done_seq < op->seq && !s->dev->sticky);
+}
+
+/* Runs s's head op (op_ready_locked) in the calling thread and pops it. */
+static void op_run_head_locked(struct kcu_stream_st *s)
+{
+    struct emu_op *op = s->head;
     s->running = true;             /* a copy drops the lock between chunks */
-    op_exec_locked(d, op);
+    op_exec_locked(s->dev, op);
     s->running = false;
     op_pop_locked(s, op);
-    return true;
+}
+
+/* A thread about to wait for device d's work (a stream, event or context synchronize) runs
+   the next ready op of one of d's streams itself, want's first (NULL: none preferred), then
+   the others' (what it waits for may depend on them): the same op, in the same order, at a
+   moment its worker could have run it (the caller is blocked until that work is done), but
+   without the hand-off to the worker and back that each op costs otherwise (a caller that
+   copies and synchronizes waits for each of its copies). Work still runs on the workers
+   whenever nobody waits for it: it stays asynchronous to the caller. True when it ran one. */
+bool emu_help_locked(struct emu_dev *d, struct kcu_stream_st *want)
+{
+    if (want && op_ready_locked(want)) {
+        op_run_head_locked(want);
+        return true;
+    }
+    for (struct kcu_stream_st *s = emu.streams; s; s = s->next)
+        if (s->dev == d && s != want && op_ready_locked(s)) {
+            op_run_head_locked(s);
+            return true;
+        }
+    return false;
+}
+
+/* Wakes the worker a submit of this thread's call found idle (emu_submit_locked), after the
+   call dropped emu.lock: the worker then finds the lock free instead of waking into it and
+   sleeping again until the caller leaves (a futex wait and wake more per operation). The
+   queued op is under the lock already, so the worker either waits on cv now (and gets the
+   signal) or sees the op before it waits. */
+void emu_stream_kick(void)
+{
+    struct kcu_stream_st *s = emu_t.kick;
+    if (!s)
+        return;
+    emu_t.kick = NULL;
+    pthread_cond_signal(&s->cv);
+    __atomic_sub_fetch(&s->kicks, 1, __ATOMIC_RELEASE);
+}
+
+/* Waits until no thread is still signalling s's worker (emu_stream_kick), before s is
+   freed: between its emu_leave's unlock and its signal a thread holds no lock. */
+static void stream_unkicked(struct kcu_stream_st *s)
+{
+    while (__atomic_load_n(&s->kicks, __ATOMIC_ACQUIRE))
+        sched_yield();
 }
 
 static void *stream_main(void *arg)
 {
     struct kcu_stream_st *s = arg;
+    /* SCHED_BATCH (Linux; no privilege needed, failure ignored): a worker woken by a
+       submit does not preempt the submitting thread on its CPU (the waker kept running
+       costs two switches less per op), it runs on an idle CPU at once or when the CPU is
+       next given up, with whatever work has been queued by then. When it runs is the
+       device's affair: work stays asynchronous, and a caller that waits runs it itself. */
+    struct sched_param sp = { 0 };
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
     pthread_mutex_lock(&emu.lock);
     for (;;) {
-        while (s->head ? s->paused : !s->exiting)
+        while (s->head ? s->paused : !s->exiting) {
+            s->idle = !s->head;
             pthread_cond_wait(&s->cv, &emu.lock);
+            s->idle = false;
+        }
         if (!s->head)
             break;
         struct emu_op *op = s->head;
         if (s->running || !op_deps_done_locked(s->dev, op)) {
-            /* a synchronizing caller runs it (emu_legacy_help_locked), or its dependencies
+            /* a synchronizing caller runs it (emu_help_locked), or its dependencies
                are pending: some op completes, or a resume */
             pthread_cond_wait(&emu.cond, &emu.lock);
             continue;
@@ -116,6 +173,7 @@ static void *stream_main(void *arg)
                 *pp = s->next;
                 break;
             }
+        stream_unkicked(s);
         pthread_cond_destroy(&s->cv);
         free(s);
         pthread_cond_broadcast(&emu.cond);
@@ -144,7 +202,7 @@ void emu_drain_locked(struct emu_dev *d, bool blocking_only)
                    !(blocking_only && (s->flags & KCU_STREAM_NON_BLOCKING));
         if (!busy)
             return;
-        if (!emu_legacy_help_locked(d))
+        if (!emu_help_locked(d, NULL))
             pthread_cond_wait(&emu.cond, &emu.lock);
     }
 }
@@ -152,7 +210,7 @@ void emu_drain_locked(struct emu_dev *d, bool blocking_only)
 static void stream_wait_idle_locked(struct kcu_stream_st *s)
 {
     while (s->head)
-        if (!emu_legacy_help_locked(s->dev))     /* s may wait for legacy work */
+        if (!emu_help_locked(s->dev, s))
             pthread_cond_wait(&emu.cond, &emu.lock);
 }
 
@@ -262,7 +320,13 @@ kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct 
     else
         s->head = op;
     s->tail = op;
-    pthread_cond_signal(&s->cv);
+    if (s->idle && !s->paused) {
+        /* its worker waits for work: woken when this call leaves (emu_stream_kick) */
+        emu_stream_kick();         /* (one op per call: none is pending) */
+        s->idle = false;
+        emu_t.kick = s;
+        __atomic_add_fetch(&s->kicks, 1, __ATOMIC_RELAXED);
+    }
     return KCU_SUCCESS;
 }
 
@@ -317,6 +381,7 @@ void emu_stream_teardown_locked(struct kcu_stream_st *s)
     }
     if (!s->legacy)
         s->dev->c.streams--;
+    stream_unkicked(s);
     pthread_cond_destroy(&s->cv);
     free(s);
 }
