@@ -344,7 +344,7 @@ int config_layout(struct kvvm_config *c, size_t granule, uint64_t *slot_bytes,
             "the driver allows (%llu bytes)", c->n_regions, c->max_seqs,
             (unsigned long long)slot, (unsigned long long)MAX_RESERVE);
     *slot_bytes = slot;
-    *reserve_bytes = per_region * c->n_regions + ps;    /* + the scratch page */
+    *reserve_bytes = per_region * c->n_regions + ps * PG_SCRATCH_PAGES;  /* + the scratch run */
     return 0;
 }
 

@@ -425,9 +425,11 @@ static int ck_driver(struct ck *k)
     struct vmm_debug_objects c;
     if (!k->drv)
         return 0;
-    int rc = ck_unmapped(k, pg->scratch_va, "scratch page");
-    if (rc)
-        return rc;
+    for (uint32_t i = 0; i < PG_SCRATCH_PAGES; i++) {
+        int rc = ck_unmapped(k, pg->scratch_va + i * pg->p.page_size, "scratch page");
+        if (rc)
+            return rc;
+    }
     /* the frame pool thread may be creating or releasing handles right now (the feed:
        read under its mutex, a handle made or released is counted in transit there) */
     pthread_mutex_lock(&pg->feed.mu);

@@ -1,12 +1,18 @@
 /*
  * paging/cow.c: copy-on-write, prepare_write, write and read.
  *
- * Copying page P (shared) for writer W at window address va:
- *   map a fresh frame F at the scratch page; copy va -> scratch on the engine stream (after
- *   the engine's earlier writes: stream order, or a device sync in synchronous mode); wait
- *   for the engine's work (the copy and everything before it that may read W's mapping);
- *   unmap scratch and va; map F at va. Only W's window changes; the other holders keep P.
- * Mappings cannot be stream-ordered, hence the wait before the remap (docs/api.md "Ordering").
+ * Copying the shared pages P of a range for writer W, in batches of up to PG_SCRATCH_PAGES
+ * pages (runs of consecutive pages of a region):
+ *   map fresh frames F at the scratch run (one mapped run: one set-access); copy each run
+ *   va -> scratch on the engine stream (one copy per run, after the engine's earlier
+ *   writes: stream order, or a device sync in synchronous mode); wait once for the engine's
+ *   work (the copies and everything before them that may read W's mapping); unmap the
+ *   scratch run, then per run unmap va and map F there (one unmap, one mapped run). Only
+ *   W's window changes; the other holders keep P. One page takes the driver calls it took
+ *   before; n pages in r runs take 2n maps, 1 + r set-accesses, r copies, one wait and
+ *   1 + r unmaps, where page by page they took n of each (2n set-accesses and unmaps).
+ * Mappings cannot be stream-ordered, hence the wait before the remaps (docs/api.md
+ * "Ordering").
  */
 #include "paging_int.h"
 
@@ -27,54 +33,80 @@ uint32_t cow_needed(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r
     return n;
 }
 
-/* Replaces the mapping at va of page `old` by frame f. On failure va maps old again. */
-static int remap(struct paging *pg, uint64_t va, pg_page_id old, pg_frame_id f)
+/* One run of a batch: n consecutive shared pages of region r from page idx, copied into
+   the batch's frames [off, off + n) (mapped at the scratch run from page off). */
+struct cow_run {
+    uint32_t r, idx, n, off;
+};
+
+/* Replaces the mappings of run c (n pages at va) by frames fr, as one unmap and one mapped
+   run. On failure va maps the old pages again. */
+static int remap_run(struct paging *pg, struct pg_seq *s, const struct cow_run *c,
+                     const pg_frame_id *fr)
 {
-    int rc = seq_unmap(pg, va, 1);
+    uint32_t slot = pg_slot_of(pg, s);
+    uint64_t va = pg_va(pg, c->r, slot, c->idx);
+    int rc = seq_unmap(pg, va, c->n);
     if (rc)
         return rc;
-    rc = seq_map_frames(pg, va, &f, 1);
-    if (rc) {
-        pg_frame_id of = page_at(pg, old)->frame;
-        if (seq_map_frames(pg, va, &of, 1))
-            klog_error("paging: could not restore a mapping after a failed remap");
+    rc = seq_map_frames(pg, va, fr, c->n);
+    if (rc && seq_map_pages(pg, slot, c->r, c->idx, pg_bt(pg, s, c->r) + c->idx, c->n))
+        klog_error("paging: could not restore a mapping after a failed remap");
+    return rc;
+}
+
+/* The new pages of run c (frames fr, remapped) replace the old ones in the block table. */
+static void run_commit(struct paging *pg, struct pg_seq *s, const struct cow_run *c,
+                       const pg_frame_id *fr, struct cow_undo *u)
+{
+    pg_page_id *bt = pg_bt(pg, s, c->r);
+    for (uint32_t k = 0; k < c->n; k++) {
+        pg_page_id old = bt[c->idx + k];
+        bt[c->idx + k] = page_new(pg, fr[k]);
+        page_put(pg, old);
+        u->rec[u->n++] = (struct cow_rec){ c->r, c->idx + k, old };
+        pg->c.cow_copies++;
+    }
+}
+
+/* Copies the runs into frames f (n pages, mapped at the scratch run for the copies): one
+   copy per run, one wait for the engine, then each run remapped. Mappings cannot be
+   stream-ordered, hence the wait before the remaps (docs/api.md "Ordering"). On failure the
+   runs already remapped stay (recorded in u, for the caller's undo) and the frames of the
+   others go back to the pool. */
+static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *runs,
+                     uint32_t n_runs, const pg_frame_id *f, uint32_t n, struct cow_undo *u)
+{
+    uint64_t ps = pg->p.page_size;
+    uint32_t slot = pg_slot_of(pg, s), j;
+    int rc = seq_map_frames(pg, pg->scratch_va, f, n);
+    if (rc)
+        return rc;
+    rc = pg_order_before_copy(pg);
+    for (j = 0; !rc && j < n_runs; j++)
+        rc = vmm_copy_dtod(pg->v, pg->scratch_va + runs[j].off * ps,
+                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps, pg->stream);
+    int wrc = pg_wait_engine(pg);
+    if (wrc)
+        (void)pg_wait_engine(pg);   /* a copy may still be queued: never unmap under it */
+    if (!rc)
+        rc = wrc;
+    seq_unmap_must(pg, pg->scratch_va, n);
+    for (j = 0; !rc && j < n_runs; j++) {
+        rc = remap_run(pg, s, &runs[j], f + runs[j].off);
+        if (!rc)
+            run_commit(pg, s, &runs[j], f + runs[j].off, u);
     }
     return rc;
 }
 
-/* Copies page idx of region r of s into frame f and maps f there. */
-static int cow_one(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t idx,
-                   pg_frame_id f)
+static int undo_reserve(struct cow_undo *u, uint32_t more)
 {
-    uint64_t va = pg_va(pg, r, pg_slot_of(pg, s), idx);
-    pg_page_id old = pg_bt(pg, s, r)[idx];
-    int rc = seq_map_frames(pg, pg->scratch_va, &f, 1);
-    if (rc)
-        return rc;
-    rc = pg_order_before_copy(pg);
-    if (!rc)
-        rc = vmm_copy_dtod(pg->v, pg->scratch_va, va, pg->p.page_size, pg->stream);
-    int wrc = pg_wait_engine(pg);
-    if (wrc)
-        (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
-    if (!rc)
-        rc = wrc;
-    seq_unmap_must(pg, pg->scratch_va, 1);
-    if (!rc)
-        rc = remap(pg, va, old, f);
-    if (rc)
-        return rc;
-    pg_bt(pg, s, r)[idx] = page_new(pg, f);
-    page_put(pg, old);
-    pg->c.cow_copies++;
-    return 0;
-}
-
-static int undo_reserve(struct cow_undo *u)
-{
-    if (u->n < u->cap)
+    if (u->n + more <= u->cap)
         return 0;
     uint32_t cap = u->cap ? 2 * u->cap : 8;
+    while (cap < u->n + more)
+        cap *= 2;
     struct cow_rec *n = realloc(u->rec, cap * sizeof *n);
     if (!n)
         return -ENOMEM;
@@ -83,43 +115,62 @@ static int undo_reserve(struct cow_undo *u)
     return 0;
 }
 
-/* Copies one shared page. The old page keeps other holders for the whole call (only copies
-   drop references, and only from pages with more than one), so an undo can map it again. */
-static int cow_step(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i,
-                    struct cow_undo *u)
+/* The next batch of the range from (*r, *i): runs of consecutive shared pages, at most
+   PG_SCRATCH_PAGES pages in all (a run is cut there); advances the cursor. Returns the
+   pages; *n_runs the runs. (A hole is filled by grow, never copied.) */
+static uint32_t next_batch(struct paging *pg, struct pg_seq *s, uint32_t *r, uint32_t *i,
+                           uint32_t r1, uint32_t i0, uint32_t i1, struct cow_run *runs,
+                           uint32_t *n_runs)
 {
-    pg_page_id old = pg_bt(pg, s, r)[i];
-    pg_frame_id f;
-    int rc = undo_reserve(u);
+    uint32_t n = 0, end = i1 < s->n_pages ? i1 : s->n_pages;
+    *n_runs = 0;
+    for (; *r < r1; (*r)++, *i = i0) {
+        const pg_page_id *bt = pg_bt(pg, s, *r);
+        for (; *i < end; (*i)++) {
+            if (n == PG_SCRATCH_PAGES)
+                return n;
+            if (pg_page_is_none(bt[*i]) || page_sharers(page_at(pg, bt[*i])) <= 1)
+                continue;
+            struct cow_run *c = *n_runs ? &runs[*n_runs - 1] : NULL;
+            if (c && c->r == *r && c->idx + c->n == *i)
+                c->n++;
+            else
+                runs[(*n_runs)++] = (struct cow_run){ *r, *i, 1, n };
+            n++;
+        }
+    }
+    return n;
+}
+
+/* One batch: frames for its n pages, then cow_batch; the unused frames back on failure. */
+static int cow_chunk(struct paging *pg, struct pg_seq *s, const struct cow_run *runs,
+                     uint32_t n_runs, uint32_t n, struct cow_undo *u)
+{
+    pg_frame_id f[PG_SCRATCH_PAGES];
+    uint32_t done = u->n;
+    int rc = undo_reserve(u, n);
     if (!rc)
-        rc = pool_take_except(pg, 1, &f, s);
+        rc = pool_take_except(pg, n, f, s);
     if (rc)
         return rc;
-    rc = cow_one(pg, s, r, i, f);
-    if (rc) {
-        pool_give(pg, &f, 1);
-        return rc;
-    }
-    u->rec[u->n++] = (struct cow_rec){ r, i, old };
-    return 0;
+    rc = cow_batch(pg, s, runs, n_runs, f, n, u);
+    if (rc)
+        pool_give(pg, f + (u->n - done), n - (u->n - done));  /* runs commit in order */
+    return rc;
 }
 
 int cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, uint32_t i0,
               uint32_t i1, struct cow_undo *u)
 {
-    uint32_t start = u->n;
-    for (uint32_t r = r0; r < r1; r++) {
-        pg_page_id *bt = pg_bt(pg, s, r);
-        for (uint32_t i = i0; i < i1 && i < s->n_pages; i++) {
-            if (pg_page_is_none(bt[i]) || page_sharers(page_at(pg, bt[i])) <= 1)
-                continue;               /* (a hole is filled by grow, never copied) */
-            int rc = cow_step(pg, s, r, i, u);
-            if (rc) {
-                struct cow_undo part = { u->n - start, 0, u->rec + start };
-                cow_undo(pg, s, &part);
-                u->n = start;
-                return rc;
-            }
+    uint32_t start = u->n, r = r0, i = i0, n, n_runs;
+    struct cow_run runs[PG_SCRATCH_PAGES];
+    while ((n = next_batch(pg, s, &r, &i, r1, i0, i1, runs, &n_runs)) != 0) {
+        int rc = cow_chunk(pg, s, runs, n_runs, n, u);
+        if (rc) {
+            struct cow_undo part = { u->n - start, 0, u->rec + start };
+            cow_undo(pg, s, &part);
+            u->n = start;
+            return rc;
         }
     }
     return 0;

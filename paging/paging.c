@@ -2,7 +2,7 @@
  * paging/paging.c: the paging context: paging_create / paging_destroy and its counters.
  *
  * paging_create sizes the context from its params (pages per slot, map-ahead bound, the
- * scratch page after the windows, the pool's refill chunk), copies the tiers' ops tables and
+ * scratch run after the windows, the pool's refill chunk), copies the tiers' ops tables and
  * makes the slot free list and the pool. paging_destroy waits for the device, completes or
  * drops every pending release, drops every live sequence's pages and frees the fences, the
  * copy stream and the pool.
@@ -13,6 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/log.h"
+
+/* The hot view (paging.h) is each struct's first member: paging_hot() casts pg. */
+_Static_assert(offsetof(struct paging, hot) == 0, "struct paging begins with its hot view");
+_Static_assert(offsetof(struct pg_seq, hot) == 0, "struct pg_seq begins with its hot view");
+_Static_assert(offsetof(struct pg_seq, used_tick) + 8 <= 64 && sizeof(struct pg_seq) % 64 == 0,
+               "the hot path's fields of a sequence fit in one cache line");
 
 void paging_why_reset(struct paging *pg)
 {
@@ -68,7 +74,12 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     pg->chunk = p->max_frames < 8 ? p->max_frames : 8;
     if (pg->chunk < 2 * p->n_regions)
         pg->chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
-    pg->seqs = calloc(p->max_seqs, sizeof *pg->seqs);
+    /* 64-byte aligned: each sequence's hot view (paging.h) is one cache line */
+    pg->seqs = aligned_alloc(64, (size_t)p->max_seqs * sizeof *pg->seqs);
+    if (pg->seqs)
+        memset(pg->seqs, 0, (size_t)p->max_seqs * sizeof *pg->seqs);
+    pg->n_slots = p->max_seqs;
+    pg->seq_size = sizeof *pg->seqs;
     int rc = -ENOMEM;
     if (!pg->seqs)
         goto out_free;

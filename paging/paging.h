@@ -123,6 +123,11 @@ struct pg_policy_ops {
     int (*plan)(void *arg, bool in, const struct pg_room *r);
 };
 
+/* Pages of the scratch run after the windows (paging_params.base): copy-on-write maps the
+   new frames of up to this many pages there at once for their copies (cow.c); the swap
+   and prefix paths use its first page. Reserved address space only. */
+#define PG_SCRATCH_PAGES 32u
+
 struct paging_params {
     uint32_t n_regions;
     uint64_t bytes_per_token;    /* per region */
@@ -130,7 +135,8 @@ struct paging_params {
     uint64_t max_tokens;
     size_t   page_size;          /* multiple of the granule */
     uint64_t slot_bytes;         /* multiple of page_size, >= max_tokens * bytes_per_token */
-    uint64_t base;               /* reservation base: regions, then one scratch page */
+    uint64_t base;               /* reservation base: regions, then the scratch run
+                                    (PG_SCRATCH_PAGES pages) */
     uint32_t max_frames;         /* device budget in pages (>= n_regions) */
     uint32_t cap_frames;         /* the most the budget may grow to (device capacity in
                                     pages, >= max_frames; 0 = max_frames) */
@@ -203,12 +209,108 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
    no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
    then does the work or says what is wrong). */
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
+/* ---- the hot path's grow, inlined into core's kvvm_seq_grow ---------------------------
+   The decode step's grow (a token inside the last page) is the library's price on every
+   token, so it is inlined into the public call: no call into paging, no frame of its own
+   (an out-of-line call cost 0.09x of the lock + lookup + unlock floor; kvvm-bench, issue
+   19). It reads and writes only the fields below, which struct pg_seq and struct paging
+   begin with (paging_int.h: a union of the named view with the same fields, unnamed, so
+   paging's code keeps writing s->length): core sees these fields and no other. Every other
+   field stays paging's own. */
+
+/* A sequence's first fields (64 bytes): its identity, length and room fact, and its use
+   stamps. */
+#define PG_SEQ_HOT_FIELDS                                                                     \
+    uint32_t gen;        /* generation of the current (or last) owner; starts at 1 */       \
+    uint8_t  live;       /* a handle names it */                                             \
+    uint8_t  dying;      /* freed; the slot waits for its pending releases */                \
+    uint8_t  used_valid;                                                                     \
+    uint8_t  out;        /* non-resident: its window maps none of its pages (a pending      \
+                            DF_OUT may still hold the mapping until its fence) */            \
+    uint32_t n_defer;    /* pending releases over this slot's window */                      \
+    uint32_t room_np;    /* (the room fact, below) */                                        \
+    uint64_t length;     /* tokens */                                                        \
+    uint32_t n_pages;    /* block-table entries per region = pages_for(length) */            \
+    uint32_t n_ahead;    /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */ \
+    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its \
+       pages hold them, its partial last page is its own in every region, no hole there, it  \
+       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and  \
+       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change  \
+       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */   \
+    uint64_t room;       /* tokens (<= max_tokens) */                                        \
+    uint64_t room_gen;   /* 0: no fact */                                                    \
+    uint64_t used_epoch; /* protected while used_epoch == epoch (used_valid) */              \
+    uint64_t used_tick;  /* pg->tick at the last use (LRU order) */
+/* may_alias: these views and paging's unnamed members are different struct types for the
+   compiler's type-based alias analysis, which would otherwise let it reorder a write
+   through one past a read through the other (it did: a sequence's used_valid read stale
+   in the KVVM_DEBUG build). */
+/* aligned(64): one cache line; struct pg_seq, which begins with it, is then a multiple of
+   64 bytes, and its array (paging_create) 64-byte aligned. */
+struct __attribute__((__may_alias__, __aligned__(64))) pg_seq_hot { PG_SEQ_HOT_FIELDS };
+
+/* The context's first fields: what the hot path reads to find a sequence and stamp its use. */
+struct pg_seq;
+#define PAGING_HOT_FIELDS                                                                     \
+    struct pg_seq *seqs;  /* max_seqs of them, seq_size bytes apart; immutable */             \
+    uint32_t n_slots;     /* max_seqs (p.max_seqs, kept here for the hot path); immutable */  \
+    uint32_t seq_size;    /* sizeof(struct pg_seq); immutable */                             \
+    uint64_t room_gen;    /* starts at 1; + 1 whenever a page gains a holder (page_get,      \
+                             page_get_off, paging_hold): voids every pg_seq room fact */     \
+    uint64_t epoch;       /* number of steps so far */                                       \
+    uint64_t tick;        /* uses so far (LRU clock) */
+struct __attribute__((__may_alias__)) paging_hot { PAGING_HOT_FIELDS };
+
+/* The hot view of pg (its first member). */
+static inline struct paging_hot *paging_hot(struct paging *pg)
+{
+    return (struct paging_hot *)(void *)pg;
+}
+
+/* s is used now: protected until the next step, most recently used (LRU order). */
+static inline void paging_hot_use(struct paging_hot *ph, struct pg_seq_hot *s)
+{
+    s->used_epoch = ph->epoch;
+    if (__builtin_expect(!s->used_valid, 0))   /* set once: a load, not a store, per call */
+        s->used_valid = 1;
+    s->used_tick = ++ph->tick;
+}
+
+/* The sequence handle h names (slot + 1 | generation << 32), or NULL; no reason recorded. */
+static inline struct pg_seq_hot *paging_hot_peek(struct paging_hot *ph, uint64_t h)
+{
+    uint32_t slot1 = (uint32_t)h;
+    if (slot1 - 1u >= ph->n_slots)                  /* slot1 0 wraps: refused too */
+        return NULL;
+    struct pg_seq_hot *s =
+        (struct pg_seq_hot *)(void *)((char *)ph->seqs + (size_t)(slot1 - 1) * ph->seq_size);
+    return s->live && s->gen == (uint32_t)(h >> 32) ? s : NULL;
+}
+
+/* s's room fact holds and covers length. */
+static inline bool paging_hot_room_covers(const struct paging_hot *ph,
+                                          const struct pg_seq_hot *s, uint64_t length)
+{
+    return s->room_gen == ph->room_gen && s->room_np == s->n_pages && length >= s->length &&
+           length <= s->room;
+}
+
 /* The hot path's grow (core calls it before anything else, lock held): true when h's room
    fact (a full check made by an earlier in-place grow, still valid) covers length, and
    then h has grown to length and is protected as a use; false, nothing changed, for any
    other case (the caller then takes the full path). O(1): a lookup, compares, stores; no
-   reason recorded, no allocation, no driver call. */
-bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length);
+   reason recorded, no allocation, no driver call, no call at all. */
+static inline bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length)
+{
+    struct paging_hot *ph = paging_hot(pg);
+    struct pg_seq_hot *s = paging_hot_peek(ph, h);
+    if (!s || !paging_hot_room_covers(ph, s, length))
+        return false;
+    s->length = length;
+    paging_hot_use(ph, s);
+    return true;
+}
+
 /* The same for a batch: every member grows in place, each named once, or -EAGAIN and
    nothing changed. O(n * n_regions). */
 int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,

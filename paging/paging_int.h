@@ -130,50 +130,38 @@ struct pg_defer {
     pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
 };
 
-/* The fields paging_seq_grow_fast reads and writes come first, packed into 64 bytes (gen ..
-   used_tick): the decode step's grow touches one or two cache lines of a sequence. */
+/* The fields paging_seq_grow_fast (paging.h) reads and writes come first, packed into 64
+   bytes (gen .. used_tick): the decode step's grow touches one cache line of a sequence.
+   `hot` names them for core; paging's code uses the unnamed members. */
 struct pg_seq {
-    uint32_t  gen;         /* generation of the current (or last) owner; starts at 1 */
-    uint8_t   live;        /* a handle names it */
-    uint8_t   dying;       /* freed; the slot waits for its pending releases */
-    uint8_t   used_valid;
-    uint8_t   out;         /* non-resident: its window maps none of its pages (a pending
-                              DF_OUT may still hold the mapping until its fence) */
-    uint32_t  n_defer;     /* pending releases over this slot's window */
-    uint32_t  room_np;     /* (the room fact, below) */
-    uint64_t  length;      /* tokens */
-    uint32_t  n_pages;     /* block-table entries per region = pages_for(length) */
-    uint32_t  n_ahead;     /* frames mapped ahead at [n_pages, n_pages + n_ahead), per region */
-    /* The hot path's fact (paging_seq_grow_fast): s may grow to `room` tokens in place (its
-       pages hold them, its partial last page is its own in every region, no hole there, it
-       is resident, settled and not scrub-stale) for as long as room_gen == pg->room_gen and
-       n_pages == room_np. Set by the full in-place check; voided by seq_room_void (a change
-       of s that could break it) or by pg->room_gen moving on (a page gained a holder). */
-    uint64_t  room;        /* tokens (<= max_tokens) */
-    uint64_t  room_gen;    /* 0: no fact */
-    uint64_t  used_epoch;  /* protected while used_epoch == epoch (used_valid) */
-    uint64_t  used_tick;   /* pg->tick at the last use (LRU order) */
+    union {
+        struct pg_seq_hot hot;
+        struct { PG_SEQ_HOT_FIELDS };
+    };
+    /* the rest: pointers first, then the 32-bit and 8-bit fields, so that the struct is two
+       cache lines (128 bytes: the hot view is 64-byte aligned, paging_create aligns the
+       array) and the hot view is always one */
     struct pg_defer *in_job; /* a prefetch's DF_IN the engine stream does not wait for yet */
     pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
                               hole); made at the slot's take, grown with the sequence
                               (seq_bt_reserve), so it follows the length, not max_tokens */
-    uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
-                              <= pages_per_slot (bid, when the pool view is on, too) */
     pg_frame_id *ahead;    /* n_regions * map_ahead frame ids */
-    uint32_t  next_free;   /* free slot list */
     /* discard and classes (discard.c) */
     uint64_t *kept;        /* n_regions first_kept values (tokens; 0 = nothing discarded);
                               made with bt. A block-table entry PG_PAGE_NONE below n_pages
                               is a hole: a discarded page (unmapped, no page held) */
-    uint8_t   cls;         /* enum pg_seq_class */
-    uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
+    uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
+                              made and grown with bt. Held only while resident */
+    uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
+                              <= pages_per_slot (bid, when the pool view is on, too) */
+    uint32_t  next_free;   /* free slot list */
     uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
                               batch naming it (a second naming is seen) */
+    uint8_t   cls;         /* enum pg_seq_class */
+    uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
     uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
                               last page; the next grow over them zeroes them (seq.c,
                               tail_scrub), so it does not grow in place */
-    uint32_t *bid;         /* pool view only (view.c): bt_cap block ids + 1 (0 = none yet);
-                              made and grown with bt. Held only while resident */
 };
 
 /* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
@@ -236,14 +224,19 @@ struct pg_lower {
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
    next step's work (issue 24: split this struct into parts each owned by one file). */
 struct paging {
+    union {                    /* first: paging_hot() (paging.h); seqs, n_slots, seq_size
+                                  [paging.c]; room_gen [pool.c: page_get; hold.c:
+                                  paging_hold; page_get_off]; epoch [step.c]; tick
+                                  [seq_use] */
+        struct paging_hot hot;
+        struct { PAGING_HOT_FIELDS };
+    };
     struct vmm *v;             /* [paging.c] */
     struct paging_params p;    /* [paging.c; pool.c: p.max_frames, paging_set_budget] */
     uint32_t pages_per_slot;   /* [paging.c] */
-    uint64_t scratch_va;   /* [paging.c] one page after the regions, for copy-on-write */
+    uint64_t scratch_va;   /* [paging.c] the scratch run after the regions (PG_SCRATCH_PAGES
+                              pages) */
     uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
-    uint64_t room_gen;     /* [pool.c: page_get; hold.c: paging_hold; page_get_off] starts
-                              at 1; + 1 whenever a page gains a holder (page_get,
-                              page_get_off, paging_hold): voids every pg_seq room fact */
 
     /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
        p.max_frames, changed by paging_set_budget). All [pool.c] (frame states: frame_move;
@@ -270,25 +263,26 @@ struct paging {
 
     /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
        and defer.c; residency: seq_set_out, from the swap paths; length and block tables
-       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] */
-    struct pg_seq *seqs;       /* max_seqs */
+       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] (the array, seqs,
+       is in the hot view above) */
     uint32_t slot_free_head;   /* [seq.c, defer.c: seq_slot_release] slot + 1; 0 = none */
     uint32_t n_live, n_dying;  /* [seq_set_life] */
     uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
 
     /* ordering [step.c] */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
-    uint64_t epoch;            /* number of steps so far */
     vmm_fence step_fence;      /* recorded at the last step on the engine stream */
     uint8_t  step_fence_ok;    /* created */
     uint8_t  step_recorded;
     uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
+    uint64_t step_fence_tick;  /* pg->tick when it was recorded (an idle step, no use since,
+                                  moves step_fence_epoch on without a record) */
+    uint8_t  step_fence_done;  /* found complete since it was recorded */
     uint64_t quiet_below;      /* [step.c, defer.c: seq_quiet] sequences with used_epoch <
                                   this have no device work left */
     struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
                                   first */
     uint32_t n_defer;          /* [defer.c; tier.c] */
-    uint64_t tick;             /* [seq_use] uses so far (LRU clock) */
 
     /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
        n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,
@@ -739,9 +733,7 @@ static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 }
 static inline void seq_use(struct paging *pg, struct pg_seq *s)
 {
-    s->used_epoch = pg->epoch;
-    s->used_valid = 1;
-    s->used_tick = ++pg->tick;
+    paging_hot_use(&pg->hot, &s->hot);
 }
 
 /* tier.c */

@@ -56,13 +56,20 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
-/* Best effort: maps ready frames ahead of s's end, up to map_ahead per region. */
+/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region:
+   nothing while at least half of map_ahead (rounded up) is left, then back up to map_ahead
+   in one run per region (one map per frame, one set-access per run), so a sequence that
+   crosses a page per step refills every (map_ahead / 2 + 1)-th crossing instead of at
+   each; both marks shrink with the room left in its slot. */
 static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
     uint32_t room = pg->pages_per_slot - s->n_pages;
     uint32_t want = pg->p.map_ahead < room ? pg->p.map_ahead : room;
-    if (s->n_ahead >= want)
+    uint32_t low = (pg->p.map_ahead + 1) / 2;
+    if (low > want)
+        low = want;
+    if (s->n_ahead >= low)
         return;
     uint32_t k = want - s->n_ahead;
     if (k > pg->n_ready / nr)
@@ -641,29 +648,8 @@ static void seq_room_set(struct paging *pg, struct pg_seq *s)
 /* s by its handle, or NULL; no reason recorded (the hot path's lookup). */
 static inline struct pg_seq *seq_peek(struct paging *pg, uint64_t h)
 {
-    uint32_t slot1 = handle_slot1(h);
-    if (slot1 - 1u >= pg->p.max_seqs)             /* slot1 0 wraps: refused too */
-        return NULL;
-    struct pg_seq *s = &pg->seqs[slot1 - 1];
-    return s->live && s->gen == handle_gen(h) ? s : NULL;
-}
-
-/* The room fact holds and covers length. */
-static inline bool room_covers(const struct paging *pg, const struct pg_seq *s,
-                               uint64_t length)
-{
-    return s->room_gen == pg->room_gen && s->room_np == s->n_pages &&
-           length >= s->length && length <= s->room;
-}
-
-bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t length)
-{
-    struct pg_seq *s = seq_peek(pg, h);
-    if (!s || !room_covers(pg, s, length))
-        return false;
-    s->length = length;
-    seq_use(pg, s);
-    return true;
+    struct pg_seq_hot *s = paging_hot_peek(&pg->hot, h);
+    return s ? (struct pg_seq *)(void *)s : NULL;       /* hot: the first member */
 }
 
 int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length)
@@ -690,7 +676,7 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
         s = seq_peek(pg, hs[i]);
         if (!s || s->batch_mark == pg->batch_mark)                        /* twice */
             return -EAGAIN;
-        if (!room_covers(pg, s, lengths[i])) {
+        if (!paging_hot_room_covers(&pg->hot, &s->hot, lengths[i])) {
             if (!grows_in_place(pg, s, lengths[i]))
                 return -EAGAIN;
             seq_room_set(pg, s);

@@ -4,7 +4,10 @@
  *
  * Every step ends an epoch (pg->epoch++): with an engine stream it records the step fence
  * there, so a later step that finds it complete marks the epochs before it quiet
- * (quiet_below), which lets defer.c release pages without waiting. paging_sync waits for
+ * (quiet_below), which lets defer.c release pages without waiting. An idle step (no
+ * sequence used since the fence was recorded: pg->tick unchanged) records nothing and
+ * moves the fence's epoch on instead, and once the fence was found complete asks the
+ * driver nothing: an idle engine's steps make no driver call here. paging_sync waits for
  * the engine stream and the copy stream (sync mode: the device) and reaps every pending
  * release. Changing the engine stream synchronizes first, so no fence of the old stream is
  * left to order the new one.
@@ -38,14 +41,27 @@ int paging_step(struct paging *pg)
                 return rc;
             pg->step_fence_ok = 1;
         }
-        if (pg->step_recorded && vmm_fence_query(pg->v, &pg->step_fence) == 1 &&
-            pg->step_fence_epoch > pg->quiet_below)
-            pg->quiet_below = pg->step_fence_epoch;
-        rc = vmm_fence_record(pg->v, &pg->step_fence, pg->stream);
-        if (rc)
-            return rc;
-        pg->step_recorded = 1;
+        bool idle = pg->step_recorded && pg->tick == pg->step_fence_tick;
+        if (pg->step_recorded && !(idle && pg->step_fence_done) &&
+            vmm_fence_query(pg->v, &pg->step_fence) == 1) {
+            pg->step_fence_done = 1;
+            if (pg->step_fence_epoch > pg->quiet_below)
+                pg->quiet_below = pg->step_fence_epoch;
+        }
+        if (!idle) {
+            rc = vmm_fence_record(pg->v, &pg->step_fence, pg->stream);
+            if (rc)
+                return rc;
+            pg->step_recorded = 1;
+            pg->step_fence_done = 0;
+            pg->step_fence_tick = pg->tick;
+        }
+        /* idle (no sequence used since the fence was recorded): the engine's work since then
+           touches none of them (docs/api.md "Protection"), so the fence already covers
+           every sequence used before this step; done, every epoch so far is quiet */
         pg->step_fence_epoch = pg->epoch + 1;
+        if (idle && pg->step_fence_done)
+            pg->quiet_below = pg->step_fence_epoch;
     }
     pg->epoch++;
     pool_refill(pg, pg->chunk);

@@ -83,6 +83,18 @@ static inline void emu_ctx_off(int ord)
     cr_assert_eq(a->cuDevicePrimaryCtxRelease(d), KCU_SUCCESS);
 }
 
+/* The driver calls counted on device ord since its counters' reset (emu_calls_reset), each
+   in *k; returns their sum. */
+static inline uint64_t th_driver_calls(int ord, struct emu_calls *k)
+{
+    uint64_t total = 0;
+    cr_assert_eq(emu_calls_get(ord, k), 0);
+#define TH_CALLS_ADD(e) total += k->e;
+    EMU_ENTRIES(TH_CALLS_ADD)
+#undef TH_CALLS_ADD
+    return total;
+}
+
 /* ---------------------------------------------------------------- contexts */
 
 /* The emulated backend in opaque mode, granule = page = ps: nr regions of bpt-byte tokens,

@@ -995,17 +995,6 @@ Test(regress, calls_left_their_context_current)
     tclose(&t);
 }
 
-/* The driver calls counted on device ord since its counters' reset, each in *k. */
-static uint64_t driver_calls(int ord, struct emu_calls *k)
-{
-    uint64_t total = 0;
-    cr_assert_eq(emu_calls_get(ord, k), 0);
-#define X(e) total += k->e;
-    EMU_ENTRIES(X)
-#undef X
-    return total;
-}
-
 /* The decode step's grow: tokens added inside the last page a sequence holds make no driver
    call at all (no capture query, no context call), in synchronous and in stream mode; a
    grow onto a new page, and one into a page shared since a fork, still do their work. */
@@ -1029,7 +1018,7 @@ static void grow_in_place_calls(bool stream)
         cr_assert_eq(kvvm_seq_grow(t.kv, a.h, n), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 4), 0);  /* the same length */
     struct emu_calls k;
-    uint64_t total = driver_calls(t.ord, &k);
+    uint64_t total = th_driver_calls(t.ord, &k);
     cr_expect_eq(total, 0, "%s: %lu driver calls for 4 grows inside the last page "
                  "(cuStreamIsCapturing %lu, cuCtxGetCurrent %lu)", stream ? "stream" : "sync",
                  (unsigned long)total, (unsigned long)k.cuStreamIsCapturing,
@@ -1074,7 +1063,7 @@ Test(hotpath, grow_batch_inside_the_last_pages_makes_no_driver_call)
     cr_assert_eq(emu_calls_reset(t.ord), 0);
     cr_assert_eq(kvvm_seq_grow_batch(t.kv, hs, lens, 2), 0);
     struct emu_calls k;
-    uint64_t total = driver_calls(t.ord, &k);
+    uint64_t total = th_driver_calls(t.ord, &k);
     cr_expect_eq(total, 0, "%lu driver calls for a batch inside the last pages",
                  (unsigned long)total);
     emu_ctx_off(t.ord);
@@ -1130,7 +1119,7 @@ Test(hotpath, room_fact_gives_way_to_fork_swap_truncate)
     sh_fork(&t, &a, &b);
     cr_assert_eq(emu_calls_reset(t.ord), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, a.h, 4), 0);
-    driver_calls(t.ord, &k);
+    th_driver_calls(t.ord, &k);
     cr_expect_geq(k.cuMemcpyDtoDAsync, 2, "a grow into a last page shared by a fork copied "
                   "%lu pages (2 regions)", (unsigned long)k.cuMemcpyDtoDAsync);
     a.len = 4;

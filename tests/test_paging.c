@@ -282,6 +282,64 @@ Test(cow, grow_batch_of_sharers_needs_one_copy)
     tclose(&t);
 }
 
+/* A copy-on-write of a range is batched (cow.c): one scratch run, one wait, the remaps in
+   runs. The driver calls of one prepare_write over n shared pages (one region, so each
+   page is one copy) against n prepare_writes of one page each: fewer calls in all, one copy
+   per run and one set-access per mapped run; the same pages copied, the same bytes after. */
+static uint64_t cow_range_calls(bool one_call, uint32_t n, struct emu_calls *k,
+                                uint64_t *copies)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 1, 512, 4, 64, 24);              /* 8 tokens per page */
+    c.pool_thread = 0;          /* its refills would count among this thread's driver calls */
+    topen(&t, &c);
+    struct sh a, b;
+    struct kvvm_stats s0, s1;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 8 * n, 1);                /* n full pages */
+    sh_fork(&t, &a, &b);                           /* every page shared */
+    tstats(&t, &s0);
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    if (one_call)
+        cr_assert_eq(kvvm_seq_prepare_write(t.kv, a.h, 0, 8 * n), 0);
+    for (uint32_t p = 0; !one_call && p < n; p++)
+        cr_assert_eq(kvvm_seq_prepare_write(t.kv, a.h, 8 * p, 8 * (p + 1)), 0);
+    uint64_t total = th_driver_calls(t.ord, k);
+    emu_ctx_off(t.ord);
+    tstats(&t, &s1);
+    *copies = s1.cow_copies - s0.cow_copies;
+    sh_fill(&t, &a, 0, 8 * n, 2);                 /* the writer's own pages now */
+    sh_verify(&t, &a, "writer");
+    sh_verify(&t, &b, "the other holder");
+    tcheck(&t, "after the copy-on-write");
+    sh_free(&t, &b);
+    sh_free(&t, &a);
+    tclose(&t);
+    return total;
+}
+
+Test(cow, range_makes_fewer_driver_calls_than_single_pages)
+{
+    struct emu_calls kr, ks;
+    uint64_t cr, cs;
+    uint64_t range = cow_range_calls(true, 6, &kr, &cr);
+    uint64_t single = cow_range_calls(false, 6, &ks, &cs);
+    cr_expect_eq(cr, 6, "the range copied %lu pages", (unsigned long)cr);
+    cr_expect_eq(cs, 6, "the single pages copied %lu pages", (unsigned long)cs);
+    cr_expect_lt(range, single, "a copy-on-write of 6 pages made %lu driver calls, 6 of one "
+                 "page %lu", (unsigned long)range, (unsigned long)single);
+    cr_expect_eq(kr.cuMemcpyDtoDAsync, 1, "one run, %lu copies",
+                 (unsigned long)kr.cuMemcpyDtoDAsync);
+    cr_expect_eq(kr.cuMemSetAccess, 2, "the scratch run and the window run: %lu set-accesses",
+                 (unsigned long)kr.cuMemSetAccess);
+    cr_expect_eq(kr.cuMemUnmap, 2, "the scratch run and the window run: %lu unmaps",
+                 (unsigned long)kr.cuMemUnmap);
+    cr_expect_eq(ks.cuMemcpyDtoDAsync, 6, "%lu copies of single pages",
+                 (unsigned long)ks.cuMemcpyDtoDAsync);
+}
+
 /* truncate releases whole pages past the new length; a grow after it reuses them. */
 Test(cow, truncate_releases_pages)
 {
@@ -919,6 +977,97 @@ Test(map_ahead_zero, grow_has_no_null_arithmetic)
     tcheck(&t, "map_ahead 0");
     sh_free(&t, &s);
     tclose(&t);
+}
+
+/* Map-ahead is refilled in batches between a low and a high mark (seq.c,
+   seq_top_up_ahead), not one page per crossing: a sequence of 2 regions with map_ahead 4
+   grows a page at a time across 12 pages; the refills after the first are one mapped run
+   per region every third crossing (the mark is 2 left, back up to 4), so the grows make
+   at most 2 + 2 * 12 / 3 set-accesses where a page-per-crossing refill made 2 + 2 * 12.
+   Every frame is still mapped once (the maps are unchanged), and the bytes are right. */
+Test(map_ahead, refilled_in_batches_between_marks)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 512, 4, 128, 64);             /* 8 tokens per page */
+    c.map_ahead = 4;
+    c.pool_thread = 0;          /* its refills would count among this thread's driver calls */
+    topen(&t, &c);
+    struct sh s;
+    struct emu_calls k;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 4, 1);                   /* 1 page, 4 ahead */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    emu_ctx_on(t.ord);
+    for (uint64_t p = 1; p <= 12; p++) {
+        sh_grow(&t, &s, 8 * p + 4);              /* one page crossed per grow */
+        cr_assert_eq(kvvm_step(t.kv), 0);        /* an engine's step: the pool refills */
+    }
+    th_driver_calls(t.ord, &k);
+    emu_ctx_off(t.ord);
+    cr_expect_leq(k.cuMemSetAccess, 2 + 2 * 12 / 3, "12 crossings with map_ahead 4: %lu "
+                  "set-accesses (mapped runs)", (unsigned long)k.cuMemSetAccess);
+    cr_expect_eq(k.cuMemMap, 2 * 12, "each new page's frame is mapped once per region: %lu "
+                 "maps", (unsigned long)k.cuMemMap);
+    sh_fill(&t, &s, 4, s.len, 2);
+    sh_verify(&t, &s, "after the crossings");
+    tcheck(&t, "map-ahead in batches");
+    sh_free(&t, &s);
+    tclose(&t);
+}
+
+/* An idle kvvm_step (no sequence used since the last step fence was recorded) records no
+   new fence: the engine's work since then touches none of the sequences (docs/api.md
+   "Protection"), so the fence already covers them; once it was found complete the step
+   asks the driver nothing about it. It used to record and query the fence at every step
+   (and on the emulated device each record woke the stream's worker: the idle step's
+   system calls). A step after a use records again, and a sequence freed after idle steps
+   is released at once (its epoch is quiet), with its pages back in the pool. */
+Test(stream_step, idle_step_records_no_fence)
+{
+    struct kvvm_config c;
+    struct tctx t;
+    void *st = NULL;
+    struct emu_calls k;
+    tcfg(&c, KB, 2, 512, 4, 64, 16);
+    c.pool_thread = 0;
+    topen_stream(&t, &c, &st);
+    struct sh a;
+    sh_create(&t, &a);
+    sh_grow_fill(&t, &a, 12, 1);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);             /* the fence's work is done */
+    cr_assert_eq(kvvm_step(t.kv), 0);             /* finds the fence complete */
+    emu_ctx_on(t.ord);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(kvvm_step(t.kv), 0);
+    th_driver_calls(t.ord, &k);
+    cr_expect_eq(k.cuEventRecord + k.cuEventQuery, 0, "10 idle steps: %lu records, %lu "
+                 "queries of the step fence", (unsigned long)k.cuEventRecord,
+                 (unsigned long)k.cuEventQuery);
+    cr_assert_eq(emu_calls_reset(t.ord), 0);
+    sh_grow_fill(&t, &a, 13, 2);                  /* a use: the next step records */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    th_driver_calls(t.ord, &k);
+    emu_ctx_off(t.ord);
+    cr_expect_eq(k.cuEventRecord, 1, "a step after a use recorded %lu fences",
+                 (unsigned long)k.cuEventRecord);
+    sh_verify(&t, &a, "after idle steps");        /* (a read: a use too) */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kvvm_step(t.kv), 0);         /* idle: the fence found complete */
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    sh_free(&t, &a);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.pages_device_free, s0.pages_device_free + 2 * 2, "a sequence freed after "
+                 "idle steps gave %ld pages back at once (4 expected)",
+                 (long)(s1.pages_device_free - s0.pages_device_free));
+    tcheck(&t, "after idle steps");
+    tclose_stream(&t, st);
 }
 
 static void *sync_thread(void *arg)

@@ -43,7 +43,7 @@
 #define DECODE_SEQS 8    /* sequences of the decode step */
 
 #define NCOL 10
-#define NROWS 11
+#define NROWS 12
 struct row {
     const char *op;
     double v[NCOL];      /* per column below */
@@ -124,7 +124,8 @@ static int open_kv(struct bench_ctx *b, struct counting *k, uint64_t tpp)
     return 0;
 }
 
-/* grow by one page, by N, fork, COW write, swap-out, swap-in, free. */
+/* grow by one page, by N, fork, COW write of one page and of a range, swap-out, swap-in,
+   free. */
 static int single_ops(struct counting *k, struct row *rows)
 {
     kvvm_seq a, b, c;
@@ -151,20 +152,24 @@ static int single_ops(struct counting *k, struct row *rows)
     if ((rc = kvvm_seq_prepare_write(k->kv, b, 0, 1)))
         return rc;
     take(k, &rows[3], "COW write (1 token on a shared page)", 1);
+    mark(k);
+    if ((rc = kvvm_seq_prepare_write(k->kv, b, tp, N_PAGES * tp)))
+        return rc;
+    take(k, &rows[4], "COW write of 15 shared pages (one call)", 1);
     if ((rc = kvvm_seq_free(k->kv, b)) || (rc = kvvm_sync(k->kv)))
         return rc;
     mark(k);
     if ((rc = kvvm_seq_swap_out(k->kv, a)) || (rc = kvvm_sync(k->kv)))
         return rc;
-    take(k, &rows[4], "swap-out of 16 pages + kvvm_sync", 1);
+    take(k, &rows[5], "swap-out of 16 pages + kvvm_sync", 1);
     mark(k);
     if ((rc = kvvm_seq_swap_in(k->kv, a)) || (rc = kvvm_sync(k->kv)))
         return rc;
-    take(k, &rows[5], "swap-in of 16 pages + kvvm_sync", 1);
+    take(k, &rows[6], "swap-in of 16 pages + kvvm_sync", 1);
     mark(k);
     if ((rc = kvvm_seq_free(k->kv, a)) || (rc = kvvm_sync(k->kv)))
         return rc;
-    take(k, &rows[6], "free of a 16-page sequence + kvvm_sync", 1);
+    take(k, &rows[7], "free of a 16-page sequence + kvvm_sync", 1);
     return kvvm_seq_free(k->kv, c);
 }
 
@@ -298,7 +303,7 @@ static int calls_all(void *arg)
     }
     rc = single_ops(&k, cr->rows);
     if (!rc)
-        rc = decode_steps(&k, &cr->rows[7]);
+        rc = decode_steps(&k, &cr->rows[8]);
     kvvm_set_stream(k.kv, NULL);
     kvvm_stream_destroy(k.kv, k.stream);
     kvvm_close(k.kv);
@@ -306,8 +311,8 @@ static int calls_all(void *arg)
         rc = open_kv(cr->b, &h, 2048);
     if (rc)
         return rc;
-    h.row = 8;
-    rc = hot_ops(&h, &cr->rows[8]);
+    h.row = 9;
+    rc = hot_ops(&h, &cr->rows[9]);
     if (!rc)
         cr->n = NROWS;
     kvvm_set_stream(h.kv, NULL);
