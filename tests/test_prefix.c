@@ -816,6 +816,91 @@ Test(below, a_swap_out_spills_host_entries_for_room)
     close_tiers(&t, dir);
 }
 
+/* Bug: without a disk tier, entries that no sequence holds and that fill the host tier were
+   never dropped for host room: a swap-out of a LIVE sequence was -ENOMEM while the host tier
+   held only those entries (docs/api.md: entries never block a call that needs room). The
+   host tier (3 slots) holds x0, x1 and y0 (demoted), y the least recently used chain; a
+   swap-out of 2 pages drops y0 (least recently used), then x1 (x's leaf), and keeps x0. */
+Test(regress, host_entries_blocked_a_swap_out_without_a_disk_tier)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2], y[1];
+    open_tiers(&t, dir, 3, 0);
+    entries_only(&t, 1, 1, 2, x);
+    entries_only(&t, 1, 2, 1, y);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, NULL), 1);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 2);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_host_free, 0, "the host tier is not full of entries");
+    cr_assert_eq(s0.prefix_entries, 3, "an entry was dropped, not demoted");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, 2 * T, 3);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.prefix_entries, 1);
+    cr_assert_eq(s1.prefix_evictions - s0.prefix_evictions, 2);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, NULL), 0, "y0 (least recently used) kept");
+    tiers_are(&t, x, 1, (uint8_t[]){ HOST }, "x0");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 1, "x1 (x's leaf) kept");
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, s, 2 * T, 3));
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, x, 2), 1, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, T, 1));
+    tcheck(&t, "host entries dropped");
+    close_tiers(&t, dir);
+}
+
+/* Bug: the same through a reclaim plan: with the host tier full of entries no sequence
+   holds and no disk tier, the plan counted no host room for a LIVE victim, so a grow that
+   needed it swapped out was -ENOMEM. The plan counts those entries' host pages as room and
+   the swap-out drops them (least recently used first, leaves first); a grow that even
+   that cannot cover is -ENOMEM and drops nothing. */
+Test(regress, host_entries_blocked_an_auto_swap_without_a_disk_tier)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2], y[1];
+    open_tiers(&t, dir, 3, 0);
+    entries_only(&t, 1, 1, 2, x);
+    entries_only(&t, 1, 2, 1, y);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, NULL), 1);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 2);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq live = mk(&t);
+    fill(&t, live, 2 * T, 3);
+    cr_assert_eq(kvvm_step(t.kv), 0);    /* live unprotected: a swap victim */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_host_free, 0, "the host tier is not full of entries");
+    cr_assert_eq(s0.prefix_entries, 3);
+    /* 9 frames of 8: no victim can cover it; nothing is dropped */
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 9 * T), -ENOMEM);
+    tstats(&t, &s1);
+    cr_assert_eq(s1.prefix_entries, 3, "a failed call dropped entries");
+    cr_assert_eq(s1.swap_outs, s0.swap_outs);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.swap_outs - s0.swap_outs, 1);
+    cr_assert_eq(s1.prefix_entries, 1);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, NULL), 0, "y0 (least recently used) kept");
+    tiers_are(&t, x, 1, (uint8_t[]){ HOST }, "x0");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 1, "x1 (x's leaf) kept");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, live), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, live, 2 * T, 3));
+    tcheck(&t, "host entries dropped by a plan");
+    close_tiers(&t, dir);
+}
+
 /* An attach of disk entries without device room for them is -ENOMEM and moves nothing:
    no entry's tier changes, no page is read or written. */
 Test(below, attach_from_disk_without_device_room_changes_nothing)
