@@ -592,29 +592,35 @@ static uint32_t cache_spill(void *arg, uint32_t max)
     return started;
 }
 
-/* Whether record i's pages are all HOST pages only entries hold, record i no demotion of
-   the pending reclaim plan (a host drop may come from that plan's own moves, before its
-   demotions; its drops are dropped already, or never acted on: frees none). */
+/* Whether only entries hold record i's pages and none is on the device (host and disk
+   pages: a host entry's successors spilled to disk go before it, leaves first), record i
+   no demotion of the pending reclaim plan (a host drop may come from that plan's own
+   moves, before its demotions; its drops are dropped already, or never acted on). */
 static bool host_droppable(struct prefix *pc, uint32_t i)
 {
     const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
-    return !(pc->in_plan && pc->in_plan[i]) && reclaimable(pc, i) &&
-           paging_held_host(pc->pg, p, pc->nr) == pc->nr;
+    if ((pc->in_plan && pc->in_plan[i]) || !reclaimable(pc, i))
+        return false;
+    for (uint32_t r = 0; r < pc->nr; r++)
+        if (paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE)
+            return false;
+    return true;
 }
 
-/* Host slots that dropping record i frees: its pages no other entry holds (a page two
-   entries share is not counted: a count never more than the drops free). */
+/* Host slots that dropping record i frees: its HOST pages no other entry holds (a page two
+   entries share, or one a write to disk is leaving, is not counted: a count never more
+   than the drops free at once). */
 static uint32_t host_frees(struct prefix *pc, uint32_t i)
 {
     const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
     uint32_t n = 0;
     for (uint32_t r = 0; r < pc->nr; r++)
-        n += paging_page_ents(pc->pg, p[r]) == 1;
+        n += paging_held_host(pc->pg, &p[r], 1) && paging_page_ents(pc->pg, p[r]) == 1;
     return n;
 }
 
 /* Counts (act false) or makes (act true) `want` host slots free by dropping entries whose
-   pages are all on the host tier, least recently used first, leaves first (a parent after
+   pages are all below the device, least recently used first, leaves first (a parent after
    all its children), never a pending plan's demotions; returns the slots counted or freed
    (a count short of want: the caller drops nothing). The same walk both times: acting
    drops exactly the entries counted. */
@@ -623,8 +629,8 @@ static uint32_t cache_host_drop(void *arg, uint32_t want, bool act)
     struct prefix *pc = arg;
     struct pfx_walk w;
     uint32_t frees = 0, i;
-    if (!pc->n_full || !want)
-        return 0;
+    if (!want || !paging_held_host_any(pc->pg))
+        return 0;                       /* (O(1) when no host page is only entries') */
     if (pc->n_plan && !(pc->in_plan = calloc(pc->rcap, 1)))
         return 0;
     for (uint32_t k = 0; k < pc->n_plan; k++)

@@ -137,8 +137,8 @@ struct swap_rplan {
    moves, the host marks, the spill thread) asks it before any sequence's pages, so those
    pages count as spillable in the room facts (paging_room_facts) and plans. host_drop
    (NULL: none): host room when no disk room takes a spill (room.c swap_host_room): counts
-   (act false) the host slots that dropping its entries whose pages are all on the host
-   tier frees, in its own order, until `want` are counted, never a pending plan's demotions;
+   (act false) the host slots that dropping its entries whose pages are all below the
+   device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
    act true drops exactly those. Returns the slots counted (dropped). */
 struct swap_cache_ops {
     void *arg;

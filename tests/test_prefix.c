@@ -820,7 +820,8 @@ Test(below, a_swap_out_spills_host_entries_for_room)
    never dropped for host room: a swap-out of a LIVE sequence was -ENOMEM while the host tier
    held only those entries (docs/api.md: entries never block a call that needs room). The
    host tier (3 slots) holds x0, x1 and y0 (demoted), y the least recently used chain; a
-   swap-out of 2 pages drops y0 (least recently used), then x1 (x's leaf), and keeps x0. */
+   swap-out of 2 pages drops y0 (least recently used), then x1 (x's leaf), and keeps x0; one
+   that x0 cannot cover is -ENOMEM and drops nothing. */
 Test(regress, host_entries_blocked_a_swap_out_without_a_disk_tier)
 {
     struct tctx t;
@@ -847,6 +848,12 @@ Test(regress, host_entries_blocked_a_swap_out_without_a_disk_tier)
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, y, 1, NULL), 0, "y0 (least recently used) kept");
     tiers_are(&t, x, 1, (uint8_t[]){ HOST }, "x0");
     cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 1, "x1 (x's leaf) kept");
+    /* two more pages: x0 covers one of them only: -ENOMEM, and x0 is kept */
+    kvvm_seq u = mk(&t);
+    fill(&t, u, 2 * T, 4);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, u), -ENOMEM);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 1, "a failed call dropped x0");
+    cr_assert_eq(kvvm_seq_free(t.kv, u), 0);
     cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
     cr_assert(same(&t, s, 2 * T, 3));
     kvvm_seq b = mk(&t);
@@ -898,6 +905,38 @@ Test(regress, host_entries_blocked_an_auto_swap_without_a_disk_tier)
     cr_assert_eq(kvvm_seq_swap_in(t.kv, live), 0, "swap_in: %s", kvvm_last_error());
     cr_assert(same(&t, live, 2 * T, 3));
     tcheck(&t, "host entries dropped by a plan");
+    close_tiers(&t, dir);
+}
+
+/* With the disk tier full, entries no sequence holds on the host tier are dropped for a
+   swap-out's host room too, leaves first: x's leaves on disk go before x1 on the host tier
+   (a chain keeps its head x0). */
+Test(below, a_swap_out_drops_host_entries_when_the_disk_is_full)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[4];
+    open_tiers(&t, dir, 2, 2);
+    entries_only(&t, 1, 1, 4, x);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    tiers_are(&t, x, 4, (uint8_t[]){ HOST, HOST, DISK, DISK }, "x demoted");
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_host_free, 0);
+    cr_assert_eq(s0.pages_disk_free, 0);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, T, 3);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.prefix_entries, 1);
+    cr_assert_eq(s1.prefix_evictions - s0.prefix_evictions, 3);
+    tiers_are(&t, x, 1, (uint8_t[]){ HOST }, "x0");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 4, NULL), 1);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, s, T, 3));
+    tcheck(&t, "disk full");
     close_tiers(&t, dir);
 }
 
