@@ -692,6 +692,8 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h);
 int  paging_held_down(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t *moved);
 /* The HOST pages among ids[0..n) that only holders keep. */
 uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n);
+/* O(1): whether any HOST page only holders keep exists. */
+bool paging_held_host_any(const struct paging *pg);
 /* O(1): whether any HOST page only holders keep exists and the disk tier takes a spill now
    (there, on, a slot free). */
 bool paging_held_spillable(const struct paging *pg);

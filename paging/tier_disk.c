@@ -238,6 +238,11 @@ uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n)
     return k;
 }
 
+bool paging_held_host_any(const struct paging *pg)
+{
+    return pg->n_held_host;
+}
+
 bool paging_held_spillable(const struct paging *pg)
 {
     return pg->n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&

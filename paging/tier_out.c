@@ -21,18 +21,21 @@
 /* A swap-out moving `need` pages that the host tier cannot take as it is: the policy
    chooses (tier_plan) from the room facts, before anything moves (a call that will fail
    moves nothing, not even other sequences' host pages: docs/api.md, a failed call changes
-   nothing). Direct: the room is made by spilling others (paging_host_room); staged
+   nothing). Direct: the room is made by spilling others (paging_host_room), or, where no
+   disk room takes them, by the policy dropping what only holders keep there; staged
    (*staged): the pages go through the free host slots to disk in batches, at least one
    slot made free first; or -ENOMEM, nothing moved. */
 static int out_plan(struct paging *pg, struct pg_seq *s, uint32_t need, bool *staged)
 {
     *staged = false;
     if (!lower_on(pg, PG_LOWER_DISK))
-        return -ENOMEM;
+        return paging_host_room(pg, need, seq_handle(pg, s));   /* the policy's drops */
     paging_disk_reap(pg);
     struct pg_room room;
     tier_room(pg, s, need, &room);
     int mv = tier_plan(pg, false, &room);
+    if (mv == -ENOMEM)                  /* no disk room: the policy drops what it may */
+        return paging_host_room(pg, need, seq_handle(pg, s));
     if (mv < 0)
         return mv;
     if (mv == PG_MOVE_DIRECT)

@@ -57,6 +57,7 @@ struct prefix {
     struct prefix_counters c;
     uint32_t *plan;              /* records a reclaim plan drops, in order (n_plan) */
     uint32_t n_plan;
+    uint8_t *in_plan;            /* during a host drop: rcap flags, the plan's demotions */
     /* tests (prefix_test_limits): records never grow past max_recs (0: no cap); the
        fail_at-th allocation of the index (publish's) from the arming on fails (0: none);
        n_allocs counts them from the arming on */
@@ -591,6 +592,65 @@ static uint32_t cache_spill(void *arg, uint32_t max)
     return started;
 }
 
+/* Whether only entries hold record i's pages and none is on the device (host and disk
+   pages: a host entry's successors spilled to disk go before it, leaves first), record i
+   no demotion of the pending reclaim plan (a host drop may come from that plan's own
+   moves, before its demotions; its drops are dropped already, or never acted on). */
+static bool host_droppable(struct prefix *pc, uint32_t i)
+{
+    const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
+    if ((pc->in_plan && pc->in_plan[i]) || !reclaimable(pc, i))
+        return false;
+    for (uint32_t r = 0; r < pc->nr; r++)
+        if (paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE)
+            return false;
+    return true;
+}
+
+/* Host slots that dropping record i frees: its HOST pages no other entry holds (a page two
+   entries share, or one a write to disk is leaving, is not counted: a count never more
+   than the drops free at once). */
+static uint32_t host_frees(struct prefix *pc, uint32_t i)
+{
+    const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < pc->nr; r++)
+        n += paging_held_host(pc->pg, &p[r], 1) && paging_page_ents(pc->pg, p[r]) == 1;
+    return n;
+}
+
+/* Counts (act false) or makes (act true) `want` host slots free by dropping entries whose
+   pages are all below the device, least recently used first, leaves first (a parent after
+   all its children), never a pending plan's demotions; returns the slots counted or freed
+   (a count short of want: the caller drops nothing). The same walk both times: acting
+   drops exactly the entries counted. */
+static uint32_t cache_host_drop(void *arg, uint32_t want, bool act)
+{
+    struct prefix *pc = arg;
+    struct pfx_walk w;
+    uint32_t frees = 0, i;
+    if (!want || !paging_held_host_any(pc->pg))
+        return 0;                       /* (O(1) when no host page is only entries') */
+    if (pc->n_plan && !(pc->in_plan = calloc(pc->rcap, 1)))
+        return 0;
+    for (uint32_t k = 0; k < pc->n_plan; k++)
+        if (pc->plan[k] & PLAN_DEMOTE)
+            pc->in_plan[pc->plan[k] & ~PLAN_DEMOTE] = 1;
+    if (!walk_begin(pc, &w, host_droppable, true)) {
+        while (frees < want && (i = walk_next(pc, &w)) != PFX_NONE) {
+            frees += host_frees(pc, i);
+            if (act) {
+                rec_remove(pc, i, true);
+                pc->c.evictions++;
+            }
+        }
+        walk_end(&w);
+    }
+    free(pc->in_plan);
+    pc->in_plan = NULL;
+    return frees;
+}
+
 /* Planned drops become demotions while take grants their device pages' slots below, the
    plan's last first: when the room is short, the entries dropped are the least recently
    used and the leaves (a chain keeps its head), as the plan's order says. */
@@ -645,7 +705,8 @@ int prefix_create(struct paging *pg, struct swap *sw, struct prefix **out)
     pc->free_head = PFX_NONE;
     if (sw)
         swap_set_cache(sw, &(struct swap_cache_ops){ pc, cache_plan, cache_demote,
-                                                     cache_act, cache_forget, cache_spill });
+                                                     cache_act, cache_forget, cache_spill,
+                                                     cache_host_drop });
     *out = pc;
     return 0;
 }

@@ -16,7 +16,10 @@
  * used of them (a bigger victim may cover it alone). The call's own swap-in follows the
  * moves, in the room they leave: no move may leave it to borrow a staging slot its need did
  * not count (struct room, guard), and no move spills its host pages (paging_spill_keep).
- * Demotions (KVVM_F_CACHE_DEMOTE) use only
+ * Where no disk room takes spills, the host pages only the prefix cache's entries hold count
+ * as host room: the moves' host room drops those entries (least recently used first, leaves
+ * first), as many as the moves need, when they are acted on. Demotions (KVVM_F_CACHE_DEMOTE)
+ * use only
  * the room the swap-outs leave: a demotion keeps a CACHED sequence's bytes, a swap-out is
  * what the call needs.
  */
@@ -57,9 +60,12 @@ struct room {
 
 /* The caller's stage facts as its need counted them (no keep set yet), then the room facts
    with the keep set in place: the plan and the act set it (paging_spill_keep), so no move
-   of theirs spills the caller's own host pages. */
-static void room_init(struct room *m, struct paging *pg, const uint64_t *keep, size_t n_keep)
+   of theirs spills the caller's own host pages. Where no disk room takes spills, the host
+   pages of the prefix cache's entries that no sequence holds count as free host slots: a
+   move's host room (swap_host_room) drops those entries (swap_cache_ops.host_drop). */
+static void room_init(struct room *m, struct swap *sw, const uint64_t *keep, size_t n_keep)
 {
+    struct paging *pg = sw->pg;
     m->guard = m->kept_disk = false;
     bool borrow = false;
     for (size_t i = 0; i < n_keep; i++) {
@@ -75,6 +81,8 @@ static void room_init(struct room *m, struct paging *pg, const uint64_t *keep, s
     paging_room_facts(pg, &m->f);
     const struct pg_tier_room *h = &m->f.t[PG_LOWER_HOST], *d = &m->f.t[PG_LOWER_DISK];
     m->disk = paging_has_disk(pg) && d->free + h->movable + h->freeing > 0;
+    if (!m->disk && sw->cache.host_drop)
+        m->f.t[PG_LOWER_HOST].free += sw->cache.host_drop(sw->cache.arg, UINT32_MAX, false);
 }
 
 /* The caller's staged swap-in would have to borrow a host slot in room f. */
@@ -315,7 +323,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     }
     bool swap = flags & SWAP_PLAN_SWAP;
     struct room room;
-    room_init(&room, pg, excl, n_excl);
+    room_init(&room, sw, excl, n_excl);
     uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
     int rc = plan_drops(p, pg);
     if (!rc && sw->cache.plan && p->have + p->frees < p->want) {

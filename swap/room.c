@@ -69,16 +69,48 @@ int swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started)
     return *started ? 0 : rc;
 }
 
+/* `want` host slots free by dropping the prefix cache's entries whose pages are all on the
+   host tier (swap_cache_ops.host_drop): counted whole first, dropped only when they cover
+   the shortfall (else -ENOMEM, nothing dropped). */
+static int host_drop(struct swap *sw, uint32_t want)
+{
+    size_t have = paging_host_free(sw->pg);
+    if (have >= want)
+        return 0;
+    uint32_t need = (uint32_t)(want - have);
+    if (!sw->cache.host_drop || sw->cache.host_drop(sw->cache.arg, need, false) < need)
+        return -ENOMEM;
+    sw->cache.host_drop(sw->cache.arg, need, true);
+    return paging_host_free(sw->pg) >= want ? 0 : -ENOMEM;
+}
+
+/* Whether spilling (writes in flight, spillable pages with disk slots for them) can make
+   the host tier's free slots `want`. */
+static bool spills_cover(struct paging *pg, uint32_t want)
+{
+    if (!paging_spill_on(pg))
+        return false;
+    struct pg_room f;
+    paging_room_facts(pg, &f);
+    const struct pg_tier_room *h = &f.t[PG_LOWER_HOST], *d = &f.t[PG_LOWER_DISK];
+    uint64_t spill = h->movable < d->free ? h->movable : d->free;
+    return h->free + h->freeing + spill >= want;
+}
+
 int swap_host_room(void *arg, uint32_t want, uint64_t excl)
 {
     struct swap *sw = arg;
     struct paging *pg = sw->pg;
+    /* no disk room takes the spills: entries no sequence holds go instead (docs/api.md:
+       they never block a call that needs room) */
+    if (paging_host_free(pg) < want && !spills_cover(pg, want))
+        return host_drop(sw, want);
     for (int round = 0; round < 4; round++) {
         size_t have = paging_host_free(pg);
         if (have >= want)
             return 0;
         if (!paging_has_disk(pg))
-            return -ENOMEM;
+            return host_drop(sw, want);
         /* writes already in flight free their slots too (outside a swap-in's read back
            every disk I/O is a write) */
         uint32_t started = 0;
@@ -87,10 +119,10 @@ int swap_host_room(void *arg, uint32_t want, uint64_t excl)
         if (pend < need)
             swap_spill(sw, need - pend, excl, &started);
         if (!started && !pend)
-            return -ENOMEM;
+            return host_drop(sw, want);
         paging_disk_wait(pg);
     }
-    return paging_host_free(pg) >= want ? 0 : -ENOMEM;
+    return host_drop(sw, want);
 }
 
 /* With H free host slots, W writes in flight, S spillable host pages of others (the room

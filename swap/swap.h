@@ -135,7 +135,11 @@ struct swap_rplan {
    only its entries hold to the disk tier, in its own order, and returns how many started;
    every spill of the host tier (room.c swap_spill: a caller short of host slots, a plan's
    moves, the host marks, the spill thread) asks it before any sequence's pages, so those
-   pages count as spillable in the room facts (paging_room_facts) and plans. */
+   pages count as spillable in the room facts (paging_room_facts) and plans. host_drop
+   (NULL: none): host room when no disk room takes a spill (room.c swap_host_room): counts
+   (act false) the host slots that dropping its entries whose pages are all below the
+   device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
+   act true drops exactly those. Returns the slots counted (dropped). */
 struct swap_cache_ops {
     void *arg;
     uint32_t (*plan)(void *arg, uint32_t want);
@@ -143,6 +147,7 @@ struct swap_cache_ops {
     void (*act)(void *arg, bool demotions);
     void (*forget)(void *arg);
     uint32_t (*spill)(void *arg, uint32_t max);
+    uint32_t (*host_drop)(void *arg, uint32_t want, bool act);
 };
 /* Installs ops (copied; NULL: none). */
 void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops);

@@ -723,16 +723,22 @@ static void close_tiers(struct tctx *t, const char *dir)
 /* Chains x (lineage 1) and y (lineage 2) of 3 entries each that no sequence holds, y the
    least recently used; then a grow of 6 blocks on the device of 8 reclaims 4 of them, in
    the plan's order y2, y1, y0, x2 (least recently used first, leaves first). Returns the
-   grown sequence. */
+   grown sequence. (two_chains_grown: nx and ny entries, a grow of `blocks`.) */
+static kvvm_seq two_chains_grown(struct tctx *t, kvvm_key *x, int nx, kvvm_key *y, int ny,
+                                 uint64_t blocks)
+{
+    entries_only(t, 1, 1, (size_t)nx, x);
+    entries_only(t, 1, 2, (size_t)ny, y);
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, y, (size_t)ny, NULL), ny);
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, x, (size_t)nx, NULL), nx);
+    kvvm_seq g = mk(t);
+    cr_assert_eq(kvvm_seq_grow(t->kv, g, blocks * T), 0, "grow: %s", kvvm_last_error());
+    return g;
+}
+
 static kvvm_seq two_chains_reclaimed(struct tctx *t, kvvm_key *x, kvvm_key *y)
 {
-    entries_only(t, 1, 1, 3, x);
-    entries_only(t, 1, 2, 3, y);
-    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, y, 3, NULL), 3);
-    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, x, 3, NULL), 3);
-    kvvm_seq g = mk(t);
-    cr_assert_eq(kvvm_seq_grow(t->kv, g, 6 * T), 0, "grow: %s", kvvm_last_error());
-    return g;
+    return two_chains_grown(t, x, 3, y, 3, 6);
 }
 
 /* The lookup of k[0..n) in namespace 1 finds all n, in tiers want[0..n) (it makes them the
@@ -787,6 +793,19 @@ Test(below, demoted_entries_spill_to_disk_lru_leaves_first)
     close_tiers(&t, dir);
 }
 
+/* open_tiers(host, disk), then entries x[0..nb) (lineage 1) that no sequence holds, demoted
+   by a grow of 8 blocks (truncated to 0 again) into tiers want[0..nb). */
+static void entries_demoted(struct tctx *t, char *dir, uint64_t host, uint64_t disk,
+                            kvvm_key *x, int nb, const uint8_t *want)
+{
+    open_tiers(t, dir, host, disk);
+    entries_only(t, 1, 1, (size_t)nb, x);
+    kvvm_seq g = mk(t);
+    cr_assert_eq(kvvm_seq_grow(t->kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    tiers_are(t, x, nb, want, "x demoted");
+    cr_assert_eq(kvvm_seq_truncate(t->kv, g, 0), 0);
+}
+
 /* A swap-out short of host slots makes its room by spilling the entries that fill the host
    tier (before, they were no spill candidate's: the swap-out was -ENOMEM). */
 Test(below, a_swap_out_spills_host_entries_for_room)
@@ -794,12 +813,7 @@ Test(below, a_swap_out_spills_host_entries_for_room)
     struct tctx t;
     char dir[64];
     kvvm_key x[2];
-    open_tiers(&t, dir, 2, 16);
-    entries_only(&t, 1, 1, 2, x);
-    kvvm_seq g = mk(&t);
-    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
-    tiers_are(&t, x, 2, (uint8_t[]){ HOST, HOST }, "x demoted");
-    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    entries_demoted(&t, dir, 2, 16, x, 2, (uint8_t[]){ HOST, HOST });
     kvvm_seq s = mk(&t);
     fill(&t, s, 2 * T, 3);
     cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
@@ -813,6 +827,127 @@ Test(below, a_swap_out_spills_host_entries_for_room)
     cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, x, 2), 2, "attach: %s", kvvm_last_error());
     cr_assert(same(&t, b, 2 * T, 1));
     tcheck(&t, "swap-out room");
+    close_tiers(&t, dir);
+}
+
+/* A context of open_tiers with a host tier of 3 slots and no disk tier, full of entries no
+   sequence holds: x0, x1 (lineage 1) and y0 (lineage 2), demoted by a grow of g (returned,
+   truncated to 0 again), y the least recently used chain. */
+static kvvm_seq host_full_of_entries(struct tctx *t, char *dir, kvvm_key *x, kvvm_key *y)
+{
+    open_tiers(t, dir, 3, 0);
+    kvvm_seq g = two_chains_grown(t, x, 2, y, 1, 8);
+    cr_assert_eq(kvvm_seq_truncate(t->kv, g, 0), 0);
+    struct kvvm_stats st;
+    tstats(t, &st);
+    cr_assert_eq(st.pages_host_free, 0, "the host tier is not full of entries");
+    cr_assert_eq(st.prefix_entries, 3, "an entry was dropped, not demoted");
+    return g;
+}
+
+/* After host_full_of_entries and a move that needed 2 host slots: y0 (least recently used)
+   and x1 (x's leaf) were dropped, x0 is kept on the host tier. */
+static void y0_and_x1_dropped(struct tctx *t, const kvvm_key *x, const kvvm_key *y)
+{
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, y, 1, NULL), 0, "y0 (least recently used) kept");
+    tiers_are(t, x, 1, (uint8_t[]){ HOST }, "x0");
+    cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, x, 2, NULL), 1, "x1 (x's leaf) kept");
+}
+
+/* Bug: without a disk tier, entries that no sequence holds and that fill the host tier were
+   never dropped for host room: a swap-out of a LIVE sequence was -ENOMEM while the host tier
+   held only those entries (docs/api.md: entries never block a call that needs room). The
+   host tier (3 slots) holds x0, x1 and y0 (demoted), y the least recently used chain; a
+   swap-out of 2 pages drops y0 (least recently used), then x1 (x's leaf), and keeps x0; one
+   that x0 cannot cover is -ENOMEM and drops nothing. */
+Test(regress, host_entries_blocked_a_swap_out_without_a_disk_tier)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2], y[1];
+    host_full_of_entries(&t, dir, x, y);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, 2 * T, 3);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.prefix_entries, 1);
+    cr_assert_eq(s1.prefix_evictions - s0.prefix_evictions, 2);
+    y0_and_x1_dropped(&t, x, y);
+    /* two more pages: x0 covers one of them only: -ENOMEM, and x0 is kept */
+    kvvm_seq u = mk(&t);
+    fill(&t, u, 2 * T, 4);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, u), -ENOMEM);
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 2, NULL), 1, "a failed call dropped x0");
+    cr_assert_eq(kvvm_seq_free(t.kv, u), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, s, 2 * T, 3));
+    kvvm_seq b = mk(&t);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, x, 2), 1, "attach: %s", kvvm_last_error());
+    cr_assert(same(&t, b, T, 1));
+    tcheck(&t, "host entries dropped");
+    close_tiers(&t, dir);
+}
+
+/* Bug: the same through a reclaim plan: with the host tier full of entries no sequence
+   holds and no disk tier, the plan counted no host room for a LIVE victim, so a grow that
+   needed it swapped out was -ENOMEM. The plan counts those entries' host pages as room and
+   the swap-out drops them (least recently used first, leaves first); a grow that even
+   that cannot cover is -ENOMEM and drops nothing. */
+Test(regress, host_entries_blocked_an_auto_swap_without_a_disk_tier)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2], y[1];
+    kvvm_seq g = host_full_of_entries(&t, dir, x, y);
+    kvvm_seq live = mk(&t);
+    fill(&t, live, 2 * T, 3);
+    cr_assert_eq(kvvm_step(t.kv), 0);    /* live unprotected: a swap victim */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    /* 9 frames of 8: no victim can cover it; nothing is dropped */
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 9 * T), -ENOMEM);
+    tstats(&t, &s1);
+    cr_assert_eq(s1.prefix_entries, 3, "a failed call dropped entries");
+    cr_assert_eq(s1.swap_outs, s0.swap_outs);
+    cr_assert_eq(kvvm_seq_grow(t.kv, g, 8 * T), 0, "grow: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.swap_outs - s0.swap_outs, 1);
+    cr_assert_eq(s1.prefix_entries, 1);
+    y0_and_x1_dropped(&t, x, y);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, live), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, live, 2 * T, 3));
+    tcheck(&t, "host entries dropped by a plan");
+    close_tiers(&t, dir);
+}
+
+/* With the disk tier full, entries no sequence holds on the host tier are dropped for a
+   swap-out's host room too, leaves first: x's leaves on disk go before x1 on the host tier
+   (a chain keeps its head x0). */
+Test(below, a_swap_out_drops_host_entries_when_the_disk_is_full)
+{
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[4];
+    entries_demoted(&t, dir, 2, 2, x, 4, (uint8_t[]){ HOST, HOST, DISK, DISK });
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_host_free, 0);
+    cr_assert_eq(s0.pages_disk_free, 0);
+    kvvm_seq s = mk(&t);
+    fill(&t, s, T, 3);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0, "swap_out: %s", kvvm_last_error());
+    tstats(&t, &s1);
+    cr_assert_eq(s1.prefix_entries, 1);
+    cr_assert_eq(s1.prefix_evictions - s0.prefix_evictions, 3);
+    tiers_are(&t, x, 1, (uint8_t[]){ HOST }, "x0");
+    cr_assert_eq(kvvm_prefix_lookup(t.kv, 1, x, 4, NULL), 1);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, s, T, 3));
+    tcheck(&t, "disk full");
     close_tiers(&t, dir);
 }
 
