@@ -22,7 +22,7 @@ ENTRY = re.compile(r"^\*\*`([^`]*?\b(kvvm_[a-z_]+)\([^`]*)`\*\*\s*(?:\(planned\)
 def roff_inline(text):
     """Markdown inline markup to roff: `code` and **bold** in bold, links as their text."""
     text = text.replace("\\", "\\e")
-    text = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text)
+    text = re.sub(r"\[([^][]+)\]\([^)]+\)", r"\1", text)
     text = re.sub(r"\*\*`([^`]+)`\*\*", r"\\fB\1\\fR", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"\\fB\1\\fR", text)
     text = re.sub(r"`([^`]+)`", r"\\fB\1\\fR", text)
@@ -36,8 +36,23 @@ def roff_line(line):
     return line
 
 
+def join_prototypes(lines):
+    """A prototype wrapped over several lines ("**`int f(a,", "b)`** — ...") joined into one."""
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        while line.startswith("**`") and "`**" not in line and i + 1 < len(lines) \
+                and lines[i + 1].strip():
+            i += 1
+            line += " " + lines[i].strip()
+        out.append(line)
+        i += 1
+    return out
+
+
 def entries(lines):
     """Yields (function, prototype, body lines) for every reference entry."""
+    lines = join_prototypes(lines)
     i = 0
     while i < len(lines):
         m = ENTRY.match(lines[i])
@@ -59,7 +74,7 @@ def entries(lines):
 def summary(body):
     """The entry's first sentence, without markup, for the NAME line."""
     text = " ".join(l.strip() for l in body).split(". ")[0]
-    text = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", text).replace("`", "").replace("**", "")
+    text = re.sub(r"\[([^][]+)\]\([^)]+\)", r"\1", text).replace("`", "").replace("**", "")
     head, depth = text, 0
     for j, ch in enumerate(text):          # cut at the first ": " or "; " outside parentheses
         depth += (ch == "(") - (ch == ")")
