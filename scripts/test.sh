@@ -12,7 +12,7 @@
 # 10 000 new inputs against the reference model).
 # Each ctest runs its entries side by side (-j, one per core); the entries that must run alone
 # say so (RUN_SERIAL, RESOURCE_LOCK in tests/CMakeLists.txt). At the end: each stage's wall and
-# CPU time. About 16 minutes on an idle 2-core machine (README: 15.5 measured; 19.4 before -j).
+# CPU time. About 14 minutes on an idle 2-core machine (README: 13.8 measured; 19.4 before -j).
 # Tests labelled `gpu` skip themselves with a printed reason when no GPU is present; the long
 # `soak` label is run by hand: (cd build && ctest -L soak); its 60 s version (label
 # `longrun`) runs in the first suite only (under ASan the allocator's quarantine grows RSS).
