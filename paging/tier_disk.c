@@ -39,6 +39,16 @@ static void dio_end(struct paging *pg, pg_page_id id)
     page_put(pg, id);
 }
 
+/* A read back from disk failed: the page's data is lost, its holders are damaged. */
+static void page_read_lost(struct paging *pg, struct pg_page *p, const struct pg_tier_done *d)
+{
+    if (!p->bad)
+        pg->c.pages_damaged++;
+    p->bad = 1;
+    klog_error("paging: reading page %u back from disk failed (%d); the sequences "
+               "holding it are damaged (-EBADMSG)", d->page.v, d->status);
+}
+
 static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
@@ -54,11 +64,7 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
                            "for this context", d->status);
             pg->lower[PG_LOWER_DISK].off = 1;
         } else if (d->status) {
-            if (!p->bad)
-                pg->c.pages_damaged++;
-            p->bad = 1;
-            klog_error("paging: reading page %u back from disk failed (%d); the sequences "
-                       "holding it are damaged (-EBADMSG)", d->page.v, d->status);
+            page_read_lost(pg, p, d);
         }
     } else if (d->write && p->tier == PG_TIER_TO_DISK) {
         if (d->status == 0) {
@@ -84,11 +90,7 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
         } else {
             page_release_slot(pg, p, PG_LOWER_HOST);
             page_set_tier(p, PG_TIER_DISK);
-            if (!p->bad)
-                pg->c.pages_damaged++;
-            p->bad = 1;
-            klog_error("paging: reading page %u back from disk failed (%d); the sequences "
-                       "holding it are damaged (-EBADMSG)", d->page.v, d->status);
+            page_read_lost(pg, p, d);
         }
     } else {
         klog_error("paging: disk completion for page %u in tier %u", d->page.v, p->tier);
