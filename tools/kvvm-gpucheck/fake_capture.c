@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmm/cudrv.h"
+#include "kvvm_testing_driver.h"   /* the driver ABI types */
 
 #define EXPORT __attribute__((visibility("default")))
 

@@ -4,7 +4,9 @@
  * Contract:
  *  - A probe runs in a child process of its own (main.c re-executes the tool with --child),
  *    against one driver: "cuda" (libkvvm's loader, vmm/drv_cuda.c, the same table the
- *    library uses) or "emulated" (the emulated device, in the child's own process). A probe
+ *    library uses) or "emulated" (the emulated device, in the child's own process), both
+ *    opened through the testing interface (testing/kvvm_testing_driver.h): the tool
+ *    includes no private header. A probe
  *    that kills its context (an illegal address) or hangs therefore spoils nothing else.
  *  - A probe reports by printing rows on stdout, one line each:
  *        ROW <tab> id <tab> result <tab> detail
@@ -21,7 +23,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-#include "vmm/cudrv.h"
+#include "kvvm_testing_driver.h"   /* the driver table and its ABI types */
 
 struct gc_opts {
     int device;                 /* CUDA ordinal */

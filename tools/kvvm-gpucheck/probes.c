@@ -14,8 +14,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "vmm/drv_cuda.h"
-#include "vmm/emu/emu.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -84,17 +82,17 @@ static int gpa(const char *name, int version, void **fn, int *v2, char *why, siz
         snprintf(why, len, "%s cannot be loaded", cuda_path());
         return -ENOENT;
     }
-    drv_cuda_gpa_v2_fn g2 = (drv_cuda_gpa_v2_fn)dlsym(lib, "cuGetProcAddress_v2");
-    drv_cuda_gpa_v1_fn g1 = (drv_cuda_gpa_v1_fn)dlsym(lib, "cuGetProcAddress");
-    int st = DRV_CUDA_GPA_SUCCESS;
-    kcu_result r = g2 ? g2(name, fn, version, DRV_CUDA_GPA_LEGACY_STREAM, &st)
-                      : g1 ? g1(name, fn, version, DRV_CUDA_GPA_LEGACY_STREAM)
+    kvvm_testing_gpa_v2_fn g2 = (kvvm_testing_gpa_v2_fn)dlsym(lib, "cuGetProcAddress_v2");
+    kvvm_testing_gpa_v1_fn g1 = (kvvm_testing_gpa_v1_fn)dlsym(lib, "cuGetProcAddress");
+    int st = KVVM_TESTING_GPA_SUCCESS;
+    kcu_result r = g2 ? g2(name, fn, version, KVVM_TESTING_GPA_LEGACY_STREAM, &st)
+                      : g1 ? g1(name, fn, version, KVVM_TESTING_GPA_LEGACY_STREAM)
                            : KCU_ERROR_NOT_FOUND;
     if (v2)
         *v2 = g2 != NULL;
     /* The library stays loaded (libkvvm's loader keeps it too): drop only our reference. */
     dlclose(lib);
-    if (r != KCU_SUCCESS || st != DRV_CUDA_GPA_SUCCESS || !*fn) {
+    if (r != KCU_SUCCESS || st != KVVM_TESTING_GPA_SUCCESS || !*fn) {
         snprintf(why, len, "cuGetProcAddress(\"%s\", %d): CUresult %d, status %d", name,
                  version, r, st);
         *fn = NULL;
@@ -137,14 +135,12 @@ int gc_dev_open(struct gc_dev *d, int emulated, const struct gc_opts *o, bool re
     d->emulated = emulated;
     int err;
     if (emulated) {
-        struct emu_device_params p = { .capacity = GiB, .granule = 2 * MiB, .opaque = 1 };
-        d->a = emu_api();
-        if ((err = emu_device_create(&p, &d->ordinal))) {
-            snprintf(why, len, "emu_device_create: %d", err);
+        if ((err = kvvm_testing_emu_device(GiB, 2 * MiB, 1, &d->ordinal, &d->a))) {
+            snprintf(why, len, "emulated device: %d", err);
             return err;
         }
         d->a->cuInit(0);
-    } else if ((err = drv_cuda_load(&d->a, why, len))) {
+    } else if ((err = kvvm_testing_cuda_load(&d->a, why, len))) {
         return err;
     }
     const struct kcu_api *a = d->a;
@@ -257,7 +253,7 @@ static void fmt_bytes(char *b, size_t len, unsigned long long n)
 static void loader_symbols(int driver_version)
 {
     size_t n;
-    const struct drv_cuda_sym *syms = drv_cuda_symbols(&n);
+    const struct kvvm_testing_cuda_sym *syms = kvvm_testing_cuda_symbols(&n);
     char missing[512] = "", newer[512] = "", why[256];
     int lo = 1 << 30, hi = 0, v2 = 0, nmiss = 0;
     for (size_t i = 0; i < n; i++) {
@@ -296,7 +292,7 @@ static void loader_rows(struct gc_dev *d)
         loader_symbols(ver);
     else {
         size_t n;
-        drv_cuda_symbols(&n);
+        kvvm_testing_cuda_symbols(&n);
         size_t have = 0;
         for (size_t i = 0; i < n; i++) {
             void *f;
