@@ -24,6 +24,16 @@
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
  *   plan.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
  * Who writes which field of struct paging: each field's comment names it in brackets.
+ *
+ * The owners: groups of the files above, each calling only the owners below it (the call
+ * graph between owners has no cycle; scripts/paging-owners.py checks it from the objects,
+ * the CTest paging_owners). Top first; one line each, parsed by the script:
+ *   owner context: paging.c check.c
+ *   owner seqs: seq.c share.c cow.c discard.c hold.c resident.c
+ *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
+ *   owner clock: step.c defer.c view.c
+ *   owner frames: pool.c
+ *   owner window: window.c
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
