@@ -53,6 +53,30 @@ bool seq_quiet(struct paging *pg, struct pg_seq *s)
     return s->used_epoch < pg->quiet_below;
 }
 
+/* A transfer job's page transitions after its fence (DF_OUT: TO_HOST -> HOST, the frame
+   back to the pool; DF_IN: TO_DEVICE -> DEVICE, the host slot freed). */
+static void job_complete_pages(struct paging *pg, struct pg_defer *d)
+{
+    for (uint32_t i = 0; i < d->n; i++) {
+        if (pg_page_is_none(d->pages[i]))
+            continue;                   /* a hole (discard.c) */
+        struct pg_page *p = page_at(pg, d->pages[i]);
+        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
+        p->jobs--;
+        page_count(pg, p, -1);
+        if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
+            page_frame_drop(pg, p);
+            page_set_tier(p, PG_TIER_HOST);
+            lower_io_done(pg, PG_LOWER_HOST);
+        } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
+            page_release_slot(pg, p, PG_LOWER_HOST);
+            page_set_tier(p, PG_TIER_DEVICE);
+            lower_io_done(pg, PG_LOWER_HOST);
+        }
+        page_count(pg, p, 1);
+    }
+}
+
 /* Completes d: unmaps [first, end) in every region of its slot, finishes the page
    transitions of a swap job, drops the page references. */
 static int release_now(struct paging *pg, struct pg_defer *d)
@@ -79,7 +103,7 @@ static int release_now(struct paging *pg, struct pg_defer *d)
                                  d->pages + (size_t)r * n, n);
     }
     if (d->kind != DF_RELEASE)
-        tier_complete_pages(pg, d);
+        job_complete_pages(pg, d);
     for (uint32_t i = 0; i < d->n; i++)
         if (!pg_page_is_none(d->pages[i]))
             page_put(pg, d->pages[i]);
@@ -259,7 +283,7 @@ void defer_drop_all(struct paging *pg)
                 seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
                                      d->pages + (size_t)r * w, w);
         if (d->kind != DF_RELEASE)
-            tier_complete_pages(pg, d);
+            job_complete_pages(pg, d);
         for (uint32_t i = 0; i < d->n; i++)
             if (!pg_page_is_none(d->pages[i]))     /* none: a hole */
                 page_put(pg, d->pages[i]);
@@ -330,4 +354,20 @@ int pg_finish_copy(struct paging *pg)
 int pg_wait_engine(struct paging *pg)
 {
     return pg->stream ? vmm_stream_sync(pg->v, pg->stream) : pg_device_sync(pg);
+}
+
+/* (paging_int.h) the engine stream waits for s's prefetch (its DF_IN job's fence). */
+int seq_settle(struct paging *pg, struct pg_seq *s)
+{
+    struct pg_defer *d = s->in_job;
+    if (!d)
+        return 0;
+    int rc;
+    if (pg->stream) {
+        rc = vmm_stream_after(pg->v, pg->stream, &d->fence);
+        if (!rc)
+            s->in_job = NULL;
+        return rc;
+    }
+    return defer_flush_slot(pg, pg_slot_of(pg, s));
 }

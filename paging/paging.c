@@ -88,6 +88,9 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
     }
     pg->slot_free_head = 1;
+    pg->ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
+    pg->ahead_drop = seq_drop_ahead;
+    pg->ahead_drop_all = seq_drop_all_ahead;
     rc = pool_init(pg);
     if (!rc && (rc = view_init(pg)) != 0)
         pool_fini(pg);

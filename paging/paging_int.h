@@ -260,6 +260,12 @@ struct paging {
     uint32_t chunk;            /* [paging.c] frames created ahead per refill without a pool
                                   thread */
     struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    /* the holders of map-ahead frames (FR_AHEAD), an owner above the pool (seq.c's
+       map-ahead, view.c's prepared groups): the pool asks them to give frames back through
+       these, set at create [paging.c] (so the pool calls no owner above it) */
+    int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
+    void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
+    void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
     /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
        one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
        hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
@@ -436,6 +442,20 @@ static inline uint64_t seq_handle(const struct paging *pg, const struct pg_seq *
 }
 static inline uint32_t handle_slot1(uint64_t h) { return (uint32_t)(h & 0xffffffffu); }
 static inline uint32_t handle_gen(uint64_t h) { return (uint32_t)(h >> 32); }
+/* The live sequence h names, or -ENOENT (its reason noted). Inline: every entry point
+   of every owner looks its handle up. */
+static inline int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
+{
+    uint64_t slot1 = handle_slot1(h);
+    uint32_t gen = handle_gen(h);
+    if (!slot1 || slot1 > pg->p.max_seqs)
+        return pg_why_handle(pg, h);
+    struct pg_seq *s = &pg->seqs[slot1 - 1];
+    if (!s->live || s->gen != gen)
+        return pg_why_handle(pg, h);
+    *out = s;
+    return 0;
+}
 
 /* pool.c */
 int  pool_init(struct paging *pg);
@@ -684,12 +704,13 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
    gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
 void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups. */
+void seq_drop_all_ahead(struct paging *pg);
 /* Frames a grow_batch of ss[i] to lengths[i] takes from the pool (lengths below the
    current one count nothing): new pages, and the holes and shared copies of the partial
    last pages, a page shared by k members copied min(k, sharers - 1) times. -ENOMEM. */
 int  seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
                       size_t n, uint64_t *frames);
-int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
 /* Block tables (bt, and bid with the pool view) with room for n_pages entries per region:
    grown by doubling (capped at pages_per_slot), entries beyond n_pages zero. Called before
    a call's point of no return wherever n_pages may grow. 0, or -ENOMEM with nothing
@@ -747,13 +768,6 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 }
 
 /* tier.c */
-/* Orders the engine after a prefetch of s (stream: a wait on the engine stream; sync: waits
-   for the copies). Every call that uses s's bytes or window calls it first. Only the
-   engine's own calls do (it enqueues on the engine stream): the library's threads never
-   reach it, their victims have no pending swap-in (paging_candidates). */
-int  seq_settle(struct paging *pg, struct pg_seq *s);
-/* Completes a DF_OUT / DF_IN entry's page transitions (after its fence). */
-void tier_complete_pages(struct paging *pg, struct pg_defer *d);
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
 /* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
@@ -763,9 +777,6 @@ int  tier_page_down(struct paging *pg, pg_page_id id);
 /* Drops the non-resident entries [first, end) of s (offs and references). */
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
 /* The steps the swap paths (tier_out.c, tier_in.c, orphan.c) share. */
-int  tier_copy_stream(struct paging *pg);          /* makes the copy stream. -EIO */
-/* Orders the copy stream after the engine's work that may touch s's pages (NULL: any). */
-int  tier_copies_after_engine(struct paging *pg, const struct pg_seq *s);
 struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n);
 /* Takes the job's references; complete: done now (sync mode), else pending on its fence. */
 void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete);
@@ -865,8 +876,17 @@ static inline bool page_in_dio(const struct pg_page *p)
 /* step.c */
 /* Synchronizes the device; every epoch so far is quiet. */
 int  pg_device_sync(struct paging *pg);
+/* The copy stream (the swap paths' copies; made on first use). -EIO */
+int  tier_copy_stream(struct paging *pg);
+/* Orders the copy stream after the engine's work that may touch s's pages (NULL: any). */
+int  tier_copies_after_engine(struct paging *pg, const struct pg_seq *s);
 
 /* defer.c */
+/* Orders the engine after a prefetch of s (stream: a wait on the engine stream; sync: waits
+   for the copies). Every call that uses s's bytes or window calls it first. Only the
+   engine's own calls do (it enqueues on the engine stream): the library's threads never
+   reach it, their victims have no pending swap-in (paging_candidates). */
+int  seq_settle(struct paging *pg, struct pg_seq *s);
 /* No device work may touch s's window any more, known without synchronizing anything:
    never used, or used before an epoch known complete (quiet_below), and no swap copy of
    the library's on it still running. */

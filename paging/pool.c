@@ -425,13 +425,10 @@ bool paging_pool_can_create(struct paging *pg)
 /* ---- the budget --------------------------------------------------------------------- */
 
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready. */
+   frames become ready (the holders' hook, seq_drop_all_ahead). */
 static void drop_all_ahead(struct paging *pg)
 {
-    view_break_all(pg);
-    for (uint32_t i = 0; i < pg->p.max_seqs && pg->n_ahead; i++)
-        if (pg->seqs[i].n_ahead)
-            seq_drop_ahead(pg, &pg->seqs[i], 0);
+    pg->ahead_drop_all(pg);
 }
 
 int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
@@ -499,7 +496,7 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
             return rc;
     }
     while (pg->n_ready < n)
-        if (seq_steal_ahead(pg, except))
+        if (pg->ahead_steal(pg, except))
             return -ENOMEM;
     return 0;
 }

@@ -185,8 +185,3 @@ uint32_t paging_frames_free(const struct paging *pg)
 {
     return pg->p.max_frames - pg->n_used;
 }
-
-size_t paging_host_free(const struct paging *pg)
-{
-    return lower_room(pg, PG_LOWER_HOST);
-}

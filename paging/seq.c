@@ -56,6 +56,14 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
+void seq_drop_all_ahead(struct paging *pg)
+{
+    view_break_all(pg);
+    for (uint32_t i = 0; i < pg->p.max_seqs && pg->n_ahead; i++)
+        if (pg->seqs[i].n_ahead)
+            seq_drop_ahead(pg, &pg->seqs[i], 0);
+}
+
 /* Best effort: maps ready frames ahead of s's end, in batches between two marks per region:
    nothing while at least half of map_ahead (rounded up) is left, then back up to map_ahead
    in one run per region (one map per frame, one set-access per run), so a sequence that
@@ -101,19 +109,6 @@ out_undo:
 }
 
 /* ---- slots and handles -------------------------------------------------------------- */
-
-int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
-{
-    uint64_t slot1 = handle_slot1(h);
-    uint32_t gen = handle_gen(h);
-    if (!slot1 || slot1 > pg->p.max_seqs)
-        return pg_why_handle(pg, h);
-    struct pg_seq *s = &pg->seqs[slot1 - 1];
-    if (!s->live || s->gen != gen)
-        return pg_why_handle(pg, h);
-    *out = s;
-    return 0;
-}
 
 /* Block-table entries per region a slot starts with: one page's, so a sequence's tables
    follow its length from the first page on (doubling: a 64k-token sequence of 4 KiB pages

@@ -122,3 +122,67 @@ kcu_stream paging_stream(const struct paging *pg)
 {
     return pg->stream;
 }
+
+/* ---- the copy stream (the swap paths' copies) and its ordering after the engine ---- */
+
+int tier_copy_stream(struct paging *pg)
+{
+    if (pg->copy_stream)
+        return 0;
+    int rc = vmm_stream_create(pg->v, &pg->copy_stream);
+    if (rc)
+        return rc;
+    rc = vmm_fence_create(pg->v, &pg->copy_fence);
+    if (!rc) {
+        pg->copy_fence_ok = 1;
+        return 0;
+    }
+    vmm_stream_destroy(pg->v, pg->copy_stream);
+    pg->copy_stream = NULL;
+    return rc;
+}
+
+kcu_stream paging_copy_stream(const struct paging *pg)
+{
+    return pg->copy_stream;
+}
+
+int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
+{
+    int rc = tier_copy_stream(pg);
+    return rc ? rc : vmm_fence_record(pg->v, f, pg->copy_stream);
+}
+
+int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
+{
+    if (!pg->copy_stream)
+        return 0;
+    int rc = vmm_fence_record(pg->v, &pg->copy_fence, pg->copy_stream);
+    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->copy_fence);
+}
+
+/* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
+   work enqueued so far). A quiet s (used before an epoch known complete) needs nothing, in
+   synchronous mode too (no context synchronization: what the reclaim thread moves there).
+   An unprotected s (not used since the last step) was last touched
+   by work before the last step's fence: the copy stream waits for that fence, and nothing
+   is recorded on the engine stream, so a background thread never enqueues there (a capture
+   may begin at any time on it: a record would become a graph node). Otherwise a fence is
+   recorded on the engine stream now (the caller is the engine's own call). */
+int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
+{
+    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
+        return 0;                       /* quiet: no engine work left on its pages */
+    if (!pg->stream)
+        return vmm_device_sync(pg->v);
+    if (s && s->used_epoch < pg->epoch && pg->step_recorded)
+        return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
+    if (!pg->order_fence_ok) {
+        int rc = vmm_fence_create(pg->v, &pg->order_fence);
+        if (rc)
+            return rc;
+        pg->order_fence_ok = 1;
+    }
+    int rc = vmm_fence_record(pg->v, &pg->order_fence, pg->stream);
+    return rc ? rc : vmm_stream_after(pg->v, pg->copy_stream, &pg->order_fence);
+}

@@ -29,68 +29,6 @@
 #include <string.h>
 #include "common/log.h"
 
-int tier_copy_stream(struct paging *pg)
-{
-    if (pg->copy_stream)
-        return 0;
-    int rc = vmm_stream_create(pg->v, &pg->copy_stream);
-    if (rc)
-        return rc;
-    rc = vmm_fence_create(pg->v, &pg->copy_fence);
-    if (!rc) {
-        pg->copy_fence_ok = 1;
-        return 0;
-    }
-    vmm_stream_destroy(pg->v, pg->copy_stream);
-    pg->copy_stream = NULL;
-    return rc;
-}
-
-kcu_stream paging_copy_stream(const struct paging *pg)
-{
-    return pg->copy_stream;
-}
-
-int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
-{
-    int rc = tier_copy_stream(pg);
-    return rc ? rc : vmm_fence_record(pg->v, f, pg->copy_stream);
-}
-
-int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
-{
-    if (!pg->copy_stream)
-        return 0;
-    int rc = vmm_fence_record(pg->v, &pg->copy_fence, pg->copy_stream);
-    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->copy_fence);
-}
-
-/* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
-   work enqueued so far). A quiet s (used before an epoch known complete) needs nothing, in
-   synchronous mode too (no context synchronization: what the reclaim thread moves there).
-   An unprotected s (not used since the last step) was last touched
-   by work before the last step's fence: the copy stream waits for that fence, and nothing
-   is recorded on the engine stream, so a background thread never enqueues there (a capture
-   may begin at any time on it: a record would become a graph node). Otherwise a fence is
-   recorded on the engine stream now (the caller is the engine's own call). */
-int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
-{
-    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
-        return 0;                       /* quiet: no engine work left on its pages */
-    if (!pg->stream)
-        return vmm_device_sync(pg->v);
-    if (s && s->used_epoch < pg->epoch && pg->step_recorded)
-        return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
-    if (!pg->order_fence_ok) {
-        int rc = vmm_fence_create(pg->v, &pg->order_fence);
-        if (rc)
-            return rc;
-        pg->order_fence_ok = 1;
-    }
-    int rc = vmm_fence_record(pg->v, &pg->order_fence, pg->stream);
-    return rc ? rc : vmm_stream_after(pg->v, pg->copy_stream, &pg->order_fence);
-}
-
 struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n)
 {
     struct pg_defer *d = calloc(1, sizeof *d + (size_t)n * sizeof d->pages[0]);
@@ -122,28 +60,6 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
     pg->defer = d;
 }
 
-void tier_complete_pages(struct paging *pg, struct pg_defer *d)
-{
-    for (uint32_t i = 0; i < d->n; i++) {
-        if (pg_page_is_none(d->pages[i]))
-            continue;                   /* a hole (discard.c) */
-        struct pg_page *p = page_at(pg, d->pages[i]);
-        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
-        p->jobs--;
-        page_count(pg, p, -1);
-        if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
-            page_frame_drop(pg, p);
-            page_set_tier(p, PG_TIER_HOST);
-            lower_io_done(pg, PG_LOWER_HOST);
-        } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
-            page_release_slot(pg, p, PG_LOWER_HOST);
-            page_set_tier(p, PG_TIER_DEVICE);
-            lower_io_done(pg, PG_LOWER_HOST);
-        }
-        page_count(pg, p, 1);
-    }
-}
-
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
 {
     for (struct pg_bt_iter it = bt_range(pg, s, 0, pg->p.n_regions, first, end);
@@ -151,21 +67,6 @@ void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
         page_put_off(pg, it.id);
         *it.e = PG_PAGE_NONE;
     }
-}
-
-int seq_settle(struct paging *pg, struct pg_seq *s)
-{
-    struct pg_defer *d = s->in_job;
-    if (!d)
-        return 0;
-    int rc;
-    if (pg->stream) {
-        rc = vmm_stream_after(pg->v, pg->stream, &d->fence);
-        if (!rc)
-            s->in_job = NULL;
-        return rc;
-    }
-    return defer_flush_slot(pg, pg_slot_of(pg, s));
 }
 
 /* Waits for the transfers on s's window and for the swap-outs of pages it holds that are
@@ -411,4 +312,9 @@ int paging_reap(struct paging *pg)
 int paging_wait_releases(struct paging *pg)
 {
     return pg->defer ? defer_reap(pg, true) : 0;
+}
+
+size_t paging_host_free(const struct paging *pg)
+{
+    return lower_room(pg, PG_LOWER_HOST);
 }
