@@ -198,22 +198,22 @@ static int ck_frames(struct ck *k)
 {
     struct paging *pg = k->pg;
     uint32_t st[4] = { 0 }, walk = 0;
-    if (pg->n_held > pg->p.max_frames)
-        return fail(k, "%u frames held, budget %u", pg->n_held, pg->p.max_frames);
-    for (uint32_t i = 0; i < pg->cap_frames; i++)
-        st[pg->frames[i].state & 3]++;
-    for (pg_frame_id f = pg->ready_head; !pg_frame_is_none(f) && walk <= pg->n_held;
+    if (pg->fr.n_held > pg->p.max_frames)
+        return fail(k, "%u frames held, budget %u", pg->fr.n_held, pg->p.max_frames);
+    for (uint32_t i = 0; i < pg->fr.cap_frames; i++)
+        st[pg->fr.frames[i].state & 3]++;
+    for (pg_frame_id f = pg->fr.ready_head; !pg_frame_is_none(f) && walk <= pg->fr.n_held;
          f = frame_at(pg, f)->next) {
         if (frame_at(pg, f)->state != FR_READY)
             return fail(k, "frame %u on the ready list is not ready", f.v);
         walk++;
     }
-    if (st[FR_NONE] != pg->cap_frames - pg->n_held || st[FR_READY] != pg->n_ready ||
-        walk != pg->n_ready || st[FR_AHEAD] != pg->n_ahead || st[FR_USED] != pg->n_used)
+    if (st[FR_NONE] != pg->fr.cap_frames - pg->fr.n_held || st[FR_READY] != pg->fr.n_ready ||
+        walk != pg->fr.n_ready || st[FR_AHEAD] != pg->fr.n_ahead || st[FR_USED] != pg->fr.n_used)
         return fail(k, "frame conservation: held %u = ready %u (counted %u, list %u) + "
-                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->n_held, st[FR_READY],
-                    pg->n_ready, walk, st[FR_AHEAD], pg->n_ahead, st[FR_USED], pg->n_used,
-                    st[FR_NONE], pg->cap_frames);
+                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->fr.n_held, st[FR_READY],
+                    pg->fr.n_ready, walk, st[FR_AHEAD], pg->fr.n_ahead, st[FR_USED], pg->fr.n_used,
+                    st[FR_NONE], pg->fr.cap_frames);
     return 0;
 }
 
@@ -263,16 +263,16 @@ static int ck_pages(struct ck *k)
             return fail(k, "host page %u still names frame %u", i + 1, p->frame.v);
         if (page_has_frame(p)) {
             dev++;
-            if (pg_frame_is_none(p->frame) || p->frame.v > pg->cap_frames ||
+            if (pg_frame_is_none(p->frame) || p->frame.v > pg->fr.cap_frames ||
                 frame_at(pg, p->frame)->state != FR_USED ||
                 !pg_page_eq(frame_at(pg, p->frame)->page, (pg_page_id){ i + 1 }))
                 return fail(k, "page %u names frame %u which does not hold it", i + 1,
                             p->frame.v);
         }
     }
-    if (live != pg->n_pages_live || dev != pg->n_used)
+    if (live != pg->n_pages_live || dev != pg->fr.n_used)
         return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
-                    pg->n_pages_live, dev, pg->n_used);
+                    pg->n_pages_live, dev, pg->fr.n_used);
     if (hostp != pg->n_host_pages || orph != pg->n_orphans)
         return fail(k, "%u HOST pages (counted %u), %u orphans (counted %u)", hostp,
                     pg->n_host_pages, orph, pg->n_orphans);
@@ -396,8 +396,8 @@ static int ck_view(struct ck *k)
     int rc = ck_view_holders(k, cnt);
     for (uint32_t id = w->ready_head; !rc && id && groups <= w->n_ids; id = w->ids[id - 1].next)
         groups += w->ids[id - 1].state == VID_READY ? 1 : w->n_ids + 1;
-    for (uint32_t i = 0; !rc && i < pg->cap_frames; i++) {
-        uint32_t g = pg->frames[i].grp;
+    for (uint32_t i = 0; !rc && i < pg->fr.cap_frames; i++) {
+        uint32_t g = pg->fr.frames[i].grp;
         if (g && (g > w->n_ids || w->ids[g - 1].state != VID_READY))
             rc = fail(k, "frame %u belongs to pool view group %u, which is not prepared",
                       i + 1, g - 1);
@@ -432,11 +432,11 @@ static int ck_driver(struct ck *k)
     }
     /* the frame pool thread may be creating or releasing handles right now (the feed:
        read under its mutex, a handle made or released is counted in transit there) */
-    pthread_mutex_lock(&pg->feed.mu);
+    pthread_mutex_lock(&pg->fr.feed.mu);
     int crc = vmm_debug_objects(pg->v, &c);
-    uint64_t lo = (uint64_t)pg->n_held + pg->feed.n_in;
-    uint64_t hi = lo + pg->feed.creating + pg->feed.releasing + k->linger;
-    pthread_mutex_unlock(&pg->feed.mu);
+    uint64_t lo = (uint64_t)pg->fr.n_held + pg->fr.feed.n_in;
+    uint64_t hi = lo + pg->fr.feed.creating + pg->fr.feed.releasing + k->linger;
+    pthread_mutex_unlock(&pg->fr.feed.mu);
     if (crc)
         return fail(k, "vmm_debug_objects failed: %d", crc);
     if (c.handles < lo || c.handles > hi || c.handle_bytes != c.handles * pg->p.page_size)

@@ -228,7 +228,7 @@ static int cow_call(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r
     if (rc)
         return rc;
     struct cow_undo u = { 0 };
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = cow_range(pg, s, r0, r1, i0, i1, &u);
     cow_commit(pg, &u);
     if (rc)
@@ -309,7 +309,7 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
     if (rc)
         return rc;
     struct cow_undo u = { 0 };
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = cow_range(pg, s, region, region + 1, i0, i1, &u);
     if (!rc)
         rc = pg_order_before_copy_seq(pg, s, region, i0, i1);

@@ -34,14 +34,14 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
 {
     *out = pg->c;
     out->pages_total = pg->p.max_frames;
-    out->pages_used = pg->n_used;
-    out->pages_free = pg->p.max_frames - pg->n_used;
+    out->pages_used = pg->fr.n_used;
+    out->pages_free = pg->p.max_frames - pg->fr.n_used;
     out->pages_inflight = 0;
     for (unsigned t = 0; t < PG_N_LOWER; t++)    /* moves between tiers, any two */
         out->pages_inflight += pg->lower[t].n_io;
-    pthread_mutex_lock((pthread_mutex_t *)&pg->feed.mu);
-    out->frames_held = pg->n_held + pg->feed.n_in + pg->feed.releasing;
-    pthread_mutex_unlock((pthread_mutex_t *)&pg->feed.mu);
+    pthread_mutex_lock((pthread_mutex_t *)&pg->fr.feed.mu);
+    out->frames_held = pg->fr.n_held + pg->fr.feed.n_in + pg->fr.feed.releasing;
+    pthread_mutex_unlock((pthread_mutex_t *)&pg->fr.feed.mu);
     out->deferred = pg->n_defer;
     out->pages_host = pg->lower[PG_LOWER_HOST].n_slots;
     out->pages_disk = pg->lower[PG_LOWER_DISK].n_slots;
@@ -71,9 +71,9 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;
     pg->scratch_va = p->base + (uint64_t)p->n_regions * p->max_seqs * p->slot_bytes;
-    pg->chunk = p->max_frames < 8 ? p->max_frames : 8;
-    if (pg->chunk < 2 * p->n_regions)
-        pg->chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
+    pg->fr.chunk = p->max_frames < 8 ? p->max_frames : 8;
+    if (pg->fr.chunk < 2 * p->n_regions)
+        pg->fr.chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
     /* 64-byte aligned: each sequence's hot view (paging.h) is one cache line */
     pg->seqs = aligned_alloc(64, (size_t)p->max_seqs * sizeof *pg->seqs);
     if (pg->seqs)
@@ -88,19 +88,19 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
     }
     pg->slot_free_head = 1;
-    pg->ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
-    pg->ahead_drop = seq_drop_ahead;
-    pg->ahead_drop_all = seq_drop_all_ahead;
+    pg->fr.ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
+    pg->fr.ahead_drop = seq_drop_ahead;
+    pg->fr.ahead_drop_all = seq_drop_all_ahead;
     rc = pool_init(pg);
     if (!rc && (rc = view_init(pg)) != 0)
         pool_fini(pg);
     if (rc)
         goto out_free;
     if (p->prealloc || !p->feed)
-        pool_refill(pg, p->prealloc ? p->max_frames : pg->chunk);
+        pool_refill(pg, p->prealloc ? p->max_frames : pg->fr.chunk);
     if (!p->feed)
         paging_view_prepare(pg);
-    if (p->prealloc && pg->n_held < p->max_frames && !vmm_dead(v)) {
+    if (p->prealloc && pg->fr.n_held < p->max_frames && !vmm_dead(v)) {
         rc = -ENOMEM;
         goto out_pool;
     }

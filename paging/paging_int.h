@@ -57,7 +57,7 @@ struct pg_frame {
                               refused release, is FR_READY and off it) */
     pg_frame_id next;      /* FR_READY: next ready frame (none = end); FR_NONE: next free id */
     pg_page_id page;       /* FR_USED: the page id it holds */
-    uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by
+    uint32_t   serial;     /* created on a caller's thread: pg->fr.n_created then (0: ahead, by
                               the pool thread); pool_rollback releases those above a mark */
     uint32_t   gen;        /* bumped when the id gives up its handle (frame_forget): a pool
                               view slot names (frame, gen), so a new handle under a recycled
@@ -229,6 +229,28 @@ struct pg_lower {
     pg_slot  hint;             /* the last slot allocated (clustering); PG_SLOT_NONE: none */
 };
 
+/* The frames (owner: frames, pool.c): the device pool. */
+struct pg_frames {
+    /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
+       p.max_frames, changed by paging_set_budget). All [pool.c] (frame states: frame_move;
+       frame_at(f)->page: page_frame_set / page_frame_drop, paging_int.h) */
+    struct pg_frame *frames;   /* cap_frames */
+    uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
+    uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
+    uint32_t n_held, n_ready, n_ahead, n_used;
+    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
+    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
+    uint32_t chunk;            /* [paging.c] frames created ahead per refill without a pool
+                                  thread */
+    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    /* the holders of map-ahead frames (FR_AHEAD), an owner above the pool (seq.c's
+       map-ahead, view.c's prepared groups): the pool asks them to give frames back through
+       these, set at create [paging.c] (so the pool calls no owner above it) */
+    int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
+    void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
+    void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -248,24 +270,7 @@ struct paging {
                               pages) */
     uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
 
-    /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
-       p.max_frames, changed by paging_set_budget). All [pool.c] (frame states: frame_move;
-       frame_at(f)->page: page_frame_set / page_frame_drop, paging_int.h) */
-    struct pg_frame *frames;   /* cap_frames */
-    uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
-    uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
-    uint32_t n_held, n_ready, n_ahead, n_used;
-    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
-    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
-    uint32_t chunk;            /* [paging.c] frames created ahead per refill without a pool
-                                  thread */
-    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
-    /* the holders of map-ahead frames (FR_AHEAD), an owner above the pool (seq.c's
-       map-ahead, view.c's prepared groups): the pool asks them to give frames back through
-       these, set at create [paging.c] (so the pool calls no owner above it) */
-    int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
-    void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
-    void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
+    struct pg_frames fr;          /* [pool.c] the device pool (pg_frames) */
     /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
        one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
        hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
@@ -475,7 +480,7 @@ void frame_set_ahead(struct paging *pg, pg_frame_id f);
 void frame_set_used(struct paging *pg, pg_frame_id f);
 /* Returns frames that hold no page (unmapped) to the ready list. */
 void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n);
-/* Releases the frames a failed call created on its own thread since mark = pg->n_created
+/* Releases the frames a failed call created on its own thread since mark = pg->fr.n_created
    (they are all ready again), so it leaves no new handle behind (frames the pool thread
    delivered meanwhile stay: they are the reserve). */
 void pool_rollback(struct paging *pg, uint32_t mark);
@@ -497,7 +502,7 @@ static inline struct pg_page *page_at(struct paging *pg, pg_page_id id)
 }
 static inline struct pg_frame *frame_at(struct paging *pg, pg_frame_id id)
 {
-    return &pg->frames[id.v - 1];
+    return &pg->fr.frames[id.v - 1];
 }
 static inline vmm_handle page_handle(struct paging *pg, pg_page_id page)
 {

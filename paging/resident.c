@@ -183,5 +183,5 @@ uint32_t paging_orphans(const struct paging *pg)
 
 uint32_t paging_frames_free(const struct paging *pg)
 {
-    return pg->p.max_frames - pg->n_used;
+    return pg->p.max_frames - pg->fr.n_used;
 }

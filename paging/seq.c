@@ -44,7 +44,7 @@ void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_
 
 int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
 {
-    if (!pg->n_ahead)
+    if (!pg->fr.n_ahead)
         return -ENOMEM;
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
         struct pg_seq *s = &pg->seqs[i];
@@ -59,7 +59,7 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
 void seq_drop_all_ahead(struct paging *pg)
 {
     view_break_all(pg);
-    for (uint32_t i = 0; i < pg->p.max_seqs && pg->n_ahead; i++)
+    for (uint32_t i = 0; i < pg->p.max_seqs && pg->fr.n_ahead; i++)
         if (pg->seqs[i].n_ahead)
             seq_drop_ahead(pg, &pg->seqs[i], 0);
 }
@@ -80,8 +80,8 @@ static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
     if (s->n_ahead >= low)
         return;
     uint32_t k = want - s->n_ahead;
-    if (k > pg->n_ready / nr)
-        k = pg->n_ready / nr;
+    if (k > pg->fr.n_ready / nr)
+        k = pg->fr.n_ready / nr;
     if (!k)
         return;
     for (uint32_t r = 0; r < nr; r++) {
@@ -574,7 +574,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     if (rc)
         return rc;
     struct grow_undo u;
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = grow_apply(pg, s, length, &u);
     if (rc) {
         pool_rollback(pg, mark);
@@ -779,7 +779,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
         rc = seq_bt_reserve(pg, ss[i], pg_pages_for(pg, lengths[i]));
     if (rc)
         goto out_free;
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     for (done = 0; done < n; done++) {
         rc = grow_apply(pg, ss[done], lengths[done], &u[done]);
         if (rc)

@@ -394,7 +394,7 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     if (rc)
         return rc;
     seq_drop_ahead(pg, dst, 0);
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     if (nk && (rc = pool_take(pg, nk, got)))
         goto out_rollback;
     for (uint32_t r = 0, k = 0; rem && r < nr; r++)

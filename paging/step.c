@@ -64,9 +64,9 @@ int paging_step(struct paging *pg)
             pg->quiet_below = pg->step_fence_epoch;
     }
     pg->epoch++;
-    pool_refill(pg, pg->chunk);
+    pool_refill(pg, pg->fr.chunk);
     rc = view_reap(pg, false);
-    if (!pg->feed.on)
+    if (!pg->fr.feed.on)
         paging_view_prepare(pg);    /* without a pool thread: ahead, at the step */
     return rc;
 }

@@ -226,7 +226,7 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     uint64_t *vas = calloc((size_t)ndk + 1, sizeof *vas);
     pg_slot *ds = calloc((size_t)ndk + 1, sizeof *ds);
     pg_slot *hs = calloc((size_t)bmax + 1, sizeof *hs);
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = -ENOMEM;
     if (!fr || !ids || !vas || !ds || !hs)
         goto out_free;
@@ -324,7 +324,7 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     uint32_t need = tier_count(pg, s, PG_TIER_HOST);
     pg_frame_id *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
     struct pg_defer *d = tier_job_new(pg, s, DF_IN, need + busy);
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = -ENOMEM;
     if (!fr || !d)
         goto out_free;

@@ -118,7 +118,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         goto out_free;
     }
     /* commit: nothing below fails */
-    pg->ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
+    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
@@ -223,7 +223,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
-    pg->ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
+    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pg_page_is_none(d->pages[i]))

@@ -287,7 +287,7 @@ static bool prepare_one(struct paging *pg)
 {
     uint32_t nr = pg->p.n_regions, id;
     struct pg_view *w = &pg->view;
-    if (pg->n_ready < nr || !w->free_head)
+    if (pg->fr.n_ready < nr || !w->free_head)
         return false;
     pg_frame_id fs[16] = { { 0 } }, *f = nr <= 16 ? fs : calloc(nr, sizeof *f);
     if (!f)
