@@ -223,7 +223,7 @@ static int ck_pages(struct ck *k)
     uint32_t live = 0, dev = 0, hostp = 0, heldp = 0, orph = 0;
     uint32_t slots[PG_N_LOWER] = { 0 }, io[PG_N_LOWER] = { 0 };   /* per tier below */
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
-        struct pg_page *p = &pg->pages[i];
+        struct pg_page *p = &pg->pd.pages[i];
         if (p->tier == PG_TIER_NONE)
             continue;
         live++;
@@ -270,15 +270,15 @@ static int ck_pages(struct ck *k)
                             p->frame.v);
         }
     }
-    if (live != pg->n_pages_live || dev != pg->fr.n_used)
+    if (live != pg->pd.n_pages_live || dev != pg->fr.n_used)
         return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
-                    pg->n_pages_live, dev, pg->fr.n_used);
-    if (hostp != pg->n_host_pages || orph != pg->n_orphans)
+                    pg->pd.n_pages_live, dev, pg->fr.n_used);
+    if (hostp != pg->pd.n_host_pages || orph != pg->pd.n_orphans)
         return fail(k, "%u HOST pages (counted %u), %u orphans (counted %u)", hostp,
-                    pg->n_host_pages, orph, pg->n_orphans);
-    if (heldp != pg->n_held_host)
+                    pg->pd.n_host_pages, orph, pg->pd.n_orphans);
+    if (heldp != pg->pd.n_held_host)
         return fail(k, "%u HOST pages only holders keep (counted %u)", heldp,
-                    pg->n_held_host);
+                    pg->pd.n_held_host);
     for (unsigned t = 0; t < PG_N_LOWER; t++)
         if (slots[t] != pg->lower[t].n_slots || io[t] != pg->lower[t].n_io)
             return fail(k, "%u pages hold slots of tier %u below (counted %u), %u move "

@@ -251,6 +251,24 @@ struct pg_frames {
     void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
 };
 
+/* The pages (owner: frames, pool.c): the page descriptors. */
+struct pg_pages {
+    /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
+       one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
+       hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
+       tier_disk.c], tier [page_set_tier, from pool.c, tier*.c, orphan.c, share.c], frame
+       [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot],
+       bad, staged [tier_disk.c], mark.. kept [plan.c], ents [hold.c] */
+    struct pg_page *pages;     /* max_pages */
+    pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
+    uint32_t n_pages_live;
+    uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
+    uint32_t n_held_host;      /* [page_count] of them: those only holders outside sequences
+                                  keep */
+    uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
+                                  holders */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -271,15 +289,7 @@ struct paging {
     uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
 
     struct pg_frames fr;          /* [pool.c] the device pool (pg_frames) */
-    /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
-       one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
-       hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
-       tier_disk.c], tier [page_set_tier, from pool.c, tier*.c, orphan.c, share.c], frame
-       [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot],
-       bad, staged [tier_disk.c], mark.. kept [plan.c], ents [hold.c] */
-    struct pg_page *pages;     /* max_pages */
-    pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
-    uint32_t n_pages_live;
+    struct pg_pages pd;          /* [pool.c] the page descriptors (pg_pages) */
     uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
 
     /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
@@ -316,11 +326,6 @@ struct paging {
     uint8_t  copy_fence_ok;
     vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
     uint8_t  order_fence_ok;
-    uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
-    uint32_t n_held_host;      /* [page_count] of them: those only holders outside sequences
-                                  keep */
-    uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
-                                  holders */
 
     /* spilling [tier_disk.c] */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
@@ -498,7 +503,7 @@ void page_put(struct paging *pg, pg_page_id page);
 void page_put_off(struct paging *pg, pg_page_id page);
 static inline struct pg_page *page_at(struct paging *pg, pg_page_id id)
 {
-    return &pg->pages[id.v - 1];
+    return &pg->pd.pages[id.v - 1];
 }
 static inline struct pg_frame *frame_at(struct paging *pg, pg_frame_id id)
 {
@@ -532,11 +537,11 @@ static inline bool page_held_only_host(const struct pg_page *p)
 static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 {
     if (page_host_held(p))
-        pg->n_host_pages += (uint32_t)d;
+        pg->pd.n_host_pages += (uint32_t)d;
     if (page_held_only_host(p))
-        pg->n_held_host += (uint32_t)d;
+        pg->pd.n_held_host += (uint32_t)d;
     if (page_orphan(p))
-        pg->n_orphans += (uint32_t)d;
+        pg->pd.n_orphans += (uint32_t)d;
 }
 /* One more holder of the page among non-resident sequences (a reference it maps nothing
    with: fork or share of a non-resident sequence). */
@@ -671,7 +676,7 @@ static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
 {
     pg_frame_id f = p->frame;
     KVVM_ASSERT(!pg_frame_is_none(f) && pg_page_eq(frame_at(pg, f)->page,
-                                                   (pg_page_id){ (uint32_t)(p - pg->pages) + 1 }));
+                                                   (pg_page_id){ (uint32_t)(p - pg->pd.pages) + 1 }));
     p->frame = PG_FRAME_NONE;
     frame_at(pg, f)->page = PG_PAGE_NONE;
     pool_give(pg, &f, 1);

@@ -62,7 +62,7 @@ uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_kee
 {
     tier_mark_begin(pg);
     uint32_t kept = tier_mark_kept(pg, keep, n_keep);
-    return pg->n_orphans > kept ? pg->n_orphans - kept : 0;
+    return pg->pd.n_orphans > kept ? pg->pd.n_orphans - kept : 0;
 }
 
 /* Applies (d = +1) or reverts (d = -1) moving h; the frames it frees and slots it takes. */

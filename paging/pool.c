@@ -26,10 +26,10 @@
 static void pool_free_arrays(struct paging *pg)
 {
     free(pg->fr.frames);
-    free(pg->pages);
+    free(pg->pd.pages);
     free(pg->fr.feed.in);
     pg->fr.frames = NULL;
-    pg->pages = NULL;
+    pg->pd.pages = NULL;
     pg->fr.feed.in = NULL;
 }
 
@@ -39,16 +39,16 @@ int pool_init(struct paging *pg)
         pg->p.cap_frames = pg->p.max_frames;
     pg->fr.cap_frames = pg->p.cap_frames;
     pg->fr.frames = calloc(pg->fr.cap_frames ? pg->fr.cap_frames : 1, sizeof *pg->fr.frames);
-    pg->pages = calloc(pg->p.max_pages, sizeof *pg->pages);
+    pg->pd.pages = calloc(pg->p.max_pages, sizeof *pg->pd.pages);
     pg->fr.feed.in = calloc(pg->fr.cap_frames ? pg->fr.cap_frames : 1, sizeof *pg->fr.feed.in);
-    if (!pg->fr.frames || !pg->pages || !pg->fr.feed.in)
+    if (!pg->fr.frames || !pg->pd.pages || !pg->fr.feed.in)
         goto out_free;
     for (uint32_t i = 0; i < pg->fr.cap_frames; i++)
         pg->fr.frames[i].next = (pg_frame_id){ i + 2 <= pg->fr.cap_frames ? i + 2 : 0 };
     pg->fr.frame_free_head = (pg_frame_id){ pg->fr.cap_frames ? 1 : 0 };
     for (uint32_t i = 0; i < pg->p.max_pages; i++)
-        pg->pages[i].next_free = (pg_page_id){ i + 2 <= pg->p.max_pages ? i + 2 : 0 };
-    pg->page_free_head = (pg_page_id){ pg->p.max_pages ? 1 : 0 };
+        pg->pd.pages[i].next_free = (pg_page_id){ i + 2 <= pg->p.max_pages ? i + 2 : 0 };
+    pg->pd.page_free_head = (pg_page_id){ pg->p.max_pages ? 1 : 0 };
     pthread_mutex_init(&pg->fr.feed.mu, NULL);
     pthread_cond_init(&pg->fr.feed.cv, NULL);
     return 0;
@@ -578,12 +578,12 @@ void frame_set_used(struct paging *pg, pg_frame_id f)
 
 pg_page_id page_new(struct paging *pg, pg_frame_id frame)
 {
-    pg_page_id id = pg->page_free_head;
+    pg_page_id id = pg->pd.page_free_head;
     /* max_pages >= cap_frames and every device page holds a frame: never exhausted here */
     KVVM_ASSERT(!pg_page_is_none(id));
     struct pg_page *p = page_at(pg, id);
     KVVM_ASSERT(!p->refs && pg_page_is_none(frame_at(pg, frame)->page));  /* both free */
-    pg->page_free_head = p->next_free;
+    pg->pd.page_free_head = p->next_free;
     p->next_free = PG_PAGE_NONE;
     p->refs = 1;
     p->offs = p->jobs = p->ents = 0;
@@ -593,7 +593,7 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
-    pg->n_pages_live++;
+    pg->pd.n_pages_live++;
     return id;
 }
 
@@ -631,10 +631,10 @@ void page_put(struct paging *pg, pg_page_id page)
     page_set_tier(p, PG_TIER_NONE);
     p->bad = 0;
     p->frame = PG_FRAME_NONE;
-    p->next_free = pg->page_free_head;
-    pg->page_free_head = page;
-    KVVM_ASSERT(pg->n_pages_live > 0);
-    pg->n_pages_live--;
+    p->next_free = pg->pd.page_free_head;
+    pg->pd.page_free_head = page;
+    KVVM_ASSERT(pg->pd.n_pages_live > 0);
+    pg->pd.n_pages_live--;
 }
 
 void page_put_off(struct paging *pg, pg_page_id id)

@@ -172,7 +172,7 @@ uint32_t paging_frames_pending(const struct paging *pg)
         if (d->kind == DF_OUT)
             for (uint32_t i = 0; i < d->n; i++)
                 n += !pg_page_is_none(d->pages[i]) &&
-                     pg->pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
+                     pg->pd.pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
     return n;
 }
 

@@ -281,7 +281,7 @@ void tier_mark_begin(struct paging *pg)
 {
     if (++pg->mark == 0) {              /* wrapped: no stale mark may pass for this walk */
         for (uint32_t i = 0; i < pg->p.max_pages; i++)
-            pg->pages[i].mark = 0;
+            pg->pd.pages[i].mark = 0;
         pg->mark = 1;
     }
 }

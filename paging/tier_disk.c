@@ -242,12 +242,12 @@ uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n)
 
 bool paging_held_host_any(const struct paging *pg)
 {
-    return pg->n_held_host;
+    return pg->pd.n_held_host;
 }
 
 bool paging_held_spillable(const struct paging *pg)
 {
-    return pg->n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&
+    return pg->pd.n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&
            lower_room(pg, PG_LOWER_DISK);
 }
 
@@ -387,7 +387,7 @@ uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
        rule; the pages only entries hold spill by paging_held_spill): O(their pages), not
        O(pool); a page two of them hold is counted once. A block table names a page at most
        once. */
-    uint32_t n = pg->n_host_pages;
+    uint32_t n = pg->pd.n_host_pages;
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)

@@ -68,7 +68,7 @@ bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
 static pg_page_id borrow_page(struct paging *pg)
 {
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
-        const struct pg_page *p = &pg->pages[i];
+        const struct pg_page *p = &pg->pd.pages[i];
         if (p->refs && p->tier == PG_TIER_HOST && !p->jobs && p->staged == STG_NONE)
             return (pg_page_id){ i + 1 };
     }
