@@ -308,14 +308,14 @@ static int ck_slots(struct ck *k)
                 return rc;
         }
     }
-    for (uint32_t s = pg->slot_free_head; s && free_n <= pg->p.max_seqs;
+    for (uint32_t s = pg->sq.slot_free_head; s && free_n <= pg->p.max_seqs;
          s = pg->seqs[s - 1].next_free)
         free_n++;
-    if (live != pg->n_live || dying != pg->n_dying || live + dying + free_n != pg->p.max_seqs)
-        return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->n_live,
-                    dying, pg->n_dying, free_n, pg->p.max_seqs);
-    if (out != pg->n_out)
-        return fail(k, "%u non-resident sequences (counted %u)", out, pg->n_out);
+    if (live != pg->sq.n_live || dying != pg->sq.n_dying || live + dying + free_n != pg->p.max_seqs)
+        return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->sq.n_live,
+                    dying, pg->sq.n_dying, free_n, pg->p.max_seqs);
+    if (out != pg->sq.n_out)
+        return fail(k, "%u non-resident sequences (counted %u)", out, pg->sq.n_out);
     return 0;
 }
 

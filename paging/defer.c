@@ -218,8 +218,8 @@ void seq_slot_release(struct paging *pg, struct pg_seq *s)
     s->length = 0;
     s->n_pages = 0;
     s->used_valid = 0;
-    s->next_free = pg->slot_free_head;
-    pg->slot_free_head = pg_slot_of(pg, s) + 1;
+    s->next_free = pg->sq.slot_free_head;
+    pg->sq.slot_free_head = pg_slot_of(pg, s) + 1;
 }
 
 /* Completes one pending entry (its fence has completed). */

@@ -46,7 +46,7 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->pages_host = pg->lower[PG_LOWER_HOST].n_slots;
     out->pages_disk = pg->lower[PG_LOWER_DISK].n_slots;
     out->orphans = tier_orphans(pg);
-    out->nonresident = pg->n_out;
+    out->nonresident = pg->sq.n_out;
 }
 
 int paging_create(struct vmm *v, const struct paging_params *p, struct paging **out)
@@ -87,7 +87,7 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         pg->seqs[i].gen = 1;
         pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
     }
-    pg->slot_free_head = 1;
+    pg->sq.slot_free_head = 1;
     pg->fr.ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
     pg->fr.ahead_drop = seq_drop_ahead;
     pg->fr.ahead_drop_all = seq_drop_all_ahead;

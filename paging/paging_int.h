@@ -165,7 +165,7 @@ struct pg_seq {
     uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
                               <= pages_per_slot (bid, when the pool view is on, too) */
     uint32_t  next_free;   /* free slot list */
-    uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
+    uint32_t  batch_mark;  /* pg->sq.batch_mark while paging_seq_grow_batch_in_place checks a
                               batch naming it (a second naming is seen) */
     uint8_t   cls;         /* enum pg_seq_class */
     uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
@@ -269,6 +269,18 @@ struct pg_pages {
                                   holders */
 };
 
+/* The sequences (owner: seqs, seq.c): the slot list and the lifecycle counts. */
+struct pg_seqs {
+    uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
+    /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
+       and defer.c; residency: seq_set_out, from the swap paths; length and block tables
+       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] (the array, seqs,
+       is in the hot view above) */
+    uint32_t slot_free_head;   /* [seq.c, defer.c: seq_slot_release] slot + 1; 0 = none */
+    uint32_t n_live, n_dying;  /* [seq_set_life] */
+    uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -286,19 +298,12 @@ struct paging {
     uint32_t pages_per_slot;   /* [paging.c] */
     uint64_t scratch_va;   /* [paging.c] the scratch run after the regions (PG_SCRATCH_PAGES
                               pages) */
-    uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
+    struct pg_seqs sq;          /* [seq.c] the slots (pg_seqs) */
 
     struct pg_frames fr;          /* [pool.c] the device pool (pg_frames) */
     struct pg_pages pd;          /* [pool.c] the page descriptors (pg_pages) */
     uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
 
-    /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
-       and defer.c; residency: seq_set_out, from the swap paths; length and block tables
-       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] (the array, seqs,
-       is in the hot view above) */
-    uint32_t slot_free_head;   /* [seq.c, defer.c: seq_slot_release] slot + 1; 0 = none */
-    uint32_t n_live, n_dying;  /* [seq_set_life] */
-    uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
 
     /* ordering [step.c] */
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
@@ -748,10 +753,10 @@ static inline void seq_set_life(struct paging *pg, struct pg_seq *s, enum pg_seq
     KVVM_ASSERT(to == SEQ_LIVE || !s->out);
     KVVM_ASSERT(to != SEQ_FREE || !s->n_defer);
     KVVM_ASSERT(to != SEQ_DYING || s->n_defer);
-    KVVM_ASSERT(from != SEQ_LIVE || pg->n_live > 0);
-    KVVM_ASSERT(from != SEQ_DYING || pg->n_dying > 0);
-    pg->n_live += (to == SEQ_LIVE) - (from == SEQ_LIVE);
-    pg->n_dying += (to == SEQ_DYING) - (from == SEQ_DYING);
+    KVVM_ASSERT(from != SEQ_LIVE || pg->sq.n_live > 0);
+    KVVM_ASSERT(from != SEQ_DYING || pg->sq.n_dying > 0);
+    pg->sq.n_live += (to == SEQ_LIVE) - (from == SEQ_LIVE);
+    pg->sq.n_dying += (to == SEQ_DYING) - (from == SEQ_DYING);
     s->live = to == SEQ_LIVE;
     s->dying = to == SEQ_DYING;
 }
@@ -764,12 +769,12 @@ static inline void seq_room_void(struct pg_seq *s)
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
     KVVM_ASSERT(s->live || !out);       /* only a live sequence is non-resident */
-    KVVM_ASSERT(!s->out || out || pg->n_out > 0);
+    KVVM_ASSERT(!s->out || out || pg->sq.n_out > 0);
     seq_room_void(s);
     if (s->out && !out)
-        pg->n_out--;
+        pg->sq.n_out--;
     else if (!s->out && out)
-        pg->n_out++;
+        pg->sq.n_out++;
     s->out = out;
 }
 static inline void seq_use(struct paging *pg, struct pg_seq *s)

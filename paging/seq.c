@@ -152,14 +152,14 @@ int seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages)
 /* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
 int seq_slot_take(struct paging *pg, struct pg_seq **out)
 {
-    if (!pg->slot_free_head && pg->n_dying) {
+    if (!pg->sq.slot_free_head && pg->sq.n_dying) {
         int rc = defer_reap(pg, true);
         if (rc)
             return rc;
     }
-    if (!pg->slot_free_head)
+    if (!pg->sq.slot_free_head)
         return -ENOSPC;
-    struct pg_seq *s = &pg->seqs[pg->slot_free_head - 1];
+    struct pg_seq *s = &pg->seqs[pg->sq.slot_free_head - 1];
     if (s->bt_cap > BT_FIRST) {         /* a longer sequence's tables: not the next one's */
         free(s->bt);
         free(s->bid);
@@ -177,7 +177,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
         if (!s->ahead)
             return -ENOMEM;
     }
-    pg->slot_free_head = s->next_free;
+    pg->sq.slot_free_head = s->next_free;
     s->next_free = 0;
     seq_set_life(pg, s, SEQ_LIVE);
     s->length = 0;
@@ -662,21 +662,21 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
                                    const uint64_t *lengths, size_t n)
 {
     struct pg_seq *s;
-    if (++pg->batch_mark == 0) {                /* wrapped: no stale mark may match */
+    if (++pg->sq.batch_mark == 0) {                /* wrapped: no stale mark may match */
         for (uint32_t i = 0; i < pg->p.max_seqs; i++)
             pg->seqs[i].batch_mark = 0;
-        pg->batch_mark = 1;
+        pg->sq.batch_mark = 1;
     }
     for (size_t i = 0; i < n; i++) {
         s = seq_peek(pg, hs[i]);
-        if (!s || s->batch_mark == pg->batch_mark)                        /* twice */
+        if (!s || s->batch_mark == pg->sq.batch_mark)                        /* twice */
             return -EAGAIN;
         if (!paging_hot_room_covers(&pg->hot, &s->hot, lengths[i])) {
             if (!grows_in_place(pg, s, lengths[i]))
                 return -EAGAIN;
             seq_room_set(pg, s);
         }
-        s->batch_mark = pg->batch_mark;
+        s->batch_mark = pg->sq.batch_mark;
     }
     for (size_t i = 0; i < n; i++) {
         s = seq_peek(pg, hs[i]);
