@@ -85,7 +85,7 @@ static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *
     rc = pg_order_before_copy(pg);
     for (j = 0; !rc && j < n_runs; j++)
         rc = vmm_copy_dtod(pg->v, pg->scratch_va + runs[j].off * ps,
-                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps, pg->stream);
+                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps, pg->ck.stream);
     int wrc = pg_wait_engine(pg);
     if (wrc)
         (void)pg_wait_engine(pg);   /* a copy may still be queued: never unmap under it */
@@ -288,7 +288,7 @@ static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
    synchronization behavior"), so the engine stream is synchronized up to the copy. */
 static int host_copy_done(struct paging *pg, const void *buf, size_t len)
 {
-    if (!pg->stream)
+    if (!pg->ck.stream)
         return pg_finish_copy(pg);
     int pinned = vmm_host_pinned(pg->v, buf, len);
     if (pinned < 0)
@@ -315,7 +315,7 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
         rc = pg_order_before_copy_seq(pg, s, region, i0, i1);
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
-        rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
+        rc = vmm_copy_htod(pg->v, va, src, len, pg->ck.stream);
         if (!rc && (rc = host_copy_done(pg, src, len)) != 0)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never undo under it */
     }
@@ -344,6 +344,6 @@ int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
         return rc;
     seq_use(pg, s);
     uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
-    rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->stream);
+    rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->ck.stream);
     return rc ? rc : host_copy_done(pg, dst, len);
 }

@@ -43,14 +43,14 @@ bool seq_quiet(struct paging *pg, struct pg_seq *s)
 {
     if (seq_jobs_busy(pg, s))
         return false;
-    if (!s->used_valid || s->used_epoch < pg->quiet_below)
+    if (!s->used_valid || s->used_epoch < pg->ck.quiet_below)
         return true;
-    if (s->used_epoch >= pg->epoch || !pg->stream || !pg->step_recorded)
+    if (s->used_epoch >= pg->epoch || !pg->ck.stream || !pg->ck.step_recorded)
         return false;
-    if (vmm_fence_query(pg->v, &pg->step_fence) != 1)
+    if (vmm_fence_query(pg->v, &pg->ck.step_fence) != 1)
         return false;
-    pg->quiet_below = pg->step_fence_epoch;
-    return s->used_epoch < pg->quiet_below;
+    pg->ck.quiet_below = pg->ck.step_fence_epoch;
+    return s->used_epoch < pg->ck.quiet_below;
 }
 
 /* A transfer job's page transitions after its fence (DF_OUT: TO_HOST -> HOST, the frame
@@ -139,14 +139,14 @@ int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t 
    recorded on the engine stream. -EBUSY no step fence to order after. */
 static int fence_after_step(struct paging *pg, struct pg_seq *s, struct pg_defer *d)
 {
-    if (!pg->step_recorded || (s->used_valid && s->used_epoch >= pg->epoch))
+    if (!pg->ck.step_recorded || (s->used_valid && s->used_epoch >= pg->epoch))
         return -EBUSY;
     int rc = vmm_fence_create(pg->v, &d->fence);
     if (rc)
         return rc;
     rc = paging_copy_fence_record(pg, &d->fence);       /* makes the copy stream */
     if (!rc)
-        rc = vmm_stream_after(pg->v, paging_copy_stream(pg), &pg->step_fence);
+        rc = vmm_stream_after(pg->v, paging_copy_stream(pg), &pg->ck.step_fence);
     if (!rc)
         rc = vmm_fence_record(pg->v, &d->fence, paging_copy_stream(pg));
     if (rc)
@@ -169,11 +169,11 @@ static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, 
     d->first = first;
     d->end = end;
     int rc = 0;
-    if (!seq_quiet(pg, s) && !pg->stream)
+    if (!seq_quiet(pg, s) && !pg->ck.stream)
         rc = pg_device_sync(pg);
     if (rc)
         goto out_free;
-    if (!pg->stream || seq_quiet(pg, s)) {
+    if (!pg->ck.stream || seq_quiet(pg, s)) {
         rc = release_now(pg, d);
         goto out_free;
     }
@@ -185,7 +185,7 @@ static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, 
     rc = vmm_fence_create(pg->v, &d->fence);
     if (rc)
         goto out_free;
-    rc = vmm_fence_record(pg->v, &d->fence, pg->stream);
+    rc = vmm_fence_record(pg->v, &d->fence, pg->ck.stream);
     if (rc)
         goto out_fence;
 out_queue:
@@ -329,13 +329,13 @@ int defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx)
 
 int pg_order_before_copy(struct paging *pg)
 {
-    return pg->stream ? 0 : pg_device_sync(pg);
+    return pg->ck.stream ? 0 : pg_device_sync(pg);
 }
 
 int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i0,
                              uint32_t i1)
 {
-    if (pg->stream)
+    if (pg->ck.stream)
         return 0;
     if (!seq_quiet(pg, s))
         return pg_device_sync(pg);
@@ -348,12 +348,12 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
 
 int pg_finish_copy(struct paging *pg)
 {
-    return vmm_stream_sync(pg->v, pg->stream);
+    return vmm_stream_sync(pg->v, pg->ck.stream);
 }
 
 int pg_wait_engine(struct paging *pg)
 {
-    return pg->stream ? vmm_stream_sync(pg->v, pg->stream) : pg_device_sync(pg);
+    return pg->ck.stream ? vmm_stream_sync(pg->v, pg->ck.stream) : pg_device_sync(pg);
 }
 
 /* (paging_int.h) the engine stream waits for s's prefetch (its DF_IN job's fence). */
@@ -363,8 +363,8 @@ int seq_settle(struct paging *pg, struct pg_seq *s)
     if (!d)
         return 0;
     int rc;
-    if (pg->stream) {
-        rc = vmm_stream_after(pg->v, pg->stream, &d->fence);
+    if (pg->ck.stream) {
+        rc = vmm_stream_after(pg->v, pg->ck.stream, &d->fence);
         if (!rc)
             s->in_job = NULL;
         return rc;

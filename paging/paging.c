@@ -124,7 +124,7 @@ void paging_destroy(struct paging *pg)
     if (!pg)
         return;
     vmm_device_sync(pg->v);
-    pg->quiet_below = pg->epoch + 1;
+    pg->ck.quiet_below = pg->epoch + 1;
     defer_reap(pg, true);
     defer_drop_all(pg);             /* what the reap could not complete (a dead context) */
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
@@ -141,14 +141,14 @@ void paging_destroy(struct paging *pg)
         free(s->ahead);
         free(s->kept);
     }
-    if (pg->step_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->step_fence);
-    if (pg->order_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->order_fence);
-    if (pg->copy_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->copy_fence);
-    if (pg->copy_stream)
-        vmm_stream_destroy(pg->v, pg->copy_stream);
+    if (pg->ck.step_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->ck.step_fence);
+    if (pg->ck.order_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->ck.order_fence);
+    if (pg->ck.copy_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->ck.copy_fence);
+    if (pg->ck.copy_stream)
+        vmm_stream_destroy(pg->v, pg->ck.copy_stream);
     view_fini(pg);                  /* every view slot unmapped before the frames go */
     pool_fini(pg);
     free(pg->seqs);

@@ -195,7 +195,7 @@ struct pg_vid {
     uint32_t zombies;      /* VS_ZOMBIE slots */
     uint32_t next;         /* FREE / DEAD / READY list: next id + 1 (0: end) */
     uint64_t dead_epoch;   /* DEAD (or the latest zombie): pg->epoch then */
-    uint64_t dead_sync;    /*   and pg->n_syncs then */
+    uint64_t dead_sync;    /*   and pg->ck.n_syncs then */
 };
 struct pg_vslot {
     vmm_handle  h;         /* mapped handle (VS_MAPPED, VS_ZOMBIE) */
@@ -281,6 +281,29 @@ struct pg_seqs {
     uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
 };
 
+/* The clock (owner: clock, step.c): the engine stream, the copy stream, their fences. */
+struct pg_clock {
+    /* ordering [step.c] */
+    kcu_stream stream;         /* engine stream; NULL = synchronous mode */
+    vmm_fence step_fence;      /* recorded at the last step on the engine stream */
+    uint8_t  step_fence_ok;    /* created */
+    uint8_t  step_recorded;
+    uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
+    uint64_t step_fence_tick;  /* pg->tick when it was recorded (an idle step, no use since,
+                                  moves step_fence_epoch on without a record) */
+    uint8_t  step_fence_done;  /* found complete since it was recorded */
+    uint64_t quiet_below;      /* [step.c, defer.c: seq_quiet] sequences with used_epoch <
+                                  this have no device work left */
+    /* the device <-> host copies [tier.c] */
+    kcu_stream copy_stream;    /* swap copies; made on first use */
+    vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
+    uint8_t  copy_fence_ok;
+    vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
+    uint8_t  order_fence_ok;
+    uint64_t n_syncs;          /* [step.c; view.c: view_reap's own sync] device /
+                                  engine-stream synchronizations so far */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -305,17 +328,7 @@ struct paging {
     uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
 
 
-    /* ordering [step.c] */
-    kcu_stream stream;         /* engine stream; NULL = synchronous mode */
-    vmm_fence step_fence;      /* recorded at the last step on the engine stream */
-    uint8_t  step_fence_ok;    /* created */
-    uint8_t  step_recorded;
-    uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
-    uint64_t step_fence_tick;  /* pg->tick when it was recorded (an idle step, no use since,
-                                  moves step_fence_epoch on without a record) */
-    uint8_t  step_fence_done;  /* found complete since it was recorded */
-    uint64_t quiet_below;      /* [step.c, defer.c: seq_quiet] sequences with used_epoch <
-                                  this have no device work left */
+    struct pg_clock ck;          /* [step.c] the streams and fences (pg_clock) */
     struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
                                   first */
     uint32_t n_defer;          /* [defer.c; tier.c] */
@@ -325,12 +338,6 @@ struct paging {
        tier_in.c, tier_disk.c; lower_io_done); off: tier_disk.c; hint: tier_out.c,
        tier_disk.c] */
     struct pg_lower lower[PG_N_LOWER];
-    /* the device <-> host copies [tier.c] */
-    kcu_stream copy_stream;    /* swap copies; made on first use */
-    vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
-    uint8_t  copy_fence_ok;
-    vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
-    uint8_t  order_fence_ok;
 
     /* spilling [tier_disk.c] */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
@@ -343,8 +350,6 @@ struct paging {
     struct paging_counters c;  /* [all: each file counts its own events] */
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
                                   call's refusals (paging_why) */
-    uint64_t n_syncs;          /* [step.c; view.c: view_reap's own sync] device /
-                                  engine-stream synchronizations so far */
     struct pg_view view;       /* [view.c] the pool view; view.n_ids 0: none */
 };
 

@@ -289,8 +289,8 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
         uint64_t va = pg_va(pg, r, slot, idx);
         rc = seq_map_frames(pg, va, &f, 1);
         if (!rc && pg->p.scrub) {
-            rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->stream);
-            if (!rc && !pg->stream)
+            rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->ck.stream);
+            if (!rc && !pg->ck.stream)
                 rc = vmm_stream_sync(pg->v, NULL);
             if (rc) {
                 (void)pg_wait_engine(pg);   /* the memset may still run: never unmap under it */
@@ -317,11 +317,11 @@ static int tail_scrub(struct paging *pg, struct pg_seq *s, uint32_t idx, uint64_
     uint32_t slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         int rc = vmm_memset(pg->v, pg_va(pg, r, slot, idx) + off, 0, (size_t)(ps - off),
-                            pg->stream);
+                            pg->ck.stream);
         if (rc)
             return rc;
     }
-    return pg->stream ? 0 : vmm_stream_sync(pg->v, NULL);
+    return pg->ck.stream ? 0 : vmm_stream_sync(pg->v, NULL);
 }
 
 /* Frames a grow of s to len takes (new pages + copies of a shared last page). */
@@ -357,7 +357,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     uint32_t slot = pg_slot_of(pg, s), n = u->new_np - u->old_np;
     cow_undo(pg, s, &u->cow);
     cow_commit(pg, &u->cow);
-    if (u->n_fill && pg->p.scrub && pg->stream)
+    if (u->n_fill && pg->p.scrub && pg->ck.stream)
         (void)pg_wait_engine(pg);   /* tail_fill's scrub memsets may still run */
     for (uint32_t j = 0; j < u->n_fill; j++) {
         pg_page_id *e = &pg_bt(pg, s, u->fill[j])[u->old_np - 1];
@@ -370,7 +370,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     u->n_fill = 0;
     seq_drop_ahead(pg, s, 0);
     view_release(pg, s, UINT32_MAX, u->old_np, u->new_np);    /* a prepared group's ids */
-    if (pg->p.scrub && pg->stream && n)
+    if (pg->p.scrub && pg->ck.stream && n)
         (void)pg_wait_engine(pg);   /* the scrub memsets may still run: wait, then unmap */
     s->n_pages = u->old_np;
     s->length = u->old_len;
@@ -399,8 +399,8 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
            before the new owner can see it: on the engine stream, or synchronously. An undo
            waits for the engine before unmapping them. */
         rc = vmm_memset(pg->v, pg_va(pg, r, slot, s->n_pages), 0,
-                        (size_t)(k + n_fresh) * pg->p.page_size, pg->stream);
-        if (!rc && !pg->stream)
+                        (size_t)(k + n_fresh) * pg->p.page_size, pg->ck.stream);
+        if (!rc && !pg->ck.stream)
             rc = vmm_stream_sync(pg->v, NULL);
         if (rc) {
             /* a memset enqueued may still run, on the engine stream or the (asynchronous)
@@ -517,7 +517,7 @@ out_regions:
     /* Region r failed whole. Regions [0, r) hold new pages at [old_np, new_np) (k of them
        map-ahead frames) and their remaining map-ahead was shifted to [new_np, ..); regions
        [r, nr) still have all their map-ahead at [old_np, ..). Undo to no map-ahead at all. */
-    if (pg->p.scrub && pg->stream && r)
+    if (pg->p.scrub && pg->ck.stream && r)
         (void)pg_wait_engine(pg);   /* regions [0, r)'s scrub memsets may still run */
     for (uint32_t q = 0; q < nr; q++) {
         uint32_t slot = pg_slot_of(pg, s);

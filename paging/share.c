@@ -155,15 +155,15 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
         rc = seq_map_frames(pg, va, &frames[r], 1);
         if (rc)
             goto out_unmap;
-        rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->stream);
+        rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->ck.stream);
         if (!rc)
-            rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->stream);
+            rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->ck.stream);
         if (rc) {
             r++;
             goto out_unmap;
         }
     }
-    rc = pg->stream ? 0 : pg_finish_copy(pg);
+    rc = pg->ck.stream ? 0 : pg_finish_copy(pg);
     if (rc)
         goto out_unmap;
     for (r = 0; r < pg->p.n_regions; r++) {
@@ -204,7 +204,7 @@ static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot
             goto out_slot;
         /* on the engine stream (after its work), waiting for that stream only; the legacy
            stream would also wait for (or not be ordered with) unrelated streams */
-        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->stream);
+        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->ck.stream);
         int src = pg_finish_copy(pg);
         if (src && !rc)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */

@@ -22,8 +22,8 @@ int pg_device_sync(struct paging *pg)
     int rc = vmm_device_sync(pg->v);
     if (rc)
         return rc;
-    pg->quiet_below = pg->epoch;
-    pg->n_syncs++;
+    pg->ck.quiet_below = pg->epoch;
+    pg->ck.n_syncs++;
     return 0;
 }
 
@@ -34,34 +34,34 @@ int paging_step(struct paging *pg)
     int rc = defer_reap(pg, false);
     if (rc)
         return rc;
-    if (pg->stream) {
-        if (!pg->step_fence_ok) {
-            rc = vmm_fence_create(pg->v, &pg->step_fence);
+    if (pg->ck.stream) {
+        if (!pg->ck.step_fence_ok) {
+            rc = vmm_fence_create(pg->v, &pg->ck.step_fence);
             if (rc)
                 return rc;
-            pg->step_fence_ok = 1;
+            pg->ck.step_fence_ok = 1;
         }
-        bool idle = pg->step_recorded && pg->tick == pg->step_fence_tick;
-        if (pg->step_recorded && !(idle && pg->step_fence_done) &&
-            vmm_fence_query(pg->v, &pg->step_fence) == 1) {
-            pg->step_fence_done = 1;
-            if (pg->step_fence_epoch > pg->quiet_below)
-                pg->quiet_below = pg->step_fence_epoch;
+        bool idle = pg->ck.step_recorded && pg->tick == pg->ck.step_fence_tick;
+        if (pg->ck.step_recorded && !(idle && pg->ck.step_fence_done) &&
+            vmm_fence_query(pg->v, &pg->ck.step_fence) == 1) {
+            pg->ck.step_fence_done = 1;
+            if (pg->ck.step_fence_epoch > pg->ck.quiet_below)
+                pg->ck.quiet_below = pg->ck.step_fence_epoch;
         }
         if (!idle) {
-            rc = vmm_fence_record(pg->v, &pg->step_fence, pg->stream);
+            rc = vmm_fence_record(pg->v, &pg->ck.step_fence, pg->ck.stream);
             if (rc)
                 return rc;
-            pg->step_recorded = 1;
-            pg->step_fence_done = 0;
-            pg->step_fence_tick = pg->tick;
+            pg->ck.step_recorded = 1;
+            pg->ck.step_fence_done = 0;
+            pg->ck.step_fence_tick = pg->tick;
         }
         /* idle (no sequence used since the fence was recorded): the engine's work since then
            touches none of them (docs/api.md "Protection"), so the fence already covers
            every sequence used before this step; done, every epoch so far is quiet */
-        pg->step_fence_epoch = pg->epoch + 1;
-        if (idle && pg->step_fence_done)
-            pg->quiet_below = pg->step_fence_epoch;
+        pg->ck.step_fence_epoch = pg->epoch + 1;
+        if (idle && pg->ck.step_fence_done)
+            pg->ck.quiet_below = pg->ck.step_fence_epoch;
     }
     pg->epoch++;
     pool_refill(pg, pg->fr.chunk);
@@ -77,13 +77,13 @@ int paging_step(struct paging *pg)
    on pages is ordered on its stream, so that stream done = every epoch quiet. */
 static int pg_streams_sync(struct paging *pg)
 {
-    int rc = vmm_stream_sync(pg->v, pg->stream);
-    if (!rc && pg->copy_stream)
-        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+    int rc = vmm_stream_sync(pg->v, pg->ck.stream);
+    if (!rc && pg->ck.copy_stream)
+        rc = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (rc)
         return rc;
-    pg->quiet_below = pg->epoch;
-    pg->n_syncs++;
+    pg->ck.quiet_below = pg->epoch;
+    pg->ck.n_syncs++;
     return 0;
 }
 
@@ -91,7 +91,7 @@ int paging_sync(struct paging *pg)
 {
     if (vmm_dead(pg->v))
         return -EIO;
-    int rc = pg->stream ? pg_streams_sync(pg) : pg_device_sync(pg);
+    int rc = pg->ck.stream ? pg_streams_sync(pg) : pg_device_sync(pg);
     if (!rc)
         rc = defer_reap(pg, true);
     return rc ? rc : view_reap(pg, false);
@@ -108,57 +108,57 @@ int paging_set_stream(struct paging *pg, kcu_stream s)
         if (rc)
             return rc;
     }
-    if (s == pg->stream)
+    if (s == pg->ck.stream)
         return 0;
     int rc = paging_sync(pg);
     if (rc)
         return rc;
-    pg->stream = s;
-    pg->step_recorded = 0;
+    pg->ck.stream = s;
+    pg->ck.step_recorded = 0;
     return 0;
 }
 
 kcu_stream paging_stream(const struct paging *pg)
 {
-    return pg->stream;
+    return pg->ck.stream;
 }
 
 /* ---- the copy stream (the swap paths' copies) and its ordering after the engine ---- */
 
 int tier_copy_stream(struct paging *pg)
 {
-    if (pg->copy_stream)
+    if (pg->ck.copy_stream)
         return 0;
-    int rc = vmm_stream_create(pg->v, &pg->copy_stream);
+    int rc = vmm_stream_create(pg->v, &pg->ck.copy_stream);
     if (rc)
         return rc;
-    rc = vmm_fence_create(pg->v, &pg->copy_fence);
+    rc = vmm_fence_create(pg->v, &pg->ck.copy_fence);
     if (!rc) {
-        pg->copy_fence_ok = 1;
+        pg->ck.copy_fence_ok = 1;
         return 0;
     }
-    vmm_stream_destroy(pg->v, pg->copy_stream);
-    pg->copy_stream = NULL;
+    vmm_stream_destroy(pg->v, pg->ck.copy_stream);
+    pg->ck.copy_stream = NULL;
     return rc;
 }
 
 kcu_stream paging_copy_stream(const struct paging *pg)
 {
-    return pg->copy_stream;
+    return pg->ck.copy_stream;
 }
 
 int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
 {
     int rc = tier_copy_stream(pg);
-    return rc ? rc : vmm_fence_record(pg->v, f, pg->copy_stream);
+    return rc ? rc : vmm_fence_record(pg->v, f, pg->ck.copy_stream);
 }
 
 int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
 {
-    if (!pg->copy_stream)
+    if (!pg->ck.copy_stream)
         return 0;
-    int rc = vmm_fence_record(pg->v, &pg->copy_fence, pg->copy_stream);
-    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->copy_fence);
+    int rc = vmm_fence_record(pg->v, &pg->ck.copy_fence, pg->ck.copy_stream);
+    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->ck.copy_fence);
 }
 
 /* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
@@ -171,18 +171,18 @@ int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
    recorded on the engine stream now (the caller is the engine's own call). */
 int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
 {
-    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
+    if (s && (!s->used_valid || s->used_epoch < pg->ck.quiet_below))
         return 0;                       /* quiet: no engine work left on its pages */
-    if (!pg->stream)
+    if (!pg->ck.stream)
         return vmm_device_sync(pg->v);
-    if (s && s->used_epoch < pg->epoch && pg->step_recorded)
-        return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
-    if (!pg->order_fence_ok) {
-        int rc = vmm_fence_create(pg->v, &pg->order_fence);
+    if (s && s->used_epoch < pg->epoch && pg->ck.step_recorded)
+        return vmm_stream_after(pg->v, pg->ck.copy_stream, &pg->ck.step_fence);
+    if (!pg->ck.order_fence_ok) {
+        int rc = vmm_fence_create(pg->v, &pg->ck.order_fence);
         if (rc)
             return rc;
-        pg->order_fence_ok = 1;
+        pg->ck.order_fence_ok = 1;
     }
-    int rc = vmm_fence_record(pg->v, &pg->order_fence, pg->stream);
-    return rc ? rc : vmm_stream_after(pg->v, pg->copy_stream, &pg->order_fence);
+    int rc = vmm_fence_record(pg->v, &pg->ck.order_fence, pg->ck.stream);
+    return rc ? rc : vmm_stream_after(pg->v, pg->ck.copy_stream, &pg->ck.order_fence);
 }

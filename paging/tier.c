@@ -104,7 +104,7 @@ int tier_wait_all_jobs(struct paging *pg)
 int tier_job_fence(struct paging *pg, struct pg_defer *d)
 {
     int rc = vmm_fence_create(pg->v, &d->fence);
-    if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->copy_stream)))
+    if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->ck.copy_stream)))
         vmm_fence_destroy(pg->v, &d->fence);
     return rc;
 }
@@ -133,20 +133,20 @@ void lower_give(struct paging *pg, unsigned t, const pg_slot *s, uint32_t n)
 int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 {
     return vmm_copy_dtoh(pg->v, lower_ptr(pg, PG_LOWER_HOST, hslot), va, pg->p.page_size,
-                         pg->copy_stream);
+                         pg->ck.copy_stream);
 }
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
     return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
-                         pg->copy_stream);
+                         pg->ck.copy_stream);
 }
 
 int tier_copy_finish(struct paging *pg, int rc)
 {
-    int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (src && !rc)
-        (void)vmm_stream_sync(pg->v, pg->copy_stream);   /* queued still: never unmap under it */
+        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* queued still: never unmap under it */
     return rc ? rc : src;
 }
 

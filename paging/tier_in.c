@@ -130,7 +130,7 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
         rc = tier_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_in(pg, vas[b + j], hs[j]);
-        int src = vmm_stream_sync(pg->v, pg->copy_stream);   /* the slots are reused next */
+        int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the slots are reused next */
         if (!rc)
             rc = src;
         if (pg_page_is_none(bw))
@@ -244,18 +244,18 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     rc = tier_copy_host_in(pg, s);
     /* a borrowed slot may be one of s's host pages: its copy is done before it is reused */
     if (!rc && !pg_page_is_none(bw))
-        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+        rc = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (!rc)
         rc = staged_in_batches(pg, ids, vas, ds, ndk, bmax, hs, bw);
     if (!rc)
-        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+        rc = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (!rc && !pg_page_is_none(bw)) {
         extra = 0;                      /* unmapped by borrow_park, success or not */
         rc = borrow_park(pg, bw, fresh[need], true);
         pool_give(pg, fresh + need, 1);
     }
     if (rc) {
-        vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made write into the window */
+        vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made write into the window */
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
@@ -305,11 +305,11 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
 static int in_order(struct paging *pg, struct pg_defer *d, bool wait, bool async)
 {
     if (wait)
-        return vmm_stream_sync(pg->v, pg->copy_stream);
+        return vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (!d->n)
         return 0;                          /* nothing in flight for s: no fence */
     int rc = tier_job_fence(pg, d);
-    if (!rc && pg->stream && !async && (rc = vmm_stream_after(pg->v, pg->stream, &d->fence)))
+    if (!rc && pg->ck.stream && !async && (rc = vmm_stream_after(pg->v, pg->ck.stream, &d->fence)))
         vmm_fence_destroy(pg->v, &d->fence);
     return rc;
 }
@@ -334,12 +334,12 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     tier_window_frames(pg, s, fresh, false, fr);
     if ((rc = tier_map_window(pg, slot, np, fr)))
         goto out_give;
-    bool wait = !pg->stream && !async;
+    bool wait = !pg->ck.stream && !async;
     rc = tier_copy_host_in(pg, s);
     if (!rc)
         rc = in_order(pg, d, wait, async);
     if (rc) {
-        vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made write into the window */
+        vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made write into the window */
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }

@@ -71,7 +71,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
             break;
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
-        int src = vmm_stream_sync(pg->v, pg->copy_stream);
+        int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
         if (!rc)
             rc = src;
         if (!rc)
@@ -189,7 +189,7 @@ static int out_copies(struct paging *pg, struct pg_seq *s, const struct pg_defer
             continue;                   /* (a hole, discard.c) */
         int rc = tier_copy_out(pg, slots[k++], pg_va(pg, i / np, slot, i % np));
         if (rc) {
-            vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made read into slots */
+            vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made read into slots */
             return rc;
         }
     }
@@ -213,12 +213,12 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     rc = tier_copies_after_engine(pg, s);   /* the window is unmapped after the engine's work */
     if (!rc)
         rc = out_copies(pg, s, d, slots, need);
-    bool fenced = pg->stream || async;
+    bool fenced = pg->ck.stream || async;
     if (!rc)
         rc = fenced ? tier_job_fence(pg, d)
-                    : vmm_stream_sync(pg->v, pg->copy_stream);  /* sync mode: done on return */
+                    : vmm_stream_sync(pg->v, pg->ck.copy_stream);  /* sync mode: done on return */
     if (rc) {
-        vmm_stream_sync(pg->v, pg->copy_stream);
+        vmm_stream_sync(pg->v, pg->ck.copy_stream);
         lower_give(pg, PG_LOWER_HOST, slots, need);
         goto out_free;
     }
