@@ -85,7 +85,7 @@ static int ck_page_ref(struct ck *k, pg_page_id id, uint64_t va, const char *wha
 
 static bool defer_covers(struct paging *pg, uint32_t slot, uint32_t idx)
 {
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == slot && idx >= d->first && idx < d->end)
             return true;
     return false;
@@ -161,7 +161,7 @@ static int ck_defer(struct ck *k)
 {
     struct paging *pg = k->pg;
     uint32_t n = 0;
-    for (struct pg_defer *d = pg->defer; d; d = d->next, n++) {
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next, n++) {
         uint32_t w = d->end - d->first;
         if (d->kind == DF_IN) {
             for (uint32_t i = 0; i < d->n; i++) {
@@ -189,8 +189,8 @@ static int ck_defer(struct ck *k)
                     k->jobs[d->pages[r * w + i].v - 1]++;
             }
     }
-    if (n != pg->n_defer)
-        return fail(k, "%u pending releases listed, %u counted", n, pg->n_defer);
+    if (n != pg->df.n_defer)
+        return fail(k, "%u pending releases listed, %u counted", n, pg->df.n_defer);
     return 0;
 }
 

@@ -211,7 +211,7 @@ static int cow_check(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t 
     if (!need)
         return 0;
     seq_ahead_yield(pg, s, 0, need);    /* s's own map-ahead counts as free (need_write) */
-    if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->defer) {
+    if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->df.defer) {
         int rc = defer_reap(pg, true);
         if (rc)
             return rc;

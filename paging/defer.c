@@ -30,7 +30,7 @@ static bool seq_jobs_busy(struct paging *pg, struct pg_seq *s)
     if (!s->n_defer)
         return false;
     uint32_t slot = pg_slot_of(pg, s);
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == slot && d->kind != DF_RELEASE && d->fence.ev &&
             vmm_fence_query(pg->v, &d->fence) != 1)
             return true;
@@ -189,9 +189,9 @@ static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, 
     if (rc)
         goto out_fence;
 out_queue:
-    d->next = pg->defer;
-    pg->defer = d;
-    pg->n_defer++;
+    d->next = pg->df.defer;
+    pg->df.defer = d;
+    pg->df.n_defer++;
     s->n_defer++;
     return 0;
 out_fence:
@@ -232,8 +232,8 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
     if (s->in_job == d)
         s->in_job = NULL;
     vmm_fence_destroy(pg->v, &d->fence);
-    KVVM_ASSERT(pg->n_defer > 0 && s->n_defer > 0);
-    pg->n_defer--;
+    KVVM_ASSERT(pg->df.n_defer > 0 && s->n_defer > 0);
+    pg->df.n_defer--;
     if (--s->n_defer == 0 && s->dying)
         seq_slot_release(pg, s);
     free(d);
@@ -244,7 +244,7 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
    wait: block on each fence. */
 static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only)
 {
-    struct pg_defer **pp = &pg->defer;
+    struct pg_defer **pp = &pg->df.defer;
     while (*pp) {
         struct pg_defer *d = *pp;
         if ((slot != UINT32_MAX && d->slot != slot) || (jobs_only && d->kind == DF_RELEASE)) {
@@ -274,9 +274,9 @@ static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only
 void defer_drop_all(struct paging *pg)
 {
     bool dead = vmm_dead(pg->v);
-    while (pg->defer) {
-        struct pg_defer *d = pg->defer;
-        pg->defer = d->next;
+    while (pg->df.defer) {
+        struct pg_defer *d = pg->df.defer;
+        pg->df.defer = d->next;
         uint32_t w = d->end - d->first;
         if (!dead && d->kind != DF_IN)
             for (uint32_t r = 0; r < pg->p.n_regions; r++)
@@ -291,7 +291,7 @@ void defer_drop_all(struct paging *pg)
         if (s->in_job == d)
             s->in_job = NULL;
         vmm_fence_destroy(pg->v, &d->fence);
-        pg->n_defer--;
+        pg->df.n_defer--;
         s->n_defer--;
         free(d);
     }
@@ -309,7 +309,7 @@ int defer_flush_jobs(struct paging *pg, uint32_t slot)
 
 int defer_reap(struct paging *pg, bool wait)
 {
-    return pg->defer ? reap(pg, UINT32_MAX, wait) : 0;
+    return pg->df.defer ? reap(pg, UINT32_MAX, wait) : 0;
 }
 
 int defer_flush_slot(struct paging *pg, uint32_t slot)
@@ -321,7 +321,7 @@ int defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx)
 {
     if (!pg->seqs[slot].n_defer)
         return 0;
-    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+    for (const struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == slot && (d->kind != DF_RELEASE || d->end > idx))
             return reap(pg, slot, true);
     return 0;               /* only releases below idx (discards): nothing to wait for */

@@ -42,7 +42,7 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     pthread_mutex_lock((pthread_mutex_t *)&pg->fr.feed.mu);
     out->frames_held = pg->fr.n_held + pg->fr.feed.n_in + pg->fr.feed.releasing;
     pthread_mutex_unlock((pthread_mutex_t *)&pg->fr.feed.mu);
-    out->deferred = pg->n_defer;
+    out->deferred = pg->df.n_defer;
     out->pages_host = pg->lower[PG_LOWER_HOST].n_slots;
     out->pages_disk = pg->lower[PG_LOWER_DISK].n_slots;
     out->orphans = tier_orphans(pg);

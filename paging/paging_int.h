@@ -304,6 +304,13 @@ struct pg_clock {
                                   engine-stream synchronizations so far */
 };
 
+/* The pending list (owner: clock, defer.c): work waiting for a fence. */
+struct pg_defers {
+    struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
+                                  first */
+    uint32_t n_defer;          /* [defer.c; tier.c] */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -329,9 +336,7 @@ struct paging {
 
 
     struct pg_clock ck;          /* [step.c] the streams and fences (pg_clock) */
-    struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
-                                  first */
-    uint32_t n_defer;          /* [defer.c; tier.c] */
+    struct pg_defers df;          /* [defer.c] the pending list (pg_defers) */
 
     /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
        n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,

@@ -20,7 +20,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
         return 0;
     if ((rc = paging_reap(pg)))
         return rc;
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
             return 0;
     /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
@@ -168,7 +168,7 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
 uint32_t paging_frames_pending(const struct paging *pg)
 {
     uint32_t n = 0;
-    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+    for (const struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->kind == DF_OUT)
             for (uint32_t i = 0; i < d->n; i++)
                 n += !pg_page_is_none(d->pages[i]) &&

@@ -342,7 +342,7 @@ int pool_reserve_check(struct paging *pg, uint32_t n)
 {
     if (pool_available(pg) >= n)
         return 0;
-    if (pg->defer) {
+    if (pg->df.defer) {
         int rc = defer_reap(pg, true);
         if (rc)
             return rc;

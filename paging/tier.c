@@ -52,12 +52,12 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
         page_get(pg, d->pages[i]);
         page_at(pg, d->pages[i])->jobs++;
     }
-    pg->n_defer++;
+    pg->df.n_defer++;
     s->n_defer++;
     if (complete && defer_complete(pg, d) == 0)
         return;
-    d->next = pg->defer;
-    pg->defer = d;
+    d->next = pg->df.defer;
+    pg->df.defer = d;
 }
 
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
@@ -90,7 +90,7 @@ int tier_wait_transfers(struct paging *pg, struct pg_seq *s)
 int tier_wait_all_jobs(struct paging *pg)
 {
     for (;;) {
-        const struct pg_defer *d = pg->defer;
+        const struct pg_defer *d = pg->df.defer;
         while (d && d->kind == DF_RELEASE)
             d = d->next;
         if (!d)
@@ -311,7 +311,7 @@ int paging_reap(struct paging *pg)
 
 int paging_wait_releases(struct paging *pg)
 {
-    return pg->defer ? defer_reap(pg, true) : 0;
+    return pg->df.defer ? defer_reap(pg, true) : 0;
 }
 
 size_t paging_host_free(const struct paging *pg)

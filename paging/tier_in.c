@@ -187,7 +187,7 @@ static int staged_in_room(struct paging *pg, struct pg_seq *s, uint32_t need, ui
     uint32_t extra = pg_page_is_none(*bw) ? 0 : 1;
     if (pg_page_is_none(*bw) && borrow)
         return -ENOMEM;
-    if (pool_available(pg) < need + extra && pg->defer && (rc = defer_reap(pg, true)))
+    if (pool_available(pg) < need + extra && pg->df.defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need + extra)
         return pg_why_frames(pg, need + extra);
@@ -290,7 +290,7 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
     int rc = 0;
     uint32_t need = tier_count(pg, s, PG_TIER_HOST) + tier_count(pg, s, PG_TIER_DISK);
     *busy = tier_count(pg, s, PG_TIER_TO_DEVICE);
-    if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
+    if (pool_available(pg) < need && pg->df.defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need)
         return pg_why_frames(pg, need);
