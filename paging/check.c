@@ -280,10 +280,10 @@ static int ck_pages(struct ck *k)
         return fail(k, "%u HOST pages only holders keep (counted %u)", heldp,
                     pg->pd.n_held_host);
     for (unsigned t = 0; t < PG_N_LOWER; t++)
-        if (slots[t] != pg->lower[t].n_slots || io[t] != pg->lower[t].n_io)
+        if (slots[t] != pg->xf.lower[t].n_slots || io[t] != pg->xf.lower[t].n_io)
             return fail(k, "%u pages hold slots of tier %u below (counted %u), %u move "
                         "between it and the tier above (counted %u)", slots[t], t,
-                        pg->lower[t].n_slots, io[t], pg->lower[t].n_io);
+                        pg->xf.lower[t].n_slots, io[t], pg->xf.lower[t].n_io);
     return 0;
 }
 

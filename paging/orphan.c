@@ -61,7 +61,7 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
         if (!page_orphan(p))
             continue;
         left--;
-        if (n_keep && p->mark == pg->mark && p->kept)
+        if (n_keep && p->mark == pg->xf.mark && p->kept)
             continue;                   /* a kept sequence maps it again soon */
         if ((rc = tier_page_down(pg, (pg_page_id){ i + 1 })) == 0) {
             (*moved)++;

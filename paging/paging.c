@@ -38,13 +38,13 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->pages_free = pg->p.max_frames - pg->fr.n_used;
     out->pages_inflight = 0;
     for (unsigned t = 0; t < PG_N_LOWER; t++)    /* moves between tiers, any two */
-        out->pages_inflight += pg->lower[t].n_io;
+        out->pages_inflight += pg->xf.lower[t].n_io;
     pthread_mutex_lock((pthread_mutex_t *)&pg->fr.feed.mu);
     out->frames_held = pg->fr.n_held + pg->fr.feed.n_in + pg->fr.feed.releasing;
     pthread_mutex_unlock((pthread_mutex_t *)&pg->fr.feed.mu);
     out->deferred = pg->df.n_defer;
-    out->pages_host = pg->lower[PG_LOWER_HOST].n_slots;
-    out->pages_disk = pg->lower[PG_LOWER_DISK].n_slots;
+    out->pages_host = pg->xf.lower[PG_LOWER_HOST].n_slots;
+    out->pages_disk = pg->xf.lower[PG_LOWER_DISK].n_slots;
     out->orphans = tier_orphans(pg);
     out->nonresident = pg->sq.n_out;
 }
@@ -58,13 +58,13 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     pg->p = *p;
     /* the tiers below: a tier is there when it and every tier above it are */
     for (unsigned t = 0; t < PG_N_LOWER && p->tier[t]; t++) {
-        pg->lower[t].ops = *p->tier[t];
-        pg->p.tier[t] = &pg->lower[t].ops;
+        pg->xf.lower[t].ops = *p->tier[t];
+        pg->p.tier[t] = &pg->xf.lower[t].ops;
     }
     for (unsigned t = 0; t < PG_N_LOWER; t++) {
         if (!lower_on(pg, t))
             pg->p.tier[t] = NULL;
-        pg->lower[t].hint = PG_SLOT_NONE;
+        pg->xf.lower[t].hint = PG_SLOT_NONE;
     }
     pg->room_gen = 1;
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);

@@ -110,7 +110,7 @@ struct pg_page {
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
     uint32_t mark, n_mark; /* a reclaim plan's scratch (plan.c), valid while mark ==
-                              pg->mark (no array sized to the pool): n_mark resident holders
+                              pg->xf.mark (no array sized to the pool): n_mark resident holders
                               planned to leave, */
     uint32_t n_gone;       /*   n_gone references planned to be dropped, */
     uint8_t  kept;         /*   kept: a sequence the plan keeps holds it (same validity) */
@@ -311,6 +311,19 @@ struct pg_defers {
     uint32_t n_defer;          /* [defer.c; tier.c] */
 };
 
+/* The transfers (owner: transfers, tier.c): the tiers below the device, the policy, the
+   plan marks' walk. */
+struct pg_transfers {
+    /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
+       n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,
+       tier_in.c, tier_disk.c; lower_io_done); off: tier_disk.c; hint: tier_out.c,
+       tier_disk.c] */
+    struct pg_lower lower[PG_N_LOWER];
+    uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
+    struct pg_policy_ops policy; /* [tier.c] swap/'s choices (paging_set_policy); .plan
+                                    NULL: none */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -332,25 +345,18 @@ struct paging {
 
     struct pg_frames fr;          /* [pool.c] the device pool (pg_frames) */
     struct pg_pages pd;          /* [pool.c] the page descriptors (pg_pages) */
-    uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
+    struct pg_transfers xf;    /* [tier.c] the tiers below (pg_transfers) */
 
 
     struct pg_clock ck;          /* [step.c] the streams and fences (pg_clock) */
     struct pg_defers df;          /* [defer.c] the pending list (pg_defers) */
 
-    /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
-       n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,
-       tier_in.c, tier_disk.c; lower_io_done); off: tier_disk.c; hint: tier_out.c,
-       tier_disk.c] */
-    struct pg_lower lower[PG_N_LOWER];
 
     /* spilling [tier_disk.c] */
     const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress
                                   (tier_disk_stage_io) */
-    struct pg_policy_ops policy; /* [tier.c] swap/'s choices (paging_set_policy); .plan
-                                    NULL: none */
 
     struct paging_counters c;  /* [all: each file counts its own events] */
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
@@ -573,29 +579,29 @@ static inline void page_get_off(struct paging *pg, pg_page_id id)
    absent), and its slots and transfers (ops, through these only). */
 static inline bool lower_on(const struct paging *pg, unsigned t)
 {
-    return pg->lower[t].ops.alloc != NULL;
+    return pg->xf.lower[t].ops.alloc != NULL;
 }
 static inline size_t lower_room(const struct paging *pg, unsigned t)
 {
-    return lower_on(pg, t) ? pg->lower[t].ops.room(pg->lower[t].ops.arg) : 0;
+    return lower_on(pg, t) ? pg->xf.lower[t].ops.room(pg->xf.lower[t].ops.arg) : 0;
 }
 static inline int lower_alloc(struct paging *pg, unsigned t, pg_slot hint, pg_slot *slot)
 {
-    return pg->lower[t].ops.alloc(pg->lower[t].ops.arg, hint, slot);
+    return pg->xf.lower[t].ops.alloc(pg->xf.lower[t].ops.arg, hint, slot);
 }
 static inline void lower_free(struct paging *pg, unsigned t, pg_slot slot)
 {
-    pg->lower[t].ops.free(pg->lower[t].ops.arg, slot);
+    pg->xf.lower[t].ops.free(pg->xf.lower[t].ops.arg, slot);
 }
 static inline void *lower_ptr(struct paging *pg, unsigned t, pg_slot slot)
 {
-    return pg->lower[t].ops.ptr(pg->lower[t].ops.arg, slot);
+    return pg->xf.lower[t].ops.ptr(pg->xf.lower[t].ops.arg, slot);
 }
 /* An I/O tier's transfer of page id between its slot and buf (write: put, else get). */
 static inline int lower_io(struct paging *pg, unsigned t, bool write, pg_slot slot, void *buf,
                            pg_page_id id)
 {
-    const struct pg_tier_ops *o = &pg->lower[t].ops;
+    const struct pg_tier_ops *o = &pg->xf.lower[t].ops;
     return (write ? o->put : o->get)(o->arg, slot, buf, id);
 }
 /* The page states below the device (enum pg_tier) as the list sees them. lower_of: the
@@ -668,23 +674,23 @@ static inline void page_take_slot(struct paging *pg, struct pg_page *p, unsigned
 {
     KVVM_ASSERT(lower_on(pg, t) && !pg_slot_is_none(s) && pg_slot_is_none(p->slot[t]));
     p->slot[t] = s;
-    pg->lower[t].n_slots++;
+    pg->xf.lower[t].n_slots++;
 }
 /* Frees the page's slot in tier t and its count there; the page's tier is the caller's
    (it still is one holding a slot of t: the slot given back is the one it took). */
 static inline void page_release_slot(struct paging *pg, struct pg_page *p, unsigned t)
 {
     KVVM_ASSERT(!pg_slot_is_none(p->slot[t]) && (lower_slots(p->tier) & (1u << t)) &&
-                pg->lower[t].n_slots > 0);
+                pg->xf.lower[t].n_slots > 0);
     lower_free(pg, t, p->slot[t]);
     p->slot[t] = PG_SLOT_NONE;
-    pg->lower[t].n_slots--;
+    pg->xf.lower[t].n_slots--;
 }
 /* The end of a move between tier t and the one above (n_io, lower_moving). */
 static inline void lower_io_done(struct paging *pg, unsigned t)
 {
-    KVVM_ASSERT(pg->lower[t].n_io > 0);
-    pg->lower[t].n_io--;
+    KVVM_ASSERT(pg->xf.lower[t].n_io > 0);
+    pg->xf.lower[t].n_io--;
 }
 /* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
 static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
@@ -833,7 +839,7 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
 /* The page's plan state (plan.c), reset when it is first seen in the current walk. */
 struct pg_page *plan_page(struct paging *pg, pg_page_id id);
-/* Starts a new walk of the pages' scratch marks (pg->mark): every page's mark is stale. */
+/* Starts a new walk of the pages' scratch marks (pg->xf.mark): every page's mark is stale. */
 void tier_mark_begin(struct paging *pg);
 /* Marks (in the current walk) every page the sequences keep[0..n) hold as kept. Returns how
    many of them are orphans. */

@@ -19,8 +19,8 @@
 struct pg_page *plan_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
-    if (p->mark != pg->mark) {
-        p->mark = pg->mark;
+    if (p->mark != pg->xf.mark) {
+        p->mark = pg->xf.mark;
         p->n_mark = 0;
         p->n_gone = 0;
         p->kept = 0;

@@ -261,7 +261,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         rc = defer_flush_slot(pg, pg_slot_of(pg, src));
     if (!rc && rem && !lower_on(pg, PG_LOWER_HOST))
         rc = -ENOMEM;
-    if (!rc && rem && pg->lower[PG_LOWER_HOST].n_io)
+    if (!rc && rem && pg->xf.lower[PG_LOWER_HOST].n_io)
         rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
     uint32_t nk = 0;                    /* partial pages to copy: holes are not */
     if (!rc && rem) {

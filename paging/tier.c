@@ -114,7 +114,7 @@ int tier_job_fence(struct paging *pg, struct pg_defer *d)
 int lower_take(struct paging *pg, unsigned t, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        pg_slot hint = k ? out[k - 1] : pg->lower[t].hint;
+        pg_slot hint = k ? out[k - 1] : pg->xf.lower[t].hint;
         int rc = lower_alloc(pg, t, hint, &out[k]);
         if (rc) {
             lower_give(pg, t, out, k);
@@ -237,7 +237,7 @@ void tier_seq_in(struct paging *pg, struct pg_seq *s)
 
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)
 {
-    pg->policy = ops ? *ops : (struct pg_policy_ops){ 0 };
+    pg->xf.policy = ops ? *ops : (struct pg_policy_ops){ 0 };
 }
 
 int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
@@ -248,7 +248,7 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
     }
     if (paging_host_free(pg) >= want)
         return 0;
-    int rc = pg->policy.host_room ? pg->policy.host_room(pg->policy.arg, want, excl) : -ENOMEM;
+    int rc = pg->xf.policy.host_room ? pg->xf.policy.host_room(pg->xf.policy.arg, want, excl) : -ENOMEM;
     return rc == -ENOMEM ? pg_why_host(pg, want) : rc;
 }
 
@@ -264,25 +264,25 @@ void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_roo
     r->need = need;
     for (unsigned t = 0; t < PG_N_LOWER; t++) {
         bool below = t + 1 < PG_N_LOWER;
-        r->t[t].free = pg->lower[t].off ? 0 : lower_room(pg, t);
-        r->t[t].freeing = below ? pg->lower[t + 1].n_io : 0;
+        r->t[t].free = pg->xf.lower[t].off ? 0 : lower_room(pg, t);
+        r->t[t].freeing = below ? pg->xf.lower[t + 1].n_io : 0;
         r->t[t].movable = below ? lower_movable(pg, t, s) : 0;
     }
 }
 
 int tier_plan(struct paging *pg, bool in, const struct pg_room *r)
 {
-    if (pg->policy.plan)
-        return pg->policy.plan(pg->policy.arg, in, r);
+    if (pg->xf.policy.plan)
+        return pg->xf.policy.plan(pg->xf.policy.arg, in, r);
     return in ? PG_MOVE_DIRECT : -ENOMEM;
 }
 
 void tier_mark_begin(struct paging *pg)
 {
-    if (++pg->mark == 0) {              /* wrapped: no stale mark may pass for this walk */
+    if (++pg->xf.mark == 0) {              /* wrapped: no stale mark may pass for this walk */
         for (uint32_t i = 0; i < pg->p.max_pages; i++)
             pg->pd.pages[i].mark = 0;
-        pg->mark = 1;
+        pg->xf.mark = 1;
     }
 }
 
@@ -297,8 +297,8 @@ uint64_t paging_room_below(struct paging *pg)
     paging_disk_reap(pg);
     uint64_t n = 0;
     for (unsigned t = 0; t < PG_N_LOWER; t++)
-        n += (pg->lower[t].off ? 0 : lower_room(pg, t)) +
-             (t + 1 < PG_N_LOWER ? pg->lower[t + 1].n_io : 0);
+        n += (pg->xf.lower[t].off ? 0 : lower_room(pg, t)) +
+             (t + 1 < PG_N_LOWER ? pg->xf.lower[t + 1].n_io : 0);
     return n;
 }
 

@@ -21,13 +21,13 @@ bool paging_has_disk(const struct paging *pg)
 
 uint32_t paging_disk_inflight(const struct paging *pg)
 {
-    return pg->lower[PG_LOWER_DISK].n_io;
+    return pg->xf.lower[PG_LOWER_DISK].n_io;
 }
 
 void paging_disk_wait_io(struct paging *pg)
 {
     if (lower_on(pg, PG_LOWER_DISK))
-        pg->lower[PG_LOWER_DISK].ops.wait(pg->lower[PG_LOWER_DISK].ops.arg);
+        pg->xf.lower[PG_LOWER_DISK].ops.wait(pg->xf.lower[PG_LOWER_DISK].ops.arg);
 }
 
 static void dio_end(struct paging *pg, pg_page_id id)
@@ -59,10 +59,10 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
         if (d->status && !pg->stage_rc)
             pg->stage_rc = d->status;
         if (d->status && d->write) {
-            if (!pg->lower[PG_LOWER_DISK].off)
+            if (!pg->xf.lower[PG_LOWER_DISK].off)
                 klog_error("paging: a staged spill write failed (%d); spilling is disabled "
                            "for this context", d->status);
-            pg->lower[PG_LOWER_DISK].off = 1;
+            pg->xf.lower[PG_LOWER_DISK].off = 1;
         } else if (d->status) {
             page_read_lost(pg, p, d);
         }
@@ -76,10 +76,10 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
             /* the host copy is intact: the page stays in the host tier */
             page_release_slot(pg, p, PG_LOWER_DISK);
             page_set_tier(p, PG_TIER_HOST);
-            if (!pg->lower[PG_LOWER_DISK].off)
+            if (!pg->xf.lower[PG_LOWER_DISK].off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
                            "context, pages stay in the host tier", d->status);
-            pg->lower[PG_LOWER_DISK].off = 1;
+            pg->xf.lower[PG_LOWER_DISK].off = 1;
         }
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
@@ -107,7 +107,7 @@ int paging_disk_reap(struct paging *pg)
         return 0;
     struct pg_tier_done d[64];
     size_t n;
-    while ((n = pg->lower[PG_LOWER_DISK].ops.reap(pg->lower[PG_LOWER_DISK].ops.arg, d, 64)) > 0)
+    while ((n = pg->xf.lower[PG_LOWER_DISK].ops.reap(pg->xf.lower[PG_LOWER_DISK].ops.arg, d, 64)) > 0)
         for (size_t i = 0; i < n; i++)
             tier_disk_complete(pg, &d[i]);
     return 0;
@@ -117,8 +117,8 @@ int paging_disk_wait(struct paging *pg)
 {
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
-    if (pg->lower[PG_LOWER_DISK].n_io)
-        pg->lower[PG_LOWER_DISK].ops.wait(pg->lower[PG_LOWER_DISK].ops.arg);
+    if (pg->xf.lower[PG_LOWER_DISK].n_io)
+        pg->xf.lower[PG_LOWER_DISK].ops.wait(pg->xf.lower[PG_LOWER_DISK].ops.arg);
     return paging_disk_reap(pg);
 }
 
@@ -128,7 +128,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
     /* clustered after the last slot allocated */
-    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->lower[PG_LOWER_DISK].hint, &slot);
+    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->xf.lower[PG_LOWER_DISK].hint, &slot);
     if (rc)
         return rc;
     rc = lower_io(pg, PG_LOWER_DISK, true, slot,
@@ -137,14 +137,14 @@ static int spill_page(struct paging *pg, pg_page_id id)
         lower_free(pg, PG_LOWER_DISK, slot);
         return rc;
     }
-    pg->lower[PG_LOWER_DISK].hint = slot;
+    pg->xf.lower[PG_LOWER_DISK].hint = slot;
     page_take_slot(pg, p, PG_LOWER_DISK, slot);
     page_count(pg, p, -1);
     page_set_tier(p, PG_TIER_TO_DISK);
     page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
-    pg->lower[PG_LOWER_DISK].n_io++;
+    pg->xf.lower[PG_LOWER_DISK].n_io++;
     return 0;
 }
 
@@ -153,7 +153,7 @@ bool paging_spill_on(struct paging *pg)
     if (!lower_on(pg, PG_LOWER_DISK))
         return false;
     paging_disk_reap(pg);
-    return !pg->lower[PG_LOWER_DISK].off;
+    return !pg->xf.lower[PG_LOWER_DISK].off;
 }
 
 size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max)
@@ -199,7 +199,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                      uint32_t *started)
 {
     *started = 0;
-    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return -ENOMEM;
     struct pg_seq *s, *ex = NULL;
     int rc = seq_lookup(pg, h, &s);
@@ -247,7 +247,7 @@ bool paging_held_host_any(const struct paging *pg)
 
 bool paging_held_spillable(const struct paging *pg)
 {
-    return pg->pd.n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&
+    return pg->pd.n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->xf.lower[PG_LOWER_DISK].off &&
            lower_room(pg, PG_LOWER_DISK);
 }
 
@@ -255,7 +255,7 @@ int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32
                       uint32_t *started)
 {
     *started = 0;
-    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return -ENOMEM;
     int rc = 0;
     for (size_t i = 0; i < n && *started < max && !rc; i++)
@@ -328,7 +328,7 @@ int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, stru
         page_set_tier(p, PG_TIER_FROM_DISK);
         page_get(pg, id);
         p->jobs++;
-        pg->lower[PG_LOWER_DISK].n_io++;
+        pg->xf.lower[PG_LOWER_DISK].n_io++;
     }
     /* the bytes are needed now: wait for the reads (and whatever else is in flight) */
     paging_disk_wait(pg);
@@ -359,7 +359,7 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
         p->staged = STG_BUSY;
         page_get(pg, ids[k]);
         p->jobs++;
-        pg->lower[PG_LOWER_DISK].n_io++;
+        pg->xf.lower[PG_LOWER_DISK].n_io++;
     }
     if (k)
         paging_disk_wait(pg);   /* every completion is processed: no page stays STG_BUSY */
@@ -379,7 +379,7 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
 
 uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
-    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return 0;
     /* Every HOST page is held by non-resident sequences and entries only (a resident
        sequence maps all its pages, and no transfer job holds a HOST page), so the spillable

@@ -42,7 +42,7 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
         return 0;
     /* host slots held only by transfers already started come free (or spillable) once they
        complete: wait for them rather than stage or fail for want of a slot */
-    if (nd > paging_host_free(pg) && pg->lower[PG_LOWER_HOST].n_io) {
+    if (nd > paging_host_free(pg) && pg->xf.lower[PG_LOWER_HOST].n_io) {
         int rc = tier_wait_all_jobs(pg);
         if (rc)
             return rc;
@@ -58,7 +58,7 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
 
 bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
 {
-    const struct pg_lower *d = &pg->lower[PG_LOWER_DISK];
+    const struct pg_lower *d = &pg->xf.lower[PG_LOWER_DISK];
     if (lower_room(pg, PG_LOWER_HOST) || d->n_io)
         return false;
     return d->off || !lower_room(pg, PG_LOWER_DISK) || !tier_disk_spillable(pg, s);
@@ -161,7 +161,7 @@ static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
             page_frame_set(pg, id, fresh[k++]);
             if (d) {
                 page_set_tier(p, PG_TIER_TO_DEVICE);
-                pg->lower[PG_LOWER_HOST].n_io++;
+                pg->xf.lower[PG_LOWER_HOST].n_io++;
                 d->pages[j++] = id;
             } else {
                 page_release_slot(pg, p, (unsigned)lower_of(p->tier));

@@ -132,7 +132,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         p->offs++;
         page_count(pg, p, 1);
     }
-    pg->lower[PG_LOWER_DISK].hint = ds[need - 1];
+    pg->xf.lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
@@ -173,7 +173,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
     *need = 0;
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
         *need += page_moves_down(page_at(pg, it.id));
-    if (paging_host_free(pg) < *need && pg->lower[PG_LOWER_HOST].n_io && !async)
+    if (paging_host_free(pg) < *need && pg->xf.lower[PG_LOWER_HOST].n_io && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
 }
@@ -233,7 +233,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         if (k < need && page_moves_down(p)) {
             page_set_tier(p, PG_TIER_TO_HOST);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
-            pg->lower[PG_LOWER_HOST].n_io++;
+            pg->xf.lower[PG_LOWER_HOST].n_io++;
         }
         p->offs++;
         page_count(pg, p, 1);
