@@ -324,6 +324,15 @@ struct pg_transfers {
                                     NULL: none */
 };
 
+/* Spilling (owner: transfers, tier_disk.c). */
+struct pg_spill {
+    /* spilling [tier_disk.c] */
+    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
+    size_t   n_spill_keep;
+    int      stage_rc;         /* first error of the staged I/O in progress
+                                  (tier_disk_stage_io) */
+};
+
 /* The paging context. Each field's owner, in brackets, is the file that writes it (set at
    create by paging.c unless said): the others read it, or change it through the owner's
    functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
@@ -352,11 +361,7 @@ struct paging {
     struct pg_defers df;          /* [defer.c] the pending list (pg_defers) */
 
 
-    /* spilling [tier_disk.c] */
-    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
-    size_t   n_spill_keep;
-    int      stage_rc;         /* first error of the staged I/O in progress
-                                  (tier_disk_stage_io) */
+    struct pg_spill sp;          /* [tier_disk.c] spilling (pg_spill) */
 
     struct paging_counters c;  /* [all: each file counts its own events] */
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current

@@ -56,8 +56,8 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
     if (p->staged == STG_BUSY) {
         /* a staged swap's I/O: the page keeps its tier, tier_disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
-        if (d->status && !pg->stage_rc)
-            pg->stage_rc = d->status;
+        if (d->status && !pg->sp.stage_rc)
+            pg->sp.stage_rc = d->status;
         if (d->status && d->write) {
             if (!pg->xf.lower[PG_LOWER_DISK].off)
                 klog_error("paging: a staged spill write failed (%d); spilling is disabled "
@@ -179,8 +179,8 @@ static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
 
 void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n)
 {
-    pg->spill_keep = n ? keep : NULL;
-    pg->n_spill_keep = n;
+    pg->sp.spill_keep = n ? keep : NULL;
+    pg->sp.n_spill_keep = n;
 }
 
 /* Whether a sequence of the keep set (paging_spill_keep) other than those before index
@@ -189,7 +189,7 @@ static bool kept_holds(struct paging *pg, pg_page_id id, size_t below)
 {
     for (size_t k = 0; k < below; k++) {
         struct pg_seq *ks;
-        if (!seq_lookup(pg, pg->spill_keep[k], &ks) && seq_holds(pg, ks, id))
+        if (!seq_lookup(pg, pg->sp.spill_keep[k], &ks) && seq_holds(pg, ks, id))
             return true;
     }
     return false;
@@ -209,8 +209,8 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
         ex = NULL;
     if (s == ex || !s->out)
         return 0;
-    for (size_t k = 0; k < pg->n_spill_keep; k++)
-        if (pg->spill_keep[k] == h)
+    for (size_t k = 0; k < pg->sp.n_spill_keep; k++)
+        if (pg->sp.spill_keep[k] == h)
             return 0;                   /* kept whole */
     for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
         const pg_page_id *bt = pg_bt(pg, s, r);
@@ -222,7 +222,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                 continue;
             /* a page the excluded sequence or the keep set also holds stays */
             if (p->refs > 1 && ((ex && seq_holds(pg, ex, bt[i])) ||
-                                kept_holds(pg, bt[i], pg->n_spill_keep)))
+                                kept_holds(pg, bt[i], pg->sp.n_spill_keep)))
                 continue;
             if ((rc = spill_page(pg, bt[i])))
                 break;
@@ -349,7 +349,7 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
 {
     int rc = 0;
     uint32_t k = 0;
-    pg->stage_rc = 0;
+    pg->sp.stage_rc = 0;
     for (; k < n; k++) {
         rc = lower_io(pg, PG_LOWER_DISK, write, dslots[k],
                       lower_ptr(pg, PG_LOWER_HOST, hslots[k]), ids[k]);
@@ -366,10 +366,10 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
     for (uint32_t i = 0; i < k; i++) {
         struct pg_page *p = page_at(pg, ids[i]);
         if (p->staged != STG_OK && !rc)
-            rc = pg->stage_rc ? pg->stage_rc : -EIO;
+            rc = pg->sp.stage_rc ? pg->sp.stage_rc : -EIO;
         p->staged = STG_NONE;
     }
-    pg->stage_rc = 0;
+    pg->sp.stage_rc = 0;
     if (rc && !write)
         for (uint32_t i = 0; i < k; i++)
             if (page_at(pg, ids[i])->bad)
@@ -393,9 +393,9 @@ uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
             for (uint32_t i = 0; i < excl->n_pages; i++)
                 if (!pg_page_is_none(pg_bt(pg, excl, r)[i]))    /* a hole (discard.c) */
                     n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
-    for (size_t k = 0; k < pg->n_spill_keep; k++) {
+    for (size_t k = 0; k < pg->sp.n_spill_keep; k++) {
         struct pg_seq *ks;
-        if (seq_lookup(pg, pg->spill_keep[k], &ks) || ks == excl)
+        if (seq_lookup(pg, pg->sp.spill_keep[k], &ks) || ks == excl)
             continue;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < ks->n_pages; i++) {
