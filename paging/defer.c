@@ -212,14 +212,14 @@ int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, u
     return rc;
 }
 
-void seq_slot_release(struct paging *pg, struct pg_seq *s)
+void defer_add(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete)
 {
-    seq_set_life(pg, s, SEQ_FREE);
-    s->length = 0;
-    s->n_pages = 0;
-    s->used_valid = 0;
-    s->next_free = pg->sq.slot_free_head;
-    pg->sq.slot_free_head = pg_slot_of(pg, s) + 1;
+    pg->df.n_defer++;
+    s->n_defer++;
+    if (complete && defer_complete(pg, d) == 0)
+        return;
+    d->next = pg->df.defer;
+    pg->df.defer = d;
 }
 
 /* Completes one pending entry (its fence has completed). */

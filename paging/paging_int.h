@@ -522,6 +522,10 @@ void pool_refill(struct paging *pg, uint32_t ready);
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
 /* New page descriptor in the device tier holding frame f (refs 1). */
 pg_page_id page_new(struct paging *pg, pg_frame_id frame);
+/* New page descriptor in the host tier holding host slot `slot`, held by one non-resident
+   holder (refs 1, offs 1): a non-resident share's copy of a partial page (share.c). A free
+   descriptor must exist (the caller checked). */
+pg_page_id page_new_host(struct paging *pg, pg_slot slot);
 void page_get(struct paging *pg, pg_page_id page);
 /* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
 void page_put(struct paging *pg, pg_page_id page);
@@ -787,6 +791,17 @@ static inline void seq_room_void(struct pg_seq *s)
 {
     s->room_gen = 0;
 }
+/* The slot of s, whose last pending entry is done (or that had none), becomes FREE and
+   goes back to the slot list (seq.c and defer.c call it). */
+static inline void seq_slot_release(struct paging *pg, struct pg_seq *s)
+{
+    seq_set_life(pg, s, SEQ_FREE);
+    s->length = 0;
+    s->n_pages = 0;
+    s->used_valid = 0;
+    s->next_free = pg->sq.slot_free_head;
+    pg->sq.slot_free_head = pg_slot_of(pg, s) + 1;
+}
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
     KVVM_ASSERT(s->live || !out);       /* only a live sequence is non-resident */
@@ -939,6 +954,9 @@ int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
    engine stream (-EBUSY when there is none to order after). */
 int  defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
                           uint32_t end, bool lib);
+/* Accounts entry d (references taken) to s's window and adds it to the pending list;
+   complete: completes it now instead (kept pending when that fails). */
+void defer_add(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete);
 /* Completes a pending entry whose fence completed and frees it (unlinked by the caller). */
 int  defer_complete(struct paging *pg, struct pg_defer *d);
 /* Reaps completed releases (wait: waits for all first). */
@@ -965,7 +983,6 @@ int  pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, u
 int  pg_finish_copy(struct paging *pg);
 /* Waits until device work enqueued so far that may touch the window is done. */
 int  pg_wait_engine(struct paging *pg);
-void seq_slot_release(struct paging *pg, struct pg_seq *s);
 
 /* view.c (no-ops without a pool view) */
 int  view_init(struct paging *pg);

@@ -597,6 +597,21 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     return id;
 }
 
+pg_page_id page_new_host(struct paging *pg, pg_slot slot)
+{
+    pg_page_id id = pg->pd.page_free_head;
+    struct pg_page *p = page_at(pg, id);
+    pg->pd.page_free_head = p->next_free;
+    KVVM_ASSERT(p->tier == PG_TIER_NONE && !p->refs);   /* a free descriptor */
+    *p = (struct pg_page){ .refs = 1, .offs = 1 };
+    page_set_tier(p, PG_TIER_HOST);
+    page_slots_none(p);
+    page_take_slot(pg, p, PG_LOWER_HOST, slot);
+    page_count(pg, p, 1);
+    pg->pd.n_pages_live++;
+    return id;
+}
+
 void page_get(struct paging *pg, pg_page_id page)
 {
     struct pg_page *p = page_at(pg, page);

@@ -289,17 +289,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         if (pg_slot_is_none(slots[r])) {
             db[whole] = PG_PAGE_NONE;
         } else {
-            pg_page_id id = pg->pd.page_free_head;
-            struct pg_page *p = page_at(pg, id);
-            pg->pd.page_free_head = p->next_free;
-            KVVM_ASSERT(p->tier == PG_TIER_NONE && !p->refs);   /* a free descriptor */
-            *p = (struct pg_page){ .refs = 1, .offs = 1 };
-            page_set_tier(p, PG_TIER_HOST);
-            page_slots_none(p);
-            page_take_slot(pg, p, PG_LOWER_HOST, slots[r]);
-            page_count(pg, p, 1);
-            pg->pd.n_pages_live++;
-            db[whole] = id;
+            db[whole] = page_new_host(pg, slots[r]);
         }
     }
     seq_set_out(pg, dst, true);

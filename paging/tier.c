@@ -52,12 +52,7 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
         page_get(pg, d->pages[i]);
         page_at(pg, d->pages[i])->jobs++;
     }
-    pg->df.n_defer++;
-    s->n_defer++;
-    if (complete && defer_complete(pg, d) == 0)
-        return;
-    d->next = pg->df.defer;
-    pg->df.defer = d;
+    defer_add(pg, s, d, complete);
 }
 
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
