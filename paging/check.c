@@ -124,8 +124,8 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                               "%llu", slot, r, i, (unsigned long long)s->kept[r]);
                 else if (!defer_covers(pg, slot, i))
                     rc = ck_unmapped(k, va, "discarded page");
-            } else if (i < s->n_pages &&
-                       (uint64_t)(i + 1) * pg->p.page_size <= s->kept[r] * pg->p.bytes_per_token) {
+            } else if (i < s->n_pages && (uint64_t)(i + 1) * pg->p.page_size <=
+                                             s->kept[r] * pg->p.bytes_per_token) {
                 rc = fail(k, "slot %u region %u: page %u lies wholly before first_kept %llu "
                           "but is held", slot, r, i, (unsigned long long)s->kept[r]);
             } else if (i < s->n_pages && s->out) {
@@ -211,9 +211,9 @@ static int ck_frames(struct ck *k)
     if (st[FR_NONE] != pg->fr.cap_frames - pg->fr.n_held || st[FR_READY] != pg->fr.n_ready ||
         walk != pg->fr.n_ready || st[FR_AHEAD] != pg->fr.n_ahead || st[FR_USED] != pg->fr.n_used)
         return fail(k, "frame conservation: held %u = ready %u (counted %u, list %u) + "
-                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->fr.n_held, st[FR_READY],
-                    pg->fr.n_ready, walk, st[FR_AHEAD], pg->fr.n_ahead, st[FR_USED], pg->fr.n_used,
-                    st[FR_NONE], pg->fr.cap_frames);
+                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->fr.n_held,
+                    st[FR_READY], pg->fr.n_ready, walk, st[FR_AHEAD], pg->fr.n_ahead,
+                    st[FR_USED], pg->fr.n_used, st[FR_NONE], pg->fr.cap_frames);
     return 0;
 }
 
@@ -311,7 +311,8 @@ static int ck_slots(struct ck *k)
     for (uint32_t s = pg->sq.slot_free_head; s && free_n <= pg->p.max_seqs;
          s = pg->seqs[s - 1].next_free)
         free_n++;
-    if (live != pg->sq.n_live || dying != pg->sq.n_dying || live + dying + free_n != pg->p.max_seqs)
+    if (live != pg->sq.n_live || dying != pg->sq.n_dying ||
+        live + dying + free_n != pg->p.max_seqs)
         return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->sq.n_live,
                     dying, pg->sq.n_dying, free_n, pg->p.max_seqs);
     if (out != pg->sq.n_out)

@@ -85,7 +85,8 @@ static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *
     rc = pg_order_before_copy(pg);
     for (j = 0; !rc && j < n_runs; j++)
         rc = vmm_copy_dtod(pg->v, pg->scratch_va + runs[j].off * ps,
-                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps, pg->ck.stream);
+                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps,
+                           pg->ck.stream);
     int wrc = pg_wait_engine(pg);
     if (wrc)
         (void)pg_wait_engine(pg);   /* a copy may still be queued: never unmap under it */

@@ -369,7 +369,8 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
 
 uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep)
 {
-    uint32_t idle = pg->fr.feed.ready_min < pg->fr.n_ready ? pg->fr.feed.ready_min : pg->fr.n_ready;
+    uint32_t idle =
+        pg->fr.feed.ready_min < pg->fr.n_ready ? pg->fr.feed.ready_min : pg->fr.n_ready;
     return idle > keep ? idle - keep : 0;
 }
 
@@ -543,7 +544,8 @@ void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct pg_frame *fr = frame_at(pg, f[i]);
         KVVM_ASSERT(pg_page_is_none(fr->page));  /* it holds no page */
-        KVVM_ASSERT(fr->state == FR_USED ? pg->fr.n_used > 0 : fr->state != FR_AHEAD || pg->fr.n_ahead);
+        KVVM_ASSERT(fr->state == FR_USED ? pg->fr.n_used > 0
+                                         : fr->state != FR_AHEAD || pg->fr.n_ahead);
         if (fr->state == FR_USED)
             pg->fr.n_used--;
         else if (fr->state == FR_AHEAD)

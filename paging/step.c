@@ -1,6 +1,7 @@
 /*
- * paging/step.c: the epoch clock and the engine stream: paging_step, paging_sync,
- * paging_set_stream.
+ * paging/step.c: the epoch clock and the streams: paging_step, paging_sync,
+ * paging_set_stream; the copy stream (tier_copy_stream) and its ordering after the engine
+ * (tier_copies_after_engine, paging_stream_after_copies). Owns struct pg_clock.
  *
  * Every step ends an epoch (pg->epoch++): with an engine stream it records the step fence
  * there, so a later step that finds it complete marks the epochs before it quiet

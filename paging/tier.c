@@ -1,9 +1,9 @@
 /*
- * paging/tier.c: the host tier's shared steps: the copy stream and its ordering after the
- * engine, the transfer jobs (DF_OUT / DF_IN entries of the pending list) and their
- * completion, host slots, window mapping and copies for the swap paths (tier_out.c,
- * tier_in.c, orphan.c), and the bridge to the policy (its room facts and choices). The
- * residency queries are resident.c's.
+ * paging/tier.c: the host tier's shared steps: the transfer jobs (DF_OUT / DF_IN entries
+ * of the pending list; defer.c completes them), host slots, window mapping and copies for
+ * the swap paths (tier_out.c, tier_in.c, orphan.c), and the bridge to the policy (its room
+ * facts and choices). The copy stream and its ordering after the engine are step.c's (the
+ * clock owns both streams); the residency queries are resident.c's.
  *
  * Residency: a sequence is resident (out == 0) when every block-table page is mapped in its
  * window, or non-resident (out == 1) when none is (its entries count in the pages' offs).
@@ -141,7 +141,7 @@ int tier_copy_finish(struct paging *pg, int rc)
 {
     int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (src && !rc)
-        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* queued still: never unmap under it */
+        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream); /* queued still: never unmap under it */
     return rc ? rc : src;
 }
 
@@ -243,7 +243,8 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
     }
     if (paging_host_free(pg) >= want)
         return 0;
-    int rc = pg->xf.policy.host_room ? pg->xf.policy.host_room(pg->xf.policy.arg, want, excl) : -ENOMEM;
+    int rc = pg->xf.policy.host_room ? pg->xf.policy.host_room(pg->xf.policy.arg, want, excl)
+                                     : -ENOMEM;
     return rc == -ENOMEM ? pg_why_host(pg, want) : rc;
 }
 

@@ -107,7 +107,8 @@ int paging_disk_reap(struct paging *pg)
         return 0;
     struct pg_tier_done d[64];
     size_t n;
-    while ((n = pg->xf.lower[PG_LOWER_DISK].ops.reap(pg->xf.lower[PG_LOWER_DISK].ops.arg, d, 64)) > 0)
+    const struct pg_tier_ops *o = &pg->xf.lower[PG_LOWER_DISK].ops;
+    while ((n = o->reap(o->arg, d, 64)) > 0)
         for (size_t i = 0; i < n; i++)
             tier_disk_complete(pg, &d[i]);
     return 0;
@@ -247,8 +248,8 @@ bool paging_held_host_any(const struct paging *pg)
 
 bool paging_held_spillable(const struct paging *pg)
 {
-    return pg->pd.n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->xf.lower[PG_LOWER_DISK].off &&
-           lower_room(pg, PG_LOWER_DISK);
+    return pg->pd.n_held_host && lower_on(pg, PG_LOWER_DISK) &&
+           !pg->xf.lower[PG_LOWER_DISK].off && lower_room(pg, PG_LOWER_DISK);
 }
 
 int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,

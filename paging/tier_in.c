@@ -309,7 +309,8 @@ static int in_order(struct paging *pg, struct pg_defer *d, bool wait, bool async
     if (!d->n)
         return 0;                          /* nothing in flight for s: no fence */
     int rc = tier_job_fence(pg, d);
-    if (!rc && pg->ck.stream && !async && (rc = vmm_stream_after(pg->v, pg->ck.stream, &d->fence)))
+    if (!rc && pg->ck.stream && !async &&
+        (rc = vmm_stream_after(pg->v, pg->ck.stream, &d->fence)))
         vmm_fence_destroy(pg->v, &d->fence);
     return rc;
 }
