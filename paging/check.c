@@ -85,7 +85,7 @@ static int ck_page_ref(struct ck *k, pg_page_id id, uint64_t va, const char *wha
 
 static bool defer_covers(struct paging *pg, uint32_t slot, uint32_t idx)
 {
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == slot && idx >= d->first && idx < d->end)
             return true;
     return false;
@@ -124,8 +124,8 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                               "%llu", slot, r, i, (unsigned long long)s->kept[r]);
                 else if (!defer_covers(pg, slot, i))
                     rc = ck_unmapped(k, va, "discarded page");
-            } else if (i < s->n_pages &&
-                       (uint64_t)(i + 1) * pg->p.page_size <= s->kept[r] * pg->p.bytes_per_token) {
+            } else if (i < s->n_pages && (uint64_t)(i + 1) * pg->p.page_size <=
+                                             s->kept[r] * pg->p.bytes_per_token) {
                 rc = fail(k, "slot %u region %u: page %u lies wholly before first_kept %llu "
                           "but is held", slot, r, i, (unsigned long long)s->kept[r]);
             } else if (i < s->n_pages && s->out) {
@@ -161,7 +161,7 @@ static int ck_defer(struct ck *k)
 {
     struct paging *pg = k->pg;
     uint32_t n = 0;
-    for (struct pg_defer *d = pg->defer; d; d = d->next, n++) {
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next, n++) {
         uint32_t w = d->end - d->first;
         if (d->kind == DF_IN) {
             for (uint32_t i = 0; i < d->n; i++) {
@@ -189,8 +189,8 @@ static int ck_defer(struct ck *k)
                     k->jobs[d->pages[r * w + i].v - 1]++;
             }
     }
-    if (n != pg->n_defer)
-        return fail(k, "%u pending releases listed, %u counted", n, pg->n_defer);
+    if (n != pg->df.n_defer)
+        return fail(k, "%u pending releases listed, %u counted", n, pg->df.n_defer);
     return 0;
 }
 
@@ -198,22 +198,22 @@ static int ck_frames(struct ck *k)
 {
     struct paging *pg = k->pg;
     uint32_t st[4] = { 0 }, walk = 0;
-    if (pg->n_held > pg->p.max_frames)
-        return fail(k, "%u frames held, budget %u", pg->n_held, pg->p.max_frames);
-    for (uint32_t i = 0; i < pg->cap_frames; i++)
-        st[pg->frames[i].state & 3]++;
-    for (pg_frame_id f = pg->ready_head; !pg_frame_is_none(f) && walk <= pg->n_held;
+    if (pg->fr.n_held > pg->p.max_frames)
+        return fail(k, "%u frames held, budget %u", pg->fr.n_held, pg->p.max_frames);
+    for (uint32_t i = 0; i < pg->fr.cap_frames; i++)
+        st[pg->fr.frames[i].state & 3]++;
+    for (pg_frame_id f = pg->fr.ready_head; !pg_frame_is_none(f) && walk <= pg->fr.n_held;
          f = frame_at(pg, f)->next) {
         if (frame_at(pg, f)->state != FR_READY)
             return fail(k, "frame %u on the ready list is not ready", f.v);
         walk++;
     }
-    if (st[FR_NONE] != pg->cap_frames - pg->n_held || st[FR_READY] != pg->n_ready ||
-        walk != pg->n_ready || st[FR_AHEAD] != pg->n_ahead || st[FR_USED] != pg->n_used)
+    if (st[FR_NONE] != pg->fr.cap_frames - pg->fr.n_held || st[FR_READY] != pg->fr.n_ready ||
+        walk != pg->fr.n_ready || st[FR_AHEAD] != pg->fr.n_ahead || st[FR_USED] != pg->fr.n_used)
         return fail(k, "frame conservation: held %u = ready %u (counted %u, list %u) + "
-                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->n_held, st[FR_READY],
-                    pg->n_ready, walk, st[FR_AHEAD], pg->n_ahead, st[FR_USED], pg->n_used,
-                    st[FR_NONE], pg->cap_frames);
+                    "ahead %u (%u) + used %u (%u), %u unset of %u", pg->fr.n_held,
+                    st[FR_READY], pg->fr.n_ready, walk, st[FR_AHEAD], pg->fr.n_ahead,
+                    st[FR_USED], pg->fr.n_used, st[FR_NONE], pg->fr.cap_frames);
     return 0;
 }
 
@@ -223,7 +223,7 @@ static int ck_pages(struct ck *k)
     uint32_t live = 0, dev = 0, hostp = 0, heldp = 0, orph = 0;
     uint32_t slots[PG_N_LOWER] = { 0 }, io[PG_N_LOWER] = { 0 };   /* per tier below */
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
-        struct pg_page *p = &pg->pages[i];
+        struct pg_page *p = &pg->pd.pages[i];
         if (p->tier == PG_TIER_NONE)
             continue;
         live++;
@@ -263,27 +263,27 @@ static int ck_pages(struct ck *k)
             return fail(k, "host page %u still names frame %u", i + 1, p->frame.v);
         if (page_has_frame(p)) {
             dev++;
-            if (pg_frame_is_none(p->frame) || p->frame.v > pg->cap_frames ||
+            if (pg_frame_is_none(p->frame) || p->frame.v > pg->fr.cap_frames ||
                 frame_at(pg, p->frame)->state != FR_USED ||
                 !pg_page_eq(frame_at(pg, p->frame)->page, (pg_page_id){ i + 1 }))
                 return fail(k, "page %u names frame %u which does not hold it", i + 1,
                             p->frame.v);
         }
     }
-    if (live != pg->n_pages_live || dev != pg->n_used)
+    if (live != pg->pd.n_pages_live || dev != pg->fr.n_used)
         return fail(k, "%u live pages (counted %u), %u device pages for %u used frames", live,
-                    pg->n_pages_live, dev, pg->n_used);
-    if (hostp != pg->n_host_pages || orph != pg->n_orphans)
+                    pg->pd.n_pages_live, dev, pg->fr.n_used);
+    if (hostp != pg->pd.n_host_pages || orph != pg->pd.n_orphans)
         return fail(k, "%u HOST pages (counted %u), %u orphans (counted %u)", hostp,
-                    pg->n_host_pages, orph, pg->n_orphans);
-    if (heldp != pg->n_held_host)
+                    pg->pd.n_host_pages, orph, pg->pd.n_orphans);
+    if (heldp != pg->pd.n_held_host)
         return fail(k, "%u HOST pages only holders keep (counted %u)", heldp,
-                    pg->n_held_host);
+                    pg->pd.n_held_host);
     for (unsigned t = 0; t < PG_N_LOWER; t++)
-        if (slots[t] != pg->lower[t].n_slots || io[t] != pg->lower[t].n_io)
+        if (slots[t] != pg->xf.lower[t].n_slots || io[t] != pg->xf.lower[t].n_io)
             return fail(k, "%u pages hold slots of tier %u below (counted %u), %u move "
                         "between it and the tier above (counted %u)", slots[t], t,
-                        pg->lower[t].n_slots, io[t], pg->lower[t].n_io);
+                        pg->xf.lower[t].n_slots, io[t], pg->xf.lower[t].n_io);
     return 0;
 }
 
@@ -308,14 +308,15 @@ static int ck_slots(struct ck *k)
                 return rc;
         }
     }
-    for (uint32_t s = pg->slot_free_head; s && free_n <= pg->p.max_seqs;
+    for (uint32_t s = pg->sq.slot_free_head; s && free_n <= pg->p.max_seqs;
          s = pg->seqs[s - 1].next_free)
         free_n++;
-    if (live != pg->n_live || dying != pg->n_dying || live + dying + free_n != pg->p.max_seqs)
-        return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->n_live,
-                    dying, pg->n_dying, free_n, pg->p.max_seqs);
-    if (out != pg->n_out)
-        return fail(k, "%u non-resident sequences (counted %u)", out, pg->n_out);
+    if (live != pg->sq.n_live || dying != pg->sq.n_dying ||
+        live + dying + free_n != pg->p.max_seqs)
+        return fail(k, "slots: %u live (%u), %u dying (%u), %u free, of %u", live, pg->sq.n_live,
+                    dying, pg->sq.n_dying, free_n, pg->p.max_seqs);
+    if (out != pg->sq.n_out)
+        return fail(k, "%u non-resident sequences (counted %u)", out, pg->sq.n_out);
     return 0;
 }
 
@@ -396,8 +397,8 @@ static int ck_view(struct ck *k)
     int rc = ck_view_holders(k, cnt);
     for (uint32_t id = w->ready_head; !rc && id && groups <= w->n_ids; id = w->ids[id - 1].next)
         groups += w->ids[id - 1].state == VID_READY ? 1 : w->n_ids + 1;
-    for (uint32_t i = 0; !rc && i < pg->cap_frames; i++) {
-        uint32_t g = pg->frames[i].grp;
+    for (uint32_t i = 0; !rc && i < pg->fr.cap_frames; i++) {
+        uint32_t g = pg->fr.frames[i].grp;
         if (g && (g > w->n_ids || w->ids[g - 1].state != VID_READY))
             rc = fail(k, "frame %u belongs to pool view group %u, which is not prepared",
                       i + 1, g - 1);
@@ -432,11 +433,11 @@ static int ck_driver(struct ck *k)
     }
     /* the frame pool thread may be creating or releasing handles right now (the feed:
        read under its mutex, a handle made or released is counted in transit there) */
-    pthread_mutex_lock(&pg->feed.mu);
+    pthread_mutex_lock(&pg->fr.feed.mu);
     int crc = vmm_debug_objects(pg->v, &c);
-    uint64_t lo = (uint64_t)pg->n_held + pg->feed.n_in;
-    uint64_t hi = lo + pg->feed.creating + pg->feed.releasing + k->linger;
-    pthread_mutex_unlock(&pg->feed.mu);
+    uint64_t lo = (uint64_t)pg->fr.n_held + pg->fr.feed.n_in;
+    uint64_t hi = lo + pg->fr.feed.creating + pg->fr.feed.releasing + k->linger;
+    pthread_mutex_unlock(&pg->fr.feed.mu);
     if (crc)
         return fail(k, "vmm_debug_objects failed: %d", crc);
     if (c.handles < lo || c.handles > hi || c.handle_bytes != c.handles * pg->p.page_size)

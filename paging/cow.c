@@ -85,7 +85,8 @@ static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *
     rc = pg_order_before_copy(pg);
     for (j = 0; !rc && j < n_runs; j++)
         rc = vmm_copy_dtod(pg->v, pg->scratch_va + runs[j].off * ps,
-                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps, pg->stream);
+                           pg_va(pg, runs[j].r, slot, runs[j].idx), runs[j].n * ps,
+                           pg->ck.stream);
     int wrc = pg_wait_engine(pg);
     if (wrc)
         (void)pg_wait_engine(pg);   /* a copy may still be queued: never unmap under it */
@@ -211,7 +212,7 @@ static int cow_check(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t 
     if (!need)
         return 0;
     seq_ahead_yield(pg, s, 0, need);    /* s's own map-ahead counts as free (need_write) */
-    if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->defer) {
+    if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->df.defer) {
         int rc = defer_reap(pg, true);
         if (rc)
             return rc;
@@ -228,7 +229,7 @@ static int cow_call(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r
     if (rc)
         return rc;
     struct cow_undo u = { 0 };
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = cow_range(pg, s, r0, r1, i0, i1, &u);
     cow_commit(pg, &u);
     if (rc)
@@ -288,7 +289,7 @@ static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
    synchronization behavior"), so the engine stream is synchronized up to the copy. */
 static int host_copy_done(struct paging *pg, const void *buf, size_t len)
 {
-    if (!pg->stream)
+    if (!pg->ck.stream)
         return pg_finish_copy(pg);
     int pinned = vmm_host_pinned(pg->v, buf, len);
     if (pinned < 0)
@@ -309,13 +310,13 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
     if (rc)
         return rc;
     struct cow_undo u = { 0 };
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = cow_range(pg, s, region, region + 1, i0, i1, &u);
     if (!rc)
         rc = pg_order_before_copy_seq(pg, s, region, i0, i1);
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
-        rc = vmm_copy_htod(pg->v, va, src, len, pg->stream);
+        rc = vmm_copy_htod(pg->v, va, src, len, pg->ck.stream);
         if (!rc && (rc = host_copy_done(pg, src, len)) != 0)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never undo under it */
     }
@@ -344,6 +345,6 @@ int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
         return rc;
     seq_use(pg, s);
     uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
-    rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->stream);
+    rc = vmm_copy_dtoh(pg->v, dst, va, len, pg->ck.stream);
     return rc ? rc : host_copy_done(pg, dst, len);
 }

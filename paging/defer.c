@@ -30,7 +30,7 @@ static bool seq_jobs_busy(struct paging *pg, struct pg_seq *s)
     if (!s->n_defer)
         return false;
     uint32_t slot = pg_slot_of(pg, s);
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == slot && d->kind != DF_RELEASE && d->fence.ev &&
             vmm_fence_query(pg->v, &d->fence) != 1)
             return true;
@@ -43,14 +43,38 @@ bool seq_quiet(struct paging *pg, struct pg_seq *s)
 {
     if (seq_jobs_busy(pg, s))
         return false;
-    if (!s->used_valid || s->used_epoch < pg->quiet_below)
+    if (!s->used_valid || s->used_epoch < pg->ck.quiet_below)
         return true;
-    if (s->used_epoch >= pg->epoch || !pg->stream || !pg->step_recorded)
+    if (s->used_epoch >= pg->epoch || !pg->ck.stream || !pg->ck.step_recorded)
         return false;
-    if (vmm_fence_query(pg->v, &pg->step_fence) != 1)
+    if (vmm_fence_query(pg->v, &pg->ck.step_fence) != 1)
         return false;
-    pg->quiet_below = pg->step_fence_epoch;
-    return s->used_epoch < pg->quiet_below;
+    pg->ck.quiet_below = pg->ck.step_fence_epoch;
+    return s->used_epoch < pg->ck.quiet_below;
+}
+
+/* A transfer job's page transitions after its fence (DF_OUT: TO_HOST -> HOST, the frame
+   back to the pool; DF_IN: TO_DEVICE -> DEVICE, the host slot freed). */
+static void job_complete_pages(struct paging *pg, struct pg_defer *d)
+{
+    for (uint32_t i = 0; i < d->n; i++) {
+        if (pg_page_is_none(d->pages[i]))
+            continue;                   /* a hole (discard.c) */
+        struct pg_page *p = page_at(pg, d->pages[i]);
+        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
+        p->jobs--;
+        page_count(pg, p, -1);
+        if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
+            page_frame_drop(pg, p);
+            page_set_tier(p, PG_TIER_HOST);
+            lower_io_done(pg, PG_LOWER_HOST);
+        } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
+            page_release_slot(pg, p, PG_LOWER_HOST);
+            page_set_tier(p, PG_TIER_DEVICE);
+            lower_io_done(pg, PG_LOWER_HOST);
+        }
+        page_count(pg, p, 1);
+    }
 }
 
 /* Completes d: unmaps [first, end) in every region of its slot, finishes the page
@@ -79,7 +103,7 @@ static int release_now(struct paging *pg, struct pg_defer *d)
                                  d->pages + (size_t)r * n, n);
     }
     if (d->kind != DF_RELEASE)
-        tier_complete_pages(pg, d);
+        job_complete_pages(pg, d);
     for (uint32_t i = 0; i < d->n; i++)
         if (!pg_page_is_none(d->pages[i]))
             page_put(pg, d->pages[i]);
@@ -115,14 +139,14 @@ int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t 
    recorded on the engine stream. -EBUSY no step fence to order after. */
 static int fence_after_step(struct paging *pg, struct pg_seq *s, struct pg_defer *d)
 {
-    if (!pg->step_recorded || (s->used_valid && s->used_epoch >= pg->epoch))
+    if (!pg->ck.step_recorded || (s->used_valid && s->used_epoch >= pg->epoch))
         return -EBUSY;
     int rc = vmm_fence_create(pg->v, &d->fence);
     if (rc)
         return rc;
     rc = paging_copy_fence_record(pg, &d->fence);       /* makes the copy stream */
     if (!rc)
-        rc = vmm_stream_after(pg->v, paging_copy_stream(pg), &pg->step_fence);
+        rc = vmm_stream_after(pg->v, paging_copy_stream(pg), &pg->ck.step_fence);
     if (!rc)
         rc = vmm_fence_record(pg->v, &d->fence, paging_copy_stream(pg));
     if (rc)
@@ -145,11 +169,11 @@ static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, 
     d->first = first;
     d->end = end;
     int rc = 0;
-    if (!seq_quiet(pg, s) && !pg->stream)
+    if (!seq_quiet(pg, s) && !pg->ck.stream)
         rc = pg_device_sync(pg);
     if (rc)
         goto out_free;
-    if (!pg->stream || seq_quiet(pg, s)) {
+    if (!pg->ck.stream || seq_quiet(pg, s)) {
         rc = release_now(pg, d);
         goto out_free;
     }
@@ -161,13 +185,13 @@ static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, 
     rc = vmm_fence_create(pg->v, &d->fence);
     if (rc)
         goto out_free;
-    rc = vmm_fence_record(pg->v, &d->fence, pg->stream);
+    rc = vmm_fence_record(pg->v, &d->fence, pg->ck.stream);
     if (rc)
         goto out_fence;
 out_queue:
-    d->next = pg->defer;
-    pg->defer = d;
-    pg->n_defer++;
+    d->next = pg->df.defer;
+    pg->df.defer = d;
+    pg->df.n_defer++;
     s->n_defer++;
     return 0;
 out_fence:
@@ -188,14 +212,14 @@ int defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, u
     return rc;
 }
 
-void seq_slot_release(struct paging *pg, struct pg_seq *s)
+void defer_add(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete)
 {
-    seq_set_life(pg, s, SEQ_FREE);
-    s->length = 0;
-    s->n_pages = 0;
-    s->used_valid = 0;
-    s->next_free = pg->slot_free_head;
-    pg->slot_free_head = pg_slot_of(pg, s) + 1;
+    pg->df.n_defer++;
+    s->n_defer++;
+    if (complete && defer_complete(pg, d) == 0)
+        return;
+    d->next = pg->df.defer;
+    pg->df.defer = d;
 }
 
 /* Completes one pending entry (its fence has completed). */
@@ -208,8 +232,8 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
     if (s->in_job == d)
         s->in_job = NULL;
     vmm_fence_destroy(pg->v, &d->fence);
-    KVVM_ASSERT(pg->n_defer > 0 && s->n_defer > 0);
-    pg->n_defer--;
+    KVVM_ASSERT(pg->df.n_defer > 0 && s->n_defer > 0);
+    pg->df.n_defer--;
     if (--s->n_defer == 0 && s->dying)
         seq_slot_release(pg, s);
     free(d);
@@ -220,7 +244,7 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
    wait: block on each fence. */
 static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only)
 {
-    struct pg_defer **pp = &pg->defer;
+    struct pg_defer **pp = &pg->df.defer;
     while (*pp) {
         struct pg_defer *d = *pp;
         if ((slot != UINT32_MAX && d->slot != slot) || (jobs_only && d->kind == DF_RELEASE)) {
@@ -250,16 +274,16 @@ static int reap_kind(struct paging *pg, uint32_t slot, bool wait, bool jobs_only
 void defer_drop_all(struct paging *pg)
 {
     bool dead = vmm_dead(pg->v);
-    while (pg->defer) {
-        struct pg_defer *d = pg->defer;
-        pg->defer = d->next;
+    while (pg->df.defer) {
+        struct pg_defer *d = pg->df.defer;
+        pg->df.defer = d->next;
         uint32_t w = d->end - d->first;
         if (!dead && d->kind != DF_IN)
             for (uint32_t r = 0; r < pg->p.n_regions; r++)
                 seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
                                      d->pages + (size_t)r * w, w);
         if (d->kind != DF_RELEASE)
-            tier_complete_pages(pg, d);
+            job_complete_pages(pg, d);
         for (uint32_t i = 0; i < d->n; i++)
             if (!pg_page_is_none(d->pages[i]))     /* none: a hole */
                 page_put(pg, d->pages[i]);
@@ -267,7 +291,7 @@ void defer_drop_all(struct paging *pg)
         if (s->in_job == d)
             s->in_job = NULL;
         vmm_fence_destroy(pg->v, &d->fence);
-        pg->n_defer--;
+        pg->df.n_defer--;
         s->n_defer--;
         free(d);
     }
@@ -285,7 +309,7 @@ int defer_flush_jobs(struct paging *pg, uint32_t slot)
 
 int defer_reap(struct paging *pg, bool wait)
 {
-    return pg->defer ? reap(pg, UINT32_MAX, wait) : 0;
+    return pg->df.defer ? reap(pg, UINT32_MAX, wait) : 0;
 }
 
 int defer_flush_slot(struct paging *pg, uint32_t slot)
@@ -297,7 +321,7 @@ int defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx)
 {
     if (!pg->seqs[slot].n_defer)
         return 0;
-    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+    for (const struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == slot && (d->kind != DF_RELEASE || d->end > idx))
             return reap(pg, slot, true);
     return 0;               /* only releases below idx (discards): nothing to wait for */
@@ -305,13 +329,13 @@ int defer_flush_slot_from(struct paging *pg, uint32_t slot, uint32_t idx)
 
 int pg_order_before_copy(struct paging *pg)
 {
-    return pg->stream ? 0 : pg_device_sync(pg);
+    return pg->ck.stream ? 0 : pg_device_sync(pg);
 }
 
 int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t i0,
                              uint32_t i1)
 {
-    if (pg->stream)
+    if (pg->ck.stream)
         return 0;
     if (!seq_quiet(pg, s))
         return pg_device_sync(pg);
@@ -324,10 +348,26 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
 
 int pg_finish_copy(struct paging *pg)
 {
-    return vmm_stream_sync(pg->v, pg->stream);
+    return vmm_stream_sync(pg->v, pg->ck.stream);
 }
 
 int pg_wait_engine(struct paging *pg)
 {
-    return pg->stream ? vmm_stream_sync(pg->v, pg->stream) : pg_device_sync(pg);
+    return pg->ck.stream ? vmm_stream_sync(pg->v, pg->ck.stream) : pg_device_sync(pg);
+}
+
+/* (paging_int.h) the engine stream waits for s's prefetch (its DF_IN job's fence). */
+int seq_settle(struct paging *pg, struct pg_seq *s)
+{
+    struct pg_defer *d = s->in_job;
+    if (!d)
+        return 0;
+    int rc;
+    if (pg->ck.stream) {
+        rc = vmm_stream_after(pg->v, pg->ck.stream, &d->fence);
+        if (!rc)
+            s->in_job = NULL;
+        return rc;
+    }
+    return defer_flush_slot(pg, pg_slot_of(pg, s));
 }

@@ -229,7 +229,7 @@ int paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks
         }
         for (uint32_t r = 0; r < pg->p.n_regions; r++) {
             rc = vmm_copy_dtoh(pg->v, (uint8_t *)dst[i] + r * ps, pg_va(pg, r, slot, blocks[i]),
-                               ps, pg->copy_stream);
+                               ps, pg->ck.copy_stream);
             if (rc)
                 return rc;
         }

@@ -55,13 +55,13 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
         tier_mark_kept(pg, keep, n_keep);
     }
     /* the scan stops at the last orphan (none: no scan) */
-    uint32_t left = pg->n_orphans;
+    uint32_t left = pg->pd.n_orphans;
     for (uint32_t i = 0; !rc && left && i < pg->p.max_pages && *moved < max; i++) {
-        const struct pg_page *p = &pg->pages[i];
+        const struct pg_page *p = &pg->pd.pages[i];
         if (!page_orphan(p))
             continue;
         left--;
-        if (n_keep && p->mark == pg->mark && p->kept)
+        if (n_keep && p->mark == pg->xf.mark && p->kept)
             continue;                   /* a kept sequence maps it again soon */
         if ((rc = tier_page_down(pg, (pg_page_id){ i + 1 })) == 0) {
             (*moved)++;
@@ -73,5 +73,5 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
 
 uint32_t tier_orphans(const struct paging *pg)
 {
-    return pg->n_orphans;
+    return pg->pd.n_orphans;
 }

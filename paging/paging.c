@@ -34,46 +34,50 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
 {
     *out = pg->c;
     out->pages_total = pg->p.max_frames;
-    out->pages_used = pg->n_used;
-    out->pages_free = pg->p.max_frames - pg->n_used;
+    out->pages_used = pg->fr.n_used;
+    out->pages_free = pg->p.max_frames - pg->fr.n_used;
     out->pages_inflight = 0;
     for (unsigned t = 0; t < PG_N_LOWER; t++)    /* moves between tiers, any two */
-        out->pages_inflight += pg->lower[t].n_io;
-    pthread_mutex_lock((pthread_mutex_t *)&pg->feed.mu);
-    out->frames_held = pg->n_held + pg->feed.n_in + pg->feed.releasing;
-    pthread_mutex_unlock((pthread_mutex_t *)&pg->feed.mu);
-    out->deferred = pg->n_defer;
-    out->pages_host = pg->lower[PG_LOWER_HOST].n_slots;
-    out->pages_disk = pg->lower[PG_LOWER_DISK].n_slots;
+        out->pages_inflight += pg->xf.lower[t].n_io;
+    pthread_mutex_lock((pthread_mutex_t *)&pg->fr.feed.mu);
+    out->frames_held = pg->fr.n_held + pg->fr.feed.n_in + pg->fr.feed.releasing;
+    pthread_mutex_unlock((pthread_mutex_t *)&pg->fr.feed.mu);
+    out->deferred = pg->df.n_defer;
+    out->pages_host = pg->xf.lower[PG_LOWER_HOST].n_slots;
+    out->pages_disk = pg->xf.lower[PG_LOWER_DISK].n_slots;
     out->orphans = tier_orphans(pg);
-    out->nonresident = pg->n_out;
+    out->nonresident = pg->sq.n_out;
 }
 
 int paging_create(struct vmm *v, const struct paging_params *p, struct paging **out)
 {
-    struct paging *pg = calloc(1, sizeof *pg);
+    /* 64-byte aligned, as the sequences' array: the hot view (paging.h, the first 40 bytes)
+       is one cache line whatever the struct's size (calloc aligns to 16 only) */
+    size_t pg_bytes = (sizeof(struct paging) + 63) & ~(size_t)63;
+    struct paging *pg = aligned_alloc(64, pg_bytes);
     if (!pg)
         return -ENOMEM;
+    memset(pg, 0, pg_bytes);
     pg->v = v;
     pg->p = *p;
     /* the tiers below: a tier is there when it and every tier above it are */
     for (unsigned t = 0; t < PG_N_LOWER && p->tier[t]; t++) {
-        pg->lower[t].ops = *p->tier[t];
-        pg->p.tier[t] = &pg->lower[t].ops;
+        pg->xf.lower[t].ops = *p->tier[t];
+        pg->p.tier[t] = &pg->xf.lower[t].ops;
     }
     for (unsigned t = 0; t < PG_N_LOWER; t++) {
         if (!lower_on(pg, t))
             pg->p.tier[t] = NULL;
-        pg->lower[t].hint = PG_SLOT_NONE;
+        pg->xf.lower[t].hint = PG_SLOT_NONE;
     }
     pg->room_gen = 1;
     pg->pages_per_slot = (uint32_t)(p->slot_bytes / p->page_size);
     if (pg->p.map_ahead > pg->pages_per_slot)
         pg->p.map_ahead = pg->pages_per_slot;
     pg->scratch_va = p->base + (uint64_t)p->n_regions * p->max_seqs * p->slot_bytes;
-    pg->chunk = p->max_frames < 8 ? p->max_frames : 8;
-    if (pg->chunk < 2 * p->n_regions)
-        pg->chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
+    pg->fr.chunk = p->max_frames < 8 ? p->max_frames : 8;
+    if (pg->fr.chunk < 2 * p->n_regions)
+        pg->fr.chunk = p->max_frames < 2 * p->n_regions ? p->max_frames : 2 * p->n_regions;
     /* 64-byte aligned: each sequence's hot view (paging.h) is one cache line */
     pg->seqs = aligned_alloc(64, (size_t)p->max_seqs * sizeof *pg->seqs);
     if (pg->seqs)
@@ -87,17 +91,20 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         pg->seqs[i].gen = 1;
         pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
     }
-    pg->slot_free_head = 1;
+    pg->sq.slot_free_head = 1;
+    pg->fr.ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
+    pg->fr.ahead_drop = seq_drop_ahead;
+    pg->fr.ahead_drop_all = seq_drop_all_ahead;
     rc = pool_init(pg);
     if (!rc && (rc = view_init(pg)) != 0)
         pool_fini(pg);
     if (rc)
         goto out_free;
     if (p->prealloc || !p->feed)
-        pool_refill(pg, p->prealloc ? p->max_frames : pg->chunk);
+        pool_refill(pg, p->prealloc ? p->max_frames : pg->fr.chunk);
     if (!p->feed)
         paging_view_prepare(pg);
-    if (p->prealloc && pg->n_held < p->max_frames && !vmm_dead(v)) {
+    if (p->prealloc && pg->fr.n_held < p->max_frames && !vmm_dead(v)) {
         rc = -ENOMEM;
         goto out_pool;
     }
@@ -121,7 +128,7 @@ void paging_destroy(struct paging *pg)
     if (!pg)
         return;
     vmm_device_sync(pg->v);
-    pg->quiet_below = pg->epoch + 1;
+    pg->ck.quiet_below = pg->epoch + 1;
     defer_reap(pg, true);
     defer_drop_all(pg);             /* what the reap could not complete (a dead context) */
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
@@ -138,14 +145,14 @@ void paging_destroy(struct paging *pg)
         free(s->ahead);
         free(s->kept);
     }
-    if (pg->step_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->step_fence);
-    if (pg->order_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->order_fence);
-    if (pg->copy_fence_ok)
-        vmm_fence_destroy(pg->v, &pg->copy_fence);
-    if (pg->copy_stream)
-        vmm_stream_destroy(pg->v, pg->copy_stream);
+    if (pg->ck.step_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->ck.step_fence);
+    if (pg->ck.order_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->ck.order_fence);
+    if (pg->ck.copy_fence_ok)
+        vmm_fence_destroy(pg->v, &pg->ck.copy_fence);
+    if (pg->ck.copy_stream)
+        vmm_stream_destroy(pg->v, pg->ck.copy_stream);
     view_fini(pg);                  /* every view slot unmapped before the frames go */
     pool_fini(pg);
     free(pg->seqs);

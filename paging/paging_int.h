@@ -4,15 +4,18 @@
  *   paging.c the paging context: create / destroy, counters
  *   pool.c   frames (physical handles: create ahead, ready list, take/give) and page
  *            descriptors (identity, refcount, tier, location; O(1) free list)
- *   step.c   the epoch clock and the engine stream: step (the step fence), sync, set_stream
- *   defer.c  releases that wait for a fence; quietness of a sequence; copy ordering
+ *   step.c   the epoch clock and the streams: step (the step fence), sync, set_stream; the
+ *            copy stream and its ordering after the engine
+ *   defer.c  releases and transfer jobs that wait for a fence, their completion; quietness
+ *            of a sequence; a prefetch's settle; copy ordering
  *   seq.c    slots, handles, block tables, map-ahead; grow, free, info
  *   window.c a slot's window address; mapping and unmapping frames in it by runs
  *   share.c  truncate, fork, share (sequences sharing pages)
  *   cow.c    copy-on-write, prepare_write, write/read
+ *   discard.c  discard, first_kept, the classes (set, drop, demote, cached candidates)
  *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
- *   tier.c   the host tier's shared steps: copy stream, transfer jobs, host slots, window
- *            mapping and copies of the swap paths; the bridge to the policy (room facts)
+ *   tier.c   the host tier's shared steps: transfer jobs, host slots, window mapping and
+ *            copies of the swap paths; the bridge to the policy (room facts)
  *   resident.c  residency queries (ready, need, stage facts, candidates, counts)
  *   tier_out.c  sequence swap-out (direct, or staged through the host tier to disk)
  *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
@@ -23,7 +26,22 @@
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
  *   plan.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
- * Who writes which field of struct paging: each field's comment names it in brackets.
+ * The owners: groups of the files above, each calling only the owners below it (the call
+ * graph between owners has no cycle; scripts/paging-owners.py checks it from the objects,
+ * the CTest paging_owners; inline functions of this header are no calls). Top first; one
+ * line each, parsed by the script:
+ *   owner context: paging.c check.c
+ *   owner seqs: seq.c share.c cow.c discard.c hold.c resident.c
+ *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
+ *   owner clock: step.c defer.c view.c
+ *   owner frames: pool.c
+ *   owner window: window.c
+ * struct paging is split the same way: one part per owner's state, each named with its
+ * owner file and the functions other files change it through ("struct paging's parts"
+ * below): fr and pd (pool.c), ck (step.c), df (defer.c), view (view.c), xf (tier.c), sp
+ * (tier_disk.c), sq (seq.c). Reads are free; writes go through the owner. An owner below
+ * asks one above through a hook it is given at create (the pool's ahead_* hooks into the
+ * map-ahead), never by a call.
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H
@@ -32,6 +50,7 @@
 #include <pthread.h>
 #include "common/assert.h"
 #include "paging.h"
+#include "view.h"           /* the pool view: its structures, view.c's functions */
 
 enum pg_frame_state {
     FR_NONE = 0,       /* not created yet */
@@ -47,7 +66,7 @@ struct pg_frame {
                               refused release, is FR_READY and off it) */
     pg_frame_id next;      /* FR_READY: next ready frame (none = end); FR_NONE: next free id */
     pg_page_id page;       /* FR_USED: the page id it holds */
-    uint32_t   serial;     /* created on a caller's thread: pg->n_created then (0: ahead, by
+    uint32_t   serial;     /* created on a caller's thread: pg->fr.n_created then (0: ahead, by
                               the pool thread); pool_rollback releases those above a mark */
     uint32_t   gen;        /* bumped when the id gives up its handle (frame_forget): a pool
                               view slot names (frame, gen), so a new handle under a recycled
@@ -100,7 +119,7 @@ struct pg_page {
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
     uint32_t mark, n_mark; /* a reclaim plan's scratch (plan.c), valid while mark ==
-                              pg->mark (no array sized to the pool): n_mark resident holders
+                              pg->xf.mark (no array sized to the pool): n_mark resident holders
                               planned to leave, */
     uint32_t n_gone;       /*   n_gone references planned to be dropped, */
     uint8_t  kept;         /*   kept: a sequence the plan keeps holds it (same validity) */
@@ -155,55 +174,13 @@ struct pg_seq {
     uint32_t  bt_cap;      /* block-table entries per region allocated: n_pages <= bt_cap
                               <= pages_per_slot (bid, when the pool view is on, too) */
     uint32_t  next_free;   /* free slot list */
-    uint32_t  batch_mark;  /* pg->batch_mark while paging_seq_grow_batch_in_place checks a
+    uint32_t  batch_mark;  /* pg->sq.batch_mark while paging_seq_grow_batch_in_place checks a
                               batch naming it (a second naming is seen) */
     uint8_t   cls;         /* enum pg_seq_class */
     uint8_t   dropped;     /* a CACHED sequence whose pages were dropped: -ESTALE */
     uint8_t   stale_tail;  /* KVVM_F_SCRUB: a truncate left old tokens' bytes in the partial
                               last page; the next grow over them zeroes them (seq.c,
                               tail_scrub), so it does not grow in place */
-};
-
-/* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
-   page_size. An id is a tuple of frames, one per region (a hole: none), mapped at its place
-   in each region's view; sequences name ids in pg_seq.bid, shared by forks. An id whose
-   last holder lets go is DEAD: its mappings stay until no device work may use it (its
-   death's epoch is quiet, or a synchronization came after it), then it is unmapped and FREE.
-   A slot of a LIVE id whose region its only holder discarded is a zombie: mapped, waiting
-   for the same condition. A READY id is a prepared group: n_regions frames taken off the
-   ready list (FR_AHEAD: free for accounting, stolen back when the pool runs short), mapped
-   ahead at its slots off the grow path, so a grow that takes it gives its new block an id
-   whose mappings exist. */
-enum { VID_FREE = 0, VID_LIVE, VID_DEAD, VID_READY };
-enum { VS_UNMAPPED = 0, VS_MAPPED, VS_ZOMBIE };
-struct pg_vid {
-    uint32_t refs;         /* LIVE: pg_seq.bid entries naming it */
-    uint8_t  state;        /* VID_* */
-    uint8_t  in_zq;        /* on view.zq (it had zombie slots) */
-    uint8_t  used;         /* a block table handed it out (device work may use it: a dead
-                              id that never was is unmapped without waiting) */
-    uint32_t zombies;      /* VS_ZOMBIE slots */
-    uint32_t next;         /* FREE / DEAD / READY list: next id + 1 (0: end) */
-    uint64_t dead_epoch;   /* DEAD (or the latest zombie): pg->epoch then */
-    uint64_t dead_sync;    /*   and pg->n_syncs then */
-};
-struct pg_vslot {
-    vmm_handle  h;         /* mapped handle (VS_MAPPED, VS_ZOMBIE) */
-    pg_frame_id f;         /* its frame then, */
-    uint32_t    gen;       /*   and that frame's generation */
-    uint8_t     st;        /* VS_* */
-};
-struct pg_view {
-    uint32_t n_ids;        /* 0: no pool view */
-    uint64_t base;
-    struct pg_vid *ids;    /* n_ids */
-    struct pg_vslot *slot; /* n_ids * n_regions, id-major */
-    uint32_t free_head;    /* id + 1 */
-    uint32_t dead_head;    /* id + 1 */
-    uint32_t ready_head;   /* prepared groups (READY), id + 1 */
-    uint32_t n_free, n_dead, n_groups;
-    uint32_t want;         /* groups to keep prepared */
-    uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
 };
 
 /* One tier below the device as paging keeps it (paging.h, "the tiers below the device"):
@@ -219,10 +196,126 @@ struct pg_lower {
     pg_slot  hint;             /* the last slot allocated (clustering); PG_SLOT_NONE: none */
 };
 
-/* The paging context. Each field's owner, in brackets, is the file that writes it (set at
-   create by paging.c unless said): the others read it, or change it through the owner's
-   functions (named where they live elsewhere). "[all: ...]" marks the shared ones, the
-   next step's work (issue 24: split this struct into parts each owned by one file). */
+/* ---- struct paging's parts: one per owner's state (the owners: this file's top) ----
+   Reads are free: any file of paging/ reads any part. Writes go through the part's owner:
+   its file writes the fields (paging.c also sets them at create and takes them down at
+   destroy), the other files call the functions each part names, or the owner's inlines
+   in this header (page_count, seq_set_life ...). */
+
+/* frames [pool.c]: the device pool. Frame ids 1..cap_frames; held = ready + ahead + used
+   <= max_frames (the budget, p.max_frames, changed by paging_set_budget: the one field of
+   p the pool writes). Others change it through pool_take / pool_take_except /
+   pool_take_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
+   frame_set_ahead / frame_set_used (view.c), paging_set_budget, paging_trim, and the
+   feed's paging_feed_* (swap/frames.c). A frame's state: frame_move (pool.c); its page:
+   page_frame_set / page_frame_drop (this header). */
+struct pg_frames {
+    struct pg_frame *frames;   /* cap_frames */
+    uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
+    uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
+    uint32_t n_held, n_ready, n_ahead, n_used;
+    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
+    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
+    uint32_t chunk;            /* [paging.c, at create] frames created ahead per refill
+                                  without a pool thread */
+    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    /* the holders of map-ahead frames (FR_AHEAD) live in an owner above the pool (seq.c's
+       map-ahead, view.c's prepared groups): the pool asks them to give frames back through
+       these hooks, set at create [paging.c], so it calls no owner above it; the swap-outs
+       (tier_out.c, below the sequences too) drop a sequence's map-ahead through ahead_drop */
+    int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
+    void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
+    void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
+};
+
+/* pages [pool.c]: the page descriptors, their free list and counts. Others change it
+   through page_new, page_new_host (share.c), page_get, page_put, page_put_off; the counts
+   through page_count (this header, around every change of a page's refs, offs or tier).
+   A descriptor's own fields have their writers: refs [pool.c, hold.c], offs [the swap
+   paths, share.c, hold.c, page_put_off], jobs [tier.c, tier_disk.c], tier [page_set_tier,
+   from pool.c, tier*.c, orphan.c], frame [page_frame_set / page_frame_drop], slot
+   [page_take_slot / page_release_slot], bad, staged [tier_disk.c], mark.. kept [plan.c;
+   tier_mark_begin], ents [hold.c] */
+struct pg_pages {
+    struct pg_page *pages;     /* max_pages */
+    pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
+    uint32_t n_pages_live;
+    uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
+    uint32_t n_held_host;      /* [page_count] of them: those only holders outside sequences
+                                  keep */
+    uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
+                                  holders */
+};
+
+/* seqs [seq.c]: the slot list and the lifecycle counts (the array, seqs, is in the hot
+   view). Others change it through seq_slot_take / seq_slot_untake (share.c), and this
+   header's seq_set_life (lifecycle: live, dying, n_live, n_dying), seq_slot_release (defer.c
+   when a dying slot's last pending entry is done) and seq_set_out (residency, from the swap
+   paths). A sequence's own fields (struct pg_seq): slots, block tables, map-ahead [seq.c];
+   length and block tables also share.c, discard.c, cow.c; n_defer, in_job [defer.c, tier.c] */
+struct pg_seqs {
+    uint32_t batch_mark;       /* the last batch paging_seq_grow_batch_in_place checked */
+    uint32_t slot_free_head;   /* slot + 1; 0 = none */
+    uint32_t n_live, n_dying;  /* [seq_set_life] */
+    uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
+};
+
+/* clock [step.c]: the engine stream, the copy stream (the swap paths' copies) and their
+   fences. Others change it through paging_step, paging_sync, paging_set_stream,
+   pg_device_sync, tier_copy_stream, tier_copies_after_engine, paging_copy_fence_record,
+   paging_stream_after_copies (all step.c); quiet_below also defer.c (seq_quiet), n_syncs
+   also view.c (view_reap's own sync): one owner, clock. */
+struct pg_clock {
+    kcu_stream stream;         /* engine stream; NULL = synchronous mode */
+    vmm_fence step_fence;      /* recorded at the last step on the engine stream */
+    uint8_t  step_fence_ok;    /* created */
+    uint8_t  step_recorded;
+    uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
+    uint64_t step_fence_tick;  /* pg->tick when it was recorded (an idle step, no use since,
+                                  moves step_fence_epoch on without a record) */
+    uint8_t  step_fence_done;  /* found complete since it was recorded */
+    uint64_t quiet_below;      /* sequences with used_epoch < this have no device work left */
+    kcu_stream copy_stream;    /* swap copies; made on first use (tier_copy_stream) */
+    vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
+    uint8_t  copy_fence_ok;
+    vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
+    uint8_t  order_fence_ok;
+    uint64_t n_syncs;          /* device / engine-stream synchronizations so far */
+};
+
+/* defers [defer.c]: work waiting for a fence (owner clock). Others change it through
+   defer_add (tier.c's transfer jobs), defer_release / defer_release_region, defer_reap,
+   defer_flush_jobs / defer_flush_slot / defer_flush_slot_from, defer_complete. */
+struct pg_defers {
+    struct pg_defer *defer;    /* pending entries, newest first */
+    uint32_t n_defer;
+};
+
+/* transfers [tier.c]: the tiers below the device (paging.h, "the tiers below the device"),
+   the policy, the plan marks' walk (owner transfers). Others change it through
+   page_take_slot / page_release_slot (n_slots) and lower_io_done (n_io), this header;
+   lower_take / lower_give (hint: tier.c, tier_out.c, tier_disk.c); paging_set_policy;
+   tier_mark_begin. Within the owner: n_io also the swap paths (tier_out.c, tier_in.c,
+   tier_disk.c), off tier_disk.c; ops set at create [paging.c]. */
+struct pg_transfers {
+    struct pg_lower lower[PG_N_LOWER];
+    uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
+    struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
+};
+
+/* spill [tier_disk.c]: spilling (owner transfers). Others change it through
+   paging_spill_keep and tier_disk_stage_io. */
+struct pg_spill {
+    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
+    size_t   n_spill_keep;
+    int      stage_rc;         /* first error of the staged I/O in progress
+                                  (tier_disk_stage_io) */
+};
+
+/* The paging context: the hot view, what paging.c sets at create (never written after),
+   the parts above (one per owner's state; the pool view, struct pg_view, is view.c's), and
+   two records every file writes its own entries of: the counters and the current call's
+   refusals. */
 struct paging {
     union {                    /* first: paging_hot() (paging.h); seqs, n_slots, seq_size
                                   [paging.c]; room_gen [pool.c: page_get; hold.c:
@@ -236,85 +329,17 @@ struct paging {
     uint32_t pages_per_slot;   /* [paging.c] */
     uint64_t scratch_va;   /* [paging.c] the scratch run after the regions (PG_SCRATCH_PAGES
                               pages) */
-    uint32_t batch_mark;   /* [seq.c] the last batch paging_seq_grow_batch_in_place checked */
-
-    /* pool: frame ids 1..cap_frames; held = ready + ahead + used <= max_frames (the budget,
-       p.max_frames, changed by paging_set_budget). All [pool.c] (frame states: frame_move;
-       frame_at(f)->page: page_frame_set / page_frame_drop, paging_int.h) */
-    struct pg_frame *frames;   /* cap_frames */
-    uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
-    uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
-    uint32_t n_held, n_ready, n_ahead, n_used;
-    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
-    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
-    uint32_t chunk;            /* [paging.c] frames created ahead per refill without a pool
-                                  thread */
-    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
-    /* page descriptors: the table and free list [pool.c: page_new, page_put; share.c pops
-       one for a non-resident share's partial page]. A descriptor's fields: refs [pool.c,
-       hold.c], offs [the swap paths, share.c, hold.c, page_put_off], jobs [tier.c,
-       tier_disk.c], tier [page_set_tier, from pool.c, tier*.c, orphan.c, share.c], frame
-       [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot],
-       bad, staged [tier_disk.c], mark.. kept [plan.c], ents [hold.c] */
-    struct pg_page *pages;     /* max_pages */
-    pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
-    uint32_t n_pages_live;
-    uint32_t mark;             /* [tier.c: tier_mark_begin] the current walk of pg_page.mark */
-
-    /* sequences [seq.c: slots, block tables, map-ahead; lifecycle: seq_set_life, from seq.c
-       and defer.c; residency: seq_set_out, from the swap paths; length and block tables
-       also share.c, discard.c, cow.c; n_defer, in_job: defer.c, tier.c] (the array, seqs,
-       is in the hot view above) */
-    uint32_t slot_free_head;   /* [seq.c, defer.c: seq_slot_release] slot + 1; 0 = none */
-    uint32_t n_live, n_dying;  /* [seq_set_life] */
-    uint32_t n_out;            /* [seq_set_out] live non-resident sequences (out set) */
-
-    /* ordering [step.c] */
-    kcu_stream stream;         /* engine stream; NULL = synchronous mode */
-    vmm_fence step_fence;      /* recorded at the last step on the engine stream */
-    uint8_t  step_fence_ok;    /* created */
-    uint8_t  step_recorded;
-    uint64_t step_fence_epoch; /* the step fence covers work of sequences used before it */
-    uint64_t step_fence_tick;  /* pg->tick when it was recorded (an idle step, no use since,
-                                  moves step_fence_epoch on without a record) */
-    uint8_t  step_fence_done;  /* found complete since it was recorded */
-    uint64_t quiet_below;      /* [step.c, defer.c: seq_quiet] sequences with used_epoch <
-                                  this have no device work left */
-    struct pg_defer *defer;    /* [defer.c; tier.c: tier_job_start] pending releases, newest
-                                  first */
-    uint32_t n_defer;          /* [defer.c; tier.c] */
-
-    /* the tiers below the device (paging.h, "the tiers below the device") [paging.c: ops;
-       n_slots: page_take_slot / page_release_slot; n_io: the swap paths (tier_out.c,
-       tier_in.c, tier_disk.c; lower_io_done); off: tier_disk.c; hint: tier_out.c,
-       tier_disk.c] */
-    struct pg_lower lower[PG_N_LOWER];
-    /* the device <-> host copies [tier.c] */
-    kcu_stream copy_stream;    /* swap copies; made on first use */
-    vmm_fence copy_fence;      /* re-recorded on copy_stream for stream waits */
-    uint8_t  copy_fence_ok;
-    vmm_fence order_fence;     /* re-recorded on the engine stream; copy_stream waits on it */
-    uint8_t  order_fence_ok;
-    uint32_t n_host_pages;     /* [page_count] pages in tier HOST (the spillable ones) */
-    uint32_t n_held_host;      /* [page_count] of them: those only holders outside sequences
-                                  keep */
-    uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
-                                  holders */
-
-    /* spilling [tier_disk.c] */
-    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
-    size_t   n_spill_keep;
-    int      stage_rc;         /* first error of the staged I/O in progress
-                                  (tier_disk_stage_io) */
-    struct pg_policy_ops policy; /* [tier.c] swap/'s choices (paging_set_policy); .plan
-                                    NULL: none */
-
+    struct pg_frames fr;       /* owner frames: pool.c */
+    struct pg_pages pd;        /* owner frames: pool.c */
+    struct pg_clock ck;        /* owner clock: step.c */
+    struct pg_defers df;       /* owner clock: defer.c */
+    struct pg_view view;       /* owner clock: view.c; view.n_ids 0: no pool view */
+    struct pg_transfers xf;    /* owner transfers: tier.c */
+    struct pg_spill sp;        /* owner transfers: tier_disk.c */
+    struct pg_seqs sq;         /* owner seqs: seq.c */
     struct paging_counters c;  /* [all: each file counts its own events] */
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
                                   call's refusals (paging_why) */
-    uint64_t n_syncs;          /* [step.c; view.c: view_reap's own sync] device /
-                                  engine-stream synchronizations so far */
-    struct pg_view view;       /* [view.c] the pool view; view.n_ids 0: none */
 };
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
@@ -426,6 +451,20 @@ static inline uint64_t seq_handle(const struct paging *pg, const struct pg_seq *
 }
 static inline uint32_t handle_slot1(uint64_t h) { return (uint32_t)(h & 0xffffffffu); }
 static inline uint32_t handle_gen(uint64_t h) { return (uint32_t)(h >> 32); }
+/* The live sequence h names, or -ENOENT (its reason noted). Inline: every entry point
+   of every owner looks its handle up. */
+static inline int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
+{
+    uint64_t slot1 = handle_slot1(h);
+    uint32_t gen = handle_gen(h);
+    if (!slot1 || slot1 > pg->p.max_seqs)
+        return pg_why_handle(pg, h);
+    struct pg_seq *s = &pg->seqs[slot1 - 1];
+    if (!s->live || s->gen != gen)
+        return pg_why_handle(pg, h);
+    *out = s;
+    return 0;
+}
 
 /* pool.c */
 int  pool_init(struct paging *pg);
@@ -445,7 +484,7 @@ void frame_set_ahead(struct paging *pg, pg_frame_id f);
 void frame_set_used(struct paging *pg, pg_frame_id f);
 /* Returns frames that hold no page (unmapped) to the ready list. */
 void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n);
-/* Releases the frames a failed call created on its own thread since mark = pg->n_created
+/* Releases the frames a failed call created on its own thread since mark = pg->fr.n_created
    (they are all ready again), so it leaves no new handle behind (frames the pool thread
    delivered meanwhile stay: they are the reserve). */
 void pool_rollback(struct paging *pg, uint32_t mark);
@@ -456,6 +495,10 @@ void pool_refill(struct paging *pg, uint32_t ready);
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
 /* New page descriptor in the device tier holding frame f (refs 1). */
 pg_page_id page_new(struct paging *pg, pg_frame_id frame);
+/* New page descriptor in the host tier holding host slot `slot`, held by one non-resident
+   holder (refs 1, offs 1): a non-resident share's copy of a partial page (share.c). A free
+   descriptor must exist (the caller checked). */
+pg_page_id page_new_host(struct paging *pg, pg_slot slot);
 void page_get(struct paging *pg, pg_page_id page);
 /* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
 void page_put(struct paging *pg, pg_page_id page);
@@ -463,11 +506,11 @@ void page_put(struct paging *pg, pg_page_id page);
 void page_put_off(struct paging *pg, pg_page_id page);
 static inline struct pg_page *page_at(struct paging *pg, pg_page_id id)
 {
-    return &pg->pages[id.v - 1];
+    return &pg->pd.pages[id.v - 1];
 }
 static inline struct pg_frame *frame_at(struct paging *pg, pg_frame_id id)
 {
-    return &pg->frames[id.v - 1];
+    return &pg->fr.frames[id.v - 1];
 }
 static inline vmm_handle page_handle(struct paging *pg, pg_page_id page)
 {
@@ -497,11 +540,11 @@ static inline bool page_held_only_host(const struct pg_page *p)
 static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
 {
     if (page_host_held(p))
-        pg->n_host_pages += (uint32_t)d;
+        pg->pd.n_host_pages += (uint32_t)d;
     if (page_held_only_host(p))
-        pg->n_held_host += (uint32_t)d;
+        pg->pd.n_held_host += (uint32_t)d;
     if (page_orphan(p))
-        pg->n_orphans += (uint32_t)d;
+        pg->pd.n_orphans += (uint32_t)d;
 }
 /* One more holder of the page among non-resident sequences (a reference it maps nothing
    with: fork or share of a non-resident sequence). */
@@ -518,29 +561,29 @@ static inline void page_get_off(struct paging *pg, pg_page_id id)
    absent), and its slots and transfers (ops, through these only). */
 static inline bool lower_on(const struct paging *pg, unsigned t)
 {
-    return pg->lower[t].ops.alloc != NULL;
+    return pg->xf.lower[t].ops.alloc != NULL;
 }
 static inline size_t lower_room(const struct paging *pg, unsigned t)
 {
-    return lower_on(pg, t) ? pg->lower[t].ops.room(pg->lower[t].ops.arg) : 0;
+    return lower_on(pg, t) ? pg->xf.lower[t].ops.room(pg->xf.lower[t].ops.arg) : 0;
 }
 static inline int lower_alloc(struct paging *pg, unsigned t, pg_slot hint, pg_slot *slot)
 {
-    return pg->lower[t].ops.alloc(pg->lower[t].ops.arg, hint, slot);
+    return pg->xf.lower[t].ops.alloc(pg->xf.lower[t].ops.arg, hint, slot);
 }
 static inline void lower_free(struct paging *pg, unsigned t, pg_slot slot)
 {
-    pg->lower[t].ops.free(pg->lower[t].ops.arg, slot);
+    pg->xf.lower[t].ops.free(pg->xf.lower[t].ops.arg, slot);
 }
 static inline void *lower_ptr(struct paging *pg, unsigned t, pg_slot slot)
 {
-    return pg->lower[t].ops.ptr(pg->lower[t].ops.arg, slot);
+    return pg->xf.lower[t].ops.ptr(pg->xf.lower[t].ops.arg, slot);
 }
 /* An I/O tier's transfer of page id between its slot and buf (write: put, else get). */
 static inline int lower_io(struct paging *pg, unsigned t, bool write, pg_slot slot, void *buf,
                            pg_page_id id)
 {
-    const struct pg_tier_ops *o = &pg->lower[t].ops;
+    const struct pg_tier_ops *o = &pg->xf.lower[t].ops;
     return (write ? o->put : o->get)(o->arg, slot, buf, id);
 }
 /* The page states below the device (enum pg_tier) as the list sees them. lower_of: the
@@ -613,30 +656,31 @@ static inline void page_take_slot(struct paging *pg, struct pg_page *p, unsigned
 {
     KVVM_ASSERT(lower_on(pg, t) && !pg_slot_is_none(s) && pg_slot_is_none(p->slot[t]));
     p->slot[t] = s;
-    pg->lower[t].n_slots++;
+    pg->xf.lower[t].n_slots++;
 }
 /* Frees the page's slot in tier t and its count there; the page's tier is the caller's
    (it still is one holding a slot of t: the slot given back is the one it took). */
 static inline void page_release_slot(struct paging *pg, struct pg_page *p, unsigned t)
 {
     KVVM_ASSERT(!pg_slot_is_none(p->slot[t]) && (lower_slots(p->tier) & (1u << t)) &&
-                pg->lower[t].n_slots > 0);
+                pg->xf.lower[t].n_slots > 0);
     lower_free(pg, t, p->slot[t]);
     p->slot[t] = PG_SLOT_NONE;
-    pg->lower[t].n_slots--;
+    pg->xf.lower[t].n_slots--;
 }
 /* The end of a move between tier t and the one above (n_io, lower_moving). */
 static inline void lower_io_done(struct paging *pg, unsigned t)
 {
-    KVVM_ASSERT(pg->lower[t].n_io > 0);
-    pg->lower[t].n_io--;
+    KVVM_ASSERT(pg->xf.lower[t].n_io > 0);
+    pg->xf.lower[t].n_io--;
 }
 /* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
 static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
 {
     pg_frame_id f = p->frame;
-    KVVM_ASSERT(!pg_frame_is_none(f) && pg_page_eq(frame_at(pg, f)->page,
-                                                   (pg_page_id){ (uint32_t)(p - pg->pages) + 1 }));
+    KVVM_ASSERT(!pg_frame_is_none(f) &&
+                pg_page_eq(frame_at(pg, f)->page,
+                           (pg_page_id){ (uint32_t)(p - pg->pd.pages) + 1 }));
     p->frame = PG_FRAME_NONE;
     frame_at(pg, f)->page = PG_PAGE_NONE;
     pool_give(pg, &f, 1);
@@ -674,12 +718,13 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
    gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
 void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups. */
+void seq_drop_all_ahead(struct paging *pg);
 /* Frames a grow_batch of ss[i] to lengths[i] takes from the pool (lengths below the
    current one count nothing): new pages, and the holes and shared copies of the partial
    last pages, a page shared by k members copied min(k, sharers - 1) times. -ENOMEM. */
 int  seq_batch_frames(struct paging *pg, struct pg_seq *const *ss, const uint64_t *lengths,
                       size_t n, uint64_t *frames);
-int  seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out);
 /* Block tables (bt, and bid with the pool view) with room for n_pages entries per region:
    grown by doubling (capped at pages_per_slot), entries beyond n_pages zero. Called before
    a call's point of no return wherever n_pages may grow. 0, or -ENOMEM with nothing
@@ -707,10 +752,10 @@ static inline void seq_set_life(struct paging *pg, struct pg_seq *s, enum pg_seq
     KVVM_ASSERT(to == SEQ_LIVE || !s->out);
     KVVM_ASSERT(to != SEQ_FREE || !s->n_defer);
     KVVM_ASSERT(to != SEQ_DYING || s->n_defer);
-    KVVM_ASSERT(from != SEQ_LIVE || pg->n_live > 0);
-    KVVM_ASSERT(from != SEQ_DYING || pg->n_dying > 0);
-    pg->n_live += (to == SEQ_LIVE) - (from == SEQ_LIVE);
-    pg->n_dying += (to == SEQ_DYING) - (from == SEQ_DYING);
+    KVVM_ASSERT(from != SEQ_LIVE || pg->sq.n_live > 0);
+    KVVM_ASSERT(from != SEQ_DYING || pg->sq.n_dying > 0);
+    pg->sq.n_live += (to == SEQ_LIVE) - (from == SEQ_LIVE);
+    pg->sq.n_dying += (to == SEQ_DYING) - (from == SEQ_DYING);
     s->live = to == SEQ_LIVE;
     s->dying = to == SEQ_DYING;
 }
@@ -720,15 +765,26 @@ static inline void seq_room_void(struct pg_seq *s)
 {
     s->room_gen = 0;
 }
+/* The slot of s, whose last pending entry is done (or that had none), becomes FREE and
+   goes back to the slot list (seq.c and defer.c call it). */
+static inline void seq_slot_release(struct paging *pg, struct pg_seq *s)
+{
+    seq_set_life(pg, s, SEQ_FREE);
+    s->length = 0;
+    s->n_pages = 0;
+    s->used_valid = 0;
+    s->next_free = pg->sq.slot_free_head;
+    pg->sq.slot_free_head = pg_slot_of(pg, s) + 1;
+}
 static inline void seq_set_out(struct paging *pg, struct pg_seq *s, bool out)
 {
     KVVM_ASSERT(s->live || !out);       /* only a live sequence is non-resident */
-    KVVM_ASSERT(!s->out || out || pg->n_out > 0);
+    KVVM_ASSERT(!s->out || out || pg->sq.n_out > 0);
     seq_room_void(s);
     if (s->out && !out)
-        pg->n_out--;
+        pg->sq.n_out--;
     else if (!s->out && out)
-        pg->n_out++;
+        pg->sq.n_out++;
     s->out = out;
 }
 static inline void seq_use(struct paging *pg, struct pg_seq *s)
@@ -737,13 +793,6 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 }
 
 /* tier.c */
-/* Orders the engine after a prefetch of s (stream: a wait on the engine stream; sync: waits
-   for the copies). Every call that uses s's bytes or window calls it first. Only the
-   engine's own calls do (it enqueues on the engine stream): the library's threads never
-   reach it, their victims have no pending swap-in (paging_candidates). */
-int  seq_settle(struct paging *pg, struct pg_seq *s);
-/* Completes a DF_OUT / DF_IN entry's page transitions (after its fence). */
-void tier_complete_pages(struct paging *pg, struct pg_defer *d);
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
 /* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
@@ -753,9 +802,6 @@ int  tier_page_down(struct paging *pg, pg_page_id id);
 /* Drops the non-resident entries [first, end) of s (offs and references). */
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
 /* The steps the swap paths (tier_out.c, tier_in.c, orphan.c) share. */
-int  tier_copy_stream(struct paging *pg);          /* makes the copy stream. -EIO */
-/* Orders the copy stream after the engine's work that may touch s's pages (NULL: any). */
-int  tier_copies_after_engine(struct paging *pg, const struct pg_seq *s);
 struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n);
 /* Takes the job's references; complete: done now (sync mode), else pending on its fence. */
 void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete);
@@ -787,7 +833,7 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
 /* The page's plan state (plan.c), reset when it is first seen in the current walk. */
 struct pg_page *plan_page(struct paging *pg, pg_page_id id);
-/* Starts a new walk of the pages' scratch marks (pg->mark): every page's mark is stale. */
+/* Starts a new walk of the pages' scratch marks (pg->xf.mark): every page's mark is stale. */
 void tier_mark_begin(struct paging *pg);
 /* Marks (in the current walk) every page the sequences keep[0..n) hold as kept. Returns how
    many of them are orphans. */
@@ -855,8 +901,17 @@ static inline bool page_in_dio(const struct pg_page *p)
 /* step.c */
 /* Synchronizes the device; every epoch so far is quiet. */
 int  pg_device_sync(struct paging *pg);
+/* The copy stream (the swap paths' copies; made on first use). -EIO */
+int  tier_copy_stream(struct paging *pg);
+/* Orders the copy stream after the engine's work that may touch s's pages (NULL: any). */
+int  tier_copies_after_engine(struct paging *pg, const struct pg_seq *s);
 
 /* defer.c */
+/* Orders the engine after a prefetch of s (stream: a wait on the engine stream; sync: waits
+   for the copies). Every call that uses s's bytes or window calls it first. Only the
+   engine's own calls do (it enqueues on the engine stream): the library's threads never
+   reach it, their victims have no pending swap-in (paging_candidates). */
+int  seq_settle(struct paging *pg, struct pg_seq *s);
 /* No device work may touch s's window any more, known without synchronizing anything:
    never used, or used before an epoch known complete (quiet_below), and no swap copy of
    the library's on it still running. */
@@ -873,6 +928,9 @@ int  defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
    engine stream (-EBUSY when there is none to order after). */
 int  defer_release_region(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
                           uint32_t end, bool lib);
+/* Accounts entry d (references taken) to s's window and adds it to the pending list;
+   complete: completes it now instead (kept pending when that fails). */
+void defer_add(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete);
 /* Completes a pending entry whose fence completed and frees it (unlinked by the caller). */
 int  defer_complete(struct paging *pg, struct pg_defer *d);
 /* Reaps completed releases (wait: waits for all first). */
@@ -899,36 +957,6 @@ int  pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, u
 int  pg_finish_copy(struct paging *pg);
 /* Waits until device work enqueued so far that may touch the window is done. */
 int  pg_wait_engine(struct paging *pg);
-void seq_slot_release(struct paging *pg, struct pg_seq *s);
-
-/* view.c (no-ops without a pool view) */
-int  view_init(struct paging *pg);
-/* After the device is synchronized: unmaps every view slot, frees the tables. */
-void view_fini(struct paging *pg);
-/* s's block-table entries [first, end) of region (UINT32_MAX: every region) are released
-   (the block-table entries are cleared by the caller): the ids of blocks left with no page
-   in any region are let go; a block keeping pages in other regions keeps its id, whose slot
-   of that region is unmapped when no device work may use it (when s alone holds the id).
-   Never fails. */
-void view_release(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
-                  uint32_t end);
-/* child (resident, fresh) shares parent's ids of blocks [0, n). */
-void view_fork(struct paging *pg, struct pg_seq *child, struct pg_seq *parent, uint32_t n);
-/* Unmaps the dead ids and zombie slots no device work may use any more (wait: synchronizes
-   the engine stream, or the device, first when there are some). -EIO only for a failed
-   synchronization; a refused unmap leaves the id for the next reap. */
-int  view_reap(struct paging *pg, bool wait);
-/* Takes up to n prepared groups for new blocks [0, n) of a grow: region r's frame of group
-   i goes to fresh[r * stride + i] (FR_USED), its id to gids[i]. Returns how many. */
-uint32_t view_take_groups(struct paging *pg, uint32_t n, pg_frame_id *fresh, uint32_t stride,
-                          uint32_t *gids);
-/* After the grow: blocks [first, first + n) of s take ids gids[0..n) (ok), or the grow
-   failed and the ids die unused (their frames are the grow's undo's). */
-void view_end_groups(struct paging *pg, struct pg_seq *s, uint32_t first, const uint32_t *gids,
-                     uint32_t n, bool ok);
-/* Breaks one prepared group: its frames go back to the ready list. -ENOMEM none. */
-int  view_break_group(struct paging *pg);
-void view_break_all(struct paging *pg);
 
 /* discard.c */
 /* After a truncate: first_kept of every region at most the new length. */

@@ -19,8 +19,8 @@
 struct pg_page *plan_page(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
-    if (p->mark != pg->mark) {
-        p->mark = pg->mark;
+    if (p->mark != pg->xf.mark) {
+        p->mark = pg->xf.mark;
         p->n_mark = 0;
         p->n_gone = 0;
         p->kept = 0;
@@ -62,7 +62,7 @@ uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_kee
 {
     tier_mark_begin(pg);
     uint32_t kept = tier_mark_kept(pg, keep, n_keep);
-    return pg->n_orphans > kept ? pg->n_orphans - kept : 0;
+    return pg->pd.n_orphans > kept ? pg->pd.n_orphans - kept : 0;
 }
 
 /* Applies (d = +1) or reverts (d = -1) moving h; the frames it frees and slots it takes. */

@@ -25,32 +25,32 @@
 /* Frees the frame, page descriptor and feed arrays (pool_fini: nothing left to release). */
 static void pool_free_arrays(struct paging *pg)
 {
-    free(pg->frames);
-    free(pg->pages);
-    free(pg->feed.in);
-    pg->frames = NULL;
-    pg->pages = NULL;
-    pg->feed.in = NULL;
+    free(pg->fr.frames);
+    free(pg->pd.pages);
+    free(pg->fr.feed.in);
+    pg->fr.frames = NULL;
+    pg->pd.pages = NULL;
+    pg->fr.feed.in = NULL;
 }
 
 int pool_init(struct paging *pg)
 {
     if (pg->p.cap_frames < pg->p.max_frames)
         pg->p.cap_frames = pg->p.max_frames;
-    pg->cap_frames = pg->p.cap_frames;
-    pg->frames = calloc(pg->cap_frames ? pg->cap_frames : 1, sizeof *pg->frames);
-    pg->pages = calloc(pg->p.max_pages, sizeof *pg->pages);
-    pg->feed.in = calloc(pg->cap_frames ? pg->cap_frames : 1, sizeof *pg->feed.in);
-    if (!pg->frames || !pg->pages || !pg->feed.in)
+    pg->fr.cap_frames = pg->p.cap_frames;
+    pg->fr.frames = calloc(pg->fr.cap_frames ? pg->fr.cap_frames : 1, sizeof *pg->fr.frames);
+    pg->pd.pages = calloc(pg->p.max_pages, sizeof *pg->pd.pages);
+    pg->fr.feed.in = calloc(pg->fr.cap_frames ? pg->fr.cap_frames : 1, sizeof *pg->fr.feed.in);
+    if (!pg->fr.frames || !pg->pd.pages || !pg->fr.feed.in)
         goto out_free;
-    for (uint32_t i = 0; i < pg->cap_frames; i++)
-        pg->frames[i].next = (pg_frame_id){ i + 2 <= pg->cap_frames ? i + 2 : 0 };
-    pg->frame_free_head = (pg_frame_id){ pg->cap_frames ? 1 : 0 };
+    for (uint32_t i = 0; i < pg->fr.cap_frames; i++)
+        pg->fr.frames[i].next = (pg_frame_id){ i + 2 <= pg->fr.cap_frames ? i + 2 : 0 };
+    pg->fr.frame_free_head = (pg_frame_id){ pg->fr.cap_frames ? 1 : 0 };
     for (uint32_t i = 0; i < pg->p.max_pages; i++)
-        pg->pages[i].next_free = (pg_page_id){ i + 2 <= pg->p.max_pages ? i + 2 : 0 };
-    pg->page_free_head = (pg_page_id){ pg->p.max_pages ? 1 : 0 };
-    pthread_mutex_init(&pg->feed.mu, NULL);
-    pthread_cond_init(&pg->feed.cv, NULL);
+        pg->pd.pages[i].next_free = (pg_page_id){ i + 2 <= pg->p.max_pages ? i + 2 : 0 };
+    pg->pd.page_free_head = (pg_page_id){ pg->p.max_pages ? 1 : 0 };
+    pthread_mutex_init(&pg->fr.feed.mu, NULL);
+    pthread_cond_init(&pg->fr.feed.cv, NULL);
     return 0;
 out_free:
     pool_free_arrays(pg);
@@ -59,20 +59,20 @@ out_free:
 
 void pool_fini(struct paging *pg)
 {
-    if (!pg->frames)
+    if (!pg->fr.frames)
         return;
-    for (uint32_t i = 0; i < pg->cap_frames; i++) {
-        if (pg->frames[i].state == FR_NONE)
+    for (uint32_t i = 0; i < pg->fr.cap_frames; i++) {
+        if (pg->fr.frames[i].state == FR_NONE)
             continue;
-        if (pg->frames[i].state != FR_READY)
+        if (pg->fr.frames[i].state != FR_READY)
             klog_error("paging: frame %u still in state %u at close", i + 1,
-                       pg->frames[i].state);
-        (void)vmm_phys_release(pg->v, pg->frames[i].h);    /* refused: logged */
+                       pg->fr.frames[i].state);
+        (void)vmm_phys_release(pg->v, pg->fr.frames[i].h);    /* refused: logged */
     }
-    for (uint32_t i = 0; i < pg->feed.n_in; i++)     /* delivered, never drained */
-        (void)vmm_phys_release(pg->v, pg->feed.in[i]);
-    pthread_cond_destroy(&pg->feed.cv);
-    pthread_mutex_destroy(&pg->feed.mu);
+    for (uint32_t i = 0; i < pg->fr.feed.n_in; i++)     /* delivered, never drained */
+        (void)vmm_phys_release(pg->v, pg->fr.feed.in[i]);
+    pthread_cond_destroy(&pg->fr.feed.cv);
+    pthread_mutex_destroy(&pg->fr.feed.mu);
     pool_free_arrays(pg);
 }
 
@@ -80,9 +80,9 @@ void pool_fini(struct paging *pg)
    would otherwise take the thread's mutex at every frame). */
 static void feed_ask(struct paging *pg)
 {
-    if (pg->feed.on && pg->feed.wake && !pg->feed.asked) {
-        pg->feed.asked = true;
-        pg->feed.wake(pg->feed.wake_arg);
+    if (pg->fr.feed.on && pg->fr.feed.wake && !pg->fr.feed.asked) {
+        pg->fr.feed.asked = true;
+        pg->fr.feed.wake(pg->fr.feed.wake_arg);
     }
 }
 
@@ -121,25 +121,25 @@ static void ready_push(struct paging *pg, pg_frame_id f)
     fr->listed = 1;
     frame_move(fr, FR_READY);
     fr->page = PG_PAGE_NONE;
-    fr->next = pg->ready_head;
-    pg->ready_head = f;
-    pg->n_ready++;
+    fr->next = pg->fr.ready_head;
+    pg->fr.ready_head = f;
+    pg->fr.n_ready++;
     /* the pool just grew above the thread's high mark: it times the surplus' release */
-    if (pg->feed.high != UINT32_MAX && pg->n_ready == pg->feed.high + 1)
+    if (pg->fr.feed.high != UINT32_MAX && pg->fr.n_ready == pg->fr.feed.high + 1)
         feed_ask(pg);
 }
 
 static pg_frame_id ready_pop(struct paging *pg)
 {
-    pg_frame_id f = pg->ready_head;
-    KVVM_ASSERT(!pg_frame_is_none(f) && pg->n_ready > 0);  /* callers pop only what is ready */
+    pg_frame_id f = pg->fr.ready_head;
+    KVVM_ASSERT(!pg_frame_is_none(f) && pg->fr.n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(fr->listed && fr->state == FR_READY && pg_page_is_none(fr->page));
-    pg->ready_head = fr->next;
+    pg->fr.ready_head = fr->next;
     fr->listed = 0;
-    pg->n_ready--;
-    if (pg->n_ready < pg->feed.ready_min)
-        pg->feed.ready_min = pg->n_ready;
+    pg->fr.n_ready--;
+    if (pg->fr.n_ready < pg->fr.feed.ready_min)
+        pg->fr.feed.ready_min = pg->fr.n_ready;
     fr->next = PG_FRAME_NONE;
     return f;
 }
@@ -147,12 +147,12 @@ static pg_frame_id ready_pop(struct paging *pg)
 /* A new frame id for handle h, onto the ready list. The caller checked the budget. */
 static pg_frame_id frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
 {
-    pg_frame_id f = pg->frame_free_head;
+    pg_frame_id f = pg->fr.frame_free_head;
     struct pg_frame *fr = frame_at(pg, f);
-    pg->frame_free_head = fr->next;
+    pg->fr.frame_free_head = fr->next;
     fr->h = h;
     fr->serial = serial;
-    pg->n_held++;
+    pg->fr.n_held++;
     pg->c.frames_created++;
     ready_push(pg, f);
     return f;
@@ -163,28 +163,28 @@ static pg_frame_id frame_add(struct paging *pg, vmm_handle h, uint32_t serial)
 static void frame_forget(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
-    KVVM_ASSERT(!fr->listed && pg->n_held > 0);  /* popped off the ready list first */
+    KVVM_ASSERT(!fr->listed && pg->fr.n_held > 0);  /* popped off the ready list first */
     frame_move(fr, FR_NONE);
     fr->serial = 0;
     fr->gen++;                      /* its handle is gone: view slots naming it are stale */
-    fr->next = pg->frame_free_head;
-    pg->frame_free_head = f;
-    pg->n_held--;
+    fr->next = pg->fr.frame_free_head;
+    pg->fr.frame_free_head = f;
+    pg->fr.n_held--;
 }
 
 /* Frames of the budget in the feed's hands (being created, delivered, being released). */
 static uint32_t feed_transit(struct paging *pg)
 {
-    pthread_mutex_lock(&pg->feed.mu);
-    uint32_t n = pg->feed.creating + pg->feed.n_in + pg->feed.releasing;
-    pthread_mutex_unlock(&pg->feed.mu);
+    pthread_mutex_lock(&pg->fr.feed.mu);
+    uint32_t n = pg->fr.feed.creating + pg->fr.feed.n_in + pg->fr.feed.releasing;
+    pthread_mutex_unlock(&pg->fr.feed.mu);
     return n;
 }
 
 static bool budget_room(struct paging *pg)
 {
-    return pg->n_held + feed_transit(pg) < pg->p.max_frames &&
-           !pg_frame_is_none(pg->frame_free_head);
+    return pg->fr.n_held + feed_transit(pg) < pg->p.max_frames &&
+           !pg_frame_is_none(pg->fr.frame_free_head);
 }
 
 /* Creates one frame onto the ready list on the caller's thread. -ENOMEM (budget or device
@@ -197,16 +197,16 @@ static int pool_create_one(struct paging *pg)
     int rc = vmm_phys_create(pg->v, pg->p.page_size, &h);
     if (rc)
         return rc;
-    frame_add(pg, h, ++pg->n_created);
+    frame_add(pg, h, ++pg->fr.n_created);
     pg->c.frames_created_sync++;
     return 0;
 }
 
 void pool_refill(struct paging *pg, uint32_t ready)
 {
-    if (pg->feed.on || pg->feed.suppress)
+    if (pg->fr.feed.on || pg->fr.feed.suppress)
         return;
-    while (pg->n_ready < ready && pg->n_held < pg->p.max_frames)
+    while (pg->fr.n_ready < ready && pg->fr.n_held < pg->p.max_frames)
         if (pool_create_one(pg))
             return;
 }
@@ -214,7 +214,7 @@ void pool_refill(struct paging *pg, uint32_t ready)
 uint32_t pool_available(const struct paging *pg)
 {
     /* ready + ahead + not created (in transit or not yet asked for) */
-    return pg->p.max_frames > pg->n_used ? pg->p.max_frames - pg->n_used : 0;
+    return pg->p.max_frames > pg->fr.n_used ? pg->p.max_frames - pg->fr.n_used : 0;
 }
 
 /* Releases handle h; false when the driver refused it on a live context (the caller keeps
@@ -227,7 +227,7 @@ static bool release_ok(struct paging *pg, vmm_handle h)
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
 {
     uint32_t n = 0;
-    while (pg->n_ready > keep) {
+    while (pg->fr.n_ready > keep) {
         pg_frame_id f = ready_pop(pg);
         if (!release_ok(pg, frame_at(pg, f)->h)) {
             ready_push(pg, f);
@@ -244,11 +244,11 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
 
 void paging_feed_drain(struct paging *pg)
 {
-    struct pg_feed *fd = &pg->feed;
+    struct pg_feed *fd = &pg->fr.feed;
     pthread_mutex_lock(&fd->mu);
     for (uint32_t i = 0; i < fd->n_in; i++) {
-        uint32_t after = pg->n_held + 1 + fd->creating + fd->releasing + (fd->n_in - i - 1);
-        if (after <= pg->p.max_frames && !pg_frame_is_none(pg->frame_free_head)) {
+        uint32_t after = pg->fr.n_held + 1 + fd->creating + fd->releasing + (fd->n_in - i - 1);
+        if (after <= pg->p.max_frames && !pg_frame_is_none(pg->fr.frame_free_head)) {
             frame_add(pg, fd->in[i], 0);
         } else {            /* the budget shrank meanwhile */
             if (!release_ok(pg, fd->in[i]))
@@ -269,11 +269,11 @@ void paging_feed_drain(struct paging *pg)
    no budget room, releasing). True when it waited (the caller drains and looks again). */
 static bool feed_wait(struct paging *pg)
 {
-    struct pg_feed *fd = &pg->feed;
+    struct pg_feed *fd = &pg->fr.feed;
     bool waited = false;
     pthread_mutex_lock(&fd->mu);
     if (fd->creating ||
-        (fd->releasing && pg->n_held + fd->n_in + fd->releasing >= pg->p.max_frames)) {
+        (fd->releasing && pg->fr.n_held + fd->n_in + fd->releasing >= pg->p.max_frames)) {
         pthread_cond_wait(&fd->cv, &fd->mu);
         waited = true;
     } else if (fd->n_in) {
@@ -285,7 +285,7 @@ static bool feed_wait(struct paging *pg)
 
 void paging_feed_quiesce(struct paging *pg)
 {
-    struct pg_feed *fd = &pg->feed;
+    struct pg_feed *fd = &pg->fr.feed;
     pthread_mutex_lock(&fd->mu);
     while (fd->creating || fd->releasing)
         pthread_cond_wait(&fd->cv, &fd->mu);
@@ -296,38 +296,38 @@ void paging_feed_quiesce(struct paging *pg)
 int paging_feed_attach(struct paging *pg, void (*wake)(void *), void *arg, uint32_t low,
                        uint32_t high)
 {
-    pg->feed.wake = wake;
-    pg->feed.wake_arg = arg;
-    pg->feed.low = low;
-    pg->feed.high = high;
-    pg->feed.asked = false;
-    pg->feed.on = true;
+    pg->fr.feed.wake = wake;
+    pg->fr.feed.wake_arg = arg;
+    pg->fr.feed.low = low;
+    pg->fr.feed.high = high;
+    pg->fr.feed.asked = false;
+    pg->fr.feed.on = true;
     return 0;
 }
 
 void paging_feed_detach(struct paging *pg)
 {
     paging_feed_quiesce(pg);
-    pg->feed.on = false;
-    pg->feed.wake = NULL;
-    pg->feed.wake_arg = NULL;
+    pg->fr.feed.on = false;
+    pg->fr.feed.wake = NULL;
+    pg->fr.feed.wake_arg = NULL;
 }
 
 void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high)
 {
-    pg->feed.low = low;
-    pg->feed.high = high;
+    pg->fr.feed.low = low;
+    pg->fr.feed.high = high;
 }
 
 static void feed_wake(struct paging *pg)
 {
-    if (pg->n_ready < pg->feed.low && !pg->feed.suppress)
+    if (pg->fr.n_ready < pg->fr.feed.low && !pg->fr.feed.suppress)
         feed_ask(pg);
 }
 
 int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl)
 {
-    struct pg_feed *fd = &pg->feed;
+    struct pg_feed *fd = &pg->fr.feed;
     fd->asked = false;            /* this plan sees what any request since the last saw */
     paging_feed_drain(pg);
     pl->create = pl->release = 0;
@@ -337,10 +337,10 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
     pthread_mutex_lock(&fd->mu);
     uint32_t coming = fd->creating + fd->n_in;
     uint32_t transit = coming + fd->releasing;
-    if (!fd->suppress && pg->n_ready + coming < fill) {
-        uint32_t want = fill - pg->n_ready - coming;
-        uint32_t room = pg->p.max_frames > pg->n_held + transit
-                            ? pg->p.max_frames - pg->n_held - transit : 0;
+    if (!fd->suppress && pg->fr.n_ready + coming < fill) {
+        uint32_t want = fill - pg->fr.n_ready - coming;
+        uint32_t room = pg->p.max_frames > pg->fr.n_held + transit
+                            ? pg->p.max_frames - pg->fr.n_held - transit : 0;
         pl->create = want < room ? want : room;
     }
     pthread_mutex_unlock(&fd->mu);
@@ -359,7 +359,7 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
     pl->release = release;
     pg->c.frames_released += release;
     if (keep != PG_FEED_KEEP_ALL)
-        pg->feed.ready_min = pg->n_ready;      /* a new window (KEEP_ALL: it goes on) */
+        pg->fr.feed.ready_min = pg->fr.n_ready;      /* a new window (KEEP_ALL: it goes on) */
     pthread_mutex_lock(&fd->mu);
     fd->creating += pl->create;
     fd->releasing += release;
@@ -369,13 +369,14 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
 
 uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep)
 {
-    uint32_t idle = pg->feed.ready_min < pg->n_ready ? pg->feed.ready_min : pg->n_ready;
+    uint32_t idle =
+        pg->fr.feed.ready_min < pg->fr.n_ready ? pg->fr.feed.ready_min : pg->fr.n_ready;
     return idle > keep ? idle - keep : 0;
 }
 
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)
 {
-    struct pg_feed *fd = &pg->feed;
+    struct pg_feed *fd = &pg->fr.feed;
     for (uint32_t i = 0; i < pl->release; i++) {
         bool ok = release_ok(pg, pl->rel[i]);
         pthread_mutex_lock(&fd->mu);
@@ -414,7 +415,7 @@ uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)
 
 uint32_t paging_pool_ready(const struct paging *pg)
 {
-    return pg->n_ready;
+    return pg->fr.n_ready;
 }
 
 bool paging_pool_can_create(struct paging *pg)
@@ -425,33 +426,30 @@ bool paging_pool_can_create(struct paging *pg)
 /* ---- the budget --------------------------------------------------------------------- */
 
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready. */
+   frames become ready (the holders' hook, seq_drop_all_ahead). */
 static void drop_all_ahead(struct paging *pg)
 {
-    view_break_all(pg);
-    for (uint32_t i = 0; i < pg->p.max_seqs && pg->n_ahead; i++)
-        if (pg->seqs[i].n_ahead)
-            seq_drop_ahead(pg, &pg->seqs[i], 0);
+    pg->fr.ahead_drop_all(pg);
 }
 
 int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
 {
     *released = 0;
-    if (frames < pg->p.n_regions || frames > pg->cap_frames)
+    if (frames < pg->p.n_regions || frames > pg->fr.cap_frames)
         return -EINVAL;
-    if (pg->n_used > frames)
+    if (pg->fr.n_used > frames)
         return -ENOMEM;
-    if (pg->n_held > frames) {
-        uint32_t over = pg->n_held - frames;
-        *released += pool_release_ready(pg, pg->n_ready > over ? pg->n_ready - over : 0);
+    if (pg->fr.n_held > frames) {
+        uint32_t over = pg->fr.n_held - frames;
+        *released += pool_release_ready(pg, pg->fr.n_ready > over ? pg->fr.n_ready - over : 0);
     }
-    if (pg->n_held > frames) {
+    if (pg->fr.n_held > frames) {
         drop_all_ahead(pg);
-        *released += pool_release_ready(pg, frames - pg->n_used);
+        *released += pool_release_ready(pg, frames - pg->fr.n_used);
     }
     /* a release the driver refused: the budget stays (unused frames released meanwhile
        are only reserve; they are created again on need) */
-    if (pg->n_held > frames)
+    if (pg->fr.n_held > frames)
         return -EIO;
     pg->p.max_frames = frames;
     return 0;
@@ -459,10 +457,10 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
 
 uint32_t paging_trim(struct paging *pg, uint32_t keep)
 {
-    pthread_mutex_lock(&pg->feed.mu);
-    pg->feed.suppress = true;
-    pthread_mutex_unlock(&pg->feed.mu);
-    if (pg->n_ahead && pg->n_ready + pg->n_ahead > keep)
+    pthread_mutex_lock(&pg->fr.feed.mu);
+    pg->fr.feed.suppress = true;
+    pthread_mutex_unlock(&pg->fr.feed.mu);
+    if (pg->fr.n_ahead && pg->fr.n_ready + pg->fr.n_ahead > keep)
         drop_all_ahead(pg);
     return pool_release_ready(pg, keep);
 }
@@ -474,7 +472,7 @@ uint32_t paging_budget(const struct paging *pg)
 
 uint32_t paging_cap_frames(const struct paging *pg)
 {
-    return pg->cap_frames;
+    return pg->fr.cap_frames;
 }
 
 /* ---- taking and giving frames ------------------------------------------------------- */
@@ -485,8 +483,8 @@ uint32_t paging_cap_frames(const struct paging *pg)
 static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
 {
     paging_feed_drain(pg);
-    while (pg->n_ready < n) {
-        if (pg->feed.on && feed_wait(pg)) {
+    while (pg->fr.n_ready < n) {
+        if (pg->fr.feed.on && feed_wait(pg)) {
             paging_feed_drain(pg);
             continue;
         }
@@ -498,18 +496,18 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
         if (rc)
             return rc;
     }
-    while (pg->n_ready < n)
-        if (seq_steal_ahead(pg, except))
+    while (pg->fr.n_ready < n)
+        if (pg->fr.ahead_steal(pg, except))
             return -ENOMEM;
     return 0;
 }
 
 int pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_seq *except)
 {
-    if (pg->feed.suppress) {          /* a call needs device pages: kvvm_trim's pause ends */
-        pthread_mutex_lock(&pg->feed.mu);
-        pg->feed.suppress = false;
-        pthread_mutex_unlock(&pg->feed.mu);
+    if (pg->fr.feed.suppress) {          /* a call needs device pages: kvvm_trim's pause ends */
+        pthread_mutex_lock(&pg->fr.feed.mu);
+        pg->fr.feed.suppress = false;
+        pthread_mutex_unlock(&pg->fr.feed.mu);
     }
     int rc = pool_ensure(pg, n, except);
     if (rc)
@@ -517,7 +515,7 @@ int pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_
     for (uint32_t i = 0; i < n; i++) {
         out[i] = ready_pop(pg);
         frame_move(frame_at(pg, out[i]), FR_USED);
-        pg->n_used++;
+        pg->fr.n_used++;
     }
     feed_wake(pg);
     return 0;
@@ -530,11 +528,11 @@ int pool_take(struct paging *pg, uint32_t n, pg_frame_id *out)
 
 uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out)
 {
-    uint32_t k = n < pg->n_ready ? n : pg->n_ready;
+    uint32_t k = n < pg->fr.n_ready ? n : pg->fr.n_ready;
     for (uint32_t i = 0; i < k; i++) {
         out[i] = ready_pop(pg);
         frame_move(frame_at(pg, out[i]), FR_USED);
-        pg->n_used++;
+        pg->fr.n_used++;
     }
     if (k)
         feed_wake(pg);
@@ -546,11 +544,12 @@ void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct pg_frame *fr = frame_at(pg, f[i]);
         KVVM_ASSERT(pg_page_is_none(fr->page));  /* it holds no page */
-        KVVM_ASSERT(fr->state == FR_USED ? pg->n_used > 0 : fr->state != FR_AHEAD || pg->n_ahead);
+        KVVM_ASSERT(fr->state == FR_USED ? pg->fr.n_used > 0
+                                         : fr->state != FR_AHEAD || pg->fr.n_ahead);
         if (fr->state == FR_USED)
-            pg->n_used--;
+            pg->fr.n_used--;
         else if (fr->state == FR_AHEAD)
-            pg->n_ahead--;
+            pg->fr.n_ahead--;
         ready_push(pg, f[i]);
     }
 }
@@ -558,11 +557,11 @@ void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
 void frame_set_ahead(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
-    KVVM_ASSERT(fr->state == FR_USED && pg->n_used > 0);   /* a taken frame, mapped ahead */
+    KVVM_ASSERT(fr->state == FR_USED && pg->fr.n_used > 0);   /* a taken frame, mapped ahead */
     if (fr->state == FR_USED)
-        pg->n_used--;
+        pg->fr.n_used--;
     frame_move(fr, FR_AHEAD);
-    pg->n_ahead++;
+    pg->fr.n_ahead++;
 }
 
 void frame_set_used(struct paging *pg, pg_frame_id f)
@@ -571,9 +570,9 @@ void frame_set_used(struct paging *pg, pg_frame_id f)
     KVVM_ASSERT(fr->state == FR_USED || fr->state == FR_AHEAD);  /* taken, not ready */
     if (fr->state == FR_USED)
         return;
-    KVVM_ASSERT(pg->n_ahead > 0);
-    pg->n_ahead--;
-    pg->n_used++;
+    KVVM_ASSERT(pg->fr.n_ahead > 0);
+    pg->fr.n_ahead--;
+    pg->fr.n_used++;
     frame_move(fr, FR_USED);
 }
 
@@ -581,12 +580,12 @@ void frame_set_used(struct paging *pg, pg_frame_id f)
 
 pg_page_id page_new(struct paging *pg, pg_frame_id frame)
 {
-    pg_page_id id = pg->page_free_head;
+    pg_page_id id = pg->pd.page_free_head;
     /* max_pages >= cap_frames and every device page holds a frame: never exhausted here */
     KVVM_ASSERT(!pg_page_is_none(id));
     struct pg_page *p = page_at(pg, id);
     KVVM_ASSERT(!p->refs && pg_page_is_none(frame_at(pg, frame)->page));  /* both free */
-    pg->page_free_head = p->next_free;
+    pg->pd.page_free_head = p->next_free;
     p->next_free = PG_PAGE_NONE;
     p->refs = 1;
     p->offs = p->jobs = p->ents = 0;
@@ -596,7 +595,22 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     p->bad = 0;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
-    pg->n_pages_live++;
+    pg->pd.n_pages_live++;
+    return id;
+}
+
+pg_page_id page_new_host(struct paging *pg, pg_slot slot)
+{
+    pg_page_id id = pg->pd.page_free_head;
+    struct pg_page *p = page_at(pg, id);
+    pg->pd.page_free_head = p->next_free;
+    KVVM_ASSERT(p->tier == PG_TIER_NONE && !p->refs);   /* a free descriptor */
+    *p = (struct pg_page){ .refs = 1, .offs = 1 };
+    page_set_tier(p, PG_TIER_HOST);
+    page_slots_none(p);
+    page_take_slot(pg, p, PG_LOWER_HOST, slot);
+    page_count(pg, p, 1);
+    pg->pd.n_pages_live++;
     return id;
 }
 
@@ -623,8 +637,8 @@ void page_put(struct paging *pg, pg_page_id page)
     KVVM_ASSERT(!p->offs && !p->jobs && !p->ents);
     if (p->tier == PG_TIER_DEVICE && !pg_frame_is_none(p->frame)) {
         pg_frame_id f = p->frame;
-        KVVM_ASSERT(pg->n_used > 0);
-        pg->n_used--;
+        KVVM_ASSERT(pg->fr.n_used > 0);
+        pg->fr.n_used--;
         ready_push(pg, f);
     } else if (lower_of(p->tier) >= 0) {
         /* resting in a tier below (a page in flight is held by its transfer, never freed
@@ -634,10 +648,10 @@ void page_put(struct paging *pg, pg_page_id page)
     page_set_tier(p, PG_TIER_NONE);
     p->bad = 0;
     p->frame = PG_FRAME_NONE;
-    p->next_free = pg->page_free_head;
-    pg->page_free_head = page;
-    KVVM_ASSERT(pg->n_pages_live > 0);
-    pg->n_pages_live--;
+    p->next_free = pg->pd.page_free_head;
+    pg->pd.page_free_head = page;
+    KVVM_ASSERT(pg->pd.n_pages_live > 0);
+    pg->pd.n_pages_live--;
 }
 
 void page_put_off(struct paging *pg, pg_page_id id)
@@ -652,10 +666,10 @@ void page_put_off(struct paging *pg, pg_page_id id)
 
 void pool_rollback(struct paging *pg, uint32_t mark)
 {
-    if (pg->n_created <= mark)
+    if (pg->fr.n_created <= mark)
         return;
     /* frames this call created are all ready again (the failed call gave them back) */
-    pg_frame_id *pp = &pg->ready_head;
+    pg_frame_id *pp = &pg->fr.ready_head;
     while (!pg_frame_is_none(*pp)) {
         pg_frame_id f = *pp;
         struct pg_frame *fr = frame_at(pg, f);
@@ -665,7 +679,7 @@ void pool_rollback(struct paging *pg, uint32_t mark)
         } else if (fr->serial > mark) {
             *pp = fr->next;
             fr->listed = 0;
-            pg->n_ready--;
+            pg->fr.n_ready--;
             frame_forget(pg, f);
             pg->c.frames_created--;         /* as if never created (the call failed) */
             pg->c.frames_created_sync--;
@@ -673,8 +687,8 @@ void pool_rollback(struct paging *pg, uint32_t mark)
             pp = &fr->next;
         }
     }
-    for (uint32_t i = 0; i < pg->cap_frames; i++)
-        if (pg->frames[i].serial > mark)
+    for (uint32_t i = 0; i < pg->fr.cap_frames; i++)
+        if (pg->fr.frames[i].serial > mark)
             klog_error("paging: frame %u created by a failed call is still in use", i + 1);
-    pg->n_created = mark;
+    pg->fr.n_created = mark;
 }

@@ -20,7 +20,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
         return 0;
     if ((rc = paging_reap(pg)))
         return rc;
-    for (struct pg_defer *d = pg->defer; d; d = d->next)
+    for (struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
             return 0;
     /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
@@ -168,11 +168,11 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
 uint32_t paging_frames_pending(const struct paging *pg)
 {
     uint32_t n = 0;
-    for (const struct pg_defer *d = pg->defer; d; d = d->next)
+    for (const struct pg_defer *d = pg->df.defer; d; d = d->next)
         if (d->kind == DF_OUT)
             for (uint32_t i = 0; i < d->n; i++)
                 n += !pg_page_is_none(d->pages[i]) &&
-                     pg->pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
+                     pg->pd.pages[d->pages[i].v - 1].tier == PG_TIER_TO_HOST;
     return n;
 }
 
@@ -183,10 +183,5 @@ uint32_t paging_orphans(const struct paging *pg)
 
 uint32_t paging_frames_free(const struct paging *pg)
 {
-    return pg->p.max_frames - pg->n_used;
-}
-
-size_t paging_host_free(const struct paging *pg)
-{
-    return lower_room(pg, PG_LOWER_HOST);
+    return pg->p.max_frames - pg->fr.n_used;
 }

@@ -44,7 +44,7 @@ void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_
 
 int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
 {
-    if (!pg->n_ahead)
+    if (!pg->fr.n_ahead)
         return -ENOMEM;
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
         struct pg_seq *s = &pg->seqs[i];
@@ -54,6 +54,14 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
         }
     }
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
+}
+
+void seq_drop_all_ahead(struct paging *pg)
+{
+    view_break_all(pg);
+    for (uint32_t i = 0; i < pg->p.max_seqs && pg->fr.n_ahead; i++)
+        if (pg->seqs[i].n_ahead)
+            seq_drop_ahead(pg, &pg->seqs[i], 0);
 }
 
 /* Best effort: maps ready frames ahead of s's end, in batches between two marks per region:
@@ -72,8 +80,8 @@ static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
     if (s->n_ahead >= low)
         return;
     uint32_t k = want - s->n_ahead;
-    if (k > pg->n_ready / nr)
-        k = pg->n_ready / nr;
+    if (k > pg->fr.n_ready / nr)
+        k = pg->fr.n_ready / nr;
     if (!k)
         return;
     for (uint32_t r = 0; r < nr; r++) {
@@ -101,19 +109,6 @@ out_undo:
 }
 
 /* ---- slots and handles -------------------------------------------------------------- */
-
-int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
-{
-    uint64_t slot1 = handle_slot1(h);
-    uint32_t gen = handle_gen(h);
-    if (!slot1 || slot1 > pg->p.max_seqs)
-        return pg_why_handle(pg, h);
-    struct pg_seq *s = &pg->seqs[slot1 - 1];
-    if (!s->live || s->gen != gen)
-        return pg_why_handle(pg, h);
-    *out = s;
-    return 0;
-}
 
 /* Block-table entries per region a slot starts with: one page's, so a sequence's tables
    follow its length from the first page on (doubling: a 64k-token sequence of 4 KiB pages
@@ -157,14 +152,14 @@ int seq_bt_reserve(struct paging *pg, struct pg_seq *s, uint64_t n_pages)
 /* Takes a free slot (waiting for dying slots' releases if none is free). -ENOSPC, -ENOMEM. */
 int seq_slot_take(struct paging *pg, struct pg_seq **out)
 {
-    if (!pg->slot_free_head && pg->n_dying) {
+    if (!pg->sq.slot_free_head && pg->sq.n_dying) {
         int rc = defer_reap(pg, true);
         if (rc)
             return rc;
     }
-    if (!pg->slot_free_head)
+    if (!pg->sq.slot_free_head)
         return -ENOSPC;
-    struct pg_seq *s = &pg->seqs[pg->slot_free_head - 1];
+    struct pg_seq *s = &pg->seqs[pg->sq.slot_free_head - 1];
     if (s->bt_cap > BT_FIRST) {         /* a longer sequence's tables: not the next one's */
         free(s->bt);
         free(s->bid);
@@ -182,7 +177,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
         if (!s->ahead)
             return -ENOMEM;
     }
-    pg->slot_free_head = s->next_free;
+    pg->sq.slot_free_head = s->next_free;
     s->next_free = 0;
     seq_set_life(pg, s, SEQ_LIVE);
     s->length = 0;
@@ -294,8 +289,8 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
         uint64_t va = pg_va(pg, r, slot, idx);
         rc = seq_map_frames(pg, va, &f, 1);
         if (!rc && pg->p.scrub) {
-            rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->stream);
-            if (!rc && !pg->stream)
+            rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->ck.stream);
+            if (!rc && !pg->ck.stream)
                 rc = vmm_stream_sync(pg->v, NULL);
             if (rc) {
                 (void)pg_wait_engine(pg);   /* the memset may still run: never unmap under it */
@@ -322,11 +317,11 @@ static int tail_scrub(struct paging *pg, struct pg_seq *s, uint32_t idx, uint64_
     uint32_t slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         int rc = vmm_memset(pg->v, pg_va(pg, r, slot, idx) + off, 0, (size_t)(ps - off),
-                            pg->stream);
+                            pg->ck.stream);
         if (rc)
             return rc;
     }
-    return pg->stream ? 0 : vmm_stream_sync(pg->v, NULL);
+    return pg->ck.stream ? 0 : vmm_stream_sync(pg->v, NULL);
 }
 
 /* Frames a grow of s to len takes (new pages + copies of a shared last page). */
@@ -347,7 +342,7 @@ int pool_reserve_check(struct paging *pg, uint32_t n)
 {
     if (pool_available(pg) >= n)
         return 0;
-    if (pg->defer) {
+    if (pg->df.defer) {
         int rc = defer_reap(pg, true);
         if (rc)
             return rc;
@@ -362,7 +357,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     uint32_t slot = pg_slot_of(pg, s), n = u->new_np - u->old_np;
     cow_undo(pg, s, &u->cow);
     cow_commit(pg, &u->cow);
-    if (u->n_fill && pg->p.scrub && pg->stream)
+    if (u->n_fill && pg->p.scrub && pg->ck.stream)
         (void)pg_wait_engine(pg);   /* tail_fill's scrub memsets may still run */
     for (uint32_t j = 0; j < u->n_fill; j++) {
         pg_page_id *e = &pg_bt(pg, s, u->fill[j])[u->old_np - 1];
@@ -375,7 +370,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     u->n_fill = 0;
     seq_drop_ahead(pg, s, 0);
     view_release(pg, s, UINT32_MAX, u->old_np, u->new_np);    /* a prepared group's ids */
-    if (pg->p.scrub && pg->stream && n)
+    if (pg->p.scrub && pg->ck.stream && n)
         (void)pg_wait_engine(pg);   /* the scrub memsets may still run: wait, then unmap */
     s->n_pages = u->old_np;
     s->length = u->old_len;
@@ -404,8 +399,8 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
            before the new owner can see it: on the engine stream, or synchronously. An undo
            waits for the engine before unmapping them. */
         rc = vmm_memset(pg->v, pg_va(pg, r, slot, s->n_pages), 0,
-                        (size_t)(k + n_fresh) * pg->p.page_size, pg->stream);
-        if (!rc && !pg->stream)
+                        (size_t)(k + n_fresh) * pg->p.page_size, pg->ck.stream);
+        if (!rc && !pg->ck.stream)
             rc = vmm_stream_sync(pg->v, NULL);
         if (rc) {
             /* a memset enqueued may still run, on the engine stream or the (asynchronous)
@@ -522,7 +517,7 @@ out_regions:
     /* Region r failed whole. Regions [0, r) hold new pages at [old_np, new_np) (k of them
        map-ahead frames) and their remaining map-ahead was shifted to [new_np, ..); regions
        [r, nr) still have all their map-ahead at [old_np, ..). Undo to no map-ahead at all. */
-    if (pg->p.scrub && pg->stream && r)
+    if (pg->p.scrub && pg->ck.stream && r)
         (void)pg_wait_engine(pg);   /* regions [0, r)'s scrub memsets may still run */
     for (uint32_t q = 0; q < nr; q++) {
         uint32_t slot = pg_slot_of(pg, s);
@@ -579,7 +574,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     if (rc)
         return rc;
     struct grow_undo u;
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = grow_apply(pg, s, length, &u);
     if (rc) {
         pool_rollback(pg, mark);
@@ -667,21 +662,21 @@ int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
                                    const uint64_t *lengths, size_t n)
 {
     struct pg_seq *s;
-    if (++pg->batch_mark == 0) {                /* wrapped: no stale mark may match */
+    if (++pg->sq.batch_mark == 0) {                /* wrapped: no stale mark may match */
         for (uint32_t i = 0; i < pg->p.max_seqs; i++)
             pg->seqs[i].batch_mark = 0;
-        pg->batch_mark = 1;
+        pg->sq.batch_mark = 1;
     }
     for (size_t i = 0; i < n; i++) {
         s = seq_peek(pg, hs[i]);
-        if (!s || s->batch_mark == pg->batch_mark)                        /* twice */
+        if (!s || s->batch_mark == pg->sq.batch_mark)                        /* twice */
             return -EAGAIN;
         if (!paging_hot_room_covers(&pg->hot, &s->hot, lengths[i])) {
             if (!grows_in_place(pg, s, lengths[i]))
                 return -EAGAIN;
             seq_room_set(pg, s);
         }
-        s->batch_mark = pg->batch_mark;
+        s->batch_mark = pg->sq.batch_mark;
     }
     for (size_t i = 0; i < n; i++) {
         s = seq_peek(pg, hs[i]);
@@ -784,7 +779,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
         rc = seq_bt_reserve(pg, ss[i], pg_pages_for(pg, lengths[i]));
     if (rc)
         goto out_free;
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     for (done = 0; done < n; done++) {
         rc = grow_apply(pg, ss[done], lengths[done], &u[done]);
         if (rc)

@@ -155,15 +155,15 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
         rc = seq_map_frames(pg, va, &frames[r], 1);
         if (rc)
             goto out_unmap;
-        rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->stream);
+        rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->ck.stream);
         if (!rc)
-            rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->stream);
+            rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->ck.stream);
         if (rc) {
             r++;
             goto out_unmap;
         }
     }
-    rc = pg->stream ? 0 : pg_finish_copy(pg);
+    rc = pg->ck.stream ? 0 : pg_finish_copy(pg);
     if (rc)
         goto out_unmap;
     for (r = 0; r < pg->p.n_regions; r++) {
@@ -204,7 +204,7 @@ static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot
             goto out_slot;
         /* on the engine stream (after its work), waiting for that stream only; the legacy
            stream would also wait for (or not be ordered with) unrelated streams */
-        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->stream);
+        rc = vmm_copy_dtoh(pg->v, dst, pg->scratch_va, rem, pg->ck.stream);
         int src = pg_finish_copy(pg);
         if (src && !rc)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
@@ -261,7 +261,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         rc = defer_flush_slot(pg, pg_slot_of(pg, src));
     if (!rc && rem && !lower_on(pg, PG_LOWER_HOST))
         rc = -ENOMEM;
-    if (!rc && rem && pg->lower[PG_LOWER_HOST].n_io)
+    if (!rc && rem && pg->xf.lower[PG_LOWER_HOST].n_io)
         rc = defer_reap(pg, true);          /* the partial page's bytes settle first */
     uint32_t nk = 0;                    /* partial pages to copy: holes are not */
     if (!rc && rem) {
@@ -289,17 +289,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         if (pg_slot_is_none(slots[r])) {
             db[whole] = PG_PAGE_NONE;
         } else {
-            pg_page_id id = pg->page_free_head;
-            struct pg_page *p = page_at(pg, id);
-            pg->page_free_head = p->next_free;
-            KVVM_ASSERT(p->tier == PG_TIER_NONE && !p->refs);   /* a free descriptor */
-            *p = (struct pg_page){ .refs = 1, .offs = 1 };
-            page_set_tier(p, PG_TIER_HOST);
-            page_slots_none(p);
-            page_take_slot(pg, p, PG_LOWER_HOST, slots[r]);
-            page_count(pg, p, 1);
-            pg->n_pages_live++;
-            db[whole] = id;
+            db[whole] = page_new_host(pg, slots[r]);
         }
     }
     seq_set_out(pg, dst, true);
@@ -394,7 +384,7 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     if (rc)
         return rc;
     seq_drop_ahead(pg, dst, 0);
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     if (nk && (rc = pool_take(pg, nk, got)))
         goto out_rollback;
     for (uint32_t r = 0, k = 0; rem && r < nr; r++)

@@ -1,6 +1,7 @@
 /*
- * paging/step.c: the epoch clock and the engine stream: paging_step, paging_sync,
- * paging_set_stream.
+ * paging/step.c: the epoch clock and the streams: paging_step, paging_sync,
+ * paging_set_stream; the copy stream (tier_copy_stream) and its ordering after the engine
+ * (tier_copies_after_engine, paging_stream_after_copies). Owns struct pg_clock.
  *
  * Every step ends an epoch (pg->epoch++): with an engine stream it records the step fence
  * there, so a later step that finds it complete marks the epochs before it quiet
@@ -22,8 +23,8 @@ int pg_device_sync(struct paging *pg)
     int rc = vmm_device_sync(pg->v);
     if (rc)
         return rc;
-    pg->quiet_below = pg->epoch;
-    pg->n_syncs++;
+    pg->ck.quiet_below = pg->epoch;
+    pg->ck.n_syncs++;
     return 0;
 }
 
@@ -34,39 +35,39 @@ int paging_step(struct paging *pg)
     int rc = defer_reap(pg, false);
     if (rc)
         return rc;
-    if (pg->stream) {
-        if (!pg->step_fence_ok) {
-            rc = vmm_fence_create(pg->v, &pg->step_fence);
+    if (pg->ck.stream) {
+        if (!pg->ck.step_fence_ok) {
+            rc = vmm_fence_create(pg->v, &pg->ck.step_fence);
             if (rc)
                 return rc;
-            pg->step_fence_ok = 1;
+            pg->ck.step_fence_ok = 1;
         }
-        bool idle = pg->step_recorded && pg->tick == pg->step_fence_tick;
-        if (pg->step_recorded && !(idle && pg->step_fence_done) &&
-            vmm_fence_query(pg->v, &pg->step_fence) == 1) {
-            pg->step_fence_done = 1;
-            if (pg->step_fence_epoch > pg->quiet_below)
-                pg->quiet_below = pg->step_fence_epoch;
+        bool idle = pg->ck.step_recorded && pg->tick == pg->ck.step_fence_tick;
+        if (pg->ck.step_recorded && !(idle && pg->ck.step_fence_done) &&
+            vmm_fence_query(pg->v, &pg->ck.step_fence) == 1) {
+            pg->ck.step_fence_done = 1;
+            if (pg->ck.step_fence_epoch > pg->ck.quiet_below)
+                pg->ck.quiet_below = pg->ck.step_fence_epoch;
         }
         if (!idle) {
-            rc = vmm_fence_record(pg->v, &pg->step_fence, pg->stream);
+            rc = vmm_fence_record(pg->v, &pg->ck.step_fence, pg->ck.stream);
             if (rc)
                 return rc;
-            pg->step_recorded = 1;
-            pg->step_fence_done = 0;
-            pg->step_fence_tick = pg->tick;
+            pg->ck.step_recorded = 1;
+            pg->ck.step_fence_done = 0;
+            pg->ck.step_fence_tick = pg->tick;
         }
         /* idle (no sequence used since the fence was recorded): the engine's work since then
            touches none of them (docs/api.md "Protection"), so the fence already covers
            every sequence used before this step; done, every epoch so far is quiet */
-        pg->step_fence_epoch = pg->epoch + 1;
-        if (idle && pg->step_fence_done)
-            pg->quiet_below = pg->step_fence_epoch;
+        pg->ck.step_fence_epoch = pg->epoch + 1;
+        if (idle && pg->ck.step_fence_done)
+            pg->ck.quiet_below = pg->ck.step_fence_epoch;
     }
     pg->epoch++;
-    pool_refill(pg, pg->chunk);
+    pool_refill(pg, pg->fr.chunk);
     rc = view_reap(pg, false);
-    if (!pg->feed.on)
+    if (!pg->fr.feed.on)
         paging_view_prepare(pg);    /* without a pool thread: ahead, at the step */
     return rc;
 }
@@ -77,13 +78,13 @@ int paging_step(struct paging *pg)
    on pages is ordered on its stream, so that stream done = every epoch quiet. */
 static int pg_streams_sync(struct paging *pg)
 {
-    int rc = vmm_stream_sync(pg->v, pg->stream);
-    if (!rc && pg->copy_stream)
-        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+    int rc = vmm_stream_sync(pg->v, pg->ck.stream);
+    if (!rc && pg->ck.copy_stream)
+        rc = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (rc)
         return rc;
-    pg->quiet_below = pg->epoch;
-    pg->n_syncs++;
+    pg->ck.quiet_below = pg->epoch;
+    pg->ck.n_syncs++;
     return 0;
 }
 
@@ -91,7 +92,7 @@ int paging_sync(struct paging *pg)
 {
     if (vmm_dead(pg->v))
         return -EIO;
-    int rc = pg->stream ? pg_streams_sync(pg) : pg_device_sync(pg);
+    int rc = pg->ck.stream ? pg_streams_sync(pg) : pg_device_sync(pg);
     if (!rc)
         rc = defer_reap(pg, true);
     return rc ? rc : view_reap(pg, false);
@@ -108,17 +109,81 @@ int paging_set_stream(struct paging *pg, kcu_stream s)
         if (rc)
             return rc;
     }
-    if (s == pg->stream)
+    if (s == pg->ck.stream)
         return 0;
     int rc = paging_sync(pg);
     if (rc)
         return rc;
-    pg->stream = s;
-    pg->step_recorded = 0;
+    pg->ck.stream = s;
+    pg->ck.step_recorded = 0;
     return 0;
 }
 
 kcu_stream paging_stream(const struct paging *pg)
 {
-    return pg->stream;
+    return pg->ck.stream;
+}
+
+/* ---- the copy stream (the swap paths' copies) and its ordering after the engine ---- */
+
+int tier_copy_stream(struct paging *pg)
+{
+    if (pg->ck.copy_stream)
+        return 0;
+    int rc = vmm_stream_create(pg->v, &pg->ck.copy_stream);
+    if (rc)
+        return rc;
+    rc = vmm_fence_create(pg->v, &pg->ck.copy_fence);
+    if (!rc) {
+        pg->ck.copy_fence_ok = 1;
+        return 0;
+    }
+    vmm_stream_destroy(pg->v, pg->ck.copy_stream);
+    pg->ck.copy_stream = NULL;
+    return rc;
+}
+
+kcu_stream paging_copy_stream(const struct paging *pg)
+{
+    return pg->ck.copy_stream;
+}
+
+int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
+{
+    int rc = tier_copy_stream(pg);
+    return rc ? rc : vmm_fence_record(pg->v, f, pg->ck.copy_stream);
+}
+
+int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
+{
+    if (!pg->ck.copy_stream)
+        return 0;
+    int rc = vmm_fence_record(pg->v, &pg->ck.copy_fence, pg->ck.copy_stream);
+    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->ck.copy_fence);
+}
+
+/* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
+   work enqueued so far). A quiet s (used before an epoch known complete) needs nothing, in
+   synchronous mode too (no context synchronization: what the reclaim thread moves there).
+   An unprotected s (not used since the last step) was last touched
+   by work before the last step's fence: the copy stream waits for that fence, and nothing
+   is recorded on the engine stream, so a background thread never enqueues there (a capture
+   may begin at any time on it: a record would become a graph node). Otherwise a fence is
+   recorded on the engine stream now (the caller is the engine's own call). */
+int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
+{
+    if (s && (!s->used_valid || s->used_epoch < pg->ck.quiet_below))
+        return 0;                       /* quiet: no engine work left on its pages */
+    if (!pg->ck.stream)
+        return vmm_device_sync(pg->v);
+    if (s && s->used_epoch < pg->epoch && pg->ck.step_recorded)
+        return vmm_stream_after(pg->v, pg->ck.copy_stream, &pg->ck.step_fence);
+    if (!pg->ck.order_fence_ok) {
+        int rc = vmm_fence_create(pg->v, &pg->ck.order_fence);
+        if (rc)
+            return rc;
+        pg->ck.order_fence_ok = 1;
+    }
+    int rc = vmm_fence_record(pg->v, &pg->ck.order_fence, pg->ck.stream);
+    return rc ? rc : vmm_stream_after(pg->v, pg->ck.copy_stream, &pg->ck.order_fence);
 }

@@ -1,9 +1,9 @@
 /*
- * paging/tier.c: the host tier's shared steps: the copy stream and its ordering after the
- * engine, the transfer jobs (DF_OUT / DF_IN entries of the pending list) and their
- * completion, host slots, window mapping and copies for the swap paths (tier_out.c,
- * tier_in.c, orphan.c), and the bridge to the policy (its room facts and choices). The
- * residency queries are resident.c's.
+ * paging/tier.c: the host tier's shared steps: the transfer jobs (DF_OUT / DF_IN entries
+ * of the pending list; defer.c completes them), host slots, window mapping and copies for
+ * the swap paths (tier_out.c, tier_in.c, orphan.c), and the bridge to the policy (its room
+ * facts and choices). The copy stream and its ordering after the engine are step.c's (the
+ * clock owns both streams); the residency queries are resident.c's.
  *
  * Residency: a sequence is resident (out == 0) when every block-table page is mapped in its
  * window, or non-resident (out == 1) when none is (its entries count in the pages' offs).
@@ -29,68 +29,6 @@
 #include <string.h>
 #include "common/log.h"
 
-int tier_copy_stream(struct paging *pg)
-{
-    if (pg->copy_stream)
-        return 0;
-    int rc = vmm_stream_create(pg->v, &pg->copy_stream);
-    if (rc)
-        return rc;
-    rc = vmm_fence_create(pg->v, &pg->copy_fence);
-    if (!rc) {
-        pg->copy_fence_ok = 1;
-        return 0;
-    }
-    vmm_stream_destroy(pg->v, pg->copy_stream);
-    pg->copy_stream = NULL;
-    return rc;
-}
-
-kcu_stream paging_copy_stream(const struct paging *pg)
-{
-    return pg->copy_stream;
-}
-
-int paging_copy_fence_record(struct paging *pg, vmm_fence *f)
-{
-    int rc = tier_copy_stream(pg);
-    return rc ? rc : vmm_fence_record(pg->v, f, pg->copy_stream);
-}
-
-int paging_stream_after_copies(struct paging *pg, kcu_stream stream)
-{
-    if (!pg->copy_stream)
-        return 0;
-    int rc = vmm_fence_record(pg->v, &pg->copy_fence, pg->copy_stream);
-    return rc ? rc : vmm_stream_after(pg->v, stream, &pg->copy_fence);
-}
-
-/* Orders the copy stream after the engine's work that may touch s's pages (s NULL: any
-   work enqueued so far). A quiet s (used before an epoch known complete) needs nothing, in
-   synchronous mode too (no context synchronization: what the reclaim thread moves there).
-   An unprotected s (not used since the last step) was last touched
-   by work before the last step's fence: the copy stream waits for that fence, and nothing
-   is recorded on the engine stream, so a background thread never enqueues there (a capture
-   may begin at any time on it: a record would become a graph node). Otherwise a fence is
-   recorded on the engine stream now (the caller is the engine's own call). */
-int tier_copies_after_engine(struct paging *pg, const struct pg_seq *s)
-{
-    if (s && (!s->used_valid || s->used_epoch < pg->quiet_below))
-        return 0;                       /* quiet: no engine work left on its pages */
-    if (!pg->stream)
-        return vmm_device_sync(pg->v);
-    if (s && s->used_epoch < pg->epoch && pg->step_recorded)
-        return vmm_stream_after(pg->v, pg->copy_stream, &pg->step_fence);
-    if (!pg->order_fence_ok) {
-        int rc = vmm_fence_create(pg->v, &pg->order_fence);
-        if (rc)
-            return rc;
-        pg->order_fence_ok = 1;
-    }
-    int rc = vmm_fence_record(pg->v, &pg->order_fence, pg->stream);
-    return rc ? rc : vmm_stream_after(pg->v, pg->copy_stream, &pg->order_fence);
-}
-
 struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n)
 {
     struct pg_defer *d = calloc(1, sizeof *d + (size_t)n * sizeof d->pages[0]);
@@ -114,34 +52,7 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
         page_get(pg, d->pages[i]);
         page_at(pg, d->pages[i])->jobs++;
     }
-    pg->n_defer++;
-    s->n_defer++;
-    if (complete && defer_complete(pg, d) == 0)
-        return;
-    d->next = pg->defer;
-    pg->defer = d;
-}
-
-void tier_complete_pages(struct paging *pg, struct pg_defer *d)
-{
-    for (uint32_t i = 0; i < d->n; i++) {
-        if (pg_page_is_none(d->pages[i]))
-            continue;                   /* a hole (discard.c) */
-        struct pg_page *p = page_at(pg, d->pages[i]);
-        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
-        p->jobs--;
-        page_count(pg, p, -1);
-        if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
-            page_frame_drop(pg, p);
-            page_set_tier(p, PG_TIER_HOST);
-            lower_io_done(pg, PG_LOWER_HOST);
-        } else if (d->kind == DF_IN && p->tier == PG_TIER_TO_DEVICE) {
-            page_release_slot(pg, p, PG_LOWER_HOST);
-            page_set_tier(p, PG_TIER_DEVICE);
-            lower_io_done(pg, PG_LOWER_HOST);
-        }
-        page_count(pg, p, 1);
-    }
+    defer_add(pg, s, d, complete);
 }
 
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
@@ -151,21 +62,6 @@ void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t
         page_put_off(pg, it.id);
         *it.e = PG_PAGE_NONE;
     }
-}
-
-int seq_settle(struct paging *pg, struct pg_seq *s)
-{
-    struct pg_defer *d = s->in_job;
-    if (!d)
-        return 0;
-    int rc;
-    if (pg->stream) {
-        rc = vmm_stream_after(pg->v, pg->stream, &d->fence);
-        if (!rc)
-            s->in_job = NULL;
-        return rc;
-    }
-    return defer_flush_slot(pg, pg_slot_of(pg, s));
 }
 
 /* Waits for the transfers on s's window and for the swap-outs of pages it holds that are
@@ -189,7 +85,7 @@ int tier_wait_transfers(struct paging *pg, struct pg_seq *s)
 int tier_wait_all_jobs(struct paging *pg)
 {
     for (;;) {
-        const struct pg_defer *d = pg->defer;
+        const struct pg_defer *d = pg->df.defer;
         while (d && d->kind == DF_RELEASE)
             d = d->next;
         if (!d)
@@ -203,7 +99,7 @@ int tier_wait_all_jobs(struct paging *pg)
 int tier_job_fence(struct paging *pg, struct pg_defer *d)
 {
     int rc = vmm_fence_create(pg->v, &d->fence);
-    if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->copy_stream)))
+    if (!rc && (rc = vmm_fence_record(pg->v, &d->fence, pg->ck.copy_stream)))
         vmm_fence_destroy(pg->v, &d->fence);
     return rc;
 }
@@ -213,7 +109,7 @@ int tier_job_fence(struct paging *pg, struct pg_defer *d)
 int lower_take(struct paging *pg, unsigned t, uint32_t n, pg_slot *out)
 {
     for (uint32_t k = 0; k < n; k++) {
-        pg_slot hint = k ? out[k - 1] : pg->lower[t].hint;
+        pg_slot hint = k ? out[k - 1] : pg->xf.lower[t].hint;
         int rc = lower_alloc(pg, t, hint, &out[k]);
         if (rc) {
             lower_give(pg, t, out, k);
@@ -232,20 +128,20 @@ void lower_give(struct paging *pg, unsigned t, const pg_slot *s, uint32_t n)
 int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 {
     return vmm_copy_dtoh(pg->v, lower_ptr(pg, PG_LOWER_HOST, hslot), va, pg->p.page_size,
-                         pg->copy_stream);
+                         pg->ck.copy_stream);
 }
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
     return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
-                         pg->copy_stream);
+                         pg->ck.copy_stream);
 }
 
 int tier_copy_finish(struct paging *pg, int rc)
 {
-    int src = vmm_stream_sync(pg->v, pg->copy_stream);
+    int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (src && !rc)
-        (void)vmm_stream_sync(pg->v, pg->copy_stream);   /* queued still: never unmap under it */
+        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream); /* queued still: never unmap under it */
     return rc ? rc : src;
 }
 
@@ -336,7 +232,7 @@ void tier_seq_in(struct paging *pg, struct pg_seq *s)
 
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)
 {
-    pg->policy = ops ? *ops : (struct pg_policy_ops){ 0 };
+    pg->xf.policy = ops ? *ops : (struct pg_policy_ops){ 0 };
 }
 
 int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
@@ -347,7 +243,8 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
     }
     if (paging_host_free(pg) >= want)
         return 0;
-    int rc = pg->policy.host_room ? pg->policy.host_room(pg->policy.arg, want, excl) : -ENOMEM;
+    int rc = pg->xf.policy.host_room ? pg->xf.policy.host_room(pg->xf.policy.arg, want, excl)
+                                     : -ENOMEM;
     return rc == -ENOMEM ? pg_why_host(pg, want) : rc;
 }
 
@@ -363,25 +260,25 @@ void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_roo
     r->need = need;
     for (unsigned t = 0; t < PG_N_LOWER; t++) {
         bool below = t + 1 < PG_N_LOWER;
-        r->t[t].free = pg->lower[t].off ? 0 : lower_room(pg, t);
-        r->t[t].freeing = below ? pg->lower[t + 1].n_io : 0;
+        r->t[t].free = pg->xf.lower[t].off ? 0 : lower_room(pg, t);
+        r->t[t].freeing = below ? pg->xf.lower[t + 1].n_io : 0;
         r->t[t].movable = below ? lower_movable(pg, t, s) : 0;
     }
 }
 
 int tier_plan(struct paging *pg, bool in, const struct pg_room *r)
 {
-    if (pg->policy.plan)
-        return pg->policy.plan(pg->policy.arg, in, r);
+    if (pg->xf.policy.plan)
+        return pg->xf.policy.plan(pg->xf.policy.arg, in, r);
     return in ? PG_MOVE_DIRECT : -ENOMEM;
 }
 
 void tier_mark_begin(struct paging *pg)
 {
-    if (++pg->mark == 0) {              /* wrapped: no stale mark may pass for this walk */
+    if (++pg->xf.mark == 0) {              /* wrapped: no stale mark may pass for this walk */
         for (uint32_t i = 0; i < pg->p.max_pages; i++)
-            pg->pages[i].mark = 0;
-        pg->mark = 1;
+            pg->pd.pages[i].mark = 0;
+        pg->xf.mark = 1;
     }
 }
 
@@ -396,8 +293,8 @@ uint64_t paging_room_below(struct paging *pg)
     paging_disk_reap(pg);
     uint64_t n = 0;
     for (unsigned t = 0; t < PG_N_LOWER; t++)
-        n += (pg->lower[t].off ? 0 : lower_room(pg, t)) +
-             (t + 1 < PG_N_LOWER ? pg->lower[t + 1].n_io : 0);
+        n += (pg->xf.lower[t].off ? 0 : lower_room(pg, t)) +
+             (t + 1 < PG_N_LOWER ? pg->xf.lower[t + 1].n_io : 0);
     return n;
 }
 
@@ -410,5 +307,10 @@ int paging_reap(struct paging *pg)
 
 int paging_wait_releases(struct paging *pg)
 {
-    return pg->defer ? defer_reap(pg, true) : 0;
+    return pg->df.defer ? defer_reap(pg, true) : 0;
+}
+
+size_t paging_host_free(const struct paging *pg)
+{
+    return lower_room(pg, PG_LOWER_HOST);
 }

@@ -21,13 +21,13 @@ bool paging_has_disk(const struct paging *pg)
 
 uint32_t paging_disk_inflight(const struct paging *pg)
 {
-    return pg->lower[PG_LOWER_DISK].n_io;
+    return pg->xf.lower[PG_LOWER_DISK].n_io;
 }
 
 void paging_disk_wait_io(struct paging *pg)
 {
     if (lower_on(pg, PG_LOWER_DISK))
-        pg->lower[PG_LOWER_DISK].ops.wait(pg->lower[PG_LOWER_DISK].ops.arg);
+        pg->xf.lower[PG_LOWER_DISK].ops.wait(pg->xf.lower[PG_LOWER_DISK].ops.arg);
 }
 
 static void dio_end(struct paging *pg, pg_page_id id)
@@ -56,13 +56,13 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
     if (p->staged == STG_BUSY) {
         /* a staged swap's I/O: the page keeps its tier, tier_disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
-        if (d->status && !pg->stage_rc)
-            pg->stage_rc = d->status;
+        if (d->status && !pg->sp.stage_rc)
+            pg->sp.stage_rc = d->status;
         if (d->status && d->write) {
-            if (!pg->lower[PG_LOWER_DISK].off)
+            if (!pg->xf.lower[PG_LOWER_DISK].off)
                 klog_error("paging: a staged spill write failed (%d); spilling is disabled "
                            "for this context", d->status);
-            pg->lower[PG_LOWER_DISK].off = 1;
+            pg->xf.lower[PG_LOWER_DISK].off = 1;
         } else if (d->status) {
             page_read_lost(pg, p, d);
         }
@@ -76,10 +76,10 @@ static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
             /* the host copy is intact: the page stays in the host tier */
             page_release_slot(pg, p, PG_LOWER_DISK);
             page_set_tier(p, PG_TIER_HOST);
-            if (!pg->lower[PG_LOWER_DISK].off)
+            if (!pg->xf.lower[PG_LOWER_DISK].off)
                 klog_error("paging: a spill write failed (%d); spilling is disabled for this "
                            "context, pages stay in the host tier", d->status);
-            pg->lower[PG_LOWER_DISK].off = 1;
+            pg->xf.lower[PG_LOWER_DISK].off = 1;
         }
     } else if (!d->write && p->tier == PG_TIER_FROM_DISK) {
         if (d->status == 0) {
@@ -107,7 +107,8 @@ int paging_disk_reap(struct paging *pg)
         return 0;
     struct pg_tier_done d[64];
     size_t n;
-    while ((n = pg->lower[PG_LOWER_DISK].ops.reap(pg->lower[PG_LOWER_DISK].ops.arg, d, 64)) > 0)
+    const struct pg_tier_ops *o = &pg->xf.lower[PG_LOWER_DISK].ops;
+    while ((n = o->reap(o->arg, d, 64)) > 0)
         for (size_t i = 0; i < n; i++)
             tier_disk_complete(pg, &d[i]);
     return 0;
@@ -117,8 +118,8 @@ int paging_disk_wait(struct paging *pg)
 {
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
-    if (pg->lower[PG_LOWER_DISK].n_io)
-        pg->lower[PG_LOWER_DISK].ops.wait(pg->lower[PG_LOWER_DISK].ops.arg);
+    if (pg->xf.lower[PG_LOWER_DISK].n_io)
+        pg->xf.lower[PG_LOWER_DISK].ops.wait(pg->xf.lower[PG_LOWER_DISK].ops.arg);
     return paging_disk_reap(pg);
 }
 
@@ -128,7 +129,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
     /* clustered after the last slot allocated */
-    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->lower[PG_LOWER_DISK].hint, &slot);
+    int rc = lower_alloc(pg, PG_LOWER_DISK, pg->xf.lower[PG_LOWER_DISK].hint, &slot);
     if (rc)
         return rc;
     rc = lower_io(pg, PG_LOWER_DISK, true, slot,
@@ -137,14 +138,14 @@ static int spill_page(struct paging *pg, pg_page_id id)
         lower_free(pg, PG_LOWER_DISK, slot);
         return rc;
     }
-    pg->lower[PG_LOWER_DISK].hint = slot;
+    pg->xf.lower[PG_LOWER_DISK].hint = slot;
     page_take_slot(pg, p, PG_LOWER_DISK, slot);
     page_count(pg, p, -1);
     page_set_tier(p, PG_TIER_TO_DISK);
     page_count(pg, p, 1);
     page_get(pg, id);
     p->jobs++;
-    pg->lower[PG_LOWER_DISK].n_io++;
+    pg->xf.lower[PG_LOWER_DISK].n_io++;
     return 0;
 }
 
@@ -153,7 +154,7 @@ bool paging_spill_on(struct paging *pg)
     if (!lower_on(pg, PG_LOWER_DISK))
         return false;
     paging_disk_reap(pg);
-    return !pg->lower[PG_LOWER_DISK].off;
+    return !pg->xf.lower[PG_LOWER_DISK].off;
 }
 
 size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max)
@@ -179,8 +180,8 @@ static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
 
 void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n)
 {
-    pg->spill_keep = n ? keep : NULL;
-    pg->n_spill_keep = n;
+    pg->sp.spill_keep = n ? keep : NULL;
+    pg->sp.n_spill_keep = n;
 }
 
 /* Whether a sequence of the keep set (paging_spill_keep) other than those before index
@@ -189,7 +190,7 @@ static bool kept_holds(struct paging *pg, pg_page_id id, size_t below)
 {
     for (size_t k = 0; k < below; k++) {
         struct pg_seq *ks;
-        if (!seq_lookup(pg, pg->spill_keep[k], &ks) && seq_holds(pg, ks, id))
+        if (!seq_lookup(pg, pg->sp.spill_keep[k], &ks) && seq_holds(pg, ks, id))
             return true;
     }
     return false;
@@ -199,7 +200,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                      uint32_t *started)
 {
     *started = 0;
-    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return -ENOMEM;
     struct pg_seq *s, *ex = NULL;
     int rc = seq_lookup(pg, h, &s);
@@ -209,8 +210,8 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
         ex = NULL;
     if (s == ex || !s->out)
         return 0;
-    for (size_t k = 0; k < pg->n_spill_keep; k++)
-        if (pg->spill_keep[k] == h)
+    for (size_t k = 0; k < pg->sp.n_spill_keep; k++)
+        if (pg->sp.spill_keep[k] == h)
             return 0;                   /* kept whole */
     for (uint32_t r = 0; r < pg->p.n_regions && *started < max && !rc; r++) {
         const pg_page_id *bt = pg_bt(pg, s, r);
@@ -222,7 +223,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
                 continue;
             /* a page the excluded sequence or the keep set also holds stays */
             if (p->refs > 1 && ((ex && seq_holds(pg, ex, bt[i])) ||
-                                kept_holds(pg, bt[i], pg->n_spill_keep)))
+                                kept_holds(pg, bt[i], pg->sp.n_spill_keep)))
                 continue;
             if ((rc = spill_page(pg, bt[i])))
                 break;
@@ -242,20 +243,20 @@ uint32_t paging_held_host(struct paging *pg, const pg_page_id *ids, size_t n)
 
 bool paging_held_host_any(const struct paging *pg)
 {
-    return pg->n_held_host;
+    return pg->pd.n_held_host;
 }
 
 bool paging_held_spillable(const struct paging *pg)
 {
-    return pg->n_held_host && lower_on(pg, PG_LOWER_DISK) && !pg->lower[PG_LOWER_DISK].off &&
-           lower_room(pg, PG_LOWER_DISK);
+    return pg->pd.n_held_host && lower_on(pg, PG_LOWER_DISK) &&
+           !pg->xf.lower[PG_LOWER_DISK].off && lower_room(pg, PG_LOWER_DISK);
 }
 
 int paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,
                       uint32_t *started)
 {
     *started = 0;
-    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return -ENOMEM;
     int rc = 0;
     for (size_t i = 0; i < n && *started < max && !rc; i++)
@@ -328,7 +329,7 @@ int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, stru
         page_set_tier(p, PG_TIER_FROM_DISK);
         page_get(pg, id);
         p->jobs++;
-        pg->lower[PG_LOWER_DISK].n_io++;
+        pg->xf.lower[PG_LOWER_DISK].n_io++;
     }
     /* the bytes are needed now: wait for the reads (and whatever else is in flight) */
     paging_disk_wait(pg);
@@ -349,7 +350,7 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
 {
     int rc = 0;
     uint32_t k = 0;
-    pg->stage_rc = 0;
+    pg->sp.stage_rc = 0;
     for (; k < n; k++) {
         rc = lower_io(pg, PG_LOWER_DISK, write, dslots[k],
                       lower_ptr(pg, PG_LOWER_HOST, hslots[k]), ids[k]);
@@ -359,17 +360,17 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
         p->staged = STG_BUSY;
         page_get(pg, ids[k]);
         p->jobs++;
-        pg->lower[PG_LOWER_DISK].n_io++;
+        pg->xf.lower[PG_LOWER_DISK].n_io++;
     }
     if (k)
         paging_disk_wait(pg);   /* every completion is processed: no page stays STG_BUSY */
     for (uint32_t i = 0; i < k; i++) {
         struct pg_page *p = page_at(pg, ids[i]);
         if (p->staged != STG_OK && !rc)
-            rc = pg->stage_rc ? pg->stage_rc : -EIO;
+            rc = pg->sp.stage_rc ? pg->sp.stage_rc : -EIO;
         p->staged = STG_NONE;
     }
-    pg->stage_rc = 0;
+    pg->sp.stage_rc = 0;
     if (rc && !write)
         for (uint32_t i = 0; i < k; i++)
             if (page_at(pg, ids[i])->bad)
@@ -379,7 +380,7 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
 
 uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
-    if (!lower_on(pg, PG_LOWER_DISK) || pg->lower[PG_LOWER_DISK].off)
+    if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return 0;
     /* Every HOST page is held by non-resident sequences and entries only (a resident
        sequence maps all its pages, and no transfer job holds a HOST page), so the spillable
@@ -387,15 +388,15 @@ uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
        rule; the pages only entries hold spill by paging_held_spill): O(their pages), not
        O(pool); a page two of them hold is counted once. A block table names a page at most
        once. */
-    uint32_t n = pg->n_host_pages;
+    uint32_t n = pg->pd.n_host_pages;
     if (excl)
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < excl->n_pages; i++)
                 if (!pg_page_is_none(pg_bt(pg, excl, r)[i]))    /* a hole (discard.c) */
                     n -= page_at(pg, pg_bt(pg, excl, r)[i])->tier == PG_TIER_HOST;
-    for (size_t k = 0; k < pg->n_spill_keep; k++) {
+    for (size_t k = 0; k < pg->sp.n_spill_keep; k++) {
         struct pg_seq *ks;
-        if (seq_lookup(pg, pg->spill_keep[k], &ks) || ks == excl)
+        if (seq_lookup(pg, pg->sp.spill_keep[k], &ks) || ks == excl)
             continue;
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             for (uint32_t i = 0; i < ks->n_pages; i++) {

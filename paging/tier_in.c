@@ -42,7 +42,7 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
         return 0;
     /* host slots held only by transfers already started come free (or spillable) once they
        complete: wait for them rather than stage or fail for want of a slot */
-    if (nd > paging_host_free(pg) && pg->lower[PG_LOWER_HOST].n_io) {
+    if (nd > paging_host_free(pg) && pg->xf.lower[PG_LOWER_HOST].n_io) {
         int rc = tier_wait_all_jobs(pg);
         if (rc)
             return rc;
@@ -58,7 +58,7 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
 
 bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
 {
-    const struct pg_lower *d = &pg->lower[PG_LOWER_DISK];
+    const struct pg_lower *d = &pg->xf.lower[PG_LOWER_DISK];
     if (lower_room(pg, PG_LOWER_HOST) || d->n_io)
         return false;
     return d->off || !lower_room(pg, PG_LOWER_DISK) || !tier_disk_spillable(pg, s);
@@ -68,7 +68,7 @@ bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
 static pg_page_id borrow_page(struct paging *pg)
 {
     for (uint32_t i = 0; i < pg->p.max_pages; i++) {
-        const struct pg_page *p = &pg->pages[i];
+        const struct pg_page *p = &pg->pd.pages[i];
         if (p->refs && p->tier == PG_TIER_HOST && !p->jobs && p->staged == STG_NONE)
             return (pg_page_id){ i + 1 };
     }
@@ -130,7 +130,7 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
         rc = tier_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_in(pg, vas[b + j], hs[j]);
-        int src = vmm_stream_sync(pg->v, pg->copy_stream);   /* the slots are reused next */
+        int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the slots are reused next */
         if (!rc)
             rc = src;
         if (pg_page_is_none(bw))
@@ -161,7 +161,7 @@ static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
             page_frame_set(pg, id, fresh[k++]);
             if (d) {
                 page_set_tier(p, PG_TIER_TO_DEVICE);
-                pg->lower[PG_LOWER_HOST].n_io++;
+                pg->xf.lower[PG_LOWER_HOST].n_io++;
                 d->pages[j++] = id;
             } else {
                 page_release_slot(pg, p, (unsigned)lower_of(p->tier));
@@ -187,7 +187,7 @@ static int staged_in_room(struct paging *pg, struct pg_seq *s, uint32_t need, ui
     uint32_t extra = pg_page_is_none(*bw) ? 0 : 1;
     if (pg_page_is_none(*bw) && borrow)
         return -ENOMEM;
-    if (pool_available(pg) < need + extra && pg->defer && (rc = defer_reap(pg, true)))
+    if (pool_available(pg) < need + extra && pg->df.defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need + extra)
         return pg_why_frames(pg, need + extra);
@@ -226,7 +226,7 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     uint64_t *vas = calloc((size_t)ndk + 1, sizeof *vas);
     pg_slot *ds = calloc((size_t)ndk + 1, sizeof *ds);
     pg_slot *hs = calloc((size_t)bmax + 1, sizeof *hs);
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = -ENOMEM;
     if (!fr || !ids || !vas || !ds || !hs)
         goto out_free;
@@ -244,18 +244,18 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
     rc = tier_copy_host_in(pg, s);
     /* a borrowed slot may be one of s's host pages: its copy is done before it is reused */
     if (!rc && !pg_page_is_none(bw))
-        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+        rc = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (!rc)
         rc = staged_in_batches(pg, ids, vas, ds, ndk, bmax, hs, bw);
     if (!rc)
-        rc = vmm_stream_sync(pg->v, pg->copy_stream);
+        rc = vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (!rc && !pg_page_is_none(bw)) {
         extra = 0;                      /* unmapped by borrow_park, success or not */
         rc = borrow_park(pg, bw, fresh[need], true);
         pool_give(pg, fresh + need, 1);
     }
     if (rc) {
-        vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made write into the window */
+        vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made write into the window */
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
@@ -290,7 +290,7 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
     int rc = 0;
     uint32_t need = tier_count(pg, s, PG_TIER_HOST) + tier_count(pg, s, PG_TIER_DISK);
     *busy = tier_count(pg, s, PG_TIER_TO_DEVICE);
-    if (pool_available(pg) < need && pg->defer && (rc = defer_reap(pg, true)))
+    if (pool_available(pg) < need && pg->df.defer && (rc = defer_reap(pg, true)))
         return rc;
     if (pool_available(pg) < need)
         return pg_why_frames(pg, need);
@@ -305,11 +305,12 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
 static int in_order(struct paging *pg, struct pg_defer *d, bool wait, bool async)
 {
     if (wait)
-        return vmm_stream_sync(pg->v, pg->copy_stream);
+        return vmm_stream_sync(pg->v, pg->ck.copy_stream);
     if (!d->n)
         return 0;                          /* nothing in flight for s: no fence */
     int rc = tier_job_fence(pg, d);
-    if (!rc && pg->stream && !async && (rc = vmm_stream_after(pg->v, pg->stream, &d->fence)))
+    if (!rc && pg->ck.stream && !async &&
+        (rc = vmm_stream_after(pg->v, pg->ck.stream, &d->fence)))
         vmm_fence_destroy(pg->v, &d->fence);
     return rc;
 }
@@ -324,7 +325,7 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     uint32_t need = tier_count(pg, s, PG_TIER_HOST);
     pg_frame_id *fr = calloc((size_t)nr * np + need + 1, sizeof *fr);
     struct pg_defer *d = tier_job_new(pg, s, DF_IN, need + busy);
-    uint32_t mark = pg->n_created;
+    uint32_t mark = pg->fr.n_created;
     rc = -ENOMEM;
     if (!fr || !d)
         goto out_free;
@@ -334,12 +335,12 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     tier_window_frames(pg, s, fresh, false, fr);
     if ((rc = tier_map_window(pg, slot, np, fr)))
         goto out_give;
-    bool wait = !pg->stream && !async;
+    bool wait = !pg->ck.stream && !async;
     rc = tier_copy_host_in(pg, s);
     if (!rc)
         rc = in_order(pg, d, wait, async);
     if (rc) {
-        vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made write into the window */
+        vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made write into the window */
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }

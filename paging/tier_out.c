@@ -71,7 +71,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
             break;
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
-        int src = vmm_stream_sync(pg->v, pg->copy_stream);
+        int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
         if (!rc)
             rc = src;
         if (!rc)
@@ -118,7 +118,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         goto out_free;
     }
     /* commit: nothing below fails */
-    seq_drop_ahead(pg, s, 0);
+    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
@@ -132,7 +132,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         p->offs++;
         page_count(pg, p, 1);
     }
-    pg->lower[PG_LOWER_DISK].hint = ds[need - 1];
+    pg->xf.lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
     pg->c.spills += need;
@@ -173,7 +173,7 @@ static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t
     *need = 0;
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
         *need += page_moves_down(page_at(pg, it.id));
-    if (paging_host_free(pg) < *need && pg->lower[PG_LOWER_HOST].n_io && !async)
+    if (paging_host_free(pg) < *need && pg->xf.lower[PG_LOWER_HOST].n_io && !async)
         rc = tier_wait_all_jobs(pg);
     return rc;
 }
@@ -189,7 +189,7 @@ static int out_copies(struct paging *pg, struct pg_seq *s, const struct pg_defer
             continue;                   /* (a hole, discard.c) */
         int rc = tier_copy_out(pg, slots[k++], pg_va(pg, i / np, slot, i % np));
         if (rc) {
-            vmm_stream_sync(pg->v, pg->copy_stream);   /* the copies made read into slots */
+            vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made read into slots */
             return rc;
         }
     }
@@ -213,17 +213,17 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
     rc = tier_copies_after_engine(pg, s);   /* the window is unmapped after the engine's work */
     if (!rc)
         rc = out_copies(pg, s, d, slots, need);
-    bool fenced = pg->stream || async;
+    bool fenced = pg->ck.stream || async;
     if (!rc)
         rc = fenced ? tier_job_fence(pg, d)
-                    : vmm_stream_sync(pg->v, pg->copy_stream);  /* sync mode: done on return */
+                    : vmm_stream_sync(pg->v, pg->ck.copy_stream);  /* sync mode: done on return */
     if (rc) {
-        vmm_stream_sync(pg->v, pg->copy_stream);
+        vmm_stream_sync(pg->v, pg->ck.copy_stream);
         lower_give(pg, PG_LOWER_HOST, slots, need);
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
-    seq_drop_ahead(pg, s, 0);
+    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pg_page_is_none(d->pages[i]))
@@ -233,7 +233,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         if (k < need && page_moves_down(p)) {
             page_set_tier(p, PG_TIER_TO_HOST);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
-            pg->lower[PG_LOWER_HOST].n_io++;
+            pg->xf.lower[PG_LOWER_HOST].n_io++;
         }
         p->offs++;
         page_count(pg, p, 1);

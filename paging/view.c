@@ -19,8 +19,8 @@
  *
  * Ordering: device work may use an id under the protection rule of window addresses, so
  * an id let go is DEAD, still mapped, until its death's epoch is quiet (the step fence
- * found complete: pg->quiet_below) or a synchronization of the device or engine stream
- * came after it (pg->n_syncs); view_reap then unmaps it and frees it. A slot of a region
+ * found complete: pg->ck.quiet_below) or a synchronization of the device or engine stream
+ * came after it (pg->ck.n_syncs); view_reap then unmaps it and frees it. A slot of a region
  * that the id's only holder discarded is a zombie, unmapped under the same rule; a holder
  * sharing the id keeps its slot mapped. view_reap runs at step and sync, and when no id is
  * free (then after a synchronization).
@@ -111,7 +111,7 @@ static void vid_kill(struct paging *pg, uint32_t id)
     struct pg_vid *v = &pg->view.ids[id];
     v->state = VID_DEAD;
     v->dead_epoch = pg->epoch;
-    v->dead_sync = pg->n_syncs;
+    v->dead_sync = pg->ck.n_syncs;
     v->next = pg->view.dead_head;
     pg->view.dead_head = id + 1;
     pg->view.n_dead++;
@@ -128,7 +128,7 @@ static void vid_put(struct paging *pg, uint32_t id)
 /* No device work may use what was let go at (epoch, sync) any more. */
 static bool reapable(const struct paging *pg, uint64_t epoch, uint64_t sync)
 {
-    return epoch < pg->quiet_below || pg->n_syncs > sync;
+    return epoch < pg->ck.quiet_below || pg->ck.n_syncs > sync;
 }
 
 /* A dead id no block table handed out: nothing can use it. */
@@ -192,10 +192,10 @@ int view_reap(struct paging *pg, bool wait)
     if (!w->n_ids || (!w->dead_head && !w->n_zq))
         return 0;
     if (wait) {
-        int rc = pg->stream ? vmm_stream_sync(pg->v, pg->stream) : vmm_device_sync(pg->v);
+        int rc = pg->ck.stream ? vmm_stream_sync(pg->v, pg->ck.stream) : vmm_device_sync(pg->v);
         if (rc)
             return rc;
-        pg->n_syncs++;
+        pg->ck.n_syncs++;
     }
     reap_zombies(pg);
     reap_dead(pg);
@@ -287,7 +287,7 @@ static bool prepare_one(struct paging *pg)
 {
     uint32_t nr = pg->p.n_regions, id;
     struct pg_view *w = &pg->view;
-    if (pg->n_ready < nr || !w->free_head)
+    if (pg->fr.n_ready < nr || !w->free_head)
         return false;
     pg_frame_id fs[16] = { { 0 } }, *f = nr <= 16 ? fs : calloc(nr, sizeof *f);
     if (!f)
@@ -418,7 +418,7 @@ static void slot_zombie(struct paging *pg, uint32_t id, uint32_t r)
     sl->st = VS_ZOMBIE;
     v->zombies++;
     v->dead_epoch = pg->epoch;
-    v->dead_sync = pg->n_syncs;
+    v->dead_sync = pg->ck.n_syncs;
     if (!v->in_zq) {
         v->in_zq = 1;
         pg->view.zq[pg->view.n_zq++] = id;

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""paging/'s owner graph (issue 24): no cycle between the owners of struct paging's parts.
+
+The owners are declared once, in paging/paging_int.h's header comment, one line each:
+    owner <name>: <file>.c [<file>.c ...]
+Every paging/*.c belongs to exactly one owner. The call graph is read from the compiled
+objects (nm): an edge file A -> file B for each global symbol A's object uses and B's
+object defines; inline functions of the headers are no calls (they are compiled into the
+caller). Files of one owner may call each other freely; the owners' graph must be acyclic.
+
+usage: paging-owners.py --header paging/paging_int.h [--graph] OBJECT...
+(objects outside paging/ are ignored; a directory is searched for paging/*.o; an
+argument may be a CMake list, OBJECT;OBJECT...)
+Exit 0: acyclic; 1: a cycle (printed, with the calls that make each edge), or a file of
+paging/ with no owner, or an owner naming a file that does not exist.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+OWNER_LINE = re.compile(r'^\s*\*?\s*owner\s+([a-z_]+):\s*((?:[a-z_]+\.c\s*)+)$')
+
+
+def read_owners(header):
+    owners = {}                      # file stem -> owner
+    order = []
+    with open(header, encoding='utf-8') as f:
+        for line in f:
+            m = OWNER_LINE.match(line)
+            if not m:
+                continue
+            name = m.group(1)
+            if name in order:
+                sys.exit('paging-owners: owner %s declared twice' % name)
+            order.append(name)
+            for fn in m.group(2).split():
+                stem = fn[:-2]
+                if stem in owners:
+                    sys.exit('paging-owners: %s has two owners (%s, %s)'
+                             % (fn, owners[stem], name))
+                owners[stem] = name
+    if not owners:
+        sys.exit('paging-owners: no "owner <name>: <files>" lines in %s' % header)
+    return owners, order
+
+
+def paging_objects(args):
+    objs = []
+    for a in (x for arg in args for x in arg.split(';') if x):   # a CMake list: one arg
+        if os.path.isdir(a):
+            for root, _, files in os.walk(a):
+                if os.path.basename(root) == 'paging':
+                    objs += [os.path.join(root, x) for x in files if x.endswith('.o')]
+        elif os.path.basename(os.path.dirname(a)) == 'paging' and a.endswith('.o'):
+            objs.append(a)
+    return sorted(objs)
+
+
+def stem_of(obj):
+    b = os.path.basename(obj)
+    return b[:-len('.c.o')] if b.endswith('.c.o') else b[:-len('.o')]
+
+
+def symbols(obj):
+    out = subprocess.run(['nm', obj], check=True, capture_output=True, text=True).stdout
+    defined, used = set(), set()
+    for line in out.splitlines():
+        p = line.split()
+        if len(p) == 3 and p[1] in 'TDBRCGSV':       # global definitions
+            defined.add(p[2])
+        elif len(p) == 2 and p[0] == 'U':
+            used.add(p[1])
+    return defined, used
+
+
+def find_cycle(nodes, edges):
+    """A cycle of the graph as a list of nodes (first == last), or None."""
+    color = {n: 0 for n in nodes}
+    stack = []
+
+    def dfs(n):
+        color[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if color[m] == 1:
+                return stack[stack.index(m):] + [m]
+            if color[m] == 0:
+                c = dfs(m)
+                if c:
+                    return c
+        stack.pop()
+        color[n] = 2
+        return None
+
+    for n in nodes:
+        if color[n] == 0:
+            c = dfs(n)
+            if c:
+                return c
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--header', required=True)
+    ap.add_argument('--graph', action='store_true', help='print the owner graph')
+    ap.add_argument('objects', nargs='+')
+    a = ap.parse_args()
+    owners, order = read_owners(a.header)
+    src = os.path.dirname(os.path.abspath(a.header))
+    bad = False
+    for stem in sorted(owners):
+        if not os.path.exists(os.path.join(src, stem + '.c')):
+            print('paging-owners: owner %s names %s.c, which does not exist'
+                  % (owners[stem], stem))
+            bad = True
+    for fn in sorted(os.listdir(src)):
+        if fn.endswith('.c') and fn[:-2] not in owners:
+            print('paging-owners: paging/%s has no owner (add it to an "owner" line of %s)'
+                  % (fn, os.path.basename(a.header)))
+            bad = True
+    objs = paging_objects(a.objects)
+    if not objs:
+        sys.exit('paging-owners: no paging/*.o among the objects given')
+    defs, uses = {}, {}
+    for o in objs:
+        d, u = symbols(o)
+        st = stem_of(o)
+        uses[st] = u
+        for s in d:
+            defs[s] = st
+    # owner edges, with the calls that make them
+    calls = {}
+    for st, u in uses.items():
+        for s in u:
+            t = defs.get(s)
+            if t is None or t == st or st not in owners or t not in owners:
+                continue
+            oa, ob = owners[st], owners[t]
+            if oa != ob:
+                calls.setdefault((oa, ob), []).append('%s.c -> %s.c: %s' % (st, t, s))
+    edges = {}
+    for (oa, ob) in calls:
+        edges.setdefault(oa, set()).add(ob)
+    if a.graph:
+        for oa in order:
+            print('%-10s -> %s' % (oa, ' '.join(o for o in order if o in edges.get(oa, ()))))
+    cyc = find_cycle(order, edges)
+    if cyc:
+        print('paging-owners: the owner graph has a cycle: %s' % ' -> '.join(cyc))
+        for x, y in zip(cyc, cyc[1:]):
+            print('  %s -> %s:' % (x, y))
+            for c in sorted(calls[(x, y)]):
+                print('    ' + c)
+        bad = True
+    if bad:
+        return 1
+    print('paging-owners: %d owners, %d files, %d owner edges, no cycle'
+          % (len(order), len(owners), sum(len(v) for v in edges.values())))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
