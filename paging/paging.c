@@ -120,6 +120,7 @@ void paging_destroy(struct paging *pg)
 {
     if (!pg)
         return;
+    ahead_settle(pg, false);        /* (the frame pool thread, stopped, left none) */
     vmm_device_sync(pg->v);
     pg->quiet_below = pg->epoch + 1;
     defer_reap(pg, true);
@@ -138,6 +139,7 @@ void paging_destroy(struct paging *pg)
         free(s->ahead);
         free(s->kept);
     }
+    ahead_fini(pg);
     if (pg->step_fence_ok)
         vmm_fence_destroy(pg->v, &pg->step_fence);
     if (pg->order_fence_ok)

@@ -83,6 +83,27 @@ struct pg_feed {
     bool        asked;         /* a round was asked for since the last plan (context lock) */
 };
 
+/* The frame pool thread's map-ahead refills (ahead.c). A job: frames f[first + r * k + i]
+   (handles alike) mapped, or being mapped, at page at + i of region r's window of slot. */
+struct pg_ahead_job {
+    uint32_t slot, gen;        /* the sequence planned for */
+    uint32_t at, k;            /* its n_pages + n_ahead then; frames per region */
+    uint32_t first;            /* its frames' offset in the round's f[] and h[] */
+    uint32_t mapped;           /* regions [0, mapped) mapped (the work's; read when done) */
+};
+struct pg_ahq {
+    uint32_t *slot, *gen;      /* queued sequences, n_q of them (max_seqs entries) */
+    uint8_t  *queued;          /* per slot: in the queue */
+    uint32_t n_q;
+    struct pg_ahead_job *jobs; /* the round's, n_jobs of them */
+    uint32_t n_jobs;
+    uint32_t pages;            /* frames the jobs hold (the checker's slack on mappings) */
+    pg_frame_id *f;            /* the round's frames and their handles */
+    vmm_handle *h;
+    bool busy;                 /* jobs planned and not committed or undone */
+    bool done;                 /* [under feed.mu] their work finished */
+};
+
 struct pg_page {
     uint32_t refs;         /* block-table entries + pending releases / transfer jobs */
     uint32_t offs;         /* of refs: entries of non-resident sequences (they map nothing);
@@ -315,6 +336,7 @@ struct paging {
     uint64_t n_syncs;          /* [step.c; view.c: view_reap's own sync] device /
                                   engine-stream synchronizations so far */
     struct pg_view view;       /* [view.c] the pool view; view.n_ids 0: none */
+    struct pg_ahq ahq;         /* [ahead.c] the frame pool thread's map-ahead refills */
 };
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
@@ -674,6 +696,22 @@ void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
    gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
 void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+/* Maps ready frames ahead of s's end on the caller's thread, in batches between two marks
+   (seq_ahead_deficit). Best effort. */
+void seq_top_up_ahead(struct paging *pg, struct pg_seq *s);
+/* ahead.c: map-ahead refilled by the frame pool thread (the file's header). */
+uint32_t seq_ahead_deficit(const struct paging *pg, const struct pg_seq *s);
+/* At a grow's end: queues s for the thread's refill, or tops it up here without one. */
+void seq_ahead_refill(struct paging *pg, struct pg_seq *s);
+/* Waits for the jobs in flight, then commits (keep) or undoes them all. No-op when none. */
+void ahead_settle(struct paging *pg, bool keep);
+/* ahead_settle(keep) when a job in flight is s's. */
+void ahead_settle_slot(struct paging *pg, const struct pg_seq *s);
+/* Before mapping n pages at window address va: undoes the jobs when one's range meets it. */
+void ahead_meet_va(struct paging *pg, uint64_t va, uint32_t n);
+/* Whether page i of slot's window lies in a job in flight (mapped or not: the checker). */
+bool ahead_covers(const struct paging *pg, uint32_t slot, uint32_t i);
+void ahead_fini(struct paging *pg);
 /* Frames a grow_batch of ss[i] to lengths[i] takes from the pool (lengths below the
    current one count nothing): new pages, and the holes and shared copies of the partial
    last pages, a page shared by k members copied min(k, sharers - 1) times. -ENOMEM. */

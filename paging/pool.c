@@ -286,6 +286,7 @@ static bool feed_wait(struct paging *pg)
 void paging_feed_quiesce(struct paging *pg)
 {
     struct pg_feed *fd = &pg->feed;
+    ahead_settle(pg, false);        /* no map-ahead refill in flight either */
     pthread_mutex_lock(&fd->mu);
     while (fd->creating || fd->releasing)
         pthread_cond_wait(&fd->cv, &fd->mu);

@@ -53,25 +53,22 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
             return 0;
         }
     }
+    if (pg->ahq.busy) {             /* the frame pool thread's refills in flight */
+        ahead_settle(pg, false);
+        return 0;
+    }
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
-/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region:
-   nothing while at least half of map_ahead (rounded up) is left, then back up to map_ahead
-   in one run per region (one map per frame, one set-access per run), so a sequence that
-   crosses a page per step refills every (map_ahead / 2 + 1)-th crossing instead of at
-   each; both marks shrink with the room left in its slot. */
-static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
+/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region
+   (seq_ahead_deficit, ahead.c) in one run per region (one map per frame, one set-access
+   per run), so a sequence that crosses a page per step refills every (map_ahead / 2 +
+   1)-th crossing instead of at each. With the frame pool thread its refills run there
+   (seq_ahead_refill). */
+void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
-    uint32_t room = pg->pages_per_slot - s->n_pages;
-    uint32_t want = pg->p.map_ahead < room ? pg->p.map_ahead : room;
-    uint32_t low = (pg->p.map_ahead + 1) / 2;
-    if (low > want)
-        low = want;
-    if (s->n_ahead >= low)
-        return;
-    uint32_t k = want - s->n_ahead;
+    uint32_t k = seq_ahead_deficit(pg, s);
     if (k > pg->n_ready / nr)
         k = pg->n_ready / nr;
     if (!k)
@@ -572,6 +569,8 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         rc = -EBUSY;            /* the context swaps it in first */
     if (!rc)
         rc = seq_settle(pg, s);
+    if (!rc && pg_pages_for(pg, length) > s->n_pages + s->n_ahead)
+        ahead_settle_slot(pg, s);   /* past its map-ahead: the thread's refill first */
     if (!rc)
         rc = pool_reserve_check(pg, grow_frames(pg, s, length, &cow_idx));
     if (!rc)
@@ -586,7 +585,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         return rc;
     }
     grow_commit(pg, &u);
-    seq_top_up_ahead(pg, s);
+    seq_ahead_refill(pg, s);
     return 0;
 }
 
@@ -776,6 +775,8 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             rc = seq_settle(pg, ss[i]);
         if (rc)
             goto out_free;
+        if (pg_pages_for(pg, lengths[i]) > ss[i]->n_pages + ss[i]->n_ahead)
+            ahead_settle_slot(pg, ss[i]);
     }
     rc = seq_batch_frames(pg, ss, lengths, n, &need);
     if (!rc)
@@ -792,7 +793,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     }
     for (size_t i = 0; i < n; i++) {
         grow_commit(pg, &u[i]);
-        seq_top_up_ahead(pg, ss[i]);
+        seq_ahead_refill(pg, ss[i]);
     }
     rc = 0;
     goto out_free;

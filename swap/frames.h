@@ -40,6 +40,7 @@ struct frames_counters {
     uint64_t rounds;          /* rounds that created or released something */
     uint64_t wakes;           /* requests for a round (a call short of frames, a step) */
     uint64_t created, released;
+    uint64_t ahead_rounds;    /* rounds that mapped sequences' map-ahead refills */
 };
 
 struct frames;
