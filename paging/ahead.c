@@ -4,8 +4,10 @@
  * thread (docs/design.md "Map-ahead").
  *
  * Without a pool thread (or map_ahead 0) a grow tops its sequence up itself at its end
- * (seq_top_up_ahead, seq.c), as before. With one, the grow only queues the sequence (slot
- * and generation) and asks for a round; the thread then, in three steps:
+ * (seq_top_up_ahead, seq.c), as before; so does a grow that outran its map-ahead (it mapped
+ * its own pages already: the thread was late, or the grow jumped). Otherwise the grow only
+ * queues the sequence (slot and generation) and asks for a round; the thread then, in
+ * three steps:
  *  - plan (context lock): for each queued sequence still live, resident and below its low
  *    mark, takes the ready frames of its refill (FR_AHEAD at once: free for accounting, as
  *    map-ahead is) into a job naming the window range [at, at + k) per region, at =
@@ -88,9 +90,12 @@ void ahead_fini(struct paging *pg)
     q->n_q = 0;
 }
 
-void seq_ahead_refill(struct paging *pg, struct pg_seq *s)
+void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran)
 {
-    if (!ahead_threaded(pg) || !queue_ready(pg)) {
+    /* a grow that outran its map-ahead (the thread late, or a jump) batches here, as
+       without the thread, rather than map page by page at each crossing until it catches
+       up (it had no job in flight: the grow settled it first) */
+    if (outran || !ahead_threaded(pg) || !queue_ready(pg)) {
         seq_top_up_ahead(pg, s);
         return;
     }

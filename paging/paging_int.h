@@ -701,8 +701,9 @@ int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
 void seq_top_up_ahead(struct paging *pg, struct pg_seq *s);
 /* ahead.c: map-ahead refilled by the frame pool thread (the file's header). */
 uint32_t seq_ahead_deficit(const struct paging *pg, const struct pg_seq *s);
-/* At a grow's end: queues s for the thread's refill, or tops it up here without one. */
-void seq_ahead_refill(struct paging *pg, struct pg_seq *s);
+/* At a grow's end: queues s for the thread's refill, or tops it up here without one or
+   when the grow outran s's map-ahead. */
+void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran);
 /* Waits for the jobs in flight, then commits (keep) or undoes them all. No-op when none. */
 void ahead_settle(struct paging *pg, bool keep);
 /* ahead_settle(keep) when a job in flight is s's. */

@@ -261,6 +261,7 @@ struct grow_undo {
     uint32_t old_np, new_np;
     struct cow_undo cow;
     uint32_t *fill, n_fill;    /* regions whose last-page hole tail_fill made again */
+    bool outran;               /* it needed pages past s's map-ahead (seq_ahead_refill) */
 };
 
 /* Ends a successful grow_apply: frees its undo records. */
@@ -473,6 +474,7 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     uint32_t need = u->new_np - s->n_pages;
     uint32_t k = need < s->n_ahead ? need : s->n_ahead;
     uint32_t n_fresh = need - k;
+    u->outran = n_fresh > 0;
     /* the frames taken below (fresh ones, the last page's holes and copies) come from the
        pool but for s's own map-ahead, which counts as free: its surplus goes back first
        when the rest cannot supply them */
@@ -585,7 +587,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         return rc;
     }
     grow_commit(pg, &u);
-    seq_ahead_refill(pg, s);
+    seq_ahead_refill(pg, s, u.outran);
     return 0;
 }
 
@@ -793,7 +795,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     }
     for (size_t i = 0; i < n; i++) {
         grow_commit(pg, &u[i]);
-        seq_ahead_refill(pg, ss[i]);
+        seq_ahead_refill(pg, ss[i], u[i].outran);
     }
     rc = 0;
     goto out_free;
