@@ -181,9 +181,11 @@ static uint32_t feed_transit(struct paging *pg)
     return n;
 }
 
+/* The frames held alone fill the budget on a full device: then no lock is taken (the
+   frame pool thread's wake-up test runs at every step, paging_pool_can_create). */
 static bool budget_room(struct paging *pg)
 {
-    return pg->n_held + feed_transit(pg) < pg->p.max_frames &&
+    return pg->n_held < pg->p.max_frames && pg->n_held + feed_transit(pg) < pg->p.max_frames &&
            !pg_frame_is_none(pg->frame_free_head);
 }
 
