@@ -7,6 +7,7 @@
  *   step.c   the epoch clock and the engine stream: step (the step fence), sync, set_stream
  *   defer.c  releases that wait for a fence; quietness of a sequence; copy ordering
  *   seq.c    slots, handles, block tables, map-ahead; grow, free, info
+ *   ahead.c  map-ahead refilled by the frame pool thread (queue, plan, map, commit)
  *   window.c a slot's window address; mapping and unmapping frames in it by runs
  *   share.c  truncate, fork, share (sequences sharing pages)
  *   cow.c    copy-on-write, prepare_write, write/read
