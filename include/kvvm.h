@@ -80,7 +80,8 @@ struct kvvm_config {
     /* --- additions (after the fields of the original contract; docs/api.md) --- */
     uint32_t map_ahead;         /* pages per region mapped ahead of a growing sequence's end
                                    to hide map latency, refilled in batches (below half
-                                   left: back up to map_ahead); 0 = none. KVVM_MAP_AHEAD */
+                                   left: back up to map_ahead; by the frame pool thread
+                                   when pool_thread is on); 0 = none. KVVM_MAP_AHEAD */
     int      emu_opaque;        /* emulated device: windows not CPU-accessible (copies only);
                                    proves a caller never dereferences device memory.
                                    KVVM_EMU_OPAQUE */

@@ -95,6 +95,8 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
     pg->fr.ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
     pg->fr.ahead_drop = seq_drop_ahead;
     pg->fr.ahead_drop_all = seq_drop_all_ahead;
+    pg->fr.ahead_cancel = ahead_cancel;
+    pg->fr.ahead_meet_va = ahead_meet_va;
     rc = pool_init(pg);
     if (!rc && (rc = view_init(pg)) != 0)
         pool_fini(pg);
@@ -127,6 +129,7 @@ void paging_destroy(struct paging *pg)
 {
     if (!pg)
         return;
+    ahead_settle(pg, false);        /* (the frame pool thread, stopped, left none) */
     vmm_device_sync(pg->v);
     pg->ck.quiet_below = pg->epoch + 1;
     defer_reap(pg, true);
@@ -145,6 +148,7 @@ void paging_destroy(struct paging *pg)
         free(s->ahead);
         free(s->kept);
     }
+    ahead_fini(pg);
     if (pg->ck.step_fence_ok)
         vmm_fence_destroy(pg->v, &pg->ck.step_fence);
     if (pg->ck.order_fence_ok)

@@ -629,6 +629,13 @@ uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep);
 /* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the
    first failure: the rest of the reservation is given back). Returns the number created. */
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl);
+/* Map-ahead refilled off the engine's thread (ahead.c): paging_ahead_plan (context lock
+   held) takes the ready frames of the queued sequences' refills into jobs (true: some);
+   paging_ahead_work (no lock) maps them; paging_ahead_commit (context lock) gives each job
+   to its sequence, or undoes it when the sequence changed meanwhile or the work failed. */
+bool paging_ahead_plan(struct paging *pg);
+void paging_ahead_work(struct paging *pg);
+void paging_ahead_commit(struct paging *pg);
 /* Context lock held: delivered frames into the pool (released at once above the budget). */
 void paging_feed_drain(struct paging *pg);
 /* Context lock held: waits until no frame is being created or released, then drains. */

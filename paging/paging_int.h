@@ -9,6 +9,7 @@
  *   defer.c  releases and transfer jobs that wait for a fence, their completion; quietness
  *            of a sequence; a prefetch's settle; copy ordering
  *   seq.c    slots, handles, block tables, map-ahead; grow, free, info
+ *   ahead.c  map-ahead refilled by the frame pool thread (queue, plan, map, commit)
  *   window.c a slot's window address; mapping and unmapping frames in it by runs
  *   share.c  truncate, fork, share (sequences sharing pages)
  *   cow.c    copy-on-write, prepare_write, write/read
@@ -31,7 +32,7 @@
  * the CTest paging_owners; inline functions of this header are no calls). Top first; one
  * line each, parsed by the script:
  *   owner context: paging.c check.c
- *   owner seqs: seq.c share.c cow.c discard.c hold.c resident.c
+ *   owner seqs: seq.c ahead.c share.c cow.c discard.c hold.c resident.c
  *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
  *   owner clock: step.c defer.c view.c
  *   owner frames: pool.c
@@ -51,6 +52,7 @@
 #include "common/assert.h"
 #include "paging.h"
 #include "view.h"           /* the pool view: its structures, view.c's functions */
+#include "ahead.h"          /* the pool thread's map-ahead refills: ahead.c's part, functions */
 
 enum pg_frame_state {
     FR_NONE = 0,       /* not created yet */
@@ -226,6 +228,11 @@ struct pg_frames {
     int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
     void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
     void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
+    /* the frame pool thread's map-ahead refills in flight (ahead.c, an owner above): undone
+       by the feed's quiesce (pool.c); a window mapping meeting one's range waits for it and
+       undoes it (window.c: only while ahq.busy) */
+    void (*ahead_cancel)(struct paging *pg);                        /* ahead_cancel */
+    void (*ahead_meet_va)(struct paging *pg, uint64_t va, uint32_t n);  /* ahead_meet_va */
 };
 
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it
@@ -340,6 +347,7 @@ struct paging {
     struct paging_counters c;  /* [all: each file counts its own events] */
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
                                   call's refusals (paging_why) */
+    struct pg_ahq ahq;         /* owner seqs: ahead.c (ahead.h): the pool thread's refills */
 };
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
@@ -720,6 +728,9 @@ void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_
 int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups. */
 void seq_drop_all_ahead(struct paging *pg);
+/* Maps ready frames ahead of s's end on the caller's thread, in batches between two marks
+   (seq_ahead_deficit). Best effort. */
+void seq_top_up_ahead(struct paging *pg, struct pg_seq *s);
 /* Frames a grow_batch of ss[i] to lengths[i] takes from the pool (lengths below the
    current one count nothing): new pages, and the holes and shared copies of the partial
    last pages, a page shared by k members copied min(k, sharers - 1) times. -ENOMEM. */

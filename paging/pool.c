@@ -181,9 +181,11 @@ static uint32_t feed_transit(struct paging *pg)
     return n;
 }
 
+/* The frames held alone fill the budget on a full device: then no lock is taken (the
+   frame pool thread's wake-up test runs at every step, paging_pool_can_create). */
 static bool budget_room(struct paging *pg)
 {
-    return pg->fr.n_held + feed_transit(pg) < pg->p.max_frames &&
+    return pg->fr.n_held < pg->p.max_frames && pg->fr.n_held + feed_transit(pg) < pg->p.max_frames &&
            !pg_frame_is_none(pg->fr.frame_free_head);
 }
 
@@ -286,6 +288,7 @@ static bool feed_wait(struct paging *pg)
 void paging_feed_quiesce(struct paging *pg)
 {
     struct pg_feed *fd = &pg->fr.feed;
+    pg->fr.ahead_cancel(pg);        /* no map-ahead refill in flight either */
     pthread_mutex_lock(&fd->mu);
     while (fd->creating || fd->releasing)
         pthread_cond_wait(&fd->cv, &fd->mu);

@@ -53,6 +53,10 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
             return 0;
         }
     }
+    if (pg->ahq.busy) {             /* the frame pool thread's refills in flight */
+        ahead_settle(pg, false);
+        return 0;
+    }
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
@@ -64,22 +68,15 @@ void seq_drop_all_ahead(struct paging *pg)
             seq_drop_ahead(pg, &pg->seqs[i], 0);
 }
 
-/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region:
-   nothing while at least half of map_ahead (rounded up) is left, then back up to map_ahead
-   in one run per region (one map per frame, one set-access per run), so a sequence that
-   crosses a page per step refills every (map_ahead / 2 + 1)-th crossing instead of at
-   each; both marks shrink with the room left in its slot. */
-static void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
+/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region
+   (seq_ahead_deficit, ahead.c) in one run per region (one map per frame, one set-access
+   per run), so a sequence that crosses a page per step refills every (map_ahead / 2 +
+   1)-th crossing instead of at each. With the frame pool thread its refills run there
+   (seq_ahead_refill). */
+void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
-    uint32_t room = pg->pages_per_slot - s->n_pages;
-    uint32_t want = pg->p.map_ahead < room ? pg->p.map_ahead : room;
-    uint32_t low = (pg->p.map_ahead + 1) / 2;
-    if (low > want)
-        low = want;
-    if (s->n_ahead >= low)
-        return;
-    uint32_t k = want - s->n_ahead;
+    uint32_t k = seq_ahead_deficit(pg, s);
     if (k > pg->fr.n_ready / nr)
         k = pg->fr.n_ready / nr;
     if (!k)
@@ -259,6 +256,7 @@ struct grow_undo {
     uint32_t old_np, new_np;
     struct cow_undo cow;
     uint32_t *fill, n_fill;    /* regions whose last-page hole tail_fill made again */
+    bool outran;               /* it needed pages past s's map-ahead (seq_ahead_refill) */
 };
 
 /* Ends a successful grow_apply: frees its undo records. */
@@ -471,6 +469,7 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     uint32_t need = u->new_np - s->n_pages;
     uint32_t k = need < s->n_ahead ? need : s->n_ahead;
     uint32_t n_fresh = need - k;
+    u->outran = n_fresh > 0;
     /* the frames taken below (fresh ones, the last page's holes and copies) come from the
        pool but for s's own map-ahead, which counts as free: its surplus goes back first
        when the rest cannot supply them */
@@ -567,6 +566,8 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         rc = -EBUSY;            /* the context swaps it in first */
     if (!rc)
         rc = seq_settle(pg, s);
+    if (!rc && pg_pages_for(pg, length) > s->n_pages + s->n_ahead)
+        ahead_settle_slot(pg, s);   /* past its map-ahead: the thread's refill first */
     if (!rc)
         rc = pool_reserve_check(pg, grow_frames(pg, s, length, &cow_idx));
     if (!rc)
@@ -581,7 +582,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         return rc;
     }
     grow_commit(pg, &u);
-    seq_top_up_ahead(pg, s);
+    seq_ahead_refill(pg, s, u.outran);
     return 0;
 }
 
@@ -771,6 +772,8 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
             rc = seq_settle(pg, ss[i]);
         if (rc)
             goto out_free;
+        if (pg_pages_for(pg, lengths[i]) > ss[i]->n_pages + ss[i]->n_ahead)
+            ahead_settle_slot(pg, ss[i]);
     }
     rc = seq_batch_frames(pg, ss, lengths, n, &need);
     if (!rc)
@@ -787,7 +790,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     }
     for (size_t i = 0; i < n; i++) {
         grow_commit(pg, &u[i]);
-        seq_top_up_ahead(pg, ss[i]);
+        seq_ahead_refill(pg, ss[i], u[i].outran);
     }
     rc = 0;
     goto out_free;

@@ -21,6 +21,8 @@ uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
 /* One run of frames (no hole) at va. */
 static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
 {
+    if (pg->ahq.busy)
+        pg->fr.ahead_meet_va(pg, va, n);   /* the pool thread's refills own their ranges */
     vmm_handle hs[64] = { 0 };
     vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
     if (!h)

@@ -12,7 +12,8 @@
  * and starts the next one reuses the frames instead of releasing and creating them again,
  * and an engine gone idle hands its surplus back within one to two windows. decay_ms = 0:
  * every round releases what stayed unused since the previous one, and an idle context
- * makes no driver call.
+ * makes no driver call. A round also maps the map-ahead refills grows queued (paging/ahead.c):
+ * planned under the lock, mapped without it, committed under it.
  */
 #include "frames.h"
 
@@ -83,6 +84,18 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
+/* The map-ahead refills a plan took (paging_ahead_plan, context lock held then): mapped
+   without the lock, given to their sequences under it. True (something was done). */
+static bool ahead_work(struct frames *fr)
+{
+    paging_ahead_work(fr->pg);
+    pthread_mutex_lock(fr->lock);
+    paging_ahead_commit(fr->pg);
+    fr->c.ahead_rounds++;
+    pthread_mutex_unlock(fr->lock);
+    return true;
+}
+
 /* One round (the worker's; its futile flag is not used: a round runs on each request). It
    releases only when a whole idle window has passed, and asks for a round at the window's
    end while frames above the high mark wait for it. */
@@ -101,17 +114,24 @@ static bool round_once(void *arg)
         uint64_t end = fr->window_ns + decay;     /* past only when the plan failed */
         fr->w.next_ns = end > now ? end : now + decay;
     }
+    bool ahead = false;
+    if (rc || (!pl.create && !pl.release)) {
+        ahead = paging_ahead_plan(fr->pg);
+        pthread_mutex_unlock(fr->lock);
+        return ahead && ahead_work(fr);
+    }
     pthread_mutex_unlock(fr->lock);
-    if (rc || (!pl.create && !pl.release))
-        return false;
     uint32_t made = paging_feed_work(fr->pg, &pl);   /* the driver calls: no lock */
     pthread_mutex_lock(fr->lock);
     paging_feed_drain(fr->pg);
     paging_view_prepare(fr->pg);  /* the pool view's groups, off the engine's thread */
+    ahead = paging_ahead_plan(fr->pg);
     fr->c.rounds++;
     fr->c.created += made;
     fr->c.released += pl.release;
     pthread_mutex_unlock(fr->lock);
+    if (ahead)
+        (void)ahead_work(fr);
     return true;
 }
 

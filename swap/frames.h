@@ -11,6 +11,9 @@
  *    frames above `high` that no call needed since the previous round (a frame freed just
  *    before a burst of takes is reused, not released and created again). It calls cuMemCreate / cuMemRelease without the context lock,
  *    which it takes only to plan a round and to put delivered frames in the pool.
+ *  - Each round also maps the map-ahead refills grows queued (paging/ahead.c:
+ *    paging_ahead_plan under the context lock, paging_ahead_work without it,
+ *    paging_ahead_commit under it).
  *  - The thread makes the device context current once and sets relaxed stream capture mode
  *    for itself (like the reclaim thread); it never touches a stream.
  *  - The marks follow the budget (frames_set_budget); 0 in the params = automatic:
@@ -40,6 +43,7 @@ struct frames_counters {
     uint64_t rounds;          /* rounds that created or released something */
     uint64_t wakes;           /* requests for a round (a call short of frames, a step) */
     uint64_t created, released;
+    uint64_t ahead_rounds;    /* rounds that mapped sequences' map-ahead refills */
 };
 
 struct frames;

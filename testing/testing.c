@@ -38,6 +38,19 @@ int kvvm_testing_emu_calls(kvvm *kv, struct kvvm_testing_emu_calls *out)
     return 0;
 }
 
+int kvvm_testing_emu_thread_calls(struct kvvm_testing_emu_calls *out)
+{
+    if (!out)
+        return -EINVAL;
+    struct emu_calls c;
+    emu_thread_calls_get(&c);
+    out->n = 0;
+#define X_PUT(e) out->name[out->n] = #e; out->count[out->n++] = c.e;
+    EMU_ENTRIES(X_PUT)
+#undef X_PUT
+    return 0;
+}
+
 uint64_t kvvm_testing_emu_count(const struct kvvm_testing_emu_calls *c, const char *entry)
 {
     for (size_t i = 0; c && entry && i < c->n; i++)

@@ -16,6 +16,9 @@
  *  - block-table fill per block: kvvm_seq_block_table of one sequence of TBL blocks against
  *    memcpy of TBL int32 ids from an array the engine keeps itself; kvvm_batch_block_table
  *    (CSR) of BSEQ sequences of BBLK blocks against memcpy of the same number of ids.
+ *  - map-ahead refilled by the frame pool thread: map and set-access calls on the engine's
+ *    thread per grow into a new page, and the grows' time, pool thread on against off
+ *    (ahead_rows).
  *  - virtual address space: reserved_bytes of kvvm_stats_json's device object with the view
  *    against without (same configuration).
  *
@@ -27,6 +30,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvvm.h"
 #include "kvvm_testing.h"
@@ -127,6 +131,88 @@ static int grow_rows(struct bench_ctx *b, kvvm *kv_v, kvvm *kv_n, int trials, in
     return 0;
 }
 
+/* ---- map-ahead refilled by the frame pool thread (issue 19) ----
+   Two contexts alike (no view, map_ahead AHEAD) but for pool_thread; NSEQ sequences grow
+   one block at a time (every grow crosses into a new page), a kvvm_step and 1 ms (the
+   forward pass a step stands for) after each round of NSEQ grows (untimed); cuMemMap + cuMemSetAccess made on this (the engine's) thread during
+   the grows, per grow, and the grows' time. With the thread the refills run there; a grow
+   outrunning its map-ahead (the thread late) still maps on the engine's thread. */
+#define AHEAD 8
+#define PASS_NS 1000000     /* 1 ms */
+static int ahead_open(struct bench_ctx *b, int thread, int blocks, kvvm **kv)
+{
+    size_t gran = b->granule ? b->granule : 4096;
+    struct kvvm_config c;
+    bench_config(&c, b->backend, gran, 0, NREG, gran / TPB, NSEQ, (uint64_t)blocks * TPB,
+                 ((size_t)NSEQ * (blocks + AHEAD) + 256) * NREG * gran);
+    c.map_ahead = AHEAD;
+    c.pool_thread = thread;
+    return kvvm_open(&c, kv);
+}
+
+static uint64_t my_maps(void)
+{
+    struct kvvm_testing_emu_calls c;
+    if (kvvm_testing_emu_thread_calls(&c))
+        return 0;
+    return kvvm_testing_emu_count(&c, "cuMemMap") + kvvm_testing_emu_count(&c, "cuMemSetAccess");
+}
+
+static int ahead_pass(kvvm *kv, int blocks, double *ns, double *calls)
+{
+    kvvm_seq s[NSEQ];
+    int rc = 0, n = 0;
+    uint64_t t = 0, c = 0;
+    for (; n < NSEQ && !rc; n++)
+        if (!(rc = kvvm_seq_create(kv, &s[n])))
+            rc = kvvm_seq_grow(kv, s[n], TPB);
+    if (!rc)
+        rc = kvvm_sync(kv);
+    for (int blk = 2; blk <= blocks && !rc; blk++) {
+        uint64_t c0 = my_maps(), t0 = bench_now_ns();
+        for (int i = 0; i < NSEQ && !rc; i++)
+            rc = kvvm_seq_grow(kv, s[i], (uint64_t)blk * TPB);
+        t += bench_now_ns() - t0;
+        c += my_maps() - c0;
+        if (!rc)
+            rc = kvvm_step(kv);
+        /* the forward pass a step stands for (untimed): on a GPU milliseconds */
+        nanosleep(&(struct timespec){ .tv_nsec = PASS_NS }, NULL);
+    }
+    for (int i = 0; i < n; i++)
+        (void)kvvm_seq_free(kv, s[i]);
+    (void)kvvm_sync(kv);
+    *ns = (double)t / ((double)NSEQ * (blocks - 1));
+    *calls = (double)c / ((double)NSEQ * (blocks - 1));
+    return rc;
+}
+
+static int ahead_rows(struct bench_ctx *b, int trials, int blocks)
+{
+    kvvm *kv[2] = { NULL, NULL };
+    double tm[2][MAXT], cl[2][MAXT];
+    int rc = ahead_open(b, 1, blocks, &kv[1]);
+    if (!rc)
+        rc = ahead_open(b, 0, blocks, &kv[0]);
+    for (int t = 0; t < trials && !rc; t++)
+        for (int j = 0; j < 2 && !rc; j++) {
+            int k = t % 2 ? j : 1 - j;
+            rc = ahead_pass(kv[k], blocks, &tm[k][t], &cl[k][t]);
+        }
+    if (!rc && kvvm_testing_emu_calls(kv[1], &(struct kvvm_testing_emu_calls){ 0 }) == 0) {
+        bench_report_trials(b, G, "map+set-access calls per grow into a new page, map-ahead 8, "
+                            "pool thread (engine thread)", cl[1], cl[0], trials,
+                            "the same grows, no pool thread", "calls", 1);
+        bench_report_trials(b, G, "grow into a new page, map-ahead 8, pool thread (steps "
+                            "between, untimed)", tm[1], tm[0], trials,
+                            "the same grows, no pool thread", "ns/op", 1);
+    }
+    for (int k = 0; k < 2; k++)
+        if (kv[k])
+            kvvm_close(kv[k]);
+    return rc;
+}
+
 /* Keeps the compiler from dropping the baseline's copies. */
 static volatile int32_t sink;
 
@@ -216,6 +302,8 @@ int bench_view(struct bench_ctx *b)
         rc = open_ctx(b, 0, &kv_n);
     if (!rc)
         rc = grow_rows(b, kv_v, kv_n, trials, blocks);
+    if (!rc)
+        rc = ahead_rows(b, trials, blocks);
     if (!rc)
         rc = table_rows(b, kv_v, trials, reps);
     double rv = 0, rn = 0;

@@ -90,8 +90,10 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
     pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = current_dev_locked();
     *cur = d;
-    if (d)
+    if (d) {
         d->calls[e]++;
+        emu_t.calls[e]++;
+    }
     trace_record_locked(e);
     kcu_result err = KCU_SUCCESS;
     /* err is never KCU_SUCCESS (emu_fail_arm and KVVM_EMU_FAIL refuse it); the check says
@@ -214,6 +216,13 @@ int emu_calls_get(int ordinal, struct emu_calls *out)
     }
     pthread_mutex_unlock(&emu.lock);
     return d ? 0 : -ENODEV;
+}
+
+void emu_thread_calls_get(struct emu_calls *out)
+{
+#define X(n) out->n = emu_t.calls[E_##n];
+    EMU_ENTRIES(X)
+#undef X
 }
 
 int emu_calls_reset(int ordinal)
