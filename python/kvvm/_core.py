@@ -647,6 +647,47 @@ def _neuter(t):
             pass
 
 
+class _Handed:
+    """The torch tensors handed out since a sequence last moved, held weakly: a list of
+    weak references without callbacks (cheaper than a WeakSet, which hashes every tensor
+    through torch's Python-level __hash__ and runs a Python callback when each one dies),
+    the dead ones pruned when the list doubles."""
+    __slots__ = ("refs", "limit")
+
+    def __init__(self):
+        self.refs = []
+        self.limit = 64
+
+    def add(self, t):
+        refs = self.refs
+        refs.append(weakref.ref(t))
+        if len(refs) >= self.limit:
+            refs[:] = [r for r in refs if r() is not None]
+            self.limit = max(64, 2 * len(refs))
+
+    def __len__(self):
+        return len(self.refs)
+
+    def take(self):
+        """The live tensors, the registry then empty."""
+        refs, self.refs = self.refs, []
+        self.limit = 64
+        return [t for t in (r() for r in refs) if t is not None]
+
+
+_tls = threading.local()            # .info: this thread's kvvm_seq_info buffer (fast path)
+
+
+def _info_buffer():
+    try:
+        return _tls.info
+    except AttributeError:
+        i = _lib.SeqInfo()
+        i.size = ctypes.sizeof(i)
+        _tls.info = (i, ctypes.byref(i))
+        return _tls.info
+
+
 def _drain_pending():
     with _pending_lock:
         todo = _pending_close[:]
@@ -683,7 +724,7 @@ class Sequence:
         s._dead = False
         s._views = {}                   # (region, dtype, shape, kind) -> row over max_tokens
         s._epoch = 0                    # bumped when the sequence moves (_stale)
-        s._handed = weakref.WeakSet()   # torch tensors handed out since the last move
+        s._handed = _Handed()           # torch tensors handed out since the last move
         slot = ctypes.c_uint32()
         _call(L.kvvm_seq_slot, ctx._h(), handle, ctypes.byref(slot))
         s.slot = slot.value
@@ -731,9 +772,7 @@ class Sequence:
         rows are dropped."""
         self._epoch += 1
         self._views.clear()
-        handed = list(self._handed)
-        self._handed.clear()
-        for t in handed:
+        for t in self._handed.take():
             _neuter(t)
 
     # ---- length ---------------------------------------------------------------------------
@@ -881,6 +920,26 @@ class Sequence:
                        "`ready` or ctx.sync() before reading it on the CPU" % h)
         return i
 
+    def _view_state(self):
+        """(length, first_kept) after checking that the window may be read now, as
+        _viewable() does (it raises the same errors), with one kvvm_seq_info into this
+        thread's buffer and, on the emulated device, one kvvm_seq_ready: the bare ctypes
+        calls, without _call's bookkeeping, on the path where both succeed (a failed
+        kvvm_seq_info or kvvm_seq_ready logs nothing; anything but resident and ready takes
+        _viewable(), which raises or, when the state changed in between, answers)."""
+        ctx = self.ctx
+        kv = ctx._kv
+        if self._dead or kv is None or ctx.opaque:
+            i = self._viewable()
+            return i.length, i.first_kept
+        info, ref = _info_buffer()
+        h = self.handle
+        if (L.kvvm_seq_info(kv, h, ref) == 0 and info.resident
+                and (ctx.backend == "cuda" or L.kvvm_seq_ready(kv, h) == 1)):
+            return info.length, info.first_kept
+        i = self._viewable()
+        return i.length, i.first_kept
+
     def _check_fresh(self, epoch):
         """Raises unless the sequence is alive, unmoved since `epoch` and viewable now."""
         if self._dead or self.ctx._kv is None or self._epoch != epoch:
@@ -911,31 +970,28 @@ class Sequence:
     def _view(self, region, dtype, shape, kind):
         return self._rows((region,), dtype, shape, kind, self._viewable().length)[0]
 
+    def _row(self, region, dtype, shape, kind):
+        """The cached view of tokens [0, max_tokens) of `region` (not handed out: callers
+        slice it); dropped when the sequence moves (_stale)."""
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        key = (region, dtype, shape, kind)
+        row = self._views.get(key)
+        if row is None:
+            view, tdt = self._producer(region, dtype, shape)
+            row = (_views.numpy_view(view) if kind == "numpy"
+                   else self.ctx._consume(view, tdt))
+            self._views[key] = row
+        return row
+
     def _rows(self, regions, dtype, shape, kind, n):
         """Views of tokens [0, n) of each of `regions` (n from a _viewable() just made)."""
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
         out = []
         for region in regions:
-            key = (region, dtype, shape, kind)
-            row = self._views.get(key)
-            if row is None:
-                view, tdt = self._producer(region, dtype, shape)
-                row = (_views.numpy_view(view) if kind == "numpy"
-                       else self.ctx._consume(view, tdt))
-                self._views[key] = row
-            v = row[:n]
+            v = self._row(region, dtype, shape, kind)[:n]
             if kind == "torch":
                 self._handed.add(v)
             out.append(v)
         return out
-
-    def _layer_views(self, k_region, v_region, dtype, shape, kind):
-        """(K view, V view, first_kept) over tokens [first_kept, length) with one
-        kvvm_seq_info for both (KVCache's per-layer call)."""
-        i = self._viewable()
-        K, V = self._rows((k_region, v_region), dtype, shape, kind, i.length)
-        f = i.first_kept
-        return (K[f:], V[f:], f) if f else (K, V, 0)
 
     def block_table(self, first=0, n=None):
         """kvvm_seq_block_table: the ids of blocks [first, first + n) (n None: to the last

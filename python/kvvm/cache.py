@@ -43,16 +43,38 @@ class KVCache:
                                   % (ctx.bytes_per_token, self.n_kv_heads, self.head_dim,
                                      itemsize, bpt))
         self.shape = (self.n_kv_heads, self.head_dim)
+        self._kind = "torch" if self.torch else "numpy"
+        self._np_cuda_check = not self.torch
+        # the key of this layout's per-layer (K row, V row) pairs in Sequence._views: rows
+        # over tokens [0, max_tokens) at the sequence's own address, made on first use
+        self._key = ("KVCache", self.dtype, self.shape, self._kind)
 
     def _views(self, layer, seq):
+        """(K view, V view, first_kept) of `seq` at `layer` over tokens [first_kept,
+        length), registered for stale-view invalidation. Per call: one kvvm_seq_info (and
+        on the emulated device one kvvm_seq_ready) for both views, two slices of the rows
+        cached per sequence (dropped whenever the sequence moves: Sequence._stale), two
+        registrations."""
         if not 0 <= layer < self.n_layers:
             raise InvalidArgument(22, "layer %d is outside [0, %d)" % (layer, self.n_layers))
-        if not self.torch and seq.ctx.backend == "cuda":
+        if self._np_cuda_check and seq.ctx.backend == "cuda":
             seq.array(2 * layer, self.dtype, self.shape)    # raises NotSupported
-        # One kvvm_seq_info per layer for both views and first_kept: tokens [0, first_kept)
-        # are discarded, never in a view.
-        return seq._layer_views(2 * layer, 2 * layer + 1, self.dtype, self.shape,
-                                "torch" if self.torch else "numpy")
+        # tokens [0, first_kept) are discarded, never in a view
+        length, first = seq._view_state()
+        rows = seq._views.get(self._key)
+        if rows is None:
+            rows = seq._views[self._key] = [None] * self.n_layers
+        pair = rows[layer]
+        if pair is None:
+            pair = rows[layer] = (seq._row(2 * layer, self.dtype, self.shape, self._kind),
+                                  seq._row(2 * layer + 1, self.dtype, self.shape, self._kind))
+        K = pair[0][first:length]
+        V = pair[1][first:length]
+        if self.torch:
+            handed = seq._handed
+            handed.add(K)
+            handed.add(V)
+        return K, V, first
 
     def keys_values(self, layer, seq):
         """The (length - first_kept, n_kv_heads, head_dim) K and V views of `seq` at `layer`
@@ -64,12 +86,11 @@ class KVCache:
         """Writes k, v (n_new, n_kv_heads, head_dim) at tokens [length - n_new, length) and
         returns the K, V views over [first_kept, length)."""
         K, V, first_kept = self._views(layer, seq)
-        n = int(k.shape[0])
-        held = int(K.shape[0])
-        want = (n, self.n_kv_heads, self.head_dim)
-        if tuple(k.shape) != want or tuple(v.shape) != want:
+        n = k.shape[0]
+        held = K.shape[0]
+        if k.shape[1:] != self.shape or v.shape != k.shape:
             raise InvalidArgument(22, "KVCache.update: k %s and v %s must both be %s"
-                                  % (tuple(k.shape), tuple(v.shape), want))
+                                  % (tuple(k.shape), tuple(v.shape), (n,) + self.shape))
         if n > held:
             if first_kept:
                 raise InvalidArgument(22, "KVCache.update: %d new tokens but the sequence "
