@@ -675,17 +675,16 @@ class _Handed:
         return [t for t in (r() for r in refs) if t is not None]
 
 
-_tls = threading.local()            # .info: this thread's kvvm_seq_info buffer (fast path)
+_tls = threading.local()    # .state: this thread's kvvm_seq_view_state outputs (fast path)
 
 
-def _info_buffer():
+def _state_buffer():
     try:
-        return _tls.info
+        return _tls.state
     except AttributeError:
-        i = _lib.SeqInfo()
-        i.size = ctypes.sizeof(i)
-        _tls.info = (i, ctypes.byref(i))
-        return _tls.info
+        n, f = c_u64(), c_u64()
+        _tls.state = (n, f, ctypes.byref(n), ctypes.byref(f))
+        return _tls.state
 
 
 def _drain_pending():
@@ -922,21 +921,16 @@ class Sequence:
 
     def _view_state(self):
         """(length, first_kept) after checking that the window may be read now, as
-        _viewable() does (it raises the same errors), with one kvvm_seq_info into this
-        thread's buffer and, on the emulated device, one kvvm_seq_ready: the bare ctypes
-        calls, without _call's bookkeeping, on the path where both succeed (a failed
-        kvvm_seq_info or kvvm_seq_ready logs nothing; anything but resident and ready takes
-        _viewable(), which raises or, when the state changed in between, answers)."""
+        _viewable() does: one bare kvvm_seq_view_state (no _call bookkeeping) into this
+        thread's buffer when it answers 1; anything else (a failed call, which logs nothing,
+        swapped out, a swap-in copy in flight) takes _viewable(), which raises the same
+        errors or, when the state changed in between, answers."""
         ctx = self.ctx
         kv = ctx._kv
-        if self._dead or kv is None or ctx.opaque:
-            i = self._viewable()
-            return i.length, i.first_kept
-        info, ref = _info_buffer()
-        h = self.handle
-        if (L.kvvm_seq_info(kv, h, ref) == 0 and info.resident
-                and (ctx.backend == "cuda" or L.kvvm_seq_ready(kv, h) == 1)):
-            return info.length, info.first_kept
+        if not (self._dead or kv is None or ctx.opaque):
+            n, f, nref, fref = _state_buffer()
+            if L.kvvm_seq_view_state(kv, self.handle, nref, fref) == 1:
+                return n.value, f.value
         i = self._viewable()
         return i.length, i.first_kept
 
