@@ -225,6 +225,7 @@ class Context:
                 raise _errors.SpillDirError(e.errno, e.message, e.function) from None
             raise
         self._kv = kv.value
+        self._kvc = ctypes.c_void_p(self._kv)   # as a ctypes argument (Sequence._view_state)
         self._lock = threading.Lock()
         self._seqs = {}                 # handle -> Sequence (live ones)
         self._stream = None             # keeps the engine stream object alive
@@ -662,8 +663,14 @@ class _Handed:
         refs = self.refs
         refs.append(weakref.ref(t))
         if len(refs) >= self.limit:
-            refs[:] = [r for r in refs if r() is not None]
-            self.limit = max(64, 2 * len(refs))
+            self.prune()
+
+    def prune(self):
+        """Drops the dead references (KVCache.update appends to refs itself, then calls
+        this when len(refs) reaches limit)."""
+        refs = self.refs
+        refs[:] = [r for r in refs if r() is not None]
+        self.limit = max(64, 2 * len(refs))
 
     def __len__(self):
         return len(self.refs)
@@ -676,6 +683,10 @@ class _Handed:
 
 
 _tls = threading.local()    # .state: this thread's kvvm_seq_view_state outputs (fast path)
+# kvvm_seq_view_state without argtypes, called with ctypes objects made once (the context's
+# c_void_p, the sequence's c_uint64, this thread's byrefs): no argument conversion per call
+_view_state_raw = L._FuncPtr(("kvvm_seq_view_state", L))
+_view_state_raw.restype = ctypes.c_int
 
 
 def _state_buffer():
@@ -712,7 +723,7 @@ class Sequence:
     """One sequence of a Context. Handles are not freed by garbage collection: call free()
     (or use `with ctx.create() as s:`); Context.close() frees all."""
 
-    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "_epoch", "_handed",
+    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "_epoch", "_handed", "_hc",
                  "__weakref__")
 
     @classmethod
@@ -720,6 +731,7 @@ class Sequence:
         s = cls.__new__(cls)
         s.ctx = ctx
         s.handle = handle
+        s._hc = c_u64(handle)           # the handle as a ctypes argument (_view_state)
         s._dead = False
         s._views = {}                   # (region, dtype, shape, kind) -> row over max_tokens
         s._epoch = 0                    # bumped when the sequence moves (_stale)
@@ -929,7 +941,7 @@ class Sequence:
         kv = ctx._kv
         if not (self._dead or kv is None or ctx.opaque):
             n, f, nref, fref = _state_buffer()
-            if L.kvvm_seq_view_state(kv, self.handle, nref, fref) == 1:
+            if _view_state_raw(ctx._kvc, self._hc, nref, fref) == 1:
                 return n.value, f.value
         i = self._viewable()
         return i.length, i.first_kept

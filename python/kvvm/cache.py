@@ -18,6 +18,8 @@ shape (length - first_kept, n_kv_heads, head_dim) (row i is token first_kept + i
 reads first_kept from seq.info (the smallest over the regions): discard every region alike,
 seq.discard(first_kept), for a sequence that KVCache serves.
 """
+from weakref import ref as _ref
+
 from . import _views
 from ._errors import InvalidArgument
 
@@ -44,7 +46,7 @@ class KVCache:
                                      itemsize, bpt))
         self.shape = (self.n_kv_heads, self.head_dim)
         self._kind = "torch" if self.torch else "numpy"
-        self._np_cuda_check = not self.torch
+        self._np_cuda_check = not self.torch     # numpy views: checked per call (slower)
         # the key of this layout's per-layer (K row, V row) pairs in Sequence._views: rows
         # over tokens [0, max_tokens) at the sequence's own address, made on first use
         self._key = ("KVCache", self.dtype, self.shape, self._kind)
@@ -85,12 +87,44 @@ class KVCache:
     def update(self, layer, seq, k, v):
         """Writes k, v (n_new, n_kv_heads, head_dim) at tokens [length - n_new, length) and
         returns the K, V views over [first_kept, length)."""
+        # _views inlined, and as few distinct operations as the checks allow: inside a
+        # decode step the attention between two calls evicts the CPU caches, and each
+        # distinct Python, torch or C path the call takes costs microseconds there.
+        if not 0 <= layer < self.n_layers or self._np_cuda_check:
+            return self._update_checked(layer, seq, k, v)
+        length, first = seq._view_state()
+        rows = seq._views.get(self._key)
+        pair = rows[layer] if rows is not None else None
+        if pair is None:
+            return self._update_checked(layer, seq, k, v)
+        K = pair[0][first:length]
+        V = pair[1][first:length]
+        handed = seq._handed
+        refs = handed.refs
+        refs.append(_ref(K))
+        refs.append(_ref(V))
+        if len(refs) >= handed.limit:
+            handed.prune()
+        ks = k.shape
+        if ks != v.shape or ks[1:] != self.shape or ks[0] > length - first:
+            return self._write_checked(K, V, first, k, v)
+        held = length - first
+        K[held - ks[0]:held] = k
+        V[held - ks[0]:held] = v
+        return K, V
+
+    def _update_checked(self, layer, seq, k, v):
         K, V, first_kept = self._views(layer, seq)
+        return self._write_checked(K, V, first_kept, k, v)
+
+    @staticmethod
+    def _write_checked(K, V, first_kept, k, v):
         n = k.shape[0]
         held = K.shape[0]
-        if k.shape[1:] != self.shape or v.shape != k.shape:
+        want = (n,) + tuple(K.shape[1:])
+        if tuple(k.shape) != want or tuple(v.shape) != want:
             raise InvalidArgument(22, "KVCache.update: k %s and v %s must both be %s"
-                                  % (tuple(k.shape), tuple(v.shape), (n,) + self.shape))
+                                  % (tuple(k.shape), tuple(v.shape), want))
         if n > held:
             if first_kept:
                 raise InvalidArgument(22, "KVCache.update: %d new tokens but the sequence "
