@@ -1,20 +1,26 @@
 """python3 -m kvvm.bench: the per-decode-step cost of a KV cache in PyTorch.
 
 For each context length and batch size, every step appends one token's K and V in every
-layer and runs attention over the whole cache, with three caches measured in the same run,
-step by step in rotating order (so machine noise hits all three alike):
+layer and runs attention over the whole cache, with five caches measured in the same run,
+step by step in rotating order (so machine noise hits all alike):
   (a) libkvvm views: one sequence per request, ctx.grow_batch once per step, the new token
       written into the region view, attention reading the region view in place, ctx.step();
   (b) a torch.cat cache (Hugging Face DynamicCache style): torch.cat([K, k]) per layer;
   (c) a statically preallocated max-length cache: the new token written in place;
   (d) libkvvm through kvvm.KVCache: as (a), but each new token is written by
       KVCache.update(layer, seq, k, v) for every sequence and layer, as a model's attention
-      code calls it (its cost over (a)'s append is the Python package's per-call price).
+      code calls it;
+  (e) as (d), through bare_update: the same slices of cached rows and copies per sequence
+      and layer with nothing of the package ((d)'s append less (e)'s, per call, is the
+      package's price per KVCache.update: the `update us` column).
 Attention is multi-query (one KV head, n_q_heads query heads) so that every cache's K/V
 is consumed in place by torch.bmm, with no copy: the difference between the rows is the
 cache, not the kernel. The physical memory each cache holds is reported beside the live
 K/V bytes: (a) the device pages its sequences hold (kvvm_stats), (b) its tensors' bytes,
 (c) its preallocation.
+
+The update group (--only update): KVCache.update's price against the sequence's length in
+one context, tight and inside a decode step (UpdateGroup).
 
 The prefix group (--only prefix): prefill time saved by the prefix cache against the
 length P of a shared system prompt. A small transformer (the same layer count, query heads,

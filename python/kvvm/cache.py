@@ -53,10 +53,10 @@ class KVCache:
 
     def _views(self, layer, seq):
         """(K view, V view, first_kept) of `seq` at `layer` over tokens [first_kept,
-        length), registered for stale-view invalidation. Per call: one kvvm_seq_info (and
-        on the emulated device one kvvm_seq_ready) for both views, two slices of the rows
+        length), registered for stale-view invalidation (torch). Per call: one
+        kvvm_seq_view_state for both views (Sequence._view_state), two slices of the rows
         cached per sequence (dropped whenever the sequence moves: Sequence._stale), two
-        registrations."""
+        registrations. update() inlines this for torch views."""
         if not 0 <= layer < self.n_layers:
             raise InvalidArgument(22, "layer %d is outside [0, %d)" % (layer, self.n_layers))
         if self._np_cuda_check and seq.ctx.backend == "cuda":
