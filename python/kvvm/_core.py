@@ -241,6 +241,7 @@ class Context:
         self.page_size = int(self.config["page_size"])
         self.device = int(self.config["device"])
         self.opaque = self.backend == "emulated" and bool(self.config.get("emu_opaque", 0))
+        self._cuda = self.backend == "cuda"
         sb = c_u64()
         _call(L.kvvm_slot_bytes, self._kv, ctypes.byref(sb))
         self.slot_bytes = sb.value
@@ -682,19 +683,22 @@ class _Handed:
         return [t for t in (r() for r in refs) if t is not None]
 
 
-_tls = threading.local()    # .state: this thread's kvvm_seq_view_state outputs (fast path)
+_tls = threading.local()    # .state: this thread's outputs of the fast path's C call
 # kvvm_seq_view_state without argtypes, called with ctypes objects made once (the context's
 # c_void_p, the sequence's c_uint64, this thread's byrefs): no argument conversion per call
 _view_state_raw = L._FuncPtr(("kvvm_seq_view_state", L))
 _view_state_raw.restype = ctypes.c_int
+_seq_info_raw = L._FuncPtr(("kvvm_seq_info", L))
+_seq_info_raw.restype = ctypes.c_int
 
 
 def _state_buffer():
     try:
         return _tls.state
     except AttributeError:
-        n, f = c_u64(), c_u64()
-        _tls.state = (n, f, ctypes.byref(n), ctypes.byref(f))
+        n, f, i = c_u64(), c_u64(), _lib.SeqInfo()
+        i.size = ctypes.sizeof(i)
+        _tls.state = (n, f, ctypes.byref(n), ctypes.byref(f), i, ctypes.byref(i))
         return _tls.state
 
 
@@ -933,15 +937,22 @@ class Sequence:
 
     def _view_state(self):
         """(length, first_kept) after checking that the window may be read now, as
-        _viewable() does: one bare kvvm_seq_view_state (no _call bookkeeping) into this
-        thread's buffer when it answers 1; anything else (a failed call, which logs nothing,
-        swapped out, a swap-in copy in flight) takes _viewable(), which raises the same
-        errors or, when the state changed in between, answers."""
+        _viewable() does, with one bare C call (no _call bookkeeping; arguments made once)
+        into this thread's buffers: on the emulated device kvvm_seq_view_state (resident
+        and no swap-in copy in flight: the CPU reads the window), on a GPU kvvm_seq_info
+        (resident; kernels on the engine stream are ordered after the copies, and
+        kvvm_seq_view_state would reap finished jobs, querying their events, at every call).
+        Anything else (a failed call, which logs nothing, swapped out, a copy in flight)
+        takes _viewable(), which raises the same errors or, when the state changed in
+        between, answers."""
         ctx = self.ctx
         kv = ctx._kv
         if not (self._dead or kv is None or ctx.opaque):
-            n, f, nref, fref = _state_buffer()
-            if _view_state_raw(ctx._kvc, self._hc, nref, fref) == 1:
+            n, f, nref, fref, info, iref = _state_buffer()
+            if ctx._cuda:
+                if _seq_info_raw(ctx._kvc, self._hc, iref) == 0 and info.resident:
+                    return info.length, info.first_kept
+            elif _view_state_raw(ctx._kvc, self._hc, nref, fref) == 1:
                 return n.value, f.value
         i = self._viewable()
         return i.length, i.first_kept

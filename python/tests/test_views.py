@@ -226,6 +226,26 @@ def test_kvcache_update_reads_state_changed_by_c_calls(spill_dir):
             cache.keys_values(0, s)
 
 
+def test_kvcache_update_gpu_fast_path(spill_dir):
+    """On a GPU the fast path asks kvvm_seq_info (no readiness: the stream orders the
+    copies); run here by marking an emulated context as CUDA for that path alone."""
+    with kvvm.Context(**small_config(emu_opaque=0, host_budget=16 * GRANULE)) as c:
+        c._cuda = True
+        cache = kvvm.KVCache(c, 1, 2, 8, torch.float32)
+        s = c.create()
+        s.grow(5)
+        k = torch.randn(5, 2, 8)
+        K, V = cache.update(0, s, k, -k)
+        assert torch.equal(K, k) and torch.equal(V, -k)
+        assert kvvm._lib.lib.kvvm_seq_grow(c._kv, s.handle, 6) == 0
+        K, V = cache.update(0, s, torch.ones(1, 2, 8), torch.ones(1, 2, 8))
+        assert K.shape == (6, 2, 8) and (K[5] == 1).all()
+        c.step()
+        assert kvvm._lib.lib.kvvm_seq_swap_out(c._kv, s.handle) == 0
+        with pytest.raises(kvvm.NotResident):
+            cache.update(0, s, torch.ones(1, 2, 8), torch.ones(1, 2, 8))
+
+
 def test_kvcache_update_of_a_fork_writes_its_own_copy(vctx):
     """Parent and child each have their own cached rows at their own addresses: a token
     the child appends through update does not show in the parent, and the shared tokens
