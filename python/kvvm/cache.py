@@ -47,9 +47,10 @@ class KVCache:
         self.shape = (self.n_kv_heads, self.head_dim)
         self._kind = "torch" if self.torch else "numpy"
         self._np_cuda_check = not self.torch     # numpy views: checked per call (slower)
-        # the key of this layout's per-layer (K row, V row) pairs in Sequence._views: rows
-        # over tokens [0, max_tokens) at the sequence's own address, made on first use
-        self._key = ("KVCache", self.dtype, self.shape, self._kind)
+        # the key of this cache's per-layer (K row, V row) pairs in Sequence._views (rows
+        # over tokens [0, max_tokens) at the sequence's own address, made on first use):
+        # the object itself, hashed by identity (a tuple key is hashed anew at every call)
+        self._key = self
 
     def _views(self, layer, seq):
         """(K view, V view, first_kept) of `seq` at `layer` over tokens [first_kept,
