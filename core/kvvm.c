@@ -468,6 +468,29 @@ int kvvm_seq_ready(kvvm *kv, kvvm_seq s)
     CALL(kv, paging_seq_ready(kv->pg, s));
 }
 
+static int view_state_locked(kvvm *kv, kvvm_seq s, uint64_t *length, uint64_t *first_kept)
+{
+    struct paging_seq_info pi;
+    int rc = paging_seq_info(kv->pg, s, &pi);
+    if (rc)
+        return rc;
+    int ready = pi.resident && !pi.dropped ? paging_seq_ready(kv->pg, s) : 0;
+    if (ready < 0)
+        return ready;
+    *length = pi.length;
+    *first_kept = pi.first_kept;
+    return ready;
+}
+
+int kvvm_seq_view_state(kvvm *kv, kvvm_seq s, uint64_t *length, uint64_t *first_kept)
+{
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(length);
+    NONNULL(first_kept);
+    CALL(kv, view_state_locked(kv, s, length, first_kept));
+}
+
 static int wait_stream_locked(kvvm *kv, kvvm_seq s, void *stream)
 {
     uint32_t slot;

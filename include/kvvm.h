@@ -267,6 +267,12 @@ KVVM_API int kvvm_seq_prefetch(kvvm *kv, kvvm_seq s);
    in pages they share) is still in flight, 0 not yet (or swapped out), -ENOENT. Never
    blocks. */
 KVVM_API int kvvm_seq_ready(kvvm *kv, kvvm_seq s);
+/* The check before handing out a view of s's window, in one call: *length and *first_kept
+   as kvvm_seq_info reports them, and 1 when the window may be read now (resident, no
+   swap-in copy in flight: kvvm_seq_ready's 1), 0 when not (swapped out, dropped, or a copy
+   still in flight). Never blocks. -ENOENT, -EINVAL NULL pointer (nothing written). */
+KVVM_API int kvvm_seq_view_state(kvvm *kv, kvvm_seq s, uint64_t *length,
+                                 uint64_t *first_kept);
 /* Makes `stream` (another stream of this device) wait, on the device, for every swap copy
    enqueued so far (s's included); the CPU does not wait. -ENOENT, -EINVAL NULL stream,
    -EBUSY capturing stream, -EIO. */

@@ -645,6 +645,61 @@ Test(stream, prefetch)
     tclose(&t);
 }
 
+/* kvvm_seq_view_state: the length, first_kept and "may be read now" of kvvm_seq_info and
+   kvvm_seq_ready in one call (the Python package's check before each view): 0 while a
+   prefetch's copy is held back on the paused engine stream, 1 once it is done, 0 swapped
+   out; a failed call writes nothing. */
+Test(stream, view_state)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 64, 64, 0);
+    void *st;
+    topen_stream(&t, &c, &st);
+    struct sh *a = sh_new(&t);
+    sh_grow_fill(&t, a, 19, 1);
+    uint64_t len = 7, fk = 7;
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h, &len, &fk), 1);
+    cr_assert_eq(len, 19);
+    cr_assert_eq(fk, 0);
+    cr_assert_eq(kvvm_seq_discard(t.kv, a->h, KVVM_ALL_REGIONS, 5), 0);
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h, &len, &fk), 1);
+    struct kvvm_seq_info si = { .size = sizeof si };
+    cr_assert_eq(kvvm_seq_info(t.kv, a->h, &si), 0);
+    cr_assert_eq(fk, si.first_kept);
+    cr_assert(fk > 0 && fk <= 5, "first_kept %llu", (unsigned long long)fk);
+    kvvm_step(t.kv);
+    t_out(&t, a);
+    kvvm_sync(t.kv);
+    len = fk = 0;
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h, &len, &fk), 0);
+    cr_assert_eq(len, 19);
+    cr_assert_eq(emu_stream_set_paused(st, 1), 0);
+    cr_assert_eq(kvvm_seq_prefetch(t.kv, a->h), 0);
+    cr_assert_eq(kvvm_seq_ready(t.kv, a->h), 0);
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h, &len, &fk), 0);   /* the copy is held */
+    cr_assert_eq(emu_stream_set_paused(st, 0), 0);
+    int ready = 0;
+    for (int i = 0; i < 10000 && ready == 0; i++) {   /* up to ~10 s on a loaded machine */
+        ready = kvvm_seq_view_state(t.kv, a->h, &len, &fk);
+        if (!ready)
+            usleep(1000);
+    }
+    cr_assert_eq(ready, 1, "the prefetch never became readable: %d", ready);
+    cr_assert_eq(kvvm_seq_ready(t.kv, a->h), 1);
+    cr_assert_eq(len, 19);
+    len = fk = 3;
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h + 1, &len, &fk), -ENOENT);
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h, NULL, &fk), -EINVAL);
+    cr_assert_eq(kvvm_seq_view_state(t.kv, a->h, &len, NULL), -EINVAL);
+    cr_assert_eq(len, 3);
+    cr_assert_eq(fk, 3);
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    free(a);
+    tclose(&t);
+}
+
 Test(stream, capturing_refused)
 {
     struct tctx t;

@@ -225,6 +225,7 @@ class Context:
                 raise _errors.SpillDirError(e.errno, e.message, e.function) from None
             raise
         self._kv = kv.value
+        self._kvc = ctypes.c_void_p(self._kv)   # as a ctypes argument (Sequence._view_state)
         self._lock = threading.Lock()
         self._seqs = {}                 # handle -> Sequence (live ones)
         self._stream = None             # keeps the engine stream object alive
@@ -240,6 +241,7 @@ class Context:
         self.page_size = int(self.config["page_size"])
         self.device = int(self.config["device"])
         self.opaque = self.backend == "emulated" and bool(self.config.get("emu_opaque", 0))
+        self._cuda = self.backend == "cuda"
         sb = c_u64()
         _call(L.kvvm_slot_bytes, self._kv, ctypes.byref(sb))
         self.slot_bytes = sb.value
@@ -647,6 +649,59 @@ def _neuter(t):
             pass
 
 
+class _Handed:
+    """The torch tensors handed out since a sequence last moved, held weakly: a list of
+    weak references without callbacks (cheaper than a WeakSet, which hashes every tensor
+    through torch's Python-level __hash__ and runs a Python callback when each one dies),
+    the dead ones pruned when the list doubles."""
+    __slots__ = ("refs", "limit")
+
+    def __init__(self):
+        self.refs = []
+        self.limit = 64
+
+    def add(self, t):
+        refs = self.refs
+        refs.append(weakref.ref(t))
+        if len(refs) >= self.limit:
+            self.prune()
+
+    def prune(self):
+        """Drops the dead references (KVCache.update appends to refs itself, then calls
+        this when len(refs) reaches limit)."""
+        refs = self.refs
+        refs[:] = [r for r in refs if r() is not None]
+        self.limit = max(64, 2 * len(refs))
+
+    def __len__(self):
+        return len(self.refs)
+
+    def take(self):
+        """The live tensors, the registry then empty."""
+        refs, self.refs = self.refs, []
+        self.limit = 64
+        return [t for t in (r() for r in refs) if t is not None]
+
+
+_tls = threading.local()    # .state: this thread's outputs of the fast path's C call
+# kvvm_seq_view_state without argtypes, called with ctypes objects made once (the context's
+# c_void_p, the sequence's c_uint64, this thread's byrefs): no argument conversion per call
+_view_state_raw = L._FuncPtr(("kvvm_seq_view_state", L))
+_view_state_raw.restype = ctypes.c_int
+_seq_info_raw = L._FuncPtr(("kvvm_seq_info", L))
+_seq_info_raw.restype = ctypes.c_int
+
+
+def _state_buffer():
+    try:
+        return _tls.state
+    except AttributeError:
+        n, f, i = c_u64(), c_u64(), _lib.SeqInfo()
+        i.size = ctypes.sizeof(i)
+        _tls.state = (n, f, ctypes.byref(n), ctypes.byref(f), i, ctypes.byref(i))
+        return _tls.state
+
+
 def _drain_pending():
     with _pending_lock:
         todo = _pending_close[:]
@@ -672,7 +727,7 @@ class Sequence:
     """One sequence of a Context. Handles are not freed by garbage collection: call free()
     (or use `with ctx.create() as s:`); Context.close() frees all."""
 
-    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "_epoch", "_handed",
+    __slots__ = ("ctx", "handle", "slot", "_dead", "_views", "_epoch", "_handed", "_hc",
                  "__weakref__")
 
     @classmethod
@@ -680,10 +735,11 @@ class Sequence:
         s = cls.__new__(cls)
         s.ctx = ctx
         s.handle = handle
+        s._hc = c_u64(handle)           # the handle as a ctypes argument (_view_state)
         s._dead = False
         s._views = {}                   # (region, dtype, shape, kind) -> row over max_tokens
         s._epoch = 0                    # bumped when the sequence moves (_stale)
-        s._handed = weakref.WeakSet()   # torch tensors handed out since the last move
+        s._handed = _Handed()           # torch tensors handed out since the last move
         slot = ctypes.c_uint32()
         _call(L.kvvm_seq_slot, ctx._h(), handle, ctypes.byref(slot))
         s.slot = slot.value
@@ -731,9 +787,7 @@ class Sequence:
         rows are dropped."""
         self._epoch += 1
         self._views.clear()
-        handed = list(self._handed)
-        self._handed.clear()
-        for t in handed:
+        for t in self._handed.take():
             _neuter(t)
 
     # ---- length ---------------------------------------------------------------------------
@@ -881,6 +935,28 @@ class Sequence:
                        "`ready` or ctx.sync() before reading it on the CPU" % h)
         return i
 
+    def _view_state(self):
+        """(length, first_kept) after checking that the window may be read now, as
+        _viewable() does, with one bare C call (no _call bookkeeping; arguments made once)
+        into this thread's buffers: on the emulated device kvvm_seq_view_state (resident
+        and no swap-in copy in flight: the CPU reads the window), on a GPU kvvm_seq_info
+        (resident; kernels on the engine stream are ordered after the copies, and
+        kvvm_seq_view_state would reap finished jobs, querying their events, at every call).
+        Anything else (a failed call, which logs nothing, swapped out, a copy in flight)
+        takes _viewable(), which raises the same errors or, when the state changed in
+        between, answers."""
+        ctx = self.ctx
+        kv = ctx._kv
+        if not (self._dead or kv is None or ctx.opaque):
+            n, f, nref, fref, info, iref = _state_buffer()
+            if ctx._cuda:
+                if _seq_info_raw(ctx._kvc, self._hc, iref) == 0 and info.resident:
+                    return info.length, info.first_kept
+            elif _view_state_raw(ctx._kvc, self._hc, nref, fref) == 1:
+                return n.value, f.value
+        i = self._viewable()
+        return i.length, i.first_kept
+
     def _check_fresh(self, epoch):
         """Raises unless the sequence is alive, unmoved since `epoch` and viewable now."""
         if self._dead or self.ctx._kv is None or self._epoch != epoch:
@@ -911,31 +987,28 @@ class Sequence:
     def _view(self, region, dtype, shape, kind):
         return self._rows((region,), dtype, shape, kind, self._viewable().length)[0]
 
+    def _row(self, region, dtype, shape, kind):
+        """The cached view of tokens [0, max_tokens) of `region` (not handed out: callers
+        slice it); dropped when the sequence moves (_stale)."""
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        key = (region, dtype, shape, kind)
+        row = self._views.get(key)
+        if row is None:
+            view, tdt = self._producer(region, dtype, shape)
+            row = (_views.numpy_view(view) if kind == "numpy"
+                   else self.ctx._consume(view, tdt))
+            self._views[key] = row
+        return row
+
     def _rows(self, regions, dtype, shape, kind, n):
         """Views of tokens [0, n) of each of `regions` (n from a _viewable() just made)."""
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
         out = []
         for region in regions:
-            key = (region, dtype, shape, kind)
-            row = self._views.get(key)
-            if row is None:
-                view, tdt = self._producer(region, dtype, shape)
-                row = (_views.numpy_view(view) if kind == "numpy"
-                       else self.ctx._consume(view, tdt))
-                self._views[key] = row
-            v = row[:n]
+            v = self._row(region, dtype, shape, kind)[:n]
             if kind == "torch":
                 self._handed.add(v)
             out.append(v)
         return out
-
-    def _layer_views(self, k_region, v_region, dtype, shape, kind):
-        """(K view, V view, first_kept) over tokens [first_kept, length) with one
-        kvvm_seq_info for both (KVCache's per-layer call)."""
-        i = self._viewable()
-        K, V = self._rows((k_region, v_region), dtype, shape, kind, i.length)
-        f = i.first_kept
-        return (K[f:], V[f:], f) if f else (K, V, 0)
 
     def block_table(self, first=0, n=None):
         """kvvm_seq_block_table: the ids of blocks [first, first + n) (n None: to the last

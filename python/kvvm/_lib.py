@@ -143,6 +143,7 @@ _PROTOS = {
     "kvvm_seq_need": (c_int, [c_void_p, c_u64, c_u64, P(c_u64), P(c_int)]),
     "kvvm_seq_prefetch": (c_int, [c_void_p, c_u64]),
     "kvvm_seq_ready": (c_int, [c_void_p, c_u64]),
+    "kvvm_seq_view_state": (c_int, [c_void_p, c_u64, P(c_u64), P(c_u64)]),
     "kvvm_seq_wait_stream": (c_int, [c_void_p, c_u64, c_void_p]),
     "kvvm_region_base": (c_int, [c_void_p, c_u32, P(c_u64)]),
     "kvvm_slot_bytes": (c_int, [c_void_p, P(c_u64)]),

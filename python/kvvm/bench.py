@@ -1,20 +1,26 @@
 """python3 -m kvvm.bench: the per-decode-step cost of a KV cache in PyTorch.
 
 For each context length and batch size, every step appends one token's K and V in every
-layer and runs attention over the whole cache, with three caches measured in the same run,
-step by step in rotating order (so machine noise hits all three alike):
+layer and runs attention over the whole cache, with five caches measured in the same run,
+step by step in rotating order (so machine noise hits all alike):
   (a) libkvvm views: one sequence per request, ctx.grow_batch once per step, the new token
       written into the region view, attention reading the region view in place, ctx.step();
   (b) a torch.cat cache (Hugging Face DynamicCache style): torch.cat([K, k]) per layer;
   (c) a statically preallocated max-length cache: the new token written in place;
   (d) libkvvm through kvvm.KVCache: as (a), but each new token is written by
       KVCache.update(layer, seq, k, v) for every sequence and layer, as a model's attention
-      code calls it (its cost over (a)'s append is the Python package's per-call price).
+      code calls it;
+  (e) as (d), through bare_update: the same slices of cached rows and copies per sequence
+      and layer with nothing of the package ((d)'s append less (e)'s, per call, is the
+      package's price per KVCache.update: the `update us` column).
 Attention is multi-query (one KV head, n_q_heads query heads) so that every cache's K/V
 is consumed in place by torch.bmm, with no copy: the difference between the rows is the
 cache, not the kernel. The physical memory each cache holds is reported beside the live
 K/V bytes: (a) the device pages its sequences hold (kvvm_stats), (b) its tensors' bytes,
 (c) its preallocation.
+
+The update group (--only update): KVCache.update's price against the sequence's length in
+one context, tight and inside a decode step (UpdateGroup).
 
 The prefix group (--only prefix): prefill time saved by the prefix cache against the
 length P of a shared system prompt. A small transformer (the same layer count, query heads,
@@ -47,14 +53,18 @@ def parse_args(argv):
     p.add_argument("--q-heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--steps", type=int, default=0,
-                   help="measured steps per point (default: 24, 10 above 64k cached tokens)")
+                   help="measured steps per point (default: 40, 16 above 64k cached tokens)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--backend", default="emulated", choices=["emulated", "cuda", "auto"])
     p.add_argument("--granule", default="2M",
                    help="emulated device granule = page size (default 2M, like a GPU)")
-    p.add_argument("--only", default="decode,prefix",
-                   help="groups to run: decode, prefix (default both)")
+    p.add_argument("--only", default="decode,update,prefix",
+                   help="groups to run: decode, update, prefix (default all three)")
+    p.add_argument("--update-steps", type=int, default=200,
+                   help="steps per length and mode of the update group (default 200)")
+    p.add_argument("--update-batch", type=int, default=1,
+                   help="sequences per cache of the update group (default 1)")
     p.add_argument("--prefix-lengths", default="256,1024",
                    help="system prompt lengths P of the prefix group (default 256,1024, "
                    "short; the curve: 256,1024,4096,8192)")
@@ -90,8 +100,8 @@ class Point:
         bpt = D * 4
         pages_per_seq = 2 * NL * math.ceil(self.max_len * bpt / self.a.page_size)
         cfg = dict(backend=self.a.backend, n_regions=2 * NL, bytes_per_token=bpt,
-                   max_seqs=2 * max(B, 1), max_tokens=self.max_len,
-                   device_budget=(2 * B * pages_per_seq + 2 * NL) * self.a.page_size,
+                   max_seqs=3 * max(B, 1), max_tokens=self.max_len,
+                   device_budget=(3 * B * pages_per_seq + 2 * NL) * self.a.page_size,
                    emu_opaque=0)
         if self.a.backend != "cuda":
             cfg["emu_granule"] = self.a.page_size
@@ -129,8 +139,20 @@ class Point:
                               for R in self.kv_regions]
         self.handles_d = (kvvm._lib.c_u64 * B)(*[s.handle for s in self.seqs_d])
         self.newkv_d = [self.newkv[i].unsqueeze(1) for i in range(B)]   # (1, 1, D) each
+        # (e) the same as (d) through bare_update, the same work without the package
+        self.seqs_e = [self.ctx.create() for _ in range(B)]
+        self.ctx.grow_batch(self.seqs_e, [L] * B)
+        self.rows_e = [[R[s.slot] for R in self.kv_regions_4d()] for s in self.seqs_e]
+        for i, rows in enumerate(self.rows_e):
+            for r in range(2 * NL):
+                rows[r][:L, 0] = self.init[i]
+        self.handles_e = (kvvm._lib.c_u64 * B)(*[s.handle for s in self.seqs_e])
+        slots_e = [s.slot for s in self.seqs_e]
+        self.contiguous_e = slots_e == list(range(slots_e[0], slots_e[0] + B))
+        self.batch_views_e = [R[slots_e[0]:slots_e[0] + B] if self.contiguous_e else None
+                              for R in self.kv_regions]
         self.ctx.step()
-        self.len_d = L
+        self.len_d = self.len_e = L
         # (b) torch.cat
         self.cat = [self.init.clone() for _ in range(2 * NL)]
         self.len_b = L
@@ -141,11 +163,16 @@ class Point:
             t[:, :L] = self.init
             self.static.append(t)
         self.len_c = L
-        self.t = {m: {"append": [], "attn": []} for m in "abcd"}
+        self.t = {m: {"append": [], "attn": []} for m in "abcde"}
+
+    def kv_regions_4d(self):
+        """The region tensors as (max_seqs, max_tokens, 1, D): KVCache's layout."""
+        return [self.ctx.region_tensor(r, self.torch.float32, (1, self.D))
+                for r in range(2 * self.NL)]
 
     def close(self):
         self.ctx.close()
-        del self.cat, self.static, self.kv_regions, self.batch_views, self.init
+        del self.cat, self.static, self.kv_regions, self.batch_views, self.init, self.rows_e
 
     # -- one step per cache ---------------------------------------------------------------
     def attention(self, K, V):
@@ -215,6 +242,23 @@ class Point:
         self.len_d = n
         return self.attend_and_step(views, n, t0)
 
+    def step_e(self):
+        n = self.len_e + 1
+        t0 = time.perf_counter()
+        self.grow_batch(self.handles_e, n)
+        for layer in range(self.NL):
+            for i in range(self.B):
+                bare_update(self.rows_e[i], layer, n, self.newkv_d[i], self.newkv_d[i])
+        views = []
+        for r in range(2 * self.NL):
+            v = self.batch_views_e[r]
+            if v is None:
+                R = self.kv_regions[r]
+                v = self.torch.stack([R[s.slot] for s in self.seqs_e])
+            views.append(v)
+        self.len_e = n
+        return self.attend_and_step(views, n, t0)
+
     def step_b(self):
         torch, n = self.torch, self.len_b + 1
         t0 = time.perf_counter()
@@ -244,10 +288,11 @@ class Point:
         return t1 - t0, t2 - t1
 
     def run(self, warmup):
-        fns = {"a": self.step_a, "b": self.step_b, "c": self.step_c, "d": self.step_d}
-        order = "abcd"
+        fns = {"a": self.step_a, "b": self.step_b, "c": self.step_c, "d": self.step_d,
+               "e": self.step_e}
+        order = "abcde"
         for i in range(warmup + self.steps):
-            rot = order[i % 4:] + order[:i % 4]
+            rot = order[i % 5:] + order[:i % 5]
             for m in rot:
                 ap, at = fns[m]()
                 if i >= warmup:
@@ -258,13 +303,14 @@ class Point:
     def check(self):
         """The three caches hold the same K/V (a sanity check of the benchmark itself)."""
         torch, n = self.torch, self.len_a
-        assert self.len_a == self.len_b == self.len_c == self.len_d
+        assert self.len_a == self.len_b == self.len_c == self.len_d == self.len_e
         for r in (0, 2 * self.NL - 1):
             R = self.kv_regions[r]
             a = torch.stack([R[s.slot, :n] for s in self.seqs])
             d = torch.stack([R[s.slot, :n] for s in self.seqs_d])
+            e = torch.stack([R[s.slot, :n] for s in self.seqs_e])
             if not (torch.equal(a, self.cat[r]) and torch.equal(a, self.static[r][:, :n])
-                    and torch.equal(a, d)):
+                    and torch.equal(a, d) and torch.equal(a, e)):
                 raise AssertionError("bench: the caches disagree in region %d" % r)
 
     def memory(self):
@@ -279,24 +325,195 @@ class Point:
                     / (2 * self.NL * self.B))
 
     def result(self):
-        med = {m: {k: statistics.median(v) for k, v in self.t[m].items()} for m in "abcd"}
-        step = {m: med[m]["append"] + med[m]["attn"] for m in "abcd"}
-        # (d)'s append over (a)'s, per KVCache.update call: the median of the per-step
-        # differences (steps alternate, so each pair shares the machine's conditions)
-        extra = [(d - a) / (self.B * self.NL) for d, a in
-                 zip(self.t["d"]["append"], self.t["a"]["append"])]
+        med = {m: {k: statistics.median(v) for k, v in self.t[m].items()} for m in "abcde"}
+        step = {m: med[m]["append"] + med[m]["attn"] for m in "abcde"}
+        # (d)'s append over (e)'s (the same work without the package), per KVCache.update
+        # call: the per-step differences (steps alternate, so each pair shares the
+        # machine's conditions)
+        extra = [(d - e) / (self.B * self.NL) for d, e in
+                 zip(self.t["d"]["append"], self.t["e"]["append"])]
         mem = self.memory()
         return dict(context=self.L, batch=self.B, steps=self.steps,
-                    append_us={m: med[m]["append"] * 1e6 for m in "abcd"},
-                    attention_us={m: med[m]["attn"] * 1e6 for m in "abcd"},
-                    step_us={m: step[m] * 1e6 for m in "abcd"},
-                    update_extra_us=dict(median=statistics.median(extra) * 1e6,
-                                         min=min(extra) * 1e6, max=max(extra) * 1e6),
+                    append_us={m: med[m]["append"] * 1e6 for m in "abcde"},
+                    attention_us={m: med[m]["attn"] * 1e6 for m in "abcde"},
+                    step_us={m: step[m] * 1e6 for m in "abcde"},
+                    update_extra_us=spread_us(extra),
                     ratio_step_d_over_c=step["d"] / step["c"],
                     ratio_step_a_over_c=step["a"] / step["c"],
                     ratio_step_b_over_c=step["b"] / step["c"],
                     ratio_append_b_over_a=med["b"]["append"] / med["a"]["append"],
                     memory_bytes=mem)
+
+
+def bare_update(rows, layer, n, k, v):
+    """(e)'s update: what KVCache.update does for one new token with nothing of the
+    package (no state query, no registration): slice the layer's cached K and V rows of
+    the sequence to its length n, copy k and v in at token n - 1."""
+    K = rows[2 * layer][:n]
+    V = rows[2 * layer + 1][:n]
+    K[n - 1:n] = k
+    V[n - 1:n] = v
+    return K, V
+
+
+def spread_us(xs):
+    """Median, quartiles, min and max of xs (seconds) in µs."""
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else xs * 3
+    return dict(median=statistics.median(xs) * 1e6, p25=q[0] * 1e6, p75=q[2] * 1e6,
+                min=xs[0] * 1e6, max=xs[-1] * 1e6, n=len(xs))
+
+
+class UpdateGroup:
+    """--only update: KVCache.update's price against the sequence's length, in one context.
+    B sequences (d) take every new token through KVCache.update, B others (e) through
+    bare_update (the same slices and copies, nothing of the package); all 2B grow together
+    (one grow_batch per step) and each step ends with ctx.step(). At each length L (a jump
+    there by one grow_batch) `steps` steps after `warmup`, (d) and (e) alternating which
+    goes first, each step timing the B x layers calls of each, in two modes: tight (the
+    calls back to back) and decode (each layer's calls followed by that layer's attention
+    over the views they returned, as in a model, so the CPU caches are swept between calls;
+    untimed). The price per call: ((d) - (e)) / (B x layers), per step; its median,
+    quartiles, min and max per length and mode, and the median's ratio to the first
+    length's (flat = 1)."""
+
+    def __init__(self, torch, a, device):
+        self.torch, self.a, self.device = torch, a, device
+        self.NL, self.D, self.H, self.B = a.layers, a.head_dim, a.q_heads, a.update_batch
+        self.lengths = sorted(int(x) for x in a.contexts.split(","))
+        self.steps, self.warmup = a.update_steps, a.warmup
+        self.max_len = self.lengths[-1] + 2 * (self.steps + self.warmup) + 8
+
+    def setup(self):
+        torch, NL, D, B = self.torch, self.NL, self.D, self.B
+        ps, bpt = self.a.page_size, D * 4
+        pages = 2 * NL * 2 * B * (math.ceil(self.max_len * bpt / ps) + 1)
+        cfg = dict(backend=self.a.backend, n_regions=2 * NL, bytes_per_token=bpt,
+                   max_seqs=2 * B, max_tokens=self.max_len,
+                   device_budget=(pages + 2 * NL) * ps, emu_opaque=0)
+        if self.a.backend != "cuda":
+            cfg["emu_granule"] = ps
+        self.ctx = kvvm.Context(**cfg)
+        self.cache = kvvm.KVCache(self.ctx, NL, 1, D, torch.float32)
+        self.seqs_d = [self.ctx.create() for _ in range(B)]
+        self.seqs_e = [self.ctx.create() for _ in range(B)]
+        self.handles = (kvvm._lib.c_u64 * (2 * B))(
+            *[s.handle for s in self.seqs_d + self.seqs_e])
+        self.lens = (kvvm._lib.c_u64 * (2 * B))()
+        regions = [self.ctx.region_tensor(r, torch.float32, (1, D)) for r in range(2 * NL)]
+        self.rows_e = [[R[s.slot] for R in regions] for s in self.seqs_e]
+        g = torch.Generator().manual_seed(2)
+        self.q = torch.randn(self.H, D, generator=g).to(self.device)
+        self.kv = [torch.randn(1, 1, D, generator=g).to(self.device) for _ in range(B)]
+        self.scale = 1.0 / math.sqrt(D)
+        self.n = 0
+
+    def close(self):
+        self.ctx.close()
+        del self.rows_e
+
+    def grow(self, n):
+        for i in range(2 * self.B):
+            self.lens[i] = n
+        rc = kvvm._lib.lib.kvvm_seq_grow_batch(self.ctx._kv, self.handles, self.lens,
+                                               2 * self.B)
+        if rc < 0:
+            raise kvvm.error_class(rc)(rc, function="kvvm_seq_grow_batch")
+        self.n = n
+
+    def attention(self, K, V):
+        s = (self.q @ K[:, 0].T) * self.scale                         # (H, n)
+        return s.softmax(-1) @ V[:, 0]                                 # (H, D)
+
+    def sync(self):
+        if self.device != "cpu":
+            self.torch.cuda.synchronize()
+
+    def calls(self, which, attend):
+        """Seconds spent in one step's B x layers update calls of (d) or (e)."""
+        n, total, clock = self.n, 0.0, time.perf_counter
+        for layer in range(self.NL):
+            out = []
+            t0 = clock()
+            if which == "d":
+                for i, s in enumerate(self.seqs_d):
+                    out.append(self.cache.update(layer, s, self.kv[i], self.kv[i]))
+            else:
+                for i, rows in enumerate(self.rows_e):
+                    out.append(bare_update(rows, layer, n, self.kv[i], self.kv[i]))
+            self.sync()
+            total += clock() - t0
+            if attend:
+                for K, V in out:
+                    self.attention(K, V)
+        return total
+
+    def measure(self, L, attend):
+        self.grow(max(L, self.n))
+        self.ctx.step()
+        per_call = self.B * self.NL
+        t = {"d": [], "e": [], "price": []}
+        for i in range(self.warmup + self.steps):
+            self.grow(self.n + 1)
+            got = {}
+            for m in ("de" if i % 2 else "ed"):
+                got[m] = self.calls(m, attend)
+            self.ctx.step()
+            if i >= self.warmup:
+                t["d"].append(got["d"] / per_call)
+                t["e"].append(got["e"] / per_call)
+                t["price"].append((got["d"] - got["e"]) / per_call)
+        return dict(context=L, length_end=self.n, mode="decode" if attend else "tight",
+                    batch=self.B, layers=self.NL, steps=self.steps,
+                    update_us=statistics.median(t["d"]) * 1e6,
+                    bare_us=statistics.median(t["e"]) * 1e6, price_us=spread_us(t["price"]))
+
+    def check(self):
+        """(d) and (e) hold the same K/V (the benchmark's own sanity check)."""
+        torch, n = self.torch, self.n
+        for layer in range(self.NL):
+            for s, rows in zip(self.seqs_d, self.rows_e):
+                K, V = self.cache.keys_values(layer, s)
+                if not (torch.equal(K, rows[2 * layer][:n])
+                        and torch.equal(V, rows[2 * layer + 1][:n])):
+                    raise AssertionError("bench: KVCache.update and bare_update disagree")
+
+    def run(self):
+        rows = []
+        for L in self.lengths:
+            for attend in (False, True):
+                rows.append(self.measure(L, attend))
+        self.check()
+        for mode in ("tight", "decode"):
+            mine = [r for r in rows if r["mode"] == mode]
+            first = mine[0]["price_us"]["median"]
+            for r in mine:
+                r["price_over_first"] = r["price_us"]["median"] / first if first else None
+        return rows
+
+
+def update_table(rows):
+    hdr = ("ctx", "mode", "update us (d)", "bare us (e)",
+           "price us (d)-(e) median p25..p75 [min,max]", "price/first")
+    lines = ["%6s %6s %13s %11s %42s %11s" % hdr]
+    for r in rows:
+        ratio = r["price_over_first"]
+        lines.append("%6d %6s %13.2f %11.2f %42s %11s" % (
+            r["context"], r["mode"], r["update_us"], r["bare_us"], fmt_spread(r["price_us"]),
+            "-" if ratio is None else "%.2f" % ratio))
+    return "\n".join(lines)
+
+
+def run_update(torch, a, device, t_start):
+    g = UpdateGroup(torch, a, device)
+    g.setup()
+    try:
+        rows = g.run()
+    finally:
+        g.close()
+    print("  update group: done (%.0f s so far)" % (time.perf_counter() - t_start),
+          file=sys.stderr)
+    return rows
 
 
 class TinyLM:
@@ -470,20 +687,24 @@ def run_prefix(torch, a, device, t_start):
     return rows
 
 
+def fmt_spread(u):
+    return "%.1f %.1f..%.1f [%.1f,%.1f]" % (u["median"], u["p25"], u["p75"], u["min"],
+                                             u["max"])
+
+
 def table(rows, a):
     mib = 1 << 20
-    hdr = ("ctx", "batch", "append us a/b/c/d", "step ms a/b/c/d", "a/c", "b/c", "d/c",
-           "update us", "MiB held a/b/c (live)")
-    lines = ["%6s %5s %24s %31s %6s %6s %6s %16s %26s" % hdr]
+    hdr = ("ctx", "batch", "append us a/b/c/d/e", "step ms a/b/c/d/e", "a/c", "b/c", "d/c",
+           "update us (d)-(e)", "MiB held a/b/c (live)")
+    lines = ["%6s %5s %28s %38s %6s %6s %6s %30s %26s" % hdr]
     for r in rows:
         ap, st, m, u = r["append_us"], r["step_us"], r["memory_bytes"], r["update_extra_us"]
-        lines.append("%6d %5d %24s %31s %6.3f %6.2f %6.3f %16s %26s" % (
+        lines.append("%6d %5d %28s %38s %6.3f %6.2f %6.3f %30s %26s" % (
             r["context"], r["batch"],
-            "%.0f/%.0f/%.0f/%.0f" % (ap["a"], ap["b"], ap["c"], ap["d"]),
-            "%.3f/%.3f/%.3f/%.3f" % (st["a"] / 1e3, st["b"] / 1e3, st["c"] / 1e3,
-                                     st["d"] / 1e3),
+            "/".join("%.0f" % ap[x] for x in "abcde"),
+            "/".join("%.3f" % (st[x] / 1e3) for x in "abcde"),
             r["ratio_step_a_over_c"], r["ratio_step_b_over_c"], r["ratio_step_d_over_c"],
-            "%.1f [%.1f,%.1f]" % (u["median"], u["min"], u["max"]),
+            fmt_spread(u),
             "%.0f/%.0f/%.0f (%.0f)" % (m["a"] / mib, m["b"] / mib, m["c"] / mib,
                                         m["live"] / mib)))
     return "\n".join(lines)
@@ -498,14 +719,14 @@ def main(argv=None):
         return 2
     torch.set_num_threads(a.threads)
     groups = set(a.only.split(","))
-    if not groups <= {"decode", "prefix"}:
-        print("kvvm.bench: --only takes decode, prefix", file=sys.stderr)
+    if not groups <= {"decode", "update", "prefix"}:
+        print("kvvm.bench: --only takes decode, update, prefix", file=sys.stderr)
         return 2
     contexts = [int(x) for x in a.contexts.split(",")] if "decode" in groups else []
     batches = [int(x) for x in a.batches.split(",")]
     a.page_size = kvvm._core._parse_size(a.granule)
     base_steps = a.steps
-    a.max_len = max(contexts or [0]) + a.warmup + max(a.steps, 24) + 8
+    a.max_len = max(contexts or [0]) + a.warmup + max(a.steps, 40) + 8
     a.prefix_page_size = kvvm._core._parse_size(a.prefix_granule)
     device = "cpu"
     if a.backend == "cuda":
@@ -516,7 +737,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     for L in contexts:
         for B in batches:
-            steps = base_steps or (10 if B * L > 65536 else 24)
+            steps = base_steps or (16 if B * L > 65536 else 40)
             pt = Point(torch, a, L, B, steps, device)
             pt.setup()
             pt.run(a.warmup)
@@ -524,12 +745,15 @@ def main(argv=None):
             pt.close()
             print("  ctx %d batch %d: done (%.0f s so far)"
                   % (L, B, time.perf_counter() - t_start), file=sys.stderr)
+    update_rows = run_update(torch, a, device, t_start) if "update" in groups else []
     prefix_rows = run_prefix(torch, a, device, t_start) if "prefix" in groups else []
     out = dict(tool="kvvm.bench", library_version=kvvm.library_version,
                backend=a.backend, torch=torch.__version__, threads=a.threads,
                layers=a.layers, q_heads=a.q_heads, kv_heads=1, head_dim=a.head_dim,
                dtype="float32", page_size=a.page_size, max_len=a.max_len,
-               wall_s=time.perf_counter() - t_start, rows=rows, prefix_rows=prefix_rows,
+               wall_s=time.perf_counter() - t_start, rows=rows, update_rows=update_rows,
+               update=dict(steps=a.update_steps, batch=a.update_batch),
+               prefix_rows=prefix_rows,
                prefix=dict(page_size=a.prefix_page_size, chunk=a.chunk,
                            trials=a.prefix_trials))
     if rows:
@@ -538,9 +762,18 @@ def main(argv=None):
               % (a.layers, a.q_heads, a.head_dim, a.page_size >> 10, a.max_len,
                  torch.__version__, a.threads))
         print("(a) libkvvm views  (b) torch.cat cache  (c) static max-length cache  "
-              "(d) libkvvm through KVCache.update;\nupdate us: (d)'s append over (a)'s per "
-              "KVCache.update call, median [min, max] of the per-step differences")
+              "(d) libkvvm through KVCache.update  (e) as (d) through bare_update (the same "
+              "work without the package);\nupdate us: (d)'s append over (e)'s per "
+              "KVCache.update call, median p25..p75 [min, max] of the per-step differences")
         print(table(rows, a))
+    if update_rows:
+        print("\nupdate group: KVCache.update's price per call against the length, in one "
+              "context; %d layers, 1 KV head x %d, float32, page %d KiB, batch %d, %d steps "
+              "per row (after %d warm-up), (d) and (e) alternated per step; tight: calls back "
+              "to back, decode: each layer's attention between them"
+              % (a.layers, a.head_dim, a.page_size >> 10, a.update_batch, a.update_steps,
+                 a.warmup))
+        print(update_table(update_rows))
     if prefix_rows:
         print("\nprefix group: %d layers, %d query heads / 1 KV head x %d, float32, torch %s, "
               "%d thread(s); a request of P + %d tokens whose first P (a system prompt) are "

@@ -179,6 +179,91 @@ def test_regress_kvcache_view_after_discard_started_at_token_0(vctx):
         cache.update(0, s, torch.zeros(72, 2, 8), torch.zeros(72, 2, 8))
 
 
+def test_kvcache_update_stales_every_tensor_it_handed_out(spill_dir):
+    """KVCache.update registers each view it returns (a list of weak references pruned as
+    it doubles): after many updates, a swap_out empties every one still alive, the ones kept
+    since the first call included, and the dead ones do not pile up."""
+    with kvvm.Context(**small_config(emu_opaque=0, host_budget=16 * GRANULE)) as c:
+        cache = kvvm.KVCache(c, 1, 2, 8, torch.float32)
+        s = c.create()
+        kept = []
+        for n in range(1, 301):
+            s.grow(n)
+            K, V = cache.update(0, s, torch.full((1, 2, 8), float(n)),
+                                torch.full((1, 2, 8), -float(n)))
+            if n % 50 == 1:
+                kept += [K, V]
+        assert len(s._handed) < 300                      # pruned: 600 were handed out
+        assert [t.shape[0] for t in kept[::2]] == [1, 51, 101, 151, 201, 251]
+        assert torch.equal(K[:, 0, 0], torch.arange(1, 301, dtype=torch.float32))
+        c.step()
+        s.swap_out()
+        assert all(t.numel() == 0 for t in kept) and K.numel() == 0 and V.numel() == 0
+        with pytest.raises(kvvm.NotResident):
+            cache.update(0, s, torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+        s.swap_in()
+        K, V = cache.keys_values(0, s)                   # the rows are made again
+        assert torch.equal(V[:, 0, 0], -torch.arange(1, 301, dtype=torch.float32))
+
+
+def test_kvcache_update_reads_state_changed_by_c_calls(spill_dir):
+    """update asks the library for the length and residency at every call (no state is
+    cached in Python): a grow or swap_out made through the C API directly shows at once."""
+    with kvvm.Context(**small_config(emu_opaque=0, host_budget=16 * GRANULE)) as c:
+        cache = kvvm.KVCache(c, 1, 2, 8, torch.float32)
+        s = c.create()
+        s.grow(4)
+        cache.update(0, s, torch.ones(4, 2, 8), torch.ones(4, 2, 8))
+        assert kvvm._lib.lib.kvvm_seq_grow(c._kv, s.handle, 9) == 0
+        K, V = cache.update(0, s, torch.full((5, 2, 8), 2.0), torch.full((5, 2, 8), 3.0))
+        assert K.shape == (9, 2, 8) and torch.equal(K[4:], torch.full((5, 2, 8), 2.0))
+        c.step()
+        assert kvvm._lib.lib.kvvm_seq_swap_out(c._kv, s.handle) == 0
+        with pytest.raises(kvvm.NotResident):
+            cache.keys_values(0, s)
+        assert kvvm._lib.lib.kvvm_seq_free(c._kv, s.handle) == 0
+        with pytest.raises(kvvm.InvalidHandle):
+            cache.keys_values(0, s)
+
+
+def test_kvcache_update_gpu_fast_path(spill_dir):
+    """On a GPU the fast path asks kvvm_seq_info (no readiness: the stream orders the
+    copies); run here by marking an emulated context as CUDA for that path alone."""
+    with kvvm.Context(**small_config(emu_opaque=0, host_budget=16 * GRANULE)) as c:
+        c._cuda = True
+        cache = kvvm.KVCache(c, 1, 2, 8, torch.float32)
+        s = c.create()
+        s.grow(5)
+        k = torch.randn(5, 2, 8)
+        K, V = cache.update(0, s, k, -k)
+        assert torch.equal(K, k) and torch.equal(V, -k)
+        assert kvvm._lib.lib.kvvm_seq_grow(c._kv, s.handle, 6) == 0
+        K, V = cache.update(0, s, torch.ones(1, 2, 8), torch.ones(1, 2, 8))
+        assert K.shape == (6, 2, 8) and (K[5] == 1).all()
+        c.step()
+        assert kvvm._lib.lib.kvvm_seq_swap_out(c._kv, s.handle) == 0
+        with pytest.raises(kvvm.NotResident):
+            cache.update(0, s, torch.ones(1, 2, 8), torch.ones(1, 2, 8))
+
+
+def test_kvcache_update_of_a_fork_writes_its_own_copy(vctx):
+    """Parent and child each have their own cached rows at their own addresses: a token
+    the child appends through update does not show in the parent, and the shared tokens
+    read the same through both."""
+    cache = kvvm.KVCache(vctx, 1, 2, 8, torch.float32)
+    p = vctx.create()
+    p.grow(70)                                           # 64 tokens a page: 2 pages
+    k = torch.randn(70, 2, 8)
+    cache.update(0, p, k, -k)
+    ch = p.fork()
+    ch.grow(71)
+    p.grow(71)
+    Kc, Vc = cache.update(0, ch, torch.ones(1, 2, 8), torch.ones(1, 2, 8))
+    Kp, Vp = cache.update(0, p, torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+    assert torch.equal(Kc[:70], k) and torch.equal(Kp[:70], k) and torch.equal(Vc[:70], -k)
+    assert (Kc[70] == 1).all() and (Kp[70] == 0).all() and (Vp[70] == 0).all()
+
+
 def test_kvcache_refuses_other_layouts(vctx):
     with pytest.raises(kvvm.InvalidArgument, match="n_regions"):
         kvvm.KVCache(vctx, 2, 2, 8, torch.float32)
