@@ -69,7 +69,7 @@ struct kvvm_testing_emu_calls {
 int kvvm_testing_emu_calls(kvvm *kv, struct kvvm_testing_emu_calls *out);
 /* The same for the calling thread's calls only (on any emulated device, since the thread
    began): what a call made on the engine's thread, without the library's threads'. 0;
-   -EINVAL out NULL. */
+   -EINVAL out NULL; -ENOMEM the thread's counts could not be allocated. */
 int kvvm_testing_emu_thread_calls(struct kvvm_testing_emu_calls *out);
 /* The count of the entry point named entry in c (0 when it has none). */
 uint64_t kvvm_testing_emu_count(const struct kvvm_testing_emu_calls *c, const char *entry);

@@ -43,7 +43,9 @@ int kvvm_testing_emu_thread_calls(struct kvvm_testing_emu_calls *out)
     if (!out)
         return -EINVAL;
     struct emu_calls c;
-    emu_thread_calls_get(&c);
+    int err = emu_thread_calls_get(&c);
+    if (err)
+        return err;
     out->n = 0;
 #define X_PUT(e) out->name[out->n] = #e; out->count[out->n++] = c.e;
     EMU_ENTRIES(X_PUT)

@@ -121,8 +121,9 @@ struct emu_calls {
 };
 /* 0, -EINVAL out NULL, -ENODEV no such device. */
 int emu_calls_get(int ordinal, struct emu_calls *out);
-/* The calling thread's calls (every device's, counted as above) since it began. */
-void emu_thread_calls_get(struct emu_calls *out);
+/* The calling thread's calls (every device's, counted as above) since it began. 0; -ENOMEM
+   its counts could not be allocated (they are incomplete). */
+int emu_thread_calls_get(struct emu_calls *out);
 /* Zeroes the device's call counters. 0, -ENODEV. */
 int emu_calls_reset(int ordinal);
 

@@ -279,7 +279,11 @@ struct emu_thread {
     unsigned ctx_gen;              /* ctx->gen when it was made current: alive iff equal */
     int capmode;                   /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
     struct kcu_stream_st *kick;    /* a worker to wake when this call leaves (s->kicks) */
-    uint64_t calls[E_COUNT];       /* this thread's calls with a device current (emu.h) */
+    uint64_t *calls;               /* E_COUNT: this thread's calls with a device current
+                                      (emu.h), allocated at its first (emu_thread_count): the
+                                      TLS block stays small, for libkvvm.so's static TLS is
+                                      what a later dlopen'ed library (libgomp) needs too */
+    bool calls_lost;               /* that allocation failed: the counts are incomplete */
 };
 
 extern __thread struct emu_thread emu_t;
@@ -310,6 +314,8 @@ enum { F_INIT = 1,                  /* cuInit must have been called */
 /* entry.c */
 kcu_result emu_enter(int e, int need, struct emu_dev **cur);
 kcu_result emu_leave(kcu_result r);
+/* Counts entry point e in the calling thread's own counts (emu_thread_calls_get). */
+void emu_thread_count(int e);
 struct emu_dev *emu_dev_get_locked(int ordinal);
 void emu_fail_env_locked(void);
 

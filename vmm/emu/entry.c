@@ -92,7 +92,7 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
     *cur = d;
     if (d) {
         d->calls[e]++;
-        emu_t.calls[e]++;
+        emu_thread_count(e);
     }
     trace_record_locked(e);
     kcu_result err = KCU_SUCCESS;
@@ -218,11 +218,44 @@ int emu_calls_get(int ordinal, struct emu_calls *out)
     return d ? 0 : -ENODEV;
 }
 
-void emu_thread_calls_get(struct emu_calls *out)
+static pthread_key_t calls_key;      /* frees a thread's counts when it exits */
+static pthread_once_t calls_once = PTHREAD_ONCE_INIT;
+static int calls_key_err;
+static void calls_key_make(void) { calls_key_err = pthread_key_create(&calls_key, free); }
+
+/* The calling thread's counts, allocated at its first use; NULL when that failed. */
+static uint64_t *thread_calls(void)
 {
-#define X(n) out->n = emu_t.calls[E_##n];
+    if (!emu_t.calls && !emu_t.calls_lost) {
+        uint64_t *c = NULL;
+        if (!pthread_once(&calls_once, calls_key_make) && !calls_key_err)
+            c = calloc(E_COUNT, sizeof *c);
+        if (c && pthread_setspecific(calls_key, c)) {
+            free(c);
+            c = NULL;
+        }
+        emu_t.calls = c;
+        emu_t.calls_lost = !c;
+    }
+    return emu_t.calls;
+}
+
+void emu_thread_count(int e)
+{
+    uint64_t *c = thread_calls();
+    if (c)
+        c[e]++;
+}
+
+int emu_thread_calls_get(struct emu_calls *out)
+{
+    const uint64_t *c = thread_calls();
+    if (!c)
+        return -ENOMEM;
+#define X(n) out->n = c[E_##n];
     EMU_ENTRIES(X)
 #undef X
+    return 0;
 }
 
 int emu_calls_reset(int ordinal)
