@@ -20,6 +20,15 @@
 _Static_assert(sizeof(struct emu_calls) / sizeof(uint64_t) <= KVVM_TESTING_EMU_ENTRIES_MAX,
                "KVVM_TESTING_EMU_ENTRIES_MAX below the emulator's entry points");
 
+/* c's counts into out, one name and count per entry point. */
+static void put_calls(struct kvvm_testing_emu_calls *out, const struct emu_calls *c)
+{
+    out->n = 0;
+#define X_PUT(e) out->name[out->n] = #e; out->count[out->n++] = c->e;
+    EMU_ENTRIES(X_PUT)
+#undef X_PUT
+}
+
 int kvvm_testing_emu_calls(kvvm *kv, struct kvvm_testing_emu_calls *out)
 {
     if (!kv || !out)
@@ -31,10 +40,7 @@ int kvvm_testing_emu_calls(kvvm *kv, struct kvvm_testing_emu_calls *out)
     int rc = emu_calls_get(ord, &c);
     if (rc)
         return rc;
-    out->n = 0;
-#define X_PUT(e) out->name[out->n] = #e; out->count[out->n++] = c.e;
-    EMU_ENTRIES(X_PUT)
-#undef X_PUT
+    put_calls(out, &c);
     return 0;
 }
 
@@ -46,10 +52,7 @@ int kvvm_testing_emu_thread_calls(struct kvvm_testing_emu_calls *out)
     int err = emu_thread_calls_get(&c);
     if (err)
         return err;
-    out->n = 0;
-#define X_PUT(e) out->name[out->n] = #e; out->count[out->n++] = c.e;
-    EMU_ENTRIES(X_PUT)
-#undef X_PUT
+    put_calls(out, &c);
     return 0;
 }
 
