@@ -471,7 +471,7 @@ int kvvm_seq_ready(kvvm *kv, kvvm_seq s)
 static int view_state_locked(kvvm *kv, kvvm_seq s, uint64_t *length, uint64_t *first_kept)
 {
     struct paging_seq_info pi;
-    int rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_brief(kv->pg, s, &pi);   /* no walk: the length, not the pages */
     if (rc)
         return rc;
     int ready = pi.resident && !pi.dropped ? paging_seq_ready(kv->pg, s) : 0;

@@ -334,6 +334,8 @@ int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
                     void *dst, size_t len);
 int paging_seq_slot(struct paging *pg, uint64_t h, uint32_t *slot);
 int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out);
+/* paging_seq_info without the page counts (pages_*: 0): no walk of the block table, O(regions). */
+int paging_seq_brief(struct paging *pg, uint64_t h, struct paging_seq_info *out);
 /* Device address of region r of slot s (no handle check). */
 uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot);
 

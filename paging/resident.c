@@ -20,9 +20,22 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
         return 0;
     if ((rc = paging_reap(pg)))
         return rc;
+    bool any_in = false;
     for (struct pg_defer *d = pg->df.defer; d; d = d->next)
-        if (d->slot == pg_slot_of(pg, s) && d->kind == DF_IN)
-            return 0;
+        if (d->kind == DF_IN) {
+            if (d->slot == pg_slot_of(pg, s))
+                return 0;
+            any_in = true;
+        }
+    /* a page is TO_DEVICE only while a swap-in job holds it (tier_in.c sets it with the job,
+       the job's completion ends it): with none in flight, s is ready without a walk */
+    if (!any_in) {
+#ifdef KVVM_DEBUG
+        for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+            KVVM_ASSERT(page_at(pg, it.id)->tier != PG_TIER_TO_DEVICE);
+#endif
+        return 1;
+    }
     /* pages another's swap-in still brings in, held without a job of s's own (a fork of a
        sequence whose prefetch is still copying) */
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)

@@ -807,12 +807,9 @@ out_free:
 
 /* ---- info --------------------------------------------------------------------------- */
 
-int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
+static void seq_brief(const struct paging *pg, const struct pg_seq *s,
+                      struct paging_seq_info *out)
 {
-    struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc)
-        return rc;
     memset(out, 0, sizeof *out);
     out->length = s->length;
     out->slot = pg_slot_of(pg, s);
@@ -823,6 +820,24 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         if (s->kept[r] < out->first_kept)
             out->first_kept = s->kept[r];
+}
+
+int paging_seq_brief(struct paging *pg, uint64_t h, struct paging_seq_info *out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (!rc)
+        seq_brief(pg, s, out);
+    return rc;
+}
+
+int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    seq_brief(pg, s, out);
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {   /* a hole: counted nowhere */
         const struct pg_page *p = page_at(pg, it.id);
         switch (p->tier) {
