@@ -279,11 +279,6 @@ struct emu_thread {
     unsigned ctx_gen;              /* ctx->gen when it was made current: alive iff equal */
     int capmode;                   /* KCU_STREAM_CAPTURE_MODE_*; GLOBAL = 0 */
     struct kcu_stream_st *kick;    /* a worker to wake when this call leaves (s->kicks) */
-    uint64_t *calls;               /* E_COUNT: this thread's calls with a device current
-                                      (emu.h), allocated at its first (emu_thread_count): the
-                                      TLS block stays small, for libkvvm.so's static TLS is
-                                      what a later dlopen'ed library (libgomp) needs too */
-    bool calls_lost;               /* that allocation failed: the counts are incomplete */
 };
 
 extern __thread struct emu_thread emu_t;

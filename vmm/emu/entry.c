@@ -218,6 +218,12 @@ int emu_calls_get(int ordinal, struct emu_calls *out)
     return d ? 0 : -ENODEV;
 }
 
+/* This thread's calls with a device current (emu.h), E_COUNT counts allocated at its first
+   (emu_thread_count), not in TLS: libkvvm.so's TLS block is all static (its initial-exec
+   variables), and what it takes a later dlopen'ed library (libgomp) cannot have.
+   EMU_CALLS_LOST: the allocation failed. */
+#define EMU_CALLS_LOST ((uint64_t *)1)
+static __thread uint64_t *thread_counts;
 static pthread_key_t calls_key;      /* frees a thread's counts when it exits */
 static pthread_once_t calls_once = PTHREAD_ONCE_INIT;
 static int calls_key_err;
@@ -226,7 +232,7 @@ static void calls_key_make(void) { calls_key_err = pthread_key_create(&calls_key
 /* The calling thread's counts, allocated at its first use; NULL when that failed. */
 static uint64_t *thread_calls(void)
 {
-    if (!emu_t.calls && !emu_t.calls_lost) {
+    if (!thread_counts) {
         uint64_t *c = NULL;
         if (!pthread_once(&calls_once, calls_key_make) && !calls_key_err)
             c = calloc(E_COUNT, sizeof *c);
@@ -234,10 +240,9 @@ static uint64_t *thread_calls(void)
             free(c);
             c = NULL;
         }
-        emu_t.calls = c;
-        emu_t.calls_lost = !c;
+        thread_counts = c ? c : EMU_CALLS_LOST;
     }
-    return emu_t.calls;
+    return thread_counts == EMU_CALLS_LOST ? NULL : thread_counts;
 }
 
 void emu_thread_count(int e)
