@@ -12,9 +12,9 @@
 # 10 000 new inputs against the reference model).
 # Each ctest runs its entries side by side (-j, one per core); the entries that must run alone
 # say so (RUN_SERIAL, RESOURCE_LOCK in tests/CMakeLists.txt). At the end: each stage's wall and
-# CPU time. About 600 s of CPU in all (README: 610 measured on a 2-core AVX-512 Xeon shared with
-# other jobs, 5.3 to 8.3 minutes of wall time there; 13.8 minutes, ~1 600 s of CPU, on the
-# slower idle 2-core machine of the earlier timings; 19.4 before -j).
+# CPU time. About 630 s of CPU in all, 5.5 minutes on an idle 2-core machine (README: 319 and
+# 339 s measured; 13.8 minutes, ~1 600 s of CPU, on the slower idle 2-core machine of the
+# earlier timings; 19.4 before -j).
 # Tests labelled `gpu` skip themselves with a printed reason when no GPU is present; the long
 # `soak` label is run by hand: (cd build && ctest -L soak); its 60 s version (label
 # `longrun`) runs in the first suite only (under ASan the allocator's quarantine grows RSS).
