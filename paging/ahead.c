@@ -111,6 +111,13 @@ void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran)
 
 /* ---- the thread's round --------------------------------------------------------------- */
 
+/* Whether s is still the sequence of generation gen, and one map-ahead can be given to
+   (live, resident, not dropped, with a map-ahead array). */
+static bool seq_takes_ahead(const struct pg_seq *s, uint32_t gen)
+{
+    return s->live && s->gen == gen && !s->out && !s->dropped && s->ahead;
+}
+
 /* The next queued sequence that still wants frames, with k of them per region (0 when the
    queue is empty). */
 static struct pg_seq *queue_pop(struct paging *pg, uint32_t *k)
@@ -120,7 +127,7 @@ static struct pg_seq *queue_pop(struct paging *pg, uint32_t *k)
         uint32_t slot = q->slot[--q->n_q], gen = q->gen[q->n_q];
         q->queued[slot] = 0;
         struct pg_seq *s = &pg->seqs[slot];
-        if (!s->live || s->gen != gen || s->out || s->dropped || !s->ahead)
+        if (!seq_takes_ahead(s, gen))
             continue;
         if ((*k = seq_ahead_deficit(pg, s)) != 0)
             return s;
@@ -189,12 +196,12 @@ void paging_ahead_work(struct paging *pg)
 static bool job_fits(struct paging *pg, const struct pg_ahead_job *j)
 {
     const struct pg_seq *s = &pg->seqs[j->slot];
-    return j->mapped == pg->p.n_regions && s->live && s->gen == j->gen && !s->out &&
-           !s->dropped && s->ahead && s->n_pages + s->n_ahead == j->at &&
-           s->n_ahead + j->k <= pg->p.map_ahead;
+    return j->mapped == pg->p.n_regions && seq_takes_ahead(s, j->gen) &&
+           s->n_pages + s->n_ahead == j->at && s->n_ahead + j->k <= pg->p.map_ahead;
 }
 
-/* Commits (keep) or undoes every job; the jobs are done. */
+/* Commits (keep) or undoes every job; the jobs are done. Asks for another round when
+   sequences are still queued. */
 static void jobs_end(struct paging *pg, bool keep)
 {
     struct pg_ahq *q = &pg->ahq;
@@ -218,15 +225,14 @@ static void jobs_end(struct paging *pg, bool keep)
     q->n_jobs = 0;
     q->pages = 0;
     q->busy = false;
+    if (q->n_q)
+        pool_feed_ask(pg);     /* what this round left queued: another */
 }
 
 void paging_ahead_commit(struct paging *pg)
 {
-    if (!pg->ahq.busy)
-        return;
-    jobs_end(pg, true);
-    if (pg->ahq.n_q)
-        pool_feed_ask(pg);     /* what this round left queued: another */
+    if (pg->ahq.busy)
+        jobs_end(pg, true);
 }
 
 /* ---- callers meeting the jobs --------------------------------------------------------- */
@@ -241,8 +247,6 @@ void ahead_settle(struct paging *pg, bool keep)
         pthread_cond_wait(&pg->fr.feed.cv, &pg->fr.feed.mu);
     pthread_mutex_unlock(&pg->fr.feed.mu);
     jobs_end(pg, keep);
-    if (q->n_q)
-        pool_feed_ask(pg);
 }
 
 void ahead_cancel(struct paging *pg)

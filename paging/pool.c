@@ -185,7 +185,8 @@ static uint32_t feed_transit(struct paging *pg)
    frame pool thread's wake-up test runs at every step, paging_pool_can_create). */
 static bool budget_room(struct paging *pg)
 {
-    return pg->fr.n_held < pg->p.max_frames && pg->fr.n_held + feed_transit(pg) < pg->p.max_frames &&
+    return pg->fr.n_held < pg->p.max_frames &&
+           pg->fr.n_held + feed_transit(pg) < pg->p.max_frames &&
            !pg_frame_is_none(pg->fr.frame_free_head);
 }
 

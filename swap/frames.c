@@ -85,15 +85,14 @@ static uint64_t now_ns(void)
 }
 
 /* The map-ahead refills a plan took (paging_ahead_plan, context lock held then): mapped
-   without the lock, given to their sequences under it. True (something was done). */
-static bool ahead_work(struct frames *fr)
+   without the lock, given to their sequences under it. */
+static void ahead_work(struct frames *fr)
 {
     paging_ahead_work(fr->pg);
     pthread_mutex_lock(fr->lock);
     paging_ahead_commit(fr->pg);
     fr->c.ahead_rounds++;
     pthread_mutex_unlock(fr->lock);
-    return true;
 }
 
 /* One round (the worker's; its futile flag is not used: a round runs on each request). It
@@ -118,7 +117,9 @@ static bool round_once(void *arg)
     if (rc || (!pl.create && !pl.release)) {
         ahead = paging_ahead_plan(fr->pg);
         pthread_mutex_unlock(fr->lock);
-        return ahead && ahead_work(fr);
+        if (ahead)
+            ahead_work(fr);
+        return ahead;
     }
     pthread_mutex_unlock(fr->lock);
     uint32_t made = paging_feed_work(fr->pg, &pl);   /* the driver calls: no lock */
@@ -131,7 +132,7 @@ static bool round_once(void *arg)
     fr->c.released += pl.release;
     pthread_mutex_unlock(fr->lock);
     if (ahead)
-        (void)ahead_work(fr);
+        ahead_work(fr);
     return true;
 }
 
