@@ -1041,3 +1041,51 @@ Test(regress, view_budget_shrink_counted_frames_a_dead_id_maps)
     sh_free(&t, &u);
     tclose(&t);
 }
+
+/* Issue 31, defect 5: with page_size not a multiple of bytes_per_token a block's tokens
+   do not fill its page, so block b of the window does not start at its page: the pool view
+   served other tokens' bytes. kvvm_open refuses it, naming both numbers. */
+Test(regress, view_page_not_a_multiple_of_bytes_per_token_served_wrong_bytes)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    kvvm *kv = NULL;
+    tcfg(&c, 16 * KB, 2, 300, 4, 1000, 16);     /* 64 KiB pages: 218 tokens and 136 bytes */
+    c.emu_granule = 16 * KB;
+    c.flags |= KVVM_F_POOL_VIEW;
+    int rc = kvvm_open(&c, &kv);
+    if (!rc)
+        kvvm_close(kv);
+    cr_assert_eq(rc, -EINVAL, "kvvm_open: %d", rc);
+    const char *e = kvvm_last_error();
+    cr_expect(strstr(e, "65536") && strstr(e, "300") && strstr(e, "KVVM_F_POOL_VIEW"),
+              "the refusal does not name page_size, bytes_per_token and the view: %s", e);
+    c.flags &= ~KVVM_F_POOL_VIEW;               /* without the view: opens */
+    cr_assert_eq(kvvm_open(&c, &kv), 0);
+    kvvm_close(kv);
+}
+
+/* Issue 31, defect 5: kvvm_prefix_publish refused such a layout -EOPNOTSUPP with no word
+   of why (kvvm_prefix_attach named it). */
+Test(regress, publish_eopnotsupp_did_not_say_why)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, 16 * KB, 1, 300, 4, 1000, 16);
+    c.emu_granule = 16 * KB;
+    topen(&t, &c);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 500), 0);
+    kvvm_key k[2];
+    memset(k, 0x5a, sizeof k);
+    k[1].bytes[0] = 1;
+    int rc = kvvm_prefix_publish(t.kv, s, 0, k, 2);
+    cr_assert_eq(rc, -EOPNOTSUPP, "kvvm_prefix_publish: %d", rc);
+    const char *e = kvvm_last_error();
+    cr_expect(strstr(e, "kvvm_prefix_publish") && strstr(e, "65536") && strstr(e, "300"),
+              "the refusal does not say why: %s", e);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose(&t);
+}
