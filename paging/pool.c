@@ -410,6 +410,10 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
         frame_forget(pg, f);
     }
     release = got;
+    if (!release) {                 /* all pinned: nothing for paging_feed_work to free */
+        free(pl->rel);
+        pl->rel = NULL;
+    }
     pl->release = release;
     pg->c.frames_released += release;
     if (keep != PG_FEED_KEEP_ALL)
