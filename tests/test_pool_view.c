@@ -390,6 +390,7 @@ Test(view, truncate_and_free_end_ids_and_close_leaves_no_mapping)
     }
     sh_verify(&t, &s, "kept");
     tcheck(&t, "end");
+    sh_release(&s);     /* (the shadow only: the close below frees the sequence) */
     tclose(&t);     /* th_close: no handle, mapping or reservation left behind */
 }
 
@@ -918,7 +919,7 @@ Test(regress, view_page_above_granule_trim_segv)
     rcfg(&c, 4 * KB, KB, 64, 8);
     topen(&t, &c);
     kvvm_seq s;
-    int32_t ids[2];
+    int32_t ids[3];
     cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
     cr_assert_eq(kvvm_seq_grow(t.kv, s, 32), 0);            /* 2 blocks of 16 tokens */
     cr_assert_eq(kvvm_seq_block_table(t.kv, s, 0, 2, ids), 0, "%s", kvvm_last_error());
