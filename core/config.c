@@ -314,6 +314,17 @@ int config_layout(struct kvvm_config *c, size_t granule, uint64_t *slot_bytes,
     if (c->page_size % granule)
         BAD("page_size %zu is not a multiple of the device granule %zu", c->page_size,
             granule);
+    /* a block is page_size / bytes_per_token tokens; the window holds token t at
+       t * bytes_per_token, so unless the tokens fill the page exactly, block b's tokens
+       are not page b's bytes and the view would serve another block's tail */
+    if ((c->flags & KVVM_F_POOL_VIEW) && c->page_size % c->bytes_per_token)
+        BAD("KVVM_F_POOL_VIEW needs page_size to be a multiple of bytes_per_token: "
+            "page_size %zu holds %llu tokens of bytes_per_token %llu and %llu bytes more, so "
+            "a block's tokens do not fill its page (choose a page_size that is a multiple of "
+            "both the granule %zu and bytes_per_token)", c->page_size,
+            (unsigned long long)(c->page_size / c->bytes_per_token),
+            (unsigned long long)c->bytes_per_token,
+            (unsigned long long)(c->page_size % c->bytes_per_token), granule);
     uint64_t ps = c->page_size, raw = c->max_tokens * c->bytes_per_token;
     if (raw > MAX_RESERVE)
         BAD("max_tokens * bytes_per_token = %llu bytes is larger than a reservation can be",

@@ -63,6 +63,11 @@ static int publish_locked(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *key
     if (rc == -EINVAL)
         rc = kerr(rc, "kvvm_prefix_publish: %zu blocks are past the sequence's full blocks, "
                   "or one of them is discarded in a region", n);
+    else if (rc == -EOPNOTSUPP)     /* the one cause (prefix.h): as kvvm_prefix_attach says */
+        rc = kerr(rc, "kvvm_prefix_publish: page_size %zu is not a multiple of "
+                  "bytes_per_token %llu: a block's tokens do not fill its page, so its pages "
+                  "cannot be entered in the cache", kv->cfg.page_size,
+                  (unsigned long long)kv->cfg.bytes_per_token);
     if (rc > 0 && was)
         (void)storeq_publish(kv, s, ns, keys, n, was);   /* never waits for the store */
     free(was);

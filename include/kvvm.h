@@ -122,13 +122,16 @@ struct kvvm_config {
                                               when the tiers below have room, instead of
                                               dropping them (see kvvm_seq_set_class) */
 #define KVVM_F_POOL_VIEW         (1u << 5) /* every region also has a pool view: block
-                                              tables for paged kernels ("Two views") */
+                                              tables for paged kernels ("Two views");
+                                              page_size must be a multiple of
+                                              bytes_per_token (kvvm_open: -EINVAL) */
 
 /* Defaults for every field, then KVVM_* environment overrides (sizes take K/M/G suffixes;
    unknown or malformed values are logged and ignored); the engine's own assignments after
    this call win. The effective config is in kvvm_stats_json(). */
 KVVM_API void kvvm_config_init(struct kvvm_config *cfg);
-/* -EINVAL cfg or out NULL, cfg->size not set by kvvm_config_init, a bad config field, a
+/* -EINVAL cfg or out NULL, cfg->size not set by kvvm_config_init, a bad config field
+   (KVVM_F_POOL_VIEW with a page_size that is not a multiple of bytes_per_token too), a
    spill_dir without a host tier, a spill_dir refused (tmpfs, no O_DIRECT) (each logged with
    the reason); -ENOENT/-ENOTDIR/-EACCES/-EPERM/-EROFS the spill_dir (-EPERM: an immutable
    directory, or a security policy); -ENOSPC its file system cannot hold spill_budget
@@ -373,7 +376,11 @@ KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
    memory is back with the driver once kvvm_sync returns.
    kvvm_trim: releases to the driver the device frames that hold no page (kept for reuse,
    mapped ahead, created ahead), keeping at most keep_bytes of them. Never moves data. Until
-   a later call needs device pages, the library creates no frame ahead again. */
+   a later call needs device pages, the library creates no frame ahead again.
+   Both, with KVVM_F_POOL_VIEW: a frame an ended block id still maps is released once that id
+   is unmapped, after the device work that may use it (they wait for the engine stream, in
+   sync mode the device, when the step fence has not shown it done; kvvm_trim leaves such
+   frames held while the engine stream captures a graph). */
 KVVM_API int kvvm_set_budget(kvvm *kv, size_t device_budget);
 KVVM_API int kvvm_trim(kvvm *kv, size_t keep_bytes);
 
@@ -434,7 +441,8 @@ KVVM_API size_t kvvm_prefix_keys(const int32_t *tokens, size_t n_tokens,
    number of new entries (>= 0). With a store, the new entries are also written to it,
    off this thread, once their bytes are final (the call never waits for the store).
    -ENOENT; -EINVAL keys NULL with n > 0, n past s's full blocks, a block discarded in any
-   region; -ESTALE s a dropped CACHED sequence; -ENOMEM no entry record. */
+   region; -ESTALE s a dropped CACHED sequence; -EOPNOTSUPP page_size is not a multiple of
+   bytes_per_token (a block does not fill its page); -ENOMEM no entry record. */
 KVVM_API int kvvm_prefix_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
                                  size_t n);
 /* The number of leading keys present, 0..n. Moves, copies and pins nothing (it marks them

@@ -24,8 +24,7 @@ struct ck {
     uint32_t *offs;       /* expected non-resident entries per page id - 1 */
     uint32_t *jobs;       /* expected transfer-job references per page id - 1 */
     uint64_t mapped;      /* window pages expected mapped */
-    uint64_t linger;      /* pool view slots mapping a handle the pool released (the driver
-                             frees it at the slot's unmap: counted among its handles) */
+    uint32_t *vmaps;      /* pool view slots mapping each frame (frame id - 1) */
 };
 
 static int fail(struct ck *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -365,7 +364,12 @@ static int ck_view_id(struct ck *k, uint32_t id, uint32_t holders)
             rc = fail(k, "free pool view id %u maps region %u", id, r);
         } else {
             const struct pg_frame *f = frame_at(pg, sl->f);
-            k->linger += f->gen != sl->gen || f->state == FR_NONE;
+            /* the pool never releases a frame a slot maps (the driver would keep its
+               memory, the budget counting it returned) */
+            if (f->gen != sl->gen || f->state == FR_NONE)
+                return fail(k, "pool view id %u maps in region %u frame %u, which the pool "
+                            "released", id, r, sl->f.v);
+            k->vmaps[sl->f.v - 1]++;
             zombies += sl->st == VS_ZOMBIE;
             rc = ck_mapped(k, va, sl->h, "pool view slot");
             if (!rc && v->state == VID_READY &&
@@ -392,8 +396,12 @@ static int ck_view(struct ck *k)
     if (!w->n_ids)
         return 0;
     uint32_t *cnt = calloc(w->n_ids, sizeof *cnt);
-    if (!cnt)
+    k->vmaps = calloc(pg->fr.cap_frames ? pg->fr.cap_frames : 1, sizeof *k->vmaps);
+    if (!cnt || !k->vmaps) {
+        free(cnt);
+        free(k->vmaps);
         return -ENOMEM;
+    }
     uint32_t n_free = 0, n_dead = 0, live = 0, groups = 0;
     int rc = ck_view_holders(k, cnt);
     for (uint32_t id = w->ready_head; !rc && id && groups <= w->n_ids; id = w->ids[id - 1].next)
@@ -417,6 +425,12 @@ static int ck_view(struct ck *k)
         rc = fail(k, "pool view ids: %u free (%u), %u dead (%u), %u prepared (%u), %u live, "
                   "of %u", n_free, w->n_free, n_dead, w->n_dead, groups, w->n_groups, live,
                   w->n_ids);
+    for (uint32_t i = 0; !rc && i < pg->fr.cap_frames; i++)
+        if (k->vmaps[i] != pg->fr.frames[i].vmaps)
+            rc = fail(k, "frame %u: %u pool view slots map it, counted %u", i + 1,
+                      k->vmaps[i], pg->fr.frames[i].vmaps);
+    free(k->vmaps);
+    k->vmaps = NULL;
     free(cnt);
     return rc;
 }
@@ -437,7 +451,7 @@ static int ck_driver(struct ck *k)
     pthread_mutex_lock(&pg->fr.feed.mu);
     int crc = vmm_debug_objects(pg->v, &c);
     uint64_t lo = (uint64_t)pg->fr.n_held + pg->fr.feed.n_in;
-    uint64_t hi = lo + pg->fr.feed.creating + pg->fr.feed.releasing + k->linger;
+    uint64_t hi = lo + pg->fr.feed.creating + pg->fr.feed.releasing;
     pthread_mutex_unlock(&pg->fr.feed.mu);
     if (crc)
         return fail(k, "vmm_debug_objects failed: %d", crc);
@@ -457,7 +471,7 @@ int paging_check(struct paging *pg, char *why, size_t len)
 {
     struct vmm_debug_objects probe;
     struct ck k = { pg, why, len, vmm_debug_objects(pg->v, &probe) != -EOPNOTSUPP, NULL, NULL,
-                    NULL, 0, 0 };
+                    NULL, 0, NULL };
     size_t np = pg->p.max_pages ? pg->p.max_pages : 1;
     k.refs = calloc(3 * np, sizeof *k.refs);
     if (!k.refs)

@@ -623,7 +623,7 @@ void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high);
 /* Context lock held. Fills pl for a round that brings the ready frames up to `fill` (none
    while kvvm_trim's suppression lasts) and, unless keep is PG_FEED_KEEP_ALL, releases the
    ready frames above `keep` (keep >= fill) that stayed unused since the idle window began
-   (paging_feed_surplus), and begins a new window. 0 with pl->create = pl->release = 0:
+   (paging_feed_surplus) and that no pool view slot maps, and begins a new window. 0 with pl->create = pl->release = 0:
    nothing to do. -ENOMEM (rel[] not allocated: nothing taken). */
 int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
 /* Context lock held: ready frames above keep that no call needed since the window began. */
@@ -650,13 +650,17 @@ bool paging_pool_can_create(struct paging *pg);
 /* Context lock held. Sets the budget to `frames` (n_regions <= frames <= cap_frames) when
    the frames holding pages (pending releases included) fit in it, releasing every unused
    frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);
-   *released gets the count. Call paging_feed_quiesce first. -EINVAL out of range, -ENOMEM
+   *released gets the count; the pool view's slots mapping them are unmapped first (after a
+   synchronization when device work may still use them). Call paging_feed_quiesce first. -EINVAL out of range, -ENOMEM
    more frames hold pages than `frames` (nothing changed), -EIO the driver refused a release
    (the budget unchanged; unused frames released before it stay released). */
 int  paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released);
 /* Context lock held. Releases unused frames (map-ahead unmapped first, then ready ones)
    until at most keep of them are left, and suppresses creating ahead until a call takes
-   frames. Never moves data. Returns the number released. Call paging_feed_quiesce first. */
+   frames. A frame a pool view slot maps is released only once unmapped: dead ids are
+   unmapped first, after a synchronization when device work may still use them (not while
+   the engine stream captures a graph: those frames then stay). Never moves data. Returns
+   the number released. Call paging_feed_quiesce first. */
 uint32_t paging_trim(struct paging *pg, uint32_t keep);
 uint32_t paging_budget(const struct paging *pg);
 uint32_t paging_cap_frames(const struct paging *pg);

@@ -74,6 +74,10 @@ struct pg_frame {
                               view slot names (frame, gen), so a new handle under a recycled
                               frame id never passes for the one it mapped */
     uint32_t   grp;        /* FR_AHEAD in a prepared pool view group: its id + 1 (view.c) */
+    uint32_t   vmaps;      /* pool view slots mapping its handle (view.c, the one writer).
+                              The driver keeps a released handle's memory while a mapping of
+                              it is left, so the pool releases a frame only at 0: a dead
+                              id's slots are unmapped first (view_reap, behind its fence) */
 };
 
 /* The pool's feed (pool.c): frames created and released off the caller's thread by the
@@ -499,7 +503,8 @@ void pool_rollback(struct paging *pg, uint32_t mark);
 /* Without a pool thread: creates frames until `ready` are ready (bounded by the budget);
    best effort. With one (or suppressed by kvvm_trim): nothing. */
 void pool_refill(struct paging *pg, uint32_t ready);
-/* Releases ready frames until at most keep are ready; returns how many it released. */
+/* Releases ready frames until at most keep are ready, none that a pool view slot still
+   maps (struct pg_frame.vmaps); returns how many it released. */
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
 /* New page descriptor in the device tier holding frame f (refs 1). */
 pg_page_id page_new(struct paging *pg, pg_frame_id frame);

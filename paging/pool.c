@@ -129,19 +129,47 @@ static void ready_push(struct paging *pg, pg_frame_id f)
         feed_ask(pg);
 }
 
-static pg_frame_id ready_pop(struct paging *pg)
+/* Takes the ready frame *pp names (pp: the list's head or a ready frame's next) off the
+   ready list. */
+static pg_frame_id ready_unlink(struct paging *pg, pg_frame_id *pp)
 {
-    pg_frame_id f = pg->fr.ready_head;
+    pg_frame_id f = *pp;
     KVVM_ASSERT(!pg_frame_is_none(f) && pg->fr.n_ready > 0);  /* callers pop only what is ready */
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(fr->listed && fr->state == FR_READY && pg_page_is_none(fr->page));
-    pg->fr.ready_head = fr->next;
+    *pp = fr->next;
     fr->listed = 0;
     pg->fr.n_ready--;
     if (pg->fr.n_ready < pg->fr.feed.ready_min)
         pg->fr.feed.ready_min = pg->fr.n_ready;
     fr->next = PG_FRAME_NONE;
     return f;
+}
+
+static pg_frame_id ready_pop(struct paging *pg)
+{
+    return ready_unlink(pg, &pg->fr.ready_head);
+}
+
+/* The next ready frame from *pp on that no pool view slot maps (a release may take it),
+   as the link naming it; NULL: none. */
+static pg_frame_id *ready_unpinned(struct paging *pg, pg_frame_id *pp)
+{
+    while (!pg_frame_is_none(*pp) && frame_at(pg, *pp)->vmaps)
+        pp = &frame_at(pg, *pp)->next;
+    return pg_frame_is_none(*pp) ? NULL : pp;
+}
+
+/* Ready frames that a pool view slot still maps (a dead id's, until no device work may use
+   it): not released until it is unmapped. */
+static uint32_t ready_pinned(struct paging *pg)
+{
+    uint32_t n = 0;
+    if (!pg->view.n_ids)
+        return 0;
+    for (pg_frame_id f = pg->fr.ready_head; !pg_frame_is_none(f); f = frame_at(pg, f)->next)
+        n += frame_at(pg, f)->vmaps != 0;
+    return n;
 }
 
 /* A new frame id for handle h, onto the ready list. The caller checked the budget. */
@@ -164,6 +192,7 @@ static void frame_forget(struct paging *pg, pg_frame_id f)
 {
     struct pg_frame *fr = frame_at(pg, f);
     KVVM_ASSERT(!fr->listed && pg->fr.n_held > 0);  /* popped off the ready list first */
+    KVVM_ASSERT(!fr->vmaps);                        /* no view mapping keeps its memory */
     frame_move(fr, FR_NONE);
     fr->serial = 0;
     fr->gen++;                      /* its handle is gone: view slots naming it are stale */
@@ -230,17 +259,33 @@ static bool release_ok(struct paging *pg, vmm_handle h)
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
 {
     uint32_t n = 0;
-    while (pg->fr.n_ready > keep) {
-        pg_frame_id f = ready_pop(pg);
-        if (!release_ok(pg, frame_at(pg, f)->h)) {
-            ready_push(pg, f);
-            break;
-        }
-        frame_forget(pg, f);
+    pg_frame_id *pp = &pg->fr.ready_head;
+    while (pg->fr.n_ready > keep && (pp = ready_unpinned(pg, pp)) != NULL) {
+        if (!release_ok(pg, frame_at(pg, *pp)->h))
+            break;                  /* refused: the frame stays ready */
+        frame_forget(pg, ready_unlink(pg, pp));
         pg->c.frames_released++;
         n++;
     }
     return n;
+}
+
+/* Before releasing the ready frames above keep: the pool view's slots that map some of them
+   are unmapped where no device work may use them any more, and with wait, when that leaves
+   fewer than the release wants, after a synchronization (the engine stream's; sync mode:
+   the device's) — never while the engine stream captures a graph, which a synchronization
+   would break: those frames then stay, held (the driver would keep their memory anyway). */
+static void ready_unpin(struct paging *pg, uint32_t keep, bool wait)
+{
+    if (pg->fr.n_ready <= keep || !ready_pinned(pg))
+        return;
+    (void)view_reap(pg, false);
+    if (!wait || ready_pinned(pg) <= keep ||
+        (pg->ck.stream && vmm_stream_check_capture(pg->v, pg->ck.stream)))
+        return;
+    if (view_reap(pg, true))
+        klog_debug("paging: a synchronization for the pool view's unmaps failed: the frames "
+                   "it still maps stay held");
 }
 
 /* ---- the feed ----------------------------------------------------------------------- */
@@ -355,10 +400,19 @@ int paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_
         pl->create = 0;
         return -ENOMEM;
     }
-    for (uint32_t i = 0; i < release; i++) {
-        pg_frame_id f = ready_pop(pg);
-        pl->rel[i] = frame_at(pg, f)->h;
+    /* frames a pool view slot still maps are not surplus yet: the thread never waits for
+       the engine's work, a later round releases them once the step or sync unmapped them */
+    pg_frame_id *pp = &pg->fr.ready_head;
+    uint32_t got = 0;
+    while (got < release && (pp = ready_unpinned(pg, pp)) != NULL) {
+        pg_frame_id f = ready_unlink(pg, pp);
+        pl->rel[got++] = frame_at(pg, f)->h;
         frame_forget(pg, f);
+    }
+    release = got;
+    if (!release) {                 /* all pinned: nothing for paging_feed_work to free */
+        free(pl->rel);
+        pl->rel = NULL;
     }
     pl->release = release;
     pg->c.frames_released += release;
@@ -445,10 +499,13 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
         return -ENOMEM;
     if (pg->fr.n_held > frames) {
         uint32_t over = pg->fr.n_held - frames;
-        *released += pool_release_ready(pg, pg->fr.n_ready > over ? pg->fr.n_ready - over : 0);
+        uint32_t keep = pg->fr.n_ready > over ? pg->fr.n_ready - over : 0;
+        ready_unpin(pg, keep, true);
+        *released += pool_release_ready(pg, keep);
     }
     if (pg->fr.n_held > frames) {
         drop_all_ahead(pg);
+        ready_unpin(pg, frames - pg->fr.n_used, true);
         *released += pool_release_ready(pg, frames - pg->fr.n_used);
     }
     /* a release the driver refused: the budget stays (unused frames released meanwhile
@@ -466,6 +523,7 @@ uint32_t paging_trim(struct paging *pg, uint32_t keep)
     pthread_mutex_unlock(&pg->fr.feed.mu);
     if (pg->fr.n_ahead && pg->fr.n_ready + pg->fr.n_ahead > keep)
         drop_all_ahead(pg);
+    ready_unpin(pg, keep, true);
     return pool_release_ready(pg, keep);
 }
 
@@ -677,8 +735,10 @@ void pool_rollback(struct paging *pg, uint32_t mark)
     while (!pg_frame_is_none(*pp)) {
         pg_frame_id f = *pp;
         struct pg_frame *fr = frame_at(pg, f);
-        if (fr->serial > mark && !release_ok(pg, fr->h)) {
-            fr->serial = 0;                 /* refused: it stays, as a reserve frame */
+        if (fr->serial > mark && (fr->vmaps || !release_ok(pg, fr->h))) {
+            /* refused (or a pool view slot maps it: not released before its unmap): it
+               stays, as a reserve frame */
+            fr->serial = 0;
             pp = &fr->next;
         } else if (fr->serial > mark) {
             *pp = fr->next;

@@ -25,6 +25,12 @@
  * sharing the id keeps its slot mapped. view_reap runs at step and sync, and when no id is
  * free (then after a synchronization).
  *
+ * Frames: the driver keeps a released handle's memory while any mapping of it is left, so
+ * a frame is released (trim, budget, the pool thread, pool.c) only when no slot maps it:
+ * group_map and slot_unmap count the slots mapping each frame (pg_frame.vmaps), and the
+ * release paths unmap the dead ids first, behind the rule above (waiting for it where the
+ * call must give the memory back: kvvm_trim, kvvm_set_budget) or leave those frames held.
+ *
  * Bound: ids named by block tables are at most max_seqs * pages_per_slot; the rest of
  * n_ids (fixed at open, core/open.c) is room for dead ids waiting for their reap.
  */
@@ -81,6 +87,9 @@ static bool slot_unmap(struct paging *pg, uint32_t id, uint32_t r)
         return true;
     if (vmm_unmap(pg->v, view_va(pg, r, id), pg->p.page_size) && !vmm_dead(pg->v))
         return false;
+    struct pg_frame *fr = frame_at(pg, sl->f);
+    KVVM_ASSERT(fr->vmaps > 0 && fr->gen == sl->gen);  /* never released while mapped here */
+    fr->vmaps--;
     if (sl->st == VS_ZOMBIE)
         pg->view.ids[id].zombies--;
     memset(sl, 0, sizeof *sl);
@@ -243,6 +252,7 @@ static int group_map(struct paging *pg, uint32_t id, const pg_frame_id *f)
         if (rc)
             break;
         *vslot(pg, id, r) = (struct pg_vslot){ fr->h, f[r], fr->gen, VS_MAPPED };
+        fr->vmaps++;
     }
     if (!rc)
         return 0;

@@ -549,6 +549,51 @@ Test(emu, second_mapping_of_a_handle_has_its_own_access_and_life)
     cr_expect_eq(dev_down(), 0);
 }
 
+/* Issue 31, defect 2: a released handle of several granules mapped at two places. Each
+   mapping is several granule entries of the table; the unmap of the last mapping freed the
+   handle at its first entry and touched the freed handle at the next (SIGSEGV). The driver
+   keeps a released handle, its bytes readable through every mapping left, until its last
+   mapping is gone, whether mappings go one call each or several in one call. */
+Test(regress, released_handle_freed_at_the_first_granule_of_its_last_unmap)
+{
+    dev_default();
+    kcu_deviceptr va = reserve(16 * G), win = va, view = va + 8 * G;
+    kcu_mem_handle h = create(4 * G), h2 = create(2 * G);
+    map_rw(win, 4 * G, h);
+    map_rw(view, 4 * G, h);
+    cr_assert_eq(A->cuMemsetD8Async(win + 3 * G, 0x5e, G, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);   /* legacy: asynchronous */
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemUnmap(win, 4 * G), KCU_SUCCESS);
+    cr_expect_eq(counters().handles, 2, "a released handle freed with a mapping left");
+    unsigned char x = 0;
+    cr_assert_eq(A->cuMemcpyDtoHAsync(&x, view + 3 * G + 9, 1, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);
+    cr_expect_eq(x, 0x5e, "the bytes of the mapping left");
+    cr_assert_eq(A->cuMemUnmap(view, 4 * G), KCU_SUCCESS);
+    struct emu_counters c = counters();
+    cr_expect_eq(c.handles, 1, "not freed after its last unmap");
+    cr_expect_eq(c.handle_bytes, 2 * G);
+    cr_expect_eq(c.mappings, 0);
+    cr_expect_eq(c.mapped_bytes, 0);
+    /* two mappings of one released handle, side by side, unmapped by one call; then the
+       granules of the freed handle are another handle's */
+    map_rw(win, 2 * G, h2);
+    map_rw(win + 2 * G, 2 * G, h2);
+    cr_assert_eq(A->cuMemRelease(h2), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemUnmap(win, 4 * G), KCU_SUCCESS);
+    c = counters();
+    cr_expect_eq(c.handles, 0);
+    cr_expect_eq(c.handle_bytes, 0);
+    cr_expect_eq(c.mapped_bytes, 0);
+    kcu_mem_handle h3 = create(4 * G);
+    map_rw(view, 4 * G, h3);
+    cr_assert_eq(A->cuMemUnmap(view, 4 * G), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h3), KCU_SUCCESS);
+    cr_expect_eq(A->cuMemAddressFree(va, 16 * G), KCU_SUCCESS);
+    cr_expect_eq(dev_down(), 0);
+}
+
 Test(emu, aliasing_through_windows_and_copies)
 {
     dev_default();

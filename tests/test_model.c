@@ -38,6 +38,15 @@
  * KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE (4k/4, 2m/1, 4k/2+disk; background reclaim off:
  * device marks 0, so only the calls reclaim).
  *
+ * The pool view (KVVM_F_POOL_VIEW: 8k/2+view, 16k/1+view+auto): pages of 2 and 4 emulated
+ * granules of 4 KiB, tokens of half a page (the view needs page_size a multiple of
+ * bytes_per_token: no token straddles pages there), trim and set_budget among the calls as
+ * everywhere. After every op, every resident sequence's block table: -1 exactly for the
+ * blocks discarded in every region, ids below kvvm_pool_blocks, blocks holding the same
+ * model page in a region where both have one share an id only if they hold the same pages
+ * in every such region, and each granule of each page at its id in the pool view maps what
+ * the window maps there (handle and offset, read-write): the same bytes, by the driver.
+ *
  * Matrix: page sizes {4 KiB, 64 KiB, 2 MiB} (emulated granule = page size) x regions {1, 4};
  * tokens of 3/8 page + 36 bytes straddle pages. Large tokens are checked through probes (the
  * head and tail of each token and both sides of each page boundary inside it); tokens of at
@@ -112,7 +121,8 @@ struct mcfg {
     uint64_t max_tokens;
     uint32_t pages_per_region;      /* device budget = this * nr pages */
     bool disk;                      /* a disk tier under a small host tier */
-    unsigned flags;                 /* KVVM_F_AUTO_SWAP, KVVM_F_CACHE_DEMOTE */
+    unsigned flags;                 /* KVVM_F_AUTO_SWAP, KVVM_F_CACHE_DEMOTE, KVVM_F_POOL_VIEW */
+    size_t gran;                    /* the emulated granule (ps, or below it with the view) */
 };
 
 struct mseq {
@@ -612,6 +622,84 @@ static void check_state(struct model *m)
         MCHECK(m, in.resident == !s->out, "seq %d resident %d, model %d", i, in.resident,
                !s->out);
         MCHECK(m, !in.resident || !onhost, "seq %d resident with host pages", i);
+    }
+}
+
+/* The pool view (KVVM_F_POOL_VIEW configurations): every resident sequence's block table
+   against the model's pages, and the view's mappings against the window's (the header). */
+struct vblk { int32_t id; int seq; uint64_t b; };
+
+static void check_view_map(struct model *m, int i, uint64_t b, uint32_t r, int32_t id,
+                           uint64_t base)
+{
+    uint64_t win;
+    MCHECK(m, kvvm_seq_addr(m->kv, m->s[i].h, r, &win) == 0, "kvvm_seq_addr seq %d", i);
+    for (size_t g = 0; g < m->c.ps; g += m->c.gran) {
+        kcu_mem_handle hw = 0, hv = 0;
+        size_t ow = 0, ov = 0;
+        int aw = 0, av = 0;
+        uint64_t wva = win + b * m->c.ps + g, vva = base + (uint64_t)id * m->c.ps + g;
+        MCHECK(m, emu_lookup(wva, &hw, &ow, &aw) == 0, "seq %d block %lu region %u: the "
+               "window is not mapped at +%zu", i, (unsigned long)b, r, g);
+        MCHECK(m, emu_lookup(vva, &hv, &ov, &av) == 0, "seq %d block %lu region %u: id %d "
+               "is not mapped in the pool view at +%zu", i, (unsigned long)b, r, id, g);
+        MCHECK(m, hv == hw && ov == ow && av == KCU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+               "seq %d block %lu region %u: id %d maps handle %llu+%zu (access %d) at +%zu, "
+               "the window handle %llu+%zu", i, (unsigned long)b, r, id,
+               (unsigned long long)hv, ov, av, g, (unsigned long long)hw, ow);
+    }
+}
+
+static void check_view(struct model *m)
+{
+    if (!(m->c.flags & KVVM_F_POOL_VIEW))
+        return;
+    uint32_t n_ids = 0;
+    uint64_t base[MAXR];
+    MCHECK(m, kvvm_pool_blocks(m->kv, &n_ids) == 0, "kvvm_pool_blocks");
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        MCHECK(m, kvvm_pool_base(m->kv, r, &base[r]) == 0, "kvvm_pool_base(%u)", r);
+    struct vblk seen[MAXS * 64];
+    int32_t ids[64];
+    size_t ns = 0;
+    MCHECK(m, m->maxpg <= 64, "%lu blocks per sequence", (unsigned long)m->maxpg);
+    for (int i = 0; i < MAXS; i++) {
+        struct mseq *s = &m->s[i];
+        if (!s->live || s->out || s->dropped)
+            continue;
+        uint64_t nb = npages(m, s->len);
+        int rc = kvvm_seq_block_table(m->kv, s->h, 0, (uint32_t)nb, ids);
+        MCHECK(m, rc == 0, "kvvm_seq_block_table(seq %d, %lu blocks): %d (%s)", i,
+               (unsigned long)nb, rc, kvvm_last_error());
+        for (uint64_t b = 0; b < nb; b++) {
+            bool hole = true;
+            for (uint32_t r = 0; r < m->c.nr; r++)
+                hole &= s->pg[r][b] == HOLE;
+            MCHECK(m, hole == (ids[b] == -1), "seq %d block %lu: id %d, %s in every region",
+                   i, (unsigned long)b, ids[b], hole ? "discarded" : "not discarded");
+            if (hole)
+                continue;
+            MCHECK(m, ids[b] >= 0 && (uint32_t)ids[b] < n_ids, "seq %d block %lu: id %d of "
+                   "%u", i, (unsigned long)b, ids[b], n_ids);
+            for (uint32_t r = 0; r < m->c.nr; r++)
+                if (s->pg[r][b] != HOLE)
+                    check_view_map(m, i, b, r, ids[b], base[r]);
+            for (size_t k = 0; k < ns; k++) {
+                const struct mseq *o = &m->s[seen[k].seq];
+                bool same = true, both = false;
+                for (uint32_t r = 0; r < m->c.nr; r++) {
+                    int32_t p = s->pg[r][b], q = o->pg[r][seen[k].b];
+                    if (p == HOLE || q == HOLE)
+                        continue;
+                    both = true;
+                    same &= p == q;
+                }
+                MCHECK(m, seen[k].id != ids[b] || !both || same, "seq %d block %lu and seq %d "
+                       "block %lu hold other pages under one id %d", i, (unsigned long)b,
+                       seen[k].seq, (unsigned long)seen[k].b, ids[b]);
+            }
+            seen[ns++] = (struct vblk){ ids[b], i, b };
+        }
     }
 }
 
@@ -1606,7 +1694,7 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     struct kvvm_config k;
     kvvm_config_init(&k);
     k.backend = KVVM_BACKEND_EMULATED;
-    k.emu_granule = c->ps;
+    k.emu_granule = c->gran;
     k.page_size = c->ps;
     k.n_regions = c->nr;
     k.bytes_per_token = c->bpt;
@@ -1733,6 +1821,7 @@ static void model_run(struct model *m, uint64_t ops)
         int rc = kvvm_step(m->kv);
         MCHECK(m, rc == 0, "kvvm_step: %d", rc);
         check_state(m);
+        check_view(m);
         if (m->op % 1000 == 999) {
             snprintf(m->where, sizeof m->where, "periodic full verify");
             verify_all(m);
@@ -1764,9 +1853,13 @@ static double now_s(void)
 static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_ops,
                          unsigned long seed0, bool disk, unsigned flags)
 {
+    /* the pool view's configurations: pages of several 4 KiB granules, tokens that fill
+       them (no straddling then) */
+    bool view = flags & KVVM_F_POOL_VIEW;
     struct mcfg c = {
-        .ps = ps, .nr = nr, .bpt = ps * 3 / 8 + 36, .max_seqs = MAXS, .max_tokens = 16,
-        .pages_per_region = 16, .disk = disk, .flags = flags,
+        .ps = ps, .nr = nr, .bpt = view ? ps / 2 : ps * 3 / 8 + 36, .max_seqs = MAXS,
+        .max_tokens = 16, .pages_per_region = 16, .disk = disk, .flags = flags,
+        .gran = view ? 4096 : ps,
     };
     const char *soak = getenv("KVVMTEST_MODEL_SOAK");
     const char *sd = getenv("KVVMTEST_MODEL_SEED");
@@ -1804,6 +1897,8 @@ static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_o
         /* counted, not required: how often these happen depends on the flags and on how
            often every sequence is resident and none CACHED */
         if (k == C_BUDGET_ENOMEM || k == C_RECLAIMED || k == C_FAILED_SAME)
+            continue;
+        if (k == C_STRADDLE && view)        /* tokens fill pages: none straddles */
             continue;
         /* nor drops where reclaim demotes: under KVVM_F_AUTO_SWAP a CACHED sequence goes
            only as a reclaim victim (op_cache_drop's predicted drop is not run), and with
@@ -1853,4 +1948,11 @@ Test(model, page4k_2regions_disk)
 Test(model, page64k_1region_disk)
 {
     run_config_d("64k/1+disk+demote", 65536, 1, 120000, 108, true, DEMOTE);
+}
+/* The pool view (issue 31): pages of 2 and 4 granules, block tables checked after every op. */
+#define VIEW KVVM_F_POOL_VIEW
+Test(model, page8k_2regions_view) { run_config("8k/2+view", 8192, 2, 100000, 109, VIEW); }
+Test(model, page16k_1region_view_demote)
+{
+    run_config("16k/1+view+demote", 16384, 1, 120000, 110, VIEW | DEMOTE);
 }

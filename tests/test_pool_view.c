@@ -390,6 +390,7 @@ Test(view, truncate_and_free_end_ids_and_close_leaves_no_mapping)
     }
     sh_verify(&t, &s, "kept");
     tcheck(&t, "end");
+    sh_release(&s);     /* (the shadow only: the close below frees the sequence) */
     tclose(&t);     /* th_close: no handle, mapping or reservation left behind */
 }
 
@@ -878,4 +879,214 @@ Test(sweep, release_paths)
     const struct th_sweep sw = { "release paths", &w, rsweep_setup, rsweep_call,
                                  rsweep_teardown, NULL, rsweep_after };
     th_sweep_run(&sw);
+}
+
+/* ---- regressions (issue 31) ----------------------------------------------------------- */
+
+/* A context of 1 region, 1 KiB tokens, the view on, no pool thread, `pages` device pages
+   of ps bytes on a device of that size, granule `gran`. */
+static void rcfg(struct kvvm_config *c, size_t ps, size_t gran, uint64_t max_tokens,
+                 uint64_t pages)
+{
+    tcfg(c, ps, 1, BPT, 4, max_tokens, pages);
+    c->emu_granule = gran;
+    c->pool_thread = 0;
+    c->flags |= KVVM_F_POOL_VIEW;
+}
+
+/* The driver holds exactly the handles the context counts as held (no released handle
+   kept alive by a pool view mapping). */
+static void expect_driver_holds_what_is_held(struct tctx *t, const char *where)
+{
+    struct emu_counters e;
+    struct kvvm_stats st;
+    cr_assert_eq(emu_counters_get(t->ord, &e), 0);
+    tstats(t, &st);
+    cr_expect_eq(e.handle_bytes, st.device_bytes_held,
+                 "%s: the driver holds %llu bytes of handles, the context counts %llu held",
+                 where, (unsigned long long)e.handle_bytes,
+                 (unsigned long long)st.device_bytes_held);
+}
+
+/* Issue 31, defect 2: page_size 16 KiB over a 4 KiB granule; a trim released the frames a
+   dead pool view id still mapped, and the emulator freed such a handle at the first
+   granule of its mapping's unmap and touched it at the next: SIGSEGV in kvvm_sync. */
+Test(regress, view_page_above_granule_trim_segv)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    rcfg(&c, 4 * KB, KB, 64, 8);
+    topen(&t, &c);
+    kvvm_seq s;
+    int32_t ids[3];
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 32), 0);            /* 2 blocks of 16 tokens */
+    cr_assert_eq(kvvm_seq_block_table(t.kv, s, 0, 2, ids), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    cr_assert_eq(kvvm_trim(t.kv, 0), 0);
+    expect_driver_holds_what_is_held(&t, "after the trim");
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tcheck(&t, "after the sync");
+    expect_driver_holds_what_is_held(&t, "after the sync");
+    struct sh u;                                /* and the view works on */
+    sh_create(&t, &u);
+    sh_grow_fill(&t, &u, 40, 1);
+    cr_assert_eq(kvvm_seq_block_table(t.kv, u.h, 0, 3, ids), 0, "%s", kvvm_last_error());
+    sh_verify(&t, &u, "after the trim");
+    tcheck(&t, "end");
+    sh_free(&t, &u);
+    tclose(&t);
+}
+
+/* Issue 31, defect 3, set up: budget = device = 8 pages of 4 KiB, no host tier, sync mode;
+   s of 6 pages named by a block table, c CACHED of 2 pages; s freed, a step, a trim. The
+   trim counted as returned the 6 frames s's dead ids still mapped (the driver kept them):
+   then kvvm_seq_need said a grow of t fit and the grow failed -ENOMEM. */
+static void dead_id_trim_setup(struct tctx *t, kvvm_seq *cached, kvvm_seq *fresh)
+{
+    struct kvvm_config c;
+    rcfg(&c, KB, KB, 32, 8);
+    topen(t, &c);
+    kvvm_seq s;
+    int32_t ids[6];
+    cr_assert_eq(kvvm_seq_create(t->kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t->kv, s, 24), 0);
+    cr_assert_eq(kvvm_seq_block_table(t->kv, s, 0, 6, ids), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_create(t->kv, cached), 0);
+    cr_assert_eq(kvvm_seq_grow(t->kv, *cached, 8), 0);
+    cr_assert_eq(kvvm_seq_set_class(t->kv, *cached, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_seq_free(t->kv, s), 0);
+    cr_assert_eq(kvvm_step(t->kv), 0);
+    cr_assert_eq(kvvm_trim(t->kv, 0), 0);
+    expect_driver_holds_what_is_held(t, "after the trim");
+    cr_assert_eq(kvvm_seq_create(t->kv, fresh), 0);
+}
+
+Test(regress, view_trim_counted_frames_a_dead_id_maps_need_fits_grow_enomem)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    kvvm_seq c, u;
+    dead_id_trim_setup(&t, &c, &u);
+    uint64_t pages = 0;
+    int fits = 0;
+    cr_assert_eq(kvvm_seq_need(t.kv, u, 24, &pages, &fits), 0);
+    cr_expect_eq(pages, 6);
+    int rc = kvvm_seq_grow(t.kv, u, 24);
+    cr_expect(!fits || rc == 0, "kvvm_seq_need said fits, then the grow failed %d (%s)", rc,
+              kvvm_last_error());
+    cr_expect_eq(rc, 0, "grow of 6 pages beside a CACHED 2 of 8: %d (%s)", rc,
+                 kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.create_oom, 0, "%llu cuMemCreate out-of-memory failures",
+                 (unsigned long long)st.create_oom);
+    struct kvvm_seq_info in;
+    tinfo(&t, c, &in);
+    cr_expect_eq(in.dropped, 0, "the CACHED sequence was dropped for room that was there");
+    tcheck(&t, "end");
+    expect_driver_holds_what_is_held(&t, "end");
+    cr_assert_eq(kvvm_seq_free(t.kv, u), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, c), 0);
+    tclose(&t);
+}
+
+Test(regress, view_trim_counted_frames_a_dead_id_maps_grow_drops_cached_then_enomem)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    kvvm_seq c, u;
+    dead_id_trim_setup(&t, &c, &u);
+    int rc = kvvm_seq_grow(t.kv, u, 32);                     /* the whole device */
+    cr_expect_eq(rc, 0, "grow of 8 pages, a CACHED sequence to drop: %d (%s)", rc,
+                 kvvm_last_error());
+    struct kvvm_seq_info in;
+    tinfo(&t, c, &in);
+    cr_expect_eq(in.dropped, 1, "the CACHED sequence was not dropped");
+    tcheck(&t, "end");
+    expect_driver_holds_what_is_held(&t, "end");
+    cr_assert_eq(kvvm_seq_free(t.kv, u), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, c), 0);
+    tclose(&t);
+}
+
+/* Issue 31, defect 3, a budget shrink: it released the frames dead ids still mapped, the
+   memory stayed with the driver, and growing the budget back failed for lack of it. */
+Test(regress, view_budget_shrink_counted_frames_a_dead_id_maps)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    rcfg(&c, KB, KB, 32, 8);
+    topen(&t, &c);
+    kvvm_seq s;
+    int32_t ids[6];
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 24), 0);
+    cr_assert_eq(kvvm_seq_block_table(t.kv, s, 0, 6, ids), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    int rc = kvvm_set_budget(t.kv, 2 * KB);
+    cr_assert_eq(rc, 0, "shrink: %d (%s)", rc, kvvm_last_error());
+    expect_driver_holds_what_is_held(&t, "after the shrink");
+    rc = kvvm_set_budget(t.kv, 8 * KB);
+    cr_expect_eq(rc, 0, "growing the budget back: %d (%s)", rc, kvvm_last_error());
+    struct sh u;
+    sh_create(&t, &u);
+    rc = kvvm_seq_grow(t.kv, u.h, 32);
+    cr_expect_eq(rc, 0, "grow of the whole device: %d (%s)", rc, kvvm_last_error());
+    tcheck(&t, "end");
+    expect_driver_holds_what_is_held(&t, "end");
+    sh_free(&t, &u);
+    tclose(&t);
+}
+
+/* Issue 31, defect 5: with page_size not a multiple of bytes_per_token a block's tokens
+   do not fill its page, so block b of the window does not start at its page: the pool view
+   served other tokens' bytes. kvvm_open refuses it, naming both numbers. */
+Test(regress, view_page_not_a_multiple_of_bytes_per_token_served_wrong_bytes)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    kvvm *kv = NULL;
+    tcfg(&c, 16 * KB, 2, 300, 4, 1000, 16);     /* 64 KiB pages: 218 tokens and 136 bytes */
+    c.emu_granule = 16 * KB;
+    c.flags |= KVVM_F_POOL_VIEW;
+    int rc = kvvm_open(&c, &kv);
+    if (!rc)
+        kvvm_close(kv);
+    cr_assert_eq(rc, -EINVAL, "kvvm_open: %d", rc);
+    const char *e = kvvm_last_error();
+    cr_expect(strstr(e, "65536") && strstr(e, "300") && strstr(e, "KVVM_F_POOL_VIEW"),
+              "the refusal does not name page_size, bytes_per_token and the view: %s", e);
+    c.flags &= ~KVVM_F_POOL_VIEW;               /* without the view: opens */
+    cr_assert_eq(kvvm_open(&c, &kv), 0);
+    kvvm_close(kv);
+}
+
+/* Issue 31, defect 5: kvvm_prefix_publish refused such a layout -EOPNOTSUPP with no word
+   of why (kvvm_prefix_attach named it). */
+Test(regress, publish_eopnotsupp_did_not_say_why)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, 16 * KB, 1, 300, 4, 1000, 16);
+    c.emu_granule = 16 * KB;
+    topen(&t, &c);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(t.kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(t.kv, s, 500), 0);
+    kvvm_key k[2];
+    memset(k, 0x5a, sizeof k);
+    k[1].bytes[0] = 1;
+    int rc = kvvm_prefix_publish(t.kv, s, 0, k, 2);
+    cr_assert_eq(rc, -EOPNOTSUPP, "kvvm_prefix_publish: %d", rc);
+    const char *e = kvvm_last_error();
+    cr_expect(strstr(e, "kvvm_prefix_publish") && strstr(e, "65536") && strstr(e, "300"),
+              "the refusal does not say why: %s", e);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);
+    tclose(&t);
 }

@@ -240,7 +240,9 @@ out:
 }
 
 /* Removes every mapping in granules [first, first + n) of rv (validated by the caller):
-   table entries cleared, handles' map counts dropped (freeing released ones). */
+   table entries cleared, handles' map counts dropped (freeing released ones). A mapping is
+   one entry per granule: its handle's count drops at its first entry, and a released
+   handle is freed only after its last (the entries between still name it). */
 void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
 {
     uint64_t last_id = 0;
@@ -265,7 +267,8 @@ void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
             free(rv->blk[b]);
             rv->blk[b] = NULL;
         }
-        if (!h->maps)
+        bool mapping_ends = i + 1 == first + n || emu_ent_map_id(rv, i + 1) != last_id;
+        if (mapping_ends && !h->maps)
             emu_handle_maybe_free_locked(slot);
     }
 }
