@@ -755,7 +755,7 @@ static kcu_stream copy_stream_of(struct tctx *t)
     kvvm_seq s = publish_n(t, 9, 9999, 1, k);
     cr_assert_eq(kvvm_sync(t->kv), 0);
     cr_assert_eq(kvvm_seq_free(t->kv, s), 0);
-    kcu_stream cs = paging_copy_stream(t->kv->pg);
+    kcu_stream cs = (kcu_stream)kvvm_debug_copy_stream(t->kv);
     cr_assert(cs, "no copy stream after a publish");
     return cs;
 }
