@@ -169,7 +169,8 @@ struct paging_counters {
     uint64_t maps, unmaps;       /* window page mappings made / removed */
     uint64_t cow_copies;         /* pages copied on write */
     uint64_t share_copies;       /* partial last pages copied by share */
-    uint64_t deferred;           /* releases waiting for a fence now */
+    uint64_t deferred;           /* releases, swap jobs and copies out (DF_COPY) waiting for
+                                    a fence now */
     uint64_t swap_outs, swap_ins;           /* sequences moved */
     uint64_t bytes_to_host, bytes_to_device;/* swap copies */
     uint64_t pages_host;         /* pages holding a host slot */
