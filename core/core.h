@@ -120,6 +120,9 @@ struct storeq_counters {
 /* The queue, its staging buffer and its thread, for kv->store (none: *out NULL, 0). After
    kv->store, kv->v and the configuration. -ENOMEM, -errno of pthread_create. */
 int  storeq_create(kvvm *kv, struct storeq **out);
+/* The staging slots of a store queue of blocks of block_bytes (n_regions pages): as many
+   blocks of paging's copy run are reserved at open (paging_params.copy_blocks). */
+uint32_t storeq_stage_slots(size_t block_bytes);
 /* Waits for the queued writes (a store that stops answering gives the rest up), stops the
    thread, frees everything. No lock held; before the paging layer goes. */
 void storeq_destroy(struct storeq *q);

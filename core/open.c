@@ -124,6 +124,12 @@ static int open_layout(kvvm *kv)
     rc = open_view_ids(kv, cap, &view_ids, &reserve);
     if (rc)
         return rc;
+    /* with a store: paging's copy run, where the store's copies read the pages of the
+       entries published (one block of it per staging slot), at the reservation's end */
+    uint64_t copy_at = reserve;
+    uint32_t copy_blocks = kv->store ? storeq_stage_slots((size_t)c->n_regions * c->page_size)
+                                     : 0;
+    reserve += (uint64_t)copy_blocks * c->n_regions * c->page_size;
     rc = vmm_reserve(kv->v, reserve, &kv->base);
     if (rc) {
         klog_error("kvvm_open: reserving %llu bytes of device address space failed (%d)",
@@ -143,6 +149,7 @@ static int open_layout(kvvm *kv)
         .max_pages = (uint32_t)(cap + (slots < UINT32_MAX / 2 ? slots : UINT32_MAX / 2)),
         .map_ahead = c->map_ahead, .scrub = !!(c->flags & KVVM_F_SCRUB),
         .view_ids = (uint32_t)view_ids, .view_base = kv->base + windows,
+        .copy_blocks = copy_blocks, .copy_base = kv->base + copy_at,
         .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
     };
     core_tiers_params(kv, &pp);

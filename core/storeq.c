@@ -6,7 +6,11 @@
  * staging slot per new entry from a pinned host buffer allocated at open (one block =
  * n_regions pages per slot), enqueues on paging's copy stream — ordered after the engine's
  * work on the sequence — the copies of the block's device pages into it, records a fence
- * behind them and queues the batch; it never waits for the store. The store thread (a
+ * behind them and queues the batch; it never waits for the store. The copies read the
+ * entry's pages, mapped at a block of paging's copy run (one per staging slot, reserved at
+ * open) and held until the copy completed, never the publisher's window: a copy-on-write,
+ * free, discard or swap of the publisher, on this thread or another, cannot change or
+ * unmap what they read (paging_blocks_copy_out; issue 31). The store thread (a
  * swap_worker with the device context current) takes the batches in order, waits for each
  * one's fence (the bytes are then final and in host memory), writes its entries with one
  * pipelined store_put, and gives the slots back. No slot free, a sequence not resident, a
@@ -157,10 +161,15 @@ static bool sq_round(void *arg)
     return did;
 }
 
+uint32_t storeq_stage_slots(size_t block_bytes)
+{
+    size_t n = SQ_STAGE_BYTES / block_bytes;
+    return (uint32_t)(n < 1 ? 1 : n > SQ_SLOTS_MAX ? SQ_SLOTS_MAX : n);
+}
+
 static int stage_alloc(struct storeq *q)
 {
-    size_t n = SQ_STAGE_BYTES / q->block_bytes;
-    q->n_slots = (uint32_t)(n < 1 ? 1 : n > SQ_SLOTS_MAX ? SQ_SLOTS_MAX : n);
+    q->n_slots = storeq_stage_slots(q->block_bytes);
     size_t bytes = (size_t)q->n_slots * q->block_bytes;
     void *p = NULL;
     if (!vmm_host_alloc(q->v, bytes, &p)) {

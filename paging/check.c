@@ -160,9 +160,25 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
 static int ck_defer(struct ck *k)
 {
     struct paging *pg = k->pg;
-    uint32_t n = 0;
+    uint32_t n = 0, copies = 0;
     for (struct pg_defer *d = pg->df.defer; d; d = d->next, n++) {
         uint32_t w = d->end - d->first;
+        copies += d->kind == DF_COPY;
+        if (d->kind == DF_COPY) {
+            /* a copy out (hold.c): its pages mapped at its block of the copy run */
+            if (d->slot != PG_COPY_SLOT || d->first >= pg->p.copy_blocks ||
+                d->n != pg->p.n_regions)
+                return fail(k, "copy out of run block %u (slot %u) names %u pages", d->first,
+                            d->slot, d->n);
+            for (uint32_t r = 0; r < d->n; r++) {
+                int rc = ck_page_ref(k, d->pages[r],
+                                     pg_copy_va(pg, d->first) + (uint64_t)r * pg->p.page_size,
+                                     "copy out");
+                if (rc)
+                    return rc;
+            }
+            continue;
+        }
         if (d->kind == DF_IN) {
             for (uint32_t i = 0; i < d->n; i++) {
                 if (pg_page_is_none(d->pages[i]))
@@ -191,6 +207,9 @@ static int ck_defer(struct ck *k)
     }
     if (n != pg->df.n_defer)
         return fail(k, "%u pending releases listed, %u counted", n, pg->df.n_defer);
+    if (copies + pg->df.n_copy_free != pg->p.copy_blocks)
+        return fail(k, "copy run: %u blocks copying + %u free, of %u", copies,
+                    pg->df.n_copy_free, pg->p.copy_blocks);
     return 0;
 }
 
@@ -446,6 +465,13 @@ static int ck_driver(struct ck *k)
         if (rc)
             return rc;
     }
+    for (uint32_t i = 0; i < pg->df.n_copy_free; i++)     /* the copy run's free blocks */
+        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+            int rc = ck_unmapped(k, pg_copy_va(pg, pg->df.copy_free[i]) +
+                                        (uint64_t)r * pg->p.page_size, "free copy run page");
+            if (rc)
+                return rc;
+        }
     /* the frame pool thread may be creating or releasing handles right now (the feed:
        read under its mutex, a handle made or released is counted in transit there) */
     pthread_mutex_lock(&pg->fr.feed.mu);

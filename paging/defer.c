@@ -77,11 +77,17 @@ static void job_complete_pages(struct paging *pg, struct pg_defer *d)
     }
 }
 
-/* Completes d: unmaps [first, end) in every region of its slot, finishes the page
-   transitions of a swap job, drops the page references. */
+/* Completes d: unmaps [first, end) in every region of its slot (a copy out: its run
+   block), finishes the page transitions of a swap job, drops the page references. */
 static int release_now(struct paging *pg, struct pg_defer *d)
 {
     uint32_t n = d->end - d->first, r = 0;
+    if (d->kind == DF_COPY) {
+        int rc = seq_unmap(pg, pg_copy_va(pg, d->first), pg->p.n_regions);
+        if (rc)
+            return rc;                  /* kept pending: nothing changed */
+        defer_copy_run_give(pg, d->first);
+    }
     /* the first unmap may fail cleanly; once one region is unmapped the rest must follow.
        PG_PAGE_NONE entries are holes (discarded pages, or a region a discard leaves
        alone): not mapped, no page held */
@@ -102,7 +108,7 @@ static int release_now(struct paging *pg, struct pg_defer *d)
             seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
                                  d->pages + (size_t)r * n, n);
     }
-    if (d->kind != DF_RELEASE)
+    if (d->kind == DF_OUT || d->kind == DF_IN)
         job_complete_pages(pg, d);
     for (uint32_t i = 0; i < d->n; i++)
         if (!pg_page_is_none(d->pages[i]))
@@ -228,6 +234,13 @@ int defer_complete(struct paging *pg, struct pg_defer *d)
     int rc = release_now(pg, d);
     if (rc)
         return rc;
+    if (d->slot == PG_COPY_SLOT) {      /* a copy out: no sequence's */
+        vmm_fence_destroy(pg->v, &d->fence);
+        KVVM_ASSERT(pg->df.n_defer > 0);
+        pg->df.n_defer--;
+        free(d);
+        return 0;
+    }
     struct pg_seq *s = &pg->seqs[d->slot];
     if (s->in_job == d)
         s->in_job = NULL;
@@ -278,20 +291,29 @@ void defer_drop_all(struct paging *pg)
         struct pg_defer *d = pg->df.defer;
         pg->df.defer = d->next;
         uint32_t w = d->end - d->first;
-        if (!dead && d->kind != DF_IN)
+        if (d->kind == DF_COPY) {
+            if (!dead)
+                seq_unmap_must(pg, pg_copy_va(pg, d->first), pg->p.n_regions);
+            defer_copy_run_give(pg, d->first);
+        } else if (!dead && d->kind != DF_IN) {
             for (uint32_t r = 0; r < pg->p.n_regions; r++)
                 seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
                                      d->pages + (size_t)r * w, w);
-        if (d->kind != DF_RELEASE)
+        }
+        if (d->kind == DF_OUT || d->kind == DF_IN)
             job_complete_pages(pg, d);
         for (uint32_t i = 0; i < d->n; i++)
             if (!pg_page_is_none(d->pages[i]))     /* none: a hole */
                 page_put(pg, d->pages[i]);
+        vmm_fence_destroy(pg->v, &d->fence);
+        pg->df.n_defer--;
+        if (d->slot == PG_COPY_SLOT) {
+            free(d);
+            continue;
+        }
         struct pg_seq *s = &pg->seqs[d->slot];
         if (s->in_job == d)
             s->in_job = NULL;
-        vmm_fence_destroy(pg->v, &d->fence);
-        pg->df.n_defer--;
         s->n_defer--;
         free(d);
     }
@@ -304,7 +326,39 @@ static int reap(struct paging *pg, uint32_t slot, bool wait)
 
 int defer_flush_jobs(struct paging *pg, uint32_t slot)
 {
+    if (slot == PG_COPY_SLOT)           /* a copy out's (tier_wait_all_jobs): every job */
+        return reap_kind(pg, UINT32_MAX, true, true);
     return pg->seqs[slot].n_defer ? reap_kind(pg, slot, true, true) : 0;
+}
+
+int defer_copy_run_take(struct paging *pg, uint32_t *run)
+{
+    /* the copies whose runs are taken complete in order on the copy stream: those done
+       give theirs back at once (the store gives its staging slot back only after its copy
+       completed, so a free slot finds a run block free or done: copy_blocks = slots) */
+    if (!pg->df.n_copy_free && pg->df.defer) {
+        int rc = defer_reap(pg, false);
+        if (rc)
+            return rc;
+    }
+    if (!pg->df.n_copy_free)
+        return -EAGAIN;
+    *run = pg->df.copy_free[--pg->df.n_copy_free];
+    return 0;
+}
+
+void defer_copy_run_give(struct paging *pg, uint32_t run)
+{
+    KVVM_ASSERT(run < pg->p.copy_blocks && pg->df.n_copy_free < pg->p.copy_blocks);
+    pg->df.copy_free[pg->df.n_copy_free++] = run;
+}
+
+void defer_copy_add(struct paging *pg, struct pg_defer *d)
+{
+    KVVM_ASSERT(d->kind == DF_COPY && d->slot == PG_COPY_SLOT);
+    d->next = pg->df.defer;
+    pg->df.defer = d;
+    pg->df.n_defer++;
 }
 
 int defer_reap(struct paging *pg, bool wait)

@@ -7,11 +7,14 @@
  * neither an orphan (reclaim drops entries, it does not copy them down) nor a spill
  * candidate's HOST page. A sequence adopts held pages as a non-resident sequence holding
  * them (as fork of a swapped-out parent does); the caller then swaps it in, which maps the
- * device pages as they are and brings the others up.
+ * device pages as they are and brings the others up. The store's write-through copies a
+ * published block out of its pages (paging_blocks_copy_out) through a mapping of its own in
+ * the copy run, held by a DF_COPY job until the copy completed (paging_int.h).
  */
 #include "paging_int.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include "common/assert.h"
 
@@ -204,6 +207,60 @@ static int block_on_device(struct paging *pg, struct pg_seq *s, uint32_t b)
     return 0;
 }
 
+/* Copies block b of s out (its pages, n_regions of them, into dst): the pages are mapped
+   at a block of the copy run, copied from there on the copy stream (ordered by the caller)
+   and held, with the run block, by a DF_COPY job until its fence completed. The copy never
+   reads s's window: a copy-on-write remaps it, a free, discard or swap unmaps it, and a
+   call of another thread may do either before the copy runs (issue 31). -EAGAIN no block
+   of the copy run free, -ENOMEM, -EIO (nothing held then; the copy stream is waited for
+   when a copy may have been queued). */
+static int copy_block(struct paging *pg, struct pg_seq *s, uint32_t b, void *dst)
+{
+    uint32_t nr = pg->p.n_regions, run;
+    struct pg_defer *d = calloc(1, sizeof *d + nr * sizeof d->pages[0]);
+    pg_frame_id *fr = malloc(nr * sizeof *fr);
+    int rc = -ENOMEM;
+    if (!d || !fr)
+        goto out_free;
+    if ((rc = defer_copy_run_take(pg, &run)))
+        goto out_free;
+    for (uint32_t r = 0; r < nr; r++) {
+        d->pages[r] = pg_bt(pg, s, r)[b];
+        fr[r] = page_at(pg, d->pages[r])->frame;
+    }
+    uint64_t va = pg_copy_va(pg, run);
+    if ((rc = vmm_fence_create(pg->v, &d->fence)))
+        goto out_run;
+    if ((rc = seq_map_frames(pg, va, fr, nr)))
+        goto out_fence;
+    rc = vmm_copy_dtoh(pg->v, dst, va, (size_t)nr * pg->p.page_size, pg->ck.copy_stream);
+    if (!rc)
+        rc = vmm_fence_record(pg->v, &d->fence, pg->ck.copy_stream);
+    if (rc) {
+        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream);  /* never unmap under the copy */
+        seq_unmap_must(pg, va, nr);
+        goto out_fence;
+    }
+    /* commit: nothing below fails */
+    d->kind = DF_COPY;
+    d->slot = PG_COPY_SLOT;
+    d->first = d->end = run;
+    d->n = nr;
+    for (uint32_t r = 0; r < nr; r++)
+        page_get(pg, d->pages[r]);
+    defer_copy_add(pg, d);
+    free(fr);
+    return 0;
+out_fence:
+    vmm_fence_destroy(pg->v, &d->fence);
+out_run:
+    defer_copy_run_give(pg, run);
+out_free:
+    free(d);
+    free(fr);
+    return rc;
+}
+
 int paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks, uint32_t n,
                            void *const *dst, int *status)
 {
@@ -213,8 +270,6 @@ int paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks
         return rc;
     if (s->out)
         return -EAGAIN;
-    uint32_t slot = pg_slot_of(pg, s);
-    uint64_t ps = pg->p.page_size;
     bool ordered = false;
     for (uint32_t i = 0; i < n; i++) {
         if ((status[i] = block_on_device(pg, s, blocks[i])))
@@ -227,12 +282,9 @@ int paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks
                 return rc;
             ordered = true;
         }
-        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-            rc = vmm_copy_dtoh(pg->v, (uint8_t *)dst[i] + r * ps, pg_va(pg, r, slot, blocks[i]),
-                               ps, pg->ck.copy_stream);
-            if (rc)
-                return rc;
-        }
+        status[i] = copy_block(pg, s, blocks[i], dst[i]);
+        if (status[i] && status[i] != -EAGAIN)
+            return status[i];
     }
     return 0;
 }

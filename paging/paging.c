@@ -84,8 +84,13 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         memset(pg->seqs, 0, (size_t)p->max_seqs * sizeof *pg->seqs);
     pg->n_slots = p->max_seqs;
     pg->seq_size = sizeof *pg->seqs;
+    /* the copy run's blocks, all free */
+    pg->df.copy_free = malloc((p->copy_blocks ? p->copy_blocks : 1) * sizeof *pg->df.copy_free);
+    for (uint32_t i = 0; pg->df.copy_free && i < p->copy_blocks; i++)
+        pg->df.copy_free[i] = p->copy_blocks - 1 - i;
+    pg->df.n_copy_free = p->copy_blocks;
     int rc = -ENOMEM;
-    if (!pg->seqs)
+    if (!pg->seqs || !pg->df.copy_free)
         goto out_free;
     for (uint32_t i = 0; i < p->max_seqs; i++) {
         pg->seqs[i].gen = 1;
@@ -120,6 +125,7 @@ out_pool:
     view_fini(pg);
     pool_fini(pg);
 out_free:
+    free(pg->df.copy_free);
     free(pg->seqs);
     free(pg);
     return rc;
@@ -159,6 +165,7 @@ void paging_destroy(struct paging *pg)
         vmm_stream_destroy(pg->v, pg->ck.copy_stream);
     view_fini(pg);                  /* every view slot unmapped before the frames go */
     pool_fini(pg);
+    free(pg->df.copy_free);
     free(pg->seqs);
     free(pg);
 }

@@ -151,6 +151,10 @@ struct paging_params {
                                     no pool view */
     uint64_t view_base;          /* its base: region r's view at view_base + r * view_ids *
                                     page_size (inside the reservation, after the scratch) */
+    uint32_t copy_blocks;        /* the copy run: blocks of n_regions pages where the pages
+                                    of paging_blocks_copy_out are mapped while their copies
+                                    run (0: none, no copy out) */
+    uint64_t copy_base;          /* its base (inside the reservation, after the view) */
     /* the tiers below the device (PG_LOWER_*; NULL: absent). Without a host tier swap_out
        is -ENOMEM; the disk tier needs a host tier (ignored without one). */
     const struct pg_tier_ops *tier[PG_N_LOWER];
@@ -165,7 +169,8 @@ struct paging_counters {
     uint64_t maps, unmaps;       /* window page mappings made / removed */
     uint64_t cow_copies;         /* pages copied on write */
     uint64_t share_copies;       /* partial last pages copied by share */
-    uint64_t deferred;           /* releases waiting for a fence now */
+    uint64_t deferred;           /* releases, swap jobs and copies out (DF_COPY) waiting for
+                                    a fence now */
     uint64_t swap_outs, swap_ins;           /* sequences moved */
     uint64_t bytes_to_host, bytes_to_device;/* swap copies */
     uint64_t pages_host;         /* pages holding a host slot */
@@ -719,13 +724,19 @@ int  paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint3
 /* Whether one of ids[0..n) lost its disk copy (a read back failed: -EBADMSG). */
 bool paging_held_damaged(struct paging *pg, const pg_page_id *ids, size_t n);
 /* The shared store's write-through (core/): enqueues on the copy stream, ordered after the
-   engine's work on s (tier_copies_after_engine: the engine's own call), copies of blocks
-   blocks[0..n) of resident s into host memory: block blocks[i]'s page of region r at
-   dst[i] + r * page_size. status[i] = 0 queued, -EAGAIN a page of that block is not on the
-   device (below it, or a hole), -EINVAL past s's pages. The caller records a fence on the
+   engine's work on s (tier_copies_after_engine: the engine's own call), copies of the pages
+   that blocks blocks[0..n) of resident s hold now (those a publish just entered) into host
+   memory: block blocks[i]'s page of region r at dst[i] + r * page_size. The copies read
+   the pages, not s's window: each block's pages are mapped at a block of the copy run and
+   held (references, the run block) by a DF_COPY job until its fence completed (reaped as
+   any pending work), so nothing a later call does to s or to the pages (a copy-on-write,
+   which gives the writer a new page; a free, discard or swap that unmaps the window; a
+   drop of the entry) changes the bytes copied: they are those of the call. status[i] = 0
+   queued, -EAGAIN a page of that block is not on the device (below it, or a hole) or no
+   block of the copy run is free, -EINVAL past s's pages. The caller records a fence on the
    copy stream (paging_copy_fence_record) and waits for it before reading dst. -ENOENT,
-   -ESTALE, -EOPNOTSUPP, -EAGAIN s not resident (nothing queued), -EIO (copies queued so far
-   may still run: wait for the copy stream before reusing dst). */
+   -ESTALE, -EOPNOTSUPP, -EAGAIN s not resident (nothing queued), -ENOMEM, -EIO (copies
+   queued so far may still run: wait for the copy stream before reusing dst). */
 int  paging_blocks_copy_out(struct paging *pg, uint64_t h, const uint32_t *blocks, uint32_t n,
                             void *const *dst, int *status);
 /* A reclaim plan (between paging_plan_begin and its end) dropping (d = +1) one holder's

@@ -109,7 +109,9 @@ struct pg_feed {
 };
 
 struct pg_page {
-    uint32_t refs;         /* block-table entries + pending releases / transfer jobs */
+    uint32_t refs;         /* block-table entries + pending releases / transfer jobs +
+                              copies out (DF_COPY: counted in no other field, so they
+                              count as sharers and map nothing in a window) */
     uint32_t offs;         /* of refs: entries of non-resident sequences (they map nothing);
                               refs - offs = holders mapping it in a window */
     uint32_t jobs;         /* of refs: transfer jobs (DF_OUT / DF_IN) */
@@ -143,16 +145,25 @@ enum { STG_NONE = 0, STG_BUSY, STG_OK, STG_FAIL };
    DF_OUT:     a swap-out's completion: the same unmap, and each page still TO_HOST becomes
                HOST (its frame returns to the pool). The fence is on the copy stream.
    DF_IN:      a swap-in's completion: each page still TO_DEVICE becomes DEVICE (its host
-               slot is freed); no window changes (first == end). */
-enum { DF_RELEASE = 0, DF_OUT, DF_IN };
+               slot is freed); no window changes (first == end).
+   DF_COPY:    a copy out of held pages (the store's write-through, hold.c): one block's
+               n_regions pages, mapped at block `first` (== end) of the copy run, not in any
+               window; slot is PG_COPY_SLOT (no sequence's). Its completion unmaps the run
+               block, gives it back and drops the pages. Its references are plain ones (not
+               jobs): a writer of such a page copies it first, so the copy reads the bytes of
+               its start, and the page cannot move down, so its frame stays the page's. */
+enum { DF_RELEASE = 0, DF_OUT, DF_IN, DF_COPY };
+#define PG_COPY_SLOT UINT32_MAX
 struct pg_defer {
     struct pg_defer *next;
     vmm_fence fence;
     uint32_t  slot;
-    uint32_t  first, end;  /* page indices [first, end) in every region */
+    uint32_t  first, end;  /* page indices [first, end) in every region (DF_COPY: the run
+                              block, first == end) */
     uint8_t   kind;
     uint32_t  n;           /* entries in pages[] */
-    pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major */
+    pg_page_id pages[];    /* DF_RELEASE/DF_OUT: n_regions * (end - first), region-major;
+                              DF_COPY: n_regions, one per region */
 };
 
 /* The fields paging_seq_grow_fast (paging.h) reads and writes come first, packed into 64
@@ -300,6 +311,9 @@ struct pg_clock {
 struct pg_defers {
     struct pg_defer *defer;    /* pending entries, newest first */
     uint32_t n_defer;
+    uint32_t *copy_free;       /* the copy run's free blocks (p.copy_blocks of them; a DF_COPY
+                                  job holds one from its start to its completion) */
+    uint32_t n_copy_free;
 };
 
 /* transfers [tier.c]: the tiers below the device (paging.h, "the tiers below the device"),
@@ -877,7 +891,8 @@ static inline bool page_moves_down(const struct pg_page *p)
 {
     return p->tier == PG_TIER_DEVICE && p->refs - p->offs == 1;
 }
-/* Holders that see the page's bytes (transfer jobs excluded): > 1 means shared. */
+/* Holders that see the page's bytes (transfer jobs excluded; copies out, DF_COPY, included:
+   their bytes are those of the copy's start): > 1 means shared. */
 static inline uint32_t page_sharers(const struct pg_page *p)
 {
     return p->refs - p->jobs;
@@ -951,6 +966,17 @@ void defer_add(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool com
 int  defer_complete(struct paging *pg, struct pg_defer *d);
 /* Reaps completed releases (wait: waits for all first). */
 int  defer_reap(struct paging *pg, bool wait);
+/* The copy run (paging_params.copy_base): a free block of it for a copy out (DF_COPY),
+   reaping completed copies when none is free; -EAGAIN none (nothing changed). Its address;
+   giving one back (its pages unmapped); queuing a DF_COPY job (its references taken, its
+   fence recorded), which gives the block back at its completion. */
+int  defer_copy_run_take(struct paging *pg, uint32_t *run);
+void defer_copy_run_give(struct paging *pg, uint32_t run);
+static inline uint64_t pg_copy_va(const struct paging *pg, uint32_t run)
+{
+    return pg->p.copy_base + (uint64_t)run * pg->p.n_regions * pg->p.page_size;
+}
+void defer_copy_add(struct paging *pg, struct pg_defer *d);
 /* paging_destroy, after the device was synchronized and a reap: frees every entry still
    pending (a dead context cannot ask its fences; or an unmap was refused), unmapping best
    effort (not at all on a dead context), so no host memory is left behind. */

@@ -13,7 +13,11 @@
  * other workers' pressure makes the reclaim thread and direct reclaim move its sequences.
  * KVVMTEST_TSAN_ITERS scales the iterations (default 300 per thread). With --disk the host
  * tier is small and a spill directory under /var/tmp adds the disk tier, so the spill thread
- * and the I/O engine's completion thread run too (and must spill).
+ * and the I/O engine's completion thread run too (and must spill). With --store a file://
+ * store under /var/tmp is on and the workers also publish their sequences' blocks, rewrite
+ * them at once (a new lineage: the writes copy on write), and attach and check their own
+ * chains (issue 31: the store's copies read the entries' pages while other threads free,
+ * swap, truncate and rewrite; the store thread runs too).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,6 +40,7 @@
 
 static kvvm *kv;
 static int iters = 300;
+static bool store;                  /* --store: publish, rewrite, attach */
 static int failures;
 static pthread_mutex_t fail_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -51,6 +56,7 @@ struct seqst {
     kvvm_seq h;
     uint64_t len;
     uint32_t lin;
+    uint32_t pub, pub_nb;   /* --store: the lineage last published and its blocks (0: none) */
 };
 
 /* ENOMEM is a legal outcome under pressure (everything protected at that moment). */
@@ -108,6 +114,61 @@ static void verify(struct seqst *s, int tid)
     }
 }
 
+/* Keys of the first nb blocks (4 tokens each) of lineage lin's bytes. */
+static void chain_keys(uint32_t lin, size_t nb, kvvm_key *k)
+{
+    int32_t tok[MAXTOK];
+    for (size_t i = 0; i < nb * (KB / BPT); i++)
+        tok[i] = (int32_t)(lin * 7777u + i);
+    (void)kvvm_prefix_keys(tok, nb * (KB / BPT), KB / BPT, NULL, 0, k, nb);
+}
+
+/* --store: publishes q's full blocks under keys of its lineage, then rewrites q at once in a
+   new lineage (unique: the same residue modulo THREADS * PER * 1000); the entries keep the
+   old bytes. */
+static void publish_rewrite(struct seqst *q, int tid)
+{
+    size_t nb = q->len * BPT / KB;
+    kvvm_key k[MAXTOK * BPT / KB];
+    if (!nb)
+        return;
+    chain_keys(q->lin, nb, k);
+    int rc = kvvm_prefix_publish(kv, q->h, 1, k, nb);
+    if (rc < 0) {
+        ok_or_nomem(rc, "publish", tid);
+        return;
+    }
+    q->pub = q->lin;
+    q->pub_nb = (uint32_t)nb;
+    q->lin += THREADS * PER * 1000;
+    fill(q, 0, q->len, tid);
+}
+
+/* --store: attaches the chain q published last (what is left of it: local entries, or the
+   store's) into a new sequence and checks it holds the bytes of that publish, not q's
+   rewrite; drops it now and then (later attaches then read the store). */
+static void attach_check(struct seqst *q, uint64_t rnd, int tid)
+{
+    size_t nb = q->pub_nb;
+    kvvm_key k[MAXTOK * BPT / KB];
+    kvvm_seq d;
+    if (!nb || kvvm_seq_create(kv, &d))
+        return;
+    chain_keys(q->pub, nb, k);
+    int got = kvvm_prefix_attach(kv, d, 1, k, nb);
+    if (got > 0) {
+        struct seqst ds = { d, (uint64_t)got * (KB / BPT), q->pub, 0, 0 };
+        verify(&ds, tid);
+    } else if (got < 0) {
+        ok_or_nomem(got, "attach", tid);
+    }
+    int rc = kvvm_seq_free(kv, d);
+    if (rc)
+        FAIL("thread %d: free attached: %d", tid, rc);
+    if (rnd % 4 == 0 && (rc = kvvm_prefix_drop(kv, 1, k, nb)) < 0)
+        FAIL("thread %d: drop: %d", tid, rc);
+}
+
 static void *worker(void *arg)
 {
     int tid = (int)(intptr_t)arg;
@@ -118,7 +179,7 @@ static void *worker(void *arg)
         s[i].lin = (uint32_t)(tid * 1000 + i);
     for (int it = 0; it < iters; it++) {
         rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
-        int i = (int)((rnd >> 33) % PER), op = (int)((rnd >> 40) % 8);
+        int i = (int)((rnd >> 33) % PER), op = (int)((rnd >> 40) % (store ? 10 : 8));
         struct seqst *q = &s[i];
         if (!q->h) {
             int rc = kvvm_seq_create(kv, &q->h);
@@ -150,7 +211,7 @@ static void *worker(void *arg)
                     FAIL("thread %d: fork: %d", tid, rc);
                 break;
             }
-            struct seqst cs = { c, q->len, q->lin };
+            struct seqst cs = { c, q->len, q->lin, 0, 0 };
             verify(&cs, tid);
             if ((rc = kvvm_seq_free(kv, c)))
                 FAIL("thread %d: free child: %d", tid, rc);
@@ -180,6 +241,12 @@ static void *worker(void *arg)
                 else
                     q->len /= 2;
             }
+            break;
+        case 8:
+            publish_rewrite(q, tid);
+            break;
+        case 9:
+            attach_check(q, rnd >> 24, tid);
             break;
         }
         if (it % 4 == 0)
@@ -228,11 +295,13 @@ static void *budget_thread(void *arg)
 int main(int argc, char **argv)
 {
     bool disk = argc > 1 && !strcmp(argv[1], "--disk");
-    char dir[] = "/var/tmp/kvvm_tsan.XXXXXX";
-    if (disk && !mkdtemp(dir)) {
+    store = argc > 1 && !strcmp(argv[1], "--store");
+    char dir[] = "/var/tmp/kvvm_tsan.XXXXXX", url[64];
+    if ((disk || store) && !mkdtemp(dir)) {
         perror("tsan_threads: mkdtemp");
         return 1;
     }
+    snprintf(url, sizeof url, "file://%s", dir);
     const char *e = getenv("KVVMTEST_TSAN_ITERS");
     if (e && atoi(e) > 0)
         iters = atoi(e);
@@ -259,10 +328,12 @@ int main(int argc, char **argv)
         c.spill_dir = dir;
         c.spill_budget = 1024 * KB;
     }
+    if (store)
+        c.store_url = url;
     int rc = kvvm_open(&c, &kv);
     if (rc) {
         fprintf(stderr, "tsan_threads: kvvm_open: %d\n", rc);
-        if (disk)
+        if (disk || store)
             rmdir(dir);
         return 1;
     }
@@ -281,6 +352,19 @@ int main(int argc, char **argv)
     struct kvvm_stats st = { .size = sizeof st };
     kvvm_stats(kv, &st);
     kvvm_close(kv);
+    if (store) {
+        char cmd[96];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd))
+            fprintf(stderr, "tsan_threads: could not remove %s\n", dir);
+        printf("tsan_threads --store: %lu store puts, %lu gets, %lu errors\n",
+               (unsigned long)st.store_puts, (unsigned long)st.store_gets,
+               (unsigned long)st.store_errors);
+        if (st.store_puts == 0) {
+            fprintf(stderr, "tsan_threads: nothing reached the store: the run did not test\n");
+            return 1;
+        }
+    }
     if (disk && rmdir(dir)) {
         perror("tsan_threads: the spill directory is not empty after close");
         failures++;
