@@ -169,3 +169,60 @@ void paging_destroy(struct paging *pg)
     free(pg->seqs);
     free(pg);
 }
+
+/* ---- the budget: the pool's releases, the pool view's unmaps before them -------------- */
+
+/* Before releasing the ready frames above keep: the pool view's slots that map some of them
+   are unmapped where no device work may use them any more, and with wait, when that leaves
+   fewer than the release wants, after a synchronization (the engine stream's; sync mode:
+   the device's) — never while the engine stream captures a graph, which a synchronization
+   would break: those frames then stay, held (the driver would keep their memory anyway).
+   Here, in the context's owner, because it spans two owners: the clock's view_reap, then
+   the frames' release (the pool calls no owner above it). */
+static void ready_unpin(struct paging *pg, uint32_t keep, bool wait)
+{
+    if (pg->fr.n_ready <= keep || !pool_ready_pinned(pg))
+        return;
+    (void)view_reap(pg, false);
+    if (!wait || pool_ready_pinned(pg) <= keep ||
+        (pg->ck.stream && vmm_stream_check_capture(pg->v, pg->ck.stream)))
+        return;
+    if (view_reap(pg, true))
+        klog_debug("paging: a synchronization for the pool view's unmaps failed: the frames "
+                   "it still maps stay held");
+}
+
+int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
+{
+    *released = 0;
+    if (frames < pg->p.n_regions || frames > pg->fr.cap_frames)
+        return -EINVAL;
+    if (pg->fr.n_used > frames)
+        return -ENOMEM;
+    if (pg->fr.n_held > frames) {
+        uint32_t over = pg->fr.n_held - frames;
+        uint32_t keep = pg->fr.n_ready > over ? pg->fr.n_ready - over : 0;
+        ready_unpin(pg, keep, true);
+        *released += pool_release_ready(pg, keep);
+    }
+    if (pg->fr.n_held > frames) {
+        pool_drop_all_ahead(pg);
+        ready_unpin(pg, frames - pg->fr.n_used, true);
+        *released += pool_release_ready(pg, frames - pg->fr.n_used);
+    }
+    /* a release the driver refused: the budget stays (unused frames released meanwhile
+       are only reserve; they are created again on need) */
+    if (pg->fr.n_held > frames)
+        return -EIO;
+    pool_set_max_frames(pg, frames);
+    return 0;
+}
+
+uint32_t paging_trim(struct paging *pg, uint32_t keep)
+{
+    pool_feed_suppress(pg);
+    if (pg->fr.n_ahead && pg->fr.n_ready + pg->fr.n_ahead > keep)
+        pool_drop_all_ahead(pg);
+    ready_unpin(pg, keep, true);
+    return pool_release_ready(pg, keep);
+}

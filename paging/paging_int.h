@@ -220,10 +220,11 @@ struct pg_lower {
    in this header (page_count, seq_set_life ...). */
 
 /* frames [pool.c]: the device pool. Frame ids 1..cap_frames; held = ready + ahead + used
-   <= max_frames (the budget, p.max_frames, changed by paging_set_budget: the one field of
+   <= max_frames (the budget, p.max_frames, changed by pool_set_max_frames: the one field of
    p the pool writes). Others change it through pool_take / pool_take_except /
    pool_take_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
-   frame_set_ahead / frame_set_used (view.c), paging_set_budget, paging_trim, and the
+   pool_drop_all_ahead, pool_set_max_frames, pool_feed_suppress (paging.c's
+   paging_set_budget and paging_trim), frame_set_ahead / frame_set_used (view.c), and the
    feed's paging_feed_* (swap/frames.c). A frame's state: frame_move (pool.c); its page:
    page_frame_set / page_frame_drop (this header). */
 struct pg_frames {
@@ -350,7 +351,7 @@ struct paging {
         struct { PAGING_HOT_FIELDS };
     };
     struct vmm *v;             /* [paging.c] */
-    struct paging_params p;    /* [paging.c; pool.c: p.max_frames, paging_set_budget] */
+    struct paging_params p;    /* [paging.c; pool.c: p.max_frames, pool_set_max_frames] */
     uint32_t pages_per_slot;   /* [paging.c] */
     uint64_t scratch_va;   /* [paging.c] the scratch run after the regions (PG_SCRATCH_PAGES
                               pages) */
@@ -520,6 +521,16 @@ void pool_refill(struct paging *pg, uint32_t ready);
 /* Releases ready frames until at most keep are ready, none that a pool view slot still
    maps (struct pg_frame.vmaps); returns how many it released. */
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
+/* Ready frames that a pool view slot still maps (a dead id's, until no device work may use
+   it): not released until it is unmapped (view_reap). */
+uint32_t pool_ready_pinned(struct paging *pg);
+/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
+   frames become ready (the holders' hook, seq_drop_all_ahead). */
+void pool_drop_all_ahead(struct paging *pg);
+/* The budget in frames (p.max_frames); the caller checked that the frames held fit. */
+void pool_set_max_frames(struct paging *pg, uint32_t frames);
+/* kvvm_trim's pause: no frame is created ahead until a call needs device pages. */
+void pool_feed_suppress(struct paging *pg);
 /* New page descriptor in the device tier holding frame f (refs 1). */
 pg_page_id page_new(struct paging *pg, pg_frame_id frame);
 /* New page descriptor in the host tier holding host slot `slot`, held by one non-resident

@@ -160,9 +160,7 @@ static pg_frame_id *ready_unpinned(struct paging *pg, pg_frame_id *pp)
     return pg_frame_is_none(*pp) ? NULL : pp;
 }
 
-/* Ready frames that a pool view slot still maps (a dead id's, until no device work may use
-   it): not released until it is unmapped. */
-static uint32_t ready_pinned(struct paging *pg)
+uint32_t pool_ready_pinned(struct paging *pg)
 {
     uint32_t n = 0;
     if (!pg->view.n_ids)
@@ -268,24 +266,6 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
         n++;
     }
     return n;
-}
-
-/* Before releasing the ready frames above keep: the pool view's slots that map some of them
-   are unmapped where no device work may use them any more, and with wait, when that leaves
-   fewer than the release wants, after a synchronization (the engine stream's; sync mode:
-   the device's) — never while the engine stream captures a graph, which a synchronization
-   would break: those frames then stay, held (the driver would keep their memory anyway). */
-static void ready_unpin(struct paging *pg, uint32_t keep, bool wait)
-{
-    if (pg->fr.n_ready <= keep || !ready_pinned(pg))
-        return;
-    (void)view_reap(pg, false);
-    if (!wait || ready_pinned(pg) <= keep ||
-        (pg->ck.stream && vmm_stream_check_capture(pg->v, pg->ck.stream)))
-        return;
-    if (view_reap(pg, true))
-        klog_debug("paging: a synchronization for the pool view's unmaps failed: the frames "
-                   "it still maps stay held");
 }
 
 /* ---- the feed ----------------------------------------------------------------------- */
@@ -483,48 +463,21 @@ bool paging_pool_can_create(struct paging *pg)
 
 /* ---- the budget --------------------------------------------------------------------- */
 
-/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready (the holders' hook, seq_drop_all_ahead). */
-static void drop_all_ahead(struct paging *pg)
+void pool_drop_all_ahead(struct paging *pg)
 {
     pg->fr.ahead_drop_all(pg);
 }
 
-int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
+void pool_set_max_frames(struct paging *pg, uint32_t frames)
 {
-    *released = 0;
-    if (frames < pg->p.n_regions || frames > pg->fr.cap_frames)
-        return -EINVAL;
-    if (pg->fr.n_used > frames)
-        return -ENOMEM;
-    if (pg->fr.n_held > frames) {
-        uint32_t over = pg->fr.n_held - frames;
-        uint32_t keep = pg->fr.n_ready > over ? pg->fr.n_ready - over : 0;
-        ready_unpin(pg, keep, true);
-        *released += pool_release_ready(pg, keep);
-    }
-    if (pg->fr.n_held > frames) {
-        drop_all_ahead(pg);
-        ready_unpin(pg, frames - pg->fr.n_used, true);
-        *released += pool_release_ready(pg, frames - pg->fr.n_used);
-    }
-    /* a release the driver refused: the budget stays (unused frames released meanwhile
-       are only reserve; they are created again on need) */
-    if (pg->fr.n_held > frames)
-        return -EIO;
     pg->p.max_frames = frames;
-    return 0;
 }
 
-uint32_t paging_trim(struct paging *pg, uint32_t keep)
+void pool_feed_suppress(struct paging *pg)
 {
     pthread_mutex_lock(&pg->fr.feed.mu);
     pg->fr.feed.suppress = true;
     pthread_mutex_unlock(&pg->fr.feed.mu);
-    if (pg->fr.n_ahead && pg->fr.n_ready + pg->fr.n_ahead > keep)
-        drop_all_ahead(pg);
-    ready_unpin(pg, keep, true);
-    return pool_release_ready(pg, keep);
 }
 
 uint32_t paging_budget(const struct paging *pg)
