@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define KVVM_VERSION_MAJOR 0
-#define KVVM_VERSION_MINOR 2
+#define KVVM_VERSION_MINOR 3
 #define KVVM_VERSION_PATCH 0
 
 typedef struct kvvm kvvm;     /* opaque context: one device, one reserved virtual range */

@@ -12,7 +12,7 @@ from ._errors import (Error, InvalidArgument, InvalidHandle, TooBig, NoSlot, Out
 from ._log import set_log_level
 from .cache import KVCache
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 library_version = _lib.VERSION          # kvvm_version() of the loaded libkvvm
 library_path = _lib.LIBRARY_PATH
 
