@@ -82,8 +82,9 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
     paging_counters(kv->pg, &c);
     size_t pos = 0, hf = host_slots_free(kv->host), ht = host_slots_total(kv->host);
     if (w->what & PG_WHY_FRAMES)
-        json_put(b, n, &pos, "%llu device pages needed, %llu free of %llu (device_budget %zu)",
-                 (unsigned long long)w->frames, (unsigned long long)c.pages_free,
+        json_put(b, n, &pos, "%llu device page%s needed, %llu free of %llu (device_budget "
+                 "%zu)", (unsigned long long)w->frames, w->frames == 1 ? "" : "s",
+                 (unsigned long long)c.pages_free,
                  (unsigned long long)c.pages_total, kv->cfg.device_budget);
     else
         json_put(b, n, &pos, "device: %llu of %llu pages free (device_budget %zu)",
@@ -94,8 +95,8 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
                  "%zu bytes): nothing can be swapped out", kv->cfg.host_budget,
                  kv->cfg.page_size);
     else if (w->what & PG_WHY_HOST)
-        json_put(b, n, &pos, "; host tier: %llu slots needed, %zu free of %zu",
-                 (unsigned long long)w->host, hf, ht);
+        json_put(b, n, &pos, "; host tier: %llu slot%s needed, %zu free of %zu",
+                 (unsigned long long)w->host, w->host == 1 ? "" : "s", hf, ht);
     else
         json_put(b, n, &pos, "; host tier: %zu of %zu slots free", hf, ht);
     if (kv->spill) {

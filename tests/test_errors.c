@@ -515,6 +515,53 @@ Test(regress, enomem_names_pages_needed_and_free_per_tier, .init = setup)
     kvvm_close(kv);
 }
 
+/* Bug (issue 32): kvvm_seq_write, kvvm_seq_prepare_write and kvvm_seq_share that needed a
+   page for a copy gave only the generic text ("out of memory: no device page can be had
+   ..."), while kvvm_seq_grow in the same state named the pages. Every call refused for want
+   of device pages names the pages it needed and what each tier has free. */
+Test(regress, enomem_of_every_call_names_pages_needed_and_free, .init = setup)
+{
+    struct kvvm_config cfg;
+    cfg_small(&cfg);                    /* 2 regions, 64 tokens per page */
+    cfg.device_budget = 1 * MiB;        /* 16 frames */
+    cfg.host_budget = 1 * MiB;          /* 16 host slots */
+    cfg.pool_thread = 0;
+    kvvm *kv = open_cfg(&cfg);
+    kvvm_seq a, b, c, d, x, e;
+    char buf[100] = { 1 };
+    kvvm_key keys[2];
+    memset(keys, 7, sizeof keys);
+    memset(&keys[1], 8, sizeof keys[1]);
+    cr_assert_eq(kvvm_seq_create(kv, &a), 0);
+    cr_assert_eq(kvvm_seq_create(kv, &c), 0);
+    cr_assert_eq(kvvm_seq_create(kv, &d), 0);
+    cr_assert_eq(kvvm_seq_create(kv, &x), 0);
+    cr_assert_eq(kvvm_seq_create(kv, &e), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, a, 256), 0);     /* 4 pages x 2 regions */
+    cr_assert_eq(kvvm_seq_grow(kv, x, 128), 0);     /* 2 x 2, then to the host tier */
+    cr_assert_eq(kvvm_prefix_publish(kv, x, 1, keys, 2), 2);
+    cr_assert_eq(kvvm_seq_swap_out(kv, x), 0);
+    cr_assert_eq(kvvm_seq_fork(kv, a, &b), 0);      /* shares a's pages */
+    cr_assert_eq(kvvm_seq_grow(kv, c, 256), 0);     /* the last 8 frames */
+    cr_assert_eq(kvvm_step(kv), 0);
+#define NOMEM(call, pages, name)                                                          expect_refusal(call, -ENOMEM, name ": -ENOMEM", pages, "0 free of 16",                               "host tier: 12 of 16 slots free", "no disk tier")
+    NOMEM(kvvm_seq_write(kv, a, 0, 0, buf, sizeof buf), "1 device page needed",
+          "kvvm_seq_write");
+    NOMEM(kvvm_seq_prepare_write(kv, a, 0, 128), "4 device pages needed",
+          "kvvm_seq_prepare_write");
+    NOMEM(kvvm_seq_share(kv, d, b, 100), "2 device pages needed", "kvvm_seq_share");
+    NOMEM(kvvm_seq_swap_in(kv, x), "4 device pages needed", "kvvm_seq_swap_in");
+    NOMEM(kvvm_seq_read(kv, x, 0, 0, buf, sizeof buf), "4 device pages needed",
+          "kvvm_seq_read");
+    uint64_t len = 320;
+    NOMEM(kvvm_seq_grow_batch(kv, &c, &len, 1), "2 device pages needed",
+          "kvvm_seq_grow_batch");
+    NOMEM(kvvm_prefix_attach(kv, e, 1, keys, 2), "4 device pages needed",
+          "kvvm_prefix_attach");
+#undef NOMEM
+    kvvm_close(kv);
+}
+
 /* Bug: kvvm_seq_swap_out without a host tier said "no device page can be had": the cause is
    that no host tier is configured. */
 Test(regress, swap_out_without_host_tier_says_so, .init = setup)
