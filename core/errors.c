@@ -35,11 +35,13 @@ const char *kvvm_strerror(int err)
                         "or directory (spill_dir)";
     case E2BIG: return "too long: a length past max_tokens";
     case ENOSPC: return "no space: no free sequence slot (max_seqs live sequences), a full "
-                        "spill device (spill_budget cannot be reserved), or a JSON buffer "
-                        "too small (kvvm_stats_json)";
+                        "spill device (spill_budget cannot be reserved), a JSON buffer too "
+                        "small (kvvm_stats_json), or a block-table buffer too small "
+                        "(kvvm_batch_block_table: indptr[n] says how many ids are needed)";
     case ENOMEM: return "out of memory: no device page can be had (nothing reclaimable), no "
-                        "room in the host or disk tier, or host memory or the address "
-                        "reservation could not be had";
+                        "room in the host or disk tier, no host tier to swap out to, or host "
+                        "memory or the address reservation could not be had "
+                        "(kvvm_last_error() gives the pages needed and free per tier)";
     case EBADMSG: return "data lost: this sequence's disk copy failed its checksum or could "
                          "not be read";
     case EIO: return "I/O error: the context is dead (a sticky driver error or an "
@@ -51,13 +53,17 @@ const char *kvvm_strerror(int err)
                        "would enqueue on it are refused until the capture ends), or the "
                        "stream to destroy is the engine stream now";
     case EOPNOTSUPP: return "not supported: the I/O engine asked for (KVVM_IO_ENGINE) or a "
-                            "file system feature the spill file needs is unavailable";
+                            "file system feature the spill file needs is unavailable, a pool "
+                            "view call on a context opened without KVVM_F_POOL_VIEW, or a "
+                            "prefix call where a block does not fill its page (page_size not "
+                            "a multiple of bytes_per_token)";
     case EUCLEAN: return "an internal invariant does not hold (a libkvvm bug: please report "
                          "it)";
     case ENOTDIR: return "not a directory: spill_dir, or a component of its path, is not a "
                          "directory";
     case EACCES: return "permission denied: this process may not create the spill file in "
-                        "spill_dir";
+                        "spill_dir, or the store of store_url refused its credentials (the "
+                        "password or user)";
     case EPERM: return "operation not permitted: this process may not create or reserve "
                        "the spill file in spill_dir";
     case EROFS: return "read-only file system: spill_dir is on a read-only mount";
@@ -65,6 +71,9 @@ const char *kvvm_strerror(int err)
     case EDQUOT: return "disk quota exceeded: spill_budget cannot be reserved in spill_dir";
     case EFBIG: return "file too large: spill_budget exceeds what spill_dir's file system "
                        "allows in one file";
+    case EAGAIN: return "try again: a library thread could not be started (kvvm_open), or a "
+                        "block table was asked of a sequence that is not resident (swap it "
+                        "in first)";
     case ESTALE: return "stale: the sequence is a dropped CACHED sequence (reclaim released "
                         "its pages); free it, or kvvm_seq_set_class it to use it again as an "
                         "empty sequence";

@@ -113,6 +113,13 @@ Test(errors, strerror_describes_the_errno_for_every_call)
 {
     expect_has(kvvm_strerror(-ENOENT), "not found", "sequence handle", "spill_dir");
     expect_has(kvvm_strerror(-ENOSPC), "no space", "sequence slot", "spill", "buffer");
+    /* every cause docs/api.md lists for the code (issue 32: one cause each) */
+    expect_has(kvvm_strerror(-ENOSPC), "kvvm_stats_json", "kvvm_batch_block_table");
+    expect_has(kvvm_strerror(-EACCES), "store_url", "credentials");
+    expect_has(kvvm_strerror(-EOPNOTSUPP), "KVVM_IO_ENGINE", "KVVM_F_POOL_VIEW",
+               "bytes_per_token");
+    expect_has(kvvm_strerror(-EAGAIN), "thread", "not resident");
+    expect_has(kvvm_strerror(-ENOMEM), "device page", "host tier", "address reservation");
     expect_has(kvvm_strerror(-EBUSY), "capturing", "destroy");
     expect_has(kvvm_strerror(-EBUSY), "engine stream now");
     expect_has(kvvm_strerror(-ENOTDIR), "not a directory", "spill_dir");
