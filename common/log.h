@@ -33,6 +33,10 @@ KVVM_INTERNAL void klast_set(const char *fmt, ...) __attribute__((format(printf,
 /* Logs an error (klog_error: so it is also the last error) and returns rc: the one way a
    public call refuses an argument, `return kerr(-EINVAL, "kvvm_x: why", ...)`. */
 #define kerr(rc, ...) (klog_error(__VA_ARGS__), (rc))
+/* An answer the docs tell callers to expect, returned as an error code (a block table of a
+   sequence that is not resident, a buffer to size): the reason is the last error and is
+   logged at debug level only, not as an error (misuse stays kerr). Returns rc. */
+#define kanswer(rc, ...) (klast_set(__VA_ARGS__), klog_debug(__VA_ARGS__), (rc))
 
 #define klog_debug(...) klog(KVVM_LOG_DEBUG, __VA_ARGS__)
 #define klog_info(...)  klog(KVVM_LOG_INFO, __VA_ARGS__)
