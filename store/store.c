@@ -309,7 +309,7 @@ static int open_url(struct store *st, const char *url)
         return rc;
     }
     char red[256];
-    return URL_BAD("store URL %s: file:///dir or redis://[:password@]host:port[/db] expected",
+    return URL_BAD("store URL %s: file:///dir or redis://[[user]:password@]host[:port][/db] expected",
                    store_url_redact(url, red, sizeof red));
 }
 

@@ -323,6 +323,25 @@ Test(errors, documented_answers_of_block_tables_are_debug_not_errors)
     kvvm_close(kv);
 }
 
+/* Bug (issue 32): the hint for a malformed store URL omitted the user form and showed the
+   port as required; docs/api.md: redis://[[user]:password@]host[:port][/db]. */
+Test(errors, store_url_hint_shows_user_and_optional_port)
+{
+    struct kvvm_config cfg;
+    cfg_small(&cfg);
+    cfg.store_url = "memcached://127.0.0.1:11211";
+    kvvm *kv = NULL;
+    log_reset();
+    cr_expect_eq(kvvm_open(&cfg, &kv), -EINVAL);
+    expect_has(logbuf, "redis://[[user]:password@]host[:port][/db]", "file:///dir");
+    setenv("KVVM_STORE_URL", "memcached://127.0.0.1:11211", 1);
+    log_reset();
+    kvvm_config_init(&cfg);
+    unsetenv("KVVM_STORE_URL");
+    cr_expect_eq(kvvm_open(&cfg, &kv), -EINVAL);
+    expect_has(logbuf, "redis://[[user]:password@]host[:port][/db]");
+}
+
 Test(errors, stats_json_too_small_says_how_much)
 {
     kvvm *kv = open_small();
