@@ -70,6 +70,10 @@ struct kvvm {
                                      and device context stayed in the parent); immutable */
     kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
+    uint64_t attach_swap_ins;     /* kvvm_prefix_attach's swap-ins of store blocks alone (an
+                                     attach with local blocks counts paging's one) */
+    uint64_t attach_bytes_in;     /* bytes those attaches copied from the store onto the
+                                     device (stats swap_ins and bytes_to_device add them) */
 };
 
 /* Counts the fork()s this process came out of as a child (pthread_atfork, registered at

@@ -186,6 +186,10 @@ static int store_in(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, s
         return rc;
     }
     (void)prefix_publish(kv->pfx, dst, ns, keys, t);   /* -ENOMEM: not entered, no harm */
+    /* counted as a swap-in brings blocks in (docs/api.md, stats): one per attach (k local
+       blocks already counted theirs), every byte copied onto the device */
+    kv->attach_swap_ins += k == 0;
+    kv->attach_bytes_in += (uint64_t)(t - k) * kv->cfg.n_regions * kv->cfg.page_size;
     return 0;
 }
 
