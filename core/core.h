@@ -74,6 +74,7 @@ struct kvvm {
                                      attach with local blocks counts paging's one) */
     uint64_t attach_bytes_in;     /* bytes those attaches copied from the store onto the
                                      device (stats swap_ins and bytes_to_device add them) */
+    uint64_t store_unused;        /* store values an attach read and did not attach */
 };
 
 /* Counts the fork()s this process came out of as a child (pthread_atfork, registered at
@@ -108,6 +109,9 @@ void core_tiers_params(kvvm *kv, struct paging_params *pp);
    the last error, not logged: a scheduler meets these under load, and its caller decides.
    Returns rc. */
 int core_explain(kvvm *kv, const char *call, int rc);
+/* The same numbers as text into b (an -ENOMEM's tiers; else kvvm_strerror's text), for the
+   message of a call that goes on past a refusal (an attach leaving the store's blocks). */
+void core_explain_text(kvvm *kv, int rc, char *b, size_t n);
 
 /* kvvm.c: room for a call that needs `need` device frames naming the sequences excl (its
    pending releases first, then swap/'s plan). 0, -ENOMEM (nothing moved), -EIO. */

@@ -5,6 +5,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include "common/log.h"
 
@@ -119,6 +120,15 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
     if ((w->what & PG_WHY_FRAMES) && !(kv->cfg.flags & KVVM_F_AUTO_SWAP))
         json_put(b, n, &pos, "; KVVM_F_AUTO_SWAP is off: the engine makes room itself "
                  "(kvvm_seq_swap_out, kvvm_seq_free)");
+}
+
+void core_explain_text(kvvm *kv, int rc, char *b, size_t n)
+{
+    const struct paging_why *w = paging_why(kv->pg);
+    if (rc == -ENOMEM && (w->what & (PG_WHY_FRAMES | PG_WHY_HOST | PG_WHY_NO_HOST)))
+        explain_tiers(kv, w, b, n);
+    else
+        snprintf(b, n, "%s: %s", core_err_name(rc), kvvm_strerror(rc));
 }
 
 int core_explain(kvvm *kv, const char *call, int rc)

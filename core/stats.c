@@ -45,7 +45,8 @@
     X(prefix_hit_blocks, x.hit_blocks + q.hit_blocks) X(prefix_evictions, x.evictions) \
     X(store_puts, q.puts) X(store_gets, q.gets) X(store_hits, q.hits)              \
     X(store_errors, q.errors) X(store_bytes_out, q.bytes_out)                      \
-    X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)
+    X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)                       \
+    X(store_unused, kv->store_unused)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */

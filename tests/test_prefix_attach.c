@@ -138,3 +138,73 @@ Test(attach, from_the_store_counts_a_swap_in_and_its_bytes)
     kvvm_close(kv);
     store_rm();
 }
+
+/* Bug: lookup found 3 blocks and attach returned 2, capped by max_tokens, with no message
+   at any log level. The cap is docs/api.md's; the reason is logged at info level. */
+Test(attach, capped_by_max_tokens_says_so)
+{
+    TH_DEADLINE(60);
+    store_dir();
+    kvvm_key k[3];
+    publisher(3, k);
+    struct kvvm_config c;
+    cfg(&c, 2 * T, 32);                 /* a sequence holds 2 blocks */
+    kvvm *kv = th_open(&c);
+    kvvm_seq d;
+    cr_assert_eq(kvvm_seq_create(kv, &d), 0);
+    cr_expect_eq(kvvm_prefix_lookup(kv, 1, k, 3, NULL), 3);
+    log_reset();
+    cr_expect_eq(kvvm_prefix_attach(kv, d, 1, k, 3), 2, "%s", kvvm_last_error());
+    cr_expect_gt(log_info_lines, 0, "no info line: %s", logbuf);
+    cr_expect(strstr(logbuf, "max_tokens 32") && strstr(logbuf, "at most 2 attach"),
+              "the cap is not named: %s", logbuf);
+    cr_expect_eq(log_errors, 0, "%s", logbuf);
+    struct kvvm_stats st;
+    th_stats(kv, &st);
+    cr_expect_eq(st.store_unused, 0, "the capped blocks were not read: %llu",
+                 (unsigned long long)st.store_unused);
+    kvvm_close(kv);
+    store_rm();
+}
+
+/* Bug: lookup found 3 blocks in the store and attach returned 0 (no device room for them),
+   with all three values read, no message at any log level and store_errors unchanged. The
+   reason is logged at info level with the numbers, and the values read and not used are
+   counted (store_unused). */
+Test(attach, no_device_room_for_the_store_says_why_and_counts_the_values)
+{
+    TH_DEADLINE(60);
+    store_dir();
+    kvvm_key k[3];
+    publisher(3, k);
+    struct kvvm_config c;
+    cfg(&c, 8 * T, 8);                  /* 8 device pages, no host tier */
+    kvvm *kv = th_open(&c);
+    kvvm_seq full, d;
+    cr_assert_eq(kvvm_seq_create(kv, &full), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, full, 4 * T), 0);  /* 4 blocks x 2 regions: all 8 */
+    cr_assert_eq(kvvm_seq_create(kv, &d), 0);
+    cr_expect_eq(kvvm_prefix_lookup(kv, 1, k, 3, NULL), 3);
+    struct kvvm_stats a, b;
+    th_stats(kv, &a);
+    log_reset();
+    cr_expect_eq(kvvm_prefix_attach(kv, d, 1, k, 3), 0, "%s", kvvm_last_error());
+    th_stats(kv, &b);
+    cr_expect_eq(b.store_gets - a.store_gets, 3, "the values were read");
+    cr_expect_eq(b.store_unused - a.store_unused, 3, "store_unused +%llu",
+                 (unsigned long long)(b.store_unused - a.store_unused));
+    cr_expect_eq(b.store_errors, a.store_errors);
+    cr_expect_gt(log_info_lines, 0, "no info line: %s", logbuf);
+    cr_expect(strstr(logbuf, "3 of the 3 blocks read from the store not attached") &&
+              strstr(logbuf, "6 device pages needed, 0 free of 8"),
+              "the reason lacks its numbers: %s", logbuf);
+    cr_expect_eq(log_errors, 0, "%s", logbuf);
+    /* with room, the same attach takes them */
+    cr_assert_eq(kvvm_seq_free(kv, full), 0);
+    cr_assert_eq(kvvm_sync(kv), 0);
+    cr_expect_eq(kvvm_prefix_attach(kv, d, 1, k, 3), 3, "%s", kvvm_last_error());
+    th_stats(kv, &a);
+    cr_expect_eq(a.store_unused, b.store_unused);
+    kvvm_close(kv);
+    store_rm();
+}
