@@ -45,6 +45,9 @@ KVVM_INTERNAL void klast_set(const char *fmt, ...) __attribute__((format(printf,
 
 /* Parses a size with an optional K/M/G/T suffix (binary units). 0 ok, -EINVAL malformed. */
 KVVM_INTERNAL int kparse_size(const char *s, size_t *out);
+/* Writes bytes in the largest binary unit it reaches (B, KiB, MiB, GiB, TiB): "512 KiB",
+   "1.5 MiB" (one decimal unless exact), for messages. Returns buf. */
+KVVM_INTERNAL const char *kfmt_size(unsigned long long bytes, char *buf, size_t len);
 
 /* Monotonic clock in nanoseconds. */
 KVVM_INTERNAL uint64_t know_ns(void);
