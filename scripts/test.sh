@@ -127,7 +127,8 @@ python_venv() {
     # from outside the tree, so the installed package is the one imported (checked)
     cd "$venv"
     export KVVM_LIBRARY="$root/build/libkvvm.so"
-    "$venv/bin/python" -c 'import kvvm, sys; assert kvvm.__file__.startswith(sys.prefix), kvvm.__file__'
+    "$venv/bin/python" -c \
+        'import kvvm, sys; assert kvvm.__file__.startswith(sys.prefix), kvvm.__file__'
     "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/python/tests/test_model.py"
 }
 build_debug() {
@@ -213,7 +214,8 @@ echo "=== background jobs: waiting for the rest of them ==="
 bg_t0=$SECONDS bg_cpu0=$(cpu_now) bg_rows=()
 background_jobs
 # (a background job's CPU counts in the stage during which it ended: bash collects it then)
-note $((SECONDS - bg_t0)) $(($(cpu_now) - bg_cpu0)) - "background jobs: waiting for the rest of them"
+note $((SECONDS - bg_t0)) $(($(cpu_now) - bg_cpu0)) - \
+     "background jobs: waiting for the rest of them"
 for ((i = 0; i < ${#bg_rows[@]}; i += 2)); do
     note - - "${bg_rows[i]}" "  ${bg_rows[i + 1]}"
 done

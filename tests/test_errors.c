@@ -627,7 +627,9 @@ Test(regress, enomem_of_every_call_names_pages_needed_and_free, .init = setup)
     cr_assert_eq(kvvm_seq_fork(kv, a, &b), 0);      /* shares a's pages */
     cr_assert_eq(kvvm_seq_grow(kv, c, 256), 0);     /* the last 8 frames */
     cr_assert_eq(kvvm_step(kv), 0);
-#define NOMEM(call, pages, name)                                                          expect_refusal(call, -ENOMEM, name ": -ENOMEM", pages, "0 free of 16",                               "host tier: 12 of 16 slots free", "no disk tier")
+#define NOMEM(call, pages, name)                                                      \
+    expect_refusal(call, -ENOMEM, name ": -ENOMEM", pages, "0 free of 16",            \
+                   "host tier: 12 of 16 slots free", "no disk tier")
     NOMEM(kvvm_seq_write(kv, a, 0, 0, buf, sizeof buf), "1 device page needed",
           "kvvm_seq_write");
     NOMEM(kvvm_seq_prepare_write(kv, a, 0, 128), "4 device pages needed",

@@ -56,16 +56,19 @@ check "python/kvvm/__init__.py __version__" \
       "$(sed -n 's/^__version__ = "\([^"]*\)"$/\1/p' "$src/python/kvvm/__init__.py")"
 check "docs/api.md title" \
       "$(sed -n '1s/^# libkvvm API reference (version \([^)]*\))$/\1/p' "$src/docs/api.md")"
-check "docs/api.md kvvm_version" \
-      "$(sed -n 's/^\*\*`const char \*kvvm_version(void)`\*\* — the library.s version, `"\([^"]*\)"`.*/\1/p' \
-           "$src/docs/api.md")"
+api_ver='s/^\*\*`const char \*kvvm_version(void)`\*\* — the library.s version, `"\([^"]*\)"`.*/\1/p'
+check "docs/api.md kvvm_version" "$(sed -n "$api_ver" "$src/docs/api.md")"
 check "docs/api.md kvvm_stats_json example" \
       "$(sed -n 's/^{"version":"\([^"]*\)".*/\1/p' "$src/docs/api.md")"
-check "docs/man/man3/kvvm_version.3" \
-      "$(sed -n 's/^the library.s version, \\fB"\([^"]*\)"\\fR$/\1/p' "$src/docs/man/man3/kvvm_version.3")"
+man_ver='s/^the library.s version, \\fB"\([^"]*\)"\\fR$/\1/p'
+check "docs/man/man3/kvvm_version.3" "$(sed -n "$man_ver" "$src/docs/man/man3/kvvm_version.3")"
 # the CHANGELOG's first heading with a date (an undated one above it is work to come)
 top=$(sed -n 's/^## \([0-9][0-9.]*\) — [0-9]\{4\}-[0-9]\{2\}-[0-9]\{2\}$/\1/p' "$src/CHANGELOG.md" |
       head -n1)
 check "CHANGELOG.md's newest dated release" "$top"
-[ "$fail" = 0 ] || { echo "FAIL: the version differs between places (set CMakeLists.txt's project(VERSION) and these)"; exit 1; }
+if [ "$fail" != 0 ]; then
+    echo "FAIL: the version differs between places (set CMakeLists.txt's project(VERSION)" \
+         "and these)"
+    exit 1
+fi
 echo "ok: every place says $version"
