@@ -130,6 +130,20 @@ void kvvm_set_log(kvvm_log_fn fn, void *arg, int level)
     pthread_mutex_unlock(&log_lock);
 }
 
+const char *kfmt_size(unsigned long long bytes, char *buf, size_t len)
+{
+    static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    unsigned u = 0;
+    while (u + 1 < sizeof unit / sizeof *unit && bytes >> (10 * (u + 1)))
+        u++;
+    unsigned long long whole = bytes >> (10 * u), rest = bytes - (whole << (10 * u));
+    if (!rest)
+        snprintf(buf, len, "%llu %s", whole, unit[u]);
+    else
+        snprintf(buf, len, "%.1f %s", (double)bytes / (double)(1ull << (10 * u)), unit[u]);
+    return buf;
+}
+
 int kparse_size(const char *s, size_t *out)
 {
     if (!s || !*s)

@@ -33,6 +33,10 @@ KVVM_INTERNAL void klast_set(const char *fmt, ...) __attribute__((format(printf,
 /* Logs an error (klog_error: so it is also the last error) and returns rc: the one way a
    public call refuses an argument, `return kerr(-EINVAL, "kvvm_x: why", ...)`. */
 #define kerr(rc, ...) (klog_error(__VA_ARGS__), (rc))
+/* An answer the docs tell callers to expect, returned as an error code (a block table of a
+   sequence that is not resident, a buffer to size): the reason is the last error and is
+   logged at debug level only, not as an error (misuse stays kerr). Returns rc. */
+#define kanswer(rc, ...) (klast_set(__VA_ARGS__), klog_debug(__VA_ARGS__), (rc))
 
 #define klog_debug(...) klog(KVVM_LOG_DEBUG, __VA_ARGS__)
 #define klog_info(...)  klog(KVVM_LOG_INFO, __VA_ARGS__)
@@ -41,6 +45,9 @@ KVVM_INTERNAL void klast_set(const char *fmt, ...) __attribute__((format(printf,
 
 /* Parses a size with an optional K/M/G/T suffix (binary units). 0 ok, -EINVAL malformed. */
 KVVM_INTERNAL int kparse_size(const char *s, size_t *out);
+/* Writes bytes in the largest binary unit it reaches (B, KiB, MiB, GiB, TiB): "512 KiB",
+   "1.5 MiB" (one decimal unless exact), for messages. Returns buf. */
+KVVM_INTERNAL const char *kfmt_size(unsigned long long bytes, char *buf, size_t len);
 
 /* Monotonic clock in nanoseconds. */
 KVVM_INTERNAL uint64_t know_ns(void);

@@ -70,6 +70,11 @@ struct kvvm {
                                      and device context stayed in the parent); immutable */
     kcu_stream *streams;          /* made by kvvm_stream_create and not destroyed yet: */
     size_t n_streams, cap_streams;/*   kvvm_close destroys them (it leaves nothing) */
+    uint64_t attach_swap_ins;     /* kvvm_prefix_attach's swap-ins of store blocks alone (an
+                                     attach with local blocks counts paging's one) */
+    uint64_t attach_bytes_in;     /* bytes those attaches copied from the store onto the
+                                     device (stats swap_ins and bytes_to_device add them) */
+    uint64_t store_unused;        /* store values an attach read and did not attach */
 };
 
 /* Counts the fork()s this process came out of as a child (pthread_atfork, registered at
@@ -104,6 +109,9 @@ void core_tiers_params(kvvm *kv, struct paging_params *pp);
    the last error, not logged: a scheduler meets these under load, and its caller decides.
    Returns rc. */
 int core_explain(kvvm *kv, const char *call, int rc);
+/* The same numbers as text into b (an -ENOMEM's tiers; else kvvm_strerror's text), for the
+   message of a call that goes on past a refusal (an attach leaving the store's blocks). */
+void core_explain_text(kvvm *kv, int rc, char *b, size_t n);
 
 /* kvvm.c: room for a call that needs `need` device frames naming the sequences excl (its
    pending releases first, then swap/'s plan). 0, -ENOMEM (nothing moved), -EIO. */

@@ -5,6 +5,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include "common/log.h"
 
@@ -35,11 +36,13 @@ const char *kvvm_strerror(int err)
                         "or directory (spill_dir)";
     case E2BIG: return "too long: a length past max_tokens";
     case ENOSPC: return "no space: no free sequence slot (max_seqs live sequences), a full "
-                        "spill device (spill_budget cannot be reserved), or a JSON buffer "
-                        "too small (kvvm_stats_json)";
+                        "spill device (spill_budget cannot be reserved), a JSON buffer too "
+                        "small (kvvm_stats_json), or a block-table buffer too small "
+                        "(kvvm_batch_block_table: indptr[n] says how many ids are needed)";
     case ENOMEM: return "out of memory: no device page can be had (nothing reclaimable), no "
-                        "room in the host or disk tier, or host memory or the address "
-                        "reservation could not be had";
+                        "room in the host or disk tier, no host tier to swap out to, or host "
+                        "memory or the address reservation could not be had "
+                        "(kvvm_last_error() gives the pages needed and free per tier)";
     case EBADMSG: return "data lost: this sequence's disk copy failed its checksum or could "
                          "not be read";
     case EIO: return "I/O error: the context is dead (a sticky driver error or an "
@@ -51,13 +54,17 @@ const char *kvvm_strerror(int err)
                        "would enqueue on it are refused until the capture ends), or the "
                        "stream to destroy is the engine stream now";
     case EOPNOTSUPP: return "not supported: the I/O engine asked for (KVVM_IO_ENGINE) or a "
-                            "file system feature the spill file needs is unavailable";
+                            "file system feature the spill file needs is unavailable, a pool "
+                            "view call on a context opened without KVVM_F_POOL_VIEW, or a "
+                            "prefix call where a block does not fill its page (page_size not "
+                            "a multiple of bytes_per_token)";
     case EUCLEAN: return "an internal invariant does not hold (a libkvvm bug: please report "
                          "it)";
     case ENOTDIR: return "not a directory: spill_dir, or a component of its path, is not a "
                          "directory";
     case EACCES: return "permission denied: this process may not create the spill file in "
-                        "spill_dir";
+                        "spill_dir, or the store of store_url refused its credentials (the "
+                        "password or user)";
     case EPERM: return "operation not permitted: this process may not create or reserve "
                        "the spill file in spill_dir";
     case EROFS: return "read-only file system: spill_dir is on a read-only mount";
@@ -65,6 +72,9 @@ const char *kvvm_strerror(int err)
     case EDQUOT: return "disk quota exceeded: spill_budget cannot be reserved in spill_dir";
     case EFBIG: return "file too large: spill_budget exceeds what spill_dir's file system "
                        "allows in one file";
+    case EAGAIN: return "try again: a library thread could not be started (kvvm_open), or a "
+                        "block table was asked of a sequence that is not resident (swap it "
+                        "in first)";
     case ESTALE: return "stale: the sequence is a dropped CACHED sequence (reclaim released "
                         "its pages); free it, or kvvm_seq_set_class it to use it again as an "
                         "empty sequence";
@@ -82,8 +92,9 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
     paging_counters(kv->pg, &c);
     size_t pos = 0, hf = host_slots_free(kv->host), ht = host_slots_total(kv->host);
     if (w->what & PG_WHY_FRAMES)
-        json_put(b, n, &pos, "%llu device pages needed, %llu free of %llu (device_budget %zu)",
-                 (unsigned long long)w->frames, (unsigned long long)c.pages_free,
+        json_put(b, n, &pos, "%llu device page%s needed, %llu free of %llu (device_budget "
+                 "%zu)", (unsigned long long)w->frames, w->frames == 1 ? "" : "s",
+                 (unsigned long long)c.pages_free,
                  (unsigned long long)c.pages_total, kv->cfg.device_budget);
     else
         json_put(b, n, &pos, "device: %llu of %llu pages free (device_budget %zu)",
@@ -94,8 +105,8 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
                  "%zu bytes): nothing can be swapped out", kv->cfg.host_budget,
                  kv->cfg.page_size);
     else if (w->what & PG_WHY_HOST)
-        json_put(b, n, &pos, "; host tier: %llu slots needed, %zu free of %zu",
-                 (unsigned long long)w->host, hf, ht);
+        json_put(b, n, &pos, "; host tier: %llu slot%s needed, %zu free of %zu",
+                 (unsigned long long)w->host, w->host == 1 ? "" : "s", hf, ht);
     else
         json_put(b, n, &pos, "; host tier: %zu of %zu slots free", hf, ht);
     if (kv->spill) {
@@ -109,6 +120,15 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
     if ((w->what & PG_WHY_FRAMES) && !(kv->cfg.flags & KVVM_F_AUTO_SWAP))
         json_put(b, n, &pos, "; KVVM_F_AUTO_SWAP is off: the engine makes room itself "
                  "(kvvm_seq_swap_out, kvvm_seq_free)");
+}
+
+void core_explain_text(kvvm *kv, int rc, char *b, size_t n)
+{
+    const struct paging_why *w = paging_why(kv->pg);
+    if (rc == -ENOMEM && (w->what & (PG_WHY_FRAMES | PG_WHY_HOST | PG_WHY_NO_HOST)))
+        explain_tiers(kv, w, b, n);
+    else
+        snprintf(b, n, "%s: %s", core_err_name(rc), kvvm_strerror(rc));
 }
 
 int core_explain(kvvm *kv, const char *call, int rc)

@@ -32,7 +32,10 @@ static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_exc
     int rc = paging_wait_releases(kv->pg);
     if (rc || paging_frames_free(kv->pg) >= need)
         return rc;
-    return need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
+    rc = need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
+    if (rc == -ENOMEM)
+        paging_why_need(kv->pg, need);  /* the -ENOMEM names the pages (core_explain) */
+    return rc;
 }
 
 int core_make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl)

@@ -17,6 +17,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include "common/log.h"
 #include "core/call.h"
@@ -191,7 +192,37 @@ static int store_in(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, s
         return rc;
     }
     (void)prefix_publish(kv->pfx, dst, ns, keys, t);   /* -ENOMEM: not entered, no harm */
+    /* counted as a swap-in brings blocks in (docs/api.md, stats): one per attach (k local
+       blocks already counted theirs), every byte copied onto the device */
+    kv->attach_swap_ins += k == 0;
+    kv->attach_bytes_in += (uint64_t)(t - k) * kv->cfg.n_regions * kv->cfg.page_size;
     return 0;
+}
+
+/* The store's blocks f read for an attach whose dst took t blocks, k of them local (in:
+   store_in's result, 1 where it was not tried; rc: the call's failure): the ones not
+   attached are counted (store_unused) and why is logged at info level (the call itself
+   succeeds with fewer blocks than the lookup found, or fails with its own reason). */
+static void store_unused(kvvm *kv, const struct storeq_fetch *f, int rc, size_t k0, size_t k,
+                         size_t t, int in)
+{
+    size_t used = in ? 0 : t - k;
+    if (f->got <= used)
+        return;
+    kv->store_unused += f->got - used;
+    char why[700], b[600];
+    if (rc)
+        snprintf(why, sizeof why, "the call failed (%s)", core_err_name(rc));
+    else if (in < 0) {
+        core_explain_text(kv, in, b, sizeof b);
+        snprintf(why, sizeof why, "bringing them onto the device failed: %s", b);
+    } else if (k < k0)
+        snprintf(why, sizeof why, "the local prefix ends at block %zu now, before the "
+                 "store's blocks (from block %zu)", k, k0);
+    else
+        snprintf(why, sizeof why, "blocks %zu to %zu are local entries now", k0, k - 1);
+    klog_info("kvvm_prefix_attach: %zu of the %zu blocks read from the store not attached: "
+              "%s", f->got - used, f->got, why);
 }
 
 /* k0 the local prefix and f the store's blocks past it, as seen before the lock was taken
@@ -199,12 +230,20 @@ static int store_in(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, s
 static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
                          size_t n, size_t k0, const struct storeq_fetch *f)
 {
+    size_t asked = n;
     int rc = attach_check(kv, dst, &n);
-    if (rc)
+    pg_page_id *ids = rc ? NULL : malloc((n ? n : 1) * kv->cfg.n_regions * sizeof *ids);
+    if (!rc && !ids)
+        rc = -ENOMEM;
+    if (rc) {
+        store_unused(kv, f, rc, k0, 0, 0, 1);
         return rc;
-    pg_page_id *ids = malloc((n ? n : 1) * kv->cfg.n_regions * sizeof *ids);
-    if (!ids)
-        return -ENOMEM;
+    }
+    if (n < asked)                      /* docs/api.md: the attach is capped there */
+        klog_info("kvvm_prefix_attach: %zu keys, but a sequence holds at most %zu blocks "
+                  "(max_tokens %llu, %llu tokens per block): at most %zu attach", asked, n,
+                  (unsigned long long)kv->cfg.max_tokens,
+                  (unsigned long long)(kv->cfg.page_size / kv->cfg.bytes_per_token), n);
     size_t k = prefix_lookup(kv->pfx, ns, keys, n, NULL, ids, false);
     rc = k ? stream_check(kv) : 0;
     if (!rc && k)
@@ -213,9 +252,11 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
         rc = attach_undamaged(kv, dst, ns, keys, ids, &k);
     free(ids);
     size_t t = k;
+    int in = 1;
     if (!rc && k >= k0 && k < k0 + f->got && k0 + f->got <= n &&
-        !store_in(kv, dst, ns, keys, k, k0 + f->got, k0, f))
+        !(in = store_in(kv, dst, ns, keys, k, k0 + f->got, k0, f)))
         t = k0 + f->got;                /* the store's blocks follow the local ones */
+    store_unused(kv, f, rc, k0, k, t, in);
     prefix_count_hits(kv->pfx, rc ? 0 : t);
     swap_after_call(kv->sw);
     return rc ? rc : (int)t;

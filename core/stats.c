@@ -24,9 +24,9 @@
     X(pages_disk_total, d.slots_total) X(pages_disk_free, d.slots_free)            \
     X(pages_inflight, c.pages_inflight)                                            \
     X(maps, c.maps) X(unmaps, c.unmaps) X(cow_copies, c.cow_copies)                \
-    X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins) X(spills, c.spills)             \
-    X(unspills, c.unspills)                                                        \
-    X(bytes_to_host, c.bytes_to_host) X(bytes_to_device, c.bytes_to_device)        \
+    X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins + kv->attach_swap_ins)       \
+    X(spills, c.spills) X(unspills, c.unspills) X(bytes_to_host, c.bytes_to_host)  \
+    X(bytes_to_device, c.bytes_to_device + kv->attach_bytes_in)                    \
     X(bytes_to_disk, c.bytes_to_disk) X(bytes_from_disk, c.bytes_from_disk)        \
     X(checksum_failures, d.checksum_failures) X(io_errors, d.io_errors)            \
     X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
@@ -45,7 +45,8 @@
     X(prefix_hit_blocks, x.hit_blocks + q.hit_blocks) X(prefix_evictions, x.evictions) \
     X(store_puts, q.puts) X(store_gets, q.gets) X(store_hits, q.hits)              \
     X(store_errors, q.errors) X(store_bytes_out, q.bytes_out)                      \
-    X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)
+    X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)                       \
+    X(store_unused, kv->store_unused)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */

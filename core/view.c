@@ -50,9 +50,9 @@ static int seq_table_locked(kvvm *kv, kvvm_seq s, uint32_t first, uint32_t n, in
     if (rc == -EINVAL)
         rc = kerr(rc, "kvvm_seq_block_table: blocks [%u, +%u) are past the sequence's "
                   "blocks (or ids is NULL)", first, n);
-    else if (rc == -EAGAIN)
-        rc = kerr(rc, "kvvm_seq_block_table: the sequence is not resident: swap it in "
-                  "first (kvvm_seq_swap_in)");
+    else if (rc == -EAGAIN)     /* a documented answer, not misuse: debug level */
+        rc = kanswer(rc, "kvvm_seq_block_table: the sequence is not resident: swap it in "
+                     "first (kvvm_seq_swap_in)");
     return rc;
 }
 
@@ -71,12 +71,13 @@ static int batch_table_locked(kvvm *kv, const kvvm_seq *seqs, size_t n, int32_t 
                               int32_t *indices, size_t cap, int32_t *last_len)
 {
     int rc = paging_batch_block_table(kv->pg, seqs, n, indptr, indices, cap, last_len);
+    /* documented answers (the docs size the buffer by -ENOSPC), not misuse: debug level */
     if (rc == -ENOSPC)
-        rc = kerr(rc, "kvvm_batch_block_table: the batch has %d blocks, indices holds %zu "
-                  "(indptr[n] says how many are needed)", indptr[n], cap);
+        rc = kanswer(rc, "kvvm_batch_block_table: the batch has %d blocks, indices holds "
+                     "%zu (indptr[n] says how many are needed)", indptr[n], cap);
     else if (rc == -EAGAIN)
-        rc = kerr(rc, "kvvm_batch_block_table: a sequence of the batch is not resident: "
-                  "swap it in first (kvvm_seq_swap_in)");
+        rc = kanswer(rc, "kvvm_batch_block_table: a sequence of the batch is not resident: "
+                     "swap it in first (kvvm_seq_swap_in)");
     return rc;
 }
 

@@ -46,7 +46,7 @@ extern "C" {
 #endif
 
 #define KVVM_VERSION_MAJOR 0
-#define KVVM_VERSION_MINOR 2
+#define KVVM_VERSION_MINOR 3
 #define KVVM_VERSION_PATCH 0
 
 typedef struct kvvm kvvm;     /* opaque context: one device, one reserved virtual range */
@@ -356,6 +356,10 @@ struct kvvm_stats {
     /* --- additions of 0.3: prefix entries below the host tier --- */
     uint64_t prefix_spills;       /* pages only prefix entries hold written to the disk tier
                                      (writes started) */
+    /* --- additions of 0.3.0 --- */
+    uint64_t store_unused;        /* entries kvvm_prefix_attach read from the store whole and
+                                     did not attach (no device room, a shorter local prefix,
+                                     a failed call; the reason logged at info level) */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);

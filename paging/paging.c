@@ -30,6 +30,12 @@ const struct paging_why *paging_why(const struct paging *pg)
     return &pg->why;
 }
 
+void paging_why_need(struct paging *pg, uint64_t frames)
+{
+    if (!(pg->why.what & PG_WHY_FRAMES))
+        (void)pg_why_frames(pg, frames);
+}
+
 void paging_counters(const struct paging *pg, struct paging_counters *out)
 {
     *out = pg->c;

@@ -377,6 +377,9 @@ struct paging_why {
 };
 void paging_why_reset(struct paging *pg);
 const struct paging_why *paging_why(const struct paging *pg);
+/* A refusal for want of `frames` device frames, as the caller counted them (core's room for
+   a call), where no layer below noted one this call. */
+void paging_why_need(struct paging *pg, uint64_t frames);
 
 /* ---- host tier (tier.c) ----
  * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is

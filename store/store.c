@@ -323,8 +323,8 @@ static int open_url(struct store *st, const char *url)
         return rc;
     }
     char red[256];
-    return URL_BAD("store URL %s: file:///dir or redis://[:password@]host:port[/db] expected",
-                   store_url_redact(url, red, sizeof red));
+    return URL_BAD("store URL %s: file:///dir or redis://[[user]:password@]host[:port][/db] "
+                   "expected", store_url_redact(url, red, sizeof red));
 }
 
 char *store_url_redact(const char *url, char *buf, size_t len)

@@ -417,8 +417,10 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
         err = -ENODEV;
         goto out_release_ctx;
     }
-    klog_info("vmm: %s backend, device %d (%s), %zu MiB, granule %zu KiB", a->name, ordinal,
-              v->dev_name, v->device_bytes >> 20, v->granule >> 10);
+    char sz[32], gr[32];
+    klog_info("vmm: %s backend, device %d (%s), %s, granule %s", a->name, ordinal,
+              v->dev_name, kfmt_size(v->device_bytes, sz, sizeof sz),
+              kfmt_size(v->granule, gr, sizeof gr));
     if (v->emu_ordinal < 0 && (err = probe_unmap_span(v)))
         goto out_release_ctx;
     if (prev != v->ctx && (r = a->cuCtxSetCurrent(prev)) != KCU_SUCCESS) {
@@ -567,10 +569,11 @@ static int create_oom(struct vmm *v)
         size_t fr = 0, tot = 0;
         if (v->api->cuMemGetInfo(&fr, &tot) != KCU_SUCCESS)
             fr = tot = 0;
-        klog_info("vmm: cuMemCreate: the device is out of memory (%zu MiB free of %zu MiB): "
-                  "other users of the GPU hold the rest of the budget; calls that need new "
-                  "frames reclaim or fail with ENOMEM (logged once; counted in the stats' "
-                  "create_oom)", fr >> 20, tot >> 20);
+        char a[32], b[32];
+        klog_info("vmm: cuMemCreate: the device is out of memory (%s free of %s): other "
+                  "users of the GPU hold the rest of the budget; calls that need new frames "
+                  "reclaim or fail with ENOMEM (logged once; counted in the stats' "
+                  "create_oom)", kfmt_size(fr, a, sizeof a), kfmt_size(tot, b, sizeof b));
     } else {
         klog_debug("vmm: cuMemCreate: out of memory");
     }

@@ -8,11 +8,11 @@ from ._core import Context, Sequence, SeqInfo, Tier
 from ._views import View
 from ._errors import (Error, InvalidArgument, InvalidHandle, TooBig, NoSlot, OutOfMemory,
                       DataLost, DeviceLost, NoDevice, Busy, NotSupported, Stale, NotResident,
-                      SpillDirError, error_class)
+                      SpillDirError, AccessDenied, error_class, errno_name)
 from ._log import set_log_level
 from .cache import KVCache
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 library_version = _lib.VERSION          # kvvm_version() of the loaded libkvvm
 library_path = _lib.LIBRARY_PATH
 
@@ -33,7 +33,7 @@ def strerror(err):
 __all__ = ["Context", "Sequence", "SeqInfo", "Tier", "View", "KVCache", "Error", "InvalidArgument",
            "InvalidHandle", "TooBig", "NoSlot", "OutOfMemory", "DataLost", "DeviceLost",
            "NoDevice", "Busy", "NotSupported", "Stale", "NotResident", "SpillDirError",
-           "error_class",
+           "AccessDenied", "error_class", "errno_name",
            "set_log_level", "strerror", "F_AUTO_SWAP", "F_SCRUB", "F_SPILL_ALLOW_TMPFS",
            "F_SPILL_BUFFERED", "F_CACHE_DEMOTE", "F_POOL_VIEW", "SEQ_LIVE", "SEQ_CACHED", "SEQ_PINNED",
            "library_version", "library_path"]

@@ -182,7 +182,8 @@ class Context:
 
     backend: "auto" | "cuda" | "emulated"; sizes as ints or "64M"-style strings; flags as an
     int (kvvm.F_*) or "auto_swap,scrub"; spill_dir as a str or path-like; store_url as a
-    str ("file:///dir" or "redis://[:password@]host:port[/db]")."""
+    str ("file:///dir" or "redis://[[user]:password@]host[:port][/db]", port 6379 by
+    default)."""
 
     def __init__(self, **config):
         _log.sync_level()
@@ -221,7 +222,10 @@ class Context:
         try:
             _call(L.kvvm_open, buf, ctypes.byref(kv))
         except Error as e:
-            if self._spill_dir is not None and e.errno in _SPILL_DIR_ERRNOS:
+            # -EACCES is the store's refusal when the library's reason says so (the store
+            # opens first: AccessDenied), else the spill_dir's
+            store = self._store_url is not None and "kvvm store" in e.message
+            if self._spill_dir is not None and e.errno in _SPILL_DIR_ERRNOS and not store:
                 raise _errors.SpillDirError(e.errno, e.message, e.function) from None
             raise
         self._kv = kv.value

@@ -7,6 +7,17 @@ import errno as _errno
 
 from . import _lib, _log
 
+# The C library's spelling of a code where Python's errno.errorcode gives another name for
+# the same number (Linux: EOPNOTSUPP == ENOTSUP, EAGAIN == EWOULDBLOCK): the messages say
+# what libkvvm's kvvm_last_error() and docs/api.md say.
+_C_NAMES = {_errno.EOPNOTSUPP: "EOPNOTSUPP", _errno.EAGAIN: "EAGAIN"}
+
+
+def errno_name(err):
+    """The code's name as libkvvm spells it ("EOPNOTSUPP"), without the sign."""
+    err = abs(int(err))
+    return _C_NAMES.get(err) or _errno.errorcode.get(err, str(err))
+
 
 class Error(Exception):
     """A libkvvm call failed. `errno` is the positive errno, `message` the reason,
@@ -16,7 +27,7 @@ class Error(Exception):
         self.errno = abs(int(err))
         self.function = function
         self.message = message or _lib.strerror(self.errno)
-        name = _errno.errorcode.get(self.errno, str(self.errno))
+        name = errno_name(self.errno)
         where = "%s: " % function if function else ""
         super().__init__("%s-%s: %s" % (where, name, self.message))
 
@@ -75,6 +86,11 @@ class SpillDirError(Error, OSError):
         return BaseException.__str__(self)
 
 
+class AccessDenied(Error):
+    """-EACCES: the store of store_url refused its credentials (a wrong password or user).
+    (At Context() with spill_dir, a spill_dir refusing the spill file is SpillDirError.)"""
+
+
 class Stale(Error):
     """-ESTALE: a dropped cached sequence."""
 
@@ -88,6 +104,7 @@ _BY_ERRNO = {
     _errno.ENOSPC: NoSlot, _errno.ENOMEM: OutOfMemory, _errno.EBADMSG: DataLost,
     _errno.EIO: DeviceLost, _errno.ENODEV: NoDevice, _errno.EBUSY: Busy,
     _errno.EOPNOTSUPP: NotSupported, _lib.ESTALE: Stale, _errno.EAGAIN: NotResident,
+    _errno.EACCES: AccessDenied,
 }
 
 
@@ -104,7 +121,7 @@ def make(err, function=None, message=None, since=None, cls=None):
         reason = _log.reason_since(since) or ""
     if function and reason.startswith(function + ": "):
         reason = reason[len(function) + 2:]
-    name = "-%s: " % _errno.errorcode.get(abs(int(err)), "")
+    name = "-%s: " % errno_name(err)
     if reason.startswith(name):
         reason = reason[len(name):]
     return (cls or error_class(err))(err, message or reason or _lib.strerror(err), function)

@@ -107,7 +107,7 @@ STATS_FIELDS = (
     "cache_demotes", "pages_discarded", "device_mem_free", "device_mem_total", "device_budget",
     "create_oom", "prefix_entries", "prefix_lookups", "prefix_hit_blocks", "prefix_evictions",
     "store_puts", "store_gets", "store_hits", "store_errors", "store_bytes_out", "store_bytes_in",
-    "prefix_spills",
+    "prefix_spills", "store_unused",
 )
 
 

@@ -3,9 +3,12 @@ reason; the library's log goes to the "kvvm" logger."""
 import errno
 import logging
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -22,13 +25,63 @@ PKG_PARENT = os.path.dirname(os.path.dirname(kvvm.__file__))
     (errno.ENOMEM, kvvm.OutOfMemory), (errno.EBADMSG, kvvm.DataLost),
     (errno.EIO, kvvm.DeviceLost), (errno.ENODEV, kvvm.NoDevice), (errno.EBUSY, kvvm.Busy),
     (errno.EOPNOTSUPP, kvvm.NotSupported), (errno.ESTALE, kvvm.Stale),
-    (errno.EAGAIN, kvvm.NotResident), (errno.EPERM, kvvm.Error)])
+    (errno.EAGAIN, kvvm.NotResident), (errno.EACCES, kvvm.AccessDenied),
+    (errno.EPERM, kvvm.Error)])
 def test_errno_classes(code, cls):
     assert kvvm.error_class(-code) is cls and kvvm.error_class(code) is cls
     e = cls(code)
     assert isinstance(e, kvvm.Error) and e.errno == code
     assert e.message == kvvm.strerror(code)
     assert issubclass(kvvm.InvalidArgument, ValueError) and issubclass(kvvm.TooBig, ValueError)
+
+
+def test_regress_eopnotsupp_spelt_as_in_c():
+    """Bug (issue 32): Python's messages said -ENOTSUP (errno.errorcode's name for 95), C's
+    kvvm_last_error() and docs/api.md -EOPNOTSUPP; the library's reason then kept its own
+    "-EOPNOTSUPP: " prefix beside the exception's."""
+    assert kvvm.errno_name(-errno.EOPNOTSUPP) == "EOPNOTSUPP"
+    assert kvvm.errno_name(errno.EAGAIN) == "EAGAIN"
+    assert str(kvvm.NotSupported(errno.EOPNOTSUPP)).startswith("-EOPNOTSUPP: ")
+    with kvvm.Context(**small_config()) as c:       # no pool view
+        with pytest.raises(kvvm.NotSupported) as e:
+            c.pool_blocks
+    text = str(e.value)
+    assert text.startswith("kvvm_pool_blocks: -EOPNOTSUPP: "), text
+    assert "ENOTSUP:" not in text and text.count("EOPNOTSUPP") == 1, text
+    assert "KVVM_F_POOL_VIEW" in e.value.message
+
+
+def test_regress_store_refusing_credentials_is_access_denied(tmp_path):
+    """Bug (issue 32): a Redis refusing the password raised a plain kvvm.Error; with a
+    spill_dir it would have been called a spill_dir error."""
+    exe = shutil.which("redis-server")
+    if not exe:
+        pytest.skip("redis-server is not installed (scripts/install-deps.sh installs it)")
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    srv = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--requirepass", "right", "--dir",
+                            str(tmp_path)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(500):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.01)
+        url = "redis://:wrong@127.0.0.1:%d" % port
+        for extra in ({}, {"spill_dir": str(tmp_path), "host_budget": 4 * GRANULE,
+                           "flags": "spill_allow_tmpfs"}):
+            with pytest.raises(kvvm.AccessDenied) as e:
+                kvvm.Context(store_url=url, **small_config(**extra))
+            assert e.value.errno == errno.EACCES and e.value.function == "kvvm_open"
+            assert "refused" in e.value.message and "wrong" not in str(e.value)
+            assert not isinstance(e.value, kvvm.SpillDirError)
+    finally:
+        srv.kill()
+        srv.wait()
 
 
 def test_message_carries_the_library_reason(caplog):

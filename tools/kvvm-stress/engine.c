@@ -100,7 +100,10 @@ struct eng {
     int fatal;
     int draining;                  /* final verification: one request at a time, no groups */
     int swap_enomem_logged, mismatch_lines;
-    uint64_t t0;
+    uint64_t t0;                   /* the first step's start (warm-up, budget schedule) */
+    uint64_t deadline;             /* --duration: now_ns() past which no step and no
+                                      prefill starts (from the run's start: the setup
+                                      counts); 0 = none */
     struct req **cache;            /* prefix-cache entries (CACHED sequences), oldest first */
     uint32_t n_cache;
     uint64_t next_cache_id;
@@ -1129,6 +1132,13 @@ static int make_room(struct eng *e)
     return 0;
 }
 
+/* --duration is a bound on the run: past it, no step starts and a step's prefills stop (a
+   first step's admission burst alone took 10 s of a 5 s run at load 20). */
+static int past_deadline(const struct eng *e)
+{
+    return e->deadline && now_ns() >= e->deadline;
+}
+
 static void schedule_in(struct eng *e)
 {
     uint32_t running = count_state(e, R_RUNNING);
@@ -1137,7 +1147,7 @@ static void schedule_in(struct eng *e)
         if (e->live[i]->state == R_RUNNING)
             run_pages += pages_for(e, e->live[i]->len + 1);
     uint64_t sys_pages = e->sys ? pages_for(e, e->sys->len) : 0;
-    while (running < e->o->max_batch && !e->fatal) {
+    while (running < e->o->max_batch && !e->fatal && !past_deadline(e) && !stress_stop) {
         /* Swap and auto modes: queued prompts first (FCFS), then the others by key (the
            step they left the device: round robin). New requests taking the room rotation
            made is what grows the live set to X x device; the queue refills only as requests
@@ -1651,6 +1661,9 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
                      .eff = o->preempt, .next_id = 0, .next_lineage = 1, .t0 = now_ns() };
     struct eng *e = &E;
     int err = 0;
+    uint64_t t_start = E.t0;
+    if (o->duration_s > 0)
+        e->deadline = t_start + (uint64_t)(o->duration_s * 1e9);
 
     if (r->fallback_reason[0])      /* main.c could not open with auto-swap */
         e->eff = PREEMPT_RECOMPUTE;
@@ -1732,7 +1745,7 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
     e->t0 = now_ns();
     for (e->step = 0; !e->fatal; e->step++) {
         double t = (now_ns() - e->t0) / 1e9;
-        if ((o->steps && e->step >= o->steps) || (o->duration_s > 0 && t >= o->duration_s))
+        if ((o->steps && e->step >= o->steps) || past_deadline(e))
             break;
         if (stress_stop) {
             r->interrupted = stress_stop;
@@ -1766,14 +1779,19 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
             progress_line(o, r, &e->st, r->elapsed_s, 0);
         }
     }
-    r->steps = e->step;
-    r->elapsed_s = (now_ns() - e->t0) / 1e9;
+    r->steps = e->step;                 /* the steps that ran (started and ended) */
+    uint64_t t_steps = now_ns();
+    r->elapsed_s = (t_steps - e->t0) / 1e9;
+    r->setup_s = (e->t0 - t_start) / 1e9;
     if (tty)
         progress_line(o, r, &e->st, r->elapsed_s, 1);
     if (!e->fatal)
         drain(e);
     else
         r->aborted = 1;
+    uint64_t t_end = now_ns();
+    r->drain_s = (t_end - t_steps) / 1e9;
+    r->wall_s = (t_end - t_start) / 1e9;
     kvvm_sync(kv);
     r->st.size = sizeof r->st;
     kvvm_stats(kv, &r->st);

@@ -146,11 +146,14 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
     fprintf(f, "  preemption   asked %s, used %s%s%s\n", preempt_names[o->preempt],
             r->preempt_effective ? r->preempt_effective : "?",
             r->fallback_reason[0] ? " -- fell back: " : "", r->fallback_reason);
-    fprintf(f, "  run          %llu steps in %.1f s (%.0f steps/s), %llu tokens decoded "
+    fprintf(f, "  run          %llu step%s in %.1f s (%.0f steps/s), %llu tokens decoded "
             "(%.0f tokens/s), %llu prefilled, %llu recomputed\n",
-            (unsigned long long)r->steps, r->elapsed_s, r->steps / t,
+            (unsigned long long)r->steps, r->steps == 1 ? "" : "s", r->elapsed_s, r->steps / t,
             (unsigned long long)r->tokens_decoded, r->tokens_decoded / t,
             (unsigned long long)r->tokens_prefilled, (unsigned long long)r->tokens_recomputed);
+    fprintf(f, "  time         %.1f s in all: %.1f s of setup, %.1f s of steps, %.1f s of final "
+            "verification%s\n", r->wall_s, r->setup_s, r->elapsed_s, r->drain_s,
+            o->duration_s > 0 ? " (--duration bounds the setup and the steps)" : "");
     fprintf(f, "  requests     %llu arrived, %llu finished (forked branches included); "
             "%llu forks, %llu shares, %llu beam replacements, %llu truncates\n",
             (unsigned long long)r->requests_admitted,
@@ -354,7 +357,8 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
     } else {
         fprintf(f, "null");
     }
-    fprintf(f, ",\n  \"run\": {\"steps\": %llu, \"elapsed_s\": %.3f, \"steps_per_s\": %.1f, "
+    fprintf(f, ",\n  \"run\": {\"steps\": %llu, \"elapsed_s\": %.3f, \"setup_s\": %.3f, "
+            "\"drain_s\": %.3f, \"wall_s\": %.3f, \"steps_per_s\": %.1f, "
             "\"tokens_decoded\": %llu, \"tokens_per_s\": %.1f, \"tokens_prefilled\": %llu, "
             "\"tokens_recomputed\": %llu, \"tokens_written\": %llu, \"requests_admitted\": %llu, "
             "\"requests_finished\": %llu, \"forks\": %llu, \"shares\": %llu, "
@@ -362,7 +366,8 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             "\"swap_ins\": %llu, \"preempt_recompute\": %llu, \"enomem_handled\": %llu, "
             "\"batch_shrinks\": %llu, \"peak_running\": %u, \"peak_live_requests\": %u, "
             "\"aborted\": %s, \"interrupted\": %s},\n",
-            U(r->steps), r->elapsed_s, r->steps / t, U(r->tokens_decoded),
+            U(r->steps), r->elapsed_s, r->setup_s, r->drain_s, r->wall_s, r->steps / t,
+            U(r->tokens_decoded),
             r->tokens_decoded / t, U(r->tokens_prefilled), U(r->tokens_recomputed),
             U(r->tokens_written), U(r->requests_admitted), U(r->requests_finished),
             U(r->forks), U(r->shares), U(r->beam_replacements), U(r->truncates),

@@ -111,8 +111,11 @@ struct results {
     char    *lib_json;               /* kvvm_stats_json at the end (malloc'ed) or NULL */
     char     io_engine[64];
     struct kvvm_stats st0, st;       /* at open and at the end */
-    uint64_t steps;
-    double   elapsed_s;
+    uint64_t steps;                  /* steps run */
+    double   elapsed_s;              /* the steps' time */
+    double   setup_s, drain_s, wall_s;   /* before the first step (the system prompt, the
+                                        shared prompts), the final verification and freeing
+                                        after the last, and the three together */
     uint64_t tokens_decoded, tokens_prefilled, tokens_recomputed, tokens_written;
     uint64_t requests_admitted, requests_finished, forks, shares, beam_replacements,
              truncates, swap_outs, swap_ins, preempt_recompute, enomem_handled,

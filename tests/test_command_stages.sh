@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# scripts/test.sh's stage logic (issue 32: one failing stage stopped the command, so the later
+# stages and the table of stage times never ran). The script runs in a copy of its own with
+# fakes: cmake, ctest, install-deps.sh, fuzz.sh, clang-tidy-quiet.sh and size-audit.py that
+# do nothing, except that the main build and the ASan tests fail. Every stage must still run,
+# the stages that need the failed build are reported "not run", the table gives each stage's
+# result, and the command exits 1. No real build or test runs (a few seconds).
+# Usage: test_command_stages.sh SOURCE_DIR
+set -euo pipefail
+src=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+tree=$tmp/tree bin=$tmp/bin
+mkdir -p "$tree/scripts" "$bin"
+cp "$src/scripts/test.sh" "$tree/scripts/"
+for d in common core vmm vmm/emu paging host disk store swap prefix testing; do   # clang-tidy's
+    mkdir -p "$tree/$d" && touch "$tree/$d/a.c"
+done
+for f in install-deps.sh fuzz.sh clang-tidy-quiet.sh; do
+    printf '#!/bin/sh\necho "fake %s"\n' "$f" >"$tree/scripts/$f"
+done
+echo 'print("fake size audit")' >"$tree/scripts/size-audit.py"
+cat >"$bin/cmake" <<'EOF'
+#!/bin/sh
+case "$*" in *"--build build -j"*) echo "fake: the main build fails"; exit 2;; esac
+exit 0
+EOF
+cat >"$bin/ctest" <<'EOF'
+#!/bin/sh
+case "$PWD" in *build-clang-asan) echo "fake: the ASan tests fail"; exit 8;; esac
+echo "fake ctest in $PWD"
+EOF
+chmod +x "$bin"/* "$tree"/scripts/*
+mkdir -p "$tree/build" "$tree/build-debug" "$tree/build-clang-asan" "$tree/build-tsan"
+rc=0
+(cd "$tree" && PATH="$bin:$PATH" bash scripts/test.sh) >"$tmp/out" 2>&1 || rc=$?
+cat "$tmp/out"
+fail=0
+[ "$rc" = 1 ] || { echo "FAIL: exit status $rc, not 1"; fail=1; }
+# row RESULT TITLE: the final table has the stage's row with that result
+row() {
+    grep -E "^ +([0-9]+ s +[0-9]+ s)? +$1 +$2\$" "$tmp/out" >/dev/null ||
+        { echo "FAIL: no table row '$1  $2'"; fail=1; }
+}
+row FAILED  'build \(RelWithDebInfo, warnings are errors\)'
+row 'not run' 'tests'
+row 'not run' 'Python package \(python/tests, .*\)'
+row 'not run' 'Python package: pip install .*'
+row passed  'build \(KVVM_DEBUG: .*\)'
+row passed  'tests in the KVVM_DEBUG build'
+row passed  'size audit .*'
+row passed  'build \(clang, AddressSanitizer \+ UBSan\)'
+row FAILED  'tests under clang AddressSanitizer \+ UBSan'
+row passed  'build \(ThreadSanitizer: the threads tests only\)'
+row passed  'threads under ThreadSanitizer'
+row passed  ' *clang-tidy .*'
+row passed  ' *fuzzing .*'
+grep -x '=== 5 failed:' "$tmp/out" >/dev/null || { echo "FAIL: not '=== 5 failed:'"; fail=1; }
+! grep -x '=== all tests passed ===' "$tmp/out" >/dev/null ||
+    { echo "FAIL: 'all tests passed' with failed stages"; fail=1; }
+[ "$fail" = 0 ] || exit 1
+echo "ok: every stage ran, each reported, exit 1"
