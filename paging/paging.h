@@ -691,9 +691,11 @@ uint32_t paging_page_ents(struct paging *pg, pg_page_id id);
 /* Empty s (length 0) becomes a non-resident sequence of n blocks holding pages ids (as
    paging_seq_blocks lays them out): swap it in to map them (paging_need counts the frames).
    -ENOENT, -ESTALE, -EINVAL not empty, -E2BIG past max_tokens, -EOPNOTSUPP, -EIO. */
-int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n);
-/* Undoes paging_seq_adopt (s still non-resident): empty and resident again. */
-void paging_seq_unadopt(struct paging *pg, uint64_t h);
+int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n,
+                      bool *was_out);
+/* Undoes paging_seq_adopt (s still non-resident): empty again, and resident again unless
+   it was swapped out before (*was_out of the adoption): a failed attach changes nothing. */
+void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
 /* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at
    a time through the scratch page, synchronously (the copy stream only: a library thread
    may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what

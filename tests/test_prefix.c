@@ -659,6 +659,57 @@ Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
     tclose(&t);
 }
 
+/* Issue 31, defect 4: an attach into an empty destination that had been swapped out (grown,
+   swapped out, truncated to nothing), refused for device room, left it resident: undoing
+   the adoption assumed dst had been resident. In both modes it must stay swapped out. */
+static void attach_failed_into_swapped_out_dst(bool stream_mode)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *stream = NULL;
+    kvvm_key k[3];
+    TH_DEADLINE(60);
+    cfg_small(&c, 1, 8, 16, 0);
+    topen(&t, &c);
+    host_entries(&t, k, 3);              /* (synchronous: on the host tier on return) */
+    if (stream_mode) {
+        cr_assert_eq(kvvm_stream_create(t.kv, &stream), 0);
+        cr_assert_eq(kvvm_set_stream(t.kv, stream), 0);
+    }
+    kvvm_seq b = mk(&t);
+    fill(&t, b, 2 * T, 5);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, b), 0);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    kvvm_seq full = mk(&t);
+    fill(&t, full, 6 * T, 3);            /* 2 frames left, 3 needed */
+    struct kvvm_seq_info in;
+    tinfo(&t, b, &in);
+    cr_assert_eq(in.resident, 0, "the setup: dst is swapped out");
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), -ENOMEM);
+    tstats(&t, &s1);
+    tinfo(&t, b, &in);
+    cr_assert_eq(in.length, 0);
+    cr_assert_eq(in.resident, 0, "the failed attach left dst resident");
+    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
+    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    tcheck(&t, "failed attach, swapped-out dst");
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 1), 0, "dst is not usable after a failed attach");
+    tcheck(&t, "grown after");
+    if (stream_mode)
+        tclose_stream(&t, stream);
+    else
+        tclose(&t);
+}
+
+Test(regress, attach_failed_into_swapped_out_dst_left_resident)
+{
+    attach_failed_into_swapped_out_dst(true);
+    attach_failed_into_swapped_out_dst(false);
+}
+
 /* Entries whose pages went to disk (a staged swap-out of their publisher: more pages than
    the host tier holds) come back by attach with their bytes. */
 Test(host, attach_brings_disk_entries_back)
