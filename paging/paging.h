@@ -502,6 +502,13 @@ uint32_t paging_frames_pending(const struct paging *pg);
 int  paging_copy_fence_record(struct paging *pg, vmm_fence *f);
 /* Reaps completed pending work without blocking. -EIO. */
 int  paging_reap(struct paging *pg);
+/* Acquire before anything moves (a call that makes room by moving others: core.h
+   "Pressure"): what a driver may refuse for lack of resources is had here, while a refusal
+   still changes nothing: up to `frames` ready frames (created within the budget's
+   headroom: the frames the moves free are created ones already), the copy stream, and
+   `fences` spare fences (vmm_fence_reserve). *mark: the pool's creation mark before it.
+   -ENOMEM (a refusal: the frames it created released again), -EIO. */
+int  paging_acquire(struct paging *pg, uint32_t frames, unsigned fences, uint32_t *mark);
 /* Waits for the pending work (releases behind a fence, transfers) and reaps it, as a call
    short of frames does before it fails (pool_reserve_check): the frames those return are
    free then. -EIO. */
