@@ -710,6 +710,93 @@ Test(regress, attach_failed_into_swapped_out_dst_left_resident)
     attach_failed_into_swapped_out_dst(false);
 }
 
+/* Issue 31, defect 6: an attach of host entries that needs room only reclaim makes (a
+   CACHED sequence dropped, then the device entries no sequence holds dropped) and frames
+   the pool has not created (trimmed), with a creation the call needs refused by the driver
+   (cuMemCreate, cuEventCreate, cuStreamCreate, each call in turn): the reclaim acted before
+   them, so the attach failed -ENOMEM with the CACHED sequence and the entries dropped. A
+   failed attach must leave every sequence and every entry as it was. */
+struct att_refused {
+    struct tctx t;
+    bool stream;
+    void *st;
+    kvvm_key k[6], e[2];                 /* host entries attached; device entries */
+    kvvm_seq c, l, dst;
+    struct th_snap seqs, host;
+};
+
+static void att_setup(void *p)
+{
+    struct att_refused *a = p;
+    struct kvvm_config c;
+    cfg_small(&c, 1, 10, 16, 0);
+    topen(&a->t, &c);
+    host_entries(&a->t, a->k, 6);                  /* (synchronous: on the host tier) */
+    entries_only(&a->t, 1, 9, 2, a->e);            /* 2 device pages */
+    a->c = mk(&a->t);
+    fill(&a->t, a->c, 2 * T, 3);                   /* 2 */
+    a->l = mk(&a->t);
+    fill(&a->t, a->l, 4 * T, 4);                   /* 4: 2 free */
+    cr_assert_eq(kvvm_seq_set_class(a->t.kv, a->c, KVVM_SEQ_CACHED), 0);
+    if (a->stream) {
+        cr_assert_eq(kvvm_stream_create(a->t.kv, &a->st), 0);
+        cr_assert_eq(kvvm_set_stream(a->t.kv, a->st), 0);
+    }
+    a->dst = mk(&a->t);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);           /* c unprotected */
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    cr_assert_eq(kvvm_trim(a->t.kv, 0), 0);        /* the 2 free frames are not created */
+    kvvm_seq all[3] = { a->c, a->l, a->dst };
+    th_snap_take(a->t.kv, &a->seqs, all, 3, 1, a->e, 2);
+    th_snap_take(a->t.kv, &a->host, NULL, 0, 1, a->k, 6);
+}
+
+static int att_call(void *p)
+{
+    struct att_refused *a = p;          /* 6 frames: 2 free, c's 2, the entries' 2 */
+    int rc = kvvm_prefix_attach(a->t.kv, a->dst, 1, a->k, 6);
+    return rc == 6 ? 0 : rc;
+}
+
+static void att_teardown(void *p)
+{
+    struct att_refused *a = p;
+    if (a->stream)
+        tclose_stream(&a->t, a->st);
+    else
+        tclose(&a->t);
+}
+
+static enum th_sweep_outcome att_after(void *p, int rc, const char *where)
+{
+    struct att_refused *a = p;
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(a->t.kv, &a->seqs, where);
+        th_snap_same(a->t.kv, &a->host, where);
+    } else {
+        UCHK(same(&a->t, a->dst, 6 * T, 8), "%s: attached bytes", where);
+    }
+    th_check(a->t.kv, where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, attach_refused_by_the_driver_dropped_others)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);        /* the refusals are logged */
+    for (int stream = 0; stream < 2; stream++) {
+        struct att_refused a = { .stream = stream };
+        struct th_sweep s = { .name = stream ? "attach (stream)" : "attach", .arg = &a,
+                              .setup = att_setup, .call = att_call,
+                              .teardown = att_teardown, .after = att_after };
+        th_refusals_run(&s);
+    }
+}
+
 /* Entries whose pages went to disk (a staged swap-out of their publisher: more pages than
    the host tier holds) come back by attach with their bytes. */
 Test(host, attach_brings_disk_entries_back)
