@@ -484,10 +484,7 @@ uint32_t paging_cap_frames(const struct paging *pg)
 /* Makes n frames ready: delivered ones, those being created, created here, then stolen
    map-ahead. Frames made ready stay in the pool on failure (invisible: they count as free
    either way). */
-/* Up to n frames ready within the budget's headroom: delivered ones, those being created,
-   created here. -EIO, or (made) the driver's -ENOMEM when made is true: a refusal of a
-   frame the budget has room for (else it only ends the loop). */
-static int pool_make_ready(struct paging *pg, uint32_t n, bool made)
+int pool_make_ready(struct paging *pg, uint32_t n, bool made)
 {
     paging_feed_drain(pg);
     while (pg->fr.n_ready < n) {
@@ -534,19 +531,6 @@ int pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_
     }
     feed_wake(pg);
     return 0;
-}
-
-int paging_acquire(struct paging *pg, uint32_t frames, unsigned fences, uint32_t *mark)
-{
-    *mark = pg->fr.n_created;
-    int rc = pool_make_ready(pg, frames, true);
-    if (!rc)
-        rc = tier_copy_stream(pg);      /* the moves' and the swap-in's copies */
-    if (!rc)
-        rc = vmm_fence_reserve(pg->v, fences);
-    if (rc)
-        pool_rollback(pg, *mark);       /* nothing moved: as if never created */
-    return rc;
 }
 
 int pool_take(struct paging *pg, uint32_t n, pg_frame_id *out)

@@ -26,7 +26,6 @@
 #include "vmm.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +33,7 @@
 #include "common/log.h"
 #include "drv_cuda.h"
 #include "drv_emu.h"
+#include "spares.h"
 
 struct vmm {
     const struct kcu_api *api;
@@ -55,12 +55,7 @@ struct vmm {
     int unmap_each;             /* the driver refused one cuMemUnmap over several mappings
                                    (probe_unmap_span at open): vmm_unmap unmaps each */
     size_t map_unit;            /* atomic: bytes of one mapping (vmm_map_run's page_size) */
-    /* Spare fences (vmm_fence_reserve): events created before a call moves anything, taken
-       by vmm_fence_create first, so that a refused cuEventCreate cannot fail a call after
-       its point of no return. Counted in n_fences; destroyed at close. */
-    pthread_mutex_t spare_mu;
-    kcu_event spare[VMM_SPARE_FENCES];   /* [spare_mu] */
-    unsigned n_spare;                    /* [spare_mu] */
+    struct vmm_spares spares;   /* fences made ahead (spares.c) */
 };
 
 
@@ -280,6 +275,7 @@ static int pick_backend(const struct vmm_params *p, struct vmm *v)
         klog_error("emulated device: cannot create (capacity %zu, granule %zu): %s",
                    p->emu_capacity, p->emu_granule, strerror(-err));
         v->emu_ordinal = -1;
+    vmm_spares_init(&v->spares);
         v->api = NULL;
         v->dbg = NULL;
         return err;
@@ -344,7 +340,6 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     if (!v)
         return -ENOMEM;
     v->emu_ordinal = -1;
-    pthread_mutex_init(&v->spare_mu, NULL);
 
     int err = pick_backend(p, v);
     if (err)
@@ -443,7 +438,7 @@ out_emu:
     if (v->emu_ordinal >= 0)
         drv_emu_close(v->emu_ordinal);
 out_free:
-    pthread_mutex_destroy(&v->spare_mu);
+    vmm_spares_fini(&v->spares);
     free(v);
     return err;
 }
@@ -469,10 +464,7 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
         if (r != KCU_SUCCESS)
             drv_err(v, "cuCtxSynchronize", r);
     }
-    while (v->n_spare) {                /* the spare fences are ours, not the caller's */
-        vmm_fence f = { v->spare[--v->n_spare] };
-        vmm_fence_destroy(v, &f);
-    }
+    vmm_spares_drain(v, &v->spares);    /* ours, not the caller's leaks */
     if (v->n_handles || v->n_mapped_bytes || v->n_streams || v->n_fences ||
         v->n_host_allocs || v->n_host_regs)
         klog_warn("vmm_close: the caller leaked %lld physical handle(s), %lld mapped "
@@ -498,10 +490,11 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
         else if (leaks < 0)
             klog_error("vmm_close: emu_device_destroy: %s", strerror(-leaks));
     }
-    pthread_mutex_destroy(&v->spare_mu);
+    vmm_spares_fini(&v->spares);
     free(v);
 }
 
+struct vmm_spares *vmm_spares_of(struct vmm *v) { return &v->spares; }
 const char *vmm_backend_name(const struct vmm *v) { return v->api->name; }
 const struct kcu_api *vmm_api(const struct vmm *v) { return v->api; }
 size_t vmm_granule(const struct vmm *v) { return v->granule; }
@@ -801,52 +794,13 @@ int vmm_device_sync(struct vmm *v)
     return r == KCU_SUCCESS ? 0 : drv_err(v, "cuCtxSynchronize", r);
 }
 
-/* A spare fence (vmm_fence_reserve) into *f; false when none is left. */
-static bool spare_take(struct vmm *v, vmm_fence *f)
-{
-    pthread_mutex_lock(&v->spare_mu);
-    bool got = v->n_spare > 0;
-    if (got)
-        f->ev = v->spare[--v->n_spare];
-    pthread_mutex_unlock(&v->spare_mu);
-    return got;
-}
-
-int vmm_fence_reserve(struct vmm *v, unsigned n)
-{
-    if (n > VMM_SPARE_FENCES)
-        n = VMM_SPARE_FENCES;
-    for (;;) {
-        pthread_mutex_lock(&v->spare_mu);
-        bool enough = v->n_spare >= n;
-        pthread_mutex_unlock(&v->spare_mu);
-        if (enough)
-            return 0;
-        vmm_fence f;
-        ENTER(v);
-        kcu_result r = v->api->cuEventCreate(&f.ev, KCU_EVENT_DISABLE_TIMING |
-                                                    KCU_EVENT_BLOCKING_SYNC);
-        if (r != KCU_SUCCESS)
-            return drv_err(v, "cuEventCreate", r);
-        count(&v->n_fences, 1);
-        pthread_mutex_lock(&v->spare_mu);
-        bool kept = v->n_spare < VMM_SPARE_FENCES;
-        if (kept)
-            v->spare[v->n_spare++] = f.ev;
-        pthread_mutex_unlock(&v->spare_mu);
-        if (!kept) {                    /* another thread filled it meanwhile */
-            vmm_fence_destroy(v, &f);
-            return 0;
-        }
-    }
-}
-
 int vmm_fence_create(struct vmm *v, vmm_fence *f)
 {
-    if (!f)
-        return -EINVAL;
-    if (spare_take(v, f))
-        return 0;                       /* made before the call moved anything */
+    return !f ? -EINVAL : vmm_spares_take(&v->spares, f) ? 0 : vmm_fence_new(v, f);
+}
+
+int vmm_fence_new(struct vmm *v, vmm_fence *f)
+{
     ENTER(v);
     /* Blocking sync: a thread waiting on a fence sleeps instead of spinning a core. */
     kcu_result r = v->api->cuEventCreate(&f->ev, KCU_EVENT_DISABLE_TIMING |
