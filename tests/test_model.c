@@ -348,7 +348,9 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
     memcpy(saved, m->where, sizeof saved);
     snprintf(m->where, sizeof m->where, "%.80s [%s refused at its call %lu: %s]", saved,
              entry_name[refusal.entry], refusal.nth, call);
-    MCHECK(m, rc == -ENOMEM, "a call refused by the driver returned %d, not -ENOMEM", rc);
+    /* -ENOMEM, or the call's own error where it fails anyway (a fork with every slot in
+       use: -ENOSPC); never a dead context (an out-of-memory refusal is not sticky) */
+    MCHECK(m, rc != -EIO, "a call refused by the driver returned -EIO");
     bool soft = !refusal_acquired(refusal.entry) && !refusals_strict();
     refusal_soft = soft;
     unchanged(m, rc);

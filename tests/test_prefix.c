@@ -597,7 +597,8 @@ static kvvm_seq host_entries(struct tctx *t, kvvm_key *k, uint32_t nb)
     kvvm_seq a = published(t, 1, 8, nb, 0, k);
     cr_assert_eq(kvvm_seq_swap_out(t->kv, a), 0);
     cr_assert_eq(kvvm_seq_free(t->kv, a), 0);
-    uint8_t where[4];
+    uint8_t where[8];
+    cr_assert_leq(nb, 8u);
     cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, k, nb, where), (int)nb);
     for (uint32_t i = 0; i < nb; i++)
         cr_assert_eq(where[i], KVVM_TIER_HOST);
