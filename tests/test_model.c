@@ -256,7 +256,7 @@ enum { N_ENTRY = sizeof(struct emu_calls) / sizeof(uint64_t) };
 static const char *const entry_name[N_ENTRY] = { EMU_ENTRIES(ENTRY_NAME) };
 #undef ENTRY_NAME
 struct refusal_count {
-    uint64_t armed, fired, checked, absorbed, violations;
+    uint64_t armed, fired, checked, absorbed, violations, eio;
     uint64_t traced;                /* its calls seen in the traced calls */
 };
 static struct refusal_count refusals[N_ENTRY];   /* this configuration's */
@@ -269,6 +269,7 @@ static struct {
 static struct emu_trace_entry refusal_trace[REFUSE_TRACE];
 static bool refusal_soft;           /* unchanged() counts a violation, model_run goes on */
 static jmp_buf op_abandon;          /* model_run's: the op after a followed violation */
+static bool op_rewrites;            /* the call now running is a write (REFUSABLE_WRITE) */
 
 /* The entry points whose refusal the library acquires ahead (strict). */
 static bool refusal_acquired(int e)
@@ -349,8 +350,14 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
     snprintf(m->where, sizeof m->where, "%.80s [%s refused at its call %lu: %s]", saved,
              entry_name[refusal.entry], refusal.nth, call);
     /* -ENOMEM, or the call's own error where it fails anyway (a fork with every slot in
-       use: -ENOSPC); never a dead context (an out-of-memory refusal is not sticky) */
-    MCHECK(m, rc != -EIO, "a call refused by the driver returned -EIO");
+       use: -ENOSPC); never a dead context (an out-of-memory refusal is not sticky). A
+       staged disk swap reports a refused synchronization as -EIO (its I/O failed), the
+       context alive: counted (eio) */
+    if (rc == -EIO) {
+        struct kvvm_stats st = { .size = sizeof st };
+        MCHECK(m, kvvm_stats(m->kv, &st) == 0, "a refusal left the context dead");
+        k->eio++;
+    }
     bool soft = !refusal_acquired(refusal.entry) && !refusals_strict();
     refusal_soft = soft;
     unchanged(m, rc);
@@ -363,7 +370,12 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
     k->violations += v;
     if (soft)
         m->violations -= v;         /* counted here, not as the model's (the test's) */
-    longjmp(op_abandon, 1);         /* followed (unchanged): the op's prediction is gone */
+    /* followed (unchanged resynced the others): a call that may have written its own
+       bytes before the refusal (a write whose copy was enqueued) is made again, which
+       writes them as the model has them; any other op ends here, its prediction gone */
+    if (!op_rewrites)
+        longjmp(op_abandon, 1);
+    return true;
 }
 
 /* The call, with a refusal armed before it now and then (above); its result as the op
@@ -380,6 +392,14 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
         rr_;                                                                   \
     })
 
+/* A write: after a followed violation it is made again (refusal_failed). */
+#define REFUSABLE_WRITE(m, call) ({                                            \
+        op_rewrites = true;                                                    \
+        int rw_ = REFUSABLE(m, call);                                          \
+        op_rewrites = false;                                                   \
+        rw_;                                                                   \
+    })
+
 static void refusals_reset(void)
 {
     memset(refusals, 0, sizeof refusals);
@@ -392,14 +412,16 @@ static void refusals_report(const char *name)
 {
     uint64_t armed = 0, checked = 0, violations = 0;
     printf("  driver refusals (CUDA_ERROR_OUT_OF_MEMORY, one at a time) per entry point: "
-           "injections, fired in the call, failed calls checked, absorbed, violations\n");
+           "injections, fired in the call, failed calls checked, absorbed, violations, "
+           "-EIO returned\n");
     for (int e = 0; e < N_ENTRY; e++) {
         const struct refusal_count *k = &refusals[e];
         if (!k->armed)
             continue;
-        printf("    %-34s %8lu %8lu %8lu %6lu %6lu\n", entry_name[e],
+        printf("    %-34s %8lu %8lu %8lu %6lu %6lu %4lu\n", entry_name[e],
                (unsigned long)k->armed, (unsigned long)k->fired, (unsigned long)k->checked,
-               (unsigned long)k->absorbed, (unsigned long)k->violations);
+               (unsigned long)k->absorbed, (unsigned long)k->violations,
+               (unsigned long)k->eio);
         armed += k->armed;
         checked += k->checked;
         violations += k->violations;
@@ -561,7 +583,7 @@ static void dev_write(struct model *m, struct mseq *s, uint32_t r, uint64_t off,
 {
     ensure_buf(m, len);
     gen(m->buf, tag, r, off, len);
-    int rc = REFUSABLE(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
+    int rc = REFUSABLE_WRITE(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
     MCHECK(m, rc == 0, "kvvm_seq_write(r%u, %lu+%lu) after the range was made writable: %d",
            r, (unsigned long)off, (unsigned long)len, rc);
 }
@@ -1482,7 +1504,7 @@ static void op_write(struct model *m, struct mseq *s)
     }
     uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
-    int rc = REFUSABLE(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
+    int rc = REFUSABLE_WRITE(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
     if (may) {
         if (!unpredicted_done(m, rc, &s, 1, "write")) {
             verify_touched(m, s, a, b);
