@@ -269,7 +269,7 @@ static struct {
 static struct emu_trace_entry refusal_trace[REFUSE_TRACE];
 static bool refusal_soft;           /* unchanged() counts a violation, model_run goes on */
 static jmp_buf op_abandon;          /* model_run's: the op after a followed violation */
-static bool op_rewrites;            /* the call now running is a write (REFUSABLE_WRITE) */
+static bool op_rewrites;            /* the call now running is made again (REFUSABLE_AGAIN) */
 
 /* The entry points whose refusal the library acquires ahead (strict). */
 static bool refusal_acquired(int e)
@@ -372,7 +372,8 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
         m->violations -= v;         /* counted here, not as the model's (the test's) */
     /* followed (unchanged resynced the others): a call that may have written its own
        bytes before the refusal (a write whose copy was enqueued) is made again, which
-       writes them as the model has them; any other op ends here, its prediction gone */
+       writes them as the model has them, as is one whose op predicts nothing
+       (REFUSABLE_AGAIN); any other op ends here, its prediction gone */
     if (!op_rewrites)
         longjmp(op_abandon, 1);
     return true;
@@ -392,8 +393,10 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
         rr_;                                                                   \
     })
 
-/* A write: after a followed violation it is made again (refusal_failed). */
-#define REFUSABLE_WRITE(m, call) ({                                            \
+/* A call made again after a followed violation (refusal_failed): a write (its bytes may
+   be written), or one whose op predicts nothing (set_budget below the pages in use: any
+   outcome is followed), so that the op still counts. */
+#define REFUSABLE_AGAIN(m, call) ({                                            \
         op_rewrites = true;                                                    \
         int rw_ = REFUSABLE(m, call);                                          \
         op_rewrites = false;                                                   \
@@ -583,7 +586,7 @@ static void dev_write(struct model *m, struct mseq *s, uint32_t r, uint64_t off,
 {
     ensure_buf(m, len);
     gen(m->buf, tag, r, off, len);
-    int rc = REFUSABLE_WRITE(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
+    int rc = REFUSABLE_AGAIN(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
     MCHECK(m, rc == 0, "kvvm_seq_write(r%u, %lu+%lu) after the range was made writable: %d",
            r, (unsigned long)off, (unsigned long)len, rc);
 }
@@ -1504,7 +1507,7 @@ static void op_write(struct model *m, struct mseq *s)
     }
     uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
-    int rc = REFUSABLE_WRITE(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
+    int rc = REFUSABLE_AGAIN(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
     if (may) {
         if (!unpredicted_done(m, rc, &s, 1, "write")) {
             verify_touched(m, s, a, b);
@@ -1722,7 +1725,7 @@ static void op_shrink(struct model *m)
     uint64_t b = nr + rndn(m, m->used - nr);
     snprintf(m->where, sizeof m->where, "set_budget(%lu pages) below the %lu in use of %lu",
              (unsigned long)b, (unsigned long)m->used, (unsigned long)m->total);
-    int rc = REFUSABLE(m, kvvm_set_budget(m->kv, (size_t)(b * m->c.ps)));
+    int rc = REFUSABLE_AGAIN(m, kvvm_set_budget(m->kv, (size_t)(b * m->c.ps)));
     if (rc == 0) {
         m->total = b;
         resync(m, NULL, 0);
