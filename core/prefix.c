@@ -113,7 +113,8 @@ int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, ui
 static int attach_in(kvvm *kv, kvvm_seq dst, const pg_page_id *ids, uint32_t k)
 {
     uint32_t need;
-    int rc = paging_seq_adopt(kv->pg, dst, ids, k);
+    bool was_out;
+    int rc = paging_seq_adopt(kv->pg, dst, ids, k, &was_out);
     if (rc)
         return rc;
     rc = paging_need(kv->pg, dst, 0, &need);
@@ -122,7 +123,8 @@ static int attach_in(kvvm *kv, kvvm_seq dst, const pg_page_id *ids, uint32_t k)
     if (!rc)
         rc = paging_swap_in(kv->pg, dst, false);
     if (rc)
-        paging_seq_unadopt(kv->pg, dst);   /* empty again; the entries keep their pages */
+        paging_seq_unadopt(kv->pg, dst, was_out);  /* empty, resident or not, as it was;
+                                                      the entries keep their pages */
     return rc;
 }
 

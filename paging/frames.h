@@ -72,7 +72,7 @@ struct pg_feed {
 /* frames [pool.c]: the device pool. Frame ids 1..cap_frames; held = ready + ahead + used
    <= max_frames (the budget, p.max_frames, changed by pool_set_max_frames: the one field of
    p the pool writes). Others change it through pool_take / pool_take_except /
-   pool_take_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
+   pool_take_ready, pool_make_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
    pool_drop_all_ahead, pool_set_max_frames, pool_feed_suppress (paging.c's
    paging_set_budget and paging_trim), frame_set_ahead / frame_set_used (view.c), and the
    feed's paging_feed_* (swap/frames.c). A frame's state: frame_move (pool.c); its page:
@@ -113,6 +113,8 @@ uint32_t pool_available(const struct paging *pg);
 int  pool_take(struct paging *pg, uint32_t n, pg_frame_id *out);
 /* As pool_take, never stealing the map-ahead of `except`. */
 int  pool_take_except(struct paging *pg, uint32_t n, pg_frame_id *out, struct pg_seq *except);
+/* Up to n frames ready within the budget, no steal. -EIO; made: a refused create -ENOMEM. */
+int  pool_make_ready(struct paging *pg, uint32_t n, bool made);
 /* Takes up to n ready frames (no create, no steal); returns how many. */
 uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out);
 void frame_set_ahead(struct paging *pg, pg_frame_id f);

@@ -114,12 +114,14 @@ uint32_t paging_page_ents(struct paging *pg, pg_page_id id)
     return p->tier == PG_TIER_NONE ? 0 : p->ents;
 }
 
-int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n)
+int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n,
+                     bool *was_out)
 {
     struct pg_seq *s;
     int rc = block_seq(pg, h, &s);
     if (rc)
         return rc;
+    *was_out = s->out;
     if (s->length)
         return -EINVAL;
     uint64_t tokens = (uint64_t)n * (pg->p.page_size / pg->p.bytes_per_token);
@@ -150,7 +152,7 @@ int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint3
     return 0;
 }
 
-void paging_seq_unadopt(struct paging *pg, uint64_t h)
+void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out)
 {
     struct pg_seq *s;
     if (seq_lookup(pg, h, &s) || !s->out)
@@ -158,7 +160,9 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h)
     tier_drop_out(pg, s, 0, s->n_pages);
     s->n_pages = 0;
     s->length = 0;
-    seq_set_out(pg, s, false);          /* an empty sequence, resident as before */
+    /* an empty sequence, resident or swapped out as before the adoption (a swapped-out
+       one's window holds nothing: adopt settled nothing of it) */
+    seq_set_out(pg, s, was_out);
 }
 
 uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, int d)

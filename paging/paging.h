@@ -510,6 +510,13 @@ uint32_t paging_frames_pending(const struct paging *pg);
 int  paging_copy_fence_record(struct paging *pg, vmm_fence *f);
 /* Reaps completed pending work without blocking. -EIO. */
 int  paging_reap(struct paging *pg);
+/* Acquire before anything moves (a call that makes room by moving others: core.h
+   "Pressure"): what a driver may refuse for lack of resources is had here, while a refusal
+   still changes nothing: up to `frames` ready frames (created within the budget's
+   headroom: the frames the moves free are created ones already), the copy stream, and
+   `fences` spare fences (vmm_fence_reserve). *mark: the pool's creation mark before it.
+   -ENOMEM (a refusal: the frames it created released again), -EIO. */
+int  paging_acquire(struct paging *pg, uint32_t frames, unsigned fences, uint32_t *mark);
 /* Waits for the pending work (releases behind a fence, transfers) and reaps it, as a call
    short of frames does before it fails (pool_reserve_check): the frames those return are
    free then. -EIO. */
@@ -703,9 +710,11 @@ uint32_t paging_page_ents(struct paging *pg, pg_page_id id);
 /* Empty s (length 0) becomes a non-resident sequence of n blocks holding pages ids (as
    paging_seq_blocks lays them out): swap it in to map them (paging_need counts the frames).
    -ENOENT, -ESTALE, -EINVAL not empty, -E2BIG past max_tokens, -EOPNOTSUPP, -EIO. */
-int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n);
-/* Undoes paging_seq_adopt (s still non-resident): empty and resident again. */
-void paging_seq_unadopt(struct paging *pg, uint64_t h);
+int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n,
+                      bool *was_out);
+/* Undoes paging_seq_adopt (s still non-resident): empty again, and resident again unless
+   it was swapped out before (*was_out of the adoption): a failed attach changes nothing. */
+void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
 /* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at
    a time through the scratch page, synchronously (the copy stream only: a library thread
    may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what

@@ -495,7 +495,7 @@ uint32_t paging_cap_frames(const struct paging *pg)
 /* Makes n frames ready: delivered ones, those being created, created here, then stolen
    map-ahead. Frames made ready stay in the pool on failure (invisible: they count as free
    either way). */
-static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
+int pool_make_ready(struct paging *pg, uint32_t n, bool made)
 {
     paging_feed_drain(pg);
     while (pg->fr.n_ready < n) {
@@ -506,11 +506,19 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
         if (!budget_room(pg))
             break;
         int rc = pool_create_one(pg);
-        if (rc == -ENOMEM)
+        if (rc == -ENOMEM && !made)
             break;
         if (rc)
             return rc;
     }
+    return 0;
+}
+
+static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
+{
+    int rc = pool_make_ready(pg, n, false);
+    if (rc)
+        return rc;
     while (pg->fr.n_ready < n)
         if (pg->fr.ahead_steal(pg, except))
             return -ENOMEM;

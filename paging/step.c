@@ -143,6 +143,21 @@ int tier_copy_stream(struct paging *pg)
     return rc;
 }
 
+/* Acquire before a reclaim acts (paging.h): the frames through the pool's owner, the copy
+   stream and the fences here (the clock owns the copy stream). */
+int paging_acquire(struct paging *pg, uint32_t frames, unsigned fences, uint32_t *mark)
+{
+    *mark = pg->fr.n_created;
+    int rc = pool_make_ready(pg, frames, true);
+    if (!rc)
+        rc = tier_copy_stream(pg);      /* the moves' and the swap-in's copies */
+    if (!rc)
+        rc = vmm_fence_reserve(pg->v, fences);
+    if (rc)
+        pool_rollback(pg, *mark);       /* nothing moved: as if never created */
+    return rc;
+}
+
 kcu_stream paging_copy_stream(const struct paging *pg)
 {
     return pg->ck.copy_stream;

@@ -140,8 +140,8 @@ int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 int tier_copy_finish(struct paging *pg, int rc)
 {
     int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
-    if (src && !rc)
-        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream); /* queued still: never unmap under it */
+    if (src)        /* refused, failed copy or not: queued still, never unmap under it */
+        (void)vmm_stream_sync(pg->v, pg->ck.copy_stream);
     return rc ? rc : src;
 }
 

@@ -130,9 +130,7 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
         rc = tier_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_in(pg, vas[b + j], hs[j]);
-        int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the slots are reused next */
-        if (!rc)
-            rc = src;
+        rc = tier_copy_finish(pg, rc);  /* the slots are reused next, or the window unmapped */
         if (pg_page_is_none(bw))
             lower_give(pg, PG_LOWER_HOST, hs, m);
         if (rc)
@@ -255,7 +253,7 @@ static int swap_in_staged(struct paging *pg, struct pg_seq *s)
         pool_give(pg, fresh + need, 1);
     }
     if (rc) {
-        vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made write into the window */
+        (void)tier_copy_finish(pg, rc);   /* the copies made write into the window */
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }
@@ -340,7 +338,7 @@ static int swap_in_direct(struct paging *pg, struct pg_seq *s, bool async)
     if (!rc)
         rc = in_order(pg, d, wait, async);
     if (rc) {
-        vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made write into the window */
+        (void)tier_copy_finish(pg, rc);   /* the copies made write into the window */
         tier_unmap_window_must(pg, slot, np, fr, nr);
         goto out_give;
     }

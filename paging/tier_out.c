@@ -71,9 +71,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
             break;
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
-        int src = vmm_stream_sync(pg->v, pg->ck.copy_stream);
-        if (!rc)
-            rc = src;
+        rc = tier_copy_finish(pg, rc);  /* the slots are written to disk or given back */
         if (!rc)
             rc = tier_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
         lower_give(pg, PG_LOWER_HOST, hs, m);
@@ -189,7 +187,7 @@ static int out_copies(struct paging *pg, struct pg_seq *s, const struct pg_defer
             continue;                   /* (a hole, discard.c) */
         int rc = tier_copy_out(pg, slots[k++], pg_va(pg, i / np, slot, i % np));
         if (rc) {
-            vmm_stream_sync(pg->v, pg->ck.copy_stream);   /* the copies made read into slots */
+            (void)tier_copy_finish(pg, rc);   /* the copies made read into slots */
             return rc;
         }
     }
@@ -218,7 +216,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         rc = fenced ? tier_job_fence(pg, d)
                     : vmm_stream_sync(pg->v, pg->ck.copy_stream);  /* sync mode: done on return */
     if (rc) {
-        vmm_stream_sync(pg->v, pg->ck.copy_stream);
+        (void)tier_copy_finish(pg, rc);   /* never give the slots back under the copies */
         lower_give(pg, PG_LOWER_HOST, slots, need);
         goto out_free;
     }

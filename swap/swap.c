@@ -27,17 +27,35 @@ int swap_wait_copies(struct swap *sw)
     return rc ? rc : vmm_fence_wait(sw->v, &sw->direct_fence);
 }
 
-/* Plans (flags), checks and acts, waiting for the copies: the frames are free on return.
-   Timed into the stats when it moved something. */
-static int reclaim_now(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
-                       unsigned flags)
+/* The fences acting on p and the call after it may make: a job per move, a release
+   behind a fence per drop, the waits, and the caller's own swap-in and releases (an upper
+   bound; vmm_fence_reserve caps it). */
+static unsigned plan_fences(const struct swap_rplan *p)
+{
+    return (unsigned)(2 * p->n) + (p->orphans ? 2 : 0) + (p->cache ? 2 : 0) + 8;
+}
+
+/* Plans (flags), checks, acquires, and acts, waiting for the copies: the frames are free on
+   return. Acquire (paging_acquire): the caller's `frames` (the ones it will take beyond
+   those the moves free, created now within the budget) and the fences, before the first
+   move, so that a driver refusing them fails the call with nothing moved. Timed into the
+   stats when it moved something. */
+static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const uint64_t *excl,
+                       size_t n_excl, unsigned flags)
 {
     uint64_t t0 = know_ns();
     struct swap_rplan p;
-    uint32_t moved = 0;
+    uint32_t moved = 0, mark;
     int rc = swap_reclaim_plan(sw, want, excl, n_excl, flags, &p);
     if (rc)
         return rc;                     /* nothing moved */
+    if (p.n || p.orphans || p.cache)
+        rc = paging_acquire(sw->pg, frames, plan_fences(&p), &mark);
+    if (rc) {
+        swap_rplan_free(&p);
+        return rc;                     /* refused: nothing moved */
+    }
+    /* commit: the moves start; what a driver may refuse for lack of resources was had */
     rc = swap_reclaim_act(sw, &p, true, &moved);
     swap_rplan_free(&p);
     if (moved) {
@@ -51,7 +69,7 @@ static int reclaim_now(struct swap *sw, uint32_t want, const uint64_t *excl, siz
 int swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
 {
     /* a drop moves no data: without KVVM_F_AUTO_SWAP too */
-    return reclaim_now(sw, want, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0);
+    return reclaim_now(sw, want, want, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0);
 }
 
 /* ---- budget changes (kvvm_set_budget) ----------------------------------------------- */
@@ -60,7 +78,7 @@ int swap_reclaim_budget(struct swap *sw, uint32_t want)
 {
     /* the same plan as direct reclaim, with or without KVVM_F_AUTO_SWAP (API: a budget
        shrink swaps out regardless) */
-    return reclaim_now(sw, want, NULL, 0, SWAP_PLAN_SWAP);
+    return reclaim_now(sw, want, 0, NULL, 0, SWAP_PLAN_SWAP);   /* frames to free, none to take */
 }
 
 void swap_set_frames(struct swap *sw, uint32_t frames)

@@ -378,6 +378,131 @@ static inline struct th_sweep_count th_sweep_run(const struct th_sweep *sw)
     return n;
 }
 
+/* ---------------------------------------------------------------- the failed-call rule */
+
+/* "A failed call changes nothing" (docs/api.md), as the sweeps of driver refusals check it:
+   a snapshot of the sequences a test names (length, residency, pages per tier, class,
+   dropped state) and of the prefix entries of keys[0..n_keys) in namespace ns (how many of
+   the chain are present, and each one's tier). */
+#define TH_SNAP_SEQS 16
+#define TH_SNAP_KEYS 16
+struct th_snap {
+    size_t n;
+    kvvm_seq h[TH_SNAP_SEQS];
+    struct kvvm_seq_info in[TH_SNAP_SEQS];
+    uint64_t ns;
+    const kvvm_key *keys;
+    size_t n_keys;
+    int found;
+    uint8_t where[TH_SNAP_KEYS];
+};
+
+/* Takes the snapshot of seqs[0..n) and of the entries keys[0..n_keys) under ns (keys NULL:
+   no entries); the key array must outlive the snapshot. */
+static inline void th_snap_take(kvvm *kv, struct th_snap *sn, const kvvm_seq *seqs, size_t n,
+                                uint64_t ns, const kvvm_key *keys, size_t n_keys)
+{
+    cr_assert_leq(n, TH_SNAP_SEQS);
+    cr_assert_leq(n_keys, TH_SNAP_KEYS);
+    memset(sn, 0, sizeof *sn);
+    sn->n = n;
+    for (size_t i = 0; i < n; i++) {
+        sn->h[i] = seqs[i];
+        th_info(kv, seqs[i], &sn->in[i]);
+    }
+    sn->ns = ns;
+    sn->keys = keys;
+    sn->n_keys = keys ? n_keys : 0;
+    if (sn->n_keys)
+        sn->found = kvvm_prefix_lookup(kv, ns, keys, n_keys, sn->where);
+}
+
+/* UCHK that everything of sn is as it was. */
+static inline void th_snap_same(kvvm *kv, const struct th_snap *sn, const char *where)
+{
+    for (size_t i = 0; i < sn->n; i++) {
+        struct kvvm_seq_info in;
+        const struct kvvm_seq_info *a = &sn->in[i];
+        th_info(kv, sn->h[i], &in);
+        UCHK(in.length == a->length && in.resident == a->resident &&
+             in.pages_device == a->pages_device && in.pages_host == a->pages_host &&
+             in.pages_disk == a->pages_disk && in.dropped == a->dropped && in.cls == a->cls,
+             "%s: sequence %zu changed: length %lu -> %lu, resident %d -> %d, pages "
+             "device/host/disk %u/%u/%u -> %u/%u/%u, dropped %d -> %d, class %u -> %u", where,
+             i, (unsigned long)a->length, (unsigned long)in.length, a->resident, in.resident,
+             a->pages_device, a->pages_host, a->pages_disk, in.pages_device, in.pages_host,
+             in.pages_disk, a->dropped, in.dropped, a->cls, in.cls);
+    }
+    if (sn->n_keys) {
+        uint8_t w[TH_SNAP_KEYS] = { 0 };
+        int found = kvvm_prefix_lookup(kv, sn->ns, sn->keys, sn->n_keys, w);
+        UCHK(found == sn->found, "%s: %d prefix entries present, were %d", where, found,
+             sn->found);
+        for (int i = 0; i < found && i < sn->found; i++)
+            UCHK(w[i] == sn->where[i], "%s: prefix entry %d moved (tier %u, was %u)", where,
+                 i, w[i], sn->where[i]);
+    }
+}
+
+/* Driver refusals of the entry points that create what a call needs (frames, events,
+   streams): the library acquires those before the call moves anything (docs/api.md
+   "Errors"), so a refusal of any of them, at any of its calls, fails the call with nothing
+   changed. For each entry point and nth = 1, 2, ... until the refusal no longer fires
+   within the call (traced): setup, arm (CUDA_ERROR_OUT_OF_MEMORY at its nth call), call,
+   after (as th_sweep's: checks with UCHK, says what happened), teardown. Soft mode; prints
+   and returns the counts; the test fails where a check did or where no refusal fired. */
+static const char *const th_create_entries[] = { "cuMemCreate", "cuEventCreate",
+                                                 "cuStreamCreate" };
+static inline struct th_sweep_count th_refusals_run(const struct th_sweep *sw)
+{
+    enum { MAXT = 4096 };
+    static struct emu_trace_entry tr[MAXT];
+    struct th_sweep_count n = { 0 };
+    char w[192];
+    soft = true;
+    for (size_t e = 0; e < sizeof th_create_entries / sizeof *th_create_entries; e++) {
+        const char *entry = th_create_entries[e];
+        for (unsigned long nth = 1;; nth++) {
+            snprintf(w, sizeof w, "%s: %s #%lu refused", sw->name, entry, nth);
+            sw->setup(sw->arg);
+            if (sw->before)
+                sw->before(sw->arg);
+            int was = soft_failures;
+            emu_trace_start();
+            cr_assert_eq(emu_fail_arm(entry, nth, KCU_ERROR_OUT_OF_MEMORY), 0, "%s: arm", w);
+            int rc = sw->call(sw->arg);
+            emu_fail_clear();
+            size_t k = emu_trace_stop(tr, MAXT), seen = 0;
+            for (size_t i = 0; i < k && i < MAXT; i++)
+                seen += !strcmp(tr[i].entry, entry);
+            if (seen < nth) {           /* past its last call: nothing refused */
+                sw->teardown(sw->arg);
+                break;
+            }
+            n.points++;
+            snprintf(w + strlen(w), sizeof w - strlen(w), " (returned %d)", rc);
+            switch (sw->after(sw->arg, rc, w)) {
+            case TH_SWEEP_FAILED: n.failed++; break;
+            case TH_SWEEP_DEAD: n.failed++; n.dead++; break;
+            case TH_SWEEP_ABSORBED: n.absorbed++; break;
+            }
+            if (soft_failures != was) {
+                n.broken++;
+                printf("refusals %s: BROKEN at %s\n", sw->name, w);
+            }
+            sw->teardown(sw->arg);
+        }
+    }
+    soft = false;
+    printf("refusals %s: %zu refused calls of cuMemCreate, cuEventCreate, cuStreamCreate: %u "
+           "failed, %u absorbed, %u broke a rule\n", sw->name, n.points, n.failed, n.absorbed,
+           n.broken);
+    fflush(stdout);
+    cr_assert_gt(n.points, 0, "%s: no refusal fired within the call", sw->name);
+    cr_assert_eq(n.broken, 0, "%s: %u refused calls broke a rule", sw->name, n.broken);
+    return n;
+}
+
 /* ---------------------------------------------------------------- shadows */
 #ifdef KVVM_HARNESS_SHADOW
 /* The shadow harness of the context and paging tests (test_core.c, test_paging.c): small

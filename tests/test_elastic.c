@@ -988,3 +988,93 @@ Test(regress, set_budget_small_victim_filled_the_room_of_the_big_one)
     free_n(all, 3);
     tclose(&t);
 }
+
+/* Issue 31, defect 6: a shrinking kvvm_set_budget that drops a CACHED sequence and swaps a
+   LIVE one out, with a creation it needs refused by the driver (the copy stream of the
+   first swap-out, the moves' fences; each call in turn): the drop was acted on before
+   them, so the shrink failed -ENOMEM with the CACHED sequence dropped. A refused shrink
+   must leave the budget and every sequence as they were. */
+struct shrink_refused {
+    struct tctx t;
+    bool stream;
+    void *st;
+    struct sh *c, *l;
+    struct th_snap before;
+    uint64_t total0;
+};
+
+static void shr_setup(void *p)
+{
+    struct shrink_refused *a = p;
+    struct kvvm_config c;
+    tcfg(&c, 16, 64, 16, 0);
+    c.pool_thread = 0;
+    topen(&a->t, &c);
+    if (a->stream) {
+        cr_assert_eq(kvvm_stream_create(a->t.kv, &a->st), 0);
+        cr_assert_eq(kvvm_set_stream(a->t.kv, a->st), 0);
+    }
+    a->c = sh_new(a->t.kv, 1);
+    a->l = sh_new(a->t.kv, 2);
+    cr_assert_eq(sh_grow_fill(a->t.kv, a->c, 7), 0);   /* 2 pages a region: 4 frames */
+    cr_assert_eq(sh_grow_fill(a->t.kv, a->l, 15), 0);  /* 8 frames */
+    cr_assert_eq(kvvm_seq_set_class(a->t.kv, a->c->h, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    kvvm_seq all[2] = { a->c->h, a->l->h };
+    th_snap_take(a->t.kv, &a->before, all, 2, 0, NULL, 0);
+    struct kvvm_stats st;
+    tstats(&a->t, &st);
+    a->total0 = st.pages_device_total;
+}
+
+static int shr_call(void *p)
+{
+    struct shrink_refused *a = p;       /* 12 in use, 4 left: c dropped, l swapped out */
+    return kvvm_set_budget(a->t.kv, 4 * KB);
+}
+
+static void shr_teardown(void *p)
+{
+    struct shrink_refused *a = p;
+    struct sh *all[2] = { a->c, a->l };
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(kvvm_seq_free(a->t.kv, all[i]->h), 0);
+    free_n(all, 2);
+    if (a->stream) {
+        cr_assert_eq(kvvm_set_stream(a->t.kv, NULL), 0);
+        cr_assert_eq(kvvm_stream_destroy(a->t.kv, a->st), 0);
+    }
+    tclose(&a->t);
+}
+
+static enum th_sweep_outcome shr_after(void *p, int rc, const char *where)
+{
+    struct shrink_refused *a = p;
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(a->t.kv, &a->before, where);
+        struct kvvm_stats st;
+        tstats(&a->t, &st);
+        UCHK(st.pages_device_total == a->total0, "%s: the budget changed to %lu pages",
+             where, (unsigned long)st.pages_device_total);
+    }
+    th_check(a->t.kv, where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, set_budget_refused_by_the_driver_dropped_others)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);        /* the refusals are logged */
+    for (int stream = 0; stream < 2; stream++) {
+        struct shrink_refused a = { .stream = stream };
+        struct th_sweep s = { .name = stream ? "set_budget (stream)" : "set_budget",
+                              .arg = &a, .setup = shr_setup, .call = shr_call,
+                              .teardown = shr_teardown, .after = shr_after };
+        th_refusals_run(&s);
+    }
+}

@@ -66,11 +66,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <setjmp.h>
 #include <time.h>
 #include <unistd.h>
 #include "kvvm.h"
 #include "core/debug.h"
 #include "vmm/emu/emu.h"
+#include "testing/kvvm_testing.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
@@ -234,6 +236,217 @@ static bool straddles(const struct model *m, uint64_t t)
     } while (0)
 #define MCHECK(m, cond, ...) do { if (!(cond)) MFAIL(m, __VA_ARGS__); } while (0)
 
+/* ---------------------------------------------------------------- driver refusals */
+
+/* "A failed call changes nothing" under driver refusals (issue 31): before one call in
+   REFUSE_ONE_IN of those the ops make (every call that may move pages: grow, grow_batch,
+   share, prepare_write, write, swap_in, swap_out, fork, truncate, free, discard,
+   set_budget), one driver entry point is armed to refuse (CUDA_ERROR_OUT_OF_MEMORY) at
+   its nth call from then (nth 1..6), chosen among every entry point the emulated device
+   has seen called so far (the library's threads' calls too), and the call is made, traced
+   (emu_trace_start: every entry point call, on any thread, context or not). When the
+   refusal fired within the call and the call failed, the failed call is checked against a
+   snapshot taken just before it (unchanged: every sequence, its own too); then the refusal
+   is cleared and the call made again, as the op would have made it (its prediction stands:
+   nothing changed). A call that succeeded, refused or not, is the op's call. Counted per
+   entry point and printed per configuration: injections, refusals that fired within the
+   call, failed calls checked, absorbed (succeeded anyway), violations.
+   What the library guarantees (docs/api.md "Errors"): a refusal of what a call creates
+   (cuMemCreate, cuEventCreate, cuStreamCreate: acquired before anything moves) changes
+   nothing; a violation there fails the test. A refusal of a call on what exists (a map,
+   a copy, a synchronization) after the call's reclaim moved others leaves those moves
+   made: such a violation is counted and printed, the model follows the library and the op
+   is abandoned (its prediction no longer holds); KVVMTEST_MODEL_REFUSALS=strict fails the
+   test on those too. */
+#define REFUSE_ONE_IN 4
+static void snap_take(struct model *m);
+static void unchanged(struct model *m, int rc);
+enum { N_ENTRY = sizeof(struct emu_calls) / sizeof(uint64_t) };
+#define ENTRY_NAME(n) #n,
+static const char *const entry_name[N_ENTRY] = { EMU_ENTRIES(ENTRY_NAME) };
+#undef ENTRY_NAME
+struct refusal_count {
+    uint64_t armed, fired, checked, absorbed, violations, eio;
+    uint64_t traced;                /* its calls seen in the traced calls */
+};
+static struct refusal_count refusals[N_ENTRY];   /* this configuration's */
+static struct {
+    int entry;
+    unsigned long nth;
+    uint64_t violations0;
+} refusal;
+#define REFUSE_TRACE 65536
+static struct emu_trace_entry refusal_trace[REFUSE_TRACE];
+static bool refusal_soft;           /* unchanged() counts a violation, model_run goes on */
+static jmp_buf op_abandon;          /* model_run's: the op after a followed violation */
+static bool op_rewrites;            /* the call now running is made again (REFUSABLE_AGAIN) */
+
+/* The entry points whose refusal the library acquires ahead (strict). */
+static bool refusal_acquired(int e)
+{
+    const char *n = entry_name[e];
+    return !strcmp(n, "cuMemCreate") || !strcmp(n, "cuEventCreate") ||
+           !strcmp(n, "cuStreamCreate");
+}
+
+/* KVVMTEST_MODEL_REFUSALS: strict (every violation fails the test), off (no refusal is
+   injected: the model alone), else the default above. */
+static bool refusals_mode(const char *mode)
+{
+    const char *e = getenv("KVVMTEST_MODEL_REFUSALS");
+    return e && !strcmp(e, mode);
+}
+
+static bool refusals_strict(void)
+{
+    return refusals_mode("strict");
+}
+
+/* Arms a refusal for the next call (one call in REFUSE_ONE_IN); true when armed. */
+static bool refusal_arm(struct model *m)
+{
+    if (rndn(m, REFUSE_ONE_IN) || refusals_mode("off"))
+        return false;
+    struct emu_calls dev;
+    MCHECK(m, emu_calls_get(kvvm_debug_emu_ordinal(m->kv), &dev) == 0, "emu_calls_get");
+    /* three times in four one the calls were seen to make (in the traced calls), else
+       any the device has seen called (each of them gets its turn) */
+    bool in_calls = rndn(m, 4) != 0;
+    int seen[N_ENTRY], n = 0;
+    for (int pass = 0; pass < 2 && !n; pass++, in_calls = false)
+        for (int e = 0; e < N_ENTRY; e++)
+            if (in_calls ? refusals[e].traced != 0 : ((const uint64_t *)&dev)[e] != 0)
+                seen[n++] = e;
+    if (!n)
+        return false;
+    int e = seen[rndn(m, (uint64_t)n)];
+    snap_take(m);                   /* the state the call starts from */
+    refusal.entry = e;
+    refusal.nth = 1 + (unsigned long)rndn(m, 6);
+    refusal.violations0 = m->violations;
+    emu_trace_start();
+    MCHECK(m, emu_fail_arm(entry_name[e], refusal.nth, KCU_ERROR_OUT_OF_MEMORY) == 0,
+           "emu_fail_arm(%s)", entry_name[e]);
+    refusals[e].armed++;
+    return true;
+}
+
+/* After the armed call returned rc: true when the refusal fired in it and it failed
+   (checked: nothing changed), and the op makes the call again. */
+static bool refusal_failed(struct model *m, int rc, const char *call)
+{
+    emu_fail_clear();
+    size_t n = emu_trace_stop(refusal_trace, REFUSE_TRACE);
+    if (n > REFUSE_TRACE)
+        n = REFUSE_TRACE;
+    bool fired = false;
+    for (size_t i = 0; i < n; i++)
+        for (int e = 0; e < N_ENTRY; e++)
+            if (!strcmp(refusal_trace[i].entry, entry_name[e])) {
+                refusals[e].traced++;
+                fired |= e == refusal.entry && refusal_trace[i].nth == refusal.nth;
+                break;
+            }
+    struct refusal_count *k = &refusals[refusal.entry];
+    if (!fired)
+        return false;               /* the call ran as the op's */
+    k->fired++;
+    if (!rc) {
+        k->absorbed++;
+        return false;
+    }
+    char saved[sizeof m->where];
+    memcpy(saved, m->where, sizeof saved);
+    snprintf(m->where, sizeof m->where, "%.80s [%s refused at its call %lu: %s]", saved,
+             entry_name[refusal.entry], refusal.nth, call);
+    /* -ENOMEM, or the call's own error where it fails anyway (a fork with every slot in
+       use: -ENOSPC); never a dead context (an out-of-memory refusal is not sticky). A
+       staged disk swap reports a refused synchronization as -EIO (its I/O failed), the
+       context alive: counted (eio) */
+    if (rc == -EIO) {
+        struct kvvm_stats st = { .size = sizeof st };
+        MCHECK(m, kvvm_stats(m->kv, &st) == 0, "a refusal left the context dead");
+        k->eio++;
+    }
+    bool soft = !refusal_acquired(refusal.entry) && !refusals_strict();
+    refusal_soft = soft;
+    unchanged(m, rc);
+    refusal_soft = false;
+    k->checked++;
+    memcpy(m->where, saved, sizeof saved);
+    uint64_t v = m->violations - refusal.violations0;
+    if (!v)
+        return true;
+    k->violations += v;
+    if (soft)
+        m->violations -= v;         /* counted here, not as the model's (the test's) */
+    /* followed (unchanged resynced the others): a call that may have written its own
+       bytes before the refusal (a write whose copy was enqueued) is made again, which
+       writes them as the model has them, as is one whose op predicts nothing
+       (REFUSABLE_AGAIN); any other op ends here, its prediction gone */
+    if (!op_rewrites)
+        longjmp(op_abandon, 1);
+    return true;
+}
+
+/* The call, with a refusal armed before it now and then (above); its result as the op
+   would have had it. */
+#define REFUSABLE(m, call) ({                                                  \
+        int rr_ = 0;                                                           \
+        bool again_ = true;                                                    \
+        if (refusal_arm(m)) {                                                  \
+            rr_ = (call);                                                      \
+            again_ = refusal_failed(m, rr_, #call);                            \
+        }                                                                      \
+        if (again_)                                                            \
+            rr_ = (call);                                                      \
+        rr_;                                                                   \
+    })
+
+/* A call made again after a followed violation (refusal_failed): a write (its bytes may
+   be written), or one whose op predicts nothing (set_budget below the pages in use: any
+   outcome is followed), so that the op still counts. */
+#define REFUSABLE_AGAIN(m, call) ({                                            \
+        op_rewrites = true;                                                    \
+        int rw_ = REFUSABLE(m, call);                                          \
+        op_rewrites = false;                                                   \
+        rw_;                                                                   \
+    })
+
+static void refusals_reset(void)
+{
+    memset(refusals, 0, sizeof refusals);
+}
+
+/* Prints the counts per entry point (those armed); some failed call must have been
+   checked. Violations are the model's (unchanged: counted with KVVMTEST_MODEL_KEEP_GOING,
+   else the first one fails the test). */
+static void refusals_report(const char *name)
+{
+    uint64_t armed = 0, checked = 0, violations = 0;
+    printf("  driver refusals (CUDA_ERROR_OUT_OF_MEMORY, one at a time) per entry point: "
+           "injections, fired in the call, failed calls checked, absorbed, violations, "
+           "-EIO returned\n");
+    for (int e = 0; e < N_ENTRY; e++) {
+        const struct refusal_count *k = &refusals[e];
+        if (!k->armed)
+            continue;
+        printf("    %-34s %8lu %8lu %8lu %6lu %6lu %4lu\n", entry_name[e],
+               (unsigned long)k->armed, (unsigned long)k->fired, (unsigned long)k->checked,
+               (unsigned long)k->absorbed, (unsigned long)k->violations,
+               (unsigned long)k->eio);
+        armed += k->armed;
+        checked += k->checked;
+        violations += k->violations;
+    }
+    printf("  driver refusals: %lu injections, %lu failed calls checked, %lu violations "
+           "(refusals of what a call creates: none, or the test failed; the others: a map, "
+           "copy or synchronization refused after the call's reclaim had moved others)\n",
+           (unsigned long)armed, (unsigned long)checked, (unsigned long)violations);
+    cr_expect(checked > 0 || refusals_mode("off"), "%s: no failed call under a driver "
+              "refusal was checked", name);
+}
+
 /* ---------------------------------------------------------------- model pages */
 
 static int32_t pg_alloc(struct model *m)
@@ -383,7 +596,7 @@ static void dev_write(struct model *m, struct mseq *s, uint32_t r, uint64_t off,
 {
     ensure_buf(m, len);
     gen(m->buf, tag, r, off, len);
-    int rc = kvvm_seq_write(m->kv, s->h, r, off, m->buf, len);
+    int rc = REFUSABLE_AGAIN(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
     MCHECK(m, rc == 0, "kvvm_seq_write(r%u, %lu+%lu) after the range was made writable: %d",
            r, (unsigned long)off, (unsigned long)len, rc);
 }
@@ -800,7 +1013,7 @@ static void unchanged(struct model *m, int rc)
                  (unsigned long)in.length, e->dev, in.pages_device, e->below,
                  in.pages_host + in.pages_disk, e->cls, in.cls, e->resident, in.resident,
                  e->dropped, in.dropped);
-        MCHECK(m, keep_going(), "%s", msg);
+        MCHECK(m, keep_going() || refusal_soft, "%s", msg);
         if (!broken)
             printf("VIOLATION seed %lu op %lu (%s): %s\n", m->seed, (unsigned long)m->op,
                    m->where, msg);
@@ -924,7 +1137,7 @@ static void op_swap_out(struct model *m, struct mseq *s)
                 int32_t id = s->pg[r][k];
                 down += id != HOLE && !m->onhost[id] && !resident_holder(m, id, s);
             }
-    int rc = kvvm_seq_swap_out(m->kv, s->h);
+    int rc = REFUSABLE(m, kvvm_seq_swap_out(m->kv, s->h));
     if (down > m->host_total - m->host_used) {
         MCHECK(m, rc == -ENOMEM, "needs %lu host slots, %lu free: swap_out returned %d",
                (unsigned long)down, (unsigned long)(m->host_total - m->host_used), rc);
@@ -964,7 +1177,7 @@ static bool ensure_in(struct model *m, struct mseq *s)
         for (uint64_t k = 0; k < np; k++)
             need += s->pg[r][k] != HOLE && m->onhost[s->pg[r][k]];
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
-    int rc = kvvm_seq_swap_in(m->kv, s->h);
+    int rc = REFUSABLE(m, kvvm_seq_swap_in(m->kv, s->h));
     if (may) {
         if (!unpredicted_done(m, rc, &s, 1, "swap_in")) {
             memcpy(m->where, saved, sizeof saved);
@@ -1050,7 +1263,7 @@ static void op_grow(struct model *m, struct mseq *s)
     }
     uint64_t need = need_grow(m, s, nl, false, NULL, NULL);
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
-    int rc = kvvm_seq_grow(m->kv, s->h, nl);
+    int rc = REFUSABLE(m, kvvm_seq_grow(m->kv, s->h, nl));
     if (may) {
         if (!unpredicted_done(m, rc, &s, 1, "grow")) {
             verify_touched(m, s, s->len ? s->len - 1 : 0, s->len);
@@ -1121,7 +1334,7 @@ static void op_grow_batch(struct model *m)
     snprintf(m->where, sizeof m->where, "grow_batch of %d (independent plans would need %lu)",
              n, (unsigned long)naive);
     bool may = !big && need > mfree(m) && may_reclaim(m, set, n);
-    int rc = kvvm_seq_grow_batch(m->kv, hs, lens, (size_t)n);
+    int rc = REFUSABLE(m, kvvm_seq_grow_batch(m->kv, hs, lens, (size_t)n));
     if (big) {
         MCHECK(m, rc == -E2BIG, "grow_batch with one past max_tokens: %d", rc);
         m->cnt[C_E2BIG]++;
@@ -1168,7 +1381,7 @@ static void op_truncate(struct model *m, struct mseq *s)
         m->cnt[C_EINVAL]++;
         return;
     }
-    int rc = kvvm_seq_truncate(m->kv, s->h, nl);
+    int rc = REFUSABLE(m, kvvm_seq_truncate(m->kv, s->h, nl));
     MCHECK(m, rc == 0, "truncate: %d", rc);
     if (s->out)
         m->cnt[C_OUT_OPS]++;
@@ -1188,7 +1401,7 @@ static void op_fork(struct model *m, struct mseq *p)
              (unsigned long)p->len);
     struct mseq *c = free_entry(m);
     kvvm_seq h = 0;
-    int rc = kvvm_seq_fork(m->kv, p->h, &h);
+    int rc = REFUSABLE(m, kvvm_seq_fork(m->kv, p->h, &h));
     if (!c) {
         MCHECK(m, rc == -ENOSPC, "fork with every slot in use: %d", rc);
         m->cnt[C_ENOSPC]++;
@@ -1253,7 +1466,7 @@ static void op_share(struct model *m, struct mseq *src)
     uint64_t avail = host_copy ? m->host_total - m->host_used : mfree(m);
     struct mseq *pair[2] = { src, dst };
     bool may = !host_copy && need > avail && may_reclaim(m, pair, 2);
-    int rc = kvvm_seq_share(m->kv, dst->h, src->h, n);
+    int rc = REFUSABLE(m, kvvm_seq_share(m->kv, dst->h, src->h, n));
     if (may) {
         if (!unpredicted_done(m, rc, pair, 2, "share")) {
             verify_touched(m, src, n ? n - 1 : 0, n);
@@ -1331,7 +1544,7 @@ static void op_prepare_write(struct model *m, struct mseq *s)
     for (uint32_t r = 0; r < m->c.nr; r++)
         need += need_cow(m, s, r, a * m->c.bpt, b * m->c.bpt, false, NULL, NULL);
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
-    int rc = kvvm_seq_prepare_write(m->kv, s->h, a, b);
+    int rc = REFUSABLE(m, kvvm_seq_prepare_write(m->kv, s->h, a, b));
     if (may) {
         if (!unpredicted_done(m, rc, &s, 1, "prepare_write")) {
             verify_touched(m, s, a, b);
@@ -1382,7 +1595,7 @@ static void op_write(struct model *m, struct mseq *s)
     }
     uint64_t need = need_cow(m, s, r, off, off + len, false, NULL, NULL);
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
-    int rc = kvvm_seq_write(m->kv, s->h, r, off, m->buf, len);
+    int rc = REFUSABLE_AGAIN(m, kvvm_seq_write(m->kv, s->h, r, off, m->buf, len));
     if (may) {
         if (!unpredicted_done(m, rc, &s, 1, "write")) {
             verify_touched(m, s, a, b);
@@ -1414,7 +1627,7 @@ static void op_free(struct model *m, struct mseq *s)
 {
     snprintf(m->where, sizeof m->where, "free seq %ld (%lu tokens)", (long)(s - m->s),
              (unsigned long)s->len);
-    int rc = kvvm_seq_free(m->kv, s->h);
+    int rc = REFUSABLE(m, kvvm_seq_free(m->kv, s->h));
     MCHECK(m, rc == 0, "free: %d", rc);
     uint64_t np = npages(m, s->len);
     bool shared = false;
@@ -1454,7 +1667,7 @@ static void op_discard(struct model *m, struct mseq *s)
         m->cnt[C_EINVAL]++;
         return;
     }
-    int rc = kvvm_seq_discard(m->kv, s->h, region, fk);
+    int rc = REFUSABLE(m, kvvm_seq_discard(m->kv, s->h, region, fk));
     MCHECK(m, rc == 0, "discard: %d", rc);
     uint64_t end = fk * m->c.bpt / m->c.ps;
     bool released = false;
@@ -1488,7 +1701,7 @@ static void op_budget(struct model *m)
     MCHECK(m, rc == 0, "kvvm_trim: %d", rc);
     uint64_t lo = m->used > nr ? m->used : nr;
     uint64_t b = lo + rndn(m, m->total0 - lo + 1);
-    rc = kvvm_set_budget(m->kv, (size_t)(b * ps));
+    rc = REFUSABLE(m, kvvm_set_budget(m->kv, (size_t)(b * ps)));
     MCHECK(m, rc == 0, "kvvm_set_budget(%lu pages, %lu in use): %d", (unsigned long)b,
            (unsigned long)m->used, rc);
     m->total = b;
@@ -1509,7 +1722,7 @@ static void op_budget(struct model *m)
         if (m->s[i].live)
             MCHECK(m, kvvm_seq_prefetch(m->kv, m->s[i].h) == 0, "prefetch seq %d", i);
     uint64_t below = nr + rndn(m, m->used - nr);
-    rc = kvvm_set_budget(m->kv, (size_t)(below * ps));
+    rc = REFUSABLE(m, kvvm_set_budget(m->kv, (size_t)(below * ps)));
     MCHECK(m, rc == -ENOMEM, "kvvm_set_budget(%lu pages) below the %lu in use, every "
            "sequence protected: %d", (unsigned long)below, (unsigned long)m->used, rc);
     unchanged(m, rc);
@@ -1551,9 +1764,10 @@ static void op_cache_drop(struct model *m, struct mseq *s)
              (unsigned)nl, (unsigned)need, (unsigned)mfree(m));
     int rc = kvvm_seq_set_class(m->kv, s->h, KVVM_SEQ_CACHED);
     MCHECK(m, rc == 0, "set_class CACHED: %d", rc);
+    s->cls = KVVM_SEQ_CACHED;           /* (as the library has it, should the op end early) */
     rc = kvvm_step(m->kv);              /* s unprotected: a candidate */
     MCHECK(m, rc == 0, "kvvm_step: %d", rc);
-    rc = kvvm_seq_grow(m->kv, g->h, nl);
+    rc = REFUSABLE(m, kvvm_seq_grow(m->kv, g->h, nl));
     struct kvvm_seq_info in = { .size = sizeof in };
     MCHECK(m, kvvm_seq_info(m->kv, s->h, &in) == 0, "info");
     if (need > mfree(m) + frees) {
@@ -1599,7 +1813,7 @@ static void op_shrink(struct model *m)
     uint64_t b = nr + rndn(m, m->used - nr);
     snprintf(m->where, sizeof m->where, "set_budget(%lu pages) below the %lu in use of %lu",
              (unsigned long)b, (unsigned long)m->used, (unsigned long)m->total);
-    int rc = kvvm_set_budget(m->kv, (size_t)(b * m->c.ps));
+    int rc = REFUSABLE_AGAIN(m, kvvm_set_budget(m->kv, (size_t)(b * m->c.ps)));
     if (rc == 0) {
         m->total = b;
         resync(m, NULL, 0);
@@ -1776,6 +1990,11 @@ static void model_close(struct model *m)
 static void model_run(struct model *m, uint64_t ops)
 {
     for (m->op = 0; m->op < ops; m->op++) {
+        if (setjmp(op_abandon)) {
+            /* a refused call broke the rule and the model followed it (refusal_failed):
+               the op ends here */
+            goto step;
+        }
         struct mseq *s = pick_live(m);
         uint64_t w = rndn(m, 100);
         if (!s || w < 7) {
@@ -1818,6 +2037,7 @@ static void model_run(struct model *m, uint64_t ops)
             if (ensure_in(m, s))
                 verify_tokens(m, s, 0, s->len);
         }
+step:;
         int rc = kvvm_step(m->kv);
         MCHECK(m, rc == 0, "kvvm_step: %d", rc);
         check_state(m);
@@ -1872,6 +2092,7 @@ static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_o
     if (sd && *sd)
         seed0 = strtoul(sd, NULL, 0);
     uint64_t total[NC] = { 0 }, violations = 0;
+    refusals_reset();
     double t0 = now_s();
     static struct model m;
     for (int i = 0; i < seeds; i++) {
@@ -1913,6 +2134,7 @@ static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_o
             strcat(missing, "; ");
         }
     }
+    refusals_report(name);
     fflush(stdout);
     cr_expect(violations == 0, "%s: %lu failed calls changed something", name,
               (unsigned long)violations);

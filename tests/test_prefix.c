@@ -597,7 +597,8 @@ static kvvm_seq host_entries(struct tctx *t, kvvm_key *k, uint32_t nb)
     kvvm_seq a = published(t, 1, 8, nb, 0, k);
     cr_assert_eq(kvvm_seq_swap_out(t->kv, a), 0);
     cr_assert_eq(kvvm_seq_free(t->kv, a), 0);
-    uint8_t where[4];
+    uint8_t where[8];
+    cr_assert_leq(nb, 8u);
     cr_assert_eq(kvvm_prefix_lookup(t->kv, 1, k, nb, where), (int)nb);
     for (uint32_t i = 0; i < nb; i++)
         cr_assert_eq(where[i], KVVM_TIER_HOST);
@@ -657,6 +658,144 @@ Test(host, attach_without_device_room_is_enomem_and_changes_nothing)
     cr_assert_eq(kvvm_seq_grow(t.kv, b, 1), 0, "dst is not usable after a failed attach");
     tcheck(&t, "enomem");
     tclose(&t);
+}
+
+/* Issue 31, defect 4: an attach into an empty destination that had been swapped out (grown,
+   swapped out, truncated to nothing), refused for device room, left it resident: undoing
+   the adoption assumed dst had been resident. In both modes it must stay swapped out. */
+static void attach_failed_into_swapped_out_dst(bool stream_mode)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *stream = NULL;
+    kvvm_key k[3];
+    TH_DEADLINE(60);
+    cfg_small(&c, 1, 8, 16, 0);
+    topen(&t, &c);
+    host_entries(&t, k, 3);              /* (synchronous: on the host tier on return) */
+    if (stream_mode) {
+        cr_assert_eq(kvvm_stream_create(t.kv, &stream), 0);
+        cr_assert_eq(kvvm_set_stream(t.kv, stream), 0);
+    }
+    kvvm_seq b = mk(&t);
+    fill(&t, b, 2 * T, 5);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, b), 0);
+    cr_assert_eq(kvvm_seq_truncate(t.kv, b, 0), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    kvvm_seq full = mk(&t);
+    fill(&t, full, 6 * T, 3);            /* 2 frames left, 3 needed */
+    struct kvvm_seq_info in;
+    tinfo(&t, b, &in);
+    cr_assert_eq(in.resident, 0, "the setup: dst is swapped out");
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(kvvm_prefix_attach(t.kv, b, 1, k, 3), -ENOMEM);
+    tstats(&t, &s1);
+    tinfo(&t, b, &in);
+    cr_assert_eq(in.length, 0);
+    cr_assert_eq(in.resident, 0, "the failed attach left dst resident");
+    cr_assert_eq(s1.pages_device_free, s0.pages_device_free);
+    cr_assert_eq(s1.pages_host_free, s0.pages_host_free);
+    tcheck(&t, "failed attach, swapped-out dst");
+    cr_assert_eq(kvvm_seq_grow(t.kv, b, 1), 0, "dst is not usable after a failed attach");
+    tcheck(&t, "grown after");
+    if (stream_mode)
+        tclose_stream(&t, stream);
+    else
+        tclose(&t);
+}
+
+Test(regress, attach_failed_into_swapped_out_dst_left_resident)
+{
+    attach_failed_into_swapped_out_dst(true);
+    attach_failed_into_swapped_out_dst(false);
+}
+
+/* Issue 31, defect 6: an attach of host entries that needs room only reclaim makes (a
+   CACHED sequence dropped, then the device entries no sequence holds dropped) and frames
+   the pool has not created (trimmed), with a creation the call needs refused by the driver
+   (cuMemCreate, cuEventCreate, cuStreamCreate, each call in turn): the reclaim acted before
+   them, so the attach failed -ENOMEM with the CACHED sequence and the entries dropped. A
+   failed attach must leave every sequence and every entry as it was. */
+struct att_refused {
+    struct tctx t;
+    bool stream;
+    void *st;
+    kvvm_key k[6], e[2];                 /* host entries attached; device entries */
+    kvvm_seq c, l, dst;
+    struct th_snap seqs, host;
+};
+
+static void att_setup(void *p)
+{
+    struct att_refused *a = p;
+    struct kvvm_config c;
+    cfg_small(&c, 1, 10, 16, 0);
+    topen(&a->t, &c);
+    host_entries(&a->t, a->k, 6);                  /* (synchronous: on the host tier) */
+    entries_only(&a->t, 1, 9, 2, a->e);            /* 2 device pages */
+    a->c = mk(&a->t);
+    fill(&a->t, a->c, 2 * T, 3);                   /* 2 */
+    a->l = mk(&a->t);
+    fill(&a->t, a->l, 4 * T, 4);                   /* 4: 2 free */
+    cr_assert_eq(kvvm_seq_set_class(a->t.kv, a->c, KVVM_SEQ_CACHED), 0);
+    if (a->stream) {
+        cr_assert_eq(kvvm_stream_create(a->t.kv, &a->st), 0);
+        cr_assert_eq(kvvm_set_stream(a->t.kv, a->st), 0);
+    }
+    a->dst = mk(&a->t);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);           /* c unprotected */
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    cr_assert_eq(kvvm_trim(a->t.kv, 0), 0);        /* the 2 free frames are not created */
+    kvvm_seq all[3] = { a->c, a->l, a->dst };
+    th_snap_take(a->t.kv, &a->seqs, all, 3, 1, a->e, 2);
+    th_snap_take(a->t.kv, &a->host, NULL, 0, 1, a->k, 6);
+}
+
+static int att_call(void *p)
+{
+    struct att_refused *a = p;          /* 6 frames: 2 free, c's 2, the entries' 2 */
+    int rc = kvvm_prefix_attach(a->t.kv, a->dst, 1, a->k, 6);
+    return rc == 6 ? 0 : rc;
+}
+
+static void att_teardown(void *p)
+{
+    struct att_refused *a = p;
+    if (a->stream)
+        tclose_stream(&a->t, a->st);
+    else
+        tclose(&a->t);
+}
+
+static enum th_sweep_outcome att_after(void *p, int rc, const char *where)
+{
+    struct att_refused *a = p;
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(a->t.kv, &a->seqs, where);
+        th_snap_same(a->t.kv, &a->host, where);
+    } else {
+        UCHK(same(&a->t, a->dst, 6 * T, 8), "%s: attached bytes", where);
+    }
+    th_check(a->t.kv, where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, attach_refused_by_the_driver_dropped_others)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);        /* the refusals are logged */
+    for (int stream = 0; stream < 2; stream++) {
+        struct att_refused a = { .stream = stream };
+        struct th_sweep s = { .name = stream ? "attach (stream)" : "attach", .arg = &a,
+                              .setup = att_setup, .call = att_call,
+                              .teardown = att_teardown, .after = att_after };
+        th_refusals_run(&s);
+    }
 }
 
 /* Entries whose pages went to disk (a staged swap-out of their publisher: more pages than

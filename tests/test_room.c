@@ -735,3 +735,117 @@ Test(regress, plan_demotion_took_the_swap_outs_room)
     sh_verify(&t, cs, "cs");
     t_close(&t);
 }
+
+/* ================================================================ issue 31, defect 6 */
+
+/* "A failed call changes nothing" when the driver refuses what the call needs created: a
+   frame (cuMemCreate: on a GPU shared with other processes an ordinary event), an event
+   for a fence, the copy stream. The calls below need room that only moving others makes:
+   a CACHED sequence dropped and a LIVE one swapped out (KVVM_F_AUTO_SWAP), and frames the
+   pool has not created yet (trimmed: the call creates them). Bug: the reclaim acted first
+   and the frames, fences and stream were made after it, so a refusal failed the call
+   -ENOMEM with the others moved. Each creation of the call is refused in turn
+   (th_refusals_run); a failed call must leave every sequence as it was. */
+enum refused_call { RC_GROW, RC_GROW_BATCH, RC_SHARE };
+
+struct refused {
+    struct t t;
+    enum refused_call call;
+    bool stream;
+    struct sh *l, *c, *g, *o;          /* LIVE victim, CACHED victim, the caller, a 2nd */
+    struct th_snap before;
+};
+
+static void refused_setup(void *p)
+{
+    struct refused *a = p;
+    t_open_plan(&a->t, 16, 16, 0, KVVM_F_AUTO_SWAP);
+    if (a->stream)
+        t_stream(&a->t);
+    a->l = sh_new(&a->t);
+    a->c = sh_new(&a->t);
+    a->g = sh_new(&a->t);
+    a->o = sh_new(&a->t);
+    sh_grow_fill(&a->t, a->l, 7, 1);               /* 4 pages */
+    sh_grow_fill(&a->t, a->c, 7, 2);               /* 4 */
+    if (a->call == RC_SHARE)
+        sh_grow_fill(&a->t, a->g, 13, 3);          /* 8, 13 tokens: a partial last page */
+    else if (a->call == RC_GROW_BATCH) {
+        sh_grow_fill(&a->t, a->o, 3, 4);           /* 2, swapped out below */
+        t_out(&a->t, a->o);
+    }
+    cr_assert_eq(kvvm_seq_set_class(a->t.kv, a->c->h, KVVM_SEQ_CACHED), 0);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);
+    cr_assert_eq(kvvm_step(a->t.kv), 0);           /* l and c unprotected */
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    cr_assert_eq(kvvm_trim(a->t.kv, 0), 0);        /* the free frames are not created */
+    kvvm_seq all[4] = { a->l->h, a->c->h, a->g->h, a->o->h };
+    th_snap_take(a->t.kv, &a->before, all, 4, 0, NULL, 0);
+}
+
+static int refused_call(void *p)
+{
+    struct refused *a = p;
+    switch (a->call) {
+    case RC_GROW:                       /* 8 free, 16 needed: c dropped, l swapped out */
+        return kvvm_seq_grow(a->t.kv, a->g->h, 31);
+    case RC_GROW_BATCH: {               /* o back in (2) + g 12 = 14, 6 free */
+        kvvm_seq s[2] = { a->o->h, a->g->h };
+        uint64_t len[2] = { 3, 23 };
+        return kvvm_seq_grow_batch(a->t.kv, s, len, 2);
+    }
+    case RC_SHARE:                      /* 0 free, the partial page's copy: c dropped */
+        return kvvm_seq_share(a->t.kv, a->o->h, a->g->h, 13);
+    }
+    return -EINVAL;
+}
+
+static void refused_teardown(void *p)
+{
+    struct refused *a = p;
+    if (a->t.kv)
+        t_close(&a->t);
+    a->t.kv = NULL;
+}
+
+static enum th_sweep_outcome refused_after(void *p, int rc, const char *where)
+{
+    struct refused *a = p;
+    if (rc == -EIO)
+        return TH_SWEEP_DEAD;
+    if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(a->t.kv, &a->before, where);
+    }
+    th_check(a->t.kv, where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+static void refused_sweep(const char *name, enum refused_call call, bool stream)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);        /* the refusals are logged */
+    struct refused a = { .call = call, .stream = stream };
+    struct th_sweep s = { .name = name, .arg = &a, .setup = refused_setup,
+                          .call = refused_call, .teardown = refused_teardown,
+                          .after = refused_after };
+    th_refusals_run(&s);
+}
+
+Test(regress, grow_refused_by_the_driver_moved_others)
+{
+    refused_sweep("grow", RC_GROW, false);
+    refused_sweep("grow (stream)", RC_GROW, true);
+}
+
+Test(regress, grow_batch_refused_by_the_driver_moved_others)
+{
+    refused_sweep("grow_batch", RC_GROW_BATCH, false);
+    refused_sweep("grow_batch (stream)", RC_GROW_BATCH, true);
+}
+
+Test(regress, share_refused_by_the_driver_moved_others)
+{
+    refused_sweep("share", RC_SHARE, false);
+    refused_sweep("share (stream)", RC_SHARE, true);
+}

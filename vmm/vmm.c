@@ -33,6 +33,7 @@
 #include "common/log.h"
 #include "drv_cuda.h"
 #include "drv_emu.h"
+#include "spares.h"
 
 struct vmm {
     const struct kcu_api *api;
@@ -54,6 +55,7 @@ struct vmm {
     int unmap_each;             /* the driver refused one cuMemUnmap over several mappings
                                    (probe_unmap_span at open): vmm_unmap unmaps each */
     size_t map_unit;            /* atomic: bytes of one mapping (vmm_map_run's page_size) */
+    struct vmm_spares spares;   /* fences made ahead (spares.c) */
 };
 
 
@@ -273,6 +275,7 @@ static int pick_backend(const struct vmm_params *p, struct vmm *v)
         klog_error("emulated device: cannot create (capacity %zu, granule %zu): %s",
                    p->emu_capacity, p->emu_granule, strerror(-err));
         v->emu_ordinal = -1;
+    vmm_spares_init(&v->spares);
         v->api = NULL;
         v->dbg = NULL;
         return err;
@@ -437,6 +440,7 @@ out_emu:
     if (v->emu_ordinal >= 0)
         drv_emu_close(v->emu_ordinal);
 out_free:
+    vmm_spares_fini(&v->spares);
     free(v);
     return err;
 }
@@ -462,6 +466,7 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
         if (r != KCU_SUCCESS)
             drv_err(v, "cuCtxSynchronize", r);
     }
+    vmm_spares_drain(v, &v->spares);    /* ours, not the caller's leaks */
     if (v->n_handles || v->n_mapped_bytes || v->n_streams || v->n_fences ||
         v->n_host_allocs || v->n_host_regs)
         klog_warn("vmm_close: the caller leaked %lld physical handle(s), %lld mapped "
@@ -487,9 +492,11 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
         else if (leaks < 0)
             klog_error("vmm_close: emu_device_destroy: %s", strerror(-leaks));
     }
+    vmm_spares_fini(&v->spares);
     free(v);
 }
 
+struct vmm_spares *vmm_spares_of(struct vmm *v) { return &v->spares; }
 const char *vmm_backend_name(const struct vmm *v) { return v->api->name; }
 const struct kcu_api *vmm_api(const struct vmm *v) { return v->api; }
 size_t vmm_granule(const struct vmm *v) { return v->granule; }
@@ -792,8 +799,11 @@ int vmm_device_sync(struct vmm *v)
 
 int vmm_fence_create(struct vmm *v, vmm_fence *f)
 {
-    if (!f)
-        return -EINVAL;
+    return !f ? -EINVAL : vmm_spares_take(&v->spares, f) ? 0 : vmm_fence_new(v, f);
+}
+
+int vmm_fence_new(struct vmm *v, vmm_fence *f)
+{
     ENTER(v);
     /* Blocking sync: a thread waiting on a fence sleeps instead of spinning a core. */
     kcu_result r = v->api->cuEventCreate(&f->ev, KCU_EVENT_DISABLE_TIMING |

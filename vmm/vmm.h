@@ -132,6 +132,12 @@ int vmm_device_sync(struct vmm *v);
    query: 1 complete, 0 not yet, <0 error. wait: blocks the CPU. after: s waits for f on the
    device (the CPU does not). */
 int  vmm_fence_create(struct vmm *v, vmm_fence *f);
+/* Makes sure at least n (at most VMM_SPARE_FENCES) spare fences exist, which
+   vmm_fence_create hands out before it asks the driver: a call creates the fences its
+   moves and its own work will make before it moves anything (a refused cuEventCreate then
+   fails it with nothing changed). -ENOMEM, -EIO. */
+#define VMM_SPARE_FENCES 64u
+int  vmm_fence_reserve(struct vmm *v, unsigned n);
 void vmm_fence_destroy(struct vmm *v, vmm_fence *f);
 int  vmm_fence_record(struct vmm *v, vmm_fence *f, kcu_stream s);
 int  vmm_fence_query(struct vmm *v, const vmm_fence *f);
