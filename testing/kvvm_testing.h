@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-/* --- hooks into a context (implemented in core/debug.c) ---------------------------------- */
+/* --- hooks into a context (implemented in testing/debug.c) ------------------------------- */
 
 /* The invariant checker. Checks the context against the emulated device's own tables (not
    against itself): every window page maps the handle its page descriptor names, with access

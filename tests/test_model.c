@@ -69,7 +69,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "core/debug.h"
+#include "testing/kvvm_testing.h"
 #include "vmm/emu/emu.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
