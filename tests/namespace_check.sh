@@ -20,11 +20,13 @@ api=$(grep '^KVVM_API' "$header" | grep -o 'kvvm_[a-z0-9_]*[[:space:]]*(' | tr -
       sort -u)
 n_api=$(printf '%s\n' "$api" | grep -c . || true)
 [ "$n_api" -gt 0 ] || { echo "FAIL: no KVVM_API function found in $header"; exit 1; }
-# list LIB: the global names it defines (of a shared library, its dynamic symbols)
+# list LIB: the global names it defines (of a shared library, its dynamic symbols; a local
+# one there, a lower-case type such as libFuzzer's __start___sancov_pcs 'd', binds nothing)
 list() {
     local opt=-g
     case $(basename "$1") in *.so|*.so.*) opt=-D ;; esac
-    nm "$opt" --defined-only "$1" | awk 'NF == 3 { print $3 }' | grep -Ev "$allowed" | sort -u
+    nm "$opt" --defined-only "$1" | awk 'NF == 3 && $2 ~ /^[A-Zui]$/ { print $3 }' |
+        grep -Ev "$allowed" | sort -u
 }
 # report LIB WHAT NAMES: FAIL with up to 50 of NAMES (bad=1), when there are any
 report() {
