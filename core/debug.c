@@ -1,5 +1,7 @@
 /*
- * core/debug.c: the test hooks of core/debug.h (the checker itself is paging/check.c).
+ * core/debug.c: the whole-context invariant check of core/debug.h (paging's own checker is
+ * paging/check.c), and the debug build's check after every public call. The testing
+ * interface's hooks (kvvm_debug_*) are testing/debug.c.
  */
 #include "core.h"
 #include "core/debug.h"
@@ -9,8 +11,7 @@
 #include "common/assert.h"
 #include "common/log.h"
 
-/* kvvm_debug_check with kv->lock held. */
-static int check_locked(kvvm *kv, char *why, size_t len)
+int core_check_locked(kvvm *kv, char *why, size_t len)
 {
     int rc = paging_check(kv->pg, why, len);
     if (!rc)
@@ -49,74 +50,13 @@ static int check_locked(kvvm *kv, char *why, size_t len)
     return rc;
 }
 
-int kvvm_debug_check(kvvm *kv, char *why, size_t len)
-{
-    if (!kv) {
-        if (why && len)
-            snprintf(why, len, "NULL context");
-        return -EINVAL;
-    }
-    pthread_mutex_lock(&kv->lock);
-    int rc = check_locked(kv, why, len);
-    pthread_mutex_unlock(&kv->lock);
-    return rc;
-}
-
 #ifdef KVVM_DEBUG
 void core_debug_after_call(kvvm *kv, const char *call)
 {
     if (kv->dead || vmm_dead(kv->v))
         return;                     /* a dead context's tables are not kept any more */
-    if (check_locked(kv, NULL, 0))  /* the violation is logged by the checker */
-        kassert_fail("kvvm_debug_check(kv) == 0 after the call", __FILE__, __LINE__, call);
+    if (core_check_locked(kv, NULL, 0))  /* the violation is logged by the checker */
+        kassert_fail("core_check_locked(kv) == 0 after the call", __FILE__, __LINE__, call);
 }
 #endif
 
-struct spill *kvvm_debug_spill(kvvm *kv)
-{
-    return kv ? kv->spill : NULL;
-}
-
-int kvvm_debug_emu_ordinal(kvvm *kv)
-{
-    return kv ? vmm_emu_ordinal(kv->v) : -1;
-}
-
-uint64_t kvvm_debug_pool_wakes(kvvm *kv)
-{
-    struct frames_counters c;
-    pthread_mutex_lock(&kv->lock);
-    frames_counters(kv->fr, &c);
-    pthread_mutex_unlock(&kv->lock);
-    return c.wakes;
-}
-
-void *kvvm_debug_copy_stream(kvvm *kv)
-{
-    if (!kv)
-        return NULL;
-    pthread_mutex_lock(&kv->lock);
-    void *s = paging_copy_stream(kv->pg);
-    pthread_mutex_unlock(&kv->lock);
-    return s;
-}
-
-int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier)
-{
-    if (!kv || !tier)
-        return -EINVAL;
-    enum pg_tier t;
-    pthread_mutex_lock(&kv->lock);
-    int rc = paging_seq_page_tier(kv->pg, s, r, i, &t);
-    pthread_mutex_unlock(&kv->lock);
-    if (rc)
-        return rc;
-    switch (t) {
-    case PG_TIER_DEVICE: case PG_TIER_TO_HOST:      *tier = 1; break;
-    case PG_TIER_HOST: case PG_TIER_TO_DEVICE:
-    case PG_TIER_TO_DISK:                           *tier = 2; break;
-    case PG_TIER_DISK: case PG_TIER_FROM_DISK:      *tier = 3; break;
-    default:                                        *tier = 0; break;
-    }
-    return 0;
-}

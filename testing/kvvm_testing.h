@@ -4,12 +4,13 @@
  * compatibility promise; the library's own tests and tools only.
  *
  * Every name here begins with kvvm_ (kvvm_debug_*: hooks into a context; kvvm_testing_*:
- * counters and the bench's baselines), so it survives libkvvm.a's private namespace (its
- * non-kvvm globals are local: docs/design.md "Private namespace"). They are hidden in
- * libkvvm.so: a program using them links libkvvm.a (the CMake target kvvm_testing provides
- * this header's directory, include/ and libkvvm.a, and nothing else: kvvm-bench builds
- * against it). Tests that test a layer's internals include its private headers through the
- * target kvvm_internal instead.
+ * counters and the bench's baselines), so it survives the private namespace of
+ * libkvvm_testing.a, where only kvvm_* names are global (docs/design.md "Private namespace").
+ * None of it is in the installed libkvvm.a or libkvvm.so, which hold the API only: a program
+ * using it links libkvvm_testing.a, never installed (the CMake target kvvm_testing provides
+ * this header's directory, include/ and libkvvm_testing.a, and nothing else: kvvm-bench
+ * builds against it). Tests that test a layer's internals include its private headers
+ * through the target kvvm_internal instead (libkvvm_internal.a holds testing/ too).
  */
 #ifndef KVVM_TESTING_H
 #define KVVM_TESTING_H
@@ -22,7 +23,7 @@
 extern "C" {
 #endif
 
-/* --- hooks into a context (implemented in core/debug.c) ---------------------------------- */
+/* --- hooks into a context (implemented in testing/debug.c) ------------------------------- */
 
 /* The invariant checker. Checks the context against the emulated device's own tables (not
    against itself): every window page maps the handle its page descriptor names, with access

@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kvvm.h"
-#include "core/debug.h"
+#include "testing/kvvm_testing.h"
 #include "vmm/emu/emu.h"
 #include "cookie.h"
 #include <unistd.h>

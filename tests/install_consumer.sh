@@ -2,8 +2,9 @@
 # Installs the built library into a temporary prefix, then builds and runs a small consumer
 # against the *installed* package: with CMake's find_package(kvvm) (with pkg-config hidden:
 # the shared library's package needs neither pkg-config nor liburing), with the static
-# component, and with pkg-config. Also checks that libkvvm.so does not link the CUDA driver
-# and that the installed tools find the library through their relative RPATH.
+# component, and with pkg-config. Also checks that libkvvm.so does not link the CUDA driver,
+# that the installed libraries export the API only, and that the installed tools find the
+# library through their relative RPATH.
 # Usage: install_consumer.sh BUILD_DIR SOURCE_DIR [PREFIX]
 #   PREFIX: an installed tree to test instead (e.g. Debian packages extracted with dpkg-deb -x)
 set -euo pipefail
@@ -21,6 +22,12 @@ so=$(find "$prefix" -name libkvvm.so -print -quit)
 lib=$(dirname "$so")
 if ldd "$so" | grep -i cuda; then echo "FAIL: $so links a CUDA library"; exit 1; fi
 echo "ok: $(basename "$so") does not link libcuda"
+# The installed libraries define the installed header's API functions as globals, nothing
+# else; the test-only archives are not installed (issue 33).
+"$src/tests/namespace_check.sh" "$(find "$prefix" -name kvvm.h -print -quit)" \
+    "$lib/libkvvm.a" "$so"
+extra=$(find "$prefix" -name 'libkvvm_testing*' -o -name 'libkvvm_internal*')
+[ -z "$extra" ] || { echo "FAIL: test-only archives installed: $extra"; exit 1; }
 
 # find_package(kvvm) for the shared library, where pkg-config cannot be had: a pkg-config on
 # PATH that fails, PKG_CONFIG and PKG_CONFIG_EXECUTABLE pointing to /bin/false.

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "core/debug.h"
+#include "testing/kvvm_testing.h"
 #include "cookie.h"
 
 #define KB 4096u

@@ -70,7 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "core/debug.h"
+#include "testing/kvvm_testing.h"
 #include "vmm/emu/emu.h"
 #include "testing/kvvm_testing.h"
 

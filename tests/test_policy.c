@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "core/debug.h"
+#include "testing/kvvm_testing.h"
 #include "swap/swap_int.h"
 
 #define KB 4096u

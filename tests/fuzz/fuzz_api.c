@@ -35,7 +35,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "kvvm.h"
-#include "core/debug.h"
+#include "testing/kvvm_testing.h"
 #include "vmm/emu/emu.h"
 #include "../cookie.h"
 
