@@ -75,7 +75,7 @@ struct fseq {
    same known bytes, whichever sequence publishes it and whether the library evicted it in
    between (the model cannot see evictions: it knows an upper bound of what is present). */
 #define NE 256                  /* model entries */
-#define TMAX 64                 /* tokens per block at most (16 KiB / 256 B) */
+#define TMAX 32                 /* tokens per block at most (8 KiB / 256 B, 16 KiB / 512 B) */
 struct fentry {
     bool used;
     uint64_t ns;
@@ -107,6 +107,8 @@ struct fz {
     uint32_t next_tag;
     bool rule;                      /* the failed-call rule */
     bool trace;                     /* KVVMTEST_FUZZ_TRACE=1: each call on stderr */
+    bool known_bugs;                /* KVVMTEST_FUZZ_KNOWN_BUGS=1: configurations that reach
+                                       issue 31 items 1 and 2 too */
     struct kvvm_seq_info snap[NS];
     bool snap_inflight;             /* copies were in flight at the snapshot: their pages
                                        change tiers when they complete, so only the totals
@@ -947,6 +949,8 @@ static void check_ids(struct fz *f, struct fseq *s, uint32_t first, uint32_t n,
             CHECK(f, ids[i] < 0 || ids[i] != ids[j], "blocks %u and %u share id %d", first + j,
                   first + i, ids[i]);
     }
+    if (!n)
+        return;
     f->call = "sync before reading the pool view";
     CHECK(f, kvvm_sync(f->kv) == 0, "sync");
     for (uint32_t i = 0; i < n; i++) {
@@ -960,7 +964,11 @@ static void check_ids(struct fz *f, struct fseq *s, uint32_t first, uint32_t n,
                 uint32_t tag = s->tag[r][t];
                 if (!tag || t < s->kept[r])
                     continue;
-                for (uint64_t k = 0; k < f->bpt; k++) {
+                /* the first, middle and last byte of each token: a wrong page or offset
+                   shows there (every byte of the tokens is read back through the window) */
+                const uint64_t at[3] = { 0, f->bpt / 2, f->bpt - 1 };
+                for (int j = 0; j < 3; j++) {
+                    uint64_t k = at[j];
                     uint8_t got = p[(t - b * f->tpb) * f->bpt + k];
                     CHECK(f, got == cookie(tag, r, t * f->bpt + k), "seq %ld block %llu (id "
                           "%d) region %u token %llu byte %llu through the pool view: %#x, "
@@ -1099,8 +1107,9 @@ static int open_ctx(struct fz *f, const uint8_t *d)
     c.n_regions = f->nr;
     f->bpt = 200 + 37 * (d[1] >> 2 & 15);      /* tokens straddle pages */
     bool v03 = d[0] & 0x80;
-    if (v03)                                   /* 0.3: blocks of whole tokens (2..64) */
-        f->bpt = 2048u >> (d[1] >> 2 & 3);
+    if (v03)                                   /* 0.3: blocks of whole tokens (8..32);
+                                                  small tokens: the fuzzer's CPU */
+        f->bpt = (f->ps == 4 * GRAN ? 512u : 256u) << (d[1] >> 2 & 1);
     if (f->bpt * MAXTOK > sizeof f->buf)
         f->bpt = sizeof f->buf / MAXTOK;
     f->tpb = f->ps % f->bpt ? 0 : (uint32_t)(f->ps / f->bpt);
@@ -1128,8 +1137,9 @@ static int open_ctx(struct fz *f, const uint8_t *d)
     c.emu_opaque = 1;
     /* The pool view (CPU-readable then, to read blocks through it) only with pages of one
        granule for now: issue 31 item 2 (page_size > the granule, then kvvm_trim: SIGSEGV in
-       kvvm_sync) is another's fix. */
-    f->view = v03 && (d[2] & 0x40) && f->ps == GRAN;
+       kvvm_sync) is another's fix. KVVMTEST_FUZZ_KNOWN_BUGS=1 lifts this and the store's
+       restriction below (to check those fixes). */
+    f->view = v03 && (d[2] & 0x40) && (f->ps == GRAN || f->known_bugs);
     if (f->view) {
         c.flags |= KVVM_F_POOL_VIEW;
         c.emu_opaque = 0;
@@ -1137,7 +1147,7 @@ static int open_ctx(struct fz *f, const uint8_t *d)
     /* The store only in synchronous mode for now: issue 31 item 1 (stream mode: the store
        receives bytes written after the publish) is another's fix. */
     char url[80];
-    f->store = v03 && (d[2] & 0x20) && !(d[0] & 1) && store_dir[0];
+    f->store = v03 && (d[2] & 0x20) && (!(d[0] & 1) || f->known_bugs) && store_dir[0];
     if (f->store) {
         store_wipe();
         snprintf(url, sizeof url, "file://%s", store_dir);
@@ -1249,6 +1259,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     f.rule = !rule || strcmp(rule, "0");
     const char *trace = getenv("KVVMTEST_FUZZ_TRACE");
     f.trace = trace && !strcmp(trace, "1");
+    const char *known = getenv("KVVMTEST_FUZZ_KNOWN_BUGS");
+    f.known_bugs = known && !strcmp(known, "1");
     if (open_ctx(&f, data))
         return 0;
     size_t ncalls = 0;
