@@ -107,8 +107,6 @@ struct fz {
     uint32_t next_tag;
     bool rule;                      /* the failed-call rule */
     bool trace;                     /* KVVMTEST_FUZZ_TRACE=1: each call on stderr */
-    bool known_bugs;                /* KVVMTEST_FUZZ_KNOWN_BUGS=1: configurations that reach
-                                       issue 31 items 1 and 2 too */
     struct kvvm_seq_info snap[NS];
     bool snap_inflight;             /* copies were in flight at the snapshot: their pages
                                        change tiers when they complete, so only the totals
@@ -860,13 +858,13 @@ static void do_attach(struct fz *f, struct fseq *src, uint8_t a, uint8_t b)
     CHECK(f, rc >= 0 || rc == -ENOMEM, "%d", rc);
     uint32_t up = model_leading(f, ns, keys, n);
     if (rc < 0) {
-        /* all or nothing: dst still empty, nothing else moved. (Not checked: dst's
-           residency, issue 31 item 4: a failed attach into a swapped-out empty destination
-           leaves it resident, fixed elsewhere.) */
+        /* all or nothing: dst still empty and where it was (issue 31 item 4: a swapped-out
+           one was left resident), nothing else moved */
         struct kvvm_seq_info in;
         info(f, dst->h, &in);
-        CHECK(f, in.length == 0, "a failed attach left dst %llu tokens long",
-              (unsigned long long)in.length);
+        CHECK(f, in.length == 0 && in.resident == f->snap[dst - f->s].resident,
+              "a failed attach left dst %llu tokens long, resident %d (was %d)",
+              (unsigned long long)in.length, in.resident, f->snap[dst - f->s].resident);
         others_unchanged(f, rc, dst, NULL);
         return;
     }
@@ -1135,19 +1133,14 @@ static int open_ctx(struct fz *f, const uint8_t *d)
     c.pool_thread = d[0] >> 1 & 1;
     c.pool_decay_ms = 0;
     c.emu_opaque = 1;
-    /* The pool view (CPU-readable then, to read blocks through it) only with pages of one
-       granule for now: issue 31 item 2 (page_size > the granule, then kvvm_trim: SIGSEGV in
-       kvvm_sync) is another's fix. KVVMTEST_FUZZ_KNOWN_BUGS=1 lifts this and the store's
-       restriction below (to check those fixes). */
-    f->view = v03 && (d[2] & 0x40) && (f->ps == GRAN || f->known_bugs);
+    /* the pool view CPU-readable, to read blocks through it */
+    f->view = v03 && (d[2] & 0x40);
     if (f->view) {
         c.flags |= KVVM_F_POOL_VIEW;
         c.emu_opaque = 0;
     }
-    /* The store only in synchronous mode for now: issue 31 item 1 (stream mode: the store
-       receives bytes written after the publish) is another's fix. */
     char url[80];
-    f->store = v03 && (d[2] & 0x20) && (!(d[0] & 1) || f->known_bugs) && store_dir[0];
+    f->store = v03 && (d[2] & 0x20) && store_dir[0];
     if (f->store) {
         store_wipe();
         snprintf(url, sizeof url, "file://%s", store_dir);
@@ -1259,8 +1252,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     f.rule = !rule || strcmp(rule, "0");
     const char *trace = getenv("KVVMTEST_FUZZ_TRACE");
     f.trace = trace && !strcmp(trace, "1");
-    const char *known = getenv("KVVMTEST_FUZZ_KNOWN_BUGS");
-    f.known_bugs = known && !strcmp(known, "1");
     if (open_ctx(&f, data))
         return 0;
     size_t ncalls = 0;
