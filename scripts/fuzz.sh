@@ -8,9 +8,10 @@
 #   bash scripts/fuzz.sh --runs N         (N new inputs, however long they take)
 #
 # scripts/test.sh uses --runs 10000 (about 120 s of one core, 80 inputs/s, on an idle 2-core
-# machine; at load 10, 100 s before the 0.3 calls and 113 s with them): a count, not a time,
-# so the same inputs are tried (with the fixed seed below) whatever else the machine is
-# doing, and the test command can run it beside other stages.
+# machine; at load 10, 100 s before the 0.3 calls, 141 s with them, 113 s while the pool view
+# was kept to one granule and the store to synchronous mode): a count, not a time, so the
+# same inputs are tried (with the fixed seed below) whatever else the machine is doing, and
+# the test command can run it beside other stages.
 # New inputs go to build-fuzz/corpus (never into the repository's corpus: refresh that by
 # hand with -merge=1, see CONTRIBUTING.md). KVVMTEST_FUZZ_FAILED_CALL_RULE=0 turns off the
 # "a failed call moved no other sequence" check (to fuzz past a known defect of it).
