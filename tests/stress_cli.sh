@@ -37,7 +37,14 @@ for sig in INT TERM; do
     "$bin" --duration 20 --quiet --device-budget 32M --json "$dir/sig.json" \
            >"$dir/sig.out" 2>&1 &
     pid=$!
-    sleep 2
+    # until the run has started (not a fixed time: a loaded machine may take longer): its
+    # first line ("kvvm-stress: ..., backend ...") is printed once SIGINT/SIGTERM are blocked,
+    # just before its handler is installed, so from then on the signal is caught, never the
+    # default action (which killed the run when it came sooner)
+    until grep -q "backend" "$dir/sig.out" 2>/dev/null; do
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.05
+    done
     kill -$sig $pid
     wait $pid
     st=$?
