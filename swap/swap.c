@@ -91,18 +91,6 @@ void swap_set_frames(struct swap *sw, uint32_t frames)
         sw->high_free = frames;
 }
 
-/* Asks w for a round unless one runs or the last one found nothing to do (until the next
-   step clears futile). */
-static void wake_worker(struct swap *sw, struct swap_worker *w)
-{
-    pthread_mutex_lock(&sw->mu);
-    if (!w->futile && !w->active) {
-        w->wake = true;
-        pthread_cond_broadcast(&sw->cv);
-    }
-    pthread_mutex_unlock(&sw->mu);
-}
-
 static void spill_wake(struct swap *sw)
 {
     if (!sw->spill.running)
@@ -116,7 +104,7 @@ static void spill_wake(struct swap *sw)
         uint32_t started;
         swap_spill(sw, (uint32_t)(sw->host_low_free - f), 0, &started);
     }
-    wake_worker(sw, &sw->spill);
+    swap_worker_wake(&sw->spill);
 }
 
 void swap_after_call(struct swap *sw)
@@ -135,7 +123,7 @@ void swap_after_call(struct swap *sw)
     }
     if (!sw->reclaim.running)
         return;
-    wake_worker(sw, &sw->reclaim);
+    swap_worker_wake(&sw->reclaim);
 }
 
 void swap_after_step(struct swap *sw)

@@ -43,13 +43,23 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(w->mu);
         bool did = w->round(w->arg);
         pthread_mutex_lock(w->mu);
-        if (!did)
+        if (!did && !w->wake)   /* a wake during the round: the next round plans anew */
             w->futile = true;
         w->active = false;
         pthread_cond_broadcast(w->cv);
     }
     pthread_mutex_unlock(w->mu);
     return NULL;
+}
+
+void swap_worker_wake(struct swap_worker *w)
+{
+    pthread_mutex_lock(w->mu);
+    if (!w->futile) {
+        w->wake = true;
+        pthread_cond_broadcast(w->cv);
+    }
+    pthread_mutex_unlock(w->mu);
 }
 
 int swap_worker_start(struct swap_worker *w)

@@ -16,7 +16,9 @@
  *    active, run round(arg) without *mu (the round takes the owner's locks itself), then
  *    under *mu set futile when the round did nothing, clear active and broadcast *cv.
  *  - futile is only ever set here; what it means (no wake until the next step) and when it
- *    clears is the owner's.
+ *    clears is the owner's. A wake that came while the round ran (swap_worker_wake) keeps
+ *    the round from being futile: it planned before the request (a step that ended some
+ *    sequences' protection), so the thread runs another round.
  *  - A round may ask for the next one at a time of its choosing: it sets next_ns (a
  *    CLOCK_MONOTONIC time; 0: none), and the thread then waits for a wake or that time,
  *    whichever comes first. An owner using it makes *cv with CLOCK_MONOTONIC.
@@ -50,6 +52,9 @@ struct swap_worker {
     pthread_t thread;
 };
 
+/* Asks w for a round (takes *mu) unless the last one found nothing to do (futile, until the
+   owner clears it): at once when idle, after the current one when a round runs. */
+void swap_worker_wake(struct swap_worker *w);
 /* Starts the thread. -errno of pthread_create (nothing started). */
 int  swap_worker_start(struct swap_worker *w);
 /* Sets *stop under *mu, wakes every worker of the owner and joins this one (when it runs).

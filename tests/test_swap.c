@@ -1365,12 +1365,12 @@ static void capture_setup(struct tctx *t, void **st, struct sh **s)
         cr_assert_eq(sh_grow_fill(t, s[i], 8, (uint32_t)i + 1), 0);
     }
     /* The fifth and sixth grows left fewer than low free and woke the thread; its round
-       finds every sequence protected (no step yet) and moves nothing. Wait that round out:
-       a step that comes while a round runs asks for no new one (swap.c's wake_worker skips
-       an active worker), so a round that planned before the step, slow on a loaded
-       machine, would end the test's round with nothing moved ("the reclaim thread moved
-       nothing", 6 runs in 40 at load 3-5 before this wait). kvvm_sync waits for the
-       background rounds; the test's step then finds the thread idle and wakes it. */
+       finds every sequence protected (no step yet) and moves nothing. Wait that round out,
+       so that the test's step starts a round of its own rather than meeting one that
+       planned before it. (A step during a round lost its wake and the round ended futile:
+       "the reclaim thread moved nothing", 6 runs in 40 at load 3-5; swap_worker_wake now
+       keeps such a wake, test_policy regress/wake_during_a_round_was_lost_and_the_round_
+       marked_futile.) kvvm_sync waits for the background rounds. */
     cr_assert_eq(kvvm_sync(t->kv), 0);
 }
 
