@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include "common/assert.h"
 #include "common/env.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -69,6 +70,7 @@ static void last_append(const char *msg)
     if (n > 0)
         kvvm__last_len += (size_t)n < sizeof last_err - kvvm__last_len ? (size_t)n
                                                            : sizeof last_err - 1 - kvvm__last_len;
+    KVVM_ASSERT(kvvm__last_len < sizeof last_err && !last_err[kvvm__last_len]);
 }
 
 void klast_clear_slow(void)
@@ -96,6 +98,7 @@ const char *kvvm_last_error(void)
 
 void klog(int level, const char *fmt, ...)
 {
+    KVVM_ASSERT(level >= KVVM_LOG_DEBUG && level < KVVM_LOG_OFF);   /* a level_names[] entry */
     int keep = level >= KVVM_LOG_ERROR;
     if (!klog_enabled(level) && !keep)
         return;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/assert.h"
 #include "common/log.h"
 #include "core/call.h"
 
@@ -33,6 +34,7 @@ static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_exc
     if (rc || paging_frames_free(kv->pg) >= need)
         return rc;
     rc = need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
+    KVVM_ASSERT(rc || paging_frames_free(kv->pg) >= need);   /* swap_make_room's 0 */
     if (rc == -ENOMEM)
         paging_why_need(kv->pg, need);  /* the -ENOMEM names the pages (core_explain) */
     return rc;
@@ -52,6 +54,7 @@ static int bring_in(kvvm *kv, kvvm_seq s, bool *swapped)
         return 0;
     int rc = paging_swap_in(kv->pg, s, false);
     *swapped = !rc;
+    KVVM_ASSERT(rc || paging_seq_resident(kv->pg, s));
     return rc;
 }
 
@@ -75,6 +78,7 @@ static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async)
         rc = make_room(kv, need, &s, 1);
     if (!rc)
         rc = paging_swap_in(kv->pg, s, async);
+    KVVM_ASSERT(rc || async || paging_seq_resident(kv->pg, s));
     swap_after_call(kv->sw);
     return rc;
 }
@@ -596,6 +600,7 @@ static int stream_create_call(kvvm *kv, void **stream)
     }
     rc = vmm_stream_create(kv->v, &s);
     if (!rc) {
+        KVVM_ASSERT(kv->n_streams < kv->cap_streams);
         kv->streams[kv->n_streams++] = s;
         *stream = s;
     }
@@ -785,6 +790,7 @@ static int set_budget_locked(kvvm *kv, size_t b)
         rc = paging_set_budget(kv->pg, frames, &released);
     if (rc)
         return rc;
+    KVVM_ASSERT(frames >= kv->cfg.n_regions && (size_t)frames * kv->cfg.page_size == b);
     kv->cfg.device_budget = b;
     swap_set_frames(kv->sw, frames);        /* the watermarks follow */
     frames_set_budget(kv->fr, frames);      /* and the pool's marks (a refill round) */

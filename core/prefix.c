@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "common/assert.h"
 #include "common/log.h"
 #include "core/call.h"
 
@@ -69,6 +70,7 @@ static int publish_locked(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *key
                   "bytes_per_token %llu: a block's tokens do not fill its page, so its pages "
                   "cannot be entered in the cache", kv->cfg.page_size,
                   (unsigned long long)kv->cfg.bytes_per_token);
+    KVVM_ASSERT(rc < 0 || (size_t)rc <= n);   /* the new entries, at most n */
     if (rc > 0 && was)
         (void)storeq_publish(kv, s, ns, keys, n, was);   /* never waits for the store */
     free(was);
@@ -174,6 +176,7 @@ static int attach_check(kvvm *kv, kvvm_seq dst, size_t *n)
 static int store_in(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t k,
                     size_t t, size_t k0, const struct storeq_fetch *f)
 {
+    KVVM_ASSERT(k0 <= k && k <= t);   /* the store's blocks start at or before k */
     uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
     uint32_t need;
     int rc = stream_check(kv);

@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/assert.h"
 #include "common/log.h"
 #include "core/call.h"
 #include "swap/worker.h"
@@ -86,6 +87,7 @@ static void batch_free(struct storeq *q, struct sq_batch *b)
 /* Back to the free list (q->mu held). */
 static void slots_give_locked(struct storeq *q, const uint32_t *slot, uint32_t n)
 {
+    KVVM_ASSERT(q->n_free + n <= q->n_slots);   /* slots taken, given back once */
     for (uint32_t i = 0; i < n; i++)
         q->free_slots[q->n_free++] = slot[i];
 }
@@ -114,6 +116,7 @@ static void batch_put(struct storeq *q, struct sq_batch *b)
     for (uint32_t i = 0; it && iov && i < b->n; i++) {
         if (b->cancel[i])
             continue;
+        KVVM_ASSERT(b->slot[i] < q->n_slots);
         iov[k] = (struct iovec){ q->stage + (size_t)b->slot[i] * q->block_bytes, q->block_bytes };
         it[k] = (struct store_item){ .key = &b->keys[i], .iov = &iov[k], .iovcnt = 1 };
         k++;
@@ -145,6 +148,7 @@ static bool sq_round(void *arg)
         q->head = b->next;
         if (!q->head)
             q->tail = NULL;
+        KVVM_ASSERT(!q->cur);           /* one batch written at a time */
         q->cur = b;
         pthread_mutex_unlock(&q->mu);
         batch_put(q, b);
@@ -256,6 +260,7 @@ void storeq_destroy(struct storeq *q)
         return;
     storeq_wait_idle(q);                /* bounded: see "A store that fails a put" */
     swap_worker_stop(&q->w);
+    KVVM_ASSERT(q->n_free == q->n_slots);   /* idle: every batch gave its slots back */
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
     stage_free(q);
@@ -341,6 +346,7 @@ uint32_t storeq_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
         k += !b->cancel[i];
     SQ_ADD(q, gave_up, m - k);
     pthread_mutex_lock(&q->mu);
+    KVVM_ASSERT(!b->next && !q->head == !q->tail);
     if (q->tail)
         q->tail->next = b;
     else

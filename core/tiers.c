@@ -35,6 +35,7 @@ static int h_alloc(void *a, pg_slot hint, pg_slot *slot)
     int rc = host_slot_alloc(a, &s);
     if (!rc)
         *slot = pg_of_host(s);
+    KVVM_ASSERT(rc || !pg_slot_is_none(*slot));   /* a slot taken is a real one */
     return rc;
 }
 static void h_free(void *a, pg_slot slot)
@@ -100,6 +101,7 @@ static int d_alloc(void *a, pg_slot hint, pg_slot *slot)
     int rc = spill_slot_alloc(a, 1, spill_of(hint), &s);
     if (!rc)
         *slot = pg_of_spill(s);
+    KVVM_ASSERT(rc || !pg_slot_is_none(*slot));   /* a slot taken is a real one */
     return rc;
 }
 static void d_free(void *a, pg_slot slot)

@@ -21,6 +21,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "disk_int.h"
 
@@ -229,8 +230,10 @@ out_close:
 /* Takes slot i (free). Caller holds the lock. */
 static void slot_take_locked(struct spill *sp, uint32_t i)
 {
+    KVVM_ASSERT(i < sp->n_slots && !sp->slots[i].used && !sp->slots[i].busy);
     sp->slots[i].used = 1;
     sp->slots[i].valid = 0;
+    KVVM_ASSERT(sp->cl_free[i / sp->cluster] > 0 && sp->n_free > 0);
     sp->cl_free[i / sp->cluster]--;
     sp->n_free--;
 }
@@ -334,6 +337,7 @@ int spill_slot_free(struct spill *sp, spill_slot s)
     } else {
         sp->slots[s.idx].used = 0;
         sp->slots[s.idx].valid = 0;
+        KVVM_ASSERT(sp->cl_free[s.idx / sp->cluster] < sp->cluster && sp->n_free < sp->n_slots);
         sp->cl_free[s.idx / sp->cluster]++;
         sp->n_free++;
     }

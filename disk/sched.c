@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "disk_int.h"
 
@@ -78,9 +79,11 @@ static void page_done(struct spill *sp, struct spill_page *pg)
         si->page = r->page;
         si->valid = 1;
     }
+    KVVM_ASSERT(si->busy);           /* set at submit, cleared once here */
     si->busy = 0;
     if (!sp->on_complete) {
         SPILL_FIFO_PUSH(sp->done_head, sp->done_tail, pg);
+        KVVM_ASSERT(sp->inflight > 0);
         if (--sp->inflight == 0)
             pthread_cond_broadcast(&sp->idle_cv);
         pthread_mutex_unlock(&sp->lock);
@@ -92,6 +95,7 @@ static void page_done(struct spill *sp, struct spill_page *pg)
     sp->on_complete(sp->on_complete_arg, &cqe);
     free(pg);
     pthread_mutex_lock(&sp->lock);
+    KVVM_ASSERT(sp->inflight > 0);    /* counted at submit, until the callback returned */
     if (--sp->inflight == 0)
         pthread_cond_broadcast(&sp->idle_cv);
     pthread_mutex_unlock(&sp->lock);
@@ -101,6 +105,7 @@ static void io_put(struct spill *sp, struct spill_io *io)
 {
     io->next = sp->io_free;
     sp->io_free = io;
+    KVVM_ASSERT(sp->ios_busy > 0);
     sp->ios_busy--;
 }
 
@@ -140,6 +145,7 @@ void disk_io_complete(struct spill *sp, struct spill_io *io, int res)
                    pg->req.slot.idx, strerror(-res));
     }
     io_put(sp, io);
+    KVVM_ASSERT(pg->ios_left > 0);   /* one completion per I/O of the page */
     if (--pg->ios_left == 0)
         page_done(sp, pg);
 }
@@ -190,6 +196,7 @@ struct spill_io *disk_next_io(struct spill *sp)
         io = sp->io_free;
         sp->io_free = io->next;
         sp->ios_busy++;
+        KVVM_ASSERT(pg->ios_next < n_ios);  /* a page leaves the run list at its last I/O */
         uint32_t k = pg->ios_next++;
         io->pg = pg;
         io->off = (uint64_t)pg->req.slot.idx * sp->page_size + (uint64_t)k * sp->io_size;

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "vmm/vmm.h"
 
@@ -148,6 +149,7 @@ void host_arena_close(struct host_arena *a)
 {
     if (!a)
         return;
+    KVVM_ASSERT(a->n_free <= a->n_slots);
     uint32_t used = a->n_slots - a->n_free;
     if (used)
         klog_warn("host arena: closing with %u slot(s) still allocated", used);
@@ -172,6 +174,7 @@ int host_slot_alloc(struct host_arena *a, host_slot *out)
         pthread_mutex_unlock(&a->lock);
         return -ENOMEM;
     }
+    KVVM_ASSERT(i < a->n_slots && !a->used[i] && a->n_free > 0);   /* the list head is free */
     a->top = a->next[i];
     a->used[i] = 1;
     a->n_free--;
@@ -194,6 +197,7 @@ int host_slot_free(struct host_arena *a, host_slot s)
     a->used[s.idx] = 0;
     a->next[s.idx] = a->top;
     a->top = s.idx;
+    KVVM_ASSERT(a->n_free < a->n_slots);
     a->n_free++;
     pthread_mutex_unlock(&a->lock);
     return 0;

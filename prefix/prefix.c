@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/assert.h"
 #include "common/log.h"
 
 #define PFX_NONE UINT32_MAX
@@ -239,6 +240,7 @@ static uint32_t rec_take(struct prefix *pc, const uint64_t k[4], uint64_t ns, ui
                          uint32_t parent)
 {
     uint32_t r = pc->free_head;
+    KVVM_ASSERT(r < pc->rcap && pc->tick[r] == TICK_FREE);   /* reserve made one */
     pc->free_head = pc->rec[r].parent;
     pc->rec[r] = (struct pfx_rec){ .key = { k[0], k[1], k[2], k[3] }, .ns = ns,
                                    .parent = parent, .children = 0 };
@@ -252,10 +254,13 @@ static uint32_t rec_take(struct prefix *pc, const uint64_t k[4], uint64_t ns, ui
    children, if any (none in a plan's leaves-first order or a namespace's whole drop). */
 static void rec_remove(struct prefix *pc, uint32_t i, bool scan)
 {
+    KVVM_ASSERT(i < pc->rcap && pc->tick[i] != TICK_FREE && pc->n_full > 0);
     struct pfx_rec *r = &pc->rec[i];
     uint64_t k[4] = { r->key[0], r->key[1], r->key[2], r->key[3] };
     slot_delete(pc, find_slot(pc, k, r->ns, ns_mix(r->ns)));
     paging_unhold(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr);
+    KVVM_ASSERT(r->parent == PFX_NONE || pc->tick[r->parent] == TICK_FREE ||
+                pc->rec[r->parent].children > 0);   /* its parent counts it */
     if (r->parent != PFX_NONE && pc->tick[r->parent] != TICK_FREE)   /* (a whole drop) */
         pc->rec[r->parent].children--;
     for (uint32_t j = 0; scan && r->children && j < pc->rcap; j++)
@@ -263,6 +268,7 @@ static void rec_remove(struct prefix *pc, uint32_t i, bool scan)
             pc->rec[j].parent = PFX_NONE;   /* a chain's head now */
             r->children--;
         }
+    KVVM_ASSERT(!scan || !r->children);  /* every child found and relinked */
     pc->tick[i] = TICK_FREE;
     r->parent = pc->free_head;
     r->children = 0;
@@ -463,6 +469,7 @@ static void heap_push(const struct prefix *pc, uint32_t *h, uint32_t *n, uint32_
 
 static uint32_t heap_pop(const struct prefix *pc, uint32_t *h, uint32_t *n)
 {
+    KVVM_ASSERT(*n > 0);
     uint32_t top = h[0], last = h[--(*n)], k = 0;
     for (;;) {
         uint32_t c = 2 * k + 1;
@@ -556,6 +563,7 @@ static uint32_t cache_plan(void *arg, uint32_t want)
     }
     while (frees < want && (i = walk_next(pc, &w)) != PFX_NONE) {
         frees += paging_plan_pages(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr, 1);
+        KVVM_ASSERT(pc->n_plan < pc->rcap);   /* a record once */
         pc->plan[pc->n_plan++] = i;
     }
     walk_end(&w);

@@ -45,6 +45,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "store_int.h"
 
@@ -270,6 +271,7 @@ static void orphan_take(struct fstore *f, struct fbatch *b, struct forphan *o)
         f->stage = NULL;
         f->stage_bytes = 0;
     }
+    KVVM_ASSERT(!f->orphan);             /* one at a time: a request reaps the last first */
     o->ring = f->ring;
     o->b = b;
     f->orphan = o;
@@ -323,15 +325,18 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
         unsigned head, seen = 0;
         io_uring_for_each_cqe(&f->ring, head, cqe) {
             size_t i = io_uring_cqe_get_data64(cqe) - 1;
+            KVVM_ASSERT(i < b->n && b->io[i].fd >= 0);   /* one submitted I/O's data */
             b->io[i].res = cqe->res;
             if (b->on_done)      /* checked now: the CPU's work overlaps the I/O still owed */
                 b->on_done(b->on_done_arg, i);
             seen++;
         }
         io_uring_cq_advance(&f->ring, seen);
+        KVVM_ASSERT(b->owed >= seen);
         b->owed -= seen;
         done += seen;
     }
+    KVVM_ASSERT(b->owed == 0 && done == want);   /* every I/O submitted was reaped */
     free(o);
     return 0;
 }

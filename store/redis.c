@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "store_int.h"
 
@@ -260,6 +261,7 @@ static int r_connect(struct rstore *r, uint64_t deadline)
    reconnection attempt returned. */
 static int r_ready(struct rstore *r, uint64_t deadline)
 {
+    KVVM_ASSERT((r->fd >= 0) == (r->rd != NULL));   /* a reader with each connection */
     if (r->fd >= 0)
         return 0;
     if (know_ns() < r->next_try)
@@ -294,6 +296,7 @@ static int r_pipeline(struct rstore *r, struct iovec *iov, size_t niov, size_t n
         redisReply *rep;
         if ((rc = r_reply(r, deadline, &rep)))
             break;
+        KVVM_ASSERT(rep);
         fn(arg, *done, rep);
         freeReplyObject(rep);
     }
@@ -381,6 +384,7 @@ struct gets {
 /* len bytes of the value arrived into its segments (at src: copied there first). */
 static void g_take(struct gets *g, const char *src, size_t len)
 {
+    KVVM_ASSERT(g->value && len <= g->left);
     g->left -= len;
     while (len && g->si < g->nseg) {
         struct iovec *s = &g->seg[g->si];
@@ -400,6 +404,7 @@ static void g_take(struct gets *g, const char *src, size_t len)
 static int g_value_done(struct gets *g)
 {
     struct batch_ctx *c = g->c;
+    KVVM_ASSERT(g->value && !g->left && g->i < g->n);
     struct store_item *it = &c->items[g->i++];
     g->value = 0;
     STORE_ADD(c->st, st_bytes_in, (uint64_t)g->vlen);
@@ -407,6 +412,7 @@ static int g_value_done(struct gets *g)
         it->status = -EBADMSG;
         return 0;
     }
+    KVVM_ASSERT(g->si == g->nseg);      /* left 0: every segment filled */
     if (memcmp(g->crlf, "\r\n", 2) != 0)
         return -EIO;
     it->status = store_value_check_iov(g->hdr, c->L, c->ns, it->key, it->iov, it->iovcnt);
@@ -417,6 +423,7 @@ static int g_value_done(struct gets *g)
    GET's reply: the connection is then in an unknown state). */
 static int g_line(struct gets *g, const char *l, size_t len)
 {
+    KVVM_ASSERT(!g->value && g->i < g->n); /* a reply's line, one per item */
     struct store_item *it = &g->c->items[g->i];
     char msg[128];
     if (len == 3 && !memcmp(l, "$-1", 3)) {

@@ -40,6 +40,7 @@
 #include <xxhash.h>
 #endif
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "store_int.h"
 
@@ -127,6 +128,7 @@ size_t store_iov_len(const struct iovec *iov, int n)
 void store_iov_scatter(const struct iovec *iov, int n, const void *src, size_t len)
 {
     const char *s = src;
+    KVVM_ASSERT(len <= store_iov_len(iov, n));   /* the caller sized the iovecs */
     for (int i = 0; i < n && len; i++) {
         size_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
         memcpy(iov[i].iov_base, s, c);
@@ -412,6 +414,7 @@ static int count(struct store *st, const struct store_item *items, size_t n,
     int ok = 0;
     uint64_t err = 0;
     for (size_t i = 0; i < n; i++) {
+        KVVM_ASSERT(items[i].status <= 0);   /* 0 or -errno, set by the backend */
         if (items[i].status == 0)
             ok++;
         else if (items[i].status != -ENOENT)
@@ -471,6 +474,7 @@ int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
         rc = st->ops->lookup(st, L, ns, keys, n, p, deadline);
         pthread_mutex_unlock(&st->lock);
     }
+    KVVM_ASSERT(rc <= (int)n);          /* the keys present, at most all */
     if (rc < 0) {
         memset(p, 0, n);
         STORE_ADD(st, st_errors, n);

@@ -24,6 +24,7 @@
  * what the call needs.
  */
 #include "swap_int.h"
+#include "common/assert.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -123,6 +124,7 @@ static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_r
     if (mv == PG_MOVE_DIRECT) {        /* host slots, then the writes, then spills */
         uint64_t rest = k - h->free;
         uint64_t w = rest < h->freeing ? rest : h->freeing;
+        KVVM_ASSERT(rest - w <= h->movable && rest - w <= d->free);   /* what DIRECT means */
         h->freeing -= w;
         h->movable -= rest - w;
         d->free -= rest - w;
@@ -131,10 +133,12 @@ static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_r
         return true;
     }
     if (!h->free && !h->freeing) {     /* staged: one slot made free to stage through */
+        KVVM_ASSERT(h->movable > 0 && d->free > k);   /* swap_plan: a slot to stage through */
         h->movable--;
         d->free--;
         h->free++;
     }
+    KVVM_ASSERT(d->free >= k);         /* swap_plan: the disk takes all k */
     d->free -= k;
     *staged = true;
     return true;
@@ -198,7 +202,9 @@ static int push(struct swap_rplan *p, uint64_t h, uint8_t kind, uint32_t frees,
 
 static void pop(struct swap_rplan *p, struct paging *pg)
 {
+    KVVM_ASSERT(p->n > 0);
     struct swap_step *s = &p->steps[--p->n];
+    KVVM_ASSERT(p->frees >= s->frees && p->slots >= s->slots);   /* push added them */
     paging_plan_remove(pg, s->h, s->kind == SWAP_DROP);
     p->frees -= s->frees;
     p->slots -= s->slots;
@@ -287,6 +293,7 @@ static void plan_demotions(struct swap_rplan *p, struct paging *pg, struct room 
         uint32_t ub = paging_seq_device_pages(pg, s->h);
         if (!room_take(room, ub, ub))
             continue;
+        KVVM_ASSERT(s->slots == 0);    /* a drop takes no slot below */
         s->kind = SWAP_DEMOTE;
         s->slots = ub;
         p->slots += ub;
@@ -387,6 +394,7 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
                      bool *copying, uint32_t *moved)
 {
     int rc = 0;
+    KVVM_ASSERT(kind == SWAP_OUT || kind == SWAP_DEMOTE);
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
         if (s->kind != kind || (rc = act_settle(sw, wait, s->slots, copying)))

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/assert.h"
 #include "common/log.h"
 
 static uint32_t frames_free(struct swap *sw)
@@ -89,6 +90,7 @@ void swap_set_frames(struct swap *sw, uint32_t frames)
     sw->high_free = (uint32_t)(sw->p.high * frames);
     if (sw->high_free > frames)
         sw->high_free = frames;
+    KVVM_ASSERT(sw->min_free <= sw->low_free && sw->low_free <= sw->high_free);
 }
 
 static void spill_wake(struct swap *sw)
@@ -225,6 +227,9 @@ int swap_create(struct paging *pg, struct vmm *v, pthread_mutex_t *lock,
     sw->host_high_free = (uint32_t)(p->host_high * p->host_slots);
     if (sw->host_high_free > p->host_slots)
         sw->host_high_free = p->host_slots;
+    KVVM_ASSERT(sw->min_free <= sw->low_free && sw->low_free <= sw->high_free);
+    KVVM_ASSERT(sw->host_min_free <= sw->host_low_free &&
+                sw->host_low_free <= sw->host_high_free);
     pthread_mutex_init(&sw->mu, NULL);
     pthread_cond_init(&sw->cv, NULL);
     sw->reclaim = (struct swap_worker){ .name = "reclaim", .v = v, .make_current = true,

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/env.h"
+#include "common/assert.h"
 #include "common/log.h"
 
 #define SYM(field, ver) { #field, ver, offsetof(struct kcu_api, field) }
@@ -137,6 +138,7 @@ static int resolve_all(void *lib, const char *path, struct kcu_api *t, char *why
                                                    : "no function returned");
             return -ENODEV;
         }
+        KVVM_ASSERT(s->offset >= sizeof t->name && s->offset + sizeof fn <= sizeof *t);
         memcpy((char *)t + s->offset, &fn, sizeof fn);
     }
     t->name = "cuda";

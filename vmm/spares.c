@@ -2,6 +2,7 @@
  * vmm/spares.c: spare fences (vmm/spares.h; the contract: vmm.h, vmm_fence_reserve).
  */
 #include "spares.h"
+#include "common/assert.h"
 
 void vmm_spares_init(struct vmm_spares *s)
 {
@@ -17,6 +18,7 @@ void vmm_spares_fini(struct vmm_spares *s)
 bool vmm_spares_take(struct vmm_spares *s, vmm_fence *f)
 {
     pthread_mutex_lock(&s->mu);
+    KVVM_ASSERT(s->n <= VMM_SPARE_FENCES);
     bool got = s->n > 0;
     if (got)
         f->ev = s->ev[--s->n];
@@ -28,6 +30,7 @@ bool vmm_spares_take(struct vmm_spares *s, vmm_fence *f)
 static bool spares_put(struct vmm_spares *s, const vmm_fence *f)
 {
     pthread_mutex_lock(&s->mu);
+    KVVM_ASSERT(f->ev && s->n <= VMM_SPARE_FENCES);   /* a made fence, kept once */
     bool kept = s->n < VMM_SPARE_FENCES;
     if (kept)
         s->ev[s->n++] = f->ev;

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/log.h"
 #include "drv_cuda.h"
 #include "drv_emu.h"
@@ -61,7 +62,8 @@ struct vmm {
 
 static void count(int64_t *c, int64_t d)
 {
-    __atomic_add_fetch(c, d, __ATOMIC_RELAXED);
+    int64_t now = __atomic_add_fetch(c, d, __ATOMIC_RELAXED);
+    KVVM_ASSERT(now >= 0);            /* a release counted once, after its create */
 }
 
 /* --- errors ------------------------------------------------------------------------------ */
@@ -102,6 +104,7 @@ static int drv_err_at(struct vmm *v, const char *entry, kcu_result r, int level)
                    entry, kcu_errstr(v->api, r));
     else
         klog(sticky(r) ? KVVM_LOG_ERROR : level, "%s: %s", entry, kcu_errstr(v->api, r));
+    KVVM_ASSERT(r != KCU_SUCCESS);   /* only a failed call is reported */
     switch (r) {
     case KCU_ERROR_OUT_OF_MEMORY: return -ENOMEM;
     case KCU_ERROR_INVALID_VALUE: return -EINVAL;
@@ -492,6 +495,7 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
         else if (leaks < 0)
             klog_error("vmm_close: emu_device_destroy: %s", strerror(-leaks));
     }
+    KVVM_ASSERT(v->spares.n == 0);   /* drained above: no fence is made after the close */
     vmm_spares_fini(&v->spares);
     free(v);
 }
@@ -539,12 +543,14 @@ int vmm_reserve(struct vmm *v, size_t bytes, uint64_t *base)
         return -EINVAL;
     if (bytes > SIZE_MAX - v->granule)
         return -ENOMEM;
+    KVVM_ASSERT(!v->reserved);          /* set and cleared with base */
     ENTER(v);
     size_t len = (bytes + v->granule - 1) & ~(v->granule - 1);
     kcu_deviceptr p = 0;
     kcu_result r = v->api->cuMemAddressReserve(&p, len, v->granule, 0, 0);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemAddressReserve", r);
+    KVVM_ASSERT(len % v->granule == 0 && len >= bytes);
     v->base = p;
     v->reserved = len;
     *base = p;
@@ -673,6 +679,7 @@ int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
     return 0;
 
 out_unmap:
+    KVVM_ASSERT(err < 0 && k <= n);  /* k: the pages mapped before the failure */
     /* Page by page: an unmap failure must not keep the others mapped. */
     while (k-- > 0) {
         r = a->cuMemUnmap(va + k * page_size, page_size);
@@ -693,6 +700,7 @@ int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes)
         return -EINVAL;
     ENTER(v);
     size_t unit = __atomic_load_n(&v->map_unit, __ATOMIC_RELAXED);
+    KVVM_ASSERT(unit % v->granule == 0); /* a page size vmm_map_run accepted */
     if (v->unmap_each && unit && bytes > unit && bytes % unit == 0) {
         /* one call per mapping (probe_unmap_span); a failure leaves the mappings after it
            mapped, those before unmapped (counted) */

@@ -62,6 +62,7 @@
 #define _GNU_SOURCE
 #endif
 #include "vmm/emu/emu.h"
+#include "common/assert.h"
 #include "common/log.h"
 #include "vmm/drv_emu.h"
 

@@ -6,6 +6,7 @@
 
 void emu_event_put_locked(struct kcu_event_st *ev)
 {
+    KVVM_ASSERT(ev->refs > 0);              /* a put matches a get or the create */
     if (--ev->refs == 0)
         free(ev);
 }
@@ -61,6 +62,7 @@ void emu_event_unlink_locked(struct kcu_event_st *ev)
             break;
         }
     }
+    KVVM_ASSERT(ev->dev->c.events > 0);    /* unlinked once, after its create */
     ev->dev->c.events--;
 }
 
@@ -138,6 +140,7 @@ kcu_result emu_cuEventSynchronize(kcu_event event)
     struct kcu_event_st *ev;
     if ((r = event_wait_arg_locked(event, &ev)))
         goto out;
+    KVVM_ASSERT(ev->refs > 0);             /* a listed event holds its create's ref */
     ev->refs++;                    /* survive a concurrent cuEventDestroy */
     uint64_t want = ev->rec_seq;
     while (ev->done_seq < want && !ev->dev->sticky)

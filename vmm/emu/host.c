@@ -51,11 +51,13 @@ void emu_host_release_locked(struct emu_host *h)
 {
     if (h->alloc) {
         munmap(h->p, h->n);        /* also unlocks */
+        KVVM_ASSERT(h->dev->c.host_allocs > 0 && h->dev->c.host_alloc_bytes >= h->n);
         h->dev->c.host_allocs--;
         h->dev->c.host_alloc_bytes -= h->n;
     } else {
         if (h->locked)
             munlock(h->p, h->n);
+        KVVM_ASSERT(h->dev->c.host_registered > 0 && h->dev->c.host_registered_bytes >= h->n);
         h->dev->c.host_registered--;
         h->dev->c.host_registered_bytes -= h->n;
     }

@@ -163,6 +163,7 @@ kcu_result emu_cuMemAddressFree(kcu_deviceptr ptr, size_t size)
     }
     emu_resv_remove_locked(rv);
     munmap((void *)rv->base, rv->size);
+    KVVM_ASSERT(rv->owner->c.reservations > 0 && rv->owner->c.reserved_bytes >= rv->size);
     rv->owner->c.reservations--;
     rv->owner->c.reserved_bytes -= rv->size;
     emu_resv_free_mem(rv);
@@ -228,6 +229,7 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
         struct emu_ent *e = emu_ent_get(rv, first + i);
         *e = (struct emu_ent){ .h1 = (uint32_t)(slot + 1), .access =
                                KCU_MEM_ACCESS_FLAGS_PROT_NONE, .off = i, .map_id = id };
+        KVVM_ASSERT(rv->blk_used[(first + i) / ENT_BLOCK] < ENT_BLOCK);
         rv->blk_used[(first + i) / ENT_BLOCK]++;
     }
     h->maps++;
@@ -255,14 +257,17 @@ void emu_unmap_entries_locked(struct emu_resv *rv, size_t first, size_t n)
         struct emu_dev *d = h->dev;
         if (e->map_id != last_id) {
             last_id = e->map_id;
+            KVVM_ASSERT(h->maps > 0 && rv->live_maps > 0 && d->c.mappings > 0);
             h->maps--;
             rv->live_maps--;
             d->c.mappings--;
             d->c.unmaps++;
         }
+        KVVM_ASSERT(d->c.mapped_bytes >= rv->gran);
         d->c.mapped_bytes -= rv->gran;
         *e = (struct emu_ent){ 0 };
         size_t b = i / ENT_BLOCK;
+        KVVM_ASSERT(rv->blk_used[b] > 0 && rv->blk[b]);  /* counts this block's mapped entries */
         if (--rv->blk_used[b] == 0) {
             free(rv->blk[b]);
             rv->blk[b] = NULL;

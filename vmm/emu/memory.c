@@ -27,6 +27,7 @@ static void range_take_locked(struct emu_dev *d, size_t i, size_t n)
         bit_set(d->bitmap, i + k, true);
         if (bit_get(d->unpunched, i + k)) {
             bit_set(d->unpunched, i + k, false);
+            KVVM_ASSERT(d->n_unpunched > 0);
             d->n_unpunched--;
         }
     }
@@ -99,6 +100,7 @@ static void punch_free_locked(struct emu_dev *d)
             bit_set(d->unpunched, i + n, false);
             n++;
         }
+        KVVM_ASSERT(d->n_unpunched >= n);
         d->n_unpunched -= n;
         if (fallocate(d->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                       (off_t)(i * d->gran), (off_t)(n * d->gran)) != 0)
@@ -117,6 +119,7 @@ static void punch_free_locked(struct emu_dev *d)
 static void range_free_locked(struct emu_dev *d, size_t base, size_t n)
 {
     for (size_t k = 0; k < n; k++) {
+        KVVM_ASSERT(bit_get(d->bitmap, base + k));   /* freed once, after its take */
         bit_set(d->bitmap, base + k, false);
         bit_set(d->unpunched, base + k, true);
     }
@@ -152,6 +155,7 @@ void emu_handle_maybe_free_locked(size_t slot)
         return;
     struct emu_dev *d = h->dev;
     range_free_locked(d, h->base, h->ngran);
+    KVVM_ASSERT(d->c.handles > 0 && d->c.handle_bytes >= h->ngran * d->gran);
     d->c.handles--;
     d->c.handle_bytes -= h->ngran * d->gran;
     h->dev = NULL;

@@ -62,6 +62,7 @@ static bool op_deps_done_locked(struct emu_dev *d, const struct emu_op *op)
 /* Removes s's head op, which just ran. */
 static void op_pop_locked(struct kcu_stream_st *s, struct emu_op *op)
 {
+    KVVM_ASSERT(op == s->head && op->ticket == s->done + 1);  /* in order, once */
     s->head = op->next;
     if (!s->head)
         s->tail = NULL;
@@ -314,6 +315,7 @@ kcu_result emu_submit_locked(struct kcu_stream_st *s, struct emu_dev *d, struct 
         return KCU_SUCCESS;
     }
     op->next = NULL;
+    KVVM_ASSERT(s->queued >= s->done);
     op->ticket = ++s->queued;
     if (s->tail)
         s->tail->next = op;
@@ -403,6 +405,7 @@ kcu_result emu_cuStreamDestroy(kcu_stream stream)
     s->dying = true;
     s->detached = true;
     s->exiting = true;
+    KVVM_ASSERT(s->dev->c.streams > 0);
     s->dev->c.streams--;
     pthread_detach(s->thread);
     pthread_cond_signal(&s->cv);
