@@ -5,9 +5,10 @@
 # find_package(kvvm MAJOR.MINOR) accepts it), the Python package (pyproject.toml and
 # __version__), docs/api.md (its title, kvvm_version's line, the kvvm_stats_json example),
 # the generated man page, and the CHANGELOG's newest released version (dated).
-# Usage: version_agree.sh SOURCE_DIR BUILD_DIR LIBKVVM_SO VERSION
+# Usage: version_agree.sh SOURCE_DIR BUILD_DIR LIBKVVM_SO VERSION VERSION_PRINT (a program
+# linked to LIBKVVM_SO that prints its kvvm_version())
 set -euo pipefail
-src=$1 build=$2 lib=$3 version=$4
+src=$1 build=$2 lib=$3 version=$4 print=$5
 fail=0
 # check WHAT GOT: GOT must be $version
 check() {
@@ -16,16 +17,7 @@ check() {
 }
 hdr() { sed -n "s/^#define KVVM_VERSION_$1 \([0-9]*\)$/\1/p" "$src/include/kvvm.h"; }
 check "include/kvvm.h KVVM_VERSION_*" "$(hdr MAJOR).$(hdr MINOR).$(hdr PATCH)"
-if command -v python3 >/dev/null; then
-    check "kvvm_version() of $(basename "$lib")" \
-          "$(python3 -c 'import ctypes, sys
-f = ctypes.CDLL(sys.argv[1]).kvvm_version
-f.restype = ctypes.c_char_p
-print(f().decode())' "$lib")"
-else
-    check "kvvm_version() of $(basename "$lib") (strings)" \
-          "$(strings "$lib" | grep -xE '[0-9]+\.[0-9]+\.[0-9]+' | grep -xF "$version" || true)"
-fi
+check "kvvm_version() of $(basename "$lib") (tests/version_print.c)" "$("$print")"
 real=$(basename "$(readlink -f "$lib")")
 check "the shared library's file ($real)" "${real#libkvvm.so.}"
 check "kvvm.pc Version" "$(sed -n 's/^Version: *//p' "$build/kvvm.pc")"
