@@ -34,12 +34,14 @@ jobs=$(nproc)
 timesf=$(mktemp /tmp/kvvm-test-times.XXXXXX)
 stage_log="" test_t0=$SECONDS failed=()
 declare -A stage_result=()
-cpu_now() {   # the CPU seconds of this shell's reaped children so far
+cpu_now() {   # cpu: the CPU seconds of this shell's reaped children so far. Called in
+              # this shell, never in $(...): `times` in a command substitution's subshell
+              # reports that subshell's children (none), 0 for every stage.
     times >"$timesf"
     # times: this shell's user and sys, then its children's ("1m2.345s 0m6.789s")
-    awk 'NR == 2 { n = split($0, f, /[ms ]+/)
-                   for (i = 1; i < n; i += 2) t += f[i] * 60 + f[i + 1]
-                   printf "%d", t }' "$timesf"
+    cpu=$(awk 'NR == 2 { n = split($0, f, /[ms ]+/)
+                         for (i = 1; i < n; i += 2) t += f[i] * 60 + f[i + 1]
+                         printf "%d", t }' "$timesf")
 }
 note() {   # note WALL CPU RESULT TITLE: a row of the final table (WALL and CPU - for none)
     local w="$1 s" c="$2 s"
@@ -51,7 +53,7 @@ note() {   # note WALL CPU RESULT TITLE: a row of the final table (WALL and CPU 
 # reports this one "not run"; either way the command goes on.
 run_stage() {
     local key=$1 needs=$2 title=$3 fn=$4 t0=$SECONDS cpu0 rc result
-    cpu0=$(cpu_now)
+    cpu_now; cpu0=$cpu
     echo "=== $title ==="
     if [ "$needs" != - ] && [ "${stage_result[$needs]:-}" != passed ]; then
         echo "--- not run: its stage '$needs' did not pass"
@@ -63,7 +65,8 @@ run_stage() {
     fi
     stage_result[$key]=$result
     [ "$result" = passed ] || failed+=("$title ($result)")
-    local wall=$((SECONDS - t0)) cpu=$(($(cpu_now) - cpu0))
+    cpu_now
+    local wall=$((SECONDS - t0)); cpu=$((cpu - cpu0))
     echo "--- $result: $wall s wall, $cpu s CPU"
     note "$wall" "$cpu" "$result" "$title"
 }
@@ -118,8 +121,8 @@ python_tests() {
     KVVM_LIBRARY="$PWD/build/libkvvm.so" KVVM_EMU_OPAQUE=1 \
       /usr/bin/python3 -m pytest -q -rs -p no:cacheprovider python/tests
 }
-python_venv() {
-    local root=$PWD venv
+python_venv() {   # (a subshell: venv is not local, the EXIT trap runs after the function)
+    local root=$PWD
     venv=$(mktemp -d /tmp/kvvm-venv.XXXXXX)
     trap 'rm -rf "$venv"' EXIT
     /usr/bin/python3 -m venv --system-site-packages "$venv"
@@ -211,10 +214,12 @@ if [ "${KVVM_SKIP_SANITIZERS:-0}" != 1 ]; then
   run_stage tests_tsan build_tsan "threads under ThreadSanitizer" tests_tsan
 fi
 echo "=== background jobs: waiting for the rest of them ==="
-bg_t0=$SECONDS bg_cpu0=$(cpu_now) bg_rows=()
+cpu_now
+bg_t0=$SECONDS bg_cpu0=$cpu bg_rows=()
 background_jobs
 # (a background job's CPU counts in the stage during which it ended: bash collects it then)
-note $((SECONDS - bg_t0)) $(($(cpu_now) - bg_cpu0)) - \
+cpu_now
+note $((SECONDS - bg_t0)) $((cpu - bg_cpu0)) - \
      "background jobs: waiting for the rest of them"
 for ((i = 0; i < ${#bg_rows[@]}; i += 2)); do
     note - - "${bg_rows[i]}" "  ${bg_rows[i + 1]}"

@@ -28,6 +28,10 @@ EOF
 cat >"$bin/ctest" <<'EOF'
 #!/bin/sh
 case "$PWD" in *build-clang-asan) echo "fake: the ASan tests fail"; exit 8;; esac
+# the debug tests burn 1.2 s of CPU (counted by CPU, not by time): their row must show it
+case "$PWD" in *build-debug) python3 -c 'import time
+t = time.process_time()
+while time.process_time() - t < 1.2: pass';; esac
 echo "fake ctest in $PWD"
 EOF
 chmod +x "$bin"/* "$tree"/scripts/*
@@ -55,6 +59,10 @@ row passed  'build \(ThreadSanitizer: the threads tests only\)'
 row passed  'threads under ThreadSanitizer'
 row passed  ' *clang-tidy .*'
 row passed  ' *fuzzing .*'
+# the CPU column counts the stage's processes (it read 0 s for every stage when the count was
+# taken in a command substitution's subshell)
+grep -E "^ +[0-9]+ s +([1-9][0-9]*) s +passed +tests in the KVVM_DEBUG build\$" "$tmp/out" \
+    >/dev/null || { echo "FAIL: the debug tests' 1.2 s of CPU not in their row"; fail=1; }
 grep -x '=== 5 failed:' "$tmp/out" >/dev/null || { echo "FAIL: not '=== 5 failed:'"; fail=1; }
 ! grep -x '=== all tests passed ===' "$tmp/out" >/dev/null ||
     { echo "FAIL: 'all tests passed' with failed stages"; fail=1; }
