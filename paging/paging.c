@@ -179,7 +179,8 @@ void paging_destroy(struct paging *pg)
 /* ---- the budget: the pool's releases, the pool view's unmaps before them -------------- */
 
 /* Before releasing the ready frames above keep: the pool view's slots that map some of them
-   are unmapped where no device work may use them any more, and with wait, when that leaves
+   (ended ids; live ids' slots whose frame their block no longer has: view_end_stale) are
+   unmapped where no device work may use them any more, and with wait, when that leaves
    fewer than the release wants, after a synchronization (the engine stream's; sync mode:
    the device's) — never while the engine stream captures a graph, which a synchronization
    would break: those frames then stay, held (the driver would keep their memory anyway).
@@ -189,6 +190,7 @@ static void ready_unpin(struct paging *pg, uint32_t keep, bool wait)
 {
     if (pg->fr.n_ready <= keep || !pool_ready_pinned(pg))
         return;
+    view_end_stale(pg);
     (void)view_reap(pg, false);
     if (!wait || pool_ready_pinned(pg) <= keep ||
         (pg->ck.stream && vmm_stream_check_capture(pg->v, pg->ck.stream)))
