@@ -218,10 +218,12 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
         ready_unpin(pg, frames - pg->fr.n_used, true);
         *released += pool_release_ready(pg, frames - pg->fr.n_used);
     }
-    /* a release the driver refused: the budget stays (unused frames released meanwhile
-       are only reserve; they are created again on need) */
+    /* a release, an unmap or the synchronization before it that the driver refused: the
+       budget stays (unused frames released meanwhile are only reserve; they are created
+       again on need). -EIO says the context is dead: only when it is; a refusal is
+       transient, -ENOMEM as for a shrink that cannot be made */
     if (pg->fr.n_held > frames)
-        return -EIO;
+        return vmm_dead(pg->v) ? -EIO : -ENOMEM;
     pool_set_max_frames(pg, frames);
     return 0;
 }
