@@ -179,7 +179,8 @@ void paging_destroy(struct paging *pg)
 /* ---- the budget: the pool's releases, the pool view's unmaps before them -------------- */
 
 /* Before releasing the ready frames above keep: the pool view's slots that map some of them
-   are unmapped where no device work may use them any more, and with wait, when that leaves
+   (ended ids; live ids' slots whose frame their block no longer has: view_end_stale) are
+   unmapped where no device work may use them any more, and with wait, when that leaves
    fewer than the release wants, after a synchronization (the engine stream's; sync mode:
    the device's) — never while the engine stream captures a graph, which a synchronization
    would break: those frames then stay, held (the driver would keep their memory anyway).
@@ -189,6 +190,7 @@ static void ready_unpin(struct paging *pg, uint32_t keep, bool wait)
 {
     if (pg->fr.n_ready <= keep || !pool_ready_pinned(pg))
         return;
+    view_end_stale(pg);
     (void)view_reap(pg, false);
     if (!wait || pool_ready_pinned(pg) <= keep ||
         (pg->ck.stream && vmm_stream_check_capture(pg->v, pg->ck.stream)))
@@ -216,10 +218,12 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
         ready_unpin(pg, frames - pg->fr.n_used, true);
         *released += pool_release_ready(pg, frames - pg->fr.n_used);
     }
-    /* a release the driver refused: the budget stays (unused frames released meanwhile
-       are only reserve; they are created again on need) */
+    /* a release, an unmap or the synchronization before it that the driver refused: the
+       budget stays (unused frames released meanwhile are only reserve; they are created
+       again on need). -EIO says the context is dead: only when it is; a refusal is
+       transient, -ENOMEM as for a shrink that cannot be made */
     if (pg->fr.n_held > frames)
-        return -EIO;
+        return vmm_dead(pg->v) ? -EIO : -ENOMEM;
     pool_set_max_frames(pg, frames);
     return 0;
 }

@@ -435,6 +435,25 @@ static void slot_zombie(struct paging *pg, uint32_t id, uint32_t r)
     }
 }
 
+void view_end_stale(struct paging *pg)
+{
+    struct pg_view *w = &pg->view;
+    for (uint32_t id = 0; id < w->n_ids; id++) {
+        if (w->ids[id].state != VID_LIVE)
+            continue;
+        /* a live holder's pages are in use: a slot mapping a ready frame names a frame no
+           holder's block has any more (its copy-on-write, its region discarded by every
+           holder); only a new block table would replace the id, and until then its slot
+           kept the frame from the driver. Device work may still read it through a block
+           table already handed out: a zombie, unmapped under the same rule. */
+        for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+            const struct pg_vslot *sl = vslot(pg, id, r);
+            if (sl->st == VS_MAPPED && frame_at(pg, sl->f)->state == FR_READY)
+                slot_zombie(pg, id, r);
+        }
+    }
+}
+
 void view_release(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t first,
                   uint32_t end)
 {

@@ -67,6 +67,11 @@ void view_release(struct paging *pg, struct pg_seq *s, uint32_t region, uint32_t
                   uint32_t end);
 /* child (resident, fresh) shares parent's ids of blocks [0, n). */
 void view_fork(struct paging *pg, struct pg_seq *child, struct pg_seq *parent, uint32_t n);
+/* The slots of live ids that still map a frame back in the pool (a copy-on-write, or a
+   discard by every holder, changed the block's frames; the id is replaced at the holder's
+   next block table) become zombies, for view_reap: the release paths (trim, budget) call it
+   so that such a frame can go back to the driver. Never fails. */
+void view_end_stale(struct paging *pg);
 /* Unmaps the dead ids and zombie slots no device work may use any more (wait: synchronizes
    the engine stream, or the device, first when there are some). -EIO only for a failed
    synchronization; a refused unmap leaves the id for the next reap. */

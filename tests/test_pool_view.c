@@ -1043,6 +1043,38 @@ Test(regress, view_budget_shrink_counted_frames_a_dead_id_maps)
     tclose(&t);
 }
 
+/* A block copied on write keeps its id until its holder's next block table: after a fork,
+   the child's write copied block 0 and the id both still named mapped the parent's frame;
+   the parent's free gave that frame back to the pool, mapped by the child's stale id, which
+   no reap unmaps (the id is live). kvvm_set_budget could not release it and returned -EIO,
+   a dead context, for a live one (test_model page8k_2regions_view, seed 109). */
+Test(regress, view_budget_shrink_eio_a_stale_live_id_maps_a_freed_frame)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    rcfg(&c, KB, KB, 32, 8);
+    topen(&t, &c);
+    struct sh p, k;
+    int32_t ids[2];
+    sh_create(&t, &p);
+    sh_grow_fill(&t, &p, 2 * TPB, 1);
+    table(&t, p.h, 2, ids);
+    sh_fork(&t, &p, &k);
+    sh_write(&t, &k, 0, 0, BPT, 9);         /* the child's block 0 is copied */
+    sh_free(&t, &p);                        /* the parent's block 0 frame: unused */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    int rc = kvvm_set_budget(t.kv, 2 * KB);
+    cr_assert_eq(rc, 0, "shrink to the 2 pages in use: %d (%s)", rc, kvvm_last_error());
+    expect_driver_holds_what_is_held(&t, "after the shrink");
+    table(&t, k.h, 2, ids);                 /* block 0: a new id, mapping its copy */
+    sh_verify(&t, &k, "the child");
+    tcheck(&t, "end");
+    expect_driver_holds_what_is_held(&t, "end");
+    sh_free(&t, &k);
+    tclose(&t);
+}
+
 /* Issue 31, defect 5: with page_size not a multiple of bytes_per_token a block's tokens
    do not fill its page, so block b of the window does not start at its page: the pool view
    served other tokens' bytes. kvvm_open refuses it, naming both numbers. */
