@@ -2107,7 +2107,11 @@ static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_o
     printf("model %s: page %zu, %u regions, %lu bytes/token, %d seed(s) from %lu x %lu ops "
            "in %.1f s (%.1f us/op)\n", name, ps, nr, (unsigned long)c.bpt, seeds, seed0,
            (unsigned long)ops, dt, dt * 1e6 / ((double)ops * seeds));
-    uint64_t min = (uint64_t)(100 * (is_soak ? 1.0 : (sc < 1 ? sc : 1.0)));
+    /* Each case at least 100 times at scale 1; below it, half the scaled figure: a reduced
+       run's counts are few and the threads' timing moves them (2m/1+auto's shrinks that
+       succeed: 8 to 15 in 12 000 ops at scale 0.1 on a loaded machine, whose 10 failed the
+       KVVM_DEBUG stage now and then). A case never reached still fails. */
+    uint64_t min = (uint64_t)(is_soak || sc >= 1 ? 100 : 50 * sc);
     if (min < 1)
         min = 1;
     char missing[512] = "";
