@@ -1,10 +1,14 @@
 """Shared fixtures. The tests import the installed kvvm when there is one (the fresh-venv
 check), else the package of this source tree; libkvvm.so comes from KVVM_LIBRARY, else the
 package's own search (docs/python.md)."""
+import contextlib
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -60,3 +64,34 @@ def spill_dir():
     d = tempfile.mkdtemp(prefix="kvvm-pytest-", dir="/var/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def redis_server(directory, password):
+    """A redis-server of the tests' own on 127.0.0.1 at a free port, with a password and no
+    persistence; yields its port once it answers (skips without redis-server, fails if it
+    exits first); killed at the end."""
+    exe = shutil.which("redis-server")
+    if not exe:
+        pytest.skip("redis-server is not installed (scripts/install-deps.sh installs it)")
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    srv = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--requirepass", password, "--dir",
+                            str(directory)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        while True:                     # until it answers, or has exited
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if srv.poll() is not None:
+                    pytest.fail("redis-server exited (%s) before listening on port %d"
+                                % (srv.returncode, port))
+                time.sleep(0.01)
+        yield port
+    finally:
+        srv.kill()
+        srv.wait()

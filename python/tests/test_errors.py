@@ -3,17 +3,14 @@ reason; the library's log goes to the "kvvm" logger."""
 import errno
 import logging
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 import kvvm
-from conftest import GRANULE, small_config
+from conftest import GRANULE, redis_server, small_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG_PARENT = os.path.dirname(os.path.dirname(kvvm.__file__))
@@ -54,23 +51,7 @@ def test_regress_eopnotsupp_spelt_as_in_c():
 def test_regress_store_refusing_credentials_is_access_denied(tmp_path):
     """Bug (issue 32): a Redis refusing the password raised a plain kvvm.Error; with a
     spill_dir it would have been called a spill_dir error."""
-    exe = shutil.which("redis-server")
-    if not exe:
-        pytest.skip("redis-server is not installed (scripts/install-deps.sh installs it)")
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
-    srv = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no", "--requirepass", "right", "--dir",
-                            str(tmp_path)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.01)
+    with redis_server(tmp_path, "right") as port:
         url = "redis://:wrong@127.0.0.1:%d" % port
         for extra in ({}, {"spill_dir": str(tmp_path), "host_budget": 4 * GRANULE,
                            "flags": "spill_allow_tmpfs"}):
@@ -79,9 +60,6 @@ def test_regress_store_refusing_credentials_is_access_denied(tmp_path):
             assert e.value.errno == errno.EACCES and e.value.function == "kvvm_open"
             assert "refused" in e.value.message and "wrong" not in str(e.value)
             assert not isinstance(e.value, kvvm.SpillDirError)
-    finally:
-        srv.kill()
-        srv.wait()
 
 
 def test_message_carries_the_library_reason(caplog):

@@ -12,11 +12,8 @@ blocks, then the rest). Skipped, with the reason, where redis-server is not inst
 (scripts/install-deps.sh installs it).
 """
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -24,6 +21,8 @@ torch = pytest.importorskip("torch")
 import kvvm  # noqa: E402
 from test_model import (BPT, GRAN, HEAD_DIM, N_KV, N_LAYERS, TOK_PER_PAGE, VOCAB,  # noqa: E402
                         RefCache, TinyModel)
+
+from conftest import redis_server  # noqa: E402
 
 PASS = "kvvm-py-pw"
 SYS_LEN = 3 * TOK_PER_PAGE + 20                 # 3 full blocks and a partial one
@@ -53,35 +52,10 @@ def publish(url):
         assert st["store_puts"] == 3 and st["store_errors"] == 0, st
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def redis_url(tmp_path):
-    exe = shutil.which("redis-server")
-    if not exe:
-        pytest.skip("redis-server is not installed (scripts/install-deps.sh installs it)")
-    port = free_port()
-    srv = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no", "--requirepass", PASS, "--dir",
-                            str(tmp_path)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.01)
-        else:
-            pytest.fail("redis-server did not listen on port %d" % port)
+    with redis_server(tmp_path, PASS) as port:
         yield "redis://:%s@127.0.0.1:%d" % (PASS, port)
-    finally:
-        srv.kill()
-        srv.wait()
 
 
 def test_second_process_reuses_system_prompt_from_redis(redis_url):
