@@ -34,6 +34,10 @@ grep -q "kvvm-stress summary" "$dir/err.txt" && ok "summary on stderr" || bad "n
 
 # 2. SIGINT and SIGTERM: the summary and the JSON are still written
 for sig in INT TERM; do
+    # removed first: the redirection below truncates it in the child, which may run after
+    # the wait loop's first grep; a file left by the SIGINT run would then already hold
+    # "backend" and the SIGTERM would come before the handler (exit 143 in CI)
+    rm -f "$dir/sig.out"
     "$bin" --duration 20 --quiet --device-budget 32M --json "$dir/sig.json" \
            >"$dir/sig.out" 2>&1 &
     pid=$!
