@@ -321,7 +321,9 @@ static int ck_slots(struct ck *k)
             int rc = s->bt ? ck_seq(k, s) : fail(k, "slot %u in use without a block table", i);
             if (rc)
                 return rc;
-        } else if (!defer_covers(pg, i, 0)) {
+        } else if (!defer_covers(pg, i, 0) && !ahead_covers(pg, i, 0)) {
+            /* a refill planned at page 0 (the sequence was empty) may still be in flight
+               after its sequence was freed: its commit undoes it */
             int rc = ck_unmapped(k, paging_window(pg, 0, i), "free slot's first page");
             if (rc)
                 return rc;

@@ -167,6 +167,40 @@ Test(fault, refill_set_access_of_the_second_region_fails)
     refill_fault("cuMemSetAccess", 2);
 }
 
+/* A refill planned at page 0 and still in flight when its sequence is freed: the thread has
+   mapped page 0 of the free slot; its commit undoes it. A batch grow that is not in place
+   queues a refill for each member, an empty one included (at page 0). The checker said
+   "free slot's first page ... is mapped but nothing holds it" (the fuzzer, CI of stop 30):
+   it allowed for refills in flight on live slots only. The gate holds the thread between
+   its cuMemMap and its cuMemSetAccess. */
+Test(regress, free_slot_first_page_mapped_by_a_refill_in_flight)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    struct tctx t;
+    struct sh a;
+    acfg(&c, 1);
+    topen(&t, &c);
+    one_page(&t, &a);                 /* 1 page and its full map-ahead: a queues no refill */
+    kvvm_seq b;
+    cr_assert_eq(kvvm_seq_create(t.kv, &b), 0);
+    cr_assert_eq(emu_gate_arm("cuMemSetAccess"), 0);
+    kvvm_seq both[2] = { a.h, b };
+    uint64_t len[2] = { 2 * TPP, 0 };  /* a takes a page: not in place */
+    cr_assert_eq(kvvm_seq_grow_batch(t.kv, both, len, 2), 0);
+    a.len = 2 * TPP;
+    emu_gate_wait();                  /* the thread mapped b's page 0 of region 0 */
+    cr_assert_eq(kvvm_seq_free(t.kv, b), 0);
+    char why[256];
+    int rc = kvvm_debug_check(t.kv, why, sizeof why);
+    emu_gate_open();
+    cr_expect_eq(rc, 0, "with the refill in flight: %s", why);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    tcheck(&t, "after the refill's commit undid it");   /* nothing left mapped */
+    sh_free(&t, &a);
+    tclose(&t);
+}
+
 /* ---- refills racing the other operations ----------------------------------------------- */
 
 static uint32_t rnd(uint64_t *x)

@@ -138,6 +138,15 @@ int emu_lookup(kcu_deviceptr va, kcu_mem_handle *handle, size_t *offset, int *ac
 int emu_fail_arm(const char *entry, unsigned long nth, kcu_result err);
 void emu_fail_clear(void);
 
+/* A gate, for tests of races with the library's own threads: once armed, the next call of
+   the named entry point made by a thread other than the arming one waits at its start (before
+   the emulator's lock, so every other call goes on) until emu_gate_open. emu_gate_wait
+   returns once a call waits there (a condition, no time). One gate at a time: -EBUSY while
+   one is armed, -EINVAL unknown entry point. */
+int emu_gate_arm(const char *entry);
+void emu_gate_wait(void);
+void emu_gate_open(void);
+
 /* Call tracing, for fail-at-call-N sweeps: while on, every entry point call is recorded as
    (entry name, its occurrence index since emu_trace_start). */
 struct emu_trace_entry { const char *entry; unsigned long nth; };

@@ -6,7 +6,9 @@
  */
 #include "emu_int.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *const emu_entry_names[E_COUNT] = {
 #define X(n) #n,
@@ -82,11 +84,72 @@ static bool fault_check_locked(int e, kcu_result *err)
     return fired;
 }
 
+/* The gate (emu_gate_arm): on holds the armed entry + 1 (0: none), read without the lock by
+   every call; the rest under mu. */
+static struct {
+    _Atomic int on;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t armer;
+    bool waiting;
+} gate = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+static void gate_pass(int e)
+{
+    pthread_mutex_lock(&gate.mu);
+    if (atomic_load(&gate.on) == e + 1 && !gate.waiting &&
+        !pthread_equal(pthread_self(), gate.armer)) {
+        gate.waiting = true;
+        pthread_cond_broadcast(&gate.cv);
+        while (atomic_load(&gate.on) == e + 1)
+            pthread_cond_wait(&gate.cv, &gate.mu);
+    }
+    pthread_mutex_unlock(&gate.mu);
+}
+
+int emu_gate_arm(const char *entry)
+{
+    int e = -1;
+    for (int i = 0; entry && i < E_COUNT; i++)
+        if (!strcmp(emu_entry_names[i], entry))
+            e = i;
+    if (e < 0)
+        return -EINVAL;
+    pthread_mutex_lock(&gate.mu);
+    int rc = atomic_load(&gate.on) ? -EBUSY : 0;
+    if (!rc) {
+        gate.armer = pthread_self();
+        gate.waiting = false;
+        atomic_store(&gate.on, e + 1);
+    }
+    pthread_mutex_unlock(&gate.mu);
+    return rc;
+}
+
+void emu_gate_wait(void)
+{
+    pthread_mutex_lock(&gate.mu);
+    while (atomic_load(&gate.on) && !gate.waiting)
+        pthread_cond_wait(&gate.cv, &gate.mu);
+    pthread_mutex_unlock(&gate.mu);
+}
+
+void emu_gate_open(void)
+{
+    pthread_mutex_lock(&gate.mu);
+    atomic_store(&gate.on, 0);
+    gate.waiting = false;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_mutex_unlock(&gate.mu);
+}
+
 /* The one prologue: takes emu.lock (every entry point returns through emu_leave()), counts
    and records the call, fires armed failures, then checks initialization, context and
    sticky errors. */
 kcu_result emu_enter(int e, int need, struct emu_dev **cur)
 {
+    if (atomic_load_explicit(&gate.on, memory_order_relaxed))
+        gate_pass(e);
     pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = current_dev_locked();
     *cur = d;
