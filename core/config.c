@@ -48,6 +48,9 @@ static const struct opt opts[] = {
     OPT(pool_high, OPT_U32),         OPT(pool_decay_ms, OPT_U32),
     OPT(create_at_open, OPT_BOOL),
     OPT(store_url, OPT_URL),         OPT(store_timeout_ms, OPT_U32),
+    OPT(pool_socket, OPT_STR),       OPT(client_name, OPT_STR),
+    OPT(pool_reserve, OPT_SIZE),     OPT(pool_timeout_ms, OPT_U32),
+    OPT(store_queue_bytes, OPT_SIZE),
 };
 
 /* The KVVM_* variables that are not configuration fields (common/env.h). */
@@ -249,6 +252,11 @@ void kvvm_config_init(struct kvvm_config *cfg)
     cfg->create_at_open = 0;
     cfg->store_url = NULL;
     cfg->store_timeout_ms = STORE_TIMEOUT_DEFAULT_MS;
+    cfg->pool_socket = NULL;
+    cfg->client_name = NULL;
+    cfg->pool_reserve = 0;
+    cfg->pool_timeout_ms = POOL_TIMEOUT_DEFAULT_MS;
+    cfg->store_queue_bytes = STORE_QUEUE_DEFAULT_BYTES;
     for (char **e = environ; e && *e; e++)
         if (!strncmp(*e, "KVVM_", 5) && !env_apply(cfg, *e))
             klog_warn("unknown environment variable %.*s ignored (not a libkvvm setting)",

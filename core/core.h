@@ -41,6 +41,9 @@
 #include "prefix/prefix.h"
 #include "store/store.h"
 
+#define POOL_TIMEOUT_DEFAULT_MS 1000u                 /* kvvm_config.pool_timeout_ms */
+#define STORE_QUEUE_DEFAULT_BYTES ((size_t)64 << 20)  /* kvvm_config.store_queue_bytes */
+
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */
     struct kvvm_config cfg;       /* effective configuration (page_size resolved) */
@@ -57,6 +60,7 @@ struct kvvm {
     struct store *store;          /* the shared store (NULL without store_url); it has its
                                      own lock and may be called without kvvm.lock */
     char *store_url;              /* owned copy of cfg.store_url */
+    char *client_name;            /* owned copy of cfg.client_name */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
                                      NULL without a store) */
     uint64_t base;                /* reservation base */

@@ -32,6 +32,12 @@ static int config_copy(const struct kvvm_config *in, struct kvvm_config *out)
     memcpy(out, in, in->size < sizeof *out ? in->size : sizeof *out);
     if (in->size < offsetof(struct kvvm_config, pool_thread) + sizeof out->pool_thread)
         out->pool_thread = 1;       /* a struct from before 0.2: the default */
+    /* a struct from before 0.4: its defaults */
+    if (in->size < offsetof(struct kvvm_config, pool_timeout_ms) + sizeof out->pool_timeout_ms)
+        out->pool_timeout_ms = POOL_TIMEOUT_DEFAULT_MS;
+    if (in->size < offsetof(struct kvvm_config, store_queue_bytes) +
+                   sizeof out->store_queue_bytes)
+        out->store_queue_bytes = STORE_QUEUE_DEFAULT_BYTES;
     out->size = sizeof *out;
     return 0;
 }
@@ -252,6 +258,18 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     kv->cfg.spill_dir = kv->spill_dir;
+    if (kv->cfg.pool_socket) {
+        rc = kerr(-EOPNOTSUPP, "kvvm_open: pool_socket '%s': this build has no pool client "
+                  "yet (kvvmd is not part of it); leave pool_socket NULL (KVVM_POOL_SOCKET "
+                  "unset) so that this process creates its own frames",
+                  kv->cfg.pool_socket);
+        goto out_free;
+    }
+    if (kv->cfg.client_name && !(kv->client_name = strdup(kv->cfg.client_name))) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    kv->cfg.client_name = kv->client_name;
     if ((rc = open_store(kv)))
         goto out_free;
     struct vmm_params vp = {
@@ -298,6 +316,7 @@ out_store:
     store_close(kv->store);
 out_free:
     free(kv->store_url);
+    free(kv->client_name);
     free(kv->spill_dir);
     free(kv);
     return rc;
@@ -335,6 +354,7 @@ void kvvm_close(kvvm *kv)
     pthread_mutex_unlock(&kv->lock);
     pthread_mutex_destroy(&kv->lock);
     free(kv->store_url);
+    free(kv->client_name);
     free(kv->spill_dir);
     free(kv);
 }

@@ -46,7 +46,10 @@
     X(store_puts, q.puts) X(store_gets, q.gets) X(store_hits, q.hits)              \
     X(store_errors, q.errors) X(store_bytes_out, q.bytes_out)                      \
     X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)                       \
-    X(store_unused, kv->store_unused)
+    X(store_unused, kv->store_unused)                                              \
+    X(pool_leases, 0) X(pool_returns, 0) X(pool_waits, 0) X(pool_wait_ns, 0)       \
+    X(pool_hit_blocks, 0) X(exports, 0) X(imports, 0)   /* no pool client yet */    \
+    X(store_dropped, 0) X(store_queue_bytes, 0)         /* no write queue bound yet */
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */

@@ -113,6 +113,21 @@ struct kvvm_config {
                                    server (or anything speaking its protocol). KVVM_STORE_URL */
     uint32_t store_timeout_ms;  /* ms: the bound on one store request (default 1000; 0 =
                                    1000). KVVM_STORE_TIMEOUT_MS */
+    /* --- additions of 0.4: one pool per GPU served by kvvmd (docs/api.md "The pool") --- */
+    const char *pool_socket;    /* NULL: this process creates its own frames (as before). A
+                                   path: every frame comes from the kvvmd on that socket.
+                                   KVVM_POOL_SOCKET */
+    const char *client_name;    /* shown by kvvmctl; NULL: "<program>-<pid>".
+                                   KVVM_CLIENT_NAME */
+    size_t   pool_reserve;      /* bytes of frames never asked back from this client
+                                   (default 0). KVVM_POOL_RESERVE */
+    uint32_t pool_timeout_ms;   /* ms: the longest a call waits for the daemon to find frames
+                                   (default 1000). KVVM_POOL_TIMEOUT_MS */
+    /* --- additions of 0.4: the store at scale (docs/api.md "Shared store") --- */
+    size_t   store_queue_bytes; /* bytes of entries accepted by publish and not yet
+                                   acknowledged by the store (default 64 MiB); past it a
+                                   publish drops the oldest queued writes (counted in
+                                   store_dropped), never waits. KVVM_STORE_QUEUE_BYTES */
 };
 #define KVVM_F_AUTO_SWAP  (1u << 0)  /* device reclaim by policy when a call needs pages */
 #define KVVM_F_SCRUB      (1u << 1)  /* zero pages before they change owner */
@@ -360,6 +375,17 @@ struct kvvm_stats {
     uint64_t store_unused;        /* entries kvvm_prefix_attach read from the store whole and
                                      did not attach (no device room, a shorter local prefix,
                                      a failed call; the reason logged at info level) */
+    /* --- additions of 0.4: the pool (0 without pool_socket) --- */
+    uint64_t pool_leases;         /* frames received from the daemon */
+    uint64_t pool_returns;        /* frames given back to it */
+    uint64_t pool_waits;          /* calls that waited for the daemon */
+    uint64_t pool_wait_ns;        /* ns those calls waited */
+    uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared prefix index */
+    uint64_t exports;             /* kvvm_seq_export calls that succeeded */
+    uint64_t imports;             /* kvvm_seq_import calls that succeeded */
+    /* --- additions of 0.4: the store at scale --- */
+    uint64_t store_dropped;       /* queued writes dropped (store_queue_bytes reached) */
+    uint64_t store_queue_bytes;   /* bytes of entries queued for the store now */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);

@@ -507,6 +507,55 @@ Test(config, env_overrides)
     tclose(&t);
 }
 
+/* The 0.4 fields: their defaults and KVVM_* variables, the defaults for a struct from
+   before them (its size ends at store_timeout_ms), and pool_socket refused with a reason
+   while this build has no pool client. */
+Test(config, fields_of_0_4)
+{
+    struct kvvm_config c;
+    kvvm_config_init(&c);
+    cr_expect_null(c.pool_socket);
+    cr_expect_null(c.client_name);
+    cr_expect_eq(c.pool_reserve, 0);
+    cr_expect_eq(c.pool_timeout_ms, 1000);
+    cr_expect_eq(c.store_queue_bytes, 64u << 20);
+    setenv("KVVM_CLIENT_NAME", "decode-1", 1);
+    setenv("KVVM_POOL_RESERVE", "8M", 1);
+    setenv("KVVM_POOL_TIMEOUT_MS", "250", 1);
+    setenv("KVVM_STORE_QUEUE_BYTES", "1G", 1);
+    kvvm_config_init(&c);
+    unsetenv("KVVM_CLIENT_NAME");
+    unsetenv("KVVM_POOL_RESERVE");
+    unsetenv("KVVM_POOL_TIMEOUT_MS");
+    unsetenv("KVVM_STORE_QUEUE_BYTES");
+    cr_expect_str_eq(c.client_name ? c.client_name : "(null)", "decode-1");
+    cr_expect_eq(c.pool_reserve, 8u << 20);
+    cr_expect_eq(c.pool_timeout_ms, 250);
+    cr_expect_eq(c.store_queue_bytes, 1ull << 30);
+
+    /* a struct from 0.3 (it ends at store_timeout_ms): the 0.4 defaults, the JSON says so */
+    tcfg(&c, 64 * 1024, 1, 256, 2, 256, 4);
+    memset(&c.pool_socket, 0xff, sizeof c - offsetof(struct kvvm_config, pool_socket));
+    c.size = offsetof(struct kvvm_config, store_timeout_ms) + sizeof c.store_timeout_ms;
+    struct tctx t;
+    topen(&t, &c);
+    char js[16384];
+    cr_assert_eq(kvvm_stats_json(t.kv, js, sizeof js), 0);
+    cr_expect(strstr(js, "\"pool_timeout_ms\":1000"), "%s", js);
+    cr_expect(strstr(js, "\"store_queue_bytes\":67108864"), "%s", js);
+    cr_expect(strstr(js, "\"pool_socket\":null"), "%s", js);
+    tclose(&t);
+
+    /* no pool client in this build: refused, named, nothing opened */
+    kvvm_config_init(&c);
+    c.backend = KVVM_BACKEND_EMULATED;
+    c.pool_socket = "/nonexistent/kvvmd.sock";
+    kvvm *kv = NULL;
+    cr_expect_eq(kvvm_open(&c, &kv), -EOPNOTSUPP);
+    cr_expect_null(kv);
+    cr_expect(strstr(kvvm_last_error(), "pool_socket"), "%s", kvvm_last_error());
+}
+
 /* ================================================================ layout */
 
 static void check_addresses(struct tctx *t, struct sh *s, int n)

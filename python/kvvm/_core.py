@@ -198,6 +198,7 @@ class Context:
         cfg = _lib.Config.from_buffer(buf)
         self._spill_dir = None
         self._store_url = None
+        self._strs = {}
         for k, v in config.items():
             if k == "backend":
                 if isinstance(v, str):
@@ -212,6 +213,10 @@ class Context:
             elif k == "store_url":
                 self._store_url = None if v is None else str(v).encode()
                 cfg.store_url = self._store_url
+            elif k in ("pool_socket", "client_name"):
+                b = None if v is None else os.fsencode(v)
+                self._strs[k] = b           # the library copies it at open; kept till then
+                setattr(cfg, k, b)
             elif k == "flags":
                 cfg.flags = _flags_value(v)
             elif k in ("emu_opaque",):

@@ -73,6 +73,11 @@ class Config(ctypes.Structure):
         ("create_at_open", c_int),
         ("store_url", c_char_p),
         ("store_timeout_ms", c_u32),
+        ("pool_socket", c_char_p),
+        ("client_name", c_char_p),
+        ("pool_reserve", c_size_t),
+        ("pool_timeout_ms", c_u32),
+        ("store_queue_bytes", c_size_t),
     ]
 
 
@@ -107,7 +112,9 @@ STATS_FIELDS = (
     "cache_demotes", "pages_discarded", "device_mem_free", "device_mem_total", "device_budget",
     "create_oom", "prefix_entries", "prefix_lookups", "prefix_hit_blocks", "prefix_evictions",
     "store_puts", "store_gets", "store_hits", "store_errors", "store_bytes_out", "store_bytes_in",
-    "prefix_spills", "store_unused",
+    "prefix_spills", "store_unused", "pool_leases", "pool_returns", "pool_waits",
+    "pool_wait_ns", "pool_hit_blocks", "exports", "imports", "store_dropped",
+    "store_queue_bytes",
 )
 
 
