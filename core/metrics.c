@@ -281,7 +281,7 @@ static size_t render(const struct snap *s, char *buf, size_t len)
         put_head(buf, len, &pos, metrics[i].name, metrics[i].help,
                  type_name(metrics[i].type));
         for (size_t k = i; k < nm; k++) {
-            if (strcmp(metrics[k].name, metrics[i].name))
+            if (strcmp(metrics[k].name, metrics[i].name) != 0)
                 continue;
             KVVM_ASSERT(metrics[k].type == metrics[i].type &&
                         !strcmp(metrics[k].help, metrics[i].help));   /* one family */
@@ -342,7 +342,7 @@ size_t core_metrics_doc(char *buf, size_t len)
             continue;
         for (size_t k = i; k < nm; k++) {
             const struct metric *m = &metrics[k];
-            if (strcmp(m->name, metrics[i].name))
+            if (strcmp(m->name, metrics[i].name) != 0)
                 continue;
             doc_labels(buf, len, &pos, m->name, m->labels);
             json_put(buf, len, &pos, "| %s | `%s`%s | %s |\n", type_name(m->type), m->field,
@@ -354,7 +354,7 @@ size_t core_metrics_doc(char *buf, size_t len)
         if (SEEN_BEFORE(hists, i))
             continue;
         for (size_t k = i; k < nh; k++) {
-            if (strcmp(hists[k].name, hists[i].name))
+            if (strcmp(hists[k].name, hists[i].name) != 0)
                 continue;
             doc_labels(buf, len, &pos, hists[k].name, hists[k].labels);
             json_put(buf, len, &pos, "| histogram | | %s |\n", k == i ? hists[k].help : "");

@@ -93,17 +93,17 @@ static void respond(struct tool_httpd *h, struct conn *c)
     char method[16], target[256], version[16];
     if (strlen(c->req) != c->in ||               /* a NUL in the request */
         sscanf(c->req, "%15s %255s %15s", method, target, version) != 3 ||
-        strncmp(version, "HTTP/1.", 7)) {
+        strncmp(version, "HTTP/1.", 7) != 0) {
         answer_text(c, "400 Bad Request", "bad request\n");
         return;
     }
     int head = !strcmp(method, "HEAD");
-    if (strcmp(method, "GET") && !head) {
+    if (strcmp(method, "GET") != 0 && !head) {
         answer_text(c, "405 Method Not Allowed", "GET /metrics only\n");
         return;
     }
     target[strcspn(target, "?")] = 0;
-    if (strcmp(target, "/metrics")) {
+    if (strcmp(target, "/metrics") != 0) {
         answer_text(c, "404 Not Found", "not found: the figures are at /metrics\n");
         return;
     }
