@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 #include "kvvm.h"
+#include "common/hist.h"
 #include "vmm/vmm.h"
 #include "paging/paging.h"
 #include "host/host.h"
@@ -79,6 +80,8 @@ struct kvvm {
     uint64_t attach_bytes_in;     /* bytes those attaches copied from the store onto the
                                      device (stats swap_ins and bytes_to_device add them) */
     uint64_t store_unused;        /* store values an attach read and did not attach */
+    struct khist attach_hist;     /* kvvm_prefix_attach calls past their argument checks, by
+                                     duration (khist_add: atomic, recorded without the lock) */
 };
 
 /* Counts the fork()s this process came out of as a child (pthread_atfork, registered at
@@ -116,6 +119,11 @@ int core_explain(kvvm *kv, const char *call, int rc);
 /* The same numbers as text into b (an -ENOMEM's tiers; else kvvm_strerror's text), for the
    message of a call that goes on past a refusal (an attach leaving the store's blocks). */
 void core_explain_text(kvvm *kv, int rc, char *b, size_t n);
+
+/* metrics.c: docs/api.md's metrics table (markdown, one row per series) from the table
+   that kvvm_metrics writes; json_put's rule (what fits of len); returns the length.
+   tests/metrics_doc.c compares it with docs/api.md. */
+size_t core_metrics_doc(char *buf, size_t len);
 
 /* kvvm.c: room for a call that needs `need` device frames naming the sequences excl (its
    pending releases first, then swap/'s plan). 0, -ENOMEM (nothing moved), -EIO. */

@@ -308,7 +308,10 @@ int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys
                                        "not a multiple of bytes_per_token %llu",
                                        kv->cfg.page_size,
                                        (unsigned long long)kv->cfg.bytes_per_token));
-    return api_done(__func__, attach_call(kv, dst, ns, keys, n));
+    uint64_t t0 = know_ns();
+    int rc = attach_call(kv, dst, ns, keys, n);
+    khist_add(&kv->attach_hist, know_ns() - t0);
+    return api_done(__func__, rc);
 }
 
 int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n)

@@ -394,6 +394,20 @@ KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);
    NUL-terminated prefix). */
 KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
 
+/* ---- metrics for operators (0.4; docs/api.md "Metrics for operators") ----
+   The Prometheus text exposition (format 0.0.4) of every kvvm_stats figure, with # HELP and
+   # TYPE per metric family: counters named kvvm_..._total (bytes kvvm_..._bytes_total,
+   time kvvm_..._seconds_total), gauges never ending in _total, the figures of several
+   tiers one family with a label tier="device|host|disk|store|pool" (pages_device_total
+   becomes kvvm_pages{tier="device",state="total"}), and latency histograms (_bucket,
+   _sum, _count) of direct reclaim, kvvm_prefix_attach and the store's requests. Returns
+   the text's length, not counting its NUL (as snprintf). When len is greater than that,
+   the text and its NUL are written to buf; otherwise NOTHING is written (a cut exposition
+   would be a wrong one): len 0 (buf may be NULL then) asks for the length. The figures
+   may grow between two calls: a caller sizing its buffer leaves room or calls again.
+   -EINVAL kv NULL, or buf NULL with len > 0; -EIO as every call. */
+KVVM_API int kvvm_metrics(kvvm *kv, char *buf, size_t len);
+
 /* ---- elastic device memory (0.2) ----
    kvvm_set_budget: changes the device budget at run time (a multiple of page_size, > 0, at
    most the device's capacity; the emulated device: emu_device_bytes). Growing takes effect

@@ -390,6 +390,13 @@ static int begin(struct store *st, uint64_t *deadline)
     return rc ? -ETIMEDOUT : 0;
 }
 
+/* Records a request that began() with this deadline (its clock read is the start). */
+static void timed(struct store *st, enum store_op op, uint64_t deadline)
+{
+    uint64_t t0 = deadline - st->timeout_ns, now = know_ns();
+    khist_add(&st->st_hist[op], now > t0 ? now - t0 : 0);
+}
+
 static int items_ok(struct store *st, const struct store_layout *L,
                     const struct store_item *items, size_t n)
 {
@@ -444,6 +451,7 @@ static int run_items(struct store *st, const struct store_layout *L, uint64_t ns
         fn(st, L, ns, items, n, deadline);
         pthread_mutex_unlock(&st->lock);
     }
+    timed(st, put ? STORE_OP_PUT : STORE_OP_GET, deadline);
     return count(st, items, n, put ? &st->st_puts : &st->st_gets);
 }
 
@@ -468,12 +476,14 @@ int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
     if (!p)
         return -ENOMEM;
     memset(p, 0, n);
-    uint64_t deadline;
+    uint64_t deadline = 0;
     int rc = n == 0 ? 0 : begin(st, &deadline);
     if (!rc && n) {
         rc = st->ops->lookup(st, L, ns, keys, n, p, deadline);
         pthread_mutex_unlock(&st->lock);
     }
+    if (n)
+        timed(st, STORE_OP_LOOKUP, deadline);
     KVVM_ASSERT(rc <= (int)n);          /* the keys present, at most all */
     if (rc < 0) {
         memset(p, 0, n);
@@ -499,6 +509,7 @@ int store_delete(struct store *st, const struct store_layout *L, uint64_t ns,
         rc = st->ops->del(st, L, ns, keys, n, deadline);
         pthread_mutex_unlock(&st->lock);
     }
+    timed(st, STORE_OP_DELETE, deadline);
     if (rc < 0)
         STORE_ADD(st, st_errors, 1);
     return rc;
@@ -514,6 +525,7 @@ int store_delete_ns(struct store *st, const struct store_layout *L, uint64_t ns)
         rc = st->ops->del_ns(st, L, ns, deadline);
         pthread_mutex_unlock(&st->lock);
     }
+    timed(st, STORE_OP_DELETE, deadline);
     if (rc < 0)
         STORE_ADD(st, st_errors, 1);
     return rc;
@@ -527,6 +539,16 @@ void store_stats_get(struct store *st, struct store_stats *out)
     *out = (struct store_stats){ LD(puts), LD(gets), LD(hits), LD(errors), LD(bytes_out),
                                  LD(bytes_in) };
 #undef LD
+}
+
+void store_hist_get(struct store *st, enum store_op op, struct khist *out)
+{
+    KVVM_ASSERT(op < STORE_OP_N);
+    if (!st) {
+        *out = (struct khist){ { 0 }, 0 };
+        return;
+    }
+    khist_read(&st->st_hist[op], out);
 }
 
 const char *store_kind(const struct store *st)

@@ -44,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include "common/hist.h"
 
 struct store;
 
@@ -109,6 +110,12 @@ struct store_stats {
     uint64_t puts, gets, hits, errors, bytes_out, bytes_in;
 };
 void store_stats_get(struct store *st, struct store_stats *out);
+/* The requests of each kind by duration, from the request's start (its deadline's clock
+   read) to its end, the wait for the store's lock included (common/hist.h; kvvm_metrics).
+   A request is one call of store_put / get / lookup / delete or delete_ns (one batch).
+   st NULL: all zero. */
+enum store_op { STORE_OP_PUT, STORE_OP_GET, STORE_OP_LOOKUP, STORE_OP_DELETE, STORE_OP_N };
+void store_hist_get(struct store *st, enum store_op op, struct khist *out);
 
 const char *store_kind(const struct store *st);   /* "file" or "redis" */
 /* file: 1 when entries are written and read with O_DIRECT, 0 through the page cache (the

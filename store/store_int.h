@@ -41,6 +41,7 @@ struct store {
     pthread_mutex_t lock;        /* serializes requests: guards be */
     /* counters (atomic; STORE_ADD) */
     uint64_t st_puts, st_gets, st_hits, st_errors, st_bytes_out, st_bytes_in;
+    struct khist st_hist[STORE_OP_N];   /* requests by duration (khist_add: atomic) */
 };
 
 #define STORE_ADD(st, f, n) __atomic_fetch_add(&(st)->f, (n), __ATOMIC_RELAXED)

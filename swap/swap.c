@@ -62,7 +62,9 @@ static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const ui
     if (moved) {
         sw->c.direct_reclaims++;
         sw->c.direct_swap_outs += moved;
-        sw->c.direct_ns += know_ns() - t0;
+        uint64_t ns = know_ns() - t0;
+        sw->c.direct_ns += ns;
+        khist_add(&sw->direct_hist, ns);
     }
     return rc;
 }
@@ -298,6 +300,11 @@ void swap_wait_idle(struct swap *sw)
 void swap_counters(struct swap *sw, struct swap_counters *out)
 {
     *out = sw->c;
+}
+
+void swap_direct_hist(struct swap *sw, struct khist *out)
+{
+    khist_read(&sw->direct_hist, out);
 }
 
 void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops)

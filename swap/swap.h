@@ -42,6 +42,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "common/hist.h"
 #include "paging/paging.h"
 #include "vmm/vmm.h"
 
@@ -182,5 +183,8 @@ void swap_after_step(struct swap *sw);
 /* Waits until no background round runs or is requested. Without the context lock. */
 void swap_wait_idle(struct swap *sw);
 void swap_counters(struct swap *sw, struct swap_counters *out);
+/* The durations of the direct reclaims that moved something (direct_reclaims of them;
+   common/hist.h). */
+void swap_direct_hist(struct swap *sw, struct khist *out);
 
 #endif

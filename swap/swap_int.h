@@ -25,6 +25,8 @@ struct swap {
     struct swap_params p;
     uint32_t min_free, low_free, high_free;   /* in frames */
     struct swap_counters c;
+    struct khist direct_hist;      /* direct reclaims that moved something, by duration (one
+                                      per direct_reclaims; kvvm_metrics) */
     vmm_fence direct_fence;        /* used under the context lock only */
     vmm_fence thread_fence;        /* used by the thread only */
     bool direct_fence_ok, thread_fence_ok;

@@ -484,6 +484,18 @@ class Context:
                 continue
             return json.loads(buf.value.decode())
 
+    def metrics(self):
+        """kvvm_metrics: the Prometheus text exposition (format 0.0.4) of the context's
+        figures, as a str (serve it as text/plain; version=0.0.4 on /metrics)."""
+        n = _call(L.kvvm_metrics, self._h(), None, 0)
+        while True:
+            n += 4096                            # room for figures that grow meanwhile
+            buf = ctypes.create_string_buffer(n)
+            need = _call(L.kvvm_metrics, self._h(), buf, n)
+            if need < n:                         # it fit: written whole
+                return buf.value.decode()
+            n = need                             # grew past the room: again, larger
+
     # ---- views --------------------------------------------------------------------------
     def _check_viewable(self):
         self._h()

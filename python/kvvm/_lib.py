@@ -159,6 +159,7 @@ _PROTOS = {
     "kvvm_seq_info": (c_int, [c_void_p, c_u64, P(SeqInfo)]),
     "kvvm_stats": (c_int, [c_void_p, P(Stats)]),
     "kvvm_stats_json": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
+    "kvvm_metrics": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
     "kvvm_set_budget": (c_int, [c_void_p, c_size_t]),
     "kvvm_trim": (c_int, [c_void_p, c_size_t]),
     "kvvm_seq_discard": (c_int, [c_void_p, c_u64, c_u32, c_u64]),

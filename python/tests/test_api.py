@@ -317,6 +317,28 @@ def test_stats_and_json(ctx):
     assert j["config"]["emu_opaque"] == 1
 
 
+def test_metrics_text(ctx):
+    """Context.metrics() (issue 37): kvvm_metrics' exposition as a str, every family with
+    its HELP and TYPE, the stats' values in it."""
+    s = ctx.create()
+    s.grow(1)
+    t = ctx.metrics()
+    assert isinstance(t, str) and t.endswith("\n")
+    st = ctx.stats()
+    assert "kvvm_maps_total %d\n" % st["maps"] in t and st["maps"] > 0
+    assert 'kvvm_pages{tier="device",state="total"} %d\n' % st["pages_device_total"] in t
+    lines = t.splitlines()
+    helps = [l.split()[2] for l in lines if l.startswith("# HELP ")]
+    types = [l.split()[2] for l in lines if l.startswith("# TYPE ")]
+    assert helps == types and len(helps) == len(set(helps)) >= 30
+    samples = [l for l in lines if not l.startswith("#")]
+    assert all(l.startswith("kvvm_") for l in samples)
+    assert any(l.startswith("kvvm_store_request_duration_seconds_bucket{") for l in samples)
+    ctx.close()
+    with pytest.raises(kvvm.Error):
+        ctx.metrics()
+
+
 def test_repr_and_strerror(ctx):
     s = ctx.create()
     assert "slot=" in repr(s) and "emulated" in repr(ctx)

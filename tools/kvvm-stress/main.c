@@ -93,6 +93,9 @@ static void usage(FILE *f)
 "  --plot FILE            SVG plot of the timeline (default: the trace's name + .svg)\n"
 "  --quiet                no progress line (it is shown only on a terminal anyway)\n"
 "  --verbose              library log at info level\n"
+"  --metrics-port PORT    serve the library's Prometheus metrics (kvvm_metrics) on\n"
+"                         http://127.0.0.1:PORT/metrics during the run (0: a free port;\n"
+"                         the address is printed); loopback only\n"
 "\n"
 "Sliding-window layers and the prefix cache:\n"
 "  --window N             window layers keep the last N tokens: the pages before it are\n"
@@ -264,7 +267,7 @@ enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_B
        O_VERBOSE, O_HELP, O_BUDGET };
 /* sliding-window layers and the prefix cache */
 enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW, O_STORE,
-       O_PREFIX_PROMPTS };
+       O_PREFIX_PROMPTS, O_METRICS_PORT };
 
 static const struct option longopts[] = {
     { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
@@ -286,7 +289,7 @@ static const struct option longopts[] = {
     { "window", 1, 0, O_WINDOW }, { "window-every", 1, 0, O_WINDOW_EVERY },
     { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
     { "pool-view", 0, 0, O_POOL_VIEW }, { "store", 1, 0, O_STORE },
-    { "prefix-prompts", 1, 0, O_PREFIX_PROMPTS },
+    { "prefix-prompts", 1, 0, O_PREFIX_PROMPTS }, { "metrics-port", 1, 0, O_METRICS_PORT },
     { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET }, { 0, 0, 0, 0 }
 };
 
@@ -319,6 +322,7 @@ static const char *valid_values(int c)
     case O_VERIFY: return "steps from 0 (no sampled verification) to 4294967295";
     case O_MAXSEQS: return "an integer from 8 to 4294967295";
     case O_MAXTOK: return "an integer >= 16";
+    case O_METRICS_PORT: return "a TCP port from 0 (a free one) to 65535";
     }
     return "see --help";
 }
@@ -420,6 +424,7 @@ int main(int argc, char **argv)
     o.window_every = 2;
     o.cache_entries = 32;
     o.pk_prompts = 4;
+    o.metrics_port = -1;
     int have_window = 0;
 
     int c;
@@ -567,6 +572,13 @@ int main(int argc, char **argv)
             break;
         case O_POOL_VIEW: o.pool_view = 1; break;
         case O_STORE: o.store_url = optarg; break;
+        case O_METRICS_PORT: {
+            uint32_t port;
+            if (parse_u32(optarg, &port) || port > 65535)
+                return bad(name, optarg);
+            o.metrics_port = (int)port;
+            break;
+        }
         case O_HELP: case 'h': usage(stdout); return 0;
         case O_BUDGET: if (parse_schedule(optarg, &o)) return bad(name, optarg); break;
         default:
@@ -762,10 +774,16 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    struct tool_httpd *httpd = NULL;
+    if (o.metrics_port >= 0 && stress_metrics_start(kv, o.metrics_port, info, &httpd)) {
+        kvvm_close(kv);
+        return 2;
+    }
     pthread_sigmask(SIG_UNBLOCK, &stop_sigs, NULL);
     err = stress_run(&o, kv, &r);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    stress_metrics_stop(httpd, info);   /* before the context it reads goes */
     kvvm_close(kv);
     extract_io_engine(&r);
 

@@ -80,6 +80,7 @@ struct opts {
 #define MAX_BUDGET_EV 16
     uint32_t n_budget;
     struct budget_ev { double t, frac; } budget_sched[MAX_BUDGET_EV];
+    int      metrics_port;          /* --metrics-port: 0..65535 (0: a free one); -1 = off */
 };
 
 /* Latency samples of one operation: exact count, sum and max; a reservoir for percentiles. */
@@ -192,6 +193,13 @@ void pattern_fill(uint64_t lineage, uint64_t token, uint32_t region, void *buf, 
 /* Index of the first byte of buf that differs from the pattern, or -1 when it matches. */
 long pattern_check(uint64_t lineage, uint64_t token, uint32_t region, const void *buf,
                    size_t len, uint64_t *expect_word, uint64_t *got_word);
+
+/* metrics.c: --metrics-port's server of kvvm_metrics on 127.0.0.1 (tools/common/httpd.h),
+   its address printed to info; stop prints what it answered. start: 0 or -errno (the
+   reason printed). */
+struct tool_httpd;
+int  stress_metrics_start(kvvm *kv, int port, FILE *info, struct tool_httpd **out);
+void stress_metrics_stop(struct tool_httpd *h, FILE *info);
 
 /* report.c */
 uint64_t now_ns(void);
