@@ -137,7 +137,25 @@ enum mtype { M_COUNTER, M_GAUGE, M_SECONDS /* a counter of ns, written in second
     X(prefix_spills, "kvvm_prefix_spills_total", M_COUNTER, "",                          \
       "Pages only prefix entries hold written to the disk tier.")                        \
     X(store_unused, "kvvm_store_unused_total", M_COUNTER, "",                            \
-      "Entries kvvm_prefix_attach read from the store and did not attach.")
+      "Entries kvvm_prefix_attach read from the store and did not attach.")              \
+    X(pool_leases, "kvvm_pool_leases_total", M_COUNTER, "",                              \
+      "Frames received from the pool daemon.")                                           \
+    X(pool_returns, "kvvm_pool_returns_total", M_COUNTER, "",                            \
+      "Frames given back to the pool daemon.")                                           \
+    X(pool_waits, "kvvm_pool_waits_total", M_COUNTER, "",                                \
+      "Calls that waited for the pool daemon to find frames.")                           \
+    X(pool_wait_ns, "kvvm_pool_wait_seconds_total", M_SECONDS, "",                       \
+      "Time calls waited for the pool daemon.")                                          \
+    X(pool_hit_blocks, "kvvm_pool_hit_blocks_total", M_COUNTER, "",                      \
+      "Blocks attached from the pool daemon's shared prefix index, without a copy.")     \
+    X(exports, "kvvm_exports_total", M_COUNTER, "",                                      \
+      "Sequences handed off with kvvm_seq_export.")                                      \
+    X(imports, "kvvm_imports_total", M_COUNTER, "",                                      \
+      "Sequences taken over with kvvm_seq_import.")                                      \
+    X(store_dropped, "kvvm_store_dropped_total", M_COUNTER, "",                          \
+      "Queued store writes dropped because store_queue_bytes was reached.")              \
+    X(store_queue_bytes, "kvvm_store_queue_bytes", M_GAUGE, "",                          \
+      "Bytes of entries queued for the store now.")
 
 /* One line per field of struct kvvm_stats, no field twice (a second KVVM_METRIC_ of a name
    is a redeclaration), each a field (offsetof in the table below): together, every field
