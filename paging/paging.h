@@ -418,6 +418,15 @@ void paging_why_need(struct paging *pg, uint64_t frames);
  * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
 int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
+/* A sequence's use stamp (protection and LRU place): what a reclaim's undo (swap/, a failed
+   call's moves taken back) saves before a move and puts back after swapping the victim in
+   again, so the victim is as unprotected and as old as before. -ENOENT. */
+struct pg_use {
+    uint64_t epoch, tick;
+    uint8_t valid;
+};
+int  paging_seq_use_get(struct paging *pg, uint64_t h, struct pg_use *out);
+void paging_seq_use_set(struct paging *pg, uint64_t h, const struct pg_use *u);
 /* 1 when s is resident with no swap-in copy in flight, 0 not yet, <0 error. Reaps. */
 int  paging_seq_ready(struct paging *pg, uint64_t h);
 /* Frames making s resident and growing it to length (<= current: no growth) would take.
@@ -465,6 +474,15 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
    thread may call it while the engine stream captures a graph. */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep,
                            size_t n_keep, uint32_t *moved);
+/* While ids is set (NULL: off): paging_reclaim_orphans appends the id of every page it
+   moves down to ids[*n] (up to cap; one past cap is not moved, the call ends -ENOMEM), for a
+   reclaim's undo (swap/undo.c). */
+void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t *n);
+/* Undoes one move of paging_reclaim_orphans: page id (as logged) comes back from its host
+   slot into a frame of the pool, a device page again (an orphan, as it was). Synchronous,
+   all or nothing. -ESTALE the page is no longer on the host tier as that move left it
+   (spilled, freed), -ENOMEM no frame ready, -EIO. */
+int  paging_orphan_back(struct paging *pg, uint32_t id);
 /* ---- reclaim plans (plan.c) ----
  * The page accounting of a reclaim plan (swap/ chooses the victims and their order): what
  * each move would free and take below, exactly, before anything moves. Nothing changes but

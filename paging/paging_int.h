@@ -184,6 +184,8 @@ struct pg_pages {
                                   keep */
     uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
                                   holders */
+    uint32_t *orphan_log;      /* [orphan.c] paging_orphan_log: the page ids moved down */
+    uint32_t orphan_log_cap, *orphan_log_n;
 };
 
 /* seqs [seq.c]: the slot list and the lifecycle counts (the array, seqs, is in the hot

@@ -228,6 +228,26 @@ void tier_seq_in(struct paging *pg, struct pg_seq *s)
     pg->c.swap_ins++;
 }
 
+int paging_seq_use_get(struct paging *pg, uint64_t h, struct pg_use *out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (!rc)
+        *out = (struct pg_use){ s->used_epoch, s->used_tick, s->used_valid };
+    return rc;
+}
+
+void paging_seq_use_set(struct paging *pg, uint64_t h, const struct pg_use *u)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s))
+        return;
+    KVVM_ASSERT(u->valid <= 1 && u->epoch <= pg->epoch);
+    s->used_epoch = u->epoch;
+    s->used_tick = u->tick;
+    s->used_valid = u->valid;
+}
+
 /* ---- the policy's choices (swap/) -------------------------------------------------- */
 
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops)

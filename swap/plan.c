@@ -399,11 +399,17 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
         const struct swap_step *s = &p->steps[i];
         if (s->kind != kind || (rc = act_settle(sw, wait, s->slots, copying)))
             continue;
+        struct pg_use use = { 0 };
+        (void)paging_seq_use_get(sw->pg, s->h, &use);   /* a planned victim: it is live */
         rc = kind == SWAP_OUT ? paging_swap_out(sw->pg, s->h, true)   /* waited for below */
                               : paging_seq_demote(sw->pg, s->h);
         *copying |= !rc;
-        if (rc && rc != -EIO && kind == SWAP_DEMOTE)
+        if (!rc)
+            swap_undo_note(sw, s->h, &use);
+        if (rc && rc != -EIO && kind == SWAP_DEMOTE) {
             rc = paging_seq_drop(sw->pg, s->h, wait);
+            sw->undo.lost += sw->undo.on && !rc;
+        }
         *moved += !rc;
     }
     return rc;
@@ -417,6 +423,7 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         if (p->steps[i].kind == SWAP_DROP) {
             rc = paging_seq_drop(sw->pg, p->steps[i].h, wait);
             *moved += !rc;
+            sw->undo.lost += sw->undo.on && !rc;
         }
     return rc;
 }
@@ -430,11 +437,14 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
     int rc = act_drops(sw, p, wait, moved);
-    if (!rc && p->cache)
+    if (!rc && p->cache) {
         p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
+        sw->undo.lost += sw->undo.on;
+    }
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
+        sw->undo.lost += sw->undo.on && orphans;
     }
     bool copying = false;
     if (!rc)
@@ -461,6 +471,7 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
     uint32_t fr = paging_frames_free(pg), o = 0;
     if (!wrc && fr < want && paging_orphans(pg)) {
         wrc = paging_reclaim_orphans(pg, want - fr, p->keep, p->n_keep, &o);
+        sw->undo.lost += sw->undo.on && o;
         if (wrc == -ENOMEM)
             wrc = 0;                   /* host tier full: the check below says so */
     }

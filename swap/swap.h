@@ -173,6 +173,16 @@ int  swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t
 /* kvvm_set_budget's shrink: makes `want` frames free as swap_make_room does (the same
    plan), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM (nothing moved), -EIO. */
 int  swap_reclaim_budget(struct swap *sw, uint32_t want);
+/* The end of a public call (core/call.h, context lock held): a call that failed (rc < 0)
+   after its reclaims moved others takes those moves back, so a failed call changes nothing
+   (docs/api.md): every sequence a reclaim swapped out or demoted for it is swapped in
+   again (its bytes came back from the host or disk tier) and gets its use stamp back. The
+   journal is emptied either way. Returns rc, or -EIO (logged, the reason kept for
+   kvvm_last_error) when a move could not be taken back: a swap-in the driver refused, or a
+   move no undo takes back (a drop; never made while a call's reclaim can fail after it,
+   see swap_make_room). The context stays consistent either way: a victim not swapped back
+   in is a complete swapped-out sequence. */
+int  swap_call_end(struct swap *sw, int rc);
 /* The budget is now `frames`: the device watermarks follow it. */
 void swap_set_frames(struct swap *sw, uint32_t frames);
 /* After a call that took frames: the watermark rules above. */

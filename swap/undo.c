@@ -1,0 +1,114 @@
+/*
+ * swap/undo.c: a failed call's reclaim taken back (contract in swap.h, swap_call_end).
+ *
+ * A call short of frames makes room first (swap_make_room, kvvm_set_budget's shrink) and
+ * acts after: a map, set-access, copy or synchronization the driver refuses then fails the
+ * call after its reclaim moved others. The moves are journaled while the call's reclaims act
+ * (the journal reserved before the first move, so that noting one never fails) and taken
+ * back in reverse order when the call fails: each victim is swapped in again (its pages are
+ * whole below: host slots, disk, or still on the device where a sibling kept them) and gets
+ * the use stamp it had, so the next call finds it as unprotected and as old as before.
+ */
+#include "swap_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include "common/assert.h"
+#include "common/log.h"
+
+int swap_undo_reserve(struct swap *sw, size_t more, uint32_t pages)
+{
+    struct swap_undo *u = &sw->undo;
+    if (u->n + more > u->cap) {
+        size_t cap = u->n + more < 16 ? 16 : u->n + more;
+        struct swap_undo_ent *e = realloc(u->e, cap * sizeof *e);
+        if (!e)
+            return -ENOMEM;
+        u->e = e;
+        u->cap = cap;
+    }
+    if ((uint64_t)u->n_orph + pages > u->orph_cap) {
+        uint64_t cap = (uint64_t)u->n_orph + pages;
+        if (cap > UINT32_MAX)
+            return -ENOMEM;
+        uint32_t *o = realloc(u->orph, (size_t)cap * sizeof *o);
+        if (!o)
+            return -ENOMEM;
+        u->orph = o;
+        u->orph_cap = (uint32_t)cap;
+    }
+    return 0;
+}
+
+void swap_undo_on(struct swap *sw, bool on)
+{
+    struct swap_undo *u = &sw->undo;
+    u->on = on;
+    paging_orphan_log(sw->pg, on ? u->orph : NULL, u->orph_cap, &u->n_orph);
+}
+
+void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before)
+{
+    struct swap_undo *u = &sw->undo;
+    if (!u->on)
+        return;
+    KVVM_ASSERT(u->n < u->cap);        /* reserved before the plan acted */
+    u->e[u->n++] = (struct swap_undo_ent){ h, *before };
+}
+
+/* Takes the journal's moves back, the orphans first (the last moved first): a page a
+   victim's move left behind went down as an orphan after it, and comes back an orphan
+   before the victim maps it again. *failed: those that could not; returns the first
+   error. */
+static int undo_moves(struct swap *sw, uint32_t *failed)
+{
+    struct swap_undo *u = &sw->undo;
+    int first = 0;
+    *failed = 0;
+    for (uint32_t i = u->n_orph; i-- > 0;) {
+        int r = paging_orphan_back(sw->pg, u->orph[i]);
+        if (r) {
+            (*failed)++;
+            first = first ? first : r;
+        }
+    }
+    for (size_t i = u->n; i-- > 0;) {
+        int r = paging_swap_in(sw->pg, u->e[i].h, false);
+        if (r) {
+            (*failed)++;
+            first = first ? first : r;
+            continue;
+        }
+        paging_seq_use_set(sw->pg, u->e[i].h, &u->e[i].use);
+    }
+    return first;
+}
+
+int swap_call_end(struct swap *sw, int rc)
+{
+    struct swap_undo *u = &sw->undo;
+    KVVM_ASSERT(!u->on);               /* no reclaim acts outside its call */
+    if (rc >= 0 || (!u->n && !u->n_orph && !u->lost)) {
+        u->n = 0;
+        u->n_orph = 0;
+        u->lost = 0;
+        return rc;
+    }
+    uint32_t failed;
+    int first = undo_moves(sw, &failed);
+    uint32_t lost = u->lost;
+    size_t n = u->n + u->n_orph;
+    u->n = 0;
+    u->n_orph = 0;
+    u->lost = 0;
+    if (!failed && !lost)
+        return rc;
+    klast_set("the call failed (%d) after its reclaim moved others, and %u of those %zu "
+              "moves could not be taken back (first error %d)%s: the sequences stay "
+              "swapped out, complete (they come back on use)", rc, failed, n, first,
+              lost ? "; drops made stand" : "");
+    klog_error("kvvm: a failed call's reclaim could not be undone: %u of %zu moves failed "
+               "(first %d), %u not undoable; the call returns -EIO (it failed %d)",
+               failed, n, first, lost, rc);
+    return -EIO;
+}
