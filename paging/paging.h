@@ -624,6 +624,16 @@ int  paging_seq_stale(struct paging *pg, uint64_t h);
    -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer is in flight on it (or
    no step fence to order after), -ENOMEM, -EIO. */
 int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
+/* A call's reclaim drops resident CACHED s in two steps (swap/undo.c): the stash swaps it
+   out (async) when the host tier's free slots take its device pages as they are (no other
+   page moves for it), counted as no swap-out, so that a call failing afterwards can swap it
+   back in; the call's success drops it (paging_seq_drop, which counts the drop). -ENOSPC
+   no room as it is (or non-resident, no host tier), else paging_swap_out's errors. */
+int  paging_seq_stash(struct paging *pg, uint64_t h);
+/* The stash's commit: drops stashed s (paging_seq_drop), which is then as a drop in place
+   leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
+   stashed (resident), else paging_seq_drop's errors. */
+int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
 /* Demotes CACHED s: paging_swap_out(async), counted as cache_demotes. Errors as swap_out. */
 int  paging_seq_demote(struct paging *pg, uint64_t h);
 /* Unprotected resident CACHED sequences with no transfer or release pending that hold

@@ -18,11 +18,12 @@
 #include "swap.h"
 #include "worker.h"
 
-/* A move a call's reclaim made (undo.c): a sequence swapped out or demoted, with its use
-   stamp from before the move. */
+/* A move a call's reclaim made (undo.c): a sequence swapped out, demoted or stashed, with
+   its use stamp from before the move. */
 struct swap_undo_ent {
     uint64_t h;
     struct pg_use use;
+    bool stash;                    /* a drop stashed (paging_seq_stash): dropped at success */
 };
 /* The running call's journal: on while swap_make_room or swap_reclaim_budget acts (never
    for the reclaim thread's rounds), reserved before the first move (swap_undo_reserve) so
@@ -69,6 +70,8 @@ int  swap_undo_reserve(struct swap *sw, size_t more, uint32_t pages);
 void swap_undo_on(struct swap *sw, bool on);
 /* Records h's move (its use stamp from before it) when the journal is on. */
 void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before);
+/* Records h's stashed drop (the journal on): dropped when the call succeeds. */
+void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before);
 
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);

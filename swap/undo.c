@@ -47,13 +47,38 @@ void swap_undo_on(struct swap *sw, bool on)
     paging_orphan_log(sw->pg, on ? u->orph : NULL, u->orph_cap, &u->n_orph);
 }
 
-void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before)
+static void note(struct swap *sw, uint64_t h, const struct pg_use *before, bool stash)
 {
     struct swap_undo *u = &sw->undo;
     if (!u->on)
         return;
     KVVM_ASSERT(u->n < u->cap);        /* reserved before the plan acted */
-    u->e[u->n++] = (struct swap_undo_ent){ h, *before };
+    u->e[u->n++] = (struct swap_undo_ent){ h, *before, stash };
+}
+
+void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before)
+{
+    note(sw, h, before, false);
+}
+
+void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before)
+{
+    note(sw, h, before, true);
+}
+
+/* The call succeeded: its stashed drops are made (the sequences were swapped out whole;
+   dropping them now releases host slots only). A drop refused here leaves the sequence
+   swapped out, CACHED and whole (logged): never a wrong byte. */
+static void commit_stashes(struct swap *sw)
+{
+    struct swap_undo *u = &sw->undo;
+    for (size_t i = 0; i < u->n; i++)
+        if (u->e[i].stash) {
+            int r = paging_seq_stash_drop(sw->pg, u->e[i].h, &u->e[i].use);
+            if (r)
+                klog_warn("kvvm: a reclaim's drop of sequence %llx could not be made (%d): "
+                          "it stays swapped out", (unsigned long long)u->e[i].h, r);
+        }
 }
 
 /* Takes the journal's moves back, the orphans first (the last moved first): a page a
@@ -89,6 +114,8 @@ int swap_call_end(struct swap *sw, int rc)
     struct swap_undo *u = &sw->undo;
     KVVM_ASSERT(!u->on);               /* no reclaim acts outside its call */
     if (rc >= 0 || (!u->n && !u->n_orph && !u->lost)) {
+        if (rc >= 0)
+            commit_stashes(sw);         /* commit: the drops are made */
         u->n = 0;
         u->n_orph = 0;
         u->lost = 0;
