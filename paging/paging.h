@@ -634,6 +634,21 @@ int  paging_seq_stash(struct paging *pg, uint64_t h);
    leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
    stashed (resident), else paging_seq_drop's errors. */
 int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
+/* A call's reclaim drop that no stash can take (park.c): drops CACHED s (paging_seq_drop,
+   waiting) and returns in *out the record of what it held (NULL: nothing of its own was on
+   the device, e.g. non-resident), its freed frames watched until paging_park_end.
+   -ENOMEM (nothing dropped), else paging_seq_drop's errors. */
+struct pg_park;
+int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
+/* Takes a parked drop back when no byte of its frames can have changed since (each frame
+   still ready under the same handle, not mapped and written through since; its shared
+   pages still on the device): the sequence holds its pages again at the same addresses, not
+   dropped. 0 (k NULL: nothing to do); -ESTALE it cannot be had (nothing changed), -ENOMEM,
+   -EIO a map the driver refused (nothing changed). */
+int  paging_park_undo(struct paging *pg, struct pg_park *k);
+void paging_park_free(struct pg_park *k);
+/* The call ends: no frame is watched any more (the records are the caller's to free). */
+void paging_park_end(struct paging *pg);
 /* Demotes CACHED s: paging_swap_out(async), counted as cache_demotes. Errors as swap_out. */
 int  paging_seq_demote(struct paging *pg, uint64_t h);
 /* Unprotected resident CACHED sequences with no transfer or release pending that hold

@@ -133,6 +133,7 @@ int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
+    pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
     return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
                          pg->ck.copy_stream);
 }

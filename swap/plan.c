@@ -419,7 +419,8 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
    instead where the host tier's free slots take it as they are (paging_seq_stash): the
    drop is made when the call succeeds, and taken back (a swap-in) when it fails (undo.c).
    Those run after the other moves, in the room they left; a drop no room takes is made at
-   once, and no undo takes it back. */
+   once and parked (paging_seq_park): its undo maps its frames back where nothing wrote
+   them since. */
 static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     int rc = 0;
@@ -435,9 +436,13 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
             if (!rc)
                 swap_undo_stash(sw, s->h, &use);
         }
-        if (rc == -ENOSPC) {
+        if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
+            struct pg_park *k;
+            rc = paging_seq_park(sw->pg, s->h, &k);
+            if (!rc)
+                swap_undo_park(sw, k);
+        } else if (rc == -ENOSPC) {
             rc = paging_seq_drop(sw->pg, s->h, wait);
-            sw->undo.lost += sw->undo.on && !rc;
         }
         *moved += !rc;
     }

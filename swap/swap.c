@@ -291,6 +291,7 @@ void swap_destroy(struct swap *sw)
     pthread_cond_destroy(&sw->cv);
     pthread_mutex_destroy(&sw->mu);
     free(sw->undo.e);
+    free(sw->undo.parks);
     free(sw->undo.orph);
     free(sw);
 }

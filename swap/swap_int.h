@@ -32,6 +32,8 @@ struct swap_undo_ent {
 struct swap_undo {
     struct swap_undo_ent *e;
     size_t n, cap;
+    struct pg_park **parks;        /* drops no stash took (paging_seq_park), cap of them */
+    size_t n_parks;
     uint32_t *orph;                /* orphan pages moved down (paging_orphan_log) */
     uint32_t n_orph, orph_cap;
     uint32_t lost;
@@ -70,6 +72,8 @@ int  swap_undo_reserve(struct swap *sw, size_t more, uint32_t pages);
 void swap_undo_on(struct swap *sw, bool on);
 /* Records h's move (its use stamp from before it) when the journal is on. */
 void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before);
+/* Records a parked drop (the journal on; reserved); k may be NULL (nothing to record). */
+void swap_undo_park(struct swap *sw, struct pg_park *k);
 /* Records h's stashed drop (the journal on): dropped when the call succeeds. */
 void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before);
 

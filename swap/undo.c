@@ -25,6 +25,10 @@ int swap_undo_reserve(struct swap *sw, size_t more, uint32_t pages)
         if (!e)
             return -ENOMEM;
         u->e = e;
+        struct pg_park **k = realloc(u->parks, cap * sizeof *k);
+        if (!k)
+            return -ENOMEM;
+        u->parks = k;
         u->cap = cap;
     }
     if ((uint64_t)u->n_orph + pages > u->orph_cap) {
@@ -54,6 +58,24 @@ static void note(struct swap *sw, uint64_t h, const struct pg_use *before, bool 
         return;
     KVVM_ASSERT(u->n < u->cap);        /* reserved before the plan acted */
     u->e[u->n++] = (struct swap_undo_ent){ h, *before, stash };
+}
+
+void swap_undo_park(struct swap *sw, struct pg_park *k)
+{
+    struct swap_undo *u = &sw->undo;
+    KVVM_ASSERT(u->on && u->n_parks < u->cap);      /* reserved: one per planned step */
+    if (k)
+        u->parks[u->n_parks++] = k;
+}
+
+/* The parked drops' records freed and their frames no longer watched (the call ends). */
+static void parks_end(struct swap *sw)
+{
+    struct swap_undo *u = &sw->undo;
+    for (size_t i = 0; i < u->n_parks; i++)
+        paging_park_free(u->parks[i]);
+    u->n_parks = 0;
+    paging_park_end(sw->pg);
 }
 
 void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before)
@@ -90,6 +112,14 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
     struct swap_undo *u = &sw->undo;
     int first = 0;
     *failed = 0;
+    /* the parked drops first (acted last): before any swap-in takes or writes a frame */
+    for (size_t i = u->n_parks; i-- > 0;) {
+        int r = paging_park_undo(sw->pg, u->parks[i]);
+        if (r) {
+            (*failed)++;
+            first = first ? first : r;
+        }
+    }
     for (uint32_t i = u->n_orph; i-- > 0;) {
         int r = paging_orphan_back(sw->pg, u->orph[i]);
         if (r) {
@@ -113,9 +143,10 @@ int swap_call_end(struct swap *sw, int rc)
 {
     struct swap_undo *u = &sw->undo;
     KVVM_ASSERT(!u->on);               /* no reclaim acts outside its call */
-    if (rc >= 0 || (!u->n && !u->n_orph && !u->lost)) {
+    if (rc >= 0 || (!u->n && !u->n_orph && !u->n_parks && !u->lost)) {
         if (rc >= 0)
             commit_stashes(sw);         /* commit: the drops are made */
+        parks_end(sw);
         u->n = 0;
         u->n_orph = 0;
         u->lost = 0;
@@ -124,7 +155,8 @@ int swap_call_end(struct swap *sw, int rc)
     uint32_t failed;
     int first = undo_moves(sw, &failed);
     uint32_t lost = u->lost;
-    size_t n = u->n + u->n_orph;
+    size_t n = u->n + u->n_orph + u->n_parks;
+    parks_end(sw);
     u->n = 0;
     u->n_orph = 0;
     u->lost = 0;
