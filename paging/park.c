@@ -108,6 +108,10 @@ int paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out)
         paging_park_free(k);
         return rc;
     }
+    /* the caller takes the other ready frames first: these are written last, if at all */
+    for (size_t j = 0; j < (size_t)pg->p.n_regions * k->n_pages; j++)
+        if (k->e[j].kind == PK_OWN)
+            pool_ready_last(pg, k->e[j].frame);
     *out = k;
     return 0;
 }
