@@ -95,8 +95,15 @@ int paging_orphan_back(struct paging *pg, uint32_t id)
 {
     pg_page_id pid = { id };
     struct pg_page *p = page_at(pg, pid);
-    if (p->tier != PG_TIER_HOST || !p->refs || p->refs != p->offs || p->offs <= p->ents ||
-        pg_slot_is_none(p->slot[PG_LOWER_HOST]))
+    if (!p->refs || p->refs != p->offs || p->offs <= p->ents)
+        return -ESTALE;
+    if (p->tier == PG_TIER_DISK || p->tier == PG_TIER_TO_DISK) {
+        int rc = tier_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
+        if (rc)
+            return rc;
+    }
+    if (p->tier != PG_TIER_HOST || pg_slot_is_none(p->slot[PG_LOWER_HOST]) ||
+        (lower_on(pg, PG_LOWER_DISK) && !pg_slot_is_none(p->slot[PG_LOWER_DISK])))
         return -ESTALE;
     pg_frame_id f;
     int rc = pool_take(pg, 1, &f);

@@ -465,7 +465,6 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
-        sw->undo.lost += sw->undo.on && orphans;
     }
     bool copying = false;
     if (!rc)
@@ -494,7 +493,6 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
     uint32_t fr = paging_frames_free(pg), o = 0;
     if (!wrc && fr < want && paging_orphans(pg)) {
         wrc = paging_reclaim_orphans(pg, want - fr, p->keep, p->n_keep, &o);
-        sw->undo.lost += sw->undo.on && o;
         if (wrc == -ENOMEM)
             wrc = 0;                   /* host tier full: the check below says so */
     }

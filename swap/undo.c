@@ -136,6 +136,17 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
         }
         paging_seq_use_set(sw->pg, u->e[i].h, &u->e[i].use);
     }
+    /* stream mode: the swap-ins' copies complete now, so the victims hold their pages on
+       the device again when the call returns, as before it (not in flight) */
+    if (u->n) {
+        int r = swap_wait_copies(sw);
+        if (!r)
+            r = paging_reap(sw->pg);
+        if (r) {
+            (*failed)++;
+            first = first ? first : r;
+        }
+    }
     return first;
 }
 
@@ -162,12 +173,10 @@ int swap_call_end(struct swap *sw, int rc)
     u->lost = 0;
     if (!failed && !lost)
         return rc;
-    klast_set("the call failed (%d) after its reclaim moved others, and %u of those %zu "
-              "moves could not be taken back (first error %d)%s: the sequences stay "
-              "swapped out, complete (they come back on use)", rc, failed, n, first,
-              lost ? "; drops made stand" : "");
-    klog_error("kvvm: a failed call's reclaim could not be undone: %u of %zu moves failed "
-               "(first %d), %u not undoable; the call returns -EIO (it failed %d)",
+    /* an error-level log is the thread's last error too (kvvm_last_error) */
+    klog_error("kvvm: a failed call's reclaim could not be undone: %u of %zu moves not taken "
+               "back (first error %d), %u not undoable (a drop or a prefix entry); they stay "
+               "as the reclaim left them, each complete; the call returns -EIO (it failed %d)",
                failed, n, first, lost, rc);
     return -EIO;
 }
