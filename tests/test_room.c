@@ -816,6 +816,9 @@ static enum th_sweep_outcome refused_after(void *p, int rc, const char *where)
     if (rc) {
         UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
         th_snap_same(a->t.kv, &a->before, where);
+        th_check(a->t.kv, where);
+        sh_verify(&a->t, a->l, where);         /* the victims' bytes, as written */
+        sh_verify(&a->t, a->c, where);
     }
     th_check(a->t.kv, where);
     return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
