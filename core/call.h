@@ -106,7 +106,7 @@ static inline bool hot_enter(kvvm *kv)
 static inline int leave_call(kvvm *kv, int rc, const char *call)
 {
     /* a failed call's reclaim taken back (swap_call_end: a failed call changes nothing) */
-    if (!vmm_dead(kv->v))
+    if (kv->sw && !vmm_dead(kv->v))
         rc = swap_call_end(kv->sw, rc);
     if (vmm_dead(kv->v)) {
         if (!kv->dead)

@@ -290,6 +290,8 @@ void swap_destroy(struct swap *sw)
         vmm_fence_destroy(sw->v, &sw->direct_fence);
     pthread_cond_destroy(&sw->cv);
     pthread_mutex_destroy(&sw->mu);
+    for (size_t i = 0; i < sw->undo.n_parks; i++)   /* a dead context's call left them */
+        paging_park_free(sw->undo.parks[i]);
     free(sw->undo.e);
     free(sw->undo.parks);
     free(sw->undo.orph);

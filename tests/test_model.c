@@ -257,8 +257,11 @@ static bool straddles(const struct model *m, uint64_t t)
    map, set-access, copy or synchronization after the call's reclaim moved others is taken
    back (the moves undone: swap/undo.c). Every violation fails the test
    (KVVMTEST_MODEL_KEEP_GOING=1: counted per entry point and listed, the model follows the
-   library and the op is abandoned, its prediction gone); KVVMTEST_MODEL_REFUSALS=off
-   injects none (the model alone). */
+   library and the op is abandoned, its prediction gone), but for the undo's documented
+   limit: a call that reports -EIO "could not be undone" (a CACHED sequence dropped for the
+   call, whose frames the call had written into before the refusal: no room anywhere held
+   its bytes) is counted apart per entry point and printed, the context checked alive and
+   consistent. KVVMTEST_MODEL_REFUSALS=off injects none (the model alone). */
 #define REFUSE_ONE_IN 4
 static void snap_take(struct model *m);
 static void unchanged(struct model *m, int rc);
