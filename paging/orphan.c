@@ -90,13 +90,12 @@ void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t 
     pg->pd.orphan_log_n = ids ? n : NULL;
 }
 
-/* tier_page_down's inverse, through the scratch page too (no window maps an orphan). */
-int paging_orphan_back(struct paging *pg, uint32_t id)
+/* tier_page_down's inverse for page pid, which no window maps (its holders: non-resident
+   sequences, entries), through the scratch page: back from its host slot (read back first
+   if it was spilled since) into a frame of the pool. All or nothing. */
+static int page_back(struct paging *pg, pg_page_id pid)
 {
-    pg_page_id pid = { id };
     struct pg_page *p = page_at(pg, pid);
-    if (!p->refs || p->refs != p->offs || p->offs <= p->ents)
-        return -ESTALE;
     if (p->tier == PG_TIER_DISK || p->tier == PG_TIER_TO_DISK) {
         int rc = tier_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
         if (rc)
@@ -125,6 +124,29 @@ int paging_orphan_back(struct paging *pg, uint32_t id)
     page_set_tier(p, PG_TIER_DEVICE);
     page_frame_set(pg, pid, f);
     page_count(pg, p, 1);
-    KVVM_ASSERT(page_orphan(p));
     return 0;
+}
+
+int paging_orphan_back(struct paging *pg, uint32_t id)
+{
+    pg_page_id pid = { id };
+    const struct pg_page *p = page_at(pg, pid);
+    if (!p->refs || p->refs != p->offs || p->offs <= p->ents)
+        return -ESTALE;                 /* no longer an orphan's holders */
+    int rc = page_back(pg, pid);
+    KVVM_ASSERT(rc || page_orphan(p));
+    return rc;
+}
+
+int paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *moved, size_t n)
+{
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!moved[i])
+            continue;
+        const struct pg_page *p = page_at(pg, ids[i]);
+        int rc = p->refs && p->refs == p->ents ? page_back(pg, ids[i]) : -ESTALE;
+        first = first ? first : rc;
+    }
+    return first;
 }

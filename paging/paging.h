@@ -483,6 +483,11 @@ void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t 
    all or nothing. -ESTALE the page is no longer on the host tier as that move left it
    (spilled, freed), -ENOMEM no frame ready, -EIO. */
 int  paging_orphan_back(struct paging *pg, uint32_t id);
+/* Undoes paging_held_down for the pages ids[i] with moved[i] set (entries hold only them):
+   each back from the host tier (read back from disk if spilled since) into a frame of the
+   pool, a device page again. Synchronous; each page all or nothing; returns the first
+   error (-ESTALE a page is no longer held by entries alone), the others done. */
+int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *moved, size_t n);
 /* ---- reclaim plans (plan.c) ----
  * The page accounting of a reclaim plan (swap/ chooses the victims and their order): what
  * each move would free and take below, exactly, before anything moves. Nothing changes but

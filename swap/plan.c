@@ -458,10 +458,8 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
     int rc = sw->undo.on ? 0 : act_drops(sw, p, wait, moved);
-    if (!rc && p->cache) {
+    if (!rc && p->cache && !sw->undo.on)
         p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
-        sw->undo.lost += sw->undo.on;
-    }
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
         *moved += orphans ? 1 : 0;
@@ -473,6 +471,8 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
         rc = act_moves(sw, p, SWAP_DEMOTE, wait, &copying, moved);
     if (!rc && p->cache_slots && !(rc = act_settle(sw, wait, p->cache_slots, &copying)))
         p->cache_ops->act(p->cache_ops->arg, true);   /* synchronous copies */
+    if (!rc && p->cache && sw->undo.on)                /* stashed where room is left */
+        sw->undo.lost += swap_undo_cache_stash(sw, p->cache_ops);
     if (!rc && sw->undo.on)
         rc = act_drops(sw, p, wait, moved);            /* in the room left */
     if (!wait)

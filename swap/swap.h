@@ -139,7 +139,11 @@ struct swap_rplan {
    (NULL: none): host room when no disk room takes a spill (room.c swap_host_room): counts
    (act false) the host slots that dropping its entries whose pages are all below the
    device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
-   act true drops exactly those. Returns the slots counted (dropped). */
+   act true drops exactly those. Returns the slots counted (dropped). stash (a call's
+   reclaim, instead of act false): moves each planned drop whose device pages the host
+   tier's free slots take as they are down there and keeps it until stash_end, drops the
+   others now; returns those dropped now. stash_end: the call ended, commit: the stashed
+   are dropped; else they come back to the device (returns how many could not). */
 struct swap_cache_ops {
     void *arg;
     uint32_t (*plan)(void *arg, uint32_t want);
@@ -148,6 +152,8 @@ struct swap_cache_ops {
     void (*forget)(void *arg);
     uint32_t (*spill)(void *arg, uint32_t max);
     uint32_t (*host_drop)(void *arg, uint32_t want, bool act);
+    uint32_t (*stash)(void *arg);
+    uint32_t (*stash_end)(void *arg, bool commit);
 };
 /* Installs ops (copied; NULL: none). */
 void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops);

@@ -36,6 +36,7 @@ struct swap_undo {
     size_t n_parks;
     uint32_t *orph;                /* orphan pages moved down (paging_orphan_log) */
     uint32_t n_orph, orph_cap;
+    const struct swap_cache_ops *cache;   /* whose entries are stashed (NULL: none) */
     uint32_t lost;
     bool on;
 };
@@ -74,6 +75,9 @@ void swap_undo_on(struct swap *sw, bool on);
 void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before);
 /* Records a parked drop (the journal on; reserved); k may be NULL (nothing to record). */
 void swap_undo_park(struct swap *sw, struct pg_park *k);
+/* The plan's entry drops of ops, stashed (swap_cache_ops.stash) until the call ends;
+   returns those dropped now. */
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops);
 /* Records h's stashed drop (the journal on): dropped when the call succeeds. */
 void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before);
 

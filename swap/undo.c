@@ -68,6 +68,16 @@ void swap_undo_park(struct swap *sw, struct pg_park *k)
         u->parks[u->n_parks++] = k;
 }
 
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops)
+{
+    if (!ops->stash) {
+        ops->act(ops->arg, false);
+        return 1;
+    }
+    sw->undo.cache = ops;
+    return ops->stash(ops->arg);
+}
+
 /* The parked drops' records freed and their frames no longer watched (the call ends). */
 static void parks_end(struct swap *sw)
 {
@@ -120,6 +130,13 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
             first = first ? first : r;
         }
     }
+    /* then the stashed entries (acted before the drops) */
+    if (u->cache) {
+        uint32_t f = u->cache->stash_end(u->cache->arg, false);
+        *failed += f;
+        first = first ? first : f ? -ESTALE : 0;
+        u->cache = NULL;
+    }
     for (uint32_t i = u->n_orph; i-- > 0;) {
         int r = paging_orphan_back(sw->pg, u->orph[i]);
         if (r) {
@@ -154,9 +171,12 @@ int swap_call_end(struct swap *sw, int rc)
 {
     struct swap_undo *u = &sw->undo;
     KVVM_ASSERT(!u->on);               /* no reclaim acts outside its call */
-    if (rc >= 0 || (!u->n && !u->n_orph && !u->n_parks && !u->lost)) {
+    if (rc >= 0 || (!u->n && !u->n_orph && !u->n_parks && !u->lost && !u->cache)) {
         if (rc >= 0)
             commit_stashes(sw);         /* commit: the drops are made */
+        if (u->cache)
+            u->cache->stash_end(u->cache->arg, rc >= 0);
+        u->cache = NULL;
         parks_end(sw);
         u->n = 0;
         u->n_orph = 0;
