@@ -710,7 +710,7 @@ static int stash_reserve(struct prefix *pc)
     if (!st)
         return -ENOMEM;
     pc->stash = st;
-    uint8_t *mv = realloc(pc->stash_moved, (size_t)cap * pc->nr);
+    uint8_t *mv = realloc(pc->stash_moved, (size_t)cap * (pc->nr ? pc->nr : 1));
     if (!mv)
         return -ENOMEM;
     pc->stash_moved = mv;
