@@ -113,9 +113,10 @@ static void commit_stashes(struct swap *sw)
         }
 }
 
-/* Takes the journal's moves back, the orphans first (the last moved first): a page a
-   victim's move left behind went down as an orphan after it, and comes back an orphan
-   before the victim maps it again. *failed: those that could not; returns the first
+/* Takes the journal's moves back in reverse order: the parked drops and the stashed
+   entries (acted last), then the orphans (a page a victim's move left behind went down as
+   an orphan after it, and comes back an orphan before the victim maps it again), then the
+   sequences, the last moved first. *failed: those that could not; returns the first
    error. */
 static int undo_moves(struct swap *sw, uint32_t *failed)
 {
