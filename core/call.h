@@ -105,6 +105,9 @@ static inline bool hot_enter(kvvm *kv)
 #define leave(kv, rc) leave_call((kv), (rc), __func__)
 static inline int leave_call(kvvm *kv, int rc, const char *call)
 {
+    /* a failed call's reclaim taken back (swap_call_end: a failed call changes nothing) */
+    if (kv->sw && !vmm_dead(kv->v))
+        rc = swap_call_end(kv->sw, rc);
     if (vmm_dead(kv->v)) {
         if (!kv->dead)
             klog_error("kvvm: the device context failed; every call returns -EIO now");

@@ -82,6 +82,7 @@ static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *
     int rc = seq_map_frames(pg, pg->scratch_va, f, n);
     if (rc)
         return rc;
+    pg_wrote(pg, pg->scratch_va, (uint64_t)n * ps);   /* (watched frames) */
     rc = pg_order_before_copy(pg);
     for (j = 0; !rc && j < n_runs; j++)
         rc = vmm_copy_dtod(pg->v, pg->scratch_va + runs[j].off * ps,
@@ -316,6 +317,7 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
         rc = pg_order_before_copy_seq(pg, s, region, i0, i1);
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
+        pg_wrote(pg, va, len);   /* (paging_int.h: watched frames) */
         rc = vmm_copy_htod(pg->v, va, src, len, pg->ck.stream);
         if (!rc && (rc = host_copy_done(pg, src, len)) != 0)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never undo under it */

@@ -172,6 +172,44 @@ int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
     return 0;
 }
 
+int paging_seq_stash(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    int rc = cached_lookup(pg, h, &s);
+    if (rc)
+        return rc;
+    if (s->out || !lower_on(pg, PG_LOWER_HOST) ||
+        paging_host_free(pg) < paging_seq_device_pages(pg, h))
+        return -ENOSPC;                 /* no room as it is: no other page may move for it */
+    /* a page it shares with non-resident holders would go down with it, where the drop
+       leaves it on the device for them: not stashed */
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
+        const struct pg_page *p = page_at(pg, it.id);
+        if (page_moves_down(p) && p->refs > 1)
+            return -ENOSPC;
+    }
+    uint64_t outs = pg->c.swap_outs, bytes = pg->c.bytes_to_host;
+    rc = paging_swap_out(pg, h, true);
+    pg->c.swap_outs = outs;             /* a drop to be: counted as one at its commit */
+    pg->c.bytes_to_host = bytes;
+    return rc;
+}
+
+int paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (!rc && !s->out)
+        rc = -EINVAL;                   /* not stashed (swapped in since) */
+    if (!rc)
+        rc = paging_seq_drop(pg, h, true);
+    if (rc)
+        return rc;
+    seq_set_out(pg, s, false);          /* empty: resident, as a drop in place leaves it */
+    paging_seq_use_set(pg, h, use);
+    return 0;
+}
+
 int paging_seq_demote(struct paging *pg, uint64_t h)
 {
     struct pg_seq *s;

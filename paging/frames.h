@@ -119,6 +119,12 @@ int  pool_make_ready(struct paging *pg, uint32_t n, bool made);
 uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out);
 void frame_set_ahead(struct paging *pg, pg_frame_id f);
 void frame_set_used(struct paging *pg, pg_frame_id f);
+/* Takes ready frame f back off the ready list (FR_USED, no page yet) when it is still
+   there under generation gen (the same handle): false, nothing taken, otherwise. */
+bool pool_take_frame(struct paging *pg, pg_frame_id f, uint32_t gen);
+/* Ready frame f goes to the end of the ready list (taken last: a parked drop's frames,
+   park.c). Nothing when it is not ready. */
+void pool_ready_last(struct paging *pg, pg_frame_id f);
 /* Returns frames that hold no page (unmapped) to the ready list. */
 void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n);
 /* Releases the frames a failed call created on its own thread since mark = pg->fr.n_created

@@ -63,9 +63,16 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
         left--;
         if (n_keep && p->mark == pg->xf.mark && p->kept)
             continue;                   /* a kept sequence maps it again soon */
+        uint32_t *log = pg->pd.orphan_log, *ln = pg->pd.orphan_log_n;
+        if (log && *ln >= pg->pd.orphan_log_cap) {
+            rc = -ENOMEM;               /* its undo record would not fit: not moved */
+            break;
+        }
         if ((rc = tier_page_down(pg, (pg_page_id){ i + 1 })) == 0) {
             (*moved)++;
             pg->c.orphans_moved++;
+            if (log)
+                log[(*ln)++] = i + 1;
         }
     }
     return rc;
@@ -74,4 +81,72 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
 uint32_t tier_orphans(const struct paging *pg)
 {
     return pg->pd.n_orphans;
+}
+
+void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t *n)
+{
+    pg->pd.orphan_log = ids;
+    pg->pd.orphan_log_cap = ids ? cap : 0;
+    pg->pd.orphan_log_n = ids ? n : NULL;
+}
+
+/* tier_page_down's inverse for page pid, which no window maps (its holders: non-resident
+   sequences, entries), through the scratch page: back from its host slot (read back first
+   if it was spilled since) into a frame of the pool. All or nothing. */
+static int page_back(struct paging *pg, pg_page_id pid)
+{
+    struct pg_page *p = page_at(pg, pid);
+    if (p->tier == PG_TIER_DISK || p->tier == PG_TIER_TO_DISK) {
+        int rc = tier_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
+        if (rc)
+            return rc;
+    }
+    if (p->tier != PG_TIER_HOST || pg_slot_is_none(p->slot[PG_LOWER_HOST]) ||
+        (lower_on(pg, PG_LOWER_DISK) && !pg_slot_is_none(p->slot[PG_LOWER_DISK])))
+        return -ESTALE;
+    pg_frame_id f;
+    int rc = pool_take(pg, 1, &f);
+    if (rc)
+        return rc;
+    rc = seq_map_frames(pg, pg->scratch_va, &f, 1);
+    if (!rc) {
+        rc = tier_copy_finish(pg, tier_copy_in(pg, pg->scratch_va,
+                                               p->slot[PG_LOWER_HOST]));
+        seq_unmap_must(pg, pg->scratch_va, 1);
+    }
+    if (rc) {
+        pool_give(pg, &f, 1);
+        return rc;
+    }
+    /* commit: nothing below fails */
+    page_count(pg, p, -1);
+    page_release_slot(pg, p, PG_LOWER_HOST);
+    page_set_tier(p, PG_TIER_DEVICE);
+    page_frame_set(pg, pid, f);
+    page_count(pg, p, 1);
+    return 0;
+}
+
+int paging_orphan_back(struct paging *pg, uint32_t id)
+{
+    pg_page_id pid = { id };
+    const struct pg_page *p = page_at(pg, pid);
+    if (!p->refs || p->refs != p->offs || p->offs <= p->ents)
+        return -ESTALE;                 /* no longer an orphan's holders */
+    int rc = page_back(pg, pid);
+    KVVM_ASSERT(rc || page_orphan(p));
+    return rc;
+}
+
+int paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *moved, size_t n)
+{
+    int first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!moved[i])
+            continue;
+        const struct pg_page *p = page_at(pg, ids[i]);
+        int rc = p->refs && p->refs == p->ents ? page_back(pg, ids[i]) : -ESTALE;
+        first = first ? first : rc;
+    }
+    return first;
 }

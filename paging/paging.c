@@ -171,6 +171,7 @@ void paging_destroy(struct paging *pg)
         vmm_stream_destroy(pg->v, pg->ck.copy_stream);
     view_fini(pg);                  /* every view slot unmapped before the frames go */
     pool_fini(pg);
+    park_fini(pg);
     free(pg->df.copy_free);
     free(pg->seqs);
     free(pg);

@@ -418,6 +418,15 @@ void paging_why_need(struct paging *pg, uint64_t frames);
  * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
 int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
+/* A sequence's use stamp (protection and LRU place): what a reclaim's undo (swap/, a failed
+   call's moves taken back) saves before a move and puts back after swapping the victim in
+   again, so the victim is as unprotected and as old as before. -ENOENT. */
+struct pg_use {
+    uint64_t epoch, tick;
+    uint8_t valid;
+};
+int  paging_seq_use_get(struct paging *pg, uint64_t h, struct pg_use *out);
+void paging_seq_use_set(struct paging *pg, uint64_t h, const struct pg_use *u);
 /* 1 when s is resident with no swap-in copy in flight, 0 not yet, <0 error. Reaps. */
 int  paging_seq_ready(struct paging *pg, uint64_t h);
 /* Frames making s resident and growing it to length (<= current: no growth) would take.
@@ -465,6 +474,20 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
    thread may call it while the engine stream captures a graph. */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep,
                            size_t n_keep, uint32_t *moved);
+/* While ids is set (NULL: off): paging_reclaim_orphans appends the id of every page it
+   moves down to ids[*n] (up to cap; one past cap is not moved, the call ends -ENOMEM), for a
+   reclaim's undo (swap/undo.c). */
+void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t *n);
+/* Undoes one move of paging_reclaim_orphans: page id (as logged) comes back from its host
+   slot into a frame of the pool, a device page again (an orphan, as it was). Synchronous,
+   all or nothing. -ESTALE the page is no longer on the host tier as that move left it
+   (spilled, freed), -ENOMEM no frame ready, -EIO. */
+int  paging_orphan_back(struct paging *pg, uint32_t id);
+/* Undoes paging_held_down for the pages ids[i] with moved[i] set (entries hold only them):
+   each back from the host tier (read back from disk if spilled since) into a frame of the
+   pool, a device page again. Synchronous; each page all or nothing; returns the first
+   error (-ESTALE a page is no longer held by entries alone), the others done. */
+int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *moved, size_t n);
 /* ---- reclaim plans (plan.c) ----
  * The page accounting of a reclaim plan (swap/ chooses the victims and their order): what
  * each move would free and take below, exactly, before anything moves. Nothing changes but
@@ -606,6 +629,31 @@ int  paging_seq_stale(struct paging *pg, uint64_t h);
    -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer is in flight on it (or
    no step fence to order after), -ENOMEM, -EIO. */
 int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
+/* A call's reclaim drops resident CACHED s in two steps (swap/undo.c): the stash swaps it
+   out (async) when the host tier's free slots take its device pages as they are (no other
+   page moves for it), counted as no swap-out, so that a call failing afterwards can swap it
+   back in; the call's success drops it (paging_seq_drop, which counts the drop). -ENOSPC
+   no room as it is (or non-resident, no host tier), else paging_swap_out's errors. */
+int  paging_seq_stash(struct paging *pg, uint64_t h);
+/* The stash's commit: drops stashed s (paging_seq_drop), which is then as a drop in place
+   leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
+   stashed (resident), else paging_seq_drop's errors. */
+int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
+/* A call's reclaim drop that no stash can take (park.c): drops CACHED s (paging_seq_drop,
+   waiting) and returns in *out the record of what it held (NULL: nothing of its own was on
+   the device, e.g. non-resident), its freed frames watched until paging_park_end.
+   -ENOMEM (nothing dropped), else paging_seq_drop's errors. */
+struct pg_park;
+int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
+/* Takes a parked drop back when no byte of its frames can have changed since (each frame
+   still ready under the same handle, not mapped and written through since; its shared
+   pages still on the device): the sequence holds its pages again at the same addresses, not
+   dropped. 0 (k NULL: nothing to do); -ESTALE it cannot be had (nothing changed), -ENOMEM,
+   -EIO a map the driver refused (nothing changed). */
+int  paging_park_undo(struct paging *pg, struct pg_park *k);
+void paging_park_free(struct pg_park *k);
+/* The call ends: no frame is watched any more (the records are the caller's to free). */
+void paging_park_end(struct paging *pg);
 /* Demotes CACHED s: paging_swap_out(async), counted as cache_demotes. Errors as swap_out. */
 int  paging_seq_demote(struct paging *pg, uint64_t h);
 /* Unprotected resident CACHED sequences with no transfer or release pending that hold

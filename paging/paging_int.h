@@ -27,12 +27,13 @@
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
  *   plan.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
+ *   park.c   a call's reclaim drop kept for its undo (parked frames, watched)
  * The owners: groups of the files above, each calling only the owners below it (the call
  * graph between owners has no cycle; scripts/paging-owners.py checks it from the objects,
  * the CTest paging_owners; inline functions of this header are no calls). Top first; one
  * line each, parsed by the script:
  *   owner context: paging.c check.c
- *   owner seqs: seq.c ahead.c share.c cow.c discard.c hold.c resident.c
+ *   owner seqs: seq.c ahead.c share.c cow.c discard.c hold.c resident.c park.c
  *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
  *   owner clock: step.c defer.c view.c
  *   owner frames: pool.c
@@ -184,6 +185,8 @@ struct pg_pages {
                                   keep */
     uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
                                   holders */
+    uint32_t *orphan_log;      /* [orphan.c] paging_orphan_log: the page ids moved down */
+    uint32_t orphan_log_cap, *orphan_log_n;
 };
 
 /* seqs [seq.c]: the slot list and the lifecycle counts (the array, seqs, is in the hot
@@ -254,6 +257,18 @@ struct pg_spill {
                                   (tier_disk_stage_io) */
 };
 
+/* watch [park.c; window.c and the device writes through the inlines below]: the frames a
+   call's parked drops freed (paging_seq_park), watched until the call ends: a frame mapped
+   into a window and written through there by a library copy or memset is no longer the
+   dropped sequence's bytes. Each keeps the window address of its last map (a write to an
+   address it was mapped at before marks it then). */
+struct pg_watch {
+    pg_frame_id *f;            /* n watched frames */
+    uint64_t   *va;            /* the window address of its last map (0: none since) */
+    uint8_t    *dirty;         /* written through a mapping since parked */
+    uint32_t    n, cap;
+};
+
 /* The paging context: the hot view, what paging.c sets at create (never written after),
    the parts above (one per owner's state; the pool view, struct pg_view, is view.c's), and
    two records every file writes its own entries of: the counters and the current call's
@@ -283,7 +298,31 @@ struct paging {
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current
                                   call's refusals (paging_why) */
     struct pg_ahq ahq;         /* owner seqs: ahead.c (ahead.h): the pool thread's refills */
+    struct pg_watch wt;        /* [park.c; window.c, writers: the inlines below] */
 };
+
+/* Frees the watch's arrays (paging_destroy). */
+void park_fini(struct paging *pg);
+/* A library write into device memory [va, va + len) is about to be enqueued (a copy to
+   the device, a memset): a watched frame mapped there is dirty. */
+static inline void pg_wrote(struct paging *pg, uint64_t va, uint64_t len)
+{
+    struct pg_watch *w = &pg->wt;
+    uint64_t ps = pg->p.page_size;
+    for (uint32_t j = 0; j < w->n; j++)
+        if (w->va[j] && w->va[j] < va + len && va < w->va[j] + ps)
+            w->dirty[j] = 1;
+}
+/* Frames f[0..n) are being mapped at va (window.c): watched ones note the address. */
+static inline void pg_watch_map(struct paging *pg, uint64_t va, const pg_frame_id *f,
+                                uint32_t n)
+{
+    struct pg_watch *w = &pg->wt;
+    for (uint32_t i = 0; w->n && i < n; i++)
+        for (uint32_t j = 0; j < w->n; j++)
+            if (pg_frame_eq(w->f[j], f[i]))
+                w->va[j] = va + (uint64_t)i * pg->p.page_size;
+}
 
 /* Note a refusal's facts for paging_why; each returns the error it explains. */
 static inline int pg_why_handle(struct paging *pg, uint64_t h)

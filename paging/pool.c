@@ -562,6 +562,39 @@ uint32_t pool_take_ready(struct paging *pg, uint32_t n, pg_frame_id *out)
     return k;
 }
 
+bool pool_take_frame(struct paging *pg, pg_frame_id f, uint32_t gen)
+{
+    struct pg_frame *fr = frame_at(pg, f);
+    if (fr->state != FR_READY || !fr->listed || fr->gen != gen)
+        return false;
+    pg_frame_id *pp = &pg->fr.ready_head;
+    while (!pg_frame_is_none(*pp) && !pg_frame_eq(*pp, f))
+        pp = &frame_at(pg, *pp)->next;
+    if (pg_frame_is_none(*pp))
+        return false;
+    ready_unlink(pg, pp);
+    frame_move(fr, FR_USED);
+    pg->fr.n_used++;
+    return true;
+}
+
+void pool_ready_last(struct paging *pg, pg_frame_id f)
+{
+    struct pg_frame *fr = frame_at(pg, f);
+    if (fr->state != FR_READY || !fr->listed)
+        return;
+    pg_frame_id *pp = &pg->fr.ready_head;
+    while (!pg_frame_is_none(*pp) && !pg_frame_eq(*pp, f))
+        pp = &frame_at(pg, *pp)->next;
+    if (pg_frame_is_none(*pp) || pg_frame_is_none(fr->next))
+        return;                         /* not found, or last already */
+    *pp = fr->next;
+    while (!pg_frame_is_none(*pp))
+        pp = &frame_at(pg, *pp)->next;
+    *pp = f;
+    fr->next = PG_FRAME_NONE;
+}
+
 void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {

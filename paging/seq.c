@@ -287,6 +287,7 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
         uint64_t va = pg_va(pg, r, slot, idx);
         rc = seq_map_frames(pg, va, &f, 1);
         if (!rc && pg->p.scrub) {
+            pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
             rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->ck.stream);
             if (!rc && !pg->ck.stream)
                 rc = vmm_stream_sync(pg->v, NULL);
@@ -314,6 +315,7 @@ static int tail_scrub(struct paging *pg, struct pg_seq *s, uint32_t idx, uint64_
     uint64_t ps = pg->p.page_size, off = (old_len * pg->p.bytes_per_token) % ps;
     uint32_t slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        pg_wrote(pg, pg_va(pg, r, slot, idx) + off, ps - off);   /* (watched frames) */
         int rc = vmm_memset(pg->v, pg_va(pg, r, slot, idx) + off, 0, (size_t)(ps - off),
                             pg->ck.stream);
         if (rc)
@@ -396,6 +398,8 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
         /* every new page (map-ahead ones included: they are scrubbed only now) is zeroed
            before the new owner can see it: on the engine stream, or synchronously. An undo
            waits for the engine before unmapping them. */
+        pg_wrote(pg, pg_va(pg, r, slot, s->n_pages),   /* (watched frames) */
+                 (uint64_t)(k + n_fresh) * pg->p.page_size);
         rc = vmm_memset(pg->v, pg_va(pg, r, slot, s->n_pages), 0,
                         (size_t)(k + n_fresh) * pg->p.page_size, pg->ck.stream);
         if (!rc && !pg->ck.stream)

@@ -133,6 +133,7 @@ int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
+    pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
     return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
                          pg->ck.copy_stream);
 }
@@ -226,6 +227,26 @@ void tier_seq_in(struct paging *pg, struct pg_seq *s)
     seq_set_out(pg, s, false);
     seq_use(pg, s);
     pg->c.swap_ins++;
+}
+
+int paging_seq_use_get(struct paging *pg, uint64_t h, struct pg_use *out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (!rc)
+        *out = (struct pg_use){ s->used_epoch, s->used_tick, s->used_valid };
+    return rc;
+}
+
+void paging_seq_use_set(struct paging *pg, uint64_t h, const struct pg_use *u)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s))
+        return;
+    KVVM_ASSERT(u->valid <= 1 && u->epoch <= pg->epoch);
+    s->used_epoch = u->epoch;
+    s->used_tick = u->tick;
+    s->used_valid = u->valid;
 }
 
 /* ---- the policy's choices (swap/) -------------------------------------------------- */

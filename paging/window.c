@@ -29,6 +29,7 @@ static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, ui
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++)
         h[i] = frame_at(pg, frames[i])->h;
+    pg_watch_map(pg, va, frames, n);        /* (paging_int.h: watched frames) */
     int rc = vmm_map_run(pg->v, va, h, n, pg->p.page_size);
     if (h != hs)
         free(h);

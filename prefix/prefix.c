@@ -59,6 +59,10 @@ struct prefix {
     uint32_t *plan;              /* records a reclaim plan drops, in order (n_plan) */
     uint32_t n_plan;
     uint8_t *in_plan;            /* during a host drop: rcap flags, the plan's demotions */
+    /* a call's reclaim (swap/undo.c): planned drops stashed on the host tier (cache_stash)
+       until the call ends: removed at its success, brought back at its failure */
+    uint32_t *stash, n_stash, stash_cap;
+    uint8_t *stash_moved;        /* stash_cap * nr: which pages of each went down */
     /* tests (prefix_test_limits): records never grow past max_recs (0: no cap); the
        fail_at-th allocation of the index (publish's) from the arming on fails (0: none);
        n_allocs counts them from the arming on */
@@ -694,8 +698,85 @@ static void cache_act(void *arg, bool demotions)
             rec_remove(pc, i, true);
         pc->c.evictions++;
     }
-    if (demotions)
-        cache_forget(pc);
+}
+
+/* Room for one more stash record. */
+static int stash_reserve(struct prefix *pc)
+{
+    if (pc->n_stash < pc->stash_cap)
+        return 0;
+    uint32_t cap = pc->stash_cap ? 2 * pc->stash_cap : 8;
+    uint32_t *st = realloc(pc->stash, cap * sizeof *st);
+    if (!st)
+        return -ENOMEM;
+    pc->stash = st;
+    uint8_t *mv = realloc(pc->stash_moved, (size_t)cap * (pc->nr ? pc->nr : 1));
+    if (!mv)
+        return -ENOMEM;
+    pc->stash_moved = mv;
+    pc->stash_cap = cap;
+    return 0;
+}
+
+static bool stashed(const struct prefix *pc, uint32_t i)
+{
+    for (uint32_t k = 0; k < pc->n_stash; k++)
+        if (pc->stash[k] == i)
+            return true;
+    return false;
+}
+
+/* A call's reclaim drops its planned drops in two steps (swap_cache_ops.stash): a record
+   whose device pages the host tier's free slots take as they are goes down there (its
+   pages only; nothing else moves) and stays in the index until the call ends; the others
+   are dropped now. Returns those dropped now (no undo takes them back). */
+static uint32_t cache_stash(void *arg)
+{
+    struct prefix *pc = arg;
+    uint32_t lost = 0;
+    for (uint32_t k = 0; k < pc->n_plan; k++) {
+        uint32_t i = pc->plan[k] & ~PLAN_DEMOTE, dev = 0, moved;
+        if ((pc->plan[k] & PLAN_DEMOTE) || stashed(pc, i))
+            continue;
+        const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
+        for (uint32_t r = 0; r < pc->nr; r++)
+            dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
+        if (dev <= paging_host_free(pc->pg) && !stash_reserve(pc)) {
+            uint8_t *mv = &pc->stash_moved[(size_t)pc->n_stash * pc->nr];
+            for (uint32_t r = 0; r < pc->nr; r++)
+                mv[r] = paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE &&
+                        paging_page_holders(pc->pg, p[r]) == 0;   /* what held_down moves */
+            if (!paging_held_down(pc->pg, p, pc->nr, &moved)) {
+                pc->stash[pc->n_stash++] = i;
+                continue;
+            }
+            /* a move refused: the pages moved stay below, the record goes as planned */
+        }
+        rec_remove(pc, i, true);
+        pc->c.evictions++;
+        lost++;
+    }
+    return lost;
+}
+
+/* The call ends: its stashed records are dropped (commit) or brought back to the device
+   (the undo of a failed call). Returns how many could not be brought back. */
+static uint32_t cache_stash_end(void *arg, bool commit)
+{
+    struct prefix *pc = arg;
+    uint32_t failed = 0;
+    for (uint32_t k = pc->n_stash; k-- > 0;) {
+        uint32_t i = pc->stash[k];
+        if (commit) {
+            rec_remove(pc, i, true);
+            pc->c.evictions++;
+        } else {
+            failed += paging_held_back(pc->pg, &pc->pages[(size_t)i * pc->nr],
+                                       &pc->stash_moved[(size_t)k * pc->nr], pc->nr) != 0;
+        }
+    }
+    pc->n_stash = 0;
+    return failed;
 }
 
 /* ---- life ----------------------------------------------------------------------------- */
@@ -714,7 +795,8 @@ int prefix_create(struct paging *pg, struct swap *sw, struct prefix **out)
     if (sw)
         swap_set_cache(sw, &(struct swap_cache_ops){ pc, cache_plan, cache_demote,
                                                      cache_act, cache_forget, cache_spill,
-                                                     cache_host_drop });
+                                                     cache_host_drop, cache_stash,
+                                                     cache_stash_end });
     *out = pc;
     return 0;
 }
@@ -727,6 +809,8 @@ void prefix_destroy(struct prefix *pc)
         if (pc->tick[i] != TICK_FREE)
             paging_unhold(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr);
     cache_forget(pc);
+    free(pc->stash);
+    free(pc->stash_moved);
     free(pc->slot);
     free(pc->rec);
     free(pc->tick);

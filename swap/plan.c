@@ -399,25 +399,53 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
         const struct swap_step *s = &p->steps[i];
         if (s->kind != kind || (rc = act_settle(sw, wait, s->slots, copying)))
             continue;
+        struct pg_use use = { 0 };
+        (void)paging_seq_use_get(sw->pg, s->h, &use);   /* a planned victim: it is live */
         rc = kind == SWAP_OUT ? paging_swap_out(sw->pg, s->h, true)   /* waited for below */
                               : paging_seq_demote(sw->pg, s->h);
         *copying |= !rc;
-        if (rc && rc != -EIO && kind == SWAP_DEMOTE)
+        if (!rc)
+            swap_undo_note(sw, s->h, &use);
+        if (rc && rc != -EIO && kind == SWAP_DEMOTE) {
             rc = paging_seq_drop(sw->pg, s->h, wait);
+            sw->undo.lost += sw->undo.on && !rc;
+        }
         *moved += !rc;
     }
     return rc;
 }
 
-/* The drops: no data moves, no room below. */
+/* The drops: no data moves, no room below. A call's reclaim (the journal on) stashes each
+   instead where the host tier's free slots take it as they are (paging_seq_stash): the
+   drop is made when the call succeeds, and taken back (a swap-in) when it fails (undo.c).
+   Those run after the other moves, in the room they left; a drop no room takes is made at
+   once and parked (paging_seq_park): its undo maps its frames back where nothing wrote
+   them since. */
 static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     int rc = 0;
-    for (size_t i = 0; i < p->n && !rc; i++)
-        if (p->steps[i].kind == SWAP_DROP) {
-            rc = paging_seq_drop(sw->pg, p->steps[i].h, wait);
-            *moved += !rc;
+    for (size_t i = 0; i < p->n && !rc; i++) {
+        const struct swap_step *s = &p->steps[i];
+        if (s->kind != SWAP_DROP)
+            continue;
+        rc = -ENOSPC;
+        if (sw->undo.on) {
+            struct pg_use use = { 0 };
+            (void)paging_seq_use_get(sw->pg, s->h, &use);
+            rc = paging_seq_stash(sw->pg, s->h);
+            if (!rc)
+                swap_undo_stash(sw, s->h, &use);
         }
+        if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
+            struct pg_park *k;
+            rc = paging_seq_park(sw->pg, s->h, &k);
+            if (!rc)
+                swap_undo_park(sw, k);
+        } else if (rc == -ENOSPC) {
+            rc = paging_seq_drop(sw->pg, s->h, wait);
+        }
+        *moved += !rc;
+    }
     return rc;
 }
 
@@ -429,8 +457,8 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
-    int rc = act_drops(sw, p, wait, moved);
-    if (!rc && p->cache)
+    int rc = sw->undo.on ? 0 : act_drops(sw, p, wait, moved);
+    if (!rc && p->cache && !sw->undo.on)
         p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
     if (!rc && p->orphans) {
         rc = paging_reclaim_orphans(pg, p->orphans, p->keep, p->n_keep, &orphans);
@@ -443,6 +471,10 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
         rc = act_moves(sw, p, SWAP_DEMOTE, wait, &copying, moved);
     if (!rc && p->cache_slots && !(rc = act_settle(sw, wait, p->cache_slots, &copying)))
         p->cache_ops->act(p->cache_ops->arg, true);   /* synchronous copies */
+    if (!rc && p->cache && sw->undo.on)                /* stashed where room is left */
+        sw->undo.lost += swap_undo_cache_stash(sw, p->cache_ops);
+    if (!rc && sw->undo.on)
+        rc = act_drops(sw, p, wait, moved);            /* in the room left */
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release

@@ -42,7 +42,7 @@ static unsigned plan_fences(const struct swap_rplan *p)
    move, so that a driver refusing them fails the call with nothing moved. Timed into the
    stats when it moved something. */
 static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const uint64_t *excl,
-                       size_t n_excl, unsigned flags)
+                       size_t n_excl, unsigned flags, bool journal)
 {
     uint64_t t0 = know_ns();
     struct swap_rplan p;
@@ -52,12 +52,18 @@ static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const ui
         return rc;                     /* nothing moved */
     if (p.n || p.orphans || p.cache)
         rc = paging_acquire(sw->pg, frames, plan_fences(&p), &mark);
+    if (!rc && journal)
+        rc = swap_undo_reserve(sw, p.n, p.orphans + want);   /* the moves' undo records */
     if (rc) {
         swap_rplan_free(&p);
         return rc;                     /* refused: nothing moved */
     }
-    /* commit: the moves start; what a driver may refuse for lack of resources was had */
+    /* the moves start; what a driver may refuse for lack of resources was had, and the
+       journal (journal: a call's reclaim) takes every move back if the call fails later
+       (swap_call_end) */
+    swap_undo_on(sw, journal);
     rc = swap_reclaim_act(sw, &p, true, &moved);
+    swap_undo_on(sw, false);
     swap_rplan_free(&p);
     if (moved) {
         sw->c.direct_reclaims++;
@@ -72,7 +78,8 @@ static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const ui
 int swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
 {
     /* a drop moves no data: without KVVM_F_AUTO_SWAP too */
-    return reclaim_now(sw, want, want, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0);
+    return reclaim_now(sw, want, want, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0,
+                       true);
 }
 
 /* ---- budget changes (kvvm_set_budget) ----------------------------------------------- */
@@ -81,7 +88,8 @@ int swap_reclaim_budget(struct swap *sw, uint32_t want)
 {
     /* the same plan as direct reclaim, with or without KVVM_F_AUTO_SWAP (API: a budget
        shrink swaps out regardless) */
-    return reclaim_now(sw, want, 0, NULL, 0, SWAP_PLAN_SWAP);   /* frames to free, none to take */
+    /* frames to free, none to take */
+    return reclaim_now(sw, want, 0, NULL, 0, SWAP_PLAN_SWAP, true);
 }
 
 void swap_set_frames(struct swap *sw, uint32_t frames)
@@ -284,6 +292,11 @@ void swap_destroy(struct swap *sw)
         vmm_fence_destroy(sw->v, &sw->direct_fence);
     pthread_cond_destroy(&sw->cv);
     pthread_mutex_destroy(&sw->mu);
+    for (size_t i = 0; i < sw->undo.n_parks; i++)   /* a dead context's call left them */
+        paging_park_free(sw->undo.parks[i]);
+    free(sw->undo.e);
+    free(sw->undo.parks);
+    free(sw->undo.orph);
     free(sw);
 }
 

@@ -140,7 +140,11 @@ struct swap_rplan {
    (NULL: none): host room when no disk room takes a spill (room.c swap_host_room): counts
    (act false) the host slots that dropping its entries whose pages are all below the
    device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
-   act true drops exactly those. Returns the slots counted (dropped). */
+   act true drops exactly those. Returns the slots counted (dropped). stash (a call's
+   reclaim, instead of act false): moves each planned drop whose device pages the host
+   tier's free slots take as they are down there and keeps it until stash_end, drops the
+   others now; returns those dropped now. stash_end: the call ended, commit: the stashed
+   are dropped; else they come back to the device (returns how many could not). */
 struct swap_cache_ops {
     void *arg;
     uint32_t (*plan)(void *arg, uint32_t want);
@@ -149,6 +153,8 @@ struct swap_cache_ops {
     void (*forget)(void *arg);
     uint32_t (*spill)(void *arg, uint32_t max);
     uint32_t (*host_drop)(void *arg, uint32_t want, bool act);
+    uint32_t (*stash)(void *arg);
+    uint32_t (*stash_end)(void *arg, bool commit);
 };
 /* Installs ops (copied; NULL: none). */
 void swap_set_cache(struct swap *sw, const struct swap_cache_ops *ops);
@@ -174,6 +180,16 @@ int  swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t
 /* kvvm_set_budget's shrink: makes `want` frames free as swap_make_room does (the same
    plan), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM (nothing moved), -EIO. */
 int  swap_reclaim_budget(struct swap *sw, uint32_t want);
+/* The end of a public call (core/call.h, context lock held): a call that failed (rc < 0)
+   after its reclaims moved others takes those moves back, so a failed call changes nothing
+   (docs/api.md): every sequence a reclaim swapped out or demoted for it is swapped in
+   again (its bytes came back from the host or disk tier) and gets its use stamp back. The
+   journal is emptied either way. Returns rc, or -EIO (logged, the reason kept for
+   kvvm_last_error) when a move could not be taken back: a swap-in the driver refused, or a
+   move no undo takes back (a drop; never made while a call's reclaim can fail after it,
+   see swap_make_room). The context stays consistent either way: a victim not swapped back
+   in is a complete swapped-out sequence. */
+int  swap_call_end(struct swap *sw, int rc);
 /* The budget is now `frames`: the device watermarks follow it. */
 void swap_set_frames(struct swap *sw, uint32_t frames);
 /* After a call that took frames: the watermark rules above. */

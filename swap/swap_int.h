@@ -18,6 +18,29 @@
 #include "swap.h"
 #include "worker.h"
 
+/* A move a call's reclaim made (undo.c): a sequence swapped out, demoted or stashed, with
+   its use stamp from before the move. */
+struct swap_undo_ent {
+    uint64_t h;
+    struct pg_use use;
+    bool stash;                    /* a drop stashed (paging_seq_stash): dropped at success */
+};
+/* The running call's journal: on while swap_make_room or swap_reclaim_budget acts (never
+   for the reclaim thread's rounds), reserved before the first move (swap_undo_reserve) so
+   that recording one never fails. lost: moves no undo can take back (a dropped CACHED
+   sequence, a dropped prefix entry, orphan pages moved down). */
+struct swap_undo {
+    struct swap_undo_ent *e;
+    size_t n, cap;
+    struct pg_park **parks;        /* drops no stash took (paging_seq_park), cap of them */
+    size_t n_parks;
+    uint32_t *orph;                /* orphan pages moved down (paging_orphan_log) */
+    uint32_t n_orph, orph_cap;
+    const struct swap_cache_ops *cache;   /* whose entries are stashed (NULL: none) */
+    uint32_t lost;
+    bool on;
+};
+
 struct swap {
     struct paging *pg;
     struct vmm *v;
@@ -32,6 +55,7 @@ struct swap {
     bool direct_fence_ok, thread_fence_ok;
     uint32_t host_min_free, host_low_free, host_high_free;   /* in host slots */
     struct swap_cache_ops cache;   /* the prefix cache's entry reclaim (plan: NULL = none) */
+    struct swap_undo undo;         /* the moves of the running call's reclaims (undo.c) */
     /* below: under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;             /* wake / idle changes */
@@ -43,6 +67,21 @@ struct swap {
 /* Records a fence on the copy stream and waits for it (direct reclaim: the frames of the
    copies started so far are free then). -EIO. */
 int  swap_wait_copies(struct swap *sw);
+
+/* The journal has room for `more` moves and `pages` orphan pages moved down beyond those
+   recorded (before a plan acts). -ENOMEM, nothing moved. */
+int  swap_undo_reserve(struct swap *sw, size_t more, uint32_t pages);
+/* The journal on (a call's reclaim acts) or off; paging logs the orphans it moves while on. */
+void swap_undo_on(struct swap *sw, bool on);
+/* Records h's move (its use stamp from before it) when the journal is on. */
+void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before);
+/* Records a parked drop (the journal on; reserved); k may be NULL (nothing to record). */
+void swap_undo_park(struct swap *sw, struct pg_park *k);
+/* The plan's entry drops of ops, stashed (swap_cache_ops.stash) until the call ends;
+   returns those dropped now. */
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops);
+/* Records h's stashed drop (the journal on): dropped when the call succeeds. */
+void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before);
 
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);

@@ -444,24 +444,33 @@ static inline void th_snap_same(kvvm *kv, const struct th_snap *sn, const char *
     }
 }
 
-/* Driver refusals of the entry points that create what a call needs (frames, events,
-   streams): the library acquires those before the call moves anything (docs/api.md
-   "Errors"), so a refusal of any of them, at any of its calls, fails the call with nothing
-   changed. For each entry point and nth = 1, 2, ... until the refusal no longer fires
-   within the call (traced): setup, arm (CUDA_ERROR_OUT_OF_MEMORY at its nth call), call,
-   after (as th_sweep's: checks with UCHK, says what happened), teardown. Soft mode; prints
-   and returns the counts; the test fails where a check did or where no refusal fired. */
+/* Driver refusals, one at a time: for each entry point of entries[0..n) and nth = 1, 2, ...
+   until the refusal no longer fires within the call (traced): setup, arm
+   (CUDA_ERROR_OUT_OF_MEMORY at its nth call), call, after (as th_sweep's: checks with UCHK,
+   says what happened), teardown. Soft mode; prints and returns the counts; the test fails
+   where a check did or where no refusal fired. A failed call changes nothing whichever
+   entry point the driver refused (docs/api.md, Conventions): what a call creates (frames,
+   events, streams: th_create_entries) is acquired before it moves anything, and a map,
+   set-access, copy or synchronization refused after its reclaim moved others has those
+   moves taken back (th_use_entries). */
 static const char *const th_create_entries[] = { "cuMemCreate", "cuEventCreate",
                                                  "cuStreamCreate" };
-static inline struct th_sweep_count th_refusals_run(const struct th_sweep *sw)
+static const char *const th_use_entries[] = {
+    "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync",
+    "cuMemcpyDtoDAsync", "cuMemsetD8Async", "cuStreamSynchronize", "cuCtxSynchronize",
+    "cuEventRecord", "cuEventQuery", "cuEventSynchronize", "cuStreamWaitEvent",
+};
+static inline struct th_sweep_count th_refusals_run_on(const struct th_sweep *sw,
+                                                       const char *const *entries,
+                                                       size_t n_entries)
 {
     enum { MAXT = 4096 };
     static struct emu_trace_entry tr[MAXT];
     struct th_sweep_count n = { 0 };
     char w[192];
     soft = true;
-    for (size_t e = 0; e < sizeof th_create_entries / sizeof *th_create_entries; e++) {
-        const char *entry = th_create_entries[e];
+    for (size_t e = 0; e < n_entries; e++) {
+        const char *entry = entries[e];
         for (unsigned long nth = 1;; nth++) {
             snprintf(w, sizeof w, "%s: %s #%lu refused", sw->name, entry, nth);
             sw->setup(sw->arg);
@@ -494,13 +503,27 @@ static inline struct th_sweep_count th_refusals_run(const struct th_sweep *sw)
         }
     }
     soft = false;
-    printf("refusals %s: %zu refused calls of cuMemCreate, cuEventCreate, cuStreamCreate: %u "
-           "failed, %u absorbed, %u broke a rule\n", sw->name, n.points, n.failed, n.absorbed,
-           n.broken);
+    printf("refusals %s: %zu refused calls of %zu entry points (%s ...): %u failed, %u "
+           "absorbed, %u broke a rule\n", sw->name, n.points, n_entries, entries[0], n.failed,
+           n.absorbed, n.broken);
     fflush(stdout);
     cr_assert_gt(n.points, 0, "%s: no refusal fired within the call", sw->name);
     cr_assert_eq(n.broken, 0, "%s: %u refused calls broke a rule", sw->name, n.broken);
     return n;
+}
+
+/* th_refusals_run_on the entry points that create what a call needs. */
+static inline struct th_sweep_count th_refusals_run(const struct th_sweep *sw)
+{
+    return th_refusals_run_on(sw, th_create_entries,
+                              sizeof th_create_entries / sizeof *th_create_entries);
+}
+
+/* th_refusals_run_on the entry points that act on what exists (maps, copies, syncs). */
+static inline struct th_sweep_count th_refusals_run_use(const struct th_sweep *sw)
+{
+    return th_refusals_run_on(sw, th_use_entries,
+                              sizeof th_use_entries / sizeof *th_use_entries);
 }
 
 /* ---------------------------------------------------------------- shadows */

@@ -251,13 +251,17 @@ static bool straddles(const struct model *m, uint64_t t)
    nothing changed). A call that succeeded, refused or not, is the op's call. Counted per
    entry point and printed per configuration: injections, refusals that fired within the
    call, failed calls checked, absorbed (succeeded anyway), violations.
-   What the library guarantees (docs/api.md "Errors"): a refusal of what a call creates
-   (cuMemCreate, cuEventCreate, cuStreamCreate: acquired before anything moves) changes
-   nothing; a violation there fails the test. A refusal of a call on what exists (a map,
-   a copy, a synchronization) after the call's reclaim moved others leaves those moves
-   made: such a violation is counted and printed, the model follows the library and the op
-   is abandoned (its prediction no longer holds); KVVMTEST_MODEL_REFUSALS=strict fails the
-   test on those too. */
+   What the library guarantees (docs/api.md, Conventions): a failed call changes nothing,
+   whichever entry point the driver refused: a refusal of what a call creates
+   (cuMemCreate, cuEventCreate, cuStreamCreate) is had before anything moves, and one of a
+   map, set-access, copy or synchronization after the call's reclaim moved others is taken
+   back (the moves undone: swap/undo.c). Every violation fails the test
+   (KVVMTEST_MODEL_KEEP_GOING=1: counted per entry point and listed, the model follows the
+   library and the op is abandoned, its prediction gone), but for the undo's documented
+   limit: a call that reports -EIO "could not be undone" (a CACHED sequence dropped for the
+   call, whose frames the call had written into before the refusal: no room anywhere held
+   its bytes) is counted apart per entry point and printed, the context checked alive and
+   consistent. KVVMTEST_MODEL_REFUSALS=off injects none (the model alone). */
 #define REFUSE_ONE_IN 4
 static void snap_take(struct model *m);
 static void unchanged(struct model *m, int rc);
@@ -267,6 +271,7 @@ static const char *const entry_name[N_ENTRY] = { EMU_ENTRIES(ENTRY_NAME) };
 #undef ENTRY_NAME
 struct refusal_count {
     uint64_t armed, fired, checked, absorbed, violations, eio;
+    uint64_t undo_lost;             /* changed, reported -EIO "could not be undone" */
     uint64_t traced;                /* its calls seen in the traced calls */
 };
 static struct refusal_count refusals[N_ENTRY];   /* this configuration's */
@@ -277,29 +282,15 @@ static struct {
 } refusal;
 #define REFUSE_TRACE 65536
 static struct emu_trace_entry refusal_trace[REFUSE_TRACE];
-static bool refusal_soft;           /* unchanged() counts a violation, model_run goes on */
+static bool undo_lost;              /* unchanged(): the call reported its undo's limit */
 static jmp_buf op_abandon;          /* model_run's: the op after a followed violation */
 static bool op_rewrites;            /* the call now running is made again (REFUSABLE_AGAIN) */
 
-/* The entry points whose refusal the library acquires ahead (strict). */
-static bool refusal_acquired(int e)
-{
-    const char *n = entry_name[e];
-    return !strcmp(n, "cuMemCreate") || !strcmp(n, "cuEventCreate") ||
-           !strcmp(n, "cuStreamCreate");
-}
-
-/* KVVMTEST_MODEL_REFUSALS: strict (every violation fails the test), off (no refusal is
-   injected: the model alone), else the default above. */
+/* KVVMTEST_MODEL_REFUSALS=off: no refusal is injected (the model alone). */
 static bool refusals_mode(const char *mode)
 {
     const char *e = getenv("KVVMTEST_MODEL_REFUSALS");
     return e && !strcmp(e, mode);
-}
-
-static bool refusals_strict(void)
-{
-    return refusals_mode("strict");
 }
 
 /* Arms a refusal for the next call (one call in REFUSE_ONE_IN); true when armed. */
@@ -363,23 +354,29 @@ static bool refusal_failed(struct model *m, int rc, const char *call)
        use: -ENOSPC); never a dead context (an out-of-memory refusal is not sticky). A
        staged disk swap reports a refused synchronization as -EIO (its I/O failed), the
        context alive: counted (eio) */
+    /* the documented limit (docs/api.md, Conventions): a move the failed call could not take
+       back (a drop whose frames the call had written into before the refusal) is reported
+       -EIO with that cause; the context alive and consistent (check_state) */
+    bool lost = rc == -EIO && strstr(kvvm_last_error(), "could not be undone") != NULL;
     if (rc == -EIO) {
         struct kvvm_stats st = { .size = sizeof st };
         MCHECK(m, kvvm_stats(m->kv, &st) == 0, "a refusal left the context dead");
         k->eio++;
     }
-    bool soft = !refusal_acquired(refusal.entry) && !refusals_strict();
-    refusal_soft = soft;
+    undo_lost = lost;
     unchanged(m, rc);
-    refusal_soft = false;
+    undo_lost = false;
     k->checked++;
     memcpy(m->where, saved, sizeof saved);
     uint64_t v = m->violations - refusal.violations0;
     if (!v)
         return true;
-    k->violations += v;
-    if (soft)
-        m->violations -= v;         /* counted here, not as the model's (the test's) */
+    if (lost) {
+        k->undo_lost += v;
+        m->violations -= v;         /* reported by the library: counted apart, printed */
+    } else {
+        k->violations += v;
+    }
     /* followed (unchanged resynced the others): a call that may have written its own
        bytes before the refusal (a write whose copy was enqueued) is made again, which
        writes them as the model has them, as is one whose op predicts nothing
@@ -423,26 +420,28 @@ static void refusals_reset(void)
    else the first one fails the test). */
 static void refusals_report(const char *name)
 {
-    uint64_t armed = 0, checked = 0, violations = 0;
+    uint64_t armed = 0, checked = 0, violations = 0, lost = 0;
     printf("  driver refusals (CUDA_ERROR_OUT_OF_MEMORY, one at a time) per entry point: "
            "injections, fired in the call, failed calls checked, absorbed, violations, "
-           "-EIO returned\n");
+           "-EIO returned, of those an undo's limit (changed, reported)\n");
     for (int e = 0; e < N_ENTRY; e++) {
         const struct refusal_count *k = &refusals[e];
         if (!k->armed)
             continue;
-        printf("    %-34s %8lu %8lu %8lu %6lu %6lu %4lu\n", entry_name[e],
+        printf("    %-34s %8lu %8lu %8lu %6lu %6lu %4lu %4lu\n", entry_name[e],
                (unsigned long)k->armed, (unsigned long)k->fired, (unsigned long)k->checked,
                (unsigned long)k->absorbed, (unsigned long)k->violations,
-               (unsigned long)k->eio);
+               (unsigned long)k->eio, (unsigned long)k->undo_lost);
+        lost += k->undo_lost;
         armed += k->armed;
         checked += k->checked;
         violations += k->violations;
     }
     printf("  driver refusals: %lu injections, %lu failed calls checked, %lu violations "
-           "(refusals of what a call creates: none, or the test failed; the others: a map, "
-           "copy or synchronization refused after the call's reclaim had moved others)\n",
-           (unsigned long)armed, (unsigned long)checked, (unsigned long)violations);
+           "(a failed call that changed something: none, or the test failed), %lu undo limits "
+           "(-EIO \"could not be undone\": a dropped sequence's frames written before the "
+           "refusal)\n", (unsigned long)armed, (unsigned long)checked,
+           (unsigned long)violations, (unsigned long)lost);
     cr_expect(checked > 0 || refusals_mode("off"), "%s: no failed call under a driver "
               "refusal was checked", name);
 }
@@ -1013,7 +1012,7 @@ static void unchanged(struct model *m, int rc)
                  (unsigned long)in.length, e->dev, in.pages_device, e->below,
                  in.pages_host + in.pages_disk, e->cls, in.cls, e->resident, in.resident,
                  e->dropped, in.dropped);
-        MCHECK(m, keep_going() || refusal_soft, "%s", msg);
+        MCHECK(m, keep_going() || undo_lost, "%s", msg);
         if (!broken)
             printf("VIOLATION seed %lu op %lu (%s): %s\n", m->seed, (unsigned long)m->op,
                    m->where, msg);

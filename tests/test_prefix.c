@@ -798,6 +798,35 @@ Test(regress, attach_refused_by_the_driver_dropped_others)
     }
 }
 
+/* The same attach with the driver refusing a map, set-access, copy or synchronization
+   (th_use_entries, each call in turn) after the reclaim dropped c and the device entries.
+   Bug: the call failed -ENOMEM with c and the entries dropped. Now the failed call takes
+   its moves back (swap/undo.c): the drops were stashed on the host tier (it has room), so
+   c and the entries are as they were (tiers, bytes). */
+static enum th_sweep_outcome att_use_after(void *p, int rc, const char *where)
+{
+    struct att_refused *a = p;
+    UCHK(rc != -EIO, "%s: -EIO: %s", where, kvvm_last_error());
+    enum th_sweep_outcome o = att_after(p, rc, where);
+    if (rc)
+        UCHK(same(&a->t, a->c, 2 * T, 3) && same(&a->t, a->l, 4 * T, 4), "%s: bytes", where);
+    return o;
+}
+
+Test(regress, attach_map_refused_after_reclaim_dropped_others)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);        /* the refusals are logged */
+    for (int stream = 0; stream < 2; stream++) {
+        struct att_refused a = { .stream = stream };
+        struct th_sweep s = { .name = stream ? "attach, maps and copies refused (stream)"
+                                             : "attach, maps and copies refused",
+                              .arg = &a, .setup = att_setup, .call = att_call,
+                              .teardown = att_teardown, .after = att_use_after };
+        th_refusals_run_use(&s);
+    }
+}
+
 /* Entries whose pages went to disk (a staged swap-out of their publisher: more pages than
    the host tier holds) come back by attach with their bytes. */
 Test(host, attach_brings_disk_entries_back)
