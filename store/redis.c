@@ -745,6 +745,8 @@ int store_redis_open(struct store *st, const struct store_redis_url *u)
     snprintf(r->where, sizeof r->where, "%s:%d/%d", u->host, u->port, u->db);
     st->be = r;
     st->ops = &redis_ops;
+    if (!fail && r->rbuf && (st->flags & STORE_F_LANE))
+        return 0;                /* the read lane: connects at its first request */
     int rc = fail || !r->rbuf ? -ENOMEM : r_connect(r, know_ns() + st->timeout_ns);
     if (rc == -EACCES || rc == -EINVAL || rc == -ENOMEM) {
         r_close(st);

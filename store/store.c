@@ -343,10 +343,8 @@ char *store_url_redact(const char *url, char *buf, size_t len)
     return buf;
 }
 
-int store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out)
+static int open_one(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out)
 {
-    if (!url || !out)
-        return -EINVAL;
     struct store *st = calloc(1, sizeof *st);
     if (!st)
         return -ENOMEM;
@@ -363,13 +361,48 @@ int store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct stor
     return 0;
 }
 
+static void close_one(struct store *st)
+{
+    st->ops->close(st);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+int store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out)
+{
+    if (!url || !out || (flags & STORE_F_LANE))
+        return -EINVAL;
+    struct store *st = NULL;
+    int rc = open_one(url, timeout_ms, flags, &st);
+    if (rc)
+        return rc;
+    /* the read lane: the URL parsed and the credentials checked by the front, so this
+       open fails for memory alone */
+    if ((rc = open_one(url, timeout_ms, flags | STORE_F_LANE, &st->reads))) {
+        close_one(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
 void store_close(struct store *st)
 {
     if (!st)
         return;
-    st->ops->close(st);
-    pthread_mutex_destroy(&st->lock);
-    free(st);
+    if (st->reads)
+        close_one(st->reads);
+    close_one(st);
+}
+
+int store_test_hang(struct store *st, int on)
+{
+    if (!st || on < 0 || on > STORE_HANG_WRITES)
+        return -EINVAL;
+    int rc = store_file_test_hang(st, on != 0);
+    if (!rc && st->reads)
+        rc = store_file_test_hang(st->reads, on == STORE_HANG_ALL);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ operations */
@@ -453,10 +486,16 @@ int store_put(struct store *st, const struct store_layout *L, uint64_t ns,
     return run_items(st, L, ns, items, n, 1);
 }
 
+/* The lane of a read: the read lane, where there is one. */
+static struct store *rlane(struct store *st)
+{
+    return st && st->reads ? st->reads : st;
+}
+
 int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
               struct store_item *items, size_t n)
 {
-    return run_items(st, L, ns, items, n, 0);
+    return run_items(rlane(st), L, ns, items, n, 0);
 }
 
 int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
@@ -464,6 +503,7 @@ int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
 {
     if (!st || !L || (n && !keys) || n > INT32_MAX)
         return -EINVAL;
+    st = rlane(st);
     uint8_t one[64], *p = present ? present : n <= sizeof one ? one : calloc(n, 1);
     if (!p)
         return -ENOMEM;
@@ -523,7 +563,10 @@ void store_stats_get(struct store *st, struct store_stats *out)
 {
     if (!st || !out)
         return;
-#define LD(f) __atomic_load_n(&st->st_##f, __ATOMIC_RELAXED)
+    const struct store *r = st->reads ? st->reads : st;
+    int two = r != st;          /* the read lane's counters added to the front's */
+#define LD(f) (__atomic_load_n(&st->st_##f, __ATOMIC_RELAXED) + \
+               (two ? __atomic_load_n(&r->st_##f, __ATOMIC_RELAXED) : 0))
     *out = (struct store_stats){ LD(puts), LD(gets), LD(hits), LD(errors), LD(bytes_out),
                                  LD(bytes_in) };
 #undef LD

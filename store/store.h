@@ -34,8 +34,11 @@
  *    returned a value failing its checks — one per item), bytes_out / bytes_in (value bytes,
  *    header included, written / read).
  *  - Thread safety: every call may come from any thread; a store serializes its requests
- *    (one lock, taken with the operation's deadline: a call waiting behind a slow one fails
- *    with -ETIMEDOUT instead of waiting longer). store_close must be the last call.
+ *    per lane (one lock each, taken with the operation's deadline: a call waiting behind a
+ *    slow one fails with -ETIMEDOUT instead of waiting longer). Two lanes: puts and deletes
+ *    go by the front's connection (ring), gets and lookups by a second one of the same URL
+ *    (the read lane, opened with the front, connected at its first request), so a read never
+ *    waits behind a write, however large the write. store_close must be the last call.
  *  - It knows nothing of sequences, pages or tiers; core/ decides what to store and when.
  */
 #ifndef KVVM_STORE_STORE_H
@@ -118,9 +121,12 @@ int store_direct(const struct store *st);
    bytes, always terminated; returns buf. */
 char *store_url_redact(const char *url, char *buf, size_t len);
 
-/* Test hook (file backend): on, every data I/O waits on a pipe instead of the file system
-   (a hung file system); off, the I/Os waiting complete (4096 of them at most). -EINVAL not
-   a file store, or the errno of pipe2 / write. */
+/* Test hook (file backend): on (STORE_HANG_ALL), every data I/O waits on a pipe instead of
+   the file system (a hung file system); STORE_HANG_WRITES, only the writes' lane's (puts;
+   gets and lookups go on: the read lane); off (0), the I/Os waiting complete (4096 of them at
+   most per lane). -EINVAL not a file store or another value, or the errno of pipe2 / write. */
+#define STORE_HANG_ALL 1
+#define STORE_HANG_WRITES 2
 int store_test_hang(struct store *st, int on);
 
 /* --- the key layout (docs/api.md "Key layout"), for tests and tools ------------------- */

@@ -39,9 +39,17 @@ struct store {
     uint64_t timeout_ns;         /* per request (batch); fixed after open */
     unsigned flags;              /* STORE_F_*; fixed after open */
     pthread_mutex_t lock;        /* serializes requests: guards be */
+    struct store *reads;         /* the read lane: the same URL opened again (its own
+                                    connection, ring and lock), which get and lookup use, so
+                                    that a read never waits behind a write; NULL on the lane
+                                    itself */
     /* counters (atomic; STORE_ADD) */
     uint64_t st_puts, st_gets, st_hits, st_errors, st_bytes_out, st_bytes_in;
 };
+
+/* Internal open flag: the read lane (store.c opens it after the front): a network backend
+   connects at its first request, not at open (the front checked the credentials). */
+#define STORE_F_LANE (1u << 31)
 
 #define STORE_ADD(st, f, n) __atomic_fetch_add(&(st)->f, (n), __ATOMIC_RELAXED)
 
@@ -71,5 +79,7 @@ struct store_redis_url {
 };
 /* 0, -EACCES (credentials refused), -ENOMEM; takes nothing from u (copies). */
 int store_redis_open(struct store *st, const struct store_redis_url *u);
+/* store_test_hang on one lane (file backend; -EINVAL for another). */
+int store_file_test_hang(struct store *st, int on);
 
 #endif
