@@ -4,9 +4,11 @@
  * the URL, the key layout and the value format for other tools; docs/design.md the layer.
  *
  * Contract:
- *  - One struct store = one URL: "file:///dir" (one file per entry in dir) or
+ *  - One struct store = one URL: "file:///dir" (one file per entry in dir),
  *    "redis://[[user]:password@]host[:port][/db]" (one Redis connection; port 6379, db 0 by
- *    default). store_open refuses only a malformed URL (-EINVAL) and credentials the server
+ *    default) or "redis-cluster://[[user]:password@]host:port[,host:port...]" (seed nodes of
+ *    a Redis Cluster: one connection per master, the slot map followed by itself, see
+ *    cluster.c; a seed that is not a cluster node is -EINVAL). store_open refuses only a malformed URL (-EINVAL) and credentials the server
  *    refuses (-EACCES: AUTH refused, or the server demands a password none was given for).
  *    A server that is down, or a directory that is missing or not writable, at open is not an
  *    error: the store is down (logged once), every operation fails fast, and it comes back
@@ -113,7 +115,7 @@ struct store_stats {
 };
 void store_stats_get(struct store *st, struct store_stats *out);
 
-const char *store_kind(const struct store *st);   /* "file" or "redis" */
+const char *store_kind(const struct store *st);   /* "file", "redis" or "redis-cluster" */
 /* file: 1 when entries are written and read with O_DIRECT, 0 through the page cache (the
    directory refused O_DIRECT, or not probed yet); Redis: 0. */
 int store_direct(const struct store *st);
@@ -136,6 +138,13 @@ int store_test_hang(struct store *st, int on);
    digits>}:<key, 64 hex digits>. Returns its length. */
 size_t store_redis_key(const struct store_layout *L, uint64_t ns, const store_key *k,
                        char out[STORE_NAME_MAX]);
+/* The Redis Cluster key of an entry (no hash tag: the whole name is hashed, so entries
+   spread over every master): kvvm1:<n_regions>:<bytes_per_token>:<page_size>:<ns, 16 hex
+   digits>:<key, 64 hex digits>. Returns its length. */
+size_t store_cluster_key(const struct store_layout *L, uint64_t ns, const store_key *k,
+                         char out[STORE_NAME_MAX]);
+/* The cluster slot of a key name (CRC16 of it, or of its hash tag, mod 16384). */
+unsigned store_cluster_slot(const char *key, size_t n);
 /* The file name of an entry: kvvm1_<n_regions>_<bytes_per_token>_<page_size>_<ns hex>_<key
    hex>. Returns its length. */
 size_t store_file_name(const struct store_layout *L, uint64_t ns, const store_key *k,
