@@ -42,6 +42,9 @@ struct cnode {
     char host[64];
     int port;
     struct rstore *r;
+    int failing;                      /* its last part timed out or found it down: its
+                                         parts go after the others' (a stopped master must
+                                         not spend the deadline of the healthy ones) */
 };
 
 struct cstore {
@@ -171,6 +174,13 @@ static int map_refresh(struct cstore *c, uint64_t deadline)
     for (uint32_t i = 0; i < c->n_node; i++)
         if (!listed(order, n, i))
             order[n++] = i;
+    uint32_t m = 0, rest[CL_NODES_MAX], nr = 0;   /* the failing nodes last */
+    for (uint32_t k = 0; k < n; k++)
+        if (c->node[order[k]].failing)
+            rest[nr++] = order[k];
+        else
+            order[m++] = order[k];
+    memcpy(order + m, rest, nr * sizeof *rest);
     int rc = -ETIMEDOUT;
     c->next_refresh = know_ns() + CL_REFRESH_NS;
     for (uint32_t k = 0; k < n && store_left_ns(deadline); k++) {
@@ -244,27 +254,41 @@ static int wants_map(int e)
 typedef int (*part_fn)(struct store *, struct rstore *, const struct store_layout *, uint64_t,
                        struct store_item *, size_t, uint64_t);
 
-/* Sends the items with todo[i] set to the node at[i] (a pipeline each), statuses back. */
+/* Sends the items with todo[i] set to the node at[i] (a pipeline each; the nodes that are
+   failing last), statuses back. Past the deadline a part is not sent (-ETIMEDOUT): its
+   node's connection, not at fault, stays. */
 static void send_parts(struct store *st, struct cstore *c, const struct store_layout *L,
                        uint64_t ns, struct store_item *items, size_t n, const uint16_t *at,
                        const uint8_t *todo, int asking, part_fn fn, uint64_t deadline,
                        struct store_item *sub, size_t *idx)
 {
-    for (uint32_t j = 0; j < c->n_node; j++) {
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-            if (todo[i] && at[i] == j) {
-                sub[k] = items[i];
-                idx[k++] = i;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t j = 0; j < c->n_node; j++) {
+            struct cnode *nd = &c->node[j];
+            size_t k = 0;
+            if (nd->failing != pass)
+                continue;
+            for (size_t i = 0; i < n; i++)
+                if (todo[i] && at[i] == j) {
+                    sub[k] = items[i];
+                    idx[k++] = i;
+                }
+            if (!k)
+                continue;
+            if (!store_left_ns(deadline)) {
+                for (size_t t = 0; t < k; t++)
+                    items[idx[t]].status = -ETIMEDOUT;
+                continue;
             }
-        if (!k)
-            continue;
-        int was = store_rconn_set_asking(c->node[j].r, asking);
-        fn(st, c->node[j].r, L, ns, sub, k, deadline);
-        (void)store_rconn_set_asking(c->node[j].r, was);
-        for (size_t t = 0; t < k; t++)
-            items[idx[t]].status = sub[t].status;
-    }
+            int was = store_rconn_set_asking(nd->r, asking), bad = 0;
+            fn(st, nd->r, L, ns, sub, k, deadline);
+            (void)store_rconn_set_asking(nd->r, was);
+            for (size_t t = 0; t < k; t++) {
+                items[idx[t]].status = sub[t].status;
+                bad |= sub[t].status == -ETIMEDOUT || sub[t].status == -ENOTCONN;
+            }
+            nd->failing = bad;
+        }
 }
 
 static int c_items(struct store *st, const struct store_layout *L, uint64_t ns,
