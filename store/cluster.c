@@ -141,6 +141,7 @@ static int map_read(struct cstore *c, const redisReply *rep, uint32_t from)
         uint32_t m = h->len ? node_get(c, h->str, h->len, (int)port)   /* "": the node asked */
                             : node_get(c, c->node[from].host, strlen(c->node[from].host),
                                        (int)port);
+        KVVM_ASSERT(m == CL_NONE || m < c->n_node);
         for (long long s = lo; s <= hi; s++)
             c->slot[s] = (uint16_t)m;
     }
@@ -233,8 +234,10 @@ static void route(struct cstore *c, const struct store_layout *L, uint64_t ns,
                   const store_key *const *keys, size_t n, uint16_t *at)
 {
     char k[STORE_NAME_MAX];
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         at[i] = c->slot[store_cluster_slot(k, store_cluster_key(L, ns, keys[i], k))];
+        KVVM_ASSERT(at[i] == CL_NONE || at[i] < c->n_node);   /* the map names known nodes */
+    }
 }
 
 /* ------------------------------------------------------------------ batches */
@@ -460,7 +463,7 @@ static int c_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
 static void c_close(struct store *st)
 {
     struct cstore *c = st->be;
-    for (uint32_t i = 0; i < c->n_node; i++)
+    for (uint32_t i = 0; c->node && i < c->n_node; i++)
         store_rconn_free(c->node[i].r);
     free(c->node);
     free(c->slot);
