@@ -22,10 +22,12 @@
  * (take_back_locked; counted in dropped), never the batch being written; with every slot
  * in that batch its own new entries are the ones dropped. It never waits.
  *
- * A store that fails a put with -ETIMEDOUT or -ENOTCONN (stopped, down) makes the thread
- * give up the batches queued behind it (counted): so kvvm_sync, kvvm_prefix_drop and
- * kvvm_close, which wait for the queue, wait for one failing request at most, not one per
- * batch. A drop cancels the queued puts of what it removes and waits for the batch being
+ * A store that fails every item of a put with -ETIMEDOUT or -ENOTCONN (stopped, down)
+ * makes the thread give up the batches queued behind it (counted): so kvvm_sync,
+ * kvvm_prefix_drop and kvvm_close, which wait for the queue, wait for one failing request
+ * at most, not one per batch. A put that failed only some items (a cluster's master down,
+ * the others answering) gives up nothing: the next batches' items for the healthy masters
+ * are written, those for the one down fail fast (its connection's backoff). A drop cancels the queued puts of what it removes and waits for the batch being
  * written, so a dropped entry is never written back after the store delete.
  *
  * Reads (lookup, attach's fetch) run on the caller's thread WITHOUT the context lock: the
@@ -136,9 +138,9 @@ static void batch_put(struct storeq *q, struct sq_batch *b)
         SQ_ADD(q, gave_up, b->n);
     else if (k)
         (void)store_put(q->st, &q->L, b->ns, it, k);
-    bool down = false;
-    for (size_t i = 0; it && iov && i < k; i++)
-        down |= it[i].status == -ETIMEDOUT || it[i].status == -ENOTCONN;
+    bool down = it && iov && k;     /* every item: the store, not one node, is down */
+    for (size_t i = 0; down && i < k; i++)
+        down = it[i].status == -ETIMEDOUT || it[i].status == -ENOTCONN;
     free(it);
     free(iov);
     if (down) {
