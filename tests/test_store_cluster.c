@@ -6,8 +6,9 @@
  * importing node, MOVED once the slot is moved) is followed, no wrong byte; a namespace drop
  * removes the keys on every master; a stopped master costs misses and dropped writes, no
  * failed call; a master killed (SIGKILL): no call fails, and after its replica's promotion
- * the entries it had are served again and new ones work; bad URLs, a wrong password and a
- * seed that is not a cluster node are refused at open.
+ * the entries it had are served again and new ones work; a corrupted value is a counted
+ * miss; bad URLs, a wrong password and a seed that is not a cluster node are refused at
+ * open.
  */
 #include "harness.h"
 
@@ -232,6 +233,17 @@ Test(store_cluster, publish_attach_spread_reshard_drop)
     migrate(&c, key, src, dst, true);
     cr_expect_eq(attach_check(&b, 7, 1, k, NB), (int)NB, "MOVED not followed");
     tclose(&b);
+
+    /* a corrupted value: a counted miss, the attach stops before it */
+    name_of(7, &k[10], key);
+    int h = cl_holder(&c, key);
+    cr_assert_geq(h, 0);
+    freeReplyObject(cl_cmd(c.port[h], "SETRANGE %s 200 corrupt", key));
+    open_cl(&d, c.url);
+    cr_expect_eq(attach_check(&d, 7, 1, k, NB), 10);
+    tstats(&d, &s);
+    cr_expect_eq(s.store_errors, 1, "store_errors %llu", (unsigned long long)s.store_errors);
+    tclose(&d);
 
     /* a namespace drop: every master */
     cr_assert_geq(kvvm_prefix_drop(a.kv, 7, NULL, 0), 0);
