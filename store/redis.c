@@ -1,6 +1,7 @@
 /*
- * store/redis.c: the Redis backend (contract in store.h). The only library file that
- * includes hiredis.h.
+ * store/redis.c: the Redis backend (contract in store.h), and the connection the Redis
+ * Cluster backend (cluster.c) holds one of per master (store_rconn_*, store_int.h). With
+ * cluster.c, the only library files that include hiredis.h.
  *
  * hiredis connects (redisConnectWithTimeout: the connect bounded by what is left of the
  * deadline) and parses replies (a redisReader fed by this file), except a get batch's, which
