@@ -27,8 +27,10 @@
  * kvvm_prefix_drop and kvvm_close, which wait for the queue, wait for one failing request
  * at most, not one per batch. A put that failed only some items (a cluster's master down,
  * the others answering) gives up nothing: the next batches' items for the healthy masters
- * are written, those for the one down fail fast (its connection's backoff). A drop cancels the queued puts of what it removes and waits for the batch being
- * written, so a dropped entry is never written back after the store delete.
+ * are written, those for the one down fail fast (its connection's backoff).
+ *
+ * A drop cancels the queued puts of what it removes and waits for the batch being written,
+ * so a dropped entry is never written back after the store delete.
  *
  * Reads (lookup, attach's fetch) run on the caller's thread WITHOUT the context lock: the
  * store bounds each request by store_timeout_ms, and the context stays usable by other
