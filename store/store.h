@@ -8,8 +8,9 @@
  *    "redis://[[user]:password@]host[:port][/db]" (one Redis connection; port 6379, db 0 by
  *    default) or "redis-cluster://[[user]:password@]host:port[,host:port...]" (seed nodes of
  *    a Redis Cluster: one connection per master, the slot map followed by itself, see
- *    cluster.c; a seed that is not a cluster node is -EINVAL). store_open refuses only a malformed URL (-EINVAL) and credentials the server
- *    refuses (-EACCES: AUTH refused, or the server demands a password none was given for).
+ *    cluster.c; a seed that is not a cluster node is -EINVAL). store_open refuses only a
+ *    malformed URL (-EINVAL) and credentials the server refuses (-EACCES: AUTH refused, or
+ *    the server demands a password none was given for).
  *    A server that is down, or a directory that is missing or not writable, at open is not an
  *    error: the store is down (logged once), every operation fails fast, and it comes back
  *    by itself (Redis: reconnection with exponential backoff, 50 ms doubling to 2 s, each try
