@@ -185,7 +185,8 @@ static const char *opt_valid(enum opt_kind k)
     case OPT_SIZE: return "valid: a size in bytes with an optional K, M, G or T suffix "
                           "(binary), e.g. 512M";
     case OPT_STR: return "valid: any string";
-    case OPT_URL: return "valid: file:///dir or redis://[[user]:password@]host[:port][/db]";
+    case OPT_URL: return "valid: file:///dir, redis://[[user]:password@]host[:port][/db] or "
+                         "redis-cluster://[[user]:password@]host:port[,host:port...]";
     case OPT_DOUBLE: return "valid: a number, e.g. 0.1";
     case OPT_FLAGS: return "valid: a number, or flag names joined by ',', '|' or '+' from: "
                            FLAG_LIST;

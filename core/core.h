@@ -136,13 +136,17 @@ struct storeq;
 struct storeq_counters {
     uint64_t puts, gets, hits, errors, bytes_out, bytes_in;   /* the store's, + given up */
     uint64_t hit_blocks;          /* blocks kvvm_prefix_lookup found in the store */
+    uint64_t dropped;             /* queued writes the bound (store_queue_bytes) dropped */
+    uint64_t queue_bytes;         /* bytes of entries published and not yet acknowledged */
 };
 /* The queue, its staging buffer and its thread, for kv->store (none: *out NULL, 0). After
    kv->store, kv->v and the configuration. -ENOMEM, -errno of pthread_create. */
 int  storeq_create(kvvm *kv, struct storeq **out);
-/* The staging slots of a store queue of blocks of block_bytes (n_regions pages): as many
-   blocks of paging's copy run are reserved at open (paging_params.copy_blocks). */
-uint32_t storeq_stage_slots(size_t block_bytes);
+/* The staging slots of a store queue of blocks of block_bytes (n_regions pages) bounded by
+   queue_bytes (store_queue_bytes: whole blocks, at most 256; 0 = no write queued): as many
+   blocks of paging's copy run are reserved at open (paging_params.copy_blocks), so the
+   pages pinned for copies in flight are bounded by the same figure. */
+uint32_t storeq_stage_slots(size_t block_bytes, size_t queue_bytes);
 /* Waits for the queued writes (a store that stops answering gives the rest up), stops the
    thread, frees everything. No lock held; before the paging layer goes. */
 void storeq_destroy(struct storeq *q);
@@ -150,8 +154,9 @@ void storeq_destroy(struct storeq *q);
 void storeq_wait_idle(struct storeq *q);
 /* Context lock held, after prefix_publish: queues the store writes of s's blocks i with
    was[i] == 0 (new entries; keys[i] their keys): copies on the copy stream into staging,
-   the store thread writes them once they are done. Never waits for the store. Returns the
-   entries queued (the others are counted as given up). */
+   the store thread writes them once they are done. Never waits for the store: past
+   store_queue_bytes it drops the oldest queued writes (counted in dropped). Returns the
+   entries queued (the others are counted as given up, or dropped). */
 uint32_t storeq_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, size_t n,
                         const uint8_t *was);
 /* No lock held: removes (ns, keys[0..n)) (keys NULL: every entry of ns under this layout)
@@ -178,6 +183,8 @@ void storeq_fetch_free(struct storeq_fetch *f);
 int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,
                         size_t j1, uint64_t first);
 void storeq_counters(struct storeq *q, struct storeq_counters *out);
+/* Test hook: whether the store thread is writing a batch now. */
+bool storeq_test_writing(struct storeq *q);
 
 /* config.c */
 /* Validates the fields that do not depend on the device. -EINVAL (logged). */

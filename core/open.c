@@ -133,8 +133,8 @@ static int open_layout(kvvm *kv)
     /* with a store: paging's copy run, where the store's copies read the pages of the
        entries published (one block of it per staging slot), at the reservation's end */
     uint64_t copy_at = reserve;
-    uint32_t copy_blocks = kv->store ? storeq_stage_slots((size_t)c->n_regions * c->page_size)
-                                     : 0;
+    uint32_t copy_blocks = kv->store ? storeq_stage_slots((size_t)c->n_regions * c->page_size,
+                                                          c->store_queue_bytes) : 0;
     reserve += (uint64_t)copy_blocks * c->n_regions * c->page_size;
     rc = vmm_reserve(kv->v, reserve, &kv->base);
     if (rc) {

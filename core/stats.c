@@ -49,7 +49,7 @@
     X(store_unused, kv->store_unused)                                              \
     X(pool_leases, 0) X(pool_returns, 0) X(pool_waits, 0) X(pool_wait_ns, 0)       \
     X(pool_hit_blocks, 0) X(exports, 0) X(imports, 0)   /* no pool client yet */    \
-    X(store_dropped, 0) X(store_queue_bytes, 0)         /* no write queue bound yet */
+    X(store_dropped, q.dropped) X(store_queue_bytes, q.queue_bytes)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */

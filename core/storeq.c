@@ -13,15 +13,24 @@
  * unmap what they read (paging_blocks_copy_out; issue 31). The store thread (a
  * swap_worker with the device context current) takes the batches in order, waits for each
  * one's fence (the bytes are then final and in host memory), writes its entries with one
- * pipelined store_put, and gives the slots back. No slot free, a sequence not resident, a
- * block not wholly on the device or a capturing engine stream: those entries are not
- * written (counted in errors: the store misses them, nothing else changes).
+ * pipelined store_put, and gives the slots back. A sequence not resident, a block not
+ * wholly on the device or a capturing engine stream: those entries are not written
+ * (counted in errors: the store misses them, nothing else changes).
  *
- * A store that fails a put with -ETIMEDOUT or -ENOTCONN (stopped, down) makes the thread
- * give up the batches queued behind it (counted): so kvvm_sync, kvvm_prefix_drop and
- * kvvm_close, which wait for the queue, wait for one failing request at most, not one per
- * batch. A drop cancels the queued puts of what it removes and waits for the batch being
- * written, so a dropped entry is never written back after the store delete.
+ * Back-pressure. The slots are store_queue_bytes in whole blocks (0: a read-only client,
+ * nothing queued). A publish that finds too few free takes the oldest queued writes' slots
+ * (take_back_locked; counted in dropped), never the batch being written; with every slot
+ * in that batch its own new entries are the ones dropped. It never waits.
+ *
+ * A store that fails every item of a put with -ETIMEDOUT or -ENOTCONN (stopped, down)
+ * makes the thread give up the batches queued behind it (counted): so kvvm_sync,
+ * kvvm_prefix_drop and kvvm_close, which wait for the queue, wait for one failing request
+ * at most, not one per batch. A put that failed only some items (a cluster's master down,
+ * the others answering) gives up nothing: the next batches' items for the healthy masters
+ * are written, those for the one down fail fast (its connection's backoff).
+ *
+ * A drop cancels the queued puts of what it removes and waits for the batch being written,
+ * so a dropped entry is never written back after the store delete.
  *
  * Reads (lookup, attach's fetch) run on the caller's thread WITHOUT the context lock: the
  * store bounds each request by store_timeout_ms, and the context stays usable by other
@@ -40,9 +49,11 @@
 #include "core/call.h"
 #include "swap/worker.h"
 
-/* Staging: at most this many bytes, but one block at least, and at most SQ_SLOTS_MAX slots. */
+/* Staging: store_queue_bytes rounded down to whole blocks, at most SQ_SLOTS_MAX slots. An
+   attach's fetch reads by chunks of at most SQ_STAGE_BYTES. */
 #define SQ_STAGE_BYTES ((size_t)64 << 20)
 #define SQ_SLOTS_MAX 256u
+#define SQ_NO_SLOT UINT32_MAX         /* an entry whose slot a later publish took */
 
 /* One publish's entries on their way to the store. */
 struct sq_batch {
@@ -50,7 +61,8 @@ struct sq_batch {
     uint64_t ns;
     vmm_fence fence;              /* recorded on the copy stream after the copies */
     uint32_t n;                   /* entries */
-    uint32_t *slot;               /* n staging slots */
+    uint32_t *slot;               /* n staging slots (SQ_NO_SLOT: taken back by a later
+                                     publish, the entry cancelled; under q->mu) */
     uint8_t *cancel;              /* n flags: 1 dropped before written (under q->mu while
                                      queued; the thread's once taken) */
     store_key *keys;              /* n keys */
@@ -72,7 +84,8 @@ struct storeq {
     struct sq_batch *cur;         /* the batch the thread writes now */
     struct swap_worker w;
     /* counters (atomic) */
-    uint64_t gave_up;             /* entries not written: no slot, not on device, store down */
+    uint64_t gave_up;             /* entries not written: not on device, store down, no memory */
+    uint64_t dropped;             /* entries the queue's bound dropped (store_dropped) */
     uint64_t hit_blocks;          /* blocks lookups found in the store */
 };
 
@@ -89,7 +102,8 @@ static void slots_give_locked(struct storeq *q, const uint32_t *slot, uint32_t n
 {
     KVVM_ASSERT(q->n_free + n <= q->n_slots);   /* slots taken, given back once */
     for (uint32_t i = 0; i < n; i++)
-        q->free_slots[q->n_free++] = slot[i];
+        if (slot[i] != SQ_NO_SLOT)
+            q->free_slots[q->n_free++] = slot[i];
 }
 
 /* Marks every batch queued (not taken) given up: the store stopped answering. */
@@ -107,7 +121,8 @@ static void give_up_queued_locked(struct storeq *q)
 static void batch_put(struct storeq *q, struct sq_batch *b)
 {
     if (vmm_fence_wait(q->v, &b->fence)) {
-        SQ_ADD(q, gave_up, b->n);       /* the copies failed: the bytes are not known */
+        for (uint32_t i = 0; i < b->n; i++)  /* the copies failed: the bytes are not known */
+            SQ_ADD(q, gave_up, !b->cancel[i]);
         return;
     }
     struct store_item *it = calloc(b->n, sizeof *it);
@@ -116,7 +131,7 @@ static void batch_put(struct storeq *q, struct sq_batch *b)
     for (uint32_t i = 0; it && iov && i < b->n; i++) {
         if (b->cancel[i])
             continue;
-        KVVM_ASSERT(b->slot[i] < q->n_slots);
+        KVVM_ASSERT(b->slot[i] < q->n_slots);   /* a slot taken back cancels its entry */
         iov[k] = (struct iovec){ q->stage + (size_t)b->slot[i] * q->block_bytes, q->block_bytes };
         it[k] = (struct store_item){ .key = &b->keys[i], .iov = &iov[k], .iovcnt = 1 };
         k++;
@@ -125,9 +140,9 @@ static void batch_put(struct storeq *q, struct sq_batch *b)
         SQ_ADD(q, gave_up, b->n);
     else if (k)
         (void)store_put(q->st, &q->L, b->ns, it, k);
-    bool down = false;
-    for (size_t i = 0; it && iov && i < k; i++)
-        down |= it[i].status == -ETIMEDOUT || it[i].status == -ENOTCONN;
+    bool down = it && iov && k;     /* every item: the store, not one node, is down */
+    for (size_t i = 0; down && i < k; i++)
+        down = it[i].status == -ETIMEDOUT || it[i].status == -ENOTCONN;
     free(it);
     free(iov);
     if (down) {
@@ -165,17 +180,18 @@ static bool sq_round(void *arg)
     return did;
 }
 
-uint32_t storeq_stage_slots(size_t block_bytes)
+uint32_t storeq_stage_slots(size_t block_bytes, size_t queue_bytes)
 {
-    size_t n = SQ_STAGE_BYTES / block_bytes;
-    return (uint32_t)(n < 1 ? 1 : n > SQ_SLOTS_MAX ? SQ_SLOTS_MAX : n);
+    size_t n = queue_bytes / block_bytes;
+    return (uint32_t)(n > SQ_SLOTS_MAX ? SQ_SLOTS_MAX : n);
 }
 
 static int stage_alloc(struct storeq *q)
 {
-    q->n_slots = storeq_stage_slots(q->block_bytes);
     size_t bytes = (size_t)q->n_slots * q->block_bytes;
     void *p = NULL;
+    if (!bytes)
+        return 0;                   /* no write queued: a read-only client */
     if (!vmm_host_alloc(q->v, bytes, &p)) {
         q->stage_pinned = true;
     } else {
@@ -215,6 +231,10 @@ int storeq_create(kvvm *kv, struct storeq **out)
     q->L = (struct store_layout){ kv->cfg.n_regions, kv->cfg.bytes_per_token,
                                   kv->cfg.page_size };
     q->block_bytes = (size_t)kv->cfg.n_regions * kv->cfg.page_size;
+    q->n_slots = storeq_stage_slots(q->block_bytes, kv->cfg.store_queue_bytes);
+    if (!q->n_slots && kv->cfg.store_queue_bytes)
+        klog_warn("kvvm: store_queue_bytes %zu is less than one entry (%zu bytes): nothing "
+                  "is written to the store", kv->cfg.store_queue_bytes, q->block_bytes);
     int rc = stage_alloc(q);
     if (rc)
         goto out_stage;
@@ -267,25 +287,54 @@ void storeq_destroy(struct storeq *q)
     free(q);
 }
 
-/* A batch of n entries, its slots taken (q->mu): NULL when no slot is free or no memory. */
+/* The queue's bound: frees up to want slots by dropping the oldest queued writes (never
+   the batch being written: the store reads its slots), counted; a slot whose entry was
+   cancelled already is taken first, uncounted. The dropped entries' copies may still be
+   on the copy stream: the new copies into their slots are queued behind them on the same
+   stream, so the bytes a batch writes are its own. */
+static void take_back_locked(struct storeq *q, uint32_t want)
+{
+    for (int pass = 0; pass < 2 && want; pass++)
+        for (struct sq_batch *b = q->head; b && want; b = b->next)
+            for (uint32_t i = 0; i < b->n && want; i++) {
+                if (b->slot[i] == SQ_NO_SLOT || (pass == 0 && !b->cancel[i]))
+                    continue;
+                if (!b->cancel[i])
+                    SQ_ADD(q, dropped, 1);
+                b->cancel[i] = 1;
+                KVVM_ASSERT(q->n_free < q->n_slots);  /* a slot held by a queued batch */
+                q->free_slots[q->n_free++] = b->slot[i];
+                b->slot[i] = SQ_NO_SLOT;
+                want--;
+            }
+}
+
+/* A batch of at most n entries, its slots taken (q->mu), the oldest queued writes dropped
+   for them: NULL when no slot can be had (all in the write under way) or no memory. */
 static struct sq_batch *batch_new(struct storeq *q, uint64_t ns, uint32_t n)
 {
     struct sq_batch *b = calloc(1, sizeof *b + n * (sizeof *b->slot + sizeof *b->cancel +
                                                     sizeof *b->keys));
-    if (!b)
+    if (!b) {
+        SQ_ADD(q, gave_up, n);
         return NULL;
+    }
     b->keys = (store_key *)(b + 1);
     b->slot = (uint32_t *)(b->keys + n);
     b->cancel = (uint8_t *)(b->slot + n);
     b->ns = ns;
     if (vmm_fence_create(q->v, &b->fence)) {
         free(b);
+        SQ_ADD(q, gave_up, n);
         return NULL;
     }
     pthread_mutex_lock(&q->mu);
+    if (n > q->n_free)
+        take_back_locked(q, n - q->n_free);
     b->n = n < q->n_free ? n : q->n_free;
     for (uint32_t i = 0; i < b->n; i++)
         b->slot[i] = q->free_slots[--q->n_free];
+    SQ_ADD(q, dropped, n - b->n);   /* the bound is all in the write under way: ours */
     pthread_mutex_unlock(&q->mu);
     if (!b->n) {
         batch_free(q, b);
@@ -308,10 +357,10 @@ uint32_t storeq_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
 {
     struct storeq *q = kv->sq;
     uint32_t m = 0;
-    for (size_t i = 0; q && i < n; i++)
+    for (size_t i = 0; q && q->n_slots && i < n; i++)
         m += !was[i];
     if (!m)
-        return 0;
+        return 0;                   /* nothing new, or a read-only client */
     struct sq_batch *b = NULL;
     uint32_t *blk = NULL;
     void **dst = NULL;
@@ -319,7 +368,7 @@ uint32_t storeq_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys,
     if (stream_check(kv) || !paging_seq_resident(kv->pg, s))
         goto out_gave_up;
     if (!(b = batch_new(q, ns, m)))
-        goto out_gave_up;
+        return 0;                   /* counted: dropped (the bound) or given up (memory) */
     blk = malloc(b->n * sizeof *blk);
     dst = malloc(b->n * sizeof *dst);
     status = malloc(b->n * sizeof *status);
@@ -532,4 +581,16 @@ void storeq_counters(struct storeq *q, struct storeq_counters *out)
     out->bytes_out = s.bytes_out;
     out->bytes_in = s.bytes_in;
     out->hit_blocks = __atomic_load_n(&q->hit_blocks, __ATOMIC_RELAXED);
+    out->dropped = __atomic_load_n(&q->dropped, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&q->mu);
+    out->queue_bytes = (uint64_t)(q->n_slots - q->n_free) * q->block_bytes;
+    pthread_mutex_unlock(&q->mu);
+}
+
+bool storeq_test_writing(struct storeq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    bool busy = q->cur != NULL;
+    pthread_mutex_unlock(&q->mu);
+    return busy;
 }

@@ -296,7 +296,7 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
             struct io_uring_sqe *sqe = io->fd >= 0 ? io_uring_get_sqe(&f->ring) : NULL;
             if (io->fd >= 0 && !sqe)
                 break;               /* the ring is full: submit, reap, come back */
-            if (sqe && f->hang)      /* test hook: completes when the pipe has a byte */
+            if (sqe && __atomic_load_n(&f->hang, __ATOMIC_RELAXED))   /* the test hook */
                 io_uring_prep_read(sqe, f->hang_fd[0], io->buf, 1, (uint64_t)-1);
             else if (sqe && io->iov && b->write)
                 io_uring_prep_writev(sqe, io->fd, io->iov, (unsigned)io->iovcnt, 0);
@@ -658,22 +658,29 @@ static const struct store_ops file_ops = {
     "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close,
 };
 
-int store_test_hang(struct store *st, int on)
+int store_file_test_hang(struct store *st, int on)
 {
     if (!st || st->ops != &file_ops)
         return -EINVAL;
     struct fstore *f = st->be;
-    pthread_mutex_lock(&st->lock);
     int rc = 0;
-    if (on && f->hang_fd[0] < 0 && pipe2(f->hang_fd, O_CLOEXEC))
-        rc = -errno;
-    if (!rc && !on && f->hang_fd[1] >= 0) {
-        static const char bytes[4096];
-        rc = write(f->hang_fd[1], bytes, sizeof bytes) < 0 ? -errno : 0;
+    if (on) {
+        pthread_mutex_lock(&st->lock);
+        if (f->hang_fd[0] < 0 && pipe2(f->hang_fd, O_CLOEXEC))
+            rc = -errno;
+        if (!rc)
+            __atomic_store_n(&f->hang, 1, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&st->lock);
+        return rc;
     }
-    if (!rc)
-        f->hang = on;
-    pthread_mutex_unlock(&st->lock);
+    /* off without the lock: a request hung in the lane holds it until the pipe has bytes
+       (the pipe, made by an earlier on, stays until close) */
+    __atomic_store_n(&f->hang, 0, __ATOMIC_RELAXED);
+    int wfd = __atomic_load_n(&f->hang_fd[1], __ATOMIC_RELAXED);
+    if (wfd >= 0) {
+        static const char bytes[4096];
+        rc = write(wfd, bytes, sizeof bytes) < 0 ? -errno : 0;
+    }
     return rc;
 }
 

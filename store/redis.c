@@ -1,6 +1,7 @@
 /*
- * store/redis.c: the Redis backend (contract in store.h). The only library file that
- * includes hiredis.h.
+ * store/redis.c: the Redis backend (contract in store.h), and the connection the Redis
+ * Cluster backend (cluster.c) holds one of per master (store_rconn_*, store_int.h). With
+ * cluster.c, the only library files that include hiredis.h.
  *
  * hiredis connects (redisConnectWithTimeout: the connect bounded by what is left of the
  * deadline) and parses replies (a redisReader fed by this file), except a get batch's, which
@@ -42,6 +43,9 @@
 
 struct rstore {
     struct store_redis_url u;    /* owned copies */
+    store_key_fn key;            /* an entry's key name (store_redis_key, store_cluster_key) */
+    int asking;                  /* each command of the next batch goes after an ASKING (a
+                                    slot being imported by this node: redis-cluster) */
     char where[96];              /* "host:port/db" for messages */
     int fd;                      /* -1: down */
     redisReader *rd;             /* with fd */
@@ -51,6 +55,7 @@ struct rstore {
     char cause[128];             /* hiredis's reason for the last failed connect, or "" */
     char *rbuf;                  /* [RBUF_BYTES] receive buffer */
     struct gets *g;              /* the get batch being received, or NULL (the reader's) */
+    char redir[64];              /* the last MOVED / ASK reply's target, "host:port" */
 };
 
 /* ------------------------------------------------------------------ the connection */
@@ -181,6 +186,12 @@ static int r_err_str(const char *s)
         return -EACCES;
     if (!strncmp(s, "READONLY", 8))
         return -EROFS;
+    if (!strncmp(s, "MOVED ", 6))
+        return STORE_MOVED;
+    if (!strncmp(s, "ASK ", 4))
+        return STORE_ASK;
+    if (!strncmp(s, "CLUSTERDOWN", 11) || !strncmp(s, "TRYAGAIN", 8))
+        return -ENOTCONN;        /* a failover or a migration under way: a miss for now */
     return -EIO;
 }
 
@@ -294,6 +305,11 @@ static int r_pipeline(struct rstore *r, struct iovec *iov, size_t niov, size_t n
         rc = r_send(r, iov, niov, deadline);
     for (*done = 0; *done < n && !rc; ++*done) {
         redisReply *rep;
+        if (r->asking) {         /* ASKING's own +OK first */
+            if ((rc = r_reply(r, deadline, &rep)))
+                break;
+            freeReplyObject(rep);
+        }
         if ((rc = r_reply(r, deadline, &rep)))
             break;
         KVVM_ASSERT(rep);
@@ -318,18 +334,26 @@ static int r_call(struct rstore *r, struct iovec *io, uint64_t deadline, redisRe
     return rc;
 }
 
-/* One short command per key (GET / EXISTS) into a buffer of n commands, one iovec: the
-   keys of items[] or, with items NULL, keys[]. */
-static char *keys_cmds(const char *verb, const struct store_layout *L, uint64_t ns,
-                       const struct store_item *items, const store_key *keys, size_t n,
-                       struct iovec *io)
+static const char ASKING[] = "*1\r\n$6\r\nASKING\r\n";
+#define ASKING_LEN (sizeof ASKING - 1)
+
+/* One short command per key (GET / EXISTS / UNLINK) into a buffer of n commands (each
+   after an ASKING when r->asking), one iovec: the keys of items[] or, with items NULL,
+   keys[]. */
+static char *keys_cmds(const struct rstore *r, const char *verb, const struct store_layout *L,
+                       uint64_t ns, const struct store_item *items, const store_key *keys,
+                       size_t n, struct iovec *io)
 {
-    char *buf = malloc(n * CMD_MAX), k[STORE_NAME_MAX];
+    char *buf = malloc(n * (CMD_MAX + ASKING_LEN)), k[STORE_NAME_MAX];
     size_t len = 0;
     if (!buf)
         return NULL;
     for (size_t i = 0; i < n; i++) {
-        store_redis_key(L, ns, items ? items[i].key : &keys[i], k);
+        r->key(L, ns, items ? items[i].key : &keys[i], k);
+        if (r->asking) {
+            memcpy(buf + len, ASKING, ASKING_LEN);
+            len += ASKING_LEN;
+        }
         len += r_cmd(buf + len, CMD_MAX, 2, (const char *[]){ verb, k });
     }
     *io = (struct iovec){ buf, len };
@@ -339,18 +363,32 @@ static char *keys_cmds(const char *verb, const struct store_layout *L, uint64_t 
 /* The requests' per-reply work. */
 struct batch_ctx {
     struct store *st;
+    struct rstore *r;
     const struct store_layout *L;
     uint64_t ns;
     struct store_item *items;    /* put, get */
     uint8_t *present;            /* lookup */
+    int *kst;                    /* lookup: each key's error (0 none), or NULL */
     int found, err;              /* lookup */
 };
+
+/* The errno of an error reply's text; a redirection's target ("host:port" after MOVED /
+   ASK and the slot) noted in r->redir. */
+static int r_err_note(struct rstore *r, const char *s)
+{
+    int e = r_err_str(s);
+    if (e == STORE_MOVED || e == STORE_ASK) {
+        const char *t = strrchr(s, ' ');
+        snprintf(r->redir, sizeof r->redir, "%s", t ? t + 1 : "");
+    }
+    return e;
+}
 
 static void put_reply(void *arg, size_t i, const redisReply *rep)
 {
     struct batch_ctx *c = arg;
     struct store_item *it = &c->items[i];
-    it->status = rep->type == REDIS_REPLY_ERROR ? r_err(rep) : 0;
+    it->status = rep->type == REDIS_REPLY_ERROR ? r_err_note(c->r, rep->str) : 0;
     if (!it->status)
         STORE_ADD(c->st, st_bytes_out, STORE_HDR_BYTES + store_iov_len(it->iov, it->iovcnt));
 }
@@ -426,6 +464,8 @@ static int g_line(struct gets *g, const char *l, size_t len)
     KVVM_ASSERT(!g->value && g->i < g->n); /* a reply's line, one per item */
     struct store_item *it = &g->c->items[g->i];
     char msg[128];
+    if (len && l[0] == '+')
+        return 0;                /* an ASKING's +OK: no GET replies with a status */
     if (len == 3 && !memcmp(l, "$-1", 3)) {
         it->status = -ENOENT;
         g->i++;
@@ -435,7 +475,7 @@ static int g_line(struct gets *g, const char *l, size_t len)
         size_t m = len - 1 < sizeof msg - 1 ? len - 1 : sizeof msg - 1;
         memcpy(msg, l + 1, m);
         msg[m] = 0;
-        it->status = r_err_str(msg);
+        it->status = r_err_note(g->c->r, msg);
         g->i++;
         return 0;
     }
@@ -534,8 +574,11 @@ static int g_step(struct rstore *r)
 static void exists_reply(void *arg, size_t i, const redisReply *rep)
 {
     struct batch_ctx *c = arg;
-    if (rep->type == REDIS_REPLY_ERROR && !c->err)
-        c->err = r_err(rep);
+    int e = rep->type == REDIS_REPLY_ERROR ? r_err_note(c->r, rep->str) : 0;
+    if (e && !c->err)
+        c->err = e;
+    if (c->kst)
+        c->kst[i] = e;
     c->present[i] = rep->type == REDIS_REPLY_INTEGER && rep->integer > 0;
     c->found += c->present[i];
 }
@@ -547,50 +590,51 @@ static void items_rest(struct store_item *items, size_t from, size_t n, int rc)
         items[i].status = rc ? rc : -EIO;
 }
 
-static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, uint64_t deadline)
+int store_rconn_put(struct store *st, struct rstore *r, const struct store_layout *L,
+                    uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
 {
-    size_t niov = 0, done = 0;
+    size_t niov = 0, done = 0, ask = r->asking ? ASKING_LEN : 0;
     if (n == 0)
         return 0;                /* store.c never asks; said for the analyzer */
     for (size_t i = 0; i < n; i++)
         niov += 2 + (size_t)items[i].iovcnt;
     struct iovec *iov = malloc(niov * sizeof *iov);
-    char *cmd = malloc(n * (CMD_MAX + STORE_HDR_BYTES));
+    char *cmd = malloc(n * (CMD_MAX + STORE_HDR_BYTES + ASKING_LEN));
     int rc = iov && cmd ? 0 : -ENOMEM;
     size_t k = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        char key[STORE_NAME_MAX], *c = cmd + i * (CMD_MAX + STORE_HDR_BYTES);
-        store_redis_key(L, ns, items[i].key, key);
+        char key[STORE_NAME_MAX], *c = cmd + i * (CMD_MAX + STORE_HDR_BYTES + ASKING_LEN);
+        r->key(L, ns, items[i].key, key);
+        memcpy(c, ASKING, ask);
         size_t vlen = STORE_HDR_BYTES + store_iov_len(items[i].iov, items[i].iovcnt);
-        size_t len = (size_t)snprintf(c, CMD_MAX, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
-                                      strlen(key), key, vlen);
+        size_t len = ask + (size_t)snprintf(c + ask, CMD_MAX,
+                                            "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$%zu\r\n",
+                                            strlen(key), key, vlen);
         store_hdr_make((uint8_t *)c + len, L, ns, items[i].key, items[i].iov, items[i].iovcnt);
         iov[k++] = (struct iovec){ c, len + STORE_HDR_BYTES };
         memcpy(iov + k, items[i].iov, (size_t)items[i].iovcnt * sizeof *iov);
         k += (size_t)items[i].iovcnt;
         iov[k++] = (struct iovec){ "\r\n", 2 };
     }
-    struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
+    struct batch_ctx c = { .st = st, .r = r, .L = L, .ns = ns, .items = items };
     if (!rc)
-        rc = r_pipeline(st->be, iov, niov, n, put_reply, &c, deadline, &done);
+        rc = r_pipeline(r, iov, niov, n, put_reply, &c, deadline, &done);
     items_rest(items, done, n, rc);
     free(cmd);
     free(iov);
     return 0;
 }
 
-static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, uint64_t deadline)
+int store_rconn_get(struct store *st, struct rstore *r, const struct store_layout *L,
+                    uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
 {
     struct iovec io;
-    struct batch_ctx c = { .st = st, .L = L, .ns = ns, .items = items };
-    struct rstore *r = st->be;
+    struct batch_ctx c = { .st = st, .r = r, .L = L, .ns = ns, .items = items };
     int most = 0;
     for (size_t i = 0; i < n; i++)
         most = items[i].iovcnt > most ? items[i].iovcnt : most;
     struct gets g = { .c = &c, .n = n, .seg = malloc(((size_t)most + 2) * sizeof *g.seg) };
-    char *buf = g.seg ? keys_cmds("GET", L, ns, items, NULL, n, &io) : NULL;
+    char *buf = g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &io) : NULL;
     int rc = buf ? r_ready(r, deadline) : -ENOMEM;
     if (!rc) {
         r->g = &g;
@@ -610,16 +654,48 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
     return 0;
 }
 
+int store_rconn_keys(struct store *st, struct rstore *r, const char *verb,
+                     const struct store_layout *L, uint64_t ns, const store_key *keys,
+                     size_t n, uint8_t *present, int *kst, uint64_t deadline)
+{
+    struct iovec io;
+    struct batch_ctx c = { .st = st, .r = r, .present = present, .kst = kst };
+    size_t done = 0;
+    char *buf = keys_cmds(r, verb, L, ns, NULL, keys, n, &io);
+    int rc = buf ? r_pipeline(r, &io, 1, n, exists_reply, &c, deadline, &done) : -ENOMEM;
+    free(buf);
+    return rc ? rc : c.err && !kst ? c.err : c.found;
+}
+
+/* A redirection from one server (a cluster node named by a redis:// URL): a failure. */
+static int no_redir(int e)
+{
+    return e == STORE_MOVED || e == STORE_ASK ? -EIO : e;
+}
+
+static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    int rc = store_rconn_put(st, st->be, L, ns, items, n, deadline);
+    for (size_t i = 0; i < n; i++)
+        items[i].status = no_redir(items[i].status);
+    return rc;
+}
+
+static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, uint64_t deadline)
+{
+    int rc = store_rconn_get(st, st->be, L, ns, items, n, deadline);
+    for (size_t i = 0; i < n; i++)
+        items[i].status = no_redir(items[i].status);
+    return rc;
+}
+
 static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
                     const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
 {
-    struct iovec io;
-    struct batch_ctx c = { .st = st, .present = present };
-    size_t done = 0;
-    char *buf = keys_cmds("EXISTS", L, ns, NULL, keys, n, &io);
-    int rc = buf ? r_pipeline(st->be, &io, 1, n, exists_reply, &c, deadline, &done) : -ENOMEM;
-    free(buf);
-    return rc ? rc : c.err ? c.err : c.found;
+    return no_redir(store_rconn_keys(st, st->be, "EXISTS", L, ns, keys, n, present, NULL,
+                                     deadline));
 }
 
 /* UNLINK of n names (each at most STORE_NAME_MAX): the count removed, or -errno. */
@@ -643,6 +719,26 @@ static int r_unlink(struct rstore *r, const char *const *names, size_t n, uint64
     return rc;
 }
 
+/* UNLINK of each of the n names by a command of its own, pipelined (a cluster refuses a
+   command whose keys are in several slots): the count removed, or -errno. */
+static int r_unlink_each(struct rstore *r, const char *const *names, size_t n,
+                         uint64_t deadline)
+{
+    char *buf = malloc(n * CMD_MAX);
+    uint8_t *gone = calloc(n, 1);
+    size_t len = 0, done = 0;
+    int rc = buf && gone ? 0 : -ENOMEM;
+    for (size_t i = 0; i < n && !rc; i++)
+        len += r_cmd(buf + len, CMD_MAX, 2, (const char *[]){ "UNLINK", names[i] });
+    struct iovec io = { buf, len };
+    struct batch_ctx c = { .r = r, .present = gone };
+    if (!rc)
+        rc = r_pipeline(r, &io, 1, n, exists_reply, &c, deadline, &done);
+    free(buf);
+    free(gone);
+    return rc ? rc : c.err ? c.err : c.found;
+}
+
 static int r_del(struct store *st, const struct store_layout *L, uint64_t ns,
                  const store_key *keys, size_t n, uint64_t deadline)
 {
@@ -661,18 +757,9 @@ static int r_del(struct store *st, const struct store_layout *L, uint64_t ns,
     return rc;
 }
 
-/* SCAN with MATCH, UNLINK of each round's keys, until the cursor comes back to 0. */
-static int r_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
-                    uint64_t deadline)
+int store_rconn_del_ns(struct rstore *r, const char *pat, int each, uint64_t deadline)
 {
-    struct rstore *r = st->be;
-    char pat[STORE_NAME_MAX], cursor[32] = "0", cmd[2 * CMD_MAX];
-    if (L)
-        snprintf(pat, sizeof pat, "kvvm1:{%u:%llu:%llu:%016llx}:*", L->n_regions,
-                 (unsigned long long)L->bytes_per_token, (unsigned long long)L->page_size,
-                 (unsigned long long)ns);
-    else
-        snprintf(pat, sizeof pat, "kvvm1:{*:%016llx}:*", (unsigned long long)ns);
+    char cursor[32] = "0", cmd[2 * CMD_MAX];
     int removed = 0, rc;
     do {
         const char *a[] = { "SCAN", cursor, "MATCH", pat, "COUNT", "1000" };
@@ -695,7 +782,8 @@ static int r_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
             if (ks->element[i]->type == REDIS_REPLY_STRING &&
                 ks->element[i]->len < STORE_NAME_MAX)
                 np[m++] = ks->element[i]->str;
-        rc = !np ? -ENOMEM : m ? r_unlink(r, np, m, deadline) : 0;
+        rc = !np ? -ENOMEM : !m ? 0 : each ? r_unlink_each(r, np, m, deadline)
+                                           : r_unlink(r, np, m, deadline);
         free(np);
         freeReplyObject(rep);
         if (rc < 0)
@@ -705,18 +793,43 @@ static int r_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
     return removed;
 }
 
-static void r_close(struct store *st)
+/* SCAN with MATCH, UNLINK of each round's keys, until the cursor comes back to 0. */
+static int r_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
+                    uint64_t deadline)
 {
-    struct rstore *r = st->be;
-    if (r->fd >= 0) {
-        close(r->fd);
-        redisReaderFree(r->rd);
-    }
+    char pat[STORE_NAME_MAX];
+    if (L)
+        snprintf(pat, sizeof pat, "kvvm1:{%u:%llu:%llu:%016llx}:*", L->n_regions,
+                 (unsigned long long)L->bytes_per_token, (unsigned long long)L->page_size,
+                 (unsigned long long)ns);
+    else
+        snprintf(pat, sizeof pat, "kvvm1:{*:%016llx}:*", (unsigned long long)ns);
+    return store_rconn_del_ns(st->be, pat, 0, deadline);
+}
+
+int store_rconn_call(struct rstore *r, const char *const *argv, int argc, uint64_t deadline,
+                     redisReply **out)
+{
+    char cmd[4 * CMD_MAX];
+    struct iovec io = { cmd, r_cmd(cmd, sizeof cmd, argc, argv) };
+    return r_call(r, &io, deadline, out);
+}
+
+void store_rconn_free(struct rstore *r)
+{
+    if (!r)
+        return;
+    r_shut(r);
     free(r->u.host);
     free(r->u.user);
     free(r->u.pass);
     free(r->rbuf);
     free(r);
+}
+
+static void r_close(struct store *st)
+{
+    store_rconn_free(st->be);
 }
 
 static const struct store_ops redis_ops = {
@@ -731,27 +844,63 @@ static char *dup_or_null(const char *s, int *fail)
     return d;
 }
 
-int store_redis_open(struct store *st, const struct store_redis_url *u)
+int store_rconn_new(const struct store_redis_url *u, store_key_fn key, struct rstore **out)
 {
     struct rstore *r = calloc(1, sizeof *r);
     int fail = 0;
+    *out = NULL;
     if (!r)
         return -ENOMEM;
     r->fd = -1;
     r->backoff = BACKOFF_MIN_NS;
+    r->key = key;
     r->u = (struct store_redis_url){ dup_or_null(u->host, &fail), dup_or_null(u->user, &fail),
                                      dup_or_null(u->pass, &fail), u->port, u->db };
     r->rbuf = malloc(RBUF_BYTES);
     snprintf(r->where, sizeof r->where, "%s:%d/%d", u->host, u->port, u->db);
+    if (fail || !r->rbuf) {
+        store_rconn_free(r);
+        return -ENOMEM;
+    }
+    *out = r;
+    return 0;
+}
+
+int store_rconn_open(struct rstore *r, uint64_t deadline)
+{
+    int rc = r_connect(r, deadline);
+    if (rc && rc != -EACCES && rc != -EINVAL && rc != -ENOMEM)
+        r_drop(r, "at open", rc);
+    return rc;
+}
+
+int store_rconn_set_asking(struct rstore *r, int on)
+{
+    int was = r->asking;
+    r->asking = on;
+    return was;
+}
+
+const char *store_rconn_redir(const struct rstore *r)
+{
+    return r->redir;
+}
+
+int store_redis_open(struct store *st, const struct store_redis_url *u)
+{
+    struct rstore *r;
+    int rc = store_rconn_new(u, store_redis_key, &r);
+    if (rc)
+        return rc;
     st->be = r;
     st->ops = &redis_ops;
-    int rc = fail || !r->rbuf ? -ENOMEM : r_connect(r, know_ns() + st->timeout_ns);
+    if (st->flags & STORE_F_LANE)
+        return 0;                /* the read lane: connects at its first request */
+    rc = store_rconn_open(r, know_ns() + st->timeout_ns);
     if (rc == -EACCES || rc == -EINVAL || rc == -ENOMEM) {
-        r_close(st);
+        store_rconn_free(r);
         st->be = NULL;
         return rc;
     }
-    if (rc)
-        r_drop(r, "at open", rc);
     return 0;
 }

@@ -91,6 +91,12 @@ size_t store_redis_key(const struct store_layout *L, uint64_t ns, const store_ke
     return name_fmt("kvvm1:{%u:%llu:%llu:%016llx}:%s", L, ns, k, out);
 }
 
+size_t store_cluster_key(const struct store_layout *L, uint64_t ns, const store_key *k,
+                         char out[STORE_NAME_MAX])
+{
+    return name_fmt("kvvm1:%u:%llu:%llu:%016llx:%s", L, ns, k, out);
+}
+
 size_t store_file_name(const struct store_layout *L, uint64_t ns, const store_key *k,
                        char out[STORE_NAME_MAX])
 {
@@ -304,6 +310,48 @@ static int parse_redis(const char *s, struct store_redis_url *u)
     return 0;
 }
 
+/* "redis-cluster://[[user]:password@]host[:port][,host[:port]...]" after the scheme: u gets
+   the credentials and the first node, *seeds every node as "host:port,..." (malloc'd). */
+static int parse_cluster(const char *s, struct store_redis_url *u, char **seeds)
+{
+    const char *at = strrchr(s, '@');
+    int rc;
+    if (strpbrk(s, "?#"))
+        return URL_BAD("redis-cluster URL: query and fragment parts are not supported");
+    if (strchr(at ? at : s, '/'))
+        return URL_BAD("redis-cluster URL: nothing may follow the nodes (a cluster has "
+                       "database 0 only)");
+    if (at && (rc = parse_userinfo(s, (size_t)(at - s), u)))
+        return rc;
+    const char *p = at ? at + 1 : s;
+    size_t cap = 3 * strlen(p) + 16, len = 0;
+    if (!*p)
+        return URL_BAD("redis-cluster URL: no node (host:port[,host:port...] expected)");
+    if (!(*seeds = malloc(cap)))
+        return -ENOMEM;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        struct store_redis_url one = { 0 };
+        if (!n)
+            return URL_BAD("redis-cluster URL: an empty node in the list");
+        if ((rc = parse_hostport(p, n, &one))) {
+            redis_url_free(&one);
+            return rc;
+        }
+        len += (size_t)snprintf(*seeds + len, cap - len, "%s%s:%d", len ? "," : "", one.host,
+                                one.port);
+        if (!u->host) {
+            u->host = one.host;
+            u->port = one.port;
+            one.host = NULL;
+        }
+        redis_url_free(&one);
+        if (!p[n])
+            return 0;
+        p += n + 1;
+    }
+}
+
 static int open_url(struct store *st, const char *url)
 {
     if (!strncmp(url, "file://", 7)) {
@@ -316,6 +364,16 @@ static int open_url(struct store *st, const char *url)
             return URL_BAD("file URL %s: query and fragment parts are not supported", url);
         return store_file_open(st, p);
     }
+    if (!strncmp(url, "redis-cluster://", 16)) {
+        struct store_redis_url u = { 0 };
+        char *seeds = NULL;
+        int rc = parse_cluster(url + 16, &u, &seeds);
+        if (!rc)
+            rc = store_cluster_open(st, &u, seeds);
+        redis_url_free(&u);
+        free(seeds);
+        return rc;
+    }
     if (!strncmp(url, "redis://", 8)) {
         struct store_redis_url u = { 0 };
         int rc = parse_redis(url + 8, &u);
@@ -325,8 +383,9 @@ static int open_url(struct store *st, const char *url)
         return rc;
     }
     char red[256];
-    return URL_BAD("store URL %s: file:///dir or redis://[[user]:password@]host[:port][/db] "
-                   "expected", store_url_redact(url, red, sizeof red));
+    return URL_BAD("store URL %s: file:///dir, redis://[[user]:password@]host[:port][/db] or "
+                   "redis-cluster://[[user]:password@]host:port[,host:port...] expected",
+                   store_url_redact(url, red, sizeof red));
 }
 
 char *store_url_redact(const char *url, char *buf, size_t len)
@@ -343,10 +402,8 @@ char *store_url_redact(const char *url, char *buf, size_t len)
     return buf;
 }
 
-int store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out)
+static int open_one(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out)
 {
-    if (!url || !out)
-        return -EINVAL;
     struct store *st = calloc(1, sizeof *st);
     if (!st)
         return -ENOMEM;
@@ -363,13 +420,48 @@ int store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct stor
     return 0;
 }
 
+static void close_one(struct store *st)
+{
+    st->ops->close(st);
+    pthread_mutex_destroy(&st->lock);
+    free(st);
+}
+
+int store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out)
+{
+    if (!url || !out || (flags & STORE_F_LANE))
+        return -EINVAL;
+    struct store *st = NULL;
+    int rc = open_one(url, timeout_ms, flags, &st);
+    if (rc)
+        return rc;
+    /* the read lane: the URL parsed and the credentials checked by the front, so this
+       open fails for memory alone */
+    if ((rc = open_one(url, timeout_ms, flags | STORE_F_LANE, &st->reads))) {
+        close_one(st);
+        return rc;
+    }
+    *out = st;
+    return 0;
+}
+
 void store_close(struct store *st)
 {
     if (!st)
         return;
-    st->ops->close(st);
-    pthread_mutex_destroy(&st->lock);
-    free(st);
+    if (st->reads)
+        close_one(st->reads);
+    close_one(st);
+}
+
+int store_test_hang(struct store *st, int on)
+{
+    if (!st || on < 0 || on > STORE_HANG_WRITES)
+        return -EINVAL;
+    int rc = store_file_test_hang(st, on != 0);
+    if (!rc && st->reads)
+        rc = store_file_test_hang(st->reads, on == STORE_HANG_ALL);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ operations */
@@ -461,10 +553,16 @@ int store_put(struct store *st, const struct store_layout *L, uint64_t ns,
     return run_items(st, L, ns, items, n, 1);
 }
 
+/* The lane of a read: the read lane, where there is one. */
+static struct store *rlane(struct store *st)
+{
+    return st && st->reads ? st->reads : st;
+}
+
 int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
               struct store_item *items, size_t n)
 {
-    return run_items(st, L, ns, items, n, 0);
+    return run_items(rlane(st), L, ns, items, n, 0);
 }
 
 int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
@@ -472,6 +570,7 @@ int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
 {
     if (!st || !L || (n && !keys) || n > INT32_MAX)
         return -EINVAL;
+    st = rlane(st);
     uint8_t one[64], *p = present ? present : n <= sizeof one ? one : calloc(n, 1);
     if (!p)
         return -ENOMEM;
@@ -535,7 +634,10 @@ void store_stats_get(struct store *st, struct store_stats *out)
 {
     if (!st || !out)
         return;
-#define LD(f) __atomic_load_n(&st->st_##f, __ATOMIC_RELAXED)
+    const struct store *r = st->reads ? st->reads : st;
+    int two = r != st;          /* the read lane's counters added to the front's */
+#define LD(f) (__atomic_load_n(&st->st_##f, __ATOMIC_RELAXED) + \
+               (two ? __atomic_load_n(&r->st_##f, __ATOMIC_RELAXED) : 0))
     *out = (struct store_stats){ LD(puts), LD(gets), LD(hits), LD(errors), LD(bytes_out),
                                  LD(bytes_in) };
 #undef LD

@@ -4,10 +4,13 @@
  * the URL, the key layout and the value format for other tools; docs/design.md the layer.
  *
  * Contract:
- *  - One struct store = one URL: "file:///dir" (one file per entry in dir) or
+ *  - One struct store = one URL: "file:///dir" (one file per entry in dir),
  *    "redis://[[user]:password@]host[:port][/db]" (one Redis connection; port 6379, db 0 by
- *    default). store_open refuses only a malformed URL (-EINVAL) and credentials the server
- *    refuses (-EACCES: AUTH refused, or the server demands a password none was given for).
+ *    default) or "redis-cluster://[[user]:password@]host:port[,host:port...]" (seed nodes of
+ *    a Redis Cluster: one connection per master, the slot map followed by itself, see
+ *    cluster.c; a seed that is not a cluster node is -EINVAL). store_open refuses only a
+ *    malformed URL (-EINVAL) and credentials the server refuses (-EACCES: AUTH refused, or
+ *    the server demands a password none was given for).
  *    A server that is down, or a directory that is missing or not writable, at open is not an
  *    error: the store is down (logged once), every operation fails fast, and it comes back
  *    by itself (Redis: reconnection with exponential backoff, 50 ms doubling to 2 s, each try
@@ -34,8 +37,11 @@
  *    returned a value failing its checks — one per item), bytes_out / bytes_in (value bytes,
  *    header included, written / read).
  *  - Thread safety: every call may come from any thread; a store serializes its requests
- *    (one lock, taken with the operation's deadline: a call waiting behind a slow one fails
- *    with -ETIMEDOUT instead of waiting longer). store_close must be the last call.
+ *    per lane (one lock each, taken with the operation's deadline: a call waiting behind a
+ *    slow one fails with -ETIMEDOUT instead of waiting longer). Two lanes: puts and deletes
+ *    go by the front's connection (ring), gets and lookups by a second one of the same URL
+ *    (the read lane, opened with the front, connected at its first request), so a read never
+ *    waits behind a write, however large the write. store_close must be the last call.
  *  - It knows nothing of sequences, pages or tiers; core/ decides what to store and when.
  */
 #ifndef KVVM_STORE_STORE_H
@@ -117,7 +123,7 @@ void store_stats_get(struct store *st, struct store_stats *out);
 enum store_op { STORE_OP_PUT, STORE_OP_GET, STORE_OP_LOOKUP, STORE_OP_DELETE, STORE_OP_N };
 void store_hist_get(struct store *st, enum store_op op, struct khist *out);
 
-const char *store_kind(const struct store *st);   /* "file" or "redis" */
+const char *store_kind(const struct store *st);   /* "file", "redis" or "redis-cluster" */
 /* file: 1 when entries are written and read with O_DIRECT, 0 through the page cache (the
    directory refused O_DIRECT, or not probed yet); Redis: 0. */
 int store_direct(const struct store *st);
@@ -125,9 +131,12 @@ int store_direct(const struct store *st);
    bytes, always terminated; returns buf. */
 char *store_url_redact(const char *url, char *buf, size_t len);
 
-/* Test hook (file backend): on, every data I/O waits on a pipe instead of the file system
-   (a hung file system); off, the I/Os waiting complete (4096 of them at most). -EINVAL not
-   a file store, or the errno of pipe2 / write. */
+/* Test hook (file backend): on (STORE_HANG_ALL), every data I/O waits on a pipe instead of
+   the file system (a hung file system); STORE_HANG_WRITES, only the writes' lane's (puts;
+   gets and lookups go on: the read lane); off (0), the I/Os waiting complete (4096 of them at
+   most per lane). -EINVAL not a file store or another value, or the errno of pipe2 / write. */
+#define STORE_HANG_ALL 1
+#define STORE_HANG_WRITES 2
 int store_test_hang(struct store *st, int on);
 
 /* --- the key layout (docs/api.md "Key layout"), for tests and tools ------------------- */
@@ -137,6 +146,13 @@ int store_test_hang(struct store *st, int on);
    digits>}:<key, 64 hex digits>. Returns its length. */
 size_t store_redis_key(const struct store_layout *L, uint64_t ns, const store_key *k,
                        char out[STORE_NAME_MAX]);
+/* The Redis Cluster key of an entry (no hash tag: the whole name is hashed, so entries
+   spread over every master): kvvm1:<n_regions>:<bytes_per_token>:<page_size>:<ns, 16 hex
+   digits>:<key, 64 hex digits>. Returns its length. */
+size_t store_cluster_key(const struct store_layout *L, uint64_t ns, const store_key *k,
+                         char out[STORE_NAME_MAX]);
+/* The cluster slot of a key name (CRC16 of it, or of its hash tag, mod 16384). */
+unsigned store_cluster_slot(const char *key, size_t n);
 /* The file name of an entry: kvvm1_<n_regions>_<bytes_per_token>_<page_size>_<ns hex>_<key
    hex>. Returns its length. */
 size_t store_file_name(const struct store_layout *L, uint64_t ns, const store_key *k,

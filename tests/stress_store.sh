@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # stress_store: kvvm-stress processes sharing prefixes through one store (--prefix-cache keyed
 # --store URL) on the emulated device under 4x oversubscription (~20 s). Usage:
 # stress_store.sh KVVM_STRESS
@@ -9,7 +9,9 @@
 # are verified with their requests) and no store error; a writes entries; b reads a's
 # entries from the store (gets > 0, a hit rate of 100%: every block a published is found).
 # Redis (when redis-server is installed: a server on 127.0.0.1 at a free port, a password,
-# --save ''): the same with a2 then b2 (seed 11).
+# --save ''): the same with a2 then b2 (seed 11). Redis Cluster (when redis-cli is installed
+# too: 3 masters at free ports, created with redis-cli --cluster create, waited for until
+# cluster_state:ok): the same with a3 then b3 (seed 13) through redis-cluster://.
 #
 # The runs bound a store request by 120 s (KVVM_STORE_TIMEOUT_MS), not the default 1 s: the
 # checks are about the store's bytes and what it holds, not its latency. On a loaded machine
@@ -20,7 +22,12 @@ set -u
 bin=${1:?usage: stress_store.sh path/to/kvvm-stress}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/stress_store.XXXXXX") || exit 1
 rpid=
-cleanup() { [ -n "$rpid" ] && kill -9 "$rpid" 2>/dev/null; rm -rf "$dir"; }
+cpids=()
+cleanup() {
+    [ -n "$rpid" ] && kill -9 "$rpid" 2>/dev/null
+    for p in "${cpids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$dir"
+}
 trap cleanup EXIT
 
 fail=0
@@ -80,6 +87,7 @@ if command -v redis-server >/dev/null 2>&1; then
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
         --requirepass stress-pw --dir "$dir/redis" >/dev/null 2>&1 &
     rpid=$!
+    disown $!
     # until it answers (however long a loaded machine takes to start it), or it exited
     until redis-cli -p "$port" -a stress-pw --no-auth-warning ping 2>/dev/null | grep -q PONG; do
         kill -0 "$rpid" 2>/dev/null || { bad "redis-server exited before answering"; break; }
@@ -90,5 +98,55 @@ if command -v redis-server >/dev/null 2>&1; then
     reader b2 a2
 else
     echo "stress_store: SKIP    redis: redis-server is not installed (scripts/install-deps.sh)"
+fi
+
+# A Redis Cluster of 3 masters (redis-cluster://): the same two runs through it.
+freeport() {   # a free port whose cluster bus port (+10000) is free too
+    python3 -c 'import socket
+while True:
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
+    if p + 10000 < 65536:
+        t = socket.socket()
+        try:
+            t.bind(("127.0.0.1", p + 10000)); print(p); break
+        except OSError:
+            pass'
+}
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+    mkdir "$dir/cluster"
+    nodes=() ports=()
+    for i in 1 2 3; do
+        p=$(freeport)
+        redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+            --cluster-config-file "$dir/cluster/nodes-$p.conf" --dir "$dir/cluster" \
+            --save '' --appendonly no --requirepass stress-pw --masterauth stress-pw \
+            >/dev/null 2>&1 &
+        cpids+=($!)
+        disown $!
+        ports+=("$p")
+        nodes+=("127.0.0.1:$p")
+    done
+    for i in 0 1 2; do
+        until redis-cli -p "${ports[$i]}" -a stress-pw --no-auth-warning ping 2>/dev/null |
+              grep -q PONG; do
+            kill -0 "${cpids[$i]}" 2>/dev/null || { bad "a cluster node exited"; break 2; }
+            sleep 0.05
+        done
+    done
+    redis-cli -a stress-pw --no-auth-warning --cluster create "${nodes[@]}" --cluster-yes \
+        >/dev/null 2>&1 || bad "redis-cli --cluster create failed"
+    for p in "${ports[@]}"; do
+        until redis-cli -p "$p" -a stress-pw --no-auth-warning cluster info 2>/dev/null |
+              grep -q cluster_state:ok; do
+            sleep 0.05
+        done
+    done
+    url="redis-cluster://:stress-pw@${nodes[0]},${nodes[1]}"
+    run a3 13 "$url"
+    run b3 13 "$url"
+    reader b3 a3
+else
+    echo "stress_store: SKIP    redis-cluster: redis-server or redis-cli is not installed" \
+         "(scripts/install-deps.sh)"
 fi
 exit $fail

@@ -760,10 +760,19 @@ Test(store_file, hung_io_returns_in_time_and_recovers)
     for (size_t i = 0; i < 3; i++)
         cr_expect_eq(r.items[i].status, -ETIMEDOUT, "get %zu: %d", i, r.items[i].status);
     t0 = now_ns();
+    cr_expect_eq(store_get(st, &L1, 1, r.items, 3), 0, "a get behind the hung batch");
+    cr_expect_lt(ms_since(t0), tmo, "it did not fail fast");
+    cr_expect_eq(r.items[0].status, -ETIMEDOUT);
+    /* puts go by their own lane (ring): a hung put of their own, then one behind it */
+    t0 = now_ns();
+    cr_expect_eq(store_put(st, &L1, 1, w.items, 3), 0);
+    cr_expect_leq(ms_since(t0), 3 * tmo, "a hung put took %llu ms",
+                  (unsigned long long)ms_since(t0));
+    t0 = now_ns();
     cr_expect_eq(store_put(st, &L1, 1, w.items, 3), 0, "a put behind the hung batch");
     cr_expect_lt(ms_since(t0), tmo, "it did not fail fast");
     cr_expect_eq(w.items[0].status, -ETIMEDOUT);
-    cr_expect_eq(sstats(st).errors, 6);
+    cr_expect_eq(sstats(st).errors, 12);
     cr_assert_eq(store_test_hang(st, 0), 0);
     cr_expect_eq(retry_all(st, 0, 1, r.items, 3), 3, "the store did not recover");
     for (size_t i = 0; i < 3; i++)

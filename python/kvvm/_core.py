@@ -182,8 +182,8 @@ class Context:
 
     backend: "auto" | "cuda" | "emulated"; sizes as ints or "64M"-style strings; flags as an
     int (kvvm.F_*) or "auto_swap,scrub"; spill_dir as a str or path-like; store_url as a
-    str ("file:///dir" or "redis://[[user]:password@]host[:port][/db]", port 6379 by
-    default)."""
+    str ("file:///dir", "redis://[[user]:password@]host[:port][/db]", port 6379 by
+    default, or "redis-cluster://[[user]:password@]host:port[,host:port...]")."""
 
     def __init__(self, **config):
         _log.sync_level()

@@ -61,6 +61,12 @@ def test_store_url_and_timeout(tmp_path):
         assert c.config["store_url"] == "redis://:***@127.0.0.1:1"   # down: not an error
     with pytest.raises(kvvm.InvalidArgument):
         kvvm.Context(**small_config(store_url="redis://h:1?x"))
+    # a cluster's seeds, all down: not an error; its password hidden; a /db refused
+    url = "redis-cluster://:secret@127.0.0.1:1,127.0.0.1:2"
+    with kvvm.Context(**small_config(store_url=url, store_timeout_ms=250)) as c:
+        assert c.config["store_url"] == "redis-cluster://:***@127.0.0.1:1,127.0.0.1:2"
+    with pytest.raises(kvvm.InvalidArgument):
+        kvvm.Context(**small_config(store_url="redis-cluster://127.0.0.1:1/0"))
 
 
 def test_environment_defaults_apply(monkeypatch):

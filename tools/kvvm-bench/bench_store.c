@@ -19,6 +19,12 @@
  * of the per-trial ratio (bench_report_trials). Value sizes: 64 KiB (batches of 64) and 1 MiB
  * (batches of 32); --quick: 1 MiB only.
  *
+ *  - Redis Cluster: 3 masters this group starts (free ports whose bus ports are free too,
+ *    redis-cli --cluster create, waited for until cluster_state:ok; skipped with the reason
+ *    without redis-server or redis-cli), the same batches through redis-cluster:// beside a
+ *    raw pipelined hiredis loop per master (each key's command on its slot's master, then
+ *    each master's replies), and the attach below.
+ *
  * The store layer is reached through the testing interface (kvvm_testing_store_*).
  *
  *  - Attach from the store (both backends): a context publishes AB_BLOCKS blocks (2 regions
@@ -539,9 +545,209 @@ static int bench_store_file(struct bench_ctx *bc)
     return rc;
 }
 
+/* ---- Redis Cluster ----------------------------------------------------------------------- */
+
+#define CLN 3                    /* masters */
+
+struct rcl {
+    redisContext *c[CLN];
+    uint16_t slot[16384];        /* master index of each slot */
+};
+
+static unsigned crc16_slot(const char *k, size_t n)
+{
+    uint16_t c = 0;
+    for (size_t i = 0; i < n; i++) {
+        c ^= (uint16_t)((unsigned char)k[i] << 8);
+        for (int b = 0; b < 8; b++)
+            c = (uint16_t)(c & 0x8000 ? (c << 1) ^ 0x1021 : c << 1);
+    }
+    return c & 16383u;
+}
+
+/* The raw pipelined loop over the cluster: each key's commands to its slot's master (n
+   appends), then each master's replies in order. Seconds, or -1. */
+static double raw_cluster(struct rcl *rc, struct bstore *b, int wr)
+{
+    char key[64];
+    size_t cnt[CLN] = { 0 };
+    int *at = malloc(b->n * sizeof *at), ok = at != NULL;
+    uint64_t t0 = bench_now_ns();
+    for (size_t i = 0; ok && i < b->n; i++) {
+        int len = snprintf(key, sizeof key, "raw:%zu:%zu", b->val, i);
+        redisContext *c = rc->c[at[i] = rc->slot[crc16_slot(key, (size_t)len)]];
+        cnt[at[i]]++;
+        ok = (wr ? redisAppendCommand(c, "SET %s %b", key, b->src + i * b->val, b->val)
+                 : redisAppendCommand(c, "GET %s", key)) == REDIS_OK;
+    }
+    for (int m = 0; ok && m < CLN; m++)
+        for (size_t i = 0; ok && i < b->n; i++) {
+            redisReply *r = NULL;
+            if (at[i] != m)
+                continue;
+            if (redisGetReply(rc->c[m], (void **)&r) != REDIS_OK || !r) {
+                ok = 0;
+                break;
+            }
+            if (!wr && r->type == REDIS_REPLY_STRING && (size_t)r->len == b->val)
+                memcpy(b->dst + i * b->val, r->str, b->val);
+            else if (!wr || r->type != REDIS_REPLY_STATUS)
+                ok = 0;
+            freeReplyObject(r);
+        }
+    double s = (double)(bench_now_ns() - t0) / 1e9;
+    free(at);
+    return ok ? s : -1;
+}
+
+static double raw_cluster_fn(void *arg, struct bstore *b, int wr)
+{
+    return raw_cluster(arg, b, wr);
+}
+
+/* The slot map (CLUSTER SLOTS of master 0) onto the masters' ports. 0 or -EIO. */
+static int rcl_map(struct rcl *rc, const int *port)
+{
+    redisReply *r = redisCommand(rc->c[0], "CLUSTER SLOTS");
+    int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0;
+    for (size_t e = 0; ok && e < r->elements; e++) {
+        redisReply *x = r->element[e];
+        int m = -1;
+        for (int k = 0; x->elements >= 3 && k < CLN; k++)
+            if (x->element[2]->element[1]->integer == port[k])
+                m = k;
+        for (long long sl = x->element[0]->integer; m >= 0 && sl <= x->element[1]->integer;
+             sl++)
+            rc->slot[sl] = (uint16_t)m;
+        ok = m >= 0;
+    }
+    if (r)
+        freeReplyObject(r);
+    return ok ? 0 : -EIO;
+}
+
+/* A free port whose cluster bus port (+10000) is free too. */
+static int cl_port(void)
+{
+    for (int t = 0; t < 100; t++) {
+        int p = free_port();
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)(p + 10000)),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        int ok = p > 0 && p + 10000 < 65536 && fd >= 0 &&
+                 bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        if (fd >= 0)
+            close(fd);
+        if (ok)
+            return p;
+    }
+    return -1;
+}
+
+/* Starts CLN cluster nodes (redis-server --cluster-enabled yes), creates the cluster
+   (redis-cli --cluster create) and waits until every node says cluster_state:ok. 0 or
+   -ECONNREFUSED (what was started is in pid[] for the caller to kill). */
+static int cluster_start(const char *dir, int *port, pid_t *pid, struct rcl *rc)
+{
+    char cmd[512];
+    int len = snprintf(cmd, sizeof cmd, "redis-cli --cluster create");
+    for (int k = 0; k < CLN; k++) {
+        char p[16], conf[300];
+        if ((port[k] = cl_port()) < 0)
+            return -ECONNREFUSED;
+        snprintf(p, sizeof p, "%d", port[k]);
+        snprintf(conf, sizeof conf, "%s/nodes-%d.conf", dir, port[k]);
+        pid[k] = fork();
+        if (pid[k] == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 1);
+            dup2(null, 2);
+            execlp("redis-server", "redis-server", "--port", p, "--bind", "127.0.0.1",
+                   "--cluster-enabled", "yes", "--cluster-config-file", conf, "--save", "",
+                   "--appendonly", "no", "--dir", dir, (char *)NULL);
+            _exit(127);
+        }
+        if (pid[k] < 0)
+            return -ECONNREFUSED;
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " 127.0.0.1:%d", port[k]);
+    }
+    for (int k = 0; k < CLN; k++) {
+        for (int i = 0; !rc->c[k] && i < 500; i++) {
+            struct timeval tv = { 1, 0 };
+            rc->c[k] = redisConnectWithTimeout("127.0.0.1", port[k], tv);
+            if (rc->c[k] && rc->c[k]->err) {
+                redisFree(rc->c[k]);
+                rc->c[k] = NULL;
+                usleep(10000);
+            }
+        }
+        if (!rc->c[k])
+            return -ECONNREFUSED;
+    }
+    snprintf(cmd + len, sizeof cmd - (size_t)len, " --cluster-yes >/dev/null 2>&1");
+    if (system(cmd) != 0)
+        return -ECONNREFUSED;
+    for (int k = 0; k < CLN; k++)
+        for (int i = 0;; i++) {
+            redisReply *r = redisCommand(rc->c[k], "CLUSTER INFO");
+            int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+            if (r)
+                freeReplyObject(r);
+            if (ok)
+                break;
+            if (i == 3000)
+                return -ECONNREFUSED;
+            usleep(10000);
+        }
+    return rcl_map(rc, port);
+}
+
+static int bench_store_cluster(struct bench_ctx *bc)
+{
+    if (system("command -v redis-server >/dev/null 2>&1 && "
+               "command -v redis-cli >/dev/null 2>&1") != 0) {
+        printf("store: redis-cluster skipped: redis-server or redis-cli is not installed\n");
+        return 0;
+    }
+    char dir[] = "/tmp/kvvm-bench-cluster-XXXXXX", url[128];
+    int port[CLN] = { 0 };
+    pid_t pid[CLN] = { 0 };
+    struct rcl *rc = calloc(1, sizeof *rc);
+    if (!rc || !mkdtemp(dir)) {
+        free(rc);
+        return -errno;
+    }
+    int r = cluster_start(dir, port, pid, rc);
+    if (!r) {
+        snprintf(url, sizeof url, "redis-cluster://127.0.0.1:%d,127.0.0.1:%d", port[0],
+                 port[1]);
+        struct raw raw = { raw_cluster_fn, rc, "hiredis/node" };
+        r = run_sizes(bc, "store/redis-cluster", url, &raw);
+        if (!r)
+            r = bench_store_attach(bc, "store/redis-cluster", url);
+    } else {
+        fprintf(stderr, "kvvm-bench store: the cluster did not start\n");
+    }
+    for (int k = 0; k < CLN; k++) {
+        if (rc->c[k])
+            redisFree(rc->c[k]);
+        if (pid[k] > 0) {
+            kill(pid[k], SIGKILL);
+            waitpid(pid[k], NULL, 0);
+        }
+    }
+    free(rc);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "kvvm-bench store: could not remove %s\n", dir);
+    return r;
+}
+
 int bench_store(struct bench_ctx *bc)
 {
     int rc = bench_store_redis(bc);
+    int rcl = bench_store_cluster(bc);
     int rf = bench_store_file(bc);
-    return rc ? rc : rf;
+    return rc ? rc : rcl ? rcl : rf;
 }
