@@ -650,7 +650,9 @@ void store_hist_get(struct store *st, enum store_op op, struct khist *out)
         *out = (struct khist){ { 0 }, 0 };
         return;
     }
-    khist_read(&st->st_hist[op], out);
+    /* gets and lookups run on the read lane, where there is one (rlane) */
+    const struct store *on = op == STORE_OP_GET || op == STORE_OP_LOOKUP ? rlane(st) : st;
+    khist_read(&on->st_hist[op], out);
 }
 
 const char *store_kind(const struct store *st)
