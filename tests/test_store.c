@@ -399,15 +399,15 @@ Test(store_redis, wrong_password_is_eacces)
     char url[128];
     struct store *st = NULL;
     snprintf(url, sizeof url, "redis://:wrong@127.0.0.1:%d", s.port);
-    cr_expect_eq(store_open(url, 1000, 0, &st), -EACCES);
+    cr_expect_eq(store_open(url, 20000, 0, &st), -EACCES);
     snprintf(url, sizeof url, "redis://127.0.0.1:%d", s.port);
-    cr_expect_eq(store_open(url, 1000, 0, &st), -EACCES, "no password for a server needing one");
+    cr_expect_eq(store_open(url, 20000, 0, &st), -EACCES, "no password for a server needing one");
     snprintf(url, sizeof url, "redis://nobody:%s@127.0.0.1:%d", PASS, s.port);
-    cr_expect_eq(store_open(url, 1000, 0, &st), -EACCES, "an unknown ACL user");
+    cr_expect_eq(store_open(url, 20000, 0, &st), -EACCES, "an unknown ACL user");
     snprintf(url, sizeof url, "redis://:%s@127.0.0.1:%d/999", PASS, s.port);
-    cr_expect_eq(store_open(url, 1000, 0, &st), -EINVAL, "a database the server lacks");
+    cr_expect_eq(store_open(url, 20000, 0, &st), -EINVAL, "a database the server lacks");
     snprintf(url, sizeof url, "redis://default:%s@127.0.0.1:%d/3", PASS, s.port);
-    cr_expect_eq(store_open(url, 1000, 0, &st), 0, "user default, db 3");
+    cr_expect_eq(store_open(url, 20000, 0, &st), 0, "user default, db 3");
     store_close(st);
     rsrv_stop(&s);
 }

@@ -198,7 +198,7 @@ Test(store_cluster, publish_attach_spread_reshard_drop)
     char bad[512];
     snprintf(bad, sizeof bad, "redis-cluster://:wrong@127.0.0.1:%d", c.port[0]);
     kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
-    cr_expect_eq(store_open(bad, 2000, 0, &st), -EACCES, "a wrong password");
+    cr_expect_eq(store_open(bad, 20000, 0, &st), -EACCES, "a wrong password");
     kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
 
     kvvm_key k[NB];
