@@ -43,38 +43,29 @@ static char *slurp(const char *path, size_t *len)
     return b;
 }
 
-int main(int argc, char **argv)
+/* Checks or writes the table; 0 done, 1 differs or cannot write, 2 cannot read. */
+static int run(const char *mode, const char *path, char *doc, size_t n, char *md)
 {
-    if (argc != 3 || (strcmp(argv[1], "--check") && strcmp(argv[1], "--write"))) {
-        fprintf(stderr, "usage: metrics_doc --check|--write API_MD\n");
-        return 2;
-    }
-    size_t len, n = core_metrics_doc(NULL, 0);
-    char *doc = malloc(n + 1), *md = slurp(argv[2], &len);
-    if (!doc || !md) {
-        fprintf(stderr, "metrics_doc: cannot read %s\n", argv[2]);
-        return 2;
-    }
-    core_metrics_doc(doc, n + 1);
     char *b = strstr(md, BEGIN), *e = b ? strstr(b, END) : NULL;
     if (!b || !e) {
-        fprintf(stderr, "metrics_doc: %s has no table between the lines\n%s...\n%s", argv[2],
+        fprintf(stderr, "metrics_doc: %s has no table between the lines\n%s...\n%s", path,
                 BEGIN, END);
         return 1;
     }
     b += strlen(BEGIN);
-    if (!strcmp(argv[1], "--write")) {
-        FILE *f = fopen(argv[2], "wb");
-        if (!f || fwrite(md, 1, (size_t)(b - md), f) != (size_t)(b - md) ||
-            fwrite(doc, 1, n, f) != n || fputs(e, f) == EOF || fclose(f)) {
-            fprintf(stderr, "metrics_doc: cannot write %s\n", argv[2]);
+    if (!strcmp(mode, "--write")) {
+        FILE *f = fopen(path, "wb");
+        int bad = !f || fwrite(md, 1, (size_t)(b - md), f) != (size_t)(b - md) ||
+                  fwrite(doc, 1, n, f) != n || fputs(e, f) == EOF;
+        if ((f && fclose(f)) || bad) {
+            fprintf(stderr, "metrics_doc: cannot write %s\n", path);
             return 1;
         }
-        printf("metrics_doc: %s: the metrics table written (%zu bytes)\n", argv[2], n);
+        printf("metrics_doc: %s: the metrics table written (%zu bytes)\n", path, n);
         return 0;
     }
     if ((size_t)(e - b) == n && !memcmp(b, doc, n)) {
-        printf("metrics_doc: %s's metrics table is core/metrics.c's\n", argv[2]);
+        printf("metrics_doc: %s's metrics table is core/metrics.c's\n", path);
         return 0;
     }
     size_t i = 0, line = 1;
@@ -85,7 +76,27 @@ int main(int argc, char **argv)
         s--;
     fprintf(stderr, "metrics_doc: %s's metrics table differs from core/metrics.c's at its "
             "line %zu:\n  docs: %.*s\n  code: %.*s\nrun build/tests/metrics_doc --write "
-            "docs/api.md\n", argv[2], line, (int)strcspn(b + s, "\n"), b + s,
+            "docs/api.md\n", path, line, (int)strcspn(b + s, "\n"), b + s,
             (int)strcspn(doc + s, "\n"), doc + s);
     return 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3 || (strcmp(argv[1], "--check") && strcmp(argv[1], "--write"))) {
+        fprintf(stderr, "usage: metrics_doc --check|--write API_MD\n");
+        return 2;
+    }
+    size_t len, n = core_metrics_doc(NULL, 0);
+    char *doc = malloc(n + 1), *md = slurp(argv[2], &len);
+    int rc = 2;
+    if (!doc || !md)
+        fprintf(stderr, "metrics_doc: cannot read %s\n", argv[2]);
+    else {
+        core_metrics_doc(doc, n + 1);
+        rc = run(argv[1], argv[2], doc, n, md);
+    }
+    free(doc);
+    free(md);
+    return rc;
 }
