@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -72,6 +73,7 @@ static inline void pd_start_at(struct pd *d, const char *path, const char *budge
     d->pid = fork();
     cr_assert_geq(d->pid, 0);
     if (d->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);   /* a test that dies takes its daemon along */
         dup2(po[1], 1);
         dup2(pe[1], 2);
         execv(argv[0], (char *const *)argv);

@@ -413,3 +413,221 @@ Test(pool, kvvmctl_status_clients_limit)
     cr_expect_eq(ctl(d.path, "status", out, sizeof out), 1, "%s", out);
     cr_expect(strstr(out, "no kvvmd answers"), "%s", out);
 }
+
+/* ---- contexts as clients (kvvm_open with pool_socket) ------------------------------------ */
+
+#define BPT 4096u                       /* bytes per token: 16 tokens per 64 KiB page */
+
+static void pool_cfg(struct kvvm_config *c, const char *path, const char *name,
+                     uint64_t budget_pages)
+{
+    th_config(c, PD_GRAN, 2, BPT, 4, 256, budget_pages, 0, 0);
+    c->pool_socket = path;
+    c->client_name = name;
+    c->page_size = 0;                   /* the daemon's */
+    c->emu_granule = 0;                 /* the daemon's device */
+}
+
+/* An engine in its own process: opens a pool client, grows a sequence over `pages` pages
+   per region, writes a pattern through its window, reads it back, checks its pool figures
+   and stats. Returns 0, or the number of the check that failed (its exit code). */
+static int engine(const char *path, const char *name, unsigned char pat, unsigned pages,
+                  int ready_fd, bool stay)
+{
+    struct kvvm_config c;
+    pool_cfg(&c, path, name, 16);
+    kvvm *kv = NULL;
+    if (kvvm_open(&c, &kv))
+        return 10;
+    kvvm_seq s;
+    uint64_t len = (uint64_t)pages * (PD_GRAN / BPT);
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *w = malloc(bytes), *r = malloc(bytes);
+    if (!w || !r || kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, len))
+        return 11;
+    for (uint32_t reg = 0; reg < 2; reg++) {
+        for (size_t i = 0; i < bytes; i++)
+            w[i] = (unsigned char)(pat + reg + i * 7);
+        if (kvvm_seq_write(kv, s, reg, 0, w, bytes) || kvvm_seq_read(kv, s, reg, 0, r, bytes))
+            return 12;
+        if (memcmp(w, r, bytes))
+            return 13;
+    }
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    if (kvvm_pool_info(kv, &pi) || !pi.connected || pi.pool_bytes != FRAMES * PD_GRAN ||
+        pi.held_bytes < 2ull * pages * PD_GRAN || pi.n_clients < 1 ||
+        pi.limit_bytes != 16 * PD_GRAN)
+        return 14;
+    struct kvvm_stats st = { .size = sizeof st };
+    if (kvvm_stats(kv, &st) || st.pool_leases < 2ull * pages)
+        return 15;
+    if (ready_fd >= 0) {
+        char x = 'r';
+        if (write(ready_fd, &x, 1) != 1)
+            return 16;
+    }
+    while (stay)
+        pause();
+    kvvm_close(kv);
+    free(w);
+    free(r);
+    return 0;
+}
+
+static int control(const char *path)
+{
+    int ctl = pc_connect(path);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_hello(ctl, POOL_ROLE_CONTROL, "test", 0, 0, buf), POOL_MSG_WELCOME);
+    return ctl;
+}
+
+/* Polls (no sleep: each INFO is a round trip) until the pool is whole and clientless. */
+static void wait_pool_whole(int ctl)
+{
+    for (;;) {
+        struct pool_figures f = pc_info(ctl);
+        if (f.free_bytes == f.pool_bytes && f.n_clients == 0)
+            return;
+        sched_yield();
+    }
+}
+
+Test(pool, contexts_in_processes_keep_their_bytes)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    pid_t p[3];
+    for (int i = 0; i < 3; i++) {
+        p[i] = fork();
+        cr_assert_geq(p[i], 0);
+        if (p[i] == 0) {
+            char name[16];
+            snprintf(name, sizeof name, "engine-%d", i);
+            _exit(engine(d.path, name, (unsigned char)(0x10 * (i + 1)), 5, -1, false));
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(pd_wait(p[i]), 0, "engine %d: its exit code names the check", i);
+    int ctl = control(d.path);
+    wait_pool_whole(ctl);                   /* each closed: every frame back */
+    close(ctl);
+    pd_stop(&d);
+}
+
+Test(pool, killed_context_gives_every_frame_back)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    int pp[2];
+    cr_assert_eq(pipe2(pp, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(engine(d.path, "victim", 0x42, 6, pp[1], true));
+    close(pp[1]);
+    char x;
+    cr_assert_eq(read(pp[0], &x, 1), 1, "the engine grew and checked its bytes (status %d)",
+                 x == 'r' ? 0 : pd_wait(pid));
+    int ctl = control(d.path);
+    struct pool_figures f = pc_info(ctl);
+    cr_expect_leq(f.free_bytes, (FRAMES - 12) * PD_GRAN, "it holds its 12 pages' frames");
+    cr_expect_eq(f.n_clients, 1);
+    kill(pid, SIGKILL);
+    cr_expect_eq(pd_wait(pid), 128 + SIGKILL);
+    wait_pool_whole(ctl);
+    close(ctl);
+    close(pp[0]);
+    pd_stop(&d);
+}
+
+Test(pool, open_checks_page_size_and_path)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct kvvm_config c;
+    pool_cfg(&c, d.path, "ps", 16);
+    c.page_size = 2 * PD_GRAN;
+    c.emu_granule = PD_GRAN;
+    kvvm *kv = NULL;
+    cr_expect_eq(kvvm_open(&c, &kv), -EINVAL);
+    cr_expect_null(kv);
+    cr_expect(strstr(kvvm_last_error(), "131072") && strstr(kvvm_last_error(), "65536"),
+              "names both page sizes: %s", kvvm_last_error());
+    pool_cfg(&c, d.path, "big-reserve", 16);
+    c.pool_reserve = 8u << 20;
+    cr_expect_eq(kvvm_open(&c, &kv), -ENOSPC, "%s", kvvm_last_error());
+    char p[160];
+    snprintf(p, sizeof p, "%s.none", d.path);
+    pool_cfg(&c, p, "nobody-there", 16);
+    cr_expect_eq(kvvm_open(&c, &kv), -ECONNREFUSED);
+    cr_expect(strstr(kvvm_last_error(), "no kvvmd answers"), "%s", kvvm_last_error());
+    pd_stop(&d);
+    pool_cfg(&c, d.path, "after-stop", 16);     /* the socket is gone */
+    cr_expect_eq(kvvm_open(&c, &kv), -ECONNREFUSED);
+}
+
+Test(pool, pool_info_needs_a_pool)
+{
+    struct kvvm_config c;
+    th_config(&c, PD_GRAN, 1, BPT, 2, 64, 4, 0, 0);
+    kvvm *kv = th_open(&c);
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    cr_expect_eq(kvvm_pool_info(kv, &pi), -EOPNOTSUPP);
+    cr_expect(strstr(kvvm_last_error(), "no pool"), "%s", kvvm_last_error());
+    pi.size = 0;
+    cr_expect_eq(kvvm_pool_info(kv, &pi), -EINVAL);
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_stats(kv, &st), 0);
+    cr_expect_eq(st.pool_leases + st.pool_returns + st.pool_waits + st.pool_wait_ns, 0);
+    kvvm_close(kv);
+}
+
+/* A dry pool: the grow fails -ENOMEM naming the pool's numbers and changes nothing; frames
+   another client gives back (kvvm_trim) let it through. Both contexts in this process. */
+Test(pool, dry_pool_fails_enomem_naming_the_pool)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                                 /* 16 frames */
+    struct kvvm_config ca, cb;
+    pool_cfg(&ca, d.path, "hog", 0);                    /* limit: the whole pool */
+    ca.n_regions = 1;
+    kvvm *a = th_open(&ca);
+    kvvm_seq sa;
+    cr_assert_eq(kvvm_seq_create(a, &sa), 0);
+    cr_assert_eq(kvvm_seq_grow(a, sa, 16 * (PD_GRAN / BPT)), 0, "%s", kvvm_last_error());
+    pool_cfg(&cb, d.path, "late", 4);
+    cb.n_regions = 1;
+    kvvm *b = th_open(&cb);
+    kvvm_seq sb;
+    cr_assert_eq(kvvm_seq_create(b, &sb), 0);
+    cr_expect_eq(kvvm_seq_grow(b, sb, 8), -ENOMEM);
+    cr_expect(strstr(kvvm_last_error(), "pool on") &&
+              strstr(kvvm_last_error(), "0 of 1048576 bytes free"), "%s", kvvm_last_error());
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(b, sb, &in), 0);
+    cr_expect_eq(in.length, 0, "the failed grow changed nothing");
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    cr_assert_eq(kvvm_pool_info(b, &pi), 0);
+    cr_expect_eq(pi.free_bytes, 0);
+    cr_expect_eq(pi.held_bytes, 0);
+    cr_expect_eq(pi.n_clients, 2);
+    /* a gives its frames back: b grows */
+    cr_assert_eq(kvvm_seq_free(a, sa), 0);
+    cr_assert_eq(kvvm_trim(a, 0), 0);
+    cr_expect_eq(kvvm_seq_grow(b, sb, 8), 0, "%s", kvvm_last_error());
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_stats(a, &st), 0);
+    cr_expect_geq(st.pool_returns, 16);
+    cr_expect_geq(st.pool_leases, 16);
+    kvvm_close(b);
+    kvvm_close(a);
+    int ctl = control(d.path);
+    wait_pool_whole(ctl);
+    close(ctl);
+    pd_stop(&d);
+}
