@@ -3,8 +3,9 @@
  *
  * Frames handed to paging are remembered by handle (an open-addressing table: handle ->
  * frame id) so a release can name the frame to the daemon; frames leased and not handed
- * out yet wait in the stash (imported: a create from it is a pop, no request, no system
- * call).
+ * out yet wait in the stash as descriptors (a create from it imports one: no request). The
+ * frame pool thread's rounds make those creates, so the engine's grow takes frames that
+ * are ready, imported and unmapped, as with local frames.
  */
 #include "client.h"
 
@@ -28,7 +29,9 @@ struct pool_cli {
     struct vmm *v;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     size_t page;
-    struct { vmm_handle h; uint64_t id; } stash[POOL_BATCH_MAX];
+    /* leased, not handed out yet: the descriptors as received (imported when handed out,
+       so every imported handle is paging's and the debug checker's driver count holds) */
+    struct { int fd; uint64_t id; } stash[POOL_BATCH_MAX];
     unsigned n_stash;
     uint64_t *key, *val;            /* handed out: handle value -> frame id (0 key: empty) */
     size_t cap, n;
@@ -236,26 +239,26 @@ static int lease_locked(struct pool_cli *c, bool caller)
         return rc;
     const struct pool_frames *r = (const void *)buf;
     c->fig = r->fig;
-    struct pool_return bad = { 0 };
     for (uint32_t i = 0; i < r->n; i++) {
-        vmm_handle h;
-        int irc = vmm_handle_import(c->v, fds[i], c->page, &h);
-        close(fds[i]);
-        if (irc) {                          /* logged by vmm: give it back */
-            bad.ids[bad.n++] = r->ids[i];
-            continue;
-        }
         KVVM_ASSERT(c->n_stash < POOL_BATCH_MAX);
-        c->stash[c->n_stash].h = h;
+        c->stash[c->n_stash].fd = fds[i];
         c->stash[c->n_stash++].id = r->ids[i];
         c->k.leases++;
     }
-    if (bad.n) {
-        pool_proto_hdr(&bad.h, POOL_MSG_RETURN);
-        if (pool_proto_send(c->fd, &bad, NULL, 0, 0))
-            gone_locked(c, "its socket refused a return");
-    }
     return c->n_stash ? 0 : -ENOMEM;
+}
+
+/* Gives frame id back at once (one that could not be used). */
+static void give_back_locked(struct pool_cli *c, uint64_t id)
+{
+    if (c->fd < 0)
+        return;
+    struct pool_return m = { .n = 1, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_RETURN);
+    if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+        gone_locked(c, "its socket refused a return");
+    else
+        c->k.returns++;
 }
 
 int pool_cli_create(void *arg, vmm_handle *out, bool caller)
@@ -264,12 +267,16 @@ int pool_cli_create(void *arg, vmm_handle *out, bool caller)
     pthread_mutex_lock(&c->mu);
     int rc = c->n_stash ? 0 : lease_locked(c, caller);
     if (!rc) {
-        c->n_stash--;
-        rc = map_put(c, c->stash[c->n_stash].h.h, c->stash[c->n_stash].id);
+        unsigned k = --c->n_stash;
+        vmm_handle h;
+        rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);
+        close(c->stash[k].fd);
+        if (!rc && (rc = map_put(c, h.h, c->stash[k].id)))
+            (void)vmm_phys_release(c->v, h);
         if (rc)
-            c->n_stash++;                   /* stays in the stash */
+            give_back_locked(c, c->stash[k].id);     /* unusable here: the daemon's again */
         else
-            *out = c->stash[c->n_stash].h;
+            *out = h;
     } else if (rc == -EIO) {
         rc = -ENOMEM;
         if (caller)
@@ -290,14 +297,8 @@ int pool_cli_release(void *arg, vmm_handle h)
     }
     uint64_t id = map_take(c, h.h);
     KVVM_ASSERT(id != 0);                   /* every frame paging holds came from create */
-    if (id && c->fd >= 0) {
-        struct pool_return m = { .n = 1, .ids = { id } };
-        pool_proto_hdr(&m.h, POOL_MSG_RETURN);
-        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-            gone_locked(c, "its socket refused a return");
-        else
-            c->k.returns++;
-    }
+    if (id)
+        give_back_locked(c, id);
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -318,7 +319,7 @@ int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
     *f = c->fig;
     *connected = c->fd >= 0;
     if (c->fd < 0)
-        f->held_bytes = (uint64_t)(c->n + c->n_stash) * c->page;
+        f->held_bytes = (uint64_t)c->n * c->page;   /* the stash left with the daemon */
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -347,8 +348,8 @@ void pool_cli_close(struct pool_cli *c)
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
     while (c->n_stash) {
         c->n_stash--;
-        if (vmm_phys_release(c->v, c->stash[c->n_stash].h) == 0)
-            m.ids[m.n++] = c->stash[c->n_stash].id;
+        close(c->stash[c->n_stash].fd);
+        m.ids[m.n++] = c->stash[c->n_stash].id;
     }
     if (c->n)
         klog_error("pool: %zu frames still held at close (released with the connection)",

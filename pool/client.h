@@ -7,8 +7,8 @@
  *  - One connection per context, opened before its vmm (the daemon's shape decides the
  *    emulated device's and the page size), attached to the vmm once it is open.
  *  - pool_cli_create hands out one frame: from a small stash of frames leased in batches
- *    (POOL_CLI_BATCH per LEASE, imported at once), so most creates make no request; a
- *    create on the frame pool thread fills the stash off the engine's thread.
+ *    (POOL_CLI_BATCH per LEASE; each imported as it is handed out), so most creates make
+ *    no request; the frame pool thread's creates fill the stash off the engine's thread.
  *    pool_cli_release unmapped frames go back to the daemon at once (RETURN).
  *  - Thread-safe: one mutex serializes the socket's requests and replies and guards the
  *    state; the daemon never speaks unasked, so a reply always answers the request sent.
