@@ -8,7 +8,8 @@
  *
  * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) or the
  * frame pool thread's (swap/frames.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
- * -> host arena mutex -> (vmm / driver internal locks) -> log lock. The frame pool thread
+ * -> host arena mutex or the pool client's mutex (pool/client.c) -> (vmm / driver internal
+ * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
