@@ -631,3 +631,67 @@ Test(pool, dry_pool_fails_enomem_naming_the_pool)
     close(ctl);
     pd_stop(&d);
 }
+
+/* kill -9 of a client at random points (between and inside its operations: the child
+   reports each step on a pipe, the parent kills it after a random number of them, so the
+   kill lands anywhere from mid-open to mid-lease to mid-grow): every round, the daemon's
+   free count returns exactly and it serves on. */
+static int churn(const char *path, int prog)
+{
+    struct kvvm_config c;
+    pool_cfg(&c, path, "churn", 16);
+    kvvm *kv = NULL;
+    if (kvvm_open(&c, &kv))
+        return 10;
+    unsigned char buf[4096];
+    memset(buf, 0x6d, sizeof buf);
+    for (unsigned i = 0;; i++) {
+        kvvm_seq s;
+        if (kvvm_seq_create(kv, &s))
+            return 11;
+        uint64_t len = 1 + (i * 37) % 100;
+        if (kvvm_seq_grow(kv, s, len) || kvvm_seq_write(kv, s, 0, 0, buf, sizeof buf))
+            return 12;
+        char x = 'p';
+        if (write(prog, &x, 1) != 1)
+            return 13;
+        if (i % 3 == 0 && kvvm_trim(kv, 0))
+            return 14;
+        if (kvvm_seq_free(kv, s))
+            return 15;
+    }
+}
+
+Test(pool, sigkill_at_random_points_loop)
+{
+    TH_DEADLINE(250);
+    struct pd d;
+    pd_start(&d, "4M");
+    int ctl = control(d.path);
+    unsigned seed = 12345;
+    for (int round = 0; round < 120; round++) {
+        int pp[2];
+        cr_assert_eq(pipe2(pp, O_CLOEXEC), 0);
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            close(pp[0]);
+            _exit(churn(d.path, pp[1]));
+        }
+        close(pp[1]);
+        seed = seed * 1103515245u + 12345u;
+        unsigned steps = (seed >> 16) % 8;          /* 0: it may still be opening */
+        char x;
+        for (unsigned i = 0; i < steps; i++)
+            cr_assert_eq(read(pp[0], &x, 1), 1, "round %d: the client failed (status %d)",
+                         round, pd_wait(pid));
+        kill(pid, SIGKILL);
+        cr_expect_eq(pd_wait(pid), 128 + SIGKILL, "round %d", round);
+        close(pp[0]);
+        wait_pool_whole(ctl);
+    }
+    struct pool_figures f = pc_info(ctl);
+    cr_expect_eq(f.free_bytes, FRAMES * PD_GRAN);
+    close(ctl);
+    pd_stop(&d);
+}
