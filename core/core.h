@@ -137,6 +137,9 @@ struct pool_cli_counters;
 int  core_pool_open(kvvm *kv);
 /* After the vmm: the frame source paging gets (NULL without a pool). */
 const struct pg_frame_src *core_pool_source(kvvm *kv);
+/* kvvm_trim: the frames leased and not handed to paging yet go back to the daemon; how
+   many (0 without a pool). */
+uint32_t core_pool_trim(kvvm *kv);
 /* After paging released its frames: the stash back, the connection closed. */
 void core_pool_close(kvvm *kv);
 /* The pool's stats (zeros without a pool). */

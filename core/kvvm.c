@@ -811,6 +811,7 @@ static int trim_locked(kvvm *kv, size_t keep)
     paging_feed_quiesce(kv->pg);
     uint64_t k = keep / kv->cfg.page_size;
     uint32_t n = paging_trim(kv->pg, k > UINT32_MAX ? UINT32_MAX : (uint32_t)k);
+    n += core_pool_trim(kv);        /* a pool client: its leased spares back to the daemon */
     klog_debug("kvvm_trim: %u unused frames released to the driver", n);
     return 0;
 }

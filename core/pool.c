@@ -81,6 +81,11 @@ const struct pg_frame_src *core_pool_source(kvvm *kv)
     return &kv->pool_src;
 }
 
+uint32_t core_pool_trim(kvvm *kv)
+{
+    return kv->pool ? pool_cli_trim(kv->pool) : 0;
+}
+
 void core_pool_close(kvvm *kv)
 {
     pool_cli_close(kv->pool);

@@ -339,11 +339,9 @@ void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out)
     pthread_mutex_unlock(&c->mu);
 }
 
-void pool_cli_close(struct pool_cli *c)
+/* Closes the stash's descriptors and returns their frames (one message). */
+static unsigned stash_return_locked(struct pool_cli *c)
 {
-    if (!c)
-        return;
-    pthread_mutex_lock(&c->mu);
     struct pool_return m = { 0 };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
     while (c->n_stash) {
@@ -351,17 +349,37 @@ void pool_cli_close(struct pool_cli *c)
         close(c->stash[c->n_stash].fd);
         m.ids[m.n++] = c->stash[c->n_stash].id;
     }
+    if (m.n && c->fd >= 0) {
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+            gone_locked(c, "its socket refused a return");
+        else
+            c->k.returns += m.n;
+    }
+    return m.n;
+}
+
+unsigned pool_cli_trim(struct pool_cli *c)
+{
+    pthread_mutex_lock(&c->mu);
+    unsigned n = stash_return_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+void pool_cli_close(struct pool_cli *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    (void)stash_return_locked(c);
     if (c->n)
         klog_error("pool: %zu frames still held at close (released with the connection)",
                    c->n);
     for (size_t i = 0; i < c->cap; i++)
         if (c->key[i])
             (void)vmm_phys_release(c->v, (vmm_handle){ c->key[i] });
-    if (c->fd >= 0) {
-        if (m.n && !pool_proto_send(c->fd, &m, NULL, 0, 0))
-            c->k.returns += m.n;
+    if (c->fd >= 0)
         close(c->fd);                       /* the daemon takes back anything else */
-    }
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
     free(c->key);

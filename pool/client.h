@@ -59,6 +59,8 @@ int  pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected);
 /* The last figures a reply carried (no request), for an error message. */
 void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected);
 void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out);
+/* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */
+unsigned pool_cli_trim(struct pool_cli *c);
 /* Gives back the stash and closes the connection (the context released its frames). */
 void pool_cli_close(struct pool_cli *c);
 

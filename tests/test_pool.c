@@ -695,3 +695,52 @@ Test(pool, sigkill_at_random_points_loop)
     close(ctl);
     pd_stop(&d);
 }
+
+/* The daemon killed under a client: the client keeps the frames it holds (its bytes read
+   back), a grow that needs more fails -ENOMEM saying the daemon is gone and changes
+   nothing, kvvm_pool_info says connected 0, and the context closes cleanly. */
+Test(pool, daemon_killed_client_keeps_what_it_holds)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct kvvm_config c;
+    pool_cfg(&c, d.path, "survivor", 16);
+    c.n_regions = 1;
+    c.pool_thread = 0;                      /* leases on this thread: no round in flight */
+    kvvm *kv = th_open(&c);
+    kvvm_seq s;
+    uint64_t len = 2 * (PD_GRAN / BPT);
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *w = malloc(bytes), *r = malloc(bytes);
+    cr_assert(w && r);
+    for (size_t i = 0; i < bytes; i++)
+        w[i] = (unsigned char)(i * 13 + 1);
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, len), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_write(kv, s, 0, 0, w, bytes), 0);
+    cr_assert_eq(kvvm_trim(kv, 0), 0);      /* no spare frame left to grow into */
+    kill(d.pid, SIGKILL);
+    cr_expect_eq(pd_wait(d.pid), 128 + SIGKILL);
+    cr_assert_eq(kvvm_seq_read(kv, s, 0, 0, r, bytes), 0);
+    cr_expect_eq(memcmp(w, r, bytes), 0, "the frames it holds keep its bytes");
+    cr_expect_eq(kvvm_seq_grow(kv, s, 2 * len + 3 * (PD_GRAN / BPT)), -ENOMEM);
+    cr_expect(strstr(kvvm_last_error(), "is gone"), "%s", kvvm_last_error());
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(kv, s, &in), 0);
+    cr_expect_eq(in.length, len, "the failed grow changed nothing");
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    cr_assert_eq(kvvm_pool_info(kv, &pi), 0);
+    cr_expect_eq(pi.connected, 0);
+    cr_expect_eq(pi.held_bytes, 2 * PD_GRAN);
+    cr_assert_eq(kvvm_seq_read(kv, s, 0, 0, r, bytes), 0);
+    cr_expect_eq(memcmp(w, r, bytes), 0);
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);
+    kvvm_close(kv);
+    free(w);
+    free(r);
+    unlink(d.path);
+    close(d.out);
+    close(d.err);
+    rmdir(d.dir);
+}
