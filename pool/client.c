@@ -36,8 +36,15 @@ struct pool_cli {
     uint64_t *key, *val;            /* handed out: handle value -> frame id (0 key: empty) */
     size_t cap, n;
     struct pool_figures fig;        /* the last figures a reply carried */
+    char name[POOL_NAME_MAX];       /* HELLO's fields, for a reconnection */
+    uint64_t p_reserve, p_limit, p_page;
+    struct pool_welcome welcome;    /* the first daemon's: a new one must be of its shape */
+    unsigned reconnects;
     struct pool_cli_counters k;
 };
+
+/* A frame held from a daemon that is gone: never returned to its successor. */
+#define POOL_CLI_FOREIGN UINT64_MAX
 
 /* ---- handle -> id ----------------------------------------------------------------------- */
 
@@ -142,10 +149,66 @@ static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *
     return 0;
 }
 
+/* Connects to c->path and greets the daemon: the socket, or -errno with the cause in why
+   (-ECONNREFUSED no daemon answers, -EPROTO not kvvmd or another version, the daemon's own
+   refusal: -EINVAL page size, -ENOSPC reserve). */
+static int greet(struct pool_cli *c, struct pool_welcome *w, char *why, size_t wl)
+{
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", c->path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), rc;
+    if (fd < 0) {
+        snprintf(why, wl, "socket: %s", strerror(errno));
+        return -errno;
+    }
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        snprintf(why, wl, "no kvvmd answers on pool_socket '%s' (%s): start the daemon "
+                 "(kvvmd --socket %s) or leave pool_socket unset", c->path, strerror(errno),
+                 c->path);
+        rc = -ECONNREFUSED;
+        goto out_close;
+    }
+    struct timeval tv = { POOL_CLI_REPLY_MS / 1000, 0 };
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct pool_hello h = { .version = POOL_PROTO_VERSION, .role = POOL_ROLE_CLIENT,
+                            .reserve = c->p_reserve, .limit = c->p_limit,
+                            .page_size = c->p_page };
+    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
+    snprintf(h.name, sizeof h.name, "%s", c->name);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int nfds = 0;
+    unsigned type = 0;
+    long n = pool_proto_send(fd, &h, NULL, 0, 0) ? -1
+             : pool_proto_recv(fd, buf, sizeof buf, NULL, 0, &nfds, 0);
+    if (n <= 0 || pool_proto_check(buf, (size_t)n, nfds, &type) ||
+        (type != POOL_MSG_WELCOME && type != POOL_MSG_REFUSED)) {
+        snprintf(why, wl, "the process on pool_socket '%s' did not answer as kvvmd", c->path);
+        rc = -EPROTO;
+        goto out_close;
+    }
+    if (type == POOL_MSG_REFUSED) {
+        const struct pool_refused *r = (const void *)buf;
+        snprintf(why, wl, "kvvmd on '%s' refused this client: %.191s", c->path, r->why);
+        rc = r->err < 0 && r->err > -4096 ? r->err : -EPROTO;
+        goto out_close;
+    }
+    memcpy(w, buf, sizeof *w);
+    if (w->version != POOL_PROTO_VERSION) {
+        snprintf(why, wl, "kvvmd on '%s' speaks protocol version %u, this library version %u",
+                 c->path, w->version, POOL_PROTO_VERSION);
+        rc = -EPROTO;
+        goto out_close;
+    }
+    return fd;
+out_close:
+    close(fd);
+    return rc;
+}
+
 int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
                   struct pool_welcome *w)
 {
-    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    struct sockaddr_un a;
     if (strlen(p->path) >= sizeof a.sun_path)
         return kerr(-EINVAL, "kvvm_open: pool_socket '%s' is too long for a Unix socket path "
                     "(%zu bytes at most)", p->path, sizeof a.sun_path - 1);
@@ -153,61 +216,56 @@ int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
     if (!c)
         return -ENOMEM;
     snprintf(c->path, sizeof c->path, "%s", p->path);
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", p->path);
-    int rc;
-    c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (c->fd < 0) {
-        rc = kerr(-errno, "kvvm_open: pool_socket: socket: %s", strerror(errno));
-        goto out_free;
+    snprintf(c->name, sizeof c->name, "%s", p->name);
+    c->p_reserve = p->reserve;
+    c->p_limit = p->limit;
+    c->p_page = p->page_size;
+    char why[512];
+    int fd = greet(c, w, why, sizeof why);
+    if (fd < 0) {
+        free(c);
+        return kerr(fd, "kvvm_open: %s", why);
     }
-    if (connect(c->fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        rc = kerr(-ECONNREFUSED, "kvvm_open: no kvvmd answers on pool_socket '%s' (%s): "
-                  "start the daemon (kvvmd --socket %s) or leave pool_socket unset",
-                  p->path, strerror(errno), p->path);
-        goto out_close;
-    }
-    struct timeval tv = { POOL_CLI_REPLY_MS / 1000, 0 };
-    (void)setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct pool_hello h = { .version = POOL_PROTO_VERSION, .role = POOL_ROLE_CLIENT,
-                            .reserve = p->reserve, .limit = p->limit,
-                            .page_size = p->page_size };
-    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
-    snprintf(h.name, sizeof h.name, "%s", p->name);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int nfds = 0;
-    unsigned type = 0;
-    long n = pool_proto_send(c->fd, &h, NULL, 0, 0) ? -1
-             : pool_proto_recv(c->fd, buf, sizeof buf, NULL, 0, &nfds, 0);
-    if (n <= 0 || pool_proto_check(buf, (size_t)n, nfds, &type) ||
-        (type != POOL_MSG_WELCOME && type != POOL_MSG_REFUSED)) {
-        rc = kerr(-EPROTO, "kvvm_open: the process on pool_socket '%s' did not answer as "
-                  "kvvmd", p->path);
-        goto out_close;
-    }
-    if (type == POOL_MSG_REFUSED) {
-        const struct pool_refused *r = (const void *)buf;
-        rc = r->err < 0 && r->err > -4096 ? r->err : -EPROTO;
-        rc = kerr(rc, "kvvm_open: kvvmd on '%s' refused this client: %s", p->path, r->why);
-        goto out_close;
-    }
-    memcpy(w, buf, sizeof *w);
-    if (w->version != POOL_PROTO_VERSION) {
-        rc = kerr(-EPROTO, "kvvm_open: kvvmd on '%s' speaks protocol version %u, this "
-                  "library version %u", p->path, w->version, POOL_PROTO_VERSION);
-        goto out_close;
-    }
+    c->fd = fd;
     c->page = (size_t)w->page_size;
+    c->welcome = *w;
     c->fig.pool_bytes = w->pool_bytes;
     c->fig.limit_bytes = w->limit ? w->limit : w->pool_bytes;
     c->fig.reserve_bytes = p->reserve;
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return 0;
-out_close:
-    close(c->fd);
-out_free:
-    free(c);
-    return rc;
+}
+
+/* The daemon is gone: asks whether a new one answers on the socket, of the same shape (page
+   size, backend, granule). Frames held from the old one stay this context's, never
+   returned to the new one (it did not lease them: POOL_CLI_FOREIGN). 0 reconnected. */
+static int reconnect_locked(struct pool_cli *c)
+{
+    struct pool_welcome w;
+    char why[512];
+    int fd = greet(c, &w, why, sizeof why);
+    if (fd < 0)
+        return fd;
+    if (w.page_size != c->welcome.page_size || w.backend != c->welcome.backend ||
+        w.granule != c->welcome.granule) {
+        klog_warn("pool: a kvvmd answers on %s again, but of another shape (page size %llu, "
+                  "was %llu): not reconnecting", c->path, (unsigned long long)w.page_size,
+                  (unsigned long long)c->welcome.page_size);
+        close(fd);
+        return -EPROTO;
+    }
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->key[i])
+            c->val[i] = POOL_CLI_FOREIGN;
+    for (unsigned i = 0; i < c->n_stash; i++)
+        c->stash[i].id = POOL_CLI_FOREIGN;
+    c->fd = fd;
+    c->fig.pool_bytes = w.pool_bytes;
+    c->reconnects++;
+    klog_info("pool: reconnected to the kvvmd on %s (the %zu frames held from the previous "
+              "daemon stay this context's)", c->path, c->n);
+    return 0;
 }
 
 void pool_cli_attach(struct pool_cli *c, struct vmm *v)
@@ -217,9 +275,9 @@ void pool_cli_attach(struct pool_cli *c, struct vmm *v)
 
 /* Leases up to POOL_CLI_BATCH frames into the stash. 0 (some came); -ENOMEM none (the
    figures say why); -EIO gone. */
-static int lease_locked(struct pool_cli *c, bool caller)
+static int lease_once_locked(struct pool_cli *c, bool caller)
 {
-    if (c->fd < 0)
+    if (c->fd < 0 && reconnect_locked(c))
         return -EIO;
     uint64_t t0 = now_ns();
     struct pool_lease m = { .n = POOL_CLI_BATCH };
@@ -248,10 +306,20 @@ static int lease_locked(struct pool_cli *c, bool caller)
     return c->n_stash ? 0 : -ENOMEM;
 }
 
+/* A lease; when it finds the daemon gone (its socket dead since the last request), once
+   more on a new daemon if one answers there now. */
+static int lease_locked(struct pool_cli *c, bool caller)
+{
+    int rc = lease_once_locked(c, caller);
+    if (rc == -EIO && c->fd < 0 && !reconnect_locked(c))
+        rc = lease_once_locked(c, caller);
+    return rc;
+}
+
 /* Gives frame id back at once (one that could not be used). */
 static void give_back_locked(struct pool_cli *c, uint64_t id)
 {
-    if (c->fd < 0)
+    if (c->fd < 0 || id == POOL_CLI_FOREIGN)
         return;
     struct pool_return m = { .n = 1, .ids = { id } };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
@@ -306,7 +374,7 @@ int pool_cli_release(void *arg, vmm_handle h)
 int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
 {
     pthread_mutex_lock(&c->mu);
-    if (c->fd >= 0) {
+    if (c->fd >= 0 || !reconnect_locked(c)) {
         struct pool_info m;
         pool_proto_hdr(&m.h, POOL_MSG_INFO);
         _Alignas(8) unsigned char buf[POOL_MSG_MAX];
@@ -347,7 +415,8 @@ static unsigned stash_return_locked(struct pool_cli *c)
     while (c->n_stash) {
         c->n_stash--;
         close(c->stash[c->n_stash].fd);
-        m.ids[m.n++] = c->stash[c->n_stash].id;
+        if (c->stash[c->n_stash].id != POOL_CLI_FOREIGN)
+            m.ids[m.n++] = c->stash[c->n_stash].id;
     }
     if (m.n && c->fd >= 0) {
         if (pool_proto_send(c->fd, &m, NULL, 0, 0))

@@ -14,7 +14,9 @@
  *    state; the daemon never speaks unasked, so a reply always answers the request sent.
  *  - When the daemon goes (its socket closes, or a reply takes longer than
  *    POOL_CLI_REPLY_MS), the context keeps the frames it holds; creates fail -ENOMEM saying
- *    the daemon is gone (reconnecting is not built yet).
+ *    the daemon is gone. Each later lease or info request first tries the socket again: a
+ *    new kvvmd of the same shape (page size, backend, granule) there is joined, and the
+ *    frames held from the old one stay the context's, never returned to the new one.
  */
 #ifndef KVVM_POOL_CLIENT_H
 #define KVVM_POOL_CLIENT_H

@@ -744,3 +744,51 @@ Test(pool, daemon_killed_client_keeps_what_it_holds)
     close(d.err);
     rmdir(d.dir);
 }
+
+/* The daemon killed and a new one started on the same socket: the client reconnects by
+   itself at its next lease, keeps the frames it held from the old daemon (never returned
+   to the new one, which would drop it for naming frames it does not hold), grows with the
+   new daemon's frames, and gives those back at close. */
+Test(pool, client_reconnects_to_a_restarted_daemon)
+{
+    TH_DEADLINE(120);
+    struct pd d, d2 = { 0 };
+    pd_start(&d, "4M");
+    struct kvvm_config c;
+    pool_cfg(&c, d.path, "phoenix", 16);
+    c.n_regions = 1;
+    c.pool_thread = 0;
+    kvvm *kv = th_open(&c);
+    kvvm_seq s;
+    uint64_t tpp = PD_GRAN / BPT;
+    unsigned char w[BPT], r[BPT];
+    memset(w, 0x3c, sizeof w);
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, 2 * tpp), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_write(kv, s, 0, 0, w, sizeof w), 0);
+    cr_assert_eq(kvvm_trim(kv, 0), 0);
+    kill(d.pid, SIGKILL);
+    cr_expect_eq(pd_wait(d.pid), 128 + SIGKILL);
+    close(d.out);
+    close(d.err);
+    pd_start_at(&d2, d.path, "4M", NULL);       /* replaces the stale socket */
+    pd_expect_ready(&d2);
+    cr_expect_eq(kvvm_seq_grow(kv, s, 5 * tpp), 0, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_read(kv, s, 0, 0, r, sizeof r), 0);
+    cr_expect_eq(memcmp(w, r, sizeof w), 0, "the old daemon's frames keep their bytes");
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    cr_assert_eq(kvvm_pool_info(kv, &pi), 0);
+    cr_expect_eq(pi.connected, 1);
+    cr_expect_eq(pi.n_clients, 1);
+    cr_expect_geq(pi.held_bytes, 3 * PD_GRAN, "the new daemon's leases");
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);
+    cr_assert_eq(kvvm_trim(kv, 0), 0);          /* old frames released, new ones returned */
+    int ctl = control(d2.path);
+    struct pool_figures f = pc_info(ctl);
+    cr_expect_eq(f.n_clients, 1, "still a client: no frame of the old daemon was returned");
+    kvvm_close(kv);
+    wait_pool_whole(ctl);
+    close(ctl);
+    pd_stop(&d2);
+    rmdir(d.dir);
+}
