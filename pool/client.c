@@ -158,8 +158,9 @@ static int greet(struct pool_cli *c, struct pool_welcome *w, char *why, size_t w
     snprintf(a.sun_path, sizeof a.sun_path, "%s", c->path);
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), rc;
     if (fd < 0) {
-        snprintf(why, wl, "socket: %s", strerror(errno));
-        return -errno;
+        rc = errno ? -errno : -EIO;
+        snprintf(why, wl, "socket: %s", strerror(-rc));
+        return rc;
     }
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         snprintf(why, wl, "no kvvmd answers on pool_socket '%s' (%s): start the daemon "
@@ -242,7 +243,7 @@ int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
    returned to the new one (it did not lease them: POOL_CLI_FOREIGN). 0 reconnected. */
 static int reconnect_locked(struct pool_cli *c)
 {
-    struct pool_welcome w;
+    struct pool_welcome w = { 0 };
     char why[512];
     int fd = greet(c, &w, why, sizeof why);
     if (fd < 0)
