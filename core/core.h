@@ -137,6 +137,10 @@ struct pool_cli_counters;
 int  core_pool_open(kvvm *kv);
 /* After the vmm: the frame source paging gets (NULL without a pool). */
 const struct pg_frame_src *core_pool_source(kvvm *kv);
+/* kvvm_set_budget with a pool: b must fit the pool (-EINVAL naming it, before anything
+   moves: core_pool_budget_check); the daemon is told the new limit after the change. */
+int  core_pool_budget_check(kvvm *kv, size_t b);
+void core_pool_set_limit(kvvm *kv, size_t b);
 /* kvvm_trim: the frames leased and not handed to paging yet go back to the daemon; how
    many (0 without a pool). */
 uint32_t core_pool_trim(kvvm *kv);

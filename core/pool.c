@@ -81,6 +81,26 @@ const struct pg_frame_src *core_pool_source(kvvm *kv)
     return &kv->pool_src;
 }
 
+int core_pool_budget_check(kvvm *kv, size_t b)
+{
+    struct pool_figures f;
+    int connected;
+    if (!kv->pool)
+        return 0;
+    pool_cli_last(kv->pool, &f, &connected);
+    if (b > f.pool_bytes)
+        return kerr(-EINVAL, "kvvm_set_budget: %zu bytes is more than the pool on '%s' "
+                    "(%llu bytes): the budget is unchanged", b, kv->cfg.pool_socket,
+                    (unsigned long long)f.pool_bytes);
+    return 0;
+}
+
+void core_pool_set_limit(kvvm *kv, size_t b)
+{
+    if (kv->pool)
+        (void)pool_cli_set_limit(kv->pool, b);
+}
+
 uint32_t core_pool_trim(kvvm *kv)
 {
     return kv->pool ? pool_cli_trim(kv->pool) : 0;

@@ -428,6 +428,24 @@ static unsigned stash_return_locked(struct pool_cli *c)
     return m.n;
 }
 
+int pool_cli_set_limit(struct pool_cli *c, uint64_t bytes)
+{
+    pthread_mutex_lock(&c->mu);
+    c->p_limit = bytes;
+    if (c->fd >= 0) {
+        struct pool_set_limit m = { .bytes = bytes };
+        pool_proto_hdr(&m.h, POOL_MSG_SET_LIMIT);
+        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+        int fds[1], nfds = 0;
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+            gone_locked(c, "its socket refused a request");
+        else if (!recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, &nfds))
+            c->fig.limit_bytes = bytes ? bytes : c->fig.pool_bytes;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
 unsigned pool_cli_trim(struct pool_cli *c)
 {
     pthread_mutex_lock(&c->mu);

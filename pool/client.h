@@ -61,6 +61,9 @@ int  pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected);
 /* The last figures a reply carried (no request), for an error message. */
 void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected);
 void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out);
+/* This client's limit changed (kvvm_set_budget): tells the daemon (and a reconnection).
+   0; the daemon gone is no error (the limit goes with the next HELLO). */
+int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
 /* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */
 unsigned pool_cli_trim(struct pool_cli *c);
 /* Gives back the stash and closes the connection (the context released its frames). */

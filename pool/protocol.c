@@ -26,6 +26,7 @@ static const size_t sizes[POOL_MSG_TYPES] = {
     [POOL_MSG_END] = sizeof(struct pool_end),
     [POOL_MSG_LIMIT] = sizeof(struct pool_limit),
     [POOL_MSG_RESULT] = sizeof(struct pool_result),
+    [POOL_MSG_SET_LIMIT] = sizeof(struct pool_set_limit),
 };
 _Static_assert(sizeof(struct pool_frames) <= UINT16_MAX, "sizes fit pool_hdr.size");
 _Static_assert(sizeof(struct pool_frames) >= sizeof(struct pool_return) &&

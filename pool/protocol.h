@@ -42,7 +42,8 @@ enum pool_msg_type {
     POOL_MSG_CLIENT,        /* d -> control: one client; the list ends with END */
     POOL_MSG_END,           /* d -> control */
     POOL_MSG_LIMIT,         /* control -> d: set a client's limit */
-    POOL_MSG_RESULT,        /* d -> control: 0 or -errno, and a message */
+    POOL_MSG_RESULT,        /* d -> control or client: 0 or -errno, and a message */
+    POOL_MSG_SET_LIMIT,     /* c -> d: this client's own limit changed (kvvm_set_budget) */
     POOL_MSG_TYPES          /* one past the last type */
 };
 
@@ -130,6 +131,11 @@ struct pool_limit {
     struct pool_hdr h;
     uint64_t bytes;         /* 0 = the whole pool */
     char name[POOL_NAME_MAX];
+};
+
+struct pool_set_limit {
+    struct pool_hdr h;
+    uint64_t bytes;         /* 0 = the whole pool */
 };
 
 struct pool_result {

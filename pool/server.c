@@ -588,6 +588,21 @@ static int on_limit(struct pool_srv *s, struct srv_client *c, const struct pool_
     return reply(c, &r, NULL, 0);
 }
 
+static int on_set_limit(struct pool_srv *s, struct srv_client *c,
+                        const struct pool_set_limit *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    c->limit = m->bytes;
+    struct pool_result r = { 0 };
+    pool_proto_hdr(&r.h, POOL_MSG_RESULT);
+    char a[32];
+    snprintf(r.text, sizeof r.text, "limit of '%s' set to %s", c->name,
+             m->bytes ? kfmt_size(m->bytes, a, sizeof a) : "the whole pool");
+    (void)s;
+    return reply(c, &r, NULL, 0);
+}
+
 /* A HELLO of another version is answered with both versions before the full check (its
    size may differ): its first fields are fixed for every version. */
 static bool other_version(struct srv_client *c, const unsigned char *buf, long n)
@@ -615,6 +630,7 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_INFO:    return on_info(s, c);
     case POOL_MSG_CLIENTS: return on_clients(s, c);
     case POOL_MSG_LIMIT:   return on_limit(s, c, buf);
+    case POOL_MSG_SET_LIMIT: return on_set_limit(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }

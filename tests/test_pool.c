@@ -792,3 +792,40 @@ Test(pool, client_reconnects_to_a_restarted_daemon)
     pd_stop(&d2);
     rmdir(d.dir);
 }
+
+/* kvvm_set_budget of a pool client is its limit in the daemon: raised, its grows get the
+   daemon's frames past the old limit (kvvmctl clients shows it); past the pool, refused
+   with the pool named and nothing changed. */
+Test(pool, set_budget_is_the_clients_limit)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                                 /* 16 frames */
+    struct kvvm_config c;
+    pool_cfg(&c, d.path, "elastic", 4);
+    c.n_regions = 1;
+    kvvm *kv = th_open(&c);
+    kvvm_seq s;
+    uint64_t tpp = PD_GRAN / BPT;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, 4 * tpp), 0, "%s", kvvm_last_error());
+    cr_expect_eq(kvvm_seq_grow(kv, s, 6 * tpp), -ENOMEM, "the budget (4 pages)");
+    cr_assert_eq(kvvm_set_budget(kv, 8 * PD_GRAN), 0, "%s", kvvm_last_error());
+    cr_expect_eq(kvvm_seq_grow(kv, s, 6 * tpp), 0, "the daemon's limit followed: %s",
+                 kvvm_last_error());
+    char out[4096];
+    cr_assert_eq(ctl(d.path, "--json clients", out, sizeof out), 0, "%s", out);
+    char want[128];
+    snprintf(want, sizeof want, "\"limit\":%u,", 8 * PD_GRAN);
+    cr_expect(strstr(out, want), "%s", out);
+    cr_expect_eq(kvvm_set_budget(kv, 32 * PD_GRAN), -EINVAL);
+    cr_expect(strstr(kvvm_last_error(), "more than the pool"), "%s", kvvm_last_error());
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    cr_assert_eq(kvvm_pool_info(kv, &pi), 0);
+    cr_expect_eq(pi.limit_bytes, 8 * PD_GRAN, "unchanged by the refused call");
+    kvvm_close(kv);
+    int cfd = control(d.path);
+    wait_pool_whole(cfd);
+    close(cfd);
+    pd_stop(&d);
+}
