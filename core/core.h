@@ -8,7 +8,8 @@
  *
  * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) or the
  * frame pool thread's (swap/frames.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
- * -> host arena mutex -> (vmm / driver internal locks) -> log lock. The frame pool thread
+ * -> host arena mutex or the pool client's mutex (pool/client.c) -> (vmm / driver internal
+ * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
@@ -62,6 +63,9 @@ struct kvvm {
                                      own lock and may be called without kvvm.lock */
     char *store_url;              /* owned copy of cfg.store_url */
     char *client_name;            /* owned copy of cfg.client_name */
+    char *pool_socket;            /* owned copy of cfg.pool_socket */
+    struct pool_cli *pool;        /* the kvvmd connection (core/pool.c; NULL: local frames) */
+    struct pg_frame_src pool_src; /* paging's frame source over it */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
                                      NULL without a store) */
     uint64_t base;                /* reservation base */
@@ -132,6 +136,29 @@ int core_make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl)
    Every function takes NULL for q (no store) as "nothing to do". The store is a cache:
    none of these fails a caller's call; a store failure is a miss or an entry not written,
    counted. */
+/* core/pool.c: the context as a client of the pool daemon (cfg.pool_socket). */
+struct pool_cli;
+struct pool_cli_counters;
+/* Before the vmm: connects to kvvmd and fits cfg to its pool (backend, emulated device,
+   page size, device_budget = the client's limit). 0 without pool_socket; -ECONNREFUSED,
+   -EINVAL, -ENOSPC, -EPROTO, -ENOMEM (logged naming the cause). */
+int  core_pool_open(kvvm *kv);
+/* After the vmm: the frame source paging gets (NULL without a pool). */
+const struct pg_frame_src *core_pool_source(kvvm *kv);
+/* kvvm_set_budget with a pool: b must fit the pool (-EINVAL naming it, before anything
+   moves: core_pool_budget_check); the daemon is told the new limit after the change. */
+int  core_pool_budget_check(kvvm *kv, size_t b);
+void core_pool_set_limit(kvvm *kv, size_t b);
+/* kvvm_trim: the frames leased and not handed to paging yet go back to the daemon; how
+   many (0 without a pool). */
+uint32_t core_pool_trim(kvvm *kv);
+/* After paging released its frames: the stash back, the connection closed. */
+void core_pool_close(kvvm *kv);
+/* The pool's stats (zeros without a pool). */
+void core_pool_counters(kvvm *kv, struct pool_cli_counters *out);
+/* "; pool: ..." for a -ENOMEM message (nothing without a pool). */
+void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos);
+
 struct storeq;
 struct storeq_counters {
     uint64_t puts, gets, hits, errors, bytes_out, bytes_in;   /* the store's, + given up */

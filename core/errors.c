@@ -117,6 +117,7 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
     } else if (ht) {
         json_put(b, n, &pos, "; no disk tier (spill_dir unset)");
     }
+    core_pool_explain(kv, b, n, &pos);          /* with a pool: the daemon's numbers */
     if ((w->what & PG_WHY_FRAMES) && !(kv->cfg.flags & KVVM_F_AUTO_SWAP))
         json_put(b, n, &pos, "; KVVM_F_AUTO_SWAP is off: the engine makes room itself "
                  "(kvvm_seq_swap_out, kvvm_seq_free)");
@@ -148,7 +149,8 @@ int core_explain(kvvm *kv, const char *call, int rc)
         klast_set("%s: -ENOMEM: no host tier configured (host_budget %zu is below one page "
                   "of %zu bytes; KVVM_HOST_BUDGET): a sequence has nowhere to be swapped out "
                   "to", call, kv->cfg.host_budget, kv->cfg.page_size);
-    else if (rc == -ENOMEM && (w->what & (PG_WHY_FRAMES | PG_WHY_HOST | PG_WHY_NO_HOST))) {
+    else if (rc == -ENOMEM && ((w->what & (PG_WHY_FRAMES | PG_WHY_HOST | PG_WHY_NO_HOST)) ||
+                               kv->pool)) {   /* a pool client: the daemon had no frame */
         explain_tiers(kv, w, b, sizeof b);
         klast_set("%s: -ENOMEM: %s", call, b);
     }

@@ -783,7 +783,8 @@ static int set_budget_locked(kvvm *kv, size_t b)
     if (rc)
         return rc;
     paging_feed_quiesce(kv->pg);            /* no frame in the pool thread's hands */
-    rc = core_budget_fits(kv, b);           /* others may hold the device's memory */
+    rc = kv->pool ? core_pool_budget_check(kv, b)   /* the pool: the daemon arbitrates */
+                  : core_budget_fits(kv, b);        /* others may hold the device's memory */
     if (!rc)
         rc = budget_make_room(kv, frames);
     if (!rc)
@@ -792,6 +793,7 @@ static int set_budget_locked(kvvm *kv, size_t b)
         return rc;
     KVVM_ASSERT(frames >= kv->cfg.n_regions && (size_t)frames * kv->cfg.page_size == b);
     kv->cfg.device_budget = b;
+    core_pool_set_limit(kv, b);             /* a pool client's limit is its budget */
     swap_set_frames(kv->sw, frames);        /* the watermarks follow */
     frames_set_budget(kv->fr, frames);      /* and the pool's marks (a refill round) */
     klog_info("kvvm_set_budget: %zu bytes (%u pages); %u frames released to the driver", b,
@@ -811,6 +813,7 @@ static int trim_locked(kvvm *kv, size_t keep)
     paging_feed_quiesce(kv->pg);
     uint64_t k = keep / kv->cfg.page_size;
     uint32_t n = paging_trim(kv->pg, k > UINT32_MAX ? UINT32_MAX : (uint32_t)k);
+    n += core_pool_trim(kv);        /* a pool client: its leased spares back to the daemon */
     klog_debug("kvvm_trim: %u unused frames released to the driver", n);
     return 0;
 }

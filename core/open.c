@@ -52,6 +52,8 @@ static int open_budget(kvvm *kv)
 {
     struct kvvm_config *c = &kv->cfg;
     size_t fr, tot, ps = c->page_size;
+    if (kv->pool)                   /* the daemon's pool: it arbitrates, not cuMemGetInfo */
+        return 0;
     int rc = vmm_mem_info(kv->v, &fr, &tot);
     if (rc)
         return rc;
@@ -159,6 +161,7 @@ static int open_layout(kvvm *kv)
         .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
     };
     core_tiers_params(kv, &pp);
+    pp.src = core_pool_source(kv);  /* NULL: this process's own frames */
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
         goto out_tiers;
@@ -258,13 +261,8 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     kv->cfg.spill_dir = kv->spill_dir;
-    if (kv->cfg.pool_socket) {
-        rc = kerr(-EOPNOTSUPP, "kvvm_open: pool_socket '%s': this build has no pool client "
-                  "yet (kvvmd is not part of it); leave pool_socket NULL (KVVM_POOL_SOCKET "
-                  "unset) so that this process creates its own frames",
-                  kv->cfg.pool_socket);
+    if ((rc = core_pool_open(kv)))      /* with pool_socket: the daemon's pool (pool.c) */
         goto out_free;
-    }
     if (kv->cfg.client_name && !(kv->client_name = strdup(kv->cfg.client_name))) {
         rc = -ENOMEM;
         goto out_free;
@@ -315,6 +313,7 @@ out_vmm:
 out_store:
     store_close(kv->store);
 out_free:
+    core_pool_close(kv);
     free(kv->store_url);
     free(kv->client_name);
     free(kv->spill_dir);
@@ -344,6 +343,7 @@ void kvvm_close(kvvm *kv)
     paging_disk_wait(kv->pg);       /* no page I/O in flight: pages may be released */
     prefix_destroy(kv->pfx);        /* the entries' pages (after swap: no plan reaches it) */
     paging_destroy(kv->pg);
+    core_pool_close(kv);            /* the frames paging gave back are the daemon's again */
     store_close(kv->store);
     core_tiers_close(kv);           /* the tiers below the device (core/tiers.c) */
     for (size_t i = 0; i < kv->n_streams; i++)

@@ -13,6 +13,7 @@
 #include <string.h>
 #include "common/log.h"
 #include "core/call.h"
+#include "pool/client.h"
 
 /* ---- stats -------------------------------------------------------------------------- */
 
@@ -47,8 +48,9 @@
     X(store_errors, q.errors) X(store_bytes_out, q.bytes_out)                      \
     X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)                       \
     X(store_unused, kv->store_unused)                                              \
-    X(pool_leases, 0) X(pool_returns, 0) X(pool_waits, 0) X(pool_wait_ns, 0)       \
-    X(pool_hit_blocks, 0) X(exports, 0) X(imports, 0)   /* no pool client yet */    \
+    X(pool_leases, pc.leases) X(pool_returns, pc.returns) X(pool_waits, pc.waits)   \
+    X(pool_wait_ns, pc.wait_ns)                                                     \
+    X(pool_hit_blocks, 0) X(exports, 0) X(imports, 0)   /* no sharing yet */        \
     X(store_dropped, q.dropped) X(store_queue_bytes, q.queue_bytes)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
@@ -82,6 +84,8 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
     swap_counters(kv->sw, &w);
     if (kv->spill)
         spill_stats_get(kv->spill, &d);
+    struct pool_cli_counters pc;                /* zeros without a pool */
+    core_pool_counters(kv, &pc);
     size_t mfree = 0, mtotal = 0;               /* 0 when the driver cannot say */
     if (vmm_mem_info(kv->v, &mfree, &mtotal))
         mfree = mtotal = 0;

@@ -408,6 +408,26 @@ KVVM_API int kvvm_stats_json(kvvm *kv, char *buf, size_t len);
    -EINVAL kv NULL, or buf NULL with len > 0; -EIO as every call. */
 KVVM_API int kvvm_metrics(kvvm *kv, char *buf, size_t len);
 
+/* ---- the pool (0.4; docs/api.md "The pool") ----
+   A context opened with pool_socket gets every frame from the kvvmd on that socket. */
+struct kvvm_pool_info {
+    size_t   size;              /* = sizeof(struct kvvm_pool_info), set by the caller */
+    uint64_t pool_bytes;        /* the daemon's pool */
+    uint64_t free_bytes;        /* held by no client and no entry */
+    uint64_t held_bytes;        /* frames leased to this client (mapped or ready); frames
+                                   it maps from shared entries or imports are not leased to
+                                   it, so a zero-copy attach or import leaves this as is */
+    uint64_t reserve_bytes, limit_bytes;
+    uint32_t n_clients;
+    int      connected;         /* 1 while the daemon answers */
+    uint64_t shared_entries;    /* entries of the daemon's shared prefix index */
+    uint64_t shared_bytes;      /* frames they hold (unimported exports not included) */
+};
+/* Fills min(info->size, sizeof) bytes with the pool's figures now (one request to the
+   daemon; the last known figures once it is gone, connected 0). -EOPNOTSUPP without a
+   pool; -EINVAL info NULL or info->size not set. */
+KVVM_API int kvvm_pool_info(kvvm *kv, struct kvvm_pool_info *info);
+
 /* ---- elastic device memory (0.2) ----
    kvvm_set_budget: changes the device budget at run time (a multiple of page_size, > 0, at
    most the device's capacity; the emulated device: emu_device_bytes). Growing takes effect

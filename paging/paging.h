@@ -128,6 +128,18 @@ struct pg_policy_ops {
    and prefix paths use its first page. Reserved address space only. */
 #define PG_SCRATCH_PAGES 32u
 
+/* Where frames come from (paging_params.src; NULL: this process's own cuMemCreate and
+   cuMemRelease through the vmm). A pool client (core/pool.c over pool/client.c) leases them
+   from the kvvmd daemon instead. create: one frame of page_size bytes, on the engine's
+   thread in a call (caller) or on the frame pool thread; 0, -ENOMEM (none to be had now),
+   -EIO. release: the frame is unmapped; 0, or -EIO refused (it stays the caller's). Both
+   thread-safe: the two threads may call at once. */
+struct pg_frame_src {
+    int  (*create)(void *arg, vmm_handle *out, bool caller);
+    int  (*release)(void *arg, vmm_handle h);
+    void *arg;
+};
+
 struct paging_params {
     uint32_t n_regions;
     uint64_t bytes_per_token;    /* per region */
@@ -158,6 +170,7 @@ struct paging_params {
     /* the tiers below the device (PG_LOWER_*; NULL: absent). Without a host tier swap_out
        is -ENOMEM; the disk tier needs a host tier (ignored without one). */
     const struct pg_tier_ops *tier[PG_N_LOWER];
+    const struct pg_frame_src *src;  /* NULL: local frames */
 };
 
 struct paging_counters {

@@ -22,6 +22,21 @@
 #include "common/assert.h"
 #include "common/log.h"
 
+/* ---- the frame source (paging.h struct pg_frame_src): the only places frames are made and
+   released; NULL source: this process's own cuMemCreate / cuMemRelease ---------------------- */
+
+static int frame_src_create(struct paging *pg, vmm_handle *h, bool caller)
+{
+    const struct pg_frame_src *src = pg->p.src;
+    return src ? src->create(src->arg, h, caller) : vmm_phys_create(pg->v, pg->p.page_size, h);
+}
+
+static int frame_src_release(struct paging *pg, vmm_handle h)
+{
+    const struct pg_frame_src *src = pg->p.src;
+    return src ? src->release(src->arg, h) : vmm_phys_release(pg->v, h);
+}
+
 /* Frees the frame, page descriptor and feed arrays (pool_fini: nothing left to release). */
 static void pool_free_arrays(struct paging *pg)
 {
@@ -67,10 +82,10 @@ void pool_fini(struct paging *pg)
         if (pg->fr.frames[i].state != FR_READY)
             klog_error("paging: frame %u still in state %u at close", i + 1,
                        pg->fr.frames[i].state);
-        (void)vmm_phys_release(pg->v, pg->fr.frames[i].h);    /* refused: logged */
+        (void)frame_src_release(pg, pg->fr.frames[i].h);    /* refused: logged */
     }
     for (uint32_t i = 0; i < pg->fr.feed.n_in; i++)     /* delivered, never drained */
-        (void)vmm_phys_release(pg->v, pg->fr.feed.in[i]);
+        (void)frame_src_release(pg, pg->fr.feed.in[i]);
     pthread_cond_destroy(&pg->fr.feed.cv);
     pthread_mutex_destroy(&pg->fr.feed.mu);
     pool_free_arrays(pg);
@@ -224,7 +239,7 @@ static int pool_create_one(struct paging *pg)
     if (!budget_room(pg))
         return -ENOMEM;
     vmm_handle h;
-    int rc = vmm_phys_create(pg->v, pg->p.page_size, &h);
+    int rc = frame_src_create(pg, &h, true);
     if (rc)
         return rc;
     frame_add(pg, h, ++pg->fr.n_created);
@@ -251,7 +266,7 @@ uint32_t pool_available(const struct paging *pg)
    the frame: a refused release must not leak a handle the pool forgot). */
 static bool release_ok(struct paging *pg, vmm_handle h)
 {
-    return !vmm_phys_release(pg->v, h) || vmm_dead(pg->v);
+    return !frame_src_release(pg, h) || vmm_dead(pg->v);
 }
 
 uint32_t pool_release_ready(struct paging *pg, uint32_t keep)
@@ -431,7 +446,7 @@ uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)
     uint32_t made = 0;
     for (uint32_t i = 0; i < pl->create; i++) {
         vmm_handle h;
-        int rc = vmm_phys_create(pg->v, pg->p.page_size, &h);
+        int rc = frame_src_create(pg, &h, false);    /* the frame pool thread */
         pthread_mutex_lock(&fd->mu);
         if (rc) {
             fd->creating -= pl->create - i;      /* the rest of the reservation back */

@@ -23,7 +23,7 @@ if [ "${1:-}" = --runs ]; then
 fi
 CC=clang cmake -S . -B build-fuzz -DKVVM_FUZZ=ON -DKVVM_BUILD_TESTS=OFF -DKVVM_BUILD_TOOLS=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_api >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_api fuzz_pool >/dev/null
 bin=build-fuzz/tests/fuzz/fuzz_api
 mkdir -p build-fuzz/corpus build-fuzz/artifacts
 # The target's file:// store directories (one per process) go under TMPDIR: a directory of
@@ -39,3 +39,10 @@ echo "fuzz: fuzzing, $what"
 "$bin" -seed="${KVVMTEST_FUZZ_SEED:-1}" "${limit[@]}" -max_len=1024 -len_control=0 -timeout=60 \
        -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 \
        build-fuzz/corpus tests/fuzz/corpus
+# The pool protocol's parser (tests/fuzz/fuzz_pool: every message kvvmd or a client
+# receives): the same bound, its own corpus directory.
+mkdir -p build-fuzz/corpus_pool
+echo "fuzz: the pool protocol's parser, $what"
+build-fuzz/tests/fuzz/fuzz_pool -seed="${KVVMTEST_FUZZ_SEED:-1}" "${limit[@]}" -max_len=1024 \
+       -artifact_prefix=build-fuzz/artifacts/ -print_final_stats=1 build-fuzz/corpus_pool \
+       tests/fuzz/corpus_pool

@@ -5,7 +5,8 @@
 # Builds libkvvm Release in a build folder of its own (build-bundle/, or --build-dir D;
 # --from-build D copies from an existing build instead of building: the CTest test does so)
 # and puts into DIR:
-#   bin/       kvvm-gpucheck, kvvm-bench, kvvm-stress, test_cuda: wrappers that set
+#   bin/       kvvm-gpucheck, kvvm-bench, kvvm-stress, test_cuda, kvvmd, kvvmctl (the pool
+#              daemon and its control tool): wrappers that set
 #              LD_LIBRARY_PATH to DIR/lib and run the real binaries of libexec/
 #   libexec/   the binaries
 #   lib/       libkvvm.so (and its soname links) and every shared library the binaries need
@@ -37,10 +38,11 @@ if [ -z "$from" ]; then
   echo "gpu-bundle: building Release in $build"
   cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVVM_BUILD_TOOLS=ON >/dev/null
   cmake --build "$build" -j"$jobs" --target kvvm kvvm-gpucheck kvvm-bench kvvm-stress \
-    test_cuda >/dev/null
+    test_cuda kvvmd kvvmctl >/dev/null
   from=$build
 fi
-bins=(tools/kvvm-gpucheck tools/kvvm-bench tools/kvvm-stress tests/test_cuda)
+bins=(tools/kvvm-gpucheck tools/kvvm-bench tools/kvvm-stress tests/test_cuda tools/kvvmd
+      tools/kvvmctl)
 for b in "${bins[@]}" libkvvm.so; do
   [ -e "$from/$b" ] || { echo "gpu-bundle: $from/$b is missing (build it first)" >&2; exit 1; }
 done

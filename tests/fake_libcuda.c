@@ -88,6 +88,8 @@ static const struct { const char *name; int since, until; } abis[] = {
     { "cuMemAddressFree", 10020, 0 },   { "cuMemCreate", 10020, 0 },
     { "cuMemRelease", 10020, 0 },       { "cuMemMap", 10020, 0 },
     { "cuMemUnmap", 10020, 0 },         { "cuMemSetAccess", 10020, 0 },
+    { "cuMemExportToShareableHandle", 10020, 0 },
+    { "cuMemImportFromShareableHandle", 10020, 0 },
     { "cuMemcpyHtoDAsync", 3020, 0 },   { "cuMemcpyDtoHAsync", 3020, 0 },
     { "cuMemcpyDtoDAsync", 3020, 0 },   { "cuMemsetD8Async", 3020, 0 },
     { "cuStreamCreate", 2000, 0 },      { "cuStreamDestroy", 4000, 0 },
@@ -120,7 +122,8 @@ static void *emu_fn(const char *name)
     F(cuDevicePrimaryCtxRetain) F(cuDevicePrimaryCtxRelease) F(cuCtxSetCurrent)
     F(cuCtxGetCurrent) F(cuCtxSynchronize) F(cuMemGetAllocationGranularity)
     F(cuMemAddressReserve) F(cuMemAddressFree) F(cuMemCreate) F(cuMemRelease) F(cuMemMap)
-    F(cuMemUnmap) F(cuMemSetAccess) F(cuMemcpyHtoDAsync) F(cuMemcpyDtoHAsync)
+    F(cuMemUnmap) F(cuMemSetAccess) F(cuMemExportToShareableHandle)
+    F(cuMemImportFromShareableHandle) F(cuMemcpyHtoDAsync) F(cuMemcpyDtoHAsync)
     F(cuMemcpyDtoDAsync) F(cuMemsetD8Async) F(cuStreamCreate) F(cuStreamDestroy)
     F(cuStreamSynchronize) F(cuStreamQuery) F(cuStreamWaitEvent) F(cuStreamIsCapturing) F(cuStreamGetCtx)
     F(cuThreadExchangeStreamCaptureMode)

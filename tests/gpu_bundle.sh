@@ -14,7 +14,8 @@ fail=0
 bad() { echo "gpu_bundle: FAIL: $*"; fail=1; }
 bash "$src/scripts/gpu-bundle.sh" "$tmp/bundle" --from-build "$build" || bad "gpu-bundle.sh failed"
 b=$tmp/bundle
-for f in bin/kvvm-gpucheck bin/kvvm-bench bin/kvvm-stress bin/test_cuda lib/libkvvm.so \
+for f in bin/kvvm-gpucheck bin/kvvm-bench bin/kvvm-stress bin/test_cuda bin/kvvmd bin/kvvmctl \
+         lib/libkvvm.so \
          python/kvvm/__init__.py tools/torch_probe.py run-gpu-check.sh; do
   [ -e "$b/$f" ] || bad "$f missing from the bundle"
 done
@@ -33,6 +34,7 @@ for f in "$b"/libexec/* "$b"/lib/*.so*; do
 done
 # the wrappers run (no GPU needed for --help)
 "$b/bin/kvvm-stress" --help >/dev/null 2>&1 || bad "bin/kvvm-stress --help failed"
+"$b/bin/kvvmd" --help >/dev/null 2>&1 || bad "bin/kvvmd --help failed"
 KVVM_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$b/run-gpu-check.sh" "$tmp/out" >"$tmp/log" 2>&1
 st=$?
 cat "$tmp/log"

@@ -58,6 +58,8 @@ depends "$dev" "(^|, )libkvvm0 \(= $version\)"
 has   "$tools" "usr/bin/kvvm-stress"
 has   "$tools" "usr/bin/kvvm-bench"
 has   "$tools" "usr/bin/kvvm-gpucheck"
+has   "$tools" "usr/bin/kvvmd"
+has   "$tools" "usr/bin/kvvmctl"
 dpkg-deb -f "$tools" Description | grep kvvm-gpucheck >/dev/null ||
     { echo "FAIL: kvvm-tools' Description does not name kvvm-gpucheck"; fail=1; }
 for d in "$rt" "$dev" "$tools"; do

@@ -237,7 +237,7 @@ Test(emu, create_checks_prop_and_size)
     p = prop_of(ord + 3);
     cr_expect_eq(A->cuMemCreate(&h, G, &p, 0), KCU_ERROR_INVALID_DEVICE, "location id");
     p = prop_of(ord);
-    p.requestedHandleTypes = 1;
+    p.requestedHandleTypes = 8;         /* fabric: only POSIX descriptors are emulated */
     cr_expect_eq(A->cuMemCreate(&h, G, &p, 0), KCU_ERROR_NOT_SUPPORTED, "handle types");
     p = prop_of(ord);
     p.win32HandleMetaData = &p;

@@ -75,6 +75,7 @@ typedef unsigned long long kcu_mem_handle;      /* CUmemGenericAllocationHandle 
 #define KCU_MEM_ALLOCATION_TYPE_PINNED     1
 #define KCU_MEM_LOCATION_TYPE_DEVICE       1
 #define KCU_MEM_HANDLE_TYPE_NONE           0
+#define KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1   /* an int file descriptor */
 #define KCU_MEM_ACCESS_FLAGS_PROT_NONE     0
 #define KCU_MEM_ACCESS_FLAGS_PROT_READ     1
 #define KCU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
@@ -166,6 +167,16 @@ struct kcu_api {
     kcu_result (*cuMemUnmap)(kcu_deviceptr ptr, size_t size);                       /* 10020 */
     kcu_result (*cuMemSetAccess)(kcu_deviceptr ptr, size_t size,
                                  const struct kcu_mem_access_desc *desc, size_t count); /* 10020 */
+    /* Shareable handles. Export: for KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+       shareableHandle points to an int that receives a new file descriptor (the caller's
+       to close), valid only for a handle created with that type in requestedHandleTypes.
+       Import: osHandle is the file descriptor itself, cast ((void *)(uintptr_t)fd); the
+       caller keeps and closes it; the new handle is released with cuMemRelease. */
+    kcu_result (*cuMemExportToShareableHandle)(void *shareableHandle, kcu_mem_handle handle,
+                                               int handleType,
+                                               unsigned long long flags);     /* 10020 */
+    kcu_result (*cuMemImportFromShareableHandle)(kcu_mem_handle *handle, void *osHandle,
+                                                 int shHandleType);           /* 10020 */
 
     kcu_result (*cuMemcpyHtoDAsync)(kcu_deviceptr dst, const void *src, size_t bytes,
                                     kcu_stream stream);                             /* 3020 */

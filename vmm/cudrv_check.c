@@ -48,6 +48,8 @@
     X(cuMemMap, (T_DPTR, size_t, size_t, T_HANDLE, T_ULL))                               \
     X(cuMemUnmap, (T_DPTR, size_t))                                                      \
     X(cuMemSetAccess, (T_DPTR, size_t, const T_ACCESS *, size_t))                        \
+    X(cuMemExportToShareableHandle, (void *, T_HANDLE, T_HTYPE, T_ULL))                  \
+    X(cuMemImportFromShareableHandle, (T_HANDLE *, void *, T_HTYPE))                     \
     X(cuMemcpyHtoDAsync, (T_DPTR, const void *, size_t, T_STREAM))                       \
     X(cuMemcpyDtoHAsync, (void *, T_DPTR, size_t, T_STREAM))                             \
     X(cuMemcpyDtoDAsync, (T_DPTR, T_DPTR, size_t, T_STREAM))                             \
@@ -83,6 +85,7 @@
 #define T_GRAN    int
 #define T_CAPTURE int
 #define T_CAPMODE int
+#define T_HTYPE   int
 #define T_PTRATTR int
 #define T_CTX     kcu_context
 #define T_STREAM  kcu_stream
@@ -110,6 +113,7 @@ typedef kcu_result k_T_RESULT;  typedef kcu_device k_T_DEVICE;  typedef int k_T_
 typedef int k_T_GRAN;           typedef int k_T_CAPTURE;        typedef kcu_context k_T_CTX;
 typedef kcu_stream k_T_STREAM;  typedef kcu_event k_T_EVENT;    typedef kcu_deviceptr k_T_DPTR;
 typedef kcu_mem_handle k_T_HANDLE; typedef int k_T_CAPMODE; typedef int k_T_PTRATTR;
+typedef int k_T_HTYPE;
 
 #undef T_RESULT
 #undef T_UINT
@@ -120,6 +124,7 @@ typedef kcu_mem_handle k_T_HANDLE; typedef int k_T_CAPMODE; typedef int k_T_PTRA
 #undef T_GRAN
 #undef T_CAPTURE
 #undef T_CAPMODE
+#undef T_HTYPE
 #undef T_PTRATTR
 #undef T_CTX
 #undef T_STREAM
@@ -142,6 +147,7 @@ typedef kcu_mem_handle k_T_HANDLE; typedef int k_T_CAPMODE; typedef int k_T_PTRA
 #define T_GRAN    CUmemAllocationGranularity_flags
 #define T_CAPTURE CUstreamCaptureStatus
 #define T_CAPMODE CUstreamCaptureMode
+#define T_HTYPE   CUmemAllocationHandleType
 #define T_PTRATTR CUpointer_attribute
 #define T_CTX     CUcontext
 #define T_STREAM  CUstream
@@ -183,6 +189,8 @@ typedef kcu_mem_handle k_T_HANDLE; typedef int k_T_CAPMODE; typedef int k_T_PTRA
 #define CU_PROTO_cuMemMap                      PFN_cuMemMap_v10020
 #define CU_PROTO_cuMemUnmap                    PFN_cuMemUnmap_v10020
 #define CU_PROTO_cuMemSetAccess                PFN_cuMemSetAccess_v10020
+#define CU_PROTO_cuMemExportToShareableHandle  PFN_cuMemExportToShareableHandle_v10020
+#define CU_PROTO_cuMemImportFromShareableHandle PFN_cuMemImportFromShareableHandle_v10020
 #define CU_PROTO_cuMemcpyHtoDAsync             PFN_cuMemcpyHtoDAsync_v3020
 #define CU_PROTO_cuMemcpyDtoHAsync             PFN_cuMemcpyDtoHAsync_v3020
 #define CU_PROTO_cuMemcpyDtoDAsync             PFN_cuMemcpyDtoDAsync_v3020
@@ -263,6 +271,7 @@ SAME_ABI(k_T_ATTR, CUdevice_attribute)
 SAME_ABI(k_T_GRAN, CUmemAllocationGranularity_flags)
 SAME_ABI(k_T_CAPTURE, CUstreamCaptureStatus)
 SAME_ABI(k_T_CAPMODE, CUstreamCaptureMode)
+SAME_ABI(k_T_HTYPE, CUmemAllocationHandleType)
 SAME_ABI(k_T_PTRATTR, CUpointer_attribute)
 SAME_ABI(k_T_CTX, CUcontext)
 SAME_ABI(k_T_STREAM, CUstream)
@@ -350,6 +359,7 @@ SAME(KCU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
 SAME(KCU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED)
 SAME(KCU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE)
 SAME(KCU_MEM_HANDLE_TYPE_NONE, CU_MEM_HANDLE_TYPE_NONE)
+SAME(KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
 SAME(KCU_MEM_ACCESS_FLAGS_PROT_NONE, CU_MEM_ACCESS_FLAGS_PROT_NONE)
 SAME(KCU_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READ)
 SAME(KCU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)

@@ -47,6 +47,8 @@ static const struct drv_cuda_sym cuda_syms[] = {
     SYM(cuMemMap, 10020),
     SYM(cuMemUnmap, 10020),
     SYM(cuMemSetAccess, 10020),
+    SYM(cuMemExportToShareableHandle, 10020),
+    SYM(cuMemImportFromShareableHandle, 10020),
     SYM(cuMemcpyHtoDAsync, 3020),
     SYM(cuMemcpyDtoHAsync, 3020),
     SYM(cuMemcpyDtoDAsync, 3020),

@@ -35,32 +35,9 @@
 #include "drv_cuda.h"
 #include "drv_emu.h"
 #include "spares.h"
+#include "vmm_int.h"
 
-struct vmm {
-    const struct kcu_api *api;
-    kcu_device dev;
-    kcu_context ctx;            /* retained primary context */
-    int emu_ordinal;            /* emulated device we created, or -1 */
-    const struct kcu_debug *dbg; /* the driver's debug hooks (emulated only), or NULL */
-    size_t granule;             /* minimum allocation granularity, bytes */
-    size_t device_bytes;
-    char dev_name[128];
-    int dead;                   /* atomic: a sticky driver error was seen */
-
-    uint64_t base;              /* the reservation; 0 = none. Owned by the opener's thread */
-    size_t reserved;            /* bytes */
-
-    /* Live objects, for leak reports at close (atomics: calls come from any thread). */
-    int64_t n_handles, n_mapped_bytes, n_streams, n_fences, n_host_allocs, n_host_regs;
-    uint64_t n_create_oom;      /* atomic: cuMemCreate out-of-memory failures */
-    int unmap_each;             /* the driver refused one cuMemUnmap over several mappings
-                                   (probe_unmap_span at open): vmm_unmap unmaps each */
-    size_t map_unit;            /* atomic: bytes of one mapping (vmm_map_run's page_size) */
-    struct vmm_spares spares;   /* fences made ahead (spares.c) */
-};
-
-
-static void count(int64_t *c, int64_t d)
+void vmm_count(int64_t *c, int64_t d)
 {
     int64_t now = __atomic_add_fetch(c, d, __ATOMIC_RELAXED);
     KVVM_ASSERT(now >= 0);            /* a release counted once, after its create */
@@ -124,6 +101,10 @@ static int drv_err(struct vmm *v, const char *entry, kcu_result r)
 {
     return drv_err_at(v, entry, r, KVVM_LOG_ERROR);
 }
+int vmm_drv_fail(struct vmm *v, const char *entry, kcu_result r)
+{
+    return drv_err_at(v, entry, r, KVVM_LOG_ERROR);
+}
 
 bool vmm_dead(const struct vmm *v)
 {
@@ -180,7 +161,7 @@ void vmm_call_end(struct vmm *v)
    current context is asked of the driver each time (a thread-local read in the driver):
    the engine may have switched devices on this thread since our last call, and a cached
    answer would then run our copies in its context. */
-static int enter(struct vmm *v)
+int vmm_enter(struct vmm *v)
 {
     if (vmm_dead(v))
         return -EIO;
@@ -205,7 +186,7 @@ static int enter_release(struct vmm *v)
 {
     if (vmm_dead(v))
         return -EIO;
-    (void)enter(v);
+    (void)vmm_enter(v);
     return 0;
 }
 
@@ -225,7 +206,7 @@ void vmm_ctx_restore(struct vmm *v, kcu_context prev)
 
 #define ENTER(v)                        \
     do {                                \
-        int enter_err_ = enter(v);      \
+        int enter_err_ = vmm_enter(v);  \
         if (enter_err_)                 \
             return enter_err_;          \
     } while (0)
@@ -236,7 +217,8 @@ static void alloc_prop(const struct vmm *v, struct kcu_mem_alloc_prop *prop)
 {
     memset(prop, 0, sizeof *prop);
     prop->type = KCU_MEM_ALLOCATION_TYPE_PINNED;
-    prop->requestedHandleTypes = KCU_MEM_HANDLE_TYPE_NONE;
+    prop->requestedHandleTypes = v->shareable ? KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                              : KCU_MEM_HANDLE_TYPE_NONE;
     prop->location.type = KCU_MEM_LOCATION_TYPE_DEVICE;
     prop->location.id = v->dev;
 }
@@ -344,6 +326,7 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
     if (!v)
         return -ENOMEM;
     v->emu_ordinal = -1;
+    v->shareable = p->shareable != 0;
 
     int err = pick_backend(p, v);
     if (err)
@@ -464,7 +447,7 @@ void vmm_close_to(struct vmm *v, kcu_context prev)
     if (!v)
         return;
     const struct kcu_api *a = v->api;
-    bool ctx_ok = !vmm_dead(v) && !enter(v);
+    bool ctx_ok = !vmm_dead(v) && !vmm_enter(v);
     if (ctx_ok) {
         kcu_result r = a->cuCtxSynchronize();
         if (r != KCU_SUCCESS)
@@ -621,7 +604,7 @@ int vmm_phys_create(struct vmm *v, size_t bytes, vmm_handle *out)
         return create_oom(v);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemCreate", r);
-    count(&v->n_handles, 1);
+    vmm_count(&v->n_handles, 1);
     out->h = h;
     return 0;
 }
@@ -635,7 +618,7 @@ int vmm_phys_release(struct vmm *v, vmm_handle h)
         drv_err(v, "cuMemRelease", r);
         return -EIO;
     }
-    count(&v->n_handles, -1);
+    vmm_count(&v->n_handles, -1);
     return 0;
 }
 
@@ -676,7 +659,7 @@ int vmm_map_run(struct vmm *v, uint64_t va, const vmm_handle *pages, size_t n,
         err = drv_err(v, "cuMemSetAccess", r);
         goto out_unmap;
     }
-    count(&v->n_mapped_bytes, (int64_t)len);
+    vmm_count(&v->n_mapped_bytes, (int64_t)len);
     return 0;
 
 out_unmap:
@@ -688,7 +671,7 @@ out_unmap:
             klog_error("vmm_map_run: undo of page %zu at 0x%llx failed; it stays mapped",
                        k, (unsigned long long)(va + k * page_size));
             drv_err(v, "cuMemUnmap", r);
-            count(&v->n_mapped_bytes, (int64_t)page_size);
+            vmm_count(&v->n_mapped_bytes, (int64_t)page_size);
         }
     }
     return err;
@@ -709,14 +692,14 @@ int vmm_unmap(struct vmm *v, uint64_t va, size_t bytes)
             kcu_result r = v->api->cuMemUnmap(va + off, unit);
             if (r != KCU_SUCCESS)
                 return drv_err(v, "cuMemUnmap", r);
-            count(&v->n_mapped_bytes, -(int64_t)unit);
+            vmm_count(&v->n_mapped_bytes, -(int64_t)unit);
         }
         return 0;
     }
     kcu_result r = v->api->cuMemUnmap(va, bytes);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemUnmap", r);
-    count(&v->n_mapped_bytes, -(int64_t)bytes);
+    vmm_count(&v->n_mapped_bytes, -(int64_t)bytes);
     return 0;
 }
 
@@ -735,7 +718,7 @@ int vmm_stream_create(struct vmm *v, kcu_stream *out)
     kcu_result r = v->api->cuStreamCreate(out, KCU_STREAM_NON_BLOCKING);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuStreamCreate", r);
-    count(&v->n_streams, 1);
+    vmm_count(&v->n_streams, 1);
     return 0;
 }
 
@@ -747,7 +730,7 @@ int vmm_stream_destroy(struct vmm *v, kcu_stream s)
     kcu_result r = v->api->cuStreamDestroy(s);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuStreamDestroy", r);
-    count(&v->n_streams, -1);
+    vmm_count(&v->n_streams, -1);
     return 0;
 }
 
@@ -819,7 +802,7 @@ int vmm_fence_new(struct vmm *v, vmm_fence *f)
                                                  KCU_EVENT_BLOCKING_SYNC);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuEventCreate", r);
-    count(&v->n_fences, 1);
+    vmm_count(&v->n_fences, 1);
     return 0;
 }
 
@@ -833,7 +816,7 @@ void vmm_fence_destroy(struct vmm *v, vmm_fence *f)
         return;
     }
     f->ev = NULL;
-    count(&v->n_fences, -1);
+    vmm_count(&v->n_fences, -1);
 }
 
 int vmm_fence_record(struct vmm *v, vmm_fence *f, kcu_stream s)
@@ -924,7 +907,7 @@ int vmm_host_alloc(struct vmm *v, size_t bytes, void **out)
     kcu_result r = v->api->cuMemAllocHost(out, bytes);
     if (r != KCU_SUCCESS)
         return drv_err(v, "cuMemAllocHost", r);
-    count(&v->n_host_allocs, 1);
+    vmm_count(&v->n_host_allocs, 1);
     return 0;
 }
 
@@ -937,7 +920,7 @@ void vmm_host_free(struct vmm *v, void *p)
         drv_err(v, "cuMemFreeHost", r);
         return;
     }
-    count(&v->n_host_allocs, -1);
+    vmm_count(&v->n_host_allocs, -1);
 }
 
 int vmm_host_register(struct vmm *v, void *p, size_t bytes)
@@ -948,7 +931,7 @@ int vmm_host_register(struct vmm *v, void *p, size_t bytes)
     kcu_result r = v->api->cuMemHostRegister(p, bytes, KCU_MEMHOSTREGISTER_PORTABLE);
     if (r != KCU_SUCCESS)   /* a warning: the host arena falls back to pageable memory */
         return drv_err_at(v, "cuMemHostRegister", r, KVVM_LOG_WARN);
-    count(&v->n_host_regs, 1);
+    vmm_count(&v->n_host_regs, 1);
     return 0;
 }
 
@@ -980,7 +963,7 @@ int vmm_host_pinned(struct vmm *v, const void *p, size_t n)
 int vmm_ptr_is_device(struct vmm *v, const void *p)
 {
     unsigned type = 0;
-    if (!p || enter(v))
+    if (!p || vmm_enter(v))
         return 0;
     kcu_result r = v->api->cuPointerGetAttribute(&type, KCU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                                  (kcu_deviceptr)(uintptr_t)p);
@@ -996,5 +979,5 @@ void vmm_host_unregister(struct vmm *v, void *p)
         drv_err(v, "cuMemHostUnregister", r);
         return;
     }
-    count(&v->n_host_regs, -1);
+    vmm_count(&v->n_host_regs, -1);
 }

@@ -34,6 +34,8 @@ struct vmm_params {
     size_t emu_capacity;        /* emulated device bytes */
     size_t emu_granule;         /* emulated granule; 0 = 2 MiB */
     int    emu_opaque;          /* emulated windows not CPU-accessible */
+    int    shareable;           /* vmm_phys_create makes exportable handles (POSIX file
+                                   descriptors: vmm_handle_export), e.g. the pool daemon's */
 };
 
 /* Physical handle of one page (typed so it cannot be mixed with addresses). */
@@ -101,6 +103,17 @@ bool vmm_unmaps_each(const struct vmm *v);
 uint64_t vmm_create_ooms(const struct vmm *v);
 /* Release: 0, or -EIO when the driver refused (the handle is still the caller's). */
 int  vmm_phys_release(struct vmm *v, vmm_handle h);
+
+/* Shareable handles (vmm/share.c), POSIX file descriptors: what the pool daemon hands its
+   clients. vmm_handle_export: a new descriptor of h (the caller's to close); h must have
+   been made by a vmm opened with params.shareable (else -EINVAL, the driver's refusal).
+   vmm_handle_import: a handle of this device for the allocation fd names (bytes: its size,
+   a multiple of the granule), in this process or another; the caller keeps fd (close it
+   after the import); release the handle with vmm_phys_release. The allocation lives while
+   any process holds a handle or a mapping of it, whoever released first. -EINVAL, -ENOMEM,
+   -EIO. */
+int  vmm_handle_export(struct vmm *v, vmm_handle h, int *fd);
+int  vmm_handle_import(struct vmm *v, int fd, size_t bytes, vmm_handle *out);
 
 /* Maps n pages of page_size bytes at va, va + page_size, ... with one set-access (read and
    write) over the whole run. va inside the reservation, page-aligned, the range unmapped.

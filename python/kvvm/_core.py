@@ -466,6 +466,14 @@ class Context:
         _call(L.kvvm_stats, self._h(), ctypes.byref(st))
         return {n: getattr(st, n) for n in _lib.STATS_FIELDS}
 
+    def pool_info(self):
+        """struct kvvm_pool_info as a dict: the kvvmd pool this context leases from
+        (kvvm.Error with errno EOPNOTSUPP for a context opened without pool_socket)."""
+        pi = _lib.PoolInfo()
+        pi.size = ctypes.sizeof(pi)
+        _call(L.kvvm_pool_info, self._h(), ctypes.byref(pi))
+        return {n: getattr(pi, n) for n, _ in _lib.PoolInfo._fields_ if n != "size"}
+
     def stats_json(self):
         """kvvm_stats_json parsed: stats, layout, effective config, backend, version."""
         n = 8192

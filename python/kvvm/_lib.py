@@ -123,6 +123,14 @@ class Stats(ctypes.Structure):
     _fields_ = [("size", c_size_t)] + [(n, c_u64) for n in STATS_FIELDS]
 
 
+class PoolInfo(ctypes.Structure):
+    """struct kvvm_pool_info."""
+    _fields_ = [("size", c_size_t), ("pool_bytes", c_u64), ("free_bytes", c_u64),
+                ("held_bytes", c_u64), ("reserve_bytes", c_u64), ("limit_bytes", c_u64),
+                ("n_clients", c_u32), ("connected", c_int), ("shared_entries", c_u64),
+                ("shared_bytes", c_u64)]
+
+
 LOG_FN = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 
 # name: (restype, argtypes). Every int-returning call returns 0 or a negative errno.
@@ -158,6 +166,7 @@ _PROTOS = {
     "kvvm_seq_addr": (c_int, [c_void_p, c_u64, c_u32, P(c_u64)]),
     "kvvm_seq_info": (c_int, [c_void_p, c_u64, P(SeqInfo)]),
     "kvvm_stats": (c_int, [c_void_p, P(Stats)]),
+    "kvvm_pool_info": (c_int, [c_void_p, P(PoolInfo)]),
     "kvvm_stats_json": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
     "kvvm_metrics": (c_int, [c_void_p, ctypes.c_char_p, c_size_t]),
     "kvvm_set_budget": (c_int, [c_void_p, c_size_t]),

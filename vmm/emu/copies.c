@@ -44,7 +44,7 @@ static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t w
         len += rv->gran;
     }
     *run = min_sz(len, want);
-    return h->dev->view + (h->base + e->off) * d->gran + in;
+    return emu_handle_mem(h) + e->off * d->gran + in;
 }
 
 /* True when every byte of [va, va + n) is mapped (any access): copies are refused up front

@@ -112,6 +112,7 @@ kcu_result emu_cuMemGetInfo(size_t *free_bytes, size_t *total)
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
+    emu_share_reap_locked(cur);
     size_t used = (size_t)cur->c.handle_bytes + cur->held;
     *free_bytes = used < cur->capacity ? cur->capacity - used : 0;
     *total = cur->capacity;
@@ -419,11 +420,14 @@ static int destroy_memory_locked(struct emu_dev *d)
     for (size_t i = 0; i < emu.handles_cap; i++) {
         if (emu.handles[i].dev != d)
             continue;
-        klog_error("emulated device %d: leaked handle of %zu bytes", d->ordinal,
-                   emu.handles[i].ngran * d->gran);
-        leaks++;
+        if (!emu.handles[i].lingering) {   /* a lingering one was released: no leak */
+            klog_error("emulated device %d: leaked %shandle of %zu bytes", d->ordinal,
+                       emu.handles[i].kind == EMU_H_IMPORTED ? "imported " : "",
+                       emu.handles[i].ngran * d->gran);
+            leaks++;
+        }
         emu.handles[i].released = true;
-        emu_handle_maybe_free_locked(i);
+        emu_handle_free_now_locked(i);
     }
     for (struct emu_host *h = emu.hosts, *next; h; h = next) {
         next = h->next;
@@ -476,8 +480,10 @@ int emu_counters_get(int ordinal, struct emu_counters *out)
         return -EINVAL;
     pthread_mutex_lock(&emu.lock);
     struct emu_dev *d = emu_dev_get_locked(ordinal);
-    if (d)
+    if (d) {
+        emu_share_reap_locked(d);
         *out = d->c;
+    }
     pthread_mutex_unlock(&emu.lock);
     return d ? 0 : -ENODEV;
 }
@@ -491,8 +497,8 @@ static int debug_objects(int ordinal, uint64_t *handles, uint64_t *handle_bytes,
     int rc = emu_counters_get(ordinal, &c);
     if (rc)
         return rc;
-    *handles = c.handles;
-    *handle_bytes = c.handle_bytes;
+    *handles = c.handles + c.imported;             /* this process's live handles */
+    *handle_bytes = c.handle_bytes + c.imported_bytes;
     *mapped_bytes = c.mapped_bytes;
     return 0;
 }

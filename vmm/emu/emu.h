@@ -40,6 +40,18 @@
  *  - Opaque mode: windows stay PROT_NONE even after set-access, so only the driver's copies
  *    can reach device bytes (they use the emulator's own view of the memfd).
  *  - Copied bytes are counted per direction.
+ *  - Shareable handles (KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR only): a handle created
+ *    with that type in requestedHandleTypes has a memfd of its own (its granules still
+ *    count against the device's capacity); cuMemExportToShareableHandle hands out a new
+ *    descriptor of it (any other handle: KCU_ERROR_INVALID_VALUE, another type:
+ *    KCU_ERROR_NOT_SUPPORTED). cuMemImportFromShareableHandle, in any process, makes a
+ *    handle of the current device mapping that memory (the device's granule must be the
+ *    exporter's, else KCU_ERROR_INVALID_VALUE; a descriptor that is no emulated export:
+ *    KCU_ERROR_INVALID_VALUE); it is released with cuMemRelease and its memory is not
+ *    the importing device's (counted in imported/imported_bytes). A handle released in
+ *    the exporter stays alive while an importer holds it, and stays accounted to the
+ *    exporting device (lingering) until every importer has released and unmapped it or
+ *    exited (each import holds a shared flock on its own open of the memfd).
  */
 #ifndef KVVM_VMM_EMU_EMU_H
 #define KVVM_VMM_EMU_EMU_H
@@ -87,6 +99,11 @@ struct emu_counters {
        maps count calls, unmaps counts mappings removed, set_access the runs applied (one
        per device and resulting access within a call) */
     uint64_t creates, releases, maps, unmaps, set_access;
+    /* shareable handles: live imported handles and their bytes (their memory is the
+       exporting device's: not in handles/handle_bytes), released shareable handles an
+       importer still holds (still in handles/handle_bytes), and successful exports and
+       imports since creation */
+    uint64_t imported, imported_bytes, lingering, exports, imports;
 };
 int emu_counters_get(int ordinal, struct emu_counters *out);
 
@@ -98,7 +115,8 @@ int emu_counters_get(int ordinal, struct emu_counters *out);
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
     X(cuCtxGetCurrent) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity) \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) \
-    X(cuMemUnmap) X(cuMemSetAccess) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) \
+    X(cuMemUnmap) X(cuMemSetAccess) X(cuMemExportToShareableHandle) \
+    X(cuMemImportFromShareableHandle) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) \
     X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy) \
     X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamIsCapturing) \
     X(cuStreamGetCtx) \

@@ -69,6 +69,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <sys/types.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -121,6 +122,7 @@ struct emu_dev {
     uint64_t *unpunched;
     size_t n_unpunched;
     size_t cursor;                 /* next-fit start, in granules */
+    size_t n_lingering;            /* handles lingering (struct emu_handle) */
     int ctx_refs;                  /* primary context retains */
     kcu_result sticky;             /* 0, or the fault that killed the device */
     struct kcu_stream_st *legacy;  /* the legacy default stream's worker; NULL until used */
@@ -128,13 +130,27 @@ struct emu_dev {
     uint64_t calls[E_COUNT];       /* entry point calls made with this device current */
 };
 
+/* Kinds of physical handle (share.c). */
+enum { EMU_H_PLAIN = 0,            /* a granule range of the device's memfd */
+       EMU_H_SHAREABLE,            /* created with KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
+                                      its own memfd (exportable); granules still taken from
+                                      the device's bitmap, so capacity is accounted alike */
+       EMU_H_IMPORTED };           /* cuMemImportFromShareableHandle: another device's memory
+                                      (its creator's accounting), mapped through its memfd */
+
 /* A physical handle: value = (gen << 32) | (slot + 1); never 0. */
 struct emu_handle {
-    struct emu_dev *dev;           /* NULL = free slot */
+    struct emu_dev *dev;           /* NULL = free slot; an imported one: the importer's */
     uint32_t gen;                  /* bumped when the slot is freed */
     bool released;                 /* cuMemRelease done; memory lives until maps == 0 */
-    size_t base, ngran;            /* granule range in the memfd */
+    /* a released shareable handle an importer still holds (its own open of the memfd
+       holds a shared flock): its memory stays accounted to the device until reaped */
+    bool lingering;
+    unsigned char kind;            /* EMU_H_* */
+    size_t base, ngran;            /* granule range in the device (bitmap; memfd if PLAIN) */
     size_t maps;                   /* live mappings of it */
+    int fd;                        /* SHAREABLE, IMPORTED: its own memfd; else unused */
+    unsigned char *mem;            /* SHAREABLE, IMPORTED: a RW view of fd; else unused */
 };
 
 struct emu_ent {                   /* one granule of a reservation */
@@ -319,6 +335,23 @@ void emu_fail_env_locked(void);
 kcu_mem_handle emu_handle_value(size_t slot);
 struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot);
 void emu_handle_maybe_free_locked(size_t slot);
+/* Frees a released, unmapped handle's slot and memory now (lingering or not). */
+void emu_handle_free_now_locked(size_t slot);
+/* Where a handle's memory is: its memfd and the offset in it; the emulator's RW view. */
+int emu_handle_fd(const struct emu_handle *h, off_t *off);
+unsigned char *emu_handle_mem(const struct emu_handle *h);
+int emu_handle_slot_alloc_locked(size_t *slot);
+
+/* share.c */
+/* A shareable handle's own memfd and view: 0; KCU_ERROR_OUT_OF_MEMORY. */
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
+                                   unsigned char **mem);
+/* True when an importer still holds the released shareable handle h. */
+bool emu_share_held_elsewhere(const struct emu_handle *h);
+/* Closes a SHAREABLE or IMPORTED handle's memfd and view. */
+void emu_share_close(struct emu_handle *h);
+/* Frees d's lingering handles that no importer holds any more. */
+void emu_share_reap_locked(struct emu_dev *d);
 
 /* maps.c */
 bool emu_ent_mapped(struct emu_resv *rv, size_t i);

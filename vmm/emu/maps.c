@@ -216,8 +216,9 @@ kcu_result emu_cuMemMap(kcu_deviceptr ptr, size_t size, size_t offset,
             goto out;
         }
     }
-    void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, d->memfd,
-                   (off_t)(h->base * d->gran));
+    off_t hoff;
+    int hfd = emu_handle_fd(h, &hoff);
+    void *m = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, hfd, hoff);
     if (m == MAP_FAILED) {
         klog_error("emulated device %d: mmap of a %zu-byte mapping failed: %s", d->ordinal,
                    size, strerror(errno));

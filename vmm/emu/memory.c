@@ -147,23 +147,68 @@ struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot)
     return h;
 }
 
-/* Frees the memory of a handle that is released and no longer mapped. */
+int emu_handle_fd(const struct emu_handle *h, off_t *off)
+{
+    if (h->kind != EMU_H_PLAIN) {
+        *off = 0;
+        return h->fd;
+    }
+    *off = (off_t)(h->base * h->dev->gran);
+    return h->dev->memfd;
+}
+
+unsigned char *emu_handle_mem(const struct emu_handle *h)
+{
+    return h->kind != EMU_H_PLAIN ? h->mem : h->dev->view + h->base * h->dev->gran;
+}
+
+void emu_handle_free_now_locked(size_t slot)
+{
+    struct emu_handle *h = &emu.handles[slot];
+    struct emu_dev *d = h->dev;
+    KVVM_ASSERT(h->released && !h->maps);
+    if (h->kind != EMU_H_PLAIN)
+        emu_share_close(h);
+    if (h->kind == EMU_H_IMPORTED) {
+        KVVM_ASSERT(d->c.imported > 0 && d->c.imported_bytes >= h->ngran * d->gran);
+        d->c.imported--;
+        d->c.imported_bytes -= h->ngran * d->gran;
+    } else {
+        if (h->lingering) {
+            KVVM_ASSERT(d->n_lingering > 0 && d->c.lingering > 0);
+            d->n_lingering--;
+            d->c.lingering--;
+        }
+        range_free_locked(d, h->base, h->ngran);
+        KVVM_ASSERT(d->c.handles > 0 && d->c.handle_bytes >= h->ngran * d->gran);
+        d->c.handles--;
+        d->c.handle_bytes -= h->ngran * d->gran;
+    }
+    h->dev = NULL;
+    h->lingering = false;
+    if (++h->gen == 0)
+        h->gen = 1;
+}
+
+/* Frees the memory of a handle that is released and no longer mapped, unless an importer
+   still holds it (a shareable one then lingers, accounted, until emu_share_reap_locked). */
 void emu_handle_maybe_free_locked(size_t slot)
 {
     struct emu_handle *h = &emu.handles[slot];
     if (!h->released || h->maps)
         return;
-    struct emu_dev *d = h->dev;
-    range_free_locked(d, h->base, h->ngran);
-    KVVM_ASSERT(d->c.handles > 0 && d->c.handle_bytes >= h->ngran * d->gran);
-    d->c.handles--;
-    d->c.handle_bytes -= h->ngran * d->gran;
-    h->dev = NULL;
-    if (++h->gen == 0)
-        h->gen = 1;
+    if (h->kind == EMU_H_SHAREABLE && emu_share_held_elsewhere(h)) {
+        if (!h->lingering) {
+            h->lingering = true;
+            h->dev->n_lingering++;
+            h->dev->c.lingering++;
+        }
+        return;
+    }
+    emu_handle_free_now_locked(slot);
 }
 
-static int handle_slot_alloc_locked(size_t *slot)
+int emu_handle_slot_alloc_locked(size_t *slot)
 {
     for (size_t k = 0; k < emu.handles_cap; k++) {
         size_t i = (emu.handle_scan + k) % emu.handles_cap;
@@ -253,8 +298,10 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
     }
     if ((r = prop_check_locked(prop, &d)))
         goto out;
-    if (prop->requestedHandleTypes != KCU_MEM_HANDLE_TYPE_NONE) {
-        /* Shareable handles (POSIX fd, fabric) are not emulated. */
+    int types = prop->requestedHandleTypes;
+    if (types != KCU_MEM_HANDLE_TYPE_NONE &&
+        types != KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        /* Other shareable types (win32, fabric) are not emulated. */
         r = KCU_ERROR_NOT_SUPPORTED;
         goto out;
     }
@@ -263,17 +310,31 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
+    emu_share_reap_locked(d);
     if (d->c.handle_bytes + size + d->held > d->capacity ||      /* others hold the rest */
-        handle_slot_alloc_locked(&slot) || range_alloc_locked(d, size / d->gran, &base)) {
+        emu_handle_slot_alloc_locked(&slot) ||
+        range_alloc_locked(d, size / d->gran, &base)) {
         r = KCU_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    int fd = -1;
+    unsigned char *mem = NULL;
+    if (types == KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+        (r = emu_share_create_locked(d, size, &fd, &mem))) {
+        range_free_locked(d, base, size / d->gran);
         goto out;
     }
     /* Uninitialized GPU memory: fill with poison through the view. Allocating the pages
        first (one fallocate) is much cheaper than faulting them in one by one. */
-    (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
-    memset(d->view + base * d->gran, EMU_POISON, size);
+    if (!mem) {
+        (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
+        mem = d->view + base * d->gran;
+    }
+    memset(mem, EMU_POISON, size);
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen, .base = base,
-                                     .ngran = size / d->gran };
+                                     .ngran = size / d->gran, .fd = fd,
+                                     .mem = fd >= 0 ? mem : NULL,
+                                     .kind = fd >= 0 ? EMU_H_SHAREABLE : EMU_H_PLAIN };
     d->c.handles++;
     d->c.handle_bytes += size;
     d->c.creates++;

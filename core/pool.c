@@ -1,0 +1,173 @@
+/*
+ * core/pool.c: the context as a client of the pool daemon kvvmd (cfg.pool_socket): the
+ * connection at open (pool/client.h), paging's frame source over it, kvvm_pool_info, the
+ * pool's stats and its part of a -ENOMEM message. docs/api.md "The pool".
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "call.h"
+#include "common/assert.h"
+#include "pool/client.h"
+
+/* "<program>-<pid>" (the default client name). */
+static void default_name(char *b, size_t n)
+{
+    extern char *program_invocation_short_name;
+    snprintf(b, n, "%s-%ld", program_invocation_short_name, (long)getpid());
+}
+
+int core_pool_open(kvvm *kv)
+{
+    struct kvvm_config *c = &kv->cfg;
+    if (!c->pool_socket)
+        return 0;
+    if (!(kv->pool_socket = strdup(c->pool_socket)))
+        return -ENOMEM;
+    c->pool_socket = kv->pool_socket;
+    char name[POOL_NAME_MAX];
+    if (c->client_name)
+        snprintf(name, sizeof name, "%s", c->client_name);
+    else
+        default_name(name, sizeof name);
+    struct pool_cli_params p = { .path = c->pool_socket, .name = name,
+                                 .reserve = c->pool_reserve, .limit = c->device_budget,
+                                 .page_size = c->page_size };
+    struct pool_welcome w;
+    int rc = pool_cli_open(&p, &kv->pool, &w);
+    if (rc)
+        return rc;
+    enum kvvm_backend b = w.backend == POOL_BACKEND_EMULATED ? KVVM_BACKEND_EMULATED
+                                                             : KVVM_BACKEND_CUDA;
+    if (c->backend != KVVM_BACKEND_AUTO && c->backend != b) {
+        rc = kerr(-EINVAL, "kvvm_open: backend %s, but the kvvmd on '%s' serves the %s "
+                  "device: use backend auto (or %s)",
+                  c->backend == KVVM_BACKEND_CUDA ? "cuda" : "emulated", c->pool_socket,
+                  b == KVVM_BACKEND_CUDA ? "cuda" : "emulated",
+                  b == KVVM_BACKEND_CUDA ? "cuda" : "emulated");
+        goto out_close;
+    }
+    c->backend = b;
+    c->page_size = (size_t)w.page_size;
+    if (b == KVVM_BACKEND_EMULATED) {       /* the daemon's device: its shape is ours */
+        c->emu_device_bytes = (size_t)w.emu_device_bytes;
+        c->emu_granule = (size_t)w.granule;
+    }
+    /* device_budget is this client's limit: 0 the whole pool, never more than the pool */
+    if (!c->device_budget || c->device_budget > w.pool_bytes) {
+        if (c->device_budget)
+            klog_info("kvvm_open: device_budget %zu is more than the pool (%llu bytes on "
+                      "'%s'): the limit is the pool", c->device_budget,
+                      (unsigned long long)w.pool_bytes, c->pool_socket);
+        c->device_budget = (size_t)w.pool_bytes;
+    }
+    kv->pool_src = (struct pg_frame_src){ .create = pool_cli_create,
+                                          .release = pool_cli_release, .arg = kv->pool };
+    return 0;
+out_close:
+    pool_cli_close(kv->pool);
+    kv->pool = NULL;
+    return rc;
+}
+
+const struct pg_frame_src *core_pool_source(kvvm *kv)
+{
+    if (!kv->pool)
+        return NULL;
+    pool_cli_attach(kv->pool, kv->v);
+    return &kv->pool_src;
+}
+
+int core_pool_budget_check(kvvm *kv, size_t b)
+{
+    struct pool_figures f;
+    int connected;
+    if (!kv->pool)
+        return 0;
+    pool_cli_last(kv->pool, &f, &connected);
+    if (b > f.pool_bytes)
+        return kerr(-EINVAL, "kvvm_set_budget: %zu bytes is more than the pool on '%s' "
+                    "(%llu bytes): the budget is unchanged", b, kv->cfg.pool_socket,
+                    (unsigned long long)f.pool_bytes);
+    return 0;
+}
+
+void core_pool_set_limit(kvvm *kv, size_t b)
+{
+    if (kv->pool)
+        (void)pool_cli_set_limit(kv->pool, b);
+}
+
+uint32_t core_pool_trim(kvvm *kv)
+{
+    return kv->pool ? pool_cli_trim(kv->pool) : 0;
+}
+
+void core_pool_close(kvvm *kv)
+{
+    pool_cli_close(kv->pool);
+    kv->pool = NULL;
+    free(kv->pool_socket);
+    kv->pool_socket = NULL;
+}
+
+void core_pool_counters(kvvm *kv, struct pool_cli_counters *out)
+{
+    if (kv->pool)
+        pool_cli_counters(kv->pool, out);
+    else
+        memset(out, 0, sizeof *out);
+}
+
+void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos)
+{
+    if (!kv->pool)
+        return;
+    struct pool_figures f;
+    int connected;
+    pool_cli_last(kv->pool, &f, &connected);
+    if (!connected)
+        json_put(b, n, pos, "; the pool daemon on %s is gone: no new frames",
+                 kv->cfg.pool_socket);
+    else
+        json_put(b, n, pos, "; pool on %s: %llu of %llu bytes free, this client holds %llu "
+                 "(limit %llu, reserve %llu)", kv->cfg.pool_socket,
+                 (unsigned long long)f.free_bytes, (unsigned long long)f.pool_bytes,
+                 (unsigned long long)f.held_bytes, (unsigned long long)f.limit_bytes,
+                 (unsigned long long)f.reserve_bytes);
+}
+
+int kvvm_pool_info(kvvm *kv, struct kvvm_pool_info *info)
+{
+    klast_clear();
+    NONNULL(kv);
+    NONNULL(info);
+    if (info->size < sizeof(size_t) + sizeof(uint64_t))
+        return kerr(-EINVAL, "kvvm_pool_info: info->size %zu is too small; set it to "
+                    "sizeof(struct kvvm_pool_info) (%zu)", info->size, sizeof *info);
+    if (forked(kv))
+        return api_done(__func__, -EIO);
+    if (!kv->pool)
+        return api_done(__func__, kerr(-EOPNOTSUPP, "kvvm_pool_info: this context has no "
+                                       "pool (opened without pool_socket)"));
+    /* no context lock: the connection has its own, and a request may take a while */
+    struct pool_figures f;
+    struct kvvm_pool_info o = { .size = info->size };
+    int connected;
+    (void)pool_cli_info(kv->pool, &f, &connected);
+    o.pool_bytes = f.pool_bytes;
+    o.free_bytes = f.free_bytes;
+    o.held_bytes = f.held_bytes;
+    o.reserve_bytes = f.reserve_bytes;
+    o.limit_bytes = f.limit_bytes;
+    o.n_clients = f.n_clients;
+    o.connected = connected;
+    o.shared_entries = f.shared_entries;
+    o.shared_bytes = f.shared_bytes;
+    KVVM_ASSERT(o.held_bytes <= o.pool_bytes || !connected);
+    memcpy(info, &o, info->size < sizeof o ? info->size : sizeof o);
+    return api_done(__func__, 0);
+}

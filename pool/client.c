@@ -1,0 +1,476 @@
+/*
+ * pool/client.c: a context's connection to kvvmd (contract in pool/client.h).
+ *
+ * Frames handed to paging are remembered by handle (an open-addressing table: handle ->
+ * frame id) so a release can name the frame to the daemon; frames leased and not handed
+ * out yet wait in the stash as descriptors (a create from it imports one: no request). The
+ * frame pool thread's rounds make those creates, so the engine's grow takes frames that
+ * are ready, imported and unmapped, as with local frames.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/assert.h"
+#include "common/log.h"
+
+struct pool_cli {
+    pthread_mutex_t mu;             /* the socket and everything below */
+    int fd;                         /* -1: the daemon is gone */
+    struct vmm *v;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    size_t page;
+    /* leased, not handed out yet: the descriptors as received (imported when handed out,
+       so every imported handle is paging's and the debug checker's driver count holds) */
+    struct { int fd; uint64_t id; } stash[POOL_BATCH_MAX];
+    unsigned n_stash;
+    uint64_t *key, *val;            /* handed out: handle value -> frame id (0 key: empty) */
+    size_t cap, n;
+    struct pool_figures fig;        /* the last figures a reply carried */
+    char name[POOL_NAME_MAX];       /* HELLO's fields, for a reconnection */
+    uint64_t p_reserve, p_limit, p_page;
+    struct pool_welcome welcome;    /* the first daemon's: a new one must be of its shape */
+    unsigned reconnects;
+    struct pool_cli_counters k;
+};
+
+/* A frame held from a daemon that is gone: never returned to its successor. */
+#define POOL_CLI_FOREIGN UINT64_MAX
+
+/* ---- handle -> id ----------------------------------------------------------------------- */
+
+static size_t slot_of(const struct pool_cli *c, uint64_t key)
+{
+    return (size_t)(key * 0x9e3779b97f4a7c15ull >> 17) & (c->cap - 1);
+}
+
+static int map_put(struct pool_cli *c, uint64_t key, uint64_t val)
+{
+    if (2 * (c->n + 1) > c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 256;
+        uint64_t *k = calloc(cap, sizeof *k), *v = calloc(cap, sizeof *v);
+        if (!k || !v) {
+            free(k);
+            free(v);
+            return -ENOMEM;
+        }
+        uint64_t *ok = c->key, *ov = c->val;
+        size_t ocap = c->cap;
+        c->key = k;
+        c->val = v;
+        c->cap = cap;
+        c->n = 0;
+        for (size_t i = 0; i < ocap; i++)
+            if (ok[i])
+                (void)map_put(c, ok[i], ov[i]);
+        free(ok);
+        free(ov);
+    }
+    size_t i = slot_of(c, key);
+    while (c->key[i])
+        i = (i + 1) & (c->cap - 1);
+    c->key[i] = key;
+    c->val[i] = val;
+    c->n++;
+    return 0;
+}
+
+/* Removes key; its value, or 0 when absent. */
+static uint64_t map_take(struct pool_cli *c, uint64_t key)
+{
+    if (!c->cap)
+        return 0;
+    size_t i = slot_of(c, key);
+    while (c->key[i] && c->key[i] != key)
+        i = (i + 1) & (c->cap - 1);
+    if (!c->key[i])
+        return 0;
+    uint64_t v = c->val[i];
+    c->key[i] = 0;
+    c->n--;
+    /* backward shift: entries after the hole that probed past it move up */
+    for (size_t j = (i + 1) & (c->cap - 1); c->key[j]; j = (j + 1) & (c->cap - 1)) {
+        size_t home = slot_of(c, c->key[j]);
+        bool past = i <= j ? (home <= i || home > j) : (home <= i && home > j);
+        if (past) {
+            c->key[i] = c->key[j];
+            c->val[i] = c->val[j];
+            c->key[j] = 0;
+            i = j;
+        }
+    }
+    return v;
+}
+
+/* ---- the connection ---------------------------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* The daemon is gone: the connection closed, what is held kept. */
+static void gone_locked(struct pool_cli *c, const char *why)
+{
+    if (c->fd < 0)
+        return;
+    klog_warn("pool: the daemon on %s is gone (%s): this context keeps the %llu frames it "
+              "holds; calls needing more fail with ENOMEM", c->path, why,
+              (unsigned long long)c->n);
+    close(c->fd);
+    c->fd = -1;
+}
+
+/* One reply of type want into buf, descriptors in fds. 0; -EIO (the daemon is gone). */
+static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
+                             int *nfds)
+{
+    long n = pool_proto_recv(c->fd, buf, POOL_MSG_MAX, fds, POOL_BATCH_MAX, nfds, 0);
+    unsigned type = 0;
+    if (n <= 0 || pool_proto_check(buf, (size_t)n, *nfds, &type) || type != want) {
+        for (int i = 0; i < *nfds; i++)
+            close(fds[i]);
+        *nfds = 0;
+        gone_locked(c, n == 0 ? "it closed the connection"
+                       : n < 0 ? "no reply" : "a malformed reply");
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Connects to c->path and greets the daemon: the socket, or -errno with the cause in why
+   (-ECONNREFUSED no daemon answers, -EPROTO not kvvmd or another version, the daemon's own
+   refusal: -EINVAL page size, -ENOSPC reserve). */
+static int greet(struct pool_cli *c, struct pool_welcome *w, char *why, size_t wl)
+{
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", c->path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), rc;
+    if (fd < 0) {
+        rc = errno ? -errno : -EIO;
+        snprintf(why, wl, "socket: %s", strerror(-rc));
+        return rc;
+    }
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        snprintf(why, wl, "no kvvmd answers on pool_socket '%s' (%s): start the daemon "
+                 "(kvvmd --socket %s) or leave pool_socket unset", c->path, strerror(errno),
+                 c->path);
+        rc = -ECONNREFUSED;
+        goto out_close;
+    }
+    struct timeval tv = { POOL_CLI_REPLY_MS / 1000, 0 };
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct pool_hello h = { .version = POOL_PROTO_VERSION, .role = POOL_ROLE_CLIENT,
+                            .reserve = c->p_reserve, .limit = c->p_limit,
+                            .page_size = c->p_page };
+    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
+    snprintf(h.name, sizeof h.name, "%s", c->name);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int nfds = 0;
+    unsigned type = 0;
+    long n = pool_proto_send(fd, &h, NULL, 0, 0) ? -1
+             : pool_proto_recv(fd, buf, sizeof buf, NULL, 0, &nfds, 0);
+    if (n <= 0 || pool_proto_check(buf, (size_t)n, nfds, &type) ||
+        (type != POOL_MSG_WELCOME && type != POOL_MSG_REFUSED)) {
+        snprintf(why, wl, "the process on pool_socket '%s' did not answer as kvvmd", c->path);
+        rc = -EPROTO;
+        goto out_close;
+    }
+    if (type == POOL_MSG_REFUSED) {
+        const struct pool_refused *r = (const void *)buf;
+        snprintf(why, wl, "kvvmd on '%s' refused this client: %.191s", c->path, r->why);
+        rc = r->err < 0 && r->err > -4096 ? r->err : -EPROTO;
+        goto out_close;
+    }
+    memcpy(w, buf, sizeof *w);
+    if (w->version != POOL_PROTO_VERSION) {
+        snprintf(why, wl, "kvvmd on '%s' speaks protocol version %u, this library version %u",
+                 c->path, w->version, POOL_PROTO_VERSION);
+        rc = -EPROTO;
+        goto out_close;
+    }
+    return fd;
+out_close:
+    close(fd);
+    return rc;
+}
+
+int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
+                  struct pool_welcome *w)
+{
+    struct sockaddr_un a;
+    if (strlen(p->path) >= sizeof a.sun_path)
+        return kerr(-EINVAL, "kvvm_open: pool_socket '%s' is too long for a Unix socket path "
+                    "(%zu bytes at most)", p->path, sizeof a.sun_path - 1);
+    struct pool_cli *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    snprintf(c->path, sizeof c->path, "%s", p->path);
+    snprintf(c->name, sizeof c->name, "%s", p->name);
+    c->p_reserve = p->reserve;
+    c->p_limit = p->limit;
+    c->p_page = p->page_size;
+    char why[512];
+    int fd = greet(c, w, why, sizeof why);
+    if (fd < 0) {
+        free(c);
+        return kerr(fd, "kvvm_open: %s", why);
+    }
+    c->fd = fd;
+    c->page = (size_t)w->page_size;
+    c->welcome = *w;
+    c->fig.pool_bytes = w->pool_bytes;
+    c->fig.limit_bytes = w->limit ? w->limit : w->pool_bytes;
+    c->fig.reserve_bytes = p->reserve;
+    pthread_mutex_init(&c->mu, NULL);
+    *out = c;
+    return 0;
+}
+
+/* The daemon is gone: asks whether a new one answers on the socket, of the same shape (page
+   size, backend, granule). Frames held from the old one stay this context's, never
+   returned to the new one (it did not lease them: POOL_CLI_FOREIGN). 0 reconnected. */
+static int reconnect_locked(struct pool_cli *c)
+{
+    struct pool_welcome w = { 0 };
+    char why[512];
+    int fd = greet(c, &w, why, sizeof why);
+    if (fd < 0)
+        return fd;
+    if (w.page_size != c->welcome.page_size || w.backend != c->welcome.backend ||
+        w.granule != c->welcome.granule) {
+        klog_warn("pool: a kvvmd answers on %s again, but of another shape (page size %llu, "
+                  "was %llu): not reconnecting", c->path, (unsigned long long)w.page_size,
+                  (unsigned long long)c->welcome.page_size);
+        close(fd);
+        return -EPROTO;
+    }
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->key[i])
+            c->val[i] = POOL_CLI_FOREIGN;
+    for (unsigned i = 0; i < c->n_stash; i++)
+        c->stash[i].id = POOL_CLI_FOREIGN;
+    c->fd = fd;
+    c->fig.pool_bytes = w.pool_bytes;
+    c->reconnects++;
+    klog_info("pool: reconnected to the kvvmd on %s (the %zu frames held from the previous "
+              "daemon stay this context's)", c->path, c->n);
+    return 0;
+}
+
+void pool_cli_attach(struct pool_cli *c, struct vmm *v)
+{
+    c->v = v;
+}
+
+/* Leases up to POOL_CLI_BATCH frames into the stash. 0 (some came); -ENOMEM none (the
+   figures say why); -EIO gone. */
+static int lease_once_locked(struct pool_cli *c, bool caller)
+{
+    if (c->fd < 0 && reconnect_locked(c))
+        return -EIO;
+    uint64_t t0 = now_ns();
+    struct pool_lease m = { .n = POOL_CLI_BATCH };
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nfds = 0;
+    if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
+        gone_locked(c, "its socket refused a request");
+        return -EIO;
+    }
+    int rc = recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, &nfds);
+    if (caller) {
+        c->k.waits++;
+        c->k.wait_ns += now_ns() - t0;
+    }
+    if (rc)
+        return rc;
+    const struct pool_frames *r = (const void *)buf;
+    c->fig = r->fig;
+    for (uint32_t i = 0; i < r->n; i++) {
+        KVVM_ASSERT(c->n_stash < POOL_BATCH_MAX);
+        c->stash[c->n_stash].fd = fds[i];
+        c->stash[c->n_stash++].id = r->ids[i];
+        c->k.leases++;
+    }
+    return c->n_stash ? 0 : -ENOMEM;
+}
+
+/* A lease; when it finds the daemon gone (its socket dead since the last request), once
+   more on a new daemon if one answers there now. */
+static int lease_locked(struct pool_cli *c, bool caller)
+{
+    int rc = lease_once_locked(c, caller);
+    if (rc == -EIO && c->fd < 0 && !reconnect_locked(c))
+        rc = lease_once_locked(c, caller);
+    return rc;
+}
+
+/* Gives frame id back at once (one that could not be used). */
+static void give_back_locked(struct pool_cli *c, uint64_t id)
+{
+    if (c->fd < 0 || id == POOL_CLI_FOREIGN)
+        return;
+    struct pool_return m = { .n = 1, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_RETURN);
+    if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+        gone_locked(c, "its socket refused a return");
+    else
+        c->k.returns++;
+}
+
+int pool_cli_create(void *arg, vmm_handle *out, bool caller)
+{
+    struct pool_cli *c = arg;
+    pthread_mutex_lock(&c->mu);
+    int rc = c->n_stash ? 0 : lease_locked(c, caller);
+    if (!rc) {
+        unsigned k = --c->n_stash;
+        vmm_handle h;
+        rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);
+        close(c->stash[k].fd);
+        if (!rc && (rc = map_put(c, h.h, c->stash[k].id)))
+            (void)vmm_phys_release(c->v, h);
+        if (rc)
+            give_back_locked(c, c->stash[k].id);     /* unusable here: the daemon's again */
+        else
+            *out = h;
+    } else if (rc == -EIO) {
+        rc = -ENOMEM;
+        if (caller)
+            klast_set("the pool daemon on %s is gone: no new frames (this context keeps "
+                      "the %zu it holds)", c->path, c->n);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int pool_cli_release(void *arg, vmm_handle h)
+{
+    struct pool_cli *c = arg;
+    pthread_mutex_lock(&c->mu);
+    if (vmm_phys_release(c->v, h)) {
+        pthread_mutex_unlock(&c->mu);
+        return -EIO;                        /* refused: still ours, still in the map */
+    }
+    uint64_t id = map_take(c, h.h);
+    KVVM_ASSERT(id != 0);                   /* every frame paging holds came from create */
+    if (id)
+        give_back_locked(c, id);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->fd >= 0 || !reconnect_locked(c)) {
+        struct pool_info m;
+        pool_proto_hdr(&m.h, POOL_MSG_INFO);
+        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+        int fds[1], nfds = 0;
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+            gone_locked(c, "its socket refused a request");
+        else if (!recv_reply_locked(c, POOL_MSG_INFO_REPLY, buf, fds, &nfds))
+            c->fig = ((struct pool_info_reply *)buf)->fig;
+    }
+    *f = c->fig;
+    *connected = c->fd >= 0;
+    if (c->fd < 0)
+        f->held_bytes = (uint64_t)c->n * c->page;   /* the stash left with the daemon */
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected)
+{
+    pthread_mutex_lock(&c->mu);
+    *f = c->fig;
+    *connected = c->fd >= 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->k;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Closes the stash's descriptors and returns their frames (one message). */
+static unsigned stash_return_locked(struct pool_cli *c)
+{
+    struct pool_return m = { 0 };
+    pool_proto_hdr(&m.h, POOL_MSG_RETURN);
+    while (c->n_stash) {
+        c->n_stash--;
+        close(c->stash[c->n_stash].fd);
+        if (c->stash[c->n_stash].id != POOL_CLI_FOREIGN)
+            m.ids[m.n++] = c->stash[c->n_stash].id;
+    }
+    if (m.n && c->fd >= 0) {
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+            gone_locked(c, "its socket refused a return");
+        else
+            c->k.returns += m.n;
+    }
+    return m.n;
+}
+
+int pool_cli_set_limit(struct pool_cli *c, uint64_t bytes)
+{
+    pthread_mutex_lock(&c->mu);
+    c->p_limit = bytes;
+    if (c->fd >= 0) {
+        struct pool_set_limit m = { .bytes = bytes };
+        pool_proto_hdr(&m.h, POOL_MSG_SET_LIMIT);
+        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+        int fds[1], nfds = 0;
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+            gone_locked(c, "its socket refused a request");
+        else if (!recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, &nfds))
+            c->fig.limit_bytes = bytes ? bytes : c->fig.pool_bytes;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+unsigned pool_cli_trim(struct pool_cli *c)
+{
+    pthread_mutex_lock(&c->mu);
+    unsigned n = stash_return_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+void pool_cli_close(struct pool_cli *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    (void)stash_return_locked(c);
+    if (c->n)
+        klog_error("pool: %zu frames still held at close (released with the connection)",
+                   c->n);
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->key[i])
+            (void)vmm_phys_release(c->v, (vmm_handle){ c->key[i] });
+    if (c->fd >= 0)
+        close(c->fd);                       /* the daemon takes back anything else */
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_destroy(&c->mu);
+    free(c->key);
+    free(c->val);
+    free(c);
+}

@@ -1,0 +1,72 @@
+/*
+ * pool/client.h: a context's connection to the pool daemon (kvvmd): the frame source of a
+ * context opened with pool_socket (paging.h struct pg_frame_src). Design: docs/design.md
+ * "The pool daemon"; the protocol: pool/protocol.h.
+ *
+ * Contract:
+ *  - One connection per context, opened before its vmm (the daemon's shape decides the
+ *    emulated device's and the page size), attached to the vmm once it is open.
+ *  - pool_cli_create hands out one frame: from a small stash of frames leased in batches
+ *    (POOL_CLI_BATCH per LEASE; each imported as it is handed out), so most creates make
+ *    no request; the frame pool thread's creates fill the stash off the engine's thread.
+ *    pool_cli_release unmapped frames go back to the daemon at once (RETURN).
+ *  - Thread-safe: one mutex serializes the socket's requests and replies and guards the
+ *    state; the daemon never speaks unasked, so a reply always answers the request sent.
+ *  - When the daemon goes (its socket closes, or a reply takes longer than
+ *    POOL_CLI_REPLY_MS), the context keeps the frames it holds; creates fail -ENOMEM saying
+ *    the daemon is gone. Each later lease or info request first tries the socket again: a
+ *    new kvvmd of the same shape (page size, backend, granule) there is joined, and the
+ *    frames held from the old one stay the context's, never returned to the new one.
+ */
+#ifndef KVVM_POOL_CLIENT_H
+#define KVVM_POOL_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "protocol.h"
+#include "vmm/vmm.h"
+
+#define POOL_CLI_BATCH    16u        /* frames per lease */
+#define POOL_CLI_REPLY_MS 10000u     /* the longest a reply may take: past it, gone */
+
+struct pool_cli;
+
+struct pool_cli_params {
+    const char *path;
+    const char *name;               /* shown by kvvmctl */
+    uint64_t reserve, limit;        /* bytes; limit 0 = the whole pool */
+    uint64_t page_size;             /* 0: the daemon's */
+};
+
+struct pool_cli_counters {
+    uint64_t leases;                /* frames received */
+    uint64_t returns;               /* frames given back */
+    uint64_t waits;                 /* leases the engine's thread waited for (a call) */
+    uint64_t wait_ns;               /* their time */
+};
+
+/* Connects and greets: *w is the daemon's welcome. -ECONNREFUSED no daemon answers (a
+   missing path included); -EINVAL (page size) or -ENOSPC (reserve) refused by the daemon;
+   -EPROTO another protocol version or no kvvmd; -ENOMEM. Each logged as an error naming
+   the cause. */
+int  pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
+                   struct pool_welcome *w);
+void pool_cli_attach(struct pool_cli *c, struct vmm *v);
+/* struct pg_frame_src's two functions (arg: the struct pool_cli). */
+int  pool_cli_create(void *arg, vmm_handle *out, bool caller);
+int  pool_cli_release(void *arg, vmm_handle h);
+/* The pool's figures now (one request); *connected 0 when the daemon is gone (the figures
+   are then the last known, held_bytes this context's). 0; -EIO. */
+int  pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected);
+/* The last figures a reply carried (no request), for an error message. */
+void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected);
+void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out);
+/* This client's limit changed (kvvm_set_budget): tells the daemon (and a reconnection).
+   0; the daemon gone is no error (the limit goes with the next HELLO). */
+int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
+/* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */
+unsigned pool_cli_trim(struct pool_cli *c);
+/* Gives back the stash and closes the connection (the context released its frames). */
+void pool_cli_close(struct pool_cli *c);
+
+#endif

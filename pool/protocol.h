@@ -1,0 +1,170 @@
+/*
+ * pool/protocol.h: the pool daemon's protocol (kvvmd <-> clients and kvvmctl), one header:
+ * message types, their sizes, the version. Design: docs/design.md "The pool daemon".
+ *
+ * Contract:
+ *  - Transport: a Unix SOCK_SEQPACKET socket, so one message = one datagram: a message is
+ *    exactly the size of its type's struct (sizes fixed per type, no lengths to trust), and
+ *    frames travel as file descriptors (SCM_RIGHTS) attached to a FRAMES message only.
+ *  - Every message starts with struct pool_hdr: POOL_MAGIC, its type, its size. The first
+ *    message of a connection is HELLO with POOL_PROTO_VERSION; a daemon that does not speak
+ *    it answers REFUSED naming both versions, and a client refuses a WELCOME of another
+ *    version the same way.
+ *  - pool_proto_check is the one parser of received bytes (the daemon's and the client's):
+ *    a message it refuses is malformed, and the daemon then drops that client (as if it had
+ *    died), never itself.
+ *  - Integers are host-endian (both ends run on one machine); strings are NUL-terminated
+ *    within their arrays (checked).
+ */
+#ifndef KVVM_POOL_PROTOCOL_H
+#define KVVM_POOL_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define POOL_PROTO_VERSION 1u
+#define POOL_MAGIC         0x4b56504cu    /* "KVPL" */
+#define POOL_NAME_MAX      64             /* a client's name, NUL included */
+#define POOL_TEXT_MAX      192            /* a refusal's or result's message, NUL included */
+#define POOL_BATCH_MAX     64             /* frames per LEASE, FRAMES and RETURN */
+
+enum pool_msg_type {
+    POOL_MSG_HELLO = 1,     /* c -> d: the first message: version, role, name, reserve, limit */
+    POOL_MSG_WELCOME,       /* d -> c: version, the pool's shape (page size, backend...) */
+    POOL_MSG_REFUSED,       /* d -> c: HELLO refused (version, reserve); then closed */
+    POOL_MSG_LEASE,         /* c -> d: n frames, please */
+    POOL_MSG_FRAMES,        /* d -> c: the frames granted (ids; one descriptor each), and
+                               the pool's figures (a short grant says why) */
+    POOL_MSG_RETURN,        /* c -> d: these frames are given back (unmapped, released) */
+    POOL_MSG_INFO,          /* c -> d: the pool's figures, please */
+    POOL_MSG_INFO_REPLY,    /* d -> c */
+    POOL_MSG_CLIENTS,       /* control -> d: list the clients */
+    POOL_MSG_CLIENT,        /* d -> control: one client; the list ends with END */
+    POOL_MSG_END,           /* d -> control */
+    POOL_MSG_LIMIT,         /* control -> d: set a client's limit */
+    POOL_MSG_RESULT,        /* d -> control or client: 0 or -errno, and a message */
+    POOL_MSG_SET_LIMIT,     /* c -> d: this client's own limit changed (kvvm_set_budget) */
+    POOL_MSG_TYPES          /* one past the last type */
+};
+
+enum pool_role { POOL_ROLE_CLIENT = 1,   /* a context: leases frames, counted in n_clients */
+                 POOL_ROLE_CONTROL = 2 };/* kvvmctl: reads and sets, leases nothing */
+
+enum pool_backend { POOL_BACKEND_CUDA = 1, POOL_BACKEND_EMULATED = 2 };
+
+struct pool_hdr {
+    uint32_t magic;         /* POOL_MAGIC */
+    uint16_t type;          /* enum pool_msg_type */
+    uint16_t size;          /* bytes of the whole message: sizeof its type's struct */
+};
+
+struct pool_hello {
+    struct pool_hdr h;
+    uint32_t version;       /* POOL_PROTO_VERSION */
+    uint32_t role;          /* enum pool_role */
+    uint64_t reserve;       /* bytes never asked back (CLIENT) */
+    uint64_t limit;         /* bytes it may hold; 0 = the whole pool (CLIENT) */
+    uint64_t page_size;     /* the client's page size; 0 = the daemon's */
+    char name[POOL_NAME_MAX];
+};
+
+struct pool_welcome {
+    struct pool_hdr h;
+    uint32_t version;
+    uint32_t backend;       /* enum pool_backend */
+    uint64_t page_size;     /* bytes of one frame */
+    uint64_t granule;       /* the device's allocation granule */
+    uint64_t pool_bytes;
+    uint64_t emu_device_bytes; /* the emulated device's capacity (EMULATED) */
+    uint64_t limit;         /* the limit the daemon applies to this client */
+};
+
+struct pool_refused {
+    struct pool_hdr h;
+    int32_t err;            /* -errno: -EPROTO version, -ENOSPC reserve, -EINVAL page size */
+    uint32_t version;       /* the daemon's */
+    char why[POOL_TEXT_MAX];
+};
+
+struct pool_lease {
+    struct pool_hdr h;
+    uint32_t n;             /* 1 .. POOL_BATCH_MAX */
+    uint32_t pad;
+};
+
+struct pool_figures {       /* the pool as one client sees it */
+    uint64_t pool_bytes, free_bytes, held_bytes, reserve_bytes, limit_bytes;
+    uint64_t shared_entries, shared_bytes;
+    uint32_t n_clients, pad;
+};
+
+struct pool_frames {
+    struct pool_hdr h;
+    uint32_t n;             /* frames granted: n descriptors attached, in ids' order */
+    int32_t err;            /* 0: all asked; -ENOMEM: fewer (the pool is dry or the limit
+                               reached: fig says which) */
+    struct pool_figures fig;
+    uint64_t ids[POOL_BATCH_MAX];
+};
+
+struct pool_return {
+    struct pool_hdr h;
+    uint32_t n;             /* 1 .. POOL_BATCH_MAX */
+    uint32_t pad;
+    uint64_t ids[POOL_BATCH_MAX];
+};
+
+struct pool_info { struct pool_hdr h; };
+struct pool_info_reply { struct pool_hdr h; struct pool_figures fig; };
+struct pool_clients { struct pool_hdr h; };
+struct pool_end { struct pool_hdr h; };
+
+struct pool_client_row {
+    struct pool_hdr h;
+    uint32_t pid;
+    uint32_t pad;
+    uint64_t held, reserve, limit, shared;
+    char name[POOL_NAME_MAX];
+};
+
+struct pool_limit {
+    struct pool_hdr h;
+    uint64_t bytes;         /* 0 = the whole pool */
+    char name[POOL_NAME_MAX];
+};
+
+struct pool_set_limit {
+    struct pool_hdr h;
+    uint64_t bytes;         /* 0 = the whole pool */
+};
+
+struct pool_result {
+    struct pool_hdr h;
+    int32_t err;
+    uint32_t pad;
+    char text[POOL_TEXT_MAX];
+};
+
+/* The largest message (a receive buffer's size). */
+#define POOL_MSG_MAX sizeof(struct pool_frames)
+
+/* The size of a message of type t; 0 for an unknown type. */
+size_t pool_proto_size(unsigned t);
+/* Fills a header for type t (its size). */
+void pool_proto_hdr(struct pool_hdr *h, unsigned t);
+/* Checks received bytes: 0 and the type in *type, or -EPROTO (malformed: magic, type, size,
+   a count out of range, an unterminated string, descriptors on a message that carries none,
+   or a FRAMES whose descriptors do not match its count). nfds: descriptors received with
+   it. */
+int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type);
+/* One message over a SOCK_SEQPACKET socket (MSG_NOSIGNAL; flags: e.g. MSG_DONTWAIT), with
+   nfds descriptors attached. 0; -errno. */
+int pool_proto_send(int sock, const void *msg, const int *fds, int nfds, int flags);
+/* One message: its bytes in buf (cap POOL_MSG_MAX) and up to max_fds descriptors (close-on-
+   exec; any beyond are closed). Returns the bytes (> 0); 0 the peer closed; -errno
+   (-EMSGSIZE: truncated, -EAGAIN with MSG_DONTWAIT). *nfds: descriptors received (the
+   caller's, also on -EMSGSIZE). */
+long pool_proto_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds,
+                     int flags);
+
+#endif

@@ -1,0 +1,715 @@
+/*
+ * pool/server.c: the pool daemon's server (contract in pool/server.h).
+ *
+ * Design: one thread, epoll over the listening socket, an eventfd (stop) and the clients.
+ * A message is one SOCK_SEQPACKET datagram, read whole and checked by pool_proto_check
+ * before anything reads its fields. State is two tables: frames (slot -> handle, generation,
+ * owner; a frame's id names slot and generation, so a stale or forged id names nothing) and
+ * clients (slot -> connection; a client's frames are those whose owner is its slot). A
+ * lease creates frames and exports them, a return or a disconnect releases them: no frame is
+ * ever handed to a second client, so a client that kept a mapping of a returned frame reads
+ * only its own old bytes (the driver keeps that allocation alive, accounted to this device,
+ * until it lets go).
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/assert.h"
+#include "common/log.h"
+#include "protocol.h"
+#include "vmm/vmm.h"
+
+struct srv_frame {
+    vmm_handle h;
+    uint32_t gen;               /* bumped when the slot is freed; ids carry it */
+    int owner;                  /* client slot; -1 = free slot */
+};
+
+struct srv_client {
+    int fd;
+    int slot;                   /* in s->clients */
+    unsigned role;              /* 0 until HELLO, then enum pool_role */
+    pid_t pid;                  /* SO_PEERCRED */
+    char name[POOL_NAME_MAX];
+    uint64_t reserve, limit;    /* bytes; limit 0 = the whole pool */
+    uint64_t held;              /* frames it holds */
+};
+
+struct pool_srv {
+    struct vmm *v;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int lfd, efd, stopfd;       /* listening socket, epoll, stop eventfd */
+    size_t page, granule, pool_frames, emu_bytes;
+    bool emulated;
+    struct srv_frame *frames;   /* frames[0 .. nframes) of cap_frames */
+    size_t nframes, cap_frames, leased;
+    size_t free_hint;           /* a slot to try first */
+    struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
+    size_t nclients;
+};
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvvmd: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static int why_set(char *why, size_t len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int why_set(char *why, size_t len, int rc, const char *fmt, ...)
+{
+    if (why && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+size_t pool_srv_pool_bytes(const struct pool_srv *s) { return s->pool_frames * s->page; }
+size_t pool_srv_page_size(const struct pool_srv *s) { return s->page; }
+const char *pool_srv_backend(const struct pool_srv *s) { return vmm_backend_name(s->v); }
+
+/* ---- the socket -------------------------------------------------------------------------- */
+
+/* PATH free for us: nothing there, or a stale socket (removed). */
+static int path_claim(const char *path, char *why, size_t len)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : why_set(why, len, -errno, "%s: %s", path,
+                                             strerror(errno));
+    if (!S_ISSOCK(st.st_mode))
+        return why_set(why, len, -EEXIST, "%s exists and is not a socket; not replacing it",
+                       path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return why_set(why, len, -errno, "socket: %s", strerror(errno));
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+    int e = errno;
+    close(fd);
+    if (rc == 0)
+        return why_set(why, len, -EADDRINUSE, "a daemon already answers on %s", path);
+    if (e != ECONNREFUSED && e != ENOENT)
+        return why_set(why, len, -e, "%s: %s", path, strerror(e));
+    if (unlink(path) != 0 && errno != ENOENT)
+        return why_set(why, len, -errno, "cannot remove the stale socket %s: %s", path,
+                       strerror(errno));
+    say("replaced the stale socket file %s", path);
+    return 0;
+}
+
+static int listen_open(struct pool_srv *s, char *why, size_t len)
+{
+    s->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s->lfd < 0)
+        return why_set(why, len, -errno, "socket: %s", strerror(errno));
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", s->path);
+    mode_t old = umask(0077);            /* created 0600 (no window where it is wider) */
+    int rc = bind(s->lfd, (struct sockaddr *)&a, sizeof a);
+    int e = errno;
+    umask(old);
+    if (rc != 0)
+        return why_set(why, len, -e, "bind %s: %s", s->path, strerror(e));
+    if (chmod(s->path, 0600) != 0 || listen(s->lfd, 128) != 0) {
+        e = errno;
+        unlink(s->path);
+        return why_set(why, len, -e, "%s: %s", s->path, strerror(e));
+    }
+    return 0;
+}
+
+/* ---- open / close ------------------------------------------------------------------------ */
+
+static int device_open(struct pool_srv *s, const struct pool_srv_params *p, char *why,
+                       size_t len)
+{
+    struct vmm_params vp = {
+        .backend = p->backend, .device = p->device,
+        .emu_capacity = p->emu_device_bytes ? p->emu_device_bytes : POOL_SRV_EMU_BYTES,
+        .emu_granule = p->emu_granule, .shareable = 1,
+    };
+    int rc = vmm_open(&vp, &s->v);
+    if (rc)
+        return why_set(why, len, rc, "the device could not be opened (backend %s): %s",
+                       p->backend == KVVM_BACKEND_CUDA ? "cuda" :
+                       p->backend == KVVM_BACKEND_EMULATED ? "emulated" : "auto",
+                       strerror(-rc));
+    s->emulated = !strcmp(vmm_backend_name(s->v), "emulated");
+    s->emu_bytes = s->emulated ? vmm_device_bytes(s->v) : 0;
+    s->granule = vmm_granule(s->v);
+    s->page = p->page_size ? p->page_size : s->granule;
+    if (s->page % s->granule)
+        return why_set(why, len, -EINVAL, "--page-size %zu is not a multiple of the "
+                       "device's granule (%zu)", s->page, s->granule);
+    size_t budget = p->budget;
+    if (!budget) {
+        size_t fr = 0, tot = 0;
+        if ((rc = vmm_mem_info(s->v, &fr, &tot)))
+            return why_set(why, len, rc, "the device's free memory is unknown (%s): give "
+                           "--budget", strerror(-rc));
+        size_t margin = (tot / 20 + s->page - 1) / s->page * s->page;
+        budget = fr > margin ? fr - margin : 0;
+        char a[32], b[32], c[32], d[32];
+        say("budget: %s (the device's free %s minus a margin of %s, 1/20 of its %s)",
+            kfmt_size(budget, a, sizeof a), kfmt_size(fr, b, sizeof b),
+            kfmt_size(margin, c, sizeof c), kfmt_size(tot, d, sizeof d));
+    }
+    s->pool_frames = budget / s->page;
+    if (!s->pool_frames)
+        return why_set(why, len, -EINVAL, "the budget (%zu bytes) is below one frame (%zu)",
+                       budget, s->page);
+    return 0;
+}
+
+int pool_srv_open(const struct pool_srv_params *p, struct pool_srv **out, char *why,
+                  size_t why_len)
+{
+    if (why && why_len)
+        why[0] = 0;
+    if (!p || !out || !p->socket_path || !*p->socket_path)
+        return why_set(why, why_len, -EINVAL, "no socket path");
+    struct pool_srv *s = calloc(1, sizeof *s);
+    if (!s)
+        return why_set(why, why_len, -ENOMEM, "out of memory");
+    s->lfd = s->efd = s->stopfd = -1;
+    int rc;
+    if (strlen(p->socket_path) >= sizeof s->path) {
+        rc = why_set(why, why_len, -EINVAL, "socket path too long (%zu bytes, at most %zu)",
+                     strlen(p->socket_path), sizeof s->path - 1);
+        goto out_free;
+    }
+    snprintf(s->path, sizeof s->path, "%s", p->socket_path);
+    if ((rc = path_claim(s->path, why, why_len)) || (rc = device_open(s, p, why, why_len)))
+        goto out_free;
+    s->efd = epoll_create1(EPOLL_CLOEXEC);
+    s->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->efd < 0 || s->stopfd < 0) {
+        rc = why_set(why, why_len, -errno, "epoll/eventfd: %s", strerror(errno));
+        goto out_free;
+    }
+    if ((rc = listen_open(s, why, why_len)))
+        goto out_free;
+    struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &s->lfd };
+    struct epoll_event ev2 = { .events = EPOLLIN, .data.ptr = &s->stopfd };
+    if (epoll_ctl(s->efd, EPOLL_CTL_ADD, s->lfd, &ev) ||
+        epoll_ctl(s->efd, EPOLL_CTL_ADD, s->stopfd, &ev2)) {
+        rc = why_set(why, why_len, -errno, "epoll_ctl: %s", strerror(errno));
+        unlink(s->path);
+        goto out_free;
+    }
+    *out = s;
+    return 0;
+
+out_free:
+    if (s->lfd >= 0)
+        close(s->lfd);
+    if (s->efd >= 0)
+        close(s->efd);
+    if (s->stopfd >= 0)
+        close(s->stopfd);
+    if (s->v)
+        vmm_close(s->v);
+    free(s);
+    return rc;
+}
+
+void pool_srv_stop(struct pool_srv *s)
+{
+    uint64_t one = 1;
+    ssize_t n = write(s->stopfd, &one, sizeof one);
+    (void)n;                            /* a full counter already asks to stop */
+}
+
+/* ---- frames ------------------------------------------------------------------------------ */
+
+static uint64_t frame_id(const struct pool_srv *s, size_t slot)
+{
+    return (uint64_t)s->frames[slot].gen << 32 | (uint64_t)(slot + 1);
+}
+
+/* The slot of frame id held by client c, or -1. */
+static long frame_find(const struct pool_srv *s, uint64_t id, const struct srv_client *c)
+{
+    uint64_t slot1 = id & 0xffffffffu;
+    if (slot1 == 0 || slot1 > s->nframes)
+        return -1;
+    const struct srv_frame *f = &s->frames[slot1 - 1];
+    if (f->owner != c->slot || f->gen != (uint32_t)(id >> 32))
+        return -1;
+    return (long)(slot1 - 1);
+}
+
+static int frame_slot(struct pool_srv *s, size_t *slot)
+{
+    for (size_t k = 0; k < s->nframes; k++) {
+        size_t i = (s->free_hint + k) % s->nframes;
+        if (s->frames[i].owner < 0) {
+            *slot = i;
+            s->free_hint = i + 1;
+            return 0;
+        }
+    }
+    if (s->nframes == s->cap_frames) {
+        size_t cap = s->cap_frames ? 2 * s->cap_frames : 256;
+        struct srv_frame *n = realloc(s->frames, cap * sizeof *n);
+        if (!n)
+            return -ENOMEM;
+        s->frames = n;
+        s->cap_frames = cap;
+    }
+    s->frames[s->nframes] = (struct srv_frame){ .gen = 1, .owner = -1 };
+    *slot = s->nframes++;
+    return 0;
+}
+
+static void frame_release(struct pool_srv *s, size_t slot)
+{
+    struct srv_frame *f = &s->frames[slot];
+    KVVM_ASSERT(f->owner >= 0 && s->leased > 0);
+    struct srv_client *c = s->clients[f->owner];
+    KVVM_ASSERT(c && c->held > 0);
+    c->held--;
+    s->leased--;
+    if (vmm_phys_release(s->v, f->h))
+        say("a frame's release failed (the driver refused); it stays allocated");
+    f->owner = -1;
+    f->h.h = 0;
+    if (++f->gen == 0)
+        f->gen = 1;
+}
+
+/* Frames reserved by clients other than c and not held by them. */
+static size_t reserved_elsewhere(const struct pool_srv *s, const struct srv_client *c)
+{
+    size_t r = 0;
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *o = s->clients[i];
+        if (!o || o == c || o->role != POOL_ROLE_CLIENT)
+            continue;
+        size_t want = (size_t)(o->reserve / s->page);
+        r += want > o->held ? want - o->held : 0;
+    }
+    return r;
+}
+
+static void figures(const struct pool_srv *s, const struct srv_client *c,
+                    struct pool_figures *f)
+{
+    memset(f, 0, sizeof *f);
+    f->pool_bytes = s->pool_frames * s->page;
+    f->free_bytes = (s->pool_frames - s->leased) * s->page;
+    f->held_bytes = c->held * s->page;
+    f->reserve_bytes = c->reserve;
+    f->limit_bytes = c->limit ? c->limit : f->pool_bytes;
+    for (size_t i = 0; i < s->nclients; i++)
+        f->n_clients += s->clients[i] && s->clients[i]->role == POOL_ROLE_CLIENT;
+}
+
+/* ---- clients ----------------------------------------------------------------------------- */
+
+/* Drops c: every frame it holds is released, its connection closed. */
+static void client_drop(struct pool_srv *s, struct srv_client *c, const char *why)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nframes && c->held; i++) {
+        if (s->frames[i].owner == c->slot) {
+            frame_release(s, i);
+            n++;
+        }
+    }
+    KVVM_ASSERT(c->held == 0);
+    if (c->role == POOL_ROLE_CLIENT || why)
+        say("client %s (pid %d) %s; %zu frame%s back in the pool", c->name[0] ? c->name : "?",
+            (int)c->pid, why ? why : "disconnected", n, n == 1 ? "" : "s");
+    epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    s->clients[c->slot] = NULL;
+    free(c);
+}
+
+static void client_accept(struct pool_srv *s)
+{
+    for (;;) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                say("accept: %s", strerror(errno));
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            return;
+        }
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid()) {
+            say("refused a connection of uid %d (this daemon serves uid %d only)",
+                cl == sizeof cr ? (int)cr.uid : -1, (int)geteuid());
+            close(fd);
+            continue;
+        }
+        size_t slot = 0;
+        while (slot < s->nclients && s->clients[slot])
+            slot++;
+        struct srv_client *c = calloc(1, sizeof *c);
+        if (slot == s->nclients) {
+            struct srv_client **n = realloc(s->clients, (s->nclients + 1) * sizeof *n);
+            if (n)
+                s->clients = n;
+            if (!n || !c) {
+                say("out of memory: refused a connection");
+                free(c);
+                close(fd);
+                continue;
+            }
+            s->clients[s->nclients++] = NULL;
+        }
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        *c = (struct srv_client){ .fd = fd, .slot = (int)slot, .pid = cr.pid };
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
+        if (epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev)) {
+            free(c);
+            close(fd);
+            continue;
+        }
+        s->clients[slot] = c;
+    }
+}
+
+/* Sends m to c (never blocks: a client that does not read its replies is dropped by the
+   caller on the error). */
+static int reply(struct srv_client *c, const void *m, const int *fds, int nfds)
+{
+    return pool_proto_send(c->fd, m, fds, nfds, MSG_DONTWAIT);
+}
+
+static int refuse(struct srv_client *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int refuse(struct srv_client *c, int err, const char *fmt, ...)
+{
+    struct pool_refused m = { .err = err, .version = POOL_PROTO_VERSION };
+    pool_proto_hdr(&m.h, POOL_MSG_REFUSED);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.why, sizeof m.why, fmt, ap);
+    va_end(ap);
+    (void)reply(c, &m, NULL, 0);
+    return -EPROTO;                 /* the caller drops c */
+}
+
+static int on_hello(struct pool_srv *s, struct srv_client *c, const struct pool_hello *m)
+{
+    if (c->role)
+        return -EPROTO;                             /* a second HELLO */
+    snprintf(c->name, sizeof c->name, "%s", m->name[0] ? m->name : "?");
+    if (m->role == POOL_ROLE_CLIENT) {
+        if (m->page_size && m->page_size != s->page)
+            return refuse(c, -EINVAL, "page_size %llu is not the pool's page size %zu "
+                          "(set 0 or %zu)", (unsigned long long)m->page_size, s->page, s->page);
+        size_t others = 0;
+        for (size_t i = 0; i < s->nclients; i++)
+            if (s->clients[i] && s->clients[i] != c && s->clients[i]->role == POOL_ROLE_CLIENT)
+                others += s->clients[i]->reserve;
+        uint64_t pool = (uint64_t)s->pool_frames * s->page;
+        if (m->reserve > pool || others + m->reserve > pool)
+            return refuse(c, -ENOSPC, "pool_reserve %llu cannot be promised: the pool is %llu "
+                          "bytes and other clients reserve %zu", (unsigned long long)m->reserve,
+                          (unsigned long long)pool, others);
+        c->reserve = m->reserve;
+        c->limit = m->limit;
+    }
+    c->role = m->role;
+    struct pool_welcome w = {
+        .version = POOL_PROTO_VERSION,
+        .backend = s->emulated ? POOL_BACKEND_EMULATED : POOL_BACKEND_CUDA,
+        .page_size = s->page, .granule = s->granule,
+        .pool_bytes = (uint64_t)s->pool_frames * s->page, .emu_device_bytes = s->emu_bytes,
+        .limit = c->limit,
+    };
+    pool_proto_hdr(&w.h, POOL_MSG_WELCOME);
+    if (c->role == POOL_ROLE_CLIENT) {
+        char a[32];
+        say("client %s (pid %d) connected: reserve %llu, limit %s", c->name, (int)c->pid,
+            (unsigned long long)c->reserve,
+            c->limit ? kfmt_size(c->limit, a, sizeof a) : "the pool");
+    }
+    return reply(c, &w, NULL, 0);
+}
+
+/* Frames c may take now. */
+static size_t grantable(const struct pool_srv *s, const struct srv_client *c)
+{
+    size_t free_frames = s->pool_frames - s->leased;
+    size_t others = reserved_elsewhere(s, c);
+    size_t room = free_frames > others ? free_frames - others : 0;
+    if (c->limit) {
+        size_t lim = (size_t)(c->limit / s->page);
+        size_t by_limit = lim > c->held ? lim - c->held : 0;
+        room = room < by_limit ? room : by_limit;
+    }
+    return room;
+}
+
+static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_lease *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    struct pool_frames r = { 0 };
+    int fds[POOL_BATCH_MAX];
+    size_t slots[POOL_BATCH_MAX];
+    size_t want = grantable(s, c), n = 0;
+    if (want > m->n)
+        want = m->n;
+    while (n < want) {
+        vmm_handle h;
+        if (frame_slot(s, &slots[n]) || vmm_phys_create(s->v, s->page, &h))
+            break;                                  /* the device is short: fewer */
+        if (vmm_handle_export(s->v, h, &fds[n])) {
+            (void)vmm_phys_release(s->v, h);
+            break;
+        }
+        struct srv_frame *f = &s->frames[slots[n]];
+        f->h = h;
+        f->owner = c->slot;
+        c->held++;
+        s->leased++;
+        r.ids[n] = frame_id(s, slots[n]);
+        n++;
+    }
+    r.n = (uint32_t)n;
+    r.err = n < m->n ? -ENOMEM : 0;
+    pool_proto_hdr(&r.h, POOL_MSG_FRAMES);
+    figures(s, c, &r.fig);
+    int rc = reply(c, &r, fds, (int)n);
+    for (size_t i = 0; i < n; i++)
+        close(fds[i]);                  /* the client has its own descriptors now */
+    return rc;                          /* on a failure, the drop releases them */
+}
+
+static int on_return(struct pool_srv *s, struct srv_client *c, const struct pool_return *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    long slots[POOL_BATCH_MAX];
+    for (uint32_t i = 0; i < m->n; i++) {
+        if ((slots[i] = frame_find(s, m->ids[i], c)) < 0)
+            return -EPROTO;                         /* not its frame: hostile or broken */
+        for (uint32_t j = 0; j < i; j++)
+            if (slots[j] == slots[i])
+                return -EPROTO;                     /* twice in one message */
+    }
+    for (uint32_t i = 0; i < m->n; i++)
+        frame_release(s, (size_t)slots[i]);
+    return 0;
+}
+
+static int on_info(struct pool_srv *s, struct srv_client *c)
+{
+    if (!c->role)
+        return -EPROTO;
+    struct pool_info_reply r;
+    pool_proto_hdr(&r.h, POOL_MSG_INFO_REPLY);
+    figures(s, c, &r.fig);
+    return reply(c, &r, NULL, 0);
+}
+
+static int on_clients(struct pool_srv *s, struct srv_client *c)
+{
+    if (c->role != POOL_ROLE_CONTROL)
+        return -EPROTO;
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *o = s->clients[i];
+        if (!o || o->role != POOL_ROLE_CLIENT)
+            continue;
+        struct pool_client_row r = { .pid = (uint32_t)o->pid, .held = o->held * s->page,
+                                     .reserve = o->reserve,
+                                     .limit = o->limit ? o->limit : s->pool_frames * s->page };
+        pool_proto_hdr(&r.h, POOL_MSG_CLIENT);
+        snprintf(r.name, sizeof r.name, "%s", o->name);
+        int rc = reply(c, &r, NULL, 0);
+        if (rc)
+            return rc;
+    }
+    struct pool_end e;
+    pool_proto_hdr(&e.h, POOL_MSG_END);
+    return reply(c, &e, NULL, 0);
+}
+
+static int on_limit(struct pool_srv *s, struct srv_client *c, const struct pool_limit *m)
+{
+    if (c->role != POOL_ROLE_CONTROL)
+        return -EPROTO;
+    struct pool_result r = { 0 };
+    pool_proto_hdr(&r.h, POOL_MSG_RESULT);
+    unsigned n = 0;
+    for (size_t i = 0; i < s->nclients; i++) {
+        struct srv_client *o = s->clients[i];
+        if (o && o->role == POOL_ROLE_CLIENT && !strcmp(o->name, m->name)) {
+            o->limit = m->bytes;
+            n++;
+        }
+    }
+    char a[32];
+    if (!n) {
+        r.err = -ENOENT;
+        snprintf(r.text, sizeof r.text, "no client named '%s'", m->name);
+    } else {
+        snprintf(r.text, sizeof r.text, "limit of '%s' set to %s (%u client%s)", m->name,
+                 m->bytes ? kfmt_size(m->bytes, a, sizeof a) : "the whole pool", n,
+                 n == 1 ? "" : "s");
+        say("%s", r.text);
+    }
+    return reply(c, &r, NULL, 0);
+}
+
+static int on_set_limit(struct pool_srv *s, struct srv_client *c,
+                        const struct pool_set_limit *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    c->limit = m->bytes;
+    struct pool_result r = { 0 };
+    pool_proto_hdr(&r.h, POOL_MSG_RESULT);
+    char a[32];
+    snprintf(r.text, sizeof r.text, "limit of '%s' set to %s", c->name,
+             m->bytes ? kfmt_size(m->bytes, a, sizeof a) : "the whole pool");
+    (void)s;
+    return reply(c, &r, NULL, 0);
+}
+
+/* A HELLO of another version is answered with both versions before the full check (its
+   size may differ): its first fields are fixed for every version. */
+static bool other_version(struct srv_client *c, const unsigned char *buf, long n)
+{
+    struct { struct pool_hdr h; uint32_t version; } v;
+    if (c->role || n < (long)sizeof v)
+        return false;
+    memcpy(&v, buf, sizeof v);
+    if (v.h.magic != POOL_MAGIC || v.h.type != POOL_MSG_HELLO ||
+        v.version == POOL_PROTO_VERSION)
+        return false;
+    refuse(c, -EPROTO, "protocol version %u is not this daemon's (kvvmd speaks version %u)",
+           v.version, POOL_PROTO_VERSION);
+    return true;
+}
+
+static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, unsigned type)
+{
+    if (!c->role && type != POOL_MSG_HELLO)
+        return -EPROTO;
+    switch (type) {
+    case POOL_MSG_HELLO:   return on_hello(s, c, buf);
+    case POOL_MSG_LEASE:   return on_lease(s, c, buf);
+    case POOL_MSG_RETURN:  return on_return(s, c, buf);
+    case POOL_MSG_INFO:    return on_info(s, c);
+    case POOL_MSG_CLIENTS: return on_clients(s, c);
+    case POOL_MSG_LIMIT:   return on_limit(s, c, buf);
+    case POOL_MSG_SET_LIMIT: return on_set_limit(s, c, buf);
+    default:               return -EPROTO;          /* a daemon's message sent to it */
+    }
+}
+
+/* Reads and serves c's messages until its socket is empty; drops it on EOF or error. */
+static void client_serve(struct pool_srv *s, struct srv_client *c)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    for (;;) {
+        int fds[1], nfds = 0;
+        long n = pool_proto_recv(c->fd, buf, sizeof buf, fds, 1, &nfds, MSG_DONTWAIT);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);                  /* no client message carries descriptors */
+        if (n == -EAGAIN)
+            return;
+        if (n == 0) {
+            client_drop(s, c, NULL);
+            return;
+        }
+        unsigned type = 0;
+        if (n > 0 && other_version(c, buf, n)) {
+            client_drop(s, c, "speaks another protocol version: dropped");
+            return;
+        }
+        int rc = n < 0 ? (int)n : pool_proto_check(buf, (size_t)n, nfds, &type);
+        if (!rc)
+            rc = dispatch(s, c, buf, type);
+        if (rc) {
+            client_drop(s, c, rc == -EPROTO || rc == -EMSGSIZE
+                        ? "sent a malformed message: dropped"
+                        : "does not read its replies: dropped");
+            return;
+        }
+    }
+}
+
+int pool_srv_run(struct pool_srv *s)
+{
+    for (;;) {
+        struct epoll_event ev[64];
+        int n = epoll_wait(s->efd, ev, 64, -1);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            say("epoll_wait: %s", strerror(errno));
+            return -errno;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = ev[i].data.ptr;
+            if (p == &s->stopfd)
+                return 0;
+            if (p == &s->lfd) {
+                client_accept(s);
+                continue;
+            }
+            /* a client dropped earlier in this batch is gone: skip stale events */
+            bool live = false;
+            for (size_t k = 0; k < s->nclients && !live; k++)
+                live = s->clients[k] == p;
+            if (live)
+                client_serve(s, p);
+        }
+    }
+}
+
+void pool_srv_close(struct pool_srv *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->nclients; i++)
+        if (s->clients[i])
+            client_drop(s, s->clients[i], NULL);
+    KVVM_ASSERT(s->leased == 0);
+    free(s->clients);
+    free(s->frames);
+    close(s->lfd);
+    unlink(s->path);
+    close(s->efd);
+    close(s->stopfd);
+    vmm_close(s->v);
+    free(s);
+}

@@ -1,0 +1,38 @@
+/* tests/fuzz/fuzz_pool.c: libFuzzer target over the pool protocol's one parser
+   (pool/protocol.h pool_proto_check), which every byte a kvvmd receives from a client, and
+   every byte a client receives from its daemon, goes through before anything reads a field.
+   Input: one byte of descriptor count (0..3), then the message. Checked: the parser never
+   reads past the bytes it is given (ASan), never accepts a message whose size is not its
+   type's, and accepts descriptors on FRAMES only, exactly as many as its count. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pool/protocol.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int nfds = data[0] % 4;
+    size_t n = size - 1;
+    /* a copy of exactly n bytes: ASan catches a read past the message */
+    unsigned char *buf = malloc(n ? n : 1);
+    if (!buf)
+        return 0;
+    memcpy(buf, data + 1, n);
+    unsigned type = 0;
+    if (pool_proto_check(buf, n, nfds, &type) == 0) {
+        struct pool_hdr h;
+        memcpy(&h, buf, sizeof h);
+        if (h.type != type || pool_proto_size(type) != n || h.magic != POOL_MAGIC)
+            abort();
+        if (nfds && type != POOL_MSG_FRAMES)
+            abort();
+        if (type == POOL_MSG_FRAMES && ((const struct pool_frames *)buf)->n != (uint32_t)nfds)
+            abort();
+    }
+    free(buf);
+    return 0;
+}

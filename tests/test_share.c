@@ -1,0 +1,473 @@
+/* tests/test_share.c: shareable handles (POSIX file descriptors), the driver-level ground
+   of the pool daemon: the emulated driver's cuMemExportToShareableHandle and
+   cuMemImportFromShareableHandle (as strict as the driver: export refused for a handle
+   made without the type, an imported allocation alive while an importer holds it after
+   the exporter released it, accounted to the exporting device until then), and vmm.h's
+   vmm_handle_export / vmm_handle_import. The cross-process tests fork a real child, pass
+   the descriptor over a socketpair with SCM_RIGHTS, and compare bytes both ways. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "harness.h"
+#include "vmm/vmm.h"
+
+#define KiB (1024ul)
+#define MiB (1024ul * 1024ul)
+#define G   (64 * KiB)
+
+/* ---- descriptors over a socket ----------------------------------------------------------- */
+
+static int send_fd(int sock, int fd, char tag)
+{
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec io = { &tag, 1 };
+    struct msghdr m = { .msg_iov = &io, .msg_iovlen = 1 };
+    if (fd >= 0) {
+        m.msg_control = cbuf;
+        m.msg_controllen = sizeof cbuf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    return sendmsg(sock, &m, 0) == 1 ? 0 : -1;
+}
+
+/* One tag byte and the descriptor it carries (-1: none). -1 on EOF or error. */
+static int recv_fd(int sock, char *tag, int *fd)
+{
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec io = { tag, 1 };
+    struct msghdr m = { .msg_iov = &io, .msg_iovlen = 1, .msg_control = cbuf,
+                        .msg_controllen = sizeof cbuf };
+    ssize_t n;
+    while ((n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    if (n != 1)
+        return -1;
+    *fd = -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+        memcpy(fd, CMSG_DATA(c), sizeof *fd);
+    return 0;
+}
+
+static int child_status(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        cr_assert_eq(errno, EINTR);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- the emulated driver --------------------------------------------------------------- */
+
+static const struct kcu_api *A;
+
+/* A fresh emulated device of granule G, its context current (windows CPU-accessible: the
+   test reads bytes through them). Returns its ordinal, or -1 (in a child: no Criterion). */
+static int dev_up(size_t gran)
+{
+    A = emu_api();
+    struct emu_device_params p = { .capacity = 8 * MiB, .granule = gran };
+    int ord;
+    kcu_device dev;
+    kcu_context ctx;
+    if (emu_device_create(&p, &ord) || A->cuInit(0) || A->cuDeviceGet(&dev, ord) ||
+        A->cuDevicePrimaryCtxRetain(&ctx, dev) || A->cuCtxSetCurrent(ctx))
+        return -1;
+    return ord;
+}
+
+static int create_typed(int ord, size_t bytes, int types, kcu_mem_handle *h)
+{
+    struct kcu_mem_alloc_prop p = { 0 };
+    p.type = KCU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = KCU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = ord;
+    p.requestedHandleTypes = types;
+    return A->cuMemCreate(h, bytes, &p, 0);
+}
+
+/* Maps h (bytes) read-write at a new reservation; returns the window, 0 on failure. */
+static unsigned char *map_rw(int ord, kcu_mem_handle h, size_t bytes, kcu_deviceptr *va)
+{
+    struct kcu_mem_access_desc d = { .location = { KCU_MEM_LOCATION_TYPE_DEVICE, ord },
+                                     .flags = KCU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    if (A->cuMemAddressReserve(va, bytes, 0, 0, 0) || A->cuMemMap(*va, bytes, 0, h, 0) ||
+        A->cuMemSetAccess(*va, bytes, &d, 1))
+        return NULL;
+    return (unsigned char *)(uintptr_t)*va;
+}
+
+static void unmap(kcu_deviceptr va, size_t bytes)
+{
+    cr_assert_eq(A->cuMemUnmap(va, bytes), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemAddressFree(va, bytes), KCU_SUCCESS);
+}
+
+static bool all(const unsigned char *p, size_t n, unsigned char v)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
+Test(share_emu, export_refused_without_the_handle_type)
+{
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle plain, shared;
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_NONE, &plain), KCU_SUCCESS);
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &shared),
+                 KCU_SUCCESS);
+    int fd = -1;
+    cr_expect_eq(A->cuMemExportToShareableHandle(&fd, plain,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(fd, -1, "a refused export hands out nothing");
+    cr_expect_eq(A->cuMemExportToShareableHandle(&fd, shared, 8 /* fabric */, 0),
+                 KCU_ERROR_NOT_SUPPORTED);
+    cr_expect_eq(A->cuMemExportToShareableHandle(NULL, shared,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuMemExportToShareableHandle(&fd, shared,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuMemExportToShareableHandle(&fd, shared + (1ull << 32),
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_ERROR_INVALID_VALUE,
+                 "a forged handle");
+    struct kcu_mem_alloc_prop p = { .type = KCU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .requestedHandleTypes = 2 /* win32 */,
+                                    .location = { KCU_MEM_LOCATION_TYPE_DEVICE, ord } };
+    kcu_mem_handle h;
+    cr_expect_eq(A->cuMemCreate(&h, G, &p, 0), KCU_ERROR_NOT_SUPPORTED);
+    cr_assert_eq(A->cuMemRelease(plain), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(shared), KCU_SUCCESS);
+    cr_expect_eq(A->cuMemExportToShareableHandle(&fd, shared,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_ERROR_INVALID_VALUE,
+                 "a released handle");
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.handles + c.handle_bytes + c.lingering, 0);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* The child's side of the cross-process tests: its own device, the descriptor received,
+   imported and mapped; it checks the parent's bytes (0x11), writes its own (0x22) in the
+   second half, acks, then on the parent's word (tag 'r') checks the first half again and
+   releases. Exit 0 when every check held. */
+static int importer(int sock, size_t bytes)
+{
+    int ord = dev_up(G);
+    char tag;
+    int fd;
+    if (ord < 0 || recv_fd(sock, &tag, &fd) || fd < 0)
+        return 10;
+    kcu_mem_handle h;
+    kcu_deviceptr va;
+    if (A->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+                                          KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return 11;
+    close(fd);
+    unsigned char *w = map_rw(ord, h, bytes, &va);
+    if (!w)
+        return 12;
+    if (!all(w, bytes / 2, 0x11))
+        return 13;
+    memset(w + bytes / 2, 0x22, bytes / 2);
+    struct emu_counters c;
+    if (emu_counters_get(ord, &c) || c.imported != 1 || c.imported_bytes != bytes ||
+        c.handles != 0)
+        return 14;
+    if (send_fd(sock, -1, 'a') || recv_fd(sock, &tag, &fd) || tag != 'r')
+        return 15;
+    if (!all(w, bytes / 2, 0x11))        /* still valid after the exporter's release */
+        return 16;
+    if (A->cuMemRelease(h) || A->cuMemUnmap(va, bytes) || A->cuMemAddressFree(va, bytes))
+        return 17;
+    if (emu_counters_get(ord, &c) || c.imported != 0)
+        return 18;
+    if (A->cuDevicePrimaryCtxRelease(ord) || emu_device_destroy(ord) != 0)
+        return 19;
+    return send_fd(sock, -1, 'd') ? 20 : 0;
+}
+
+Test(share_emu, export_import_across_processes_bytes_both_ways)
+{
+    TH_DEADLINE(60);
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    const size_t bytes = 4 * G;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(importer(sv[1], bytes));
+    }
+    close(sv[1]);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h;
+    cr_assert_eq(create_typed(ord, bytes, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    kcu_deviceptr va;
+    unsigned char *w = map_rw(ord, h, bytes, &va);
+    cr_assert(w);
+    cr_expect(all(w, bytes, EMU_POISON), "a new shareable allocation is poisoned");
+    memset(w, 0x11, bytes / 2);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(send_fd(sv[0], fd, 'f'), 0);
+    close(fd);
+    char tag;
+    int none;
+    cr_assert_eq(recv_fd(sv[0], &tag, &none), 0, "the child died: status %d",
+                 child_status(pid));
+    cr_expect(all(w + bytes / 2, bytes / 2, 0x22), "the importer's bytes, seen here");
+
+    /* Released and unmapped here while the child maps it: alive there, and still this
+       device's memory (lingering) until the child lets go. */
+    unmap(va, bytes);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering, 1);
+    cr_expect_eq(c.handle_bytes, bytes, "accounted to the exporting device");
+    size_t fr, tot;
+    cr_assert_eq(A->cuMemGetInfo(&fr, &tot), KCU_SUCCESS);
+    cr_expect_eq(fr, tot - bytes);
+    cr_assert_eq(send_fd(sv[0], -1, 'r'), 0);
+    cr_assert_eq(recv_fd(sv[0], &tag, &none), 0, "child status %d", child_status(pid));
+    cr_expect_eq(tag, 'd');
+    cr_expect_eq(child_status(pid), 0, "the importer's checks (its exit code names one)");
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.handle_bytes, 0, "freed once the importer let go");
+    cr_expect_eq(c.exports, 1);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+    close(sv[0]);
+}
+
+/* An importer that dies (SIGKILL) lets go like one that releases. */
+Test(share_emu, killed_importer_lets_go)
+{
+    TH_DEADLINE(60);
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(importer(sv[1], 2 * G));
+    }
+    close(sv[1]);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h;
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    kcu_deviceptr va;
+    unsigned char *w = map_rw(ord, h, 2 * G, &va);
+    cr_assert(w);
+    memset(w, 0x11, G);
+    int fd;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(send_fd(sv[0], fd, 'f'), 0);
+    close(fd);
+    char tag;
+    int none;
+    cr_assert_eq(recv_fd(sv[0], &tag, &none), 0);
+    unmap(va, 2 * G);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering, 1);
+    kill(pid, SIGKILL);
+    cr_expect_eq(child_status(pid), 128 + SIGKILL);
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.handle_bytes, 0);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+Test(share_emu, import_checks_its_descriptor)
+{
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h, in;
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    int other = memfd_create("not-an-export", MFD_CLOEXEC);
+    cr_assert_geq(other, 0);
+    cr_assert_eq(ftruncate(other, (off_t)(2 * G)), 0);
+    cr_expect_eq(A->cuMemImportFromShareableHandle(&in, (void *)(uintptr_t)other,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuMemImportFromShareableHandle(&in, (void *)(uintptr_t)999,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_ERROR_INVALID_VALUE);
+    cr_expect_eq(A->cuMemImportFromShareableHandle(&in, (void *)(uintptr_t)fd, 8),
+                 KCU_ERROR_NOT_SUPPORTED);
+    cr_expect_eq(A->cuMemImportFromShareableHandle(NULL, (void *)(uintptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_ERROR_INVALID_VALUE);
+    /* a device of another granule cannot map it */
+    struct emu_device_params p2 = { .capacity = 8 * MiB, .granule = 2 * G };
+    int ord2;
+    kcu_context ctx2;
+    cr_assert_eq(emu_device_create(&p2, &ord2), 0);
+    cr_assert_eq(A->cuDevicePrimaryCtxRetain(&ctx2, ord2), KCU_SUCCESS);
+    cr_assert_eq(A->cuCtxSetCurrent(ctx2), KCU_SUCCESS);
+    cr_expect_eq(A->cuMemImportFromShareableHandle(&in, (void *)(uintptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_ERROR_INVALID_VALUE);
+    /* an import left unreleased is a leak of the importing device */
+    kcu_mem_handle leaked;
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&leaked, (void *)(uintptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_ERROR_INVALID_VALUE,
+                 "granule 2G device: refused");
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord2), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord2), 0);
+    kcu_device dev;
+    kcu_context ctx;
+    cr_assert_eq(A->cuDeviceGet(&dev, ord), KCU_SUCCESS);
+    cr_assert_eq(A->cuDevicePrimaryCtxRetain(&ctx, dev), KCU_SUCCESS);
+    cr_assert_eq(A->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+    /* in the same process: a second handle of the same memory */
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(uintptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+    close(other);
+    cr_expect_neq(in, h);
+    kcu_deviceptr va1, va2;
+    unsigned char *w1 = map_rw(ord, h, 2 * G, &va1), *w2 = map_rw(ord, in, 2 * G, &va2);
+    cr_assert(w1 && w2);
+    memset(w1, 0x5c, 2 * G);
+    cr_expect(all(w2, 2 * G, 0x5c));
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.imported, 1);
+    cr_expect_eq(c.handles, 1, "an import is not a new allocation of the device");
+    unmap(va1, 2 * G);
+    unmap(va2, 2 * G);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering, 1, "the import still holds it");
+    cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.imported, 0);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* ---- vmm.h --------------------------------------------------------------------------- */
+
+static struct vmm *open_vmm(int shareable)
+{
+    struct vmm_params p = { .backend = KVVM_BACKEND_EMULATED, .emu_capacity = 8 * MiB,
+                            .emu_granule = G, .emu_opaque = 1, .shareable = shareable };
+    struct vmm *v = NULL;
+    return vmm_open(&p, &v) ? NULL : v;
+}
+
+/* The child: imports through vmm.h, checks 0x11 in the first half through a copy, writes
+   0x22 in the second, acks. */
+static int vmm_importer(int sock, size_t bytes)
+{
+    struct vmm *v = open_vmm(0);
+    char tag;
+    int fd;
+    if (!v || recv_fd(sock, &tag, &fd) || fd < 0)
+        return 10;
+    vmm_handle h;
+    uint64_t base;
+    if (vmm_handle_import(v, fd, bytes, &h) || vmm_reserve(v, bytes, &base) ||
+        vmm_map_run(v, base, &h, 1, bytes))
+        return 11;
+    close(fd);
+    unsigned char *buf = malloc(bytes);
+    if (!buf || vmm_copy_dtoh(v, buf, base, bytes, NULL) || vmm_stream_sync(v, NULL))
+        return 12;
+    if (!all(buf, bytes / 2, 0x11))
+        return 13;
+    memset(buf, 0x22, bytes);
+    if (vmm_copy_htod(v, base + bytes / 2, buf, bytes / 2, NULL) || vmm_stream_sync(v, NULL))
+        return 14;
+    free(buf);
+    if (vmm_unmap(v, base, bytes) || vmm_phys_release(v, h))
+        return 15;
+    vmm_unreserve(v);
+    vmm_close(v);
+    return send_fd(sock, -1, 'a') ? 16 : 0;
+}
+
+Test(share_vmm, export_import_across_processes)
+{
+    TH_DEADLINE(60);
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    const size_t bytes = 2 * G;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(vmm_importer(sv[1], bytes));
+    }
+    close(sv[1]);
+    struct vmm *v = open_vmm(1);
+    cr_assert(v);
+    vmm_handle h;
+    uint64_t base;
+    cr_assert_eq(vmm_phys_create(v, bytes, &h), 0);
+    cr_assert_eq(vmm_reserve(v, bytes, &base), 0);
+    cr_assert_eq(vmm_map_run(v, base, &h, 1, bytes), 0);
+    cr_assert_eq(vmm_memset(v, base, 0x11, bytes, NULL), 0);
+    cr_assert_eq(vmm_stream_sync(v, NULL), 0);
+    int fd = -1;
+    cr_assert_eq(vmm_handle_export(v, h, &fd), 0);
+    cr_assert_eq(send_fd(sv[0], fd, 'f'), 0);
+    close(fd);
+    char tag;
+    int none;
+    cr_assert_eq(recv_fd(sv[0], &tag, &none), 0, "child status %d", child_status(pid));
+    cr_expect_eq(child_status(pid), 0, "the importer's checks (its exit code names one)");
+    unsigned char *buf = malloc(bytes);
+    cr_assert(buf);
+    cr_assert_eq(vmm_copy_dtoh(v, buf, base, bytes, NULL), 0);
+    cr_assert_eq(vmm_stream_sync(v, NULL), 0);
+    cr_expect(all(buf, bytes / 2, 0x11));
+    cr_expect(all(buf + bytes / 2, bytes / 2, 0x22), "the importer's bytes, seen here");
+    free(buf);
+    cr_assert_eq(vmm_unmap(v, base, bytes), 0);
+    cr_assert_eq(vmm_phys_release(v, h), 0);
+    vmm_unreserve(v);
+    vmm_close(v);
+    close(sv[0]);
+}
+
+Test(share_vmm, export_refused_without_shareable)
+{
+    struct vmm *v = open_vmm(0);
+    cr_assert(v);
+    vmm_handle h;
+    cr_assert_eq(vmm_phys_create(v, G, &h), 0);
+    int fd = -1;
+    cr_expect_eq(vmm_handle_export(v, h, &fd), -EINVAL);
+    cr_expect_eq(fd, -1);
+    cr_expect_eq(vmm_handle_import(v, -1, G, &h), -EINVAL);
+    cr_expect_eq(vmm_handle_import(v, 0, G + 1, &h), -EINVAL);
+    cr_assert_eq(vmm_phys_release(v, h), 0);
+    vmm_close(v);
+}

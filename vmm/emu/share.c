@@ -1,0 +1,200 @@
+/*
+ * vmm/emu/share.c: shareable handles (KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR):
+ * cuMemExportToShareableHandle, cuMemImportFromShareableHandle, and the lifetime of memory
+ * an importer still holds.
+ * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
+ *
+ * Design: a handle created with the POSIX file-descriptor type has a memfd of its own, named
+ * "kvvm-emu-share:GRANULE" (the exporting device's granule, which an importer checks), so a
+ * descriptor of it gives exactly that allocation and nothing else of the device. An export
+ * is a new descriptor of that memfd; an import, in this or another process, opens the memfd
+ * anew (/proc/self/fd/N: an open file description of its own), takes a shared flock on it
+ * and maps it. The kernel keeps the memory while any descriptor or mapping remains, as the
+ * driver keeps an allocation while an importer holds it; the exporting device's accounting
+ * follows the same rule: a released shareable handle whose memfd an importer still holds
+ * (the exporter's exclusive non-blocking flock fails) lingers, its granules taken, until a
+ * later look (cuMemCreate, cuMemGetInfo, the counters) finds every importer gone.
+ */
+#include "emu_int.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARE_PREFIX "kvvm-emu-share:"
+
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
+                                   unsigned char **mem)
+{
+    char name[64];
+    snprintf(name, sizeof name, SHARE_PREFIX "%zu", d->gran);
+    int f = memfd_create(name, MFD_CLOEXEC);
+    if (f < 0 || ftruncate(f, (off_t)size) != 0) {
+        klog_error("emulated device %d: a shareable allocation's memfd could not be made: %s",
+                   d->ordinal, strerror(errno));
+        if (f >= 0)
+            close(f);
+        return KCU_ERROR_OUT_OF_MEMORY;
+    }
+    (void)fallocate(f, 0, 0, (off_t)size);
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
+    if (m == MAP_FAILED) {
+        klog_error("emulated device %d: a shareable allocation's view could not be mapped: "
+                   "%s", d->ordinal, strerror(errno));
+        close(f);
+        return KCU_ERROR_OUT_OF_MEMORY;
+    }
+    *fd = f;
+    *mem = m;
+    return KCU_SUCCESS;
+}
+
+bool emu_share_held_elsewhere(const struct emu_handle *h)
+{
+    KVVM_ASSERT(h->kind == EMU_H_SHAREABLE && h->fd >= 0);
+    /* The exporter's own description (and the descriptors its exports dup'ed from it)
+       holds no lock; every importer's own description holds a shared one. */
+    if (flock(h->fd, LOCK_EX | LOCK_NB) == 0)
+        return false;               /* released by close() in emu_share_close */
+    return errno == EWOULDBLOCK;
+}
+
+void emu_share_close(struct emu_handle *h)
+{
+    if (h->mem)
+        munmap(h->mem, h->ngran * h->dev->gran);
+    if (h->fd >= 0)
+        close(h->fd);
+    h->mem = NULL;
+    h->fd = -1;
+}
+
+void emu_share_reap_locked(struct emu_dev *d)
+{
+    if (!d->n_lingering)
+        return;
+    for (size_t i = 0; i < emu.handles_cap && d->n_lingering; i++) {
+        struct emu_handle *h = &emu.handles[i];
+        if (h->dev == d && h->lingering && !emu_share_held_elsewhere(h))
+            emu_handle_free_now_locked(i);
+    }
+}
+
+/* Errors: shareableHandle NULL, flags != 0, a stale, forged or released handle, or a handle
+   not created with the POSIX file-descriptor type: KCU_ERROR_INVALID_VALUE (the driver
+   lists only INVALID_VALUE for bad arguments: undocumented which); another handle type:
+   KCU_ERROR_NOT_SUPPORTED; no descriptor left: KCU_ERROR_OUT_OF_MEMORY (logged). */
+kcu_result emu_cuMemExportToShareableHandle(void *shareableHandle, kcu_mem_handle handle,
+                                            int handleType, unsigned long long flags)
+{
+    BEGIN(cuMemExportToShareableHandle, F_INIT | F_STICKY);
+    struct emu_handle *h = emu_handle_lookup_locked(handle, NULL);
+    if (!shareableHandle || flags != 0 || !h) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if (handleType != KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        r = KCU_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    if (h->kind == EMU_H_PLAIN) {
+        r = KCU_ERROR_INVALID_VALUE;      /* created without requestedHandleTypes */
+        goto out;
+    }
+    int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        klog_error("emulated device %d: cuMemExportToShareableHandle: no descriptor: %s",
+                   h->dev->ordinal, strerror(errno));
+        r = KCU_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    memcpy(shareableHandle, &fd, sizeof fd);
+    h->dev->c.exports++;
+out:
+    return emu_leave(r);
+}
+
+/* The granule an emulated export's memfd was made with (its name), or 0: not one. */
+static size_t export_granule(int fd)
+{
+    char path[64], name[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, name, sizeof name - 1);
+    if (n <= 0)
+        return 0;
+    name[n] = 0;
+    const char *p = strstr(name, SHARE_PREFIX);
+    if (strncmp(name, "/memfd:", 7) != 0 || p != name + 7)
+        return 0;
+    char *end;
+    unsigned long long g = strtoull(p + strlen(SHARE_PREFIX), &end, 10);
+    return *end == ' ' || *end == 0 ? (size_t)g : 0;
+}
+
+/* Opens the export anew (a description of its own) and takes the import's shared flock. */
+static int import_open(int fd)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int f = open(path, O_RDWR | O_CLOEXEC);
+    if (f < 0)
+        return -1;
+    while (flock(f, LOCK_SH) != 0) {     /* an exporter's check holds it for an instant */
+        if (errno != EINTR) {
+            close(f);
+            return -1;
+        }
+    }
+    return f;
+}
+
+/* Errors: handle NULL, a descriptor that is not an emulated export, its size not a
+   multiple of the current device's granule or its granule not the device's:
+   KCU_ERROR_INVALID_VALUE; another handle type: KCU_ERROR_NOT_SUPPORTED; no slot, no
+   descriptor or no view: KCU_ERROR_OUT_OF_MEMORY. The caller keeps osHandle. */
+kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHandle,
+                                              int shHandleType)
+{
+    BEGIN(cuMemImportFromShareableHandle, F_INIT | F_CTX | F_STICKY);
+    struct emu_dev *d = cur;
+    int fd = (int)(intptr_t)osHandle, f = -1;
+    size_t slot;
+    struct stat st;
+    if (!handle) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    if (shHandleType != KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        r = KCU_ERROR_NOT_SUPPORTED;
+        goto out;
+    }
+    size_t gran = fd < 0 ? 0 : export_granule(fd);
+    if (!gran || gran != d->gran || fstat(fd, &st) != 0 || st.st_size <= 0 ||
+        (size_t)st.st_size % gran) {
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    size_t size = (size_t)st.st_size;
+    if (emu_handle_slot_alloc_locked(&slot) || (f = import_open(fd)) < 0) {
+        r = KCU_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
+    if (m == MAP_FAILED) {
+        close(f);
+        r = KCU_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen,
+                                             .ngran = size / d->gran, .fd = f, .mem = m,
+                                             .kind = EMU_H_IMPORTED };
+    d->c.imported++;
+    d->c.imported_bytes += size;
+    d->c.imports++;
+    *handle = emu_handle_value(slot);
+out:
+    return emu_leave(r);
+}
