@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 tree=$tmp/tree bin=$tmp/bin
 mkdir -p "$tree/scripts" "$bin"
 cp "$src/scripts/test.sh" "$tree/scripts/"
-for d in common core vmm vmm/emu paging host disk store swap prefix testing; do   # clang-tidy's
+for d in common core vmm vmm/emu paging host disk store swap prefix pool testing; do   # clang-tidy's
     mkdir -p "$tree/$d" && touch "$tree/$d/a.c"
 done
 for f in install-deps.sh fuzz.sh clang-tidy-quiet.sh; do
