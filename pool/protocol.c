@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/assert.h"
+#include "common/log.h"
 
 static const size_t sizes[POOL_MSG_TYPES] = {
     [POOL_MSG_HELLO] = sizeof(struct pool_hello),
@@ -177,4 +178,9 @@ long pool_proto_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int
     if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || excess)
         return -EMSGSIZE;
     return (long)n;
+}
+
+int pool_parse_bytes(const char *s, size_t *out)
+{
+    return kparse_size(s, out);
 }

@@ -167,4 +167,8 @@ int pool_proto_send(int sock, const void *msg, const int *fds, int nfds, int fla
 long pool_proto_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds,
                      int flags);
 
+/* BYTES in kvvmd's and kvvmctl's options: a number with an optional K, M, G or T suffix
+   (powers of 1024), as the KVVM_* variables are read. 0 or -EINVAL. */
+int pool_parse_bytes(const char *s, size_t *out);
+
 #endif

@@ -173,21 +173,10 @@ static int cmd_clients(int fd)
 
 static bool parse_bytes(const char *s, uint64_t *out)
 {
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
+    size_t v;
+    if (pool_parse_bytes(s, &v))
         return false;
-    unsigned long long v = strtoull(s, &end, 10);
-    int shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (errno || *end || end == s || (shift && v > (~0ull >> shift)))
-        return false;
-    *out = v << shift;
+    *out = v;
     return true;
 }
 

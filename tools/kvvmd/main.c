@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool/protocol.h"
 #include "pool/server.h"
 
 static struct pool_srv *srv;
@@ -39,22 +40,7 @@ static void usage(FILE *f)
 /* BYTES with an optional K/M/G suffix; false when malformed. */
 static bool parse_bytes(const char *s, size_t *out)
 {
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        return false;
-    unsigned long long v = strtoull(s, &end, 10);
-    int shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (errno || *end || end == s || (shift && v > (~0ull >> shift)))
-        return false;
-    *out = (size_t)(v << shift);
-    return true;
+    return pool_parse_bytes(s, out) == 0;
 }
 
 static int parse(int argc, char **argv, struct pool_srv_params *p)
