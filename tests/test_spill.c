@@ -222,7 +222,15 @@ Test(spill, buffer_registration_refused_falls_back_to_plain_buffers)
     struct spill_params p = params(SPILL_ENGINE_IO_URING);
     struct spill *sp;
     kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
-    cr_assert_eq(spill_open(&p, &sp), 0);
+    /* the ring's own setup is charged to the user's locked memory, which other processes of
+       the user (tests beside this one) hold for a while: wait until it fits, as long as
+       the hang guard allows; the registration below is what this test checks */
+    int rc;
+    for (int i = 0; (rc = spill_open(&p, &sp)) != 0 && i < 400; i++)
+        usleep(50 * 1000);
+    if (rc)
+        cr_skip_test("the ring could not be set up in 20 s under a 1 MiB memlock limit (%s): "
+                     "other processes of this user hold the locked memory", strerror(-rc));
     cr_assert_str_eq(spill_engine_name(sp), "io_uring");
     cr_assert_eq(spill_buffers_registered(sp), 0,
                  "registration of 2 MiB under a 1 MiB memlock limit cannot have worked");
