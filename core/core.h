@@ -152,6 +152,10 @@ void core_pool_set_limit(kvvm *kv, size_t b);
 /* kvvm_trim: the frames leased and not handed to paging yet go back to the daemon; how
    many (0 without a pool). */
 uint32_t core_pool_trim(kvvm *kv);
+/* After open: the connection thread serving the daemon's asks for frames back (0 without a
+   pool; -errno: no thread). Before close tears anything down: stops it (no lock held). */
+int  core_pool_listen(kvvm *kv);
+void core_pool_unlisten(kvvm *kv);
 /* After paging released its frames: the stash back, the connection closed. */
 void core_pool_close(kvvm *kv);
 /* The pool's stats (zeros without a pool). */

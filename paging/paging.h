@@ -738,6 +738,10 @@ int  paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released);
    the engine stream captures a graph: those frames then stay). Never moves data. Returns
    the number released. Call paging_feed_quiesce first. */
 uint32_t paging_trim(struct paging *pg, uint32_t keep);
+/* paging_trim of up to n unused frames (a pool client giving frames back to the daemon):
+   releases min(n, unused) of them, map-ahead first unmapped. Returns the number released.
+   Context lock held; paging_feed_quiesce first. */
+uint32_t paging_give(struct paging *pg, uint32_t n);
 uint32_t paging_budget(const struct paging *pg);
 uint32_t paging_cap_frames(const struct paging *pg);
 
