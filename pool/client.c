@@ -600,15 +600,20 @@ static void *listen_main(void *arg)
 
 int pool_cli_listen(struct pool_cli *c, uint32_t (*give)(void *arg, uint32_t n), void *arg)
 {
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    pthread_mutex_lock(&c->mu);         /* the frame pool thread may be leasing already */
     c->give = give;
     c->give_arg = arg;
-    c->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (c->evfd < 0)
-        return -errno;
+    c->evfd = fd;
+    pthread_mutex_unlock(&c->mu);
     int rc = -pthread_create(&c->thr, NULL, listen_main, c);
     if (rc) {
-        close(c->evfd);
+        pthread_mutex_lock(&c->mu);
         c->evfd = -1;
+        pthread_mutex_unlock(&c->mu);
+        close(fd);
         return rc;
     }
     c->thr_on = true;
@@ -625,8 +630,11 @@ void pool_cli_unlisten(struct pool_cli *c)
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thr, NULL);
     c->thr_on = false;
-    close(c->evfd);
+    pthread_mutex_lock(&c->mu);
+    int fd = c->evfd;
     c->evfd = -1;
+    pthread_mutex_unlock(&c->mu);
+    close(fd);
 }
 
 void pool_cli_close(struct pool_cli *c)
