@@ -24,24 +24,11 @@ static void tb_cfg(struct kvvm_config *c, const char *path, const char *name)
     c->device_budget = 0;               /* limit: the whole pool */
 }
 
-/* Runs kvvmctl with args; its output in out, its exit status returned. */
-static int tb_ctl(const char *path, const char *args, char *out, size_t cap)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>&1", KVVMTEST_KVVMCTL, path, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* What kvvmctl --json clients says `name` holds (bytes). */
 static long long held_of(const char *path, const char *name)
 {
     char out[4096], key[96];
-    cr_assert_eq(tb_ctl(path, "--json clients", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(path, "--json clients", out, sizeof out), 0, "%s", out);
     snprintf(key, sizeof key, "\"name\":\"%s\",", name);
     const char *p = strstr(out, key);
     if (!p)
@@ -326,7 +313,7 @@ Test(takeback, limit_below_held_gives_back_down_to_it)
     struct holder ha = { .name = "A", .live = 3, .cached = 3 };
     struct proc a = holder_start(d.path, &ha);
     char out[1024];
-    cr_assert_eq(tb_ctl(d.path, "limit A 512K", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(d.path, "limit A 512K", out, sizeof out), 0, "%s", out);
     while (held_of(d.path, "A") > 8 * PD_GRAN)
         sched_yield();                          /* a condition, not a time: TH_DEADLINE */
     int rc = holder_end(&a, 'g');
