@@ -135,6 +135,7 @@ int main(int argc, char **argv)
     int ws;
     waitpid(d, &ws, 0);
     rmdir(dir);
-    printf("tsan_takeback: 20 rounds, B waited %llu times\n", (unsigned long long)st.pool_waits);
+    printf("tsan_takeback: 20 rounds, B waited %llu times, %.3f ms in all\n",
+           (unsigned long long)st.pool_waits, (double)st.pool_wait_ns / 1e6);
     return WIFEXITED(ws) && WEXITSTATUS(ws) == 0 ? 0 : 1;
 }
