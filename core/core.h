@@ -10,7 +10,9 @@
  * frame pool thread's (swap/frames.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
  * -> host arena mutex or the pool client's mutex (pool/client.c) -> (vmm / driver internal
  * locks) -> log lock. The frame pool thread
- * makes its driver calls without kvvm.lock. The background reclaim thread
+ * makes its driver calls without kvvm.lock. The pool client's connection thread (a take-back,
+ * core/pool.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
+ * does. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
@@ -152,6 +154,10 @@ void core_pool_set_limit(kvvm *kv, size_t b);
 /* kvvm_trim: the frames leased and not handed to paging yet go back to the daemon; how
    many (0 without a pool). */
 uint32_t core_pool_trim(kvvm *kv);
+/* After open: the connection thread serving the daemon's asks for frames back (0 without a
+   pool; -errno: no thread). Before close tears anything down: stops it (no lock held). */
+int  core_pool_listen(kvvm *kv);
+void core_pool_unlisten(kvvm *kv);
 /* After paging released its frames: the stash back, the connection closed. */
 void core_pool_close(kvvm *kv);
 /* The pool's stats (zeros without a pool). */

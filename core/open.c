@@ -297,6 +297,11 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
     vmm_ctx_restore(kv->v, prev);
     if (rc)
         goto out_vmm;
+    if ((rc = core_pool_listen(kv))) {  /* the daemon's asks for frames back (pool.c) */
+        kvvm_close(kv);
+        return kerr(rc, "kvvm_open: the pool's connection thread could not start (%s)",
+                    strerror(-rc));
+    }
     /* sizing hint: a sequence holds at least one page per region even at length 1 */
     uint64_t per_seq = (uint64_t)kv->cfg.n_regions * kv->cfg.page_size;
     if (per_seq && (uint64_t)kv->cfg.max_seqs * per_seq > kv->cfg.device_budget)
@@ -335,6 +340,7 @@ void kvvm_close(kvvm *kv)
         return;
     kcu_context prev;               /* restored at the end (kvvm.h) */
     (void)vmm_ctx_save(kv->v, &prev);
+    core_pool_unlisten(kv);         /* no ask served from now on: without the lock */
     storeq_destroy(kv->sq);         /* the queued store writes, bounded by the store's
                                        timeout; its thread joined: without the lock */
     swap_destroy(kv->sw);           /* joins the reclaim thread: without the lock */

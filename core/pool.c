@@ -35,7 +35,7 @@ int core_pool_open(kvvm *kv)
         default_name(name, sizeof name);
     struct pool_cli_params p = { .path = c->pool_socket, .name = name,
                                  .reserve = c->pool_reserve, .limit = c->device_budget,
-                                 .page_size = c->page_size };
+                                 .page_size = c->page_size, .wait_ms = c->pool_timeout_ms };
     struct pool_welcome w;
     int rc = pool_cli_open(&p, &kv->pool, &w);
     if (rc)
@@ -73,6 +73,49 @@ out_close:
     return rc;
 }
 
+/* The daemon asks for n frames back (a take-back for another client, or a limit below
+   what this one holds), on the connection thread: under the context lock like the other
+   background work, the frames leased and not taken first, then the ready ones, then what
+   the reclaim frees (CACHED sequences and prefix entries; LIVE swap-outs with
+   KVVM_F_AUTO_SWAP), each freed frame released to the daemon. Returns the frames given. */
+static uint32_t core_pool_give(void *arg, uint32_t n)
+{
+    kvvm *kv = arg;
+    pthread_mutex_lock(&kv->lock);
+    if (kv->dead || vmm_dead(kv->v)) {
+        pthread_mutex_unlock(&kv->lock);
+        return 0;
+    }
+    paging_feed_quiesce(kv->pg);        /* no frame in the frame pool thread's hands */
+    uint32_t given = pool_cli_trim(kv->pool), moved = 0;
+    if (given < n)
+        given += paging_give(kv->pg, n - given);
+    if (given < n && kv->sw) {
+        /* free frames are ready frames (given above) or never created: make n - given of
+           the frames in use free, then give those */
+        uint32_t want = paging_frames_free(kv->pg) + (n - given);
+        int rc = swap_reclaim_give(kv->sw, want, kv->cfg.flags & KVVM_F_AUTO_SWAP, &moved);
+        if (rc)
+            klog_warn("pool: the take-back's reclaim failed (%s); giving what is free",
+                      strerror(-rc));
+        given += paging_give(kv->pg, n - given);
+    }
+    pthread_mutex_unlock(&kv->lock);
+    klog_info("pool: the daemon asked for %u frame%s back: %u given (%u sequence%s moved)", n,
+              n == 1 ? "" : "s", given, moved, moved == 1 ? "" : "s");
+    return given;
+}
+
+int core_pool_listen(kvvm *kv)
+{
+    return kv->pool ? pool_cli_listen(kv->pool, core_pool_give, kv) : 0;
+}
+
+void core_pool_unlisten(kvvm *kv)
+{
+    pool_cli_unlisten(kv->pool);
+}
+
 const struct pg_frame_src *core_pool_source(kvvm *kv)
 {
     if (!kv->pool)
@@ -87,7 +130,7 @@ int core_pool_budget_check(kvvm *kv, size_t b)
     int connected;
     if (!kv->pool)
         return 0;
-    pool_cli_last(kv->pool, &f, &connected);
+    pool_cli_last(kv->pool, &f, &connected, NULL);
     if (b > f.pool_bytes)
         return kerr(-EINVAL, "kvvm_set_budget: %zu bytes is more than the pool on '%s' "
                     "(%llu bytes): the budget is unchanged", b, kv->cfg.pool_socket,
@@ -127,8 +170,8 @@ void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos)
     if (!kv->pool)
         return;
     struct pool_figures f;
-    int connected;
-    pool_cli_last(kv->pool, &f, &connected);
+    int connected, err;
+    pool_cli_last(kv->pool, &f, &connected, &err);
     if (!connected)
         json_put(b, n, pos, "; the pool daemon on %s is gone: no new frames",
                  kv->cfg.pool_socket);
@@ -138,6 +181,12 @@ void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos)
                  (unsigned long long)f.free_bytes, (unsigned long long)f.pool_bytes,
                  (unsigned long long)f.held_bytes, (unsigned long long)f.limit_bytes,
                  (unsigned long long)f.reserve_bytes);
+    if (connected && err == -ETIMEDOUT)
+        json_put(b, n, pos, "; other clients did not give frames back within pool_timeout_ms "
+                 "(%u ms)", kv->cfg.pool_timeout_ms);
+    else if (connected && f.held_bytes < f.limit_bytes && kv->cfg.pool_timeout_ms)
+        json_put(b, n, pos, "; no other client could give frames back (each holds its "
+                 "reserve, or only what it may not give)");
 }
 
 int kvvm_pool_info(kvvm *kv, struct kvvm_pool_info *info)

@@ -229,6 +229,12 @@ int paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released)
     return 0;
 }
 
+uint32_t paging_give(struct paging *pg, uint32_t n)
+{
+    uint32_t unused = pg->fr.n_ready + pg->fr.n_ahead;
+    return n ? paging_trim(pg, unused > n ? unused - n : 0) : 0;
+}
+
 uint32_t paging_trim(struct paging *pg, uint32_t keep)
 {
     pool_feed_suppress(pg);

@@ -130,9 +130,11 @@ struct pg_policy_ops {
 
 /* Where frames come from (paging_params.src; NULL: this process's own cuMemCreate and
    cuMemRelease through the vmm). A pool client (core/pool.c over pool/client.c) leases them
-   from the kvvmd daemon instead. create: one frame of page_size bytes, on the engine's
-   thread in a call (caller) or on the frame pool thread; 0, -ENOMEM (none to be had now),
-   -EIO. release: the frame is unmapped; 0, or -EIO refused (it stays the caller's). Both
+   from the kvvmd daemon instead. create: one frame of page_size bytes; caller true: a call
+   needs it now (on the engine's thread: a pool client's lease may wait up to
+   pool_timeout_ms for a take-back), false: a refill ahead of need (the frame pool thread,
+   or a refill at open or at a step without it: what the pool has now); 0, -ENOMEM (none to
+   be had now), -EIO. release: the frame is unmapped; 0, or -EIO refused (it stays the caller's). Both
    thread-safe: the two threads may call at once. */
 struct pg_frame_src {
     int  (*create)(void *arg, vmm_handle *out, bool caller);
@@ -738,6 +740,10 @@ int  paging_set_budget(struct paging *pg, uint32_t frames, uint32_t *released);
    the engine stream captures a graph: those frames then stay). Never moves data. Returns
    the number released. Call paging_feed_quiesce first. */
 uint32_t paging_trim(struct paging *pg, uint32_t keep);
+/* paging_trim of up to n unused frames (a pool client giving frames back to the daemon):
+   releases min(n, unused) of them, map-ahead first unmapped. Returns the number released.
+   Context lock held; paging_feed_quiesce first. */
+uint32_t paging_give(struct paging *pg, uint32_t n);
 uint32_t paging_budget(const struct paging *pg);
 uint32_t paging_cap_frames(const struct paging *pg);
 

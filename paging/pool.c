@@ -232,14 +232,15 @@ static bool budget_room(struct paging *pg)
            !pg_frame_is_none(pg->fr.frame_free_head);
 }
 
-/* Creates one frame onto the ready list on the caller's thread. -ENOMEM (budget or device
-   full), -EIO. */
-static int pool_create_one(struct paging *pg)
+/* Creates one frame onto the ready list on the caller's thread; need: a call needs it now
+   (a pool client's lease may then wait for a take-back), else a refill ahead of need (it
+   takes what the pool has). -ENOMEM (budget or device full), -EIO. */
+static int pool_create_one(struct paging *pg, bool need)
 {
     if (!budget_room(pg))
         return -ENOMEM;
     vmm_handle h;
-    int rc = frame_src_create(pg, &h, true);
+    int rc = frame_src_create(pg, &h, need);
     if (rc)
         return rc;
     frame_add(pg, h, ++pg->fr.n_created);
@@ -252,7 +253,7 @@ void pool_refill(struct paging *pg, uint32_t ready)
     if (pg->fr.feed.on || pg->fr.feed.suppress)
         return;
     while (pg->fr.n_ready < ready && pg->fr.n_held < pg->p.max_frames)
-        if (pool_create_one(pg))
+        if (pool_create_one(pg, false))
             return;
 }
 
@@ -520,7 +521,7 @@ int pool_make_ready(struct paging *pg, uint32_t n, bool made)
         }
         if (!budget_room(pg))
             break;
-        int rc = pool_create_one(pg);
+        int rc = pool_create_one(pg, true);
         if (rc == -ENOMEM && !made)
             break;
         if (rc)

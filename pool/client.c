@@ -10,10 +10,12 @@
 #include "client.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -41,6 +43,19 @@ struct pool_cli {
     struct pool_welcome welcome;    /* the first daemon's: a new one must be of its shape */
     unsigned reconnects;
     struct pool_cli_counters k;
+    uint32_t wait_ms;               /* a call's lease waits this long for a take-back */
+    int last_err;                   /* the last lease that got nothing: its FRAMES err */
+    bool waiting;                   /* a lease with wait_ms is in flight */
+    /* the daemon's asks (RECLAIM), kept for the connection thread: the latest seq and the
+       frames asked since the last run took them */
+    uint32_t ask_seq, ask_n;
+    /* the connection thread (pool_cli_listen): polls the socket while no request is in
+       flight and serves the asks through give(give_arg, n) without mu */
+    uint32_t (*give)(void *arg, uint32_t n);
+    void *give_arg;
+    int evfd;                       /* wakes it: stop, or the socket changed */
+    bool stop, thr_on;
+    pthread_t thr;
 };
 
 /* A frame held from a daemon that is gone: never returned to its successor. */
@@ -120,6 +135,26 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* The connection thread polls another socket now (or none). */
+static void kick_locked(struct pool_cli *c)
+{
+    uint64_t one = 1;
+    if (c->evfd >= 0 && write(c->evfd, &one, sizeof one) < 0)
+        (void)0;                    /* a full counter wakes it already */
+}
+
+/* A RECLAIM read (by a requester or the connection thread): kept for the connection
+   thread, unless a lease of this client waits (it needs frames: the daemon dropped the
+   ask when the lease came). */
+static void note_ask_locked(struct pool_cli *c, const struct pool_reclaim *m)
+{
+    if (c->waiting)
+        return;
+    c->ask_seq = m->seq;
+    c->ask_n = c->ask_n + m->n < c->ask_n ? UINT32_MAX : c->ask_n + m->n;
+    kick_locked(c);
+}
+
 /* The daemon is gone: the connection closed, what is held kept. */
 static void gone_locked(struct pool_cli *c, const char *why)
 {
@@ -130,23 +165,47 @@ static void gone_locked(struct pool_cli *c, const char *why)
               (unsigned long long)c->n);
     close(c->fd);
     c->fd = -1;
+    c->ask_n = 0;                   /* the asks of the daemon that went */
+    kick_locked(c);
 }
 
-/* One reply of type want into buf, descriptors in fds. 0; -EIO (the daemon is gone). */
+/* One reply of type want into buf, descriptors in fds, within POOL_CLI_REPLY_MS (plus the
+   wait a take-back may take); a RECLAIM before it is kept (note_ask_locked). 0; -EIO (the
+   daemon is gone). */
 static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
                              int *nfds)
 {
-    long n = pool_proto_recv(c->fd, buf, POOL_MSG_MAX, fds, POOL_BATCH_MAX, nfds, 0);
-    unsigned type = 0;
-    if (n <= 0 || pool_proto_check(buf, (size_t)n, *nfds, &type) || type != want) {
-        for (int i = 0; i < *nfds; i++)
-            close(fds[i]);
-        *nfds = 0;
-        gone_locked(c, n == 0 ? "it closed the connection"
-                       : n < 0 ? "no reply" : "a malformed reply");
-        return -EIO;
+    uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS + (c->waiting ? c->wait_ms : 0)) *
+                                  1000000u;
+    for (;;) {
+        uint64_t now = now_ns();
+        struct pollfd p = { .fd = c->fd, .events = POLLIN };
+        int pr = now < end ? poll(&p, 1, (int)((end - now) / 1000000u) + 1) : 0;
+        if (pr < 0 && errno == EINTR)
+            continue;
+        long n = pr > 0 ? pool_proto_recv(c->fd, buf, POOL_MSG_MAX, fds, POOL_BATCH_MAX, nfds,
+                                          MSG_DONTWAIT) : -ETIMEDOUT;
+        unsigned type = 0;
+        if (pr <= 0)
+            *nfds = 0;
+        if (n > 0 && pool_proto_check(buf, (size_t)n, *nfds, &type))
+            type = 0;                           /* malformed */
+        if (type == POOL_MSG_RECLAIM) {
+            note_ask_locked(c, buf);
+            continue;
+        }
+        if (n == -EAGAIN)
+            continue;
+        if (n <= 0 || type != want) {
+            for (int i = 0; i < *nfds; i++)
+                close(fds[i]);
+            *nfds = 0;
+            gone_locked(c, n == 0 ? "it closed the connection"
+                           : n < 0 ? "no reply" : "a malformed reply");
+            return -EIO;
+        }
+        return 0;
     }
-    return 0;
 }
 
 /* Connects to c->path and greets the daemon: the socket, or -errno with the cause in why
@@ -220,6 +279,8 @@ int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
     snprintf(c->name, sizeof c->name, "%s", p->name);
     c->p_reserve = p->reserve;
     c->p_limit = p->limit;
+    c->wait_ms = p->wait_ms;
+    c->evfd = -1;
     c->p_page = p->page_size;
     char why[512];
     int fd = greet(c, w, why, sizeof why);
@@ -264,6 +325,7 @@ static int reconnect_locked(struct pool_cli *c)
     c->fd = fd;
     c->fig.pool_bytes = w.pool_bytes;
     c->reconnects++;
+    kick_locked(c);                 /* the connection thread polls the new socket */
     klog_info("pool: reconnected to the kvvmd on %s (the %zu frames held from the previous "
               "daemon stay this context's)", c->path, c->n);
     return 0;
@@ -281,7 +343,8 @@ static int lease_once_locked(struct pool_cli *c, bool caller)
     if (c->fd < 0 && reconnect_locked(c))
         return -EIO;
     uint64_t t0 = now_ns();
-    struct pool_lease m = { .n = POOL_CLI_BATCH };
+    /* a call's lease may wait for a take-back; the frame pool thread's takes what is free */
+    struct pool_lease m = { .n = POOL_CLI_BATCH, .wait_ms = caller ? c->wait_ms : 0 };
     pool_proto_hdr(&m.h, POOL_MSG_LEASE);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
@@ -289,7 +352,11 @@ static int lease_once_locked(struct pool_cli *c, bool caller)
         gone_locked(c, "its socket refused a request");
         return -EIO;
     }
+    c->waiting = m.wait_ms > 0;
+    if (c->waiting)
+        c->ask_n = 0;               /* it needs frames: the daemon dropped its ask */
     int rc = recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, &nfds);
+    c->waiting = false;
     if (caller) {
         c->k.waits++;
         c->k.wait_ns += now_ns() - t0;
@@ -298,6 +365,7 @@ static int lease_once_locked(struct pool_cli *c, bool caller)
         return rc;
     const struct pool_frames *r = (const void *)buf;
     c->fig = r->fig;
+    c->last_err = r->n ? 0 : r->err;
     for (uint32_t i = 0; i < r->n; i++) {
         KVVM_ASSERT(c->n_stash < POOL_BATCH_MAX);
         c->stash[c->n_stash].fd = fds[i];
@@ -393,11 +461,13 @@ int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
     return 0;
 }
 
-void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected)
+void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected, int *err)
 {
     pthread_mutex_lock(&c->mu);
     *f = c->fig;
     *connected = c->fd >= 0;
+    if (err)
+        *err = c->last_err;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -454,10 +524,124 @@ unsigned pool_cli_trim(struct pool_cli *c)
     return n;
 }
 
+/* ---- the connection thread: the daemon's asks --------------------------------------------
+   It polls the socket (and evfd) while no request is in flight; a message read then can only
+   be unasked (a reply always comes while its requester holds mu and reads it), so it is a
+   RECLAIM, or the socket's end (the daemon gone: seen here before the next request needs
+   it). An ask is served by give() without mu (it takes the context lock, then mu through
+   the releases' RETURNs), then answered with RECLAIMED. */
+
+/* Reads what the socket holds now (mu held): asks kept, the end noted. */
+static void drain_locked(struct pool_cli *c)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nfds = 0;
+    while (c->fd >= 0) {
+        long n = pool_proto_recv(c->fd, buf, sizeof buf, fds, POOL_BATCH_MAX, &nfds,
+                                 MSG_DONTWAIT);
+        if (n == -EAGAIN)
+            return;
+        unsigned type = 0;
+        if (n > 0 && !pool_proto_check(buf, (size_t)n, nfds, &type) &&
+            type == POOL_MSG_RECLAIM) {
+            note_ask_locked(c, (const void *)buf);
+            continue;
+        }
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        gone_locked(c, n == 0 ? "it closed the connection" : "a message out of turn");
+    }
+}
+
+static void answer_locked(struct pool_cli *c, uint32_t seq, uint32_t given)
+{
+    if (c->fd < 0)
+        return;
+    struct pool_reclaimed m = { .seq = seq, .given = given };
+    pool_proto_hdr(&m.h, POOL_MSG_RECLAIMED);
+    if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+        gone_locked(c, "its socket refused an answer");
+}
+
+static void *listen_main(void *arg)
+{
+    struct pool_cli *c = arg;
+    if (vmm_make_current(c->v))     /* the reclaim's copies are this context's */
+        klog_warn("pool: the connection thread could not make the device context current");
+    if (vmm_thread_capture_relaxed(c->v))
+        klog_warn("pool: the connection thread could not set relaxed stream capture mode");
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop) {
+        if (c->ask_n) {
+            uint32_t n = c->ask_n, seq = c->ask_seq;
+            c->ask_n = 0;
+            pthread_mutex_unlock(&c->mu);
+            uint32_t given = c->give(c->give_arg, n);
+            pthread_mutex_lock(&c->mu);
+            c->k.takebacks++;
+            c->k.taken_back += given;
+            answer_locked(c, seq, given);
+            continue;
+        }
+        struct pollfd p[2] = { { .fd = c->evfd, .events = POLLIN },
+                               { .fd = c->fd, .events = POLLIN } };
+        pthread_mutex_unlock(&c->mu);
+        int pr = poll(p, p[1].fd >= 0 ? 2 : 1, -1);
+        uint64_t v;
+        if (pr > 0 && (p[0].revents & POLLIN) && read(c->evfd, &v, sizeof v) < 0)
+            (void)0;                /* another wake-up read it */
+        pthread_mutex_lock(&c->mu);
+        if (pr > 0 && p[1].fd >= 0 && p[1].fd == c->fd && p[1].revents)
+            drain_locked(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+int pool_cli_listen(struct pool_cli *c, uint32_t (*give)(void *arg, uint32_t n), void *arg)
+{
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    pthread_mutex_lock(&c->mu);         /* the frame pool thread may be leasing already */
+    c->give = give;
+    c->give_arg = arg;
+    c->evfd = fd;
+    pthread_mutex_unlock(&c->mu);
+    int rc = -pthread_create(&c->thr, NULL, listen_main, c);
+    if (rc) {
+        pthread_mutex_lock(&c->mu);
+        c->evfd = -1;
+        pthread_mutex_unlock(&c->mu);
+        close(fd);
+        return rc;
+    }
+    c->thr_on = true;
+    return 0;
+}
+
+void pool_cli_unlisten(struct pool_cli *c)
+{
+    if (!c || !c->thr_on)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    kick_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thr, NULL);
+    c->thr_on = false;
+    pthread_mutex_lock(&c->mu);
+    int fd = c->evfd;
+    c->evfd = -1;
+    pthread_mutex_unlock(&c->mu);
+    close(fd);
+}
+
 void pool_cli_close(struct pool_cli *c)
 {
     if (!c)
         return;
+    pool_cli_unlisten(c);
     pthread_mutex_lock(&c->mu);
     (void)stash_return_locked(c);
     if (c->n)

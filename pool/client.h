@@ -11,7 +11,13 @@
  *    no request; the frame pool thread's creates fill the stash off the engine's thread.
  *    pool_cli_release unmapped frames go back to the daemon at once (RETURN).
  *  - Thread-safe: one mutex serializes the socket's requests and replies and guards the
- *    state; the daemon never speaks unasked, so a reply always answers the request sent.
+ *    state. The daemon speaks unasked only to ask frames back (RECLAIM): a requester that
+ *    reads one before its reply keeps it; the connection thread (pool_cli_listen) polls
+ *    the socket while no request is in flight, and serves each ask off the engine's thread
+ *    through the give function it was given (the context's reclaim), then answers it.
+ *  - A call's lease (create with caller) carries wait_ms: when the pool is dry the daemon
+ *    takes frames back from other clients and answers within it; the frame pool thread's
+ *    leases never wait (they take what is free), so no background lease starts a take-back.
  *  - When the daemon goes (its socket closes, or a reply takes longer than
  *    POOL_CLI_REPLY_MS), the context keeps the frames it holds; creates fail -ENOMEM saying
  *    the daemon is gone. Each later lease or info request first tries the socket again: a
@@ -36,6 +42,8 @@ struct pool_cli_params {
     const char *name;               /* shown by kvvmctl */
     uint64_t reserve, limit;        /* bytes; limit 0 = the whole pool */
     uint64_t page_size;             /* 0: the daemon's */
+    uint32_t wait_ms;               /* pool_timeout_ms: a call's lease waits this long for a
+                                       take-back (0: it takes what is free) */
 };
 
 struct pool_cli_counters {
@@ -43,6 +51,8 @@ struct pool_cli_counters {
     uint64_t returns;               /* frames given back */
     uint64_t waits;                 /* leases the engine's thread waited for (a call) */
     uint64_t wait_ns;               /* their time */
+    uint64_t takebacks;             /* the daemon's asks served (RECLAIM) */
+    uint64_t taken_back;            /* frames given back for them */
 };
 
 /* Connects and greets: *w is the daemon's welcome. -ECONNREFUSED no daemon answers (a
@@ -58,8 +68,18 @@ int  pool_cli_release(void *arg, vmm_handle h);
 /* The pool's figures now (one request); *connected 0 when the daemon is gone (the figures
    are then the last known, held_bytes this context's). 0; -EIO. */
 int  pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected);
-/* The last figures a reply carried (no request), for an error message. */
-void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected);
+/* The last figures a reply carried (no request), for an error message; *err (NULL: not
+   asked) the FRAMES err of the last lease if it got no frame (-ENOMEM the pool dry or the
+   limit reached, -ETIMEDOUT a take-back that did not end within wait_ms), else 0. */
+void pool_cli_last(struct pool_cli *c, struct pool_figures *f, int *connected, int *err);
+/* Starts the connection thread: it serves the daemon's asks with give(arg, n), called
+   without any lock of this connection (it may take the context lock, then release frames
+   through pool_cli_release), which gives back up to n frames and returns how many it gave.
+   The thread makes the vmm's context current first. 0; -errno (no thread: asks are then
+   read and dropped by requesters, and the daemon's rounds wait for their deadline). */
+int  pool_cli_listen(struct pool_cli *c, uint32_t (*give)(void *arg, uint32_t n), void *arg);
+/* Stops and joins the connection thread (no lock held; NULL or none: no-op). */
+void pool_cli_unlisten(struct pool_cli *c);
 void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out);
 /* This client's limit changed (kvvm_set_budget): tells the daemon (and a reconnection).
    0; the daemon gone is no error (the limit goes with the next HELLO). */

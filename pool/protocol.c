@@ -28,6 +28,8 @@ static const size_t sizes[POOL_MSG_TYPES] = {
     [POOL_MSG_LIMIT] = sizeof(struct pool_limit),
     [POOL_MSG_RESULT] = sizeof(struct pool_result),
     [POOL_MSG_SET_LIMIT] = sizeof(struct pool_set_limit),
+    [POOL_MSG_RECLAIM] = sizeof(struct pool_reclaim),
+    [POOL_MSG_RECLAIMED] = sizeof(struct pool_reclaimed),
 };
 _Static_assert(sizeof(struct pool_frames) <= UINT16_MAX, "sizes fit pool_hdr.size");
 _Static_assert(sizeof(struct pool_frames) >= sizeof(struct pool_return) &&
@@ -88,6 +90,10 @@ int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type)
             return -EPROTO;
         break;
     }
+    case POOL_MSG_RECLAIM:
+        if (((const struct pool_reclaim *)buf)->n < 1)
+            return -EPROTO;
+        break;
     case POOL_MSG_RETURN: {
         const struct pool_return *m = buf;
         if (m->n < 1 || m->n > POOL_BATCH_MAX)

@@ -6,6 +6,9 @@
  *  - Transport: a Unix SOCK_SEQPACKET socket, so one message = one datagram: a message is
  *    exactly the size of its type's struct (sizes fixed per type, no lengths to trust), and
  *    frames travel as file descriptors (SCM_RIGHTS) attached to a FRAMES message only.
+ *  - The daemon speaks unasked only with RECLAIM (a take-back: give frames back); every
+ *    other daemon message answers the request just sent. A client reading a reply may find
+ *    a RECLAIM before it (kept for its connection thread) and reads on.
  *  - Every message starts with struct pool_hdr: POOL_MAGIC, its type, its size. The first
  *    message of a connection is HELLO with POOL_PROTO_VERSION; a daemon that does not speak
  *    it answers REFUSED naming both versions, and a client refuses a WELCOME of another
@@ -44,6 +47,11 @@ enum pool_msg_type {
     POOL_MSG_LIMIT,         /* control -> d: set a client's limit */
     POOL_MSG_RESULT,        /* d -> control or client: 0 or -errno, and a message */
     POOL_MSG_SET_LIMIT,     /* c -> d: this client's own limit changed (kvvm_set_budget) */
+    POOL_MSG_RECLAIM,       /* d -> c, UNASKED: give n frames back (a take-back, or a limit
+                               below what it holds); the one message the daemon sends
+                               without a request */
+    POOL_MSG_RECLAIMED,     /* c -> d: the reclaim of ask seq is done (its frames went back
+                               in RETURNs before this) */
     POOL_MSG_TYPES          /* one past the last type */
 };
 
@@ -89,7 +97,10 @@ struct pool_refused {
 struct pool_lease {
     struct pool_hdr h;
     uint32_t n;             /* 1 .. POOL_BATCH_MAX */
-    uint32_t pad;
+    uint32_t wait_ms;       /* 0: what is free now (a lease ahead, off the engine's thread);
+                               else a call needs a frame: when the pool is dry, the daemon
+                               takes frames back from clients above their reserve and
+                               answers within wait_ms */
 };
 
 struct pool_figures {       /* the pool as one client sees it */
@@ -102,7 +113,8 @@ struct pool_frames {
     struct pool_hdr h;
     uint32_t n;             /* frames granted: n descriptors attached, in ids' order */
     int32_t err;            /* 0: all asked; -ENOMEM: fewer (the pool is dry or the limit
-                               reached: fig says which) */
+                               reached: fig says which; a take-back found no more to give);
+                               -ETIMEDOUT: fewer, the take-back did not end within wait_ms */
     struct pool_figures fig;
     uint64_t ids[POOL_BATCH_MAX];
 };
@@ -143,6 +155,18 @@ struct pool_result {
     int32_t err;
     uint32_t pad;
     char text[POOL_TEXT_MAX];
+};
+
+struct pool_reclaim {
+    struct pool_hdr h;
+    uint32_t seq;           /* the ask's number (RECLAIMED names it) */
+    uint32_t n;             /* frames asked: 1 .. the client's frames above its reserve */
+};
+
+struct pool_reclaimed {
+    struct pool_hdr h;
+    uint32_t seq;           /* the ask answered (the latest one taken) */
+    uint32_t given;         /* frames given back for it */
 };
 
 /* The largest message (a receive buffer's size). */

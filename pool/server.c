@@ -48,6 +48,15 @@ struct srv_client {
     char name[POOL_NAME_MAX];
     uint64_t reserve, limit;    /* bytes; limit 0 = the whole pool */
     uint64_t held;              /* frames it holds */
+    uint64_t active_ns;         /* its last LEASE (CLOCK_MONOTONIC): "least recently active" */
+    /* take-back, as a victim: frames asked of it and not answered yet (RECLAIMED with
+       ask_seq clears it), and the asker's round that asked it (one ask per round) */
+    uint32_t asked, ask_seq;
+    uint64_t asked_round;
+    /* take-back, as an asker: a LEASE waiting for frames others give back */
+    uint32_t pend_n;            /* frames it asked for; 0: no lease waits */
+    uint64_t pend_round;        /* its round (victims it asked carry it) */
+    uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
 };
 
 struct pool_srv {
@@ -61,6 +70,7 @@ struct pool_srv {
     size_t free_hint;           /* a slot to try first */
     struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
     size_t nclients;
+    uint64_t rounds;            /* take-back rounds started (each asker's lease is one) */
 };
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -462,11 +472,24 @@ static int on_hello(struct pool_srv *s, struct srv_client *c, const struct pool_
     return reply(c, &w, NULL, 0);
 }
 
-/* Frames c may take now. */
+/* Frames kept for leases that wait for a take-back (other than c's): a frame given back
+   for an asker is not leased to a client that asks without waiting (the giver's own frame
+   pool thread would take it back at once). */
+static size_t pending_elsewhere(const struct pool_srv *s, const struct srv_client *c)
+{
+    size_t r = 0;
+    for (size_t i = 0; i < s->nclients; i++)
+        if (s->clients[i] && s->clients[i] != c)
+            r += s->clients[i]->pend_n;
+    return r;
+}
+
+/* Frames c may take now (pending: c's lease waits, served in arrival order, so the other
+   askers' frames are not held from it). */
 static size_t grantable(const struct pool_srv *s, const struct srv_client *c)
 {
     size_t free_frames = s->pool_frames - s->leased;
-    size_t others = reserved_elsewhere(s, c);
+    size_t others = reserved_elsewhere(s, c) + (c->pend_n ? 0 : pending_elsewhere(s, c));
     size_t room = free_frames > others ? free_frames - others : 0;
     if (c->limit) {
         size_t lim = (size_t)(c->limit / s->page);
@@ -476,16 +499,22 @@ static size_t grantable(const struct pool_srv *s, const struct srv_client *c)
     return room;
 }
 
-static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_lease *m)
+static uint64_t mono_ns(void)
 {
-    if (c->role != POOL_ROLE_CLIENT)
-        return -EPROTO;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Creates up to `want` frames for c (fewer when the device is short) and sends them in one
+   FRAMES with err when fewer than asked were granted. */
+static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t asked,
+                 int err)
+{
     struct pool_frames r = { 0 };
     int fds[POOL_BATCH_MAX];
-    size_t slots[POOL_BATCH_MAX];
-    size_t want = grantable(s, c), n = 0;
-    if (want > m->n)
-        want = m->n;
+    size_t slots[POOL_BATCH_MAX], n = 0;
+    KVVM_ASSERT(want <= POOL_BATCH_MAX && asked <= POOL_BATCH_MAX);
     while (n < want) {
         vmm_handle h;
         if (frame_slot(s, &slots[n]) || vmm_phys_create(s->v, s->page, &h))
@@ -503,13 +532,159 @@ static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_
         n++;
     }
     r.n = (uint32_t)n;
-    r.err = n < m->n ? -ENOMEM : 0;
+    r.err = n < asked ? (err ? err : -ENOMEM) : 0;
     pool_proto_hdr(&r.h, POOL_MSG_FRAMES);
     figures(s, c, &r.fig);
     int rc = reply(c, &r, fds, (int)n);
     for (size_t i = 0; i < n; i++)
         close(fds[i]);                  /* the client has its own descriptors now */
     return rc;                          /* on a failure, the drop releases them */
+}
+
+/* ---- take-back ---------------------------------------------------------------------------
+   A lease that waits (wait_ms > 0: a call of the client needs a frame) and finds the pool
+   dry starts a round: the daemon asks clients above their reserve to give frames back
+   (RECLAIM; furthest above its reserve first, then least recently active), each once per
+   round, until the asks cover the shortfall; a client that gives less than asked makes
+   the next one asked. The lease is answered when enough is free, when no ask is left
+   unanswered and no one else may be asked (a client with nothing it may give answers at
+   once, so it is not waited for), or at its deadline, with what is free then. Every step
+   is an event of the loop: nothing here blocks, and a client killed while asked answers
+   by its death (its frames released). */
+
+/* Frames v may be asked for: what it holds above its reserve, less what it was asked. */
+static size_t excess(const struct pool_srv *s, const struct srv_client *v)
+{
+    size_t res = (size_t)((v->reserve + s->page - 1) / s->page);
+    size_t over = v->held > res ? v->held - res : 0;
+    return over > v->asked ? over - v->asked : 0;
+}
+
+static int ask(struct srv_client *v, uint32_t n)
+{
+    struct pool_reclaim m = { .seq = ++v->ask_seq, .n = n };
+    pool_proto_hdr(&m.h, POOL_MSG_RECLAIM);
+    int rc = reply(v, &m, NULL, 0);
+    if (!rc)
+        v->asked += n;
+    return rc;
+}
+
+/* Asks others for `need` frames for asker a's round; returns the frames asked. A victim
+   whose socket refuses the ask is dropped (it does not read: as elsewhere). */
+static size_t ask_victims(struct pool_srv *s, struct srv_client *a, size_t need)
+{
+    size_t asked = 0;
+    while (asked < need) {
+        struct srv_client *best = NULL;
+        size_t best_x = 0;
+        for (size_t i = 0; i < s->nclients; i++) {
+            struct srv_client *v = s->clients[i];
+            if (!v || v == a || v->role != POOL_ROLE_CLIENT || v->pend_n ||
+                v->asked_round == a->pend_round)
+                continue;
+            size_t x = excess(s, v);
+            if (x && (x > best_x || (x == best_x && v->active_ns < best->active_ns))) {
+                best = v;
+                best_x = x;
+            }
+        }
+        if (!best)
+            break;
+        uint32_t n = (uint32_t)(best_x < need - asked ? best_x : need - asked);
+        best->asked_round = a->pend_round;
+        if (ask(best, n)) {
+            client_drop(s, best, "does not read its messages: dropped");
+            continue;
+        }
+        say("take-back: asked client %s (pid %d) for %u frame%s for %s (pid %d)", best->name,
+            (int)best->pid, n, n == 1 ? "" : "s", a->name, (int)a->pid);
+        asked += n;
+    }
+    return asked;
+}
+
+static bool asks_open(const struct pool_srv *s)
+{
+    for (size_t i = 0; i < s->nclients; i++)
+        if (s->clients[i] && s->clients[i]->asked)
+            return true;
+    return false;
+}
+
+/* Answers a's waiting lease if it can be: 1 answered, 0 it waits on, -errno (drop a). */
+static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
+{
+    size_t g = grantable(s, a), want = a->pend_n;
+    bool late = now >= a->pend_deadline;
+    if (g < want && !late && !asks_open(s)) {
+        size_t more = ask_victims(s, a, want - g);
+        if (more)
+            return 0;
+    }
+    if (g < want && !late && asks_open(s))
+        return 0;
+    a->pend_n = 0;
+    uint32_t asked = (uint32_t)want;
+    if (g < want)
+        say("take-back for %s (pid %d): %zu of %zu frame%s after %llu ms%s", a->name,
+            (int)a->pid, g, want, want == 1 ? "" : "s",
+            (unsigned long long)((now - a->pend_t0) / 1000000u),
+            late ? " (its deadline)" : " (no client could give more)");
+    return grant(s, a, g < want ? g : want, asked, late ? -ETIMEDOUT : -ENOMEM) ? -EIO : 1;
+}
+
+/* Serves the waiting leases that can be answered now, oldest first. */
+static void pending_serve(struct pool_srv *s)
+{
+    uint64_t now = mono_ns();
+    for (;;) {
+        struct srv_client *a = NULL;
+        for (size_t i = 0; i < s->nclients; i++) {
+            struct srv_client *c = s->clients[i];
+            if (c && c->pend_n && (!a || c->pend_t0 < a->pend_t0))
+                a = c;
+        }
+        if (!a)
+            return;
+        int rc = pending_try(s, a, now);
+        if (rc < 0)
+            client_drop(s, a, "does not read its replies: dropped");
+        else if (rc == 0)
+            return;             /* the oldest waits: those after it wait behind it */
+    }
+}
+
+/* The epoll timeout: until the nearest deadline of a waiting lease (-1: none). */
+static int pending_timeout_ms(const struct pool_srv *s)
+{
+    uint64_t now = mono_ns(), next = UINT64_MAX;
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *c = s->clients[i];
+        if (c && c->pend_n && c->pend_deadline < next)
+            next = c->pend_deadline;
+    }
+    if (next == UINT64_MAX)
+        return -1;
+    return next <= now ? 0 : (int)((next - now + 999999u) / 1000000u);
+}
+
+static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_lease *m)
+{
+    if (c->role != POOL_ROLE_CLIENT || c->pend_n)
+        return -EPROTO;                 /* a second lease while one waits: out of turn */
+    uint64_t now = mono_ns();
+    c->active_ns = now;
+    c->asked = 0;                       /* it needs frames itself: its ask is off */
+    size_t want = grantable(s, c);
+    size_t lim = c->limit ? (size_t)(c->limit / s->page) : SIZE_MAX;
+    if (want || !m->wait_ms || c->held >= lim)
+        return grant(s, c, want < m->n ? want : m->n, m->n, 0);
+    c->pend_n = m->n;                   /* the pool is dry: a take-back round */
+    c->pend_round = ++s->rounds;
+    c->pend_t0 = now;
+    c->pend_deadline = now + (uint64_t)m->wait_ms * 1000000u;
+    return 0;                           /* pending_serve asks and answers */
 }
 
 static int on_return(struct pool_srv *s, struct srv_client *c, const struct pool_return *m)
@@ -526,6 +701,20 @@ static int on_return(struct pool_srv *s, struct srv_client *c, const struct pool
     }
     for (uint32_t i = 0; i < m->n; i++)
         frame_release(s, (size_t)slots[i]);
+    return 0;
+}
+
+static int on_reclaimed(struct pool_srv *s, struct srv_client *c,
+                        const struct pool_reclaimed *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    if (m->seq == c->ask_seq && c->asked) {     /* an older ask's answer: a newer one is due */
+        say("take-back: client %s (pid %d) gave %u frame%s", c->name, (int)c->pid, m->given,
+            m->given == 1 ? "" : "s");
+        c->asked = 0;
+    }
+    (void)s;
     return 0;
 }
 
@@ -573,6 +762,13 @@ static int on_limit(struct pool_srv *s, struct srv_client *c, const struct pool_
         if (o && o->role == POOL_ROLE_CLIENT && !strcmp(o->name, m->name)) {
             o->limit = m->bytes;
             n++;
+            size_t lim = m->bytes ? (size_t)(m->bytes / s->page) : s->pool_frames;
+            size_t over = o->held > lim + o->asked ? o->held - lim - o->asked : 0;
+            /* above its new limit: it gives back down to it, as for a take-back (not while
+               a lease of its own waits: then it gets nothing more until it is below) */
+            if (over && !o->pend_n && ask(o, (uint32_t)(over < UINT32_MAX ? over
+                                                                     : UINT32_MAX)))
+                client_drop(s, o, "does not read its messages: dropped");
         }
     }
     char a[32];
@@ -580,7 +776,8 @@ static int on_limit(struct pool_srv *s, struct srv_client *c, const struct pool_
         r.err = -ENOENT;
         snprintf(r.text, sizeof r.text, "no client named '%s'", m->name);
     } else {
-        snprintf(r.text, sizeof r.text, "limit of '%s' set to %s (%u client%s)", m->name,
+        snprintf(r.text, sizeof r.text, "limit of '%s' set to %s (%u client%s; one holding "
+                 "more gives back down to it)", m->name,
                  m->bytes ? kfmt_size(m->bytes, a, sizeof a) : "the whole pool", n,
                  n == 1 ? "" : "s");
         say("%s", r.text);
@@ -631,6 +828,7 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_CLIENTS: return on_clients(s, c);
     case POOL_MSG_LIMIT:   return on_limit(s, c, buf);
     case POOL_MSG_SET_LIMIT: return on_set_limit(s, c, buf);
+    case POOL_MSG_RECLAIMED: return on_reclaimed(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }
@@ -671,7 +869,7 @@ int pool_srv_run(struct pool_srv *s)
 {
     for (;;) {
         struct epoll_event ev[64];
-        int n = epoll_wait(s->efd, ev, 64, -1);
+        int n = epoll_wait(s->efd, ev, 64, pending_timeout_ms(s));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -693,6 +891,7 @@ int pool_srv_run(struct pool_srv *s)
             if (live)
                 client_serve(s, p);
         }
+        pending_serve(s);           /* frames given back, answers, deaths, deadlines */
     }
 }
 

@@ -168,14 +168,15 @@ tests_asan() {
        ctest -j"$jobs" --output-on-failure -LE 'soak|longrun'
 }
 build_tsan() {
+    # the tools on for kvvmd only (tsan_takeback starts one); no other tool is built
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVVM_SANITIZE=thread \
-          -DKVVM_BUILD_TOOLS=OFF >/dev/null
-    cmake --build build-tsan -j"$jobs" --target tsan_threads stream_random
+          -DKVVM_BUILD_TOOLS=ON >/dev/null
+    cmake --build build-tsan -j"$jobs" --target tsan_threads stream_random tsan_takeback kvvmd
 }
 tests_tsan() {
     # Criterion cannot start under TSan, so these are plain programs; any report fails them.
     cd build-tsan && TSAN_OPTIONS=halt_on_error=1:exitcode=66 KVVMTEST_TSAN_ITERS=1000 \
-       ctest -j"$jobs" --output-on-failure -R 'tsan_threads|stream_random'
+       ctest -j"$jobs" --output-on-failure -R 'tsan_threads|stream_random|tsan_takeback'
 }
 background_jobs() {   # in the main shell (the jobs are its children): sets bg_rows
     local i

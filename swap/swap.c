@@ -92,6 +92,27 @@ int swap_reclaim_budget(struct swap *sw, uint32_t want)
     return reclaim_now(sw, want, 0, NULL, 0, SWAP_PLAN_SWAP, true);
 }
 
+int swap_reclaim_give(struct swap *sw, uint32_t want, bool live, uint32_t *moved)
+{
+    /* best effort, as the background thread plans (in synchronous mode only quiet victims:
+       no synchronization of the context from a thread other than the engine's), but
+       waiting for the copies: the frames are given back right after */
+    unsigned quiet = paging_stream(sw->pg) ? 0 : SWAP_PLAN_QUIET;
+    struct swap_rplan p;
+    *moved = 0;
+    int rc = swap_reclaim_plan(sw, want, NULL, 0, SWAP_PLAN_PARTIAL | quiet |
+                               (live ? SWAP_PLAN_SWAP : 0), &p);
+    if (rc)
+        return rc;
+    rc = swap_reclaim_act(sw, &p, true, moved);
+    swap_rplan_free(&p);
+    if (*moved) {
+        sw->c.reclaim_runs++;
+        sw->c.reclaim_swap_outs += *moved;
+    }
+    return rc;
+}
+
 void swap_set_frames(struct swap *sw, uint32_t frames)
 {
     sw->p.frames = frames;

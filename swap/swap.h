@@ -180,6 +180,13 @@ int  swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t
 /* kvvm_set_budget's shrink: makes `want` frames free as swap_make_room does (the same
    plan), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM (nothing moved), -EIO. */
 int  swap_reclaim_budget(struct swap *sw, uint32_t want);
+/* A pool client giving frames back to the daemon (a take-back, a limit below what it
+   holds): makes up to `want` frames free by a partial plan (whatever can move: droppable
+   CACHED sequences and the prefix cache's entries first, then, live true, orphans and LIVE
+   swap-outs; never protected or PINNED ones), waits for the copies; counted as a background
+   round. *moved: sequences moved. 0 (perhaps short of want), -EIO. Not a call's reclaim:
+   nothing is journalled. */
+int  swap_reclaim_give(struct swap *sw, uint32_t want, bool live, uint32_t *moved);
 /* The end of a public call (core/call.h, context lock held): a call that failed (rc < 0)
    after its reclaims moved others takes those moves back, so a failed call changes nothing
    (docs/api.md): every sequence a reclaim swapped out or demoted for it is swapped in

@@ -133,6 +133,21 @@ static inline void pd_stop(struct pd *d)
         rmdir(d->dir);
 }
 
+#ifdef KVVMTEST_KVVMCTL
+/* Runs kvvmctl on path with args; its stdout and stderr in out, its exit status returned. */
+static inline int pd_ctl(const char *path, const char *args, char *out, size_t cap)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>&1", KVVMTEST_KVVMCTL, path, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+#endif
+
 /* ---- a raw protocol connection ------------------------------------------------------- */
 
 static inline int pc_connect(const char *path)

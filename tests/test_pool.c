@@ -361,19 +361,6 @@ Test(pool, reserves_are_promised_or_refused)
 
 /* ---- kvvmctl ------------------------------------------------------------------------- */
 
-/* Runs kvvmctl with args; its stdout in out, its exit status returned. */
-static int ctl(const char *path, const char *args, char *out, size_t cap)
-{
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>&1", KVVMTEST_KVVMCTL, path, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 Test(pool, kvvmctl_status_clients_limit)
 {
     TH_DEADLINE(60);
@@ -386,31 +373,31 @@ Test(pool, kvvmctl_status_clients_limit)
     cr_assert_eq(pc_lease(a, 5, ids, fds, NULL), 5);
     for (int i = 0; i < 5; i++)
         close(fds[i]);
-    cr_assert_eq(ctl(d.path, "--json status", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(d.path, "--json status", out, sizeof out), 0, "%s", out);
     char want[256];
     snprintf(want, sizeof want, "\"pool_bytes\":%u,\"free_bytes\":%u", FRAMES * PD_GRAN,
              (FRAMES - 5) * PD_GRAN);
     cr_expect(strstr(out, want), "%s", out);
     cr_expect(strstr(out, "\"n_clients\":1,"), "%s", out);
-    cr_assert_eq(ctl(d.path, "status", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(d.path, "status", out, sizeof out), 0, "%s", out);
     cr_expect(strstr(out, "clients  1"), "%s", out);
-    cr_assert_eq(ctl(d.path, "--json clients", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(d.path, "--json clients", out, sizeof out), 0, "%s", out);
     snprintf(want, sizeof want, "{\"name\":\"engine-a\",\"pid\":%d,\"held\":%u,", (int)getpid(),
              5 * PD_GRAN);
     cr_expect(strstr(out, want), "%s", out);
-    cr_assert_eq(ctl(d.path, "limit engine-a 384K", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(d.path, "limit engine-a 384K", out, sizeof out), 0, "%s", out);
     struct pool_frames r;
     cr_expect_eq(pc_lease(a, 4, ids, fds, &r), 1, "the limit (6 frames) allows one more");
     cr_expect_eq(r.err, -ENOMEM);
     cr_expect_eq(r.fig.limit_bytes, 6 * PD_GRAN);
     close(fds[0]);
-    cr_expect_eq(ctl(d.path, "limit nobody 1M", out, sizeof out), 1, "%s", out);
+    cr_expect_eq(pd_ctl(d.path, "limit nobody 1M", out, sizeof out), 1, "%s", out);
     cr_expect(strstr(out, "no client named 'nobody'"), "%s", out);
-    cr_expect_eq(ctl(d.path, "limit engine-a lots", out, sizeof out), 2, "%s", out);
-    cr_expect_eq(ctl(d.path, "frobnicate", out, sizeof out), 2, "%s", out);
+    cr_expect_eq(pd_ctl(d.path, "limit engine-a lots", out, sizeof out), 2, "%s", out);
+    cr_expect_eq(pd_ctl(d.path, "frobnicate", out, sizeof out), 2, "%s", out);
     close(a);
     pd_stop(&d);
-    cr_expect_eq(ctl(d.path, "status", out, sizeof out), 1, "%s", out);
+    cr_expect_eq(pd_ctl(d.path, "status", out, sizeof out), 1, "%s", out);
     cr_expect(strstr(out, "no kvvmd answers"), "%s", out);
 }
 
@@ -814,7 +801,7 @@ Test(pool, set_budget_is_the_clients_limit)
     cr_expect_eq(kvvm_seq_grow(kv, s, 6 * tpp), 0, "the daemon's limit followed: %s",
                  kvvm_last_error());
     char out[4096];
-    cr_assert_eq(ctl(d.path, "--json clients", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(pd_ctl(d.path, "--json clients", out, sizeof out), 0, "%s", out);
     char want[128];
     snprintf(want, sizeof want, "\"limit\":%u,", 8 * PD_GRAN);
     cr_expect(strstr(out, want), "%s", out);
