@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "vmm/drv_cuda.h"
 #include "vmm/emu/emu.h"
+#include "vmm/spares.h"
 #include "vmm/vmm.h"
 
 #define KiB ((size_t)1 << 10)
@@ -994,5 +995,15 @@ Test(vmm, destroyed_context_is_sticky)
     vmm_handle h;
     cr_expect_eq(vmm_phys_create(v, GRAN, &h), -EIO);
     cr_expect(vmm_dead(v));
+    vmm_close(v);
+}
+
+/* vmm_open initialized the spare fences' mutex only on the emulated device's failure branch
+   (a line misplaced in pick_backend): every open context took and gave spares under a mutex
+   never initialized, which works only while zeroed memory happens to be one (glibc). */
+Test(regress, spare_fences_mutex_initialized_at_open)
+{
+    struct vmm *v = open_emu(8 * MiB);
+    cr_assert(vmm_spares_of(v)->ready, "vmm_open left the spare fences' mutex uninitialized");
     vmm_close(v);
 }

@@ -8,15 +8,19 @@ void vmm_spares_init(struct vmm_spares *s)
 {
     pthread_mutex_init(&s->mu, NULL);
     s->n = 0;
+    s->ready = true;
 }
 
 void vmm_spares_fini(struct vmm_spares *s)
 {
+    KVVM_ASSERT(s->ready);
+    s->ready = false;
     pthread_mutex_destroy(&s->mu);
 }
 
 bool vmm_spares_take(struct vmm_spares *s, vmm_fence *f)
 {
+    KVVM_ASSERT(s->ready);
     pthread_mutex_lock(&s->mu);
     KVVM_ASSERT(s->n <= VMM_SPARE_FENCES);
     bool got = s->n > 0;

@@ -16,6 +16,7 @@ struct vmm_spares {
     pthread_mutex_t mu;                  /* guards the two below (any thread makes fences) */
     kcu_event ev[VMM_SPARE_FENCES];
     unsigned n;
+    bool ready;                          /* vmm_spares_init ran (mu is a mutex) */
 };
 
 void vmm_spares_init(struct vmm_spares *s);

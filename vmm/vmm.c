@@ -261,7 +261,6 @@ static int pick_backend(const struct vmm_params *p, struct vmm *v)
         klog_error("emulated device: cannot create (capacity %zu, granule %zu): %s",
                    p->emu_capacity, p->emu_granule, strerror(-err));
         v->emu_ordinal = -1;
-    vmm_spares_init(&v->spares);
         v->api = NULL;
         v->dbg = NULL;
         return err;
@@ -327,6 +326,7 @@ int vmm_open(const struct vmm_params *p, struct vmm **out)
         return -ENOMEM;
     v->emu_ordinal = -1;
     v->shareable = p->shareable != 0;
+    vmm_spares_init(&v->spares);        /* before anything can fail: out_free finis it */
 
     int err = pick_backend(p, v);
     if (err)
