@@ -13,7 +13,9 @@
  *  - kvvm_step with 8 live sequences, ns/op;
  *  - grow onto a new page: a grow by one page per region (2 new frames) then a 1 ms pause
  *    standing for the engine's compute (the frame pool thread refills meanwhile), the p50 of
- *    200 grows per trial, us/op;
+ *    200 grows per trial, us/op; the system calls of the engine's thread in those grows,
+ *    counted (bench_syscalls), per grow; and the same p50 without the frame pool thread (the
+ *    grow leases and imports, or creates, on the caller's thread);
  *  - giving back: B's grow that needs N = 32 frames while idle A holds the whole pool in
  *    unprotected LIVE sequences (A has KVVM_F_AUTO_SWAP and a host tier: the daemon asks A,
  *    A swaps out and gives back) against A swapping out the same sequences itself
@@ -169,6 +171,49 @@ static int sample_grow_new(void *arg, double *out)
         *out = lat[NEW_GROWS / 2];
     }
     (void)kvvm_step(kv);
+    return rc;
+}
+
+/* System calls of the engine's thread in NEW_GROWS grows onto a new page (bench_syscalls:
+   in a forked child, which opens its own contexts): segment 0 the pool client's, 1 the
+   local context's. */
+static struct pool_env *sys_env;
+
+static int sys_grows(kvvm *kv, int segment)
+{
+    kvvm_seq s[NSEQ];
+    uint64_t len[NSEQ] = { 0 };
+    int rc = 0, made = 0;
+    for (; made < NSEQ && !rc; made++)
+        rc = kvvm_seq_create(kv, &s[made]);
+    for (int i = 0; i < NEW_GROWS && !rc; i++) {
+        int q = i % NSEQ;
+        bench_syscall_mark(segment);
+        rc = kvvm_seq_grow(kv, s[q], len[q] + TOK);
+        bench_syscall_mark(-1);
+        len[q] += TOK;
+        if (!rc)
+            rc = kvvm_step(kv);
+        pause_us(1000);
+    }
+    return rc;
+}
+
+static int sys_child(void *arg)
+{
+    (void)arg;
+    struct pool_env *e = sys_env;
+    kvvm *p, *l;
+    int rc = ctx_open(e, e->sock, 0, 0, 0, 1, &p);
+    if (rc)
+        return rc;
+    if (!(rc = ctx_open(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 1, &l))) {
+        rc = sys_grows(p, 0);
+        if (!rc)
+            rc = sys_grows(l, 1);
+        kvvm_close(l);
+    }
+    kvvm_close(p);
     return rc;
 }
 
@@ -404,6 +449,31 @@ static int rows_small(struct pool_env *e)
                           "local context", "ns/op", 1);
     if (!rc && !(rc = bench_pairs(e->b, sample_grow_new, p.kv, sample_grow_new, l.kv, &pr)))
         bench_report_pair(e->b, G, "grow onto a new page (2 frames), p50, pool client", &pr,
+                          "local context", "us/op", 1);
+    kvvm_close(p.kv);
+    kvvm_close(l.kv);
+    if (rc)
+        return rc;
+    uint64_t sys[2] = { 0, 0 };
+    sys_env = e;
+    rc = bench_syscalls(sys_child, NULL, sys, 2);
+    if (rc == -EPERM || rc == -ECHILD)
+        printf("%-8s system calls per grow: not counted (tracing refused here)\n", G);
+    else if (rc)
+        return rc;
+    else
+        bench_report(e->b, G, "system calls per grow onto a new page, pool client",
+                     (double)sys[0] / NEW_GROWS, (double)sys[1] / NEW_GROWS, "local context",
+                     "calls", 1);
+    /* the same without the frame pool thread: the grow leases (a batch of 16 per request)
+       and imports on the caller's thread, the local context creates there */
+    rc = ctx_open(e, e->sock, 0, 0, 0, 0, &p.kv);
+    if (!rc && (rc = ctx_open(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 0, &l.kv))) {
+        kvvm_close(p.kv);
+        return rc;
+    }
+    if (!rc && !(rc = bench_pairs(e->b, sample_grow_new, p.kv, sample_grow_new, l.kv, &pr)))
+        bench_report_pair(e->b, G, "grow onto a new page, p50, no frame pool thread", &pr,
                           "local context", "us/op", 1);
     kvvm_close(p.kv);
     kvvm_close(l.kv);
