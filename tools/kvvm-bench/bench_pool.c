@@ -158,7 +158,7 @@ static int sample_grow_new(void *arg, double *out)
         int q = i % NSEQ;
         uint64_t t0 = bench_now_ns();
         rc = kvvm_seq_grow(kv, s[q], len[q] + TOK);
-        lat[i] = (bench_now_ns() - t0) / 1e3;
+        lat[i] = (double)(bench_now_ns() - t0) / 1e3;
         len[q] += TOK;
         if (!rc)
             rc = kvvm_step(kv);
@@ -253,7 +253,7 @@ static int sample_give_b(void *arg, double *out)
         return rc;
     uint64_t t0 = bench_now_ns();
     rc = kvvm_seq_grow(g->b, s, (uint64_t)(GIVE_N / NR) * TOK);
-    *out = (bench_now_ns() - t0) / 1e6;
+    *out = (double)(bench_now_ns() - t0) / 1e6;
     kvvm_seq_free(g->b, s);
     (void)kvvm_step(g->b);
     (void)kvvm_trim(g->b, 0);           /* B's frames back to the daemon for A */
@@ -282,7 +282,7 @@ static int sample_give_a(void *arg, double *out)
         rc = kvvm_seq_swap_out(g->a, pick[i]);
     if (!rc)
         rc = kvvm_sync(g->a);
-    *out = (bench_now_ns() - t0) / 1e6;
+    *out = (double)(bench_now_ns() - t0) / 1e6;
     return rc;
 }
 
@@ -334,7 +334,7 @@ static int sample_death(void *arg, double *out)
         if ((rc = kvvm_pool_info(d->obs, &now)))
             break;
         if (now.free_bytes >= want) {
-            *out = (bench_now_ns() - t0) / 1e6;
+            *out = (double)(bench_now_ns() - t0) / 1e6;
             rc = 0;
             break;
         }
@@ -349,7 +349,7 @@ static int sample_death(void *arg, double *out)
 int bench_daemon_hold(const char *sock, int fd)
 {
     kvvm_set_log(NULL, NULL, KVVM_LOG_ERROR);
-    struct pool_env e = { .gran = 64 * 1024 };
+    struct pool_env e = { .gran = (size_t)64 * 1024 };
     struct bench_ctx b = { .backend = KVVM_BACKEND_AUTO };
     e.b = &b;
     kvvm *kv;
@@ -379,7 +379,9 @@ static int daemon_start(struct pool_env *e)
         return -errno;
     e->self[n] = 0;
     snprintf(dir, sizeof dir, "%s", e->self);
-    *strrchr(dir, '/') = 0;
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
     snprintf(bin, sizeof bin, "%s/kvvmd", dir);
     if (access(bin, X_OK)) {
         printf("%-8s (no kvvmd beside kvvm-bench, %s: skipped)\n", G, bin);
@@ -518,7 +520,7 @@ static int rows_death(struct pool_env *e)
 
 int bench_daemon(struct bench_ctx *b)
 {
-    struct pool_env e = { .b = b, .gran = b->granule ? b->granule : 64 * 1024 };
+    struct pool_env e = { .b = b, .gran = b->granule ? b->granule : (size_t)64 * 1024 };
     int rc = daemon_start(&e);
     if (rc)
         return rc > 0 ? 0 : rc;

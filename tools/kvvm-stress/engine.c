@@ -1774,7 +1774,7 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
             fail(e, "kvvm_step", err, NULL);
         if (o->progress_fd >= 0 && !(e->step % 4))   /* --pool's coordinator reads it */
             dprintf(o->progress_fd, "%llu %.3f\n", (unsigned long long)e->step + 1,
-                    (now_ns() - e->t0) / 1e9);
+                    (double)(now_ns() - e->t0) / 1e9);
         if (tty && now_ns() - last_prog > 250000000ull) {
             last_prog = now_ns();
             r->steps = e->step + 1;

@@ -57,6 +57,7 @@ struct pool_run {
 };
 
 static volatile sig_atomic_t pool_stop;
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
 static void pool_on_signal(int sig) { pool_stop = sig; }
 
 /* Runs the sibling kvvmctl with args; its stdout in out (NUL-terminated). 0 on exit 0,
@@ -229,7 +230,7 @@ static int start_daemon(struct pool_run *p, size_t pool, size_t page, size_t gra
     close(fd[0]);               /* it prints nothing more on stdout */
     char want[400];
     snprintf(want, sizeof want, "kvvmd: ready %s", p->sock);
-    if (strcmp(line, want)) {
+    if (strcmp(line, want) != 0) {
         fprintf(stderr, "kvvm-stress: --pool: kvvmd did not start (it said '%s'); its log:\n",
                 line);
         FILE *f = fopen(logp, "r");
@@ -344,7 +345,7 @@ static int victim_tick(struct pool_run *p, int timeout_ms)
     /* waiting for the condition (kvvmctl no longer lists it), bounded */
     while (now_ns() - t0 < BACK_WAIT_NS) {
         if (sample_clients(p, c->name, &listed) == 0 && !listed) {
-            p->back_ms = (now_ns() - t0) / 1e6;
+            p->back_ms = (double)(now_ns() - t0) / 1e6;
             p->back = 1;
             pool_status(p, &p->free_after_back, &n_cl);
             break;
@@ -395,7 +396,7 @@ static int client_summary(FILE *f, struct pool_run *p, int i)
     if (c->killed) {
         fprintf(f, "  %-10s pid %-7d killed (SIGKILL) at step %" PRIu64 " (%.1f s), holding "
                 "%.1f MiB: %s\n", c->name, (int)c->pid, p->killed_at_step, p->killed_at_s,
-                p->victim_held / (double)(1 << 20), "see the pool's line");
+                mib(p->victim_held), "see the pool's line");
         return !(WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGKILL);
     }
     int code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : 128 + WTERMSIG(c->status);
@@ -406,10 +407,10 @@ static int client_summary(FILE *f, struct pool_run *p, int i)
             " unexpected errors; %" PRIu64 " frames leased, %" PRIu64 " given back, %" PRIu64
             " waits (%.1f ms), peak held %.1f MiB\n", c->name, (int)c->pid, code,
             num(run, "steps", 0), num(run, "tokens_decoded", 0),
-            num(ver, "sequences_verified", 0), num(ver, "bytes_verified", 0) / (double)(1 << 20),
+            num(ver, "sequences_verified", 0), mib(num(ver, "bytes_verified", 0)),
             num(ver, "mismatches", 0), num(err, "unexpected", 0), num(pl, "leases", 0),
             num(pl, "returns", 0), num(pl, "waits", 0), dnum(pl, "wait_ms", 0),
-            c->peak_held / (double)(1 << 20));
+            mib(c->peak_held));
     if (p->victim == i)
         fprintf(f, "  %-10s (the victim ended before its kill point: it was not killed)\n", "");
     return code != 0 || !c->report || num(ver, "mismatches", 1) || num(err, "unexpected", 1) ||
@@ -430,7 +431,7 @@ static int pool_json(const char *path, struct pool_run *p, int status)
             "\"free_bytes_start\": %" PRIu64 ", \"free_bytes_end\": %" PRIu64 ", "
             "\"clients_start\": %u, \"clients_end\": %u, \"all_frames_back\": %s, "
             "\"peak_held_bytes\": %" PRIu64 "},\n", p->started ? "true" : "false", p->pool_bytes,
-            p->page_size, p->n, p->limit, p->pool_bytes ? (double)p->limit * p->n / p->pool_bytes : 0,
+            p->page_size, p->n, p->limit, p->pool_bytes ? (double)p->limit * p->n / (double)p->pool_bytes : 0,
             p->free_start, p->free_end, p->clients_start, p->clients_end,
             p->free_end == p->free_start ? "true" : "false", p->peak_pool_held);
     fprintf(f, "  \"kill\": ");
@@ -526,9 +527,13 @@ int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, s
         return 2;
     }
     self[sl] = 0;
-    *strrchr(self, '/') = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
     snprintf(p->self_dir, sizeof p->self_dir, "%s", self);
-    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp)
+        tmp = "/tmp";
     snprintf(p->dir, sizeof p->dir, "%s/kvvm-stress-pool.XXXXXX", tmp);
     if (strlen(p->dir) > 80 || !mkdtemp(p->dir)) {
         snprintf(p->dir, sizeof p->dir, "/tmp/kvvm-stress-pool.XXXXXX");
@@ -561,9 +566,9 @@ int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, s
     fprintf(info, "kvvm-stress: pool of %d client%s on %s (%s): pool %.1f MiB in frames of "
             "%" PRIu64 " KiB, each client's limit %.1f MiB (%.2fx the pool in all), x%.2f of "
             "its limit each; %s\n", p->n, p->n == 1 ? "" : "s", p->sock,
-            p->started ? "a kvvmd started here" : "a running kvvmd", p->pool_bytes / 1048576.0,
-            p->page_size / 1024, p->limit / 1048576.0,
-            p->pool_bytes ? (double)p->limit * p->n / p->pool_bytes : 0, o->oversubscribe,
+            p->started ? "a kvvmd started here" : "a running kvvmd", mib(p->pool_bytes),
+            p->page_size / 1024, mib(p->limit),
+            p->pool_bytes ? (double)p->limit * p->n / (double)p->pool_bytes : 0, o->oversubscribe,
             p->victim < 0 ? "no client is killed (one client)" : "the last one is killed "
             "(SIGKILL) half way");
     fflush(info);
@@ -605,13 +610,13 @@ int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, s
         fprintf(info, "  kill       %s's frames back in the pool %s%.1f ms after the kill "
                 "(free %.1f MiB before, %.1f MiB after)\n", p->c[p->victim].name,
                 p->back ? "" : "NOT within 10 s: ", p->back ? p->back_ms : 10000.0,
-                p->free_before_kill / 1048576.0, p->free_after_back / 1048576.0);
+                mib(p->free_before_kill), mib(p->free_after_back));
         status |= !p->back;
     }
     int exact = p->free_end == p->free_start && p->clients_end == p->clients_start;
     fprintf(info, "  pool       %.1f MiB; peak held %.1f MiB; free at the end %.1f MiB of %.1f "
-            "MiB free at the start%s; %u client%s left\n", p->pool_bytes / 1048576.0,
-            p->peak_pool_held / 1048576.0, p->free_end / 1048576.0, p->free_start / 1048576.0,
+            "MiB free at the start%s; %u client%s left\n", mib(p->pool_bytes),
+            mib(p->peak_pool_held), mib(p->free_end), mib(p->free_start),
             exact ? " (every frame back)" : p->started ? " (FRAMES MISSING)"
                   : " (other clients of this daemon changed it: not checked)",
             p->clients_end, p->clients_end == 1 ? "" : "s");

@@ -230,7 +230,7 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
                 o->pool_socket, (unsigned long long)d(s->pool_leases, z->pool_leases),
                 (unsigned long long)d(s->pool_returns, z->pool_returns),
                 (unsigned long long)d(s->pool_waits, z->pool_waits),
-                d(s->pool_wait_ns, z->pool_wait_ns) / 1e6, mib(r->pool_end.held_bytes),
+                (double)d(s->pool_wait_ns, z->pool_wait_ns) / 1e6, mib(r->pool_end.held_bytes),
                 mib(r->pool_end.pool_bytes), mib(r->pool_end.free_bytes),
                 r->pool_end.n_clients, !r->pool_ok ? " (kvvm_pool_info failed)"
                 : r->pool_end.connected ? "" : " (the daemon is gone)");
@@ -435,7 +435,7 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             "\"held_bytes\": %llu, \"limit_bytes\": %llu, \"reserve_bytes\": %llu, "
             "\"n_clients\": %u},\n", U(d(s->pool_leases, z->pool_leases)),
             U(d(s->pool_returns, z->pool_returns)), U(d(s->pool_waits, z->pool_waits)),
-            d(s->pool_wait_ns, z->pool_wait_ns) / 1e6,
+            (double)d(s->pool_wait_ns, z->pool_wait_ns) / 1e6,
             r->pool_ok && r->pool_end.connected ? "true" : "false", U(r->pool_end.pool_bytes),
             U(r->pool_end.free_bytes), U(r->pool_end.held_bytes), U(r->pool_end.limit_bytes),
             U(r->pool_end.reserve_bytes), r->pool_end.n_clients);
