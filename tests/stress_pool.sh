@@ -8,8 +8,10 @@
 # dropping it (its frames back); each survivor exit 0 with zero mismatched tokens, zero
 # unexpected errors, something verified and its frames leased from the daemon; the pool ran
 # dry (calls waited for the daemon, or its figures saw every frame held) so the arbitration was
-# exercised; at the end every frame back in the pool and no client left. Conditions only: the
-# kill waits for the victim's step count, the end for the clients' exits.
+# exercised; at the end every frame back in the pool and no client left. Then the same with
+# --pool 2 --pool-socket joining a kvvmd started by the script (waited for by its ready line):
+# the daemon is left running, whole, and exits 0 on SIGTERM. Conditions only: the kill waits
+# for the victim's step count, the end for the clients' exits.
 set -u
 bin=${1:?usage: stress_pool.sh path/to/kvvm-stress}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/stress_pool.XXXXXX") || exit 1
@@ -66,6 +68,46 @@ rc=$?
 if [ $rc -ne 0 ]; then
     echo "stress_pool: FAILED; the report:"
     cat "$json"
+    exit 1
+fi
+
+# Joining a running daemon (--pool-socket): a kvvmd started here (the one beside kvvm-stress),
+# waited for by its ready line; two clients, the second killed; the daemon is not stopped by
+# kvvm-stress, has every frame back, and exits 0 on SIGTERM.
+kvvmd=$(dirname "$bin")/kvvmd
+sock=$dir/kvvmd.sock
+mkfifo "$dir/ready"
+"$kvvmd" --socket "$sock" --backend emulated --budget 16M --emu-granule 64K \
+         --emu-device-bytes 16M >"$dir/ready" 2>"$dir/kvvmd.err" &
+dpid=$!
+read -r line <"$dir/ready"
+if [ "$line" != "kvvmd: ready $sock" ]; then
+    echo "stress_pool: FAIL    kvvmd did not start: '$line'"; cat "$dir/kvvmd.err"
+    kill "$dpid" 2>/dev/null
+    exit 1
+fi
+"$bin" --pool 2 --pool-socket "$sock" --preset tiny --device-budget 16M --oversubscribe 2 \
+       --steps 80 --duration 240 --seed 9 --quiet --spill-dir "$dir" --json "$dir/join.json"
+jst=$?
+python3 - "$dir/join.json" "$jst" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+p, k = d["pool"], d["kill"]
+ok = (int(sys.argv[2]) == 0 and not p["daemon_started"] and p["clients"] == 2 and
+      k is not None and k["frames_back"] and p["all_frames_back"] and
+      d["clients"][0]["report"]["verification"]["mismatches"] == 0)
+print("stress_pool: %s joined a running kvvmd: exit %s, started %s, kill %s, all frames back %s"
+      % ("PASS   " if ok else "FAIL   ", sys.argv[2], p["daemon_started"], k, p["all_frames_back"]))
+sys.exit(0 if ok else 1)
+PY
+jrc=$?
+kill -TERM "$dpid"
+wait "$dpid"
+dst=$?
+[ $dst -eq 0 ] && echo "stress_pool: PASS    the joined kvvmd still ran and exited 0 on SIGTERM" ||
+    { echo "stress_pool: FAIL    the joined kvvmd exited $dst"; jrc=1; }
+if [ $jrc -ne 0 ]; then
+    cat "$dir/join.json" 2>/dev/null; cat "$dir/kvvmd.err"
     exit 1
 fi
 echo "stress_pool: passed"
