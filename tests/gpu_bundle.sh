@@ -4,7 +4,8 @@
 # ldd of every binary and library of the bundle (with the bundle's lib/ first, as its
 # wrappers run them) must name only the bundle's lib/ or the C runtime; then the bundle's
 # run-gpu-check.sh, on a node without a GPU (KVVM_CUDA_LIBRARY pointing nowhere), must say so
-# and exit 77, having written its summary into the output folder.
+# and exit 77, having written its summary into the output folder. Before that, the bundle's
+# kvvmd and kvvmctl with two clients (kvvm-stress --pool 2, emulated device).
 # usage: gpu_bundle.sh SOURCE_DIR BUILD_DIR
 set -uo pipefail
 src=$1 build=$2
@@ -35,6 +36,17 @@ done
 # the wrappers run (no GPU needed for --help)
 "$b/bin/kvvm-stress" --help >/dev/null 2>&1 || bad "bin/kvvm-stress --help failed"
 "$b/bin/kvvmd" --help >/dev/null 2>&1 || bad "bin/kvvmd --help failed"
+# the bundle's pool daemon and a client of it, on the emulated device: kvvm-stress --pool 2
+# starts the kvvmd of libexec/ beside it, two clients (one killed with SIGKILL half way) and
+# checks every byte and the pool through the bundle's kvvmctl
+if "$b/bin/kvvm-stress" --pool 2 --backend emulated --preset tiny --device-budget 16M \
+     --oversubscribe 2 --steps 60 --duration 120 --seed 3 --quiet --spill-dir "$tmp" \
+     >"$tmp/pool.log" 2>&1 && grep -q 'result     PASS' "$tmp/pool.log"; then
+  echo "gpu_bundle: the bundle's kvvmd and a client: $(grep 'kill  ' "$tmp/pool.log" | sed 's/^ *//')"
+else
+  cat "$tmp/pool.log"
+  bad "the bundle's kvvm-stress --pool 2 (kvvmd + clients) failed"
+fi
 KVVM_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$b/run-gpu-check.sh" "$tmp/out" >"$tmp/log" 2>&1
 st=$?
 cat "$tmp/log"

@@ -83,6 +83,12 @@ refuse "--trace a directory" "is a directory" --trace "$dir"
 refuse "--spill-dir missing" "no such directory" --spill-dir "$dir/nope"
 touch "$dir/file"
 refuse "--spill-dir a file" "not a directory" --spill-dir "$dir/file"
+refuse "--pool 0" "valid: client processes from 1 to 64" --pool 0
+refuse "--pool with --trace" "--trace is one process's" --pool 2 --trace "$dir/t.csv"
+refuse "--pool-socket with no daemon" "no kvvmd answers on pool_socket" \
+       --pool-socket "$dir/no.sock"
+refuse "--pool joining no daemon" "gets no answer from the daemon" --pool 2 \
+       --pool-socket "$dir/no.sock"
 [ ! -e "$dir/nope" ] && ok "nothing created for refused outputs" || bad "$dir/nope created"
 
 # 4. --oversubscribe <= 1 runs

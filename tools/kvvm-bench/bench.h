@@ -90,5 +90,8 @@ int bench_frames(struct bench_ctx *b) __attribute__((weak));  /* bench_frames.c 
 int bench_prefix(struct bench_ctx *b) __attribute__((weak));  /* bench_prefix.c (prefix cache) */
 int bench_store(struct bench_ctx *b) __attribute__((weak));   /* bench_store.c  (shared store) */
 int bench_view(struct bench_ctx *b) __attribute__((weak));    /* bench_view.c   (pool view) */
+int bench_daemon(struct bench_ctx *b) __attribute__((weak));    /* bench_pool.c (group pool: kvvmd) */
+/* kvvm-bench --pool-hold SOCKET FD (bench_pool.c's death row: a client to kill). */
+int bench_daemon_hold(const char *sock, int fd) __attribute__((weak));
 
 #endif

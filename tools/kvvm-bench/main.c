@@ -271,7 +271,8 @@ static void usage(FILE *f, const char *argv0)
 "  --json FILE          also write the figures as a JSON array of records\n"
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
-"                       scale, calls, frames, prefix, store, view\n"
+"                       scale, calls, frames, prefix, store, view,\n"
+"                       pool (needs kvvmd beside kvvm-bench)\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file and the file store (default\n"
@@ -298,6 +299,7 @@ int main(int argc, char **argv)
         { "prefix", bench_prefix },
         { "store", bench_store },
         { "view", bench_view },
+        { "pool", bench_daemon },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];
@@ -317,6 +319,9 @@ int main(int argc, char **argv)
     };
     int c, rc = 0;
 
+    /* the pool group's client to kill (bench_pool.c), not an option for users */
+    if (argc == 4 && !strcmp(argv[1], "--pool-hold") && bench_daemon_hold)
+        return bench_daemon_hold(argv[2], atoi(argv[3]));
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         char *end;
         switch (c) {
@@ -395,7 +400,7 @@ int main(int argc, char **argv)
                     selected[i] = found = 1;
             if (!found) {
                 fprintf(stderr, "kvvm-bench: unknown group '%s' (vmm, paging, swap, spill, checksum, "
-                        "scale, calls, frames, prefix, store, view)\n",
+                        "scale, calls, frames, prefix, store, view, pool)\n",
                         t);
                 free(list);
                 return 2;

@@ -105,5 +105,9 @@ void gc_kernel_window_alias(struct gc_dev *d);
 void gc_oom_budget(struct gc_dev *d);
 /* view.c: bytes through the window and a KVVM_F_POOL_VIEW pool view agree (both drivers). */
 void gc_view_two_views(struct gc_dev *d);
+/* share.c: export and import of a shareable handle, here and in a second process (both
+   drivers); gc_share_peer is that second process (--child share.peer): its exit code. */
+void gc_share(struct gc_dev *d);
+int gc_share_peer(int emulated, const struct gc_opts *o);
 
 #endif

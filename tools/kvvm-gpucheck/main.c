@@ -69,6 +69,9 @@ static const struct rowdef {
     { "pageable.htod", "pageable", "staged at call", false },
     { "oom.budget_above_free", "oom.budget_above_free", "clamped create_at_open:ENOMEM", true },
     { "view.two_views", "view.two_views", "ok", true },
+    { "share.export", "share", "ok", true },
+    { "share.import_here", "share", "ok", true },
+    { "share.second_process", "share", "ok", true },
     { "kernel.window_alias", "kernel.window_alias", "ok", false },
     { "capture.global_event", "capture.global_event", "*end:STREAM_CAPTURE_INVALIDATED",
       false },
@@ -119,6 +122,8 @@ static int child_main(const char *probe, const char *driver, const struct gc_opt
     int emulated = !strcmp(driver, "emulated");
     if (!strcmp(probe, "loader"))
         return gc_probe_loader(emulated, o);
+    if (!strcmp(probe, "share.peer"))          /* the second process of probe share */
+        return gc_share_peer(emulated, o);
     for (size_t i = 0; i < gc_n_probes; i++) {
         if (strcmp(gc_probes[i].name, probe))
             continue;

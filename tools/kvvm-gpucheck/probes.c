@@ -835,6 +835,7 @@ const struct gc_probe gc_probes[] = {
     { "pageable", false, p_pageable },
     { "oom.budget_above_free", false, gc_oom_budget },
     { "view.two_views", false, gc_view_two_views },
+    { "share", false, gc_share },
     { "kernel.window_alias", true, gc_kernel_window_alias },
     { "capture.global_event", true, gc_capture_global_event },
     { "capture.relaxed_event", true, gc_capture_relaxed_event },

@@ -48,6 +48,11 @@ for row in capture.global_event capture.relaxed_event; do
   got=$(awk -F'\t' -v id=$row '$1 == id { print $4 }' "$tmp/rows.tsv")
   [ "$got" = "query:ok sync:ok end:ok" ] || bad "$row: '$got'"
 done
+# The shareable-handle rows (the pool daemon's path): present and ok on both columns.
+for row in share.export share.import_here share.second_process; do
+  got=$(awk -F'\t' -v id=$row '$1 == id { print $3 " " $4 }' "$tmp/rows.tsv")
+  [ "$got" = "ok ok" ] || bad "$row: '$got' (emulated, cuda), want 'ok ok'"
+done
 got=$(awk -F'\t' '$1 == "capture.libkvvm_reclaim" { print $4 }' "$tmp/rows.tsv")
 case $got in valid|inconclusive) ;; *) bad "capture.libkvvm_reclaim: '$got'" ;; esac
 [ $fail -eq 0 ] && echo "gpucheck_fake_driver: ok (the cuda path ran end to end on the fake driver)"

@@ -1772,6 +1772,9 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
         lat_end(e, LAT_STEP, t1);
         if (err)
             fail(e, "kvvm_step", err, NULL);
+        if (o->progress_fd >= 0 && !(e->step % 4))   /* --pool's coordinator reads it */
+            dprintf(o->progress_fd, "%llu %.3f\n", (unsigned long long)e->step + 1,
+                    (double)(now_ns() - e->t0) / 1e9);
         if (tty && now_ns() - last_prog > 250000000ull) {
             last_prog = now_ns();
             r->steps = e->step + 1;
@@ -1795,6 +1798,10 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
     kvvm_sync(kv);
     r->st.size = sizeof r->st;
     kvvm_stats(kv, &r->st);
+    if (o->pool_socket) {
+        r->pool_end.size = sizeof r->pool_end;
+        r->pool_ok = kvvm_pool_info(kv, &r->pool_end) == 0;
+    }
     {
         size_t cap = 1 << 16;
         for (int tries = 0; tries < 6; tries++, cap *= 4) {

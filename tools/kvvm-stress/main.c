@@ -4,6 +4,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
@@ -121,6 +122,16 @@ static void usage(FILE *f)
 "                         block ids (kvvm_seq_block_table) and, where device memory is CPU-\n"
 "                         readable (emulated, not emu_opaque), its bytes through the pool\n"
 "                         view (else the byte check is reported skipped)\n"
+"\n"
+"Many processes on one pool (kvvmd):\n"
+"  --pool N               start a kvvmd (the one beside kvvm-stress) whose pool is the device\n"
+"                         budget, and N client processes (1..64), each this workload with its\n"
+"                         own seed and a limit of 2/N of the pool (the limits add up to twice\n"
+"                         the pool); the last one is killed (SIGKILL) half way; the others\n"
+"                         verify every byte; reports per client and for the pool\n"
+"  --pool-socket PATH     with --pool: join the kvvmd on PATH instead of starting one; alone:\n"
+"                         this process is one client of that daemon\n"
+"  --client-name NAME     the name kvvmctl shows for this client\n"
 "\n"
 "Elastic memory:\n"
 "  --budget-schedule T:P[,T:P...]  at T seconds into the run (e.g. 10s), kvvm_set_budget to\n"
@@ -269,6 +280,8 @@ enum { O_PRESET = 256, O_LAYERS, O_HEADS, O_HDIM, O_DTYPE, O_LAYOUT, O_PAGE, O_B
 /* sliding-window layers and the prefix cache */
 enum { O_WINDOW = 512, O_WINDOW_EVERY, O_PREFIX_CACHE, O_CACHE_ENTRIES, O_POOL_VIEW, O_STORE,
        O_PREFIX_PROMPTS, O_METRICS_PORT };
+/* the pool (pool.c) */
+enum { O_POOL = 768, O_POOL_SOCKET, O_CLIENT_NAME, O_POOL_CHILD, O_PROGRESS_FD };
 
 static const struct option longopts[] = {
     { "preset", 1, 0, O_PRESET }, { "model", 1, 0, O_PRESET }, { "layers", 1, 0, O_LAYERS },
@@ -291,7 +304,10 @@ static const struct option longopts[] = {
     { "prefix-cache", 1, 0, O_PREFIX_CACHE }, { "cache-entries", 1, 0, O_CACHE_ENTRIES },
     { "pool-view", 0, 0, O_POOL_VIEW }, { "store", 1, 0, O_STORE },
     { "prefix-prompts", 1, 0, O_PREFIX_PROMPTS }, { "metrics-port", 1, 0, O_METRICS_PORT },
-    { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET }, { 0, 0, 0, 0 }
+    { "help", 0, 0, O_HELP }, { "budget-schedule", 1, 0, O_BUDGET },
+    { "pool", 1, 0, O_POOL }, { "pool-socket", 1, 0, O_POOL_SOCKET },
+    { "client-name", 1, 0, O_CLIENT_NAME }, { "pool-child", 1, 0, O_POOL_CHILD },
+    { "pool-progress-fd", 1, 0, O_PROGRESS_FD }, { 0, 0, 0, 0 }
 };
 
 /* What each option with a value accepts, for the message about a bad one. */
@@ -324,6 +340,10 @@ static const char *valid_values(int c)
     case O_MAXSEQS: return "an integer from 8 to 4294967295";
     case O_MAXTOK: return "an integer >= 16";
     case O_METRICS_PORT: return "a TCP port from 0 (a free one) to 65535";
+    case O_POOL: return "client processes from 1 to 64";
+    case O_POOL_SOCKET: return "the path of a kvvmd's socket";
+    case O_CLIENT_NAME: return "a name of 1 to 31 characters";
+    case O_POOL_CHILD: case O_PROGRESS_FD: return "set by kvvm-stress --pool for its clients";
     }
     return "see --help";
 }
@@ -426,7 +446,9 @@ int main(int argc, char **argv)
     o.cache_entries = 32;
     o.pk_prompts = 4;
     o.metrics_port = -1;
-    int have_window = 0;
+    o.pool_child = -1;
+    o.progress_fd = -1;
+    int have_window = 0, have_backend = 0;
 
     int c;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -463,6 +485,7 @@ int main(int argc, char **argv)
             o.page_size_auto = 0;
             break;
         case O_BACKEND:
+            have_backend = 1;
             if (!strcmp(optarg, "auto")) o.backend = KVVM_BACKEND_AUTO;
             else if (!strcmp(optarg, "cuda")) o.backend = KVVM_BACKEND_CUDA;
             else if (!strcmp(optarg, "emulated")) o.backend = KVVM_BACKEND_EMULATED;
@@ -582,6 +605,35 @@ int main(int argc, char **argv)
         }
         case O_HELP: case 'h': usage(stdout); return 0;
         case O_BUDGET: if (parse_schedule(optarg, &o)) return bad(name, optarg); break;
+        case O_POOL:
+            if (parse_u32(optarg, &o.pool_n) || !o.pool_n || o.pool_n > 64)
+                return bad(name, optarg);
+            break;
+        case O_POOL_SOCKET:
+            if (!*optarg)
+                return bad(name, optarg);
+            o.pool_socket = optarg;
+            break;
+        case O_CLIENT_NAME:
+            if (!*optarg || strlen(optarg) > 31)
+                return bad(name, optarg);
+            o.client_name = optarg;
+            break;
+        case O_POOL_CHILD: {         /* a client of --pool: the engine, not a coordinator */
+            uint32_t i;
+            if (parse_u32(optarg, &i) || i >= 64)
+                return bad(name, optarg);
+            o.pool_child = (int)i;
+            o.pool_n = 0;
+            break;
+        }
+        case O_PROGRESS_FD: {
+            uint32_t fd;
+            if (parse_u32(optarg, &fd) || fd < 3 || fd > 65535 || fcntl((int)fd, F_GETFD) < 0)
+                return bad(name, optarg);
+            o.progress_fd = (int)fd;
+            break;
+        }
         default:
             fprintf(stderr, "kvvm-stress: see --help for every option and its values\n");
             return 2;
@@ -702,6 +754,16 @@ int main(int argc, char **argv)
         (o.plot_path && (rc = check_out_path("plot", o.plot_path))) ||
         (o.spill_dir && (rc = check_spill_dir(o.spill_dir))))
         return rc;
+    if (o.pool_n) {
+        if (o.trace_path || o.metrics_port >= 0) {
+            fprintf(stderr, "kvvm-stress: --pool N: --%s is one process's; run one client "
+                    "with --pool-socket PATH for it\n", o.trace_path ? "trace" : "metrics-port");
+            return 2;
+        }
+        /* the pool is the device budget; each client's limit and workload derive from it */
+        return stress_pool_main(&o, argc, argv, o.page_size_auto && o.backend ==
+                                KVVM_BACKEND_EMULATED ? granule : o.page_size, granule);
+    }
     /* --json -: stdout carries the JSON alone; the banner and the summary go to stderr */
     FILE *info = o.json_path && !strcmp(o.json_path, "-") ? stderr : stdout;
 
@@ -727,6 +789,14 @@ int main(int argc, char **argv)
         cfg.flags |= KVVM_F_POOL_VIEW;
     if (o.store_url)
         cfg.store_url = o.store_url;
+    if (o.pool_socket) {        /* a pool client: the daemon's device, page size and shape */
+        cfg.pool_socket = o.pool_socket;
+        cfg.client_name = o.client_name;
+        if (!have_backend)
+            cfg.backend = KVVM_BACKEND_AUTO;
+        if (o.page_size_auto)
+            cfg.page_size = 0;
+    }
 
     struct results r = { 0 };
     static const char *const lat_names[LAT_N] = { "grow", "grow_batch", "fork", "share",

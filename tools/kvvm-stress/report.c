@@ -223,6 +223,17 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
     if (o->pool_view && o->pool_cpu)
         fprintf(f, "  pool view    %llu bytes compared, %llu mismatched tokens\n",
                 (unsigned long long)r->pv_bytes, (unsigned long long)r->pv_mismatches);
+    if (o->pool_socket)
+        fprintf(f, "  pool         %s on %s: %llu frames leased, %llu given back, %llu calls "
+                "waited (%.1f ms); at the end: held %.1f MiB, pool %.1f MiB, free %.1f MiB, "
+                "%u clients%s\n", o->client_name ? o->client_name : "this client",
+                o->pool_socket, (unsigned long long)d(s->pool_leases, z->pool_leases),
+                (unsigned long long)d(s->pool_returns, z->pool_returns),
+                (unsigned long long)d(s->pool_waits, z->pool_waits),
+                (double)d(s->pool_wait_ns, z->pool_wait_ns) / 1e6, mib(r->pool_end.held_bytes),
+                mib(r->pool_end.pool_bytes), mib(r->pool_end.free_bytes),
+                r->pool_end.n_clients, !r->pool_ok ? " (kvvm_pool_info failed)"
+                : r->pool_end.connected ? "" : " (the daemon is gone)");
     fprintf(f, "\n  %-8s %12s %12s %14s %14s\n", "tier", "pages", "peak used", "moved in MiB",
             "moved out MiB");
     fprintf(f, "  %-8s %12llu %12llu %14.1f %14.1f\n", "device",
@@ -414,6 +425,20 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             "\"eagain_skipped\": %llu},\n", o->pool_view ? "true" : "false",
             o->pool_cpu ? "true" : "false", U(r->pv_seqs), U(r->pv_blocks), U(r->pv_bad_ids),
             U(r->pv_bytes), U(r->pv_mismatches), U(r->pv_eagain));
+    fprintf(f, "  \"pool\": {\"on\": %s, \"client\": ", o->pool_socket ? "true" : "false");
+    if (o->client_name)
+        tool_json_string(f, o->client_name);
+    else
+        fprintf(f, "null");
+    fprintf(f, ", \"leases\": %llu, \"returns\": %llu, \"waits\": %llu, \"wait_ms\": %.3f, "
+            "\"connected\": %s, \"pool_bytes\": %llu, \"free_bytes\": %llu, "
+            "\"held_bytes\": %llu, \"limit_bytes\": %llu, \"reserve_bytes\": %llu, "
+            "\"n_clients\": %u},\n", U(d(s->pool_leases, z->pool_leases)),
+            U(d(s->pool_returns, z->pool_returns)), U(d(s->pool_waits, z->pool_waits)),
+            (double)d(s->pool_wait_ns, z->pool_wait_ns) / 1e6,
+            r->pool_ok && r->pool_end.connected ? "true" : "false", U(r->pool_end.pool_bytes),
+            U(r->pool_end.free_bytes), U(r->pool_end.held_bytes), U(r->pool_end.limit_bytes),
+            U(r->pool_end.reserve_bytes), r->pool_end.n_clients);
     fprintf(f, "  \"frames\": {\"created_sync\": %llu, \"created_sync_after_warmup\": %llu, "
             "\"warmup_step\": %llu, \"released\": %llu, \"device_bytes_held\": %llu},\n",
             U(d(s->frames_created_sync, z->frames_created_sync)),

@@ -81,6 +81,13 @@ struct opts {
     uint32_t n_budget;
     struct budget_ev { double t, frac; } budget_sched[MAX_BUDGET_EV];
     int      metrics_port;          /* --metrics-port: 0..65535 (0: a free one); -1 = off */
+    /* the pool (pool.c): --pool N coordinates N client processes; a client (or a single
+       run with --pool-socket) opens its context on the daemon's socket */
+    uint32_t pool_n;                /* --pool N: 0 = this process runs the engine */
+    const char *pool_socket;        /* --pool-socket PATH: the daemon (joined, not started) */
+    const char *client_name;        /* --client-name: shown by kvvmctl */
+    int      pool_child;            /* --pool-child I (set by the coordinator); -1 = none */
+    int      progress_fd;           /* --pool-progress-fd: "STEP SECONDS" lines; -1 = none */
 };
 
 /* Latency samples of one operation: exact count, sum and max; a reservoir for percentiles. */
@@ -177,6 +184,9 @@ struct results {
     uint32_t n_budget;
     uint64_t sync_at_warm, warm_step; /* frames_created_sync at warm_step */
     double   warm_s;
+    /* the pool (with pool_socket): kvvm_pool_info before the close */
+    int      pool_ok;                /* pool_end was read */
+    struct kvvm_pool_info pool_end;
     int      aborted;                /* the run stopped early on a fatal error */
     int      interrupted;            /* the signal (SIGINT, SIGTERM) that ended it early, or 0 */
 };
@@ -184,6 +194,10 @@ struct results {
 /* main.c: set to the signal number by the first SIGINT/SIGTERM; the engine then stops at the
    next step boundary and drains as at the end of --duration. */
 extern volatile sig_atomic_t stress_stop;
+
+/* pool.c: --pool N, the coordinator (page: the page size asked, 0 = the device's; granule:
+   the emulated device's). Returns the exit status. */
+int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, size_t granule);
 
 /* engine.c */
 int stress_run(const struct opts *o, kvvm *kv, struct results *r);

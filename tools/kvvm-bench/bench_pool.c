@@ -1,0 +1,533 @@
+/*
+ * tools/kvvm-bench/bench_pool.c: the pool group (issue 34): a context whose frames come from
+ * the pool daemon (kvvmd, pool_socket) against a local context doing the same work, in
+ * alternated pairs (bench.h), and the daemon's own figures. docs/kvvm-bench.md "pool".
+ *
+ * The group starts a kvvmd — the one beside kvvm-bench, as an installed or built tree has
+ * them — on a socket in a fresh temporary directory (the emulated device unless --backend
+ * says otherwise; the granule of --granule, else 64 KiB), waits for its ready line and stops
+ * it (SIGTERM) at the end. No kvvmd there: the group says so and is skipped.
+ *
+ * Rows (2 regions, 16 tokens per page, both contexts with the frame pool thread):
+ *  - grow within a page: kvvm_seq_grow by one token that needs no new page, ns/op;
+ *  - kvvm_step with 8 live sequences, ns/op;
+ *  - grow onto a new page: a grow by one page per region (2 new frames) then a 1 ms pause
+ *    standing for the engine's compute (the frame pool thread refills meanwhile), the p50 of
+ *    200 grows per trial, us/op; the system calls of the engine's thread in those grows,
+ *    counted (bench_syscalls), per grow; and the same p50 without the frame pool thread (the
+ *    grow leases and imports, or creates, on the caller's thread);
+ *  - giving back: B's grow that needs N = 32 frames while idle A holds the whole pool in
+ *    unprotected LIVE sequences (A has KVVM_F_AUTO_SWAP and a host tier: the daemon asks A,
+ *    A swaps out and gives back) against A swapping out the same sequences itself
+ *    (kvvm_seq_swap_out of each, then kvvm_sync), ms;
+ *  - death: a client process (kvvm-bench --pool-hold, holding 64 frames) killed with
+ *    SIGKILL; the time until kvvm_pool_info of another client shows its frames free, ms (no
+ *    baseline).
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvvm.h"
+
+#define G "pool"
+#define NR 2
+#define TOK 16                          /* tokens per page */
+#define NSEQ 8
+#define NEW_GROWS 200                   /* grows onto a new page per trial */
+#define GIVE_N 256                      /* frames B needs from A */
+#define HOLD_N 64                       /* frames the killed client holds */
+#define POOL_FRAMES 1024                /* the daemon's pool */
+#define A_PAGES 8                       /* pages per region of each of A's sequences */
+
+struct pool_env {
+    struct bench_ctx *b;
+    size_t gran;
+    char dir[64], sock[96], self[4096];
+    pid_t daemon;
+};
+
+static void pause_us(long us)
+{
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+    nanosleep(&ts, NULL);
+}
+
+/* A context: pool_socket NULL = local. limit: device_budget (the pool's client: its
+   limit). */
+static int ctx_open(struct pool_env *e, const char *sock, size_t budget, unsigned flags,
+                    size_t host, int thread, kvvm **out)
+{
+    struct kvvm_config c;
+    bench_config(&c, e->b->backend, e->gran, e->gran, NR, e->gran / TOK, 256,
+                 (uint64_t)POOL_FRAMES * TOK, budget);
+    c.emu_device_bytes = sock ? 0 : 2 * budget;
+    c.pool_socket = sock;
+    c.flags |= flags;
+    c.host_budget = host;
+    c.pool_timeout_ms = 10000;
+    c.spill_dir = NULL;
+    c.pool_thread = thread;
+    return kvvm_open(&c, out);
+}
+
+/* ---- grow within a page, and kvvm_step ------------------------------------------------- */
+
+struct small {
+    kvvm *kv;
+    kvvm_seq s[NSEQ];
+    uint64_t len[NSEQ];
+    int iters;
+};
+
+static int small_setup(struct small *m)
+{
+    for (int q = 0; q < NSEQ; q++) {
+        int rc = kvvm_seq_create(m->kv, &m->s[q]);
+        if (rc || (rc = kvvm_seq_grow(m->kv, m->s[q], 1)))
+            return rc;
+        m->len[q] = 1;
+    }
+    return kvvm_step(m->kv);
+}
+
+/* grows by one token inside the first page; back to 1 token (no page freed) when full */
+static int sample_grow_small(void *arg, double *out)
+{
+    struct small *m = arg;
+    uint64_t sum = 0;
+    for (int i = 0; i < m->iters; i++) {
+        int q = i % NSEQ, rc;
+        if (m->len[q] + 1 >= TOK) {
+            if ((rc = kvvm_seq_truncate(m->kv, m->s[q], 1)))
+                return rc;
+            m->len[q] = 1;
+        }
+        uint64_t t0 = bench_now_ns();
+        rc = kvvm_seq_grow(m->kv, m->s[q], m->len[q] + 1);
+        sum += bench_now_ns() - t0;
+        if (rc)
+            return rc;
+        m->len[q]++;
+    }
+    *out = (double)sum / m->iters;
+    return 0;
+}
+
+static int sample_step(void *arg, double *out)
+{
+    struct small *m = arg;
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < m->iters; i++) {
+        int rc = kvvm_step(m->kv);
+        if (rc)
+            return rc;
+    }
+    *out = (double)(bench_now_ns() - t0) / m->iters;
+    return 0;
+}
+
+/* ---- grow onto a new page ------------------------------------------------------------ */
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* NEW_GROWS grows of a page per region over NSEQ sequences, a 1 ms pause after each; the
+   p50 in us; the sequences freed after (untimed) */
+static int sample_grow_new(void *arg, double *out)
+{
+    kvvm *kv = arg;
+    kvvm_seq s[NSEQ];
+    uint64_t len[NSEQ] = { 0 };
+    double lat[NEW_GROWS];
+    int rc = 0, made = 0;
+    for (; made < NSEQ && !rc; made++)
+        rc = kvvm_seq_create(kv, &s[made]);
+    for (int i = 0; i < NEW_GROWS && !rc; i++) {
+        int q = i % NSEQ;
+        uint64_t t0 = bench_now_ns();
+        rc = kvvm_seq_grow(kv, s[q], len[q] + TOK);
+        lat[i] = (double)(bench_now_ns() - t0) / 1e3;
+        len[q] += TOK;
+        if (!rc)
+            rc = kvvm_step(kv);
+        pause_us(1000);
+    }
+    for (int q = 0; q < made; q++)
+        kvvm_seq_free(kv, s[q]);
+    if (!rc) {
+        qsort(lat, NEW_GROWS, sizeof *lat, cmp_d);
+        *out = lat[NEW_GROWS / 2];
+    }
+    (void)kvvm_step(kv);
+    return rc;
+}
+
+/* System calls of the engine's thread in NEW_GROWS grows onto a new page (bench_syscalls:
+   in a forked child, which opens its own contexts): segment 0 the pool client's, 1 the
+   local context's. */
+static struct pool_env *sys_env;
+
+static int sys_grows(kvvm *kv, int segment)
+{
+    kvvm_seq s[NSEQ];
+    uint64_t len[NSEQ] = { 0 };
+    int rc = 0, made = 0;
+    for (; made < NSEQ && !rc; made++)
+        rc = kvvm_seq_create(kv, &s[made]);
+    for (int i = 0; i < NEW_GROWS && !rc; i++) {
+        int q = i % NSEQ;
+        bench_syscall_mark(segment);
+        rc = kvvm_seq_grow(kv, s[q], len[q] + TOK);
+        bench_syscall_mark(-1);
+        len[q] += TOK;
+        if (!rc)
+            rc = kvvm_step(kv);
+        pause_us(1000);
+    }
+    return rc;
+}
+
+static int sys_child(void *arg)
+{
+    (void)arg;
+    struct pool_env *e = sys_env;
+    kvvm *p, *l;
+    int rc = ctx_open(e, e->sock, 0, 0, 0, 1, &p);
+    if (rc)
+        return rc;
+    if (!(rc = ctx_open(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 1, &l))) {
+        rc = sys_grows(p, 0);
+        if (!rc)
+            rc = sys_grows(l, 1);
+        kvvm_close(l);
+    }
+    kvvm_close(p);
+    return rc;
+}
+
+/* ---- giving back --------------------------------------------------------------------- */
+
+struct give {
+    kvvm *a, *b;                        /* A holds the pool; B asks */
+    kvvm_seq as[POOL_FRAMES / (NR * A_PAGES)];  /* A's: A_PAGES pages per region each */
+    int n_as;
+    int a_out;                          /* A's sequences are swapped out (by itself) */
+};
+
+/* A: every sequence resident, written and unprotected (two steps), holding the pool */
+static int give_fill_a(struct give *g)
+{
+    for (int i = 0; i < g->n_as; i++) {
+        /* written since: a swap-out copies every page (a clean page's host copy would make
+           it a mere unmap) */
+        int rc = kvvm_seq_swap_in(g->a, g->as[i]);
+        if (rc || (rc = kvvm_seq_prepare_write(g->a, g->as[i], 0, (uint64_t)A_PAGES * TOK)))
+            return rc;
+    }
+    /* idle: its work done (kvvm_sync), so the connection thread may move them (a
+       synchronous-mode context's sequences are quiet once a sync saw the device idle) */
+    int rc = kvvm_step(g->a);
+    if (!rc)
+        rc = kvvm_step(g->a);
+    return rc ? rc : kvvm_sync(g->a);
+}
+
+static int sample_give_b(void *arg, double *out)
+{
+    struct give *g = arg;
+    kvvm_seq s;
+    int rc = give_fill_a(g);
+    if (rc || (rc = kvvm_seq_create(g->b, &s)))
+        return rc;
+    uint64_t t0 = bench_now_ns();
+    rc = kvvm_seq_grow(g->b, s, (uint64_t)(GIVE_N / NR) * TOK);
+    *out = (double)(bench_now_ns() - t0) / 1e6;
+    kvvm_seq_free(g->b, s);
+    (void)kvvm_step(g->b);
+    (void)kvvm_trim(g->b, 0);           /* B's frames back to the daemon for A */
+    return rc;
+}
+
+static int sample_give_a(void *arg, double *out)
+{
+    struct give *g = arg;
+    int rc = give_fill_a(g);
+    if (rc)
+        return rc;
+    /* GIVE_N frames' worth of resident sequences (idle A keeps some pages free: the
+       sequences its own reclaim swapped out are not resident) */
+    kvvm_seq pick[GIVE_N / (NR * A_PAGES)];
+    int n = 0;
+    for (int i = 0; i < g->n_as && n < GIVE_N / (NR * A_PAGES); i++) {
+        struct kvvm_seq_info in = { .size = sizeof in };
+        if (!kvvm_seq_info(g->a, g->as[i], &in) && in.resident)
+            pick[n++] = g->as[i];
+    }
+    if (n < GIVE_N / (NR * A_PAGES))
+        return -ENOMEM;
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < n && !rc; i++)
+        rc = kvvm_seq_swap_out(g->a, pick[i]);
+    if (!rc)
+        rc = kvvm_sync(g->a);
+    *out = (double)(bench_now_ns() - t0) / 1e6;
+    return rc;
+}
+
+/* ---- death --------------------------------------------------------------------------- */
+
+struct death {
+    struct pool_env *e;
+    kvvm *obs;                          /* an observer client: kvvm_pool_info */
+};
+
+static int sample_death(void *arg, double *out)
+{
+    struct death *d = arg;
+    struct kvvm_pool_info before = { .size = sizeof before }, now = { .size = sizeof now };
+    int rc = kvvm_pool_info(d->obs, &before);
+    if (rc)
+        return rc;
+    int fd[2];
+    if (pipe2(fd, O_CLOEXEC))
+        return -errno;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char wfd[16];
+        int w = dup(fd[1]);             /* without O_CLOEXEC */
+        snprintf(wfd, sizeof wfd, "%d", w);
+        execl(d->e->self, "kvvm-bench", "--pool-hold", d->e->sock, wfd, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    char c = 0;
+    ssize_t n;
+    while ((n = read(fd[0], &c, 1)) < 0 && errno == EINTR)
+        ;
+    close(fd[0]);
+    if (n != 1 || c != 'R') {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        fprintf(stderr, "kvvm-bench: pool: the holding client did not start\n");
+        return -EIO;
+    }
+    uint64_t want = before.free_bytes;  /* its frames all back: free as before it */
+    uint64_t t0 = bench_now_ns();
+    kill(pid, SIGKILL);
+    rc = -ETIMEDOUT;
+    while (bench_now_ns() - t0 < 10000000000ull) {      /* a bound, not a condition */
+        if ((rc = kvvm_pool_info(d->obs, &now)))
+            break;
+        if (now.free_bytes >= want) {
+            *out = (double)(bench_now_ns() - t0) / 1e6;
+            rc = 0;
+            break;
+        }
+        rc = -ETIMEDOUT;
+    }
+    waitpid(pid, NULL, 0);
+    return rc;
+}
+
+/* kvvm-bench --pool-hold SOCKET FD: a client holding HOLD_N frames mapped, 'R' on FD once
+   it does, then waiting to be killed (the death row). */
+int bench_daemon_hold(const char *sock, int fd)
+{
+    kvvm_set_log(NULL, NULL, KVVM_LOG_ERROR);
+    struct pool_env e = { .gran = (size_t)64 * 1024 };
+    struct bench_ctx b = { .backend = KVVM_BACKEND_AUTO };
+    e.b = &b;
+    kvvm *kv;
+    kvvm_seq s;
+    int rc = ctx_open(&e, sock, 0, 0, 0, 1, &kv);
+    if (!rc)
+        rc = kvvm_seq_create(kv, &s);
+    if (!rc)
+        rc = kvvm_seq_grow(kv, s, (uint64_t)(HOLD_N / NR) * TOK);
+    if (rc) {
+        fprintf(stderr, "kvvm-bench --pool-hold: %s\n", kvvm_last_error());
+        return 1;
+    }
+    if (write(fd, "R", 1) != 1)
+        return 1;
+    for (;;)
+        pause();
+}
+
+/* ---- the daemon ---------------------------------------------------------------------- */
+
+static int daemon_start(struct pool_env *e)
+{
+    char dir[4096], bin[4200], budget[32], gran[32], dev[32];
+    ssize_t n = readlink("/proc/self/exe", e->self, sizeof e->self - 1);
+    if (n <= 0)
+        return -errno;
+    e->self[n] = 0;
+    snprintf(dir, sizeof dir, "%s", e->self);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(bin, sizeof bin, "%s/kvvmd", dir);
+    if (access(bin, X_OK)) {
+        printf("%-8s (no kvvmd beside kvvm-bench, %s: skipped)\n", G, bin);
+        return 1;
+    }
+    snprintf(e->dir, sizeof e->dir, "/tmp/kvvm-bench-pool.XXXXXX");
+    if (!mkdtemp(e->dir))
+        return -errno;
+    snprintf(e->sock, sizeof e->sock, "%s/sock", e->dir);
+    snprintf(budget, sizeof budget, "%zu", (size_t)POOL_FRAMES * e->gran);
+    snprintf(gran, sizeof gran, "%zu", e->gran);
+    snprintf(dev, sizeof dev, "%zu", (size_t)2 * POOL_FRAMES * e->gran);
+    const char *be = e->b->backend == KVVM_BACKEND_CUDA ? "cuda"
+                   : e->b->backend == KVVM_BACKEND_AUTO ? "auto" : "emulated";
+    int fd[2];
+    if (pipe2(fd, O_CLOEXEC))
+        return -errno;
+    e->daemon = fork();
+    if (e->daemon < 0)
+        return -errno;
+    if (e->daemon == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        dup2(fd[1], 1);
+        execl(bin, "kvvmd", "--socket", e->sock, "--backend", be, "--budget", budget,
+              "--page-size", gran, "--emu-granule", gran, "--emu-device-bytes", dev,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    char line[256];
+    size_t k = 0;
+    while (k + 1 < sizeof line && read(fd[0], line + k, 1) == 1 && line[k] != '\n')
+        k++;
+    line[k] = 0;
+    close(fd[0]);
+    if (!strstr(line, "kvvmd: ready")) {
+        fprintf(stderr, "kvvm-bench: pool: kvvmd did not start (its stdout: '%s')\n", line);
+        waitpid(e->daemon, NULL, 0);
+        rmdir(e->dir);
+        return -EIO;
+    }
+    return 0;
+}
+
+static void daemon_stop(struct pool_env *e)
+{
+    kill(e->daemon, SIGTERM);
+    waitpid(e->daemon, NULL, 0);
+    rmdir(e->dir);
+}
+
+/* ---- the rows ------------------------------------------------------------------------ */
+
+static int rows_small(struct pool_env *e)
+{
+    struct small p = { .iters = e->b->quick ? 2000 : 20000 }, l = p;
+    struct bench_pair pr;
+    int rc = ctx_open(e, e->sock, 0, 0, 0, 1, &p.kv);
+    if (!rc)
+        rc = ctx_open(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 1, &l.kv);
+    if (!rc && !(rc = small_setup(&p)) && !(rc = small_setup(&l)) &&
+        !(rc = bench_pairs(e->b, sample_grow_small, &p, sample_grow_small, &l, &pr)))
+        bench_report_pair(e->b, G, "grow within a page (no new page), pool client", &pr,
+                          "local context", "ns/op", 1);
+    if (!rc && !(rc = bench_pairs(e->b, sample_step, &p, sample_step, &l, &pr)))
+        bench_report_pair(e->b, G, "kvvm_step (8 live sequences), pool client", &pr,
+                          "local context", "ns/op", 1);
+    if (!rc && !(rc = bench_pairs(e->b, sample_grow_new, p.kv, sample_grow_new, l.kv, &pr)))
+        bench_report_pair(e->b, G, "grow onto a new page (2 frames), p50, pool client", &pr,
+                          "local context", "us/op", 1);
+    kvvm_close(p.kv);
+    kvvm_close(l.kv);
+    if (rc)
+        return rc;
+    uint64_t sys[2] = { 0, 0 };
+    sys_env = e;
+    rc = bench_syscalls(sys_child, NULL, sys, 2);
+    if (rc == -EPERM || rc == -ECHILD)
+        printf("%-8s system calls per grow: not counted (tracing refused here)\n", G);
+    else if (rc)
+        return rc;
+    else
+        bench_report(e->b, G, "system calls per grow onto a new page, pool client",
+                     (double)sys[0] / NEW_GROWS, (double)sys[1] / NEW_GROWS, "local context",
+                     "calls", 1);
+    /* the same without the frame pool thread: the grow leases (a batch of 16 per request)
+       and imports on the caller's thread, the local context creates there */
+    rc = ctx_open(e, e->sock, 0, 0, 0, 0, &p.kv);
+    if (!rc && (rc = ctx_open(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 0, &l.kv))) {
+        kvvm_close(p.kv);
+        return rc;
+    }
+    if (!rc && !(rc = bench_pairs(e->b, sample_grow_new, p.kv, sample_grow_new, l.kv, &pr)))
+        bench_report_pair(e->b, G, "grow onto a new page, p50, no frame pool thread", &pr,
+                          "local context", "us/op", 1);
+    kvvm_close(p.kv);
+    kvvm_close(l.kv);
+    return rc;
+}
+
+static int rows_give(struct pool_env *e)
+{
+    struct give g = { .n_as = POOL_FRAMES / (NR * A_PAGES) };
+    struct bench_pair pr;
+    size_t pool = (size_t)POOL_FRAMES * e->gran;
+    int rc = ctx_open(e, e->sock, 0, KVVM_F_AUTO_SWAP, pool, 0, &g.a);   /* idle: no frame ahead */
+    for (int i = 0; !rc && i < g.n_as; i++)
+        if (!(rc = kvvm_seq_create(g.a, &g.as[i])))
+            rc = kvvm_seq_grow(g.a, g.as[i], (uint64_t)A_PAGES * TOK);
+    if (!rc)        /* after A holds the pool; leasing on its own thread, as A does */
+        rc = ctx_open(e, e->sock, 0, 0, 0, 0, &g.b);
+    if (!rc && !(rc = bench_pairs(e->b, sample_give_b, &g, sample_give_a, &g, &pr))) {
+        char op[96];
+        snprintf(op, sizeof op, "giving back: B's grow needing %d frames idle A holds", GIVE_N);
+        bench_report_pair(e->b, G, op, &pr, "A swaps the same pages out", "ms", 1);
+    }
+    kvvm_close(g.b);
+    kvvm_close(g.a);
+    return rc;
+}
+
+static int rows_death(struct pool_env *e)
+{
+    struct death d = { .e = e };
+    struct bench_pair pr;
+    int rc = ctx_open(e, e->sock, 0, 0, 0, 0, &d.obs);   /* no frame pool thread: idle */
+    if (!rc && !(rc = bench_pairs(e->b, sample_death, &d, NULL, NULL, &pr))) {
+        char op[96];
+        snprintf(op, sizeof op, "death: kill -9 of a client holding %d frames to all free",
+                 HOLD_N);
+        bench_report_pair(e->b, G, op, &pr, NULL, "ms", 1);
+    }
+    kvvm_close(d.obs);
+    return rc;
+}
+
+int bench_daemon(struct bench_ctx *b)
+{
+    struct pool_env e = { .b = b, .gran = b->granule ? b->granule : (size_t)64 * 1024 };
+    int rc = daemon_start(&e);
+    if (rc)
+        return rc > 0 ? 0 : rc;
+    if (!(rc = rows_small(&e)) && !(rc = rows_give(&e)))
+        rc = rows_death(&e);
+    if (rc)
+        fprintf(stderr, "kvvm-bench: pool: %s\n", kvvm_last_error());
+    daemon_stop(&e);
+    return rc;
+}
