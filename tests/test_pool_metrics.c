@@ -381,3 +381,50 @@ Test(pool_metrics, pool_wait_histogram_counts_what_pool_waits_counts)
     kvvm_close(kv);
     pd_stop(&d);
 }
+
+/* ---- kvvmctl top --------------------------------------------------------------------------- */
+
+/* Not a terminal (a pipe): plain lines, one snapshot per interval, --count of them; the
+   clients listed with their held bytes, kvvmctl's own connection not among them. */
+Test(ctl_top, plain_lines_list_the_clients)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    int a = pc_client(d.path, "top-alpha"), b = pc_client(d.path, "top-beta");
+    lease_close(a, 3);
+    lease_close(b, 1);
+    char out[8192];
+    cr_assert_eq(pd_ctl(d.path, "top --count 3 --interval 20", out, sizeof out), 0, "%s",
+                 out);
+    unsigned snaps = 0;
+    for (const char *p = out; (p = strstr(p, "pool ")); p++)
+        snaps += p == out || p[-1] == '\n';
+    cr_expect_eq(snaps, 3, "three snapshots:\n%s", out);
+    cr_expect(strstr(out, "clients 2 "), "%s", out);
+    char want[128];
+    snprintf(want, sizeof want, "top-alpha %*d %12u ", 24 - 9 + 8, (int)getpid(),
+             3 * PD_GRAN);
+    cr_expect(strstr(out, want), "'%s' in:\n%s", want, out);
+    cr_expect(strstr(out, "top-beta"), "%s", out);
+    cr_expect_null(strstr(out, "kvvmctl"), "kvvmctl's connection is no client:\n%s", out);
+    cr_expect_null(strstr(out, "\033["), "no terminal escapes in plain mode");
+    close(a);
+    close(b);
+    pd_stop(&d);
+}
+
+Test(ctl_top, bad_options_exit_2)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    static const char *const bad[] = { "top --count 0", "top --interval 5", "top --interval",
+                                       "top --count x", "top --bogus", "--json top" };
+    char out[4096];
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_expect_eq(pd_ctl(d.path, bad[i], out, sizeof out), 2, "%s: %s", bad[i], out);
+        cr_expect(strstr(out, "kvvmctl: "), "%s: the cause is said: %s", bad[i], out);
+    }
+    pd_stop(&d);
+}
