@@ -929,7 +929,7 @@ int pool_srv_run(struct pool_srv *s)
             /* a client dropped earlier in this batch is gone: skip stale events */
             bool live = false;
             for (size_t k = 0; k < s->nclients && !live; k++)
-                live = s->clients[k] == p;
+                live = p && s->clients[k] == p;
             if (live)
                 client_serve(s, p);
         }

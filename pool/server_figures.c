@@ -131,8 +131,13 @@ static bool snap_copy(struct pool_fig *f, struct snap *out)
                 memcpy(out->rows, f->pub->rows, n * sizeof *out->rows);
         }
         pthread_mutex_unlock(&f->mu);
-        if (!any || fits)
-            return any;
+        if (any && fits)
+            return true;
+        if (!any) {
+            free(out->rows);
+            out->rows = NULL;
+            return false;
+        }
         struct pool_fig_row *r = realloc(out->rows, (n + 16) * sizeof *r);  /* outside mu */
         if (!r) {
             free(out->rows);

@@ -20,7 +20,8 @@
 #endif
 
 #define BPT 4096u                       /* bytes per token: 16 tokens per 64 KiB page */
-#define TPP (PD_GRAN / BPT)
+#define TPP ((uint64_t)PD_GRAN / BPT)
+#define GRAN ((long long)PD_GRAN)     /* a figure's bytes, as sample() reads them */
 
 /* Starts kvvmd with --metrics 127.0.0.1:0 (and more args); returns the port it serves. */
 static unsigned md_start(struct pd *d, const char *budget, const char *const *more)
@@ -201,12 +202,12 @@ Test(pool_metrics, serves_the_pool_and_each_client)
              (int)getpid());
     snprintf(kw, sizeof kw, "kvvm_pool_client_held_bytes{client=\"we\\\"ird\\\\na\\nme"
              "\xef\xbf\xbd\",pid=\"%d\"}", (int)getpid());
-    char *t = wait_sample(port, "kvvm_pool_held_bytes", 6 * PD_GRAN);
-    cr_expect_eq(sample(t, ka), 4 * PD_GRAN, "%s in:\n%s", ka, t);
-    cr_expect_eq(sample(t, kw), 2 * PD_GRAN, "%s in:\n%s", kw, t);
-    cr_expect_eq(sample(t, "kvvm_pool_size_bytes"), 64 * PD_GRAN);
-    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 58 * PD_GRAN);
-    cr_expect_eq(sample(t, "kvvm_pool_page_size_bytes"), PD_GRAN);
+    char *t = wait_sample(port, "kvvm_pool_held_bytes", 6 * GRAN);
+    cr_expect_eq(sample(t, ka), 4 * GRAN, "%s in:\n%s", ka, t);
+    cr_expect_eq(sample(t, kw), 2 * GRAN, "%s in:\n%s", kw, t);
+    cr_expect_eq(sample(t, "kvvm_pool_size_bytes"), 64 * GRAN);
+    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 58 * GRAN);
+    cr_expect_eq(sample(t, "kvvm_pool_page_size_bytes"), GRAN);
     cr_expect_eq(sample(t, "kvvm_pool_clients"), 2, "kvvmctl's connection is no client");
     cr_expect_eq(sample(t, "kvvm_pool_control_connections"), 1);
     cr_expect_eq(sample(t, "kvvm_pool_frames_leased_total"), 6);
@@ -218,8 +219,8 @@ Test(pool_metrics, serves_the_pool_and_each_client)
     t = wait_sample(port, "kvvm_pool_disconnects_total{how=\"closed\"}", 1);
     cr_expect_eq(sample(t, "kvvm_pool_frames_returned_total"), 3);
     cr_expect_eq(sample(t, "kvvm_pool_frames_released_at_exit_total"), 2);
-    cr_expect_eq(sample(t, "kvvm_pool_held_bytes"), PD_GRAN);
-    cr_expect_eq(sample(t, ka), PD_GRAN);
+    cr_expect_eq(sample(t, "kvvm_pool_held_bytes"), GRAN);
+    cr_expect_eq(sample(t, ka), GRAN);
     cr_expect_eq(sample(t, kw), -1, "a gone client has no series");
     cr_expect_eq(sample(t, "kvvm_pool_clients"), 1);
     cr_expect_eq(sample(t, "kvvm_pool_connections_total"), 3);
@@ -266,7 +267,8 @@ static void *attack_main(void *arg)
     struct attack *at = arg;
     static char big[64 * 1024];
     memset(big, 'a', sizeof big);
-    memcpy(big, "GET /metrics HTTP/1.1\r\nX-Big: ", 30);
+    strcpy(big, "GET /metrics HTTP/1.1\r\nX-Big: ");
+    big[strlen(big)] = 'a';             /* no end of header in it */
     while (!__atomic_load_n(&at->stop, __ATOMIC_ACQUIRE)) {
         int held[50], nh = 0;
         for (; nh < 48; nh++) {
@@ -289,7 +291,7 @@ static void *attack_main(void *arg)
 
 static void pool_cfg(struct kvvm_config *c, const char *path, const char *name)
 {
-    th_config(c, PD_GRAN, 1, BPT, 8, 64 * TPP, 0, 0, 0);
+    th_config(c, (size_t)PD_GRAN, 1, BPT, 8, 64 * TPP, 0, 0, 0);
     c->pool_socket = path;
     c->client_name = name;
     c->page_size = 0;
@@ -403,8 +405,8 @@ Test(ctl_top, plain_lines_list_the_clients)
     cr_expect_eq(snaps, 3, "three snapshots:\n%s", out);
     cr_expect(strstr(out, "clients 2 "), "%s", out);
     char want[128];
-    snprintf(want, sizeof want, "top-alpha %*d %12u ", 24 - 9 + 8, (int)getpid(),
-             3 * PD_GRAN);
+    snprintf(want, sizeof want, "top-alpha %*d %12llu ", 24 - 9 + 8, (int)getpid(),
+             3 * (unsigned long long)PD_GRAN);
     cr_expect(strstr(out, want), "'%s' in:\n%s", want, out);
     cr_expect(strstr(out, "top-beta"), "%s", out);
     cr_expect_null(strstr(out, "kvvmctl"), "kvvmctl's connection is no client:\n%s", out);

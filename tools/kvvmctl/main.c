@@ -432,7 +432,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[optind++];
     int nargs = argc - optind;
     uint64_t bytes = 0;
-    struct top_opts top;
+    struct top_opts top = { .interval_ms = 1000 };
     if (!strcmp(cmd, "top")) {
         if (json) {
             fputs("kvvmctl: top has no --json (kvvmd --metrics serves the figures)\n", stderr);
