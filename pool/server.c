@@ -59,6 +59,7 @@ struct srv_client {
     uint64_t pend_round;        /* its round (victims it asked carry it) */
     uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
     struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
+    uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
 };
 
 struct pool_srv {
@@ -413,7 +414,7 @@ static void client_accept(struct pool_srv *s)
             continue;
         }
         *c = (struct srv_client){ .fd = fd, .slot = (int)slot, .pid = cr.pid };
-        s->figd.connections++;
+        c->conn = ++s->figd.connections;
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
         if (epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev)) {
             free(c);
@@ -898,7 +899,8 @@ static void figures_publish(struct pool_srv *s)
         p.n_controls += c && c->role == POOL_ROLE_CONTROL;
         if (c && c->role == POOL_ROLE_CLIENT)
             pool_fig_row(s->fig, c->name, &(struct pool_fig_row){
-                .pid = (uint32_t)c->pid, .waiting = c->pend_n, .held = c->held * s->page,
+                .conn = c->conn, .pid = (uint32_t)c->pid, .waiting = c->pend_n,
+                .held = c->held * s->page,
                 .reserve = c->reserve, .limit = c->limit ? c->limit : p.pool_bytes, .k = c->k });
     }
     pool_fig_end(s->fig, &p);

@@ -207,7 +207,7 @@ static const struct fam pool_fams[] = {
     { "kvvm_pool_disconnects_total", "counter", "how=\"dropped\"", H_DISC, V_DROPPED },
 };
 
-/* A client's families: one sample per client, labelled client="NAME",pid="PID". */
+/* A client's families: one sample per client, labelled client="NAME",pid="PID",conn="N". */
 static const struct fam client_fams[] = {
     { "kvvm_pool_client_held_bytes", "gauge", "", "Bytes of frames leased to the client.",
       V_HELD },
@@ -370,7 +370,8 @@ static void put_clients(FILE *o, const struct snap *s)
             const struct pool_fig_row *r = &s->rows[k];
             fprintf(o, "%s{client=\"", f->name);
             put_label_value(o, r->name);
-            fprintf(o, "\",pid=\"%u\"%s%s} %llu\n", r->pid, *f->labels ? "," : "", f->labels,
+            fprintf(o, "\",pid=\"%u\",conn=\"%llu\"%s%s} %llu\n", r->pid,
+                    (unsigned long long)r->conn, *f->labels ? "," : "", f->labels,
                     (unsigned long long)row_value(r, f->v));
         }
     }

@@ -15,9 +15,10 @@
  *    I/O under the lock, and the server's thread never waits for a reader longer than that
  *    copy; the server's own state is never read from another thread.
  *  - The text: every family with # HELP and # TYPE; counters end in _total, byte figures in
- *    _bytes, no gauge ends in _total; a client's series carry client="NAME" and pid="PID"
- *    (two clients may share a name), the name escaped as the format says (\\, \", \n) and
- *    any byte that is not UTF-8 written as U+FFFD.
+ *    _bytes, no gauge ends in _total; a client's series carry client="NAME", pid="PID" and
+ *    conn="N" (the connection's number: two contexts of one process may share name and
+ *    pid), the name escaped as the format says (\\, \", \n) and any byte that is not
+ *    UTF-8 written as U+FFFD.
  */
 #ifndef KVVM_POOL_SERVER_FIGURES_H
 #define KVVM_POOL_SERVER_FIGURES_H
@@ -52,6 +53,7 @@ struct pool_fig_daemon {
 /* One client in a snapshot. */
 struct pool_fig_row {
     char name[POOL_NAME_MAX];       /* pool_fig_row copies it in */
+    uint64_t conn;                  /* the connection's number (1, 2, ... in accept order) */
     uint32_t pid;
     uint32_t waiting;               /* frames its waiting lease asks for (0: none) */
     uint64_t held, reserve, limit;  /* bytes; limit: the pool's size when it has none */

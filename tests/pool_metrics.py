@@ -159,9 +159,9 @@ def test_promtool(exe, tmp):
         t = scrape(d.port)
         return t if "kvvm_pool_held_bytes %d\n" % (4 * PAGE) in t else None
     t = wait_for("the lease in the daemon's figures", text)
-    for name, held in zip(NAMES, (4 * PAGE, 0)):
-        series = 'kvvm_pool_client_held_bytes{client="%s",pid="%d"} %d\n' % (
-            escaped(name), pid, held)
+    for conn, name, held in zip((1, 2), NAMES, (4 * PAGE, 0)):
+        series = 'kvvm_pool_client_held_bytes{client="%s",pid="%d",conn="%d"} %d\n' % (
+            escaped(name), pid, conn, held)
         assert series in t, "%r not in:\n%s" % (series, t)
     r = subprocess.run(["promtool", "check", "metrics"], input=t, capture_output=True,
                        text=True, timeout=max(left(), 1))

@@ -133,8 +133,40 @@ static char *slurp(const char *path)
 
 /* Every family: # HELP then # TYPE, counters _total, no gauge _total, every sample in the
    family just declared, every family named in docs/api.md (as `name`). Returns families. */
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* No two samples of the text name the same series (name and labels): Prometheus refuses
+   a scrape's duplicates. */
+static void check_unique_series(const char *t)
+{
+    size_t n = 0, cap = 256;
+    char **keys = malloc(cap * sizeof *keys);
+    cr_assert(keys);
+    for (const char *l = t; *l; l = strchr(l, '\n') + 1) {
+        if (*l == '#')
+            continue;
+        const char *end = strchr(l, '\n');  /* the series ends at the line's last space */
+        while (end > l && *end != ' ')
+            end--;
+        cr_assert(end > l, "a sample line: %.80s", l);
+        if (n == cap)
+            cr_assert(keys = realloc(keys, (cap *= 2) * sizeof *keys));
+        cr_assert(keys[n++] = strndup(l, (size_t)(end - l)));
+    }
+    qsort(keys, n, sizeof *keys, cmp_str);
+    for (size_t i = 1; i < n; i++)
+        cr_expect_str_neq(keys[i - 1], keys[i], "a series twice: %s", keys[i]);
+    for (size_t i = 0; i < n; i++)
+        free(keys[i]);
+    free(keys);
+}
+
 static unsigned check_families(const char *t)
 {
+    check_unique_series(t);
     char *doc = slurp(KVVMTEST_API_MD);
     char fam[128] = "", type[32] = "", help[128] = "";
     unsigned n = 0;
@@ -198,10 +230,10 @@ Test(pool_metrics, serves_the_pool_and_each_client)
         close(fds[i]);
     lease_close(w, 2);
     char ka[128], kw[192];
-    snprintf(ka, sizeof ka, "kvvm_pool_client_held_bytes{client=\"alpha\",pid=\"%d\"}",
-             (int)getpid());
+    snprintf(ka, sizeof ka, "kvvm_pool_client_held_bytes{client=\"alpha\",pid=\"%d\","
+             "conn=\"1\"}", (int)getpid());
     snprintf(kw, sizeof kw, "kvvm_pool_client_held_bytes{client=\"we\\\"ird\\\\na\\nme"
-             "\xef\xbf\xbd\",pid=\"%d\"}", (int)getpid());
+             "\xef\xbf\xbd\",pid=\"%d\",conn=\"2\"}", (int)getpid());
     char *t = wait_sample(port, "kvvm_pool_held_bytes", 6 * GRAN);
     cr_expect_eq(sample(t, ka), 4 * GRAN, "%s in:\n%s", ka, t);
     cr_expect_eq(sample(t, kw), 2 * GRAN, "%s in:\n%s", kw, t);
@@ -228,6 +260,32 @@ Test(pool_metrics, serves_the_pool_and_each_client)
     free(t);
     close(a);
     close(ctl);
+    pd_stop(&d);
+}
+
+/* Regression: two contexts of one process may carry one name (the default
+   "<program>-<pid>" is the same for both): their series differ by conn, never twice the
+   same series (Prometheus would refuse the scrape). */
+Test(pool_metrics, same_name_and_pid_are_two_series)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    unsigned port = md_start(&d, "4M", NULL);
+    int a = pc_client(d.path, "twin"), b = pc_client(d.path, "twin");
+    lease_close(a, 1);
+    lease_close(b, 3);
+    char *t = wait_sample(port, "kvvm_pool_held_bytes", 4 * GRAN);
+    char k[128];
+    snprintf(k, sizeof k, "kvvm_pool_client_held_bytes{client=\"twin\",pid=\"%d\",conn=\"1\"}",
+             (int)getpid());
+    cr_expect_eq(sample(t, k), GRAN, "%s in:\n%s", k, t);
+    snprintf(k, sizeof k, "kvvm_pool_client_held_bytes{client=\"twin\",pid=\"%d\",conn=\"2\"}",
+             (int)getpid());
+    cr_expect_eq(sample(t, k), 3 * GRAN, "%s in:\n%s", k, t);
+    check_families(t);
+    free(t);
+    close(a);
+    close(b);
     pd_stop(&d);
 }
 
