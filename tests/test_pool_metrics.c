@@ -1,16 +1,21 @@
 /* tests/test_pool_metrics.c: the daemon's figures for operators (issue 37), with a real kvvmd
    (tests/pool_daemon.h) and real sockets: kvvmd --metrics serves the pool's figures and each
-   client's (client and pid labels, names escaped), every family with # HELP and # TYPE and
-   documented in docs/api.md, figures that follow returns and exits; a malformed address
-   exits 2; hostile HTTP clients (slowloris past the connection bound, huge headers,
-   garbage, a reader that never reads) never stall a pool client that grows and frees
-   meanwhile; the library's kvvm_pool_wait_duration_seconds counts what pool_waits counts;
-   kvvmctl top's plain lines list the clients and not itself. Every wait is for a condition
-   (a line, an answer, a figure polled), never for a time; TH_DEADLINE guards hangs. */
+   client's (client, pid and conn labels, names escaped; two contexts of one name and pid
+   are two series), every family with # HELP and # TYPE and documented in docs/api.md, no
+   series twice, figures that follow returns and exits; a malformed address exits 2, one
+   kvvmd cannot listen on exits 1; hostile HTTP clients (slowloris past the connection
+   bound, huge headers, garbage, a reader that never reads) never stall a pool client that
+   grows and frees meanwhile; the library's kvvm_pool_wait_duration_seconds counts what
+   pool_waits counts; kvvmctl top's plain lines list the clients and not itself, and on a
+   terminal (a pty) it redraws, exits 0 on q or Ctrl-C and restores the terminal's modes.
+   Every wait is for a condition (a line, an answer, a figure polled), never for a time;
+   TH_DEADLINE guards hangs. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <time.h>
 #include "harness.h"
 #include "pool_daemon.h"
@@ -310,6 +315,42 @@ Test(pool_metrics, malformed_address_exits_2)
     }
 }
 
+/* An address kvvmd cannot listen on (taken): exit 1 naming it, no ready line, the pool's
+   socket not left behind. */
+Test(pool_metrics, address_in_use_exits_1)
+{
+    TH_DEADLINE(60);
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    cr_assert_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(l, 1), 0);
+    cr_assert_eq(getsockname(l, (struct sockaddr *)&a, &al), 0);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    struct pd d = { 0 };
+    snprintf(d.dir, sizeof d.dir, "/tmp/kvvmpool.XXXXXX");
+    cr_assert(mkdtemp(d.dir));
+    char p[128];
+    snprintf(p, sizeof p, "%s/sock", d.dir);
+    const char *extra[] = { "--metrics", addr, NULL };
+    pd_start_at(&d, p, "4M", extra);
+    cr_expect_eq(pd_wait(d.pid), 1, "--metrics %s taken: exit 1", addr);
+    char line[512];
+    cr_expect_not(pd_line(d.out, line, sizeof line), "no ready line: '%s'", line);
+    bool said = false;
+    while (!said && pd_line(d.err, line, sizeof line))
+        said = strstr(line, "cannot start") && strstr(line, addr);
+    cr_expect(said, "stderr names the address");
+    struct stat st;
+    cr_expect_neq(lstat(p, &st), 0, "the socket is removed");
+    close(d.out);
+    close(d.err);
+    close(l);
+    rmdir(d.dir);
+}
+
 /* ---- a hostile HTTP side ----------------------------------------------------------------- */
 
 struct attack {
@@ -486,5 +527,98 @@ Test(ctl_top, bad_options_exit_2)
         cr_expect_eq(pd_ctl(d.path, bad[i], out, sizeof out), 2, "%s: %s", bad[i], out);
         cr_expect(strstr(out, "kvvmctl: "), "%s: the cause is said: %s", bad[i], out);
     }
+    pd_stop(&d);
+}
+
+/* On a terminal (a pty): the screen is cleared and redrawn each interval; q exits 0, and
+   so does Ctrl-C; the terminal's modes are restored at exit. */
+static pid_t top_on_pty(const char *path, int *master)
+{
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+    cr_assert_geq(m, 0);
+    cr_assert_eq(grantpt(m), 0);
+    cr_assert_eq(unlockpt(m), 0);
+    const char *sn = ptsname(m);
+    cr_assert(sn);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        setsid();
+        int sl = open(sn, O_RDWR);          /* the session's controlling terminal */
+        if (sl < 0 || ioctl(sl, TIOCSCTTY, 0) != 0)
+            _exit(126);
+        dup2(sl, 0);
+        dup2(sl, 1);
+        dup2(sl, 2);
+        execl(KVVMTEST_KVVMCTL, "kvvmctl", "--socket", path, "top", "--interval", "20",
+              (char *)NULL);
+        _exit(127);
+    }
+    *master = m;
+    return pid;
+}
+
+/* Reads the pty until `screens` redraws were seen (true), or its end (false). */
+static bool pty_screens(int m, unsigned screens, char *seen, size_t cap)
+{
+    static const char clear[] = "\033[H\033[2J";
+    size_t n = 0;
+    unsigned got = 0;
+    for (;;) {
+        if (n + 1 >= cap) {                 /* keep the tail: a sequence may straddle */
+            memmove(seen, seen + n - 64, 64);
+            n = 64;
+        }
+        ssize_t r = read(m, seen + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        size_t from = n > sizeof clear ? n - sizeof clear : 0;
+        n += (size_t)r;
+        seen[n] = 0;
+        for (const char *p = seen + from; (p = strstr(p, clear)); p++)
+            got++;
+        if (got >= screens)
+            return true;
+    }
+}
+
+static int pty_finish(int m, pid_t pid)
+{
+    char b[4096];
+    for (;;) {                              /* drain until it closes the terminal */
+        ssize_t r = read(m, b, sizeof b);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+    }
+    return pd_wait(pid);
+}
+
+Test(ctl_top, terminal_redraws_and_q_or_ctrl_c_exit_0)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    int c = pc_client(d.path, "on-a-tty");
+    lease_close(c, 2);
+    static char seen[1 << 16];
+    for (int round = 0; round < 2; round++) {
+        int m;
+        pid_t pid = top_on_pty(d.path, &m);
+        cr_assert(pty_screens(m, 3, seen, sizeof seen), "three screens drawn");
+        cr_expect(strstr(seen, "on-a-tty"), "the client's row: %s", seen);
+        struct termios t;
+        cr_assert_eq(tcgetattr(m, &t), 0);
+        cr_expect_eq(t.c_lflag & (ICANON | ECHO), 0, "raw while it runs (keys, no echo)");
+        cr_assert_eq(write(m, round ? "\003" : "q", 1), 1);
+        cr_expect_eq(pty_finish(m, pid), 0, "%s exits 0", round ? "Ctrl-C" : "q");
+        cr_assert_eq(tcgetattr(m, &t), 0);
+        cr_expect_eq(t.c_lflag & (ICANON | ECHO), ICANON | ECHO, "the modes are restored");
+        close(m);
+    }
+    close(c);
     pd_stop(&d);
 }
