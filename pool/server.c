@@ -74,7 +74,8 @@ struct pool_srv {
     struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
     size_t nclients;
     uint64_t rounds;            /* take-back rounds started (each asker's lease is one) */
-    struct pool_fig *fig;       /* the figures' snapshot, published after each round */
+    struct pool_fig *fig;       /* the figures' snapshot, published after each round once
+                                   pool_srv_figures made it (NULL: no one reads them) */
     struct pool_fig_daemon figd;/* the daemon's counters (server_figures.h) */
 };
 
@@ -221,10 +222,6 @@ int pool_srv_open(const struct pool_srv_params *p, struct pool_srv **out, char *
     snprintf(s->path, sizeof s->path, "%s", p->socket_path);
     if ((rc = path_claim(s->path, why, why_len)) || (rc = device_open(s, p, why, why_len)))
         goto out_free;
-    if ((rc = pool_fig_create(&s->fig))) {
-        why_set(why, why_len, rc, "out of memory");
-        goto out_free;
-    }
     s->efd = epoll_create1(EPOLL_CLOEXEC);
     s->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (s->efd < 0 || s->stopfd < 0) {
@@ -253,7 +250,6 @@ out_free:
         close(s->stopfd);
     if (s->v)
         vmm_close(s->v);
-    pool_fig_destroy(s->fig);
     free(s);
     return rc;
 }
@@ -890,6 +886,8 @@ static void client_serve(struct pool_srv *s, struct srv_client *c)
 /* Publishes the figures for kvvmd --metrics (server_figures.h): after each round. */
 static void figures_publish(struct pool_srv *s)
 {
+    if (!s->fig)
+        return;
     struct pool_fig_pool p = { .pool_bytes = s->pool_frames * s->page, .page_size = s->page,
                                .free_bytes = (s->pool_frames - s->leased) * s->page,
                                .rounds = s->rounds, .d = s->figd };
@@ -906,11 +904,15 @@ static void figures_publish(struct pool_srv *s)
     pool_fig_end(s->fig, &p);
 }
 
-struct pool_fig *pool_srv_figures(struct pool_srv *s) { return s->fig; }
+struct pool_fig *pool_srv_figures(struct pool_srv *s)
+{
+    if (!s->fig && pool_fig_create(&s->fig) == 0)
+        figures_publish(s);
+    return s->fig;
+}
 
 int pool_srv_run(struct pool_srv *s)
 {
-    figures_publish(s);
     for (;;) {
         struct epoll_event ev[64];
         int n = epoll_wait(s->efd, ev, 64, pending_timeout_ms(s));

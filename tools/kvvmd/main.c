@@ -175,8 +175,11 @@ int main(int argc, char **argv)
         return 1;
     }
     if (mo.addr[0]) {
-        rc = tool_httpd_start(mo.addr, mo.port, metrics_body, pool_srv_figures(srv), &http,
-                              why, sizeof why);
+        struct pool_fig *fig = pool_srv_figures(srv);
+        rc = fig ? tool_httpd_start(mo.addr, mo.port, metrics_body, fig, &http, why,
+                                    sizeof why) : -ENOMEM;
+        if (!fig)
+            snprintf(why, sizeof why, "out of memory");
         if (rc) {
             fprintf(stderr, "kvvmd: cannot start: --metrics %s:%u: %s\n", mo.addr,
                     (unsigned)mo.port, why);
