@@ -74,7 +74,7 @@ struct pool_srv {
     struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
     size_t nclients;
     uint64_t rounds;            /* take-back rounds started (each asker's lease is one) */
-    struct pool_fig *fig;       /* the figures' snapshot, published after each round once
+    struct pool_fig *fig;       /* the figures' snapshot, published when due once
                                    pool_srv_figures made it (NULL: no one reads them) */
     struct pool_fig_daemon figd;/* the daemon's counters (server_figures.h) */
 };
@@ -883,10 +883,10 @@ static void client_serve(struct pool_srv *s, struct srv_client *c)
     }
 }
 
-/* Publishes the figures for kvvmd --metrics (server_figures.h): after each round. */
+/* Publishes the figures for kvvmd --metrics (server_figures.h) after a round, when due. */
 static void figures_publish(struct pool_srv *s)
 {
-    if (!s->fig)
+    if (!pool_fig_due(s->fig))
         return;
     struct pool_fig_pool p = { .pool_bytes = s->pool_frames * s->page, .page_size = s->page,
                                .free_bytes = (s->pool_frames - s->leased) * s->page,
@@ -915,7 +915,7 @@ int pool_srv_run(struct pool_srv *s)
 {
     for (;;) {
         struct epoll_event ev[64];
-        int n = epoll_wait(s->efd, ev, 64, pending_timeout_ms(s));
+        int n = epoll_wait(s->efd, ev, 64, pool_fig_timeout(s->fig, pending_timeout_ms(s)));
         if (n < 0) {
             if (errno == EINTR)
                 continue;

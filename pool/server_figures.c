@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/assert.h"
 
@@ -31,7 +32,35 @@ struct pool_fig {
     struct snap *pub, *stage;       /* stage: the server's thread's only */
     struct snap a, b;
     bool published;                 /* pub holds a snapshot */
+    /* the server's thread's only: when the next snapshot may be built, and whether a
+       round changed something since the last one (CLOCK_MONOTONIC ns) */
+    uint64_t next_ns;
+    bool dirty;
 };
+
+static uint64_t mono_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+bool pool_fig_due(struct pool_fig *f)
+{
+    if (!f)
+        return false;
+    f->dirty = true;
+    return mono_ns() >= f->next_ns;
+}
+
+int pool_fig_timeout(const struct pool_fig *f, int wait_ms)
+{
+    if (!f || !f->dirty)
+        return wait_ms;
+    uint64_t now = mono_ns();
+    int due = now >= f->next_ns ? 0 : (int)((f->next_ns - now + 999999u) / 1000000u);
+    return wait_ms < 0 || due < wait_ms ? due : wait_ms;
+}
 
 int pool_fig_create(struct pool_fig **out)
 {
@@ -109,6 +138,8 @@ void pool_fig_end(struct pool_fig *f, const struct pool_fig_pool *p)
     if (s->failed)
         return;
     s->p = *p;
+    f->dirty = false;
+    f->next_ns = mono_ns() + POOL_FIG_EVERY_MS * 1000000ull;
     pthread_mutex_lock(&f->mu);
     f->stage = f->pub;
     f->pub = s;

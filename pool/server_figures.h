@@ -6,8 +6,11 @@
  *
  * Contract:
  *  - The server's thread owns the counters (struct pool_fig_counts: one per client, one for
- *    the daemon; plain increments, that thread only) and publishes after each round of its
- *    loop: pool_fig_begin, pool_fig_row per connection, pool_fig_end. Building fills a
+ *    the daemon; plain increments, that thread only) and publishes after a round of its
+ *    loop when pool_fig_due says so (at most every POOL_FIG_EVERY_MS, and within that
+ *    time of the last change: pool_fig_timeout bounds the loop's wait while a change is
+ *    unpublished), so a busy daemon walks its clients for the figures at most 20 times a
+ *    second: pool_fig_begin, pool_fig_row per client, pool_fig_end. Building fills a
  *    staging copy no other thread reads; pool_fig_end swaps it in under the snapshot's mutex,
  *    held for two pointer writes. A round that runs out of memory keeps the last snapshot.
  *  - pool_fig_text (any thread: kvvmd's HTTP thread) copies the published snapshot under the
@@ -23,6 +26,7 @@
 #ifndef KVVM_POOL_SERVER_FIGURES_H
 #define KVVM_POOL_SERVER_FIGURES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "common/hist.h"
@@ -79,6 +83,15 @@ void pool_fig_destroy(struct pool_fig *f);     /* NULL: nothing */
    counts how it went (dropped: the daemon dropped it; frames: what it held then). */
 void pool_fig_gone(struct pool_fig_daemon *d, struct pool_fig_counts *k, int dropped,
                    uint64_t frames);
+#define POOL_FIG_EVERY_MS 50     /* the most a snapshot lags the server's state */
+
+/* The server's thread, after a round that may have changed something: true when a
+   snapshot is due now (then build it); false: later (the change is remembered). NULL f:
+   false (nobody reads the figures). */
+bool pool_fig_due(struct pool_fig *f);
+/* The server's thread: its loop's wait (ms, -1 none) shortened to when an unpublished
+   change is due. */
+int  pool_fig_timeout(const struct pool_fig *f, int wait_ms);
 /* The server's thread: a snapshot, built then published. */
 void pool_fig_begin(struct pool_fig *f);
 void pool_fig_row(struct pool_fig *f, const char *name, const struct pool_fig_row *r);
