@@ -898,8 +898,8 @@ static void figures_publish(struct pool_srv *s)
         if (c && c->role == POOL_ROLE_CLIENT)
             pool_fig_row(s->fig, c->name, &(struct pool_fig_row){
                 .conn = c->conn, .pid = (uint32_t)c->pid, .waiting = c->pend_n,
-                .held = c->held * s->page,
-                .reserve = c->reserve, .limit = c->limit ? c->limit : p.pool_bytes, .k = c->k });
+                .held = c->held * s->page, .reserve = c->reserve,
+                .limit = c->limit ? c->limit : p.pool_bytes, .k = c->k });
     }
     pool_fig_end(s->fig, &p);
 }
