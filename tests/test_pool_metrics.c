@@ -269,6 +269,72 @@ Test(pool_metrics, serves_the_pool_and_each_client)
     pd_stop(&d);
 }
 
+/* A take-back, step by step over raw connections: the pool dry (giver holds every frame),
+   asker's waiting lease makes the daemon ask giver (RECLAIM); giver returns the frames and
+   answers (RECLAIMED); asker gets them. The daemon's and both clients' take-back figures
+   count exactly that; a lease that finds the pool dry without waiting counts as short. */
+Test(pool_metrics, takeback_counted)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    unsigned port = md_start(&d, "4M", NULL);
+    int g = pc_client(d.path, "giver"), a = pc_client(d.path, "asker");
+    uint64_t ids[POOL_BATCH_MAX];
+    int fds[POOL_BATCH_MAX];
+    cr_assert_eq(pc_lease(g, 64, ids, fds, NULL), 64);
+    for (int i = 0; i < 64; i++)
+        close(fds[i]);
+    uint64_t none[1];
+    cr_assert_eq(pc_lease(a, 1, none, fds, NULL), 0, "dry, no wait: nothing");
+    struct pool_lease l = { .n = 4, .wait_ms = 30000 };
+    pool_proto_hdr(&l.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(a, &l, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(g, buf, NULL, NULL), POOL_MSG_RECLAIM);
+    struct pool_reclaim rc;
+    memcpy(&rc, buf, sizeof rc);
+    cr_assert_eq(rc.n, 4);
+    pc_return(g, ids, 4);
+    struct pool_reclaimed done = { .seq = rc.seq, .given = 4 };
+    pool_proto_hdr(&done.h, POOL_MSG_RECLAIMED);
+    cr_assert_eq(pool_proto_send(g, &done, NULL, 0, 0), 0);
+    int nf;
+    cr_assert_eq(pc_recv(a, buf, fds, &nf), POOL_MSG_FRAMES);
+    cr_assert_eq(nf, 4);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    char *t = wait_sample(port, "kvvm_pool_takeback_frames_total{state=\"given\"}", 4);
+    cr_expect_eq(sample(t, "kvvm_pool_takeback_rounds_total"), 1);
+    cr_expect_eq(sample(t, "kvvm_pool_takeback_asks_total"), 1);
+    cr_expect_eq(sample(t, "kvvm_pool_takeback_frames_total{state=\"asked\"}"), 4);
+    cr_expect_eq(sample(t, "kvvm_pool_takeback_duration_seconds_count"), 1);
+    cr_expect_eq(sample(t, "kvvm_pool_leases_short_total"), 1);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_leased_total"), 68);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_returned_total"), 4);
+    char k[160];
+    int pid = (int)getpid();
+#define CK(fam, who, conn, extra, want)                                                   \
+    snprintf(k, sizeof k, fam "{client=\"" who "\",pid=\"%d\",conn=\"" conn "\"" extra "}", \
+             pid);                                                                        \
+    cr_expect_eq(sample(t, k), want, "%s in:\n%s", k, t)
+    CK("kvvm_pool_client_takeback_asks_total", "giver", "1", "", 1);
+    CK("kvvm_pool_client_takeback_frames_total", "giver", "1", ",state=\"asked\"", 4);
+    CK("kvvm_pool_client_takeback_frames_total", "giver", "1", ",state=\"given\"", 4);
+    CK("kvvm_pool_client_frames_returned_total", "giver", "1", "", 4);
+    CK("kvvm_pool_client_held_bytes", "giver", "1", "", 60 * GRAN);
+    CK("kvvm_pool_client_lease_waits_total", "asker", "2", "", 1);
+    CK("kvvm_pool_client_leases_short_total", "asker", "2", "", 1);
+    CK("kvvm_pool_client_frames_leased_total", "asker", "2", "", 4);
+    CK("kvvm_pool_client_waiting_frames", "asker", "2", "", 0);
+    CK("kvvm_pool_client_takeback_asks_total", "asker", "2", "", 0);
+#undef CK
+    check_families(t);
+    free(t);
+    close(g);
+    close(a);
+    pd_stop(&d);
+}
+
 /* Regression: two contexts of one process may carry one name (the default
    "<program>-<pid>" is the same for both): their series differ by conn, never twice the
    same series (Prometheus would refuse the scrape). */
