@@ -335,6 +335,29 @@ Test(pool_metrics, takeback_counted)
     pd_stop(&d);
 }
 
+/* A client that sends something malformed is dropped: counted as dropped, not closed, and
+   the frames it held as released at exit. */
+Test(pool_metrics, dropped_client_counted)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    unsigned port = md_start(&d, "4M", NULL);
+    int c = pc_client(d.path, "rogue");
+    lease_close(c, 2);
+    static const char junk[] = "not a message";
+    cr_assert_eq(send(c, junk, sizeof junk, 0), (ssize_t)sizeof junk);
+    cr_assert(pc_dropped(c));
+    char *t = wait_sample(port, "kvvm_pool_disconnects_total{how=\"dropped\"}", 1);
+    cr_expect_eq(sample(t, "kvvm_pool_disconnects_total{how=\"closed\"}"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_released_at_exit_total"), 2);
+    cr_expect_eq(sample(t, "kvvm_pool_clients"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 64 * GRAN);
+    check_families(t);
+    free(t);
+    close(c);
+    pd_stop(&d);
+}
+
 /* Regression: two contexts of one process may carry one name (the default
    "<program>-<pid>" is the same for both): their series differ by conn, never twice the
    same series (Prometheus would refuse the scrape). */
