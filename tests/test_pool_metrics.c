@@ -2,10 +2,10 @@
    (tests/pool_daemon.h) and real sockets: kvvmd --metrics serves the pool's figures and each
    client's (client, pid and conn labels, names escaped; two contexts of one name and pid
    are two series), every family with # HELP and # TYPE and documented in docs/api.md, no
-   series twice, figures that follow returns and exits; a malformed address exits 2, one
-   kvvmd cannot listen on exits 1; hostile HTTP clients (slowloris past the connection
-   bound, huge headers, garbage, a reader that never reads) never stall a pool client that
-   grows and frees meanwhile; the library's kvvm_pool_wait_duration_seconds counts what
+   series twice, figures that follow returns, exits, drops and a take-back step by step;
+   a malformed address exits 2, one kvvmd cannot listen on exits 1; hostile HTTP clients
+   (slowloris past the connection bound, huge headers, garbage, a reader that never reads)
+   never stall a pool client that grows and frees meanwhile; the library's kvvm_pool_wait_duration_seconds counts what
    pool_waits counts; kvvmctl top's plain lines list the clients and not itself, and on a
    terminal (a pty) it redraws, exits 0 on q or Ctrl-C and restores the terminal's modes.
    Every wait is for a condition (a line, an answer, a figure polled), never for a time;
