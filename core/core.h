@@ -162,6 +162,8 @@ void core_pool_unlisten(kvvm *kv);
 void core_pool_close(kvvm *kv);
 /* The pool's stats (zeros without a pool). */
 void core_pool_counters(kvvm *kv, struct pool_cli_counters *out);
+/* The calls' waits for the daemon by duration (empty without a pool); no lock. */
+void core_pool_wait_hist(kvvm *kv, struct khist *out);
 /* "; pool: ..." for a -ENOMEM message (nothing without a pool). */
 void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos);
 

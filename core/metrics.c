@@ -17,7 +17,8 @@
  *
  * The latency histograms (KVVM_HISTS) come from common/hist.h's fixed buckets, recorded
  * with relaxed atomics where the layers already read the clock: direct reclaim
- * (swap/swap.c), kvvm_prefix_attach (core/prefix.c), the store's requests (store/store.c).
+ * (swap/swap.c), kvvm_prefix_attach (core/prefix.c), the store's requests (store/store.c),
+ * the calls' waits for the pool daemon (pool/client.c).
  */
 #include "core.h"
 
@@ -185,7 +186,7 @@ static const struct metric metrics[] = {
 /* The histograms: X(source, metric name, labels, help); the sources are read by
    hists_read. */
 enum hsrc { HS_DIRECT, HS_ATTACH, HS_STORE_PUT, HS_STORE_GET, HS_STORE_LOOKUP,
-            HS_STORE_DELETE, HS_N };
+            HS_STORE_DELETE, HS_POOL_WAIT, HS_N };
 #define H_STORE_REQ "Shared store requests by duration, the wait for the store's lock " \
     "included (one batch of entries each)."
 #define KVVM_HISTS(X)                                                                    \
@@ -198,7 +199,9 @@ enum hsrc { HS_DIRECT, HS_ATTACH, HS_STORE_PUT, HS_STORE_GET, HS_STORE_LOOKUP,
     X(HS_STORE_LOOKUP, "kvvm_store_request_duration_seconds", LBL("op", "lookup"),       \
       H_STORE_REQ)                                                                       \
     X(HS_STORE_DELETE, "kvvm_store_request_duration_seconds", LBL("op", "delete"),       \
-      H_STORE_REQ)
+      H_STORE_REQ)                                                                       \
+    X(HS_POOL_WAIT, "kvvm_pool_wait_duration_seconds", "",                               \
+      "Calls that waited for the pool daemon (kvvm_pool_waits_total), by duration.")
 
 struct hist_row {
     enum hsrc src;
@@ -237,6 +240,7 @@ static void hists_read(kvvm *kv, struct snap *s)
     store_hist_get(kv->store, STORE_OP_GET, &s->h[HS_STORE_GET]);
     store_hist_get(kv->store, STORE_OP_LOOKUP, &s->h[HS_STORE_LOOKUP]);
     store_hist_get(kv->store, STORE_OP_DELETE, &s->h[HS_STORE_DELETE]);
+    core_pool_wait_hist(kv, &s->h[HS_POOL_WAIT]);
 }
 
 /* Whether row i's family (name) appeared in an earlier row: it was written with that. */

@@ -165,6 +165,11 @@ void core_pool_counters(kvvm *kv, struct pool_cli_counters *out)
         memset(out, 0, sizeof *out);
 }
 
+void core_pool_wait_hist(kvvm *kv, struct khist *out)
+{
+    pool_cli_wait_hist(kv->pool, out);
+}
+
 void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos)
 {
     if (!kv->pool)

@@ -43,6 +43,7 @@ struct pool_cli {
     struct pool_welcome welcome;    /* the first daemon's: a new one must be of its shape */
     unsigned reconnects;
     struct pool_cli_counters k;
+    struct khist wait_hist;         /* k.waits by duration (atomic: read without mu) */
     uint32_t wait_ms;               /* a call's lease waits this long for a take-back */
     int last_err;                   /* the last lease that got nothing: its FRAMES err */
     bool waiting;                   /* a lease with wait_ms is in flight */
@@ -358,8 +359,10 @@ static int lease_once_locked(struct pool_cli *c, bool caller)
     int rc = recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, &nfds);
     c->waiting = false;
     if (caller) {
+        uint64_t waited = now_ns() - t0;
         c->k.waits++;
-        c->k.wait_ns += now_ns() - t0;
+        c->k.wait_ns += waited;
+        khist_add(&c->wait_hist, waited);
     }
     if (rc)
         return rc;
@@ -476,6 +479,14 @@ void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out)
     pthread_mutex_lock(&c->mu);
     *out = c->k;
     pthread_mutex_unlock(&c->mu);
+}
+
+void pool_cli_wait_hist(struct pool_cli *c, struct khist *out)
+{
+    if (c)
+        khist_read(&c->wait_hist, out);
+    else
+        memset(out, 0, sizeof *out);
 }
 
 /* Closes the stash's descriptors and returns their frames (one message). */

@@ -29,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "common/hist.h"
 #include "protocol.h"
 #include "vmm/vmm.h"
 
@@ -81,6 +82,10 @@ int  pool_cli_listen(struct pool_cli *c, uint32_t (*give)(void *arg, uint32_t n)
 /* Stops and joins the connection thread (no lock held; NULL or none: no-op). */
 void pool_cli_unlisten(struct pool_cli *c);
 void pool_cli_counters(struct pool_cli *c, struct pool_cli_counters *out);
+/* The waits of pool_cli_counters' waits / wait_ns by duration (kvvm_metrics'
+   kvvm_pool_wait_duration_seconds): recorded with relaxed atomics where wait_ns is, read
+   without the connection's lock. NULL c: an empty histogram. */
+void pool_cli_wait_hist(struct pool_cli *c, struct khist *out);
 /* This client's limit changed (kvvm_set_budget): tells the daemon (and a reconnection).
    0; the daemon gone is no error (the limit goes with the next HELLO). */
 int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);

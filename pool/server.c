@@ -32,6 +32,7 @@
 #include "common/assert.h"
 #include "common/log.h"
 #include "protocol.h"
+#include "server_figures.h"
 #include "vmm/vmm.h"
 
 struct srv_frame {
@@ -57,6 +58,8 @@ struct srv_client {
     uint32_t pend_n;            /* frames it asked for; 0: no lease waits */
     uint64_t pend_round;        /* its round (victims it asked carry it) */
     uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
+    struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
+    uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
 };
 
 struct pool_srv {
@@ -71,6 +74,9 @@ struct pool_srv {
     struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
     size_t nclients;
     uint64_t rounds;            /* take-back rounds started (each asker's lease is one) */
+    struct pool_fig *fig;       /* the figures' snapshot, published when due once
+                                   pool_srv_figures made it (NULL: no one reads them) */
+    struct pool_fig_daemon figd;/* the daemon's counters (server_figures.h) */
 };
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -353,6 +359,8 @@ static void client_drop(struct pool_srv *s, struct srv_client *c, const char *wh
         }
     }
     KVVM_ASSERT(c->held == 0);
+    if (c->role == POOL_ROLE_CLIENT)
+        pool_fig_gone(&s->figd, &c->k, why != NULL, n);
     if (c->role == POOL_ROLE_CLIENT || why)
         say("client %s (pid %d) %s; %zu frame%s back in the pool", c->name[0] ? c->name : "?",
             (int)c->pid, why ? why : "disconnected", n, n == 1 ? "" : "s");
@@ -402,6 +410,7 @@ static void client_accept(struct pool_srv *s)
             continue;
         }
         *c = (struct srv_client){ .fd = fd, .slot = (int)slot, .pid = cr.pid };
+        c->conn = ++s->figd.connections;
         struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
         if (epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev)) {
             free(c);
@@ -533,6 +542,8 @@ static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t
     }
     r.n = (uint32_t)n;
     r.err = n < asked ? (err ? err : -ENOMEM) : 0;
+    c->k.frames_leased += n;
+    c->k.leases_short += n < asked;
     pool_proto_hdr(&r.h, POOL_MSG_FRAMES);
     figures(s, c, &r.fig);
     int rc = reply(c, &r, fds, (int)n);
@@ -565,8 +576,11 @@ static int ask(struct srv_client *v, uint32_t n)
     struct pool_reclaim m = { .seq = ++v->ask_seq, .n = n };
     pool_proto_hdr(&m.h, POOL_MSG_RECLAIM);
     int rc = reply(v, &m, NULL, 0);
-    if (!rc)
+    if (!rc) {
         v->asked += n;
+        v->k.asks++;
+        v->k.frames_asked += n;
+    }
     return rc;
 }
 
@@ -625,6 +639,7 @@ static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
     if (g < want && !late && asks_open(s))
         return 0;
     a->pend_n = 0;
+    khist_add(&s->figd.takeback_wait, now - a->pend_t0);
     uint32_t asked = (uint32_t)want;
     if (g < want)
         say("take-back for %s (pid %d): %zu of %zu frame%s after %llu ms%s", a->name,
@@ -681,6 +696,7 @@ static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_
     if (want || !m->wait_ms || c->held >= lim)
         return grant(s, c, want < m->n ? want : m->n, m->n, 0);
     c->pend_n = m->n;                   /* the pool is dry: a take-back round */
+    c->k.lease_waits++;
     c->pend_round = ++s->rounds;
     c->pend_t0 = now;
     c->pend_deadline = now + (uint64_t)m->wait_ms * 1000000u;
@@ -701,6 +717,7 @@ static int on_return(struct pool_srv *s, struct srv_client *c, const struct pool
     }
     for (uint32_t i = 0; i < m->n; i++)
         frame_release(s, (size_t)slots[i]);
+    c->k.frames_returned += m->n;
     return 0;
 }
 
@@ -709,6 +726,7 @@ static int on_reclaimed(struct pool_srv *s, struct srv_client *c,
 {
     if (c->role != POOL_ROLE_CLIENT)
         return -EPROTO;
+    c->k.frames_given += m->given;
     if (m->seq == c->ask_seq && c->asked) {     /* an older ask's answer: a newer one is due */
         say("take-back: client %s (pid %d) gave %u frame%s", c->name, (int)c->pid, m->given,
             m->given == 1 ? "" : "s");
@@ -865,11 +883,39 @@ static void client_serve(struct pool_srv *s, struct srv_client *c)
     }
 }
 
+/* Publishes the figures for kvvmd --metrics (server_figures.h) after a round, when due. */
+static void figures_publish(struct pool_srv *s)
+{
+    if (!pool_fig_due(s->fig))
+        return;
+    struct pool_fig_pool p = { .pool_bytes = s->pool_frames * s->page, .page_size = s->page,
+                               .free_bytes = (s->pool_frames - s->leased) * s->page,
+                               .rounds = s->rounds, .d = s->figd };
+    pool_fig_begin(s->fig);
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *c = s->clients[i];
+        p.n_controls += c && c->role == POOL_ROLE_CONTROL;
+        if (c && c->role == POOL_ROLE_CLIENT)
+            pool_fig_row(s->fig, c->name, &(struct pool_fig_row){
+                .conn = c->conn, .pid = (uint32_t)c->pid, .waiting = c->pend_n,
+                .held = c->held * s->page, .reserve = c->reserve,
+                .limit = c->limit ? c->limit : p.pool_bytes, .k = c->k });
+    }
+    pool_fig_end(s->fig, &p);
+}
+
+struct pool_fig *pool_srv_figures(struct pool_srv *s)
+{
+    if (!s->fig && pool_fig_create(&s->fig) == 0)
+        figures_publish(s);
+    return s->fig;
+}
+
 int pool_srv_run(struct pool_srv *s)
 {
     for (;;) {
         struct epoll_event ev[64];
-        int n = epoll_wait(s->efd, ev, 64, pending_timeout_ms(s));
+        int n = epoll_wait(s->efd, ev, 64, pool_fig_timeout(s->fig, pending_timeout_ms(s)));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -887,11 +933,12 @@ int pool_srv_run(struct pool_srv *s)
             /* a client dropped earlier in this batch is gone: skip stale events */
             bool live = false;
             for (size_t k = 0; k < s->nclients && !live; k++)
-                live = s->clients[k] == p;
+                live = p && s->clients[k] == p;
             if (live)
                 client_serve(s, p);
         }
         pending_serve(s);           /* frames given back, answers, deaths, deadlines */
+        figures_publish(s);
     }
 }
 
@@ -910,5 +957,6 @@ void pool_srv_close(struct pool_srv *s)
     close(s->efd);
     close(s->stopfd);
     vmm_close(s->v);
+    pool_fig_destroy(s->fig);
     free(s);
 }

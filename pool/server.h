@@ -54,5 +54,10 @@ void pool_srv_close(struct pool_srv *s);
 size_t pool_srv_pool_bytes(const struct pool_srv *s);
 size_t pool_srv_page_size(const struct pool_srv *s);
 const char *pool_srv_backend(const struct pool_srv *s);
+/* The figures for operators (pool/server_figures.h: pool_fig_text from any thread), valid
+   until pool_srv_close; the first call (before pool_srv_run, on its thread) starts them:
+   from then on the server publishes them (at most every POOL_FIG_EVERY_MS, within that of
+   a change). NULL: out of memory. */
+struct pool_fig *pool_srv_figures(struct pool_srv *s);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * tools/common/httpd.h: the tools' small HTTP/1.1 server of GET /metrics (kvvm-stress
- * --metrics-port; written to be the pool daemon's too).
+ * --metrics-port, kvvmd --metrics).
  *
  * Contract: one thread of its own serves every connection with non-blocking sockets and
  * poll(), so a slow or hostile client never stalls the caller's threads: a request is at
