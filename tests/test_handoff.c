@@ -1,0 +1,427 @@
+/* tests/test_handoff.c: sequence hand-off between processes through a real kvvmd
+   (tests/pool_daemon.h): kvvm_seq_export in one process, kvvm_seq_import in another, the
+   bytes equal and nothing copied (bytes_to_device, held_bytes unchanged), copy on write on
+   every side (a write in one process never seen in another), an export surviving its
+   exporter's exit and SIGKILL, tokens spent, forged, of another layout, dropped, the
+   daemon dropping an unimported export before a take-back, stream mode (bytes written
+   after the export are never seen), and the pool whole again once everyone exited. */
+#include <sched.h>
+#include "harness.h"
+#include "pool_daemon.h"
+
+#define BPT  4096u                      /* bytes per token: 16 tokens per 64 KiB page */
+#define TPP  (PD_GRAN / BPT)
+#define LEN  (5 * TPP + 7)              /* 5 full pages and a partial one, per region */
+#define NREG 2u
+
+static void cfg(struct kvvm_config *c, const char *path, const char *name, uint64_t bpt)
+{
+    th_config(c, PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
+    c->pool_socket = path;
+    c->client_name = name;
+    c->page_size = 0;                   /* the daemon's */
+    c->emu_granule = 0;
+}
+
+static unsigned char pat_at(unsigned char pat, uint32_t reg, size_t i)
+{
+    return (unsigned char)(pat + reg * 31 + i * 7 + i / PD_GRAN);
+}
+
+/* Writes the pattern over tokens [0, len) of every region of s. */
+static int fill(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
+{
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *w = malloc(bytes);
+    int rc = w ? 0 : -ENOMEM;
+    for (uint32_t r = 0; !rc && r < NREG; r++) {
+        for (size_t i = 0; i < bytes; i++)
+            w[i] = pat_at(pat, r, i);
+        rc = kvvm_seq_write(kv, s, r, 0, w, bytes);
+    }
+    free(w);
+    return rc;
+}
+
+/* 0 when every byte of tokens [0, len) of every region is the pattern's. */
+static int check(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
+{
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *b = malloc(bytes);
+    int bad = b ? 0 : 1;
+    for (uint32_t r = 0; !bad && r < NREG; r++) {
+        if (kvvm_seq_read(kv, s, r, 0, b, bytes))
+            bad = 2;
+        for (size_t i = 0; !bad && i < bytes; i++)
+            bad = b[i] != pat_at(pat, r, i) ? 3 : 0;
+    }
+    free(b);
+    return bad;
+}
+
+static uint64_t stat_of(kvvm *kv, size_t off)
+{
+    struct kvvm_stats st = { .size = sizeof st };
+    if (kvvm_stats(kv, &st))
+        return UINT64_MAX;
+    uint64_t v;
+    memcpy(&v, (const char *)&st + off, sizeof v);
+    return v;
+}
+#define STAT(kv, f) stat_of((kv), offsetof(struct kvvm_stats, f))
+
+static uint64_t held(kvvm *kv)
+{
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    return kvvm_pool_info(kv, &pi) ? UINT64_MAX : pi.held_bytes;
+}
+
+static void put_byte(int fd, char x)
+{
+    if (write(fd, &x, 1) != 1)
+        _exit(90);
+}
+
+static char get_byte(int fd)
+{
+    char x = 0;
+    return read(fd, &x, 1) == 1 ? x : 0;
+}
+
+/* ---- the exporter: a process that makes a sequence, exports it ntok times, sends each
+   token on tok_fd, then waits for a byte on go_fd ('c': check its own bytes are still the
+   pattern, 'x': just exit) before closing. free_first: frees s and closes before sending
+   (the exports outlive it). stream: runs on an engine stream, and right after the exports
+   overwrites page 0 and grows into the partial page with other bytes (never seen through
+   the exports). Its exit code names the failed check. */
+struct exp_args {
+    unsigned char pat;
+    int ntok;
+    bool free_first, stream;
+};
+
+static int exporter(const char *path, struct exp_args a, int tok_fd, int go_fd)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "exporter", BPT);
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 10;
+    void *st = NULL;
+    if (a.stream && (kvvm_stream_create(kv, &st) || kvvm_set_stream(kv, st)))
+        return 11;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, LEN) || fill(kv, s, LEN, a.pat))
+        return 12;
+    kvvm_handoff t[4];
+    for (int k = 0; k < a.ntok; k++)
+        if (kvvm_seq_export(kv, s, &t[k]))
+            return 13;
+    if (STAT(kv, exports) != (uint64_t)a.ntok)
+        return 14;
+    if (a.stream) {                     /* written after the export: never seen through it */
+        if (kvvm_seq_grow(kv, s, LEN + 5) || fill(kv, s, LEN + 5, (unsigned char)(a.pat ^ 0x5a)))
+            return 15;
+        if (kvvm_sync(kv) || check(kv, s, LEN + 5, (unsigned char)(a.pat ^ 0x5a)))
+            return 16;
+    }
+    if (a.free_first) {
+        if (kvvm_seq_free(kv, s))
+            return 17;
+        kvvm_close(kv);
+        kv = NULL;
+    }
+    for (int k = 0; k < a.ntok; k++)
+        if (write(tok_fd, &t[k], sizeof t[k]) != (ssize_t)sizeof t[k])
+            return 18;
+    char go = get_byte(go_fd);
+    if (go == 'c' && (a.free_first || check(kv, s, LEN, a.pat)))
+        return 19;                      /* its own pages: the importers' writes unseen */
+    if (kv)
+        kvvm_close(kv);
+    return 0;
+}
+
+struct exp_proc {
+    pid_t pid;
+    int tok, go;                        /* the parent's ends */
+};
+
+static struct exp_proc exp_start(const char *path, struct exp_args a, kvvm_handoff *t)
+{
+    int tp[2], gp[2];
+    cr_assert_eq(pipe2(tp, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(gp, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(tp[0]);
+        close(gp[1]);
+        _exit(exporter(path, a, tp[1], gp[0]));
+    }
+    close(tp[1]);
+    close(gp[0]);
+    for (int k = 0; k < a.ntok; k++)
+        cr_assert_eq(read(tp[0], &t[k], sizeof t[k]), (ssize_t)sizeof t[k],
+                     "the exporter sent its token %d (else its exit code names the check)", k);
+    return (struct exp_proc){ pid, tp[0], gp[1] };
+}
+
+static void exp_finish(struct exp_proc *e, char go)
+{
+    put_byte(e->go, go);
+    cr_expect_eq(pd_wait(e->pid), 0, "the exporter: its exit code names the check");
+    close(e->tok);
+    close(e->go);
+}
+
+/* ---- an importer: imports t, checks length and bytes (pat) with nothing copied, the
+   token spent after; then writes (wpat) over page 0 of region 0 (its own copy from then:
+   it reads its write back). */
+static int importer(const char *path, const kvvm_handoff *t, unsigned char pat,
+                    unsigned char wpat)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "importer", BPT);
+    kvvm *kv = NULL;
+    if (kvvm_open(&c, &kv))
+        return 30;
+    uint64_t to_dev = STAT(kv, bytes_to_device), h0 = held(kv);
+    kvvm_seq s, s2;
+    if (kvvm_seq_import(kv, t, &s))
+        return 31;
+    struct kvvm_seq_info si = { .size = sizeof si };
+    if (kvvm_seq_info(kv, s, &si) || si.length != LEN)
+        return 32;
+    if (STAT(kv, bytes_to_device) != to_dev || held(kv) != h0)
+        return 33;                      /* no copy; the frames are not leased to it */
+    if (STAT(kv, imports) != 1)
+        return 34;
+    if (check(kv, s, LEN, pat))
+        return 35;
+    if (kvvm_seq_import(kv, t, &s2) != -ENOENT || !*kvvm_last_error())
+        return 36;                      /* once */
+    if (wpat) {
+        unsigned char b[PD_GRAN], r[PD_GRAN];
+        memset(b, wpat, sizeof b);
+        if (kvvm_seq_write(kv, s, 0, 0, b, sizeof b) || kvvm_seq_read(kv, s, 0, 0, r, sizeof r))
+            return 37;
+        if (memcmp(b, r, sizeof b))
+            return 38;
+        /* the partial page too: a grow into it copies first */
+        if (kvvm_seq_grow(kv, s, LEN + 3) || kvvm_seq_write(kv, s, 1, (LEN - 1) * BPT, b, 4 * BPT))
+            return 39;
+    }
+    if (kvvm_seq_free(kv, s))
+        return 40;
+    kvvm_close(kv);
+    return 0;
+}
+
+static pid_t imp_start(const char *path, const kvvm_handoff *t, unsigned char pat,
+                       unsigned char wpat)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(importer(path, t, pat, wpat));
+    return pid;
+}
+
+static int control(const char *path)
+{
+    int ctl = pc_connect(path);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_hello(ctl, POOL_ROLE_CONTROL, "test", 0, 0, buf), POOL_MSG_WELCOME);
+    return ctl;
+}
+
+/* Polls (each INFO a round trip, no sleep) until the pool is whole and clientless: every
+   frame back exactly, no record left. */
+static void wait_pool_whole(const char *path)
+{
+    int ctl = control(path);
+    for (;;) {
+        struct pool_figures f = pc_info(ctl);
+        if (f.free_bytes == f.pool_bytes && f.n_clients == 0)
+            break;
+        sched_yield();
+    }
+    close(ctl);
+}
+
+Test(handoff, export_import_across_processes_without_a_copy)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x21, .ntok = 1 }, &t);
+    pid_t b = imp_start(d.path, &t, 0x21, 0xb0);
+    cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    exp_finish(&e, 'c');                /* the importer's writes: not in the exporter's pages */
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, three_processes_copy_on_write)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t[2];
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x33, .ntok = 2 }, t);
+    pid_t b = imp_start(d.path, &t[0], 0x33, 0xbb);   /* B writes into the shared pages */
+    cr_expect_eq(pd_wait(b), 0, "importer B: its exit code names the check");
+    pid_t c = imp_start(d.path, &t[1], 0x33, 0);      /* C still reads A's bytes */
+    cr_expect_eq(pd_wait(c), 0, "importer C: its exit code names the check");
+    exp_finish(&e, 'c');
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, export_survives_its_exporters_sigkill)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x44, .ntok = 1 }, &t);
+    cr_assert_eq(kill(e.pid, SIGKILL), 0);
+    cr_expect_eq(pd_wait(e.pid), 128 + SIGKILL);
+    close(e.tok);
+    close(e.go);
+    pid_t b = imp_start(d.path, &t, 0x44, 0x99);
+    cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* In its own process: forged, other layout (nothing spent), spent, dropped tokens. */
+static int tokens(const char *path, const kvvm_handoff *t)
+{
+    struct kvvm_config c, c2;
+    cfg(&c, path, "tokens", BPT);
+    cfg(&c2, path, "other-layout", BPT / 2);
+    kvvm *kv = NULL, *kv2 = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv) || kvvm_open(&c2, &kv2))
+        return 50;
+    kvvm_handoff f = t[0];
+    f.bytes[17] ^= 1;
+    if (kvvm_seq_import(kv, &f, &s) != -ENOENT || !strstr(kvvm_last_error(), "token"))
+        return 51;
+    if (kvvm_seq_import(kv2, &t[0], &s) != -EINVAL || !strstr(kvvm_last_error(), "layout"))
+        return 52;
+    if (kvvm_seq_import(kv, &t[0], &s) || check(kv, s, LEN, 0x55))
+        return 53;                      /* the refused imports spent nothing */
+    if (kvvm_seq_import(kv, &t[0], &s) != -ENOENT)
+        return 54;
+    if (kvvm_handoff_drop(kv, &t[1]))
+        return 55;
+    if (kvvm_seq_import(kv, &t[1], &s) != -ENOENT || kvvm_handoff_drop(kv, &t[1]) != -ENOENT)
+        return 56;
+    kvvm_close(kv2);
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, forged_spent_other_layout_and_dropped_tokens)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t[2];
+    /* the exporter frees its sequence and closes first: the exports outlive both */
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x55, .ntok = 2,
+                                                             .free_first = true }, t);
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(tokens(d.path, t));
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    exp_finish(&e, 'x');
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, stream_mode_bytes_written_after_the_export_never_seen)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x66, .ntok = 1,
+                                                             .stream = true }, &t);
+    pid_t b = imp_start(d.path, &t, 0x66, 0);
+    cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    exp_finish(&e, 'x');
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* A client that needs more than is free once the exporter left: the daemon drops the
+   unimported export (its frames) rather than fail or ask anyone. */
+static int needy(const char *path, uint64_t pages)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "needy", BPT);
+    c.device_budget = 0;                /* the whole pool */
+    c.max_tokens = 64 * TPP;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 60;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, pages * TPP))
+        return 61;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, unimported_export_dropped_under_pressure)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames; the export holds 12 */
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x77, .ntok = 1,
+                                                             .free_first = true }, &t);
+    exp_finish(&e, 'x');
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(needy(d.path, 7));        /* 14 frames: only with the export's */
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {
+        struct kvvm_config c;
+        cfg(&c, d.path, "late", BPT);
+        kvvm *kv = NULL;
+        kvvm_seq s;
+        if (kvvm_open(&c, &kv))
+            _exit(70);
+        _exit(kvvm_seq_import(kv, &t, &s) == -ENOENT ? 0 : 71);
+    }
+    cr_expect_eq(pd_wait(p), 0, "the dropped export's import: -ENOENT");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, needs_a_pool)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    th_config(&c, PD_GRAN, NREG, BPT, 4, 256, 16, 0, 0);
+    kvvm *kv = th_open(&c);
+    kvvm_seq s;
+    kvvm_handoff t = { { 0 } };
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, 20), 0);
+    cr_expect_eq(kvvm_seq_export(kv, s, &t), -EOPNOTSUPP);
+    cr_expect(strstr(kvvm_last_error(), "pool_socket"), "%s", kvvm_last_error());
+    cr_expect_eq(kvvm_seq_import(kv, &t, &s), -EOPNOTSUPP);
+    cr_expect_eq(kvvm_handoff_drop(kv, &t), -EOPNOTSUPP);
+    cr_expect_eq(kvvm_seq_export(kv, s, NULL), -EINVAL);
+    kvvm_close(kv);
+}
