@@ -45,6 +45,8 @@ static int export_locked(kvvm *kv, kvvm_seq s, kvvm_handoff *token)
     int rc = paging_seq_stale(kv->pg, s);
     if (!rc)
         rc = paging_seq_handoff_frames(kv->pg, s, &hs, &n, &length);
+    if (rc && rc != -EAGAIN && rc != -EINVAL && rc != -ENODATA && rc != -EOPNOTSUPP)
+        return rc;                      /* -ENOENT, -ESTALE, -ENOMEM, -EIO: core_explain */
     switch (rc) {
     case 0: break;
     case -EAGAIN:
@@ -56,11 +58,9 @@ static int export_locked(kvvm *kv, kvvm_seq s, kvvm_handoff *token)
     case -ENODATA:
         return kerr(-EINVAL, "%s: sequence %llx is empty: nothing to hand off", call,
                     (unsigned long long)s);
-    case -EOPNOTSUPP:
+    default:                            /* -EOPNOTSUPP */
         return kerr(rc, "%s: the pool view (KVVM_F_POOL_VIEW) does not map shared frames "
                     "yet", call);
-    default:
-        return rc;                      /* -ENOENT, -ESTALE, -ENOMEM, -EIO: core_explain */
     }
     struct pool_layout lay = layout_of(kv);
     char why[256];

@@ -769,6 +769,21 @@ static void import_undo_locked(struct pool_cli *c, const uint8_t *token, const v
         gone_locked(c, "its socket refused a request");
 }
 
+/* Imports descriptor fd of frame id as *h, remembered as mapped. 0; -errno (nothing kept). */
+static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle *h)
+{
+    int rc = vmm_handle_import(c->v, fd, c->page, h);
+    if (rc)
+        return rc;
+    if ((rc = map_put(c, h->h, id | POOL_CLI_MAPPED))) {
+        (void)vmm_phys_release(c->v, *h);
+        h->h = 0;
+        return rc;
+    }
+    c->n_mapped++;
+    return 0;
+}
+
 /* Receives the n frames of an import: every id into ids, each imported into hs (remembered
    as mapped) until one fails. 0; -EIO gone; -errno of the first import that failed (the
    rest still read). */
@@ -786,15 +801,9 @@ static int import_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *id
                 rc = rc ? rc : -EPROTO;             /* more than announced */
             } else {
                 ids[got] = f->ids[i];
-                if (!rc && !(rc = vmm_handle_import(c->v, fds[i], c->page, &hs[got])) &&
-                    (rc = map_put(c, hs[got].h, f->ids[i] | POOL_CLI_MAPPED))) {
-                    (void)vmm_phys_release(c->v, hs[got]);
-                    hs[got].h = 0;
-                } else if (!rc) {
-                    c->n_mapped++;
-                } else {
-                    hs[got].h = 0;
-                }
+                hs[got].h = 0;
+                if (!rc)
+                    rc = import_one_locked(c, fds[i], f->ids[i], &hs[got]);
             }
             close(fds[i]);
         }

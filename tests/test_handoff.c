@@ -10,13 +10,13 @@
 #include "pool_daemon.h"
 
 #define BPT  4096u                      /* bytes per token: 16 tokens per 64 KiB page */
-#define TPP  (PD_GRAN / BPT)
+#define TPP  ((uint64_t)PD_GRAN / BPT)
 #define LEN  (5 * TPP + 7)              /* 5 full pages and a partial one, per region */
 #define NREG 2u
 
 static void cfg(struct kvvm_config *c, const char *path, const char *name, uint64_t bpt)
 {
-    th_config(c, PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
+    th_config(c, (size_t)PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
     c->pool_socket = path;
     c->client_name = name;
     c->page_size = 0;                   /* the daemon's */
@@ -25,7 +25,7 @@ static void cfg(struct kvvm_config *c, const char *path, const char *name, uint6
 
 static unsigned char pat_at(unsigned char pat, uint32_t reg, size_t i)
 {
-    return (unsigned char)(pat + reg * 31 + i * 7 + i / PD_GRAN);
+    return (unsigned char)(pat + (size_t)reg * 31 + i * 7 + i / PD_GRAN);
 }
 
 /* Writes the pattern over tokens [0, len) of every region of s. */
@@ -76,8 +76,9 @@ static uint64_t held(kvvm *kv)
     return kvvm_pool_info(kv, &pi) ? UINT64_MAX : pi.held_bytes;
 }
 
-static void put_byte(int fd, char x)
+static void put_byte(int fd, int v)
 {
+    char x = (char)v;
     if (write(fd, &x, 1) != 1)
         _exit(90);
 }
@@ -85,7 +86,9 @@ static void put_byte(int fd, char x)
 static char get_byte(int fd)
 {
     char x = 0;
-    return read(fd, &x, 1) == 1 ? x : 0;
+    if (read(fd, &x, 1) != 1)
+        x = 0;
+    return x;
 }
 
 /* ---- the exporter: a process that makes a sequence, exports it ntok times, sends each
@@ -206,7 +209,7 @@ static int importer(const char *path, const kvvm_handoff *t, unsigned char pat,
         memset(b, wpat, sizeof b);
         if (kvvm_seq_write(kv, s, 0, 0, b, sizeof b) || kvvm_seq_read(kv, s, 0, 0, r, sizeof r))
             return 37;
-        if (memcmp(b, r, sizeof b))
+        if (memcmp(b, r, sizeof b) != 0)
             return 38;
         /* the partial page too: a grow into it copies first */
         if (kvvm_seq_grow(kv, s, LEN + 3) || kvvm_seq_write(kv, s, 1, (LEN - 1) * BPT, b, 4 * BPT))
@@ -412,7 +415,7 @@ Test(handoff, needs_a_pool)
 {
     TH_DEADLINE(60);
     struct kvvm_config c;
-    th_config(&c, PD_GRAN, NREG, BPT, 4, 256, 16, 0, 0);
+    th_config(&c, (size_t)PD_GRAN, NREG, BPT, 4, 256, 16, 0, 0);
     kvvm *kv = th_open(&c);
     kvvm_seq s;
     kvvm_handoff t = { { 0 } };
