@@ -428,3 +428,47 @@ Test(handoff, needs_a_pool)
     cr_expect_eq(kvvm_seq_export(kv, s, NULL), -EINVAL);
     kvvm_close(kv);
 }
+
+/* An importer that swaps its imported sequence out gives the frames up (the daemon frees
+   them: nobody else holds them), and swaps it back in with every byte. */
+static int swapper(const char *path, const kvvm_handoff *t, unsigned char pat)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "swapper", BPT);
+    c.host_budget = 32 * (size_t)PD_GRAN;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 80;
+    if (kvvm_seq_import(kv, t, &s) || check(kv, s, LEN, pat))
+        return 81;
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    if (kvvm_pool_info(kv, &pi) || pi.free_bytes + pi.held_bytes >= pi.pool_bytes)
+        return 82;                      /* the imported frames: neither free nor ours */
+    if (kvvm_seq_swap_out(kv, s) || kvvm_sync(kv))
+        return 83;
+    if (kvvm_pool_info(kv, &pi) || pi.free_bytes + pi.held_bytes != pi.pool_bytes)
+        return 84;                      /* given up: free again, exactly */
+    if (kvvm_seq_swap_in(kv, s) || check(kv, s, LEN, pat))
+        return 85;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, imported_pages_swapped_out_give_their_frames_up)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x88, .ntok = 1,
+                                                             .free_first = true }, &t);
+    exp_finish(&e, 'x');
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(swapper(d.path, &t, 0x88));
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
