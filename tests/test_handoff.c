@@ -207,6 +207,12 @@ static int importer(const char *path, const kvvm_handoff *t, unsigned char pat,
         return 35;
     if (kvvm_seq_import(kv, t, &s2) != -ENOENT || !*kvvm_last_error())
         return 36;                      /* once */
+    /* prepare_write copies too: the pages it covers are this process's own after it */
+    struct kvvm_seq_info s0 = { .size = sizeof s0 }, s1 = { .size = sizeof s1 };
+    if (kvvm_seq_info(kv, s, &s0) || s0.pages_shared != s0.pages_device ||
+        kvvm_seq_prepare_write(kv, s, TPP, 2 * TPP) || kvvm_seq_info(kv, s, &s1) ||
+        s1.pages_shared != s0.pages_shared - NREG || check(kv, s, LEN, pat))
+        return 41;
     if (wpat) {
         unsigned char b[PD_GRAN], r[PD_GRAN];
         memset(b, wpat, sizeof b);
