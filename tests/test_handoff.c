@@ -564,3 +564,89 @@ Test(handoff, export_waits_for_the_engines_earlier_work)
     wait_pool_whole(d.path);
     pd_stop(&d);
 }
+
+/* ---- the protocol, raw: a client cannot export a frame it neither leased nor maps, nor
+   end an import it did not start; either drops only that client. A raw export and import
+   hand the frames over (descriptors of the same allocation). */
+static void raw_export(int fd, const uint64_t *ids, uint32_t n, struct pool_exported *out)
+{
+    struct pool_export m = { .total = n, .off = 0, .n = n, .length = 16 * n,
+                             .lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                      .page_size = PD_GRAN } };
+    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
+    memcpy(m.ids, ids, n * sizeof *ids);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    if (out) {
+        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+        cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_EXPORTED);
+        memcpy(out, buf, sizeof *out);
+    }
+}
+
+Test(handoff, hostile_handoff_messages_drop_only_their_sender)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    int a = pc_client(d.path, "owner");
+    uint64_t ids[2];
+    int fds[2];
+    cr_assert_eq(pc_lease(a, 2, ids, fds, NULL), 2u);
+    close(fds[0]);
+    close(fds[1]);
+    int b = pc_client(d.path, "thief");             /* exports a frame of another client */
+    raw_export(b, ids, 1, NULL);
+    cr_expect(pc_dropped(b), "an export of a frame it does not hold drops it");
+    close(b);
+    int e = pc_client(d.path, "stranger");          /* ends an import it never started */
+    struct pool_import_end ie = { .ok = 1 };
+    pool_proto_hdr(&ie.h, POOL_MSG_IMPORT_END);
+    cr_assert_eq(pool_proto_send(e, &ie, NULL, 0, 0), 0);
+    cr_expect(pc_dropped(e), "an IMPORT_END of no import drops it");
+    close(e);
+    struct pool_exported x;                         /* the owner is unaffected */
+    raw_export(a, ids, 2, &x);
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    int c = pc_client(d.path, "importer");
+    struct pool_import im = { .lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                       .page_size = PD_GRAN } };
+    pool_proto_hdr(&im.h, POOL_MSG_IMPORT);
+    memcpy(im.token, x.token, sizeof im.token);
+    cr_assert_eq(pool_proto_send(c, &im, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    const struct pool_imported *r = (const void *)buf;
+    cr_assert_eq(r->err, 0, "%s", r->text);
+    cr_expect_eq(r->total, 2u);
+    cr_expect_eq(r->length, 32u);
+    int nf = 0;
+    cr_assert_eq(pc_recv(c, buf, fds, &nf), POOL_MSG_FRAMES);
+    cr_expect_eq(nf, 2);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    /* the owner gives its lease up; the importer holds them; it dies: all free */
+    pc_return(a, ids, 2);
+    struct pool_figures f = pc_info(a);
+    cr_expect_eq(f.free_bytes, f.pool_bytes - 2 * PD_GRAN, "the importer's mappings hold them");
+    close(c);                                       /* dies mid-import: importable again */
+    int c2 = pc_client(d.path, "importer2");
+    cr_assert_eq(pool_proto_send(c2, &im, NULL, 0, 0), 0);
+    cr_assert_eq(pc_recv(c2, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    cr_expect_eq(((const struct pool_imported *)buf)->err, 0, "an importer's death gives "
+                 "the export back");
+    cr_assert_eq(pc_recv(c2, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    ie.ok = 1;
+    memcpy(ie.token, x.token, sizeof ie.token);
+    cr_assert_eq(pool_proto_send(c2, &ie, NULL, 0, 0), 0);   /* spent */
+    close(c2);                                      /* its mappings go with it */
+    for (;;) {
+        f = pc_info(a);
+        if (f.free_bytes == f.pool_bytes)
+            break;
+        sched_yield();
+    }
+    close(a);
+    pd_stop(&d);
+}
