@@ -731,7 +731,7 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
         }
     }
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[1], nfds = 0;
+    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
     if (!rc && recv_reply_locked(c, POOL_MSG_EXPORTED, buf, fds, &nfds)) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);
         rc = -EIO;
@@ -825,7 +825,7 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
     pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[1], nfds = 0;
+    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         gone_locked(c, "its socket refused a request");
         rc = -EIO;
@@ -912,7 +912,7 @@ int pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, s
     pool_proto_hdr(&m.h, POOL_MSG_HANDOFF_DROP);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[1], nfds = 0;
+    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
     if (!rc && pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         gone_locked(c, "its socket refused a request");
         rc = -EIO;
