@@ -189,6 +189,8 @@ static int importer(const char *path, const kvvm_handoff *t, unsigned char pat,
 {
     struct kvvm_config c;
     cfg(&c, path, "importer", BPT);
+    c.pool_thread = 0;                  /* no lease ahead in the background: held_bytes
+                                           moves only with this thread's calls */
     kvvm *kv = NULL;
     if (kvvm_open(&c, &kv))
         return 30;

@@ -48,7 +48,8 @@ def test_export_in_a_fresh_interpreter_import_here(kvvmd):
     assert out.returncode == 0, out.stderr
     tok = bytes.fromhex(out.stdout.strip().splitlines()[-1])
     assert len(tok) == 32
-    with kvvm.Context(**pool_config(kvvmd)) as ctx:
+    # pool_thread 0: no lease ahead in the background, held_bytes moves only with our calls
+    with kvvm.Context(**pool_config(kvvmd, pool_thread=0)) as ctx:
         before = ctx.stats()["bytes_to_device"]
         held = ctx.pool_info()["held_bytes"]
         s = ctx.import_seq(tok)
