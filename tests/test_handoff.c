@@ -652,3 +652,47 @@ Test(handoff, hostile_handoff_messages_drop_only_their_sender)
     close(a);
     pd_stop(&d);
 }
+
+/* An import that cannot fit the importer's budget fails -ENOMEM having changed nothing:
+   no sequence, its frames given back, and the export still importable by another. */
+static int too_small(const char *path, const kvvm_handoff *t)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "small", BPT);
+    c.device_budget = 4 * (size_t)PD_GRAN;          /* the export is 12 frames */
+    c.pool_thread = 0;
+    kvvm *kv = NULL;
+    kvvm_seq s = 0;
+    if (kvvm_open(&c, &kv))
+        return 110;
+    uint64_t h0 = held(kv);
+    if (kvvm_seq_import(kv, t, &s) != -ENOMEM || !*kvvm_last_error())
+        return 111;
+    if (STAT(kv, imports) != 0 || held(kv) > h0)
+        return 112;
+    for (int i = 0; i < 4; i++)         /* max_seqs: every slot free again */
+        if (kvvm_seq_create(kv, &s))
+            return 113;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, import_past_the_budget_changes_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0xa1, .ntok = 1,
+                                                             .free_first = true }, &t);
+    exp_finish(&e, 'x');
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(too_small(d.path, &t));
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    pid_t b = imp_start(d.path, &t, 0xa1, 0);
+    cr_expect_eq(pd_wait(b), 0, "the importer after it: its exit code names the check");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
