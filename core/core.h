@@ -68,6 +68,7 @@ struct kvvm {
     char *pool_socket;            /* owned copy of cfg.pool_socket */
     struct pool_cli *pool;        /* the kvvmd connection (core/pool.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
+    uint64_t n_exports, n_imports; /* hand-offs (core/handoff.c), under the lock */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
                                      NULL without a store) */
     uint64_t base;                /* reservation base */

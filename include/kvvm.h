@@ -429,6 +429,34 @@ struct kvvm_pool_info {
    pool; -EINVAL info NULL or info->size not set. */
 KVVM_API int kvvm_pool_info(kvvm *kv, struct kvvm_pool_info *info);
 
+/* ---- hand-off between processes (0.4; docs/api.md "Hand-off") ----
+   A sequence handed, without a copy, to one import in any client of the same daemon (this
+   one too): the daemon holds its frames, so the export survives the sequence's free and its
+   process's exit or crash. Pages shared this way are copied on write on every side (write,
+   prepare_write, a grow into the partial last page copy first, in the writer's process), so
+   no client ever sees another's write. An export becomes visible to the importer only once
+   the device work that wrote its bytes before the call is complete (kvvm_seq_export waits
+   for the engine stream's work enqueued before it); bytes written after the call are never
+   seen through it. */
+typedef struct kvvm_handoff { uint8_t bytes[32]; } kvvm_handoff;  /* unguessable */
+/* Hands s's pages, every region and the partial last block included, to one import: the
+   token into *token (32 random bytes). s is unchanged (it copies on write from now on).
+   -ENOENT s unknown, -EAGAIN s not resident (or a page of it not on the device), -EINVAL
+   s empty or a page of it discarded, -EOPNOTSUPP no pool (or the pool view is on),
+   -ENOMEM the daemon has no room for the record, -EIO the daemon is gone. */
+KVVM_API int kvvm_seq_export(kvvm *kv, kvvm_seq s, kvvm_handoff *token);
+/* A new sequence of the exported length sharing the exported pages (no copy:
+   bytes_to_device is unchanged; the frames are not leased to this client, held_bytes
+   unchanged; they count in this context's device budget while it maps them). Once: the
+   token is then spent. -ENOENT unknown, spent or dropped token, -EINVAL another layout
+   (n_regions, bytes_per_token, page_size; the export stays importable), -E2BIG longer than
+   max_tokens, -ENOMEM no slot or no room in the budget, -EOPNOTSUPP no pool, -EIO the
+   daemon is gone. A failed import leaves the export importable. */
+KVVM_API int kvvm_seq_import(kvvm *kv, const kvvm_handoff *token, kvvm_seq *out);
+/* Gives up an unimported export. -ENOENT spent, unknown or being imported; -EOPNOTSUPP no
+   pool; -EIO the daemon is gone. */
+KVVM_API int kvvm_handoff_drop(kvvm *kv, const kvvm_handoff *token);
+
 /* ---- elastic device memory (0.2) ----
    kvvm_set_budget: changes the device budget at run time (a multiple of page_size, > 0, at
    most the device's capacity; the emulated device: emu_device_bytes). Growing takes effect
@@ -535,6 +563,8 @@ KVVM_API int kvvm_prefix_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_
    with n > 0. */
 KVVM_API int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n);
 enum { KVVM_TIER_DEVICE = 1, KVVM_TIER_HOST = 2, KVVM_TIER_DISK = 3, KVVM_TIER_STORE = 4 };
+/* 0.4: blocks of the pool daemon's shared prefix index (a context with pool_socket). */
+enum { KVVM_TIER_POOL = 5 };
 /* Entries that no sequence holds are reclaimed before any LIVE sequence is swapped (as
    CACHED sequences are): least recently looked up or attached first, and a block whose
    successor in a chain is cached after that successor (leaves first), dropped — or, with

@@ -35,6 +35,10 @@ struct pg_frame {
                               view slot names (frame, gen), so a new handle under a recycled
                               frame id never passes for the one it mapped */
     uint32_t   grp;        /* FR_AHEAD in a prepared pool view group: its id + 1 (view.c) */
+    uint8_t    ext;        /* shared with other processes (exported through the pool daemon,
+                              or imported from it): its page is copied before any write, and
+                              when the page leaves it the handle is released (the daemon
+                              learns it), never put on the ready list (pool.c) */
     uint32_t   vmaps;      /* pool view slots mapping its handle (view.c, the one writer).
                               The driver keeps a released handle's memory while a mapping of
                               it is left, so the pool releases a frame only at 0: a dead
@@ -147,5 +151,12 @@ void pool_drop_all_ahead(struct paging *pg);
 void pool_set_max_frames(struct paging *pg, uint32_t frames);
 /* kvvm_trim's pause: no frame is created ahead until a call needs device pages. */
 void pool_feed_suppress(struct paging *pg);
+/* Shared frames (struct pg_frame.ext): room in the budget for n adopted frames (ready
+   frames released to make it; -ENOMEM none), then each handle adopted as a new frame id,
+   FR_USED, ext (its page then page_new's); pool_share_mark makes page id's frame ext (an
+   export: the page is copied before any write from now). */
+int  pool_adopt_room(struct paging *pg, uint32_t n);
+pg_frame_id pool_adopt_ext(struct paging *pg, vmm_handle h);
+void pool_share_mark(struct paging *pg, pg_page_id id);
 
 #endif

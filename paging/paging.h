@@ -782,6 +782,26 @@ int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint
 /* Undoes paging_seq_adopt (s still non-resident): empty again, and resident again unless
    it was swapped out before (*was_out of the adoption): a failed attach changes nothing. */
 void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
+
+/* ---- hand-offs: pages shared with other processes (paging/handoff.c) ----
+   paging_seq_handoff_frames: after waiting for the device work written before the call
+   (the engine stream, s's prefetch), the handles of resident s's pages, region-major
+   (n_regions * n_pages; *out is the caller's to free), and its length. -ENOENT, -ESTALE,
+   -EAGAIN s not resident or a page not on the device, -EINVAL a discarded page, -ENODATA
+   empty, -EOPNOTSUPP with the pool view, -ENOMEM, -EIO. Nothing changes.
+   paging_seq_handoff_mark: once the daemon holds them, s's pages are shared (copied before
+   any write, their frames released, never reused, when the pages leave them).
+   paging_seq_import: empty s becomes a non-resident sequence of length tokens holding n
+   shared frames hs (the frame source's, e.g. imported from the daemon; region-major, n =
+   n_regions * pages of length), which paging owns from then on: swap it in to map them (no
+   copy: they are device pages). -EINVAL not empty or n wrong, -E2BIG, -ENOMEM no room in
+   the budget, -EOPNOTSUPP, -EIO; on an error the handles stay the caller's. Undo with
+   paging_seq_unadopt (the frames are then released through the source). */
+int  paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
+                               uint64_t *length);
+void paging_seq_handoff_mark(struct paging *pg, uint64_t h);
+int  paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint32_t n,
+                       uint64_t length, bool *was_out);
 /* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at
    a time through the scratch page, synchronously (the copy stream only: a library thread
    may call it); *moved the count. -ENOMEM no host tier or no host room (after moving what

@@ -33,7 +33,7 @@
  * the CTest paging_owners; inline functions of this header are no calls). Top first; one
  * line each, parsed by the script:
  *   owner context: paging.c check.c
- *   owner seqs: seq.c ahead.c share.c cow.c discard.c hold.c resident.c park.c
+ *   owner seqs: seq.c ahead.c share.c cow.c discard.c hold.c resident.c park.c handoff.c
  *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
  *   owner clock: step.c defer.c view.c
  *   owner frames: pool.c
@@ -82,6 +82,10 @@ struct pg_page {
     uint32_t ents;         /* of refs and of offs: holders outside sequences (the prefix
                               cache's entries, hold.c); they map nothing. refs == ents: no
                               sequence, release or transfer holds the page */
+    uint8_t  ext;          /* its frame is shared with other processes (pg_frame.ext): one
+                              more sharer (page_sharers), so every write copies it first.
+                              Set with the frame [pool.c: page_new, pool_share_mark;
+                              page_frame_set], cleared when the page leaves it */
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
@@ -637,6 +641,7 @@ static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
                 pg_page_eq(frame_at(pg, f)->page,
                            (pg_page_id){ (uint32_t)(p - pg->pd.pages) + 1 }));
     p->frame = PG_FRAME_NONE;
+    p->ext = 0;
     frame_at(pg, f)->page = PG_PAGE_NONE;
     pool_give(pg, &f, 1);
 }
@@ -647,6 +652,7 @@ static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id 
     KVVM_ASSERT(frame_at(pg, f)->state == FR_USED && pg_page_is_none(frame_at(pg, f)->page) &&
                 pg_frame_is_none(page_at(pg, id)->frame));
     page_at(pg, id)->frame = f;
+    page_at(pg, id)->ext = frame_at(pg, f)->ext;
     frame_at(pg, f)->page = id;
 }
 
@@ -823,7 +829,7 @@ static inline bool page_moves_down(const struct pg_page *p)
    their bytes are those of the copy's start): > 1 means shared. */
 static inline uint32_t page_sharers(const struct pg_page *p)
 {
-    return p->refs - p->jobs;
+    return p->refs - p->jobs + p->ext;
 }
 /* The page has a device frame (DEVICE, TO_HOST, TO_DEVICE). */
 static inline bool page_has_frame(const struct pg_page *p)

@@ -78,7 +78,7 @@ static struct pg_park *park_record(struct paging *pg, struct pg_seq *s, uint64_t
             x->frame = p->frame;
             x->gen = pg_frame_is_none(p->frame) ? 0 : frame_at(pg, p->frame)->gen;
             x->page = id;
-            x->kind = p->refs == 1 ? PK_OWN : PK_SHARED;
+            x->kind = p->refs == 1 && !p->ext ? PK_OWN : PK_SHARED;   /* (ext: not ours) */
             if (x->kind == PK_OWN) {
                 x->watch = w->n;
                 w->f[w->n] = p->frame;

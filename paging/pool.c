@@ -208,10 +208,25 @@ static void frame_forget(struct paging *pg, pg_frame_id f)
     KVVM_ASSERT(!fr->vmaps);                        /* no view mapping keeps its memory */
     frame_move(fr, FR_NONE);
     fr->serial = 0;
+    fr->ext = 0;
     fr->gen++;                      /* its handle is gone: view slots naming it are stale */
     fr->next = pg->fr.frame_free_head;
     pg->fr.frame_free_head = f;
     pg->fr.n_held--;
+}
+
+/* A shared frame (ext) that its page left: released, never reused here (another process
+   may read it: the daemon keeps it for them). The caller took it off n_used / n_ahead. */
+static void frame_drop_ext(struct paging *pg, pg_frame_id f)
+{
+    struct pg_frame *fr = frame_at(pg, f);
+    KVVM_ASSERT(fr->ext && !fr->listed && !fr->vmaps);
+    frame_move(fr, FR_READY);
+    fr->page = PG_PAGE_NONE;
+    if (frame_src_release(pg, fr->h) && !vmm_dead(pg->v))
+        klog_error("paging: a shared frame's release was refused; its handle is lost");
+    frame_forget(pg, f);
+    pg->c.frames_released++;
 }
 
 /* Frames of the budget in the feed's hands (being created, delivered, being released). */
@@ -622,7 +637,10 @@ void pool_give(struct paging *pg, const pg_frame_id *f, uint32_t n)
             pg->fr.n_used--;
         else if (fr->state == FR_AHEAD)
             pg->fr.n_ahead--;
-        ready_push(pg, f[i]);
+        if (fr->ext)
+            frame_drop_ext(pg, f[i]);
+        else
+            ready_push(pg, f[i]);
     }
 }
 
@@ -665,6 +683,7 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     p->frame = frame;
     page_slots_none(p);
     p->bad = 0;
+    p->ext = frame_at(pg, frame)->ext;
     frame_set_used(pg, frame);
     frame_at(pg, frame)->page = id;
     pg->pd.n_pages_live++;
@@ -711,7 +730,10 @@ void page_put(struct paging *pg, pg_page_id page)
         pg_frame_id f = p->frame;
         KVVM_ASSERT(pg->fr.n_used > 0);
         pg->fr.n_used--;
-        ready_push(pg, f);
+        if (frame_at(pg, f)->ext)
+            frame_drop_ext(pg, f);
+        else
+            ready_push(pg, f);
     } else if (lower_of(p->tier) >= 0) {
         /* resting in a tier below (a page in flight is held by its transfer, never freed
            here) */
@@ -719,6 +741,7 @@ void page_put(struct paging *pg, pg_page_id page)
     }
     page_set_tier(p, PG_TIER_NONE);
     p->bad = 0;
+    p->ext = 0;
     p->frame = PG_FRAME_NONE;
     p->next_free = pg->pd.page_free_head;
     pg->pd.page_free_head = page;
@@ -765,4 +788,47 @@ void pool_rollback(struct paging *pg, uint32_t mark)
         if (pg->fr.frames[i].serial > mark)
             klog_error("paging: frame %u created by a failed call is still in use", i + 1);
     pg->fr.n_created = mark;
+}
+
+/* ---- shared frames (ext) ------------------------------------------------------------ */
+
+int pool_adopt_room(struct paging *pg, uint32_t n)
+{
+    paging_feed_drain(pg);
+    uint32_t used = pg->fr.n_held + feed_transit(pg);
+    if (used + n > pg->p.max_frames) {      /* ready frames make room, if there are some */
+        uint32_t over = used + n - pg->p.max_frames;
+        uint32_t keep = pg->fr.n_ready > over ? pg->fr.n_ready - over : 0;
+        (void)pool_release_ready(pg, keep);
+        used = pg->fr.n_held + feed_transit(pg);
+    }
+    if (used + n > pg->p.max_frames || pg->fr.cap_frames - pg->fr.n_held < n)
+        return pg_why_frames(pg, n);
+    return 0;
+}
+
+pg_frame_id pool_adopt_ext(struct paging *pg, vmm_handle h)
+{
+    pg_frame_id f = pg->fr.frame_free_head;
+    KVVM_ASSERT(!pg_frame_is_none(f));      /* pool_adopt_room checked */
+    struct pg_frame *fr = frame_at(pg, f);
+    pg->fr.frame_free_head = fr->next;
+    fr->h = h;
+    fr->serial = 0;
+    fr->next = PG_FRAME_NONE;
+    fr->page = PG_PAGE_NONE;
+    fr->ext = 1;
+    frame_move(fr, FR_READY);
+    frame_move(fr, FR_USED);
+    pg->fr.n_held++;
+    pg->fr.n_used++;
+    return f;
+}
+
+void pool_share_mark(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->tier == PG_TIER_DEVICE && !pg_frame_is_none(p->frame));
+    frame_at(pg, p->frame)->ext = 1;
+    p->ext = 1;
 }

@@ -37,6 +37,7 @@ struct pool_cli {
     unsigned n_stash;
     uint64_t *key, *val;            /* handed out: handle value -> frame id (0 key: empty) */
     size_t cap, n;
+    size_t n_mapped;                /* of n: frames mapped from imports (POOL_CLI_MAPPED) */
     struct pool_figures fig;        /* the last figures a reply carried */
     char name[POOL_NAME_MAX];       /* HELLO's fields, for a reconnection */
     uint64_t p_reserve, p_limit, p_page;
@@ -61,6 +62,10 @@ struct pool_cli {
 
 /* A frame held from a daemon that is gone: never returned to its successor. */
 #define POOL_CLI_FOREIGN UINT64_MAX
+/* Tags a frame id this client maps from an import (not leased: its RETURN gives up the
+   mapping, and is not counted as a frame given back). The daemon's ids use 31 bits of
+   generation, so bit 63 is free. */
+#define POOL_CLI_MAPPED  (1ull << 63)
 
 /* ---- handle -> id ----------------------------------------------------------------------- */
 
@@ -98,6 +103,17 @@ static int map_put(struct pool_cli *c, uint64_t key, uint64_t val)
     c->val[i] = val;
     c->n++;
     return 0;
+}
+
+/* key's value, or 0 when absent. */
+static uint64_t map_get(const struct pool_cli *c, uint64_t key)
+{
+    if (!c->cap)
+        return 0;
+    size_t i = slot_of(c, key);
+    while (c->key[i] && c->key[i] != key)
+        i = (i + 1) & (c->cap - 1);
+    return c->key[i] ? c->val[i] : 0;
 }
 
 /* Removes key; its value, or 0 when absent. */
@@ -321,6 +337,7 @@ static int reconnect_locked(struct pool_cli *c)
     for (size_t i = 0; i < c->cap; i++)
         if (c->key[i])
             c->val[i] = POOL_CLI_FOREIGN;
+    c->n_mapped = 0;                /* a foreign frame is neither leased nor mapped now */
     for (unsigned i = 0; i < c->n_stash; i++)
         c->stash[i].id = POOL_CLI_FOREIGN;
     c->fd = fd;
@@ -393,11 +410,11 @@ static void give_back_locked(struct pool_cli *c, uint64_t id)
 {
     if (c->fd < 0 || id == POOL_CLI_FOREIGN)
         return;
-    struct pool_return m = { .n = 1, .ids = { id } };
+    struct pool_return m = { .n = 1, .ids = { id & ~POOL_CLI_MAPPED } };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
     if (pool_proto_send(c->fd, &m, NULL, 0, 0))
         gone_locked(c, "its socket refused a return");
-    else
+    else if (!(id & POOL_CLI_MAPPED))
         c->k.returns++;
 }
 
@@ -437,6 +454,10 @@ int pool_cli_release(void *arg, vmm_handle h)
     }
     uint64_t id = map_take(c, h.h);
     KVVM_ASSERT(id != 0);                   /* every frame paging holds came from create */
+    if (id != POOL_CLI_FOREIGN && (id & POOL_CLI_MAPPED)) {
+        KVVM_ASSERT(c->n_mapped > 0);
+        c->n_mapped--;
+    }
     if (id)
         give_back_locked(c, id);
     pthread_mutex_unlock(&c->mu);
@@ -459,7 +480,8 @@ int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
     *f = c->fig;
     *connected = c->fd >= 0;
     if (c->fd < 0)
-        f->held_bytes = (uint64_t)c->n * c->page;   /* the stash left with the daemon */
+        f->held_bytes = (uint64_t)(c->n - c->n_mapped) * c->page;   /* the stash left with
+                                                                       the daemon */
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -668,4 +690,242 @@ void pool_cli_close(struct pool_cli *c)
     free(c->key);
     free(c->val);
     free(c);
+}
+
+/* ---- hand-offs --------------------------------------------------------------------------- */
+
+int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
+                    const struct pool_layout *lay, uint64_t length, uint8_t *token,
+                    char *why, size_t wl)
+{
+    if (!n || n > POOL_HANDOFF_MAX) {
+        snprintf(why, wl, "%u frames (1 .. %u in one hand-off)", n, POOL_HANDOFF_MAX);
+        return -EINVAL;
+    }
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    struct pool_export m = { .total = n, .length = length, .lay = *lay };
+    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
+    /* every id first: a frame from a daemon that is gone cannot be handed off */
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        uint64_t id = map_get(c, hs[i].h);
+        if (!id || id == POOL_CLI_FOREIGN)
+            rc = -ENOENT;
+    }
+    if (rc)
+        snprintf(why, wl, "a page's frame was not leased from this daemon (held from a "
+                 "daemon that went, or a local frame)");
+    if (!rc && c->fd < 0) {
+        snprintf(why, wl, "the pool daemon on %s is gone", c->path);
+        rc = -EIO;
+    }
+    for (uint32_t off = 0; !rc && off < n; off += POOL_BATCH_MAX) {
+        m.off = off;
+        m.n = n - off < POOL_BATCH_MAX ? n - off : POOL_BATCH_MAX;
+        for (uint32_t i = 0; i < m.n; i++)
+            m.ids[i] = map_get(c, hs[off + i].h) & ~POOL_CLI_MAPPED;
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
+            gone_locked(c, "its socket refused a request");
+            snprintf(why, wl, "the pool daemon on %s is gone", c->path);
+            rc = -EIO;
+        }
+    }
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
+    if (!rc && recv_reply_locked(c, POOL_MSG_EXPORTED, buf, fds, &nfds)) {
+        snprintf(why, wl, "the pool daemon on %s is gone", c->path);
+        rc = -EIO;
+    } else if (!rc) {
+        const struct pool_exported *r = (const void *)buf;
+        rc = r->err < 0 && r->err > -4096 ? r->err : r->err ? -EPROTO : 0;
+        if (rc)
+            snprintf(why, wl, "the pool daemon refused the export: %s", r->text);
+        else
+            memcpy(token, r->token, POOL_TOKEN_BYTES);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Gives up the mappings of an import that did not take: hs[i] (0: not imported here) and
+   the daemon's count of each of ids[0..n) (ids[i] 0: never received), then tells the daemon
+   the import of token is importable again. */
+static void import_undo_locked(struct pool_cli *c, const uint8_t *token, const vmm_handle *hs,
+                               const uint64_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (hs[i].h) {
+            (void)map_take(c, hs[i].h);
+            (void)vmm_phys_release(c->v, hs[i]);
+            c->n_mapped--;
+        }
+        if (ids[i])
+            give_back_locked(c, ids[i] | POOL_CLI_MAPPED);
+    }
+    struct pool_import_end e = { .ok = 0 };
+    pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
+    memcpy(e.token, token, POOL_TOKEN_BYTES);
+    if (c->fd >= 0 && pool_proto_send(c->fd, &e, NULL, 0, 0))
+        gone_locked(c, "its socket refused a request");
+}
+
+/* Imports descriptor fd of frame id as *h, remembered as mapped. 0; -errno (nothing kept). */
+static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle *h)
+{
+    int rc = vmm_handle_import(c->v, fd, c->page, h);
+    if (rc)
+        return rc;
+    if ((rc = map_put(c, h->h, id | POOL_CLI_MAPPED))) {
+        (void)vmm_phys_release(c->v, *h);
+        h->h = 0;
+        return rc;
+    }
+    c->n_mapped++;
+    return 0;
+}
+
+/* Receives the n frames of an import: every id into ids, each imported into hs (remembered
+   as mapped) until one fails. 0; -EIO gone; -errno of the first import that failed (the
+   rest still read). */
+static int import_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
+    uint32_t got = 0;
+    while (got < n) {
+        if (recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, &nfds))
+            return -EIO;
+        const struct pool_frames *f = (const void *)buf;
+        for (uint32_t i = 0; i < f->n; i++, got++) {
+            if (got >= n) {
+                rc = rc ? rc : -EPROTO;             /* more than announced */
+            } else {
+                ids[got] = f->ids[i];
+                hs[got].h = 0;
+                if (!rc)
+                    rc = import_one_locked(c, fds[i], f->ids[i], &hs[got]);
+            }
+            close(fds[i]);
+        }
+    }
+    return rc;
+}
+
+int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_layout *lay,
+                    vmm_handle **out, uint32_t *n_out, uint64_t *length, char *why, size_t wl)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    if (c->fd < 0 && reconnect_locked(c)) {
+        snprintf(why, wl, "the pool daemon on %s is gone", c->path);
+        pthread_mutex_unlock(&c->mu);
+        return -EIO;
+    }
+    struct pool_import m = { .lay = *lay };
+    pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
+    memcpy(m.token, token, POOL_TOKEN_BYTES);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
+    if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
+        gone_locked(c, "its socket refused a request");
+        rc = -EIO;
+    } else if (recv_reply_locked(c, POOL_MSG_IMPORTED, buf, fds, &nfds)) {
+        rc = -EIO;
+    }
+    if (rc) {
+        snprintf(why, wl, "the pool daemon on %s is gone", c->path);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    const struct pool_imported *r = (const void *)buf;
+    if (r->err) {
+        rc = r->err < 0 && r->err > -4096 ? r->err : -EPROTO;
+        snprintf(why, wl, "%s", r->text);
+        pthread_mutex_unlock(&c->mu);
+        return rc;
+    }
+    uint32_t n = r->total;
+    *length = r->length;
+    vmm_handle *hs = calloc(n, sizeof *hs);
+    uint64_t *ids = calloc(n, sizeof *ids);
+    if (!hs || !ids) {          /* the frames come anyway: the connection ends (they go) */
+        gone_locked(c, "out of memory for an import");
+        rc = -ENOMEM;
+    } else {
+        rc = import_frames_locked(c, hs, ids, n);
+    }
+    if (rc && hs && ids) {
+        if (c->fd >= 0)
+            import_undo_locked(c, token, hs, ids, n);
+        else
+            for (uint32_t i = 0; i < n; i++)
+                if (hs[i].h) {
+                    (void)map_take(c, hs[i].h);
+                    (void)vmm_phys_release(c->v, hs[i]);
+                    c->n_mapped--;
+                }
+    }
+    free(ids);
+    if (rc) {
+        snprintf(why, wl, "the export's %u frames could not be mapped here (%s)", n,
+                 strerror(-rc));
+        free(hs);
+        pthread_mutex_unlock(&c->mu);
+        return rc == -EIO ? -EIO : -ENOMEM;
+    }
+    *out = hs;
+    *n_out = n;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+void pool_cli_import_end(struct pool_cli *c, const uint8_t *token, vmm_handle *hs, uint32_t n,
+                         bool ok)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!ok) {
+        uint64_t *ids = calloc(n ? n : 1, sizeof *ids);
+        for (uint32_t i = 0; ids && i < n; i++)
+            ids[i] = map_get(c, hs[i].h) & ~POOL_CLI_MAPPED;
+        if (ids)
+            import_undo_locked(c, token, hs, ids, n);
+        else
+            gone_locked(c, "out of memory undoing an import");  /* the daemon frees all */
+        free(ids);
+    } else if (c->fd >= 0) {
+        struct pool_import_end e = { .ok = 1 };
+        pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
+        memcpy(e.token, token, POOL_TOKEN_BYTES);
+        if (pool_proto_send(c->fd, &e, NULL, 0, 0))
+            gone_locked(c, "its socket refused a request");
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, size_t wl)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    if (c->fd < 0 && reconnect_locked(c))
+        rc = -EIO;
+    struct pool_handoff_drop m;
+    pool_proto_hdr(&m.h, POOL_MSG_HANDOFF_DROP);
+    memcpy(m.token, token, POOL_TOKEN_BYTES);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
+    if (!rc && pool_proto_send(c->fd, &m, NULL, 0, 0)) {
+        gone_locked(c, "its socket refused a request");
+        rc = -EIO;
+    }
+    if (!rc && recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, &nfds))
+        rc = -EIO;
+    if (rc) {
+        snprintf(why, wl, "the pool daemon on %s is gone", c->path);
+    } else {
+        const struct pool_result *r = (const void *)buf;
+        rc = r->err < 0 && r->err > -4096 ? r->err : r->err ? -EPROTO : 0;
+        snprintf(why, wl, "%s", r->text);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }

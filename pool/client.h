@@ -91,6 +91,29 @@ void pool_cli_wait_hist(struct pool_cli *c, struct khist *out);
 int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
 /* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */
 unsigned pool_cli_trim(struct pool_cli *c);
+/* Hand-offs (docs/design.md "Sharing frames between clients"). Frames imported from an
+   export are mapped, not leased: pool_cli_release gives up the mapping (RETURN, not counted
+   in returns). */
+/* Exports the frames of handles hs[0..n) (each handed out by pool_cli_create or imported),
+   region-major, as one hand-off of length tokens and layout lay: the token (POOL_TOKEN_BYTES)
+   into token. 0; -ENOENT a handle that is not this daemon's; -EIO gone; the daemon's
+   refusal (-ENOMEM). why says the cause on an error. */
+int  pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
+                     const struct pool_layout *lay, uint64_t length, uint8_t *token,
+                     char *why, size_t wl);
+/* Imports the frames of token for a client of layout lay: *out (n_out handles, the
+   caller's array to free, region-major, each imported and remembered as mapped) and the
+   length. The import is pending until pool_cli_import_end. -ENOENT unknown or spent,
+   -EINVAL another layout (nothing spent), -EIO gone, -ENOMEM (nothing spent). */
+int  pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_layout *lay,
+                     vmm_handle **out, uint32_t *n_out, uint64_t *length, char *why,
+                     size_t wl);
+/* ok: the import took (token spent; the handles are paging's now). !ok: the handles hs[0..n)
+   are released here and the export is importable again. */
+void pool_cli_import_end(struct pool_cli *c, const uint8_t *token, vmm_handle *hs, uint32_t n,
+                         bool ok);
+/* Drops an unimported export. 0; -ENOENT unknown, spent or being imported; -EIO gone. */
+int  pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, size_t wl);
 /* Gives back the stash and closes the connection (the context released its frames). */
 void pool_cli_close(struct pool_cli *c);
 

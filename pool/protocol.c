@@ -30,11 +30,20 @@ static const size_t sizes[POOL_MSG_TYPES] = {
     [POOL_MSG_SET_LIMIT] = sizeof(struct pool_set_limit),
     [POOL_MSG_RECLAIM] = sizeof(struct pool_reclaim),
     [POOL_MSG_RECLAIMED] = sizeof(struct pool_reclaimed),
+    [POOL_MSG_EXPORT] = sizeof(struct pool_export),
+    [POOL_MSG_EXPORTED] = sizeof(struct pool_exported),
+    [POOL_MSG_IMPORT] = sizeof(struct pool_import),
+    [POOL_MSG_IMPORTED] = sizeof(struct pool_imported),
+    [POOL_MSG_IMPORT_END] = sizeof(struct pool_import_end),
+    [POOL_MSG_HANDOFF_DROP] = sizeof(struct pool_handoff_drop),
 };
 _Static_assert(sizeof(struct pool_frames) <= UINT16_MAX, "sizes fit pool_hdr.size");
 _Static_assert(sizeof(struct pool_frames) >= sizeof(struct pool_return) &&
                sizeof(struct pool_frames) >= sizeof(struct pool_refused) &&
-               sizeof(struct pool_frames) >= sizeof(struct pool_result),
+               sizeof(struct pool_frames) >= sizeof(struct pool_result) &&
+               sizeof(struct pool_frames) >= sizeof(struct pool_export) &&
+               sizeof(struct pool_frames) >= sizeof(struct pool_exported) &&
+               sizeof(struct pool_frames) >= sizeof(struct pool_imported),
                "POOL_MSG_MAX is the largest message");
 
 size_t pool_proto_size(unsigned t)
@@ -110,6 +119,28 @@ int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type)
         break;
     case POOL_MSG_RESULT:
         if (!terminated(((const struct pool_result *)buf)->text, POOL_TEXT_MAX))
+            return -EPROTO;
+        break;
+    case POOL_MSG_EXPORT: {
+        const struct pool_export *m = buf;
+        if (m->total < 1 || m->total > POOL_HANDOFF_MAX || m->n < 1 || m->n > POOL_BATCH_MAX ||
+            m->off >= m->total || m->n > m->total - m->off)
+            return -EPROTO;
+        break;
+    }
+    case POOL_MSG_EXPORTED:
+        if (!terminated(((const struct pool_exported *)buf)->text, POOL_TEXT_MAX))
+            return -EPROTO;
+        break;
+    case POOL_MSG_IMPORTED: {
+        const struct pool_imported *m = buf;
+        if (!terminated(m->text, POOL_TEXT_MAX) || m->total > POOL_HANDOFF_MAX ||
+            (m->err == 0 && m->total == 0))
+            return -EPROTO;
+        break;
+    }
+    case POOL_MSG_IMPORT_END:
+        if (((const struct pool_import_end *)buf)->ok > 1)
             return -EPROTO;
         break;
     default:

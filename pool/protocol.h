@@ -30,6 +30,8 @@
 #define POOL_NAME_MAX      64             /* a client's name, NUL included */
 #define POOL_TEXT_MAX      192            /* a refusal's or result's message, NUL included */
 #define POOL_BATCH_MAX     64             /* frames per LEASE, FRAMES and RETURN */
+#define POOL_TOKEN_BYTES   32             /* a hand-off's token (all random: 256 bits) */
+#define POOL_HANDOFF_MAX   (1u << 24)     /* frames of one hand-off at most */
 
 enum pool_msg_type {
     POOL_MSG_HELLO = 1,     /* c -> d: the first message: version, role, name, reserve, limit */
@@ -52,6 +54,15 @@ enum pool_msg_type {
                                without a request */
     POOL_MSG_RECLAIMED,     /* c -> d: the reclaim of ask seq is done (its frames went back
                                in RETURNs before this) */
+    POOL_MSG_EXPORT,        /* c -> d: one chunk of a hand-off's frames (ids it leased or
+                               maps); the last chunk makes the record, answered EXPORTED */
+    POOL_MSG_EXPORTED,      /* d -> c: 0 and the token, or -errno and why */
+    POOL_MSG_IMPORT,        /* c -> d: a token and the importer's layout */
+    POOL_MSG_IMPORTED,      /* d -> c: 0, the length and the frame count (then that many
+                               frames in FRAMES messages), or -errno and why */
+    POOL_MSG_IMPORT_END,    /* c -> d: the import of a token took (ok 1: spent) or not (ok
+                               0: the record is importable again; its frames were RETURNed) */
+    POOL_MSG_HANDOFF_DROP,  /* c -> d: give up an unimported export; answered RESULT */
     POOL_MSG_TYPES          /* one past the last type */
 };
 
@@ -167,6 +178,60 @@ struct pool_reclaimed {
     struct pool_hdr h;
     uint32_t seq;           /* the ask answered (the latest one taken) */
     uint32_t given;         /* frames given back for it */
+};
+
+/* A sequence's layout, which an importer's must equal. */
+struct pool_layout {
+    uint32_t n_regions, pad;
+    uint64_t bytes_per_token, page_size;
+};
+
+/* RETURN names frames the client leased or maps (from an import): either is given up. */
+
+struct pool_export {
+    struct pool_hdr h;
+    uint32_t total;         /* frames of the hand-off: 1 .. POOL_HANDOFF_MAX */
+    uint32_t off;           /* this chunk's first: the chunks come in order, from 0 */
+    uint32_t n;             /* 1 .. POOL_BATCH_MAX, off + n <= total */
+    uint32_t pad;
+    uint64_t length;        /* tokens */
+    struct pool_layout lay;
+    uint64_t ids[POOL_BATCH_MAX];   /* region-major */
+};
+
+struct pool_exported {
+    struct pool_hdr h;
+    int32_t err;            /* 0; -ENOMEM no record; -ENOENT a frame it neither leased nor
+                               maps; -EINVAL a bad chunk */
+    uint32_t pad;
+    uint8_t token[POOL_TOKEN_BYTES];
+    char text[POOL_TEXT_MAX];
+};
+
+struct pool_import {
+    struct pool_hdr h;
+    struct pool_layout lay;
+    uint8_t token[POOL_TOKEN_BYTES];
+};
+
+struct pool_imported {
+    struct pool_hdr h;
+    int32_t err;            /* 0; -ENOENT unknown or spent; -EINVAL another layout */
+    uint32_t total;         /* frames to follow (FRAMES messages of up to POOL_BATCH_MAX) */
+    uint64_t length;
+    char text[POOL_TEXT_MAX];
+};
+
+struct pool_import_end {
+    struct pool_hdr h;
+    uint32_t ok;            /* 1 spent; 0 the import failed here: importable again */
+    uint32_t pad;
+    uint8_t token[POOL_TOKEN_BYTES];
+};
+
+struct pool_handoff_drop {
+    struct pool_hdr h;
+    uint8_t token[POOL_TOKEN_BYTES];
 };
 
 /* The largest message (a receive buffer's size). */

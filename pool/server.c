@@ -33,51 +33,8 @@
 #include "common/log.h"
 #include "protocol.h"
 #include "server_figures.h"
+#include "server_int.h"
 #include "vmm/vmm.h"
-
-struct srv_frame {
-    vmm_handle h;
-    uint32_t gen;               /* bumped when the slot is freed; ids carry it */
-    int owner;                  /* client slot; -1 = free slot */
-};
-
-struct srv_client {
-    int fd;
-    int slot;                   /* in s->clients */
-    unsigned role;              /* 0 until HELLO, then enum pool_role */
-    pid_t pid;                  /* SO_PEERCRED */
-    char name[POOL_NAME_MAX];
-    uint64_t reserve, limit;    /* bytes; limit 0 = the whole pool */
-    uint64_t held;              /* frames it holds */
-    uint64_t active_ns;         /* its last LEASE (CLOCK_MONOTONIC): "least recently active" */
-    /* take-back, as a victim: frames asked of it and not answered yet (RECLAIMED with
-       ask_seq clears it), and the asker's round that asked it (one ask per round) */
-    uint32_t asked, ask_seq;
-    uint64_t asked_round;
-    /* take-back, as an asker: a LEASE waiting for frames others give back */
-    uint32_t pend_n;            /* frames it asked for; 0: no lease waits */
-    uint64_t pend_round;        /* its round (victims it asked carry it) */
-    uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
-    struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
-    uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
-};
-
-struct pool_srv {
-    struct vmm *v;
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    int lfd, efd, stopfd;       /* listening socket, epoll, stop eventfd */
-    size_t page, granule, pool_frames, emu_bytes;
-    bool emulated;
-    struct srv_frame *frames;   /* frames[0 .. nframes) of cap_frames */
-    size_t nframes, cap_frames, leased;
-    size_t free_hint;           /* a slot to try first */
-    struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
-    size_t nclients;
-    uint64_t rounds;            /* take-back rounds started (each asker's lease is one) */
-    struct pool_fig *fig;       /* the figures' snapshot, published when due once
-                                   pool_srv_figures made it (NULL: no one reads them) */
-    struct pool_fig_daemon figd;/* the daemon's counters (server_figures.h) */
-};
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
@@ -265,7 +222,7 @@ void pool_srv_stop(struct pool_srv *s)
 
 static uint64_t frame_id(const struct pool_srv *s, size_t slot)
 {
-    return (uint64_t)s->frames[slot].gen << 32 | (uint64_t)(slot + 1);
+    return srv_frame_id(s, slot);
 }
 
 /* The slot of frame id held by client c, or -1. */
@@ -275,7 +232,7 @@ static long frame_find(const struct pool_srv *s, uint64_t id, const struct srv_c
     if (slot1 == 0 || slot1 > s->nframes)
         return -1;
     const struct srv_frame *f = &s->frames[slot1 - 1];
-    if (f->owner != c->slot || f->gen != (uint32_t)(id >> 32))
+    if (!f->live || f->owner != c->slot || f->gen != (uint32_t)(id >> 32))
         return -1;
     return (long)(slot1 - 1);
 }
@@ -284,7 +241,7 @@ static int frame_slot(struct pool_srv *s, size_t *slot)
 {
     for (size_t k = 0; k < s->nframes; k++) {
         size_t i = (s->free_hint + k) % s->nframes;
-        if (s->frames[i].owner < 0) {
+        if (!s->frames[i].live) {
             *slot = i;
             s->free_hint = i + 1;
             return 0;
@@ -303,20 +260,16 @@ static int frame_slot(struct pool_srv *s, size_t *slot)
     return 0;
 }
 
+/* The lease of frame slot ends; the frame dies unless a record or a mapper holds it. */
 static void frame_release(struct pool_srv *s, size_t slot)
 {
     struct srv_frame *f = &s->frames[slot];
-    KVVM_ASSERT(f->owner >= 0 && s->leased > 0);
+    KVVM_ASSERT(f->live && f->owner >= 0 && s->leased > 0);
     struct srv_client *c = s->clients[f->owner];
     KVVM_ASSERT(c && c->held > 0);
     c->held--;
-    s->leased--;
-    if (vmm_phys_release(s->v, f->h))
-        say("a frame's release failed (the driver refused); it stays allocated");
     f->owner = -1;
-    f->h.h = 0;
-    if (++f->gen == 0)
-        f->gen = 1;
+    srv_frame_settle(s, slot);
 }
 
 /* Frames reserved by clients other than c and not held by them. */
@@ -361,6 +314,7 @@ static void client_drop(struct pool_srv *s, struct srv_client *c, const char *wh
     KVVM_ASSERT(c->held == 0);
     if (c->role == POOL_ROLE_CLIENT)
         pool_fig_gone(&s->figd, &c->k, why != NULL, n);
+    srv_share_client_gone(s, c);
     if (c->role == POOL_ROLE_CLIENT || why)
         say("client %s (pid %d) %s; %zu frame%s back in the pool", c->name[0] ? c->name : "?",
             (int)c->pid, why ? why : "disconnected", n, n == 1 ? "" : "s");
@@ -533,8 +487,7 @@ static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t
             break;
         }
         struct srv_frame *f = &s->frames[slots[n]];
-        f->h = h;
-        f->owner = c->slot;
+        *f = (struct srv_frame){ .h = h, .gen = f->gen, .owner = c->slot, .live = 1 };
         c->held++;
         s->leased++;
         r.ids[n] = frame_id(s, slots[n]);
@@ -631,6 +584,8 @@ static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
 {
     size_t g = grantable(s, a), want = a->pend_n;
     bool late = now >= a->pend_deadline;
+    if (g < want && !late && srv_share_reclaim(s, want - g))
+        g = grantable(s, a);                        /* unimported exports went first */
     if (g < want && !late && !asks_open(s)) {
         size_t more = ask_victims(s, a, want - g);
         if (more)
@@ -693,6 +648,8 @@ static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_
     c->asked = 0;                       /* it needs frames itself: its ask is off */
     size_t want = grantable(s, c);
     size_t lim = c->limit ? (size_t)(c->limit / s->page) : SIZE_MAX;
+    if (want < m->n && m->wait_ms && c->held < lim && srv_share_reclaim(s, m->n - want))
+        want = grantable(s, c);         /* unimported exports go before any take-back */
     if (want || !m->wait_ms || c->held >= lim)
         return grant(s, c, want < m->n ? want : m->n, m->n, 0);
     c->pend_n = m->n;                   /* the pool is dry: a take-back round */
@@ -709,15 +666,21 @@ static int on_return(struct pool_srv *s, struct srv_client *c, const struct pool
         return -EPROTO;
     long slots[POOL_BATCH_MAX];
     for (uint32_t i = 0; i < m->n; i++) {
-        if ((slots[i] = frame_find(s, m->ids[i], c)) < 0)
-            return -EPROTO;                         /* not its frame: hostile or broken */
-        for (uint32_t j = 0; j < i; j++)
+        slots[i] = frame_find(s, m->ids[i], c);     /* -1: not leased, maybe mapped */
+        for (uint32_t j = 0; j < i && slots[i] >= 0; j++)
             if (slots[j] == slots[i])
                 return -EPROTO;                     /* twice in one message */
     }
-    for (uint32_t i = 0; i < m->n; i++)
-        frame_release(s, (size_t)slots[i]);
-    c->k.frames_returned += m->n;
+    uint32_t given = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+        if (slots[i] >= 0) {
+            frame_release(s, (size_t)slots[i]);
+            given++;
+        } else if (srv_share_unmap(s, c, m->ids[i])) {
+            return -EPROTO;                         /* not its frame: hostile or broken */
+        }
+    }
+    c->k.frames_returned += given;
     return 0;
 }
 
@@ -755,6 +718,7 @@ static int on_clients(struct pool_srv *s, struct srv_client *c)
         if (!o || o->role != POOL_ROLE_CLIENT)
             continue;
         struct pool_client_row r = { .pid = (uint32_t)o->pid, .held = o->held * s->page,
+                                     .shared = (uint64_t)o->n_maps * s->page,
                                      .reserve = o->reserve,
                                      .limit = o->limit ? o->limit : s->pool_frames * s->page };
         pool_proto_hdr(&r.h, POOL_MSG_CLIENT);
@@ -847,6 +811,10 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_LIMIT:   return on_limit(s, c, buf);
     case POOL_MSG_SET_LIMIT: return on_set_limit(s, c, buf);
     case POOL_MSG_RECLAIMED: return on_reclaimed(s, c, buf);
+    case POOL_MSG_EXPORT:  return srv_on_export(s, c, buf);
+    case POOL_MSG_IMPORT:  return srv_on_import(s, c, buf);
+    case POOL_MSG_IMPORT_END: return srv_on_import_end(s, c, buf);
+    case POOL_MSG_HANDOFF_DROP: return srv_on_handoff_drop(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }
@@ -949,6 +917,7 @@ void pool_srv_close(struct pool_srv *s)
     for (size_t i = 0; i < s->nclients; i++)
         if (s->clients[i])
             client_drop(s, s->clients[i], NULL);
+    srv_share_close(s);
     KVVM_ASSERT(s->leased == 0);
     free(s->clients);
     free(s->frames);

@@ -176,6 +176,14 @@ def _host_buffer(data, writable):
     return arr.ctypes.data, arr.nbytes, arr
 
 
+def _token(token):
+    """A hand-off token (32 bytes) as a C buffer."""
+    b = bytes(token)
+    if len(b) != 32:
+        raise InvalidArgument(22, "a hand-off token is 32 bytes, not %d" % len(b))
+    return ctypes.create_string_buffer(b, 32)
+
+
 class Context:
     """One libkvvm context (kvvm_open). Keywords are struct kvvm_config fields; the others
     keep kvvm_config_init's defaults, so KVVM_* environment variables apply to them.
@@ -473,6 +481,19 @@ class Context:
         pi.size = ctypes.sizeof(pi)
         _call(L.kvvm_pool_info, self._h(), ctypes.byref(pi))
         return {n: getattr(pi, n) for n, _ in _lib.PoolInfo._fields_ if n != "size"}
+
+    def import_seq(self, token):
+        """kvvm_seq_import: a new Sequence sharing the pages of the export `token` (the 32
+        bytes Sequence.export returned, in this or another process of the same kvvmd), no
+        copy, copy on write. Once: the token is spent then (kvvm.Error ENOENT after)."""
+        t = _token(token)
+        h = c_u64()
+        _call(L.kvvm_seq_import, self._h(), t, ctypes.byref(h))
+        return Sequence._new(self, h.value)
+
+    def handoff_drop(self, token):
+        """kvvm_handoff_drop: gives up an unimported export."""
+        _call(L.kvvm_handoff_drop, self._h(), _token(token))
 
     def stats_json(self):
         """kvvm_stats_json parsed: stats, layout, effective config, backend, version."""
@@ -834,6 +855,14 @@ class Sequence:
         c = c_u64()
         _call(L.kvvm_seq_fork, self.ctx._kv, self._handle(), ctypes.byref(c))
         return Sequence._new(self.ctx, c.value)
+
+    def export(self):
+        """kvvm_seq_export: hands this sequence's pages to one import (Context.import_seq,
+        in any process of the same kvvmd) and returns the token, 32 bytes. The sequence
+        stays usable; it copies on write from now on."""
+        t = ctypes.create_string_buffer(32)
+        _call(L.kvvm_seq_export, self.ctx._kv, self._handle(), t)
+        return t.raw
 
     def share(self, src, n_tokens):
         """This (empty) sequence's first n_tokens become src's."""

@@ -95,3 +95,42 @@ def redis_server(directory, password):
     finally:
         srv.kill()
         srv.wait()
+
+
+def kvvmd_binary():
+    """The kvvmd to start: $KVVM_KVVMD, else tools/kvvmd beside the libkvvm.so in use (a
+    build tree), else kvvmd on PATH; None when there is none."""
+    env = os.environ.get("KVVM_KVVMD")
+    if env:
+        return env
+    near = os.path.join(os.path.dirname(kvvm.library_path), "tools", "kvvmd")
+    if os.access(near, os.X_OK):
+        return near
+    return shutil.which("kvvmd")
+
+
+@pytest.fixture
+def kvvmd():
+    """A real kvvmd (emulated device of GRANULE pages, 1 MiB) on a socket in a temporary
+    directory, started by the test and waited for by its ready line; yields the socket's
+    path, stops it (SIGTERM, exit 0) after. Skipped, saying why, without a kvvmd."""
+    exe = kvvmd_binary()
+    if not exe:
+        pytest.skip("no kvvmd binary (set KVVM_KVVMD, or build the tools)")
+    d = tempfile.mkdtemp(prefix="kvvmpy.")
+    path = os.path.join(d, "sock")
+    p = subprocess.Popen([exe, "--socket", path, "--backend", "emulated",
+                          "--emu-device-bytes", "64M", "--emu-granule", "4K",
+                          "--budget", "1M"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = p.stdout.readline().decode().strip()
+    if line != "kvvmd: ready " + path:
+        p.kill()
+        raise AssertionError("kvvmd did not start: %r %s" % (line, p.stderr.read().decode()))
+    try:
+        yield path
+    finally:
+        p.terminate()
+        assert p.wait(timeout=60) == 0
+        p.stdout.close()
+        p.stderr.close()
+        shutil.rmtree(d, ignore_errors=True)

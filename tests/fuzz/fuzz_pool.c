@@ -3,7 +3,8 @@
    every byte a client receives from its daemon, goes through before anything reads a field.
    Input: one byte of descriptor count (0..3), then the message. Checked: the parser never
    reads past the bytes it is given (ASan), never accepts a message whose size is not its
-   type's, and accepts descriptors on FRAMES only, exactly as many as its count. */
+   type's, and accepts descriptors on FRAMES only, exactly as many as its count, and no
+   hand-off chunk (EXPORT) past its total. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (type == POOL_MSG_FRAMES && ((const struct pool_frames *)buf)->n != (uint32_t)nfds)
             abort();
+        if (type == POOL_MSG_EXPORT) {      /* a hand-off's chunk: within its total */
+            const struct pool_export *m = (const void *)buf;
+            if (!m->n || m->n > POOL_BATCH_MAX || m->off >= m->total ||
+                m->n > m->total - m->off || m->total > POOL_HANDOFF_MAX)
+                abort();
+        }
     }
     free(buf);
     return 0;

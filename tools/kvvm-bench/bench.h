@@ -93,5 +93,6 @@ int bench_view(struct bench_ctx *b) __attribute__((weak));    /* bench_view.c   
 int bench_daemon(struct bench_ctx *b) __attribute__((weak));    /* bench_pool.c (group pool: kvvmd) */
 /* kvvm-bench --pool-hold SOCKET FD (bench_pool.c's death row: a client to kill). */
 int bench_daemon_hold(const char *sock, int fd) __attribute__((weak));
+int bench_handoff(struct bench_ctx *b) __attribute__((weak)); /* bench_handoff.c (hand-off) */
 
 #endif

@@ -272,7 +272,7 @@ static void usage(FILE *f, const char *argv0)
 "                       {group, op, value, unit, baseline, baseline_value, ratio}\n"
 "  --only G[,G...]      run only these groups: vmm, paging, swap, spill, checksum,\n"
 "                       scale, calls, frames, prefix, store, view,\n"
-"                       pool (needs kvvmd beside kvvm-bench)\n"
+"                       pool, handoff (need kvvmd beside kvvm-bench)\n"
 "  --backend B          auto | cuda | emulated (default emulated)\n"
 "  --granule SIZE       emulated device granule, 4K..2M (default 2M)\n"
 "  --spill-dir DIR      directory for the spill file and the file store (default\n"
@@ -300,6 +300,7 @@ int main(int argc, char **argv)
         { "store", bench_store },
         { "view", bench_view },
         { "pool", bench_daemon },
+        { "handoff", bench_handoff },
     };
     enum { N_GROUPS = sizeof groups / sizeof groups[0] };
     int selected[N_GROUPS];

@@ -1,0 +1,122 @@
+/*
+ * paging/handoff.c: a sequence's pages shared with other processes through the pool daemon
+ * (contract in paging.h, "hand-offs"). Owner seqs.
+ *
+ * A shared frame (pg_frame.ext) is one another process may map: the exporter's frames once
+ * exported, every frame an importer maps. Two rules make that safe, both kept by the pool
+ * (pool.c) and page_sharers (paging_int.h): a page on a shared frame counts one sharer more
+ * than its holders here, so any write (write, prepare_write, a grow into its partial page)
+ * copies it first, in the writer's process; and when its page leaves a shared frame (freed,
+ * copied on write, swapped out) the handle is released through the frame source (the
+ * daemon learns it: a lease returned, or a mapping given up), never put on the ready list
+ * for reuse. An import adopts the frames as a non-resident sequence holding device pages
+ * (as the prefix cache's adopt does), which the caller swaps in: the swap-in maps device
+ * pages as they are, so nothing is copied.
+ */
+#include "paging_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+/* The pool view maps frames by block ids of its own (view.c): shared frames are not made
+   for it yet. */
+static int handoff_ok(struct paging *pg)
+{
+    return pg->view.n_ids ? -EOPNOTSUPP : 0;
+}
+
+int paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
+                              uint64_t *length)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc || (rc = handoff_ok(pg)))
+        return rc;
+    if (s->dropped)
+        return -ESTALE;
+    if (s->out)
+        return -EAGAIN;
+    uint32_t nr = pg->p.n_regions, np = s->n_pages;
+    if (!np)
+        return -ENODATA;
+    /* the device work written before the call is complete before anyone else may see it:
+       the engine's (and a prefetch's, which the engine waits for) */
+    if ((rc = seq_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
+        return rc;
+    vmm_handle *hs = malloc((size_t)nr * np * sizeof *hs);
+    if (!hs)
+        return -ENOMEM;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < np; i++) {
+            pg_page_id id = pg_bt(pg, s, r)[i];
+            if (pg_page_is_none(id)) {
+                free(hs);
+                return -EINVAL;                 /* discarded */
+            }
+            if (page_at(pg, id)->tier != PG_TIER_DEVICE) {
+                free(hs);
+                return -EAGAIN;
+            }
+            hs[(size_t)r * np + i] = page_handle(pg, id);
+        }
+    *out = hs;
+    *n = nr * np;
+    *length = s->length;
+    return 0;
+}
+
+void paging_seq_handoff_mark(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s))
+        return;
+    pg->room_gen++;                     /* pages shared now: no room fact holds */
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        pool_share_mark(pg, it.id);
+}
+
+int paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint32_t n,
+                      uint64_t length, bool *was_out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc || (rc = handoff_ok(pg)))
+        return rc;
+    if (s->dropped)
+        return -ESTALE;
+    *was_out = s->out;
+    if (s->length)
+        return -EINVAL;
+    uint32_t nr = pg->p.n_regions;
+    uint64_t np = pg_pages_for(pg, length);
+    if (length > pg->p.max_tokens || np > pg->pages_per_slot)
+        return pg_why_length(pg, length);
+    if (!np || np * nr != n)
+        return -EINVAL;
+    if ((rc = seq_bt_reserve(pg, s, np)))
+        return rc;
+    /* its window comes back as the swap-in maps it: no release of it may be pending */
+    if (!s->out && (rc = seq_settle(pg, s)))
+        return rc;
+    if ((rc = defer_flush_slot(pg, pg_slot_of(pg, s))) || (rc = pool_adopt_room(pg, n)))
+        return rc;
+    /* commit: nothing below fails */
+    seq_drop_ahead(pg, s, 0);
+    pg->room_gen++;
+    for (uint32_t r = 0; r < nr; r++) {
+        pg_page_id *bt = pg_bt(pg, s, r);
+        for (uint32_t b = 0; b < np; b++) {
+            bt[b] = page_new(pg, pool_adopt_ext(pg, hs[(size_t)r * np + b]));
+            struct pg_page *p = page_at(pg, bt[b]);
+            page_count(pg, p, -1);
+            p->offs = 1;                /* a non-resident holder's reference (it maps nothing) */
+            page_count(pg, p, 1);
+        }
+        s->kept[r] = 0;
+    }
+    seq_set_out(pg, s, true);
+    s->n_pages = (uint32_t)np;
+    s->length = length;
+    s->stale_tail = 0;
+    return 0;
+}

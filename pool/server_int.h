@@ -1,0 +1,128 @@
+/*
+ * pool/server_int.h: the pool daemon's state, shared by server.c (connections, leases,
+ * take-back) and server_share.c (frames held by records and mapped by several clients:
+ * hand-offs). Design: docs/design.md "The pool daemon", "Sharing frames between clients".
+ *
+ * Who holds a frame (struct srv_frame): the client that leased it (owner, at most one;
+ * counted in its held), the records that hold it (nrec: an export waiting for its import;
+ * a shared prefix entry is meant to be another kind of record, SRV_REC_*), and the clients
+ * that map it without having leased it (nmap: importers; each client's maps[] lists the
+ * slots it maps, one entry per mapping). A frame is live from its lease until none of the
+ * three holds it; then its handle is released and the slot is free (srv_frame_settle, the
+ * one place a live frame dies). s->leased counts live frames: the pool's free frames are
+ * pool_frames - leased.
+ */
+#ifndef KVVM_POOL_SERVER_INT_H
+#define KVVM_POOL_SERVER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#include "protocol.h"
+#include "server_figures.h"
+#include "vmm/vmm.h"
+
+struct srv_frame {
+    vmm_handle h;
+    uint32_t gen;               /* bumped when the slot is freed; ids carry it (31 bits) */
+    int owner;                  /* the client slot that leased it; -1 = none */
+    uint8_t live;               /* allocated (0: a free slot) */
+    uint32_t nrec;              /* records holding it */
+    uint32_t nmap;              /* mappings by clients that did not lease it (imports) */
+};
+
+/* A record: frames the daemon holds for no client. Kinds: an export (a hand-off waiting
+   for its one import); a shared prefix entry would be another kind with a key instead of
+   a token, using the same frame counts (nrec) and the same settle. */
+enum { SRV_REC_EXPORT = 1 };
+
+struct srv_rec {
+    uint8_t kind;
+    uint8_t token[POOL_TOKEN_BYTES];
+    struct pool_layout lay;
+    uint64_t length;            /* tokens */
+    uint32_t n;                 /* frames */
+    uint32_t total;             /* an export's frames while its chunks arrive (n of them so
+                                   far); then n */
+    uint32_t *slots;            /* n frame slots, region-major, each holding one nrec */
+    uint64_t serial;            /* age: oldest first under pressure */
+    int claimed;                /* the client slot importing it now; -1 none */
+    pid_t from;                 /* the exporter's pid (logs) */
+};
+
+struct srv_client {
+    int fd;
+    int slot;                   /* in s->clients */
+    unsigned role;              /* 0 until HELLO, then enum pool_role */
+    pid_t pid;                  /* SO_PEERCRED */
+    char name[POOL_NAME_MAX];
+    uint64_t reserve, limit;    /* bytes; limit 0 = the whole pool */
+    uint64_t held;              /* frames it holds */
+    uint64_t active_ns;         /* its last LEASE (CLOCK_MONOTONIC): "least recently active" */
+    /* take-back, as a victim: frames asked of it and not answered yet (RECLAIMED with
+       ask_seq clears it), and the asker's round that asked it (one ask per round) */
+    uint32_t asked, ask_seq;
+    uint64_t asked_round;
+    /* take-back, as an asker: a LEASE waiting for frames others give back */
+    uint32_t pend_n;            /* frames it asked for; 0: no lease waits */
+    uint64_t pend_round;        /* its round (victims it asked carry it) */
+    uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
+    struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
+    uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
+    /* sharing (server_share.c) */
+    uint32_t *maps;             /* frame slots it maps without a lease (one per mapping) */
+    size_t n_maps, cap_maps;
+    struct srv_rec *exp;        /* an export whose chunks are arriving; NULL none */
+};
+
+struct pool_srv {
+    struct vmm *v;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int lfd, efd, stopfd;       /* listening socket, epoll, stop eventfd */
+    size_t page, granule, pool_frames, emu_bytes;
+    bool emulated;
+    struct srv_frame *frames;   /* frames[0 .. nframes) of cap_frames */
+    size_t nframes, cap_frames, leased;
+    size_t free_hint;           /* a slot to try first */
+    struct srv_client **clients;/* clients[0 .. nclients), NULL = free slot */
+    size_t nclients;
+    uint64_t rounds;            /* take-back rounds started (each asker's lease is one) */
+    struct pool_fig *fig;       /* the figures' snapshot, published when due once
+                                   pool_srv_figures made it (NULL: no one reads them) */
+    struct pool_fig_daemon figd;/* the daemon's counters (server_figures.h) */
+    struct srv_rec **recs;      /* records (server_share.c), recs[0 .. nrecs) */
+    size_t nrecs, cap_recs;
+    uint64_t rec_serial;
+};
+
+static inline uint64_t srv_frame_id(const struct pool_srv *s, size_t slot)
+{
+    return (uint64_t)s->frames[slot].gen << 32 | (uint64_t)(slot + 1);
+}
+
+/* server_share.c */
+/* Frame slot dies when nothing holds it: its handle released, the slot free. */
+void srv_frame_settle(struct pool_srv *s, size_t slot);
+/* RETURN of id by c for a frame c maps without a lease: its mapping given up. 0; -1 c does
+   not map it (the caller's -EPROTO). */
+int  srv_share_unmap(struct pool_srv *s, struct srv_client *c, uint64_t id);
+/* c is going: its mappings given up, the records it was importing importable again, its
+   export in construction dropped. */
+void srv_share_client_gone(struct pool_srv *s, struct srv_client *c);
+/* The pool is short of need frames for a call: unimported exports are dropped, oldest
+   first, while that frees frames; returns the frames freed. */
+size_t srv_share_reclaim(struct pool_srv *s, size_t need);
+/* Drops every record (pool_srv_close). */
+void srv_share_close(struct pool_srv *s);
+/* The messages (the caller drops c on a -errno). */
+int  srv_on_export(struct pool_srv *s, struct srv_client *c, const struct pool_export *m);
+int  srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_import *m);
+int  srv_on_import_end(struct pool_srv *s, struct srv_client *c,
+                       const struct pool_import_end *m);
+int  srv_on_handoff_drop(struct pool_srv *s, struct srv_client *c,
+                         const struct pool_handoff_drop *m);
+
+#endif

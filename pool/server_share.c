@@ -1,0 +1,393 @@
+/*
+ * pool/server_share.c: frames shared between clients through the daemon: records (exports
+ * waiting for their import), mappings by clients that did not lease a frame, and the one
+ * place a frame dies (srv_frame_settle). The counts: pool/server_int.h.
+ *
+ * A hand-off: the exporter sends its frame ids in EXPORT chunks (ids it leased or maps);
+ * the last chunk makes a record holding every frame (nrec) and the daemon answers a token
+ * of POOL_TOKEN_BYTES from getrandom. An IMPORT names the token and the importer's layout:
+ * another layout is refused (-EINVAL) and the record stays; an unknown, spent or claimed
+ * token is -ENOENT. Otherwise the record is claimed by the importer, the frames' mappings
+ * are counted as its (nmap, its maps[]) and their descriptors follow in FRAMES messages;
+ * IMPORT_END says whether the import took (the record is then spent: dropped, its holds
+ * with it) or not (the importer gave its mappings back with RETURN first; the record is
+ * importable again). An importer that dies while it claims a record gives it back the
+ * same way. A record does not depend on its exporter: the exporter's exit gives back its
+ * lease of each frame, the record keeps the frame live.
+ */
+#include "server_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/assert.h"
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvvmd: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static int send_msg(struct srv_client *c, const void *m, const int *fds, int nfds)
+{
+    return pool_proto_send(c->fd, m, fds, nfds, MSG_DONTWAIT);
+}
+
+void srv_frame_settle(struct pool_srv *s, size_t slot)
+{
+    struct srv_frame *f = &s->frames[slot];
+    if (!f->live || f->owner >= 0 || f->nrec || f->nmap)
+        return;
+    KVVM_ASSERT(s->leased > 0);
+    s->leased--;
+    if (vmm_phys_release(s->v, f->h))
+        say("a frame's release failed (the driver refused); it stays allocated");
+    f->live = 0;
+    f->h.h = 0;
+    f->gen = (f->gen + 1) & 0x7fffffffu;    /* 31 bits: a client tags ids with bit 63 */
+    if (f->gen == 0)
+        f->gen = 1;
+}
+
+/* The live frame slot id names (any holder), or -1. */
+static long frame_any(const struct pool_srv *s, uint64_t id)
+{
+    uint64_t slot1 = id & 0xffffffffu;
+    if (slot1 == 0 || slot1 > s->nframes)
+        return -1;
+    const struct srv_frame *f = &s->frames[slot1 - 1];
+    return f->live && f->gen == (uint32_t)(id >> 32) ? (long)(slot1 - 1) : -1;
+}
+
+/* c's mapping entry of slot, or -1. */
+static long map_find(const struct srv_client *c, size_t slot)
+{
+    for (size_t i = c->n_maps; i-- > 0;)
+        if (c->maps[i] == slot)
+            return (long)i;
+    return -1;
+}
+
+static void map_remove(struct pool_srv *s, struct srv_client *c, size_t k)
+{
+    size_t slot = c->maps[k];
+    c->maps[k] = c->maps[--c->n_maps];
+    KVVM_ASSERT(s->frames[slot].nmap > 0);
+    s->frames[slot].nmap--;
+    srv_frame_settle(s, slot);
+}
+
+int srv_share_unmap(struct pool_srv *s, struct srv_client *c, uint64_t id)
+{
+    long slot = frame_any(s, id), k = slot < 0 ? -1 : map_find(c, (size_t)slot);
+    if (k < 0)
+        return -1;
+    map_remove(s, c, (size_t)k);
+    return 0;
+}
+
+static void rec_free(struct pool_srv *s, struct srv_rec *r, bool holds)
+{
+    for (uint32_t i = 0; holds && i < r->n; i++) {
+        KVVM_ASSERT(s->frames[r->slots[i]].nrec > 0);
+        s->frames[r->slots[i]].nrec--;
+        srv_frame_settle(s, r->slots[i]);
+    }
+    free(r->slots);
+    free(r);
+}
+
+/* Record k leaves the table (its holds dropped). */
+static void rec_drop(struct pool_srv *s, size_t k)
+{
+    struct srv_rec *r = s->recs[k];
+    s->recs[k] = s->recs[--s->nrecs];
+    rec_free(s, r, true);
+}
+
+void srv_share_client_gone(struct pool_srv *s, struct srv_client *c)
+{
+    while (c->n_maps)
+        map_remove(s, c, c->n_maps - 1);
+    for (size_t i = 0; i < s->nrecs; i++)
+        if (s->recs[i]->claimed == c->slot)
+            s->recs[i]->claimed = -1;
+    if (c->exp)
+        rec_free(s, c->exp, false);
+    c->exp = NULL;
+    free(c->maps);
+    c->maps = NULL;
+    c->cap_maps = 0;
+}
+
+/* Frames dropping record r would free now. */
+static size_t rec_frees(const struct pool_srv *s, const struct srv_rec *r)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < r->n; i++) {
+        const struct srv_frame *f = &s->frames[r->slots[i]];
+        n += f->owner < 0 && f->nmap == 0 && f->nrec == 1;
+    }
+    return n;
+}
+
+size_t srv_share_reclaim(struct pool_srv *s, size_t need)
+{
+    size_t freed = 0;
+    while (freed < need) {
+        long best = -1;
+        for (size_t i = 0; i < s->nrecs; i++) {
+            const struct srv_rec *r = s->recs[i];
+            if (r->kind == SRV_REC_EXPORT && r->claimed < 0 && rec_frees(s, r) &&
+                (best < 0 || r->serial < s->recs[best]->serial))
+                best = (long)i;
+        }
+        if (best < 0)
+            break;
+        size_t before = s->leased;
+        say("the pool is short: dropped an unimported export of pid %d (%u frames)",
+            (int)s->recs[best]->from, s->recs[best]->n);
+        rec_drop(s, (size_t)best);
+        freed += before - s->leased;
+    }
+    return freed;
+}
+
+void srv_share_close(struct pool_srv *s)
+{
+    while (s->nrecs)
+        rec_drop(s, s->nrecs - 1);
+    free(s->recs);
+    s->recs = NULL;
+    s->cap_recs = 0;
+}
+
+/* The record of token t (constant-time compare), or -1. */
+static long rec_find(const struct pool_srv *s, const uint8_t *t)
+{
+    long found = -1;
+    for (size_t i = 0; i < s->nrecs; i++) {
+        uint8_t d = 0;
+        for (size_t k = 0; k < POOL_TOKEN_BYTES; k++)
+            d |= (uint8_t)(s->recs[i]->token[k] ^ t[k]);
+        if (!d && s->recs[i]->kind == SRV_REC_EXPORT)
+            found = (long)i;
+    }
+    return found;
+}
+
+static int token_new(uint8_t *t)
+{
+    size_t got = 0;
+    while (got < POOL_TOKEN_BYTES) {
+        ssize_t n = getrandom(t + got, POOL_TOKEN_BYTES - got, 0);
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        got += n > 0 ? (size_t)n : 0;
+    }
+    return 0;
+}
+
+static int exported(struct srv_client *c, int err, const uint8_t *token, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int exported(struct srv_client *c, int err, const uint8_t *token, const char *fmt, ...)
+{
+    struct pool_exported r = { .err = err };
+    pool_proto_hdr(&r.h, POOL_MSG_EXPORTED);
+    if (token)
+        memcpy(r.token, token, POOL_TOKEN_BYTES);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r.text, sizeof r.text, fmt, ap);
+    va_end(ap);
+    return send_msg(c, &r, NULL, 0);
+}
+
+/* The last chunk arrived: e's frames checked; the record enters the table. */
+static int export_commit(struct pool_srv *s, struct srv_client *c, struct srv_rec *e)
+{
+    if (s->nrecs == s->cap_recs) {
+        size_t cap = s->cap_recs ? 2 * s->cap_recs : 16;
+        struct srv_rec **n = realloc(s->recs, cap * sizeof *n);
+        if (!n) {
+            rec_free(s, e, false);
+            return exported(c, -ENOMEM, NULL, "the daemon is out of memory for a record");
+        }
+        s->recs = n;
+        s->cap_recs = cap;
+    }
+    int rc = token_new(e->token);
+    if (rc) {
+        rec_free(s, e, false);
+        return exported(c, rc, NULL, "getrandom failed: %s", strerror(-rc));
+    }
+    for (uint32_t i = 0; i < e->n; i++)
+        s->frames[e->slots[i]].nrec++;
+    e->serial = ++s->rec_serial;
+    s->recs[s->nrecs++] = e;
+    say("client %s (pid %d) exported %u frames (%llu tokens)", c->name, (int)c->pid, e->n,
+        (unsigned long long)e->length);
+    return exported(c, 0, e->token, "exported");
+}
+
+int srv_on_export(struct pool_srv *s, struct srv_client *c, const struct pool_export *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    struct srv_rec *e = c->exp;
+    if (!e) {
+        if (m->off != 0)
+            return -EPROTO;                 /* a chunk of no export */
+        e = calloc(1, sizeof *e);
+        if (e)
+            e->slots = malloc((size_t)m->total * sizeof *e->slots);
+        if (!e || !e->slots) {
+            free(e);
+            return -EPROTO;                 /* cannot follow its chunks: as malformed */
+        }
+        *e = (struct srv_rec){ .kind = SRV_REC_EXPORT, .lay = m->lay, .length = m->length,
+                               .total = m->total, .slots = e->slots, .claimed = -1,
+                               .from = c->pid };
+        e->lay.pad = 0;
+        c->exp = e;
+    } else if (m->off != e->n || m->total != e->total) {
+        return -EPROTO;                     /* out of order */
+    }
+    for (uint32_t i = 0; i < m->n; i++) {
+        long slot = frame_any(s, m->ids[i]);
+        /* its own: leased by it, or mapped by it (a re-export of an import) */
+        if (slot < 0 || (s->frames[slot].owner != c->slot && map_find(c, (size_t)slot) < 0))
+            return -EPROTO;
+        e->slots[e->n++] = (uint32_t)slot;
+    }
+    if (e->n < m->total)
+        return 0;                           /* more chunks come */
+    c->exp = NULL;
+    return export_commit(s, c, e);
+}
+
+static int imported(struct srv_client *c, int err, uint32_t total, uint64_t length,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int imported(struct srv_client *c, int err, uint32_t total, uint64_t length,
+                    const char *fmt, ...)
+{
+    struct pool_imported r = { .err = err, .total = total, .length = length };
+    pool_proto_hdr(&r.h, POOL_MSG_IMPORTED);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r.text, sizeof r.text, fmt, ap);
+    va_end(ap);
+    return send_msg(c, &r, NULL, 0);
+}
+
+/* The frames of r to c, POOL_BATCH_MAX per FRAMES message. 0; -errno (drop c). */
+static int import_send(struct pool_srv *s, struct srv_client *c, const struct srv_rec *r)
+{
+    for (uint32_t off = 0; off < r->n; off += POOL_BATCH_MAX) {
+        struct pool_frames f = { 0 };
+        int fds[POOL_BATCH_MAX];
+        uint32_t n = r->n - off < POOL_BATCH_MAX ? r->n - off : POOL_BATCH_MAX, k;
+        int rc = 0;
+        for (k = 0; k < n; k++) {
+            if ((rc = vmm_handle_export(s->v, s->frames[r->slots[off + k]].h, &fds[k])))
+                break;                      /* no descriptor: the importer is dropped */
+            f.ids[k] = srv_frame_id(s, r->slots[off + k]);
+        }
+        f.n = n;
+        pool_proto_hdr(&f.h, POOL_MSG_FRAMES);
+        if (!rc)
+            rc = send_msg(c, &f, fds, (int)n);
+        for (uint32_t i = 0; i < k; i++)
+            close(fds[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static bool layout_eq(const struct pool_layout *a, const struct pool_layout *b)
+{
+    return a->n_regions == b->n_regions && a->bytes_per_token == b->bytes_per_token &&
+           a->page_size == b->page_size;
+}
+
+int srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_import *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    long k = rec_find(s, m->token);
+    if (k < 0 || s->recs[k]->claimed >= 0)
+        return imported(c, -ENOENT, 0, 0, "no export has this token (never made, already "
+                        "imported, dropped, or dropped by the daemon under pressure)");
+    struct srv_rec *r = s->recs[k];
+    if (!layout_eq(&r->lay, &m->lay))
+        return imported(c, -EINVAL, 0, 0, "the export's layout is n_regions %u, "
+                        "bytes_per_token %llu, page_size %llu; this client's is %u, %llu, "
+                        "%llu", r->lay.n_regions, (unsigned long long)r->lay.bytes_per_token,
+                        (unsigned long long)r->lay.page_size, m->lay.n_regions,
+                        (unsigned long long)m->lay.bytes_per_token,
+                        (unsigned long long)m->lay.page_size);
+    if (c->n_maps + r->n > c->cap_maps) {
+        size_t cap = c->cap_maps ? c->cap_maps : 64;
+        while (cap < c->n_maps + r->n)
+            cap *= 2;
+        uint32_t *n = realloc(c->maps, cap * sizeof *n);
+        if (!n)
+            return imported(c, -ENOMEM, 0, 0, "the daemon is out of memory");
+        c->maps = n;
+        c->cap_maps = cap;
+    }
+    for (uint32_t i = 0; i < r->n; i++) {   /* its mappings from now (RETURN gives each up) */
+        c->maps[c->n_maps++] = r->slots[i];
+        s->frames[r->slots[i]].nmap++;
+    }
+    r->claimed = c->slot;
+    int rc = imported(c, 0, r->n, r->length, "importing");
+    return rc ? rc : import_send(s, c, r);
+}
+
+int srv_on_import_end(struct pool_srv *s, struct srv_client *c,
+                      const struct pool_import_end *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    long k = rec_find(s, m->token);
+    if (k < 0 || s->recs[k]->claimed != c->slot)
+        return -EPROTO;                     /* it claims no such import */
+    if (!m->ok) {
+        s->recs[k]->claimed = -1;           /* importable again */
+        return 0;
+    }
+    say("client %s (pid %d) imported an export of pid %d (%u frames)", c->name, (int)c->pid,
+        (int)s->recs[k]->from, s->recs[k]->n);
+    rec_drop(s, (size_t)k);                 /* spent: the importer's mappings hold them */
+    return 0;
+}
+
+int srv_on_handoff_drop(struct pool_srv *s, struct srv_client *c,
+                        const struct pool_handoff_drop *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    struct pool_result r = { 0 };
+    pool_proto_hdr(&r.h, POOL_MSG_RESULT);
+    long k = rec_find(s, m->token);
+    if (k < 0 || s->recs[k]->claimed >= 0) {
+        r.err = -ENOENT;
+        snprintf(r.text, sizeof r.text, "no unimported export has this token");
+    } else {
+        rec_drop(s, (size_t)k);
+        snprintf(r.text, sizeof r.text, "dropped");
+    }
+    return send_msg(c, &r, NULL, 0);
+}

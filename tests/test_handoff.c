@@ -1,0 +1,698 @@
+/* tests/test_handoff.c: sequence hand-off between processes through a real kvvmd
+   (tests/pool_daemon.h): kvvm_seq_export in one process, kvvm_seq_import in another, the
+   bytes equal and nothing copied (bytes_to_device, held_bytes unchanged), copy on write on
+   every side (a write in one process never seen in another), an export surviving its
+   exporter's exit and SIGKILL, tokens spent, forged, of another layout, dropped, the
+   daemon dropping an unimported export before a take-back, stream mode (bytes written
+   after the export are never seen), and the pool whole again once everyone exited. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include "harness.h"
+#include "pool_daemon.h"
+#include "vmm/emu/emu.h"
+
+#define BPT  4096u                      /* bytes per token: 16 tokens per 64 KiB page */
+#define TPP  ((uint64_t)PD_GRAN / BPT)
+#define LEN  (5 * TPP + 7)              /* 5 full pages and a partial one, per region */
+#define NREG 2u
+
+static void cfg(struct kvvm_config *c, const char *path, const char *name, uint64_t bpt)
+{
+    th_config(c, (size_t)PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
+    c->pool_socket = path;
+    c->client_name = name;
+    c->page_size = 0;                   /* the daemon's */
+    c->emu_granule = 0;
+}
+
+static unsigned char pat_at(unsigned char pat, uint32_t reg, size_t i)
+{
+    return (unsigned char)(pat + (size_t)reg * 31 + i * 7 + i / PD_GRAN);
+}
+
+/* Writes the pattern over tokens [0, len) of every region of s. */
+static int fill(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
+{
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *w = malloc(bytes);
+    int rc = w ? 0 : -ENOMEM;
+    for (uint32_t r = 0; !rc && r < NREG; r++) {
+        for (size_t i = 0; i < bytes; i++)
+            w[i] = pat_at(pat, r, i);
+        rc = kvvm_seq_write(kv, s, r, 0, w, bytes);
+    }
+    free(w);
+    return rc;
+}
+
+/* 0 when every byte of tokens [0, len) of every region is the pattern's. */
+static int check(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
+{
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *b = malloc(bytes);
+    int bad = b ? 0 : 1;
+    for (uint32_t r = 0; !bad && r < NREG; r++) {
+        if (kvvm_seq_read(kv, s, r, 0, b, bytes))
+            bad = 2;
+        for (size_t i = 0; !bad && i < bytes; i++)
+            bad = b[i] != pat_at(pat, r, i) ? 3 : 0;
+    }
+    free(b);
+    return bad;
+}
+
+static uint64_t stat_of(kvvm *kv, size_t off)
+{
+    struct kvvm_stats st = { .size = sizeof st };
+    if (kvvm_stats(kv, &st))
+        return UINT64_MAX;
+    uint64_t v;
+    memcpy(&v, (const char *)&st + off, sizeof v);
+    return v;
+}
+#define STAT(kv, f) stat_of((kv), offsetof(struct kvvm_stats, f))
+
+static uint64_t held(kvvm *kv)
+{
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    return kvvm_pool_info(kv, &pi) ? UINT64_MAX : pi.held_bytes;
+}
+
+static void put_byte(int fd, int v)
+{
+    char x = (char)v;
+    if (write(fd, &x, 1) != 1)
+        _exit(90);
+}
+
+static char get_byte(int fd)
+{
+    char x = 0;
+    if (read(fd, &x, 1) != 1)
+        x = 0;
+    return x;
+}
+
+/* ---- the exporter: a process that makes a sequence, exports it ntok times, sends each
+   token on tok_fd, then waits for a byte on go_fd ('c': check its own bytes are still the
+   pattern, 'x': just exit) before closing. free_first: frees s and closes before sending
+   (the exports outlive it). stream: runs on an engine stream, and right after the exports
+   overwrites page 0 and grows into the partial page with other bytes (never seen through
+   the exports). Its exit code names the failed check. */
+struct exp_args {
+    unsigned char pat;
+    int ntok;
+    bool free_first, stream;
+};
+
+static int exporter(const char *path, struct exp_args a, int tok_fd, int go_fd)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "exporter", BPT);
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 10;
+    void *st = NULL;
+    if (a.stream && (kvvm_stream_create(kv, &st) || kvvm_set_stream(kv, st)))
+        return 11;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, LEN) || fill(kv, s, LEN, a.pat))
+        return 12;
+    kvvm_handoff t[4];
+    for (int k = 0; k < a.ntok; k++)
+        if (kvvm_seq_export(kv, s, &t[k]))
+            return 13;
+    if (STAT(kv, exports) != (uint64_t)a.ntok)
+        return 14;
+    if (a.stream) {                     /* written after the export: never seen through it */
+        if (kvvm_seq_grow(kv, s, LEN + 5) || fill(kv, s, LEN + 5, (unsigned char)(a.pat ^ 0x5a)))
+            return 15;
+        if (kvvm_sync(kv) || check(kv, s, LEN + 5, (unsigned char)(a.pat ^ 0x5a)))
+            return 16;
+    }
+    if (a.free_first) {
+        if (kvvm_seq_free(kv, s))
+            return 17;
+        kvvm_close(kv);
+        kv = NULL;
+    }
+    for (int k = 0; k < a.ntok; k++)
+        if (write(tok_fd, &t[k], sizeof t[k]) != (ssize_t)sizeof t[k])
+            return 18;
+    char go = get_byte(go_fd);
+    if (go == 'c' && (a.free_first || check(kv, s, LEN, a.pat)))
+        return 19;                      /* its own pages: the importers' writes unseen */
+    if (kv)
+        kvvm_close(kv);
+    return 0;
+}
+
+struct exp_proc {
+    pid_t pid;
+    int tok, go;                        /* the parent's ends */
+};
+
+static struct exp_proc exp_start(const char *path, struct exp_args a, kvvm_handoff *t)
+{
+    int tp[2], gp[2];
+    cr_assert_eq(pipe2(tp, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(gp, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(tp[0]);
+        close(gp[1]);
+        _exit(exporter(path, a, tp[1], gp[0]));
+    }
+    close(tp[1]);
+    close(gp[0]);
+    for (int k = 0; k < a.ntok; k++)
+        cr_assert_eq(read(tp[0], &t[k], sizeof t[k]), (ssize_t)sizeof t[k],
+                     "the exporter sent its token %d (else its exit code names the check)", k);
+    return (struct exp_proc){ pid, tp[0], gp[1] };
+}
+
+static void exp_finish(struct exp_proc *e, char go)
+{
+    put_byte(e->go, go);
+    cr_expect_eq(pd_wait(e->pid), 0, "the exporter: its exit code names the check");
+    close(e->tok);
+    close(e->go);
+}
+
+/* ---- an importer: imports t, checks length and bytes (pat) with nothing copied, the
+   token spent after; then writes (wpat) over page 0 of region 0 (its own copy from then:
+   it reads its write back). */
+static int importer(const char *path, const kvvm_handoff *t, unsigned char pat,
+                    unsigned char wpat)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "importer", BPT);
+    c.pool_thread = 0;                  /* no lease ahead in the background: held_bytes
+                                           moves only with this thread's calls */
+    kvvm *kv = NULL;
+    if (kvvm_open(&c, &kv))
+        return 30;
+    uint64_t to_dev = STAT(kv, bytes_to_device), h0 = held(kv);
+    kvvm_seq s, s2;
+    if (kvvm_seq_import(kv, t, &s))
+        return 31;
+    struct kvvm_seq_info si = { .size = sizeof si };
+    if (kvvm_seq_info(kv, s, &si) || si.length != LEN)
+        return 32;
+    if (STAT(kv, bytes_to_device) != to_dev || held(kv) != h0)
+        return 33;                      /* no copy; the frames are not leased to it */
+    if (STAT(kv, imports) != 1)
+        return 34;
+    if (check(kv, s, LEN, pat))
+        return 35;
+    if (kvvm_seq_import(kv, t, &s2) != -ENOENT || !*kvvm_last_error())
+        return 36;                      /* once */
+    /* prepare_write copies too: the pages it covers are this process's own after it */
+    struct kvvm_seq_info s0 = { .size = sizeof s0 }, s1 = { .size = sizeof s1 };
+    if (kvvm_seq_info(kv, s, &s0) || s0.pages_shared != s0.pages_device ||
+        kvvm_seq_prepare_write(kv, s, TPP, 2 * TPP) || kvvm_seq_info(kv, s, &s1) ||
+        s1.pages_shared != s0.pages_shared - NREG || check(kv, s, LEN, pat))
+        return 41;
+    if (wpat) {
+        unsigned char b[PD_GRAN], r[PD_GRAN];
+        memset(b, wpat, sizeof b);
+        if (kvvm_seq_write(kv, s, 0, 0, b, sizeof b) || kvvm_seq_read(kv, s, 0, 0, r, sizeof r))
+            return 37;
+        if (memcmp(b, r, sizeof b) != 0)
+            return 38;
+        /* the partial page too: a grow into it copies first */
+        if (kvvm_seq_grow(kv, s, LEN + 3) || kvvm_seq_write(kv, s, 1, (LEN - 1) * BPT, b, 4 * BPT))
+            return 39;
+    }
+    if (kvvm_seq_free(kv, s))
+        return 40;
+    kvvm_close(kv);
+    return 0;
+}
+
+static pid_t imp_start(const char *path, const kvvm_handoff *t, unsigned char pat,
+                       unsigned char wpat)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(importer(path, t, pat, wpat));
+    return pid;
+}
+
+static int control(const char *path)
+{
+    int ctl = pc_connect(path);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_hello(ctl, POOL_ROLE_CONTROL, "test", 0, 0, buf), POOL_MSG_WELCOME);
+    return ctl;
+}
+
+/* Polls (each INFO a round trip, no sleep) until the pool is whole and clientless: every
+   frame back exactly, no record left. */
+static void wait_pool_whole(const char *path)
+{
+    int ctl = control(path);
+    for (;;) {
+        struct pool_figures f = pc_info(ctl);
+        if (f.free_bytes == f.pool_bytes && f.n_clients == 0)
+            break;
+        sched_yield();
+    }
+    close(ctl);
+}
+
+Test(handoff, export_import_across_processes_without_a_copy)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x21, .ntok = 1 }, &t);
+    pid_t b = imp_start(d.path, &t, 0x21, 0xb0);
+    cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    exp_finish(&e, 'c');                /* the importer's writes: not in the exporter's pages */
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, three_processes_copy_on_write)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t[2];
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x33, .ntok = 2 }, t);
+    pid_t b = imp_start(d.path, &t[0], 0x33, 0xbb);   /* B writes into the shared pages */
+    cr_expect_eq(pd_wait(b), 0, "importer B: its exit code names the check");
+    pid_t c = imp_start(d.path, &t[1], 0x33, 0);      /* C still reads A's bytes */
+    cr_expect_eq(pd_wait(c), 0, "importer C: its exit code names the check");
+    exp_finish(&e, 'c');
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, export_survives_its_exporters_sigkill)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x44, .ntok = 1 }, &t);
+    cr_assert_eq(kill(e.pid, SIGKILL), 0);
+    cr_expect_eq(pd_wait(e.pid), 128 + SIGKILL);
+    close(e.tok);
+    close(e.go);
+    pid_t b = imp_start(d.path, &t, 0x44, 0x99);
+    cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* In its own process: forged, other layout (nothing spent), spent, dropped tokens. */
+static int tokens(const char *path, const kvvm_handoff *t)
+{
+    struct kvvm_config c, c2;
+    cfg(&c, path, "tokens", BPT);
+    cfg(&c2, path, "other-layout", BPT / 2);
+    kvvm *kv = NULL, *kv2 = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv) || kvvm_open(&c2, &kv2))
+        return 50;
+    kvvm_handoff f = t[0];
+    f.bytes[17] ^= 1;
+    if (kvvm_seq_import(kv, &f, &s) != -ENOENT || !strstr(kvvm_last_error(), "token"))
+        return 51;
+    if (kvvm_seq_import(kv2, &t[0], &s) != -EINVAL || !strstr(kvvm_last_error(), "layout"))
+        return 52;
+    if (kvvm_seq_import(kv, &t[0], &s) || check(kv, s, LEN, 0x55))
+        return 53;                      /* the refused imports spent nothing */
+    if (kvvm_seq_import(kv, &t[0], &s) != -ENOENT)
+        return 54;
+    if (kvvm_handoff_drop(kv, &t[1]))
+        return 55;
+    if (kvvm_seq_import(kv, &t[1], &s) != -ENOENT || kvvm_handoff_drop(kv, &t[1]) != -ENOENT)
+        return 56;
+    kvvm_close(kv2);
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, forged_spent_other_layout_and_dropped_tokens)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t[2];
+    /* the exporter frees its sequence and closes first: the exports outlive both */
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x55, .ntok = 2,
+                                                             .free_first = true }, t);
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(tokens(d.path, t));
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    exp_finish(&e, 'x');
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, stream_mode_bytes_written_after_the_export_never_seen)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x66, .ntok = 1,
+                                                             .stream = true }, &t);
+    pid_t b = imp_start(d.path, &t, 0x66, 0);
+    cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    exp_finish(&e, 'x');
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* A client that needs more than is free once the exporter left: the daemon drops the
+   unimported export (its frames) rather than fail or ask anyone. */
+static int needy(const char *path, uint64_t pages)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "needy", BPT);
+    c.device_budget = 0;                /* the whole pool */
+    c.max_tokens = 64 * TPP;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 60;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, pages * TPP))
+        return 61;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, unimported_export_dropped_under_pressure)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames; the export holds 12 */
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x77, .ntok = 1,
+                                                             .free_first = true }, &t);
+    exp_finish(&e, 'x');
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(needy(d.path, 7));        /* 14 frames: only with the export's */
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {
+        struct kvvm_config c;
+        cfg(&c, d.path, "late", BPT);
+        kvvm *kv = NULL;
+        kvvm_seq s;
+        if (kvvm_open(&c, &kv))
+            _exit(70);
+        _exit(kvvm_seq_import(kv, &t, &s) == -ENOENT ? 0 : 71);
+    }
+    cr_expect_eq(pd_wait(p), 0, "the dropped export's import: -ENOENT");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(handoff, needs_a_pool)
+{
+    TH_DEADLINE(60);
+    struct kvvm_config c;
+    th_config(&c, (size_t)PD_GRAN, NREG, BPT, 4, 256, 16, 0, 0);
+    kvvm *kv = th_open(&c);
+    kvvm_seq s;
+    kvvm_handoff t = { { 0 } };
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, 20), 0);
+    cr_expect_eq(kvvm_seq_export(kv, s, &t), -EOPNOTSUPP);
+    cr_expect(strstr(kvvm_last_error(), "pool_socket"), "%s", kvvm_last_error());
+    cr_expect_eq(kvvm_seq_import(kv, &t, &s), -EOPNOTSUPP);
+    cr_expect_eq(kvvm_handoff_drop(kv, &t), -EOPNOTSUPP);
+    cr_expect_eq(kvvm_seq_export(kv, s, NULL), -EINVAL);
+    kvvm_close(kv);
+}
+
+/* An importer that swaps its imported sequence out gives the frames up (the daemon frees
+   them: nobody else holds them), and swaps it back in with every byte. */
+static int swapper(const char *path, const kvvm_handoff *t, unsigned char pat)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "swapper", BPT);
+    c.host_budget = 32 * (size_t)PD_GRAN;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 80;
+    if (kvvm_seq_import(kv, t, &s) || check(kv, s, LEN, pat))
+        return 81;
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    if (kvvm_pool_info(kv, &pi) || pi.free_bytes + pi.held_bytes >= pi.pool_bytes)
+        return 82;                      /* the imported frames: neither free nor ours */
+    if (kvvm_seq_swap_out(kv, s) || kvvm_sync(kv))
+        return 83;
+    if (kvvm_pool_info(kv, &pi) || pi.free_bytes + pi.held_bytes != pi.pool_bytes)
+        return 84;                      /* given up: free again, exactly */
+    if (kvvm_seq_swap_in(kv, s) || check(kv, s, LEN, pat))
+        return 85;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, imported_pages_swapped_out_give_their_frames_up)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0x88, .ntok = 1,
+                                                             .free_first = true }, &t);
+    exp_finish(&e, 'x');
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(swapper(d.path, &t, 0x88));
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* ---- ordering: an export waits for the engine's work enqueued before it ------------------
+   The exporter's engine stream is paused (its work cannot complete) and a gate holds the
+   next cuStreamSynchronize of another thread. A thread exports: the export must stop there,
+   waiting for the stream, so its call has not returned when the gate is reached. An export
+   that did not wait returns first, and the thread's kvvm_sync after it reaches the gate
+   instead, with the export done: that is the failure this test sees. */
+struct ord {
+    kvvm *kv;
+    kvvm_seq s;
+    kvvm_handoff t;
+    int rc;
+    atomic_int done;
+};
+
+static void *ord_export(void *arg)
+{
+    struct ord *o = arg;
+    o->rc = kvvm_seq_export(o->kv, o->s, &o->t);
+    atomic_store(&o->done, 1);
+    if (kvvm_sync(o->kv))
+        o->rc = o->rc ? o->rc : -EIO;
+    return NULL;
+}
+
+static int ordered_exporter(const char *path, int tok_fd)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "ordered", BPT);
+    struct ord o = { 0 };
+    void *st = NULL;
+    if (kvvm_open(&c, &o.kv) || kvvm_stream_create(o.kv, &st) || kvvm_set_stream(o.kv, st))
+        return 100;
+    if (kvvm_seq_create(o.kv, &o.s) || kvvm_seq_grow(o.kv, o.s, LEN) ||
+        fill(o.kv, o.s, LEN, 0x99) || kvvm_sync(o.kv))
+        return 101;
+    if (emu_stream_set_paused((kcu_stream)st, 1) || kvvm_step(o.kv))
+        return 102;                     /* the step's fence: engine work left undone */
+    if (emu_gate_arm("cuStreamSynchronize"))
+        return 103;
+    pthread_t th;
+    if (pthread_create(&th, NULL, ord_export, &o))
+        return 104;
+    emu_gate_wait();
+    int early = atomic_load(&o.done);   /* the export returned with the work undone */
+    emu_stream_set_paused((kcu_stream)st, 0);
+    emu_gate_open();
+    pthread_join(th, NULL);
+    if (early)
+        return 105;
+    if (o.rc)
+        return 106;
+    if (write(tok_fd, &o.t, sizeof o.t) != (ssize_t)sizeof o.t)
+        return 107;
+    kvvm_close(o.kv);
+    return 0;
+}
+
+Test(handoff, export_waits_for_the_engines_earlier_work)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    int tp[2];
+    cr_assert_eq(pipe2(tp, O_CLOEXEC), 0);
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {
+        close(tp[0]);
+        _exit(ordered_exporter(d.path, tp[1]));
+    }
+    close(tp[1]);
+    kvvm_handoff t;
+    bool got = read(tp[0], &t, sizeof t) == (ssize_t)sizeof t;
+    cr_expect_eq(pd_wait(p), 0, "the exporter: its exit code names the check");
+    close(tp[0]);
+    if (got) {
+        pid_t b = imp_start(d.path, &t, 0x99, 0);
+        cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
+    }
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* ---- the protocol, raw: a client cannot export a frame it neither leased nor maps, nor
+   end an import it did not start; either drops only that client. A raw export and import
+   hand the frames over (descriptors of the same allocation). */
+static void raw_export(int fd, const uint64_t *ids, uint32_t n, struct pool_exported *out)
+{
+    struct pool_export m = { .total = n, .off = 0, .n = n, .length = 16 * n,
+                             .lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                      .page_size = PD_GRAN } };
+    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
+    memcpy(m.ids, ids, n * sizeof *ids);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    if (out) {
+        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+        cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_EXPORTED);
+        memcpy(out, buf, sizeof *out);
+    }
+}
+
+Test(handoff, hostile_handoff_messages_drop_only_their_sender)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    int a = pc_client(d.path, "owner");
+    uint64_t ids[2];
+    int fds[2];
+    cr_assert_eq(pc_lease(a, 2, ids, fds, NULL), 2u);
+    close(fds[0]);
+    close(fds[1]);
+    int b = pc_client(d.path, "thief");             /* exports a frame of another client */
+    raw_export(b, ids, 1, NULL);
+    cr_expect(pc_dropped(b), "an export of a frame it does not hold drops it");
+    close(b);
+    int e = pc_client(d.path, "stranger");          /* ends an import it never started */
+    struct pool_import_end ie = { .ok = 1 };
+    pool_proto_hdr(&ie.h, POOL_MSG_IMPORT_END);
+    cr_assert_eq(pool_proto_send(e, &ie, NULL, 0, 0), 0);
+    cr_expect(pc_dropped(e), "an IMPORT_END of no import drops it");
+    close(e);
+    struct pool_exported x;                         /* the owner is unaffected */
+    raw_export(a, ids, 2, &x);
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    int c = pc_client(d.path, "importer");
+    struct pool_import im = { .lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                       .page_size = PD_GRAN } };
+    pool_proto_hdr(&im.h, POOL_MSG_IMPORT);
+    memcpy(im.token, x.token, sizeof im.token);
+    cr_assert_eq(pool_proto_send(c, &im, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    const struct pool_imported *r = (const void *)buf;
+    cr_assert_eq(r->err, 0, "%s", r->text);
+    cr_expect_eq(r->total, 2u);
+    cr_expect_eq(r->length, 32u);
+    int nf = 0;
+    cr_assert_eq(pc_recv(c, buf, fds, &nf), POOL_MSG_FRAMES);
+    cr_expect_eq(nf, 2);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    /* the owner gives its lease up; the importer holds them; it dies: all free */
+    pc_return(a, ids, 2);
+    struct pool_figures f = pc_info(a);
+    cr_expect_eq(f.free_bytes, f.pool_bytes - 2 * PD_GRAN, "the importer's mappings hold them");
+    close(c);                                       /* dies mid-import: importable again */
+    int c2 = pc_client(d.path, "importer2");
+    cr_assert_eq(pool_proto_send(c2, &im, NULL, 0, 0), 0);
+    cr_assert_eq(pc_recv(c2, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    cr_expect_eq(((const struct pool_imported *)buf)->err, 0, "an importer's death gives "
+                 "the export back");
+    cr_assert_eq(pc_recv(c2, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    ie.ok = 1;
+    memcpy(ie.token, x.token, sizeof ie.token);
+    cr_assert_eq(pool_proto_send(c2, &ie, NULL, 0, 0), 0);   /* spent */
+    close(c2);                                      /* its mappings go with it */
+    for (;;) {
+        f = pc_info(a);
+        if (f.free_bytes == f.pool_bytes)
+            break;
+        sched_yield();
+    }
+    close(a);
+    pd_stop(&d);
+}
+
+/* An import that cannot fit the importer's budget fails -ENOMEM having changed nothing:
+   no sequence, its frames given back, and the export still importable by another. */
+static int too_small(const char *path, const kvvm_handoff *t)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "small", BPT);
+    c.device_budget = 4 * (size_t)PD_GRAN;          /* the export is 12 frames */
+    c.pool_thread = 0;
+    kvvm *kv = NULL;
+    kvvm_seq s = 0;
+    if (kvvm_open(&c, &kv))
+        return 110;
+    uint64_t h0 = held(kv);
+    if (kvvm_seq_import(kv, t, &s) != -ENOMEM || !*kvvm_last_error())
+        return 111;
+    if (STAT(kv, imports) != 0 || held(kv) > h0)
+        return 112;
+    for (int i = 0; i < 4; i++)         /* max_seqs: every slot free again */
+        if (kvvm_seq_create(kv, &s))
+            return 113;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(handoff, import_past_the_budget_changes_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm_handoff t;
+    struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = 0xa1, .ntok = 1,
+                                                             .free_first = true }, &t);
+    exp_finish(&e, 'x');
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(too_small(d.path, &t));
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    pid_t b = imp_start(d.path, &t, 0xa1, 0);
+    cr_expect_eq(pd_wait(b), 0, "the importer after it: its exit code names the check");
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
