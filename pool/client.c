@@ -186,11 +186,13 @@ static void gone_locked(struct pool_cli *c, const char *why)
     kick_locked(c);
 }
 
-/* One reply of type want into buf, descriptors in fds, within POOL_CLI_REPLY_MS (plus the
-   wait a take-back may take); a RECLAIM before it is kept (note_ask_locked). 0; -EIO (the
-   daemon is gone). */
+#define N_FDS(a) ((int)(sizeof(a) / sizeof *(a)))   /* an array's room, for max_fds */
+
+/* One reply of type want into buf, at most max_fds descriptors in fds (more are closed, and
+   the reply is malformed), within POOL_CLI_REPLY_MS (plus the wait a take-back may take); a
+   RECLAIM before it is kept (note_ask_locked). 0; -EIO (the daemon is gone). */
 static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
-                             int *nfds)
+                             int max_fds, int *nfds)
 {
     uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS + (c->waiting ? c->wait_ms : 0)) *
                                   1000000u;
@@ -200,7 +202,7 @@ static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *
         int pr = now < end ? poll(&p, 1, (int)((end - now) / 1000000u) + 1) : 0;
         if (pr < 0 && errno == EINTR)
             continue;
-        long n = pr > 0 ? pool_proto_recv(c->fd, buf, POOL_MSG_MAX, fds, POOL_BATCH_MAX, nfds,
+        long n = pr > 0 ? pool_proto_recv(c->fd, buf, POOL_MSG_MAX, fds, max_fds, nfds,
                                           MSG_DONTWAIT) : -ETIMEDOUT;
         unsigned type = 0;
         if (pr <= 0)
@@ -218,7 +220,7 @@ static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *
                 close(fds[i]);
             *nfds = 0;
             gone_locked(c, n == 0 ? "it closed the connection"
-                           : n < 0 ? "no reply" : "a malformed reply");
+                           : n < 0 && n != -EMSGSIZE ? "no reply" : "a malformed reply");
             return -EIO;
         }
         return 0;
@@ -373,7 +375,7 @@ static int lease_once_locked(struct pool_cli *c, bool caller)
     c->waiting = m.wait_ms > 0;
     if (c->waiting)
         c->ask_n = 0;               /* it needs frames: the daemon dropped its ask */
-    int rc = recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, &nfds);
+    int rc = recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds);
     c->waiting = false;
     if (caller) {
         uint64_t waited = now_ns() - t0;
@@ -474,7 +476,7 @@ int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
         int fds[1], nfds = 0;
         if (pool_proto_send(c->fd, &m, NULL, 0, 0))
             gone_locked(c, "its socket refused a request");
-        else if (!recv_reply_locked(c, POOL_MSG_INFO_REPLY, buf, fds, &nfds))
+        else if (!recv_reply_locked(c, POOL_MSG_INFO_REPLY, buf, fds, N_FDS(fds), &nfds))
             c->fig = ((struct pool_info_reply *)buf)->fig;
     }
     *f = c->fig;
@@ -542,7 +544,7 @@ int pool_cli_set_limit(struct pool_cli *c, uint64_t bytes)
         int fds[1], nfds = 0;
         if (pool_proto_send(c->fd, &m, NULL, 0, 0))
             gone_locked(c, "its socket refused a request");
-        else if (!recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, &nfds))
+        else if (!recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
             c->fig.limit_bytes = bytes ? bytes : c->fig.pool_bytes;
     }
     pthread_mutex_unlock(&c->mu);
@@ -731,8 +733,8 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
         }
     }
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
-    if (!rc && recv_reply_locked(c, POOL_MSG_EXPORTED, buf, fds, &nfds)) {
+    int fds[POOL_BATCH_MAX], nfds = 0;
+    if (!rc && recv_reply_locked(c, POOL_MSG_EXPORTED, buf, fds, N_FDS(fds), &nfds)) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);
         rc = -EIO;
     } else if (!rc) {
@@ -793,7 +795,7 @@ static int import_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *id
     int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
     uint32_t got = 0;
     while (got < n) {
-        if (recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, &nfds))
+        if (recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds))
             return -EIO;
         const struct pool_frames *f = (const void *)buf;
         for (uint32_t i = 0; i < f->n; i++, got++) {
@@ -825,11 +827,11 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
     pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
+    int fds[POOL_BATCH_MAX], nfds = 0;
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         gone_locked(c, "its socket refused a request");
         rc = -EIO;
-    } else if (recv_reply_locked(c, POOL_MSG_IMPORTED, buf, fds, &nfds)) {
+    } else if (recv_reply_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds)) {
         rc = -EIO;
     }
     if (rc) {
@@ -912,12 +914,12 @@ int pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, s
     pool_proto_hdr(&m.h, POOL_MSG_HANDOFF_DROP);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[POOL_BATCH_MAX], nfds = 0;   /* recv_reply_locked takes up to that many */
+    int fds[POOL_BATCH_MAX], nfds = 0;
     if (!rc && pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         gone_locked(c, "its socket refused a request");
         rc = -EIO;
     }
-    if (!rc && recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, &nfds))
+    if (!rc && recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
         rc = -EIO;
     if (rc) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);

@@ -4,8 +4,11 @@
    imports and maps (bytes through its window), a client killed with SIGKILL giving every
    frame back, malformed and hostile messages dropping only their sender, versions,
    reserves and limits, and kvvmctl. */
+#include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include "harness.h"
+#include "pool/client.h"
 #include "pool_daemon.h"
 #include "vmm/vmm.h"
 
@@ -815,4 +818,86 @@ Test(pool, set_budget_is_the_clients_limit)
     wait_pool_whole(cfd);
     close(cfd);
     pd_stop(&d);
+}
+
+/* ---- regressions ------------------------------------------------------------------------ */
+
+/* A daemon that answers one client's HELLO, then its INFO with descriptors attached (none are
+   expected), then goes. */
+struct fake_daemon {
+    int lfd;
+    char path[108];
+};
+
+static void *fake_daemon_run(void *arg)
+{
+    struct fake_daemon *d = arg;
+    int c = accept(d->lfd, NULL, NULL);
+    cr_assert(c >= 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int nfds = 0;
+    cr_assert_gt(pool_proto_recv(c, buf, sizeof buf, NULL, 0, &nfds, 0), 0);   /* HELLO */
+    struct pool_welcome w = { .version = POOL_PROTO_VERSION, .backend = POOL_BACKEND_EMULATED,
+                              .page_size = PD_GRAN, .granule = PD_GRAN,
+                              .pool_bytes = FRAMES * PD_GRAN, .emu_device_bytes = 64u << 20 };
+    pool_proto_hdr(&w.h, POOL_MSG_WELCOME);
+    cr_assert_eq(pool_proto_send(c, &w, NULL, 0, 0), 0);
+    cr_assert_gt(pool_proto_recv(c, buf, sizeof buf, NULL, 0, &nfds, 0), 0);   /* INFO */
+    struct pool_info_reply r = { .fig = { .pool_bytes = FRAMES * PD_GRAN } };
+    pool_proto_hdr(&r.h, POOL_MSG_INFO_REPLY);
+    int fds[8];
+    for (int i = 0; i < 8; i++)
+        cr_assert((fds[i] = memfd_create("fake", MFD_CLOEXEC)) >= 0);
+    cr_assert_eq(pool_proto_send(c, &r, fds, 8, 0), 0);
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+    close(c);
+    return NULL;
+}
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* pool_cli_info (and the limit request) took their reply into a one-descriptor array while
+   the receive accepted up to POOL_BATCH_MAX descriptors: a reply carrying several wrote past
+   the array on the stack (AddressSanitizer: stack-buffer-overflow). The reply is malformed:
+   the client takes the daemon for gone and closes every descriptor it received. */
+Test(regress, info_reply_carrying_descriptors_overran_the_clients_array)
+{
+    struct fake_daemon d;
+    char dir[] = "/tmp/kvvm-fake-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    snprintf(d.path, sizeof d.path, "%s/sock", dir);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", d.path);
+    d.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert(d.lfd >= 0);
+    cr_assert_eq(bind(d.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(d.lfd, 1), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fake_daemon_run, &d), 0);
+
+    struct pool_cli_params p = { .path = d.path, .name = "victim" };
+    struct pool_cli *c = NULL;
+    struct pool_welcome w;
+    cr_assert_eq(pool_cli_open(&p, &c, &w), 0);
+    cr_assert_eq(unlink(d.path), 0);        /* no reconnection: the daemon is gone */
+    int before = open_fds();
+    struct pool_figures f;
+    int connected = 1;
+    cr_assert_eq(pool_cli_info(c, &f, &connected), 0);
+    cr_expect_eq(connected, 0, "a reply with descriptors where none belong is malformed");
+    pthread_join(t, NULL);
+    cr_expect_leq(open_fds(), before - 1, "descriptors received with the reply were kept");
+    pool_cli_close(c);
+    close(d.lfd);
+    rmdir(dir);
 }
