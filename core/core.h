@@ -199,12 +199,15 @@ struct storeq_fetch {
     size_t m;                     /* blocks asked for */
     size_t chunk;                 /* blocks per request */
     size_t got;                   /* leading blocks read whole, checksums good */
+    bool staged;                  /* buf is the context's kept attach staging */
 };
 /* No lock held: reads keys[0..m) (requests of at most 64 MiB, stopping at the first
-   miss); f->got the leading blocks read. 0, or -ENOMEM (f empty). */
+   miss); f->got the leading blocks read; into the context's kept pinned staging when it is
+   free and large enough (no allocation, no page fault), else a buffer of its own. 0, or
+   -ENOMEM (f empty). storeq_fetch_free gives either back. */
 int  storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                   struct storeq_fetch *f);
-void storeq_fetch_free(struct storeq_fetch *f);
+void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f);
 /* Context lock held: writes blocks [j0, j1) of f into resident dst's blocks first.. (its
    pages there fresh) in every region, on the engine stream. -errno of paging_seq_write. */
 int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,

@@ -294,7 +294,7 @@ static int attach_call(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys
     if (!rc)
         rc = leave(kv, core_explain(kv, "kvvm_prefix_attach",
                                     attach_locked(kv, dst, ns, keys, n, k0, &f)));
-    storeq_fetch_free(&f);
+    storeq_fetch_free(kv->sq, &f);
     return rc;
 }
 
