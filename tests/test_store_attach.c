@@ -148,3 +148,134 @@ Test(store_attach, steady_state_attach_faults_no_page)
     tclose(&t);
     rmdir_all(dir);
 }
+
+/* ---------------------------------------------------------------- below the host tier */
+
+#define T1   16u                 /* tokens per 4 KiB page of 256-byte tokens, one region */
+
+static uint8_t pat1(uint32_t lin, uint64_t off)
+{
+    return (uint8_t)(lin * 37u + off * 11u + (off >> 8) + 1u);
+}
+
+static void keys1(uint32_t lin, size_t nb, kvvm_key *k)
+{
+    int32_t tok[4 * T1];
+    for (uint32_t i = 0; i < nb * T1; i++)
+        tok[i] = (int32_t)(lin * 1000u + i);
+    cr_assert_eq(kvvm_prefix_keys(tok, nb * T1, T1, NULL, 0, k, nb), nb);
+}
+
+static void fill1(kvvm *kv, kvvm_seq s, uint64_t blocks, uint32_t lin)
+{
+    uint8_t b[4 * T1 * 256];
+    cr_assert_eq(kvvm_seq_grow(kv, s, blocks * T1), 0, "grow: %s", kvvm_last_error());
+    for (size_t i = 0; i < blocks * KB; i++)
+        b[i] = pat1(lin, i);
+    cr_assert_eq(kvvm_seq_write(kv, s, 0, 0, b, blocks * KB), 0);
+}
+
+static bool same1(kvvm *kv, kvvm_seq s, uint64_t blocks, uint32_t lin)
+{
+    uint8_t b[4 * T1 * 256];
+    cr_assert_eq(kvvm_seq_read(kv, s, 0, 0, b, blocks * KB), 0, "read: %s", kvvm_last_error());
+    for (size_t i = 0; i < blocks * KB; i++)
+        if (b[i] != pat1(lin, i))
+            return false;
+    return true;
+}
+
+/* One region of 4 KiB pages, 8 device pages, `host` host slots, a disk tier of 16 pages in
+   spill (NULL: none), the store at url; AUTO_SWAP | CACHE_DEMOTE, watermarks 0 (only the
+   calls move pages). */
+static kvvm *open_below(const char *url, const char *spill, uint64_t host)
+{
+    struct kvvm_config c;
+    th_config(&c, KB, 1, 256, 8, 8 * T1, 8, host, KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE);
+    c.pool_thread = 0;
+    c.store_url = url;
+    c.store_timeout_ms = 20000;
+    c.spill_dir = spill;
+    c.spill_budget = spill ? 16 * KB : 0;
+    c.device_min = c.device_low = c.device_high = 0;
+    c.host_min = c.host_low = c.host_high = 0;
+    return th_open(&c);
+}
+
+/* The lookup of k[0..n) finds all n, in tiers want[0..n). */
+static void tiers1(kvvm *kv, const kvvm_key *k, int n, const uint8_t *want, const char *what)
+{
+    uint8_t w[4] = { 0 };
+    cr_assert_eq(kvvm_prefix_lookup(kv, 1, k, (size_t)n, w), n, "%s: not all found", what);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(w[i], want[i], "%s: block %d in tier %u, not %u", what, i, w[i], want[i]);
+}
+
+/* Entries of the store are like any other: x's two entries, attached from the store
+   (from_store: published by another context) or published here and written through to the
+   store, are demoted to the host tier when the device is needed, then spilled to disk when
+   a swap-out needs their host slots (prefix_spills), and attached back from disk with every
+   byte intact. */
+static void store_entries_spill(bool from_store)
+{
+    TH_DEADLINE(120);
+    char sdir[64], url[96], spill[64];
+    kvvm_key x[2];
+    file_url(sdir, sizeof sdir, url, sizeof url);
+    snprintf(spill, sizeof spill, "/var/tmp/kvvm-test-spill-XXXXXX");
+    cr_assert(mkdtemp(spill));
+    keys1(1, 2, x);
+    kvvm *pub = from_store ? open_below(url, NULL, 0) : open_below(url, spill, 2);
+    kvvm_seq p;
+    cr_assert_eq(kvvm_seq_create(pub, &p), 0);
+    fill1(pub, p, 2, 1);
+    cr_assert_eq(kvvm_prefix_publish(pub, p, 1, x, 2), 2, "%s", kvvm_last_error());
+    cr_assert_eq(kvvm_sync(pub), 0);            /* written to the store */
+    struct kvvm_stats st;
+    th_stats(pub, &st);
+    cr_assert_eq(st.store_puts, 2);
+    kvvm *kv = pub;
+    kvvm_seq g, s, b;
+    if (from_store) {
+        th_close(pub, 0);
+        kv = open_below(url, spill, 2);
+        kvvm_seq a;
+        cr_assert_eq(kvvm_seq_create(kv, &a), 0);
+        cr_assert_eq(kvvm_prefix_attach(kv, a, 1, x, 2), 2, "attach: %s", kvvm_last_error());
+        th_stats(kv, &st);
+        cr_assert_eq(st.store_gets, 2, "the blocks did not come from the store");
+        cr_assert_eq(kvvm_seq_free(kv, a), 0);
+    } else {
+        cr_assert_eq(kvvm_seq_free(kv, p), 0);
+    }
+    tiers1(kv, x, 2, (uint8_t[]){ KVVM_TIER_DEVICE, KVVM_TIER_DEVICE }, "entries");
+    cr_assert_eq(kvvm_seq_create(kv, &g), 0);   /* the whole device: x demoted to the host */
+    cr_assert_eq(kvvm_seq_grow(kv, g, 8 * T1), 0, "grow: %s", kvvm_last_error());
+    tiers1(kv, x, 2, (uint8_t[]){ KVVM_TIER_HOST, KVVM_TIER_HOST }, "demoted");
+    cr_assert_eq(kvvm_seq_truncate(kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    fill1(kv, s, 2, 3);
+    cr_assert_eq(kvvm_seq_swap_out(kv, s), 0, "swap_out: %s", kvvm_last_error());
+    th_stats(kv, &st);
+    cr_assert_eq(st.prefix_spills, 2, "the store's entries' host pages were not spilled");
+    tiers1(kv, x, 2, (uint8_t[]){ KVVM_TIER_DISK, KVVM_TIER_DISK }, "spilled");
+    cr_assert_eq(kvvm_seq_swap_in(kv, s), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same1(kv, s, 2, 3));
+    cr_assert_eq(kvvm_seq_create(kv, &b), 0);
+    cr_assert_eq(kvvm_prefix_attach(kv, b, 1, x, 2), 2, "attach: %s", kvvm_last_error());
+    cr_assert(same1(kv, b, 2, 1), "bytes back from disk differ");
+    th_check(kv, "store entries spilled");
+    th_close(kv, 0);
+    rmdir_all(spill);
+    rmdir_all(sdir);
+}
+
+Test(store_attach, store_entries_host_pages_spill_to_disk)
+{
+    store_entries_spill(true);
+}
+
+Test(store_attach, written_through_entries_host_pages_spill_to_disk)
+{
+    store_entries_spill(false);
+}
