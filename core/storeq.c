@@ -570,8 +570,10 @@ static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
 
 /* Attach's staging. One attach at a time reads into the kept staging (taken under q->mu
    while it is not busy and its m blocks fit), waiting first for the fence behind the last
-   attach's copies from it (stream mode: the engine stream may not have read it yet); any
-   other attach (a concurrent one, a larger one) allocates its own 4 KiB aligned buffer. The
+   attach's copies from it (stream mode: the engine stream may not have read it yet; a
+   driver call, so storeq_fetch_prepare is called inside the attach's call frame, with the
+   context lock); any other attach (a concurrent one, a larger one) allocates its own 4 KiB
+   aligned buffer. The
    buffers are 4 KiB aligned, so the file backend reads straight into them (O_DIRECT), and
    the staging is pinned, so the copies to the device read it directly (asynchronous in
    stream mode). storeq_fetch_write records the fence after its copies; storeq_fetch_free
@@ -598,18 +600,26 @@ static bool fstage_take(struct storeq *q, size_t bytes)
     return take;
 }
 
-int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
-                 struct storeq_fetch *f)
+void storeq_fetch_prepare(struct storeq *q, size_t m, struct storeq_fetch *f)
 {
     memset(f, 0, sizeof *f);
     if (!q || !m)
-        return 0;
+        return;
     f->m = m;
     f->chunk = fetch_chunk(q);
     if (fstage_take(q, m * q->block_bytes)) {
         f->buf = q->fstage;
         f->staged = true;
-    } else if (posix_memalign((void **)&f->buf, 4096, m * q->block_bytes)) {
+    }
+}
+
+int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                 struct storeq_fetch *f)
+{
+    if (!q || !m)
+        return 0;
+    KVVM_ASSERT(f->m == m && f->chunk);   /* prepared for these m blocks */
+    if (!f->buf && posix_memalign((void **)&f->buf, 4096, m * q->block_bytes)) {
         f->buf = NULL;
         return -ENOMEM;
     }

@@ -15,7 +15,10 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <pthread.h>
+
 #include "store_server.h"
+#include "vmm/emu/emu.h"
 
 #define PS   (16u * KB)          /* 64 KiB pages */
 #define NR   2u
@@ -35,9 +38,9 @@ static void cfg_a(struct kvvm_config *c, const char *url)
     c->store_queue_bytes = (size_t)NB * NR * PS * 2;
 }
 
-static uint8_t pat(uint32_t r, uint64_t off)
+static uint8_t pat(int set, uint32_t r, uint64_t off)
 {
-    return (uint8_t)(r * 101u + off * 7u + (off >> 9) + 3u);
+    return (uint8_t)((uint32_t)set * 59u + r * 101u + off * 7u + (off >> 9) + 3u);
 }
 
 /* Set i's keys: the same tokens under salt i. */
@@ -61,17 +64,17 @@ static void publish_sets(const char *url)
     cr_assert_eq(kvvm_seq_grow(t.kv, s, NB * TPB), 0);
     uint8_t *b = malloc((size_t)NB * PS);
     cr_assert(b);
-    for (uint32_t r = 0; r < NR; r++) {
-        for (size_t i = 0; i < (size_t)NB * PS; i++)
-            b[i] = pat(r, i);
-        cr_assert_eq(kvvm_seq_write(t.kv, s, r, 0, b, (size_t)NB * PS), 0);
-    }
-    free(b);
-    for (int i = 0; i < SETS; i++) {
+    for (int i = 0; i < SETS; i++) {    /* each set its own bytes */
+        for (uint32_t r = 0; r < NR; r++) {
+            for (size_t j = 0; j < (size_t)NB * PS; j++)
+                b[j] = pat(i, r, j);
+            cr_assert_eq(kvvm_seq_write(t.kv, s, r, 0, b, (size_t)NB * PS), 0);
+        }
         keys_of(i, k);
         cr_assert_eq(kvvm_prefix_publish(t.kv, s, 1, k, NB), (int)NB, "%s", kvvm_last_error());
         cr_assert_eq(kvvm_sync(t.kv), 0);       /* written before the next (no drop) */
     }
+    free(b);
     struct kvvm_stats st;
     tstats(&t, &st);
     cr_assert_eq(st.store_puts, (uint64_t)SETS * NB, "puts %llu",
@@ -86,9 +89,8 @@ static long thread_minflt(void)
     return ru.ru_minflt;
 }
 
-/* Attaches set i (every block from the store), checks its first and last block's bytes,
-   frees the sequence (its entries stay). */
-static void attach_set(kvvm *kv, int i, uint8_t *b)
+/* Attaches set i (every block from the store) into a new sequence, returned. */
+static kvvm_seq attach_only(kvvm *kv, int i)
 {
     kvvm_key k[NB];
     kvvm_seq d;
@@ -96,21 +98,33 @@ static void attach_set(kvvm *kv, int i, uint8_t *b)
     cr_assert_eq(kvvm_seq_create(kv, &d), 0);
     cr_assert_eq(kvvm_prefix_attach(kv, d, 1, k, NB), (int)NB, "set %d: %s", i,
                  kvvm_last_error());
+    return d;
+}
+
+/* d (set i) holds the set's bytes in its first and last block of each region; freed (its
+   entries stay). */
+static void check_free(kvvm *kv, kvvm_seq d, int i, uint8_t *b)
+{
     for (uint32_t r = 0; r < NR; r++)
         for (uint32_t blk = 0; blk < NB; blk += NB - 1) {
             cr_assert_eq(kvvm_seq_read(kv, d, r, (uint64_t)blk * PS, b, PS), 0);
             for (size_t j = 0; j < PS; j++)
-                cr_assert_eq(b[j], pat(r, (uint64_t)blk * PS + j), "set %d region %u block "
+                cr_assert_eq(b[j], pat(i, r, (uint64_t)blk * PS + j), "set %d region %u block "
                              "%u byte %zu", i, r, blk, j);
         }
     cr_assert_eq(kvvm_seq_free(kv, d), 0);
 }
 
-/* WARM warm-up attaches (the emulated device's memory is faulted in at its first use:
+static void attach_set(kvvm *kv, int i, uint8_t *b)
+{
+    check_free(kv, attach_only(kv, i), i, b);
+}
+
+/* (steady_state) WARM warm-up attaches (the emulated device's memory is faulted in at its first use:
    the device holds WARM sets), then 10 of distinct entries, each evicting an earlier set's
    entries: the faults of the 10 are fewer than the pages of one attach's payload (before
    the kept staging: at least one per page per attach, 5,120). */
-Test(store_attach, steady_state_attach_faults_no_page)
+static void steady_state(bool stream)
 {
     TH_DEADLINE(240);
     char dir[64], url[96];
@@ -122,18 +136,35 @@ Test(store_attach, steady_state_attach_faults_no_page)
     struct kvvm_config c;
     struct tctx t;
     cfg_a(&c, url);
-    topen(&t, &c);
+    void *st_engine = NULL;
+    if (stream)
+        topen_stream(&t, &c, &st_engine);   /* the copies from the staging queued on it */
+    else
+        topen(&t, &c);
     uint8_t *b = malloc(PS);
     cr_assert(b);
     for (int i = 0; i < WARM; i++)
         attach_set(t.kv, i, b);
-    long f0 = thread_minflt(), per[SETS];
+    long per[SETS];
+    kvvm_seq prev = 0;
     for (int i = WARM; i < SETS; i++) {
         long a = thread_minflt();
-        attach_set(t.kv, i, b);
-        per[i] = thread_minflt() - a;
+        if (stream) {       /* two attaches in a row before the first's bytes are read */
+            kvvm_seq d = attach_only(t.kv, i);
+            per[i] = thread_minflt() - a;
+            if (i > WARM)
+                check_free(t.kv, prev, i - 1, b);
+            prev = d;
+        } else {
+            attach_set(t.kv, i, b);
+            per[i] = thread_minflt() - a;
+        }
     }
-    long faults = thread_minflt() - f0;
+    if (stream)
+        check_free(t.kv, prev, SETS - 1, b);
+    long faults = 0;
+    for (int i = WARM; i < SETS; i++)
+        faults += per[i];
     long pages = (long)NB * NR * PS / 4096;
     for (int i = WARM; i < SETS; i++)
         cr_log_info("attach %d: %ld minor faults", i, per[i]);
@@ -145,7 +176,72 @@ Test(store_attach, steady_state_attach_faults_no_page)
     cr_expect_geq(st.store_gets, (uint64_t)SETS * NB, "every attach read the store: %llu gets",
                   (unsigned long long)st.store_gets);
     free(b);
-    tclose(&t);
+    if (stream)
+        tclose_stream(&t, st_engine);
+    else
+        tclose(&t);
+    rmdir_all(dir);
+}
+
+Test(store_attach, steady_state_attach_faults_no_page)
+{
+    steady_state(false);
+}
+
+/* The same with an engine stream: each attach's copies from the pinned staging run on it,
+   the next attach waits for their fence before reading into the staging again (every
+   attach's bytes are checked, so one that overwrote copies in flight shows). */
+Test(store_attach, steady_state_attach_stream_mode)
+{
+    steady_state(true);
+}
+
+struct attach_arg {
+    kvvm *kv;
+    int set;
+    kvvm_seq d;
+};
+
+static void *attach_thread(void *p)
+{
+    struct attach_arg *a = p;
+    a->d = attach_only(a->kv, a->set);
+    return NULL;
+}
+
+/* Bug guarded: the staging reused under copies still queued. Stream mode, the engine
+   stream paused: attach of set 0 returns with its copies from the staging queued; a second
+   attach (set 1, another thread) must wait for them (the staging's fence, cuEventSynchronize:
+   gated here until the stream runs again) before reading set 1 into the staging, else set
+   0's copies would carry set 1's bytes. Both sets' bytes are checked. (Room for both: no
+   eviction waits on the paused stream.) */
+Test(store_attach, staging_reuse_waits_for_queued_copies)
+{
+    TH_DEADLINE(120);
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    publish_sets(url);
+    struct kvvm_config c;
+    struct tctx t;
+    void *st_engine = NULL;
+    cfg_a(&c, url);
+    topen_stream(&t, &c, &st_engine);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st_engine, 1), 0);
+    kvvm_seq d0 = attach_only(t.kv, 0);
+    cr_assert_eq(emu_gate_arm("cuEventSynchronize"), 0);
+    struct attach_arg a = { t.kv, 1, 0 };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, attach_thread, &a), 0);
+    emu_gate_wait();                    /* the second attach waits for the fence */
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st_engine, 0), 0);
+    emu_gate_open();
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    check_free(t.kv, d0, 0, b);
+    check_free(t.kv, a.d, 1, b);
+    free(b);
+    tclose_stream(&t, st_engine);
     rmdir_all(dir);
 }
 
