@@ -573,11 +573,10 @@ static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
    attach's copies from it (stream mode: the engine stream may not have read it yet; a
    driver call, so storeq_fetch_prepare is called inside the attach's call frame, with the
    context lock); any other attach (a concurrent one, a larger one) allocates its own 4 KiB
-   aligned buffer. The
-   buffers are 4 KiB aligned, so the file backend reads straight into them (O_DIRECT), and
-   the staging is pinned, so the copies to the device read it directly (asynchronous in
-   stream mode). storeq_fetch_write records the fence after its copies; storeq_fetch_free
-   gives the staging back. */
+   aligned buffer. The buffers are 4 KiB aligned, so the file backend reads straight into
+   them (O_DIRECT), and the staging is pinned, so the copies to the device read it directly
+   (asynchronous in stream mode). storeq_fetch_write records the fence after its copies;
+   storeq_fetch_free gives the staging back. */
 static void fstage_give(struct storeq *q)
 {
     pthread_mutex_lock(&q->mu);
