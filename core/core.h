@@ -205,12 +205,19 @@ struct storeq_fetch {
     size_t m;                     /* blocks asked for */
     size_t chunk;                 /* blocks per request */
     size_t got;                   /* leading blocks read whole, checksums good */
+    bool staged;                  /* buf is the context's kept attach staging */
 };
-/* No lock held: reads keys[0..m) (requests of at most 64 MiB, stopping at the first
-   miss); f->got the leading blocks read. 0, or -ENOMEM (f empty). */
+/* Context lock held (inside the call's frame: it may wait for a fence): f set for a fetch
+   of m blocks, into the context's kept pinned staging when it is free and large enough (no
+   allocation, no page fault; the last attach's copies from it waited for), else f->buf
+   NULL (storeq_fetch allocates). storeq_fetch_free gives it back. */
+void storeq_fetch_prepare(struct storeq *q, size_t m, struct storeq_fetch *f);
+/* No lock held, f prepared for these m blocks: reads keys[0..m) (requests of at most
+   64 MiB, stopping at the first miss) into f->buf; f->got the leading blocks read. 0, or
+   -ENOMEM (nothing read). */
 int  storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                   struct storeq_fetch *f);
-void storeq_fetch_free(struct storeq_fetch *f);
+void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f);
 /* Context lock held: writes blocks [j0, j1) of f into resident dst's blocks first.. (its
    pages there fresh) in every region, on the engine stream. -errno of paging_seq_write. */
 int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,

@@ -87,6 +87,13 @@ struct storeq {
     uint64_t gave_up;             /* entries not written: not on device, store down, no memory */
     uint64_t dropped;             /* entries the queue's bound dropped (store_dropped) */
     uint64_t hit_blocks;          /* blocks lookups found in the store */
+    /* attach's staging (see "Attach's staging" below): kept from attach to attach */
+    uint8_t *fstage;              /* fstage_bytes, pinned when the driver allows, touched */
+    size_t fstage_bytes;
+    bool fstage_pinned;
+    bool fstage_busy;             /* an attach reads into it or writes from it (under q->mu) */
+    bool fstage_fenced;           /* fstage_fence follows its last copies to the device */
+    vmm_fence fstage_fence;
 };
 
 #define SQ_ADD(q, f, n) __atomic_fetch_add(&(q)->f, (n), __ATOMIC_RELAXED)
@@ -209,8 +216,44 @@ static int stage_alloc(struct storeq *q)
     return 0;
 }
 
+/* Attach's staging: the blocks a sequence holds (max_blocks), at most SQ_STAGE_BYTES,
+   pinned where the driver allows (else page-aligned pageable memory) and touched once here,
+   so that no attach pays a page fault or a fresh mapping for it. Without it (no memory, a
+   fence refused) attaches allocate per call, as before: logged, never a failed open. */
+static void fstage_alloc(struct storeq *q, uint64_t max_blocks)
+{
+    uint64_t want = max_blocks * q->block_bytes;
+    size_t bytes = want < SQ_STAGE_BYTES ? (size_t)want : SQ_STAGE_BYTES / q->block_bytes *
+                   q->block_bytes;
+    void *p = NULL;
+    if (!bytes || vmm_fence_create(q->v, &q->fstage_fence))
+        return;
+    if (!vmm_host_alloc(q->v, bytes, &p))
+        q->fstage_pinned = true;
+    else if (posix_memalign(&p, 4096, bytes))
+        p = NULL;
+    if (!p) {
+        klog_info("kvvm: no memory for the store's attach staging (%zu bytes): each attach "
+                  "allocates its own", bytes);
+        vmm_fence_destroy(q->v, &q->fstage_fence);
+        return;
+    }
+    memset(p, 0, bytes);            /* faulted in now, not by the first attach */
+    q->fstage = p;
+    q->fstage_bytes = bytes;
+}
+
 static void stage_free(struct storeq *q)
 {
+    if (q->fstage) {
+        if (q->fstage_fenced)
+            (void)vmm_fence_wait(q->v, &q->fstage_fence);   /* never free under a copy */
+        if (q->fstage_pinned)
+            vmm_host_free(q->v, q->fstage);
+        else
+            free(q->fstage);
+        vmm_fence_destroy(q->v, &q->fstage_fence);
+    }
     if (q->stage_pinned)
         vmm_host_free(q->v, q->stage);
     else
@@ -238,6 +281,8 @@ int storeq_create(kvvm *kv, struct storeq **out)
     int rc = stage_alloc(q);
     if (rc)
         goto out_stage;
+    uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
+    fstage_alloc(q, tpb ? kv->cfg.max_tokens / tpb : 0);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->w = (struct swap_worker){ .name = "store", .v = kv->v, .make_current = true,
@@ -523,16 +568,60 @@ static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
     return j;
 }
 
-int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
-                 struct storeq_fetch *f)
+/* Attach's staging. One attach at a time reads into the kept staging (taken under q->mu
+   while it is not busy and its m blocks fit), waiting first for the fence behind the last
+   attach's copies from it (stream mode: the engine stream may not have read it yet; a
+   driver call, so storeq_fetch_prepare is called inside the attach's call frame, with the
+   context lock); any other attach (a concurrent one, a larger one) allocates its own 4 KiB
+   aligned buffer. The buffers are 4 KiB aligned, so the file backend reads straight into
+   them (O_DIRECT), and the staging is pinned, so the copies to the device read it directly
+   (asynchronous in stream mode). storeq_fetch_write records the fence after its copies;
+   storeq_fetch_free gives the staging back. */
+static void fstage_give(struct storeq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    KVVM_ASSERT(q->fstage_busy);    /* taken by this attach */
+    q->fstage_busy = false;
+    pthread_mutex_unlock(&q->mu);
+}
+
+static bool fstage_take(struct storeq *q, size_t bytes)
+{
+    pthread_mutex_lock(&q->mu);
+    bool take = q->fstage && !q->fstage_busy && bytes <= q->fstage_bytes;
+    if (take)
+        q->fstage_busy = true;
+    pthread_mutex_unlock(&q->mu);
+    if (take && q->fstage_fenced && vmm_fence_wait(q->v, &q->fstage_fence)) {
+        fstage_give(q);             /* the copies' state is unknown: leave it alone */
+        return false;
+    }
+    return take;
+}
+
+void storeq_fetch_prepare(struct storeq *q, size_t m, struct storeq_fetch *f)
 {
     memset(f, 0, sizeof *f);
     if (!q || !m)
-        return 0;
+        return;
     f->m = m;
     f->chunk = fetch_chunk(q);
-    if (!(f->buf = malloc(m * q->block_bytes)))
+    if (fstage_take(q, m * q->block_bytes)) {
+        f->buf = q->fstage;
+        f->staged = true;
+    }
+}
+
+int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                 struct storeq_fetch *f)
+{
+    if (!q || !m)
+        return 0;
+    KVVM_ASSERT(f->m == m && f->chunk);   /* prepared for these m blocks */
+    if (!f->buf && posix_memalign((void **)&f->buf, 4096, m * q->block_bytes)) {
+        f->buf = NULL;
         return -ENOMEM;
+    }
     for (size_t c0 = 0; c0 < m; c0 += f->chunk) {
         size_t mc = m - c0 < f->chunk ? m - c0 : f->chunk;
         size_t j = fetch_one(q, f, ns, keys, c0, mc);
@@ -543,9 +632,12 @@ int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
     return 0;
 }
 
-void storeq_fetch_free(struct storeq_fetch *f)
+void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f)
 {
-    free(f->buf);
+    if (f->staged)
+        fstage_give(q);
+    else
+        free(f->buf);
     memset(f, 0, sizeof *f);
 }
 
@@ -554,17 +646,24 @@ int storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, siz
 {
     struct storeq *q = kv->sq;
     uint64_t ps = q->L.page_size;
-    for (uint32_t r = 0; r < q->L.n_regions; r++)
-        for (size_t j = j0; j < j1;) {
+    int rc = 0;
+    for (uint32_t r = 0; r < q->L.n_regions && !rc; r++)
+        for (size_t j = j0; j < j1 && !rc;) {
             size_t cend = (j / f->chunk + 1) * f->chunk;   /* contiguous to its chunk's end */
             size_t e = cend < j1 ? cend : j1;
-            int rc = paging_seq_write(kv->pg, dst, r, (first + j - j0) * ps,
-                                      fetch_at(q, f, j, r), (e - j) * ps);
-            if (rc)
-                return rc;
+            rc = paging_seq_write(kv->pg, dst, r, (first + j - j0) * ps, fetch_at(q, f, j, r),
+                                  (e - j) * ps);
             j = e;
         }
-    return 0;
+    if (f->staged && paging_stream(kv->pg)) {
+        /* the copies (those queued before a failure too) read the pinned staging when the
+           engine stream reaches them: the next attach that takes it waits for this fence
+           (or, where the fence is refused, the stream is waited for now) */
+        q->fstage_fenced = !vmm_fence_record(q->v, &q->fstage_fence, paging_stream(kv->pg));
+        if (!q->fstage_fenced)
+            (void)vmm_stream_sync(q->v, paging_stream(kv->pg));
+    }
+    return rc;
 }
 
 void storeq_counters(struct storeq *q, struct storeq_counters *out)
