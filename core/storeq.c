@@ -88,8 +88,10 @@ struct storeq {
     uint64_t dropped;             /* entries the queue's bound dropped (store_dropped) */
     uint64_t hit_blocks;          /* blocks lookups found in the store */
     /* attach's staging (see "Attach's staging" below): kept from attach to attach */
-    uint8_t *fstage;              /* fstage_bytes, pinned when the driver allows, touched */
-    size_t fstage_bytes;
+    uint8_t *fstage;              /* fstage_bytes, pinned when the driver allows, touched;
+                                     NULL until an attach needs it, and after kvvm_trim */
+    size_t fstage_bytes;          /* its size (atomic: read by storeq_counters) */
+    size_t fstage_cap;            /* the most it grows to (0: never used, no fence) */
     bool fstage_pinned;
     bool fstage_busy;             /* an attach reads into it or writes from it (under q->mu) */
     bool fstage_fenced;           /* fstage_fence follows its last copies to the device */
@@ -216,44 +218,74 @@ static int stage_alloc(struct storeq *q)
     return 0;
 }
 
-/* Attach's staging: the blocks a sequence holds (max_blocks), at most SQ_STAGE_BYTES,
-   pinned where the driver allows (else page-aligned pageable memory) and touched once here,
-   so that no attach pays a page fault or a fresh mapping for it. Without it (no memory, a
-   fence refused) attaches allocate per call, as before: logged, never a failed open. */
-static void fstage_alloc(struct storeq *q, uint64_t max_blocks)
+/* Attach's staging (see "Attach's staging" below): nothing at open, only its cap (the
+   blocks a sequence holds, max_blocks, at most SQ_STAGE_BYTES) and its fence; without the
+   fence (refused) attaches allocate per call, as before: logged, never a failed open. */
+static void fstage_init(struct storeq *q, uint64_t max_blocks)
 {
     uint64_t want = max_blocks * q->block_bytes;
-    size_t bytes = want < SQ_STAGE_BYTES ? (size_t)want : SQ_STAGE_BYTES / q->block_bytes *
-                   q->block_bytes;
-    void *p = NULL;
-    if (!bytes || vmm_fence_create(q->v, &q->fstage_fence))
+    q->fstage_cap = want < SQ_STAGE_BYTES ? (size_t)want : SQ_STAGE_BYTES / q->block_bytes *
+                    q->block_bytes;
+    if (q->fstage_cap && vmm_fence_create(q->v, &q->fstage_fence)) {
+        klog_info("kvvm: no fence for the store's attach staging: each attach allocates "
+                  "its own buffer");
+        q->fstage_cap = 0;
+    }
+}
+
+/* Frees the staging's memory (its taker's, or at close): its copies waited for first. */
+static void fstage_release(struct storeq *q)
+{
+    if (!q->fstage)
         return;
-    if (!vmm_host_alloc(q->v, bytes, &p))
+    if (q->fstage_fenced)
+        (void)vmm_fence_wait(q->v, &q->fstage_fence);   /* never free under a copy */
+    q->fstage_fenced = false;
+    if (q->fstage_pinned)
+        vmm_host_free(q->v, q->fstage);
+    else
+        free(q->fstage);
+    q->fstage = NULL;
+    q->fstage_pinned = false;
+    __atomic_store_n(&q->fstage_bytes, 0, __ATOMIC_RELAXED);
+}
+
+/* The taker's staging made at least `bytes` long (a whole number of blocks, at most the
+   cap): a power of two of blocks, so that growing attaches reallocate a few times only,
+   pinned where the driver allows (else page-aligned pageable memory) and touched, so that
+   no attach pays a page fault for it. false: no memory (the attach allocates its own). */
+static bool fstage_grow(struct storeq *q, size_t bytes)
+{
+    if (q->fstage && q->fstage_bytes >= bytes)
+        return true;
+    size_t blocks = 1, need = (bytes + q->block_bytes - 1) / q->block_bytes;
+    while (blocks < need)
+        blocks *= 2;
+    size_t size = blocks * q->block_bytes < q->fstage_cap ? blocks * q->block_bytes
+                                                          : q->fstage_cap;
+    KVVM_ASSERT(size >= bytes);     /* bytes <= the cap, checked by the taker */
+    fstage_release(q);
+    void *p = NULL;
+    if (!vmm_host_alloc(q->v, size, &p))
         q->fstage_pinned = true;
-    else if (posix_memalign(&p, 4096, bytes))
+    else if (posix_memalign(&p, 4096, size))
         p = NULL;
     if (!p) {
-        klog_info("kvvm: no memory for the store's attach staging (%zu bytes): each attach "
-                  "allocates its own", bytes);
-        vmm_fence_destroy(q->v, &q->fstage_fence);
-        return;
+        klog_info("kvvm: no memory for the store's attach staging (%zu bytes): this attach "
+                  "allocates its own", size);
+        return false;
     }
-    memset(p, 0, bytes);            /* faulted in now, not by the first attach */
+    memset(p, 0, size);             /* faulted in now, not by the attach's reads */
     q->fstage = p;
-    q->fstage_bytes = bytes;
+    __atomic_store_n(&q->fstage_bytes, size, __ATOMIC_RELAXED);
+    return true;
 }
 
 static void stage_free(struct storeq *q)
 {
-    if (q->fstage) {
-        if (q->fstage_fenced)
-            (void)vmm_fence_wait(q->v, &q->fstage_fence);   /* never free under a copy */
-        if (q->fstage_pinned)
-            vmm_host_free(q->v, q->fstage);
-        else
-            free(q->fstage);
+    fstage_release(q);
+    if (q->fstage_cap)
         vmm_fence_destroy(q->v, &q->fstage_fence);
-    }
     if (q->stage_pinned)
         vmm_host_free(q->v, q->stage);
     else
@@ -282,7 +314,7 @@ int storeq_create(kvvm *kv, struct storeq **out)
     if (rc)
         goto out_stage;
     uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
-    fstage_alloc(q, tpb ? kv->cfg.max_tokens / tpb : 0);
+    fstage_init(q, tpb ? kv->cfg.max_tokens / tpb : 0);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->w = (struct swap_worker){ .name = "store", .v = kv->v, .make_current = true,
@@ -585,18 +617,43 @@ static void fstage_give(struct storeq *q)
     pthread_mutex_unlock(&q->mu);
 }
 
+/* Takes the staging for an attach of `bytes` (context lock held, in the call frame): free,
+   bytes within the cap, the last copies from it done, grown to bytes. */
 static bool fstage_take(struct storeq *q, size_t bytes)
 {
     pthread_mutex_lock(&q->mu);
-    bool take = q->fstage && !q->fstage_busy && bytes <= q->fstage_bytes;
+    bool take = q->fstage_cap && !q->fstage_busy && bytes <= q->fstage_cap;
     if (take)
         q->fstage_busy = true;
     pthread_mutex_unlock(&q->mu);
-    if (take && q->fstage_fenced && vmm_fence_wait(q->v, &q->fstage_fence)) {
-        fstage_give(q);             /* the copies' state is unknown: leave it alone */
+    if (!take)
+        return false;
+    if ((q->fstage_fenced && vmm_fence_wait(q->v, &q->fstage_fence)) ||
+        !fstage_grow(q, bytes)) {
+        fstage_give(q);             /* copies in an unknown state (left alone), or no memory */
         return false;
     }
-    return take;
+    return true;
+}
+
+size_t storeq_trim(struct storeq *q)
+{
+    if (!q || !q->fstage_cap)
+        return 0;
+    pthread_mutex_lock(&q->mu);
+    bool take = q->fstage && !q->fstage_busy;   /* an attach reading into it keeps it */
+    if (take)
+        q->fstage_busy = true;
+    pthread_mutex_unlock(&q->mu);
+    if (!take)
+        return 0;
+    size_t n = 0;
+    if (!q->fstage_fenced || !vmm_fence_wait(q->v, &q->fstage_fence)) {
+        n = q->fstage_bytes;
+        fstage_release(q);
+    }
+    fstage_give(q);
+    return n;
 }
 
 void storeq_fetch_prepare(struct storeq *q, size_t m, struct storeq_fetch *f)
@@ -684,6 +741,7 @@ void storeq_counters(struct storeq *q, struct storeq_counters *out)
     pthread_mutex_lock(&q->mu);
     out->queue_bytes = (uint64_t)(q->n_slots - q->n_free) * q->block_bytes;
     pthread_mutex_unlock(&q->mu);
+    out->staging_bytes = __atomic_load_n(&q->fstage_bytes, __ATOMIC_RELAXED);
 }
 
 bool storeq_test_writing(struct storeq *q)
