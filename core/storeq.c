@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "common/assert.h"
 #include "common/log.h"
 #include "core/call.h"
@@ -53,6 +54,7 @@
    attach's fetch reads by chunks of at most SQ_STAGE_BYTES. */
 #define SQ_STAGE_BYTES ((size_t)64 << 20)
 #define SQ_SLOTS_MAX 256u
+#define SQ_HUGE_BYTES ((size_t)2 << 20)   /* attach's staging: its alignment, huge pages */
 #define SQ_NO_SLOT UINT32_MAX         /* an entry whose slot a later publish took */
 
 /* One publish's entries on their way to the store. */
@@ -242,18 +244,19 @@ static void fstage_release(struct storeq *q)
         (void)vmm_fence_wait(q->v, &q->fstage_fence);   /* never free under a copy */
     q->fstage_fenced = false;
     if (q->fstage_pinned)
-        vmm_host_free(q->v, q->fstage);
-    else
-        free(q->fstage);
+        vmm_host_unregister(q->v, q->fstage);
+    free(q->fstage);
     q->fstage = NULL;
     q->fstage_pinned = false;
     __atomic_store_n(&q->fstage_bytes, 0, __ATOMIC_RELAXED);
 }
 
 /* The taker's staging made at least `bytes` long (a whole number of blocks, at most the
-   cap): a power of two of blocks, so that growing attaches reallocate a few times only,
-   pinned where the driver allows (else page-aligned pageable memory) and touched, so that
-   no attach pays a page fault for it. false: no memory (the attach allocates its own). */
+   cap): a power of two of blocks, so that growing attaches reallocate a few times only.
+   2 MiB aligned and advised for transparent huge pages (a 16 MiB staging is 8 pages to
+   fault in and to map, not 4,096), touched, then pinned (registered) where the driver
+   allows (else pageable: the copies to the device are then synchronous), so that no attach
+   pays a page fault for it. false: no memory (the attach allocates its own). */
 static bool fstage_grow(struct storeq *q, size_t bytes)
 {
     if (q->fstage && q->fstage_bytes >= bytes)
@@ -266,16 +269,15 @@ static bool fstage_grow(struct storeq *q, size_t bytes)
     KVVM_ASSERT(size >= bytes);     /* bytes <= the cap, checked by the taker */
     fstage_release(q);
     void *p = NULL;
-    if (!vmm_host_alloc(q->v, size, &p))
-        q->fstage_pinned = true;
-    else if (posix_memalign(&p, 4096, size))
-        p = NULL;
-    if (!p) {
+    if (posix_memalign(&p, SQ_HUGE_BYTES, size)) {
         klog_info("kvvm: no memory for the store's attach staging (%zu bytes): this attach "
                   "allocates its own", size);
         return false;
     }
+    if (size >= SQ_HUGE_BYTES)
+        (void)madvise(p, size, MADV_HUGEPAGE);   /* advice: refused, 4 KiB pages */
     memset(p, 0, size);             /* faulted in now, not by the attach's reads */
+    q->fstage_pinned = !vmm_host_register(q->v, p, size);   /* a refusal: logged */
     q->fstage = p;
     __atomic_store_n(&q->fstage_bytes, size, __ATOMIC_RELAXED);
     return true;
