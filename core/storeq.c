@@ -276,7 +276,8 @@ static bool fstage_grow(struct storeq *q, size_t bytes)
     }
     if (size >= SQ_HUGE_BYTES)
         (void)madvise(p, size, MADV_HUGEPAGE);   /* advice: refused, 4 KiB pages */
-    memset(p, 0, size);             /* faulted in now, not by the attach's reads */
+    for (size_t off = 0; off < size; off += 4096)
+        ((volatile uint8_t *)p)[off] = 0;   /* faulted in now, not by the attach's reads */
     q->fstage_pinned = !vmm_host_register(q->v, p, size);   /* a refusal: logged */
     q->fstage = p;
     __atomic_store_n(&q->fstage_bytes, size, __ATOMIC_RELAXED);
