@@ -225,8 +225,9 @@ int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, si
                         size_t j1, uint64_t first);
 void storeq_counters(struct storeq *q, struct storeq_counters *out);
 /* Context lock held, in the call frame (kvvm_trim): frees attach's staging unless an attach
-   holds it now (or its copies' fence fails). The bytes freed. */
-size_t storeq_trim(struct storeq *q);
+   holds it now or the engine stream captures a graph (or its copies' fence fails). The
+   bytes freed. */
+size_t storeq_trim(kvvm *kv);
 /* Test hook: whether the store thread is writing a batch now. */
 bool storeq_test_writing(struct storeq *q);
 

@@ -639,8 +639,9 @@ static bool fstage_take(struct storeq *q, size_t bytes)
     return true;
 }
 
-size_t storeq_trim(struct storeq *q)
+size_t storeq_trim(kvvm *kv)
 {
+    struct storeq *q = kv->sq;
     if (!q || !q->fstage_cap)
         return 0;
     pthread_mutex_lock(&q->mu);
@@ -650,8 +651,13 @@ size_t storeq_trim(struct storeq *q)
     pthread_mutex_unlock(&q->mu);
     if (!take)
         return 0;
+    /* its last copies waited for, then freed; not while the engine stream captures a graph
+       (no synchronization, no unregistration then: it stays, for a later trim) */
+    kcu_stream es = paging_stream(kv->pg);
+    bool done = !(es && vmm_stream_check_capture(q->v, es)) &&
+                (!q->fstage_fenced || !vmm_fence_wait(q->v, &q->fstage_fence));
     size_t n = 0;
-    if (!q->fstage_fenced || !vmm_fence_wait(q->v, &q->fstage_fence)) {
+    if (done) {
         n = q->fstage_bytes;
         fstage_release(q);
     }

@@ -302,6 +302,63 @@ Test(store_attach, staging_sized_by_need_counted_and_freed_by_trim)
     rmdir_all(dir);
 }
 
+static int cap_errors, cap_warnings;
+
+static void count_log(int level, const char *msg, void *arg)
+{
+    (void)arg;
+    cap_errors += level == KVVM_LOG_ERROR;
+    cap_warnings += level == KVVM_LOG_WARN;
+    if (level <= KVVM_LOG_WARN)
+        cr_log_info("log %d: %s", level, msg);
+}
+
+/* kvvm_trim while the engine stream captures a graph: the staging (its last copies queued
+   on that stream) stays, no synchronization (cuEventSynchronize: refused during a capture,
+   which it would break on CUDA) or unregistration made during the capture, nothing logged
+   as an error; the trim after the capture frees it. */
+Test(store_attach, trim_keeps_staging_while_engine_stream_captures)
+{
+    TH_DEADLINE(120);
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    publish_sets(url);
+    struct kvvm_config c;
+    struct tctx t;
+    void *st_engine = NULL;
+    cfg_a(&c, url);
+    topen_stream(&t, &c, &st_engine);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st_engine, 1), 0);
+    kvvm_seq d = attach_only(t.kv, 0);          /* its copies queued, not run */
+    struct emu_counters e0, e1;
+    cr_assert_eq(emu_counters_get(0, &e0), 0);
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st_engine, 1), 0);
+    kvvm_set_log(count_log, NULL, KVVM_LOG_WARN);
+    cr_assert_eq(kvvm_trim(t.kv, 0), 0, "%s", kvvm_last_error());
+    kvvm_set_log(NULL, NULL, KVVM_LOG_WARN);
+    cr_expect_eq(cap_errors + cap_warnings, 0, "kvvm_trim during a capture logged %d errors, "
+                 "%d warnings (a driver call the capture refuses)", cap_errors, cap_warnings);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_expect_eq(st.store_staging_bytes, (uint64_t)NB * NR * PS, "staging trimmed during a "
+                 "capture: %llu bytes left", (unsigned long long)st.store_staging_bytes);
+    cr_assert_eq(emu_counters_get(0, &e1), 0);
+    cr_expect_eq(e1.host_registered_bytes, e0.host_registered_bytes, "unregistered during a "
+                 "capture");
+    cr_assert_eq(emu_stream_set_capturing((kcu_stream)st_engine, 0), 0);
+    cr_assert_eq(emu_stream_set_paused((kcu_stream)st_engine, 0), 0);
+    check_free(t.kv, d, 0, b);                  /* the queued copies carried set 0 */
+    cr_assert_eq(kvvm_trim(t.kv, 0), 0, "%s", kvvm_last_error());
+    tstats(&t, &st);
+    cr_expect_eq(st.store_staging_bytes, 0, "after the capture: %llu bytes",
+                 (unsigned long long)st.store_staging_bytes);
+    free(b);
+    tclose_stream(&t, st_engine);
+    rmdir_all(dir);
+}
+
 /* ---------------------------------------------------------------- below the host tier */
 
 #define T1   16u                 /* tokens per 4 KiB page of 256-byte tokens, one region */
