@@ -209,10 +209,11 @@ struct storeq_fetch {
     bool staged;                  /* buf is the context's kept attach staging */
 };
 /* Context lock held (inside the call's frame: it may wait for a fence, allocate pinned
-   memory): f set for a fetch of m blocks, into the context's kept pinned staging when it is
-   free and m blocks fit its cap (grown to them, the last attach's copies from it waited
-   for), else f->buf NULL (storeq_fetch allocates). storeq_fetch_free gives it back. */
-void storeq_fetch_prepare(struct storeq *q, size_t m, struct storeq_fetch *f);
+   memory): f set for a fetch of m blocks, into the context's kept pinned staging when
+   `stage` (false while a stream captures a graph: no synchronization then), it is free and
+   m blocks fit its cap (grown to them, the last attach's copies from it waited for), else
+   f->buf NULL (storeq_fetch allocates). storeq_fetch_free gives it back. */
+void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_fetch *f);
 /* No lock held, f prepared for these m blocks: reads keys[0..m) (requests of at most
    64 MiB, stopping at the first miss) into f->buf; f->got the leading blocks read. 0, or
    -ENOMEM (nothing read). */

@@ -280,7 +280,7 @@ static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *key
     if (!rc)
         *k0 = prefix_lookup(kv->pfx, ns, keys, n, NULL, NULL, false);
     if (!rc && *k0 < n)
-        storeq_fetch_prepare(kv->sq, n - *k0, f);   /* the kept staging, when free */
+        storeq_fetch_prepare(kv->sq, n - *k0, !stream_check(kv), f);   /* the kept staging */
     rc = leave(kv, core_explain(kv, "kvvm_prefix_attach", rc));
     if (!rc && *k0 < n)
         (void)storeq_fetch(kv->sq, ns, keys + *k0, n - *k0, f);   /* -ENOMEM: nothing */

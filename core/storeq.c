@@ -665,14 +665,14 @@ size_t storeq_trim(kvvm *kv)
     return n;
 }
 
-void storeq_fetch_prepare(struct storeq *q, size_t m, struct storeq_fetch *f)
+void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_fetch *f)
 {
     memset(f, 0, sizeof *f);
     if (!q || !m)
         return;
     f->m = m;
     f->chunk = fetch_chunk(q);
-    if (fstage_take(q, m * q->block_bytes)) {
+    if (stage && fstage_take(q, m * q->block_bytes)) {
         f->buf = q->fstage;
         f->staged = true;
     }
