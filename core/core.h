@@ -174,6 +174,7 @@ struct storeq_counters {
     uint64_t hit_blocks;          /* blocks kvvm_prefix_lookup found in the store */
     uint64_t dropped;             /* queued writes the bound (store_queue_bytes) dropped */
     uint64_t queue_bytes;         /* bytes of entries published and not yet acknowledged */
+    uint64_t staging_bytes;       /* attach's kept staging, now (store_staging_bytes) */
 };
 /* The queue, its staging buffer and its thread, for kv->store (none: *out NULL, 0). After
    kv->store, kv->v and the configuration. -ENOMEM, -errno of pthread_create. */
@@ -208,17 +209,29 @@ struct storeq_fetch {
     size_t m;                     /* blocks asked for */
     size_t chunk;                 /* blocks per request */
     size_t got;                   /* leading blocks read whole, checksums good */
+    bool staged;                  /* buf is the context's kept attach staging */
 };
-/* No lock held: reads keys[0..m) (requests of at most 64 MiB, stopping at the first
-   miss); f->got the leading blocks read. 0, or -ENOMEM (f empty). */
+/* Context lock held (inside the call's frame: it may wait for a fence, allocate pinned
+   memory): f set for a fetch of m blocks, into the context's kept pinned staging when
+   `stage` (false while a stream captures a graph: no synchronization then), it is free and
+   m blocks fit its cap (grown to them, the last attach's copies from it waited for), else
+   f->buf NULL (storeq_fetch allocates). storeq_fetch_free gives it back. */
+void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_fetch *f);
+/* No lock held, f prepared for these m blocks: reads keys[0..m) (requests of at most
+   64 MiB, stopping at the first miss) into f->buf; f->got the leading blocks read. 0, or
+   -ENOMEM (nothing read). */
 int  storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                   struct storeq_fetch *f);
-void storeq_fetch_free(struct storeq_fetch *f);
+void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f);
 /* Context lock held: writes blocks [j0, j1) of f into resident dst's blocks first.. (its
    pages there fresh) in every region, on the engine stream. -errno of paging_seq_write. */
 int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,
                         size_t j1, uint64_t first);
 void storeq_counters(struct storeq *q, struct storeq_counters *out);
+/* Context lock held, in the call frame (kvvm_trim): frees attach's staging unless an attach
+   holds it now or the engine stream captures a graph (or its copies' fence fails). The
+   bytes freed. */
+size_t storeq_trim(kvvm *kv);
 /* Test hook: whether the store thread is writing a batch now. */
 bool storeq_test_writing(struct storeq *q);
 

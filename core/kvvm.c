@@ -814,7 +814,9 @@ static int trim_locked(kvvm *kv, size_t keep)
     uint64_t k = keep / kv->cfg.page_size;
     uint32_t n = paging_trim(kv->pg, k > UINT32_MAX ? UINT32_MAX : (uint32_t)k);
     n += core_pool_trim(kv);        /* a pool client: its leased spares back to the daemon */
-    klog_debug("kvvm_trim: %u unused frames released to the driver", n);
+    size_t staged = storeq_trim(kv);    /* attach's kept staging (pinned host memory) */
+    klog_debug("kvvm_trim: %u unused frames released to the driver, %zu bytes of the store's "
+               "attach staging freed", n, staged);
     return 0;
 }
 

@@ -156,7 +156,9 @@ enum mtype { M_COUNTER, M_GAUGE, M_SECONDS /* a counter of ns, written in second
     X(store_dropped, "kvvm_store_dropped_total", M_COUNTER, "",                          \
       "Queued store writes dropped because store_queue_bytes was reached.")              \
     X(store_queue_bytes, "kvvm_store_queue_bytes", M_GAUGE, "",                          \
-      "Bytes of entries queued for the store now.")
+      "Bytes of entries queued for the store now.")                                      \
+    X(store_staging_bytes, "kvvm_store_staging_bytes", M_GAUGE, "",                      \
+      "Pinned host bytes kept for attaches' reads from the store now.")
 
 /* One line per field of struct kvvm_stats, no field twice (a second KVVM_METRIC_ of a name
    is a redeclaration), each a field (offsetof in the table below): together, every field

@@ -268,7 +268,8 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
 }
 
 /* The store's part of an attach, before the locked one: the local prefix k0 (dst checked
-   first: a call that will fail reads nothing) and the store's blocks past it into f. */
+   first: a call that will fail reads nothing), f's buffer prepared inside the call frame,
+   and the store's blocks past it read into f without the lock. */
 static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
                         size_t *k0, struct storeq_fetch *f)
 {
@@ -278,6 +279,8 @@ static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *key
     rc = attach_check(kv, dst, &n);
     if (!rc)
         *k0 = prefix_lookup(kv->pfx, ns, keys, n, NULL, NULL, false);
+    if (!rc && *k0 < n)
+        storeq_fetch_prepare(kv->sq, n - *k0, !stream_check(kv), f);   /* the kept staging */
     rc = leave(kv, core_explain(kv, "kvvm_prefix_attach", rc));
     if (!rc && *k0 < n)
         (void)storeq_fetch(kv->sq, ns, keys + *k0, n - *k0, f);   /* -ENOMEM: nothing */
@@ -294,7 +297,7 @@ static int attach_call(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys
     if (!rc)
         rc = leave(kv, core_explain(kv, "kvvm_prefix_attach",
                                     attach_locked(kv, dst, ns, keys, n, k0, &f)));
-    storeq_fetch_free(&f);
+    storeq_fetch_free(kv->sq, &f);
     return rc;
 }
 

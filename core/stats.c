@@ -51,7 +51,8 @@
     X(pool_leases, pc.leases) X(pool_returns, pc.returns) X(pool_waits, pc.waits)   \
     X(pool_wait_ns, pc.wait_ns)                                                     \
     X(pool_hit_blocks, 0) X(exports, kv->n_exports) X(imports, kv->n_imports)       \
-    X(store_dropped, q.dropped) X(store_queue_bytes, q.queue_bytes)
+    X(store_dropped, q.dropped) X(store_queue_bytes, q.queue_bytes)                  \
+    X(store_staging_bytes, q.staging_bytes)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */

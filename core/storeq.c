@@ -44,6 +44,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "common/assert.h"
 #include "common/log.h"
 #include "core/call.h"
@@ -53,6 +54,7 @@
    attach's fetch reads by chunks of at most SQ_STAGE_BYTES. */
 #define SQ_STAGE_BYTES ((size_t)64 << 20)
 #define SQ_SLOTS_MAX 256u
+#define SQ_HUGE_BYTES ((size_t)2 << 20)   /* attach's staging: its alignment, huge pages */
 #define SQ_NO_SLOT UINT32_MAX         /* an entry whose slot a later publish took */
 
 /* One publish's entries on their way to the store. */
@@ -87,6 +89,15 @@ struct storeq {
     uint64_t gave_up;             /* entries not written: not on device, store down, no memory */
     uint64_t dropped;             /* entries the queue's bound dropped (store_dropped) */
     uint64_t hit_blocks;          /* blocks lookups found in the store */
+    /* attach's staging (see "Attach's staging" below): kept from attach to attach */
+    uint8_t *fstage;              /* fstage_bytes, pinned when the driver allows, touched;
+                                     NULL until an attach needs it, and after kvvm_trim */
+    size_t fstage_bytes;          /* its size (atomic: read by storeq_counters) */
+    size_t fstage_cap;            /* the most it grows to (0: never used, no fence) */
+    bool fstage_pinned;
+    bool fstage_busy;             /* an attach reads into it or writes from it (under q->mu) */
+    bool fstage_fenced;           /* fstage_fence follows its last copies to the device */
+    vmm_fence fstage_fence;
 };
 
 #define SQ_ADD(q, f, n) __atomic_fetch_add(&(q)->f, (n), __ATOMIC_RELAXED)
@@ -209,8 +220,75 @@ static int stage_alloc(struct storeq *q)
     return 0;
 }
 
+/* Attach's staging (see "Attach's staging" below): nothing at open, only its cap (the
+   blocks a sequence holds, max_blocks, at most SQ_STAGE_BYTES) and its fence; without the
+   fence (refused) attaches allocate per call, as before: logged, never a failed open. */
+static void fstage_init(struct storeq *q, uint64_t max_blocks)
+{
+    uint64_t want = max_blocks * q->block_bytes;
+    q->fstage_cap = want < SQ_STAGE_BYTES ? (size_t)want : SQ_STAGE_BYTES / q->block_bytes *
+                    q->block_bytes;
+    if (q->fstage_cap && vmm_fence_create(q->v, &q->fstage_fence)) {
+        klog_info("kvvm: no fence for the store's attach staging: each attach allocates "
+                  "its own buffer");
+        q->fstage_cap = 0;
+    }
+}
+
+/* Frees the staging's memory (its taker's, or at close): its copies waited for first. */
+static void fstage_release(struct storeq *q)
+{
+    if (!q->fstage)
+        return;
+    if (q->fstage_fenced)
+        (void)vmm_fence_wait(q->v, &q->fstage_fence);   /* never free under a copy */
+    q->fstage_fenced = false;
+    if (q->fstage_pinned)
+        vmm_host_unregister(q->v, q->fstage);
+    free(q->fstage);
+    q->fstage = NULL;
+    q->fstage_pinned = false;
+    __atomic_store_n(&q->fstage_bytes, 0, __ATOMIC_RELAXED);
+}
+
+/* The taker's staging made at least `bytes` long (a whole number of blocks, at most the
+   cap): a power of two of blocks, so that growing attaches reallocate a few times only.
+   2 MiB aligned and advised for transparent huge pages (a 16 MiB staging is 8 pages to
+   fault in and to map, not 4,096), touched, then pinned (registered) where the driver
+   allows (else pageable: the copies to the device are then synchronous), so that no attach
+   pays a page fault for it. false: no memory (the attach allocates its own). */
+static bool fstage_grow(struct storeq *q, size_t bytes)
+{
+    if (q->fstage && q->fstage_bytes >= bytes)
+        return true;
+    size_t blocks = 1, need = (bytes + q->block_bytes - 1) / q->block_bytes;
+    while (blocks < need)
+        blocks *= 2;
+    size_t size = blocks * q->block_bytes < q->fstage_cap ? blocks * q->block_bytes
+                                                          : q->fstage_cap;
+    KVVM_ASSERT(size >= bytes);     /* bytes <= the cap, checked by the taker */
+    fstage_release(q);
+    void *p = NULL;
+    if (posix_memalign(&p, SQ_HUGE_BYTES, size)) {
+        klog_info("kvvm: no memory for the store's attach staging (%zu bytes): this attach "
+                  "allocates its own", size);
+        return false;
+    }
+    if (size >= SQ_HUGE_BYTES)
+        (void)madvise(p, size, MADV_HUGEPAGE);   /* advice: refused, 4 KiB pages */
+    for (size_t off = 0; off < size; off += 4096)
+        ((volatile uint8_t *)p)[off] = 0;   /* faulted in now, not by the attach's reads */
+    q->fstage_pinned = !vmm_host_register(q->v, p, size);   /* a refusal: logged */
+    q->fstage = p;
+    __atomic_store_n(&q->fstage_bytes, size, __ATOMIC_RELAXED);
+    return true;
+}
+
 static void stage_free(struct storeq *q)
 {
+    fstage_release(q);
+    if (q->fstage_cap)
+        vmm_fence_destroy(q->v, &q->fstage_fence);
     if (q->stage_pinned)
         vmm_host_free(q->v, q->stage);
     else
@@ -238,6 +316,8 @@ int storeq_create(kvvm *kv, struct storeq **out)
     int rc = stage_alloc(q);
     if (rc)
         goto out_stage;
+    uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
+    fstage_init(q, tpb ? kv->cfg.max_tokens / tpb : 0);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->w = (struct swap_worker){ .name = "store", .v = kv->v, .make_current = true,
@@ -523,16 +603,91 @@ static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
     return j;
 }
 
-int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
-                 struct storeq_fetch *f)
+/* Attach's staging. One attach at a time reads into the kept staging (taken under q->mu
+   while it is not busy and its m blocks fit), waiting first for the fence behind the last
+   attach's copies from it (stream mode: the engine stream may not have read it yet; a
+   driver call, so storeq_fetch_prepare is called inside the attach's call frame, with the
+   context lock); any other attach (a concurrent one, a larger one) allocates its own 4 KiB
+   aligned buffer. The buffers are 4 KiB aligned, so the file backend reads straight into
+   them (O_DIRECT), and the staging is pinned, so the copies to the device read it directly
+   (asynchronous in stream mode). storeq_fetch_write records the fence after its copies;
+   storeq_fetch_free gives the staging back. */
+static void fstage_give(struct storeq *q)
+{
+    pthread_mutex_lock(&q->mu);
+    KVVM_ASSERT(q->fstage_busy);    /* taken by this attach */
+    q->fstage_busy = false;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Takes the staging for an attach of `bytes` (context lock held, in the call frame): free,
+   bytes within the cap, the last copies from it done, grown to bytes. */
+static bool fstage_take(struct storeq *q, size_t bytes)
+{
+    pthread_mutex_lock(&q->mu);
+    bool take = q->fstage_cap && !q->fstage_busy && bytes <= q->fstage_cap;
+    if (take)
+        q->fstage_busy = true;
+    pthread_mutex_unlock(&q->mu);
+    if (!take)
+        return false;
+    if ((q->fstage_fenced && vmm_fence_wait(q->v, &q->fstage_fence)) ||
+        !fstage_grow(q, bytes)) {
+        fstage_give(q);             /* copies in an unknown state (left alone), or no memory */
+        return false;
+    }
+    return true;
+}
+
+size_t storeq_trim(kvvm *kv)
+{
+    struct storeq *q = kv->sq;
+    if (!q || !q->fstage_cap)
+        return 0;
+    pthread_mutex_lock(&q->mu);
+    bool take = q->fstage && !q->fstage_busy;   /* an attach reading into it keeps it */
+    if (take)
+        q->fstage_busy = true;
+    pthread_mutex_unlock(&q->mu);
+    if (!take)
+        return 0;
+    /* its last copies waited for, then freed; not while the engine stream captures a graph
+       (no synchronization, no unregistration then: it stays, for a later trim) */
+    kcu_stream es = paging_stream(kv->pg);
+    bool done = !(es && vmm_stream_check_capture(q->v, es)) &&
+                (!q->fstage_fenced || !vmm_fence_wait(q->v, &q->fstage_fence));
+    size_t n = 0;
+    if (done) {
+        n = q->fstage_bytes;
+        fstage_release(q);
+    }
+    fstage_give(q);
+    return n;
+}
+
+void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_fetch *f)
 {
     memset(f, 0, sizeof *f);
     if (!q || !m)
-        return 0;
+        return;
     f->m = m;
     f->chunk = fetch_chunk(q);
-    if (!(f->buf = malloc(m * q->block_bytes)))
+    if (stage && fstage_take(q, m * q->block_bytes)) {
+        f->buf = q->fstage;
+        f->staged = true;
+    }
+}
+
+int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                 struct storeq_fetch *f)
+{
+    if (!q || !m)
+        return 0;
+    KVVM_ASSERT(f->m == m && f->chunk);   /* prepared for these m blocks */
+    if (!f->buf && posix_memalign((void **)&f->buf, 4096, m * q->block_bytes)) {
+        f->buf = NULL;
         return -ENOMEM;
+    }
     for (size_t c0 = 0; c0 < m; c0 += f->chunk) {
         size_t mc = m - c0 < f->chunk ? m - c0 : f->chunk;
         size_t j = fetch_one(q, f, ns, keys, c0, mc);
@@ -543,9 +698,12 @@ int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
     return 0;
 }
 
-void storeq_fetch_free(struct storeq_fetch *f)
+void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f)
 {
-    free(f->buf);
+    if (f->staged)
+        fstage_give(q);
+    else
+        free(f->buf);
     memset(f, 0, sizeof *f);
 }
 
@@ -554,17 +712,24 @@ int storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, siz
 {
     struct storeq *q = kv->sq;
     uint64_t ps = q->L.page_size;
-    for (uint32_t r = 0; r < q->L.n_regions; r++)
-        for (size_t j = j0; j < j1;) {
+    int rc = 0;
+    for (uint32_t r = 0; r < q->L.n_regions && !rc; r++)
+        for (size_t j = j0; j < j1 && !rc;) {
             size_t cend = (j / f->chunk + 1) * f->chunk;   /* contiguous to its chunk's end */
             size_t e = cend < j1 ? cend : j1;
-            int rc = paging_seq_write(kv->pg, dst, r, (first + j - j0) * ps,
-                                      fetch_at(q, f, j, r), (e - j) * ps);
-            if (rc)
-                return rc;
+            rc = paging_seq_write(kv->pg, dst, r, (first + j - j0) * ps, fetch_at(q, f, j, r),
+                                  (e - j) * ps);
             j = e;
         }
-    return 0;
+    if (f->staged && paging_stream(kv->pg)) {
+        /* the copies (those queued before a failure too) read the pinned staging when the
+           engine stream reaches them: the next attach that takes it waits for this fence
+           (or, where the fence is refused, the stream is waited for now) */
+        q->fstage_fenced = !vmm_fence_record(q->v, &q->fstage_fence, paging_stream(kv->pg));
+        if (!q->fstage_fenced)
+            (void)vmm_stream_sync(q->v, paging_stream(kv->pg));
+    }
+    return rc;
 }
 
 void storeq_counters(struct storeq *q, struct storeq_counters *out)
@@ -585,6 +750,7 @@ void storeq_counters(struct storeq *q, struct storeq_counters *out)
     pthread_mutex_lock(&q->mu);
     out->queue_bytes = (uint64_t)(q->n_slots - q->n_free) * q->block_bytes;
     pthread_mutex_unlock(&q->mu);
+    out->staging_bytes = __atomic_load_n(&q->fstage_bytes, __ATOMIC_RELAXED);
 }
 
 bool storeq_test_writing(struct storeq *q)

@@ -387,6 +387,8 @@ struct kvvm_stats {
     /* --- additions of 0.4: the store at scale --- */
     uint64_t store_dropped;       /* queued writes dropped (store_queue_bytes reached) */
     uint64_t store_queue_bytes;   /* bytes of entries queued for the store now */
+    uint64_t store_staging_bytes; /* pinned host bytes kept for kvvm_prefix_attach's reads
+                                     from the store, now (at most 64 MiB; kvvm_trim frees) */
 };
 /* Fills min(out->size, sizeof) bytes. -EINVAL out NULL or out->size not set. */
 KVVM_API int kvvm_stats(kvvm *kv, struct kvvm_stats *out);

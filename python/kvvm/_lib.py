@@ -114,7 +114,7 @@ STATS_FIELDS = (
     "store_puts", "store_gets", "store_hits", "store_errors", "store_bytes_out", "store_bytes_in",
     "prefix_spills", "store_unused", "pool_leases", "pool_returns", "pool_waits",
     "pool_wait_ns", "pool_hit_blocks", "exports", "imports", "store_dropped",
-    "store_queue_bytes",
+    "store_queue_bytes", "store_staging_bytes",
 )
 
 

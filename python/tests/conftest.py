@@ -134,3 +134,62 @@ def kvvmd():
         p.stdout.close()
         p.stderr.close()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _free_cluster_port():
+    """A free port whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            p = so.getsockname()[1]
+        if p + 10000 < 65536:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", p + 10000))
+                    return p
+                except OSError:
+                    pass
+
+
+@contextlib.contextmanager
+def redis_cluster(directory, password, masters=3):
+    """A Redis Cluster of the tests' own: `masters` redis-server --cluster-enabled nodes on
+    127.0.0.1 at free ports (a password, no persistence), joined by redis-cli --cluster
+    create; yields the "host:port" seeds once every node says cluster_state:ok (skips
+    without redis-server or redis-cli, fails if a node exits first); killed at the end."""
+    exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if not exe or not cli:
+        pytest.skip("redis-server or redis-cli is not installed (scripts/install-deps.sh "
+                    "installs them)")
+    ports = [_free_cluster_port() for _ in range(masters)]
+    procs = []
+    auth = ["-a", password, "--no-auth-warning"]
+    try:
+        for p in ports:
+            procs.append(subprocess.Popen(
+                [exe, "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", os.path.join(str(directory), "nodes-%d.conf" % p),
+                 "--dir", str(directory), "--save", "", "--appendonly", "no",
+                 "--requirepass", password, "--masterauth", password],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for p, srv in zip(ports, procs):
+            while subprocess.run([cli, "-p", str(p)] + auth + ["ping"], capture_output=True,
+                                 text=True).stdout.strip() != "PONG":
+                if srv.poll() is not None:
+                    pytest.fail("a cluster node exited (%s) before answering on port %d"
+                                % (srv.returncode, p))
+                time.sleep(0.05)
+        seeds = ["127.0.0.1:%d" % p for p in ports]
+        r = subprocess.run([cli] + auth + ["--cluster", "create"] + seeds + ["--cluster-yes"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, "redis-cli --cluster create failed:\n" + r.stdout + r.stderr
+        for p in ports:
+            while "cluster_state:ok" not in subprocess.run(
+                    [cli, "-p", str(p)] + auth + ["cluster", "info"], capture_output=True,
+                    text=True).stdout:
+                time.sleep(0.05)
+        yield seeds
+    finally:
+        for srv in procs:
+            srv.kill()
+            srv.wait()
