@@ -20,8 +20,6 @@ every process started here is stopped and the temporary directory removed on eve
 path (the children also die with this process: PR_SET_PDEATHSIG).
 """
 import array
-import ctypes
-import json
 import os
 import shutil
 import signal
@@ -31,9 +29,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.parse
 import urllib.request
+
+from procguard import (die_with_parent, guard, left, procs, query,
+                       start_prometheus, stop, wait_for)
 
 HANG_S = 100
 PAGE = 64 * 1024
@@ -43,37 +42,7 @@ VERSION, ROLE_CLIENT = 1, 1
 MSG_MAX = 4096                        # above POOL_MSG_MAX
 NAMES = ("prom-a", 'prom"b\\c')
 
-deadline = time.monotonic() + HANG_S
-procs = []
-
-
-def die_with_parent():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG
-
-
-def left():
-    return deadline - time.monotonic()
-
-
-def wait_for(what, cond, every=0.2):
-    while True:
-        v = cond()
-        if v:
-            return v
-        if left() <= 0:
-            raise SystemExit("FAIL: hang guard (%d s): still waiting for %s" % (HANG_S, what))
-        time.sleep(every)
-
-
-def stop(p, sig=signal.SIGTERM):
-    if p.poll() is None:
-        p.send_signal(sig)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+guard(HANG_S)
 
 
 class Daemon:
@@ -175,49 +144,10 @@ def test_promtool(exe, tmp):
         t.count("# TYPE "), t.count("\n")))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def query(port, q):
-    url = "http://127.0.0.1:%d/api/v1/query?query=%s" % (port, urllib.parse.quote(q))
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.load(r)["data"]["result"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def start_prometheus(tmp, target):
-    cfg = os.path.join(tmp, "prom.yml")
-    with open(cfg, "w") as f:
-        f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-                "scrape_configs:\n  - job_name: kvvmd\n    static_configs:\n"
-                "      - targets: ['127.0.0.1:%d']\n" % target)
-    for _ in range(3):                # a free port may be taken before it binds it
-        port = free_port()
-        log = open(os.path.join(tmp, "prometheus.log"), "w")
-        p = subprocess.Popen(["prometheus", "--config.file=" + cfg,
-                              "--storage.tsdb.path=" + os.path.join(tmp, "data"),
-                              "--web.listen-address=127.0.0.1:%d" % port,
-                              "--log.level=warn"],
-                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        procs.append(p)
-        ready = wait_for("prometheus to answer or exit",
-                         lambda: "exited" if p.poll() is not None else
-                         ("up" if query(port, "vector(1)") is not None else None))
-        if ready == "up":
-            return p, port
-    raise SystemExit("FAIL: prometheus did not start:\n" +
-                     open(os.path.join(tmp, "prometheus.log")).read())
-
-
 def test_prometheus(exe, tmp):
     d = Daemon(exe, tmp)
     clients = [client(d.path, NAMES[0], 4), client(d.path, NAMES[1], 2)]
-    prom, pport = start_prometheus(tmp, d.port)
+    prom, pport = start_prometheus(tmp, d.port, "kvvmd")
 
     def up():
         r = query(pport, 'up{job="kvvmd"}')

@@ -17,9 +17,6 @@ Nothing is timed: each condition is waited for, under one overall hang guard (HA
 every process started here is stopped and the temporary directory removed on every exit
 path (the children also die with this process: PR_SET_PDEATHSIG).
 """
-import ctypes
-import json
-import os
 import queue
 import re
 import shutil
@@ -29,48 +26,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
-import urllib.parse
-import urllib.request
+
+from procguard import (die_with_parent, guard, left, procs, query,
+                       start_prometheus, stop, wait_for)
 
 HANG_S = 100          # the whole test's hang guard (CTest's TIMEOUT is above it)
 MAX_CONNS = 16        # tools/common/httpd.h TOOL_HTTPD_MAX_CONNS
 MAX_REQUEST = 8192    # TOOL_HTTPD_MAX_REQUEST
 
-deadline = time.monotonic() + HANG_S
-procs = []
-
-
-def die_with_parent():
-    """preexec_fn: the child gets SIGKILL when this process dies (even by SIGKILL)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-
-
-def left():
-    return deadline - time.monotonic()
-
-
-def wait_for(what, cond, every=0.2):
-    """Calls cond() until it returns something true; fails the test past the hang guard."""
-    while True:
-        v = cond()
-        if v:
-            return v
-        if left() <= 0:
-            raise SystemExit("FAIL: hang guard (%d s): still waiting for %s" % (HANG_S, what))
-        time.sleep(every)
-
-
-def stop(p, sig=signal.SIGTERM):
-    if p.poll() is None:
-        p.send_signal(sig)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+guard(HANG_S)
 
 
 class Stress:
@@ -173,45 +138,6 @@ def test_http(exe):
           "expected; the run ended PASS (%s scrapes answered)" % (len(idle), m.group(1)))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def query(port, q):
-    url = "http://127.0.0.1:%d/api/v1/query?query=%s" % (port, urllib.parse.quote(q))
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return json.load(r)["data"]["result"]
-    except (OSError, ValueError, KeyError):
-        return None                    # not up yet
-
-
-def start_prometheus(tmp, target):
-    cfg = os.path.join(tmp, "prom.yml")
-    with open(cfg, "w") as f:
-        f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-                "scrape_configs:\n  - job_name: kvvm-stress\n    static_configs:\n"
-                "      - targets: ['127.0.0.1:%d']\n" % target)
-    for attempt in range(3):           # a free port may be taken before it binds it
-        port = free_port()
-        log = open(os.path.join(tmp, "prometheus.log"), "w")
-        p = subprocess.Popen(["prometheus", "--config.file=" + cfg,
-                              "--storage.tsdb.path=" + os.path.join(tmp, "data"),
-                              "--web.listen-address=127.0.0.1:%d" % port,
-                              "--log.level=warn"],
-                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        procs.append(p)
-        ready = wait_for("prometheus to answer or exit",
-                         lambda: "exited" if p.poll() is not None else
-                         ("up" if query(port, "vector(1)") is not None else None))
-        if ready == "up":
-            return p, port
-    raise SystemExit("FAIL: prometheus did not start:\n" +
-                     open(os.path.join(tmp, "prometheus.log")).read())
-
-
 def test_prometheus(exe):
     for tool in ("promtool", "prometheus"):
         if not shutil.which(tool):
@@ -220,7 +146,7 @@ def test_prometheus(exe):
     tmp = tempfile.mkdtemp(prefix="kvvm-prom-")
     try:
         st = Stress(exe)
-        prom, pport = start_prometheus(tmp, st.port)
+        prom, pport = start_prometheus(tmp, st.port, "kvvm-stress")
 
         def up():
             r = query(pport, 'up{job="kvvm-stress"}')
