@@ -401,6 +401,17 @@ size_t prefix_lookup(struct prefix *pc, uint64_t ns, const void *keys, size_t n,
     return b;
 }
 
+bool prefix_peek(struct prefix *pc, uint64_t ns, const void *key, uint8_t *where)
+{
+    uint32_t rec;
+    if (!pc->scap || lookup_run(pc, ns, ns_mix(ns), key, 1, &rec) != 1)
+        return false;
+    KVVM_ASSERT(pc->tick[rec] != TICK_FREE);      /* a slot names a record in use */
+    for (uint32_t r = 0; where && r < pc->nr; r++)
+        where[r] = paging_page_where(pc->pg, pc->pages[(size_t)rec * pc->nr + r]);
+    return true;
+}
+
 void prefix_count_hits(struct prefix *pc, size_t k)
 {
     pc->c.lookups++;
@@ -631,6 +642,20 @@ static uint32_t host_frees(struct prefix *pc, uint32_t i)
     return n;
 }
 
+/* The pending plan without the records removed since it was made: a host drop may come
+   from that plan's own moves (a swap-out's host room) and take a planned drop whose pages
+   are all below (a leaf planned before its parent on the device), which the plan's later
+   steps (cache_stash after the moves) must not take again. No record is taken between a
+   plan and its act (publish runs in no call that reclaims), so a free one is gone. */
+static void plan_prune(struct prefix *pc)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < pc->n_plan; k++)
+        if (pc->tick[pc->plan[k] & ~PLAN_DEMOTE] != TICK_FREE)
+            pc->plan[n++] = pc->plan[k];
+    pc->n_plan = n;
+}
+
 /* Counts (act false) or makes (act true) `want` host slots free by dropping entries whose
    pages are all below the device, least recently used first, leaves first (a parent after
    all its children), never a pending plan's demotions; returns the slots counted or freed
@@ -660,6 +685,8 @@ static uint32_t cache_host_drop(void *arg, uint32_t want, bool act)
     }
     free(pc->in_plan);
     pc->in_plan = NULL;
+    if (act)
+        plan_prune(pc);
     return frees;
 }
 

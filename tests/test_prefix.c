@@ -1688,3 +1688,117 @@ Test(sweep, publish_allocation_failures_change_nothing)
     publish_sweep(0);
     publish_sweep(62);
 }
+
+/* ---------------------------------------------------------------- entries a call's moves dropped */
+
+/* Issue 31 (the model test with prefix calls, 4k/4+auto+prefix): a call's reclaim plan
+   drops entries no sequence holds, leaves first (x1 on the host tier, y0 on the host tier,
+   then x1's parent x0 on the device), and swaps a LIVE sequence out into a host tier those
+   entries fill (no disk tier: their host pages count as room). The swap-out's host room
+   dropped x1 and y0 at once, then the plan's entry step, after the moves, acted on their
+   freed records: x1 taken again and removed a second time when the call ended (a crash in
+   the release build, an assertion in the debug one). The state before the grow of g: device
+   8 pages (x0 1, live 2, 5 free), host 3 slots (x1, y0, 1 free... none: x0's slot went with
+   its attach, live's swap-out takes 2). */
+struct hd {
+    struct tctx t;
+    kvvm_key x[2], y[1];
+    kvvm_seq live, g;
+    struct th_snap seqs, xs, ys;
+};
+
+static void hd_setup(void *p)
+{
+    struct hd *h = p;
+    struct kvvm_config c;
+    cfg_small(&c, 1, 8, 3, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* only the calls reclaim */
+    c.host_min = c.host_low = c.host_high = 0;
+    topen(&h->t, &c);
+    kvvm_seq s = published(&h->t, 1, 1, 2, 0, h->x);
+    cr_assert_eq(kvvm_seq_swap_out(h->t.kv, s), 0);
+    cr_assert_eq(kvvm_seq_free(h->t.kv, s), 0);
+    kvvm_seq u = published(&h->t, 1, 2, 1, 0, h->y);
+    cr_assert_eq(kvvm_seq_swap_out(h->t.kv, u), 0);
+    cr_assert_eq(kvvm_seq_free(h->t.kv, u), 0);
+    kvvm_seq b = mk(&h->t);
+    cr_assert_eq(kvvm_prefix_attach(h->t.kv, b, 1, h->x, 1), 1, "attach: %s",
+                 kvvm_last_error());
+    cr_assert_eq(kvvm_seq_free(h->t.kv, b), 0);       /* x0 on the device, x1 y0 below */
+    h->live = mk(&h->t);
+    fill(&h->t, h->live, 2 * T, 3);
+    h->g = mk(&h->t);
+    cr_assert_eq(kvvm_step(h->t.kv), 0);               /* live unprotected: a victim */
+    cr_assert_eq(kvvm_step(h->t.kv), 0);
+    cr_assert_eq(kvvm_sync(h->t.kv), 0);
+    kvvm_seq all[2] = { h->live, h->g };
+    th_snap_take(h->t.kv, &h->seqs, all, 2, 1, NULL, 0);
+    th_snap_take(h->t.kv, &h->xs, NULL, 0, 1, h->x, 2);
+    th_snap_take(h->t.kv, &h->ys, NULL, 0, 1, h->y, 1);
+    cr_assert_eq(h->xs.found, 2, "the setup: x0 x1 present");
+    cr_assert(h->xs.where[0] == KVVM_TIER_DEVICE && h->xs.where[1] == KVVM_TIER_HOST &&
+              h->ys.where[0] == KVVM_TIER_HOST, "the setup: tiers %u %u %u", h->xs.where[0],
+              h->xs.where[1], h->ys.where[0]);
+}
+
+static int hd_call(void *p)
+{
+    struct hd *h = p;
+    return kvvm_seq_grow(h->t.kv, h->g, 8 * T);
+}
+
+static void hd_teardown(void *p)
+{
+    tclose(&((struct hd *)p)->t);
+}
+
+/* A success took every entry (their frames and host slots) and swapped live out; a failure
+   changed nothing, or reports that what its moves dropped could not be undone. */
+static enum th_sweep_outcome hd_after(void *p, int rc, const char *where)
+{
+    struct hd *h = p;
+    if (rc == -EIO) {
+        UCHK(strstr(kvvm_last_error(), "could not be undone") != NULL, "%s: -EIO: %s", where,
+             kvvm_last_error());
+    } else if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(h->t.kv, &h->seqs, where);
+        th_snap_same(h->t.kv, &h->xs, where);
+        th_snap_same(h->t.kv, &h->ys, where);
+    } else {
+        struct kvvm_stats st;
+        tstats(&h->t, &st);
+        UCHK(st.prefix_entries == 0, "%s: %lu entries left", where,
+             (unsigned long)st.prefix_entries);
+    }
+    th_check(h->t.kv, where);
+    if (!rc || rc == -EIO) {
+        UCHK(kvvm_seq_truncate(h->t.kv, h->g, 0) == 0, "%s: truncate", where);
+        UCHK(kvvm_seq_swap_in(h->t.kv, h->live) == 0, "%s: swap_in: %s", where,
+             kvvm_last_error());
+    }
+    UCHK(same(&h->t, h->live, 2 * T, 3), "%s: live's bytes", where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, reclaim_took_entries_its_swap_out_had_dropped)
+{
+    TH_DEADLINE(300);
+    struct hd h;
+    memset(&h, 0, sizeof h);
+    hd_setup(&h);
+    int rc = hd_call(&h);
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&h.t, &st);
+    cr_assert_eq(st.prefix_entries, 0, "entries left");
+    cr_assert_eq(hd_after(&h, rc, "grow"), TH_SWEEP_ABSORBED);
+    tcheck(&h.t, "after");
+    hd_teardown(&h);
+    /* the same grow with the driver refusing a map, copy or synchronization in turn: the
+       entries the swap-out's host room dropped are no move an undo takes back */
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);            /* the refusals are logged */
+    struct th_sweep s = { .name = "grow taking host entries", .arg = &h, .setup = hd_setup,
+                          .call = hd_call, .teardown = hd_teardown, .after = hd_after };
+    th_refusals_run_use(&s);
+}
