@@ -168,6 +168,11 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
     return first;
 }
 
+bool swap_journal_on(const struct swap *sw)
+{
+    return sw->undo.on;
+}
+
 int swap_call_end(struct swap *sw, int rc)
 {
     struct swap_undo *u = &sw->undo;

@@ -1802,3 +1802,85 @@ Test(regress, reclaim_took_entries_its_swap_out_had_dropped)
                           .call = hd_call, .teardown = hd_teardown, .after = hd_after };
     th_refusals_run_use(&s);
 }
+
+/* Issue 31 (the model test with prefix calls, 4k/2+disk+auto+prefix): a call's reclaim
+   demoted entries no sequence holds (KVVM_F_CACHE_DEMOTE, room on the host tier) and the
+   driver then refused a map, copy or synchronization: the call failed -ENOMEM with the
+   entries left on the host tier (the journal took back swap-outs and drops, not the cache's
+   demotions). A failed call brings them back up (or, where a demotion's own copy was
+   refused and it fell back to a drop, says -EIO "could not be undone"). Device 8 pages:
+   x0 x1 (no holder) and 6 free; a grow of g to 8 blocks demotes both. */
+struct dm {
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2];
+    kvvm_seq g;
+    struct th_snap seqs, xs;
+};
+
+static void dm_setup(void *p)
+{
+    struct dm *d = p;
+    open_tiers(&d->t, d->dir, 8, 0);
+    entries_only(&d->t, 1, 1, 2, d->x);
+    d->g = mk(&d->t);
+    cr_assert_eq(kvvm_sync(d->t.kv), 0);
+    th_snap_take(d->t.kv, &d->seqs, &d->g, 1, 1, NULL, 0);
+    th_snap_take(d->t.kv, &d->xs, NULL, 0, 1, d->x, 2);
+    cr_assert(d->xs.found == 2 && d->xs.where[0] == KVVM_TIER_DEVICE &&
+              d->xs.where[1] == KVVM_TIER_DEVICE, "the setup: x on the device");
+}
+
+static int dm_call(void *p)
+{
+    struct dm *d = p;
+    return kvvm_seq_grow(d->t.kv, d->g, 8 * T);
+}
+
+static void dm_teardown(void *p)
+{
+    struct dm *d = p;
+    close_tiers(&d->t, d->dir);
+}
+
+static enum th_sweep_outcome dm_after(void *p, int rc, const char *where)
+{
+    struct dm *d = p;
+    if (rc == -EIO) {
+        UCHK(strstr(kvvm_last_error(), "could not be undone") != NULL, "%s: -EIO: %s", where,
+             kvvm_last_error());
+    } else if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(d->t.kv, &d->seqs, where);
+        th_snap_same(d->t.kv, &d->xs, where);
+    }
+    /* what is left of x (all of it after a failure; after a success, on the host tier but
+       where a refused demotion copy fell back to a drop) attaches with its bytes */
+    uint8_t w[2] = { 0 };
+    int found = kvvm_prefix_lookup(d->t.kv, 1, d->x, 2, w);
+    for (int i = 0; !rc && i < found; i++)
+        UCHK(w[i] == KVVM_TIER_HOST, "%s: x%d not demoted (tier %u)", where, i, w[i]);
+    UCHK(rc == -EIO || !rc || found == 2, "%s: %d of x left", where, found);
+    th_check(d->t.kv, where);
+    UCHK(kvvm_seq_truncate(d->t.kv, d->g, 0) == 0, "%s: truncate", where);
+    kvvm_seq b = mk(&d->t);
+    int n = kvvm_prefix_attach(d->t.kv, b, 1, d->x, 2);
+    UCHK(n == found && (n == 0 || same(&d->t, b, (uint64_t)n * T, 1)), "%s: attach %d of "
+         "%d, bytes", where, n, found);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, failed_call_left_entries_its_reclaim_demoted)
+{
+    TH_DEADLINE(300);
+    struct dm d;
+    memset(&d, 0, sizeof d);
+    dm_setup(&d);
+    cr_assert_eq(dm_call(&d), 0, "grow: %s", kvvm_last_error());
+    cr_assert_eq(dm_after(&d, 0, "grow"), TH_SWEEP_ABSORBED);
+    dm_teardown(&d);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);            /* the refusals are logged */
+    struct th_sweep s = { .name = "grow demoting entries", .arg = &d, .setup = dm_setup,
+                          .call = dm_call, .teardown = dm_teardown, .after = dm_after };
+    th_refusals_run_use(&s);
+}
