@@ -32,7 +32,8 @@
  * pages, are not predicted: a success is followed page by page (kvvm_debug_page_tier: drops,
  * demotions, swap-outs), a failure must be -ENOMEM. Every call that fails, predicted or not,
  * must leave every sequence (its own too) as it was: tier, residency, class, dropped state
- * and length (a snapshot compare: the first rule of docs/api.md). A dropped sequence is
+ * and length, and every prefix entry (below) as it was (a snapshot compare: the first rule
+ * of docs/api.md). A dropped sequence is
  * -ESTALE for grow, grow_batch, fork, swap_in and prefetch, before anything moves.
  * Configurations: no flags (4k/1, 64k/4, 2m/4), KVVM_F_CACHE_DEMOTE (64k/1, 64k/1+disk),
  * KVVM_F_AUTO_SWAP | KVVM_F_CACHE_DEMOTE (4k/4, 2m/1, 4k/2+disk; background reclaim off:
@@ -47,8 +48,21 @@
  * in every such region, and each granule of each page at its id in the pool view maps what
  * the window maps there (handle and offset, read-write): the same bytes, by the driver.
  *
+ * The prefix cache (the +prefix configurations: 4k/4+auto, 64k/1+demote, 4k/2+disk+auto,
+ * 64k/1+disk+demote and both view ones; tokens of half a page there, so a block is a page):
+ * publish (keys derived from the sequence's content, as an engine derives them from token
+ * ids, under 3 namespaces), lookup (the hit and each block's tier), attach into empty
+ * sequences (swapped out or not; the hit, the device room it needs, its bytes checked
+ * against the entries' tags) and drop (keys, or a whole namespace). The model holds every
+ * entry's pages (a reference each, so copy-on-write and room are predicted as for forks);
+ * entries only entries hold are reclaimable (a call short of pages, or of host slots
+ * without a disk tier, is then not predicted), and after every op each entry is checked
+ * present with its pages in the model's tiers (kvvm_debug_prefix_entry: no LRU mark).
+ * The failed-call snapshot includes every entry: present, its page's tier per region, and
+ * the entry count.
+ *
  * Matrix: page sizes {4 KiB, 64 KiB, 2 MiB} (emulated granule = page size) x regions {1, 4};
- * tokens of 3/8 page + 36 bytes straddle pages. Large tokens are checked through probes (the
+ * tokens of 3/8 page + 36 bytes straddle pages (4k/1, 64k/4, 2m/1+auto, 2m/4). Large tokens are checked through probes (the
  * head and tail of each token and both sides of each page boundary inside it); tokens of at
  * most 4 KiB are checked byte for byte.
  *
