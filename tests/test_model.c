@@ -1386,7 +1386,7 @@ static bool unpredicted_done(struct model *m, int rc, struct mseq *const *t, int
         resync(m, t, nt);
         return true;
     }
-    MCHECK(m, rc == -ENOMEM, "%s (reclaim possible): %d", call, rc);
+    MCHECK(m, rc == -ENOMEM, "%s (reclaim possible): %d (%s)", call, rc, kvvm_last_error());
     unchanged(m, rc);
     m->cnt[C_FAILED_SAME]++;
     return false;
@@ -2198,7 +2198,13 @@ static uint32_t pick_chain(struct model *m, uint64_t *ns, kvvm_key *k)
 {
     uint32_t n = 0;
     if (m->nch && rndn(m, 3)) {
-        const struct mchain *c = &m->ch[rndn(m, m->nch < MAXCH ? m->nch : MAXCH)];
+        /* (of three picks, the first whose head is still an entry: most hit) */
+        const struct mchain *c = NULL;
+        for (int tries = 0; tries < 3; tries++) {
+            c = &m->ch[rndn(m, m->nch < MAXCH ? m->nch : MAXCH)];
+            if (c->n && ent_find(m, c->ns, &c->key[0]))
+                break;
+        }
         n = c->n;
         memcpy(k, c->key, n * sizeof *k);
         *ns = rndn(m, 4) ? c->ns : 1 + rndn(m, NNS);
@@ -2432,13 +2438,13 @@ static void op_pdrop(struct model *m)
 /* One prefix call (the pfx configurations). */
 static void op_prefix(struct model *m)
 {
-    uint64_t k = rndn(m, 6);
+    uint64_t k = rndn(m, 7);
     struct mseq *s = pick_live(m);
     if (k < 2 && s)
         op_publish(m, s);
     else if (k < 4)
         op_attach(m);
-    else if (k < 5)
+    else if (k < 6)
         op_lookup(m);
     else
         op_pdrop(m);

@@ -1884,3 +1884,62 @@ Test(regress, failed_call_left_entries_its_reclaim_demoted)
                           .call = dm_call, .teardown = dm_teardown, .after = dm_after };
     th_refusals_run_use(&s);
 }
+
+/* Victims that share pages (a parent p of 3 blocks and its fork f, sharing blocks 0 and 1)
+   swapped out by a grow's reclaim into a host tier full of entries no sequence holds, with
+   no disk tier: the plan counts those entries' host pages as room, and every move of the
+   act (each victim's own pages, the shared pages the last of them takes down) gets its
+   slots by dropping them (docs/api.md "Below the host tier"). In both modes. */
+static void shared_victims_room(bool stream_mode)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    kvvm_key x[4];
+    void *stream = NULL;
+    cfg_small(&c, 1, 8, 4, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* only the calls reclaim */
+    c.host_min = c.host_low = c.host_high = 0;
+    if (stream_mode)
+        topen_stream(&t, &c, &stream);
+    else
+        topen(&t, &c);
+    kvvm_seq s = published(&t, 1, 1, 4, 0, x);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);        /* x0..x3: the host tier, full */
+    kvvm_seq p = mk(&t), f;
+    fill(&t, p, 3 * T, 3);
+    cr_assert_eq(kvvm_seq_fork(t.kv, p, &f), 0);
+    uint8_t b[BPT];
+    memset(b, 0x77, sizeof b);
+    cr_assert_eq(kvvm_seq_write(t.kv, f, 0, 2 * T * BPT, b, sizeof b), 0);  /* f's own */
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_step(t.kv), 0);                /* p and f unprotected: victims */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert(st.pages_host_free == 0 && st.pages_device_free == 4, "the setup: host %lu "
+              "free, device %lu", (unsigned long)st.pages_host_free,
+              (unsigned long)st.pages_device_free);
+    int rc = kvvm_seq_grow(t.kv, g, 8 * T);          /* 8 frames: p's and f's 4 too */
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_entries, 0, "the entries were not dropped for the host room");
+    tcheck(&t, "grown");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, p), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, f), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, p, 3 * T, 3) && same(&t, f, 2 * T, 3), "bytes");
+    tcheck(&t, "swapped in");
+    if (stream_mode)
+        tclose_stream(&t, stream);
+    else
+        tclose(&t);
+}
+
+Test(below, shared_victims_take_room_from_host_entries)
+{
+    TH_DEADLINE(60);
+    shared_victims_room(true);
+    shared_victims_room(false);
+}
