@@ -1272,16 +1272,18 @@ static void unchanged(struct model *m, int rc)
                  e->dropped, in.dropped);
         MCHECK(m, keep_going() || undo_lost, "%s", msg);
         if (!broken)
-            printf("VIOLATION seed %lu op %lu (%s): %s\n", m->seed, (unsigned long)m->op,
-                   m->where, msg);
+            printf("%s seed %lu op %lu (%s): %s\n", undo_lost ? "UNDO LIMIT (-EIO, could "
+                   "not be undone)" : "VIOLATION", m->seed, (unsigned long)m->op, m->where,
+                   msg);
         broken = true;
     }
     char emsg[400];
     if (!ents_unchanged(m, rc, emsg, sizeof emsg)) {
         MCHECK(m, keep_going() || undo_lost, "%s", emsg);
         if (!broken)
-            printf("VIOLATION seed %lu op %lu (%s): %s\n", m->seed, (unsigned long)m->op,
-                   m->where, emsg);
+            printf("%s seed %lu op %lu (%s): %s\n", undo_lost ? "UNDO LIMIT (-EIO, could "
+                   "not be undone)" : "VIOLATION", m->seed, (unsigned long)m->op, m->where,
+                   emsg);
         broken = true;
     }
     if (broken) {

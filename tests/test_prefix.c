@@ -1943,3 +1943,76 @@ Test(below, shared_victims_take_room_from_host_entries)
     shared_victims_room(true);
     shared_victims_room(false);
 }
+
+/* Issue 31 (the model test with prefix calls, 4k/4+auto+prefix, seed 102 op 118513 at
+   KVVMTEST_SCALE=1): an explicit swap-out into a host tier full of entries no sequence
+   holds (no disk tier) drops some of them for its host room, then the driver refused a
+   call of its own (cuCtxGetCurrent, a copy, ...): -ENOMEM with the entries gone, which no
+   undo can bring back (their slots were the room). Such drops are now counted within every
+   public call, not only within its reclaim: the call says -EIO "could not be undone"; a
+   refusal before them changes nothing. */
+struct so {
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2], y[1];
+    kvvm_seq s;
+    struct th_snap seqs, xs, ys;
+};
+
+static void so_setup(void *p)
+{
+    struct so *o = p;
+    kvvm_seq g = host_full_of_entries(&o->t, o->dir, o->x, o->y);
+    (void)g;
+    o->s = mk(&o->t);
+    fill(&o->t, o->s, 2 * T, 3);
+    cr_assert_eq(kvvm_sync(o->t.kv), 0);
+    th_snap_take(o->t.kv, &o->seqs, &o->s, 1, 1, NULL, 0);
+    th_snap_take(o->t.kv, &o->xs, NULL, 0, 1, o->x, 2);
+    th_snap_take(o->t.kv, &o->ys, NULL, 0, 1, o->y, 1);
+}
+
+static int so_call(void *p)
+{
+    struct so *o = p;
+    return kvvm_seq_swap_out(o->t.kv, o->s);
+}
+
+static void so_teardown(void *p)
+{
+    struct so *o = p;
+    close_tiers(&o->t, o->dir);
+}
+
+static enum th_sweep_outcome so_after(void *p, int rc, const char *where)
+{
+    struct so *o = p;
+    if (rc == -EIO) {
+        UCHK(strstr(kvvm_last_error(), "could not be undone") != NULL, "%s: -EIO: %s", where,
+             kvvm_last_error());
+    } else if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(o->t.kv, &o->seqs, where);
+        th_snap_same(o->t.kv, &o->xs, where);
+        th_snap_same(o->t.kv, &o->ys, where);
+    }
+    th_check(o->t.kv, where);
+    if (rc != -ENOMEM)
+        (void)kvvm_seq_swap_in(o->t.kv, o->s);
+    UCHK(same(&o->t, o->s, 2 * T, 3), "%s: s's bytes", where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, failed_swap_out_dropped_host_entries)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);            /* the refusals are logged */
+    struct so o;
+    memset(&o, 0, sizeof o);
+    struct th_sweep s = { .name = "swap_out dropping host entries", .arg = &o,
+                          .setup = so_setup, .call = so_call, .teardown = so_teardown,
+                          .after = so_after };
+    th_refusals_run_use(&s);
+    const char *const ctx[] = { "cuCtxGetCurrent", "cuCtxSetCurrent" };
+    th_refusals_run_on(&s, ctx, 2);
+}
