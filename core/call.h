@@ -76,6 +76,8 @@ static inline int enter(kvvm *kv)
     /* the caller's current context comes back at leave(), if a driver call of this one
        replaced it: libkvvm never leaves its own context current in the engine's thread */
     vmm_call_begin();
+    if (kv->sw)
+        swap_call_begin(kv->sw);
     return 0;
 }
 

@@ -19,7 +19,9 @@ int tier_page_down(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);
     pg_slot slot;
-    if (lower_on(pg, PG_LOWER_DISK) && !paging_host_free(pg))
+    /* room by the policy: spills, or, without disk room, the drop of entries no sequence
+       holds whose pages are all below (the room a plan counted for this move) */
+    if (!paging_host_free(pg))
         (void)paging_host_room(pg, 1, 0);
     int rc = lower_take(pg, PG_LOWER_HOST, 1, &slot);
     if (rc)

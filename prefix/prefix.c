@@ -63,6 +63,8 @@ struct prefix {
        until the call ends: removed at its success, brought back at its failure */
     uint32_t *stash, n_stash, stash_cap;
     uint8_t *stash_moved;        /* stash_cap * nr: which pages of each went down */
+    uint8_t *stash_demoted;      /* stash_cap: a demotion (kept at commit), not a drop */
+    uint32_t act_lost;           /* the journaled demotions that fell back to a drop */
     /* tests (prefix_test_limits): records never grow past max_recs (0: no cap); the
        fail_at-th allocation of the index (publish's) from the arming on fails (0: none);
        n_allocs counts them from the arming on */
@@ -401,6 +403,17 @@ size_t prefix_lookup(struct prefix *pc, uint64_t ns, const void *keys, size_t n,
     return b;
 }
 
+bool prefix_peek(struct prefix *pc, uint64_t ns, const void *key, uint8_t *where)
+{
+    uint32_t rec;
+    if (!pc->scap || lookup_run(pc, ns, ns_mix(ns), key, 1, &rec) != 1)
+        return false;
+    KVVM_ASSERT(pc->tick[rec] != TICK_FREE);      /* a slot names a record in use */
+    for (uint32_t r = 0; where && r < pc->nr; r++)
+        where[r] = paging_page_where(pc->pg, pc->pages[(size_t)rec * pc->nr + r]);
+    return true;
+}
+
 void prefix_count_hits(struct prefix *pc, size_t k)
 {
     pc->c.lookups++;
@@ -604,6 +617,8 @@ static uint32_t cache_spill(void *arg, uint32_t max)
     return started;
 }
 
+static bool stashed(const struct prefix *pc, uint32_t i);
+
 /* Whether only entries hold record i's pages and none is on the device (host and disk
    pages: a host entry's successors spilled to disk go before it, leaves first), record i
    no demotion of the pending reclaim plan (a host drop may come from that plan's own
@@ -611,8 +626,8 @@ static uint32_t cache_spill(void *arg, uint32_t max)
 static bool host_droppable(struct prefix *pc, uint32_t i)
 {
     const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
-    if ((pc->in_plan && pc->in_plan[i]) || !reclaimable(pc, i))
-        return false;
+    if ((pc->in_plan && pc->in_plan[i]) || stashed(pc, i) || !reclaimable(pc, i))
+        return false;               /* (a stashed one: the call's journal keeps it) */
     for (uint32_t r = 0; r < pc->nr; r++)
         if (paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE)
             return false;
@@ -629,6 +644,20 @@ static uint32_t host_frees(struct prefix *pc, uint32_t i)
     for (uint32_t r = 0; r < pc->nr; r++)
         n += paging_held_host(pc->pg, &p[r], 1) && paging_page_ents(pc->pg, p[r]) == 1;
     return n;
+}
+
+/* The pending plan without the records removed since it was made: a host drop may come
+   from that plan's own moves (a swap-out's host room) and take a planned drop whose pages
+   are all below (a leaf planned before its parent on the device), which the plan's later
+   steps (cache_stash after the moves) must not take again. No record is taken between a
+   plan and its act (publish runs in no call that reclaims), so a free one is gone. */
+static void plan_prune(struct prefix *pc)
+{
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < pc->n_plan; k++)
+        if (pc->tick[pc->plan[k] & ~PLAN_DEMOTE] != TICK_FREE)
+            pc->plan[n++] = pc->plan[k];
+    pc->n_plan = n;
 }
 
 /* Counts (act false) or makes (act true) `want` host slots free by dropping entries whose
@@ -660,6 +689,8 @@ static uint32_t cache_host_drop(void *arg, uint32_t want, bool act)
     }
     free(pc->in_plan);
     pc->in_plan = NULL;
+    if (act)
+        plan_prune(pc);
     return frees;
 }
 
@@ -686,17 +717,26 @@ static uint32_t cache_demote(void *arg, bool (*take)(void *ctx, uint32_t k), voi
 /* Drops the planned drops (demotions: false), or demotes the planned demotions (true; one
    whose pages cannot all go down is dropped: that frees at least as much). Leaves first:
    a planned record has no children left when its turn comes. */
+static bool stash_push(struct prefix *pc, uint32_t i, bool demoted);
+
 static void cache_act(void *arg, bool demotions)
 {
     struct prefix *pc = arg;
+    bool journal = demotions && pc->sw && swap_journal_on(pc->sw);
     for (uint32_t k = 0; k < pc->n_plan; k++) {
-        uint32_t i = pc->plan[k] & ~PLAN_DEMOTE, moved;
+        uint32_t i = pc->plan[k] & ~PLAN_DEMOTE;
         if (!(pc->plan[k] & PLAN_DEMOTE) == demotions)
             continue;
-        if (!demotions || paging_held_down(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr,
-                                           &moved))
-            rec_remove(pc, i, true);
         pc->c.evictions++;
+        /* a call's reclaim (the journal on): the demotion is kept until the call ends, its
+           pages brought back up should the call fail (cache_stash_end) */
+        if (demotions && stash_push(pc, i, journal)) {
+            if (journal)
+                pc->stash_demoted[pc->n_stash - 1] = 1;
+            continue;
+        }
+        rec_remove(pc, i, true);
+        pc->act_lost += journal;        /* a drop: no undo brings it back */
     }
 }
 
@@ -714,6 +754,10 @@ static int stash_reserve(struct prefix *pc)
     if (!mv)
         return -ENOMEM;
     pc->stash_moved = mv;
+    uint8_t *dm = realloc(pc->stash_demoted, cap);
+    if (!dm)
+        return -ENOMEM;
+    pc->stash_demoted = dm;
     pc->stash_cap = cap;
     return 0;
 }
@@ -730,28 +774,43 @@ static bool stashed(const struct prefix *pc, uint32_t i)
    whose device pages the host tier's free slots take as they are goes down there (its
    pages only; nothing else moves) and stays in the index until the call ends; the others
    are dropped now. Returns those dropped now (no undo takes them back). */
+/* Moves record i's device pages that only entries hold to the host tier (paging_held_down)
+   and, with record, keeps it in the stash (which pages went down: stash_end brings them
+   back). false: it could not all go down (no stash room, no host room, a move refused; the
+   pages moved stay below): the caller drops it. */
+static bool stash_push(struct prefix *pc, uint32_t i, bool record)
+{
+    const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
+    uint32_t moved;
+    if (record && stash_reserve(pc))
+        return false;
+    uint8_t *mv = record ? &pc->stash_moved[(size_t)pc->n_stash * pc->nr] : NULL;
+    for (uint32_t r = 0; mv && r < pc->nr; r++)
+        mv[r] = paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE &&
+                paging_page_holders(pc->pg, p[r]) == 0;   /* what held_down moves */
+    if (paging_held_down(pc->pg, p, pc->nr, &moved))
+        return false;
+    if (record) {
+        pc->stash_demoted[pc->n_stash] = 0;
+        pc->stash[pc->n_stash++] = i;
+    }
+    return true;
+}
+
 static uint32_t cache_stash(void *arg)
 {
     struct prefix *pc = arg;
-    uint32_t lost = 0;
+    uint32_t lost = pc->act_lost;
+    pc->act_lost = 0;
     for (uint32_t k = 0; k < pc->n_plan; k++) {
-        uint32_t i = pc->plan[k] & ~PLAN_DEMOTE, dev = 0, moved;
+        uint32_t i = pc->plan[k] & ~PLAN_DEMOTE, dev = 0;
         if ((pc->plan[k] & PLAN_DEMOTE) || stashed(pc, i))
             continue;
         const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
         for (uint32_t r = 0; r < pc->nr; r++)
             dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
-        if (dev <= paging_host_free(pc->pg) && !stash_reserve(pc)) {
-            uint8_t *mv = &pc->stash_moved[(size_t)pc->n_stash * pc->nr];
-            for (uint32_t r = 0; r < pc->nr; r++)
-                mv[r] = paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE &&
-                        paging_page_holders(pc->pg, p[r]) == 0;   /* what held_down moves */
-            if (!paging_held_down(pc->pg, p, pc->nr, &moved)) {
-                pc->stash[pc->n_stash++] = i;
-                continue;
-            }
-            /* a move refused: the pages moved stay below, the record goes as planned */
-        }
+        if (dev <= paging_host_free(pc->pg) && stash_push(pc, i, true))
+            continue;
         rec_remove(pc, i, true);
         pc->c.evictions++;
         lost++;
@@ -760,19 +819,23 @@ static uint32_t cache_stash(void *arg)
 }
 
 /* The call ends: its stashed records are dropped (commit) or brought back to the device
-   (the undo of a failed call). Returns how many could not be brought back. */
+   (the undo of a failed call); its journaled demotions stay below (commit) or come back up
+   too. Returns how many could not be brought back. */
 static uint32_t cache_stash_end(void *arg, bool commit)
 {
     struct prefix *pc = arg;
     uint32_t failed = 0;
+    pc->act_lost = 0;
     for (uint32_t k = pc->n_stash; k-- > 0;) {
         uint32_t i = pc->stash[k];
-        if (commit) {
+        if (commit && !pc->stash_demoted[k]) {
             rec_remove(pc, i, true);
             pc->c.evictions++;
-        } else {
-            failed += paging_held_back(pc->pg, &pc->pages[(size_t)i * pc->nr],
-                                       &pc->stash_moved[(size_t)k * pc->nr], pc->nr) != 0;
+        } else if (!commit) {
+            int rc = paging_held_back(pc->pg, &pc->pages[(size_t)i * pc->nr],
+                                      &pc->stash_moved[(size_t)k * pc->nr], pc->nr);
+            failed += rc != 0;
+            pc->c.evictions -= pc->stash_demoted[k] && !rc;   /* (counted at the act) */
         }
     }
     pc->n_stash = 0;
@@ -811,6 +874,7 @@ void prefix_destroy(struct prefix *pc)
     cache_forget(pc);
     free(pc->stash);
     free(pc->stash_moved);
+    free(pc->stash_demoted);
     free(pc->slot);
     free(pc->rec);
     free(pc->tick);

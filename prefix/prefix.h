@@ -80,6 +80,9 @@ int  prefix_publish(struct prefix *pc, uint64_t h, uint64_t ns, const void *keys
    lookup call in the counters. Moves nothing. */
 size_t prefix_lookup(struct prefix *pc, uint64_t ns, const void *keys, size_t n,
                      uint8_t *where, pg_page_id *ids, bool count);
+/* Whether (ns, key) is present, touching nothing (no LRU tick, no counter): where (NULL
+   allowed; n_regions) gets each region's page's PG_WHERE_*. The tests' view of an entry. */
+bool prefix_peek(struct prefix *pc, uint64_t ns, const void *key, uint8_t *where);
 /* Counts an attach's hit blocks (after it succeeded). */
 void prefix_count_hits(struct prefix *pc, size_t k);
 /* Removes the entries of keys[0..n) present in ns (keys NULL: every entry of ns). Returns

@@ -71,7 +71,10 @@ int swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started)
 
 /* `want` host slots free by dropping the prefix cache's entries whose pages are all on the
    host tier (swap_cache_ops.host_drop): counted whole first, dropped only when they cover
-   the shortfall (else -ENOMEM, nothing dropped). */
+   the shortfall (else -ENOMEM, nothing dropped). Within a public call (its reclaim, or its
+   own move: a swap-out, a swap-in's staging) the drops are moves no undo takes back (their
+   host slots are what the move takes): counted lost, so that the call, should it fail
+   after, says so (swap_call_end: -EIO); the threads' drops are no call's. */
 static int host_drop(struct swap *sw, uint32_t want)
 {
     size_t have = paging_host_free(sw->pg);
@@ -81,6 +84,7 @@ static int host_drop(struct swap *sw, uint32_t want)
     if (!sw->cache.host_drop || sw->cache.host_drop(sw->cache.arg, need, false) < need)
         return -ENOMEM;
     sw->cache.host_drop(sw->cache.arg, need, true);
+    sw->undo.lost += sw->undo.on || sw->undo.in_call;
     return paging_host_free(sw->pg) >= want ? 0 : -ENOMEM;
 }
 

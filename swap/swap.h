@@ -197,6 +197,14 @@ int  swap_reclaim_give(struct swap *sw, uint32_t want, bool live, uint32_t *move
    see swap_make_room). The context stays consistent either way: a victim not swapped back
    in is a complete swapped-out sequence. */
 int  swap_call_end(struct swap *sw, int rc);
+/* The start of a public call (core/call.h enter, context lock held): what the call's moves
+   drop that no undo takes back (entries dropped for a move's host room) is counted from
+   here to swap_call_end, so that the call, failing after them, says so (-EIO). */
+void swap_call_begin(struct swap *sw);
+/* Whether a call's reclaim is acting now with its journal on (swap_call_end takes its
+   moves back should the call fail): the cache's demotions then keep what they moved until
+   stash_end, as its stashed drops do. */
+bool swap_journal_on(const struct swap *sw);
 /* The budget is now `frames`: the device watermarks follow it. */
 void swap_set_frames(struct swap *sw, uint32_t frames);
 /* After a call that took frames: the watermark rules above. */

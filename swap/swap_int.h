@@ -39,6 +39,7 @@ struct swap_undo {
     const struct swap_cache_ops *cache;   /* whose entries are stashed (NULL: none) */
     uint32_t lost;
     bool on;
+    bool in_call;                  /* a public call holds the lock (swap_call_begin .. end) */
 };
 
 struct swap {

@@ -168,10 +168,21 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
     return first;
 }
 
+void swap_call_begin(struct swap *sw)
+{
+    sw->undo.in_call = true;
+}
+
+bool swap_journal_on(const struct swap *sw)
+{
+    return sw->undo.on;
+}
+
 int swap_call_end(struct swap *sw, int rc)
 {
     struct swap_undo *u = &sw->undo;
     KVVM_ASSERT(!u->on);               /* no reclaim acts outside its call */
+    u->in_call = false;
     if (rc >= 0 || (!u->n && !u->n_orph && !u->n_parks && !u->lost && !u->cache)) {
         if (rc >= 0)
             commit_stashes(sw);         /* commit: the drops are made */

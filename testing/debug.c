@@ -11,6 +11,7 @@
 
 #include "core/core.h"
 #include "core/debug.h"
+#include "prefix/prefix.h"
 
 int kvvm_debug_check(kvvm *kv, char *why, size_t len)
 {
@@ -23,6 +24,16 @@ int kvvm_debug_check(kvvm *kv, char *why, size_t len)
     int rc = core_check_locked(kv, why, len);
     pthread_mutex_unlock(&kv->lock);
     return rc;
+}
+
+int kvvm_debug_prefix_entry(kvvm *kv, uint64_t ns, const kvvm_key *key, uint8_t *where)
+{
+    if (!kv || !key)
+        return -EINVAL;
+    pthread_mutex_lock(&kv->lock);
+    bool there = kv->pfx && prefix_peek(kv->pfx, ns, key->bytes, where);
+    pthread_mutex_unlock(&kv->lock);
+    return there ? 1 : 0;
 }
 
 struct spill *kvvm_debug_spill(kvvm *kv)

@@ -51,6 +51,13 @@ uint64_t kvvm_debug_pool_wakes(kvvm *kv);
    -EINVAL kv or tier NULL, r or i out of range; -ENOENT. */
 int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier);
 
+/* Whether the prefix entry (ns, key) is present (1) or not (0), touching nothing (no LRU
+   mark, no counter: kvvm_prefix_lookup marks what it finds used); where (NULL allowed;
+   n_regions bytes) gets the tier of its page in each region: 1 device, 2 host, 3 disk (in
+   flight: the tier it leaves). For the model test's snapshot of the entries before a call.
+   -EINVAL kv or key NULL. */
+int kvvm_debug_prefix_entry(kvvm *kv, uint64_t ns, const kvvm_key *key, uint8_t *where);
+
 /* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
    spill_test_corrupt (disk/disk.h). */
 struct spill;

@@ -1688,3 +1688,331 @@ Test(sweep, publish_allocation_failures_change_nothing)
     publish_sweep(0);
     publish_sweep(62);
 }
+
+/* ---------------------------------------------------------------- entries a call's moves dropped */
+
+/* Issue 31 (the model test with prefix calls, 4k/4+auto+prefix): a call's reclaim plan
+   drops entries no sequence holds, leaves first (x1 on the host tier, y0 on the host tier,
+   then x1's parent x0 on the device), and swaps a LIVE sequence out into a host tier those
+   entries fill (no disk tier: their host pages count as room). The swap-out's host room
+   dropped x1 and y0 at once, then the plan's entry step, after the moves, acted on their
+   freed records: x1 taken again and removed a second time when the call ended (a crash in
+   the release build, an assertion in the debug one). The state before the grow of g: device
+   8 pages (x0 1, live 2, 5 free), host 3 slots (x1, y0, 1 free... none: x0's slot went with
+   its attach, live's swap-out takes 2). */
+struct hd {
+    struct tctx t;
+    kvvm_key x[2], y[1];
+    kvvm_seq live, g;
+    struct th_snap seqs, xs, ys;
+};
+
+static void hd_setup(void *p)
+{
+    struct hd *h = p;
+    struct kvvm_config c;
+    cfg_small(&c, 1, 8, 3, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* only the calls reclaim */
+    c.host_min = c.host_low = c.host_high = 0;
+    topen(&h->t, &c);
+    kvvm_seq s = published(&h->t, 1, 1, 2, 0, h->x);
+    cr_assert_eq(kvvm_seq_swap_out(h->t.kv, s), 0);
+    cr_assert_eq(kvvm_seq_free(h->t.kv, s), 0);
+    kvvm_seq u = published(&h->t, 1, 2, 1, 0, h->y);
+    cr_assert_eq(kvvm_seq_swap_out(h->t.kv, u), 0);
+    cr_assert_eq(kvvm_seq_free(h->t.kv, u), 0);
+    kvvm_seq b = mk(&h->t);
+    cr_assert_eq(kvvm_prefix_attach(h->t.kv, b, 1, h->x, 1), 1, "attach: %s",
+                 kvvm_last_error());
+    cr_assert_eq(kvvm_seq_free(h->t.kv, b), 0);       /* x0 on the device, x1 y0 below */
+    h->live = mk(&h->t);
+    fill(&h->t, h->live, 2 * T, 3);
+    h->g = mk(&h->t);
+    cr_assert_eq(kvvm_step(h->t.kv), 0);               /* live unprotected: a victim */
+    cr_assert_eq(kvvm_step(h->t.kv), 0);
+    cr_assert_eq(kvvm_sync(h->t.kv), 0);
+    kvvm_seq all[2] = { h->live, h->g };
+    th_snap_take(h->t.kv, &h->seqs, all, 2, 1, NULL, 0);
+    th_snap_take(h->t.kv, &h->xs, NULL, 0, 1, h->x, 2);
+    th_snap_take(h->t.kv, &h->ys, NULL, 0, 1, h->y, 1);
+    cr_assert_eq(h->xs.found, 2, "the setup: x0 x1 present");
+    cr_assert(h->xs.where[0] == KVVM_TIER_DEVICE && h->xs.where[1] == KVVM_TIER_HOST &&
+              h->ys.where[0] == KVVM_TIER_HOST, "the setup: tiers %u %u %u", h->xs.where[0],
+              h->xs.where[1], h->ys.where[0]);
+}
+
+static int hd_call(void *p)
+{
+    struct hd *h = p;
+    return kvvm_seq_grow(h->t.kv, h->g, 8 * T);
+}
+
+static void hd_teardown(void *p)
+{
+    tclose(&((struct hd *)p)->t);
+}
+
+/* A success took every entry (their frames and host slots) and swapped live out; a failure
+   changed nothing, or reports that what its moves dropped could not be undone. */
+static enum th_sweep_outcome hd_after(void *p, int rc, const char *where)
+{
+    struct hd *h = p;
+    if (rc == -EIO) {
+        UCHK(strstr(kvvm_last_error(), "could not be undone") != NULL, "%s: -EIO: %s", where,
+             kvvm_last_error());
+    } else if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(h->t.kv, &h->seqs, where);
+        th_snap_same(h->t.kv, &h->xs, where);
+        th_snap_same(h->t.kv, &h->ys, where);
+    } else {
+        struct kvvm_stats st;
+        tstats(&h->t, &st);
+        UCHK(st.prefix_entries == 0, "%s: %lu entries left", where,
+             (unsigned long)st.prefix_entries);
+    }
+    th_check(h->t.kv, where);
+    if (!rc || rc == -EIO) {
+        UCHK(kvvm_seq_truncate(h->t.kv, h->g, 0) == 0, "%s: truncate", where);
+        UCHK(kvvm_seq_swap_in(h->t.kv, h->live) == 0, "%s: swap_in: %s", where,
+             kvvm_last_error());
+    }
+    UCHK(same(&h->t, h->live, 2 * T, 3), "%s: live's bytes", where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, reclaim_took_entries_its_swap_out_had_dropped)
+{
+    TH_DEADLINE(300);
+    struct hd h;
+    memset(&h, 0, sizeof h);
+    hd_setup(&h);
+    int rc = hd_call(&h);
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_stats st;
+    tstats(&h.t, &st);
+    cr_assert_eq(st.prefix_entries, 0, "entries left");
+    cr_assert_eq(hd_after(&h, rc, "grow"), TH_SWEEP_ABSORBED);
+    tcheck(&h.t, "after");
+    hd_teardown(&h);
+    /* the same grow with the driver refusing a map, copy or synchronization in turn: the
+       entries the swap-out's host room dropped are no move an undo takes back */
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);            /* the refusals are logged */
+    struct th_sweep s = { .name = "grow taking host entries", .arg = &h, .setup = hd_setup,
+                          .call = hd_call, .teardown = hd_teardown, .after = hd_after };
+    th_refusals_run_use(&s);
+}
+
+/* Issue 31 (the model test with prefix calls, 4k/2+disk+auto+prefix): a call's reclaim
+   demoted entries no sequence holds (KVVM_F_CACHE_DEMOTE, room on the host tier) and the
+   driver then refused a map, copy or synchronization: the call failed -ENOMEM with the
+   entries left on the host tier (the journal took back swap-outs and drops, not the cache's
+   demotions). A failed call brings them back up (or, where a demotion's own copy was
+   refused and it fell back to a drop, says -EIO "could not be undone"). Device 8 pages:
+   x0 x1 (no holder) and 6 free; a grow of g to 8 blocks demotes both. */
+struct dm {
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2];
+    kvvm_seq g;
+    struct th_snap seqs, xs;
+};
+
+static void dm_setup(void *p)
+{
+    struct dm *d = p;
+    open_tiers(&d->t, d->dir, 8, 0);
+    entries_only(&d->t, 1, 1, 2, d->x);
+    d->g = mk(&d->t);
+    cr_assert_eq(kvvm_sync(d->t.kv), 0);
+    th_snap_take(d->t.kv, &d->seqs, &d->g, 1, 1, NULL, 0);
+    th_snap_take(d->t.kv, &d->xs, NULL, 0, 1, d->x, 2);
+    cr_assert(d->xs.found == 2 && d->xs.where[0] == KVVM_TIER_DEVICE &&
+              d->xs.where[1] == KVVM_TIER_DEVICE, "the setup: x on the device");
+}
+
+static int dm_call(void *p)
+{
+    struct dm *d = p;
+    return kvvm_seq_grow(d->t.kv, d->g, 8 * T);
+}
+
+static void dm_teardown(void *p)
+{
+    struct dm *d = p;
+    close_tiers(&d->t, d->dir);
+}
+
+static enum th_sweep_outcome dm_after(void *p, int rc, const char *where)
+{
+    struct dm *d = p;
+    if (rc == -EIO) {
+        UCHK(strstr(kvvm_last_error(), "could not be undone") != NULL, "%s: -EIO: %s", where,
+             kvvm_last_error());
+    } else if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(d->t.kv, &d->seqs, where);
+        th_snap_same(d->t.kv, &d->xs, where);
+    }
+    /* what is left of x (all of it after a failure; after a success, on the host tier but
+       where a refused demotion copy fell back to a drop) attaches with its bytes */
+    uint8_t w[2] = { 0 };
+    int found = kvvm_prefix_lookup(d->t.kv, 1, d->x, 2, w);
+    for (int i = 0; !rc && i < found; i++)
+        UCHK(w[i] == KVVM_TIER_HOST, "%s: x%d not demoted (tier %u)", where, i, w[i]);
+    UCHK(rc == -EIO || !rc || found == 2, "%s: %d of x left", where, found);
+    th_check(d->t.kv, where);
+    UCHK(kvvm_seq_truncate(d->t.kv, d->g, 0) == 0, "%s: truncate", where);
+    kvvm_seq b = mk(&d->t);
+    int n = kvvm_prefix_attach(d->t.kv, b, 1, d->x, 2);
+    UCHK(n == found && (n == 0 || same(&d->t, b, (uint64_t)n * T, 1)), "%s: attach %d of "
+         "%d, bytes", where, n, found);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, failed_call_left_entries_its_reclaim_demoted)
+{
+    TH_DEADLINE(300);
+    struct dm d;
+    memset(&d, 0, sizeof d);
+    dm_setup(&d);
+    cr_assert_eq(dm_call(&d), 0, "grow: %s", kvvm_last_error());
+    cr_assert_eq(dm_after(&d, 0, "grow"), TH_SWEEP_ABSORBED);
+    dm_teardown(&d);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);            /* the refusals are logged */
+    struct th_sweep s = { .name = "grow demoting entries", .arg = &d, .setup = dm_setup,
+                          .call = dm_call, .teardown = dm_teardown, .after = dm_after };
+    th_refusals_run_use(&s);
+}
+
+/* Victims that share pages (a parent p of 3 blocks and its fork f, sharing blocks 0 and 1)
+   swapped out by a grow's reclaim into a host tier full of entries no sequence holds, with
+   no disk tier: the plan counts those entries' host pages as room, and every move of the
+   act (each victim's own pages, the shared pages the last of them takes down) gets its
+   slots by dropping them (docs/api.md "Below the host tier"). In both modes. */
+static void shared_victims_room(bool stream_mode)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    kvvm_key x[4];
+    void *stream = NULL;
+    cfg_small(&c, 1, 8, 4, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* only the calls reclaim */
+    c.host_min = c.host_low = c.host_high = 0;
+    if (stream_mode)
+        topen_stream(&t, &c, &stream);
+    else
+        topen(&t, &c);
+    kvvm_seq s = published(&t, 1, 1, 4, 0, x);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, s), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, s), 0);        /* x0..x3: the host tier, full */
+    kvvm_seq p = mk(&t), f;
+    fill(&t, p, 3 * T, 3);
+    cr_assert_eq(kvvm_seq_fork(t.kv, p, &f), 0);
+    uint8_t b[BPT];
+    memset(b, 0x77, sizeof b);
+    cr_assert_eq(kvvm_seq_write(t.kv, f, 0, 2 * T * BPT, b, sizeof b), 0);  /* f's own */
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_step(t.kv), 0);                /* p and f unprotected: victims */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert(st.pages_host_free == 0 && st.pages_device_free == 4, "the setup: host %lu "
+              "free, device %lu", (unsigned long)st.pages_host_free,
+              (unsigned long)st.pages_device_free);
+    int rc = kvvm_seq_grow(t.kv, g, 8 * T);          /* 8 frames: p's and f's 4 too */
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    tstats(&t, &st);
+    cr_assert_eq(st.prefix_entries, 0, "the entries were not dropped for the host room");
+    tcheck(&t, "grown");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, p), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, f), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, p, 3 * T, 3) && same(&t, f, 2 * T, 3), "bytes");
+    tcheck(&t, "swapped in");
+    if (stream_mode)
+        tclose_stream(&t, stream);
+    else
+        tclose(&t);
+}
+
+Test(below, shared_victims_take_room_from_host_entries)
+{
+    TH_DEADLINE(60);
+    shared_victims_room(true);
+    shared_victims_room(false);
+}
+
+/* Issue 31 (the model test with prefix calls, 4k/4+auto+prefix, seed 102 op 118513 at
+   KVVMTEST_SCALE=1): an explicit swap-out into a host tier full of entries no sequence
+   holds (no disk tier) drops some of them for its host room, then the driver refused a
+   call of its own (cuCtxGetCurrent, a copy, ...): -ENOMEM with the entries gone, which no
+   undo can bring back (their slots were the room). Such drops are now counted within every
+   public call, not only within its reclaim: the call says -EIO "could not be undone"; a
+   refusal before them changes nothing. */
+struct so {
+    struct tctx t;
+    char dir[64];
+    kvvm_key x[2], y[1];
+    kvvm_seq s;
+    struct th_snap seqs, xs, ys;
+};
+
+static void so_setup(void *p)
+{
+    struct so *o = p;
+    kvvm_seq g = host_full_of_entries(&o->t, o->dir, o->x, o->y);
+    (void)g;
+    o->s = mk(&o->t);
+    fill(&o->t, o->s, 2 * T, 3);
+    cr_assert_eq(kvvm_sync(o->t.kv), 0);
+    th_snap_take(o->t.kv, &o->seqs, &o->s, 1, 1, NULL, 0);
+    th_snap_take(o->t.kv, &o->xs, NULL, 0, 1, o->x, 2);
+    th_snap_take(o->t.kv, &o->ys, NULL, 0, 1, o->y, 1);
+}
+
+static int so_call(void *p)
+{
+    struct so *o = p;
+    return kvvm_seq_swap_out(o->t.kv, o->s);
+}
+
+static void so_teardown(void *p)
+{
+    struct so *o = p;
+    close_tiers(&o->t, o->dir);
+}
+
+static enum th_sweep_outcome so_after(void *p, int rc, const char *where)
+{
+    struct so *o = p;
+    if (rc == -EIO) {
+        UCHK(strstr(kvvm_last_error(), "could not be undone") != NULL, "%s: -EIO: %s", where,
+             kvvm_last_error());
+    } else if (rc) {
+        UCHK(rc == -ENOMEM, "%s: returned %d", where, rc);
+        th_snap_same(o->t.kv, &o->seqs, where);
+        th_snap_same(o->t.kv, &o->xs, where);
+        th_snap_same(o->t.kv, &o->ys, where);
+    }
+    th_check(o->t.kv, where);
+    if (rc != -ENOMEM)
+        (void)kvvm_seq_swap_in(o->t.kv, o->s);
+    UCHK(same(&o->t, o->s, 2 * T, 3), "%s: s's bytes", where);
+    return rc ? TH_SWEEP_FAILED : TH_SWEEP_ABSORBED;
+}
+
+Test(regress, failed_swap_out_dropped_host_entries)
+{
+    TH_DEADLINE(300);
+    kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);            /* the refusals are logged */
+    struct so o;
+    memset(&o, 0, sizeof o);
+    struct th_sweep s = { .name = "swap_out dropping host entries", .arg = &o,
+                          .setup = so_setup, .call = so_call, .teardown = so_teardown,
+                          .after = so_after };
+    th_refusals_run_use(&s);
+    const char *const ctx[] = { "cuCtxGetCurrent", "cuCtxSetCurrent" };
+    th_refusals_run_on(&s, ctx, 2);
+}
