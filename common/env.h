@@ -33,6 +33,8 @@
       "emulated device memory held by others, bytes (K/M/G): less free than the capacity") \
     X(KVVM_IO_ENGINE, "disk/disk.c", "disk I/O engine: io_uring, psync or auto (default)")  \
     X(KVVM_LIBRARY, "python/kvvm/_lib.py", "the Python package: path of libkvvm.so")        \
+    X(KVVM_KVVMD, "python/tests/conftest.py",                                               \
+      "the Python tests: the kvvmd they start (default tools/kvvmd beside libkvvm.so)")     \
     X(KVVM_TEST_DEVICE, "tests/test_cuda.c, scripts/gpu-check.sh",                          \
       "the GPU tests' CUDA device ordinal (default 0)")                                     \
     X(KVVM_SKIP_SANITIZERS, "scripts/test.sh", "1: skip the sanitizer builds and runs")
