@@ -62,7 +62,9 @@ static void fill(unsigned char *b, size_t n, unsigned char pat)
      'c' check: the LIVE bytes are intact; its exit code says how many CACHED sequences were
          dropped (100 + n) or what failed (< 100);
      'g' grow: its LIVE sequence by 6 more pages must fail -ENOMEM (past its limit of 8
-         pages), then 'c'. */
+         pages), then 'c';
+     'h' grow: its LIVE sequence by 3 more pages must succeed (within its limit once its
+         own CACHED sequences are dropped), then 'c'. */
 struct holder { const char *name; size_t reserve; unsigned live, cached; unsigned flags; };
 
 static int holder_main(const char *path, const struct holder *h, int out, int in)
@@ -97,6 +99,8 @@ static int holder_main(const char *path, const struct holder *h, int out, int in
         return 15;
     if (x == 'g' && kvvm_seq_grow(kv, live, (uint64_t)(h->live + 6) * TPP) != -ENOMEM)
         return 16;
+    if (x == 'h' && kvvm_seq_grow(kv, live, (uint64_t)(h->live + 3) * TPP) != 0)
+        return 19;
     if (kvvm_seq_read(kv, live, 0, 0, r, bytes) || memcmp(w, r, bytes))
         return 17;                              /* the LIVE bytes are intact */
     unsigned dropped = 0;
@@ -397,6 +401,30 @@ Test(takeback, round_asks_for_the_calls_whole_shortfall_not_a_batch)
     cr_expect_eq(asks, 1, "the daemon asked A %u times for B's one grow", asks);
     int rc = holder_end(&a, 'c');
     cr_expect_geq(rc, 100, "A's LIVE bytes intact (exit %d: 100 + dropped)", rc);
+    wait_pool_free(d.path);
+    pd_stop(&d);
+}
+
+/* Regression (issue 34): a client past its daemon limit did not drop its own CACHED
+   sequences to grow. kvvmctl limit sets A's limit (8 pages) below its device_budget (the
+   pool); A gives back down to it keeping a CACHED sequence; A's grow by 3 pages, which
+   fits the limit once that sequence is dropped (as a local context does at its budget),
+   failed -ENOMEM: paging counted the frames up to device_budget as free and the daemon
+   refused the lease. Now it succeeds, every CACHED sequence dropped, LIVE bytes intact. */
+Test(takeback, client_at_its_daemon_limit_drops_its_own_cached_to_grow)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");
+    struct holder ha = { .name = "A", .live = 3, .cached = 3 };
+    struct proc a = holder_start(d.path, &ha);
+    char out[1024];
+    cr_assert_eq(pd_ctl(d.path, "limit A 512K", out, sizeof out), 0, "%s", out);
+    while (held_of(d.path, "A") > 8 * PD_GRAN)
+        sched_yield();                          /* a condition, not a time: TH_DEADLINE */
+    int rc = holder_end(&a, 'h');
+    cr_expect_eq(rc, 103, "A: its grow within the limit succeeded, LIVE intact, all 3 "
+                 "CACHED dropped (exit %d: 100 + dropped; 19: the grow failed)", rc);
     wait_pool_free(d.path);
     pd_stop(&d);
 }
