@@ -155,6 +155,11 @@ void core_pool_set_limit(kvvm *kv, size_t b);
 /* kvvm_trim: the frames leased and not handed to paging yet go back to the daemon; how
    many (0 without a pool). */
 uint32_t core_pool_trim(kvvm *kv);
+/* Frames paging's budget counts that the daemon's limit for this client (its last reply's
+   figures: kvvmctl limit may set it below device_budget) does not grant: a call's room
+   must be made for its need plus these, so it drops its own CACHED sequences as a local
+   context does at its budget (0 without a pool, the daemon gone, or the limit not below). */
+uint32_t core_pool_over_limit(kvvm *kv);
 /* After open: the connection thread serving the daemon's asks for frames back (0 without a
    pool; -errno: no thread). Before close tears anything down: stops it (no lock held). */
 int  core_pool_listen(kvvm *kv);

@@ -24,16 +24,24 @@
 
 /* Room for a call that needs `need` device frames (counted by paging's need functions)
    naming the sequences excl: its pending releases first (the call would wait for them
-   anyway), then reclaim (swap/'s plan: checked before anything moves). 0: the frames are
-   free; -ENOMEM and nothing moved; -EIO. */
+   anyway), then reclaim (swap/'s plan: checked before anything moves). A pool client
+   below paging's budget by the daemon's limit counts those frames as needed too
+   (core_pool_over_limit). 0: the frames are free; -ENOMEM and nothing moved; -EIO. */
 static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl)
 {
+    uint32_t over = core_pool_over_limit(kv);
+    need += over;
     if (paging_frames_free(kv->pg) >= need)
         return 0;
     int rc = paging_wait_releases(kv->pg);
     if (rc || paging_frames_free(kv->pg) >= need)
         return rc;
-    rc = need > UINT32_MAX ? -ENOMEM : swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
+    if (need > UINT32_MAX)
+        rc = -ENOMEM;
+    else if (over)
+        rc = swap_make_room_free(kv->sw, (uint32_t)need, excl, n_excl);
+    else
+        rc = swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
     KVVM_ASSERT(rc || paging_frames_free(kv->pg) >= need);   /* swap_make_room's 0 */
     if (rc == -ENOMEM)
         paging_why_need(kv->pg, need);  /* the -ENOMEM names the pages (core_explain) */
@@ -100,7 +108,7 @@ int kvvm_seq_free(kvvm *kv, kvvm_seq s)
     CALL_ENGINE(kv, paging_seq_free(kv->pg, s));
 }
 
-static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
+static int grow_once(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     struct paging_seq_info pi;
     uint32_t need;
@@ -127,6 +135,20 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
     if (rc)
         restore_out(kv, s, swapped);
     swap_after_call(kv->sw);
+    return rc;
+}
+
+/* A pool client learns a lower daemon limit (kvvmctl limit) from the reply that refused
+   its lease: the grow, failed and changing nothing, is tried once more with room made
+   under that limit (its own CACHED sequences dropped, as at a local budget). */
+static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    uint32_t over = core_pool_over_limit(kv);
+    int rc = grow_once(kv, s, length);
+    if (rc == -ENOMEM && core_pool_over_limit(kv) > over) {
+        klast_clear();
+        rc = grow_once(kv, s, length);
+    }
     return rc;
 }
 

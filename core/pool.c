@@ -144,6 +144,17 @@ void core_pool_set_limit(kvvm *kv, size_t b)
         (void)pool_cli_set_limit(kv->pool, b);
 }
 
+uint32_t core_pool_over_limit(kvvm *kv)
+{
+    struct pool_figures f;
+    int connected;
+    if (!kv->pool)
+        return 0;
+    pool_cli_last(kv->pool, &f, &connected, NULL);
+    uint64_t lim = f.limit_bytes / kv->cfg.page_size, budget = paging_budget(kv->pg);
+    return connected && f.limit_bytes && lim < budget ? (uint32_t)(budget - lim) : 0;
+}
+
 uint32_t core_pool_trim(kvvm *kv)
 {
     return kv->pool ? pool_cli_trim(kv->pool) : 0;

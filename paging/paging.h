@@ -130,14 +130,15 @@ struct pg_policy_ops {
 
 /* Where frames come from (paging_params.src; NULL: this process's own cuMemCreate and
    cuMemRelease through the vmm). A pool client (core/pool.c over pool/client.c) leases them
-   from the kvvmd daemon instead. create: one frame of page_size bytes; caller true: a call
-   needs it now (on the engine's thread: a pool client's lease may wait up to
-   pool_timeout_ms for a take-back), false: a refill ahead of need (the frame pool thread,
-   or a refill at open or at a step without it: what the pool has now); 0, -ENOMEM (none to
-   be had now), -EIO. release: the frame is unmapped; 0, or -EIO refused (it stays the caller's). Both
+   from the kvvmd daemon instead. create: one frame of page_size bytes; need > 0: a call
+   needs it now, and need frames in all (this one included, within the budget: a pool
+   client's lease asks for that many at once, up to a message's worth, and may wait up to
+   pool_timeout_ms for a take-back of them), 0: a refill ahead of need (the frame pool
+   thread, or a refill at open or at a step without it: what the pool has now); 0, -ENOMEM
+   (none to be had now), -EIO. release: the frame is unmapped; 0, or -EIO refused (it stays the caller's). Both
    thread-safe: the two threads may call at once. */
 struct pg_frame_src {
-    int  (*create)(void *arg, vmm_handle *out, bool caller);
+    int  (*create)(void *arg, vmm_handle *out, uint32_t need);
     int  (*release)(void *arg, vmm_handle h);
     void *arg;
 };

@@ -25,10 +25,10 @@
 /* ---- the frame source (paging.h struct pg_frame_src): the only places frames are made and
    released; NULL source: this process's own cuMemCreate / cuMemRelease ---------------------- */
 
-static int frame_src_create(struct paging *pg, vmm_handle *h, bool caller)
+static int frame_src_create(struct paging *pg, vmm_handle *h, uint32_t need)
 {
     const struct pg_frame_src *src = pg->p.src;
-    return src ? src->create(src->arg, h, caller) : vmm_phys_create(pg->v, pg->p.page_size, h);
+    return src ? src->create(src->arg, h, need) : vmm_phys_create(pg->v, pg->p.page_size, h);
 }
 
 static int frame_src_release(struct paging *pg, vmm_handle h)
@@ -247,15 +247,17 @@ static bool budget_room(struct paging *pg)
            !pg_frame_is_none(pg->fr.frame_free_head);
 }
 
-/* Creates one frame onto the ready list on the caller's thread; need: a call needs it now
-   (a pool client's lease may then wait for a take-back), else a refill ahead of need (it
-   takes what the pool has). -ENOMEM (budget or device full), -EIO. */
-static int pool_create_one(struct paging *pg, bool need)
+/* Creates one frame onto the ready list on the caller's thread; need > 0: a call needs it
+   now and need frames in all (a pool client's lease asks for them at once and may wait for
+   a take-back; capped here at the budget's room), 0: a refill ahead of need (it takes what
+   the pool has). -ENOMEM (budget or device full), -EIO. */
+static int pool_create_one(struct paging *pg, uint32_t need)
 {
     if (!budget_room(pg))
         return -ENOMEM;
+    uint32_t room = pg->p.max_frames - pg->fr.n_held;      /* > 0: budget_room */
     vmm_handle h;
-    int rc = frame_src_create(pg, &h, need);
+    int rc = frame_src_create(pg, &h, need < room ? need : room);
     if (rc)
         return rc;
     frame_add(pg, h, ++pg->fr.n_created);
@@ -268,7 +270,7 @@ void pool_refill(struct paging *pg, uint32_t ready)
     if (pg->fr.feed.on || pg->fr.feed.suppress)
         return;
     while (pg->fr.n_ready < ready && pg->fr.n_held < pg->p.max_frames)
-        if (pool_create_one(pg, false))
+        if (pool_create_one(pg, 0))
             return;
 }
 
@@ -462,7 +464,7 @@ uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl)
     uint32_t made = 0;
     for (uint32_t i = 0; i < pl->create; i++) {
         vmm_handle h;
-        int rc = frame_src_create(pg, &h, false);    /* the frame pool thread */
+        int rc = frame_src_create(pg, &h, 0);        /* the frame pool thread */
         pthread_mutex_lock(&fd->mu);
         if (rc) {
             fd->creating -= pl->create - i;      /* the rest of the reservation back */
@@ -536,7 +538,7 @@ int pool_make_ready(struct paging *pg, uint32_t n, bool made)
         }
         if (!budget_room(pg))
             break;
-        int rc = pool_create_one(pg, true);
+        int rc = pool_create_one(pg, n - pg->fr.n_ready);     /* > 0: the loop's test */
         if (rc == -ENOMEM && !made)
             break;
         if (rc)

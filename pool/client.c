@@ -356,15 +356,25 @@ void pool_cli_attach(struct pool_cli *c, struct vmm *v)
     c->v = v;
 }
 
-/* Leases up to POOL_CLI_BATCH frames into the stash. 0 (some came); -ENOMEM none (the
-   figures say why); -EIO gone. */
-static int lease_once_locked(struct pool_cli *c, bool caller)
+/* Frames one lease asks for: a call's need (so a take-back round asks for its shortfall,
+   not a batch of it: issue 34's give-back), at least a batch, at most a message's worth. */
+static uint32_t lease_size(uint32_t need)
 {
+    return need < POOL_CLI_BATCH ? POOL_CLI_BATCH : need > POOL_BATCH_MAX ? POOL_BATCH_MAX
+                                                                            : need;
+}
+
+/* Leases frames into the (empty) stash: lease_size(need). 0 (some came); -ENOMEM none (the
+   figures say why); -EIO gone. */
+static int lease_once_locked(struct pool_cli *c, uint32_t need)
+{
+    bool caller = need > 0;
     if (c->fd < 0 && reconnect_locked(c))
         return -EIO;
+    KVVM_ASSERT(c->n_stash == 0);
     uint64_t t0 = now_ns();
     /* a call's lease may wait for a take-back; the frame pool thread's takes what is free */
-    struct pool_lease m = { .n = POOL_CLI_BATCH, .wait_ms = caller ? c->wait_ms : 0 };
+    struct pool_lease m = { .n = lease_size(need), .wait_ms = caller ? c->wait_ms : 0 };
     pool_proto_hdr(&m.h, POOL_MSG_LEASE);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
@@ -399,11 +409,11 @@ static int lease_once_locked(struct pool_cli *c, bool caller)
 
 /* A lease; when it finds the daemon gone (its socket dead since the last request), once
    more on a new daemon if one answers there now. */
-static int lease_locked(struct pool_cli *c, bool caller)
+static int lease_locked(struct pool_cli *c, uint32_t need)
 {
-    int rc = lease_once_locked(c, caller);
+    int rc = lease_once_locked(c, need);
     if (rc == -EIO && c->fd < 0 && !reconnect_locked(c))
-        rc = lease_once_locked(c, caller);
+        rc = lease_once_locked(c, need);
     return rc;
 }
 
@@ -420,11 +430,12 @@ static void give_back_locked(struct pool_cli *c, uint64_t id)
         c->k.returns++;
 }
 
-int pool_cli_create(void *arg, vmm_handle *out, bool caller)
+int pool_cli_create(void *arg, vmm_handle *out, uint32_t need)
 {
     struct pool_cli *c = arg;
+    bool caller = need > 0;
     pthread_mutex_lock(&c->mu);
-    int rc = c->n_stash ? 0 : lease_locked(c, caller);
+    int rc = c->n_stash ? 0 : lease_locked(c, need);
     if (!rc) {
         unsigned k = --c->n_stash;
         vmm_handle h;

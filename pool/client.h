@@ -15,7 +15,7 @@
  *    reads one before its reply keeps it; the connection thread (pool_cli_listen) polls
  *    the socket while no request is in flight, and serves each ask off the engine's thread
  *    through the give function it was given (the context's reclaim), then answers it.
- *  - A call's lease (create with caller) carries wait_ms: when the pool is dry the daemon
+ *  - A call's lease (create with need > 0) carries wait_ms: when the pool is dry the daemon
  *    takes frames back from other clients and answers within it; the frame pool thread's
  *    leases never wait (they take what is free), so no background lease starts a take-back.
  *  - When the daemon goes (its socket closes, or a reply takes longer than
@@ -63,8 +63,10 @@ struct pool_cli_counters {
 int  pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
                    struct pool_welcome *w);
 void pool_cli_attach(struct pool_cli *c, struct vmm *v);
-/* struct pg_frame_src's two functions (arg: the struct pool_cli). */
-int  pool_cli_create(void *arg, vmm_handle *out, bool caller);
+/* struct pg_frame_src's two functions (arg: the struct pool_cli). A create with need > 0
+   and an empty stash leases need frames at once (at least POOL_CLI_BATCH, at most
+   POOL_BATCH_MAX): a take-back round asks other clients for the call's shortfall. */
+int  pool_cli_create(void *arg, vmm_handle *out, uint32_t need);
 int  pool_cli_release(void *arg, vmm_handle h);
 /* The pool's figures now (one request); *connected 0 when the daemon is gone (the figures
    are then the last known, held_bytes this context's). 0; -EIO. */

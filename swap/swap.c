@@ -82,6 +82,12 @@ int swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t 
                        true);
 }
 
+int swap_make_room_free(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
+{
+    return reclaim_now(sw, want, 0, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0,
+                       true);
+}
+
 /* ---- budget changes (kvvm_set_budget) ----------------------------------------------- */
 
 int swap_reclaim_budget(struct swap *sw, uint32_t want)

@@ -177,6 +177,10 @@ void swap_rplan_free(struct swap_rplan *p);
    the copies, timed into the stats. 0: they are free; -ENOMEM: not enough can move (nothing
    moved); -EIO. */
 int  swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
+/* swap_make_room for a pool client whose daemon limit is below its budget (want counts the
+   frames above the limit too): the same plan, but no frame is made ready before the moves
+   (a lease past the limit is refused); the frames they free are the call's. */
+int  swap_make_room_free(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
 /* kvvm_set_budget's shrink: makes `want` frames free as swap_make_room does (the same
    plan), whether or not KVVM_F_AUTO_SWAP is set. 0, -ENOMEM (nothing moved), -EIO. */
 int  swap_reclaim_budget(struct swap *sw, uint32_t want);

@@ -4,8 +4,9 @@
    sequences dropped, their LIVE bytes intact); a client at its reserve is not asked; a
    client that cannot give is not waited for; the asker waits at most pool_timeout_ms; a
    limit below what a client holds makes it give back down to it; a client killed while it
-   is asked does not stall the daemon. Every wait is for a condition (a pipe's byte, a line
-   of the daemon's stderr, a figure polled), never for a time; TH_DEADLINE guards hangs. */
+   is asked does not stall the daemon; a round asks for the call's whole need. Every wait
+   is for a condition (a pipe's byte, a line of the daemon's stderr, a figure polled), never
+   for a time; TH_DEADLINE guards hangs. */
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"
@@ -61,7 +62,9 @@ static void fill(unsigned char *b, size_t n, unsigned char pat)
      'c' check: the LIVE bytes are intact; its exit code says how many CACHED sequences were
          dropped (100 + n) or what failed (< 100);
      'g' grow: its LIVE sequence by 6 more pages must fail -ENOMEM (past its limit of 8
-         pages), then 'c'. */
+         pages), then 'c';
+     'h' grow: its LIVE sequence by 3 more pages must succeed (within its limit once its
+         own CACHED sequences are dropped), then 'c'. */
 struct holder { const char *name; size_t reserve; unsigned live, cached; unsigned flags; };
 
 static int holder_main(const char *path, const struct holder *h, int out, int in)
@@ -96,6 +99,8 @@ static int holder_main(const char *path, const struct holder *h, int out, int in
         return 15;
     if (x == 'g' && kvvm_seq_grow(kv, live, (uint64_t)(h->live + 6) * TPP) != -ENOMEM)
         return 16;
+    if (x == 'h' && kvvm_seq_grow(kv, live, (uint64_t)(h->live + 3) * TPP) != 0)
+        return 19;
     if (kvvm_seq_read(kv, live, 0, 0, r, bytes) || memcmp(w, r, bytes))
         return 17;                              /* the LIVE bytes are intact */
     unsigned dropped = 0;
@@ -362,6 +367,64 @@ Test(takeback, client_killed_while_asked_does_not_stall_the_daemon)
     cr_expect_eq(pd_wait(pb), 0, "B's grow went through once A died");
     close(pp[0]);
     close(pp[1]);
+    wait_pool_free(d.path);
+    pd_stop(&d);
+}
+
+/* Regression (issue 34, giving back): a take-back round asked for a lease's batch (16
+   frames), not for the call's need, so a grow short of N frames made N / 16 rounds, each
+   a RECLAIM and a reclaim pass in the victim. Now a call's lease asks for its whole need
+   (up to a message's 64 frames): B's grow of 36 pages, while A holds a 48-frame pool but
+   what is free (16 at most) in 4 LIVE pages, 7 CACHED sequences of 4 pages and frames
+   leased ahead (a shortfall of 20 or more), makes the daemon
+   ask A once (its stderr's "asked client A" lines, counted up to B's disconnection), and
+   A's LIVE bytes stay intact. */
+Test(takeback, round_asks_for_the_calls_whole_shortfall_not_a_batch)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "3M");
+    struct holder ha = { .name = "A", .live = 4, .cached = 7 };
+    struct proc a = holder_start(d.path, &ha);
+    struct kvvm_config c;
+    tb_cfg(&c, d.path, "B");
+    c.max_tokens = 48 * TPP;
+    c.pool_timeout_ms = 60000;
+    kvvm *b = th_open(&c);
+    asker_grow_ok(b, 36);
+    kvvm_close(b);
+    unsigned asks = 0;
+    char line[512];
+    while (pd_line(d.err, line, sizeof line) && !(strstr(line, "client B") &&
+                                                  strstr(line, "disconnected")))
+        asks += strstr(line, "asked client A") != NULL;
+    cr_expect_eq(asks, 1, "the daemon asked A %u times for B's one grow", asks);
+    int rc = holder_end(&a, 'c');
+    cr_expect_geq(rc, 100, "A's LIVE bytes intact (exit %d: 100 + dropped)", rc);
+    wait_pool_free(d.path);
+    pd_stop(&d);
+}
+
+/* Regression (issue 34): a client past its daemon limit did not drop its own CACHED
+   sequences to grow. kvvmctl limit sets A's limit (8 pages) below its device_budget (the
+   pool); A gives back down to it keeping a CACHED sequence; A's grow by 3 pages, which
+   fits the limit once that sequence is dropped (as a local context does at its budget),
+   failed -ENOMEM: paging counted the frames up to device_budget as free and the daemon
+   refused the lease. Now it succeeds, every CACHED sequence dropped, LIVE bytes intact. */
+Test(takeback, client_at_its_daemon_limit_drops_its_own_cached_to_grow)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");
+    struct holder ha = { .name = "A", .live = 3, .cached = 3 };
+    struct proc a = holder_start(d.path, &ha);
+    char out[1024];
+    cr_assert_eq(pd_ctl(d.path, "limit A 512K", out, sizeof out), 0, "%s", out);
+    while (held_of(d.path, "A") > 8 * PD_GRAN)
+        sched_yield();                          /* a condition, not a time: TH_DEADLINE */
+    int rc = holder_end(&a, 'h');
+    cr_expect_eq(rc, 103, "A: its grow within the limit succeeded, LIVE intact, all 3 "
+                 "CACHED dropped (exit %d: 100 + dropped; 19: the grow failed)", rc);
     wait_pool_free(d.path);
     pd_stop(&d);
 }

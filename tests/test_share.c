@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -301,6 +302,45 @@ Test(share_emu, killed_importer_lets_go)
     cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
     cr_expect_eq(emu_device_destroy(ord), 0);
 }
+
+/* Regression (take-back's cost, issue 34): a new shareable allocation was poisoned by a
+   memset through its fresh view, one first-touch fault per 4 KiB page, which made most of
+   the daemon's cost of a frame on a VM. It is written into the memfd now: the creating
+   thread takes (almost) no fault, and every byte is still poison, in this process and in
+   an importer's view. */
+Test(share_emu, shareable_create_poisons_without_first_touch_faults)
+{
+    TH_DEADLINE(60);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    const size_t bytes = 2 * MiB;           /* 512 pages of 4 KiB: 512 faults before */
+    struct rusage r0, r1;
+    kcu_mem_handle h;
+    cr_assert_eq(getrusage(RUSAGE_THREAD, &r0), 0);
+    cr_assert_eq(create_typed(ord, bytes, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    cr_assert_eq(getrusage(RUSAGE_THREAD, &r1), 0);
+    long faults = r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt;
+    cr_expect_lt(faults, 64, "creating a 2 MiB shareable allocation took %ld page faults",
+                 faults);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    kcu_mem_handle imp;
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&imp, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+    kcu_deviceptr va, vb;
+    unsigned char *w = map_rw(ord, h, bytes, &va), *x = map_rw(ord, imp, bytes, &vb);
+    cr_assert(w && x);
+    cr_expect(all(w, bytes, EMU_POISON), "every byte of the new allocation is poison");
+    cr_expect(all(x, bytes, EMU_POISON), "every byte seen through an import is poison");
+    unmap(va, bytes);
+    unmap(vb, bytes);
+    cr_assert_eq(A->cuMemRelease(imp), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+}
+
 
 Test(share_emu, import_checks_its_descriptor)
 {

@@ -343,7 +343,8 @@ unsigned char *emu_handle_mem(const struct emu_handle *h);
 int emu_handle_slot_alloc_locked(size_t *slot);
 
 /* share.c */
-/* A shareable handle's own memfd and view: 0; KCU_ERROR_OUT_OF_MEMORY. */
+/* A shareable handle's own memfd, filled with EMU_POISON (written, no fault), and view: 0;
+   KCU_ERROR_OUT_OF_MEMORY. */
 kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
                                    unsigned char **mem);
 /* True when an importer still holds the released shareable handle h. */

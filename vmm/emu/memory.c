@@ -325,12 +325,13 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
         goto out;
     }
     /* Uninitialized GPU memory: fill with poison through the view. Allocating the pages
-       first (one fallocate) is much cheaper than faulting them in one by one. */
+       first (one fallocate) is much cheaper than faulting them in one by one. A shareable
+       allocation's memfd was filled by emu_share_create_locked (written, not faulted). */
     if (!mem) {
         (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
         mem = d->view + base * d->gran;
+        memset(mem, EMU_POISON, size);
     }
-    memset(mem, EMU_POISON, size);
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen, .base = base,
                                      .ngran = size / d->gran, .fd = fd,
                                      .mem = fd >= 0 ? mem : NULL,
