@@ -297,6 +297,8 @@ static void figures(const struct pool_srv *s, const struct srv_client *c,
     f->limit_bytes = c->limit ? c->limit : f->pool_bytes;
     for (size_t i = 0; i < s->nclients; i++)
         f->n_clients += s->clients[i] && s->clients[i]->role == POOL_ROLE_CLIENT;
+    f->shared_entries = s->npfx;
+    f->shared_bytes = (uint64_t)s->pfx_frames * s->page;
 }
 
 /* ---- clients ----------------------------------------------------------------------------- */
@@ -815,6 +817,10 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_IMPORT:  return srv_on_import(s, c, buf);
     case POOL_MSG_IMPORT_END: return srv_on_import_end(s, c, buf);
     case POOL_MSG_HANDOFF_DROP: return srv_on_handoff_drop(s, c, buf);
+    case POOL_MSG_PREFIX_PUBLISH: return srv_on_prefix_publish(s, c, buf);
+    case POOL_MSG_PREFIX_LOOKUP: return srv_on_prefix_keys(s, c, buf, false);
+    case POOL_MSG_PREFIX_ATTACH: return srv_on_prefix_keys(s, c, buf, true);
+    case POOL_MSG_PREFIX_DROP: return srv_on_prefix_drop(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }
@@ -858,7 +864,9 @@ static void figures_publish(struct pool_srv *s)
         return;
     struct pool_fig_pool p = { .pool_bytes = s->pool_frames * s->page, .page_size = s->page,
                                .free_bytes = (s->pool_frames - s->leased) * s->page,
-                               .rounds = s->rounds, .d = s->figd };
+                               .rounds = s->rounds, .d = s->figd,
+                               .shared_entries = s->npfx,
+                               .shared_bytes = (uint64_t)s->pfx_frames * s->page };
     pool_fig_begin(s->fig);
     for (size_t i = 0; i < s->nclients; i++) {
         const struct srv_client *c = s->clients[i];
