@@ -251,7 +251,7 @@ int srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,
         memcpy(e->token, m->key, POOL_KEY_BYTES);
         c->pub = e;
     } else if (m->off != e->n || m->total != e->total || m->ns != e->ns ||
-               memcmp(m->key, e->token, POOL_KEY_BYTES)) {
+               memcmp(m->key, e->token, POOL_KEY_BYTES) != 0) {
         return -EPROTO;                     /* out of order */
     }
     for (uint32_t i = 0; i < m->n; i++) {
