@@ -102,12 +102,18 @@ struct pub_args {
     unsigned char pat, salt;
     uint64_t ns;
     bool free_first, stream;
+    bool churn;                         /* frees s, then a new sequence takes the device
+                                           budget: the local entries are reclaimed and their
+                                           frames must go back to the daemon, never reused
+                                           here with the daemon's entries on them */
 };
 
 static int publisher(const char *path, struct pub_args a, int ready_fd, int go_fd)
 {
     struct kvvm_config c;
     cfg(&c, path, "publisher", BPT);
+    if (a.churn)
+        c.device_budget = (size_t)(NB + 2) * NREG * PD_GRAN;
     kvvm *kv = NULL;
     kvvm_seq s;
     kvvm_key k[NB];
@@ -125,6 +131,17 @@ static int publisher(const char *path, struct pub_args a, int ready_fd, int go_f
         if (fill(kv, s, NB * TPP, (unsigned char)(a.pat ^ 0x5a)) || kvvm_sync(kv) ||
             check(kv, s, NB * TPP, (unsigned char)(a.pat ^ 0x5a)))
             return 14;
+    }
+    if (a.churn) {
+        kvvm_seq s2;
+        if (kvvm_seq_free(kv, s) || kvvm_seq_create(kv, &s2) ||
+            kvvm_seq_grow(kv, s2, NB * TPP) ||
+            fill(kv, s2, NB * TPP, (unsigned char)(a.pat ^ 0x33)) || kvvm_sync(kv))
+            return 17;
+        if (STAT(kv, prefix_evictions) == 0)
+            return 18;                  /* the local entries went for s2 */
+        s = s2;
+        a.pat ^= 0x33;
     }
     if (a.free_first) {
         if (kvvm_seq_free(kv, s))
@@ -372,6 +389,24 @@ Test(prefix_pool, unmapped_entries_reclaimed_under_pressure)
         _exit(needy(d.path, 7));        /* 14 frames: only with the entries' */
     cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
     cr_expect_lt(figures(d.path).shared_entries, NB, "entries went for it");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(prefix_pool, local_entries_reclaimed_give_their_frames_back_not_reused)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x2b, .salt = 8, .ns = 9,
+                                                             .churn = true });
+    /* regression: a lease of a client short by its own limit (the publisher's batch near
+       its device_budget) made kvvmd drop unmapped entries though the pool had room */
+    cr_expect_eq(figures(d.path).shared_entries, NB, "no entry dropped for a client's limit");
+    int rc = run_attacher(d.path, 9, 8, BPT, NB, 0x2b, 0);
+    cr_expect_eq(rc, 0, "the attacher reads the published bytes, not the publisher's later "
+                 "ones (exit %d names the check)", rc);
+    pub_finish(&a, 'c');
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
