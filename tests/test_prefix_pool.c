@@ -424,3 +424,67 @@ Test(prefix_pool, stream_mode_bytes_written_after_the_publish_never_seen)
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
+
+/* ---- the reclaim order, on the raw protocol: a chain's leaves go first ---- */
+
+static const struct pool_layout raw_lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                            .page_size = PD_GRAN };
+
+static void raw_publish(int fd, uint8_t key, uint64_t id, bool last)
+{
+    struct pool_prefix_publish m = { .lay = raw_lay, .ns = 3, .total = 1, .n = 1,
+                                     .last = last, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_PUBLISH);
+    m.key[0] = key;
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+}
+
+static uint32_t raw_lookup(int fd, unsigned n)
+{
+    struct pool_prefix_keys m = { .lay = raw_lay, .ns = 3, .n = n };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_LOOKUP);
+    for (unsigned i = 0; i < n; i++)
+        m.keys[i][0] = (uint8_t)('a' + i);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_PREFIX_FOUND);
+    return ((const struct pool_prefix_found *)buf)->found;
+}
+
+Test(prefix_pool, reclaim_takes_a_chains_leaves_first)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames */
+    int a = pc_client(d.path, "raw-publisher");
+    uint64_t ids[POOL_BATCH_MAX];
+    int fds[POOL_BATCH_MAX];
+    cr_assert_eq(pc_lease(a, 3, ids, fds, NULL), 3);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    raw_publish(a, 'a', ids[0], false);  /* a chain: a, a+b, a+b+c */
+    raw_publish(a, 'b', ids[1], false);
+    raw_publish(a, 'c', ids[2], true);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_RESULT);
+    cr_expect_eq(((const struct pool_result *)buf)->err, 3, "three entries made");
+    close(a);                           /* its leases go; the entries keep the frames (no
+                                           lookup before: the publish's own order counts) */
+    int ctl = control(d.path);
+    while (pc_info(ctl).n_clients != 0)
+        sched_yield();
+    close(ctl);
+    int b = pc_client(d.path, "raw-needy");
+    struct pool_lease m = { .n = 14, .wait_ms = 5000 };   /* 13 free: one entry must go */
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    int nf = 0;
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    cr_expect_eq(((const struct pool_frames *)buf)->n, 14, "granted after one entry went");
+    cr_expect_eq(raw_lookup(b, 3), 2, "the chain's leaf went first: its root and middle stay");
+    close(b);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
