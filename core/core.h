@@ -69,6 +69,8 @@ struct kvvm {
     struct pool_cli *pool;        /* the kvvmd connection (core/pool.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
     uint64_t n_exports, n_imports; /* hand-offs (core/handoff.c), under the lock */
+    uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared index
+                                     (core/prefix_pool.c), under the lock */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
                                      NULL without a store) */
     uint64_t base;                /* reservation base */
@@ -139,6 +141,19 @@ int core_make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_excl)
    Every function takes NULL for q (no store) as "nothing to do". The store is a cache:
    none of these fails a caller's call; a store failure is a miss or an entry not written,
    counted. */
+/* core/prefix_pool.c: the prefix cache with the daemon's shared index (each a no-op
+   without a pool; the daemon never makes a call fail). Locked: publish enters s's blocks
+   [0, n) (after the local publish); attach, when the daemon has more leading blocks than
+   the local k, maps them into empty dst and returns their count (0: the local attach goes
+   on, dst empty). Without the lock: lookup returns the leading keys present, at least k
+   (where[k..] = KVVM_TIER_POOL for the daemon's past k); drop (keys NULL: ns under this
+   layout). */
+void   core_pool_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, size_t n);
+size_t core_pool_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, size_t k,
+                        uint8_t *where);
+int    core_pool_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
+                        size_t k);
+void   core_pool_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n);
 /* core/pool.c: the context as a client of the pool daemon (cfg.pool_socket). */
 struct pool_cli;
 struct pool_cli_counters;

@@ -73,6 +73,8 @@ static int publish_locked(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *key
     KVVM_ASSERT(rc < 0 || (size_t)rc <= n);   /* the new entries, at most n */
     if (rc > 0 && was)
         (void)storeq_publish(kv, s, ns, keys, n, was);   /* never waits for the store */
+    if (rc >= 0)
+        core_pool_publish(kv, s, ns, keys, n);          /* the daemon's shared index */
     free(was);
     return rc;
 }
@@ -93,6 +95,7 @@ int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, ui
     if (__builtin_expect(kv && keys && n <= INT32_MAX, 1) && hot_enter(kv)) {
         size_t k = prefix_lookup(kv->pfx, ns, keys, n, where, NULL, true);
         pthread_mutex_unlock(&kv->lock);
+        k = core_pool_lookup(kv, ns, keys, n, k, where);  /* the daemon, without the lock */
         if (k < n && kv->sq)           /* the store, without the lock */
             k += storeq_lookup(kv->sq, ns, keys + k, n - k, where ? where + k : NULL);
         klast_clear();
@@ -106,6 +109,8 @@ int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, ui
     int rc = enter(kv);
     if (!rc)
         rc = leave(kv, (int)prefix_lookup(kv->pfx, ns, keys, n, where, NULL, true));
+    if (rc >= 0)                        /* the daemon, without the lock */
+        rc = (int)core_pool_lookup(kv, ns, keys, n, (size_t)rc, where);
     if (rc >= 0 && (size_t)rc < n)      /* past the local hit: the store, without the lock */
         rc += (int)storeq_lookup(kv->sq, ns, keys + rc, n - (size_t)rc, where ? where + rc : NULL);
     return api_done(__func__, rc);
@@ -250,6 +255,14 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
                   (unsigned long long)kv->cfg.max_tokens,
                   (unsigned long long)(kv->cfg.page_size / kv->cfg.bytes_per_token), n);
     size_t k = prefix_lookup(kv->pfx, ns, keys, n, NULL, ids, false);
+    int p = core_pool_attach(kv, dst, ns, keys, n, k);   /* the daemon's, when longer */
+    if (p > 0) {
+        free(ids);
+        store_unused(kv, f, 0, k0, 0, 0, 1);
+        prefix_count_hits(kv->pfx, (size_t)p);
+        swap_after_call(kv->sw);
+        return p;
+    }
     rc = k ? stream_check(kv) : 0;
     if (!rc && k)
         rc = attach_in(kv, dst, ids, (uint32_t)k);
@@ -327,5 +340,7 @@ int kvvm_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n)
         rc = leave(kv, (int)prefix_drop(kv->pfx, ns, keys, n));
     if (rc >= 0)
         storeq_drop(kv->sq, ns, keys, n);   /* without the lock: bounded by the timeout */
+    if (rc >= 0)
+        core_pool_prefix_drop(kv, ns, keys, n);   /* without the lock: the connection's */
     return api_done(__func__, rc);
 }

@@ -50,7 +50,7 @@
     X(store_unused, kv->store_unused)                                              \
     X(pool_leases, pc.leases) X(pool_returns, pc.returns) X(pool_waits, pc.waits)   \
     X(pool_wait_ns, pc.wait_ns)                                                     \
-    X(pool_hit_blocks, 0) X(exports, kv->n_exports) X(imports, kv->n_imports)       \
+    X(pool_hit_blocks, kv->pool_hit_blocks) X(exports, kv->n_exports) X(imports, kv->n_imports)       \
     X(store_dropped, q.dropped) X(store_queue_bytes, q.queue_bytes)                  \
     X(store_staging_bytes, q.staging_bytes)
 

@@ -543,7 +543,9 @@ KVVM_API int kvvm_prefix_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_k
 /* The number of leading keys present, 0..n. Moves, copies and pins nothing (it marks them
    used for reclaim's LRU order). where (NULL allowed) receives for each of them its tier:
    KVVM_TIER_DEVICE, _HOST or _DISK (a block whose pages lie in several tiers: the lowest),
-   or, past the local hit, _STORE for a block the shared store holds (one request to it).
+   or, past the local hit, _POOL for a block of the pool daemon's shared index (a context
+   with pool_socket: one request per 64 keys), then _STORE for a block the shared store
+   holds (one request to it).
    -EINVAL keys NULL with n > 0. */
 KVVM_API int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n,
                                 uint8_t *where);

@@ -120,3 +120,49 @@ int paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint3
     s->stale_tail = 0;
     return 0;
 }
+
+int paging_seq_block_frames(struct paging *pg, uint64_t h, uint32_t nb, vmm_handle **out)
+{
+    struct pg_seq *s;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc || (rc = handoff_ok(pg)))
+        return rc;
+    if (s->dropped)
+        return -ESTALE;
+    if (s->out)
+        return -EAGAIN;
+    uint32_t nr = pg->p.n_regions;
+    if (!nb || nb > s->n_pages)
+        return -EINVAL;
+    /* the device work written before the call is complete before anyone else may see it */
+    if ((rc = seq_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
+        return rc;
+    vmm_handle *hs = malloc((size_t)nr * nb * sizeof *hs);
+    if (!hs)
+        return -ENOMEM;
+    for (uint32_t b = 0; b < nb; b++)
+        for (uint32_t r = 0; r < nr; r++) {
+            pg_page_id id = pg_bt(pg, s, r)[b];
+            rc = pg_page_is_none(id) ? -EINVAL
+                 : page_at(pg, id)->tier != PG_TIER_DEVICE ? -EAGAIN : 0;
+            if (rc) {
+                free(hs);
+                return rc;
+            }
+            hs[(size_t)b * nr + r] = page_handle(pg, id);
+        }
+    *out = hs;
+    return 0;
+}
+
+void paging_seq_block_mark(struct paging *pg, uint64_t h, uint32_t nb)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s))
+        return;
+    KVVM_ASSERT(nb <= s->n_pages);
+    pg->room_gen++;                     /* pages shared now: no room fact holds */
+    for (uint32_t r = 0; r < pg->p.n_regions; r++)
+        for (uint32_t b = 0; b < nb && b < s->n_pages; b++)
+            pool_share_mark(pg, pg_bt(pg, s, r)[b]);
+}

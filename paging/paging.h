@@ -801,6 +801,12 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
 int  paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
                                uint64_t *length);
 void paging_seq_handoff_mark(struct paging *pg, uint64_t h);
+/* The shared prefix index: paging_seq_block_frames is paging_seq_handoff_frames for s's
+   blocks [0, nb), key-major (block b's region r at b * n_regions + r); -EINVAL nb 0 or past
+   s's pages, a page discarded. paging_seq_block_mark: paging_seq_handoff_mark for those
+   blocks only. */
+int  paging_seq_block_frames(struct paging *pg, uint64_t h, uint32_t nb, vmm_handle **out);
+void paging_seq_block_mark(struct paging *pg, uint64_t h, uint32_t nb);
 int  paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint32_t n,
                        uint64_t length, bool *was_out);
 /* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at

@@ -7,7 +7,7 @@
  * frame pool thread's rounds make those creates, so the engine's grow takes frames that
  * are ready, imported and unmapped, as with local frames.
  */
-#include "client.h"
+#include "client_int.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -25,47 +25,6 @@
 #include "common/assert.h"
 #include "common/log.h"
 
-struct pool_cli {
-    pthread_mutex_t mu;             /* the socket and everything below */
-    int fd;                         /* -1: the daemon is gone */
-    struct vmm *v;
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    size_t page;
-    /* leased, not handed out yet: the descriptors as received (imported when handed out,
-       so every imported handle is paging's and the debug checker's driver count holds) */
-    struct { int fd; uint64_t id; } stash[POOL_BATCH_MAX];
-    unsigned n_stash;
-    uint64_t *key, *val;            /* handed out: handle value -> frame id (0 key: empty) */
-    size_t cap, n;
-    size_t n_mapped;                /* of n: frames mapped from imports (POOL_CLI_MAPPED) */
-    struct pool_figures fig;        /* the last figures a reply carried */
-    char name[POOL_NAME_MAX];       /* HELLO's fields, for a reconnection */
-    uint64_t p_reserve, p_limit, p_page;
-    struct pool_welcome welcome;    /* the first daemon's: a new one must be of its shape */
-    unsigned reconnects;
-    struct pool_cli_counters k;
-    struct khist wait_hist;         /* k.waits by duration (atomic: read without mu) */
-    uint32_t wait_ms;               /* a call's lease waits this long for a take-back */
-    int last_err;                   /* the last lease that got nothing: its FRAMES err */
-    bool waiting;                   /* a lease with wait_ms is in flight */
-    /* the daemon's asks (RECLAIM), kept for the connection thread: the latest seq and the
-       frames asked since the last run took them */
-    uint32_t ask_seq, ask_n;
-    /* the connection thread (pool_cli_listen): polls the socket while no request is in
-       flight and serves the asks through give(give_arg, n) without mu */
-    uint32_t (*give)(void *arg, uint32_t n);
-    void *give_arg;
-    int evfd;                       /* wakes it: stop, or the socket changed */
-    bool stop, thr_on;
-    pthread_t thr;
-};
-
-/* A frame held from a daemon that is gone: never returned to its successor. */
-#define POOL_CLI_FOREIGN UINT64_MAX
-/* Tags a frame id this client maps from an import (not leased: its RETURN gives up the
-   mapping, and is not counted as a frame given back). The daemon's ids use 31 bits of
-   generation, so bit 63 is free. */
-#define POOL_CLI_MAPPED  (1ull << 63)
 
 /* ---- handle -> id ----------------------------------------------------------------------- */
 
@@ -106,7 +65,7 @@ static int map_put(struct pool_cli *c, uint64_t key, uint64_t val)
 }
 
 /* key's value, or 0 when absent. */
-static uint64_t map_get(const struct pool_cli *c, uint64_t key)
+uint64_t pool_cli_map_get(const struct pool_cli *c, uint64_t key)
 {
     if (!c->cap)
         return 0;
@@ -173,7 +132,7 @@ static void note_ask_locked(struct pool_cli *c, const struct pool_reclaim *m)
 }
 
 /* The daemon is gone: the connection closed, what is held kept. */
-static void gone_locked(struct pool_cli *c, const char *why)
+void pool_cli_gone_locked(struct pool_cli *c, const char *why)
 {
     if (c->fd < 0)
         return;
@@ -186,12 +145,11 @@ static void gone_locked(struct pool_cli *c, const char *why)
     kick_locked(c);
 }
 
-#define N_FDS(a) ((int)(sizeof(a) / sizeof *(a)))   /* an array's room, for max_fds */
 
 /* One reply of type want into buf, at most max_fds descriptors in fds (more are closed, and
    the reply is malformed), within POOL_CLI_REPLY_MS (plus the wait a take-back may take); a
    RECLAIM before it is kept (note_ask_locked). 0; -EIO (the daemon is gone). */
-static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
+int pool_cli_recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
                              int max_fds, int *nfds)
 {
     uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS + (c->waiting ? c->wait_ms : 0)) *
@@ -219,7 +177,7 @@ static int recv_reply_locked(struct pool_cli *c, unsigned want, void *buf, int *
             for (int i = 0; i < *nfds; i++)
                 close(fds[i]);
             *nfds = 0;
-            gone_locked(c, n == 0 ? "it closed the connection"
+            pool_cli_gone_locked(c, n == 0 ? "it closed the connection"
                            : n < 0 && n != -EMSGSIZE ? "no reply" : "a malformed reply");
             return -EIO;
         }
@@ -321,7 +279,7 @@ int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
 /* The daemon is gone: asks whether a new one answers on the socket, of the same shape (page
    size, backend, granule). Frames held from the old one stay this context's, never
    returned to the new one (it did not lease them: POOL_CLI_FOREIGN). 0 reconnected. */
-static int reconnect_locked(struct pool_cli *c)
+int pool_cli_reconnect_locked(struct pool_cli *c)
 {
     struct pool_welcome w = { 0 };
     char why[512];
@@ -369,7 +327,7 @@ static uint32_t lease_size(uint32_t need)
 static int lease_once_locked(struct pool_cli *c, uint32_t need)
 {
     bool caller = need > 0;
-    if (c->fd < 0 && reconnect_locked(c))
+    if (c->fd < 0 && pool_cli_reconnect_locked(c))
         return -EIO;
     KVVM_ASSERT(c->n_stash == 0);
     uint64_t t0 = now_ns();
@@ -379,13 +337,13 @@ static int lease_once_locked(struct pool_cli *c, uint32_t need)
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
-        gone_locked(c, "its socket refused a request");
+        pool_cli_gone_locked(c, "its socket refused a request");
         return -EIO;
     }
     c->waiting = m.wait_ms > 0;
     if (c->waiting)
         c->ask_n = 0;               /* it needs frames: the daemon dropped its ask */
-    int rc = recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds);
+    int rc = pool_cli_recv_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds);
     c->waiting = false;
     if (caller) {
         uint64_t waited = now_ns() - t0;
@@ -412,20 +370,20 @@ static int lease_once_locked(struct pool_cli *c, uint32_t need)
 static int lease_locked(struct pool_cli *c, uint32_t need)
 {
     int rc = lease_once_locked(c, need);
-    if (rc == -EIO && c->fd < 0 && !reconnect_locked(c))
+    if (rc == -EIO && c->fd < 0 && !pool_cli_reconnect_locked(c))
         rc = lease_once_locked(c, need);
     return rc;
 }
 
 /* Gives frame id back at once (one that could not be used). */
-static void give_back_locked(struct pool_cli *c, uint64_t id)
+void pool_cli_give_back_locked(struct pool_cli *c, uint64_t id)
 {
     if (c->fd < 0 || id == POOL_CLI_FOREIGN)
         return;
     struct pool_return m = { .n = 1, .ids = { id & ~POOL_CLI_MAPPED } };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
     if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-        gone_locked(c, "its socket refused a return");
+        pool_cli_gone_locked(c, "its socket refused a return");
     else if (!(id & POOL_CLI_MAPPED))
         c->k.returns++;
 }
@@ -444,7 +402,7 @@ int pool_cli_create(void *arg, vmm_handle *out, uint32_t need)
         if (!rc && (rc = map_put(c, h.h, c->stash[k].id)))
             (void)vmm_phys_release(c->v, h);
         if (rc)
-            give_back_locked(c, c->stash[k].id);     /* unusable here: the daemon's again */
+            pool_cli_give_back_locked(c, c->stash[k].id);     /* unusable here: the daemon's again */
         else
             *out = h;
     } else if (rc == -EIO) {
@@ -472,7 +430,7 @@ int pool_cli_release(void *arg, vmm_handle h)
         c->n_mapped--;
     }
     if (id)
-        give_back_locked(c, id);
+        pool_cli_give_back_locked(c, id);
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -480,14 +438,14 @@ int pool_cli_release(void *arg, vmm_handle h)
 int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
 {
     pthread_mutex_lock(&c->mu);
-    if (c->fd >= 0 || !reconnect_locked(c)) {
+    if (c->fd >= 0 || !pool_cli_reconnect_locked(c)) {
         struct pool_info m;
         pool_proto_hdr(&m.h, POOL_MSG_INFO);
         _Alignas(8) unsigned char buf[POOL_MSG_MAX];
         int fds[1], nfds = 0;
         if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-            gone_locked(c, "its socket refused a request");
-        else if (!recv_reply_locked(c, POOL_MSG_INFO_REPLY, buf, fds, N_FDS(fds), &nfds))
+            pool_cli_gone_locked(c, "its socket refused a request");
+        else if (!pool_cli_recv_locked(c, POOL_MSG_INFO_REPLY, buf, fds, N_FDS(fds), &nfds))
             c->fig = ((struct pool_info_reply *)buf)->fig;
     }
     *f = c->fig;
@@ -537,7 +495,7 @@ static unsigned stash_return_locked(struct pool_cli *c)
     }
     if (m.n && c->fd >= 0) {
         if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-            gone_locked(c, "its socket refused a return");
+            pool_cli_gone_locked(c, "its socket refused a return");
         else
             c->k.returns += m.n;
     }
@@ -554,8 +512,8 @@ int pool_cli_set_limit(struct pool_cli *c, uint64_t bytes)
         _Alignas(8) unsigned char buf[POOL_MSG_MAX];
         int fds[1], nfds = 0;
         if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-            gone_locked(c, "its socket refused a request");
-        else if (!recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
+            pool_cli_gone_locked(c, "its socket refused a request");
+        else if (!pool_cli_recv_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
             c->fig.limit_bytes = bytes ? bytes : c->fig.pool_bytes;
     }
     pthread_mutex_unlock(&c->mu);
@@ -595,7 +553,7 @@ static void drain_locked(struct pool_cli *c)
         }
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
-        gone_locked(c, n == 0 ? "it closed the connection" : "a message out of turn");
+        pool_cli_gone_locked(c, n == 0 ? "it closed the connection" : "a message out of turn");
     }
 }
 
@@ -606,7 +564,7 @@ static void answer_locked(struct pool_cli *c, uint32_t seq, uint32_t given)
     struct pool_reclaimed m = { .seq = seq, .given = given };
     pool_proto_hdr(&m.h, POOL_MSG_RECLAIMED);
     if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-        gone_locked(c, "its socket refused an answer");
+        pool_cli_gone_locked(c, "its socket refused an answer");
 }
 
 static void *listen_main(void *arg)
@@ -721,7 +679,7 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
     pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
     /* every id first: a frame from a daemon that is gone cannot be handed off */
     for (uint32_t i = 0; i < n && !rc; i++) {
-        uint64_t id = map_get(c, hs[i].h);
+        uint64_t id = pool_cli_map_get(c, hs[i].h);
         if (!id || id == POOL_CLI_FOREIGN)
             rc = -ENOENT;
     }
@@ -736,16 +694,16 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
         m.off = off;
         m.n = n - off < POOL_BATCH_MAX ? n - off : POOL_BATCH_MAX;
         for (uint32_t i = 0; i < m.n; i++)
-            m.ids[i] = map_get(c, hs[off + i].h) & ~POOL_CLI_MAPPED;
+            m.ids[i] = pool_cli_map_get(c, hs[off + i].h) & ~POOL_CLI_MAPPED;
         if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
-            gone_locked(c, "its socket refused a request");
+            pool_cli_gone_locked(c, "its socket refused a request");
             snprintf(why, wl, "the pool daemon on %s is gone", c->path);
             rc = -EIO;
         }
     }
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
-    if (!rc && recv_reply_locked(c, POOL_MSG_EXPORTED, buf, fds, N_FDS(fds), &nfds)) {
+    if (!rc && pool_cli_recv_locked(c, POOL_MSG_EXPORTED, buf, fds, N_FDS(fds), &nfds)) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);
         rc = -EIO;
     } else if (!rc) {
@@ -773,13 +731,13 @@ static void import_undo_locked(struct pool_cli *c, const uint8_t *token, const v
             c->n_mapped--;
         }
         if (ids[i])
-            give_back_locked(c, ids[i] | POOL_CLI_MAPPED);
+            pool_cli_give_back_locked(c, ids[i] | POOL_CLI_MAPPED);
     }
     struct pool_import_end e = { .ok = 0 };
     pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
     memcpy(e.token, token, POOL_TOKEN_BYTES);
     if (c->fd >= 0 && pool_proto_send(c->fd, &e, NULL, 0, 0))
-        gone_locked(c, "its socket refused a request");
+        pool_cli_gone_locked(c, "its socket refused a request");
 }
 
 /* Imports descriptor fd of frame id as *h, remembered as mapped. 0; -errno (nothing kept). */
@@ -800,13 +758,13 @@ static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle
 /* Receives the n frames of an import: every id into ids, each imported into hs (remembered
    as mapped) until one fails. 0; -EIO gone; -errno of the first import that failed (the
    rest still read). */
-static int import_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n)
+int pool_cli_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n)
 {
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
     uint32_t got = 0;
     while (got < n) {
-        if (recv_reply_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds))
+        if (pool_cli_recv_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds))
             return -EIO;
         const struct pool_frames *f = (const void *)buf;
         for (uint32_t i = 0; i < f->n; i++, got++) {
@@ -829,7 +787,7 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
 {
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    if (c->fd < 0 && reconnect_locked(c)) {
+    if (c->fd < 0 && pool_cli_reconnect_locked(c)) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);
         pthread_mutex_unlock(&c->mu);
         return -EIO;
@@ -840,9 +798,9 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
-        gone_locked(c, "its socket refused a request");
+        pool_cli_gone_locked(c, "its socket refused a request");
         rc = -EIO;
-    } else if (recv_reply_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds)) {
+    } else if (pool_cli_recv_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds)) {
         rc = -EIO;
     }
     if (rc) {
@@ -862,10 +820,10 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
     vmm_handle *hs = calloc(n, sizeof *hs);
     uint64_t *ids = calloc(n, sizeof *ids);
     if (!hs || !ids) {          /* the frames come anyway: the connection ends (they go) */
-        gone_locked(c, "out of memory for an import");
+        pool_cli_gone_locked(c, "out of memory for an import");
         rc = -ENOMEM;
     } else {
-        rc = import_frames_locked(c, hs, ids, n);
+        rc = pool_cli_frames_locked(c, hs, ids, n);
     }
     if (rc && hs && ids) {
         if (c->fd >= 0)
@@ -899,18 +857,18 @@ void pool_cli_import_end(struct pool_cli *c, const uint8_t *token, vmm_handle *h
     if (!ok) {
         uint64_t *ids = calloc(n ? n : 1, sizeof *ids);
         for (uint32_t i = 0; ids && i < n; i++)
-            ids[i] = map_get(c, hs[i].h) & ~POOL_CLI_MAPPED;
+            ids[i] = pool_cli_map_get(c, hs[i].h) & ~POOL_CLI_MAPPED;
         if (ids)
             import_undo_locked(c, token, hs, ids, n);
         else
-            gone_locked(c, "out of memory undoing an import");  /* the daemon frees all */
+            pool_cli_gone_locked(c, "out of memory undoing an import");  /* the daemon frees all */
         free(ids);
     } else if (c->fd >= 0) {
         struct pool_import_end e = { .ok = 1 };
         pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
         memcpy(e.token, token, POOL_TOKEN_BYTES);
         if (pool_proto_send(c->fd, &e, NULL, 0, 0))
-            gone_locked(c, "its socket refused a request");
+            pool_cli_gone_locked(c, "its socket refused a request");
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -919,7 +877,7 @@ int pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, s
 {
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    if (c->fd < 0 && reconnect_locked(c))
+    if (c->fd < 0 && pool_cli_reconnect_locked(c))
         rc = -EIO;
     struct pool_handoff_drop m;
     pool_proto_hdr(&m.h, POOL_MSG_HANDOFF_DROP);
@@ -927,10 +885,10 @@ int pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, s
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
     if (!rc && pool_proto_send(c->fd, &m, NULL, 0, 0)) {
-        gone_locked(c, "its socket refused a request");
+        pool_cli_gone_locked(c, "its socket refused a request");
         rc = -EIO;
     }
-    if (!rc && recv_reply_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
+    if (!rc && pool_cli_recv_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
         rc = -EIO;
     if (rc) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);

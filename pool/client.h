@@ -116,6 +116,27 @@ void pool_cli_import_end(struct pool_cli *c, const uint8_t *token, vmm_handle *h
                          bool ok);
 /* Drops an unimported export. 0; -ENOENT unknown, spent or being imported; -EIO gone. */
 int  pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, size_t wl);
+/* The daemon's shared prefix index (docs/design.md "Sharing frames between clients"): keys
+   are POOL_KEY_BYTES each, entries are keyed by (lay, ns, key) and hold one frame per
+   region; one request per POOL_PREFIX_KEYS keys. */
+/* Enters n entries: keys[0..n), their frames hs key-major (n * n_regions; each handed out
+   by pool_cli_create or imported). The new entries (>= 0; a key present keeps its entry);
+   -ENOENT a handle that is not this daemon's (nothing sent); -EIO gone. */
+int  pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
+                             const uint8_t *keys, uint32_t n, const vmm_handle *hs);
+/* How many leading keys of keys[0..n) the index has (0 when the daemon is gone). */
+size_t pool_cli_prefix_lookup(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
+                              const uint8_t *keys, size_t n);
+/* Maps the leading entries present: *found of them, their frames in *out (key-major,
+   *found * n_regions handles, the caller's array to free; each imported and remembered as
+   mapped: pool_cli_release gives one up). 0 (*found may be 0); -EIO gone; -ENOMEM (nothing
+   mapped). */
+int  pool_cli_prefix_attach(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
+                            const uint8_t *keys, size_t n, vmm_handle **out, size_t *found);
+/* Drops the entries of keys[0..n) (keys NULL: every entry of ns under lay). The entries
+   dropped (>= 0); -EIO gone. */
+int  pool_cli_prefix_drop(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
+                          const uint8_t *keys, size_t n);
 /* Gives back the stash and closes the connection (the context released its frames). */
 void pool_cli_close(struct pool_cli *c);
 

@@ -36,14 +36,22 @@ static const size_t sizes[POOL_MSG_TYPES] = {
     [POOL_MSG_IMPORTED] = sizeof(struct pool_imported),
     [POOL_MSG_IMPORT_END] = sizeof(struct pool_import_end),
     [POOL_MSG_HANDOFF_DROP] = sizeof(struct pool_handoff_drop),
+    [POOL_MSG_PREFIX_PUBLISH] = sizeof(struct pool_prefix_publish),
+    [POOL_MSG_PREFIX_LOOKUP] = sizeof(struct pool_prefix_keys),
+    [POOL_MSG_PREFIX_ATTACH] = sizeof(struct pool_prefix_keys),
+    [POOL_MSG_PREFIX_FOUND] = sizeof(struct pool_prefix_found),
+    [POOL_MSG_PREFIX_DROP] = sizeof(struct pool_prefix_drop),
 };
-_Static_assert(sizeof(struct pool_frames) <= UINT16_MAX, "sizes fit pool_hdr.size");
-_Static_assert(sizeof(struct pool_frames) >= sizeof(struct pool_return) &&
-               sizeof(struct pool_frames) >= sizeof(struct pool_refused) &&
-               sizeof(struct pool_frames) >= sizeof(struct pool_result) &&
-               sizeof(struct pool_frames) >= sizeof(struct pool_export) &&
-               sizeof(struct pool_frames) >= sizeof(struct pool_exported) &&
-               sizeof(struct pool_frames) >= sizeof(struct pool_imported),
+_Static_assert(POOL_MSG_MAX <= UINT16_MAX, "sizes fit pool_hdr.size");
+_Static_assert(POOL_MSG_MAX >= sizeof(struct pool_frames) &&
+               POOL_MSG_MAX >= sizeof(struct pool_return) &&
+               POOL_MSG_MAX >= sizeof(struct pool_refused) &&
+               POOL_MSG_MAX >= sizeof(struct pool_result) &&
+               POOL_MSG_MAX >= sizeof(struct pool_export) &&
+               POOL_MSG_MAX >= sizeof(struct pool_exported) &&
+               POOL_MSG_MAX >= sizeof(struct pool_imported) &&
+               POOL_MSG_MAX >= sizeof(struct pool_prefix_publish) &&
+               POOL_MSG_MAX >= sizeof(struct pool_prefix_keys),
                "POOL_MSG_MAX is the largest message");
 
 size_t pool_proto_size(unsigned t)
@@ -143,6 +151,34 @@ int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type)
         if (((const struct pool_import_end *)buf)->ok > 1)
             return -EPROTO;
         break;
+    case POOL_MSG_PREFIX_PUBLISH: {
+        const struct pool_prefix_publish *m = buf;
+        if (m->total < 1 || m->total > POOL_REGIONS_MAX || m->n < 1 || m->n > POOL_BATCH_MAX ||
+            m->off >= m->total || m->n > m->total - m->off || m->last > 1 ||
+            (m->last && m->off + m->n != m->total))
+            return -EPROTO;
+        break;
+    }
+    case POOL_MSG_PREFIX_LOOKUP:
+    case POOL_MSG_PREFIX_ATTACH: {
+        const struct pool_prefix_keys *m = buf;
+        if (m->n < 1 || m->n > POOL_PREFIX_KEYS)
+            return -EPROTO;
+        break;
+    }
+    case POOL_MSG_PREFIX_FOUND: {
+        const struct pool_prefix_found *m = buf;
+        if (m->found > POOL_PREFIX_KEYS || m->total > POOL_PREFIX_KEYS * POOL_REGIONS_MAX)
+            return -EPROTO;
+        break;
+    }
+    case POOL_MSG_PREFIX_DROP: {
+        const struct pool_prefix_drop *m = buf;
+        if (m->scope > POOL_DROP_ALL || (m->scope == POOL_DROP_KEYS &&
+                                          (m->n < 1 || m->n > POOL_PREFIX_KEYS)))
+            return -EPROTO;
+        break;
+    }
     default:
         break;
     }

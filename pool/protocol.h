@@ -32,6 +32,9 @@
 #define POOL_BATCH_MAX     64             /* frames per LEASE, FRAMES and RETURN */
 #define POOL_TOKEN_BYTES   32             /* a hand-off's token (all random: 256 bits) */
 #define POOL_HANDOFF_MAX   (1u << 24)     /* frames of one hand-off at most */
+#define POOL_KEY_BYTES     32             /* a prefix entry's key (kvvm_key) */
+#define POOL_PREFIX_KEYS   64             /* keys per LOOKUP, ATTACH and DROP */
+#define POOL_REGIONS_MAX   (1u << 16)     /* frames of one prefix entry at most (regions) */
 
 enum pool_msg_type {
     POOL_MSG_HELLO = 1,     /* c -> d: the first message: version, role, name, reserve, limit */
@@ -63,6 +66,16 @@ enum pool_msg_type {
     POOL_MSG_IMPORT_END,    /* c -> d: the import of a token took (ok 1: spent) or not (ok
                                0: the record is importable again; its frames were RETURNed) */
     POOL_MSG_HANDOFF_DROP,  /* c -> d: give up an unimported export; answered RESULT */
+    POOL_MSG_PREFIX_PUBLISH,/* c -> d: one chunk of one shared prefix entry's frames (ids it
+                               leased or maps); the call's last chunk is answered RESULT (err:
+                               the new entries, >= 0) */
+    POOL_MSG_PREFIX_LOOKUP, /* c -> d: keys: how many leading ones the index has; answered
+                               PREFIX_FOUND */
+    POOL_MSG_PREFIX_ATTACH, /* c -> d: keys: the leading ones' frames, mapped by the client;
+                               answered PREFIX_FOUND, then the frames in FRAMES messages */
+    POOL_MSG_PREFIX_FOUND,  /* d -> c */
+    POOL_MSG_PREFIX_DROP,   /* c or control -> d: drop entries; answered RESULT (err: the
+                               entries dropped, >= 0) */
     POOL_MSG_TYPES          /* one past the last type */
 };
 
@@ -234,8 +247,49 @@ struct pool_handoff_drop {
     uint8_t token[POOL_TOKEN_BYTES];
 };
 
+/* The shared prefix index (pool/server_prefix.c). An entry is keyed by (layout, ns, key)
+   and holds one frame per region. */
+struct pool_prefix_publish {
+    struct pool_hdr h;
+    struct pool_layout lay;
+    uint64_t ns;
+    uint8_t key[POOL_KEY_BYTES];
+    uint32_t total;         /* the entry's frames: lay.n_regions */
+    uint32_t off;           /* this chunk's first: the chunks of one entry come in order */
+    uint32_t n;             /* 1 .. POOL_BATCH_MAX, off + n <= total */
+    uint32_t last;          /* 1: the call's last chunk (the entry's last too): answered */
+    uint64_t ids[POOL_BATCH_MAX];   /* region order */
+};
+
+struct pool_prefix_keys {   /* LOOKUP and ATTACH */
+    struct pool_hdr h;
+    struct pool_layout lay;
+    uint64_t ns;
+    uint32_t n;             /* 1 .. POOL_PREFIX_KEYS */
+    uint32_t pad;
+    uint8_t keys[POOL_PREFIX_KEYS][POOL_KEY_BYTES];
+};
+
+struct pool_prefix_found {
+    struct pool_hdr h;
+    int32_t err;            /* 0; -ENOMEM (ATTACH: the daemon could not count the mappings) */
+    uint32_t found;         /* leading keys present */
+    uint32_t total;         /* ATTACH: frames to follow (found * n_regions) in FRAMES */
+    uint32_t pad;
+};
+
+struct pool_prefix_drop {
+    struct pool_hdr h;
+    struct pool_layout lay; /* n_regions 0: every layout */
+    uint64_t ns;
+    uint32_t scope;         /* 0: keys[0..n) of ns; 1: every entry of ns; 2: every entry */
+    uint32_t n;             /* scope 0: 1 .. POOL_PREFIX_KEYS */
+    uint8_t keys[POOL_PREFIX_KEYS][POOL_KEY_BYTES];
+};
+enum { POOL_DROP_KEYS = 0, POOL_DROP_NS = 1, POOL_DROP_ALL = 2 };
+
 /* The largest message (a receive buffer's size). */
-#define POOL_MSG_MAX sizeof(struct pool_frames)
+#define POOL_MSG_MAX sizeof(struct pool_prefix_drop)
 
 /* The size of a message of type t; 0 for an unknown type. */
 size_t pool_proto_size(unsigned t);

@@ -297,6 +297,8 @@ static void figures(const struct pool_srv *s, const struct srv_client *c,
     f->limit_bytes = c->limit ? c->limit : f->pool_bytes;
     for (size_t i = 0; i < s->nclients; i++)
         f->n_clients += s->clients[i] && s->clients[i]->role == POOL_ROLE_CLIENT;
+    f->shared_entries = s->npfx;
+    f->shared_bytes = (uint64_t)s->pfx_frames * s->page;
 }
 
 /* ---- clients ----------------------------------------------------------------------------- */
@@ -462,6 +464,21 @@ static size_t grantable(const struct pool_srv *s, const struct srv_client *c)
     return room;
 }
 
+/* Frames the pool lacks for a lease of n by c, within what c's limit allows: what
+   dropping records may fix (a client short by its own limit frees nothing by it). */
+static size_t pool_short(const struct pool_srv *s, const struct srv_client *c, size_t n)
+{
+    size_t free_frames = s->pool_frames - s->leased;
+    size_t others = reserved_elsewhere(s, c) + (c->pend_n ? 0 : pending_elsewhere(s, c));
+    size_t room = free_frames > others ? free_frames - others : 0;
+    if (c->limit) {
+        size_t lim = (size_t)(c->limit / s->page);
+        size_t by_limit = lim > c->held ? lim - c->held : 0;
+        n = n < by_limit ? n : by_limit;
+    }
+    return n > room ? n - room : 0;
+}
+
 static uint64_t mono_ns(void)
 {
     struct timespec t;
@@ -584,8 +601,10 @@ static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
 {
     size_t g = grantable(s, a), want = a->pend_n;
     bool late = now >= a->pend_deadline;
-    if (g < want && !late && srv_share_reclaim(s, want - g))
-        g = grantable(s, a);                        /* unimported exports went first */
+    size_t sh = g < want && !late ? pool_short(s, a, want) : 0;
+    if (sh && srv_share_reclaim(s, sh))
+        g = grantable(s, a);                        /* unmapped entries, unimported exports
+                                                       went first */
     if (g < want && !late && !asks_open(s)) {
         size_t more = ask_victims(s, a, want - g);
         if (more)
@@ -648,8 +667,11 @@ static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_
     c->asked = 0;                       /* it needs frames itself: its ask is off */
     size_t want = grantable(s, c);
     size_t lim = c->limit ? (size_t)(c->limit / s->page) : SIZE_MAX;
-    if (want < m->n && m->wait_ms && c->held < lim && srv_share_reclaim(s, m->n - want))
-        want = grantable(s, c);         /* unimported exports go before any take-back */
+    size_t sh = want < m->n && m->wait_ms && c->held < lim ? pool_short(s, c, m->n) : 0;
+    if (sh && srv_share_reclaim(s, sh))
+        want = grantable(s, c);         /* unmapped shared entries and unimported exports go
+                                           before any take-back; never for a client short
+                                           by its own limit */
     if (want || !m->wait_ms || c->held >= lim)
         return grant(s, c, want < m->n ? want : m->n, m->n, 0);
     c->pend_n = m->n;                   /* the pool is dry: a take-back round */
@@ -815,6 +837,10 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_IMPORT:  return srv_on_import(s, c, buf);
     case POOL_MSG_IMPORT_END: return srv_on_import_end(s, c, buf);
     case POOL_MSG_HANDOFF_DROP: return srv_on_handoff_drop(s, c, buf);
+    case POOL_MSG_PREFIX_PUBLISH: return srv_on_prefix_publish(s, c, buf);
+    case POOL_MSG_PREFIX_LOOKUP: return srv_on_prefix_keys(s, c, buf, false);
+    case POOL_MSG_PREFIX_ATTACH: return srv_on_prefix_keys(s, c, buf, true);
+    case POOL_MSG_PREFIX_DROP: return srv_on_prefix_drop(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }
@@ -858,7 +884,9 @@ static void figures_publish(struct pool_srv *s)
         return;
     struct pool_fig_pool p = { .pool_bytes = s->pool_frames * s->page, .page_size = s->page,
                                .free_bytes = (s->pool_frames - s->leased) * s->page,
-                               .rounds = s->rounds, .d = s->figd };
+                               .rounds = s->rounds, .d = s->figd,
+                               .shared_entries = s->npfx,
+                               .shared_bytes = (uint64_t)s->pfx_frames * s->page };
     pool_fig_begin(s->fig);
     for (size_t i = 0; i < s->nclients; i++) {
         const struct srv_client *c = s->clients[i];

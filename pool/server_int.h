@@ -37,7 +37,7 @@ struct srv_frame {
 /* A record: frames the daemon holds for no client. Kinds: an export (a hand-off waiting
    for its one import); a shared prefix entry would be another kind with a key instead of
    a token, using the same frame counts (nrec) and the same settle. */
-enum { SRV_REC_EXPORT = 1 };
+enum { SRV_REC_EXPORT = 1, SRV_REC_PREFIX = 2 };
 
 struct srv_rec {
     uint8_t kind;
@@ -51,6 +51,10 @@ struct srv_rec {
     uint64_t serial;            /* age: oldest first under pressure */
     int claimed;                /* the client slot importing it now; -1 none */
     pid_t from;                 /* the exporter's pid (logs) */
+    /* SRV_REC_PREFIX (server_prefix.c): keyed by (lay, ns, token = the key), in the index's
+       hash chain and its LRU list (older toward head) */
+    uint64_t ns;
+    struct srv_rec *hnext, *lprev, *lnext;
 };
 
 struct srv_client {
@@ -76,6 +80,10 @@ struct srv_client {
     uint32_t *maps;             /* frame slots it maps without a lease (one per mapping) */
     size_t n_maps, cap_maps;
     struct srv_rec *exp;        /* an export whose chunks are arriving; NULL none */
+    struct srv_rec *pub;        /* a prefix entry whose chunks are arriving; NULL none */
+    uint32_t pub_new;           /* entries its publish call made so far */
+    uint8_t pub_prev[POOL_KEY_BYTES];   /* the call's previous entry's key (its parent) */
+    bool pub_has_prev;
 };
 
 struct pool_srv {
@@ -96,6 +104,10 @@ struct pool_srv {
     struct srv_rec **recs;      /* records (server_share.c), recs[0 .. nrecs) */
     size_t nrecs, cap_recs;
     uint64_t rec_serial;
+    /* the shared prefix index (server_prefix.c) */
+    struct srv_rec **pbuck;     /* hash chains; nbuck a power of two (0: none yet) */
+    size_t nbuck, npfx, pfx_frames;
+    struct srv_rec *lru_old, *lru_new;  /* the LRU list's ends */
 };
 
 static inline uint64_t srv_frame_id(const struct pool_srv *s, size_t slot)
@@ -117,6 +129,15 @@ void srv_share_client_gone(struct pool_srv *s, struct srv_client *c);
 size_t srv_share_reclaim(struct pool_srv *s, size_t need);
 /* Drops every record (pool_srv_close). */
 void srv_share_close(struct pool_srv *s);
+/* The live frame slot id names (any holder), or -1. */
+long srv_frame_any(const struct pool_srv *s, uint64_t id);
+/* c's mapping entry of slot, or -1. */
+long srv_map_find(const struct srv_client *c, size_t slot);
+/* Room in c->maps for more mappings. 0; -ENOMEM. */
+int  srv_maps_reserve(struct srv_client *c, size_t more);
+/* The frames slots[0..n) to c, POOL_BATCH_MAX per FRAMES message. 0; -errno (drop c). */
+int  srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *slots,
+                     uint32_t n);
 /* The messages (the caller drops c on a -errno). */
 int  srv_on_export(struct pool_srv *s, struct srv_client *c, const struct pool_export *m);
 int  srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_import *m);
@@ -124,5 +145,20 @@ int  srv_on_import_end(struct pool_srv *s, struct srv_client *c,
                        const struct pool_import_end *m);
 int  srv_on_handoff_drop(struct pool_srv *s, struct srv_client *c,
                          const struct pool_handoff_drop *m);
+
+/* server_prefix.c: the shared prefix index */
+/* Drops entries no client maps, least recently used first (leaves first), while that frees
+   frames and fewer than need were freed; returns the frames freed. */
+size_t srv_prefix_reclaim(struct pool_srv *s, size_t need);
+/* c is going: its entry in construction dropped (the entries it made stay). */
+void srv_prefix_client_gone(struct pool_srv *s, struct srv_client *c);
+/* Drops every entry and the index (pool_srv_close). */
+void srv_prefix_close(struct pool_srv *s);
+int  srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,
+                           const struct pool_prefix_publish *m);
+int  srv_on_prefix_keys(struct pool_srv *s, struct srv_client *c,
+                        const struct pool_prefix_keys *m, bool attach);
+int  srv_on_prefix_drop(struct pool_srv *s, struct srv_client *c,
+                        const struct pool_prefix_drop *m);
 
 #endif

@@ -60,7 +60,7 @@ void srv_frame_settle(struct pool_srv *s, size_t slot)
 }
 
 /* The live frame slot id names (any holder), or -1. */
-static long frame_any(const struct pool_srv *s, uint64_t id)
+long srv_frame_any(const struct pool_srv *s, uint64_t id)
 {
     uint64_t slot1 = id & 0xffffffffu;
     if (slot1 == 0 || slot1 > s->nframes)
@@ -70,7 +70,7 @@ static long frame_any(const struct pool_srv *s, uint64_t id)
 }
 
 /* c's mapping entry of slot, or -1. */
-static long map_find(const struct srv_client *c, size_t slot)
+long srv_map_find(const struct srv_client *c, size_t slot)
 {
     for (size_t i = c->n_maps; i-- > 0;)
         if (c->maps[i] == slot)
@@ -89,7 +89,7 @@ static void map_remove(struct pool_srv *s, struct srv_client *c, size_t k)
 
 int srv_share_unmap(struct pool_srv *s, struct srv_client *c, uint64_t id)
 {
-    long slot = frame_any(s, id), k = slot < 0 ? -1 : map_find(c, (size_t)slot);
+    long slot = srv_frame_any(s, id), k = slot < 0 ? -1 : srv_map_find(c, (size_t)slot);
     if (k < 0)
         return -1;
     map_remove(s, c, (size_t)k);
@@ -125,6 +125,7 @@ void srv_share_client_gone(struct pool_srv *s, struct srv_client *c)
     if (c->exp)
         rec_free(s, c->exp, false);
     c->exp = NULL;
+    srv_prefix_client_gone(s, c);
     free(c->maps);
     c->maps = NULL;
     c->cap_maps = 0;
@@ -143,7 +144,7 @@ static size_t rec_frees(const struct pool_srv *s, const struct srv_rec *r)
 
 size_t srv_share_reclaim(struct pool_srv *s, size_t need)
 {
-    size_t freed = 0;
+    size_t freed = srv_prefix_reclaim(s, need);     /* unmapped shared entries first */
     while (freed < need) {
         long best = -1;
         for (size_t i = 0; i < s->nrecs; i++) {
@@ -165,6 +166,7 @@ size_t srv_share_reclaim(struct pool_srv *s, size_t need)
 
 void srv_share_close(struct pool_srv *s)
 {
+    srv_prefix_close(s);
     while (s->nrecs)
         rec_drop(s, s->nrecs - 1);
     free(s->recs);
@@ -264,9 +266,9 @@ int srv_on_export(struct pool_srv *s, struct srv_client *c, const struct pool_ex
         return -EPROTO;                     /* out of order */
     }
     for (uint32_t i = 0; i < m->n; i++) {
-        long slot = frame_any(s, m->ids[i]);
+        long slot = srv_frame_any(s, m->ids[i]);
         /* its own: leased by it, or mapped by it (a re-export of an import) */
-        if (slot < 0 || (s->frames[slot].owner != c->slot && map_find(c, (size_t)slot) < 0))
+        if (slot < 0 || (s->frames[slot].owner != c->slot && srv_map_find(c, (size_t)slot) < 0))
             return -EPROTO;
         e->slots[e->n++] = (uint32_t)slot;
     }
@@ -290,18 +292,18 @@ static int imported(struct srv_client *c, int err, uint32_t total, uint64_t leng
     return send_msg(c, &r, NULL, 0);
 }
 
-/* The frames of r to c, POOL_BATCH_MAX per FRAMES message. 0; -errno (drop c). */
-static int import_send(struct pool_srv *s, struct srv_client *c, const struct srv_rec *r)
+int srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *slots,
+                    uint32_t total)
 {
-    for (uint32_t off = 0; off < r->n; off += POOL_BATCH_MAX) {
+    for (uint32_t off = 0; off < total; off += POOL_BATCH_MAX) {
         struct pool_frames f = { 0 };
         int fds[POOL_BATCH_MAX];
-        uint32_t n = r->n - off < POOL_BATCH_MAX ? r->n - off : POOL_BATCH_MAX, k;
+        uint32_t n = total - off < POOL_BATCH_MAX ? total - off : POOL_BATCH_MAX, k;
         int rc = 0;
         for (k = 0; k < n; k++) {
-            if ((rc = vmm_handle_export(s->v, s->frames[r->slots[off + k]].h, &fds[k])))
+            if ((rc = vmm_handle_export(s->v, s->frames[slots[off + k]].h, &fds[k])))
                 break;                      /* no descriptor: the importer is dropped */
-            f.ids[k] = srv_frame_id(s, r->slots[off + k]);
+            f.ids[k] = srv_frame_id(s, slots[off + k]);
         }
         f.n = n;
         pool_proto_hdr(&f.h, POOL_MSG_FRAMES);
@@ -312,6 +314,21 @@ static int import_send(struct pool_srv *s, struct srv_client *c, const struct sr
         if (rc)
             return rc;
     }
+    return 0;
+}
+
+int srv_maps_reserve(struct srv_client *c, size_t more)
+{
+    if (c->n_maps + more <= c->cap_maps)
+        return 0;
+    size_t cap = c->cap_maps ? c->cap_maps : 64;
+    while (cap < c->n_maps + more)
+        cap *= 2;
+    uint32_t *n = realloc(c->maps, cap * sizeof *n);
+    if (!n)
+        return -ENOMEM;
+    c->maps = n;
+    c->cap_maps = cap;
     return 0;
 }
 
@@ -337,23 +354,15 @@ int srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_im
                         (unsigned long long)r->lay.page_size, m->lay.n_regions,
                         (unsigned long long)m->lay.bytes_per_token,
                         (unsigned long long)m->lay.page_size);
-    if (c->n_maps + r->n > c->cap_maps) {
-        size_t cap = c->cap_maps ? c->cap_maps : 64;
-        while (cap < c->n_maps + r->n)
-            cap *= 2;
-        uint32_t *n = realloc(c->maps, cap * sizeof *n);
-        if (!n)
-            return imported(c, -ENOMEM, 0, 0, "the daemon is out of memory");
-        c->maps = n;
-        c->cap_maps = cap;
-    }
+    if (srv_maps_reserve(c, r->n))
+        return imported(c, -ENOMEM, 0, 0, "the daemon is out of memory");
     for (uint32_t i = 0; i < r->n; i++) {   /* its mappings from now (RETURN gives each up) */
         c->maps[c->n_maps++] = r->slots[i];
         s->frames[r->slots[i]].nmap++;
     }
     r->claimed = c->slot;
     int rc = imported(c, 0, r->n, r->length, "importing");
-    return rc ? rc : import_send(s, c, r);
+    return rc ? rc : srv_send_frames(s, c, r->slots, r->n);
 }
 
 int srv_on_import_end(struct pool_srv *s, struct srv_client *c,

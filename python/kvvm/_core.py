@@ -136,6 +136,7 @@ class Tier(enum.IntEnum):
     HOST = _lib.TIER_HOST
     DISK = _lib.TIER_DISK
     STORE = _lib.TIER_STORE
+    POOL = _lib.TIER_POOL           # the pool daemon's shared prefix index (0.4)
 
 
 def _keys_buffer(keys):

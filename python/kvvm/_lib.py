@@ -41,7 +41,7 @@ ALL_REGIONS = 0xFFFFFFFF
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_OFF = 0, 1, 2, 3, 4
 
 KEY_BYTES = 32                   # sizeof(kvvm_key)
-TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_STORE = 1, 2, 3, 4
+TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_STORE, TIER_POOL = 1, 2, 3, 4, 5
 
 
 class Config(ctypes.Structure):

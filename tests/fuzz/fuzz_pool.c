@@ -3,8 +3,9 @@
    every byte a client receives from its daemon, goes through before anything reads a field.
    Input: one byte of descriptor count (0..3), then the message. Checked: the parser never
    reads past the bytes it is given (ASan), never accepts a message whose size is not its
-   type's, and accepts descriptors on FRAMES only, exactly as many as its count, and no
-   hand-off chunk (EXPORT) past its total. */
+   type's, and accepts descriptors on FRAMES only, exactly as many as its count,, no
+   hand-off chunk (EXPORT) or shared entry chunk (PREFIX_PUBLISH) past its total, no more
+   keys than a message holds. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 m->n > m->total - m->off || m->total > POOL_HANDOFF_MAX)
                 abort();
         }
+        if (type == POOL_MSG_PREFIX_PUBLISH) {  /* a shared entry's chunk: within its total */
+            const struct pool_prefix_publish *m = (const void *)buf;
+            if (!m->n || m->n > POOL_BATCH_MAX || m->off >= m->total ||
+                m->n > m->total - m->off || m->total > POOL_REGIONS_MAX ||
+                (m->last && m->off + m->n != m->total))
+                abort();
+        }
+        if ((type == POOL_MSG_PREFIX_LOOKUP || type == POOL_MSG_PREFIX_ATTACH) &&
+            (!((const struct pool_prefix_keys *)buf)->n ||
+             ((const struct pool_prefix_keys *)buf)->n > POOL_PREFIX_KEYS))
+            abort();
     }
     free(buf);
     return 0;

@@ -409,6 +409,31 @@ static int cmd_limit(int fd, const char *name, uint64_t bytes)
     return 0;
 }
 
+/* Drops the shared prefix entries of namespace ns (every entry when ns is NULL). */
+static int cmd_drop(int fd, const char *ns)
+{
+    struct pool_prefix_drop m = { .scope = ns ? POOL_DROP_NS : POOL_DROP_ALL };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_DROP);
+    if (ns) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(ns, &end, 0);
+        if (!*ns || *end || errno || *ns == '-') {
+            fprintf(stderr, "kvvmctl: drop: '%s' is not a namespace (a number)\n", ns);
+            return 2;
+        }
+        m.ns = v;
+    }
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    if (pool_proto_send(fd, &m, NULL, 0, 0) || recv_one(fd, POOL_MSG_RESULT, buf))
+        return fail("%s: the daemon went away%s", sock_path, "");
+    const struct pool_result *r = (const void *)buf;
+    if (r->err < 0)
+        return fail("drop: %s%s", r->text, "");
+    printf("%s\n", r->text);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -475,8 +500,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "top"))
         rc = cmd_top(fd, &top);
     else
-        rc = fail("drop: %s keeps no shared prefix entries: this kvvmd has no shared index "
-                  "yet%s", sock_path, "");
+        rc = cmd_drop(fd, nargs ? argv[optind] : NULL);
     close(fd);
     return rc;
 }

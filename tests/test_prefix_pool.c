@@ -1,0 +1,490 @@
+/* tests/test_prefix_pool.c: the daemon's shared prefix index through a real kvvmd
+   (tests/pool_daemon.h) and real processes: kvvm_prefix_publish in one process,
+   kvvm_prefix_lookup (KVVM_TIER_POOL) and kvvm_prefix_attach in others, every byte equal
+   and nothing copied (bytes_to_device unchanged, pool_hit_blocks counted), copy on write (a
+   write in one process never seen in another), entries surviving their publisher's exit
+   and SIGKILL, namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries
+   reclaimed before a take-back, stream mode (bytes written after the publish never seen),
+   and the pool whole again once the entries are dropped and everyone exited. */
+#include <sched.h>
+#include "harness.h"
+#include "pool_daemon.h"
+
+#define BPT  4096u                      /* bytes per token: 16 tokens per 64 KiB page */
+#define TPP  ((uint64_t)PD_GRAN / BPT)
+#define NB   4u                         /* blocks published */
+#define NREG 2u
+
+static void cfg(struct kvvm_config *c, const char *path, const char *name, uint64_t bpt)
+{
+    th_config(c, (size_t)PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
+    c->pool_socket = path;
+    c->client_name = name;
+    c->page_size = 0;                   /* the daemon's */
+    c->emu_granule = 0;
+}
+
+static unsigned char pat_at(unsigned char pat, uint32_t reg, size_t i)
+{
+    return (unsigned char)(pat + (size_t)reg * 31 + i * 7 + i / PD_GRAN);
+}
+
+static int fill(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
+{
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *w = malloc(bytes);
+    int rc = w ? 0 : -ENOMEM;
+    for (uint32_t r = 0; !rc && r < NREG; r++) {
+        for (size_t i = 0; i < bytes; i++)
+            w[i] = pat_at(pat, r, i);
+        rc = kvvm_seq_write(kv, s, r, 0, w, bytes);
+    }
+    free(w);
+    return rc;
+}
+
+static int check(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
+{
+    size_t bytes = (size_t)(len * BPT);
+    unsigned char *b = malloc(bytes);
+    int bad = b ? 0 : 1;
+    for (uint32_t r = 0; !bad && r < NREG; r++) {
+        if (kvvm_seq_read(kv, s, r, 0, b, bytes))
+            bad = 2;
+        for (size_t i = 0; !bad && i < bytes; i++)
+            bad = b[i] != pat_at(pat, r, i) ? 3 : 0;
+    }
+    free(b);
+    return bad;
+}
+
+static uint64_t stat_of(kvvm *kv, size_t off)
+{
+    struct kvvm_stats st = { .size = sizeof st };
+    if (kvvm_stats(kv, &st))
+        return UINT64_MAX;
+    uint64_t v;
+    memcpy(&v, (const char *)&st + off, sizeof v);
+    return v;
+}
+#define STAT(kv, f) stat_of((kv), offsetof(struct kvvm_stats, f))
+
+static void keys_of(kvvm_key *k, unsigned char salt)
+{
+    for (unsigned i = 0; i < NB; i++) {
+        memset(&k[i], 0, sizeof k[i]);
+        k[i].bytes[0] = 'K';
+        k[i].bytes[1] = (uint8_t)i;
+        k[i].bytes[2] = salt;
+    }
+}
+
+static void put_byte(int fd, int v)
+{
+    char x = (char)v;
+    if (write(fd, &x, 1) != 1)
+        _exit(90);
+}
+
+static char get_byte(int fd)
+{
+    char x = 0;
+    if (read(fd, &x, 1) != 1)
+        x = 0;
+    return x;
+}
+
+/* ---- the publisher: publishes NB blocks of pat under ns (salt: its keys), says 'p' on
+   ready_fd, then waits for a byte on go_fd ('c': check its own bytes are still pat; 'x':
+   exit). free_first: frees s and closes before saying 'p'. stream: on an engine stream,
+   and right after the publish overwrites every block (never seen through the entries). */
+struct pub_args {
+    unsigned char pat, salt;
+    uint64_t ns;
+    bool free_first, stream;
+    bool churn;                         /* frees s, then a new sequence takes the device
+                                           budget: the local entries are reclaimed and their
+                                           frames must go back to the daemon, never reused
+                                           here with the daemon's entries on them */
+};
+
+static int publisher(const char *path, struct pub_args a, int ready_fd, int go_fd)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "publisher", BPT);
+    if (a.churn)
+        c.device_budget = (size_t)(NB + 2) * NREG * PD_GRAN;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    kvvm_key k[NB];
+    keys_of(k, a.salt);
+    if (kvvm_open(&c, &kv))
+        return 10;
+    void *st = NULL;
+    if (a.stream && (kvvm_stream_create(kv, &st) || kvvm_set_stream(kv, st)))
+        return 11;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, NB * TPP) || fill(kv, s, NB * TPP, a.pat))
+        return 12;
+    if (kvvm_prefix_publish(kv, s, a.ns, k, NB) != (int)NB)
+        return 13;
+    if (a.stream) {                     /* written after the publish: never seen through it */
+        if (fill(kv, s, NB * TPP, (unsigned char)(a.pat ^ 0x5a)) || kvvm_sync(kv) ||
+            check(kv, s, NB * TPP, (unsigned char)(a.pat ^ 0x5a)))
+            return 14;
+    }
+    if (a.churn) {
+        kvvm_seq s2;
+        if (kvvm_seq_free(kv, s) || kvvm_seq_create(kv, &s2) ||
+            kvvm_seq_grow(kv, s2, NB * TPP) ||
+            fill(kv, s2, NB * TPP, (unsigned char)(a.pat ^ 0x33)) || kvvm_sync(kv))
+            return 17;
+        if (STAT(kv, prefix_evictions) == 0)
+            return 18;                  /* the local entries went for s2 */
+        s = s2;
+        a.pat ^= 0x33;
+    }
+    if (a.free_first) {
+        if (kvvm_seq_free(kv, s))
+            return 15;
+        kvvm_close(kv);
+        kv = NULL;
+    }
+    put_byte(ready_fd, 'p');
+    char go = get_byte(go_fd);
+    unsigned char own = a.stream ? (unsigned char)(a.pat ^ 0x5a) : a.pat;
+    if (go == 'c' && (a.free_first || check(kv, s, NB * TPP, own)))
+        return 16;                      /* its own pages: the attachers' writes unseen */
+    if (kv)
+        kvvm_close(kv);
+    return 0;
+}
+
+struct pub_proc {
+    pid_t pid;
+    int ready, go;
+};
+
+static struct pub_proc pub_start(const char *path, struct pub_args a)
+{
+    int rp[2], gp[2];
+    cr_assert_eq(pipe2(rp, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(gp, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(rp[0]);
+        close(gp[1]);
+        _exit(publisher(path, a, rp[1], gp[0]));
+    }
+    close(rp[1]);
+    close(gp[0]);
+    cr_assert_eq(get_byte(rp[0]), 'p', "the publisher published (else its exit code names "
+                 "the check)");
+    return (struct pub_proc){ pid, rp[0], gp[1] };
+}
+
+static void pub_finish(struct pub_proc *p, char go)
+{
+    put_byte(p->go, go);
+    cr_expect_eq(pd_wait(p->pid), 0, "the publisher: its exit code names the check");
+    close(p->ready);
+    close(p->go);
+}
+
+/* ---- an attacher: looks up and attaches the NB blocks of salt under ns with layout bpt;
+   expect: the blocks it must find (0: none, a miss); with them, every byte is pat, nothing
+   copied, pool_hit_blocks counted; then writes wpat over block 0 of region 0 (its own copy:
+   read back). */
+static int attacher(const char *path, uint64_t ns, unsigned char salt, uint64_t bpt,
+                    unsigned expect, unsigned char pat, unsigned char wpat)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "attacher", bpt);
+    kvvm *kv = NULL;
+    kvvm_key k[NB];
+    keys_of(k, salt);
+    if (kvvm_open(&c, &kv))
+        return 30;
+    uint8_t where[NB] = { 0 };
+    if (kvvm_prefix_lookup(kv, ns, k, NB, where) != (int)expect)
+        return 31;
+    for (unsigned i = 0; i < expect; i++)
+        if (where[i] != KVVM_TIER_POOL)
+            return 32;
+    uint64_t to_dev = STAT(kv, bytes_to_device);
+    kvvm_seq s;
+    if (kvvm_seq_create(kv, &s) || kvvm_prefix_attach(kv, s, ns, k, NB) != (int)expect)
+        return 33;
+    if (!expect) {
+        kvvm_close(kv);
+        return 0;
+    }
+    if (STAT(kv, bytes_to_device) != to_dev)
+        return 34;                      /* no copy */
+    if (STAT(kv, pool_hit_blocks) != expect)
+        return 35;
+    if (check(kv, s, expect * TPP, pat))
+        return 36;
+    if (wpat) {
+        unsigned char b[PD_GRAN], r[PD_GRAN];
+        memset(b, wpat, sizeof b);
+        if (kvvm_seq_write(kv, s, 0, 0, b, sizeof b) || kvvm_seq_read(kv, s, 0, 0, r, sizeof r))
+            return 37;
+        if (memcmp(b, r, sizeof b) != 0)
+            return 38;
+    }
+    if (kvvm_seq_free(kv, s))
+        return 39;
+    kvvm_close(kv);
+    return 0;
+}
+
+static int run_attacher(const char *path, uint64_t ns, unsigned char salt, uint64_t bpt,
+                        unsigned expect, unsigned char pat, unsigned char wpat)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(attacher(path, ns, salt, bpt, expect, pat, wpat));
+    return pd_wait(pid);
+}
+
+static int control(const char *path)
+{
+    int ctl = pc_connect(path);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_hello(ctl, POOL_ROLE_CONTROL, "test", 0, 0, buf), POOL_MSG_WELCOME);
+    return ctl;
+}
+
+static struct pool_figures figures(const char *path)
+{
+    int ctl = control(path);
+    struct pool_figures f = pc_info(ctl);
+    close(ctl);
+    return f;
+}
+
+/* Drops every entry (kvvmctl drop), then polls (each INFO a round trip, no sleep) until the
+   pool is whole and clientless: every frame back exactly. */
+static void drop_all_and_wait_whole(const char *path)
+{
+    char out[512];
+    cr_expect_eq(pd_ctl(path, "drop", out, sizeof out), 0, "kvvmctl drop: %s", out);
+    int ctl = control(path);
+    for (;;) {
+        struct pool_figures f = pc_info(ctl);
+        if (f.free_bytes == f.pool_bytes && f.n_clients == 0 && f.shared_entries == 0)
+            break;
+        sched_yield();
+    }
+    close(ctl);
+}
+
+Test(prefix_pool, publish_in_a_attach_in_b_without_a_copy_c_reads_as_bytes)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x21, .salt = 1, .ns = 7 });
+    struct pool_figures f = figures(d.path);
+    cr_expect_eq(f.shared_entries, NB, "kvvmd counts the entries");
+    cr_expect_eq(f.shared_bytes, (uint64_t)NB * NREG * PD_GRAN, "and their frames");
+    cr_expect_eq(run_attacher(d.path, 7, 1, BPT, NB, 0x21, 0xbb), 0,
+                 "attacher B (writes into an attached block): its exit code names the check");
+    cr_expect_eq(run_attacher(d.path, 7, 1, BPT, NB, 0x21, 0), 0,
+                 "attacher C reads A's bytes: its exit code names the check");
+    pub_finish(&a, 'c');                /* B's write: not in A's pages */
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(prefix_pool, entries_survive_their_publishers_sigkill)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x44, .salt = 2, .ns = 1 });
+    cr_assert_eq(kill(a.pid, SIGKILL), 0);
+    cr_expect_eq(pd_wait(a.pid), 128 + SIGKILL);
+    close(a.ready);
+    close(a.go);
+    cr_expect_eq(run_attacher(d.path, 1, 2, BPT, NB, 0x44, 0xcc), 0, "attacher B");
+    cr_expect_eq(run_attacher(d.path, 1, 2, BPT, NB, 0x44, 0), 0, "attacher C");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(prefix_pool, namespaces_and_layouts_never_cross)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x55, .salt = 3, .ns = 10,
+                                                             .free_first = true });
+    pub_finish(&a, 'x');
+    cr_expect_eq(run_attacher(d.path, 11, 3, BPT, 0, 0, 0), 0, "another namespace: a miss");
+    cr_expect_eq(run_attacher(d.path, 10, 4, BPT, 0, 0, 0), 0, "other keys: a miss");
+    cr_expect_eq(run_attacher(d.path, 10, 3, 2 * BPT, 0, 0, 0), 0, "another layout: a miss");
+    cr_expect_eq(run_attacher(d.path, 10, 3, BPT, NB, 0x55, 0), 0, "the same: a hit");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(prefix_pool, kvvmctl_drop_ns)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x61, .salt = 5, .ns = 5,
+                                                             .free_first = true });
+    pub_finish(&a, 'x');
+    struct pub_proc b = pub_start(d.path, (struct pub_args){ .pat = 0x62, .salt = 5, .ns = 6,
+                                                             .free_first = true });
+    pub_finish(&b, 'x');
+    cr_expect_eq(figures(d.path).shared_entries, 2 * NB);
+    char out[512];
+    cr_expect_eq(pd_ctl(d.path, "drop 5", out, sizeof out), 0, "kvvmctl drop 5: %s", out);
+    cr_expect(strstr(out, "4 shared prefix entries dropped"), "it says what it dropped: %s",
+              out);
+    cr_expect_eq(figures(d.path).shared_entries, NB);
+    cr_expect_eq(run_attacher(d.path, 5, 5, BPT, 0, 0, 0), 0, "ns 5 dropped: a miss");
+    cr_expect_eq(run_attacher(d.path, 6, 5, BPT, NB, 0x62, 0), 0, "ns 6 kept: a hit");
+    cr_expect_eq(pd_ctl(d.path, "drop nope", out, sizeof out), 2, "a bad NS: %s", out);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* Grows a sequence of pages pages per region with the whole pool as its limit. */
+static int needy(const char *path, uint64_t pages)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "needy", BPT);
+    c.device_budget = 0;                /* the whole pool */
+    c.max_tokens = 64 * TPP;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    if (kvvm_open(&c, &kv))
+        return 60;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, pages * TPP))
+        return 61;
+    if (STAT(kv, pool_waits) == UINT64_MAX)
+        return 62;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(prefix_pool, unmapped_entries_reclaimed_under_pressure)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames; the entries hold 8 */
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x77, .salt = 6, .ns = 2,
+                                                             .free_first = true });
+    pub_finish(&a, 'x');
+    cr_expect_eq(figures(d.path).free_bytes, 8u * PD_GRAN, "the entries hold their frames");
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0)
+        _exit(needy(d.path, 7));        /* 14 frames: only with the entries' */
+    cr_expect_eq(pd_wait(p), 0, "its exit code names the check");
+    cr_expect_lt(figures(d.path).shared_entries, NB, "entries went for it");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(prefix_pool, local_entries_reclaimed_give_their_frames_back_not_reused)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x2b, .salt = 8, .ns = 9,
+                                                             .churn = true });
+    /* regression: a lease of a client short by its own limit (the publisher's batch near
+       its device_budget) made kvvmd drop unmapped entries though the pool had room */
+    cr_expect_eq(figures(d.path).shared_entries, NB, "no entry dropped for a client's limit");
+    int rc = run_attacher(d.path, 9, 8, BPT, NB, 0x2b, 0);
+    cr_expect_eq(rc, 0, "the attacher reads the published bytes, not the publisher's later "
+                 "ones (exit %d names the check)", rc);
+    pub_finish(&a, 'c');
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+Test(prefix_pool, stream_mode_bytes_written_after_the_publish_never_seen)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x19, .salt = 7, .ns = 3,
+                                                             .stream = true });
+    cr_expect_eq(run_attacher(d.path, 3, 7, BPT, NB, 0x19, 0), 0,
+                 "the attacher reads the bytes of the publish, not the later ones");
+    pub_finish(&a, 'c');
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* ---- the reclaim order, on the raw protocol: a chain's leaves go first ---- */
+
+static const struct pool_layout raw_lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                            .page_size = PD_GRAN };
+
+static void raw_publish(int fd, uint8_t key, uint64_t id, bool last)
+{
+    struct pool_prefix_publish m = { .lay = raw_lay, .ns = 3, .total = 1, .n = 1,
+                                     .last = last, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_PUBLISH);
+    m.key[0] = key;
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+}
+
+static uint32_t raw_lookup(int fd, unsigned n)
+{
+    struct pool_prefix_keys m = { .lay = raw_lay, .ns = 3, .n = n };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_LOOKUP);
+    for (unsigned i = 0; i < n; i++)
+        m.keys[i][0] = (uint8_t)('a' + i);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_PREFIX_FOUND);
+    return ((const struct pool_prefix_found *)buf)->found;
+}
+
+Test(prefix_pool, reclaim_takes_a_chains_leaves_first)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames */
+    int a = pc_client(d.path, "raw-publisher");
+    uint64_t ids[POOL_BATCH_MAX];
+    int fds[POOL_BATCH_MAX];
+    cr_assert_eq(pc_lease(a, 3, ids, fds, NULL), 3);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    raw_publish(a, 'a', ids[0], false);  /* a chain: a, a+b, a+b+c */
+    raw_publish(a, 'b', ids[1], false);
+    raw_publish(a, 'c', ids[2], true);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_RESULT);
+    cr_expect_eq(((const struct pool_result *)buf)->err, 3, "three entries made");
+    close(a);                           /* its leases go; the entries keep the frames (no
+                                           lookup before: the publish's own order counts) */
+    int ctl = control(d.path);
+    while (pc_info(ctl).n_clients != 0)
+        sched_yield();
+    close(ctl);
+    int b = pc_client(d.path, "raw-needy");
+    struct pool_lease m = { .n = 14, .wait_ms = 5000 };   /* 13 free: one entry must go */
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    int nf = 0;
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    cr_expect_eq(((const struct pool_frames *)buf)->n, 14, "granted after one entry went");
+    cr_expect_eq(raw_lookup(b, 3), 2, "the chain's leaf went first: its root and middle stay");
+    close(b);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
