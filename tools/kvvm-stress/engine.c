@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "stress.h"
 
@@ -1392,6 +1393,27 @@ static void record_step(struct eng *e)
 
 static void cache_drain(struct eng *e);
 
+/* A pool client's final swap-in may lack room that other clients still running their steps
+   hold in LIVE sequences (a take-back cannot make them give those): waits until the pool
+   changes (more free, or fewer clients) and says to try again. 0 without a pool, when this
+   is the pool's last client, or when nothing changed for POOL_DRAIN_WAIT_S seconds. */
+#define POOL_DRAIN_WAIT_S 120
+static int pool_room_changed(struct eng *e)
+{
+    struct kvvm_pool_info a = { .size = sizeof a }, b = { .size = sizeof b };
+    if (!e->o->pool_socket || kvvm_pool_info(e->kv, &a) || !a.connected || a.n_clients <= 1)
+        return 0;
+    for (uint64_t end = now_ns() + POOL_DRAIN_WAIT_S * 1000000000ull; now_ns() < end;) {
+        struct timespec ts = { 0, 20 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+        if (kvvm_pool_info(e->kv, &b) || !b.connected)
+            return 0;
+        if (b.n_clients < a.n_clients || b.free_bytes > a.free_bytes)
+            return 1;
+    }
+    return 0;
+}
+
 static void drain(struct eng *e)
 {
     /* Resident ones first, so their pages make room for the swapped ones. */
@@ -1410,6 +1432,8 @@ static void drain(struct eng *e)
             }
             int err = make_readable(e, q);
             if (err == -ENOMEM && pass == 1 && evict_orphans(e))
+                err = make_readable(e, q);
+            while (err == -ENOMEM && pass == 1 && pool_room_changed(e))
                 err = make_readable(e, q);
             if (err == -ENOMEM && pass == 0) {
                 i++;
