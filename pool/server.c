@@ -36,8 +36,8 @@
 #include "server_int.h"
 #include "vmm/vmm.h"
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
+/* A line on stderr, "kvvmd: " first (server_int.h). */
+void srv_say(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -91,7 +91,7 @@ static int path_claim(const char *path, char *why, size_t len)
     if (unlink(path) != 0 && errno != ENOENT)
         return why_set(why, len, -errno, "cannot remove the stale socket %s: %s", path,
                        strerror(errno));
-    say("replaced the stale socket file %s", path);
+    srv_say("replaced the stale socket file %s", path);
     return 0;
 }
 
@@ -148,7 +148,7 @@ static int device_open(struct pool_srv *s, const struct pool_srv_params *p, char
         size_t margin = (tot / 20 + s->page - 1) / s->page * s->page;
         budget = fr > margin ? fr - margin : 0;
         char a[32], b[32], c[32], d[32];
-        say("budget: %s (the device's free %s minus a margin of %s, 1/20 of its %s)",
+        srv_say("budget: %s (the device's free %s minus a margin of %s, 1/20 of its %s)",
             kfmt_size(budget, a, sizeof a), kfmt_size(fr, b, sizeof b),
             kfmt_size(margin, c, sizeof c), kfmt_size(tot, d, sizeof d));
     }
@@ -318,7 +318,7 @@ static void client_drop(struct pool_srv *s, struct srv_client *c, const char *wh
         pool_fig_gone(&s->figd, &c->k, why != NULL, n);
     srv_share_client_gone(s, c);
     if (c->role == POOL_ROLE_CLIENT || why)
-        say("client %s (pid %d) %s; %zu frame%s back in the pool", c->name[0] ? c->name : "?",
+        srv_say("client %s (pid %d) %s; %zu frame%s back in the pool", c->name[0] ? c->name : "?",
             (int)c->pid, why ? why : "disconnected", n, n == 1 ? "" : "s");
     epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -332,7 +332,7 @@ static void client_accept(struct pool_srv *s)
         int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                say("accept: %s", strerror(errno));
+                srv_say("accept: %s", strerror(errno));
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             return;
@@ -340,7 +340,7 @@ static void client_accept(struct pool_srv *s)
         struct ucred cr;
         socklen_t cl = sizeof cr;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid()) {
-            say("refused a connection of uid %d (this daemon serves uid %d only)",
+            srv_say("refused a connection of uid %d (this daemon serves uid %d only)",
                 cl == sizeof cr ? (int)cr.uid : -1, (int)geteuid());
             close(fd);
             continue;
@@ -354,7 +354,7 @@ static void client_accept(struct pool_srv *s)
             if (n)
                 s->clients = n;
             if (!n || !c) {
-                say("out of memory: refused a connection");
+                srv_say("out of memory: refused a connection");
                 free(c);
                 close(fd);
                 continue;
@@ -430,7 +430,7 @@ static int on_hello(struct pool_srv *s, struct srv_client *c, const struct pool_
     pool_proto_hdr(&w.h, POOL_MSG_WELCOME);
     if (c->role == POOL_ROLE_CLIENT) {
         char a[32];
-        say("client %s (pid %d) connected: reserve %llu, limit %s", c->name, (int)c->pid,
+        srv_say("client %s (pid %d) connected: reserve %llu, limit %s", c->name, (int)c->pid,
             (unsigned long long)c->reserve,
             c->limit ? kfmt_size(c->limit, a, sizeof a) : "the pool");
     }
@@ -581,7 +581,7 @@ static size_t ask_victims(struct pool_srv *s, struct srv_client *a, size_t need)
             client_drop(s, best, "does not read its messages: dropped");
             continue;
         }
-        say("take-back: asked client %s (pid %d) for %u frame%s for %s (pid %d)", best->name,
+        srv_say("take-back: asked client %s (pid %d) for %u frame%s for %s (pid %d)", best->name,
             (int)best->pid, n, n == 1 ? "" : "s", a->name, (int)a->pid);
         asked += n;
     }
@@ -616,7 +616,7 @@ static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
     khist_add(&s->figd.takeback_wait, now - a->pend_t0);
     uint32_t asked = (uint32_t)want;
     if (g < want)
-        say("take-back for %s (pid %d): %zu of %zu frame%s after %llu ms%s", a->name,
+        srv_say("take-back for %s (pid %d): %zu of %zu frame%s after %llu ms%s", a->name,
             (int)a->pid, g, want, want == 1 ? "" : "s",
             (unsigned long long)((now - a->pend_t0) / 1000000u),
             late ? " (its deadline)" : " (no client could give more)");
@@ -713,7 +713,7 @@ static int on_reclaimed(struct pool_srv *s, struct srv_client *c,
         return -EPROTO;
     c->k.frames_given += m->given;
     if (m->seq == c->ask_seq && c->asked) {     /* an older ask's answer: a newer one is due */
-        say("take-back: client %s (pid %d) gave %u frame%s", c->name, (int)c->pid, m->given,
+        srv_say("take-back: client %s (pid %d) gave %u frame%s", c->name, (int)c->pid, m->given,
             m->given == 1 ? "" : "s");
         c->asked = 0;
     }
@@ -784,7 +784,7 @@ static int on_limit(struct pool_srv *s, struct srv_client *c, const struct pool_
                  "more gives back down to it)", m->name,
                  m->bytes ? kfmt_size(m->bytes, a, sizeof a) : "the whole pool", n,
                  n == 1 ? "" : "s");
-        say("%s", r.text);
+        srv_say("%s", r.text);
     }
     return reply(c, &r, NULL, 0);
 }
@@ -915,7 +915,7 @@ int pool_srv_run(struct pool_srv *s)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            say("epoll_wait: %s", strerror(errno));
+            srv_say("epoll_wait: %s", strerror(errno));
             return -errno;
         }
         for (int i = 0; i < n; i++) {

@@ -115,6 +115,9 @@ static inline uint64_t srv_frame_id(const struct pool_srv *s, size_t slot)
     return (uint64_t)s->frames[slot].gen << 32 | (uint64_t)(slot + 1);
 }
 
+/* server.c: a line on stderr, "kvvmd: " first. */
+void srv_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* server_share.c */
 /* Frame slot dies when nothing holds it: its handle released, the slot free. */
 void srv_frame_settle(struct pool_srv *s, size_t slot);

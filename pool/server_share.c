@@ -27,16 +27,6 @@
 
 #include "common/assert.h"
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("kvvmd: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
 
 static int send_msg(struct srv_client *c, const void *m, const int *fds, int nfds)
 {
@@ -51,7 +41,7 @@ void srv_frame_settle(struct pool_srv *s, size_t slot)
     KVVM_ASSERT(s->leased > 0);
     s->leased--;
     if (vmm_phys_release(s->v, f->h))
-        say("a frame's release failed (the driver refused); it stays allocated");
+        srv_say("a frame's release failed (the driver refused); it stays allocated");
     f->live = 0;
     f->h.h = 0;
     f->gen = (f->gen + 1) & 0x7fffffffu;    /* 31 bits: a client tags ids with bit 63 */
@@ -156,7 +146,7 @@ size_t srv_share_reclaim(struct pool_srv *s, size_t need)
         if (best < 0)
             break;
         size_t before = s->leased;
-        say("the pool is short: dropped an unimported export of pid %d (%u frames)",
+        srv_say("the pool is short: dropped an unimported export of pid %d (%u frames)",
             (int)s->recs[best]->from, s->recs[best]->n);
         rec_drop(s, (size_t)best);
         freed += before - s->leased;
@@ -237,7 +227,7 @@ static int export_commit(struct pool_srv *s, struct srv_client *c, struct srv_re
         s->frames[e->slots[i]].nrec++;
     e->serial = ++s->rec_serial;
     s->recs[s->nrecs++] = e;
-    say("client %s (pid %d) exported %u frames (%llu tokens)", c->name, (int)c->pid, e->n,
+    srv_say("client %s (pid %d) exported %u frames (%llu tokens)", c->name, (int)c->pid, e->n,
         (unsigned long long)e->length);
     return exported(c, 0, e->token, "exported");
 }
@@ -377,7 +367,7 @@ int srv_on_import_end(struct pool_srv *s, struct srv_client *c,
         s->recs[k]->claimed = -1;           /* importable again */
         return 0;
     }
-    say("client %s (pid %d) imported an export of pid %d (%u frames)", c->name, (int)c->pid,
+    srv_say("client %s (pid %d) imported an export of pid %d (%u frames)", c->name, (int)c->pid,
         (int)s->recs[k]->from, s->recs[k]->n);
     rec_drop(s, (size_t)k);                 /* spent: the importer's mappings hold them */
     return 0;
