@@ -10,88 +10,15 @@
 #include <stdatomic.h>
 #include "harness.h"
 #include "pool_daemon.h"
+#include "pool_share.h"
 #include "vmm/emu/emu.h"
 
-#define BPT  4096u                      /* bytes per token: 16 tokens per 64 KiB page */
-#define TPP  ((uint64_t)PD_GRAN / BPT)
 #define LEN  (5 * TPP + 7)              /* 5 full pages and a partial one, per region */
-#define NREG 2u
-
-static void cfg(struct kvvm_config *c, const char *path, const char *name, uint64_t bpt)
-{
-    th_config(c, (size_t)PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
-    c->pool_socket = path;
-    c->client_name = name;
-    c->page_size = 0;                   /* the daemon's */
-    c->emu_granule = 0;
-}
-
-static unsigned char pat_at(unsigned char pat, uint32_t reg, size_t i)
-{
-    return (unsigned char)(pat + (size_t)reg * 31 + i * 7 + i / PD_GRAN);
-}
-
-/* Writes the pattern over tokens [0, len) of every region of s. */
-static int fill(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
-{
-    size_t bytes = (size_t)(len * BPT);
-    unsigned char *w = malloc(bytes);
-    int rc = w ? 0 : -ENOMEM;
-    for (uint32_t r = 0; !rc && r < NREG; r++) {
-        for (size_t i = 0; i < bytes; i++)
-            w[i] = pat_at(pat, r, i);
-        rc = kvvm_seq_write(kv, s, r, 0, w, bytes);
-    }
-    free(w);
-    return rc;
-}
-
-/* 0 when every byte of tokens [0, len) of every region is the pattern's. */
-static int check(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
-{
-    size_t bytes = (size_t)(len * BPT);
-    unsigned char *b = malloc(bytes);
-    int bad = b ? 0 : 1;
-    for (uint32_t r = 0; !bad && r < NREG; r++) {
-        if (kvvm_seq_read(kv, s, r, 0, b, bytes))
-            bad = 2;
-        for (size_t i = 0; !bad && i < bytes; i++)
-            bad = b[i] != pat_at(pat, r, i) ? 3 : 0;
-    }
-    free(b);
-    return bad;
-}
-
-static uint64_t stat_of(kvvm *kv, size_t off)
-{
-    struct kvvm_stats st = { .size = sizeof st };
-    if (kvvm_stats(kv, &st))
-        return UINT64_MAX;
-    uint64_t v;
-    memcpy(&v, (const char *)&st + off, sizeof v);
-    return v;
-}
-#define STAT(kv, f) stat_of((kv), offsetof(struct kvvm_stats, f))
 
 static uint64_t held(kvvm *kv)
 {
     struct kvvm_pool_info pi = { .size = sizeof pi };
     return kvvm_pool_info(kv, &pi) ? UINT64_MAX : pi.held_bytes;
-}
-
-static void put_byte(int fd, int v)
-{
-    char x = (char)v;
-    if (write(fd, &x, 1) != 1)
-        _exit(90);
-}
-
-static char get_byte(int fd)
-{
-    char x = 0;
-    if (read(fd, &x, 1) != 1)
-        x = 0;
-    return x;
 }
 
 /* ---- the exporter: a process that makes a sequence, exports it ntok times, sends each
@@ -240,14 +167,6 @@ static pid_t imp_start(const char *path, const kvvm_handoff *t, unsigned char pa
     if (pid == 0)
         _exit(importer(path, t, pat, wpat));
     return pid;
-}
-
-static int control(const char *path)
-{
-    int ctl = pc_connect(path);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    cr_assert_eq(pc_hello(ctl, POOL_ROLE_CONTROL, "test", 0, 0, buf), POOL_MSG_WELCOME);
-    return ctl;
 }
 
 /* Polls (each INFO a round trip, no sleep) until the pool is whole and clientless: every

@@ -9,65 +9,9 @@
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"
+#include "pool_share.h"
 
-#define BPT  4096u                      /* bytes per token: 16 tokens per 64 KiB page */
-#define TPP  ((uint64_t)PD_GRAN / BPT)
 #define NB   4u                         /* blocks published */
-#define NREG 2u
-
-static void cfg(struct kvvm_config *c, const char *path, const char *name, uint64_t bpt)
-{
-    th_config(c, (size_t)PD_GRAN, NREG, bpt, 4, 1024, 48, 0, 0);
-    c->pool_socket = path;
-    c->client_name = name;
-    c->page_size = 0;                   /* the daemon's */
-    c->emu_granule = 0;
-}
-
-static unsigned char pat_at(unsigned char pat, uint32_t reg, size_t i)
-{
-    return (unsigned char)(pat + (size_t)reg * 31 + i * 7 + i / PD_GRAN);
-}
-
-static int fill(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
-{
-    size_t bytes = (size_t)(len * BPT);
-    unsigned char *w = malloc(bytes);
-    int rc = w ? 0 : -ENOMEM;
-    for (uint32_t r = 0; !rc && r < NREG; r++) {
-        for (size_t i = 0; i < bytes; i++)
-            w[i] = pat_at(pat, r, i);
-        rc = kvvm_seq_write(kv, s, r, 0, w, bytes);
-    }
-    free(w);
-    return rc;
-}
-
-static int check(kvvm *kv, kvvm_seq s, uint64_t len, unsigned char pat)
-{
-    size_t bytes = (size_t)(len * BPT);
-    unsigned char *b = malloc(bytes);
-    int bad = b ? 0 : 1;
-    for (uint32_t r = 0; !bad && r < NREG; r++) {
-        if (kvvm_seq_read(kv, s, r, 0, b, bytes))
-            bad = 2;
-        for (size_t i = 0; !bad && i < bytes; i++)
-            bad = b[i] != pat_at(pat, r, i) ? 3 : 0;
-    }
-    free(b);
-    return bad;
-}
-
-static uint64_t stat_of(kvvm *kv, size_t off)
-{
-    struct kvvm_stats st = { .size = sizeof st };
-    if (kvvm_stats(kv, &st))
-        return UINT64_MAX;
-    uint64_t v;
-    memcpy(&v, (const char *)&st + off, sizeof v);
-    return v;
-}
-#define STAT(kv, f) stat_of((kv), offsetof(struct kvvm_stats, f))
 
 static void keys_of(kvvm_key *k, unsigned char salt)
 {
@@ -77,21 +21,6 @@ static void keys_of(kvvm_key *k, unsigned char salt)
         k[i].bytes[1] = (uint8_t)i;
         k[i].bytes[2] = salt;
     }
-}
-
-static void put_byte(int fd, int v)
-{
-    char x = (char)v;
-    if (write(fd, &x, 1) != 1)
-        _exit(90);
-}
-
-static char get_byte(int fd)
-{
-    char x = 0;
-    if (read(fd, &x, 1) != 1)
-        x = 0;
-    return x;
 }
 
 /* ---- the publisher: publishes NB blocks of pat under ns (salt: its keys), says 'p' on
@@ -247,14 +176,6 @@ static int run_attacher(const char *path, uint64_t ns, unsigned char salt, uint6
     if (pid == 0)
         _exit(attacher(path, ns, salt, bpt, expect, pat, wpat));
     return pd_wait(pid);
-}
-
-static int control(const char *path)
-{
-    int ctl = pc_connect(path);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    cr_assert_eq(pc_hello(ctl, POOL_ROLE_CONTROL, "test", 0, 0, buf), POOL_MSG_WELCOME);
-    return ctl;
 }
 
 static struct pool_figures figures(const char *path)
