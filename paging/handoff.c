@@ -25,42 +25,61 @@ static int handoff_ok(struct paging *pg)
     return pg->view.n_ids ? -EOPNOTSUPP : 0;
 }
 
+/* h's sequence for a hand-off or a publish to the pool: -ENOENT, -EOPNOTSUPP (the view),
+   -ESTALE dropped. */
+static int handoff_seq(struct paging *pg, uint64_t h, struct pg_seq **s)
+{
+    int rc = seq_lookup(pg, h, s);
+    if (rc || (rc = handoff_ok(pg)))
+        return rc;
+    return (*s)->dropped ? -ESTALE : 0;
+}
+
+/* The handles of the first nb blocks' pages of resident s, every region, in a malloc'd
+   array: by block (block b's regions together) or by region (region r's blocks together),
+   once the device work written before the call is complete (the engine's, and a
+   prefetch's, which the engine waits for) before anyone else may see it. -EINVAL a block
+   discarded, -EAGAIN a page not on the device, -ENOMEM. */
+static int collect_frames(struct paging *pg, struct pg_seq *s, uint32_t nb, bool by_block,
+                          vmm_handle **out)
+{
+    int rc;
+    if ((rc = seq_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
+        return rc;
+    uint32_t nr = pg->p.n_regions;
+    vmm_handle *hs = malloc((size_t)nr * nb * sizeof *hs);
+    if (!hs)
+        return -ENOMEM;
+    for (uint32_t b = 0; b < nb; b++)
+        for (uint32_t r = 0; r < nr; r++) {
+            pg_page_id id = pg_bt(pg, s, r)[b];
+            rc = pg_page_is_none(id) ? -EINVAL
+                 : page_at(pg, id)->tier != PG_TIER_DEVICE ? -EAGAIN : 0;
+            if (rc) {
+                free(hs);
+                return rc;
+            }
+            hs[by_block ? (size_t)b * nr + r : (size_t)r * nb + b] = page_handle(pg, id);
+        }
+    *out = hs;
+    return 0;
+}
+
 int paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
                               uint64_t *length)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc || (rc = handoff_ok(pg)))
+    int rc = handoff_seq(pg, h, &s);
+    if (rc)
         return rc;
-    if (s->dropped)
-        return -ESTALE;
     if (s->out)
         return -EAGAIN;
-    uint32_t nr = pg->p.n_regions, np = s->n_pages;
+    uint32_t np = s->n_pages;
     if (!np)
         return -ENODATA;
-    /* the device work written before the call is complete before anyone else may see it:
-       the engine's (and a prefetch's, which the engine waits for) */
-    if ((rc = seq_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
+    if ((rc = collect_frames(pg, s, np, false, out)))
         return rc;
-    vmm_handle *hs = malloc((size_t)nr * np * sizeof *hs);
-    if (!hs)
-        return -ENOMEM;
-    for (uint32_t r = 0; r < nr; r++)
-        for (uint32_t i = 0; i < np; i++) {
-            pg_page_id id = pg_bt(pg, s, r)[i];
-            if (pg_page_is_none(id)) {
-                free(hs);
-                return -EINVAL;                 /* discarded */
-            }
-            if (page_at(pg, id)->tier != PG_TIER_DEVICE) {
-                free(hs);
-                return -EAGAIN;
-            }
-            hs[(size_t)r * np + i] = page_handle(pg, id);
-        }
-    *out = hs;
-    *n = nr * np;
+    *n = pg->p.n_regions * np;
     *length = s->length;
     return 0;
 }
@@ -79,11 +98,9 @@ int paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint3
                       uint64_t length, bool *was_out)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc || (rc = handoff_ok(pg)))
+    int rc = handoff_seq(pg, h, &s);
+    if (rc)
         return rc;
-    if (s->dropped)
-        return -ESTALE;
     *was_out = s->out;
     if (s->length)
         return -EINVAL;
@@ -124,35 +141,14 @@ int paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint3
 int paging_seq_block_frames(struct paging *pg, uint64_t h, uint32_t nb, vmm_handle **out)
 {
     struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (rc || (rc = handoff_ok(pg)))
+    int rc = handoff_seq(pg, h, &s);
+    if (rc)
         return rc;
-    if (s->dropped)
-        return -ESTALE;
     if (s->out)
         return -EAGAIN;
-    uint32_t nr = pg->p.n_regions;
     if (!nb || nb > s->n_pages)
         return -EINVAL;
-    /* the device work written before the call is complete before anyone else may see it */
-    if ((rc = seq_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
-        return rc;
-    vmm_handle *hs = malloc((size_t)nr * nb * sizeof *hs);
-    if (!hs)
-        return -ENOMEM;
-    for (uint32_t b = 0; b < nb; b++)
-        for (uint32_t r = 0; r < nr; r++) {
-            pg_page_id id = pg_bt(pg, s, r)[b];
-            rc = pg_page_is_none(id) ? -EINVAL
-                 : page_at(pg, id)->tier != PG_TIER_DEVICE ? -EAGAIN : 0;
-            if (rc) {
-                free(hs);
-                return rc;
-            }
-            hs[(size_t)b * nr + r] = page_handle(pg, id);
-        }
-    *out = hs;
-    return 0;
+    return collect_frames(pg, s, nb, true, out);
 }
 
 void paging_seq_block_mark(struct paging *pg, uint64_t h, uint32_t nb)
