@@ -122,13 +122,8 @@ int paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint3
     pg->room_gen++;
     for (uint32_t r = 0; r < nr; r++) {
         pg_page_id *bt = pg_bt(pg, s, r);
-        for (uint32_t b = 0; b < np; b++) {
-            bt[b] = page_new(pg, pool_adopt_ext(pg, hs[(size_t)r * np + b]));
-            struct pg_page *p = page_at(pg, bt[b]);
-            page_count(pg, p, -1);
-            p->offs = 1;                /* a non-resident holder's reference (it maps nothing) */
-            page_count(pg, p, 1);
-        }
+        for (uint32_t b = 0; b < np; b++)
+            bt[b] = page_new_off(pg, pool_adopt_ext(pg, hs[(size_t)r * np + b]));
         s->kept[r] = 0;
     }
     seq_set_out(pg, s, true);

@@ -173,10 +173,10 @@ struct pg_lower {
    in this header (page_count, seq_set_life ...). */
 
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it
-   through page_new, page_new_host (share.c), page_get, page_put, page_put_off; the counts
-   through page_count (this header, around every change of a page's refs, offs or tier).
-   A descriptor's own fields have their writers: refs [pool.c, hold.c], offs [the swap
-   paths, share.c, hold.c, page_put_off], jobs [tier.c, tier_disk.c], tier [page_set_tier,
+   through page_new, page_new_off (handoff.c), page_new_host (share.c), page_get, page_put,
+   page_put_off; the counts through page_count (this header, around every change of a
+   page's refs, offs or tier). A descriptor's own fields have their writers: refs [pool.c,
+   hold.c], offs [the swap paths, share.c, hold.c, page_put_off, page_new_off], jobs [tier.c, tier_disk.c], tier [page_set_tier,
    from pool.c, tier*.c, orphan.c], frame [page_frame_set / page_frame_drop], slot
    [page_take_slot / page_release_slot], bad, staged [tier_disk.c], mark.. kept [plan.c;
    tier_mark_begin], ents [hold.c] */
@@ -454,6 +454,9 @@ static inline int seq_lookup(struct paging *pg, uint64_t h, struct pg_seq **out)
 
 /* New page descriptor in the device tier holding frame f (refs 1). */
 pg_page_id page_new(struct paging *pg, pg_frame_id frame);
+/* The same, held by one non-resident holder (refs 1, offs 1): an imported sequence's page
+   before the swap-in maps it (handoff.c). */
+pg_page_id page_new_off(struct paging *pg, pg_frame_id frame);
 /* New page descriptor in the host tier holding host slot `slot`, held by one non-resident
    holder (refs 1, offs 1): a non-resident share's copy of a partial page (share.c). A free
    descriptor must exist (the caller checked). */

@@ -692,6 +692,16 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame)
     return id;
 }
 
+pg_page_id page_new_off(struct paging *pg, pg_frame_id frame)
+{
+    pg_page_id id = page_new(pg, frame);
+    struct pg_page *p = page_at(pg, id);
+    page_count(pg, p, -1);
+    p->offs = 1;                        /* a non-resident holder's reference (it maps nothing) */
+    page_count(pg, p, 1);
+    return id;
+}
+
 pg_page_id page_new_host(struct paging *pg, pg_slot slot)
 {
     pg_page_id id = pg->pd.page_free_head;
