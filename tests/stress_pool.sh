@@ -10,8 +10,9 @@
 # dry (calls waited for the daemon, or its figures saw every frame held) so the arbitration was
 # exercised; at the end every frame back in the pool and no client left. Then the same with
 # --pool 2 --pool-socket joining a kvvmd started by the script (waited for by its ready line):
-# the daemon is left running, whole, and exits 0 on SIGTERM. Conditions only: the kill waits
-# for the victim's step count, the end for the clients' exits.
+# the daemon is left running, whole, and exits 0 on SIGTERM. Last, three short runs (8 steps)
+# whose victim must still be killed mid-run. Conditions only: the kill waits for the victim's
+# step count (the victim holds at its kill point), the end for the clients' exits.
 set -u
 bin=${1:?usage: stress_pool.sh path/to/kvvm-stress}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/stress_pool.XXXXXX") || exit 1
@@ -110,4 +111,19 @@ if [ $jrc -ne 0 ]; then
     cat "$dir/join.json" 2>/dev/null; cat "$dir/kvvmd.err"
     exit 1
 fi
+# Regression (victim_ended_before_its_kill): a short run whose victim reaches its end sooner
+# than the coordinator reads its progress; the victim ran on past its kill point and exited 0
+# before the SIGKILL, and the run failed (CI under ASan). It now holds at its kill point until
+# killed, so the kill always lands mid-run, frames held.
+for seed in 1 2 3; do
+    "$bin" --pool 2 --preset tiny --device-budget 16M --oversubscribe 2 --steps 8 --seed $seed \
+           --quiet --spill-dir "$dir" >"$dir/short.out" 2>&1
+    st=$?
+    if [ $st -eq 0 ] && grep -q "stress-1 .*killed (SIGKILL) at step 4 " "$dir/short.out"; then
+        echo "stress_pool: PASS    --steps 8, seed $seed: the victim killed at its kill point (step 4)"
+    else
+        echo "stress_pool: FAIL    --steps 8, seed $seed: exit $st"; cat "$dir/short.out"
+        exit 1
+    fi
+done
 echo "stress_pool: passed"

@@ -1335,6 +1335,23 @@ static void sampled_verify(struct eng *e)
         }
 }
 
+/* --pool's victim (the one client given a progress pipe): reports "STEP SECONDS" every 4 steps
+   and, at its kill point (half its steps, or half its duration: the coordinator's rule),
+   reports it and holds there, its frames held, until the coordinator's SIGKILL (or a stop).
+   So the kill lands mid-run however late a loaded coordinator reads the pipe: a victim that
+   ran on could end its run before the kill (stress_pool failed so in CI under ASan). */
+static void victim_progress(struct eng *e)
+{
+    const struct opts *o = e->o;
+    uint64_t done = e->step + 1;
+    double t = (double)(now_ns() - e->t0) / 1e9;
+    int at_kill = o->steps ? done >= o->steps / 2 : t >= o->duration_s / 2;
+    if (!(e->step % 4) || at_kill)
+        dprintf(o->progress_fd, "%llu %.3f\n", (unsigned long long)done, t);
+    while (at_kill && !stress_stop)
+        usleep(20000);              /* until the SIGKILL: waiting for it, not for a time */
+}
+
 static void record_step(struct eng *e)
 {
     refresh_stats(e);
@@ -1796,9 +1813,8 @@ int stress_run(const struct opts *o, kvvm *kv, struct results *r)
         lat_end(e, LAT_STEP, t1);
         if (err)
             fail(e, "kvvm_step", err, NULL);
-        if (o->progress_fd >= 0 && !(e->step % 4))   /* --pool's coordinator reads it */
-            dprintf(o->progress_fd, "%llu %.3f\n", (unsigned long long)e->step + 1,
-                    (double)(now_ns() - e->t0) / 1e9);
+        if (o->progress_fd >= 0)
+            victim_progress(e);
         if (tty && now_ns() - last_prog > 250000000ull) {
             last_prog = now_ns();
             r->steps = e->step + 1;
