@@ -93,4 +93,33 @@ static inline int control(const char *path)
     return ctl;
 }
 
+/* The raw protocol (a client of the tests' own, tests/pool_daemon.h): one layout (one region),
+   a one-frame prefix entry published in namespace 3 under a one-byte key, and an export of
+   frames it leased (out: the EXPORTED reply, or NULL to leave it unread). */
+static const struct pool_layout raw_lay = { .n_regions = 1, .bytes_per_token = BPT,
+                                            .page_size = PD_GRAN };
+
+static inline void raw_publish(int fd, uint8_t key, uint64_t id, bool last)
+{
+    struct pool_prefix_publish m = { .lay = raw_lay, .ns = 3, .total = 1, .n = 1,
+                                     .last = last, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_PUBLISH);
+    m.key[0] = key;
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+}
+
+static inline void raw_export(int fd, const uint64_t *ids, uint32_t n, struct pool_exported *out)
+{
+    struct pool_export m = { .total = n, .off = 0, .n = n, .length = 16 * n,
+                             .lay = raw_lay };
+    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
+    memcpy(m.ids, ids, n * sizeof *ids);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    if (out) {
+        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+        cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_EXPORTED);
+        memcpy(out, buf, sizeof *out);
+    }
+}
+
 #endif

@@ -489,21 +489,6 @@ Test(handoff, export_waits_for_the_engines_earlier_work)
 /* ---- the protocol, raw: a client cannot export a frame it neither leased nor maps, nor
    end an import it did not start; either drops only that client. A raw export and import
    hand the frames over (descriptors of the same allocation). */
-static void raw_export(int fd, const uint64_t *ids, uint32_t n, struct pool_exported *out)
-{
-    struct pool_export m = { .total = n, .off = 0, .n = n, .length = 16 * n,
-                             .lay = { .n_regions = 1, .bytes_per_token = BPT,
-                                      .page_size = PD_GRAN } };
-    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
-    memcpy(m.ids, ids, n * sizeof *ids);
-    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
-    if (out) {
-        _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-        cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_EXPORTED);
-        memcpy(out, buf, sizeof *out);
-    }
-}
-
 Test(handoff, hostile_handoff_messages_drop_only_their_sender)
 {
     TH_DEADLINE(60);

@@ -4,8 +4,8 @@
    and nothing copied (bytes_to_device unchanged, pool_hit_blocks counted), copy on write (a
    write in one process never seen in another), entries surviving their publisher's exit
    and SIGKILL, namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries
-   reclaimed before a take-back, stream mode (bytes written after the publish never seen),
-   and the pool whole again once the entries are dropped and everyone exited. */
+   reclaimed before a take-back and before unimported exports, stream mode (bytes written
+   after the publish never seen), and the pool whole again once the entries are dropped and everyone exited. */
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"
@@ -348,17 +348,6 @@ Test(prefix_pool, stream_mode_bytes_written_after_the_publish_never_seen)
 
 /* ---- the reclaim order, on the raw protocol: a chain's leaves go first ---- */
 
-static const struct pool_layout raw_lay = { .n_regions = 1, .bytes_per_token = BPT,
-                                            .page_size = PD_GRAN };
-
-static void raw_publish(int fd, uint8_t key, uint64_t id, bool last)
-{
-    struct pool_prefix_publish m = { .lay = raw_lay, .ns = 3, .total = 1, .n = 1,
-                                     .last = last, .ids = { id } };
-    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_PUBLISH);
-    m.key[0] = key;
-    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
-}
 
 static uint32_t raw_lookup(int fd, unsigned n)
 {
@@ -405,6 +394,65 @@ Test(prefix_pool, reclaim_takes_a_chains_leaves_first)
         close(fds[i]);
     cr_expect_eq(((const struct pool_frames *)buf)->n, 14, "granted after one entry went");
     cr_expect_eq(raw_lookup(b, 3), 2, "the chain's leaf went first: its root and middle stay");
+    close(b);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* The daemon's order when the pool is short: shared entries no client maps go before
+   unimported exports, though the export here is the older record. */
+Test(prefix_pool, unmapped_entries_go_before_unimported_exports)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames */
+    int a = pc_client(d.path, "raw-sharer");
+    uint64_t ids[POOL_BATCH_MAX];
+    int fds[POOL_BATCH_MAX];
+    cr_assert_eq(pc_lease(a, 2, ids, fds, NULL), 2);
+    close(fds[0]);
+    close(fds[1]);
+    struct pool_exported x;
+    raw_export(a, &ids[1], 1, &x);      /* the export first: the older record */
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    raw_publish(a, 'a', ids[0], true);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_RESULT);
+    cr_expect_eq(((const struct pool_result *)buf)->err, 1, "one entry made");
+    close(a);                           /* its leases go; the entry and the export hold one
+                                           frame each */
+    int ctl = control(d.path);
+    while (pc_info(ctl).n_clients != 0)
+        sched_yield();
+    close(ctl);
+    int b = pc_client(d.path, "raw-needy");
+    struct pool_lease m = { .n = 15, .wait_ms = 5000 };   /* 14 free: one record must go */
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    int nf = 0;
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    cr_expect_eq(((const struct pool_frames *)buf)->n, 15, "granted after one record went");
+    cr_expect_eq(raw_lookup(b, 1), 0, "the unmapped entry went");
+    int c = pc_client(d.path, "raw-importer");
+    struct pool_import im = { .lay = raw_lay };
+    pool_proto_hdr(&im.h, POOL_MSG_IMPORT);
+    memcpy(im.token, x.token, sizeof im.token);
+    cr_assert_eq(pool_proto_send(c, &im, NULL, 0, 0), 0);
+    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    cr_expect_eq(((const struct pool_imported *)buf)->err, 0, "the unimported export stayed: %s",
+                 ((const struct pool_imported *)buf)->text);
+    if (((const struct pool_imported *)buf)->err == 0) {
+        cr_assert_eq(pc_recv(c, buf, fds, &nf), POOL_MSG_FRAMES);
+        for (int i = 0; i < nf; i++)
+            close(fds[i]);
+        struct pool_import_end ie = { .ok = 1 };
+        pool_proto_hdr(&ie.h, POOL_MSG_IMPORT_END);
+        memcpy(ie.token, x.token, sizeof ie.token);
+        cr_assert_eq(pool_proto_send(c, &ie, NULL, 0, 0), 0);   /* spent */
+    }
+    close(c);
     close(b);
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
