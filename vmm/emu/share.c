@@ -6,10 +6,17 @@
  *
  * Design: a handle created with the POSIX file-descriptor type has a memfd of its own, named
  * "kvvm-emu-share:GRANULE" (the exporting device's granule, which an importer checks), so a
- * descriptor of it gives exactly that allocation and nothing else of the device. An export
+ * descriptor of it gives exactly that allocation and nothing else of the device. Its mode
+ * says the same for the import's fstat (which it makes anyway, for the size): the sticky
+ * bit and owner read-write mark an export, the group and other bits hold log2 of the
+ * granule, so an import reads no name (a readlink of /proc/self/fd/N per frame, a third
+ * of an import's cost) unless the granule is not a power of two. An export
  * is a new descriptor of that memfd; an import, in this or another process, opens the memfd
- * anew (/proc/self/fd/N: an open file description of its own), takes a shared flock on it
- * and maps it. The kernel keeps the memory while any descriptor or mapping remains, as the
+ * anew (/proc/self/fd/N: an open file description of its own) and takes a shared flock on
+ * it. A shareable or imported handle's view (the emulator's own mapping, through which
+ * copies read and write) is made by the first copy that needs it, never at create or
+ * import: the daemon never copies, and an attach or import only maps into a window, so
+ * neither pays an mmap and a munmap per frame. The kernel keeps the memory while any descriptor or mapping remains, as the
  * driver keeps an allocation while an importer holds it; the exporting device's accounting
  * follows the same rule: a released shareable handle whose memfd an importer still holds
  * (the exporter's exclusive non-blocking flock fails) lingers, its granules taken, until a
@@ -27,6 +34,28 @@
 #include <unistd.h>
 
 #define SHARE_PREFIX "kvvm-emu-share:"
+/* An export's mode: the sticky bit and owner read-write mark it, the group and other bits
+   hold log2 of its granule (0: not a power of two below 2^64, the name says it). */
+#define SHARE_MARK (S_ISVTX | S_IRUSR | S_IWUSR)
+
+static mode_t share_mode(size_t gran)
+{
+    unsigned l = gran && !(gran & (gran - 1)) ? (unsigned)__builtin_ctzll(gran) : 0;
+    return SHARE_MARK | (l & 077);
+}
+
+/* The device number of the kernel's internal shmem mount (every memfd's), or 0. */
+static dev_t shm_dev;
+
+static void shm_dev_init(void)
+{
+    int f = memfd_create("kvvm-emu-probe", MFD_CLOEXEC);
+    struct stat st;
+    if (f >= 0 && fstat(f, &st) == 0)
+        shm_dev = st.st_dev;
+    if (f >= 0)
+        close(f);
+}
 
 /* Fills memfd f's first size bytes with EMU_POISON by writing the file (pwritev of one
    poison buffer many times): the kernel allocates and fills its pages, and no mapping of
@@ -64,13 +93,12 @@ static bool poison_fill(int f, size_t size)
     return true;
 }
 
-kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
-                                   unsigned char **mem)
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
 {
     char name[64];
     snprintf(name, sizeof name, SHARE_PREFIX "%zu", d->gran);
     int f = memfd_create(name, MFD_CLOEXEC);
-    if (f < 0 || ftruncate(f, (off_t)size) != 0) {
+    if (f < 0 || ftruncate(f, (off_t)size) != 0 || fchmod(f, share_mode(d->gran)) != 0) {
         klog_error("emulated device %d: a shareable allocation's memfd could not be made: %s",
                    d->ordinal, strerror(errno));
         if (f >= 0)
@@ -83,16 +111,24 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
         close(f);
         return KCU_ERROR_OUT_OF_MEMORY;
     }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
-    if (m == MAP_FAILED) {
-        klog_error("emulated device %d: a shareable allocation's view could not be mapped: "
-                   "%s", d->ordinal, strerror(errno));
-        close(f);
-        return KCU_ERROR_OUT_OF_MEMORY;
-    }
     *fd = f;
-    *mem = m;
     return KCU_SUCCESS;
+}
+
+unsigned char *emu_share_view_locked(struct emu_handle *h)
+{
+    KVVM_ASSERT(h->kind != EMU_H_PLAIN && h->fd >= 0);
+    if (h->mem)
+        return h->mem;
+    void *m = mmap(NULL, h->ngran * h->dev->gran, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_NORESERVE, h->fd, 0);
+    if (m == MAP_FAILED) {
+        klog_error("emulated device %d: a shared allocation's view could not be mapped: %s",
+                   h->dev->ordinal, strerror(errno));
+        return NULL;
+    }
+    h->mem = m;
+    return h->mem;
 }
 
 bool emu_share_held_elsewhere(const struct emu_handle *h)
@@ -160,9 +196,18 @@ out:
     return emu_leave(r);
 }
 
-/* The granule an emulated export's memfd was made with (its name), or 0: not one. */
-static size_t export_granule(int fd)
+/* The granule an emulated export's memfd was made with, or 0: not one. Its mode marks it
+   and holds the granule (st, the import's fstat: no other system call); only a granule
+   that is not a power of two is read from its name (/proc/self/fd/N). */
+static size_t export_granule(int fd, const struct stat *st)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, shm_dev_init);
+    if (!S_ISREG(st->st_mode) || !shm_dev || st->st_dev != shm_dev ||
+        (st->st_mode & 07700) != SHARE_MARK)
+        return 0;                   /* not a memfd, or not one of the emulator's exports */
+    if (st->st_mode & 077)
+        return (size_t)1 << (st->st_mode & 077);
     char path[64], name[256];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(path, name, sizeof name - 1);
@@ -214,9 +259,8 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         r = KCU_ERROR_NOT_SUPPORTED;
         goto out;
     }
-    size_t gran = fd < 0 ? 0 : export_granule(fd);
-    if (!gran || gran != d->gran || fstat(fd, &st) != 0 || st.st_size <= 0 ||
-        (size_t)st.st_size % gran) {
+    size_t gran = fd < 0 || fstat(fd, &st) != 0 ? 0 : export_granule(fd, &st);
+    if (!gran || gran != d->gran || st.st_size <= 0 || (size_t)st.st_size % gran) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
@@ -225,14 +269,10 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
-    if (m == MAP_FAILED) {
-        close(f);
-        r = KCU_ERROR_OUT_OF_MEMORY;
-        goto out;
-    }
+    /* no view until a copy needs one (emu_share_view_locked): a mapping into a window is
+       made from the memfd itself, and most imports are only mapped */
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen,
-                                             .ngran = size / d->gran, .fd = f, .mem = m,
+                                             .ngran = size / d->gran, .fd = f,
                                              .kind = EMU_H_IMPORTED };
     d->c.imported++;
     d->c.imported_bytes += size;
