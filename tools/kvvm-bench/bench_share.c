@@ -11,7 +11,10 @@
  *    blocks attached from a file:// store by a context with the store and no pool (every
  *    block read, checked and copied to the device, + kvvm_sync): the factor the pool saves;
  *  - a lookup that misses locally and asks the daemon (64 keys per call, one round trip),
- *    per key, against a lookup that hits B's own index, per key.
+ *    per key, against a lookup that hits B's own index, per key;
+ *  - the system calls of the attaching thread in one attach of 64 blocks from the pool
+ *    (bench_syscalls: a forked child with a client of its own), against the same attach
+ *    again from its own index: the per-frame work an import adds, counted, not timed.
  *
  * Every trial attaches a set of keys not attached before (sets: the same tokens under keys
  * of distinct salts, each set published by A from a sequence of its own, so each set's
@@ -191,6 +194,50 @@ static int rows_attach(struct bench_ctx *b, struct side *p, struct side *f)
     return rc;
 }
 
+/* System calls of the attaching thread (bench_syscalls: in a forked child with a client of
+   its own): one attach of set `set` from the pool (segment 0), then the same set again from
+   its own index (segment 1), after an uncounted warm-up attach of set `warm`. */
+struct sys_arg {
+    const struct kvvm_config *base;
+    const char *sock;
+    uint32_t tpb;
+    int warm, set;
+};
+
+static int sys_child(void *arg)
+{
+    const struct sys_arg *a = arg;
+    struct side sd = { .tpb = a->tpb };
+    double w;
+    int rc = open_ctx(NULL, a->base, a->sock, NULL, &sd.kv);
+    if (rc)
+        return rc;
+    rc = attach_set(&sd, a->warm, &w);
+    bench_syscall_mark(0);
+    if (!rc)
+        rc = attach_set(&sd, a->set, &w);
+    bench_syscall_mark(1);
+    if (!rc)
+        rc = attach_set(&sd, a->set, &w);
+    bench_syscall_mark(-1);
+    kvvm_close(sd.kv);
+    return rc;
+}
+
+static int row_syscalls(struct bench_ctx *b, const struct sys_arg *a)
+{
+    uint64_t n[2] = { 0, 0 };
+    int rc = bench_syscalls(sys_child, (void *)a, n, 2);
+    if (rc == -EPERM || rc == -ECHILD) {
+        printf("%-8s system calls per attach: not counted (tracing refused here)\n", G);
+        return 0;
+    }
+    if (!rc)
+        bench_report(b, G, "system calls per attach of 64 blocks from the pool", (double)n[0],
+                     (double)n[1], "the same from its own index", "calls", 1);
+    return rc;
+}
+
 int bench_share_rows(struct bench_ctx *b, const struct kvvm_config *base, const char *sock,
                      kvvm *a, kvvm_seq s)
 {
@@ -227,6 +274,9 @@ int bench_share_rows(struct bench_ctx *b, const struct kvvm_config *base, const 
     if (!rc && !(rc = bench_pairs(b, sample_lookup, &lp, sample_lookup, &ll, &pr)))
         bench_report_pair(b, G, "lookup missing locally, asking the daemon, per key", &pr,
                           "a lookup hitting B's own index", "ns/key", 1);
+    struct sys_arg sa = { .base = base, .sock = sock, .tpb = tpb, .warm = 0, .set = 1 };
+    if (!rc)
+        rc = row_syscalls(b, &sa);
     if (f.kv)
         kvvm_close(f.kv);
     if (p.kv)
