@@ -9,8 +9,8 @@
  * descriptor of it gives exactly that allocation and nothing else of the device. Its mode
  * says the same for the import's fstat (which it makes anyway, for the size): the sticky
  * bit and owner read-write mark an export, the group and other bits hold log2 of the
- * granule, so an import reads no name (a readlink of /proc/self/fd/N per frame, a third
- * of an import's cost) unless the granule is not a power of two. An export
+ * granule, so an import reads no name (a readlink of /proc/self/fd/N per frame was a
+ * third of an import's cost). An export
  * is a new descriptor of that memfd; an import, in this or another process, opens the memfd
  * anew (/proc/self/fd/N: an open file description of its own) and takes a shared flock on
  * it. A shareable or imported handle's view (the emulator's own mapping, through which
@@ -35,13 +35,13 @@
 
 #define SHARE_PREFIX "kvvm-emu-share:"
 /* An export's mode: the sticky bit and owner read-write mark it, the group and other bits
-   hold log2 of its granule (0: not a power of two below 2^64, the name says it). */
+   hold log2 of its granule (a device's granule is a power of two, 4 KiB .. 2 MiB). */
 #define SHARE_MARK (S_ISVTX | S_IRUSR | S_IWUSR)
 
 static mode_t share_mode(size_t gran)
 {
-    unsigned l = gran && !(gran & (gran - 1)) ? (unsigned)__builtin_ctzll(gran) : 0;
-    return SHARE_MARK | (l & 077);
+    KVVM_ASSERT(gran && !(gran & (gran - 1)));
+    return SHARE_MARK | ((unsigned)__builtin_ctzll(gran) & 077);
 }
 
 /* The device number of the kernel's internal shmem mount (every memfd's), or 0. */
@@ -197,29 +197,15 @@ out:
 }
 
 /* The granule an emulated export's memfd was made with, or 0: not one. Its mode marks it
-   and holds the granule (st, the import's fstat: no other system call); only a granule
-   that is not a power of two is read from its name (/proc/self/fd/N). */
-static size_t export_granule(int fd, const struct stat *st)
+   and holds the granule (st: the import's fstat, no other system call). */
+static size_t export_granule(const struct stat *st)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     (void)pthread_once(&once, shm_dev_init);
     if (!S_ISREG(st->st_mode) || !shm_dev || st->st_dev != shm_dev ||
-        (st->st_mode & 07700) != SHARE_MARK)
+        (st->st_mode & 07700) != SHARE_MARK || !(st->st_mode & 077))
         return 0;                   /* not a memfd, or not one of the emulator's exports */
-    if (st->st_mode & 077)
-        return (size_t)1 << (st->st_mode & 077);
-    char path[64], name[256];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(path, name, sizeof name - 1);
-    if (n <= 0)
-        return 0;
-    name[n] = 0;
-    const char *p = strstr(name, SHARE_PREFIX);
-    if (strncmp(name, "/memfd:", 7) != 0 || p != name + 7)
-        return 0;
-    char *end;
-    unsigned long long g = strtoull(p + strlen(SHARE_PREFIX), &end, 10);
-    return *end == ' ' || *end == 0 ? (size_t)g : 0;
+    return (size_t)1 << (st->st_mode & 077);
 }
 
 /* Opens the export anew (a description of its own) and takes the import's shared flock. */
@@ -259,7 +245,7 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         r = KCU_ERROR_NOT_SUPPORTED;
         goto out;
     }
-    size_t gran = fd < 0 || fstat(fd, &st) != 0 ? 0 : export_granule(fd, &st);
+    size_t gran = fd < 0 || fstat(fd, &st) != 0 ? 0 : export_granule(&st);
     if (!gran || gran != d->gran || st.st_size <= 0 || (size_t)st.st_size % gran) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
