@@ -419,6 +419,49 @@ Test(share_emu, import_refuses_a_memfd_that_only_has_an_exports_name)
     cr_expect_eq(emu_device_destroy(ord), 0);
 }
 
+/* Regression (the import's mode check): an export's mode held log2 of its granule in the
+   group and other bits, execute bits included (4 KiB: 014, 2 MiB: 025), and a memfd sealed
+   against execution (MFD_NOEXEC_SEAL, which the emulator asks for, or vm.memfd_noexec on
+   some systems) refuses such a mode: creating a shareable allocation of those granules
+   failed. Every granule of the emulator's range exports, imports and maps. */
+Test(share_emu, every_granule_exports_and_imports)
+{
+    TH_DEADLINE(60);
+    const size_t grans[] = { 4 * KiB, 8 * KiB, 64 * KiB, 1 * MiB, 2 * MiB };
+    for (size_t g = 0; g < sizeof grans / sizeof *grans; g++) {
+        size_t gran = grans[g];
+        struct emu_device_params p = { .capacity = 8 * MiB, .granule = gran };
+        int ord;
+        kcu_context ctx;
+        cr_assert_eq(emu_device_create(&p, &ord), 0);
+        A = emu_api();
+        cr_assert_eq(A->cuInit(0), KCU_SUCCESS);
+        cr_assert_eq(A->cuDevicePrimaryCtxRetain(&ctx, ord), KCU_SUCCESS);
+        cr_assert_eq(A->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+        kcu_mem_handle h, in;
+        cr_assert_eq(create_typed(ord, 2 * gran, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                  &h), KCU_SUCCESS, "a shareable allocation, granule %zu", gran);
+        int fd = -1;
+        cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                     KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+        cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                     KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS,
+                     "its import, granule %zu", gran);
+        close(fd);
+        kcu_deviceptr va, vb;
+        unsigned char *w = map_rw(ord, h, 2 * gran, &va), *x = map_rw(ord, in, 2 * gran, &vb);
+        cr_assert(w && x);
+        memset(w, 0x3c, 2 * gran);
+        cr_expect(all(x, 2 * gran, 0x3c), "the same memory, granule %zu", gran);
+        unmap(va, 2 * gran);
+        unmap(vb, 2 * gran);
+        cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+        cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+        cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+        cr_expect_eq(emu_device_destroy(ord), 0);
+    }
+}
+
 Test(share_emu, import_checks_its_descriptor)
 {
     int ord = dev_up(G);

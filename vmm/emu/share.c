@@ -8,16 +8,17 @@
  * "kvvm-emu-share:GRANULE" (the exporting device's granule, which an importer checks), so a
  * descriptor of it gives exactly that allocation and nothing else of the device. Its mode
  * says the same for the import's fstat (which it makes anyway, for the size): the sticky
- * bit and owner read-write mark an export, the group and other bits hold log2 of the
- * granule, so an import reads no name (a readlink of /proc/self/fd/N per frame was a
+ * bit and owner read-write mark an export, the group's and others' read and write bits
+ * hold its granule (share_mode), so an import reads no name (a readlink of /proc/self/fd/N per frame was a
  * third of an import's cost). An export
  * is a new descriptor of that memfd; an import, in this or another process, opens the memfd
  * anew (/proc/self/fd/N: an open file description of its own) and takes a shared flock on
  * it. A shareable or imported handle's view (the emulator's own mapping, through which
  * copies read and write) is made by the first copy that needs it, never at create or
  * import: the daemon never copies, and an attach or import only maps into a window, so
- * neither pays an mmap and a munmap per frame. The kernel keeps the memory while any descriptor or mapping remains, as the
- * driver keeps an allocation while an importer holds it; the exporting device's accounting
+ * neither pays an mmap and a munmap per frame. The kernel keeps the memory while any
+ * descriptor or mapping remains, as the driver keeps an allocation while an importer
+ * holds it; the exporting device's accounting
  * follows the same rule: a released shareable handle whose memfd an importer still holds
  * (the exporter's exclusive non-blocking flock fails) lingers, its granules taken, until a
  * later look (cuMemCreate, cuMemGetInfo, the counters) finds every importer gone.
@@ -34,14 +35,30 @@
 #include <unistd.h>
 
 #define SHARE_PREFIX "kvvm-emu-share:"
-/* An export's mode: the sticky bit and owner read-write mark it, the group and other bits
-   hold log2 of its granule (a device's granule is a power of two, 4 KiB .. 2 MiB). */
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U        /* Linux 6.3 */
+#endif
+/* An export's mode: the sticky bit and owner read-write mark it; the group's and others'
+   read and write bits hold log2 of its granule less 11 (a device's granule is a power of
+   two, 4 KiB .. 2 MiB: 1 .. 10 in 4 bits). Never an execute bit: a memfd sealed against
+   execution (MFD_NOEXEC_SEAL, or vm.memfd_noexec) refuses a mode with one (EPERM). */
 #define SHARE_MARK (S_ISVTX | S_IRUSR | S_IWUSR)
+#define SHARE_GBITS (S_IRGRP | S_IWGRP | S_IROTH | S_IWOTH)
 
 static mode_t share_mode(size_t gran)
 {
-    KVVM_ASSERT(gran && !(gran & (gran - 1)));
-    return SHARE_MARK | ((unsigned)__builtin_ctzll(gran) & 077);
+    KVVM_ASSERT(gran >= 4096 && gran <= (2u << 20) && !(gran & (gran - 1)));
+    unsigned v = (unsigned)__builtin_ctzll(gran) - 11;
+    return SHARE_MARK | (mode_t)((v & 3) << 1) | (mode_t)(((v >> 2) & 3) << 4);
+}
+
+/* The granule share_mode put in mode m, or 0: none. */
+static size_t mode_granule(mode_t m)
+{
+    if ((m & 07777 & ~SHARE_GBITS) != SHARE_MARK)
+        return 0;
+    unsigned v = ((unsigned)(m >> 1) & 3) | (((unsigned)(m >> 4) & 3) << 2);
+    return v >= 1 && v <= 10 ? (size_t)1 << (v + 11) : 0;
 }
 
 /* The device number of the kernel's internal shmem mount (every memfd's), or 0. */
@@ -97,7 +114,11 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
 {
     char name[64];
     snprintf(name, sizeof name, SHARE_PREFIX "%zu", d->gran);
-    int f = memfd_create(name, MFD_CLOEXEC);
+    /* device memory is never executed: sealed so where the kernel can (6.3 and later), as
+       vm.memfd_noexec does to every memfd on some systems */
+    int f = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
+    if (f < 0 && errno == EINVAL)
+        f = memfd_create(name, MFD_CLOEXEC);
     if (f < 0 || ftruncate(f, (off_t)size) != 0 || fchmod(f, share_mode(d->gran)) != 0) {
         klog_error("emulated device %d: a shareable allocation's memfd could not be made: %s",
                    d->ordinal, strerror(errno));
@@ -202,10 +223,9 @@ static size_t export_granule(const struct stat *st)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     (void)pthread_once(&once, shm_dev_init);
-    if (!S_ISREG(st->st_mode) || !shm_dev || st->st_dev != shm_dev ||
-        (st->st_mode & 07700) != SHARE_MARK || !(st->st_mode & 077))
-        return 0;                   /* not a memfd, or not one of the emulator's exports */
-    return (size_t)1 << (st->st_mode & 077);
+    if (!S_ISREG(st->st_mode) || !shm_dev || st->st_dev != shm_dev)
+        return 0;                   /* not a memfd */
+    return mode_granule(st->st_mode);   /* 0: not one of the emulator's exports */
 }
 
 /* Opens the export anew (a description of its own) and takes the import's shared flock. */
