@@ -271,6 +271,25 @@ int srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,
     return result(c, (int32_t)made, "%u new shared entr%s", made, made == 1 ? "y" : "ies");
 }
 
+/* The frames of entries e[0..k), in order, in full FRAMES messages (POOL_BATCH_MAX each,
+   whatever the entries' sizes: one message per entry made an attach of 64 blocks of 2
+   regions 64 messages, each a wake-up and a receive of the client). 0; -errno. */
+static int send_entries(struct pool_srv *s, struct srv_client *c, struct srv_rec *const *e,
+                        uint32_t k)
+{
+    uint32_t batch[POOL_BATCH_MAX], n = 0;
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < k; i++)
+        for (uint32_t j = 0; !rc && j < e[i]->n; j++) {
+            batch[n++] = e[i]->slots[j];
+            if (n == POOL_BATCH_MAX) {
+                rc = srv_send_frames(s, c, batch, n);
+                n = 0;
+            }
+        }
+    return rc || !n ? rc : srv_send_frames(s, c, batch, n);
+}
+
 int srv_on_prefix_keys(struct pool_srv *s, struct srv_client *c,
                        const struct pool_prefix_keys *m, bool attach)
 {
@@ -299,9 +318,7 @@ int srv_on_prefix_keys(struct pool_srv *s, struct srv_client *c,
             s->frames[found[i]->slots[j]].nmap++;
         }
     int rc = pool_proto_send(c->fd, &r, NULL, 0, MSG_DONTWAIT);
-    for (uint32_t i = 0; !rc && attach && i < k; i++)
-        rc = srv_send_frames(s, c, found[i]->slots, found[i]->n);
-    return rc;
+    return rc || !attach ? rc : send_entries(s, c, found, k);
 }
 
 int srv_on_prefix_drop(struct pool_srv *s, struct srv_client *c,

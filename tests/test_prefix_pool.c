@@ -457,3 +457,49 @@ Test(prefix_pool, unmapped_entries_go_before_unimported_exports)
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
+
+/* Regression (issue 35, attach from the pool 4-30x a local attach): the daemon answered an
+   ATTACH with one FRAMES message per entry (an entry's regions), so 64 blocks of 2 regions
+   came in 64 messages, each a wake-up, a poll and a receive of the attaching client. The
+   frames of all the found entries come in full messages now: 4 entries of one frame in one
+   message of 4. */
+Test(prefix_pool, attach_sends_the_entries_frames_in_full_messages)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "1M");                 /* 16 frames */
+    int a = pc_client(d.path, "raw-publisher");
+    uint64_t ids[POOL_BATCH_MAX];
+    int fds[POOL_BATCH_MAX];
+    cr_assert_eq(pc_lease(a, 4, ids, fds, NULL), 4);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    for (int i = 0; i < 4; i++)         /* a chain: a, a+b, a+b+c, a+b+c+d */
+        raw_publish(a, (uint8_t)('a' + i), ids[i], i == 3);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_RESULT);
+    cr_expect_eq(((const struct pool_result *)buf)->err, 4, "four entries made");
+    int b = pc_client(d.path, "raw-attacher");
+    struct pool_prefix_keys m = { .lay = raw_lay, .ns = 3, .n = 4 };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_ATTACH);
+    for (unsigned i = 0; i < 4; i++)
+        m.keys[i][0] = (uint8_t)('a' + i);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    cr_assert_eq(pc_recv(b, buf, NULL, NULL), POOL_MSG_PREFIX_FOUND);
+    const struct pool_prefix_found *r = (const void *)buf;
+    cr_assert_eq(r->found, 4);
+    cr_assert_eq(r->total, 4, "one frame per entry (one region)");
+    int nf = 0;
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    const struct pool_frames *f = (const void *)buf;
+    cr_expect_eq(f->n, 4, "the four entries' frames in one message, not %u per message", f->n);
+    cr_expect_eq(nf, (int)f->n, "a descriptor per frame");
+    for (uint32_t i = 0; i < f->n && i < 4; i++)
+        cr_expect_eq(f->ids[i], ids[i], "in the entries' order");
+    close(b);
+    close(a);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}

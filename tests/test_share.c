@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -341,6 +342,125 @@ Test(share_emu, shareable_create_poisons_without_first_touch_faults)
     cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
 }
 
+
+/* Mappings of emulated shareable memfds in this process (/proc/self/maps): views and
+   windows alike. */
+static int share_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    cr_assert(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, "memfd:kvvm-emu-share:") != NULL;
+    fclose(f);
+    return n;
+}
+
+/* Performance (issue 35, an attach or import per frame): a shareable allocation's create and
+   an import each mapped a view of its memfd (an mmap, and a munmap at release, per frame)
+   that only a copy ever uses; the daemon never copies and an attach only maps into a
+   window. The view is made by the first copy that needs one: none before, and copies
+   through it still read and write the same memory. */
+Test(share_emu, create_and_import_map_no_view_until_a_copy_needs_one)
+{
+    TH_DEADLINE(60);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    int m0 = share_mappings();
+    kcu_mem_handle h, in;
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+    cr_expect_eq(share_mappings(), m0, "a create and an import mapped %d views",
+                 share_mappings() - m0);
+    kcu_deviceptr va, vb;
+    unsigned char *w = map_rw(ord, h, 2 * G, &va), *x = map_rw(ord, in, 2 * G, &vb);
+    cr_assert(w && x);
+    cr_expect_eq(share_mappings(), m0 + 2, "the two windows only");
+    /* copies in through the import's window, out through the exporter's */
+    static unsigned char src[2 * G], out[2 * G];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (unsigned char)(i * 13 + 5);
+    cr_assert_eq(A->cuMemcpyHtoDAsync(vb, src, sizeof src, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemcpyDtoHAsync(out, va, sizeof out, NULL), KCU_SUCCESS);
+    cr_assert_eq(A->cuStreamSynchronize(NULL), KCU_SUCCESS);
+    cr_expect_eq(memcmp(out, src, sizeof src), 0, "a copy through the views: same memory");
+    cr_expect_eq(memcmp(w, src, sizeof src), 0, "and seen through the exporter's window");
+    cr_expect_eq(share_mappings(), m0 + 4, "each copied handle has its view now");
+    unmap(va, 2 * G);
+    unmap(vb, 2 * G);
+    cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    cr_expect_eq(share_mappings(), m0, "the views go with their handles");
+}
+
+/* The import identifies an emulated export by its mode (the fstat it makes for the size),
+   not by reading its name: a memfd that merely carries an export's name is not one. */
+Test(share_emu, import_refuses_a_memfd_that_only_has_an_exports_name)
+{
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    char name[64];
+    snprintf(name, sizeof name, "kvvm-emu-share:%lu", G);
+    int forged = memfd_create(name, MFD_CLOEXEC);
+    cr_assert_geq(forged, 0);
+    cr_assert_eq(ftruncate(forged, (off_t)(2 * G)), 0);
+    kcu_mem_handle in;
+    cr_expect_eq(A->cuMemImportFromShareableHandle(&in, (void *)(uintptr_t)forged,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_ERROR_INVALID_VALUE);
+    close(forged);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* Regression (the import's mode check): an export's mode held log2 of its granule in the
+   group and other bits, execute bits included (4 KiB: 014, 2 MiB: 025), and a memfd sealed
+   against execution (MFD_NOEXEC_SEAL, which the emulator asks for, or vm.memfd_noexec on
+   some systems) refuses such a mode: creating a shareable allocation of those granules
+   failed. Every granule of the emulator's range exports, imports and maps. */
+Test(share_emu, every_granule_exports_and_imports)
+{
+    TH_DEADLINE(60);
+    const size_t grans[] = { 4 * KiB, 8 * KiB, 64 * KiB, 1 * MiB, 2 * MiB };
+    for (size_t g = 0; g < sizeof grans / sizeof *grans; g++) {
+        size_t gran = grans[g];
+        struct emu_device_params p = { .capacity = 8 * MiB, .granule = gran };
+        int ord;
+        kcu_context ctx;
+        cr_assert_eq(emu_device_create(&p, &ord), 0);
+        A = emu_api();
+        cr_assert_eq(A->cuInit(0), KCU_SUCCESS);
+        cr_assert_eq(A->cuDevicePrimaryCtxRetain(&ctx, ord), KCU_SUCCESS);
+        cr_assert_eq(A->cuCtxSetCurrent(ctx), KCU_SUCCESS);
+        kcu_mem_handle h, in;
+        cr_assert_eq(create_typed(ord, 2 * gran, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                  &h), KCU_SUCCESS, "a shareable allocation, granule %zu", gran);
+        int fd = -1;
+        cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                     KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+        cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                     KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS,
+                     "its import, granule %zu", gran);
+        close(fd);
+        kcu_deviceptr va, vb;
+        unsigned char *w = map_rw(ord, h, 2 * gran, &va), *x = map_rw(ord, in, 2 * gran, &vb);
+        cr_assert(w && x);
+        memset(w, 0x3c, 2 * gran);
+        cr_expect(all(x, 2 * gran, 0x3c), "the same memory, granule %zu", gran);
+        unmap(va, 2 * gran);
+        unmap(vb, 2 * gran);
+        cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+        cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+        cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+        cr_expect_eq(emu_device_destroy(ord), 0);
+    }
+}
 
 Test(share_emu, import_checks_its_descriptor)
 {

@@ -94,5 +94,10 @@ int bench_daemon(struct bench_ctx *b) __attribute__((weak));    /* bench_pool.c 
 /* kvvm-bench --pool-hold SOCKET FD (bench_pool.c's death row: a client to kill). */
 int bench_daemon_hold(const char *sock, int fd) __attribute__((weak));
 int bench_handoff(struct bench_ctx *b) __attribute__((weak)); /* bench_handoff.c (hand-off) */
+/* The handoff group's shared prefix index rows (bench_share.c): a (a client of the daemon on
+   sock, opened with base) publishes sequence s's first 64 blocks; 0 or -errno. */
+typedef struct kvvm kvvm;
+int bench_share_rows(struct bench_ctx *b, const struct kvvm_config *base, const char *sock,
+                     kvvm *a, uint64_t s);
 
 #endif

@@ -6,7 +6,10 @@
  *  - export + import of a 16k-token sequence (kvvm_seq_export, then kvvm_seq_import in the
  *    same client: the daemon's round trips, the descriptors, the imports and the mappings)
  *    against kvvm_seq_fork of it (the same pages mapped in a second window, copy on write),
- *    alternated within each trial; the new sequence is freed outside the timed region.
+ *    alternated within each trial; the new sequence is freed outside the timed region;
+ *  - then the shared prefix index's rows on the same daemon (bench_share.c): attach of 64
+ *    blocks from the pool against a local attach and against a file:// store, and a lookup
+ *    that asks the daemon against a local one.
  *
  * The group starts its own kvvmd (the one beside this binary: tools/kvvmd in a build tree,
  * bin/kvvmd installed) on a socket in a temporary directory, emulated unless --backend
@@ -62,11 +65,11 @@ static int daemon_start(struct bench_ctx *b, struct daemon *d)
     int po[2];
     if (pipe2(po, O_CLOEXEC))
         return -errno;
-    const char *cuda[] = { exe, "--socket", d->path, "--backend", "cuda", "--budget", "64M",
+    const char *cuda[] = { exe, "--socket", d->path, "--backend", "cuda", "--budget", "512M",
                            NULL };
     const char *emu[] = { exe, "--socket", d->path, "--backend", "emulated",
-                          "--emu-device-bytes", "256M", "--emu-granule", "64K", "--budget",
-                          "64M", NULL };
+                          "--emu-device-bytes", "1G", "--emu-granule", "64K", "--budget",
+                          "512M", NULL };
     d->pid = fork();
     if (d->pid < 0)
         return -errno;
@@ -156,6 +159,8 @@ int bench_handoff(struct bench_ctx *b)
             bench_report_pair(b, G, "export+import, 16k tokens (256 frames)", &p,
                               "kvvm_seq_fork", "us/op", 1);
     }
+    if (!rc)                            /* the shared prefix index's rows (bench_share.c) */
+        rc = bench_share_rows(b, &c, d.path, r.kv, r.s);
     if (rc)
         fprintf(stderr, "kvvm-bench: handoff: %s (%d)\n", kvvm_last_error(), rc);
     if (r.kv)

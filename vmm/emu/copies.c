@@ -44,7 +44,12 @@ static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t w
         len += rv->gran;
     }
     *run = min_sz(len, want);
-    return emu_handle_mem(h) + e->off * d->gran + in;
+    unsigned char *mem = emu_handle_mem(h);
+    if (!mem) {
+        *why = "no view of a shared allocation could be mapped (out of memory)";
+        return NULL;
+    }
+    return mem + e->off * d->gran + in;
 }
 
 /* True when every byte of [va, va + n) is mapped (any access): copies are refused up front

@@ -150,7 +150,8 @@ struct emu_handle {
     size_t base, ngran;            /* granule range in the device (bitmap; memfd if PLAIN) */
     size_t maps;                   /* live mappings of it */
     int fd;                        /* SHAREABLE, IMPORTED: its own memfd; else unused */
-    unsigned char *mem;            /* SHAREABLE, IMPORTED: a RW view of fd; else unused */
+    unsigned char *mem;            /* SHAREABLE, IMPORTED: a RW view of fd once a copy
+                                      needed one (emu_share_view_locked), or NULL */
 };
 
 struct emu_ent {                   /* one granule of a reservation */
@@ -339,14 +340,17 @@ void emu_handle_maybe_free_locked(size_t slot);
 void emu_handle_free_now_locked(size_t slot);
 /* Where a handle's memory is: its memfd and the offset in it; the emulator's RW view. */
 int emu_handle_fd(const struct emu_handle *h, off_t *off);
-unsigned char *emu_handle_mem(const struct emu_handle *h);
+/* NULL: a shared handle's view could not be mapped (logged). */
+unsigned char *emu_handle_mem(struct emu_handle *h);
 int emu_handle_slot_alloc_locked(size_t *slot);
 
 /* share.c */
-/* A shareable handle's own memfd, filled with EMU_POISON (written, no fault), and view: 0;
-   KCU_ERROR_OUT_OF_MEMORY. */
-kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
-                                   unsigned char **mem);
+/* A shareable handle's own memfd, filled with EMU_POISON (written, no fault; no view):
+   0; KCU_ERROR_OUT_OF_MEMORY. */
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd);
+/* A SHAREABLE or IMPORTED handle's view, mapped on first use and kept until
+   emu_share_close; NULL when it cannot be mapped (logged). */
+unsigned char *emu_share_view_locked(struct emu_handle *h);
 /* True when an importer still holds the released shareable handle h. */
 bool emu_share_held_elsewhere(const struct emu_handle *h);
 /* Closes a SHAREABLE or IMPORTED handle's memfd and view. */

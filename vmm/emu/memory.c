@@ -157,9 +157,10 @@ int emu_handle_fd(const struct emu_handle *h, off_t *off)
     return h->dev->memfd;
 }
 
-unsigned char *emu_handle_mem(const struct emu_handle *h)
+unsigned char *emu_handle_mem(struct emu_handle *h)
 {
-    return h->kind != EMU_H_PLAIN ? h->mem : h->dev->view + h->base * h->dev->gran;
+    return h->kind != EMU_H_PLAIN ? emu_share_view_locked(h)
+                                  : h->dev->view + h->base * h->dev->gran;
 }
 
 void emu_handle_free_now_locked(size_t slot)
@@ -318,23 +319,20 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
         goto out;
     }
     int fd = -1;
-    unsigned char *mem = NULL;
     if (types == KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
-        (r = emu_share_create_locked(d, size, &fd, &mem))) {
+        (r = emu_share_create_locked(d, size, &fd))) {
         range_free_locked(d, base, size / d->gran);
         goto out;
     }
     /* Uninitialized GPU memory: fill with poison through the view. Allocating the pages
        first (one fallocate) is much cheaper than faulting them in one by one. A shareable
        allocation's memfd was filled by emu_share_create_locked (written, not faulted). */
-    if (!mem) {
+    if (fd < 0) {
         (void)fallocate(d->memfd, 0, (off_t)(base * d->gran), (off_t)size);
-        mem = d->view + base * d->gran;
-        memset(mem, EMU_POISON, size);
+        memset(d->view + base * d->gran, EMU_POISON, size);
     }
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen, .base = base,
                                      .ngran = size / d->gran, .fd = fd,
-                                     .mem = fd >= 0 ? mem : NULL,
                                      .kind = fd >= 0 ? EMU_H_SHAREABLE : EMU_H_PLAIN };
     d->c.handles++;
     d->c.handle_bytes += size;

@@ -6,11 +6,19 @@
  *
  * Design: a handle created with the POSIX file-descriptor type has a memfd of its own, named
  * "kvvm-emu-share:GRANULE" (the exporting device's granule, which an importer checks), so a
- * descriptor of it gives exactly that allocation and nothing else of the device. An export
+ * descriptor of it gives exactly that allocation and nothing else of the device. Its mode
+ * says the same for the import's fstat (which it makes anyway, for the size): the sticky
+ * bit and owner read-write mark an export, the group's and others' read and write bits
+ * hold its granule (share_mode), so an import reads no name (a readlink of /proc/self/fd/N per frame was a
+ * third of an import's cost). An export
  * is a new descriptor of that memfd; an import, in this or another process, opens the memfd
- * anew (/proc/self/fd/N: an open file description of its own), takes a shared flock on it
- * and maps it. The kernel keeps the memory while any descriptor or mapping remains, as the
- * driver keeps an allocation while an importer holds it; the exporting device's accounting
+ * anew (/proc/self/fd/N: an open file description of its own) and takes a shared flock on
+ * it. A shareable or imported handle's view (the emulator's own mapping, through which
+ * copies read and write) is made by the first copy that needs it, never at create or
+ * import: the daemon never copies, and an attach or import only maps into a window, so
+ * neither pays an mmap and a munmap per frame. The kernel keeps the memory while any
+ * descriptor or mapping remains, as the driver keeps an allocation while an importer
+ * holds it; the exporting device's accounting
  * follows the same rule: a released shareable handle whose memfd an importer still holds
  * (the exporter's exclusive non-blocking flock fails) lingers, its granules taken, until a
  * later look (cuMemCreate, cuMemGetInfo, the counters) finds every importer gone.
@@ -27,6 +35,44 @@
 #include <unistd.h>
 
 #define SHARE_PREFIX "kvvm-emu-share:"
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U        /* Linux 6.3 */
+#endif
+/* An export's mode: the sticky bit and owner read-write mark it; the group's and others'
+   read and write bits hold log2 of its granule less 11 (a device's granule is a power of
+   two, 4 KiB .. 2 MiB: 1 .. 10 in 4 bits). Never an execute bit: a memfd sealed against
+   execution (MFD_NOEXEC_SEAL, or vm.memfd_noexec) refuses a mode with one (EPERM). */
+#define SHARE_MARK (S_ISVTX | S_IRUSR | S_IWUSR)
+#define SHARE_GBITS (S_IRGRP | S_IWGRP | S_IROTH | S_IWOTH)
+
+static mode_t share_mode(size_t gran)
+{
+    KVVM_ASSERT(gran >= 4096 && gran <= (2u << 20) && !(gran & (gran - 1)));
+    unsigned v = (unsigned)__builtin_ctzll(gran) - 11;
+    return SHARE_MARK | (mode_t)((v & 3) << 1) | (mode_t)(((v >> 2) & 3) << 4);
+}
+
+/* The granule share_mode put in mode m, or 0: none. */
+static size_t mode_granule(mode_t m)
+{
+    if ((m & 07777 & ~SHARE_GBITS) != SHARE_MARK)
+        return 0;
+    unsigned v = ((unsigned)(m >> 1) & 3) | (((unsigned)(m >> 4) & 3) << 2);
+    return v >= 1 && v <= 10 ? (size_t)1 << (v + 11) : 0;
+}
+
+/* The device number of the kernel's internal shmem mount (every memfd's), or 0. */
+static dev_t shm_dev;
+
+static void shm_dev_init(void)
+{
+    int f = memfd_create("kvvm-emu-probe", MFD_CLOEXEC);
+    struct stat st;
+    if (f >= 0 && fstat(f, &st) == 0)
+        shm_dev = st.st_dev;
+    if (f >= 0)
+        close(f);
+}
 
 /* Fills memfd f's first size bytes with EMU_POISON by writing the file (pwritev of one
    poison buffer many times): the kernel allocates and fills its pages, and no mapping of
@@ -64,13 +110,16 @@ static bool poison_fill(int f, size_t size)
     return true;
 }
 
-kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
-                                   unsigned char **mem)
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
 {
     char name[64];
     snprintf(name, sizeof name, SHARE_PREFIX "%zu", d->gran);
-    int f = memfd_create(name, MFD_CLOEXEC);
-    if (f < 0 || ftruncate(f, (off_t)size) != 0) {
+    /* device memory is never executed: sealed so where the kernel can (6.3 and later), as
+       vm.memfd_noexec does to every memfd on some systems */
+    int f = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
+    if (f < 0 && errno == EINVAL)
+        f = memfd_create(name, MFD_CLOEXEC);
+    if (f < 0 || ftruncate(f, (off_t)size) != 0 || fchmod(f, share_mode(d->gran)) != 0) {
         klog_error("emulated device %d: a shareable allocation's memfd could not be made: %s",
                    d->ordinal, strerror(errno));
         if (f >= 0)
@@ -83,16 +132,24 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd,
         close(f);
         return KCU_ERROR_OUT_OF_MEMORY;
     }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
-    if (m == MAP_FAILED) {
-        klog_error("emulated device %d: a shareable allocation's view could not be mapped: "
-                   "%s", d->ordinal, strerror(errno));
-        close(f);
-        return KCU_ERROR_OUT_OF_MEMORY;
-    }
     *fd = f;
-    *mem = m;
     return KCU_SUCCESS;
+}
+
+unsigned char *emu_share_view_locked(struct emu_handle *h)
+{
+    KVVM_ASSERT(h->kind != EMU_H_PLAIN && h->fd >= 0);
+    if (h->mem)
+        return h->mem;
+    void *m = mmap(NULL, h->ngran * h->dev->gran, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_NORESERVE, h->fd, 0);
+    if (m == MAP_FAILED) {
+        klog_error("emulated device %d: a shared allocation's view could not be mapped: %s",
+                   h->dev->ordinal, strerror(errno));
+        return NULL;
+    }
+    h->mem = m;
+    return h->mem;
 }
 
 bool emu_share_held_elsewhere(const struct emu_handle *h)
@@ -160,21 +217,15 @@ out:
     return emu_leave(r);
 }
 
-/* The granule an emulated export's memfd was made with (its name), or 0: not one. */
-static size_t export_granule(int fd)
+/* The granule an emulated export's memfd was made with, or 0: not one. Its mode marks it
+   and holds the granule (st: the import's fstat, no other system call). */
+static size_t export_granule(const struct stat *st)
 {
-    char path[64], name[256];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(path, name, sizeof name - 1);
-    if (n <= 0)
-        return 0;
-    name[n] = 0;
-    const char *p = strstr(name, SHARE_PREFIX);
-    if (strncmp(name, "/memfd:", 7) != 0 || p != name + 7)
-        return 0;
-    char *end;
-    unsigned long long g = strtoull(p + strlen(SHARE_PREFIX), &end, 10);
-    return *end == ' ' || *end == 0 ? (size_t)g : 0;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, shm_dev_init);
+    if (!S_ISREG(st->st_mode) || !shm_dev || st->st_dev != shm_dev)
+        return 0;                   /* not a memfd */
+    return mode_granule(st->st_mode);   /* 0: not one of the emulator's exports */
 }
 
 /* Opens the export anew (a description of its own) and takes the import's shared flock. */
@@ -214,9 +265,8 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         r = KCU_ERROR_NOT_SUPPORTED;
         goto out;
     }
-    size_t gran = fd < 0 ? 0 : export_granule(fd);
-    if (!gran || gran != d->gran || fstat(fd, &st) != 0 || st.st_size <= 0 ||
-        (size_t)st.st_size % gran) {
+    size_t gran = fd < 0 || fstat(fd, &st) != 0 ? 0 : export_granule(&st);
+    if (!gran || gran != d->gran || st.st_size <= 0 || (size_t)st.st_size % gran) {
         r = KCU_ERROR_INVALID_VALUE;
         goto out;
     }
@@ -225,14 +275,10 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
-    if (m == MAP_FAILED) {
-        close(f);
-        r = KCU_ERROR_OUT_OF_MEMORY;
-        goto out;
-    }
+    /* no view until a copy needs one (emu_share_view_locked): a mapping into a window is
+       made from the memfd itself, and most imports are only mapped */
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen,
-                                             .ngran = size / d->gran, .fd = f, .mem = m,
+                                             .ngran = size / d->gran, .fd = f,
                                              .kind = EMU_H_IMPORTED };
     d->c.imported++;
     d->c.imported_bytes += size;
