@@ -195,6 +195,19 @@ int pool_srv_open(const struct pool_srv_params *p, struct pool_srv **out, char *
         unlink(s->path);
         goto out_free;
     }
+    if ((rc = srv_reserve_open(s, p->no_reserve ? 0 : p->reserve_frames ? p->reserve_frames
+                                                                 : POOL_SRV_RESERVE_FRAMES))) {
+        rc = why_set(why, why_len, rc, "the reserve: %s", strerror(-rc));
+        unlink(s->path);
+        goto out_free;
+    }
+    struct epoll_event ev3 = { .events = EPOLLIN, .data.ptr = &s->rsv };
+    if (epoll_ctl(s->efd, EPOLL_CTL_ADD, srv_reserve_fd(s), &ev3)) {
+        rc = why_set(why, why_len, -errno, "epoll_ctl: %s", strerror(errno));
+        srv_reserve_close(s);
+        unlink(s->path);
+        goto out_free;
+    }
     *out = s;
     return 0;
 
@@ -497,12 +510,8 @@ static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t
     KVVM_ASSERT(want <= POOL_BATCH_MAX && asked <= POOL_BATCH_MAX);
     while (n < want) {
         vmm_handle h;
-        if (frame_slot(s, &slots[n]) || vmm_phys_create(s->v, s->page, &h))
+        if (frame_slot(s, &slots[n]) || srv_reserve_take(s, &h, &fds[n]))
             break;                                  /* the device is short: fewer */
-        if (vmm_handle_export(s->v, h, &fds[n])) {
-            (void)vmm_phys_release(s->v, h);
-            break;
-        }
         struct srv_frame *f = &s->frames[slots[n]];
         *f = (struct srv_frame){ .h = h, .gen = f->gen, .owner = c->slot, .live = 1 };
         c->held++;
@@ -887,6 +896,12 @@ static void figures_publish(struct pool_srv *s)
                                .rounds = s->rounds, .d = s->figd,
                                .shared_entries = s->npfx,
                                .shared_bytes = (uint64_t)s->pfx_frames * s->page };
+    struct srv_reserve_counts r;
+    srv_reserve_counts(s, &r);
+    p.ready_frames = r.ready;
+    p.releasing_frames = r.dying;
+    p.made_ahead = r.made_ahead;
+    p.made_at_lease = r.made_inline;
     pool_fig_begin(s->fig);
     for (size_t i = 0; i < s->nclients; i++) {
         const struct srv_client *c = s->clients[i];
@@ -922,6 +937,10 @@ int pool_srv_run(struct pool_srv *s)
             void *p = ev[i].data.ptr;
             if (p == &s->stopfd)
                 return 0;
+            if (p == &s->rsv) {
+                srv_reserve_woken(s);   /* the reserve's figures changed */
+                continue;
+            }
             if (p == &s->lfd) {
                 client_accept(s);
                 continue;
@@ -947,6 +966,7 @@ void pool_srv_close(struct pool_srv *s)
             client_drop(s, s->clients[i], NULL);
     srv_share_close(s);
     KVVM_ASSERT(s->leased == 0);
+    srv_reserve_close(s);
     free(s->clients);
     free(s->frames);
     close(s->lfd);
