@@ -6,8 +6,9 @@
  * before anything reads its fields. State is two tables: frames (slot -> handle, generation,
  * owner; a frame's id names slot and generation, so a stale or forged id names nothing) and
  * clients (slot -> connection; a client's frames are those whose owner is its slot). A
- * lease creates frames and exports them, a return or a disconnect releases them: no frame is
- * ever handed to a second client, so a client that kept a mapping of a returned frame reads
+ * lease takes fresh frames the loop made ahead when idle (server_reserve.c) or creates
+ * them, a return or a disconnect releases them (when idle): no frame is ever handed to a
+ * second client, so a client that kept a mapping of a returned frame reads
  * only its own old bytes (the driver keeps that allocation alive, accounted to this device,
  * until it lets go).
  */
@@ -198,13 +199,6 @@ int pool_srv_open(const struct pool_srv_params *p, struct pool_srv **out, char *
     if ((rc = srv_reserve_open(s, p->no_reserve ? 0 : p->reserve_frames ? p->reserve_frames
                                                                  : POOL_SRV_RESERVE_FRAMES))) {
         rc = why_set(why, why_len, rc, "the reserve: %s", strerror(-rc));
-        unlink(s->path);
-        goto out_free;
-    }
-    struct epoll_event ev3 = { .events = EPOLLIN, .data.ptr = &s->rsv };
-    if (epoll_ctl(s->efd, EPOLL_CTL_ADD, srv_reserve_fd(s), &ev3)) {
-        rc = why_set(why, why_len, -errno, "epoll_ctl: %s", strerror(errno));
-        srv_reserve_close(s);
         unlink(s->path);
         goto out_free;
     }
@@ -926,7 +920,9 @@ int pool_srv_run(struct pool_srv *s)
 {
     for (;;) {
         struct epoll_event ev[64];
-        int n = epoll_wait(s->efd, ev, 64, pool_fig_timeout(s->fig, pending_timeout_ms(s)));
+        bool idle_work = srv_reserve_busy(s);     /* the reserve: when nothing waits */
+        int n = epoll_wait(s->efd, ev, 64, idle_work ? 0 : pool_fig_timeout(s->fig,
+                                                              pending_timeout_ms(s)));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -937,10 +933,6 @@ int pool_srv_run(struct pool_srv *s)
             void *p = ev[i].data.ptr;
             if (p == &s->stopfd)
                 return 0;
-            if (p == &s->rsv) {
-                srv_reserve_woken(s);   /* the reserve's figures changed */
-                continue;
-            }
             if (p == &s->lfd) {
                 client_accept(s);
                 continue;
@@ -952,6 +944,8 @@ int pool_srv_run(struct pool_srv *s)
             if (live)
                 client_serve(s, p);
         }
+        if (n == 0 && idle_work)
+            srv_reserve_work(s);    /* one release or one frame made ahead */
         pending_serve(s);           /* frames given back, answers, deaths, deadlines */
         figures_publish(s);
     }

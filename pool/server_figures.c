@@ -196,7 +196,7 @@ struct fam {
 
 #define H_TB_FRAMES "Frames the daemon asked back (state=\"asked\": take-backs, a limit below " \
     "what was held) and frames given back for those asks (state=\"given\")."
-#define H_MADE "Frames created: ahead, by the daemon's reserve thread (when=\"ahead\"), or " \
+#define H_MADE "Frames created: ahead, by the daemon's reserve (when=\"ahead\"), or " \
     "on a lease's path because none was ready (when=\"at_lease\")."
 #define H_DISC "Client connections that ended: closed by the client (exit, crash, kill: its " \
     "frames come back) or dropped by the daemon (malformed message, not reading its replies)."
@@ -221,7 +221,7 @@ static const struct fam pool_fams[] = {
       "Free frames created ahead (fresh, in no client's hands; part of the free bytes).",
       V_READY },
     { "kvvm_pool_releasing_frames", "gauge", "",
-      "Frames no one holds any more whose release the reserve thread has not made yet.",
+      "Frames no one holds any more whose release the daemon has not made yet.",
       V_RELEASING },
     { "kvvm_pool_frames_created_total", "counter", "when=\"ahead\"", H_MADE, V_MADE_AHEAD },
     { "kvvm_pool_frames_created_total", "counter", "when=\"at_lease\"", H_MADE,

@@ -350,7 +350,7 @@ static bool frame_check_fill(int fd, unsigned char want, unsigned char fill)
     return ok;
 }
 
-/* The reserve (issue 34, giving back): fresh frames the daemon's thread makes ahead live
+/* The reserve (issue 34, giving back): fresh frames the daemon makes ahead when idle live
    inside the pool's capacity and show in the figures. On a device of exactly the pool's 16
    frames the reserve fills it (16 ready, counted free); a lease of the whole pool takes
    them (none made on the lease's path); then rounds of a whole-pool return by one client
