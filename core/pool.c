@@ -87,7 +87,6 @@ static uint32_t core_pool_give(void *arg, uint32_t n)
         return 0;
     }
     paging_feed_quiesce(kv->pg);        /* no frame in the frame pool thread's hands */
-    pool_cli_hold_returns(kv->pool, true);  /* RETURNs of 64 ids, not one per frame */
     uint32_t given = pool_cli_trim(kv->pool), moved = 0;
     if (given < n)
         given += paging_give(kv->pg, n - given);
@@ -101,7 +100,6 @@ static uint32_t core_pool_give(void *arg, uint32_t n)
                       strerror(-rc));
         given += paging_give(kv->pg, n - given);
     }
-    pool_cli_hold_returns(kv->pool, false); /* sent before the answer (RECLAIMED) */
     pthread_mutex_unlock(&kv->lock);
     klog_info("pool: the daemon asked for %u frame%s back: %u given (%u sequence%s moved)", n,
               n == 1 ? "" : "s", given, moved, moved == 1 ? "" : "s");

@@ -142,7 +142,6 @@ void pool_cli_gone_locked(struct pool_cli *c, const char *why)
     close(c->fd);
     c->fd = -1;
     c->ask_n = 0;                   /* the asks of the daemon that went */
-    c->held_ret.n = 0;              /* its ids: nothing to give back to a successor */
     kick_locked(c);
 }
 
@@ -376,41 +375,11 @@ static int lease_locked(struct pool_cli *c, uint32_t need)
     return rc;
 }
 
-/* Sends the ids a give holds back (one RETURN). */
-static void held_flush_locked(struct pool_cli *c)
-{
-    if (!c->held_ret.n || c->fd < 0)
-        return;
-    pool_proto_hdr(&c->held_ret.h, POOL_MSG_RETURN);
-    if (pool_proto_send(c->fd, &c->held_ret, NULL, 0, 0))
-        pool_cli_gone_locked(c, "its socket refused a return");
-    c->held_ret.n = 0;
-}
-
-void pool_cli_hold_returns(struct pool_cli *c, bool on)
-{
-    pthread_mutex_lock(&c->mu);
-    if (!on)
-        held_flush_locked(c);
-    c->hold_returns = on;
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Gives frame id back: at once (one that could not be used; a release), or with the next
-   RETURN of a give that holds them (pool_cli_hold_returns). */
+/* Gives frame id back at once (one that could not be used). */
 void pool_cli_give_back_locked(struct pool_cli *c, uint64_t id)
 {
     if (c->fd < 0 || id == POOL_CLI_FOREIGN)
         return;
-    if (c->hold_returns) {
-        KVVM_ASSERT(c->held_ret.n < POOL_BATCH_MAX);
-        c->held_ret.ids[c->held_ret.n++] = id & ~POOL_CLI_MAPPED;
-        if (!(id & POOL_CLI_MAPPED))
-            c->k.returns++;
-        if (c->held_ret.n == POOL_BATCH_MAX)
-            held_flush_locked(c);
-        return;
-    }
     struct pool_return m = { .n = 1, .ids = { id & ~POOL_CLI_MAPPED } };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
     if (pool_proto_send(c->fd, &m, NULL, 0, 0))

@@ -93,10 +93,6 @@ void pool_cli_wait_hist(struct pool_cli *c, struct khist *out);
 int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
 /* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */
 unsigned pool_cli_trim(struct pool_cli *c);
-/* A give's releases (on: until off) send their frames' ids in RETURNs of up to
-   POOL_BATCH_MAX, the last when it is turned off, instead of one RETURN per frame: the
-   daemon sees them by the time the give answers its ask. */
-void pool_cli_hold_returns(struct pool_cli *c, bool on);
 /* Hand-offs (docs/design.md "Sharing frames between clients"). Frames imported from an
    export are mapped, not leased: pool_cli_release gives up the mapping (RETURN, not counted
    in returns). */

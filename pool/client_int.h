@@ -34,10 +34,6 @@ struct pool_cli {
     uint32_t wait_ms;               /* a call's lease waits this long for a take-back */
     int last_err;                   /* the last lease that got nothing: its FRAMES err */
     bool waiting;                   /* a lease with wait_ms is in flight */
-    /* a give (pool_cli_hold_returns): released frames' ids wait here, sent POOL_BATCH_MAX
-       per RETURN and at its end, not one RETURN each (dropped when the daemon goes) */
-    bool hold_returns;
-    struct pool_return held_ret;
     /* the daemon's asks (RECLAIM), kept for the connection thread: the latest seq and the
        frames asked since the last run took them */
     uint32_t ask_seq, ask_n;
