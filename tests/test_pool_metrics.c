@@ -3,6 +3,8 @@
    client's (client, pid and conn labels, names escaped; two contexts of one name and pid
    are two series), every family with # HELP and # TYPE and documented in docs/api.md, no
    series twice, figures that follow returns, exits, drops and a take-back step by step;
+   the reserve (frames made ahead) inside the pool's capacity, fresh, counted, and none
+   with --reserve-frames 0;
    a malformed address exits 2, one kvvmd cannot listen on exits 1; hostile HTTP clients
    (slowloris past the connection bound, huge headers, garbage, a reader that never reads)
    never stall a pool client that grows and frees meanwhile; the library's kvvm_pool_wait_duration_seconds counts what
@@ -404,6 +406,45 @@ Test(pool_metrics, reserve_inside_the_pool_and_fresh)
     pd_stop(&d);
 }
 
+
+/* --reserve-frames 0: no frame made ahead, every leased frame made on the lease's path and
+   every given-back one released at once (nothing ready, nothing releasing); a malformed
+   value is a usage error (exit 2) naming the option and the value. */
+Test(pool_metrics, reserve_frames_zero_and_malformed)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    static const char *const none[] = { "--reserve-frames", "0", NULL };
+    unsigned port = md_start(&d, "1M", none);
+    int c = pc_client(d.path, "one");
+    uint64_t ids[8];
+    int fds[8];
+    cr_assert_eq(pc_lease(c, 8, ids, fds, NULL), 8);
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+    pc_return(c, ids, 8);
+    char *t = wait_sample(port, "kvvm_pool_frames_returned_total", 8);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"at_lease\"}"), 8);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"ahead\"}"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_ready_frames"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_releasing_frames"), 0);
+    free(t);
+    close(c);
+    pd_stop(&d);
+    static const char *const bad[] = { "x", "-1", "65537", "" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        struct pd b = { 0 };
+        const char *extra[] = { "--reserve-frames", bad[i], NULL };
+        pd_start_at(&b, "/tmp/kvvm-reserve-never-bound", "4M", extra);
+        cr_expect_eq(pd_wait(b.pid), 2, "--reserve-frames '%s': exit 2", bad[i]);
+        char line[512];
+        cr_expect(pd_line(b.err, line, sizeof line));
+        cr_expect(strstr(line, "--reserve-frames") && strstr(line, bad[i]),
+                  "the message names the option and the value: %s", line);
+        close(b.out);
+        close(b.err);
+    }
+}
 
 /* A client that sends something malformed is dropped: counted as dropped, not closed, and
    the frames it held as released at exit. */
