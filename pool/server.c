@@ -6,8 +6,9 @@
  * before anything reads its fields. State is two tables: frames (slot -> handle, generation,
  * owner; a frame's id names slot and generation, so a stale or forged id names nothing) and
  * clients (slot -> connection; a client's frames are those whose owner is its slot). A
- * lease creates frames and exports them, a return or a disconnect releases them: no frame is
- * ever handed to a second client, so a client that kept a mapping of a returned frame reads
+ * lease takes fresh frames the loop made ahead when idle (server_reserve.c) or creates
+ * them, a return or a disconnect releases them (when idle): no frame is ever handed to a
+ * second client, so a client that kept a mapping of a returned frame reads
  * only its own old bytes (the driver keeps that allocation alive, accounted to this device,
  * until it lets go).
  */
@@ -192,6 +193,12 @@ int pool_srv_open(const struct pool_srv_params *p, struct pool_srv **out, char *
     if (epoll_ctl(s->efd, EPOLL_CTL_ADD, s->lfd, &ev) ||
         epoll_ctl(s->efd, EPOLL_CTL_ADD, s->stopfd, &ev2)) {
         rc = why_set(why, why_len, -errno, "epoll_ctl: %s", strerror(errno));
+        unlink(s->path);
+        goto out_free;
+    }
+    if ((rc = srv_reserve_open(s, p->no_reserve ? 0 : p->reserve_frames ? p->reserve_frames
+                                                                 : POOL_SRV_RESERVE_FRAMES))) {
+        rc = why_set(why, why_len, rc, "the reserve: %s", strerror(-rc));
         unlink(s->path);
         goto out_free;
     }
@@ -497,12 +504,8 @@ static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t
     KVVM_ASSERT(want <= POOL_BATCH_MAX && asked <= POOL_BATCH_MAX);
     while (n < want) {
         vmm_handle h;
-        if (frame_slot(s, &slots[n]) || vmm_phys_create(s->v, s->page, &h))
+        if (frame_slot(s, &slots[n]) || srv_reserve_take(s, &h, &fds[n]))
             break;                                  /* the device is short: fewer */
-        if (vmm_handle_export(s->v, h, &fds[n])) {
-            (void)vmm_phys_release(s->v, h);
-            break;
-        }
         struct srv_frame *f = &s->frames[slots[n]];
         *f = (struct srv_frame){ .h = h, .gen = f->gen, .owner = c->slot, .live = 1 };
         c->held++;
@@ -887,6 +890,12 @@ static void figures_publish(struct pool_srv *s)
                                .rounds = s->rounds, .d = s->figd,
                                .shared_entries = s->npfx,
                                .shared_bytes = (uint64_t)s->pfx_frames * s->page };
+    struct srv_reserve_counts r;
+    srv_reserve_counts(s, &r);
+    p.ready_frames = r.ready;
+    p.releasing_frames = r.dying;
+    p.made_ahead = r.made_ahead;
+    p.made_at_lease = r.made_inline;
     pool_fig_begin(s->fig);
     for (size_t i = 0; i < s->nclients; i++) {
         const struct srv_client *c = s->clients[i];
@@ -911,7 +920,9 @@ int pool_srv_run(struct pool_srv *s)
 {
     for (;;) {
         struct epoll_event ev[64];
-        int n = epoll_wait(s->efd, ev, 64, pool_fig_timeout(s->fig, pending_timeout_ms(s)));
+        bool idle_work = srv_reserve_busy(s);     /* the reserve: when nothing waits */
+        int n = epoll_wait(s->efd, ev, 64, idle_work ? 0 : pool_fig_timeout(s->fig,
+                                                              pending_timeout_ms(s)));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -933,6 +944,8 @@ int pool_srv_run(struct pool_srv *s)
             if (live)
                 client_serve(s, p);
         }
+        if (n == 0 && idle_work)
+            srv_reserve_work(s);    /* one release or one frame made ahead */
         pending_serve(s);           /* frames given back, answers, deaths, deadlines */
         figures_publish(s);
     }
@@ -947,6 +960,7 @@ void pool_srv_close(struct pool_srv *s)
             client_drop(s, s->clients[i], NULL);
     srv_share_close(s);
     KVVM_ASSERT(s->leased == 0);
+    srv_reserve_close(s);
     free(s->clients);
     free(s->frames);
     close(s->lfd);

@@ -20,6 +20,7 @@
 #ifndef KVVM_POOL_SERVER_H
 #define KVVM_POOL_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "kvvm.h"
 
@@ -33,7 +34,13 @@ struct pool_srv_params {
     size_t page_size;           /* bytes of a frame; 0: the granule */
     size_t emu_device_bytes;    /* emulated capacity; 0: POOL_SRV_EMU_BYTES */
     size_t emu_granule;         /* emulated granule; 0: 2 MiB */
+    size_t reserve_frames;      /* fresh frames created ahead when the server is idle
+                                   (within the pool's free frames); 0: the default,
+                                   POOL_SRV_RESERVE_FRAMES */
+    bool no_reserve;            /* none: frames created on the lease's path, released at
+                                   once */
 };
+#define POOL_SRV_RESERVE_FRAMES 64
 #define POOL_SRV_EMU_BYTES (1ull << 30)
 
 /* Opens the device and the socket. PATH: refused when a daemon answers there (-EADDRINUSE)

@@ -186,7 +186,8 @@ static bool snap_copy(struct pool_fig *f, struct snap *out)
 enum fv { V_HELD, V_RESERVE, V_LIMIT, V_WAITING, V_LEASED, V_RETURNED, V_AT_EXIT, V_SHORT,
           V_WAITS, V_ASKS, V_ASKED, V_GIVEN,
           V_POOL, V_FREE, V_POOL_HELD, V_RESERVED, V_PAGE, V_CLIENTS, V_CONTROLS, V_ENTRIES,
-          V_SHARED, V_ROUNDS, V_CONNS, V_CLOSED, V_DROPPED };
+          V_SHARED, V_ROUNDS, V_CONNS, V_CLOSED, V_DROPPED, V_READY, V_RELEASING,
+          V_MADE_AHEAD, V_MADE_LEASE };
 
 struct fam {
     const char *name, *type, *labels, *help;
@@ -195,6 +196,8 @@ struct fam {
 
 #define H_TB_FRAMES "Frames the daemon asked back (state=\"asked\": take-backs, a limit below " \
     "what was held) and frames given back for those asks (state=\"given\")."
+#define H_MADE "Frames created: ahead, by the daemon's reserve (when=\"ahead\"), or " \
+    "on a lease's path because none was ready (when=\"at_lease\")."
 #define H_DISC "Client connections that ended: closed by the client (exit, crash, kill: its " \
     "frames come back) or dropped by the daemon (malformed message, not reading its replies)."
 
@@ -214,6 +217,15 @@ static const struct fam pool_fams[] = {
       "Entries of the daemon's shared prefix index.", V_ENTRIES },
     { "kvvm_pool_shared_bytes", "gauge", "",
       "Bytes of frames the shared prefix index holds.", V_SHARED },
+    { "kvvm_pool_ready_frames", "gauge", "",
+      "Free frames created ahead (fresh, in no client's hands; part of the free bytes).",
+      V_READY },
+    { "kvvm_pool_releasing_frames", "gauge", "",
+      "Frames no one holds any more whose release the daemon has not made yet.",
+      V_RELEASING },
+    { "kvvm_pool_frames_created_total", "counter", "when=\"ahead\"", H_MADE, V_MADE_AHEAD },
+    { "kvvm_pool_frames_created_total", "counter", "when=\"at_lease\"", H_MADE,
+      V_MADE_LEASE },
     { "kvvm_pool_frames_leased_total", "counter", "", "Frames leased to clients.", V_LEASED },
     { "kvvm_pool_frames_returned_total", "counter", "",
       "Frames clients gave back (returns, trims, take-backs).", V_RETURNED },
@@ -316,6 +328,10 @@ static uint64_t pool_value(const struct snap *s, const struct pool_fig_counts *a
     case V_CONNS:     return p->d.connections;
     case V_CLOSED:    return p->d.closed;
     case V_DROPPED:   return p->d.dropped;
+    case V_READY:     return p->ready_frames;
+    case V_RELEASING: return p->releasing_frames;
+    case V_MADE_AHEAD: return p->made_ahead;
+    case V_MADE_LEASE: return p->made_at_lease;
     case V_AT_EXIT:   return all->frames_at_exit;
     default:          return counts_value(all, v);
     }

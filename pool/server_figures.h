@@ -70,6 +70,9 @@ struct pool_fig_pool {
     uint64_t shared_entries, shared_bytes;  /* the daemon's shared index, as INFO says */
     uint64_t rounds;                /* take-back rounds started */
     uint32_t n_controls;            /* kvvmctl connections (not clients) now */
+    uint64_t ready_frames;          /* free frames created ahead (the reserve) */
+    uint64_t releasing_frames;      /* dead frames whose release is queued */
+    uint64_t made_ahead, made_at_lease;     /* frames created ahead / on a lease's path */
     struct pool_fig_daemon d;
 };
 

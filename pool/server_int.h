@@ -108,6 +108,7 @@ struct pool_srv {
     struct srv_rec **pbuck;     /* hash chains; nbuck a power of two (0: none yet) */
     size_t nbuck, npfx, pfx_frames;
     struct srv_rec *lru_old, *lru_new;  /* the LRU list's ends */
+    struct srv_reserve *rsv;    /* fresh frames made ahead, releases (server_reserve.c) */
 };
 
 static inline uint64_t srv_frame_id(const struct pool_srv *s, size_t slot)
@@ -148,6 +149,34 @@ int  srv_on_import_end(struct pool_srv *s, struct srv_client *c,
                        const struct pool_import_end *m);
 int  srv_on_handoff_drop(struct pool_srv *s, struct srv_client *c,
                          const struct pool_handoff_drop *m);
+
+/* server_reserve.c: the reserve. Fresh frames created and exported ahead and the release
+   of dead frames, made by the loop when no event waits; the device never holds more frames
+   than the pool (live + ready + releasing <= pool_frames: a full pool has no reserve). */
+struct srv_reserve_counts {
+    uint64_t made_ahead;        /* frames made ahead */
+    uint64_t taken_ready;       /* leased frames that were ready */
+    uint64_t made_inline;       /* leased frames made on the lease's path (none was ready) */
+    uint64_t released_ahead;    /* dead frames released when the loop was idle */
+    uint64_t ready, dying, max; /* now: frames ready, dead frames not released yet; the most
+                                   kept ready (0: none, every release made at once) */
+};
+/* Starts the reserve of at most max frames (0: none). 0; -ENOMEM. */
+int  srv_reserve_open(struct pool_srv *s, size_t max);
+/* Releases every ready and dying frame (before vmm_close). */
+void srv_reserve_close(struct pool_srv *s);
+/* A frame for a lease (s->leased is to grow by one): a ready one, else one made now. Its
+   handle and an exported descriptor (the caller's to close). 0; -errno (the device short). */
+int  srv_reserve_take(struct pool_srv *s, vmm_handle *h, int *fd);
+/* A dead frame's handle (s->leased just dropped by one): released when the loop is idle
+   (at once with no reserve). */
+void srv_reserve_dispose(struct pool_srv *s, vmm_handle h);
+/* The reserve has work (a release, or a frame to make ahead): the loop polls without
+   waiting and calls srv_reserve_work when no event came. */
+bool srv_reserve_busy(const struct pool_srv *s);
+/* One unit of that work: one release, else one frame made ahead. */
+void srv_reserve_work(struct pool_srv *s);
+void srv_reserve_counts(const struct pool_srv *s, struct srv_reserve_counts *out);
 
 /* server_prefix.c: the shared prefix index */
 /* Drops entries no client maps, least recently used first (leaves first), while that frees

@@ -40,8 +40,7 @@ void srv_frame_settle(struct pool_srv *s, size_t slot)
         return;
     KVVM_ASSERT(s->leased > 0);
     s->leased--;
-    if (vmm_phys_release(s->v, f->h))
-        srv_say("a frame's release failed (the driver refused); it stays allocated");
+    srv_reserve_dispose(s, f->h);           /* released off the loop (server_reserve.c) */
     f->live = 0;
     f->h.h = 0;
     f->gen = (f->gen + 1) & 0x7fffffffu;    /* 31 bits: a client tags ids with bit 63 */

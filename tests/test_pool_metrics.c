@@ -3,6 +3,8 @@
    client's (client, pid and conn labels, names escaped; two contexts of one name and pid
    are two series), every family with # HELP and # TYPE and documented in docs/api.md, no
    series twice, figures that follow returns, exits, drops and a take-back step by step;
+   the reserve (frames made ahead) inside the pool's capacity, fresh, counted, and none
+   with --reserve-frames 0;
    a malformed address exits 2, one kvvmd cannot listen on exits 1; hostile HTTP clients
    (slowloris past the connection bound, huge headers, garbage, a reader that never reads)
    never stall a pool client that grows and frees meanwhile; the library's kvvm_pool_wait_duration_seconds counts what
@@ -15,6 +17,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <termios.h>
 #include <time.h>
 #include "harness.h"
@@ -333,6 +336,114 @@ Test(pool_metrics, takeback_counted)
     close(g);
     close(a);
     pd_stop(&d);
+}
+
+/* Frame fd (a leased emulated frame: its memfd) holds only want in every byte; then it is
+   filled with fill (the holder's own bytes). */
+static bool frame_check_fill(int fd, unsigned char want, unsigned char fill)
+{
+    unsigned char *m = mmap(NULL, PD_GRAN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert_neq(m, MAP_FAILED, "mmap of a leased frame: %s", strerror(errno));
+    bool ok = true;
+    for (size_t i = 0; i < PD_GRAN && ok; i++)
+        ok = m[i] == want;
+    memset(m, fill, PD_GRAN);
+    munmap(m, PD_GRAN);
+    return ok;
+}
+
+/* The reserve (issue 34, giving back): fresh frames the daemon makes ahead when idle live
+   inside the pool's capacity and show in the figures. On a device of exactly the pool's 16
+   frames the reserve fills it (16 ready, counted free); a lease of the whole pool takes
+   them (none made on the lease's path); then rounds of a whole-pool return by one client
+   and at once a whole-pool lease by the other each get all 16 frames (a reserve past the
+   pool would make the device refuse a create and the lease come short), every byte of
+   every frame leased the poison of fresh memory, never what the other client wrote into
+   the frames it gave back (a given-back frame is released, never handed on). Returned,
+   the reserve fills the pool again, every release made. */
+Test(pool_metrics, reserve_inside_the_pool_and_fresh)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    static const char *const more[] = { "--emu-device-bytes", "1M", NULL };
+    unsigned port = md_start(&d, "1M", more);
+    char *t = wait_sample(port, "kvvm_pool_ready_frames", 16);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"ahead\"}"), 16);
+    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 16 * GRAN, "ready frames are free");
+    free(t);
+    int c[2] = { pc_client(d.path, "one"), pc_client(d.path, "two") };
+    uint64_t ids[16];
+    int fds[16];
+    cr_assert_eq(pc_lease(c[0], 16, ids, fds, NULL), 16);
+    t = wait_sample(port, "kvvm_pool_ready_frames", 0);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"at_lease\"}"), 0,
+                 "every frame was ready");
+    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 0);
+    free(t);
+    enum { ROUNDS = 12 };
+    for (int round = 0; round <= ROUNDS; round++) {
+        for (int i = 0; i < 16; i++) {
+            cr_expect(frame_check_fill(fds[i], 0xA5, (unsigned char)(0x10 + round)),
+                      "round %d, frame %d: fresh (poison), not the other client's bytes",
+                      round, i);
+            close(fds[i]);
+        }
+        int me = round & 1;
+        pc_return(c[me], ids, 16);
+        (void)pc_info(c[me]);           /* the return is done */
+        if (round < ROUNDS)
+            cr_assert_eq(pc_lease(c[!me], 16, ids, fds, NULL), 16,
+                         "round %d: the whole pool at once", round);
+    }
+    t = wait_sample(port, "kvvm_pool_ready_frames", 16);
+    cr_expect_eq(sample(t, "kvvm_pool_releasing_frames"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_leased_total"), 16 * (ROUNDS + 1));
+    cr_expect_eq(sample(t, "kvvm_pool_leases_short_total"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 16 * GRAN);
+    free(t);
+    close(c[0]);
+    close(c[1]);
+    pd_stop(&d);
+}
+
+
+/* --reserve-frames 0: no frame made ahead, every leased frame made on the lease's path and
+   every given-back one released at once (nothing ready, nothing releasing); a malformed
+   value is a usage error (exit 2) naming the option and the value. */
+Test(pool_metrics, reserve_frames_zero_and_malformed)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    static const char *const none[] = { "--reserve-frames", "0", NULL };
+    unsigned port = md_start(&d, "1M", none);
+    int c = pc_client(d.path, "one");
+    uint64_t ids[8];
+    int fds[8];
+    cr_assert_eq(pc_lease(c, 8, ids, fds, NULL), 8);
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+    pc_return(c, ids, 8);
+    char *t = wait_sample(port, "kvvm_pool_frames_returned_total", 8);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"at_lease\"}"), 8);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"ahead\"}"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_ready_frames"), 0);
+    cr_expect_eq(sample(t, "kvvm_pool_releasing_frames"), 0);
+    free(t);
+    close(c);
+    pd_stop(&d);
+    static const char *const bad[] = { "x", "-1", "65537", "" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        struct pd b = { 0 };
+        const char *extra[] = { "--reserve-frames", bad[i], NULL };
+        pd_start_at(&b, "/tmp/kvvm-reserve-never-bound", "4M", extra);
+        cr_expect_eq(pd_wait(b.pid), 2, "--reserve-frames '%s': exit 2", bad[i]);
+        char line[512];
+        cr_expect(pd_line(b.err, line, sizeof line));
+        cr_expect(strstr(line, "--reserve-frames") && strstr(line, bad[i]),
+                  "the message names the option and the value: %s", line);
+        close(b.out);
+        close(b.err);
+    }
 }
 
 /* A client that sends something malformed is dropped: counted as dropped, not closed, and

@@ -4,7 +4,7 @@
  *
  *   kvvmd --socket PATH [--backend auto|cuda|emulated] [--device N] [--budget BYTES]
  *         [--page-size BYTES] [--emu-device-bytes BYTES] [--emu-granule BYTES]
- *         [--metrics ADDR:PORT]
+ *         [--metrics ADDR:PORT] [--reserve-frames N]
  *
  * --metrics serves GET /metrics (Prometheus text) on that IPv4 address and port only (port
  * 0: a free one), from its own thread (tools/common/httpd.c) reading the server's published
@@ -48,9 +48,10 @@ static void usage(FILE *f)
 {
     fputs("usage: kvvmd --socket PATH [--backend auto|cuda|emulated] [--device N]\n"
           "             [--budget BYTES] [--page-size BYTES] [--emu-device-bytes BYTES]\n"
-          "             [--emu-granule BYTES] [--metrics ADDR:PORT]\n"
+          "             [--emu-granule BYTES] [--metrics ADDR:PORT] [--reserve-frames N]\n"
           "BYTES takes K/M/G suffixes (powers of 1024). --metrics: GET /metrics on that\n"
-          "IPv4 address and port (e.g. 127.0.0.1:9464; port 0: a free one).\n", f);
+          "IPv4 address and port (e.g. 127.0.0.1:9464; port 0: a free one).\n"
+          "--reserve-frames: free frames created ahead when idle (default 64; 0: none).\n", f);
 }
 
 /* BYTES with an optional K/M/G suffix; false when malformed. */
@@ -91,6 +92,7 @@ static int parse(int argc, char **argv, struct pool_srv_params *p, struct metric
         { "emu-device-bytes", required_argument, NULL, 'e' },
         { "emu-granule", required_argument, NULL, 'g' },
         { "metrics", required_argument, NULL, 'm' },
+        { "reserve-frames", required_argument, NULL, 'r' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -117,6 +119,15 @@ static int parse(int argc, char **argv, struct pool_srv_params *p, struct metric
         case 'e': ok = parse_bytes(optarg, &p->emu_device_bytes); break;
         case 'g': ok = parse_bytes(optarg, &p->emu_granule); break;
         case 'm': ok = parse_metrics(optarg, mo); break;
+        case 'r': {
+            char *end;
+            errno = 0;
+            unsigned long v = strtoul(optarg, &end, 10);
+            ok = *optarg >= '0' && *optarg <= '9' && !*end && !errno && v <= 65536;
+            p->reserve_frames = v;
+            p->no_reserve = v == 0;
+            break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }

@@ -1,0 +1,196 @@
+/*
+ * pool/server_reserve.c: the daemon's frame reserve (server_int.h "srv_reserve"): fresh
+ * frames created and exported ahead, and the release of frames that died, made by the
+ * server's loop when it has nothing else to do, off the path of a client that waits for
+ * frames. Design: docs/design.md "The pool daemon" ("The reserve").
+ *
+ * Why: a frame given back is never handed to another client (its old holder may still map
+ * it); the asker gets a fresh one. Creating, poisoning and exporting a frame and releasing
+ * the old one are the daemon's per-frame work of a take-back; here they run in the loop's
+ * idle moments (while the giver is still swapping out and releasing its imports), so the
+ * grant mostly sends descriptors that are ready. No thread: the daemon stays one thread,
+ * whose unmaps need no other CPU's TLB flushed, and a client's message waits behind at
+ * most one unit of this work (one create or one release).
+ *
+ * Counts: live = the daemon's live frames (s->leased, mirrored here: take adds one, dispose
+ * takes one off), ready = fresh frames made ahead (held by no client, free in the pool's
+ * figures), dying = dead frames whose handle is still to be released. The device holds
+ * live + ready + dying frames and never more than the pool (pool_frames): a frame is made
+ * ahead only below it, and a take that must create with no ready frame first releases
+ * dying frames while the sum would pass it. So the reserve lives inside the pool's
+ * capacity: a pool whose frames are all leased has no reserve.
+ */
+#include "server_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/assert.h"
+
+struct srv_ready {
+    vmm_handle h;
+    int fd;                             /* its export (the caller closes after sending) */
+};
+
+struct srv_reserve {
+    struct vmm *v;
+    size_t page, pool, max;
+    size_t live;
+    struct srv_ready *ready;            /* max of them */
+    size_t n_ready;
+    vmm_handle *dying;
+    size_t n_dying, cap_dying;
+    bool failed;                        /* the last create ahead failed: none until a frame
+                                           dies (the device is short) */
+    struct srv_reserve_counts k;
+};
+
+/* A fresh frame: created (the emulator poisons it), exported. 0; -errno. */
+static int frame_make(struct srv_reserve *r, struct srv_ready *out)
+{
+    int rc = vmm_phys_create(r->v, r->page, &out->h);
+    if (rc)
+        return rc;
+    if ((rc = vmm_handle_export(r->v, out->h, &out->fd))) {
+        (void)vmm_phys_release(r->v, out->h);
+        return rc;
+    }
+    return 0;
+}
+
+static void frame_drop(struct srv_reserve *r, vmm_handle h)
+{
+    if (vmm_phys_release(r->v, h))
+        srv_say("a frame's release failed (the driver refused); it stays allocated");
+}
+
+/* Frames on the device now: never more than the pool. */
+static size_t on_device(const struct srv_reserve *r)
+{
+    return r->live + r->n_ready + r->n_dying;
+}
+
+int srv_reserve_open(struct pool_srv *s, size_t max)
+{
+    struct srv_reserve *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    r->v = s->v;
+    r->page = s->page;
+    r->pool = s->pool_frames;
+    r->max = max < r->pool ? max : r->pool;
+    if (r->max && !(r->ready = calloc(r->max, sizeof *r->ready))) {
+        free(r);
+        return -ENOMEM;
+    }
+    s->rsv = r;
+    return 0;
+}
+
+void srv_reserve_close(struct pool_srv *s)
+{
+    struct srv_reserve *r = s->rsv;
+    if (!r)
+        return;
+    while (r->n_dying)
+        frame_drop(r, r->dying[--r->n_dying]);
+    while (r->n_ready) {
+        struct srv_ready *f = &r->ready[--r->n_ready];
+        close(f->fd);
+        frame_drop(r, f->h);
+    }
+    free(r->dying);
+    free(r->ready);
+    free(r);
+    s->rsv = NULL;
+}
+
+int srv_reserve_take(struct pool_srv *s, vmm_handle *h, int *fd)
+{
+    struct srv_reserve *r = s->rsv;
+    KVVM_ASSERT(r->live == s->leased);
+    if (r->n_ready) {
+        struct srv_ready f = r->ready[--r->n_ready];
+        r->live++;
+        r->k.taken_ready++;
+        *h = f.h;
+        *fd = f.fd;
+        return 0;
+    }
+    /* none ready: made here, after releasing what would push the device past the pool */
+    while (r->n_dying && on_device(r) + 1 > r->pool)
+        frame_drop(r, r->dying[--r->n_dying]);
+    KVVM_ASSERT(on_device(r) + 1 <= r->pool);
+    struct srv_ready f;
+    int rc = frame_make(r, &f);
+    if (rc)
+        return rc;
+    r->live++;
+    r->k.made_inline++;
+    *h = f.h;
+    *fd = f.fd;
+    return 0;
+}
+
+/* Room for one more dying handle. 0; -ENOMEM. */
+static int dying_grow(struct srv_reserve *r)
+{
+    if (r->n_dying < r->cap_dying)
+        return 0;
+    size_t cap = r->cap_dying ? 2 * r->cap_dying : 64;
+    vmm_handle *n = realloc(r->dying, cap * sizeof *n);
+    if (!n)
+        return -ENOMEM;
+    r->dying = n;
+    r->cap_dying = cap;
+    return 0;
+}
+
+void srv_reserve_dispose(struct pool_srv *s, vmm_handle h)
+{
+    struct srv_reserve *r = s->rsv;
+    KVVM_ASSERT(r->live > 0 && r->live == s->leased + 1);
+    r->live--;
+    r->failed = false;                      /* the device has a frame less in use */
+    if (r->max && !dying_grow(r))
+        r->dying[r->n_dying++] = h;         /* released when the loop is idle */
+    else
+        frame_drop(r, h);                   /* no reserve (or no memory for the queue) */
+}
+
+bool srv_reserve_busy(const struct pool_srv *s)
+{
+    const struct srv_reserve *r = s->rsv;
+    return r->n_dying || (!r->failed && r->n_ready < r->max && on_device(r) < r->pool);
+}
+
+void srv_reserve_work(struct pool_srv *s)
+{
+    struct srv_reserve *r = s->rsv;
+    if (r->n_dying) {                       /* releases first: they make room */
+        frame_drop(r, r->dying[--r->n_dying]);
+        r->k.released_ahead++;
+        return;
+    }
+    if (!srv_reserve_busy(s))
+        return;
+    struct srv_ready f;
+    if (frame_make(r, &f)) {
+        r->failed = true;                   /* the device is short: a lease creates (and
+                                               fails) on its own until a frame dies */
+        return;
+    }
+    KVVM_ASSERT(r->n_ready < r->max);
+    r->ready[r->n_ready++] = f;
+    r->k.made_ahead++;
+}
+
+void srv_reserve_counts(const struct pool_srv *s, struct srv_reserve_counts *out)
+{
+    const struct srv_reserve *r = s->rsv;
+    *out = r->k;
+    out->ready = r->n_ready;
+    out->dying = r->n_dying;
+    out->max = r->max;
+}
