@@ -11,6 +11,7 @@
    the command, and reports what it saw. Operations, drawn from a seeded generator:
    write (grow, then write a token range: into a shared page it copies on write), free,
    publish (fresh keys, the sequence's full blocks), attach (lookup, attach, check; no copy),
+   drop a prompt (gone from the daemon and the dropper; the local entries of the others stay),
    export, import (spent after; a forged or spent token -ENOENT), drop an export, check a
    sequence, and SIGKILL a worker (idle, or in the middle of a publish or an export), which is
    then replaced by a fresh process. A kill loses that worker's sequences and nothing else:
@@ -35,7 +36,8 @@
 #define NPROMPT 32
 #define NEXP    12
 
-enum { C_WRITE = 1, C_FREE, C_PUBLISH, C_ATTACH, C_EXPORT, C_IMPORT, C_HDROP, C_CHECK, C_EXIT };
+enum { C_WRITE = 1, C_FREE, C_PUBLISH, C_ATTACH, C_EXPORT, C_IMPORT, C_HDROP, C_CHECK, C_DROP,
+       C_EXIT };
 
 struct cmd {
     uint32_t op, slot, a, n, pat, nkeys;
@@ -217,6 +219,9 @@ static void wserve(struct wk *w, const struct cmd *c, struct rep *r)
     case C_HDROP:
         wcall(r, kvvm_handoff_drop(w->kv, &c->tok), "handoff_drop");
         break;
+    case C_DROP:
+        wcall(r, kvvm_prefix_drop(w->kv, c->ns, c->keys, c->nkeys), "prefix_drop");
+        break;
     case C_CHECK:
         wcheck(w, r, c->slot, c->len, c->want);
         break;
@@ -277,6 +282,11 @@ struct mprompt {
     uint64_t ns;
     uint32_t nb;
     bool sure;                          /* false: its publisher was killed during it */
+    bool dropped;                       /* kvvm_prefix_drop'ed: gone from the daemon and from
+                                           the dropper; the others' local entries stay */
+    uint32_t local[NW];                 /* blocks each worker's context holds as its own
+                                           entries (it published or attached them), reset
+                                           when the worker is replaced */
     kvvm_key keys[MAXB];
     uint32_t pat[MAXTOK];
 };
@@ -299,7 +309,7 @@ struct model {
     struct mexport e[NEXP];
     uint32_t next_pat, next_key;
     unsigned long counts[16];
-    unsigned long kills, kills_mid, cow_writes, attached_blocks, imports, forged;
+    unsigned long kills, kills_mid, cow_writes, attached_blocks, imports, forged, drops;
 };
 
 #define FAILIF(m, cond, ...)                                                                 \
@@ -340,6 +350,8 @@ static void spawn(struct model *m, int i)
     }
     close(cp[0]);
     close(rp[1]);
+    for (int pi = 0; pi < NPROMPT; pi++)
+        m->p[pi].local[i] = 0;          /* a new process: no entry of its own */
     w->pid = pid;
     w->cmd = cp[1];
     w->rep = rp[0];
@@ -467,6 +479,37 @@ static void op_publish(struct model *m, int i, bool kill_mid)
     }
     struct rep r = ask(m, i, &c);
     expect_ok(m, i, &r);
+    p->local[i] = p->nb;
+}
+
+/* The blocks an attach of nk keys of p in worker i must find: all of them while the daemon
+   has p, afterwards those worker i holds as its own entries. */
+static uint32_t attach_want(const struct mprompt *p, int i, uint32_t nk)
+{
+    if (!p->dropped)
+        return nk;
+    return p->local[i] < nk ? p->local[i] : nk;
+}
+
+/* Drops a prompt from the daemon (and the dropper's own entries). Workers that attached it
+   keep their mappings and entries; its publisher's sequence, no longer sharing its pages with
+   a local entry, must still copy on write: the daemon's frames stay mapped elsewhere. */
+static void op_drop(struct model *m, int i)
+{
+    if (!m->np)
+        return;
+    int pi = (int)below(m, (uint32_t)m->np);
+    struct mprompt *p = &m->p[pi];
+    if (!p->sure || p->dropped)
+        return;
+    struct cmd c = { .op = C_DROP, .ns = p->ns, .nkeys = p->nb };
+    memcpy(c.keys, p->keys, sizeof c.keys);
+    snprintf(m->what, sizeof m->what, "worker %d: drop prompt %d (%u blocks)", i, pi, p->nb);
+    struct rep r = ask(m, i, &c);
+    expect_ok(m, i, &r);
+    p->dropped = true;
+    p->local[i] = 0;
+    m->drops++;
 }
 
 static void op_attach(struct model *m, int i)
@@ -485,7 +528,7 @@ static void op_attach(struct model *m, int i)
              slot, nk, pi, other_ns ? " in another namespace" : "");
     struct rep r = ask(m, i, &c);
     expect_ok(m, i, &r);
-    uint32_t want = other_ns ? 0 : nk;
+    uint32_t want = other_ns ? 0 : attach_want(p, i, nk);
     FAILIF(m, p->sure ? r.n != want : r.n > want, "%u blocks attached, the model %s%u", r.n,
            p->sure ? "" : "at most ", want);
     FAILIF(m, r.look != r.n, "lookup found %u blocks, attach %u", r.look, r.n);
@@ -497,6 +540,8 @@ static void op_attach(struct model *m, int i)
     s->live = true;
     s->len = r.len;
     memcpy(s->pat, p->pat, sizeof s->pat);
+    if (!other_ns && r.n > p->local[i])
+        p->local[i] = r.n;              /* attached blocks become its own entries too */
     m->attached_blocks += r.n;
 }
 
@@ -602,8 +647,10 @@ static void step(struct model *m)
         op_export(m, i, below(m, 12) == 0);
     else if (k < 88)
         op_import(m, i);
-    else if (k < 91)
+    else if (k < 89)
         op_hdrop(m, i);
+    else if (k < 91)
+        op_drop(m, i);
     else if (k < 97) {
         int slot = pick_live(m, i, 0);
         snprintf(m->what, sizeof m->what, "worker %d slot %d: check", i, slot);
@@ -632,7 +679,11 @@ static void check_all(struct model *m)
         snprintf(m->what, sizeof m->what, "final: prompt %d attached in worker %d", pi, i);
         struct rep r = ask(m, i, &c);
         expect_ok(m, i, &r);
-        FAILIF(m, p->sure ? r.n != p->nb : r.n > p->nb, "%u blocks of %u", r.n, p->nb);
+        uint32_t want = attach_want(p, i, p->nb);
+        FAILIF(m, p->sure ? r.n != want : r.n > want, "%u blocks, the model %s%u", r.n,
+               p->sure ? "" : "at most ", want);
+        if (r.n > p->local[i])
+            p->local[i] = r.n;
         m->w[i].s[0].live = true;
     }
     for (int ei = 0; ei < NEXP; ei++) {
@@ -683,9 +734,10 @@ Test(pool_random, three_processes_every_byte_against_the_model)
         reap(m, i, false);
     }
     printf("pool_random: %d prompts published (%lu blocks attached), %lu imports, %lu forged "
-           "or spent tokens refused, %lu writes over existing tokens, %lu kills (%lu in the "
-           "middle of a publish or an export)\n", m->np, m->attached_blocks, m->imports,
-           m->forged, m->cow_writes, m->kills + m->kills_mid, m->kills_mid);
+           "or spent tokens refused, %lu prompts dropped, %lu writes over existing tokens, %lu "
+           "kills (%lu in the middle of a publish or an export)\n", m->np, m->attached_blocks,
+           m->imports, m->forged, m->drops, m->cow_writes, m->kills + m->kills_mid,
+           m->kills_mid);
     cr_expect_gt(m->attached_blocks, 0);
     cr_expect_gt(m->imports, 0);
     cr_expect_gt(m->kills, 0);
