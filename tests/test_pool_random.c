@@ -744,3 +744,71 @@ Test(pool_random, three_processes_every_byte_against_the_model)
     pd_stop(&d);
     free(m);
 }
+
+/* The publisher drops its entry (from the daemon and its own index) while another client still
+   maps the entry's frames, then writes over the published block: the write must copy on write
+   (the page is shared with the other process though no local entry shares it any more), and
+   the other client keeps reading the published bytes. */
+Test(pool_random, publisher_drops_then_writes_while_another_maps)
+{
+    TH_DEADLINE(120);
+    struct model *m = calloc(1, sizeof *m);
+    cr_assert(m);
+    signal(SIGPIPE, SIG_IGN);
+    struct pd d;
+    pd_start(&d, "8M");
+    m->path = d.path;
+    spawn(m, 0);
+    spawn(m, 1);
+    struct cmd c = { .op = C_WRITE, .slot = 0, .a = 0, .n = 2 * TPP, .pat = 1 };
+    snprintf(m->what, sizeof m->what, "A writes 2 blocks");
+    struct rep r = ask(m, 0, &c);
+    expect_ok(m, 0, &r);
+    struct cmd pub = { .op = C_PUBLISH, .slot = 0, .ns = 1, .nkeys = 2 };
+    memset(pub.keys[0].bytes, 0xa1, sizeof pub.keys[0].bytes);
+    memset(pub.keys[1].bytes, 0xa2, sizeof pub.keys[1].bytes);
+    snprintf(m->what, sizeof m->what, "A publishes them");
+    r = ask(m, 0, &pub);
+    expect_ok(m, 0, &r);
+    struct cmd at = pub;
+    at.op = C_ATTACH;
+    for (uint32_t t = 0; t < 2 * TPP; t++)
+        at.want[t] = 1;
+    snprintf(m->what, sizeof m->what, "B attaches them");
+    r = ask(m, 1, &at);
+    expect_ok(m, 1, &r);
+    FAILIF(m, r.n != 2 || r.copied != 0, "%u blocks, %llu bytes copied", r.n,
+           (unsigned long long)r.copied);
+    struct cmd drop = pub;
+    drop.op = C_DROP;
+    snprintf(m->what, sizeof m->what, "A drops the entry");
+    r = ask(m, 0, &drop);
+    expect_ok(m, 0, &r);
+    c = (struct cmd){ .op = C_WRITE, .slot = 0, .a = 0, .n = TPP, .pat = 2, .len = 2 * TPP };
+    snprintf(m->what, sizeof m->what, "A writes over block 0");
+    r = ask(m, 0, &c);
+    expect_ok(m, 0, &r);
+    struct cmd chk = { .op = C_CHECK, .slot = 0, .len = 2 * TPP };
+    for (uint32_t t = 0; t < 2 * TPP; t++)
+        chk.want[t] = t < TPP ? 2 : 1;
+    snprintf(m->what, sizeof m->what, "A reads its write");
+    r = ask(m, 0, &chk);
+    expect_ok(m, 0, &r);
+    for (uint32_t t = 0; t < 2 * TPP; t++)
+        chk.want[t] = 1;
+    snprintf(m->what, sizeof m->what, "B still reads the published bytes");
+    r = ask(m, 1, &chk);
+    expect_ok(m, 1, &r);
+    at.slot = 1;
+    snprintf(m->what, sizeof m->what, "B attaches again (its own entries)");
+    r = ask(m, 1, &at);
+    expect_ok(m, 1, &r);
+    FAILIF(m, r.n != 2, "%u blocks", r.n);
+    for (int i = 0; i < 2; i++) {
+        struct cmd e = { .op = C_EXIT };
+        send_cmd(m, i, &e);
+        reap(m, i, false);
+    }
+    pd_stop(&d);
+    free(m);
+}
