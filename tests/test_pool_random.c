@@ -284,6 +284,7 @@ struct mprompt {
     bool sure;                          /* false: its publisher was killed during it */
     bool dropped;                       /* kvvm_prefix_drop'ed: gone from the daemon and from
                                            the dropper; the others' local entries stay */
+    int pub, pub_gen;                   /* its publisher and that worker's generation */
     uint32_t local[NW];                 /* blocks each worker's context holds as its own
                                            entries (it published or attached them), reset
                                            when the worker is replaced */
@@ -416,7 +417,7 @@ static void op_write(struct model *m, int i)
     uint32_t slot = below(m, NSLOT);
     struct mseq *s = &m->w[i].s[slot];
     uint64_t len = s->live ? s->len : 0;
-    uint32_t a = below(m, (uint32_t)len + 1), n = 1 + below(m, MAXTOK - a);
+    uint32_t a = below(m, (uint32_t)(len < MAXTOK ? len + 1 : len)), n = 1 + below(m, MAXTOK - a);
     if (n > 3 * TPP)
         n = 1 + below(m, 3 * TPP);
     struct cmd c = { .op = C_WRITE, .slot = slot, .a = a, .n = n, .pat = ++m->next_pat,
@@ -458,6 +459,8 @@ static void op_publish(struct model *m, int i, bool kill_mid)
     p->ns = 1 + below(m, 2);
     p->nb = 1 + below(m, (uint32_t)(s->len / TPP));
     p->sure = !kill_mid;
+    p->pub = i;
+    p->pub_gen = m->w[i].gen;
     struct cmd c = { .op = C_PUBLISH, .slot = (uint32_t)slot, .ns = p->ns, .nkeys = p->nb };
     for (uint32_t b = 0; b < p->nb; b++) {
         uint64_t k[4] = { m->seed, ++m->next_key, b, 0x9b };
@@ -502,6 +505,8 @@ static void op_drop(struct model *m, int i)
     struct mprompt *p = &m->p[pi];
     if (!p->sure || p->dropped)
         return;
+    if (below(m, 2) && p->pub_gen == m->w[p->pub].gen)
+        i = p->pub;                     /* its publisher: its sequence may still map them */
     struct cmd c = { .op = C_DROP, .ns = p->ns, .nkeys = p->nb };
     memcpy(c.keys, p->keys, sizeof c.keys);
     snprintf(m->what, sizeof m->what, "worker %d: drop prompt %d (%u blocks)", i, pi, p->nb);
@@ -645,11 +650,11 @@ static void step(struct model *m)
         op_attach(m, i);
     else if (k < 76)
         op_export(m, i, below(m, 12) == 0);
-    else if (k < 88)
+    else if (k < 86)
         op_import(m, i);
-    else if (k < 89)
+    else if (k < 88)
         op_hdrop(m, i);
-    else if (k < 91)
+    else if (k < 92)
         op_drop(m, i);
     else if (k < 97) {
         int slot = pick_live(m, i, 0);
