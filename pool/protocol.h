@@ -25,7 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define POOL_PROTO_VERSION 1u
+/* 1: the pool (leases, take-back, limits); 2: sharing between clients (EXPORT..IMPORT_END,
+   HANDOFF_DROP, PREFIX_*). Daemon and library ship together: a pair of two versions refuses
+   with both named, rather than a version 1 daemon dropping a version 2 client as malformed at
+   its first EXPORT. */
+#define POOL_PROTO_VERSION 2u
 #define POOL_MAGIC         0x4b56504cu    /* "KVPL" */
 #define POOL_NAME_MAX      64             /* a client's name, NUL included */
 #define POOL_TEXT_MAX      192            /* a refusal's or result's message, NUL included */

@@ -329,7 +329,34 @@ Test(pool, another_protocol_version_refused_naming_both)
     cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
     const struct pool_refused *r = (const void *)buf;
     cr_expect_eq(r->err, -EPROTO);
-    cr_expect(strstr(r->why, "99") && strstr(r->why, "version 1"), "%s", r->why);
+    char ours[32];
+    snprintf(ours, sizeof ours, "version %u", POOL_PROTO_VERSION);
+    cr_expect(strstr(r->why, "99") && strstr(r->why, ours), "%s", r->why);
+    cr_expect(pc_dropped(c));
+    close(c);
+    pd_stop(&d);
+}
+
+/* The sharing messages (EXPORT .. PREFIX_DROP) were added to the protocol without bumping its
+   version: a client of the version before them (1: leases only) was welcomed, and a daemon of
+   that version would have dropped a sharing client as malformed at its first EXPORT instead of
+   refusing it at HELLO naming both versions. */
+Test(pool, protocol_version_bumped_for_sharing_messages)
+{
+    TH_DEADLINE(60);
+    cr_assert_geq(POOL_PROTO_VERSION, 2u);
+    struct pd d;
+    pd_start(&d, "4M");
+    int c = pc_connect(d.path);
+    struct pool_hello h = { .version = 1, .role = POOL_ROLE_CLIENT };
+    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
+    cr_assert_eq(pool_proto_send(c, &h, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
+    const struct pool_refused *r = (const void *)buf;
+    cr_expect_eq(r->err, -EPROTO);
+    cr_expect_eq(r->version, POOL_PROTO_VERSION);
+    cr_expect(strstr(r->why, "version 1") && strstr(r->why, "version 2"), "%s", r->why);
     cr_expect(pc_dropped(c));
     close(c);
     pd_stop(&d);

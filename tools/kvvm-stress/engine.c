@@ -627,6 +627,13 @@ static size_t pk_keys(struct eng *e, const struct req *q, uint64_t n, kvvm_key *
     return got;
 }
 
+/* The context's bytes_to_device (what an attach copies onto the device), 0 if unreadable. */
+static uint64_t pk_to_device(struct eng *e)
+{
+    struct kvvm_stats st = { .size = sizeof st };
+    return kvvm_stats(e->kv, &st) ? 0 : st.bytes_to_device;
+}
+
 static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
 {
     kvvm_key *keys = NULL;
@@ -663,9 +670,11 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
         uint8_t *where = nkeys && !e->o->store_url ? calloc(nkeys, 1) : NULL;
         if (where)
             (void)kvvm_prefix_lookup(e->kv, PK_NS, keys, nkeys, where);
+        uint64_t to_dev = pk_to_device(e);
         uint64_t t = lat_call_start();
         err = kvvm_prefix_attach(e->kv, s, PK_NS, keys, nkeys);
         lat_end(e, LAT_SHARE, t);
+        e->r->pk_copied += pk_to_device(e) - to_dev;
         if (err < 0) {
             free(where);
             if (!is_expected(err))
@@ -678,6 +687,7 @@ static int materialize(struct eng *e, struct req *q, uint64_t len, int op_ev)
         for (int i = 0; where && i < err; i++) {   /* verified with the rest of q below */
             e->r->pk_from_host += where[i] == KVVM_TIER_HOST;
             e->r->pk_from_disk += where[i] == KVVM_TIER_DISK;
+            e->r->pk_from_pool += where[i] == KVVM_TIER_POOL;
         }
         free(where);
         from = (uint64_t)err * e->tpb;

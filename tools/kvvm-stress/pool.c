@@ -44,6 +44,10 @@ struct pool_run {
     pid_t daemon;
     int started;                    /* 1: this process started the daemon */
     uint64_t pool_bytes, page_size, free_start, free_end, limit;
+    /* frames the daemon's shared prefix entries hold (bytes; kvvmctl status shared_bytes):
+       entries outlive the clients that published them, so "every frame back" counts them
+       with the free ones. Set by each pool_status; _start after the first. */
+    uint64_t shared_now, entries_now, shared_start;
     uint32_t clients_start, clients_end;
     int n;
     struct client c[POOL_MAX_CLIENTS];
@@ -137,6 +141,8 @@ static int pool_status(struct pool_run *p, uint64_t *free_b, uint32_t *n_clients
     p->pool_bytes = num(out, "pool_bytes", 0);
     p->page_size = num(out, "page_size", 0);
     *free_b = num(out, "free_bytes", 0);
+    p->shared_now = num(out, "shared_bytes", 0);
+    p->entries_now = num(out, "shared_entries", 0);
     if (n_clients)
         *n_clients = (uint32_t)num(out, "n_clients", 0);
     return 0;
@@ -411,10 +417,26 @@ static int client_summary(FILE *f, struct pool_run *p, int i)
             num(ver, "mismatches", 0), num(err, "unexpected", 0), num(pl, "leases", 0),
             num(pl, "returns", 0), num(pl, "waits", 0), dnum(pl, "wait_ms", 0),
             mib(c->peak_held));
+    const char *pk = top_line(c->report, "prefix_keyed");
+    if (p->o->prefix_keyed && pk)       /* the prompts shared through the daemon's index */
+        fprintf(f, "  %-10s prefix keys: %" PRIu64 " of %" PRIu64 " blocks asked attached (hit "
+                "rate %.1f%%), %" PRIu64 " found in the pool's shared index, %" PRIu64
+                " attached from it without a copy, %.1f MiB copied by the attaches; %" PRIu64
+                " entries published\n", "", num(pk, "blocks_attached", 0),
+                num(pk, "blocks_asked", 0), 100.0 * dnum(pk, "hit_rate", 0),
+                num(pk, "from_pool", 0), num(pk, "pool_hit_blocks", 0),
+                mib(num(pk, "attach_copied_bytes", 0)), num(pk, "published", 0));
     if (p->victim == i)
         fprintf(f, "  %-10s (the victim ended before its kill point: it was not killed)\n", "");
     return code != 0 || !c->report || num(ver, "mismatches", 1) || num(err, "unexpected", 1) ||
            !num(ver, "sequences_verified", 0) || p->victim == i;
+}
+
+/* Every frame the clients leased is back: free, or held by a shared prefix entry made during
+   the run (the daemon keeps those after their publishers exit, by design). */
+static int frames_back(const struct pool_run *p)
+{
+    return p->free_end + p->shared_now == p->free_start + p->shared_start;
 }
 
 static int pool_json(const char *path, struct pool_run *p, int status)
@@ -430,10 +452,13 @@ static int pool_json(const char *path, struct pool_run *p, int status)
             ", \"clients\": %d, \"limit_bytes\": %" PRIu64 ", \"limits_over_pool\": %.3f, "
             "\"free_bytes_start\": %" PRIu64 ", \"free_bytes_end\": %" PRIu64 ", "
             "\"clients_start\": %u, \"clients_end\": %u, \"all_frames_back\": %s, "
-            "\"peak_held_bytes\": %" PRIu64 "},\n", p->started ? "true" : "false", p->pool_bytes,
-            p->page_size, p->n, p->limit, p->pool_bytes ? (double)p->limit * p->n / (double)p->pool_bytes : 0,
+            "\"peak_held_bytes\": %" PRIu64 ", \"shared_entries_end\": %" PRIu64 ", "
+            "\"shared_bytes_start\": %" PRIu64 ", \"shared_bytes_end\": %" PRIu64 "},\n",
+            p->started ? "true" : "false", p->pool_bytes, p->page_size, p->n, p->limit,
+            p->pool_bytes ? (double)p->limit * p->n / (double)p->pool_bytes : 0,
             p->free_start, p->free_end, p->clients_start, p->clients_end,
-            p->free_end == p->free_start ? "true" : "false", p->peak_pool_held);
+            frames_back(p) ? "true" : "false", p->peak_pool_held, p->entries_now,
+            p->shared_start, p->shared_now);
     fprintf(f, "  \"kill\": ");
     if (p->victim < 0 || !p->c[p->victim].killed) {
         fprintf(f, "null,\n");
@@ -551,7 +576,9 @@ int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, s
         if (start_daemon(p, o->device_budget, page, granule))
             goto out;
     }
-    if (pool_status(p, &p->free_start, &p->clients_start)) {
+    int st0 = pool_status(p, &p->free_start, &p->clients_start);
+    p->shared_start = p->shared_now;
+    if (st0) {
         fprintf(stderr, "kvvm-stress: --pool: kvvmctl (beside kvvm-stress) gets no answer "
                 "from the daemon on %s\n", p->sock);
         goto out;
@@ -592,7 +619,7 @@ int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, s
        condition (bounded), then take the pool's figures */
     for (uint64_t t0 = now_ns(); now_ns() - t0 < BACK_WAIT_NS;) {
         if (!pool_status(p, &p->free_end, &p->clients_end) &&
-            p->clients_end <= p->clients_start && (!p->started || p->free_end == p->free_start))
+            p->clients_end <= p->clients_start && (!p->started || frames_back(p)))
             break;
         usleep(1000);
     }
@@ -613,10 +640,12 @@ int stress_pool_main(const struct opts *o, int argc, char **argv, size_t page, s
                 mib(p->free_before_kill), mib(p->free_after_back));
         status |= !p->back;
     }
-    int exact = p->free_end == p->free_start && p->clients_end == p->clients_start;
-    fprintf(info, "  pool       %.1f MiB; peak held %.1f MiB; free at the end %.1f MiB of %.1f "
-            "MiB free at the start%s; %u client%s left\n", mib(p->pool_bytes),
-            mib(p->peak_pool_held), mib(p->free_end), mib(p->free_start),
+    int exact = frames_back(p) && p->clients_end == p->clients_start;
+    fprintf(info, "  pool       %.1f MiB; peak held %.1f MiB; free at the end %.1f MiB, and %.1f "
+            "MiB held by %" PRIu64 " shared prefix entries (%.1f MiB at the start), of %.1f MiB "
+            "free at the start%s; %u client%s left\n", mib(p->pool_bytes),
+            mib(p->peak_pool_held), mib(p->free_end), mib(p->shared_now), p->entries_now,
+            mib(p->shared_start), mib(p->free_start),
             exact ? " (every frame back)" : p->started ? " (FRAMES MISSING)"
                   : " (other clients of this daemon changed it: not checked)",
             p->clients_end, p->clients_end == 1 ? "" : "s");

@@ -200,13 +200,18 @@ void report_summary(FILE *f, const struct opts *o, const struct results *r, int 
                 d(s->store_bytes_in, z->store_bytes_in) / 1048576.0);
     if (o->prefix_keyed)
         fprintf(f, "  prefix keys  %llu attaches: %llu of %llu blocks asked attached (hit rate "
-                "%.1f%%; %llu from host, %llu from disk; attached bytes verified with their "
-                "requests); %llu entries published in %llu calls; library: %llu entries now, "
-                "%llu lookups, %llu hit blocks, %llu evictions, %llu entry pages spilled\n",
+                "%.1f%%; %llu from host, %llu from disk, %llu from the pool's shared index, %llu "
+                "attached from it without a copy; %.1f MiB copied onto the device by the "
+                "attaches; attached bytes verified with their requests); %llu entries "
+                "published in %llu calls; library: %llu entries now, %llu lookups, %llu hit "
+                "blocks, %llu evictions, %llu entry pages spilled\n",
                 (unsigned long long)r->pk_attach_calls, (unsigned long long)r->pk_attached,
                 (unsigned long long)r->pk_asked,
                 r->pk_asked ? 100.0 * r->pk_attached / r->pk_asked : 0,
                 (unsigned long long)r->pk_from_host, (unsigned long long)r->pk_from_disk,
+                (unsigned long long)r->pk_from_pool,
+                (unsigned long long)d(s->pool_hit_blocks, z->pool_hit_blocks),
+                r->pk_copied / 1048576.0,
                 (unsigned long long)r->pk_published, (unsigned long long)r->pk_publish_calls,
                 (unsigned long long)s->prefix_entries,
                 (unsigned long long)d(s->prefix_lookups, z->prefix_lookups),
@@ -406,14 +411,17 @@ int report_json(const char *path, const struct opts *o, const struct results *r,
             "\"published\": %llu, \"publish_calls\": %llu, \"prefix_entries\": %llu, "
             "\"prefix_lookups\": %llu, \"prefix_hit_blocks\": %llu, "
             "\"prefix_evictions\": %llu, \"from_host\": %llu, \"from_disk\": %llu, "
-            "\"prefix_spills\": %llu},\n", o->prefix_keyed ? "true" : "false", o->pk_prompts,
+            "\"prefix_spills\": %llu, \"from_pool\": %llu, \"pool_hit_blocks\": %llu, "
+            "\"attach_copied_bytes\": %llu},\n", o->prefix_keyed ? "true" : "false",
+            o->pk_prompts,
             U(r->pk_attach_calls), U(r->pk_asked), U(r->pk_attached),
             r->pk_asked ? (double)r->pk_attached / r->pk_asked : 0, U(r->pk_published),
             U(r->pk_publish_calls), U(s->prefix_entries),
             U(d(s->prefix_lookups, z->prefix_lookups)),
             U(d(s->prefix_hit_blocks, z->prefix_hit_blocks)),
             U(d(s->prefix_evictions, z->prefix_evictions)), U(r->pk_from_host),
-            U(r->pk_from_disk), U(d(s->prefix_spills, z->prefix_spills)));
+            U(r->pk_from_disk), U(d(s->prefix_spills, z->prefix_spills)), U(r->pk_from_pool),
+            U(d(s->pool_hit_blocks, z->pool_hit_blocks)), U(r->pk_copied));
     fprintf(f, "  \"store\": {\"on\": %s, \"puts\": %llu, \"gets\": %llu, \"hits\": %llu, "
             "\"errors\": %llu, \"bytes_out\": %llu, \"bytes_in\": %llu},\n",
             o->store_url ? "true" : "false", U(d(s->store_puts, z->store_puts)),

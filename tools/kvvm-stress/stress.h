@@ -164,6 +164,11 @@ struct results {
     uint64_t pk_attach_calls, pk_published, pk_publish_calls; /* new entries published */
     uint64_t pk_from_host, pk_from_disk;  /* of pk_attached: blocks the lookup before the
                                              attach placed on the host / disk tier */
+    uint64_t pk_from_pool;           /* of pk_attached: blocks the lookup placed in the pool
+                                        daemon's shared index (KVVM_TIER_POOL: another
+                                        client published them) */
+    uint64_t pk_copied;              /* bytes_to_device moved by the attaches (bytes): 0 when
+                                        every attached block was mapped, none copied */
     /* --pool-view */
     uint64_t pv_seqs, pv_blocks;     /* sequences and block ids checked */
     uint64_t pv_bytes;               /* bytes compared through the pool view */
