@@ -332,7 +332,7 @@ static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
         mine[i] = mib / s1;
         base[i] = mib / s2;
     }
-    if (!rc && !wr && memcmp(b->src, b->dst, b->n * b->val))
+    if (!rc && !wr && memcmp(b->src, b->dst, b->n * b->val) != 0)
         rc = -EBADMSG;
     if (!rc) {
         char op[64];
