@@ -20,7 +20,8 @@
  *    wait for the store's lock), never changes or keeps the caller's buffers, never fails
  *    for an unavailable store with anything but a per-item status and a count. A timed-out
  *    Redis connection is dropped (the replies still owed on it are never matched with later
- *    requests). The file backend bounds its data I/O (io_uring) by the deadline; open,
+ *    requests). The file backend bounds its data I/O (io_uring) by the deadline, and a
+ *    get's opens (on the ring, where it has a file table: Linux 5.19); a put's open,
  *    rename and unlink are plain system calls, as fast as the file system is.
  *  - Entries: a 32-byte content key (store_key, the same bytes as kvvm_key), under a layout
  *    (n_regions, bytes_per_token, page_size) and a namespace (uint64). Layout and namespace

@@ -255,6 +255,19 @@ static double raw_files(struct io_uring *ring, const char *dir, struct bstore *b
 
 /* ---- the trials ------------------------------------------------------------------------ */
 
+/* A line with the machine's load average before a backend's rows: the store checks and
+   copies on the caller's thread where the raw loops leave the bytes to the kernel, so on a
+   shared machine its ratios move with the load, which a reader needs beside them. */
+static void print_load(const char *group)
+{
+    double l[3];
+    FILE *fp = fopen("/proc/loadavg", "r");
+    if (fp && fscanf(fp, "%lf %lf %lf", &l[0], &l[1], &l[2]) == 3)
+        printf("%s: load average %.2f %.2f %.2f at its start\n", group, l[0], l[1], l[2]);
+    if (fp)
+        fclose(fp);
+}
+
 typedef double (*raw_fn)(void *arg, struct bstore *b, int wr);
 struct raw { raw_fn fn; void *arg; const char *name; };
 
@@ -319,7 +332,7 @@ static int trials(struct bench_ctx *bc, const char *group, struct bstore *b,
         mine[i] = mib / s1;
         base[i] = mib / s2;
     }
-    if (!rc && !wr && memcmp(b->src, b->dst, b->n * b->val))
+    if (!rc && !wr && memcmp(b->src, b->dst, b->n * b->val) != 0)
         rc = -EBADMSG;
     if (!rc) {
         char op[64];
@@ -343,6 +356,7 @@ static int run_sizes(struct bench_ctx *bc, const char *group, const char *url,
 {
     static const size_t sizes[][2] = { { 64 << 10, 64 }, { 1 << 20, 32 } };
     int rc = 0;
+    print_load(group);
     for (size_t k = bc->quick ? 1 : 0; k < 2 && !rc; k++) {
         struct bstore b;
         rc = bs_init(&b, sizes[k][0], sizes[k][1]);
