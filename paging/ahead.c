@@ -28,6 +28,10 @@
  * flight: their frames are FR_AHEAD, their ranges may be mapped or not (ahead_covers).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>

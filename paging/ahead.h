@@ -1,39 +1,13 @@
 /*
- * paging/ahead.h: map-ahead refilled by the frame pool thread (ahead.c, owner seqs): its
- * part of struct paging (struct pg_ahq, pg->ahq) and ahead.c's functions for the rest of
- * paging/. The pool (pool.c) and the window mappings (window.c), owners below, reach it
- * through the hooks pg->fr.ahead_cancel and pg->fr.ahead_meet_va. Included by paging_int.h
- * only.
+ * paging/ahead.h: ahead.c's functions (owner seqs) for the rest of paging/: map-ahead
+ * refilled by the frame pool thread. Its part of struct paging (struct pg_ahq, pg->ahq) is
+ * in pg_types.h. The pool (pool.c) and the window mappings (window.c), owners below, reach
+ * it through the hooks pg->fr.ahead_cancel and pg->fr.ahead_meet_va.
  */
 #ifndef KVVM_PAGING_AHEAD_H
 #define KVVM_PAGING_AHEAD_H
 
-#include <stdbool.h>
-#include <stdint.h>
-#include "paging.h"
-
-struct pg_seq;
-
-/* The frame pool thread's map-ahead refills (ahead.c). A job: frames f[first + r * k + i]
-   (handles alike) mapped, or being mapped, at page at + i of region r's window of slot. */
-struct pg_ahead_job {
-    uint32_t slot, gen;        /* the sequence planned for */
-    uint32_t at, k;            /* its n_pages + n_ahead then; frames per region */
-    uint32_t first;            /* its frames' offset in the round's f[] and h[] */
-    uint32_t mapped;           /* regions [0, mapped) mapped (the work's; read when done) */
-};
-struct pg_ahq {
-    uint32_t *slot, *gen;      /* queued sequences, n_q of them (max_seqs entries) */
-    uint8_t  *queued;          /* per slot: in the queue */
-    uint32_t n_q;
-    struct pg_ahead_job *jobs; /* the round's, n_jobs of them */
-    uint32_t n_jobs;
-    uint32_t pages;            /* frames the jobs hold (the checker's slack on mappings) */
-    pg_frame_id *f;            /* the round's frames and their handles */
-    vmm_handle *h;
-    bool busy;                 /* jobs planned and not committed or undone */
-    bool done;                 /* [under feed.mu] their work finished */
-};
+#include "paging_int.h"
 
 /* How many frames per region s's map-ahead lacks: 0 while at least half of map_ahead is
    left, else what brings it back up to map_ahead (both marks shrink with its slot's room). */

@@ -9,9 +9,14 @@
  * them (as fork of a swapped-out parent does); the caller then swaps it in, which maps the
  * device pages as they are and brings the others up. The store's write-through copies a
  * published block out of its pages (paging_blocks_copy_out) through a mapping of its own in
- * the copy run, held by a DF_COPY job until the copy completed (paging_int.h).
+ * the copy run, held by a DF_COPY job until the copy completed (pg_types.h).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "transfers.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>

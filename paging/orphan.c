@@ -5,6 +5,10 @@
  * through the scratch page (contract in paging.h, paging_reclaim_orphans).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "transfers.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 

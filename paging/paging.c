@@ -8,6 +8,12 @@
  * copy stream and the pool.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
 
 #include <errno.h>
 #include <stdlib.h>

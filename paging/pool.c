@@ -15,6 +15,8 @@
  * come from a fixed array with an O(1) free list; a page id is the descriptor index + 1.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "transfers.h"
 
 #include <errno.h>
 #include <stdlib.h>

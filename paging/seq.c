@@ -13,6 +13,13 @@
  * tables last. Each step that fails undoes the steps before it.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -287,7 +294,7 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
         uint64_t va = pg_va(pg, r, slot, idx);
         rc = seq_map_frames(pg, va, &f, 1);
         if (!rc && pg->p.scrub) {
-            pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
+            pg_wrote(pg, va, pg->p.page_size);   /* (window.h: watched frames) */
             rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->ck.stream);
             if (!rc && !pg->ck.stream)
                 rc = vmm_stream_sync(pg->v, NULL);

@@ -15,6 +15,11 @@
  * frames.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "transfers.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>

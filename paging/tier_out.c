@@ -13,6 +13,9 @@
  * so undoing a failure is freeing the slots taken.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "transfers.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdlib.h>

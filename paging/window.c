@@ -5,6 +5,7 @@
  * their point of no return. Layout: docs/design.md and paging/seq.c.
  */
 #include "paging_int.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, ui
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++)
         h[i] = frame_at(pg, frames[i])->h;
-    pg_watch_map(pg, va, frames, n);        /* (paging_int.h: watched frames) */
+    pg_watch_map(pg, va, frames, n);        /* (window.h: watched frames) */
     int rc = vmm_map_run(pg->v, va, h, n, pg->p.page_size);
     if (h != hs)
         free(h);
