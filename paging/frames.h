@@ -91,17 +91,19 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
     if (page_orphan(p))
         pg->pd.n_orphans += (uint32_t)d;
 }
-/* One more holder of the page among non-resident sequences (a reference it maps nothing
-   with: fork or share of a non-resident sequence). */
-static inline void page_get_off(struct paging *pg, pg_page_id id)
-{
-    struct pg_page *p = page_at(pg, id);
-    pg->room_gen++;                     /* a page shared now: no room fact holds */
-    page_count(pg, p, -1);
-    p->refs++;
-    p->offs++;
-    page_count(pg, p, 1);
-}
+/* A page's holder counts (refs, offs, ents) are written here only (pool.c), each change
+   with the counts above kept (page_count around it):
+   page_get_off: one more holder among non-resident sequences (a reference it maps nothing
+   with: fork or share of a non-resident sequence). page_go_off / page_go_on: a holder's
+   entry stops mapping the page (its sequence leaves the device) / maps it again (a
+   swap-in; the page had such an entry). page_get_ent / page_put_ent: a holder outside
+   sequences (hold.c: the prefix cache's entries) takes a reference / drops it (the last
+   reference frees the page, as page_put). */
+void page_get_off(struct paging *pg, pg_page_id id);
+void page_go_off(struct paging *pg, pg_page_id id);
+void page_go_on(struct paging *pg, pg_page_id id);
+void page_get_ent(struct paging *pg, pg_page_id id);
+void page_put_ent(struct paging *pg, pg_page_id id);
 /* The page state machine (enum pg_tier): the moves a page's tier may make, a bit per
    destination. A new descriptor becomes a device page (page_new) or a host one (share of a
    non-resident partial page); a page is freed (NONE) only at rest, never in flight; a move

@@ -220,11 +220,11 @@ struct pg_frames {
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it through
    page_new, page_new_off (handoff.c), page_new_host (share.c), page_get, page_put,
    page_put_off; the counts through page_count (frames.h, around every change of a page's
-   refs, offs or tier). A descriptor's own fields have their writers: refs [pool.c, hold.c],
-   offs [the swap paths, share.c, hold.c, page_put_off, page_new_off], jobs [tier.c,
-   tier_disk.c], tier [page_set_tier, from pool.c, tier*.c, orphan.c], frame [page_frame_set /
-   page_frame_drop], slot [page_take_slot / page_release_slot], bad, staged [tier_disk.c],
-   mark.. kept [plan.c; tier_mark_begin], ents [hold.c] */
+   refs, offs or tier). A descriptor's own fields have their writers: refs, offs, ents
+   [pool.c only: page_new*, page_get/put, page_get_off/put_off, page_go_off/on (the swap
+   paths), page_get_ent/put_ent (hold.c)], jobs [tier.c, tier_disk.c], tier [page_set_tier,
+   from pool.c, tier*.c, orphan.c], frame [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot], bad, staged [tier_disk.c],
+   mark.. kept [plan.c; tier_mark_begin] */
 struct pg_pages {
     struct pg_page *pages;     /* max_pages */
     pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */

@@ -763,6 +763,59 @@ void page_put(struct paging *pg, pg_page_id page)
     pg->pd.n_pages_live--;
 }
 
+void page_get_off(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->tier != PG_TIER_NONE);                  /* a live descriptor */
+    pg->room_gen++;                     /* a page shared now: no room fact holds */
+    page_count(pg, p, -1);
+    p->refs++;
+    p->offs++;
+    page_count(pg, p, 1);
+}
+
+void page_go_off(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->offs < p->refs);     /* the entry was a mapping one */
+    page_count(pg, p, -1);
+    p->offs++;
+    page_count(pg, p, 1);
+}
+
+void page_go_on(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->offs > p->ents);     /* the entry was a non-resident sequence's */
+    page_count(pg, p, -1);
+    p->offs--;
+    page_count(pg, p, 1);
+}
+
+void page_get_ent(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->tier != PG_TIER_NONE);
+    page_count(pg, p, -1);
+    p->refs++;
+    p->offs++;
+    p->ents++;
+    page_count(pg, p, 1);
+}
+
+void page_put_ent(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->ents > 0 && p->offs > 0);
+    page_count(pg, p, -1);
+    p->offs--;
+    p->ents--;
+    page_count(pg, p, 1);
+    /* the last reference: no window maps the page (its mapping holders released it
+       behind their fences), so its storage is free at once */
+    page_put(pg, id);
+}
+
 void page_put_off(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);

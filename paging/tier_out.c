@@ -126,13 +126,10 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         page_frame_drop(pg, p);
         page_set_tier(p, PG_TIER_DISK);
         page_take_slot(pg, p, PG_LOWER_DISK, ds[j]);
-    }
-    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
-        struct pg_page *p = page_at(pg, it.id);
-        page_count(pg, p, -1);
-        p->offs++;
         page_count(pg, p, 1);
     }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        page_go_off(pg, it.id);
     pg->xf.lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
@@ -230,14 +227,14 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
-        page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
+            page_count(pg, p, -1);
             page_set_tier(p, PG_TIER_TO_HOST);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
             pg->xf.lower[PG_LOWER_HOST].n_io++;
+            page_count(pg, p, 1);
         }
-        p->offs++;
-        page_count(pg, p, 1);
+        page_go_off(pg, d->pages[i]);
     }
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
