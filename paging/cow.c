@@ -17,6 +17,7 @@
 #include "paging_int.h"
 #include "frames.h"
 #include "seqs.h"
+#include "ahead.h"
 #include "clock.h"
 #include "window.h"
 

@@ -1,9 +1,9 @@
 /*
- * paging/frames.h: the owner frames' functions for the rest of paging/ (pool.c): the device
- * pool (take, give, refill, release, the feed's budget) and the page descriptors (new, get,
- * put; their tier, frame and the counts at their state changes). Its part of struct
- * paging (fr, pd) is in pg_types.h. The owner frames calls no owner above it: the holders
- * of map-ahead frames answer through the hooks pg->fr.ahead_*.
+ * paging/frames.h: the owner frames' functions for the rest of paging/ (pool.c; map-ahead,
+ * ahead.c, in ahead.h): the device pool (take, give, refill, release, the feed's budget)
+ * and the page descriptors (new, get, put; their holder counts, tier and frame, with the
+ * counts kept at their state changes). Its part of struct paging (fr, pd) is in
+ * pg_types.h.
  */
 #ifndef KVVM_PAGING_FRAMES_H
 #define KVVM_PAGING_FRAMES_H
@@ -50,7 +50,7 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
    it): not released until it is unmapped (view_reap). */
 uint32_t pool_ready_pinned(struct paging *pg);
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready (the holders' hook, seq_drop_all_ahead). */
+   frames become ready (seq_drop_all_ahead). */
 void pool_drop_all_ahead(struct paging *pg);
 /* The budget in frames (p.max_frames); the caller checked that the frames held fit. */
 void pool_set_max_frames(struct paging *pg, uint32_t frames);

@@ -14,6 +14,7 @@
 #include "paging_int.h"
 #include "frames.h"
 #include "seqs.h"
+#include "ahead.h"
 #include "transfers.h"
 #include "clock.h"
 #include "window.h"

@@ -38,17 +38,25 @@
  * the CTest paging_owners; inline functions of the headers are no calls). Top first; one
  * line each, parsed by the script:
  *   owner context: paging.c check.c
- *   owner seqs: seq.c ahead.c share.c cow.c discard.c hold.c resident.c park.c handoff.c
+ *   owner seqs: seq.c share.c cow.c discard.c hold.c resident.c park.c handoff.c
  *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
  *   owner clock: step.c defer.c view.c
- *   owner frames: pool.c
+ *   owner frames: pool.c ahead.c
  *   owner window: window.c
+ * The calls upward the graph allows, each named (the script takes them out of the cycle
+ * check, and fails when one is no longer made: the list stays true). Map-ahead frames are
+ * the frames owner's (ahead.c), but two holders of frames mapped ahead sit elsewhere:
+ *   allow frames -> clock: view_break_group view_break_all
+ *     the pool view's prepared groups (view.c) are frames mapped ahead too: a pool short
+ *     of frames, or dropping every map-ahead, breaks them back into ready frames
+ *   allow window -> frames: ahead_meet_va
+ *     a window mapping meeting the range of a pool thread's refill in flight waits for it
+ *     and undoes it (only while pg->ahq.busy), which unmaps through the window again
  * struct paging is split the same way: one part per owner's state, each named with its
  * owner file and the functions other files change it through (pg_types.h, "struct
  * paging's parts"): fr and pd (pool.c), ck (step.c), df (defer.c), view (view.c), xf (tier.c), sp
- * (tier_disk.c), sq (seq.c). Reads are free; writes go through the owner. An owner below
- * asks one above through a hook it is given at create (the pool's ahead_* hooks into the
- * map-ahead), never by a call.
+ * (tier_disk.c), sq (seq.c), ahq (ahead.c). Reads are free; writes go through the owner.
+ * No hooks: an owner calls another directly, so the graph shows every call.
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
 #define KVVM_PAGING_PAGING_INT_H

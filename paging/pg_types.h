@@ -203,18 +203,6 @@ struct pg_frames {
     uint32_t chunk;            /* [paging.c, at create] frames created ahead per refill
                                   without a pool thread */
     struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
-    /* the holders of map-ahead frames (FR_AHEAD) live in an owner above the pool (seq.c's
-       map-ahead, view.c's prepared groups): the pool asks them to give frames back through
-       these hooks, set at create [paging.c], so it calls no owner above it; the swap-outs
-       (tier_out.c, below the sequences too) drop a sequence's map-ahead through ahead_drop */
-    int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
-    void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
-    void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
-    /* the frame pool thread's map-ahead refills in flight (ahead.c, an owner above): undone
-       by the feed's quiesce (pool.c); a window mapping meeting one's range waits for it and
-       undoes it (window.c: only while ahq.busy) */
-    void (*ahead_cancel)(struct paging *pg);                        /* ahead_cancel */
-    void (*ahead_meet_va)(struct paging *pg, uint64_t va, uint32_t n);  /* ahead_meet_va */
 };
 
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it through

@@ -16,6 +16,7 @@
  */
 #include "paging_int.h"
 #include "frames.h"
+#include "ahead.h"
 #include "transfers.h"
 
 #include <errno.h>
@@ -349,7 +350,7 @@ static bool feed_wait(struct paging *pg)
 void paging_feed_quiesce(struct paging *pg)
 {
     struct pg_feed *fd = &pg->fr.feed;
-    pg->fr.ahead_cancel(pg);        /* no map-ahead refill in flight either */
+    ahead_settle(pg, false);        /* no map-ahead refill in flight either */
     pthread_mutex_lock(&fd->mu);
     while (fd->creating || fd->releasing)
         pthread_cond_wait(&fd->cv, &fd->mu);
@@ -500,7 +501,7 @@ bool paging_pool_can_create(struct paging *pg)
 
 void pool_drop_all_ahead(struct paging *pg)
 {
-    pg->fr.ahead_drop_all(pg);
+    seq_drop_all_ahead(pg);
 }
 
 void pool_set_max_frames(struct paging *pg, uint32_t frames)
@@ -555,7 +556,7 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
     if (rc)
         return rc;
     while (pg->fr.n_ready < n)
-        if (pg->fr.ahead_steal(pg, except))
+        if (seq_steal_ahead(pg, except))
             return -ENOMEM;
     return 0;
 }

@@ -10,19 +10,6 @@
 #include "paging_int.h"
 
 /* seq.c */
-void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
-/* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`;
-   the frames go to the ready list. -ENOMEM none. */
-/* s's map-ahead counts as free (paging_frames_free and the need functions count it) but
-   pool_take_except(s) cannot take it: when the pool without it cannot supply n frames,
-   gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
-void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
-int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
-/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups. */
-void seq_drop_all_ahead(struct paging *pg);
-/* Maps ready frames ahead of s's end on the caller's thread, in batches between two marks
-   (seq_ahead_deficit). Best effort. */
-void seq_top_up_ahead(struct paging *pg, struct pg_seq *s);
 /* Frames a grow_batch of ss[i] to lengths[i] takes from the pool (lengths below the
    current one count nothing): new pages, and the holes and shared copies of the partial
    last pages, a page shared by k members copied min(k, sharers - 1) times. -ENOMEM. */

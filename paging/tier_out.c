@@ -14,6 +14,7 @@
  */
 #include "paging_int.h"
 #include "frames.h"
+#include "ahead.h"
 #include "transfers.h"
 #include "clock.h"
 
@@ -119,7 +120,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         goto out_free;
     }
     /* commit: nothing below fails */
-    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
+    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
@@ -221,7 +222,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
-    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
+    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pg_page_is_none(d->pages[i]))

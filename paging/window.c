@@ -5,6 +5,7 @@
  * their point of no return. Layout: docs/design.md and paging/seq.c.
  */
 #include "paging_int.h"
+#include "ahead.h"
 #include "window.h"
 
 #include <errno.h>
@@ -23,7 +24,7 @@ uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
 static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
 {
     if (pg->ahq.busy)
-        pg->fr.ahead_meet_va(pg, va, n);   /* the pool thread's refills own their ranges */
+        ahead_meet_va(pg, va, n);          /* the pool thread's refills own their ranges */
     vmm_handle hs[64] = { 0 };
     vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
     if (!h)

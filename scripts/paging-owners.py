@@ -3,6 +3,10 @@
 
 The owners are declared once, in paging/paging_int.h's header comment, one line each:
     owner <name>: <file>.c [<file>.c ...]
+and the calls upward the graph allows, each by name, one line per owner edge:
+    allow <owner> -> <owner>: <function> [<function> ...]
+(an allowed call makes no edge; an allow line naming a function that no file of the first
+owner calls from the second any more fails the check, so the list stays true).
 Every paging/*.c belongs to exactly one owner. The call graph is read from the compiled
 objects (nm): an edge file A -> file B for each global symbol A's object uses and B's
 object defines; inline functions of the headers are no calls (they are compiled into the
@@ -12,7 +16,7 @@ usage: paging-owners.py --header paging/paging_int.h [--graph] OBJECT...
 (objects outside paging/ are ignored; a directory is searched for paging/*.o; an
 argument may be a CMake list, OBJECT;OBJECT...)
 Exit 0: acyclic; 1: a cycle (printed, with the calls that make each edge), or a file of
-paging/ with no owner, or an owner naming a file that does not exist.
+paging/ with no owner, or an owner naming a file that does not exist, or a stale allow.
 """
 import argparse
 import os
@@ -21,6 +25,22 @@ import subprocess
 import sys
 
 OWNER_LINE = re.compile(r'^\s*\*?\s*owner\s+([a-z_]+):\s*((?:[a-z_]+\.c\s*)+)$')
+ALLOW_LINE = re.compile(r'^\s*\*?\s*allow\s+([a-z_]+)\s*->\s*([a-z_]+):\s*((?:[A-Za-z_0-9]+\s*)+)$')
+
+
+def read_allows(header, order):
+    allows = {}                      # (owner, owner) -> set of function names
+    with open(header, encoding='utf-8') as f:
+        for line in f:
+            m = ALLOW_LINE.match(line)
+            if not m:
+                continue
+            a, b = m.group(1), m.group(2)
+            for o in (a, b):
+                if o not in order:
+                    sys.exit('paging-owners: allow %s -> %s names no owner %s' % (a, b, o))
+            allows.setdefault((a, b), set()).update(m.group(3).split())
+    return allows
 
 
 def read_owners(header):
@@ -109,6 +129,7 @@ def main():
     ap.add_argument('objects', nargs='+')
     a = ap.parse_args()
     owners, order = read_owners(a.header)
+    allows = read_allows(a.header, order)
     src = os.path.dirname(os.path.abspath(a.header))
     bad = False
     for stem in sorted(owners):
@@ -132,21 +153,32 @@ def main():
         for s in d:
             defs[s] = st
     # owner edges, with the calls that make them
-    calls = {}
+    calls, allowed = {}, {}
     for st, u in uses.items():
         for s in u:
             t = defs.get(s)
             if t is None or t == st or st not in owners or t not in owners:
                 continue
             oa, ob = owners[st], owners[t]
-            if oa != ob:
+            if oa == ob:
+                continue
+            if s in allows.get((oa, ob), ()):
+                allowed.setdefault((oa, ob), set()).add(s)
+            else:
                 calls.setdefault((oa, ob), []).append('%s.c -> %s.c: %s' % (st, t, s))
+    for (oa, ob), names in sorted(allows.items()):
+        for s in sorted(names - allowed.get((oa, ob), set())):
+            print('paging-owners: allow %s -> %s: %s is no such call any more (remove it)'
+                  % (oa, ob, s))
+            bad = True
     edges = {}
     for (oa, ob) in calls:
         edges.setdefault(oa, set()).add(ob)
     if a.graph:
         for oa in order:
             print('%-10s -> %s' % (oa, ' '.join(o for o in order if o in edges.get(oa, ()))))
+        for (oa, ob), names in sorted(allowed.items()):
+            print('%-10s -> %s allowed: %s' % (oa, ob, ' '.join(sorted(names))))
     cyc = find_cycle(order, edges)
     if cyc:
         print('paging-owners: the owner graph has a cycle: %s' % ' -> '.join(cyc))
@@ -157,8 +189,9 @@ def main():
         bad = True
     if bad:
         return 1
-    print('paging-owners: %d owners, %d files, %d owner edges, no cycle'
-          % (len(order), len(owners), sum(len(v) for v in edges.values())))
+    print('paging-owners: %d owners, %d files, %d owner edges, no cycle (%d allowed calls '
+          'upward)' % (len(order), len(owners), sum(len(v) for v in edges.values()),
+                       sum(len(v) for v in allowed.values())))
     return 0
 
 
