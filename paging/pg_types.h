@@ -211,7 +211,8 @@ struct pg_frames {
    refs, offs or tier). A descriptor's own fields have their writers: refs, offs, ents
    [pool.c only: page_new*, page_get/put, page_get_off/put_off, page_go_off/on (the swap
    paths), page_get_ent/put_ent (hold.c)], jobs [tier.c, tier_disk.c], tier [page_set_tier,
-   from pool.c, tier*.c, orphan.c], frame [page_frame_set / page_frame_drop], slot [page_take_slot / page_release_slot], bad, staged [tier_disk.c],
+   from pool.c, tier*.c, orphan.c], frame [page_frame_set / page_frame_drop], slot
+   [page_take_slot / page_release_slot], bad, staged [tier_disk.c],
    mark.. kept [plan.c; tier_mark_begin] */
 struct pg_pages {
     struct pg_page *pages;     /* max_pages */
@@ -222,8 +223,6 @@ struct pg_pages {
                                   keep */
     uint32_t n_orphans;        /* [page_count] device pages held only by non-resident
                                   holders */
-    uint32_t *orphan_log;      /* [orphan.c] paging_orphan_log: the page ids moved down */
-    uint32_t orphan_log_cap, *orphan_log_n;
 };
 
 /* ---- seqs [seq.c ...] (seqs.h: its functions) ---- */
@@ -359,11 +358,13 @@ struct pg_view {
    page_take_slot / page_release_slot (n_slots) and lower_io_done (n_io), transfers.h;
    lower_take / lower_give (hint: tier.c, tier_out.c, tier_disk.c); paging_set_policy;
    tier_mark_begin. Within the owner: n_io also the swap paths (tier_out.c, tier_in.c,
-   tier_disk.c), off tier_disk.c; ops set at create [paging.c]. */
+   tier_disk.c), off tier_disk.c, the orphan log orphan.c; ops set at create [paging.c]. */
 struct pg_transfers {
     struct pg_lower lower[PG_N_LOWER];
     uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
     struct pg_policy_ops policy; /* swap/'s choices (paging_set_policy); .plan NULL: none */
+    uint32_t *orphan_log;      /* [orphan.c] paging_orphan_log: the page ids moved down */
+    uint32_t orphan_log_cap, *orphan_log_n;
 };
 
 /* spill [tier_disk.c]: spilling (owner transfers). Others change it through
@@ -376,7 +377,8 @@ struct pg_spill {
 };
 
 /* ---- struct paging's parts: one per owner's state (the owners: paging_int.h's top) ----
-   (each under its owner's heading above). Reads are free: any file of paging/ reads any part. Writes go through the part's owner:
+   (each under its owner's heading above). Reads are free: any file of paging/ reads any
+   part. Writes go through the part's owner:
    its file writes the fields (paging.c also sets them at create and takes them down at
    destroy), the other files call the functions each part names, or the owner's inlines
    in its header (page_count in frames.h, seq_set_life in seqs.h ...). */
