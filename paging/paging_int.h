@@ -52,6 +52,16 @@
  *   allow window -> frames: ahead_meet_va
  *     a window mapping meeting the range of a pool thread's refill in flight waits for it
  *     and undoes it (only while pg->ahq.busy), which unmaps through the window again
+ * The parts of struct paging (members of pg->) each owner writes; a write to another
+ * owner's part from a .c file (pg->part... = / op= / ++ / --, directly or through a
+ * pointer to the part taken in that file) fails paging_owners too. paging.c writes any
+ * at create and destroy; the elements of the descriptor arrays (pd.pages[i]: a page's
+ * fields have their own writers, listed at struct pg_pages) are not parts' fields:
+ *   part frames: fr pd ahq
+ *   part seqs: sq wt
+ *   part transfers: xf sp
+ *   part clock: ck df view
+ *   writes any: paging.c
  * struct paging is split the same way: one part per owner's state, each named with its
  * owner file and the functions other files change it through (pg_types.h, "struct
  * paging's parts"): fr and pd (pool.c), ck (step.c), df (defer.c), view (view.c), xf (tier.c), sp
