@@ -1,10 +1,11 @@
 /*
- * paging/ahead.c: map-ahead refilled by the frame pool thread (swap/frames.c), so that a
- * grow that does not outrun its map-ahead makes no map or set-access call on the engine's
- * thread (docs/design.md "Map-ahead").
+ * paging/ahead.c: map-ahead (owner frames): the frames mapped past a sequence's end, given
+ * back to the pool (drops, steals) and topped up on the caller's thread, or refilled by the
+ * frame pool thread (swap/frames.c), so that a grow that does not outrun its map-ahead
+ * makes no map or set-access call on the engine's thread (docs/design.md "Map-ahead").
  *
  * Without a pool thread (or map_ahead 0) a grow tops its sequence up itself at its end
- * (seq_top_up_ahead, seq.c), as before; so does a grow that outran its map-ahead (it mapped
+ * (seq_top_up_ahead, below), as before; so does a grow that outran its map-ahead (it mapped
  * its own pages already: the thread was late, or the grow jumped). Otherwise the grow only
  * queues the sequence (slot and generation) and asks for a round; the thread then, in
  * three steps:
@@ -28,10 +29,102 @@
  * flight: their frames are FR_AHEAD, their ranges may be mapped or not (ahead_covers).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "ahead.h"
+#include "view.h"
+#include "window.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include "common/log.h"
+
+/* ---- map-ahead on the caller's thread: drops, steals, top-ups ----------------------- */
+
+/* Unmaps map-ahead frames beyond the first `keep` (per region); they become ready. Nothing
+   reaches them (they are past the end), so no fence is needed. */
+void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
+{
+    if (s->n_ahead <= keep)
+        return;
+    uint32_t n = s->n_ahead - keep, slot = pg_slot_of(pg, s);
+    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
+        pg_frame_id *a = pg_ahead(pg, s, r) + keep;
+        seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + keep), n);
+        pool_give(pg, a, n);
+    }
+    s->n_ahead = keep;
+}
+
+void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n)
+{
+    if (s->n_ahead > keep && pool_available(pg) - s->n_ahead * pg->p.n_regions < n)
+        seq_drop_ahead(pg, s, keep);
+}
+
+int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
+{
+    if (!pg->fr.n_ahead)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
+        struct pg_seq *s = &pg->seqs[i];
+        if (s != except && s->n_ahead) {
+            seq_drop_ahead(pg, s, s->n_ahead - 1);
+            return 0;
+        }
+    }
+    if (pg->ahq.busy) {             /* the frame pool thread's refills in flight */
+        ahead_settle(pg, false);
+        return 0;
+    }
+    return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
+}
+
+void seq_drop_all_ahead(struct paging *pg)
+{
+    view_break_all(pg);
+    for (uint32_t i = 0; i < pg->p.max_seqs && pg->fr.n_ahead; i++)
+        if (pg->seqs[i].n_ahead)
+            seq_drop_ahead(pg, &pg->seqs[i], 0);
+}
+
+/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region
+   (seq_ahead_deficit, ahead.c) in one run per region (one map per frame, one set-access
+   per run), so a sequence that crosses a page per step refills every (map_ahead / 2 +
+   1)-th crossing instead of at each. With the frame pool thread its refills run there
+   (seq_ahead_refill). */
+void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
+{
+    uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
+    uint32_t k = seq_ahead_deficit(pg, s);
+    if (k > pg->fr.n_ready / nr)
+        k = pg->fr.n_ready / nr;
+    if (!k)
+        return;
+    for (uint32_t r = 0; r < nr; r++) {
+        pg_frame_id *a = pg_ahead(pg, s, r) + s->n_ahead;
+        (void)pool_take_ready(pg, k, a);    /* k <= n_ready / nr: always k */
+        uint64_t va = pg_va(pg, r, slot, s->n_pages + s->n_ahead);
+        /* not scrubbed here: a map-ahead frame is unmapped at once when dropped, so no
+           device work may target it; grow_region scrubs it when it becomes a page */
+        if (seq_map_frames(pg, va, a, k)) {
+            pool_give(pg, a, k);
+            goto out_undo;
+        }
+        for (uint32_t i = 0; i < k; i++)
+            frame_set_ahead(pg, a[i]);
+        continue;
+out_undo:
+        while (r-- > 0) {
+            pg_frame_id *b = pg_ahead(pg, s, r) + s->n_ahead;
+            seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + s->n_ahead), k);
+            pool_give(pg, b, k);
+        }
+        return;
+    }
+    s->n_ahead += k;
+}
+
+/* ---- map-ahead refilled by the frame pool thread ----------------------------------- */
 
 /* Jobs one round plans at most: bounds what a caller that must settle waits for. */
 #define AHEAD_JOBS_MAX 16
@@ -247,11 +340,6 @@ void ahead_settle(struct paging *pg, bool keep)
         pthread_cond_wait(&pg->fr.feed.cv, &pg->fr.feed.mu);
     pthread_mutex_unlock(&pg->fr.feed.mu);
     jobs_end(pg, keep);
-}
-
-void ahead_cancel(struct paging *pg)
-{
-    ahead_settle(pg, false);
 }
 
 void ahead_settle_slot(struct paging *pg, const struct pg_seq *s)

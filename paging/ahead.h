@@ -1,40 +1,34 @@
 /*
- * paging/ahead.h: map-ahead refilled by the frame pool thread (ahead.c, owner seqs): its
- * part of struct paging (struct pg_ahq, pg->ahq) and ahead.c's functions for the rest of
- * paging/. The pool (pool.c) and the window mappings (window.c), owners below, reach it
- * through the hooks pg->fr.ahead_cancel and pg->fr.ahead_meet_va. Included by paging_int.h
- * only.
+ * paging/ahead.h: ahead.c's functions (owner frames) for the rest of paging/: map-ahead,
+ * the frames mapped past a sequence's end (FR_AHEAD, free for accounting), on the caller's
+ * thread (drops, steals, top-ups) and refilled by the frame pool thread. Map-ahead frames
+ * are the frames owner's: the pool (pool.c) takes them back, the swap-outs drop them and
+ * the window's mappings settle the refills in flight by calling these directly. Its part
+ * of struct paging (struct pg_ahq, pg->ahq) is in pg_types.h.
  */
 #ifndef KVVM_PAGING_AHEAD_H
 #define KVVM_PAGING_AHEAD_H
 
-#include <stdbool.h>
-#include <stdint.h>
-#include "paging.h"
+#include "paging_int.h"
 
-struct pg_seq;
+/* Map-ahead on the caller's thread (a sequence's frames mapped past its end, FR_AHEAD). */
+/* Unmaps map-ahead frames beyond the first `keep` (per region); they become ready. */
+void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
+/* s's map-ahead counts as free (paging_frames_free and the need functions count it) but
+   pool_take_except(s) cannot take it: when the pool without it cannot supply n frames,
+   gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
+void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
+/* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`
+   (else the pool thread's refills in flight, else a prepared pool view group); the frames
+   go to the ready list. -ENOMEM none. */
+int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+/* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups. */
+void seq_drop_all_ahead(struct paging *pg);
+/* Maps ready frames ahead of s's end on the caller's thread, in batches between two marks
+   (seq_ahead_deficit). Best effort. */
+void seq_top_up_ahead(struct paging *pg, struct pg_seq *s);
 
-/* The frame pool thread's map-ahead refills (ahead.c). A job: frames f[first + r * k + i]
-   (handles alike) mapped, or being mapped, at page at + i of region r's window of slot. */
-struct pg_ahead_job {
-    uint32_t slot, gen;        /* the sequence planned for */
-    uint32_t at, k;            /* its n_pages + n_ahead then; frames per region */
-    uint32_t first;            /* its frames' offset in the round's f[] and h[] */
-    uint32_t mapped;           /* regions [0, mapped) mapped (the work's; read when done) */
-};
-struct pg_ahq {
-    uint32_t *slot, *gen;      /* queued sequences, n_q of them (max_seqs entries) */
-    uint8_t  *queued;          /* per slot: in the queue */
-    uint32_t n_q;
-    struct pg_ahead_job *jobs; /* the round's, n_jobs of them */
-    uint32_t n_jobs;
-    uint32_t pages;            /* frames the jobs hold (the checker's slack on mappings) */
-    pg_frame_id *f;            /* the round's frames and their handles */
-    vmm_handle *h;
-    bool busy;                 /* jobs planned and not committed or undone */
-    bool done;                 /* [under feed.mu] their work finished */
-};
-
+/* Map-ahead refilled by the frame pool thread. */
 /* How many frames per region s's map-ahead lacks: 0 while at least half of map_ahead is
    left, else what brings it back up to map_ahead (both marks shrink with its slot's room). */
 uint32_t seq_ahead_deficit(const struct paging *pg, const struct pg_seq *s);
@@ -43,8 +37,6 @@ uint32_t seq_ahead_deficit(const struct paging *pg, const struct pg_seq *s);
 void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran);
 /* Waits for the jobs in flight, then commits (keep) or undoes them all. No-op when none. */
 void ahead_settle(struct paging *pg, bool keep);
-/* ahead_settle(pg, false): the pool's hook (pg->fr.ahead_cancel). */
-void ahead_cancel(struct paging *pg);
 /* ahead_settle(keep) when a job in flight is s's. */
 void ahead_settle_slot(struct paging *pg, const struct pg_seq *s);
 /* Before mapping n pages at window address va: undoes the jobs when one's range meets it. */

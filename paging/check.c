@@ -8,6 +8,9 @@
  * / mapping counters. Where the driver cannot (CUDA: -EOPNOTSUPP), those checks are skipped.
  */
 #include "paging_int.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdarg.h>

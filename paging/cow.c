@@ -15,6 +15,11 @@
  * "Ordering").
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -317,7 +322,7 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
         rc = pg_order_before_copy_seq(pg, s, region, i0, i1);
     if (!rc) {
         uint64_t va = paging_window(pg, region, pg_slot_of(pg, s)) + offset;
-        pg_wrote(pg, va, len);   /* (paging_int.h: watched frames) */
+        pg_wrote(pg, va, len);   /* (window.h: watched frames) */
         rc = vmm_copy_htod(pg->v, va, src, len, pg->ck.stream);
         if (!rc && (rc = host_copy_done(pg, src, len)) != 0)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never undo under it */

@@ -16,6 +16,12 @@
  * after them first (seq_settle; a swap-in that is not a prefetch does it at once).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -410,7 +416,7 @@ int pg_wait_engine(struct paging *pg)
     return pg->ck.stream ? vmm_stream_sync(pg->v, pg->ck.stream) : pg_device_sync(pg);
 }
 
-/* (paging_int.h) the engine stream waits for s's prefetch (its DF_IN job's fence). */
+/* (clock.h) the engine stream waits for s's prefetch (its DF_IN job's fence). */
 int seq_settle(struct paging *pg, struct pg_seq *s)
 {
     struct pg_defer *d = s->in_job;

@@ -15,6 +15,11 @@
  * bytes until set_class (or free).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,109 +1,14 @@
 /*
- * paging/frames.h: the device pool's structures (struct pg_frame, the feed, struct
- * pg_frames: a part of struct paging owned by pool.c, owner frames) and pool.c's frame
- * functions for the rest of paging/. Included by paging_int.h only. The owner frames calls
- * no owner above it: the holders of map-ahead frames answer through the hooks below.
+ * paging/frames.h: the owner frames' functions for the rest of paging/ (pool.c; map-ahead,
+ * ahead.c, in ahead.h): the device pool (take, give, refill, release, the feed's budget)
+ * and the page descriptors (new, get, put; their holder counts, tier and frame, with the
+ * counts kept at their state changes). Its part of struct paging (fr, pd) is in
+ * pg_types.h.
  */
 #ifndef KVVM_PAGING_FRAMES_H
 #define KVVM_PAGING_FRAMES_H
 
-#include <pthread.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include "paging.h"
-
-struct paging;
-struct pg_seq;
-
-enum pg_frame_state {
-    FR_NONE = 0,       /* not created yet */
-    FR_READY,          /* created, unmapped, on the ready list */
-    FR_AHEAD,          /* mapped ahead of a sequence's end; free for accounting */
-    FR_USED,           /* holds a page (pg_frame.page) */
-};
-
-struct pg_frame {
-    vmm_handle h;
-    uint8_t    state;      /* enum pg_frame_state */
-    uint8_t    listed;     /* on the ready list now (a frame popped and given back, e.g. a
-                              refused release, is FR_READY and off it) */
-    pg_frame_id next;      /* FR_READY: next ready frame (none = end); FR_NONE: next free id */
-    pg_page_id page;       /* FR_USED: the page id it holds */
-    uint32_t   serial;     /* created on a caller's thread: pg->fr.n_created then (0: ahead, by
-                              the pool thread); pool_rollback releases those above a mark */
-    uint32_t   gen;        /* bumped when the id gives up its handle (frame_forget): a pool
-                              view slot names (frame, gen), so a new handle under a recycled
-                              frame id never passes for the one it mapped */
-    uint32_t   grp;        /* FR_AHEAD in a prepared pool view group: its id + 1 (view.c) */
-    uint8_t    ext;        /* shared with other processes (exported through the pool daemon,
-                              or imported from it): its page is copied before any write, and
-                              when the page leaves it the handle is released (the daemon
-                              learns it), never put on the ready list (pool.c) */
-    uint32_t   vmaps;      /* pool view slots mapping its handle (view.c, the one writer).
-                              The driver keeps a released handle's memory while a mapping of
-                              it is left, so the pool releases a frame only at 0: a dead
-                              id's slots are unmapped first (view_reap, behind its fence) */
-};
-
-/* The pool's feed (pool.c): frames created and released off the caller's thread by the
-   frame pool thread (swap/frames.c). Everything here is under mu, which is taken with or
-   without the context lock (lock order: context lock -> mu): the thread creates and
-   releases handles holding mu only around the hand-off, so a caller holding the context
-   lock may wait on cv for frames being created. Budget accounting: frames being created
-   (creating), created and not in the pool yet (n_in) and taken off the pool for release
-   (releasing) count as held, so held frames never exceed the budget. */
-struct pg_feed {
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;        /* a delivery, a failure or a release happened */
-    bool        on;            /* a thread feeds the pool (paging_feed_attach) */
-    uint32_t    creating;      /* reserved by a plan, not delivered or failed yet */
-    uint32_t    releasing;     /* taken off the pool, not released yet */
-    uint32_t    n_in;          /* created, waiting in in[] for paging_feed_drain */
-    uint32_t    unreleased;    /* of in[]: releases the driver refused (back to the pool) */
-    vmm_handle *in;            /* cap_frames entries */
-    void      (*wake)(void *); /* asks the thread for a round (called with the context lock) */
-    void       *wake_arg;
-    uint32_t    low;           /* wake when fewer frames than this are ready (0: never) */
-    uint32_t    high;          /* the thread's high mark: the pool growing above it wakes
-                                  the thread (UINT32_MAX: never) */
-    uint32_t    ready_min;     /* fewest frames ready since the idle window began (the last
-                                  plan that could release): only frames unused that whole
-                                  time are surplus */
-    bool        suppress;      /* kvvm_trim: create nothing ahead until a call takes frames */
-    bool        asked;         /* a round was asked for since the last plan (context lock) */
-};
-
-/* frames [pool.c]: the device pool. Frame ids 1..cap_frames; held = ready + ahead + used
-   <= max_frames (the budget, p.max_frames, changed by pool_set_max_frames: the one field of
-   p the pool writes). Others change it through pool_take / pool_take_except /
-   pool_take_ready, pool_make_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
-   pool_drop_all_ahead, pool_set_max_frames, pool_feed_suppress (paging.c's
-   paging_set_budget and paging_trim), frame_set_ahead / frame_set_used (view.c), and the
-   feed's paging_feed_* (swap/frames.c). A frame's state: frame_move (pool.c); its page:
-   page_frame_set / page_frame_drop (paging_int.h). */
-struct pg_frames {
-    struct pg_frame *frames;   /* cap_frames */
-    uint32_t cap_frames;       /* the most frames the device can hold (budget limit) */
-    uint32_t n_created;        /* frames created on a caller's thread (rollback mark) */
-    uint32_t n_held, n_ready, n_ahead, n_used;
-    pg_frame_id ready_head;    /* the ready list (PG_FRAME_NONE: empty) */
-    pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
-    uint32_t chunk;            /* [paging.c, at create] frames created ahead per refill
-                                  without a pool thread */
-    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
-    /* the holders of map-ahead frames (FR_AHEAD) live in an owner above the pool (seq.c's
-       map-ahead, view.c's prepared groups): the pool asks them to give frames back through
-       these hooks, set at create [paging.c], so it calls no owner above it; the swap-outs
-       (tier_out.c, below the sequences too) drop a sequence's map-ahead through ahead_drop */
-    int  (*ahead_steal)(struct paging *pg, struct pg_seq *except);       /* seq_steal_ahead */
-    void (*ahead_drop)(struct paging *pg, struct pg_seq *s, uint32_t keep); /* seq_drop_ahead */
-    void (*ahead_drop_all)(struct paging *pg);                      /* seq_drop_all_ahead */
-    /* the frame pool thread's map-ahead refills in flight (ahead.c, an owner above): undone
-       by the feed's quiesce (pool.c); a window mapping meeting one's range waits for it and
-       undoes it (window.c: only while ahq.busy) */
-    void (*ahead_cancel)(struct paging *pg);                        /* ahead_cancel */
-    void (*ahead_meet_va)(struct paging *pg, uint64_t va, uint32_t n);  /* ahead_meet_va */
-};
+#include "paging_int.h"
 
 /* pool.c */
 int  pool_init(struct paging *pg);
@@ -145,7 +50,7 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
    it): not released until it is unmapped (view_reap). */
 uint32_t pool_ready_pinned(struct paging *pg);
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready (the holders' hook, seq_drop_all_ahead). */
+   frames become ready (seq_drop_all_ahead). */
 void pool_drop_all_ahead(struct paging *pg);
 /* The budget in frames (p.max_frames); the caller checked that the frames held fit. */
 void pool_set_max_frames(struct paging *pg, uint32_t frames);
@@ -158,5 +63,105 @@ void pool_feed_suppress(struct paging *pg);
 int  pool_adopt_room(struct paging *pg, uint32_t n);
 pg_frame_id pool_adopt_ext(struct paging *pg, vmm_handle h);
 void pool_share_mark(struct paging *pg, pg_page_id id);
+
+/* pages [pool.c] */
+/* New page descriptor in the device tier holding frame f (refs 1). */
+pg_page_id page_new(struct paging *pg, pg_frame_id frame);
+/* The same, held by one non-resident holder (refs 1, offs 1): an imported sequence's page
+   before the swap-in maps it (handoff.c). */
+pg_page_id page_new_off(struct paging *pg, pg_frame_id frame);
+/* New page descriptor in the host tier holding host slot `slot`, held by one non-resident
+   holder (refs 1, offs 1): a non-resident share's copy of a partial page (share.c). A free
+   descriptor must exist (the caller checked). */
+pg_page_id page_new_host(struct paging *pg, pg_slot slot);
+void page_get(struct paging *pg, pg_page_id page);
+/* Drops one reference; at zero the frame returns to the ready list, the descriptor is freed. */
+void page_put(struct paging *pg, pg_page_id page);
+/* Drops the reference of a non-resident holder (page_get_off's undo: offs and refs). */
+void page_put_off(struct paging *pg, pg_page_id page);
+/* Keeps the counts of HOST pages and orphans at the page's state transitions, so no query
+   walks the descriptors: page_count(pg, p, -1) before a change of p's refs, offs or tier,
+   page_count(pg, p, +1) after (the checker recounts both). */
+static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
+{
+    if (page_host_held(p))
+        pg->pd.n_host_pages += (uint32_t)d;
+    if (page_held_only_host(p))
+        pg->pd.n_held_host += (uint32_t)d;
+    if (page_orphan(p))
+        pg->pd.n_orphans += (uint32_t)d;
+}
+/* A page's holder counts (refs, offs, ents) are written here only (pool.c), each change
+   with the counts above kept (page_count around it):
+   page_get_off: one more holder among non-resident sequences (a reference it maps nothing
+   with: fork or share of a non-resident sequence). page_go_off / page_go_on: a holder's
+   entry stops mapping the page (its sequence leaves the device) / maps it again (a
+   swap-in; the page had such an entry). page_get_ent / page_put_ent: a holder outside
+   sequences (hold.c: the prefix cache's entries) takes a reference / drops it (the last
+   reference frees the page, as page_put). */
+void page_get_off(struct paging *pg, pg_page_id id);
+void page_go_off(struct paging *pg, pg_page_id id);
+void page_go_on(struct paging *pg, pg_page_id id);
+void page_get_ent(struct paging *pg, pg_page_id id);
+void page_put_ent(struct paging *pg, pg_page_id id);
+/* The page state machine (enum pg_tier): the moves a page's tier may make, a bit per
+   destination. A new descriptor becomes a device page (page_new) or a host one (share of a
+   non-resident partial page); a page is freed (NONE) only at rest, never in flight; a move
+   in flight ends where it was going, or (a failed spill write or read back) where it was. */
+static inline bool page_tier_edge(uint8_t from, uint8_t to)
+{
+#define PG_T(t) (1u << (t))
+    unsigned next;
+    switch (from) {
+    case PG_TIER_NONE:      next = PG_T(PG_TIER_DEVICE) | PG_T(PG_TIER_HOST); break;
+    case PG_TIER_DEVICE:    next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_TO_HOST) |
+                                   PG_T(PG_TIER_HOST) | PG_T(PG_TIER_DISK); break;
+    case PG_TIER_HOST:      next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_TO_DEVICE) |
+                                   PG_T(PG_TIER_DEVICE) | PG_T(PG_TIER_TO_DISK); break;
+    case PG_TIER_DISK:      next = PG_T(PG_TIER_NONE) | PG_T(PG_TIER_FROM_DISK) |
+                                   PG_T(PG_TIER_DEVICE); break;
+    case PG_TIER_TO_HOST:   next = PG_T(PG_TIER_HOST); break;
+    case PG_TIER_TO_DEVICE: next = PG_T(PG_TIER_DEVICE); break;
+    case PG_TIER_TO_DISK:   next = PG_T(PG_TIER_DISK) | PG_T(PG_TIER_HOST); break;
+    case PG_TIER_FROM_DISK: next = PG_T(PG_TIER_HOST) | PG_T(PG_TIER_DISK); break;
+    default:                next = 0; break;
+    }
+    return (next & PG_T(to)) != 0;
+#undef PG_T
+}
+/* The one writer of a page's tier: asserts (debug build) the move is an edge above. */
+static inline void page_set_tier(struct pg_page *p, uint8_t to)
+{
+    KVVM_ASSERT(page_tier_edge(p->tier, to));
+    p->tier = to;
+}
+/* A page holds no slot of any tier below (PG_SLOT_NONE: page_take_slot asserts it). */
+static inline void page_slots_none(struct pg_page *p)
+{
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        p->slot[t] = PG_SLOT_NONE;
+}
+/* The page leaves its frame, which returns to the ready list (the tier is the caller's). */
+static inline void page_frame_drop(struct paging *pg, struct pg_page *p)
+{
+    pg_frame_id f = p->frame;
+    KVVM_ASSERT(!pg_frame_is_none(f) &&
+                pg_page_eq(frame_at(pg, f)->page,
+                           (pg_page_id){ (uint32_t)(p - pg->pd.pages) + 1 }));
+    p->frame = PG_FRAME_NONE;
+    p->ext = 0;
+    frame_at(pg, f)->page = PG_PAGE_NONE;
+    pool_give(pg, &f, 1);
+}
+/* Page id takes frame f (already FR_USED). Typed: a page id and a frame id cannot be
+   swapped silently. */
+static inline void page_frame_set(struct paging *pg, pg_page_id id, pg_frame_id f)
+{
+    KVVM_ASSERT(frame_at(pg, f)->state == FR_USED && pg_page_is_none(frame_at(pg, f)->page) &&
+                pg_frame_is_none(page_at(pg, id)->frame));
+    page_at(pg, id)->frame = f;
+    page_at(pg, id)->ext = frame_at(pg, f)->ext;
+    frame_at(pg, f)->page = id;
+}
 
 #endif

@@ -14,6 +14,10 @@
  * pages as they are, so nothing is copied.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -9,9 +9,15 @@
  * them (as fork of a swapped-out parent does); the caller then swaps it in, which maps the
  * device pages as they are and brings the others up. The store's write-through copies a
  * published block out of its pages (paging_blocks_copy_out) through a mapping of its own in
- * the copy run, held by a DF_COPY job until the copy completed (paging_int.h).
+ * the copy run, held by a DF_COPY job until the copy completed (pg_types.h).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -57,30 +63,14 @@ int paging_seq_blocks(struct paging *pg, uint64_t h, uint32_t n, pg_page_id *ids
 void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n)
 {
     pg->room_gen++;                     /* pages gain a holder: no room fact holds */
-    for (size_t i = 0; i < n; i++) {
-        struct pg_page *p = page_at(pg, ids[i]);
-        KVVM_ASSERT(p->tier != PG_TIER_NONE);
-        page_count(pg, p, -1);
-        p->refs++;
-        p->offs++;
-        p->ents++;
-        page_count(pg, p, 1);
-    }
+    for (size_t i = 0; i < n; i++)
+        page_get_ent(pg, ids[i]);
 }
 
 void paging_unhold(struct paging *pg, const pg_page_id *ids, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        struct pg_page *p = page_at(pg, ids[i]);
-        KVVM_ASSERT(p->ents > 0 && p->offs > 0);
-        page_count(pg, p, -1);
-        p->offs--;
-        p->ents--;
-        page_count(pg, p, 1);
-        /* the last reference: no window maps the page (its mapping holders released it
-           behind their fences), so its storage is free at once */
-        page_put(pg, ids[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        page_put_ent(pg, ids[i]);      /* the last reference frees the page at once */
 }
 
 void paging_params_get(const struct paging *pg, struct paging_params *out)

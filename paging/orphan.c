@@ -5,6 +5,10 @@
  * through the scratch page (contract in paging.h, paging_reclaim_orphans).
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "transfers.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 
@@ -65,8 +69,8 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
         left--;
         if (n_keep && p->mark == pg->xf.mark && p->kept)
             continue;                   /* a kept sequence maps it again soon */
-        uint32_t *log = pg->pd.orphan_log, *ln = pg->pd.orphan_log_n;
-        if (log && *ln >= pg->pd.orphan_log_cap) {
+        uint32_t *log = pg->xf.orphan_log, *ln = pg->xf.orphan_log_n;
+        if (log && *ln >= pg->xf.orphan_log_cap) {
             rc = -ENOMEM;               /* its undo record would not fit: not moved */
             break;
         }
@@ -87,9 +91,9 @@ uint32_t tier_orphans(const struct paging *pg)
 
 void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t *n)
 {
-    pg->pd.orphan_log = ids;
-    pg->pd.orphan_log_cap = ids ? cap : 0;
-    pg->pd.orphan_log_n = ids ? n : NULL;
+    pg->xf.orphan_log = ids;
+    pg->xf.orphan_log_cap = ids ? cap : 0;
+    pg->xf.orphan_log_n = ids ? n : NULL;
 }
 
 /* tier_page_down's inverse for page pid, which no window maps (its holders: non-resident

@@ -8,6 +8,12 @@
  * copy stream and the pool.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -103,11 +109,6 @@ int paging_create(struct vmm *v, const struct paging_params *p, struct paging **
         pg->seqs[i].next_free = i + 2 <= p->max_seqs ? i + 2 : 0;
     }
     pg->sq.slot_free_head = 1;
-    pg->fr.ahead_steal = seq_steal_ahead;      /* the pool's hooks into the map-ahead's owner */
-    pg->fr.ahead_drop = seq_drop_ahead;
-    pg->fr.ahead_drop_all = seq_drop_all_ahead;
-    pg->fr.ahead_cancel = ahead_cancel;
-    pg->fr.ahead_meet_va = ahead_meet_va;
     rc = pool_init(pg);
     if (!rc && (rc = view_init(pg)) != 0)
         pool_fini(pg);

@@ -10,6 +10,9 @@
  * the same bytes as before the drop.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -13,6 +13,7 @@
  * back, and the frames it needs were counted on the page being on the device).
  */
 #include "paging_int.h"
+#include "transfers.h"
 
 #include <errno.h>
 

@@ -15,6 +15,9 @@
  * come from a fixed array with an O(1) free list; a page id is the descriptor index + 1.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "ahead.h"
+#include "transfers.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -347,7 +350,7 @@ static bool feed_wait(struct paging *pg)
 void paging_feed_quiesce(struct paging *pg)
 {
     struct pg_feed *fd = &pg->fr.feed;
-    pg->fr.ahead_cancel(pg);        /* no map-ahead refill in flight either */
+    ahead_settle(pg, false);        /* no map-ahead refill in flight either */
     pthread_mutex_lock(&fd->mu);
     while (fd->creating || fd->releasing)
         pthread_cond_wait(&fd->cv, &fd->mu);
@@ -498,7 +501,7 @@ bool paging_pool_can_create(struct paging *pg)
 
 void pool_drop_all_ahead(struct paging *pg)
 {
-    pg->fr.ahead_drop_all(pg);
+    seq_drop_all_ahead(pg);
 }
 
 void pool_set_max_frames(struct paging *pg, uint32_t frames)
@@ -553,7 +556,7 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
     if (rc)
         return rc;
     while (pg->fr.n_ready < n)
-        if (pg->fr.ahead_steal(pg, except))
+        if (seq_steal_ahead(pg, except))
             return -ENOMEM;
     return 0;
 }
@@ -759,6 +762,59 @@ void page_put(struct paging *pg, pg_page_id page)
     pg->pd.page_free_head = page;
     KVVM_ASSERT(pg->pd.n_pages_live > 0);
     pg->pd.n_pages_live--;
+}
+
+void page_get_off(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->tier != PG_TIER_NONE);                  /* a live descriptor */
+    pg->room_gen++;                     /* a page shared now: no room fact holds */
+    page_count(pg, p, -1);
+    p->refs++;
+    p->offs++;
+    page_count(pg, p, 1);
+}
+
+void page_go_off(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->offs < p->refs);     /* the entry was a mapping one */
+    page_count(pg, p, -1);
+    p->offs++;
+    page_count(pg, p, 1);
+}
+
+void page_go_on(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->offs > p->ents);     /* the entry was a non-resident sequence's */
+    page_count(pg, p, -1);
+    p->offs--;
+    page_count(pg, p, 1);
+}
+
+void page_get_ent(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->tier != PG_TIER_NONE);
+    page_count(pg, p, -1);
+    p->refs++;
+    p->offs++;
+    p->ents++;
+    page_count(pg, p, 1);
+}
+
+void page_put_ent(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->ents > 0 && p->offs > 0);
+    page_count(pg, p, -1);
+    p->offs--;
+    p->ents--;
+    page_count(pg, p, 1);
+    /* the last reference: no window maps the page (its mapping holders released it
+       behind their fences), so its storage is free at once */
+    page_put(pg, id);
 }
 
 void page_put_off(struct paging *pg, pg_page_id id)

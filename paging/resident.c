@@ -6,6 +6,8 @@
  * reap completed work first; the need functions note a shortfall for paging_why).
  */
 #include "paging_int.h"
+#include "seqs.h"
+#include "transfers.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -13,97 +13,18 @@
  * tables last. Each step that fails undoes the steps before it.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common/log.h"
-
-/* ---- map-ahead ---------------------------------------------------------------------- */
-
-/* Unmaps map-ahead frames beyond the first `keep` (per region); they become ready. Nothing
-   reaches them (they are past the end), so no fence is needed. */
-void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
-{
-    if (s->n_ahead <= keep)
-        return;
-    uint32_t n = s->n_ahead - keep, slot = pg_slot_of(pg, s);
-    for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        pg_frame_id *a = pg_ahead(pg, s, r) + keep;
-        seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + keep), n);
-        pool_give(pg, a, n);
-    }
-    s->n_ahead = keep;
-}
-
-void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n)
-{
-    if (s->n_ahead > keep && pool_available(pg) - s->n_ahead * pg->p.n_regions < n)
-        seq_drop_ahead(pg, s, keep);
-}
-
-int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
-{
-    if (!pg->fr.n_ahead)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
-        struct pg_seq *s = &pg->seqs[i];
-        if (s != except && s->n_ahead) {
-            seq_drop_ahead(pg, s, s->n_ahead - 1);
-            return 0;
-        }
-    }
-    if (pg->ahq.busy) {             /* the frame pool thread's refills in flight */
-        ahead_settle(pg, false);
-        return 0;
-    }
-    return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
-}
-
-void seq_drop_all_ahead(struct paging *pg)
-{
-    view_break_all(pg);
-    for (uint32_t i = 0; i < pg->p.max_seqs && pg->fr.n_ahead; i++)
-        if (pg->seqs[i].n_ahead)
-            seq_drop_ahead(pg, &pg->seqs[i], 0);
-}
-
-/* Best effort: maps ready frames ahead of s's end, in batches between two marks per region
-   (seq_ahead_deficit, ahead.c) in one run per region (one map per frame, one set-access
-   per run), so a sequence that crosses a page per step refills every (map_ahead / 2 +
-   1)-th crossing instead of at each. With the frame pool thread its refills run there
-   (seq_ahead_refill). */
-void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
-{
-    uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
-    uint32_t k = seq_ahead_deficit(pg, s);
-    if (k > pg->fr.n_ready / nr)
-        k = pg->fr.n_ready / nr;
-    if (!k)
-        return;
-    for (uint32_t r = 0; r < nr; r++) {
-        pg_frame_id *a = pg_ahead(pg, s, r) + s->n_ahead;
-        (void)pool_take_ready(pg, k, a);    /* k <= n_ready / nr: always k */
-        uint64_t va = pg_va(pg, r, slot, s->n_pages + s->n_ahead);
-        /* not scrubbed here: a map-ahead frame is unmapped at once when dropped, so no
-           device work may target it; grow_region scrubs it when it becomes a page */
-        if (seq_map_frames(pg, va, a, k)) {
-            pool_give(pg, a, k);
-            goto out_undo;
-        }
-        for (uint32_t i = 0; i < k; i++)
-            frame_set_ahead(pg, a[i]);
-        continue;
-out_undo:
-        while (r-- > 0) {
-            pg_frame_id *b = pg_ahead(pg, s, r) + s->n_ahead;
-            seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + s->n_ahead), k);
-            pool_give(pg, b, k);
-        }
-        return;
-    }
-    s->n_ahead += k;
-}
 
 /* ---- slots and handles -------------------------------------------------------------- */
 
@@ -287,7 +208,7 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
         uint64_t va = pg_va(pg, r, slot, idx);
         rc = seq_map_frames(pg, va, &f, 1);
         if (!rc && pg->p.scrub) {
-            pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
+            pg_wrote(pg, va, pg->p.page_size);   /* (window.h: watched frames) */
             rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->ck.stream);
             if (!rc && !pg->ck.stream)
                 rc = vmm_stream_sync(pg->v, NULL);

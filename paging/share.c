@@ -5,6 +5,13 @@
  * block tables last, undo on failure; holes (discard.c) stay holes.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -155,7 +162,7 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
         rc = seq_map_frames(pg, va, &frames[r], 1);
         if (rc)
             goto out_unmap;
-        pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
+        pg_wrote(pg, va, pg->p.page_size);   /* (window.h: watched frames) */
         rc = vmm_copy_dtod(pg->v, va, pg_va(pg, r, ss, idx), rem, pg->ck.stream);
         if (!rc)
             rc = vmm_memset(pg->v, va + rem, 0, pg->p.page_size - rem, pg->ck.stream);

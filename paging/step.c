@@ -14,6 +14,9 @@
  * left to order the new one.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "clock.h"
+#include "view.h"
 
 #include <errno.h>
 #include "common/log.h"

@@ -23,6 +23,12 @@
  * its slot's window stays reserved (n_defer) until then.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "transfers.h"
+#include "clock.h"
+#include "view.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -133,7 +139,7 @@ int tier_copy_out(struct paging *pg, pg_slot hslot, uint64_t va)
 
 int tier_copy_in(struct paging *pg, uint64_t va, pg_slot hslot)
 {
-    pg_wrote(pg, va, pg->p.page_size);   /* (paging_int.h: watched frames) */
+    pg_wrote(pg, va, pg->p.page_size);   /* (window.h: watched frames) */
     return vmm_copy_htod(pg->v, va, lower_ptr(pg, PG_LOWER_HOST, hslot), pg->p.page_size,
                          pg->ck.copy_stream);
 }

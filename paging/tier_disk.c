@@ -8,6 +8,8 @@
  * page_sharers see it as a transfer) until its completion is processed here.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "transfers.h"
 
 #include <errno.h>
 #include <stdlib.h>

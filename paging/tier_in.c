@@ -15,6 +15,11 @@
  * frames.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "seqs.h"
+#include "transfers.h"
+#include "clock.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -150,9 +155,8 @@ static void in_commit(struct paging *pg, struct pg_seq *s, struct pg_defer *d,
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
         pg_page_id id = it.id;
         struct pg_page *p = page_at(pg, id);
+        page_go_on(pg, id);             /* s's entry was a non-resident one */
         page_count(pg, p, -1);
-        KVVM_ASSERT(p->offs > 0);       /* s's entry was a non-resident one */
-        p->offs--;
         if (d && p->tier == PG_TIER_TO_DEVICE && j < d->n)
             d->pages[j++] = id;                   /* another's copy: ordered after it */
         if (p->tier == PG_TIER_HOST || (!d && p->tier == PG_TIER_DISK)) {

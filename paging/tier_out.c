@@ -13,6 +13,10 @@
  * so undoing a failure is freeing the slots taken.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "ahead.h"
+#include "transfers.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -116,20 +120,17 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         goto out_free;
     }
     /* commit: nothing below fails */
-    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
+    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
         page_frame_drop(pg, p);
         page_set_tier(p, PG_TIER_DISK);
         page_take_slot(pg, p, PG_LOWER_DISK, ds[j]);
-    }
-    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
-        struct pg_page *p = page_at(pg, it.id);
-        page_count(pg, p, -1);
-        p->offs++;
         page_count(pg, p, 1);
     }
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        page_go_off(pg, it.id);
     pg->xf.lower[PG_LOWER_DISK].hint = ds[need - 1];
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;
@@ -221,20 +222,20 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
-    pg->fr.ahead_drop(pg, s, 0);          /* the sequences' map-ahead (paging_int.h) */
+    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
-        page_count(pg, p, -1);
         if (k < need && page_moves_down(p)) {
+            page_count(pg, p, -1);
             page_set_tier(p, PG_TIER_TO_HOST);
             page_take_slot(pg, p, PG_LOWER_HOST, slots[k++]);
             pg->xf.lower[PG_LOWER_HOST].n_io++;
+            page_count(pg, p, 1);
         }
-        p->offs++;
-        page_count(pg, p, 1);
+        page_go_off(pg, d->pages[i]);
     }
     tier_seq_out(pg, s);
     pg->c.bytes_to_host += (uint64_t)need * pg->p.page_size;

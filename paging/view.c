@@ -35,6 +35,9 @@
  * n_ids (fixed at open, core/open.c) is room for dead ids waiting for their reap.
  */
 #include "paging_int.h"
+#include "frames.h"
+#include "clock.h"
+#include "view.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,58 +1,11 @@
 /*
- * paging/view.h: the pool view's structures (struct pg_view, a part of struct paging owned
- * by view.c, owner clock) and view.c's functions for the rest of paging/. Included by
- * paging_int.h only.
+ * paging/view.h: view.c's functions (owner clock) for the rest of paging/: the pool view.
+ * Its part of struct paging (struct pg_view, pg->view) is in pg_types.h.
  */
 #ifndef KVVM_PAGING_VIEW_H
 #define KVVM_PAGING_VIEW_H
 
-#include <stdbool.h>
-#include <stdint.h>
-#include "paging.h"
-
-struct pg_seq;
-
-/* The pool view (view.c). Block id i of region r is at view.base + (r * n_ids + i) *
-   page_size. An id is a tuple of frames, one per region (a hole: none), mapped at its place
-   in each region's view; sequences name ids in pg_seq.bid, shared by forks. An id whose
-   last holder lets go is DEAD: its mappings stay until no device work may use it (its
-   death's epoch is quiet, or a synchronization came after it), then it is unmapped and FREE.
-   A slot of a LIVE id whose region its only holder discarded is a zombie: mapped, waiting
-   for the same condition. A READY id is a prepared group: n_regions frames taken off the
-   ready list (FR_AHEAD: free for accounting, stolen back when the pool runs short), mapped
-   ahead at its slots off the grow path, so a grow that takes it gives its new block an id
-   whose mappings exist. */
-enum { VID_FREE = 0, VID_LIVE, VID_DEAD, VID_READY };
-enum { VS_UNMAPPED = 0, VS_MAPPED, VS_ZOMBIE };
-struct pg_vid {
-    uint32_t refs;         /* LIVE: pg_seq.bid entries naming it */
-    uint8_t  state;        /* VID_* */
-    uint8_t  in_zq;        /* on view.zq (it had zombie slots) */
-    uint8_t  used;         /* a block table handed it out (device work may use it: a dead
-                              id that never was is unmapped without waiting) */
-    uint32_t zombies;      /* VS_ZOMBIE slots */
-    uint32_t next;         /* FREE / DEAD / READY list: next id + 1 (0: end) */
-    uint64_t dead_epoch;   /* DEAD (or the latest zombie): pg->epoch then */
-    uint64_t dead_sync;    /*   and pg->ck.n_syncs then */
-};
-struct pg_vslot {
-    vmm_handle  h;         /* mapped handle (VS_MAPPED, VS_ZOMBIE) */
-    pg_frame_id f;         /* its frame then, */
-    uint32_t    gen;       /*   and that frame's generation */
-    uint8_t     st;        /* VS_* */
-};
-struct pg_view {
-    uint32_t n_ids;        /* 0: no pool view */
-    uint64_t base;
-    struct pg_vid *ids;    /* n_ids */
-    struct pg_vslot *slot; /* n_ids * n_regions, id-major */
-    uint32_t free_head;    /* id + 1 */
-    uint32_t dead_head;    /* id + 1 */
-    uint32_t ready_head;   /* prepared groups (READY), id + 1 */
-    uint32_t n_free, n_dead, n_groups;
-    uint32_t want;         /* groups to keep prepared */
-    uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
-};
+#include "paging_int.h"
 
 /* view.c (no-ops without a pool view) */
 int  view_init(struct paging *pg);

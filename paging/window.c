@@ -5,6 +5,8 @@
  * their point of no return. Layout: docs/design.md and paging/seq.c.
  */
 #include "paging_int.h"
+#include "ahead.h"
+#include "window.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -22,14 +24,14 @@ uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot)
 static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
 {
     if (pg->ahq.busy)
-        pg->fr.ahead_meet_va(pg, va, n);   /* the pool thread's refills own their ranges */
+        ahead_meet_va(pg, va, n);          /* the pool thread's refills own their ranges */
     vmm_handle hs[64] = { 0 };
     vmm_handle *h = n <= 64 ? hs : malloc(n * sizeof *h);
     if (!h)
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++)
         h[i] = frame_at(pg, frames[i])->h;
-    pg_watch_map(pg, va, frames, n);        /* (paging_int.h: watched frames) */
+    pg_watch_map(pg, va, frames, n);        /* (window.h: watched frames) */
     int rc = vmm_map_run(pg->v, va, h, n, pg->p.page_size);
     if (h != hs)
         free(h);

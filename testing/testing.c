@@ -13,6 +13,7 @@
 #include "core/core.h"
 #include "disk/disk.h"
 #include "paging/paging_int.h"
+#include "paging/frames.h"
 #include "prefix/prefix.h"
 #include "vmm/emu/emu.h"
 #include "vmm/vmm.h"
