@@ -426,8 +426,8 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     int rc = 0;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
-        if (s->kind != SWAP_DROP)
-            continue;
+        if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
+            continue;                  /* (stashed before the moves: act_drops_free) */
         rc = -ENOSPC;
         if (sw->undo.on) {
             struct pg_use use = { 0 };
@@ -449,6 +449,32 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     return rc;
 }
 
+/* A call's reclaim: the drops whose stash takes no host slot (each of their device pages
+   is shared with a resident sequence: a LIVE victim later in the plan, typically a fork)
+   are stashed before the moves, where the plan counted them. Acted after the moves they
+   would find those victims non-resident: their shared pages, which the plan counted as
+   the victims' frees and slots, would stay on the device until the drop left them orphans
+   (parked: an undo that cannot map them back once they move down), and a stash of the
+   prefix cache's entries would take the host slots the plan counted for those pages in
+   between; the call would fail short of frames. */
+static int act_drops_free(struct swap *sw, const struct swap_rplan *p, uint32_t *moved)
+{
+    int rc = 0;
+    for (size_t i = 0; i < p->n && !rc; i++) {
+        const struct swap_step *s = &p->steps[i];
+        uint32_t slots;
+        if (s->kind != SWAP_DROP || paging_seq_stash_slots(sw->pg, s->h, &slots) || slots)
+            continue;
+        struct pg_use use = { 0 };
+        (void)paging_seq_use_get(sw->pg, s->h, &use);
+        rc = paging_seq_stash(sw->pg, s->h);
+        if (!rc)
+            swap_undo_stash(sw, s->h, &use);
+        *moved += !rc;
+    }
+    return rc;
+}
+
 static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     struct paging *pg = sw->pg;
@@ -457,7 +483,7 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
-    int rc = sw->undo.on ? 0 : act_drops(sw, p, wait, moved);
+    int rc = sw->undo.on ? act_drops_free(sw, p, moved) : act_drops(sw, p, wait, moved);
     if (!rc && p->cache && !sw->undo.on)
         p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
     if (!rc && p->orphans) {

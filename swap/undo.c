@@ -98,6 +98,15 @@ void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before)
     note(sw, h, before, true);
 }
 
+bool swap_undo_stashed(const struct swap *sw, uint64_t h)
+{
+    const struct swap_undo *u = &sw->undo;
+    for (size_t i = 0; i < u->n; i++)
+        if (u->e[i].stash && u->e[i].h == h)
+            return true;
+    return false;
+}
+
 /* The call succeeded: its stashed drops are made (the sequences were swapped out whole;
    dropping them now releases host slots only). A drop refused here leaves the sequence
    swapped out, CACHED and whole (logged): never a wrong byte. */
