@@ -8,7 +8,8 @@
  *
  * Order (one LRU order, swap_lru_sort): droppable CACHED sequences first (least recently used
  * first; a drop moves no data and needs no room below), then the prefix cache's entries no
- * sequence holds (its own order: swap_cache_ops), then orphan pages, then LIVE
+ * sequence holds that have a page on the device (its own order: swap_cache_ops), then
+ * orphan pages, then LIVE
  * sequences; PINNED ones never. Room below (host and disk slots) is counted per victim, with
  * all the pages its move copies down, not per shortfall: a LIVE victim whose move would not
  * fit in the room left is skipped and the next one tried; when the victims taken fill the

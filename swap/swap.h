@@ -125,7 +125,7 @@ struct swap_rplan {
 /* Holders of device pages above swap/ that reclaim drops like CACHED sequences: the prefix
    cache (prefix/), which installs itself with swap_set_cache. Every plan asks it after the
    droppable CACHED sequences, before orphans and LIVE sequences. plan: counts dropping its
-   reclaimable entries, in its own order, on paging's plan marks (paging_plan_pages) until
+   reclaimable entries with a page on the device, in its own order, on paging's plan marks (paging_plan_pages) until
    `want` frames are counted or none is left; returns the frames counted and keeps that plan
    (one at a time; a new plan replaces it). demote (KVVM_F_CACHE_DEMOTE, a plan that may
    swap): turns planned drops into demotions while take(ctx, k) grants the k slots below an
