@@ -425,17 +425,24 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
 static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     int rc = 0;
+    /* the stashes take the room the plan left (p->room), not the host slots free now: pages
+       a victim left on the device for a drop that still held them (its fork) go down only
+       once the drop is made (orphans, after the wait), in slots the plan counted for them */
+    uint64_t room = p->slots ? p->room : UINT64_MAX;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
         if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
             continue;                  /* (stashed before the moves: act_drops_free) */
         rc = -ENOSPC;
-        if (sw->undo.on) {
+        uint32_t k;
+        if (sw->undo.on && !paging_seq_stash_slots(sw->pg, s->h, &k) && k <= room) {
             struct pg_use use = { 0 };
             (void)paging_seq_use_get(sw->pg, s->h, &use);
             rc = paging_seq_stash(sw->pg, s->h);
-            if (!rc)
+            if (!rc) {
                 swap_undo_stash(sw, s->h, &use);
+                room -= k;
+            }
         }
         if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
             struct pg_park *k;

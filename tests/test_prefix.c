@@ -2022,6 +2022,69 @@ Test(regress, reclaim_short_when_a_cached_fork_dropped_after_its_parent)
     cached_fork_drop(true, true);
 }
 
+/* Issue 31 (the model test, 4k/4+auto+prefix, seed 202 op 101718 at KVVMTEST_SCALE=2): a
+   call's reclaim planned the drop of CACHED f (a fork of p with a page of its own) and the
+   swap-out of p, whose pages f shares (p's frees and host slots once f is gone). p went out
+   first, leaving the shared pages on the device (its job held them); f's stash then took
+   the host slots free as they were, the ones the plan had counted for those pages, which
+   went down as orphans only after the wait: no slot was left, and the call failed after its
+   moves. A stash now takes only the room the plan left (none here: f is parked). The host
+   tier: 4 slots, u's page in one. */
+static void stash_room(bool stream_mode)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *stream = NULL;
+    cfg_small(&c, 1, 8, 4, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* only the calls reclaim */
+    c.host_min = c.host_low = c.host_high = 0;
+    if (stream_mode)
+        topen_stream(&t, &c, &stream);
+    else
+        topen(&t, &c);
+    kvvm_seq u = mk(&t);
+    fill(&t, u, T, 5);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, u), 0);
+    kvvm_seq p = mk(&t), f;
+    fill(&t, p, 3 * T, 3);
+    cr_assert_eq(kvvm_seq_fork(t.kv, p, &f), 0);
+    uint8_t b[BPT];
+    memset(b, 0x77, sizeof b);
+    cr_assert_eq(kvvm_seq_write(t.kv, f, 0, 2 * T * BPT, b, sizeof b), 0);  /* f's own */
+    cr_assert_eq(kvvm_seq_set_class(t.kv, f, KVVM_SEQ_CACHED), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_step(t.kv), 0);                /* p and f unprotected: victims */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert(st.pages_host_free == 3 && st.pages_device_free == 4, "the setup: host %lu "
+              "free, device %lu", (unsigned long)st.pages_host_free,
+              (unsigned long)st.pages_device_free);
+    int rc = kvvm_seq_grow(t.kv, g, 8 * T);          /* 8 frames: 4 free, f's 1, p's 3 */
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, f, &in), 0);
+    cr_assert(in.dropped, "f was not dropped");
+    tcheck(&t, "grown");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, p), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, u), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, p, 3 * T, 3) && same(&t, u, T, 5), "bytes");
+    tcheck(&t, "swapped in");
+    if (stream_mode)
+        tclose_stream(&t, stream);
+    else
+        tclose(&t);
+}
+
+Test(regress, stash_took_the_host_room_of_a_victims_left_pages)
+{
+    TH_DEADLINE(60);
+    stash_room(false);
+    stash_room(true);
+}
+
 /* Issue 31 (the model test with prefix calls, 64k/1+demote+prefix, seed 103 op 180102 at
    KVVMTEST_SCALE=1): an orphan's move down (paging/orphan.c, tier_page_down) asked the
    policy for host room only with a disk tier, so without one an orphan found the host tier
