@@ -434,14 +434,14 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
             continue;                  /* (stashed before the moves: act_drops_free) */
         rc = -ENOSPC;
-        uint32_t k;
-        if (sw->undo.on && !paging_seq_stash_slots(sw->pg, s->h, &k) && k <= room) {
+        uint32_t sl;
+        if (sw->undo.on && !paging_seq_stash_slots(sw->pg, s->h, &sl) && sl <= room) {
             struct pg_use use = { 0 };
             (void)paging_seq_use_get(sw->pg, s->h, &use);
             rc = paging_seq_stash(sw->pg, s->h);
             if (!rc) {
                 swap_undo_stash(sw, s->h, &use);
-                room -= k;
+                room -= sl;
             }
         }
         if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
