@@ -814,7 +814,7 @@ static bool stash_push(struct prefix *pc, uint32_t i, bool record)
     return true;
 }
 
-static uint32_t cache_stash(void *arg)
+static uint32_t cache_stash(void *arg, uint64_t *room)
 {
     struct prefix *pc = arg;
     uint32_t lost = pc->act_lost;
@@ -826,8 +826,10 @@ static uint32_t cache_stash(void *arg)
         const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
         for (uint32_t r = 0; r < pc->nr; r++)
             dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
-        if (dev <= paging_host_free(pc->pg) && stash_push(pc, i, true))
+        if (dev <= paging_host_free(pc->pg) && dev <= *room && stash_push(pc, i, true)) {
+            *room -= dev;
             continue;
+        }
         rec_remove(pc, i, true);
         pc->c.evictions++;
         lost++;

@@ -422,13 +422,10 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
    Those run after the other moves, in the room they left; a drop no room takes is made at
    once and parked (paging_seq_park): its undo maps its frames back where nothing wrote
    them since. */
-static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint64_t room,
+                     uint32_t *moved)
 {
     int rc = 0;
-    /* the stashes take the room the plan left (p->room), not the host slots free now: pages
-       a victim left on the device for a drop that still held them (its fork) go down only
-       once the drop is made (orphans, after the wait), in slots the plan counted for them */
-    uint64_t room = p->slots ? p->room : UINT64_MAX;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
         if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
@@ -491,7 +488,12 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
-    int rc = sw->undo.on ? act_drops_free(sw, p, moved) : act_drops(sw, p, wait, moved);
+    /* a call's stashes take the room the plan left (p->room), not the host slots free now:
+       pages a victim left on the device for a drop that still held them (its fork, or a
+       sibling whose job was in flight) go down only after the wait, as orphans, in slots
+       the plan counted for them */
+    uint64_t room = p->slots ? p->room : UINT64_MAX;
+    int rc = sw->undo.on ? act_drops_free(sw, p, moved) : act_drops(sw, p, wait, room, moved);
     if (!rc && p->cache && !sw->undo.on)
         p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
     if (!rc && p->orphans) {
@@ -506,9 +508,9 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
     if (!rc && p->cache_slots && !(rc = act_settle(sw, wait, p->cache_slots, &copying)))
         p->cache_ops->act(p->cache_ops->arg, true);   /* synchronous copies */
     if (!rc && p->cache && sw->undo.on)                /* stashed where room is left */
-        sw->undo.lost += swap_undo_cache_stash(sw, p->cache_ops);
+        sw->undo.lost += swap_undo_cache_stash(sw, p->cache_ops, &room);
     if (!rc && sw->undo.on)
-        rc = act_drops(sw, p, wait, moved);            /* in the room left */
+        rc = act_drops(sw, p, wait, room, moved);      /* in the room left */
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release

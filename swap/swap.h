@@ -142,8 +142,8 @@ struct swap_rplan {
    device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
    act true drops exactly those. Returns the slots counted (dropped). stash (a call's
    reclaim, instead of act false): moves each planned drop whose device pages the host
-   tier's free slots take as they are down there and keeps it until stash_end, drops the
-   others now; returns those dropped now. stash_end: the call ended, commit: the stashed
+   tier's free slots take as they are, within *room (the room the plan left, taken), down
+   there and keeps it until stash_end, drops the others now; returns those dropped now. stash_end: the call ended, commit: the stashed
    are dropped; else they come back to the device (returns how many could not). */
 struct swap_cache_ops {
     void *arg;
@@ -153,7 +153,7 @@ struct swap_cache_ops {
     void (*forget)(void *arg);
     uint32_t (*spill)(void *arg, uint32_t max);
     uint32_t (*host_drop)(void *arg, uint32_t want, bool act);
-    uint32_t (*stash)(void *arg);
+    uint32_t (*stash)(void *arg, uint64_t *room);
     uint32_t (*stash_end)(void *arg, bool commit);
 };
 /* Installs ops (copied; NULL: none). */

@@ -80,7 +80,8 @@ void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before);
 void swap_undo_park(struct swap *sw, struct pg_park *k);
 /* The plan's entry drops of ops, stashed (swap_cache_ops.stash) until the call ends;
    returns those dropped now. */
-uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops);
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops,
+                               uint64_t *room);
 /* Records h's stashed drop (the journal on): dropped when the call succeeds. */
 void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before);
 /* Whether the journal holds h's stashed drop (made earlier in the same reclaim). */

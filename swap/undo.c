@@ -68,14 +68,15 @@ void swap_undo_park(struct swap *sw, struct pg_park *k)
         u->parks[u->n_parks++] = k;
 }
 
-uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops)
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops,
+                               uint64_t *room)
 {
     if (!ops->stash) {
         ops->act(ops->arg, false);
         return 1;
     }
     sw->undo.cache = ops;
-    return ops->stash(ops->arg);
+    return ops->stash(ops->arg, room);
 }
 
 /* The parked drops' records freed and their frames no longer watched (the call ends). */

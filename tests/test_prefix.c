@@ -2085,6 +2085,61 @@ Test(regress, stash_took_the_host_room_of_a_victims_left_pages)
     stash_room(true);
 }
 
+/* The same for the prefix cache's stash (seed 402 op 220417): p and its fork f both LIVE
+   victims (the first to go frees nothing), z0 an entry with a device page no sequence
+   holds, planned as a drop; its stash took a host slot the plan counted for the pages the
+   siblings left behind. It is dropped now (the room the plan left: none). */
+static void entry_stash_room(bool stream_mode)
+{
+    struct tctx t;
+    struct kvvm_config c;
+    void *stream = NULL;
+    cfg_small(&c, 1, 8, 4, KVVM_F_AUTO_SWAP);
+    c.device_min = c.device_low = c.device_high = 0;   /* only the calls reclaim */
+    c.host_min = c.host_low = c.host_high = 0;
+    if (stream_mode)
+        topen_stream(&t, &c, &stream);
+    else
+        topen(&t, &c);
+    kvvm_seq u = mk(&t);
+    fill(&t, u, T, 5);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, u), 0);
+    kvvm_key z[1];
+    kvvm_seq q = published(&t, 2, 2, 1, 0, z);
+    cr_assert_eq(kvvm_seq_free(t.kv, q), 0);        /* z0: a device page, no holder */
+    kvvm_seq p = mk(&t), f;
+    fill(&t, p, 3 * T, 3);
+    cr_assert_eq(kvvm_seq_fork(t.kv, p, &f), 0);
+    kvvm_seq g = mk(&t);
+    cr_assert_eq(kvvm_step(t.kv), 0);                /* p and f unprotected: victims */
+    cr_assert_eq(kvvm_step(t.kv), 0);
+    cr_assert_eq(kvvm_sync(t.kv), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert(st.pages_host_free == 3 && st.pages_device_free == 4, "the setup: host %lu "
+              "free, device %lu", (unsigned long)st.pages_host_free,
+              (unsigned long)st.pages_device_free);
+    int rc = kvvm_seq_grow(t.kv, g, 8 * T);          /* 8 frames: 4 free, z0's, p's 3 */
+    cr_assert_eq(rc, 0, "grow: %d (%s)", rc, kvvm_last_error());
+    tcheck(&t, "grown");
+    cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, p), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert_eq(kvvm_seq_swap_in(t.kv, f), 0, "swap_in: %s", kvvm_last_error());
+    cr_assert(same(&t, p, 3 * T, 3) && same(&t, f, 3 * T, 3), "bytes");
+    tcheck(&t, "swapped in");
+    if (stream_mode)
+        tclose_stream(&t, stream);
+    else
+        tclose(&t);
+}
+
+Test(regress, entry_stash_took_the_host_room_of_a_victims_left_pages)
+{
+    TH_DEADLINE(60);
+    entry_stash_room(false);
+    entry_stash_room(true);
+}
+
 /* Issue 31 (the model test with prefix calls, 64k/1+demote+prefix, seed 103 op 180102 at
    KVVMTEST_SCALE=1): an orphan's move down (paging/orphan.c, tier_page_down) asked the
    policy for host room only with a disk tier, so without one an orphan found the host tier
