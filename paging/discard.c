@@ -177,22 +177,42 @@ int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
     return 0;
 }
 
-int paging_seq_stash(struct paging *pg, uint64_t h)
+/* The host slots a stash of resident CACHED s takes: its device pages that go down with
+   it (a page another resident holder keeps stays on the device). -ENOSPC where a page it
+   shares with non-resident holders would go down with it, where the drop leaves it on the
+   device for them. */
+static int stash_moves(struct paging *pg, struct pg_seq *s, uint32_t *moves)
 {
-    struct pg_seq *s;
-    int rc = cached_lookup(pg, h, &s);
-    if (rc)
-        return rc;
-    if (s->out || !lower_on(pg, PG_LOWER_HOST) ||
-        paging_host_free(pg) < paging_seq_device_pages(pg, h))
-        return -ENOSPC;                 /* no room as it is: no other page may move for it */
-    /* a page it shares with non-resident holders would go down with it, where the drop
-       leaves it on the device for them: not stashed */
+    *moves = 0;
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {
         const struct pg_page *p = page_at(pg, it.id);
-        if (page_moves_down(p) && p->refs > 1)
+        if (!page_moves_down(p))
+            continue;
+        if (p->refs > 1)
             return -ENOSPC;
+        (*moves)++;
     }
+    return 0;
+}
+
+int paging_seq_stash_slots(struct paging *pg, uint64_t h, uint32_t *slots)
+{
+    struct pg_seq *s;
+    *slots = UINT32_MAX;
+    int rc = cached_lookup(pg, h, &s);
+    if (!rc && (s->out || !lower_on(pg, PG_LOWER_HOST)))
+        rc = -ENOSPC;
+    return rc ? rc : stash_moves(pg, s, slots);
+}
+
+int paging_seq_stash(struct paging *pg, uint64_t h)
+{
+    uint32_t moves;
+    int rc = paging_seq_stash_slots(pg, h, &moves);
+    if (rc)
+        return rc;
+    if (paging_host_free(pg) < moves)
+        return -ENOSPC;                 /* no room as it is: no other page may move for it */
     uint64_t outs = pg->c.swap_outs, bytes = pg->c.bytes_to_host;
     rc = paging_swap_out(pg, h, true);
     pg->c.swap_outs = outs;             /* a drop to be: counted as one at its commit */

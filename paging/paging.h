@@ -651,6 +651,11 @@ int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
    back in; the call's success drops it (paging_seq_drop, which counts the drop). -ENOSPC
    no room as it is (or non-resident, no host tier), else paging_swap_out's errors. */
 int  paging_seq_stash(struct paging *pg, uint64_t h);
+/* The host slots paging_seq_stash(s) would take now (*slots): s's device pages that go down
+   with it (those another resident holder keeps stay on the device). -ENOENT, -EINVAL not
+   CACHED or dropped, -ENOSPC not stashable as it is (non-resident, no host tier, or a page
+   it shares with non-resident holders would go down with it). */
+int  paging_seq_stash_slots(struct paging *pg, uint64_t h, uint32_t *slots);
 /* The stash's commit: drops stashed s (paging_seq_drop), which is then as a drop in place
    leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
    stashed (resident), else paging_seq_drop's errors. */

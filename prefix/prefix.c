@@ -562,8 +562,23 @@ static uint32_t walk_next(struct prefix *pc, struct pfx_walk *w)
     return i;
 }
 
+/* Whether one of record i's pages is on the device. */
+static bool on_device(struct prefix *pc, uint32_t i)
+{
+    const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
+    for (uint32_t r = 0; r < pc->nr; r++)
+        if (paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE)
+            return true;
+    return false;
+}
+
 /* Plans dropping reclaimable entries, least recently used leaves first, until want frames
-   are counted (a parent goes after all its children). */
+   are counted (a parent goes after all its children that are planned; a child left keeps
+   its place as a chain's head). Entries with no page on the device are not planned: they
+   free no frame, and where no disk takes spills their host pages are the host room the
+   plan counts for its moves (swap_cache_ops.host_drop), which a stash of theirs (a call's
+   reclaim keeps its planned drops until the call ends) would take away: issue 31, the
+   call failed short of frames after its moves. */
 static uint32_t cache_plan(void *arg, uint32_t want)
 {
     struct prefix *pc = arg;
@@ -579,6 +594,8 @@ static uint32_t cache_plan(void *arg, uint32_t want)
         return 0;
     }
     while (frees < want && (i = walk_next(pc, &w)) != PFX_NONE) {
+        if (!on_device(pc, i))
+            continue;                   /* frees no frame: its host room stays (below) */
         frees += paging_plan_pages(pc->pg, &pc->pages[(size_t)i * pc->nr], pc->nr, 1);
         KVVM_ASSERT(pc->n_plan < pc->rcap);   /* a record once */
         pc->plan[pc->n_plan++] = i;
@@ -797,7 +814,7 @@ static bool stash_push(struct prefix *pc, uint32_t i, bool record)
     return true;
 }
 
-static uint32_t cache_stash(void *arg)
+static uint32_t cache_stash(void *arg, uint64_t *room)
 {
     struct prefix *pc = arg;
     uint32_t lost = pc->act_lost;
@@ -809,8 +826,10 @@ static uint32_t cache_stash(void *arg)
         const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
         for (uint32_t r = 0; r < pc->nr; r++)
             dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
-        if (dev <= paging_host_free(pc->pg) && stash_push(pc, i, true))
+        if (dev <= paging_host_free(pc->pg) && dev <= *room && stash_push(pc, i, true)) {
+            *room -= dev;
             continue;
+        }
         rec_remove(pc, i, true);
         pc->c.evictions++;
         lost++;

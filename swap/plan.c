@@ -8,7 +8,8 @@
  *
  * Order (one LRU order, swap_lru_sort): droppable CACHED sequences first (least recently used
  * first; a drop moves no data and needs no room below), then the prefix cache's entries no
- * sequence holds (its own order: swap_cache_ops), then orphan pages, then LIVE
+ * sequence holds that have a page on the device (its own order: swap_cache_ops), then
+ * orphan pages, then LIVE
  * sequences; PINNED ones never. Room below (host and disk slots) is counted per victim, with
  * all the pages its move copies down, not per shortfall: a LIVE victim whose move would not
  * fit in the room left is skipped and the next one tried; when the victims taken fill the
@@ -421,20 +422,24 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
    Those run after the other moves, in the room they left; a drop no room takes is made at
    once and parked (paging_seq_park): its undo maps its frames back where nothing wrote
    them since. */
-static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
+static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint64_t room,
+                     uint32_t *moved)
 {
     int rc = 0;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
-        if (s->kind != SWAP_DROP)
-            continue;
+        if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
+            continue;                  /* (stashed before the moves: act_drops_free) */
         rc = -ENOSPC;
-        if (sw->undo.on) {
+        uint32_t sl;
+        if (sw->undo.on && !paging_seq_stash_slots(sw->pg, s->h, &sl) && sl <= room) {
             struct pg_use use = { 0 };
             (void)paging_seq_use_get(sw->pg, s->h, &use);
             rc = paging_seq_stash(sw->pg, s->h);
-            if (!rc)
+            if (!rc) {
                 swap_undo_stash(sw, s->h, &use);
+                room -= sl;
+            }
         }
         if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
             struct pg_park *k;
@@ -449,6 +454,32 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     return rc;
 }
 
+/* A call's reclaim: the drops whose stash takes no host slot (each of their device pages
+   is shared with a resident sequence: a LIVE victim later in the plan, typically a fork)
+   are stashed before the moves, where the plan counted them. Acted after the moves they
+   would find those victims non-resident: their shared pages, which the plan counted as
+   the victims' frees and slots, would stay on the device until the drop left them orphans
+   (parked: an undo that cannot map them back once they move down), and a stash of the
+   prefix cache's entries would take the host slots the plan counted for those pages in
+   between; the call would fail short of frames. */
+static int act_drops_free(struct swap *sw, const struct swap_rplan *p, uint32_t *moved)
+{
+    int rc = 0;
+    for (size_t i = 0; i < p->n && !rc; i++) {
+        const struct swap_step *s = &p->steps[i];
+        uint32_t slots;
+        if (s->kind != SWAP_DROP || paging_seq_stash_slots(sw->pg, s->h, &slots) || slots)
+            continue;
+        struct pg_use use = { 0 };
+        (void)paging_seq_use_get(sw->pg, s->h, &use);
+        rc = paging_seq_stash(sw->pg, s->h);
+        if (!rc)
+            swap_undo_stash(sw, s->h, &use);
+        *moved += !rc;
+    }
+    return rc;
+}
+
 static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     struct paging *pg = sw->pg;
@@ -457,7 +488,12 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
        swap-outs, then demotions (in the room the swap-outs left). Each move makes its own
        room below (spilling others, or staged), as the model chose for it: no spill ahead
        for all of them, which takes the disk slots a staged move was counted on. */
-    int rc = sw->undo.on ? 0 : act_drops(sw, p, wait, moved);
+    /* a call's stashes take the room the plan left (p->room), not the host slots free now:
+       pages a victim left on the device for a drop that still held them (its fork, or a
+       sibling whose job was in flight) go down only after the wait, as orphans, in slots
+       the plan counted for them */
+    uint64_t room = p->slots ? p->room : UINT64_MAX;
+    int rc = sw->undo.on ? act_drops_free(sw, p, moved) : act_drops(sw, p, wait, room, moved);
     if (!rc && p->cache && !sw->undo.on)
         p->cache_ops->act(p->cache_ops->arg, false);  /* frames free at once: unmapped */
     if (!rc && p->orphans) {
@@ -472,9 +508,9 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
     if (!rc && p->cache_slots && !(rc = act_settle(sw, wait, p->cache_slots, &copying)))
         p->cache_ops->act(p->cache_ops->arg, true);   /* synchronous copies */
     if (!rc && p->cache && sw->undo.on)                /* stashed where room is left */
-        sw->undo.lost += swap_undo_cache_stash(sw, p->cache_ops);
+        sw->undo.lost += swap_undo_cache_stash(sw, p->cache_ops, &room);
     if (!rc && sw->undo.on)
-        rc = act_drops(sw, p, wait, moved);            /* in the room left */
+        rc = act_drops(sw, p, wait, room, moved);      /* in the room left */
     if (!wait)
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release

@@ -125,7 +125,7 @@ struct swap_rplan {
 /* Holders of device pages above swap/ that reclaim drops like CACHED sequences: the prefix
    cache (prefix/), which installs itself with swap_set_cache. Every plan asks it after the
    droppable CACHED sequences, before orphans and LIVE sequences. plan: counts dropping its
-   reclaimable entries, in its own order, on paging's plan marks (paging_plan_pages) until
+   reclaimable entries with a page on the device, in its own order, on paging's plan marks (paging_plan_pages) until
    `want` frames are counted or none is left; returns the frames counted and keeps that plan
    (one at a time; a new plan replaces it). demote (KVVM_F_CACHE_DEMOTE, a plan that may
    swap): turns planned drops into demotions while take(ctx, k) grants the k slots below an
@@ -142,8 +142,8 @@ struct swap_rplan {
    device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
    act true drops exactly those. Returns the slots counted (dropped). stash (a call's
    reclaim, instead of act false): moves each planned drop whose device pages the host
-   tier's free slots take as they are down there and keeps it until stash_end, drops the
-   others now; returns those dropped now. stash_end: the call ended, commit: the stashed
+   tier's free slots take as they are, within *room (the room the plan left, taken), down
+   there and keeps it until stash_end, drops the others now; returns those dropped now. stash_end: the call ended, commit: the stashed
    are dropped; else they come back to the device (returns how many could not). */
 struct swap_cache_ops {
     void *arg;
@@ -153,7 +153,7 @@ struct swap_cache_ops {
     void (*forget)(void *arg);
     uint32_t (*spill)(void *arg, uint32_t max);
     uint32_t (*host_drop)(void *arg, uint32_t want, bool act);
-    uint32_t (*stash)(void *arg);
+    uint32_t (*stash)(void *arg, uint64_t *room);
     uint32_t (*stash_end)(void *arg, bool commit);
 };
 /* Installs ops (copied; NULL: none). */

@@ -80,9 +80,12 @@ void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before);
 void swap_undo_park(struct swap *sw, struct pg_park *k);
 /* The plan's entry drops of ops, stashed (swap_cache_ops.stash) until the call ends;
    returns those dropped now. */
-uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops);
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops,
+                               uint64_t *room);
 /* Records h's stashed drop (the journal on): dropped when the call succeeds. */
 void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before);
+/* Whether the journal holds h's stashed drop (made earlier in the same reclaim). */
+bool swap_undo_stashed(const struct swap *sw, uint64_t h);
 
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);

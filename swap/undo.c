@@ -68,14 +68,15 @@ void swap_undo_park(struct swap *sw, struct pg_park *k)
         u->parks[u->n_parks++] = k;
 }
 
-uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops)
+uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops,
+                               uint64_t *room)
 {
     if (!ops->stash) {
         ops->act(ops->arg, false);
         return 1;
     }
     sw->undo.cache = ops;
-    return ops->stash(ops->arg);
+    return ops->stash(ops->arg, room);
 }
 
 /* The parked drops' records freed and their frames no longer watched (the call ends). */
@@ -96,6 +97,15 @@ void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before)
 void swap_undo_stash(struct swap *sw, uint64_t h, const struct pg_use *before)
 {
     note(sw, h, before, true);
+}
+
+bool swap_undo_stashed(const struct swap *sw, uint64_t h)
+{
+    const struct swap_undo *u = &sw->undo;
+    for (size_t i = 0; i < u->n; i++)
+        if (u->e[i].stash && u->e[i].h == h)
+            return true;
+    return false;
 }
 
 /* The call succeeded: its stashed drops are made (the sequences were swapped out whole;
