@@ -38,7 +38,21 @@ HANG_S = 100
 PAGE = 64 * 1024
 MAGIC = 0x4b56504c                    # POOL_MAGIC
 HELLO, WELCOME, LEASE, FRAMES = 1, 2, 4, 5
-VERSION, ROLE_CLIENT = 1, 1
+ROLE_CLIENT = 1
+
+
+def proto_version():
+    """POOL_PROTO_VERSION, read from pool/protocol.h: this raw client says the version the
+    daemon was built with (it said 1 when the sharing messages made it 2, and was refused)."""
+    h = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pool", "protocol.h")
+    with open(h) as f:
+        for line in f:
+            if line.startswith("#define POOL_PROTO_VERSION"):
+                return int(line.split()[2].rstrip("uU"))
+    raise SystemExit("FAIL: no POOL_PROTO_VERSION in " + h)
+
+
+VERSION = proto_version()
 MSG_MAX = 4096                        # above POOL_MSG_MAX
 NAMES = ("prom-a", 'prom"b\\c')
 
@@ -92,7 +106,7 @@ def client(path, name, lease):
                         name.encode())
     s.send(hello)
     hdr = struct.unpack_from("=IHH", s.recv(MSG_MAX))
-    assert hdr[0] == MAGIC and hdr[1] == WELCOME, hdr
+    assert hdr[0] == MAGIC and hdr[1] == WELCOME, "HELLO (version %d) answered %r" % (VERSION, hdr)
     if lease:
         s.send(struct.pack("=IHHII", MAGIC, LEASE, 16, lease, 0))
         msg, anc, _, _ = s.recvmsg(MSG_MAX, socket.CMSG_LEN(64 * 4))
