@@ -668,10 +668,18 @@ struct pg_park;
 int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
 /* Takes a parked drop back when no byte of its frames can have changed since (each frame
    still ready under the same handle, not mapped and written through since; its shared
-   pages still on the device): the sequence holds its pages again at the same addresses, not
+   pages still on the device, in the same frames or rebased): the sequence holds its pages again at the same addresses, not
    dropped. 0 (k NULL: nothing to do); -ESTALE it cannot be had (nothing changed), -ENOMEM,
    -EIO a map the driver refused (nothing changed). */
 int  paging_park_undo(struct paging *pg, struct pg_park *k);
+/* Page id, one of k's shared pages that moved down as an orphan after the drop (the drop
+   left it to non-resident holders) and came back since (paging_orphan_back): k takes it back
+   in the frame it has now. Nothing else changes. */
+void paging_park_rebase(struct paging *pg, struct pg_park *k, uint32_t id);
+/* The watched frames of every park put last on the ready list again (frames given back
+   since went after them): what the undo takes before the parks (paging_orphan_back) takes
+   the others first. */
+void paging_park_frames_last(struct paging *pg);
 void paging_park_free(struct pg_park *k);
 /* The call ends: no frame is watched any more (the records are the caller's to free). */
 void paging_park_end(struct paging *pg);

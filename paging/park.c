@@ -7,7 +7,9 @@
  * where nothing can have written those frames since: each is still ready under the same
  * handle and no library copy or memset was enqueued to a window address it was mapped at. The frames come back under new page descriptors, the pages it
  * shared with others under theirs, mapped at the same window addresses: the sequence holds
- * the same bytes as before the drop.
+ * the same bytes as before the drop. A shared page the drop left to non-resident holders
+ * only (an orphan) may have moved down after it and come back before the undo (swap/undo.c,
+ * the journal's reverse order): paging_park_rebase notes its new frame.
  */
 #include "paging_int.h"
 #include "frames.h"
@@ -141,6 +143,28 @@ static bool park_intact(struct paging *pg, const struct pg_park *k, const struct
         }
     }
     return true;
+}
+
+void paging_park_rebase(struct paging *pg, struct pg_park *k, uint32_t id)
+{
+    if (!k)
+        return;
+    const struct pg_page *p = page_at(pg, (pg_page_id){ id });
+    if (!p->refs || p->tier != PG_TIER_DEVICE)
+        return;                                 /* not back: park_intact says so */
+    for (size_t j = 0; j < (size_t)pg->p.n_regions * k->n_pages; j++) {
+        struct pk_ent *x = &k->e[j];
+        if (x->kind != PK_SHARED || x->page.v != id)
+            continue;
+        x->frame = p->frame;
+        x->gen = frame_at(pg, p->frame)->gen;
+    }
+}
+
+void paging_park_frames_last(struct paging *pg)
+{
+    for (uint32_t i = 0; i < pg->wt.n; i++)
+        pool_ready_last(pg, pg->wt.f[i]);
 }
 
 /* Gives back what undo_take took for entries [0, upto) (their new references). */

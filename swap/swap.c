@@ -323,6 +323,7 @@ void swap_destroy(struct swap *sw)
         paging_park_free(sw->undo.parks[i]);
     free(sw->undo.e);
     free(sw->undo.parks);
+    free(sw->undo.park_orph);
     free(sw->undo.orph);
     free(sw);
 }

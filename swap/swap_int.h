@@ -34,6 +34,8 @@ struct swap_undo {
     size_t n, cap;
     struct pg_park **parks;        /* drops no stash took (paging_seq_park), cap of them */
     size_t n_parks;
+    uint32_t *park_orph;           /* of each park: n_orph when it was made (the orphans
+                                      logged from there on moved down after it) */
     uint32_t *orph;                /* orphan pages moved down (paging_orphan_log) */
     uint32_t n_orph, orph_cap;
     const struct swap_cache_ops *cache;   /* whose entries are stashed (NULL: none) */

@@ -29,6 +29,10 @@ int swap_undo_reserve(struct swap *sw, size_t more, uint32_t pages)
         if (!k)
             return -ENOMEM;
         u->parks = k;
+        uint32_t *po = realloc(u->park_orph, cap * sizeof *po);
+        if (!po)
+            return -ENOMEM;
+        u->park_orph = po;
         u->cap = cap;
     }
     if ((uint64_t)u->n_orph + pages > u->orph_cap) {
@@ -64,8 +68,10 @@ void swap_undo_park(struct swap *sw, struct pg_park *k)
 {
     struct swap_undo *u = &sw->undo;
     KVVM_ASSERT(u->on && u->n_parks < u->cap);      /* reserved: one per planned step */
-    if (k)
+    if (k) {
+        u->park_orph[u->n_parks] = u->n_orph;
         u->parks[u->n_parks++] = k;
+    }
 }
 
 uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops,
@@ -123,18 +129,46 @@ static void commit_stashes(struct swap *sw)
         }
 }
 
-/* Takes the journal's moves back in reverse order: the parked drops and the stashed
-   entries (acted last), then the orphans (a page a victim's move left behind went down as
-   an orphan after it, and comes back an orphan before the victim maps it again), then the
-   sequences, the last moved first. *failed: those that could not; returns the first
-   error. */
+/* Brings the orphans logged from index `to` on back, the last moved first: [to, *n_orph)
+   (*n_orph becomes to). Each one back is rebased in the parks made before it moved down
+   (parks [0, n_parks) whose mark is at most its index). */
+static void orphans_back(struct swap *sw, uint32_t to, uint32_t *n_orph, size_t n_parks,
+                         uint32_t *failed, int *first)
+{
+    struct swap_undo *u = &sw->undo;
+    for (uint32_t i = *n_orph; i-- > to;) {
+        int r = paging_orphan_back(sw->pg, u->orph[i]);
+        if (r) {
+            (*failed)++;
+            *first = *first ? *first : r;
+            continue;
+        }
+        for (size_t j = 0; j < n_parks && u->park_orph[j] <= i; j++)
+            paging_park_rebase(sw->pg, u->parks[j], u->orph[i]);
+    }
+    *n_orph = to;
+}
+
+/* Takes the journal's moves back in reverse order: the parked drops (acted last), each
+   after the orphans that moved down after it (a page the drop shared with a victim gone
+   before it was left an orphan, and went down once the victim's job was reaped: it comes
+   back first, in a frame the park maps it from), then the stashed entries, then the other
+   orphans (a page a victim's move left behind went down as an orphan after it, and comes
+   back an orphan before the victim maps it again), then the sequences, the last moved
+   first. *failed: those that could not; returns the first error. */
 static int undo_moves(struct swap *sw, uint32_t *failed)
 {
     struct swap_undo *u = &sw->undo;
     int first = 0;
+    uint32_t n_orph = u->n_orph;
     *failed = 0;
-    /* the parked drops first (acted last): before any swap-in takes or writes a frame */
+    if (u->n_parks)
+        paging_park_frames_last(sw->pg);
+    /* the parked drops first (acted last): before any swap-in takes or writes a frame (the
+       orphans back before one take the others first: its frames are last on the ready
+       list) */
     for (size_t i = u->n_parks; i-- > 0;) {
+        orphans_back(sw, u->park_orph[i], &n_orph, i + 1, failed, &first);
         int r = paging_park_undo(sw->pg, u->parks[i]);
         if (r) {
             (*failed)++;
@@ -148,13 +182,7 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
         first = first ? first : f ? -ESTALE : 0;
         u->cache = NULL;
     }
-    for (uint32_t i = u->n_orph; i-- > 0;) {
-        int r = paging_orphan_back(sw->pg, u->orph[i]);
-        if (r) {
-            (*failed)++;
-            first = first ? first : r;
-        }
-    }
+    orphans_back(sw, 0, &n_orph, 0, failed, &first);
     for (size_t i = u->n; i-- > 0;) {
         int r = paging_swap_in(sw->pg, u->e[i].h, false);
         if (r) {
