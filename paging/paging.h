@@ -666,11 +666,11 @@ int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *u
    -ENOMEM (nothing dropped), else paging_seq_drop's errors. */
 struct pg_park;
 int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
-/* Takes a parked drop back when no byte of its frames can have changed since (each frame
-   still ready under the same handle, not mapped and written through since; its shared
-   pages still on the device, in the same frames or rebased): the sequence holds its pages again at the same addresses, not
-   dropped. 0 (k NULL: nothing to do); -ESTALE it cannot be had (nothing changed), -ENOMEM,
-   -EIO a map the driver refused (nothing changed). */
+/* Takes a parked drop back when no byte of its frames can have changed since (each frame still
+   ready under the same handle, not mapped and written through since; its shared pages still on
+   the device, in the same frames or rebased): the sequence holds its pages again at the same
+   addresses, not dropped. 0 (k NULL: nothing to do); -ESTALE it cannot be had (nothing
+   changed), -ENOMEM, -EIO a map the driver refused (nothing changed). */
 int  paging_park_undo(struct paging *pg, struct pg_park *k);
 /* Page id, one of k's shared pages that moved down as an orphan after the drop (the drop
    left it to non-resident holders) and came back since (paging_orphan_back): k takes it back

@@ -1,15 +1,16 @@
 /*
  * paging/park.c: a call's reclaim drop kept for its undo (contract in paging.h,
  * paging_seq_park). A CACHED sequence dropped for a call that the host tier has no free room
- * to stash (swap/undo.c) is dropped at once, its frames to the pool for the caller: the
- * record keeps what it held (its pages and their frames) and the pool's frames it freed are
- * watched (struct pg_watch) until the call ends. When the call fails, the drop is taken back
- * where nothing can have written those frames since: each is still ready under the same
- * handle and no library copy or memset was enqueued to a window address it was mapped at. The frames come back under new page descriptors, the pages it
- * shared with others under theirs, mapped at the same window addresses: the sequence holds
- * the same bytes as before the drop. A shared page the drop left to non-resident holders
- * only (an orphan) may have moved down after it and come back before the undo (swap/undo.c,
- * the journal's reverse order): paging_park_rebase notes its new frame.
+ * to stash (swap/undo.c) is dropped at once, its frames to the pool for the caller: the record
+ * keeps what it held (its pages and their frames) and the pool's frames it freed are watched
+ * (struct pg_watch) until the call ends. When the call fails, the drop is taken back where
+ * nothing can have written those frames since: each is still ready under the same handle and
+ * no library copy or memset was enqueued to a window address it was mapped at. The frames come
+ * back under new page descriptors, the pages it shared with others under theirs, mapped at the
+ * same window addresses: the sequence holds the same bytes as before the drop. A shared page
+ * the drop left to non-resident holders only (an orphan) may have moved down after it and come
+ * back before the undo (swap/undo.c, the journal's reverse order): paging_park_rebase notes
+ * its new frame.
  */
 #include "paging_int.h"
 #include "frames.h"

@@ -125,26 +125,27 @@ struct swap_rplan {
 /* Holders of device pages above swap/ that reclaim drops like CACHED sequences: the prefix
    cache (prefix/), which installs itself with swap_set_cache. Every plan asks it after the
    droppable CACHED sequences, before orphans and LIVE sequences. plan: counts dropping its
-   reclaimable entries with a page on the device, in its own order, on paging's plan marks (paging_plan_pages) until
-   `want` frames are counted or none is left; returns the frames counted and keeps that plan
-   (one at a time; a new plan replaces it). demote (KVVM_F_CACHE_DEMOTE, a plan that may
-   swap): turns planned drops into demotions while take(ctx, k) grants the k slots below an
-   entry's device pages take, in plan order; returns the slots granted. act: drops the
-   planned drops (their frames free at once), or (demotions) copies the planned demotions'
-   pages down, dropping one whose move is refused. forget: the plan is not acted on (its
-   marks die with the walk). spill (NULL: none): starts writing up to max of the host pages
-   only its entries hold to the disk tier, in its own order, and returns how many started;
-   every spill of the host tier (room.c swap_spill: a caller short of host slots, a plan's
-   moves, the host marks, the spill thread) asks it before any sequence's pages, so those
-   pages count as spillable in the room facts (paging_room_facts) and plans. host_drop
-   (NULL: none): host room when no disk room takes a spill (room.c swap_host_room): counts
-   (act false) the host slots that dropping its entries whose pages are all below the
-   device (host or disk) frees, in its own order, until `want` are counted, never a pending plan's demotions;
-   act true drops exactly those. Returns the slots counted (dropped). stash (a call's
-   reclaim, instead of act false): moves each planned drop whose device pages the host
-   tier's free slots take as they are, within *room (the room the plan left, taken), down
-   there and keeps it until stash_end, drops the others now; returns those dropped now. stash_end: the call ended, commit: the stashed
-   are dropped; else they come back to the device (returns how many could not). */
+   reclaimable entries with a page on the device, in its own order, on paging's plan marks
+   (paging_plan_pages) until `want` frames are counted or none is left; returns the frames
+   counted and keeps that plan (one at a time; a new plan replaces it). demote
+   (KVVM_F_CACHE_DEMOTE, a plan that may swap): turns planned drops into demotions while
+   take(ctx, k) grants the k slots below an entry's device pages take, in plan order; returns
+   the slots granted. act: drops the planned drops (their frames free at once), or (demotions)
+   copies the planned demotions' pages down, dropping one whose move is refused. forget: the
+   plan is not acted on (its marks die with the walk). spill (NULL: none): starts writing up to
+   max of the host pages only its entries hold to the disk tier, in its own order, and returns
+   how many started; every spill of the host tier (room.c swap_spill: a caller short of host
+   slots, a plan's moves, the host marks, the spill thread) asks it before any sequence's
+   pages, so those pages count as spillable in the room facts (paging_room_facts) and plans.
+   host_drop (NULL: none): host room when no disk room takes a spill (room.c swap_host_room):
+   counts (act false) the host slots that dropping its entries whose pages are all below the
+   device (host or disk) frees, in its own order, until `want` are counted, never a pending
+   plan's demotions; act true drops exactly those. Returns the slots counted (dropped). stash
+   (a call's reclaim, instead of act false): moves each planned drop whose device pages the
+   host tier's free slots take as they are, within *room (the room the plan left, taken), down
+   there and keeps it until stash_end, drops the others now; returns those dropped now.
+   stash_end: the call ended, commit: the stashed are dropped; else they come back to the
+   device (returns how many could not). */
 struct swap_cache_ops {
     void *arg;
     uint32_t (*plan)(void *arg, uint32_t want);

@@ -1,11 +1,11 @@
 /* tests/test_prefix_pool.c: the daemon's shared prefix index through a real kvvmd
    (tests/pool_daemon.h) and real processes: kvvm_prefix_publish in one process,
-   kvvm_prefix_lookup (KVVM_TIER_POOL) and kvvm_prefix_attach in others, every byte equal
-   and nothing copied (bytes_to_device unchanged, pool_hit_blocks counted), copy on write (a
-   write in one process never seen in another), entries surviving their publisher's exit
-   and SIGKILL, namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries
-   reclaimed before a take-back and before unimported exports, stream mode (bytes written
-   after the publish never seen), and the pool whole again once the entries are dropped and everyone exited. */
+   kvvm_prefix_lookup (KVVM_TIER_POOL) and kvvm_prefix_attach in others, every byte equal and
+   nothing copied (bytes_to_device unchanged, pool_hit_blocks counted), copy on write (a write
+   in one process never seen in another), entries surviving their publisher's exit and SIGKILL,
+   namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries reclaimed before a
+   take-back and before unimported exports, stream mode (bytes written after the publish never
+   seen), and the pool whole again once the entries are dropped and everyone exited. */
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"

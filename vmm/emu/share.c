@@ -5,23 +5,22 @@
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  *
  * Design: a handle created with the POSIX file-descriptor type has a memfd of its own, named
- * "kvvm-emu-share:GRANULE" (the exporting device's granule, which an importer checks), so a
- * descriptor of it gives exactly that allocation and nothing else of the device. Its mode
- * says the same for the import's fstat (which it makes anyway, for the size): the sticky
- * bit and owner read-write mark an export, the group's and others' read and write bits
- * hold its granule (share_mode), so an import reads no name (a readlink of /proc/self/fd/N per frame was a
- * third of an import's cost). An export
- * is a new descriptor of that memfd; an import, in this or another process, opens the memfd
- * anew (/proc/self/fd/N: an open file description of its own) and takes a shared flock on
- * it. A shareable or imported handle's view (the emulator's own mapping, through which
- * copies read and write) is made by the first copy that needs it, never at create or
- * import: the daemon never copies, and an attach or import only maps into a window, so
- * neither pays an mmap and a munmap per frame. The kernel keeps the memory while any
- * descriptor or mapping remains, as the driver keeps an allocation while an importer
- * holds it; the exporting device's accounting
- * follows the same rule: a released shareable handle whose memfd an importer still holds
- * (the exporter's exclusive non-blocking flock fails) lingers, its granules taken, until a
- * later look (cuMemCreate, cuMemGetInfo, the counters) finds every importer gone.
+ * "kvvm-emu-share:GRANULE" (the exporting device's granule, for a reader of /proc), so a
+ * descriptor of it gives exactly that allocation and nothing else of the device. Its mode says
+ * the same for the import's fstat (which it makes anyway, for the size): the sticky bit and
+ * owner read-write mark an export, the group's and others' read and write bits hold its
+ * granule (share_mode), so an import reads no name (a readlink of /proc/self/fd/N per frame
+ * was a third of an import's cost). An export is a new descriptor of that memfd; an import, in
+ * this or another process, opens the memfd anew (/proc/self/fd/N: an open file description of
+ * its own) and takes a shared flock on it. A shareable or imported handle's view (the
+ * emulator's own mapping, through which copies read and write) is made by the first copy that
+ * needs it, never at create or import: the daemon never copies, and an attach or import only
+ * maps into a window, so neither pays an mmap and a munmap per frame. The kernel keeps the
+ * memory while any descriptor or mapping remains, as the driver keeps an allocation while an
+ * importer holds it; the exporting device's accounting follows the same rule: a released
+ * shareable handle whose memfd an importer still holds (the exporter's exclusive non-blocking
+ * flock fails) lingers, its granules taken, until a later look (cuMemCreate, cuMemGetInfo, the
+ * counters) finds every importer gone.
  */
 #include "emu_int.h"
 
