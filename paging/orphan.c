@@ -84,6 +84,37 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
     return rc;
 }
 
+int paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved)
+{
+    struct pg_seq *s;
+    *moved = 0;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc || !s->out || !pg->pd.n_orphans || !lower_on(pg, PG_LOWER_HOST))
+        return rc;
+    uint32_t need = 0;
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        need += page_orphan(page_at(pg, it.id));   /* a page twice in s: counted twice, */
+    if (!need)                                     /* an upper bound of the slots */
+        return 0;
+    if ((rc = tier_copy_stream(pg)))
+        return rc;
+    /* room first: all or nothing for lack of room (spills, or entries' drops, by policy) */
+    if (paging_host_free(pg) < need)
+        (void)paging_host_room(pg, need, 0);
+    if (paging_host_free(pg) < need)
+        return pg_why_host(pg, need);
+    for (struct pg_bt_iter it = bt_all(pg, s); !rc && bt_next(&it);) {
+        if (!page_orphan(page_at(pg, it.id)))
+            continue;                   /* resident holder, in flight, or moved already */
+        if ((rc = tier_page_down(pg, it.id)) == 0) {
+            (*moved)++;
+            pg->c.orphans_moved++;
+        }
+    }
+    KVVM_ASSERT(*moved <= need);
+    return rc;
+}
+
 uint32_t tier_orphans(const struct paging *pg)
 {
     return pg->pd.n_orphans;
