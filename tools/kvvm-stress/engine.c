@@ -581,8 +581,10 @@ static int evict_orphans(struct eng *e)
         struct kvvm_seq_info in = { .size = sizeof in };
         if (q->state != R_SWAPPED || kvvm_seq_info(e->kv, q->seq, &in) || !in.pages_device)
             continue;
-        if (kvvm_seq_swap_out(e->kv, q->seq) == 0) {
-            moved = 1;
+        struct kvvm_seq_info after = { .size = sizeof after };
+        if (kvvm_seq_swap_out(e->kv, q->seq) == 0 &&
+            !kvvm_seq_info(e->kv, q->seq, &after) && after.pages_device < in.pages_device) {
+            moved = 1;                  /* its orphans went down (not those a resident shares) */
             hist_add(e, q, EV_SWAP_OUT, 1);
         }
     }
