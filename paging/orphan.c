@@ -9,8 +9,10 @@
 #include "transfers.h"
 #include "clock.h"
 #include "window.h"
+#include "common/log.h"
 
 #include <errno.h>
+#include <stdlib.h>
 
 /* Copies one orphan down through the scratch page. Synchronous; all or nothing.
    No engine work is left on an orphan: no window maps it and no release of it is pending
@@ -103,15 +105,28 @@ int paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved)
         (void)paging_host_room(pg, need, 0);
     if (paging_host_free(pg) < need)
         return pg_why_host(pg, need);
+    pg_page_id *ids = malloc(need * sizeof *ids);
+    if (!ids)
+        return -ENOMEM;
+    uint32_t n = 0;
     for (struct pg_bt_iter it = bt_all(pg, s); !rc && bt_next(&it);) {
         if (!page_orphan(page_at(pg, it.id)))
             continue;                   /* resident holder, in flight, or moved already */
-        if ((rc = tier_page_down(pg, it.id)) == 0) {
-            (*moved)++;
-            pg->c.orphans_moved++;
-        }
+        KVVM_ASSERT(n < need);
+        if ((rc = tier_page_down(pg, it.id)) == 0)
+            ids[n++] = it.id;
     }
-    KVVM_ASSERT(*moved <= need);
+    /* a refusal (a driver's map, a copy) part way: the pages moved come back, so the call
+       changes nothing; one that cannot come back is left below (still s's, intact) */
+    for (uint32_t i = n; rc && i-- > 0;)
+        if (paging_orphan_back(pg, ids[i].v))
+            klog_warn("paging: orphan page %u stays on the host tier after a failed move "
+                      "of its sequence's orphans", ids[i].v);
+    if (!rc) {
+        *moved = n;
+        pg->c.orphans_moved += n;
+    }
+    free(ids);
     return rc;
 }
 
