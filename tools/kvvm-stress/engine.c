@@ -128,11 +128,13 @@ static int is_expected(int err) { return err == -ENOMEM || err == -ENOSPC; }
 
 static void fail(struct eng *e, const char *op, int err, struct req *q)
 {
+    const char *why = kvvm_last_error();   /* the failed call's own words, if it left some */
     record_error(e->r, e->step, op, err, q ? q->id : 0);
     if (e->r->unexpected_errors <= 20)
-        fprintf(stderr, "kvvm-stress: step %llu: %s%s%llu failed: %s (%d)\n",
+        fprintf(stderr, "kvvm-stress: step %llu: %s%s%llu failed: %s (%d)%s%s\n",
                 (unsigned long long)e->step, op, q ? " of request " : "",
-                q ? (unsigned long long)q->id : 0ull, kvvm_strerror(err), err);
+                q ? (unsigned long long)q->id : 0ull, kvvm_strerror(err), err,
+                why && *why ? ": " : "", why && *why ? why : "");
     if (err == -EIO || e->r->unexpected_errors > 100)
         e->fatal = 1;
 }
