@@ -463,7 +463,10 @@ int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *
 static int swap_out_locked(kvvm *kv, kvvm_seq s)
 {
     int rc = stream_check(kv);
-    if (!rc)
+    uint32_t moved;
+    if (!rc && !paging_seq_resident(kv->pg, s) && !paging_seq_stale(kv->pg, s))
+        rc = paging_seq_orphans_down(kv->pg, s, &moved);   /* out already: what it left */
+    else if (!rc)
         rc = paging_swap_out(kv->pg, s, false);
     swap_after_call(kv->sw);        /* the host marks: spilling in the background */
     return rc;

@@ -225,7 +225,8 @@ KVVM_API int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offse
    synchronous in every mode (it waits for the copies and the disk writes) and leaves the
    pages on disk. Whether the pages fit (host room, counting host pages of other sequences
    that could be spilled, and disk room) is checked before anything moves. Already swapped
-   out: 0. -ENOENT; -ENOMEM the host and disk tiers cannot take the pages (nothing changed,
+   out: its orphan pages (left on the device, no resident sequence maps them any more) go to
+   the host tier, synchronously, then 0. -ENOENT; -ENOMEM the host and disk tiers cannot take the pages (nothing changed,
    nothing of other sequences moved); the room counts what transfers already started free
    once they complete (swap-in copies free their host slots, swap-out copies' pages can be
    spilled): with an engine stream, when the room is short and such copies are in flight,

@@ -9,8 +9,10 @@
 #include "transfers.h"
 #include "clock.h"
 #include "window.h"
+#include "common/log.h"
 
 #include <errno.h>
+#include <stdlib.h>
 
 /* Copies one orphan down through the scratch page. Synchronous; all or nothing.
    No engine work is left on an orphan: no window maps it and no release of it is pending
@@ -81,6 +83,50 @@ int paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep
                 log[(*ln)++] = i + 1;
         }
     }
+    return rc;
+}
+
+int paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved)
+{
+    struct pg_seq *s;
+    *moved = 0;
+    int rc = seq_lookup(pg, h, &s);
+    if (rc || !s->out || !pg->pd.n_orphans || !lower_on(pg, PG_LOWER_HOST))
+        return rc;
+    uint32_t need = 0;
+    for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);)
+        need += page_orphan(page_at(pg, it.id));   /* a page twice in s: counted twice, */
+    if (!need)                                     /* an upper bound of the slots */
+        return 0;
+    if ((rc = tier_copy_stream(pg)))
+        return rc;
+    /* room first: all or nothing for lack of room (spills, or entries' drops, by policy) */
+    if (paging_host_free(pg) < need)
+        (void)paging_host_room(pg, need, 0);
+    if (paging_host_free(pg) < need)
+        return pg_why_host(pg, need);
+    pg_page_id *ids = malloc(need * sizeof *ids);
+    if (!ids)
+        return -ENOMEM;
+    uint32_t n = 0;
+    for (struct pg_bt_iter it = bt_all(pg, s); !rc && bt_next(&it);) {
+        if (!page_orphan(page_at(pg, it.id)))
+            continue;                   /* resident holder, in flight, or moved already */
+        KVVM_ASSERT(n < need);
+        if ((rc = tier_page_down(pg, it.id)) == 0)
+            ids[n++] = it.id;
+    }
+    /* a refusal (a driver's map, a copy) part way: the pages moved come back, so the call
+       changes nothing; one that cannot come back is left below (still s's, intact) */
+    for (uint32_t i = n; rc && i-- > 0;)
+        if (paging_orphan_back(pg, ids[i].v))
+            klog_warn("paging: orphan page %u stays on the host tier after a failed move "
+                      "of its sequence's orphans", ids[i].v);
+    if (!rc) {
+        *moved = n;
+        pg->c.orphans_moved += n;
+    }
+    free(ids);
     return rc;
 }
 

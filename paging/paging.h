@@ -490,6 +490,13 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
    thread may call it while the engine stream captures a graph. */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep,
                            size_t n_keep, uint32_t *moved);
+/* The orphan pages of non-resident h (device pages it holds that no resident sequence
+   maps: a sibling holding them came back and was freed or truncated since h's swap-out)
+   copied to the host tier, synchronously; *moved gets the count. 0 with nothing moved for
+   a resident h or one holding no orphan. The host room for all of them is had first (free
+   slots, else spills or the drop of entries by the policy): -ENOMEM before anything moved
+   when it cannot be; -ENOENT; -EIO. */
+int  paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved);
 /* While ids is set (NULL: off): paging_reclaim_orphans appends the id of every page it
    moves down to ids[*n] (up to cap; one past cap is not moved, the call ends -ENOMEM), for a
    reclaim's undo (swap/undo.c). */

@@ -1401,13 +1401,13 @@ static void op_swap_out(struct model *m, struct mseq *s)
 {
     snprintf(m->where, sizeof m->where, "swap_out seq %ld (%lu tokens, out %d)",
              (long)(s - m->s), (unsigned long)s->len, s->out);
+    /* out already: its orphans (device pages no resident sequence holds) go down */
     uint64_t np = npages(m, s->len), down = 0;
-    if (!s->out)
-        for (uint32_t r = 0; r < m->c.nr; r++)
-            for (uint64_t k = 0; k < np; k++) {
-                int32_t id = s->pg[r][k];
-                down += id != HOLE && !m->onhost[id] && !resident_holder(m, id, s);
-            }
+    for (uint32_t r = 0; r < m->c.nr; r++)
+        for (uint64_t k = 0; k < np; k++) {
+            int32_t id = s->pg[r][k];
+            down += id != HOLE && !m->onhost[id] && !resident_holder(m, id, s);
+        }
     /* short of host slots, a call drops entries whose pages are all below instead (no disk
        tier): not predicted then */
     bool may = down > m->host_total - m->host_used && ents_host_droppable(m);
@@ -1425,8 +1425,6 @@ static void op_swap_out(struct model *m, struct mseq *s)
     }
     MCHECK(m, may || rc == 0, "needs %lu host slots, %lu free: swap_out returned %d",
            (unsigned long)down, (unsigned long)(m->host_total - m->host_used), rc);
-    if (s->out)
-        return;
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
             int32_t id = s->pg[r][k];
@@ -1436,6 +1434,8 @@ static void op_swap_out(struct model *m, struct mseq *s)
                 m->host_used++;
             }
         }
+    if (s->out)
+        return;
     s->out = true;
     m->cnt[C_SWAP_OUT]++;
 }

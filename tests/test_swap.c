@@ -365,6 +365,96 @@ Test(outops, orphan)
     tclose(&t);
 }
 
+/* Regression (issue 35: kvvm-stress --pool --prefix-cache keyed at x4 failed its final
+   swap-ins with -ENOMEM): without KVVM_F_AUTO_SWAP nothing moves orphan pages (reclaim moves
+   them only with it, a take-back likewise), and kvvm_seq_swap_out of the swapped-out
+   holder was a no-op, so an engine that swaps explicitly had no way to get those frames
+   back: a client at its limit with its device full of orphans (prefix blocks its swapped
+   requests shared with one since freed) could swap nothing in. kvvm_seq_swap_out of a
+   swapped-out sequence now moves its orphan pages down. */
+Test(outops, swap_out_again_moves_orphans_without_auto_swap)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 12, 64, 0);
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 16, 1), 0);   /* 4 pages per region */
+    struct sh *b = sh_fork(&t, a);
+    kvvm_step(t.kv);
+    t_out(&t, b);                                  /* its pages stay: a maps them */
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);    /* b's pages are orphans now */
+    kvvm_sync(t.kv);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_orphan, 4 * NR);
+    /* the device is too small for x beside the orphans, and nothing reclaims them */
+    struct sh *x = sh_new(&t);
+    cr_assert_eq(kvvm_seq_grow(t.kv, x->h, 24), -ENOMEM, "6 pages per region beside 4");
+    tcheck(&t, "orphans");
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, b->h, &in), 0);
+    cr_assert_eq(in.pages_device, 4 * NR);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, b->h), 0);
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_orphan, 0, "%lu orphans left after b's swap-out",
+                 (unsigned long)st.pages_orphan);
+    cr_assert_eq(kvvm_seq_info(t.kv, b->h, &in), 0);
+    cr_assert(!in.resident);
+    cr_assert_eq(in.pages_device, 0);
+    cr_assert_eq(in.pages_host, 4 * NR);
+    tcheck(&t, "orphans down");
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, b->h), 0, "again: nothing left to move");
+    cr_assert_eq(sh_grow_fill(&t, x, 24, 2), 0, "room for x now");
+    cr_assert_eq(kvvm_seq_free(t.kv, x->h), 0);
+    kvvm_step(t.kv);
+    kvvm_sync(t.kv);
+    sh_verify(&t, b, "b back from the host tier");
+    tcheck(&t, "end");
+    cr_assert_eq(kvvm_seq_free(t.kv, b->h), 0);
+    free(a); free(b); free(x);
+    tclose(&t);
+}
+
+/* The move of a swapped-out sequence's orphans is all or nothing for lack of host room:
+   -ENOMEM with every orphan still on the device, naming the host tier. */
+Test(outops, swap_out_again_without_host_room_moves_nothing)
+{
+    TH_DEADLINE(60);
+    struct tctx t;
+    struct kvvm_config c;
+    tcfg(&c, 24, 8, 0);                            /* 8 host slots */
+    topen(&t, &c);
+    struct sh *a = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, a, 16, 1), 0);   /* 4 pages per region: 8 */
+    struct sh *b = sh_fork(&t, a);
+    struct sh *f = sh_new(&t);
+    cr_assert_eq(sh_grow_fill(&t, f, 4, 3), 0);    /* 1 page per region: 2 */
+    kvvm_step(t.kv);
+    t_out(&t, f);                                  /* 2 of the 8 host slots */
+    t_out(&t, b);
+    cr_assert_eq(kvvm_seq_free(t.kv, a->h), 0);    /* b's 8 pages are orphans: 6 slots */
+    kvvm_sync(t.kv);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_orphan, 4 * NR);
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, b->h), -ENOMEM);
+    cr_assert(strstr(kvvm_last_error(), "host"), "%s", kvvm_last_error());
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_orphan, 4 * NR, "nothing moved");
+    tcheck(&t, "refused");
+    cr_assert_eq(kvvm_seq_free(t.kv, f->h), 0);    /* its slots back */
+    cr_assert_eq(kvvm_seq_swap_out(t.kv, b->h), 0);
+    tstats(&t, &st);
+    cr_assert_eq(st.pages_orphan, 0);
+    sh_verify(&t, b, "b");
+    tcheck(&t, "end");
+    cr_assert_eq(kvvm_seq_free(t.kv, b->h), 0);
+    free(a); free(b); free(f);
+    tclose(&t);
+}
+
 /* ================================================================ pressure */
 
 /* 16 sequences of 8 pages each (128 pages) on a 24-page device: each step grows 2 of them;

@@ -128,11 +128,13 @@ static int is_expected(int err) { return err == -ENOMEM || err == -ENOSPC; }
 
 static void fail(struct eng *e, const char *op, int err, struct req *q)
 {
+    const char *why = kvvm_last_error();   /* the failed call's own words, if it left some */
     record_error(e->r, e->step, op, err, q ? q->id : 0);
     if (e->r->unexpected_errors <= 20)
-        fprintf(stderr, "kvvm-stress: step %llu: %s%s%llu failed: %s (%d)\n",
+        fprintf(stderr, "kvvm-stress: step %llu: %s%s%llu failed: %s (%d)%s%s\n",
                 (unsigned long long)e->step, op, q ? " of request " : "",
-                q ? (unsigned long long)q->id : 0ull, kvvm_strerror(err), err);
+                q ? (unsigned long long)q->id : 0ull, kvvm_strerror(err), err,
+                why && *why ? ": " : "", why && *why ? why : "");
     if (err == -EIO || e->r->unexpected_errors > 100)
         e->fatal = 1;
 }
@@ -581,8 +583,10 @@ static int evict_orphans(struct eng *e)
         struct kvvm_seq_info in = { .size = sizeof in };
         if (q->state != R_SWAPPED || kvvm_seq_info(e->kv, q->seq, &in) || !in.pages_device)
             continue;
-        if (kvvm_seq_swap_out(e->kv, q->seq) == 0) {
-            moved = 1;
+        struct kvvm_seq_info after = { .size = sizeof after };
+        if (kvvm_seq_swap_out(e->kv, q->seq) == 0 &&
+            !kvvm_seq_info(e->kv, q->seq, &after) && after.pages_device < in.pages_device) {
+            moved = 1;                  /* its orphans went down (not those a resident shares) */
             hist_add(e, q, EV_SWAP_OUT, 1);
         }
     }
