@@ -17,7 +17,7 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/stress_pool_prefix.XXXXXX") || exit 1
 trap 'rm -rf "$dir"' EXIT
 json=$dir/report.json
 
-args="--pool 3 --prefix-cache keyed --preset tiny --device-budget 24M --oversubscribe 4 --steps 150 --duration 240 --seed 11"
+args="--pool 3 --prefix-cache keyed --preset tiny --device-budget 24M --oversubscribe 2 --steps 150 --duration 240 --seed 11"
 echo "stress_pool_prefix: $bin $args"
 # shellcheck disable=SC2086
 "$bin" $args --spill-dir "$dir" --json "$json"
