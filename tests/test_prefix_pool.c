@@ -361,6 +361,31 @@ static uint32_t raw_lookup(int fd, unsigned n)
     return ((const struct pool_prefix_found *)buf)->found;
 }
 
+/* Waits until the daemon lists no client (a closed one's leases gone), polling: each INFO
+   is a round trip, no sleep. */
+static void wait_no_clients(const char *path)
+{
+    int ctl = control(path);
+    while (pc_info(ctl).n_clients != 0)
+        sched_yield();
+    close(ctl);
+}
+
+/* Client b asks n frames, waiting up to 5 s for a reclaim; returns how many were granted
+   (their descriptors closed). */
+static uint32_t raw_lease_wait(int b, uint32_t n)
+{
+    struct pool_lease m = { .n = n, .wait_ms = 5000 };
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nf = 0;
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    return ((const struct pool_frames *)buf)->n;
+}
+
 Test(prefix_pool, reclaim_takes_a_chains_leaves_first)
 {
     TH_DEADLINE(120);
@@ -380,19 +405,9 @@ Test(prefix_pool, reclaim_takes_a_chains_leaves_first)
     cr_expect_eq(((const struct pool_result *)buf)->err, 3, "three entries made");
     close(a);                           /* its leases go; the entries keep the frames (no
                                            lookup before: the publish's own order counts) */
-    int ctl = control(d.path);
-    while (pc_info(ctl).n_clients != 0)
-        sched_yield();
-    close(ctl);
+    wait_no_clients(d.path);
     int b = pc_client(d.path, "raw-needy");
-    struct pool_lease m = { .n = 14, .wait_ms = 5000 };   /* 13 free: one entry must go */
-    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
-    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
-    int nf = 0;
-    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
-    for (int i = 0; i < nf; i++)
-        close(fds[i]);
-    cr_expect_eq(((const struct pool_frames *)buf)->n, 14, "granted after one entry went");
+    cr_expect_eq(raw_lease_wait(b, 14), 14, "granted after one entry went (13 free)");
     cr_expect_eq(raw_lookup(b, 3), 2, "the chain's leaf went first: its root and middle stay");
     close(b);
     drop_all_and_wait_whole(d.path);
@@ -421,19 +436,9 @@ Test(prefix_pool, unmapped_entries_go_before_unimported_exports)
     cr_expect_eq(((const struct pool_result *)buf)->err, 1, "one entry made");
     close(a);                           /* its leases go; the entry and the export hold one
                                            frame each */
-    int ctl = control(d.path);
-    while (pc_info(ctl).n_clients != 0)
-        sched_yield();
-    close(ctl);
+    wait_no_clients(d.path);
     int b = pc_client(d.path, "raw-needy");
-    struct pool_lease m = { .n = 15, .wait_ms = 5000 };   /* 14 free: one record must go */
-    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
-    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
-    int nf = 0;
-    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
-    for (int i = 0; i < nf; i++)
-        close(fds[i]);
-    cr_expect_eq(((const struct pool_frames *)buf)->n, 15, "granted after one record went");
+    cr_expect_eq(raw_lease_wait(b, 15), 15, "granted after one record went (14 free)");
     cr_expect_eq(raw_lookup(b, 1), 0, "the unmapped entry went");
     int c = pc_client(d.path, "raw-importer");
     struct pool_import im = { .lay = raw_lay };
@@ -444,6 +449,7 @@ Test(prefix_pool, unmapped_entries_go_before_unimported_exports)
     cr_expect_eq(((const struct pool_imported *)buf)->err, 0, "the unimported export stayed: %s",
                  ((const struct pool_imported *)buf)->text);
     if (((const struct pool_imported *)buf)->err == 0) {
+        int nf = 0;
         cr_assert_eq(pc_recv(c, buf, fds, &nf), POOL_MSG_FRAMES);
         for (int i = 0; i < nf; i++)
             close(fds[i]);
