@@ -27,7 +27,7 @@ done
 echo 'print("fake size audit")' >"$tree/scripts/size-audit.py"
 cat >"$tree/scripts/fuzz.sh" <<'EOF'
 #!/bin/sh
-until grep -q '^=== background jobs' "$KVVM_FAKE_OUT"; do sleep 0.1; done
+until grep -q '^=== background jobs' "$FAKE_TEST_OUT"; do sleep 0.1; done
 g=$(sed -n 's/.* nice \(-*[0-9]*\)$/\1/p' /proc/self/autogroup 2>/dev/null)
 echo "fake fuzz.sh: nice $(nice), autogroup nice ${g:-none}"
 EOF
@@ -48,7 +48,7 @@ EOF
 chmod +x "$bin"/* "$tree"/scripts/*
 mkdir -p "$tree/build" "$tree/build-debug" "$tree/build-clang-asan" "$tree/build-tsan"
 rc=0
-(cd "$tree" && KVVM_FAKE_OUT="$tmp/out" PATH="$bin:$PATH" bash scripts/test.sh) >"$tmp/out" 2>&1 \
+(cd "$tree" && FAKE_TEST_OUT="$tmp/out" PATH="$bin:$PATH" bash scripts/test.sh) >"$tmp/out" 2>&1 \
     || rc=$?
 cat "$tmp/out"
 fail=0
