@@ -58,7 +58,7 @@ struct kvvm {
     struct swap *sw;
     struct prefix *pfx;           /* the prefix cache's index (prefix/) */
     struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
-    struct spill *spill;          /* the disk tier (NULL without spill_dir) */
+    struct disk *disk;           /* the disk tier (NULL without spill_dir) */
     struct pg_tier_ops tier_ops[PG_N_LOWER]; /* paging's view of the tiers below the
                                      device (core/tiers.c; alloc NULL: a tier is off) */
     struct store *store;          /* the shared store (NULL without store_url); it has its

@@ -170,7 +170,7 @@ static int open_layout(kvvm *kv)
         .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
         .thread = host_slots_total(kv->host) > 0,
         .host_slots = (uint32_t)host_slots_total(kv->host), .host_min = c->host_min,
-        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->spill != NULL,
+        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->disk != NULL,
         .cache_demote = !!(c->flags & KVVM_F_CACHE_DEMOTE),
     };
     rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);

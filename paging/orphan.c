@@ -149,7 +149,7 @@ static int page_back(struct paging *pg, pg_page_id pid)
 {
     struct pg_page *p = page_at(pg, pid);
     if (p->tier == PG_TIER_DISK || p->tier == PG_TIER_TO_DISK) {
-        int rc = tier_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
+        int rc = paging_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
         if (rc)
             return rc;
     }

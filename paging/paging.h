@@ -22,7 +22,7 @@
  *    leaked or lost). -ENOMEM when the device pool cannot supply a frame; this layer never
  *    decides which sequence to evict, which host pages to spill, how hard, or whether a swap
  *    is staged (that is swap/'s policy, asked through pg_policy_ops; the context retries).
- *    paging exposes candidates (paging_candidates, paging_spill_candidates) and room facts
+ *    paging exposes candidates (paging_candidates, paging_disk_candidates) and room facts
  *    (struct pg_room), and moves what it is told.
  *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
  *  - Never includes a header of core/ or swap/.
@@ -584,27 +584,27 @@ void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
 int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
 /* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
    order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
-size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 /* Starts writing up to max HOST pages of sequence h to disk, never a page excl (a handle,
    0 = none) also holds; *started gets the count. Does not wait. -ENOMEM the disk tier is
    full, disabled or absent, -ENOENT h (nothing started then). */
-int  paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
-                      uint32_t *started);
+int  paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
+                           uint32_t *started);
 /* Until called again (n 0: none), keep[0..n) is the keep set: no spill writes a HOST page
    one of them holds, and the spillable counts (paging_room_facts, the swaps' own room
    facts) leave those pages out. A reclaim plan and its act set it to the caller's own
    sequences: what their need counted (pages in the host tier, a slot to stage through)
    stays so while the victims make their room. keep must stay valid while set. */
-void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n);
+void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
-bool paging_spill_on(struct paging *pg);
+bool paging_disk_on(struct paging *pg);
 /* Slots the tiers below the device can still take: free host slots, host slots that
    in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
    through one to disk; spilling a host page trades a disk slot for a host slot). */
 uint64_t paging_room_below(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
    spill writes in flight, host pages that could be spilled (every HOST page: none holds a
-   resident sequence; less the keep set's, paging_spill_keep), free disk slots (0 without a
+   resident sequence; less the keep set's, paging_disk_keep), free disk slots (0 without a
    disk tier or with spilling off). Reaps first. */
 void paging_room_facts(struct paging *pg, struct pg_room *r);
 /* Processes queued disk completions. */
@@ -842,7 +842,7 @@ bool paging_held_host_any(const struct paging *pg);
    (there, on, a slot free). */
 bool paging_held_spillable(const struct paging *pg);
 /* Starts writing the HOST pages among ids[0..n) that only holders keep to the disk tier, at
-   most max (as paging_spill_seq does a sequence's: not waiting for them); *started the
+   most max (as paging_disk_spill_seq does a sequence's: not waiting for them); *started the
    count. 0, or -ENOMEM no disk tier, spilling disabled or the disk full (after starting
    *started), -EIO. */
 int  paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,

@@ -27,7 +27,7 @@
  *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
  *   orphan.c the orphan pages (device pages no resident sequence maps) and their move down
  *   tier_disk.c  the disk tier's mechanism: page writes and reads, their completions,
- *            damage (tier_disk_*; disk/ is the disk tier's own layer, spill_* its API)
+ *            damage (paging_disk_*; disk/ is the disk tier's own layer, disk_* its API)
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
@@ -217,7 +217,7 @@ static inline bool page_orphan(const struct pg_page *p)
     return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs && p->offs > p->ents;
 }
 /* A HOST page (its holders are non-resident sequences, entries, or both): a spill can write
-   it out, a sequence's (paging_spill_seq) or, for pages only entries hold, the entries'
+   it out, a sequence's (paging_disk_spill_seq) or, for pages only entries hold, the entries'
    owner's (paging_held_spill). */
 static inline bool page_host_held(const struct pg_page *p)
 {

@@ -49,7 +49,7 @@ struct pg_page {
 };
 
 /* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
-   keeps its tier during the call, its I/O is tracked here (tier_disk_stage_io). */
+   keeps its tier during the call, its I/O is tracked here (paging_disk_stage_io). */
 enum { STG_NONE = 0, STG_BUSY, STG_OK, STG_FAIL };
 
 /* Work that waits for a fence. Holds one reference on each page it names.
@@ -368,12 +368,12 @@ struct pg_transfers {
 };
 
 /* spill [tier_disk.c]: spilling (owner transfers). Others change it through
-   paging_spill_keep and tier_disk_stage_io. */
+   paging_disk_keep and paging_disk_stage_io. */
 struct pg_spill {
-    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
+    const uint64_t *spill_keep;   /* paging_disk_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress
-                                  (tier_disk_stage_io) */
+                                  (paging_disk_stage_io) */
 };
 
 /* ---- struct paging's parts: one per owner's state (the owners: paging_int.h's top) ----

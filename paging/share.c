@@ -238,8 +238,8 @@ static int share_out_check(struct paging *pg, struct pg_seq *src, const pg_page_
     uint32_t nd = 0;
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;                       /* nothing spills: host_room moves nothing */
-    tier_disk_settle(pg, ids, nk);
-    int rc = tier_disk_damaged(pg, ids, nk, &nd);
+    paging_disk_settle(pg, ids, nk);
+    int rc = paging_disk_damaged(pg, ids, nk, &nd);
     if (rc || paging_host_free(pg) >= (uint64_t)nd + nk)
         return rc;
     struct pg_room r;
@@ -278,7 +278,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         nk = partial_pages(pg, src, whole, ids);
         rc = share_out_check(pg, src, ids, nk);
         if (!rc)
-            rc = tier_disk_unspill(pg, ids, nk, src);
+            rc = paging_disk_unspill(pg, ids, nk, src);
     }
     if (!rc && nk && lower_on(pg, PG_LOWER_DISK) && paging_host_free(pg) < nk)
         rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */

@@ -279,7 +279,7 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
    holds: host pages that could be spilled (0 when the disk tier takes none). */
 static uint64_t lower_movable(struct paging *pg, unsigned t, struct pg_seq *excl)
 {
-    return t == PG_LOWER_HOST ? tier_disk_spillable(pg, excl) : 0;
+    return t == PG_LOWER_HOST ? paging_disk_spillable(pg, excl) : 0;
 }
 
 void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r)

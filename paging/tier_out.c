@@ -77,7 +77,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
         rc = tier_copy_finish(pg, rc);  /* the slots are written to disk or given back */
         if (!rc)
-            rc = tier_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
+            rc = paging_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
         lower_give(pg, PG_LOWER_HOST, hs, m);
     }
     return rc;

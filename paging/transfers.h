@@ -133,21 +133,21 @@ int  tier_plan(struct paging *pg, bool in, const struct pg_room *r);
 /* Brings the DISK pages among ids[0..n) to the host tier (reads, waits, verifies); waits for
    pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
    -EBADMSG a page is damaged, -ENOMEM no host room. */
-int  tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
+int  paging_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
 /* Staged I/O: transfers page ids[i] between disk slot dslots[i] and host slot hslots[i]
    (write: host -> disk) for i < n, and waits for all of it. The pages keep their tier; the
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int  paging_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                    const pg_slot *dslots, const pg_slot *hslots, uint32_t n);
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
-uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl);
+uint32_t paging_disk_spillable(struct paging *pg, struct pg_seq *excl);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
-void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
+void paging_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0
    with *ndisk the DISK pages among them. */
-int  tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
+int  paging_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 
 #endif

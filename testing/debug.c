@@ -36,9 +36,9 @@ int kvvm_debug_prefix_entry(kvvm *kv, uint64_t ns, const kvvm_key *key, uint8_t 
     return there ? 1 : 0;
 }
 
-struct spill *kvvm_debug_spill(kvvm *kv)
+struct disk *kvvm_debug_disk(kvvm *kv)
 {
-    return kv ? kv->spill : NULL;
+    return kv ? kv->disk : NULL;
 }
 
 int kvvm_debug_emu_ordinal(kvvm *kv)
