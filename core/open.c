@@ -165,7 +165,7 @@ static int open_layout(kvvm *kv)
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
         goto out_tiers;
-    struct swap_params sp = {
+    struct swap_params swp = {
         .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
         .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
         .thread = host_slots_total(kv->host) > 0,
@@ -173,7 +173,7 @@ static int open_layout(kvvm *kv)
         .host_low = c->host_low, .host_high = c->host_high, .disk = kv->disk != NULL,
         .cache_demote = !!(c->flags & KVVM_F_CACHE_DEMOTE),
     };
-    rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
+    rc = swap_create(kv->pg, kv->v, &kv->lock, &swp, &kv->sw);
     if (rc)
         goto out_paging;
     rc = prefix_create(kv->pg, kv->sw, &kv->pfx);

@@ -187,9 +187,9 @@ void disk_close(struct disk *dk)
         pthread_join(dk->thread, NULL);
     disk_uring_teardown(dk);
     while (dk->done_head) {
-        struct disk_page *pg = dk->done_head;
-        dk->done_head = pg->next;
-        free(pg);
+        struct disk_page *pr = dk->done_head;
+        dk->done_head = pr->next;
+        free(pr);
     }
     uint32_t used = 0;
     for (uint32_t i = 0; i < dk->n_slots; i++)
@@ -266,14 +266,14 @@ int disk_submit(struct disk *dk, const struct disk_req *reqs, size_t n)
     /* Accepted. Checksum each write here, on the caller's thread, and hand the pages over
        one by one, so the engine's I/O overlaps the hashing of the pages behind. */
     for (k = 0; k < n; k++) {
-        struct disk_page *pg = pgs[k];
-        if (pg->req.op == DISK_WRITE)
-            pg->sum = disk_checksum(pg->req.buf, dk->page_size, pg->req.page, pg->req.slot);
+        struct disk_page *pr = pgs[k];
+        if (pr->req.op == DISK_WRITE)
+            pr->sum = disk_checksum(pr->req.buf, dk->page_size, pr->req.page, pr->req.slot);
         pthread_mutex_lock(&dk->lock);
         /* Kick only on empty -> non-empty: until the engine takes the list, an earlier kick
            is still outstanding. */
         int kick = dk->pending_head == NULL;
-        DISK_FIFO_PUSH(dk->pending_head, dk->pending_tail, pg);
+        DISK_FIFO_PUSH(dk->pending_head, dk->pending_tail, pr);
         pthread_mutex_unlock(&dk->lock);
         if (kick)
             disk_engine_kick(dk);
@@ -295,11 +295,11 @@ size_t disk_reap(struct disk *dk, struct disk_cqe *out, size_t max)
         return 0;
     pthread_mutex_lock(&dk->lock);
     while (n < max && dk->done_head) {
-        struct disk_page *pg = dk->done_head;
+        struct disk_page *pr = dk->done_head;
         DISK_FIFO_DROP(dk->done_head, dk->done_tail);
-        out[n++] = (struct disk_cqe){ pg->req.user, pg->req.page, pg->req.slot, pg->req.op,
-                                      pg->status };
-        free(pg);
+        out[n++] = (struct disk_cqe){ pr->req.user, pr->req.page, pr->req.slot, pr->req.op,
+                                      pr->status };
+        free(pr);
     }
     pthread_mutex_unlock(&dk->lock);
     return n;

@@ -41,7 +41,7 @@ struct disk_page {
 
 /* One I/O of at most io_size bytes of a page; qd of them exist (engine thread). */
 struct disk_io {
-    struct disk_page *pg;
+    struct disk_page *pr;
     uint64_t off;                /* file offset of what is left to transfer */
     char    *buf;
     size_t   len;                /* bytes left */

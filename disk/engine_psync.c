@@ -14,7 +14,7 @@ static void psync_issue(struct disk *dk, struct disk_io *io)
     if (io->inject) {
         r = io->inject;
     } else {
-        if (io->pg->req.op == DISK_WRITE)
+        if (io->pr->req.op == DISK_WRITE)
             r = pwrite(dk->fd, io->buf, len, (off_t)io->off);
         else
             r = pread(dk->fd, io->buf, len, (off_t)io->off);

@@ -64,7 +64,7 @@ static void uring_issue(struct disk *dk, struct disk_io *io)
     } else {
         int fd = ur->file_registered ? 0 : dk->fd;
         int fixed = uring_fixed_index(dk, io->buf, len);
-        bool wr = io->pg->req.op == DISK_WRITE;
+        bool wr = io->pr->req.op == DISK_WRITE;
         if (fixed >= 0 && wr)
             io_uring_prep_write_fixed(sqe, fd, io->buf, (unsigned)len, io->off, fixed);
         else if (fixed >= 0)

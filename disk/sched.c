@@ -43,24 +43,24 @@ size_t disk_fault_check(struct disk *dk, struct disk_io *io)
 }
 
 /* Delivers a finished page: checksum bookkeeping, stats, completion, slot released. */
-static void page_done(struct disk *dk, struct disk_page *pg)
+static void page_done(struct disk *dk, struct disk_page *pr)
 {
-    struct disk_req *r = &pg->req;
+    struct disk_req *r = &pr->req;
     struct slot_info *si = &dk->slots[r->slot.idx];
-    if (pg->status == 0 && r->op == DISK_READ) {
+    if (pr->status == 0 && r->op == DISK_READ) {
         pthread_mutex_lock(&dk->lock);
         uint64_t want = si->sum, want_page = si->page;
         pthread_mutex_unlock(&dk->lock);
         uint64_t got = disk_checksum(r->buf, dk->page_size, r->page, r->slot);
         if (want_page != r->page || got != want) {
-            pg->status = -EBADMSG;
+            pr->status = -EBADMSG;
             STAT_ADD(dk, st_csum, 1);
             klog_error("spill: checksum mismatch reading page %" PRIu64 " from slot %u "
                        "(stored for page %" PRIu64 "): data lost", r->page, r->slot.idx,
                        want_page);
         }
     }
-    if (pg->status == 0) {
+    if (pr->status == 0) {
         if (r->op == DISK_WRITE) {
             STAT_ADD(dk, st_writes, 1);
             STAT_ADD(dk, st_bytes_w, dk->page_size);
@@ -72,17 +72,17 @@ static void page_done(struct disk *dk, struct disk_page *pg)
         STAT_ADD(dk, st_failed, 1);
     }
 
-    struct disk_cqe cqe = { r->user, r->page, r->slot, r->op, pg->status };
+    struct disk_cqe cqe = { r->user, r->page, r->slot, r->op, pr->status };
     pthread_mutex_lock(&dk->lock);
-    if (r->op == DISK_WRITE && pg->status == 0) {
-        si->sum = pg->sum;
+    if (r->op == DISK_WRITE && pr->status == 0) {
+        si->sum = pr->sum;
         si->page = r->page;
         si->valid = 1;
     }
     KVVM_ASSERT(si->busy);           /* set at submit, cleared once here */
     si->busy = 0;
     if (!dk->on_complete) {
-        DISK_FIFO_PUSH(dk->done_head, dk->done_tail, pg);
+        DISK_FIFO_PUSH(dk->done_head, dk->done_tail, pr);
         KVVM_ASSERT(dk->inflight > 0);
         if (--dk->inflight == 0)
             pthread_cond_broadcast(&dk->idle_cv);
@@ -93,7 +93,7 @@ static void page_done(struct disk *dk, struct disk_page *pg)
     /* Callback mode: the page counts as in flight until its callback has returned, so
        disk_wait_all also waits for the callbacks. */
     dk->on_complete(dk->on_complete_arg, &cqe);
-    free(pg);
+    free(pr);
     pthread_mutex_lock(&dk->lock);
     KVVM_ASSERT(dk->inflight > 0);    /* counted at submit, until the callback returned */
     if (--dk->inflight == 0)
@@ -116,7 +116,7 @@ static void retry_push(struct disk *dk, struct disk_io *io)
 
 void disk_io_complete(struct disk *dk, struct disk_io *io, int res)
 {
-    struct disk_page *pg = io->pg;
+    struct disk_page *pr = io->pr;
     if (io->inject)
         res = io->inject;
     if ((res == -EAGAIN || res == -EINTR) && io->retries < DISK_MAX_RETRIES) {
@@ -136,18 +136,18 @@ void disk_io_complete(struct disk *dk, struct disk_io *io, int res)
         return;
     }
     if (res < 0) {
-        if (pg->status == 0)
-            pg->status = res;
+        if (pr->status == 0)
+            pr->status = res;
         if (res != -EAGAIN && res != -EINTR)
             STAT_ADD(dk, st_io_errors, 1);
         klog_error("spill: %s of page %" PRIu64 " at slot %u failed: %s; only this page is "
-                   "affected", pg->req.op == DISK_WRITE ? "write" : "read", pg->req.page,
-                   pg->req.slot.idx, strerror(-res));
+                   "affected", pr->req.op == DISK_WRITE ? "write" : "read", pr->req.page,
+                   pr->req.slot.idx, strerror(-res));
     }
     io_put(dk, io);
-    KVVM_ASSERT(pg->ios_left > 0);   /* one completion per I/O of the page */
-    if (--pg->ios_left == 0)
-        page_done(dk, pg);
+    KVVM_ASSERT(pr->ios_left > 0);   /* one completion per I/O of the page */
+    if (--pr->ios_left == 0)
+        page_done(dk, pr);
 }
 
 int disk_take_pending(struct disk *dk)
@@ -177,34 +177,34 @@ struct disk_io *disk_next_io(struct disk *dk)
     if (!dk->io_free)
         return NULL;
     while (dk->run_head) {
-        struct disk_page *pg = dk->run_head;
+        struct disk_page *pr = dk->run_head;
         uint32_t n_ios = (uint32_t)(dk->page_size / dk->io_size);
-        if (pg->ios_next == 0) {
-            if (pg->req.op == DISK_READ) {
+        if (pr->ios_next == 0) {
+            if (pr->req.op == DISK_READ) {
                 pthread_mutex_lock(&dk->lock);
-                int valid = dk->slots[pg->req.slot.idx].valid;
+                int valid = dk->slots[pr->req.slot.idx].valid;
                 pthread_mutex_unlock(&dk->lock);
                 if (!valid) {
                     DISK_FIFO_DROP(dk->run_head, dk->run_tail);
-                    pg->status = -ENODATA;
-                    page_done(dk, pg);
+                    pr->status = -ENODATA;
+                    page_done(dk, pr);
                     continue;
                 }
             }
-            pg->ios_left = n_ios;
+            pr->ios_left = n_ios;
         }
         io = dk->io_free;
         dk->io_free = io->next;
         dk->ios_busy++;
-        KVVM_ASSERT(pg->ios_next < n_ios);  /* a page leaves the run list at its last I/O */
-        uint32_t k = pg->ios_next++;
-        io->pg = pg;
-        io->off = (uint64_t)pg->req.slot.idx * dk->page_size + (uint64_t)k * dk->io_size;
-        io->buf = (char *)pg->req.buf + (size_t)k * dk->io_size;
+        KVVM_ASSERT(pr->ios_next < n_ios);  /* a page leaves the run list at its last I/O */
+        uint32_t k = pr->ios_next++;
+        io->pr = pr;
+        io->off = (uint64_t)pr->req.slot.idx * dk->page_size + (uint64_t)k * dk->io_size;
+        io->buf = (char *)pr->req.buf + (size_t)k * dk->io_size;
         io->len = dk->io_size;
         io->retries = 0;
         io->inject = 0;
-        if (pg->ios_next == n_ios)
+        if (pr->ios_next == n_ios)
             DISK_FIFO_DROP(dk->run_head, dk->run_tail);
         return io;
     }

@@ -106,13 +106,13 @@ static uint64_t room_total(const struct room *m)
 static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_room *f,
                       bool *staged)
 {
-    uint32_t sp = m->disk ? k - kk : 0;     /* the moved pages that become spillable */
+    uint32_t n_spillable = m->disk ? k - kk : 0;  /* the moved pages that become spillable */
     *f = m->f;
     *staged = false;
     struct pg_tier_room *h = &f->t[PG_LOWER_HOST], *d = &f->t[PG_LOWER_DISK];
     if (k <= h->free) {                /* the host tier takes it as it is */
         h->free -= k;
-        h->movable += sp;
+        h->movable += n_spillable;
         return true;
     }
     if (!m->disk)
@@ -130,7 +130,7 @@ static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_r
         h->movable -= rest - w;
         d->free -= rest - w;
         h->free = 0;
-        h->movable += sp;
+        h->movable += n_spillable;
         return true;
     }
     if (!h->free && !h->freeing) {     /* staged: one slot made free to stage through */
