@@ -11,7 +11,7 @@
  * -> host arena mutex or the pool client's mutex (pool/client.c) -> (vmm / driver internal
  * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The pool client's connection thread (a take-back,
- * core/pool.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
+ * core/pool_client.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
  * does. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
@@ -66,9 +66,9 @@ struct kvvm {
     char *store_url;              /* owned copy of cfg.store_url */
     char *client_name;            /* owned copy of cfg.client_name */
     char *pool_socket;            /* owned copy of cfg.pool_socket */
-    struct pool_cli *pool;        /* the kvvmd connection (core/pool.c; NULL: local frames) */
+    struct pool_cli *pool;        /* the kvvmd connection (core/pool_client.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
-    uint64_t n_exports, n_imports; /* hand-offs (core/handoff.c), under the lock */
+    uint64_t n_exports, n_imports; /* hand-offs (core/handoff_calls.c), under the lock */
     uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared index
                                      (core/prefix_pool.c), under the lock */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
@@ -154,7 +154,7 @@ size_t core_pool_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, s
 int    core_pool_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
                         size_t k);
 void   core_pool_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n);
-/* core/pool.c: the context as a client of the pool daemon (cfg.pool_socket). */
+/* core/pool_client.c: the context as a client of the pool daemon (cfg.pool_socket). */
 struct pool_cli;
 struct pool_cli_counters;
 /* Before the vmm: connects to kvvmd and fits cfg to its pool (backend, emulated device,

@@ -261,7 +261,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     kv->cfg.spill_dir = kv->spill_dir;
-    if ((rc = core_pool_open(kv)))      /* with pool_socket: the daemon's pool (pool.c) */
+    if ((rc = core_pool_open(kv)))      /* with pool_socket: the daemon's pool (pool_client.c) */
         goto out_free;
     if (kv->cfg.client_name && !(kv->client_name = strdup(kv->cfg.client_name))) {
         rc = -ENOMEM;
@@ -297,7 +297,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
     vmm_ctx_restore(kv->v, prev);
     if (rc)
         goto out_vmm;
-    if ((rc = core_pool_listen(kv))) {  /* the daemon's asks for frames back (pool.c) */
+    if ((rc = core_pool_listen(kv))) {  /* the daemon's asks for frames back (pool_client.c) */
         kvvm_close(kv);
         return kerr(rc, "kvvm_open: the pool's connection thread could not start (%s)",
                     strerror(-rc));

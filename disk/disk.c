@@ -1,7 +1,7 @@
 /*
  * disk/disk.c: the disk tier (contract in disk.h): open and close, page submission and
  * completion delivery, queries, stats and the test hooks. The file and its slots are in
- * file.c, the checksum in checksum.c, the engine thread's scheduler in sched.c, the two ways
+ * disk_file.c, the checksum in checksum.c, the engine thread's scheduler in sched.c, the two ways
  * to issue an I/O in engine_psync.c and engine_uring.c; what they share is disk_int.h.
  *
  * Design

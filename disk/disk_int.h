@@ -5,7 +5,7 @@
  *  - Included only by the files of disk/. It defines struct disk and the internal calls
  *    between those files; nothing here is part of the layer's interface.
  *  - Files: disk.c (open, close, submit, reap, wait, queries, stats, test hooks),
- *    checksum.c (disk_checksum), file.c (the spill file: directory checks, O_TMPFILE,
+ *    checksum.c (disk_checksum), disk_file.c (the spill file: directory checks, O_TMPFILE,
  *    direct-I/O alignment, preallocation; and the slot allocator), sched.c (the engine
  *    thread's scheduler: splitting pages into I/Os, retries, short transfers, faults,
  *    completion), engine_psync.c and engine_uring.c (how one I/O is issued and reaped).
@@ -130,7 +130,7 @@ struct disk {
 
 #define STAT_ADD(dk, f, n) __atomic_fetch_add(&(dk)->f, (n), __ATOMIC_RELAXED)
 
-/* --- file.c ---------------------------------------------------------------------------- */
+/* --- disk_file.c ---------------------------------------------------------------------------- */
 /* Refuses a RAM-backed directory unless DISK_F_ALLOW_TMPFS. 0, -EINVAL (logged), or the
    statfs errno (logged). */
 int  disk_dir_check(const struct disk_params *p);

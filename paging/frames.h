@@ -71,7 +71,7 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame);
    before the swap-in maps it (handoff.c). */
 pg_page_id page_new_off(struct paging *pg, pg_frame_id frame);
 /* New page descriptor in the host tier holding host slot `slot`, held by one non-resident
-   holder (refs 1, offs 1): a non-resident share's copy of a partial page (share.c). A free
+   holder (refs 1, offs 1): a non-resident share's copy of a partial page (seq_share.c). A free
    descriptor must exist (the caller checked). */
 pg_page_id page_new_host(struct paging *pg, pg_slot slot);
 void page_get(struct paging *pg, pg_page_id page);

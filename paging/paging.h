@@ -129,7 +129,7 @@ struct pg_policy_ops {
 #define PG_SCRATCH_PAGES 32u
 
 /* Where frames come from (paging_params.src; NULL: this process's own cuMemCreate and
-   cuMemRelease through the vmm). A pool client (core/pool.c over pool/client.c) leases them
+   cuMemRelease through the vmm). A pool client (core/pool_client.c over pool/client.c) leases them
    from the kvvmd daemon instead. create: one frame of page_size bytes; need > 0: a call
    needs it now, and need frames in all (this one included, within the budget: a pool
    client's lease asks for that many at once, up to a message's worth, and may wait up to
@@ -372,7 +372,7 @@ int paging_sync(struct paging *pg);
    -EBUSY a capturing stream, -EIO. */
 int paging_set_stream(struct paging *pg, kcu_stream s);
 kcu_stream paging_stream(const struct paging *pg);
-/* The copy stream of the swap copies (tier.c), NULL before its first use (test hook). */
+/* The copy stream of the swap copies (host_tier.c), NULL before its first use (test hook). */
 kcu_stream paging_copy_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
@@ -397,7 +397,7 @@ const struct paging_why *paging_why(const struct paging *pg);
    a call), where no layer below noted one this call. */
 void paging_why_need(struct paging *pg, uint64_t frames);
 
-/* ---- host tier (tier.c) ----
+/* ---- host tier (host_tier.c) ----
  * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is
  * copied device -> host on the copy stream (ordered after the engine's work: a fence on the
  * engine stream, or a device synchronization in synchronous mode) into a new host slot; a
@@ -511,7 +511,7 @@ int  paging_orphan_back(struct paging *pg, uint32_t id);
    pool, a device page again. Synchronous; each page all or nothing; returns the first
    error (-ESTALE a page is no longer held by entries alone), the others done. */
 int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *moved, size_t n);
-/* ---- reclaim plans (plan.c) ----
+/* ---- reclaim plans (plan_marks.c) ----
  * The page accounting of a reclaim plan (swap/ chooses the victims and their order): what
  * each move would free and take below, exactly, before anything moves. Nothing changes but
  * the pages' scratch marks, so no other walk of them (paging_reclaim_orphans with a keep
@@ -568,7 +568,7 @@ int  paging_acquire(struct paging *pg, uint32_t frames, unsigned fences, uint32_
    free then. -EIO. */
 int  paging_wait_releases(struct paging *pg);
 
-/* ---- disk tier (tier_disk.c) ----
+/* ---- disk tier (disk_tier.c) ----
  * Page lifecycle: HOST --write--> TO_DISK --full completion--> DISK (host slot freed);
  * DISK --read + checksum--> FROM_DISK --> HOST (disk slot freed). An I/O in flight holds a
  * reference (and a job) on its page, so a page freed meanwhile is released only when its

@@ -29,7 +29,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
                 return 0;
             any_in = true;
         }
-    /* a page is TO_DEVICE only while a swap-in job holds it (tier_in.c sets it with the job,
+    /* a page is TO_DEVICE only while a swap-in job holds it (host_in.c sets it with the job,
        the job's completion ends it): with none in flight, s is ready without a walk */
     if (!any_in) {
 #ifdef KVVM_DEBUG

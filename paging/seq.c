@@ -1,6 +1,6 @@
 /*
  * paging/seq.c: sequences: slots and handles, block tables, map-ahead; grow (single and
- * batch), free, info (window mappings: window.c; truncate, fork and share: share.c).
+ * batch), free, info (window mappings: window.c; truncate, fork and share: seq_share.c).
  *
  * Window layout: region r, slot s, page index i is at
  *   base + (r * max_seqs + s) * slot_bytes + i * page_size.

@@ -101,7 +101,7 @@ int  cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, ui
 void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u);
 void cow_commit(struct paging *pg, struct cow_undo *u);
 
-/* seq.c, for share.c: a free slot for a new sequence (-ENOSPC none; waits for a dying slot's
+/* seq.c, for seq_share.c: a free slot for a new sequence (-ENOSPC none; waits for a dying slot's
    releases when that frees one) and its undo; whether the pool can supply n frames now
    (waiting for pending releases if that helps; -ENOMEM). */
 int  seq_slot_take(struct paging *pg, struct pg_seq **out);

@@ -1,5 +1,5 @@
 /*
- * core/view.c: the public calls of the pool view (include/kvvm.h "Two views of one pool"):
+ * core/view_calls.c: the public calls of the pool view (include/kvvm.h "Two views of one pool"):
  * kvvm_pool_base, kvvm_pool_blocks, kvvm_seq_block_table, kvvm_batch_block_table.
  *
  * The mechanism is paging/view.c; these calls check their arguments, explain refusals and

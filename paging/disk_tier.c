@@ -1,5 +1,5 @@
 /*
- * paging/tier_disk.c: the disk tier's mechanism over its struct pg_tier_ops (an I/O tier;
+ * paging/disk_tier.c: the disk tier's mechanism over its struct pg_tier_ops (an I/O tier;
  * contract in paging.h, "disk tier"): which host pages are written out, the TO_DISK /
  * FROM_DISK transitions, damage. Its names are paging_disk_* (the layer's callers' and the
  * transfers owner's): disk_* names are disk/'s own, the disk tier's layer.

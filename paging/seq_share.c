@@ -1,5 +1,5 @@
 /*
- * paging/share.c: the calls that make sequences share pages or shorten them: truncate, fork
+ * paging/seq_share.c: the calls that make sequences share pages or shorten them: truncate, fork
  * (every page shared, copy on write later), share (a prefix: whole pages shared, the partial
  * last page copied). Same shape as seq.c: validate, count and take frames, map, commit the
  * block tables last, undo on failure; holes (discard.c) stay holes.

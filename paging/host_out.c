@@ -1,6 +1,6 @@
 /*
- * paging/tier_out.c: sequence swap-out, the device -> host move of the host tier (contract in
- * paging.h, "host tier"; the shared steps are in tier.c).
+ * paging/host_out.c: sequence swap-out, the device -> host move of the host tier (contract in
+ * paging.h, "host tier"; the shared steps are in host_tier.c).
  *
  * A page leaves the device only when s's entry is its last mapping (page_moves_down); a page
  * still mapped by a resident sibling stays. The ordinary swap-out copies the moving pages

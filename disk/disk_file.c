@@ -1,5 +1,5 @@
 /*
- * disk/file.c: the spill file and its slots (contract in disk.h).
+ * disk/disk_file.c: the spill file and its slots (contract in disk.h).
  *
  *  - File: opened unnamed (O_TMPFILE, else create + unlink at once), O_DIRECT (buffered only
  *    when opted in), fallocated to the slot count. Slot i lives at byte i * page_size. A

@@ -1,7 +1,7 @@
 /*
- * paging/tier.c: the host tier's shared steps: the transfer jobs (DF_OUT / DF_IN entries
+ * paging/host_tier.c: the host tier's shared steps: the transfer jobs (DF_OUT / DF_IN entries
  * of the pending list; defer.c completes them), host slots, window mapping and copies for
- * the swap paths (tier_out.c, tier_in.c, orphan.c), and the bridge to the policy (its room
+ * the swap paths (host_out.c, host_in.c, orphan.c), and the bridge to the policy (its room
  * facts and choices). The copy stream and its ordering after the engine are step.c's (the
  * clock owns both streams); the residency queries are resident.c's.
  *

@@ -1,6 +1,6 @@
 /*
- * paging/tier_in.c: sequence swap-in, the host/disk -> device move of the host tier (contract
- * in paging.h, "host tier"; the shared steps are in tier.c).
+ * paging/host_in.c: sequence swap-in, the host/disk -> device move of the host tier (contract
+ * in paging.h, "host tier"; the shared steps are in host_tier.c).
  *
  * Every page is mapped again at the same window addresses: a page still on the device in its
  * own frame, a host page in a fresh frame with a host -> device copy on the copy stream. Disk
