@@ -171,7 +171,7 @@ size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max
 }
 
 /* Whether sequence ex holds page id. */
-static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
+static bool excl_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
 {
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t j = 0; j < ex->n_pages; j++)
@@ -192,7 +192,7 @@ static bool kept_holds(struct paging *pg, pg_page_id id, size_t below)
 {
     for (size_t k = 0; k < below; k++) {
         struct pg_seq *ks;
-        if (!seq_lookup(pg, pg->sp.spill_keep[k], &ks) && seq_holds(pg, ks, id))
+        if (!seq_lookup(pg, pg->sp.spill_keep[k], &ks) && excl_holds(pg, ks, id))
             return true;
     }
     return false;
@@ -224,7 +224,7 @@ int paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t 
             if (p->tier != PG_TIER_HOST)
                 continue;
             /* a page the excluded sequence or the keep set also holds stays */
-            if (p->refs > 1 && ((ex && seq_holds(pg, ex, bt[i])) ||
+            if (p->refs > 1 && ((ex && excl_holds(pg, ex, bt[i])) ||
                                 kept_holds(pg, bt[i], pg->sp.n_spill_keep)))
                 continue;
             if ((rc = spill_page(pg, bt[i])))
@@ -404,7 +404,7 @@ uint32_t paging_disk_spillable(struct paging *pg, struct pg_seq *excl)
             for (uint32_t i = 0; i < ks->n_pages; i++) {
                 pg_page_id id = pg_bt(pg, ks, r)[i];
                 if (!pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_HOST &&
-                    !(excl && seq_holds(pg, excl, id)) && !kept_holds(pg, id, k))
+                    !(excl && excl_holds(pg, excl, id)) && !kept_holds(pg, id, k))
                     n--;
             }
     }

@@ -50,7 +50,7 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
    it): not released until it is unmapped (view_reap). */
 uint32_t pool_ready_pinned(struct paging *pg);
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready (seq_drop_all_ahead). */
+   frames become ready (ahead_drop_all). */
 void pool_drop_all_ahead(struct paging *pg);
 /* The budget in frames (p.max_frames); the caller checked that the frames held fit. */
 void pool_set_max_frames(struct paging *pg, uint32_t frames);

@@ -86,12 +86,12 @@ static int borrow_park(struct paging *pg, pg_page_id id, pg_frame_id f, bool bac
 {
     pg_slot hs = page_at(pg, id)->slot[PG_LOWER_HOST];
     int rc = 0;
-    if (!back && (rc = seq_map_frames(pg, pg->scratch_va, &f, 1)))
+    if (!back && (rc = win_map_frames(pg, pg->scratch_va, &f, 1)))
         return rc;
     rc = back ? tier_copy_out(pg, hs, pg->scratch_va) : tier_copy_in(pg, pg->scratch_va, hs);
     rc = tier_copy_finish(pg, rc);
     if (back || rc)
-        seq_unmap_must(pg, pg->scratch_va, 1);
+        win_unmap_must(pg, pg->scratch_va, 1);
     if (!rc && back)
         pg->c.bytes_to_host += pg->p.page_size;
     else if (!rc)
@@ -375,7 +375,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     if (rc)
         return rc;
     if (!s->out) {
-        rc = async ? 0 : seq_settle(pg, s);   /* a prefetch orders the engine later */
+        rc = async ? 0 : defer_settle(pg, s);   /* a prefetch orders the engine later */
         if (!rc)
             seq_use(pg, s);                     /* protected, prefetch included */
         return rc;

@@ -120,7 +120,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         goto out_free;
     }
     /* commit: nothing below fails */
-    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
+    ahead_drop(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
@@ -155,7 +155,7 @@ out_free:
    lock, and moves orphans itself. */
 static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t *need)
 {
-    int rc = seq_settle(pg, s);
+    int rc = defer_settle(pg, s);
     if (!rc)
         rc = tier_wait_transfers(pg, s);
     if (!rc)
@@ -222,7 +222,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
-    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
+    ahead_drop(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pg_page_is_none(d->pages[i]))

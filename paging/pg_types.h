@@ -278,7 +278,7 @@ struct pg_watch {
 /* clock [step.c]: the engine stream, the copy stream (the swap paths' copies) and their
    fences. Others change it through paging_step, paging_sync, paging_set_stream,
    pg_device_sync, tier_copy_stream, tier_copies_after_engine, paging_copy_fence_record,
-   paging_stream_after_copies (all step.c); quiet_below also defer.c (seq_quiet), n_syncs
+   paging_stream_after_copies (all step.c); quiet_below also defer.c (defer_quiet), n_syncs
    also view.c (view_reap's own sync): one owner, clock. */
 struct pg_clock {
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */

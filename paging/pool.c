@@ -501,7 +501,7 @@ bool paging_pool_can_create(struct paging *pg)
 
 void pool_drop_all_ahead(struct paging *pg)
 {
-    seq_drop_all_ahead(pg);
+    ahead_drop_all(pg);
 }
 
 void pool_set_max_frames(struct paging *pg, uint32_t frames)
@@ -556,7 +556,7 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
     if (rc)
         return rc;
     while (pg->fr.n_ready < n)
-        if (seq_steal_ahead(pg, except))
+        if (ahead_steal(pg, except))
             return -ENOMEM;
     return 0;
 }

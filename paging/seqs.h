@@ -84,7 +84,7 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 
 /* discard.c */
 /* After a truncate: first_kept of every region at most the new length. */
-void seq_clamp_kept(struct paging *pg, struct pg_seq *s);
+void discard_clamp_kept(struct paging *pg, struct pg_seq *s);
 
 /* cow.c: copy-on-write over regions [r0, r1) x page indices [i0, i1) of s. */
 struct cow_undo {

@@ -980,7 +980,7 @@ Test(map_ahead_zero, grow_has_no_null_arithmetic)
 }
 
 /* Map-ahead is refilled in batches between a low and a high mark (seq.c,
-   seq_top_up_ahead), not one page per crossing: a sequence of 2 regions with map_ahead 4
+   ahead_top_up), not one page per crossing: a sequence of 2 regions with map_ahead 4
    grows a page at a time across 12 pages; the refills after the first are one mapped run
    per region every third crossing (the mark is 2 left, back up to 4), so the grows make
    at most 2 + 2 * 12 / 3 set-accesses where a page-per-crossing refill made 2 + 2 * 12.
