@@ -7,7 +7,7 @@
  * layers below (paging/, vmm/) with it held; those layers never call up.
  *
  * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) or the
- * frame pool thread's (swap/frames.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
+ * frame pool thread's (swap/frame_pool.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
  * -> host arena mutex or the pool client's mutex (pool/client.c) -> (vmm / driver internal
  * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The pool client's connection thread (a take-back,
@@ -40,7 +40,7 @@
 #include "paging/paging.h"
 #include "host/host.h"
 #include "swap/swap.h"
-#include "swap/frames.h"
+#include "swap/frame_pool.h"
 #include "disk/disk.h"
 #include "prefix/prefix.h"
 #include "store/store.h"

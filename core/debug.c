@@ -1,7 +1,7 @@
 /*
  * core/debug.c: the whole-context invariant check of core/debug.h (paging's own checker is
  * paging/check.c), and the debug build's check after every public call. The testing
- * interface's hooks (kvvm_debug_*) are testing/debug.c.
+ * interface's hooks (kvvm_debug_*) are testing/hooks.c.
  */
 #include "core.h"
 #include "core/debug.h"

@@ -1,7 +1,7 @@
 /*
  * paging/ahead.c: map-ahead (owner frames): the frames mapped past a sequence's end, given
  * back to the pool (drops, steals) and topped up on the caller's thread, or refilled by the
- * frame pool thread (swap/frames.c), so that a grow that does not outrun its map-ahead
+ * frame pool thread (swap/frame_pool.c), so that a grow that does not outrun its map-ahead
  * makes no map or set-access call on the engine's thread (docs/design.md "Map-ahead").
  *
  * Without a pool thread (or map_ahead 0) a grow tops its sequence up itself at its end

@@ -697,7 +697,7 @@ int  paging_seq_demote(struct paging *pg, uint64_t h);
 size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
- * The feed lets a library thread (swap/frames.c, the policy: when and how many) create and
+ * The feed lets a library thread (swap/frame_pool.c, the policy: when and how many) create and
  * release frames without the context lock: paging_feed_plan (context lock held) reserves
  * frames to create within the budget and takes ready frames off the pool for release;
  * paging_feed_work (no lock) makes the driver calls and hands the created frames over;

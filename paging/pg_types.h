@@ -158,7 +158,7 @@ struct pg_frame {
 };
 
 /* The pool's feed (pool.c): frames created and released off the caller's thread by the
-   frame pool thread (swap/frames.c). Everything here is under mu, which is taken with or
+   frame pool thread (swap/frame_pool.c). Everything here is under mu, which is taken with or
    without the context lock (lock order: context lock -> mu): the thread creates and
    releases handles holding mu only around the hand-off, so a caller holding the context
    lock may wait on cv for frames being created. Budget accounting: frames being created
@@ -191,7 +191,7 @@ struct pg_feed {
    pool_take_ready, pool_make_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
    pool_drop_all_ahead, pool_set_max_frames, pool_feed_suppress (paging.c's
    paging_set_budget and paging_trim), frame_set_ahead / frame_set_used (view.c), and the
-   feed's paging_feed_* (swap/frames.c). A frame's state: frame_move (pool.c); its page:
+   feed's paging_feed_* (swap/frame_pool.c). A frame's state: frame_move (pool.c); its page:
    page_frame_set / page_frame_drop (frames.h). */
 struct pg_frames {
     struct pg_frame *frames;   /* cap_frames */
@@ -202,7 +202,7 @@ struct pg_frames {
     pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
     uint32_t chunk;            /* [paging.c, at create] frames created ahead per refill
                                   without a pool thread */
-    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    struct pg_feed feed;       /* [pool.c; swap/frame_pool.c through paging_feed_*] */
 };
 
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it through

@@ -2,7 +2,7 @@
  * paging/pool.c: the device frame pool, its feed, the budget, and the page descriptors.
  *
  * Frames (physical handles) are created ahead of need. With the frame pool thread
- * (swap/frames.c) attached, it creates them off the caller's thread through the feed
+ * (swap/frame_pool.c) attached, it creates them off the caller's thread through the feed
  * (paging.h "the frame pool's feed"); without it, a first chunk at create time and more at
  * each step (pool_refill). On the grow path a caller short of ready frames takes delivered
  * ones, waits for those being created, and creates the rest itself only when none are on

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* --- hooks into a context (implemented in testing/debug.c) ------------------------------- */
+/* --- hooks into a context (implemented in testing/hooks.c) ------------------------------- */
 
 /* The invariant checker. Checks the context against the emulated device's own tables (not
    against itself): every window page maps the handle its page descriptor names, with access
@@ -128,7 +128,7 @@ uint64_t kvvm_testing_page_checksum(const void *buf, size_t len, uint64_t page,
    0 or -EINVAL. */
 int kvvm_testing_parse_size(const char *s, size_t *out);
 
-/* --- the vmm layer on a device of its own (testing/vmm.c): kvvm-bench's foundation ------- */
+/* --- the vmm layer on a device of its own (testing/vmm_alone.c): kvvm-bench's foundation ------- */
 
 /* vmm/vmm.h's calls under kvvm_testing_vmm_*, same arguments and results (0 or -errno);
    a page is a vmm_handle, a stream the driver's (NULL = the legacy default stream). */
@@ -192,10 +192,10 @@ int kvvm_testing_raw_copy_dtod(kvvm_testing_vmm *v, uint64_t dst, uint64_t src, 
 int kvvm_testing_raw_stream_sync(kvvm_testing_vmm *v, kvvm_testing_stream s);
 const char *kvvm_testing_raw_errstr(kvvm_testing_vmm *v, int result);
 
-/* --- the disk tier's engine alone (testing/spill.c): kvvm-bench's spill figures ---------- */
+/* --- the disk tier's engine alone (testing/disk_alone.c): kvvm-bench's spill figures ---------- */
 
 /* disk/disk.h's disk_* under kvvm_testing_spill_*, same arguments and results; requests and
-   completions have disk_req's and disk_cqe's layout (checked in testing/spill.c). */
+   completions have disk_req's and disk_cqe's layout (checked in testing/disk_alone.c). */
 typedef struct kvvm_testing_spill kvvm_testing_spill;
 enum { KVVM_TESTING_SPILL_WRITE = 1, KVVM_TESTING_SPILL_READ = 2 };
 enum { KVVM_TESTING_SPILL_AUTO = 0, KVVM_TESTING_SPILL_IO_URING = 1,
@@ -239,10 +239,10 @@ int    kvvm_testing_spill_wait_all(kvvm_testing_spill *dk);
 #ifdef __cplusplus
 }
 #endif
-/* --- the shared store layer alone (testing/store.c): kvvm-bench's store figures ----------- */
+/* --- the shared store layer alone (testing/store_alone.c): kvvm-bench's store figures ----------- */
 
 /* store/store.h's calls under kvvm_testing_store_*, same arguments and results; items and
-   layouts have store_item's and store_layout's layout (checked in testing/store.c). */
+   layouts have store_item's and store_layout's layout (checked in testing/store_alone.c). */
 typedef struct kvvm_testing_store kvvm_testing_store;
 struct iovec;
 struct kvvm_testing_store_layout {

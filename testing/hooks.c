@@ -1,5 +1,5 @@
 /*
- * testing/debug.c: the testing interface's hooks into a context (kvvm_debug_*,
+ * testing/hooks.c: the testing interface's hooks into a context (kvvm_debug_*,
  * testing/kvvm_testing.h). Each takes the context lock where a public call would; the
  * invariant check itself is core's (core/debug.h).
  */

@@ -1,5 +1,5 @@
 /*
- * testing/spill.c: the disk tier's engine (disk/disk.h) alone, for kvvm-bench's spill figures
+ * testing/disk_alone.c: the disk tier's engine (disk/disk.h) alone, for kvvm-bench's spill figures
  * (testing/kvvm_testing.h). Requests and completions are passed through as they are: their
  * layouts are checked equal to disk_req's and disk_cqe's below.
  */
