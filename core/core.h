@@ -7,11 +7,11 @@
  * layers below (paging/, vmm/) with it held; those layers never call up.
  *
  * Lock order (outermost first): kvvm.lock -> swap's mutex (swap/swap.c, sw->mu) or the
- * frame pool thread's (swap/frames.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
+ * frame pool thread's (swap/frame_pool.c, fr->mu) -> the pool's feed mutex (paging pg->feed.mu)
  * -> host arena mutex or the pool client's mutex (pool/client.c) -> (vmm / driver internal
  * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The pool client's connection thread (a take-back,
- * core/pool.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
+ * core/pool_client.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
  * does. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
@@ -40,7 +40,7 @@
 #include "paging/paging.h"
 #include "host/host.h"
 #include "swap/swap.h"
-#include "swap/frames.h"
+#include "swap/frame_pool.h"
 #include "disk/disk.h"
 #include "prefix/prefix.h"
 #include "store/store.h"
@@ -58,7 +58,7 @@ struct kvvm {
     struct swap *sw;
     struct prefix *pfx;           /* the prefix cache's index (prefix/) */
     struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
-    struct spill *spill;          /* the disk tier (NULL without spill_dir) */
+    struct disk *disk;           /* the disk tier (NULL without spill_dir) */
     struct pg_tier_ops tier_ops[PG_N_LOWER]; /* paging's view of the tiers below the
                                      device (core/tiers.c; alloc NULL: a tier is off) */
     struct store *store;          /* the shared store (NULL without store_url); it has its
@@ -66,9 +66,9 @@ struct kvvm {
     char *store_url;              /* owned copy of cfg.store_url */
     char *client_name;            /* owned copy of cfg.client_name */
     char *pool_socket;            /* owned copy of cfg.pool_socket */
-    struct pool_cli *pool;        /* the kvvmd connection (core/pool.c; NULL: local frames) */
+    struct pool_cli *pool;        /* the kvvmd connection (core/pool_client.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
-    uint64_t n_exports, n_imports; /* hand-offs (core/handoff.c), under the lock */
+    uint64_t n_exports, n_imports; /* hand-offs (core/handoff_calls.c), under the lock */
     uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared index
                                      (core/prefix_pool.c), under the lock */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
@@ -154,7 +154,7 @@ size_t core_pool_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, s
 int    core_pool_attach(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
                         size_t k);
 void   core_pool_prefix_drop(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n);
-/* core/pool.c: the context as a client of the pool daemon (cfg.pool_socket). */
+/* core/pool_client.c: the context as a client of the pool daemon (cfg.pool_socket). */
 struct pool_cli;
 struct pool_cli_counters;
 /* Before the vmm: connects to kvvmd and fits cfg to its pool (backend, emulated device,

@@ -1,7 +1,7 @@
 /*
  * core/debug.c: the whole-context invariant check of core/debug.h (paging's own checker is
  * paging/check.c), and the debug build's check after every public call. The testing
- * interface's hooks (kvvm_debug_*) are testing/debug.c.
+ * interface's hooks (kvvm_debug_*) are testing/hooks.c.
  */
 #include "core.h"
 #include "core/debug.h"
@@ -30,12 +30,12 @@ int core_check_locked(kvvm *kv, char *why, size_t len)
             rc = -EUCLEAN;
         }
     }
-    if (!rc && kv->spill) {
+    if (!rc && kv->disk) {
         /* disk tier conservation: every allocated disk slot is held by exactly one page */
         struct paging_counters c;
-        struct spill_stats d;
+        struct disk_stats d;
         paging_counters(kv->pg, &c);
-        spill_stats_get(kv->spill, &d);
+        disk_stats_get(kv->disk, &d);
         if (c.pages_disk != d.slots_total - d.slots_free) {
             klog_error("invariant violated: %llu pages hold disk slots, the spill file has "
                        "%llu allocated", (unsigned long long)c.pages_disk,

@@ -1,7 +1,7 @@
 /*
  * core/debug.h: the whole-context invariant check (core/debug.c), for the debug build's check
  * after every public call (core/call.h) and for the testing interface's kvvm_debug_check
- * (testing/debug.c). Not installed, not part of the API. No testing/ header here: the
+ * (testing/hooks.c). Not installed, not part of the API. No testing/ header here: the
  * testing interface sits on top of core (testing/kvvm_testing.h), never inside it, so the
  * shipped libraries hold none of it.
  */

@@ -109,9 +109,9 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
                  (unsigned long long)w->host, w->host == 1 ? "" : "s", hf, ht);
     else
         json_put(b, n, &pos, "; host tier: %zu of %zu slots free", hf, ht);
-    if (kv->spill) {
-        struct spill_stats d;
-        spill_stats_get(kv->spill, &d);
+    if (kv->disk) {
+        struct disk_stats d;
+        disk_stats_get(kv->disk, &d);
         json_put(b, n, &pos, "; disk tier: %llu of %llu slots free",
                  (unsigned long long)d.slots_free, (unsigned long long)d.slots_total);
     } else if (ht) {

@@ -704,7 +704,7 @@ int kvvm_seq_slot(kvvm *kv, kvvm_seq s, uint32_t *slot)
     CALL(kv, paging_seq_slot(kv->pg, s, slot));
 }
 
-static int seq_addr_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
+static int addr_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
 {
     uint32_t slot;
     int rc = paging_seq_slot(kv->pg, s, &slot);
@@ -721,10 +721,10 @@ int kvvm_seq_addr(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
     if (region >= kv->cfg.n_regions)
         return kerr(-EINVAL, "kvvm_seq_addr: region %u is out of range (n_regions %u)",
                     region, kv->cfg.n_regions);
-    CALL(kv, seq_addr_locked(kv, s, region, addr));
+    CALL(kv, addr_locked(kv, s, region, addr));
 }
 
-static int seq_info_locked(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
+static int info_locked(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
 {
     struct paging_seq_info pi;
     int rc = paging_seq_info(kv->pg, s, &pi);
@@ -749,7 +749,7 @@ int kvvm_seq_info(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
     if (info->size < offsetof(struct kvvm_seq_info, resident) + sizeof(int))
         return kerr(-EINVAL, "kvvm_seq_info: info->size %zu is too small; set it to "
                     "sizeof(struct kvvm_seq_info) (%zu)", info->size, sizeof *info);
-    CALL(kv, seq_info_locked(kv, s, info));
+    CALL(kv, info_locked(kv, s, info));
 }
 
 /* ---- elastic memory (kvvm_set_budget, kvvm_trim) ----------------------------------- */

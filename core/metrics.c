@@ -17,7 +17,7 @@
  *
  * The latency histograms (KVVM_HISTS) come from common/hist.h's fixed buckets, recorded
  * with relaxed atomics where the layers already read the clock: direct reclaim
- * (swap/swap.c), kvvm_prefix_attach (core/prefix.c), the store's requests (store/store.c),
+ * (swap/swap.c), kvvm_prefix_attach (core/prefix_calls.c), the store's requests (store/store.c),
  * the calls' waits for the pool daemon (pool/client.c).
  */
 #include "core.h"

@@ -165,15 +165,15 @@ static int open_layout(kvvm *kv)
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
         goto out_tiers;
-    struct swap_params sp = {
+    struct swap_params swp = {
         .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
         .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
         .thread = host_slots_total(kv->host) > 0,
         .host_slots = (uint32_t)host_slots_total(kv->host), .host_min = c->host_min,
-        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->spill != NULL,
+        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->disk != NULL,
         .cache_demote = !!(c->flags & KVVM_F_CACHE_DEMOTE),
     };
-    rc = swap_create(kv->pg, kv->v, &kv->lock, &sp, &kv->sw);
+    rc = swap_create(kv->pg, kv->v, &kv->lock, &swp, &kv->sw);
     if (rc)
         goto out_paging;
     rc = prefix_create(kv->pg, kv->sw, &kv->pfx);
@@ -261,7 +261,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     kv->cfg.spill_dir = kv->spill_dir;
-    if ((rc = core_pool_open(kv)))      /* with pool_socket: the daemon's pool (pool.c) */
+    if ((rc = core_pool_open(kv)))      /* with pool_socket: the daemon's pool (pool_client.c) */
         goto out_free;
     if (kv->cfg.client_name && !(kv->client_name = strdup(kv->cfg.client_name))) {
         rc = -ENOMEM;
@@ -297,7 +297,7 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
     vmm_ctx_restore(kv->v, prev);
     if (rc)
         goto out_vmm;
-    if ((rc = core_pool_listen(kv))) {  /* the daemon's asks for frames back (pool.c) */
+    if ((rc = core_pool_listen(kv))) {  /* the daemon's asks for frames back (pool_client.c) */
         kvvm_close(kv);
         return kerr(rc, "kvvm_open: the pool's connection thread could not start (%s)",
                     strerror(-rc));

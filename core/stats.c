@@ -75,7 +75,7 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {
     struct paging_counters c;
     struct swap_counters w;
-    struct spill_stats d = { 0 };
+    struct disk_stats d = { 0 };
     struct prefix_counters x;
     struct storeq_counters q;
     storeq_counters(kv->sq, &q);
@@ -83,8 +83,8 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
     prefix_counters(kv->pfx, &x);
     paging_counters(kv->pg, &c);
     swap_counters(kv->sw, &w);
-    if (kv->spill)
-        spill_stats_get(kv->spill, &d);
+    if (kv->disk)
+        disk_stats_get(kv->disk, &d);
     struct pool_cli_counters pc;                /* zeros without a pool */
     core_pool_counters(kv, &pc);
     size_t mfree = 0, mtotal = 0;               /* 0 when the driver cannot say */
@@ -126,8 +126,8 @@ static int stats_json_locked(kvvm *kv, char *buf, size_t len)
     paging_counters(kv->pg, &c);
     json_put(buf, len, &pos, "{\"version\":\"%s\",\"backend\":\"%s\",\"io_engine\":\"%s\","
              "\"spill_direct\":%s,\"stats\":{", kvvm_version(), vmm_backend_name(kv->v),
-             kv->spill ? spill_engine_name(kv->spill) : "none",
-             kv->spill && spill_direct(kv->spill) ? "true" : "false");
+             kv->disk ? disk_engine_name(kv->disk) : "none",
+             kv->disk && disk_direct(kv->disk) ? "true" : "false");
     int first = 1;
 #define X(n, e) json_put(buf, len, &pos, "%s\"%s\":%llu", first ? "" : ",", #n, \
                          (unsigned long long)st.n); first = 0;

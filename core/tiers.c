@@ -49,7 +49,7 @@ static void *h_ptr(void *a, pg_slot slot)
     return host_slot_ptr(a, host_of(slot));
 }
 
-static int host_open(kvvm *kv, struct pg_tier_ops *ops)
+static int open_host(kvvm *kv, struct pg_tier_ops *ops)
 {
     const struct kvvm_config *c = &kv->cfg;
     struct host_params hp = { .budget = c->host_budget, .page_size = c->page_size };
@@ -65,12 +65,12 @@ static int host_open(kvvm *kv, struct pg_tier_ops *ops)
     return 0;
 }
 
-static uint64_t host_slots(kvvm *kv)
+static uint64_t slots_host(kvvm *kv)
 {
     return host_slots_total(kv->host);
 }
 
-static void host_close(kvvm *kv)
+static void close_host(kvvm *kv)
 {
     host_arena_close(kv->host);
     kv->host = NULL;
@@ -81,65 +81,65 @@ static void host_close(kvvm *kv)
  * the engine thread never takes the context lock. A page id travels as the request's page
  * identity (its checksum seed) and its user cookie, and comes back in the completion. */
 
-static spill_slot spill_of(pg_slot s)
+static disk_slot disk_of(pg_slot s)
 {
-    return pg_slot_is_none(s) ? SPILL_SLOT_NONE : (spill_slot){ s.v };
+    return pg_slot_is_none(s) ? DISK_SLOT_NONE : (disk_slot){ s.v };
 }
-static pg_slot pg_of_spill(spill_slot s)
+static pg_slot pg_of_disk(disk_slot s)
 {
-    return spill_slot_valid(s) ? (pg_slot){ s.idx } : PG_SLOT_NONE;
+    return disk_slot_valid(s) ? (pg_slot){ s.idx } : PG_SLOT_NONE;
 }
 static size_t d_room(void *a)
 {
-    struct spill_stats st;
-    spill_stats_get(a, &st);
+    struct disk_stats st;
+    disk_stats_get(a, &st);
     return st.slots_free;
 }
 static int d_alloc(void *a, pg_slot hint, pg_slot *slot)
 {
-    spill_slot s;
-    int rc = spill_slot_alloc(a, 1, spill_of(hint), &s);
+    disk_slot s;
+    int rc = disk_slot_alloc(a, 1, disk_of(hint), &s);
     if (!rc)
-        *slot = pg_of_spill(s);
+        *slot = pg_of_disk(s);
     KVVM_ASSERT(rc || !pg_slot_is_none(*slot));   /* a slot taken is a real one */
     return rc;
 }
 static void d_free(void *a, pg_slot slot)
 {
-    int rc = spill_slot_free(a, spill_of(slot));
+    int rc = disk_slot_free(a, disk_of(slot));
     KVVM_ASSERT(rc == 0);                    /* once, and with no I/O in flight on it */
     if (rc)
         klog_error("kvvm: freeing disk slot %u failed (%d)", slot.v, rc);
 }
-static int d_io(void *a, enum spill_op op, pg_slot slot, void *buf, pg_page_id page)
+static int d_io(void *a, enum disk_op op, pg_slot slot, void *buf, pg_page_id page)
 {
-    struct spill_req r = { .op = op, .slot = spill_of(slot), .buf = buf, .page = page.v,
-                           .user = (void *)(uintptr_t)page.v };
-    return spill_submit(a, &r, 1);
+    struct disk_req r = { .op = op, .slot = disk_of(slot), .buf = buf, .page = page.v,
+                          .user = (void *)(uintptr_t)page.v };
+    return disk_submit(a, &r, 1);
 }
 static int d_put(void *a, pg_slot slot, void *buf, pg_page_id page)
 {
-    return d_io(a, SPILL_WRITE, slot, buf, page);
+    return d_io(a, DISK_WRITE, slot, buf, page);
 }
 static int d_get(void *a, pg_slot slot, void *buf, pg_page_id page)
 {
-    return d_io(a, SPILL_READ, slot, buf, page);
+    return d_io(a, DISK_READ, slot, buf, page);
 }
 static size_t d_reap(void *a, struct pg_tier_done *out, size_t max)
 {
-    struct spill_cqe c[64];
-    size_t n = spill_reap(a, c, max < 64 ? max : 64);
+    struct disk_cqe c[64];
+    size_t n = disk_reap(a, c, max < 64 ? max : 64);
     for (size_t i = 0; i < n; i++)
         out[i] = (struct pg_tier_done){ { (uint32_t)(uintptr_t)c[i].user }, c[i].status,
-                                        c[i].op == SPILL_WRITE };
+                                        c[i].op == DISK_WRITE };
     return n;
 }
 static void d_wait(void *a)
 {
-    spill_wait_all(a);
+    disk_wait_all(a);
 }
 
-static int disk_open(kvvm *kv, struct pg_tier_ops *ops)
+static int open_disk(kvvm *kv, struct pg_tier_ops *ops)
 {
     const struct kvvm_config *c = &kv->cfg;
     if (!c->spill_dir)
@@ -149,33 +149,33 @@ static int disk_open(kvvm *kv, struct pg_tier_ops *ops)
                     "(KVVM_HOST_BUDGET, e.g. 1G) to at least page_size %zu bytes; disk pages "
                     "come back through host slots", c->spill_dir, c->page_size);
     }
-    struct spill_params sp = {
+    struct disk_params dp = {
         .dir = c->spill_dir, .budget = c->spill_budget, .page_size = c->page_size,
         .buf_base = host_arena_base(kv->host), .buf_bytes = host_arena_bytes(kv->host),
-        .flags = ((c->flags & KVVM_F_SPILL_ALLOW_TMPFS) ? SPILL_F_ALLOW_TMPFS : 0) |
-                 ((c->flags & KVVM_F_SPILL_BUFFERED) ? SPILL_F_BUFFERED : 0),
+        .flags = ((c->flags & KVVM_F_SPILL_ALLOW_TMPFS) ? DISK_F_ALLOW_TMPFS : 0) |
+                 ((c->flags & KVVM_F_SPILL_BUFFERED) ? DISK_F_BUFFERED : 0),
     };
-    int rc = spill_open(&sp, &kv->spill);
+    int rc = disk_open(&dp, &kv->disk);
     if (rc) {
         klog_error("kvvm_open: the disk tier in %s could not be opened (%s)", c->spill_dir,
                    core_err_name(rc));
         return rc;
     }
-    *ops = (struct pg_tier_ops){ .arg = kv->spill, .room = d_room, .alloc = d_alloc,
+    *ops = (struct pg_tier_ops){ .arg = kv->disk, .room = d_room, .alloc = d_alloc,
                                  .free = d_free, .put = d_put, .get = d_get, .reap = d_reap,
                                  .wait = d_wait };
     return 0;
 }
 
-static uint64_t disk_slots(kvvm *kv)
+static uint64_t slots_disk(kvvm *kv)
 {
     return kv->cfg.spill_dir ? kv->cfg.spill_budget / kv->cfg.page_size : 0;
 }
 
-static void disk_close(kvvm *kv)
+static void close_disk(kvvm *kv)
 {
-    spill_close(kv->spill);                  /* the unnamed file goes with its descriptor */
-    kv->spill = NULL;
+    disk_close(kv->disk);                  /* the unnamed file goes with its descriptor */
+    kv->disk = NULL;
 }
 
 /* ---- the list ------------------------------------------------------------------------ */
@@ -185,8 +185,8 @@ static const struct core_tier {
     uint64_t (*slots)(kvvm *kv);                        /* pages it can hold (0: off) */
     void (*close)(kvvm *kv);
 } tiers[] = {
-    [PG_LOWER_HOST] = { host_open, host_slots, host_close },
-    [PG_LOWER_DISK] = { disk_open, disk_slots, disk_close },
+    [PG_LOWER_HOST] = { open_host, slots_host, close_host },
+    [PG_LOWER_DISK] = { open_disk, slots_disk, close_disk },
 };
 _Static_assert(sizeof tiers / sizeof tiers[0] == PG_N_LOWER, "one entry per tier below");
 

@@ -27,7 +27,7 @@
 #define SEED_P3 0x165667B19E3779F9ULL
 #define SEED_P5 0x27D4EB2F165667C5ULL
 
-uint64_t spill_checksum(const void *buf, size_t len, uint64_t page, spill_slot s)
+uint64_t disk_checksum(const void *buf, size_t len, uint64_t page, disk_slot s)
 {
     uint64_t seed = (page * SEED_P5) ^ ((uint64_t)s.idx * SEED_P2 + SEED_P3);
     return XXH3_64bits_withSeed(buf, len, seed);

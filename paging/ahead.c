@@ -1,11 +1,11 @@
 /*
  * paging/ahead.c: map-ahead (owner frames): the frames mapped past a sequence's end, given
  * back to the pool (drops, steals) and topped up on the caller's thread, or refilled by the
- * frame pool thread (swap/frames.c), so that a grow that does not outrun its map-ahead
+ * frame pool thread (swap/frame_pool.c), so that a grow that does not outrun its map-ahead
  * makes no map or set-access call on the engine's thread (docs/design.md "Map-ahead").
  *
  * Without a pool thread (or map_ahead 0) a grow tops its sequence up itself at its end
- * (seq_top_up_ahead, below), as before; so does a grow that outran its map-ahead (it mapped
+ * (ahead_top_up, below), as before; so does a grow that outran its map-ahead (it mapped
  * its own pages already: the thread was late, or the grow jumped). Otherwise the grow only
  * queues the sequence (slot and generation) and asks for a round; the thread then, in
  * three steps:
@@ -24,7 +24,7 @@
  * cancels the jobs first when its range meets one of theirs (ahead_settle: waits for the
  * work, bounded by one round's maps of at most AHEAD_JOBS_MAX jobs, then undoes them all).
  * A grow of a sequence with a job that outruns its map-ahead waits and commits instead
- * (the frames become its pages), a pool short of frames cancels (seq_steal_ahead), and
+ * (the frames become its pages), a pool short of frames cancels (ahead_steal), and
  * paging_feed_quiesce (budget, trim, detach) cancels too. The debug checker sees jobs in
  * flight: their frames are FR_AHEAD, their ranges may be mapped or not (ahead_covers).
  */
@@ -42,33 +42,33 @@
 
 /* Unmaps map-ahead frames beyond the first `keep` (per region); they become ready. Nothing
    reaches them (they are past the end), so no fence is needed. */
-void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep)
+void ahead_drop(struct paging *pg, struct pg_seq *s, uint32_t keep)
 {
     if (s->n_ahead <= keep)
         return;
     uint32_t n = s->n_ahead - keep, slot = pg_slot_of(pg, s);
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         pg_frame_id *a = pg_ahead(pg, s, r) + keep;
-        seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + keep), n);
+        win_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + keep), n);
         pool_give(pg, a, n);
     }
     s->n_ahead = keep;
 }
 
-void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n)
+void ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n)
 {
     if (s->n_ahead > keep && pool_available(pg) - s->n_ahead * pg->p.n_regions < n)
-        seq_drop_ahead(pg, s, keep);
+        ahead_drop(pg, s, keep);
 }
 
-int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
+int ahead_steal(struct paging *pg, struct pg_seq *except)
 {
     if (!pg->fr.n_ahead)
         return -ENOMEM;
     for (uint32_t i = 0; i < pg->p.max_seqs; i++) {
         struct pg_seq *s = &pg->seqs[i];
         if (s != except && s->n_ahead) {
-            seq_drop_ahead(pg, s, s->n_ahead - 1);
+            ahead_drop(pg, s, s->n_ahead - 1);
             return 0;
         }
     }
@@ -79,23 +79,23 @@ int seq_steal_ahead(struct paging *pg, struct pg_seq *except)
     return view_break_group(pg);    /* the pool view's prepared groups are ahead too */
 }
 
-void seq_drop_all_ahead(struct paging *pg)
+void ahead_drop_all(struct paging *pg)
 {
     view_break_all(pg);
     for (uint32_t i = 0; i < pg->p.max_seqs && pg->fr.n_ahead; i++)
         if (pg->seqs[i].n_ahead)
-            seq_drop_ahead(pg, &pg->seqs[i], 0);
+            ahead_drop(pg, &pg->seqs[i], 0);
 }
 
 /* Best effort: maps ready frames ahead of s's end, in batches between two marks per region
-   (seq_ahead_deficit, ahead.c) in one run per region (one map per frame, one set-access
+   (ahead_deficit, ahead.c) in one run per region (one map per frame, one set-access
    per run), so a sequence that crosses a page per step refills every (map_ahead / 2 +
    1)-th crossing instead of at each. With the frame pool thread its refills run there
-   (seq_ahead_refill). */
-void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
+   (ahead_refill). */
+void ahead_top_up(struct paging *pg, struct pg_seq *s)
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
-    uint32_t k = seq_ahead_deficit(pg, s);
+    uint32_t k = ahead_deficit(pg, s);
     if (k > pg->fr.n_ready / nr)
         k = pg->fr.n_ready / nr;
     if (!k)
@@ -106,7 +106,7 @@ void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
         uint64_t va = pg_va(pg, r, slot, s->n_pages + s->n_ahead);
         /* not scrubbed here: a map-ahead frame is unmapped at once when dropped, so no
            device work may target it; grow_region scrubs it when it becomes a page */
-        if (seq_map_frames(pg, va, a, k)) {
+        if (win_map_frames(pg, va, a, k)) {
             pool_give(pg, a, k);
             goto out_undo;
         }
@@ -116,7 +116,7 @@ void seq_top_up_ahead(struct paging *pg, struct pg_seq *s)
 out_undo:
         while (r-- > 0) {
             pg_frame_id *b = pg_ahead(pg, s, r) + s->n_ahead;
-            seq_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + s->n_ahead), k);
+            win_unmap_must(pg, pg_va(pg, r, slot, s->n_pages + s->n_ahead), k);
             pool_give(pg, b, k);
         }
         return;
@@ -133,7 +133,7 @@ out_undo:
    low mark), ready frames not counted: nothing while at least half of map_ahead (rounded
    up) is left, then back up to map_ahead; both marks shrink with the room left in its
    slot. */
-uint32_t seq_ahead_deficit(const struct paging *pg, const struct pg_seq *s)
+uint32_t ahead_deficit(const struct paging *pg, const struct pg_seq *s)
 {
     uint32_t room = pg->pages_per_slot - s->n_pages;
     uint32_t want = pg->p.map_ahead < room ? pg->p.map_ahead : room;
@@ -183,18 +183,18 @@ void ahead_fini(struct paging *pg)
     q->n_q = 0;
 }
 
-void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran)
+void ahead_refill(struct paging *pg, struct pg_seq *s, bool outran)
 {
     /* a grow that outran its map-ahead (the thread late, or a jump) batches here, as
        without the thread, rather than map page by page at each crossing until it catches
        up (it had no job in flight: the grow settled it first) */
     if (outran || !ahead_threaded(pg) || !queue_ready(pg)) {
-        seq_top_up_ahead(pg, s);
+        ahead_top_up(pg, s);
         return;
     }
     struct pg_ahq *q = &pg->ahq;
     uint32_t slot = pg_slot_of(pg, s);
-    if (q->queued[slot] || !seq_ahead_deficit(pg, s))
+    if (q->queued[slot] || !ahead_deficit(pg, s))
         return;
     q->queued[slot] = 1;
     q->slot[q->n_q] = slot;
@@ -206,7 +206,7 @@ void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran)
 
 /* Whether s is still the sequence of generation gen, and one map-ahead can be given to
    (live, resident, not dropped, with a map-ahead array). */
-static bool seq_takes_ahead(const struct pg_seq *s, uint32_t gen)
+static bool ahead_takes(const struct pg_seq *s, uint32_t gen)
 {
     return s->live && s->gen == gen && !s->out && !s->dropped && s->ahead;
 }
@@ -220,9 +220,9 @@ static struct pg_seq *queue_pop(struct paging *pg, uint32_t *k)
         uint32_t slot = q->slot[--q->n_q], gen = q->gen[q->n_q];
         q->queued[slot] = 0;
         struct pg_seq *s = &pg->seqs[slot];
-        if (!seq_takes_ahead(s, gen))
+        if (!ahead_takes(s, gen))
             continue;
-        if ((*k = seq_ahead_deficit(pg, s)) != 0)
+        if ((*k = ahead_deficit(pg, s)) != 0)
             return s;
     }
     return NULL;
@@ -289,7 +289,7 @@ void paging_ahead_work(struct paging *pg)
 static bool job_fits(struct paging *pg, const struct pg_ahead_job *j)
 {
     const struct pg_seq *s = &pg->seqs[j->slot];
-    return j->mapped == pg->p.n_regions && seq_takes_ahead(s, j->gen) &&
+    return j->mapped == pg->p.n_regions && ahead_takes(s, j->gen) &&
            s->n_pages + s->n_ahead == j->at && s->n_ahead + j->k <= pg->p.map_ahead;
 }
 
@@ -312,7 +312,7 @@ static void jobs_end(struct paging *pg, bool keep)
             continue;
         }
         for (uint32_t r = 0; r < j->mapped; r++)
-            seq_unmap_must(pg, pg_va(pg, r, j->slot, j->at), j->k);
+            win_unmap_must(pg, pg_va(pg, r, j->slot, j->at), j->k);
         pool_give(pg, f, j->k * nr);
     }
     q->n_jobs = 0;

@@ -13,28 +13,28 @@
 
 /* Map-ahead on the caller's thread (a sequence's frames mapped past its end, FR_AHEAD). */
 /* Unmaps map-ahead frames beyond the first `keep` (per region); they become ready. */
-void seq_drop_ahead(struct paging *pg, struct pg_seq *s, uint32_t keep);
+void ahead_drop(struct paging *pg, struct pg_seq *s, uint32_t keep);
 /* s's map-ahead counts as free (paging_frames_free and the need functions count it) but
    pool_take_except(s) cannot take it: when the pool without it cannot supply n frames,
-   gives back s's map-ahead frames beyond the first keep per region (seq_drop_ahead). */
-void seq_ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
+   gives back s's map-ahead frames beyond the first keep per region (ahead_drop). */
+void ahead_yield(struct paging *pg, struct pg_seq *s, uint32_t keep, uint32_t n);
 /* Steals one layer (n_regions frames) of map-ahead from some sequence other than `except`
    (else the pool thread's refills in flight, else a prepared pool view group); the frames
    go to the ready list. -ENOMEM none. */
-int  seq_steal_ahead(struct paging *pg, struct pg_seq *except);
+int  ahead_steal(struct paging *pg, struct pg_seq *except);
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups. */
-void seq_drop_all_ahead(struct paging *pg);
+void ahead_drop_all(struct paging *pg);
 /* Maps ready frames ahead of s's end on the caller's thread, in batches between two marks
-   (seq_ahead_deficit). Best effort. */
-void seq_top_up_ahead(struct paging *pg, struct pg_seq *s);
+   (ahead_deficit). Best effort. */
+void ahead_top_up(struct paging *pg, struct pg_seq *s);
 
 /* Map-ahead refilled by the frame pool thread. */
 /* How many frames per region s's map-ahead lacks: 0 while at least half of map_ahead is
    left, else what brings it back up to map_ahead (both marks shrink with its slot's room). */
-uint32_t seq_ahead_deficit(const struct paging *pg, const struct pg_seq *s);
+uint32_t ahead_deficit(const struct paging *pg, const struct pg_seq *s);
 /* At a grow's end: queues s for the thread's refill, or tops it up here without one or
    when the grow outran s's map-ahead. */
-void seq_ahead_refill(struct paging *pg, struct pg_seq *s, bool outran);
+void ahead_refill(struct paging *pg, struct pg_seq *s, bool outran);
 /* Waits for the jobs in flight, then commits (keep) or undoes them all. No-op when none. */
 void ahead_settle(struct paging *pg, bool keep);
 /* ahead_settle(keep) when a job in flight is s's. */

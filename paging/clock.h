@@ -22,11 +22,11 @@ int  tier_copies_after_engine(struct paging *pg, const struct pg_seq *s);
    for the copies). Every call that uses s's bytes or window calls it first. Only the
    engine's own calls do (it enqueues on the engine stream): the library's threads never
    reach it, their victims have no pending swap-in (paging_candidates). */
-int  seq_settle(struct paging *pg, struct pg_seq *s);
+int  defer_settle(struct paging *pg, struct pg_seq *s);
 /* No device work may touch s's window any more, known without synchronizing anything:
    never used, or used before an epoch known complete (quiet_below), and no swap copy of
    the library's on it still running. */
-bool seq_quiet(struct paging *pg, struct pg_seq *s);
+bool defer_quiet(struct paging *pg, struct pg_seq *s);
 /* Releases window pages [first, end) of every region of s (unmap + page_put), now if no
    device work may touch them, else after a fence recorded now on the engine stream (the
    pending release then holds the slot's window: the slot of a freed sequence is reused only

@@ -51,11 +51,11 @@ static int remap_run(struct paging *pg, struct pg_seq *s, const struct cow_run *
 {
     uint32_t slot = pg_slot_of(pg, s);
     uint64_t va = pg_va(pg, c->r, slot, c->idx);
-    int rc = seq_unmap(pg, va, c->n);
+    int rc = win_unmap(pg, va, c->n);
     if (rc)
         return rc;
-    rc = seq_map_frames(pg, va, fr, c->n);
-    if (rc && seq_map_pages(pg, slot, c->r, c->idx, pg_bt(pg, s, c->r) + c->idx, c->n))
+    rc = win_map_frames(pg, va, fr, c->n);
+    if (rc && win_map_pages(pg, slot, c->r, c->idx, pg_bt(pg, s, c->r) + c->idx, c->n))
         klog_error("paging: could not restore a mapping after a failed remap");
     return rc;
 }
@@ -84,7 +84,7 @@ static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *
 {
     uint64_t ps = pg->p.page_size;
     uint32_t slot = pg_slot_of(pg, s), j;
-    int rc = seq_map_frames(pg, pg->scratch_va, f, n);
+    int rc = win_map_frames(pg, pg->scratch_va, f, n);
     if (rc)
         return rc;
     pg_wrote(pg, pg->scratch_va, (uint64_t)n * ps);   /* (watched frames) */
@@ -98,7 +98,7 @@ static int cow_batch(struct paging *pg, struct pg_seq *s, const struct cow_run *
         (void)pg_wait_engine(pg);   /* a copy may still be queued: never unmap under it */
     if (!rc)
         rc = wrc;
-    seq_unmap_must(pg, pg->scratch_va, n);
+    win_unmap_must(pg, pg->scratch_va, n);
     for (j = 0; !rc && j < n_runs; j++) {
         rc = remap_run(pg, s, &runs[j], f + runs[j].off);
         if (!rc)
@@ -191,9 +191,9 @@ void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u)
         pg_page_id *e = &pg_bt(pg, s, c->r)[c->idx];
         uint64_t va = pg_va(pg, c->r, slot, c->idx);
         /* the new page was written by nobody but this call: no fence needed */
-        if (seq_unmap(pg, va, 1) == 0 || seq_unmap(pg, va, 1) == 0) {
+        if (win_unmap(pg, va, 1) == 0 || win_unmap(pg, va, 1) == 0) {
             pg_frame_id of = page_at(pg, c->old_page)->frame;
-            if (seq_map_frames(pg, va, &of, 1))
+            if (win_map_frames(pg, va, &of, 1))
                 klog_error("paging: copy-on-write undo could not remap slot %u", slot);
         }
         page_put(pg, *e);
@@ -217,7 +217,7 @@ static int cow_check(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t 
     uint32_t need = cow_needed(pg, s, r0, r1, i0, i1);
     if (!need)
         return 0;
-    seq_ahead_yield(pg, s, 0, need);    /* s's own map-ahead counts as free (need_write) */
+    ahead_yield(pg, s, 0, need);    /* s's own map-ahead counts as free (need_write) */
     if (pool_available(pg) - s->n_ahead * pg->p.n_regions < need && pg->df.defer) {
         int rc = defer_reap(pg, true);
         if (rc)
@@ -256,7 +256,7 @@ int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint
             return -EINVAL;     /* discarded tokens (discard.c) */
     if (s->out)
         return -EBUSY;          /* the context swaps it in first */
-    rc = seq_settle(pg, s);
+    rc = defer_settle(pg, s);
     if (rc)
         return rc;
     uint64_t bpt = pg->p.bytes_per_token, ps = pg->p.page_size;
@@ -283,7 +283,7 @@ static int io_check(struct paging *pg, uint64_t h, uint32_t region, uint64_t off
         return -EINVAL;         /* discarded tokens (discard.c) */
     if ((*s)->out)
         return -EBUSY;          /* the context swaps it in first */
-    return seq_settle(pg, *s);
+    return defer_settle(pg, *s);
 }
 
 /* The end of a copy between the device and a caller's host buffer. Synchronous mode: the

@@ -13,7 +13,7 @@
  * with an engine stream, a fence is recorded on it now and the release waits in the
  * pending list, reaped by step / sync / when the pool or a slot needs it. That fence also
  * covers s's transfer jobs: every call that releases pages of s orders the engine stream
- * after them first (seq_settle; a swap-in that is not a prefetch does it at once).
+ * after them first (defer_settle; a swap-in that is not a prefetch does it at once).
  */
 #include "paging_int.h"
 #include "frames.h"
@@ -31,7 +31,7 @@
 /* Whether a transfer job of s (a swap copy on the copy stream into or out of its window)
    may still run. The step fence does not cover those copies (a prefetch's are not ordered
    before the engine's later work), so they are asked for by their own fences. */
-static bool seq_jobs_busy(struct paging *pg, struct pg_seq *s)
+static bool defer_jobs_busy(struct paging *pg, struct pg_seq *s)
 {
     if (!s->n_defer)
         return false;
@@ -45,9 +45,9 @@ static bool seq_jobs_busy(struct paging *pg, struct pg_seq *s)
 
 /* Whether no device work may touch s's window any more: neither the engine's (the rule
    above) nor the library's own swap copies. */
-bool seq_quiet(struct paging *pg, struct pg_seq *s)
+bool defer_quiet(struct paging *pg, struct pg_seq *s)
 {
-    if (seq_jobs_busy(pg, s))
+    if (defer_jobs_busy(pg, s))
         return false;
     if (!s->used_valid || s->used_epoch < pg->ck.quiet_below)
         return true;
@@ -89,7 +89,7 @@ static int release_now(struct paging *pg, struct pg_defer *d)
 {
     uint32_t n = d->end - d->first, r = 0;
     if (d->kind == DF_COPY) {
-        int rc = seq_unmap(pg, pg_copy_va(pg, d->first), pg->p.n_regions);
+        int rc = win_unmap(pg, pg_copy_va(pg, d->first), pg->p.n_regions);
         if (rc)
             return rc;                  /* kept pending: nothing changed */
         defer_copy_run_give(pg, d->first);
@@ -105,13 +105,13 @@ static int release_now(struct paging *pg, struct pg_defer *d)
                 i++;
             if (i == n)
                 continue;
-            int rc = seq_unmap_holes(pg, pg_va(pg, r, d->slot, d->first), ids, n);
+            int rc = win_unmap_holes(pg, pg_va(pg, r, d->slot, d->first), ids, n);
             if (rc)
                 return rc;
             break;
         }
         for (r++; r < pg->p.n_regions; r++)
-            seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
+            win_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
                                  d->pages + (size_t)r * n, n);
     }
     if (d->kind == DF_OUT || d->kind == DF_IN)
@@ -138,7 +138,7 @@ static void gather_pages(struct paging *pg, struct pg_seq *s, uint32_t region, u
 bool paging_seq_quiet(struct paging *pg, uint64_t h)
 {
     struct pg_seq *s;
-    return !seq_lookup(pg, h, &s) && seq_quiet(pg, s);
+    return !seq_lookup(pg, h, &s) && defer_quiet(pg, s);
 }
 
 int defer_release(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end)
@@ -181,11 +181,11 @@ static int release_region(struct paging *pg, struct pg_seq *s, uint32_t region, 
     d->first = first;
     d->end = end;
     int rc = 0;
-    if (!seq_quiet(pg, s) && !pg->ck.stream)
+    if (!defer_quiet(pg, s) && !pg->ck.stream)
         rc = pg_device_sync(pg);
     if (rc)
         goto out_free;
-    if (!pg->ck.stream || seq_quiet(pg, s)) {
+    if (!pg->ck.stream || defer_quiet(pg, s)) {
         rc = release_now(pg, d);
         goto out_free;
     }
@@ -299,11 +299,11 @@ void defer_drop_all(struct paging *pg)
         uint32_t w = d->end - d->first;
         if (d->kind == DF_COPY) {
             if (!dead)
-                seq_unmap_must(pg, pg_copy_va(pg, d->first), pg->p.n_regions);
+                win_unmap_must(pg, pg_copy_va(pg, d->first), pg->p.n_regions);
             defer_copy_run_give(pg, d->first);
         } else if (!dead && d->kind != DF_IN) {
             for (uint32_t r = 0; r < pg->p.n_regions; r++)
-                seq_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
+                win_unmap_holes_must(pg, pg_va(pg, r, d->slot, d->first),
                                      d->pages + (size_t)r * w, w);
         }
         if (d->kind == DF_OUT || d->kind == DF_IN)
@@ -397,7 +397,7 @@ int pg_order_before_copy_seq(struct paging *pg, struct pg_seq *s, uint32_t r, ui
 {
     if (pg->ck.stream)
         return 0;
-    if (!seq_quiet(pg, s))
+    if (!defer_quiet(pg, s))
         return pg_device_sync(pg);
     for (struct pg_bt_iter it = bt_range(pg, s, r, r + 1, i0, i1 < s->n_pages ? i1 : s->n_pages);
          bt_next(&it);)
@@ -417,7 +417,7 @@ int pg_wait_engine(struct paging *pg)
 }
 
 /* (clock.h) the engine stream waits for s's prefetch (its DF_IN job's fence). */
-int seq_settle(struct paging *pg, struct pg_seq *s)
+int defer_settle(struct paging *pg, struct pg_seq *s)
 {
     struct pg_defer *d = s->in_job;
     if (!d)

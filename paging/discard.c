@@ -26,7 +26,7 @@
 #include <string.h>
 #include "common/log.h"
 
-void seq_clamp_kept(struct paging *pg, struct pg_seq *s)
+void discard_clamp_kept(struct paging *pg, struct pg_seq *s)
 {
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         if (s->kept[r] > s->length)
@@ -64,7 +64,7 @@ int paging_seq_discard(struct paging *pg, uint64_t h, uint32_t region, uint64_t 
     if (cnt && s->out) {
         drop_out_entries(pg, s, region, end);
     } else if (cnt) {
-        rc = seq_settle(pg, s);
+        rc = defer_settle(pg, s);
         if (!rc)
             rc = defer_release_region(pg, s, region, lo, end, false);
         if (rc)
@@ -162,7 +162,7 @@ int paging_seq_drop(struct paging *pg, uint64_t h, bool wait)
         if (rc)
             return rc;
         /* commit: nothing below fails */
-        seq_drop_ahead(pg, s, 0);
+        ahead_drop(pg, s, 0);
         for (uint32_t r = 0; r < pg->p.n_regions; r++)
             memset(pg_bt(pg, s, r), 0, s->n_pages * sizeof *s->bt);
     }

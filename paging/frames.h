@@ -50,7 +50,7 @@ uint32_t pool_release_ready(struct paging *pg, uint32_t keep);
    it): not released until it is unmapped (view_reap). */
 uint32_t pool_ready_pinned(struct paging *pg);
 /* Unmaps every sequence's map-ahead and breaks the pool view's prepared groups: those
-   frames become ready (seq_drop_all_ahead). */
+   frames become ready (ahead_drop_all). */
 void pool_drop_all_ahead(struct paging *pg);
 /* The budget in frames (p.max_frames); the caller checked that the frames held fit. */
 void pool_set_max_frames(struct paging *pg, uint32_t frames);
@@ -71,7 +71,7 @@ pg_page_id page_new(struct paging *pg, pg_frame_id frame);
    before the swap-in maps it (handoff.c). */
 pg_page_id page_new_off(struct paging *pg, pg_frame_id frame);
 /* New page descriptor in the host tier holding host slot `slot`, held by one non-resident
-   holder (refs 1, offs 1): a non-resident share's copy of a partial page (share.c). A free
+   holder (refs 1, offs 1): a non-resident share's copy of a partial page (seq_share.c). A free
    descriptor must exist (the caller checked). */
 pg_page_id page_new_host(struct paging *pg, pg_slot slot);
 void page_get(struct paging *pg, pg_page_id page);

@@ -48,7 +48,7 @@ static int collect_frames(struct paging *pg, struct pg_seq *s, uint32_t nb, bool
                           vmm_handle **out)
 {
     int rc;
-    if ((rc = seq_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
+    if ((rc = defer_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
         return rc;
     uint32_t nr = pg->p.n_regions;
     vmm_handle *hs = malloc((size_t)nr * nb * sizeof *hs);
@@ -117,12 +117,12 @@ int paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint3
     if ((rc = seq_bt_reserve(pg, s, np)))
         return rc;
     /* its window comes back as the swap-in maps it: no release of it may be pending */
-    if (!s->out && (rc = seq_settle(pg, s)))
+    if (!s->out && (rc = defer_settle(pg, s)))
         return rc;
     if ((rc = defer_flush_slot(pg, pg_slot_of(pg, s))) || (rc = pool_adopt_room(pg, n)))
         return rc;
     /* commit: nothing below fails */
-    seq_drop_ahead(pg, s, 0);
+    ahead_drop(pg, s, 0);
     pg->room_gen++;
     for (uint32_t r = 0; r < nr; r++) {
         pg_page_id *bt = pg_bt(pg, s, r);

@@ -120,12 +120,12 @@ int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint3
     if ((rc = seq_bt_reserve(pg, s, n)))
         return rc;
     /* its window comes back as the swap-in maps it: no release of it may be pending */
-    if (!s->out && (rc = seq_settle(pg, s)))
+    if (!s->out && (rc = defer_settle(pg, s)))
         return rc;
     rc = defer_flush_slot(pg, pg_slot_of(pg, s));
     if (rc)
         return rc;
-    seq_drop_ahead(pg, s, 0);
+    ahead_drop(pg, s, 0);
     uint32_t nr = pg->p.n_regions;
     for (uint32_t r = 0; r < nr; r++) {
         pg_page_id *bt = pg_bt(pg, s, r);
@@ -225,14 +225,14 @@ static int copy_block(struct paging *pg, struct pg_seq *s, uint32_t b, void *dst
     uint64_t va = pg_copy_va(pg, run);
     if ((rc = vmm_fence_create(pg->v, &d->fence)))
         goto out_run;
-    if ((rc = seq_map_frames(pg, va, fr, nr)))
+    if ((rc = win_map_frames(pg, va, fr, nr)))
         goto out_fence;
     rc = vmm_copy_dtoh(pg->v, dst, va, (size_t)nr * pg->p.page_size, pg->ck.copy_stream);
     if (!rc)
         rc = vmm_fence_record(pg->v, &d->fence, pg->ck.copy_stream);
     if (rc) {
         (void)vmm_stream_sync(pg->v, pg->ck.copy_stream);  /* never unmap under the copy */
-        seq_unmap_must(pg, va, nr);
+        win_unmap_must(pg, va, nr);
         goto out_fence;
     }
     /* commit: nothing below fails */

@@ -32,11 +32,11 @@ int tier_page_down(struct paging *pg, pg_page_id id)
     int rc = lower_take(pg, PG_LOWER_HOST, 1, &slot);
     if (rc)
         return rc;
-    rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
+    rc = win_map_frames(pg, pg->scratch_va, &p->frame, 1);
     if (rc)
         goto out_slot;
     rc = tier_copy_finish(pg, tier_copy_out(pg, slot, pg->scratch_va));
-    seq_unmap_must(pg, pg->scratch_va, 1);
+    win_unmap_must(pg, pg->scratch_va, 1);
     if (rc)
         goto out_slot;
     page_count(pg, p, -1);
@@ -149,7 +149,7 @@ static int page_back(struct paging *pg, pg_page_id pid)
 {
     struct pg_page *p = page_at(pg, pid);
     if (p->tier == PG_TIER_DISK || p->tier == PG_TIER_TO_DISK) {
-        int rc = tier_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
+        int rc = paging_disk_unspill(pg, &pid, 1, NULL);     /* spilled since: read back */
         if (rc)
             return rc;
     }
@@ -160,11 +160,11 @@ static int page_back(struct paging *pg, pg_page_id pid)
     int rc = pool_take(pg, 1, &f);
     if (rc)
         return rc;
-    rc = seq_map_frames(pg, pg->scratch_va, &f, 1);
+    rc = win_map_frames(pg, pg->scratch_va, &f, 1);
     if (!rc) {
         rc = tier_copy_finish(pg, tier_copy_in(pg, pg->scratch_va,
                                                p->slot[PG_LOWER_HOST]));
-        seq_unmap_must(pg, pg->scratch_va, 1);
+        win_unmap_must(pg, pg->scratch_va, 1);
     }
     if (rc) {
         pool_give(pg, &f, 1);

@@ -152,7 +152,7 @@ void paging_destroy(struct paging *pg)
         if (s->live && s->out) {
             tier_drop_out(pg, s, 0, s->n_pages);
         } else if (s->live) {
-            seq_drop_ahead(pg, s, 0);
+            ahead_drop(pg, s, 0);
             s->used_valid = 0;
             defer_release(pg, s, 0, s->n_pages);
         }

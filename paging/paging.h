@@ -22,7 +22,7 @@
  *    leaked or lost). -ENOMEM when the device pool cannot supply a frame; this layer never
  *    decides which sequence to evict, which host pages to spill, how hard, or whether a swap
  *    is staged (that is swap/'s policy, asked through pg_policy_ops; the context retries).
- *    paging exposes candidates (paging_candidates, paging_spill_candidates) and room facts
+ *    paging exposes candidates (paging_candidates, paging_disk_candidates) and room facts
  *    (struct pg_room), and moves what it is told.
  *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
  *  - Never includes a header of core/ or swap/.
@@ -129,7 +129,7 @@ struct pg_policy_ops {
 #define PG_SCRATCH_PAGES 32u
 
 /* Where frames come from (paging_params.src; NULL: this process's own cuMemCreate and
-   cuMemRelease through the vmm). A pool client (core/pool.c over pool/client.c) leases them
+   cuMemRelease through the vmm). A pool client (core/pool_client.c over pool/client.c) leases them
    from the kvvmd daemon instead. create: one frame of page_size bytes; need > 0: a call
    needs it now, and need frames in all (this one included, within the budget: a pool
    client's lease asks for that many at once, up to a message's worth, and may wait up to
@@ -372,7 +372,7 @@ int paging_sync(struct paging *pg);
    -EBUSY a capturing stream, -EIO. */
 int paging_set_stream(struct paging *pg, kcu_stream s);
 kcu_stream paging_stream(const struct paging *pg);
-/* The copy stream of the swap copies (tier.c), NULL before its first use (test hook). */
+/* The copy stream of the swap copies (host_tier.c), NULL before its first use (test hook). */
 kcu_stream paging_copy_stream(const struct paging *pg);
 
 void paging_counters(const struct paging *pg, struct paging_counters *out);
@@ -397,7 +397,7 @@ const struct paging_why *paging_why(const struct paging *pg);
    a call), where no layer below noted one this call. */
 void paging_why_need(struct paging *pg, uint64_t frames);
 
-/* ---- host tier (tier.c) ----
+/* ---- host tier (host_tier.c) ----
  * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is
  * copied device -> host on the copy stream (ordered after the engine's work: a fence on the
  * engine stream, or a device synchronization in synchronous mode) into a new host slot; a
@@ -511,7 +511,7 @@ int  paging_orphan_back(struct paging *pg, uint32_t id);
    pool, a device page again. Synchronous; each page all or nothing; returns the first
    error (-ESTALE a page is no longer held by entries alone), the others done. */
 int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *moved, size_t n);
-/* ---- reclaim plans (plan.c) ----
+/* ---- reclaim plans (plan_marks.c) ----
  * The page accounting of a reclaim plan (swap/ chooses the victims and their order): what
  * each move would free and take below, exactly, before anything moves. Nothing changes but
  * the pages' scratch marks, so no other walk of them (paging_reclaim_orphans with a keep
@@ -568,7 +568,7 @@ int  paging_acquire(struct paging *pg, uint32_t frames, unsigned fences, uint32_
    free then. -EIO. */
 int  paging_wait_releases(struct paging *pg);
 
-/* ---- disk tier (tier_disk.c) ----
+/* ---- disk tier (disk_tier.c) ----
  * Page lifecycle: HOST --write--> TO_DISK --full completion--> DISK (host slot freed);
  * DISK --read + checksum--> FROM_DISK --> HOST (disk slot freed). An I/O in flight holds a
  * reference (and a job) on its page, so a page freed meanwhile is released only when its
@@ -584,27 +584,27 @@ void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
 int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
 /* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
    order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
-size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 /* Starts writing up to max HOST pages of sequence h to disk, never a page excl (a handle,
    0 = none) also holds; *started gets the count. Does not wait. -ENOMEM the disk tier is
    full, disabled or absent, -ENOENT h (nothing started then). */
-int  paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
-                      uint32_t *started);
+int  paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
+                           uint32_t *started);
 /* Until called again (n 0: none), keep[0..n) is the keep set: no spill writes a HOST page
    one of them holds, and the spillable counts (paging_room_facts, the swaps' own room
    facts) leave those pages out. A reclaim plan and its act set it to the caller's own
    sequences: what their need counted (pages in the host tier, a slot to stage through)
    stays so while the victims make their room. keep must stay valid while set. */
-void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n);
+void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
-bool paging_spill_on(struct paging *pg);
+bool paging_disk_on(struct paging *pg);
 /* Slots the tiers below the device can still take: free host slots, host slots that
    in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
    through one to disk; spilling a host page trades a disk slot for a host slot). */
 uint64_t paging_room_below(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
    spill writes in flight, host pages that could be spilled (every HOST page: none holds a
-   resident sequence; less the keep set's, paging_spill_keep), free disk slots (0 without a
+   resident sequence; less the keep set's, paging_disk_keep), free disk slots (0 without a
    disk tier or with spilling off). Reaps first. */
 void paging_room_facts(struct paging *pg, struct pg_room *r);
 /* Processes queued disk completions. */
@@ -697,7 +697,7 @@ int  paging_seq_demote(struct paging *pg, uint64_t h);
 size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
- * The feed lets a library thread (swap/frames.c, the policy: when and how many) create and
+ * The feed lets a library thread (swap/frame_pool.c, the policy: when and how many) create and
  * release frames without the context lock: paging_feed_plan (context lock held) reserves
  * frames to create within the budget and takes ready frames off the pool for release;
  * paging_feed_work (no lock) makes the driver calls and hands the created frames over;
@@ -842,7 +842,7 @@ bool paging_held_host_any(const struct paging *pg);
    (there, on, a slot free). */
 bool paging_held_spillable(const struct paging *pg);
 /* Starts writing the HOST pages among ids[0..n) that only holders keep to the disk tier, at
-   most max (as paging_spill_seq does a sequence's: not waiting for them); *started the
+   most max (as paging_disk_spill_seq does a sequence's: not waiting for them); *started the
    count. 0, or -ENOMEM no disk tier, spilling disabled or the disk full (after starting
    *started), -EIO. */
 int  paging_held_spill(struct paging *pg, const pg_page_id *ids, size_t n, uint32_t max,

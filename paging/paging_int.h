@@ -16,30 +16,30 @@
  *   seq.c    slots, handles, block tables, map-ahead; grow, free, info
  *   ahead.c  map-ahead refilled by the frame pool thread (queue, plan, map, commit)
  *   window.c a slot's window address; mapping and unmapping frames in it by runs
- *   share.c  truncate, fork, share (sequences sharing pages)
+ *   seq_share.c  truncate, fork, share (sequences sharing pages)
  *   cow.c    copy-on-write, prepare_write, write/read
  *   discard.c  discard, first_kept, the classes (set, drop, demote, cached candidates)
  *   check.c  the invariant checker (against the driver's tables through vmm's debug calls)
- *   tier.c   the host tier's shared steps: transfer jobs, host slots, window mapping and
+ *   host_tier.c   the host tier's shared steps: transfer jobs, host slots, window mapping and
  *            copies of the swap paths; the bridge to the policy (room facts)
  *   resident.c  residency queries (ready, need, stage facts, candidates, counts)
- *   tier_out.c  sequence swap-out (direct, or staged through the host tier to disk)
- *   tier_in.c   sequence swap-in (direct, or staged from disk through the host tier)
+ *   host_out.c  sequence swap-out (direct, or staged through the host tier to disk)
+ *   host_in.c   sequence swap-in (direct, or staged from disk through the host tier)
  *   orphan.c the orphan pages (device pages no resident sequence maps) and their move down
- *   tier_disk.c  the disk tier's mechanism: page writes and reads, their completions,
- *            damage (tier_disk_*; disk/ is the disk tier's own layer, spill_* its API)
+ *   disk_tier.c  the disk tier's mechanism: page writes and reads, their completions,
+ *            damage (paging_disk_*; disk/ is the disk tier's own layer, disk_* its API)
  *   hold.c   holders outside sequences (the prefix cache's entries): their references,
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
- *   plan.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
+ *   plan_marks.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
  *   park.c   a call's reclaim drop kept for its undo (parked frames, watched)
  * The owners: groups of the files above, each calling only the owners below it (the call
  * graph between owners has no cycle; scripts/paging-owners.py checks it from the objects,
  * the CTest paging_owners; inline functions of the headers are no calls). Top first; one
  * line each, parsed by the script:
  *   owner context: paging.c check.c
- *   owner seqs: seq.c share.c cow.c discard.c hold.c resident.c park.c handoff.c
- *   owner transfers: tier.c tier_in.c tier_out.c tier_disk.c orphan.c plan.c
+ *   owner seqs: seq.c seq_share.c cow.c discard.c hold.c resident.c park.c handoff.c
+ *   owner transfers: host_tier.c host_in.c host_out.c disk_tier.c orphan.c plan_marks.c
  *   owner clock: step.c defer.c view.c
  *   owner frames: pool.c ahead.c
  *   owner window: window.c
@@ -64,8 +64,8 @@
  *   writes any: paging.c
  * struct paging is split the same way: one part per owner's state, each named with its
  * owner file and the functions other files change it through (pg_types.h, "struct
- * paging's parts"): fr and pd (pool.c), ck (step.c), df (defer.c), view (view.c), xf (tier.c), sp
- * (tier_disk.c), sq (seq.c), ahq (ahead.c). Reads are free; writes go through the owner.
+ * paging's parts"): fr and pd (pool.c), ck (step.c), df (defer.c), view (view.c), xf (host_tier.c), sp
+ * (disk_tier.c), sq (seq.c), ahq (ahead.c). Reads are free; writes go through the owner.
  * No hooks: an owner calls another directly, so the graph shows every call.
  */
 #ifndef KVVM_PAGING_PAGING_INT_H
@@ -217,7 +217,7 @@ static inline bool page_orphan(const struct pg_page *p)
     return p->tier == PG_TIER_DEVICE && p->refs && p->refs == p->offs && p->offs > p->ents;
 }
 /* A HOST page (its holders are non-resident sequences, entries, or both): a spill can write
-   it out, a sequence's (paging_spill_seq) or, for pages only entries hold, the entries'
+   it out, a sequence's (paging_disk_spill_seq) or, for pages only entries hold, the entries'
    owner's (paging_held_spill). */
 static inline bool page_host_held(const struct pg_page *p)
 {

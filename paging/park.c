@@ -203,10 +203,10 @@ int paging_park_undo(struct paging *pg, struct pg_park *k)
     }
     uint32_t r = 0;
     for (; r < nr && !rc; r++)
-        rc = seq_map_pages(pg, slot, r, 0, ids + (size_t)r * np, np);
+        rc = win_map_pages(pg, slot, r, 0, ids + (size_t)r * np, np);
     if (rc) {
         while (--r > 0)                         /* region r - 1 failed: nothing mapped */
-            seq_unmap_holes_must(pg, pg_va(pg, r - 1, slot, 0), ids + (size_t)(r - 1) * np,
+            win_unmap_holes_must(pg, pg_va(pg, r - 1, slot, 0), ids + (size_t)(r - 1) * np,
                                  np);
         undo_untake(pg, k, ids, n);
         free(ids);

@@ -34,7 +34,7 @@ struct pg_page {
                               transfer completed, the destination's if it failed) */
     uint8_t  bad;          /* PG_TIER_DISK: the disk copy is lost (damaged, -EBADMSG) */
     uint8_t  staged;       /* STG_*: a staged swap's disk I/O on the page (tier unchanged) */
-    uint32_t mark, n_mark; /* a reclaim plan's scratch (plan.c), valid while mark ==
+    uint32_t mark, n_mark; /* a reclaim plan's scratch (plan_marks.c), valid while mark ==
                               pg->xf.mark (no array sized to the pool): n_mark resident holders
                               planned to leave, */
     uint32_t n_gone;       /*   n_gone references planned to be dropped, */
@@ -48,8 +48,8 @@ struct pg_page {
                               page_frame_set], cleared when the page leaves it */
 };
 
-/* A staged swap (tier.c) moves a page's bytes through a host slot it does not own: the page
-   keeps its tier during the call, its I/O is tracked here (tier_disk_stage_io). */
+/* A staged swap (host_tier.c) moves a page's bytes through a host slot it does not own: the page
+   keeps its tier during the call, its I/O is tracked here (paging_disk_stage_io). */
 enum { STG_NONE = 0, STG_BUSY, STG_OK, STG_FAIL };
 
 /* Work that waits for a fence. Holds one reference on each page it names.
@@ -158,7 +158,7 @@ struct pg_frame {
 };
 
 /* The pool's feed (pool.c): frames created and released off the caller's thread by the
-   frame pool thread (swap/frames.c). Everything here is under mu, which is taken with or
+   frame pool thread (swap/frame_pool.c). Everything here is under mu, which is taken with or
    without the context lock (lock order: context lock -> mu): the thread creates and
    releases handles holding mu only around the hand-off, so a caller holding the context
    lock may wait on cv for frames being created. Budget accounting: frames being created
@@ -191,7 +191,7 @@ struct pg_feed {
    pool_take_ready, pool_make_ready, pool_give, pool_rollback, pool_refill, pool_release_ready,
    pool_drop_all_ahead, pool_set_max_frames, pool_feed_suppress (paging.c's
    paging_set_budget and paging_trim), frame_set_ahead / frame_set_used (view.c), and the
-   feed's paging_feed_* (swap/frames.c). A frame's state: frame_move (pool.c); its page:
+   feed's paging_feed_* (swap/frame_pool.c). A frame's state: frame_move (pool.c); its page:
    page_frame_set / page_frame_drop (frames.h). */
 struct pg_frames {
     struct pg_frame *frames;   /* cap_frames */
@@ -202,18 +202,18 @@ struct pg_frames {
     pg_frame_id frame_free_head; /* FR_NONE ids (PG_FRAME_NONE: none) */
     uint32_t chunk;            /* [paging.c, at create] frames created ahead per refill
                                   without a pool thread */
-    struct pg_feed feed;       /* [pool.c; swap/frames.c through paging_feed_*] */
+    struct pg_feed feed;       /* [pool.c; swap/frame_pool.c through paging_feed_*] */
 };
 
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it through
-   page_new, page_new_off (handoff.c), page_new_host (share.c), page_get, page_put,
+   page_new, page_new_off (handoff.c), page_new_host (seq_share.c), page_get, page_put,
    page_put_off; the counts through page_count (frames.h, around every change of a page's
    refs, offs or tier). A descriptor's own fields have their writers: refs, offs, ents
    [pool.c only: page_new*, page_get/put, page_get_off/put_off, page_go_off/on (the swap
-   paths), page_get_ent/put_ent (hold.c)], jobs [tier.c, tier_disk.c], tier [page_set_tier,
-   from pool.c, tier*.c, orphan.c], frame [page_frame_set / page_frame_drop], slot
-   [page_take_slot / page_release_slot], bad, staged [tier_disk.c],
-   mark.. kept [plan.c; tier_mark_begin] */
+   paths), page_get_ent/put_ent (hold.c)], jobs [host_tier.c, disk_tier.c], tier [page_set_tier,
+   from pool.c, host_*.c, disk_tier.c, orphan.c], frame [page_frame_set / page_frame_drop], slot
+   [page_take_slot / page_release_slot], bad, staged [disk_tier.c],
+   mark.. kept [plan_marks.c; tier_mark_begin] */
 struct pg_pages {
     struct pg_page *pages;     /* max_pages */
     pg_page_id page_free_head; /* free descriptors (PG_PAGE_NONE: none) */
@@ -228,11 +228,11 @@ struct pg_pages {
 /* ---- seqs [seq.c ...] (seqs.h: its functions) ---- */
 
 /* seqs [seq.c]: the slot list and the lifecycle counts (the array, seqs, is in the hot
-   view). Others change it through seq_slot_take / seq_slot_untake (share.c), and this
+   view). Others change it through seq_slot_take / seq_slot_untake (seq_share.c), and this
    header's seq_set_life (lifecycle: live, dying, n_live, n_dying), seq_slot_release (defer.c
    when a dying slot's last pending entry is done) and seq_set_out (residency, from the swap
    paths). A sequence's own fields (struct pg_seq): slots, block tables, map-ahead [seq.c];
-   length and block tables also share.c, discard.c, cow.c; n_defer, in_job [defer.c, tier.c] */
+   length and block tables also seq_share.c, discard.c, cow.c; n_defer, in_job [defer.c, host_tier.c] */
 struct pg_seqs {
     uint32_t batch_mark;       /* the last batch paging_seq_grow_batch_in_place checked */
     uint32_t slot_free_head;   /* slot + 1; 0 = none */
@@ -278,7 +278,7 @@ struct pg_watch {
 /* clock [step.c]: the engine stream, the copy stream (the swap paths' copies) and their
    fences. Others change it through paging_step, paging_sync, paging_set_stream,
    pg_device_sync, tier_copy_stream, tier_copies_after_engine, paging_copy_fence_record,
-   paging_stream_after_copies (all step.c); quiet_below also defer.c (seq_quiet), n_syncs
+   paging_stream_after_copies (all step.c); quiet_below also defer.c (defer_quiet), n_syncs
    also view.c (view_reap's own sync): one owner, clock. */
 struct pg_clock {
     kcu_stream stream;         /* engine stream; NULL = synchronous mode */
@@ -299,7 +299,7 @@ struct pg_clock {
 };
 
 /* defers [defer.c]: work waiting for a fence (owner clock). Others change it through
-   defer_add (tier.c's transfer jobs), defer_release / defer_release_region, defer_reap,
+   defer_add (host_tier.c's transfer jobs), defer_release / defer_release_region, defer_reap,
    defer_flush_jobs / defer_flush_slot / defer_flush_slot_from, defer_complete. */
 struct pg_defers {
     struct pg_defer *defer;    /* pending entries, newest first */
@@ -351,14 +351,14 @@ struct pg_view {
     uint32_t *zq, n_zq;    /* ids with zombie slots (n_ids entries) */
 };
 
-/* ---- transfers [tier.c tier_disk.c ...] (transfers.h: their functions) ---- */
+/* ---- transfers [host_tier.c disk_tier.c ...] (transfers.h: their functions) ---- */
 
-/* transfers [tier.c]: the tiers below the device (paging.h, "the tiers below the device"),
+/* transfers [host_tier.c]: the tiers below the device (paging.h, "the tiers below the device"),
    the policy, the plan marks' walk (owner transfers). Others change it through
    page_take_slot / page_release_slot (n_slots) and lower_io_done (n_io), transfers.h;
-   lower_take / lower_give (hint: tier.c, tier_out.c, tier_disk.c); paging_set_policy;
-   tier_mark_begin. Within the owner: n_io also the swap paths (tier_out.c, tier_in.c,
-   tier_disk.c), off tier_disk.c, the orphan log orphan.c; ops set at create [paging.c]. */
+   lower_take / lower_give (hint: host_tier.c, host_out.c, disk_tier.c); paging_set_policy;
+   tier_mark_begin. Within the owner: n_io also the swap paths (host_out.c, host_in.c,
+   disk_tier.c), off disk_tier.c, the orphan log orphan.c; ops set at create [paging.c]. */
 struct pg_transfers {
     struct pg_lower lower[PG_N_LOWER];
     uint32_t mark;             /* the current walk of pg_page.mark (tier_mark_begin) */
@@ -367,13 +367,13 @@ struct pg_transfers {
     uint32_t orphan_log_cap, *orphan_log_n;
 };
 
-/* spill [tier_disk.c]: spilling (owner transfers). Others change it through
-   paging_spill_keep and tier_disk_stage_io. */
+/* spill [disk_tier.c]: spilling (owner transfers). Others change it through
+   paging_disk_keep and paging_disk_stage_io. */
 struct pg_spill {
-    const uint64_t *spill_keep;   /* paging_spill_keep: sequences whose host pages stay */
+    const uint64_t *spill_keep;   /* paging_disk_keep: sequences whose host pages stay */
     size_t   n_spill_keep;
     int      stage_rc;         /* first error of the staged I/O in progress
-                                  (tier_disk_stage_io) */
+                                  (paging_disk_stage_io) */
 };
 
 /* ---- struct paging's parts: one per owner's state (the owners: paging_int.h's top) ----
@@ -405,8 +405,8 @@ struct paging {
     struct pg_clock ck;        /* owner clock: step.c */
     struct pg_defers df;       /* owner clock: defer.c */
     struct pg_view view;       /* owner clock: view.c; view.n_ids 0: no pool view */
-    struct pg_transfers xf;    /* owner transfers: tier.c */
-    struct pg_spill sp;        /* owner transfers: tier_disk.c */
+    struct pg_transfers xf;    /* owner transfers: host_tier.c */
+    struct pg_spill sp;        /* owner transfers: disk_tier.c */
     struct pg_seqs sq;         /* owner seqs: seq.c */
     struct paging_counters c;  /* [all: each file counts its own events] */
     struct paging_why why;     /* [paging.c resets per call; all: pg_why_*] the current

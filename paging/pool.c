@@ -2,7 +2,7 @@
  * paging/pool.c: the device frame pool, its feed, the budget, and the page descriptors.
  *
  * Frames (physical handles) are created ahead of need. With the frame pool thread
- * (swap/frames.c) attached, it creates them off the caller's thread through the feed
+ * (swap/frame_pool.c) attached, it creates them off the caller's thread through the feed
  * (paging.h "the frame pool's feed"); without it, a first chunk at create time and more at
  * each step (pool_refill). On the grow path a caller short of ready frames takes delivered
  * ones, waits for those being created, and creates the rest itself only when none are on
@@ -501,7 +501,7 @@ bool paging_pool_can_create(struct paging *pg)
 
 void pool_drop_all_ahead(struct paging *pg)
 {
-    seq_drop_all_ahead(pg);
+    ahead_drop_all(pg);
 }
 
 void pool_set_max_frames(struct paging *pg, uint32_t frames)
@@ -556,7 +556,7 @@ static int pool_ensure(struct paging *pg, uint32_t n, struct pg_seq *except)
     if (rc)
         return rc;
     while (pg->fr.n_ready < n)
-        if (seq_steal_ahead(pg, except))
+        if (ahead_steal(pg, except))
             return -ENOMEM;
     return 0;
 }

@@ -29,7 +29,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
                 return 0;
             any_in = true;
         }
-    /* a page is TO_DEVICE only while a swap-in job holds it (tier_in.c sets it with the job,
+    /* a page is TO_DEVICE only while a swap-in job holds it (host_in.c sets it with the job,
        the job's completion ends it): with none in flight, s is ready without a walk */
     if (!any_in) {
 #ifdef KVVM_DEBUG
@@ -47,7 +47,7 @@ int paging_seq_ready(struct paging *pg, uint64_t h)
 }
 
 /* Whether non-resident s holds pages on disk or with disk I/O in flight (read back first). */
-static bool seq_on_disk(struct paging *pg, struct pg_seq *s)
+static bool resident_on_disk(struct paging *pg, struct pg_seq *s)
 {
     if (!s->out)
         return false;
@@ -64,7 +64,7 @@ int paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borr
     *disk = *borrow = false;
     if (rc)
         return rc;
-    *disk = seq_on_disk(pg, s);
+    *disk = resident_on_disk(pg, s);
     *borrow = *disk && tier_stage_must_borrow(pg, s);
     return 0;
 }
@@ -83,7 +83,7 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
             uint8_t t = page_at(pg, it.id)->tier;
             n += t != PG_TIER_DEVICE && t != PG_TIER_TO_DEVICE;
         }
-    if (seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s))
+    if (resident_on_disk(pg, s) && tier_stage_must_borrow(pg, s))
         n++;                            /* the frame a borrowed staging slot waits in */
     if (length > s->length) {
         uint32_t np = (uint32_t)pg_pages_for(pg, length);
@@ -136,7 +136,7 @@ int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *len
         }
         /* the frame a borrowed staging slot waits in (paging_need's count): the members
            come in one after another, each gives it back */
-        borrow |= seq_on_disk(pg, s) && tier_stage_must_borrow(pg, s);
+        borrow |= resident_on_disk(pg, s) && tier_stage_must_borrow(pg, s);
     }
     k += borrow;
     /* the growth as paging_seq_grow_batch counts it: new pages, the holes and shared

@@ -1,6 +1,6 @@
 /*
  * paging/seq.c: sequences: slots and handles, block tables, map-ahead; grow (single and
- * batch), free, info (window mappings: window.c; truncate, fork and share: share.c).
+ * batch), free, info (window mappings: window.c; truncate, fork and share: seq_share.c).
  *
  * Window layout: region r, slot s, page index i is at
  *   base + (r * max_seqs + s) * slot_bytes + i * page_size.
@@ -142,14 +142,14 @@ int paging_seq_free(struct paging *pg, uint64_t h)
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
     if (!rc)
-        rc = seq_settle(pg, s);
+        rc = defer_settle(pg, s);
     if (rc)
         return rc;
     if (s->out) {
         tier_drop_out(pg, s, 0, s->n_pages);
         seq_set_out(pg, s, false);
     } else {
-        seq_drop_ahead(pg, s, 0);
+        ahead_drop(pg, s, 0);
         rc = defer_release(pg, s, 0, s->n_pages);
         if (rc)
             return rc;
@@ -177,7 +177,7 @@ struct grow_undo {
     uint32_t old_np, new_np;
     struct cow_undo cow;
     uint32_t *fill, n_fill;    /* regions whose last-page hole tail_fill made again */
-    bool outran;               /* it needed pages past s's map-ahead (seq_ahead_refill) */
+    bool outran;               /* it needed pages past s's map-ahead (ahead_refill) */
 };
 
 /* Ends a successful grow_apply: frees its undo records. */
@@ -206,7 +206,7 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
         if (rc)
             return rc;
         uint64_t va = pg_va(pg, r, slot, idx);
-        rc = seq_map_frames(pg, va, &f, 1);
+        rc = win_map_frames(pg, va, &f, 1);
         if (!rc && pg->p.scrub) {
             pg_wrote(pg, va, pg->p.page_size);   /* (window.h: watched frames) */
             rc = vmm_memset(pg->v, va, 0, pg->p.page_size, pg->ck.stream);
@@ -214,7 +214,7 @@ static int tail_fill(struct paging *pg, struct pg_seq *s, uint32_t idx, struct g
                 rc = vmm_stream_sync(pg->v, NULL);
             if (rc) {
                 (void)pg_wait_engine(pg);   /* the memset may still run: never unmap under it */
-                seq_unmap_must(pg, va, 1);
+                win_unmap_must(pg, va, 1);
             }
         }
         if (rc) {
@@ -282,14 +282,14 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
         (void)pg_wait_engine(pg);   /* tail_fill's scrub memsets may still run */
     for (uint32_t j = 0; j < u->n_fill; j++) {
         pg_page_id *e = &pg_bt(pg, s, u->fill[j])[u->old_np - 1];
-        seq_unmap_must(pg, pg_va(pg, u->fill[j], slot, u->old_np - 1), 1);
+        win_unmap_must(pg, pg_va(pg, u->fill[j], slot, u->old_np - 1), 1);
         page_put(pg, *e);
         *e = PG_PAGE_NONE;
     }
     free(u->fill);
     u->fill = NULL;
     u->n_fill = 0;
-    seq_drop_ahead(pg, s, 0);
+    ahead_drop(pg, s, 0);
     view_release(pg, s, UINT32_MAX, u->old_np, u->new_np);    /* a prepared group's ids */
     if (pg->p.scrub && pg->ck.stream && n)
         (void)pg_wait_engine(pg);   /* the scrub memsets may still run: wait, then unmap */
@@ -297,7 +297,7 @@ static void grow_undo(struct paging *pg, struct grow_undo *u)
     s->length = u->old_len;
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         pg_page_id *bt = pg_bt(pg, s, r) + u->old_np;
-        seq_unmap_must(pg, pg_va(pg, r, slot, u->old_np), n);
+        win_unmap_must(pg, pg_va(pg, r, slot, u->old_np), n);
         for (uint32_t i = 0; i < n; i++) {
             page_put(pg, bt[i]);
             bt[i] = PG_PAGE_NONE;
@@ -312,7 +312,7 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
 {
     uint32_t slot = pg_slot_of(pg, s), at = s->n_pages + k;
     uint64_t va = pg_va(pg, r, slot, at);
-    int rc = seq_map_frames(pg, va, fresh, n_fresh);
+    int rc = win_map_frames(pg, va, fresh, n_fresh);
     if (rc)
         return rc;
     if (pg->p.scrub && k + n_fresh) {
@@ -329,7 +329,7 @@ static int grow_region(struct paging *pg, struct pg_seq *s, uint32_t r, uint32_t
             /* a memset enqueued may still run, on the engine stream or the (asynchronous)
                legacy stream whose synchronize just failed */
             (void)pg_wait_engine(pg);
-            seq_unmap_must(pg, va, n_fresh);
+            win_unmap_must(pg, va, n_fresh);
             return rc;
         }
     }
@@ -398,7 +398,7 @@ static int grow_apply(struct paging *pg, struct pg_seq *s, uint64_t len, struct 
     /* the frames taken below (fresh ones, the last page's holes and copies) come from the
        pool but for s's own map-ahead, which counts as free: its surplus goes back first
        when the rest cannot supply them */
-    seq_ahead_yield(pg, s, k, grow_frames(pg, s, len, &cow_idx) - k * nr);
+    ahead_yield(pg, s, k, grow_frames(pg, s, len, &cow_idx) - k * nr);
     pg_frame_id *fresh = NULL;
     uint32_t *gids = NULL, ng = 0;
     if (n_fresh) {
@@ -450,13 +450,13 @@ out_regions:
         uint32_t at = q < r ? u->new_np : u->old_np;
         if (q < r) {
             pg_page_id *bt = pg_bt(pg, s, q) + u->old_np;
-            seq_unmap_must(pg, pg_va(pg, q, slot, u->old_np), need);
+            win_unmap_must(pg, pg_va(pg, q, slot, u->old_np), need);
             for (uint32_t i = 0; i < need; i++) {
                 page_put(pg, bt[i]);
                 bt[i] = PG_PAGE_NONE;
             }
         }
-        seq_unmap_must(pg, pg_va(pg, q, slot, at), left);
+        win_unmap_must(pg, pg_va(pg, q, slot, at), left);
         pool_give(pg, a, left);
     }
     s->n_ahead = 0;
@@ -490,7 +490,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     if (!rc && s->out)
         rc = -EBUSY;            /* the context swaps it in first */
     if (!rc)
-        rc = seq_settle(pg, s);
+        rc = defer_settle(pg, s);
     if (!rc && pg_pages_for(pg, length) > s->n_pages + s->n_ahead)
         ahead_settle_slot(pg, s);   /* past its map-ahead: the thread's refill first */
     if (!rc)
@@ -507,7 +507,7 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
         return rc;
     }
     grow_commit(pg, &u);
-    seq_ahead_refill(pg, s, u.outran);
+    ahead_refill(pg, s, u.outran);
     return 0;
 }
 
@@ -694,7 +694,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
         if (!rc && ss[i]->out)
             rc = -EBUSY;
         if (!rc)
-            rc = seq_settle(pg, ss[i]);
+            rc = defer_settle(pg, ss[i]);
         if (rc)
             goto out_free;
         if (pg_pages_for(pg, lengths[i]) > ss[i]->n_pages + ss[i]->n_ahead)
@@ -715,7 +715,7 @@ int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t 
     }
     for (size_t i = 0; i < n; i++) {
         grow_commit(pg, &u[i]);
-        seq_ahead_refill(pg, ss[i], u[i].outran);
+        ahead_refill(pg, ss[i], u[i].outran);
     }
     rc = 0;
     goto out_free;

@@ -84,7 +84,7 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 
 /* discard.c */
 /* After a truncate: first_kept of every region at most the new length. */
-void seq_clamp_kept(struct paging *pg, struct pg_seq *s);
+void discard_clamp_kept(struct paging *pg, struct pg_seq *s);
 
 /* cow.c: copy-on-write over regions [r0, r1) x page indices [i0, i1) of s. */
 struct cow_undo {
@@ -101,7 +101,7 @@ int  cow_range(struct paging *pg, struct pg_seq *s, uint32_t r0, uint32_t r1, ui
 void cow_undo(struct paging *pg, struct pg_seq *s, struct cow_undo *u);
 void cow_commit(struct paging *pg, struct cow_undo *u);
 
-/* seq.c, for share.c: a free slot for a new sequence (-ENOSPC none; waits for a dying slot's
+/* seq.c, for seq_share.c: a free slot for a new sequence (-ENOSPC none; waits for a dying slot's
    releases when that frees one) and its undo; whether the pool can supply n frames now
    (waiting for pending releases if that helps; -ENOMEM). */
 int  seq_slot_take(struct paging *pg, struct pg_seq **out);

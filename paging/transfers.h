@@ -1,6 +1,6 @@
 /*
- * paging/transfers.h: the owner transfers' functions for the rest of paging/ (tier.c,
- * tier_in.c, tier_out.c, tier_disk.c, orphan.c, plan.c): the tiers below the device (their
+ * paging/transfers.h: the owner transfers' functions for the rest of paging/ (host_tier.c,
+ * host_in.c, host_out.c, disk_tier.c, orphan.c, plan_marks.c): the tiers below the device (their
  * ops, a page's slots in them, transfers in flight), the swap paths' shared steps, the
  * reclaim plan's marks, the disk tier's mechanism. Its part of struct paging (xf, sp) is
  * in pg_types.h.
@@ -64,7 +64,7 @@ static inline void lower_io_done(struct paging *pg, unsigned t)
     pg->xf.lower[t].n_io--;
 }
 
-/* tier.c */
+/* host_tier.c */
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
 /* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
@@ -73,7 +73,7 @@ uint32_t tier_orphans(const struct paging *pg);
 int  tier_page_down(struct paging *pg, pg_page_id id);
 /* Drops the non-resident entries [first, end) of s (offs and references). */
 void tier_drop_out(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t end);
-/* The steps the swap paths (tier_out.c, tier_in.c, orphan.c) share. */
+/* The steps the swap paths (host_out.c, host_in.c, orphan.c) share. */
 struct pg_defer *tier_job_new(struct paging *pg, struct pg_seq *s, uint8_t kind, uint32_t n);
 /* Takes the job's references; complete: done now (sync mode), else pending on its fence. */
 void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, bool complete);
@@ -103,7 +103,7 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
                         bool disk, pg_frame_id *fr);
 /* Maps fr at window pages [0, np) of slot in every region; all or nothing. */
 int  tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr);
-/* The page's plan state (plan.c), reset when it is first seen in the current walk. */
+/* The page's plan state (plan_marks.c), reset when it is first seen in the current walk. */
 struct pg_page *plan_page(struct paging *pg, pg_page_id id);
 /* Starts a new walk of the pages' scratch marks (pg->xf.mark): every page's mark is stale. */
 void tier_mark_begin(struct paging *pg);
@@ -129,25 +129,25 @@ void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_roo
    a swap-out). */
 int  tier_plan(struct paging *pg, bool in, const struct pg_room *r);
 
-/* tier_disk.c: the moves between the host and disk tiers */
+/* disk_tier.c: the moves between the host and disk tiers */
 /* Brings the DISK pages among ids[0..n) to the host tier (reads, waits, verifies); waits for
    pages TO_DISK first. excl: a sequence whose host pages must not be spilled for room.
    -EBADMSG a page is damaged, -ENOMEM no host room. */
-int  tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
+int  paging_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl);
 /* Staged I/O: transfers page ids[i] between disk slot dslots[i] and host slot hslots[i]
    (write: host -> disk) for i < n, and waits for all of it. The pages keep their tier; the
    slots stay the caller's. 0, or the first error (submission or completion: -EIO, -EBADMSG,
    ...). A failed write disables spilling (as any spill write); a failed read marks the page
    damaged (as any read back). */
-int  tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int  paging_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                    const pg_slot *dslots, const pg_slot *hslots, uint32_t n);
 /* Distinct HOST pages a spill could write out for room (0 when spilling is off), never
    pages excl holds. */
-uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl);
+uint32_t paging_disk_spillable(struct paging *pg, struct pg_seq *excl);
 /* Waits for the disk I/O in flight when a page of ids[0..n) has some (then reaped). */
-void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
+void paging_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
 /* The one damaged-page check: -EBADMSG when a DISK page of ids[0..n) is damaged, else 0
    with *ndisk the DISK pages among them. */
-int  tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
+int  paging_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 
 #endif

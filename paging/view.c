@@ -570,7 +570,7 @@ static int table_seq(struct paging *pg, uint64_t h, struct pg_seq **out)
 static int table_fill(struct paging *pg, struct pg_seq *s, uint32_t first, uint32_t n,
                       int32_t *ids)
 {
-    int rc = seq_settle(pg, s);         /* a prefetch's copies before the engine's reads */
+    int rc = defer_settle(pg, s);         /* a prefetch's copies before the engine's reads */
     for (uint32_t i = 0; i < n && !rc; i++)
         rc = block_id(pg, s, first + i, &ids[i]);
     return rc;

@@ -42,7 +42,7 @@ static int map_run(struct paging *pg, uint64_t va, const pg_frame_id *frames, ui
 
 /* PG_FRAME_NONE is a hole (a discarded page, discard.c): left unmapped, so each run of
    frames between holes is mapped on its own (one set-access per run). All or nothing. */
-int seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
+int win_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n)
 {
     for (uint32_t i = 0, j; i < n; i = j) {
         if (pg_frame_is_none(frames[i])) {
@@ -53,14 +53,14 @@ int seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, ui
             ;
         int rc = map_run(pg, va + (uint64_t)i * pg->p.page_size, frames + i, j - i);
         if (rc) {
-            seq_unmap_frames_must(pg, va, frames, i);
+            win_unmap_frames_must(pg, va, frames, i);
             return rc;
         }
     }
     return 0;
 }
 
-int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
+int win_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
                   const pg_page_id *pages, uint32_t n)
 {
     if (!n)
@@ -71,13 +71,13 @@ int seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++)                            /* a hole stays a hole */
         f[i] = pg_page_is_none(pages[i]) ? PG_FRAME_NONE : page_at(pg, pages[i])->frame;
-    int rc = seq_map_frames(pg, pg_va(pg, r, slot, first), f, n);
+    int rc = win_map_frames(pg, pg_va(pg, r, slot, first), f, n);
     if (f != fs)
         free(f);
     return rc;
 }
 
-int seq_unmap(struct paging *pg, uint64_t va, uint32_t n)
+int win_unmap(struct paging *pg, uint64_t va, uint32_t n)
 {
     if (!n)
         return 0;
@@ -90,9 +90,9 @@ int seq_unmap(struct paging *pg, uint64_t va, uint32_t n)
 /* Unmaps on a path that must not fail (an undo, or freeing the scratch page): retries once
    (an injected or transient failure), then logs; a mapping left behind is then reported by
    the checker and by vmm_close. */
-void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n)
+void win_unmap_must(struct paging *pg, uint64_t va, uint32_t n)
 {
-    if (seq_unmap(pg, va, n) && seq_unmap(pg, va, n))
+    if (win_unmap(pg, va, n) && win_unmap(pg, va, n))
         klog_error("paging: could not unmap %u pages at 0x%llx on an undo path", n,
                    (unsigned long long)va);
 }
@@ -117,23 +117,23 @@ static int unmap_runs(struct paging *pg, uint64_t va, const pg_page_id *ids,
             ;
         uint64_t at = va + (uint64_t)i * pg->p.page_size;
         if (first) {
-            int rc = seq_unmap(pg, at, j - i);
+            int rc = win_unmap(pg, at, j - i);
             if (rc)
                 return rc;
             first = false;
         } else {
-            seq_unmap_must(pg, at, j - i);
+            win_unmap_must(pg, at, j - i);
         }
     }
     return 0;
 }
 
-int seq_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
+int win_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
 {
     return unmap_runs(pg, va, ids, NULL, n);
 }
 
-int seq_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
+int win_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
 {
     return unmap_runs(pg, va, NULL, fr, n);
 }
@@ -146,12 +146,12 @@ static void unmap_runs_must(struct paging *pg, uint64_t va, const pg_page_id *id
                    (unsigned long long)va);
 }
 
-void seq_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
+void win_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n)
 {
     unmap_runs_must(pg, va, ids, NULL, n);
 }
 
-void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
+void win_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n)
 {
     unmap_runs_must(pg, va, NULL, fr, n);
 }

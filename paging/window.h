@@ -1,7 +1,7 @@
 /*
  * paging/window.h: the owner window's functions for the rest of paging/ (window.c):
  * mapping frames and pages into a sequence's window and unmapping them, by runs, skipping
- * holes (the seq_ prefix: they map a sequence's pages); and the watch's notes (inlines)
+ * holes (the win_ prefix: the window owner's); and the watch's notes (inlines)
  * that the window's maps and the library's device writes make.
  */
 #ifndef KVVM_PAGING_WINDOW_H
@@ -9,20 +9,20 @@
 
 #include "paging_int.h"
 
-/* window.c (the seq_ prefix: they map a sequence's pages) */
-int  seq_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
+/* window.c (win_*: the window owner's) */
+int  win_map_pages(struct paging *pg, uint32_t slot, uint32_t r, uint32_t first,
                    const pg_page_id *pages, uint32_t n);
-int  seq_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n);
-int  seq_unmap(struct paging *pg, uint64_t va, uint32_t n);
-void seq_unmap_must(struct paging *pg, uint64_t va, uint32_t n);
+int  win_map_frames(struct paging *pg, uint64_t va, const pg_frame_id *frames, uint32_t n);
+int  win_unmap(struct paging *pg, uint64_t va, uint32_t n);
+void win_unmap_must(struct paging *pg, uint64_t va, uint32_t n);
 /* Unmaps the pages at va + i * page_size for the i < n with ids[i] not PG_PAGE_NONE (holes
    are not mapped), one unmap per run. The first run's unmap may fail cleanly (returned,
    nothing unmapped); a later one is retried and logged (_must: every failure is). The
    _frames variants do the same over frame ids (PG_FRAME_NONE: a hole). */
-int  seq_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
-void seq_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
-int  seq_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
-void seq_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
+int  win_unmap_holes(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
+void win_unmap_holes_must(struct paging *pg, uint64_t va, const pg_page_id *ids, uint32_t n);
+int  win_unmap_frames(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
+void win_unmap_frames_must(struct paging *pg, uint64_t va, const pg_frame_id *fr, uint32_t n);
 
 /* The watch (park.c's part, struct pg_watch): the window's maps and the library's device
    writes note it. */

@@ -19,7 +19,7 @@
  *         88      8  XXH3-64 (seed 0) of bytes [0, 88) followed by the payload
  *         96      -  payload
  *
- * The checksum is not disk/'s spill_checksum: that one is seeded with a page id and a slot
+ * The checksum is not disk/'s disk_checksum: that one is seeded with a page id and a slot
  * of one process's spill file, which a reader in another process cannot know; this one
  * depends only on the bytes a reader can see, and the fields it checks it against are in
  * the header it covers.

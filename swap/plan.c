@@ -16,7 +16,7 @@
  * room before the shortfall is covered, the plan is made again without the least recently
  * used of them (a bigger victim may cover it alone). The call's own swap-in follows the
  * moves, in the room they leave: no move may leave it to borrow a staging slot its need did
- * not count (struct room, guard), and no move spills its host pages (paging_spill_keep).
+ * not count (struct room, guard), and no move spills its host pages (paging_disk_keep).
  * Where no disk room takes spills, the host pages only the prefix cache's entries hold count
  * as host room: the moves' host room drops those entries (least recently used first, leaves
  * first), as many as the moves need, when they are acted on. Demotions (KVVM_F_CACHE_DEMOTE)
@@ -44,7 +44,7 @@ static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
 /* The room below as a plan uses it up, victim by victim: the facts paging reports
    (struct pg_room: free host slots, spill writes in flight and spillable host pages, the
    host tier's free, freeing and movable; free disk slots, the disk tier's free; the
-   caller's own host pages are not spillable: paging_spill_keep) and the same choice paging
+   caller's own host pages are not spillable: paging_disk_keep) and the same choice paging
    makes for each swap-out (room.c's swap_plan: directly, spilling others, or
    staged through the host tier to disk).
    The caller's own swap-in comes after the victims' moves, in the room they leave: a
@@ -61,7 +61,7 @@ struct room {
 };
 
 /* The caller's stage facts as its need counted them (no keep set yet), then the room facts
-   with the keep set in place: the plan and the act set it (paging_spill_keep), so no move
+   with the keep set in place: the plan and the act set it (paging_disk_keep), so no move
    of theirs spills the caller's own host pages. Where no disk room takes spills, the host
    pages of the prefix cache's entries that no sequence holds count as free host slots: a
    move's host room (swap_host_room) drops those entries (swap_cache_ops.host_drop). */
@@ -79,7 +79,7 @@ static void room_init(struct room *m, struct swap *sw, const uint64_t *keep, siz
         borrow |= b;
     }
     m->guard &= !borrow;               /* counted (paging_need, paging_need_batch) */
-    paging_spill_keep(pg, keep, n_keep);
+    paging_disk_keep(pg, keep, n_keep);
     paging_room_facts(pg, &m->f);
     const struct pg_tier_room *h = &m->f.t[PG_LOWER_HOST], *d = &m->f.t[PG_LOWER_DISK];
     m->disk = paging_has_disk(pg) && d->free + h->movable + h->freeing > 0;
@@ -106,13 +106,13 @@ static uint64_t room_total(const struct room *m)
 static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_room *f,
                       bool *staged)
 {
-    uint32_t sp = m->disk ? k - kk : 0;     /* the moved pages that become spillable */
+    uint32_t n_spillable = m->disk ? k - kk : 0;  /* the moved pages that become spillable */
     *f = m->f;
     *staged = false;
     struct pg_tier_room *h = &f->t[PG_LOWER_HOST], *d = &f->t[PG_LOWER_DISK];
     if (k <= h->free) {                /* the host tier takes it as it is */
         h->free -= k;
-        h->movable += sp;
+        h->movable += n_spillable;
         return true;
     }
     if (!m->disk)
@@ -130,7 +130,7 @@ static bool room_move(const struct room *m, uint32_t k, uint32_t kk, struct pg_r
         h->movable -= rest - w;
         d->free -= rest - w;
         h->free = 0;
-        h->movable += sp;
+        h->movable += n_spillable;
         return true;
     }
     if (!h->free && !h->freeing) {     /* staged: one slot made free to stage through */
@@ -358,7 +358,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
         }
     }
     p->room = swap ? room_total(&room) : 0;
-    paging_spill_keep(pg, NULL, 0);
+    paging_disk_keep(pg, NULL, 0);
     if (!rc && p->have + p->frees < want && !(flags & SWAP_PLAN_PARTIAL))
         rc = -ENOMEM;                  /* checked: not enough can move, nothing moved */
     if (rc)
@@ -545,8 +545,8 @@ int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uin
     if (!p->n && !p->orphans && !p->cache)
         return 0;
     /* the caller's own host pages stay where the plan counted them (room_init) */
-    paging_spill_keep(sw->pg, p->keep, p->n_keep);
+    paging_disk_keep(sw->pg, p->keep, p->n_keep);
     int rc = act(sw, p, wait, moved);
-    paging_spill_keep(sw->pg, NULL, 0);
+    paging_disk_keep(sw->pg, NULL, 0);
     return rc;
 }

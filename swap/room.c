@@ -2,7 +2,7 @@
  * swap/room.c: the host tier's policy (contract in swap_int.h): spill victims (the prefix
  * cache's entries first, in its own order, then sequences in LRU order), how hard a caller
  * short of host slots spills, and direct vs staged swaps. paging moves the pages
- * (paging_spill_seq, paging_held_spill, the swap paths); nothing here touches a page
+ * (paging_disk_spill_seq, paging_held_spill, the swap paths); nothing here touches a page
  * itself.
  */
 #include "swap_int.h"
@@ -48,21 +48,21 @@ int swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started)
 {
     struct paging *pg = sw->pg;
     *started = 0;
-    if (!paging_spill_on(pg))
+    if (!paging_disk_on(pg))
         return -ENOMEM;
     if (sw->cache.spill)                /* pages no sequence holds: none is excl's */
         *started = sw->cache.spill(sw->cache.arg, max);
     if (*started >= max)
         return 0;
     struct pg_cand *c;
-    size_t n = swap_collect(pg, paging_spill_candidates, &c);
+    size_t n = swap_collect(pg, paging_disk_candidates, &c);
     if (!c)
         return *started ? 0 : -ENOMEM;
     swap_lru_sort(c, n);
     int rc = 0;
     for (size_t k = 0; k < n && *started < max && !rc; k++) {
         uint32_t got = 0;
-        rc = paging_spill_seq(pg, c[k].h, max - *started, excl, &got);
+        rc = paging_disk_spill_seq(pg, c[k].h, max - *started, excl, &got);
         *started += got;
     }
     free(c);
@@ -92,7 +92,7 @@ static int host_drop(struct swap *sw, uint32_t want)
    the host tier's free slots `want`. */
 static bool spills_cover(struct paging *pg, uint32_t want)
 {
-    if (!paging_spill_on(pg))
+    if (!paging_disk_on(pg))
         return false;
     struct pg_room f;
     paging_room_facts(pg, &f);

@@ -90,7 +90,7 @@ void swap_destroy(struct swap *sw);
  * is counted per victim with all the pages it copies down: a victim that does not fit is
  * skipped, and so is one after whose move the caller's own swap-in would have to borrow a
  * host slot to stage through that its need did not count (the caller's host pages never
- * spill meanwhile: paging_spill_keep, set while planning and acting); when the room fills before the shortfall is covered the plan is made again without
+ * spill meanwhile: paging_disk_keep, set while planning and acting); when the room fills before the shortfall is covered the plan is made again without
  * the least recently used victim taken. Acting moves them in the order the room model used
  * the room below: drops, orphans, swap-outs, then demotions (each kind in plan order). */
 enum swap_step_kind { SWAP_DROP = 0, SWAP_DEMOTE, SWAP_OUT };

@@ -91,7 +91,7 @@ bool swap_undo_stashed(const struct swap *sw, uint64_t h);
 
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);
-/* Candidates from fn (paging_candidates or paging_spill_candidates) into a malloc'ed array
+/* Candidates from fn (paging_candidates or paging_disk_candidates) into a malloc'ed array
    (*out; NULL and 0 when memory is short), unsorted. */
 size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
                     struct pg_cand **out);

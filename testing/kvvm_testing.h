@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* --- hooks into a context (implemented in testing/debug.c) ------------------------------- */
+/* --- hooks into a context (implemented in testing/hooks.c) ------------------------------- */
 
 /* The invariant checker. Checks the context against the emulated device's own tables (not
    against itself): every window page maps the handle its page descriptor names, with access
@@ -58,10 +58,10 @@ int kvvm_debug_page_tier(kvvm *kv, kvvm_seq s, uint32_t r, uint32_t i, int *tier
    -EINVAL kv or key NULL. */
 int kvvm_debug_prefix_entry(kvvm *kv, uint64_t ns, const kvvm_key *key, uint8_t *where);
 
-/* The context's spill engine (the disk tier), or NULL: for spill_fault_arm and
-   spill_test_corrupt (disk/disk.h). */
-struct spill;
-struct spill *kvvm_debug_spill(kvvm *kv);
+/* The context's spill engine (the disk tier), or NULL: for disk_fault_arm and
+   disk_test_corrupt (disk/disk.h). */
+struct disk;
+struct disk *kvvm_debug_disk(kvvm *kv);
 
 /* --- counters (testing/testing.c) -------------------------------------------------------- */
 
@@ -119,7 +119,7 @@ long kvvm_testing_prefix_limits(kvvm *kv, uint32_t max_records, uint32_t fail_al
    page ids). */
 int kvvm_testing_prefix_memory(kvvm *kv, uint64_t *entries, uint64_t *bytes);
 
-/* The disk tier's page checksum (disk/disk.h spill_checksum: XXH3 of the bytes, seeded with
+/* The disk tier's page checksum (disk/disk.h disk_checksum: XXH3 of the bytes, seeded with
    the page's identity, page id and slot). */
 uint64_t kvvm_testing_page_checksum(const void *buf, size_t len, uint64_t page,
                                     uint32_t slot);
@@ -128,7 +128,7 @@ uint64_t kvvm_testing_page_checksum(const void *buf, size_t len, uint64_t page,
    0 or -EINVAL. */
 int kvvm_testing_parse_size(const char *s, size_t *out);
 
-/* --- the vmm layer on a device of its own (testing/vmm.c): kvvm-bench's foundation ------- */
+/* --- the vmm layer on a device of its own (testing/vmm_alone.c): kvvm-bench's foundation ------- */
 
 /* vmm/vmm.h's calls under kvvm_testing_vmm_*, same arguments and results (0 or -errno);
    a page is a vmm_handle, a stream the driver's (NULL = the legacy default stream). */
@@ -192,10 +192,10 @@ int kvvm_testing_raw_copy_dtod(kvvm_testing_vmm *v, uint64_t dst, uint64_t src, 
 int kvvm_testing_raw_stream_sync(kvvm_testing_vmm *v, kvvm_testing_stream s);
 const char *kvvm_testing_raw_errstr(kvvm_testing_vmm *v, int result);
 
-/* --- the disk tier's engine alone (testing/spill.c): kvvm-bench's spill figures ---------- */
+/* --- the disk tier's engine alone (testing/disk_alone.c): kvvm-bench's spill figures ---------- */
 
-/* disk/disk.h's spill_* under kvvm_testing_spill_*, same arguments and results; requests and
-   completions have spill_req's and spill_cqe's layout (checked in testing/spill.c). */
+/* disk/disk.h's disk_* under kvvm_testing_spill_*, same arguments and results; requests and
+   completions have disk_req's and disk_cqe's layout (checked in testing/disk_alone.c). */
 typedef struct kvvm_testing_spill kvvm_testing_spill;
 enum { KVVM_TESTING_SPILL_WRITE = 1, KVVM_TESTING_SPILL_READ = 2 };
 enum { KVVM_TESTING_SPILL_AUTO = 0, KVVM_TESTING_SPILL_IO_URING = 1,
@@ -226,23 +226,23 @@ struct kvvm_testing_spill_cqe {
 };
 int    kvvm_testing_spill_open(const struct kvvm_testing_spill_params *p,
                                kvvm_testing_spill **out);
-void   kvvm_testing_spill_close(kvvm_testing_spill *sp);
-/* n slots into out (spill_slot_alloc without a hint). */
-int    kvvm_testing_spill_slot_alloc(kvvm_testing_spill *sp, size_t n, uint32_t *out);
-int    kvvm_testing_spill_slot_free(kvvm_testing_spill *sp, uint32_t slot);
-int    kvvm_testing_spill_submit(kvvm_testing_spill *sp, const struct kvvm_testing_spill_req *r,
+void   kvvm_testing_spill_close(kvvm_testing_spill *dk);
+/* n slots into out (disk_slot_alloc without a hint). */
+int    kvvm_testing_spill_slot_alloc(kvvm_testing_spill *dk, size_t n, uint32_t *out);
+int    kvvm_testing_spill_slot_free(kvvm_testing_spill *dk, uint32_t slot);
+int    kvvm_testing_spill_submit(kvvm_testing_spill *dk, const struct kvvm_testing_spill_req *r,
                                  size_t n);
-size_t kvvm_testing_spill_reap(kvvm_testing_spill *sp, struct kvvm_testing_spill_cqe *out,
+size_t kvvm_testing_spill_reap(kvvm_testing_spill *dk, struct kvvm_testing_spill_cqe *out,
                                size_t max);
-int    kvvm_testing_spill_wait_all(kvvm_testing_spill *sp);
+int    kvvm_testing_spill_wait_all(kvvm_testing_spill *dk);
 
 #ifdef __cplusplus
 }
 #endif
-/* --- the shared store layer alone (testing/store.c): kvvm-bench's store figures ----------- */
+/* --- the shared store layer alone (testing/store_alone.c): kvvm-bench's store figures ----------- */
 
 /* store/store.h's calls under kvvm_testing_store_*, same arguments and results; items and
-   layouts have store_item's and store_layout's layout (checked in testing/store.c). */
+   layouts have store_item's and store_layout's layout (checked in testing/store_alone.c). */
 typedef struct kvvm_testing_store kvvm_testing_store;
 struct iovec;
 struct kvvm_testing_store_layout {

@@ -135,7 +135,7 @@ int kvvm_testing_page_create_release(kvvm *kv, size_t bytes, long iters)
 
 uint64_t kvvm_testing_page_checksum(const void *buf, size_t len, uint64_t page, uint32_t slot)
 {
-    return spill_checksum(buf, len, page, (spill_slot){ slot });
+    return disk_checksum(buf, len, page, (disk_slot){ slot });
 }
 
 int kvvm_testing_parse_size(const char *s, size_t *out)

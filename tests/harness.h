@@ -771,12 +771,12 @@ static inline void open_small(struct tctx *t)
     topen(t, &c);
 }
 
-/* Writes the bytes of page pg (within the sequence's length) in every region. With prep,
+/* Writes the bytes of page pi (within the sequence's length) in every region. With prep,
    prepare_write over the tokens covering those bytes first. */
-static inline void write_page(struct tctx *t, struct sh *s, uint64_t pg, uint32_t lin, bool prep)
+static inline void write_page(struct tctx *t, struct sh *s, uint64_t pi, uint32_t lin, bool prep)
 {
     uint64_t ps = t->cfg.page_size, bpt = t->cfg.bytes_per_token, end = s->len * bpt;
-    uint64_t b0 = pg * ps, b1 = (pg + 1) * ps < end ? (pg + 1) * ps : end;
+    uint64_t b0 = pi * ps, b1 = (pi + 1) * ps < end ? (pi + 1) * ps : end;
     cr_assert_lt(b0, b1);
     if (prep) {
         int rc = kvvm_seq_prepare_write(t->kv, s->h, b0 / bpt, (b1 + bpt - 1) / bpt);

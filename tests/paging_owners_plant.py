@@ -19,7 +19,7 @@ import tempfile
 PLANTS = [
     ('check.c', 'pg->fr.n_ready = 0;', 'fr'),                 # context writes frames'
     ('seq.c', 'pg->ck.n_syncs += 1;', 'ck'),                  # seqs writes clock's
-    ('tier.c', '++pg->sq.n_out;', 'sq'),                      # transfers writes seqs'
+    ('host_tier.c', '++pg->sq.n_out;', 'sq'),                      # transfers writes seqs'
     ('window.c', 'struct pg_seqs *q = &pg->sq; q->n_live--;', 'sq'),  # through a pointer
 ]
 

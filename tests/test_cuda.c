@@ -179,28 +179,28 @@ Test(cuda, fences_and_streams)
     struct vmm *v = open_cuda_or_skip();
     const size_t big = 256 * MiB;
     size_t g = vmm_granule(v);
-    size_t pg = (big + g - 1) / g * g;
+    size_t psz = (big + g - 1) / g * g;
     uint64_t base;
-    cr_assert_eq(vmm_reserve(v, 2 * pg, &base), 0);
+    cr_assert_eq(vmm_reserve(v, 2 * psz, &base), 0);
     vmm_handle h[2];
-    cr_assert_eq(vmm_phys_create(v, pg, &h[0]), 0);
-    cr_assert_eq(vmm_phys_create(v, pg, &h[1]), 0);
-    cr_assert_eq(vmm_map_run(v, base, h, 2, pg), 0);
+    cr_assert_eq(vmm_phys_create(v, psz, &h[0]), 0);
+    cr_assert_eq(vmm_phys_create(v, psz, &h[1]), 0);
+    cr_assert_eq(vmm_map_run(v, base, h, 2, psz), 0);
     kcu_stream s, s2;
     cr_assert_eq(vmm_stream_create(v, &s), 0);
     cr_assert_eq(vmm_stream_create(v, &s2), 0);
     vmm_fence f;
     cr_assert_eq(vmm_fence_create(v, &f), 0);
-    cr_assert_eq(vmm_memset(v, base, 0x11, pg, s), 0);
+    cr_assert_eq(vmm_memset(v, base, 0x11, psz, s), 0);
     for (int i = 0; i < 32; i++)        /* 8 GiB of device copies: milliseconds */
-        cr_assert_eq(vmm_copy_dtod(v, base + (i & 1 ? 0 : pg), base + (i & 1 ? pg : 0),
-                                   pg, s), 0);
+        cr_assert_eq(vmm_copy_dtod(v, base + (i & 1 ? 0 : psz), base + (i & 1 ? psz : 0),
+                                   psz, s), 0);
     cr_assert_eq(vmm_fence_record(v, &f, s), 0);
     int q = vmm_fence_query(v, &f);
     cr_expect_eq(q, 0, "fence complete right after 8 GiB of copies were queued (%d)", q);
     cr_assert_eq(vmm_stream_after(v, s2, &f), 0);
     unsigned char b[64];
-    cr_assert_eq(vmm_copy_dtoh(v, b, base + pg, sizeof b, s2), 0);
+    cr_assert_eq(vmm_copy_dtoh(v, b, base + psz, sizeof b, s2), 0);
     cr_assert_eq(vmm_stream_sync(v, s2), 0);
     cr_expect_eq(vmm_fence_query(v, &f), 1, "s2 ran before the fence it waited for");
     cr_expect_eq(b[0], 0x11);
@@ -210,7 +210,7 @@ Test(cuda, fences_and_streams)
     vmm_fence_destroy(v, &f);
     cr_assert_eq(vmm_stream_destroy(v, s), 0);
     cr_assert_eq(vmm_stream_destroy(v, s2), 0);
-    cr_assert_eq(vmm_unmap(v, base, 2 * pg), 0);
+    cr_assert_eq(vmm_unmap(v, base, 2 * psz), 0);
     vmm_phys_release(v, h[0]);
     vmm_phys_release(v, h[1]);
     vmm_unreserve(v);

@@ -153,7 +153,7 @@ struct mseq {
     uint64_t len;
     uint64_t zero_until;            /* bytes [len*bpt, zero_until) read zero (share's copy) */
     uint32_t *tag[MAXR];            /* per token: the tag of its cookies */
-    int32_t *pg[MAXR];              /* per page index: model page id; HOLE = discarded */
+    int32_t *mp[MAXR];              /* per page index: model page id; HOLE = discarded */
     bool out;                       /* swapped out */
     uint64_t kept[MAXR];            /* first_kept per region (kvvm_seq_discard) */
     uint32_t cls;                   /* enum kvvm_seq_class */
@@ -190,7 +190,7 @@ struct ment {
     bool live;
     uint64_t ns;
     kvvm_key key;
-    int32_t pg[MAXR];               /* model page ids (one reference each) */
+    int32_t mp[MAXR];               /* model page ids (one reference each) */
     uint32_t tag[MAXR][TPB];
 };
 struct mchain {
@@ -548,7 +548,7 @@ static bool resident_holder(struct model *m, int32_t id, const struct mseq *exce
         uint64_t np = npages(m, s->len);
         for (uint32_t r = 0; r < m->c.nr; r++)
             for (uint64_t k = 0; k < np; k++)
-                if (s->pg[r][k] == id)
+                if (s->mp[r][k] == id)
                     return true;
     }
     return false;
@@ -566,7 +566,7 @@ static uint64_t need_cow(struct model *m, struct mseq *s, uint32_t r, uint64_t b
     if (b1 <= b0)
         return 0;
     for (uint64_t k = b0 / m->c.ps; k <= (b1 - 1) / m->c.ps && k < have; k++) {
-        int32_t id = s->pg[r][k];
+        int32_t id = s->mp[r][k];
         if (id == HOLE) {               /* a grow makes a discarded last page again */
             n++;
             continue;
@@ -590,14 +590,14 @@ static void apply_cow(struct model *m, struct mseq *s, uint32_t r, uint64_t b0, 
     if (b1 <= b0)
         return;
     for (uint64_t k = b0 / m->c.ps; k <= (b1 - 1) / m->c.ps && k < have; k++) {
-        int32_t id = s->pg[r][k];
+        int32_t id = s->mp[r][k];
         if (id == HOLE) {
-            s->pg[r][k] = pg_alloc(m);
+            s->mp[r][k] = pg_alloc(m);
             continue;
         }
         if (m->ref[id] > 1) {
             pg_put(m, id);
-            s->pg[r][k] = pg_alloc(m);
+            s->mp[r][k] = pg_alloc(m);
             m->cnt[partial && k == have - 1 ? C_COW_PARTIAL : C_COW_FULL]++;
         }
     }
@@ -867,12 +867,12 @@ static void check_state(struct model *m)
         for (uint32_t r = 0; r < m->c.nr; r++) {
             fk = s->kept[r] < fk ? s->kept[r] : fk;
             for (uint64_t k = 0; k < np; k++) {
-                if (s->pg[r][k] == HOLE) {
+                if (s->mp[r][k] == HOLE) {
                     holes++;
                     continue;
                 }
-                shared += m->ref[s->pg[r][k]] > 1;
-                onhost += m->onhost[s->pg[r][k]];
+                shared += m->ref[s->mp[r][k]] > 1;
+                onhost += m->onhost[s->mp[r][k]];
             }
         }
         MCHECK(m, in.first_kept == fk && in.dropped == s->dropped && in.cls == s->cls,
@@ -948,7 +948,7 @@ static void check_view(struct model *m)
         for (uint64_t b = 0; b < nb; b++) {
             bool hole = true;
             for (uint32_t r = 0; r < m->c.nr; r++)
-                hole &= s->pg[r][b] == HOLE;
+                hole &= s->mp[r][b] == HOLE;
             MCHECK(m, hole == (ids[b] == -1), "seq %d block %lu: id %d, %s in every region",
                    i, (unsigned long)b, ids[b], hole ? "discarded" : "not discarded");
             if (hole)
@@ -956,13 +956,13 @@ static void check_view(struct model *m)
             MCHECK(m, ids[b] >= 0 && (uint32_t)ids[b] < n_ids, "seq %d block %lu: id %d of "
                    "%u", i, (unsigned long)b, ids[b], n_ids);
             for (uint32_t r = 0; r < m->c.nr; r++)
-                if (s->pg[r][b] != HOLE)
+                if (s->mp[r][b] != HOLE)
                     check_view_map(m, i, b, r, ids[b], base[r]);
             for (size_t k = 0; k < ns; k++) {
                 const struct mseq *o = &m->s[seen[k].seq];
                 bool same = true, both = false;
                 for (uint32_t r = 0; r < m->c.nr; r++) {
-                    int32_t p = s->pg[r][b], q = o->pg[r][seen[k].b];
+                    int32_t p = s->mp[r][b], q = o->mp[r][seen[k].b];
                     if (p == HOLE || q == HOLE)
                         continue;
                     both = true;
@@ -1024,8 +1024,8 @@ static void seq_adopt(struct model *m, struct mseq *s, kvvm_seq h, uint64_t len)
 static void ent_put(struct model *m, struct ment *e)
 {
     for (uint32_t r = 0; r < m->c.nr; r++) {
-        m->eref[e->pg[r]]--;
-        pg_put(m, e->pg[r]);
+        m->eref[e->mp[r]]--;
+        pg_put(m, e->mp[r]);
     }
     e->live = false;
 }
@@ -1050,7 +1050,7 @@ static int ent_count(const struct model *m)
 static bool ent_reclaimable(const struct model *m, const struct ment *e)
 {
     for (uint32_t r = 0; r < m->c.nr; r++)
-        if (m->ref[e->pg[r]] != m->eref[e->pg[r]])
+        if (m->ref[e->mp[r]] != m->eref[e->mp[r]])
             return false;
     return true;
 }
@@ -1063,7 +1063,7 @@ static bool ents_reclaimable_dev(const struct model *m)
         const struct ment *e = &m->e[i];
         bool dev = false;
         for (uint32_t r = 0; e->live && r < m->c.nr; r++)
-            dev |= !m->onhost[e->pg[r]];
+            dev |= !m->onhost[e->mp[r]];
         if (dev && ent_reclaimable(m, e))
             return true;
     }
@@ -1081,7 +1081,7 @@ static bool ents_host_droppable(const struct model *m)
         const struct ment *e = &m->e[i];
         bool below = e->live;
         for (uint32_t r = 0; below && r < m->c.nr; r++)
-            below = m->onhost[e->pg[r]];
+            below = m->onhost[e->mp[r]];
         if (below && ent_reclaimable(m, e))
             return true;
     }
@@ -1142,8 +1142,8 @@ static void check_entries(struct model *m)
             continue;
         n++;
         for (uint32_t r = 0; r < m->c.nr; r++)
-            MCHECK(m, m->esnap[i].w[r] == tier_of(m, e->pg[r]), "prefix entry %d region %u: "
-                   "tier %u, model %u", i, r, m->esnap[i].w[r], tier_of(m, e->pg[r]));
+            MCHECK(m, m->esnap[i].w[r] == tier_of(m, e->mp[r]), "prefix entry %d region %u: "
+                   "tier %u, model %u", i, r, m->esnap[i].w[r], tier_of(m, e->mp[r]));
     }
     MCHECK(m, m->esnap_n == n, "prefix_entries %lu, model %lu", (unsigned long)m->esnap_n,
            (unsigned long)n);
@@ -1195,7 +1195,7 @@ static bool ent_resync(struct model *m)
         }
         bool changed = false;
         for (uint32_t r = 0; r < m->c.nr; r++) {
-            int32_t id = e->pg[r];
+            int32_t id = e->mp[r];
             bool down = w[r] >= 2;
             if (down == (m->onhost[id] != 0))
                 continue;
@@ -1315,7 +1315,7 @@ static bool may_reclaim(const struct model *m, struct mseq *const *t, int nt)
         uint64_t np = npages(m, s->len);        /* orphans: device pages of the swapped out */
         for (uint32_t r = 0; s->out && r < m->c.nr; r++)
             for (uint64_t k = 0; k < np; k++)
-                if (s->pg[r][k] != HOLE && !m->onhost[s->pg[r][k]])
+                if (s->mp[r][k] != HOLE && !m->onhost[s->mp[r][k]])
                     return true;
     }
     return false;
@@ -1339,8 +1339,8 @@ static void resync(struct model *m, struct mseq *const *t, int nt)
             uint64_t np = npages(m, s->len);
             for (uint32_t r = 0; r < m->c.nr; r++)
                 for (uint64_t k = 0; k < np; k++)
-                    if (s->pg[r][k] != HOLE)
-                        pg_put(m, s->pg[r][k]);
+                    if (s->mp[r][k] != HOLE)
+                        pg_put(m, s->mp[r][k]);
             s->len = 0;
             s->zero_until = 0;
             s->out = false;
@@ -1358,7 +1358,7 @@ static void resync(struct model *m, struct mseq *const *t, int nt)
         uint64_t np = npages(m, s->len);
         for (uint32_t r = 0; r < m->c.nr; r++)
             for (uint64_t k = 0; k < np; k++) {
-                int32_t id = s->pg[r][k];
+                int32_t id = s->mp[r][k];
                 int t = -1;
                 rc = kvvm_debug_page_tier(m->kv, s->h, r, (uint32_t)k, &t);
                 MCHECK(m, rc == 0 && (t == 0) == (id == HOLE), "seq %d r%u page %lu: tier %d "
@@ -1405,7 +1405,7 @@ static void op_swap_out(struct model *m, struct mseq *s)
     uint64_t np = npages(m, s->len), down = 0;
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
-            int32_t id = s->pg[r][k];
+            int32_t id = s->mp[r][k];
             down += id != HOLE && !m->onhost[id] && !resident_holder(m, id, s);
         }
     /* short of host slots, a call drops entries whose pages are all below instead (no disk
@@ -1427,7 +1427,7 @@ static void op_swap_out(struct model *m, struct mseq *s)
            (unsigned long)down, (unsigned long)(m->host_total - m->host_used), rc);
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
-            int32_t id = s->pg[r][k];
+            int32_t id = s->mp[r][k];
             if (id != HOLE && !m->onhost[id] && !resident_holder(m, id, s)) {
                 m->onhost[id] = 1;
                 m->used--;
@@ -1452,7 +1452,7 @@ static bool ensure_in(struct model *m, struct mseq *s)
     uint64_t np = npages(m, s->len), need = 0;
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++)
-            need += s->pg[r][k] != HOLE && m->onhost[s->pg[r][k]];
+            need += s->mp[r][k] != HOLE && m->onhost[s->mp[r][k]];
     bool may = need > mfree(m) && may_reclaim(m, &s, 1);
     int rc = REFUSABLE(m, kvvm_seq_swap_in(m->kv, s->h));
     if (may) {
@@ -1473,7 +1473,7 @@ static bool ensure_in(struct model *m, struct mseq *s)
     }
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
-            int32_t id = s->pg[r][k];
+            int32_t id = s->mp[r][k];
             if (id != HOLE && m->onhost[id]) {
                 m->onhost[id] = 0;
                 m->used++;
@@ -1512,7 +1512,7 @@ static void apply_grow(struct model *m, struct mseq *s, uint64_t nl)
     for (uint32_t r = 0; r < m->c.nr; r++) {
         apply_cow(m, s, r, old * m->c.bpt, nl * m->c.bpt);
         for (uint64_t k = op; k < np; k++)
-            s->pg[r][k] = pg_alloc(m);
+            s->mp[r][k] = pg_alloc(m);
     }
     s->len = nl;
     check_zero_tail(m, s, old);
@@ -1643,8 +1643,8 @@ static void release_from(struct model *m, struct mseq *s, uint64_t nl)
     uint64_t np = npages(m, nl), op = npages(m, s->len);
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = np; k < op; k++)
-            if (s->pg[r][k] != HOLE)
-                pg_put(m, s->pg[r][k]);
+            if (s->mp[r][k] != HOLE)
+                pg_put(m, s->mp[r][k]);
 }
 
 static void op_truncate(struct model *m, struct mseq *s)
@@ -1694,9 +1694,9 @@ static void op_fork(struct model *m, struct mseq *p)
     for (uint32_t r = 0; r < m->c.nr; r++) {
         memcpy(c->tag[r], p->tag[r], p->len * sizeof(uint32_t));
         for (uint64_t k = 0; k < np; k++) {
-            c->pg[r][k] = p->pg[r][k];
-            if (p->pg[r][k] != HOLE)
-                m->ref[p->pg[r][k]]++;
+            c->mp[r][k] = p->mp[r][k];
+            if (p->mp[r][k] != HOLE)
+                m->ref[p->mp[r][k]]++;
         }
         c->kept[r] = p->kept[r];        /* fork copies the discard */
     }
@@ -1737,7 +1737,7 @@ static void op_share(struct model *m, struct mseq *src)
     bool partial = (n * m->c.bpt) % m->c.ps != 0;
     uint64_t need = 0, whole0 = n * m->c.bpt / m->c.ps;
     for (uint32_t r = 0; partial && r < m->c.nr; r++)
-        need += src->pg[r][whole0] != HOLE;     /* a discarded partial page is not copied */
+        need += src->mp[r][whole0] != HOLE;     /* a discarded partial page is not copied */
     /* from a swapped-out source the partial page is copied into the host tier */
     bool host_copy = src->out && n > 0;
     uint64_t avail = host_copy ? m->host_total - m->host_used : mfree(m);
@@ -1768,12 +1768,12 @@ static void op_share(struct model *m, struct mseq *src)
     for (uint32_t r = 0; r < m->c.nr; r++) {
         memcpy(dst->tag[r], src->tag[r], n * sizeof(uint32_t));
         for (uint64_t p = 0; p < whole; p++) {
-            dst->pg[r][p] = src->pg[r][p];
-            if (src->pg[r][p] != HOLE)
-                m->ref[src->pg[r][p]]++;
+            dst->mp[r][p] = src->mp[r][p];
+            if (src->mp[r][p] != HOLE)
+                m->ref[src->mp[r][p]]++;
         }
         if (partial)
-            dst->pg[r][whole] = src->pg[r][whole] == HOLE ? HOLE
+            dst->mp[r][whole] = src->mp[r][whole] == HOLE ? HOLE
                                 : host_copy ? pg_alloc_host(m) : pg_alloc(m);
         dst->kept[r] = src->kept[r] < n ? src->kept[r] : n;   /* share keeps the discard */
     }
@@ -1910,7 +1910,7 @@ static void op_free(struct model *m, struct mseq *s)
     bool shared = false;
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++)
-            shared |= s->pg[r][k] != HOLE && m->ref[s->pg[r][k]] > 1;
+            shared |= s->mp[r][k] != HOLE && m->ref[s->mp[r][k]] > 1;
     if (s->out)
         m->cnt[C_OUT_OPS]++;
     release_from(m, s, 0);
@@ -1952,9 +1952,9 @@ static void op_discard(struct model *m, struct mseq *s)
         if (!all && r != region)
             continue;
         for (uint64_t k = 0; k < end; k++)
-            if (s->pg[r][k] != HOLE) {
-                pg_put(m, s->pg[r][k]);
-                s->pg[r][k] = HOLE;
+            if (s->mp[r][k] != HOLE) {
+                pg_put(m, s->mp[r][k]);
+                s->mp[r][k] = HOLE;
                 released = true;
             }
         if (s->kept[r] < fk)
@@ -2029,7 +2029,7 @@ static void op_cache_drop(struct model *m, struct mseq *s)
     uint64_t frees = 0, np = npages(m, s->len);
     for (uint32_t r = 0; r < m->c.nr; r++)
         for (uint64_t k = 0; k < np; k++) {
-            int32_t id = s->pg[r][k];
+            int32_t id = s->mp[r][k];
             frees += id != HOLE && m->ref[id] == 1 && !m->onhost[id];
         }
     /* a grow of g needing a little more than is free: half the time within s's pages */
@@ -2266,7 +2266,7 @@ static void op_publish(struct model *m, struct mseq *s)
     for (uint32_t r = 0; r < m->c.nr; r++) {
         cut |= s->kept[r] > 0;
         for (uint32_t b = 0; b < n; b++)
-            hole |= s->pg[r][b] == HOLE;
+            hole |= s->mp[r][b] == HOLE;
     }
     if (hole) {
         int rc = kvvm_prefix_publish(m->kv, s->h, ns, k, n);
@@ -2295,9 +2295,9 @@ static void op_publish(struct model *m, struct mseq *s)
         struct ment *e = &m->e[i];
         *e = (struct ment){ .live = true, .ns = ns, .key = k[b] };
         for (uint32_t r = 0; r < m->c.nr; r++) {
-            e->pg[r] = s->pg[r][b];
-            m->ref[e->pg[r]]++;
-            m->eref[e->pg[r]]++;
+            e->mp[r] = s->mp[r][b];
+            m->ref[e->mp[r]]++;
+            m->eref[e->mp[r]]++;
             for (uint32_t t = 0; t < TPB; t++)
                 e->tag[r][t] = s->tag[r][b * TPB + t];
         }
@@ -2327,7 +2327,7 @@ static void op_lookup(struct model *m)
     for (uint32_t b = 0; b < h; b++) {
         uint8_t want = 1, got = where[b] >= 2 ? 2 : where[b];
         for (uint32_t r = 0; r < m->c.nr; r++)
-            want = tier_of(m, e[b]->pg[r]) > want ? tier_of(m, e[b]->pg[r]) : want;
+            want = tier_of(m, e[b]->mp[r]) > want ? tier_of(m, e[b]->mp[r]) : want;
         MCHECK(m, got == want && (m->c.disk || where[b] != 3), "lookup: block %u in tier %u, "
                "model %u", b, where[b], want);
     }
@@ -2361,7 +2361,7 @@ static void op_attach(struct model *m)
     uint64_t need = 0;
     for (uint32_t b = 0; b < h; b++)
         for (uint32_t r = 0; r < m->c.nr; r++)
-            need += m->onhost[e[b]->pg[r]] != 0;    /* (distinct: one page per block) */
+            need += m->onhost[e[b]->mp[r]] != 0;    /* (distinct: one page per block) */
     snprintf(m->where, sizeof m->where, "attach of %u keys, namespace %lu into seq %ld (out "
              "%d; model: %u blocks, %lu pages up, %lu free)", n, (unsigned long)ns,
              (long)(dst - m->s), dst->out, h, (unsigned long)need, (unsigned long)mfree(m));
@@ -2385,8 +2385,8 @@ static void op_attach(struct model *m)
     MCHECK(m, rc == (int)h, "attach: %d (%s)", rc, rc < 0 ? kvvm_last_error() : "");
     for (uint32_t b = 0; b < h; b++)
         for (uint32_t r = 0; r < m->c.nr; r++) {
-            int32_t id = e[b]->pg[r];
-            dst->pg[r][b] = id;
+            int32_t id = e[b]->mp[r];
+            dst->mp[r][b] = id;
             m->ref[id]++;
             if (m->onhost[id]) {
                 m->onhost[id] = 0;
@@ -2519,7 +2519,7 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     for (int i = 0; i < MAXS; i++)
         for (uint32_t r = 0; r < c->nr; r++) {
             m->s[i].tag[r] = calloc(c->max_tokens, sizeof(uint32_t));
-            m->s[i].pg[r] = calloc(m->maxpg, sizeof(int32_t));
+            m->s[i].mp[r] = calloc(m->maxpg, sizeof(int32_t));
         }
 }
 
@@ -2550,7 +2550,7 @@ static void model_close(struct model *m)
     for (int i = 0; i < MAXS; i++)
         for (uint32_t r = 0; r < MAXR; r++) {
             free(m->s[i].tag[r]);
-            free(m->s[i].pg[r]);
+            free(m->s[i].mp[r]);
         }
     free(m->ref);
     free(m->tmpdec);

@@ -63,22 +63,22 @@ static void cow_case(uint32_t nr, enum cow_mode mode, enum cow_where where, enum
     cr_expect_eq(s0.pages_device_free, s0.pages_device_total - (mode == COW_FORK ? 5 : 6) * nr,
                  "%s: fork/share added pages beyond the partial copy", w);
 
-    uint64_t pg = where == W_FIRST ? 0 : where == W_MIDDLE ? 2 : 4;
+    uint64_t pi = where == W_FIRST ? 0 : where == W_MIDDLE ? 2 : 4;
     switch (who) {
     case WHO_PARENT:
-        write_page(&t, &p, pg, 2, true);
+        write_page(&t, &p, pi, 2, true);
         break;
     case WHO_CHILD:
-        write_page(&t, &ch, pg, 3, false);
+        write_page(&t, &ch, pi, 3, false);
         break;
     case WHO_APPEND:
         /* both append into the (shared, for fork) partial last page and beyond, then the
-           child rewrites page pg */
+           child rewrites page pi */
         sh_grow_fill(&t, &p, 21, 4);
         sh_grow_fill(&t, &ch, 23, 5);
         sh_verify(&t, &p, w);
         sh_verify(&t, &ch, w);
-        write_page(&t, &ch, pg, 6, false);
+        write_page(&t, &ch, pi, 6, false);
         break;
     }
     sh_verify(&t, &p, w);
@@ -87,12 +87,12 @@ static void cow_case(uint32_t nr, enum cow_mode mode, enum cow_where where, enum
     tstats(&t, &s1);
     /* share copied the partial page 4: writing only it (not through prepare_write, whose
        straddling tokens reach page 3) splits nothing */
-    if (!(mode == COW_SHARE && pg == 4 && who != WHO_PARENT))
+    if (!(mode == COW_SHARE && pi == 4 && who != WHO_PARENT))
         cr_expect_gt(s1.cow_copies, s0.cow_copies, "%s: no copy-on-write counted", w);
     tinfo(&t, p.h, &ip);
     tinfo(&t, ch.h, &ic);
     cr_expect_eq(ip.pages_shared, ic.pages_shared, "%s: sharers disagree", w);
-    if (who == WHO_CHILD && !(mode == COW_SHARE && pg == 4))
+    if (who == WHO_CHILD && !(mode == COW_SHARE && pi == 4))
         cr_expect_eq(ic.pages_shared, shared0 - nr, "%s: one page per region split, "
                      "pages_shared %u", w, ic.pages_shared);
     /* the parent goes on; the child still reads its own bytes */
@@ -980,7 +980,7 @@ Test(map_ahead_zero, grow_has_no_null_arithmetic)
 }
 
 /* Map-ahead is refilled in batches between a low and a high mark (seq.c,
-   seq_top_up_ahead), not one page per crossing: a sequence of 2 regions with map_ahead 4
+   ahead_top_up), not one page per crossing: a sequence of 2 regions with map_ahead 4
    grows a page at a time across 12 pages; the refills after the first are one mapped run
    per region every third crossing (the mark is 2 left, back up to 4), so the grows make
    at most 2 + 2 * 12 / 3 set-accesses where a page-per-crossing refill made 2 + 2 * 12.

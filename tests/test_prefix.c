@@ -1183,19 +1183,19 @@ Test(sweep, io_faults_below_the_host_tier)
             snprintf(where, sizeof where, "%s, I/O %lu failed", op ? "attach" : "reclaim", nth);
             kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);   /* the injected errors are logged */
             open_tiers(&t, dir, 2, 16);
-            struct spill *sp = kvvm_debug_spill(t.kv);
+            struct disk *dk = kvvm_debug_disk(t.kv);
             if (!op)
-                cr_assert_eq(spill_fault_arm(sp, nth, SPILL_FAULT_ERROR, -EIO), 0);
+                cr_assert_eq(disk_fault_arm(dk, nth, DISK_FAULT_ERROR, -EIO), 0);
             kvvm_seq g = two_chains_reclaimed(&t, x, y);
             cr_assert_eq(kvvm_seq_truncate(t.kv, g, 0), 0);
             tstats(&t, &s0);
             kvvm_seq b = mk(&t);
             int rc = 3;
             if (op) {
-                cr_assert_eq(spill_fault_arm(sp, nth, SPILL_FAULT_ERROR, -EIO), 0);
+                cr_assert_eq(disk_fault_arm(dk, nth, DISK_FAULT_ERROR, -EIO), 0);
                 rc = kvvm_prefix_attach(t.kv, b, 1, y, 3);
             }
-            spill_fault_clear(sp);
+            disk_fault_clear(dk);
             tstats(&t, &s1);
             bool hit = s1.io_errors > 0;
             if (op && rc >= 0) {
@@ -1247,9 +1247,9 @@ Test(regress, a_damaged_disk_entry_failed_every_attach_of_its_chain)
     cr_assert_eq(kvvm_seq_truncate(t.kv, two_chains_reclaimed(&t, x, y), 0), 0);
     kvvm_seq b = mk(&t);
     /* the attach writes x2 out for host room (I/O 1), then reads y's disk blocks */
-    cr_assert_eq(spill_fault_arm(kvvm_debug_spill(t.kv), 2, SPILL_FAULT_ERROR, -EIO), 0);
+    cr_assert_eq(disk_fault_arm(kvvm_debug_disk(t.kv), 2, DISK_FAULT_ERROR, -EIO), 0);
     int rc = kvvm_prefix_attach(t.kv, b, 1, y, 3);
-    spill_fault_clear(kvvm_debug_spill(t.kv));
+    disk_fault_clear(kvvm_debug_disk(t.kv));
     cr_assert(rc >= 1 && rc < 3, "attach: %d (%s)", rc, kvvm_last_error());
     struct kvvm_stats st;
     tstats(&t, &st);

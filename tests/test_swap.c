@@ -1860,7 +1860,7 @@ static void verify_all(struct tctx *t, struct sh **ss, int n, const char *where)
     }
 }
 
-static void disk_close(struct tctx *t)
+static void disk_tctx_close(struct tctx *t)
 {
     tclose(t);
     cr_expect_eq(th_dir_entries(spill_dir), 0, "spill dir %s not empty", spill_dir);
@@ -1899,7 +1899,7 @@ Test(regress, victim_spilled_the_callers_host_pages_then_swap_in_failed)
     tcheck(&t, "after the swap-in");
     struct sh *ss[4] = { f, s, o, v };            /* the pinned one verified, then freed */
     verify_all(&t, ss, 4, "after the swap-in");
-    disk_close(&t);
+    disk_tctx_close(&t);
 }
 
 /* Bug: the call's own sequence had pages on disk and its need counted no borrowed staging
@@ -1935,7 +1935,7 @@ Test(regress, victim_took_the_disk_slots_the_callers_swap_in_stages_through)
     tcheck(&t, "failed swap_in");
     struct sh *ss[5] = { f, s, o1, o2, v };
     verify_all(&t, ss, 5, "after the failed swap-in");
-    disk_close(&t);
+    disk_tctx_close(&t);
 }
 
 /* Bug: kvvm_seq_grow_batch's up-front count left out the frame a member's staged swap-in
@@ -1980,7 +1980,7 @@ Test(regress, grow_batch_left_out_the_borrowed_staging_frame)
     struct sh *ss[4] = { f, m, o, p };
     verify_all(&t, ss, 4, "after the batch");
     free_all(&t, (struct sh *[]){ x, y }, 2);
-    disk_close(&t);
+    disk_tctx_close(&t);
 }
 
 /* Bug: a share from a non-resident sequence whose partial last pages were on disk read them
@@ -2012,7 +2012,7 @@ Test(regress, share_from_spilled_source_spilled_others_then_failed)
     tcheck(&t, "failed share");
     struct sh *ss[3] = { dst, src, o };
     verify_all(&t, ss, 3, "after the failed share");
-    disk_close(&t);
+    disk_tctx_close(&t);
 }
 
 /* Bug: after acting on a plan, the frames to have free were the need plus the device pages

@@ -1,5 +1,5 @@
 /*
- * tools/kvvm-bench/bench_checksum.c: the disk tier's page checksum (spill_checksum in
+ * tools/kvvm-bench/bench_checksum.c: the disk tier's page checksum (disk_checksum in
  * disk/disk.h, through kvvm_testing_page_checksum of testing/kvvm_testing.h: XXH3 64-bit
  * from libxxhash, seeded with the page identity) beside the hand-written XXH64 it replaced,
  * which is kept here, and only here, as the baseline. Both hash the same pages in the same

@@ -483,10 +483,10 @@ static void report_sweep(struct bench_ctx *b, const char *what, struct bench_pai
 static int bench_length(struct bench_ctx *b)
 {
     struct lenctx *c = calloc(NL, sizeof *c);
-    struct bench_pair *pg = calloc(NL, sizeof *pg), *pb = calloc(NL, sizeof *pb);
+    struct bench_pair *pgr = calloc(NL, sizeof *pgr), *pb = calloc(NL, sizeof *pb);
     struct bench_pair *ps = calloc(NL, sizeof *ps), *l1 = calloc(NL, sizeof *l1);
     struct bench_pair *lb = calloc(NL, sizeof *lb);
-    int rc = c && pg && pb && ps && l1 && lb ? 0 : -ENOMEM;
+    int rc = c && pgr && pb && ps && l1 && lb ? 0 : -ENOMEM;
     const int N = 1000, calls = b->quick ? 4 : 16, steps = b->quick ? 200 : 1000;
     for (int k = 0; k < NL && !rc; k++) {
         double w;             /* a warm-up block of each kind, untimed */
@@ -504,7 +504,7 @@ static int bench_length(struct bench_ctx *b)
             int k = t % 2 ? NL - 1 - j : j;
             rc = len_grow(&c[k], N, &g[k]);
             double f = floor_block(N);
-            bench_pair_add(&pg[k], g[k], f);
+            bench_pair_add(&pgr[k], g[k], f);
             if (!rc)
                 rc = len_batch(&c[k], calls, &gb[k]);
             f = floor_block(N);
@@ -519,7 +519,7 @@ static int bench_length(struct bench_ctx *b)
         }
     }
     if (!rc) {
-        report_sweep(b, "grow, no new page, 8 regions", pg, l1);
+        report_sweep(b, "grow, no new page, 8 regions", pgr, l1);
         char what[64];
         snprintf(what, sizeof what, "grow_batch of %d, no new page, per seq", BATCH);
         report_sweep(b, what, pb, lb);
@@ -535,7 +535,7 @@ static int bench_length(struct bench_ctx *b)
         if (c[k].kv)
             kvvm_close(c[k].kv);
     free(c);
-    free(pg);
+    free(pgr);
     free(pb);
     free(ps);
     free(l1);

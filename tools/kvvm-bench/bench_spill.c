@@ -133,8 +133,8 @@ static int spill_trial(const struct bcfg *c, int e, double *w_s, double *r_s)
     struct kvvm_testing_spill_params p = {
         .dir = c->dir, .budget = c->file_bytes, .page_size = c->io, .buf_base = c->bufs,
         .buf_bytes = c->nbuf * c->io, .queue_depth = c->qd, .io_size = c->io, .engine = e };
-    kvvm_testing_spill *sp;
-    int err = kvvm_testing_spill_open(&p, &sp), have_slots = 0;
+    kvvm_testing_spill *dk;
+    int err = kvvm_testing_spill_open(&p, &dk), have_slots = 0;
     if (err)
         return err;
     size_t n = c->file_bytes / c->io;
@@ -145,7 +145,7 @@ static int spill_trial(const struct bcfg *c, int e, double *w_s, double *r_s)
         err = -ENOMEM;
         goto out;
     }
-    err = kvvm_testing_spill_slot_alloc(sp, n, slots);
+    err = kvvm_testing_spill_slot_alloc(dk, n, slots);
     if (err)
         goto out;
     have_slots = 1;
@@ -155,12 +155,12 @@ static int spill_trial(const struct bcfg *c, int e, double *w_s, double *r_s)
                 pass ? KVVM_TESTING_SPILL_READ : KVVM_TESTING_SPILL_WRITE, slots[k],
                 c->bufs + (k % c->nbuf) * c->io, k, NULL };
         uint64_t t0 = bench_now_ns();
-        err = kvvm_testing_spill_submit(sp, reqs, n);
+        err = kvvm_testing_spill_submit(dk, reqs, n);
         if (err)
             goto out;
-        kvvm_testing_spill_wait_all(sp);
+        kvvm_testing_spill_wait_all(dk);
         double s = (double)(bench_now_ns() - t0) / 1e9;
-        size_t got = kvvm_testing_spill_reap(sp, cqes, n), bad = 0;
+        size_t got = kvvm_testing_spill_reap(dk, cqes, n), bad = 0;
         for (size_t k = 0; k < got; k++)
             bad += cqes[k].status != 0;
         if (got != n || bad) {
@@ -176,11 +176,11 @@ static int spill_trial(const struct bcfg *c, int e, double *w_s, double *r_s)
     }
 out:
     for (size_t k = 0; have_slots && k < n; k++)
-        kvvm_testing_spill_slot_free(sp, slots[k]);
+        kvvm_testing_spill_slot_free(dk, slots[k]);
     free(slots);
     free(reqs);
     free(cqes);
-    kvvm_testing_spill_close(sp);
+    kvvm_testing_spill_close(dk);
     return err;
 }
 

@@ -98,7 +98,7 @@ static void report_row(struct bench_ctx *b, const char *group, const char *op, d
 {
     int has_base = baseline != 0.0 && isfinite(baseline);
     double ratio = has_base ? value / baseline : NAN;
-    char v[32], bv[32], r[32], sp[40], slo[16], shi[16];
+    char v[32], bv[32], r[32], span[40], slo[16], shi[16];
 
     fmt_value(v, sizeof v, value);
     fmt_value(bv, sizeof bv, has_base ? baseline : NAN);
@@ -120,12 +120,12 @@ static void report_row(struct bench_ctx *b, const char *group, const char *op, d
     if (n > 0) {
         fmt_value(slo, sizeof slo, lo);
         fmt_value(shi, sizeof shi, hi);
-        snprintf(sp, sizeof sp, "%s..%s", slo, shi);
+        snprintf(span, sizeof span, "%s..%s", slo, shi);
     }
     else
-        snprintf(sp, sizeof sp, "-");
+        snprintf(span, sizeof span, "-");
     printf(ROW_FMT, group, op, v, unit, has_base && baseline_name ? baseline_name : "-", bv, r,
-           sp);
+           span);
     fflush(stdout);
 
     if (!b || !b->json)

@@ -403,7 +403,7 @@ static uint64_t pool_check(struct eng *e, struct req *q)
         if (!e->o->pool_cpu || ids[b] < 0)
             continue;
         for (uint32_t r = 0; r < e->o->n_regions; r++) {
-            const unsigned char *pg = (const unsigned char *)(uintptr_t)
+            const unsigned char *pb = (const unsigned char *)(uintptr_t)
                 (e->pool_base[r] + (uint64_t)ids[b] * e->page);
             uint32_t si = 0;
             for (uint64_t t = b * T; t < (b + 1) * T && t < q->len; t++) {
@@ -412,7 +412,7 @@ static uint64_t pool_check(struct eng *e, struct req *q)
                 while (si + 1 < q->nseg && q->segs[si + 1].start <= t)
                     si++;
                 uint64_t ew = 0, gw = 0;
-                long at = pattern_check(q->segs[si].lineage, t, r, pg + (t - b * T) * bpt,
+                long at = pattern_check(q->segs[si].lineage, t, r, pb + (t - b * T) * bpt,
                                         bpt, &ew, &gw);
                 e->r->pv_bytes += bpt;
                 if (at >= 0) {

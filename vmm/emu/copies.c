@@ -87,28 +87,28 @@ void emu_xfer_locked(struct emu_dev *d, struct emu_op *op)
         size_t chunk = min_sz(op->n - done, XFER_CHUNK), cd = 0;
         while (cd < chunk) {
             size_t pos = done + cd, want = chunk - cd, run = want, run2;
-            unsigned char *dp = NULL, *sp = NULL;
+            unsigned char *dptr = NULL, *sptr = NULL;
             const char *why = NULL;
             if (op->kind != OP_DTOH) {
-                dp = xlate_locked(d, op->dst + pos, want, NEED_W, &run, &why);
-                if (!dp) {
+                dptr = xlate_locked(d, op->dst + pos, want, NEED_W, &run, &why);
+                if (!dptr) {
                     device_fault_locked(d, op->dst + pos, why);
                     return;
                 }
             }
             if (op->kind == OP_DTOH || op->kind == OP_DTOD) {
-                sp = xlate_locked(d, op->src + pos, run, NEED_R, &run2, &why);
-                if (!sp) {
+                sptr = xlate_locked(d, op->src + pos, run, NEED_R, &run2, &why);
+                if (!sptr) {
                     device_fault_locked(d, op->src + pos, why);
                     return;
                 }
                 run = min_sz(run, run2);
             }
             switch (op->kind) {
-            case OP_HTOD: memcpy(dp, (const unsigned char *)op->hsrc + pos, run); break;
-            case OP_DTOH: memcpy((unsigned char *)op->hdst + pos, sp, run); break;
-            case OP_DTOD: memmove(dp, sp, run); break;
-            case OP_MEMSET: memset(dp, op->val, run); break;
+            case OP_HTOD: memcpy(dptr, (const unsigned char *)op->hsrc + pos, run); break;
+            case OP_DTOH: memcpy((unsigned char *)op->hdst + pos, sptr, run); break;
+            case OP_DTOD: memmove(dptr, sptr, run); break;
+            case OP_MEMSET: memset(dptr, op->val, run); break;
             default: break;
             }
             cd += run;

@@ -7,7 +7,7 @@
  * tracing, call counters), device.c (cuInit, devices, contexts, device create/destroy, the
  * table and the backend face of vmm/drv_emu.h), memory.c (granule allocator, handles),
  * maps.c (reservations, the mapping table), copies.c, streams.c, capture.c (emulated graph
- * capture), events.c, host.c (pinned host memory), errors.c (error strings).
+ * capture), events.c, host.c (pinned host memory), emu_errors.c (error strings).
  *
  * Contract of the emulated device (what it guarantees):
  *  - CUDA semantics, strictly: every entry point checks its arguments and state as the
@@ -130,7 +130,7 @@ struct emu_dev {
     uint64_t calls[E_COUNT];       /* entry point calls made with this device current */
 };
 
-/* Kinds of physical handle (share.c). */
+/* Kinds of physical handle (emu_share.c). */
 enum { EMU_H_PLAIN = 0,            /* a granule range of the device's memfd */
        EMU_H_SHAREABLE,            /* created with KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR:
                                       its own memfd (exportable); granules still taken from
@@ -344,7 +344,7 @@ int emu_handle_fd(const struct emu_handle *h, off_t *off);
 unsigned char *emu_handle_mem(struct emu_handle *h);
 int emu_handle_slot_alloc_locked(size_t *slot);
 
-/* share.c */
+/* emu_share.c */
 /* A shareable handle's own memfd, filled with EMU_POISON (written, no fault; no view):
    0; KCU_ERROR_OUT_OF_MEMORY. */
 kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd);

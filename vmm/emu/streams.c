@@ -143,8 +143,8 @@ static void *stream_main(void *arg)
        costs two switches less per op), it runs on an idle CPU at once or when the CPU is
        next given up, with whatever work has been queued by then. When it runs is the
        device's affair: work stays asynchronous, and a caller that waits runs it itself. */
-    struct sched_param sp = { 0 };
-    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+    struct sched_param prio = { 0 };
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &prio);
     pthread_mutex_lock(&emu.lock);
     for (;;) {
         while (s->head ? s->paused : !s->exiting) {

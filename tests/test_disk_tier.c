@@ -1,5 +1,5 @@
 /*
- * tests/test_disk.c: the disk tier (issue 5) at the sequence level, through the public API:
+ * tests/test_disk_tier.c: the disk tier (issue 5) at the sequence level, through the public API:
  * pages go device -> host -> disk and back with content cookies read back by kvvm_seq_read,
  * the invariant checker (kvvm_debug_check: disk slots == disk pages) after each phase.
  *
@@ -34,7 +34,7 @@ static char dir[64];
 
 static void mkdir_spill(void)
 {
-    snprintf(dir, sizeof dir, "/var/tmp/kvvm_test_disk.XXXXXX");
+    snprintf(dir, sizeof dir, "/var/tmp/kvvm_test_disk_tier.XXXXXX");
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
 }
 
@@ -193,9 +193,9 @@ static void roundtrip_single(const char *engine)
     }
     if (engine && !strcmp(engine, "io_uring")) {
         /* the pages really went through the ring: 10 + 14 + 18 pages down and back */
-        struct spill_stats ss;
-        spill_stats_get(kvvm_debug_spill(kv), &ss);
-        cr_assert(!strcmp(spill_engine_name(kvvm_debug_spill(kv)), "io_uring"));
+        struct disk_stats ss;
+        disk_stats_get(kvvm_debug_disk(kv), &ss);
+        cr_assert(!strcmp(disk_engine_name(kvvm_debug_disk(kv)), "io_uring"));
         cr_assert_geq(ss.submissions, 2 * (10 + 14 + 18), "submissions %lu",
                       (unsigned long)ss.submissions);
         cr_assert_eq(ss.writes, 42);
@@ -222,17 +222,17 @@ Test(roundtrip, io_uring)
 {
     unsetenv("KVVM_IO_ENGINE");
     mkdir_spill();
-    struct spill_params sp = { .dir = dir, .budget = 16 * KB, .page_size = KB,
-                               .engine = SPILL_ENGINE_IO_URING };
-    struct spill *probe;
-    int rc = spill_open(&sp, &probe);
+    struct disk_params dp = { .dir = dir, .budget = 16 * KB, .page_size = KB,
+                              .engine = DISK_ENGINE_IO_URING };
+    struct disk *probe;
+    int rc = disk_open(&dp, &probe);
     rmdir(dir);
     if (rc) {
         cr_log_warn("io_uring is not available here (%d): the default engine test is the "
                     "psync one", rc);
         return;
     }
-    spill_close(probe);
+    disk_close(probe);
     roundtrip_single("io_uring");
 }
 
@@ -329,9 +329,9 @@ Test(roundtrip, shared_prefix)
 Test(faults, sweep)
 {
     mkdir_spill();
-    struct { enum spill_fault_kind k; int err; const char *name; } kinds[] = {
-        { SPILL_FAULT_ERROR, -EIO, "EIO" }, { SPILL_FAULT_SHORT, 0, "short" },
-        { SPILL_FAULT_ERROR, -EAGAIN, "EAGAIN" },
+    struct { enum disk_fault_kind k; int err; const char *name; } kinds[] = {
+        { DISK_FAULT_ERROR, -EIO, "EIO" }, { DISK_FAULT_SHORT, 0, "short" },
+        { DISK_FAULT_ERROR, -EAGAIN, "EAGAIN" },
     };
     unsigned damaged = 0, write_fail = 0;
     for (size_t k = 0; k < 3; k++)
@@ -339,12 +339,12 @@ Test(faults, sweep)
             struct kvvm_config c;
             tcfg(&c, 64, 16, 64, true);
             kvvm *kv = th_open(&c);
-            struct spill *sp = kvvm_debug_spill(kv);
-            cr_assert(sp);
+            struct disk *dk = kvvm_debug_disk(kv);
+            cr_assert(dk);
             struct sh *a = sh_new(kv);
             sh_grow_fill(kv, a, 19, (uint32_t)nth);
             kvvm_step(kv);
-            cr_assert_eq(spill_fault_arm(sp, nth, kinds[k].k, kinds[k].err), 0);
+            cr_assert_eq(disk_fault_arm(dk, nth, kinds[k].k, kinds[k].err), 0);
             t_down(kv, a);
             th_check(kv, "down");
             int rc = kvvm_seq_swap_in(kv, a->h);
@@ -355,7 +355,7 @@ Test(faults, sweep)
                 write_fail += s.io_errors > 0;
             } else {
                 cr_assert_eq(rc, -EBADMSG, "%s at %lu: swap_in %d", kinds[k].name, nth, rc);
-                cr_assert_eq(kinds[k].k, SPILL_FAULT_ERROR);
+                cr_assert_eq(kinds[k].k, DISK_FAULT_ERROR);
                 cr_assert_eq(kinds[k].err, -EIO, "only a hard error loses data");
                 cr_assert(s.pages_damaged >= 1 && s.io_errors >= 1);
                 uint8_t b[BPT];
@@ -390,7 +390,7 @@ Test(faults, checksum)
     kvvm_step(kv);
     t_down(kv, b);
     /* a's pages took the first slots (clustered): flip bytes in slot 0 */
-    cr_assert_eq(spill_test_corrupt(kvvm_debug_spill(kv), (spill_slot){ 0 }, 100, 8), 0);
+    cr_assert_eq(disk_test_corrupt(kvvm_debug_disk(kv), (disk_slot){ 0 }, 100, 8), 0);
     cr_assert_eq(kvvm_seq_swap_in(kv, a->h), -EBADMSG);
     uint8_t buf[BPT];
     cr_assert_eq(kvvm_seq_read(kv, a->h, 1, 0, buf, BPT), -EBADMSG);
@@ -605,9 +605,9 @@ Test(staged, roundtrip_stream) { staged_roundtrip(true); }
 Test(staged, io_faults)
 {
     mkdir_spill();
-    struct { enum spill_fault_kind k; int err; const char *name; } kinds[] = {
-        { SPILL_FAULT_ERROR, -EIO, "EIO" }, { SPILL_FAULT_SHORT, 0, "short" },
-        { SPILL_FAULT_ERROR, -EAGAIN, "EAGAIN" },
+    struct { enum disk_fault_kind k; int err; const char *name; } kinds[] = {
+        { DISK_FAULT_ERROR, -EIO, "EIO" }, { DISK_FAULT_SHORT, 0, "short" },
+        { DISK_FAULT_ERROR, -EAGAIN, "EAGAIN" },
     };
     unsigned out_failed = 0, in_failed = 0;
     for (size_t k = 0; k < 3; k++)
@@ -615,11 +615,11 @@ Test(staged, io_faults)
             struct kvvm_config c;
             tcfg(&c, 64, ST_HOST, 64, false);
             kvvm *kv = th_open(&c);
-            struct spill *sp = kvvm_debug_spill(kv);
+            struct disk *dk = kvvm_debug_disk(kv);
             struct sh *a = sh_new(kv);
             sh_grow_fill(kv, a, ST_TOK, (uint32_t)nth);
             kvvm_step(kv);
-            cr_assert_eq(spill_fault_arm(sp, nth, kinds[k].k, kinds[k].err), 0);
+            cr_assert_eq(disk_fault_arm(dk, nth, kinds[k].k, kinds[k].err), 0);
             int rc = kvvm_seq_swap_out(kv, a->h);
             th_check(kv, "out");
             struct kvvm_seq_info in;

@@ -1,5 +1,5 @@
 /*
- * swap/frames.h: the frame pool thread (docs/design.md "Ordering and fences": create
+ * swap/frame_pool.h: the frame pool thread (docs/design.md "Ordering and fences": create
  * physical handles off the hot path) and its marks.
  *
  * Contract:
@@ -22,8 +22,8 @@
  *    frames_destroy and frames_wait_idle are called without the context lock, the others
  *    with it.
  */
-#ifndef KVVM_SWAP_FRAMES_H
-#define KVVM_SWAP_FRAMES_H
+#ifndef KVVM_SWAP_FRAME_POOL_H
+#define KVVM_SWAP_FRAME_POOL_H
 
 #include <pthread.h>
 #include <stdint.h>

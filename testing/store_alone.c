@@ -1,5 +1,5 @@
 /*
- * testing/store.c: the shared store layer (store/store.h) alone, for kvvm-bench's store
+ * testing/store_alone.c: the shared store layer (store/store.h) alone, for kvvm-bench's store
  * figures (testing/kvvm_testing.h). Items and layouts are passed through as they are: their
  * layouts are checked equal to store_item's and store_layout's below.
  */

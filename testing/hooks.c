@@ -1,5 +1,5 @@
 /*
- * testing/debug.c: the testing interface's hooks into a context (kvvm_debug_*,
+ * testing/hooks.c: the testing interface's hooks into a context (kvvm_debug_*,
  * testing/kvvm_testing.h). Each takes the context lock where a public call would; the
  * invariant check itself is core's (core/debug.h).
  */
@@ -36,9 +36,9 @@ int kvvm_debug_prefix_entry(kvvm *kv, uint64_t ns, const kvvm_key *key, uint8_t 
     return there ? 1 : 0;
 }
 
-struct spill *kvvm_debug_spill(kvvm *kv)
+struct disk *kvvm_debug_disk(kvvm *kv)
 {
-    return kv ? kv->spill : NULL;
+    return kv ? kv->disk : NULL;
 }
 
 int kvvm_debug_emu_ordinal(kvvm *kv)

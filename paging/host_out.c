@@ -1,6 +1,6 @@
 /*
- * paging/tier_out.c: sequence swap-out, the device -> host move of the host tier (contract in
- * paging.h, "host tier"; the shared steps are in tier.c).
+ * paging/host_out.c: sequence swap-out, the device -> host move of the host tier (contract in
+ * paging.h, "host tier"; the shared steps are in host_tier.c).
  *
  * A page leaves the device only when s's entry is its last mapping (page_moves_down); a page
  * still mapped by a resident sibling stays. The ordinary swap-out copies the moving pages
@@ -77,7 +77,7 @@ static int staged_out_batches(struct paging *pg, const pg_page_id *ids, const ui
             rc = tier_copy_out(pg, hs[j], vas[b + j]);
         rc = tier_copy_finish(pg, rc);  /* the slots are written to disk or given back */
         if (!rc)
-            rc = tier_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
+            rc = paging_disk_stage_io(pg, true, ids + b, ds + b, hs, m);
         lower_give(pg, PG_LOWER_HOST, hs, m);
     }
     return rc;
@@ -120,7 +120,7 @@ static int swap_out_staged(struct paging *pg, struct pg_seq *s, uint32_t need)
         goto out_free;
     }
     /* commit: nothing below fails */
-    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
+    ahead_drop(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     for (uint32_t j = 0; j < need; j++) {
         struct pg_page *p = page_at(pg, ids[j]);
         page_count(pg, p, -1);
@@ -155,7 +155,7 @@ out_free:
    lock, and moves orphans itself. */
 static int out_prepare(struct paging *pg, struct pg_seq *s, bool async, uint32_t *need)
 {
-    int rc = seq_settle(pg, s);
+    int rc = defer_settle(pg, s);
     if (!rc)
         rc = tier_wait_transfers(pg, s);
     if (!rc)
@@ -222,7 +222,7 @@ static int swap_out_direct(struct paging *pg, struct pg_seq *s, uint32_t need, b
         goto out_free;
     }
     /* commit: nothing below fails (the sync-mode completion keeps the job on failure) */
-    seq_drop_ahead(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
+    ahead_drop(pg, s, 0);             /* the sequence's map-ahead (ahead.c) */
     uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (pg_page_is_none(d->pages[i]))

@@ -1,8 +1,8 @@
 /*
- * paging/tier_disk.c: the disk tier's mechanism over its struct pg_tier_ops (an I/O tier;
+ * paging/disk_tier.c: the disk tier's mechanism over its struct pg_tier_ops (an I/O tier;
  * contract in paging.h, "disk tier"): which host pages are written out, the TO_DISK /
- * FROM_DISK transitions, damage. Its names are tier_disk_* (and paging_disk_* for the
- * layer's callers): disk_* names are disk/'s own, the disk tier's layer.
+ * FROM_DISK transitions, damage. Its names are paging_disk_* (the layer's callers' and the
+ * transfers owner's): disk_* names are disk/'s own, the disk tier's layer.
  *
  * Every page I/O holds one reference and one job on its page (so the checker and
  * page_sharers see it as a transfer) until its completion is processed here.
@@ -51,12 +51,12 @@ static void page_read_lost(struct paging *pg, struct pg_page *p, const struct pg
                "holding it are damaged (-EBADMSG)", d->page.v, d->status);
 }
 
-static void tier_disk_complete(struct paging *pg, const struct pg_tier_done *d)
+static void paging_disk_complete(struct paging *pg, const struct pg_tier_done *d)
 {
     struct pg_page *p = page_at(pg, d->page);
     page_count(pg, p, -1);
     if (p->staged == STG_BUSY) {
-        /* a staged swap's I/O: the page keeps its tier, tier_disk_stage_io reads the outcome */
+        /* a staged swap's I/O: the page keeps its tier, paging_disk_stage_io reads the outcome */
         p->staged = d->status ? STG_FAIL : STG_OK;
         if (d->status && !pg->sp.stage_rc)
             pg->sp.stage_rc = d->status;
@@ -112,7 +112,7 @@ int paging_disk_reap(struct paging *pg)
     const struct pg_tier_ops *o = &pg->xf.lower[PG_LOWER_DISK].ops;
     while ((n = o->reap(o->arg, d, 64)) > 0)
         for (size_t i = 0; i < n; i++)
-            tier_disk_complete(pg, &d[i]);
+            paging_disk_complete(pg, &d[i]);
     return 0;
 }
 
@@ -151,7 +151,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
     return 0;
 }
 
-bool paging_spill_on(struct paging *pg)
+bool paging_disk_on(struct paging *pg)
 {
     if (!lower_on(pg, PG_LOWER_DISK))
         return false;
@@ -159,7 +159,7 @@ bool paging_spill_on(struct paging *pg)
     return !pg->xf.lower[PG_LOWER_DISK].off;
 }
 
-size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
@@ -171,7 +171,7 @@ size_t paging_spill_candidates(struct paging *pg, struct pg_cand *out, size_t ma
 }
 
 /* Whether sequence ex holds page id. */
-static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
+static bool excl_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
 {
     for (uint32_t q = 0; q < pg->p.n_regions; q++)
         for (uint32_t j = 0; j < ex->n_pages; j++)
@@ -180,26 +180,26 @@ static bool seq_holds(struct paging *pg, struct pg_seq *ex, pg_page_id id)
     return false;
 }
 
-void paging_spill_keep(struct paging *pg, const uint64_t *keep, size_t n)
+void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n)
 {
     pg->sp.spill_keep = n ? keep : NULL;
     pg->sp.n_spill_keep = n;
 }
 
-/* Whether a sequence of the keep set (paging_spill_keep) other than those before index
+/* Whether a sequence of the keep set (paging_disk_keep) other than those before index
    `below` of it holds page id (below = n_spill_keep: any of them). */
 static bool kept_holds(struct paging *pg, pg_page_id id, size_t below)
 {
     for (size_t k = 0; k < below; k++) {
         struct pg_seq *ks;
-        if (!seq_lookup(pg, pg->sp.spill_keep[k], &ks) && seq_holds(pg, ks, id))
+        if (!seq_lookup(pg, pg->sp.spill_keep[k], &ks) && excl_holds(pg, ks, id))
             return true;
     }
     return false;
 }
 
-int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
-                     uint32_t *started)
+int paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
+                          uint32_t *started)
 {
     *started = 0;
     if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
@@ -224,7 +224,7 @@ int paging_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t excl,
             if (p->tier != PG_TIER_HOST)
                 continue;
             /* a page the excluded sequence or the keep set also holds stays */
-            if (p->refs > 1 && ((ex && seq_holds(pg, ex, bt[i])) ||
+            if (p->refs > 1 && ((ex && excl_holds(pg, ex, bt[i])) ||
                                 kept_holds(pg, bt[i], pg->sp.n_spill_keep)))
                 continue;
             if ((rc = spill_page(pg, bt[i])))
@@ -275,7 +275,7 @@ bool paging_held_damaged(struct paging *pg, const pg_page_id *ids, size_t n)
     return false;
 }
 
-void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
+void paging_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)        /* ids[i] none: a hole (discard.c) */
         if (!pg_page_is_none(ids[i]) && page_in_dio(page_at(pg, ids[i]))) {
@@ -284,7 +284,7 @@ void tier_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n)
         }
 }
 
-int tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
+int paging_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk)
 {
     *ndisk = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -299,13 +299,13 @@ int tier_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint
 }
 
 
-int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
+int paging_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, struct pg_seq *excl)
 {
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;
     uint32_t need;
-    tier_disk_settle(pg, ids, n);
-    int rc = tier_disk_damaged(pg, ids, n, &need);
+    paging_disk_settle(pg, ids, n);
+    int rc = paging_disk_damaged(pg, ids, n, &need);
     if (rc || !need)
         return rc;
     rc = paging_host_room(pg, need, excl ? seq_handle(pg, excl) : 0);
@@ -347,7 +347,7 @@ int tier_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, stru
     return 0;
 }
 
-int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
+int paging_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
                   const pg_slot *dslots, const pg_slot *hslots, uint32_t n)
 {
     int rc = 0;
@@ -380,13 +380,13 @@ int tier_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
     return rc;
 }
 
-uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
+uint32_t paging_disk_spillable(struct paging *pg, struct pg_seq *excl)
 {
     if (!lower_on(pg, PG_LOWER_DISK) || pg->xf.lower[PG_LOWER_DISK].off)
         return 0;
     /* Every HOST page is held by non-resident sequences and entries only (a resident
        sequence maps all its pages, and no transfer job holds a HOST page), so the spillable
-       pages are the HOST pages less those excl or the keep set holds (paging_spill_seq's
+       pages are the HOST pages less those excl or the keep set holds (paging_disk_spill_seq's
        rule; the pages only entries hold spill by paging_held_spill): O(their pages), not
        O(pool); a page two of them hold is counted once. A block table names a page at most
        once. */
@@ -404,7 +404,7 @@ uint32_t tier_disk_spillable(struct paging *pg, struct pg_seq *excl)
             for (uint32_t i = 0; i < ks->n_pages; i++) {
                 pg_page_id id = pg_bt(pg, ks, r)[i];
                 if (!pg_page_is_none(id) && page_at(pg, id)->tier == PG_TIER_HOST &&
-                    !(excl && seq_holds(pg, excl, id)) && !kept_holds(pg, id, k))
+                    !(excl && excl_holds(pg, excl, id)) && !kept_holds(pg, id, k))
                     n--;
             }
     }

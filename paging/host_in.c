@@ -1,10 +1,10 @@
 /*
- * paging/tier_in.c: sequence swap-in, the host/disk -> device move of the host tier (contract
- * in paging.h, "host tier"; the shared steps are in tier.c).
+ * paging/host_in.c: sequence swap-in, the host/disk -> device move of the host tier (contract
+ * in paging.h, "host tier"; the shared steps are in host_tier.c).
  *
  * Every page is mapped again at the same window addresses: a page still on the device in its
  * own frame, a host page in a fresh frame with a host -> device copy on the copy stream. Disk
- * pages are read back into host slots first (tier_disk_unspill). A DF_IN job completes the move
+ * pages are read back into host slots first (paging_disk_unspill). A DF_IN job completes the move
  * (host slots freed) when its fence has completed; the engine stream waits for that fence (or,
  * synchronous mode, the call waits).
  *
@@ -26,7 +26,7 @@
 #include "common/log.h"
 
 /* Whether the ordinary swap-in of s can read its disk pages into host slots at once
-   (tier_disk_unspill, spilling others' host pages for room) or must be staged: the policy
+   (paging_disk_unspill, spilling others' host pages for room) or must be staged: the policy
    chooses (tier_plan) from the room facts. Waits for disk I/O on s's pages first.
    -EBADMSG a page of s is damaged. */
 static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
@@ -34,11 +34,11 @@ static int in_plan(struct paging *pg, struct pg_seq *s, bool *staged)
     *staged = false;
     uint32_t nr = pg->p.n_regions, np = s->n_pages, nd = 0;
     for (uint32_t r = 0; r < nr; r++)
-        tier_disk_settle(pg, pg_bt(pg, s, r), np);
+        paging_disk_settle(pg, pg_bt(pg, s, r), np);
     paging_disk_reap(pg);
     for (uint32_t r = 0; r < nr; r++) {
         uint32_t k;
-        int rc = tier_disk_damaged(pg, pg_bt(pg, s, r), np, &k);
+        int rc = paging_disk_damaged(pg, pg_bt(pg, s, r), np, &k);
         if (rc)
             return rc;
         nd += k;
@@ -66,7 +66,7 @@ bool tier_stage_must_borrow(struct paging *pg, struct pg_seq *s)
     const struct pg_lower *d = &pg->xf.lower[PG_LOWER_DISK];
     if (lower_room(pg, PG_LOWER_HOST) || d->n_io)
         return false;
-    return d->off || !lower_room(pg, PG_LOWER_DISK) || !tier_disk_spillable(pg, s);
+    return d->off || !lower_room(pg, PG_LOWER_DISK) || !paging_disk_spillable(pg, s);
 }
 
 /* A host page whose slot can be borrowed (no transfer on it), or PG_PAGE_NONE. */
@@ -86,12 +86,12 @@ static int borrow_park(struct paging *pg, pg_page_id id, pg_frame_id f, bool bac
 {
     pg_slot hs = page_at(pg, id)->slot[PG_LOWER_HOST];
     int rc = 0;
-    if (!back && (rc = seq_map_frames(pg, pg->scratch_va, &f, 1)))
+    if (!back && (rc = win_map_frames(pg, pg->scratch_va, &f, 1)))
         return rc;
     rc = back ? tier_copy_out(pg, hs, pg->scratch_va) : tier_copy_in(pg, pg->scratch_va, hs);
     rc = tier_copy_finish(pg, rc);
     if (back || rc)
-        seq_unmap_must(pg, pg->scratch_va, 1);
+        win_unmap_must(pg, pg->scratch_va, 1);
     if (!rc && back)
         pg->c.bytes_to_host += pg->p.page_size;
     else if (!rc)
@@ -132,7 +132,7 @@ static int staged_in_batches(struct paging *pg, const pg_page_id *ids, const uin
                 hs[j] = page_at(pg, bw)->slot[PG_LOWER_HOST];
         else if ((rc = lower_take(pg, PG_LOWER_HOST, m, hs)))
             return rc;
-        rc = tier_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
+        rc = paging_disk_stage_io(pg, false, ids + b, ds + b, hs, m);
         for (uint32_t j = 0; j < m && !rc; j++)
             rc = tier_copy_in(pg, vas[b + j], hs[j]);
         rc = tier_copy_finish(pg, rc);  /* the slots are reused next, or the window unmapped */
@@ -298,7 +298,7 @@ static int in_room(struct paging *pg, struct pg_seq *s, uint32_t *busy)
         return pg_why_frames(pg, need);
     if (lower_on(pg, PG_LOWER_DISK))
         for (uint32_t r = 0; r < pg->p.n_regions && !rc; r++)
-            rc = tier_disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
+            rc = paging_disk_unspill(pg, pg_bt(pg, s, r), s->n_pages, s);
     return rc;
 }
 
@@ -375,7 +375,7 @@ int paging_swap_in(struct paging *pg, uint64_t h, bool async)
     if (rc)
         return rc;
     if (!s->out) {
-        rc = async ? 0 : seq_settle(pg, s);   /* a prefetch orders the engine later */
+        rc = async ? 0 : defer_settle(pg, s);   /* a prefetch orders the engine later */
         if (!rc)
             seq_use(pg, s);                     /* protected, prefetch included */
         return rc;

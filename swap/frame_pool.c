@@ -1,5 +1,5 @@
 /*
- * swap/frames.c: the frame pool thread (contract in frames.h).
+ * swap/frame_pool.c: the frame pool thread (contract in frame_pool.h).
  *
  * One round: plan under the context lock (paging_feed_plan reserves the frames to create
  * within the budget and takes the ready frames above the high mark off the pool), then the
@@ -15,7 +15,7 @@
  * makes no driver call. A round also maps the map-ahead refills grows queued (paging/ahead.c):
  * planned under the lock, mapped without it, committed under it.
  */
-#include "frames.h"
+#include "frame_pool.h"
 
 #include <errno.h>
 #include <time.h>

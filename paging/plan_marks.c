@@ -1,5 +1,5 @@
 /*
- * paging/plan.c: the page accounting of a reclaim plan (contract in paging.h, "reclaim
+ * paging/plan_marks.c: the page accounting of a reclaim plan (contract in paging.h, "reclaim
  * plans"). swap/ chooses the victims and the order; this file says, exactly and without
  * changing anything, what each move in that order would free and which slots below it
  * would take, on the pages' scratch marks (no array sized to the pool).

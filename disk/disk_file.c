@@ -1,5 +1,5 @@
 /*
- * disk/file.c: the spill file and its slots (contract in disk.h).
+ * disk/disk_file.c: the spill file and its slots (contract in disk.h).
  *
  *  - File: opened unnamed (O_TMPFILE, else create + unlink at once), O_DIRECT (buffered only
  *    when opted in), fallocated to the slot count. Slot i lives at byte i * page_size. A
@@ -33,7 +33,7 @@
 #endif
 
 /* Opens an unnamed file in dir: O_TMPFILE, else create + unlink at once. 0 or -errno. */
-static int spill_open_file(const char *dir, int direct, int no_tmpfile, int *fd_out)
+static int disk_open_file(const char *dir, int direct, int no_tmpfile, int *fd_out)
 {
     int flags = O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0);
     int fd = no_tmpfile ? -1 : open(dir, flags | O_TMPFILE, 0600);
@@ -70,7 +70,7 @@ static int spill_open_file(const char *dir, int direct, int no_tmpfile, int *fd_
     return -EEXIST;
 }
 
-static size_t spill_sysfs_lbs(unsigned maj, unsigned min)
+static size_t disk_sysfs_lbs(unsigned maj, unsigned min)
 {
     static const char *const fmts[] = { "/sys/dev/block/%u:%u/queue/logical_block_size",
                                         "/sys/dev/block/%u:%u/../queue/logical_block_size" };
@@ -91,21 +91,21 @@ static size_t spill_sysfs_lbs(unsigned maj, unsigned min)
 
 /* Direct-I/O alignment: statx(STATX_DIOALIGN), else the device's logical block size, else
    4096. */
-static void spill_dio_alignment(struct spill *sp)
+static void disk_dio_alignment(struct disk *dk)
 {
     struct statx stx;
     memset(&stx, 0, sizeof(stx));
-    if (statx(sp->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_BASIC_STATS, &stx) == 0 &&
+    if (statx(dk->fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_BASIC_STATS, &stx) == 0 &&
         (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_offset_align) {
-        sp->dio_off_align = stx.stx_dio_offset_align;
-        sp->dio_mem_align = stx.stx_dio_mem_align ? stx.stx_dio_mem_align : 1;
+        dk->dio_off_align = stx.stx_dio_offset_align;
+        dk->dio_mem_align = stx.stx_dio_mem_align ? stx.stx_dio_mem_align : 1;
         klog_debug("spill: direct-I/O alignment from statx: offset %zu, memory %zu",
-                   sp->dio_off_align, sp->dio_mem_align);
+                   dk->dio_off_align, dk->dio_mem_align);
         return;
     }
     size_t lbs = 0;
     struct stat st;
-    if (fstat(sp->fd, &st) == 0) {
+    if (fstat(dk->fd, &st) == 0) {
         char dev[64];
         snprintf(dev, sizeof(dev), "/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
         int bfd = open(dev, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -116,16 +116,16 @@ static void spill_dio_alignment(struct spill *sp)
             close(bfd);
         }
         if (!lbs)
-            lbs = spill_sysfs_lbs(major(st.st_dev), minor(st.st_dev));
+            lbs = disk_sysfs_lbs(major(st.st_dev), minor(st.st_dev));
     }
     if (!lbs)
         lbs = 4096;
-    sp->dio_off_align = lbs;
-    sp->dio_mem_align = lbs;
+    dk->dio_off_align = lbs;
+    dk->dio_mem_align = lbs;
     klog_debug("spill: statx reports no direct-I/O alignment; using %zu bytes", lbs);
 }
 
-int disk_dir_check(const struct spill_params *p)
+int disk_dir_check(const struct disk_params *p)
 {
     struct statfs sfs;
     if (statfs(p->dir, &sfs) != 0) {
@@ -134,7 +134,7 @@ int disk_dir_check(const struct spill_params *p)
         return err;
     }
     if ((sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC) &&
-        !(p->flags & SPILL_F_ALLOW_TMPFS)) {
+        !(p->flags & DISK_F_ALLOW_TMPFS)) {
         klog_error("spill: spill directory %s is RAM-backed (%s): spilling there would take "
                    "memory, not free it. Use a directory on a local disk (e.g. /var/tmp), or "
                    "opt in with the flag KVVM_F_SPILL_ALLOW_TMPFS (environment: "
@@ -156,16 +156,16 @@ int disk_dir_check(const struct spill_params *p)
     return 0;
 }
 
-/* Opens sp->fd: O_DIRECT, else (opted in) buffered. 0 or -errno (logged). */
-static int spill_file_open(struct spill *sp, const struct spill_params *p)
+/* Opens dk->fd: O_DIRECT, else (opted in) buffered. 0 or -errno (logged). */
+static int disk_file_open(struct disk *dk, const struct disk_params *p)
 {
-    sp->direct = 1;
-    int no_tmpfile = !!(p->flags & SPILL_F_TEST_NO_TMPFILE);
-    int err = spill_open_file(p->dir, 1, no_tmpfile, &sp->fd);
+    dk->direct = 1;
+    int no_tmpfile = !!(p->flags & DISK_F_TEST_NO_TMPFILE);
+    int err = disk_open_file(p->dir, 1, no_tmpfile, &dk->fd);
     if (err == -EINVAL) {
         int fd2 = -1;
-        if (spill_open_file(p->dir, 0, no_tmpfile, &fd2) == 0) {
-            if (!(p->flags & SPILL_F_BUFFERED)) {
+        if (disk_open_file(p->dir, 0, no_tmpfile, &fd2) == 0) {
+            if (!(p->flags & DISK_F_BUFFERED)) {
                 close(fd2);
                 klog_error("spill: %s refuses O_DIRECT; refusing to spill through the page "
                            "cache unless buffered mode is opted in with the flag "
@@ -175,8 +175,8 @@ static int spill_file_open(struct spill *sp, const struct spill_params *p)
             }
             klog_warn("spill: %s refuses O_DIRECT; spilling through the page cache "
                       "(buffered mode, opted in)", p->dir);
-            sp->fd = fd2;
-            sp->direct = 0;
+            dk->fd = fd2;
+            dk->direct = 0;
             err = 0;
         }
     }
@@ -185,26 +185,26 @@ static int spill_file_open(struct spill *sp, const struct spill_params *p)
     return err;
 }
 
-int disk_file_create(struct spill *sp, const struct spill_params *p)
+int disk_file_create(struct disk *dk, const struct disk_params *p)
 {
-    int err = spill_file_open(sp, p);
+    int err = disk_file_open(dk, p);
     if (err)
         return err;
-    if (sp->direct) {
-        spill_dio_alignment(sp);
+    if (dk->direct) {
+        disk_dio_alignment(dk);
     } else {
-        sp->dio_off_align = 1;
-        sp->dio_mem_align = 1;
+        dk->dio_off_align = 1;
+        dk->dio_mem_align = 1;
     }
-    if (sp->page_size % sp->dio_off_align || sp->io_size % sp->dio_off_align) {
+    if (dk->page_size % dk->dio_off_align || dk->io_size % dk->dio_off_align) {
         klog_error("spill: page_size %zu / io_size %zu not multiples of the direct-I/O "
-                   "alignment %zu of %s", sp->page_size, sp->io_size, sp->dio_off_align,
+                   "alignment %zu of %s", dk->page_size, dk->io_size, dk->dio_off_align,
                    p->dir);
         err = -EINVAL;
         goto out_close;
     }
-    off_t fbytes = (off_t)((size_t)sp->n_slots * sp->page_size);
-    if (fallocate(sp->fd, 0, 0, fbytes) != 0) {
+    off_t fbytes = (off_t)((size_t)dk->n_slots * dk->page_size);
+    if (fallocate(dk->fd, 0, 0, fbytes) != 0) {
         err = -errno;
         if (err != -EOPNOTSUPP) {
             klog_error("spill: cannot reserve %lld bytes in %s: %s", (long long)fbytes,
@@ -212,7 +212,7 @@ int disk_file_create(struct spill *sp, const struct spill_params *p)
             goto out_close;
         }
         klog_info("spill: %s cannot preallocate; the file is sparse", p->dir);
-        if (ftruncate(sp->fd, fbytes) != 0) {
+        if (ftruncate(dk->fd, fbytes) != 0) {
             err = -errno;
             goto out_close;
         }
@@ -220,128 +220,128 @@ int disk_file_create(struct spill *sp, const struct spill_params *p)
     return 0;
 
 out_close:
-    close(sp->fd);
-    sp->fd = -1;
+    close(dk->fd);
+    dk->fd = -1;
     return err;
 }
 
 /* ---- slots ---------------------------------------------------------------------------- */
 
 /* Takes slot i (free). Caller holds the lock. */
-static void slot_take_locked(struct spill *sp, uint32_t i)
+static void slot_take_locked(struct disk *dk, uint32_t i)
 {
-    KVVM_ASSERT(i < sp->n_slots && !sp->slots[i].used && !sp->slots[i].busy);
-    sp->slots[i].used = 1;
-    sp->slots[i].valid = 0;
-    KVVM_ASSERT(sp->cl_free[i / sp->cluster] > 0 && sp->n_free > 0);
-    sp->cl_free[i / sp->cluster]--;
-    sp->n_free--;
+    KVVM_ASSERT(i < dk->n_slots && !dk->slots[i].used && !dk->slots[i].busy);
+    dk->slots[i].used = 1;
+    dk->slots[i].valid = 0;
+    KVVM_ASSERT(dk->cl_free[i / dk->cluster] > 0 && dk->n_free > 0);
+    dk->cl_free[i / dk->cluster]--;
+    dk->n_free--;
 }
 
-static uint32_t cluster_end(const struct spill *sp, uint32_t c)
+static uint32_t cluster_end(const struct disk *dk, uint32_t c)
 {
-    uint64_t e = (uint64_t)(c + 1) * sp->cluster;
-    return e > sp->n_slots ? sp->n_slots : (uint32_t)e;
+    uint64_t e = (uint64_t)(c + 1) * dk->cluster;
+    return e > dk->n_slots ? dk->n_slots : (uint32_t)e;
 }
 
-static uint32_t cluster_size(const struct spill *sp, uint32_t c)
+static uint32_t cluster_size(const struct disk *dk, uint32_t c)
 {
-    return cluster_end(sp, c) - c * sp->cluster;
+    return cluster_end(dk, c) - c * dk->cluster;
 }
 
-void disk_slots_init(struct spill *sp)
+void disk_slots_init(struct disk *dk)
 {
-    for (uint32_t c = 0; c < sp->n_clusters; c++)
-        sp->cl_free[c] = cluster_size(sp, c);
-    sp->n_free = sp->n_slots;
+    for (uint32_t c = 0; c < dk->n_clusters; c++)
+        dk->cl_free[c] = cluster_size(dk, c);
+    dk->n_free = dk->n_slots;
 }
 
 /* First free slot in [from, cluster c's end), or UINT32_MAX. */
-static uint32_t cluster_scan(const struct spill *sp, uint32_t c, uint32_t from)
+static uint32_t cluster_scan(const struct disk *dk, uint32_t c, uint32_t from)
 {
-    if (sp->cl_free[c] == 0)
+    if (dk->cl_free[c] == 0)
         return UINT32_MAX;
-    uint32_t start = c * sp->cluster;
+    uint32_t start = c * dk->cluster;
     if (from < start)
         from = start;
-    for (uint32_t i = from; i < cluster_end(sp, c); i++)
-        if (!sp->slots[i].used)
+    for (uint32_t i = from; i < cluster_end(dk, c); i++)
+        if (!dk->slots[i].used)
             return i;
     return UINT32_MAX;
 }
 
 /* One slot, near hint when possible. Caller holds the lock and has checked n_free > 0. */
-static uint32_t slot_alloc_one_locked(struct spill *sp, uint32_t hint)
+static uint32_t slot_alloc_one_locked(struct disk *dk, uint32_t hint)
 {
     uint32_t i;
-    if (hint < sp->n_slots) {
-        uint32_t c = hint / sp->cluster;
-        if ((i = cluster_scan(sp, c, hint + 1)) != UINT32_MAX)
+    if (hint < dk->n_slots) {
+        uint32_t c = hint / dk->cluster;
+        if ((i = cluster_scan(dk, c, hint + 1)) != UINT32_MAX)
             return i;
         /* Continue into the next cluster only if nobody else has started it. */
-        if (c + 1 < sp->n_clusters && sp->cl_free[c + 1] == cluster_size(sp, c + 1)) {
-            sp->cur_cl = c + 1;
-            return (c + 1) * sp->cluster;
+        if (c + 1 < dk->n_clusters && dk->cl_free[c + 1] == cluster_size(dk, c + 1)) {
+            dk->cur_cl = c + 1;
+            return (c + 1) * dk->cluster;
         }
     }
-    if ((i = cluster_scan(sp, sp->cur_cl, 0)) != UINT32_MAX)
+    if ((i = cluster_scan(dk, dk->cur_cl, 0)) != UINT32_MAX)
         return i;
-    for (uint32_t k = 0; k < sp->n_clusters; k++) {
-        uint32_t c = (sp->cl_cursor + k) % sp->n_clusters;
-        if (sp->cl_free[c] == cluster_size(sp, c)) {
-            sp->cur_cl = c;
-            sp->cl_cursor = (c + 1) % sp->n_clusters;
-            return c * sp->cluster;
+    for (uint32_t k = 0; k < dk->n_clusters; k++) {
+        uint32_t c = (dk->cl_cursor + k) % dk->n_clusters;
+        if (dk->cl_free[c] == cluster_size(dk, c)) {
+            dk->cur_cl = c;
+            dk->cl_cursor = (c + 1) % dk->n_clusters;
+            return c * dk->cluster;
         }
     }
-    for (uint32_t k = 0; k < sp->n_clusters; k++) {
-        uint32_t c = (sp->cl_cursor + k) % sp->n_clusters;
-        if ((i = cluster_scan(sp, c, 0)) != UINT32_MAX) {
-            sp->cur_cl = c;
+    for (uint32_t k = 0; k < dk->n_clusters; k++) {
+        uint32_t c = (dk->cl_cursor + k) % dk->n_clusters;
+        if ((i = cluster_scan(dk, c, 0)) != UINT32_MAX) {
+            dk->cur_cl = c;
             return i;
         }
     }
     return UINT32_MAX;   /* not reached when n_free > 0 */
 }
 
-int spill_slot_alloc(struct spill *sp, size_t n, spill_slot hint, spill_slot *out)
+int disk_slot_alloc(struct disk *dk, size_t n, disk_slot hint, disk_slot *out)
 {
-    if (!sp || !out || n == 0)
+    if (!dk || !out || n == 0)
         return -EINVAL;
-    pthread_mutex_lock(&sp->lock);
-    if (n > sp->n_free) {
-        pthread_mutex_unlock(&sp->lock);
+    pthread_mutex_lock(&dk->lock);
+    if (n > dk->n_free) {
+        pthread_mutex_unlock(&dk->lock);
         return -ENOMEM;
     }
     uint32_t h = hint.idx;
     for (size_t k = 0; k < n; k++) {
-        uint32_t i = slot_alloc_one_locked(sp, h);
-        slot_take_locked(sp, i);
+        uint32_t i = slot_alloc_one_locked(dk, h);
+        slot_take_locked(dk, i);
         out[k].idx = i;
         h = i;
     }
-    pthread_mutex_unlock(&sp->lock);
+    pthread_mutex_unlock(&dk->lock);
     return 0;
 }
 
-int spill_slot_free(struct spill *sp, spill_slot s)
+int disk_slot_free(struct disk *dk, disk_slot s)
 {
-    if (!sp)
+    if (!dk)
         return -EINVAL;
-    pthread_mutex_lock(&sp->lock);
+    pthread_mutex_lock(&dk->lock);
     int err = 0;
-    if (s.idx >= sp->n_slots || !sp->slots[s.idx].used) {
+    if (s.idx >= dk->n_slots || !dk->slots[s.idx].used) {
         err = -EINVAL;
-    } else if (sp->slots[s.idx].busy) {
+    } else if (dk->slots[s.idx].busy) {
         err = -EBUSY;
     } else {
-        sp->slots[s.idx].used = 0;
-        sp->slots[s.idx].valid = 0;
-        KVVM_ASSERT(sp->cl_free[s.idx / sp->cluster] < sp->cluster && sp->n_free < sp->n_slots);
-        sp->cl_free[s.idx / sp->cluster]++;
-        sp->n_free++;
+        dk->slots[s.idx].used = 0;
+        dk->slots[s.idx].valid = 0;
+        KVVM_ASSERT(dk->cl_free[s.idx / dk->cluster] < dk->cluster && dk->n_free < dk->n_slots);
+        dk->cl_free[s.idx / dk->cluster]++;
+        dk->n_free++;
     }
-    pthread_mutex_unlock(&sp->lock);
+    pthread_mutex_unlock(&dk->lock);
     if (err == -EINVAL)
         klog_error("spill: free of slot %u that is not allocated", s.idx);
     return err;

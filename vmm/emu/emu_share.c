@@ -1,5 +1,5 @@
 /*
- * vmm/emu/share.c: shareable handles (KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR):
+ * vmm/emu/emu_share.c: shareable handles (KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR):
  * cuMemExportToShareableHandle, cuMemImportFromShareableHandle, and the lifetime of memory
  * an importer still holds.
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)

@@ -1,5 +1,5 @@
 /*
- * core/handoff.c: kvvm_seq_export, kvvm_seq_import, kvvm_handoff_drop: a sequence handed to
+ * core/handoff_calls.c: kvvm_seq_export, kvvm_seq_import, kvvm_handoff_drop: a sequence handed to
  * another client of the same kvvmd without a copy. docs/api.md "Hand-off"; the daemon's
  * side: pool/server_share.c; the pages' sharing rules: paging/handoff.c.
  *

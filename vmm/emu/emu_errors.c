@@ -1,5 +1,5 @@
 /*
- * vmm/emu/errors.c: error names and descriptions (cuGetErrorName, cuGetErrorString).
+ * vmm/emu/emu_errors.c: error names and descriptions (cuGetErrorName, cuGetErrorString).
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"

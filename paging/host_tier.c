@@ -1,7 +1,7 @@
 /*
- * paging/tier.c: the host tier's shared steps: the transfer jobs (DF_OUT / DF_IN entries
+ * paging/host_tier.c: the host tier's shared steps: the transfer jobs (DF_OUT / DF_IN entries
  * of the pending list; defer.c completes them), host slots, window mapping and copies for
- * the swap paths (tier_out.c, tier_in.c, orphan.c), and the bridge to the policy (its room
+ * the swap paths (host_out.c, host_in.c, orphan.c), and the bridge to the policy (its room
  * facts and choices). The copy stream and its ordering after the engine are step.c's (the
  * clock owns both streams); the residency queries are resident.c's.
  *
@@ -193,7 +193,7 @@ void tier_window_frames(struct paging *pg, struct pg_seq *s, const pg_frame_id *
 int tier_map_window(struct paging *pg, uint32_t slot, uint32_t np, const pg_frame_id *fr)
 {
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
-        int rc = seq_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np);
+        int rc = win_map_frames(pg, pg_va(pg, r, slot, 0), fr + (size_t)r * np, np);
         if (rc) {
             tier_unmap_window_must(pg, slot, np, fr, r);
             return rc;
@@ -206,17 +206,17 @@ void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np,
                             const pg_frame_id *fr, uint32_t nr)
 {
     while (nr-- > 0)
-        seq_unmap_frames_must(pg, pg_va(pg, nr, slot, 0), fr + (size_t)nr * np, np);
+        win_unmap_frames_must(pg, pg_va(pg, nr, slot, 0), fr + (size_t)nr * np, np);
 }
 
 int tier_unmap_window(struct paging *pg, struct pg_seq *s)
 {
     uint32_t slot = pg_slot_of(pg, s), np = s->n_pages;
-    int rc = seq_unmap_holes(pg, pg_va(pg, 0, slot, 0), pg_bt(pg, s, 0), np);
+    int rc = win_unmap_holes(pg, pg_va(pg, 0, slot, 0), pg_bt(pg, s, 0), np);
     if (rc)
         return rc;
     for (uint32_t r = 1; r < pg->p.n_regions; r++)
-        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, s, r), np);
+        win_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, s, r), np);
     return 0;
 }
 
@@ -279,7 +279,7 @@ int paging_host_room(struct paging *pg, uint32_t want, uint64_t excl)
    holds: host pages that could be spilled (0 when the disk tier takes none). */
 static uint64_t lower_movable(struct paging *pg, unsigned t, struct pg_seq *excl)
 {
-    return t == PG_LOWER_HOST ? tier_disk_spillable(pg, excl) : 0;
+    return t == PG_LOWER_HOST ? paging_disk_spillable(pg, excl) : 0;
 }
 
 void tier_room(struct paging *pg, struct pg_seq *s, uint32_t need, struct pg_room *r)

@@ -1,5 +1,5 @@
 /*
- * paging/share.c: the calls that make sequences share pages or shorten them: truncate, fork
+ * paging/seq_share.c: the calls that make sequences share pages or shorten them: truncate, fork
  * (every page shared, copy on write later), share (a prefix: whole pages shared, the partial
  * last page copied). Same shape as seq.c: validate, count and take frames, map, commit the
  * block tables last, undo on failure; holes (discard.c) stay holes.
@@ -37,13 +37,13 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
         s->n_pages = np;
         s->length = length;
         s->stale_tail |= tail;
-        seq_clamp_kept(pg, s);
+        discard_clamp_kept(pg, s);
         return 0;
     }
-    rc = seq_settle(pg, s);
+    rc = defer_settle(pg, s);
     if (rc)
         return rc;
-    seq_drop_ahead(pg, s, 0);
+    ahead_drop(pg, s, 0);
     rc = defer_release(pg, s, np, s->n_pages);
     if (rc)
         return rc;
@@ -52,7 +52,7 @@ int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length)
     s->n_pages = np;
     s->length = length;
     s->stale_tail |= tail;
-    seq_clamp_kept(pg, s);
+    discard_clamp_kept(pg, s);
     return 0;
 }
 
@@ -91,7 +91,7 @@ static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     uint32_t slot = pg_slot_of(pg, dst), r;
     int rc = 0;
     for (r = 0; r < pg->p.n_regions; r++) {
-        rc = seq_map_pages(pg, slot, r, 0, pg_bt(pg, src, r), n);
+        rc = win_map_pages(pg, slot, r, 0, pg_bt(pg, src, r), n);
         if (rc)
             goto out_unmap;
     }
@@ -99,7 +99,7 @@ static int map_shared(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
     return 0;
 out_unmap:
     while (r-- > 0)
-        seq_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, src, r), n);
+        win_unmap_holes_must(pg, pg_va(pg, r, slot, 0), pg_bt(pg, src, r), n);
     return rc;
 }
 
@@ -111,7 +111,7 @@ int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child)
         return rc;
     if (p->dropped)
         return -ESTALE;
-    if (!p->out && (rc = seq_settle(pg, p)))
+    if (!p->out && (rc = defer_settle(pg, p)))
         return rc;
     rc = seq_slot_take(pg, &c);
     if (rc)
@@ -159,7 +159,7 @@ static int share_partial(struct paging *pg, struct pg_seq *dst, struct pg_seq *s
         uint64_t va = pg_va(pg, r, ds, idx);
         if (pg_frame_is_none(frames[r]))
             continue;                   /* src's page is a hole (discarded): dst's too */
-        rc = seq_map_frames(pg, va, &frames[r], 1);
+        rc = win_map_frames(pg, va, &frames[r], 1);
         if (rc)
             goto out_unmap;
         pg_wrote(pg, va, pg->p.page_size);   /* (window.h: watched frames) */
@@ -186,7 +186,7 @@ out_unmap:
     (void)pg_wait_engine(pg);
     while (r-- > 0)
         if (!pg_frame_is_none(frames[r]))
-            seq_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
+            win_unmap_must(pg, pg_va(pg, r, ds, idx), 1);
     return rc;
 }
 
@@ -207,7 +207,7 @@ static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot
         /* on the device (mapped by a resident sharer, or an orphan): through the scratch */
         rc = pg_wait_engine(pg);
         if (!rc)
-            rc = seq_map_frames(pg, pg->scratch_va, &p->frame, 1);
+            rc = win_map_frames(pg, pg->scratch_va, &p->frame, 1);
         if (rc)
             goto out_slot;
         /* on the engine stream (after its work), waiting for that stream only; the legacy
@@ -216,7 +216,7 @@ static int share_host_copy(struct paging *pg, pg_page_id id, size_t rem, pg_slot
         int src = pg_finish_copy(pg);
         if (src && !rc)
             (void)pg_wait_engine(pg);   /* the copy may still be queued: never unmap under it */
-        seq_unmap_must(pg, pg->scratch_va, 1);
+        win_unmap_must(pg, pg->scratch_va, 1);
         if (rc || (rc = src))
             goto out_slot;
     }
@@ -238,8 +238,8 @@ static int share_out_check(struct paging *pg, struct pg_seq *src, const pg_page_
     uint32_t nd = 0;
     if (!lower_on(pg, PG_LOWER_DISK))
         return 0;                       /* nothing spills: host_room moves nothing */
-    tier_disk_settle(pg, ids, nk);
-    int rc = tier_disk_damaged(pg, ids, nk, &nd);
+    paging_disk_settle(pg, ids, nk);
+    int rc = paging_disk_damaged(pg, ids, nk, &nd);
     if (rc || paging_host_free(pg) >= (uint64_t)nd + nk)
         return rc;
     struct pg_room r;
@@ -278,7 +278,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
         nk = partial_pages(pg, src, whole, ids);
         rc = share_out_check(pg, src, ids, nk);
         if (!rc)
-            rc = tier_disk_unspill(pg, ids, nk, src);
+            rc = paging_disk_unspill(pg, ids, nk, src);
     }
     if (!rc && nk && lower_on(pg, PG_LOWER_DISK) && paging_host_free(pg) < nk)
         rc = paging_host_room(pg, nk, seq_handle(pg, src));   /* src's pages stay */
@@ -290,7 +290,7 @@ static int share_out(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
             (rc = share_host_copy(pg, pg_bt(pg, src, r)[whole], rem, &slots[r])))
             goto out_slots;
     }
-    seq_drop_ahead(pg, dst, 0);
+    ahead_drop(pg, dst, 0);
     bt_share(pg, dst, src, whole, true);
     for (r = 0; rem && r < nr; r++) {
         pg_page_id *db = pg_bt(pg, dst, r);
@@ -374,7 +374,7 @@ int paging_need_share(struct paging *pg, uint64_t dh, uint64_t sh, uint64_t n_to
 static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *src,
                           uint64_t n_tokens)
 {
-    int rc = seq_settle(pg, src);
+    int rc = defer_settle(pg, src);
     if (rc)
         return rc;
     uint64_t bytes = n_tokens * pg->p.bytes_per_token;
@@ -391,7 +391,7 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
         rc = pool_reserve_check(pg, nk);
     if (rc)
         return rc;
-    seq_drop_ahead(pg, dst, 0);
+    ahead_drop(pg, dst, 0);
     uint32_t mark = pg->fr.n_created;
     if (nk && (rc = pool_take(pg, nk, got)))
         goto out_rollback;
@@ -414,7 +414,7 @@ static int share_resident(struct paging *pg, struct pg_seq *dst, struct pg_seq *
     return 0;
 out_shared:
     for (uint32_t r = 0; r < nr; r++)
-        seq_unmap_holes_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), pg_bt(pg, dst, r),
+        win_unmap_holes_must(pg, pg_va(pg, r, pg_slot_of(pg, dst), 0), pg_bt(pg, dst, r),
                              whole);
     for (struct pg_bt_iter it = bt_range(pg, dst, 0, nr, 0, whole); bt_next(&it);) {
         page_put(pg, it.id);

@@ -1,5 +1,5 @@
 /*
- * core/view.c: the public calls of the pool view (include/kvvm.h "Two views of one pool"):
+ * core/view_calls.c: the public calls of the pool view (include/kvvm.h "Two views of one pool"):
  * kvvm_pool_base, kvvm_pool_blocks, kvvm_seq_block_table, kvvm_batch_block_table.
  *
  * The mechanism is paging/view.c; these calls check their arguments, explain refusals and
@@ -44,7 +44,7 @@ int kvvm_pool_blocks(kvvm *kv, uint32_t *n_ids)
     return paging_pool_blocks(kv->pg, n_ids);           /* immutable after open */
 }
 
-static int seq_table_locked(kvvm *kv, kvvm_seq s, uint32_t first, uint32_t n, int32_t *ids)
+static int table_locked(kvvm *kv, kvvm_seq s, uint32_t first, uint32_t n, int32_t *ids)
 {
     int rc = paging_seq_block_table(kv->pg, s, first, n, ids);
     if (rc == -EINVAL)
@@ -64,7 +64,7 @@ int kvvm_seq_block_table(kvvm *kv, kvvm_seq s, uint32_t first, uint32_t n, int32
         NONNULL(ids);
     if (!(kv->cfg.flags & KVVM_F_POOL_VIEW))
         return no_view(__func__);
-    CALL(kv, seq_table_locked(kv, s, first, n, ids));
+    CALL(kv, table_locked(kv, s, first, n, ids));
 }
 
 static int batch_table_locked(kvvm *kv, const kvvm_seq *seqs, size_t n, int32_t *indptr,

@@ -1,5 +1,5 @@
 /*
- * core/prefix.c: the public calls of blocks and of the prefix cache keyed by content
+ * core/prefix_calls.c: the public calls of blocks and of the prefix cache keyed by content
  * (include/kvvm.h; the index is prefix/, its contract in prefix/prefix.h). attach follows
  * the calls that may move other sequences (core.h "Pressure"): check, let dst adopt the
  * entries' pages (a non-resident sequence holding them), count the frames bringing it in

@@ -1,5 +1,5 @@
 /*
- * core/pool.c: the context as a client of the pool daemon kvvmd (cfg.pool_socket): the
+ * core/pool_client.c: the context as a client of the pool daemon kvvmd (cfg.pool_socket): the
  * connection at open (pool/client.h), paging's frame source over it, kvvm_pool_info, the
  * pool's stats and its part of a -ENOMEM message. docs/api.md "The pool".
  */

@@ -1,5 +1,5 @@
 /*
- * testing/vmm.c: the vmm layer and the bare driver calls under it, for kvvm-bench's
+ * testing/vmm_alone.c: the vmm layer and the bare driver calls under it, for kvvm-bench's
  * foundation figures (testing/kvvm_testing.h). Each function is one call of the layer below,
  * its arguments converted to the layer's types (checked equal in size below).
  */
