@@ -179,6 +179,10 @@ uint32_t core_pool_over_limit(kvvm *kv);
    pool; -errno: no thread). Before close tears anything down: stops it (no lock held). */
 int  core_pool_listen(kvvm *kv);
 void core_pool_unlisten(kvvm *kv);
+/* Returns once the pending shares of the calls before it (stream mode publishes and
+   exports) are visible to other clients, or dropped (pool/client.h "Pending shares"). No
+   lock held: kvvm_sync, before its own synchronization. */
+void core_pool_settle(kvvm *kv);
 /* After paging released its frames: the stash back, the connection closed. */
 void core_pool_close(kvvm *kv);
 /* The pool's stats (zeros without a pool). */

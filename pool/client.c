@@ -272,6 +272,7 @@ int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
     c->fig.limit_bytes = w->limit ? w->limit : w->pool_bytes;
     c->fig.reserve_bytes = p->reserve;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->rd_cv, NULL);
     *out = c;
     return 0;
 }
@@ -646,6 +647,7 @@ void pool_cli_close(struct pool_cli *c)
     if (!c)
         return;
     pool_cli_unlisten(c);
+    pool_cli_ready_stop(c);                 /* every READY queued sent first */
     pthread_mutex_lock(&c->mu);
     (void)stash_return_locked(c);
     if (c->n)
@@ -658,6 +660,7 @@ void pool_cli_close(struct pool_cli *c)
         close(c->fd);                       /* the daemon takes back anything else */
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->rd_cv);
     free(c->key);
     free(c->val);
     free(c);
@@ -666,8 +669,8 @@ void pool_cli_close(struct pool_cli *c)
 /* ---- hand-offs --------------------------------------------------------------------------- */
 
 int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
-                    const struct pool_layout *lay, uint64_t length, uint8_t *token,
-                    char *why, size_t wl)
+                    const struct pool_layout *lay, uint64_t length, uint64_t serial,
+                    uint8_t *token, char *why, size_t wl)
 {
     if (!n || n > POOL_HANDOFF_MAX) {
         snprintf(why, wl, "%u frames (1 .. %u in one hand-off)", n, POOL_HANDOFF_MAX);
@@ -675,7 +678,7 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
     }
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    struct pool_export m = { .total = n, .length = length, .lay = *lay };
+    struct pool_export m = { .total = n, .length = length, .serial = serial, .lay = *lay };
     pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
     /* every id first: a frame from a daemon that is gone cannot be handed off */
     for (uint32_t i = 0; i < n && !rc; i++) {

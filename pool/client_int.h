@@ -44,6 +44,21 @@ struct pool_cli {
     int evfd;                       /* wakes it: stop, or the socket changed */
     bool stop, thr_on;
     pthread_t thr;
+    /* the ready thread (client_ready.c): waits for each pending share's fence, in the
+       order queued, without mu, then sends its READY under mu. rd_next: the last serial
+       handed out; rd_queued: the last queued; rd_done: the last whose READY was answered
+       (or given up: the daemon gone). rd_cv signals the queue and rd_done. */
+    struct pool_cli_rd_job *rd_jobs;
+    size_t rd_n, rd_cap;
+    uint64_t rd_next, rd_queued, rd_done;
+    pthread_cond_t rd_cv;
+    bool rd_stop, rd_on;
+    pthread_t rd_thr;
+};
+
+struct pool_cli_rd_job {
+    uint64_t serial;
+    vmm_fence f;
 };
 
 /* A frame held from a daemon that is gone: never returned to its successor. */

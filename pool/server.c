@@ -844,6 +844,7 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_PREFIX_LOOKUP: return srv_on_prefix_keys(s, c, buf, false);
     case POOL_MSG_PREFIX_ATTACH: return srv_on_prefix_keys(s, c, buf, true);
     case POOL_MSG_PREFIX_DROP: return srv_on_prefix_drop(s, c, buf);
+    case POOL_MSG_READY:   return srv_on_ready(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }
