@@ -326,3 +326,106 @@ Test(regress, pending_shares_of_a_killed_sharer_are_never_seen)
                  "names the check)");
     pd_stop(&d);
 }
+
+/* ---- the daemon's side, on the raw protocol ---------------------------------------------- */
+
+static void raw_pub(int fd, uint8_t key, uint64_t id, uint64_t serial)
+{
+    struct pool_prefix_publish m = { .lay = raw_lay, .ns = 3, .total = 1, .n = 1, .last = 1,
+                                     .serial = serial, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_PREFIX_PUBLISH);
+    m.key[0] = key;
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_RESULT);
+    cr_assert_eq(((const struct pool_result *)buf)->err, 1, "one new entry");
+}
+
+/* READY of serial; returns the daemon's count of the shares it named. */
+static int32_t raw_ready(int fd, uint64_t serial, bool ok)
+{
+    struct pool_ready m = { .serial = serial, .ok = ok };
+    pool_proto_hdr(&m.h, POOL_MSG_READY);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_RESULT);
+    return ((const struct pool_result *)buf)->err;
+}
+
+static uint32_t raw_found(int fd, uint8_t key, unsigned type)
+{
+    struct pool_prefix_keys m = { .lay = raw_lay, .ns = 3, .n = 1 };
+    pool_proto_hdr(&m.h, type);
+    m.keys[0][0] = key;
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_PREFIX_FOUND);
+    uint32_t found = ((const struct pool_prefix_found *)buf)->found;
+    for (uint32_t i = 0; type == POOL_MSG_PREFIX_ATTACH && i < found; i++) {
+        int fds[POOL_BATCH_MAX], nf = 0;
+        cr_assert_eq(pc_recv(fd, buf, fds, &nf), POOL_MSG_FRAMES);
+        for (int k = 0; k < nf; k++)
+            close(fds[k]);
+    }
+    return found;
+}
+
+static int32_t raw_import(int fd, const uint8_t *token)
+{
+    struct pool_import m = { .lay = raw_lay };
+    pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
+    memcpy(m.token, token, POOL_TOKEN_BYTES);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    return ((const struct pool_imported *)buf)->err;
+}
+
+/* A pending entry is a miss for lookups and attaches until READY names its serial; READY
+   ok 0 drops it; an export sent pending is -EAGAIN to an import (nothing spent); a
+   publisher that goes before READY takes its pending entry and export along. */
+Test(pending, raw_pending_shares_are_invisible_until_ready)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    int a = pc_client(d.path, "publisher"), b = pc_client(d.path, "looker");
+    uint64_t ids[4];
+    int fds[4];
+    cr_assert_eq(pc_lease(a, 4, ids, fds, NULL), 4u);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    raw_pub(a, 'a', ids[0], 5);
+    cr_expect_eq(raw_found(b, 'a', POOL_MSG_PREFIX_LOOKUP), 0u, "pending: a lookup misses");
+    cr_expect_eq(raw_found(b, 'a', POOL_MSG_PREFIX_ATTACH), 0u, "pending: an attach misses");
+    cr_expect_eq(raw_ready(a, 4, true), 0, "another serial names nothing");
+    cr_expect_eq(raw_found(b, 'a', POOL_MSG_PREFIX_LOOKUP), 0u);
+    cr_expect_eq(raw_ready(a, 5, true), 1);
+    cr_expect_eq(raw_found(b, 'a', POOL_MSG_PREFIX_LOOKUP), 1u, "READY: found");
+    raw_pub(a, 'b', ids[1], 6);
+    cr_expect_eq(raw_ready(a, 6, false), 1);
+    cr_expect_eq(raw_found(b, 'b', POOL_MSG_PREFIX_LOOKUP), 0u, "READY ok 0: dropped");
+    cr_expect_eq(pc_info(b).shared_entries, 1u);
+    raw_pub(a, 'c', ids[2], 7);                     /* pending when its publisher goes */
+    struct pool_export m = { .total = 1, .n = 1, .length = 16, .serial = 8, .lay = raw_lay,
+                             .ids = { ids[3] } };
+    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
+    cr_assert_eq(pool_proto_send(a, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_EXPORTED);
+    struct pool_exported x;
+    memcpy(&x, buf, sizeof x);
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    cr_expect_eq(raw_import(b, x.token), -EAGAIN, "pending: the import waits for READY");
+    cr_expect_eq(raw_import(b, x.token), -EAGAIN, "and spent nothing");
+    close(a);
+    while (pc_info(b).n_clients != 1)               /* a's death handled (each a round trip) */
+        sched_yield();
+    cr_expect_eq(raw_found(b, 'c', POOL_MSG_PREFIX_LOOKUP), 0u, "its pending entry went");
+    cr_expect_eq(raw_import(b, x.token), -ENOENT, "its pending export went");
+    struct pool_figures f = pc_info(b);
+    cr_expect_eq(f.shared_entries, 1u, "the READY entry stays");
+    cr_expect_eq(f.free_bytes, f.pool_bytes - PD_GRAN, "only its frame is held");
+    close(b);
+    pd_stop(&d);
+}
