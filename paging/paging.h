@@ -821,7 +821,8 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
    mode, the frames calls waited for it (a device synchronization, as before); stream mode
    they did not (the engine's thread never waits for the engine stream here), but ordered
    the engine stream after s's prefetch, and paging_share_fence then records the fence
-   whose completion makes the bytes complete (docs/design.md "Ordering across processes").
+   whose completion makes the bytes complete (docs/design.md "Sharing frames between
+   clients", ordering).
    paging_share_fence: 1 and *f (the caller's to wait for and destroy) in stream mode; 0 in
    sync mode (nothing to wait for); -ENOMEM, -EIO (no fence). */
 int  paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,

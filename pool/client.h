@@ -139,9 +139,9 @@ int  pool_cli_prefix_attach(struct pool_cli *c, const struct pool_layout *lay, u
    dropped (>= 0); -EIO gone. */
 int  pool_cli_prefix_drop(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
                           const uint8_t *keys, size_t n);
-/* Pending shares (protocol.h "PENDING and READY"; docs/design.md "Ordering across
-   processes"). The engine's thread sends a share at its call under a serial of
-   pool_cli_ready_serial, then hands its fence (recorded on the engine stream after the
+/* Pending shares (protocol.h "PENDING and READY"; docs/design.md "Sharing frames
+   between clients", ordering). The engine's thread sends a share at its call under a
+   serial of pool_cli_ready_serial, then hands its fence (recorded on the engine stream after the
    share's device work) to pool_cli_ready_after: the connection's ready thread waits for the
    fence, without any lock of this connection or the context, and then sends READY (ok:
    visible; the wait failed: dropped, logged) under the connection's mutex, as a request

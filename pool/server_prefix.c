@@ -14,7 +14,9 @@
  * previous key): reclaim, oldest first, takes leaves before the entries they extend. An
  * entry outlives its publisher (its exit gives back its lease of each frame; the entry
  * keeps the frame live) and goes by DROP, by reclaim when no client maps any of its
- * frames, or with the daemon.
+ * frames, or with the daemon. An entry published with a serial is pending (server_share.c,
+ * protocol.h "PENDING and READY"): a miss for LOOKUP and ATTACH until its READY, and it
+ * goes with its publisher if that goes first.
  */
 #include "server_int.h"
 

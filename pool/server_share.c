@@ -14,6 +14,12 @@
  * importable again). An importer that dies while it claims a record gives it back the
  * same way. A record does not depend on its exporter: the exporter's exit gives back its
  * lease of each frame, the record keeps the frame live.
+ *
+ * Pending records (protocol.h "PENDING and READY"): an export or a prefix entry sent with
+ * a serial joins its publisher's pending list; an IMPORT of a pending export is -EAGAIN
+ * (nothing claimed), a pending entry is a miss. READY of the serial makes them visible (ok)
+ * or drops them; the publisher going first drops them all. Every drop of a record unlinks
+ * it from that list first (srv_pend_unlink).
  */
 #include "server_int.h"
 
