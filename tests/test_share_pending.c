@@ -425,7 +425,7 @@ Test(pending, raw_pending_shares_are_invisible_until_ready)
     cr_expect_eq(raw_import(b, x.token), -ENOENT, "its pending export went");
     struct pool_figures f = pc_info(b);
     cr_expect_eq(f.shared_entries, 1u, "the READY entry stays");
-    cr_expect_eq(f.free_bytes, f.pool_bytes - PD_GRAN, "only its frame is held");
+    cr_expect_eq(f.free_bytes, f.pool_bytes - (uint64_t)PD_GRAN, "only its frame is held");
     close(b);
     pd_stop(&d);
 }
