@@ -152,7 +152,8 @@ void pool_cli_gone_locked(struct pool_cli *c, const char *why)
 int pool_cli_recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
                              int max_fds, int *nfds)
 {
-    uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS + (c->waiting ? c->wait_ms : 0)) *
+    uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS +
+                                         (c->waiting || c->imp_waiting ? c->wait_ms : 0)) *
                                   1000000u;
     for (;;) {
         uint64_t now = now_ns();
@@ -795,7 +796,11 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
         pthread_mutex_unlock(&c->mu);
         return -EIO;
     }
-    struct pool_import m = { .lay = *lay };
+    /* a pending export: the daemon answers once it is READY, within wait_ms; not while
+       this client's own READYs are queued (they need this mutex: its own export would wait
+       for nothing but the deadline) */
+    struct pool_import m = { .lay = *lay,
+                             .wait_ms = c->rd_done < c->rd_queued ? 0 : c->wait_ms };
     pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
@@ -803,8 +808,11 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         pool_cli_gone_locked(c, "its socket refused a request");
         rc = -EIO;
-    } else if (pool_cli_recv_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds)) {
-        rc = -EIO;
+    } else {
+        c->imp_waiting = m.wait_ms > 0;
+        if (pool_cli_recv_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds))
+            rc = -EIO;
+        c->imp_waiting = false;
     }
     if (rc) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);

@@ -105,8 +105,11 @@ int  pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
                      uint8_t *token, char *why, size_t wl);
 /* Imports the frames of token for a client of layout lay: *out (n_out handles, the
    caller's array to free, region-major, each imported and remembered as mapped) and the
-   length. The import is pending until pool_cli_import_end. -ENOENT unknown or spent,
-   -EINVAL another layout (nothing spent), -EIO gone, -ENOMEM (nothing spent). */
+   length. The import is pending until pool_cli_import_end. An export still pending (its
+   exporter's READY not come) is waited for up to wait_ms (not while this client's own
+   READYs are queued), then -EAGAIN (nothing spent). -ENOENT unknown or spent (or dropped
+   while pending), -EINVAL another layout (nothing spent), -EIO gone, -ENOMEM (nothing
+   spent). */
 int  pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_layout *lay,
                      vmm_handle **out, uint32_t *n_out, uint64_t *length, char *why,
                      size_t wl);

@@ -34,6 +34,8 @@ struct pool_cli {
     uint32_t wait_ms;               /* a call's lease waits this long for a take-back */
     int last_err;                   /* the last lease that got nothing: its FRAMES err */
     bool waiting;                   /* a lease with wait_ms is in flight */
+    bool imp_waiting;               /* an import that may wait wait_ms for a pending export
+                                       is in flight (its reply may take that much longer) */
     /* the daemon's asks (RECLAIM), kept for the connection thread: the latest seq and the
        frames asked since the last run took them */
     uint32_t ask_seq, ask_n;

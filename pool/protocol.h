@@ -235,6 +235,10 @@ struct pool_import {
     struct pool_hdr h;
     struct pool_layout lay;
     uint8_t token[POOL_TOKEN_BYTES];
+    uint32_t wait_ms;       /* a PENDING export: the answer waits this long for its READY
+                               (0: -EAGAIN at once); then -EAGAIN, or -ENOENT if it was
+                               dropped meanwhile */
+    uint32_t pad;
 };
 
 struct pool_imported {
@@ -302,7 +306,8 @@ enum { POOL_DROP_KEYS = 0, POOL_DROP_NS = 1, POOL_DROP_ALL = 2 };
 
 /* PENDING and READY: a publisher sends its shares (an export, a publish's entries) at the
    call, before the device work that wrote their bytes is known complete, under a serial of
-   its own (> 0, increasing); the daemon holds their frames but shows them to no one. Once
+   its own (> 0, increasing); the daemon holds their frames but shows them to no one (an
+   IMPORT of a pending export waits for its READY up to the import's wait_ms). Once
    that work completed (an event the publisher's library waits for off the engine's thread)
    READY ok 1 makes them visible; ok 0 (the wait failed) drops them. A client that goes
    before READY takes its pending shares with it: their bytes were never known complete. */

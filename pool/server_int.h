@@ -90,6 +90,11 @@ struct srv_client {
     uint8_t pub_prev[POOL_KEY_BYTES];   /* the call's previous entry's key (its parent) */
     bool pub_has_prev;
     struct srv_rec *pending;    /* its records not READY yet (pnext), newest first */
+    /* an IMPORT of a pending export waiting for its READY (server_share.c): the request,
+       answered at the READY, the export's drop, or imp_deadline (CLOCK_MONOTONIC ns) */
+    bool imp_wait;
+    uint64_t imp_deadline;
+    struct pool_import imp_msg;
 };
 
 struct pool_srv {
@@ -161,6 +166,9 @@ void srv_pend_add(struct srv_client *c, struct srv_rec *r);
 void srv_pend_unlink(struct pool_srv *s, struct srv_rec *r);
 /* READY: c's records of serial become visible (ok) or are dropped. */
 int  srv_on_ready(struct pool_srv *s, struct srv_client *c, const struct pool_ready *m);
+/* The imports waiting for a pending export past their deadline are answered -EAGAIN (now:
+   CLOCK_MONOTONIC ns); the nearest deadline of those still waiting (UINT64_MAX: none). */
+uint64_t srv_share_deadlines(struct pool_srv *s, uint64_t now);
 
 /* server_reserve.c: the reserve. Fresh frames created and exported ahead and the release
    of dead frames, made by the loop when no event waits; the device never holds more frames

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/assert.h"
@@ -102,13 +103,60 @@ static void rec_free(struct pool_srv *s, struct srv_rec *r, bool holds)
     free(r);
 }
 
+static void waiters_wake(struct pool_srv *s, const uint8_t *token, bool gone);
+
 /* Record k leaves the table (and a pending list; its holds dropped). */
 static void rec_drop(struct pool_srv *s, size_t k)
 {
     struct srv_rec *r = s->recs[k];
+    if (r->pend)
+        waiters_wake(s, r->token, true);    /* never ready: the imports waiting for it */
     srv_pend_unlink(s, r);
     s->recs[k] = s->recs[--s->nrecs];
     rec_free(s, r, true);
+}
+
+static int imported(struct srv_client *c, int err, uint32_t total, uint64_t length,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* The imports waiting for pending export token: its READY came (gone false: each is
+   served as a new IMPORT; the first claims it, the others find it claimed) or it was
+   dropped (-ENOENT). A reply that cannot be sent is left to the client's reply timeout. */
+static void waiters_wake(struct pool_srv *s, const uint8_t *token, bool gone)
+{
+    for (size_t i = 0; i < s->nclients; i++) {
+        struct srv_client *c = s->clients[i];
+        if (!c || !c->imp_wait || memcmp(c->imp_msg.token, token, POOL_TOKEN_BYTES) != 0)
+            continue;
+        c->imp_wait = false;
+        int rc = gone ? imported(c, -ENOENT, 0, 0, "the export was dropped before it was "
+                                 "ready (its exporter went, or its device work failed)")
+                      : srv_on_import(s, c, &c->imp_msg);
+        if (rc)
+            srv_say("client %s (pid %d): the answer to its waiting import was not sent (%s)",
+                c->name, (int)c->pid, strerror(-rc));
+    }
+}
+
+uint64_t srv_share_deadlines(struct pool_srv *s, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+    for (size_t i = 0; i < s->nclients; i++) {
+        struct srv_client *c = s->clients[i];
+        if (!c || !c->imp_wait)
+            continue;
+        if (c->imp_deadline > now) {
+            next = c->imp_deadline < next ? c->imp_deadline : next;
+            continue;
+        }
+        c->imp_wait = false;
+        if (imported(c, -EAGAIN, 0, 0, "the export is still pending after %u ms: the device "
+                     "work its exporter queued before kvvm_seq_export has not completed (the "
+                     "exporter's kvvm_sync returns once it is importable)", c->imp_msg.wait_ms))
+            srv_say("client %s (pid %d): the answer to its waiting import was not sent",
+                c->name, (int)c->pid);
+    }
+    return next;
 }
 
 /* Pending record r is dropped (its READY failed, or its publisher went). */
@@ -160,10 +208,13 @@ int srv_on_ready(struct pool_srv *s, struct srv_client *c, const struct pool_rea
         if (r->pend != m->serial)
             continue;
         n++;
-        if (m->ok)
-            srv_pend_unlink(s, r);          /* visible from now */
-        else
+        if (!m->ok) {
             pend_drop(s, r);
+            continue;
+        }
+        srv_pend_unlink(s, r);              /* visible from now */
+        if (r->kind == SRV_REC_EXPORT)
+            waiters_wake(s, r->token, false);
     }
     if (!m->ok && n)
         srv_say("client %s (pid %d): the device work before %u shared record%s did not "
@@ -416,6 +467,15 @@ int srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_im
         return imported(c, -ENOENT, 0, 0, "no export has this token (never made, already "
                         "imported, dropped, or dropped by the daemon under pressure)");
     struct srv_rec *r = s->recs[k];
+    if (r->pend && m->wait_ms) {                /* answered at its READY or the deadline */
+        c->imp_msg = *m;
+        c->imp_wait = true;
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        c->imp_deadline = (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec +
+                          (uint64_t)m->wait_ms * 1000000u;
+        return 0;
+    }
     if (r->pend)
         return imported(c, -EAGAIN, 0, 0, "the export is pending: the device work its "
                         "exporter queued before kvvm_seq_export has not completed yet (the "

@@ -201,11 +201,14 @@ static int attacher(const char *path, unsigned expect, unsigned char pat)
     return 0;
 }
 
-/* want: kvvm_seq_import's result; 0: every byte is pat, and a second import -ENOENT. */
-static int importer(const char *path, const kvvm_handoff *t, int want, unsigned char pat)
+/* want: kvvm_seq_import's result; 0: every byte is pat, and a second import -ENOENT.
+   wait_ms: its pool_timeout_ms, how long the import waits for a pending export. */
+static int importer(const char *path, const kvvm_handoff *t, int want, unsigned char pat,
+                    uint32_t wait_ms)
 {
     struct kvvm_config c;
     cfg(&c, path, "importer", BPT);
+    c.pool_timeout_ms = wait_ms;
     kvvm *kv = NULL;
     if (kvvm_open(&c, &kv))
         return 40;
@@ -230,13 +233,19 @@ static int run_attacher(const char *path, unsigned expect, unsigned char pat)
     return pd_wait(pid);
 }
 
-static int run_importer(const char *path, const kvvm_handoff *t, int want, unsigned char pat)
+static pid_t importer_start(const char *path, const kvvm_handoff *t, int want,
+                            unsigned char pat, uint32_t wait_ms)
 {
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0)
-        _exit(importer(path, t, want, pat));
-    return pd_wait(pid);
+        _exit(importer(path, t, want, pat, wait_ms));
+    return pid;
+}
+
+static int run_importer(const char *path, const kvvm_handoff *t, int want, unsigned char pat)
+{
+    return pd_wait(importer_start(path, t, want, pat, 1));
 }
 
 /* Polls (each INFO a round trip, no sleep) until no client is connected and every frame
@@ -281,8 +290,10 @@ Test(regress, publish_waited_for_the_engine_stream_on_the_engines_thread)
     pd_stop(&d);
 }
 
-/* The same bug in kvvm_seq_export. An import of the pending export is -EAGAIN and spends
-   nothing; after the exporter's kvvm_sync it imports the queued write's bytes. */
+/* The same bug in kvvm_seq_export. An import of the pending export is -EAGAIN once its
+   wait (pool_timeout_ms, here 1 ms) ends with the stream still paused, and spends nothing;
+   one with a long wait, started while the stream is paused, imports the queued write's
+   bytes once the exporter's work completed (it waited for the READY, or came after it). */
 Test(regress, export_waited_for_the_engine_stream_on_the_engines_thread)
 {
     TH_DEADLINE(120);
@@ -295,10 +306,11 @@ Test(regress, export_waited_for_the_engine_stream_on_the_engines_thread)
     cr_assert_eq(read(p.out, &t, sizeof t), (ssize_t)sizeof t);
     cr_expect_eq(run_importer(d.path, &t, -EAGAIN, 0), 0, "pending: -EAGAIN (its exit code "
                  "names the check)");
+    pid_t w = importer_start(d.path, &t, 0, 0x7c, 60000);
     put_byte(p.in, 'g');
     cr_assert_eq(get_byte(p.out), 'r');
-    cr_expect_eq(run_importer(d.path, &t, 0, 0x7c), 0, "after kvvm_sync: imported, with the "
-                 "queued write's bytes (its exit code names the check)");
+    cr_expect_eq(pd_wait(w), 0, "imported, with the queued write's bytes (its exit code names "
+                 "the check)");
     put_byte(p.in, 'x');
     sharer_end(&p, 0);
     pd_stop(&d);
@@ -370,30 +382,69 @@ static uint32_t raw_found(int fd, uint8_t key, unsigned type)
     return found;
 }
 
-static int32_t raw_import(int fd, const uint8_t *token)
+/* Sends an IMPORT of token that waits up to wait_ms for a pending export. */
+static void raw_import_send(int fd, const uint8_t *token, uint32_t wait_ms)
 {
-    struct pool_import m = { .lay = raw_lay };
+    struct pool_import m = { .lay = raw_lay, .wait_ms = wait_ms };
     pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+}
+
+/* Its answer: 0 (then the frames are read, their descriptors closed, and the import ended
+   ok: the token spent) or the daemon's -errno. */
+static int32_t raw_import_answer(int fd)
+{
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_IMPORTED);
-    return ((const struct pool_imported *)buf)->err;
+    struct pool_imported r;
+    memcpy(&r, buf, sizeof r);
+    for (uint32_t got = 0; !r.err && got < r.total;) {
+        int fds[POOL_BATCH_MAX], nf = 0;
+        cr_assert_eq(pc_recv(fd, buf, fds, &nf), POOL_MSG_FRAMES);
+        for (int k = 0; k < nf; k++)
+            close(fds[k]);
+        got += (uint32_t)nf;
+    }
+    return r.err;
+}
+
+static int32_t raw_import(int fd, const uint8_t *token, uint32_t wait_ms)
+{
+    raw_import_send(fd, token, wait_ms);
+    return raw_import_answer(fd);
+}
+
+static struct pool_exported raw_export_pending(int fd, uint64_t id, uint64_t serial)
+{
+    struct pool_export m = { .total = 1, .n = 1, .length = 16, .serial = serial,
+                             .lay = raw_lay, .ids = { id } };
+    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(fd, buf, NULL, NULL), POOL_MSG_EXPORTED);
+    struct pool_exported x;
+    memcpy(&x, buf, sizeof x);
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    return x;
 }
 
 /* A pending entry is a miss for lookups and attaches until READY names its serial; READY
-   ok 0 drops it; an export sent pending is -EAGAIN to an import (nothing spent); a
-   publisher that goes before READY takes its pending entry and export along. */
+   ok 0 drops it; an IMPORT of a pending export is -EAGAIN at once (wait_ms 0) or at its
+   deadline, spending nothing, and one waiting when the READY comes gets the export; a
+   publisher that goes before READY takes its pending entry and export along (an import
+   waiting for that export: -ENOENT). */
 Test(pending, raw_pending_shares_are_invisible_until_ready)
 {
     TH_DEADLINE(60);
     struct pd d;
     pd_start(&d, "4M");
     int a = pc_client(d.path, "publisher"), b = pc_client(d.path, "looker");
-    uint64_t ids[4];
-    int fds[4];
-    cr_assert_eq(pc_lease(a, 4, ids, fds, NULL), 4u);
-    for (int i = 0; i < 4; i++)
+    int ctl = control(d.path);
+    uint64_t ids[5];
+    int fds[5];
+    cr_assert_eq(pc_lease(a, 5, ids, fds, NULL), 5u);
+    for (int i = 0; i < 5; i++)
         close(fds[i]);
     raw_pub(a, 'a', ids[0], 5);
     cr_expect_eq(raw_found(b, 'a', POOL_MSG_PREFIX_LOOKUP), 0u, "pending: a lookup misses");
@@ -406,26 +457,35 @@ Test(pending, raw_pending_shares_are_invisible_until_ready)
     cr_expect_eq(raw_ready(a, 6, false), 1);
     cr_expect_eq(raw_found(b, 'b', POOL_MSG_PREFIX_LOOKUP), 0u, "READY ok 0: dropped");
     cr_expect_eq(pc_info(b).shared_entries, 1u);
-    raw_pub(a, 'c', ids[2], 7);                     /* pending when its publisher goes */
-    struct pool_export m = { .total = 1, .n = 1, .length = 16, .serial = 8, .lay = raw_lay,
-                             .ids = { ids[3] } };
-    pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
-    cr_assert_eq(pool_proto_send(a, &m, NULL, 0, 0), 0);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_EXPORTED);
-    struct pool_exported x;
-    memcpy(&x, buf, sizeof x);
-    cr_assert_eq(x.err, 0, "%s", x.text);
-    cr_expect_eq(raw_import(b, x.token), -EAGAIN, "pending: the import waits for READY");
-    cr_expect_eq(raw_import(b, x.token), -EAGAIN, "and spent nothing");
+    /* an export that becomes ready while an import waits for it */
+    struct pool_exported y = raw_export_pending(a, ids[4], 9);
+    cr_expect_eq(raw_import(b, y.token, 0), -EAGAIN, "pending: -EAGAIN at once");
+    cr_expect_eq(raw_import(b, y.token, 1), -EAGAIN, "pending past the deadline: -EAGAIN");
+    raw_import_send(b, y.token, 60000);
+    (void)pc_info(ctl);             /* b's IMPORT, sent before, is handled by now */
+    cr_expect_eq(raw_ready(a, 9, true), 1);
+    cr_expect_eq(raw_import_answer(b), 0, "the waiting import got the export at its READY");
+    struct pool_import_end e = { .ok = 1 };
+    pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
+    memcpy(e.token, y.token, sizeof e.token);
+    cr_assert_eq(pool_proto_send(b, &e, NULL, 0, 0), 0);
+    pc_return(b, ids + 4, 1);       /* b's mapping of it given up */
+    /* pending when their publisher goes */
+    raw_pub(a, 'c', ids[2], 7);
+    struct pool_exported x = raw_export_pending(a, ids[3], 8);
+    cr_expect_eq(raw_import(b, x.token, 0), -EAGAIN, "and spent nothing");
+    raw_import_send(b, x.token, 60000);
+    (void)pc_info(ctl);
     close(a);
-    while (pc_info(b).n_clients != 1)               /* a's death handled (each a round trip) */
+    cr_expect_eq(raw_import_answer(b), -ENOENT, "the export it waited for went");
+    while (pc_info(ctl).n_clients != 1)             /* a's death handled (each a round trip) */
         sched_yield();
     cr_expect_eq(raw_found(b, 'c', POOL_MSG_PREFIX_LOOKUP), 0u, "its pending entry went");
-    cr_expect_eq(raw_import(b, x.token), -ENOENT, "its pending export went");
+    cr_expect_eq(raw_import(b, x.token, 0), -ENOENT, "its pending export went");
     struct pool_figures f = pc_info(b);
     cr_expect_eq(f.shared_entries, 1u, "the READY entry stays");
     cr_expect_eq(f.free_bytes, f.pool_bytes - (uint64_t)PD_GRAN, "only its frame is held");
     close(b);
+    close(ctl);
     pd_stop(&d);
 }
