@@ -339,6 +339,69 @@ Test(regress, pending_shares_of_a_killed_sharer_are_never_seen)
     pd_stop(&d);
 }
 
+/* A publisher whose wait for its fence fails (an injected driver error): its entries are
+   dropped at the daemon, never seen; its own local entries and its call's result stay.
+   Says 'p' once its kvvm_sync returned. */
+static int failed_waiter(const char *path, int out_fd, int in_fd)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "failed-waiter", BPT);
+    c.pool_thread = 0;
+    kvvm *kv = NULL;
+    kvvm_seq s;
+    void *st = NULL;
+    kvvm_key k[NB];
+    keys_of(k);
+    if (kvvm_open(&c, &kv) || kvvm_stream_create(kv, &st) || kvvm_set_stream(kv, st))
+        return 50;
+    if (kvvm_seq_create(kv, &s) || kvvm_seq_grow(kv, s, LEN) || fill(kv, s, LEN, 0x31) ||
+        kvvm_sync(kv))
+        return 51;
+    if (emu_fail_arm("cuEventSynchronize", 1, KCU_ERROR_INVALID_HANDLE))
+        return 52;                      /* the ready thread's wait: the next one */
+    if (kvvm_prefix_publish(kv, s, NS, k, NB) != (int)NB)
+        return 53;
+    if (kvvm_sync(kv))
+        return 54;                      /* its READY (ok 0) answered */
+    emu_fail_clear();
+    if (kvvm_prefix_lookup(kv, NS, k, NB, NULL) != (int)NB)
+        return 55;                      /* the local entries stay */
+    put_byte(out_fd, 'p');
+    if (get_byte(in_fd) != 'x')
+        return 56;
+    kvvm_close(kv);
+    return 0;
+}
+
+Test(pending, a_failed_wait_for_the_device_work_drops_the_entries)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    int op[2], ip[2];
+    cr_assert_eq(pipe2(op, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(ip, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(op[0]);
+        close(ip[1]);
+        _exit(failed_waiter(d.path, op[1], ip[0]));
+    }
+    close(op[1]);
+    close(ip[0]);
+    struct sharer_proc p = { pid, op[0], ip[1] };
+    cr_assert_eq(get_byte(p.out), 'p', "published and synced (else its exit code names the "
+                 "check)");
+    cr_expect_eq(run_attacher(d.path, 0, 0), 0, "never seen (its exit code names the check)");
+    int ctl = control(d.path);
+    cr_expect_eq(pc_info(ctl).shared_entries, 0u, "the daemon dropped them");
+    close(ctl);
+    put_byte(p.in, 'x');
+    sharer_end(&p, 0);
+    pd_stop(&d);
+}
+
 /* ---- the daemon's side, on the raw protocol ---------------------------------------------- */
 
 static void raw_pub(int fd, uint8_t key, uint64_t id, uint64_t serial)
