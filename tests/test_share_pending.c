@@ -9,7 +9,10 @@
    While the stream is paused the share is pending: another process's lookup misses and an
    import is -EAGAIN (nothing spent); after the unpause and the sharer's kvvm_sync, they find
    the queued write's bytes. A sharer killed while its shares are pending takes them along:
-   no client ever attaches or imports them. */
+   no client ever attaches or imports them; a failed wait for the device work (an injected
+   driver error) drops them too. The daemon's side on the raw protocol: a pending entry is a
+   miss until READY, READY ok 0 drops, an import of a pending export waits for its READY up
+   to its wait_ms (then -EAGAIN, nothing spent; -ENOENT when the export is dropped). */
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
