@@ -16,10 +16,11 @@
  * lease of each frame, the record keeps the frame live.
  *
  * Pending records (protocol.h "PENDING and READY"): an export or a prefix entry sent with
- * a serial joins its publisher's pending list; an IMPORT of a pending export is -EAGAIN
- * (nothing claimed), a pending entry is a miss. READY of the serial makes them visible (ok)
- * or drops them; the publisher going first drops them all. Every drop of a record unlinks
- * it from that list first (srv_pend_unlink).
+ * a serial joins its publisher's pending list; a pending entry is a miss; an IMPORT of a
+ * pending export waits (the request kept in the importer's imp_msg, nothing claimed) for
+ * its READY, its drop (-ENOENT) or its wait_ms (-EAGAIN; wait_ms 0: at once). READY of the
+ * serial makes them visible (ok) or drops them; the publisher going first drops them all.
+ * Every drop of a record unlinks it from that list first (srv_pend_unlink).
  */
 #include "server_int.h"
 
