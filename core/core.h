@@ -12,7 +12,8 @@
  * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The pool client's connection thread (a take-back,
  * core/pool.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
- * does. The background reclaim thread
+ * does; its ready thread (pool/client_ready.c) takes only the client's mutex, and kvvm_sync
+ * waits for it (core_pool_settle) with kvvm.lock NOT held. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
