@@ -12,7 +12,8 @@
  * locks) -> log lock. The frame pool thread
  * makes its driver calls without kvvm.lock. The pool client's connection thread (a take-back,
  * core/pool_client.c core_pool_give) takes kvvm.lock and never holds the client's mutex while it
- * does. The background reclaim thread
+ * does; its ready thread (pool/client_ready.c) takes only the client's mutex, and kvvm_sync
+ * waits for it (core_pool_settle) with kvvm.lock NOT held. The background reclaim thread
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
@@ -66,7 +67,7 @@ struct kvvm {
     char *store_url;              /* owned copy of cfg.store_url */
     char *client_name;            /* owned copy of cfg.client_name */
     char *pool_socket;            /* owned copy of cfg.pool_socket */
-    struct pool_cli *pool;        /* the kvvmd connection (core/pool_client.c; NULL: local frames) */
+    struct pool_cli *pool;        /* kvvmd connection (core/pool_client.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
     uint64_t n_exports, n_imports; /* hand-offs (core/handoff_calls.c), under the lock */
     uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared index
@@ -179,6 +180,10 @@ uint32_t core_pool_over_limit(kvvm *kv);
    pool; -errno: no thread). Before close tears anything down: stops it (no lock held). */
 int  core_pool_listen(kvvm *kv);
 void core_pool_unlisten(kvvm *kv);
+/* Returns once the pending shares of the calls before it (stream mode publishes and
+   exports) are visible to other clients, or dropped (pool/client.h "Pending shares"). No
+   lock held: kvvm_sync, before its own synchronization. */
+void core_pool_settle(kvvm *kv);
 /* After paging released its frames: the stash back, the connection closed. */
 void core_pool_close(kvvm *kv);
 /* The pool's stats (zeros without a pool). */

@@ -3,10 +3,12 @@
  * another client of the same kvvmd without a copy. docs/api.md "Hand-off"; the daemon's
  * side: pool/server_share.c; the pages' sharing rules: paging/handoff.c.
  *
- * Export: paging waits for the engine's work written before the call (a stream
- * synchronization on the caller's thread: the export is visible only after it), hands the
- * frames to the daemon, and only once the daemon holds them marks the pages shared (copy
- * on write from then). Import: the daemon's frames are mapped here as shared frames of a
+ * Export: the frames go to the daemon at once, and only once the daemon holds them are the
+ * pages marked shared (copy on write from then). Sync mode: paging waited for the device
+ * work before the call, the export is importable at once. Stream mode: nothing waits on the
+ * engine's thread: the export is PENDING (an import of it is -EAGAIN) until the
+ * connection's ready thread saw the fence recorded after that work complete (pool/client.h
+ * "Pending shares"; kvvm_sync waits for that). Import: the daemon's frames are mapped here as shared frames of a
  * new sequence, which is swapped in (device pages: mapped as they are, nothing copied);
  * the daemon spends the token only once all of that succeeded (IMPORT_END), so a failed
  * call leaves the export importable.
@@ -62,15 +64,26 @@ static int export_locked(kvvm *kv, kvvm_seq s, kvvm_handoff *token)
         return kerr(rc, "%s: the pool view (KVVM_F_POOL_VIEW) does not map shared frames "
                     "yet", call);
     }
+    vmm_fence f;
+    int fenced = paging_share_fence(kv->pg, &f);
+    if (fenced < 0) {
+        free(hs);
+        return fenced;                  /* -ENOMEM, -EIO: core_explain */
+    }
     struct pool_layout lay = layout_of(kv);
+    uint64_t serial = fenced ? pool_cli_ready_serial(kv->pool) : 0;
     char why[256];
-    rc = pool_cli_export(kv->pool, hs, n, &lay, length, token->bytes, why, sizeof why);
+    rc = pool_cli_export(kv->pool, hs, n, &lay, length, serial, token->bytes, why, sizeof why);
     free(hs);
+    if (rc && fenced)
+        vmm_fence_destroy(kv->v, &f);
     if (rc == -ENOENT)
         return kerr(-EAGAIN, "%s: %s", call, why);
     if (rc)
         return kerr(rc == -EIO ? -EIO : rc, "%s: %s", call, why);
     paging_seq_handoff_mark(kv->pg, s);
+    if (fenced)
+        pool_cli_ready_after(kv->pool, serial, f);  /* importable once the fence completed */
     kv->n_exports++;
     return 0;
 }
@@ -135,8 +148,8 @@ static int import_locked(kvvm *kv, const kvvm_handoff *token, kvvm_seq *out)
     uint64_t length = 0;
     char why[256];
     rc = pool_cli_import(kv->pool, token->bytes, &lay, &hs, &n, &length, why, sizeof why);
-    if (rc == -ENOENT || rc == -EINVAL)
-        return kerr(rc, "%s: %s", call, why);
+    if (rc == -ENOENT || rc == -EINVAL || rc == -EAGAIN)
+        return kerr(rc, "%s: %s", call, why);     /* -EAGAIN: pending, nothing spent */
     if (rc)
         return kerr(rc == -EIO ? -EIO : -ENOMEM, "%s: %s", call, why);
     bool released;

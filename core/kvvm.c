@@ -599,6 +599,7 @@ int kvvm_sync(kvvm *kv)
     swap_wait_idle(kv->sw);         /* background rounds first, without the lock */
     frames_wait_idle(kv->fr);
     storeq_wait_idle(kv->sq);       /* the prefix cache's store writes (bounded) */
+    core_pool_settle(kv);           /* shares of calls before it visible to other clients */
     CALL_ENGINE(kv, sync_locked(kv));
 }
 

@@ -111,6 +111,12 @@ int core_pool_listen(kvvm *kv)
     return kv->pool ? pool_cli_listen(kv->pool, core_pool_give, kv) : 0;
 }
 
+void core_pool_settle(kvvm *kv)
+{
+    if (kv->pool)
+        pool_cli_ready_wait(kv->pool);
+}
+
 void core_pool_unlisten(kvvm *kv)
 {
     pool_cli_unlisten(kv->pool);

@@ -2,10 +2,13 @@
  * core/prefix_pool.c: the prefix cache's calls with a pool (cfg.pool_socket): the daemon's
  * shared prefix index (pool/client.h; docs/design.md "Sharing frames between clients").
  *
- * publish: after the local publish, the blocks' frames go to the daemon once the device
- * work written before the call is complete (paging waits for it), and only once the daemon
- * holds them are the pages marked shared (copy on write from then: bytes written after the
- * call are never seen through the entry). lookup: the daemon's leading keys from key 0;
+ * publish: after the local publish, the blocks' frames go to the daemon at once; only once
+ * the daemon holds them are the pages marked shared (copy on write from then: bytes written
+ * after the call are never seen through the entry). Sync mode: paging waited for the device
+ * work before the call, the entries are visible at once. Stream mode: nothing waits on the
+ * engine's thread: the entries go PENDING (a miss for everyone) with a fence recorded on
+ * the engine stream after the work, and the connection's ready thread makes them visible
+ * once the fence completed (pool/client.h "Pending shares"; kvvm_sync waits for that). lookup: the daemon's leading keys from key 0;
  * past the local hit they are KVVM_TIER_POOL. attach: when the daemon has more leading
  * blocks than the local index, dst maps the daemon's frames as shared frames (adopted as a
  * non-resident sequence, then swapped in: device pages are mapped as they are, nothing
@@ -46,16 +49,31 @@ void core_pool_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, 
                   : core_err_name(rc));
         return;
     }
+    vmm_fence f;
+    int fenced = paging_share_fence(kv->pg, &f);
+    if (fenced < 0) {
+        free(hs);
+        klog_info("kvvm_prefix_publish: the blocks are not entered into the pool's shared "
+                  "index: no fence for the device work before the call (%s)",
+                  core_err_name(fenced));
+        return;
+    }
     struct pool_layout lay = layout_of(kv);
-    rc = pool_cli_prefix_publish(kv->pool, &lay, ns, (const uint8_t *)keys, (uint32_t)n, hs);
+    uint64_t serial = fenced ? pool_cli_ready_serial(kv->pool) : 0;
+    rc = pool_cli_prefix_publish(kv->pool, &lay, ns, (const uint8_t *)keys, (uint32_t)n, hs,
+                                 serial);
     free(hs);
     if (rc < 0) {
+        if (fenced)
+            vmm_fence_destroy(kv->v, &f);
         klog_warn("kvvm_prefix_publish: the pool's shared index did not take the blocks "
                   "(%s)", rc == -ENOENT ? "a page's frame is not this daemon's"
                   : rc == -EIO ? "the daemon is gone" : core_err_name(rc));
         return;
     }
     paging_seq_block_mark(kv->pg, s, (uint32_t)n);
+    if (fenced)
+        pool_cli_ready_after(kv->pool, serial, f);  /* visible once the fence completed */
 }
 
 size_t core_pool_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, size_t k,

@@ -122,7 +122,8 @@ struct kvvm_config {
     size_t   pool_reserve;      /* bytes of frames never asked back from this client
                                    (default 0). KVVM_POOL_RESERVE */
     uint32_t pool_timeout_ms;   /* ms: the longest a call waits for the daemon to find frames
-                                   (default 1000), while other clients give back.
+                                   (default 1000), while other clients give back, and the
+                                   longest kvvm_seq_import waits for a pending export.
                                    KVVM_POOL_TIMEOUT_MS */
     /* --- additions of 0.4: the store at scale (docs/api.md "Shared store") --- */
     size_t   store_queue_bytes; /* bytes of entries accepted by publish and not yet

@@ -40,15 +40,17 @@ static int handoff_seq(struct paging *pg, uint64_t h, struct pg_seq **s)
 }
 
 /* The handles of the first nb blocks' pages of resident s, every region, in a malloc'd
-   array: by block (block b's regions together) or by region (region r's blocks together),
-   once the device work written before the call is complete (the engine's, and a
-   prefetch's, which the engine waits for) before anyone else may see it. -EINVAL a block
-   discarded, -EAGAIN a page not on the device, -ENOMEM. */
+   array: by block (block b's regions together) or by region (region r's blocks together).
+   The engine is ordered after s's prefetch; sync mode waits for the device work written
+   before the call, stream mode leaves that to paging_share_fence's fence (never a wait of
+   the engine stream on the engine's thread: issue 35). -EINVAL a block discarded, -EAGAIN
+   a page not on the device, -ENOMEM. */
 static int collect_frames(struct paging *pg, struct pg_seq *s, uint32_t nb, bool by_block,
                           vmm_handle **out)
 {
     int rc;
-    if ((rc = defer_settle(pg, s)) || (rc = pg_wait_engine(pg)) || (rc = defer_reap(pg, false)))
+    if ((rc = defer_settle(pg, s)) || (!pg->ck.stream && (rc = pg_wait_engine(pg))) ||
+        (rc = defer_reap(pg, false)))
         return rc;
     uint32_t nr = pg->p.n_regions;
     vmm_handle *hs = malloc((size_t)nr * nb * sizeof *hs);
@@ -86,6 +88,20 @@ int paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, u
     *n = pg->p.n_regions * np;
     *length = s->length;
     return 0;
+}
+
+int paging_share_fence(struct paging *pg, vmm_fence *f)
+{
+    if (!pg->ck.stream)
+        return 0;
+    int rc = vmm_fence_create(pg->v, f);
+    if (rc)
+        return rc;
+    if ((rc = vmm_fence_record(pg->v, f, pg->ck.stream))) {
+        vmm_fence_destroy(pg->v, f);
+        return rc;
+    }
+    return 1;
 }
 
 void paging_seq_handoff_mark(struct paging *pg, uint64_t h)

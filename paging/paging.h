@@ -805,8 +805,7 @@ int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint
 void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
 
 /* ---- hand-offs: pages shared with other processes (paging/handoff.c) ----
-   paging_seq_handoff_frames: after waiting for the device work written before the call
-   (the engine stream, s's prefetch), the handles of resident s's pages, region-major
+   paging_seq_handoff_frames: the handles of resident s's pages, region-major
    (n_regions * n_pages; *out is the caller's to free), and its length. -ENOENT, -ESTALE,
    -EAGAIN s not resident or a page not on the device, -EINVAL a discarded page, -ENODATA
    empty, -EOPNOTSUPP with the pool view, -ENOMEM, -EIO. Nothing changes.
@@ -817,9 +816,18 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
    n_regions * pages of length), which paging owns from then on: swap it in to map them (no
    copy: they are device pages). -EINVAL not empty or n wrong, -E2BIG, -ENOMEM no room in
    the budget, -EOPNOTSUPP, -EIO; on an error the handles stay the caller's. Undo with
-   paging_seq_unadopt (the frames are then released through the source). */
+   paging_seq_unadopt (the frames are then released through the source).
+   Their bytes are complete only once the device work written before the call is: sync
+   mode, the frames calls waited for it (a device synchronization, as before); stream mode
+   they did not (the engine's thread never waits for the engine stream here), but ordered
+   the engine stream after s's prefetch, and paging_share_fence then records the fence
+   whose completion makes the bytes complete (docs/design.md "Sharing frames between
+   clients", ordering).
+   paging_share_fence: 1 and *f (the caller's to wait for and destroy) in stream mode; 0 in
+   sync mode (nothing to wait for); -ENOMEM, -EIO (no fence). */
 int  paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
                                uint64_t *length);
+int  paging_share_fence(struct paging *pg, vmm_fence *f);
 void paging_seq_handoff_mark(struct paging *pg, uint64_t h);
 /* The shared prefix index: paging_seq_block_frames is paging_seq_handoff_frames for s's
    blocks [0, nb), key-major (block b's region r at b * n_regions + r); -EINVAL nb 0 or past

@@ -152,7 +152,8 @@ void pool_cli_gone_locked(struct pool_cli *c, const char *why)
 int pool_cli_recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
                              int max_fds, int *nfds)
 {
-    uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS + (c->waiting ? c->wait_ms : 0)) *
+    uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS +
+                                         (c->waiting || c->imp_waiting ? c->wait_ms : 0)) *
                                   1000000u;
     for (;;) {
         uint64_t now = now_ns();
@@ -272,6 +273,7 @@ int pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
     c->fig.limit_bytes = w->limit ? w->limit : w->pool_bytes;
     c->fig.reserve_bytes = p->reserve;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->rd_cv, NULL);
     *out = c;
     return 0;
 }
@@ -646,6 +648,7 @@ void pool_cli_close(struct pool_cli *c)
     if (!c)
         return;
     pool_cli_unlisten(c);
+    pool_cli_ready_stop(c);                 /* every READY queued sent first */
     pthread_mutex_lock(&c->mu);
     (void)stash_return_locked(c);
     if (c->n)
@@ -658,6 +661,7 @@ void pool_cli_close(struct pool_cli *c)
         close(c->fd);                       /* the daemon takes back anything else */
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->rd_cv);
     free(c->key);
     free(c->val);
     free(c);
@@ -666,8 +670,8 @@ void pool_cli_close(struct pool_cli *c)
 /* ---- hand-offs --------------------------------------------------------------------------- */
 
 int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
-                    const struct pool_layout *lay, uint64_t length, uint8_t *token,
-                    char *why, size_t wl)
+                    const struct pool_layout *lay, uint64_t length, uint64_t serial,
+                    uint8_t *token, char *why, size_t wl)
 {
     if (!n || n > POOL_HANDOFF_MAX) {
         snprintf(why, wl, "%u frames (1 .. %u in one hand-off)", n, POOL_HANDOFF_MAX);
@@ -675,7 +679,7 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
     }
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    struct pool_export m = { .total = n, .length = length, .lay = *lay };
+    struct pool_export m = { .total = n, .length = length, .serial = serial, .lay = *lay };
     pool_proto_hdr(&m.h, POOL_MSG_EXPORT);
     /* every id first: a frame from a daemon that is gone cannot be handed off */
     for (uint32_t i = 0; i < n && !rc; i++) {
@@ -792,7 +796,11 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
         pthread_mutex_unlock(&c->mu);
         return -EIO;
     }
-    struct pool_import m = { .lay = *lay };
+    /* a pending export: the daemon answers once it is READY, within wait_ms; not while
+       this client's own READYs are queued (they need this mutex: its own export would wait
+       for nothing but the deadline) */
+    struct pool_import m = { .lay = *lay,
+                             .wait_ms = c->rd_done < c->rd_queued ? 0 : c->wait_ms };
     pool_proto_hdr(&m.h, POOL_MSG_IMPORT);
     memcpy(m.token, token, POOL_TOKEN_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
@@ -800,8 +808,11 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         pool_cli_gone_locked(c, "its socket refused a request");
         rc = -EIO;
-    } else if (pool_cli_recv_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds)) {
-        rc = -EIO;
+    } else {
+        c->imp_waiting = m.wait_ms > 0;
+        if (pool_cli_recv_locked(c, POOL_MSG_IMPORTED, buf, fds, N_FDS(fds), &nfds))
+            rc = -EIO;
+        c->imp_waiting = false;
     }
     if (rc) {
         snprintf(why, wl, "the pool daemon on %s is gone", c->path);

@@ -98,15 +98,18 @@ unsigned pool_cli_trim(struct pool_cli *c);
    in returns). */
 /* Exports the frames of handles hs[0..n) (each handed out by pool_cli_create or imported),
    region-major, as one hand-off of length tokens and layout lay: the token (POOL_TOKEN_BYTES)
-   into token. 0; -ENOENT a handle that is not this daemon's; -EIO gone; the daemon's
+   into token. serial 0: importable now; else pending until its READY (pool_cli_ready_after). 0; -ENOENT a handle that is not this daemon's; -EIO gone; the daemon's
    refusal (-ENOMEM). why says the cause on an error. */
 int  pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
-                     const struct pool_layout *lay, uint64_t length, uint8_t *token,
-                     char *why, size_t wl);
+                     const struct pool_layout *lay, uint64_t length, uint64_t serial,
+                     uint8_t *token, char *why, size_t wl);
 /* Imports the frames of token for a client of layout lay: *out (n_out handles, the
    caller's array to free, region-major, each imported and remembered as mapped) and the
-   length. The import is pending until pool_cli_import_end. -ENOENT unknown or spent,
-   -EINVAL another layout (nothing spent), -EIO gone, -ENOMEM (nothing spent). */
+   length. The import is pending until pool_cli_import_end. An export still pending (its
+   exporter's READY not come) is waited for up to wait_ms (not while this client's own
+   READYs are queued), then -EAGAIN (nothing spent). -ENOENT unknown or spent (or dropped
+   while pending), -EINVAL another layout (nothing spent), -EIO gone, -ENOMEM (nothing
+   spent). */
 int  pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_layout *lay,
                      vmm_handle **out, uint32_t *n_out, uint64_t *length, char *why,
                      size_t wl);
@@ -120,10 +123,12 @@ int  pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, 
    are POOL_KEY_BYTES each, entries are keyed by (lay, ns, key) and hold one frame per
    region; one request per POOL_PREFIX_KEYS keys. */
 /* Enters n entries: keys[0..n), their frames hs key-major (n * n_regions; each handed out
-   by pool_cli_create or imported). The new entries (>= 0; a key present keeps its entry);
+   by pool_cli_create or imported); serial as pool_cli_export's. The new entries (>= 0; a
+   key present keeps its entry);
    -ENOENT a handle that is not this daemon's (nothing sent); -EIO gone. */
 int  pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
-                             const uint8_t *keys, uint32_t n, const vmm_handle *hs);
+                             const uint8_t *keys, uint32_t n, const vmm_handle *hs,
+                             uint64_t serial);
 /* How many leading keys of keys[0..n) the index has (0 when the daemon is gone). */
 size_t pool_cli_prefix_lookup(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
                               const uint8_t *keys, size_t n);
@@ -137,6 +142,25 @@ int  pool_cli_prefix_attach(struct pool_cli *c, const struct pool_layout *lay, u
    dropped (>= 0); -EIO gone. */
 int  pool_cli_prefix_drop(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
                           const uint8_t *keys, size_t n);
+/* Pending shares (protocol.h "PENDING and READY"; docs/design.md "Sharing frames
+   between clients", ordering). The engine's thread sends a share at its call under a
+   serial of pool_cli_ready_serial, then hands its fence (recorded on the engine stream after the
+   share's device work) to pool_cli_ready_after: the connection's ready thread waits for the
+   fence, without any lock of this connection or the context, and then sends READY (ok:
+   visible; the wait failed: dropped, logged) under the connection's mutex, as a request
+   like any other. Lock order: the ready thread takes only c->mu, never the context lock. */
+/* A serial for the next pending share (> 0, increasing). */
+uint64_t pool_cli_ready_serial(struct pool_cli *c);
+/* The fence f (taken: destroyed here) ends the shares sent under serial, which the caller
+   sent before (serials queued in increasing order). Without a ready thread (it could not
+   start, or no memory for the queue) the fence is waited for here and READY sent now. */
+void pool_cli_ready_after(struct pool_cli *c, uint64_t serial, vmm_fence f);
+/* Returns once every READY queued before it was answered by the daemon (the shares are
+   visible to other clients then) or given up (the daemon gone: the shares went with it).
+   No lock held. */
+void pool_cli_ready_wait(struct pool_cli *c);
+/* Waits as pool_cli_ready_wait, then stops and joins the ready thread (pool_cli_close). */
+void pool_cli_ready_stop(struct pool_cli *c);
 /* Gives back the stash and closes the connection (the context released its frames). */
 void pool_cli_close(struct pool_cli *c);
 

@@ -34,6 +34,8 @@ struct pool_cli {
     uint32_t wait_ms;               /* a call's lease waits this long for a take-back */
     int last_err;                   /* the last lease that got nothing: its FRAMES err */
     bool waiting;                   /* a lease with wait_ms is in flight */
+    bool imp_waiting;               /* an import that may wait wait_ms for a pending export
+                                       is in flight (its reply may take that much longer) */
     /* the daemon's asks (RECLAIM), kept for the connection thread: the latest seq and the
        frames asked since the last run took them */
     uint32_t ask_seq, ask_n;
@@ -44,6 +46,21 @@ struct pool_cli {
     int evfd;                       /* wakes it: stop, or the socket changed */
     bool stop, thr_on;
     pthread_t thr;
+    /* the ready thread (client_ready.c): waits for each pending share's fence, in the
+       order queued, without mu, then sends its READY under mu. rd_next: the last serial
+       handed out; rd_queued: the last queued; rd_done: the last whose READY was answered
+       (or given up: the daemon gone). rd_cv signals the queue and rd_done. */
+    struct pool_cli_rd_job *rd_jobs;
+    size_t rd_n, rd_cap;
+    uint64_t rd_next, rd_queued, rd_done;
+    pthread_cond_t rd_cv;
+    bool rd_stop, rd_on;
+    pthread_t rd_thr;
+};
+
+struct pool_cli_rd_job {
+    uint64_t serial;
+    vmm_fence f;
 };
 
 /* A frame held from a daemon that is gone: never returned to its successor. */

@@ -32,7 +32,8 @@ static int send_locked(struct pool_cli *c, const void *m)
 }
 
 int pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
-                            const uint8_t *keys, uint32_t n, const vmm_handle *hs)
+                            const uint8_t *keys, uint32_t n, const vmm_handle *hs,
+                            uint64_t serial)
 {
     uint32_t nr = lay->n_regions;
     if (!n)
@@ -46,7 +47,7 @@ int pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, u
         if (!id || id == POOL_CLI_FOREIGN)
             rc = -ENOENT;               /* a frame of a daemon that went, or a local one */
     }
-    struct pool_prefix_publish m = { .lay = *lay, .ns = ns, .total = nr };
+    struct pool_prefix_publish m = { .lay = *lay, .ns = ns, .total = nr, .serial = serial };
     pool_proto_hdr(&m.h, POOL_MSG_PREFIX_PUBLISH);
     m.lay.pad = 0;
     for (uint32_t k = 0; !rc && k < n; k++) {

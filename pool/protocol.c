@@ -41,6 +41,7 @@ static const size_t sizes[POOL_MSG_TYPES] = {
     [POOL_MSG_PREFIX_ATTACH] = sizeof(struct pool_prefix_keys),
     [POOL_MSG_PREFIX_FOUND] = sizeof(struct pool_prefix_found),
     [POOL_MSG_PREFIX_DROP] = sizeof(struct pool_prefix_drop),
+    [POOL_MSG_READY] = sizeof(struct pool_ready),
 };
 _Static_assert(POOL_MSG_MAX <= UINT16_MAX, "sizes fit pool_hdr.size");
 _Static_assert(POOL_MSG_MAX >= sizeof(struct pool_frames) &&
@@ -151,6 +152,12 @@ int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type)
         if (((const struct pool_import_end *)buf)->ok > 1)
             return -EPROTO;
         break;
+    case POOL_MSG_READY: {
+        const struct pool_ready *m = buf;
+        if (m->serial == 0 || m->ok > 1)
+            return -EPROTO;
+        break;
+    }
     case POOL_MSG_PREFIX_PUBLISH: {
         const struct pool_prefix_publish *m = buf;
         if (m->total < 1 || m->total > POOL_REGIONS_MAX || m->n < 1 || m->n > POOL_BATCH_MAX ||

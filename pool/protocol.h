@@ -26,10 +26,11 @@
 #include <stdint.h>
 
 /* 1: the pool (leases, take-back, limits); 2: sharing between clients (EXPORT..IMPORT_END,
-   HANDOFF_DROP, PREFIX_*). Daemon and library ship together: a pair of two versions refuses
-   with both named, rather than a version 1 daemon dropping a version 2 client as malformed at
-   its first EXPORT. */
-#define POOL_PROTO_VERSION 2u
+   HANDOFF_DROP, PREFIX_*); 3: pending shares (EXPORT's and PREFIX_PUBLISH's serial, READY:
+   a share is visible only once the publisher's device work before it completed). Daemon
+   and library ship together: a pair of two versions refuses with both named, rather than a
+   version 1 daemon dropping a version 2 client as malformed at its first EXPORT. */
+#define POOL_PROTO_VERSION 3u
 #define POOL_MAGIC         0x4b56504cu    /* "KVPL" */
 #define POOL_NAME_MAX      64             /* a client's name, NUL included */
 #define POOL_TEXT_MAX      192            /* a refusal's or result's message, NUL included */
@@ -80,6 +81,9 @@ enum pool_msg_type {
     POOL_MSG_PREFIX_FOUND,  /* d -> c */
     POOL_MSG_PREFIX_DROP,   /* c or control -> d: drop entries; answered RESULT (err: the
                                entries dropped, >= 0) */
+    POOL_MSG_READY,         /* c -> d: the shares this client sent PENDING under serial are
+                               complete (ok 1: visible from now) or never will be (ok 0:
+                               dropped); answered RESULT (err: the shares it named, >= 0) */
     POOL_MSG_TYPES          /* one past the last type */
 };
 
@@ -212,6 +216,8 @@ struct pool_export {
     uint32_t n;             /* 1 .. POOL_BATCH_MAX, off + n <= total */
     uint32_t pad;
     uint64_t length;        /* tokens */
+    uint64_t serial;        /* 0: complete now; else PENDING until READY names serial (an
+                               IMPORT of it is then -EAGAIN) */
     struct pool_layout lay;
     uint64_t ids[POOL_BATCH_MAX];   /* region-major */
 };
@@ -229,6 +235,10 @@ struct pool_import {
     struct pool_hdr h;
     struct pool_layout lay;
     uint8_t token[POOL_TOKEN_BYTES];
+    uint32_t wait_ms;       /* a PENDING export: the answer waits this long for its READY
+                               (0: -EAGAIN at once); then -EAGAIN, or -ENOENT if it was
+                               dropped meanwhile */
+    uint32_t pad;
 };
 
 struct pool_imported {
@@ -262,6 +272,8 @@ struct pool_prefix_publish {
     uint32_t off;           /* this chunk's first: the chunks of one entry come in order */
     uint32_t n;             /* 1 .. POOL_BATCH_MAX, off + n <= total */
     uint32_t last;          /* 1: the call's last chunk (the entry's last too): answered */
+    uint64_t serial;        /* 0: complete now; else PENDING (a miss for every lookup and
+                               attach) until READY names serial */
     uint64_t ids[POOL_BATCH_MAX];   /* region order */
 };
 
@@ -291,6 +303,20 @@ struct pool_prefix_drop {
     uint8_t keys[POOL_PREFIX_KEYS][POOL_KEY_BYTES];
 };
 enum { POOL_DROP_KEYS = 0, POOL_DROP_NS = 1, POOL_DROP_ALL = 2 };
+
+/* PENDING and READY: a publisher sends its shares (an export, a publish's entries) at the
+   call, before the device work that wrote their bytes is known complete, under a serial of
+   its own (> 0, increasing); the daemon holds their frames but shows them to no one (an
+   IMPORT of a pending export waits for its READY up to the import's wait_ms). Once
+   that work completed (an event the publisher's library waits for off the engine's thread)
+   READY ok 1 makes them visible; ok 0 (the wait failed) drops them. A client that goes
+   before READY takes its pending shares with it: their bytes were never known complete. */
+struct pool_ready {
+    struct pool_hdr h;
+    uint64_t serial;        /* > 0 */
+    uint32_t ok;            /* 1 visible; 0 dropped */
+    uint32_t pad;
+};
 
 /* The largest message (a receive buffer's size). */
 #define POOL_MSG_MAX sizeof(struct pool_prefix_drop)

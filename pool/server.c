@@ -647,10 +647,10 @@ static void pending_serve(struct pool_srv *s)
     }
 }
 
-/* The epoll timeout: until the nearest deadline of a waiting lease (-1: none). */
-static int pending_timeout_ms(const struct pool_srv *s)
+/* The epoll timeout: until the nearest deadline of a waiting lease or import (-1: none). */
+static int pending_timeout_ms(struct pool_srv *s)
 {
-    uint64_t now = mono_ns(), next = UINT64_MAX;
+    uint64_t now = mono_ns(), next = srv_share_deadlines(s, now);
     for (size_t i = 0; i < s->nclients; i++) {
         const struct srv_client *c = s->clients[i];
         if (c && c->pend_n && c->pend_deadline < next)
@@ -844,6 +844,7 @@ static int dispatch(struct pool_srv *s, struct srv_client *c, const void *buf, u
     case POOL_MSG_PREFIX_LOOKUP: return srv_on_prefix_keys(s, c, buf, false);
     case POOL_MSG_PREFIX_ATTACH: return srv_on_prefix_keys(s, c, buf, true);
     case POOL_MSG_PREFIX_DROP: return srv_on_prefix_drop(s, c, buf);
+    case POOL_MSG_READY:   return srv_on_ready(s, c, buf);
     default:               return -EPROTO;          /* a daemon's message sent to it */
     }
 }
@@ -947,6 +948,7 @@ int pool_srv_run(struct pool_srv *s)
         if (n == 0 && idle_work)
             srv_reserve_work(s);    /* one release or one frame made ahead */
         pending_serve(s);           /* frames given back, answers, deaths, deadlines */
+        (void)srv_share_deadlines(s, mono_ns());  /* imports waiting for a pending export */
         figures_publish(s);
     }
 }

@@ -55,6 +55,11 @@ struct srv_rec {
        hash chain and its LRU list (older toward head) */
     uint64_t ns;
     struct srv_rec *hnext, *lprev, *lnext;
+    /* PENDING (protocol.h "PENDING and READY"): the publisher's serial until its READY (0:
+       visible), the publisher's client slot, and its list of pending records */
+    uint64_t pend;
+    int pend_slot;
+    struct srv_rec *pnext;
 };
 
 struct srv_client {
@@ -84,6 +89,12 @@ struct srv_client {
     uint32_t pub_new;           /* entries its publish call made so far */
     uint8_t pub_prev[POOL_KEY_BYTES];   /* the call's previous entry's key (its parent) */
     bool pub_has_prev;
+    struct srv_rec *pending;    /* its records not READY yet (pnext), newest first */
+    /* an IMPORT of a pending export waiting for its READY (server_share.c): the request,
+       answered at the READY, the export's drop, or imp_deadline (CLOCK_MONOTONIC ns) */
+    bool imp_wait;
+    uint64_t imp_deadline;
+    struct pool_import imp_msg;
 };
 
 struct pool_srv {
@@ -126,7 +137,7 @@ void srv_frame_settle(struct pool_srv *s, size_t slot);
    not map it (the caller's -EPROTO). */
 int  srv_share_unmap(struct pool_srv *s, struct srv_client *c, uint64_t id);
 /* c is going: its mappings given up, the records it was importing importable again, its
-   export in construction dropped. */
+   export in construction dropped, its pending records (never READY) dropped. */
 void srv_share_client_gone(struct pool_srv *s, struct srv_client *c);
 /* The pool is short of need frames for a call: unimported exports are dropped, oldest
    first, while that frees frames; returns the frames freed. */
@@ -149,6 +160,15 @@ int  srv_on_import_end(struct pool_srv *s, struct srv_client *c,
                        const struct pool_import_end *m);
 int  srv_on_handoff_drop(struct pool_srv *s, struct srv_client *c,
                          const struct pool_handoff_drop *m);
+/* Pending records (protocol.h "PENDING and READY"): r (pend > 0) joins c's list; r leaves
+   its publisher's list (no-op when r is visible: pend 0), as every drop of a record does. */
+void srv_pend_add(struct srv_client *c, struct srv_rec *r);
+void srv_pend_unlink(struct pool_srv *s, struct srv_rec *r);
+/* READY: c's records of serial become visible (ok) or are dropped. */
+int  srv_on_ready(struct pool_srv *s, struct srv_client *c, const struct pool_ready *m);
+/* The imports waiting for a pending export past their deadline are answered -EAGAIN (now:
+   CLOCK_MONOTONIC ns); the nearest deadline of those still waiting (UINT64_MAX: none). */
+uint64_t srv_share_deadlines(struct pool_srv *s, uint64_t now);
 
 /* server_reserve.c: the reserve. Fresh frames created and exported ahead and the release
    of dead frames, made by the loop when no event waits; the device never holds more frames
@@ -184,6 +204,8 @@ void srv_reserve_counts(const struct pool_srv *s, struct srv_reserve_counts *out
 size_t srv_prefix_reclaim(struct pool_srv *s, size_t need);
 /* c is going: its entry in construction dropped (the entries it made stay). */
 void srv_prefix_client_gone(struct pool_srv *s, struct srv_client *c);
+/* Entry r leaves the index (and a pending list); its holds go. */
+void srv_prefix_entry_drop(struct pool_srv *s, struct srv_rec *r);
 /* Drops every entry and the index (pool_srv_close). */
 void srv_prefix_close(struct pool_srv *s);
 int  srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,

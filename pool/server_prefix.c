@@ -14,7 +14,9 @@
  * previous key): reclaim, oldest first, takes leaves before the entries they extend. An
  * entry outlives its publisher (its exit gives back its lease of each frame; the entry
  * keeps the frame live) and goes by DROP, by reclaim when no client maps any of its
- * frames, or with the daemon.
+ * frames, or with the daemon. An entry published with a serial is pending (server_share.c,
+ * protocol.h "PENDING and READY"): a miss for LOOKUP and ATTACH until its READY, and it
+ * goes with its publisher if that goes first.
  */
 #include "server_int.h"
 
@@ -106,8 +108,9 @@ static void index_grow(struct pool_srv *s)
 }
 
 /* Entry r leaves the index; its holds go (frames nothing else holds die). */
-static void entry_drop(struct pool_srv *s, struct srv_rec *r)
+void srv_prefix_entry_drop(struct pool_srv *s, struct srv_rec *r)
 {
+    srv_pend_unlink(s, r);
     struct srv_rec **p = &s->pbuck[key_hash(&r->lay, r->ns, r->token) & (s->nbuck - 1)];
     while (*p != r)
         p = &(*p)->hnext;
@@ -142,7 +145,7 @@ void srv_prefix_client_gone(struct pool_srv *s, struct srv_client *c)
 void srv_prefix_close(struct pool_srv *s)
 {
     while (s->lru_old)
-        entry_drop(s, s->lru_old);
+        srv_prefix_entry_drop(s, s->lru_old);
     free(s->pbuck);
     s->pbuck = NULL;
     s->nbuck = 0;
@@ -169,7 +172,7 @@ size_t srv_prefix_reclaim(struct pool_srv *s, size_t need)
         if (!entry_frees(s, r))
             continue;
         size_t before = s->leased;
-        entry_drop(s, r);
+        srv_prefix_entry_drop(s, r);
         freed += before - s->leased;
         dropped++;
     }
@@ -222,6 +225,8 @@ static void publish_commit(struct pool_srv *s, struct srv_client *c)
     s->npfx++;
     s->pfx_frames += e->n;
     c->pub_new++;
+    if (e->pend)
+        srv_pend_add(c, e);         /* a miss for every lookup until its READY */
 }
 
 int srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,
@@ -248,10 +253,11 @@ int srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,
         e->total = m->total;
         e->claimed = -1;
         e->from = c->pid;
+        e->pend = m->serial;
         memcpy(e->token, m->key, POOL_KEY_BYTES);
         c->pub = e;
     } else if (m->off != e->n || m->total != e->total || m->ns != e->ns ||
-               memcmp(m->key, e->token, POOL_KEY_BYTES) != 0) {
+               m->serial != e->pend || memcmp(m->key, e->token, POOL_KEY_BYTES) != 0) {
         return -EPROTO;                     /* out of order */
     }
     for (uint32_t i = 0; i < m->n; i++) {
@@ -297,7 +303,8 @@ int srv_on_prefix_keys(struct pool_srv *s, struct srv_client *c,
         return -EPROTO;
     struct srv_rec *found[POOL_PREFIX_KEYS];
     uint32_t k = 0, total = 0;
-    while (k < m->n && (found[k] = entry_find(s, &m->lay, m->ns, m->keys[k]))) {
+    while (k < m->n && (found[k] = entry_find(s, &m->lay, m->ns, m->keys[k])) &&
+           !found[k]->pend) {               /* a pending entry is a miss */
         total += found[k]->n;
         k++;
     }
@@ -331,7 +338,7 @@ int srv_on_prefix_drop(struct pool_srv *s, struct srv_client *c,
         for (uint32_t i = 0; i < m->n; i++) {
             struct srv_rec *r = entry_find(s, &m->lay, m->ns, m->keys[i]);
             if (r) {
-                entry_drop(s, r);
+                srv_prefix_entry_drop(s, r);
                 n++;
             }
         }
@@ -340,7 +347,7 @@ int srv_on_prefix_drop(struct pool_srv *s, struct srv_client *c,
             next = r->lnext;
             if (m->scope == POOL_DROP_ALL ||
                 (r->ns == m->ns && (!m->lay.n_regions || lay_eq(&r->lay, &m->lay)))) {
-                entry_drop(s, r);
+                srv_prefix_entry_drop(s, r);
                 n++;
             }
         }

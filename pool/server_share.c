@@ -14,6 +14,13 @@
  * importable again). An importer that dies while it claims a record gives it back the
  * same way. A record does not depend on its exporter: the exporter's exit gives back its
  * lease of each frame, the record keeps the frame live.
+ *
+ * Pending records (protocol.h "PENDING and READY"): an export or a prefix entry sent with
+ * a serial joins its publisher's pending list; a pending entry is a miss; an IMPORT of a
+ * pending export waits (the request kept in the importer's imp_msg, nothing claimed) for
+ * its READY, its drop (-ENOENT) or its wait_ms (-EAGAIN; wait_ms 0: at once). READY of the
+ * serial makes them visible (ok) or drops them; the publisher going first drops them all.
+ * Every drop of a record unlinks it from that list first (srv_pend_unlink).
  */
 #include "server_int.h"
 
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/assert.h"
@@ -96,16 +104,138 @@ static void rec_free(struct pool_srv *s, struct srv_rec *r, bool holds)
     free(r);
 }
 
-/* Record k leaves the table (its holds dropped). */
+static void waiters_wake(struct pool_srv *s, const uint8_t *token, bool gone);
+
+/* Record k leaves the table (and a pending list; its holds dropped). */
 static void rec_drop(struct pool_srv *s, size_t k)
 {
     struct srv_rec *r = s->recs[k];
+    if (r->pend)
+        waiters_wake(s, r->token, true);    /* never ready: the imports waiting for it */
+    srv_pend_unlink(s, r);
     s->recs[k] = s->recs[--s->nrecs];
     rec_free(s, r, true);
 }
 
+static int imported(struct srv_client *c, int err, uint32_t total, uint64_t length,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* The imports waiting for pending export token: its READY came (gone false: each is
+   served as a new IMPORT; the first claims it, the others find it claimed) or it was
+   dropped (-ENOENT). A reply that cannot be sent is left to the client's reply timeout. */
+static void waiters_wake(struct pool_srv *s, const uint8_t *token, bool gone)
+{
+    for (size_t i = 0; i < s->nclients; i++) {
+        struct srv_client *c = s->clients[i];
+        if (!c || !c->imp_wait || memcmp(c->imp_msg.token, token, POOL_TOKEN_BYTES) != 0)
+            continue;
+        c->imp_wait = false;
+        int rc = gone ? imported(c, -ENOENT, 0, 0, "the export was dropped before it was "
+                                 "ready (its exporter went, or its device work failed)")
+                      : srv_on_import(s, c, &c->imp_msg);
+        if (rc)
+            srv_say("client %s (pid %d): the answer to its waiting import was not sent (%s)",
+                c->name, (int)c->pid, strerror(-rc));
+    }
+}
+
+uint64_t srv_share_deadlines(struct pool_srv *s, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+    for (size_t i = 0; i < s->nclients; i++) {
+        struct srv_client *c = s->clients[i];
+        if (!c || !c->imp_wait)
+            continue;
+        if (c->imp_deadline > now) {
+            next = c->imp_deadline < next ? c->imp_deadline : next;
+            continue;
+        }
+        c->imp_wait = false;
+        if (imported(c, -EAGAIN, 0, 0, "the export is still pending after %u ms: the device "
+                     "work its exporter queued before kvvm_seq_export has not completed (the "
+                     "exporter's kvvm_sync returns once it is importable)", c->imp_msg.wait_ms))
+            srv_say("client %s (pid %d): the answer to its waiting import was not sent",
+                c->name, (int)c->pid);
+    }
+    return next;
+}
+
+/* Pending record r is dropped (its READY failed, or its publisher went). */
+static void pend_drop(struct pool_srv *s, struct srv_rec *r)
+{
+    if (r->kind == SRV_REC_PREFIX) {
+        srv_prefix_entry_drop(s, r);
+        return;
+    }
+    for (size_t k = 0; k < s->nrecs; k++)
+        if (s->recs[k] == r) {
+            rec_drop(s, k);
+            return;
+        }
+    KVVM_ASSERT(!"a pending export is in the table");
+}
+
+void srv_pend_add(struct srv_client *c, struct srv_rec *r)
+{
+    KVVM_ASSERT(r->pend > 0);
+    r->pend_slot = c->slot;
+    r->pnext = c->pending;
+    c->pending = r;
+}
+
+void srv_pend_unlink(struct pool_srv *s, struct srv_rec *r)
+{
+    if (!r->pend)
+        return;
+    struct srv_client *c = r->pend_slot >= 0 && (size_t)r->pend_slot < s->nclients
+                           ? s->clients[r->pend_slot] : NULL;
+    KVVM_ASSERT(c != NULL);                 /* a client going drops its pending first */
+    for (struct srv_rec **p = c ? &c->pending : NULL; p && *p; p = &(*p)->pnext)
+        if (*p == r) {
+            *p = r->pnext;
+            break;
+        }
+    r->pend = 0;
+    r->pnext = NULL;
+}
+
+int srv_on_ready(struct pool_srv *s, struct srv_client *c, const struct pool_ready *m)
+{
+    if (c->role != POOL_ROLE_CLIENT)
+        return -EPROTO;
+    uint32_t n = 0;
+    for (struct srv_rec *r = c->pending, *next; r; r = next) {
+        next = r->pnext;
+        if (r->pend != m->serial)
+            continue;
+        n++;
+        if (!m->ok) {
+            pend_drop(s, r);
+            continue;
+        }
+        srv_pend_unlink(s, r);              /* visible from now */
+        if (r->kind == SRV_REC_EXPORT)
+            waiters_wake(s, r->token, false);
+    }
+    if (!m->ok && n)
+        srv_say("client %s (pid %d): the device work before %u shared record%s did not "
+            "complete (its wait failed): dropped, never shown", c->name, (int)c->pid, n,
+            n == 1 ? "" : "s");
+    struct pool_result r = { .err = (int32_t)n };
+    pool_proto_hdr(&r.h, POOL_MSG_RESULT);
+    snprintf(r.text, sizeof r.text, "%u shared record%s %s", n, n == 1 ? "" : "s",
+             m->ok ? "visible" : "dropped");
+    return send_msg(c, &r, NULL, 0);
+}
+
 void srv_share_client_gone(struct pool_srv *s, struct srv_client *c)
 {
+    uint32_t pend = 0;
+    for (; c->pending; pend++)
+        pend_drop(s, c->pending);       /* never READY: their bytes never known complete */
+    if (pend)
+        srv_say("client %s (pid %d) went before %u shared record%s it sent were ready: "
+            "dropped, never shown", c->name, (int)c->pid, pend, pend == 1 ? "" : "s");
     while (c->n_maps)
         map_remove(s, c, c->n_maps - 1);
     for (size_t i = 0; i < s->nrecs; i++)
@@ -226,6 +356,8 @@ static int export_commit(struct pool_srv *s, struct srv_client *c, struct srv_re
         s->frames[e->slots[i]].nrec++;
     e->serial = ++s->rec_serial;
     s->recs[s->nrecs++] = e;
+    if (e->pend)
+        srv_pend_add(c, e);                 /* importable once READY */
     srv_say("client %s (pid %d) exported %u frames (%llu tokens)", c->name, (int)c->pid, e->n,
         (unsigned long long)e->length);
     return exported(c, 0, e->token, "exported");
@@ -248,10 +380,10 @@ int srv_on_export(struct pool_srv *s, struct srv_client *c, const struct pool_ex
         }
         *e = (struct srv_rec){ .kind = SRV_REC_EXPORT, .lay = m->lay, .length = m->length,
                                .total = m->total, .slots = e->slots, .claimed = -1,
-                               .from = c->pid };
+                               .from = c->pid, .pend = m->serial };
         e->lay.pad = 0;
         c->exp = e;
-    } else if (m->off != e->n || m->total != e->total) {
+    } else if (m->off != e->n || m->total != e->total || m->serial != e->pend) {
         return -EPROTO;                     /* out of order */
     }
     for (uint32_t i = 0; i < m->n; i++) {
@@ -336,6 +468,19 @@ int srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_im
         return imported(c, -ENOENT, 0, 0, "no export has this token (never made, already "
                         "imported, dropped, or dropped by the daemon under pressure)");
     struct srv_rec *r = s->recs[k];
+    if (r->pend && m->wait_ms) {                /* answered at its READY or the deadline */
+        c->imp_msg = *m;
+        c->imp_wait = true;
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        c->imp_deadline = (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec +
+                          (uint64_t)m->wait_ms * 1000000u;
+        return 0;
+    }
+    if (r->pend)
+        return imported(c, -EAGAIN, 0, 0, "the export is pending: the device work its "
+                        "exporter queued before kvvm_seq_export has not completed yet (the "
+                        "exporter's kvvm_sync returns once it is importable)");
     if (!layout_eq(&r->lay, &m->lay))
         return imported(c, -EINVAL, 0, 0, "the export's layout is n_regions %u, "
                         "bytes_per_token %llu, page_size %llu; this client's is %u, %llu, "

@@ -5,13 +5,10 @@
    exporter's exit and SIGKILL, tokens spent, forged, of another layout, dropped, the
    daemon dropping an unimported export before a take-back, stream mode (bytes written
    after the export are never seen), and the pool whole again once everyone exited. */
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include "harness.h"
 #include "pool_daemon.h"
 #include "pool_share.h"
-#include "vmm/emu/emu.h"
 
 #define LEN  (5 * TPP + 7)              /* 5 full pages and a partial one, per region */
 
@@ -403,88 +400,9 @@ Test(handoff, imported_pages_swapped_out_give_their_frames_up)
     pd_stop(&d);
 }
 
-/* ---- ordering: an export waits for the engine's work enqueued before it ------------------
-   The exporter's engine stream is paused (its work cannot complete) and a gate holds the
-   next cuStreamSynchronize of another thread. A thread exports: the export must stop there,
-   waiting for the stream, so its call has not returned when the gate is reached. An export
-   that did not wait returns first, and the thread's kvvm_sync after it reaches the gate
-   instead, with the export done: that is the failure this test sees. */
-struct ord {
-    kvvm *kv;
-    kvvm_seq s;
-    kvvm_handoff t;
-    int rc;
-    atomic_int done;
-};
-
-static void *ord_export(void *arg)
-{
-    struct ord *o = arg;
-    o->rc = kvvm_seq_export(o->kv, o->s, &o->t);
-    atomic_store(&o->done, 1);
-    if (kvvm_sync(o->kv))
-        o->rc = o->rc ? o->rc : -EIO;
-    return NULL;
-}
-
-static int ordered_exporter(const char *path, int tok_fd)
-{
-    struct kvvm_config c;
-    cfg(&c, path, "ordered", BPT);
-    struct ord o = { 0 };
-    void *st = NULL;
-    if (kvvm_open(&c, &o.kv) || kvvm_stream_create(o.kv, &st) || kvvm_set_stream(o.kv, st))
-        return 100;
-    if (kvvm_seq_create(o.kv, &o.s) || kvvm_seq_grow(o.kv, o.s, LEN) ||
-        fill(o.kv, o.s, LEN, 0x99) || kvvm_sync(o.kv))
-        return 101;
-    if (emu_stream_set_paused((kcu_stream)st, 1) || kvvm_step(o.kv))
-        return 102;                     /* the step's fence: engine work left undone */
-    if (emu_gate_arm("cuStreamSynchronize"))
-        return 103;
-    pthread_t th;
-    if (pthread_create(&th, NULL, ord_export, &o))
-        return 104;
-    emu_gate_wait();
-    int early = atomic_load(&o.done);   /* the export returned with the work undone */
-    emu_stream_set_paused((kcu_stream)st, 0);
-    emu_gate_open();
-    pthread_join(th, NULL);
-    if (early)
-        return 105;
-    if (o.rc)
-        return 106;
-    if (write(tok_fd, &o.t, sizeof o.t) != (ssize_t)sizeof o.t)
-        return 107;
-    kvvm_close(o.kv);
-    return 0;
-}
-
-Test(handoff, export_waits_for_the_engines_earlier_work)
-{
-    TH_DEADLINE(120);
-    struct pd d;
-    pd_start(&d, "4M");
-    int tp[2];
-    cr_assert_eq(pipe2(tp, O_CLOEXEC), 0);
-    pid_t p = fork();
-    cr_assert_geq(p, 0);
-    if (p == 0) {
-        close(tp[0]);
-        _exit(ordered_exporter(d.path, tp[1]));
-    }
-    close(tp[1]);
-    kvvm_handoff t;
-    bool got = read(tp[0], &t, sizeof t) == (ssize_t)sizeof t;
-    cr_expect_eq(pd_wait(p), 0, "the exporter: its exit code names the check");
-    close(tp[0]);
-    if (got) {
-        pid_t b = imp_start(d.path, &t, 0x99, 0);
-        cr_expect_eq(pd_wait(b), 0, "the importer: its exit code names the check");
-    }
-    wait_pool_whole(d.path);
-    pd_stop(&d);
-}
+/* ---- ordering: an export's bytes are those of the device work before it, waited for off
+   the engine's thread: tests/test_share_pending.c (the test that stood here required the
+   export itself to synchronize the engine stream, the defect of issue 35). */
 
 /* ---- the protocol, raw: a client cannot export a frame it neither leased nor maps, nor
    end an import it did not start; either drops only that client. A raw export and import

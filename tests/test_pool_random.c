@@ -83,6 +83,7 @@ struct wk {
     bool live[NSLOT];
     unsigned char *buf;                 /* MAXTOK tokens */
     unsigned char *tmp;
+    bool stream;                        /* on an engine stream */
 };
 
 static int wfail(struct rep *r, int code, const char *fmt, ...)
@@ -206,11 +207,18 @@ static void wserve(struct wk *w, const struct cmd *c, struct rep *r)
         wcall(r, kvvm_seq_free(w->kv, w->s[c->slot]), "free");
         w->live[c->slot] = false;
         break;
+    /* the reply tells the model its shares are visible to the other workers: on an engine
+       stream that is once kvvm_sync returned (they are pending until the device work before
+       the call completed) */
     case C_PUBLISH:
-        wcall(r, kvvm_prefix_publish(w->kv, w->s[c->slot], c->ns, c->keys, c->nkeys), "publish");
+        if (wcall(r, kvvm_prefix_publish(w->kv, w->s[c->slot], c->ns, c->keys, c->nkeys),
+                  "publish") >= 0 && w->stream && kvvm_sync(w->kv))
+            (void)wcall(r, -EIO, "sync after the publish");
         break;
     case C_EXPORT:
-        wcall(r, kvvm_seq_export(w->kv, w->s[c->slot], &r->tok), "export");
+        if (!wcall(r, kvvm_seq_export(w->kv, w->s[c->slot], &r->tok), "export") && w->stream &&
+            kvvm_sync(w->kv))
+            (void)wcall(r, -EIO, "sync after the export");
         break;
     case C_ATTACH:
     case C_IMPORT:
@@ -242,7 +250,7 @@ static int worker(const char *path, int id, bool stream, int in, int out)
     c.page_size = 0;
     c.emu_granule = 0;
     c.device_budget = 0;                /* the whole pool */
-    struct wk w = { 0 };
+    struct wk w = { .stream = stream };
     w.buf = malloc((size_t)MAXTOK * BPT);
     w.tmp = malloc(BPT);
     if (!w.buf || !w.tmp || kvvm_open(&c, &w.kv))
