@@ -189,13 +189,14 @@ struct paging_counters {
                                     a fence now */
     uint64_t swap_outs, swap_ins;           /* sequences moved */
     uint64_t bytes_to_host, bytes_to_device;/* swap copies */
-    uint64_t pages_host;         /* pages holding a host slot */
     uint64_t orphans;            /* device pages held only by non-resident sequences */
     uint64_t orphans_moved;      /* orphan pages copied to the host tier */
     uint64_t nonresident;        /* live sequences not resident */
     uint64_t spills, unspills;   /* pages written to / read back from disk */
     uint64_t bytes_to_disk, bytes_from_disk;
-    uint64_t pages_disk;         /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
+    uint64_t pages_lower[PG_N_LOWER]; /* pages holding a slot of each tier below (host:
+                                    HOST, TO_HOST, TO_DEVICE...; disk: DISK, TO_DISK,
+                                    FROM_DISK) */
     uint64_t pages_damaged;      /* pages whose disk copy was lost (failed read) */
     uint64_t frames_created_sync;/* frames created on a caller's thread */
     uint64_t frames_released;    /* frames released to the driver before close */
