@@ -111,6 +111,27 @@ struct pg_room {
     uint64_t need;
     struct pg_tier_room t[PG_N_LOWER];
 };
+/* The slots tier t can have free for moves from the tier above, walking the tiers below in
+   order: its free ones, those its transfers down in flight free, and its movable pages as
+   far as the tiers below it can take them, the same way (the last tier: its free slots).
+   For the host tier over the disk tier: H + W + min(S, D). */
+static inline uint64_t pg_room_reach(const struct pg_room *r, unsigned t)
+{
+    uint64_t below = 0;                 /* what the tiers under u can take */
+    for (unsigned u = PG_N_LOWER; u-- > t;) {
+        const struct pg_tier_room *x = &r->t[u];
+        below = x->free + x->freeing + (x->movable < below ? x->movable : below);
+    }
+    return below;
+}
+/* Every slot free or coming free in tier t and the tiers below it (no move counted). */
+static inline uint64_t pg_room_total(const struct pg_room *r, unsigned t)
+{
+    uint64_t n = 0;
+    for (unsigned u = t; u < PG_N_LOWER; u++)
+        n += r->t[u].free + r->t[u].freeing;
+    return n;
+}
 enum pg_move { PG_MOVE_DIRECT = 0, PG_MOVE_STAGED = 1 };
 struct pg_policy_ops {
     void *arg;
