@@ -2,9 +2,10 @@
  * core/tiers.c: the tiers below the device, as one list (core/tiers.h; paging.h, "the tiers
  * below the device"): each entry opens its layer (host/, disk/ ...) for the context, adapts
  * it to paging's struct pg_tier_ops (kv->tier_ops[t]), says how many pages it can hold,
- * gives its stats and the text of its absence, and closes it. A new tier is a folder of its
- * own and an entry here (or one added with core_tiers_add); the rest of core iterates
- * kv->tier[] and names no tier.
+ * gives its stats and the text of its absence, and closes it. A new tier of a kind the list
+ * has (a memory tier at level 0, an I/O tier at level 1) is a folder of its own and an entry
+ * here (or one added with core_tiers_add); one at a new level needs paging's page states and
+ * moves as well (docs/design.md). The rest of core iterates kv->tier[] and names no tier.
  *
  * The tiers' typed slot ids and paging's map one to one, none to none (each tier keeps its
  * own type: host/ and disk/ never include paging's header); the conversions are here only.
