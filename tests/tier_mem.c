@@ -147,7 +147,7 @@ static void close_mem(void *layer)
     struct tier_mem *m = layer;
     if (!m)
         return;
-    for (uint32_t s = 0; s < m->n; s++)
+    for (uint32_t s = 0; m->taken && s < m->n; s++)
         if (m->taken[s])
             misuse();                     /* paging frees every slot before close */
     pthread_mutex_destroy(&m->mu);
