@@ -89,6 +89,11 @@ static void off_host(kvvm *kv, char *b, size_t n, size_t *pos)
              "%zu bytes): nothing can be swapped out", kv->cfg.host_budget, kv->cfg.page_size);
 }
 
+static void policy_host(kvvm *kv, struct core_tier_policy *out)
+{
+    *out = (struct core_tier_policy){ kv->cfg.host_min, kv->cfg.host_low, kv->cfg.host_high };
+}
+
 static void span_host(void *layer, void **base, size_t *bytes)
 {
     *base = host_arena_base(layer);
@@ -102,7 +107,8 @@ static void close_host(void *layer)
 
 static const struct core_tier host_tier = {
     .name = "host", .level = PG_LOWER_HOST, .open = open_host, .close = close_host,
-    .slots = slots_host, .stats = stats_host, .off = off_host, .span = span_host,
+    .slots = slots_host, .stats = stats_host, .off = off_host, .policy = policy_host,
+    .span = span_host,
 };
 
 /* ---- the disk tier: spill files (disk/), an I/O tier ---------------------------------
@@ -345,9 +351,16 @@ void core_tiers_params(kvvm *kv, struct paging_params *pp)
 void core_tiers_swap_params(kvvm *kv, struct swap_params *p)
 {
     struct core_tier_stats h;
+    struct core_tier_policy row = { 0 };
+    const struct core_tier_at *first = &kv->tier[PG_LOWER_HOST];
     core_tier_stats(kv, PG_LOWER_HOST, &h);
+    if (first->e && first->e->policy)
+        first->e->policy(kv, &row);
     p->thread = h.total > 0;            /* the reclaim thread swaps out to the host tier */
     p->host_slots = (uint32_t)h.total;
+    p->host_min = row.min;
+    p->host_low = row.low;
+    p->host_high = row.high;
     p->disk = core_tier_on(kv, PG_LOWER_DISK);   /* the spill thread writes to it */
 }
 

@@ -34,6 +34,13 @@ struct core_tier_stats {
     uint64_t checksum_failures, io_errors;
 };
 
+/* A tier's policy row: the free fractions of its slots the background threads keep
+   (min <= low <= high: below low the tier's pages move down to the tier below until high
+   is free; all 0: the tier keeps none, e.g. the last one). */
+struct core_tier_policy {
+    double min, low, high;
+};
+
 struct core_tier {
     const char *name;            /* "host", "disk": messages say "the <name> tier" */
     unsigned level;              /* the PG_LOWER_* place it takes, < PG_N_LOWER */
@@ -52,6 +59,8 @@ struct core_tier {
     /* For a -ENOMEM message when the tier is off (json_put at *pos of b): "; no <name> tier
        (<why it is off>)". */
     void (*off)(kvvm *kv, char *b, size_t n, size_t *pos);
+    /* Optional (NULL: a row of zeros): its policy row from kv's configuration. */
+    void (*policy)(kvvm *kv, struct core_tier_policy *out);
     /* Optional, a memory tier (ptr set): the memory its slots are in (the tier below's
        I/O buffers: the disk tier registers them for O_DIRECT / fixed buffers). */
     void (*span)(void *layer, void **base, size_t *bytes);
@@ -81,8 +90,9 @@ void core_tiers_params(struct kvvm *kv, struct paging_params *pp);
 /* Whether level t's tier is on; its stats (zeros when none opened). */
 bool core_tier_on(struct kvvm *kv, unsigned t);
 void core_tier_stats(struct kvvm *kv, unsigned t, struct core_tier_stats *out);
-/* The tiers' part of swap/'s parameters (the reclaim thread and the host and disk
-   watermarks are the first and second tier's). */
+/* The tiers' part of swap/'s parameters: the reclaim thread (a first tier to swap out
+   to), its size and policy row (host_slots, host_min/low/high), the spill thread (a second
+   tier to move its pages down to: disk). */
 struct swap_params;
 void core_tiers_swap_params(struct kvvm *kv, struct swap_params *p);
 /* The first tier's I/O engine that has one ("none"), for kvvm_stats_json. */
