@@ -22,7 +22,7 @@
    the second's) and bad (their failed transfers, summed). */
 #define KVVM_STATS(X)                                                              \
     X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
-    X(pages_device_free, c.pages_free) X(pages_host_total, t[0].total) \
+    X(pages_device_free, c.pages_free) X(pages_host_total, t[0].total)           \
     X(pages_host_free, t[0].free)                                                  \
     X(pages_disk_total, t[1].total) X(pages_disk_free, t[1].free)                  \
     X(pages_inflight, c.pages_inflight)                                            \
