@@ -278,6 +278,20 @@ void core_tier_stats(kvvm *kv, unsigned t, struct core_tier_stats *out)
         kv->tier[t].e->stats(kv->tier[t].layer, out);
 }
 
+/* -EINVAL: tier e is on and the level above it is off (the reason as its entry says it). */
+static int above_missing(kvvm *kv, const struct core_tier *e)
+{
+    const struct core_tier_at *up = &kv->tier[e->level - 1];
+    const struct core_tier *a = up->e ? up->e : core_tiers_first(e->level - 1);
+    char b[256];
+    size_t pos = 0;
+    b[0] = 0;
+    if (a)
+        a->off(kv, b, sizeof b, &pos);
+    return kerr(-EINVAL, "kvvm_open: the %s tier needs the %s tier above it%s", e->name,
+                a ? a->name : "", b);
+}
+
 /* Level t: the first of its entries that opens a layer takes it. */
 static int open_level(kvvm *kv, unsigned t)
 {
@@ -293,14 +307,11 @@ static int open_level(kvvm *kv, unsigned t)
             KVVM_ASSERT(!kv->tier_ops[t].alloc);   /* on means open */
             continue;
         }
-        kv->tier[t] = (struct core_tier_at){ e, layer };
         if (t && kv->tier_ops[t].alloc && !core_tier_on(kv, t - 1)) {
             e->close(layer);           /* a tier's pages come and go through the one above */
-            kv->tier[t] = (struct core_tier_at){ 0 };
-            kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
-            return kerr(-EINVAL, "kvvm_open: the %s tier needs the tier above it (level %u)",
-                        e->name, t - 1);
+            return above_missing(kv, e);
         }
+        kv->tier[t] = (struct core_tier_at){ e, layer };
         return 0;
     }
     return 0;
