@@ -130,9 +130,11 @@ static size_t m_reap(void *a, struct pg_tier_done *out, size_t max)
     struct tier_mem *m = a;
     pthread_mutex_lock(&m->mu);
     size_t n = m->n_done < max ? m->n_done : max;
-    memcpy(out, m->done, n * sizeof *out);
-    memmove(m->done, m->done + n, (m->n_done - n) * sizeof *out);
-    m->n_done -= n;
+    if (n) {                              /* (done is NULL before the first transfer) */
+        memcpy(out, m->done, n * sizeof *out);
+        memmove(m->done, m->done + n, (m->n_done - n) * sizeof *out);
+        m->n_done -= n;
+    }
     pthread_mutex_unlock(&m->mu);
     return n;
 }
