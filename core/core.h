@@ -39,10 +39,9 @@
 #include "common/hist.h"
 #include "vmm/vmm.h"
 #include "paging/paging.h"
-#include "host/host.h"
 #include "swap/swap.h"
 #include "swap/frame_pool.h"
-#include "disk/disk.h"
+#include "core/tiers.h"
 #include "prefix/prefix.h"
 #include "store/store.h"
 
@@ -55,13 +54,12 @@ struct kvvm {
     char *spill_dir;              /* owned copy of cfg.spill_dir */
     struct vmm *v;
     struct paging *pg;
-    struct host_arena *host;      /* the host tier (0 slots when host_budget < page_size) */
     struct swap *sw;
     struct prefix *pfx;           /* the prefix cache's index (prefix/) */
     struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
-    struct disk *disk;           /* the disk tier (NULL without spill_dir) */
-    struct pg_tier_ops tier_ops[PG_N_LOWER]; /* paging's view of the tiers below the
-                                     device (core/tiers.c; alloc NULL: a tier is off) */
+    struct core_tier_at tier[PG_N_LOWER]; /* the tiers below the device (core/tiers.h:
+                                     the entry that opened each level and its layer) */
+    struct pg_tier_ops tier_ops[PG_N_LOWER]; /* paging's view of them (alloc NULL: off) */
     struct store *store;          /* the shared store (NULL without store_url); it has its
                                      own lock and may be called without kvvm.lock */
     char *store_url;              /* owned copy of cfg.store_url */
@@ -112,14 +110,6 @@ const char *core_err_name(int err);
 /* open.c: 0 when a device budget of b bytes fits in the frames the context holds plus the
    device's free memory; -ENOMEM (the reason in kvvm_last_error), -EIO. */
 int core_budget_fits(kvvm *kv, size_t b);
-/* core/tiers.c: the tiers below the device as one list. open: each tier's layer for kv and
-   kv->tier_ops (all or nothing; the error explained); close: every one, in reverse;
-   params: paging's pointers to the tiers that are on; slots: the pages they can hold
-   together (page descriptors beyond the device's). */
-int  core_tiers_open(kvvm *kv);
-uint64_t core_tiers_slots(kvvm *kv);
-void core_tiers_close(kvvm *kv);
-void core_tiers_params(kvvm *kv, struct paging_params *pp);
 /* The reason of public call `call`'s failure rc when no layer gave one (lock held): the
    numbers behind -ENOENT (the handle), -E2BIG (the length and max_tokens) and -ENOMEM
    (pages needed and free per tier, or the tier that is missing), from paging_why. Kept as

@@ -16,36 +16,24 @@ int core_check_locked(kvvm *kv, char *why, size_t len)
     int rc = paging_check(kv->pg, why, len);
     if (!rc)
         rc = prefix_check(kv->pfx, why, len);   /* the entries' page references */
-    if (!rc) {
-        /* host tier conservation: every allocated slot is held by exactly one page */
-        struct paging_counters c;
-        paging_counters(kv->pg, &c);
-        size_t used = host_slots_used(kv->host);
-        if (c.pages_host != used) {
-            klog_error("invariant violated: %llu pages hold host slots, the arena has %zu "
-                       "allocated", (unsigned long long)c.pages_host, used);
-            if (why && len)
-                snprintf(why, len, "%llu pages hold host slots, the arena has %zu allocated",
-                         (unsigned long long)c.pages_host, used);
-            rc = -EUCLEAN;
-        }
-    }
-    if (!rc && kv->disk) {
-        /* disk tier conservation: every allocated disk slot is held by exactly one page */
-        struct paging_counters c;
-        struct disk_stats d;
-        paging_counters(kv->pg, &c);
-        disk_stats_get(kv->disk, &d);
-        if (c.pages_disk != d.slots_total - d.slots_free) {
-            klog_error("invariant violated: %llu pages hold disk slots, the spill file has "
-                       "%llu allocated", (unsigned long long)c.pages_disk,
-                       (unsigned long long)(d.slots_total - d.slots_free));
-            if (why && len)
-                snprintf(why, len, "%llu pages hold disk slots, the spill file has %llu "
-                         "allocated", (unsigned long long)c.pages_disk,
-                         (unsigned long long)(d.slots_total - d.slots_free));
-            rc = -EUCLEAN;
-        }
+    struct paging_counters c;
+    paging_counters(kv->pg, &c);
+    for (unsigned t = 0; !rc && t < PG_N_LOWER; t++) {
+        /* each tier's conservation: every slot in use is held by exactly one page */
+        struct core_tier_stats ts;
+        core_tier_stats(kv, t, &ts);
+        uint64_t used = ts.total - ts.free;
+        if (c.pages_lower[t] == used)
+            continue;
+        const char *name = kv->tier[t].e ? kv->tier[t].e->name : "absent";
+        klog_error("invariant violated: %llu pages hold %s slots, the %s tier has %llu "
+                   "allocated", (unsigned long long)c.pages_lower[t], name, name,
+                   (unsigned long long)used);
+        if (why && len)
+            snprintf(why, len, "%llu pages hold %s slots, the %s tier has %llu allocated",
+                     (unsigned long long)c.pages_lower[t], name, name,
+                     (unsigned long long)used);
+        rc = -EUCLEAN;
     }
     return rc;
 }

@@ -84,13 +84,14 @@ const char *kvvm_strerror(int err)
 
 /* ---- the numbers behind a refusal (core_explain) ------------------------------------- */
 
-/* The tiers, as a -ENOMEM message states them: free and total per tier, or the tier that is
-   missing (then nothing can be swapped or spilled to make room). */
+/* The tiers, as a -ENOMEM message states them: free and total per tier, or the first tier
+   that is missing (then nothing can be moved to it or below to make room). w->host counts
+   slots of the first tier below the device (the one swap-outs go to). */
 static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t n)
 {
     struct paging_counters c;
     paging_counters(kv->pg, &c);
-    size_t pos = 0, hf = host_slots_free(kv->host), ht = host_slots_total(kv->host);
+    size_t pos = 0;
     if (w->what & PG_WHY_FRAMES)
         json_put(b, n, &pos, "%llu device page%s needed, %llu free of %llu (device_budget "
                  "%zu)", (unsigned long long)w->frames, w->frames == 1 ? "" : "s",
@@ -100,22 +101,23 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
         json_put(b, n, &pos, "device: %llu of %llu pages free (device_budget %zu)",
                  (unsigned long long)c.pages_free, (unsigned long long)c.pages_total,
                  kv->cfg.device_budget);
-    if (!ht)
-        json_put(b, n, &pos, "; no host tier configured (host_budget %zu is below one page of "
-                 "%zu bytes): nothing can be swapped out", kv->cfg.host_budget,
-                 kv->cfg.page_size);
-    else if (w->what & PG_WHY_HOST)
-        json_put(b, n, &pos, "; host tier: %llu slot%s needed, %zu free of %zu",
-                 (unsigned long long)w->host, w->host == 1 ? "" : "s", hf, ht);
-    else
-        json_put(b, n, &pos, "; host tier: %zu of %zu slots free", hf, ht);
-    if (kv->disk) {
-        struct disk_stats d;
-        disk_stats_get(kv->disk, &d);
-        json_put(b, n, &pos, "; disk tier: %llu of %llu slots free",
-                 (unsigned long long)d.slots_free, (unsigned long long)d.slots_total);
-    } else if (ht) {
-        json_put(b, n, &pos, "; no disk tier (spill_dir unset)");
+    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+        const struct core_tier *e = kv->tier[t].e;
+        struct core_tier_stats ts;
+        core_tier_stats(kv, t, &ts);
+        if (!core_tier_on(kv, t)) {
+            const struct core_tier *off = e ? e : core_tiers_first(t);
+            if (off)
+                off->off(kv, b, n, &pos);
+            break;                      /* the tiers below it need it */
+        }
+        if (t == 0 && (w->what & PG_WHY_HOST))
+            json_put(b, n, &pos, "; %s tier: %llu slot%s needed, %llu free of %llu", e->name,
+                     (unsigned long long)w->host, w->host == 1 ? "" : "s",
+                     (unsigned long long)ts.free, (unsigned long long)ts.total);
+        else
+            json_put(b, n, &pos, "; %s tier: %llu of %llu slots free", e->name,
+                     (unsigned long long)ts.free, (unsigned long long)ts.total);
     }
     core_pool_explain(kv, b, n, &pos);          /* with a pool: the daemon's numbers */
     if ((w->what & PG_WHY_FRAMES) && !(kv->cfg.flags & KVVM_F_AUTO_SWAP))

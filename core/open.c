@@ -168,11 +168,9 @@ static int open_layout(kvvm *kv)
     struct swap_params swp = {
         .frames = (uint32_t)frames, .min = c->device_min, .low = c->device_low,
         .high = c->device_high, .auto_swap = !!(c->flags & KVVM_F_AUTO_SWAP),
-        .thread = host_slots_total(kv->host) > 0,
-        .host_slots = (uint32_t)host_slots_total(kv->host), .host_min = c->host_min,
-        .host_low = c->host_low, .host_high = c->host_high, .disk = kv->disk != NULL,
         .cache_demote = !!(c->flags & KVVM_F_CACHE_DEMOTE),
     };
+    core_tiers_swap_params(kv, &swp);   /* the tiers': thread, host_slots and marks, disk */
     rc = swap_create(kv->pg, kv->v, &kv->lock, &swp, &kv->sw);
     if (rc)
         goto out_paging;

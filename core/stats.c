@@ -17,19 +17,21 @@
 
 /* ---- stats -------------------------------------------------------------------------- */
 
-/* The stats, as one list (mimalloc style): name, expression over c (paging counters). */
+/* The stats, as one list (mimalloc style): name, expression over c (paging counters), t[]
+   (the tiers below the device, in level order: pages_host_* are the first's, pages_disk_*
+   the second's) and bad (their failed transfers, summed). */
 #define KVVM_STATS(X)                                                              \
     X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
-    X(pages_device_free, c.pages_free) X(pages_host_total, host_slots_total(kv->host)) \
-    X(pages_host_free, host_slots_free(kv->host))                                  \
-    X(pages_disk_total, d.slots_total) X(pages_disk_free, d.slots_free)            \
+    X(pages_device_free, c.pages_free) X(pages_host_total, t[0].total)           \
+    X(pages_host_free, t[0].free)                                                  \
+    X(pages_disk_total, t[1].total) X(pages_disk_free, t[1].free)                  \
     X(pages_inflight, c.pages_inflight)                                            \
     X(maps, c.maps) X(unmaps, c.unmaps) X(cow_copies, c.cow_copies)                \
     X(swap_outs, c.swap_outs) X(swap_ins, c.swap_ins + kv->attach_swap_ins)       \
     X(spills, c.spills) X(unspills, c.unspills) X(bytes_to_host, c.bytes_to_host)  \
     X(bytes_to_device, c.bytes_to_device + kv->attach_bytes_in)                    \
     X(bytes_to_disk, c.bytes_to_disk) X(bytes_from_disk, c.bytes_from_disk)        \
-    X(checksum_failures, d.checksum_failures) X(io_errors, d.io_errors)            \
+    X(checksum_failures, bad.checksum_failures) X(io_errors, bad.io_errors)        \
     X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
     X(direct_reclaims, w.direct_reclaims) X(direct_swap_outs, w.direct_swap_outs)  \
     X(direct_reclaim_ns, w.direct_ns) X(pages_orphan, c.orphans)                   \
@@ -75,7 +77,8 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {
     struct paging_counters c;
     struct swap_counters w;
-    struct disk_stats d = { 0 };
+    struct core_tier_stats t[PG_N_LOWER], bad = { 0 };
+    _Static_assert(PG_N_LOWER == 2, "pages_host_* and pages_disk_* are the two tiers'");
     struct prefix_counters x;
     struct storeq_counters q;
     storeq_counters(kv->sq, &q);
@@ -83,8 +86,11 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
     prefix_counters(kv->pfx, &x);
     paging_counters(kv->pg, &c);
     swap_counters(kv->sw, &w);
-    if (kv->disk)
-        disk_stats_get(kv->disk, &d);
+    for (unsigned i = 0; i < PG_N_LOWER; i++) {
+        core_tier_stats(kv, i, &t[i]);
+        bad.checksum_failures += t[i].checksum_failures;
+        bad.io_errors += t[i].io_errors;
+    }
     struct pool_cli_counters pc;                /* zeros without a pool */
     core_pool_counters(kv, &pc);
     size_t mfree = 0, mtotal = 0;               /* 0 when the driver cannot say */
@@ -122,12 +128,13 @@ static int stats_json_locked(kvvm *kv, char *buf, size_t len)
     struct kvvm_stats st;
     struct paging_counters c;
     size_t pos = 0;
+    bool direct;
     stats_locked(kv, &st);
+    const char *engine = core_tiers_engine(kv, &direct);
     paging_counters(kv->pg, &c);
     json_put(buf, len, &pos, "{\"version\":\"%s\",\"backend\":\"%s\",\"io_engine\":\"%s\","
              "\"spill_direct\":%s,\"stats\":{", kvvm_version(), vmm_backend_name(kv->v),
-             kv->disk ? disk_engine_name(kv->disk) : "none",
-             kv->disk && disk_direct(kv->disk) ? "true" : "false");
+             engine, direct ? "true" : "false");
     int first = 1;
 #define X(n, e) json_put(buf, len, &pos, "%s\"%s\":%llu", first ? "" : ",", #n, \
                          (unsigned long long)st.n); first = 0;

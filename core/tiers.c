@@ -1,9 +1,11 @@
 /*
- * core/tiers.c: the tiers below the device, as one list (paging.h, "the tiers below the
- * device"): each entry opens its layer (host/, disk/ ...) for the context, adapts it to
- * paging's struct pg_tier_ops (kv->tier_ops[t]), says how many pages it can hold, and
- * closes it. A new tier is a folder of
- * its own, its PG_LOWER_* index, and an entry here.
+ * core/tiers.c: the tiers below the device, as one list (core/tiers.h; paging.h, "the tiers
+ * below the device"): each entry opens its layer (host/, disk/ ...) for the context, adapts
+ * it to paging's struct pg_tier_ops (kv->tier_ops[t]), says how many pages it can hold,
+ * gives its stats and the text of its absence, and closes it. A new tier of a kind the list
+ * has (a memory tier at level 0, an I/O tier at level 1) is a folder of its own and an entry
+ * here (or one added with core_tiers_add); one at a new level needs paging's page states and
+ * moves as well (docs/design.md). The rest of core iterates kv->tier[] and names no tier.
  *
  * The tiers' typed slot ids and paging's map one to one, none to none (each tier keeps its
  * own type: host/ and disk/ never include paging's header); the conversions are here only.
@@ -13,6 +15,8 @@
 #include <errno.h>
 #include "common/assert.h"
 #include "common/log.h"
+#include "disk/disk.h"
+#include "host/host.h"
 
 /* ---- the host tier: pinned host memory (host/), a memory tier ------------------------ */
 
@@ -49,32 +53,63 @@ static void *h_ptr(void *a, pg_slot slot)
     return host_slot_ptr(a, host_of(slot));
 }
 
-static int open_host(kvvm *kv, struct pg_tier_ops *ops)
+static int open_host(kvvm *kv, void **layer, struct pg_tier_ops *ops)
 {
     const struct kvvm_config *c = &kv->cfg;
     struct host_params hp = { .budget = c->host_budget, .page_size = c->page_size };
-    int rc = host_arena_open(kv->v, &hp, &kv->host);
+    struct host_arena *a;
+    int rc = host_arena_open(kv->v, &hp, &a);
     if (rc) {
         klog_error("kvvm_open: the host tier (%zu bytes) could not be made (%d)",
                    c->host_budget, rc);
         return rc;
     }
-    if (host_slots_total(kv->host))          /* else no host tier: swap_out is -ENOMEM */
-        *ops = (struct pg_tier_ops){ .arg = kv->host, .room = h_room, .alloc = h_alloc,
+    *layer = a;                              /* open even with 0 slots: the check counts it */
+    if (host_slots_total(a))                 /* else no host tier: swap_out is -ENOMEM */
+        *ops = (struct pg_tier_ops){ .arg = a, .room = h_room, .alloc = h_alloc,
                                      .free = h_free, .ptr = h_ptr };
     return 0;
 }
 
-static uint64_t slots_host(kvvm *kv)
+static uint64_t slots_host(kvvm *kv, void *layer)
 {
-    return host_slots_total(kv->host);
+    (void)kv;
+    return host_slots_total(layer);
 }
 
-static void close_host(kvvm *kv)
+static void stats_host(void *layer, struct core_tier_stats *out)
 {
-    host_arena_close(kv->host);
-    kv->host = NULL;
+    *out = (struct core_tier_stats){ .total = host_slots_total(layer),
+                                     .free = host_slots_free(layer) };
 }
+
+static void off_host(kvvm *kv, char *b, size_t n, size_t *pos)
+{
+    json_put(b, n, pos, "; no host tier configured (host_budget %zu is below one page of "
+             "%zu bytes): nothing can be swapped out", kv->cfg.host_budget, kv->cfg.page_size);
+}
+
+static void policy_host(kvvm *kv, struct core_tier_policy *out)
+{
+    *out = (struct core_tier_policy){ kv->cfg.host_min, kv->cfg.host_low, kv->cfg.host_high };
+}
+
+static void span_host(void *layer, void **base, size_t *bytes)
+{
+    *base = host_arena_base(layer);
+    *bytes = host_arena_bytes(layer);
+}
+
+static void close_host(void *layer)
+{
+    host_arena_close(layer);
+}
+
+static const struct core_tier host_tier = {
+    .name = "host", .level = PG_LOWER_HOST, .open = open_host, .close = close_host,
+    .slots = slots_host, .stats = stats_host, .off = off_host, .policy = policy_host,
+    .span = span_host,
+};
 
 /* ---- the disk tier: spill files (disk/), an I/O tier ---------------------------------
  * Completions go to the spill engine's queue (reaped by paging under the context lock), so
@@ -139,65 +174,160 @@ static void d_wait(void *a)
     disk_wait_all(a);
 }
 
-static int open_disk(kvvm *kv, struct pg_tier_ops *ops)
+static int open_disk(kvvm *kv, void **layer, struct pg_tier_ops *ops)
 {
     const struct kvvm_config *c = &kv->cfg;
     if (!c->spill_dir)
         return 0;
-    if (!host_slots_total(kv->host)) {
+    const struct core_tier_at *up = &kv->tier[PG_LOWER_DISK - 1];
+    if (!core_tier_on(kv, PG_LOWER_DISK - 1) || !up->e->span) {
         return kerr(-EINVAL, "kvvm_open: spill_dir %s needs a host tier: set host_budget "
                     "(KVVM_HOST_BUDGET, e.g. 1G) to at least page_size %zu bytes; disk pages "
                     "come back through host slots", c->spill_dir, c->page_size);
     }
+    void *base;
+    size_t bytes;
+    up->e->span(up->layer, &base, &bytes);   /* the I/O buffers: the tier above's slots */
     struct disk_params dp = {
         .dir = c->spill_dir, .budget = c->spill_budget, .page_size = c->page_size,
-        .buf_base = host_arena_base(kv->host), .buf_bytes = host_arena_bytes(kv->host),
+        .buf_base = base, .buf_bytes = bytes,
         .flags = ((c->flags & KVVM_F_SPILL_ALLOW_TMPFS) ? DISK_F_ALLOW_TMPFS : 0) |
                  ((c->flags & KVVM_F_SPILL_BUFFERED) ? DISK_F_BUFFERED : 0),
     };
-    int rc = disk_open(&dp, &kv->disk);
+    struct disk *dk;
+    int rc = disk_open(&dp, &dk);
     if (rc) {
         klog_error("kvvm_open: the disk tier in %s could not be opened (%s)", c->spill_dir,
                    core_err_name(rc));
         return rc;
     }
-    *ops = (struct pg_tier_ops){ .arg = kv->disk, .room = d_room, .alloc = d_alloc,
+    *layer = dk;
+    *ops = (struct pg_tier_ops){ .arg = dk, .room = d_room, .alloc = d_alloc,
                                  .free = d_free, .put = d_put, .get = d_get, .reap = d_reap,
                                  .wait = d_wait };
     return 0;
 }
 
-static uint64_t slots_disk(kvvm *kv)
+static uint64_t slots_disk(kvvm *kv, void *layer)
 {
-    return kv->cfg.spill_dir ? kv->cfg.spill_budget / kv->cfg.page_size : 0;
+    (void)layer;
+    return kv->cfg.spill_budget / kv->cfg.page_size;
 }
 
-static void close_disk(kvvm *kv)
+static void stats_disk(void *layer, struct core_tier_stats *out)
 {
-    disk_close(kv->disk);                  /* the unnamed file goes with its descriptor */
-    kv->disk = NULL;
+    struct disk_stats d;
+    disk_stats_get(layer, &d);
+    *out = (struct core_tier_stats){ .total = d.slots_total, .free = d.slots_free,
+                                     .checksum_failures = d.checksum_failures,
+                                     .io_errors = d.io_errors };
 }
+
+static const char *engine_disk(void *layer, bool *direct)
+{
+    *direct = disk_direct(layer);
+    return disk_engine_name(layer);
+}
+
+static void off_disk(kvvm *kv, char *b, size_t n, size_t *pos)
+{
+    (void)kv;
+    json_put(b, n, pos, "; no disk tier (spill_dir unset)");
+}
+
+static void close_disk(void *layer)
+{
+    disk_close(layer);                     /* the unnamed file goes with its descriptor */
+}
+
+static const struct core_tier disk_tier = {
+    .name = "disk", .level = PG_LOWER_DISK, .open = open_disk, .close = close_disk,
+    .slots = slots_disk, .stats = stats_disk, .engine = engine_disk, .off = off_disk,
+};
 
 /* ---- the list ------------------------------------------------------------------------ */
 
-static const struct core_tier {
-    int  (*open)(kvvm *kv, struct pg_tier_ops *ops);   /* 0 with no ops: the tier is off */
-    uint64_t (*slots)(kvvm *kv);                        /* pages it can hold (0: off) */
-    void (*close)(kvvm *kv);
-} tiers[] = {
-    [PG_LOWER_HOST] = { open_host, slots_host, close_host },
-    [PG_LOWER_DISK] = { open_disk, slots_disk, close_disk },
-};
-_Static_assert(sizeof tiers / sizeof tiers[0] == PG_N_LOWER, "one entry per tier below");
+/* In level order; entries added by core_tiers_add go in front of the built-in ones. */
+#define CORE_TIERS_MAX 8
+static const struct core_tier *tiers[CORE_TIERS_MAX] = { &host_tier, &disk_tier };
+static unsigned n_tiers = 2;
+
+int core_tiers_add(const struct core_tier *e)
+{
+    if (!e || e->level >= PG_N_LOWER || !e->name || !e->open || !e->close || !e->slots ||
+        !e->stats || !e->off)
+        return kerr(-EINVAL, "core_tiers_add: a tier needs a name, a level below %d and "
+                    "open, close, slots, stats and off", PG_N_LOWER);
+    if (n_tiers == CORE_TIERS_MAX)
+        return kerr(-ENOSPC, "core_tiers_add: the list holds %d tiers", CORE_TIERS_MAX);
+    for (unsigned i = n_tiers++; i > 0; i--)
+        tiers[i] = tiers[i - 1];
+    tiers[0] = e;
+    return 0;
+}
+
+bool core_tier_on(kvvm *kv, unsigned t)
+{
+    return t < PG_N_LOWER && kv->tier_ops[t].alloc;
+}
+
+void core_tier_stats(kvvm *kv, unsigned t, struct core_tier_stats *out)
+{
+    *out = (struct core_tier_stats){ 0 };
+    if (t < PG_N_LOWER && kv->tier[t].e)
+        kv->tier[t].e->stats(kv->tier[t].layer, out);
+}
+
+/* -EINVAL: tier e is on and the level above it is off (the reason as its entry says it). */
+static int above_missing(kvvm *kv, const struct core_tier *e)
+{
+    const struct core_tier_at *up = &kv->tier[e->level - 1];
+    const struct core_tier *a = up->e ? up->e : core_tiers_first(e->level - 1);
+    char b[256];
+    size_t pos = 0;
+    b[0] = 0;
+    if (a)
+        a->off(kv, b, sizeof b, &pos);
+    return kerr(-EINVAL, "kvvm_open: the %s tier needs the %s tier above it%s", e->name,
+                a ? a->name : "", b);
+}
+
+/* Level t: the first of its entries that opens a layer takes it. */
+static int open_level(kvvm *kv, unsigned t)
+{
+    for (unsigned i = 0; i < n_tiers; i++) {
+        const struct core_tier *e = tiers[i];
+        void *layer = NULL;
+        if (e->level != t)
+            continue;
+        int rc = e->open(kv, &layer, &kv->tier_ops[t]);
+        if (rc)
+            return rc;
+        if (!layer) {
+            KVVM_ASSERT(!kv->tier_ops[t].alloc);   /* on means open */
+            continue;
+        }
+        if (t && kv->tier_ops[t].alloc && !core_tier_on(kv, t - 1)) {
+            e->close(layer);           /* a tier's pages come and go through the one above */
+            return above_missing(kv, e);
+        }
+        kv->tier[t] = (struct core_tier_at){ e, layer };
+        return 0;
+    }
+    return 0;
+}
 
 int core_tiers_open(kvvm *kv)
 {
     for (unsigned t = 0; t < PG_N_LOWER; t++) {
+        kv->tier[t] = (struct core_tier_at){ 0 };
         kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
-        int rc = tiers[t].open(kv, &kv->tier_ops[t]);
+    }
+    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+        int rc = open_level(kv, t);
         if (rc) {
-            while (t-- > 0)
-                tiers[t].close(kv);
+            kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
+            core_tiers_close(kv);
             return rc;
         }
     }
@@ -208,18 +338,64 @@ uint64_t core_tiers_slots(kvvm *kv)
 {
     uint64_t n = 0;
     for (unsigned t = 0; t < PG_N_LOWER; t++)
-        n += tiers[t].slots(kv);
+        if (core_tier_on(kv, t))
+            n += kv->tier[t].e->slots(kv, kv->tier[t].layer);
     return n;
 }
 
 void core_tiers_close(kvvm *kv)
 {
-    for (unsigned t = PG_N_LOWER; t-- > 0;)
-        tiers[t].close(kv);
+    for (unsigned t = PG_N_LOWER; t-- > 0;) {
+        if (kv->tier[t].e)
+            kv->tier[t].e->close(kv->tier[t].layer);
+        kv->tier[t] = (struct core_tier_at){ 0 };
+        kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
+    }
 }
 
 void core_tiers_params(kvvm *kv, struct paging_params *pp)
 {
     for (unsigned t = 0; t < PG_N_LOWER; t++)
-        pp->tier[t] = kv->tier_ops[t].alloc ? &kv->tier_ops[t] : NULL;
+        pp->tier[t] = core_tier_on(kv, t) ? &kv->tier_ops[t] : NULL;
+}
+
+void core_tiers_swap_params(kvvm *kv, struct swap_params *p)
+{
+    struct core_tier_stats h;
+    struct core_tier_policy row = { 0 };
+    const struct core_tier_at *first = &kv->tier[PG_LOWER_HOST];
+    core_tier_stats(kv, PG_LOWER_HOST, &h);
+    if (first->e && first->e->policy)
+        first->e->policy(kv, &row);
+    p->thread = h.total > 0;            /* the reclaim thread swaps out to the host tier */
+    p->host_slots = (uint32_t)h.total;
+    p->host_min = row.min;
+    p->host_low = row.low;
+    p->host_high = row.high;
+    p->disk = core_tier_on(kv, PG_LOWER_DISK);   /* the spill thread writes to it */
+}
+
+const char *core_tiers_engine(kvvm *kv, bool *direct)
+{
+    *direct = false;
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        if (kv->tier[t].e && kv->tier[t].e->engine)
+            return kv->tier[t].e->engine(kv->tier[t].layer, direct);
+    return "none";
+}
+
+struct disk *core_tiers_disk(kvvm *kv)
+{
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        if (kv->tier[t].e == &disk_tier)
+            return kv->tier[t].layer;
+    return NULL;
+}
+
+const struct core_tier *core_tiers_first(unsigned t)
+{
+    for (unsigned i = 0; i < n_tiers; i++)
+        if (tiers[i]->level == t)
+            return tiers[i];
+    return NULL;
 }

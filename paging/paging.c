@@ -55,8 +55,8 @@ void paging_counters(const struct paging *pg, struct paging_counters *out)
     out->frames_held = pg->fr.n_held + pg->fr.feed.n_in + pg->fr.feed.releasing;
     pthread_mutex_unlock((pthread_mutex_t *)&pg->fr.feed.mu);
     out->deferred = pg->df.n_defer;
-    out->pages_host = pg->xf.lower[PG_LOWER_HOST].n_slots;
-    out->pages_disk = pg->xf.lower[PG_LOWER_DISK].n_slots;
+    for (unsigned t = 0; t < PG_N_LOWER; t++)
+        out->pages_lower[t] = pg->xf.lower[t].n_slots;
     out->orphans = tier_orphans(pg);
     out->nonresident = pg->sq.n_out;
 }

@@ -111,6 +111,27 @@ struct pg_room {
     uint64_t need;
     struct pg_tier_room t[PG_N_LOWER];
 };
+/* The slots tier t can have free for moves from the tier above, walking the tiers below in
+   order: its free ones, those its transfers down in flight free, and its movable pages as
+   far as the tiers below it can take them, the same way (the last tier: its free slots).
+   For the host tier over the disk tier: H + W + min(S, D). */
+static inline uint64_t pg_room_reach(const struct pg_room *r, unsigned t)
+{
+    uint64_t below = 0;                 /* what the tiers under u can take */
+    for (unsigned u = PG_N_LOWER; u-- > t;) {
+        const struct pg_tier_room *x = &r->t[u];
+        below = x->free + x->freeing + (x->movable < below ? x->movable : below);
+    }
+    return below;
+}
+/* Every slot free or coming free in tier t and the tiers below it (no move counted). */
+static inline uint64_t pg_room_total(const struct pg_room *r, unsigned t)
+{
+    uint64_t n = 0;
+    for (unsigned u = t; u < PG_N_LOWER; u++)
+        n += r->t[u].free + r->t[u].freeing;
+    return n;
+}
 enum pg_move { PG_MOVE_DIRECT = 0, PG_MOVE_STAGED = 1 };
 struct pg_policy_ops {
     void *arg;
@@ -189,13 +210,14 @@ struct paging_counters {
                                     a fence now */
     uint64_t swap_outs, swap_ins;           /* sequences moved */
     uint64_t bytes_to_host, bytes_to_device;/* swap copies */
-    uint64_t pages_host;         /* pages holding a host slot */
     uint64_t orphans;            /* device pages held only by non-resident sequences */
     uint64_t orphans_moved;      /* orphan pages copied to the host tier */
     uint64_t nonresident;        /* live sequences not resident */
     uint64_t spills, unspills;   /* pages written to / read back from disk */
     uint64_t bytes_to_disk, bytes_from_disk;
-    uint64_t pages_disk;         /* pages holding a disk slot (DISK, TO_DISK, FROM_DISK) */
+    uint64_t pages_lower[PG_N_LOWER]; /* pages holding a slot of each tier below (host:
+                                    HOST, TO_HOST, TO_DEVICE...; disk: DISK, TO_DISK,
+                                    FROM_DISK) */
     uint64_t pages_damaged;      /* pages whose disk copy was lost (failed read) */
     uint64_t frames_created_sync;/* frames created on a caller's thread */
     uint64_t frames_released;    /* frames released to the driver before close */

@@ -96,8 +96,7 @@ static bool room_must_borrow(const struct pg_room *f)
 
 static uint64_t room_total(const struct room *m)
 {
-    const struct pg_tier_room *h = &m->f.t[PG_LOWER_HOST], *d = &m->f.t[PG_LOWER_DISK];
-    return h->free + h->freeing + d->free;
+    return pg_room_total(&m->f, 0);
 }
 
 /* The room after a move copying k pages down (kk of them pages a kept sequence holds:

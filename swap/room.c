@@ -96,9 +96,7 @@ static bool spills_cover(struct paging *pg, uint32_t want)
         return false;
     struct pg_room f;
     paging_room_facts(pg, &f);
-    const struct pg_tier_room *h = &f.t[PG_LOWER_HOST], *d = &f.t[PG_LOWER_DISK];
-    uint64_t spill = h->movable < d->free ? h->movable : d->free;
-    return h->free + h->freeing + spill >= want;
+    return pg_room_reach(&f, 0) >= want;    /* the first tier below, the host tier's */
 }
 
 int swap_host_room(void *arg, uint32_t want, uint64_t excl)
@@ -132,17 +130,18 @@ int swap_host_room(void *arg, uint32_t want, uint64_t excl)
 /* With H free host slots, W writes in flight, S spillable host pages of others (the room
    facts t[PG_LOWER_HOST].free, .freeing, .movable) and D free disk slots
    (t[PG_LOWER_DISK].free), a swap of `need` pages moves directly when
-   need <= H + W + min(S, D) (the room is made by spilling others). Else a swap-in is staged;
+   need <= H + W + min(S, D) (pg_room_reach of the first tier below: the room is made by
+   spilling others). Else a swap-in is staged;
    a swap-out is staged when the disk can take every page (D >= need) and a host slot can be
    had to stage through (one free or coming free, or a page of another to spill with a disk
    slot to spare), else it is -ENOMEM before anything moved. */
 int swap_plan(void *arg, bool in, const struct pg_room *r)
 {
     (void)arg;
-    const struct pg_tier_room *h = &r->t[PG_LOWER_HOST], *d = &r->t[PG_LOWER_DISK];
-    uint64_t spill = h->movable < d->free ? h->movable : d->free;
-    if (r->need <= h->free + h->freeing + spill)
+    if (r->need <= pg_room_reach(r, 0))
         return PG_MOVE_DIRECT;
+    /* staged: the host and disk pair's own way (host_in.c, host_out.c) */
+    const struct pg_tier_room *h = &r->t[PG_LOWER_HOST], *d = &r->t[PG_LOWER_DISK];
     if (in)
         return PG_MOVE_STAGED;
     if (d->free < r->need)

@@ -38,7 +38,7 @@ int kvvm_debug_prefix_entry(kvvm *kv, uint64_t ns, const kvvm_key *key, uint8_t 
 
 struct disk *kvvm_debug_disk(kvvm *kv)
 {
-    return kv ? kv->disk : NULL;
+    return kv ? core_tiers_disk(kv) : NULL;
 }
 
 int kvvm_debug_emu_ordinal(kvvm *kv)

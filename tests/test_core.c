@@ -9,7 +9,10 @@
  * Suites: errors (every error of docs/api.md these calls can return, each followed by a
  * check that nothing changed), config, layout, options (map-ahead, scrub, stream mode and
  * which streams it takes), per_thread_stream, current_context and fork_child (a caller's
- * context and a fork() child), regress (one test per fixed defect, named after it).
+ * context and a fork() child), regress (one test per fixed defect, named after it), tiers
+ * (the list of tiers below the device, core/tiers.h: a tier added to it, the tests'
+ * in-memory one of tests/tier_mem.c, is opened, counted, checked and explained as the
+ * built-in ones are).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -22,6 +25,8 @@
 #include <sys/wait.h>
 #define KVVM_HARNESS_SHADOW
 #include "harness.h"
+#include "tier_mem.h"
+#include "core/tiers.h"
 
 /* ================================================================ errors */
 
@@ -1441,4 +1446,95 @@ Test(fork_child, gets_eio_parent_unharmed)
     tcheck(&t, "after fork");
     sh_free(&t, &s);
     tclose(&t);
+}
+
+/* ================================================================ tiers */
+
+#define TPS (64 * 1024)
+
+/* A tier added to the list takes its level's place: opened, in the stats (the second
+   tier's pages_disk_*), in the invariant check, its slots all free again at close. */
+Test(tiers, added_tier_opened_counted_checked)
+{
+    struct kvvm_config c;
+    tcfg(&c, TPS, 2, 512, 4, 1024, 16);
+    c.host_budget = 8 * TPS;
+    cr_assert_eq(tier_mem_use(32 * TPS), 0);
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "kvvm_open: %s", kvvm_last_error());
+    struct kvvm_stats st = { .size = sizeof st };
+    cr_assert_eq(kvvm_stats(kv, &st), 0);
+    cr_expect_eq(st.pages_host_total, 8, "host slots %lu", (unsigned long)st.pages_host_total);
+    cr_expect(st.pages_disk_total == 32 && st.pages_disk_free == 32,
+              "the added tier's slots: %lu total, %lu free", (unsigned long)st.pages_disk_total,
+              (unsigned long)st.pages_disk_free);
+    char why[256] = "";
+    cr_expect_eq(kvvm_debug_check(kv, why, sizeof why), 0, "check: %s", why);
+    char js[16384];
+    cr_assert_eq(kvvm_stats_json(kv, js, sizeof js), 0);
+    cr_expect(strstr(js, "\"io_engine\":\"none\",\"spill_direct\":false"),
+              "a tier without an engine: %.200s", js);
+    kvvm_close(kv);
+    cr_expect_eq(tier_mem_misuses(), 0);
+}
+
+/* A tier on below a level that is off is refused at open, naming both and why the one above
+   is off; nothing stays open. */
+Test(tiers, added_tier_needs_the_tier_above)
+{
+    struct kvvm_config c;
+    tcfg(&c, TPS, 2, 512, 4, 1024, 16);
+    c.host_budget = 0;
+    cr_assert_eq(tier_mem_use(32 * TPS), 0);
+    kvvm *kv = NULL;
+    int rc = kvvm_open(&c, &kv);
+    cr_assert_eq(rc, -EINVAL, "kvvm_open: %d", rc);
+    const char *e = kvvm_last_error();
+    cr_expect(strstr(e, "the mem tier needs the host tier above it") &&
+              strstr(e, "host_budget 0"), "the reason: %s", e);
+    cr_expect_eq(tier_mem_misuses(), 0);
+    cr_assert_eq(tier_mem_use(0), 0);               /* off again: the same config opens */
+    rc = kvvm_open(&c, &kv);
+    cr_assert_eq(rc, 0, "kvvm_open without the added tier: %s", kvvm_last_error());
+    kvvm_close(kv);
+}
+
+static int off_open(kvvm *kv, void **layer, struct pg_tier_ops *ops)
+{
+    (void)kv, (void)layer, (void)ops;
+    return 0;                                       /* never on */
+}
+static void off_close(void *layer) { (void)layer; }
+static uint64_t off_slots(kvvm *kv, void *layer) { (void)kv, (void)layer; return 0; }
+static void off_stats(void *layer, struct core_tier_stats *out)
+{
+    (void)layer;
+    *out = (struct core_tier_stats){ 0 };
+}
+static void off_off(kvvm *kv, char *b, size_t n, size_t *pos)
+{
+    (void)kv, (void)b, (void)n, (void)pos;
+}
+
+/* core_tiers_add refuses an entry missing a part or at no level, and a full list. */
+Test(tiers, add_refuses_bad_entries)
+{
+    struct core_tier t = { .name = "off", .level = 1, .open = off_open, .close = off_close,
+                           .slots = off_slots, .stats = off_stats, .off = off_off };
+    struct core_tier bad = t;
+    cr_expect_eq(core_tiers_add(NULL), -EINVAL);
+    bad.level = PG_N_LOWER;
+    cr_expect_eq(core_tiers_add(&bad), -EINVAL, "a level past the list");
+    bad = t;
+    bad.stats = NULL;
+    cr_expect_eq(core_tiers_add(&bad), -EINVAL, "no stats");
+    int rc = 0, added = 0;
+    while (added < 64 && !(rc = core_tiers_add(&t)))
+        added++;
+    cr_expect(rc == -ENOSPC && added > 0, "a full list: %d after %d", rc, added);
+    struct kvvm_config c;                           /* tiers that stay off change nothing */
+    tcfg(&c, TPS, 2, 512, 4, 1024, 16);
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "kvvm_open: %s", kvvm_last_error());
+    kvvm_close(kv);
 }

@@ -26,6 +26,12 @@
  * checks host free + disk free against it after kvvm_sync; spills and unspills are counted
  * cases of those configurations (from the stats).
  *
+ * The test-only in-memory tier (tests/tier_mem.c, the +mem configuration): the same as a
+ * disk configuration with that tier in the disk tier's place (one entry added to the list of
+ * tiers below the device, nothing else of the library changed), every byte read back checked
+ * the same way, and the tier's own count of misuses (a slot freed twice, a transfer on a
+ * slot not taken, a slot left at close) 0 at close.
+ *
  * Classes, drops and elastic memory (issue 18): sequences get a class (LIVE, CACHED, PINNED)
  * at birth or later; set_budget below the pages in use, and, where a CACHED sequence (or,
  * with KVVM_F_AUTO_SWAP, any other resident one) could be reclaimed, every call short of
@@ -86,6 +92,7 @@
 #include <unistd.h>
 #include "kvvm.h"
 #include "testing/kvvm_testing.h"
+#include "tier_mem.h"
 #include "vmm/emu/emu.h"
 #include "testing/kvvm_testing.h"
 
@@ -141,6 +148,7 @@ struct mcfg {
     uint64_t max_tokens;
     uint32_t pages_per_region;      /* device budget = this * nr pages */
     bool disk;                      /* a disk tier under a small host tier */
+    bool mem;                       /* ... the in-memory tier (tests/tier_mem.c) in its place */
     unsigned flags;                 /* KVVM_F_AUTO_SWAP, KVVM_F_CACHE_DEMOTE, KVVM_F_POOL_VIEW */
     size_t gran;                    /* the emulated granule (ps, or below it with the view) */
     bool pfx;                       /* prefix calls (tokens of half a page: blocks are pages) */
@@ -186,6 +194,7 @@ struct snapent {
    library's): tokens of half a page there, so that a block is a page; the configurations
    without it keep tokens that straddle pages. */
 #define PFX (1u << 30)
+#define MEM (1u << 29)              /* run_config_d: the +mem configuration (mcfg.mem) */
 struct ment {
     bool live;
     uint64_t ns;
@@ -2478,11 +2487,16 @@ static void model_open(struct model *m, const struct mcfg *c, unsigned long seed
     k.spill_budget = 0;             /* no disk tier (page descriptors scale with it) */
     size_t seq_pages = (c->max_tokens * c->bpt + c->ps - 1) / c->ps * c->nr;
     if (c->disk) {
+        k.host_budget = (seq_pages + c->nr) * c->ps;
+        k.spill_budget = (MAXS + 1) * seq_pages * c->ps;
+    }
+    if (c->mem) {                   /* the tier of tests/tier_mem.c in the disk tier's place */
+        cr_assert_eq(tier_mem_use(k.spill_budget), 0, "tier_mem_use");
+        k.spill_budget = 0;
+    } else if (c->disk) {
         snprintf(m->dir, sizeof m->dir, "/var/tmp/kvvm_test_model.XXXXXX");
         cr_assert(mkdtemp(m->dir), "mkdtemp");
         k.spill_dir = m->dir;
-        k.host_budget = (seq_pages + c->nr) * c->ps;
-        k.spill_budget = (MAXS + 1) * seq_pages * c->ps;
     }
     k.flags = c->flags;
     if (c->flags & KVVM_F_AUTO_SWAP)    /* reclaim by the calls only: no background round */
@@ -2544,7 +2558,10 @@ static void model_close(struct model *m)
     check_state(m);
     MCHECK(m, m->used == 0 && m->host_used == 0, "model pages left");
     kvvm_close(m->kv);
-    if (m->c.disk) {
+    if (m->c.mem) {
+        MCHECK(m, tier_mem_misuses() == 0, "the in-memory tier was misused %lu times",
+               tier_mem_misuses());
+    } else if (m->c.disk) {
         MCHECK(m, rmdir(m->dir) == 0, "spill dir %s not empty after kvvm_close", m->dir);
     }
     for (int i = 0; i < MAXS; i++)
@@ -2653,12 +2670,13 @@ static void run_config_d(const char *name, size_t ps, uint32_t nr, uint64_t ci_o
 {
     /* the pool view's configurations: pages of several 4 KiB granules, tokens that fill
        them (no straddling then) */
-    bool view = flags & KVVM_F_POOL_VIEW, pfx = flags & PFX;
-    flags &= ~PFX;
+    bool view = flags & KVVM_F_POOL_VIEW, pfx = flags & PFX, mem = flags & MEM;
+    flags &= ~(PFX | MEM);
+    disk |= mem;
     struct mcfg c = {
         .ps = ps, .nr = nr, .bpt = view || pfx ? ps / TPB : ps * 3 / 8 + 36, .max_seqs = MAXS,
         .max_tokens = 16, .pages_per_region = 16, .disk = disk, .flags = flags,
-        .gran = view ? 4096 : ps, .pfx = pfx,
+        .gran = view ? 4096 : ps, .pfx = pfx, .mem = mem,
     };
     const char *soak = getenv("KVVMTEST_MODEL_SOAK");
     const char *sd = getenv("KVVMTEST_MODEL_SEED");
@@ -2758,6 +2776,11 @@ Test(model, page2m_4regions) { run_config("2m/4", 2u << 20, 4, 160000, 106, 0); 
 Test(model, page4k_2regions_disk)
 {
     run_config_d("4k/2+disk+auto+prefix", 4096, 2, 100000, 107, true, AUTO | PFX);
+}
+/* The test-only in-memory tier (tests/tier_mem.c) in the disk tier's place. */
+Test(model, page4k_2regions_mem)
+{
+    run_config_d("4k/2+mem+auto+prefix", 4096, 2, 100000, 111, true, AUTO | PFX | MEM);
 }
 Test(model, page64k_1region_disk)
 {
