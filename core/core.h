@@ -200,7 +200,9 @@ int  storeq_create(kvvm *kv, struct storeq **out);
    pages pinned for copies in flight are bounded by the same figure. */
 uint32_t storeq_stage_slots(size_t block_bytes, size_t queue_bytes);
 /* Waits for the queued writes (a store that stops answering gives the rest up), stops the
-   thread, frees everything. No lock held; before the paging layer goes. */
+   thread, has the store give back the fetch buffers it keeps (store_reap: a timed-out
+   get's reads still in flight, bounded only by the file system, as store_close), frees
+   everything. No lock held; before the paging layer goes. */
 void storeq_destroy(struct storeq *q);
 /* Waits until no write is queued or in flight (bounded as destroy). No lock held. */
 void storeq_wait_idle(struct storeq *q);
@@ -219,12 +221,14 @@ void storeq_drop(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n);
 size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n,
                      uint8_t *where);
 /* Blocks read from the store for an attach. */
+struct sq_lend;
 struct storeq_fetch {
     uint8_t *buf;                 /* m blocks (chunk by chunk, region-major in a chunk) */
     size_t m;                     /* blocks asked for */
     size_t chunk;                 /* blocks per request */
     size_t got;                   /* leading blocks read whole, checksums good */
     bool staged;                  /* buf is the context's kept attach staging */
+    struct sq_lend *lend;         /* buf as lent to the store (storeq_fetch), or NULL */
 };
 /* Context lock held (inside the call's frame: it may wait for a fence, allocate pinned
    memory): f set for a fetch of m blocks, into the context's kept pinned staging when
@@ -237,6 +241,9 @@ void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_
    -ENOMEM (nothing read). */
 int  storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                   struct storeq_fetch *f);
+/* The fetch's buffer given back: freed, or the staging free for the next attach, unless
+   the store keeps it (a get that timed out with its reads into it in flight): then when
+   the store gives it back. */
 void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f);
 /* Context lock held: writes blocks [j0, j1) of f into resident dst's blocks first.. (its
    pages there fresh) in every region, on the engine stream. -errno of paging_seq_write. */

@@ -36,6 +36,15 @@
  * store bounds each request by store_timeout_ms, and the context stays usable by other
  * threads meanwhile.
  *
+ * A fetch LENDS its buffer to the store (store_get_lent, struct sq_lend), so that the file
+ * store reads straight into it (O_DIRECT, no copy): a get that times out may leave reads
+ * into it in flight, which no one can stop, so the store then keeps the buffer until they
+ * completed, and neither the attach (storeq_fetch_free: a buffer of its own is freed by the
+ * lend's last holder) nor the next attach (the kept staging: fstage_lent) nor kvvm_trim
+ * frees or reuses it before; kvvm_close waits for them (store_reap), as the store's own
+ * close did. The blocks the attach uses are the ones whose reads completed: disjoint from
+ * those still in flight. A put needs no lend: a late write only reads the slots.
+ *
  * Lock order: kvvm.lock -> q->mu (the store's own lock is taken without q->mu, by the
  * store thread and the callers alike).
  */
@@ -98,6 +107,25 @@ struct storeq {
     bool fstage_busy;             /* an attach reads into it or writes from it (under q->mu) */
     bool fstage_fenced;           /* fstage_fence follows its last copies to the device */
     vmm_fence fstage_fence;
+    bool fstage_lent;             /* lent to the store (struct sq_lend), which may still read
+                                     into it: no taker, no trim until false (atomic: cleared
+                                     by the lend's release, on any thread) */
+    uint32_t lent;                /* sq_lend records not released (atomic): storeq_destroy
+                                     has the store give theirs back (store_reap) first */
+};
+
+/* A fetch's buffer lent to the store (store_get_lent), so that the file store reads into it
+   with O_DIRECT, no copy. A get that times out with such reads in flight returns with the
+   buffer kept: the kernel may write it until they complete, which a hung disk or mount
+   makes as late as it likes, so the buffer has two holders, the fetch (until
+   storeq_fetch_free) and the store (until its done; a fetch whose get did not keep it drops
+   that hold itself). The last one releases it: the fetch's own buffer freed, or the kept
+   staging free for the next taker again. Atomics and free only: done runs on the thread
+   that reaps (another attach's get, or storeq_destroy's store_reap). */
+struct sq_lend {
+    struct storeq *q;
+    uint8_t *buf;                 /* the fetch's own buffer, or NULL: the kept staging */
+    int refs;                     /* holders (atomic): 2 at first */
 };
 
 #define SQ_ADD(q, f, n) __atomic_fetch_add(&(q)->f, (n), __ATOMIC_RELAXED)
@@ -360,6 +388,10 @@ void storeq_destroy(struct storeq *q)
         return;
     storeq_wait_idle(q);                /* bounded: see "A store that fails a put" */
     swap_worker_stop(&q->w);
+    if (__atomic_load_n(&q->lent, __ATOMIC_ACQUIRE))
+        store_reap(q->st);              /* a timed-out get's reads into a fetch buffer: as
+                                           store_close would wait for them, later */
+    KVVM_ASSERT(!__atomic_load_n(&q->lent, __ATOMIC_ACQUIRE));   /* every lent buffer back */
     KVVM_ASSERT(q->n_free == q->n_slots);   /* idle: every batch gave its slots back */
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
@@ -559,6 +591,38 @@ size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t
 
 /* ---- attach's fetch ------------------------------------------------------------------- */
 
+/* f's buffer as lent to the store (both holds taken), or NULL without memory (the gets
+   then read through the store's own staging: a copy, nothing left in flight). */
+static struct sq_lend *lend_new(struct storeq *q, const struct storeq_fetch *f)
+{
+    struct sq_lend *l = malloc(sizeof *l);
+    if (!l)
+        return NULL;
+    *l = (struct sq_lend){ q, f->staged ? NULL : f->buf, 2 };
+    __atomic_fetch_add(&q->lent, 1, __ATOMIC_RELAXED);
+    if (f->staged)                  /* the fetch holds it (fstage_busy): no one else looks */
+        __atomic_store_n(&q->fstage_lent, true, __ATOMIC_RELAXED);
+    return l;
+}
+
+/* Drops one hold of the lent buffer (the store's done, or the fetch's own); the last one
+   releases it. */
+static void lend_put(void *arg)
+{
+    struct sq_lend *l = arg;
+    int left = __atomic_sub_fetch(&l->refs, 1, __ATOMIC_ACQ_REL);
+    KVVM_ASSERT(left >= 0);         /* two holds, each dropped once */
+    if (left)
+        return;
+    struct storeq *q = l->q;
+    if (l->buf)
+        free(l->buf);
+    else                            /* the reads into it are over: takers may have it */
+        __atomic_store_n(&q->fstage_lent, false, __ATOMIC_RELEASE);
+    free(l);
+    __atomic_fetch_sub(&q->lent, 1, __ATOMIC_RELEASE);   /* last: destroy may free q */
+}
+
 /* Blocks per get request: a chunk of at most SQ_STAGE_BYTES (one block at least), each its
    own request and deadline. */
 static size_t fetch_chunk(const struct storeq *q)
@@ -577,9 +641,11 @@ static uint8_t *fetch_at(const struct storeq *q, const struct storeq_fetch *f, s
     return f->buf + c0 * q->block_bytes + ((size_t)r * mc + (j - c0)) * q->L.page_size;
 }
 
-/* One chunk's request: blocks [c0, c0 + mc) of f. Returns the leading hits. */
+/* One chunk's request: blocks [c0, c0 + mc) of f, its buffer lent as l (NULL: not lent).
+   Returns the leading hits; *kept: the store kept l (its done drops the store's hold). */
 static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
-                        const kvvm_key *keys, size_t c0, size_t mc)
+                        const kvvm_key *keys, size_t c0, size_t mc, struct sq_lend *l,
+                        bool *kept)
 {
     uint32_t nr = q->L.n_regions;
     struct store_item *it = calloc(mc, sizeof *it);
@@ -593,9 +659,12 @@ static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
                 iov[i * nr + r] = (struct iovec){ fetch_at(q, f, c0 + i, r), q->L.page_size };
             it[i] = (struct store_item){ .key = &k[i], .iov = &iov[i * nr], .iovcnt = (int)nr };
         }
-        (void)store_get(q->st, &q->L, ns, it, mc);
+        struct store_lend sl = { lend_put, l, 0 };
+        (void)store_get_lent(q->st, &q->L, ns, it, mc, l ? &sl : NULL);
+        *kept = sl.kept;
         while (j < mc && it[j].status == 0)
             j++;
+        KVVM_ASSERT(!*kept || j < mc);   /* kept: a read timed out, the fetch stops */
     }
     free(it);
     free(iov);
@@ -609,7 +678,8 @@ static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
    driver call, so storeq_fetch_prepare is called inside the attach's call frame, with the
    context lock); any other attach (a concurrent one, a larger one) allocates its own 4 KiB
    aligned buffer. The buffers are 4 KiB aligned, so the file backend reads straight into
-   them (O_DIRECT), and the staging is pinned, so the copies to the device read it directly
+   them (O_DIRECT; lent: struct sq_lend, a staging the store keeps is not taken), and the
+   staging is pinned, so the copies to the device read it directly
    (asynchronous in stream mode). storeq_fetch_write records the fence after its copies;
    storeq_fetch_free gives the staging back. */
 static void fstage_give(struct storeq *q)
@@ -625,7 +695,8 @@ static void fstage_give(struct storeq *q)
 static bool fstage_take(struct storeq *q, size_t bytes)
 {
     pthread_mutex_lock(&q->mu);
-    bool take = q->fstage_cap && !q->fstage_busy && bytes <= q->fstage_cap;
+    bool take = q->fstage_cap && !q->fstage_busy && bytes <= q->fstage_cap &&
+                !__atomic_load_n(&q->fstage_lent, __ATOMIC_ACQUIRE);
     if (take)
         q->fstage_busy = true;
     pthread_mutex_unlock(&q->mu);
@@ -645,7 +716,8 @@ size_t storeq_trim(kvvm *kv)
     if (!q || !q->fstage_cap)
         return 0;
     pthread_mutex_lock(&q->mu);
-    bool take = q->fstage && !q->fstage_busy;   /* an attach reading into it keeps it */
+    bool take = q->fstage && !q->fstage_busy &&   /* an attach reading into it keeps it, */
+                !__atomic_load_n(&q->fstage_lent, __ATOMIC_ACQUIRE);   /* as the store */
     if (take)
         q->fstage_busy = true;
     pthread_mutex_unlock(&q->mu);
@@ -688,22 +760,29 @@ int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
         f->buf = NULL;
         return -ENOMEM;
     }
+    struct sq_lend *l = lend_new(q, f);
+    bool kept = false;
     for (size_t c0 = 0; c0 < m; c0 += f->chunk) {
         size_t mc = m - c0 < f->chunk ? m - c0 : f->chunk;
-        size_t j = fetch_one(q, f, ns, keys, c0, mc);
+        size_t j = fetch_one(q, f, ns, keys, c0, mc, l, &kept);
         f->got += j;
         if (j < mc)
             break;
     }
+    if (l && !kept)
+        lend_put(l);                /* the store's hold: never taken */
+    f->lend = l;
     return 0;
 }
 
 void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f)
 {
+    if (f->lend)
+        lend_put(f->lend);          /* the fetch's hold: the store may keep the buffer */
+    else if (!f->staged)
+        free(f->buf);
     if (f->staged)
         fstage_give(q);
-    else
-        free(f->buf);
     memset(f, 0, sizeof *f);
 }
 

@@ -358,8 +358,10 @@ static int c_put(struct store *st, const struct store_layout *L, uint64_t ns,
 }
 
 static int c_get(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, uint64_t deadline)
+                 struct store_item *items, size_t n, struct store_lend *lend,
+                 uint64_t deadline)
 {
+    (void)lend;                  /* as redis.c's r_get: never kept */
     return c_items(st, L, ns, items, n, deadline, store_rconn_get);
 }
 
@@ -474,7 +476,7 @@ static void c_close(struct store *st)
 }
 
 static const struct store_ops cluster_ops = {
-    "redis-cluster", c_put, c_get, c_lookup, c_del, c_del_ns, c_close,
+    "redis-cluster", c_put, c_get, c_lookup, c_del, c_del_ns, c_close, NULL,
 };
 
 int store_cluster_open(struct store *st, const struct store_redis_url *u, const char *seeds)

@@ -20,7 +20,8 @@
  * pages): one preadv / pwritev of [header block, caller's iovecs], no copy. Other buffers go
  * through a 4 KiB aligned staging buffer (one copy). A get that reads straight into the
  * caller's buffers checks them after the read: a value failing its checks has then been
- * written there (its status says it is not the entry's).
+ * written there (its status says it is not the entry's). A get does so only where the
+ * caller lent them (store_get_lent), because of the orphan below.
  *
  * O_DIRECT: probed once per directory (a 4 KiB aligned write to a probe file); where the
  * directory refuses it (tmpfs before Linux 6.6, some FUSE and network file systems) entries
@@ -32,10 +33,25 @@
  * A request whose I/O is not complete at its deadline returns (those items -ETIMEDOUT);
  * its staging buffer, descriptors and temporary files are kept, with the ring they were
  * submitted on, as the store's one orphan, freed when the last completion arrives (checked
- * at each later request, waited for at close). A data request waits at most 10 ms for the
- * orphan's completions, then fails (-ETIMEDOUT): a file system that hangs gets one
- * request's buffers, never more, and the requests behind it fail fast.
- * store_test_hang (a test hook) makes every I/O wait on a pipe, to test exactly this.
+ * at each later request, waited for at close and by store_reap). A data request waits at
+ * most 10 ms for the orphan's completions, then fails (-ETIMEDOUT): a file system that
+ * hangs gets one request's buffers, never more, and the requests behind it fail fast.
+ *
+ * The caller's buffers and the orphan. A read in flight cannot be taken back: an O_DIRECT
+ * read the block layer holds, or one an io-wq worker sleeps in on a hung mount, ignores
+ * IORING_OP_ASYNC_CANCEL (-EALREADY) until the device or the server answers, so waiting
+ * for it (cancel, then reap) would break the deadline in exactly the case it is for; and
+ * a read of the caller's buffers cannot be moved to the store's memory once submitted.
+ * Reading every get through the staging would cost a copy of every byte on the common
+ * path. So the memory a late read writes must be the orphan's: the staging is; the
+ * caller's buffers are read into directly only when lent (store_get_lent), and then the
+ * get sets kept and the orphan calls the lend's done once its last completion came
+ * (orphan_reap), the caller neither reusing nor freeing them before (core/storeq.c hands
+ * them over so). store_get (nothing lent) reads through the staging: no write into the
+ * caller's memory after it returns. A put's late O_DIRECT write only reads the caller's
+ * buffers into a temporary file that the orphan removes, never renames.
+ * store_test_hang (a test hook) makes every I/O wait on a pipe, to test exactly this; the
+ * byte a hung read takes from the pipe lands where the real read's first one would.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -86,12 +102,17 @@ struct fbatch {
        others' I/O goes on), or NULL; on_done_arg its argument. */
     void (*on_done)(void *arg, size_t i);
     void *on_done_arg;
+    struct store_lend *lend;     /* a get's lent buffers (the caller's record, read while the
+                                    request runs; kept set by orphan_take), or NULL */
     struct fio io[];
 };
 
 struct forphan {
     struct io_uring ring;
     struct fbatch *b;
+    void (*done)(void *arg);     /* the lent buffers a read in flight writes: given back by
+                                    done(done_arg) once the last completion came; or NULL */
+    void *done_arg;
 };
 
 struct fstore {
@@ -262,10 +283,14 @@ static int orphan_reap(struct fstore *f, uint64_t wait_ns)
     }
     if (!o || o->b->owed)
         return !o;
+    void (*done)(void *) = o->done;
+    void *arg = o->done_arg;
     io_uring_queue_exit(&o->ring);
     batch_free(f, o->b);
     free(o);
     f->orphan = NULL;
+    if (done)
+        done(arg);               /* the kernel writes the caller's buffers no more */
     return 1;
 }
 
@@ -284,8 +309,21 @@ static void run_sync(struct fbatch *b)
     }
 }
 
+/* Whether a read of b may still write the caller's buffers: a direct one (only a lent get
+   has them) whose completions are not all in (one never submitted counts too: simpler,
+   and the wait is the orphan's anyway). */
+static int reads_in_callers(const struct fbatch *b)
+{
+    for (size_t i = 0; !b->write && i < b->n; i++)
+        if (b->io[i].iov && b->io[i].cqes)
+            return 1;
+    return 0;
+}
+
 /* The batch (and the ring it was submitted on) become the store's orphan, in the record o;
-   the store takes a fresh ring (or the pread/pwrite path, logged at open, if none). */
+   the store takes a fresh ring (or the pread/pwrite path, logged at open, if none). A
+   get's lent buffers that a read in flight writes are kept (lend->kept) until it is
+   reaped: their done is the orphan's. */
 static void orphan_take(struct fstore *f, struct fbatch *b, struct forphan *o)
 {
     if (!b->staging) {           /* the kernel may still use it: the orphan's now */
@@ -294,8 +332,16 @@ static void orphan_take(struct fstore *f, struct fbatch *b, struct forphan *o)
         f->stage_bytes = 0;
     }
     KVVM_ASSERT(!f->orphan);             /* one at a time: a request reaps the last first */
+    KVVM_ASSERT(b->lend || !reads_in_callers(b));   /* direct reads only into lent buffers */
     o->ring = f->ring;
     o->b = b;
+    o->done = NULL;
+    if (b->lend && reads_in_callers(b)) {
+        o->done = b->lend->done;
+        o->done_arg = b->lend->arg;
+        b->lend->kept = 1;
+    }
+    b->lend = NULL;              /* the caller's record: gone once the request returns */
     f->orphan = o;
     (void)ring_init(f);          /* refused: pread/pwrite, as logged at open */
 }
@@ -331,7 +377,12 @@ static int prep_io(struct fstore *f, struct fbatch *b, size_t i)
         KVVM_ASSERT(sqe);        /* two were free */
     }
     if (__atomic_load_n(&f->hang, __ATOMIC_RELAXED)) {     /* the test hook */
-        io_uring_prep_read(sqe, f->hang_fd[0], io->buf, 1, (uint64_t)-1);
+        /* one byte from the pipe, where the real I/O's first byte would land: a direct
+           read's payload (the caller's buffer), else the staging (a write's too: its
+           real I/O reads the caller's, writes none of it), so a late completion lands
+           where a real one would */
+        char *at = io->iov && !b->write ? io->iov[1].iov_base : io->buf;
+        io_uring_prep_read(sqe, f->hang_fd[0], at, 1, (uint64_t)-1);
         opens = 0;               /* the pipe is a plain descriptor */
     } else if (io->iov && b->write) {
         io_uring_prep_writev(sqe, fd, io->iov, (unsigned)io->iovcnt, 0);
@@ -473,13 +524,14 @@ static size_t io_len(const struct fstore *f, size_t vlen)
 }
 
 /* Sizes item it's I/O: its file bytes (the header block, then the payload) and, where
-   O_DIRECT can use the caller's buffers (each 4 KiB aligned in address and length), the
-   vector [header block, caller's iovecs]; else (or without memory for the vector) all of
-   it is staged. */
-static void io_plan(const struct fstore *f, struct fio *io, const struct store_item *it)
+   O_DIRECT can use the caller's buffers (each 4 KiB aligned in address and length) and
+   may (callers: a put's, a lent get's), the vector [header block, caller's iovecs]; else
+   (or without memory for the vector) all of it is staged. */
+static void io_plan(const struct fstore *f, struct fio *io, const struct store_item *it,
+                    int callers)
 {
     size_t payload = store_iov_len(it->iov, it->iovcnt);
-    int direct = f->direct == 1 && it->iovcnt > 0 && it->iovcnt < 1024;
+    int direct = callers && f->direct == 1 && it->iovcnt > 0 && it->iovcnt < 1024;
     for (int k = 0; direct && k < it->iovcnt; k++)
         direct = (uintptr_t)it->iov[k].iov_base % F_ALIGN == 0 &&
                  it->iov[k].iov_len % F_ALIGN == 0;
@@ -546,8 +598,8 @@ static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
     if (data_ready(st, items, n, deadline))
         return 0;
     struct fbatch *b = batch_new(n, 1);
-    for (size_t i = 0; b && i < n; i++)
-        io_plan(f, &b->io[i], &items[i]);
+    for (size_t i = 0; b && i < n; i++)      /* a late write only reads them: harmless */
+        io_plan(f, &b->io[i], &items[i], 1);
     if (!b || batch_stage(f, b)) {
         batch_free(f, b);
         for (size_t i = 0; i < n; i++)
@@ -571,11 +623,12 @@ static int f_put(struct store *st, const struct store_layout *L, uint64_t ns,
 }
 
 /* Sizes item it's read and opens its file: by the ring, linked before the read, where the
-   ring has its file table (no system call per file here), else now. 0 or the item's
-   status (-ENOENT: a miss). No fstat: a file shorter than the entry reads short, a miss
-   (get_done), as its checksum would make it. */
+   ring has its file table (no system call per file here), else now. Straight into the
+   caller's buffers only where they are lent. 0 or the item's status (-ENOENT: a miss).
+   No fstat: a file shorter than the entry reads short, a miss (get_done), as its checksum
+   would make it. */
 static int get_prepare(struct fstore *f, struct fio *io, const struct store_layout *L,
-                       uint64_t ns, const struct store_item *it)
+                       uint64_t ns, const struct store_item *it, int lent)
 {
     char name[STORE_NAME_MAX];
     if (f->fixed) {
@@ -588,7 +641,7 @@ static int get_prepare(struct fstore *f, struct fio *io, const struct store_layo
             return errno_status(errno);
         io->cqes = 1;
     }
-    io_plan(f, io, it);
+    io_plan(f, io, it, lent);
     return 0;
 }
 
@@ -629,7 +682,8 @@ static void get_done(void *arg, size_t i)
 }
 
 static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, uint64_t deadline)
+                 struct store_item *items, size_t n, struct store_lend *lend,
+                 uint64_t deadline)
 {
     struct fstore *f = st->be;
     if (data_ready(st, items, n, deadline))
@@ -637,7 +691,7 @@ static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
     struct fbatch *b = batch_new(n, 0);
     int rc = b ? 0 : -ENOMEM;
     for (size_t i = 0; i < n && !rc; i++)
-        items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i]);
+        items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i], lend != NULL);
     if (!rc)
         rc = batch_stage(f, b);
     if (rc) {
@@ -649,6 +703,7 @@ static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
     struct get_ctx gc = { b, st, L, ns, items };
     b->on_done = get_done;
     b->on_done_arg = &gc;
+    b->lend = lend;
     if (batch_run(f, b, items, deadline))
         return 0;
     for (size_t i = 0; i < n; i++)
@@ -726,6 +781,11 @@ static int f_del_ns(struct store *st, const struct store_layout *L, uint64_t ns,
     return rc ? rc : removed;
 }
 
+static void f_reap(struct store *st)
+{
+    orphan_reap(st->be, UINT64_MAX);
+}
+
 static void f_close(struct store *st)
 {
     struct fstore *f = st->be;
@@ -744,7 +804,7 @@ static void f_close(struct store *st)
 }
 
 static const struct store_ops file_ops = {
-    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close,
+    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close, f_reap,
 };
 
 int store_file_test_hang(struct store *st, int on)

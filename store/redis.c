@@ -682,9 +682,13 @@ static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
     return rc;
 }
 
+/* lend unused: the replies are read and copied into the caller's buffers by this thread,
+   before it returns (kept stays 0) */
 static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, uint64_t deadline)
+                 struct store_item *items, size_t n, struct store_lend *lend,
+                 uint64_t deadline)
 {
+    (void)lend;
     int rc = store_rconn_get(st, st->be, L, ns, items, n, deadline);
     for (size_t i = 0; i < n; i++)
         items[i].status = no_redir(items[i].status);
@@ -833,7 +837,7 @@ static void r_close(struct store *st)
 }
 
 static const struct store_ops redis_ops = {
-    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close,
+    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close, NULL,
 };
 
 static char *dup_or_null(const char *s, int *fail)

@@ -524,12 +524,12 @@ static int count(struct store *st, const struct store_item *items, size_t n,
     return ok;
 }
 
-typedef int (*items_fn)(struct store *, const struct store_layout *, uint64_t,
-                        struct store_item *, size_t, uint64_t);
-
+/* A put (lend unused) or a get (lend: the buffers lent, or NULL). */
 static int run_items(struct store *st, const struct store_layout *L, uint64_t ns,
-                     struct store_item *items, size_t n, int put)
+                     struct store_item *items, size_t n, int put, struct store_lend *lend)
 {
+    if (lend)
+        lend->kept = 0;
     int rc = items_ok(st, L, items, n);
     if (rc)
         return rc;
@@ -539,8 +539,11 @@ static int run_items(struct store *st, const struct store_layout *L, uint64_t ns
     if (begin(st, &deadline)) {
         items_fail(items, n, -ETIMEDOUT);
     } else {
-        items_fn fn = put ? st->ops->put : st->ops->get;
-        fn(st, L, ns, items, n, deadline);
+        if (put)
+            st->ops->put(st, L, ns, items, n, deadline);
+        else
+            st->ops->get(st, L, ns, items, n, lend, deadline);
+        KVVM_ASSERT(!lend || !lend->kept || st->ops->reap);   /* kept: reaped later */
         pthread_mutex_unlock(&st->lock);
     }
     timed(st, put ? STORE_OP_PUT : STORE_OP_GET, deadline);
@@ -550,7 +553,7 @@ static int run_items(struct store *st, const struct store_layout *L, uint64_t ns
 int store_put(struct store *st, const struct store_layout *L, uint64_t ns,
               struct store_item *items, size_t n)
 {
-    return run_items(st, L, ns, items, n, 1);
+    return run_items(st, L, ns, items, n, 1, NULL);
 }
 
 /* The lane of a read: the read lane, where there is one. */
@@ -562,7 +565,37 @@ static struct store *rlane(struct store *st)
 int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
               struct store_item *items, size_t n)
 {
-    return run_items(rlane(st), L, ns, items, n, 0);
+    return run_items(rlane(st), L, ns, items, n, 0, NULL);
+}
+
+int store_get_lent(struct store *st, const struct store_layout *L, uint64_t ns,
+                   struct store_item *items, size_t n, struct store_lend *lend)
+{
+    if (lend && !lend->done) {
+        lend->kept = 0;
+        return -EINVAL;
+    }
+    return run_items(rlane(st), L, ns, items, n, 0, lend);
+}
+
+/* One lane's reap: its lock taken without a deadline (store_reap waits as long as the
+   file system makes it). */
+static void reap_one(struct store *st)
+{
+    if (!st->ops->reap)
+        return;
+    pthread_mutex_lock(&st->lock);
+    st->ops->reap(st);
+    pthread_mutex_unlock(&st->lock);
+}
+
+void store_reap(struct store *st)
+{
+    if (!st)
+        return;
+    if (st->reads)
+        reap_one(st->reads);
+    reap_one(st);
 }
 
 int store_lookup(struct store *st, const struct store_layout *L, uint64_t ns,

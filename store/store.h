@@ -17,12 +17,21 @@
  *    inside an operation's deadline; file: every operation tries the directory again).
  *  - It is a cache, never a dependency: every operation is bounded by timeout_ms (one
  *    deadline per batch: the whole pipelined round trip, a reconnection included, and the
- *    wait for the store's lock), never changes or keeps the caller's buffers, never fails
- *    for an unavailable store with anything but a per-item status and a count. A timed-out
- *    Redis connection is dropped (the replies still owed on it are never matched with later
- *    requests). The file backend bounds its data I/O (io_uring) by the deadline, and a
- *    get's opens (on the ring, where it has a file table: Linux 5.19); a put's open,
- *    rename and unlink are plain system calls, as fast as the file system is.
+ *    wait for the store's lock), never fails for an unavailable store with anything but a
+ *    per-item status and a count. A timed-out Redis connection is dropped (the replies
+ *    still owed on it are never matched with later requests). The file backend bounds its
+ *    data I/O (io_uring) by the deadline, and a get's opens (on the ring, where it has a
+ *    file table: Linux 5.19); a put's open, rename and unlink are plain system calls, as
+ *    fast as the file system is.
+ *  - The caller's buffers: once a call returns, the store never writes them, and never
+ *    reads them for anything that becomes an entry, unless they were lent (store_get_lent,
+ *    below): a read the file backend leaves in flight at the deadline cannot be stopped (a
+ *    hung disk or mount ignores cancellation), so a get reads with O_DIRECT straight into
+ *    the caller's buffers only where they are lent, and keeps them until the kernel is
+ *    done with them; otherwise it reads through the store's own staging (one copy). A put
+ *    left in flight may still read the caller's buffers (O_DIRECT from them), into a
+ *    temporary file that is removed, never renamed: memory the caller freed or reused is
+ *    read at worst, never written, and no entry ever holds those bytes.
  *  - Entries: a 32-byte content key (store_key, the same bytes as kvvm_key), under a layout
  *    (n_regions, bytes_per_token, page_size) and a namespace (uint64). Layout and namespace
  *    are part of the name (Redis key, file name): a reader of another layout or namespace
@@ -87,7 +96,8 @@ struct store_item {
    refused (logged); -ENOMEM. */
 int  store_open(const char *url, uint32_t timeout_ms, unsigned flags, struct store **out);
 /* Closes the connection / ring and frees everything; a file store first waits for the I/O
-   of a batch that timed out (the kernel may still write its buffers). NULL is a no-op. */
+   of a batch that timed out (the kernel may still write its buffers: lent ones are given
+   back, their done called). NULL is a no-op. */
 void store_close(struct store *st);
 
 /* Writes the n items (their payloads) under (L, ns, key): an existing entry is replaced
@@ -97,9 +107,35 @@ int store_put(struct store *st, const struct store_layout *L, uint64_t ns,
               struct store_item *items, size_t n);
 /* Reads the n items into their iovecs. Returns the number found (status 0), the others'
    status set (a miss is -ENOENT and not an error); an item that did not hit may have had its
-   buffers written. -EINVAL as store_put. */
+   buffers written, before the call returned and never after. -EINVAL as store_put. */
 int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
               struct store_item *items, size_t n);
+
+/* A get's buffers lent to the store (store_get_lent). The file backend then reads straight
+   into the buffers that O_DIRECT takes (every iovec of an item 4 KiB aligned in address and
+   length: no copy); when such a get returns at its deadline with reads into them still in
+   flight, it sets kept, and the buffers of the whole batch stay the store's until it calls
+   done(arg): the caller neither frees nor reuses them before. */
+struct store_lend {
+    void (*done)(void *arg);     /* called once, only for a get that set kept, when the last
+                                    of its reads completed: from any thread (a later get on
+                                    the same lane, with that lane's lock held, store_reap or
+                                    store_close), maybe before that get returned; it must
+                                    not call the store */
+    void *arg;
+    int kept;                    /* out: 1 the buffers are the store's until done(arg); 0
+                                    the caller's at return (done is never called) */
+};
+/* store_get with the items' buffers lent (lend NULL: store_get). The store copies done and
+   arg; *lend need not outlive the call. Errors as store_get, and -EINVAL lend->done NULL
+   (kept 0 after any error). */
+int store_get_lent(struct store *st, const struct store_layout *L, uint64_t ns,
+                   struct store_item *items, size_t n, struct store_lend *lend);
+/* Waits until no read or write of a timed-out batch is in flight any more, on either lane
+   (bounded only by the file system, as store_close), so that every lent buffer has been
+   given back (its done called) when it returns. Nothing to wait for: returns at once (a
+   Redis store always). NULL is a no-op. */
+void store_reap(struct store *st);
 /* Which of the n keys exist (present[i] = 1 or 0; NULL allowed). Returns how many, -EINVAL
    (st, L NULL, keys NULL with n > 0), or -ETIMEDOUT / -ENOTCONN / -EIO (the store could not
    answer: present[] all 0, counted). A present key may still miss at get (evicted, corrupt). */

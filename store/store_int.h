@@ -9,7 +9,9 @@
  *    by redis.c and cluster.c alone, liburing.h (for this layer) by file.c alone.
  *  - A backend call runs with st->lock held and gets an absolute deadline (know_ns clock):
  *    it returns by then, sets every item's status (put/get) and adds to the byte counters;
- *    store.c counts puts, gets, hits and errors from the statuses.
+ *    store.c counts puts, gets, hits and errors from the statuses. A get leaves the kernel
+ *    writing into the caller's buffers after it returns only where they were lent (and
+ *    then sets kept: store.h "The caller's buffers"); Redis and the cluster never do.
  */
 #ifndef KVVM_STORE_STORE_INT_H
 #define KVVM_STORE_STORE_INT_H
@@ -21,8 +23,10 @@ struct store_ops {
     const char *kind;
     int  (*put)(struct store *st, const struct store_layout *L, uint64_t ns,
                 struct store_item *items, size_t n, uint64_t deadline);
+    /* lend: the items' buffers lent (store_get_lent; kept 0 on entry), or NULL */
     int  (*get)(struct store *st, const struct store_layout *L, uint64_t ns,
-                struct store_item *items, size_t n, uint64_t deadline);
+                struct store_item *items, size_t n, struct store_lend *lend,
+                uint64_t deadline);
     /* count present, or -errno (the whole request failed) */
     int  (*lookup)(struct store *st, const struct store_layout *L, uint64_t ns,
                    const store_key *keys, size_t n, uint8_t *present, uint64_t deadline);
@@ -31,6 +35,8 @@ struct store_ops {
     int  (*del_ns)(struct store *st, const struct store_layout *L, uint64_t ns,
                    uint64_t deadline);
     void (*close)(struct store *st);
+    /* store_reap on this lane (its lock held), or NULL: nothing is ever left in flight */
+    void (*reap)(struct store *st);
 };
 
 struct store {

@@ -259,7 +259,10 @@ struct kvvm_testing_store_item {
 /* url as the config's store_url; 0, -EINVAL malformed, -EACCES refused credentials. */
 int  kvvm_testing_store_open(const char *url, uint32_t timeout_ms, kvvm_testing_store **out);
 void kvvm_testing_store_close(kvvm_testing_store *st);
-/* The number of items written / found (each item's status set), or -EINVAL. */
+/* The number of items written / found (each item's status set), or -EINVAL. A get lends
+   the items' buffers (store_get_lent: a file store reads straight into 4 KiB aligned ones):
+   one that timed out may still have them written until kvvm_testing_store_close returns,
+   so keep them until then. */
 int  kvvm_testing_store_put(kvvm_testing_store *st, const struct kvvm_testing_store_layout *L,
                             uint64_t ns, struct kvvm_testing_store_item *items, size_t n);
 int  kvvm_testing_store_get(kvvm_testing_store *st, const struct kvvm_testing_store_layout *L,

@@ -1,7 +1,8 @@
 /*
  * testing/store_alone.c: the shared store layer (store/store.h) alone, for kvvm-bench's store
  * figures (testing/kvvm_testing.h). Items and layouts are passed through as they are: their
- * layouts are checked equal to store_item's and store_layout's below.
+ * layouts are checked equal to store_item's and store_layout's below. A get lends the
+ * tool's buffers (store_get_lent), as an attach does, until the store is closed.
  */
 #include "testing/kvvm_testing.h"
 
@@ -39,9 +40,17 @@ int kvvm_testing_store_put(kvvm_testing_store *st, const struct kvvm_testing_sto
                      (struct store_item *)items, n);
 }
 
+/* The buffers are the tool's until kvvm_testing_store_close (kvvm_testing.h): nothing to
+   give back. */
+static void kept_till_close(void *arg)
+{
+    (void)arg;
+}
+
 int kvvm_testing_store_get(kvvm_testing_store *st, const struct kvvm_testing_store_layout *L,
                            uint64_t ns, struct kvvm_testing_store_item *items, size_t n)
 {
-    return store_get((struct store *)st, (const struct store_layout *)L, ns,
-                     (struct store_item *)items, n);
+    struct store_lend lend = { kept_till_close, NULL, 0 };
+    return store_get_lent((struct store *)st, (const struct store_layout *)L, ns,
+                          (struct store_item *)items, n, &lend);
 }

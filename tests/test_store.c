@@ -631,10 +631,18 @@ Test(store_file, publish_by_rename_and_replace)
     rmdir_all(dir);
 }
 
+/* A lend's done (store_get_lent): counts its calls (atomic: the store may call it on
+   another thread). */
+static void lent_back(void *arg)
+{
+    __atomic_fetch_add((int *)arg, 1, __ATOMIC_RELAXED);
+}
+
 /* Caller buffers 4 KiB aligned (pinned host pages): O_DIRECT moves the payload straight
-   between them and the file (no staging). Read back through aligned and unaligned buffers
-   alike; the file is as documented (header, zeros to 4 KiB, payload); a corrupted payload
-   read straight into the caller's buffers is still refused and counted. */
+   between them and the file (no staging; a get's lent: store_get_lent). Read back through
+   aligned and unaligned buffers alike; the file is as documented (header, zeros to 4 KiB,
+   payload); a corrupted payload read straight into the caller's buffers is still refused
+   and counted. */
 Test(store_file, aligned_buffers_go_direct)
 {
     TH_DEADLINE(30);
@@ -661,7 +669,10 @@ Test(store_file, aligned_buffers_go_direct)
     fclose(fp);
     cr_expect(!memcmp(hdr, "KVVMST01", 8));
     cr_expect(!memcmp(pay, src, sizeof pay), "the payload is not at offset 4096");
-    cr_assert_eq(store_get(st, &L1, 1, r.items, n), (int)n, "status %d", r.items[0].status);
+    int back = 0;
+    struct store_lend lend = { lent_back, &back, 0 };
+    cr_assert_eq(store_get_lent(st, &L1, 1, r.items, n, &lend), (int)n, "status %d",
+                 r.items[0].status);
     cr_expect(!memcmp(src, dst, n * 2 * half));
     struct batch u;                           /* unaligned readers see the same */
     batch_blank(&u, &w);
@@ -672,8 +683,9 @@ Test(store_file, aligned_buffers_go_direct)
     uint8_t x = 0x33;
     cr_assert(fd >= 0 && pwrite(fd, &x, 1, 4096 + half + 17) == 1);
     close(fd);
-    cr_expect_eq(store_get(st, &L1, 1, r.items, n), (int)n - 1);
+    cr_expect_eq(store_get_lent(st, &L1, 1, r.items, n, &lend), (int)n - 1);
     cr_expect_eq(r.items[0].status, -EBADMSG);
+    cr_expect(!lend.kept && !back, "a lent get that completed kept its buffers");
     cr_expect_eq(sstats(st).errors, 1);
     if (!store_direct(st))
         cr_log_warn("%s refuses O_DIRECT: the direct path was not exercised", dir);
@@ -693,7 +705,7 @@ static int open_fds(void)
 
 /* A get batch larger than the ring's file table (its files opened by the ring, linked
    before their reads, a slot reused once its last read completed): every entry read whole
-   and its own, straight into aligned buffers (O_DIRECT) and through the staging alike,
+   and its own, straight into aligned lent buffers (O_DIRECT) and through the staging alike,
    with misses (removed files), a file cut short inside its payload (no fstat: the short
    read is the miss) and another entry's file under an entry's name among them; no
    descriptor left open. A slot reused too early would serve another entry's file: its
@@ -726,11 +738,14 @@ Test(store_file, a_batch_past_the_file_table_gets_each_entry_its_own)
     store_file_name(&L1, 1, &w.keys[201], name);
     snprintf(path2, sizeof path2, "%s/%s", dir, name);
     cr_assert(unlink(path) == 0 && link(path2, path) == 0);
-    int fds = open_fds();
+    int fds = open_fds(), back = 0;
+    struct store_lend lend = { lent_back, &back, 1 };
     for (int pass = 0; pass < 2; pass++) {
         struct batch *b = pass ? &u : &r;
         memset(pass ? u.bytes : dst, 0xaa, n * 2 * half);
-        cr_expect_eq(store_get(st, &L1, 1, b->items, n), (int)(n - gone - 2), "pass %d", pass);
+        cr_expect_eq(pass ? store_get(st, &L1, 1, b->items, n)
+                          : store_get_lent(st, &L1, 1, b->items, n, &lend),
+                     (int)(n - gone - 2), "pass %d", pass);
         for (size_t i = 0; i < n; i++) {
             int want = i % 37 == 5 ? -ENOENT : i == 100 || i == 200 ? -EBADMSG : 0;
             cr_expect_eq(b->items[i].status, want, "pass %d entry %zu: %d", pass, i,
@@ -741,6 +756,7 @@ Test(store_file, a_batch_past_the_file_table_gets_each_entry_its_own)
         }
     }
     cr_expect_eq(open_fds(), fds, "descriptors left open by the gets");
+    cr_expect(!lend.kept && !back, "a lent get that completed kept its buffers");
     cr_expect_eq(sstats(st).errors, 4);
     if (!store_direct(st))
         cr_log_warn("%s refuses O_DIRECT: the direct path was not exercised", dir);
@@ -853,6 +869,108 @@ Test(store_file, hung_io_returns_in_time_and_recovers)
                  th_dir_entries(dir));
     pair_free(&w, &r);
     store_close(st);
+    rmdir_all(dir);
+}
+
+/* A store on an O_DIRECT directory with n entries of two aligned 4 KiB pages (w, written
+   through a store of a long timeout: the load of a shared machine fails no setup), and r
+   reading them into dst (aligned: a get may read straight into it). NULL (skipped, the
+   reason printed) where the directory refuses O_DIRECT. */
+static struct store *direct_pair(char *dir, size_t dlen, char *url, size_t ulen, uint32_t tmo,
+                                 size_t n, struct batch *w, struct batch *r, uint8_t **dst)
+{
+    struct store *st = sopen(file_url(dir, dlen, url, ulen), tmo);
+    if (!store_direct(st)) {
+        store_close(st);
+        rmdir_all(dir);
+        return NULL;
+    }
+    cr_assert_eq(posix_memalign((void **)dst, 4096, n * 2 * 4096), 0);
+    pair_make(w, r, n, 4096, 40);
+    for (size_t i = 0; i < 2 * n; i++)
+        r->iov[i].iov_base = *dst + i * 4096;
+    struct store *wst = sopen(url, 20000);
+    cr_assert_eq(store_put(wst, &L1, 1, w->items, n), (int)n);
+    store_close(wst);
+    return st;
+}
+
+/* The first byte of dst[0..len) that is not c, or len. */
+static size_t first_not(const uint8_t *dst, size_t len, uint8_t c)
+{
+    size_t o = 0;
+    while (o < len && dst[o] == c)
+        o++;
+    return o;
+}
+
+/* Regression: a get that read with O_DIRECT straight into the caller's buffers and timed
+   out returned with those reads still in flight; its orphan kept only the store's staging,
+   so the late completion wrote into memory the caller owned again (core/storeq.c's next
+   attach's staging, or a buffer freed and reused). The caller's cookie, written after the
+   call, must survive the late read's completion and its reaping (store_close). */
+Test(store_file, timed_out_direct_get_keeps_callers_buffers_until_reaped)
+{
+    TH_DEADLINE(30);
+    char dir[64], url[96];
+    const size_t n = 2, len = n * 2 * 4096;
+    struct batch w, r;
+    uint8_t *dst = NULL;
+    struct store *st = direct_pair(dir, sizeof dir, url, sizeof url, 200, n, &w, &r, &dst);
+    if (!st)
+        cr_skip_test("/var/tmp refuses O_DIRECT: no direct read to leave in flight");
+    cr_assert_eq(store_test_hang(st, STORE_HANG_ALL), 0);
+    cr_expect_eq(store_get(st, &L1, 1, r.items, n), 0);
+    for (size_t i = 0; i < n; i++)
+        cr_expect_eq(r.items[i].status, -ETIMEDOUT, "get %zu: %d", i, r.items[i].status);
+    memset(dst, 0x5c, len);              /* the caller's again: its next use */
+    cr_assert_eq(store_test_hang(st, 0), 0);    /* the hung reads complete now */
+    store_close(st);                     /* waits for them: reaped */
+    size_t o = first_not(dst, len, 0x5c);
+    cr_expect_eq(o, len, "the timed-out get wrote byte %zu of the caller's buffer (0x%02x) "
+                 "after it returned", o, o < len ? dst[o] : 0);
+    pair_free(&w, &r);
+    free(dst);
+    rmdir_all(dir);
+}
+
+/* The other side: a lent get reads straight into the caller's buffers (no copy: the hung
+   read's byte lands there, not in the store's staging) and, timed out with those reads in
+   flight, keeps them: kept set, done not called until the late read completed and a later
+   get reaped it, then once. A lent get that completes in time keeps nothing. */
+Test(store_file, timed_out_lent_get_gives_the_buffers_back_once_reaped)
+{
+    TH_DEADLINE(30);
+    char dir[64], url[96];
+    const size_t n = 2, len = n * 2 * 4096;
+    struct batch w, r, u;
+    uint8_t *dst = NULL;
+    struct store *st = direct_pair(dir, sizeof dir, url, sizeof url, 200, n, &w, &r, &dst);
+    if (!st)
+        cr_skip_test("/var/tmp refuses O_DIRECT: no direct read to leave in flight");
+    int back = 0;
+    struct store_lend lend = { lent_back, &back, 1 };
+    struct store *slow = sopen(url, 20000);     /* completes in time, however loaded */
+    cr_assert_eq(store_get_lent(slow, &L1, 1, r.items, n, &lend), (int)n);
+    store_close(slow);
+    cr_expect(!lend.kept && !back, "a lent get that completed kept its buffers");
+    cr_expect(!memcmp(w.bytes, dst, len), "the entries read differ from those written");
+    cr_assert_eq(store_test_hang(st, STORE_HANG_ALL), 0);
+    memset(dst, 0x5c, len);
+    cr_expect_eq(store_get_lent(st, &L1, 1, r.items, n, &lend), 0);
+    cr_expect_eq(lend.kept, 1, "a lent get timed out with reads in flight, kept nothing");
+    cr_expect_eq(__atomic_load_n(&back, __ATOMIC_RELAXED), 0, "given back while in flight");
+    cr_assert_eq(store_test_hang(st, 0), 0);    /* the hung reads complete now */
+    batch_blank(&u, &w);                 /* its own buffers, not lent */
+    cr_expect_eq(retry_all(st, 0, 1, u.items, n), (int)n, "the store did not recover");
+    cr_expect_eq(__atomic_load_n(&back, __ATOMIC_RELAXED), 1, "not given back once, reaped");
+    cr_expect_lt(first_not(dst, len, 0x5c), len, "the lent get did not read straight into "
+                 "the caller's buffers");
+    store_close(st);
+    cr_expect_eq(back, 1, "given back again at close");
+    batch_free(&u);
+    pair_free(&w, &r);
+    free(dst);
     rmdir_all(dir);
 }
 

@@ -17,6 +17,8 @@
 
 #include <pthread.h>
 
+#include "core/core.h"
+#include "store/store.h"
 #include "store_server.h"
 #include "vmm/emu/emu.h"
 
@@ -298,6 +300,68 @@ Test(store_attach, staging_sized_by_need_counted_and_freed_by_trim)
     attach_set(t.kv, 1, b);                     /* sized again; its bytes checked */
     tstats(&t, &st);
     cr_expect_eq(st.store_staging_bytes, want);
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* Regression: an attach whose store get timed out with its O_DIRECT reads into the kept
+   staging still in flight gave the staging back as if they were over: kvvm_trim freed it,
+   or the next attach read into it, while the kernel could still write there (the late
+   read's bytes landing in freed memory or in the next attach's blocks). The store now keeps
+   it until those reads completed: trim leaves it; once a later get reaped them, attaches
+   read right and trim frees it. */
+Test(store_attach, timed_out_attach_keeps_staging_until_reads_reaped)
+{
+    TH_DEADLINE(120);
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    publish_sets(url);
+    struct kvvm_config c;
+    struct tctx t;
+    cfg_a(&c, url);
+    c.store_timeout_ms = 200;
+    topen(&t, &c);
+    if (!store_direct(t.kv->store)) {
+        tclose(&t);
+        rmdir_all(dir);
+        cr_skip_test("/var/tmp refuses O_DIRECT: attaches read through the store's staging");
+    }
+    kvvm_key k[NB];
+    keys_of(0, k);
+    kvvm_seq d;
+    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_ALL), 0);
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, NB), 0, "a hung store is a miss");
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    uint64_t kept = st.store_staging_bytes;
+    cr_expect_gt(kept, 0, "the attach read into no kept staging");
+    cr_assert_eq(kvvm_trim(t.kv, 0), 0);
+    tstats(&t, &st);
+    cr_expect_eq(st.store_staging_bytes, kept, "kvvm_trim freed the staging that reads in "
+                 "flight still write: %llu bytes left of %llu",
+                 (unsigned long long)st.store_staging_bytes, (unsigned long long)kept);
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* the hung reads complete now */
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    int got = 0;
+    for (int i = 0; i < 100 && got != (int)NB; i++) {   /* the hung batch is reaped first */
+        kvvm_seq e;
+        cr_assert_eq(kvvm_seq_create(t.kv, &e), 0);
+        got = kvvm_prefix_attach(t.kv, e, 1, k, NB);
+        if (got == (int)NB) {
+            check_free(t.kv, e, 0, b);
+        } else {
+            cr_assert_eq(kvvm_seq_free(t.kv, e), 0);
+            usleep(20000);
+        }
+    }
+    cr_expect_eq(got, (int)NB, "the store did not come back after the reads completed");
+    cr_assert_eq(kvvm_trim(t.kv, 0), 0);
+    tstats(&t, &st);
+    cr_expect_eq(st.store_staging_bytes, 0, "the staging given back was not freed by trim");
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
     free(b);
     tclose(&t);
     rmdir_all(dir);
