@@ -509,3 +509,61 @@ Test(prefix_pool, attach_sends_the_entries_frames_in_full_messages)
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
+
+/* Issue 35: the daemon sent a descriptor for every frame of an attach, so a client attaching
+   blocks whose frames a sequence of its own still maps (its local entries gone: here the
+   local index takes none) imported each frame again. They come held now (pool/protocol.h
+   "Held frames"): no import, no count at the daemon, the same handle mapped again. */
+Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x4d, .salt = 9, .ns = 5 });
+    struct kvvm_config c;
+    cfg(&c, d.path, "reattacher", BPT);
+    c.pool_thread = 0;                  /* no lease ahead: the counters move with the calls */
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    cr_assert_geq(kvvm_testing_prefix_limits(kv, 1, 0), 0);  /* no local entry for NB blocks:
+                                                                 every attach asks the pool */
+    kvvm_key k[NB];
+    keys_of(k, 9);
+    kvvm_seq s1, s2;
+    struct emu_counters e0 = emu_of(kv);
+    uint64_t to_dev = STAT(kv, bytes_to_device);
+    cr_assert_eq(kvvm_seq_create(kv, &s1), 0);
+    cr_assert_eq(kvvm_prefix_attach(kv, s1, 5, k, NB), (int)NB, "%s", kvvm_last_error());
+    struct emu_counters e1 = emu_of(kv);
+    struct kvvm_pool_info p1 = pool_info_of(kv);
+    cr_expect_eq(e1.imports - e0.imports, NB * NREG, "the first attach maps new frames");
+    cr_assert_eq(kvvm_seq_create(kv, &s2), 0);
+    cr_assert_eq(kvvm_prefix_attach(kv, s2, 5, k, NB), (int)NB, "%s", kvvm_last_error());
+    struct emu_counters e2 = emu_of(kv);
+    struct kvvm_pool_info p2 = pool_info_of(kv);
+    cr_expect_eq(e2.imports - e1.imports, 0, "frames it maps imported again: %llu",
+                 (unsigned long long)(e2.imports - e1.imports));
+    cr_expect_eq(e2.imported, e1.imported, "no new handle");
+    cr_expect_eq(p2.free_bytes, p1.free_bytes);
+    cr_expect_eq(p2.held_bytes, p1.held_bytes);
+    cr_expect_eq(STAT(kv, bytes_to_device), to_dev, "no copy");
+    cr_expect_eq(STAT(kv, pool_hit_blocks), 2 * NB);
+    cr_expect_eq(check(kv, s1, NB * TPP, 0x4d), 0);
+    cr_expect_eq(check(kv, s2, NB * TPP, 0x4d), 0);
+    th_check(kv, "two sequences on the same handles");
+    cr_assert_eq(kvvm_seq_free(kv, s1), 0);     /* s2 still maps every frame */
+    cr_expect_eq(check(kv, s2, NB * TPP, 0x4d), 0);
+    unsigned char b[PD_GRAN], r[PD_GRAN];
+    memset(b, 0xa7, sizeof b);
+    cr_assert_eq(kvvm_seq_write(kv, s2, 0, 0, b, sizeof b), 0);    /* copies first */
+    cr_assert_eq(kvvm_seq_read(kv, s2, 0, 0, r, sizeof r), 0);
+    cr_expect_eq(memcmp(b, r, sizeof b), 0);
+    th_check(kv, "after the write");
+    cr_assert_eq(kvvm_seq_free(kv, s2), 0);
+    kvvm_close(kv);
+    pub_finish(&a, 'c');                /* the write: not in the publisher's pages */
+    cr_expect_eq(run_attacher(d.path, 5, 9, BPT, NB, 0x4d, 0), 0,
+                 "the entries' bytes: its exit code names the check");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
