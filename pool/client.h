@@ -134,8 +134,10 @@ int  pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, 
    region; one request per POOL_PREFIX_KEYS keys. */
 /* Enters n entries: keys[0..n), their frames hs key-major (n * n_regions; each handed out
    by pool_cli_create or imported); serial as pool_cli_export's. The new entries (>= 0; a
-   key present keeps its entry);
-   -ENOENT a handle that is not this daemon's (nothing sent); -EIO gone. */
+   key present keeps its entry); -ENOENT a handle that is not this daemon's, -ENOTCONN the
+   daemon gone (nothing sent either); -EIO it went during the request, its answer lost:
+   it may have made entries of those frames, visible to other clients (serial 0), so the
+   caller treats them as shared. */
 int  pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
                              const uint8_t *keys, uint32_t n, const vmm_handle *hs,
                              uint64_t serial);

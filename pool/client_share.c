@@ -43,7 +43,7 @@ int pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, u
     if (!nr || nr > POOL_REGIONS_MAX)
         return -EINVAL;
     pthread_mutex_lock(&c->mu);
-    int rc = live_locked(c);
+    int rc = live_locked(c) ? -ENOTCONN : 0;   /* gone before a byte was sent */
     for (size_t i = 0; !rc && i < (size_t)n * nr; i++) {
         uint64_t id = pool_cli_map_get(c, hs[i].h);
         if (!id || id == POOL_CLI_FOREIGN)

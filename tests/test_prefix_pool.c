@@ -5,7 +5,10 @@
    in one process never seen in another), entries surviving their publisher's exit and SIGKILL,
    namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries reclaimed before a
    take-back and before unimported exports, stream mode (bytes written after the publish never
-   seen), and the pool whole again once the entries are dropped and everyone exited. */
+   seen), blocks attached again while mapped (held frames: nothing imported), a publish whose
+   answer was lost (through a proxy that swallows it), and the pool whole again once the
+   entries are dropped and everyone exited. */
+#include <poll.h>
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"
@@ -564,6 +567,121 @@ Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
     pub_finish(&a, 'c');                /* the write: not in the publisher's pages */
     cr_expect_eq(run_attacher(d.path, 5, 9, BPT, NB, 0x4d, 0), 0,
                  "the entries' bytes: its exit code names the check");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* ---- a lost reply: a proxy between one client and the daemon (a child process) that
+   forwards every message both ways (descriptors included), except the daemon's RESULT
+   answering the client's first PREFIX_PUBLISH call: it swallows it and closes both
+   connections, so the client sees the daemon go mid-request after the daemon made the
+   entries (a reply that timed out ends the same way). It serves one connection: the client
+   finds no daemon again. */
+
+/* One message from `from` to `to`; its type (0: the connection ended). */
+static unsigned proxy_pass(int from, int to, bool forward)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nf = 0;
+    long n = pool_proto_recv(from, buf, sizeof buf, fds, POOL_BATCH_MAX, &nf, 0);
+    unsigned type = 0;
+    if (n > 0 && pool_proto_check(buf, (size_t)n, nf, &type) == 0 && forward &&
+        pool_proto_send(to, buf, fds, nf, 0) != 0)
+        type = 0;
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    return n > 0 ? type : 0;
+}
+
+static void proxy_conn(int c, const char *daemon)
+{
+    int d = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", daemon);
+    if (d < 0 || connect(d, (struct sockaddr *)&a, sizeof a) != 0)
+        _exit(80);
+    bool armed = false;             /* the publish call's last chunk went: RESULT answers it */
+    for (;;) {
+        struct pollfd p[2] = { { .fd = c, .events = POLLIN }, { .fd = d, .events = POLLIN } };
+        if (poll(p, 2, -1) < 0)
+            continue;
+        if (p[0].revents) {
+            _Alignas(8) unsigned char peek[sizeof(struct pool_prefix_publish)];
+            ssize_t k = recv(c, peek, sizeof peek, MSG_PEEK);
+            const struct pool_prefix_publish *m = (const void *)peek;
+            if (k == (ssize_t)sizeof peek && m->h.type == POOL_MSG_PREFIX_PUBLISH && m->last)
+                armed = true;
+            if (!proxy_pass(c, d, true))
+                break;
+        }
+        if (p[1].revents) {
+            unsigned t = proxy_pass(d, c, !armed);
+            if (!t || (armed && t == POOL_MSG_RESULT))
+                break;              /* the reply lost: both connections end */
+        }
+    }
+    close(d);
+    close(c);
+}
+
+static pid_t proxy_start(const char *daemon, char *path, size_t cap, char *dir)
+{
+    cr_assert(mkdtemp(dir));
+    snprintf(path, cap, "%s/proxy", dir);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", path);
+    int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert(l >= 0);
+    cr_assert_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(l, 4), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int c = accept(l, NULL, NULL);
+        close(l);                   /* one connection: a reconnection finds no daemon */
+        if (c >= 0)
+            proxy_conn(c, daemon);
+        _exit(0);
+    }
+    close(l);
+    return pid;
+}
+
+/* A PREFIX_PUBLISH whose reply was lost (the daemon gone mid-request, or a reply past
+   POOL_CLI_REPLY_MS) failed -EIO, and the publisher did not mark its pages shared, though
+   the daemon had made the entries (serial 0: visible at once): once its local entries went
+   (dropped here while the daemon is unreachable), its next write landed in place, in the
+   frames the daemon's entries hold, and another client attaching them read it. */
+Test(regress, lost_publish_reply_left_the_pages_written_in_place)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    char dir[] = "/tmp/kvvm-proxy-XXXXXX", path[128];
+    pid_t proxy = proxy_start(d.path, path, sizeof path, dir);
+    struct kvvm_config c;
+    cfg(&c, path, "publisher", BPT);
+    c.create_at_open = 1;               /* frames for copies on write once it is cut off */
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    kvvm_key k[NB];
+    keys_of(k, 12);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, NB * TPP), 0);
+    cr_assert_eq(fill(kv, s, NB * TPP, 0x3a), 0);
+    cr_assert_eq(kvvm_prefix_publish(kv, s, 6, k, NB), (int)NB, "%s", kvvm_last_error());
+    cr_expect_eq(figures(d.path).shared_entries, NB, "the daemon made the entries");
+    cr_assert_eq(kvvm_prefix_drop(kv, 6, k, NB), (int)NB);    /* local: the daemon is gone */
+    cr_assert_eq(fill(kv, s, NB * TPP, 0xc5), 0, "%s", kvvm_last_error());   /* after the call */
+    cr_expect_eq(check(kv, s, NB * TPP, 0xc5), 0);
+    int st = run_attacher(d.path, 6, 12, BPT, NB, 0x3a, 0);
+    cr_expect_eq(st, 0, "the entries hold the bytes of the publish, not the write after it "
+                 "(the attacher's exit code names the check: %d)", st);
+    kvvm_close(kv);
+    cr_expect_eq(pd_wait(proxy), 0, "the proxy served its one connection");
+    unlink(path);
+    rmdir(dir);
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
