@@ -4,12 +4,14 @@
  *
  * publish: after the local publish, the blocks' frames go to the daemon at once; only once
  * the daemon holds them are the pages marked shared (copy on write from then: bytes written
- * after the call are never seen through the entry). Sync mode: paging waited for the device
- * work before the call, the entries are visible at once. Stream mode: nothing waits on the
- * engine's thread: the entries go PENDING (a miss for everyone) with a fence recorded on
- * the engine stream after the work, and the connection's ready thread makes them visible
- * once the fence completed (pool/client.h "Pending shares"; kvvm_sync waits for that). lookup: the daemon's leading keys from key 0;
- * past the local hit they are KVVM_TIER_POOL. attach: when the daemon has more leading
+ * after the call are never seen through the entry), and also when the daemon went during
+ * the request (its answer lost: it may have made the entries, shown to others at once).
+ * Sync mode: paging waited for the device work before the call, the entries are visible
+ * at once. Stream mode: nothing waits on the engine's thread: the entries go PENDING (a
+ * miss for everyone) with a fence recorded on the engine stream after the work, and the
+ * connection's ready thread makes them visible once the fence completed (pool/client.h
+ * "Pending shares"; kvvm_sync waits for that). lookup: the daemon's leading keys from key
+ * 0; past the local hit they are KVVM_TIER_POOL. attach: when the daemon has more leading
  * blocks than the local index, dst maps the daemon's frames as shared frames (adopted as a
  * non-resident sequence, then swapped in: device pages are mapped as they are, nothing
  * copied) and they become local entries too; any failure there leaves dst empty and the
@@ -68,7 +70,14 @@ void core_pool_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, 
             vmm_fence_destroy(kv->v, &f);
         klog_warn("kvvm_prefix_publish: the pool's shared index did not take the blocks "
                   "(%s)", rc == -ENOENT ? "a page's frame is not this daemon's"
-                  : rc == -EIO ? "the daemon is gone" : core_err_name(rc));
+                  : rc == -EIO ? "the daemon went during the request: the blocks are "
+                  "treated as shared" : rc == -ENOTCONN ? "the daemon is gone"
+                  : core_err_name(rc));
+        /* its answer lost: the daemon may show entries of these frames to others, so no
+           write may land in them (the pages copy on write, their frames are released,
+           never reused) */
+        if (rc == -EIO)
+            paging_seq_block_mark(kv->pg, s, (uint32_t)n);
         return;
     }
     paging_seq_block_mark(kv->pg, s, (uint32_t)n);

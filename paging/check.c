@@ -28,6 +28,7 @@ struct ck {
     uint32_t *jobs;       /* expected transfer-job references per page id - 1 */
     uint64_t mapped;      /* window pages expected mapped */
     uint32_t *vmaps;      /* pool view slots mapping each frame (frame id - 1) */
+    uint32_t dup_handles; /* held frames whose handle another held frame has too */
 };
 
 static int fail(struct ck *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -216,6 +217,44 @@ static int ck_defer(struct ck *k)
     return 0;
 }
 
+struct ck_handle { uint64_t h; uint8_t ext; };
+
+static int cmp_handle(const void *a, const void *b)
+{
+    uint64_t x = ((const struct ck_handle *)a)->h, y = ((const struct ck_handle *)b)->h;
+    return x < y ? -1 : x > y;
+}
+
+/* Frames sharing a handle (a pool client's frame received held: paging/handoff.c): both
+   shared-external, so none is written in place or reused while another maps the handle.
+   Counts the duplicates into k->dup_handles (the driver holds that many fewer handles). */
+static int ck_shared_handles(struct ck *k)
+{
+    struct paging *pg = k->pg;
+    struct ck_handle *h = malloc((pg->fr.n_held ? pg->fr.n_held : 1) * sizeof *h);
+    uint32_t n = 0;
+    if (!h)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < pg->fr.cap_frames && n < pg->fr.n_held; i++) {
+        const struct pg_frame *f = &pg->fr.frames[i];
+        if (f->state != FR_NONE)
+            h[n++] = (struct ck_handle){ f->h.h, f->ext };
+    }
+    qsort(h, n, sizeof *h, cmp_handle);
+    int rc = 0;
+    k->dup_handles = 0;
+    for (uint32_t i = 1; i < n && !rc; i++) {
+        if (h[i].h != h[i - 1].h)
+            continue;
+        k->dup_handles++;
+        if (!h[i - 1].ext || !h[i].ext)
+            rc = fail(k, "handle %llx is held by two frames, one not shared-external",
+                      (unsigned long long)h[i].h);
+    }
+    free(h);
+    return rc;
+}
+
 static int ck_frames(struct ck *k)
 {
     struct paging *pg = k->pg;
@@ -236,7 +275,7 @@ static int ck_frames(struct ck *k)
                     "ahead %u (%u) + used %u (%u), %u unset of %u", pg->fr.n_held,
                     st[FR_READY], pg->fr.n_ready, walk, st[FR_AHEAD], pg->fr.n_ahead,
                     st[FR_USED], pg->fr.n_used, st[FR_NONE], pg->fr.cap_frames);
-    return 0;
+    return ck_shared_handles(k);
 }
 
 static int ck_pages(struct ck *k)
@@ -481,7 +520,7 @@ static int ck_driver(struct ck *k)
        read under its mutex, a handle made or released is counted in transit there) */
     pthread_mutex_lock(&pg->fr.feed.mu);
     int crc = vmm_debug_objects(pg->v, &c);
-    uint64_t lo = (uint64_t)pg->fr.n_held + pg->fr.feed.n_in;
+    uint64_t lo = (uint64_t)pg->fr.n_held - k->dup_handles + pg->fr.feed.n_in;
     uint64_t hi = lo + pg->fr.feed.creating + pg->fr.feed.releasing;
     pthread_mutex_unlock(&pg->fr.feed.mu);
     if (crc)
@@ -502,7 +541,7 @@ int paging_check(struct paging *pg, char *why, size_t len)
 {
     struct vmm_debug_objects probe;
     struct ck k = { pg, why, len, vmm_debug_objects(pg->v, &probe) != -EOPNOTSUPP, NULL, NULL,
-                    NULL, 0, NULL };
+                    NULL, 0, NULL, 0 };
     size_t np = pg->p.max_pages ? pg->p.max_pages : 1;
     k.refs = calloc(3 * np, sizeof *k.refs);
     if (!k.refs)

@@ -58,8 +58,9 @@ void pool_set_max_frames(struct paging *pg, uint32_t frames);
 void pool_feed_suppress(struct paging *pg);
 /* Shared frames (struct pg_frame.ext): room in the budget for n adopted frames (ready
    frames released to make it; -ENOMEM none), then each handle adopted as a new frame id,
-   FR_USED, ext (its page then page_new's); pool_share_mark makes page id's frame ext (an
-   export: the page is copied before any write from now). */
+   FR_USED, ext (its page then page_new's; a handle another frame holds too is adopted the
+   same: both are ext, each released through the source once); pool_share_mark makes page
+   id's frame ext (an export: the page is copied before any write from now). */
 int  pool_adopt_room(struct paging *pg, uint32_t n);
 pg_frame_id pool_adopt_ext(struct paging *pg, vmm_handle h);
 void pool_share_mark(struct paging *pg, pg_page_id id);

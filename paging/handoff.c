@@ -11,7 +11,12 @@
  * daemon learns it: a lease returned, or a mapping given up), never put on the ready list
  * for reuse. An import adopts the frames as a non-resident sequence holding device pages
  * (as the prefix cache's adopt does), which the caller swaps in: the swap-in maps device
- * pages as they are, so nothing is copied.
+ * pages as they are, so nothing is copied. A handle imported may be one this context's
+ * frames hold already (the pool sends a frame its client holds "held": the client's own
+ * export imported, blocks attached again while mapped): it is adopted as one more frame of
+ * the same handle, mapped at a second address. Both frames are ext (the first since its
+ * export or publish, the second as adopted), so neither is written in place nor reused,
+ * and the source counts the handle's uses: the handle goes with its last frame.
  */
 #include "paging_int.h"
 #include "frames.h"

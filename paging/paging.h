@@ -836,9 +836,15 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
    paging_seq_import: empty s becomes a non-resident sequence of length tokens holding n
    shared frames hs (the frame source's, e.g. imported from the daemon; region-major, n =
    n_regions * pages of length), which paging owns from then on: swap it in to map them (no
-   copy: they are device pages). -EINVAL not empty or n wrong, -E2BIG, -ENOMEM no room in
-   the budget, -EOPNOTSUPP, -EIO; on an error the handles stay the caller's. Undo with
-   paging_seq_unadopt (the frames are then released through the source).
+   copy: they are device pages). A handle may be one that frames of this context hold
+   already (a pool client's frame received held: its own export imported, blocks attached
+   again while mapped): it becomes one more frame of that handle (one handle mapped at
+   several addresses, as the driver allows), and each frame's release goes through the
+   source (which counts the uses). Every frame holding such a handle is shared, so none is
+   written in place or reused. -EINVAL not empty or n wrong, -E2BIG, -ENOMEM no room in
+   the budget (each such frame counted as any other), -EOPNOTSUPP, -EIO; on an error the
+   handles stay the caller's. Undo with paging_seq_unadopt (the frames are then released
+   through the source).
    Their bytes are complete only once the device work written before the call is: sync
    mode, the frames calls waited for it (a device synchronization, as before); stream mode
    they did not (the engine's thread never waits for the engine stream here), but ordered

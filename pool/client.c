@@ -1,9 +1,10 @@
 /*
  * pool/client.c: a context's connection to kvvmd (contract in pool/client.h).
  *
- * Frames handed to paging are remembered by handle (an open-addressing table: handle ->
- * frame id) so a release can name the frame to the daemon; frames leased and not handed
- * out yet wait in the stash as descriptors (a create from it imports one: no request). The
+ * Frames handed to paging are remembered by handle, with their local uses
+ * (pool/client_frames.c) so a release can name the frame to the daemon; frames leased and
+ * not handed out yet wait in the stash as descriptors (a create from it imports one: no
+ * request). The
  * frame pool thread's rounds make those creates, so the engine's grow takes frames that
  * are ready, imported and unmapped, as with local frames.
  */
@@ -25,82 +26,6 @@
 #include "common/assert.h"
 #include "common/log.h"
 
-
-/* ---- handle -> id ----------------------------------------------------------------------- */
-
-static size_t slot_of(const struct pool_cli *c, uint64_t key)
-{
-    return (size_t)(key * 0x9e3779b97f4a7c15ull >> 17) & (c->cap - 1);
-}
-
-static int map_put(struct pool_cli *c, uint64_t key, uint64_t val)
-{
-    if (2 * (c->n + 1) > c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 256;
-        uint64_t *k = calloc(cap, sizeof *k), *v = calloc(cap, sizeof *v);
-        if (!k || !v) {
-            free(k);
-            free(v);
-            return -ENOMEM;
-        }
-        uint64_t *ok = c->key, *ov = c->val;
-        size_t ocap = c->cap;
-        c->key = k;
-        c->val = v;
-        c->cap = cap;
-        c->n = 0;
-        for (size_t i = 0; i < ocap; i++)
-            if (ok[i])
-                (void)map_put(c, ok[i], ov[i]);
-        free(ok);
-        free(ov);
-    }
-    size_t i = slot_of(c, key);
-    while (c->key[i])
-        i = (i + 1) & (c->cap - 1);
-    c->key[i] = key;
-    c->val[i] = val;
-    c->n++;
-    return 0;
-}
-
-/* key's value, or 0 when absent. */
-uint64_t pool_cli_map_get(const struct pool_cli *c, uint64_t key)
-{
-    if (!c->cap)
-        return 0;
-    size_t i = slot_of(c, key);
-    while (c->key[i] && c->key[i] != key)
-        i = (i + 1) & (c->cap - 1);
-    return c->key[i] ? c->val[i] : 0;
-}
-
-/* Removes key; its value, or 0 when absent. */
-static uint64_t map_take(struct pool_cli *c, uint64_t key)
-{
-    if (!c->cap)
-        return 0;
-    size_t i = slot_of(c, key);
-    while (c->key[i] && c->key[i] != key)
-        i = (i + 1) & (c->cap - 1);
-    if (!c->key[i])
-        return 0;
-    uint64_t v = c->val[i];
-    c->key[i] = 0;
-    c->n--;
-    /* backward shift: entries after the hole that probed past it move up */
-    for (size_t j = (i + 1) & (c->cap - 1); c->key[j]; j = (j + 1) & (c->cap - 1)) {
-        size_t home = slot_of(c, c->key[j]);
-        bool past = i <= j ? (home <= i || home > j) : (home <= i && home > j);
-        if (past) {
-            c->key[i] = c->key[j];
-            c->val[i] = c->val[j];
-            c->key[j] = 0;
-            i = j;
-        }
-    }
-    return v;
-}
 
 /* ---- the connection ---------------------------------------------------------------------- */
 
@@ -138,7 +63,7 @@ void pool_cli_gone_locked(struct pool_cli *c, const char *why)
         return;
     klog_warn("pool: the daemon on %s is gone (%s): this context keeps the %llu frames it "
               "holds; calls needing more fail with ENOMEM", c->path, why,
-              (unsigned long long)c->n);
+              (unsigned long long)c->by_h.n);
     close(c->fd);
     c->fd = -1;
     c->ask_n = 0;                   /* the asks of the daemon that went */
@@ -296,10 +221,7 @@ int pool_cli_reconnect_locked(struct pool_cli *c)
         close(fd);
         return -EPROTO;
     }
-    for (size_t i = 0; i < c->cap; i++)
-        if (c->key[i])
-            c->val[i] = POOL_CLI_FOREIGN;
-    c->n_mapped = 0;                /* a foreign frame is neither leased nor mapped now */
+    pool_cli_handles_foreign(c);
     for (unsigned i = 0; i < c->n_stash; i++)
         c->stash[i].id = POOL_CLI_FOREIGN;
     c->fd = fd;
@@ -307,7 +229,7 @@ int pool_cli_reconnect_locked(struct pool_cli *c)
     c->reconnects++;
     kick_locked(c);                 /* the connection thread polls the new socket */
     klog_info("pool: reconnected to the kvvmd on %s (the %zu frames held from the previous "
-              "daemon stay this context's)", c->path, c->n);
+              "daemon stay this context's)", c->path, c->by_h.n);
     return 0;
 }
 
@@ -356,6 +278,12 @@ static int lease_once_locked(struct pool_cli *c, uint32_t need)
     if (rc)
         return rc;
     const struct pool_frames *r = (const void *)buf;
+    if (r->held) {                  /* a grant is fresh frames: none can be held already */
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        pool_cli_gone_locked(c, "a malformed reply (a lease's frame sent held)");
+        return -EIO;
+    }
     c->fig = r->fig;
     c->last_err = r->n ? 0 : r->err;
     for (uint32_t i = 0; i < r->n; i++) {
@@ -401,7 +329,7 @@ int pool_cli_create(void *arg, vmm_handle *out, uint32_t need)
         vmm_handle h;
         rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);
         close(c->stash[k].fd);
-        if (!rc && (rc = map_put(c, h.h, c->stash[k].id)))
+        if (!rc && (rc = pool_cli_handle_add(c, h, c->stash[k].id)))
             (void)vmm_phys_release(c->v, h);
         if (rc)
             pool_cli_give_back_locked(c, c->stash[k].id);     /* unusable here: the daemon's again */
@@ -411,7 +339,7 @@ int pool_cli_create(void *arg, vmm_handle *out, uint32_t need)
         rc = -ENOMEM;
         if (caller)
             klast_set("the pool daemon on %s is gone: no new frames (this context keeps "
-                      "the %zu it holds)", c->path, c->n);
+                      "the %zu it holds)", c->path, c->by_h.n);
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -421,20 +349,9 @@ int pool_cli_release(void *arg, vmm_handle h)
 {
     struct pool_cli *c = arg;
     pthread_mutex_lock(&c->mu);
-    if (vmm_phys_release(c->v, h)) {
-        pthread_mutex_unlock(&c->mu);
-        return -EIO;                        /* refused: still ours, still in the map */
-    }
-    uint64_t id = map_take(c, h.h);
-    KVVM_ASSERT(id != 0);                   /* every frame paging holds came from create */
-    if (id != POOL_CLI_FOREIGN && (id & POOL_CLI_MAPPED)) {
-        KVVM_ASSERT(c->n_mapped > 0);
-        c->n_mapped--;
-    }
-    if (id)
-        pool_cli_give_back_locked(c, id);
+    int rc = pool_cli_handle_put(c, h);     /* its last use: released, given back */
     pthread_mutex_unlock(&c->mu);
-    return 0;
+    return rc;
 }
 
 int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
@@ -453,8 +370,8 @@ int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
     *f = c->fig;
     *connected = c->fd >= 0;
     if (c->fd < 0)
-        f->held_bytes = (uint64_t)(c->n - c->n_mapped) * c->page;   /* the stash left with
-                                                                       the daemon */
+        f->held_bytes = (uint64_t)(c->by_h.n - c->n_mapped) * c->page;  /* the stash left
+                                                                          with the daemon */
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -651,19 +568,19 @@ void pool_cli_close(struct pool_cli *c)
     pool_cli_ready_stop(c);                 /* every READY queued sent first */
     pthread_mutex_lock(&c->mu);
     (void)stash_return_locked(c);
-    if (c->n)
+    if (c->by_h.n)
         klog_error("pool: %zu frames still held at close (released with the connection)",
-                   c->n);
-    for (size_t i = 0; i < c->cap; i++)
-        if (c->key[i])
-            (void)vmm_phys_release(c->v, (vmm_handle){ c->key[i] });
+                   c->by_h.n);
+    for (size_t i = 0; i < c->by_h.cap; i++)
+        if (c->by_h.key[i])
+            (void)vmm_phys_release(c->v, (vmm_handle){ c->by_h.key[i] });
     if (c->fd >= 0)
         close(c->fd);                       /* the daemon takes back anything else */
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->rd_cv);
-    free(c->key);
-    free(c->val);
+    pool_cli_tab_free(&c->by_h);
+    pool_cli_tab_free(&c->by_id);
     free(c);
 }
 
@@ -722,68 +639,15 @@ int pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
     return rc;
 }
 
-/* Gives up the mappings of an import that did not take: hs[i] (0: not imported here) and
-   the daemon's count of each of ids[0..n) (ids[i] 0: never received), then tells the daemon
-   the import of token is importable again. */
-static void import_undo_locked(struct pool_cli *c, const uint8_t *token, const vmm_handle *hs,
-                               const uint64_t *ids, uint32_t n)
+/* Tells the daemon whether the import of token took (ok: spent) or not (importable again;
+   its frames were given up first). */
+static void import_end_locked(struct pool_cli *c, const uint8_t *token, bool ok)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        if (hs[i].h) {
-            (void)map_take(c, hs[i].h);
-            (void)vmm_phys_release(c->v, hs[i]);
-            c->n_mapped--;
-        }
-        if (ids[i])
-            pool_cli_give_back_locked(c, ids[i] | POOL_CLI_MAPPED);
-    }
-    struct pool_import_end e = { .ok = 0 };
+    struct pool_import_end e = { .ok = ok };
     pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
     memcpy(e.token, token, POOL_TOKEN_BYTES);
     if (c->fd >= 0 && pool_proto_send(c->fd, &e, NULL, 0, 0))
         pool_cli_gone_locked(c, "its socket refused a request");
-}
-
-/* Imports descriptor fd of frame id as *h, remembered as mapped. 0; -errno (nothing kept). */
-static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle *h)
-{
-    int rc = vmm_handle_import(c->v, fd, c->page, h);
-    if (rc)
-        return rc;
-    if ((rc = map_put(c, h->h, id | POOL_CLI_MAPPED))) {
-        (void)vmm_phys_release(c->v, *h);
-        h->h = 0;
-        return rc;
-    }
-    c->n_mapped++;
-    return 0;
-}
-
-/* Receives the n frames of an import: every id into ids, each imported into hs (remembered
-   as mapped) until one fails. 0; -EIO gone; -errno of the first import that failed (the
-   rest still read). */
-int pool_cli_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n)
-{
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
-    uint32_t got = 0;
-    while (got < n) {
-        if (pool_cli_recv_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds))
-            return -EIO;
-        const struct pool_frames *f = (const void *)buf;
-        for (uint32_t i = 0; i < f->n; i++, got++) {
-            if (got >= n) {
-                rc = rc ? rc : -EPROTO;             /* more than announced */
-            } else {
-                ids[got] = f->ids[i];
-                hs[got].h = 0;
-                if (!rc)
-                    rc = import_one_locked(c, fds[i], f->ids[i], &hs[got]);
-            }
-            close(fds[i]);
-        }
-    }
-    return rc;
 }
 
 int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_layout *lay,
@@ -837,15 +701,8 @@ int pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_
         rc = pool_cli_frames_locked(c, hs, ids, n);
     }
     if (rc && hs && ids) {
-        if (c->fd >= 0)
-            import_undo_locked(c, token, hs, ids, n);
-        else
-            for (uint32_t i = 0; i < n; i++)
-                if (hs[i].h) {
-                    (void)map_take(c, hs[i].h);
-                    (void)vmm_phys_release(c->v, hs[i]);
-                    c->n_mapped--;
-                }
+        pool_cli_frames_undo_locked(c, hs, ids, n);     /* a local use each, or its count */
+        import_end_locked(c, token, false);
     }
     free(ids);
     if (rc) {
@@ -865,22 +722,9 @@ void pool_cli_import_end(struct pool_cli *c, const uint8_t *token, vmm_handle *h
                          bool ok)
 {
     pthread_mutex_lock(&c->mu);
-    if (!ok) {
-        uint64_t *ids = calloc(n ? n : 1, sizeof *ids);
-        for (uint32_t i = 0; ids && i < n; i++)
-            ids[i] = pool_cli_map_get(c, hs[i].h) & ~POOL_CLI_MAPPED;
-        if (ids)
-            import_undo_locked(c, token, hs, ids, n);
-        else
-            pool_cli_gone_locked(c, "out of memory undoing an import");  /* the daemon frees all */
-        free(ids);
-    } else if (c->fd >= 0) {
-        struct pool_import_end e = { .ok = 1 };
-        pool_proto_hdr(&e.h, POOL_MSG_IMPORT_END);
-        memcpy(e.token, token, POOL_TOKEN_BYTES);
-        if (pool_proto_send(c->fd, &e, NULL, 0, 0))
-            pool_cli_gone_locked(c, "its socket refused a request");
-    }
+    if (!ok)
+        pool_cli_frames_undo_locked(c, hs, NULL, n);    /* a local use of each */
+    import_end_locked(c, token, ok);
     pthread_mutex_unlock(&c->mu);
 }
 

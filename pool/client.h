@@ -10,6 +10,10 @@
  *    (POOL_CLI_BATCH per LEASE; each imported as it is handed out), so most creates make
  *    no request; the frame pool thread's creates fill the stash off the engine's thread.
  *    pool_cli_release unmapped frames go back to the daemon at once (RETURN).
+ *  - One handle per frame: a frame this client holds already that an import or an attach
+ *    hands it again comes held (protocol.h "Held frames"): the same handle, one more local
+ *    use (paging adopts it as one more frame); pool_cli_release drops one use, and only the
+ *    last releases the handle and sends RETURN. The daemon counts the frame once.
  *  - Thread-safe: one mutex serializes the socket's requests and replies and guards the
  *    state. The daemon speaks unasked only to ask frames back (RECLAIM): a requester that
  *    reads one before its reply keeps it; the connection thread (pool_cli_listen) polls
@@ -65,7 +69,10 @@ int  pool_cli_open(const struct pool_cli_params *p, struct pool_cli **out,
 void pool_cli_attach(struct pool_cli *c, struct vmm *v);
 /* struct pg_frame_src's two functions (arg: the struct pool_cli). A create with need > 0
    and an empty stash leases need frames at once (at least POOL_CLI_BATCH, at most
-   POOL_BATCH_MAX): a take-back round asks other clients for the call's shortfall. */
+   POOL_BATCH_MAX): a take-back round asks other clients for the call's shortfall. A
+   release drops one local use of h (a held frame's handle has several: one per paging
+   frame); the last releases it and gives its frame back. -EIO the driver refused the
+   release (nothing changed). */
 int  pool_cli_create(void *arg, vmm_handle *out, uint32_t need);
 int  pool_cli_release(void *arg, vmm_handle h);
 /* The pool's figures now (one request); *connected 0 when the daemon is gone (the figures
@@ -95,26 +102,29 @@ int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
 unsigned pool_cli_trim(struct pool_cli *c);
 /* Hand-offs (docs/design.md "Sharing frames between clients"). Frames imported from an
    export are mapped, not leased: pool_cli_release gives up the mapping (RETURN, not counted
-   in returns). */
+   in returns) with its last use. */
 /* Exports the frames of handles hs[0..n) (each handed out by pool_cli_create or imported),
    region-major, as one hand-off of length tokens and layout lay: the token (POOL_TOKEN_BYTES)
-   into token. serial 0: importable now; else pending until its READY (pool_cli_ready_after). 0; -ENOENT a handle that is not this daemon's; -EIO gone; the daemon's
-   refusal (-ENOMEM). why says the cause on an error. */
+   into token. serial 0: importable now; else pending until its READY (pool_cli_ready_after).
+   0; -ENOENT a handle that is not this daemon's; -EIO gone; the daemon's refusal (-ENOMEM).
+   why says the cause on an error. */
 int  pool_cli_export(struct pool_cli *c, const vmm_handle *hs, uint32_t n,
                      const struct pool_layout *lay, uint64_t length, uint64_t serial,
                      uint8_t *token, char *why, size_t wl);
 /* Imports the frames of token for a client of layout lay: *out (n_out handles, the
-   caller's array to free, region-major, each imported and remembered as mapped) and the
-   length. The import is pending until pool_cli_import_end. An export still pending (its
-   exporter's READY not come) is waited for up to wait_ms (not while this client's own
-   READYs are queued), then -EAGAIN (nothing spent). -ENOENT unknown or spent (or dropped
+   caller's array to free, region-major: each imported and remembered as mapped, or, for a
+   frame this client holds already, its handle with one more use) and the length. The
+   import is pending until pool_cli_import_end. An export still pending (its exporter's
+   READY not come) is waited for up to wait_ms (not while this client's own READYs are
+   queued), then -EAGAIN (nothing spent). -ENOENT unknown or spent (or dropped
    while pending), -EINVAL another layout (nothing spent), -EIO gone, -ENOMEM (nothing
    spent). */
 int  pool_cli_import(struct pool_cli *c, const uint8_t *token, const struct pool_layout *lay,
                      vmm_handle **out, uint32_t *n_out, uint64_t *length, char *why,
                      size_t wl);
-/* ok: the import took (token spent; the handles are paging's now). !ok: the handles hs[0..n)
-   are released here and the export is importable again. */
+/* ok: the import took (token spent; the handles are paging's now). !ok: a use of each of
+   the handles hs[0..n) is dropped here (the last one releases it and gives its frame back)
+   and the export is importable again. */
 void pool_cli_import_end(struct pool_cli *c, const uint8_t *token, vmm_handle *hs, uint32_t n,
                          bool ok);
 /* Drops an unimported export. 0; -ENOENT unknown, spent or being imported; -EIO gone. */
@@ -124,8 +134,10 @@ int  pool_cli_handoff_drop(struct pool_cli *c, const uint8_t *token, char *why, 
    region; one request per POOL_PREFIX_KEYS keys. */
 /* Enters n entries: keys[0..n), their frames hs key-major (n * n_regions; each handed out
    by pool_cli_create or imported); serial as pool_cli_export's. The new entries (>= 0; a
-   key present keeps its entry);
-   -ENOENT a handle that is not this daemon's (nothing sent); -EIO gone. */
+   key present keeps its entry); -ENOENT a handle that is not this daemon's, -ENOTCONN the
+   daemon gone (nothing sent either); -EIO it went during the request, its answer lost:
+   it may have made entries of those frames, visible to other clients (serial 0), so the
+   caller treats them as shared. */
 int  pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
                              const uint8_t *keys, uint32_t n, const vmm_handle *hs,
                              uint64_t serial);
@@ -134,8 +146,8 @@ size_t pool_cli_prefix_lookup(struct pool_cli *c, const struct pool_layout *lay,
                               const uint8_t *keys, size_t n);
 /* Maps the leading entries present: *found of them, their frames in *out (key-major,
    *found * n_regions handles, the caller's array to free; each imported and remembered as
-   mapped: pool_cli_release gives one up). 0 (*found may be 0); -EIO gone; -ENOMEM (nothing
-   mapped). */
+   mapped, or one this client holds already with one more use: pool_cli_release drops one).
+   0 (*found may be 0); -EIO gone; -ENOMEM (nothing mapped). */
 int  pool_cli_prefix_attach(struct pool_cli *c, const struct pool_layout *lay, uint64_t ns,
                             const uint8_t *keys, size_t n, vmm_handle **out, size_t *found);
 /* Drops the entries of keys[0..n) (keys NULL: every entry of ns under lay). The entries

@@ -1,6 +1,7 @@
 /*
  * pool/client_int.h: the connection's state, shared by pool/client.c (leases, returns, the
- * connection thread, hand-offs) and pool/client_share.c (the shared prefix index).
+ * connection thread, hand-offs), pool/client_frames.c (the handles handed out and their
+ * local uses), pool/client_share.c (the shared prefix index) and pool/client_ready.c.
  */
 #ifndef KVVM_POOL_CLIENT_INT_H
 #define KVVM_POOL_CLIENT_INT_H
@@ -10,6 +11,13 @@
 #include <sys/un.h>
 
 #include "client.h"
+
+/* A table of keys (never 0) to a value and a count: open addressing, at most half full. */
+struct pool_cli_tab {
+    uint64_t *key, *val;            /* key 0: an empty entry */
+    uint32_t *use;
+    size_t cap, n;                  /* cap: a power of two, or 0 (none yet) */
+};
 
 struct pool_cli {
     pthread_mutex_t mu;             /* the socket and everything below */
@@ -21,9 +29,13 @@ struct pool_cli {
        so every imported handle is paging's and the debug checker's driver count holds) */
     struct { int fd; uint64_t id; } stash[POOL_BATCH_MAX];
     unsigned n_stash;
-    uint64_t *key, *val;            /* handed out: handle value -> frame id (0 key: empty) */
-    size_t cap, n;
-    size_t n_mapped;                /* of n: frames mapped from imports (POOL_CLI_MAPPED) */
+    /* handed out (client_frames.c): by_h: handle value -> the daemon's frame id (tagged
+       POOL_CLI_MAPPED or POOL_CLI_FOREIGN) and its local uses (paging frames holding the
+       handle: more than one for a frame received held); by_id: the connected daemon's
+       frame id (untagged) -> handle value, for every handle of by_h not FOREIGN */
+    struct pool_cli_tab by_h, by_id;
+    size_t n_mapped;                /* of by_h.n: frames mapped from imports and attaches
+                                       (POOL_CLI_MAPPED) */
     struct pool_figures fig;        /* the last figures a reply carried */
     char name[POOL_NAME_MAX];       /* HELLO's fields, for a reconnection */
     uint64_t p_reserve, p_limit, p_page;
@@ -72,9 +84,33 @@ struct pool_cli_rd_job {
 
 #define N_FDS(a) ((int)(sizeof(a) / sizeof *(a)))   /* an array's room, for max_fds */
 
-/* client.c, each with c->mu held */
-/* key's value (a handle's frame id), or 0 when absent. */
+/* client_frames.c, each with c->mu held */
+/* Handle value key's frame id (tagged), or 0 when absent. */
 uint64_t pool_cli_map_get(const struct pool_cli *c, uint64_t key);
+/* Remembers new handle h of frame id (tagged; FOREIGN: a gone daemon's) with one use. 0;
+   -ENOMEM (nothing remembered). */
+int  pool_cli_handle_add(struct pool_cli *c, vmm_handle h, uint64_t id);
+/* Drops one local use of h; its last releases it (vmm_phys_release), forgets it and gives
+   its frame back (RETURN: a lease returned, or a mapping given up). 0; -EIO the release
+   refused (nothing changed). */
+int  pool_cli_handle_put(struct pool_cli *c, vmm_handle h);
+/* The daemon went (a reconnection): every handle's frame is FOREIGN, by_id empty. */
+void pool_cli_handles_foreign(struct pool_cli *c);
+void pool_cli_tab_free(struct pool_cli_tab *t);
+/* Receives the n frames of an import or attach (FRAMES messages) into hs, in order: one not
+   held is imported (one use, remembered as mapped) and its id put in ids (the daemon
+   counted it); a held one (protocol.h "Held frames") is this client's handle of it with one
+   more use, its ids entry 0. After the first failure the rest are read, nothing taken (a
+   held one: hs and ids 0; another: hs 0, its id in ids). 0; -EIO gone (a held id this
+   client does not hold, or more frames than announced: malformed, the connection closed);
+   the first failed import's -errno. */
+int  pool_cli_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n);
+/* Undoes frames received: a use of each hs[i] (h != 0) dropped; for the others, the daemon's
+   count of ids[i] (ids NULL or ids[i] 0: none) given back. */
+void pool_cli_frames_undo_locked(struct pool_cli *c, const vmm_handle *hs, const uint64_t *ids,
+                                 uint32_t n);
+
+/* client.c, each with c->mu held */
 /* One reply of type want (see client.c). 0; -EIO (the daemon is gone). */
 int  pool_cli_recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds, int max_fds,
                           int *nfds);
@@ -82,9 +118,6 @@ int  pool_cli_recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds
 void pool_cli_gone_locked(struct pool_cli *c, const char *why);
 /* Tries the socket again (a new daemon of the same shape). 0; -errno. */
 int  pool_cli_reconnect_locked(struct pool_cli *c);
-/* Receives n frames (FRAMES messages) into ids and hs, each imported and remembered as
-   mapped until one fails. 0; -EIO gone; the first failed import's -errno. */
-int  pool_cli_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n);
 /* Gives frame id back at once (RETURN; a mapped one: its mapping given up). */
 void pool_cli_give_back_locked(struct pool_cli *c, uint64_t id);
 

@@ -4,7 +4,9 @@
  *
  * Every request is one request per POOL_PREFIX_KEYS keys at most, under the connection's
  * mutex. Frames an attach receives are imported and remembered as mapped (as an import's),
- * so pool_cli_release gives each mapping up.
+ * so pool_cli_release gives each mapping up; a frame this client holds already (blocks
+ * attached again while a sequence still maps them) comes held: its handle with one more
+ * local use (pool/client_frames.c).
  */
 #include "client_int.h"
 
@@ -41,7 +43,7 @@ int pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, u
     if (!nr || nr > POOL_REGIONS_MAX)
         return -EINVAL;
     pthread_mutex_lock(&c->mu);
-    int rc = live_locked(c);
+    int rc = live_locked(c) ? -ENOTCONN : 0;   /* gone before a byte was sent */
     for (size_t i = 0; !rc && i < (size_t)n * nr; i++) {
         uint64_t id = pool_cli_map_get(c, hs[i].h);
         if (!id || id == POOL_CLI_FOREIGN)
@@ -119,8 +121,8 @@ size_t pool_cli_prefix_lookup(struct pool_cli *c, const struct pool_layout *lay,
 }
 
 /* The frames of one ATTACH reply of total frames into hs (room for them). 0; -errno: the
-   mappings of the ones not imported given back, the imported ones in hs (h != 0) for the
-   caller to release. */
+   counts of the ones not taken given back, the ones taken in hs (h != 0: a local use each)
+   for the caller to release. */
 static int attach_frames_locked(struct pool_cli *c, vmm_handle *hs, uint32_t total)
 {
     uint64_t *ids = calloc(total, sizeof *ids);
@@ -129,9 +131,9 @@ static int attach_frames_locked(struct pool_cli *c, vmm_handle *hs, uint32_t tot
         return -ENOMEM;
     }
     int rc = pool_cli_frames_locked(c, hs, ids, total);
-    for (uint32_t i = 0; rc && c->fd >= 0 && i < total; i++)
+    for (uint32_t i = 0; rc && i < total; i++)
         if (!hs[i].h && ids[i])
-            pool_cli_give_back_locked(c, ids[i] | POOL_CLI_MAPPED);
+            pool_cli_give_back_locked(c, ids[i] | POOL_CLI_MAPPED);   /* gone: no-op */
     free(ids);
     return rc;
 }

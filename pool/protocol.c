@@ -104,7 +104,9 @@ int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type)
     }
     case POOL_MSG_FRAMES: {
         const struct pool_frames *m = buf;
-        if (m->n > POOL_BATCH_MAX || (int)m->n != nfds)
+        uint64_t ids = m->n >= 64 ? ~0ull : (1ull << m->n) - 1;   /* bits of ids[0..n) */
+        if (m->n > POOL_BATCH_MAX || (m->held & ~ids) ||
+            (int)(m->n - (uint32_t)__builtin_popcountll(m->held)) != nfds)
             return -EPROTO;
         break;
     }

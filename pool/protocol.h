@@ -27,10 +27,12 @@
 
 /* 1: the pool (leases, take-back, limits); 2: sharing between clients (EXPORT..IMPORT_END,
    HANDOFF_DROP, PREFIX_*); 3: pending shares (EXPORT's and PREFIX_PUBLISH's serial, READY:
-   a share is visible only once the publisher's device work before it completed). Daemon
-   and library ship together: a pair of two versions refuses with both named, rather than a
-   version 1 daemon dropping a version 2 client as malformed at its first EXPORT. */
-#define POOL_PROTO_VERSION 3u
+   a share is visible only once the publisher's device work before it completed); 4: held
+   frames (FRAMES's held mask: a frame the client holds already comes without a descriptor
+   and adds no count). Daemon and library ship together: a pair of two versions refuses
+   with both named, rather than a version 1 daemon dropping a version 2 client as malformed
+   at its first EXPORT. */
+#define POOL_PROTO_VERSION 4u
 #define POOL_MAGIC         0x4b56504cu    /* "KVPL" */
 #define POOL_NAME_MAX      64             /* a client's name, NUL included */
 #define POOL_TEXT_MAX      192            /* a refusal's or result's message, NUL included */
@@ -46,8 +48,9 @@ enum pool_msg_type {
     POOL_MSG_WELCOME,       /* d -> c: version, the pool's shape (page size, backend...) */
     POOL_MSG_REFUSED,       /* d -> c: HELLO refused (version, reserve); then closed */
     POOL_MSG_LEASE,         /* c -> d: n frames, please */
-    POOL_MSG_FRAMES,        /* d -> c: the frames granted (ids; one descriptor each), and
-                               the pool's figures (a short grant says why) */
+    POOL_MSG_FRAMES,        /* d -> c: frames: a lease's grant (ids; one descriptor each;
+                               the pool's figures: a short grant says why), or an import's
+                               or attach's frames (a descriptor each but the held ones) */
     POOL_MSG_RETURN,        /* c -> d: these frames are given back (unmapped, released) */
     POOL_MSG_INFO,          /* c -> d: the pool's figures, please */
     POOL_MSG_INFO_REPLY,    /* d -> c */
@@ -141,15 +144,27 @@ struct pool_figures {       /* the pool as one client sees it */
     uint32_t n_clients, pad;
 };
 
+/* Held frames (version 4). A client holds a frame when it leased it (and has not returned
+   it) or maps it from an import or an attach (and has not given the mapping up): the daemon
+   counts that once, however many of the client's sequences use the frame. An import's or
+   attach's frame the client holds already is sent held: its id only, no descriptor, and no
+   count taken (the client uses the handle it has: one more local use of it, its RETURN sent
+   when its last local use goes). A frame appearing twice in one reply is held the second
+   time. A held id the client does not hold is malformed (it drops the connection); a
+   lease's grant holds none. */
 struct pool_frames {
     struct pool_hdr h;
-    uint32_t n;             /* frames granted: n descriptors attached, in ids' order */
-    int32_t err;            /* 0: all asked; -ENOMEM: fewer (the pool is dry or the limit
-                               reached: fig says which; a take-back found no more to give);
-                               -ETIMEDOUT: fewer, the take-back did not end within wait_ms */
+    uint32_t n;             /* frames: ids[0..n); a descriptor attached for each id not
+                               held, in ids' order */
+    int32_t err;            /* a lease's: 0: all asked; -ENOMEM: fewer (the pool is dry or
+                               the limit reached: fig says which; a take-back found no more
+                               to give); -ETIMEDOUT: fewer, the take-back did not end within
+                               wait_ms */
     struct pool_figures fig;
     uint64_t ids[POOL_BATCH_MAX];
+    uint64_t held;          /* bit i: ids[i] is held (above); no bit at or past n */
 };
+_Static_assert(POOL_BATCH_MAX <= 64, "FRAMES's held mask has a bit per id");
 
 struct pool_return {
     struct pool_hdr h;
@@ -207,7 +222,8 @@ struct pool_layout {
     uint64_t bytes_per_token, page_size;
 };
 
-/* RETURN names frames the client leased or maps (from an import): either is given up. */
+/* RETURN names frames the client leased or maps (from an import or an attach): either is
+   given up, each once (the client sends it when its last local use of the frame goes). */
 
 struct pool_export {
     struct pool_hdr h;
@@ -327,8 +343,8 @@ size_t pool_proto_size(unsigned t);
 void pool_proto_hdr(struct pool_hdr *h, unsigned t);
 /* Checks received bytes: 0 and the type in *type, or -EPROTO (malformed: magic, type, size,
    a count out of range, an unterminated string, descriptors on a message that carries none,
-   or a FRAMES whose descriptors do not match its count). nfds: descriptors received with
-   it. */
+   or a FRAMES with a held bit at or past n, or whose descriptors are not one per id not
+   held). nfds: descriptors received with it. */
 int pool_proto_check(const void *buf, size_t n, int nfds, unsigned *type);
 /* One message over a SOCK_SEQPACKET socket (MSG_NOSIGNAL; flags: e.g. MSG_DONTWAIT), with
    nfds descriptors attached. 0; -errno. */

@@ -4,13 +4,16 @@
  * hand-offs). Design: docs/design.md "The pool daemon", "Sharing frames between clients".
  *
  * Who holds a frame (struct srv_frame): the client that leased it (owner, at most one;
- * counted in its held), the records that hold it (nrec: an export waiting for its import;
- * a shared prefix entry is meant to be another kind of record, SRV_REC_*), and the clients
- * that map it without having leased it (nmap: importers; each client's maps[] lists the
- * slots it maps, one entry per mapping). A frame is live from its lease until none of the
- * three holds it; then its handle is released and the slot is free (srv_frame_settle, the
- * one place a live frame dies). s->leased counts live frames: the pool's free frames are
- * pool_frames - leased.
+ * counted in its held), the records that hold it (nrec: an export waiting for its import,
+ * a shared prefix entry; SRV_REC_*), and the clients that map it without having leased it
+ * (nmap: importers and attachers; each client's maps set holds the slots it maps, once
+ * each). A client holds a frame once at most, however many of its sequences use it: an
+ * import or attach of a frame it holds already (srv_holds: its lease or its mapping) sends
+ * it held (protocol.h "Held frames") and counts nothing, and its one RETURN comes when its
+ * last local use goes. A frame is live from its lease until none of the three holds it;
+ * then its handle is released and the slot is free (srv_frame_settle, the one place a live
+ * frame dies). s->leased counts live frames: the pool's free frames are pool_frames -
+ * leased.
  */
 #ifndef KVVM_POOL_SERVER_INT_H
 #define KVVM_POOL_SERVER_INT_H
@@ -31,7 +34,8 @@ struct srv_frame {
     int owner;                  /* the client slot that leased it; -1 = none */
     uint8_t live;               /* allocated (0: a free slot) */
     uint32_t nrec;              /* records holding it */
-    uint32_t nmap;              /* mappings by clients that did not lease it (imports) */
+    uint32_t nmap;              /* clients that map it without a lease (imports, attaches):
+                                   one each, whatever their own uses of it */
 };
 
 /* A record: frames the daemon holds for no client. Kinds: an export (a hand-off waiting
@@ -82,7 +86,9 @@ struct srv_client {
     struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
     uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
     /* sharing (server_share.c) */
-    uint32_t *maps;             /* frame slots it maps without a lease (one per mapping) */
+    uint32_t *maps;             /* the frame slots it maps without a lease, a set: open
+                                   addressing of slot + 1 (0: empty), cap_maps a power of
+                                   two (0: none yet) at most half full (srv_maps_*) */
     size_t n_maps, cap_maps;
     struct srv_rec *exp;        /* an export whose chunks are arriving; NULL none */
     struct srv_rec *pub;        /* a prefix entry whose chunks are arriving; NULL none */
@@ -146,11 +152,15 @@ size_t srv_share_reclaim(struct pool_srv *s, size_t need);
 void srv_share_close(struct pool_srv *s);
 /* The live frame slot id names (any holder), or -1. */
 long srv_frame_any(const struct pool_srv *s, uint64_t id);
-/* c's mapping entry of slot, or -1. */
-long srv_map_find(const struct srv_client *c, size_t slot);
-/* Room in c->maps for more mappings. 0; -ENOMEM. */
+/* Whether c holds live frame slot: it leased it, or maps it. */
+bool srv_holds(const struct pool_srv *s, const struct srv_client *c, size_t slot);
+/* Room in c's maps set for more mappings (a reply's frames, before they are counted). 0;
+   -ENOMEM. */
 int  srv_maps_reserve(struct srv_client *c, size_t more);
-/* The frames slots[0..n) to c, POOL_BATCH_MAX per FRAMES message. 0; -errno (drop c). */
+/* The frames slots[0..n) to c, POOL_BATCH_MAX per FRAMES message, in order: each one c
+   holds already (a frame seen earlier in the same reply included) goes held, without a
+   descriptor; each other one is counted as c's mapping (nmap, its maps set: room for n
+   reserved first) and goes with a descriptor. 0; -errno (drop c). */
 int  srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *slots,
                      uint32_t n);
 /* The messages (the caller drops c on a -errno). */

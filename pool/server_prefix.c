@@ -7,16 +7,17 @@
  * one, never shrunk) and an LRU list. PUBLISH: a client sends each new entry's frame ids
  * (ids it leased or maps) in chunks; an entry whose key is present already is not made (the
  * first one stays); the call's last chunk is answered with the entries made. LOOKUP: the
- * leading keys present (no allocation). ATTACH: the same, and their frames' mappings are
- * counted as the client's (nmap, its maps[]: RETURN gives each up) and their descriptors
- * follow. Both touch the entries found, last key first, so a chain's root is its most
- * recently used entry; a published entry goes just older than its parent (the call's
- * previous key): reclaim, oldest first, takes leaves before the entries they extend. An
- * entry outlives its publisher (its exit gives back its lease of each frame; the entry
- * keeps the frame live) and goes by DROP, by reclaim when no client maps any of its
- * frames, or with the daemon. An entry published with a serial is pending (server_share.c,
- * protocol.h "PENDING and READY"): a miss for LOOKUP and ATTACH until its READY, and it
- * goes with its publisher if that goes first.
+ * leading keys present (no allocation). ATTACH: the same, and their frames follow
+ * (srv_send_frames): each one the client holds already goes held (no descriptor, no
+ * count), each other one is counted as the client's mapping (nmap, its maps set: RETURN
+ * gives it up) and goes with a descriptor. Both touch the entries found, last key first,
+ * so a chain's root is its most recently used entry; a published entry goes just older
+ * than its parent (the call's previous key): reclaim, oldest first, takes leaves before the
+ * entries they extend. An entry outlives its publisher (its exit gives back its lease of
+ * each frame; the entry keeps the frame live) and goes by DROP, by reclaim when no client
+ * maps any of its frames, or with the daemon. An entry published with a serial is pending
+ * (server_share.c, protocol.h "PENDING and READY"): a miss for LOOKUP and ATTACH until its
+ * READY, and it goes with its publisher if that goes first.
  */
 #include "server_int.h"
 
@@ -262,8 +263,7 @@ int srv_on_prefix_publish(struct pool_srv *s, struct srv_client *c,
     }
     for (uint32_t i = 0; i < m->n; i++) {
         long slot = srv_frame_any(s, m->ids[i]);
-        if (slot < 0 || (s->frames[slot].owner != c->slot &&
-                         srv_map_find(c, (size_t)slot) < 0))
+        if (slot < 0 || !srv_holds(s, c, (size_t)slot))
             return -EPROTO;                 /* neither leased nor mapped by it */
         e->slots[e->n++] = (uint32_t)slot;
     }
@@ -319,11 +319,6 @@ int srv_on_prefix_keys(struct pool_srv *s, struct srv_client *c,
         r.found = r.total = 0;
         return pool_proto_send(c->fd, &r, NULL, 0, MSG_DONTWAIT);
     }
-    for (uint32_t i = 0; attach && i < k; i++)
-        for (uint32_t j = 0; j < found[i]->n; j++) {   /* its mappings (RETURN gives up) */
-            c->maps[c->n_maps++] = found[i]->slots[j];
-            s->frames[found[i]->slots[j]].nmap++;
-        }
     int rc = pool_proto_send(c->fd, &r, NULL, 0, MSG_DONTWAIT);
     return rc || !attach ? rc : send_entries(s, c, found, k);
 }

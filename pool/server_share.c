@@ -1,14 +1,18 @@
 /*
  * pool/server_share.c: frames shared between clients through the daemon: records (exports
- * waiting for their import), mappings by clients that did not lease a frame, and the one
- * place a frame dies (srv_frame_settle). The counts: pool/server_int.h.
+ * waiting for their import), mappings by clients that did not lease a frame (each client's
+ * maps set: one entry per frame, a hash set), frames sent to a client that holds them
+ * already (held: no descriptor, no count), and the one place a frame dies
+ * (srv_frame_settle). The counts: pool/server_int.h.
  *
  * A hand-off: the exporter sends its frame ids in EXPORT chunks (ids it leased or maps);
  * the last chunk makes a record holding every frame (nrec) and the daemon answers a token
  * of POOL_TOKEN_BYTES from getrandom. An IMPORT names the token and the importer's layout:
  * another layout is refused (-EINVAL) and the record stays; an unknown, spent or claimed
- * token is -ENOENT. Otherwise the record is claimed by the importer, the frames' mappings
- * are counted as its (nmap, its maps[]) and their descriptors follow in FRAMES messages;
+ * token is -ENOENT. Otherwise the record is claimed by the importer and its frames follow
+ * in FRAMES messages (srv_send_frames): one the importer holds already (its own export:
+ * leased by it, or a frame it maps) goes held, counted nothing; each other one is counted
+ * as the importer's mapping (nmap, its maps set) and goes with a descriptor;
  * IMPORT_END says whether the import took (the record is then spent: dropped, its holds
  * with it) or not (the importer gave its mappings back with RETURN first; the record is
  * importable again). An importer that dies while it claims a record gives it back the
@@ -66,30 +70,91 @@ long srv_frame_any(const struct pool_srv *s, uint64_t id)
     return f->live && f->gen == (uint32_t)(id >> 32) ? (long)(slot1 - 1) : -1;
 }
 
-/* c's mapping entry of slot, or -1. */
-long srv_map_find(const struct srv_client *c, size_t slot)
+/* ---- a client's maps set (server_int.h struct srv_client.maps) -------------------------- */
+
+static size_t maps_home(const struct srv_client *c, uint32_t key)
 {
-    for (size_t i = c->n_maps; i-- > 0;)
-        if (c->maps[i] == slot)
-            return (long)i;
-    return -1;
+    return (size_t)((uint64_t)key * 0x9e3779b97f4a7c15ull >> 32) & (c->cap_maps - 1);
 }
 
-static void map_remove(struct pool_srv *s, struct srv_client *c, size_t k)
+/* The entry of frame slot in c's maps, or -1. */
+static long maps_find(const struct srv_client *c, size_t slot)
 {
-    size_t slot = c->maps[k];
-    c->maps[k] = c->maps[--c->n_maps];
-    KVVM_ASSERT(s->frames[slot].nmap > 0);
-    s->frames[slot].nmap--;
-    srv_frame_settle(s, slot);
+    if (!c->cap_maps)
+        return -1;
+    uint32_t key = (uint32_t)slot + 1;
+    for (size_t i = maps_home(c, key);; i = (i + 1) & (c->cap_maps - 1)) {
+        if (c->maps[i] == key)
+            return (long)i;
+        if (!c->maps[i])
+            return -1;
+    }
+}
+
+/* Enters slot (absent; room reserved). */
+static void maps_put(struct srv_client *c, size_t slot)
+{
+    KVVM_ASSERT(2 * (c->n_maps + 1) <= c->cap_maps && maps_find(c, slot) < 0);
+    uint32_t key = (uint32_t)slot + 1;
+    size_t i = maps_home(c, key);
+    while (c->maps[i])
+        i = (i + 1) & (c->cap_maps - 1);
+    c->maps[i] = key;
+    c->n_maps++;
+}
+
+/* Empties entry i, moving back the entries after it that probed past it. */
+static void maps_del(struct srv_client *c, size_t i)
+{
+    KVVM_ASSERT(c->maps[i] && c->n_maps > 0);
+    c->maps[i] = 0;
+    c->n_maps--;
+    for (size_t j = (i + 1) & (c->cap_maps - 1); c->maps[j]; j = (j + 1) & (c->cap_maps - 1)) {
+        size_t home = maps_home(c, c->maps[j]);
+        bool past = i <= j ? (home <= i || home > j) : (home <= i && home > j);
+        if (past) {
+            c->maps[i] = c->maps[j];
+            c->maps[j] = 0;
+            i = j;
+        }
+    }
+}
+
+int srv_maps_reserve(struct srv_client *c, size_t more)
+{
+    if (2 * (c->n_maps + more) <= c->cap_maps)
+        return 0;
+    size_t cap = c->cap_maps ? c->cap_maps : 64;
+    while (cap < 2 * (c->n_maps + more))
+        cap *= 2;
+    uint32_t *n = calloc(cap, sizeof *n), *old = c->maps;
+    if (!n)
+        return -ENOMEM;
+    size_t ocap = c->cap_maps;
+    c->maps = n;
+    c->cap_maps = cap;
+    c->n_maps = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i])
+            maps_put(c, old[i] - 1);
+    free(old);
+    return 0;
+}
+
+bool srv_holds(const struct pool_srv *s, const struct srv_client *c, size_t slot)
+{
+    return s->frames[slot].owner == c->slot || maps_find(c, slot) >= 0;
 }
 
 int srv_share_unmap(struct pool_srv *s, struct srv_client *c, uint64_t id)
 {
-    long slot = srv_frame_any(s, id), k = slot < 0 ? -1 : srv_map_find(c, (size_t)slot);
+    long slot = srv_frame_any(s, id), k = slot < 0 ? -1 : maps_find(c, (size_t)slot);
     if (k < 0)
         return -1;
-    map_remove(s, c, (size_t)k);
+    maps_del(c, (size_t)k);
+    KVVM_ASSERT(s->frames[slot].nmap > 0);
+    s->frames[slot].nmap--;
+    srv_frame_settle(s, (size_t)slot);
     return 0;
 }
 
@@ -236,8 +301,15 @@ void srv_share_client_gone(struct pool_srv *s, struct srv_client *c)
     if (pend)
         srv_say("client %s (pid %d) went before %u shared record%s it sent were ready: "
             "dropped, never shown", c->name, (int)c->pid, pend, pend == 1 ? "" : "s");
-    while (c->n_maps)
-        map_remove(s, c, c->n_maps - 1);
+    for (size_t i = 0; i < c->cap_maps; i++) {
+        if (!c->maps[i])
+            continue;
+        size_t slot = c->maps[i] - 1;
+        KVVM_ASSERT(s->frames[slot].nmap > 0);
+        s->frames[slot].nmap--;
+        srv_frame_settle(s, slot);
+    }
+    c->n_maps = 0;
     for (size_t i = 0; i < s->nrecs; i++)
         if (s->recs[i]->claimed == c->slot)
             s->recs[i]->claimed = -1;
@@ -389,7 +461,7 @@ int srv_on_export(struct pool_srv *s, struct srv_client *c, const struct pool_ex
     for (uint32_t i = 0; i < m->n; i++) {
         long slot = srv_frame_any(s, m->ids[i]);
         /* its own: leased by it, or mapped by it (a re-export of an import) */
-        if (slot < 0 || (s->frames[slot].owner != c->slot && srv_map_find(c, (size_t)slot) < 0))
+        if (slot < 0 || !srv_holds(s, c, (size_t)slot))
             return -EPROTO;
         e->slots[e->n++] = (uint32_t)slot;
     }
@@ -416,40 +488,34 @@ static int imported(struct srv_client *c, int err, uint32_t total, uint64_t leng
 int srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *slots,
                     uint32_t total)
 {
+    KVVM_ASSERT(2 * (c->n_maps + total) <= c->cap_maps);    /* srv_maps_reserve */
     for (uint32_t off = 0; off < total; off += POOL_BATCH_MAX) {
         struct pool_frames f = { 0 };
-        int fds[POOL_BATCH_MAX];
-        uint32_t n = total - off < POOL_BATCH_MAX ? total - off : POOL_BATCH_MAX, k;
-        int rc = 0;
-        for (k = 0; k < n; k++) {
-            if ((rc = vmm_handle_export(s->v, s->frames[slots[off + k]].h, &fds[k])))
-                break;                      /* no descriptor: the importer is dropped */
-            f.ids[k] = srv_frame_id(s, slots[off + k]);
+        int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
+        uint32_t n = total - off < POOL_BATCH_MAX ? total - off : POOL_BATCH_MAX;
+        for (uint32_t k = 0; k < n && !rc; k++) {
+            size_t slot = slots[off + k];
+            f.ids[k] = srv_frame_id(s, slot);
+            if (srv_holds(s, c, slot)) {
+                f.held |= 1ull << k;        /* it has a handle of it: no descriptor */
+                continue;
+            }
+            /* no descriptor: the importer is dropped (its counts with it) */
+            if ((rc = vmm_handle_export(s->v, s->frames[slot].h, &fds[nfds])))
+                break;
+            nfds++;
+            maps_put(c, slot);              /* its mapping from now (RETURN gives it up) */
+            s->frames[slot].nmap++;
         }
         f.n = n;
         pool_proto_hdr(&f.h, POOL_MSG_FRAMES);
         if (!rc)
-            rc = send_msg(c, &f, fds, (int)n);
-        for (uint32_t i = 0; i < k; i++)
+            rc = send_msg(c, &f, fds, nfds);
+        for (int i = 0; i < nfds; i++)
             close(fds[i]);
         if (rc)
             return rc;
     }
-    return 0;
-}
-
-int srv_maps_reserve(struct srv_client *c, size_t more)
-{
-    if (c->n_maps + more <= c->cap_maps)
-        return 0;
-    size_t cap = c->cap_maps ? c->cap_maps : 64;
-    while (cap < c->n_maps + more)
-        cap *= 2;
-    uint32_t *n = realloc(c->maps, cap * sizeof *n);
-    if (!n)
-        return -ENOMEM;
-    c->maps = n;
-    c->cap_maps = cap;
     return 0;
 }
 
@@ -490,11 +556,7 @@ int srv_on_import(struct pool_srv *s, struct srv_client *c, const struct pool_im
                         (unsigned long long)m->lay.page_size);
     if (srv_maps_reserve(c, r->n))
         return imported(c, -ENOMEM, 0, 0, "the daemon is out of memory");
-    for (uint32_t i = 0; i < r->n; i++) {   /* its mappings from now (RETURN gives each up) */
-        c->maps[c->n_maps++] = r->slots[i];
-        s->frames[r->slots[i]].nmap++;
-    }
-    r->claimed = c->slot;
+    r->claimed = c->slot;           /* the frames' mappings counted as they are sent */
     int rc = imported(c, 0, r->n, r->length, "importing");
     return rc ? rc : srv_send_frames(s, c, r->slots, r->n);
 }

@@ -30,8 +30,10 @@ extern "C" {
    set; no page is mapped where no block-table entry says so (map-ahead pages excepted, which
    are accounted as free); every page's refcount equals the block-table entries holding it;
    free + in use + in flight == capacity per tier; the emulator's live handles and handle
-   bytes equal the pool's; no slot or handle leaked. 0 when all hold; -EUCLEAN with the first
-   violation described in why (if non-NULL) and logged. On the CUDA backend the checks that
+   bytes equal the pool's (its frames' distinct handles: frames sharing a handle, a pool
+   client's frame received held, are both shared-external); no slot or handle leaked. 0
+   when all hold; -EUCLEAN with the first violation described in why (if non-NULL) and
+   logged. On the CUDA backend the checks that
    need the emulator's tables are skipped. */
 int kvvm_debug_check(kvvm *kv, char *why, size_t len);
 

@@ -2,7 +2,8 @@
    test_prefix_pool.c) share: their layout (NREG regions of BPT bytes a token over the
    daemon's 64 KiB pages), a client's config, a byte pattern written and checked per region,
    a stat by name, one-byte messages over pipes between processes, and a control connection
-   to the daemon. Included after pool_daemon.h. */
+   to the daemon, the emulated device's counters and the pool's figures of a context.
+   Included after pool_daemon.h. */
 #ifndef KVVM_TESTS_POOL_SHARE_H
 #define KVVM_TESTS_POOL_SHARE_H
 
@@ -83,6 +84,21 @@ static inline char get_byte(int fd)
     if (read(fd, &x, 1) != 1)
         x = 0;
     return x;
+}
+
+/* The emulated device's counters of kv (imports, imported handles, mappings). */
+static inline struct emu_counters emu_of(kvvm *kv)
+{
+    struct emu_counters e = { 0 };
+    cr_assert_eq(emu_counters_get(kvvm_debug_emu_ordinal(kv), &e), 0);
+    return e;
+}
+
+static inline struct kvvm_pool_info pool_info_of(kvvm *kv)
+{
+    struct kvvm_pool_info pi = { .size = sizeof pi };
+    cr_assert_eq(kvvm_pool_info(kv, &pi), 0);
+    return pi;
 }
 
 static inline int control(const char *path)

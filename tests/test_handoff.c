@@ -4,7 +4,9 @@
    every side (a write in one process never seen in another), an export surviving its
    exporter's exit and SIGKILL, tokens spent, forged, of another layout, dropped, the
    daemon dropping an unimported export before a take-back, stream mode (bytes written
-   after the export are never seen), and the pool whole again once everyone exited. */
+   after the export are never seen), held frames (an import by the client that holds the
+   frames imports nothing: pool/protocol.h "Held frames"), and the pool whole again once
+   everyone exited. */
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"
@@ -516,5 +518,242 @@ Test(handoff, import_past_the_budget_changes_nothing)
     pid_t b = imp_start(d.path, &t, 0xa1, 0);
     cr_expect_eq(pd_wait(b), 0, "the importer after it: its exit code names the check");
     wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* ---- held frames (protocol version 4, pool/protocol.h "Held frames"): a client that
+   imports frames it holds already (its own export) gets them held: no descriptor, no
+   import, no count at the daemon; its handle takes one more local use, and the frame goes
+   back with its last use. */
+
+static kvvm *held_open(const char *path, size_t budget)
+{
+    struct kvvm_config c;
+    cfg(&c, path, "held", BPT);
+    c.pool_thread = 0;                  /* no lease ahead: the counters move with the calls */
+    if (budget)
+        c.device_budget = budget;
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    return kv;
+}
+
+static kvvm_seq held_seq(kvvm *kv, unsigned char pat)
+{
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, LEN), 0);
+    cr_assert_eq(fill(kv, s, LEN, pat), 0);
+    return s;
+}
+
+/* Issue 35: the daemon sent a descriptor for every frame of an import, so a client importing
+   its own export imported again the 12 frames it holds (12 imports, 12 more handles), the
+   measured cost of export + import (6-9x a fork). */
+Test(handoff, import_in_exporting_client_imports_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm *kv = held_open(d.path, 0);
+    kvvm_seq s = held_seq(kv, 0x5c), s2;
+    kvvm_handoff t;
+    cr_assert_eq(kvvm_seq_export(kv, s, &t), 0, "%s", kvvm_last_error());
+    struct emu_counters e0 = emu_of(kv);
+    struct kvvm_pool_info p0 = pool_info_of(kv);
+    uint64_t to_dev = STAT(kv, bytes_to_device);
+    cr_assert_eq(kvvm_seq_import(kv, &t, &s2), 0, "%s", kvvm_last_error());
+    struct emu_counters e1 = emu_of(kv);
+    struct kvvm_pool_info p1 = pool_info_of(kv);
+    cr_expect_eq(e1.imports - e0.imports, 0, "frames it holds imported again: %llu",
+                 (unsigned long long)(e1.imports - e0.imports));
+    cr_expect_eq(e1.imported, e0.imported, "no new handle");
+    cr_expect_eq(p1.held_bytes, p0.held_bytes);
+    cr_expect_eq(p1.free_bytes, p0.free_bytes);
+    cr_expect_eq(STAT(kv, bytes_to_device), to_dev, "no copy");
+    cr_expect_eq(STAT(kv, imports), 1);
+    cr_expect_eq(check(kv, s2, LEN, 0x5c), 0);
+    th_check(kv, "after the import of its own export");
+    /* copy on write both ways, in one process: a write to either is unseen in the other */
+    unsigned char b[PD_GRAN];
+    memset(b, 0xe1, sizeof b);
+    cr_assert_eq(kvvm_seq_write(kv, s2, 0, 0, b, sizeof b), 0);
+    cr_expect_eq(check(kv, s, LEN, 0x5c), 0, "the importer's write seen by the exporter");
+    memset(b, 0xe2, sizeof b);
+    cr_assert_eq(kvvm_seq_write(kv, s, 1, PD_GRAN, b, sizeof b), 0);
+    unsigned char r[PD_GRAN];
+    cr_assert_eq(kvvm_seq_read(kv, s2, 1, PD_GRAN, r, sizeof r), 0);
+    for (size_t i = 0; i < sizeof r; i++)
+        cr_assert_eq(r[i], pat_at(0x5c, 1, PD_GRAN + i), "the exporter's write seen at %zu", i);
+    th_check(kv, "after the writes");
+    cr_assert_eq(kvvm_seq_free(kv, s2), 0);
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);
+    th_check(kv, "after the frees");
+    kvvm_close(kv);
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* A failed import of frames it holds (past its budget) changes nothing: each handle's use
+   dropped again, nothing returned to the daemon, the export importable again. */
+Test(handoff, failed_import_of_held_frames_changes_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm *kv = held_open(d.path, 16 * (size_t)PD_GRAN);    /* s: 12 frames; the import 12 */
+    kvvm_seq s = held_seq(kv, 0x6d), s2 = 0;
+    kvvm_handoff t;
+    cr_assert_eq(kvvm_seq_export(kv, s, &t), 0, "%s", kvvm_last_error());
+    struct emu_counters e0 = emu_of(kv);
+    struct kvvm_pool_info p0 = pool_info_of(kv);
+    cr_assert_eq(kvvm_seq_import(kv, &t, &s2), -ENOMEM);
+    cr_expect(*kvvm_last_error(), "a failed import says why");
+    struct emu_counters e1 = emu_of(kv);
+    struct kvvm_pool_info p1 = pool_info_of(kv);
+    cr_expect_eq(e1.imports, e0.imports);
+    cr_expect_eq(e1.imported, e0.imported);
+    cr_expect_eq(p1.held_bytes, p0.held_bytes, "frames returned by the failed import");
+    cr_expect_eq(p1.free_bytes, p0.free_bytes);
+    cr_expect_eq(STAT(kv, imports), 0);
+    cr_expect_eq(check(kv, s, LEN, 0x6d), 0);
+    th_check(kv, "after the failed import");
+    cr_assert_eq(kvvm_set_budget(kv, 32 * (size_t)PD_GRAN), 0, "%s",
+                 kvvm_last_error());
+    cr_assert_eq(kvvm_seq_import(kv, &t, &s2), 0, "importable again: %s", kvvm_last_error());
+    cr_expect_eq(check(kv, s2, LEN, 0x6d), 0);
+    cr_expect_eq(emu_of(kv).imports, e0.imports);
+    th_check(kv, "after the import");
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);
+    cr_assert_eq(kvvm_seq_free(kv, s2), 0);
+    kvvm_close(kv);
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* A held frame's handle serves every local user: the frame stays the client's (and its
+   bytes readable) until its last user goes, whichever goes first, and then goes back
+   once; a client killed while its frames have several users frees every one. */
+Test(handoff, held_frame_lives_until_last_local_user)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    kvvm *kv = held_open(d.path, 0);
+    for (int round = 0; round < 2; round++) {   /* the exporter's sequence goes first, then
+                                                   the importer's */
+        kvvm_seq s = held_seq(kv, (unsigned char)(0x70 + round)), s2;
+        kvvm_handoff t;
+        cr_assert_eq(kvvm_seq_export(kv, s, &t), 0, "%s", kvvm_last_error());
+        cr_assert_eq(kvvm_seq_import(kv, &t, &s2), 0, "%s", kvvm_last_error());
+        struct kvvm_pool_info p0 = pool_info_of(kv);
+        kvvm_seq first = round ? s2 : s, last = round ? s : s2;
+        cr_assert_eq(kvvm_seq_free(kv, first), 0);
+        struct kvvm_pool_info p1 = pool_info_of(kv);
+        cr_expect_eq(p1.held_bytes, p0.held_bytes, "a frame another sequence uses went back");
+        cr_expect_eq(p1.free_bytes, p0.free_bytes);
+        cr_expect_eq(check(kv, last, LEN, (unsigned char)(0x70 + round)), 0);
+        th_check(kv, "one user left");
+        cr_assert_eq(kvvm_seq_free(kv, last), 0);
+        struct kvvm_pool_info p2 = pool_info_of(kv);
+        cr_expect_eq(p2.held_bytes, p0.held_bytes - 12 * PD_GRAN, "its last user gone");
+        cr_expect_eq(p2.free_bytes, p0.free_bytes + 12 * PD_GRAN, "every frame free, once");
+        th_check(kv, "no user left");
+    }
+    kvvm_close(kv);
+    wait_pool_whole(d.path);
+    int go[2];
+    cr_assert_eq(pipe2(go, O_CLOEXEC), 0);
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {                       /* exports, imports: two users of each frame */
+        struct kvvm_config c;
+        cfg(&c, d.path, "killed", BPT);
+        kvvm *k2 = NULL;
+        kvvm_seq s, s2;
+        kvvm_handoff t;
+        if (kvvm_open(&c, &k2) || kvvm_seq_create(k2, &s) || kvvm_seq_grow(k2, s, LEN) ||
+            kvvm_seq_export(k2, s, &t) || kvvm_seq_import(k2, &t, &s2))
+            _exit(1);
+        put_byte(go[1], 'k');
+        pause();
+        _exit(2);
+    }
+    close(go[1]);
+    cr_assert_eq(get_byte(go[0]), 'k', "the child imported its export");
+    cr_assert_eq(kill(p, SIGKILL), 0);
+    cr_expect_eq(pd_wait(p), 128 + SIGKILL);
+    close(go[0]);
+    wait_pool_whole(d.path);            /* every frame back, exactly */
+    pd_stop(&d);
+}
+
+/* The daemon's side, raw: an import by the client that leased the frames sends every one
+   held (no descriptor, nothing counted); a frame twice in one export goes to another
+   importer once with a descriptor and once held, counted once: one RETURN gives it up, a
+   second is malformed. */
+Test(handoff, raw_frames_a_client_holds_come_held)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    int a = pc_client(d.path, "owner");
+    uint64_t ids[3];
+    int fds[3];
+    cr_assert_eq(pc_lease(a, 3, ids, fds, NULL), 3u);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    struct pool_figures f0 = pc_info(a);
+    struct pool_exported x;
+    raw_export(a, ids, 3, &x);
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    struct pool_import im = { .lay = raw_lay };
+    pool_proto_hdr(&im.h, POOL_MSG_IMPORT);
+    memcpy(im.token, x.token, sizeof im.token);
+    cr_assert_eq(pool_proto_send(a, &im, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(a, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    cr_assert_eq(((const struct pool_imported *)buf)->err, 0);
+    int nf = -1;
+    cr_assert_eq(pc_recv(a, buf, fds, &nf), POOL_MSG_FRAMES);
+    const struct pool_frames *fr = (const void *)buf;
+    cr_expect_eq(fr->n, 3u);
+    cr_expect_eq(fr->held, 7u, "every frame it leased goes held");
+    cr_expect_eq(nf, 0, "no descriptor");
+    for (unsigned i = 0; i < 3; i++)
+        cr_expect_eq(fr->ids[i], ids[i]);
+    struct pool_import_end ie = { .ok = 1 };
+    pool_proto_hdr(&ie.h, POOL_MSG_IMPORT_END);
+    memcpy(ie.token, x.token, sizeof ie.token);
+    cr_assert_eq(pool_proto_send(a, &ie, NULL, 0, 0), 0);
+    struct pool_figures f1 = pc_info(a);
+    cr_expect_eq(f1.held_bytes, f0.held_bytes);
+    cr_expect_eq(f1.free_bytes, f0.free_bytes, "nothing counted for the held frames");
+    /* one frame twice in one export, imported by another client */
+    uint64_t twice[2] = { ids[0], ids[0] };
+    raw_export(a, twice, 2, &x);
+    cr_assert_eq(x.err, 0, "%s", x.text);
+    int b = pc_client(d.path, "importer");
+    memcpy(im.token, x.token, sizeof im.token);
+    cr_assert_eq(pool_proto_send(b, &im, NULL, 0, 0), 0);
+    cr_assert_eq(pc_recv(b, buf, NULL, NULL), POOL_MSG_IMPORTED);
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    fr = (const void *)buf;
+    cr_expect_eq(fr->n, 2u);
+    cr_expect_eq(fr->held, 2u, "the second time held");
+    cr_expect_eq(nf, 1);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    memcpy(ie.token, x.token, sizeof ie.token);
+    cr_assert_eq(pool_proto_send(b, &ie, NULL, 0, 0), 0);
+    pc_return(a, ids, 3);               /* the owner lets go: b's one mapping keeps ids[0] */
+    cr_expect_eq(pc_info(a).free_bytes, f0.pool_bytes - PD_GRAN);
+    pc_return(b, ids, 1);               /* counted once: given up once */
+    cr_expect_eq(pc_info(b).free_bytes, f0.pool_bytes);
+    pc_return(b, ids, 1);
+    cr_expect(pc_dropped(b), "a second RETURN of a frame it mapped once drops it");
+    close(b);
+    cr_expect_eq(pc_info(a).n_clients, 1u, "the owner is served on");
+    close(a);
     pd_stop(&d);
 }

@@ -390,6 +390,32 @@ Test(pool, protocol_version_bumped_for_pending_shares)
     pd_stop(&d);
 }
 
+/* Held frames (FRAMES's held mask: a frame the client holds already comes without a
+   descriptor) changed FRAMES's size and meaning: a version 3 client would take a held id's
+   missing descriptor for a malformed reply, and a version 3 daemon would send a descriptor
+   for every frame. */
+Test(pool, protocol_version_bumped_for_held_frames)
+{
+    TH_DEADLINE(60);
+    cr_assert_geq(POOL_PROTO_VERSION, 4u);
+    struct pd d;
+    pd_start(&d, "4M");
+    int c = pc_connect(d.path);
+    struct pool_hello h = { .version = 3, .role = POOL_ROLE_CLIENT };
+    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
+    cr_assert_eq(pool_proto_send(c, &h, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
+    const struct pool_refused *r = (const void *)buf;
+    cr_expect_eq(r->err, -EPROTO);
+    char ours[32];
+    snprintf(ours, sizeof ours, "version %u", POOL_PROTO_VERSION);
+    cr_expect(strstr(r->why, "version 3") && strstr(r->why, ours), "%s", r->why);
+    cr_expect(pc_dropped(c));
+    close(c);
+    pd_stop(&d);
+}
+
 Test(pool, reserves_are_promised_or_refused)
 {
     TH_DEADLINE(60);
@@ -953,6 +979,101 @@ Test(regress, info_reply_carrying_descriptors_overran_the_clients_array)
     pthread_join(t, NULL);
     cr_expect_leq(open_fds(), before - 1, "descriptors received with the reply were kept");
     pool_cli_close(c);
+    close(d.lfd);
+    rmdir(dir);
+}
+
+/* A daemon that welcomes one client and answers its IMPORT with one frame sent held under
+   an id the client never held, then reads until the client closes the connection. */
+static void *fake_held_run(void *arg)
+{
+    struct fake_daemon *d = arg;
+    int c = accept(d->lfd, NULL, NULL);
+    cr_assert(c >= 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int nfds = 0;
+    cr_assert_gt(pool_proto_recv(c, buf, sizeof buf, NULL, 0, &nfds, 0), 0);   /* HELLO */
+    struct pool_welcome w = { .version = POOL_PROTO_VERSION, .backend = POOL_BACKEND_EMULATED,
+                              .page_size = PD_GRAN, .granule = PD_GRAN,
+                              .pool_bytes = FRAMES * PD_GRAN, .emu_device_bytes = 64u << 20 };
+    pool_proto_hdr(&w.h, POOL_MSG_WELCOME);
+    cr_assert_eq(pool_proto_send(c, &w, NULL, 0, 0), 0);
+    unsigned type = 0;
+    cr_assert_gt(pool_proto_recv(c, buf, sizeof buf, NULL, 0, &nfds, 0), 0);
+    cr_assert_eq(pool_proto_check(buf, sizeof(struct pool_import), 0, &type), 0);
+    cr_assert_eq(type, POOL_MSG_IMPORT);
+    struct pool_imported r = { .total = 1, .length = 16 };
+    pool_proto_hdr(&r.h, POOL_MSG_IMPORTED);
+    cr_assert_eq(pool_proto_send(c, &r, NULL, 0, 0), 0);
+    struct pool_frames f = { .n = 1, .ids = { 1ull << 32 | 7 }, .held = 1 };
+    pool_proto_hdr(&f.h, POOL_MSG_FRAMES);
+    cr_assert_eq(pool_proto_send(c, &f, NULL, 0, 0), 0);
+    long n;
+    while ((n = pool_proto_recv(c, buf, sizeof buf, NULL, 0, &nfds, 0)) > 0)
+        ;                               /* an IMPORT_END would say it took the frame */
+    cr_expect_eq(n, 0, "the client closed the connection");
+    close(c);
+    return NULL;
+}
+
+/* Held frames (pool/protocol.h): the parser refuses a FRAMES whose held mask names ids past
+   its count or whose descriptors are not one per id not held; a held id the client does not
+   hold (a daemon's bug, or not a kvvmd) is a malformed reply: the client drops the
+   connection (as gone: no IMPORT_END, no RETURN), its import fails -EIO, nothing kept. */
+Test(pool, malformed_held_ids_drop_the_connection)
+{
+    TH_DEADLINE(60);
+    struct pool_frames m = { .n = 2 };
+    pool_proto_hdr(&m.h, POOL_MSG_FRAMES);
+    unsigned type = 0;
+    m.held = 4;                         /* a bit past n */
+    cr_expect_eq(pool_proto_check(&m, sizeof m, 2, &type), -EPROTO);
+    m.held = 1;                         /* one descriptor due */
+    cr_expect_eq(pool_proto_check(&m, sizeof m, 2, &type), -EPROTO);
+    cr_expect_eq(pool_proto_check(&m, sizeof m, 0, &type), -EPROTO);
+    cr_expect_eq(pool_proto_check(&m, sizeof m, 1, &type), 0);
+    m.held = 3;
+    cr_expect_eq(pool_proto_check(&m, sizeof m, 0, &type), 0);
+    m.n = POOL_BATCH_MAX;
+    m.held = ~0ull;
+    cr_expect_eq(pool_proto_check(&m, sizeof m, 0, &type), 0, "64 held ids");
+
+    struct fake_daemon d;
+    char dir[] = "/tmp/kvvm-fake-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    snprintf(d.path, sizeof d.path, "%s/sock", dir);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", d.path);
+    d.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert(d.lfd >= 0);
+    cr_assert_eq(bind(d.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(d.lfd, 1), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fake_held_run, &d), 0);
+    struct pool_cli_params p = { .path = d.path, .name = "victim" };
+    struct pool_cli *c = NULL;
+    struct pool_welcome w;
+    cr_assert_eq(pool_cli_open(&p, &c, &w), 0);
+    cr_assert_eq(unlink(d.path), 0);        /* no reconnection */
+    struct vmm *v = client_vmm();
+    pool_cli_attach(c, v);
+    struct pool_layout lay = { .n_regions = 1, .bytes_per_token = BPT, .page_size = PD_GRAN };
+    uint8_t token[POOL_TOKEN_BYTES] = { 1 };
+    vmm_handle *hs = NULL;
+    uint32_t n = 0;
+    uint64_t len = 0;
+    char why[256] = "";
+    cr_expect_eq(pool_cli_import(c, token, &lay, &hs, &n, &len, why, sizeof why), -EIO, "%s",
+                 why);
+    cr_expect_null(hs);
+    pthread_join(t, NULL);                  /* it saw the connection closed */
+    struct pool_figures f;
+    int connected = 1;
+    cr_assert_eq(pool_cli_info(c, &f, &connected), 0);
+    cr_expect_eq(connected, 0, "a held id it does not hold is malformed");
+    cr_expect_eq(f.held_bytes, 0, "nothing kept");
+    pool_cli_close(c);
+    vmm_close(v);
     close(d.lfd);
     rmdir(dir);
 }

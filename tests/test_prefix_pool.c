@@ -5,7 +5,10 @@
    in one process never seen in another), entries surviving their publisher's exit and SIGKILL,
    namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries reclaimed before a
    take-back and before unimported exports, stream mode (bytes written after the publish never
-   seen), and the pool whole again once the entries are dropped and everyone exited. */
+   seen), blocks attached again while mapped (held frames: nothing imported), a publish whose
+   answer was lost (through a proxy that swallows it), and the pool whole again once the
+   entries are dropped and everyone exited. */
+#include <poll.h>
 #include <sched.h>
 #include "harness.h"
 #include "pool_daemon.h"
@@ -506,6 +509,179 @@ Test(prefix_pool, attach_sends_the_entries_frames_in_full_messages)
         cr_expect_eq(f->ids[i], ids[i], "in the entries' order");
     close(b);
     close(a);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* Issue 35: the daemon sent a descriptor for every frame of an attach, so a client attaching
+   blocks whose frames a sequence of its own still maps (its local entries gone: here the
+   local index takes none) imported each frame again. They come held now (pool/protocol.h
+   "Held frames"): no import, no count at the daemon, the same handle mapped again. */
+Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x4d, .salt = 9, .ns = 5 });
+    struct kvvm_config c;
+    cfg(&c, d.path, "reattacher", BPT);
+    c.pool_thread = 0;                  /* no lease ahead: the counters move with the calls */
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    cr_assert_geq(kvvm_testing_prefix_limits(kv, 1, 0), 0);  /* no local entry for NB blocks:
+                                                                 every attach asks the pool */
+    kvvm_key k[NB];
+    keys_of(k, 9);
+    kvvm_seq s1, s2;
+    struct emu_counters e0 = emu_of(kv);
+    uint64_t to_dev = STAT(kv, bytes_to_device);
+    cr_assert_eq(kvvm_seq_create(kv, &s1), 0);
+    cr_assert_eq(kvvm_prefix_attach(kv, s1, 5, k, NB), (int)NB, "%s", kvvm_last_error());
+    struct emu_counters e1 = emu_of(kv);
+    struct kvvm_pool_info p1 = pool_info_of(kv);
+    cr_expect_eq(e1.imports - e0.imports, NB * NREG, "the first attach maps new frames");
+    cr_assert_eq(kvvm_seq_create(kv, &s2), 0);
+    cr_assert_eq(kvvm_prefix_attach(kv, s2, 5, k, NB), (int)NB, "%s", kvvm_last_error());
+    struct emu_counters e2 = emu_of(kv);
+    struct kvvm_pool_info p2 = pool_info_of(kv);
+    cr_expect_eq(e2.imports - e1.imports, 0, "frames it maps imported again: %llu",
+                 (unsigned long long)(e2.imports - e1.imports));
+    cr_expect_eq(e2.imported, e1.imported, "no new handle");
+    cr_expect_eq(p2.free_bytes, p1.free_bytes);
+    cr_expect_eq(p2.held_bytes, p1.held_bytes);
+    cr_expect_eq(STAT(kv, bytes_to_device), to_dev, "no copy");
+    cr_expect_eq(STAT(kv, pool_hit_blocks), 2 * NB);
+    cr_expect_eq(check(kv, s1, NB * TPP, 0x4d), 0);
+    cr_expect_eq(check(kv, s2, NB * TPP, 0x4d), 0);
+    th_check(kv, "two sequences on the same handles");
+    cr_assert_eq(kvvm_seq_free(kv, s1), 0);     /* s2 still maps every frame */
+    cr_expect_eq(check(kv, s2, NB * TPP, 0x4d), 0);
+    unsigned char b[PD_GRAN], r[PD_GRAN];
+    memset(b, 0xa7, sizeof b);
+    cr_assert_eq(kvvm_seq_write(kv, s2, 0, 0, b, sizeof b), 0);    /* copies first */
+    cr_assert_eq(kvvm_seq_read(kv, s2, 0, 0, r, sizeof r), 0);
+    cr_expect_eq(memcmp(b, r, sizeof b), 0);
+    th_check(kv, "after the write");
+    cr_assert_eq(kvvm_seq_free(kv, s2), 0);
+    kvvm_close(kv);
+    pub_finish(&a, 'c');                /* the write: not in the publisher's pages */
+    cr_expect_eq(run_attacher(d.path, 5, 9, BPT, NB, 0x4d, 0), 0,
+                 "the entries' bytes: its exit code names the check");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* ---- a lost reply: a proxy between one client and the daemon (a child process) that
+   forwards every message both ways (descriptors included), except the daemon's RESULT
+   answering the client's first PREFIX_PUBLISH call: it swallows it and closes both
+   connections, so the client sees the daemon go mid-request after the daemon made the
+   entries (a reply that timed out ends the same way). It serves one connection: the client
+   finds no daemon again. */
+
+/* One message from `from` to `to`; its type (0: the connection ended). */
+static unsigned proxy_pass(int from, int to, bool forward)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nf = 0;
+    long n = pool_proto_recv(from, buf, sizeof buf, fds, POOL_BATCH_MAX, &nf, 0);
+    unsigned type = 0;
+    if (n > 0 && pool_proto_check(buf, (size_t)n, nf, &type) == 0 && forward &&
+        pool_proto_send(to, buf, fds, nf, 0) != 0)
+        type = 0;
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    return n > 0 ? type : 0;
+}
+
+static void proxy_conn(int c, const char *daemon)
+{
+    int d = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", daemon);
+    if (d < 0 || connect(d, (struct sockaddr *)&a, sizeof a) != 0)
+        _exit(80);
+    bool armed = false;             /* the publish call's last chunk went: RESULT answers it */
+    for (;;) {
+        struct pollfd p[2] = { { .fd = c, .events = POLLIN }, { .fd = d, .events = POLLIN } };
+        if (poll(p, 2, -1) < 0)
+            continue;
+        if (p[0].revents) {
+            _Alignas(8) unsigned char peek[sizeof(struct pool_prefix_publish)];
+            ssize_t k = recv(c, peek, sizeof peek, MSG_PEEK);
+            const struct pool_prefix_publish *m = (const void *)peek;
+            if (k == (ssize_t)sizeof peek && m->h.type == POOL_MSG_PREFIX_PUBLISH && m->last)
+                armed = true;
+            if (!proxy_pass(c, d, true))
+                break;
+        }
+        if (p[1].revents) {
+            unsigned t = proxy_pass(d, c, !armed);
+            if (!t || (armed && t == POOL_MSG_RESULT))
+                break;              /* the reply lost: both connections end */
+        }
+    }
+    close(d);
+    close(c);
+}
+
+static pid_t proxy_start(const char *daemon, char *path, size_t cap, char *dir)
+{
+    cr_assert(mkdtemp(dir));
+    snprintf(path, cap, "%s/proxy", dir);
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "%.100s", path);
+    int l = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert(l >= 0);
+    cr_assert_eq(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(l, 4), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int c = accept(l, NULL, NULL);
+        close(l);                   /* one connection: a reconnection finds no daemon */
+        if (c >= 0)
+            proxy_conn(c, daemon);
+        _exit(0);
+    }
+    close(l);
+    return pid;
+}
+
+/* A PREFIX_PUBLISH whose reply was lost (the daemon gone mid-request, or a reply past
+   POOL_CLI_REPLY_MS) failed -EIO, and the publisher did not mark its pages shared, though
+   the daemon had made the entries (serial 0: visible at once): once its local entries went
+   (dropped here while the daemon is unreachable), its next write landed in place, in the
+   frames the daemon's entries hold, and another client attaching them read it. */
+Test(regress, lost_publish_reply_left_the_pages_written_in_place)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    char dir[] = "/tmp/kvvm-proxy-XXXXXX", path[128];
+    pid_t proxy = proxy_start(d.path, path, sizeof path, dir);
+    struct kvvm_config c;
+    cfg(&c, path, "publisher", BPT);
+    c.create_at_open = 1;               /* frames for copies on write once it is cut off */
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    kvvm_key k[NB];
+    keys_of(k, 12);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(kv, s, NB * TPP), 0);
+    cr_assert_eq(fill(kv, s, NB * TPP, 0x3a), 0);
+    cr_assert_eq(kvvm_prefix_publish(kv, s, 6, k, NB), (int)NB, "%s", kvvm_last_error());
+    cr_expect_eq(figures(d.path).shared_entries, NB, "the daemon made the entries");
+    cr_assert_eq(kvvm_prefix_drop(kv, 6, k, NB), (int)NB);    /* local: the daemon is gone */
+    cr_assert_eq(fill(kv, s, NB * TPP, 0xc5), 0, "%s", kvvm_last_error());   /* after the call */
+    cr_expect_eq(check(kv, s, NB * TPP, 0xc5), 0);
+    int st = run_attacher(d.path, 6, 12, BPT, NB, 0x3a, 0);
+    cr_expect_eq(st, 0, "the entries hold the bytes of the publish, not the write after it "
+                 "(the attacher's exit code names the check: %d)", st);
+    kvvm_close(kv);
+    cr_expect_eq(pd_wait(proxy), 0, "the proxy served its one connection");
+    unlink(path);
+    rmdir(dir);
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }

@@ -2,7 +2,8 @@
    of the pool daemon: the emulated driver's cuMemExportToShareableHandle and
    cuMemImportFromShareableHandle (as strict as the driver: export refused for a handle
    made without the type, an imported allocation alive while an importer holds it after
-   the exporter released it, accounted to the exporting device until then), and vmm.h's
+   the exporter released it, accounted to the exporting device until then, one imported
+   handle mapped at two addresses as the pool's held frames map it), and vmm.h's
    vmm_handle_export / vmm_handle_import. The cross-process tests fork a real child, pass
    the descriptor over a socketpair with SCM_RIGHTS, and compare bytes both ways. */
 #include <criterion/criterion.h>
@@ -398,6 +399,42 @@ Test(share_emu, create_and_import_map_no_view_until_a_copy_needs_one)
     cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
     cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
     cr_expect_eq(share_mappings(), m0, "the views go with their handles");
+}
+
+/* A pool client maps a frame it received held at a second address (paging adopts the same
+   handle as a second frame): the driver lets one handle, an imported one included, be
+   mapped at several addresses, each mapping with its own access, and keeps its memory
+   after cuMemRelease until the last mapping goes. The emulator must allow it too, as
+   strict as the driver and no stricter. */
+Test(share_emu, imported_handle_mapped_at_two_addresses)
+{
+    TH_DEADLINE(60);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h, in;
+    cr_assert_eq(create_typed(ord, G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+    kcu_deviceptr va, vb;
+    unsigned char *x = map_rw(ord, in, G, &va), *y = map_rw(ord, in, G, &vb);
+    cr_assert(x && y, "an imported handle mapped a second time");
+    x[5] = 0x5a;
+    cr_expect_eq(y[5], 0x5a, "one allocation through both addresses");
+    cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);     /* still mapped twice */
+    unmap(va, G);
+    y[7] = 0x7b;
+    cr_expect_eq(y[5], 0x5a, "the second mapping keeps the memory after the release");
+    unmap(vb, G);
+    unsigned char *w = map_rw(ord, h, G, &va);
+    cr_assert(w);
+    cr_expect_eq(w[7], 0x7b, "the exporter's allocation is the one written");
+    unmap(va, G);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
 }
 
 /* The import identifies an emulated export by its mode (the fstat it makes for the size),

@@ -3,7 +3,8 @@
    every byte a client receives from its daemon, goes through before anything reads a field.
    Input: one byte of descriptor count (0..3), then the message. Checked: the parser never
    reads past the bytes it is given (ASan), never accepts a message whose size is not its
-   type's, and accepts descriptors on FRAMES only, exactly as many as its count,, no
+   type's, and accepts descriptors on FRAMES only, exactly one per id not held (no held bit
+   past its count), no
    hand-off chunk (EXPORT) or shared entry chunk (PREFIX_PUBLISH) past its total, no more
    keys than a message holds. */
 #include <stdint.h>
@@ -32,8 +33,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (nfds && type != POOL_MSG_FRAMES)
             abort();
-        if (type == POOL_MSG_FRAMES && ((const struct pool_frames *)buf)->n != (uint32_t)nfds)
-            abort();
+        if (type == POOL_MSG_FRAMES) {      /* a descriptor per id not held, no bit past n */
+            const struct pool_frames *m = (const void *)buf;
+            uint64_t held = m->held;
+            if (m->n > POOL_BATCH_MAX || (m->n < 64 && (held >> m->n)) ||
+                m->n - (uint32_t)__builtin_popcountll(held) != (uint32_t)nfds)
+                abort();
+        }
         if (type == POOL_MSG_EXPORT) {      /* a hand-off's chunk: within its total */
             const struct pool_export *m = (const void *)buf;
             if (!m->n || m->n > POOL_BATCH_MAX || m->off >= m->total ||

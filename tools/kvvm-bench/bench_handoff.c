@@ -7,6 +7,11 @@
  *    same client: the daemon's round trips, the descriptors, the imports and the mappings)
  *    against kvvm_seq_fork of it (the same pages mapped in a second window, copy on write),
  *    alternated within each trial; the new sequence is freed outside the timed region;
+ *  - counted, not timed: the driver imports of one export + import (emulated device: its
+ *    call counts; the frames are this client's own, sent held: none expected) against the
+ *    frames handed over, and the system calls of one export + import (+ the free of the
+ *    imported sequence) against one kvvm_seq_fork (+ its free) (bench_syscalls: a forked
+ *    child with a client of its own);
  *  - then the shared prefix index's rows on the same daemon (bench_share.c): attach of 64
  *    blocks from the pool against a local attach and against a file:// store, and a lookup
  *    that asks the daemon against a local one.
@@ -29,6 +34,7 @@
 #include <unistd.h>
 
 #include "kvvm.h"
+#include "kvvm_testing.h"
 
 #define G "handoff"
 #define TOKENS 16384
@@ -131,6 +137,66 @@ static int sample_fork(void *arg, double *out)
     return kvvm_seq_free(r->kv, ch);
 }
 
+/* The driver imports of one export + import of r's sequence (emulated device only). */
+static int row_imports(struct bench_ctx *b, struct run *r)
+{
+    struct kvvm_testing_emu_calls c0, c1;
+    double w;
+    if (kvvm_testing_emu_calls(r->kv, &c0) == -ENODEV)
+        return 0;                       /* a GPU: the driver does not count for us */
+    int rc = sample_handoff(r, &w);
+    if (!rc)
+        rc = kvvm_testing_emu_calls(r->kv, &c1);
+    if (!rc)
+        bench_report(b, G, "driver imports per export+import (256 frames, counted)",
+                     (double)(kvvm_testing_emu_count(&c1, "cuMemImportFromShareableHandle") -
+                              kvvm_testing_emu_count(&c0, "cuMemImportFromShareableHandle")),
+                     256, "the frames handed over", "imports", 1);
+    return rc;
+}
+
+/* System calls (bench_syscalls, a forked child with a client of its own): one export +
+   import and the imported sequence's free (segment 0), one kvvm_seq_fork and the child's
+   free (segment 1), after an uncounted warm-up of each. */
+static int sys_child(void *arg)
+{
+    struct run r = { 0 };
+    double w;
+    int rc = kvvm_open(arg, &r.kv);
+    if (!rc)
+        rc = kvvm_seq_create(r.kv, &r.s);
+    if (!rc)
+        rc = kvvm_seq_grow(r.kv, r.s, TOKENS);
+    if (!rc)
+        rc = sample_handoff(&r, &w);
+    if (!rc)
+        rc = sample_fork(&r, &w);
+    bench_syscall_mark(0);
+    if (!rc)
+        rc = sample_handoff(&r, &w);
+    bench_syscall_mark(1);
+    if (!rc)
+        rc = sample_fork(&r, &w);
+    bench_syscall_mark(-1);
+    if (r.kv)
+        kvvm_close(r.kv);
+    return rc;
+}
+
+static int row_syscalls(struct bench_ctx *b, struct kvvm_config *c)
+{
+    uint64_t n[2] = { 0, 0 };
+    int rc = bench_syscalls(sys_child, c, n, 2);
+    if (rc == -EPERM || rc == -ECHILD) {
+        printf("%-8s system calls per export+import: not counted (tracing refused here)\n", G);
+        return 0;
+    }
+    if (!rc)
+        bench_report(b, G, "system calls per export+import, 16k tokens (+ free)", (double)n[0],
+                     (double)n[1], "kvvm_seq_fork (+ free)", "calls", 1);
+    return rc;
+}
+
 int bench_handoff(struct bench_ctx *b)
 {
     struct daemon d = { 0 };
@@ -159,6 +225,10 @@ int bench_handoff(struct bench_ctx *b)
             bench_report_pair(b, G, "export+import, 16k tokens (256 frames)", &p,
                               "kvvm_seq_fork", "us/op", 1);
     }
+    if (!rc)
+        rc = row_imports(b, &r);
+    if (!rc)
+        rc = row_syscalls(b, &c);
     if (!rc)                            /* the shared prefix index's rows (bench_share.c) */
         rc = bench_share_rows(b, &c, d.path, r.kv, r.s);
     if (rc)
