@@ -1,40 +1,48 @@
 /*
  * vmm/emu/copies.c: copies and memsets: validation at the call, translation through the
  * mapping table and execution in the stream (cuMemcpy*Async, cuMemsetD8Async).
+ * A plain handle's bytes are reached through the device's view (memcpy); a shareable or
+ * imported handle's through its own memfd (pread, pwrite, pwritev of a filled buffer),
+ * never through a mapping of the emulator's own: no mmap per copied handle, and its
+ * release is a close (a munmap there cost a TLB shoot-down of every CPU running one of
+ * the process's threads).
  * (Contract of the emulated device: vmm/emu/emu.h; internals: vmm/emu/emu_int.h.)
  */
 #include "emu_int.h"
 
 #include <sched.h>
+#include <stdio.h>
+#include <unistd.h>
 
 /* ---- copies ------------------------------------------------------------------------- */
 
-/* Translates device address va for an access needing `need` by device d: a pointer into
-   the memory's view and the length (<= want) of the contiguous run it starts. NULL and a
-   reason when the address is not mapped with that access. */
-static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t want, int need,
-                                   size_t *run, const char **why)
+/* Translates device address va for an access needing `need` by device d: where its bytes
+   are (emu_handle_loc: the device's view, or a shared allocation's memfd and offset) and
+   the length (<= want) of the contiguous run it starts. False and a reason when the address
+   is not mapped with that access. */
+static bool xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t want, int need,
+                         struct emu_loc *at, size_t *run, const char **why)
 {
     struct emu_resv *rv = emu_resv_find_locked((uintptr_t)va);
     if (!rv) {
         *why = "not a reserved address";
-        return NULL;
+        return false;
     }
     size_t idx = ((uintptr_t)va - rv->base) / rv->gran;
     size_t in = ((uintptr_t)va - rv->base) % rv->gran;
     struct emu_ent *e = emu_ent_get(rv, idx);
     if (!e || !e->h1) {
         *why = "not mapped";
-        return NULL;
+        return false;
     }
     struct emu_handle *h = &emu.handles[e->h1 - 1];
     if (h->dev != d) {
         *why = "memory of another device (peer access is not emulated)";
-        return NULL;
+        return false;
     }
     if (((int)e->access & need) != need) {
         *why = need & NEED_W ? "not writable (cuMemSetAccess)" : "not readable (cuMemSetAccess)";
-        return NULL;
+        return false;
     }
     size_t len = rv->gran - in;
     for (size_t k = idx + 1; len < want && k < rv->ngran; k++) {
@@ -44,12 +52,8 @@ static unsigned char *xlate_locked(struct emu_dev *d, kcu_deviceptr va, size_t w
         len += rv->gran;
     }
     *run = min_sz(len, want);
-    unsigned char *mem = emu_handle_mem(h);
-    if (!mem) {
-        *why = "no view of a shared allocation could be mapped (out of memory)";
-        return NULL;
-    }
-    return mem + e->off * d->gran + in;
+    emu_handle_loc(h, e->off * d->gran + in, at);
+    return true;
 }
 
 /* True when every byte of [va, va + n) is mapped (any access): copies are refused up front
@@ -78,6 +82,74 @@ static void device_fault_locked(struct emu_dev *d, kcu_deviceptr va, const char 
     d->sticky = KCU_ERROR_ILLEGAL_ADDRESS;
 }
 
+/* The bounce buffer of a copy between two shared allocations' memfds, and the filled
+   buffer of a memset into one: used within one chunk of emu_xfer_locked, under emu.lock. */
+static unsigned char bounce[XFER_CHUNK];
+
+/* Reads (write: writes) n bytes of memfd f at off into (from) p, partial transfers
+   resumed. False (errno set) on an error or an end of file. */
+static bool fd_io(int f, bool write, void *p, size_t n, off_t off)
+{
+    unsigned char *b = p;
+    while (n) {
+        ssize_t k = write ? pwrite(f, b, n, off) : pread(f, b, n, off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            if (k == 0)
+                errno = EIO;                /* past the end: the memfd was shrunk */
+            return false;
+        }
+        b += k;
+        off += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* Moves one run of op (n bytes at pos) between host memory and device bytes at dst / src
+   (emu_loc). A view is reached with memcpy, a memfd with pread / pwrite; a copy between
+   two memfds (which may be the same allocation, overlapping) reads the whole run into the
+   bounce buffer before it writes, as memmove would. False (errno) when a memfd refused. */
+static bool run_move_locked(const struct emu_op *op, size_t pos, size_t n,
+                            const struct emu_loc *dst, const struct emu_loc *src)
+{
+    switch (op->kind) {
+    case OP_HTOD:
+        if (!dst->p)
+            return fd_io(dst->fd, true, (unsigned char *)(uintptr_t)op->hsrc + pos, n,
+                         dst->off);
+        memcpy(dst->p, (const unsigned char *)op->hsrc + pos, n);
+        return true;
+    case OP_DTOH:
+        if (!src->p)
+            return fd_io(src->fd, false, (unsigned char *)op->hdst + pos, n, src->off);
+        memcpy((unsigned char *)op->hdst + pos, src->p, n);
+        return true;
+    case OP_DTOD:
+        if (dst->p && src->p) {
+            memmove(dst->p, src->p, n);
+            return true;
+        }
+        if (dst->p)                         /* a view and a memfd: never the same memory */
+            return fd_io(src->fd, false, dst->p, n, src->off);
+        if (src->p)
+            return fd_io(dst->fd, true, src->p, n, dst->off);
+        KVVM_ASSERT(n <= sizeof bounce);
+        return fd_io(src->fd, false, bounce, n, src->off) &&
+               fd_io(dst->fd, true, bounce, n, dst->off);
+    case OP_MEMSET:
+        if (dst->p) {
+            memset(dst->p, op->val, n);
+            return true;
+        }
+        memset(bounce, op->val, min_sz(n, EMU_FILL_BYTES));
+        return emu_fd_fill(dst->fd, dst->off, n, bounce);
+    default:
+        return true;
+    }
+}
+
 /* Executes a copy or memset on device d, translating at execution time. The lock is dropped
    between chunks. A fault makes the device's error sticky and stops the copy. */
 void emu_xfer_locked(struct emu_dev *d, struct emu_op *op)
@@ -87,29 +159,28 @@ void emu_xfer_locked(struct emu_dev *d, struct emu_op *op)
         size_t chunk = min_sz(op->n - done, XFER_CHUNK), cd = 0;
         while (cd < chunk) {
             size_t pos = done + cd, want = chunk - cd, run = want, run2;
-            unsigned char *dptr = NULL, *sptr = NULL;
+            struct emu_loc dl = { 0 }, sl = { 0 };
             const char *why = NULL;
-            if (op->kind != OP_DTOH) {
-                dptr = xlate_locked(d, op->dst + pos, want, NEED_W, &run, &why);
-                if (!dptr) {
-                    device_fault_locked(d, op->dst + pos, why);
-                    return;
-                }
+            if (op->kind != OP_DTOH && !xlate_locked(d, op->dst + pos, want, NEED_W, &dl,
+                                                     &run, &why)) {
+                device_fault_locked(d, op->dst + pos, why);
+                return;
             }
             if (op->kind == OP_DTOH || op->kind == OP_DTOD) {
-                sptr = xlate_locked(d, op->src + pos, run, NEED_R, &run2, &why);
-                if (!sptr) {
+                if (!xlate_locked(d, op->src + pos, run, NEED_R, &sl, &run2, &why)) {
                     device_fault_locked(d, op->src + pos, why);
                     return;
                 }
                 run = min_sz(run, run2);
             }
-            switch (op->kind) {
-            case OP_HTOD: memcpy(dptr, (const unsigned char *)op->hsrc + pos, run); break;
-            case OP_DTOH: memcpy((unsigned char *)op->hdst + pos, sptr, run); break;
-            case OP_DTOD: memmove(dptr, sptr, run); break;
-            case OP_MEMSET: memset(dptr, op->val, run); break;
-            default: break;
+            if (!run_move_locked(op, pos, run, &dl, &sl)) {
+                /* a bad host pointer (EFAULT), or a memfd out of memory or shrunk */
+                char msg[160];
+                snprintf(msg, sizeof msg, "a shared allocation's memfd refused the copy (a "
+                         "bad host pointer, or no memory): %s", strerror(errno));
+                device_fault_locked(d, op->kind == OP_DTOH ? op->src + pos : op->dst + pos,
+                                    msg);
+                return;
             }
             cd += run;
         }

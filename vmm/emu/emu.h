@@ -38,7 +38,8 @@
  *    a filled destination at return fails here. A host pointer inside a reservation (a
  *    device address, even where windows are CPU-readable) is KCU_ERROR_INVALID_VALUE.
  *  - Opaque mode: windows stay PROT_NONE even after set-access, so only the driver's copies
- *    can reach device bytes (they use the emulator's own view of the memfd).
+ *    can reach device bytes (they use the emulator's own view of the device's memfd, and a
+ *    shareable or imported handle's own memfd through pread / pwrite).
  *  - Copied bytes are counted per direction.
  *  - Shareable handles (KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR only): a handle created
  *    with that type in requestedHandleTypes has a memfd of its own (its granules still

@@ -20,10 +20,11 @@
  *    entry.c).
  *  - Device memory: one memfd per device plus the emulator's own MAP_SHARED read/write view
  *    of all of it (memory.c). A physical handle is a contiguous granule range of the memfd
- *    (first-fit bitmap allocator with a next-fit cursor). Copies reach device bytes only
- *    through the view, after translating the device address through the mapping table
- *    (copies.c), so the windows the caller sees can stay PROT_NONE (opaque mode) and copies
- *    still work.
+ *    (first-fit bitmap allocator with a next-fit cursor); a shareable or imported handle is
+ *    a memfd of its own (emu_share.c), never mapped by the emulator. Copies reach device
+ *    bytes only through the view or those memfds (pread / pwrite), after translating the
+ *    device address through the mapping table (copies.c), so the windows the caller sees can
+ *    stay PROT_NONE (opaque mode) and copies still work.
  *  - Virtual memory (maps.c): a reservation is an anonymous PROT_NONE mapping; each granule
  *    of it has an entry {handle, offset, mapping id, access} (two-level table, blocks
  *    allocated on first map so huge reservations cost nothing). cuMemMap =
@@ -51,9 +52,9 @@
  * klog takes its own lock inside and never calls back (emu.lock -> klog's lock).
  *
  * What it never does: it never dereferences a caller's device address (copies go through
- * the view), never executes captured work, never aborts or exits on a caller's error (a
- * device fault is a sticky KCU_ERROR_ILLEGAL_ADDRESS, as on a GPU), and never calls up into
- * libkvvm (it knows only cudrv.h and common/log.h).
+ * the view or a memfd), never executes captured work, never aborts or exits on a caller's
+ * error (a device fault is a sticky KCU_ERROR_ILLEGAL_ADDRESS, as on a GPU), and never calls
+ * up into libkvvm (it knows only cudrv.h and common/log.h).
  */
 #ifndef KVVM_VMM_EMU_EMU_INT_H
 #define KVVM_VMM_EMU_EMU_INT_H
@@ -80,6 +81,7 @@
 #define EMU_DRIVER_VERSION 12080
 #define EMU_DEVICE_NAME   "kvvm emulated device"
 #define XFER_CHUNK        (1u << 20)   /* bytes copied per lock hold */
+#define EMU_FILL_BYTES    (64u << 10)  /* a fill pattern's bytes (emu_fd_fill) */
 #define ENT_BLOCK         4096         /* table entries per second-level block */
 
 /* Access bits needed by a copy; KCU_MEM_ACCESS_FLAGS_PROT_READ = 1, READWRITE = 3. */
@@ -150,8 +152,15 @@ struct emu_handle {
     size_t base, ngran;            /* granule range in the device (bitmap; memfd if PLAIN) */
     size_t maps;                   /* live mappings of it */
     int fd;                        /* SHAREABLE, IMPORTED: its own memfd; else unused */
-    unsigned char *mem;            /* SHAREABLE, IMPORTED: a RW view of fd once a copy
-                                      needed one (emu_share_view_locked), or NULL */
+};
+
+/* Where a copy reaches device bytes (emu_handle_loc): p, a pointer into the device's view
+   (a plain handle); or, p NULL, offset off of memfd fd (a shareable or imported handle:
+   read and written with pread / pwrite, never mapped by the emulator). */
+struct emu_loc {
+    unsigned char *p;
+    int fd;
+    off_t off;
 };
 
 struct emu_ent {                   /* one granule of a reservation */
@@ -338,22 +347,22 @@ struct emu_handle *emu_handle_lookup_locked(kcu_mem_handle v, size_t *slot);
 void emu_handle_maybe_free_locked(size_t slot);
 /* Frees a released, unmapped handle's slot and memory now (lingering or not). */
 void emu_handle_free_now_locked(size_t slot);
-/* Where a handle's memory is: its memfd and the offset in it; the emulator's RW view. */
+/* Where a handle's memory is: its memfd and the offset in it (for cuMemMap). */
 int emu_handle_fd(const struct emu_handle *h, off_t *off);
-/* NULL: a shared handle's view could not be mapped (logged). */
-unsigned char *emu_handle_mem(struct emu_handle *h);
+/* Where byte `byte` of handle h is for a copy (struct emu_loc). */
+void emu_handle_loc(const struct emu_handle *h, size_t byte, struct emu_loc *at);
 int emu_handle_slot_alloc_locked(size_t *slot);
 
 /* emu_share.c */
 /* A shareable handle's own memfd, filled with EMU_POISON (written, no fault; no view):
    0; KCU_ERROR_OUT_OF_MEMORY. */
 kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd);
-/* A SHAREABLE or IMPORTED handle's view, mapped on first use and kept until
-   emu_share_close; NULL when it cannot be mapped (logged). */
-unsigned char *emu_share_view_locked(struct emu_handle *h);
+/* Writes n bytes at off of memfd f, pattern pat (EMU_FILL_BYTES bytes, or n if fewer)
+   repeated: pwritev of it many times, no mapping. False on a write error (errno). */
+bool emu_fd_fill(int f, off_t off, size_t n, const unsigned char *pat);
 /* True when an importer still holds the released shareable handle h. */
 bool emu_share_held_elsewhere(const struct emu_handle *h);
-/* Closes a SHAREABLE or IMPORTED handle's memfd and view. */
+/* Closes a SHAREABLE or IMPORTED handle's memfd (there is no view to unmap). */
 void emu_share_close(struct emu_handle *h);
 /* Frees d's lingering handles that no importer holds any more. */
 void emu_share_reap_locked(struct emu_dev *d);

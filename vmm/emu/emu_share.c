@@ -12,10 +12,11 @@
  * granule (share_mode), so an import reads no name (a readlink of /proc/self/fd/N per frame
  * was a third of an import's cost). An export is a new descriptor of that memfd; an import, in
  * this or another process, opens the memfd anew (/proc/self/fd/N: an open file description of
- * its own) and takes a shared flock on it. A shareable or imported handle's view (the
- * emulator's own mapping, through which copies read and write) is made by the first copy that
- * needs it, never at create or import: the daemon never copies, and an attach or import only
- * maps into a window, so neither pays an mmap and a munmap per frame. The kernel keeps the
+ * its own) and takes a shared flock on it. A shareable or imported handle has no mapping of
+ * the emulator's own: a window maps its memfd, and a copy reads and writes the memfd
+ * (copies.c: pread, pwrite), so neither a create, an import nor a copy pays an mmap, and a
+ * release is a close (a munmap of a view there was 91-99% of a client's give-back of 64
+ * imports: a TLB shoot-down of every CPU running one of its threads). The kernel keeps the
  * memory while any descriptor or mapping remains, as the driver keeps an allocation while an
  * importer holds it; the exporting device's accounting follows the same rule: a released
  * shareable handle whose memfd an importer still holds (the exporter's exclusive non-blocking
@@ -73,38 +74,36 @@ static void shm_dev_init(void)
         close(f);
 }
 
-/* Fills memfd f's first size bytes with EMU_POISON by writing the file (pwritev of one
-   poison buffer many times): the kernel allocates and fills its pages, and no mapping of
-   this process takes a first-touch fault for it (a memset through a fresh view faulted in
-   every 4 KiB page, the dominant cost of a new frame on a VM). The pages are the memfd's
-   own, fresh: never another allocation's bytes. False on a write error (errno). */
-static unsigned char poison[64 * 1024];
+/* A shareable allocation is poisoned by writing its memfd (emu_fd_fill of one poison
+   buffer): the kernel allocates and fills its pages, and no mapping of this process takes a
+   first-touch fault for it (a memset through a fresh view faulted in every 4 KiB page, the
+   dominant cost of a new frame on a VM). The pages are the memfd's own, fresh: never
+   another allocation's bytes. */
+static unsigned char poison[EMU_FILL_BYTES];
 
 static void poison_init(void)
 {
     memset(poison, EMU_POISON, sizeof poison);
 }
 
-static bool poison_fill(int f, size_t size)
+bool emu_fd_fill(int f, off_t off, size_t n, const unsigned char *pat)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    (void)pthread_once(&once, poison_init);
     struct iovec io[64];
-    size_t off = 0;
-    while (off < size) {
-        int n = 0;
+    size_t done = 0;
+    while (done < n) {
+        int k = 0;
         size_t len = 0;
-        for (; n < 64 && off + len < size; n++) {
-            size_t k = size - off - len < sizeof poison ? size - off - len : sizeof poison;
-            io[n] = (struct iovec){ poison, k };
-            len += k;
+        for (; k < 64 && done + len < n; k++) {
+            size_t m = min_sz(n - done - len, EMU_FILL_BYTES);
+            io[k] = (struct iovec){ (void *)(uintptr_t)pat, m };
+            len += m;
         }
-        ssize_t w = pwritev(f, io, n, (off_t)off);
+        ssize_t w = pwritev(f, io, k, off + (off_t)done);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
             return false;
-        off += (size_t)w;
+        done += (size_t)w;
     }
     return true;
 }
@@ -125,7 +124,9 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
             close(f);
         return KCU_ERROR_OUT_OF_MEMORY;
     }
-    if (!poison_fill(f, size)) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, poison_init);
+    if (!emu_fd_fill(f, 0, size, poison)) {
         klog_error("emulated device %d: a shareable allocation's memfd could not be "
                    "poisoned: %s", d->ordinal, strerror(errno));
         close(f);
@@ -133,22 +134,6 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
     }
     *fd = f;
     return KCU_SUCCESS;
-}
-
-unsigned char *emu_share_view_locked(struct emu_handle *h)
-{
-    KVVM_ASSERT(h->kind != EMU_H_PLAIN && h->fd >= 0);
-    if (h->mem)
-        return h->mem;
-    void *m = mmap(NULL, h->ngran * h->dev->gran, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_NORESERVE, h->fd, 0);
-    if (m == MAP_FAILED) {
-        klog_error("emulated device %d: a shared allocation's view could not be mapped: %s",
-                   h->dev->ordinal, strerror(errno));
-        return NULL;
-    }
-    h->mem = m;
-    return h->mem;
 }
 
 bool emu_share_held_elsewhere(const struct emu_handle *h)
@@ -163,11 +148,8 @@ bool emu_share_held_elsewhere(const struct emu_handle *h)
 
 void emu_share_close(struct emu_handle *h)
 {
-    if (h->mem)
-        munmap(h->mem, h->ngran * h->dev->gran);
     if (h->fd >= 0)
         close(h->fd);
-    h->mem = NULL;
     h->fd = -1;
 }
 
@@ -274,8 +256,8 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    /* no view until a copy needs one (emu_share_view_locked): a mapping into a window is
-       made from the memfd itself, and most imports are only mapped */
+    /* no view: a mapping into a window is made from the memfd itself, and a copy reads and
+       writes the memfd (copies.c) */
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen,
                                              .ngran = size / d->gran, .fd = f,
                                              .kind = EMU_H_IMPORTED };

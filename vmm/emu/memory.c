@@ -157,10 +157,13 @@ int emu_handle_fd(const struct emu_handle *h, off_t *off)
     return h->dev->memfd;
 }
 
-unsigned char *emu_handle_mem(struct emu_handle *h)
+void emu_handle_loc(const struct emu_handle *h, size_t byte, struct emu_loc *at)
 {
-    return h->kind != EMU_H_PLAIN ? emu_share_view_locked(h)
-                                  : h->dev->view + h->base * h->dev->gran;
+    if (h->kind == EMU_H_PLAIN) {
+        *at = (struct emu_loc){ .p = h->dev->view + h->base * h->dev->gran + byte, .fd = -1 };
+        return;
+    }
+    *at = (struct emu_loc){ .fd = h->fd, .off = (off_t)byte };
 }
 
 void emu_handle_free_now_locked(size_t slot)
