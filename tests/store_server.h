@@ -1,7 +1,8 @@
 /*
  * tests/store_server.h: what the store's tests share (test_store.c, test_prefix_store.c): a
  * real redis-server started on 127.0.0.1 at a free port (a temporary directory, --save '',
- * a password, no eviction unless asked), killed and reaped at the end; a temporary store
+ * a password, no eviction unless asked), killed and reaped at the end, and killed with the
+ * test process if that ends first (a failed assertion, a crash); a temporary store
  * directory under /var/tmp for the file backend; a monotonic clock. Where redis-server is
  * not installed (scripts/install-deps.sh installs it) rsrv_start skips the test with the
  * reason. Include after harness.h.
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -79,9 +81,13 @@ static inline void rsrv_start(struct rsrv *s, const char *maxmemory)
     char port[16];
     snprintf(port, sizeof port, "%d", s->port);
     snprintf(s->url, sizeof s->url, "redis://:%s@127.0.0.1:%d", PASS, s->port);
+    pid_t parent = getpid();
     s->pid = fork();
     cr_assert(s->pid >= 0);
     if (s->pid == 0) {
+        /* a test that ends before rsrv_stop (a failed assertion) takes its server along */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 1);
         dup2(null, 2);
@@ -91,15 +97,21 @@ static inline void rsrv_start(struct rsrv *s, const char *maxmemory)
                (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; i < 500; i++) {
+    /* until it answers or exits, however slow the machine (the test's TH_DEADLINE bounds it) */
+    for (;;) {
         redisContext *c = raw_connect(s->port);
         if (c) {
             redisFree(c);
             return;
         }
+        int st;
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = 0;
+            cr_assert_fail("redis-server exited (status %d) before it answered on port %d",
+                           st, s->port);
+        }
         usleep(10000);
     }
-    cr_assert_fail("redis-server did not answer on port %d", s->port);
 }
 
 /* Kills the server (SIGKILL: nothing to save) and reaps it; the directory stays. */
