@@ -316,25 +316,34 @@ Test(pool, malformed_messages_drop_only_their_sender)
     pd_stop(&d);
 }
 
-Test(pool, another_protocol_version_refused_naming_both)
+/* A client saying HELLO at protocol version v to a fresh daemon is refused: -EPROTO, the
+   text naming `named` and the daemon's version, the client dropped. The daemon's REFUSED. */
+static struct pool_refused hello_refused(unsigned v, const char *named)
 {
-    TH_DEADLINE(60);
     struct pd d;
     pd_start(&d, "4M");
     int c = pc_connect(d.path);
-    struct pool_hello h = { .version = 99, .role = POOL_ROLE_CLIENT };
+    struct pool_hello h = { .version = v, .role = POOL_ROLE_CLIENT };
     pool_proto_hdr(&h.h, POOL_MSG_HELLO);
     cr_assert_eq(pool_proto_send(c, &h, NULL, 0, 0), 0);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
-    const struct pool_refused *r = (const void *)buf;
-    cr_expect_eq(r->err, -EPROTO);
+    struct pool_refused r;
+    memcpy(&r, buf, sizeof r);
+    cr_expect_eq(r.err, -EPROTO);
     char ours[32];
     snprintf(ours, sizeof ours, "version %u", POOL_PROTO_VERSION);
-    cr_expect(strstr(r->why, "99") && strstr(r->why, ours), "%s", r->why);
+    cr_expect(strstr(r.why, named) && strstr(r.why, ours), "%s", r.why);
     cr_expect(pc_dropped(c));
     close(c);
     pd_stop(&d);
+    return r;
+}
+
+Test(pool, another_protocol_version_refused_naming_both)
+{
+    TH_DEADLINE(60);
+    (void)hello_refused(99, "99");
 }
 
 /* The sharing messages (EXPORT .. PREFIX_DROP) were added to the protocol without bumping its
@@ -345,23 +354,8 @@ Test(pool, protocol_version_bumped_for_sharing_messages)
 {
     TH_DEADLINE(60);
     cr_assert_geq(POOL_PROTO_VERSION, 2u);
-    struct pd d;
-    pd_start(&d, "4M");
-    int c = pc_connect(d.path);
-    struct pool_hello h = { .version = 1, .role = POOL_ROLE_CLIENT };
-    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
-    cr_assert_eq(pool_proto_send(c, &h, NULL, 0, 0), 0);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
-    const struct pool_refused *r = (const void *)buf;
-    cr_expect_eq(r->err, -EPROTO);
-    cr_expect_eq(r->version, POOL_PROTO_VERSION);
-    char ours[32];
-    snprintf(ours, sizeof ours, "version %u", POOL_PROTO_VERSION);
-    cr_expect(strstr(r->why, "version 1") && strstr(r->why, ours), "%s", r->why);
-    cr_expect(pc_dropped(c));
-    close(c);
-    pd_stop(&d);
+    struct pool_refused r = hello_refused(1, "version 1");
+    cr_expect_eq(r.version, POOL_PROTO_VERSION);
 }
 
 /* Pending shares (PREFIX_PUBLISH's and EXPORT's serial, READY) changed two message sizes
@@ -372,22 +366,7 @@ Test(pool, protocol_version_bumped_for_pending_shares)
 {
     TH_DEADLINE(60);
     cr_assert_geq(POOL_PROTO_VERSION, 3u);
-    struct pd d;
-    pd_start(&d, "4M");
-    int c = pc_connect(d.path);
-    struct pool_hello h = { .version = 2, .role = POOL_ROLE_CLIENT };
-    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
-    cr_assert_eq(pool_proto_send(c, &h, NULL, 0, 0), 0);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
-    const struct pool_refused *r = (const void *)buf;
-    cr_expect_eq(r->err, -EPROTO);
-    char ours[32];
-    snprintf(ours, sizeof ours, "version %u", POOL_PROTO_VERSION);
-    cr_expect(strstr(r->why, "version 2") && strstr(r->why, ours), "%s", r->why);
-    cr_expect(pc_dropped(c));
-    close(c);
-    pd_stop(&d);
+    (void)hello_refused(2, "version 2");
 }
 
 /* Held frames (FRAMES's held mask: a frame the client holds already comes without a
@@ -398,22 +377,7 @@ Test(pool, protocol_version_bumped_for_held_frames)
 {
     TH_DEADLINE(60);
     cr_assert_geq(POOL_PROTO_VERSION, 4u);
-    struct pd d;
-    pd_start(&d, "4M");
-    int c = pc_connect(d.path);
-    struct pool_hello h = { .version = 3, .role = POOL_ROLE_CLIENT };
-    pool_proto_hdr(&h.h, POOL_MSG_HELLO);
-    cr_assert_eq(pool_proto_send(c, &h, NULL, 0, 0), 0);
-    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
-    cr_assert_eq(pc_recv(c, buf, NULL, NULL), POOL_MSG_REFUSED);
-    const struct pool_refused *r = (const void *)buf;
-    cr_expect_eq(r->err, -EPROTO);
-    char ours[32];
-    snprintf(ours, sizeof ours, "version %u", POOL_PROTO_VERSION);
-    cr_expect(strstr(r->why, "version 3") && strstr(r->why, ours), "%s", r->why);
-    cr_expect(pc_dropped(c));
-    close(c);
-    pd_stop(&d);
+    (void)hello_refused(3, "version 3");
 }
 
 Test(pool, reserves_are_promised_or_refused)
