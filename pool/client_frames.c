@@ -25,132 +25,75 @@
 #include "common/assert.h"
 #include "common/log.h"
 
-/* ---- the tables -------------------------------------------------------------------------- */
+/* ---- the tables (common/ktab.h) ---------------------------------------------------------- */
 
-static size_t home(const struct pool_cli_tab *t, uint64_t key)
+/* by_h's value: the daemon's frame id (tagged) and the handle's local uses. */
+struct by_h_val {
+    uint64_t id;
+    uint32_t use;
+};
+
+static struct by_h_val *h_val(const struct pool_cli *c, size_t i)
 {
-    return (size_t)(key * 0x9e3779b97f4a7c15ull >> 17) & (t->cap - 1);
+    return ktab_val(&c->by_h, i);
 }
 
-/* key's entry, or SIZE_MAX. */
-static size_t tab_find(const struct pool_cli_tab *t, uint64_t key)
+static uint64_t id_val(const struct pool_cli *c, size_t k)
 {
-    if (!t->cap)
-        return SIZE_MAX;
-    size_t i = home(t, key);
-    while (t->key[i] && t->key[i] != key)
-        i = (i + 1) & (t->cap - 1);
-    return t->key[i] ? i : SIZE_MAX;
+    return *(const uint64_t *)ktab_val(&c->by_id, k);
 }
 
-/* Enters key (absent, never 0) with val and one use. 0; -ENOMEM (nothing entered). */
-static int tab_put(struct pool_cli_tab *t, uint64_t key, uint64_t val)
+/* Frees table t (by_h or by_id): the client's close (client.c) and a reconnection. */
+void pool_cli_tab_free(struct ktab *t)
 {
-    KVVM_ASSERT(key != 0 && tab_find(t, key) == SIZE_MAX);
-    if (2 * (t->n + 1) > t->cap) {
-        struct pool_cli_tab g = { .cap = t->cap ? 2 * t->cap : 256 };
-        g.key = calloc(g.cap, sizeof *g.key);
-        g.val = calloc(g.cap, sizeof *g.val);
-        g.use = calloc(g.cap, sizeof *g.use);
-        if (!g.key || !g.val || !g.use) {
-            free(g.key);
-            free(g.val);
-            free(g.use);
-            return -ENOMEM;
-        }
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->key[i])
-                continue;
-            size_t j = home(&g, t->key[i]);
-            while (g.key[j])
-                j = (j + 1) & (g.cap - 1);
-            g.key[j] = t->key[i];
-            g.val[j] = t->val[i];
-            g.use[j] = t->use[i];
-            g.n++;
-        }
-        pool_cli_tab_free(t);
-        *t = g;
-    }
-    size_t i = home(t, key);
-    while (t->key[i])
-        i = (i + 1) & (t->cap - 1);
-    t->key[i] = key;
-    t->val[i] = val;
-    t->use[i] = 1;
-    t->n++;
-    return 0;
-}
-
-/* Empties entry i, moving back the entries after it that probed past it. */
-static void tab_del(struct pool_cli_tab *t, size_t i)
-{
-    KVVM_ASSERT(t->key[i] && t->n > 0);
-    t->key[i] = 0;
-    t->n--;
-    for (size_t j = (i + 1) & (t->cap - 1); t->key[j]; j = (j + 1) & (t->cap - 1)) {
-        size_t h = home(t, t->key[j]);
-        bool past = i <= j ? (h <= i || h > j) : (h <= i && h > j);
-        if (past) {
-            t->key[i] = t->key[j];
-            t->val[i] = t->val[j];
-            t->use[i] = t->use[j];
-            t->key[j] = 0;
-            i = j;
-        }
-    }
-}
-
-void pool_cli_tab_free(struct pool_cli_tab *t)
-{
-    free(t->key);
-    free(t->val);
-    free(t->use);
-    *t = (struct pool_cli_tab){ 0 };
+    ktab_free(t);
 }
 
 /* ---- handles ------------------------------------------------------------------------------ */
 
 uint64_t pool_cli_map_get(const struct pool_cli *c, uint64_t key)
 {
-    size_t i = tab_find(&c->by_h, key);
-    return i == SIZE_MAX ? 0 : c->by_h.val[i];
+    size_t i = ktab_find(&c->by_h, key);
+    return i == SIZE_MAX ? 0 : h_val(c, i)->id;
 }
 
 int pool_cli_handle_add(struct pool_cli *c, vmm_handle h, uint64_t id)
 {
-    int rc = tab_put(&c->by_h, h.h, id);
-    if (rc || id == POOL_CLI_FOREIGN)
+    bool foreign = id == POOL_CLI_FOREIGN;
+    int rc = ktab_reserve(&c->by_h, 1, sizeof(struct by_h_val));
+    if (rc || (!foreign && (rc = ktab_reserve(&c->by_id, 1, sizeof(uint64_t)))))
         return rc;
-    if ((rc = tab_put(&c->by_id, id & ~POOL_CLI_MAPPED, h.h))) {
-        tab_del(&c->by_h, tab_find(&c->by_h, h.h));
-        return rc;
-    }
+    /* commit: nothing below fails */
+    *h_val(c, ktab_put(&c->by_h, h.h)) = (struct by_h_val){ .id = id, .use = 1 };
+    if (foreign)
+        return 0;
+    *(uint64_t *)ktab_val(&c->by_id, ktab_put(&c->by_id, id & ~POOL_CLI_MAPPED)) = h.h;
     c->n_mapped += (id & POOL_CLI_MAPPED) != 0;
     return 0;
 }
 
 int pool_cli_handle_put(struct pool_cli *c, vmm_handle h)
 {
-    size_t i = tab_find(&c->by_h, h.h);
+    size_t i = ktab_find(&c->by_h, h.h);
     KVVM_ASSERT(i != SIZE_MAX);             /* every frame paging holds came from here */
     if (i == SIZE_MAX)
         return vmm_phys_release(c->v, h) ? -EIO : 0;
-    KVVM_ASSERT(c->by_h.use[i] > 0);
-    if (c->by_h.use[i] > 1) {               /* another paging frame still maps it */
-        c->by_h.use[i]--;
+    struct by_h_val *v = h_val(c, i);
+    KVVM_ASSERT(v->use > 0);
+    if (v->use > 1) {                       /* another paging frame still maps it */
+        v->use--;
         return 0;
     }
     if (vmm_phys_release(c->v, h))
         return -EIO;                        /* refused: still ours, still in the tables */
-    uint64_t id = c->by_h.val[i];
-    tab_del(&c->by_h, i);
+    uint64_t id = v->id;
+    ktab_del(&c->by_h, i);
     if (id == POOL_CLI_FOREIGN)
         return 0;                           /* the daemon that leased it is gone */
-    size_t k = tab_find(&c->by_id, id & ~POOL_CLI_MAPPED);
-    KVVM_ASSERT(k != SIZE_MAX && c->by_id.val[k] == h.h);
+    size_t k = ktab_find(&c->by_id, id & ~POOL_CLI_MAPPED);
+    KVVM_ASSERT(k != SIZE_MAX && id_val(c, k) == h.h);
     if (k != SIZE_MAX)
-        tab_del(&c->by_id, k);
+        ktab_del(&c->by_id, k);
     if (id & POOL_CLI_MAPPED) {
         KVVM_ASSERT(c->n_mapped > 0);
         c->n_mapped--;
@@ -163,7 +106,7 @@ void pool_cli_handles_foreign(struct pool_cli *c)
 {
     for (size_t i = 0; i < c->by_h.cap; i++)
         if (c->by_h.key[i])
-            c->by_h.val[i] = POOL_CLI_FOREIGN;
+            h_val(c, i)->id = POOL_CLI_FOREIGN;
     pool_cli_tab_free(&c->by_id);           /* the new daemon's ids name none of them */
     c->n_mapped = 0;                        /* a foreign frame is neither leased nor mapped */
 }
@@ -174,12 +117,12 @@ void pool_cli_handles_foreign(struct pool_cli *c)
    frame of that id (a malformed reply). */
 static int take_held_locked(struct pool_cli *c, uint64_t id, vmm_handle *h)
 {
-    size_t k = tab_find(&c->by_id, id);
-    size_t i = k == SIZE_MAX ? SIZE_MAX : tab_find(&c->by_h, c->by_id.val[k]);
+    size_t k = ktab_find(&c->by_id, id);
+    size_t i = k == SIZE_MAX ? SIZE_MAX : ktab_find(&c->by_h, id_val(c, k));
     if (i == SIZE_MAX)
         return -EPROTO;
-    KVVM_ASSERT(c->by_h.use[i] > 0 && c->by_h.use[i] < UINT32_MAX);
-    c->by_h.use[i]++;
+    KVVM_ASSERT(h_val(c, i)->use > 0 && h_val(c, i)->use < UINT32_MAX);
+    h_val(c, i)->use++;
     h->h = c->by_h.key[i];
     return 0;
 }

@@ -11,13 +11,7 @@
 #include <sys/un.h>
 
 #include "client.h"
-
-/* A table of keys (never 0) to a value and a count: open addressing, at most half full. */
-struct pool_cli_tab {
-    uint64_t *key, *val;            /* key 0: an empty entry */
-    uint32_t *use;
-    size_t cap, n;                  /* cap: a power of two, or 0 (none yet) */
-};
+#include "common/ktab.h"
 
 struct pool_cli {
     pthread_mutex_t mu;             /* the socket and everything below */
@@ -33,7 +27,7 @@ struct pool_cli {
        POOL_CLI_MAPPED or POOL_CLI_FOREIGN) and its local uses (paging frames holding the
        handle: more than one for a frame received held); by_id: the connected daemon's
        frame id (untagged) -> handle value, for every handle of by_h not FOREIGN */
-    struct pool_cli_tab by_h, by_id;
+    struct ktab by_h, by_id;        /* common/ktab.h; values in client_frames.c */
     size_t n_mapped;                /* of by_h.n: frames mapped from imports and attaches
                                        (POOL_CLI_MAPPED) */
     struct pool_figures fig;        /* the last figures a reply carried */
@@ -96,7 +90,7 @@ int  pool_cli_handle_add(struct pool_cli *c, vmm_handle h, uint64_t id);
 int  pool_cli_handle_put(struct pool_cli *c, vmm_handle h);
 /* The daemon went (a reconnection): every handle's frame is FOREIGN, by_id empty. */
 void pool_cli_handles_foreign(struct pool_cli *c);
-void pool_cli_tab_free(struct pool_cli_tab *t);
+void pool_cli_tab_free(struct ktab *t);
 /* Receives the n frames of an import or attach (FRAMES messages) into hs, in order: one not
    held is imported (one use, remembered as mapped) and its id put in ids (the daemon
    counted it); a held one (protocol.h "Held frames") is this client's handle of it with one

@@ -743,7 +743,7 @@ static int on_clients(struct pool_srv *s, struct srv_client *c)
         if (!o || o->role != POOL_ROLE_CLIENT)
             continue;
         struct pool_client_row r = { .pid = (uint32_t)o->pid, .held = o->held * s->page,
-                                     .shared = (uint64_t)o->n_maps * s->page,
+                                     .shared = (uint64_t)o->maps.n * s->page,
                                      .reserve = o->reserve,
                                      .limit = o->limit ? o->limit : s->pool_frames * s->page };
         pool_proto_hdr(&r.h, POOL_MSG_CLIENT);

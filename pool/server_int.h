@@ -24,6 +24,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 
+#include "common/ktab.h"
 #include "protocol.h"
 #include "server_figures.h"
 #include "vmm/vmm.h"
@@ -86,10 +87,8 @@ struct srv_client {
     struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
     uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
     /* sharing (server_share.c) */
-    uint32_t *maps;             /* the frame slots it maps without a lease, a set: open
-                                   addressing of slot + 1 (0: empty), cap_maps a power of
-                                   two (0: none yet) at most half full (srv_maps_*) */
-    size_t n_maps, cap_maps;
+    struct ktab maps;           /* the frame slots it maps without a lease, a set of
+                                   slot + 1 (common/ktab.h; srv_maps_reserve) */
     struct srv_rec *exp;        /* an export whose chunks are arriving; NULL none */
     struct srv_rec *pub;        /* a prefix entry whose chunks are arriving; NULL none */
     uint32_t pub_new;           /* entries its publish call made so far */

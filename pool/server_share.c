@@ -70,88 +70,31 @@ long srv_frame_any(const struct pool_srv *s, uint64_t id)
     return f->live && f->gen == (uint32_t)(id >> 32) ? (long)(slot1 - 1) : -1;
 }
 
-/* ---- a client's maps set (server_int.h struct srv_client.maps) -------------------------- */
+/* ---- a client's maps set (server_int.h struct srv_client.maps; common/ktab.h) ---------- */
 
-static size_t maps_home(const struct srv_client *c, uint32_t key)
+/* The entry of frame slot in c's maps (its key: slot + 1), or SIZE_MAX. */
+static size_t maps_find(const struct srv_client *c, size_t slot)
 {
-    return (size_t)((uint64_t)key * 0x9e3779b97f4a7c15ull >> 32) & (c->cap_maps - 1);
-}
-
-/* The entry of frame slot in c's maps, or -1. */
-static long maps_find(const struct srv_client *c, size_t slot)
-{
-    if (!c->cap_maps)
-        return -1;
-    uint32_t key = (uint32_t)slot + 1;
-    for (size_t i = maps_home(c, key);; i = (i + 1) & (c->cap_maps - 1)) {
-        if (c->maps[i] == key)
-            return (long)i;
-        if (!c->maps[i])
-            return -1;
-    }
-}
-
-/* Enters slot (absent; room reserved). */
-static void maps_put(struct srv_client *c, size_t slot)
-{
-    KVVM_ASSERT(2 * (c->n_maps + 1) <= c->cap_maps && maps_find(c, slot) < 0);
-    uint32_t key = (uint32_t)slot + 1;
-    size_t i = maps_home(c, key);
-    while (c->maps[i])
-        i = (i + 1) & (c->cap_maps - 1);
-    c->maps[i] = key;
-    c->n_maps++;
-}
-
-/* Empties entry i, moving back the entries after it that probed past it. */
-static void maps_del(struct srv_client *c, size_t i)
-{
-    KVVM_ASSERT(c->maps[i] && c->n_maps > 0);
-    c->maps[i] = 0;
-    c->n_maps--;
-    for (size_t j = (i + 1) & (c->cap_maps - 1); c->maps[j]; j = (j + 1) & (c->cap_maps - 1)) {
-        size_t home = maps_home(c, c->maps[j]);
-        bool past = i <= j ? (home <= i || home > j) : (home <= i && home > j);
-        if (past) {
-            c->maps[i] = c->maps[j];
-            c->maps[j] = 0;
-            i = j;
-        }
-    }
+    return ktab_find(&c->maps, (uint64_t)slot + 1);
 }
 
 int srv_maps_reserve(struct srv_client *c, size_t more)
 {
-    if (2 * (c->n_maps + more) <= c->cap_maps)
-        return 0;
-    size_t cap = c->cap_maps ? c->cap_maps : 64;
-    while (cap < 2 * (c->n_maps + more))
-        cap *= 2;
-    uint32_t *n = calloc(cap, sizeof *n), *old = c->maps;
-    if (!n)
-        return -ENOMEM;
-    size_t ocap = c->cap_maps;
-    c->maps = n;
-    c->cap_maps = cap;
-    c->n_maps = 0;
-    for (size_t i = 0; i < ocap; i++)
-        if (old[i])
-            maps_put(c, old[i] - 1);
-    free(old);
-    return 0;
+    return ktab_reserve(&c->maps, more, 0);
 }
 
 bool srv_holds(const struct pool_srv *s, const struct srv_client *c, size_t slot)
 {
-    return s->frames[slot].owner == c->slot || maps_find(c, slot) >= 0;
+    return s->frames[slot].owner == c->slot || maps_find(c, slot) != SIZE_MAX;
 }
 
 int srv_share_unmap(struct pool_srv *s, struct srv_client *c, uint64_t id)
 {
-    long slot = srv_frame_any(s, id), k = slot < 0 ? -1 : maps_find(c, (size_t)slot);
-    if (k < 0)
+    long slot = srv_frame_any(s, id);
+    size_t k = slot < 0 ? SIZE_MAX : maps_find(c, (size_t)slot);
+    if (k == SIZE_MAX)
         return -1;
-    maps_del(c, (size_t)k);
+    ktab_del(&c->maps, k);
     KVVM_ASSERT(s->frames[slot].nmap > 0);
     s->frames[slot].nmap--;
     srv_frame_settle(s, (size_t)slot);
@@ -301,15 +244,15 @@ void srv_share_client_gone(struct pool_srv *s, struct srv_client *c)
     if (pend)
         srv_say("client %s (pid %d) went before %u shared record%s it sent were ready: "
             "dropped, never shown", c->name, (int)c->pid, pend, pend == 1 ? "" : "s");
-    for (size_t i = 0; i < c->cap_maps; i++) {
-        if (!c->maps[i])
+    for (size_t i = 0; i < c->maps.cap; i++) {
+        if (!c->maps.key[i])
             continue;
-        size_t slot = c->maps[i] - 1;
+        size_t slot = c->maps.key[i] - 1;
         KVVM_ASSERT(s->frames[slot].nmap > 0);
         s->frames[slot].nmap--;
         srv_frame_settle(s, slot);
     }
-    c->n_maps = 0;
+    ktab_free(&c->maps);
     for (size_t i = 0; i < s->nrecs; i++)
         if (s->recs[i]->claimed == c->slot)
             s->recs[i]->claimed = -1;
@@ -317,9 +260,6 @@ void srv_share_client_gone(struct pool_srv *s, struct srv_client *c)
         rec_free(s, c->exp, false);
     c->exp = NULL;
     srv_prefix_client_gone(s, c);
-    free(c->maps);
-    c->maps = NULL;
-    c->cap_maps = 0;
 }
 
 /* Frames dropping record r would free now. */
@@ -488,7 +428,7 @@ static int imported(struct srv_client *c, int err, uint32_t total, uint64_t leng
 int srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *slots,
                     uint32_t total)
 {
-    KVVM_ASSERT(2 * (c->n_maps + total) <= c->cap_maps);    /* srv_maps_reserve */
+    KVVM_ASSERT(2 * (c->maps.n + total) <= c->maps.cap);    /* srv_maps_reserve */
     for (uint32_t off = 0; off < total; off += POOL_BATCH_MAX) {
         struct pool_frames f = { 0 };
         int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
@@ -504,7 +444,7 @@ int srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *sl
             if ((rc = vmm_handle_export(s->v, s->frames[slot].h, &fds[nfds])))
                 break;
             nfds++;
-            maps_put(c, slot);              /* its mapping from now (RETURN gives it up) */
+            ktab_put(&c->maps, (uint64_t)slot + 1);  /* mapped from now (RETURN: not) */
             s->frames[slot].nmap++;
         }
         f.n = n;

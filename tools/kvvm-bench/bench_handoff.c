@@ -12,6 +12,13 @@
  *    frames handed over, and the system calls of one export + import (+ the free of the
  *    imported sequence) against one kvvm_seq_fork (+ its free) (bench_syscalls: a forked
  *    child with a client of its own);
+ *  - the hand-off between processes: A exports, client B (a process forked before A's
+ *    context opens, with a context of its own, driven through two pipes) imports the token
+ *    and frees the sequence (untimed); per op the export's time in A plus the import's in B
+ *    (the pipe between them not counted), against kvvm_seq_fork in A, alternated; counted:
+ *    B's driver imports of one import (emulated device: all 256 frames, B never held them)
+ *    and the system calls of B's import against kvvm_seq_fork of the imported sequence in B
+ *    (bench_syscalls: the traced child is B, after a warm-up import);
  *  - then the shared prefix index's rows on the same daemon (bench_share.c): attach of 64
  *    blocks from the pool against a local attach and against a file:// store, and a lookup
  *    that asks the daemon against a local one.
@@ -28,6 +35,8 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -197,6 +206,228 @@ static int row_syscalls(struct bench_ctx *b, struct kvvm_config *c)
     return rc;
 }
 
+/* ---- client B in another process: the import of A's export there ------------------------ */
+
+/* A request to B: import t (and free it, untimed); with count, B's driver imports of it. */
+struct xreq { kvvm_handoff t; int count; };
+/* B's answer: 0 or -errno; the import's time, us; its driver imports (UINT64_MAX: not
+   counted, a GPU). */
+struct xrep { int rc; double us; uint64_t imports; };
+
+struct xproc { pid_t pid; int to, from; };     /* B and the pipes to and from it */
+
+static int io_full(int fd, void *p, size_t n, bool wr)
+{
+    for (size_t k = 0; k < n;) {
+        ssize_t m = wr ? write(fd, (char *)p + k, n - k) : read(fd, (char *)p + k, n - k);
+        if (m < 0 && errno == EINTR)
+            continue;
+        if (m <= 0)
+            return m < 0 ? -errno : -EPIPE;
+        k += (size_t)m;
+    }
+    return 0;
+}
+
+/* B's import of q->t, timed, then its free (untimed); counted with q->count. */
+static void xproc_import(kvvm *kv, const struct xreq *q, struct xrep *p)
+{
+    struct kvvm_testing_emu_calls c0, c1;
+    bool counted = q->count && kvvm_testing_emu_calls(kv, &c0) == 0;
+    kvvm_seq im;
+    uint64_t t0 = bench_now_ns();
+    p->rc = kvvm_seq_import(kv, &q->t, &im);
+    uint64_t t1 = bench_now_ns();
+    if (p->rc)
+        return;
+    p->us = (double)(t1 - t0) / 1e3;
+    p->imports = UINT64_MAX;
+    if (counted && kvvm_testing_emu_calls(kv, &c1) == 0)
+        p->imports = kvvm_testing_emu_count(&c1, "cuMemImportFromShareableHandle") -
+                     kvvm_testing_emu_count(&c0, "cuMemImportFromShareableHandle");
+    p->rc = kvvm_seq_free(kv, im);
+}
+
+/* B's life: a context of its own (opened at the first request), an answer per request,
+   until the request pipe closes. */
+static void __attribute__((noreturn)) xproc_serve(const struct kvvm_config *c, int in, int out)
+{
+    kvvm *kv = NULL;
+    int open_rc = 0;
+    struct xreq q;
+    while (io_full(in, &q, sizeof q, false) == 0) {
+        struct xrep p = { 0 };
+        if (!kv && !open_rc)
+            open_rc = kvvm_open(c, &kv);
+        p.rc = open_rc;
+        if (!p.rc)
+            xproc_import(kv, &q, &p);
+        if (p.rc)
+            fprintf(stderr, "kvvm-bench: handoff: client B: %s (%d)\n", kvvm_last_error(),
+                    p.rc);
+        if (io_full(out, &p, sizeof p, true))
+            break;
+    }
+    if (kv)
+        kvvm_close(kv);
+    _exit(0);
+}
+
+/* Forks B (before A's context exists: no library thread is forked). 0; -errno. */
+static int xproc_start(struct xproc *x, const struct kvvm_config *c)
+{
+    int to[2], from[2];
+    if (pipe2(to, O_CLOEXEC))
+        return -errno;
+    if (pipe2(from, O_CLOEXEC)) {
+        int e = -errno;
+        close(to[0]);
+        close(to[1]);
+        return e;
+    }
+    fflush(NULL);                       /* the child exits with _exit: nothing written twice */
+    x->pid = fork();
+    if (x->pid == 0) {
+        close(to[1]);
+        close(from[0]);
+        xproc_serve(c, to[0], from[1]);
+    }
+    int e = x->pid < 0 ? -errno : 0;
+    close(to[0]);
+    close(from[1]);
+    x->to = to[1];
+    x->from = from[0];
+    if (e) {
+        close(x->to);
+        close(x->from);
+        x->pid = 0;
+    }
+    return e;
+}
+
+static void xproc_stop(struct xproc *x)
+{
+    if (x->pid <= 0)
+        return;
+    close(x->to);                       /* B's request pipe ends: it closes and exits */
+    close(x->from);
+    waitpid(x->pid, NULL, 0);
+    x->pid = 0;
+}
+
+/* A exports r's sequence, B imports the token (and frees it). *export_us: A's export;
+   p: B's answer. An export B could not import is dropped. 0; -errno. */
+static int xproc_handoff(struct xproc *x, struct run *r, int count, double *export_us,
+                         struct xrep *p)
+{
+    struct xreq q = { .count = count };
+    uint64_t t0 = bench_now_ns();
+    int rc = kvvm_seq_export(r->kv, r->s, &q.t);
+    uint64_t t1 = bench_now_ns();
+    if (rc)
+        return rc;
+    *export_us = (double)(t1 - t0) / 1e3;
+    rc = io_full(x->to, &q, sizeof q, true);
+    if (!rc)
+        rc = io_full(x->from, p, sizeof *p, false);
+    if (!rc)
+        rc = p->rc;
+    if (rc)
+        (void)kvvm_handoff_drop(r->kv, &q.t);
+    return rc;
+}
+
+struct xrun { struct xproc *x; struct run *r; };
+
+/* A's export + B's import, each timed where it runs (the pipe between them not counted). */
+static int sample_xproc(void *arg, double *out)
+{
+    struct xrun *xr = arg;
+    struct xrep p;
+    double e;
+    int rc = xproc_handoff(xr->x, xr->r, 0, &e, &p);
+    if (!rc)
+        *out = e + p.us;
+    return rc;
+}
+
+/* The timed row (alternated with kvvm_seq_fork in A) and B's driver imports per import. */
+static int row_xproc(struct bench_ctx *b, struct xproc *x, struct run *r)
+{
+    struct xrun xr = { x, r };
+    struct bench_pair pr;
+    struct xrep p;
+    double w;
+    int rc = sample_xproc(&xr, &w);     /* warm-up: B's context opened, its first import */
+    if (!rc)
+        rc = bench_pairs(b, sample_xproc, &xr, sample_fork, r, &pr);
+    if (!rc)
+        bench_report_pair(b, G, "export in A + import in B (another process), 16k tokens",
+                          &pr, "kvvm_seq_fork", "us/op", 1);
+    if (!rc)
+        rc = xproc_handoff(x, r, 1, &w, &p);
+    if (!rc && p.imports != UINT64_MAX)
+        bench_report(b, G, "driver imports per import in B (256 frames, counted)",
+                     (double)p.imports, 256, "the frames handed over", "imports", 1);
+    return rc;
+}
+
+/* System calls of B's import (bench_syscalls: B is the traced child, a client of its own):
+   segment 0 the import of an export of A's sequence, segment 1 kvvm_seq_fork of the
+   imported sequence in B; after a warm-up import (a first export). */
+struct xsys { struct kvvm_config *c; kvvm_handoff t[2]; };
+
+static int xsys_child(void *arg)
+{
+    struct xsys *xs = arg;
+    kvvm *kv = NULL;
+    kvvm_seq w, im, ch;
+    int rc = kvvm_open(xs->c, &kv);
+    if (!rc)
+        rc = kvvm_seq_import(kv, &xs->t[0], &w);
+    if (!rc)
+        rc = kvvm_seq_free(kv, w);
+    bench_syscall_mark(0);
+    if (!rc)
+        rc = kvvm_seq_import(kv, &xs->t[1], &im);
+    bench_syscall_mark(1);
+    if (!rc)
+        rc = kvvm_seq_fork(kv, im, &ch);
+    bench_syscall_mark(-1);
+    if (!rc)
+        rc = kvvm_seq_free(kv, ch);
+    if (!rc)
+        rc = kvvm_seq_free(kv, im);
+    if (kv)
+        kvvm_close(kv);
+    return rc;
+}
+
+static int row_xsyscalls(struct bench_ctx *b, struct kvvm_config *c, struct run *r)
+{
+    struct xsys xs = { .c = c };
+    uint64_t n[2] = { 0, 0 };
+    int rc = kvvm_seq_export(r->kv, r->s, &xs.t[0]);
+    if (rc)
+        return rc;
+    if ((rc = kvvm_seq_export(r->kv, r->s, &xs.t[1]))) {
+        (void)kvvm_handoff_drop(r->kv, &xs.t[0]);
+        return rc;
+    }
+    rc = bench_syscalls(xsys_child, &xs, n, 2);
+    for (int i = 0; rc && i < 2; i++)   /* what the child may not have imported */
+        (void)kvvm_handoff_drop(r->kv, &xs.t[i]);
+    if (rc == -EPERM || rc == -ECHILD) {
+        printf("%-8s system calls of an import in B: not counted (tracing refused here)\n",
+               G);
+        return 0;
+    }
+    if (!rc)
+        bench_report(b, G, "system calls of an import in B, 16k tokens (counted)",
+                     (double)n[0], (double)n[1], "kvvm_seq_fork in B", "calls", 1);
+    return rc;
+}
+
 int bench_handoff(struct bench_ctx *b)
 {
     struct daemon d = { 0 };
@@ -213,7 +444,10 @@ int bench_handoff(struct bench_ctx *b)
     c.page_size = 0;
     c.emu_granule = 0;
     struct run r = { 0 };
-    rc = kvvm_open(&c, &r.kv);
+    struct xproc x = { 0 };
+    rc = xproc_start(&x, &c);           /* client B, before A's context: see xproc_start */
+    if (!rc)
+        rc = kvvm_open(&c, &r.kv);
     if (!rc)
         rc = kvvm_seq_create(r.kv, &r.s);
     if (!rc)
@@ -229,10 +463,15 @@ int bench_handoff(struct bench_ctx *b)
         rc = row_imports(b, &r);
     if (!rc)
         rc = row_syscalls(b, &c);
+    if (!rc)
+        rc = row_xproc(b, &x, &r);
+    if (!rc)
+        rc = row_xsyscalls(b, &c, &r);
     if (!rc)                            /* the shared prefix index's rows (bench_share.c) */
         rc = bench_share_rows(b, &c, d.path, r.kv, r.s);
     if (rc)
         fprintf(stderr, "kvvm-bench: handoff: %s (%d)\n", kvvm_last_error(), rc);
+    xproc_stop(&x);
     if (r.kv)
         kvvm_close(r.kv);
     daemon_stop(&d);
