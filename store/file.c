@@ -438,18 +438,34 @@ static void slots_clear(struct fstore *f, const struct fbatch *b)
                                                                             : F_SLOTS);
 }
 
-/* Submits every io with I/O (io->cqes) and waits for them until the deadline. 0; -ENOMEM
-   (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
-   orphan (orphan_take). */
-static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
+/* A batch's run on the ring, between ring_begin and ring_end. */
+struct frun {
+    struct forphan *o;           /* the orphan's record, taken before any I/O: a timeout
+                                    must not need memory */
+    size_t next, done, want;     /* ios queued, completed, with I/O */
+};
+
+/* Queues what the ring takes of b's I/O and submits it, without waiting (a get's start).
+   0, or -ENOMEM (nothing submitted, the batch still the caller's). */
+static int ring_begin(struct fstore *f, struct fbatch *b, struct frun *run)
 {
-    struct forphan *o = malloc(sizeof *o);   /* taken before any I/O: a timeout must not
-                                                 need memory */
-    if (!o)
+    *run = (struct frun){ malloc(sizeof *run->o), 0, 0, 0 };
+    if (!run->o)
         return -ENOMEM;
-    size_t next = 0, done = 0, want = 0;
     for (size_t i = 0; i < b->n; i++)
-        want += b->io[i].cqes > 0;
+        run->want += b->io[i].cqes > 0;
+    while (run->next < b->n && !prep_io(f, b, run->next))
+        run->next++;
+    (void)io_uring_submit(&f->ring);   /* a refusal: ring_end submits again and decides */
+    return 0;
+}
+
+/* Submits the rest of b's I/O and waits for all of it until the deadline. 0; -ETIMEDOUT:
+   the batch became the orphan (orphan_take). */
+static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64_t deadline)
+{
+    struct forphan *o = run->o;
+    size_t next = run->next, done = run->done, want = run->want;
     while (done < want) {
         while (next < b->n && !prep_io(f, b, next))
             next++;
@@ -476,6 +492,16 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
     slots_clear(f, b);
     free(o);
     return 0;
+}
+
+/* Submits every io with I/O (io->cqes) and waits for them until the deadline. 0; -ENOMEM
+   (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
+   orphan (orphan_take). */
+static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
+{
+    struct frun run;
+    int rc = ring_begin(f, b, &run);
+    return rc ? rc : ring_end(f, b, &run, deadline);
 }
 
 /* Runs the batch's I/O. 0; -ETIMEDOUT (the batch is owned by the orphan then); -ENOMEM
@@ -681,35 +707,79 @@ static void get_done(void *arg, size_t i)
         store_iov_scatter(it->iov, it->iovcnt, staged.iov_base, want);
 }
 
-static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, struct store_lend *lend,
-                 uint64_t deadline)
+/* A get in flight between f_get_start and f_get_finish (the lane's lock held). */
+struct fget {
+    struct get_ctx gc;           /* get_done's: b->on_done_arg points here */
+    struct frun run;             /* with io_uring */
+    uint64_t deadline;
+};
+
+/* Opens (by the ring) and reads every item's file: submitted here, waited for by
+   f_get_finish, so the caller works while the file system does (store_get_start). */
+static void f_get_start(struct store *st, const struct store_layout *L, uint64_t ns,
+                        struct store_item *items, size_t n, struct store_lend *lend,
+                        uint64_t deadline, void **be)
 {
     struct fstore *f = st->be;
+    *be = NULL;
     if (data_ready(st, items, n, deadline))
-        return 0;
-    struct fbatch *b = batch_new(n, 0);
+        return;
+    struct fget *g = calloc(1, sizeof *g);
+    struct fbatch *b = g ? batch_new(n, 0) : NULL;
     int rc = b ? 0 : -ENOMEM;
     for (size_t i = 0; i < n && !rc; i++)
         items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i], lend != NULL);
     if (!rc)
         rc = batch_stage(f, b);
+    if (!rc) {
+        g->gc = (struct get_ctx){ b, st, L, ns, items };
+        g->deadline = deadline;
+        b->on_done = get_done;
+        b->on_done_arg = &g->gc;
+        b->lend = lend;
+        if (f->ring_ok && ring_begin(f, b, &g->run))
+            rc = -ENOMEM;        /* nothing submitted */
+    }
     if (rc) {
         batch_free(f, b);
+        free(g);
         for (size_t i = 0; i < n; i++)
             items[i].status = rc;
-        return 0;
+        return;
     }
-    struct get_ctx gc = { b, st, L, ns, items };
-    b->on_done = get_done;
-    b->on_done_arg = &gc;
-    b->lend = lend;
-    if (batch_run(f, b, items, deadline))
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!b->io[i].checked)   /* without io_uring: after the batch */
-            get_done(&gc, i);
-    batch_free(f, b);
+    *be = g;
+}
+
+/* The reads of f_get_start waited for (until its deadline) and checked. */
+static void f_get_finish(struct store *st, void *be)
+{
+    struct fstore *f = st->be;
+    struct fget *g = be;
+    struct fbatch *b = g->gc.b;
+    int rc = 0;
+    if (f->ring_ok)              /* the ring of the start: no request ran in between */
+        rc = ring_end(f, b, &g->run, g->deadline);
+    else
+        run_sync(b);
+    for (size_t i = 0; i < b->n; i++) {
+        if (rc && !g->gc.items[i].status)
+            g->gc.items[i].status = rc;   /* -ETIMEDOUT: the batch is the orphan's */
+        else if (!rc && !b->io[i].checked)   /* without io_uring: after the batch */
+            get_done(&g->gc, i);
+    }
+    if (!rc)
+        batch_free(f, b);
+    free(g);
+}
+
+static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, struct store_lend *lend,
+                 uint64_t deadline)
+{
+    void *g;
+    f_get_start(st, L, ns, items, n, lend, deadline, &g);
+    if (g)
+        f_get_finish(st, g);
     return 0;
 }
 
@@ -804,7 +874,8 @@ static void f_close(struct store *st)
 }
 
 static const struct store_ops file_ops = {
-    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close, f_reap,
+    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close, f_reap, f_get_start,
+    f_get_finish,
 };
 
 int store_file_test_hang(struct store *st, int on)

@@ -131,6 +131,33 @@ struct store_lend {
    (kept 0 after any error). */
 int store_get_lent(struct store *st, const struct store_layout *L, uint64_t ns,
                    struct store_item *items, size_t n, struct store_lend *lend);
+/* A get in two halves, so that the caller works while the request is in flight (an
+   attach maps its destination's pages meanwhile): store_get_start checks, takes the read
+   lane's lock (with the request's deadline) and sends the request (the file store submits
+   its opens and reads; a backend without a split does nothing yet), and returns at once;
+   store_get_finish waits for it (until the same deadline), releases the lock and returns
+   what store_get_lent would (items' statuses set, lend->kept as there). Every start is
+   followed by exactly one finish on the same thread; in between the caller must not call
+   this store (its lane is locked: other readers wait, at most until their deadline) and
+   keeps L, items, their keys and iovecs, and lend valid. The buffers are written between
+   the two calls (and after, only as store_get_lent says). */
+struct store_getreq {            /* filled by store_get_start; the caller only passes it */
+    struct store *lane;
+    const struct store_layout *L;
+    uint64_t ns;
+    struct store_item *items;
+    size_t n;
+    struct store_lend *lend;
+    uint64_t deadline;
+    int rc;                      /* start's refusal (-EINVAL), returned by finish */
+    int locked;                  /* the lane's lock is held */
+    int split;                   /* the backend started it (get_start): be is its record */
+    void *be;
+};
+void store_get_start(struct store *st, const struct store_layout *L, uint64_t ns,
+                     struct store_item *items, size_t n, struct store_lend *lend,
+                     struct store_getreq *rq);
+int  store_get_finish(struct store_getreq *rq);
 /* Waits until no read or write of a timed-out batch is in flight any more, on either lane
    (bounded only by the file system, as store_close), so that every lent buffer has been
    given back (its done called) when it returns. Nothing to wait for: returns at once (a

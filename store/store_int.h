@@ -37,6 +37,15 @@ struct store_ops {
     void (*close)(struct store *st);
     /* store_reap on this lane (its lock held), or NULL: nothing is ever left in flight */
     void (*reap)(struct store *st);
+    /* A get in two halves (store_get_start / finish; the lock held from one to the other),
+       or NULL: finish runs get. get_start sends the request and sets *be to its record, or
+       to NULL when nothing is in flight (every item's status set already); get_finish
+       (be not NULL) waits for it until the deadline given to get_start, as get would,
+       and frees be. */
+    void (*get_start)(struct store *st, const struct store_layout *L, uint64_t ns,
+                      struct store_item *items, size_t n, struct store_lend *lend,
+                      uint64_t deadline, void **be);
+    void (*get_finish)(struct store *st, void *be);
 };
 
 struct store {
