@@ -367,6 +367,84 @@ Test(store_attach, timed_out_attach_keeps_staging_until_reads_reaped)
     rmdir_all(dir);
 }
 
+/* The attach's premap (issue 36, "attach at the store's speed"): while its reads are in
+   flight, dst's pages for the store's blocks are mapped ahead of its end from ready frames
+   (paging_seq_premap), so that the grow after the reads maps nothing. Counted, never
+   timed: with every store read hung (the test hook), the emulator's live mappings grow by
+   the blocks' pages while dst still shows nothing (length 0, device pages free as before:
+   map-ahead is free for accounting); the reads released (each completes short: a miss),
+   the attach returns 0 and gives every premapped page back (live mappings and free pages
+   as before); then an attach of the same set reads every block right. */
+struct hung_attach {
+    kvvm *kv;
+    kvvm_seq d;
+    kvvm_key k[NB];
+    int rc;
+};
+
+static void *hung_attach_run(void *p)
+{
+    struct hung_attach *h = p;
+    h->rc = kvvm_prefix_attach(h->kv, h->d, 1, h->k, NB);
+    return NULL;
+}
+
+static uint64_t live_maps(void)
+{
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(0, &c), 0);
+    return c.maps - c.unmaps;
+}
+
+Test(store_attach, premap_while_reads_in_flight_then_given_back)
+{
+    TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    publish_sets(url);
+    struct kvvm_config c;
+    struct tctx t;
+    cfg_a(&c, url);
+    c.create_at_open = 1;         /* ready frames for the premap */
+    topen(&t, &c);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(0, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    uint64_t free0 = st.pages_device_free, maps0 = live_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_ALL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    while (live_maps() < maps0 + (uint64_t)NB * NR)   /* the premap, the reads still hung */
+        usleep(1000);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, 0, "dst's length changed before its bytes were read");
+    tstats(&t, &st);
+    cr_expect_eq(st.pages_device_free, free0, "premapped pages are not free for accounting "
+                 "(%llu free, %llu before)", (unsigned long long)st.pages_device_free,
+                 (unsigned long long)free0);
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* each read completes short */
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, 0, "hung reads released short are misses: %d", h.rc);
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, 0);
+    cr_expect_eq(live_maps(), maps0, "the premapped pages were not given back: %llu live "
+                 "mappings, %llu before", (unsigned long long)live_maps(),
+                 (unsigned long long)maps0);
+    tstats(&t, &st);
+    cr_expect_eq(st.pages_device_free, free0);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    attach_set(t.kv, 0, b);                     /* the store's bytes, right */
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
 static int cap_errors, cap_warnings;
 
 static void count_log(int level, const char *msg, void *arg)
