@@ -625,32 +625,78 @@ int store_rconn_put(struct store *st, struct rstore *r, const struct store_layou
     return 0;
 }
 
-int store_rconn_get(struct store *st, struct rstore *r, const struct store_layout *L,
-                    uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
-{
+/* A get batch between its send (r_get_start) and its replies (r_get_finish). */
+struct rget {
+    struct batch_ctx c;
+    struct gets g;               /* g.c = &c */
     struct iovec io;
-    struct batch_ctx c = { .st = st, .r = r, .L = L, .ns = ns, .items = items };
+    char *buf;                   /* the commands */
+    uint64_t deadline;
+    int rc;                      /* r_ready's or the send's failure, or 0 */
+    int ready;                   /* r_ready succeeded: the batch was (being) sent */
+};
+
+/* Connects (if needed) and sends the batch's GETs: the server works while the caller does
+   (store_get_start). NULL: no memory (the items' statuses set). */
+static struct rget *r_get_start(struct store *st, struct rstore *r,
+                                const struct store_layout *L, uint64_t ns,
+                                struct store_item *items, size_t n, uint64_t deadline)
+{
     int most = 0;
     for (size_t i = 0; i < n; i++)
         most = items[i].iovcnt > most ? items[i].iovcnt : most;
-    struct gets g = { .c = &c, .n = n, .seg = malloc(((size_t)most + 2) * sizeof *g.seg) };
-    char *buf = g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &io) : NULL;
-    int rc = buf ? r_ready(r, deadline) : -ENOMEM;
-    if (!rc) {
-        r->g = &g;
-        rc = r_send(r, &io, 1, deadline);
+    struct rget *q = calloc(1, sizeof *q);
+    if (q) {
+        q->c = (struct batch_ctx){ .st = st, .r = r, .L = L, .ns = ns, .items = items };
+        q->g = (struct gets){ .c = &q->c, .n = n,
+                              .seg = malloc(((size_t)most + 2) * sizeof *q->g.seg) };
+        q->deadline = deadline;
+    }
+    q->buf = q && q->g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &q->io) : NULL;
+    if (!q || !q->buf) {
+        items_rest(items, 0, n, -ENOMEM);
+        if (q)
+            free(q->g.seg);
+        free(q);
+        return NULL;
+    }
+    q->rc = r_ready(r, deadline);
+    if (!q->rc) {
+        q->ready = 1;
+        r->g = &q->g;
+        q->rc = r_send(r, &q->io, 1, deadline);
+        r->g = NULL;
+    }
+    return q;
+}
+
+/* The replies of q's batch, read into the items' buffers until its deadline; frees q. */
+static void r_get_finish(struct rstore *r, struct rget *q)
+{
+    int rc = q->rc;
+    if (q->ready) {              /* (r_ready refused: nothing sent, nothing to drop) */
+        r->g = &q->g;
         while (!rc && (rc = g_step(r)) == 0)
-            rc = r_wait(r, POLLIN, deadline);
+            rc = r_wait(r, POLLIN, q->deadline);
         r->g = NULL;
         rc = rc == 1 ? 0 : rc;
         if (rc && r->fd >= 0)
             r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
-        else if (!rc && g.pos != g.have)
+        else if (!rc && q->g.pos != q->g.have)
             r_shut(r);           /* bytes no request asked for: start again clean */
     }
-    items_rest(items, g.i, n, rc);
-    free(buf);
-    free(g.seg);
+    items_rest(q->c.items, q->g.i, q->g.n, rc);
+    free(q->buf);
+    free(q->g.seg);
+    free(q);
+}
+
+int store_rconn_get(struct store *st, struct rstore *r, const struct store_layout *L,
+                    uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct rget *q = r_get_start(st, r, L, ns, items, n, deadline);
+    if (q)
+        r_get_finish(r, q);
     return 0;
 }
 
@@ -693,6 +739,28 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
     for (size_t i = 0; i < n; i++)
         items[i].status = no_redir(items[i].status);
     return rc;
+}
+
+/* store_get_start / finish: the GETs sent at the start, the replies read at the finish */
+static void r_get_start_op(struct store *st, const struct store_layout *L, uint64_t ns,
+                           struct store_item *items, size_t n, struct store_lend *lend,
+                           uint64_t deadline, void **be)
+{
+    (void)lend;
+    *be = r_get_start(st, st->be, L, ns, items, n, deadline);
+    if (!*be)
+        for (size_t i = 0; i < n; i++)
+            items[i].status = no_redir(items[i].status);
+}
+
+static void r_get_finish_op(struct store *st, void *be)
+{
+    struct rget *q = be;
+    struct store_item *items = q->c.items;
+    size_t n = q->g.n;
+    r_get_finish(st->be, q);
+    for (size_t i = 0; i < n; i++)
+        items[i].status = no_redir(items[i].status);
 }
 
 static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
@@ -837,7 +905,8 @@ static void r_close(struct store *st)
 }
 
 static const struct store_ops redis_ops = {
-    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close, NULL,
+    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close, NULL, r_get_start_op,
+    r_get_finish_op,
 };
 
 static char *dup_or_null(const char *s, int *fail)
