@@ -45,6 +45,10 @@
  * close did. The blocks the attach uses are the ones whose reads completed: disjoint from
  * those still in flight. A put needs no lend: a late write only reads the slots.
  *
+ * A fetch runs in two halves (storeq_fetch_start / storeq_fetch_finish): the first request
+ * is sent (store_get_start) and the caller premaps dst's pages under the context lock while
+ * it is in flight (prefix_calls.c), then waits for it; later chunks run whole.
+ *
  * Lock order: kvvm.lock -> q->mu (the store's own lock is taken without q->mu, by the
  * store thread and the callers alike).
  */

@@ -27,6 +27,12 @@
  * (the frames become its pages), a pool short of frames cancels (ahead_steal), and
  * paging_feed_quiesce (budget, trim, detach) cancels too. The debug checker sees jobs in
  * flight: their frames are FR_AHEAD, their ranges may be mapped or not (ahead_covers).
+ *
+ * A premap (paging_seq_premap) is map-ahead on request, past map_ahead: a caller that knows
+ * its sequence will grow soon (an attach whose store reads are in flight) has ready frames
+ * mapped past its end now, the sequence's array widened (ahead_cap) where needed; it is
+ * map-ahead like any other (stolen, dropped, taken by the grow), and premap_trim gives back
+ * what is left past map_ahead.
  */
 #include "paging_int.h"
 #include "frames.h"

@@ -52,6 +52,11 @@
  * buffers into a temporary file that the orphan removes, never renames.
  * store_test_hang (a test hook) makes every I/O wait on a pipe, to test exactly this; the
  * byte a hung read takes from the pipe lands where the real read's first one would.
+ *
+ * A get runs in two halves (store_get_start): f_get_start opens and reads by the ring
+ * without waiting (ring_begin), f_get_finish waits for the completions (ring_end, with the
+ * deadline and the orphan as above); the lane's lock is held in between, so no other
+ * request uses the ring meanwhile. store_get is the two in a row.
  */
 #include <dirent.h>
 #include <errno.h>
