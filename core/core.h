@@ -257,6 +257,9 @@ int  storeq_fetch_start(struct storeq *q, uint64_t ns, const kvvm_key *keys, siz
                         struct storeq_fetch *f);
 void storeq_fetch_finish(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                          struct storeq_fetch *f);
+/* Between the two: whether the first block is a hit (store_get_first: waits for it, no
+   lock held); false also where that is not known before the finish. */
+bool storeq_fetch_first(struct storeq *q, struct storeq_fetch *f);
 /* The fetch's buffer given back: freed, or the staging free for the next attach, unless
    the store keeps it (a get that timed out with its reads into it in flight): then when
    the store gives it back. */

@@ -15,12 +15,14 @@
  * attach reports that: the store never makes an attach fail.
  *
  * The read overlaps the mapping of dst's pages: the first request is sent
- * (storeq_fetch_start), then, locked, dst's pages for the store's blocks are mapped ahead of
- * its end from ready frames (paging_seq_premap: no length change, no reclaim, nothing any
- * other call can see but frames that are free for accounting), then the request is waited
- * for without the lock; the grow then takes the premapped frames (no map, no set-access on
- * the way to the copy). Only an empty dst with no local prefix is premapped (its store
- * blocks start at its end); what it holds past map_ahead at the end is given back.
+ * (storeq_fetch_start) and, once its first block is known to be a hit (storeq_fetch_first:
+ * an attach that misses maps nothing), dst's pages for the store's blocks are mapped ahead
+ * of its end from ready frames, locked (paging_seq_premap: no length change, no reclaim,
+ * nothing any other call can see but frames that are free for accounting), then the rest
+ * of the request is waited for without the lock; the grow then takes the premapped frames
+ * (no map, no set-access on the way to the copy). Only an empty dst with no local prefix is
+ * premapped (its store blocks start at its end); what it holds past map_ahead at the end is
+ * given back.
  */
 #include "core.h"
 
@@ -321,7 +323,7 @@ static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *key
     rc = leave(kv, core_explain(kv, "kvvm_prefix_attach", rc));
     if (rc || *k0 >= n || storeq_fetch_start(kv->sq, ns, keys + *k0, n - *k0, f))
         return rc;                  /* -ENOMEM: nothing read */
-    if (*k0 == 0)
+    if (*k0 == 0 && storeq_fetch_first(kv->sq, f))   /* a miss maps nothing */
         attach_premap(kv, dst, n);
     storeq_fetch_finish(kv->sq, ns, keys + *k0, n - *k0, f);
     return 0;

@@ -799,6 +799,11 @@ int storeq_fetch_start(struct storeq *q, uint64_t ns, const kvvm_key *keys, size
     return 0;                       /* no memory for the request: finish reads (or not) */
 }
 
+bool storeq_fetch_first(struct storeq *q, struct storeq_fetch *f)
+{
+    return q && f->req && store_get_first(&f->req->rq) == 1;
+}
+
 void storeq_fetch_finish(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                          struct storeq_fetch *f)
 {

@@ -132,7 +132,8 @@ struct fstore {
     unsigned long seq;           /* temporary names */
     char *stage;                 /* the kept staging buffer (F_ALIGN aligned), or NULL */
     size_t stage_bytes;
-    int hang;                    /* test hook (store_test_hang): I/O reads hang_fd[0] */
+    int hang;                    /* test hook (store_test_hang): I/O reads hang_fd[0]; 2:
+                                    but a batch's first item's */
     int hang_fd[2];              /* a pipe, or -1 */
     int down_logged;
 };
@@ -381,7 +382,8 @@ static int prep_io(struct fstore *f, struct fbatch *b, size_t i)
         sqe = io_uring_get_sqe(&f->ring);
         KVVM_ASSERT(sqe);        /* two were free */
     }
-    if (__atomic_load_n(&f->hang, __ATOMIC_RELAXED)) {     /* the test hook */
+    int hang = __atomic_load_n(&f->hang, __ATOMIC_RELAXED);
+    if (hang == 1 || (hang == 2 && i > 0)) {     /* the test hook */
         /* one byte from the pipe, where the real I/O's first byte would land: a direct
            read's payload (the caller's buffer), else the staging (a write's too: its
            real I/O reads the caller's, writes none of it), so a late completion lands
@@ -466,14 +468,17 @@ static int ring_begin(struct fstore *f, struct fbatch *b, struct frun *run)
 }
 
 /* Submits the rest of b's I/O and waits for all of it until the deadline. 0; -ETIMEDOUT:
-   the batch became the orphan (orphan_take). */
-static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64_t deadline)
+   the batch became the orphan (orphan_take). first: only until item 0 is done, and 0 at
+   the deadline or on a failure of the ring (the batch left as it is: ring_end decides). */
+static int ring_wait(struct fstore *f, struct fbatch *b, struct frun *run, uint64_t deadline,
+                     bool first)
 {
     struct forphan *o = run->o;
     size_t next = run->next, done = run->done, want = run->want;
-    while (done < want) {
+    while (done < want && !(first && !b->io[0].cqes)) {
         while (next < b->n && !prep_io(f, b, next))
             next++;
+        run->next = next;
         uint64_t left = store_left_ns(deadline);
         struct __kernel_timespec ts = { (long long)(left / 1000000000u),
                                         (long long)(left % 1000000000u) };
@@ -481,6 +486,8 @@ static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64
         int r = left ? io_uring_submit_and_wait_timeout(&f->ring, &cqe, 1, &ts, NULL)
                      : (io_uring_submit(&f->ring), -ETIME);
         if (r == -ETIME || (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)) {
+            if (first)
+                return 0;
             orphan_take(f, b, o);
             return -ETIMEDOUT;
         }
@@ -492,7 +499,10 @@ static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64
         io_uring_cq_advance(&f->ring, seen);
         KVVM_ASSERT(b->owed >= seen);
         b->owed -= seen;
+        run->done = done;
     }
+    if (first)
+        return 0;
     KVVM_ASSERT(b->owed == 0 && done == want);   /* every I/O submitted was reaped */
     slots_clear(f, b);
     free(o);
@@ -502,6 +512,11 @@ static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64
 /* Submits every io with I/O (io->cqes) and waits for them until the deadline. 0; -ENOMEM
    (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
    orphan (orphan_take). */
+static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64_t deadline)
+{
+    return ring_wait(f, b, run, deadline, false);
+}
+
 static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
 {
     struct frun run;
@@ -777,6 +792,18 @@ static void f_get_finish(struct store *st, void *be)
     free(g);
 }
 
+/* Item 0 of f_get_start's batch waited for (store_get_first). */
+static int f_get_first(struct store *st, void *be)
+{
+    struct fstore *f = st->be;
+    struct fget *g = be;
+    struct fbatch *b = g->gc.b;
+    if (!f->ring_ok || g->gc.items[0].status)
+        return 0;                /* without io_uring: nothing runs before the finish */
+    (void)ring_wait(f, b, &g->run, g->deadline, true);
+    return !b->io[0].cqes && b->io[0].checked && !g->gc.items[0].status;
+}
+
 static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, struct store_lend *lend,
                  uint64_t deadline)
@@ -880,11 +907,13 @@ static void f_close(struct store *st)
 
 static const struct store_ops file_ops = {
     "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close, f_reap, f_get_start,
-    f_get_finish,
+    f_get_finish, f_get_first,
 };
 
 int store_file_test_hang(struct store *st, int on)
 {
+    if (on < 0 || on > 2)
+        return -EINVAL;
     if (!st || st->ops != &file_ops)
         return -EINVAL;
     struct fstore *f = st->be;
@@ -894,7 +923,7 @@ int store_file_test_hang(struct store *st, int on)
         if (f->hang_fd[0] < 0 && pipe2(f->hang_fd, O_CLOEXEC))
             rc = -errno;
         if (!rc)
-            __atomic_store_n(&f->hang, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&f->hang, on, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&st->lock);
         return rc;
     }

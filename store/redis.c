@@ -691,6 +691,25 @@ static void r_get_finish(struct rstore *r, struct rget *q)
     free(q);
 }
 
+/* q's first reply read (store_get_first): 1 a hit. A failure or the deadline is kept in
+   q->rc for r_get_finish (which drops the connection). */
+static int r_get_first(struct rstore *r, struct rget *q)
+{
+    int rc = q->rc;
+    if (!q->ready || rc)
+        return 0;
+    r->g = &q->g;
+    while (!rc && q->g.i < 1) {
+        rc = g_step(r);
+        if (!rc && q->g.i < 1)
+            rc = r_wait(r, POLLIN, q->deadline);
+    }
+    r->g = NULL;
+    if (rc < 0)
+        q->rc = rc;
+    return q->g.i >= 1 && !q->c.items[0].status;
+}
+
 int store_rconn_get(struct store *st, struct rstore *r, const struct store_layout *L,
                     uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
 {
@@ -761,6 +780,11 @@ static void r_get_finish_op(struct store *st, void *be)
     r_get_finish(st->be, q);
     for (size_t i = 0; i < n; i++)
         items[i].status = no_redir(items[i].status);
+}
+
+static int r_get_first_op(struct store *st, void *be)
+{
+    return r_get_first(st->be, be);
 }
 
 static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
@@ -906,7 +930,7 @@ static void r_close(struct store *st)
 
 static const struct store_ops redis_ops = {
     "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close, NULL, r_get_start_op,
-    r_get_finish_op,
+    r_get_finish_op, r_get_first_op,
 };
 
 static char *dup_or_null(const char *s, int *fail)

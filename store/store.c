@@ -456,11 +456,12 @@ void store_close(struct store *st)
 
 int store_test_hang(struct store *st, int on)
 {
-    if (!st || on < 0 || on > STORE_HANG_WRITES)
+    if (!st || on < 0 || on > STORE_HANG_TAIL)
         return -EINVAL;
-    int rc = store_file_test_hang(st, on != 0);
+    int rc = store_file_test_hang(st, on == STORE_HANG_ALL || on == STORE_HANG_WRITES);
     if (!rc && st->reads)
-        rc = store_file_test_hang(st->reads, on == STORE_HANG_ALL);
+        rc = store_file_test_hang(st->reads, on == STORE_HANG_ALL ? 1 : on == STORE_HANG_TAIL
+                                                                     ? 2 : 0);
     return rc;
 }
 
@@ -601,6 +602,13 @@ int store_get_finish(struct store_getreq *rq)
     }
     timed(st, STORE_OP_GET, rq->deadline);
     return count(st, rq->items, rq->n, &st->st_gets);
+}
+
+int store_get_first(struct store_getreq *rq)
+{
+    if (rq->rc || !rq->n || !rq->locked || !rq->split || !rq->be || !rq->lane->ops->get_first)
+        return 0;
+    return rq->lane->ops->get_first(rq->lane, rq->be);
 }
 
 int store_get_lent(struct store *st, const struct store_layout *L, uint64_t ns,

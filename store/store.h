@@ -158,6 +158,12 @@ void store_get_start(struct store *st, const struct store_layout *L, uint64_t ns
                      struct store_item *items, size_t n, struct store_lend *lend,
                      struct store_getreq *rq);
 int  store_get_finish(struct store_getreq *rq);
+/* Between start and finish: waits (at most until the request's deadline, a timeout left to
+   finish) for the first item's outcome. 1: it is a hit (its buffers written, checked); 0: a
+   miss, a failure, or not known (a backend without a split, whose request runs at finish).
+   So a caller does work meant for the request's hits (an attach's premap) only once it
+   knows there is at least one. */
+int  store_get_first(struct store_getreq *rq);
 /* Waits until no read or write of a timed-out batch is in flight any more, on either lane
    (bounded only by the file system, as store_close), so that every lent buffer has been
    given back (its done called) when it returns. Nothing to wait for: returns at once (a
@@ -197,10 +203,13 @@ char *store_url_redact(const char *url, char *buf, size_t len);
 
 /* Test hook (file backend): on (STORE_HANG_ALL), every data I/O waits on a pipe instead of
    the file system (a hung file system); STORE_HANG_WRITES, only the writes' lane's (puts;
-   gets and lookups go on: the read lane); off (0), the I/Os waiting complete (4096 of them at
-   most per lane). -EINVAL not a file store or another value, or the errno of pipe2 / write. */
+   gets and lookups go on: the read lane); STORE_HANG_TAIL, see above; off (0), the I/Os
+   waiting complete (4096 of them at most per lane). -EINVAL not a file store or another
+   value, or the errno of pipe2 / write. */
 #define STORE_HANG_ALL 1
 #define STORE_HANG_WRITES 2
+#define STORE_HANG_TAIL 3        /* the read lane's I/O but a batch's first item's (a get's
+                                    first entry is read for real, the rest hang); writes go on */
 int store_test_hang(struct store *st, int on);
 
 /* --- the key layout (docs/api.md "Key layout"), for tests and tools ------------------- */

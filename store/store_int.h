@@ -46,6 +46,9 @@ struct store_ops {
                       struct store_item *items, size_t n, struct store_lend *lend,
                       uint64_t deadline, void **be);
     void (*get_finish)(struct store *st, void *be);
+    /* store_get_first on be (not NULL): 1 the first item is a hit, 0 not (or not known at
+       the deadline: finish times the request out) */
+    int  (*get_first)(struct store *st, void *be);
 };
 
 struct store {
@@ -140,7 +143,8 @@ const char *store_rconn_redir(const struct rstore *r);
    the "host:port,..." list (all of them, the first included). 0, -EACCES, -EINVAL, -ENOMEM. */
 int store_cluster_open(struct store *st, const struct store_redis_url *u, const char *seeds);
 
-/* store_test_hang on one lane (file backend; -EINVAL for another). */
+/* store_test_hang on one lane (file backend; -EINVAL for another): on 0 off, 1 every I/O,
+   2 every I/O but each batch's first item's. */
 int store_file_test_hang(struct store *st, int on);
 
 #endif
