@@ -732,19 +732,20 @@ int store_rconn_keys(struct store *st, struct rstore *r, const char *verb,
     return rc ? rc : c.err && !kst ? c.err : c.found;
 }
 
-/* A redirection from one server (a cluster node named by a redis:// URL): a failure. */
-static int no_redir(int e)
+/* A redirection from one server (a cluster node named by a redis:// URL): a failure. Every
+   item's status mapped so; returns rc. */
+static int no_redirs(struct store_item *items, size_t n, int rc)
 {
-    return e == STORE_MOVED || e == STORE_ASK ? -EIO : e;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].status == STORE_MOVED || items[i].status == STORE_ASK)
+            items[i].status = -EIO;
+    return rc;
 }
 
 static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
-    int rc = store_rconn_put(st, st->be, L, ns, items, n, deadline);
-    for (size_t i = 0; i < n; i++)
-        items[i].status = no_redir(items[i].status);
-    return rc;
+    return no_redirs(items, n, store_rconn_put(st, st->be, L, ns, items, n, deadline));
 }
 
 /* lend unused: the replies are read and copied into the caller's buffers by this thread,
@@ -754,10 +755,7 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
                  uint64_t deadline)
 {
     (void)lend;
-    int rc = store_rconn_get(st, st->be, L, ns, items, n, deadline);
-    for (size_t i = 0; i < n; i++)
-        items[i].status = no_redir(items[i].status);
-    return rc;
+    return no_redirs(items, n, store_rconn_get(st, st->be, L, ns, items, n, deadline));
 }
 
 /* store_get_start / finish: the GETs sent at the start, the replies read at the finish */
@@ -768,8 +766,7 @@ static void r_get_start_op(struct store *st, const struct store_layout *L, uint6
     (void)lend;
     *be = r_get_start(st, st->be, L, ns, items, n, deadline);
     if (!*be)
-        for (size_t i = 0; i < n; i++)
-            items[i].status = no_redir(items[i].status);
+        (void)no_redirs(items, n, 0);
 }
 
 static void r_get_finish_op(struct store *st, void *be)
@@ -778,8 +775,7 @@ static void r_get_finish_op(struct store *st, void *be)
     struct store_item *items = q->c.items;
     size_t n = q->g.n;
     r_get_finish(st->be, q);
-    for (size_t i = 0; i < n; i++)
-        items[i].status = no_redir(items[i].status);
+    (void)no_redirs(items, n, 0);
 }
 
 static int r_get_first_op(struct store *st, void *be)
@@ -790,8 +786,8 @@ static int r_get_first_op(struct store *st, void *be)
 static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
                     const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
 {
-    return no_redir(store_rconn_keys(st, st->be, "EXISTS", L, ns, keys, n, present, NULL,
-                                     deadline));
+    int rc = store_rconn_keys(st, st->be, "EXISTS", L, ns, keys, n, present, NULL, deadline);
+    return rc == STORE_MOVED || rc == STORE_ASK ? -EIO : rc;   /* a redirection: a failure */
 }
 
 /* UNLINK of n names (each at most STORE_NAME_MAX): the count removed, or -errno. */
