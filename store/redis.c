@@ -651,8 +651,8 @@ static struct rget *r_get_start(struct store *st, struct rstore *r,
         q->g = (struct gets){ .c = &q->c, .n = n,
                               .seg = malloc(((size_t)most + 2) * sizeof *q->g.seg) };
         q->deadline = deadline;
+        q->buf = q->g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &q->io) : NULL;
     }
-    q->buf = q && q->g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &q->io) : NULL;
     if (!q || !q->buf) {
         items_rest(items, 0, n, -ENOMEM);
         if (q)
