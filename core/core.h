@@ -17,7 +17,11 @@
  * (swap/) takes kvvm.lock for each round of decisions and never holds sw->mu while taking
  * it; kvvm_sync and kvvm_close wait for the thread (swap_wait_idle / swap_destroy) with
  * kvvm.lock NOT held. No library lock is held while calling the user's log callback other
- * than the log lock.
+ * than the log lock. The store's locks (store/store.h: one per lane) come BEFORE kvvm.lock:
+ * an attach holds the read lane's, its first request in flight (store_get_start to
+ * store_get_finish), while it takes kvvm.lock to premap dst's pages (prefix_calls.c); so no
+ * store request is ever made with kvvm.lock held (core/ makes each one without it;
+ * kvvm_close's store_reap runs after the last call).
  *
  * Pressure (docs/api.md "Scheduling"): a call that may move other sequences (grow,
  * grow_batch, write, read, prepare_write, share, swap-in, prefetch, set_budget) checks its
@@ -222,6 +226,7 @@ size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t
                      uint8_t *where);
 /* Blocks read from the store for an attach. */
 struct sq_lend;
+struct sq_req;
 struct storeq_fetch {
     uint8_t *buf;                 /* m blocks (chunk by chunk, region-major in a chunk) */
     size_t m;                     /* blocks asked for */
@@ -229,6 +234,8 @@ struct storeq_fetch {
     size_t got;                   /* leading blocks read whole, checksums good */
     bool staged;                  /* buf is the context's kept attach staging */
     struct sq_lend *lend;         /* buf as lent to the store (storeq_fetch), or NULL */
+    struct sq_req *req;           /* the first request, in flight between storeq_fetch_start
+                                     and storeq_fetch_finish; NULL none */
 };
 /* Context lock held (inside the call's frame: it may wait for a fence, allocate pinned
    memory): f set for a fetch of m blocks, into the context's kept pinned staging when
@@ -238,9 +245,21 @@ struct storeq_fetch {
 void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_fetch *f);
 /* No lock held, f prepared for these m blocks: reads keys[0..m) (requests of at most
    64 MiB, stopping at the first miss) into f->buf; f->got the leading blocks read. 0, or
-   -ENOMEM (nothing read). */
+   -ENOMEM (nothing read). storeq_fetch_start / storeq_fetch_finish are the same in two
+   halves: start sends the first request (store_get_start: the store's read lane is then
+   held, so the caller must not call the store before finish, which it calls exactly once,
+   with the same arguments, on the same thread) and returns; meanwhile the caller may take
+   the context lock (an attach maps dst's pages ahead: core.h's lock order); finish waits
+   for it and reads the rest. start's -ENOMEM: nothing read, nothing to finish. */
 int  storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
                   struct storeq_fetch *f);
+int  storeq_fetch_start(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                        struct storeq_fetch *f);
+void storeq_fetch_finish(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                         struct storeq_fetch *f);
+/* Between the two: whether the first block is a hit (store_get_first: waits for it, no
+   lock held); false also where that is not known before the finish. */
+bool storeq_fetch_first(struct storeq *q, struct storeq_fetch *f);
 /* The fetch's buffer given back: freed, or the staging free for the next attach, unless
    the store keeps it (a get that timed out with its reads into it in flight): then when
    the store gives it back. */

@@ -13,6 +13,16 @@
  * extends dst by the store's blocks (room made, grown, written on the engine stream) and
  * enters them as local entries; a failure there takes dst back to the local prefix and the
  * attach reports that: the store never makes an attach fail.
+ *
+ * The read overlaps the mapping of dst's pages: the first request is sent
+ * (storeq_fetch_start) and, once its first block is known to be a hit (storeq_fetch_first:
+ * an attach that misses maps nothing), dst's pages for the store's blocks are mapped ahead
+ * of its end from ready frames, locked (paging_seq_premap: no length change, no reclaim,
+ * nothing any other call can see but frames that are free for accounting), then the rest
+ * of the request is waited for without the lock; the grow then takes the premapped frames
+ * (no map, no set-access on the way to the copy). Only an empty dst with no local prefix is
+ * premapped (its store blocks start at its end); what it holds past map_ahead at the end is
+ * given back.
  */
 #include "core.h"
 
@@ -275,14 +285,30 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
         !(in = store_in(kv, dst, ns, keys, k, k0 + f->got, k0, f)))
         t = k0 + f->got;                /* the store's blocks follow the local ones */
     store_unused(kv, f, rc, k0, k, t, in);
+    if (!k0 && f->m)                /* what attach_premap mapped and the grow did not take */
+        paging_seq_premap_trim(kv->pg, dst);
     prefix_count_hits(kv->pfx, rc ? 0 : t);
     swap_after_call(kv->sw);
     return rc ? rc : (int)t;
 }
 
+/* While the store reads m blocks for empty dst (no local prefix: they start at its end):
+   its pages for them mapped ahead from ready frames, locked (best effort: a failure, a dst
+   gone or swapped out, too few frames map fewer or none, and change nothing visible). */
+static void attach_premap(kvvm *kv, kvvm_seq dst, size_t m)
+{
+    if (enter(kv))
+        return;                     /* the locked part says why */
+    uint32_t ps = m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;   /* one page per block */
+    if (!paging_seq_stale(kv->pg, dst))
+        (void)paging_seq_premap(kv->pg, dst, ps);
+    (void)leave(kv, 0);
+}
+
 /* The store's part of an attach, before the locked one: the local prefix k0 (dst checked
    first: a call that will fail reads nothing), f's buffer prepared inside the call frame,
-   and the store's blocks past it read into f without the lock. */
+   and the store's blocks past it read into f without the lock, dst's pages for them
+   premapped while the first request is in flight. */
 static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
                         size_t *k0, struct storeq_fetch *f)
 {
@@ -295,9 +321,12 @@ static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *key
     if (!rc && *k0 < n)
         storeq_fetch_prepare(kv->sq, n - *k0, !stream_check(kv), f);   /* the kept staging */
     rc = leave(kv, core_explain(kv, "kvvm_prefix_attach", rc));
-    if (!rc && *k0 < n)
-        (void)storeq_fetch(kv->sq, ns, keys + *k0, n - *k0, f);   /* -ENOMEM: nothing */
-    return rc;
+    if (rc || *k0 >= n || storeq_fetch_start(kv->sq, ns, keys + *k0, n - *k0, f))
+        return rc;                  /* -ENOMEM: nothing read */
+    if (*k0 == 0 && storeq_fetch_first(kv->sq, f))   /* a miss maps nothing */
+        attach_premap(kv, dst, n);
+    storeq_fetch_finish(kv->sq, ns, keys + *k0, n - *k0, f);
+    return 0;
 }
 
 static int attach_call(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n)

@@ -45,6 +45,10 @@
  * close did. The blocks the attach uses are the ones whose reads completed: disjoint from
  * those still in flight. A put needs no lend: a late write only reads the slots.
  *
+ * A fetch runs in two halves (storeq_fetch_start / storeq_fetch_finish): the first request
+ * is sent (store_get_start) and the caller premaps dst's pages under the context lock while
+ * it is in flight (prefix_calls.c), then waits for it; later chunks run whole.
+ *
  * Lock order: kvvm.lock -> q->mu (the store's own lock is taken without q->mu, by the
  * store thread and the callers alike).
  */
@@ -641,34 +645,64 @@ static uint8_t *fetch_at(const struct storeq *q, const struct storeq_fetch *f, s
     return f->buf + c0 * q->block_bytes + ((size_t)r * mc + (j - c0)) * q->L.page_size;
 }
 
-/* One chunk's request: blocks [c0, c0 + mc) of f, its buffer lent as l (NULL: not lent).
-   Returns the leading hits; *kept: the store kept l (its done drops the store's hold). */
-static size_t fetch_one(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
-                        const kvvm_key *keys, size_t c0, size_t mc, struct sq_lend *l,
-                        bool *kept)
+/* One chunk's request (blocks [c0, c0 + mc) of f), from its start to its finish: what the
+   store reads while it is in flight (store_get_start's contract). */
+struct sq_req {
+    struct store_getreq rq;
+    struct store_lend sl;         /* the buffer lent (rq.lend points here), or unused */
+    size_t c0, mc;
+    struct store_item *it;        /* mc items */
+    struct iovec *iov;            /* mc * n_regions */
+    store_key *k;                 /* mc keys */
+};
+
+static void req_free(struct sq_req *r)
+{
+    if (!r)
+        return;
+    free(r->it);
+    free(r->iov);
+    free(r->k);
+    free(r);
+}
+
+/* Starts chunk [c0, c0 + mc)'s request, its buffer lent as l (NULL: not lent). NULL: no
+   memory (nothing sent). */
+static struct sq_req *req_start(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
+                                const kvvm_key *keys, size_t c0, size_t mc, struct sq_lend *l)
 {
     uint32_t nr = q->L.n_regions;
-    struct store_item *it = calloc(mc, sizeof *it);
-    struct iovec *iov = calloc(mc * nr, sizeof *iov);
-    store_key *k = malloc(mc * sizeof *k);
-    size_t j = 0;
-    if (it && iov && k) {
-        for (size_t i = 0; i < mc; i++) {
-            memcpy(k[i].bytes, keys[c0 + i].bytes, sizeof k[i].bytes);
-            for (uint32_t r = 0; r < nr; r++)
-                iov[i * nr + r] = (struct iovec){ fetch_at(q, f, c0 + i, r), q->L.page_size };
-            it[i] = (struct store_item){ .key = &k[i], .iov = &iov[i * nr], .iovcnt = (int)nr };
-        }
-        struct store_lend sl = { lend_put, l, 0 };
-        (void)store_get_lent(q->st, &q->L, ns, it, mc, l ? &sl : NULL);
-        *kept = sl.kept;
-        while (j < mc && it[j].status == 0)
-            j++;
-        KVVM_ASSERT(!*kept || j < mc);   /* kept: a read timed out, the fetch stops */
+    struct sq_req *r = calloc(1, sizeof *r);
+    if (!r || !(r->it = calloc(mc, sizeof *r->it)) ||
+        !(r->iov = calloc(mc * nr, sizeof *r->iov)) || !(r->k = malloc(mc * sizeof *r->k))) {
+        req_free(r);
+        return NULL;
     }
-    free(it);
-    free(iov);
-    free(k);
+    r->c0 = c0;
+    r->mc = mc;
+    for (size_t i = 0; i < mc; i++) {
+        memcpy(r->k[i].bytes, keys[c0 + i].bytes, sizeof r->k[i].bytes);
+        for (uint32_t g = 0; g < nr; g++)
+            r->iov[i * nr + g] = (struct iovec){ fetch_at(q, f, c0 + i, g), q->L.page_size };
+        r->it[i] = (struct store_item){ .key = &r->k[i], .iov = &r->iov[i * nr],
+                                        .iovcnt = (int)nr };
+    }
+    r->sl = (struct store_lend){ lend_put, l, 0 };
+    store_get_start(q->st, &q->L, ns, r->it, mc, l ? &r->sl : NULL, &r->rq);
+    return r;
+}
+
+/* Finishes r's request and frees r. Returns the leading hits; *kept: the store kept the
+   lend (its done drops the store's hold). */
+static size_t req_finish(struct sq_req *r, bool *kept)
+{
+    size_t j = 0;
+    (void)store_get_finish(&r->rq);
+    *kept = r->sl.kept;
+    while (j < r->mc && r->it[j].status == 0)
+        j++;
+    KVVM_ASSERT(!*kept || j < r->mc);   /* kept: a read timed out, the fetch stops */
+    req_free(r);
     return j;
 }
 
@@ -750,29 +784,53 @@ void storeq_fetch_prepare(struct storeq *q, size_t m, bool stage, struct storeq_
     }
 }
 
-int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
-                 struct storeq_fetch *f)
+int storeq_fetch_start(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                       struct storeq_fetch *f)
 {
     if (!q || !m)
         return 0;
-    KVVM_ASSERT(f->m == m && f->chunk);   /* prepared for these m blocks */
+    KVVM_ASSERT(f->m == m && f->chunk && !f->req && !f->lend);   /* prepared for these m */
     if (!f->buf && posix_memalign((void **)&f->buf, 4096, m * q->block_bytes)) {
         f->buf = NULL;
         return -ENOMEM;
     }
-    struct sq_lend *l = lend_new(q, f);
+    f->lend = lend_new(q, f);
+    f->req = req_start(q, f, ns, keys, 0, m < f->chunk ? m : f->chunk, f->lend);
+    return 0;                       /* no memory for the request: finish reads (or not) */
+}
+
+bool storeq_fetch_first(struct storeq *q, struct storeq_fetch *f)
+{
+    return q && f->req && store_get_first(&f->req->rq) == 1;
+}
+
+void storeq_fetch_finish(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                         struct storeq_fetch *f)
+{
+    if (!q || !m || !f->buf)
+        return;                     /* nothing started */
+    struct sq_lend *l = f->lend;
     bool kept = false;
-    for (size_t c0 = 0; c0 < m; c0 += f->chunk) {
+    for (size_t c0 = 0; c0 < m && !kept; c0 += f->chunk) {
         size_t mc = m - c0 < f->chunk ? m - c0 : f->chunk;
-        size_t j = fetch_one(q, f, ns, keys, c0, mc, l, &kept);
+        struct sq_req *r = c0 ? req_start(q, f, ns, keys, c0, mc, l) : f->req;
+        f->req = NULL;
+        size_t j = r ? req_finish(r, &kept) : 0;   /* no memory: a miss from here */
         f->got += j;
         if (j < mc)
             break;
     }
     if (l && !kept)
         lend_put(l);                /* the store's hold: never taken */
-    f->lend = l;
-    return 0;
+}
+
+int storeq_fetch(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
+                 struct storeq_fetch *f)
+{
+    int rc = storeq_fetch_start(q, ns, keys, m, f);
+    if (!rc)
+        storeq_fetch_finish(q, ns, keys, m, f);
+    return rc;
 }
 
 void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f)

@@ -27,6 +27,12 @@
  * (the frames become its pages), a pool short of frames cancels (ahead_steal), and
  * paging_feed_quiesce (budget, trim, detach) cancels too. The debug checker sees jobs in
  * flight: their frames are FR_AHEAD, their ranges may be mapped or not (ahead_covers).
+ *
+ * A premap (paging_seq_premap) is map-ahead on request, past map_ahead: a caller that knows
+ * its sequence will grow soon (an attach whose store reads are in flight) has ready frames
+ * mapped past its end now, the sequence's array widened (ahead_cap) where needed; it is
+ * map-ahead like any other (stolen, dropped, taken by the grow), and premap_trim gives back
+ * what is left past map_ahead.
  */
 #include "paging_int.h"
 #include "frames.h"
@@ -92,14 +98,12 @@ void ahead_drop_all(struct paging *pg)
    per run), so a sequence that crosses a page per step refills every (map_ahead / 2 +
    1)-th crossing instead of at each. With the frame pool thread its refills run there
    (ahead_refill). */
-void ahead_top_up(struct paging *pg, struct pg_seq *s)
+/* Maps k ready frames per region (k <= n_ready / n_regions, within s's array) at s's
+   map-ahead's end; all or none. */
+static void ahead_map(struct paging *pg, struct pg_seq *s, uint32_t k)
 {
     uint32_t nr = pg->p.n_regions, slot = pg_slot_of(pg, s);
-    uint32_t k = ahead_deficit(pg, s);
-    if (k > pg->fr.n_ready / nr)
-        k = pg->fr.n_ready / nr;
-    if (!k)
-        return;
+    KVVM_ASSERT(k <= pg->fr.n_ready / nr && s->n_ahead + k <= s->ahead_cap);
     for (uint32_t r = 0; r < nr; r++) {
         pg_frame_id *a = pg_ahead(pg, s, r) + s->n_ahead;
         (void)pool_take_ready(pg, k, a);    /* k <= n_ready / nr: always k */
@@ -122,6 +126,54 @@ out_undo:
         return;
     }
     s->n_ahead += k;
+}
+
+void ahead_top_up(struct paging *pg, struct pg_seq *s)
+{
+    uint32_t k = ahead_deficit(pg, s);
+    if (k > pg->fr.n_ready / pg->p.n_regions)
+        k = pg->fr.n_ready / pg->p.n_regions;
+    if (k)
+        ahead_map(pg, s, k);
+}
+
+/* s's array made to hold cap frames per region (its map-ahead kept). false: no memory. */
+static bool ahead_widen(struct paging *pg, struct pg_seq *s, uint32_t cap)
+{
+    uint32_t nr = pg->p.n_regions;
+    pg_frame_id *a = calloc((size_t)nr * cap, sizeof *a);
+    if (!a)
+        return false;
+    for (uint32_t r = 0; r < nr && s->n_ahead; r++)
+        memcpy(a + (size_t)r * cap, pg_ahead(pg, s, r), s->n_ahead * sizeof *a);
+    free(s->ahead);
+    s->ahead = a;
+    s->ahead_cap = cap;
+    return true;
+}
+
+uint32_t paging_seq_premap(struct paging *pg, uint64_t h, uint32_t pages)
+{
+    struct pg_seq *s;
+    if (seq_lookup(pg, h, &s) || s->out || s->dropped)
+        return 0;
+    ahead_settle_slot(pg, s);       /* a refill of s's in flight: settled first */
+    uint32_t nr = pg->p.n_regions, room = pg->pages_per_slot - s->n_pages;
+    if (pages > room)
+        pages = room;
+    uint32_t k = pages > s->n_ahead ? pages - s->n_ahead : 0;
+    if (k > pg->fr.n_ready / nr)
+        k = pg->fr.n_ready / nr;    /* ready frames only: no reclaim, no create */
+    if (k && (s->n_ahead + k <= s->ahead_cap || ahead_widen(pg, s, s->n_ahead + k)))
+        ahead_map(pg, s, k);
+    return s->n_ahead;
+}
+
+void paging_seq_premap_trim(struct paging *pg, uint64_t h)
+{
+    struct pg_seq *s;
+    if (!seq_lookup(pg, h, &s) && s->n_ahead > pg->p.map_ahead)
+        ahead_drop(pg, s, pg->p.map_ahead);
 }
 
 /* ---- map-ahead refilled by the frame pool thread ----------------------------------- */

@@ -246,6 +246,16 @@ void paging_destroy(struct paging *pg);
 int paging_seq_create(struct paging *pg, uint64_t *h);
 int paging_seq_free(struct paging *pg, uint64_t h);
 int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
+/* Map-ahead on request (ahead.c), for a caller that knows h will grow by `pages` pages per
+   region soon (an attach whose store reads are in flight): maps ready frames past h's end
+   until its map-ahead holds `pages` per region (within its slot), its array widened past
+   map_ahead where needed. Best effort and invisible: no length change, no reclaim, no
+   frame created; the frames stay free for accounting (another grow may steal them) and the
+   next grow of h takes them first (no map, no set-access then). Returns the map-ahead
+   pages per region h has now (0: h not live or not resident). paging_seq_premap_trim gives
+   back what h holds past map_ahead (an attach that used fewer blocks). */
+uint32_t paging_seq_premap(struct paging *pg, uint64_t h, uint32_t pages);
+void paging_seq_premap_trim(struct paging *pg, uint64_t h);
 /* The grow that needs nothing (the engine's hot path: a decode step inside the last page):
    h resident and settled, length within the pages it holds, no shared or discarded partial
    last page to copy or fill. Sets the length and protects h: O(n_regions), no allocation,

@@ -170,7 +170,8 @@ static inline bool bt_next(struct pg_bt_iter *it)
    callers add an offset only when they index at least one frame. */
 static inline pg_frame_id *pg_ahead(const struct paging *pg, struct pg_seq *s, uint32_t r)
 {
-    return s->ahead ? s->ahead + (size_t)r * pg->p.map_ahead : NULL;
+    (void)pg;
+    return s->ahead ? s->ahead + (size_t)r * s->ahead_cap : NULL;
 }
 static inline uint32_t pg_slot_of(const struct paging *pg, const struct pg_seq *s)
 {

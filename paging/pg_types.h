@@ -93,7 +93,9 @@ struct pg_seq {
     pg_page_id *bt;        /* n_regions * bt_cap page ids, region-major (PG_PAGE_NONE: a
                               hole); made at the slot's take, grown with the sequence
                               (seq_bt_reserve), so it follows the length, not max_tokens */
-    pg_frame_id *ahead;    /* n_regions * map_ahead frame ids */
+    pg_frame_id *ahead;    /* n_regions * ahead_cap frame ids (region r's at r * ahead_cap) */
+    uint32_t ahead_cap;    /* frames per region the array holds: map_ahead, or more after a
+                              premap (paging_seq_premap) grew it; kept with the slot */
     /* discard and classes (discard.c) */
     uint64_t *kept;        /* n_regions first_kept values (tokens; 0 = nothing discarded);
                               made with bt. A block-table entry PG_PAGE_NONE below n_pages

@@ -94,6 +94,7 @@ int seq_slot_take(struct paging *pg, struct pg_seq **out)
         s->ahead = calloc((size_t)pg->p.n_regions * pg->p.map_ahead, sizeof *s->ahead);
         if (!s->ahead)
             return -ENOMEM;
+        s->ahead_cap = pg->p.map_ahead;
     }
     pg->sq.slot_free_head = s->next_free;
     s->next_free = 0;
@@ -525,7 +526,7 @@ int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes)
     if (s->bid)
         n += s->bt_cap * sizeof *s->bid;
     if (s->ahead)
-        n += R * pg->p.map_ahead * sizeof *s->ahead;
+        n += R * s->ahead_cap * sizeof *s->ahead;
     *bytes = n;
     return 0;
 }

@@ -52,6 +52,11 @@
  * buffers into a temporary file that the orphan removes, never renames.
  * store_test_hang (a test hook) makes every I/O wait on a pipe, to test exactly this; the
  * byte a hung read takes from the pipe lands where the real read's first one would.
+ *
+ * A get runs in two halves (store_get_start): f_get_start opens and reads by the ring
+ * without waiting (ring_begin), f_get_finish waits for the completions (ring_end, with the
+ * deadline and the orphan as above); the lane's lock is held in between, so no other
+ * request uses the ring meanwhile. store_get is the two in a row.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -127,7 +132,8 @@ struct fstore {
     unsigned long seq;           /* temporary names */
     char *stage;                 /* the kept staging buffer (F_ALIGN aligned), or NULL */
     size_t stage_bytes;
-    int hang;                    /* test hook (store_test_hang): I/O reads hang_fd[0] */
+    int hang;                    /* test hook (store_test_hang): I/O reads hang_fd[0]; 2:
+                                    but a batch's first item's */
     int hang_fd[2];              /* a pipe, or -1 */
     int down_logged;
 };
@@ -376,7 +382,8 @@ static int prep_io(struct fstore *f, struct fbatch *b, size_t i)
         sqe = io_uring_get_sqe(&f->ring);
         KVVM_ASSERT(sqe);        /* two were free */
     }
-    if (__atomic_load_n(&f->hang, __ATOMIC_RELAXED)) {     /* the test hook */
+    int hang = __atomic_load_n(&f->hang, __ATOMIC_RELAXED);
+    if (hang == 1 || (hang == 2 && i > 0)) {     /* the test hook */
         /* one byte from the pipe, where the real I/O's first byte would land: a direct
            read's payload (the caller's buffer), else the staging (a write's too: its
            real I/O reads the caller's, writes none of it), so a late completion lands
@@ -438,21 +445,40 @@ static void slots_clear(struct fstore *f, const struct fbatch *b)
                                                                             : F_SLOTS);
 }
 
-/* Submits every io with I/O (io->cqes) and waits for them until the deadline. 0; -ENOMEM
-   (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
-   orphan (orphan_take). */
-static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
+/* A batch's run on the ring, between ring_begin and ring_end. */
+struct frun {
+    struct forphan *o;           /* the orphan's record, taken before any I/O: a timeout
+                                    must not need memory */
+    size_t next, done, want;     /* ios queued, completed, with I/O */
+};
+
+/* Queues what the ring takes of b's I/O and submits it, without waiting (a get's start).
+   0, or -ENOMEM (nothing submitted, the batch still the caller's). */
+static int ring_begin(struct fstore *f, struct fbatch *b, struct frun *run)
 {
-    struct forphan *o = malloc(sizeof *o);   /* taken before any I/O: a timeout must not
-                                                 need memory */
-    if (!o)
+    *run = (struct frun){ malloc(sizeof *run->o), 0, 0, 0 };
+    if (!run->o)
         return -ENOMEM;
-    size_t next = 0, done = 0, want = 0;
     for (size_t i = 0; i < b->n; i++)
-        want += b->io[i].cqes > 0;
-    while (done < want) {
+        run->want += b->io[i].cqes > 0;
+    while (run->next < b->n && !prep_io(f, b, run->next))
+        run->next++;
+    (void)io_uring_submit(&f->ring);   /* a refusal: ring_end submits again and decides */
+    return 0;
+}
+
+/* Submits the rest of b's I/O and waits for all of it until the deadline. 0; -ETIMEDOUT:
+   the batch became the orphan (orphan_take). first: only until item 0 is done, and 0 at
+   the deadline or on a failure of the ring (the batch left as it is: ring_end decides). */
+static int ring_wait(struct fstore *f, struct fbatch *b, struct frun *run, uint64_t deadline,
+                     bool first)
+{
+    struct forphan *o = run->o;
+    size_t next = run->next, done = run->done, want = run->want;
+    while (done < want && !(first && !b->io[0].cqes)) {
         while (next < b->n && !prep_io(f, b, next))
             next++;
+        run->next = next;
         uint64_t left = store_left_ns(deadline);
         struct __kernel_timespec ts = { (long long)(left / 1000000000u),
                                         (long long)(left % 1000000000u) };
@@ -460,6 +486,8 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
         int r = left ? io_uring_submit_and_wait_timeout(&f->ring, &cqe, 1, &ts, NULL)
                      : (io_uring_submit(&f->ring), -ETIME);
         if (r == -ETIME || (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY)) {
+            if (first)
+                return 0;
             orphan_take(f, b, o);
             return -ETIMEDOUT;
         }
@@ -471,11 +499,29 @@ static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
         io_uring_cq_advance(&f->ring, seen);
         KVVM_ASSERT(b->owed >= seen);
         b->owed -= seen;
+        run->done = done;
     }
+    if (first)
+        return 0;
     KVVM_ASSERT(b->owed == 0 && done == want);   /* every I/O submitted was reaped */
     slots_clear(f, b);
     free(o);
     return 0;
+}
+
+/* Submits every io with I/O (io->cqes) and waits for them until the deadline. 0; -ENOMEM
+   (nothing submitted, the batch still the caller's); -ETIMEDOUT: the batch became the
+   orphan (orphan_take). */
+static int ring_end(struct fstore *f, struct fbatch *b, struct frun *run, uint64_t deadline)
+{
+    return ring_wait(f, b, run, deadline, false);
+}
+
+static int run_ring(struct fstore *f, struct fbatch *b, uint64_t deadline)
+{
+    struct frun run;
+    int rc = ring_begin(f, b, &run);
+    return rc ? rc : ring_end(f, b, &run, deadline);
 }
 
 /* Runs the batch's I/O. 0; -ETIMEDOUT (the batch is owned by the orphan then); -ENOMEM
@@ -681,35 +727,91 @@ static void get_done(void *arg, size_t i)
         store_iov_scatter(it->iov, it->iovcnt, staged.iov_base, want);
 }
 
-static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
-                 struct store_item *items, size_t n, struct store_lend *lend,
-                 uint64_t deadline)
+/* A get in flight between f_get_start and f_get_finish (the lane's lock held). */
+struct fget {
+    struct get_ctx gc;           /* get_done's: b->on_done_arg points here */
+    struct frun run;             /* with io_uring */
+    uint64_t deadline;
+};
+
+/* Opens (by the ring) and reads every item's file: submitted here, waited for by
+   f_get_finish, so the caller works while the file system does (store_get_start). */
+static void f_get_start(struct store *st, const struct store_layout *L, uint64_t ns,
+                        struct store_item *items, size_t n, struct store_lend *lend,
+                        uint64_t deadline, void **be)
 {
     struct fstore *f = st->be;
+    *be = NULL;
     if (data_ready(st, items, n, deadline))
-        return 0;
-    struct fbatch *b = batch_new(n, 0);
+        return;
+    struct fget *g = calloc(1, sizeof *g);
+    struct fbatch *b = g ? batch_new(n, 0) : NULL;
     int rc = b ? 0 : -ENOMEM;
     for (size_t i = 0; i < n && !rc; i++)
         items[i].status = get_prepare(f, &b->io[i], L, ns, &items[i], lend != NULL);
     if (!rc)
         rc = batch_stage(f, b);
+    if (!rc) {
+        g->gc = (struct get_ctx){ b, st, L, ns, items };
+        g->deadline = deadline;
+        b->on_done = get_done;
+        b->on_done_arg = &g->gc;
+        b->lend = lend;
+        if (f->ring_ok && ring_begin(f, b, &g->run))
+            rc = -ENOMEM;        /* nothing submitted */
+    }
     if (rc) {
         batch_free(f, b);
+        free(g);
         for (size_t i = 0; i < n; i++)
             items[i].status = rc;
-        return 0;
+        return;
     }
-    struct get_ctx gc = { b, st, L, ns, items };
-    b->on_done = get_done;
-    b->on_done_arg = &gc;
-    b->lend = lend;
-    if (batch_run(f, b, items, deadline))
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!b->io[i].checked)   /* without io_uring: after the batch */
-            get_done(&gc, i);
-    batch_free(f, b);
+    *be = g;
+}
+
+/* The reads of f_get_start waited for (until its deadline) and checked. */
+static void f_get_finish(struct store *st, void *be)
+{
+    struct fstore *f = st->be;
+    struct fget *g = be;
+    struct fbatch *b = g->gc.b;
+    int rc = 0;
+    if (f->ring_ok)              /* the ring of the start: no request ran in between */
+        rc = ring_end(f, b, &g->run, g->deadline);
+    else
+        run_sync(b);
+    for (size_t i = 0; i < b->n; i++) {
+        if (rc && !g->gc.items[i].status)
+            g->gc.items[i].status = rc;   /* -ETIMEDOUT: the batch is the orphan's */
+        else if (!rc && !b->io[i].checked)   /* without io_uring: after the batch */
+            get_done(&g->gc, i);
+    }
+    if (!rc)
+        batch_free(f, b);
+    free(g);
+}
+
+/* Item 0 of f_get_start's batch waited for (store_get_first). */
+static int f_get_first(struct store *st, void *be)
+{
+    struct fstore *f = st->be;
+    struct fget *g = be;
+    struct fbatch *b = g->gc.b;
+    if (!f->ring_ok || g->gc.items[0].status)
+        return 0;                /* without io_uring: nothing runs before the finish */
+    (void)ring_wait(f, b, &g->run, g->deadline, true);
+    return !b->io[0].cqes && b->io[0].checked && !g->gc.items[0].status;
+}
+
+static int f_get(struct store *st, const struct store_layout *L, uint64_t ns,
+                 struct store_item *items, size_t n, struct store_lend *lend,
+                 uint64_t deadline)
+{
+    void *g;
+    f_get_start(st, L, ns, items, n, lend, deadline, &g);
+    if (g)
+        f_get_finish(st, g);
     return 0;
 }
 
@@ -804,11 +906,14 @@ static void f_close(struct store *st)
 }
 
 static const struct store_ops file_ops = {
-    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close, f_reap,
+    "file", f_put, f_get, f_lookup, f_del, f_del_ns, f_close, f_reap, f_get_start,
+    f_get_finish, f_get_first,
 };
 
 int store_file_test_hang(struct store *st, int on)
 {
+    if (on < 0 || on > 2)
+        return -EINVAL;
     if (!st || st->ops != &file_ops)
         return -EINVAL;
     struct fstore *f = st->be;
@@ -818,7 +923,7 @@ int store_file_test_hang(struct store *st, int on)
         if (f->hang_fd[0] < 0 && pipe2(f->hang_fd, O_CLOEXEC))
             rc = -errno;
         if (!rc)
-            __atomic_store_n(&f->hang, 1, __ATOMIC_RELAXED);
+            __atomic_store_n(&f->hang, on, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&st->lock);
         return rc;
     }

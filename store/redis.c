@@ -625,32 +625,97 @@ int store_rconn_put(struct store *st, struct rstore *r, const struct store_layou
     return 0;
 }
 
-int store_rconn_get(struct store *st, struct rstore *r, const struct store_layout *L,
-                    uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
-{
+/* A get batch between its send (r_get_start) and its replies (r_get_finish). */
+struct rget {
+    struct batch_ctx c;
+    struct gets g;               /* g.c = &c */
     struct iovec io;
-    struct batch_ctx c = { .st = st, .r = r, .L = L, .ns = ns, .items = items };
+    char *buf;                   /* the commands */
+    uint64_t deadline;
+    int rc;                      /* r_ready's or the send's failure, or 0 */
+    int ready;                   /* r_ready succeeded: the batch was (being) sent */
+};
+
+/* Connects (if needed) and sends the batch's GETs: the server works while the caller does
+   (store_get_start). NULL: no memory (the items' statuses set). */
+static struct rget *r_get_start(struct store *st, struct rstore *r,
+                                const struct store_layout *L, uint64_t ns,
+                                struct store_item *items, size_t n, uint64_t deadline)
+{
     int most = 0;
     for (size_t i = 0; i < n; i++)
         most = items[i].iovcnt > most ? items[i].iovcnt : most;
-    struct gets g = { .c = &c, .n = n, .seg = malloc(((size_t)most + 2) * sizeof *g.seg) };
-    char *buf = g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &io) : NULL;
-    int rc = buf ? r_ready(r, deadline) : -ENOMEM;
-    if (!rc) {
-        r->g = &g;
-        rc = r_send(r, &io, 1, deadline);
+    struct rget *q = calloc(1, sizeof *q);
+    if (q) {
+        q->c = (struct batch_ctx){ .st = st, .r = r, .L = L, .ns = ns, .items = items };
+        q->g = (struct gets){ .c = &q->c, .n = n,
+                              .seg = malloc(((size_t)most + 2) * sizeof *q->g.seg) };
+        q->deadline = deadline;
+        q->buf = q->g.seg ? keys_cmds(r, "GET", L, ns, items, NULL, n, &q->io) : NULL;
+    }
+    if (!q || !q->buf) {
+        items_rest(items, 0, n, -ENOMEM);
+        if (q)
+            free(q->g.seg);
+        free(q);
+        return NULL;
+    }
+    q->rc = r_ready(r, deadline);
+    if (!q->rc) {
+        q->ready = 1;
+        r->g = &q->g;
+        q->rc = r_send(r, &q->io, 1, deadline);
+        r->g = NULL;
+    }
+    return q;
+}
+
+/* The replies of q's batch, read into the items' buffers until its deadline; frees q. */
+static void r_get_finish(struct rstore *r, struct rget *q)
+{
+    int rc = q->rc;
+    if (q->ready) {              /* (r_ready refused: nothing sent, nothing to drop) */
+        r->g = &q->g;
         while (!rc && (rc = g_step(r)) == 0)
-            rc = r_wait(r, POLLIN, deadline);
+            rc = r_wait(r, POLLIN, q->deadline);
         r->g = NULL;
         rc = rc == 1 ? 0 : rc;
         if (rc && r->fd >= 0)
             r_drop(r, rc == -ETIMEDOUT ? "request timed out" : "request failed", rc);
-        else if (!rc && g.pos != g.have)
+        else if (!rc && q->g.pos != q->g.have)
             r_shut(r);           /* bytes no request asked for: start again clean */
     }
-    items_rest(items, g.i, n, rc);
-    free(buf);
-    free(g.seg);
+    items_rest(q->c.items, q->g.i, q->g.n, rc);
+    free(q->buf);
+    free(q->g.seg);
+    free(q);
+}
+
+/* q's first reply read (store_get_first): 1 a hit. A failure or the deadline is kept in
+   q->rc for r_get_finish (which drops the connection). */
+static int r_get_first(struct rstore *r, struct rget *q)
+{
+    int rc = q->rc;
+    if (!q->ready || rc)
+        return 0;
+    r->g = &q->g;
+    while (!rc && q->g.i < 1) {
+        rc = g_step(r);
+        if (!rc && q->g.i < 1)
+            rc = r_wait(r, POLLIN, q->deadline);
+    }
+    r->g = NULL;
+    if (rc < 0)
+        q->rc = rc;
+    return q->g.i >= 1 && !q->c.items[0].status;
+}
+
+int store_rconn_get(struct store *st, struct rstore *r, const struct store_layout *L,
+                    uint64_t ns, struct store_item *items, size_t n, uint64_t deadline)
+{
+    struct rget *q = r_get_start(st, r, L, ns, items, n, deadline);
+    if (q)
+        r_get_finish(r, q);
     return 0;
 }
 
@@ -667,19 +732,20 @@ int store_rconn_keys(struct store *st, struct rstore *r, const char *verb,
     return rc ? rc : c.err && !kst ? c.err : c.found;
 }
 
-/* A redirection from one server (a cluster node named by a redis:// URL): a failure. */
-static int no_redir(int e)
+/* A redirection from one server (a cluster node named by a redis:// URL): a failure. Every
+   item's status mapped so; returns rc. */
+static int no_redirs(struct store_item *items, size_t n, int rc)
 {
-    return e == STORE_MOVED || e == STORE_ASK ? -EIO : e;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].status == STORE_MOVED || items[i].status == STORE_ASK)
+            items[i].status = -EIO;
+    return rc;
 }
 
 static int r_put(struct store *st, const struct store_layout *L, uint64_t ns,
                  struct store_item *items, size_t n, uint64_t deadline)
 {
-    int rc = store_rconn_put(st, st->be, L, ns, items, n, deadline);
-    for (size_t i = 0; i < n; i++)
-        items[i].status = no_redir(items[i].status);
-    return rc;
+    return no_redirs(items, n, store_rconn_put(st, st->be, L, ns, items, n, deadline));
 }
 
 /* lend unused: the replies are read and copied into the caller's buffers by this thread,
@@ -689,17 +755,39 @@ static int r_get(struct store *st, const struct store_layout *L, uint64_t ns,
                  uint64_t deadline)
 {
     (void)lend;
-    int rc = store_rconn_get(st, st->be, L, ns, items, n, deadline);
-    for (size_t i = 0; i < n; i++)
-        items[i].status = no_redir(items[i].status);
-    return rc;
+    return no_redirs(items, n, store_rconn_get(st, st->be, L, ns, items, n, deadline));
+}
+
+/* store_get_start / finish: the GETs sent at the start, the replies read at the finish */
+static void r_get_start_op(struct store *st, const struct store_layout *L, uint64_t ns,
+                           struct store_item *items, size_t n, struct store_lend *lend,
+                           uint64_t deadline, void **be)
+{
+    (void)lend;
+    *be = r_get_start(st, st->be, L, ns, items, n, deadline);
+    if (!*be)
+        (void)no_redirs(items, n, 0);
+}
+
+static void r_get_finish_op(struct store *st, void *be)
+{
+    struct rget *q = be;
+    struct store_item *items = q->c.items;
+    size_t n = q->g.n;
+    r_get_finish(st->be, q);
+    (void)no_redirs(items, n, 0);
+}
+
+static int r_get_first_op(struct store *st, void *be)
+{
+    return r_get_first(st->be, be);
 }
 
 static int r_lookup(struct store *st, const struct store_layout *L, uint64_t ns,
                     const store_key *keys, size_t n, uint8_t *present, uint64_t deadline)
 {
-    return no_redir(store_rconn_keys(st, st->be, "EXISTS", L, ns, keys, n, present, NULL,
-                                     deadline));
+    int rc = store_rconn_keys(st, st->be, "EXISTS", L, ns, keys, n, present, NULL, deadline);
+    return rc == STORE_MOVED || rc == STORE_ASK ? -EIO : rc;   /* a redirection: a failure */
 }
 
 /* UNLINK of n names (each at most STORE_NAME_MAX): the count removed, or -errno. */
@@ -837,7 +925,8 @@ static void r_close(struct store *st)
 }
 
 static const struct store_ops redis_ops = {
-    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close, NULL,
+    "redis", r_put, r_get, r_lookup, r_del, r_del_ns, r_close, NULL, r_get_start_op,
+    r_get_finish_op, r_get_first_op,
 };
 
 static char *dup_or_null(const char *s, int *fail)

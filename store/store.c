@@ -456,11 +456,12 @@ void store_close(struct store *st)
 
 int store_test_hang(struct store *st, int on)
 {
-    if (!st || on < 0 || on > STORE_HANG_WRITES)
+    if (!st || on < 0 || on > STORE_HANG_TAIL)
         return -EINVAL;
-    int rc = store_file_test_hang(st, on != 0);
+    int rc = store_file_test_hang(st, on == STORE_HANG_ALL || on == STORE_HANG_WRITES);
     if (!rc && st->reads)
-        rc = store_file_test_hang(st->reads, on == STORE_HANG_ALL);
+        rc = store_file_test_hang(st->reads, on == STORE_HANG_ALL ? 1 : on == STORE_HANG_TAIL
+                                                                     ? 2 : 0);
     return rc;
 }
 
@@ -562,20 +563,66 @@ static struct store *rlane(struct store *st)
     return st && st->reads ? st->reads : st;
 }
 
-int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
-              struct store_item *items, size_t n)
+void store_get_start(struct store *st, const struct store_layout *L, uint64_t ns,
+                     struct store_item *items, size_t n, struct store_lend *lend,
+                     struct store_getreq *rq)
 {
-    return run_items(rlane(st), L, ns, items, n, 0, NULL);
+    struct store *lane = rlane(st);
+    *rq = (struct store_getreq){ .lane = lane, .L = L, .ns = ns, .items = items, .n = n,
+                                 .lend = lend };
+    if (lend)
+        lend->kept = 0;
+    rq->rc = lend && !lend->done ? -EINVAL : items_ok(lane, L, items, n);
+    if (rq->rc || !n)
+        return;
+    if (begin(lane, &rq->deadline)) {
+        items_fail(items, n, -ETIMEDOUT);
+        return;
+    }
+    rq->locked = 1;
+    if (lane->ops->get_start) {
+        rq->split = 1;
+        lane->ops->get_start(lane, L, ns, items, n, lend, rq->deadline, &rq->be);
+    }
+}
+
+int store_get_finish(struct store_getreq *rq)
+{
+    struct store *st = rq->lane;
+    if (rq->rc || !rq->n)
+        return rq->rc;
+    if (rq->locked) {
+        if (!rq->split)
+            st->ops->get(st, rq->L, rq->ns, rq->items, rq->n, rq->lend, rq->deadline);
+        else if (rq->be)
+            st->ops->get_finish(st, rq->be);
+        KVVM_ASSERT(!rq->lend || !rq->lend->kept || st->ops->reap);   /* reaped later */
+        pthread_mutex_unlock(&st->lock);
+        rq->locked = 0;
+    }
+    timed(st, STORE_OP_GET, rq->deadline);
+    return count(st, rq->items, rq->n, &st->st_gets);
+}
+
+int store_get_first(struct store_getreq *rq)
+{
+    if (rq->rc || !rq->n || !rq->locked || !rq->split || !rq->be || !rq->lane->ops->get_first)
+        return 0;
+    return rq->lane->ops->get_first(rq->lane, rq->be);
 }
 
 int store_get_lent(struct store *st, const struct store_layout *L, uint64_t ns,
                    struct store_item *items, size_t n, struct store_lend *lend)
 {
-    if (lend && !lend->done) {
-        lend->kept = 0;
-        return -EINVAL;
-    }
-    return run_items(rlane(st), L, ns, items, n, 0, lend);
+    struct store_getreq rq;
+    store_get_start(st, L, ns, items, n, lend, &rq);
+    return store_get_finish(&rq);
+}
+
+int store_get(struct store *st, const struct store_layout *L, uint64_t ns,
+              struct store_item *items, size_t n)
+{
+    return store_get_lent(st, L, ns, items, n, NULL);
 }
 
 /* One lane's reap: its lock taken without a deadline (store_reap waits as long as the

@@ -131,6 +131,39 @@ struct store_lend {
    (kept 0 after any error). */
 int store_get_lent(struct store *st, const struct store_layout *L, uint64_t ns,
                    struct store_item *items, size_t n, struct store_lend *lend);
+/* A get in two halves, so that the caller works while the request is in flight (an
+   attach maps its destination's pages meanwhile): store_get_start checks, takes the read
+   lane's lock (with the request's deadline) and sends the request (the file store submits
+   its opens and reads; a backend without a split does nothing yet), and returns at once;
+   store_get_finish waits for it (until the same deadline), releases the lock and returns
+   what store_get_lent would (items' statuses set, lend->kept as there). Every start is
+   followed by exactly one finish on the same thread; in between the caller must not call
+   this store (its lane is locked: other readers wait, at most until their deadline) and
+   keeps L, items, their keys and iovecs, and lend valid. The buffers are written between
+   the two calls (and after, only as store_get_lent says). */
+struct store_getreq {            /* filled by store_get_start; the caller only passes it */
+    struct store *lane;
+    const struct store_layout *L;
+    uint64_t ns;
+    struct store_item *items;
+    size_t n;
+    struct store_lend *lend;
+    uint64_t deadline;
+    int rc;                      /* start's refusal (-EINVAL), returned by finish */
+    int locked;                  /* the lane's lock is held */
+    int split;                   /* the backend started it (get_start): be is its record */
+    void *be;
+};
+void store_get_start(struct store *st, const struct store_layout *L, uint64_t ns,
+                     struct store_item *items, size_t n, struct store_lend *lend,
+                     struct store_getreq *rq);
+int  store_get_finish(struct store_getreq *rq);
+/* Between start and finish: waits (at most until the request's deadline, a timeout left to
+   finish) for the first item's outcome. 1: it is a hit (its buffers written, checked); 0: a
+   miss, a failure, or not known (a backend without a split, whose request runs at finish).
+   So a caller does work meant for the request's hits (an attach's premap) only once it
+   knows there is at least one. */
+int  store_get_first(struct store_getreq *rq);
 /* Waits until no read or write of a timed-out batch is in flight any more, on either lane
    (bounded only by the file system, as store_close), so that every lent buffer has been
    given back (its done called) when it returns. Nothing to wait for: returns at once (a
@@ -170,10 +203,13 @@ char *store_url_redact(const char *url, char *buf, size_t len);
 
 /* Test hook (file backend): on (STORE_HANG_ALL), every data I/O waits on a pipe instead of
    the file system (a hung file system); STORE_HANG_WRITES, only the writes' lane's (puts;
-   gets and lookups go on: the read lane); off (0), the I/Os waiting complete (4096 of them at
-   most per lane). -EINVAL not a file store or another value, or the errno of pipe2 / write. */
+   gets and lookups go on: the read lane); STORE_HANG_TAIL, see above; off (0), the I/Os
+   waiting complete (4096 of them at most per lane). -EINVAL not a file store or another
+   value, or the errno of pipe2 / write. */
 #define STORE_HANG_ALL 1
 #define STORE_HANG_WRITES 2
+#define STORE_HANG_TAIL 3        /* the read lane's I/O but a batch's first item's (a get's
+                                    first entry is read for real, the rest hang); writes go on */
 int store_test_hang(struct store *st, int on);
 
 /* --- the key layout (docs/api.md "Key layout"), for tests and tools ------------------- */

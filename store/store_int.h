@@ -37,6 +37,18 @@ struct store_ops {
     void (*close)(struct store *st);
     /* store_reap on this lane (its lock held), or NULL: nothing is ever left in flight */
     void (*reap)(struct store *st);
+    /* A get in two halves (store_get_start / finish; the lock held from one to the other),
+       or NULL: finish runs get. get_start sends the request and sets *be to its record, or
+       to NULL when nothing is in flight (every item's status set already); get_finish
+       (be not NULL) waits for it until the deadline given to get_start, as get would,
+       and frees be. */
+    void (*get_start)(struct store *st, const struct store_layout *L, uint64_t ns,
+                      struct store_item *items, size_t n, struct store_lend *lend,
+                      uint64_t deadline, void **be);
+    void (*get_finish)(struct store *st, void *be);
+    /* store_get_first on be (not NULL): 1 the first item is a hit, 0 not (or not known at
+       the deadline: finish times the request out) */
+    int  (*get_first)(struct store *st, void *be);
 };
 
 struct store {
@@ -131,7 +143,8 @@ const char *store_rconn_redir(const struct rstore *r);
    the "host:port,..." list (all of them, the first included). 0, -EACCES, -EINVAL, -ENOMEM. */
 int store_cluster_open(struct store *st, const struct store_redis_url *u, const char *seeds);
 
-/* store_test_hang on one lane (file backend; -EINVAL for another). */
+/* store_test_hang on one lane (file backend; -EINVAL for another): on 0 off, 1 every I/O,
+   2 every I/O but each batch's first item's. */
 int store_file_test_hang(struct store *st, int on);
 
 #endif

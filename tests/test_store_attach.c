@@ -367,6 +367,118 @@ Test(store_attach, timed_out_attach_keeps_staging_until_reads_reaped)
     rmdir_all(dir);
 }
 
+/* The attach's premap (issue 36, "attach at the store's speed"): once the store's first
+   block is known to be a hit and while the rest of its reads are in flight, dst's pages
+   for the store's blocks are mapped ahead of its end from ready frames (paging_seq_premap),
+   so that the grow after the reads maps nothing. Counted, never timed: with the store's
+   reads hung but each batch's first (the test hook's STORE_HANG_TAIL), the emulator's live
+   mappings grow by every block's pages while dst shows nothing (length 0, device pages free
+   as before: map-ahead is free for accounting); the reads released (each completes short:
+   a miss), the attach returns its one block and gives the other premapped pages back (live
+   mappings and free pages: one block's more than before). */
+struct hung_attach {
+    kvvm *kv;
+    kvvm_seq d;
+    kvvm_key k[NB];
+    int rc;
+};
+
+static void *hung_attach_run(void *p)
+{
+    struct hung_attach *h = p;
+    h->rc = kvvm_prefix_attach(h->kv, h->d, 1, h->k, NB);
+    return NULL;
+}
+
+static uint64_t live_maps(void)
+{
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(0, &c), 0);
+    return c.maps - c.unmaps;
+}
+
+static uint64_t all_maps(void)
+{
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(0, &c), 0);
+    return c.maps;
+}
+
+Test(store_attach, premap_while_reads_in_flight_then_given_back)
+{
+    TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    publish_sets(url);
+    struct kvvm_config c;
+    struct tctx t;
+    cfg_a(&c, url);
+    c.create_at_open = 1;         /* ready frames for the premap */
+    topen(&t, &c);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(0, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    uint64_t free0 = st.pages_device_free, maps0 = live_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    while (live_maps() < maps0 + (uint64_t)NB * NR)   /* the premap, the reads still hung */
+        usleep(1000);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, 0, "dst's length changed before its bytes were read");
+    tstats(&t, &st);
+    cr_expect_eq(st.pages_device_free, free0, "premapped pages are not free for accounting "
+                 "(%llu free, %llu before)", (unsigned long long)st.pages_device_free,
+                 (unsigned long long)free0);
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* each hung read completes short */
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, 1, "the first block read, the others short (misses): %d", h.rc);
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, TPB);
+    cr_expect_eq(live_maps(), maps0 + NR, "the premapped pages not used were not given back: "
+                 "%llu live mappings, %llu before", (unsigned long long)live_maps(),
+                 (unsigned long long)maps0);
+    tstats(&t, &st);
+    cr_expect_eq(st.pages_device_free, free0 - NR);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    attach_set(t.kv, 1, b);                     /* the store's bytes, right */
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* An attach whose first block misses in the store maps nothing ahead (a miss costs no map
+   and unmap of the pages a hit would have needed): the emulator counts no map during it. */
+Test(store_attach, attach_that_misses_premaps_nothing)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    publish_sets(url);
+    struct kvvm_config c;
+    struct tctx t;
+    cfg_a(&c, url);
+    c.create_at_open = 1;         /* ready frames: a premap would find them */
+    topen(&t, &c);
+    kvvm_key k[NB];
+    keys_of(SETS + 7, k);         /* never published */
+    kvvm_seq d;
+    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    uint64_t m0 = all_maps();
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, NB), 0);
+    cr_expect_eq(all_maps(), m0, "an attach that found nothing mapped %llu pages",
+                 (unsigned long long)(all_maps() - m0));
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
 static int cap_errors, cap_warnings;
 
 static void count_log(int level, const char *msg, void *arg)
