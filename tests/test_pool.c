@@ -380,6 +380,16 @@ Test(pool, protocol_version_bumped_for_held_frames)
     (void)hello_refused(3, "version 3");
 }
 
+/* A LEASE's need (version 5) changed LEASE's size: a version 4 client's lease would be
+   malformed to a version 5 daemon (dropped at its first lease) instead of refused at HELLO
+   naming both versions. */
+Test(pool, protocol_version_bumped_for_lease_need)
+{
+    TH_DEADLINE(60);
+    cr_assert_geq(POOL_PROTO_VERSION, 5u);
+    (void)hello_refused(4, "version 4");
+}
+
 Test(pool, reserves_are_promised_or_refused)
 {
     TH_DEADLINE(60);
