@@ -649,11 +649,14 @@ static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
     return grant(s, a, g < want ? g : want, asked, late ? -ETIMEDOUT : -ENOMEM) ? -EIO : 1;
 }
 
-bool srv_lease_waits(const struct pool_srv *s)
+bool srv_takeback_on(const struct pool_srv *s)
 {
-    for (size_t i = 0; i < s->nclients; i++)
-        if (s->clients[i] && s->clients[i]->pend_n)
+    uint64_t now = mono_ns();
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *c = s->clients[i];
+        if (c && (c->pend_n || c->asked || credit(c, now)))
             return true;
+    }
     return false;
 }
 

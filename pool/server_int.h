@@ -139,8 +139,9 @@ static inline uint64_t srv_frame_id(const struct pool_srv *s, size_t slot)
 }
 
 /* server.c: a line on stderr, "kvvmd: " first. */
-/* Whether a client's lease waits for a take-back. */
-bool srv_lease_waits(const struct pool_srv *s);
+/* Whether a take-back is under way: a lease waits, a client is asked, or an asker holds a
+   credit (protocol.h LEASE's need). */
+bool srv_takeback_on(const struct pool_srv *s);
 void srv_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* server_share.c */
@@ -190,7 +191,7 @@ uint64_t srv_share_deadlines(struct pool_srv *s, uint64_t now);
 /* server_reserve.c: the reserve. Fresh frames created and exported ahead and the release
    of dead frames, made by the loop when no event waits; the device never holds more frames
    than the pool and the room the device had past it at open (live + ready + releasing <=
-   dev), and none is made past the pool while a lease waits (srv_lease_waits). */
+   dev), and none is made past the pool during a take-back (srv_takeback_on). */
 struct srv_reserve_counts {
     uint64_t made_ahead;        /* frames made ahead */
     uint64_t taken_ready;       /* leased frames that were ready */

@@ -22,9 +22,10 @@
  * keeps its reserve where the device has room past the pool (issue 34: a take-back then
  * grants ready frames instead of creating them on the asker's path), and the pool's
  * figures never count it (free_bytes is pool_frames - leased: ready frames are no client's
- * and no part of the pool's accounting). While a lease waits for a take-back, no frame is
- * made past the pool: the loop serves the giver's RETURNs and the grant first, and frames
- * made ahead then could only delay them (releases still run).
+ * and no part of the pool's accounting). During a take-back (a lease waits, a client is
+ * asked, or an asker holds a credit) no frame is made past the pool: the loop serves the
+ * giver's RETURNs and the grants first, and the giver's copies have the CPU; frames made
+ * ahead then could only delay them (releases still run).
  *
  * Its size: at least --reserve-frames (base), and up to the largest need a call's lease
  * announced (protocol.h LEASE's need: srv_reserve_need), so that a take-back of that size
@@ -181,11 +182,11 @@ void srv_reserve_dispose(struct pool_srv *s, vmm_handle h)
         frame_drop(r, h);                   /* no reserve (or no memory for the queue) */
 }
 
-/* Room for one more frame made ahead: below dev, and below the pool while a lease waits. */
+/* Room for one more frame made ahead: below dev, and below the pool during a take-back. */
 static bool room_ahead(const struct pool_srv *s, const struct srv_reserve *r)
 {
     return !r->failed && r->n_ready < r->max &&
-           on_device(r) < (srv_lease_waits(s) ? r->pool : r->dev);
+           on_device(r) < (srv_takeback_on(s) ? r->pool : r->dev);
 }
 
 bool srv_reserve_busy(const struct pool_srv *s)
