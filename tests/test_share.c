@@ -603,6 +603,56 @@ Test(share_emu, an_unclosed_export_keeps_a_released_allocation)
     cr_expect_eq(emu_device_destroy(ord), 0);
 }
 
+/* Regression (issue 34, the export description made at create): a process forked without
+   exec after a handle was exported kept a copy of its export description (and of every
+   import's), whose shared flock says the allocation is held: the parent's released
+   allocation lingered, its granules taken, for as long as the child lived. The child now
+   closes its copies at the fork (pthread_atfork), as a GPU's fork copies no device
+   allocation: the release frees it while the child lives on. */
+Test(share_emu, forked_child_does_not_keep_released_allocations)
+{
+    TH_DEADLINE(60);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h, in;
+    cr_assert_eq(create_typed(ord, G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+    int up[2], hold[2];
+    cr_assert_eq(pipe(up), 0);
+    cr_assert_eq(pipe(hold), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {                     /* lives on, its handlers run: says so, waits */
+        char x = 'r';
+        close(up[0]);
+        close(hold[1]);
+        if (write(up[1], &x, 1) != 1 || read(hold[0], &x, 1) < 0)
+            _exit(1);
+        _exit(0);
+    }
+    close(up[1]);
+    close(hold[0]);
+    char x;
+    cr_assert_eq(read(up[0], &x, 1), 1);
+    cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.handle_bytes, 0, "freed while the forked child "
+                 "lives (lingering %llu)", (unsigned long long)c.lingering);
+    close(hold[1]);                     /* the child ends */
+    cr_expect_eq(child_status(pid), 0);
+    close(up[0]);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
 /* Guard (the export description shared by every import): two importers in two processes
    hold one description between them; the exporter's release leaves the allocation
    lingering until both have let go, not until the first. */

@@ -26,7 +26,8 @@
  * import, here or in another process, or an export not closed yet: cuMemRelease's "shareable
  * counterparts"; the exporter's exclusive non-blocking flock on its own description fails)
  * lingers, its granules taken, until a later look (cuMemCreate, cuMemGetInfo, the counters)
- * finds them all closed.
+ * finds them all closed. A child forked without exec closes its copies of the export
+ * descriptions and imports (share_atfork_child), so it holds none of the parent's.
  */
 #include "emu_int.h"
 
@@ -133,8 +134,36 @@ static int export_open(int f)
     return x;
 }
 
+/* A child forked without exec inherits every descriptor: its copies of the export
+   descriptions (xfd) and of the imports (each a dup of one) would keep the shared flock
+   that says an allocation is held, so the exporter's released allocations would linger
+   until the child exits, where a GPU's fork copies no device allocation. The child closes
+   them (its handles of the parent's are unusable there, as its contexts are). */
+static void share_atfork_child(void)
+{
+    for (size_t i = 0; i < emu.handles_cap; i++) {
+        struct emu_handle *h = &emu.handles[i];
+        if (!h->dev)
+            continue;
+        if (h->kind == EMU_H_SHAREABLE && h->xfd >= 0) {
+            close(h->xfd);
+            h->xfd = -1;
+        } else if (h->kind == EMU_H_IMPORTED && h->fd >= 0) {
+            close(h->fd);
+            h->fd = -1;
+        }
+    }
+}
+
+static void share_atfork_init(void)
+{
+    (void)pthread_atfork(NULL, NULL, share_atfork_child);
+}
+
 kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd, int *xfd)
 {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&fork_once, share_atfork_init);
     char name[64];
     snprintf(name, sizeof name, SHARE_PREFIX "%zu", d->gran);
     /* device memory is never executed: sealed so where the kernel can (6.3 and later), as
@@ -226,7 +255,11 @@ kcu_result emu_cuMemExportToShareableHandle(void *shareableHandle, kcu_mem_handl
         r = KCU_ERROR_INVALID_VALUE;      /* created without requestedHandleTypes */
         goto out;
     }
-    KVVM_ASSERT(h->xfd >= 0);             /* closed only at the release */
+    if (h->xfd < 0) {                     /* closed at the release, or the parent's handle
+                                             in a forked child (share_atfork_child) */
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
     int fd = fcntl(h->xfd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
         klog_error("emulated device %d: cuMemExportToShareableHandle: no descriptor: %s",
