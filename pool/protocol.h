@@ -142,7 +142,7 @@ struct pool_lease {
                                n included (0 or below n: n). A take-back round asks others
                                for all of it at once; what it frees past n is held for this
                                client (its credit: other clients' leases do not take it)
-                               until its next lease takes it, or until wait_ms from this
+                               until its next waiting lease, or until wait_ms from this
                                lease has passed */
     uint32_t pad;
 };

@@ -714,9 +714,11 @@ static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_
     size_t room = c->held < most ? most - c->held : 0;     /* what its call may get */
     size_t need = m->wait_ms && m->need > m->n ? m->need : m->n;
     need = need < room ? need : room > m->n ? room : m->n;
-    c->owed = 0;                        /* this lease says what its call still needs */
-    if (m->wait_ms)
+    if (m->wait_ms) {                   /* a call's lease says what it still needs: its
+                                           credit is replaced (a lease ahead keeps it) */
+        c->owed = 0;
         srv_reserve_need(s, need);      /* ready next time */
+    }
     size_t want = grantable(s, c);
     size_t sh = want < m->n && m->wait_ms && c->held < lim ? pool_short(s, c, m->n) : 0;
     if (sh && srv_share_reclaim(s, sh))

@@ -85,7 +85,7 @@ struct srv_client {
     uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
     /* its credit (protocol.h LEASE's need): frames its call still needs past the lease
        answered, held against other clients' leases until owed_deadline (CLOCK_MONOTONIC
-       ns) or its next lease; 0: none */
+       ns) or its next waiting lease; 0: none */
     uint32_t owed;
     uint64_t owed_deadline;
     struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
