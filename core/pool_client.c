@@ -73,11 +73,17 @@ out_close:
     return rc;
 }
 
+/* Frames a give frees and releases at a time: their RETURN goes before the next chunk's
+   swap-outs start, so the asker maps chunk k while this client copies chunk k + 1. */
+#define GIVE_CHUNK POOL_BATCH_MAX
+
 /* The daemon asks for n frames back (a take-back for another client, or a limit below
    what this one holds), on the connection thread: under the context lock like the other
    background work, the frames leased and not taken first, then the ready ones, then what
    the reclaim frees (CACHED sequences and prefix entries; LIVE swap-outs with
-   KVVM_F_AUTO_SWAP), each freed frame released to the daemon. Returns the frames given. */
+   KVVM_F_AUTO_SWAP) in chunks of GIVE_CHUNK frames, each chunk's frames released to the
+   daemon in one RETURN (pool_cli_hold_returns) before the next chunk's reclaim. Returns
+   the frames given. */
 static uint32_t core_pool_give(void *arg, uint32_t n)
 {
     kvvm *kv = arg;
@@ -87,19 +93,27 @@ static uint32_t core_pool_give(void *arg, uint32_t n)
         return 0;
     }
     paging_feed_quiesce(kv->pg);        /* no frame in the frame pool thread's hands */
+    pool_cli_hold_returns(kv->pool, true);
     uint32_t given = pool_cli_trim(kv->pool), moved = 0;
     if (given < n)
         given += paging_give(kv->pg, n - given);
-    if (given < n && kv->sw) {
-        /* free frames are ready frames (given above) or never created: make n - given of
+    while (given < n && kv->sw) {
+        pool_cli_returns_flush(kv->pool);
+        /* free frames are ready frames (given above) or never created: make a chunk of
            the frames in use free, then give those */
-        uint32_t want = paging_frames_free(kv->pg) + (n - given);
-        int rc = swap_reclaim_give(kv->sw, want, kv->cfg.flags & KVVM_F_AUTO_SWAP, &moved);
+        uint32_t chunk = n - given < GIVE_CHUNK ? n - given : GIVE_CHUNK, m = 0;
+        uint32_t want = paging_frames_free(kv->pg) + chunk;
+        int rc = swap_reclaim_give(kv->sw, want, kv->cfg.flags & KVVM_F_AUTO_SWAP, &m);
+        moved += m;
         if (rc)
             klog_warn("pool: the take-back's reclaim failed (%s); giving what is free",
                       strerror(-rc));
-        given += paging_give(kv->pg, n - given);
+        uint32_t g = paging_give(kv->pg, chunk);
+        given += g;
+        if (rc || !g)
+            break;
     }
+    pool_cli_hold_returns(kv->pool, false);     /* the last RETURN before the answer */
     pthread_mutex_unlock(&kv->lock);
     klog_info("pool: the daemon asked for %u frame%s back: %u given (%u sequence%s moved)", n,
               n == 1 ? "" : "s", given, moved, moved == 1 ? "" : "s");

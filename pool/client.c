@@ -67,6 +67,7 @@ void pool_cli_gone_locked(struct pool_cli *c, const char *why)
     close(c->fd);
     c->fd = -1;
     c->ask_n = 0;                   /* the asks of the daemon that went */
+    c->held_ret.n = 0;              /* its ids: nothing to give back to a successor */
     kick_locked(c);
 }
 
@@ -256,7 +257,8 @@ static int lease_once_locked(struct pool_cli *c, uint32_t need)
     KVVM_ASSERT(c->n_stash == 0);
     uint64_t t0 = now_ns();
     /* a call's lease may wait for a take-back; the frame pool thread's takes what is free */
-    struct pool_lease m = { .n = lease_size(need), .wait_ms = caller ? c->wait_ms : 0 };
+    struct pool_lease m = { .n = lease_size(need), .wait_ms = caller ? c->wait_ms : 0,
+                            .need = caller ? need : 0 };
     pool_proto_hdr(&m.h, POOL_MSG_LEASE);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
@@ -305,11 +307,49 @@ static int lease_locked(struct pool_cli *c, uint32_t need)
     return rc;
 }
 
-/* Gives frame id back at once (one that could not be used). */
+/* Sends the ids a give holds (one RETURN). */
+static void held_flush_locked(struct pool_cli *c)
+{
+    if (!c->held_ret.n || c->fd < 0)
+        return;
+    pool_proto_hdr(&c->held_ret.h, POOL_MSG_RETURN);
+    if (pool_proto_send(c->fd, &c->held_ret, NULL, 0, 0))
+        pool_cli_gone_locked(c, "its socket refused a return");
+    c->held_ret.n = 0;
+}
+
+void pool_cli_hold_returns(struct pool_cli *c, bool on)
+{
+    pthread_mutex_lock(&c->mu);
+    held_flush_locked(c);
+    c->hold_returns = on;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void pool_cli_returns_flush(struct pool_cli *c)
+{
+    pthread_mutex_lock(&c->mu);
+    held_flush_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Gives frame id back: at once, or with the next RETURN of a give that holds them
+   (pool_cli_hold_returns). The ids held are distinct live frames of this client: the
+   daemon counts them this client's until they are sent, so none can be leased again
+   and released a second time before. */
 void pool_cli_give_back_locked(struct pool_cli *c, uint64_t id)
 {
     if (c->fd < 0 || id == POOL_CLI_FOREIGN)
         return;
+    if (c->hold_returns) {
+        KVVM_ASSERT(c->held_ret.n < POOL_BATCH_MAX);
+        c->held_ret.ids[c->held_ret.n++] = id & ~POOL_CLI_MAPPED;
+        if (!(id & POOL_CLI_MAPPED))
+            c->k.returns++;
+        if (c->held_ret.n == POOL_BATCH_MAX)
+            held_flush_locked(c);
+        return;
+    }
     struct pool_return m = { .n = 1, .ids = { id & ~POOL_CLI_MAPPED } };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
     if (pool_proto_send(c->fd, &m, NULL, 0, 0))

@@ -98,6 +98,14 @@ void pool_cli_wait_hist(struct pool_cli *c, struct khist *out);
 /* This client's limit changed (kvvm_set_budget): tells the daemon (and a reconnection).
    0; the daemon gone is no error (the limit goes with the next HELLO). */
 int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
+/* A give (the connection thread's, for a RECLAIM) holds its releases' RETURNs (on) and
+   sends them in messages of up to POOL_BATCH_MAX ids: when one is full, at
+   pool_cli_returns_flush (a chunk's end: the daemon may grant those frames while the give
+   goes on) and when the hold ends (off, before the answer). The ids not sent when the
+   daemon goes are dropped with it; a client killed meanwhile gives them all back by its
+   death. */
+void pool_cli_hold_returns(struct pool_cli *c, bool on);
+void pool_cli_returns_flush(struct pool_cli *c);
 /* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */
 unsigned pool_cli_trim(struct pool_cli *c);
 /* Hand-offs (docs/design.md "Sharing frames between clients"). Frames imported from an

@@ -42,6 +42,10 @@ struct pool_cli {
     bool waiting;                   /* a lease with wait_ms is in flight */
     bool imp_waiting;               /* an import that may wait wait_ms for a pending export
                                        is in flight (its reply may take that much longer) */
+    /* a give's RETURNs (pool_cli_hold_returns): the ids released and not sent yet, sent in
+       one RETURN when it is full, at pool_cli_returns_flush and when the hold ends */
+    bool hold_returns;
+    struct pool_return held_ret;
     /* the daemon's asks (RECLAIM), kept for the connection thread: the latest seq and the
        frames asked since the last run took them */
     uint32_t ask_seq, ask_n;

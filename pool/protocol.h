@@ -29,10 +29,12 @@
    HANDOFF_DROP, PREFIX_*); 3: pending shares (EXPORT's and PREFIX_PUBLISH's serial, READY:
    a share is visible only once the publisher's device work before it completed); 4: held
    frames (FRAMES's held mask: a frame the client holds already comes without a descriptor
-   and adds no count). Daemon and library ship together: a pair of two versions refuses
+   and adds no count); 5: a LEASE's need (a call's whole shortfall asked of other clients in
+   one take-back round, the surplus held for the asker until its deadline). Daemon and
+   library ship together: a pair of two versions refuses
    with both named, rather than a version 1 daemon dropping a version 2 client as malformed
    at its first EXPORT. */
-#define POOL_PROTO_VERSION 4u
+#define POOL_PROTO_VERSION 5u
 #define POOL_MAGIC         0x4b56504cu    /* "KVPL" */
 #define POOL_NAME_MAX      64             /* a client's name, NUL included */
 #define POOL_TEXT_MAX      192            /* a refusal's or result's message, NUL included */
@@ -136,6 +138,13 @@ struct pool_lease {
                                else a call needs a frame: when the pool is dry, the daemon
                                takes frames back from clients above their reserve and
                                answers within wait_ms */
+    uint32_t need;          /* with wait_ms: the frames the call still needs, this lease's
+                               n included (0 or below n: n). A take-back round asks others
+                               for all of it at once; what it frees past n is held for this
+                               client (its credit: other clients' leases do not take it)
+                               until its next waiting lease, or until wait_ms from this
+                               lease has passed */
+    uint32_t pad;
 };
 
 struct pool_figures {       /* the pool as one client sees it */

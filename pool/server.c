@@ -444,15 +444,33 @@ static int on_hello(struct pool_srv *s, struct srv_client *c, const struct pool_
     return reply(c, &w, NULL, 0);
 }
 
-/* Frames kept for leases that wait for a take-back (other than c's): a frame given back
-   for an asker is not leased to a client that asks without waiting (the giver's own frame
-   pool thread would take it back at once). */
+static uint64_t mono_ns(void);
+
+/* o's credit now (protocol.h LEASE's need): 0 once its deadline passed. */
+static size_t credit(const struct srv_client *o, uint64_t now)
+{
+    return o->owed && now < o->owed_deadline ? o->owed : 0;
+}
+
+/* Frames kept for other clients than c: for leases that wait for a take-back and for
+   credits (a frame given back for an asker is not leased to a client that asks without
+   waiting: the giver's own frame pool thread would take it back at once). A waiting c
+   (served in arrival order with the other waiting leases) is kept from the credits of
+   clients that do not wait now only. */
 static size_t pending_elsewhere(const struct pool_srv *s, const struct srv_client *c)
 {
     size_t r = 0;
-    for (size_t i = 0; i < s->nclients; i++)
-        if (s->clients[i] && s->clients[i] != c)
-            r += s->clients[i]->pend_n;
+    uint64_t now = mono_ns();
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *o = s->clients[i];
+        if (!o || o == c)
+            continue;
+        size_t cr = credit(o, now);
+        if (c->pend_n)
+            r += o->pend_n ? 0 : cr;
+        else
+            r += o->pend_n > cr ? o->pend_n : cr;
+    }
     return r;
 }
 
@@ -461,7 +479,7 @@ static size_t pending_elsewhere(const struct pool_srv *s, const struct srv_clien
 static size_t grantable(const struct pool_srv *s, const struct srv_client *c)
 {
     size_t free_frames = s->pool_frames - s->leased;
-    size_t others = reserved_elsewhere(s, c) + (c->pend_n ? 0 : pending_elsewhere(s, c));
+    size_t others = reserved_elsewhere(s, c) + pending_elsewhere(s, c);
     size_t room = free_frames > others ? free_frames - others : 0;
     if (c->limit) {
         size_t lim = (size_t)(c->limit / s->page);
@@ -476,7 +494,7 @@ static size_t grantable(const struct pool_srv *s, const struct srv_client *c)
 static size_t pool_short(const struct pool_srv *s, const struct srv_client *c, size_t n)
 {
     size_t free_frames = s->pool_frames - s->leased;
-    size_t others = reserved_elsewhere(s, c) + (c->pend_n ? 0 : pending_elsewhere(s, c));
+    size_t others = reserved_elsewhere(s, c) + pending_elsewhere(s, c);
     size_t room = free_frames > others ? free_frames - others : 0;
     if (c->limit) {
         size_t lim = (size_t)(c->limit / s->page);
@@ -603,19 +621,24 @@ static bool asks_open(const struct pool_srv *s)
 static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
 {
     size_t g = grantable(s, a), want = a->pend_n;
+    size_t total = a->owed > want ? a->owed : want;     /* the call's whole need */
     bool late = now >= a->pend_deadline;
     size_t sh = g < want && !late ? pool_short(s, a, want) : 0;
     if (sh && srv_share_reclaim(s, sh))
         g = grantable(s, a);                        /* unmapped entries, unimported exports
                                                        went first */
     if (g < want && !late && !asks_open(s)) {
-        size_t more = ask_victims(s, a, want - g);
+        size_t more = ask_victims(s, a, total - g);   /* one round for all of it */
         if (more)
             return 0;
     }
     if (g < want && !late && asks_open(s))
         return 0;
     a->pend_n = 0;
+    /* the rest of the call's need: its credit until the lease's deadline (none when the
+       round ended short) */
+    a->owed = g >= want && !late ? (uint32_t)(total - want) : 0;
+    a->owed_deadline = a->pend_deadline;
     khist_add(&s->figd.takeback_wait, now - a->pend_t0);
     uint32_t asked = (uint32_t)want;
     if (g < want)
@@ -626,10 +649,25 @@ static int pending_try(struct pool_srv *s, struct srv_client *a, uint64_t now)
     return grant(s, a, g < want ? g : want, asked, late ? -ETIMEDOUT : -ENOMEM) ? -EIO : 1;
 }
 
-/* Serves the waiting leases that can be answered now, oldest first. */
+bool srv_takeback_on(const struct pool_srv *s)
+{
+    uint64_t now = mono_ns();
+    for (size_t i = 0; i < s->nclients; i++) {
+        const struct srv_client *c = s->clients[i];
+        if (c && (c->pend_n || c->asked || credit(c, now)))
+            return true;
+    }
+    return false;
+}
+
+/* Serves the waiting leases that can be answered now, oldest first; credits past their
+   deadline end. */
 static void pending_serve(struct pool_srv *s)
 {
     uint64_t now = mono_ns();
+    for (size_t i = 0; i < s->nclients; i++)
+        if (s->clients[i] && s->clients[i]->owed && now >= s->clients[i]->owed_deadline)
+            s->clients[i]->owed = 0;
     for (;;) {
         struct srv_client *a = NULL;
         for (size_t i = 0; i < s->nclients; i++) {
@@ -655,6 +693,8 @@ static int pending_timeout_ms(struct pool_srv *s)
         const struct srv_client *c = s->clients[i];
         if (c && c->pend_n && c->pend_deadline < next)
             next = c->pend_deadline;
+        if (c && c->owed && c->owed_deadline < next)
+            next = c->owed_deadline;        /* its credit ends: others' leases may take it */
     }
     if (next == UINT64_MAX)
         return -1;
@@ -668,20 +708,38 @@ static int on_lease(struct pool_srv *s, struct srv_client *c, const struct pool_
     uint64_t now = mono_ns();
     c->active_ns = now;
     c->asked = 0;                       /* it needs frames itself: its ask is off */
-    size_t want = grantable(s, c);
+    bool cont = credit(c, now) > 0;     /* its call goes on: what was given for it */
     size_t lim = c->limit ? (size_t)(c->limit / s->page) : SIZE_MAX;
+    size_t most = lim < s->pool_frames ? lim : s->pool_frames;
+    size_t room = c->held < most ? most - c->held : 0;     /* what its call may get */
+    size_t need = m->wait_ms && m->need > m->n ? m->need : m->n;
+    need = need < room ? need : room > m->n ? room : m->n;
+    if (m->wait_ms) {                   /* a call's lease says what it still needs: its
+                                           credit is replaced (a lease ahead keeps it) */
+        c->owed = 0;
+        srv_reserve_need(s, need);      /* ready next time */
+    }
+    size_t want = grantable(s, c);
     size_t sh = want < m->n && m->wait_ms && c->held < lim ? pool_short(s, c, m->n) : 0;
     if (sh && srv_share_reclaim(s, sh))
         want = grantable(s, c);         /* unmapped shared entries and unimported exports go
                                            before any take-back; never for a client short
                                            by its own limit */
-    if (want || !m->wait_ms || c->held >= lim)
-        return grant(s, c, want < m->n ? want : m->n, m->n, 0);
+    if (want || !m->wait_ms || c->held >= lim) {
+        size_t g = want < m->n ? want : m->n;
+        if (cont && m->wait_ms && need > g) {   /* a round for its call may give more */
+            c->owed = (uint32_t)(need - g);
+            c->owed_deadline = now + (uint64_t)m->wait_ms * 1000000u;
+        }
+        return grant(s, c, g, m->n, 0);
+    }
     c->pend_n = m->n;                   /* the pool is dry: a take-back round */
     c->k.lease_waits++;
     c->pend_round = ++s->rounds;
     c->pend_t0 = now;
     c->pend_deadline = now + (uint64_t)m->wait_ms * 1000000u;
+    c->owed = (uint32_t)need;           /* all of it asked for in this round */
+    c->owed_deadline = c->pend_deadline;
     return 0;                           /* pending_serve asks and answers */
 }
 

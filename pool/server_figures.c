@@ -218,7 +218,8 @@ static const struct fam pool_fams[] = {
     { "kvvm_pool_shared_bytes", "gauge", "",
       "Bytes of frames the shared prefix index holds.", V_SHARED },
     { "kvvm_pool_ready_frames", "gauge", "",
-      "Free frames created ahead (fresh, in no client's hands; part of the free bytes).",
+      "Frames created ahead (fresh, in no client's hands; past the pool where the device "
+      "has room).",
       V_READY },
     { "kvvm_pool_releasing_frames", "gauge", "",
       "Frames no one holds any more whose release the daemon has not made yet.",

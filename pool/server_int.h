@@ -84,6 +84,11 @@ struct srv_client {
     uint32_t pend_n;            /* frames it asked for; 0: no lease waits */
     uint64_t pend_round;        /* its round (victims it asked carry it) */
     uint64_t pend_t0, pend_deadline;  /* CLOCK_MONOTONIC ns */
+    /* its credit (protocol.h LEASE's need): frames its call still needs past the lease
+       answered, held against other clients' leases until owed_deadline (CLOCK_MONOTONIC
+       ns) or its next waiting lease; 0: none */
+    uint32_t owed;
+    uint64_t owed_deadline;
     struct pool_fig_counts k;   /* its figures for kvvmd --metrics (server_figures.h) */
     uint64_t conn;              /* its number, in accept order (the metrics' conn label) */
     /* sharing (server_share.c) */
@@ -133,6 +138,9 @@ static inline uint64_t srv_frame_id(const struct pool_srv *s, size_t slot)
 }
 
 /* server.c: a line on stderr, "kvvmd: " first. */
+/* Whether a take-back is under way: a lease waits, a client is asked, or an asker holds a
+   credit (protocol.h LEASE's need). */
+bool srv_takeback_on(const struct pool_srv *s);
 void srv_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* server_share.c */
@@ -181,7 +189,8 @@ uint64_t srv_share_deadlines(struct pool_srv *s, uint64_t now);
 
 /* server_reserve.c: the reserve. Fresh frames created and exported ahead and the release
    of dead frames, made by the loop when no event waits; the device never holds more frames
-   than the pool (live + ready + releasing <= pool_frames: a full pool has no reserve). */
+   than the pool and the room the device had past it at open (live + ready + releasing <=
+   dev), and none is made past the pool during a take-back (srv_takeback_on). */
 struct srv_reserve_counts {
     uint64_t made_ahead;        /* frames made ahead */
     uint64_t taken_ready;       /* leased frames that were ready */
@@ -189,9 +198,14 @@ struct srv_reserve_counts {
     uint64_t released_ahead;    /* dead frames released when the loop was idle */
     uint64_t ready, dying, max; /* now: frames ready, dead frames not released yet; the most
                                    kept ready (0: none, every release made at once) */
+    uint64_t dev;               /* frames the device may hold (the pool and room past it) */
 };
 /* Starts the reserve of at most max frames (0: none). 0; -ENOMEM. */
 int  srv_reserve_open(struct pool_srv *s, size_t max);
+/* A call's lease announced it needs need frames (LEASE's need): the reserve keeps up to
+   that many ready from now on, within the device's room (no-op without a reserve, or when
+   its memory cannot grow). */
+void srv_reserve_need(struct pool_srv *s, size_t need);
 /* Releases every ready and dying frame (before vmm_close). */
 void srv_reserve_close(struct pool_srv *s);
 /* A frame for a lease (s->leased is to grow by one): a ready one, else one made now. Its

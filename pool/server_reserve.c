@@ -13,12 +13,23 @@
  * most one unit of this work (one create or one release).
  *
  * Counts: live = the daemon's live frames (s->leased, mirrored here: take adds one, dispose
- * takes one off), ready = fresh frames made ahead (held by no client, free in the pool's
- * figures), dying = dead frames whose handle is still to be released. The device holds
- * live + ready + dying frames and never more than the pool (pool_frames): a frame is made
- * ahead only below it, and a take that must create with no ready frame first releases
- * dying frames while the sum would pass it. So the reserve lives inside the pool's
- * capacity: a pool whose frames are all leased has no reserve.
+ * takes one off), ready = fresh frames made ahead (held by no client), dying = dead frames
+ * whose handle is still to be released. The device holds live + ready + dying frames, never
+ * more than dev: the pool, plus the room the device had past it at open (its free memory
+ * then less a margin of 1/20 of its size, the budget's own margin; none when unknown). A
+ * frame is made ahead only below dev, and a take that must create with no ready frame first
+ * releases dying frames while the sum would pass it. So a pool whose frames are all leased
+ * keeps its reserve where the device has room past the pool (issue 34: a take-back then
+ * grants ready frames instead of creating them on the asker's path), and the pool's
+ * figures never count it (free_bytes is pool_frames - leased: ready frames are no client's
+ * and no part of the pool's accounting). During a take-back (a lease waits, a client is
+ * asked, or an asker holds a credit) no frame is made past the pool: the loop serves the
+ * giver's RETURNs and the grants first, and the giver's copies have the CPU; frames made
+ * ahead then could only delay them (releases still run).
+ *
+ * Its size: at least --reserve-frames (base), and up to the largest need a call's lease
+ * announced (protocol.h LEASE's need: srv_reserve_need), so that a take-back of that size
+ * finds its frames ready the next time; never past dev. A reserve of 0 stays none.
  */
 #include "server_int.h"
 
@@ -35,7 +46,10 @@ struct srv_ready {
 
 struct srv_reserve {
     struct vmm *v;
-    size_t page, pool, max;
+    size_t page, pool, max;             /* max: the most kept ready now (base .. dev) */
+    size_t base;                        /* --reserve-frames: max's floor */
+    size_t cap_ready;                   /* room in ready[] */
+    size_t dev;                         /* frames the device may hold: pool + room past it */
     size_t live;
     struct srv_ready *ready;            /* max of them */
     size_t n_ready;
@@ -65,7 +79,7 @@ static void frame_drop(struct srv_reserve *r, vmm_handle h)
         srv_say("a frame's release failed (the driver refused); it stays allocated");
 }
 
-/* Frames on the device now: never more than the pool. */
+/* Frames on the device now: never more than dev. */
 static size_t on_device(const struct srv_reserve *r)
 {
     return r->live + r->n_ready + r->n_dying;
@@ -79,7 +93,16 @@ int srv_reserve_open(struct pool_srv *s, size_t max)
     r->v = s->v;
     r->page = s->page;
     r->pool = s->pool_frames;
-    r->max = max < r->pool ? max : r->pool;
+    r->max = r->base = max;
+    r->dev = r->pool;
+    size_t fr = 0, tot = 0;
+    if (max && !vmm_mem_info(s->v, &fr, &tot)) {
+        size_t margin = tot / 20, past = fr > margin ? (fr - margin) / r->page : 0;
+        r->dev = past > r->pool ? past : r->pool;
+    }
+    if (r->max > r->dev)
+        r->max = r->base = r->dev;
+    r->cap_ready = r->max;
     if (r->max && !(r->ready = calloc(r->max, sizeof *r->ready))) {
         free(r);
         return -ENOMEM;
@@ -119,9 +142,9 @@ int srv_reserve_take(struct pool_srv *s, vmm_handle *h, int *fd)
         return 0;
     }
     /* none ready: made here, after releasing what would push the device past the pool */
-    while (r->n_dying && on_device(r) + 1 > r->pool)
+    while (r->n_dying && on_device(r) + 1 > r->dev)
         frame_drop(r, r->dying[--r->n_dying]);
-    KVVM_ASSERT(on_device(r) + 1 <= r->pool);
+    KVVM_ASSERT(on_device(r) + 1 <= r->dev);
     struct srv_ready f;
     int rc = frame_make(r, &f);
     if (rc)
@@ -159,10 +182,17 @@ void srv_reserve_dispose(struct pool_srv *s, vmm_handle h)
         frame_drop(r, h);                   /* no reserve (or no memory for the queue) */
 }
 
+/* Room for one more frame made ahead: below dev, and below the pool during a take-back. */
+static bool room_ahead(const struct pool_srv *s, const struct srv_reserve *r)
+{
+    return !r->failed && r->n_ready < r->max &&
+           on_device(r) < (srv_takeback_on(s) ? r->pool : r->dev);
+}
+
 bool srv_reserve_busy(const struct pool_srv *s)
 {
     const struct srv_reserve *r = s->rsv;
-    return r->n_dying || (!r->failed && r->n_ready < r->max && on_device(r) < r->pool);
+    return r->n_dying || room_ahead(s, r);
 }
 
 void srv_reserve_work(struct pool_srv *s)
@@ -186,6 +216,22 @@ void srv_reserve_work(struct pool_srv *s)
     r->k.made_ahead++;
 }
 
+void srv_reserve_need(struct pool_srv *s, size_t need)
+{
+    struct srv_reserve *r = s->rsv;
+    need = need < r->dev ? need : r->dev;
+    if (!r->base || need <= r->max)
+        return;
+    if (need > r->cap_ready) {
+        struct srv_ready *n = realloc(r->ready, need * sizeof *n);
+        if (!n)
+            return;                         /* it stays as it is */
+        r->ready = n;
+        r->cap_ready = need;
+    }
+    r->max = need;
+}
+
 void srv_reserve_counts(const struct pool_srv *s, struct srv_reserve_counts *out)
 {
     const struct srv_reserve *r = s->rsv;
@@ -193,4 +239,5 @@ void srv_reserve_counts(const struct pool_srv *s, struct srv_reserve_counts *out
     out->ready = r->n_ready;
     out->dying = r->n_dying;
     out->max = r->max;
+    out->dev = r->dev;
 }

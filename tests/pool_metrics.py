@@ -108,7 +108,7 @@ def client(path, name, lease):
     hdr = struct.unpack_from("=IHH", s.recv(MSG_MAX))
     assert hdr[0] == MAGIC and hdr[1] == WELCOME, "HELLO (version %d) answered %r" % (VERSION, hdr)
     if lease:
-        s.send(struct.pack("=IHHII", MAGIC, LEASE, 16, lease, 0))
+        s.send(struct.pack("=IHHIIII", MAGIC, LEASE, 24, lease, 0, 0, 0))  # n, wait, need, pad
         msg, anc, _, _ = s.recvmsg(MSG_MAX, socket.CMSG_LEN(64 * 4))
         typ, n = struct.unpack_from("=IHHI", msg)[1], struct.unpack_from("=I", msg, 8)[0]
         assert typ == FRAMES and n == lease, (typ, n)

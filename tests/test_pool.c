@@ -380,6 +380,16 @@ Test(pool, protocol_version_bumped_for_held_frames)
     (void)hello_refused(3, "version 3");
 }
 
+/* A LEASE's need (version 5) changed LEASE's size: a version 4 client's lease would be
+   malformed to a version 5 daemon (dropped at its first lease) instead of refused at HELLO
+   naming both versions. */
+Test(pool, protocol_version_bumped_for_lease_need)
+{
+    TH_DEADLINE(60);
+    cr_assert_geq(POOL_PROTO_VERSION, 5u);
+    (void)hello_refused(4, "version 4");
+}
+
 Test(pool, reserves_are_promised_or_refused)
 {
     TH_DEADLINE(60);
@@ -1040,4 +1050,105 @@ Test(pool, malformed_held_ids_drop_the_connection)
     vmm_close(v);
     close(d.lfd);
     rmdir(dir);
+}
+
+/* ---- a lease's need (protocol version 5) ---------------------------------------------- */
+
+/* Sends a LEASE of n frames that waits wait_ms for a take-back and says its call needs
+   need frames (n included). */
+static void lease_need_send(int fd, unsigned n, unsigned wait_ms, unsigned need)
+{
+    struct pool_lease m = { .n = n, .wait_ms = wait_ms, .need = need };
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(fd, &m, NULL, 0, 0), 0);
+}
+
+/* The victim v (holding ids[0..16)) reads the daemon's RECLAIM (its n into *asked), gives
+   back the first `give` frames and answers. */
+static void victim_gives(int v, const uint64_t *ids, unsigned give, uint32_t *asked)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(v, buf, NULL, NULL), POOL_MSG_RECLAIM);
+    const struct pool_reclaim *r = (const void *)buf;
+    *asked = r->n;
+    pc_return(v, ids, give);
+    struct pool_reclaimed a = { .seq = r->seq, .given = give };
+    pool_proto_hdr(&a.h, POOL_MSG_RECLAIMED);
+    cr_assert_eq(pool_proto_send(v, &a, NULL, 0, 0), 0);
+}
+
+/* The asker's FRAMES: how many (their descriptors closed). */
+static unsigned frames_got(int fd)
+{
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int fds[POOL_BATCH_MAX], nf = 0;
+    cr_assert_eq(pc_recv(fd, buf, fds, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    return ((const struct pool_frames *)buf)->n;
+}
+
+/* Issue 34 (giving back): a call needing 12 frames leases 4 at a time; the daemon asks the
+   victim for all 12 in the first round (one RECLAIM, not one per lease), and the 8 given
+   past the first lease are the asker's: another client's lease gets none of them, the
+   asker's next lease gets them at once with no second round. */
+Test(pool, lease_need_asked_in_one_round_surplus_held_for_the_asker)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "1M");                                 /* 16 frames */
+    int v = pc_client(d.path, "victim"), b = pc_client(d.path, "asker"),
+        c = pc_client(d.path, "other");
+    uint64_t ids[16];
+    int fds[16];
+    cr_assert_eq(pc_lease(v, 16, ids, fds, NULL), 16);
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    lease_need_send(b, 4, 30000, 12);
+    uint32_t asked = 0;
+    victim_gives(v, ids, 12, &asked);
+    cr_expect_eq(asked, 12, "the victim asked for the call's whole need at once");
+    cr_expect_eq(frames_got(b), 4);
+    cr_expect_eq(pc_lease(c, 8, ids + 12, fds, NULL), 0, "the asker's surplus is held");
+    lease_need_send(b, 8, 30000, 8);
+    cr_expect_eq(frames_got(b), 8, "the surplus granted to the asker at once");
+    struct pool_figures f = pc_info(b);
+    cr_expect_eq(f.held_bytes, 12ull * PD_GRAN);
+    cr_expect_eq(f.free_bytes, 0);
+    close(b);
+    close(c);
+    close(v);
+    pd_stop(&d);
+}
+
+/* The credit ends at the lease's deadline: the frames given for the asker's call that it
+   did not lease again go to whoever asks then (waited for as a condition: another
+   client's lease polled until it gets them; TH_DEADLINE guards it). */
+Test(pool, lease_need_credit_ends_at_the_deadline)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "1M");
+    int v = pc_client(d.path, "victim"), b = pc_client(d.path, "asker"),
+        c = pc_client(d.path, "other");
+    uint64_t ids[16], got[16];
+    int fds[16];
+    cr_assert_eq(pc_lease(v, 16, ids, fds, NULL), 16);
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    lease_need_send(b, 4, 200, 12);
+    uint32_t asked = 0;
+    victim_gives(v, ids, 12, &asked);
+    cr_expect_eq(asked, 12);
+    cr_expect_eq(frames_got(b), 4);
+    unsigned n;
+    while ((n = pc_lease(c, 8, got, fds, NULL)) == 0)
+        sched_yield();                          /* until the credit's deadline passed */
+    for (unsigned i = 0; i < n; i++)
+        close(fds[i]);
+    cr_expect_eq(n, 8, "the other client gets the frames once the credit ended");
+    close(b);
+    close(c);
+    close(v);
+    pd_stop(&d);
 }

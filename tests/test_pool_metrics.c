@@ -407,6 +407,82 @@ Test(pool_metrics, reserve_inside_the_pool_and_fresh)
 }
 
 
+/* Issue 34 (giving back): where the device has room past the pool (a 64 MiB device, a
+   1 MiB pool of 16 frames), the reserve stays ready when the pool is full, never counted
+   in the pool's figures: a client leasing the whole pool takes 16 ready frames, the
+   daemon makes its 64 again past the pool (free_bytes stays 0), and a take-back for
+   another client then grants ready frames, none made on its lease's path. A call's lease
+   announcing a need larger than the reserve (LEASE's need) makes the reserve keep that
+   many ready from then on. */
+Test(pool_metrics, reserve_past_the_pool_where_the_device_has_room)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    unsigned port = md_start(&d, "1M", NULL);
+    free(wait_sample(port, "kvvm_pool_ready_frames", 64));
+    int v = pc_client(d.path, "victim"), b = pc_client(d.path, "asker");
+    uint64_t ids[16];
+    int fds[16];
+    cr_assert_eq(pc_lease(v, 16, ids, fds, NULL), 16);
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    free(wait_sample(port, "kvvm_pool_free_bytes", 0));    /* the lease seen */
+    char *t = wait_sample(port, "kvvm_pool_ready_frames", 64);
+    cr_expect_eq(sample(t, "kvvm_pool_free_bytes"), 0, "ready frames past the pool are not "
+                 "the pool's");
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"at_lease\"}"), 0);
+    free(t);
+    struct pool_lease m = { .n = 8, .wait_ms = 30000, .need = 100 };
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(v, buf, NULL, NULL), POOL_MSG_RECLAIM);
+    const struct pool_reclaim *r = (const void *)buf;
+    cr_expect_eq(r->n, 16, "the whole need, within what the victim holds");
+    pc_return(v, ids, 16);
+    struct pool_reclaimed a = { .seq = r->seq, .given = 16 };
+    pool_proto_hdr(&a.h, POOL_MSG_RECLAIMED);
+    cr_assert_eq(pool_proto_send(v, &a, NULL, 0, 0), 0);
+    int nf = 0, got[POOL_BATCH_MAX];
+    cr_assert_eq(pc_recv(b, buf, got, &nf), POOL_MSG_FRAMES);
+    cr_expect_eq(((const struct pool_frames *)buf)->n, 8);
+    for (int i = 0; i < nf; i++)
+        close(got[i]);
+    /* the need (100, capped by the pool's 16 frames for this client) asked; the reserve
+       keeps what the device allows of it */
+    free(wait_sample(port, "kvvm_pool_frames_leased_total", 24));  /* the grant seen */
+    t = wait_sample(port, "kvvm_pool_ready_frames", 64);
+    cr_expect_eq(sample(t, "kvvm_pool_frames_created_total{when=\"at_lease\"}"), 0,
+                 "the take-back's grant sent ready frames");
+    free(t);
+    close(b);
+    close(v);
+    pd_stop(&d);
+}
+
+/* The reserve grows to the largest need a call's lease announced (within the device's
+   room): a lease of 1 frame whose call needs 100 of a 128-frame pool makes the daemon keep
+   100 ready, past its --reserve-frames of 64. */
+Test(pool_metrics, reserve_grows_to_the_largest_need_announced)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    unsigned port = md_start(&d, "8M", NULL);
+    free(wait_sample(port, "kvvm_pool_ready_frames", 64));
+    int b = pc_client(d.path, "asker");
+    struct pool_lease m = { .n = 1, .wait_ms = 30000, .need = 100 };
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    int nf = 0, got[POOL_BATCH_MAX];
+    cr_assert_eq(pc_recv(b, buf, got, &nf), POOL_MSG_FRAMES);
+    for (int i = 0; i < nf; i++)
+        close(got[i]);
+    free(wait_sample(port, "kvvm_pool_ready_frames", 100));
+    close(b);
+    pd_stop(&d);
+}
+
 /* --reserve-frames 0: no frame made ahead, every leased frame made on the lease's path and
    every given-back one released at once (nothing ready, nothing releasing); a malformed
    value is a usage error (exit 2) naming the option and the value. */

@@ -1,11 +1,14 @@
 /* tests/test_share.c: shareable handles (POSIX file descriptors), the driver-level ground
    of the pool daemon: the emulated driver's cuMemExportToShareableHandle and
    cuMemImportFromShareableHandle (as strict as the driver: export refused for a handle
-   made without the type, an imported allocation alive while an importer holds it after
-   the exporter released it, accounted to the exporting device until then, one imported
-   handle mapped at two addresses as the pool's held frames map it), and vmm.h's
-   vmm_handle_export / vmm_handle_import. The cross-process tests fork a real child, pass
-   the descriptor over a socketpair with SCM_RIGHTS, and compare bytes both ways. */
+   made without the type, an imported allocation alive while an importer or an open
+   export descriptor holds it after the exporter released it, accounted to the exporting
+   device until then, one imported handle mapped at two addresses as the pool's held frames
+   map it; and its costs: copies through the memfd with no view, an import a dup of the
+   export description), and vmm.h's vmm_handle_export / vmm_handle_import. The
+   cross-process tests fork a real child (before the parent makes any handle, so it
+   inherits none), pass the descriptor over a socketpair with SCM_RIGHTS, and compare
+   bytes both ways. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -489,6 +492,223 @@ Test(share_emu, imported_handle_mapped_at_two_addresses)
     cr_expect_eq(w[7], 0x7b, "the exporter's allocation is the one written");
     unmap(va, G);
     cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+}
+
+/* This process's open descriptors, as a bitmap of the first 1024 (/proc/self/fd). */
+static void open_fds(unsigned char set[1024])
+{
+    memset(set, 0, 1024);
+    char path[64];
+    for (int fd = 0; fd < 1024; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        set[fd] = access(path, F_OK) == 0;
+    }
+}
+
+/* The file offset of descriptor fd's open file description (/proc/self/fdinfo), or -1. */
+static long fd_pos(int fd)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    long pos = -1;
+    if (fscanf(f, "pos: %ld", &pos) != 1)
+        pos = -1;
+    fclose(f);
+    return pos;
+}
+
+/* Performance (issue 34, an import per frame): an import opened the export's memfd anew
+   (/proc/self/fd/N) and took a shared flock on its own description: an open, a flock and
+   a close more per imported frame, on the client's path. The create makes the export
+   description once (opened anew, locked shared) and an export is a dup of it; an import
+   is a dup of the descriptor it is given: the same open file description (one file
+   offset: an lseek of the export moves the import's), and one descriptor more. */
+Test(share_emu, import_shares_the_export_description)
+{
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h, in;
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd = -1, fd2 = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd2, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    static unsigned char before[1024], after[1024];
+    open_fds(before);
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    open_fds(after);
+    int mine = -1, n_new = 0;
+    for (int i = 0; i < 1024; i++)
+        if (after[i] && !before[i]) {
+            mine = i;
+            n_new++;
+        }
+    cr_assert_eq(n_new, 1, "an import keeps one descriptor (%d new)", n_new);
+    cr_assert_eq(lseek(fd, 3 * 4096, SEEK_SET), 3 * 4096);
+    cr_expect_eq(fd_pos(mine), 3 * 4096, "the import's description is the export's");
+    cr_expect_eq(fd_pos(fd2), 3 * 4096, "and every export's");
+    /* the emulator reads and writes at offsets: the shared file offset changes nothing */
+    kcu_deviceptr va, vb;
+    unsigned char *w = map_rw(ord, h, 2 * G, &va), *x = map_rw(ord, in, 2 * G, &vb);
+    cr_assert(w && x);
+    static unsigned char src[2 * G];
+    memset(src, 0x6b, sizeof src);
+    cr_expect(!device_holds(va, src, sizeof src), "poison first");
+    cr_assert_eq(A->cuMemcpyHtoDAsync(vb, src, sizeof src, NULL), KCU_SUCCESS);
+    cr_expect(device_holds(va, src, sizeof src));
+    cr_expect(all(w, 2 * G, 0x6b));
+    close(fd);
+    close(fd2);
+    unmap(va, 2 * G);
+    unmap(vb, 2 * G);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering, 1, "the import still holds it");
+    cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.imported, 0);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* cuMemRelease frees an allocation once its mappings and "all outstanding references to
+   the handle (including its shareable counterparts)" are gone: an export descriptor left
+   open, here or in another process, keeps a released shareable allocation (lingering,
+   accounted to the device) until it is closed. */
+Test(share_emu, an_unclosed_export_keeps_a_released_allocation)
+{
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h;
+    cr_assert_eq(create_typed(ord, 2 * G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering, 1, "the export descriptor still refers to it");
+    cr_expect_eq(c.handle_bytes, 2 * G);
+    close(fd);
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.handle_bytes, 0, "freed once it is closed");
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* Regression (issue 34, the export description made at create): a process forked without
+   exec after a handle was exported kept a copy of its export description (and of every
+   import's), whose shared flock says the allocation is held: the parent's released
+   allocation lingered, its granules taken, for as long as the child lived. The child now
+   closes its copies at the fork (pthread_atfork), as a GPU's fork copies no device
+   allocation: the release frees it while the child lives on. */
+Test(share_emu, forked_child_does_not_keep_released_allocations)
+{
+    TH_DEADLINE(60);
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h, in;
+    cr_assert_eq(create_typed(ord, G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+    int up[2], hold[2];
+    cr_assert_eq(pipe(up), 0);
+    cr_assert_eq(pipe(hold), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {                     /* lives on, its handlers run: says so, waits */
+        char x = 'r';
+        close(up[0]);
+        close(hold[1]);
+        if (write(up[1], &x, 1) != 1 || read(hold[0], &x, 1) < 0)
+            _exit(1);
+        _exit(0);
+    }
+    close(up[1]);
+    close(hold[0]);
+    char x;
+    cr_assert_eq(read(up[0], &x, 1), 1);
+    cr_assert_eq(A->cuMemRelease(in), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.handle_bytes, 0, "freed while the forked child "
+                 "lives (lingering %llu)", (unsigned long long)c.lingering);
+    close(hold[1]);                     /* the child ends */
+    cr_expect_eq(child_status(pid), 0);
+    close(up[0]);
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* Guard (the export description shared by every import): two importers in two processes
+   hold one description between them; the exporter's release leaves the allocation
+   lingering until both have let go, not until the first. */
+Test(share_emu, two_importers_linger_until_both_close)
+{
+    TH_DEADLINE(60);
+    const size_t bytes = 2 * G;
+    int sv[2][2];
+    pid_t pid[2];
+    for (int k = 0; k < 2; k++) {              /* forked first: they inherit no handle */
+        cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv[k]), 0);
+        pid[k] = fork();
+        cr_assert_geq(pid[k], 0);
+        if (pid[k] == 0) {
+            close(sv[k][0]);
+            _exit(importer(sv[k][1], bytes));
+        }
+        close(sv[k][1]);
+    }
+    int ord = dev_up(G);
+    cr_assert_geq(ord, 0);
+    kcu_mem_handle h;
+    cr_assert_eq(create_typed(ord, bytes, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
+                 KCU_SUCCESS);
+    kcu_deviceptr va;
+    unsigned char *w = map_rw(ord, h, bytes, &va);
+    cr_assert(w);
+    memset(w, 0x11, bytes / 2);
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    char tag;
+    int none;
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(send_fd(sv[k][0], fd, 'f'), 0);
+    close(fd);
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(recv_fd(sv[k][0], &tag, &none), 0, "importer %d died: status %d", k,
+                     child_status(pid[k]));
+    unmap(va, bytes);
+    cr_assert_eq(A->cuMemRelease(h), KCU_SUCCESS);
+    struct emu_counters c;
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(emu_counters_get(ord, &c), 0);
+        cr_expect_eq(c.lingering, 1, "held by %d importer(s)", 2 - k);
+        cr_expect_eq(c.handle_bytes, bytes);
+        cr_assert_eq(send_fd(sv[k][0], -1, 'r'), 0);
+        cr_assert_eq(recv_fd(sv[k][0], &tag, &none), 0, "status %d", child_status(pid[k]));
+        cr_expect_eq(tag, 'd');
+        cr_expect_eq(child_status(pid[k]), 0, "importer %d's checks (its exit code)", k);
+        close(sv[k][0]);
+    }
+    cr_assert_eq(emu_counters_get(ord, &c), 0);
+    cr_expect_eq(c.lingering + c.handles + c.handle_bytes, 0, "freed once both let go");
+    cr_assert_eq(A->cuDevicePrimaryCtxRelease(ord), KCU_SUCCESS);
+    cr_expect_eq(emu_device_destroy(ord), 0);
 }
 
 /* The import identifies an emulated export by its mode (the fstat it makes for the size),

@@ -16,10 +16,11 @@
  *    200 grows per trial, us/op; the system calls of the engine's thread in those grows,
  *    counted (bench_syscalls), per grow; and the same p50 without the frame pool thread (the
  *    grow leases and imports, or creates, on the caller's thread);
- *  - giving back: B's grow that needs N = 32 frames while idle A holds the whole pool in
- *    unprotected LIVE sequences (A has KVVM_F_AUTO_SWAP and a host tier: the daemon asks A,
- *    A swaps out and gives back) against A swapping out the same sequences itself
- *    (kvvm_seq_swap_out of each, then kvvm_sync), ms;
+ *  - giving back: B's grow that needs N = 256 frames while idle A, a process of its own,
+ *    holds the whole pool in unprotected LIVE sequences (A has KVVM_F_AUTO_SWAP and a host
+ *    tier: the daemon asks A, A swaps out and gives back) against A swapping out the same
+ *    sequences itself (kvvm_seq_swap_out of each, then kvvm_sync), each timed after A was
+ *    idle 100 ms, ms;
  *  - death: a client process (kvvm-bench --pool-hold, holding 64 frames) killed with
  *    SIGKILL; the time until kvvm_pool_info of another client shows its frames free, ms (no
  *    baseline).
@@ -47,6 +48,7 @@
 #define HOLD_N 64                       /* frames the killed client holds */
 #define POOL_FRAMES 1024                /* the daemon's pool */
 #define A_PAGES 8                       /* pages per region of each of A's sequences */
+#define GIVE_IDLE_US 100000             /* A idle before B's grow: 100 ms */
 
 struct pool_env {
     struct bench_ctx *b;
@@ -217,17 +219,29 @@ static int sys_child(void *arg)
     return rc;
 }
 
-/* ---- giving back --------------------------------------------------------------------- */
+/* ---- giving back ---------------------------------------------------------------------
+   A is a process of its own, as two clients of a daemon are: forked before the group opens
+   any context (give_a_start), it holds the pool and serves the parent's commands on a
+   pipe; B is the parent's. In one process the two contexts would share one emulated
+   driver's lock and one address space, so B's imports and maps would wait for A's copies
+   (and each mmap would flush A's threads' TLBs), which two processes never do. */
 
 struct give {
-    kvvm *a, *b;                        /* A holds the pool; B asks */
-    kvvm_seq as[POOL_FRAMES / (NR * A_PAGES)];  /* A's: A_PAGES pages per region each */
+    kvvm *b;                            /* B asks (the parent's) */
+    pid_t a;                            /* A's process */
+    int cmd, ans;                       /* pipes to and from A */
+};
+
+enum { GIVE_OPEN = 'O', GIVE_FILL = 'F', GIVE_SWAP = 'S', GIVE_QUIT = 'Q' };
+
+struct give_a {
+    kvvm *a;
+    kvvm_seq as[POOL_FRAMES / (NR * A_PAGES)];  /* A_PAGES pages per region each */
     int n_as;
-    int a_out;                          /* A's sequences are swapped out (by itself) */
 };
 
 /* A: every sequence resident, written and unprotected (two steps), holding the pool */
-static int give_fill_a(struct give *g)
+static int give_fill_a(struct give_a *g)
 {
     for (int i = 0; i < g->n_as; i++) {
         /* written since: a swap-out copies every page (a clean page's host copy would make
@@ -244,25 +258,9 @@ static int give_fill_a(struct give *g)
     return rc ? rc : kvvm_sync(g->a);
 }
 
-static int sample_give_b(void *arg, double *out)
+/* A swaps out GIVE_N frames' worth of its resident sequences itself, ms in *out */
+static int give_swap_a(struct give_a *g, double *out)
 {
-    struct give *g = arg;
-    kvvm_seq s;
-    int rc = give_fill_a(g);
-    if (rc || (rc = kvvm_seq_create(g->b, &s)))
-        return rc;
-    uint64_t t0 = bench_now_ns();
-    rc = kvvm_seq_grow(g->b, s, (uint64_t)(GIVE_N / NR) * TOK);
-    *out = (double)(bench_now_ns() - t0) / 1e6;
-    kvvm_seq_free(g->b, s);
-    (void)kvvm_step(g->b);
-    (void)kvvm_trim(g->b, 0);           /* B's frames back to the daemon for A */
-    return rc;
-}
-
-static int sample_give_a(void *arg, double *out)
-{
-    struct give *g = arg;
     int rc = give_fill_a(g);
     if (rc)
         return rc;
@@ -277,6 +275,7 @@ static int sample_give_a(void *arg, double *out)
     }
     if (n < GIVE_N / (NR * A_PAGES))
         return -ENOMEM;
+    pause_us(GIVE_IDLE_US);             /* idle, as before B's grow */
     uint64_t t0 = bench_now_ns();
     for (int i = 0; i < n && !rc; i++)
         rc = kvvm_seq_swap_out(g->a, pick[i]);
@@ -284,6 +283,123 @@ static int sample_give_a(void *arg, double *out)
         rc = kvvm_sync(g->a);
     *out = (double)(bench_now_ns() - t0) / 1e6;
     return rc;
+}
+
+struct give_reply {
+    int rc;
+    double ms;
+};
+
+/* A's process: at GIVE_OPEN (once the rows before have closed their contexts) opens A
+   (KVVM_F_AUTO_SWAP, a host tier, no frame pool thread: idle, no frame ahead) and fills
+   the pool; answers {rc, ms} to each command until GIVE_QUIT or EOF. */
+static int give_a_main(struct pool_env *e, int cmd, int ans)
+{
+    struct give_a g = { .n_as = POOL_FRAMES / (NR * A_PAGES) };
+    size_t pool = (size_t)POOL_FRAMES * e->gran;
+    struct give_reply r = { 0 };
+    char c;
+    if (read(cmd, &c, 1) != 1 || c != GIVE_OPEN)
+        return 0;
+    r.rc = ctx_open(e, e->sock, 0, KVVM_F_AUTO_SWAP, pool, 0, &g.a);
+    for (int i = 0; !r.rc && i < g.n_as; i++)
+        if (!(r.rc = kvvm_seq_create(g.a, &g.as[i])))
+            r.rc = kvvm_seq_grow(g.a, g.as[i], (uint64_t)A_PAGES * TOK);
+    if (r.rc)
+        fprintf(stderr, "kvvm-bench: pool: client A: %s\n", kvvm_last_error());
+    if (write(ans, &r, sizeof r) != (ssize_t)sizeof r || r.rc)
+        return 1;
+    while (read(cmd, &c, 1) == 1 && c != GIVE_QUIT) {
+        r = (struct give_reply){ 0 };
+        r.rc = c == GIVE_FILL ? give_fill_a(&g) : give_swap_a(&g, &r.ms);
+        if (r.rc)
+            fprintf(stderr, "kvvm-bench: pool: client A: %s\n", kvvm_last_error());
+        if (write(ans, &r, sizeof r) != (ssize_t)sizeof r)
+            break;
+    }
+    kvvm_close(g.a);
+    return 0;
+}
+
+/* Sends command c to A and reads its reply. */
+static int give_ask_a(struct give *g, char c, double *ms)
+{
+    struct give_reply r;
+    if (write(g->cmd, &c, 1) != 1 || read(g->ans, &r, sizeof r) != (ssize_t)sizeof r)
+        return -EIO;
+    if (ms)
+        *ms = r.ms;
+    return r.rc;
+}
+
+/* Forks A's process (before the group opens any context); it opens A and holds the pool
+   at give_a_ready. */
+static int give_a_start(struct pool_env *e, struct give *g)
+{
+    int cmd[2], ans[2];
+    if (pipe2(cmd, O_CLOEXEC))
+        return -errno;
+    if (pipe2(ans, O_CLOEXEC)) {
+        close(cmd[0]);
+        close(cmd[1]);
+        return -errno;
+    }
+    fflush(NULL);
+    g->a = fork();
+    if (g->a < 0)
+        return -errno;
+    if (g->a == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(cmd[1]);
+        close(ans[0]);
+        _exit(give_a_main(e, cmd[0], ans[1]));
+    }
+    close(cmd[0]);
+    close(ans[1]);
+    g->cmd = cmd[1];
+    g->ans = ans[0];
+    return 0;
+}
+
+static int give_a_ready(struct give *g)
+{
+    return give_ask_a(g, GIVE_OPEN, NULL);
+}
+
+static void give_a_stop(struct give *g)
+{
+    if (g->a <= 0)
+        return;
+    char c = GIVE_QUIT;
+    if (write(g->cmd, &c, 1) != 1)
+        kill(g->a, SIGKILL);
+    close(g->cmd);
+    close(g->ans);
+    waitpid(g->a, NULL, 0);
+    g->a = 0;
+}
+
+static int sample_give_b(void *arg, double *out)
+{
+    struct give *g = arg;
+    kvvm_seq s;
+    int rc = give_ask_a(g, GIVE_FILL, NULL);
+    if (rc || (rc = kvvm_seq_create(g->b, &s)))
+        return rc;
+    pause_us(GIVE_IDLE_US);             /* A idle: the daemon's reserve made again (A's
+                                           refill took its ready frames) */
+    uint64_t t0 = bench_now_ns();
+    rc = kvvm_seq_grow(g->b, s, (uint64_t)(GIVE_N / NR) * TOK);
+    *out = (double)(bench_now_ns() - t0) / 1e6;
+    kvvm_seq_free(g->b, s);
+    (void)kvvm_step(g->b);
+    (void)kvvm_trim(g->b, 0);           /* B's frames back to the daemon for A */
+    return rc;
+}
+
+static int sample_give_a(void *arg, double *out)
+{
+    return give_ask_a(arg, GIVE_SWAP, out);
 }
 
 /* ---- death --------------------------------------------------------------------------- */
@@ -482,24 +598,19 @@ static int rows_small(struct pool_env *e)
     return rc;
 }
 
-static int rows_give(struct pool_env *e)
+static int rows_give(struct pool_env *e, struct give *g)
 {
-    struct give g = { .n_as = POOL_FRAMES / (NR * A_PAGES) };
     struct bench_pair pr;
-    size_t pool = (size_t)POOL_FRAMES * e->gran;
-    int rc = ctx_open(e, e->sock, 0, KVVM_F_AUTO_SWAP, pool, 0, &g.a);   /* idle: no frame ahead */
-    for (int i = 0; !rc && i < g.n_as; i++)
-        if (!(rc = kvvm_seq_create(g.a, &g.as[i])))
-            rc = kvvm_seq_grow(g.a, g.as[i], (uint64_t)A_PAGES * TOK);
-    if (!rc)        /* after A holds the pool; leasing on its own thread, as A does */
-        rc = ctx_open(e, e->sock, 0, 0, 0, 0, &g.b);
-    if (!rc && !(rc = bench_pairs(e->b, sample_give_b, &g, sample_give_a, &g, &pr))) {
+    int rc = give_a_ready(g);           /* A holds the pool */
+    if (!rc)        /* leasing on its own thread, as A does */
+        rc = ctx_open(e, e->sock, 0, 0, 0, 0, &g->b);
+    if (!rc && !(rc = bench_pairs(e->b, sample_give_b, g, sample_give_a, g, &pr))) {
         char op[96];
         snprintf(op, sizeof op, "giving back: B's grow needing %d frames idle A holds", GIVE_N);
         bench_report_pair(e->b, G, op, &pr, "A swaps the same pages out", "ms", 1);
     }
-    kvvm_close(g.b);
-    kvvm_close(g.a);
+    kvvm_close(g->b);
+    give_a_stop(g);
     return rc;
 }
 
@@ -524,8 +635,14 @@ int bench_daemon(struct bench_ctx *b)
     int rc = daemon_start(&e);
     if (rc)
         return rc > 0 ? 0 : rc;
-    if (!(rc = rows_small(&e)) && !(rc = rows_give(&e)))
+    struct give g = { 0 };
+    if ((rc = give_a_start(&e, &g))) {          /* before any context of this process */
+        daemon_stop(&e);
+        return rc;
+    }
+    if (!(rc = rows_small(&e)) && !(rc = rows_give(&e, &g)))
         rc = rows_death(&e);
+    give_a_stop(&g);
     if (rc)
         fprintf(stderr, "kvvm-bench: pool: %s\n", kvvm_last_error());
     daemon_stop(&e);

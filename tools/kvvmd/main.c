@@ -51,7 +51,9 @@ static void usage(FILE *f)
           "             [--emu-granule BYTES] [--metrics ADDR:PORT] [--reserve-frames N]\n"
           "BYTES takes K/M/G suffixes (powers of 1024). --metrics: GET /metrics on that\n"
           "IPv4 address and port (e.g. 127.0.0.1:9464; port 0: a free one).\n"
-          "--reserve-frames: free frames created ahead when idle (default 64; 0: none).\n", f);
+          "--reserve-frames: free frames created ahead when idle, at least (default 64; 0:\n"
+          "             none); up to the largest need of a call where the device has room.\n",
+          f);
 }
 
 /* BYTES with an optional K/M/G suffix; false when malformed. */

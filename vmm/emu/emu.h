@@ -50,9 +50,12 @@
  *    exporter's, else KCU_ERROR_INVALID_VALUE; a descriptor that is no emulated export:
  *    KCU_ERROR_INVALID_VALUE); it is released with cuMemRelease and its memory is not
  *    the importing device's (counted in imported/imported_bytes). A handle released in
- *    the exporter stays alive while an importer holds it, and stays accounted to the
+ *    the exporter stays alive while an importer holds it or an export descriptor of it is
+ *    still open (cuMemRelease's "shareable counterparts"), and stays accounted to the
  *    exporting device (lingering) until every importer has released and unmapped it or
- *    exited (each import holds a shared flock on its own open of the memfd).
+ *    exited and every export descriptor is closed (an export is a dup of the allocation's
+ *    export description, made at create, which holds a shared flock; an import is a dup
+ *    of the descriptor it is given).
  */
 #ifndef KVVM_VMM_EMU_EMU_H
 #define KVVM_VMM_EMU_EMU_H
@@ -102,8 +105,8 @@ struct emu_counters {
     uint64_t creates, releases, maps, unmaps, set_access;
     /* shareable handles: live imported handles and their bytes (their memory is the
        exporting device's: not in handles/handle_bytes), released shareable handles an
-       importer still holds (still in handles/handle_bytes), and successful exports and
-       imports since creation */
+       importer or an export descriptor still holds (still in handles/handle_bytes), and
+       successful exports and imports since creation */
     uint64_t imported, imported_bytes, lingering, exports, imports;
 };
 int emu_counters_get(int ordinal, struct emu_counters *out);

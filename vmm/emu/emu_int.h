@@ -145,13 +145,17 @@ struct emu_handle {
     struct emu_dev *dev;           /* NULL = free slot; an imported one: the importer's */
     uint32_t gen;                  /* bumped when the slot is freed */
     bool released;                 /* cuMemRelease done; memory lives until maps == 0 */
-    /* a released shareable handle an importer still holds (its own open of the memfd
-       holds a shared flock): its memory stays accounted to the device until reaped */
+    /* a released shareable handle an importer or an open export descriptor still holds
+       (a descriptor of its export description, xfd's, which holds a shared flock): its
+       memory stays accounted to the device until reaped */
     bool lingering;
     unsigned char kind;            /* EMU_H_* */
     size_t base, ngran;            /* granule range in the device (bitmap; memfd if PLAIN) */
     size_t maps;                   /* live mappings of it */
     int fd;                        /* SHAREABLE, IMPORTED: its own memfd; else unused */
+    /* SHAREABLE: the export description (the memfd opened anew at create, holding a shared
+       flock), of which every export is a dup, until the release closes it; else -1 */
+    int xfd;
 };
 
 /* Where a copy reaches device bytes (emu_handle_loc): p, a pointer into the device's view
@@ -354,15 +358,20 @@ void emu_handle_loc(const struct emu_handle *h, size_t byte, struct emu_loc *at)
 int emu_handle_slot_alloc_locked(size_t *slot);
 
 /* emu_share.c */
-/* A shareable handle's own memfd, filled with EMU_POISON (written, no fault; no view):
-   0; KCU_ERROR_OUT_OF_MEMORY. */
-kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd);
-/* Writes n bytes at off of memfd f, pattern pat (EMU_FILL_BYTES bytes, or n if fewer)
-   repeated: pwritev of it many times, no mapping. False on a write error (errno). */
+/* A shareable handle's own memfd (fd), filled with EMU_POISON (written, no fault; no
+   view), and its export description (xfd: emu_handle.xfd): 0; KCU_ERROR_OUT_OF_MEMORY. */
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd, int *xfd);
+/* Closes a SHAREABLE handle's export description (at its release: no export follows). */
+void emu_share_unexport(struct emu_handle *h);
+/* Writes n bytes at off of memfd f, all of pat's value (pat: EMU_FILL_BYTES bytes of one
+   value, or n if fewer), by a pwritev of pat many times, no mapping. False on a write
+   error (errno). */
 bool emu_fd_fill(int f, off_t off, size_t n, const unsigned char *pat);
-/* True when an importer still holds the released shareable handle h. */
+/* True when the released shareable handle h is still held: an import of it (in any
+   process) or an export not closed yet. */
 bool emu_share_held_elsewhere(const struct emu_handle *h);
-/* Closes a SHAREABLE or IMPORTED handle's memfd (there is no view to unmap). */
+/* Closes a SHAREABLE or IMPORTED handle's memfd and export description (no view to
+   unmap). */
 void emu_share_close(struct emu_handle *h);
 /* Frees d's lingering handles that no importer holds any more. */
 void emu_share_reap_locked(struct emu_dev *d);

@@ -10,18 +10,24 @@
  * the same for the import's fstat (which it makes anyway, for the size): the sticky bit and
  * owner read-write mark an export, the group's and others' read and write bits hold its
  * granule (share_mode), so an import reads no name (a readlink of /proc/self/fd/N per frame
- * was a third of an import's cost). An export is a new descriptor of that memfd; an import, in
- * this or another process, opens the memfd anew (/proc/self/fd/N: an open file description of
- * its own) and takes a shared flock on it. A shareable or imported handle has no mapping of
- * the emulator's own: a window maps its memfd, and a copy reads and writes the memfd
+ * was a third of an import's cost). The create also opens the memfd anew (/proc/self/fd/N):
+ * the export description, which takes a shared flock at once and is kept (xfd) until the
+ * release. An export is a dup of it; an import, in this or another process, is an fstat (every
+ * check) and a dup of the descriptor it is given (no open, no flock: the description it shares
+ * holds the lock). An import opened its own description and locked it before: two system calls
+ * more per imported frame, on the client's path. A shareable or imported handle has no mapping
+ * of the emulator's own: a window maps its memfd, and a copy reads and writes the memfd
  * (copies.c: pread, pwrite), so neither a create, an import nor a copy pays an mmap, and a
  * release is a close (a munmap of a view there was 91-99% of a client's give-back of 64
  * imports: a TLB shoot-down of every CPU running one of its threads). The kernel keeps the
  * memory while any descriptor or mapping remains, as the driver keeps an allocation while an
- * importer holds it; the exporting device's accounting follows the same rule: a released
- * shareable handle whose memfd an importer still holds (the exporter's exclusive non-blocking
- * flock fails) lingers, its granules taken, until a later look (cuMemCreate, cuMemGetInfo, the
- * counters) finds every importer gone.
+ * importer holds it; the exporting device's accounting follows the same rule: the release
+ * closes xfd, and a released shareable handle whose export description is still open (an
+ * import, here or in another process, or an export not closed yet: cuMemRelease's "shareable
+ * counterparts"; the exporter's exclusive non-blocking flock on its own description fails)
+ * lingers, its granules taken, until a later look (cuMemCreate, cuMemGetInfo, the counters)
+ * finds them all closed. A child forked without exec closes its copies of the export
+ * descriptions and imports (share_atfork_child), so it holds none of the parent's.
  */
 #include "emu_int.h"
 
@@ -108,8 +114,56 @@ bool emu_fd_fill(int f, off_t off, size_t n, const unsigned char *pat)
     return true;
 }
 
-kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
+/* Opens memfd f anew (an open file description of its own: the export description) and
+   takes the shared flock every export and import of it then holds. -1 on failure (errno). */
+static int export_open(int f)
 {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", f);
+    int x = open(path, O_RDWR | O_CLOEXEC);
+    if (x < 0)
+        return -1;
+    while (flock(x, LOCK_SH) != 0) {     /* a new memfd: no one else can hold a lock */
+        if (errno != EINTR) {
+            int e = errno;
+            close(x);
+            errno = e;
+            return -1;
+        }
+    }
+    return x;
+}
+
+/* A child forked without exec inherits every descriptor: its copies of the export
+   descriptions (xfd) and of the imports (each a dup of one) would keep the shared flock
+   that says an allocation is held, so the exporter's released allocations would linger
+   until the child exits, where a GPU's fork copies no device allocation. The child closes
+   them (its handles of the parent's are unusable there, as its contexts are). */
+static void share_atfork_child(void)
+{
+    for (size_t i = 0; i < emu.handles_cap; i++) {
+        struct emu_handle *h = &emu.handles[i];
+        if (!h->dev)
+            continue;
+        if (h->kind == EMU_H_SHAREABLE && h->xfd >= 0) {
+            close(h->xfd);
+            h->xfd = -1;
+        } else if (h->kind == EMU_H_IMPORTED && h->fd >= 0) {
+            close(h->fd);
+            h->fd = -1;
+        }
+    }
+}
+
+static void share_atfork_init(void)
+{
+    (void)pthread_atfork(NULL, NULL, share_atfork_child);
+}
+
+kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd, int *xfd)
+{
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&fork_once, share_atfork_init);
     char name[64];
     snprintf(name, sizeof name, SHARE_PREFIX "%zu", d->gran);
     /* device memory is never executed: sealed so where the kernel can (6.3 and later), as
@@ -117,7 +171,9 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
     int f = memfd_create(name, MFD_CLOEXEC | MFD_NOEXEC_SEAL);
     if (f < 0 && errno == EINVAL)
         f = memfd_create(name, MFD_CLOEXEC);
-    if (f < 0 || ftruncate(f, (off_t)size) != 0 || fchmod(f, share_mode(d->gran)) != 0) {
+    int x = -1;
+    if (f < 0 || ftruncate(f, (off_t)size) != 0 || fchmod(f, share_mode(d->gran)) != 0 ||
+        (x = export_open(f)) < 0) {
         klog_error("emulated device %d: a shareable allocation's memfd could not be made: %s",
                    d->ordinal, strerror(errno));
         if (f >= 0)
@@ -129,18 +185,30 @@ kcu_result emu_share_create_locked(struct emu_dev *d, size_t size, int *fd)
     if (!emu_fd_fill(f, 0, size, poison)) {
         klog_error("emulated device %d: a shareable allocation's memfd could not be "
                    "poisoned: %s", d->ordinal, strerror(errno));
+        close(x);
         close(f);
         return KCU_ERROR_OUT_OF_MEMORY;
     }
     *fd = f;
+    *xfd = x;
     return KCU_SUCCESS;
+}
+
+void emu_share_unexport(struct emu_handle *h)
+{
+    KVVM_ASSERT(h->kind == EMU_H_SHAREABLE);
+    if (h->xfd >= 0)
+        close(h->xfd);
+    h->xfd = -1;
 }
 
 bool emu_share_held_elsewhere(const struct emu_handle *h)
 {
-    KVVM_ASSERT(h->kind == EMU_H_SHAREABLE && h->fd >= 0);
-    /* The exporter's own description (and the descriptors its exports dup'ed from it)
-       holds no lock; every importer's own description holds a shared one. */
+    KVVM_ASSERT(h->kind == EMU_H_SHAREABLE && h->fd >= 0 && h->xfd < 0);
+    /* The exporter's own description holds no lock; the export description holds a shared
+       one while any descriptor of it is open: an export not closed yet, an import (a dup of
+       it, here or in another process), their copies. The exporter's own descriptor of it
+       (xfd) was closed at the release. */
     if (flock(h->fd, LOCK_EX | LOCK_NB) == 0)
         return false;               /* released by close() in emu_share_close */
     return errno == EWOULDBLOCK;
@@ -148,6 +216,8 @@ bool emu_share_held_elsewhere(const struct emu_handle *h)
 
 void emu_share_close(struct emu_handle *h)
 {
+    if (h->kind == EMU_H_SHAREABLE)
+        emu_share_unexport(h);
     if (h->fd >= 0)
         close(h->fd);
     h->fd = -1;
@@ -185,7 +255,12 @@ kcu_result emu_cuMemExportToShareableHandle(void *shareableHandle, kcu_mem_handl
         r = KCU_ERROR_INVALID_VALUE;      /* created without requestedHandleTypes */
         goto out;
     }
-    int fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0);
+    if (h->xfd < 0) {                     /* closed at the release, or the parent's handle
+                                             in a forked child (share_atfork_child) */
+        r = KCU_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    int fd = fcntl(h->xfd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
         klog_error("emulated device %d: cuMemExportToShareableHandle: no descriptor: %s",
                    h->dev->ordinal, strerror(errno));
@@ -209,27 +284,10 @@ static size_t export_granule(const struct stat *st)
     return mode_granule(st->st_mode);   /* 0: not one of the emulator's exports */
 }
 
-/* Opens the export anew (a description of its own) and takes the import's shared flock. */
-static int import_open(int fd)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    int f = open(path, O_RDWR | O_CLOEXEC);
-    if (f < 0)
-        return -1;
-    while (flock(f, LOCK_SH) != 0) {     /* an exporter's check holds it for an instant */
-        if (errno != EINTR) {
-            close(f);
-            return -1;
-        }
-    }
-    return f;
-}
-
 /* Errors: handle NULL, a descriptor that is not an emulated export, its size not a
    multiple of the current device's granule or its granule not the device's:
-   KCU_ERROR_INVALID_VALUE; another handle type: KCU_ERROR_NOT_SUPPORTED; no slot, no
-   descriptor or no view: KCU_ERROR_OUT_OF_MEMORY. The caller keeps osHandle. */
+   KCU_ERROR_INVALID_VALUE; another handle type: KCU_ERROR_NOT_SUPPORTED; no slot or no
+   descriptor: KCU_ERROR_OUT_OF_MEMORY. The caller keeps osHandle. */
 kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHandle,
                                               int shHandleType)
 {
@@ -252,7 +310,9 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
         goto out;
     }
     size_t size = (size_t)st.st_size;
-    if (emu_handle_slot_alloc_locked(&slot) || (f = import_open(fd)) < 0) {
+    /* the export description itself (no open, no flock): it holds the shared flock that
+       tells the exporter this allocation is still held */
+    if (emu_handle_slot_alloc_locked(&slot) || (f = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
@@ -260,7 +320,7 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
        writes the memfd (copies.c) */
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen,
                                              .ngran = size / d->gran, .fd = f,
-                                             .kind = EMU_H_IMPORTED };
+                                             .xfd = -1, .kind = EMU_H_IMPORTED };
     d->c.imported++;
     d->c.imported_bytes += size;
     d->c.imports++;

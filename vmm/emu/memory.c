@@ -321,9 +321,9 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
-    int fd = -1;
+    int fd = -1, xfd = -1;
     if (types == KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
-        (r = emu_share_create_locked(d, size, &fd))) {
+        (r = emu_share_create_locked(d, size, &fd, &xfd))) {
         range_free_locked(d, base, size / d->gran);
         goto out;
     }
@@ -335,7 +335,7 @@ kcu_result emu_cuMemCreate(kcu_mem_handle *handle, size_t size,
         memset(d->view + base * d->gran, EMU_POISON, size);
     }
     emu.handles[slot] = (struct emu_handle){ .dev = d, .gen = emu.handles[slot].gen, .base = base,
-                                     .ngran = size / d->gran, .fd = fd,
+                                     .ngran = size / d->gran, .fd = fd, .xfd = xfd,
                                      .kind = fd >= 0 ? EMU_H_SHAREABLE : EMU_H_PLAIN };
     d->c.handles++;
     d->c.handle_bytes += size;
@@ -359,6 +359,8 @@ kcu_result emu_cuMemRelease(kcu_mem_handle handle)
     }
     h->released = true;
     h->dev->c.releases++;
+    if (h->kind == EMU_H_SHAREABLE)
+        emu_share_unexport(h);       /* before maybe_free's look: exports are over */
     emu_handle_maybe_free_locked(slot);
 out:
     return emu_leave(r);
