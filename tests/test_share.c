@@ -104,6 +104,18 @@ static int create_typed(int ord, size_t bytes, int types, kcu_mem_handle *h)
     return A->cuMemCreate(h, bytes, &p, 0);
 }
 
+/* Exports h and imports it in this process (the handle an importing client gets), closing
+   the descriptor in between; asserts each step. */
+static void import_own(kcu_mem_handle h, kcu_mem_handle *in)
+{
+    int fd = -1;
+    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
+    cr_assert_eq(A->cuMemImportFromShareableHandle(in, (void *)(intptr_t)fd,
+                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
+    close(fd);
+}
+
 /* Maps h (bytes) read-write at a new reservation; returns the window, 0 on failure. */
 static unsigned char *map_rw(int ord, kcu_mem_handle h, size_t bytes, kcu_deviceptr *va)
 {
@@ -328,13 +340,8 @@ Test(share_emu, shareable_create_poisons_without_first_touch_faults)
     long faults = r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt;
     cr_expect_lt(faults, 64, "creating a 2 MiB shareable allocation took %ld page faults",
                  faults);
-    int fd = -1;
-    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
     kcu_mem_handle imp;
-    cr_assert_eq(A->cuMemImportFromShareableHandle(&imp, (void *)(intptr_t)fd,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
-    close(fd);
+    import_own(h, &imp);
     kcu_deviceptr va, vb;
     unsigned char *w = map_rw(ord, h, bytes, &va), *x = map_rw(ord, imp, bytes, &vb);
     cr_assert(w && x);
@@ -401,12 +408,7 @@ Test(share_emu, copies_map_no_view)
     cr_assert_eq(create_typed(ord, n, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h2),
                  KCU_SUCCESS);
     cr_assert_eq(create_typed(ord, n, KCU_MEM_HANDLE_TYPE_NONE, &pl), KCU_SUCCESS);
-    int fd = -1;
-    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
-    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
-    close(fd);
+    import_own(h, &in);
     cr_expect_eq(share_mappings(), m0, "creates and an import mapped %d views",
                  share_mappings() - m0);
     static unsigned char src[4 * G], mod[4 * G], two[4 * G];   /* mod: what h holds */
@@ -471,12 +473,7 @@ Test(share_emu, imported_handle_mapped_at_two_addresses)
     kcu_mem_handle h, in;
     cr_assert_eq(create_typed(ord, G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
                  KCU_SUCCESS);
-    int fd = -1;
-    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
-    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
-    close(fd);
+    import_own(h, &in);
     kcu_deviceptr va, vb;
     unsigned char *x = map_rw(ord, in, G, &va), *y = map_rw(ord, in, G, &vb);
     cr_assert(x && y, "an imported handle mapped a second time");
@@ -617,12 +614,7 @@ Test(share_emu, forked_child_does_not_keep_released_allocations)
     kcu_mem_handle h, in;
     cr_assert_eq(create_typed(ord, G, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, &h),
                  KCU_SUCCESS);
-    int fd = -1;
-    cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
-    cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
-                 KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS);
-    close(fd);
+    import_own(h, &in);
     int up[2], hold[2];
     cr_assert_eq(pipe(up), 0);
     cr_assert_eq(pipe(hold), 0);
@@ -752,13 +744,7 @@ Test(share_emu, every_granule_exports_and_imports)
         kcu_mem_handle h, in;
         cr_assert_eq(create_typed(ord, 2 * gran, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
                                   &h), KCU_SUCCESS, "a shareable allocation, granule %zu", gran);
-        int fd = -1;
-        cr_assert_eq(A->cuMemExportToShareableHandle(&fd, h,
-                     KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), KCU_SUCCESS);
-        cr_assert_eq(A->cuMemImportFromShareableHandle(&in, (void *)(intptr_t)fd,
-                     KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), KCU_SUCCESS,
-                     "its import, granule %zu", gran);
-        close(fd);
+        import_own(h, &in);
         kcu_deviceptr va, vb;
         unsigned char *w = map_rw(ord, h, 2 * gran, &va), *x = map_rw(ord, in, 2 * gran, &vb);
         cr_assert(w && x);
