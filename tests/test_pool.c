@@ -1088,6 +1088,27 @@ static unsigned frames_got(int fd)
     return ((const struct pool_frames *)buf)->n;
 }
 
+/* A daemon of 16 frames (d), all leased to client v; client b's call needs 12 and leases
+   4 with a deadline of ms; v gives the 12 it is asked for (ids: v's frames). Client c is
+   connected and holds none. Returns the frames v was asked for; *got: b's first grant. */
+static uint32_t need_of_12(struct pd *d, uint32_t ms, int *v, int *b, int *c,
+                           uint64_t ids[16], unsigned *got)
+{
+    pd_start(d, "1M");                                  /* 16 frames */
+    *v = pc_client(d->path, "victim");
+    *b = pc_client(d->path, "asker");
+    *c = pc_client(d->path, "other");
+    int fds[16];
+    cr_assert_eq(pc_lease(*v, 16, ids, fds, NULL), 16);
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    lease_need_send(*b, 4, ms, 12);
+    uint32_t asked = 0;
+    victim_gives(*v, ids, 12, &asked);
+    *got = frames_got(*b);
+    return asked;
+}
+
 /* Issue 34 (giving back): a call needing 12 frames leases 4 at a time; the daemon asks the
    victim for all 12 in the first round (one RECLAIM, not one per lease), and the 8 given
    past the first lease are the asker's: another client's lease gets none of them, the
@@ -1096,19 +1117,13 @@ Test(pool, lease_need_asked_in_one_round_surplus_held_for_the_asker)
 {
     TH_DEADLINE(60);
     struct pd d;
-    pd_start(&d, "1M");                                 /* 16 frames */
-    int v = pc_client(d.path, "victim"), b = pc_client(d.path, "asker"),
-        c = pc_client(d.path, "other");
+    int v, b, c;
     uint64_t ids[16];
     int fds[16];
-    cr_assert_eq(pc_lease(v, 16, ids, fds, NULL), 16);
-    for (int i = 0; i < 16; i++)
-        close(fds[i]);
-    lease_need_send(b, 4, 30000, 12);
-    uint32_t asked = 0;
-    victim_gives(v, ids, 12, &asked);
+    unsigned got;
+    uint32_t asked = need_of_12(&d, 30000, &v, &b, &c, ids, &got);
     cr_expect_eq(asked, 12, "the victim asked for the call's whole need at once");
-    cr_expect_eq(frames_got(b), 4);
+    cr_expect_eq(got, 4);
     cr_expect_eq(pc_lease(c, 8, ids + 12, fds, NULL), 0, "the asker's surplus is held");
     lease_need_send(b, 8, 30000, 8);
     cr_expect_eq(frames_got(b), 8, "the surplus granted to the asker at once");
@@ -1128,19 +1143,13 @@ Test(pool, lease_need_credit_ends_at_the_deadline)
 {
     TH_DEADLINE(60);
     struct pd d;
-    pd_start(&d, "1M");
-    int v = pc_client(d.path, "victim"), b = pc_client(d.path, "asker"),
-        c = pc_client(d.path, "other");
+    int v, b, c;
     uint64_t ids[16], got[16];
     int fds[16];
-    cr_assert_eq(pc_lease(v, 16, ids, fds, NULL), 16);
-    for (int i = 0; i < 16; i++)
-        close(fds[i]);
-    lease_need_send(b, 4, 200, 12);
-    uint32_t asked = 0;
-    victim_gives(v, ids, 12, &asked);
+    unsigned first;
+    uint32_t asked = need_of_12(&d, 200, &v, &b, &c, ids, &first);
     cr_expect_eq(asked, 12);
-    cr_expect_eq(frames_got(b), 4);
+    cr_expect_eq(first, 4);
     unsigned n;
     while ((n = pc_lease(c, 8, got, fds, NULL)) == 0)
         sched_yield();                          /* until the credit's deadline passed */

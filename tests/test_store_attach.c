@@ -186,6 +186,16 @@ static void steady_state(bool stream)
     rmdir_all(dir);
 }
 
+/* A file:// store in a fresh directory (dir, url) with every set published, and c the
+   attaching context's configuration on it (cfg_a), for the caller to adjust and open. */
+static void published_store(char *dir, size_t dlen, char *url, size_t ulen,
+                            struct kvvm_config *c)
+{
+    file_url(dir, dlen, url, ulen);
+    publish_sets(url);
+    cfg_a(c, url);
+}
+
 Test(store_attach, steady_state_attach_faults_no_page)
 {
     steady_state(false);
@@ -222,12 +232,10 @@ Test(store_attach, staging_reuse_waits_for_queued_copies)
 {
     TH_DEADLINE(120);
     char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    publish_sets(url);
     struct kvvm_config c;
     struct tctx t;
     void *st_engine = NULL;
-    cfg_a(&c, url);
+    published_store(dir, sizeof dir, url, sizeof url, &c);
     topen_stream(&t, &c, &st_engine);
     uint8_t *b = malloc(PS);
     cr_assert(b);
@@ -266,11 +274,9 @@ Test(store_attach, staging_sized_by_need_counted_and_freed_by_trim)
 {
     TH_DEADLINE(120);
     char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    publish_sets(url);
     struct kvvm_config c;
     struct tctx t;
-    cfg_a(&c, url);
+    published_store(dir, sizeof dir, url, sizeof url, &c);
     c.max_tokens = (uint64_t)8 * NB * TPB;     /* the cap (8 attaches' worth) is not the size */
     topen(&t, &c);
     uint64_t base = pinned_bytes();
@@ -315,11 +321,9 @@ Test(store_attach, timed_out_attach_keeps_staging_until_reads_reaped)
 {
     TH_DEADLINE(120);
     char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    publish_sets(url);
     struct kvvm_config c;
     struct tctx t;
-    cfg_a(&c, url);
+    published_store(dir, sizeof dir, url, sizeof url, &c);
     c.store_timeout_ms = 200;
     topen(&t, &c);
     if (!store_direct(t.kv->store)) {
@@ -408,11 +412,9 @@ Test(store_attach, premap_while_reads_in_flight_then_given_back)
 {
     TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
     char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    publish_sets(url);
     struct kvvm_config c;
     struct tctx t;
-    cfg_a(&c, url);
+    published_store(dir, sizeof dir, url, sizeof url, &c);
     c.create_at_open = 1;         /* ready frames for the premap */
     topen(&t, &c);
     static struct hung_attach h;
@@ -459,11 +461,9 @@ Test(store_attach, attach_that_misses_premaps_nothing)
 {
     TH_DEADLINE(60);
     char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    publish_sets(url);
     struct kvvm_config c;
     struct tctx t;
-    cfg_a(&c, url);
+    published_store(dir, sizeof dir, url, sizeof url, &c);
     c.create_at_open = 1;         /* ready frames: a premap would find them */
     topen(&t, &c);
     kvvm_key k[NB];
@@ -500,12 +500,10 @@ Test(store_attach, staging_not_synchronized_during_graph_capture)
 {
     TH_DEADLINE(120);
     char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    publish_sets(url);
     struct kvvm_config c;
     struct tctx t;
     void *st_engine = NULL;
-    cfg_a(&c, url);
+    published_store(dir, sizeof dir, url, sizeof url, &c);
     topen_stream(&t, &c, &st_engine);
     uint8_t *b = malloc(PS);
     cr_assert(b);
