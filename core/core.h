@@ -76,6 +76,8 @@ struct kvvm {
     char *pool_socket;            /* owned copy of cfg.pool_socket */
     struct pool_cli *pool;        /* kvvmd connection (core/pool_client.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
+    struct pg_frame_src local_src;/* paging's frame source without a pool: this process's
+                                     own frames (core/frame_src.c) */
     uint64_t n_exports, n_imports; /* hand-offs (core/handoff_calls.c), under the lock */
     uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared index
                                      (core/prefix_pool.c), under the lock */
@@ -161,8 +163,11 @@ struct pool_cli_counters;
    page size, device_budget = the client's limit). 0 without pool_socket; -ECONNREFUSED,
    -EINVAL, -ENOSPC, -EPROTO, -ENOMEM (logged naming the cause). */
 int  core_pool_open(kvvm *kv);
-/* After the vmm: the frame source paging gets (NULL without a pool). */
+/* After the vmm: the pool's frame source (NULL without a pool); core_frame_source's pick. */
 const struct pg_frame_src *core_pool_source(kvvm *kv);
+/* frame_src.c: after the vmm and the layout, the frame source paging gets (never NULL): the
+   pool's with a pool, else this process's own frames (vmm_phys_create / release). */
+const struct pg_frame_src *core_frame_source(kvvm *kv);
 /* kvvm_set_budget with a pool: b must fit the pool (-EINVAL naming it, before anything
    moves: core_pool_budget_check); the daemon is told the new limit after the change. */
 int  core_pool_budget_check(kvvm *kv, size_t b);

@@ -3,10 +3,11 @@
  *
  * kvvm_open copies and checks the caller's config, opens the entries tier of the list
  * (core/tiers.c: the shared store of store_url), the device (vmm), reserves the layout,
- * opens the page tiers below the device (the host arena, the disk tier), then paging, swap
- * and the store's queue; each step is undone on failure (out_<what> labels). kvvm_close
- * tears it all down in the reverse order, the threads first (joined without the lock). It
- * names no tier: the list's entries do (core/tiers.h).
+ * opens the page tiers below the device (the host arena, the disk tier), then paging (its
+ * frame source: core/frame_src.c), swap and the store's queue; each step is undone on
+ * failure (out_<what> labels). kvvm_close tears it all down in the reverse order, the
+ * threads first (joined without the lock). It names no tier: the list's entries do
+ * (core/tiers.h).
  */
 #include "core.h"
 
@@ -162,7 +163,7 @@ static int open_layout(kvvm *kv)
         .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
     };
     core_tiers_params(kv, &pp);
-    pp.src = core_pool_source(kv);  /* NULL: this process's own frames */
+    pp.src = core_frame_source(kv); /* the pool's frames, or this process's (frame_src.c) */
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
         goto out_tiers;
