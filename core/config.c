@@ -17,7 +17,6 @@
 #include <strings.h>
 #include "common/env.h"
 #include "common/log.h"
-#include "store/store.h"
 
 extern char **environ;
 
@@ -252,7 +251,7 @@ void kvvm_config_init(struct kvvm_config *cfg)
     cfg->pool_decay_ms = 1000;
     cfg->create_at_open = 0;
     cfg->store_url = NULL;
-    cfg->store_timeout_ms = STORE_TIMEOUT_DEFAULT_MS;
+    cfg->store_timeout_ms = CORE_STORE_TIMEOUT_DEFAULT_MS;
     cfg->pool_socket = NULL;
     cfg->client_name = NULL;
     cfg->pool_reserve = 0;
@@ -413,7 +412,7 @@ void config_json(const struct kvvm_config *c, char *buf, size_t len, size_t *pos
             char red[512];
             if (v)
                 json_str(buf, len, pos, o->kind == OPT_URL
-                                        ? store_url_redact(v, red, sizeof red) : v);
+                                        ? core_tiers_url_redact(v, red, sizeof red) : v);
             else
                 json_put(buf, len, pos, "null");
             break;

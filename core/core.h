@@ -47,10 +47,11 @@
 #include "swap/frame_pool.h"
 #include "core/tiers.h"
 #include "prefix/prefix.h"
-#include "store/store.h"
 
 #define POOL_TIMEOUT_DEFAULT_MS 1000u                 /* kvvm_config.pool_timeout_ms */
 #define STORE_QUEUE_DEFAULT_BYTES ((size_t)64 << 20)  /* kvvm_config.store_queue_bytes */
+
+struct store;                     /* store/'s; only core/tier_store.c includes its header */
 
 struct kvvm {
     pthread_mutex_t lock;         /* protects everything below and the layers' state */
@@ -61,21 +62,27 @@ struct kvvm {
     struct swap *sw;
     struct prefix *pfx;           /* the prefix cache's index (prefix/) */
     struct frames *fr;            /* the frame pool thread (NULL with pool_thread = 0) */
-    struct core_tier_at tier[PG_N_LOWER]; /* the tiers below the device (core/tiers.h:
-                                     the entry that opened each level and its layer) */
-    struct pg_tier_ops tier_ops[PG_N_LOWER]; /* paging's view of them (alloc NULL: off) */
-    struct store *store;          /* the shared store (NULL without store_url); it has its
-                                     own lock and may be called without kvvm.lock */
+    struct core_tier_at tier[CORE_N_LEVELS]; /* the tiers below the device (core/tiers.h:
+                                     the entry that opened each level and its layer; the
+                                     last level, CORE_LEVEL_STORE, the prefix cache's store) */
+    struct pg_tier_ops tier_ops[PG_N_LOWER]; /* paging's view of the page tiers (alloc NULL:
+                                     off) */
+    struct store *store;          /* the built-in store tier's store/ handle while it is open
+                                     (NULL otherwise): set and cleared by core/tier_store.c
+                                     alone, for the tests' hooks (store_test_hang); core
+                                     reaches the store through the list's entry */
     char *store_url;              /* owned copy of cfg.store_url */
     char *client_name;            /* owned copy of cfg.client_name */
     char *pool_socket;            /* owned copy of cfg.pool_socket */
     struct pool_cli *pool;        /* kvvmd connection (core/pool_client.c; NULL: local frames) */
     struct pg_frame_src pool_src; /* paging's frame source over it */
+    struct pg_frame_src local_src;/* paging's frame source without a pool: this process's
+                                     own frames (core/frame_src.c) */
     uint64_t n_exports, n_imports; /* hand-offs (core/handoff_calls.c), under the lock */
     uint64_t pool_hit_blocks;     /* blocks attached from the daemon's shared index
                                      (core/prefix_pool.c), under the lock */
     struct storeq *sq;            /* the prefix cache's store queue and thread (storeq.c;
-                                     NULL without a store) */
+                                     NULL without an entries tier on) */
     uint64_t base;                /* reservation base */
     uint64_t slot_bytes;
     bool dead;                    /* sticky: every call returns -EIO */
@@ -156,8 +163,11 @@ struct pool_cli_counters;
    page size, device_budget = the client's limit). 0 without pool_socket; -ECONNREFUSED,
    -EINVAL, -ENOSPC, -EPROTO, -ENOMEM (logged naming the cause). */
 int  core_pool_open(kvvm *kv);
-/* After the vmm: the frame source paging gets (NULL without a pool). */
+/* After the vmm: the pool's frame source (NULL without a pool); core_frame_source's pick. */
 const struct pg_frame_src *core_pool_source(kvvm *kv);
+/* frame_src.c: after the vmm and the layout, the frame source paging gets (never NULL): the
+   pool's with a pool, else this process's own frames (vmm_phys_create / release). */
+const struct pg_frame_src *core_frame_source(kvvm *kv);
 /* kvvm_set_budget with a pool: b must fit the pool (-EINVAL naming it, before anything
    moves: core_pool_budget_check); the daemon is told the new limit after the change. */
 int  core_pool_budget_check(kvvm *kv, size_t b);
@@ -188,15 +198,9 @@ void core_pool_wait_hist(kvvm *kv, struct khist *out);
 void core_pool_explain(kvvm *kv, char *b, size_t n, size_t *pos);
 
 struct storeq;
-struct storeq_counters {
-    uint64_t puts, gets, hits, errors, bytes_out, bytes_in;   /* the store's, + given up */
-    uint64_t hit_blocks;          /* blocks kvvm_prefix_lookup found in the store */
-    uint64_t dropped;             /* queued writes the bound (store_queue_bytes) dropped */
-    uint64_t queue_bytes;         /* bytes of entries published and not yet acknowledged */
-    uint64_t staging_bytes;       /* attach's kept staging, now (store_staging_bytes) */
-};
-/* The queue, its staging buffer and its thread, for kv->store (none: *out NULL, 0). After
-   kv->store, kv->v and the configuration. -ENOMEM, -errno of pthread_create. */
+/* The queue, its staging buffer and its thread, for the entries tier that is on
+   (core_tiers_entries; none: *out NULL, 0), sized by its policy row (queue_bytes). After
+   the tiers, kv->v and paging. -ENOMEM, -errno of pthread_create. */
 int  storeq_create(kvvm *kv, struct storeq **out);
 /* The staging slots of a store queue of blocks of block_bytes (n_regions pages) bounded by
    queue_bytes (store_queue_bytes: whole blocks, at most 256; 0 = no write queued): as many
@@ -268,7 +272,14 @@ void storeq_fetch_free(struct storeq *q, struct storeq_fetch *f);
    pages there fresh) in every region, on the engine stream. -errno of paging_seq_write. */
 int  storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, size_t j0,
                         size_t j1, uint64_t first);
-void storeq_counters(struct storeq *q, struct storeq_counters *out);
+/* Adds the queue's figures to its tier's stats (core_tier_stats): errors += entries given up
+   (not on the device, the store down, no memory), hit_blocks (blocks kvvm_prefix_lookup
+   found in the store), dropped (queued writes the bound dropped), queue_bytes (entries
+   published and not yet acknowledged), staging_bytes (attach's kept staging, now). */
+void storeq_stats_add(struct storeq *q, struct core_tier_stats *out);
+/* The queue's invariants (q->mu taken): every staging slot is free or held by exactly one
+   queued or written batch. 0, or -EUCLEAN with why written (and logged). */
+int  storeq_check(struct storeq *q, char *why, size_t len);
 /* Context lock held, in the call frame (kvvm_trim): frees attach's staging unless an attach
    holds it now or the engine stream captures a graph (or its copies' fence fails). The
    bytes freed. */

@@ -1,6 +1,8 @@
 /*
  * core/debug.c: the whole-context invariant check of core/debug.h (paging's own checker is
- * paging/check.c), and the debug build's check after every public call. The testing
+ * paging/check.c; then every tier of the list: a page tier's slots against paging's count,
+ * and each tier's own check, core_tier_check), and the debug build's check after every
+ * public call. The testing
  * interface's hooks (kvvm_debug_*) are testing/hooks.c.
  */
 #include "core.h"
@@ -18,8 +20,11 @@ int core_check_locked(kvvm *kv, char *why, size_t len)
         rc = prefix_check(kv->pfx, why, len);   /* the entries' page references */
     struct paging_counters c;
     paging_counters(kv->pg, &c);
-    for (unsigned t = 0; !rc && t < PG_N_LOWER; t++) {
-        /* each tier's conservation: every slot in use is held by exactly one page */
+    for (unsigned t = 0; !rc && t < CORE_N_LEVELS; t++) {
+        rc = core_tier_check(kv, t, why, len);    /* its own (the store: its queue's) */
+        if (rc || core_tier_kind(t) != CORE_TIER_PAGES)
+            continue;
+        /* each page tier's conservation: every slot in use is held by exactly one page */
         struct core_tier_stats ts;
         core_tier_stats(kv, t, &ts);
         uint64_t used = ts.total - ts.free;

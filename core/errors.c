@@ -101,9 +101,11 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
         json_put(b, n, &pos, "device: %llu of %llu pages free (device_budget %zu)",
                  (unsigned long long)c.pages_free, (unsigned long long)c.pages_total,
                  kv->cfg.device_budget);
-    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+    for (unsigned t = 0; t < CORE_N_LEVELS; t++) {
         const struct core_tier *e = kv->tier[t].e;
         struct core_tier_stats ts;
+        if (core_tier_kind(t) != CORE_TIER_PAGES)
+            continue;                   /* an entries tier holds no room for pages */
         core_tier_stats(kv, t, &ts);
         if (!core_tier_on(kv, t)) {
             const struct core_tier *off = e ? e : core_tiers_first(t);

@@ -238,10 +238,10 @@ static void hists_read(kvvm *kv, struct snap *s)
 {
     swap_direct_hist(kv->sw, &s->h[HS_DIRECT]);
     khist_read(&kv->attach_hist, &s->h[HS_ATTACH]);
-    store_hist_get(kv->store, STORE_OP_PUT, &s->h[HS_STORE_PUT]);
-    store_hist_get(kv->store, STORE_OP_GET, &s->h[HS_STORE_GET]);
-    store_hist_get(kv->store, STORE_OP_LOOKUP, &s->h[HS_STORE_LOOKUP]);
-    store_hist_get(kv->store, STORE_OP_DELETE, &s->h[HS_STORE_DELETE]);
+    core_tiers_hist(kv, CORE_ENTRY_PUT, &s->h[HS_STORE_PUT]);   /* the store tier's */
+    core_tiers_hist(kv, CORE_ENTRY_GET, &s->h[HS_STORE_GET]);
+    core_tiers_hist(kv, CORE_ENTRY_LOOKUP, &s->h[HS_STORE_LOOKUP]);
+    core_tiers_hist(kv, CORE_ENTRY_DELETE, &s->h[HS_STORE_DELETE]);
     core_pool_wait_hist(kv, &s->h[HS_POOL_WAIT]);
 }
 

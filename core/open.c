@@ -1,10 +1,13 @@
 /*
  * core/open.c: the context's lifetime, kvvm_open and kvvm_close.
  *
- * kvvm_open copies and checks the caller's config, opens the device (vmm), reserves the
- * layout, opens the tiers below the device (core/tiers.c: the host arena, the disk tier), then
- * paging and swap; each step is undone on failure (out_<what> labels). kvvm_close tears it
- * all down in the reverse order, the reclaim thread first (joined without the lock).
+ * kvvm_open copies and checks the caller's config, opens the entries tier of the list
+ * (core/tiers.c: the shared store of store_url), the device (vmm), reserves the layout,
+ * opens the page tiers below the device (the host arena, the disk tier), then paging (its
+ * frame source: core/frame_src.c), swap and the store's queue; each step is undone on
+ * failure (out_<what> labels). kvvm_close tears it all down in the reverse order, the
+ * threads first (joined without the lock). It names no tier: the list's entries do
+ * (core/tiers.h).
  */
 #include "core.h"
 
@@ -135,8 +138,7 @@ static int open_layout(kvvm *kv)
     /* with a store: paging's copy run, where the store's copies read the pages of the
        entries published (one block of it per staging slot), at the reservation's end */
     uint64_t copy_at = reserve;
-    uint32_t copy_blocks = kv->store ? storeq_stage_slots((size_t)c->n_regions * c->page_size,
-                                                          c->store_queue_bytes) : 0;
+    uint32_t copy_blocks = core_tiers_copy_blocks(kv);
     reserve += (uint64_t)copy_blocks * c->n_regions * c->page_size;
     rc = vmm_reserve(kv->v, reserve, &kv->base);
     if (rc) {
@@ -144,7 +146,7 @@ static int open_layout(kvvm *kv)
                    (unsigned long long)reserve, rc);
         return rc;
     }
-    rc = core_tiers_open(kv);       /* the tiers below the device (core/tiers.c) */
+    rc = core_tiers_open(kv, CORE_TIER_PAGES);   /* the tiers below the device (tiers.c) */
     if (rc)
         goto out_unreserve;
     /* page descriptors: device pages + the pages the tiers below can hold */
@@ -161,7 +163,7 @@ static int open_layout(kvvm *kv)
         .feed = !!c->pool_thread, .prealloc = !!c->create_at_open,
     };
     core_tiers_params(kv, &pp);
-    pp.src = core_pool_source(kv);  /* NULL: this process's own frames */
+    pp.src = core_frame_source(kv); /* the pool's frames, or this process's (frame_src.c) */
     rc = paging_create(kv->v, &pp, &kv->pg);
     if (rc)
         goto out_tiers;
@@ -201,7 +203,7 @@ out_swap_only:
 out_paging:
     paging_destroy(kv->pg);
 out_tiers:
-    core_tiers_close(kv);
+    core_tiers_close(kv, CORE_TIER_PAGES);
 out_unreserve:
     vmm_unreserve(kv->v);
     return rc;
@@ -225,20 +227,6 @@ static void fork_watch(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     (void)pthread_once(&once, fork_watch_once);
-}
-
-/* The shared store of cfg.store_url (none without one): a down store is not an error.
-   -EINVAL malformed URL, -EACCES credentials refused, -ENOMEM (store_open logs why). */
-static int open_store(kvvm *kv)
-{
-    if (!kv->cfg.store_url)
-        return 0;
-    if (!(kv->store_url = strdup(kv->cfg.store_url)))
-        return -ENOMEM;
-    kv->cfg.store_url = kv->store_url;
-    if (!kv->cfg.store_timeout_ms)
-        kv->cfg.store_timeout_ms = STORE_TIMEOUT_DEFAULT_MS;
-    return store_open(kv->store_url, kv->cfg.store_timeout_ms, 0, &kv->store);
 }
 
 static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
@@ -266,7 +254,13 @@ static int open_ctx(const struct kvvm_config *cfg, kvvm **out)
         goto out_free;
     }
     kv->cfg.client_name = kv->client_name;
-    if ((rc = open_store(kv)))
+    if (kv->cfg.store_url && !(kv->store_url = strdup(kv->cfg.store_url))) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    kv->cfg.store_url = kv->store_url;
+    /* the entries tier (the shared store of store_url: a down store is not an error) */
+    if ((rc = core_tiers_open(kv, CORE_TIER_ENTRIES)))
         goto out_free;
     struct vmm_params vp = {
         .backend = kv->cfg.backend, .device = kv->cfg.device,
@@ -314,7 +308,7 @@ out_vmm:
     pthread_mutex_destroy(&kv->lock);
     vmm_close(kv->v);
 out_store:
-    store_close(kv->store);
+    core_tiers_close(kv, CORE_TIER_ENTRIES);
 out_free:
     core_pool_close(kv);
     free(kv->store_url);
@@ -348,8 +342,8 @@ void kvvm_close(kvvm *kv)
     prefix_destroy(kv->pfx);        /* the entries' pages (after swap: no plan reaches it) */
     paging_destroy(kv->pg);
     core_pool_close(kv);            /* the frames paging gave back are the daemon's again */
-    store_close(kv->store);
-    core_tiers_close(kv);           /* the tiers below the device (core/tiers.c) */
+    core_tiers_close(kv, CORE_TIER_ENTRIES);   /* the store (its queue is gone) */
+    core_tiers_close(kv, CORE_TIER_PAGES);     /* the tiers below the device (tiers.c) */
     for (size_t i = 0; i < kv->n_streams; i++)
         vmm_stream_destroy(kv->v, kv->streams[i]);
     free(kv->streams);

@@ -19,7 +19,8 @@
 
 /* The stats, as one list (mimalloc style): name, expression over c (paging counters), t[]
    (the tiers below the device, in level order: pages_host_* are the first's, pages_disk_*
-   the second's) and bad (their failed transfers, summed). */
+   the second's) and sum (every tier's figures summed: the page tiers' failed transfers,
+   the entries tier's store_* and its queue's). */
 #define KVVM_STATS(X)                                                              \
     X(page_size, kv->cfg.page_size) X(pages_device_total, c.pages_total)           \
     X(pages_device_free, c.pages_free) X(pages_host_total, t[0].total)           \
@@ -31,7 +32,7 @@
     X(spills, c.spills) X(unspills, c.unspills) X(bytes_to_host, c.bytes_to_host)  \
     X(bytes_to_device, c.bytes_to_device + kv->attach_bytes_in)                    \
     X(bytes_to_disk, c.bytes_to_disk) X(bytes_from_disk, c.bytes_from_disk)        \
-    X(checksum_failures, bad.checksum_failures) X(io_errors, bad.io_errors)        \
+    X(checksum_failures, sum.checksum_failures) X(io_errors, sum.io_errors)        \
     X(reclaim_runs, w.reclaim_runs) X(reclaim_swap_outs, w.reclaim_swap_outs)      \
     X(direct_reclaims, w.direct_reclaims) X(direct_swap_outs, w.direct_swap_outs)  \
     X(direct_reclaim_ns, w.direct_ns) X(pages_orphan, c.orphans)                   \
@@ -45,16 +46,16 @@
     X(device_budget, (uint64_t)paging_budget(kv->pg) * kv->cfg.page_size)          \
     X(create_oom, vmm_create_ooms(kv->v))                                          \
     X(prefix_entries, x.entries) X(prefix_lookups, x.lookups)                      \
-    X(prefix_hit_blocks, x.hit_blocks + q.hit_blocks) X(prefix_evictions, x.evictions) \
-    X(store_puts, q.puts) X(store_gets, q.gets) X(store_hits, q.hits)              \
-    X(store_errors, q.errors) X(store_bytes_out, q.bytes_out)                      \
-    X(store_bytes_in, q.bytes_in) X(prefix_spills, x.spills)                       \
+    X(prefix_hit_blocks, x.hit_blocks + sum.hit_blocks) X(prefix_evictions, x.evictions) \
+    X(store_puts, sum.puts) X(store_gets, sum.gets) X(store_hits, sum.hits)        \
+    X(store_errors, sum.errors) X(store_bytes_out, sum.bytes_out)                  \
+    X(store_bytes_in, sum.bytes_in) X(prefix_spills, x.spills)                       \
     X(store_unused, kv->store_unused)                                              \
     X(pool_leases, pc.leases) X(pool_returns, pc.returns) X(pool_waits, pc.waits)   \
     X(pool_wait_ns, pc.wait_ns)                                                     \
     X(pool_hit_blocks, kv->pool_hit_blocks) X(exports, kv->n_exports) X(imports, kv->n_imports)       \
-    X(store_dropped, q.dropped) X(store_queue_bytes, q.queue_bytes)                  \
-    X(store_staging_bytes, q.staging_bytes)
+    X(store_dropped, sum.dropped) X(store_queue_bytes, sum.queue_bytes)              \
+    X(store_staging_bytes, sum.staging_bytes)
 
 /* Every field of the public struct is in the list (a field added to include/kvvm.h without
    its line here does not compile): the struct is size, then uint64_t stats only. */
@@ -77,19 +78,20 @@ static void stats_locked(kvvm *kv, struct kvvm_stats *o)
 {
     struct paging_counters c;
     struct swap_counters w;
-    struct core_tier_stats t[PG_N_LOWER], bad = { 0 };
+    struct core_tier_stats t[CORE_N_LEVELS], sum = { 0 };
     _Static_assert(PG_N_LOWER == 2, "pages_host_* and pages_disk_* are the two tiers'");
     struct prefix_counters x;
-    struct storeq_counters q;
-    storeq_counters(kv->sq, &q);
     paging_disk_reap(kv->pg);
     prefix_counters(kv->pfx, &x);
     paging_counters(kv->pg, &c);
     swap_counters(kv->sw, &w);
-    for (unsigned i = 0; i < PG_N_LOWER; i++) {
+    for (unsigned i = 0; i < CORE_N_LEVELS; i++) {   /* every tier, in level order */
         core_tier_stats(kv, i, &t[i]);
-        bad.checksum_failures += t[i].checksum_failures;
-        bad.io_errors += t[i].io_errors;
+#define ADD(f) sum.f += t[i].f;
+        ADD(checksum_failures) ADD(io_errors) ADD(puts) ADD(gets) ADD(hits) ADD(errors)
+        ADD(bytes_out) ADD(bytes_in) ADD(hit_blocks) ADD(dropped) ADD(queue_bytes)
+        ADD(staging_bytes)
+#undef ADD
     }
     struct pool_cli_counters pc;                /* zeros without a pool */
     core_pool_counters(kv, &pc);

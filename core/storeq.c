@@ -1,6 +1,20 @@
 /*
- * core/storeq.c: the prefix cache's side of the shared store (store/; docs/design.md "The
- * shared store"). Contract in core.h ("storeq.c").
+ * core/storeq.c: the prefix cache's side of the shared store (docs/design.md "The shared
+ * store"): the queue, staging and thread of the list's entries tier (core/tiers.h,
+ * CORE_TIER_ENTRIES; the built-in one is store/, through core/tier_store.c). Contract in
+ * core.h ("storeq.c"). It calls the tier's operations (struct core_entry_ops: put,
+ * get_start / get_first / get_finish, lookup, del, reap) through the entry, never a store/
+ * function or header (tests/tool_headers.sh checks that only core/tier_store.c does).
+ *
+ * Why this is not paging's transfers. paging moves a sequence's pages between levels
+ * (struct pg_tier_ops: a slot per page, its page descriptor's state, completions reaped
+ * under the context lock, one page at a time). The store holds entries: whole published
+ * blocks (n_regions pages) named (namespace, key), shared with other processes, never a
+ * sequence's pages; a page is copied out of the device into a staging slot and stays
+ * where it was. So its staging (a slot per entry, not per page), its fences (the copies'
+ * on the copy stream, not a page transfer's), and its thread (batches written without the
+ * context lock, bounded by store_timeout_ms) are this tier's completion mechanism, kept
+ * here, behind the entry.
  *
  * Write-through. kvvm_prefix_publish (the engine's thread, context lock held) takes one
  * staging slot per new entry from a pinned host buffer allocated at open (one block =
@@ -13,7 +27,7 @@
  * unmap what they read (paging_blocks_copy_out; issue 31). The store thread (a
  * swap_worker with the device context current) takes the batches in order, waits for each
  * one's fence (the bytes are then final and in host memory), writes its entries with one
- * pipelined store_put, and gives the slots back. A sequence not resident, a block not
+ * pipelined put, and gives the slots back. A sequence not resident, a block not
  * wholly on the device or a capturing engine stream: those entries are not written
  * (counted in errors: the store misses them, nothing else changes).
  *
@@ -36,17 +50,17 @@
  * store bounds each request by store_timeout_ms, and the context stays usable by other
  * threads meanwhile.
  *
- * A fetch LENDS its buffer to the store (store_get_lent, struct sq_lend), so that the file
+ * A fetch LENDS its buffer to the store (a get with a lend, struct sq_lend), so that the file
  * store reads straight into it (O_DIRECT, no copy): a get that times out may leave reads
  * into it in flight, which no one can stop, so the store then keeps the buffer until they
  * completed, and neither the attach (storeq_fetch_free: a buffer of its own is freed by the
  * lend's last holder) nor the next attach (the kept staging: fstage_lent) nor kvvm_trim
- * frees or reuses it before; kvvm_close waits for them (store_reap), as the store's own
+ * frees or reuses it before; kvvm_close waits for them (the entry's reap), as the store's own
  * close did. The blocks the attach uses are the ones whose reads completed: disjoint from
  * those still in flight. A put needs no lend: a late write only reads the slots.
  *
  * A fetch runs in two halves (storeq_fetch_start / storeq_fetch_finish): the first request
- * is sent (store_get_start) and the caller premaps dst's pages under the context lock while
+ * is sent (the entry's get_start) and the caller premaps dst's pages under the context lock while
  * it is in flight (prefix_calls.c), then waits for it; later chunks run whole.
  *
  * Lock order: kvvm.lock -> q->mu (the store's own lock is taken without q->mu, by the
@@ -55,6 +69,7 @@
 #include "core.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -80,13 +95,15 @@ struct sq_batch {
                                      publish, the entry cancelled; under q->mu) */
     uint8_t *cancel;              /* n flags: 1 dropped before written (under q->mu while
                                      queued; the thread's once taken) */
-    store_key *keys;              /* n keys */
+    kvvm_key *keys;               /* n keys */
 };
 
 struct storeq {
     struct vmm *v;
-    struct store *st;             /* kv->store (not owned) */
-    struct store_layout L;
+    const struct core_entry_ops *ops; /* the entries tier's (core_tiers_entries) */
+    void *layer;                  /* its layer (not owned) */
+    uint32_t n_regions;           /* the layout: a value is n_regions pages of page_size */
+    size_t page_size;
     size_t block_bytes;           /* n_regions * page_size: one value's payload */
     uint8_t *stage;               /* n_slots * block_bytes, pinned when the driver allows */
     bool stage_pinned;
@@ -115,10 +132,10 @@ struct storeq {
                                      into it: no taker, no trim until false (atomic: cleared
                                      by the lend's release, on any thread) */
     uint32_t lent;                /* sq_lend records not released (atomic): storeq_destroy
-                                     has the store give theirs back (store_reap) first */
+                                     has the store give theirs back (reap) first */
 };
 
-/* A fetch's buffer lent to the store (store_get_lent), so that the file store reads into it
+/* A fetch's buffer lent to the store (a get with a lend), so that the file store reads into it
    with O_DIRECT, no copy. A get that times out with such reads in flight returns with the
    buffer kept: the kernel may write it until they complete, which a hung disk or mount
    makes as late as it likes, so the buffer has two holders, the fetch (until
@@ -168,7 +185,7 @@ static void batch_put(struct storeq *q, struct sq_batch *b)
             SQ_ADD(q, gave_up, !b->cancel[i]);
         return;
     }
-    struct store_item *it = calloc(b->n, sizeof *it);
+    struct core_entry_item *it = calloc(b->n, sizeof *it);
     struct iovec *iov = calloc(b->n, sizeof *iov);
     size_t k = 0;
     for (uint32_t i = 0; it && iov && i < b->n; i++) {
@@ -176,13 +193,13 @@ static void batch_put(struct storeq *q, struct sq_batch *b)
             continue;
         KVVM_ASSERT(b->slot[i] < q->n_slots);   /* a slot taken back cancels its entry */
         iov[k] = (struct iovec){ q->stage + (size_t)b->slot[i] * q->block_bytes, q->block_bytes };
-        it[k] = (struct store_item){ .key = &b->keys[i], .iov = &iov[k], .iovcnt = 1 };
+        it[k] = (struct core_entry_item){ .key = &b->keys[i], .iov = &iov[k], .iovcnt = 1 };
         k++;
     }
     if (!it || !iov)
         SQ_ADD(q, gave_up, b->n);
     else if (k)
-        (void)store_put(q->st, &q->L, b->ns, it, k);
+        (void)q->ops->put(q->layer, b->ns, it, k);
     bool down = it && iov && k;     /* every item: the store, not one node, is down */
     for (size_t i = 0; down && i < k; i++)
         down = it[i].status == -ETIMEDOUT || it[i].status == -ENOTCONN;
@@ -331,20 +348,26 @@ static void stage_free(struct storeq *q)
 int storeq_create(kvvm *kv, struct storeq **out)
 {
     *out = NULL;
-    if (!kv->store)
+    void *layer;
+    const struct core_tier *e = core_tiers_entries(kv, &layer);
+    if (!e)
         return 0;
+    struct core_tier_policy row = { 0 };  /* no policy: nothing queued, a read-only client */
+    if (e->policy)
+        e->policy(kv, &row);
     struct storeq *q = calloc(1, sizeof *q);
     if (!q)
         return -ENOMEM;
     q->v = kv->v;
-    q->st = kv->store;
-    q->L = (struct store_layout){ kv->cfg.n_regions, kv->cfg.bytes_per_token,
-                                  kv->cfg.page_size };
+    q->ops = e->ent;
+    q->layer = layer;
+    q->n_regions = kv->cfg.n_regions;
+    q->page_size = kv->cfg.page_size;
     q->block_bytes = (size_t)kv->cfg.n_regions * kv->cfg.page_size;
-    q->n_slots = storeq_stage_slots(q->block_bytes, kv->cfg.store_queue_bytes);
-    if (!q->n_slots && kv->cfg.store_queue_bytes)
+    q->n_slots = storeq_stage_slots(q->block_bytes, (size_t)row.queue_bytes);
+    if (!q->n_slots && row.queue_bytes)
         klog_warn("kvvm: store_queue_bytes %zu is less than one entry (%zu bytes): nothing "
-                  "is written to the store", kv->cfg.store_queue_bytes, q->block_bytes);
+                  "is written to the store", (size_t)row.queue_bytes, q->block_bytes);
     int rc = stage_alloc(q);
     if (rc)
         goto out_stage;
@@ -393,8 +416,8 @@ void storeq_destroy(struct storeq *q)
     storeq_wait_idle(q);                /* bounded: see "A store that fails a put" */
     swap_worker_stop(&q->w);
     if (__atomic_load_n(&q->lent, __ATOMIC_ACQUIRE))
-        store_reap(q->st);              /* a timed-out get's reads into a fetch buffer: as
-                                           store_close would wait for them, later */
+        q->ops->reap(q->layer);         /* a timed-out get's reads into a fetch buffer: as
+                                           the tier's close would wait for them, later */
     KVVM_ASSERT(!__atomic_load_n(&q->lent, __ATOMIC_ACQUIRE));   /* every lent buffer back */
     KVVM_ASSERT(q->n_free == q->n_slots);   /* idle: every batch gave its slots back */
     pthread_cond_destroy(&q->cv);
@@ -435,7 +458,7 @@ static struct sq_batch *batch_new(struct storeq *q, uint64_t ns, uint32_t n)
         SQ_ADD(q, gave_up, n);
         return NULL;
     }
-    b->keys = (store_key *)(b + 1);
+    b->keys = (kvvm_key *)(b + 1);
     b->slot = (uint32_t *)(b->keys + n);
     b->cancel = (uint8_t *)(b->slot + n);
     b->ns = ns;
@@ -557,17 +580,7 @@ void storeq_drop(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n)
     if (!q || (keys && !n))
         return;
     forget(q, ns, keys, n);
-    if (!keys) {
-        (void)store_delete_ns(q->st, &q->L, ns);
-        return;
-    }
-    store_key *k = malloc(n * sizeof *k);
-    if (!k)
-        return;
-    for (size_t i = 0; i < n; i++)
-        memcpy(k[i].bytes, keys[i].bytes, sizeof k[i].bytes);
-    (void)store_delete(q->st, &q->L, ns, k, n);
-    free(k);
+    (void)q->ops->del(q->layer, ns, keys, keys ? n : 0);   /* keys NULL: all of ns */
 }
 
 size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t n,
@@ -575,20 +588,14 @@ size_t storeq_lookup(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t
 {
     if (!q || !n)
         return 0;
-    store_key *k = malloc(n * sizeof *k);
     uint8_t *present = calloc(n, 1);
     size_t j = 0;
-    if (k && present) {
-        for (size_t i = 0; i < n; i++)
-            memcpy(k[i].bytes, keys[i].bytes, sizeof k[i].bytes);
-        if (store_lookup(q->st, &q->L, ns, k, n, present) > 0)
-            while (j < n && present[j])
-                j++;
-    }
+    if (present && q->ops->lookup(q->layer, ns, keys, n, present) > 0)
+        while (j < n && present[j])
+            j++;
     for (size_t i = 0; where && i < j; i++)
         where[i] = KVVM_TIER_STORE;
     SQ_ADD(q, hit_blocks, j);
-    free(k);
     free(present);
     return j;
 }
@@ -642,18 +649,18 @@ static uint8_t *fetch_at(const struct storeq *q, const struct storeq_fetch *f, s
 {
     size_t c0 = j / f->chunk * f->chunk;
     size_t mc = f->m - c0 < f->chunk ? f->m - c0 : f->chunk;
-    return f->buf + c0 * q->block_bytes + ((size_t)r * mc + (j - c0)) * q->L.page_size;
+    return f->buf + c0 * q->block_bytes + ((size_t)r * mc + (j - c0)) * q->page_size;
 }
 
 /* One chunk's request (blocks [c0, c0 + mc) of f), from its start to its finish: what the
-   store reads while it is in flight (store_get_start's contract). */
+   tier reads while it is in flight (core_entry_ops get_start's contract). */
 struct sq_req {
-    struct store_getreq rq;
-    struct store_lend sl;         /* the buffer lent (rq.lend points here), or unused */
+    struct core_entry_get g;      /* the tier's record of the get in flight */
+    struct core_entry_lend sl;    /* the buffer lent (the get points here), or unused */
     size_t c0, mc;
-    struct store_item *it;        /* mc items */
+    struct core_entry_item *it;   /* mc items */
     struct iovec *iov;            /* mc * n_regions */
-    store_key *k;                 /* mc keys */
+    kvvm_key *k;                  /* mc keys */
 };
 
 static void req_free(struct sq_req *r)
@@ -671,7 +678,7 @@ static void req_free(struct sq_req *r)
 static struct sq_req *req_start(struct storeq *q, struct storeq_fetch *f, uint64_t ns,
                                 const kvvm_key *keys, size_t c0, size_t mc, struct sq_lend *l)
 {
-    uint32_t nr = q->L.n_regions;
+    uint32_t nr = q->n_regions;
     struct sq_req *r = calloc(1, sizeof *r);
     if (!r || !(r->it = calloc(mc, sizeof *r->it)) ||
         !(r->iov = calloc(mc * nr, sizeof *r->iov)) || !(r->k = malloc(mc * sizeof *r->k))) {
@@ -683,21 +690,21 @@ static struct sq_req *req_start(struct storeq *q, struct storeq_fetch *f, uint64
     for (size_t i = 0; i < mc; i++) {
         memcpy(r->k[i].bytes, keys[c0 + i].bytes, sizeof r->k[i].bytes);
         for (uint32_t g = 0; g < nr; g++)
-            r->iov[i * nr + g] = (struct iovec){ fetch_at(q, f, c0 + i, g), q->L.page_size };
-        r->it[i] = (struct store_item){ .key = &r->k[i], .iov = &r->iov[i * nr],
-                                        .iovcnt = (int)nr };
+            r->iov[i * nr + g] = (struct iovec){ fetch_at(q, f, c0 + i, g), q->page_size };
+        r->it[i] = (struct core_entry_item){ .key = &r->k[i], .iov = &r->iov[i * nr],
+                                             .iovcnt = (int)nr };
     }
-    r->sl = (struct store_lend){ lend_put, l, 0 };
-    store_get_start(q->st, &q->L, ns, r->it, mc, l ? &r->sl : NULL, &r->rq);
+    r->sl = (struct core_entry_lend){ lend_put, l, 0 };
+    q->ops->get_start(q->layer, ns, r->it, mc, l ? &r->sl : NULL, &r->g);
     return r;
 }
 
 /* Finishes r's request and frees r. Returns the leading hits; *kept: the store kept the
    lend (its done drops the store's hold). */
-static size_t req_finish(struct sq_req *r, bool *kept)
+static size_t req_finish(struct storeq *q, struct sq_req *r, bool *kept)
 {
     size_t j = 0;
-    (void)store_get_finish(&r->rq);
+    (void)q->ops->get_finish(&r->g);
     *kept = r->sl.kept;
     while (j < r->mc && r->it[j].status == 0)
         j++;
@@ -801,7 +808,7 @@ int storeq_fetch_start(struct storeq *q, uint64_t ns, const kvvm_key *keys, size
 
 bool storeq_fetch_first(struct storeq *q, struct storeq_fetch *f)
 {
-    return q && f->req && store_get_first(&f->req->rq) == 1;
+    return q && f->req && q->ops->get_first(&f->req->g) == 1;
 }
 
 void storeq_fetch_finish(struct storeq *q, uint64_t ns, const kvvm_key *keys, size_t m,
@@ -815,7 +822,7 @@ void storeq_fetch_finish(struct storeq *q, uint64_t ns, const kvvm_key *keys, si
         size_t mc = m - c0 < f->chunk ? m - c0 : f->chunk;
         struct sq_req *r = c0 ? req_start(q, f, ns, keys, c0, mc, l) : f->req;
         f->req = NULL;
-        size_t j = r ? req_finish(r, &kept) : 0;   /* no memory: a miss from here */
+        size_t j = r ? req_finish(q, r, &kept) : 0;   /* no memory: a miss from here */
         f->got += j;
         if (j < mc)
             break;
@@ -848,9 +855,9 @@ int storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, siz
                        size_t j1, uint64_t first)
 {
     struct storeq *q = kv->sq;
-    uint64_t ps = q->L.page_size;
+    uint64_t ps = q->page_size;
     int rc = 0;
-    for (uint32_t r = 0; r < q->L.n_regions && !rc; r++)
+    for (uint32_t r = 0; r < q->n_regions && !rc; r++)
         for (size_t j = j0; j < j1 && !rc;) {
             size_t cend = (j / f->chunk + 1) * f->chunk;   /* contiguous to its chunk's end */
             size_t e = cend < j1 ? cend : j1;
@@ -869,25 +876,50 @@ int storeq_fetch_write(kvvm *kv, const struct storeq_fetch *f, kvvm_seq dst, siz
     return rc;
 }
 
-void storeq_counters(struct storeq *q, struct storeq_counters *out)
+void storeq_stats_add(struct storeq *q, struct core_tier_stats *out)
 {
-    memset(out, 0, sizeof *out);
     if (!q)
         return;
-    struct store_stats s;
-    store_stats_get(q->st, &s);
-    out->puts = s.puts;
-    out->gets = s.gets;
-    out->hits = s.hits;
-    out->errors = s.errors + __atomic_load_n(&q->gave_up, __ATOMIC_RELAXED);
-    out->bytes_out = s.bytes_out;
-    out->bytes_in = s.bytes_in;
-    out->hit_blocks = __atomic_load_n(&q->hit_blocks, __ATOMIC_RELAXED);
-    out->dropped = __atomic_load_n(&q->dropped, __ATOMIC_RELAXED);
+    out->errors += __atomic_load_n(&q->gave_up, __ATOMIC_RELAXED);
+    out->hit_blocks += __atomic_load_n(&q->hit_blocks, __ATOMIC_RELAXED);
+    out->dropped += __atomic_load_n(&q->dropped, __ATOMIC_RELAXED);
     pthread_mutex_lock(&q->mu);
-    out->queue_bytes = (uint64_t)(q->n_slots - q->n_free) * q->block_bytes;
+    out->queue_bytes += (uint64_t)(q->n_slots - q->n_free) * q->block_bytes;
     pthread_mutex_unlock(&q->mu);
-    out->staging_bytes = __atomic_load_n(&q->fstage_bytes, __ATOMIC_RELAXED);
+    out->staging_bytes += __atomic_load_n(&q->fstage_bytes, __ATOMIC_RELAXED);
+}
+
+/* The staging slots batch b holds (NULL: none). */
+static uint32_t batch_slots(const struct sq_batch *b)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; b && i < b->n; i++)
+        n += b->slot[i] != SQ_NO_SLOT;
+    return n;
+}
+
+int storeq_check(struct storeq *q, char *why, size_t len)
+{
+    if (!q)
+        return 0;
+    uint32_t held = 0, free_n;
+    bool ok = true;
+    pthread_mutex_lock(&q->mu);
+    free_n = q->n_free;
+    held = batch_slots(q->cur);
+    for (struct sq_batch *b = q->head; b; b = b->next)
+        held += batch_slots(b);
+    for (uint32_t i = 0; ok && i < free_n; i++)
+        ok = q->free_slots[i] < q->n_slots;
+    pthread_mutex_unlock(&q->mu);
+    if (ok && held + free_n == q->n_slots)
+        return 0;
+    klog_error("invariant violated: the store queue's %u staging slots: %u free, %u held by "
+               "batches%s", q->n_slots, free_n, held, ok ? "" : ", a free one out of range");
+    if (why && len)
+        snprintf(why, len, "the store queue's %u staging slots: %u free, %u held by batches%s",
+                 q->n_slots, free_n, held, ok ? "" : ", a free one out of range");
+    return -EUCLEAN;
 }
 
 bool storeq_test_writing(struct storeq *q)

@@ -3,9 +3,13 @@
  * below the device"): each entry opens its layer (host/, disk/ ...) for the context, adapts
  * it to paging's struct pg_tier_ops (kv->tier_ops[t]), says how many pages it can hold,
  * gives its stats and the text of its absence, and closes it. A new tier of a kind the list
- * has (a memory tier at level 0, an I/O tier at level 1) is a folder of its own and an entry
- * here (or one added with core_tiers_add); one at a new level needs paging's page states and
- * moves as well (docs/design.md). The rest of core iterates kv->tier[] and names no tier.
+ * has (a memory tier at level 0, an I/O tier at level 1, a store at CORE_LEVEL_STORE) is a
+ * folder of its own and an entry here (or in a file beside it: the store's is
+ * core/tier_store.c; or one added with core_tiers_add); a page tier at a new level needs
+ * paging's page states and moves as well (docs/design.md). The rest of core iterates
+ * kv->tier[] and names no tier. The entries tier (the store) is opened and closed apart
+ * from the page tiers (core_tiers_open's kind: before the device, after paging), and adds
+ * its queue's figures and checks (core/storeq.c) to its own.
  *
  * The tiers' typed slot ids and paging's map one to one, none to none (each tier keeps its
  * own type: host/ and disk/ never include paging's header); the conversions are here only.
@@ -106,7 +110,8 @@ static void close_host(void *layer)
 }
 
 static const struct core_tier host_tier = {
-    .name = "host", .level = PG_LOWER_HOST, .open = open_host, .close = close_host,
+    .name = "host", .kind = CORE_TIER_PAGES, .level = PG_LOWER_HOST, .open = open_host,
+    .close = close_host,
     .slots = slots_host, .stats = stats_host, .off = off_host, .policy = policy_host,
     .span = span_host,
 };
@@ -241,7 +246,8 @@ static void close_disk(void *layer)
 }
 
 static const struct core_tier disk_tier = {
-    .name = "disk", .level = PG_LOWER_DISK, .open = open_disk, .close = close_disk,
+    .name = "disk", .kind = CORE_TIER_PAGES, .level = PG_LOWER_DISK, .open = open_disk,
+    .close = close_disk,
     .slots = slots_disk, .stats = stats_disk, .engine = engine_disk, .off = off_disk,
 };
 
@@ -249,15 +255,44 @@ static const struct core_tier disk_tier = {
 
 /* In level order; entries added by core_tiers_add go in front of the built-in ones. */
 #define CORE_TIERS_MAX 8
-static const struct core_tier *tiers[CORE_TIERS_MAX] = { &host_tier, &disk_tier };
-static unsigned n_tiers = 2;
+static const struct core_tier *tiers[CORE_TIERS_MAX] = { &host_tier, &disk_tier,
+                                                         &core_tier_store };
+static unsigned n_tiers = 3;
+
+enum core_tier_kind core_tier_kind(unsigned t)
+{
+    return t < PG_N_LOWER ? CORE_TIER_PAGES : CORE_TIER_ENTRIES;
+}
+
+/* Why e cannot be in the list (NULL: it can). */
+static const char *entry_bad(const struct core_tier *e)
+{
+    if (!e || !e->name || !e->open || !e->close || !e->stats || !e->off)
+        return "every tier needs a name and open, close, stats and off";
+    if (e->kind == CORE_TIER_PAGES)
+        return e->level >= PG_N_LOWER ? "a page tier's level is below PG_N_LOWER" :
+               !e->slots ? "a page tier needs slots" :
+               e->ent ? "a page tier has no entry operations" : NULL;
+    if (e->kind != CORE_TIER_ENTRIES)
+        return "its kind is neither pages nor entries";
+    const struct core_entry_ops *o = e->ent;
+    if (e->level != CORE_LEVEL_STORE)
+        return "an entries tier's level is CORE_LEVEL_STORE";
+    if (e->slots || e->span || e->engine)
+        return "an entries tier holds no pages (slots, span and engine are a page tier's)";
+    if (!o || !o->put || !o->get_start || !o->get_first || !o->get_finish || !o->lookup ||
+        !o->del || !o->reap)
+        return "an entries tier needs put, get_start, get_first, get_finish, lookup, del "
+               "and reap";
+    return NULL;
+}
 
 int core_tiers_add(const struct core_tier *e)
 {
-    if (!e || e->level >= PG_N_LOWER || !e->name || !e->open || !e->close || !e->slots ||
-        !e->stats || !e->off)
-        return kerr(-EINVAL, "core_tiers_add: a tier needs a name, a level below %d and "
-                    "open, close, slots, stats and off", PG_N_LOWER);
+    const char *bad = entry_bad(e);
+    if (bad)
+        return kerr(-EINVAL, "core_tiers_add: %s tier %s: %s", e && e->name ? "the" : "a",
+                    e && e->name ? e->name : "without a name", bad);
     if (n_tiers == CORE_TIERS_MAX)
         return kerr(-ENOSPC, "core_tiers_add: the list holds %d tiers", CORE_TIERS_MAX);
     for (unsigned i = n_tiers++; i > 0; i--)
@@ -268,14 +303,70 @@ int core_tiers_add(const struct core_tier *e)
 
 bool core_tier_on(kvvm *kv, unsigned t)
 {
-    return t < PG_N_LOWER && kv->tier_ops[t].alloc;
+    if (t < PG_N_LOWER)
+        return kv->tier_ops[t].alloc;
+    return t < CORE_N_LEVELS && kv->tier[t].layer;
 }
 
 void core_tier_stats(kvvm *kv, unsigned t, struct core_tier_stats *out)
 {
     *out = (struct core_tier_stats){ 0 };
-    if (t < PG_N_LOWER && kv->tier[t].e)
-        kv->tier[t].e->stats(kv->tier[t].layer, out);
+    if (t >= CORE_N_LEVELS || !kv->tier[t].e)
+        return;
+    kv->tier[t].e->stats(kv->tier[t].layer, out);
+    if (kv->tier[t].e->kind == CORE_TIER_ENTRIES)
+        storeq_stats_add(kv->sq, out);          /* its queue's figures */
+}
+
+int core_tier_check(kvvm *kv, unsigned t, char *why, size_t len)
+{
+    if (t >= CORE_N_LEVELS || !kv->tier[t].e || kv->tier[t].e->kind != CORE_TIER_ENTRIES)
+        return 0;
+    return storeq_check(kv->sq, why, len);
+}
+
+const struct core_tier *core_tiers_entries(kvvm *kv, void **layer)
+{
+    for (unsigned t = 0; t < CORE_N_LEVELS; t++)
+        if (kv->tier[t].e && kv->tier[t].e->kind == CORE_TIER_ENTRIES) {
+            *layer = kv->tier[t].layer;
+            return kv->tier[t].e;
+        }
+    *layer = NULL;
+    return NULL;
+}
+
+uint32_t core_tiers_copy_blocks(kvvm *kv)
+{
+    uint32_t n = 0;
+    for (unsigned t = 0; t < CORE_N_LEVELS; t++) {
+        const struct core_tier *e = kv->tier[t].e;
+        struct core_tier_policy row = { 0 };
+        if (!e || e->kind != CORE_TIER_ENTRIES)
+            continue;
+        if (e->policy)
+            e->policy(kv, &row);
+        n += storeq_stage_slots((size_t)kv->cfg.n_regions * kv->cfg.page_size,
+                                (size_t)row.queue_bytes);
+    }
+    return n;
+}
+
+void core_tiers_hist(kvvm *kv, enum core_entry_op op, struct khist *out)
+{
+    void *layer;
+    const struct core_tier *e = core_tiers_entries(kv, &layer);
+    *out = (struct khist){ 0 };
+    if (e && e->ent->hist)
+        e->ent->hist(layer, op, out);
+}
+
+char *core_tiers_url_redact(const char *url, char *buf, size_t len)
+{
+    for (unsigned i = 0; i < n_tiers; i++)
+        if (tiers[i]->ent && tiers[i]->ent->redact)
+            return tiers[i]->ent->redact(url, buf, len);
+    return (char *)url;
 }
 
 /* -EINVAL: tier e is on and the level above it is off (the reason as its entry says it). */
@@ -295,19 +386,23 @@ static int above_missing(kvvm *kv, const struct core_tier *e)
 /* Level t: the first of its entries that opens a layer takes it. */
 static int open_level(kvvm *kv, unsigned t)
 {
+    bool pages = core_tier_kind(t) == CORE_TIER_PAGES;
     for (unsigned i = 0; i < n_tiers; i++) {
         const struct core_tier *e = tiers[i];
+        struct pg_tier_ops none = { 0 }, *ops = pages ? &kv->tier_ops[t] : &none;
         void *layer = NULL;
         if (e->level != t)
             continue;
-        int rc = e->open(kv, &layer, &kv->tier_ops[t]);
+        KVVM_ASSERT(e->kind == core_tier_kind(t));   /* core_tiers_add checked it */
+        int rc = e->open(kv, &layer, ops);
         if (rc)
             return rc;
+        KVVM_ASSERT(pages || !none.alloc);  /* an entries tier gives paging nothing */
         if (!layer) {
-            KVVM_ASSERT(!kv->tier_ops[t].alloc);   /* on means open */
+            KVVM_ASSERT(!ops->alloc);       /* on means open */
             continue;
         }
-        if (t && kv->tier_ops[t].alloc && !core_tier_on(kv, t - 1)) {
+        if (pages && t && ops->alloc && !core_tier_on(kv, t - 1)) {
             e->close(layer);           /* a tier's pages come and go through the one above */
             return above_missing(kv, e);
         }
@@ -317,17 +412,23 @@ static int open_level(kvvm *kv, unsigned t)
     return 0;
 }
 
-int core_tiers_open(kvvm *kv)
+int core_tiers_open(kvvm *kv, enum core_tier_kind kind)
 {
-    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+    for (unsigned t = 0; t < CORE_N_LEVELS; t++) {
+        if (core_tier_kind(t) != kind)
+            continue;
         kv->tier[t] = (struct core_tier_at){ 0 };
-        kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
+        if (t < PG_N_LOWER)
+            kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
     }
-    for (unsigned t = 0; t < PG_N_LOWER; t++) {
+    for (unsigned t = 0; t < CORE_N_LEVELS; t++) {
+        if (core_tier_kind(t) != kind)
+            continue;
         int rc = open_level(kv, t);
         if (rc) {
-            kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
-            core_tiers_close(kv);
+            if (t < PG_N_LOWER)
+                kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
+            core_tiers_close(kv, kind);
             return rc;
         }
     }
@@ -343,16 +444,18 @@ uint64_t core_tiers_slots(kvvm *kv)
     return n;
 }
 
-void core_tiers_close(kvvm *kv)
+void core_tiers_close(kvvm *kv, enum core_tier_kind kind)
 {
-    for (unsigned t = PG_N_LOWER; t-- > 0;) {
+    for (unsigned t = CORE_N_LEVELS; t-- > 0;) {
+        if (core_tier_kind(t) != kind)
+            continue;
         if (kv->tier[t].e)
             kv->tier[t].e->close(kv->tier[t].layer);
         kv->tier[t] = (struct core_tier_at){ 0 };
-        kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
+        if (t < PG_N_LOWER)
+            kv->tier_ops[t] = (struct pg_tier_ops){ 0 };
     }
 }
-
 void core_tiers_params(kvvm *kv, struct paging_params *pp)
 {
     for (unsigned t = 0; t < PG_N_LOWER; t++)
@@ -386,7 +489,7 @@ const char *core_tiers_engine(kvvm *kv, bool *direct)
 
 struct disk *core_tiers_disk(kvvm *kv)
 {
-    for (unsigned t = 0; t < PG_N_LOWER; t++)
+    for (unsigned t = 0; t < CORE_N_LEVELS; t++)
         if (kv->tier[t].e == &disk_tier)
             return kv->tier[t].layer;
     return NULL;

@@ -149,7 +149,7 @@ struct pg_policy_ops {
    and prefix paths use its first page. Reserved address space only. */
 #define PG_SCRATCH_PAGES 32u
 
-/* Where frames come from (paging_params.src; NULL: this process's own cuMemCreate and
+/* Where frames come from (paging_params.src, never NULL; local: this process's cuMemCreate and
    cuMemRelease through the vmm). A pool client (core/pool_client.c over pool/client.c) leases them
    from the kvvmd daemon instead. create: one frame of page_size bytes; need > 0: a call
    needs it now, and need frames in all (this one included, within the budget: a pool
@@ -194,7 +194,7 @@ struct paging_params {
     /* the tiers below the device (PG_LOWER_*; NULL: absent). Without a host tier swap_out
        is -ENOMEM; the disk tier needs a host tier (ignored without one). */
     const struct pg_tier_ops *tier[PG_N_LOWER];
-    const struct pg_frame_src *src;  /* NULL: local frames */
+    const struct pg_frame_src *src;  /* never NULL (core/frame_src.c: local or pool) */
 };
 
 struct paging_counters {

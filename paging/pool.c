@@ -26,18 +26,20 @@
 #include "common/log.h"
 
 /* ---- the frame source (paging.h struct pg_frame_src): the only places frames are made and
-   released; NULL source: this process's own cuMemCreate / cuMemRelease ---------------------- */
+   released; the source is core's (local frames or the pool's), never NULL ---------------- */
 
 static int frame_src_create(struct paging *pg, vmm_handle *h, uint32_t need)
 {
     const struct pg_frame_src *src = pg->p.src;
-    return src ? src->create(src->arg, h, need) : vmm_phys_create(pg->v, pg->p.page_size, h);
+    KVVM_ASSERT(src && src->create);         /* core gives one always (paging.h) */
+    return src->create(src->arg, h, need);
 }
 
 static int frame_src_release(struct paging *pg, vmm_handle h)
 {
     const struct pg_frame_src *src = pg->p.src;
-    return src ? src->release(src->arg, h) : vmm_phys_release(pg->v, h);
+    KVVM_ASSERT(src && src->release);
+    return src->release(src->arg, h);
 }
 
 /* Frees the frame, page descriptor and feed arrays (pool_fini: nothing left to release). */
