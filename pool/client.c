@@ -367,8 +367,7 @@ int pool_cli_create(void *arg, vmm_handle *out, uint32_t need)
     if (!rc) {
         unsigned k = --c->n_stash;
         vmm_handle h;
-        rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);
-        close(c->stash[k].fd);
+        rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);  /* takes the fd over */
         if (!rc && (rc = pool_cli_handle_add(c, h, c->stash[k].id)))
             (void)vmm_phys_release(c->v, h);
         if (rc)
