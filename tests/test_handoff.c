@@ -758,6 +758,39 @@ Test(handoff, raw_frames_a_client_holds_come_held)
     pd_stop(&d);
 }
 
+/* Issue 35 (stop 41's note): freeing an imported sequence gave each mapped frame up in a
+   RETURN of its own, though a RETURN carries POOL_BATCH_MAX ids: 128 messages for this
+   128-frame import. kvvm_seq_free (and truncate, discard) hold the RETURNs
+   (core_pool_returns_hold): 2 messages. */
+Test(handoff, free_of_an_import_gives_its_frames_back_in_batches)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "16M");
+    const uint64_t len = 1024;          /* 64 pages a region: 128 frames */
+    kvvm *a = held_open(d.path, 160 * (size_t)PD_GRAN);
+    kvvm_seq s, im;
+    cr_assert_eq(kvvm_seq_create(a, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(a, s, len), 0, "%s", kvvm_last_error());
+    kvvm_handoff t;
+    cr_assert_eq(kvvm_seq_export(a, s, &t), 0, "%s", kvvm_last_error());
+    kvvm_close(a);                      /* the export holds the frames */
+    kvvm *b = held_open(d.path, 160 * (size_t)PD_GRAN);
+    uint64_t i0 = emu_of(b).imported;  /* its leased frames (each an import too) */
+    cr_assert_eq(kvvm_seq_import(b, &t, &im), 0, "%s", kvvm_last_error());
+    cr_assert_eq(emu_of(b).imported - i0, 2 * len / TPP, "every frame imported");
+    uint64_t m0 = kvvm_debug_pool_return_msgs(b);
+    cr_assert_eq(kvvm_seq_free(b, im), 0);
+    uint64_t m = kvvm_debug_pool_return_msgs(b) - m0;
+    cr_expect_eq(m, 2, "128 frames given up in 2 RETURNs of 64: %llu sent",
+                 (unsigned long long)m);
+    cr_expect_eq(emu_of(b).imported, i0, "every frame of the import released");
+    th_check(b, "after the free");
+    kvvm_close(b);
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
 /* The daemon's open descriptors (/proc/PID/fd). */
 static int fd_count(pid_t pid)
 {
