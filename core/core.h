@@ -190,6 +190,12 @@ void core_pool_unlisten(kvvm *kv);
 void core_pool_settle(kvvm *kv);
 /* After paging released its frames: the stash back, the connection closed. */
 void core_pool_close(kvvm *kv);
+/* A call that may release many frames at once (kvvm_seq_free, kvvm_seq_truncate,
+   kvvm_seq_discard of an imported or attached sequence: each frame mapped from the pool is
+   given up at its release) holds their RETURNs (on), so they go in messages of up to
+   POOL_BATCH_MAX ids, the last when the hold ends (off, before the call returns). Lock
+   held; nothing without a pool. */
+void core_pool_returns_hold(kvvm *kv, bool on);
 /* The pool's stats (zeros without a pool). */
 void core_pool_counters(kvvm *kv, struct pool_cli_counters *out);
 /* The calls' waits for the daemon by duration (empty without a pool); no lock. */

@@ -101,11 +101,22 @@ int kvvm_seq_create(kvvm *kv, kvvm_seq *out)
     CALL(kv, paging_seq_create(kv->pg, out));
 }
 
+/* A free, truncate or discard may release many frames mapped from the pool at once (an
+   imported sequence's): their RETURNs go in messages of up to POOL_BATCH_MAX ids, where
+   each frame's went in a message of its own (core_pool_returns_hold). */
+static int seq_free_locked(kvvm *kv, kvvm_seq s)
+{
+    core_pool_returns_hold(kv, true);
+    int rc = paging_seq_free(kv->pg, s);
+    core_pool_returns_hold(kv, false);
+    return rc;
+}
+
 int kvvm_seq_free(kvvm *kv, kvvm_seq s)
 {
     klast_clear();
     NONNULL(kv);
-    CALL_ENGINE(kv, paging_seq_free(kv->pg, s));
+    CALL_ENGINE(kv, seq_free_locked(kv, s));
 }
 
 static int grow_once(kvvm *kv, kvvm_seq s, uint64_t length)
@@ -253,11 +264,19 @@ int kvvm_seq_grow_batch(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths,
     CALL(kv, grow_batch_call(kv, seqs, lengths, n));
 }
 
+static int truncate_locked(kvvm *kv, kvvm_seq s, uint64_t length)
+{
+    core_pool_returns_hold(kv, true);   /* as seq_free_locked */
+    int rc = paging_seq_truncate(kv->pg, s, length);
+    core_pool_returns_hold(kv, false);
+    return rc;
+}
+
 int kvvm_seq_truncate(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     klast_clear();
     NONNULL(kv);
-    CALL_ENGINE(kv, EXPLAIN_EINVAL(paging_seq_truncate(kv->pg, s, length),
+    CALL_ENGINE(kv, EXPLAIN_EINVAL(truncate_locked(kv, s, length),
                                    "kvvm_seq_truncate: length %llu is longer than the "
                                    "sequence (kvvm_seq_grow lengthens)",
                                    (unsigned long long)length));
@@ -868,7 +887,10 @@ static int discard_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t first_
         return kerr(-EINVAL, "kvvm_seq_discard: first_kept %llu is past the sequence's "
                     "length %llu", (unsigned long long)first_kept,
                     (unsigned long long)pi.length);
-    return paging_seq_discard(kv->pg, s, region, first_kept);
+    core_pool_returns_hold(kv, true);   /* as seq_free_locked */
+    rc = paging_seq_discard(kv->pg, s, region, first_kept);
+    core_pool_returns_hold(kv, false);
+    return rc;
 }
 
 int kvvm_seq_discard(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t first_kept)

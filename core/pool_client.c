@@ -188,6 +188,12 @@ void core_pool_close(kvvm *kv)
     kv->pool_socket = NULL;
 }
 
+void core_pool_returns_hold(kvvm *kv, bool on)
+{
+    if (kv->pool)
+        pool_cli_hold_returns(kv->pool, on);
+}
+
 void core_pool_counters(kvvm *kv, struct pool_cli_counters *out)
 {
     if (kv->pool)

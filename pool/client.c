@@ -315,6 +315,8 @@ static void held_flush_locked(struct pool_cli *c)
     pool_proto_hdr(&c->held_ret.h, POOL_MSG_RETURN);
     if (pool_proto_send(c->fd, &c->held_ret, NULL, 0, 0))
         pool_cli_gone_locked(c, "its socket refused a return");
+    else
+        c->k.return_msgs++;
     c->held_ret.n = 0;
 }
 
@@ -352,9 +354,12 @@ void pool_cli_give_back_locked(struct pool_cli *c, uint64_t id)
     }
     struct pool_return m = { .n = 1, .ids = { id & ~POOL_CLI_MAPPED } };
     pool_proto_hdr(&m.h, POOL_MSG_RETURN);
-    if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+    if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
         pool_cli_gone_locked(c, "its socket refused a return");
-    else if (!(id & POOL_CLI_MAPPED))
+        return;
+    }
+    c->k.return_msgs++;
+    if (!(id & POOL_CLI_MAPPED))
         c->k.returns++;
 }
 
@@ -367,8 +372,7 @@ int pool_cli_create(void *arg, vmm_handle *out, uint32_t need)
     if (!rc) {
         unsigned k = --c->n_stash;
         vmm_handle h;
-        rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);
-        close(c->stash[k].fd);
+        rc = vmm_handle_import(c->v, c->stash[k].fd, c->page, &h);  /* takes the fd over */
         if (!rc && (rc = pool_cli_handle_add(c, h, c->stash[k].id)))
             (void)vmm_phys_release(c->v, h);
         if (rc)
@@ -453,10 +457,12 @@ static unsigned stash_return_locked(struct pool_cli *c)
             m.ids[m.n++] = c->stash[c->n_stash].id;
     }
     if (m.n && c->fd >= 0) {
-        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
+        if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
             pool_cli_gone_locked(c, "its socket refused a return");
-        else
+        } else {
             c->k.returns += m.n;
+            c->k.return_msgs++;
+        }
     }
     return m.n;
 }

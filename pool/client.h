@@ -54,6 +54,8 @@ struct pool_cli_params {
 struct pool_cli_counters {
     uint64_t leases;                /* frames received */
     uint64_t returns;               /* frames given back */
+    uint64_t return_msgs;           /* RETURN messages sent (up to POOL_BATCH_MAX ids each;
+                                       mapped frames given up included) */
     uint64_t waits;                 /* leases the engine's thread waited for (a call) */
     uint64_t wait_ns;               /* their time */
     uint64_t takebacks;             /* the daemon's asks served (RECLAIM) */
@@ -98,12 +100,14 @@ void pool_cli_wait_hist(struct pool_cli *c, struct khist *out);
 /* This client's limit changed (kvvm_set_budget): tells the daemon (and a reconnection).
    0; the daemon gone is no error (the limit goes with the next HELLO). */
 int  pool_cli_set_limit(struct pool_cli *c, uint64_t bytes);
-/* A give (the connection thread's, for a RECLAIM) holds its releases' RETURNs (on) and
-   sends them in messages of up to POOL_BATCH_MAX ids: when one is full, at
-   pool_cli_returns_flush (a chunk's end: the daemon may grant those frames while the give
-   goes on) and when the hold ends (off, before the answer). The ids not sent when the
-   daemon goes are dropped with it; a client killed meanwhile gives them all back by its
-   death. */
+/* A give (the connection thread's, for a RECLAIM) or a call that may release many frames
+   at once (a free of an imported sequence: core/pool_client.c core_pool_returns_hold) holds
+   its releases' RETURNs (on) and sends them in messages of up to POOL_BATCH_MAX ids: when
+   one is full, at pool_cli_returns_flush (a chunk's end: the daemon may grant those frames
+   while the give goes on) and when the hold ends (off, before the answer or the call's
+   return). The ids not sent when the daemon goes are dropped with it; a client killed
+   meanwhile gives them all back by its death. Holds do not nest: each is taken and ended
+   under the context lock. */
 void pool_cli_hold_returns(struct pool_cli *c, bool on);
 void pool_cli_returns_flush(struct pool_cli *c);
 /* Gives the stash back to the daemon (kvvm_trim); returns how many frames. */

@@ -127,7 +127,8 @@ static int take_held_locked(struct pool_cli *c, uint64_t id, vmm_handle *h)
     return 0;
 }
 
-/* Imports descriptor fd of frame id as *h, remembered as mapped. 0; -errno (nothing kept). */
+/* Imports descriptor fd of frame id as *h, remembered as mapped; fd is taken over
+   (vmm_handle_import), whatever the outcome. 0; -errno (nothing kept). */
 static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle *h)
 {
     int rc = vmm_handle_import(c->v, fd, c->page, h);
@@ -140,8 +141,8 @@ static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle
     return rc;
 }
 
-/* One FRAMES message f (its descriptors fds[0..nfds), closed here) into hs and ids from
-   *got on (at most n in all), *rc the first failure. */
+/* One FRAMES message f (its descriptors fds[0..nfds), each imported or closed here) into
+   hs and ids from *got on (at most n in all), *rc the first failure. */
 static void frames_one_locked(struct pool_cli *c, const struct pool_frames *f, const int *fds,
                               int nfds, vmm_handle *hs, uint64_t *ids, uint32_t n,
                               uint32_t *got, int *rc)
@@ -155,9 +156,12 @@ static void frames_one_locked(struct pool_cli *c, const struct pool_frames *f, c
         } else {
             hs[*got].h = 0;
             ids[*got] = held ? 0 : f->ids[i];   /* a count the daemon took */
-            if (!*rc)
-                *rc = held ? take_held_locked(c, f->ids[i], &hs[*got])
-                           : import_one_locked(c, fd, f->ids[i], &hs[*got]);
+            if (!*rc && held) {
+                *rc = take_held_locked(c, f->ids[i], &hs[*got]);
+            } else if (!*rc) {
+                *rc = import_one_locked(c, fd, f->ids[i], &hs[*got]);
+                fd = -1;                        /* the import's now, whatever came of it */
+            }
         }
         if (fd >= 0)
             close(fd);

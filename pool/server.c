@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -36,6 +37,23 @@
 #include "server_figures.h"
 #include "server_int.h"
 #include "vmm/vmm.h"
+
+/* Every live or ready frame holds descriptors here: its export (srv_frame.xfd, kept for
+   its life), and on the emulated device its memfd and export description too. A limit
+   below what the whole pool and its reserve need is said at start: past it a frame's
+   create or export fails, and a lease gets fewer frames (-ENOMEM), as on a short device. */
+static void fd_limit_check(const struct pool_srv *s)
+{
+    struct srv_reserve_counts k;
+    srv_reserve_counts(s, &k);
+    size_t per = s->emulated ? 3 : 1, need = (s->pool_frames + (size_t)k.max) * per + 64;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < need)
+        srv_say("the descriptor limit (RLIMIT_NOFILE) is %llu, below the %zu the pool's frames "
+                "may need (%zu a frame): raise it (ulimit -n; systemd: LimitNOFILE=)",
+                (unsigned long long)rl.rlim_cur, need, per);
+}
 
 /* A line on stderr, "kvvmd: " first (server_int.h). */
 void srv_say(const char *fmt, ...)
@@ -202,6 +220,7 @@ int pool_srv_open(const struct pool_srv_params *p, struct pool_srv **out, char *
         unlink(s->path);
         goto out_free;
     }
+    fd_limit_check(s);
     *out = s;
     return 0;
 
@@ -262,7 +281,7 @@ static int frame_slot(struct pool_srv *s, size_t *slot)
         s->frames = n;
         s->cap_frames = cap;
     }
-    s->frames[s->nframes] = (struct srv_frame){ .gen = 1, .owner = -1 };
+    s->frames[s->nframes] = (struct srv_frame){ .xfd = -1, .gen = 1, .owner = -1 };
     *slot = s->nframes++;
     return 0;
 }
@@ -525,7 +544,8 @@ static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t
         if (frame_slot(s, &slots[n]) || srv_reserve_take(s, &h, &fds[n]))
             break;                                  /* the device is short: fewer */
         struct srv_frame *f = &s->frames[slots[n]];
-        *f = (struct srv_frame){ .h = h, .gen = f->gen, .owner = c->slot, .live = 1 };
+        *f = (struct srv_frame){ .h = h, .xfd = fds[n], .gen = f->gen, .owner = c->slot,
+                                 .live = 1 };
         c->held++;
         s->leased++;
         r.ids[n] = frame_id(s, slots[n]);
@@ -537,10 +557,8 @@ static int grant(struct pool_srv *s, struct srv_client *c, size_t want, uint32_t
     c->k.leases_short += n < asked;
     pool_proto_hdr(&r.h, POOL_MSG_FRAMES);
     figures(s, c, &r.fig);
-    int rc = reply(c, &r, fds, (int)n);
-    for (size_t i = 0; i < n; i++)
-        close(fds[i]);                  /* the client has its own descriptors now */
-    return rc;                          /* on a failure, the drop releases them */
+    return reply(c, &r, fds, (int)n);   /* the descriptors stay the frames' (xfd); on a
+                                           failure, the drop releases the frames */
 }
 
 /* ---- take-back ---------------------------------------------------------------------------

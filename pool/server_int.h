@@ -31,6 +31,9 @@
 
 struct srv_frame {
     vmm_handle h;
+    int xfd;                    /* its export (made once, with the frame: server_reserve.c),
+                                   sent with every grant and import of it and closed when the
+                                   frame dies (srv_frame_settle); -1 in a free slot */
     uint32_t gen;               /* bumped when the slot is freed; ids carry it (31 bits) */
     int owner;                  /* the client slot that leased it; -1 = none */
     uint8_t live;               /* allocated (0: a free slot) */
@@ -209,10 +212,11 @@ void srv_reserve_need(struct pool_srv *s, size_t need);
 /* Releases every ready and dying frame (before vmm_close). */
 void srv_reserve_close(struct pool_srv *s);
 /* A frame for a lease (s->leased is to grow by one): a ready one, else one made now. Its
-   handle and an exported descriptor (the caller's to close). 0; -errno (the device short). */
+   handle and its exported descriptor (the frame's for its life: srv_frame.xfd). 0; -errno
+   (the device short). */
 int  srv_reserve_take(struct pool_srv *s, vmm_handle *h, int *fd);
-/* A dead frame's handle (s->leased just dropped by one): released when the loop is idle
-   (at once with no reserve). */
+/* A dead frame's handle (s->leased just dropped by one; its export closed by the caller):
+   released when the loop is idle (at once with no reserve). */
 void srv_reserve_dispose(struct pool_srv *s, vmm_handle h);
 /* The reserve has work (a release, or a frame to make ahead): the loop polls without
    waiting and calls srv_reserve_work when no event came. */

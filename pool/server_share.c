@@ -50,8 +50,10 @@ void srv_frame_settle(struct pool_srv *s, size_t slot)
     struct srv_frame *f = &s->frames[slot];
     if (!f->live || f->owner >= 0 || f->nrec || f->nmap)
         return;
-    KVVM_ASSERT(s->leased > 0);
+    KVVM_ASSERT(s->leased > 0 && f->xfd >= 0);
     s->leased--;
+    close(f->xfd);                          /* before the release: no export keeps it */
+    f->xfd = -1;
     srv_reserve_dispose(s, f->h);           /* released off the loop (server_reserve.c) */
     f->live = 0;
     f->h.h = 0;
@@ -431,30 +433,25 @@ int srv_send_frames(struct pool_srv *s, struct srv_client *c, const uint32_t *sl
     KVVM_ASSERT(2 * (c->maps.n + total) <= c->maps.cap);    /* srv_maps_reserve */
     for (uint32_t off = 0; off < total; off += POOL_BATCH_MAX) {
         struct pool_frames f = { 0 };
-        int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
+        int fds[POOL_BATCH_MAX], nfds = 0;
         uint32_t n = total - off < POOL_BATCH_MAX ? total - off : POOL_BATCH_MAX;
-        for (uint32_t k = 0; k < n && !rc; k++) {
+        for (uint32_t k = 0; k < n; k++) {
             size_t slot = slots[off + k];
             f.ids[k] = srv_frame_id(s, slot);
             if (srv_holds(s, c, slot)) {
                 f.held |= 1ull << k;        /* it has a handle of it: no descriptor */
                 continue;
             }
-            /* no descriptor: the importer is dropped (its counts with it) */
-            if ((rc = vmm_handle_export(s->v, s->frames[slot].h, &fds[nfds])))
-                break;
-            nfds++;
+            KVVM_ASSERT(s->frames[slot].xfd >= 0);
+            fds[nfds++] = s->frames[slot].xfd;     /* its one export: no export per send */
             ktab_put(&c->maps, (uint64_t)slot + 1);  /* mapped from now (RETURN: not) */
             s->frames[slot].nmap++;
         }
         f.n = n;
         pool_proto_hdr(&f.h, POOL_MSG_FRAMES);
-        if (!rc)
-            rc = send_msg(c, &f, fds, nfds);
-        for (int i = 0; i < nfds; i++)
-            close(fds[i]);
+        int rc = send_msg(c, &f, fds, nfds);    /* the descriptors stay the frames' */
         if (rc)
-            return rc;
+            return rc;                      /* the importer is dropped (its counts with it) */
     }
     return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "core/core.h"
 #include "core/debug.h"
+#include "pool/client.h"
 #include "prefix/prefix.h"
 
 int kvvm_debug_check(kvvm *kv, char *why, size_t len)
@@ -53,6 +54,15 @@ uint64_t kvvm_debug_pool_wakes(kvvm *kv)
     frames_counters(kv->fr, &c);
     pthread_mutex_unlock(&kv->lock);
     return c.wakes;
+}
+
+uint64_t kvvm_debug_pool_return_msgs(kvvm *kv)
+{
+    struct pool_cli_counters c;
+    pthread_mutex_lock(&kv->lock);
+    core_pool_counters(kv, &c);
+    pthread_mutex_unlock(&kv->lock);
+    return c.return_msgs;
 }
 
 void *kvvm_debug_copy_stream(kvvm *kv)

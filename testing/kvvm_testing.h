@@ -47,6 +47,10 @@ void *kvvm_debug_copy_stream(kvvm *kv);
 /* Requests for a frame pool thread round so far (0 without the thread). */
 uint64_t kvvm_debug_pool_wakes(kvvm *kv);
 
+/* RETURN messages this context's pool connection sent so far (each gives back up to 64
+   frames, leased or mapped; 0 without a pool). */
+uint64_t kvvm_debug_pool_return_msgs(kvvm *kv);
+
 /* Where page i of region r of s is: 0 a hole (discarded), 1 device, 2 host, 3 disk (a page
    in flight counts under the tier it leaves; kvvm_sync first for a settled answer). For the
    model test, which follows every page through the moves of reclaim and set_budget.

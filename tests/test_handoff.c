@@ -757,3 +757,101 @@ Test(handoff, raw_frames_a_client_holds_come_held)
     close(a);
     pd_stop(&d);
 }
+
+/* Issue 35 (stop 41's note): freeing an imported sequence gave each mapped frame up in a
+   RETURN of its own, though a RETURN carries POOL_BATCH_MAX ids: 128 messages for this
+   128-frame import. kvvm_seq_free (and truncate, discard) hold the RETURNs
+   (core_pool_returns_hold): 2 messages. */
+Test(handoff, free_of_an_import_gives_its_frames_back_in_batches)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "16M");
+    const uint64_t len = 1024;          /* 64 pages a region: 128 frames */
+    kvvm *a = held_open(d.path, 160 * (size_t)PD_GRAN);
+    kvvm_seq s, im;
+    cr_assert_eq(kvvm_seq_create(a, &s), 0);
+    cr_assert_eq(kvvm_seq_grow(a, s, len), 0, "%s", kvvm_last_error());
+    kvvm_handoff t;
+    cr_assert_eq(kvvm_seq_export(a, s, &t), 0, "%s", kvvm_last_error());
+    kvvm_close(a);                      /* the export holds the frames */
+    kvvm *b = held_open(d.path, 160 * (size_t)PD_GRAN);
+    uint64_t i0 = emu_of(b).imported;  /* its leased frames (each an import too) */
+    cr_assert_eq(kvvm_seq_import(b, &t, &im), 0, "%s", kvvm_last_error());
+    cr_assert_eq(emu_of(b).imported - i0, 2 * len / TPP, "every frame imported");
+    uint64_t m0 = kvvm_debug_pool_return_msgs(b);
+    cr_assert_eq(kvvm_seq_free(b, im), 0);
+    uint64_t m = kvvm_debug_pool_return_msgs(b) - m0;
+    cr_expect_eq(m, 2, "128 frames given up in 2 RETURNs of 64: %llu sent",
+                 (unsigned long long)m);
+    cr_expect_eq(emu_of(b).imported, i0, "every frame of the import released");
+    th_check(b, "after the free");
+    kvvm_close(b);
+    wait_pool_whole(d.path);
+    pd_stop(&d);
+}
+
+/* The daemon's open descriptors (/proc/PID/fd). */
+static int fd_count(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
+    cr_assert(dir, "%s: %s", path, strerror(errno));
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir));)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
+/* kvvmd exports each frame once, when it makes it, sends that one descriptor with every
+   grant and import of the frame and closes it when the frame dies. So after rounds of
+   lease, export, import, free and exit, with the exporter killed by SIGKILL every other
+   round, its open descriptors come back to their count at start (no reserve: a dead frame
+   is released at once). The emulated device keeps a frame released while an importer
+   holds it until its next look: a raw lease of one frame (a cuMemCreate) makes one while
+   the count is above the start. */
+Test(handoff, daemon_descriptors_back_to_start_after_clients_go)
+{
+    TH_DEADLINE(180);
+    struct pd d;
+    snprintf(d.dir, sizeof d.dir, "/tmp/kvvmpool.XXXXXX");
+    cr_assert(mkdtemp(d.dir));
+    char p[128];
+    snprintf(p, sizeof p, "%s/sock", d.dir);
+    const char *extra[] = { "--reserve-frames", "0", NULL };
+    pd_start_at(&d, p, "4M", extra);
+    pd_expect_ready(&d);
+    int n0 = fd_count(d.pid);
+    for (int r = 0; r < 8; r++) {
+        unsigned char pat = (unsigned char)(0x31 + r);
+        kvvm_handoff t;
+        struct exp_proc e = exp_start(d.path, (struct exp_args){ .pat = pat, .ntok = 1 }, &t);
+        if (r & 1) {
+            cr_assert_eq(kill(e.pid, SIGKILL), 0);
+            cr_expect_eq(pd_wait(e.pid), 128 + SIGKILL);
+            close(e.tok);
+            close(e.go);
+        }
+        pid_t b = imp_start(d.path, &t, pat, 0xb0);
+        cr_expect_eq(pd_wait(b), 0, "round %d: the importer's exit code names the check", r);
+        if (!(r & 1))
+            exp_finish(&e, 'c');
+        wait_pool_whole(d.path);
+    }
+    int n = fd_count(d.pid), pokes = 0;
+    for (; n != n0 && pokes < 2; pokes++) {     /* one look reaps every frame let go */
+        int c = pc_client(d.path, "poke");
+        uint64_t id;
+        int fd;
+        cr_assert_eq(pc_lease(c, 1, &id, &fd, NULL), 1u);
+        close(fd);
+        close(c);
+        wait_pool_whole(d.path);
+        n = fd_count(d.pid);
+    }
+    cr_expect_eq(n, n0, "kvvmd's descriptors: %d at start, %d after 8 rounds (%d looks)", n0,
+                 n, pokes);
+    pd_stop(&d);
+}

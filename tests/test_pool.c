@@ -108,8 +108,7 @@ static void map_and_fill(struct vmm *v, const int *fds, unsigned n, vmm_handle *
                          uint64_t base, unsigned char pat)
 {
     for (unsigned i = 0; i < n; i++) {
-        cr_assert_eq(vmm_handle_import(v, fds[i], PD_GRAN, &h[i]), 0);
-        close(fds[i]);
+        cr_assert_eq(vmm_handle_import(v, fds[i], PD_GRAN, &h[i]), 0);  /* takes fds[i] */
     }
     cr_assert_eq(vmm_map_run(v, base, h, n, PD_GRAN), 0);
     cr_assert_eq(vmm_memset(v, base, pat, (size_t)n * PD_GRAN, NULL), 0);

@@ -5,7 +5,8 @@
    export descriptor holds it after the exporter released it, accounted to the exporting
    device until then, one imported handle mapped at two addresses as the pool's held frames
    map it; and its costs: copies through the memfd with no view, an import a dup of the
-   export description), and vmm.h's vmm_handle_export / vmm_handle_import. The
+   export description), and vmm.h's vmm_handle_export / vmm_handle_import (which takes its
+   descriptor over: kept by the handle, closed once, at its release or its failure). The
    cross-process tests fork a real child (before the parent makes any handle, so it
    inherits none), pass the descriptor over a socketpair with SCM_RIGHTS, and compare
    bytes both ways. */
@@ -852,8 +853,7 @@ static int vmm_importer(int sock, size_t bytes)
     uint64_t base;
     if (vmm_handle_import(v, fd, bytes, &h) || vmm_reserve(v, bytes, &base) ||
         vmm_map_run(v, base, &h, 1, bytes))
-        return 11;
-    close(fd);
+        return 11;                      /* the import took fd over */
     unsigned char *buf = malloc(bytes);
     if (!buf || vmm_copy_dtoh(v, buf, base, bytes, NULL) || vmm_stream_sync(v, NULL))
         return 12;
@@ -924,7 +924,74 @@ Test(share_vmm, export_refused_without_shareable)
     cr_expect_eq(vmm_handle_export(v, h, &fd), -EINVAL);
     cr_expect_eq(fd, -1);
     cr_expect_eq(vmm_handle_import(v, -1, G, &h), -EINVAL);
-    cr_expect_eq(vmm_handle_import(v, 0, G + 1, &h), -EINVAL);
+    cr_assert_eq(vmm_phys_release(v, h), 0);
+    vmm_close(v);
+}
+
+static bool fd_open(int fd)
+{
+    return fcntl(fd, F_GETFD) != -1 || errno != EBADF;
+}
+
+/* vmm_handle_import takes its descriptor over (vmm.h): the emulated handle keeps the very
+   descriptor it is given (no dup: before, an import made a dup and its caller a close, two
+   system calls per imported frame on a pool client's path) and its release closes it, once;
+   the caller never closes it. */
+Test(share_vmm, import_takes_the_descriptor_over)
+{
+    struct vmm *v = open_vmm(1);
+    cr_assert(v);
+    vmm_handle h, in;
+    cr_assert_eq(vmm_phys_create(v, G, &h), 0);
+    int fd = -1;
+    cr_assert_eq(vmm_handle_export(v, h, &fd), 0);
+    static unsigned char before[1024], after[1024];
+    open_fds(before);
+    cr_assert_eq(vmm_handle_import(v, fd, G, &in), 0);
+    open_fds(after);
+    cr_expect_eq(memcmp(before, after, sizeof before), 0, "the import made no descriptor");
+    cr_expect(fd_open(fd), "the imported handle holds the descriptor it was given");
+    uint64_t base;
+    cr_assert_eq(vmm_reserve(v, G, &base), 0);
+    cr_assert_eq(vmm_map_run(v, base, &in, 1, G), 0);
+    cr_assert_eq(vmm_unmap(v, base, G), 0);
+    cr_expect(fd_open(fd), "unmapped, still held by the handle");
+    cr_assert_eq(vmm_phys_release(v, in), 0);
+    cr_expect(!fd_open(fd), "the release closed it");
+    cr_assert_eq(vmm_phys_release(v, h), 0);
+    vmm_unreserve(v);
+    vmm_close(v);
+}
+
+/* The rule for a failed import (vmm.h): the descriptor is taken over whatever the outcome,
+   so a refused one is closed before the return (a descriptor that is no export, a size that
+   is not a multiple of the granule, the driver's refusal); fd -1 is refused, nothing
+   closed. */
+Test(share_vmm, failed_import_closes_the_descriptor)
+{
+    struct vmm *v = open_vmm(1);
+    cr_assert(v);
+    vmm_handle h, in = { 0 };
+    cr_assert_eq(vmm_phys_create(v, G, &h), 0);
+    int other = memfd_create("not-an-export", MFD_CLOEXEC);
+    cr_assert_geq(other, 0);
+    cr_assert_eq(ftruncate(other, (off_t)G), 0);
+    cr_expect_eq(vmm_handle_import(v, other, G, &in), -EINVAL, "no emulated export");
+    cr_expect(!fd_open(other), "closed on the driver's refusal");
+    int fd = -1;
+    cr_assert_eq(vmm_handle_export(v, h, &fd), 0);
+    cr_expect_eq(vmm_handle_import(v, fd, G + 1, &in), -EINVAL);
+    cr_expect(!fd_open(fd), "closed on a bad size");
+    cr_assert_eq(vmm_handle_export(v, h, &fd), 0);
+    cr_assert_eq(emu_fail_arm("cuMemImportFromShareableHandle", 1, KCU_ERROR_OUT_OF_MEMORY),
+                 0);
+    cr_expect_eq(vmm_handle_import(v, fd, G, &in), -ENOMEM);
+    cr_expect(!fd_open(fd), "closed on an injected refusal");
+    cr_expect_eq(vmm_handle_import(v, -1, G, &in), -EINVAL);
+    cr_expect_eq(in.h, 0, "nothing imported");
+    struct vmm_debug_objects o;
+    cr_assert_eq(vmm_debug_objects(v, &o), 0);
+    cr_expect_eq(o.handles, 1, "only the frame: no import kept");
     cr_assert_eq(vmm_phys_release(v, h), 0);
     vmm_close(v);
 }

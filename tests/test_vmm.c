@@ -14,6 +14,7 @@
 #include <criterion/logging.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -795,6 +796,40 @@ Test(regress, one_unmap_over_several_mappings_assumed)
                                                        "fake_cuda_counters");
     cr_assert_eq(fcounters(&c), 0);
     cr_expect_eq(c.handles + c.mappings + c.reservations, 0, "the probe or the run leaked");
+    vmm_close(v);
+}
+
+/* vmm_handle_import takes its descriptor over (vmm.h): on CUDA it closes it right after
+   cuMemImportFromShareableHandle (the driver keeps the allocation, not the descriptor),
+   where the emulated device's handle keeps it; either way the caller never closes it, and
+   the imported handle maps the exporter's bytes. */
+Test(loader, import_closes_its_descriptor_on_cuda)
+{
+    setenv("KVVM_CUDA_LIBRARY", KVVM_FAKE_LIBCUDA, 1);
+    struct vmm_params p = { .backend = KVVM_BACKEND_CUDA, .shareable = 1 };
+    struct vmm *v = NULL;
+    cr_assert_eq(vmm_open(&p, &v), 0);
+    size_t g = vmm_granule(v);
+    vmm_handle h, in;
+    int fd = -1;
+    cr_assert_eq(vmm_phys_create(v, g, &h), 0);
+    cr_assert_eq(vmm_handle_export(v, h, &fd), 0);
+    cr_assert_eq(vmm_handle_import(v, fd, g, &in), 0);
+    cr_expect(fcntl(fd, F_GETFD) == -1 && errno == EBADF, "closed after the import");
+    uint64_t base;
+    cr_assert_eq(vmm_reserve(v, 2 * g, &base), 0);
+    vmm_handle both[2] = { h, in };
+    cr_assert_eq(vmm_map_run(v, base, both, 2, g), 0);
+    cr_assert_eq(vmm_memset(v, base, 0x3c, g, NULL), 0);
+    unsigned char b[64];
+    cr_assert_eq(vmm_copy_dtoh(v, b, base + g, sizeof b, NULL), 0);
+    cr_assert_eq(vmm_stream_sync(v, NULL), 0);
+    for (size_t i = 0; i < sizeof b; i++)
+        cr_assert_eq(b[i], 0x3c, "the import maps the exporter's bytes");
+    cr_assert_eq(vmm_unmap(v, base, 2 * g), 0);
+    cr_assert_eq(vmm_phys_release(v, in), 0);
+    cr_assert_eq(vmm_phys_release(v, h), 0);
+    vmm_unreserve(v);
     vmm_close(v);
 }
 

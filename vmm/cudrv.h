@@ -217,9 +217,9 @@ struct kcu_api {
     kcu_result (*cuGetErrorName)(kcu_result error, const char **str);               /* 6000 */
 };
 
-/* Optional debug hooks beside a driver table: what the driver API cannot tell, for invariant
-   checkers (vmm_debug_mapping, vmm_debug_objects). Not part of CUDA: only the emulated device
-   fills them (vmm/drv_emu.h); on CUDA there are none. */
+/* Optional hooks beside a driver table: what the driver API cannot tell, for invariant
+   checkers (vmm_debug_mapping, vmm_debug_objects), and one import the API has not. Not part
+   of CUDA: only the emulated device fills them (vmm/drv_emu.h); on CUDA there are none. */
 struct kcu_debug {
     /* What is mapped at device address va: 0 and the handle, the offset within the handle
        and the access flags (KCU_MEM_ACCESS_FLAGS_*); -ENOENT unmapped. Outputs may be NULL. */
@@ -228,6 +228,10 @@ struct kcu_debug {
        with this ordinal. 0; -ENODEV no such device. */
     int (*objects)(int ordinal, uint64_t *handles, uint64_t *handle_bytes,
                    uint64_t *mapped_bytes);
+    /* cuMemImportFromShareableHandle of POSIX descriptor fd that takes fd over on success:
+       the handle keeps it (no dup) and its release closes it; on a failure the caller keeps
+       fd. (CUDA's import keeps no descriptor: vmm_handle_import closes fd after it there.) */
+    kcu_result (*import_take)(kcu_mem_handle *handle, int fd);
 };
 
 /* Returns a readable "NAME: description" for a driver error through the table (never NULL;

@@ -7,7 +7,8 @@
  * Contract:
  *  - drv_emu_open creates a fresh emulated device (process-wide, like a GPU: cuDeviceGet
  *    takes the returned ordinal) and hands out the emulated table and its debug hooks
- *    (struct kcu_debug: the emulator's own tables, which the CUDA driver cannot show).
+ *    (struct kcu_debug: the emulator's own tables, which the CUDA driver cannot show, and
+ *    its import that takes the descriptor over).
  *  - drv_emu_close destroys it once its primary context is released; what it still held is
  *    freed and logged as leaks.
  */

@@ -108,10 +108,14 @@ int  vmm_phys_release(struct vmm *v, vmm_handle h);
    clients. vmm_handle_export: a new descriptor of h (the caller's to close); h must have
    been made by a vmm opened with params.shareable (else -EINVAL, the driver's refusal).
    vmm_handle_import: a handle of this device for the allocation fd names (bytes: its size,
-   a multiple of the granule), in this process or another; the caller keeps fd (close it
-   after the import); release the handle with vmm_phys_release. The allocation lives while
-   any process holds a handle or a mapping of it, whoever released first. -EINVAL, -ENOMEM,
-   -EIO. */
+   a multiple of the granule), in this process or another; release it with
+   vmm_phys_release. The import takes fd over, whatever the outcome (fd >= 0): the caller
+   never uses or closes fd after the call. On success the emulated device's handle keeps fd
+   as its allocation's descriptor (no dup; the release closes it) and on CUDA fd is closed
+   after cuMemImportFromShareableHandle (the driver keeps the allocation); on any failure
+   fd is closed before the return. fd < 0: -EINVAL, nothing closed. The allocation lives
+   while any process holds a handle or a mapping of it, whoever released first. -EINVAL,
+   -ENOMEM, -EIO. */
 int  vmm_handle_export(struct vmm *v, vmm_handle h, int *fd);
 int  vmm_handle_import(struct vmm *v, int fd, size_t bytes, vmm_handle *out);
 

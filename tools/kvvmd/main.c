@@ -13,7 +13,8 @@
  *
  * stdout carries exactly one line, "kvvmd: ready PATH", once clients are accepted; all else
  * goes to stderr. SIGTERM or SIGINT: every allocation released, PATH removed, exit 0.
- * Exit 1 when it cannot start (the cause on stderr), 2 for a usage error.
+ * Exit 1 when it cannot start (the cause on stderr), 2 for a usage error. It raises its soft
+ * descriptor limit to the hard one: each live frame holds its export here for its life.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "../common/httpd.h"
 #include "pool/protocol.h"
@@ -181,6 +183,14 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* a live frame holds a descriptor here for its life (its export; on the emulated device
+       two more): the soft descriptor limit raised to the hard one (the daemon polls with
+       epoll, never select) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
     char why[512];
     rc = pool_srv_open(&p, &srv, why, sizeof why);
     if (rc) {

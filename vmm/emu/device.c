@@ -506,6 +506,7 @@ static int debug_objects(int ordinal, uint64_t *handles, uint64_t *handle_bytes,
 static const struct kcu_debug emu_debug = {
     .mapping = emu_lookup,
     .objects = debug_objects,
+    .import_take = emu_import_take,
 };
 
 int drv_emu_open(const struct drv_emu_params *p, const struct kcu_api **api,

@@ -55,7 +55,8 @@
  *    exporting device (lingering) until every importer has released and unmapped it or
  *    exited and every export descriptor is closed (an export is a dup of the allocation's
  *    export description, made at create, which holds a shared flock; an import is a dup
- *    of the descriptor it is given).
+ *    of the descriptor it is given, or that descriptor itself through the backend face's
+ *    import_take: vmm/drv_emu.h).
  */
 #ifndef KVVM_VMM_EMU_EMU_H
 #define KVVM_VMM_EMU_EMU_H

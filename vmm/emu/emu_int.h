@@ -375,6 +375,11 @@ bool emu_share_held_elsewhere(const struct emu_handle *h);
 void emu_share_close(struct emu_handle *h);
 /* Frees d's lingering handles that no importer holds any more. */
 void emu_share_reap_locked(struct emu_dev *d);
+/* cuMemImportFromShareableHandle of descriptor fd (POSIX file-descriptor type) that takes
+   fd over on success: the new handle keeps it as its memfd, no dup (closed at the
+   release); on a failure the caller keeps fd. Counted, traced and refused by fault
+   injection as cuMemImportFromShareableHandle (struct kcu_debug's import_take). */
+kcu_result emu_import_take(kcu_mem_handle *handle, int fd);
 
 /* maps.c */
 bool emu_ent_mapped(struct emu_resv *rv, size_t i);

@@ -14,8 +14,10 @@
  * the export description, which takes a shared flock at once and is kept (xfd) until the
  * release. An export is a dup of it; an import, in this or another process, is an fstat (every
  * check) and a dup of the descriptor it is given (no open, no flock: the description it shares
- * holds the lock). An import opened its own description and locked it before: two system calls
- * more per imported frame, on the client's path. A shareable or imported handle has no mapping
+ * holds the lock), or that descriptor itself where the caller hands it over (emu_import_take,
+ * vmm_handle_import's way: no dup, and no close by the caller). An import opened its own
+ * description and locked it before: two system calls more per imported frame, on the
+ * client's path. A shareable or imported handle has no mapping
  * of the emulator's own: a window maps its memfd, and a copy reads and writes the memfd
  * (copies.c: pread, pwrite), so neither a create, an import nor a copy pays an mmap, and a
  * release is a close (a munmap of a view there was 91-99% of a client's give-back of 64
@@ -284,16 +286,17 @@ static size_t export_granule(const struct stat *st)
     return mode_granule(st->st_mode);   /* 0: not one of the emulator's exports */
 }
 
-/* Errors: handle NULL, a descriptor that is not an emulated export, its size not a
-   multiple of the current device's granule or its granule not the device's:
-   KCU_ERROR_INVALID_VALUE; another handle type: KCU_ERROR_NOT_SUPPORTED; no slot or no
-   descriptor: KCU_ERROR_OUT_OF_MEMORY. The caller keeps osHandle. */
-kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHandle,
-                                              int shHandleType)
+/* The import (both entry points): fd checked by its fstat (every check the driver makes);
+   take: the new handle keeps fd itself (closed at its release), else a dup of it. Errors:
+   handle NULL, a descriptor that is not an emulated export, its size not a multiple of
+   the current device's granule or its granule not the device's: KCU_ERROR_INVALID_VALUE;
+   another handle type: KCU_ERROR_NOT_SUPPORTED; no slot or no descriptor:
+   KCU_ERROR_OUT_OF_MEMORY. On a failure the caller keeps fd, taken or not. */
+static kcu_result share_import(kcu_mem_handle *handle, int fd, int shHandleType, bool take)
 {
     BEGIN(cuMemImportFromShareableHandle, F_INIT | F_CTX | F_STICKY);
     struct emu_dev *d = cur;
-    int fd = (int)(intptr_t)osHandle, f = -1;
+    int f = -1;
     size_t slot;
     struct stat st;
     if (!handle) {
@@ -312,7 +315,8 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
     size_t size = (size_t)st.st_size;
     /* the export description itself (no open, no flock): it holds the shared flock that
        tells the exporter this allocation is still held */
-    if (emu_handle_slot_alloc_locked(&slot) || (f = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+    if (emu_handle_slot_alloc_locked(&slot) ||
+        (f = take ? fd : fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
         r = KCU_ERROR_OUT_OF_MEMORY;
         goto out;
     }
@@ -327,4 +331,17 @@ kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHa
     *handle = emu_handle_value(slot);
 out:
     return emu_leave(r);
+}
+
+/* As the driver: the caller keeps osHandle (the handle holds a dup of it). Errors:
+   share_import's. */
+kcu_result emu_cuMemImportFromShareableHandle(kcu_mem_handle *handle, void *osHandle,
+                                              int shHandleType)
+{
+    return share_import(handle, (int)(intptr_t)osHandle, shHandleType, false);
+}
+
+kcu_result emu_import_take(kcu_mem_handle *handle, int fd)
+{
+    return share_import(handle, fd, KCU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, true);
 }
