@@ -48,10 +48,7 @@ typedef struct { uint32_t v; } pg_slot;      /* slot number itself (0-based) */
 #define PG_FRAME_NONE ((pg_frame_id){ 0 })    /* no frame (a hole in a frame array) */
 #define PG_SLOT_NONE  ((pg_slot){ UINT32_MAX })  /* no slot (a disk allocation's hint: none) */
 static inline bool pg_page_is_none(pg_page_id p) { return p.v == 0; }
-static inline bool pg_frame_is_none(pg_frame_id f) { return f.v == 0; }
 static inline bool pg_slot_is_none(pg_slot s) { return s.v == UINT32_MAX; }
-static inline bool pg_page_eq(pg_page_id a, pg_page_id b) { return a.v == b.v; }
-static inline bool pg_frame_eq(pg_frame_id a, pg_frame_id b) { return a.v == b.v; }
 
 /* Where a page's bytes are. In-flight states count under the tier they leave. */
 enum pg_tier {
@@ -611,9 +608,6 @@ int  paging_wait_releases(struct paging *pg);
  * function here calls. */
 /* Installs the policy (copied; NULL: none, then no room is ever made and no swap staged). */
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
-/* `want` host slots free: 0 when they are, else the policy's host_room (-ENOMEM without a
-   policy or a host tier). */
-int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
 /* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
    order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
 size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
@@ -630,10 +624,6 @@ int  paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t
 void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
 bool paging_disk_on(struct paging *pg);
-/* Slots the tiers below the device can still take: free host slots, host slots that
-   in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
-   through one to disk; spilling a host page trades a disk slot for a host slot). */
-uint64_t paging_room_below(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
    spill writes in flight, host pages that could be spilled (every HOST page: none holds a
    resident sequence; less the keep set's, paging_disk_keep), free disk slots (0 without a
@@ -757,8 +747,6 @@ void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high);
    (paging_feed_surplus) and that no pool view slot maps, and begins a new window. 0 with pl->create = pl->release = 0:
    nothing to do. -ENOMEM (rel[] not allocated: nothing taken). */
 int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
-/* Context lock held: ready frames above keep that no call needed since the window began. */
-uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep);
 /* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the
    first failure: the rest of the reservation is given back). Returns the number created. */
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl);

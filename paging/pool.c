@@ -817,6 +817,19 @@ void page_put_ent(struct paging *pg, pg_page_id id)
     page_put(pg, id);
 }
 
+void page_get_job(struct paging *pg, pg_page_id id)
+{
+    page_get(pg, id);
+    page_at(pg, id)->jobs++;
+}
+
+void page_job_done(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->jobs > 0 && p->refs >= p->jobs);   /* the job's own reference */
+    p->jobs--;
+}
+
 void page_put_off(struct paging *pg, pg_page_id id)
 {
     struct pg_page *p = page_at(pg, id);

@@ -65,6 +65,13 @@ static inline void lower_io_done(struct paging *pg, unsigned t)
 }
 
 /* host_tier.c */
+/* `want` host slots free: 0 when they are, else the policy's host_room (-ENOMEM without a
+   policy or a host tier). */
+int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
+/* Slots the tiers below the device can still take: free host slots, host slots that
+   in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
+   through one to disk; spilling a host page trades a disk slot for a host slot). */
+uint64_t paging_room_below(struct paging *pg);
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
 /* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
