@@ -807,14 +807,13 @@ void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n);
 void paging_unhold(struct paging *pg, const pg_page_id *ids, size_t n);
 /* The parameters paging was created with (their current values). */
 void paging_params_get(const struct paging *pg, struct paging_params *out);
-/* Page descriptors (page ids are 1..this). */
-uint32_t paging_max_pages(const struct paging *pg);
-/* The page's tier as PG_WHERE_* (in flight: the tier it leaves). */
-uint8_t paging_page_where(struct paging *pg, pg_page_id id);
-/* References other than the holders' (sequences, releases, transfers): 0 = only holders. */
-uint32_t paging_page_holders(struct paging *pg, pg_page_id id);
-/* The holders' references (0 for a free descriptor): the checker of the holders' owner. */
-uint32_t paging_page_ents(struct paging *pg, pg_page_id id);
+/* What the holders' owner sees of page id (1..paging_params' max_pages). */
+struct pg_held_page {
+    uint8_t  where;      /* PG_WHERE_* (in flight: the tier it leaves) */
+    uint32_t others;     /* references but the holders' (sequences, releases, transfers) */
+    uint32_t ents;       /* the holders' (0 for a free descriptor: the owner's checker) */
+};
+struct pg_held_page paging_page_held(struct paging *pg, pg_page_id id);
 /* Empty s (length 0) becomes a non-resident sequence of n blocks holding pages ids (as
    paging_seq_blocks lays them out): swap it in to map them (paging_need counts the frames).
    -ENOENT, -ESTALE, -EINVAL not empty, -E2BIG past max_tokens, -EOPNOTSUPP, -EIO. */
