@@ -11,6 +11,17 @@
 #include "paging_int.h"
 
 /* pool.c */
+/* The feed's plan and hand-over (paging_feed_begin and paging_feed_end, paging.c, around
+   them): paging_feed_plan fills pl (paging.h) without the view's groups or the map-ahead;
+   paging_feed_drain puts the delivered frames into the pool (released at once above the
+   budget). Context lock held. */
+int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
+/* Frames ready in the pool now (delivered ones included after a drain). */
+uint32_t paging_pool_ready(const struct paging *pg);
+/* Whether a frame could be created within the budget now (frames held and in transit
+   below it). */
+bool paging_pool_can_create(struct paging *pg);
+void paging_feed_drain(struct paging *pg);
 /* Context lock held: ready frames above keep that no call needed since the window began. */
 uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep);
 int  pool_init(struct paging *pg);

@@ -720,16 +720,18 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
  * The feed lets a library thread (swap/frame_pool.c, the policy: when and how many) create and
- * release frames without the context lock: paging_feed_plan (context lock held) reserves
+ * release frames without the context lock: paging_feed_begin (context lock held) reserves
  * frames to create within the budget and takes ready frames off the pool for release;
  * paging_feed_work (no lock) makes the driver calls and hands the created frames over;
- * paging_feed_drain (context lock) puts them in the pool. A caller short of ready frames
+ * paging_feed_end (context lock) puts them in the pool. A caller short of ready frames
  * takes delivered ones, waits for those being created, and creates on its own thread only
  * when none are on their way (counted: frames_created_sync). */
 struct pg_feed_plan {
     uint32_t create;             /* frames to create */
     uint32_t release;            /* handles in rel[] to release */
-    vmm_handle *rel;             /* paging_feed_plan fills; freed by paging_feed_work */
+    vmm_handle *rel;             /* paging_feed_begin fills; freed by paging_feed_work */
+    uint32_t ready;              /* frames ready after the plan */
+    bool ahead;                  /* map-ahead refills taken instead (paging_ahead_work) */
 };
 /* Attaches the thread: from now on frames are created ahead by it. wake(arg) is called
    (context lock held) when a call leaves fewer than low frames ready, and when the pool grows
@@ -741,31 +743,30 @@ void paging_feed_detach(struct paging *pg);
 void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high);
 /* keep for a plan that releases nothing: the idle window goes on. */
 #define PG_FEED_KEEP_ALL UINT32_MAX
-/* Context lock held. Fills pl for a round that brings the ready frames up to `fill` (none
-   while kvvm_trim's suppression lasts) and, unless keep is PG_FEED_KEEP_ALL, releases the
-   ready frames above `keep` (keep >= fill) that stayed unused since the idle window began
-   (paging_feed_surplus) and that no pool view slot maps, and begins a new window. 0 with pl->create = pl->release = 0:
-   nothing to do. -ENOMEM (rel[] not allocated: nothing taken). */
-int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
+/* Context lock held. Prepares the pool view's groups a grow took, then fills pl for a round
+   that brings the ready frames up to `fill` (none while kvvm_trim's suppression lasts) and,
+   unless keep is PG_FEED_KEEP_ALL, releases the ready frames above `keep` (keep >= fill)
+   that stayed unused since the idle window began and that no pool view slot maps, and
+   begins a new window. With pl->create = pl->release = 0 (or -ENOMEM: rel[] not allocated)
+   the map-ahead refills are taken instead. */
+int  paging_feed_begin(struct paging *pg, uint32_t fill, uint32_t keep,
+                       struct pg_feed_plan *pl);
 /* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the
    first failure: the rest of the reservation is given back). Returns the number created. */
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl);
-/* Map-ahead refilled off the engine's thread (ahead.c): paging_ahead_plan (context lock
-   held) takes the ready frames of the queued sequences' refills into jobs (true: some);
-   paging_ahead_work (no lock) maps them; paging_ahead_commit (context lock) gives each job
-   to its sequence, or undoes it when the sequence changed meanwhile or the work failed. */
-bool paging_ahead_plan(struct paging *pg);
+/* Context lock held: the delivered frames into the pool (released at once above the budget),
+   the pool view's groups prepared, the map-ahead refills taken (true: some). */
+bool paging_feed_end(struct paging *pg);
+/* The map-ahead refills a round took (ahead.c): paging_ahead_work (no lock) maps them;
+   paging_ahead_commit (context lock) gives each job to its sequence, or undoes it when the
+   sequence changed meanwhile or the work failed. */
 void paging_ahead_work(struct paging *pg);
 void paging_ahead_commit(struct paging *pg);
-/* Context lock held: delivered frames into the pool (released at once above the budget). */
-void paging_feed_drain(struct paging *pg);
 /* Context lock held: waits until no frame is being created or released, then drains. */
 void paging_feed_quiesce(struct paging *pg);
-/* Frames ready in the pool now (delivered ones included after a drain). */
-uint32_t paging_pool_ready(const struct paging *pg);
-/* Whether a frame could be created within the budget now (frames held and in transit
-   below it): the frame pool thread has something to do below its marks. */
-bool paging_pool_can_create(struct paging *pg);
+/* Whether a round would refill: fewer than `high` frames ready in the pool now, and a frame
+   could be created within the budget (frames held and in transit below it). */
+bool paging_feed_short(struct paging *pg, uint32_t high);
 /* Context lock held. Sets the budget to `frames` (n_regions <= frames <= cap_frames) when
    the frames holding pages (pending releases included) fit in it, releasing every unused
    frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);
@@ -924,11 +925,6 @@ int paging_seq_block_table(struct paging *pg, uint64_t h, uint32_t first, uint32
    wanted). -ENOSPC cap too small (indptr filled); else as paging_seq_block_table. */
 int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, int32_t *indptr,
                              int32_t *indices, size_t cap, int32_t *last_len);
-/* Prepares groups ahead (context lock held; off the grow path: the frame pool thread's
-   round, a step, create): n_regions ready frames each, mapped at a free id, so a grow
-   taking one gives its new block an id already mapped. Best effort (stops at the first
-   refusal, leaving nothing half done); a no-op without a pool view. */
-void paging_view_prepare(struct paging *pg);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

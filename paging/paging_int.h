@@ -6,7 +6,7 @@
  * ahead.h, transfers.h, clock.h, view.h, window.h.
  *
  *
- *   paging.c the paging context: create / destroy, counters
+ *   paging.c the paging context: create / destroy, counters; the frame pool thread's round
  *   pool.c   frames (physical handles: create ahead, ready list, take/give) and page
  *            descriptors (identity, refcount, tier, location; O(1) free list)
  *   step.c   the epoch clock and the streams: step (the step fence), sync, set_stream; the

@@ -497,6 +497,11 @@ bool paging_pool_can_create(struct paging *pg)
     return budget_room(pg);
 }
 
+bool paging_feed_short(struct paging *pg, uint32_t high)
+{
+    return paging_pool_ready(pg) < high && paging_pool_can_create(pg);
+}
+
 /* ---- the budget --------------------------------------------------------------------- */
 
 void pool_drop_all_ahead(struct paging *pg)
