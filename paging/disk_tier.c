@@ -162,7 +162,7 @@ size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max
     for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
         struct pg_seq *s = &pg->seqs[i];
         if (s->live && s->out)
-            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0, s->cls };
     }
     return n;
 }

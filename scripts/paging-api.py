@@ -15,10 +15,13 @@ transfers.h, clock.h, window.h, view.h, ahead.h). This script measures the inter
     swap_make_room (a source call graph over swap/*.c: a static function resolved in its
     own file first) where a paging.h function is named (called, or passed as a callback).
 
-usage: paging-api.py [--check] [--list] [--walk FUNCTION] ROOT
+usage: paging-api.py [--check] [--plant] [--list] [--sites] [--walk FUNCTION] ROOT
 --check: exit 1 when a function paging.h declares is used by no file outside paging/ (it
 belongs in its owner's internal header, not in paging.h), printing each; 0 otherwise.
---list: one line per function (its outside users by folder).
+--plant: the check's own test: a declaration planted in paging.h's text (in memory, the
+file untouched) must be reported; exit 0 when it is, 1 when the check misses it.
+--list: one line per function (its outside users by folder). --sites: the walk's sites,
+one line per swap/ function and paging.h function it names, with the count.
 """
 import argparse
 import os
@@ -53,9 +56,10 @@ DECL = re.compile(r'^(?:static\s+inline\s+)?(?:const\s+)?(?:(?:struct|enum)\s+)?
 KEYWORDS = {'return', 'if', 'for', 'while', 'switch', 'sizeof', 'typedef', '__attribute__'}
 
 
-def declared(header):
-    """(name, inline, body) for each function the header declares, in order."""
-    text = strip_macros(blank(open(header, encoding='utf-8').read()))
+def declared(header, extra=''):
+    """(name, inline, body) for each function the header declares (extra: text added after
+    it), in order."""
+    text = strip_macros(blank(open(header, encoding='utf-8').read() + extra))
     out = []
     for m in DECL.finditer(text):
         name = m.group(1)
@@ -164,11 +168,23 @@ def crossings(root, start, api):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--check', action='store_true')
+    ap.add_argument('--plant', action='store_true')
     ap.add_argument('--list', action='store_true')
+    ap.add_argument('--sites', action='store_true')
     ap.add_argument('--walk', default='swap_make_room')
     ap.add_argument('root')
     a = ap.parse_args()
     header = os.path.join(a.root, 'paging', 'paging.h')
+    if a.plant:
+        planted = ('uint32_t paging_planted_unused(struct paging *pg, uint64_t h);\n'
+                   'static inline int pg_planted_inline(int x) { return x; }\n')
+        d = declared(header, '\n' + planted)
+        u = outside_users(a.root, d)
+        found = {n for n, _, _ in d if not u[n]}
+        want = {'paging_planted_unused', 'pg_planted_inline'}
+        print('paging-api: planted %s: %s' % (' '.join(sorted(want)),
+                                              'reported' if want <= found else 'MISSED'))
+        return 0 if want <= found else 1
     decls = declared(header)
     users = outside_users(a.root, decls)
     n_lines = sum(1 for _ in open(header, encoding='utf-8'))
@@ -185,6 +201,12 @@ def main():
                                    ' '.join(fs) if fs else '-- none outside paging/'))
     api = {d[0] for d in decls}
     reach, sites = crossings(a.root, a.walk, api)
+    if a.sites:
+        count = {}
+        for s in sites:
+            count[s] = count.get(s, 0) + 1
+        for (fn, w), c in sorted(count.items()):
+            print('%-24s %-32s %d' % (fn, w, c))
     print('paging-api: paging.h %d lines, %d functions declared (%d static inline), %d used '
           'outside paging/ (%s)' % (n_lines, len(decls), sum(1 for d in decls if d[1]),
                                     len(used), ', '.join('%s %d' % (f, by[f])
