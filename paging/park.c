@@ -260,6 +260,7 @@ int paging_reclaim_move(struct paging *pg, uint64_t h, enum pg_reclaim how, uint
                         struct pg_use *before)
 {
     uint32_t sl = 0;
+    KVVM_ASSERT(how == PG_RECLAIM_STASH ? room != NULL : room == NULL);
     *before = (struct pg_use){ 0 };
     if (how == PG_RECLAIM_STASH &&
         (paging_seq_stash_slots(pg, h, &sl) || (uint64_t)sl > *room))
