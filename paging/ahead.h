@@ -44,5 +44,9 @@ void ahead_meet_va(struct paging *pg, uint64_t va, uint32_t n);
 /* Whether page i of slot's window lies in a job in flight (mapped or not: the checker). */
 bool ahead_covers(const struct paging *pg, uint32_t slot, uint32_t i);
 void ahead_fini(struct paging *pg);
+/* The thread's round (paging_feed_begin / paging_feed_end, paging.c), context lock held:
+   takes the ready frames of the queued sequences' refills into jobs (true: some), which
+   paging_ahead_work then maps and paging_ahead_commit gives to their sequences. */
+bool paging_ahead_plan(struct paging *pg);
 
 #endif

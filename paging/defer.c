@@ -67,8 +67,7 @@ static void job_complete_pages(struct paging *pg, struct pg_defer *d)
         if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
         struct pg_page *p = page_at(pg, d->pages[i]);
-        KVVM_ASSERT(p->jobs > 0);       /* the job's own reference */
-        p->jobs--;
+        page_job_done(pg, d->pages[i]);
         page_count(pg, p, -1);
         if (d->kind == DF_OUT && p->tier == PG_TIER_TO_HOST) {
             page_frame_drop(pg, p);

@@ -265,7 +265,7 @@ size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t m
                 frees += p->tier == PG_TIER_DEVICE && p->refs == 1;
             }
         if (dev)
-            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, frees };
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, frees, s->cls };
     }
     return n;
 }

@@ -34,9 +34,7 @@ void paging_disk_wait_io(struct paging *pg)
 
 static void dio_end(struct paging *pg, pg_page_id id)
 {
-    struct pg_page *p = page_at(pg, id);
-    KVVM_ASSERT(p->jobs > 0);           /* the transfer's own reference */
-    p->jobs--;
+    page_job_done(pg, id);
     lower_io_done(pg, PG_LOWER_DISK);
     page_put(pg, id);
 }
@@ -145,8 +143,7 @@ static int spill_page(struct paging *pg, pg_page_id id)
     page_count(pg, p, -1);
     page_set_tier(p, PG_TIER_TO_DISK);
     page_count(pg, p, 1);
-    page_get(pg, id);
-    p->jobs++;
+    page_get_job(pg, id);
     pg->xf.lower[PG_LOWER_DISK].n_io++;
     return 0;
 }
@@ -165,7 +162,7 @@ size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max
     for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
         struct pg_seq *s = &pg->seqs[i];
         if (s->live && s->out)
-            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0, s->cls };
     }
     return n;
 }
@@ -329,8 +326,7 @@ int paging_disk_unspill(struct paging *pg, const pg_page_id *ids, uint32_t n, st
         }
         page_take_slot(pg, p, PG_LOWER_HOST, hs);
         page_set_tier(p, PG_TIER_FROM_DISK);
-        page_get(pg, id);
-        p->jobs++;
+        page_get_job(pg, id);
         pg->xf.lower[PG_LOWER_DISK].n_io++;
     }
     /* the bytes are needed now: wait for the reads (and whatever else is in flight) */
@@ -360,8 +356,7 @@ int paging_disk_stage_io(struct paging *pg, bool write, const pg_page_id *ids,
             break;
         struct pg_page *p = page_at(pg, ids[k]);
         p->staged = STG_BUSY;
-        page_get(pg, ids[k]);
-        p->jobs++;
+        page_get_job(pg, ids[k]);
         pg->xf.lower[PG_LOWER_DISK].n_io++;
     }
     if (k)

@@ -11,6 +11,19 @@
 #include "paging_int.h"
 
 /* pool.c */
+/* The feed's plan and hand-over (paging_feed_begin and paging_feed_end, paging.c, around
+   them): paging_feed_plan fills pl (paging.h) without the view's groups or the map-ahead;
+   paging_feed_drain puts the delivered frames into the pool (released at once above the
+   budget). Context lock held. */
+int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
+/* Frames ready in the pool now (delivered ones included after a drain). */
+uint32_t paging_pool_ready(const struct paging *pg);
+/* Whether a frame could be created within the budget now (frames held and in transit
+   below it). */
+bool paging_pool_can_create(struct paging *pg);
+void paging_feed_drain(struct paging *pg);
+/* Context lock held: ready frames above keep that no call needed since the window began. */
+uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep);
 int  pool_init(struct paging *pg);
 void pool_fini(struct paging *pg);
 /* Asks the frame pool thread for a round (once until its next plan). */
@@ -92,7 +105,7 @@ static inline void page_count(struct paging *pg, const struct pg_page *p, int d)
     if (page_orphan(p))
         pg->pd.n_orphans += (uint32_t)d;
 }
-/* A page's holder counts (refs, offs, ents) are written here only (pool.c), each change
+/* A page's holder counts (refs, offs, ents, jobs) are written here only (pool.c), each change
    with the counts above kept (page_count around it):
    page_get_off: one more holder among non-resident sequences (a reference it maps nothing
    with: fork or share of a non-resident sequence). page_go_off / page_go_on: a holder's
@@ -105,6 +118,12 @@ void page_go_off(struct paging *pg, pg_page_id id);
 void page_go_on(struct paging *pg, pg_page_id id);
 void page_get_ent(struct paging *pg, pg_page_id id);
 void page_put_ent(struct paging *pg, pg_page_id id);
+/* A transfer job (host_tier.c's DF_OUT / DF_IN, disk_tier.c's reads and writes) holds its
+   page: page_get_job takes a reference counted in jobs too; page_job_done ends the count
+   when the transfer completed (jobs is counted in no page state: the caller then makes the
+   page's transition and drops the reference itself, page_put, as its release does). */
+void page_get_job(struct paging *pg, pg_page_id id);
+void page_job_done(struct paging *pg, pg_page_id id);
 /* The page state machine (enum pg_tier): the moves a page's tier may make, a bit per
    destination. A new descriptor becomes a device page (page_new) or a host one (share of a
    non-resident partial page); a page is freed (NONE) only at rest, never in flight; a move

@@ -78,30 +78,20 @@ void paging_params_get(const struct paging *pg, struct paging_params *out)
     *out = pg->p;
 }
 
-uint32_t paging_max_pages(const struct paging *pg)
+static uint8_t page_where(const struct pg_page *p)
 {
-    return pg->p.max_pages;
-}
-
-uint8_t paging_page_where(struct paging *pg, pg_page_id id)
-{
-    switch (page_at(pg, id)->tier) {
+    switch (p->tier) {
     case PG_TIER_DEVICE: case PG_TIER_TO_HOST: return PG_WHERE_DEVICE;
     case PG_TIER_HOST: case PG_TIER_TO_DEVICE: case PG_TIER_TO_DISK: return PG_WHERE_HOST;
     default: return PG_WHERE_DISK;
     }
 }
 
-uint32_t paging_page_holders(struct paging *pg, pg_page_id id)
+struct pg_held_page paging_page_held(struct paging *pg, pg_page_id id)
 {
     const struct pg_page *p = page_at(pg, id);
-    return p->refs - p->ents;
-}
-
-uint32_t paging_page_ents(struct paging *pg, pg_page_id id)
-{
-    const struct pg_page *p = page_at(pg, id);
-    return p->tier == PG_TIER_NONE ? 0 : p->ents;
+    return (struct pg_held_page){ .where = page_where(p), .others = p->refs - p->ents,
+                                  .ents = p->tier == PG_TIER_NONE ? 0 : p->ents };
 }
 
 int paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint32_t n,

@@ -55,8 +55,7 @@ void tier_job_start(struct paging *pg, struct pg_seq *s, struct pg_defer *d, boo
     for (uint32_t i = 0; i < d->n; i++) {
         if (pg_page_is_none(d->pages[i]))
             continue;                   /* a hole (discard.c) */
-        page_get(pg, d->pages[i]);
-        page_at(pg, d->pages[i])->jobs++;
+        page_get_job(pg, d->pages[i]);
     }
     defer_add(pg, s, d, complete);
 }

@@ -1,5 +1,7 @@
 /*
- * paging/paging.c: the paging context: paging_create / paging_destroy and its counters.
+ * paging/paging.c: the paging context: paging_create / paging_destroy and its counters, and
+ * the frame pool thread's round as the owners' steps in order (paging_feed_begin / _end: the
+ * pool view's groups, the feed's plan or hand-over, the map-ahead refills).
  *
  * paging_create sizes the context from its params (pages per slot, map-ahead bound, the
  * scratch run after the windows, the pool's refill chunk), copies the tiers' ops tables and
@@ -243,4 +245,22 @@ uint32_t paging_trim(struct paging *pg, uint32_t keep)
         pool_drop_all_ahead(pg);
     ready_unpin(pg, keep, true);
     return pool_release_ready(pg, keep);
+}
+
+/* ---- the frame pool thread's round as one operation (paging.h, paging_feed_begin) ---- */
+
+int paging_feed_begin(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl)
+{
+    paging_view_prepare(pg);          /* groups a grow took: from the ready frames, then refill */
+    int rc = paging_feed_plan(pg, fill, keep, pl);
+    pl->ready = paging_pool_ready(pg);
+    pl->ahead = (rc || (!pl->create && !pl->release)) && paging_ahead_plan(pg);
+    return rc;
+}
+
+bool paging_feed_end(struct paging *pg)
+{
+    paging_feed_drain(pg);
+    paging_view_prepare(pg);          /* the pool view's groups, off the engine's thread */
+    return paging_ahead_plan(pg);
 }

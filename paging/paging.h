@@ -48,10 +48,7 @@ typedef struct { uint32_t v; } pg_slot;      /* slot number itself (0-based) */
 #define PG_FRAME_NONE ((pg_frame_id){ 0 })    /* no frame (a hole in a frame array) */
 #define PG_SLOT_NONE  ((pg_slot){ UINT32_MAX })  /* no slot (a disk allocation's hint: none) */
 static inline bool pg_page_is_none(pg_page_id p) { return p.v == 0; }
-static inline bool pg_frame_is_none(pg_frame_id f) { return f.v == 0; }
 static inline bool pg_slot_is_none(pg_slot s) { return s.v == UINT32_MAX; }
-static inline bool pg_page_eq(pg_page_id a, pg_page_id b) { return a.v == b.v; }
-static inline bool pg_frame_eq(pg_frame_id a, pg_frame_id b) { return a.v == b.v; }
 
 /* Where a page's bytes are. In-flight states count under the tier they leave. */
 enum pg_tier {
@@ -468,13 +465,25 @@ int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
 /* A sequence's use stamp (protection and LRU place): what a reclaim's undo (swap/, a failed
    call's moves taken back) saves before a move and puts back after swapping the victim in
-   again, so the victim is as unprotected and as old as before. -ENOENT. */
+   again, so the victim is as unprotected and as old as before. */
+struct pg_park;
 struct pg_use {
     uint64_t epoch, tick;
     uint8_t valid;
 };
-int  paging_seq_use_get(struct paging *pg, uint64_t h, struct pg_use *out);
-void paging_seq_use_set(struct paging *pg, uint64_t h, const struct pg_use *u);
+/* A reclaim's move of victim h, one operation (swap/plan.c): *before gets h's use stamp
+   (zero: none), then OUT swaps h out (async: the caller waits for the copies), DEMOTE
+   demotes CACHED h (the same, counted as cache_demotes), STASH swaps CACHED h out (async,
+   counted as none) for a drop at the call's success (paging_seq_stash_drop) when the host
+   tier's free slots take its device pages as they are, within *room host slots (taken from
+   it): 1, nothing done, when not (room NULL but for STASH). 0 moved; else paging_swap_out's
+   errors, -ENOENT, -EINVAL not CACHED or dropped: nothing moved. */
+enum pg_reclaim { PG_RECLAIM_OUT = 0, PG_RECLAIM_DEMOTE, PG_RECLAIM_STASH };
+int  paging_reclaim_move(struct paging *pg, uint64_t h, enum pg_reclaim how, uint64_t *room,
+                         struct pg_use *before);
+/* Takes a reclaim's move back (swap/undo.c): h swapped in (not async) and given the use
+   stamp it had before, as unprotected and as old as then. Errors as paging_swap_in. */
+int  paging_reclaim_back(struct paging *pg, uint64_t h, const struct pg_use *before);
 /* 1 when s is resident with no swap-in copy in flight, 0 not yet, <0 error. Reaps. */
 int  paging_seq_ready(struct paging *pg, uint64_t h);
 /* Frames making s resident and growing it to length (<= current: no growth) would take.
@@ -510,6 +519,7 @@ struct pg_cand {
     uint64_t tick;        /* last use (smaller = less recently used) */
     uint32_t frees;       /* frames its move would return (paging_cached_candidates: its
                              own drop; paging_candidates: 0, ask paging_plan_add) */
+    uint8_t  cls;         /* its class (enum pg_seq_class) */
 };
 /* Unprotected resident sequences with no pending work on their window that hold device
    pages, in slot order; returns how many (at most max). O(candidates): no page walk (frees
@@ -534,10 +544,11 @@ int  paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved);
    reclaim's undo (swap/undo.c). */
 void paging_orphan_log(struct paging *pg, uint32_t *ids, uint32_t cap, uint32_t *n);
 /* Undoes one move of paging_reclaim_orphans: page id (as logged) comes back from its host
-   slot into a frame of the pool, a device page again (an orphan, as it was). Synchronous,
-   all or nothing. -ESTALE the page is no longer on the host tier as that move left it
-   (spilled, freed), -ENOMEM no frame ready, -EIO. */
-int  paging_orphan_back(struct paging *pg, uint32_t id);
+   slot into a frame of the pool, a device page again (an orphan, as it was), and each park
+   of parks[0..n) (those made before it moved down) sharing it takes it in that frame.
+   Synchronous, all or nothing. -ESTALE the page is no longer on the host tier as that move
+   left it (spilled, freed), -ENOMEM no frame ready, -EIO. */
+int  paging_undo_orphan(struct paging *pg, uint32_t id, struct pg_park *const *parks, size_t n);
 /* Undoes paging_held_down for the pages ids[i] with moved[i] set (entries hold only them):
    each back from the host tier (read back from disk if spilled since) into a frame of the
    pool, a device page again. Synchronous; each page all or nothing; returns the first
@@ -551,33 +562,43 @@ int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *m
  * of that plan.
  * paging_plan_begin starts one: keep[0..n_keep) are the sequences the plan must not take
  * frames from (the caller's own; a non-resident one's device pages are pages it maps again:
- * a move that copies one down takes a slot but frees no frame for the caller). Returns the
- * orphan pages the plan may move (those no kept sequence holds).
+ * a move that copies one down takes a slot but frees no frame for the caller). It gives
+ * the plan its start (struct pg_plan_start): the keep set's device pages and its stage facts
+ * as its need counted them (a swap-in reading disk pages back, one borrowing a host slot:
+ * no free one, none to be had by a spill, its parking frame counted by paging_need); then
+ * it sets keep[] as the keep set (paging_disk_keep; the caller clears it when the plan is
+ * made) and gives the room facts with it (paging_room_facts) and the orphan pages the plan
+ * may move (those no kept sequence holds).
  * paging_plan_add counts moving h after the moves added before it (drop: paging_seq_drop,
  * else paging_swap_out or paging_seq_demote): *frees the device frames it returns (a page
  * whose last resident holder leaves by a swap-out, or whose every reference is dropped;
  * kept pages never), *slots the host or disk slots it takes (the pages it copies down),
  * *kslots how many of those are kept pages (a kept sequence then holds them below).
  * -ENOENT. paging_plan_remove takes the last h added back out (same drop). O(pages of h). */
-uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep);
+struct pg_plan_start {
+    uint32_t keep_dev;           /* distinct device pages the keep set holds */
+    bool keep_out;               /* a kept sequence is non-resident ... */
+    bool keep_disk;              /* ... and one such has pages on disk (or disk I/O) */
+    bool keep_borrow;            /* ... and one such's staged swap-in borrows a host slot */
+    struct pg_room room;         /* the room facts, with the keep set in place */
+    bool disk;                   /* a disk tier exists */
+    uint32_t orphans;            /* orphan pages the plan may move */
+};
+void paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep,
+                       struct pg_plan_start *out);
 int  paging_plan_add(struct paging *pg, uint64_t h, bool drop, uint32_t *frees,
                      uint32_t *slots, uint32_t *kslots);
-/* What the swap-in of non-resident h needs of the tiers below: *disk its pages on disk (or
-   with disk I/O in flight: read back first), *borrow its staged swap-in borrows a host slot
-   (no free one, and none to be had by a spill: the frame it parks in is in paging_need's
-   count). Both false for a resident one. -ENOENT. */
-int  paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borrow);
 void paging_plan_remove(struct paging *pg, uint64_t h, bool drop);
-/* The distinct device pages the sequences hs[0..n) hold (bad handles skipped). Uses the
-   pages' scratch marks: not within a plan (between paging_plan_begin and its last
-   paging_plan_add / paging_plan_remove). */
-uint32_t paging_device_pages_of(struct paging *pg, const uint64_t *hs, size_t n);
+/* A plan's last step, its moves' copies waited for and reaped: the frames free must cover
+   want and the keep set's device pages that came free since it was planned (it held
+   keep_dev; the caller maps them again). Orphans the moves left (pages of victims that all
+   moved, reaped since) move down for the shortfall (paging_reclaim_orphans, keep[] kept).
+   0 covered; -ENOMEM not (a full host tier included); -EIO. */
+int  paging_reclaim_cover(struct paging *pg, uint32_t want, const uint64_t *keep,
+                          size_t n_keep, uint32_t keep_dev);
 /* Device pages s holds (its own and shared), 0 for a bad handle: an upper bound of the
    slots its swap-out takes. */
 uint32_t paging_seq_device_pages(struct paging *pg, uint64_t h);
-/* Orphan pages (device pages held only by non-resident sequences). O(1): counted at the
-   page transitions. */
-uint32_t paging_orphans(const struct paging *pg);
 /* Device frames free now (= paging_counters' pages_free), O(1). */
 uint32_t paging_frames_free(const struct paging *pg);
 /* Free host slots (0 without a host tier). */
@@ -611,9 +632,6 @@ int  paging_wait_releases(struct paging *pg);
  * function here calls. */
 /* Installs the policy (copied; NULL: none, then no room is ever made and no swap staged). */
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
-/* `want` host slots free: 0 when they are, else the policy's host_room (-ENOMEM without a
-   policy or a host tier). */
-int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
 /* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
    order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
 size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
@@ -630,10 +648,6 @@ int  paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t
 void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
 bool paging_disk_on(struct paging *pg);
-/* Slots the tiers below the device can still take: free host slots, host slots that
-   in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
-   through one to disk; spilling a host page trades a disk slot for a host slot). */
-uint64_t paging_room_below(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
    spill writes in flight, host pages that could be spilled (every HOST page: none holds a
    resident sequence; less the keep set's, paging_disk_keep), free disk slots (0 without a
@@ -672,8 +686,6 @@ int  paging_seq_page_tier(struct paging *pg, uint64_t h, uint32_t r, uint32_t i,
                           enum pg_tier *tier);
 /* Sets the class; a dropped sequence becomes an empty one of that class. -ENOENT, -EINVAL. */
 int  paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls);
-/* The class of s, or -ENOENT. */
-int  paging_seq_class(struct paging *pg, uint64_t h);
 /* -ESTALE when s is a dropped sequence, -ENOENT a bad handle, else 0. */
 int  paging_seq_stale(struct paging *pg, uint64_t h);
 /* Drops CACHED s (any tier): its pages are released (nothing copied) after the step fence:
@@ -684,18 +696,9 @@ int  paging_seq_stale(struct paging *pg, uint64_t h);
    -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer is in flight on it (or
    no step fence to order after), -ENOMEM, -EIO. */
 int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
-/* A call's reclaim drops resident CACHED s in two steps (swap/undo.c): the stash swaps it
-   out (async) when the host tier's free slots take its device pages as they are (no other
-   page moves for it), counted as no swap-out, so that a call failing afterwards can swap it
-   back in; the call's success drops it (paging_seq_drop, which counts the drop). -ENOSPC
-   no room as it is (or non-resident, no host tier), else paging_swap_out's errors. */
-int  paging_seq_stash(struct paging *pg, uint64_t h);
-/* The host slots paging_seq_stash(s) would take now (*slots): s's device pages that go down
-   with it (those another resident holder keeps stay on the device). -ENOENT, -EINVAL not
-   CACHED or dropped, -ENOSPC not stashable as it is (non-resident, no host tier, or a page
-   it shares with non-resident holders would go down with it). */
-int  paging_seq_stash_slots(struct paging *pg, uint64_t h, uint32_t *slots);
-/* The stash's commit: drops stashed s (paging_seq_drop), which is then as a drop in place
+/* A call's reclaim drops resident CACHED s in two steps (swap/undo.c): the stash
+   (paging_reclaim_move, PG_RECLAIM_STASH), then at the call's success its commit: drops
+   stashed s (paging_seq_drop, which counts the drop), which is then as a drop in place
    leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
    stashed (resident), else paging_seq_drop's errors. */
 int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
@@ -703,7 +706,6 @@ int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *u
    waiting) and returns in *out the record of what it held (NULL: nothing of its own was on
    the device, e.g. non-resident), its freed frames watched until paging_park_end.
    -ENOMEM (nothing dropped), else paging_seq_drop's errors. */
-struct pg_park;
 int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
 /* Takes a parked drop back when no byte of its frames can have changed since (each frame still
    ready under the same handle, not mapped and written through since; its shared pages still on
@@ -711,35 +713,31 @@ int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
    addresses, not dropped. 0 (k NULL: nothing to do); -ESTALE it cannot be had (nothing
    changed), -ENOMEM, -EIO a map the driver refused (nothing changed). */
 int  paging_park_undo(struct paging *pg, struct pg_park *k);
-/* Page id, one of k's shared pages that moved down as an orphan after the drop (the drop
-   left it to non-resident holders) and came back since (paging_orphan_back): k takes it back
-   in the frame it has now. Nothing else changes. */
-void paging_park_rebase(struct paging *pg, struct pg_park *k, uint32_t id);
 /* The watched frames of every park put last on the ready list again (frames given back
-   since went after them): what the undo takes before the parks (paging_orphan_back) takes
+   since went after them): what the undo takes before the parks (paging_undo_orphan) takes
    the others first. */
 void paging_park_frames_last(struct paging *pg);
-void paging_park_free(struct pg_park *k);
-/* The call ends: no frame is watched any more (the records are the caller's to free). */
-void paging_park_end(struct paging *pg);
-/* Demotes CACHED s: paging_swap_out(async), counted as cache_demotes. Errors as swap_out. */
-int  paging_seq_demote(struct paging *pg, uint64_t h);
+/* The call ends: the records parks[0..n) are freed (NULL entries skipped) and no frame is
+   watched any more. */
+void paging_park_end(struct paging *pg, struct pg_park *const *parks, size_t n);
 /* Unprotected resident CACHED sequences with no transfer or release pending that hold
    device pages, in slot order (frees: device pages only they hold); returns how many. */
 size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
  * The feed lets a library thread (swap/frame_pool.c, the policy: when and how many) create and
- * release frames without the context lock: paging_feed_plan (context lock held) reserves
+ * release frames without the context lock: paging_feed_begin (context lock held) reserves
  * frames to create within the budget and takes ready frames off the pool for release;
  * paging_feed_work (no lock) makes the driver calls and hands the created frames over;
- * paging_feed_drain (context lock) puts them in the pool. A caller short of ready frames
+ * paging_feed_end (context lock) puts them in the pool. A caller short of ready frames
  * takes delivered ones, waits for those being created, and creates on its own thread only
  * when none are on their way (counted: frames_created_sync). */
 struct pg_feed_plan {
     uint32_t create;             /* frames to create */
     uint32_t release;            /* handles in rel[] to release */
-    vmm_handle *rel;             /* paging_feed_plan fills; freed by paging_feed_work */
+    vmm_handle *rel;             /* paging_feed_begin fills; freed by paging_feed_work */
+    uint32_t ready;              /* frames ready after the plan */
+    bool ahead;                  /* map-ahead refills taken instead (paging_ahead_work) */
 };
 /* Attaches the thread: from now on frames are created ahead by it. wake(arg) is called
    (context lock held) when a call leaves fewer than low frames ready, and when the pool grows
@@ -751,33 +749,30 @@ void paging_feed_detach(struct paging *pg);
 void paging_feed_set_marks(struct paging *pg, uint32_t low, uint32_t high);
 /* keep for a plan that releases nothing: the idle window goes on. */
 #define PG_FEED_KEEP_ALL UINT32_MAX
-/* Context lock held. Fills pl for a round that brings the ready frames up to `fill` (none
-   while kvvm_trim's suppression lasts) and, unless keep is PG_FEED_KEEP_ALL, releases the
-   ready frames above `keep` (keep >= fill) that stayed unused since the idle window began
-   (paging_feed_surplus) and that no pool view slot maps, and begins a new window. 0 with pl->create = pl->release = 0:
-   nothing to do. -ENOMEM (rel[] not allocated: nothing taken). */
-int  paging_feed_plan(struct paging *pg, uint32_t fill, uint32_t keep, struct pg_feed_plan *pl);
-/* Context lock held: ready frames above keep that no call needed since the window began. */
-uint32_t paging_feed_surplus(const struct paging *pg, uint32_t keep);
+/* Context lock held. Prepares the pool view's groups a grow took, then fills pl for a round
+   that brings the ready frames up to `fill` (none while kvvm_trim's suppression lasts) and,
+   unless keep is PG_FEED_KEEP_ALL, releases the ready frames above `keep` (keep >= fill)
+   that stayed unused since the idle window began and that no pool view slot maps, and
+   begins a new window. With pl->create = pl->release = 0 (or -ENOMEM: rel[] not allocated)
+   the map-ahead refills are taken instead. */
+int  paging_feed_begin(struct paging *pg, uint32_t fill, uint32_t keep,
+                       struct pg_feed_plan *pl);
 /* Without the context lock: releases pl->rel[], creates pl->create frames (stops at the
    first failure: the rest of the reservation is given back). Returns the number created. */
 uint32_t paging_feed_work(struct paging *pg, struct pg_feed_plan *pl);
-/* Map-ahead refilled off the engine's thread (ahead.c): paging_ahead_plan (context lock
-   held) takes the ready frames of the queued sequences' refills into jobs (true: some);
-   paging_ahead_work (no lock) maps them; paging_ahead_commit (context lock) gives each job
-   to its sequence, or undoes it when the sequence changed meanwhile or the work failed. */
-bool paging_ahead_plan(struct paging *pg);
+/* Context lock held: the delivered frames into the pool (released at once above the budget),
+   the pool view's groups prepared, the map-ahead refills taken (true: some). */
+bool paging_feed_end(struct paging *pg);
+/* The map-ahead refills a round took (ahead.c): paging_ahead_work (no lock) maps them;
+   paging_ahead_commit (context lock) gives each job to its sequence, or undoes it when the
+   sequence changed meanwhile or the work failed. */
 void paging_ahead_work(struct paging *pg);
 void paging_ahead_commit(struct paging *pg);
-/* Context lock held: delivered frames into the pool (released at once above the budget). */
-void paging_feed_drain(struct paging *pg);
 /* Context lock held: waits until no frame is being created or released, then drains. */
 void paging_feed_quiesce(struct paging *pg);
-/* Frames ready in the pool now (delivered ones included after a drain). */
-uint32_t paging_pool_ready(const struct paging *pg);
-/* Whether a frame could be created within the budget now (frames held and in transit
-   below it): the frame pool thread has something to do below its marks. */
-bool paging_pool_can_create(struct paging *pg);
+/* Whether a round would refill: fewer than `high` frames ready in the pool now, and a frame
+   could be created within the budget (frames held and in transit below it). */
+bool paging_feed_short(struct paging *pg, uint32_t high);
 /* Context lock held. Sets the budget to `frames` (n_regions <= frames <= cap_frames) when
    the frames holding pages (pending releases included) fit in it, releasing every unused
    frame above it (ready ones first, then map-ahead, which is unmapped: nothing reaches it);
@@ -819,14 +814,13 @@ void paging_hold(struct paging *pg, const pg_page_id *ids, size_t n);
 void paging_unhold(struct paging *pg, const pg_page_id *ids, size_t n);
 /* The parameters paging was created with (their current values). */
 void paging_params_get(const struct paging *pg, struct paging_params *out);
-/* Page descriptors (page ids are 1..this). */
-uint32_t paging_max_pages(const struct paging *pg);
-/* The page's tier as PG_WHERE_* (in flight: the tier it leaves). */
-uint8_t paging_page_where(struct paging *pg, pg_page_id id);
-/* References other than the holders' (sequences, releases, transfers): 0 = only holders. */
-uint32_t paging_page_holders(struct paging *pg, pg_page_id id);
-/* The holders' references (0 for a free descriptor): the checker of the holders' owner. */
-uint32_t paging_page_ents(struct paging *pg, pg_page_id id);
+/* What the holders' owner sees of page id (1..paging_params' max_pages). */
+struct pg_held_page {
+    uint8_t  where;      /* PG_WHERE_* (in flight: the tier it leaves) */
+    uint32_t others;     /* references but the holders' (sequences, releases, transfers) */
+    uint32_t ents;       /* the holders' (0 for a free descriptor: the owner's checker) */
+};
+struct pg_held_page paging_page_held(struct paging *pg, pg_page_id id);
 /* Empty s (length 0) becomes a non-resident sequence of n blocks holding pages ids (as
    paging_seq_blocks lays them out): swap it in to map them (paging_need counts the frames).
    -ENOENT, -ESTALE, -EINVAL not empty, -E2BIG past max_tokens, -EOPNOTSUPP, -EIO. */
@@ -937,11 +931,6 @@ int paging_seq_block_table(struct paging *pg, uint64_t h, uint32_t first, uint32
    wanted). -ENOSPC cap too small (indptr filled); else as paging_seq_block_table. */
 int paging_batch_block_table(struct paging *pg, const uint64_t *hs, size_t n, int32_t *indptr,
                              int32_t *indices, size_t cap, int32_t *last_len);
-/* Prepares groups ahead (context lock held; off the grow path: the frame pool thread's
-   round, a step, create): n_regions ready frames each, mapped at a free id, so a grow
-   taking one gives its new block an id already mapped. Best effort (stops at the first
-   refusal, leaving nothing half done); a no-op without a pool view. */
-void paging_view_prepare(struct paging *pg);
 
 /* The invariant checker (see core/debug.h). 0 or -EUCLEAN with the first violation in why. */
 int paging_check(struct paging *pg, char *why, size_t len);

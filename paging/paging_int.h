@@ -6,7 +6,7 @@
  * ahead.h, transfers.h, clock.h, view.h, window.h.
  *
  *
- *   paging.c the paging context: create / destroy, counters
+ *   paging.c the paging context: create / destroy, counters; the frame pool thread's round
  *   pool.c   frames (physical handles: create ahead, ready list, take/give) and page
  *            descriptors (identity, refcount, tier, location; O(1) free list)
  *   step.c   the epoch clock and the streams: step (the step fence), sync, set_stream; the
@@ -32,7 +32,8 @@
  *            a sequence adopting held pages, their part of a reclaim plan
  *   view.c   the pool view (KVVM_F_POOL_VIEW): block ids, their mappings, their graveyard
  *   plan_marks.c   the reclaim plan's page marks (what a victim frees, the slots it takes)
- *   park.c   a call's reclaim drop kept for its undo (parked frames, watched)
+ *   park.c   a call's reclaim moves as one operation each (move, back, orphan back), and
+ *            its reclaim drop kept for its undo (parked frames, watched)
  * The owners: groups of the files above, each calling only the owners below it (the call
  * graph between owners has no cycle; scripts/paging-owners.py checks it from the objects,
  * the CTest paging_owners; inline functions of the headers are no calls). Top first; one

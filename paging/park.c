@@ -1,20 +1,23 @@
 /*
- * paging/park.c: a call's reclaim drop kept for its undo (contract in paging.h,
- * paging_seq_park). A CACHED sequence dropped for a call that the host tier has no free room
- * to stash (swap/undo.c) is dropped at once, its frames to the pool for the caller: the record
- * keeps what it held (its pages and their frames) and the pool's frames it freed are watched
- * (struct pg_watch) until the call ends. When the call fails, the drop is taken back where
- * nothing can have written those frames since: each is still ready under the same handle and
- * no library copy or memset was enqueued to a window address it was mapped at. The frames come
- * back under new page descriptors, the pages it shared with others under theirs, mapped at the
- * same window addresses: the sequence holds the same bytes as before the drop. A shared page
- * the drop left to non-resident holders only (an orphan) may have moved down after it and come
- * back before the undo (swap/undo.c, the journal's reverse order): paging_park_rebase notes
- * its new frame.
+ * paging/park.c: a call's reclaim moves, each one operation for swap/ (paging_reclaim_move: the
+ * use stamp saved, then the swap-out, demotion or stash; paging_reclaim_back, the undo's swap-in
+ * with the stamp put back; paging_undo_orphan), and a call's reclaim drop kept for its undo
+ * (contract in paging.h, paging_seq_park). A CACHED sequence dropped for a call that the host
+ * tier has no free room to stash (swap/undo.c) is dropped at once, its frames to the pool for the
+ * caller: the record keeps what it held (its pages and their frames) and the pool's frames it
+ * freed are watched (struct pg_watch) until the call ends. When the call fails, the drop is taken
+ * back where nothing can have written those frames since: each is still ready under the same
+ * handle and no library copy or memset was enqueued to a window address it was mapped at. The
+ * frames come back under new page descriptors, the pages it shared with others under theirs,
+ * mapped at the same window addresses: the sequence holds the same bytes as before the drop. A
+ * shared page the drop left to non-resident holders only (an orphan) may have moved down after it
+ * and come back before the undo (swap/undo.c, the journal's reverse order): paging_undo_orphan
+ * notes its new frame (park_rebase).
  */
 #include "paging_int.h"
 #include "frames.h"
 #include "seqs.h"
+#include "transfers.h"
 #include "window.h"
 
 #include <errno.h>
@@ -111,7 +114,7 @@ int paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out)
     rc = paging_seq_drop(pg, h, true);
     if (rc) {
         pg->wt.n = w0;
-        paging_park_free(k);
+        park_free(k);
         return rc;
     }
     /* the caller takes the other ready frames first: these are written last, if at all */
@@ -146,7 +149,10 @@ static bool park_intact(struct paging *pg, const struct pg_park *k, const struct
     return true;
 }
 
-void paging_park_rebase(struct paging *pg, struct pg_park *k, uint32_t id)
+/* Page id, one of k's shared pages that moved down as an orphan after the drop (the drop
+   left it to non-resident holders) and came back since (orphan_back): k takes it back in the
+   frame it has now. Nothing else changes. */
+static void park_rebase(struct paging *pg, struct pg_park *k, uint32_t id)
 {
     if (!k)
         return;
@@ -225,7 +231,7 @@ int paging_park_undo(struct paging *pg, struct pg_park *k)
     return 0;
 }
 
-void paging_park_free(struct pg_park *k)
+void park_free(struct pg_park *k)
 {
     if (!k)
         return;
@@ -233,9 +239,47 @@ void paging_park_free(struct pg_park *k)
     free(k);
 }
 
-void paging_park_end(struct paging *pg)
+void paging_park_end(struct paging *pg, struct pg_park *const *parks, size_t n)
 {
+    for (size_t i = 0; i < n; i++)
+        park_free(parks[i]);
     pg->wt.n = 0;
+}
+
+int paging_undo_orphan(struct paging *pg, uint32_t id, struct pg_park *const *parks, size_t n)
+{
+    int rc = paging_orphan_back(pg, id);
+    for (size_t j = 0; !rc && j < n; j++)
+        park_rebase(pg, parks[j], id);
+    return rc;
+}
+
+/* ---- a call's reclaim moves and their undo (paging.h, paging_reclaim_move) ---------- */
+
+int paging_reclaim_move(struct paging *pg, uint64_t h, enum pg_reclaim how, uint64_t *room,
+                        struct pg_use *before)
+{
+    uint32_t sl = 0;
+    KVVM_ASSERT(how == PG_RECLAIM_STASH ? room != NULL : room == NULL);
+    *before = (struct pg_use){ 0 };
+    if (how == PG_RECLAIM_STASH &&
+        (paging_seq_stash_slots(pg, h, &sl) || (uint64_t)sl > *room))
+        return 1;                       /* not stashable as it is, or past the room */
+    (void)paging_seq_use_get(pg, h, before);     /* a planned victim: it is live */
+    int rc = how == PG_RECLAIM_OUT    ? paging_swap_out(pg, h, true)
+             : how == PG_RECLAIM_DEMOTE ? paging_seq_demote(pg, h)
+                                        : paging_seq_stash(pg, h);
+    if (!rc && how == PG_RECLAIM_STASH)
+        *room -= sl;
+    return rc;
+}
+
+int paging_reclaim_back(struct paging *pg, uint64_t h, const struct pg_use *before)
+{
+    int rc = paging_swap_in(pg, h, false);
+    if (!rc)
+        paging_seq_use_set(pg, h, before);
+    return rc;
 }
 
 void park_fini(struct paging *pg)

@@ -16,6 +16,11 @@
 #include <stdint.h>
 #include "paging.h"
 
+/* The typed ids' predicates that only paging/ needs (the others: paging.h). */
+static inline bool pg_frame_is_none(pg_frame_id f) { return f.v == 0; }
+static inline bool pg_page_eq(pg_page_id a, pg_page_id b) { return a.v == b.v; }
+static inline bool pg_frame_eq(pg_frame_id a, pg_frame_id b) { return a.v == b.v; }
+
 struct pg_page {
     uint32_t refs;         /* block-table entries + pending releases / transfer jobs +
                               copies out (DF_COPY: counted in no other field, so they
@@ -210,9 +215,10 @@ struct pg_frames {
 /* pages [pool.c]: the page descriptors, their free list and counts. Others change it through
    page_new, page_new_off (handoff.c), page_new_host (seq_share.c), page_get, page_put,
    page_put_off; the counts through page_count (frames.h, around every change of a page's
-   refs, offs or tier). A descriptor's own fields have their writers: refs, offs, ents
+   refs, offs or tier). A descriptor's own fields have their writers: refs, offs, ents, jobs
    [pool.c only: page_new*, page_get/put, page_get_off/put_off, page_go_off/on (the swap
-   paths), page_get_ent/put_ent (hold.c)], jobs [host_tier.c, disk_tier.c], tier [page_set_tier,
+   paths), page_get_ent/put_ent (hold.c), page_get_job/job_done (host_tier.c, defer.c,
+   disk_tier.c: transfer jobs)], tier [page_set_tier,
    from pool.c, host_*.c, disk_tier.c, orphan.c], frame [page_frame_set / page_frame_drop], slot
    [page_take_slot / page_release_slot], bad, staged [disk_tier.c],
    mark.. kept [plan_marks.c; tier_mark_begin] */

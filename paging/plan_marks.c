@@ -59,7 +59,7 @@ uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n)
     return mark_kept(pg, keep, n, &pages);
 }
 
-uint32_t paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep)
+uint32_t plan_marks_begin(struct paging *pg, const uint64_t *keep, size_t n_keep)
 {
     tier_mark_begin(pg);
     uint32_t kept = tier_mark_kept(pg, keep, n_keep);

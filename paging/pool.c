@@ -499,6 +499,11 @@ bool paging_pool_can_create(struct paging *pg)
     return budget_room(pg);
 }
 
+bool paging_feed_short(struct paging *pg, uint32_t high)
+{
+    return paging_pool_ready(pg) < high && paging_pool_can_create(pg);
+}
+
 /* ---- the budget --------------------------------------------------------------------- */
 
 void pool_drop_all_ahead(struct paging *pg)
@@ -817,6 +822,19 @@ void page_put_ent(struct paging *pg, pg_page_id id)
     /* the last reference: no window maps the page (its mapping holders released it
        behind their fences), so its storage is free at once */
     page_put(pg, id);
+}
+
+void page_get_job(struct paging *pg, pg_page_id id)
+{
+    page_get(pg, id);
+    page_at(pg, id)->jobs++;
+}
+
+void page_job_done(struct paging *pg, pg_page_id id)
+{
+    struct pg_page *p = page_at(pg, id);
+    KVVM_ASSERT(p->jobs > 0 && p->refs >= p->jobs);   /* the job's own reference */
+    p->jobs--;
 }
 
 void page_put_off(struct paging *pg, pg_page_id id)

@@ -2,8 +2,10 @@
  * paging/resident.c: the residency queries (contract in paging.h): whether a sequence is
  * resident and ready, what making it resident and growing it needs (frames, the stage facts
  * of its pages below the device), the candidates of reclaim, and the counts the policy
- * reads (orphans, free frames and host slots, frames pending). They move nothing (some
- * reap completed work first; the need functions note a shortfall for paging_why).
+ * reads (orphans, free frames and host slots, frames pending), and a reclaim plan's start
+ * (paging_plan_begin: the keep set's facts and the room in one look, then the plan's marks
+ * and the keep set). They move nothing (some reap completed work first; the need functions
+ * note a shortfall for paging_why).
  */
 #include "paging_int.h"
 #include "seqs.h"
@@ -67,6 +69,39 @@ int paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borr
     *disk = resident_on_disk(pg, s);
     *borrow = *disk && tier_stage_must_borrow(pg, s);
     return 0;
+}
+
+void paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep,
+                       struct pg_plan_start *out)
+{
+    *out = (struct pg_plan_start){ 0 };
+    out->keep_dev = n_keep ? paging_device_pages_of(pg, keep, n_keep) : 0;
+    for (size_t i = 0; i < n_keep; i++) {
+        bool d, b;
+        if (paging_seq_resident(pg, keep[i]) || paging_seq_stage_facts(pg, keep[i], &d, &b))
+            continue;
+        out->keep_out = true;
+        out->keep_disk |= d;
+        out->keep_borrow |= b;
+    }
+    paging_disk_keep(pg, keep, n_keep);
+    paging_room_facts(pg, &out->room);
+    out->disk = paging_has_disk(pg);
+    out->orphans = plan_marks_begin(pg, keep, n_keep);
+}
+
+int paging_reclaim_cover(struct paging *pg, uint32_t want, const uint64_t *keep,
+                         size_t n_keep, uint32_t keep_dev)
+{
+    uint32_t kd = n_keep ? paging_device_pages_of(pg, keep, n_keep) : 0;
+    want += keep_dev > kd ? keep_dev - kd : 0;
+    uint32_t fr = paging_frames_free(pg), o = 0;
+    if (fr < want && paging_orphans(pg)) {
+        int rc = paging_reclaim_orphans(pg, want - fr, keep, n_keep, &o);
+        if (rc && rc != -ENOMEM)
+            return rc;                  /* (-ENOMEM, the host tier full: said below) */
+    }
+    return paging_frames_free(pg) < want ? -ENOMEM : 0;
 }
 
 int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
@@ -175,7 +210,7 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
         for (struct pg_bt_iter it = bt_all(pg, s); !dev && bt_next(&it);)
             dev = page_at(pg, it.id)->tier == PG_TIER_DEVICE;
         if (dev)
-            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0 };
+            out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0, s->cls };
     }
     return n;
 }

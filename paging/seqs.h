@@ -85,6 +85,20 @@ static inline void seq_use(struct paging *pg, struct pg_seq *s)
 /* discard.c */
 /* After a truncate: first_kept of every region at most the new length. */
 void discard_clamp_kept(struct paging *pg, struct pg_seq *s);
+/* A call's reclaim moves of CACHED s (paging_reclaim_move, park.c). paging_seq_stash: the
+   stash's swap-out (async) when the host tier's free slots take s's device pages as they are
+   (no other page moves for it), counted as no swap-out; -ENOSPC no room as it is (or
+   non-resident, no host tier), else paging_swap_out's errors. paging_seq_stash_slots: the
+   host slots the stash would take now (*slots): s's device pages that go down with it
+   (those another resident holder keeps stay on the device); -ENOENT, -EINVAL not CACHED or
+   dropped, -ENOSPC not stashable as it is (non-resident, no host tier, or a page it shares
+   with non-resident holders would go down with it). paging_seq_demote: paging_swap_out
+   (async), counted as cache_demotes; errors as swap_out. */
+int  paging_seq_stash(struct paging *pg, uint64_t h);
+int  paging_seq_stash_slots(struct paging *pg, uint64_t h, uint32_t *slots);
+int  paging_seq_demote(struct paging *pg, uint64_t h);
+/* The class of s, or -ENOENT (the candidates carry theirs: struct pg_cand). */
+int  paging_seq_class(struct paging *pg, uint64_t h);
 
 /* cow.c: copy-on-write over regions [r0, r1) x page indices [i0, i1) of s. */
 struct cow_undo {
@@ -108,7 +122,19 @@ int  seq_slot_take(struct paging *pg, struct pg_seq **out);
 void seq_slot_untake(struct paging *pg, struct pg_seq *s);
 int  pool_reserve_check(struct paging *pg, uint32_t n);
 
+/* resident.c: what the swap-in of non-resident h needs of the tiers below: *disk its pages
+   on disk (or with disk I/O in flight: read back first), *borrow its staged swap-in borrows
+   a host slot (no free one, and none to be had by a spill: the frame it parks in is in
+   paging_need's count). Both false for a resident one. -ENOENT. */
+int  paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borrow);
+
+/* resident.c: orphan pages (device pages held only by non-resident sequences). O(1):
+   counted at the page transitions. */
+uint32_t paging_orphans(const struct paging *pg);
+
 /* park.c */
+/* Frees a parked drop's record (NULL: nothing). */
+void park_free(struct pg_park *k);
 /* Frees the watch's arrays (paging_destroy). */
 void park_fini(struct paging *pg);
 

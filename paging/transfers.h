@@ -65,8 +65,22 @@ static inline void lower_io_done(struct paging *pg, unsigned t)
 }
 
 /* host_tier.c */
+/* A sequence's use stamp (struct pg_use, paging.h): get -ENOENT; set ignores a bad handle. */
+int  paging_seq_use_get(struct paging *pg, uint64_t h, struct pg_use *out);
+void paging_seq_use_set(struct paging *pg, uint64_t h, const struct pg_use *u);
+/* `want` host slots free: 0 when they are, else the policy's host_room (-ENOMEM without a
+   policy or a host tier). */
+int  paging_host_room(struct paging *pg, uint32_t want, uint64_t excl);
+/* Slots the tiers below the device can still take: free host slots, host slots that
+   in-flight spill writes will free, and free disk slots (a page goes to a host slot, or
+   through one to disk; spilling a host page trades a disk slot for a host slot). */
+uint64_t paging_room_below(struct paging *pg);
 /* Device pages held only by non-resident sequences. */
 uint32_t tier_orphans(const struct paging *pg);
+/* orphan.c: paging_undo_orphan's move (park.c adds the parks' rebase): page id (as
+   paging_reclaim_orphans logged it) back from its host slot into a frame of the pool.
+   -ESTALE, -ENOMEM, -EIO, nothing changed. */
+int  paging_orphan_back(struct paging *pg, uint32_t id);
 /* orphan.c: copies DEVICE page id, which no window maps and no device work may touch, to a
    new host slot through the scratch page (making host room with the policy when a disk
    tier exists), synchronously on the copy stream; all or nothing. -ENOMEM, -EIO. */
@@ -110,6 +124,13 @@ void tier_mark_begin(struct paging *pg);
 /* Marks (in the current walk) every page the sequences keep[0..n) hold as kept. Returns how
    many of them are orphans. */
 uint32_t tier_mark_kept(struct paging *pg, const uint64_t *keep, size_t n);
+/* The plan's marks begun (paging_plan_begin, resident.c, around it): the orphan pages the
+   plan may move, those no kept sequence holds. */
+uint32_t plan_marks_begin(struct paging *pg, const uint64_t *keep, size_t n_keep);
+/* The distinct device pages the sequences hs[0..n) hold (bad handles skipped). Uses the
+   pages' scratch marks: not within a plan (between paging_plan_begin and its last
+   paging_plan_add / paging_plan_remove). */
+uint32_t paging_device_pages_of(struct paging *pg, const uint64_t *hs, size_t n);
 /* Unmaps [0, np) of slot in regions [0, nr) (must succeed). */
 void tier_unmap_window_must(struct paging *pg, uint32_t slot, uint32_t np,
                             const pg_frame_id *fr, uint32_t nr);

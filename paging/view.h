@@ -39,6 +39,12 @@ void view_end_groups(struct paging *pg, struct pg_seq *s, uint32_t first, const 
                      uint32_t n, bool ok);
 /* Breaks one prepared group: its frames go back to the ready list. -ENOMEM none. */
 int  view_break_group(struct paging *pg);
+/* Prepares groups ahead (context lock held; off the grow path: the frame pool thread's
+   round, paging_feed_begin / paging_feed_end, a step, create): n_regions ready frames each,
+   mapped at a free id, so a grow taking one gives its new block an id already mapped. Best
+   effort (stops at the first refusal, leaving nothing half done); a no-op without a pool
+   view. */
+void paging_view_prepare(struct paging *pg);
 void view_break_all(struct paging *pg);
 
 #endif

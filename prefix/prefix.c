@@ -384,7 +384,7 @@ size_t prefix_lookup(struct prefix *pc, uint64_t ns, const void *keys, size_t n,
             if (where) {
                 uint8_t w = 0;
                 for (uint32_t r = 0; r < pc->nr; r++) {
-                    uint8_t t = paging_page_where(pc->pg, p[r]);
+                    uint8_t t = paging_page_held(pc->pg, p[r]).where;
                     w = t > w ? t : w;
                 }
                 where[b + j] = w;
@@ -410,7 +410,7 @@ bool prefix_peek(struct prefix *pc, uint64_t ns, const void *key, uint8_t *where
         return false;
     KVVM_ASSERT(pc->tick[rec] != TICK_FREE);      /* a slot names a record in use */
     for (uint32_t r = 0; where && r < pc->nr; r++)
-        where[r] = paging_page_where(pc->pg, pc->pages[(size_t)rec * pc->nr + r]);
+        where[r] = paging_page_held(pc->pg, pc->pages[(size_t)rec * pc->nr + r]).where;
     return true;
 }
 
@@ -468,7 +468,7 @@ static bool reclaimable(struct prefix *pc, uint32_t i)
 {
     const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
     for (uint32_t r = 0; r < pc->nr; r++)
-        if (paging_page_holders(pc->pg, p[r]))
+        if (paging_page_held(pc->pg, p[r]).others)
             return false;
     return true;
 }
@@ -567,7 +567,7 @@ static bool on_device(struct prefix *pc, uint32_t i)
 {
     const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
     for (uint32_t r = 0; r < pc->nr; r++)
-        if (paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE)
+        if (paging_page_held(pc->pg, p[r]).where == PG_WHERE_DEVICE)
             return true;
     return false;
 }
@@ -646,7 +646,7 @@ static bool host_droppable(struct prefix *pc, uint32_t i)
     if ((pc->in_plan && pc->in_plan[i]) || stashed(pc, i) || !reclaimable(pc, i))
         return false;               /* (a stashed one: the call's journal keeps it) */
     for (uint32_t r = 0; r < pc->nr; r++)
-        if (paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE)
+        if (paging_page_held(pc->pg, p[r]).where == PG_WHERE_DEVICE)
             return false;
     return true;
 }
@@ -659,7 +659,7 @@ static uint32_t host_frees(struct prefix *pc, uint32_t i)
     const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
     uint32_t n = 0;
     for (uint32_t r = 0; r < pc->nr; r++)
-        n += paging_held_host(pc->pg, &p[r], 1) && paging_page_ents(pc->pg, p[r]) == 1;
+        n += paging_held_host(pc->pg, &p[r], 1) && paging_page_held(pc->pg, p[r]).ents == 1;
     return n;
 }
 
@@ -722,7 +722,7 @@ static uint32_t cache_demote(void *arg, bool (*take)(void *ctx, uint32_t k), voi
         const pg_page_id *p = &pc->pages[(size_t)pc->plan[k] * pc->nr];
         uint32_t dev = 0;
         for (uint32_t r = 0; r < pc->nr; r++)
-            dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
+            dev += paging_page_held(pc->pg, p[r]).where == PG_WHERE_DEVICE;
         if (dev && take(ctx, dev)) {
             pc->plan[k] |= PLAN_DEMOTE;
             slots += dev;
@@ -802,9 +802,10 @@ static bool stash_push(struct prefix *pc, uint32_t i, bool record)
     if (record && stash_reserve(pc))
         return false;
     uint8_t *mv = record ? &pc->stash_moved[(size_t)pc->n_stash * pc->nr] : NULL;
-    for (uint32_t r = 0; mv && r < pc->nr; r++)
-        mv[r] = paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE &&
-                paging_page_holders(pc->pg, p[r]) == 0;   /* what held_down moves */
+    for (uint32_t r = 0; mv && r < pc->nr; r++) {
+        struct pg_held_page x = paging_page_held(pc->pg, p[r]);
+        mv[r] = x.where == PG_WHERE_DEVICE && x.others == 0;   /* what held_down moves */
+    }
     if (paging_held_down(pc->pg, p, pc->nr, &moved))
         return false;
     if (record) {
@@ -825,7 +826,7 @@ static uint32_t cache_stash(void *arg, uint64_t *room)
             continue;
         const pg_page_id *p = &pc->pages[(size_t)i * pc->nr];
         for (uint32_t r = 0; r < pc->nr; r++)
-            dev += paging_page_where(pc->pg, p[r]) == PG_WHERE_DEVICE;
+            dev += paging_page_held(pc->pg, p[r]).where == PG_WHERE_DEVICE;
         if (dev <= paging_host_free(pc->pg) && dev <= *room && stash_push(pc, i, true)) {
             *room -= dev;
             continue;
@@ -947,7 +948,9 @@ static int check_slots(struct prefix *pc, char *why, size_t len)
 
 int prefix_check(struct prefix *pc, char *why, size_t len)
 {
-    uint32_t full = 0, max_pages = paging_max_pages(pc->pg);
+    struct paging_params pp;
+    paging_params_get(pc->pg, &pp);
+    uint32_t full = 0, max_pages = pp.max_pages;
     uint32_t *refs = calloc(max_pages ? max_pages : 1, sizeof *refs);
     uint32_t *kids = calloc(pc->rcap ? pc->rcap : 1, sizeof *kids);
     int rc = refs && kids ? check_slots(pc, why, len) : -ENOMEM;
@@ -964,7 +967,8 @@ int prefix_check(struct prefix *pc, char *why, size_t len)
             kids[r->parent]++;
         for (uint32_t k = 0; !rc && k < pc->nr; k++) {
             pg_page_id id = pc->pages[(size_t)i * pc->nr + k];
-            if (pg_page_is_none(id) || id.v > max_pages || !paging_page_ents(pc->pg, id))
+            if (pg_page_is_none(id) || id.v > max_pages ||
+                !paging_page_held(pc->pg, id).ents)
                 rc = ck_fail(why, len, "prefix record %u holds page %u, which is not held", i,
                              id.v);
             else
@@ -978,7 +982,7 @@ int prefix_check(struct prefix *pc, char *why, size_t len)
     if (!rc && full != pc->n_full)
         rc = ck_fail(why, len, "prefix index: %u entries counted %u", full, pc->n_full);
     for (uint32_t v = 1; !rc && v <= max_pages; v++)
-        if (paging_page_ents(pc->pg, (pg_page_id){ v }) != refs[v - 1])
+        if (paging_page_held(pc->pg, (pg_page_id){ v }).ents != refs[v - 1])
             rc = ck_fail(why, len, "page %u: entries' references counted by paging differ "
                          "from the index's (%u)", v, refs[v - 1]);
     free(refs);

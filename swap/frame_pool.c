@@ -1,14 +1,14 @@
 /*
  * swap/frame_pool.c: the frame pool thread (contract in frame_pool.h).
  *
- * One round: plan under the context lock (paging_feed_plan reserves the frames to create
+ * One round: plan under the context lock (paging_feed_begin reserves the frames to create
  * within the budget and takes the ready frames above the high mark off the pool), then the
  * driver calls without it (paging_feed_work: a caller short of frames meanwhile waits for
  * the deliveries instead of creating its own), then the hand-over under it again
- * (paging_feed_drain). Rounds run on request (a call left the pool below the low mark, the
+ * (paging_feed_end). Rounds run on request (a call left the pool below the low mark, the
  * pool grew above the high mark, a step, a budget change) and, while ready frames above the
  * high mark wait for their decay, when it ends. The surplus released is what no call needed
- * for a whole idle window of decay_ms (paging_feed_surplus): an engine that frees a batch
+ * for a whole idle window of decay_ms (pool.c's feed surplus): an engine that frees a batch
  * and starts the next one reuses the frames instead of releasing and creating them again,
  * and an engine gone idle hands its surplus back within one to two windows. decay_ms = 0:
  * every round releases what stayed unused since the previous one, and an idle context
@@ -84,7 +84,7 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* The map-ahead refills a plan took (paging_ahead_plan, context lock held then): mapped
+/* The map-ahead refills a round took (paging_feed_begin or _end, lock held then): mapped
    without the lock, given to their sequences under it. */
 static void ahead_work(struct frames *fr)
 {
@@ -105,28 +105,23 @@ static bool round_once(void *arg)
     uint64_t now = now_ns(), decay = (uint64_t)fr->p.decay_ms * 1000000u;
     bool due = now - fr->window_ns >= decay;
     pthread_mutex_lock(fr->lock);
-    paging_view_prepare(fr->pg);  /* groups a grow took: from the ready frames, then refill */
-    int rc = paging_feed_plan(fr->pg, fr->high, due ? fr->high : PG_FEED_KEEP_ALL, &pl);
+    int rc = paging_feed_begin(fr->pg, fr->high, due ? fr->high : PG_FEED_KEEP_ALL, &pl);
     if (!rc && due)
         fr->window_ns = now;
-    if (decay && paging_pool_ready(fr->pg) > fr->high) {
+    if (decay && pl.ready > fr->high) {
         uint64_t end = fr->window_ns + decay;     /* past only when the plan failed */
         fr->w.next_ns = end > now ? end : now + decay;
     }
-    bool ahead = false;
-    if (rc || (!pl.create && !pl.release)) {
-        ahead = paging_ahead_plan(fr->pg);
+    if (rc || (!pl.create && !pl.release)) {     /* the map-ahead refills taken instead */
         pthread_mutex_unlock(fr->lock);
-        if (ahead)
+        if (pl.ahead)
             ahead_work(fr);
-        return ahead;
+        return pl.ahead;
     }
     pthread_mutex_unlock(fr->lock);
     uint32_t made = paging_feed_work(fr->pg, &pl);   /* the driver calls: no lock */
     pthread_mutex_lock(fr->lock);
-    paging_feed_drain(fr->pg);
-    paging_view_prepare(fr->pg);  /* the pool view's groups, off the engine's thread */
-    ahead = paging_ahead_plan(fr->pg);
+    bool ahead = paging_feed_end(fr->pg);   /* the hand-over, the view's groups, map-ahead */
     fr->c.rounds++;
     fr->c.created += made;
     fr->c.released += pl.release;
@@ -204,8 +199,7 @@ void frames_after_step(struct frames *fr)
     /* a round refills below the high mark, if the budget leaves room to create (a full
        device has nothing to refill with); at or above it only decay_ms = 0 releases at
        steps (the decay has its own deadline): no wake-up of the thread for nothing */
-    if (fr && (!fr->p.decay_ms || (paging_pool_ready(fr->pg) < fr->high &&
-                                   paging_pool_can_create(fr->pg))))
+    if (fr && (!fr->p.decay_ms || paging_feed_short(fr->pg, fr->high)))
         wake(fr);
 }
 

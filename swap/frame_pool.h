@@ -12,7 +12,8 @@
  *    before a burst of takes is reused, not released and created again). It calls cuMemCreate / cuMemRelease without the context lock,
  *    which it takes only to plan a round and to put delivered frames in the pool.
  *  - Each round also maps the map-ahead refills grows queued (paging/ahead.c:
- *    paging_ahead_plan under the context lock, paging_ahead_work without it,
+ *    taken by paging_feed_begin or paging_feed_end under the context lock, mapped by
+ *    paging_ahead_work without it,
  *    paging_ahead_commit under it).
  *  - The thread makes the device context current once and sets relaxed stream capture mode
  *    for itself (like the reclaim thread); it never touches a stream.

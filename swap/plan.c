@@ -61,28 +61,18 @@ struct room {
 };
 
 /* The caller's stage facts as its need counted them (no keep set yet), then the room facts
-   with the keep set in place: the plan and the act set it (paging_disk_keep), so no move
-   of theirs spills the caller's own host pages. Where no disk room takes spills, the host
-   pages of the prefix cache's entries that no sequence holds count as free host slots: a
-   move's host room (swap_host_room) drops those entries (swap_cache_ops.host_drop). */
-static void room_init(struct room *m, struct swap *sw, const uint64_t *keep, size_t n_keep)
+   with the keep set in place (paging_plan_begin gives both): the plan and the act set it
+   (paging_disk_keep), so no move of theirs spills the caller's own host pages. Where no
+   disk room takes spills, the host pages of the prefix cache's entries that no sequence
+   holds count as free host slots: a move's host room (swap_host_room) drops those entries
+   (swap_cache_ops.host_drop). */
+static void room_init(struct room *m, struct swap *sw, const struct pg_plan_start *st)
 {
-    struct paging *pg = sw->pg;
-    m->guard = m->kept_disk = false;
-    bool borrow = false;
-    for (size_t i = 0; i < n_keep; i++) {
-        bool d, b;
-        if (paging_seq_resident(pg, keep[i]) || paging_seq_stage_facts(pg, keep[i], &d, &b))
-            continue;
-        m->guard = true;
-        m->kept_disk |= d;
-        borrow |= b;
-    }
-    m->guard &= !borrow;               /* counted (paging_need, paging_need_batch) */
-    paging_disk_keep(pg, keep, n_keep);
-    paging_room_facts(pg, &m->f);
+    m->guard = st->keep_out && !st->keep_borrow;   /* a borrow: counted (paging_need ...) */
+    m->kept_disk = st->keep_out && st->keep_disk;
+    m->f = st->room;
     const struct pg_tier_room *h = &m->f.t[PG_LOWER_HOST], *d = &m->f.t[PG_LOWER_DISK];
-    m->disk = paging_has_disk(pg) && d->free + h->movable + h->freeing > 0;
+    m->disk = st->disk && d->free + h->movable + h->freeing > 0;
     if (!m->disk && sw->cache.host_drop)
         m->f.t[PG_LOWER_HOST].free += sw->cache.host_drop(sw->cache.arg, UINT32_MAX, false);
 }
@@ -162,13 +152,6 @@ static bool room_take(struct room *m, uint32_t k, uint32_t kk)
     return true;
 }
 
-/* The device pages of p's kept sequences, a page two of them share once (it comes back
-   once). Not within a plan's page walk (paging_device_pages_of). */
-static uint32_t keep_device_pages(struct paging *pg, const struct swap_rplan *p)
-{
-    return paging_device_pages_of(pg, p->keep, p->n_keep);
-}
-
 /* Candidates of fn not in excl (LIVE ones only when live; quiet ones only when quiet), LRU
    sorted; *out malloc'ed. */
 static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
@@ -179,7 +162,7 @@ static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg
     size_t n = swap_collect(pg, fn, &c), k = 0;
     for (size_t i = 0; i < n; i++)
         if (!excluded(c[i].h, excl, n_excl) &&
-            (!live || paging_seq_class(pg, c[i].h) == PG_SEQ_LIVE) &&
+            (!live || c[i].cls == PG_SEQ_LIVE) &&
             (!quiet || paging_seq_quiet(pg, c[i].h)))
             c[k++] = c[i];
     swap_lru_sort(c, k);
@@ -326,12 +309,14 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
             return -ENOMEM;
         memcpy(p->keep, excl, n_excl * sizeof *p->keep);
         p->n_keep = n_excl;
-        p->keep_dev = keep_device_pages(pg, p);
     }
     bool swap = flags & SWAP_PLAN_SWAP;
+    struct pg_plan_start st;           /* the keep set's facts, the room, the marks begun */
+    paging_plan_begin(pg, p->keep, p->n_keep, &st);
+    p->keep_dev = st.keep_dev;
     struct room room;
-    room_init(&room, sw, excl, n_excl);
-    uint32_t orphans = paging_plan_begin(pg, excl, n_excl);
+    room_init(&room, sw, &st);
+    uint32_t orphans = st.orphans;
     int rc = plan_drops(p, pg);
     if (!rc && sw->cache.plan && p->have + p->frees < p->want) {
         /* the prefix cache's entries no sequence holds: dropped like CACHED sequences */
@@ -384,8 +369,7 @@ static int act_settle(struct swap *sw, bool wait, uint32_t k, bool *copying)
     if (!wait || !*copying || paging_host_free(sw->pg) >= k)
         return 0;
     *copying = false;
-    int rc = swap_wait_copies(sw);
-    return rc ? rc : paging_reap(sw->pg);
+    return swap_wait_copies(sw);
 }
 
 /* The moves of kind `kind` in plan order: swap-outs, or demotions (a demotion the tiers
@@ -399,10 +383,9 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
         const struct swap_step *s = &p->steps[i];
         if (s->kind != kind || (rc = act_settle(sw, wait, s->slots, copying)))
             continue;
-        struct pg_use use = { 0 };
-        (void)paging_seq_use_get(sw->pg, s->h, &use);   /* a planned victim: it is live */
-        rc = kind == SWAP_OUT ? paging_swap_out(sw->pg, s->h, true)   /* waited for below */
-                              : paging_seq_demote(sw->pg, s->h);
+        struct pg_use use;             /* (a swap-out's copies: waited for below) */
+        rc = paging_reclaim_move(sw->pg, s->h, kind == SWAP_OUT ? PG_RECLAIM_OUT
+                                                                : PG_RECLAIM_DEMOTE, NULL, &use);
         *copying |= !rc;
         if (!rc)
             swap_undo_note(sw, s->h, &use);
@@ -416,11 +399,10 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
 }
 
 /* The drops: no data moves, no room below. A call's reclaim (the journal on) stashes each
-   instead where the host tier's free slots take it as they are (paging_seq_stash): the
-   drop is made when the call succeeds, and taken back (a swap-in) when it fails (undo.c).
-   Those run after the other moves, in the room they left; a drop no room takes is made at
-   once and parked (paging_seq_park): its undo maps its frames back where nothing wrote
-   them since. */
+   instead where the host tier's free slots take it as they are (a stash, paging_reclaim_move):
+   the drop is made when the call succeeds, and taken back (a swap-in) when it fails (undo.c).
+   Those run after the other moves, in the room they left; a drop no room takes is made at once
+   and parked (paging_seq_park): its undo maps its frames back where nothing wrote them since. */
 static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint64_t room,
                      uint32_t *moved)
 {
@@ -430,16 +412,12 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
             continue;                  /* (stashed before the moves: act_drops_free) */
         rc = -ENOSPC;
-        uint32_t sl;
-        if (sw->undo.on && !paging_seq_stash_slots(sw->pg, s->h, &sl) && sl <= room) {
-            struct pg_use use = { 0 };
-            (void)paging_seq_use_get(sw->pg, s->h, &use);
-            rc = paging_seq_stash(sw->pg, s->h);
-            if (!rc) {
-                swap_undo_stash(sw, s->h, &use);
-                room -= sl;
-            }
-        }
+        struct pg_use use;
+        if (sw->undo.on &&
+            (rc = paging_reclaim_move(sw->pg, s->h, PG_RECLAIM_STASH, &room, &use)) == 1)
+            rc = -ENOSPC;              /* not stashable in the room left */
+        else if (sw->undo.on && !rc)
+            swap_undo_stash(sw, s->h, &use);
         if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
             struct pg_park *k;
             rc = paging_seq_park(sw->pg, s->h, &k);
@@ -466,12 +444,13 @@ static int act_drops_free(struct swap *sw, const struct swap_rplan *p, uint32_t 
     int rc = 0;
     for (size_t i = 0; i < p->n && !rc; i++) {
         const struct swap_step *s = &p->steps[i];
-        uint32_t slots;
-        if (s->kind != SWAP_DROP || paging_seq_stash_slots(sw->pg, s->h, &slots) || slots)
+        uint64_t none = 0;             /* only a stash that takes no host slot */
+        struct pg_use use;
+        if (s->kind != SWAP_DROP ||
+            (rc = paging_reclaim_move(sw->pg, s->h, PG_RECLAIM_STASH, &none, &use)) == 1) {
+            rc = 0;
             continue;
-        struct pg_use use = { 0 };
-        (void)paging_seq_use_get(sw->pg, s->h, &use);
-        rc = paging_seq_stash(sw->pg, s->h);
+        }
         if (!rc)
             swap_undo_stash(sw, s->h, &use);
         *moved += !rc;
@@ -514,28 +493,19 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
         return rc;
     /* the frames come back when the copies completed: wait for them (a drop's release
        behind a fence, and a sibling whose pages all stay behind, have jobs to reap too) */
-    int wrc = (*moved || paging_frames_pending(pg)) ? swap_wait_copies(sw) : 0;
-    if (!wrc)
-        wrc = paging_reap(pg);
+    int wrc = (*moved || paging_frames_pending(pg)) ? swap_wait_copies(sw) : paging_reap(pg);
+    if (wrc)
+        return rc ? rc : wrc;
     /* A kept (non-resident) sequence's page whose last resident holder was a victim went
        down with it: its frame came free, and the caller maps it again (the plan counted
        no frame freed for it, and the caller's need none for it): the frames to make free
-       are want plus those. */
-    uint32_t kd = keep_device_pages(pg, p);
-    uint32_t want = p->want + (p->keep_dev > kd ? p->keep_dev - kd : 0);
-    /* Pages shared by siblings that all moved stay behind while the siblings' jobs are in
-       flight; once reaped they are orphans: move them too (the plan counted them). */
-    uint32_t fr = paging_frames_free(pg), o = 0;
-    if (!wrc && fr < want && paging_orphans(pg)) {
-        wrc = paging_reclaim_orphans(pg, want - fr, p->keep, p->n_keep, &o);
-        if (wrc == -ENOMEM)
-            wrc = 0;                   /* host tier full: the check below says so */
-    }
-    if (!rc)
-        rc = wrc;
-    if (!rc && !(p->flags & SWAP_PLAN_PARTIAL) && paging_frames_free(pg) < want)
-        rc = -ENOMEM;                  /* (a plan is exact: never, but never silently) */
-    return rc;
+       are want plus those. Pages shared by siblings that all moved stay behind while the
+       siblings' jobs are in flight; once reaped they are orphans: they move too (the plan
+       counted them). */
+    wrc = paging_reclaim_cover(pg, p->want, p->keep, p->n_keep, p->keep_dev);
+    if (rc || (wrc == -ENOMEM && (p->flags & SWAP_PLAN_PARTIAL)))
+        return rc;
+    return wrc;                        /* -ENOMEM: a plan is exact, never, but never silently */
 }
 
 int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)

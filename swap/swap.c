@@ -25,7 +25,9 @@ int swap_wait_copies(struct swap *sw)
         sw->direct_fence_ok = true;
     }
     int rc = paging_copy_fence_record(sw->pg, &sw->direct_fence);
-    return rc ? rc : vmm_fence_wait(sw->v, &sw->direct_fence);
+    if (!rc)
+        rc = vmm_fence_wait(sw->v, &sw->direct_fence);
+    return rc ? rc : paging_reap(sw->pg);
 }
 
 /* The fences acting on p and the call after it may make: a job per move, a release
@@ -319,8 +321,7 @@ void swap_destroy(struct swap *sw)
         vmm_fence_destroy(sw->v, &sw->direct_fence);
     pthread_cond_destroy(&sw->cv);
     pthread_mutex_destroy(&sw->mu);
-    for (size_t i = 0; i < sw->undo.n_parks; i++)   /* a dead context's call left them */
-        paging_park_free(sw->undo.parks[i]);
+    paging_park_end(sw->pg, sw->undo.parks, sw->undo.n_parks);  /* a dead context's call's */
     free(sw->undo.e);
     free(sw->undo.parks);
     free(sw->undo.park_orph);

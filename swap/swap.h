@@ -3,7 +3,7 @@
  *
  * Contract:
  *  - swap/ decides *which* sequences leave the device and how; paging/ counts what each move
- *    frees and takes (paging_plan_add) and moves them (paging_seq_drop, paging_seq_demote,
+ *    frees and takes (paging_plan_add) and moves them (paging_seq_drop, paging_reclaim_move,
  *    paging_swap_out, paging_reclaim_orphans); core/ only says how many frames a call needs
  *    and which sequences are its own. Victims: droppable CACHED sequences, then orphan pages
  *    (device pages no resident sequence maps), then unprotected LIVE sequences, each in

@@ -23,7 +23,7 @@
 struct swap_undo_ent {
     uint64_t h;
     struct pg_use use;
-    bool stash;                    /* a drop stashed (paging_seq_stash): dropped at success */
+    bool stash;                    /* a drop stashed (PG_RECLAIM_STASH): dropped at success */
 };
 /* The running call's journal: on while swap_make_room or swap_reclaim_budget acts (never
    for the reclaim thread's rounds), reserved before the first move (swap_undo_reserve) so
@@ -67,8 +67,8 @@ struct swap {
     struct swap_worker spill;      /* the spill thread (its flags under mu) */
 };
 
-/* Records a fence on the copy stream and waits for it (direct reclaim: the frames of the
-   copies started so far are free then). -EIO. */
+/* Records a fence on the copy stream, waits for it and reaps (direct reclaim: the frames of
+   the copies started so far are free then). -EIO. */
 int  swap_wait_copies(struct swap *sw);
 
 /* The journal has room for `more` moves and `pages` orphan pages moved down beyond those

@@ -89,10 +89,8 @@ uint32_t swap_undo_cache_stash(struct swap *sw, const struct swap_cache_ops *ops
 static void parks_end(struct swap *sw)
 {
     struct swap_undo *u = &sw->undo;
-    for (size_t i = 0; i < u->n_parks; i++)
-        paging_park_free(u->parks[i]);
+    paging_park_end(sw->pg, u->parks, u->n_parks);
     u->n_parks = 0;
-    paging_park_end(sw->pg);
 }
 
 void swap_undo_note(struct swap *sw, uint64_t h, const struct pg_use *before)
@@ -137,14 +135,14 @@ static void orphans_back(struct swap *sw, uint32_t to, uint32_t *n_orph, size_t 
 {
     struct swap_undo *u = &sw->undo;
     for (uint32_t i = *n_orph; i-- > to;) {
-        int r = paging_orphan_back(sw->pg, u->orph[i]);
+        size_t before = 0;             /* the parks made before it moved down */
+        while (before < n_parks && u->park_orph[before] <= i)
+            before++;
+        int r = paging_undo_orphan(sw->pg, u->orph[i], u->parks, before);
         if (r) {
             (*failed)++;
             *first = *first ? *first : r;
-            continue;
         }
-        for (size_t j = 0; j < n_parks && u->park_orph[j] <= i; j++)
-            paging_park_rebase(sw->pg, u->parks[j], u->orph[i]);
     }
     *n_orph = to;
 }
@@ -184,20 +182,16 @@ static int undo_moves(struct swap *sw, uint32_t *failed)
     }
     orphans_back(sw, 0, &n_orph, 0, failed, &first);
     for (size_t i = u->n; i-- > 0;) {
-        int r = paging_swap_in(sw->pg, u->e[i].h, false);
+        int r = paging_reclaim_back(sw->pg, u->e[i].h, &u->e[i].use);
         if (r) {
             (*failed)++;
             first = first ? first : r;
-            continue;
         }
-        paging_seq_use_set(sw->pg, u->e[i].h, &u->e[i].use);
     }
     /* stream mode: the swap-ins' copies complete now, so the victims hold their pages on
        the device again when the call returns, as before it (not in flight) */
     if (u->n) {
         int r = swap_wait_copies(sw);
-        if (!r)
-            r = paging_reap(sw->pg);
         if (r) {
             (*failed)++;
             first = first ? first : r;
