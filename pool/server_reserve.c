@@ -23,9 +23,12 @@
  * grants ready frames instead of creating them on the asker's path), and the pool's
  * figures never count it (free_bytes is pool_frames - leased: ready frames are no client's
  * and no part of the pool's accounting). During a take-back (a lease waits, a client is
- * asked, or an asker holds a credit) no frame is made past the pool: the loop serves the
- * giver's RETURNs and the grants first, and the giver's copies have the CPU; frames made
- * ahead then could only delay them (releases still run).
+ * asked, or an asker holds a credit) no frame is made past the pool and no dying frame is
+ * released: the loop serves the giver's RETURNs and the grants first, and the giver's
+ * copies and the asker's imports have the CPU; frames made ahead or released then could
+ * only delay them (a release frees the frame's memory: for an emulated frame its pages,
+ * as much work as the poison of a new one). The releases wait until the round and its
+ * credits end; a take that must create releases what it needs itself (srv_reserve_take).
  *
  * Its size: at least --reserve-frames (base), and up to the largest need a call's lease
  * announced (protocol.h LEASE's need: srv_reserve_need), so that a take-back of that size
@@ -189,16 +192,24 @@ static bool room_ahead(const struct pool_srv *s, const struct srv_reserve *r)
            on_device(r) < (srv_takeback_on(s) ? r->pool : r->dev);
 }
 
+/* Dying frames to release now: none during a take-back (a release frees the frame's
+   memory, the CPU the giver's copies and the asker's imports want; a take that needs the
+   room releases them itself). */
+static bool release_due(const struct pool_srv *s, const struct srv_reserve *r)
+{
+    return r->n_dying && !srv_takeback_on(s);
+}
+
 bool srv_reserve_busy(const struct pool_srv *s)
 {
     const struct srv_reserve *r = s->rsv;
-    return r->n_dying || room_ahead(s, r);
+    return release_due(s, r) || room_ahead(s, r);
 }
 
 void srv_reserve_work(struct pool_srv *s)
 {
     struct srv_reserve *r = s->rsv;
-    if (r->n_dying) {                       /* releases first: they make room */
+    if (release_due(s, r)) {                /* releases first: they make room */
         frame_drop(r, r->dying[--r->n_dying]);
         r->k.released_ahead++;
         return;
