@@ -37,7 +37,9 @@
       "the Python tests: the kvvmd they start (default tools/kvvmd beside libkvvm.so)")     \
     X(KVVM_TEST_DEVICE, "tests/test_cuda.c, scripts/gpu-check.sh",                          \
       "the GPU tests' CUDA device ordinal (default 0)")                                     \
-    X(KVVM_SKIP_SANITIZERS, "scripts/test.sh", "1: skip the sanitizer builds and runs")
+    X(KVVM_SKIP_SANITIZERS, "scripts/test.sh", "1: skip the sanitizer builds and runs")     \
+    X(KVVM_BENCH_POOL_GIVE, "tools/kvvm-bench/bench_pool.c",                                \
+      "set: kvvm-bench's pool group runs its giving-back row alone (a trace of it)")
 
 enum kenv_id {
 #define X(name, reader, doc) KENV_##name,

@@ -36,12 +36,34 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* The connection thread polls another socket now (or none). */
-static void kick_locked(struct pool_cli *c)
+static void evfd_write(struct pool_cli *c)
 {
     uint64_t one = 1;
     if (c->evfd >= 0 && write(c->evfd, &one, sizeof one) < 0)
         (void)0;                    /* a full counter wakes it already */
+}
+
+/* The connection thread looks at the state under mu (an ask, stop, another socket). */
+static void kick_locked(struct pool_cli *c)
+{
+    atomic_store(&c->kicked, true);
+    evfd_write(c);
+}
+
+void pool_cli_req_begin(struct pool_cli *c)
+{
+    atomic_fetch_add(&c->req, 1);
+}
+
+/* The last request's end wakes a parked connection thread: what is left on the socket
+   (a RECLAIM after the reply, the end) is its own again. With req's decrement before
+   parked's load here, and parked's store before req's load there (sequentially
+   consistent), either this end sees it parked or it sees no request. */
+void pool_cli_req_end(struct pool_cli *c)
+{
+    KVVM_ASSERT(atomic_load(&c->req) > 0);
+    if (atomic_fetch_sub(&c->req, 1) == 1 && atomic_load(&c->parked))
+        evfd_write(c);
 }
 
 /* A RECLAIM read (by a requester or the connection thread): kept for the connection
@@ -75,8 +97,33 @@ void pool_cli_gone_locked(struct pool_cli *c, const char *why)
 /* One reply of type want into buf, at most max_fds descriptors in fds (more are closed, and
    the reply is malformed), within POOL_CLI_REPLY_MS (plus the wait a take-back may take); a
    RECLAIM before it is kept (note_ask_locked). 0; -EIO (the daemon is gone). */
+static int recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds, int max_fds,
+                       int *nfds);
+
 int pool_cli_recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds,
                              int max_fds, int *nfds)
+{
+    pool_cli_req_begin(c);
+    int rc = recv_locked(c, want, buf, fds, max_fds, nfds);
+    pool_cli_req_end(c);
+    return rc;
+}
+
+int pool_cli_ask_locked(struct pool_cli *c, const void *m, unsigned want, void *buf, int *fds,
+                        int max_fds, int *nfds)
+{
+    pool_cli_req_begin(c);          /* from the send: its reply may come before the read */
+    int rc = -EIO;
+    if (pool_proto_send(c->fd, m, NULL, 0, 0))
+        pool_cli_gone_locked(c, "its socket refused a request");
+    else
+        rc = pool_cli_recv_locked(c, want, buf, fds, max_fds, nfds);
+    pool_cli_req_end(c);
+    return rc;
+}
+
+static int recv_locked(struct pool_cli *c, unsigned want, void *buf, int *fds, int max_fds,
+                       int *nfds)
 {
     uint64_t end = now_ns() + (uint64_t)(POOL_CLI_REPLY_MS +
                                          (c->waiting || c->imp_waiting ? c->wait_ms : 0)) *
@@ -262,7 +309,9 @@ static int lease_once_locked(struct pool_cli *c, uint32_t need)
     pool_proto_hdr(&m.h, POOL_MSG_LEASE);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0;
+    pool_cli_req_begin(c);          /* from the send: its reply may come before the read */
     if (pool_proto_send(c->fd, &m, NULL, 0, 0)) {
+        pool_cli_req_end(c);
         pool_cli_gone_locked(c, "its socket refused a request");
         return -EIO;
     }
@@ -270,6 +319,7 @@ static int lease_once_locked(struct pool_cli *c, uint32_t need)
     if (c->waiting)
         c->ask_n = 0;               /* it needs frames: the daemon dropped its ask */
     int rc = pool_cli_recv_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds);
+    pool_cli_req_end(c);
     c->waiting = false;
     if (caller) {
         uint64_t waited = now_ns() - t0;
@@ -406,9 +456,7 @@ int pool_cli_info(struct pool_cli *c, struct pool_figures *f, int *connected)
         pool_proto_hdr(&m.h, POOL_MSG_INFO);
         _Alignas(8) unsigned char buf[POOL_MSG_MAX];
         int fds[1], nfds = 0;
-        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-            pool_cli_gone_locked(c, "its socket refused a request");
-        else if (!pool_cli_recv_locked(c, POOL_MSG_INFO_REPLY, buf, fds, N_FDS(fds), &nfds))
+        if (!pool_cli_ask_locked(c, &m, POOL_MSG_INFO_REPLY, buf, fds, N_FDS(fds), &nfds))
             c->fig = ((struct pool_info_reply *)buf)->fig;
     }
     *f = c->fig;
@@ -476,9 +524,7 @@ int pool_cli_set_limit(struct pool_cli *c, uint64_t bytes)
         pool_proto_hdr(&m.h, POOL_MSG_SET_LIMIT);
         _Alignas(8) unsigned char buf[POOL_MSG_MAX];
         int fds[1], nfds = 0;
-        if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-            pool_cli_gone_locked(c, "its socket refused a request");
-        else if (!pool_cli_recv_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
+        if (!pool_cli_ask_locked(c, &m, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds))
             c->fig.limit_bytes = bytes ? bytes : c->fig.pool_bytes;
     }
     pthread_mutex_unlock(&c->mu);
@@ -494,10 +540,11 @@ unsigned pool_cli_trim(struct pool_cli *c)
 }
 
 /* ---- the connection thread: the daemon's asks --------------------------------------------
-   It polls the socket (and evfd) while no request is in flight; a message read then can only
-   be unasked (a reply always comes while its requester holds mu and reads it), so it is a
-   RECLAIM, or the socket's end (the daemon gone: seen here before the next request needs
-   it). An ask is served by give() without mu (it takes the context lock, then mu through
+   It polls the socket (and evfd) while no request is in flight (listen_wait: a message
+   that comes during one is the requester's, which holds mu and reads it; the thread waits
+   for the request's end rather than for mu); a message read then can only be unasked, so
+   it is a RECLAIM, or the socket's end (the daemon gone: seen here before the next request
+   needs it). An ask is served by give() without mu (it takes the context lock, then mu through
    the releases' RETURNs), then answered with RECLAIMED. */
 
 /* Reads what the socket holds now (mu held): asks kept, the end noted. */
@@ -532,6 +579,40 @@ static void answer_locked(struct pool_cli *c, uint32_t seq, uint32_t given)
         pool_cli_gone_locked(c, "its socket refused an answer");
 }
 
+static void evfd_read(int fd)
+{
+    uint64_t v;
+    if (read(fd, &v, sizeof v) < 0)
+        (void)0;                    /* another wake-up read it */
+}
+
+/* Waits without mu until there is something to look at under mu: a kick (kick_locked), or
+   a message no requester reads (unasked: a RECLAIM, or the socket's end). A message that
+   arrives while a request reads the socket is the requester's: the thread then waits for
+   the requests' end (pool_cli_req_end) on evfd alone. poll's result. */
+static int listen_wait(struct pool_cli *c, struct pollfd *p)
+{
+    for (;;) {
+        int pr = poll(p, p[1].fd >= 0 ? 2 : 1, -1);
+        if (pr > 0 && (p[0].revents & POLLIN))
+            evfd_read(p[0].fd);
+        if (pr <= 0 || atomic_exchange(&c->kicked, false))
+            return pr;
+        if (p[1].fd < 0 || !p[1].revents)
+            continue;               /* a request's end: the socket is polled again */
+        atomic_store(&c->parked, true);
+        bool req = atomic_load(&c->req) > 0;
+        if (req) {
+            struct pollfd e = { .fd = p[0].fd, .events = POLLIN };
+            if (poll(&e, 1, -1) > 0 && (e.revents & POLLIN))
+                evfd_read(e.fd);
+        }
+        atomic_store(&c->parked, false);
+        if (!req || atomic_exchange(&c->kicked, false))
+            return pr;
+    }
+}
+
 static void *listen_main(void *arg)
 {
     struct pool_cli *c = arg;
@@ -555,11 +636,9 @@ static void *listen_main(void *arg)
         struct pollfd p[2] = { { .fd = c->evfd, .events = POLLIN },
                                { .fd = c->fd, .events = POLLIN } };
         pthread_mutex_unlock(&c->mu);
-        int pr = poll(p, p[1].fd >= 0 ? 2 : 1, -1);
-        uint64_t v;
-        if (pr > 0 && (p[0].revents & POLLIN) && read(c->evfd, &v, sizeof v) < 0)
-            (void)0;                /* another wake-up read it */
+        int pr = listen_wait(c, p);
         pthread_mutex_lock(&c->mu);
+        c->k.listen_looks++;
         if (pr > 0 && p[1].fd >= 0 && p[1].fd == c->fd && p[1].revents)
             drain_locked(c);
     }

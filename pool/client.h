@@ -60,6 +60,8 @@ struct pool_cli_counters {
     uint64_t wait_ns;               /* their time */
     uint64_t takebacks;             /* the daemon's asks served (RECLAIM) */
     uint64_t taken_back;            /* frames given back for them */
+    uint64_t listen_looks;          /* the connection thread's wake-ups that took mu (a
+                                       kick, or an unasked message: never a reply) */
 };
 
 /* Connects and greets: *w is the daemon's welcome. -ECONNREFUSED no daemon answers (a

@@ -174,11 +174,15 @@ int pool_cli_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, ui
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[POOL_BATCH_MAX], nfds = 0, rc = 0;
     uint32_t got = 0;
+    pool_cli_req_begin(c);                  /* one request: every FRAMES is this call's */
     while (got < n) {
-        if (pool_cli_recv_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds))
+        if (pool_cli_recv_locked(c, POOL_MSG_FRAMES, buf, fds, N_FDS(fds), &nfds)) {
+            pool_cli_req_end(c);
             return -EIO;
+        }
         frames_one_locked(c, (const void *)buf, fds, nfds, hs, ids, n, &got, &rc);
     }
+    pool_cli_req_end(c);
     if (rc == -EPROTO) {                /* the connection ends: the daemon frees its counts */
         pool_cli_gone_locked(c, "a malformed reply (a held frame it does not hold, or more "
                              "frames than announced)");

@@ -7,6 +7,7 @@
 #define KVVM_POOL_CLIENT_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -55,6 +56,15 @@ struct pool_cli {
     void *give_arg;
     int evfd;                       /* wakes it: stop, or the socket changed */
     bool stop, thr_on;
+    /* read without mu by the connection thread: kicked, the state changed (kick_locked:
+       look under mu); req, requesters reading the socket now (pool_cli_req_begin: what
+       arrives is theirs, a RECLAIM before a reply kept for the thread); parked, the thread
+       waits for the requests' end (their last one writes evfd, not kicked). So a reply
+       wakes the thread at most once and never makes it wait for mu (a requester holds mu
+       through its imports, one lock per frame: the thread queued on it was woken and
+       queued again at each one, twice a frame) */
+    atomic_bool kicked, parked;
+    atomic_uint req;
     pthread_t thr;
     /* the ready thread (client_ready.c): waits for each pending share's fence, in the
        order queued, without mu, then sends its READY under mu. rd_next: the last serial
@@ -95,6 +105,16 @@ int  pool_cli_handle_put(struct pool_cli *c, vmm_handle h);
 /* The daemon went (a reconnection): every handle's frame is FOREIGN, by_id empty. */
 void pool_cli_handles_foreign(struct pool_cli *c);
 void pool_cli_tab_free(struct ktab *t);
+/* A request reads the socket from now on, until its end (mu held; nested): the connection
+   thread leaves what arrives to it. */
+void pool_cli_req_begin(struct pool_cli *c);
+void pool_cli_req_end(struct pool_cli *c);
+
+/* A request: m sent, its reply of type want received (pool_cli_recv_locked), a request
+   from the send on (pool_cli_req_begin). 0; -EIO (the daemon is gone). */
+int pool_cli_ask_locked(struct pool_cli *c, const void *m, unsigned want, void *buf, int *fds,
+                        int max_fds, int *nfds);
+
 /* Receives the n frames of an import or attach (FRAMES messages) into hs, in order: one not
    held is imported (one use, remembered as mapped) and its id put in ids (the daemon
    counted it); a held one (protocol.h "Held frames") is this client's handle of it with one

@@ -37,10 +37,7 @@ static void ready_send_locked(struct pool_cli *c, uint64_t serial, bool ok)
     pool_proto_hdr(&m.h, POOL_MSG_READY);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[1], nfds = 0;
-    if (pool_proto_send(c->fd, &m, NULL, 0, 0))
-        pool_cli_gone_locked(c, "its socket refused a request");
-    else
-        (void)pool_cli_recv_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds);
+    (void)pool_cli_ask_locked(c, &m, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds);
 }
 
 /* Waits for f (no lock held) and destroys it: true when the work before it completed. */

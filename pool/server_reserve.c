@@ -12,20 +12,23 @@
  * whose unmaps need no other CPU's TLB flushed, and a client's message waits behind at
  * most one unit of this work (one create or one release).
  *
- * Counts: live = the daemon's live frames (s->leased, mirrored here: take adds one, dispose
- * takes one off), ready = fresh frames made ahead (held by no client), dying = dead frames
- * whose handle is still to be released. The device holds live + ready + dying frames, never
- * more than dev: the pool, plus the room the device had past it at open (its free memory
- * then less a margin of 1/20 of its size, the budget's own margin; none when unknown). A
- * frame is made ahead only below dev, and a take that must create with no ready frame first
- * releases dying frames while the sum would pass it. So a pool whose frames are all leased
- * keeps its reserve where the device has room past the pool (issue 34: a take-back then
- * grants ready frames instead of creating them on the asker's path), and the pool's
- * figures never count it (free_bytes is pool_frames - leased: ready frames are no client's
- * and no part of the pool's accounting). During a take-back (a lease waits, a client is
- * asked, or an asker holds a credit) no frame is made past the pool: the loop serves the
- * giver's RETURNs and the grants first, and the giver's copies have the CPU; frames made
- * ahead then could only delay them (releases still run).
+ * Counts: live = the daemon's live frames (s->leased, mirrored here: take adds one, dispose takes
+ * one off), ready = fresh frames made ahead (held by no client), dying = dead frames whose handle
+ * is still to be released. The device holds live + ready + dying frames, never more than dev: the
+ * pool, plus the room the device had past it at open (its free memory then less a margin of 1/20
+ * of its size, the budget's own margin; none when unknown). A frame is made ahead only below dev
+ * (made before any release while there is room: the next take-back wants the reserve ready, the
+ * releases only make room), and a take that must create with no ready frame first releases dying
+ * frames while the sum would pass it. So a pool whose frames are all leased keeps its reserve
+ * where the device has room past the pool (issue 34: a take-back then grants ready frames instead
+ * of creating them on the asker's path), and the pool's figures never count it (free_bytes is
+ * pool_frames - leased: ready frames are no client's and no part of the pool's accounting).
+ * During a take-back (a lease waits, a client is asked, or an asker holds a credit) no frame is
+ * made past the pool and no dying frame is released: the loop serves the giver's RETURNs and the
+ * grants first, and the giver's copies and the asker's imports have the CPU; frames made ahead or
+ * released then could only delay them (a release frees the frame's memory: for an emulated frame
+ * its pages, as much work as the poison of a new one). The releases wait until the round and its
+ * credits end; a take that must create releases what it needs itself (srv_reserve_take).
  *
  * Its size: at least --reserve-frames (base), and up to the largest need a call's lease
  * announced (protocol.h LEASE's need: srv_reserve_need), so that a take-back of that size
@@ -189,22 +192,32 @@ static bool room_ahead(const struct pool_srv *s, const struct srv_reserve *r)
            on_device(r) < (srv_takeback_on(s) ? r->pool : r->dev);
 }
 
+/* Dying frames to release now: none during a take-back (a release frees the frame's
+   memory, the CPU the giver's copies and the asker's imports want; a take that needs the
+   room releases them itself). */
+static bool release_due(const struct pool_srv *s, const struct srv_reserve *r)
+{
+    return r->n_dying && !srv_takeback_on(s);
+}
+
 bool srv_reserve_busy(const struct pool_srv *s)
 {
     const struct srv_reserve *r = s->rsv;
-    return r->n_dying || room_ahead(s, r);
+    return release_due(s, r) || room_ahead(s, r);
 }
 
 void srv_reserve_work(struct pool_srv *s)
 {
     struct srv_reserve *r = s->rsv;
-    if (r->n_dying) {                       /* releases first: they make room */
-        frame_drop(r, r->dying[--r->n_dying]);
-        r->k.released_ahead++;
+    if (!room_ahead(s, r)) {                /* releases when no frame may be made: they
+                                               make room; else after the reserve is made
+                                               (the next take-back wants it ready) */
+        if (release_due(s, r)) {
+            frame_drop(r, r->dying[--r->n_dying]);
+            r->k.released_ahead++;
+        }
         return;
     }
-    if (!srv_reserve_busy(s))
-        return;
     struct srv_ready f;
     if (frame_make(r, &f)) {
         r->failed = true;                   /* the device is short: a lease creates (and

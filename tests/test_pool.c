@@ -993,6 +993,47 @@ static void *fake_held_run(void *arg)
    its count or whose descriptors are not one per id not held; a held id the client does not
    hold (a daemon's bug, or not a kvvmd) is a malformed reply: the client drops the
    connection (as gone: no IMPORT_END, no RETURN), its import fails -EIO, nothing kept. */
+/* regress/connection_thread_woken_by_replies: a reply is its requester's, which holds mu
+   and reads it; the connection thread, polling the same socket, used to wake at each one
+   and wait for mu (and, while the requester imported a lease's frames one lock each, be
+   woken and queue again at each). Now it waits for the request's end instead and takes mu
+   only for a kick or an unasked message: 200 round trips make no look. */
+static uint32_t give_none(void *arg, uint32_t n)
+{
+    (void)arg;
+    (void)n;
+    return 0;
+}
+
+Test(regress, connection_thread_woken_by_replies)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pool_cli_params p = { .path = d.path, .name = "replies" };
+    struct pool_cli *c = NULL;
+    struct pool_welcome w;
+    cr_assert_eq(pool_cli_open(&p, &c, &w), 0);
+    struct vmm *v = client_vmm();
+    pool_cli_attach(c, v);
+    cr_assert_eq(pool_cli_listen(c, give_none, NULL), 0);
+    struct pool_cli_counters k0, k1;
+    pool_cli_counters(c, &k0);
+    for (int i = 0; i < 200; i++) {
+        struct pool_figures f;
+        int connected = 0;
+        cr_assert_eq(pool_cli_info(c, &f, &connected), 0);
+        cr_assert(connected);
+    }
+    pool_cli_counters(c, &k1);
+    cr_expect_leq(k1.listen_looks - k0.listen_looks, 2,
+                  "200 replies woke the connection thread into mu %llu times",
+                  (unsigned long long)(k1.listen_looks - k0.listen_looks));
+    pool_cli_close(c);
+    vmm_close(v);
+    pd_stop(&d);
+}
+
 Test(pool, malformed_held_ids_drop_the_connection)
 {
     TH_DEADLINE(60);

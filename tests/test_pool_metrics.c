@@ -460,6 +460,53 @@ Test(pool_metrics, reserve_past_the_pool_where_the_device_has_room)
     pd_stop(&d);
 }
 
+/* regress/releases_wait_for_the_takeback: the daemon releases no dead frame while a
+   take-back is on (a release frees the frame's memory: CPU the giver's copies and the
+   asker's imports want), and releases them all once it ends. Before: the loop released
+   one in each idle moment of the round. */
+Test(pool_metrics, releases_wait_for_the_takeback)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    unsigned port = md_start(&d, "1M", NULL);
+    free(wait_sample(port, "kvvm_pool_ready_frames", 64));
+    int v = pc_client(d.path, "victim"), b = pc_client(d.path, "asker");
+    uint64_t ids[16], got_ids[8];
+    int fds[16];
+    cr_assert_eq(pc_lease(v, 16, ids, fds, NULL), 16);
+    for (int i = 0; i < 16; i++)
+        close(fds[i]);
+    struct pool_lease m = { .n = 8, .wait_ms = 30000 };
+    pool_proto_hdr(&m.h, POOL_MSG_LEASE);
+    cr_assert_eq(pool_proto_send(b, &m, NULL, 0, 0), 0);
+    _Alignas(8) unsigned char buf[POOL_MSG_MAX];
+    cr_assert_eq(pc_recv(v, buf, NULL, NULL), POOL_MSG_RECLAIM);
+    struct pool_reclaim r;
+    memcpy(&r, buf, sizeof r);
+    pc_return(v, ids, 8);               /* given back; the ask not answered yet */
+    int nf = 0;
+    cr_assert_eq(pc_recv(b, buf, fds, &nf), POOL_MSG_FRAMES);
+    const struct pool_frames *f = (const void *)buf;
+    cr_assert_eq(f->n, 8);
+    memcpy(got_ids, f->ids, sizeof got_ids);
+    for (int i = 0; i < nf; i++)
+        close(fds[i]);
+    for (int i = 0; i < 32; i++)
+        (void)pc_info(b);               /* the loop idles between them */
+    pc_return(b, got_ids, 1);           /* a figure published after those */
+    char *t = wait_sample(port, "kvvm_pool_frames_returned_total", 9);
+    cr_expect_eq(sample(t, "kvvm_pool_releasing_frames"), 9,
+                 "no release while the victim's ask is open:\n%s", t);
+    free(t);
+    struct pool_reclaimed a = { .seq = r.seq, .given = 8 };
+    pool_proto_hdr(&a.h, POOL_MSG_RECLAIMED);
+    cr_assert_eq(pool_proto_send(v, &a, NULL, 0, 0), 0);
+    free(wait_sample(port, "kvvm_pool_releasing_frames", 0));  /* the round over: all */
+    close(b);
+    close(v);
+    pd_stop(&d);
+}
+
 /* The reserve grows to the largest need a call's lease announced (within the device's
    room): a lease of 1 frame whose call needs 100 of a 128-frame pool makes the daemon keep
    100 ready, past its --reserve-frames of 64. */

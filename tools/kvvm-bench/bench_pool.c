@@ -24,11 +24,13 @@
  *  - death: a client process (kvvm-bench --pool-hold, holding 64 frames) killed with
  *    SIGKILL; the time until kvvm_pool_info of another client shows its frames free, ms (no
  *    baseline).
+ * KVVM_BENCH_POOL_GIVE set in the environment: the giving-back row alone (a trace of it).
  */
 #include "bench.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -640,7 +642,9 @@ int bench_daemon(struct bench_ctx *b)
         daemon_stop(&e);
         return rc;
     }
-    if (!(rc = rows_small(&e)) && !(rc = rows_give(&e, &g)))
+    /* KVVM_BENCH_POOL_GIVE=1: the giving-back row alone (a trace or a profile of it) */
+    bool give_only = getenv("KVVM_BENCH_POOL_GIVE") != NULL;
+    if ((give_only || !(rc = rows_small(&e))) && !(rc = rows_give(&e, &g)) && !give_only)
         rc = rows_death(&e);
     give_a_stop(&g);
     if (rc)
