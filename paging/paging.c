@@ -1,7 +1,8 @@
 /*
  * paging/paging.c: the paging context: paging_create / paging_destroy and its counters, and
  * the frame pool thread's round as the owners' steps in order (paging_feed_begin / _end: the
- * pool view's groups, the feed's plan or hand-over, the map-ahead refills).
+ * pool view's groups, the feed's plan or hand-over, the map-ahead refills), and a reclaim's
+ * act run with the caller's keep set (paging_with_keep).
  *
  * paging_create sizes the context from its params (pages per slot, map-ahead bound, the
  * scratch run after the windows, the pool's refill chunk), copies the tiers' ops tables and
@@ -263,4 +264,13 @@ bool paging_feed_end(struct paging *pg)
     paging_feed_drain(pg);
     paging_view_prepare(pg);          /* the pool view's groups, off the engine's thread */
     return paging_ahead_plan(pg);
+}
+
+int paging_with_keep(struct paging *pg, const uint64_t *keep, size_t n, int (*fn)(void *),
+                     void *arg)
+{
+    paging_disk_keep(pg, keep, n);
+    int rc = fn(arg);
+    paging_disk_keep(pg, NULL, 0);
+    return rc;
 }

@@ -506,25 +506,36 @@ int  paging_need_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);
-/* No device work may touch h's pages any more, known without a synchronization: never
-   used, or used before an epoch a synchronization (or, stream mode, the step fence found
-   complete) ended, and no swap copy on its window running. Swapping out or dropping a
-   quiet sequence synchronizes nothing (synchronous mode included): what a library thread
-   may move in synchronous mode, where it must never synchronize the context. false for a
-   bad handle. */
-bool paging_seq_quiet(struct paging *pg, uint64_t h);
 /* A live resident sequence that background reclaim may move. */
 struct pg_cand {
     uint64_t h;
     uint64_t tick;        /* last use (smaller = less recently used) */
-    uint32_t frees;       /* frames its move would return (paging_cached_candidates: its
-                             own drop; paging_candidates: 0, ask paging_plan_add) */
+    uint32_t frees;       /* frames its move would return (PG_CAND_CACHED: its own drop;
+                             the others: 0, ask paging_plan_add) */
     uint8_t  cls;         /* its class (enum pg_seq_class) */
 };
-/* Unprotected resident sequences with no pending work on their window that hold device
-   pages, in slot order; returns how many (at most max). O(candidates): no page walk (frees
-   is 0: what victims free is paging_plan_add's). */
-size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+/* Reclaim's candidates (one operation: the list, the caller's exclusions and filters), in
+   slot order. `of`: PG_CAND_RESIDENT, unprotected resident sequences with no pending work
+   on their window that hold device pages (frees 0: what victims free is paging_plan_add's;
+   O(candidates), no page walk); PG_CAND_CACHED, unprotected resident CACHED ones with no
+   transfer or release pending that hold device pages (frees: device pages only they hold);
+   PG_CAND_DISK, spill candidates: live non-resident sequences, the holders of every HOST
+   page (frees 0; O(slots)). Left out: those in excl[0..n_excl), those not LIVE when live,
+   and when quiet those not quiet (asked of each one left, in order, after the others:
+   quiet, no device work may touch its pages any more, known without a synchronization:
+   never used, or used before an epoch a synchronization (or, stream mode, the step fence
+   found complete) ended, and no swap copy on its window running; moving a quiet sequence
+   synchronizes nothing, what a library thread may move in synchronous mode). Returns how
+   many, in *out (malloc'ed, the caller frees it; NULL and 0 when memory is short). */
+enum pg_cand_of { PG_CAND_RESIDENT = 0, PG_CAND_CACHED, PG_CAND_DISK };
+struct pg_cand_q {
+    enum pg_cand_of of;
+    const uint64_t *excl;
+    size_t n_excl;
+    bool live;
+    bool quiet;
+};
+size_t paging_candidates(struct paging *pg, const struct pg_cand_q *q, struct pg_cand **out);
 /* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
    never one that a sequence of keep[0..n_keep) holds, synchronously; *moved gets the
    count. -ENOMEM host tier full (after moving what fit).
@@ -575,6 +586,11 @@ int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *m
  * kept pages never), *slots the host or disk slots it takes (the pages it copies down),
  * *kslots how many of those are kept pages (a kept sequence then holds them below).
  * -ENOENT. paging_plan_remove takes the last h added back out (same drop). O(pages of h). */
+/* A call's reclaim's first look (swap_reclaim_plan), one operation: each of the caller's
+   sequences excl[0..n) not stale (paging_seq_stale, in order: the first error returned,
+   *have untouched), then *have = the frames free plus those pending (paging_frames_free,
+   paging_frames_pending). */
+int  paging_plan_have(struct paging *pg, const uint64_t *excl, size_t n, uint32_t *have);
 struct pg_plan_start {
     uint32_t keep_dev;           /* distinct device pages the keep set holds */
     bool keep_out;               /* a kept sequence is non-resident ... */
@@ -632,9 +648,6 @@ int  paging_wait_releases(struct paging *pg);
  * function here calls. */
 /* Installs the policy (copied; NULL: none, then no room is ever made and no swap staged). */
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
-/* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
-   order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
-size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 /* Starts writing up to max HOST pages of sequence h to disk, never a page excl (a handle,
    0 = none) also holds; *started gets the count. Does not wait. -ENOMEM the disk tier is
    full, disabled or absent, -ENOENT h (nothing started then). */
@@ -646,6 +659,10 @@ int  paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t
    sequences: what their need counted (pages in the host tier, a slot to stage through)
    stays so while the victims make their room. keep must stay valid while set. */
 void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n);
+/* A reclaim's act (swap_reclaim_act), one operation: keep[0..n) set as the keep set
+   (paging_disk_keep), fn(arg) run, the keep set cleared (n 0); returns fn's answer. */
+int  paging_with_keep(struct paging *pg, const uint64_t *keep, size_t n, int (*fn)(void *),
+                      void *arg);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
 bool paging_disk_on(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
@@ -688,25 +705,36 @@ int  paging_seq_page_tier(struct paging *pg, uint64_t h, uint32_t r, uint32_t i,
 int  paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls);
 /* -ESTALE when s is a dropped sequence, -ENOENT a bad handle, else 0. */
 int  paging_seq_stale(struct paging *pg, uint64_t h);
-/* Drops CACHED s (any tier): its pages are released (nothing copied) after the step fence:
-   at once when no device work may touch them; for an unprotected sequence behind a fence on
-   the library's copy stream ordered after the step fence (never a record on the engine
-   stream: a library thread may call this); a protected one behind a fence on the engine
-   stream (engine calls only). wait: block until the pages are released. Counts cache_drops.
-   -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer is in flight on it (or
-   no step fence to order after), -ENOMEM, -EIO. */
-int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
 /* A call's reclaim drops resident CACHED s in two steps (swap/undo.c): the stash
    (paging_reclaim_move, PG_RECLAIM_STASH), then at the call's success its commit: drops
    stashed s (paging_seq_drop, which counts the drop), which is then as a drop in place
    leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
    stashed (resident), else paging_seq_drop's errors. */
 int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
-/* A call's reclaim drop that no stash can take (park.c): drops CACHED s (paging_seq_drop,
-   waiting) and returns in *out the record of what it held (NULL: nothing of its own was on
-   the device, e.g. non-resident), its freed frames watched until paging_park_end.
-   -ENOMEM (nothing dropped), else paging_seq_drop's errors. */
-int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
+/* A reclaim's drop of CACHED s (swap/plan.c), as one operation. Not kept: dropped at once
+   (paging_seq_drop below, waiting when wait). Kept (a call's reclaim, its journal on):
+   stashed where the host slots *room leaves take it (paging_reclaim_move, PG_RECLAIM_STASH:
+   *room less its slots, done->use its use stamp), else (not stashable in that room, or the
+   stash -ENOSPC) dropped and parked (paging_seq_park below: done->park the record, NULL when
+   nothing of its own was on the device). done->how says which (PG_DROPPED, PG_STASHED,
+   PG_PARKED). Errors as the step that failed, which leaves s as it was.
+   paging_seq_drop (seqs.h): drops CACHED s (any tier), its pages released (nothing copied)
+   after the step fence: at once when no device work may touch them; for an unprotected
+   sequence behind a fence on the library's copy stream ordered after the step fence (never
+   a record on the engine stream: a library thread may call this); a protected one behind a
+   fence on the engine stream (engine calls only); wait: block until released. Counts
+   cache_drops. -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer in flight
+   on it (or no step fence to order after), -ENOMEM, -EIO.
+   paging_seq_park (seqs.h): drops it (waiting) and returns the record of what it held, its
+   freed frames watched until paging_park_end; -ENOMEM nothing dropped. */
+enum pg_dropped { PG_DROPPED = 0, PG_STASHED, PG_PARKED };
+struct pg_drop_done {
+    enum pg_dropped how;
+    struct pg_use use;             /* PG_STASHED: the stamp to give back (paging_reclaim_back) */
+    struct pg_park *park;          /* PG_PARKED: the record (may be NULL) */
+};
+int  paging_reclaim_drop(struct paging *pg, uint64_t h, bool kept, bool wait, uint64_t *room,
+                         struct pg_drop_done *done);
 /* Takes a parked drop back when no byte of its frames can have changed since (each frame still
    ready under the same handle, not mapped and written through since; its shared pages still on
    the device, in the same frames or rebased): the sequence holds its pages again at the same
@@ -720,9 +748,6 @@ void paging_park_frames_last(struct paging *pg);
 /* The call ends: the records parks[0..n) are freed (NULL entries skipped) and no frame is
    watched any more. */
 void paging_park_end(struct paging *pg, struct pg_park *const *parks, size_t n);
-/* Unprotected resident CACHED sequences with no transfer or release pending that hold
-   device pages, in slot order (frees: device pages only they hold); returns how many. */
-size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
  * The feed lets a library thread (swap/frame_pool.c, the policy: when and how many) create and

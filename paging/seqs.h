@@ -138,4 +138,12 @@ void park_free(struct pg_park *k);
 /* Frees the watch's arrays (paging_destroy). */
 void park_fini(struct paging *pg);
 
+/* paging_candidates' lists (discard.c): PG_CAND_CACHED's, up to max; returns how many. */
+size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+
+/* paging_reclaim_drop's steps (paging.h says what each does): a drop (discard.c) and a
+   drop parked for a call's undo (park.c). */
+int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
+int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
+
 #endif

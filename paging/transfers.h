@@ -171,4 +171,7 @@ void paging_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
    with *ndisk the DISK pages among them. */
 int  paging_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 
+/* paging_candidates' lists (disk_tier.c): PG_CAND_DISK's, up to max; returns how many. */
+size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+
 #endif

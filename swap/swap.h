@@ -112,7 +112,7 @@ struct swap_rplan {
     uint64_t room;                 /* slots below left unused by the plan */
     unsigned flags;
     struct swap_step *steps;       /* malloc'ed, in the order they are acted on */
-    size_t n;
+    size_t n, cap;                 /* steps, room for them (reserved before paging counts) */
     uint64_t *keep;                /* excl, copied */
     size_t n_keep;
     uint32_t keep_dev;             /* the kept sequences' device pages when planned */
