@@ -29,20 +29,13 @@ _Static_assert(offsetof(struct pg_seq, hot) == 0, "struct pg_seq begins with its
 _Static_assert(offsetof(struct pg_seq, used_tick) + 8 <= 64 && sizeof(struct pg_seq) % 64 == 0,
                "the hot path's fields of a sequence fit in one cache line");
 
-void paging_why_reset(struct paging *pg)
+const struct paging_why *paging_why(struct paging *pg, enum pg_why_op op, uint64_t frames)
 {
-    pg->why.what = 0;       /* every field is read only under its PG_WHY_* bit */
-}
-
-const struct paging_why *paging_why(const struct paging *pg)
-{
-    return &pg->why;
-}
-
-void paging_why_need(struct paging *pg, uint64_t frames)
-{
-    if (!(pg->why.what & PG_WHY_FRAMES))
+    if (op == PG_WHY_RESET)
+        pg->why.what = 0;   /* every field is read only under its PG_WHY_* bit */
+    else if (op == PG_WHY_NEED && !(pg->why.what & PG_WHY_FRAMES))
         (void)pg_why_frames(pg, frames);
+    return &pg->why;
 }
 
 void paging_counters(const struct paging *pg, struct paging_counters *out)

@@ -117,7 +117,7 @@ int paging_reclaim_cover(struct paging *pg, uint32_t want, const uint64_t *keep,
     return paging_frames_free(pg) < want ? -ENOMEM : 0;
 }
 
-int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
+static int need_grow(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
 {
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
@@ -147,11 +147,11 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     return 0;
 }
 
-int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+static int need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
                       uint64_t b1, uint32_t *frames)
 {
     struct pg_seq *s;
-    int rc = paging_need(pg, h, 0, frames);
+    int rc = need_grow(pg, h, 0, frames);
     if (rc || seq_lookup(pg, h, &s))
         return rc;
     uint64_t ps = pg->p.page_size;
@@ -160,7 +160,7 @@ int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, u
     return 0;
 }
 
-int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+static int need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
                       uint64_t *frames)
 {
     uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
@@ -226,6 +226,35 @@ static size_t resident_candidates(struct paging *pg, struct pg_cand *out, size_t
             out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0, s->cls };
     }
     return n;
+}
+
+int paging_need(struct paging *pg, const struct pg_need *q, uint64_t *frames)
+{
+    uint32_t f = 0;
+    int rc;
+    switch (q->of) {
+    case PG_NEED_BATCH:
+        return need_batch(pg, q->hs, q->lengths, q->n, frames);
+    case PG_NEED_WRITE:
+        rc = need_write(pg, q->h, q->r0, q->r1, q->b0, q->b1, &f);
+        break;
+    case PG_NEED_SHARE:
+        rc = paging_need_share(pg, q->h, q->src, q->length, &f);
+        break;
+    default:
+        rc = need_grow(pg, q->h, q->length, &f);
+        break;
+    }
+    *frames = f;
+    return rc;
+}
+
+int paging_seq_swap_out(struct paging *pg, uint64_t h, uint32_t *moved)
+{
+    *moved = 0;
+    if (!paging_seq_resident(pg, h) && !paging_seq_stale(pg, h))
+        return paging_seq_orphans_down(pg, h, moved);   /* out already: what it left */
+    return paging_swap_out(pg, h, false);
 }
 
 static bool cand_excluded(uint64_t h, const uint64_t *excl, size_t n)
