@@ -22,7 +22,7 @@
  *    leaked or lost). -ENOMEM when the device pool cannot supply a frame; this layer never
  *    decides which sequence to evict, which host pages to spill, how hard, or whether a swap
  *    is staged (that is swap/'s policy, asked through pg_policy_ops; the context retries).
- *    paging exposes candidates (paging_candidates, paging_disk_candidates) and room facts
+ *    paging exposes candidates (paging_candidates: resident, cached, disk) and room facts
  *    (struct pg_room), and moves what it is told.
  *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
  *  - Never includes a header of core/ or swap/.
@@ -717,10 +717,10 @@ int  paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls);
    stashed (resident), else paging_seq_drop's errors. */
 int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
 /* A reclaim's drop of CACHED s (swap/plan.c), as one operation. Not kept: dropped at once
-   (paging_seq_drop below, waiting when wait). Kept (a call's reclaim, its journal on):
+   (paging_seq_drop, waiting when wait). Kept (a call's reclaim, its journal on):
    stashed where the host slots *room leaves take it (paging_reclaim_move, PG_RECLAIM_STASH:
    *room less its slots, done->use its use stamp), else (not stashable in that room, or the
-   stash -ENOSPC) dropped and parked (paging_seq_park below: done->park the record, NULL when
+   stash -ENOSPC) dropped and parked (paging_seq_park: done->park the record, NULL when
    nothing of its own was on the device). done->how says which (PG_DROPPED, PG_STASHED,
    PG_PARKED). Errors as the step that failed, which leaves s as it was.
    paging_seq_drop (seqs.h): drops CACHED s (any tier), its pages released (nothing copied)

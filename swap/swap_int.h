@@ -32,7 +32,7 @@ struct swap_undo_ent {
 struct swap_undo {
     struct swap_undo_ent *e;
     size_t n, cap;
-    struct pg_park **parks;        /* drops no stash took (paging_seq_park), cap of them */
+    struct pg_park **parks;        /* parked drops (paging_reclaim_drop), cap of them */
     size_t n_parks;
     uint32_t *park_orph;           /* of each park: n_orph when it was made (the orphans
                                       logged from there on moved down after it) */
