@@ -65,7 +65,7 @@ static inline int enter(kvvm *kv)
     if (forked(kv))
         return -EIO;
     pthread_mutex_lock(&kv->lock);
-    paging_why_reset(kv->pg);           /* this call's refusals only (core_explain) */
+    paging_why(kv->pg, PG_WHY_RESET, 0);           /* this call's refusals only (core_explain) */
     if (kv->dead || vmm_dead(kv->v)) {
         if (!kv->dead)
             klog_error("kvvm: the device context failed; every call returns -EIO now");

@@ -306,4 +306,12 @@ void config_json(const struct kvvm_config *cfg, char *buf, size_t len, size_t *p
 void json_put(char *buf, size_t len, size_t *pos, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* -ESTALE when s is a dropped CACHED sequence, -ENOENT a bad handle, else 0: the check a
+   call makes before any room is counted or made (paging_seq_info, PG_INFO_LIVE: O(regions)). */
+static inline int core_seq_stale(kvvm *kv, kvvm_seq s)
+{
+    struct paging_seq_info pi;
+    return paging_seq_info(kv->pg, s, PG_INFO_LIVE | PG_INFO_BRIEF, &pi);
+}
+
 #endif

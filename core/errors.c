@@ -129,7 +129,7 @@ static void explain_tiers(kvvm *kv, const struct paging_why *w, char *b, size_t 
 
 void core_explain_text(kvvm *kv, int rc, char *b, size_t n)
 {
-    const struct paging_why *w = paging_why(kv->pg);
+    const struct paging_why *w = paging_why(kv->pg, PG_WHY_GET, 0);
     if (rc == -ENOMEM && (w->what & (PG_WHY_FRAMES | PG_WHY_HOST | PG_WHY_NO_HOST)))
         explain_tiers(kv, w, b, n);
     else
@@ -140,7 +140,7 @@ int core_explain(kvvm *kv, const char *call, int rc)
 {
     if ((rc != -ENOENT && rc != -E2BIG && rc != -ENOMEM) || *kvvm_last_error())
         return rc;
-    const struct paging_why *w = paging_why(kv->pg);
+    const struct paging_why *w = paging_why(kv->pg, PG_WHY_GET, 0);
     char b[900];
     if (rc == -ENOENT && (w->what & PG_WHY_HANDLE))
         klast_set("%s: -ENOENT: sequence handle %#llx is not a live sequence of this context "

@@ -41,12 +41,10 @@ static int export_locked(kvvm *kv, kvvm_seq s, kvvm_handoff *token)
     static const char *call = "kvvm_seq_export";
     if (!kv->pool)
         return no_pool(call);
-    vmm_handle *hs = NULL;
-    uint32_t n = 0;
-    uint64_t length = 0;
-    int rc = paging_seq_stale(kv->pg, s);
-    if (!rc)
-        rc = paging_seq_handoff_frames(kv->pg, s, &hs, &n, &length);
+    struct pg_share_out o;             /* the frames, then their fence */
+    int rc = paging_seq_share_frames(kv->pg, s, PG_SHARE_ALL, &o);
+    if (rc && o.fenced < 0)
+        return rc;                      /* the fence: -ENOMEM, -EIO: core_explain */
     if (rc && rc != -EAGAIN && rc != -EINVAL && rc != -ENODATA && rc != -EOPNOTSUPP)
         return rc;                      /* -ENOENT, -ESTALE, -ENOMEM, -EIO: core_explain */
     switch (rc) {
@@ -64,16 +62,14 @@ static int export_locked(kvvm *kv, kvvm_seq s, kvvm_handoff *token)
         return kerr(rc, "%s: the pool view (KVVM_F_POOL_VIEW) does not map shared frames "
                     "yet", call);
     }
-    vmm_fence f;
-    int fenced = paging_share_fence(kv->pg, &f);
-    if (fenced < 0) {
-        free(hs);
-        return fenced;                  /* -ENOMEM, -EIO: core_explain */
-    }
+    vmm_handle *hs = o.hs;
+    vmm_fence f = o.f;
+    int fenced = o.fenced;
     struct pool_layout lay = layout_of(kv);
     uint64_t serial = fenced ? pool_cli_ready_serial(kv->pool) : 0;
     char why[256];
-    rc = pool_cli_export(kv->pool, hs, n, &lay, length, serial, token->bytes, why, sizeof why);
+    rc = pool_cli_export(kv->pool, hs, o.n, &lay, o.length, serial, token->bytes, why,
+                         sizeof why);
     free(hs);
     if (rc && fenced)
         vmm_fence_destroy(kv->v, &f);
@@ -81,7 +77,7 @@ static int export_locked(kvvm *kv, kvvm_seq s, kvvm_handoff *token)
         return kerr(-EAGAIN, "%s: %s", call, why);
     if (rc)
         return kerr(rc == -EIO ? -EIO : rc, "%s: %s", call, why);
-    paging_seq_handoff_mark(kv->pg, s);
+    paging_seq_share_mark(kv->pg, s, PG_SHARE_ALL);
     if (fenced)
         pool_cli_ready_after(kv->pool, serial, f);  /* importable once the fence completed */
     kv->n_exports++;
@@ -104,7 +100,7 @@ static int import_in(kvvm *kv, vmm_handle *hs, uint32_t n, uint64_t length, kvvm
 {
     kvvm_seq s;
     bool was_out;
-    uint32_t need = 0;
+    uint64_t need = 0;
     *released = false;
     int rc = paging_seq_create(kv->pg, &s);
     if (rc)
@@ -119,7 +115,7 @@ static int import_in(kvvm *kv, vmm_handle *hs, uint32_t n, uint64_t length, kvvm
                         (unsigned long long)kv->cfg.max_tokens);
         return rc;
     }
-    rc = paging_need(kv->pg, s, 0, &need);
+    rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = s }, &need);
     if (!rc)
         rc = core_make_room(kv, need, &s, 1);
     if (!rc)

@@ -44,7 +44,7 @@ static int make_room(kvvm *kv, uint64_t need, const uint64_t *excl, size_t n_exc
         rc = swap_make_room(kv->sw, (uint32_t)need, excl, n_excl);
     KVVM_ASSERT(rc || paging_frames_free(kv->pg) >= need);   /* swap_make_room's 0 */
     if (rc == -ENOMEM)
-        paging_why_need(kv->pg, need);  /* the -ENOMEM names the pages (core_explain) */
+        paging_why(kv->pg, PG_WHY_NEED, need);  /* the -ENOMEM names the pages (core_explain) */
     return rc;
 }
 
@@ -69,17 +69,18 @@ static int bring_in(kvvm *kv, kvvm_seq s, bool *swapped)
 /* A call that swapped s in failed afterwards: put it back (best effort, logged). */
 static void restore_out(kvvm *kv, kvvm_seq s, bool swapped)
 {
-    if (swapped && paging_swap_out(kv->pg, s, false))
+    uint32_t moved;                 /* (s is resident: a swap-out) */
+    if (swapped && paging_seq_swap_out(kv->pg, s, &moved))
         klog_warn("kvvm: a failed call leaves sequence %llx resident", (unsigned long long)s);
 }
 
 /* The public swap-in / prefetch: checks, room, swap-in; the watermark rules after it. */
 static int swap_in_locked(kvvm *kv, kvvm_seq s, bool async)
 {
-    uint32_t need;
-    int rc = paging_seq_stale(kv->pg, s);     /* a dropped CACHED sequence: -ESTALE */
+    uint64_t need;
+    int rc = core_seq_stale(kv, s);     /* a dropped CACHED sequence: -ESTALE */
     if (!rc)
-        rc = paging_need(kv->pg, s, 0, &need);
+        rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = s }, &need);
     if (!rc)
         rc = stream_check(kv);
     if (!rc)
@@ -122,18 +123,17 @@ int kvvm_seq_free(kvvm *kv, kvvm_seq s)
 static int grow_once(kvvm *kv, kvvm_seq s, uint64_t length)
 {
     struct paging_seq_info pi;
-    uint32_t need;
+    uint64_t need;
     bool swapped;
-    int rc = paging_seq_stale(kv->pg, s);     /* before any room is counted or made */
-    if (!rc)
-        rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_info(kv->pg, s, PG_INFO_LIVE, &pi);   /* -ESTALE before any room */
     if (rc)
         return rc;
     if (length < pi.length)
         return kerr(-EINVAL, "kvvm_seq_grow: length %llu is shorter than the sequence's %llu "
                     "tokens (kvvm_seq_truncate shortens)", (unsigned long long)length,
                     (unsigned long long)pi.length);
-    rc = paging_need(kv->pg, s, length, &need);   /* swap-in, new pages, copies */
+    rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = s, .length = length },
+                     &need);                     /* swap-in, new pages, copies */
     if (!rc && !pi.resident)
         rc = stream_check(kv);
     if (!rc)
@@ -142,7 +142,7 @@ static int grow_once(kvvm *kv, kvvm_seq s, uint64_t length)
         rc = bring_in(kv, s, &swapped);
     if (rc)
         return rc;
-    rc = paging_seq_grow(kv->pg, s, length);
+    rc = paging_grow(kv->pg, &s, &length, 1, 0);
     if (rc)
         restore_out(kv, s, swapped);
     swap_after_call(kv->sw);
@@ -168,7 +168,7 @@ static int grow_locked(kvvm *kv, kvvm_seq s, uint64_t length)
    the engine stream's capture first, as CALL_ENGINE does. */
 static int grow_call(kvvm *kv, kvvm_seq s, uint64_t length)
 {
-    int rc = paging_seq_grow_in_place(kv->pg, s, length);
+    int rc = paging_grow(kv->pg, &s, &length, 1, PG_GROW_IN_PLACE);
     if (rc != -EAGAIN)
         return rc;
     rc = stream_check(kv);
@@ -207,9 +207,7 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
     size_t i;
     for (i = 0; !rc && i < n; i++) {
         struct paging_seq_info pi;
-        rc = paging_seq_stale(kv->pg, seqs[i]);
-        if (!rc)
-            rc = paging_seq_info(kv->pg, seqs[i], &pi);
+        rc = paging_seq_info(kv->pg, seqs[i], PG_INFO_LIVE, &pi);
         if (!rc && lengths[i] < pi.length)
             rc = kerr(-EINVAL, "kvvm_seq_grow_batch: lengths[%zu] = %llu is shorter than "
                       "sequence seqs[%zu]'s %llu tokens", i, (unsigned long long)lengths[i],
@@ -226,13 +224,14 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
     /* the whole batch's frames (swap-ins, new pages, copies of shared partial last pages),
        room for them, then the swap-ins and the grow */
     if (!rc)
-        rc = paging_need_batch(kv->pg, seqs, lengths, n, &need);
+        rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_BATCH, .hs = seqs,
+                                                    .lengths = lengths, .n = n }, &need);
     if (!rc)
         rc = make_room(kv, need, seqs, n);
     for (i = 0; !rc && i < n; i++)
         rc = bring_in(kv, seqs[i], &swapped[i]);
     if (!rc)
-        rc = paging_seq_grow_batch(kv->pg, seqs, lengths, n);
+        rc = paging_grow(kv->pg, seqs, lengths, n, PG_GROW_BATCH);
     if (rc && swapped)
         for (i = 0; i < n; i++)
             restore_out(kv, seqs[i], swapped[i]);
@@ -244,7 +243,7 @@ static int grow_batch_locked(kvvm *kv, const kvvm_seq *seqs, const uint64_t *len
 /* As grow_call: a decode step's batch that moves nothing costs no driver call. */
 static int grow_batch_call(kvvm *kv, const kvvm_seq *seqs, const uint64_t *lengths, size_t n)
 {
-    int rc = paging_seq_grow_batch_in_place(kv->pg, seqs, lengths, n);
+    int rc = paging_grow(kv->pg, seqs, lengths, n, PG_GROW_BATCH | PG_GROW_IN_PLACE);
     if (rc != -EAGAIN)
         return rc;
     rc = stream_check(kv);
@@ -293,19 +292,20 @@ int kvvm_seq_fork(kvvm *kv, kvvm_seq parent, kvvm_seq *child)
 static int share_locked(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
 {
     uint64_t ex[2] = { dst, src };
-    uint32_t need;
-    int rc = paging_seq_stale(kv->pg, dst);
+    uint64_t need;
+    int rc = core_seq_stale(kv, dst);
     if (!rc)
-        rc = paging_seq_stale(kv->pg, src);
+        rc = core_seq_stale(kv, src);
     if (!rc)
-        rc = paging_need_share(kv->pg, dst, src, n_tokens, &need);
+        rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_SHARE, .h = dst, .src = src,
+                                                    .length = n_tokens }, &need);
     if (!rc)
         rc = make_room(kv, need, ex, 2);
     if (!rc)
         rc = paging_seq_share(kv->pg, dst, src, n_tokens);
     struct paging_seq_info d, r;
-    if (rc == -EINVAL && !paging_seq_info(kv->pg, dst, &d) &&
-        !paging_seq_info(kv->pg, src, &r))
+    if (rc == -EINVAL && !paging_seq_info(kv->pg, dst, 0, &d) &&
+        !paging_seq_info(kv->pg, src, 0, &r))
         rc = kerr(rc, "kvvm_seq_share: %s (dst holds %llu tokens, must be empty; n_tokens "
                   "%llu, src holds %llu)", d.length ? "dst is not empty" : "n_tokens is past "
                   "src's length", (unsigned long long)d.length, (unsigned long long)n_tokens,
@@ -326,9 +326,10 @@ int kvvm_seq_share(kvvm *kv, kvvm_seq dst, kvvm_seq src, uint64_t n_tokens)
 static int write_room(kvvm *kv, kvvm_seq s, uint32_t r0, uint32_t r1, uint64_t b0,
                       uint64_t b1, bool *swapped)
 {
-    uint32_t need;
+    uint64_t need;
     *swapped = false;
-    int rc = paging_need_write(kv->pg, s, r0, r1, b0, b1, &need);
+    int rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_WRITE, .h = s, .r0 = r0,
+                                                    .r1 = r1, .b0 = b0, .b1 = b1 }, &need);
     if (!rc && !paging_seq_resident(kv->pg, s))
         rc = stream_check(kv);
     if (!rc)
@@ -340,9 +341,7 @@ static int prepare_write_locked(kvvm *kv, kvvm_seq s, uint64_t first, uint64_t e
 {
     bool swapped;
     struct paging_seq_info pi;
-    int rc = paging_seq_stale(kv->pg, s);
-    if (!rc)
-        rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_info(kv->pg, s, PG_INFO_LIVE, &pi);
     if (!rc && first >= end)
         rc = kerr(-EINVAL, "kvvm_seq_prepare_write: first %llu must be below end %llu",
                   (unsigned long long)first, (unsigned long long)end);
@@ -391,7 +390,7 @@ static int io_pre(kvvm *kv, const char *call, kvvm_seq s, uint32_t region, uint6
                   const void *buf, size_t len)
 {
     struct paging_seq_info pi;
-    int rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_info(kv->pg, s, 0, &pi);
     if (rc)
         return rc;
     if (pi.dropped)
@@ -453,10 +452,10 @@ static int read_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, v
                        size_t len)
 {
     bool swapped = false;
-    uint32_t need;
+    uint64_t need;
     int rc = io_pre(kv, "kvvm_seq_read", s, region, offset, dst, len);
     if (!rc)
-        rc = paging_need(kv->pg, s, 0, &need);   /* its swap-in */
+        rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = s }, &need);
     if (!rc && !paging_seq_resident(kv->pg, s))
         rc = stream_check(kv);
     if (!rc)
@@ -482,11 +481,9 @@ int kvvm_seq_read(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t offset, void *
 static int swap_out_locked(kvvm *kv, kvvm_seq s)
 {
     int rc = stream_check(kv);
-    uint32_t moved;
-    if (!rc && !paging_seq_resident(kv->pg, s) && !paging_seq_stale(kv->pg, s))
-        rc = paging_seq_orphans_down(kv->pg, s, &moved);   /* out already: what it left */
-    else if (!rc)
-        rc = paging_swap_out(kv->pg, s, false);
+    uint32_t moved;                 /* (out already: the orphans it left moved down) */
+    if (!rc)
+        rc = paging_seq_swap_out(kv->pg, s, &moved);
     swap_after_call(kv->sw);        /* the host marks: spilling in the background */
     return rc;
 }
@@ -522,7 +519,7 @@ int kvvm_seq_ready(kvvm *kv, kvvm_seq s)
 static int view_state_locked(kvvm *kv, kvvm_seq s, uint64_t *length, uint64_t *first_kept)
 {
     struct paging_seq_info pi;
-    int rc = paging_seq_brief(kv->pg, s, &pi);   /* no walk: the length, not the pages */
+    int rc = paging_seq_info(kv->pg, s, PG_INFO_BRIEF, &pi);   /* the length, not the pages */
     if (rc)
         return rc;
     int ready = pi.resident && !pi.dropped ? paging_seq_ready(kv->pg, s) : 0;
@@ -561,9 +558,10 @@ int kvvm_seq_wait_stream(kvvm *kv, kvvm_seq s, void *stream)
 
 static int need_locked(kvvm *kv, kvvm_seq s, uint64_t length, uint64_t *pages, int *fits)
 {
-    uint32_t n;
+    uint64_t n;
     struct paging_counters c;
-    int rc = paging_need(kv->pg, s, length, &n);
+    int rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = s,
+                                                    .length = length }, &n);
     if (rc)
         return rc;
     paging_counters(kv->pg, &c);
@@ -747,7 +745,7 @@ int kvvm_seq_addr(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t *addr)
 static int info_locked(kvvm *kv, kvvm_seq s, struct kvvm_seq_info *info)
 {
     struct paging_seq_info pi;
-    int rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_info(kv->pg, s, 0, &pi);
     if (rc)
         return rc;
     struct kvvm_seq_info o = {
@@ -877,7 +875,7 @@ int kvvm_trim(kvvm *kv, size_t keep_bytes)
 static int discard_locked(kvvm *kv, kvvm_seq s, uint32_t region, uint64_t first_kept)
 {
     struct paging_seq_info pi;
-    int rc = paging_seq_info(kv->pg, s, &pi);
+    int rc = paging_seq_info(kv->pg, s, 0, &pi);
     if (rc)
         return rc;
     if (region != KVVM_ALL_REGIONS && region >= kv->cfg.n_regions)

@@ -129,12 +129,12 @@ int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, size_t n, ui
 /* dst adopts the k entries' pages ids, room is made for bringing them in, dst comes in. */
 static int attach_in(kvvm *kv, kvvm_seq dst, const pg_page_id *ids, uint32_t k)
 {
-    uint32_t need;
+    uint64_t need;
     bool was_out;
     int rc = paging_seq_adopt(kv->pg, dst, ids, k, &was_out);
     if (rc)
         return rc;
-    rc = paging_need(kv->pg, dst, 0, &need);
+    rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = dst }, &need);
     if (!rc)
         rc = core_make_room(kv, need, &dst, 1);
     if (!rc)
@@ -171,9 +171,7 @@ static int attach_undamaged(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key 
 static int attach_check(kvvm *kv, kvvm_seq dst, size_t *n)
 {
     struct paging_seq_info pi;
-    int rc = paging_seq_stale(kv->pg, dst);
-    if (!rc)
-        rc = paging_seq_info(kv->pg, dst, &pi);
+    int rc = paging_seq_info(kv->pg, dst, PG_INFO_LIVE, &pi);
     if (rc)
         return rc;
     if (pi.length)
@@ -193,14 +191,15 @@ static int store_in(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, s
 {
     KVVM_ASSERT(k0 <= k && k <= t);   /* the store's blocks start at or before k */
     uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
-    uint32_t need;
+    uint64_t need;
     int rc = stream_check(kv);
     if (!rc)
-        rc = paging_need(kv->pg, dst, t * tpb, &need);
+        rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = dst,
+                                                    .length = t * tpb }, &need);
     if (!rc)
         rc = core_make_room(kv, need, &dst, 1);
     if (!rc)
-        rc = paging_seq_grow(kv->pg, dst, t * tpb);
+        rc = paging_grow(kv->pg, &dst, &(uint64_t){ t * tpb }, 1, 0);
     if (rc)
         return rc;
     rc = storeq_fetch_write(kv, f, dst, k - k0, t - k0, k);
@@ -300,7 +299,7 @@ static void attach_premap(kvvm *kv, kvvm_seq dst, size_t m)
     if (enter(kv))
         return;                     /* the locked part says why */
     uint32_t ps = m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;   /* one page per block */
-    if (!paging_seq_stale(kv->pg, dst))
+    if (!core_seq_stale(kv, dst))
         (void)paging_seq_premap(kv->pg, dst, ps);
     (void)leave(kv, 0);
 }

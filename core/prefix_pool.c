@@ -42,8 +42,14 @@ void core_pool_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, 
         klog_info("kvvm_prefix_publish: %zu blocks: too many for one shared publish", n);
         return;
     }
-    vmm_handle *hs = NULL;
-    int rc = paging_seq_block_frames(kv->pg, s, (uint32_t)n, &hs);
+    struct pg_share_out o;             /* the frames, then their fence */
+    int rc = paging_seq_share_frames(kv->pg, s, (uint32_t)n, &o);
+    if (rc && o.fenced < 0) {
+        klog_info("kvvm_prefix_publish: the blocks are not entered into the pool's shared "
+                  "index: no fence for the device work before the call (%s)",
+                  core_err_name(rc));
+        return;
+    }
     if (rc) {
         klog_info("kvvm_prefix_publish: the blocks are not entered into the pool's shared "
                   "index: %s", rc == -EAGAIN ? "the sequence is not resident on the device"
@@ -51,15 +57,9 @@ void core_pool_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, 
                   : core_err_name(rc));
         return;
     }
-    vmm_fence f;
-    int fenced = paging_share_fence(kv->pg, &f);
-    if (fenced < 0) {
-        free(hs);
-        klog_info("kvvm_prefix_publish: the blocks are not entered into the pool's shared "
-                  "index: no fence for the device work before the call (%s)",
-                  core_err_name(fenced));
-        return;
-    }
+    vmm_handle *hs = o.hs;
+    vmm_fence f = o.f;
+    int fenced = o.fenced;
     struct pool_layout lay = layout_of(kv);
     uint64_t serial = fenced ? pool_cli_ready_serial(kv->pool) : 0;
     rc = pool_cli_prefix_publish(kv->pool, &lay, ns, (const uint8_t *)keys, (uint32_t)n, hs,
@@ -77,10 +77,10 @@ void core_pool_publish(kvvm *kv, kvvm_seq s, uint64_t ns, const kvvm_key *keys, 
            write may land in them (the pages copy on write, their frames are released,
            never reused) */
         if (rc == -EIO)
-            paging_seq_block_mark(kv->pg, s, (uint32_t)n);
+            paging_seq_share_mark(kv->pg, s, (uint32_t)n);
         return;
     }
-    paging_seq_block_mark(kv->pg, s, (uint32_t)n);
+    paging_seq_share_mark(kv->pg, s, (uint32_t)n);
     if (fenced)
         pool_cli_ready_after(kv->pool, serial, f);  /* visible once the fence completed */
 }
@@ -108,7 +108,8 @@ static void pool_release_all(kvvm *kv, vmm_handle *hs, size_t n)
    empty as it was, the handles released). */
 static int pool_attach_in(kvvm *kv, kvvm_seq dst, vmm_handle *hs, size_t p)
 {
-    uint32_t nr = kv->cfg.n_regions, need = 0;
+    uint32_t nr = kv->cfg.n_regions;
+    uint64_t need = 0;
     uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token;
     vmm_handle *hr = malloc(p * nr * sizeof *hr);
     if (!hr) {
@@ -125,7 +126,7 @@ static int pool_attach_in(kvvm *kv, kvvm_seq dst, vmm_handle *hs, size_t p)
         pool_release_all(kv, hs, p * nr);
         return rc;
     }
-    rc = paging_need(kv->pg, dst, 0, &need);
+    rc = paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = dst }, &need);
     if (!rc)
         rc = core_make_room(kv, need, &dst, 1);
     if (!rc)

@@ -29,7 +29,7 @@ int kvvm_pool_base(kvvm *kv, uint32_t region, uint64_t *addr)
     if (region >= kv->cfg.n_regions)
         return kerr(-EINVAL, "kvvm_pool_base: region %u is out of range (n_regions %u)",
                     region, kv->cfg.n_regions);
-    return paging_pool_base(kv->pg, region, addr);      /* immutable after open */
+    return paging_pool_view(kv->pg, region, addr, NULL);    /* immutable after open */
 }
 
 int kvvm_pool_blocks(kvvm *kv, uint32_t *n_ids)
@@ -41,7 +41,7 @@ int kvvm_pool_blocks(kvvm *kv, uint32_t *n_ids)
         return -EIO;
     if (!(kv->cfg.flags & KVVM_F_POOL_VIEW))
         return no_view(__func__);
-    return paging_pool_blocks(kv->pg, n_ids);           /* immutable after open */
+    return paging_pool_view(kv->pg, 0, NULL, n_ids);        /* immutable after open */
 }
 
 static int table_locked(kvvm *kv, kvvm_seq s, uint32_t first, uint32_t n, int32_t *ids)

@@ -80,4 +80,8 @@ int  pg_finish_copy(struct paging *pg);
 /* Waits until device work enqueued so far that may touch the window is done. */
 int  pg_wait_engine(struct paging *pg);
 
+/* paging_candidates' quiet filter (defer.c): no device work may touch h's pages any more,
+   known without a synchronization (paging.h, struct pg_cand_q). false for a bad handle. */
+bool paging_seq_quiet(struct paging *pg, uint64_t h);
+
 #endif

@@ -1,6 +1,7 @@
 /*
  * paging/handoff.c: a sequence's pages shared with other processes through the pool daemon
- * (contract in paging.h, "hand-offs"). Owner seqs.
+ * (contract in paging.h, "hand-offs": paging_seq_share_frames and _share_mark, one entry each
+ * for a hand-off and the shared prefix index). Owner seqs.
  *
  * A shared frame (pg_frame.ext) is one another process may map: the exporter's frames once
  * exported, every frame an importer maps. Two rules make that safe, both kept by the pool
@@ -181,4 +182,39 @@ void paging_seq_block_mark(struct paging *pg, uint64_t h, uint32_t nb)
     for (uint32_t r = 0; r < pg->p.n_regions; r++)
         for (uint32_t b = 0; b < nb && b < s->n_pages; b++)
             pool_share_mark(pg, pg_bt(pg, s, r)[b]);
+}
+
+static int share_frames(struct paging *pg, uint64_t h, uint32_t nb, struct pg_share_out *o)
+{
+    if (nb == PG_SHARE_ALL) {
+        int rc = paging_seq_stale(pg, h);
+        return rc ? rc : paging_seq_handoff_frames(pg, h, &o->hs, &o->n, &o->length);
+    }
+    int rc = paging_seq_block_frames(pg, h, nb, &o->hs);
+    if (!rc)
+        o->n = nb * pg->p.n_regions;
+    return rc;
+}
+
+int paging_seq_share_frames(struct paging *pg, uint64_t h, uint32_t nb, struct pg_share_out *o)
+{
+    *o = (struct pg_share_out){ .hs = NULL };
+    int rc = share_frames(pg, h, nb, o);
+    if (rc)
+        return rc;
+    o->fenced = paging_share_fence(pg, &o->f);
+    if (o->fenced < 0) {
+        free(o->hs);
+        o->hs = NULL;
+        return o->fenced;
+    }
+    return 0;
+}
+
+void paging_seq_share_mark(struct paging *pg, uint64_t h, uint32_t nb)
+{
+    if (nb == PG_SHARE_ALL)
+        paging_seq_handoff_mark(pg, h);
+    else
+        paging_seq_block_mark(pg, h, nb);
 }

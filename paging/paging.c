@@ -1,7 +1,8 @@
 /*
  * paging/paging.c: the paging context: paging_create / paging_destroy and its counters, and
  * the frame pool thread's round as the owners' steps in order (paging_feed_begin / _end: the
- * pool view's groups, the feed's plan or hand-over, the map-ahead refills).
+ * pool view's groups, the feed's plan or hand-over, the map-ahead refills), and a reclaim's
+ * act run with the caller's keep set (paging_with_keep).
  *
  * paging_create sizes the context from its params (pages per slot, map-ahead bound, the
  * scratch run after the windows, the pool's refill chunk), copies the tiers' ops tables and
@@ -28,20 +29,13 @@ _Static_assert(offsetof(struct pg_seq, hot) == 0, "struct pg_seq begins with its
 _Static_assert(offsetof(struct pg_seq, used_tick) + 8 <= 64 && sizeof(struct pg_seq) % 64 == 0,
                "the hot path's fields of a sequence fit in one cache line");
 
-void paging_why_reset(struct paging *pg)
+const struct paging_why *paging_why(struct paging *pg, enum pg_why_op op, uint64_t frames)
 {
-    pg->why.what = 0;       /* every field is read only under its PG_WHY_* bit */
-}
-
-const struct paging_why *paging_why(const struct paging *pg)
-{
-    return &pg->why;
-}
-
-void paging_why_need(struct paging *pg, uint64_t frames)
-{
-    if (!(pg->why.what & PG_WHY_FRAMES))
+    if (op == PG_WHY_RESET)
+        pg->why.what = 0;   /* every field is read only under its PG_WHY_* bit */
+    else if (op == PG_WHY_NEED && !(pg->why.what & PG_WHY_FRAMES))
         (void)pg_why_frames(pg, frames);
+    return &pg->why;
 }
 
 void paging_counters(const struct paging *pg, struct paging_counters *out)
@@ -263,4 +257,13 @@ bool paging_feed_end(struct paging *pg)
     paging_feed_drain(pg);
     paging_view_prepare(pg);          /* the pool view's groups, off the engine's thread */
     return paging_ahead_plan(pg);
+}
+
+int paging_with_keep(struct paging *pg, const uint64_t *keep, size_t n, int (*fn)(void *),
+                     void *arg)
+{
+    paging_disk_keep(pg, keep, n);
+    int rc = fn(arg);
+    paging_disk_keep(pg, NULL, 0);
+    return rc;
 }

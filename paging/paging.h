@@ -22,7 +22,7 @@
  *    leaked or lost). -ENOMEM when the device pool cannot supply a frame; this layer never
  *    decides which sequence to evict, which host pages to spill, how hard, or whether a swap
  *    is staged (that is swap/'s policy, asked through pg_policy_ops; the context retries).
- *    paging exposes candidates (paging_candidates, paging_disk_candidates) and room facts
+ *    paging exposes candidates (paging_candidates: resident, cached, disk) and room facts
  *    (struct pg_room), and moves what it is told.
  *  - Not thread-safe: the caller (core/) serializes every call with its context lock.
  *  - Never includes a header of core/ or swap/.
@@ -242,7 +242,20 @@ void paging_destroy(struct paging *pg);
 
 int paging_seq_create(struct paging *pg, uint64_t *h);
 int paging_seq_free(struct paging *pg, uint64_t h);
-int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
+/* Every grow, one entry (core's kvvm_seq_grow and _grow_batch, prefix's attach): hs[i] to
+   lengths[i], i < n. how: PG_GROW_BATCH the batch (all or nothing; -EINVAL also for a handle
+   named twice), else the one sequence hs[0] (n 1); PG_GROW_IN_PLACE only the grow that
+   needs nothing (the engine's decode step inside the last page): each sequence resident
+   and settled, the length within the pages it holds, no shared or discarded partial last
+   page to copy or fill; sets the lengths and protects them, O(n * n_regions), no
+   allocation, no driver call; -EAGAIN and nothing changed for any other grow, an invalid
+   one included (the grow without PG_GROW_IN_PLACE then does the work or says what is
+   wrong). The steps are seqs.h's paging_seq_grow, _grow_in_place, _grow_batch and
+   _grow_batch_in_place. */
+#define PG_GROW_BATCH    1u
+#define PG_GROW_IN_PLACE 2u
+int paging_grow(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                unsigned how);
 /* Map-ahead on request (ahead.c), for a caller that knows h will grow by `pages` pages per
    region soon (an attach whose store reads are in flight): maps ready frames past h's end
    until its map-ahead holds `pages` per region (within its slot), its array widened past
@@ -253,12 +266,6 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
    back what h holds past map_ahead (an attach that used fewer blocks). */
 uint32_t paging_seq_premap(struct paging *pg, uint64_t h, uint32_t pages);
 void paging_seq_premap_trim(struct paging *pg, uint64_t h);
-/* The grow that needs nothing (the engine's hot path: a decode step inside the last page):
-   h resident and settled, length within the pages it holds, no shared or discarded partial
-   last page to copy or fill. Sets the length and protects h: O(n_regions), no allocation,
-   no driver call. -EAGAIN for any other grow, an invalid one included (paging_seq_grow
-   then does the work or says what is wrong). */
-int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
 /* ---- the hot path's grow, inlined into core's kvvm_seq_grow ---------------------------
    The decode step's grow (a token inside the last page) is the library's price on every
    token, so it is inlined into the public call: no call into paging, no frame of its own
@@ -361,20 +368,13 @@ static inline bool paging_seq_grow_fast(struct paging *pg, uint64_t h, uint64_t 
     return true;
 }
 
-/* The same for a batch: every member grows in place, each named once, or -EAGAIN and
-   nothing changed. O(n * n_regions). */
-int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
-                                   const uint64_t *lengths, size_t n);
-/* All or nothing; -EINVAL also for a handle named twice. */
-int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
-                          size_t n);
 int paging_seq_truncate(struct paging *pg, uint64_t h, uint64_t length);
-/* The bytes of metadata s holds now: its slot's descriptor and every array allocated for it
-   (block tables, discard marks, block ids, map-ahead frames). For the testing interface
-   (kvvm_testing_metadata). 0 or -ENOENT. */
-int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes);
-/* The bytes of metadata per device page: its page descriptor and its frame's. */
-uint64_t paging_page_meta_bytes(const struct paging *pg);
+/* The metadata's bytes, for the testing interface (kvvm_testing_metadata), one query:
+   *page_bytes those per device page (its page descriptor and its frame's), then *seq_bytes
+   those s holds now (its slot's descriptor and every array allocated for it: block tables,
+   discard marks, block ids, map-ahead frames). 0 or -ENOENT (*seq_bytes untouched). */
+int paging_meta_bytes(struct paging *pg, uint64_t h, uint64_t *seq_bytes,
+                      uint64_t *page_bytes);
 int paging_seq_fork(struct paging *pg, uint64_t parent, uint64_t *child);
 int paging_seq_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens);
 int paging_seq_prepare_write(struct paging *pg, uint64_t h, uint64_t first, uint64_t end);
@@ -383,9 +383,13 @@ int paging_seq_write(struct paging *pg, uint64_t h, uint32_t region, uint64_t of
 int paging_seq_read(struct paging *pg, uint64_t h, uint32_t region, uint64_t offset,
                     void *dst, size_t len);
 int paging_seq_slot(struct paging *pg, uint64_t h, uint32_t *slot);
-int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out);
-/* paging_seq_info without the page counts (pages_*: 0): no walk of the block table, O(regions). */
-int paging_seq_brief(struct paging *pg, uint64_t h, struct paging_seq_info *out);
+/* What s is, one query for every question of core's: how PG_INFO_LIVE first refuses a
+   dropped CACHED sequence (-ESTALE, *out untouched: the stale check core makes before any
+   room is counted or made); PG_INFO_BRIEF leaves the page counts out (pages_*: 0): no walk
+   of the block table, O(regions); else the pages counted by tier, O(pages). -ENOENT. */
+#define PG_INFO_LIVE  1u
+#define PG_INFO_BRIEF 2u
+int paging_seq_info(struct paging *pg, uint64_t h, unsigned how, struct paging_seq_info *out);
 /* Device address of region r of slot s (no handle check). */
 uint64_t paging_window(const struct paging *pg, uint32_t region, uint32_t slot);
 
@@ -420,11 +424,12 @@ struct paging_why {
     uint64_t frames;         /* PG_WHY_FRAMES: device frames needed */
     uint64_t host;           /* PG_WHY_HOST: free host slots needed */
 };
-void paging_why_reset(struct paging *pg);
-const struct paging_why *paging_why(const struct paging *pg);
-/* A refusal for want of `frames` device frames, as the caller counted them (core's room for
-   a call), where no layer below noted one this call. */
-void paging_why_need(struct paging *pg, uint64_t frames);
+/* One entry for the refusals: PG_WHY_GET returns them; PG_WHY_RESET clears them (a public
+   call starts); PG_WHY_NEED notes a refusal for want of `frames` device frames, as the
+   caller counted them (core's room for a call), where no layer below noted one this call.
+   Returns the refusals after the operation. */
+enum pg_why_op { PG_WHY_GET = 0, PG_WHY_RESET, PG_WHY_NEED };
+const struct paging_why *paging_why(struct paging *pg, enum pg_why_op op, uint64_t frames);
 
 /* ---- host tier (host_tier.c) ----
  * swap_out: the sequence leaves the device. Each of its pages that no resident holder maps is
@@ -460,8 +465,12 @@ void paging_why_need(struct paging *pg, uint64_t frames);
  * page back. Host slots held only by copies in flight (stream mode, async) are waited for
  * when the room is short, as are a sibling's jobs on the pages a swap_out counts (swap_out
  * async, for reclaim, does not wait: it fails or leaves orphans for reclaim to move).
- * Both: all or nothing. A transfer still in flight on the sequence is waited for first. */
-int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
+ * Both: all or nothing. A transfer still in flight on the sequence is waited for first.
+ * The steps' swap_out is paging_swap_out (transfers.h; async for reclaim, through
+ * paging_reclaim_move); core's public swap-out is paging_seq_swap_out: a live non-resident
+ * h has what it left behind moved down (paging_seq_orphans_down below), any other h is
+ * swapped out (paging_swap_out, not async); *moved the orphans moved (0 for a swap-out). */
+int  paging_seq_swap_out(struct paging *pg, uint64_t h, uint32_t *moved);
 int  paging_swap_in(struct paging *pg, uint64_t h, bool async);
 /* A sequence's use stamp (protection and LRU place): what a reclaim's undo (swap/, a failed
    call's moves taken back) saves before a move and puts back after swapping the victim in
@@ -486,45 +495,61 @@ int  paging_reclaim_move(struct paging *pg, uint64_t h, enum pg_reclaim how, uin
 int  paging_reclaim_back(struct paging *pg, uint64_t h, const struct pg_use *before);
 /* 1 when s is resident with no swap-in copy in flight, 0 not yet, <0 error. Reaps. */
 int  paging_seq_ready(struct paging *pg, uint64_t h);
-/* Frames making s resident and growing it to length (<= current: no growth) would take.
-   -ENOENT, -EINVAL (length past max_tokens is -E2BIG). */
-int  paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames);
-/* Frames making s resident and then writing bytes [b0, b1) of regions [r0, r1) take (the
-   copies of the shared pages written). -ENOENT. */
-int  paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
-                       uint64_t b1, uint32_t *frames);
-/* The frames a grow_batch of hs[i] to lengths[i] takes, swap-ins included (a page shared
-   by several comes back once) and the copies of shared partial last pages as
-   paging_seq_grow_batch counts them: a check of room before any of them is swapped in.
-   -ENOENT, -E2BIG, -ENOMEM. */
-int  paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
-                       uint64_t *frames);
-/* Frames a share of src's first n_tokens into dst takes (the copies of a resident src's
-   partial last page). -ENOENT. */
-int  paging_need_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens,
-                       uint32_t *frames);
+/* Frames a call would take, one entry for every count of core's room (struct pg_need says
+   which). PG_NEED_GROW: making h resident and growing it to length (<= current: no growth);
+   -ENOENT, -EINVAL (length past max_tokens is -E2BIG). PG_NEED_WRITE: making h resident
+   and then writing bytes [b0, b1) of regions [r0, r1) (the copies of the shared pages
+   written); -ENOENT. PG_NEED_BATCH: a grow of hs[i] to lengths[i] (i < n), swap-ins
+   included (a page shared by several comes back once) and the copies of shared partial last
+   pages as the batch's grow counts them: a check of room before any is swapped in; -ENOENT,
+   -E2BIG, -ENOMEM. PG_NEED_SHARE: a share of src's first `length` tokens into h (the copies
+   of a resident src's partial last page); -ENOENT. A count short of frames is noted for
+   paging_why. */
+enum pg_need_of { PG_NEED_GROW = 0, PG_NEED_WRITE, PG_NEED_BATCH, PG_NEED_SHARE };
+struct pg_need {
+    enum pg_need_of of;
+    uint64_t h;                    /* GROW, WRITE; SHARE: dst */
+    uint64_t length;               /* GROW: the length; SHARE: the tokens shared */
+    uint64_t src;                  /* SHARE */
+    uint32_t r0, r1;               /* WRITE: regions [r0, r1) ... */
+    uint64_t b0, b1;               /* ... bytes [b0, b1) of each */
+    const uint64_t *hs, *lengths;  /* BATCH */
+    size_t n;
+};
+int  paging_need(struct paging *pg, const struct pg_need *q, uint64_t *frames);
 /* stream waits (on the device) for every swap copy enqueued so far. -EIO. */
 int  paging_stream_after_copies(struct paging *pg, kcu_stream stream);
 bool paging_seq_resident(struct paging *pg, uint64_t h);
-/* No device work may touch h's pages any more, known without a synchronization: never
-   used, or used before an epoch a synchronization (or, stream mode, the step fence found
-   complete) ended, and no swap copy on its window running. Swapping out or dropping a
-   quiet sequence synchronizes nothing (synchronous mode included): what a library thread
-   may move in synchronous mode, where it must never synchronize the context. false for a
-   bad handle. */
-bool paging_seq_quiet(struct paging *pg, uint64_t h);
 /* A live resident sequence that background reclaim may move. */
 struct pg_cand {
     uint64_t h;
     uint64_t tick;        /* last use (smaller = less recently used) */
-    uint32_t frees;       /* frames its move would return (paging_cached_candidates: its
-                             own drop; paging_candidates: 0, ask paging_plan_add) */
+    uint32_t frees;       /* frames its move would return (PG_CAND_CACHED: its own drop;
+                             the others: 0, ask paging_plan_add) */
     uint8_t  cls;         /* its class (enum pg_seq_class) */
 };
-/* Unprotected resident sequences with no pending work on their window that hold device
-   pages, in slot order; returns how many (at most max). O(candidates): no page walk (frees
-   is 0: what victims free is paging_plan_add's). */
-size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+/* Reclaim's candidates (one operation: the list, the caller's exclusions and filters), in
+   slot order. `of`: PG_CAND_RESIDENT, unprotected resident sequences with no pending work
+   on their window that hold device pages (frees 0: what victims free is paging_plan_add's;
+   O(candidates), no page walk); PG_CAND_CACHED, unprotected resident CACHED ones with no
+   transfer or release pending that hold device pages (frees: device pages only they hold);
+   PG_CAND_DISK, spill candidates: live non-resident sequences, the holders of every HOST
+   page (frees 0; O(slots)). Left out: those in excl[0..n_excl), those not LIVE when live,
+   and when quiet those not quiet (asked of each one left, in order, after the others:
+   quiet, no device work may touch its pages any more, known without a synchronization:
+   never used, or used before an epoch a synchronization (or, stream mode, the step fence
+   found complete) ended, and no swap copy on its window running; moving a quiet sequence
+   synchronizes nothing, what a library thread may move in synchronous mode). Returns how
+   many, in *out (malloc'ed, the caller frees it; NULL and 0 when memory is short). */
+enum pg_cand_of { PG_CAND_RESIDENT = 0, PG_CAND_CACHED, PG_CAND_DISK };
+struct pg_cand_q {
+    enum pg_cand_of of;
+    const uint64_t *excl;
+    size_t n_excl;
+    bool live;
+    bool quiet;
+};
+size_t paging_candidates(struct paging *pg, const struct pg_cand_q *q, struct pg_cand **out);
 /* Copies up to max orphan pages (device pages no resident sequence maps) to the host tier,
    never one that a sequence of keep[0..n_keep) holds, synchronously; *moved gets the
    count. -ENOMEM host tier full (after moving what fit).
@@ -532,13 +557,6 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max);
    thread may call it while the engine stream captures a graph. */
 int  paging_reclaim_orphans(struct paging *pg, uint32_t max, const uint64_t *keep,
                            size_t n_keep, uint32_t *moved);
-/* The orphan pages of non-resident h (device pages it holds that no resident sequence
-   maps: a sibling holding them came back and was freed or truncated since h's swap-out)
-   copied to the host tier, synchronously; *moved gets the count. 0 with nothing moved for
-   a resident h or one holding no orphan. The host room for all of them is had first (free
-   slots, else spills or the drop of entries by the policy): -ENOMEM before anything moved
-   when it cannot be; -ENOENT; -EIO. */
-int  paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved);
 /* While ids is set (NULL: off): paging_reclaim_orphans appends the id of every page it
    moves down to ids[*n] (up to cap; one past cap is not moved, the call ends -ENOMEM), for a
    reclaim's undo (swap/undo.c). */
@@ -575,6 +593,11 @@ int  paging_held_back(struct paging *pg, const pg_page_id *ids, const uint8_t *m
  * kept pages never), *slots the host or disk slots it takes (the pages it copies down),
  * *kslots how many of those are kept pages (a kept sequence then holds them below).
  * -ENOENT. paging_plan_remove takes the last h added back out (same drop). O(pages of h). */
+/* A call's reclaim's first look (swap_reclaim_plan), one operation: each of the caller's
+   sequences excl[0..n) not stale (paging_seq_stale, in order: the first error returned,
+   *have untouched), then *have = the frames free plus those pending (paging_frames_free,
+   paging_frames_pending). */
+int  paging_plan_have(struct paging *pg, const uint64_t *excl, size_t n, uint32_t *have);
 struct pg_plan_start {
     uint32_t keep_dev;           /* distinct device pages the keep set holds */
     bool keep_out;               /* a kept sequence is non-resident ... */
@@ -632,9 +655,6 @@ int  paging_wait_releases(struct paging *pg);
  * function here calls. */
 /* Installs the policy (copied; NULL: none, then no room is ever made and no swap staged). */
 void paging_set_policy(struct paging *pg, const struct pg_policy_ops *ops);
-/* Spill candidates: live non-resident sequences (the holders of every HOST page), in slot
-   order, with their last use (tick); frees is 0. Returns how many (at most max). O(slots). */
-size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 /* Starts writing up to max HOST pages of sequence h to disk, never a page excl (a handle,
    0 = none) also holds; *started gets the count. Does not wait. -ENOMEM the disk tier is
    full, disabled or absent, -ENOENT h (nothing started then). */
@@ -646,6 +666,10 @@ int  paging_disk_spill_seq(struct paging *pg, uint64_t h, uint32_t max, uint64_t
    sequences: what their need counted (pages in the host tier, a slot to stage through)
    stays so while the victims make their room. keep must stay valid while set. */
 void paging_disk_keep(struct paging *pg, const uint64_t *keep, size_t n);
+/* A reclaim's act (swap_reclaim_act), one operation: keep[0..n) set as the keep set
+   (paging_disk_keep), fn(arg) run, the keep set cleared (n 0); returns fn's answer. */
+int  paging_with_keep(struct paging *pg, const uint64_t *keep, size_t n, int (*fn)(void *),
+                      void *arg);
 /* Spilling is possible: a disk tier exists and no write failed (reaps first). */
 bool paging_disk_on(struct paging *pg);
 /* The room facts of the tiers below for a plan (need 0; struct pg_room): free host slots,
@@ -686,27 +710,36 @@ int  paging_seq_page_tier(struct paging *pg, uint64_t h, uint32_t r, uint32_t i,
                           enum pg_tier *tier);
 /* Sets the class; a dropped sequence becomes an empty one of that class. -ENOENT, -EINVAL. */
 int  paging_seq_set_class(struct paging *pg, uint64_t h, uint32_t cls);
-/* -ESTALE when s is a dropped sequence, -ENOENT a bad handle, else 0. */
-int  paging_seq_stale(struct paging *pg, uint64_t h);
-/* Drops CACHED s (any tier): its pages are released (nothing copied) after the step fence:
-   at once when no device work may touch them; for an unprotected sequence behind a fence on
-   the library's copy stream ordered after the step fence (never a record on the engine
-   stream: a library thread may call this); a protected one behind a fence on the engine
-   stream (engine calls only). wait: block until the pages are released. Counts cache_drops.
-   -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer is in flight on it (or
-   no step fence to order after), -ENOMEM, -EIO. */
-int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
 /* A call's reclaim drops resident CACHED s in two steps (swap/undo.c): the stash
    (paging_reclaim_move, PG_RECLAIM_STASH), then at the call's success its commit: drops
    stashed s (paging_seq_drop, which counts the drop), which is then as a drop in place
    leaves a sequence (empty, resident, the use stamp `use` it had). -EINVAL s is not
    stashed (resident), else paging_seq_drop's errors. */
 int  paging_seq_stash_drop(struct paging *pg, uint64_t h, const struct pg_use *use);
-/* A call's reclaim drop that no stash can take (park.c): drops CACHED s (paging_seq_drop,
-   waiting) and returns in *out the record of what it held (NULL: nothing of its own was on
-   the device, e.g. non-resident), its freed frames watched until paging_park_end.
-   -ENOMEM (nothing dropped), else paging_seq_drop's errors. */
-int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
+/* A reclaim's drop of CACHED s (swap/plan.c), as one operation. Not kept: dropped at once
+   (paging_seq_drop, waiting when wait). Kept (a call's reclaim, its journal on):
+   stashed where the host slots *room leaves take it (paging_reclaim_move, PG_RECLAIM_STASH:
+   *room less its slots, done->use its use stamp), else (not stashable in that room, or the
+   stash -ENOSPC) dropped and parked (paging_seq_park: done->park the record, NULL when
+   nothing of its own was on the device). done->how says which (PG_DROPPED, PG_STASHED,
+   PG_PARKED). Errors as the step that failed, which leaves s as it was.
+   paging_seq_drop (seqs.h): drops CACHED s (any tier), its pages released (nothing copied)
+   after the step fence: at once when no device work may touch them; for an unprotected
+   sequence behind a fence on the library's copy stream ordered after the step fence (never
+   a record on the engine stream: a library thread may call this); a protected one behind a
+   fence on the engine stream (engine calls only); wait: block until released. Counts
+   cache_drops. -ENOENT, -EINVAL not CACHED or dropped already, -EBUSY a transfer in flight
+   on it (or no step fence to order after), -ENOMEM, -EIO.
+   paging_seq_park (seqs.h): drops it (waiting) and returns the record of what it held, its
+   freed frames watched until paging_park_end; -ENOMEM nothing dropped. */
+enum pg_dropped { PG_DROPPED = 0, PG_STASHED, PG_PARKED };
+struct pg_drop_done {
+    enum pg_dropped how;
+    struct pg_use use;             /* PG_STASHED: the stamp to give back (paging_reclaim_back) */
+    struct pg_park *park;          /* PG_PARKED: the record (may be NULL) */
+};
+int  paging_reclaim_drop(struct paging *pg, uint64_t h, bool kept, bool wait, uint64_t *room,
+                         struct pg_drop_done *done);
 /* Takes a parked drop back when no byte of its frames can have changed since (each frame still
    ready under the same handle, not mapped and written through since; its shared pages still on
    the device, in the same frames or rebased): the sequence holds its pages again at the same
@@ -720,9 +753,6 @@ void paging_park_frames_last(struct paging *pg);
 /* The call ends: the records parks[0..n) are freed (NULL entries skipped) and no frame is
    watched any more. */
 void paging_park_end(struct paging *pg, struct pg_park *const *parks, size_t n);
-/* Unprotected resident CACHED sequences with no transfer or release pending that hold
-   device pages, in slot order (frees: device pages only they hold); returns how many. */
-size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
 
 /* ---- the frame pool's feed and the budget (pool.c) ----
  * The feed lets a library thread (swap/frame_pool.c, the policy: when and how many) create and
@@ -831,12 +861,13 @@ int  paging_seq_adopt(struct paging *pg, uint64_t h, const pg_page_id *ids, uint
 void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
 
 /* ---- hand-offs: pages shared with other processes (paging/handoff.c) ----
-   paging_seq_handoff_frames: the handles of resident s's pages, region-major
+   paging_seq_handoff_frames (seqs.h): the handles of resident s's pages, region-major
    (n_regions * n_pages; *out is the caller's to free), and its length. -ENOENT, -ESTALE,
    -EAGAIN s not resident or a page not on the device, -EINVAL a discarded page, -ENODATA
    empty, -EOPNOTSUPP with the pool view, -ENOMEM, -EIO. Nothing changes.
-   paging_seq_handoff_mark: once the daemon holds them, s's pages are shared (copied before
-   any write, their frames released, never reused, when the pages leave them).
+   paging_seq_handoff_mark (seqs.h): once the daemon holds them, s's pages are shared
+   (copied before any write, their frames released, never reused, when the pages leave
+   them).
    paging_seq_import: empty s becomes a non-resident sequence of length tokens holding n
    shared frames hs (the frame source's, e.g. imported from the daemon; region-major, n =
    n_regions * pages of length), which paging owns from then on: swap it in to map them (no
@@ -855,18 +886,25 @@ void paging_seq_unadopt(struct paging *pg, uint64_t h, bool was_out);
    the engine stream after s's prefetch, and paging_share_fence then records the fence
    whose completion makes the bytes complete (docs/design.md "Sharing frames between
    clients", ordering).
-   paging_share_fence: 1 and *f (the caller's to wait for and destroy) in stream mode; 0 in
-   sync mode (nothing to wait for); -ENOMEM, -EIO (no fence). */
-int  paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
-                               uint64_t *length);
-int  paging_share_fence(struct paging *pg, vmm_fence *f);
-void paging_seq_handoff_mark(struct paging *pg, uint64_t h);
-/* The shared prefix index: paging_seq_block_frames is paging_seq_handoff_frames for s's
-   blocks [0, nb), key-major (block b's region r at b * n_regions + r); -EINVAL nb 0 or past
-   s's pages, a page discarded. paging_seq_block_mark: paging_seq_handoff_mark for those
-   blocks only. */
-int  paging_seq_block_frames(struct paging *pg, uint64_t h, uint32_t nb, vmm_handle **out);
-void paging_seq_block_mark(struct paging *pg, uint64_t h, uint32_t nb);
+   paging_share_fence (seqs.h): 1 and *f (the caller's to wait for and destroy) in stream
+   mode; 0 in sync mode (nothing to wait for); -ENOMEM, -EIO (no fence).
+   paging_seq_share_frames, one entry for both frames calls: nb PG_SHARE_ALL, a hand-off's
+   (s checked not stale first, -ESTALE; then paging_seq_handoff_frames); else the shared
+   prefix index's blocks [0, nb) (paging_seq_block_frames: as the hand-off's, key-major,
+   block b's region r at b * n_regions + r; *n = nb * n_regions, *length untouched; -EINVAL
+   nb 0 or past s's pages, a page discarded). paging_seq_share_mark: nb PG_SHARE_ALL,
+   paging_seq_handoff_mark; else paging_seq_block_mark (those blocks only). */
+#define PG_SHARE_ALL UINT32_MAX
+struct pg_share_out {
+    vmm_handle *hs;                /* the handles (the caller frees them) */
+    uint32_t n;
+    uint64_t length;               /* PG_SHARE_ALL: s's length */
+    vmm_fence f;                   /* fenced 1: the caller's to wait for and destroy */
+    int fenced;                    /* paging_share_fence's answer (<0: it failed) */
+};
+int  paging_seq_share_frames(struct paging *pg, uint64_t h, uint32_t nb,
+                             struct pg_share_out *o);
+void paging_seq_share_mark(struct paging *pg, uint64_t h, uint32_t nb);
 int  paging_seq_import(struct paging *pg, uint64_t h, const vmm_handle *hs, uint32_t n,
                        uint64_t length, bool *was_out);
 /* Copies the DEVICE pages among ids[0..n) that only holders keep to the host tier, one at
@@ -912,15 +950,18 @@ uint32_t paging_plan_pages(struct paging *pg, const pg_page_id *ids, size_t n, i
 
 /* ---- the pool view (view.c) ----
  * With view_ids > 0 every region also has a pool view: block id i of region r at
- * paging_pool_base(r) + i * page_size maps the frame of the page of every block whose id is
- * i in that region (ids are the same in every region). A block's id is made (its slots
- * mapped) when a block table first names it, and kept while the block's frames stay the
- * same; forks share ids; a block whose frames change (copy-on-write, a refilled hole,
- * swap-in) gets a new id; swap-out, free, truncate and discard let ids go. A let-go id is
- * unmapped only when no device work may use it any more (the rule of window releases).
+ * region r's base (paging_pool_view) + i * page_size maps the frame of the page of every
+ * block whose id is i in that region (ids are the same in every region). A block's id is
+ * made (its slots mapped) when a block table first names it, and kept while the block's
+ * frames stay the same; forks share ids; a block whose frames change (copy-on-write, a
+ * refilled hole, swap-in) gets a new id; swap-out, free, truncate and discard let ids go.
+ * A let-go id is unmapped only when no device work may use it any more (the rule of
+ * window releases).
  * Errors: -EOPNOTSUPP no pool view. */
-int paging_pool_base(const struct paging *pg, uint32_t region, uint64_t *addr);
-int paging_pool_blocks(const struct paging *pg, uint32_t *n_ids);
+/* The view's layout, one query (each answer NULL: not wanted): *addr region's base
+   (-EINVAL region out of range), *n_ids the ids it has. */
+int paging_pool_view(const struct paging *pg, uint32_t region, uint64_t *addr,
+                     uint32_t *n_ids);
 /* ids[i] = the id of block first + i (-1: a hole in every region). -ENOENT, -EINVAL (first
    + n past the blocks, ids NULL with n > 0), -EAGAIN s not resident, -ESTALE dropped,
    -ENOMEM no free id, -EIO (a mapping failed: ids of blocks that were unchanged are

@@ -274,6 +274,27 @@ int paging_reclaim_move(struct paging *pg, uint64_t h, enum pg_reclaim how, uint
     return rc;
 }
 
+int paging_reclaim_drop(struct paging *pg, uint64_t h, bool kept, bool wait, uint64_t *room,
+                        struct pg_drop_done *done)
+{
+    *done = (struct pg_drop_done){ .how = PG_DROPPED };
+    int rc = -ENOSPC;
+    if (kept && (rc = paging_reclaim_move(pg, h, PG_RECLAIM_STASH, room, &done->use)) == 1)
+        rc = -ENOSPC;                  /* not stashable in the room left */
+    else if (kept && !rc) {
+        done->how = PG_STASHED;
+        return 0;
+    }
+    if (rc == -ENOSPC && kept) {       /* kept for an undo, where it can be */
+        rc = paging_seq_park(pg, h, &done->park);
+        if (!rc)
+            done->how = PG_PARKED;
+    } else if (rc == -ENOSPC) {
+        rc = paging_seq_drop(pg, h, wait);
+    }
+    return rc;
+}
+
 int paging_reclaim_back(struct paging *pg, uint64_t h, const struct pg_use *before)
 {
     int rc = paging_swap_in(pg, h, false);

@@ -1,15 +1,17 @@
 /*
  * paging/resident.c: the residency queries (contract in paging.h): whether a sequence is
  * resident and ready, what making it resident and growing it needs (frames, the stage facts
- * of its pages below the device), the candidates of reclaim, and the counts the policy
+ * of its pages below the device), the candidates of reclaim (the three lists, excluded and
+ * filtered in one operation: paging_candidates), and the counts the policy
  * reads (orphans, free frames and host slots, frames pending), and a reclaim plan's start
- * (paging_plan_begin: the keep set's facts and the room in one look, then the plan's marks
- * and the keep set). They move nothing (some reap completed work first; the need functions
+ * (paging_plan_have: the caller's sequences checked and the frames it has; paging_plan_begin:
+ * the keep set's facts and the room in one look, then the plan's marks and the keep set). They move nothing (some reap completed work first; the need functions
  * note a shortfall for paging_why).
  */
 #include "paging_int.h"
 #include "seqs.h"
 #include "transfers.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -71,6 +73,17 @@ int paging_seq_stage_facts(struct paging *pg, uint64_t h, bool *disk, bool *borr
     return 0;
 }
 
+int paging_plan_have(struct paging *pg, const uint64_t *excl, size_t n, uint32_t *have)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc = paging_seq_stale(pg, excl[i]);    /* the caller's own: no room for a stale */
+        if (rc)
+            return rc;
+    }
+    *have = paging_frames_free(pg) + paging_frames_pending(pg);
+    return 0;
+}
+
 void paging_plan_begin(struct paging *pg, const uint64_t *keep, size_t n_keep,
                        struct pg_plan_start *out)
 {
@@ -104,7 +117,7 @@ int paging_reclaim_cover(struct paging *pg, uint32_t want, const uint64_t *keep,
     return paging_frames_free(pg) < want ? -ENOMEM : 0;
 }
 
-int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
+static int need_grow(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames)
 {
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
@@ -134,11 +147,11 @@ int paging_need(struct paging *pg, uint64_t h, uint64_t length, uint32_t *frames
     return 0;
 }
 
-int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
+static int need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, uint64_t b0,
                       uint64_t b1, uint32_t *frames)
 {
     struct pg_seq *s;
-    int rc = paging_need(pg, h, 0, frames);
+    int rc = need_grow(pg, h, 0, frames);
     if (rc || seq_lookup(pg, h, &s))
         return rc;
     uint64_t ps = pg->p.page_size;
@@ -147,7 +160,7 @@ int paging_need_write(struct paging *pg, uint64_t h, uint32_t r0, uint32_t r1, u
     return 0;
 }
 
-int paging_need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+static int need_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
                       uint64_t *frames)
 {
     uint8_t *seen = calloc(pg->p.max_pages ? pg->p.max_pages : 1, 1);
@@ -193,7 +206,7 @@ bool paging_seq_resident(struct paging *pg, uint64_t h)
     return seq_lookup(pg, h, &s) == 0 && !s->out;
 }
 
-size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
+static size_t resident_candidates(struct paging *pg, struct pg_cand *out, size_t max)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < pg->p.max_seqs && n < max; i++) {
@@ -213,6 +226,75 @@ size_t paging_candidates(struct paging *pg, struct pg_cand *out, size_t max)
             out[n++] = (struct pg_cand){ seq_handle(pg, s), s->used_tick, 0, s->cls };
     }
     return n;
+}
+
+int paging_need(struct paging *pg, const struct pg_need *q, uint64_t *frames)
+{
+    uint32_t f = 0;
+    int rc;
+    switch (q->of) {
+    case PG_NEED_BATCH:
+        return need_batch(pg, q->hs, q->lengths, q->n, frames);
+    case PG_NEED_WRITE:
+        rc = need_write(pg, q->h, q->r0, q->r1, q->b0, q->b1, &f);
+        break;
+    case PG_NEED_SHARE:
+        rc = paging_need_share(pg, q->h, q->src, q->length, &f);
+        break;
+    default:
+        rc = need_grow(pg, q->h, q->length, &f);
+        break;
+    }
+    *frames = f;
+    return rc;
+}
+
+int paging_seq_swap_out(struct paging *pg, uint64_t h, uint32_t *moved)
+{
+    *moved = 0;
+    if (!paging_seq_resident(pg, h) && !paging_seq_stale(pg, h))
+        return paging_seq_orphans_down(pg, h, moved);   /* out already: what it left */
+    return paging_swap_out(pg, h, false);
+}
+
+static bool cand_excluded(uint64_t h, const uint64_t *excl, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (excl[i] == h)
+            return true;
+    return false;
+}
+
+/* The list into an array doubled until it holds it all, then the filters, in the order swap/
+   applied them (a quiet check, which asks a fence, only for those the others leave). */
+size_t paging_candidates(struct paging *pg, const struct pg_cand_q *q, struct pg_cand **out)
+{
+    size_t (*fn)(struct paging *, struct pg_cand *, size_t) =
+        q->of == PG_CAND_CACHED ? paging_cached_candidates
+        : q->of == PG_CAND_DISK ? paging_disk_candidates
+                                : resident_candidates;
+    size_t max = 256, n, k = 0;
+    struct pg_cand *c = NULL;
+    for (;;) {
+        struct pg_cand *nc = realloc(c, max * sizeof *c);
+        if (!nc) {
+            free(c);
+            *out = NULL;
+            return 0;
+        }
+        c = nc;
+        n = fn(pg, c, max);
+        if (n < max)
+            break;
+        max *= 2;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!cand_excluded(c[i].h, q->excl, q->n_excl) &&
+            (!q->live || c[i].cls == PG_SEQ_LIVE) &&
+            (!q->quiet || paging_seq_quiet(pg, c[i].h)))
+            c[k++] = c[i];
+    *out = c;
+    return k;
 }
 
 uint32_t paging_frames_pending(const struct paging *pg)

@@ -512,8 +512,9 @@ int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length)
     return 0;
 }
 
-int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes)
+int paging_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes, uint64_t *page_bytes)
 {
+    *page_bytes = sizeof(struct pg_page) + sizeof(struct pg_frame);
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
     if (rc)
@@ -529,12 +530,6 @@ int paging_seq_meta_bytes(struct paging *pg, uint64_t h, uint64_t *bytes)
         n += R * s->ahead_cap * sizeof *s->ahead;
     *bytes = n;
     return 0;
-}
-
-uint64_t paging_page_meta_bytes(const struct paging *pg)
-{
-    (void)pg;
-    return sizeof(struct pg_page) + sizeof(struct pg_frame);
 }
 
 /* Whether growing s to length needs nothing (paging_seq_grow_in_place). No division on
@@ -748,21 +743,18 @@ static void seq_brief(const struct paging *pg, const struct pg_seq *s,
             out->first_kept = s->kept[r];
 }
 
-int paging_seq_brief(struct paging *pg, uint64_t h, struct paging_seq_info *out)
-{
-    struct pg_seq *s;
-    int rc = seq_lookup(pg, h, &s);
-    if (!rc)
-        seq_brief(pg, s, out);
-    return rc;
-}
-
-int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
+int paging_seq_info(struct paging *pg, uint64_t h, unsigned how, struct paging_seq_info *out)
 {
     struct pg_seq *s;
     int rc = seq_lookup(pg, h, &s);
     if (rc)
         return rc;
+    if ((how & PG_INFO_LIVE) && s->dropped)
+        return -ESTALE;                 /* as paging_seq_stale */
+    if (how & PG_INFO_BRIEF) {
+        seq_brief(pg, s, out);
+        return 0;
+    }
     seq_brief(pg, s, out);
     for (struct pg_bt_iter it = bt_all(pg, s); bt_next(&it);) {   /* a hole: counted nowhere */
         const struct pg_page *p = page_at(pg, it.id);
@@ -776,4 +768,15 @@ int paging_seq_info(struct paging *pg, uint64_t h, struct paging_seq_info *out)
             out->pages_shared++;
     }
     return 0;
+}
+
+int paging_grow(struct paging *pg, const uint64_t *hs, const uint64_t *lengths, size_t n,
+                unsigned how)
+{
+    if (how & PG_GROW_BATCH)
+        return how & PG_GROW_IN_PLACE ? paging_seq_grow_batch_in_place(pg, hs, lengths, n)
+                                      : paging_seq_grow_batch(pg, hs, lengths, n);
+    KVVM_ASSERT(n == 1);
+    return how & PG_GROW_IN_PLACE ? paging_seq_grow_in_place(pg, hs[0], lengths[0])
+                                  : paging_seq_grow(pg, hs[0], lengths[0]);
 }

@@ -138,4 +138,37 @@ void park_free(struct pg_park *k);
 /* Frees the watch's arrays (paging_destroy). */
 void park_fini(struct paging *pg);
 
+/* paging_candidates' lists (discard.c): PG_CAND_CACHED's, up to max; returns how many. */
+size_t paging_cached_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+
+/* paging_reclaim_drop's steps (paging.h says what each does): a drop (discard.c) and a
+   drop parked for a call's undo (park.c). */
+int  paging_seq_drop(struct paging *pg, uint64_t h, bool wait);
+int  paging_seq_park(struct paging *pg, uint64_t h, struct pg_park **out);
+
+/* paging_grow's steps (seq.c; paging.h says what each does). */
+int paging_seq_grow(struct paging *pg, uint64_t h, uint64_t length);
+int paging_seq_grow_in_place(struct paging *pg, uint64_t h, uint64_t length);
+int paging_seq_grow_batch_in_place(struct paging *pg, const uint64_t *hs,
+                                   const uint64_t *lengths, size_t n);
+int paging_seq_grow_batch(struct paging *pg, const uint64_t *hs, const uint64_t *lengths,
+                          size_t n);
+/* paging_need's count of a share (seq_share.c; paging.h, PG_NEED_SHARE). */
+int paging_need_share(struct paging *pg, uint64_t dst, uint64_t src, uint64_t n_tokens,
+                      uint32_t *frames);
+
+/* paging_seq_share_frames' and paging_seq_share_mark's steps (handoff.c; paging.h). */
+int  paging_seq_handoff_frames(struct paging *pg, uint64_t h, vmm_handle **out, uint32_t *n,
+                               uint64_t *length);
+void paging_seq_handoff_mark(struct paging *pg, uint64_t h);
+int  paging_seq_block_frames(struct paging *pg, uint64_t h, uint32_t nb, vmm_handle **out);
+void paging_seq_block_mark(struct paging *pg, uint64_t h, uint32_t nb);
+
+/* paging_seq_share_frames' fence (handoff.c; paging.h, "hand-offs"). */
+int  paging_share_fence(struct paging *pg, vmm_fence *f);
+
+/* -ESTALE when s is a dropped sequence, -ENOENT a bad handle, else 0 (discard.c; outside
+   paging/, paging_seq_info with PG_INFO_LIVE). */
+int  paging_seq_stale(struct paging *pg, uint64_t h);
+
 #endif

@@ -171,4 +171,19 @@ void paging_disk_settle(struct paging *pg, const pg_page_id *ids, uint32_t n);
    with *ndisk the DISK pages among them. */
 int  paging_disk_damaged(struct paging *pg, const pg_page_id *ids, uint32_t n, uint32_t *ndisk);
 
+/* paging_candidates' lists (disk_tier.c): PG_CAND_DISK's, up to max; returns how many. */
+size_t paging_disk_candidates(struct paging *pg, struct pg_cand *out, size_t max);
+
+/* paging_seq_swap_out's steps (paging.h, host tier): the swap-out (host_out.c; async for
+   reclaim's moves, paging_reclaim_move) and a non-resident h's orphans moved down
+   (orphan.c). */
+int  paging_swap_out(struct paging *pg, uint64_t h, bool async);
+/* The orphan pages of non-resident h (device pages it holds that no resident sequence
+   maps: a sibling holding them came back and was freed or truncated since h's swap-out)
+   copied to the host tier, synchronously; *moved gets the count. 0 with nothing moved for
+   a resident h or one holding no orphan. The host room for all of them is had first (free
+   slots, else spills or the drop of entries by the policy): -ENOMEM before anything moved
+   when it cannot be; -ENOENT; -EIO. */
+int  paging_seq_orphans_down(struct paging *pg, uint64_t h, uint32_t *moved);
+
 #endif

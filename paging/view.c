@@ -536,21 +536,17 @@ static int block_id(struct paging *pg, struct pg_seq *s, uint32_t b, int32_t *ou
     return 0;
 }
 
-int paging_pool_base(const struct paging *pg, uint32_t region, uint64_t *addr)
+int paging_pool_view(const struct paging *pg, uint32_t region, uint64_t *addr,
+                     uint32_t *n_ids)
 {
     if (!pg->view.n_ids)
         return -EOPNOTSUPP;
-    if (region >= pg->p.n_regions)
+    if (addr && region >= pg->p.n_regions)
         return -EINVAL;
-    *addr = view_va(pg, region, 0);
-    return 0;
-}
-
-int paging_pool_blocks(const struct paging *pg, uint32_t *n_ids)
-{
-    if (!pg->view.n_ids)
-        return -EOPNOTSUPP;
-    *n_ids = pg->view.n_ids;
+    if (addr)
+        *addr = view_va(pg, region, 0);
+    if (n_ids)
+        *n_ids = pg->view.n_ids;
     return 0;
 }
 

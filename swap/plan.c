@@ -33,14 +33,6 @@
 
 #define PLAN_PASSES 16      /* plans made again without an LRU victim, at most */
 
-static bool excluded(uint64_t h, const uint64_t *excl, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (excl[i] == h)
-            return true;
-    return false;
-}
-
 /* The room below as a plan uses it up, victim by victim: the facts paging reports
    (struct pg_room: free host slots, spill writes in flight and spillable host pages, the
    host tier's free, freeing and movable; free disk slots, the disk tier's free; the
@@ -152,35 +144,40 @@ static bool room_take(struct room *m, uint32_t k, uint32_t kk)
     return true;
 }
 
-/* Candidates of fn not in excl (LIVE ones only when live; quiet ones only when quiet), LRU
-   sorted; *out malloc'ed. */
-static size_t collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
-                      bool live, bool quiet, const uint64_t *excl, size_t n_excl,
-                      struct pg_cand **out)
+/* paging's candidates of `of` not in excl (LIVE ones only when live; quiet ones only when
+   quiet), LRU sorted; *out malloc'ed. */
+static size_t collect(struct paging *pg, enum pg_cand_of of, bool live, bool quiet,
+                      const uint64_t *excl, size_t n_excl, struct pg_cand **out)
 {
     struct pg_cand *c;
-    size_t n = swap_collect(pg, fn, &c), k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!excluded(c[i].h, excl, n_excl) &&
-            (!live || c[i].cls == PG_SEQ_LIVE) &&
-            (!quiet || paging_seq_quiet(pg, c[i].h)))
-            c[k++] = c[i];
+    size_t k = paging_candidates(pg, &(struct pg_cand_q){ .of = of, .excl = excl,
+                                                          .n_excl = n_excl, .live = live,
+                                                          .quiet = quiet }, &c);
     swap_lru_sort(c, k);
     *out = c;
-    return c ? k : 0;
+    return k;
 }
 
-static int push(struct swap_rplan *p, uint64_t h, uint8_t kind, uint32_t frees,
-                uint32_t slots)
+/* Room for k more steps: taken before paging counts them (paging_plan_add), so a step
+   counted is never one that could not be pushed. */
+static int reserve(struct swap_rplan *p, size_t k)
 {
-    struct swap_step *s = realloc(p->steps, (p->n + 1) * sizeof *s);
+    if (p->n + k <= p->cap)
+        return 0;
+    struct swap_step *s = realloc(p->steps, (p->n + k) * sizeof *s);
     if (!s)
         return -ENOMEM;
     p->steps = s;
-    s[p->n++] = (struct swap_step){ h, kind, frees, slots };
+    p->cap = p->n + k;
+    return 0;
+}
+
+static void push(struct swap_rplan *p, uint64_t h, uint8_t kind, uint32_t frees, uint32_t slots)
+{
+    KVVM_ASSERT(p->n < p->cap);        /* reserve */
+    p->steps[p->n++] = (struct swap_step){ h, kind, frees, slots };
     p->frees += frees;
     p->slots += slots;
-    return 0;
 }
 
 static void pop(struct swap_rplan *p, struct paging *pg)
@@ -199,21 +196,16 @@ static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg
                         size_t n, const bool *banned, struct room *room, int *rc)
 {
     size_t first = n;
-    *rc = 0;
+    *rc = reserve(p, n);
     for (size_t i = 0; i < n && p->have + p->frees < p->want && !*rc; i++) {
         uint32_t f, sl, ks;
         if (banned[i] || paging_plan_add(pg, c[i].h, false, &f, &sl, &ks))
             continue;
-        struct room before = *room;
         if (!room_take(room, sl, ks)) {    /* its pages do not fit below: try the next */
             paging_plan_remove(pg, c[i].h, false);
             continue;
         }
-        if ((*rc = push(p, c[i].h, SWAP_OUT, f, sl))) {
-            paging_plan_remove(pg, c[i].h, false);
-            *room = before;
-            break;
-        }
+        push(p, c[i].h, SWAP_OUT, f, sl);
         if (first == n)
             first = i;
     }
@@ -223,7 +215,7 @@ static size_t take_live(struct swap_rplan *p, struct paging *pg, const struct pg
 static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 {
     struct pg_cand *c;
-    size_t n = collect(pg, paging_candidates, true, p->flags & SWAP_PLAN_QUIET, p->keep,
+    size_t n = collect(pg, PG_CAND_RESIDENT, true, p->flags & SWAP_PLAN_QUIET, p->keep,
                        p->n_keep, &c);
     bool *banned = calloc(n ? n : 1, sizeof *banned);
     int rc = c && banned ? 0 : -ENOMEM;
@@ -250,16 +242,13 @@ static int plan_live(struct swap_rplan *p, struct paging *pg, struct room *room)
 static int plan_drops(struct swap_rplan *p, struct paging *pg)
 {
     struct pg_cand *c;
-    size_t n = collect(pg, paging_cached_candidates, false, p->flags & SWAP_PLAN_QUIET,
+    size_t n = collect(pg, PG_CAND_CACHED, false, p->flags & SWAP_PLAN_QUIET,
                        p->keep, p->n_keep, &c);
-    int rc = 0;
+    int rc = reserve(p, n);
     for (size_t i = 0; i < n && p->have + p->frees < p->want && !rc; i++) {
         uint32_t f, sl, ks;
-        if (paging_plan_add(pg, c[i].h, true, &f, &sl, &ks))
-            continue;
-        rc = push(p, c[i].h, SWAP_DROP, f, 0);
-        if (rc)
-            paging_plan_remove(pg, c[i].h, true);
+        if (!paging_plan_add(pg, c[i].h, true, &f, &sl, &ks))
+            push(p, c[i].h, SWAP_DROP, f, 0);
     }
     free(c);
     return rc;
@@ -294,14 +283,11 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
 {
     struct paging *pg = sw->pg;
     memset(p, 0, sizeof *p);
-    for (size_t i = 0; i < n_excl; i++) {
-        int rc = paging_seq_stale(pg, excl[i]);    /* the caller's own: no room for a stale */
-        if (rc)
-            return rc;
-    }
+    int rc = paging_plan_have(pg, excl, n_excl, &p->have);   /* excl not stale; free, coming */
+    if (rc)
+        return rc;
     p->want = want;
     p->flags = flags;
-    p->have = paging_frames_free(pg) + paging_frames_pending(pg);
     if (p->have >= want)
         return 0;
     if (n_excl) {
@@ -317,7 +303,7 @@ int swap_reclaim_plan(struct swap *sw, uint32_t want, const uint64_t *excl, size
     struct room room;
     room_init(&room, sw, &st);
     uint32_t orphans = st.orphans;
-    int rc = plan_drops(p, pg);
+    rc = plan_drops(p, pg);
     if (!rc && sw->cache.plan && p->have + p->frees < p->want) {
         /* the prefix cache's entries no sequence holds: dropped like CACHED sequences */
         p->cache_ops = &sw->cache;
@@ -390,7 +376,8 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
         if (!rc)
             swap_undo_note(sw, s->h, &use);
         if (rc && rc != -EIO && kind == SWAP_DEMOTE) {
-            rc = paging_seq_drop(sw->pg, s->h, wait);
+            struct pg_drop_done d;
+            rc = paging_reclaim_drop(sw->pg, s->h, false, wait, NULL, &d);
             sw->undo.lost += sw->undo.on && !rc;
         }
         *moved += !rc;
@@ -402,7 +389,8 @@ static int act_moves(struct swap *sw, const struct swap_rplan *p, uint8_t kind, 
    instead where the host tier's free slots take it as they are (a stash, paging_reclaim_move):
    the drop is made when the call succeeds, and taken back (a swap-in) when it fails (undo.c).
    Those run after the other moves, in the room they left; a drop no room takes is made at once
-   and parked (paging_seq_park): its undo maps its frames back where nothing wrote them since. */
+   and parked (paging_reclaim_drop does either): its undo maps its frames back where nothing
+   wrote them since. */
 static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uint64_t room,
                      uint32_t *moved)
 {
@@ -411,21 +399,12 @@ static int act_drops(struct swap *sw, const struct swap_rplan *p, bool wait, uin
         const struct swap_step *s = &p->steps[i];
         if (s->kind != SWAP_DROP || (sw->undo.on && swap_undo_stashed(sw, s->h)))
             continue;                  /* (stashed before the moves: act_drops_free) */
-        rc = -ENOSPC;
-        struct pg_use use;
-        if (sw->undo.on &&
-            (rc = paging_reclaim_move(sw->pg, s->h, PG_RECLAIM_STASH, &room, &use)) == 1)
-            rc = -ENOSPC;              /* not stashable in the room left */
-        else if (sw->undo.on && !rc)
-            swap_undo_stash(sw, s->h, &use);
-        if (rc == -ENOSPC && sw->undo.on) {      /* kept for an undo, where it can be */
-            struct pg_park *k;
-            rc = paging_seq_park(sw->pg, s->h, &k);
-            if (!rc)
-                swap_undo_park(sw, k);
-        } else if (rc == -ENOSPC) {
-            rc = paging_seq_drop(sw->pg, s->h, wait);
-        }
+        struct pg_drop_done d;         /* stashed, parked, or dropped at once */
+        rc = paging_reclaim_drop(sw->pg, s->h, sw->undo.on, wait, &room, &d);
+        if (!rc && d.how == PG_STASHED)
+            swap_undo_stash(sw, s->h, &d.use);
+        else if (!rc && d.how == PG_PARKED)
+            swap_undo_park(sw, d.park);
         *moved += !rc;
     }
     return rc;
@@ -508,14 +487,25 @@ static int act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t 
     return wrc;                        /* -ENOMEM: a plan is exact, never, but never silently */
 }
 
+struct act_args {
+    struct swap *sw;
+    const struct swap_rplan *p;
+    bool wait;
+    uint32_t *moved;
+};
+
+static int act_kept(void *arg)
+{
+    struct act_args *a = arg;
+    return act(a->sw, a->p, a->wait, a->moved);
+}
+
 int swap_reclaim_act(struct swap *sw, const struct swap_rplan *p, bool wait, uint32_t *moved)
 {
     *moved = 0;
     if (!p->n && !p->orphans && !p->cache)
         return 0;
     /* the caller's own host pages stay where the plan counted them (room_init) */
-    paging_disk_keep(sw->pg, p->keep, p->n_keep);
-    int rc = act(sw, p, wait, moved);
-    paging_disk_keep(sw->pg, NULL, 0);
-    return rc;
+    return paging_with_keep(sw->pg, p->keep, p->n_keep, act_kept,
+                            &(struct act_args){ sw, p, wait, moved });
 }

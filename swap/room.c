@@ -22,28 +22,6 @@ void swap_lru_sort(struct pg_cand *c, size_t n)
         qsort(c, n, sizeof *c, lru_cmp);
 }
 
-size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
-                    struct pg_cand **out)
-{
-    size_t max = 256, n;
-    struct pg_cand *c = NULL;
-    for (;;) {
-        struct pg_cand *nc = realloc(c, max * sizeof *c);
-        if (!nc) {
-            free(c);
-            *out = NULL;
-            return 0;
-        }
-        c = nc;
-        n = fn(pg, c, max);
-        if (n < max)
-            break;
-        max *= 2;
-    }
-    *out = c;
-    return n;
-}
-
 int swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started)
 {
     struct paging *pg = sw->pg;
@@ -55,7 +33,7 @@ int swap_spill(struct swap *sw, uint32_t max, uint64_t excl, uint32_t *started)
     if (*started >= max)
         return 0;
     struct pg_cand *c;
-    size_t n = swap_collect(pg, paging_disk_candidates, &c);
+    size_t n = paging_candidates(pg, &(struct pg_cand_q){ .of = PG_CAND_DISK }, &c);
     if (!c)
         return *started ? 0 : -ENOMEM;
     swap_lru_sort(c, n);

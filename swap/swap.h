@@ -3,8 +3,8 @@
  *
  * Contract:
  *  - swap/ decides *which* sequences leave the device and how; paging/ counts what each move
- *    frees and takes (paging_plan_add) and moves them (paging_seq_drop, paging_reclaim_move,
- *    paging_swap_out, paging_reclaim_orphans); core/ only says how many frames a call needs
+ *    frees and takes (paging_plan_add) and moves them (paging_reclaim_drop, paging_reclaim_move,
+ *    paging_reclaim_orphans); core/ only says how many frames a call needs
  *    and which sequences are its own. Victims: droppable CACHED sequences, then orphan pages
  *    (device pages no resident sequence maps), then unprotected LIVE sequences, each in
  *    least-recently-used order (paging's use clock). Protected sequences (used since the
@@ -102,7 +102,7 @@ struct swap_step {
 };
 #define SWAP_PLAN_SWAP    1u       /* LIVE swap-outs, orphan moves, demotions allowed */
 #define SWAP_PLAN_PARTIAL 2u       /* best effort (the background thread): what fits */
-#define SWAP_PLAN_QUIET   4u       /* only quiet victims (paging_seq_quiet): moving them
+#define SWAP_PLAN_QUIET   4u       /* only quiet victims (paging_candidates' quiet): moving them
                                       synchronizes nothing (the thread, synchronous mode) */
 struct swap_rplan {
     uint32_t want;                 /* device frames to be free (or coming) */
@@ -112,7 +112,7 @@ struct swap_rplan {
     uint64_t room;                 /* slots below left unused by the plan */
     unsigned flags;
     struct swap_step *steps;       /* malloc'ed, in the order they are acted on */
-    size_t n;
+    size_t n, cap;                 /* steps, room for them (reserved before paging counts) */
     uint64_t *keep;                /* excl, copied */
     size_t n_keep;
     uint32_t keep_dev;             /* the kept sequences' device pages when planned */

@@ -32,7 +32,7 @@ struct swap_undo_ent {
 struct swap_undo {
     struct swap_undo_ent *e;
     size_t n, cap;
-    struct pg_park **parks;        /* drops no stash took (paging_seq_park), cap of them */
+    struct pg_park **parks;        /* parked drops (paging_reclaim_drop), cap of them */
     size_t n_parks;
     uint32_t *park_orph;           /* of each park: n_orph when it was made (the orphans
                                       logged from there on moved down after it) */
@@ -91,10 +91,6 @@ bool swap_undo_stashed(const struct swap *sw, uint64_t h);
 
 /* Sorts c[0..n) least recently used first (the one LRU order). */
 void swap_lru_sort(struct pg_cand *c, size_t n);
-/* Candidates from fn (paging_candidates or paging_disk_candidates) into a malloc'ed array
-   (*out; NULL and 0 when memory is short), unsorted. */
-size_t swap_collect(struct paging *pg, size_t (*fn)(struct paging *, struct pg_cand *, size_t),
-                    struct pg_cand **out);
 /* Starts writing up to max host pages to disk: the pages only the prefix cache's entries
    hold first (swap_cache_ops.spill, in its order), then least recently used non-resident
    sequences first, never pages excl (a handle, 0 = none) holds; *started gets the count.

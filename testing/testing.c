@@ -69,10 +69,9 @@ int kvvm_testing_metadata(kvvm *kv, kvvm_seq s, uint64_t *seq_bytes, uint64_t *p
 {
     if (!kv)
         return -EINVAL;
-    uint64_t b = 0;
+    uint64_t b = 0, pb = 0;
     pthread_mutex_lock(&kv->lock);
-    int rc = paging_seq_meta_bytes(kv->pg, s, &b);
-    uint64_t pb = paging_page_meta_bytes(kv->pg);
+    int rc = paging_meta_bytes(kv->pg, s, &b, &pb);
     pthread_mutex_unlock(&kv->lock);
     if (rc)
         return rc;

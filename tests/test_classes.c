@@ -842,7 +842,8 @@ Test(classes, drop_waits_for_step_fence)
        for the fence, i.e. for the paused stream) */
     emu_ctx_on(ord);
     pthread_mutex_lock(&kv->lock);
-    int rc = paging_seq_drop(kv->pg, e, false);
+    struct pg_drop_done d;                       /* (reclaim's drop, not kept) */
+    int rc = paging_reclaim_drop(kv->pg, e, false, false, NULL, &d);
     pthread_mutex_unlock(&kv->lock);
     emu_ctx_off(ord);
     cr_assert_eq(rc, 0, "drop: %d", rc);
@@ -887,8 +888,9 @@ Test(classes, pinned_never_moved_by_reclaim)
 
 /* Fail every driver call of a drop in turn: each failure leaves the entry as it was (not
    dropped, its bytes intact), and the drop then succeeds. The drop is the policy's call
-   (paging_seq_drop, as reclaim and kvvm_set_budget make it), made with the context's lock
-   held and its device context current (drop_enter / drop_leave). */
+   (paging_reclaim_drop, not kept: paging_seq_drop, as reclaim and kvvm_set_budget make
+   it), made with the context's lock held and its device context current (drop_enter /
+   drop_leave). */
 static void drop_setup(void *arg)
 {
     struct csweep *w = arg;
@@ -922,7 +924,8 @@ static void drop_leave(void *arg)
 static int drop_call(void *arg)
 {
     struct csweep *w = arg;
-    return paging_seq_drop(kv->pg, w->seq[0], true);
+    struct pg_drop_done d;
+    return paging_reclaim_drop(kv->pg, w->seq[0], false, true, NULL, &d);
 }
 
 static enum th_sweep_outcome drop_after(void *arg, int rc, const char *where)
