@@ -56,6 +56,16 @@ DECL = re.compile(r'^(?:static\s+inline\s+)?(?:const\s+)?(?:(?:struct|enum)\s+)?
 KEYWORDS = {'return', 'if', 'for', 'while', 'switch', 'sizeof', 'typedef', '__attribute__'}
 
 
+def block_end(text, i):
+    """The index just past the } that closes the { at text[i]."""
+    depth, j = 0, i
+    while True:
+        depth += {'{': 1, '}': -1}.get(text[j], 0)
+        j += 1
+        if depth == 0:
+            return j
+
+
 def declared(header, extra=''):
     """(name, inline, body) for each function the header declares (extra: text added after
     it), in order."""
@@ -69,13 +79,7 @@ def declared(header, extra=''):
         body = ''
         if inline:                    # its body: from the first { to the matching }
             i = text.index('{', m.end())
-            depth, j = 0, i
-            while True:
-                depth += {'{': 1, '}': -1}.get(text[j], 0)
-                j += 1
-                if depth == 0:
-                    break
-            body = text[i:j]
+            body = text[i:block_end(text, i)]
         out.append((name, inline, body))
     return out
 
@@ -123,13 +127,7 @@ def functions(path):
     out = {}
     for m in FUNC_DEF.finditer(text):
         i = m.end() - 1
-        depth, j = 0, i
-        while True:
-            depth += {'{': 1, '}': -1}.get(text[j], 0)
-            j += 1
-            if depth == 0:
-                break
-        out[m.group(2)] = (bool(m.group(1)), text[i:j])
+        out[m.group(2)] = (bool(m.group(1)), text[i:block_end(text, i)])
     return out
 
 
