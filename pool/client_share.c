@@ -44,6 +44,7 @@ int pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, u
         return -EINVAL;
     pthread_mutex_lock(&c->mu);
     int rc = live_locked(c) ? -ENOTCONN : 0;   /* gone before a byte was sent */
+    pool_cli_req_begin(c);          /* from the first send: the reply may come before the read */
     for (size_t i = 0; !rc && i < (size_t)n * nr; i++) {
         uint64_t id = pool_cli_map_get(c, hs[i].h);
         if (!id || id == POOL_CLI_FOREIGN)
@@ -72,6 +73,7 @@ int pool_cli_prefix_publish(struct pool_cli *c, const struct pool_layout *lay, u
         const struct pool_result *r = (const void *)buf;
         rc = r->err >= 0 ? r->err : -EPROTO;
     }
+    pool_cli_req_end(c);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -87,9 +89,11 @@ static int keys_ask_locked(struct pool_cli *c, unsigned type, const struct pool_
     memcpy(m.keys, keys, (size_t)n * POOL_KEY_BYTES);
     _Alignas(8) unsigned char buf[POOL_MSG_MAX];
     int fds[1], nfds = 0;
+    pool_cli_req_begin(c);          /* from the send: its reply may come before the read */
     int rc = send_locked(c, &m);
     if (!rc)
         rc = pool_cli_recv_locked(c, POOL_MSG_PREFIX_FOUND, buf, fds, N_FDS(fds), &nfds);
+    pool_cli_req_end(c);
     if (!rc)
         memcpy(r, buf, sizeof *r);
     if (!rc && (r->found > n || (type == POOL_MSG_PREFIX_ATTACH && !r->err &&
@@ -148,6 +152,7 @@ int pool_cli_prefix_attach(struct pool_cli *c, const struct pool_layout *lay, ui
     *found = 0;
     pthread_mutex_lock(&c->mu);
     int rc = live_locked(c);
+    pool_cli_req_begin(c);          /* one request from the send to the last FRAMES */
     while (!rc && got < n) {
         uint32_t k = n - got < POOL_PREFIX_KEYS ? (uint32_t)(n - got) : POOL_PREFIX_KEYS;
         struct pool_prefix_found r;
@@ -174,6 +179,7 @@ int pool_cli_prefix_attach(struct pool_cli *c, const struct pool_layout *lay, ui
         if (r.found < k)
             break;
     }
+    pool_cli_req_end(c);
     pthread_mutex_unlock(&c->mu);
     if (rc) {
         for (size_t i = 0; i < got * nr; i++)
@@ -202,9 +208,11 @@ int pool_cli_prefix_drop(struct pool_cli *c, const struct pool_layout *lay, uint
             memcpy(m.keys, keys + done * POOL_KEY_BYTES, (size_t)m.n * POOL_KEY_BYTES);
         _Alignas(8) unsigned char buf[POOL_MSG_MAX];
         int fds[1], nfds = 0;
+        pool_cli_req_begin(c);      /* from the send: its reply may come before the read */
         rc = send_locked(c, &m);
         if (!rc)
             rc = pool_cli_recv_locked(c, POOL_MSG_RESULT, buf, fds, N_FDS(fds), &nfds);
+        pool_cli_req_end(c);
         if (!rc) {
             const struct pool_result *r = (const void *)buf;
             if (r->err < 0)

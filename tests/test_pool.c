@@ -1034,6 +1034,48 @@ Test(regress, connection_thread_woken_by_replies)
     pd_stop(&d);
 }
 
+/* regress/prefix_replies_wake_the_connection_thread: the shared prefix index's requests
+   (pool/client_share.c) sent, then began their request at the read: a reply that came
+   before it (the daemon answers while the sender returns from sendmsg) woke the connection
+   thread into mu, and the requester's unlock then woke it again (a futex call on the
+   caller's thread); an ATTACH's request also ended between its FOUND and its FRAMES. Now
+   each is a request from its send to its last reply: 200 lookups and 200 attaches of keys
+   the index lacks make no look. */
+Test(regress, prefix_replies_wake_the_connection_thread)
+{
+    TH_DEADLINE(60);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pool_cli_params p = { .path = d.path, .name = "prefix-replies" };
+    struct pool_cli *c = NULL;
+    struct pool_welcome w;
+    cr_assert_eq(pool_cli_open(&p, &c, &w), 0);
+    struct vmm *v = client_vmm();
+    pool_cli_attach(c, v);
+    cr_assert_eq(pool_cli_listen(c, give_none, NULL), 0);
+    struct pool_layout lay = { .n_regions = 2, .bytes_per_token = 512,
+                               .page_size = w.page_size };
+    uint8_t keys[4 * POOL_KEY_BYTES];
+    memset(keys, 0x5a, sizeof keys);
+    struct pool_cli_counters k0, k1;
+    pool_cli_counters(c, &k0);
+    for (int i = 0; i < 200; i++) {
+        vmm_handle *hs = NULL;
+        size_t found = 1;
+        cr_assert_eq(pool_cli_prefix_lookup(c, &lay, 1, keys, 4), 0);
+        cr_assert_eq(pool_cli_prefix_attach(c, &lay, 1, keys, 4, &hs, &found), 0);
+        cr_assert_eq(found, 0);
+        free(hs);
+    }
+    pool_cli_counters(c, &k1);
+    cr_expect_leq(k1.listen_looks - k0.listen_looks, 2,
+                  "400 prefix replies woke the connection thread into mu %llu times",
+                  (unsigned long long)(k1.listen_looks - k0.listen_looks));
+    pool_cli_close(c);
+    vmm_close(v);
+    pd_stop(&d);
+}
+
 Test(pool, malformed_held_ids_drop_the_connection)
 {
     TH_DEADLINE(60);
