@@ -676,3 +676,212 @@ Test(store_attach, written_through_entries_host_pages_spill_to_disk)
 {
     store_entries_spill(false);
 }
+
+/* ---- room made ahead (issue 36): a device full of cached entries ----------------------
+   The attaching context's device holds three sets; sets 0, 1 and 2 attached and freed
+   fill it with prefix entries no sequence holds. An attach of another set from the store
+   then finds no ready frame for its premap: once the store's first block is a hit, and
+   while the rest is read, the premap drops entries (the plan's order: set 0's, the least
+   recently used, first) for dst's pages and maps them ahead. */
+
+/* Fills t's device with sets 0..2 (attached, every byte checked, freed): their entries
+   stay, no sequence holds them. */
+static void fill_with_entries(struct tctx *t, uint8_t *b)
+{
+    for (int i = 0; i < 3; i++)
+        attach_set(t->kv, i, b);
+    struct kvvm_stats st;
+    tstats(t, &st);
+    cr_assert_eq(st.prefix_entries, 3u * NB, "%llu entries", (unsigned long long)st.prefix_entries);
+    cr_assert_lt(st.pages_device_free, (uint64_t)NR, "the device is not full of entries: %llu "
+                 "pages free", (unsigned long long)st.pages_device_free);
+}
+
+/* d holds blocks [0, nb) of set i, every byte of every region. */
+static void check_all(kvvm *kv, kvvm_seq d, int i, uint32_t nb)
+{
+    uint8_t *b = malloc((size_t)nb * PS);
+    cr_assert(b);
+    for (uint32_t r = 0; r < NR; r++) {
+        cr_assert_eq(kvvm_seq_read(kv, d, r, 0, b, (size_t)nb * PS), 0);
+        for (size_t j = 0; j < (size_t)nb * PS; j++)
+            cr_assert_eq(b[j], pat(i, r, j), "set %d region %u byte %zu", i, r, j);
+    }
+    free(b);
+}
+
+/* Which of set i's blocks are local entries now (kvvm_prefix_lookup's where: 0 the
+   device, else a tier below or the store): the count on the device. */
+static size_t on_device(kvvm *kv, int i)
+{
+    kvvm_key k[NB];
+    uint8_t where[NB];
+    keys_of(i, k);
+    memset(where, 0xff, sizeof where);
+    cr_assert_geq(kvvm_prefix_lookup(kv, 1, k, NB, where), 0);
+    size_t n = 0;
+    for (size_t j = 0; j < NB; j++)
+        n += where[j] == KVVM_TIER_DEVICE;
+    return n;
+}
+
+Test(store_attach, full_device_attach_drops_entries_every_byte_right)
+{
+    TH_DEADLINE(120);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq d = attach_only(t.kv, 3);
+    check_all(t.kv, d, 3, NB);
+    tstats(&t, &s1);
+    /* set 3's NB * NR pages came from set 0's entries (the least recently used), NB of
+       them, each NR pages: dropped as counted, the new ones entered */
+    cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "%llu entries dropped",
+                 (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_entries, 3u * NB, "%llu entries", (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(on_device(t.kv, 0), 0, "set 0's entries were not the ones dropped");
+    cr_expect_eq(on_device(t.kv, 1), NB);
+    cr_expect_eq(on_device(t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    check_free(t.kv, attach_only(t.kv, 0), 0, b);   /* set 0 from the store again, right */
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* The same attach with the store's reads hung but each batch's first (STORE_HANG_TAIL):
+   the room is made and dst's pages premapped while the reads are in flight (the live
+   mappings grow by every block's pages, set 0's entries are gone, dst still empty); the
+   reads released complete short (a miss after the first block): the call succeeds with
+   that one block and the drops stand (docs/api.md: the room is made from the cache for
+   blocks the store confirmed, a cache replacement). The stats agree (entries: 2 sets and
+   the one block; evictions: set 0's NB), the premapped pages not used are given back, and
+   the debug build's checker runs after every call. Before the room made ahead, a full
+   device dropped nothing before the reads ended: the wait below ran into the deadline. */
+Test(store_attach, full_device_room_made_while_reads_in_flight_short_read_keeps_drops)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(3, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    uint64_t maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    /* set 0's entries dropped and dst's pages premapped in one locked section: the drops
+       seen, the premap is done */
+    do {
+        usleep(1000);
+        tstats(&t, &s1);
+    } while (s1.prefix_evictions - s0.prefix_evictions < NB);
+    cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR, "dst's pages not premapped from the "
+                 "frames the drops freed: %llu maps", (unsigned long long)(all_maps() - maps0));
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, 0, "dst's length changed before its bytes were read");
+    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries while the reads are in flight",
+                 (unsigned long long)s1.prefix_entries);
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* each hung read completes short */
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, 1, "the first block read, the others short (misses): %d", h.rc);
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, TPB);
+    check_all(t.kv, h.d, 3, 1);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "the drops were not counted "
+                 "once each: %llu", (unsigned long long)(s1.prefix_evictions -
+                                                         s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_entries, 2u * NB + 1, "%llu entries",
+                 (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(s1.pages_device_free, (uint64_t)(NB - 1) * NR, "the premapped pages not used "
+                 "were not given back: %llu free", (unsigned long long)s1.pages_device_free);
+    cr_expect_eq(on_device(t.kv, 0), 0);
+    cr_expect_eq(on_device(t.kv, 1), NB);
+    cr_expect_eq(on_device(t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    check_free(t.kv, attach_only(t.kv, 0), 0, b);
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* The failed-call rule for the room made ahead: the drops are made in a call frame of
+   their own while the reads are in flight, so the locked part's journal cannot take them
+   back. Here the locked part fails after them (another thread grows dst meanwhile: not
+   empty, -EINVAL): the call fails -EIO, with the error log and last error a failed call
+   whose reclaim dropped an entry no undo takes back gives today (swap_call_end), not
+   silently; the context stays usable and consistent (checker), dst keeps what the other
+   thread grew, nothing of the store's bytes entered, the entries 1 and 2 on the device. */
+static void *failing_attach_run(void *p)
+{
+    struct hung_attach *h = p;
+    h->rc = kvvm_prefix_attach(h->kv, h->d, 1, h->k, NB);
+    static char why[512];
+    snprintf(why, sizeof why, "%s", kvvm_last_error());
+    return why;
+}
+
+Test(store_attach, full_device_room_made_ahead_then_locked_part_fails)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(3, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    uint64_t maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, failing_attach_run, &h), 0);
+    do {                        /* the room made and dst premapped, as above */
+        usleep(1000);
+        tstats(&t, &s1);
+    } while (s1.prefix_evictions - s0.prefix_evictions < NB);
+    cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR);
+    cr_assert_eq(kvvm_seq_grow(t.kv, h.d, TPB), 0, "%s", kvvm_last_error());
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    void *why;
+    cr_assert_eq(pthread_join(th, &why), 0);
+    cr_expect_eq(h.rc, -EIO, "the attach failed after drops no undo takes back: %d (%s)",
+                 h.rc, (char *)why);
+    cr_expect(strstr(why, "could not be undone"), "last error: %s", (char *)why);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, TPB, "dst lost the other thread's grow");
+    tstats(&t, &s1);
+    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries", (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(on_device(t.kv, 1), NB);
+    cr_expect_eq(on_device(t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    check_free(t.kv, attach_only(t.kv, 3), 3, b);   /* the context goes on: set 3, right */
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
