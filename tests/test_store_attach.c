@@ -885,3 +885,55 @@ Test(store_attach, full_device_room_made_ahead_then_locked_part_fails)
     tclose(&t);
     rmdir_all(dir);
 }
+
+/* The room made ahead moves no data: with KVVM_F_AUTO_SWAP, a host tier and a device full
+   of unprotected LIVE sequences (all but one block's pages), the attach's premap maps the
+   one block's frames it finds ready and swaps nothing out while the reads are in flight
+   (the LIVE sequences leave, if at all, in the locked part's own reclaim, journalled). */
+Test(store_attach, room_made_ahead_swaps_no_live_sequence_out)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    c.flags |= KVVM_F_AUTO_SWAP;
+    c.host_budget = (size_t)4 * NB * NR * PS;
+    c.map_ahead = 0;              /* the one free block's frames stay ready */
+    c.device_min = c.device_low = c.device_high = 0;   /* no watermark reclaim */
+    c.create_at_open = 1;
+    topen(&t, &c);
+    kvvm_seq live[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kvvm_seq_create(t.kv, &live[i]), 0);
+        cr_assert_eq(kvvm_seq_grow(t.kv, live[i], (uint64_t)(i < 2 ? NB : NB - 1) * TPB), 0,
+                     "%s", kvvm_last_error());
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);           /* unprotected: reclaim could swap them */
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_device_free, NR, "%llu free", (unsigned long long)s0.pages_device_free);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(3, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    uint64_t maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    while (all_maps() < maps0 + NR)             /* the premap's one block, reads hung */
+        usleep(1000);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.swap_outs, s0.swap_outs, "the room made ahead swapped %llu sequences out",
+                 (unsigned long long)(s1.swap_outs - s0.swap_outs));
+    cr_expect_eq(all_maps(), maps0 + NR, "more than the ready frames premapped");
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, 1, "%d", h.rc);
+    check_all(t.kv, h.d, 3, 1);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kvvm_seq_free(t.kv, live[i]), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    tclose(&t);
+    rmdir_all(dir);
+}
