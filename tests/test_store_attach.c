@@ -756,6 +756,42 @@ Test(store_attach, full_device_attach_drops_entries_every_byte_right)
     rmdir_all(dir);
 }
 
+/* An attach whose first block misses in the store drops nothing for room, device full or
+   not (the room is made only for blocks the store confirmed): no entry evicted, none gone
+   from the device, nothing mapped. */
+Test(store_attach, full_device_attach_that_misses_drops_nothing)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_key k[NB];
+    keys_of(SETS + 7, k);         /* never published */
+    kvvm_seq d;
+    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    uint64_t m0 = all_maps();
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, NB), 0);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.prefix_evictions, s0.prefix_evictions, "a miss dropped %llu entries",
+                 (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_entries, 3u * NB);
+    cr_expect_eq(all_maps(), m0, "a miss mapped %llu pages",
+                 (unsigned long long)(all_maps() - m0));
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(on_device(t.kv, i), NB, "set %d", i);
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
 /* The same attach with the store's reads hung but each batch's first (STORE_HANG_TAIL):
    the room is made and dst's pages premapped while the reads are in flight (the live
    mappings grow by every block's pages, set 0's entries are gone, dst still empty); the
