@@ -692,7 +692,8 @@ static void fill_with_entries(struct tctx *t, uint8_t *b)
         attach_set(t->kv, i, b);
     struct kvvm_stats st;
     tstats(t, &st);
-    cr_assert_eq(st.prefix_entries, 3u * NB, "%llu entries", (unsigned long long)st.prefix_entries);
+    cr_assert_eq(st.prefix_entries, 3u * NB, "%llu entries",
+                 (unsigned long long)st.prefix_entries);
     cr_assert_lt(st.pages_device_free, (uint64_t)NR, "the device is not full of entries: %llu "
                  "pages free", (unsigned long long)st.pages_device_free);
 }
@@ -745,7 +746,8 @@ Test(store_attach, full_device_attach_drops_entries_every_byte_right)
        them, each NR pages: dropped as counted, the new ones entered */
     cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "%llu entries dropped",
                  (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
-    cr_expect_eq(s1.prefix_entries, 3u * NB, "%llu entries", (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(s1.prefix_entries, 3u * NB, "%llu entries",
+                 (unsigned long long)s1.prefix_entries);
     cr_expect_eq(on_device(t.kv, 0), 0, "set 0's entries were not the ones dropped");
     cr_expect_eq(on_device(t.kv, 1), NB);
     cr_expect_eq(on_device(t.kv, 2), NB);
@@ -912,7 +914,8 @@ Test(store_attach, full_device_room_made_ahead_then_locked_part_fails)
     cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
     cr_expect_eq(in.length, TPB, "dst lost the other thread's grow");
     tstats(&t, &s1);
-    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries", (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries",
+                 (unsigned long long)s1.prefix_entries);
     cr_expect_eq(on_device(t.kv, 1), NB);
     cr_expect_eq(on_device(t.kv, 2), NB);
     cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
