@@ -307,12 +307,12 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
    captures a graph (a drop's release is recorded on the copy stream after it), nor for a
    pool client over its daemon's limit (its frames are the daemon's to give). *dropped: the
    frames the drops free (0: none made). Best effort: a refusal leaves it to the locked
-   part's own room making. */
+   part's own room making; a dst swapped out meanwhile gets none (no premap for it). */
 static void attach_room_ahead(kvvm *kv, kvvm_seq dst, size_t m, uint32_t *dropped)
 {
     uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token, need;
     *dropped = 0;
-    if (stream_check(kv) || core_pool_over_limit(kv) ||
+    if (!paging_seq_resident(kv->pg, dst) || stream_check(kv) || core_pool_over_limit(kv) ||
         paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = dst,
                                                .length = (uint64_t)m * tpb }, &need) ||
         paging_frames_free(kv->pg) >= need)
