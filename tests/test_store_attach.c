@@ -976,3 +976,99 @@ Test(store_attach, room_made_ahead_swaps_no_live_sequence_out)
     tclose(&t);
     rmdir_all(dir);
 }
+
+/* The fail-at-call-N sweep over a full-device attach from the store: every driver call of
+   the traced attach (the room made ahead and the premap's maps, the grow, the copies, the
+   releases) failed in turn. At every point: the context dead (a sticky failure), or the
+   call returned what dst holds (its bytes the store's), the entries counted as dropped
+   and attached (entries = the fill's - evictions + blocks attached), the checker clean;
+   a failure other than -EIO changed nothing (no entry dropped, the free pages as before);
+   a -EIO of a live context left dst empty (the room made ahead not undoable: the failed
+   reclaim's -EIO, docs/api.md). */
+struct fs_arg {
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    kvvm_key k[NB];
+    kvvm_seq dst;
+    struct kvvm_stats s0;
+};
+
+static void fs_setup(void *p)
+{
+    struct fs_arg *a = p;
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    topen(&a->t, &a->c);
+    fill_with_entries(&a->t, b);
+    free(b);
+    cr_assert_eq(kvvm_seq_create(a->t.kv, &a->dst), 0);
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    tstats(&a->t, &a->s0);
+}
+
+/* 0: all NB blocks; 1 + m: m blocks reported. */
+static int fs_call(void *p)
+{
+    struct fs_arg *a = p;
+    int rc = kvvm_prefix_attach(a->t.kv, a->dst, 1, a->k, NB);
+    return rc == (int)NB ? 0 : rc < 0 ? rc : 1 + rc;
+}
+
+static void fs_teardown(void *p)
+{
+    struct fs_arg *a = p;
+    if (a->t.kv)
+        tclose(&a->t);
+}
+
+static enum th_sweep_outcome fs_after(void *p, int rc, const char *where)
+{
+    struct fs_arg *a = p;
+    kvvm *kv = a->t.kv;
+    if (kvvm_sync(kv) == -EIO)
+        return TH_SWEEP_DEAD;
+    uint64_t m = rc == 0 ? NB : rc > 0 ? (uint64_t)rc - 1 : 0;
+    struct kvvm_seq_info in = { .size = sizeof in };
+    UCHK(kvvm_seq_info(kv, a->dst, &in) == 0, "%s: dst", where);
+    UCHK(in.length == m * TPB, "%s: dst holds %llu tokens, %llu blocks reported", where,
+         (unsigned long long)in.length, (unsigned long long)m);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    bool same = true;
+    for (uint32_t r = 0; r < NR && same; r++)
+        for (uint64_t blk = 0; blk < m && same; blk++) {
+            UCHK(kvvm_seq_read(kv, a->dst, r, blk * PS, b, PS) == 0, "%s: read", where);
+            for (size_t j = 0; j < PS && same; j++)
+                same = b[j] == pat(3, r, blk * PS + j);
+        }
+    free(b);
+    UCHK(same, "%s: attached bytes", where);
+    struct kvvm_stats st;
+    tstats(&a->t, &st);
+    uint64_t ev = st.prefix_evictions - a->s0.prefix_evictions;
+    UCHK(st.prefix_entries == 3u * NB - ev + m, "%s: %llu entries, %llu evicted, %llu "
+         "attached", where, (unsigned long long)st.prefix_entries, (unsigned long long)ev,
+         (unsigned long long)m);
+    if (rc < 0 && rc != -EIO) {
+        UCHK(ev == 0, "%s: a failed call dropped %llu entries", where, (unsigned long long)ev);
+        UCHK(st.pages_device_free == a->s0.pages_device_free, "%s: %llu pages free, %llu "
+             "before", where, (unsigned long long)st.pages_device_free,
+             (unsigned long long)a->s0.pages_device_free);
+    }
+    th_check(kv, where);
+    return rc == 0 ? TH_SWEEP_ABSORBED : TH_SWEEP_FAILED;
+}
+
+Test(store_attach, sweep_full_device_attach_room_made_ahead)
+{
+    TH_DEADLINE(600);
+    static struct fs_arg a;
+    published_store(a.dir, sizeof a.dir, a.url, sizeof a.url, &a.c);
+    keys_of(3, a.k);
+    struct th_sweep s = { .name = "full-device attach from the store", .arg = &a,
+                          .setup = fs_setup, .call = fs_call, .teardown = fs_teardown,
+                          .after = fs_after };
+    th_sweep_run(&s);
+    rmdir_all(a.dir);
+}
