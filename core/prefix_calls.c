@@ -22,7 +22,15 @@
  * of the request is waited for without the lock; the grow then takes the premapped frames
  * (no map, no set-access on the way to the copy). Only an empty dst with no local prefix is
  * premapped (its store blocks start at its end); what it holds past map_ahead at the end is
- * given back.
+ * given back. A device short of ready frames for them (full of cached entries) gets its
+ * room made there too, before the premap, by the moves that move no data only (the drops
+ * of swap/'s plan, in its order: swap_make_room_ahead), bounded by the pages dst needs for
+ * the blocks asked: a cache replacement for blocks the store confirmed it has. Those drops
+ * stand whatever the read brings (fewer blocks: the call succeeds with them); they are made
+ * in a call frame of their own, before the reads end, so no journal of the locked part can
+ * take them back: should that part fail (dst freed or grown meanwhile by another thread, a
+ * local prefix published meanwhile that cannot come in, no memory), it fails -EIO as a
+ * call whose own reclaim dropped an entry no undo takes back does (swap_call_lost).
  */
 #include "core.h"
 
@@ -247,9 +255,11 @@ static void store_unused(kvvm *kv, const struct storeq_fetch *f, int rc, size_t 
 /* k0 the local prefix and f the store's blocks past it, as seen before the lock was taken
    (f empty without a store). */
 static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
-                         size_t n, size_t k0, const struct storeq_fetch *f)
+                         size_t n, size_t k0, const struct storeq_fetch *f, uint32_t ahead)
 {
     size_t asked = n;
+    if (ahead)                      /* attach_room_ahead's drops: a failure cannot undo them */
+        swap_call_lost(kv->sw, 1);
     int rc = attach_check(kv, dst, &n);
     pg_page_id *ids = rc ? NULL : malloc((n ? n : 1) * kv->cfg.n_regions * sizeof *ids);
     if (!rc && !ids)
@@ -291,25 +301,54 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
     return rc ? rc : (int)t;
 }
 
-/* While the store reads m blocks for empty dst (no local prefix: they start at its end):
-   its pages for them mapped ahead from ready frames, locked (best effort: a failure, a dst
-   gone or swapped out, too few frames map fewer or none, and change nothing visible). */
-static void attach_premap(kvvm *kv, kvvm_seq dst, size_t m)
+/* Locked, the store's first block a hit: the frames live dst needs to grow by m blocks made
+   free where the ready ones fall short, by drops only (swap_make_room_ahead: no data moves,
+   no LIVE sequence leaves; bounded by m, the blocks asked). Not while the engine stream
+   captures a graph (a drop's release is recorded on the copy stream after it), nor for a
+   pool client over its daemon's limit (its frames are the daemon's to give). *dropped: the
+   frames the drops free (0: none made). Best effort: a refusal leaves it to the locked
+   part's own room making; a dst swapped out meanwhile gets none (no premap for it). */
+static void attach_room_ahead(kvvm *kv, kvvm_seq dst, size_t m, uint32_t *dropped)
 {
+    uint64_t tpb = kv->cfg.page_size / kv->cfg.bytes_per_token, need;
+    *dropped = 0;
+    if (!paging_seq_resident(kv->pg, dst) || stream_check(kv) || core_pool_over_limit(kv) ||
+        paging_need(kv->pg, &(struct pg_need){ .of = PG_NEED_GROW, .h = dst,
+                                               .length = (uint64_t)m * tpb }, &need) ||
+        paging_frames_free(kv->pg) >= need)
+        return;
+    if (paging_wait_releases(kv->pg) || paging_frames_free(kv->pg) >= need)
+        return;                     /* pending releases first, as make_room does */
+    (void)swap_make_room_ahead(kv->sw, need > UINT32_MAX ? UINT32_MAX : (uint32_t)need,
+                               &dst, 1, dropped);
+}
+
+/* While the store reads m blocks for empty dst (no local prefix: they start at its end):
+   room made for them where the device is short (attach_room_ahead), then its pages for them
+   mapped ahead from ready frames, locked (best effort: a failure, a dst gone or swapped
+   out, too few frames map fewer or none, and change nothing visible but the drops).
+   Returns the frames the drops freed (0: none made). */
+static uint32_t attach_premap(kvvm *kv, kvvm_seq dst, size_t m)
+{
+    uint32_t dropped = 0;
     if (enter(kv))
-        return;                     /* the locked part says why */
+        return 0;                   /* the locked part says why */
     uint32_t ps = m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;   /* one page per block */
-    if (!core_seq_stale(kv, dst))
+    if (!core_seq_stale(kv, dst)) {
+        attach_room_ahead(kv, dst, m, &dropped);
         (void)paging_seq_premap(kv->pg, dst, ps);
+    }
     (void)leave(kv, 0);
+    return dropped;
 }
 
 /* The store's part of an attach, before the locked one: the local prefix k0 (dst checked
    first: a call that will fail reads nothing), f's buffer prepared inside the call frame,
    and the store's blocks past it read into f without the lock, dst's pages for them
-   premapped while the first request is in flight. */
+   premapped while the first request is in flight (*ahead: the frames its room made ahead
+   freed, 0 none). */
 static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
-                        size_t *k0, struct storeq_fetch *f)
+                        size_t *k0, struct storeq_fetch *f, uint32_t *ahead)
 {
     int rc = enter(kv);
     if (rc)
@@ -323,7 +362,7 @@ static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *key
     if (rc || *k0 >= n || storeq_fetch_start(kv->sq, ns, keys + *k0, n - *k0, f))
         return rc;                  /* -ENOMEM: nothing read */
     if (*k0 == 0 && storeq_fetch_first(kv->sq, f))   /* a miss maps nothing */
-        attach_premap(kv, dst, n);
+        *ahead = attach_premap(kv, dst, n);
     storeq_fetch_finish(kv->sq, ns, keys + *k0, n - *k0, f);
     return 0;
 }
@@ -332,12 +371,13 @@ static int attach_call(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys
 {
     struct storeq_fetch f = { 0 };
     size_t k0 = 0;
-    int rc = kv->sq ? attach_fetch(kv, dst, ns, keys, n, &k0, &f) : 0;
+    uint32_t ahead = 0;
+    int rc = kv->sq ? attach_fetch(kv, dst, ns, keys, n, &k0, &f, &ahead) : 0;
     if (!rc)
         rc = enter(kv);
     if (!rc)
         rc = leave(kv, core_explain(kv, "kvvm_prefix_attach",
-                                    attach_locked(kv, dst, ns, keys, n, k0, &f)));
+                                    attach_locked(kv, dst, ns, keys, n, k0, &f, ahead)));
     storeq_fetch_free(kv->sq, &f);
     return rc;
 }

@@ -556,7 +556,9 @@ KVVM_API int kvvm_prefix_lookup(kvvm *kv, uint64_t ns, const kvvm_key *keys, siz
    blocks read, checked and brought up, then entered locally), sets dst's length to that
    many blocks * T and returns that number (0: a miss, not an error). All or nothing for
    what it reports: on failure dst is still empty (resident or swapped out as it was) and
-   nothing else moved. Protects dst.
+   nothing else moved, but for the cache entries and CACHED sequences dropped for the
+   store's blocks while they were read (a cache replacement, kept: a failure after them is
+   -EIO, docs/api.md). Protects dst.
    -ENOENT; -EINVAL dst not empty or keys NULL with n > 0; -ESTALE dst a dropped CACHED
    sequence; -ENOMEM no device room for the blocks to bring up; -EBUSY capturing stream.
    A block whose disk copy is lost is a miss: its entry is dropped, the blocks before it

@@ -42,9 +42,10 @@ static unsigned plan_fences(const struct swap_rplan *p)
    return. Acquire (paging_acquire): the caller's `frames` (the ones it will take beyond
    those the moves free, created now within the budget) and the fences, before the first
    move, so that a driver refusing them fails the call with nothing moved. Timed into the
-   stats when it moved something. */
+   stats when it moved something. *acted (NULL: not asked): the frames the plan acted on
+   frees (0 when nothing was acted on). */
 static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const uint64_t *excl,
-                       size_t n_excl, unsigned flags, bool journal)
+                       size_t n_excl, unsigned flags, bool journal, uint32_t *acted)
 {
     uint64_t t0 = know_ns();
     struct swap_rplan p;
@@ -65,6 +66,8 @@ static int reclaim_now(struct swap *sw, uint32_t want, uint32_t frames, const ui
        (swap_call_end) */
     swap_undo_on(sw, journal);
     rc = swap_reclaim_act(sw, &p, true, &moved);
+    if (acted)
+        *acted = p.frees;
     swap_undo_on(sw, false);
     swap_rplan_free(&p);
     if (moved) {
@@ -81,13 +84,23 @@ int swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t 
 {
     /* a drop moves no data: without KVVM_F_AUTO_SWAP too */
     return reclaim_now(sw, want, want, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0,
-                       true);
+                       true, NULL);
 }
 
 int swap_make_room_free(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl)
 {
     return reclaim_now(sw, want, 0, excl, n_excl, sw->p.auto_swap ? SWAP_PLAN_SWAP : 0,
-                       true);
+                       true, NULL);
+}
+
+int swap_make_room_ahead(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
+                         uint32_t *dropped)
+{
+    /* no SWAP_PLAN_SWAP: the droppable CACHED sequences, then the prefix cache's entries (the
+       plan's order), nothing moved down; partial: what they cover. No journal: the call's
+       frame ends before the reads do (swap.h) */
+    *dropped = 0;
+    return reclaim_now(sw, want, want, excl, n_excl, SWAP_PLAN_PARTIAL, false, dropped);
 }
 
 /* ---- budget changes (kvvm_set_budget) ----------------------------------------------- */
@@ -97,7 +110,7 @@ int swap_reclaim_budget(struct swap *sw, uint32_t want)
     /* the same plan as direct reclaim, with or without KVVM_F_AUTO_SWAP (API: a budget
        shrink swaps out regardless) */
     /* frames to free, none to take */
-    return reclaim_now(sw, want, 0, NULL, 0, SWAP_PLAN_SWAP, true);
+    return reclaim_now(sw, want, 0, NULL, 0, SWAP_PLAN_SWAP, true, NULL);
 }
 
 int swap_reclaim_give(struct swap *sw, uint32_t want, bool live, uint32_t *moved)

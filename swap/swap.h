@@ -178,6 +178,21 @@ void swap_rplan_free(struct swap_rplan *p);
    the copies, timed into the stats. 0: they are free; -ENOMEM: not enough can move (nothing
    moved); -EIO. */
 int  swap_make_room(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl);
+/* kvvm_prefix_attach's room made ahead (core/prefix_calls.c): while its store reads are in
+   flight, after the first block proved a hit, up to `want` device frames free for dst's
+   premap by the moves that move no data only: the plan's drops (droppable CACHED sequences,
+   then the prefix cache's entries no sequence holds, in swap_reclaim_plan's order; never a
+   LIVE swap-out, an orphan move, a demotion, nor anything protected, PINNED or excl), as
+   many as cover it (SWAP_PLAN_PARTIAL: fewer when they do not), waiting for their releases.
+   Not journalled: the call's locked part that takes the frames runs in a frame (enter ..
+   leave) of its own after the reads, and other calls run in between, so these drops are
+   made at once, as a cache replacement for blocks the store confirmed; the caller marks
+   them lost in its locked part (swap_call_lost), which then fails -EIO as a call whose own
+   reclaim dropped what no undo takes back. *dropped: the frames the drops free (0: none
+   made). 0 (perhaps short of want), -ENOMEM (the driver refused a frame or fence: nothing
+   moved), -EIO. */
+int  swap_make_room_ahead(struct swap *sw, uint32_t want, const uint64_t *excl, size_t n_excl,
+                          uint32_t *dropped);
 /* swap_make_room for a pool client whose daemon limit is below its budget (want counts the
    frames above the limit too): the same plan, but no frame is made ready before the moves
    (a lease past the limit is refused); the frames they free are the call's. */
@@ -206,6 +221,10 @@ int  swap_call_end(struct swap *sw, int rc);
    drop that no undo takes back (entries dropped for a move's host room) is counted from
    here to swap_call_end, so that the call, failing after them, says so (-EIO). */
 void swap_call_begin(struct swap *sw);
+/* The running call (its frame: swap_call_begin .. end, no reclaim acting) depends on `n`
+   moves made for it outside its journal that no undo takes back (swap_make_room_ahead's
+   drops): should it fail, swap_call_end returns -EIO, as for a drop of its own reclaim. */
+void swap_call_lost(struct swap *sw, uint32_t n);
 /* Whether a call's reclaim is acting now with its journal on (swap_call_end takes its
    moves back should the call fail): the cache's demotions then keep what they moved until
    stash_end, as its stashed drops do. */

@@ -205,6 +205,12 @@ void swap_call_begin(struct swap *sw)
     sw->undo.in_call = true;
 }
 
+void swap_call_lost(struct swap *sw, uint32_t n)
+{
+    KVVM_ASSERT(sw->undo.in_call && !sw->undo.on);
+    sw->undo.lost += n;
+}
+
 bool swap_journal_on(const struct swap *sw)
 {
     return sw->undo.on;

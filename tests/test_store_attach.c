@@ -676,3 +676,399 @@ Test(store_attach, written_through_entries_host_pages_spill_to_disk)
 {
     store_entries_spill(false);
 }
+
+/* ---- room made ahead (issue 36): a device full of cached entries ----------------------
+   The attaching context's device holds three sets; sets 0, 1 and 2 attached and freed
+   fill it with prefix entries no sequence holds. An attach of another set from the store
+   then finds no ready frame for its premap: once the store's first block is a hit, and
+   while the rest is read, the premap drops entries (the plan's order: set 0's, the least
+   recently used, first) for dst's pages and maps them ahead. */
+
+/* Fills t's device with sets 0..2 (attached, every byte checked, freed): their entries
+   stay, no sequence holds them. */
+static void fill_with_entries(struct tctx *t, uint8_t *b)
+{
+    for (int i = 0; i < 3; i++)
+        attach_set(t->kv, i, b);
+    struct kvvm_stats st;
+    tstats(t, &st);
+    cr_assert_eq(st.prefix_entries, 3u * NB, "%llu entries",
+                 (unsigned long long)st.prefix_entries);
+    cr_assert_lt(st.pages_device_free, (uint64_t)NR, "the device is not full of entries: %llu "
+                 "pages free", (unsigned long long)st.pages_device_free);
+}
+
+/* d holds blocks [0, nb) of set i, every byte of every region. */
+static void check_all(kvvm *kv, kvvm_seq d, int i, uint32_t nb)
+{
+    uint8_t *b = malloc((size_t)nb * PS);
+    cr_assert(b);
+    for (uint32_t r = 0; r < NR; r++) {
+        cr_assert_eq(kvvm_seq_read(kv, d, r, 0, b, (size_t)nb * PS), 0);
+        for (size_t j = 0; j < (size_t)nb * PS; j++)
+            cr_assert_eq(b[j], pat(i, r, j), "set %d region %u byte %zu", i, r, j);
+    }
+    free(b);
+}
+
+/* Which of set i's blocks are local entries now (kvvm_prefix_lookup's where: 0 the
+   device, else a tier below or the store): the count on the device. */
+static size_t on_device(kvvm *kv, int i)
+{
+    kvvm_key k[NB];
+    uint8_t where[NB];
+    keys_of(i, k);
+    memset(where, 0xff, sizeof where);
+    cr_assert_geq(kvvm_prefix_lookup(kv, 1, k, NB, where), 0);
+    size_t n = 0;
+    for (size_t j = 0; j < NB; j++)
+        n += where[j] == KVVM_TIER_DEVICE;
+    return n;
+}
+
+Test(store_attach, full_device_attach_drops_entries_every_byte_right)
+{
+    TH_DEADLINE(120);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_seq d = attach_only(t.kv, 3);
+    check_all(t.kv, d, 3, NB);
+    tstats(&t, &s1);
+    /* set 3's NB * NR pages came from set 0's entries (the least recently used), NB of
+       them, each NR pages: dropped as counted, the new ones entered */
+    cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "%llu entries dropped",
+                 (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_entries, 3u * NB, "%llu entries",
+                 (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(on_device(t.kv, 0), 0, "set 0's entries were not the ones dropped");
+    cr_expect_eq(on_device(t.kv, 1), NB);
+    cr_expect_eq(on_device(t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    check_free(t.kv, attach_only(t.kv, 0), 0, b);   /* set 0 from the store again, right */
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* An attach whose first block misses in the store drops nothing for room, device full or
+   not (the room is made only for blocks the store confirmed): no entry evicted, none gone
+   from the device, nothing mapped. */
+Test(store_attach, full_device_attach_that_misses_drops_nothing)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    kvvm_key k[NB];
+    keys_of(SETS + 7, k);         /* never published */
+    kvvm_seq d;
+    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    uint64_t m0 = all_maps();
+    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, NB), 0);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.prefix_evictions, s0.prefix_evictions, "a miss dropped %llu entries",
+                 (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_entries, 3u * NB);
+    cr_expect_eq(all_maps(), m0, "a miss mapped %llu pages",
+                 (unsigned long long)(all_maps() - m0));
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(on_device(t.kv, i), NB, "set %d", i);
+    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* The same attach with the store's reads hung but each batch's first (STORE_HANG_TAIL):
+   the room is made and dst's pages premapped while the reads are in flight (the live
+   mappings grow by every block's pages, set 0's entries are gone, dst still empty); the
+   reads released complete short (a miss after the first block): the call succeeds with
+   that one block and the drops stand (docs/api.md: the room is made from the cache for
+   blocks the store confirmed, a cache replacement). The stats agree (entries: 2 sets and
+   the one block; evictions: set 0's NB), the premapped pages not used are given back, and
+   the debug build's checker runs after every call. Before the room made ahead, a full
+   device dropped nothing before the reads ended: the wait below ran into the deadline. */
+Test(store_attach, full_device_room_made_while_reads_in_flight_short_read_keeps_drops)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(3, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    uint64_t maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    /* set 0's entries dropped and dst's pages premapped in one locked section: the drops
+       seen, the premap is done */
+    do {
+        usleep(1000);
+        tstats(&t, &s1);
+    } while (s1.prefix_evictions - s0.prefix_evictions < NB);
+    cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR, "dst's pages not premapped from the "
+                 "frames the drops freed: %llu maps", (unsigned long long)(all_maps() - maps0));
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, 0, "dst's length changed before its bytes were read");
+    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries while the reads are in flight",
+                 (unsigned long long)s1.prefix_entries);
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* each hung read completes short */
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, 1, "the first block read, the others short (misses): %d", h.rc);
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, TPB);
+    check_all(t.kv, h.d, 3, 1);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "the drops were not counted "
+                 "once each: %llu", (unsigned long long)(s1.prefix_evictions -
+                                                         s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_entries, 2u * NB + 1, "%llu entries",
+                 (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(s1.pages_device_free, (uint64_t)(NB - 1) * NR, "the premapped pages not used "
+                 "were not given back: %llu free", (unsigned long long)s1.pages_device_free);
+    cr_expect_eq(on_device(t.kv, 0), 0);
+    cr_expect_eq(on_device(t.kv, 1), NB);
+    cr_expect_eq(on_device(t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    check_free(t.kv, attach_only(t.kv, 0), 0, b);
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* The failed-call rule for the room made ahead: the drops are made in a call frame of
+   their own while the reads are in flight, so the locked part's journal cannot take them
+   back. Here the locked part fails after them (another thread grows dst meanwhile: not
+   empty, -EINVAL): the call fails -EIO, with the error log and last error a failed call
+   whose reclaim dropped an entry no undo takes back gives today (swap_call_end), not
+   silently; the context stays usable and consistent (checker), dst keeps what the other
+   thread grew, nothing of the store's bytes entered, the entries 1 and 2 on the device. */
+static void *failing_attach_run(void *p)
+{
+    struct hung_attach *h = p;
+    h->rc = kvvm_prefix_attach(h->kv, h->d, 1, h->k, NB);
+    static char why[512];
+    snprintf(why, sizeof why, "%s", kvvm_last_error());
+    return why;
+}
+
+Test(store_attach, full_device_room_made_ahead_then_locked_part_fails)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    topen(&t, &c);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    fill_with_entries(&t, b);
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(3, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    uint64_t maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, failing_attach_run, &h), 0);
+    do {                        /* the room made and dst premapped, as above */
+        usleep(1000);
+        tstats(&t, &s1);
+    } while (s1.prefix_evictions - s0.prefix_evictions < NB);
+    cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR);
+    cr_assert_eq(kvvm_seq_grow(t.kv, h.d, TPB), 0, "%s", kvvm_last_error());
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    void *why;
+    cr_assert_eq(pthread_join(th, &why), 0);
+    cr_expect_eq(h.rc, -EIO, "the attach failed after drops no undo takes back: %d (%s)",
+                 h.rc, (char *)why);
+    cr_expect(strstr(why, "could not be undone"), "last error: %s", (char *)why);
+    struct kvvm_seq_info in = { .size = sizeof in };
+    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(in.length, TPB, "dst lost the other thread's grow");
+    tstats(&t, &s1);
+    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries",
+                 (unsigned long long)s1.prefix_entries);
+    cr_expect_eq(on_device(t.kv, 1), NB);
+    cr_expect_eq(on_device(t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    check_free(t.kv, attach_only(t.kv, 3), 3, b);   /* the context goes on: set 3, right */
+    free(b);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* The room made ahead moves no data: with KVVM_F_AUTO_SWAP, a host tier and a device full
+   of unprotected LIVE sequences (all but one block's pages), the attach's premap maps the
+   one block's frames it finds ready and swaps nothing out while the reads are in flight
+   (the LIVE sequences leave, if at all, in the locked part's own reclaim, journalled). */
+Test(store_attach, room_made_ahead_swaps_no_live_sequence_out)
+{
+    TH_DEADLINE(60);
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    c.flags |= KVVM_F_AUTO_SWAP;
+    c.host_budget = (size_t)4 * NB * NR * PS;
+    c.map_ahead = 0;              /* the one free block's frames stay ready */
+    c.device_min = c.device_low = c.device_high = 0;   /* no watermark reclaim */
+    c.create_at_open = 1;
+    topen(&t, &c);
+    kvvm_seq live[3];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kvvm_seq_create(t.kv, &live[i]), 0);
+        cr_assert_eq(kvvm_seq_grow(t.kv, live[i], (uint64_t)(i < 2 ? NB : NB - 1) * TPB), 0,
+                     "%s", kvvm_last_error());
+    }
+    cr_assert_eq(kvvm_step(t.kv), 0);           /* unprotected: reclaim could swap them */
+    struct kvvm_stats s0, s1;
+    tstats(&t, &s0);
+    cr_assert_eq(s0.pages_device_free, NR, "%llu free", (unsigned long long)s0.pages_device_free);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(3, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    uint64_t maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    while (all_maps() < maps0 + NR)             /* the premap's one block, reads hung */
+        usleep(1000);
+    tstats(&t, &s1);
+    cr_expect_eq(s1.swap_outs, s0.swap_outs, "the room made ahead swapped %llu sequences out",
+                 (unsigned long long)(s1.swap_outs - s0.swap_outs));
+    cr_expect_eq(all_maps(), maps0 + NR, "more than the ready frames premapped");
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, 1, "%d", h.rc);
+    check_all(t.kv, h.d, 3, 1);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(kvvm_seq_free(t.kv, live[i]), 0);
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
+/* The fail-at-call-N sweep over a full-device attach from the store: every driver call of
+   the traced attach (the room made ahead and the premap's maps, the grow, the copies, the
+   releases) failed in turn. At every point: the context dead (a sticky failure), or the
+   call returned what dst holds (its bytes the store's), the entries counted as dropped
+   and attached (entries = the fill's - evictions + blocks attached), the checker clean;
+   a failure other than -EIO changed nothing (no entry dropped, the free pages as before);
+   a -EIO of a live context left dst empty (the room made ahead not undoable: the failed
+   reclaim's -EIO, docs/api.md). */
+struct fs_arg {
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    kvvm_key k[NB];
+    kvvm_seq dst;
+    struct kvvm_stats s0;
+};
+
+static void fs_setup(void *p)
+{
+    struct fs_arg *a = p;
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    topen(&a->t, &a->c);
+    fill_with_entries(&a->t, b);
+    free(b);
+    cr_assert_eq(kvvm_seq_create(a->t.kv, &a->dst), 0);
+    cr_assert_eq(kvvm_sync(a->t.kv), 0);
+    tstats(&a->t, &a->s0);
+}
+
+/* 0: all NB blocks; 1 + m: m blocks reported. */
+static int fs_call(void *p)
+{
+    struct fs_arg *a = p;
+    int rc = kvvm_prefix_attach(a->t.kv, a->dst, 1, a->k, NB);
+    return rc == (int)NB ? 0 : rc < 0 ? rc : 1 + rc;
+}
+
+static void fs_teardown(void *p)
+{
+    struct fs_arg *a = p;
+    if (a->t.kv)
+        tclose(&a->t);
+}
+
+static enum th_sweep_outcome fs_after(void *p, int rc, const char *where)
+{
+    struct fs_arg *a = p;
+    kvvm *kv = a->t.kv;
+    if (kvvm_sync(kv) == -EIO)
+        return TH_SWEEP_DEAD;
+    uint64_t m = rc == 0 ? NB : rc > 0 ? (uint64_t)rc - 1 : 0;
+    struct kvvm_seq_info in = { .size = sizeof in };
+    UCHK(kvvm_seq_info(kv, a->dst, &in) == 0, "%s: dst", where);
+    UCHK(in.length == m * TPB, "%s: dst holds %llu tokens, %llu blocks reported", where,
+         (unsigned long long)in.length, (unsigned long long)m);
+    uint8_t *b = malloc(PS);
+    cr_assert(b);
+    bool same = true;
+    for (uint32_t r = 0; r < NR && same; r++)
+        for (uint64_t blk = 0; blk < m && same; blk++) {
+            UCHK(kvvm_seq_read(kv, a->dst, r, blk * PS, b, PS) == 0, "%s: read", where);
+            for (size_t j = 0; j < PS && same; j++)
+                same = b[j] == pat(3, r, blk * PS + j);
+        }
+    free(b);
+    UCHK(same, "%s: attached bytes", where);
+    struct kvvm_stats st;
+    tstats(&a->t, &st);
+    uint64_t ev = st.prefix_evictions - a->s0.prefix_evictions;
+    UCHK(st.prefix_entries == 3u * NB - ev + m, "%s: %llu entries, %llu evicted, %llu "
+         "attached", where, (unsigned long long)st.prefix_entries, (unsigned long long)ev,
+         (unsigned long long)m);
+    if (rc < 0 && rc != -EIO) {
+        UCHK(ev == 0, "%s: a failed call dropped %llu entries", where, (unsigned long long)ev);
+        UCHK(st.pages_device_free == a->s0.pages_device_free, "%s: %llu pages free, %llu "
+             "before", where, (unsigned long long)st.pages_device_free,
+             (unsigned long long)a->s0.pages_device_free);
+    }
+    th_check(kv, where);
+    return rc == 0 ? TH_SWEEP_ABSORBED : TH_SWEEP_FAILED;
+}
+
+Test(store_attach, sweep_full_device_attach_room_made_ahead)
+{
+    TH_DEADLINE(600);
+    static struct fs_arg a;
+    published_store(a.dir, sizeof a.dir, a.url, sizeof a.url, &a.c);
+    keys_of(3, a.k);
+    struct th_sweep s = { .name = "full-device attach from the store", .arg = &a,
+                          .setup = fs_setup, .call = fs_call, .teardown = fs_teardown,
+                          .after = fs_after };
+    th_sweep_run(&s);
+    rmdir_all(a.dir);
+}

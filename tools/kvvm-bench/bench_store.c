@@ -552,7 +552,8 @@ static int bench_store_attach(struct bench_ctx *bc, const char *group, const cha
                             tg, t, "store_get of the same entries", "MiB/s", 0);
         /* the device holds AB_ROOM sets: the warm-up's and the first trials' attaches find
            ready frames (premapped while the store reads), the later ones a device full of
-           the earlier sets' entries (room made, pages mapped after the read) */
+           the earlier sets' entries (room made by dropping them, then premapped, while the
+           store reads) */
         double rr[2][BENCH_MAX_TRIALS];
         int nr[2] = { 0, 0 };
         for (int i = 0; i < t && i < BENCH_MAX_TRIALS; i++) {
