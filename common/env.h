@@ -39,7 +39,9 @@
       "the GPU tests' CUDA device ordinal (default 0)")                                     \
     X(KVVM_SKIP_SANITIZERS, "scripts/test.sh", "1: skip the sanitizer builds and runs")     \
     X(KVVM_BENCH_POOL_GIVE, "tools/kvvm-bench/bench_pool.c",                                \
-      "set: kvvm-bench's pool group runs its giving-back row alone (a trace of it)")
+      "set: kvvm-bench's pool group runs its giving-back row alone (a trace of it)")       \
+    X(KVVM_BENCH_STORE, "tools/kvvm-bench/bench_store.c",                                   \
+      "kvvm-bench's store group: the parts to run (redis,redis-cluster,file,attach)")
 
 enum kenv_id {
 #define X(name, reader, doc) KENV_##name,

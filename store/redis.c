@@ -7,13 +7,18 @@
  * deadline) and parses replies (a redisReader fed by this file), except a get batch's, which
  * this file parses itself so that values land in the caller's buffers (struct gets); the
  * socket is then ours, non-blocking, and every wait is a ppoll bounded by the request's
- * deadline. Commands are written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL)
- * straight from the caller's buffers: a SET's value goes out as [command and header]
+ * deadline (a get batch's stream is first waited for awake, briefly: g_await). Commands
+ * are written as RESP by hand and sent with sendmsg(MSG_NOSIGNAL) straight from the
+ * caller's buffers: a SET's value goes out as [command and header]
  * [payload iovecs] ["\r\n"], with no copy of the payload (hiredis's own
  * redisAppendCommandArgv formats a copy, then copies it into its output buffer), and no
  * SIGPIPE when the server is gone. A batch is one pipeline: every command is sent, then
  * every reply read; while a send waits for room, the replies already there are read, so
  * neither side's buffers can fill up and stall both.
+ *
+ * Size: over 1000 lines: the connection, the pipelined requests and a get batch's own RESP
+ * parser all work on the connection's private state (struct rstore, its waits); apart, they
+ * would need that state in a header of their own.
  *
  * Any failure of the connection itself (a timeout, a reset, a protocol error) drops it:
  * the replies still owed on it could otherwise be matched with later requests. The next
@@ -405,6 +410,8 @@ static void put_reply(void *arg, size_t i, const redisReply *rep)
                                     and a little of the header, so that the value itself
                                     goes by recvmsg into its buffers, not through rbuf */
 #define LARGE_VALUE (16u << 10)
+#define SPIN_NS (50u * 1000u)    /* g_await: how long a batch's stream is waited for awake */
+#define SPIN_TRY_NS 1000u        /* and how often the socket is tried meanwhile */
 
 struct gets {
     struct batch_ctx *c;
@@ -415,6 +422,8 @@ struct gets {
     size_t vlen;                 /* its length */
     struct iovec *seg;           /* where it goes: seg[si, nseg); nseg 0: dropped (-EBADMSG) */
     int nseg, si;
+    uint64_t got;                /* bytes received so far (g_await sees the stream move) */
+    int asleep;                  /* a wait awake saw nothing come: sleep from then on */
     uint8_t hdr[STORE_HDR_BYTES];
     char crlf[2];
 };
@@ -527,6 +536,7 @@ static int g_step(struct rstore *r)
                                 .msg_iovlen = (size_t)(cnt < IOV_MAX ? cnt : IOV_MAX) };
             ssize_t got = recvmsg(r->fd, &m, MSG_DONTWAIT);
             if (got > 0) {
+                g->got += (size_t)got;
                 g_take(g, NULL, (size_t)got);
                 continue;
             }
@@ -562,6 +572,7 @@ static int g_step(struct rstore *r)
             room = LINE_PEEK;    /* small values: as much as there is, many per recv */
         ssize_t got = recv(r->fd, r->rbuf + g->have, room, MSG_DONTWAIT);
         if (got > 0) {
+            g->got += (size_t)got;
             g->have += (size_t)got;
             continue;
         }
@@ -569,6 +580,44 @@ static int g_step(struct rstore *r)
             continue;
         return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -ENOTCONN;
     }
+}
+
+static void spin_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+/* Waits for more of a get batch's replies (g_step found the socket empty). 0, or
+   r_wait's failure. Once the replies flow (a reply read, or a value begun), this thread,
+   faster per byte than the server, finds the socket empty between the server's segments
+   every few values, and a sleep (ppoll) there costs a wake-up per gap, which on an idle VM
+   made the batch slower than the raw hiredis loop (docs/design.md): the gap is waited out
+   awake for up to SPIN_NS (the socket tried every SPIN_TRY_NS); when nothing came in that
+   time (a slow or busy server), the batch's later waits sleep at once (g->asleep): a loaded
+   machine loses at most about SPIN_NS of CPU per batch to it. Never past the deadline. */
+static int g_await(struct rstore *r, uint64_t deadline)
+{
+    struct gets *g = r->g;
+    if (!g->asleep && (g->i || g->value)) {
+        uint64_t got = g->got, now = know_ns();
+        uint64_t until = now + SPIN_NS < deadline ? now + SPIN_NS : deadline;
+        while (now < until) {
+            uint64_t next = now + SPIN_TRY_NS;
+            while ((now = know_ns()) < next)
+                spin_pause();
+            int rc = g_step(r);
+            if (rc < 0)
+                return rc;
+            if (rc || g->got != got)
+                return 0;        /* the caller's g_step goes on from there */
+        }
+        g->asleep = 1;
+    }
+    return r_wait(r, POLLIN, deadline);
 }
 
 static void exists_reply(void *arg, size_t i, const redisReply *rep)
@@ -677,7 +726,7 @@ static void r_get_finish(struct rstore *r, struct rget *q)
     if (q->ready) {              /* (r_ready refused: nothing sent, nothing to drop) */
         r->g = &q->g;
         while (!rc && (rc = g_step(r)) == 0)
-            rc = r_wait(r, POLLIN, q->deadline);
+            rc = g_await(r, q->deadline);
         r->g = NULL;
         rc = rc == 1 ? 0 : rc;
         if (rc && r->fd >= 0)

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <hiredis.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -578,6 +579,80 @@ Test(store_redis, stopped_server_calls_return_in_time)
     pair_free(&w, &r);
     store_close(st);
     rsrv_stop(&s);
+}
+
+/* A fake server: PING's +PONG on the store's two connections (the front lane's at open, the
+   read lane's at its first request), then on the second, for the GETs, a value of another
+   length than asked (read and dropped: a miss) and the start of a second one, and then
+   nothing until the test ends (a stall). */
+struct stall_srv {
+    int lfd, stop[2];
+};
+
+static void *stall_run(void *arg)
+{
+    struct stall_srv *s = arg;
+    static char val[3 * 1024];
+    char buf[4096];
+    int fd[2] = { -1, -1 }, ok = 1;
+    memset(val, 'x', sizeof val);
+    for (int c = 0; c < 2 && ok; c++) {
+        fd[c] = accept(s->lfd, NULL, NULL);
+        ok = fd[c] >= 0 && read(fd[c], buf, sizeof buf) > 0 && write(fd[c], "+PONG\r\n", 7) == 7;
+    }
+    if (ok && read(fd[1], buf, sizeof buf) > 0 && write(fd[1], "$1000\r\n", 7) == 7 &&
+        write(fd[1], val, 1000) == 1000 && write(fd[1], "\r\n", 2) == 2) {
+        char line[32];
+        int n = snprintf(line, sizeof line, "$%d\r\n", STORE_HDR_BYTES + 8192);
+        if (write(fd[1], line, (size_t)n) == n)
+            (void)!write(fd[1], val, sizeof val);         /* part of the value: the stall */
+    }
+    (void)!read(s->stop[0], buf, 1);                     /* until the test ends */
+    for (int c = 0; c < 2; c++)
+        if (fd[c] >= 0)
+            close(fd[c]);
+    return NULL;
+}
+
+/* A server that stops in the middle of a get batch's replies, after the stream began (the
+   wait then spins awake for a while before it sleeps: g_await): the call still returns
+   within its timeout, the dropped value a miss, the rest timed out, all counted. */
+Test(store_redis, stall_mid_stream_returns_in_time)
+{
+    TH_DEADLINE(30);
+    struct stall_srv s;
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t alen = sizeof a;
+    s.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(s.lfd >= 0 && pipe(s.stop) == 0);
+    cr_assert_eq(bind(s.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(s.lfd, 1), 0);
+    cr_assert_eq(getsockname(s.lfd, (struct sockaddr *)&a, &alen), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, stall_run, &s), 0);
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", ntohs(a.sin_port));
+    const uint32_t tmo = 300;
+    struct store *st = sopen(url, tmo);
+    struct batch w, r;
+    pair_make(&w, &r, 3, 4096, 0);
+    uint64_t t0 = now_ns();
+    cr_expect_eq(store_get(st, &L1, 1, r.items, 3), 0);
+    uint64_t ms = ms_since(t0);
+    cr_expect_leq(ms, 3 * tmo, "the get took %llu ms with a %u ms timeout",
+                  (unsigned long long)ms, tmo);
+    cr_expect_eq(r.items[0].status, -EBADMSG, "a value of another length: %d",
+                 r.items[0].status);
+    cr_expect_eq(r.items[1].status, -ETIMEDOUT, "the stalled value: %d", r.items[1].status);
+    cr_expect_eq(r.items[2].status, -ETIMEDOUT);
+    cr_expect_eq(sstats(st).errors, 3);
+    store_close(st);
+    cr_assert_eq(write(s.stop[1], "x", 1), 1);
+    pthread_join(th, NULL);
+    close(s.lfd);
+    close(s.stop[0]);
+    close(s.stop[1]);
+    pair_free(&w, &r);
 }
 
 /* Killed and restarted: requests in between fail (counted); later puts land. */

@@ -586,6 +586,21 @@ static int bench_store_attach(struct bench_ctx *bc, const char *group, const cha
     return rc;
 }
 
+/* Whether KVVM_BENCH_STORE (a comma-separated list of parts: redis, redis-cluster, file,
+   attach) names part; unset or empty: every part runs. A quicker loop for one backend's
+   put / get rows while working on it (its attach rows only with "attach" listed). */
+static int part_on(const char *part)
+{
+    const char *l = getenv("KVVM_BENCH_STORE");
+    size_t n = strlen(part);
+    if (!l || !*l)
+        return 1;
+    for (const char *p = l; *p; p += strcspn(p, ","), p += *p == ',')
+        if (strcspn(p, ",") == n && !strncmp(p, part, n))
+            return 1;
+    return 0;
+}
+
 static int bench_store_redis(struct bench_ctx *bc)
 {
     if (system("command -v redis-server >/dev/null 2>&1") != 0) {
@@ -603,7 +618,7 @@ static int bench_store_redis(struct bench_ctx *bc)
         snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
         struct raw raw = { raw_redis_fn, c, "hiredis" };
         rc = run_sizes(bc, "store/redis", url, &raw);
-        if (!rc)
+        if (!rc && part_on("attach"))
             rc = bench_store_attach(bc, "store/redis", url);
         redisFree(c);
         kill(pid, SIGKILL);
@@ -628,7 +643,7 @@ static int bench_store_file(struct bench_ctx *bc)
     if (!rc) {
         struct raw raw = { raw_files_fn, &rf, "io_uring" };
         rc = run_sizes(bc, "store/file", url, &raw);
-        if (!rc)
+        if (!rc && part_on("attach"))
             rc = bench_store_attach(bc, "store/file", url);
         io_uring_queue_exit(&rf.ring);
     }
@@ -817,7 +832,7 @@ static int bench_store_cluster(struct bench_ctx *bc)
                  port[1]);
         struct raw raw = { raw_cluster_fn, rc, "hiredis/node" };
         r = run_sizes(bc, "store/redis-cluster", url, &raw);
-        if (!r)
+        if (!r && part_on("attach"))
             r = bench_store_attach(bc, "store/redis-cluster", url);
     } else {
         fprintf(stderr, "kvvm-bench store: the cluster did not start\n");
@@ -840,8 +855,8 @@ static int bench_store_cluster(struct bench_ctx *bc)
 
 int bench_store(struct bench_ctx *bc)
 {
-    int rc = bench_store_redis(bc);
-    int rcl = bench_store_cluster(bc);
-    int rf = bench_store_file(bc);
+    int rc = part_on("redis") ? bench_store_redis(bc) : 0;
+    int rcl = part_on("redis-cluster") ? bench_store_cluster(bc) : 0;
+    int rf = part_on("file") ? bench_store_file(bc) : 0;
     return rc ? rc : rcl ? rcl : rf;
 }
