@@ -21,10 +21,10 @@
  * when unknown). A frame is made ahead only below dev (made before any release while there
  * is room: the next take-back wants the reserve ready, the releases only make room), and a
  * take that must create with no ready frame first releases dying frames while the sum would
- * pass it. So a pool whose frames are all leased keeps its reserve
- * where the device has room past the pool (issue 34: a take-back then grants ready frames instead
- * of creating them on the asker's path), and the pool's figures never count it (free_bytes is
- * pool_frames - leased: ready frames are no client's and no part of the pool's accounting).
+ * pass it. So a pool whose frames are all leased keeps its reserve where the device has room
+ * past the pool (issue 34: a take-back then grants ready frames instead of creating them on
+ * the asker's path), and the pool's figures never count it (free_bytes is pool_frames -
+ * leased: ready frames are no client's and no part of the pool's accounting).
  * During a take-back (a lease waits, a client is asked, or an asker holds a credit) no frame is
  * made past the pool and no dying frame is released: the loop serves the giver's RETURNs and the
  * grants first, and the giver's copies and the asker's imports have the CPU; frames made ahead or
