@@ -38,10 +38,11 @@
 #include "server_int.h"
 #include "vmm/vmm.h"
 
-/* Every live or ready frame holds descriptors here: its export (srv_frame.xfd, kept for
-   its life), and on the emulated device its memfd and export description too. A limit
-   below what the whole pool and its reserve need is said at start: past it a frame's
-   create or export fails, and a lease gets fewer frames (-ENOMEM), as on a short device. */
+/* Every live, ready or dying frame holds descriptors here: its export (srv_frame.xfd,
+   kept for its life, closed at its release), and on the emulated device its memfd and
+   export description too. A limit below what the whole pool and its reserve need is said
+   at start: past it a frame's create or export fails, and a lease gets fewer frames
+   (-ENOMEM), as on a short device. */
 static void fd_limit_check(const struct pool_srv *s)
 {
     struct srv_reserve_counts k;

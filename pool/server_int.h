@@ -215,9 +215,10 @@ void srv_reserve_close(struct pool_srv *s);
    handle and its exported descriptor (the frame's for its life: srv_frame.xfd). 0; -errno
    (the device short). */
 int  srv_reserve_take(struct pool_srv *s, vmm_handle *h, int *fd);
-/* A dead frame's handle (s->leased just dropped by one; its export closed by the caller):
-   released when the loop is idle (at once with no reserve). */
-void srv_reserve_dispose(struct pool_srv *s, vmm_handle h);
+/* A dead frame's handle h and its export xfd (s->leased just dropped by one), both the
+   reserve's now: xfd closed, then h released, when the loop is idle and no take-back is on
+   (at once with no reserve), so that a take-back's RETURNs make no system call per frame. */
+void srv_reserve_dispose(struct pool_srv *s, vmm_handle h, int xfd);
 /* The reserve has work (a release, or a frame to make ahead): the loop polls without
    waiting and calls srv_reserve_work when no event came. */
 bool srv_reserve_busy(const struct pool_srv *s);

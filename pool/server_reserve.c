@@ -14,15 +14,17 @@
  *
  * Counts: live = the daemon's live frames (s->leased, mirrored here: take adds one, dispose takes
  * one off), ready = fresh frames made ahead (held by no client), dying = dead frames whose handle
- * is still to be released. The device holds live + ready + dying frames, never more than dev: the
- * pool, plus the room the device had past it at open (its free memory then less a margin of 1/20
- * of its size, the budget's own margin; none when unknown). A frame is made ahead only below dev
- * (made before any release while there is room: the next take-back wants the reserve ready, the
- * releases only make room), and a take that must create with no ready frame first releases dying
- * frames while the sum would pass it. So a pool whose frames are all leased keeps its reserve
- * where the device has room past the pool (issue 34: a take-back then grants ready frames instead
- * of creating them on the asker's path), and the pool's figures never count it (free_bytes is
- * pool_frames - leased: ready frames are no client's and no part of the pool's accounting).
+ * and export descriptor are still to be released (the close waits with the release: a
+ * take-back's RETURNs make no system call per frame here). The device holds live + ready +
+ * dying frames, never more than dev: the pool, plus the room the device had past it at open
+ * (its free memory then less a margin of 1/20 of its size, the budget's own margin; none
+ * when unknown). A frame is made ahead only below dev (made before any release while there
+ * is room: the next take-back wants the reserve ready, the releases only make room), and a
+ * take that must create with no ready frame first releases dying frames while the sum would
+ * pass it. So a pool whose frames are all leased keeps its reserve where the device has room
+ * past the pool (issue 34: a take-back then grants ready frames instead of creating them on
+ * the asker's path), and the pool's figures never count it (free_bytes is pool_frames -
+ * leased: ready frames are no client's and no part of the pool's accounting).
  * During a take-back (a lease waits, a client is asked, or an asker holds a credit) no frame is
  * made past the pool and no dying frame is released: the loop serves the giver's RETURNs and the
  * grants first, and the giver's copies and the asker's imports have the CPU; frames made ahead or
@@ -47,6 +49,13 @@ struct srv_ready {
     int fd;                             /* its export (the caller closes after sending) */
 };
 
+/* A dead frame to release: its handle and its export, closed at the release (issue 34: a
+   take-back's RETURNs make no system call per frame in the daemon). */
+struct srv_dying {
+    vmm_handle h;
+    int xfd;
+};
+
 struct srv_reserve {
     struct vmm *v;
     size_t page, pool, max;             /* max: the most kept ready now (base .. dev) */
@@ -56,7 +65,7 @@ struct srv_reserve {
     size_t live;
     struct srv_ready *ready;            /* max of them */
     size_t n_ready;
-    vmm_handle *dying;
+    struct srv_dying *dying;
     size_t n_dying, cap_dying;
     bool failed;                        /* the last create ahead failed: none until a frame
                                            dies (the device is short) */
@@ -76,10 +85,20 @@ static int frame_make(struct srv_reserve *r, struct srv_ready *out)
     return 0;
 }
 
-static void frame_drop(struct srv_reserve *r, vmm_handle h)
+/* Releases a frame; xfd (its export, -1: none) closed first: no export keeps it. */
+static void frame_drop(struct srv_reserve *r, vmm_handle h, int xfd)
 {
+    if (xfd >= 0)
+        close(xfd);
     if (vmm_phys_release(r->v, h))
         srv_say("a frame's release failed (the driver refused); it stays allocated");
+}
+
+/* Releases the last dying frame. */
+static void dying_drop(struct srv_reserve *r)
+{
+    struct srv_dying d = r->dying[--r->n_dying];
+    frame_drop(r, d.h, d.xfd);
 }
 
 /* Frames on the device now: never more than dev. */
@@ -120,11 +139,10 @@ void srv_reserve_close(struct pool_srv *s)
     if (!r)
         return;
     while (r->n_dying)
-        frame_drop(r, r->dying[--r->n_dying]);
+        dying_drop(r);
     while (r->n_ready) {
         struct srv_ready *f = &r->ready[--r->n_ready];
-        close(f->fd);
-        frame_drop(r, f->h);
+        frame_drop(r, f->h, f->fd);
     }
     free(r->dying);
     free(r->ready);
@@ -146,7 +164,7 @@ int srv_reserve_take(struct pool_srv *s, vmm_handle *h, int *fd)
     }
     /* none ready: made here, after releasing what would push the device past the pool */
     while (r->n_dying && on_device(r) + 1 > r->dev)
-        frame_drop(r, r->dying[--r->n_dying]);
+        dying_drop(r);
     KVVM_ASSERT(on_device(r) + 1 <= r->dev);
     struct srv_ready f;
     int rc = frame_make(r, &f);
@@ -165,7 +183,7 @@ static int dying_grow(struct srv_reserve *r)
     if (r->n_dying < r->cap_dying)
         return 0;
     size_t cap = r->cap_dying ? 2 * r->cap_dying : 64;
-    vmm_handle *n = realloc(r->dying, cap * sizeof *n);
+    struct srv_dying *n = realloc(r->dying, cap * sizeof *n);
     if (!n)
         return -ENOMEM;
     r->dying = n;
@@ -173,16 +191,17 @@ static int dying_grow(struct srv_reserve *r)
     return 0;
 }
 
-void srv_reserve_dispose(struct pool_srv *s, vmm_handle h)
+void srv_reserve_dispose(struct pool_srv *s, vmm_handle h, int xfd)
 {
     struct srv_reserve *r = s->rsv;
     KVVM_ASSERT(r->live > 0 && r->live == s->leased + 1);
     r->live--;
     r->failed = false;                      /* the device has a frame less in use */
-    if (r->max && !dying_grow(r))
-        r->dying[r->n_dying++] = h;         /* released when the loop is idle */
+    if (r->max && !dying_grow(r))           /* released (export closed) when the loop is
+                                               idle */
+        r->dying[r->n_dying++] = (struct srv_dying){ .h = h, .xfd = xfd };
     else
-        frame_drop(r, h);                   /* no reserve (or no memory for the queue) */
+        frame_drop(r, h, xfd);              /* no reserve (or no memory for the queue) */
 }
 
 /* Room for one more frame made ahead: below dev, and below the pool during a take-back. */
@@ -213,7 +232,7 @@ void srv_reserve_work(struct pool_srv *s)
                                                make room; else after the reserve is made
                                                (the next take-back wants it ready) */
         if (release_due(s, r)) {
-            frame_drop(r, r->dying[--r->n_dying]);
+            dying_drop(r);
             r->k.released_ahead++;
         }
         return;

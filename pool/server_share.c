@@ -52,9 +52,9 @@ void srv_frame_settle(struct pool_srv *s, size_t slot)
         return;
     KVVM_ASSERT(s->leased > 0 && f->xfd >= 0);
     s->leased--;
-    close(f->xfd);                          /* before the release: no export keeps it */
+    srv_reserve_dispose(s, f->h, f->xfd);   /* export closed, then released, off the
+                                               take-back (server_reserve.c) */
     f->xfd = -1;
-    srv_reserve_dispose(s, f->h);           /* released off the loop (server_reserve.c) */
     f->live = 0;
     f->h.h = 0;
     f->gen = (f->gen + 1) & 0x7fffffffu;    /* 31 bits: a client tags ids with bit 63 */
