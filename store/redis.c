@@ -410,7 +410,7 @@ static void put_reply(void *arg, size_t i, const redisReply *rep)
                                     and a little of the header, so that the value itself
                                     goes by recvmsg into its buffers, not through rbuf */
 #define LARGE_VALUE (16u << 10)
-#define SPIN_NS (50u * 1000u)    /* g_await: how long a batch's stream is waited for awake */
+#define SPIN_NS 50000u           /* g_await: how long a batch's stream is waited for awake */
 #define SPIN_TRY_NS 1000u        /* and how often the socket is tried meanwhile */
 
 struct gets {
