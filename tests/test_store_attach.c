@@ -794,6 +794,29 @@ Test(store_attach, full_device_attach_that_misses_drops_nothing)
     rmdir_all(dir);
 }
 
+/* The start of both tests below: a device full of entries (sets 0-2), the store's reads
+   hung but each batch's first (STORE_HANG_TAIL), and an attach of set 3 on its own thread
+   (run) into h->d, waited for until set 0's entries are dropped: the drops and the premap
+   are one locked section, so once the drops are seen the premap is done. *maps0: the live
+   mappings before the attach; s0 and s1 the stats before it and once the drops are seen. */
+static void hung_attach_start(struct tctx *t, uint8_t *b, struct hung_attach *h,
+                              void *(*run)(void *), pthread_t *th, uint64_t *maps0,
+                              struct kvvm_stats *s0, struct kvvm_stats *s1)
+{
+    fill_with_entries(t, b);
+    tstats(t, s0);
+    h->kv = t->kv;
+    keys_of(3, h->k);
+    cr_assert_eq(kvvm_seq_create(t->kv, &h->d), 0);
+    *maps0 = all_maps();
+    cr_assert_eq(store_test_hang(t->kv->store, STORE_HANG_TAIL), 0);
+    cr_assert_eq(pthread_create(th, NULL, run, h), 0);
+    do {
+        usleep(1000);
+        tstats(t, s1);
+    } while (s1->prefix_evictions - s0->prefix_evictions < NB);
+}
+
 /* The same attach with the store's reads hung but each batch's first (STORE_HANG_TAIL):
    the room is made and dst's pages premapped while the reads are in flight (the live
    mappings grow by every block's pages, set 0's entries are gone, dst still empty); the
@@ -813,23 +836,11 @@ Test(store_attach, full_device_room_made_while_reads_in_flight_short_read_keeps_
     topen(&t, &c);
     uint8_t *b = malloc(PS);
     cr_assert(b);
-    fill_with_entries(&t, b);
     struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
     static struct hung_attach h;
-    h.kv = t.kv;
-    keys_of(3, h.k);
-    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
-    uint64_t maps0 = all_maps();
-    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
-    /* set 0's entries dropped and dst's pages premapped in one locked section: the drops
-       seen, the premap is done */
-    do {
-        usleep(1000);
-        tstats(&t, &s1);
-    } while (s1.prefix_evictions - s0.prefix_evictions < NB);
+    uint64_t maps0;
+    hung_attach_start(&t, b, &h, hung_attach_run, &th, &maps0, &s0, &s1);
     cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR, "dst's pages not premapped from the "
                  "frames the drops freed: %llu maps", (unsigned long long)(all_maps() - maps0));
     struct kvvm_seq_info in = { .size = sizeof in };
@@ -887,21 +898,11 @@ Test(store_attach, full_device_room_made_ahead_then_locked_part_fails)
     topen(&t, &c);
     uint8_t *b = malloc(PS);
     cr_assert(b);
-    fill_with_entries(&t, b);
     struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
     static struct hung_attach h;
-    h.kv = t.kv;
-    keys_of(3, h.k);
-    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
-    uint64_t maps0 = all_maps();
-    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
     pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, failing_attach_run, &h), 0);
-    do {                        /* the room made and dst premapped, as above */
-        usleep(1000);
-        tstats(&t, &s1);
-    } while (s1.prefix_evictions - s0.prefix_evictions < NB);
+    uint64_t maps0;
+    hung_attach_start(&t, b, &h, failing_attach_run, &th, &maps0, &s0, &s1);
     cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR);
     cr_assert_eq(kvvm_seq_grow(t.kv, h.d, TPB), 0, "%s", kvvm_last_error());
     cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
