@@ -1053,18 +1053,28 @@ static uint32_t give_none(void *arg, uint32_t n)
     return 0;
 }
 
+/* A client of the daemon on path, its own emulated device *v attached and its connection
+   thread listening (asks answered with nothing given), for the two tests below. */
+static struct pool_cli *listening_client(const char *path, const char *name, struct vmm **v,
+                                         struct pool_welcome *w)
+{
+    struct pool_cli_params p = { .path = path, .name = name };
+    struct pool_cli *c = NULL;
+    cr_assert_eq(pool_cli_open(&p, &c, w), 0);
+    *v = client_vmm();
+    pool_cli_attach(c, *v);
+    cr_assert_eq(pool_cli_listen(c, give_none, NULL), 0);
+    return c;
+}
+
 Test(regress, connection_thread_woken_by_replies)
 {
     TH_DEADLINE(60);
     struct pd d;
     pd_start(&d, "4M");
-    struct pool_cli_params p = { .path = d.path, .name = "replies" };
-    struct pool_cli *c = NULL;
+    struct vmm *v;
     struct pool_welcome w;
-    cr_assert_eq(pool_cli_open(&p, &c, &w), 0);
-    struct vmm *v = client_vmm();
-    pool_cli_attach(c, v);
-    cr_assert_eq(pool_cli_listen(c, give_none, NULL), 0);
+    struct pool_cli *c = listening_client(d.path, "replies", &v, &w);
     struct pool_cli_counters k0, k1;
     pool_cli_counters(c, &k0);
     for (int i = 0; i < 200; i++) {
@@ -1094,13 +1104,9 @@ Test(regress, prefix_replies_wake_the_connection_thread)
     TH_DEADLINE(60);
     struct pd d;
     pd_start(&d, "4M");
-    struct pool_cli_params p = { .path = d.path, .name = "prefix-replies" };
-    struct pool_cli *c = NULL;
+    struct vmm *v;
     struct pool_welcome w;
-    cr_assert_eq(pool_cli_open(&p, &c, &w), 0);
-    struct vmm *v = client_vmm();
-    pool_cli_attach(c, v);
-    cr_assert_eq(pool_cli_listen(c, give_none, NULL), 0);
+    struct pool_cli *c = listening_client(d.path, "prefix-replies", &v, &w);
     struct pool_layout lay = { .n_regions = 2, .bytes_per_token = 512,
                                .page_size = w.page_size };
     uint8_t keys[4 * POOL_KEY_BYTES];
