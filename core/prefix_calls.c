@@ -252,6 +252,17 @@ static void store_unused(kvvm *kv, const struct storeq_fetch *f, int rc, size_t 
               "%s", f->got - used, f->got, why);
 }
 
+/* Locked, on the way out of attach_locked: what attach_premap mapped ahead of dst (an
+   empty dst with no local prefix, k0 0, f's blocks asked) and no grow took is given back
+   past map_ahead, also when the call fails before attaching (dst grown meanwhile by
+   another thread: the grow took some). A dst freed meanwhile has none; one that took the
+   daemon's prefix has none either (paging_seq_import drops its whole map-ahead). */
+static void premap_trim(kvvm *kv, kvvm_seq dst, size_t k0, const struct storeq_fetch *f)
+{
+    if (!k0 && f->m)
+        paging_seq_premap_trim(kv->pg, dst);
+}
+
 /* k0 the local prefix and f the store's blocks past it, as seen before the lock was taken
    (f empty without a store). */
 static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys,
@@ -266,6 +277,7 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
         rc = -ENOMEM;
     if (rc) {
         store_unused(kv, f, rc, k0, 0, 0, 1);
+        premap_trim(kv, dst, k0, f);
         return rc;
     }
     if (n < asked)                      /* docs/api.md: the attach is capped there */
@@ -294,8 +306,7 @@ static int attach_locked(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *ke
         !(in = store_in(kv, dst, ns, keys, k, k0 + f->got, k0, f)))
         t = k0 + f->got;                /* the store's blocks follow the local ones */
     store_unused(kv, f, rc, k0, k, t, in);
-    if (!k0 && f->m)                /* what attach_premap mapped and the grow did not take */
-        paging_seq_premap_trim(kv->pg, dst);
+    premap_trim(kv, dst, k0, f);
     prefix_count_hits(kv->pfx, rc ? 0 : t);
     swap_after_call(kv->sw);
     return rc ? rc : (int)t;

@@ -13,6 +13,7 @@
 #include "harness.h"
 #include "pool_daemon.h"
 #include "pool_share.h"
+#include "store_server.h"
 
 #define NB   4u                         /* blocks published */
 
@@ -38,12 +39,15 @@ struct pub_args {
                                            budget: the local entries are reclaimed and their
                                            frames must go back to the daemon, never reused
                                            here with the daemon's entries on them */
+    const char *store_url;              /* non-NULL: the blocks go to this store too (its
+                                           writes done by the close of free_first) */
 };
 
 static int publisher(const char *path, struct pub_args a, int ready_fd, int go_fd)
 {
     struct kvvm_config c;
     cfg(&c, path, "publisher", BPT);
+    c.store_url = a.store_url;
     if (a.churn)
         c.device_budget = (size_t)(NB + 2) * NREG * PD_GRAN;
     kvvm *kv = NULL;
@@ -567,6 +571,56 @@ Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
     pub_finish(&a, 'c');                /* the write: not in the publisher's pages */
     cr_expect_eq(run_attacher(d.path, 5, 9, BPT, NB, 0x4d, 0), 0,
                  "the entries' bytes: its exit code names the check");
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* With a pool and a store, an attach whose local index is empty reads the store's blocks,
+   and once the first is a hit premaps dst's pages for them (attach_premap: map-ahead past
+   map_ahead) while the rest is read; the daemon's prefix, as long, then wins, and
+   attach_locked returns before its paging_seq_premap_trim. Suspected of leaving dst's
+   premapped frames mapped ahead (until dst grows or is freed); it does not: the import
+   (paging_seq_import) unmaps dst's whole map-ahead before its pages take that same window
+   range, [0, NB). Counted on the emulator: the premap's maps and the swap-in's, and live
+   mappings for dst's pages only afterwards. */
+Test(prefix_pool, attach_from_the_pool_over_the_store_keeps_no_premapped_frame)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    char dir[64], url[96];
+    file_url(dir, sizeof dir, url, sizeof url);
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x5e, .salt = 13,
+                                                             .ns = 8, .free_first = true,
+                                                             .store_url = url });
+    struct kvvm_config c;
+    cfg(&c, d.path, "pool-and-store", BPT);
+    c.pool_thread = 0;                  /* no lease ahead: the counters move with the call */
+    c.create_at_open = 1;               /* ready frames for the premap */
+    c.store_url = url;
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    kvvm_key k[NB];
+    keys_of(k, 13);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    struct emu_counters e0 = emu_of(kv);
+    cr_assert_eq(kvvm_prefix_attach(kv, s, 8, k, NB), (int)NB, "%s", kvvm_last_error());
+    struct emu_counters e1 = emu_of(kv);
+    cr_expect_eq(STAT(kv, pool_hit_blocks), NB, "the daemon's prefix attached");
+    cr_expect_eq(STAT(kv, store_gets), NB, "the store's blocks read");
+    cr_expect_eq(STAT(kv, store_unused), NB, "and not used");
+    cr_expect_eq(e1.maps - e0.maps, 2 * NB * NREG, "the premap's maps, then the swap-in's: "
+                 "%llu", (unsigned long long)(e1.maps - e0.maps));
+    cr_expect_eq(e1.mappings - e0.mappings, NB * NREG, "dst's pages only stay mapped: %llu "
+                 "more (its premapped frames left mapped ahead past map_ahead 0)",
+                 (unsigned long long)(e1.mappings - e0.mappings));
+    cr_expect_eq(check(kv, s, NB * TPP, 0x5e), 0);
+    th_check(kv, "after the attach");
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);
+    kvvm_close(kv);
+    pub_finish(&a, 'x');
+    rmdir_all(dir);
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }

@@ -455,6 +455,49 @@ Test(store_attach, premap_while_reads_in_flight_then_given_back)
     rmdir_all(dir);
 }
 
+/* Regression: an attach whose locked part fails before attaching (dst found not empty,
+   grown meanwhile by another thread; no memory for the ids) returned before attach_locked's
+   paging_seq_premap_trim, so the pages attach_premap mapped ahead of dst and the other
+   thread's grow did not take stayed mapped ahead past map_ahead (0 here) until dst grew or
+   was freed: NB - 1 blocks' frames still mapped (free for accounting, as map-ahead is, so
+   only the live mappings show them) once the call returned. */
+Test(regress, failed_attach_kept_its_premapped_frames_mapped_ahead)
+{
+    TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
+    char dir[64], url[96];
+    struct kvvm_config c;
+    struct tctx t;
+    published_store(dir, sizeof dir, url, sizeof url, &c);
+    c.create_at_open = 1;         /* ready frames for the premap */
+    topen(&t, &c);
+    static struct hung_attach h;
+    h.kv = t.kv;
+    keys_of(0, h.k);
+    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    struct kvvm_stats st;
+    tstats(&t, &st);
+    uint64_t free0 = st.pages_device_free, maps0 = live_maps();
+    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
+    while (live_maps() < maps0 + (uint64_t)NB * NR)   /* the premap, the reads still hung */
+        usleep(1000);
+    cr_assert_eq(kvvm_seq_grow(t.kv, h.d, TPB), 0, "%s", kvvm_last_error());
+    cr_expect_eq(live_maps(), maps0 + (uint64_t)NB * NR, "the grow took a premapped page");
+    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_expect_eq(h.rc, -EINVAL, "dst not empty any more: %d", h.rc);
+    cr_expect_eq(live_maps(), maps0 + NR, "the premapped pages the grow did not take were not "
+                 "given back: %llu live mappings, %llu before", (unsigned long long)live_maps(),
+                 (unsigned long long)maps0);
+    tstats(&t, &st);
+    cr_expect_eq(st.pages_device_free, free0 - NR);
+    tcheck(&t, "after the failed attach");
+    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+    tclose(&t);
+    rmdir_all(dir);
+}
+
 /* An attach whose first block misses in the store maps nothing ahead (a miss costs no map
    and unmap of the pages a hit would have needed): the emulator counts no map during it. */
 Test(store_attach, attach_that_misses_premaps_nothing)
