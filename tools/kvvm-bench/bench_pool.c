@@ -18,9 +18,13 @@
  *    grow leases and imports, or creates, on the caller's thread);
  *  - giving back: B's grow that needs N = 256 frames while idle A, a process of its own,
  *    holds the whole pool in unprotected LIVE sequences (A has KVVM_F_AUTO_SWAP and a host
- *    tier: the daemon asks A, A swaps out and gives back) against A swapping out the same
- *    sequences itself (kvvm_seq_swap_out of each, then kvvm_sync), each timed after A was
- *    idle 100 ms, ms;
+ *    tier: the daemon asks A, A swaps out and gives back) against A freeing as many frames
+ *    itself as its reclaim would: the frames it keeps free, then enough of its sequences
+ *    swapped out (kvvm_seq_swap_out of each, then kvvm_sync), each timed after A was idle
+ *    100 ms, ms; twice: A with device marks 0 (it keeps no frame free: every frame B gets
+ *    held a page of A, the issue's case), then A at its default marks (it keeps some
+ *    free, which it gives without a copy); under each, the pages A copied per trial on
+ *    each side, counted (the same pages: equal counts);
  *  - death: a client process (kvvm-bench --pool-hold, holding 64 frames) killed with
  *    SIGKILL; the time until kvvm_pool_info of another client shows its frames free, ms (no
  *    baseline).
@@ -65,10 +69,10 @@ static void pause_us(long us)
     nanosleep(&ts, NULL);
 }
 
-/* A context: pool_socket NULL = local. limit: device_budget (the pool's client: its
-   limit). */
-static int ctx_open(struct pool_env *e, const char *sock, size_t budget, unsigned flags,
-                    size_t host, int thread, kvvm **out)
+/* A context's configuration: pool_socket NULL = local. limit: device_budget (the pool's
+   client: its limit). */
+static void ctx_config(struct pool_env *e, const char *sock, size_t budget, unsigned flags,
+                       size_t host, int thread, struct kvvm_config *out)
 {
     struct kvvm_config c;
     bench_config(&c, e->b->backend, e->gran, e->gran, NR, e->gran / TOK, 256,
@@ -80,6 +84,14 @@ static int ctx_open(struct pool_env *e, const char *sock, size_t budget, unsigne
     c.pool_timeout_ms = 10000;
     c.spill_dir = NULL;
     c.pool_thread = thread;
+    *out = c;
+}
+
+static int ctx_open(struct pool_env *e, const char *sock, size_t budget, unsigned flags,
+                    size_t host, int thread, kvvm **out)
+{
+    struct kvvm_config c;
+    ctx_config(e, sock, budget, flags, host, thread, &c);
     return kvvm_open(&c, out);
 }
 
@@ -232,15 +244,29 @@ struct give {
     kvvm *b;                            /* B asks (the parent's) */
     pid_t a;                            /* A's process */
     int cmd, ans;                       /* pipes to and from A */
+    int marks;                          /* A's device marks: 0 none (it keeps no frame
+                                           free), 1 its defaults (it keeps some free) */
+    uint64_t copied_give, copied_own;   /* pages A copied over the trials in the give-backs,
+                                           and in its own swap-outs */
+    int n_give, n_own;                  /* their trials */
 };
 
-enum { GIVE_OPEN = 'O', GIVE_FILL = 'F', GIVE_SWAP = 'S', GIVE_QUIT = 'Q' };
+enum { GIVE_OPEN = 'O', GIVE_FILL = 'F', GIVE_SWAP = 'S', GIVE_COUNT = 'C', GIVE_QUIT = 'Q' };
 
 struct give_a {
     kvvm *a;
     kvvm_seq as[POOL_FRAMES / (NR * A_PAGES)];  /* A_PAGES pages per region each */
     int n_as;
+    uint64_t to_host;                   /* A's bytes_to_host at its last refill's end */
+    size_t page;                        /* its page size */
 };
+
+/* The pages A copied to the host since its last refill's end (its stats). */
+static uint64_t give_copied(struct give_a *g)
+{
+    struct kvvm_stats st = { .size = sizeof st };
+    return kvvm_stats(g->a, &st) ? 0 : (st.bytes_to_host - g->to_host) / g->page;
+}
 
 /* A: every sequence resident, written and unprotected (two steps), holding the pool */
 static int give_fill_a(struct give_a *g)
@@ -257,25 +283,36 @@ static int give_fill_a(struct give_a *g)
     int rc = kvvm_step(g->a);
     if (!rc)
         rc = kvvm_step(g->a);
-    return rc ? rc : kvvm_sync(g->a);
+    if (!rc)
+        rc = kvvm_sync(g->a);
+    struct kvvm_stats st = { .size = sizeof st };
+    if (!rc && !(rc = kvvm_stats(g->a, &st)))
+        g->to_host = st.bytes_to_host;
+    return rc;
 }
 
-/* A swaps out GIVE_N frames' worth of its resident sequences itself, ms in *out */
-static int give_swap_a(struct give_a *g, double *out)
+/* A frees GIVE_N frames itself as its reclaim does: the frames it keeps free, then enough
+   of its resident sequences swapped out (the same pages its give-back copies), ms in *out,
+   the pages it copied in *copied */
+static int give_swap_a(struct give_a *g, double *out, uint64_t *copied)
 {
     int rc = give_fill_a(g);
-    if (rc)
+    struct kvvm_stats st = { .size = sizeof st };
+    if (rc || (rc = kvvm_stats(g->a, &st)))
         return rc;
-    /* GIVE_N frames' worth of resident sequences (idle A keeps some pages free: the
-       sequences its own reclaim swapped out are not resident) */
+    /* idle A keeps pages_device_free free by its marks (the sequences its own reclaim
+       swapped out are not resident): the rest of GIVE_N comes from whole sequences */
+    uint64_t per = NR * A_PAGES, owed = GIVE_N > st.pages_device_free
+                                        ? GIVE_N - st.pages_device_free : 0;
+    int want = (int)((owed + per - 1) / per);
     kvvm_seq pick[GIVE_N / (NR * A_PAGES)];
     int n = 0;
-    for (int i = 0; i < g->n_as && n < GIVE_N / (NR * A_PAGES); i++) {
+    for (int i = 0; i < g->n_as && n < want; i++) {
         struct kvvm_seq_info in = { .size = sizeof in };
         if (!kvvm_seq_info(g->a, g->as[i], &in) && in.resident)
             pick[n++] = g->as[i];
     }
-    if (n < GIVE_N / (NR * A_PAGES))
+    if (n < want)
         return -ENOMEM;
     pause_us(GIVE_IDLE_US);             /* idle, as before B's grow */
     uint64_t t0 = bench_now_ns();
@@ -284,26 +321,34 @@ static int give_swap_a(struct give_a *g, double *out)
     if (!rc)
         rc = kvvm_sync(g->a);
     *out = (double)(bench_now_ns() - t0) / 1e6;
+    *copied = give_copied(g);
     return rc;
 }
 
 struct give_reply {
     int rc;
     double ms;
+    uint64_t copied;                    /* pages A copied (GIVE_SWAP, GIVE_COUNT) */
 };
 
 /* A's process: at GIVE_OPEN (once the rows before have closed their contexts) opens A
-   (KVVM_F_AUTO_SWAP, a host tier, no frame pool thread: idle, no frame ahead) and fills
-   the pool; answers {rc, ms} to each command until GIVE_QUIT or EOF. */
-static int give_a_main(struct pool_env *e, int cmd, int ans)
+   (KVVM_F_AUTO_SWAP, a host tier, no frame pool thread: idle, no frame ahead; marks 0: its
+   device marks 0, so idle it keeps no frame free) and fills the pool; answers
+   {rc, ms, copied} to each command until GIVE_QUIT or EOF (GIVE_COUNT: the pages copied
+   since the last refill, i.e. by the give-back that followed it). */
+static int give_a_main(struct pool_env *e, int marks, int cmd, int ans)
 {
-    struct give_a g = { .n_as = POOL_FRAMES / (NR * A_PAGES) };
+    struct give_a g = { .n_as = POOL_FRAMES / (NR * A_PAGES), .page = e->gran };
     size_t pool = (size_t)POOL_FRAMES * e->gran;
     struct give_reply r = { 0 };
     char c;
     if (read(cmd, &c, 1) != 1 || c != GIVE_OPEN)
         return 0;
-    r.rc = ctx_open(e, e->sock, 0, KVVM_F_AUTO_SWAP, pool, 0, &g.a);
+    struct kvvm_config cfg;
+    ctx_config(e, e->sock, 0, KVVM_F_AUTO_SWAP, pool, 0, &cfg);
+    if (!marks)
+        cfg.device_min = cfg.device_low = cfg.device_high = 0;
+    r.rc = kvvm_open(&cfg, &g.a);
     for (int i = 0; !r.rc && i < g.n_as; i++)
         if (!(r.rc = kvvm_seq_create(g.a, &g.as[i])))
             r.rc = kvvm_seq_grow(g.a, g.as[i], (uint64_t)A_PAGES * TOK);
@@ -313,7 +358,10 @@ static int give_a_main(struct pool_env *e, int cmd, int ans)
         return 1;
     while (read(cmd, &c, 1) == 1 && c != GIVE_QUIT) {
         r = (struct give_reply){ 0 };
-        r.rc = c == GIVE_FILL ? give_fill_a(&g) : give_swap_a(&g, &r.ms);
+        if (c == GIVE_COUNT)
+            r.copied = give_copied(&g);
+        else
+            r.rc = c == GIVE_FILL ? give_fill_a(&g) : give_swap_a(&g, &r.ms, &r.copied);
         if (r.rc)
             fprintf(stderr, "kvvm-bench: pool: client A: %s\n", kvvm_last_error());
         if (write(ans, &r, sizeof r) != (ssize_t)sizeof r)
@@ -323,14 +371,16 @@ static int give_a_main(struct pool_env *e, int cmd, int ans)
     return 0;
 }
 
-/* Sends command c to A and reads its reply. */
-static int give_ask_a(struct give *g, char c, double *ms)
+/* Sends command c to A and reads its reply (ms, copied: NULL not wanted). */
+static int give_ask_a(struct give *g, char c, double *ms, uint64_t *copied)
 {
     struct give_reply r;
     if (write(g->cmd, &c, 1) != 1 || read(g->ans, &r, sizeof r) != (ssize_t)sizeof r)
         return -EIO;
     if (ms)
         *ms = r.ms;
+    if (copied)
+        *copied = r.copied;
     return r.rc;
 }
 
@@ -354,7 +404,7 @@ static int give_a_start(struct pool_env *e, struct give *g)
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(cmd[1]);
         close(ans[0]);
-        _exit(give_a_main(e, cmd[0], ans[1]));
+        _exit(give_a_main(e, g->marks, cmd[0], ans[1]));
     }
     close(cmd[0]);
     close(ans[1]);
@@ -365,7 +415,7 @@ static int give_a_start(struct pool_env *e, struct give *g)
 
 static int give_a_ready(struct give *g)
 {
-    return give_ask_a(g, GIVE_OPEN, NULL);
+    return give_ask_a(g, GIVE_OPEN, NULL, NULL);
 }
 
 static void give_a_stop(struct give *g)
@@ -385,7 +435,7 @@ static int sample_give_b(void *arg, double *out)
 {
     struct give *g = arg;
     kvvm_seq s;
-    int rc = give_ask_a(g, GIVE_FILL, NULL);
+    int rc = give_ask_a(g, GIVE_FILL, NULL, NULL);
     if (rc || (rc = kvvm_seq_create(g->b, &s)))
         return rc;
     pause_us(GIVE_IDLE_US);             /* A idle: the daemon's reserve made again (A's
@@ -393,6 +443,11 @@ static int sample_give_b(void *arg, double *out)
     uint64_t t0 = bench_now_ns();
     rc = kvvm_seq_grow(g->b, s, (uint64_t)(GIVE_N / NR) * TOK);
     *out = (double)(bench_now_ns() - t0) / 1e6;
+    uint64_t copied = 0;
+    if (!rc && !(rc = give_ask_a(g, GIVE_COUNT, NULL, &copied))) {
+        g->copied_give += copied;
+        g->n_give++;
+    }
     kvvm_seq_free(g->b, s);
     (void)kvvm_step(g->b);
     (void)kvvm_trim(g->b, 0);           /* B's frames back to the daemon for A */
@@ -401,7 +456,14 @@ static int sample_give_b(void *arg, double *out)
 
 static int sample_give_a(void *arg, double *out)
 {
-    return give_ask_a(arg, GIVE_SWAP, out);
+    struct give *g = arg;
+    uint64_t copied = 0;
+    int rc = give_ask_a(g, GIVE_SWAP, out, &copied);
+    if (!rc) {
+        g->copied_own += copied;
+        g->n_own++;
+    }
+    return rc;
 }
 
 /* ---- death --------------------------------------------------------------------------- */
@@ -600,6 +662,8 @@ static int rows_small(struct pool_env *e)
     return rc;
 }
 
+/* The giving-back row of g's A, and the pages A copied per trial on each side (the same
+   pages: a row whose counts differ compares different work). */
 static int rows_give(struct pool_env *e, struct give *g)
 {
     struct bench_pair pr;
@@ -608,8 +672,18 @@ static int rows_give(struct pool_env *e, struct give *g)
         rc = ctx_open(e, e->sock, 0, 0, 0, 0, &g->b);
     if (!rc && !(rc = bench_pairs(e->b, sample_give_b, g, sample_give_a, g, &pr))) {
         char op[96];
-        snprintf(op, sizeof op, "giving back: B's grow needing %d frames idle A holds", GIVE_N);
-        bench_report_pair(e->b, G, op, &pr, "A swaps the same pages out", "ms", 1);
+        if (g->marks)
+            snprintf(op, sizeof op, "giving back %d frames, A keeping frames free", GIVE_N);
+        else
+            snprintf(op, sizeof op, "giving back: B's grow needing %d frames A's pages hold",
+                     GIVE_N);
+        bench_report_pair(e->b, G, op, &pr, g->marks ? "A freeing as many itself"
+                          : "A swaps the same pages out", "ms", 1);
+        snprintf(op, sizeof op, "pages A copies per give-back (%s, counted)",
+                 g->marks ? "keeping frames free" : "every frame a page");
+        if (g->n_give && g->n_own)
+            bench_report(e->b, G, op, (double)g->copied_give / g->n_give,
+                         (double)g->copied_own / g->n_own, "per own swap-out", "pages", 1);
     }
     kvvm_close(g->b);
     give_a_stop(g);
@@ -637,16 +711,21 @@ int bench_daemon(struct bench_ctx *b)
     int rc = daemon_start(&e);
     if (rc)
         return rc > 0 ? 0 : rc;
-    struct give g = { 0 };
-    if ((rc = give_a_start(&e, &g))) {          /* before any context of this process */
+    /* two A processes, both forked before any context of this process: A keeping no
+       frame free (the row of the issue's goal), then A at its default marks */
+    struct give g = { .marks = 0 }, gm = { .marks = 1 };
+    if ((rc = give_a_start(&e, &g)) || (rc = give_a_start(&e, &gm))) {
+        give_a_stop(&g);
         daemon_stop(&e);
         return rc;
     }
     /* KVVM_BENCH_POOL_GIVE=1: the giving-back row alone (a trace or a profile of it) */
     bool give_only = getenv("KVVM_BENCH_POOL_GIVE") != NULL;
-    if ((give_only || !(rc = rows_small(&e))) && !(rc = rows_give(&e, &g)) && !give_only)
+    if ((give_only || !(rc = rows_small(&e))) && !(rc = rows_give(&e, &g)) &&
+        !(rc = rows_give(&e, &gm)) && !give_only)
         rc = rows_death(&e);
     give_a_stop(&g);
+    give_a_stop(&gm);
     if (rc)
         fprintf(stderr, "kvvm-bench: pool: %s\n", kvvm_last_error());
     daemon_stop(&e);
