@@ -5,9 +5,11 @@
    in one process never seen in another), entries surviving their publisher's exit and SIGKILL,
    namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries reclaimed before a
    take-back and before unimported exports, stream mode (bytes written after the publish never
-   seen), blocks attached again while mapped (held frames: nothing imported), a publish whose
-   answer was lost (through a proxy that swallows it), and the pool whole again once the
-   entries are dropped and everyone exited. */
+   seen), blocks attached again while mapped (held frames: nothing imported), an attach over
+   a store whose blocks the daemon's prefix wins (no premapped frame left), an attach whose
+   import fails midway (nothing left behind), a publish whose answer was lost (through a
+   proxy that swallows it), and the pool whole again once the entries are dropped and
+   everyone exited. */
 #include <poll.h>
 #include <sched.h>
 #include "harness.h"
@@ -621,6 +623,53 @@ Test(prefix_pool, attach_from_the_pool_over_the_store_keeps_no_premapped_frame)
     kvvm_close(kv);
     pub_finish(&a, 'x');
     rmdir_all(dir);
+    drop_all_and_wait_whole(d.path);
+    pd_stop(&d);
+}
+
+/* An attach whose import fails midway (the emulator's injected out of memory at the third
+   import of its FRAMES message: two frames imported, the rest sent with descriptors)
+   leaves nothing: dst empty (the local attach goes on: none here), every handle the attach
+   imported released and every frame it was sent given back (the daemon's figures as
+   before), and the next attach maps every block. */
+Test(prefix_pool, attach_with_an_import_failing_midway_leaves_nothing)
+{
+    TH_DEADLINE(120);
+    struct pd d;
+    pd_start(&d, "4M");
+    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x6b, .salt = 11,
+                                                             .ns = 6 });
+    struct kvvm_config c;
+    cfg(&c, d.path, "failing-attacher", BPT);
+    c.pool_thread = 0;                  /* no lease ahead: the counters move with the calls */
+    kvvm *kv = NULL;
+    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
+    kvvm_key k[NB];
+    keys_of(k, 11);
+    kvvm_seq s;
+    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
+    struct emu_counters e0 = emu_of(kv);
+    struct pool_figures f0 = figures(d.path);
+    cr_assert_eq(emu_fail_arm("cuMemImportFromShareableHandle", 3, KCU_ERROR_OUT_OF_MEMORY),
+                 0);
+    cr_expect_eq(kvvm_prefix_attach(kv, s, 6, k, NB), 0, "nothing attached: %s",
+                 kvvm_last_error());
+    emu_fail_clear();
+    struct emu_counters e1 = emu_of(kv);
+    struct kvvm_seq_info si = { .size = sizeof si };
+    cr_assert_eq(kvvm_seq_info(kv, s, &si), 0);
+    cr_expect_eq(si.length, 0, "dst empty");
+    cr_expect_eq(e1.imports - e0.imports, 2, "two imports made, the third refused");
+    cr_expect_eq(e1.imported, e0.imported, "every import released");
+    struct pool_figures f1 = figures(d.path);
+    cr_expect_eq(f1.free_bytes, f0.free_bytes);
+    cr_expect_eq(f1.held_bytes, f0.held_bytes);
+    th_check(kv, "after the failed attach");
+    cr_assert_eq(kvvm_prefix_attach(kv, s, 6, k, NB), (int)NB, "%s", kvvm_last_error());
+    cr_expect_eq(check(kv, s, NB * TPP, 0x6b), 0);
+    cr_assert_eq(kvvm_seq_free(kv, s), 0);
+    kvvm_close(kv);
+    pub_finish(&a, 'c');
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
