@@ -408,51 +408,66 @@ static uint64_t all_maps(void)
     return c.maps;
 }
 
+/* An attach hung while its pages are premapped: a context (frames created at open) on a
+   published store, and set 0's attach into new empty h.d started on th with the store's
+   reads hung (premap_hung_start returns once dst's pages are premapped for them). */
+struct premap_run {
+    char dir[64], url[96];
+    struct tctx t;
+    struct hung_attach h;
+    pthread_t th;
+    uint64_t free0, maps0;          /* the free pages and the live mappings before */
+};
+
+static void premap_hung_start(struct premap_run *r)
+{
+    struct kvvm_config c;
+    struct kvvm_stats st;
+    published_store(r->dir, sizeof r->dir, r->url, sizeof r->url, &c);
+    c.create_at_open = 1;         /* ready frames for the premap */
+    topen(&r->t, &c);
+    r->h.kv = r->t.kv;
+    keys_of(0, r->h.k);
+    cr_assert_eq(kvvm_seq_create(r->t.kv, &r->h.d), 0);
+    tstats(&r->t, &st);
+    r->free0 = st.pages_device_free;
+    r->maps0 = live_maps();
+    cr_assert_eq(store_test_hang(r->t.kv->store, STORE_HANG_TAIL), 0);
+    cr_assert_eq(pthread_create(&r->th, NULL, hung_attach_run, &r->h), 0);
+    while (live_maps() < r->maps0 + (uint64_t)NB * NR)   /* the premap, reads still hung */
+        usleep(1000);
+}
+
 Test(store_attach, premap_while_reads_in_flight_then_given_back)
 {
     TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
-    char dir[64], url[96];
-    struct kvvm_config c;
-    struct tctx t;
-    published_store(dir, sizeof dir, url, sizeof url, &c);
-    c.create_at_open = 1;         /* ready frames for the premap */
-    topen(&t, &c);
-    static struct hung_attach h;
-    h.kv = t.kv;
-    keys_of(0, h.k);
-    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    static struct premap_run r;
+    premap_hung_start(&r);
     struct kvvm_stats st;
-    tstats(&t, &st);
-    uint64_t free0 = st.pages_device_free, maps0 = live_maps();
-    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
-    while (live_maps() < maps0 + (uint64_t)NB * NR)   /* the premap, the reads still hung */
-        usleep(1000);
     struct kvvm_seq_info in = { .size = sizeof in };
-    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_assert_eq(kvvm_seq_info(r.t.kv, r.h.d, &in), 0);
     cr_expect_eq(in.length, 0, "dst's length changed before its bytes were read");
-    tstats(&t, &st);
-    cr_expect_eq(st.pages_device_free, free0, "premapped pages are not free for accounting "
+    tstats(&r.t, &st);
+    cr_expect_eq(st.pages_device_free, r.free0, "premapped pages are not free for accounting "
                  "(%llu free, %llu before)", (unsigned long long)st.pages_device_free,
-                 (unsigned long long)free0);
-    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* each hung read completes short */
-    cr_assert_eq(pthread_join(th, NULL), 0);
-    cr_expect_eq(h.rc, 1, "the first block read, the others short (misses): %d", h.rc);
-    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+                 (unsigned long long)r.free0);
+    cr_assert_eq(store_test_hang(r.t.kv->store, 0), 0);   /* each hung read completes short */
+    cr_assert_eq(pthread_join(r.th, NULL), 0);
+    cr_expect_eq(r.h.rc, 1, "the first block read, the others short (misses): %d", r.h.rc);
+    cr_assert_eq(kvvm_seq_info(r.t.kv, r.h.d, &in), 0);
     cr_expect_eq(in.length, TPB);
-    cr_expect_eq(live_maps(), maps0 + NR, "the premapped pages not used were not given back: "
+    cr_expect_eq(live_maps(), r.maps0 + NR, "the premapped pages not used were not given back: "
                  "%llu live mappings, %llu before", (unsigned long long)live_maps(),
-                 (unsigned long long)maps0);
-    tstats(&t, &st);
-    cr_expect_eq(st.pages_device_free, free0 - NR);
-    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
+                 (unsigned long long)r.maps0);
+    tstats(&r.t, &st);
+    cr_expect_eq(st.pages_device_free, r.free0 - NR);
+    cr_assert_eq(kvvm_seq_free(r.t.kv, r.h.d), 0);
     uint8_t *b = malloc(PS);
     cr_assert(b);
-    attach_set(t.kv, 1, b);                     /* the store's bytes, right */
+    attach_set(r.t.kv, 1, b);                   /* the store's bytes, right */
     free(b);
-    tclose(&t);
-    rmdir_all(dir);
+    tclose(&r.t);
+    rmdir_all(r.dir);
 }
 
 /* Regression: an attach whose locked part fails before attaching (dst found not empty,
@@ -464,38 +479,23 @@ Test(store_attach, premap_while_reads_in_flight_then_given_back)
 Test(regress, failed_attach_kept_its_premapped_frames_mapped_ahead)
 {
     TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
-    char dir[64], url[96];
-    struct kvvm_config c;
-    struct tctx t;
-    published_store(dir, sizeof dir, url, sizeof url, &c);
-    c.create_at_open = 1;         /* ready frames for the premap */
-    topen(&t, &c);
-    static struct hung_attach h;
-    h.kv = t.kv;
-    keys_of(0, h.k);
-    cr_assert_eq(kvvm_seq_create(t.kv, &h.d), 0);
+    static struct premap_run r;
+    premap_hung_start(&r);
     struct kvvm_stats st;
-    tstats(&t, &st);
-    uint64_t free0 = st.pages_device_free, maps0 = live_maps();
-    cr_assert_eq(store_test_hang(t.kv->store, STORE_HANG_TAIL), 0);
-    pthread_t th;
-    cr_assert_eq(pthread_create(&th, NULL, hung_attach_run, &h), 0);
-    while (live_maps() < maps0 + (uint64_t)NB * NR)   /* the premap, the reads still hung */
-        usleep(1000);
-    cr_assert_eq(kvvm_seq_grow(t.kv, h.d, TPB), 0, "%s", kvvm_last_error());
-    cr_expect_eq(live_maps(), maps0 + (uint64_t)NB * NR, "the grow took a premapped page");
-    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
-    cr_assert_eq(pthread_join(th, NULL), 0);
-    cr_expect_eq(h.rc, -EINVAL, "dst not empty any more: %d", h.rc);
-    cr_expect_eq(live_maps(), maps0 + NR, "the premapped pages the grow did not take were not "
+    cr_assert_eq(kvvm_seq_grow(r.t.kv, r.h.d, TPB), 0, "%s", kvvm_last_error());
+    cr_expect_eq(live_maps(), r.maps0 + (uint64_t)NB * NR, "the grow took a premapped page");
+    cr_assert_eq(store_test_hang(r.t.kv->store, 0), 0);
+    cr_assert_eq(pthread_join(r.th, NULL), 0);
+    cr_expect_eq(r.h.rc, -EINVAL, "dst not empty any more: %d", r.h.rc);
+    cr_expect_eq(live_maps(), r.maps0 + NR, "the premapped pages the grow did not take were not "
                  "given back: %llu live mappings, %llu before", (unsigned long long)live_maps(),
-                 (unsigned long long)maps0);
-    tstats(&t, &st);
-    cr_expect_eq(st.pages_device_free, free0 - NR);
-    tcheck(&t, "after the failed attach");
-    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
-    tclose(&t);
-    rmdir_all(dir);
+                 (unsigned long long)r.maps0);
+    tstats(&r.t, &st);
+    cr_expect_eq(st.pages_device_free, r.free0 - NR);
+    tcheck(&r.t, "after the failed attach");
+    cr_assert_eq(kvvm_seq_free(r.t.kv, r.h.d), 0);
+    tclose(&r.t);
+    rmdir_all(r.dir);
 }
 
 /* An attach whose first block misses in the store maps nothing ahead (a miss costs no map
