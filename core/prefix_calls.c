@@ -357,7 +357,8 @@ static uint32_t attach_premap(kvvm *kv, kvvm_seq dst, size_t m)
    first: a call that will fail reads nothing), f's buffer prepared inside the call frame,
    and the store's blocks past it read into f without the lock, dst's pages for them
    premapped while the first request is in flight (*ahead: the frames its room made ahead
-   freed, 0 none). */
+   freed, 0 none). Nothing is read when the pool's daemon has a longer prefix than the
+   local index (its blocks are attached instead). */
 static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *keys, size_t n,
                         size_t *k0, struct storeq_fetch *f, uint32_t *ahead)
 {
@@ -370,8 +371,16 @@ static int attach_fetch(kvvm *kv, kvvm_seq dst, uint64_t ns, const kvvm_key *key
     if (!rc && *k0 < n)
         storeq_fetch_prepare(kv->sq, n - *k0, !stream_check(kv), f);   /* the kept staging */
     rc = leave(kv, core_explain(kv, "kvvm_prefix_attach", rc));
-    if (rc || *k0 >= n || storeq_fetch_start(kv->sq, ns, keys + *k0, n - *k0, f))
-        return rc;                  /* -ENOMEM: nothing read */
+    if (rc || *k0 >= n)
+        return rc;
+    /* with a pool, the daemon's prefix comes before the store's, as kvvm_prefix_lookup
+       orders them: when it is longer than the local one the locked part maps it and a
+       store read would go unused, so none is made (one round trip more, a lookup, when the
+       daemon has fewer) */
+    if (core_pool_lookup(kv, ns, keys, n, *k0, NULL) > *k0)
+        return 0;
+    if (storeq_fetch_start(kv->sq, ns, keys + *k0, n - *k0, f))
+        return 0;                   /* -ENOMEM: nothing read */
     if (*k0 == 0 && storeq_fetch_first(kv->sq, f))   /* a miss maps nothing */
         *ahead = attach_premap(kv, dst, n);
     storeq_fetch_finish(kv->sq, ns, keys + *k0, n - *k0, f);

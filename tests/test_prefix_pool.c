@@ -5,11 +5,11 @@
    in one process never seen in another), entries surviving their publisher's exit and SIGKILL,
    namespaces and layouts never crossing, kvvmctl drop NS, unmapped entries reclaimed before a
    take-back and before unimported exports, stream mode (bytes written after the publish never
-   seen), blocks attached again while mapped (held frames: nothing imported), an attach over
-   a store whose blocks the daemon's prefix wins (no premapped frame left), an attach whose
-   import fails midway (nothing left behind), a publish whose answer was lost (through a
-   proxy that swallows it), and the pool whole again once the entries are dropped and
-   everyone exited. */
+   seen), blocks attached again while mapped (held frames: nothing imported), an attach with
+   a store too (the daemon's blocks first: the store read only for blocks it lacks), an
+   attach whose import fails midway (nothing left behind), a publish whose answer was lost
+   (through a proxy that swallows it), and the pool whole again once the entries are dropped
+   and everyone exited. */
 #include <poll.h>
 #include <sched.h>
 #include "harness.h"
@@ -577,54 +577,88 @@ Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
     pd_stop(&d);
 }
 
-/* With a pool and a store, an attach whose local index is empty reads the store's blocks,
-   and once the first is a hit premaps dst's pages for them (attach_premap: map-ahead past
-   map_ahead) while the rest is read; the daemon's prefix, as long, then wins, and
-   attach_locked returns before its paging_seq_premap_trim. Suspected of leaving dst's
-   premapped frames mapped ahead (until dst grows or is freed); it does not: the import
-   (paging_seq_import) unmaps dst's whole map-ahead before its pages take that same window
-   range, [0, NB). Counted on the emulator: the premap's maps and the swap-in's, and live
-   mappings for dst's pages only afterwards. */
-Test(prefix_pool, attach_from_the_pool_over_the_store_keeps_no_premapped_frame)
+/* A client with a pool and a file:// store (frames created at open for a premap, no lease
+   ahead: the counters move with the calls) beside a publisher process that published set
+   13 (pattern 0x5e, namespace 8) to both, then freed its sequence and exited (its store
+   writes done by its close). */
+struct pool_store {
+    struct pd d;
+    char dir[64], url[96];
+    struct pub_proc a;
+    kvvm *kv;
+    kvvm_key k[NB];
+    kvvm_seq s;                         /* empty: the attach's destination */
+};
+
+static void pool_store_start(struct pool_store *p)
+{
+    pd_start(&p->d, "4M");
+    file_url(p->dir, sizeof p->dir, p->url, sizeof p->url);
+    p->a = pub_start(p->d.path, (struct pub_args){ .pat = 0x5e, .salt = 13, .ns = 8,
+                                                   .free_first = true, .store_url = p->url });
+    struct kvvm_config c;
+    cfg(&c, p->d.path, "pool-and-store", BPT);
+    c.pool_thread = 0;
+    c.create_at_open = 1;
+    c.store_url = p->url;
+    cr_assert_eq(kvvm_open(&c, &p->kv), 0, "%s", kvvm_last_error());
+    keys_of(p->k, 13);
+    cr_assert_eq(kvvm_seq_create(p->kv, &p->s), 0);
+}
+
+/* The attached blocks' bytes checked, then everything stopped. */
+static void pool_store_stop(struct pool_store *p)
+{
+    cr_expect_eq(check(p->kv, p->s, NB * TPP, 0x5e), 0);
+    th_check(p->kv, "after the attach");
+    cr_assert_eq(kvvm_seq_free(p->kv, p->s), 0);
+    kvvm_close(p->kv);
+    pub_finish(&p->a, 'x');
+    rmdir_all(p->dir);
+    drop_all_and_wait_whole(p->d.path);
+    pd_stop(&p->d);
+}
+
+/* Regression: with a pool and a store, an attach whose local index was empty read the
+   store's blocks, and premapped dst's pages for them once the first was a hit, before its
+   locked part asked the daemon, whose prefix, as long, then won: every block read for
+   nothing (store_unused), the premap's maps made and dropped again by the import. The
+   daemon's prefix comes before the store's, as kvvm_prefix_lookup orders them: no read, no
+   premap, dst's pages mapped once (counted on the emulator), none left mapped ahead. */
+Test(regress, attach_read_the_store_when_the_daemon_had_the_blocks)
 {
     TH_DEADLINE(120);
-    struct pd d;
-    pd_start(&d, "4M");
-    char dir[64], url[96];
-    file_url(dir, sizeof dir, url, sizeof url);
-    struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x5e, .salt = 13,
-                                                             .ns = 8, .free_first = true,
-                                                             .store_url = url });
-    struct kvvm_config c;
-    cfg(&c, d.path, "pool-and-store", BPT);
-    c.pool_thread = 0;                  /* no lease ahead: the counters move with the call */
-    c.create_at_open = 1;               /* ready frames for the premap */
-    c.store_url = url;
-    kvvm *kv = NULL;
-    cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
-    kvvm_key k[NB];
-    keys_of(k, 13);
-    kvvm_seq s;
-    cr_assert_eq(kvvm_seq_create(kv, &s), 0);
-    struct emu_counters e0 = emu_of(kv);
-    cr_assert_eq(kvvm_prefix_attach(kv, s, 8, k, NB), (int)NB, "%s", kvvm_last_error());
-    struct emu_counters e1 = emu_of(kv);
-    cr_expect_eq(STAT(kv, pool_hit_blocks), NB, "the daemon's prefix attached");
-    cr_expect_eq(STAT(kv, store_gets), NB, "the store's blocks read");
-    cr_expect_eq(STAT(kv, store_unused), NB, "and not used");
-    cr_expect_eq(e1.maps - e0.maps, 2 * NB * NREG, "the premap's maps, then the swap-in's: "
-                 "%llu", (unsigned long long)(e1.maps - e0.maps));
-    cr_expect_eq(e1.mappings - e0.mappings, NB * NREG, "dst's pages only stay mapped: %llu "
-                 "more (its premapped frames left mapped ahead past map_ahead 0)",
+    static struct pool_store p;
+    pool_store_start(&p);
+    struct emu_counters e0 = emu_of(p.kv);
+    cr_assert_eq(kvvm_prefix_attach(p.kv, p.s, 8, p.k, NB), (int)NB, "%s", kvvm_last_error());
+    struct emu_counters e1 = emu_of(p.kv);
+    cr_expect_eq(STAT(p.kv, pool_hit_blocks), NB, "the daemon's prefix attached");
+    cr_expect_eq(STAT(p.kv, store_gets), 0, "the store read for blocks the daemon had: %llu",
+                 (unsigned long long)STAT(p.kv, store_gets));
+    cr_expect_eq(STAT(p.kv, store_unused), 0);
+    cr_expect_eq(e1.maps - e0.maps, NB * NREG, "dst's pages mapped once, no premap: %llu maps",
+                 (unsigned long long)(e1.maps - e0.maps));
+    cr_expect_eq(e1.mappings - e0.mappings, NB * NREG, "dst's pages only stay mapped: %llu",
                  (unsigned long long)(e1.mappings - e0.mappings));
-    cr_expect_eq(check(kv, s, NB * TPP, 0x5e), 0);
-    th_check(kv, "after the attach");
-    cr_assert_eq(kvvm_seq_free(kv, s), 0);
-    kvvm_close(kv);
-    pub_finish(&a, 'x');
-    rmdir_all(dir);
-    drop_all_and_wait_whole(d.path);
-    pd_stop(&d);
+    pool_store_stop(&p);
+}
+
+/* With a pool and a store, blocks the daemon no longer has (kvvmctl drop) come from the
+   store: read, copied to the device and attached, none unused. */
+Test(prefix_pool, attach_over_the_store_when_the_daemon_lacks_the_blocks)
+{
+    TH_DEADLINE(120);
+    static struct pool_store p;
+    pool_store_start(&p);
+    char out[512];
+    cr_assert_eq(pd_ctl(p.d.path, "drop", out, sizeof out), 0, "kvvmctl drop: %s", out);
+    cr_assert_eq(figures(p.d.path).shared_entries, 0);
+    cr_assert_eq(kvvm_prefix_attach(p.kv, p.s, 8, p.k, NB), (int)NB, "%s", kvvm_last_error());
+    cr_expect_eq(STAT(p.kv, pool_hit_blocks), 0);
+    cr_expect_eq(STAT(p.kv, store_gets), NB, "the store's blocks read");
+    cr_expect_eq(STAT(p.kv, store_unused), 0, "and attached");
+    pool_store_stop(&p);
 }
 
 /* An attach whose import fails midway (the emulator's injected out of memory at the third
