@@ -408,18 +408,23 @@ static uint64_t all_maps(void)
     return c.maps;
 }
 
-/* An attach hung while its pages are premapped: a context (frames created at open) on a
-   published store, and set 0's attach into new empty h.d started on th with the store's
-   reads hung (premap_hung_start returns once dst's pages are premapped for them). */
-struct premap_run {
+/* A context on a published store (full_device_start), and for an attach hung on its store
+   reads, the attach into new empty h.d started on th with the reads hung
+   (premap_hung_start, hung_attach_start). */
+struct store_run {
     char dir[64], url[96];
     struct tctx t;
     struct hung_attach h;
     pthread_t th;
-    uint64_t free0, maps0;          /* the free pages and the live mappings before */
+    uint64_t free0, maps0;          /* the free pages and the live (premap_hung_start) or all
+                                       (hung_attach_start) mappings before */
+    uint8_t *b;                     /* a page's buffer (full_device_start) */
+    struct kvvm_stats s0, s1;       /* s0 once the device is full (full_device_start) */
 };
 
-static void premap_hung_start(struct premap_run *r)
+/* A context (frames created at open) on a published store, and set 0's attach, returned
+   once dst's pages are premapped for it. */
+static void premap_hung_start(struct store_run *r)
 {
     struct kvvm_config c;
     struct kvvm_stats st;
@@ -441,7 +446,7 @@ static void premap_hung_start(struct premap_run *r)
 Test(store_attach, premap_while_reads_in_flight_then_given_back)
 {
     TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
-    static struct premap_run r;
+    static struct store_run r;
     premap_hung_start(&r);
     struct kvvm_stats st;
     struct kvvm_seq_info in = { .size = sizeof in };
@@ -479,7 +484,7 @@ Test(store_attach, premap_while_reads_in_flight_then_given_back)
 Test(regress, failed_attach_kept_its_premapped_frames_mapped_ahead)
 {
     TH_DEADLINE(60);              /* without the premap: no mapping while hung, this ends it */
-    static struct premap_run r;
+    static struct store_run r;
     premap_hung_start(&r);
     struct kvvm_stats st;
     cr_assert_eq(kvvm_seq_grow(r.t.kv, r.h.d, TPB), 0, "%s", kvvm_last_error());
@@ -769,36 +774,42 @@ static size_t on_device(kvvm *kv, int i)
     return n;
 }
 
+/* A context on a published store with its device full of entries (fill_with_entries: sets
+   0-2), r->s0 its stats then. */
+static void full_device_start(struct store_run *r)
+{
+    struct kvvm_config c;
+    published_store(r->dir, sizeof r->dir, r->url, sizeof r->url, &c);
+    topen(&r->t, &c);
+    r->b = malloc(PS);
+    cr_assert(r->b);
+    fill_with_entries(&r->t, r->b);
+    tstats(&r->t, &r->s0);
+}
+
 Test(store_attach, full_device_attach_drops_entries_every_byte_right)
 {
     TH_DEADLINE(120);
-    char dir[64], url[96];
-    struct kvvm_config c;
-    struct tctx t;
-    published_store(dir, sizeof dir, url, sizeof url, &c);
-    topen(&t, &c);
-    uint8_t *b = malloc(PS);
-    cr_assert(b);
-    fill_with_entries(&t, b);
-    struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
-    kvvm_seq d = attach_only(t.kv, 3);
-    check_all(t.kv, d, 3, NB);
-    tstats(&t, &s1);
+    static struct store_run r;
+    full_device_start(&r);
+    struct kvvm_stats s1;
+    kvvm_seq d = attach_only(r.t.kv, 3);
+    check_all(r.t.kv, d, 3, NB);
+    tstats(&r.t, &s1);
     /* set 3's NB * NR pages came from set 0's entries (the least recently used), NB of
        them, each NR pages: dropped as counted, the new ones entered */
-    cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "%llu entries dropped",
-                 (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
+    cr_expect_eq(s1.prefix_evictions - r.s0.prefix_evictions, NB, "%llu entries dropped",
+                 (unsigned long long)(s1.prefix_evictions - r.s0.prefix_evictions));
     cr_expect_eq(s1.prefix_entries, 3u * NB, "%llu entries",
                  (unsigned long long)s1.prefix_entries);
-    cr_expect_eq(on_device(t.kv, 0), 0, "set 0's entries were not the ones dropped");
-    cr_expect_eq(on_device(t.kv, 1), NB);
-    cr_expect_eq(on_device(t.kv, 2), NB);
-    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
-    check_free(t.kv, attach_only(t.kv, 0), 0, b);   /* set 0 from the store again, right */
-    free(b);
-    tclose(&t);
-    rmdir_all(dir);
+    cr_expect_eq(on_device(r.t.kv, 0), 0, "set 0's entries were not the ones dropped");
+    cr_expect_eq(on_device(r.t.kv, 1), NB);
+    cr_expect_eq(on_device(r.t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(r.t.kv, d), 0);
+    check_free(r.t.kv, attach_only(r.t.kv, 0), 0, r.b);   /* set 0 from the store again, right */
+    free(r.b);
+    tclose(&r.t);
+    rmdir_all(r.dir);
 }
 
 /* An attach whose first block misses in the store drops nothing for room, device full or
@@ -807,57 +818,47 @@ Test(store_attach, full_device_attach_drops_entries_every_byte_right)
 Test(store_attach, full_device_attach_that_misses_drops_nothing)
 {
     TH_DEADLINE(60);
-    char dir[64], url[96];
-    struct kvvm_config c;
-    struct tctx t;
-    published_store(dir, sizeof dir, url, sizeof url, &c);
-    topen(&t, &c);
-    uint8_t *b = malloc(PS);
-    cr_assert(b);
-    fill_with_entries(&t, b);
-    struct kvvm_stats s0, s1;
-    tstats(&t, &s0);
+    static struct store_run r;
+    full_device_start(&r);
+    struct kvvm_stats s1;
     kvvm_key k[NB];
     keys_of(SETS + 7, k);         /* never published */
     kvvm_seq d;
-    cr_assert_eq(kvvm_seq_create(t.kv, &d), 0);
+    cr_assert_eq(kvvm_seq_create(r.t.kv, &d), 0);
     uint64_t m0 = all_maps();
-    cr_expect_eq(kvvm_prefix_attach(t.kv, d, 1, k, NB), 0);
-    tstats(&t, &s1);
-    cr_expect_eq(s1.prefix_evictions, s0.prefix_evictions, "a miss dropped %llu entries",
-                 (unsigned long long)(s1.prefix_evictions - s0.prefix_evictions));
+    cr_expect_eq(kvvm_prefix_attach(r.t.kv, d, 1, k, NB), 0);
+    tstats(&r.t, &s1);
+    cr_expect_eq(s1.prefix_evictions, r.s0.prefix_evictions, "a miss dropped %llu entries",
+                 (unsigned long long)(s1.prefix_evictions - r.s0.prefix_evictions));
     cr_expect_eq(s1.prefix_entries, 3u * NB);
     cr_expect_eq(all_maps(), m0, "a miss mapped %llu pages",
                  (unsigned long long)(all_maps() - m0));
     for (int i = 0; i < 3; i++)
-        cr_expect_eq(on_device(t.kv, i), NB, "set %d", i);
-    cr_assert_eq(kvvm_seq_free(t.kv, d), 0);
-    free(b);
-    tclose(&t);
-    rmdir_all(dir);
+        cr_expect_eq(on_device(r.t.kv, i), NB, "set %d", i);
+    cr_assert_eq(kvvm_seq_free(r.t.kv, d), 0);
+    free(r.b);
+    tclose(&r.t);
+    rmdir_all(r.dir);
 }
 
 /* The start of both tests below: a device full of entries (sets 0-2), the store's reads
    hung but each batch's first (STORE_HANG_TAIL), and an attach of set 3 on its own thread
    (run) into h->d, waited for until set 0's entries are dropped: the drops and the premap
-   are one locked section, so once the drops are seen the premap is done. *maps0: the live
+   are one locked section, so once the drops are seen the premap is done. r->maps0: the
    mappings before the attach; s0 and s1 the stats before it and once the drops are seen. */
-static void hung_attach_start(struct tctx *t, uint8_t *b, struct hung_attach *h,
-                              void *(*run)(void *), pthread_t *th, uint64_t *maps0,
-                              struct kvvm_stats *s0, struct kvvm_stats *s1)
+static void hung_attach_start(struct store_run *r, void *(*run)(void *))
 {
-    fill_with_entries(t, b);
-    tstats(t, s0);
-    h->kv = t->kv;
-    keys_of(3, h->k);
-    cr_assert_eq(kvvm_seq_create(t->kv, &h->d), 0);
-    *maps0 = all_maps();
-    cr_assert_eq(store_test_hang(t->kv->store, STORE_HANG_TAIL), 0);
-    cr_assert_eq(pthread_create(th, NULL, run, h), 0);
+    full_device_start(r);
+    r->h.kv = r->t.kv;
+    keys_of(3, r->h.k);
+    cr_assert_eq(kvvm_seq_create(r->t.kv, &r->h.d), 0);
+    r->maps0 = all_maps();
+    cr_assert_eq(store_test_hang(r->t.kv->store, STORE_HANG_TAIL), 0);
+    cr_assert_eq(pthread_create(&r->th, NULL, run, &r->h), 0);
     do {
         usleep(1000);
-        tstats(t, s1);
-    } while (s1->prefix_evictions - s0->prefix_evictions < NB);
+        tstats(&r->t, &r->s1);
+    } while (r->s1.prefix_evictions - r->s0.prefix_evictions < NB);
 }
 
 /* The same attach with the store's reads hung but each batch's first (STORE_HANG_TAIL):
@@ -872,47 +873,37 @@ static void hung_attach_start(struct tctx *t, uint8_t *b, struct hung_attach *h,
 Test(store_attach, full_device_room_made_while_reads_in_flight_short_read_keeps_drops)
 {
     TH_DEADLINE(60);
-    char dir[64], url[96];
-    struct kvvm_config c;
-    struct tctx t;
-    published_store(dir, sizeof dir, url, sizeof url, &c);
-    topen(&t, &c);
-    uint8_t *b = malloc(PS);
-    cr_assert(b);
-    struct kvvm_stats s0, s1;
-    static struct hung_attach h;
-    pthread_t th;
-    uint64_t maps0;
-    hung_attach_start(&t, b, &h, hung_attach_run, &th, &maps0, &s0, &s1);
-    cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR, "dst's pages not premapped from the "
-                 "frames the drops freed: %llu maps", (unsigned long long)(all_maps() - maps0));
+    static struct store_run r;
+    hung_attach_start(&r, hung_attach_run);
+    cr_expect_eq(all_maps() - r.maps0, (uint64_t)NB * NR, "dst's pages not premapped from the "
+                 "frames the drops freed: %llu maps", (unsigned long long)(all_maps() - r.maps0));
     struct kvvm_seq_info in = { .size = sizeof in };
-    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_assert_eq(kvvm_seq_info(r.t.kv, r.h.d, &in), 0);
     cr_expect_eq(in.length, 0, "dst's length changed before its bytes were read");
-    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries while the reads are in flight",
-                 (unsigned long long)s1.prefix_entries);
-    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);   /* each hung read completes short */
-    cr_assert_eq(pthread_join(th, NULL), 0);
-    cr_expect_eq(h.rc, 1, "the first block read, the others short (misses): %d", h.rc);
-    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_expect_eq(r.s1.prefix_entries, 2u * NB, "%llu entries while the reads are in flight",
+                 (unsigned long long)r.s1.prefix_entries);
+    cr_assert_eq(store_test_hang(r.t.kv->store, 0), 0);   /* each hung read completes short */
+    cr_assert_eq(pthread_join(r.th, NULL), 0);
+    cr_expect_eq(r.h.rc, 1, "the first block read, the others short (misses): %d", r.h.rc);
+    cr_assert_eq(kvvm_seq_info(r.t.kv, r.h.d, &in), 0);
     cr_expect_eq(in.length, TPB);
-    check_all(t.kv, h.d, 3, 1);
-    tstats(&t, &s1);
-    cr_expect_eq(s1.prefix_evictions - s0.prefix_evictions, NB, "the drops were not counted "
-                 "once each: %llu", (unsigned long long)(s1.prefix_evictions -
-                                                         s0.prefix_evictions));
-    cr_expect_eq(s1.prefix_entries, 2u * NB + 1, "%llu entries",
-                 (unsigned long long)s1.prefix_entries);
-    cr_expect_eq(s1.pages_device_free, (uint64_t)(NB - 1) * NR, "the premapped pages not used "
-                 "were not given back: %llu free", (unsigned long long)s1.pages_device_free);
-    cr_expect_eq(on_device(t.kv, 0), 0);
-    cr_expect_eq(on_device(t.kv, 1), NB);
-    cr_expect_eq(on_device(t.kv, 2), NB);
-    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
-    check_free(t.kv, attach_only(t.kv, 0), 0, b);
-    free(b);
-    tclose(&t);
-    rmdir_all(dir);
+    check_all(r.t.kv, r.h.d, 3, 1);
+    tstats(&r.t, &r.s1);
+    cr_expect_eq(r.s1.prefix_evictions - r.s0.prefix_evictions, NB, "the drops were not counted "
+                 "once each: %llu", (unsigned long long)(r.s1.prefix_evictions -
+                                                         r.s0.prefix_evictions));
+    cr_expect_eq(r.s1.prefix_entries, 2u * NB + 1, "%llu entries",
+                 (unsigned long long)r.s1.prefix_entries);
+    cr_expect_eq(r.s1.pages_device_free, (uint64_t)(NB - 1) * NR, "the premapped pages not used "
+                 "were not given back: %llu free", (unsigned long long)r.s1.pages_device_free);
+    cr_expect_eq(on_device(r.t.kv, 0), 0);
+    cr_expect_eq(on_device(r.t.kv, 1), NB);
+    cr_expect_eq(on_device(r.t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(r.t.kv, r.h.d), 0);
+    check_free(r.t.kv, attach_only(r.t.kv, 0), 0, r.b);
+    free(r.b);
+    tclose(&r.t);
+    rmdir_all(r.dir);
 }
 
 /* The failed-call rule for the room made ahead: the drops are made in a call frame of
@@ -934,39 +925,29 @@ static void *failing_attach_run(void *p)
 Test(store_attach, full_device_room_made_ahead_then_locked_part_fails)
 {
     TH_DEADLINE(60);
-    char dir[64], url[96];
-    struct kvvm_config c;
-    struct tctx t;
-    published_store(dir, sizeof dir, url, sizeof url, &c);
-    topen(&t, &c);
-    uint8_t *b = malloc(PS);
-    cr_assert(b);
-    struct kvvm_stats s0, s1;
-    static struct hung_attach h;
-    pthread_t th;
-    uint64_t maps0;
-    hung_attach_start(&t, b, &h, failing_attach_run, &th, &maps0, &s0, &s1);
-    cr_expect_eq(all_maps() - maps0, (uint64_t)NB * NR);
-    cr_assert_eq(kvvm_seq_grow(t.kv, h.d, TPB), 0, "%s", kvvm_last_error());
-    cr_assert_eq(store_test_hang(t.kv->store, 0), 0);
+    static struct store_run r;
+    hung_attach_start(&r, failing_attach_run);
+    cr_expect_eq(all_maps() - r.maps0, (uint64_t)NB * NR);
+    cr_assert_eq(kvvm_seq_grow(r.t.kv, r.h.d, TPB), 0, "%s", kvvm_last_error());
+    cr_assert_eq(store_test_hang(r.t.kv->store, 0), 0);
     void *why;
-    cr_assert_eq(pthread_join(th, &why), 0);
-    cr_expect_eq(h.rc, -EIO, "the attach failed after drops no undo takes back: %d (%s)",
-                 h.rc, (char *)why);
+    cr_assert_eq(pthread_join(r.th, &why), 0);
+    cr_expect_eq(r.h.rc, -EIO, "the attach failed after drops no undo takes back: %d (%s)",
+                 r.h.rc, (char *)why);
     cr_expect(strstr(why, "could not be undone"), "last error: %s", (char *)why);
     struct kvvm_seq_info in = { .size = sizeof in };
-    cr_assert_eq(kvvm_seq_info(t.kv, h.d, &in), 0);
+    cr_assert_eq(kvvm_seq_info(r.t.kv, r.h.d, &in), 0);
     cr_expect_eq(in.length, TPB, "dst lost the other thread's grow");
-    tstats(&t, &s1);
-    cr_expect_eq(s1.prefix_entries, 2u * NB, "%llu entries",
-                 (unsigned long long)s1.prefix_entries);
-    cr_expect_eq(on_device(t.kv, 1), NB);
-    cr_expect_eq(on_device(t.kv, 2), NB);
-    cr_assert_eq(kvvm_seq_free(t.kv, h.d), 0);
-    check_free(t.kv, attach_only(t.kv, 3), 3, b);   /* the context goes on: set 3, right */
-    free(b);
-    tclose(&t);
-    rmdir_all(dir);
+    tstats(&r.t, &r.s1);
+    cr_expect_eq(r.s1.prefix_entries, 2u * NB, "%llu entries",
+                 (unsigned long long)r.s1.prefix_entries);
+    cr_expect_eq(on_device(r.t.kv, 1), NB);
+    cr_expect_eq(on_device(r.t.kv, 2), NB);
+    cr_assert_eq(kvvm_seq_free(r.t.kv, r.h.d), 0);
+    check_free(r.t.kv, attach_only(r.t.kv, 3), 3, r.b);   /* the context goes on: set 3, right */
+    free(r.b);
+    tclose(&r.t);
+    rmdir_all(r.dir);
 }
 
 /* The room made ahead moves no data: with KVVM_F_AUTO_SWAP, a host tier and a device full
