@@ -127,46 +127,55 @@ static int take_held_locked(struct pool_cli *c, uint64_t id, vmm_handle *h)
     return 0;
 }
 
-/* Imports descriptor fd of frame id as *h, remembered as mapped; fd is taken over
-   (vmm_handle_import), whatever the outcome. 0; -errno (nothing kept). */
-static int import_one_locked(struct pool_cli *c, int fd, uint64_t id, vmm_handle *h)
+/* Imported handle h of frame id remembered as mapped, into *out. 0; -errno (h released). */
+static int imported_locked(struct pool_cli *c, vmm_handle h, uint64_t id, vmm_handle *out)
 {
-    int rc = vmm_handle_import(c->v, fd, c->page, h);
+    int rc = pool_cli_handle_add(c, h, id | POOL_CLI_MAPPED);
     if (rc)
-        return rc;
-    if ((rc = pool_cli_handle_add(c, *h, id | POOL_CLI_MAPPED))) {
-        (void)vmm_phys_release(c->v, *h);
-        h->h = 0;
-    }
+        (void)vmm_phys_release(c->v, h);
+    else
+        *out = h;
     return rc;
 }
 
-/* One FRAMES message f (its descriptors fds[0..nfds), each imported or closed here) into
-   hs and ids from *got on (at most n in all), *rc the first failure. */
+/* One FRAMES message f (its descriptors fds[0..nfds), one per frame not held, imported in
+   one call or closed here) into hs and ids from *got on (at most n in all), *rc the first
+   failure (-EPROTO, a malformed reply, before any other). */
 static void frames_one_locked(struct pool_cli *c, const struct pool_frames *f, const int *fds,
                               int nfds, vmm_handle *hs, uint64_t *ids, uint32_t n,
                               uint32_t *got, int *rc)
 {
-    int k = 0;
+    vmm_handle in[POOL_BATCH_MAX];
+    size_t made = 0, k = 0;
+    int err = 0;
+    if (f->n > n - *got) {                      /* more than announced */
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        *rc = -EPROTO;
+        *got = n;
+        return;
+    }
+    if (*rc) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+    } else if (nfds > 0) {                      /* the importer's context checked once */
+        err = vmm_handles_import(c->v, fds, (size_t)nfds, c->page, in, &made);
+    }
     for (uint32_t i = 0; i < f->n; i++, (*got)++) {
         bool held = f->held >> i & 1;
-        int fd = held ? -1 : fds[k++];
-        if (*got >= n) {
-            *rc = *rc ? *rc : -EPROTO;          /* more than announced */
-        } else {
-            hs[*got].h = 0;
-            ids[*got] = held ? 0 : f->ids[i];   /* a count the daemon took */
-            if (!*rc && held) {
-                *rc = take_held_locked(c, f->ids[i], &hs[*got]);
-            } else if (!*rc) {
-                *rc = import_one_locked(c, fd, f->ids[i], &hs[*got]);
-                fd = -1;                        /* the import's now, whatever came of it */
-            }
-        }
-        if (fd >= 0)
-            close(fd);
+        hs[*got].h = 0;
+        ids[*got] = held ? 0 : f->ids[i];       /* a count the daemon took */
+        int e = 0;
+        if (held && !*rc)
+            e = take_held_locked(c, f->ids[i], &hs[*got]);
+        else if (!held && k < made)
+            e = imported_locked(c, in[k++], f->ids[i], &hs[*got]);
+        if (e && (!*rc || e == -EPROTO))
+            *rc = e;
     }
-    KVVM_ASSERT(k == nfds);                     /* pool_proto_check: one per id not held */
+    KVVM_ASSERT(k == made && made <= (size_t)nfds);
+    if (err && !*rc)
+        *rc = err;
 }
 
 int pool_cli_frames_locked(struct pool_cli *c, vmm_handle *hs, uint64_t *ids, uint32_t n)

@@ -963,6 +963,76 @@ Test(share_vmm, import_takes_the_descriptor_over)
     vmm_close(v);
 }
 
+/* n exports of fresh frames of v into fds and hs. */
+static void exports(struct vmm *v, vmm_handle *hs, int *fds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(vmm_phys_create(v, G, &hs[i]), 0);
+        cr_assert_eq(vmm_handle_export(v, hs[i], &fds[i]), 0);
+    }
+}
+
+/* vmm_handles_import (vmm.h): a pool client imports each FRAMES message's descriptors in
+   one call, which checks the current context once for the batch, not once per import. */
+Test(share_vmm, batch_import_checks_the_context_once)
+{
+    struct vmm *v = open_vmm(1);
+    cr_assert(v);
+    enum { N = 16 };
+    vmm_handle hs[N], in[N];
+    int fds[N];
+    size_t done = 0;
+    exports(v, hs, fds, N);
+    struct emu_calls a, b;
+    cr_assert_eq(emu_thread_calls_get(&a), 0);
+    cr_assert_eq(vmm_handles_import(v, fds, N, G, in, &done), 0);
+    cr_assert_eq(emu_thread_calls_get(&b), 0);
+    cr_expect_eq(done, N);
+    cr_expect_eq(b.cuMemImportFromShareableHandle - a.cuMemImportFromShareableHandle, N);
+    cr_expect_eq(b.cuCtxGetCurrent - a.cuCtxGetCurrent, 1, "%lu context checks for %d imports",
+                 (unsigned long)(b.cuCtxGetCurrent - a.cuCtxGetCurrent), N);
+    for (int i = 0; i < N; i++) {
+        cr_expect(fd_open(fds[i]), "import %d holds its descriptor", i);
+        cr_assert_eq(vmm_phys_release(v, in[i]), 0);
+        cr_assert_eq(vmm_phys_release(v, hs[i]), 0);
+    }
+    vmm_close(v);
+}
+
+/* The batch stops at its first failure (vmm.h): the handles made before it are the
+   caller's, every descriptor from the failed one on is closed; a negative descriptor
+   anywhere refuses the batch before anything is taken. */
+Test(share_vmm, batch_import_failing_midway_closes_the_rest)
+{
+    struct vmm *v = open_vmm(1);
+    cr_assert(v);
+    enum { N = 6 };
+    vmm_handle hs[N], in[N];
+    int fds[N];
+    size_t done = 99;
+    exports(v, hs, fds, N);
+    int bad[2] = { fds[0], -1 };
+    cr_expect_eq(vmm_handles_import(v, bad, 2, G, in, &done), -EINVAL);
+    cr_expect_eq(done, 0);
+    cr_expect(fd_open(fds[0]), "nothing taken");
+    cr_assert_eq(emu_fail_arm("cuMemImportFromShareableHandle", 3, KCU_ERROR_OUT_OF_MEMORY),
+                 0);
+    cr_expect_eq(vmm_handles_import(v, fds, N, G, in, &done), -ENOMEM);
+    cr_expect_eq(done, 2, "the two imports before the refused third");
+    for (int i = 0; i < N; i++)
+        cr_expect_eq(fd_open(fds[i]), i < 2, "descriptor %d %s", i,
+                     i < 2 ? "held by its handle" : "closed");
+    struct vmm_debug_objects o;
+    cr_assert_eq(vmm_debug_objects(v, &o), 0);
+    cr_expect_eq(o.handles, N + 2, "the frames and the two imports");
+    for (int i = 0; i < N; i++) {
+        if (i < 2)
+            cr_assert_eq(vmm_phys_release(v, in[i]), 0);
+        cr_assert_eq(vmm_phys_release(v, hs[i]), 0);
+    }
+    vmm_close(v);
+}
+
 /* The rule for a failed import (vmm.h): the descriptor is taken over whatever the outcome,
    so a refused one is closed before the return (a descriptor that is no export, a size that
    is not a multiple of the granule, the driver's refusal); fd -1 is refused, nothing

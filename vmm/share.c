@@ -32,15 +32,9 @@ int vmm_handle_export(struct vmm *v, vmm_handle h, int *fd)
     return 0;
 }
 
-int vmm_handle_import(struct vmm *v, int fd, size_t bytes, vmm_handle *out)
+/* Imports fd (taken over) as *out, the context entered. 0; -errno (fd closed). */
+static int import_entered(struct vmm *v, int fd, vmm_handle *out)
 {
-    if (fd < 0)
-        return -EINVAL;
-    int err = !out || !bytes || bytes % v->granule ? -EINVAL : vmm_enter(v);
-    if (err) {
-        close(fd);                  /* taken over whatever the outcome (vmm.h) */
-        return err;
-    }
     kcu_mem_handle h = 0;
     kcu_result r;
     if (v->dbg && v->dbg->import_take) {
@@ -57,4 +51,30 @@ int vmm_handle_import(struct vmm *v, int fd, size_t bytes, vmm_handle *out)
     vmm_count(&v->n_handles, 1);
     out->h = h;
     return 0;
+}
+
+int vmm_handles_import(struct vmm *v, const int *fds, size_t n, size_t bytes, vmm_handle *out,
+                       size_t *done)
+{
+    *done = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fds[i] < 0)
+            return -EINVAL;         /* nothing taken */
+    /* one context check for the batch: the context cannot change under this thread's
+       calls (a pool client's FRAMES message of 64 imports paid 64) */
+    int err = !out || !bytes || bytes % v->granule ? -EINVAL : n ? vmm_enter(v) : 0;
+    size_t i = 0;
+    for (; !err && i < n; i++) {
+        if (!(err = import_entered(v, fds[i], &out[i])))
+            (*done)++;
+    }
+    for (; i < n; i++)
+        close(fds[i]);              /* taken over whatever the outcome (vmm.h) */
+    return err;
+}
+
+int vmm_handle_import(struct vmm *v, int fd, size_t bytes, vmm_handle *out)
+{
+    size_t done;
+    return vmm_handles_import(v, &fd, 1, bytes, out, &done);
 }

@@ -115,9 +115,15 @@ int  vmm_phys_release(struct vmm *v, vmm_handle h);
    after cuMemImportFromShareableHandle (the driver keeps the allocation); on any failure
    fd is closed before the return. fd < 0: -EINVAL, nothing closed. The allocation lives
    while any process holds a handle or a mapping of it, whoever released first. -EINVAL,
-   -ENOMEM, -EIO. */
+   -ENOMEM, -EIO.
+   vmm_handles_import: n imports in one call, fds[i] as out[i], each taken over as by
+   vmm_handle_import; it stops at the first failure: *done handles made (out[0..*done), the
+   caller's to release), the descriptors from the failed one on closed. Any fds[i] < 0:
+   -EINVAL, nothing closed, nothing made. */
 int  vmm_handle_export(struct vmm *v, vmm_handle h, int *fd);
 int  vmm_handle_import(struct vmm *v, int fd, size_t bytes, vmm_handle *out);
+int  vmm_handles_import(struct vmm *v, const int *fds, size_t n, size_t bytes,
+                        vmm_handle *out, size_t *done);
 
 /* Maps n pages of page_size bytes at va, va + page_size, ... with one set-access (read and
    write) over the whole run. va inside the reservation, page-aligned, the range unmapped.
