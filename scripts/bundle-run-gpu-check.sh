@@ -12,9 +12,13 @@
 #            amortization, pinned copy bandwidth against raw cuMemcpyAsync loops)
 #   stress   kvvm-stress --backend cuda, synchronous mode, then stream mode (no disk tier)
 #   torch    tools/torch_probe.py, where torch with CUDA is importable
+#   handoff  kvvm-bench --backend cuda --only handoff: the bundle's kvvmd on the GPU and
+#            clients of it (hand-off, attach of 64 blocks from the pool against a local
+#            attach: the driver's import and map costs), with the time left (60 s or more;
+#            else said and skipped: the checks above come first)
 # Output folder: OUTDIR, else $OUT, else ./gpu-check-out. Written as the run goes:
 # summary.txt (one line per step), gpucheck.tsv (the probes' rows, then one row per step),
-# one log per step, bench.json.
+# one log per step, bench.json, handoff.json.
 # Exit: 0 every step as expected; 1 a step failed, timed out or printed a leak; 77 no GPU.
 # Environment: DEVICE (CUDA ordinal, 0), STRESS_S (30), BUDGET_S (470: the whole run).
 set -uo pipefail
@@ -93,6 +97,14 @@ if command -v python3 >/dev/null; then
   step torch 90 python3 "$here/tools/torch_probe.py" --device "$device" --tsv "$tsv"
 else
   printf '%-10s %-8s %-6s %-6s %s\n' torch - - - "skipped (no python3)" | tee -a "$summary"
+fi
+
+if [ $(( budget - ($(date +%s) - t0) )) -ge 60 ]; then
+  step handoff 90 "$here/bin/kvvm-bench" --backend cuda --only handoff --trials 7 \
+    --spill-dir "$out" --json "$out/handoff.json"
+else
+  printf '%-10s %-8s %-6s %-6s %s\n' handoff - - - "skipped (less than 60 s left)" |
+    tee -a "$summary"
 fi
 
 echo

@@ -14,7 +14,8 @@
  *
  * FAKE_CUDA_MODE (read at cuInit): "nodevice" cuInit -> CUDA_ERROR_NO_DEVICE; "zero" no
  * devices; "initfail" cuInit -> CUDA_ERROR_NOT_PERMITTED; "novmm" the VMM attribute is 0.
- * The emulated device behind it: 64 KiB granule, 64 MiB, opaque.
+ * The emulated device behind it: 64 KiB granule, 64 MiB, opaque; FAKE_CUDA_GIB and
+ * FAKE_CUDA_GRANULE_KIB give it a GPU's size and granule (kvvm-bench --backend cuda on it).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -42,8 +43,11 @@ static kcu_result fake_cuInit(unsigned int flags)
     else if (!strcmp(mode, "initfail"))
         r = KCU_ERROR_NOT_PERMITTED;
     else if (device < 0) {
-        struct emu_device_params p = { .capacity = 64 << 20, .granule = 64 << 10,
-                                       .opaque = 1 };
+        /* a GPU's shape, for a bench: FAKE_CUDA_GIB GiB, granule FAKE_CUDA_GRANULE_KIB */
+        const char *gib = getenv("FAKE_CUDA_GIB"), *kib = getenv("FAKE_CUDA_GRANULE_KIB");
+        size_t cap = gib && atoi(gib) > 0 ? (size_t)atoi(gib) << 30 : (size_t)64 << 20;
+        size_t gran = kib && atoi(kib) > 0 ? (size_t)atoi(kib) << 10 : (size_t)64 << 10;
+        struct emu_device_params p = { .capacity = cap, .granule = gran, .opaque = 1 };
         if (emu_device_create(&p, &device))
             r = KCU_ERROR_OUT_OF_MEMORY;
     }

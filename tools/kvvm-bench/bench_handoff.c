@@ -26,8 +26,10 @@
  * The group starts its own kvvmd (the one beside this binary: tools/kvvmd in a build tree,
  * bin/kvvmd installed) on a socket in a temporary directory, emulated unless --backend
  * cuda, and stops it at the end; without one the group says so and is skipped.
- * Workload: 2 regions, 64 KiB pages of 128 tokens (512 B per token), 16384 tokens: 128
- * pages per region, 256 frames.
+ * Workload: 2 regions, pages of 128 tokens, 16384 tokens: 128 pages per region, 256
+ * frames, whatever the page (group_page): 64 KiB (512 B per token) on the emulated device
+ * by default, --granule there, 2 MiB (16 KiB per token) on CUDA, so a GPU runs the same
+ * workload in pages and frames as the emulated device.
  */
 #include "bench.h"
 
@@ -47,7 +49,7 @@
 
 #define G "handoff"
 #define TOKENS 16384
-#define BPT 512
+#define TPP 128                         /* tokens per page */
 
 struct daemon { pid_t pid; char dir[64], path[128]; };
 
@@ -67,7 +69,17 @@ static int kvvmd_path(char *out, size_t n)
     return access(out, X_OK) == 0 ? 0 : -ENOENT;
 }
 
-/* Starts kvvmd and waits for its ready line. 0; -errno. */
+/* The daemon's page: --granule on the emulated device (64 KiB without it), 2 MiB on CUDA
+   (every current GPU's granule; kvvmd is given it as --page-size). */
+static size_t group_page(const struct bench_ctx *b)
+{
+    if (b->backend == KVVM_BACKEND_CUDA)
+        return (size_t)2 << 20;
+    return b->granule ? b->granule : (size_t)64 << 10;
+}
+
+/* Starts kvvmd and waits for its ready line: a budget of 8192 pages (512 MiB at 64 KiB),
+   an emulated device of 16384. 0; -errno. */
 static int daemon_start(struct bench_ctx *b, struct daemon *d)
 {
     char exe[PATH_MAX + 8];
@@ -80,11 +92,16 @@ static int daemon_start(struct bench_ctx *b, struct daemon *d)
     int po[2];
     if (pipe2(po, O_CLOEXEC))
         return -errno;
-    const char *cuda[] = { exe, "--socket", d->path, "--backend", "cuda", "--budget", "512M",
-                           NULL };
+    size_t kib = group_page(b) >> 10;
+    char page[32], budget[32], dev[32];
+    snprintf(page, sizeof page, "%zuK", kib);
+    snprintf(budget, sizeof budget, "%zuK", kib * 8192);
+    snprintf(dev, sizeof dev, "%zuK", kib * 16384);
+    const char *cuda[] = { exe, "--socket", d->path, "--backend", "cuda", "--page-size", page,
+                           "--budget", budget, NULL };
     const char *emu[] = { exe, "--socket", d->path, "--backend", "emulated",
-                          "--emu-device-bytes", "1G", "--emu-granule", "64K", "--budget",
-                          "512M", NULL };
+                          "--emu-device-bytes", dev, "--emu-granule", page, "--budget",
+                          budget, NULL };
     d->pid = fork();
     if (d->pid < 0)
         return -errno;
@@ -439,7 +456,7 @@ int bench_handoff(struct bench_ctx *b)
         return 0;
     }
     struct kvvm_config c;
-    bench_config(&c, b->backend, 0, 0, 2, BPT, 4, TOKENS, 0);
+    bench_config(&c, b->backend, 0, 0, 2, group_page(b) / TPP, 4, TOKENS, 0);
     c.pool_socket = d.path;
     c.page_size = 0;
     c.emu_granule = 0;

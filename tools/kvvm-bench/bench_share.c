@@ -104,18 +104,30 @@ static int sample_lookup(void *arg, double *out)
     return 0;
 }
 
+/* The daemon's page: a block's tokens times a token's bytes. */
+static size_t page_of(const struct kvvm_config *base, uint32_t tpb)
+{
+    return (size_t)tpb * base->bytes_per_token;
+}
+
 static int open_ctx(struct bench_ctx *b, const struct kvvm_config *base, const char *sock,
-                    const char *url, kvvm **kv)
+                    const char *url, uint32_t tpb, kvvm **kv)
 {
     struct kvvm_config c = *base;
     c.pool_socket = sock;
     c.store_url = url;
-    if (!sock) {                        /* a local context: a device of its own */
-        c.device_budget = (size_t)256 << 20;
-        c.emu_device_bytes = (size_t)512 << 20;
+    if (!sock) {                        /* a local context: a device of its own, */
+        size_t page = page_of(base, tpb);   /* in the daemon's pages */
+        c.device_budget = 4096 * page;
+        c.emu_device_bytes = 8192 * page;
         c.store_timeout_ms = 10000;
-        c.emu_granule = (size_t)64 << 10; /* the daemon's granule and page */
-        c.page_size = (size_t)64 << 10;
+        c.emu_granule = page;
+        c.page_size = page;
+        /* a publisher's set queued whole (SB blocks of every region), whatever the page:
+           the default bound drops writes of sets past it (2 MiB pages: 256 MiB a set) */
+        size_t set = (size_t)SB * base->n_regions * page;
+        if (c.store_queue_bytes < 2 * set)
+            c.store_queue_bytes = 2 * set;
     }
     (void)b;
     return kvvm_open(&c, kv);
@@ -129,7 +141,7 @@ static int file_publish(struct bench_ctx *b, const struct kvvm_config *base, con
     kvvm *kv;
     kvvm_seq s;
     kvvm_key keys[SB];
-    int rc = open_ctx(b, base, NULL, url, &kv);
+    int rc = open_ctx(b, base, NULL, url, tpb, &kv);
     if (rc)
         return rc;
     if (!(rc = kvvm_seq_create(kv, &s)))
@@ -209,7 +221,7 @@ static int sys_child(void *arg)
     const struct sys_arg *a = arg;
     struct side sd = { .tpb = a->tpb };
     double w;
-    int rc = open_ctx(NULL, a->base, a->sock, NULL, &sd.kv);
+    int rc = open_ctx(NULL, a->base, a->sock, NULL, a->tpb, &sd.kv);
     if (rc)
         return rc;
     rc = attach_set(&sd, a->warm, &w);
@@ -255,11 +267,12 @@ int bench_share_rows(struct bench_ctx *b, const struct kvvm_config *base, const 
     int rc = pool_publish(a, tpb, sets);
     (void)s;
     if (!rc)
-        rc = open_ctx(b, base, sock, NULL, &p.kv);
+        rc = open_ctx(b, base, sock, NULL, tpb, &p.kv);
     bool have_dir = !rc && mkdtemp(dir);
     if (have_dir) {
         snprintf(url, sizeof url, "file://%s", dir);
-        if (file_publish(b, base, url, tpb, t + 1) || open_ctx(b, base, NULL, url, &f.kv)) {
+        if (file_publish(b, base, url, tpb, t + 1) ||
+            open_ctx(b, base, NULL, url, tpb, &f.kv)) {
             printf("%-8s the file:// comparison left out: its store failed (%s)\n", G,
                    kvvm_last_error());
             f.kv = NULL;
