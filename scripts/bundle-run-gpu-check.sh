@@ -101,7 +101,7 @@ fi
 
 if [ $(( budget - ($(date +%s) - t0) )) -ge 60 ]; then
   step handoff 90 "$here/bin/kvvm-bench" --backend cuda --only handoff --trials 7 \
-    --spill-dir "$out" --json "$out/handoff.json"
+    --json "$out/handoff.json"
 else
   printf '%-10s %-8s %-6s %-6s %s\n' handoff - - - "skipped (less than 60 s left)" |
     tee -a "$summary"
