@@ -148,16 +148,15 @@ static void frames_one_locked(struct pool_cli *c, const struct pool_frames *f, c
     vmm_handle in[POOL_BATCH_MAX];
     size_t made = 0, k = 0;
     int err = 0;
-    if (f->n > n - *got) {                      /* more than announced */
+    bool over = f->n > n - *got;                /* more than announced */
+    if (over || *rc) {
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
-        *rc = -EPROTO;
-        *got = n;
-        return;
-    }
-    if (*rc) {
-        for (int i = 0; i < nfds; i++)
-            close(fds[i]);
+        if (over) {
+            *rc = -EPROTO;
+            *got = n;
+            return;
+        }
     } else if (nfds > 0) {                      /* the importer's context checked once */
         err = vmm_handles_import(c->v, fds, (size_t)nfds, c->page, in, &made);
     }

@@ -104,12 +104,6 @@ static int sample_lookup(void *arg, double *out)
     return 0;
 }
 
-/* The daemon's page: a block's tokens times a token's bytes. */
-static size_t page_of(const struct kvvm_config *base, uint32_t tpb)
-{
-    return (size_t)tpb * base->bytes_per_token;
-}
-
 static int open_ctx(struct bench_ctx *b, const struct kvvm_config *base, const char *sock,
                     const char *url, uint32_t tpb, kvvm **kv)
 {
@@ -117,7 +111,7 @@ static int open_ctx(struct bench_ctx *b, const struct kvvm_config *base, const c
     c.pool_socket = sock;
     c.store_url = url;
     if (!sock) {                        /* a local context: a device of its own, */
-        size_t page = page_of(base, tpb);   /* in the daemon's pages */
+        size_t page = (size_t)tpb * base->bytes_per_token;  /* in the daemon's pages */
         c.device_budget = 4096 * page;
         c.emu_device_bytes = 8192 * page;
         c.store_timeout_ms = 10000;
