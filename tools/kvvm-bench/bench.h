@@ -101,6 +101,10 @@ typedef int (*bench_role_fn)(void *arg, const int *fds, int n_fds);
    the helper; the caller closes its copies) in a helper; *pid to wait for. 0, or -errno. */
 int bench_helper_start(const char *role, const struct bench_shm *arg, const int *fds,
                        int n_fds, pid_t *pid);
+/* A helper driven through two pipes: *to its requests' (written here), *from its answers'
+   (read here); the role gets fds { the requests' end, the answers' end }. 0, or -errno. */
+int bench_helper_piped(const char *role, const struct bench_shm *arg, pid_t *pid, int *to,
+                       int *from);
 /* In a forked child: becomes the helper (arg's and fds' descriptors kept across the exec).
    Never returns: status 127 if the exec failed. */
 void bench_helper_exec(const char *role, const struct bench_shm *arg, const int *fds,

@@ -308,34 +308,12 @@ int bench_handoff_b(void *arg, const int *fds, int n_fds)
 /* Starts B (a helper). 0; -errno. */
 static int xproc_start(struct xproc *x, const struct kvvm_config *c)
 {
-    int to[2], from[2];
     struct bench_shm arg;
     int rc = bench_shm_new(&arg, sizeof(struct bench_wire));
     if (rc)
         return rc;
-    if ((rc = bench_wire_put(arg.p, c)))
-        goto out_arg;
-    if (pipe2(to, O_CLOEXEC)) {
-        rc = -errno;
-        goto out_arg;
-    }
-    if (pipe2(from, O_CLOEXEC)) {
-        rc = -errno;
-        goto out_to;
-    }
-    rc = bench_helper_start("handoff-b", &arg, (int[]){ to[0], from[1] }, 2, &x->pid);
-    close(from[1]);
-    if (rc)
-        close(from[0]);
-    else
-        x->from = from[0];
-out_to:
-    close(to[0]);
-    if (rc)
-        close(to[1]);
-    else
-        x->to = to[1];
-out_arg:
+    if (!(rc = bench_wire_put(arg.p, c)))
+        rc = bench_helper_piped("handoff-b", &arg, &x->pid, &x->to, &x->from);
     bench_shm_free(&arg);
     if (rc)
         x->pid = 0;

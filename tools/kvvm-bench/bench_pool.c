@@ -414,7 +414,6 @@ static int give_ask_a(struct give *g, char c, double *ms, uint64_t *copied)
 /* Starts A's process (a helper); at give_a_ready it opens A and holds the pool. */
 static int give_a_start(struct pool_env *e, struct give *g)
 {
-    int cmd[2], ans[2];
     struct bench_shm arg;
     struct kvvm_config cfg;
     ctx_config(e, e->sock, 0, KVVM_F_AUTO_SWAP, (size_t)POOL_FRAMES * e->gran, 0, &cfg);
@@ -423,29 +422,8 @@ static int give_a_start(struct pool_env *e, struct give *g)
     int rc = bench_shm_new(&arg, sizeof(struct bench_wire));
     if (rc)
         return rc;
-    if ((rc = bench_wire_put(arg.p, &cfg)))
-        goto out_arg;
-    if (pipe2(cmd, O_CLOEXEC)) {
-        rc = -errno;
-        goto out_arg;
-    }
-    if (pipe2(ans, O_CLOEXEC)) {
-        rc = -errno;
-        goto out_cmd;
-    }
-    rc = bench_helper_start("pool-a", &arg, (int[]){ cmd[0], ans[1] }, 2, &g->a);
-    close(ans[1]);
-    if (rc)
-        close(ans[0]);
-    else
-        g->ans = ans[0];
-out_cmd:
-    close(cmd[0]);
-    if (rc)
-        close(cmd[1]);
-    else
-        g->cmd = cmd[1];
-out_arg:
+    if (!(rc = bench_wire_put(arg.p, &cfg)))
+        rc = bench_helper_piped("pool-a", &arg, &g->a, &g->cmd, &g->ans);
     bench_shm_free(&arg);
     return rc;
 }

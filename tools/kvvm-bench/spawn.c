@@ -138,6 +138,31 @@ int bench_helper_start(const char *role, const struct bench_shm *arg, const int 
     return 0;
 }
 
+int bench_helper_piped(const char *role, const struct bench_shm *arg, pid_t *pid, int *to,
+                       int *from)
+{
+    int req[2], ans[2];
+    if (pipe2(req, O_CLOEXEC))
+        return -errno;
+    if (pipe2(ans, O_CLOEXEC)) {
+        int e = -errno;
+        close(req[0]);
+        close(req[1]);
+        return e;
+    }
+    int rc = bench_helper_start(role, arg, (int[]){ req[0], ans[1] }, 2, pid);
+    close(req[0]);
+    close(ans[1]);
+    if (rc) {
+        close(req[1]);
+        close(ans[0]);
+        return rc;
+    }
+    *to = req[1];
+    *from = ans[0];
+    return 0;
+}
+
 int bench_helper_main(int argc, char **argv)
 {
     bench_role_fn fn = argc >= 4 && argc <= 4 + BENCH_HELPER_FDS ? role_fn(argv[2]) : NULL;
