@@ -106,7 +106,7 @@ int bench_helper_start(const char *role, const struct bench_shm *arg, const int 
 int bench_helper_piped(const char *role, const struct bench_shm *arg, pid_t *pid, int *to,
                        int *from);
 /* In a forked child: becomes the helper (arg's and fds' descriptors kept across the exec).
-   Never returns: status 127 if the exec failed. */
+   Never returns: status ENOEXEC if the exec failed. */
 void bench_helper_exec(const char *role, const struct bench_shm *arg, const int *fds,
                        int n_fds) __attribute__((noreturn));
 /* The roles, each in its group's file (weak: a group left out has none). */

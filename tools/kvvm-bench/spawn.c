@@ -100,7 +100,7 @@ static bench_role_fn role_fn(const char *role)
 }
 
 /* In the forked child: keeps arg's and fds' descriptors across the exec and becomes the
-   helper. Never returns (127: the exec failed). */
+   helper. Never returns (status ENOEXEC: the exec failed). */
 void bench_helper_exec(const char *role, const struct bench_shm *arg, const int *fds,
                        int n_fds)
 {
@@ -108,19 +108,19 @@ void bench_helper_exec(const char *role, const struct bench_shm *arg, const int 
     char *av[4 + BENCH_HELPER_FDS + 1] = { "kvvm-bench", "--helper", (char *)role };
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0 || n_fds < 0 || n_fds > BENCH_HELPER_FDS)
-        _exit(127);
+        _exit(ENOEXEC);
     self[n] = 0;
     int k = 3;
     for (int i = -1; i < n_fds; i++) {
         int fd = i < 0 ? arg->fd : fds[i];
         if (fcntl(fd, F_SETFD, 0) != 0)
-            _exit(127);
+            _exit(ENOEXEC);
         snprintf(num[i + 1], sizeof num[i + 1], "%d", fd);
         av[k++] = num[i + 1];
     }
     av[k] = NULL;
     execv(self, av);
-    _exit(127);
+    _exit(ENOEXEC);
 }
 
 int bench_helper_start(const char *role, const struct bench_shm *arg, const int *fds,
