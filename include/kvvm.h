@@ -22,7 +22,9 @@
  * they run. Every call (kvvm_open and kvvm_close included) leaves the calling thread's
  * current CUDA context as it found it. In a fork() child of the process that opened a
  * context, every call on it returns -EIO (kvvm_close does nothing there): the context
- * belongs to the parent; open a new one in the child.
+ * belongs to the parent. Such a child cannot open one either (CUDA refuses a child of a
+ * process that used it; so does the emulated device: -ENODEV): start it with exec, or fork
+ * before the first kvvm_open.
  *
  * This is the only installed header. It is binding: fields may only be added at the end of
  * structs (each struct starts with its size), functions and flags only added.

@@ -1448,6 +1448,37 @@ Test(fork_child, gets_eio_parent_unharmed)
     tclose(&t);
 }
 
+/* A child of a process that used the driver cannot open a context either (the CUDA driver
+   refuses it, and so does the emulated device): -ENODEV, with the reason and what to do;
+   the parent's context goes on. */
+Test(fork_child, cannot_open_a_context_once_the_parent_used_the_driver)
+{
+    TH_DEADLINE(30);
+    struct kvvm_config c;
+    struct tctx t;
+    tcfg(&c, KB, 2, 1000, 4, 40, 40);
+    topen(&t, &c);
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        kvvm_set_log(NULL, NULL, KVVM_LOG_OFF);
+        kvvm *k2 = NULL;
+        int r = kvvm_open(&c, &k2);
+        _exit(r == -ENODEV && !k2 && strstr(kvvm_last_error(), "fork()") ? 0 : 1);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the child's kvvm_open: -ENODEV naming fork() expected (status %d)", status);
+    struct sh s;
+    sh_create(&t, &s);
+    sh_grow_fill(&t, &s, 9, 1);
+    sh_verify(&t, &s, "the parent after the child");
+    sh_free(&t, &s);
+    tclose(&t);
+}
+
 /* ================================================================ tiers */
 
 #define TPS (64 * 1024)

@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "harness.h"
 
@@ -113,6 +114,84 @@ Test(emu, init_required_first)
     cr_expect_eq(A->cuDeviceGetCount(&n), KCU_SUCCESS);
     cr_expect_eq(n, 1);
     cr_expect_eq(emu_device_destroy(ord), 0);
+}
+
+/* The status of a fork() child running fn: its exit code, or 100 + the signal that ended
+   it (the child's own alarm: a hang). */
+static int in_child(int (*fn)(void))
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(20);
+        _exit(fn());
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 100 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* In a child of an initialized driver: cuInit and every call that needs it fail
+   NOT_INITIALIZED, as CUDA's do; the version and the error strings still answer. */
+static int refused_child(void)
+{
+    int n, v;
+    const char *str = NULL;
+    struct emu_device_params p = { .capacity = MiB, .granule = G };
+    int o;
+    if (A->cuInit(0) != KCU_ERROR_NOT_INITIALIZED)
+        return 1;
+    if (A->cuDeviceGetCount(&n) != KCU_ERROR_NOT_INITIALIZED)
+        return 2;
+    if (A->cuCtxSetCurrent(ctx) != KCU_ERROR_NOT_INITIALIZED)
+        return 3;
+    if (A->cuDriverGetVersion(&v) != KCU_SUCCESS)
+        return 4;
+    if (A->cuGetErrorString(KCU_ERROR_NOT_INITIALIZED, &str) != KCU_SUCCESS || !str)
+        return 5;
+    /* a device of its own changes nothing: the driver is the parent's */
+    if (emu_device_create(&p, &o) != 0 || A->cuInit(0) != KCU_ERROR_NOT_INITIALIZED)
+        return 6;
+    return 0;
+}
+
+Test(emu, fork_child_of_an_initialized_driver_is_refused)
+{
+    dev_default();
+    cr_expect_eq(in_child(refused_child), 0, "the child's failed check (0: none)");
+    int n;
+    cr_expect_eq(A->cuDeviceGetCount(&n), KCU_SUCCESS, "the parent goes on");
+    cr_expect_eq(dev_down(), 0);
+}
+
+static int fresh_child(void)
+{
+    A = emu_api();
+    struct emu_device_params p = { .capacity = MiB, .granule = G };
+    int n;
+    if (emu_device_create(&p, &ord) != 0 || A->cuInit(0) != KCU_SUCCESS ||
+        A->cuDeviceGetCount(&n) != KCU_SUCCESS)
+        return 1;
+    return emu_device_destroy(ord) == 0 ? 0 : 2;
+}
+
+Test(emu, fork_child_before_init_uses_the_driver)
+{
+    cr_expect_eq(in_child(fresh_child), 0, "a child forked before any cuInit initializes");
+}
+
+/* The bug: a child forked while a parent's thread held the emulator's lock (a stream's
+   worker, a pool thread) hung at its first call, where CUDA's child fails: kvvm-bench's
+   helpers hung so on the fake driver until CTest's timeout. */
+Test(regress, fork_child_hung_on_the_lock_a_parent_thread_held)
+{
+    dev_default();
+    emu_lock_for_test(1);
+    int st = in_child(refused_child);
+    emu_lock_for_test(0);
+    cr_expect_eq(st, 0, "the child: %d (100 + 14: it hung until its alarm)", st);
+    cr_expect_eq(dev_down(), 0);
 }
 
 Test(emu, device_queries)

@@ -639,6 +639,31 @@ Test(handoff, held_frame_lives_until_last_local_user)
     TH_DEADLINE(120);
     struct pd d;
     pd_start(&d, "4M");
+    /* the client killed at the end, forked before this process opens a context (a child of a
+       process that used the driver cannot use it): it opens at 's' */
+    int go[2], start[2];
+    cr_assert_eq(pipe2(go, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(start, O_CLOEXEC), 0);
+    pid_t p = fork();
+    cr_assert_geq(p, 0);
+    if (p == 0) {                       /* exports, imports: two users of each frame */
+        struct kvvm_config c;
+        cfg(&c, d.path, "killed", BPT);
+        kvvm *k2 = NULL;
+        kvvm_seq s, s2;
+        kvvm_handoff t;
+        close(start[1]);                /* the parent gone, the wait ends */
+        close(go[0]);
+        if (get_byte(start[0]) != 's' || kvvm_open(&c, &k2) || kvvm_seq_create(k2, &s) ||
+            kvvm_seq_grow(k2, s, LEN) || kvvm_seq_export(k2, s, &t) ||
+            kvvm_seq_import(k2, &t, &s2))
+            _exit(1);
+        put_byte(go[1], 'k');
+        pause();
+        _exit(2);
+    }
+    close(go[1]);
+    close(start[0]);
     kvvm *kv = held_open(d.path, 0);
     for (int round = 0; round < 2; round++) {   /* the exporter's sequence goes first, then
                                                    the importer's */
@@ -662,24 +687,8 @@ Test(handoff, held_frame_lives_until_last_local_user)
     }
     kvvm_close(kv);
     wait_pool_whole(d.path);
-    int go[2];
-    cr_assert_eq(pipe2(go, O_CLOEXEC), 0);
-    pid_t p = fork();
-    cr_assert_geq(p, 0);
-    if (p == 0) {                       /* exports, imports: two users of each frame */
-        struct kvvm_config c;
-        cfg(&c, d.path, "killed", BPT);
-        kvvm *k2 = NULL;
-        kvvm_seq s, s2;
-        kvvm_handoff t;
-        if (kvvm_open(&c, &k2) || kvvm_seq_create(k2, &s) || kvvm_seq_grow(k2, s, LEN) ||
-            kvvm_seq_export(k2, s, &t) || kvvm_seq_import(k2, &t, &s2))
-            _exit(1);
-        put_byte(go[1], 'k');
-        pause();
-        _exit(2);
-    }
-    close(go[1]);
+    put_byte(start[1], 's');
+    close(start[1]);
     cr_assert_eq(get_byte(go[0]), 'k', "the child imported its export");
     cr_assert_eq(kill(p, SIGKILL), 0);
     cr_expect_eq(pd_wait(p), 128 + SIGKILL);

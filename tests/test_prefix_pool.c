@@ -177,6 +177,36 @@ static int attacher(const char *path, uint64_t ns, unsigned char salt, uint64_t 
     return 0;
 }
 
+/* An attacher forked before the test's process opens a context (a child of a process that
+   used the driver cannot use it), run later by att_run (its exit code: attacher's). */
+struct att_proc {
+    pid_t pid;
+    int go;
+};
+
+static struct att_proc att_start(const char *path, uint64_t ns, unsigned char salt,
+                                 uint64_t bpt, unsigned expect, unsigned char pat,
+                                 unsigned char wpat)
+{
+    int gp[2];
+    cr_assert_eq(pipe2(gp, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(gp[1]);                   /* the test gone, the wait ends */
+        _exit(get_byte(gp[0]) == 'a' ? attacher(path, ns, salt, bpt, expect, pat, wpat) : 29);
+    }
+    close(gp[0]);
+    return (struct att_proc){ pid, gp[1] };
+}
+
+static int att_run(struct att_proc *a)
+{
+    put_byte(a->go, 'a');
+    close(a->go);
+    return pd_wait(a->pid);
+}
+
 static int run_attacher(const char *path, uint64_t ns, unsigned char salt, uint64_t bpt,
                         unsigned expect, unsigned char pat, unsigned char wpat)
 {
@@ -529,6 +559,7 @@ Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
     struct pd d;
     pd_start(&d, "4M");
     struct pub_proc a = pub_start(d.path, (struct pub_args){ .pat = 0x4d, .salt = 9, .ns = 5 });
+    struct att_proc later = att_start(d.path, 5, 9, BPT, NB, 0x4d, 0);
     struct kvvm_config c;
     cfg(&c, d.path, "reattacher", BPT);
     c.pool_thread = 0;                  /* no lease ahead: the counters move with the calls */
@@ -571,8 +602,7 @@ Test(prefix_pool, attach_of_frames_already_mapped_imports_nothing)
     cr_assert_eq(kvvm_seq_free(kv, s2), 0);
     kvvm_close(kv);
     pub_finish(&a, 'c');                /* the write: not in the publisher's pages */
-    cr_expect_eq(run_attacher(d.path, 5, 9, BPT, NB, 0x4d, 0), 0,
-                 "the entries' bytes: its exit code names the check");
+    cr_expect_eq(att_run(&later), 0, "the entries' bytes: its exit code names the check");
     drop_all_and_wait_whole(d.path);
     pd_stop(&d);
 }
@@ -799,6 +829,7 @@ Test(regress, lost_publish_reply_left_the_pages_written_in_place)
     struct kvvm_config c;
     cfg(&c, path, "publisher", BPT);
     c.create_at_open = 1;               /* frames for copies on write once it is cut off */
+    struct att_proc att = att_start(d.path, 6, 12, BPT, NB, 0x3a, 0);
     kvvm *kv = NULL;
     cr_assert_eq(kvvm_open(&c, &kv), 0, "%s", kvvm_last_error());
     kvvm_key k[NB];
@@ -812,7 +843,7 @@ Test(regress, lost_publish_reply_left_the_pages_written_in_place)
     cr_assert_eq(kvvm_prefix_drop(kv, 6, k, NB), (int)NB);    /* local: the daemon is gone */
     cr_assert_eq(fill(kv, s, NB * TPP, 0xc5), 0, "%s", kvvm_last_error());   /* after the call */
     cr_expect_eq(check(kv, s, NB * TPP, 0xc5), 0);
-    int st = run_attacher(d.path, 6, 12, BPT, NB, 0x3a, 0);
+    int st = att_run(&att);
     cr_expect_eq(st, 0, "the entries hold the bytes of the publish, not the write after it "
                  "(the attacher's exit code names the check: %d)", st);
     kvvm_close(kv);

@@ -11,6 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
+
+#include "kvvm.h"
 
 struct bench_ctx {
     FILE *json;           /* JSON array being written, or NULL */
@@ -70,12 +73,60 @@ void bench_report_pair(struct bench_ctx *b, const char *group, const char *op,
                        const struct bench_pair *p, const char *baseline_name,
                        const char *unit, int lower_is_better);
 
-/* System calls of the calling thread, counted by tracing (syscount.c says how): fn(arg) runs
-   in a forked child; every system call it makes after bench_syscall_mark(k) and before the
-   next mark counts in counts[k] (k < 0 or >= n_segments: uncounted). fn opens its own
-   context (a context does not survive a fork). 0, -EPERM (tracing refused here), or fn's
-   failure as -errno. */
-int bench_syscalls(int (*fn)(void *), void *arg, uint64_t *counts, int n_segments);
+/* ---- helper processes (spawn.c) -----------------------------------------------------------
+   A helper is this binary again, started with fork and exec of /proc/self/exe as
+   `kvvm-bench --helper ROLE SHMFD [FD...]`, never a bare fork: a child forked from a process
+   that used the CUDA driver cannot use it (cuInit fails CUDA_ERROR_NOT_INITIALIZED, and the
+   emulated device refuses it too), and the groups run after contexts were opened here. The
+   role's argument is plain bytes (no pointers: struct bench_wire for a configuration) in
+   shared memory that the helper maps too, so it can write its results there. */
+struct bench_shm { void *p; size_t len; int fd; };
+/* len bytes of zeroed shared memory: 0, or -errno. */
+int bench_shm_new(struct bench_shm *s, size_t len);
+void bench_shm_free(struct bench_shm *s);
+/* A kvvm_config as plain bytes: its strings copied inline, its pointers cleared. */
+struct bench_wire {
+    struct kvvm_config c;
+    char spill_dir[256], store_url[512], pool_socket[108], client_name[64];
+};
+/* -ENAMETOOLONG: a string does not fit. */
+int bench_wire_put(struct bench_wire *w, const struct kvvm_config *c);
+/* *c as w holds it (its strings point into w). */
+void bench_wire_get(const struct bench_wire *w, struct kvvm_config *c);
+/* The roles (`kvvm-bench --helper ROLE`): fn(the argument, the descriptors kept open for it,
+   their count), returning 0 or -errno (the helper's exit status is its errno). */
+typedef int (*bench_role_fn)(void *arg, const int *fds, int n_fds);
+#define BENCH_HELPER_FDS 4
+/* Starts role with arg (its shared memory) and fds (at most BENCH_HELPER_FDS, kept open in
+   the helper; the caller closes its copies) in a helper; *pid to wait for. 0, or -errno. */
+int bench_helper_start(const char *role, const struct bench_shm *arg, const int *fds,
+                       int n_fds, pid_t *pid);
+/* A helper driven through two pipes: *to its requests' (written here), *from its answers'
+   (read here); the role gets fds { the requests' end, the answers' end }. 0, or -errno. */
+int bench_helper_piped(const char *role, const struct bench_shm *arg, pid_t *pid, int *to,
+                       int *from);
+/* In a forked child: becomes the helper (arg's and fds' descriptors kept across the exec).
+   Never returns: status ENOEXEC if the exec failed. */
+void bench_helper_exec(const char *role, const struct bench_shm *arg, const int *fds,
+                       int n_fds) __attribute__((noreturn));
+/* The roles, each in its group's file (weak: a group left out has none). */
+int bench_handoff_b(void *arg, const int *fds, int n_fds) __attribute__((weak));
+int bench_handoff_sys(void *arg, const int *fds, int n_fds) __attribute__((weak));
+int bench_handoff_xsys(void *arg, const int *fds, int n_fds) __attribute__((weak));
+int bench_share_sys(void *arg, const int *fds, int n_fds) __attribute__((weak));
+int bench_calls_traced(void *arg, const int *fds, int n_fds) __attribute__((weak));
+int bench_pool_a(void *arg, const int *fds, int n_fds) __attribute__((weak));
+int bench_pool_sys(void *arg, const int *fds, int n_fds) __attribute__((weak));
+/* main()'s entry of a helper (argv[1] is "--helper"): its exit status. */
+int bench_helper_main(int argc, char **argv);
+
+/* System calls of the calling thread, counted by tracing (syscount.c says how): role runs in
+   a helper with arg (bench_helper_start; no descriptor); every system call it makes after
+   bench_syscall_mark(k) and before the next mark counts in counts[k] (k < 0 or >=
+   n_segments: uncounted). 0, -EPERM (tracing refused here), or the role's failure as
+   -errno. */
+int bench_syscalls(const char *role, const struct bench_shm *arg, uint64_t *counts,
+                   int n_segments);
 void bench_syscall_mark(int segment);
 
 /* Benchmark groups (each in its own file; missing ones are skipped). Return 0 or -errno. */

@@ -32,7 +32,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "kvvm.h"
 #include "kvvm_testing.h"
@@ -45,7 +44,7 @@
 #define NCOL 10
 #define NROWS 12
 struct row {
-    const char *op;
+    char op[64];         /* inline: rows are filled in the traced helper, another image */
     double v[NCOL];      /* per column below */
 };
 
@@ -91,16 +90,16 @@ static void take(struct counting *k, struct row *r, const char *op, double per)
 #undef N
     named = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
     v[8] = total - named;
-    r->op = op;
+    snprintf(r->op, sizeof r->op, "%s", op);
     for (int i = 0; i < 9; i++)
         r->v[i] = (double)v[i] / per;
     r->v[9] = per;       /* the divisor, until the system calls are known */
     k->row++;
 }
 
-static int open_kv(struct bench_ctx *b, struct counting *k, uint64_t tpp)
+static int open_kv(size_t granule, struct counting *k, uint64_t tpp)
 {
-    size_t ps = b->granule ? b->granule : (2u << 20);
+    size_t ps = granule ? granule : (2u << 20);
     struct kvvm_config c;
     bench_config(&c, KVVM_BACKEND_EMULATED, ps, ps, REGIONS, ps / tpp, DECODE_SEQS + 2,
                  4 * N_PAGES * tpp, (size_t)(DECODE_SEQS * 4 + 4 * N_PAGES) * REGIONS * ps);
@@ -284,17 +283,17 @@ static void print_rows(struct bench_ctx *b, const struct row *rows, int n, int t
 }
 
 struct calls_run {
-    struct bench_ctx *b;
+    size_t granule;      /* --granule */
     struct row rows[NROWS];
     int n;               /* rows filled */
 };
 
-/* Every row, in a context of its own (run in the traced child, or here). */
+/* Every row, in a context of its own (run here, or in the traced helper: bench_calls_traced). */
 static int calls_all(void *arg)
 {
     struct calls_run *cr = arg;
     struct counting k = { 0 }, h = { 0 };
-    int rc = open_kv(cr->b, &k, 16);
+    int rc = open_kv(cr->granule, &k, 16);
     if (rc)
         return rc;
     if (kvvm_testing_emu_calls(k.kv, &k.c0) == -ENODEV) {
@@ -308,7 +307,7 @@ static int calls_all(void *arg)
     kvvm_stream_destroy(k.kv, k.stream);
     kvvm_close(k.kv);
     if (!rc)
-        rc = open_kv(cr->b, &h, 2048);
+        rc = open_kv(cr->granule, &h, 2048);
     if (rc)
         return rc;
     h.row = 9;
@@ -321,21 +320,29 @@ static int calls_all(void *arg)
     return rc;
 }
 
+/* The traced helper (role calls): arg is the struct calls_run, whose rows it fills. */
+int bench_calls_traced(void *arg, const int *fds, int n_fds)
+{
+    (void)fds;
+    (void)n_fds;
+    return calls_all(arg);
+}
+
 int bench_calls(struct bench_ctx *b)
 {
-    /* shared with the traced child, which fills the rows */
-    struct calls_run *cr = mmap(NULL, sizeof *cr, PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (cr == MAP_FAILED)
-        return -ENOMEM;
-    memset(cr, 0, sizeof *cr);
-    cr->b = b;
+    struct bench_shm arg;               /* shared with the traced helper, which fills the rows */
+    int rc = bench_shm_new(&arg, sizeof(struct calls_run));
+    if (rc)
+        return rc;
+    struct calls_run *cr = arg.p;
+    cr->granule = b->granule;
     uint64_t sys[NROWS];
-    int traced = 1, rc = bench_syscalls(calls_all, cr, sys, NROWS);
+    int traced = 1;
+    rc = bench_syscalls("calls", &arg, sys, NROWS);
     if (rc == -EPERM || rc == -ECHILD) {
         traced = 0;                     /* no tracing here: the driver calls alone */
         memset(cr, 0, sizeof *cr);
-        cr->b = b;
+        cr->granule = b->granule;
         rc = calls_all(cr);
     }
     if (rc == -ENODEV || rc == ENODEV)
@@ -345,6 +352,6 @@ int bench_calls(struct bench_ctx *b)
             cr->rows[r].v[9] = (double)sys[r] / cr->rows[r].v[9];
         print_rows(b, cr->rows, cr->n, traced);
     }
-    munmap(cr, sizeof *cr);
+    bench_shm_free(&arg);
     return rc == -ENODEV ? 0 : rc;
 }

@@ -10,10 +10,10 @@
  *  - counted, not timed: the driver imports of one export + import (emulated device: its
  *    call counts; the frames are this client's own, sent held: none expected) against the
  *    frames handed over, and the system calls of one export + import (+ the free of the
- *    imported sequence) against one kvvm_seq_fork (+ its free) (bench_syscalls: a forked
- *    child with a client of its own);
- *  - the hand-off between processes: A exports, client B (a process forked before A's
- *    context opens, with a context of its own, driven through two pipes) imports the token
+ *    imported sequence) against one kvvm_seq_fork (+ its free) (bench_syscalls: a helper
+ *    process with a client of its own);
+ *  - the hand-off between processes: A exports, client B (a helper process, spawn.c, with a
+ *    context of its own, driven through two pipes) imports the token
  *    and frees the sequence (untimed); per op the export's time in A plus the import's in B
  *    (the pipe between them not counted), against kvvm_seq_fork in A, alternated; counted:
  *    B's driver imports of one import (emulated device: all 256 frames, B never held them)
@@ -181,14 +181,18 @@ static int row_imports(struct bench_ctx *b, struct run *r)
     return rc;
 }
 
-/* System calls (bench_syscalls, a forked child with a client of its own): one export +
-   import and the imported sequence's free (segment 0), one kvvm_seq_fork and the child's
-   free (segment 1), after an uncounted warm-up of each. */
-static int sys_child(void *arg)
+/* System calls (bench_syscalls, a helper with a client of its own): one export + import and
+   the imported sequence's free (segment 0), one kvvm_seq_fork and the child's free (segment
+   1), after an uncounted warm-up of each. arg: the client's struct bench_wire. */
+int bench_handoff_sys(void *arg, const int *fds, int n_fds)
 {
     struct run r = { 0 };
+    struct kvvm_config c;
     double w;
-    int rc = kvvm_open(arg, &r.kv);
+    (void)fds;
+    (void)n_fds;
+    bench_wire_get(arg, &c);
+    int rc = kvvm_open(&c, &r.kv);
     if (!rc)
         rc = kvvm_seq_create(r.kv, &r.s);
     if (!rc)
@@ -209,10 +213,16 @@ static int sys_child(void *arg)
     return rc;
 }
 
-static int row_syscalls(struct bench_ctx *b, struct kvvm_config *c)
+static int row_syscalls(struct bench_ctx *b, const struct kvvm_config *c)
 {
     uint64_t n[2] = { 0, 0 };
-    int rc = bench_syscalls(sys_child, c, n, 2);
+    struct bench_shm arg;
+    int rc = bench_shm_new(&arg, sizeof(struct bench_wire));
+    if (rc)
+        return rc;
+    if (!(rc = bench_wire_put(arg.p, c)))
+        rc = bench_syscalls("handoff-sys", &arg, n, 2);
+    bench_shm_free(&arg);
     if (rc == -EPERM || rc == -ECHILD) {
         printf("%-8s system calls per export+import: not counted (tracing refused here)\n", G);
         return 0;
@@ -265,61 +275,49 @@ static void xproc_import(kvvm *kv, const struct xreq *q, struct xrep *p)
     p->rc = kvvm_seq_free(kv, im);
 }
 
-/* B's life: a context of its own (opened at the first request), an answer per request,
-   until the request pipe closes. */
-static void __attribute__((noreturn)) xproc_serve(const struct kvvm_config *c, int in, int out)
+/* B's life (a helper): a context of its own (opened at the first request), an answer per
+   request, until the request pipe closes. arg: the client's struct bench_wire; fds: the
+   request pipe's end, the answer pipe's. */
+int bench_handoff_b(void *arg, const int *fds, int n_fds)
 {
     kvvm *kv = NULL;
+    struct kvvm_config c;
     int open_rc = 0;
     struct xreq q;
-    while (io_full(in, &q, sizeof q, false) == 0) {
+    if (n_fds != 2)
+        return -EINVAL;
+    bench_wire_get(arg, &c);
+    while (io_full(fds[0], &q, sizeof q, false) == 0) {
         struct xrep p = { 0 };
         if (!kv && !open_rc)
-            open_rc = kvvm_open(c, &kv);
+            open_rc = kvvm_open(&c, &kv);
         p.rc = open_rc;
         if (!p.rc)
             xproc_import(kv, &q, &p);
         if (p.rc)
             fprintf(stderr, "kvvm-bench: handoff: client B: %s (%d)\n", kvvm_last_error(),
                     p.rc);
-        if (io_full(out, &p, sizeof p, true))
+        if (io_full(fds[1], &p, sizeof p, true))
             break;
     }
     if (kv)
         kvvm_close(kv);
-    _exit(0);
+    return 0;
 }
 
-/* Forks B (before A's context exists: no library thread is forked). 0; -errno. */
+/* Starts B (a helper). 0; -errno. */
 static int xproc_start(struct xproc *x, const struct kvvm_config *c)
 {
-    int to[2], from[2];
-    if (pipe2(to, O_CLOEXEC))
-        return -errno;
-    if (pipe2(from, O_CLOEXEC)) {
-        int e = -errno;
-        close(to[0]);
-        close(to[1]);
-        return e;
-    }
-    fflush(NULL);                       /* the child exits with _exit: nothing written twice */
-    x->pid = fork();
-    if (x->pid == 0) {
-        close(to[1]);
-        close(from[0]);
-        xproc_serve(c, to[0], from[1]);
-    }
-    int e = x->pid < 0 ? -errno : 0;
-    close(to[0]);
-    close(from[1]);
-    x->to = to[1];
-    x->from = from[0];
-    if (e) {
-        close(x->to);
-        close(x->from);
+    struct bench_shm arg;
+    int rc = bench_shm_new(&arg, sizeof(struct bench_wire));
+    if (rc)
+        return rc;
+    if (!(rc = bench_wire_put(arg.p, c)))
+        rc = bench_helper_piped("handoff-b", &arg, &x->pid, &x->to, &x->from);
+    bench_shm_free(&arg);
+    if (rc)
         x->pid = 0;
-    }
-    return e;
+    return rc;
 }
 
 static void xproc_stop(struct xproc *x)
@@ -392,14 +390,18 @@ static int row_xproc(struct bench_ctx *b, struct xproc *x, struct run *r)
 /* System calls of B's import (bench_syscalls: B is the traced child, a client of its own):
    segment 0 the import of an export of A's sequence, segment 1 kvvm_seq_fork of the
    imported sequence in B; after a warm-up import (a first export). */
-struct xsys { struct kvvm_config *c; kvvm_handoff t[2]; };
+struct xsys { struct bench_wire c; kvvm_handoff t[2]; };
 
-static int xsys_child(void *arg)
+int bench_handoff_xsys(void *arg, const int *fds, int n_fds)
 {
     struct xsys *xs = arg;
+    struct kvvm_config c;
     kvvm *kv = NULL;
     kvvm_seq w, im, ch;
-    int rc = kvvm_open(xs->c, &kv);
+    (void)fds;
+    (void)n_fds;
+    bench_wire_get(&xs->c, &c);
+    int rc = kvvm_open(&c, &kv);
     if (!rc)
         rc = kvvm_seq_import(kv, &xs->t[0], &w);
     if (!rc)
@@ -420,20 +422,27 @@ static int xsys_child(void *arg)
     return rc;
 }
 
-static int row_xsyscalls(struct bench_ctx *b, struct kvvm_config *c, struct run *r)
+static int row_xsyscalls(struct bench_ctx *b, const struct kvvm_config *c, struct run *r)
 {
-    struct xsys xs = { .c = c };
     uint64_t n[2] = { 0, 0 };
-    int rc = kvvm_seq_export(r->kv, r->s, &xs.t[0]);
+    struct bench_shm arg;
+    int rc = bench_shm_new(&arg, sizeof(struct xsys));
     if (rc)
         return rc;
-    if ((rc = kvvm_seq_export(r->kv, r->s, &xs.t[1]))) {
-        (void)kvvm_handoff_drop(r->kv, &xs.t[0]);
+    struct xsys *xs = arg.p;
+    if ((rc = bench_wire_put(&xs->c, c)) || (rc = kvvm_seq_export(r->kv, r->s, &xs->t[0]))) {
+        bench_shm_free(&arg);
         return rc;
     }
-    rc = bench_syscalls(xsys_child, &xs, n, 2);
-    for (int i = 0; rc && i < 2; i++)   /* what the child may not have imported */
-        (void)kvvm_handoff_drop(r->kv, &xs.t[i]);
+    if ((rc = kvvm_seq_export(r->kv, r->s, &xs->t[1]))) {
+        (void)kvvm_handoff_drop(r->kv, &xs->t[0]);
+        bench_shm_free(&arg);
+        return rc;
+    }
+    rc = bench_syscalls("handoff-xsys", &arg, n, 2);
+    for (int i = 0; rc && i < 2; i++)   /* what the helper may not have imported */
+        (void)kvvm_handoff_drop(r->kv, &xs->t[i]);
+    bench_shm_free(&arg);
     if (rc == -EPERM || rc == -ECHILD) {
         printf("%-8s system calls of an import in B: not counted (tracing refused here)\n",
                G);
@@ -462,7 +471,7 @@ int bench_handoff(struct bench_ctx *b)
     c.emu_granule = 0;
     struct run r = { 0 };
     struct xproc x = { 0 };
-    rc = xproc_start(&x, &c);           /* client B, before A's context: see xproc_start */
+    rc = xproc_start(&x, &c);           /* client B, a helper process */
     if (!rc)
         rc = kvvm_open(&c, &r.kv);
     if (!rc)

@@ -191,10 +191,8 @@ static int sample_grow_new(void *arg, double *out)
 }
 
 /* System calls of the engine's thread in NEW_GROWS grows onto a new page (bench_syscalls:
-   in a forked child, which opens its own contexts): segment 0 the pool client's, 1 the
-   local context's. */
-static struct pool_env *sys_env;
-
+   in a helper, which opens its own contexts): segment 0 the pool client's, 1 the local
+   context's. */
 static int sys_grows(kvvm *kv, int segment)
 {
     kvvm_seq s[NSEQ];
@@ -215,21 +213,48 @@ static int sys_grows(kvvm *kv, int segment)
     return rc;
 }
 
-static int sys_child(void *arg)
+/* The traced helper (role pool-sys): arg holds the pool client's configuration, then the
+   local context's. */
+int bench_pool_sys(void *arg, const int *fds, int n_fds)
 {
-    (void)arg;
-    struct pool_env *e = sys_env;
+    const struct bench_wire *w = arg;
+    struct kvvm_config pc, lc;
     kvvm *p, *l;
-    int rc = ctx_open(e, e->sock, 0, 0, 0, 1, &p);
+    (void)fds;
+    (void)n_fds;
+    bench_wire_get(&w[0], &pc);
+    bench_wire_get(&w[1], &lc);
+    int rc = kvvm_open(&pc, &p);
     if (rc)
         return rc;
-    if (!(rc = ctx_open(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 1, &l))) {
+    if (!(rc = kvvm_open(&lc, &l))) {
         rc = sys_grows(p, 0);
         if (!rc)
             rc = sys_grows(l, 1);
         kvvm_close(l);
     }
     kvvm_close(p);
+    return rc;
+}
+
+/* System calls per grow onto a new page: a pool client against a local context, in a
+   helper (bench_syscalls). */
+static int count_grows(struct pool_env *e, uint64_t sys[2])
+{
+    struct bench_shm arg;
+    int rc = bench_shm_new(&arg, 2 * sizeof(struct bench_wire));
+    if (rc)
+        return rc;
+    struct bench_wire *w = arg.p;
+    struct kvvm_config c;
+    ctx_config(e, e->sock, 0, 0, 0, 1, &c);
+    if (!(rc = bench_wire_put(&w[0], &c))) {
+        ctx_config(e, NULL, (size_t)POOL_FRAMES * e->gran, 0, 0, 1, &c);
+        rc = bench_wire_put(&w[1], &c);
+    }
+    if (!rc)
+        rc = bench_syscalls("pool-sys", &arg, sys, 2);
+    bench_shm_free(&arg);
     return rc;
 }
 
@@ -336,18 +361,20 @@ struct give_reply {
    device marks 0, so idle it keeps no frame free) and fills the pool; answers
    {rc, ms, copied} to each command until GIVE_QUIT or EOF (GIVE_COUNT: the pages copied
    since the last refill, i.e. by the give-back that followed it). */
-static int give_a_main(struct pool_env *e, int marks, int cmd, int ans)
+/* A's process (a helper, role pool-a): arg its configuration (struct bench_wire); fds the
+   command pipe's end, the answer pipe's. */
+int bench_pool_a(void *arg, const int *fds, int n_fds)
 {
-    struct give_a g = { .n_as = POOL_FRAMES / (NR * A_PAGES), .page = e->gran };
-    size_t pool = (size_t)POOL_FRAMES * e->gran;
+    struct kvvm_config cfg;
+    if (n_fds != 2)
+        return -EINVAL;
+    bench_wire_get(arg, &cfg);
+    int cmd = fds[0], ans = fds[1];
+    struct give_a g = { .n_as = POOL_FRAMES / (NR * A_PAGES), .page = cfg.page_size };
     struct give_reply r = { 0 };
     char c;
     if (read(cmd, &c, 1) != 1 || c != GIVE_OPEN)
         return 0;
-    struct kvvm_config cfg;
-    ctx_config(e, e->sock, 0, KVVM_F_AUTO_SWAP, pool, 0, &cfg);
-    if (!marks)
-        cfg.device_min = cfg.device_low = cfg.device_high = 0;
     r.rc = kvvm_open(&cfg, &g.a);
     for (int i = 0; !r.rc && i < g.n_as; i++)
         if (!(r.rc = kvvm_seq_create(g.a, &g.as[i])))
@@ -384,33 +411,21 @@ static int give_ask_a(struct give *g, char c, double *ms, uint64_t *copied)
     return r.rc;
 }
 
-/* Forks A's process (before the group opens any context); it opens A and holds the pool
-   at give_a_ready. */
+/* Starts A's process (a helper); at give_a_ready it opens A and holds the pool. */
 static int give_a_start(struct pool_env *e, struct give *g)
 {
-    int cmd[2], ans[2];
-    if (pipe2(cmd, O_CLOEXEC))
-        return -errno;
-    if (pipe2(ans, O_CLOEXEC)) {
-        close(cmd[0]);
-        close(cmd[1]);
-        return -errno;
-    }
-    fflush(NULL);
-    g->a = fork();
-    if (g->a < 0)
-        return -errno;
-    if (g->a == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(cmd[1]);
-        close(ans[0]);
-        _exit(give_a_main(e, g->marks, cmd[0], ans[1]));
-    }
-    close(cmd[0]);
-    close(ans[1]);
-    g->cmd = cmd[1];
-    g->ans = ans[0];
-    return 0;
+    struct bench_shm arg;
+    struct kvvm_config cfg;
+    ctx_config(e, e->sock, 0, KVVM_F_AUTO_SWAP, (size_t)POOL_FRAMES * e->gran, 0, &cfg);
+    if (!g->marks)
+        cfg.device_min = cfg.device_low = cfg.device_high = 0;
+    int rc = bench_shm_new(&arg, sizeof(struct bench_wire));
+    if (rc)
+        return rc;
+    if (!(rc = bench_wire_put(arg.p, &cfg)))
+        rc = bench_helper_piped("pool-a", &arg, &g->a, &g->cmd, &g->ans);
+    bench_shm_free(&arg);
+    return rc;
 }
 
 static int give_a_ready(struct give *g)
@@ -637,8 +652,7 @@ static int rows_small(struct pool_env *e)
     if (rc)
         return rc;
     uint64_t sys[2] = { 0, 0 };
-    sys_env = e;
-    rc = bench_syscalls(sys_child, NULL, sys, 2);
+    rc = count_grows(e, sys);
     if (rc == -EPERM || rc == -ECHILD)
         printf("%-8s system calls per grow: not counted (tracing refused here)\n", G);
     else if (rc)

@@ -200,22 +200,26 @@ static int rows_attach(struct bench_ctx *b, struct side *p, struct side *f)
     return rc;
 }
 
-/* System calls of the attaching thread (bench_syscalls: in a forked child with a client of
-   its own): one attach of set `set` from the pool (segment 0), then the same set again from
-   its own index (segment 1), after an uncounted warm-up attach of set `warm`. */
+/* System calls of the attaching thread (bench_syscalls: in a helper with a client of its
+   own, a client of the daemon on base's pool_socket): one attach of set `set` from the pool
+   (segment 0), then the same set again from its own index (segment 1), after an uncounted
+   warm-up attach of set `warm`. */
 struct sys_arg {
-    const struct kvvm_config *base;
-    const char *sock;
+    struct bench_wire base;
     uint32_t tpb;
     int warm, set;
 };
 
-static int sys_child(void *arg)
+int bench_share_sys(void *arg, const int *fds, int n_fds)
 {
     const struct sys_arg *a = arg;
     struct side sd = { .tpb = a->tpb };
+    struct kvvm_config base;
     double w;
-    int rc = open_ctx(NULL, a->base, a->sock, NULL, a->tpb, &sd.kv);
+    (void)fds;
+    (void)n_fds;
+    bench_wire_get(&a->base, &base);
+    int rc = open_ctx(NULL, &base, base.pool_socket, NULL, a->tpb, &sd.kv);
     if (rc)
         return rc;
     rc = attach_set(&sd, a->warm, &w);
@@ -230,10 +234,21 @@ static int sys_child(void *arg)
     return rc;
 }
 
-static int row_syscalls(struct bench_ctx *b, const struct sys_arg *a)
+static int row_syscalls(struct bench_ctx *b, const struct kvvm_config *base, const char *sock,
+                        uint32_t tpb)
 {
     uint64_t n[2] = { 0, 0 };
-    int rc = bench_syscalls(sys_child, (void *)a, n, 2);
+    struct bench_shm arg;
+    int rc = bench_shm_new(&arg, sizeof(struct sys_arg));
+    if (rc)
+        return rc;
+    struct sys_arg *a = arg.p;
+    struct kvvm_config c = *base;
+    c.pool_socket = sock;
+    *a = (struct sys_arg){ .tpb = tpb, .warm = 0, .set = 1 };
+    if (!(rc = bench_wire_put(&a->base, &c)))
+        rc = bench_syscalls("share-sys", &arg, n, 2);
+    bench_shm_free(&arg);
     if (rc == -EPERM || rc == -ECHILD) {
         printf("%-8s system calls per attach: not counted (tracing refused here)\n", G);
         return 0;
@@ -281,9 +296,8 @@ int bench_share_rows(struct bench_ctx *b, const struct kvvm_config *base, const 
     if (!rc && !(rc = bench_pairs(b, sample_lookup, &lp, sample_lookup, &ll, &pr)))
         bench_report_pair(b, G, "lookup missing locally, asking the daemon, per key", &pr,
                           "a lookup hitting B's own index", "ns/key", 1);
-    struct sys_arg sa = { .base = base, .sock = sock, .tpb = tpb, .warm = 0, .set = 1 };
     if (!rc)
-        rc = row_syscalls(b, &sa);
+        rc = row_syscalls(b, base, sock, tpb);
     if (f.kv)
         kvvm_close(f.kv);
     if (p.kv)

@@ -320,6 +320,9 @@ int main(int argc, char **argv)
     };
     int c, rc = 0;
 
+    /* a group's helper process (spawn.c), not an option for users */
+    if (argc >= 2 && !strcmp(argv[1], "--helper"))
+        return bench_helper_main(argc, argv);
     /* the pool group's client to kill (bench_pool.c), not an option for users */
     if (argc == 4 && !strcmp(argv[1], "--pool-hold") && bench_daemon_hold)
         return bench_daemon_hold(argv[2], atoi(argv[3]));

@@ -1,16 +1,17 @@
 /*
  * tools/kvvm-bench/syscount.c: system calls counted, not guessed (bench.h, bench_syscalls).
  *
- * How: the work runs in a forked child that the bench traces with ptrace (PTRACE_TRACEME,
- * then PTRACE_SYSCALL stops; PTRACE_GET_SYSCALL_INFO names each entry, on every
- * architecture). The child brackets what it wants counted with bench_syscall_mark(k), a
+ * How: the work runs in a helper (spawn.c: this binary again, by fork and exec) that the
+ * bench traces with ptrace (PTRACE_TRACEME before the exec, then PTRACE_SYSCALL stops;
+ * PTRACE_GET_SYSCALL_INFO names each entry, on every architecture; the exec's own stop is
+ * passed over). The helper brackets what it wants counted with bench_syscall_mark(k), a
  * system call of a number no kernel has (it fails with ENOSYS, so an untraced run costs one
  * cheap failed call): the tracer adds every entry it sees after mark(k) to segment k, until
- * the next mark (k < 0: count nothing). Only the child's calling thread is traced (no
- * PTRACE_O_TRACECLONE): what the engine's thread pays; the library's own threads and the
- * emulated device's workers are not counted. No LD_PRELOAD, no wrapper: a system call made
- * by the C library on the library's behalf (a futex of a contended lock, a clock_gettime that
- * left the vDSO) counts too.
+ * the next mark (k < 0: count nothing), so neither the exec nor the helper's start counts.
+ * Only the helper's calling thread is traced (no PTRACE_O_TRACECLONE): what the engine's
+ * thread pays; the library's own threads and the emulated device's workers are not counted.
+ * No LD_PRELOAD, no wrapper: a system call made by the C library on the library's behalf (a
+ * futex of a contended lock, a clock_gettime that left the vDSO) counts too.
  */
 #include "bench.h"
 
@@ -30,33 +31,34 @@ void bench_syscall_mark(int segment)
     (void)syscall(MARK_NR, (long)segment);
 }
 
-/* The child: stop for the tracer, run fn, leave with its status (0..255). */
-static void child_run(int (*fn)(void *), void *arg)
+/* The child: stop for the tracer, then become the helper. */
+static void __attribute__((noreturn)) child_run(const char *role, const struct bench_shm *arg)
 {
     if (ptrace(PTRACE_TRACEME, 0, NULL, NULL) != 0)
         _exit(254);
     raise(SIGSTOP);
-    int rc = fn(arg);
-    _exit(rc ? (rc < 0 ? -rc : rc) & 0xff : 0);
+    bench_helper_exec(role, arg, NULL, 0);
 }
 
-int bench_syscalls(int (*fn)(void *), void *arg, uint64_t *counts, int n_segments)
+int bench_syscalls(const char *role, const struct bench_shm *arg, uint64_t *counts,
+                   int n_segments)
 {
     for (int i = 0; i < n_segments; i++)
         counts[i] = 0;
-    fflush(NULL);                    /* the child exits with _exit: nothing is written twice */
+    fflush(NULL);                    /* nothing buffered is written twice */
     pid_t pid = fork();
     if (pid < 0)
         return -errno;
     if (pid == 0)
-        child_run(fn, arg);
+        child_run(role, arg);
     int st, seg = -1, rc = 0;
     if (waitpid(pid, &st, 0) != pid || !WIFSTOPPED(st)) {
         rc = -ECHILD;
         goto out_reap;
     }
     if (ptrace(PTRACE_SETOPTIONS, pid, NULL,
-               (void *)(long)(PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL)) != 0) {
+               (void *)(long)(PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL |
+                              PTRACE_O_TRACEEXEC)) != 0) {
         rc = -errno;
         kill(pid, SIGKILL);
         goto out_reap;
@@ -80,6 +82,8 @@ int bench_syscalls(int (*fn)(void *), void *arg, uint64_t *counts, int n_segment
             return -EINTR;
         if (!WIFSTOPPED(st))
             continue;
+        if (st >> 8 == (SIGTRAP | (PTRACE_EVENT_EXEC << 8)))
+            continue;                    /* the exec's stop: not a signal of the child's */
         if (WSTOPSIG(st) != (SIGTRAP | 0x80)) {
             sig = WSTOPSIG(st);          /* the child's own signal: deliver it */
             continue;

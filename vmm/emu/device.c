@@ -19,6 +19,7 @@ kcu_result emu_cuInit(unsigned int flags)
         goto out;
     }
     emu.inited = true;
+    emu_fork_watch();
 out:
     return emu_leave(r);
 }

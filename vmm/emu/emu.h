@@ -170,6 +170,10 @@ int emu_gate_arm(const char *entry);
 void emu_gate_wait(void);
 void emu_gate_open(void);
 
+/* The emulator's lock taken (take 1) or dropped (0) by the calling thread, for tests of what
+   a fork() child finds when a parent's thread held it at the fork. */
+void emu_lock_for_test(int take);
+
 /* Call tracing, for fail-at-call-N sweeps: while on, every entry point call is recorded as
    (entry name, its occurrence index since emu_trace_start). */
 struct emu_trace_entry { const char *entry; unsigned long nth; };

@@ -265,6 +265,10 @@ struct emu_state {
     pthread_mutex_t lock;          /* the one lock (see "Locks and lock order" above) */
     pthread_cond_t cond;           /* with lock: some op completed, a detached stream went */
     bool inited;                   /* cuInit was called (never reset) */
+    /* a fork() child of a process that had called cuInit (set by the child handler of
+       emu_fork_watch, without the lock): every entry point fails with
+       KCU_ERROR_NOT_INITIALIZED, as the driver's do in such a child */
+    _Atomic bool forked;
     /* devices by ordinal, NULL = free slot; devs[i]->ordinal == i */
     struct emu_dev *devs[EMU_MAX_DEVICES];
     /* the primary context of the device in slot i; its gen is bumped when that device is
@@ -338,6 +342,9 @@ enum { F_INIT = 1,                  /* cuInit must have been called */
 #undef X
 
 /* entry.c */
+/* Registers (once) the fork handler that sets emu.forked in a child of an initialized
+   emulator; called by cuInit. */
+void emu_fork_watch(void);
 kcu_result emu_enter(int e, int need, struct emu_dev **cur);
 kcu_result emu_leave(kcu_result r);
 /* Counts entry point e in the calling thread's own counts (emu_thread_calls_get). */

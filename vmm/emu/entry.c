@@ -143,6 +143,39 @@ void emu_gate_open(void)
     pthread_mutex_unlock(&gate.mu);
 }
 
+void emu_lock_for_test(int take)
+{
+    if (take)
+        pthread_mutex_lock(&emu.lock);
+    else
+        pthread_mutex_unlock(&emu.lock);
+}
+
+/* A fork() child of a process that had called cuInit cannot use the driver (CUDA refuses
+   it: cuInit and every call then fail with CUDA_ERROR_NOT_INITIALIZED), and neither can it
+   use the emulator: its devices, streams and locks are the parent's, and a parent's thread
+   may have held emu.lock at the fork. The child gets a fresh lock (no state behind it is
+   read again: every entry point fails first) so that a call fails instead of hanging. */
+static void fork_child(void)
+{
+    if (!emu.inited)
+        return;
+    atomic_store(&emu.forked, true);
+    pthread_mutex_init(&emu.lock, NULL);
+    pthread_cond_init(&emu.cond, NULL);
+}
+
+static void fork_watch_once(void)
+{
+    (void)pthread_atfork(NULL, NULL, fork_child);
+}
+
+void emu_fork_watch(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    (void)pthread_once(&once, fork_watch_once);
+}
+
 /* The one prologue: takes emu.lock (every entry point returns through emu_leave()), counts
    and records the call, fires armed failures, then checks initialization, context and
    sticky errors. */
@@ -151,6 +184,11 @@ kcu_result emu_enter(int e, int need, struct emu_dev **cur)
     if (atomic_load_explicit(&gate.on, memory_order_relaxed))
         gate_pass(e);
     pthread_mutex_lock(&emu.lock);
+    *cur = NULL;
+    /* the calls that need no cuInit (the version, the error strings) still answer */
+    if (((need & F_INIT) || e == E_cuInit) &&
+        atomic_load_explicit(&emu.forked, memory_order_relaxed))
+        return KCU_ERROR_NOT_INITIALIZED;
     struct emu_dev *d = current_dev_locked();
     *cur = d;
     if (d) {
