@@ -53,7 +53,8 @@ static inline bool forked(const kvvm *kv)
     if (fork_same(kv))
         return false;
     klog_error("kvvm: a context is used in a child process (pid %ld) of the process that "
-               "opened it (pid %ld): -EIO; open a new context in the child",
+               "opened it (pid %ld): -EIO; a child must be started with exec (posix_spawn) "
+               "to open a context of its own",
                (long)getpid(), (long)kv->pid);
     return true;
 }
