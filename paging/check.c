@@ -113,6 +113,11 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
         if (s->kept[r] > s->length)
             return fail(k, "slot %u region %u: first_kept %llu past the length %llu", slot, r,
                         (unsigned long long)s->kept[r], (unsigned long long)s->length);
+    /* A page that maps nothing (a hole, a non-resident sequence's) may lie in the range of
+       a refill in flight (ahead_covers): the job was planned in this slot before the page
+       came without a map (the fork of a non-resident sequence into a slot freed with a job
+       in flight; its swap-in later, skipping holes), and only a map meets a job (map_run
+       settles it first). The job's commit undoes it: mapped or not, both are right. */
     for (uint32_t r = 0; r < pg->p.n_regions; r++) {
         const pg_page_id *bt = pg_bt(pg, s, r);
         for (uint32_t i = 0; i < pg->pages_per_slot; i++) {
@@ -125,7 +130,7 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                 if ((uint64_t)i * pg->p.page_size >= s->kept[r] * pg->p.bytes_per_token)
                     rc = fail(k, "slot %u region %u: hole at page %u at or past first_kept "
                               "%llu", slot, r, i, (unsigned long long)s->kept[r]);
-                else if (!defer_covers(pg, slot, i))
+                else if (!defer_covers(pg, slot, i) && !ahead_covers(pg, slot, i))
                     rc = ck_unmapped(k, va, "discarded page");
             } else if (i < s->n_pages && (uint64_t)(i + 1) * pg->p.page_size <=
                                              s->kept[r] * pg->p.bytes_per_token) {
@@ -135,7 +140,7 @@ static int ck_seq(struct ck *k, struct pg_seq *s)
                 rc = ck_page_ref(k, e, 0, "non-resident page");
                 if (!rc)
                     k->offs[e.v - 1]++;
-                if (!rc && !defer_covers(pg, slot, i))
+                if (!rc && !defer_covers(pg, slot, i) && !ahead_covers(pg, slot, i))
                     rc = ck_unmapped(k, va, "non-resident sequence's page");
             } else if (i < s->n_pages && page_at(pg, e)->tier == PG_TIER_HOST)
                 rc = fail(k, "slot %u: resident sequence holds host page %u", slot, e.v);
