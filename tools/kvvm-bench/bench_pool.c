@@ -259,8 +259,8 @@ static int count_grows(struct pool_env *e, uint64_t sys[2])
 }
 
 /* ---- giving back ---------------------------------------------------------------------
-   A is a process of its own, as two clients of a daemon are: forked before the group opens
-   any context (give_a_start), it holds the pool and serves the parent's commands on a
+   A is a process of its own, as two clients of a daemon are: a helper (give_a_start: the
+   bench binary again, spawn.c), it holds the pool and serves the parent's commands on a
    pipe; B is the parent's. In one process the two contexts would share one emulated
    driver's lock and one address space, so B's imports and maps would wait for A's copies
    (and each mmap would flush A's threads' TLBs), which two processes never do. */
@@ -725,8 +725,8 @@ int bench_daemon(struct bench_ctx *b)
     int rc = daemon_start(&e);
     if (rc)
         return rc > 0 ? 0 : rc;
-    /* two A processes, both forked before any context of this process: A keeping no
-       frame free (the row of the issue's goal), then A at its default marks */
+    /* two A processes (helpers): A keeping no frame free (the row of the issue's goal),
+       then A at its default marks */
     struct give g = { .marks = 0 }, gm = { .marks = 1 };
     if ((rc = give_a_start(&e, &g)) || (rc = give_a_start(&e, &gm))) {
         give_a_stop(&g);

@@ -13,7 +13,7 @@
  *  - a lookup that misses locally and asks the daemon (64 keys per call, one round trip),
  *    per key, against a lookup that hits B's own index, per key;
  *  - the system calls of the attaching thread in one attach of 64 blocks from the pool
- *    (bench_syscalls: a forked child with a client of its own), against the same attach
+ *    (bench_syscalls: a helper process with a client of its own), against the same attach
  *    again from its own index: the per-frame work an import adds, counted, not timed.
  *
  * Every trial attaches a set of keys not attached before (sets: the same tokens under keys
