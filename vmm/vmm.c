@@ -226,14 +226,12 @@ static void alloc_prop(const struct vmm *v, struct kcu_mem_alloc_prop *prop)
 /* A driver failure while opening: the device is unusable (-ENODEV), unless memory ran out. */
 static int open_err(struct vmm *v, const char *entry, kcu_result r)
 {
-    if (r == KCU_ERROR_NOT_INITIALIZED && !strcmp(entry, "cuInit")) {
-        klog_error("%s backend: cuInit failed: %s: is this a fork() child of a process that "
-                   "used the driver? The CUDA driver refuses such a child; fork before the "
-                   "first kvvm_open, or start the process with exec (posix_spawn)",
-                   v->api->name, kcu_errstr(v->api, r));
-        return -ENODEV;
-    }
-    klog_error("%s backend: %s failed: %s", v->api->name, entry, kcu_errstr(v->api, r));
+    const char *hint = r == KCU_ERROR_NOT_INITIALIZED && !strcmp(entry, "cuInit")
+        ? ": is this a fork() child of a process that used the driver? The CUDA driver "
+          "refuses such a child; fork before the first kvvm_open, or start the process with "
+          "exec (posix_spawn)" : "";
+    klog_error("%s backend: %s failed: %s%s", v->api->name, entry, kcu_errstr(v->api, r),
+               hint);
     return r == KCU_ERROR_OUT_OF_MEMORY ? -ENOMEM : -ENODEV;
 }
 

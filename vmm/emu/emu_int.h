@@ -266,8 +266,8 @@ struct emu_state {
     pthread_cond_t cond;           /* with lock: some op completed, a detached stream went */
     bool inited;                   /* cuInit was called (never reset) */
     /* a fork() child of a process that had called cuInit (set by the child handler of
-       emu_fork_watch, without the lock): every entry point fails with
-       KCU_ERROR_NOT_INITIALIZED, as the driver's do in such a child */
+       emu_fork_watch, without the lock): cuInit and every entry point that needs it fail
+       with KCU_ERROR_NOT_INITIALIZED, as the driver's do in such a child */
     _Atomic bool forked;
     /* devices by ordinal, NULL = free slot; devs[i]->ordinal == i */
     struct emu_dev *devs[EMU_MAX_DEVICES];
